@@ -1,0 +1,21 @@
+# Third-party dependencies, all from Debian 12's packages (scripts/install_deps.sh).
+find_package(absl REQUIRED)
+find_package(nlohmann_json REQUIRED)
+find_package(CLI11 REQUIRED)
+find_package(spdlog REQUIRED)
+find_package(fmt REQUIRED)
+# Debian's dnnl-config.cmake insists on OpenCL headers (its GPU runtime); the
+# CPU GEMM needs only the library and its C headers, so find those directly.
+find_path(DNNL_INCLUDE_DIR dnnl.h REQUIRED)
+find_library(DNNL_LIBRARY dnnl REQUIRED)
+add_library(tessera_dnnl INTERFACE)
+target_include_directories(tessera_dnnl SYSTEM INTERFACE ${DNNL_INCLUDE_DIR})
+target_link_libraries(tessera_dnnl INTERFACE ${DNNL_LIBRARY})
+find_package(OpenMP REQUIRED)
+find_package(Threads REQUIRED)
+if(TESSERA_BUILD_TESTS)
+  find_package(GTest REQUIRED)
+endif()
+if(TESSERA_BUILD_BENCH)
+  find_package(benchmark REQUIRED)
+endif()

@@ -1,0 +1,66 @@
+#pragma once
+// Device memory: an Allocator per device type and Storage, a reference-counted
+// block owned by whoever holds it (tensors share it through views).
+//
+// Allocators are thread-safe. A Storage is immutable after creation (its bytes
+// are not), so sharing it across threads is safe; synchronising access to the
+// bytes is the caller's business (the actor runtime's registers do it).
+
+#include <cstddef>
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "core/device.h"
+
+namespace tessera {
+
+class Allocator {
+ public:
+  virtual ~Allocator() = default;
+  // Returns memory aligned to at least kAlignment bytes, or an error (never
+  // null on success; a zero-byte request gets a valid unique pointer).
+  virtual absl::StatusOr<void*> Allocate(size_t bytes) = 0;
+  virtual void Deallocate(void* ptr, size_t bytes) = 0;
+  virtual DeviceType device_type() const = 0;
+
+  static constexpr size_t kAlignment = 64;
+};
+
+// Aligned host memory (64 bytes: one cache line, one AVX-512 vector).
+class CpuAllocator final : public Allocator {
+ public:
+  absl::StatusOr<void*> Allocate(size_t bytes) override;
+  void Deallocate(void* ptr, size_t bytes) override;
+  DeviceType device_type() const override { return DeviceType::kCpu; }
+};
+
+// The process-wide allocator for a device; the CUDA one exists only when
+// Tessera is built with TESSERA_CUDA (else an Unimplemented error).
+absl::StatusOr<Allocator*> GetAllocator(const Device& device);
+// Whether this build has CUDA support compiled in.
+bool CudaBuilt();
+
+// A block of memory on one device, freed through its allocator when the last
+// reference goes away.
+class Storage {
+ public:
+  static absl::StatusOr<std::shared_ptr<Storage>> Create(const Device& device, size_t bytes);
+  ~Storage();
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+
+  void* data() const { return data_; }
+  size_t bytes() const { return bytes_; }
+  const Device& device() const { return device_; }
+
+ private:
+  Storage(Allocator* allocator, const Device& device, void* data, size_t bytes)
+      : allocator_(allocator), device_(device), data_(data), bytes_(bytes) {}
+
+  Allocator* allocator_;  // borrowed; allocators live for the process
+  Device device_;
+  void* data_;
+  size_t bytes_;
+};
+
+}  // namespace tessera

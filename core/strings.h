@@ -1,0 +1,25 @@
+#pragma once
+// Small string helpers shared by the config loader and the registries, used to
+// turn a user's typo into a "did you mean" hint.
+
+#include <cstddef>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace tessera {
+
+// Edit distance counting insertions, deletions, substitutions and swaps of two
+// adjacent characters (optimal string alignment): a swapped pair is the most
+// common typo, and plain Levenshtein would charge it twice.
+[[nodiscard]] std::size_t EditDistance(std::string_view a, std::string_view b);
+
+// The candidate with the smallest EditDistance to `query` (the first one on a
+// tie), or nullopt when `candidates` is empty or even the best one is too far
+// away to be a plausible typo (more than max(2, |query| / 3) edits), so hints
+// never point at something unrelated.
+[[nodiscard]] std::optional<std::string> ClosestMatch(std::string_view query,
+                                                      const std::vector<std::string>& candidates);
+
+}  // namespace tessera

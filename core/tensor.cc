@@ -1,0 +1,111 @@
+#include "core/tensor.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "core/text.h"
+
+namespace tessera {
+
+std::string TensorMeta::ToString() const {
+  return StrCat(DTypeName(dtype), shape.ToString());
+}
+
+absl::StatusOr<Tensor> Tensor::Empty(const Shape& shape, DType dtype, const Device& device) {
+  for (int64_t d : shape.dims()) {
+    if (d < 0) return absl::InvalidArgumentError(StrCat("negative extent in shape ", shape.ToString()));
+  }
+  const size_t bytes = static_cast<size_t>(shape.NumElements()) * DTypeSize(dtype);
+  ASSIGN_OR_RETURN(auto storage, Storage::Create(device, bytes));
+  return Tensor(std::move(storage), 0, TensorMeta{dtype, shape});
+}
+
+absl::StatusOr<Tensor> Tensor::Zeros(const Shape& shape, DType dtype, const Device& device) {
+  if (device.type != DeviceType::kCpu) {
+    return absl::UnimplementedError("Tensor::Zeros is host-only");
+  }
+  ASSIGN_OR_RETURN(Tensor t, Empty(shape, dtype, device));
+  std::memset(t.raw_data(), 0, t.NumBytes());
+  return t;
+}
+
+absl::StatusOr<Tensor> Tensor::Reshape(const Shape& shape) const {
+  if (shape.NumElements() != NumElements()) {
+    return absl::InvalidArgumentError(StrCat("cannot reshape ", meta_.shape.ToString(), " (",
+                                                   NumElements(), " elements) to ", shape.ToString()));
+  }
+  return Tensor(storage_, byte_offset_, TensorMeta{meta_.dtype, shape});
+}
+
+absl::StatusOr<Tensor> Tensor::SliceRows(int64_t start, int64_t length) const {
+  if (meta_.shape.rank() == 0 || start < 0 || length < 0 || start + length > meta_.shape[0]) {
+    return absl::InvalidArgumentError(StrCat("rows [", start, ", ", start + length,
+                                                   ") out of range for shape ", meta_.shape.ToString()));
+  }
+  Shape shape = meta_.shape;
+  const int64_t row_elements = shape[0] == 0 ? 0 : NumElements() / shape[0];
+  shape[0] = length;
+  return Tensor(storage_, byte_offset_ + static_cast<size_t>(start * row_elements) * DTypeSize(meta_.dtype),
+                TensorMeta{meta_.dtype, shape});
+}
+
+Tensor Tensor::Clone() const {
+  auto copy = Empty(meta_.shape, meta_.dtype, device());
+  TESSERA_CHECK(copy.ok(), copy.status().ToString());
+  std::memcpy(copy->raw_data(), raw_data(), NumBytes());
+  return *std::move(copy);
+}
+
+absl::Status Tensor::CopyFrom(const Tensor& other) {
+  if (other.meta_ != meta_) {
+    return absl::InvalidArgumentError(
+        StrCat("CopyFrom: ", other.meta_.ToString(), " into ", meta_.ToString()));
+  }
+  std::memmove(raw_data(), other.raw_data(), NumBytes());
+  return absl::OkStatus();
+}
+
+double ElementAsDouble(const Tensor& t, int64_t i) {
+  const void* p = t.raw_data();
+  switch (t.dtype()) {
+    case DType::kF32: return static_cast<const float*>(p)[i];
+    case DType::kF16: return HalfToFloat(static_cast<const uint16_t*>(p)[i]);
+    case DType::kBF16: return BFloat16ToFloat(static_cast<const uint16_t*>(p)[i]);
+    case DType::kI32: return static_cast<const int32_t*>(p)[i];
+    case DType::kI64: return static_cast<double>(static_cast<const int64_t*>(p)[i]);
+    case DType::kBool: return static_cast<const bool*>(p)[i] ? 1.0 : 0.0;
+  }
+  return 0;
+}
+
+void SetElementFromDouble(const Tensor& t, int64_t i, double value) {
+  void* p = t.raw_data();
+  switch (t.dtype()) {
+    case DType::kF32: static_cast<float*>(p)[i] = static_cast<float>(value); break;
+    case DType::kF16: static_cast<uint16_t*>(p)[i] = FloatToHalf(static_cast<float>(value)); break;
+    case DType::kBF16: static_cast<uint16_t*>(p)[i] = FloatToBFloat16(static_cast<float>(value)); break;
+    case DType::kI32: static_cast<int32_t*>(p)[i] = static_cast<int32_t>(std::llround(value)); break;
+    case DType::kI64: static_cast<int64_t*>(p)[i] = std::llround(value); break;
+    case DType::kBool: static_cast<bool*>(p)[i] = value != 0.0; break;
+  }
+}
+
+std::vector<double> Tensor::ToDoubleVector() const {
+  std::vector<double> out(static_cast<size_t>(NumElements()));
+  for (int64_t i = 0; i < NumElements(); ++i) out[static_cast<size_t>(i)] = ElementAsDouble(*this, i);
+  return out;
+}
+
+std::string Tensor::ToString(int64_t max_elements) const {
+  if (!defined()) return "Tensor(undefined)";
+  std::string s = StrCat(meta_.ToString(), " [");
+  const int64_t n = NumElements();
+  for (int64_t i = 0; i < n && i < max_elements; ++i) {
+    s += StrCat(i ? ", " : "", ElementAsDouble(*this, i));
+  }
+  if (n > max_elements) s += StrCat(", ...");
+  s += StrCat("]");
+  return s;
+}
+
+}  // namespace tessera

@@ -1,0 +1,162 @@
+#include "ops/op_schema.h"
+
+#include "core/status.h"
+#include "core/text.h"
+
+namespace tessera::ops {
+
+TensorSlice KernelContext::input_slice(int i) const {
+  if (input_slices.empty()) return TensorSlice::Whole(input(i).shape());
+  return input_slices[static_cast<size_t>(i)];
+}
+
+TensorSlice KernelContext::output_slice(int i) const {
+  if (output_slices.empty()) return TensorSlice::Whole(output(i).shape());
+  return output_slices[static_cast<size_t>(i)];
+}
+
+std::string SbpSignature::ToString() const {
+  auto join = [](const std::vector<tessera::Sbp>& v) {
+    std::string s;
+    for (size_t i = 0; i < v.size(); ++i) s += StrCat(i ? ", " : "", v[i].ToString());
+    return s;
+  };
+  return StrCat(join(inputs), " -> ", join(outputs));
+}
+
+OpSchema& OpSchema::Doc(std::string doc) { doc_ = std::move(doc); return *this; }
+OpSchema& OpSchema::Input(std::string name) { inputs_.push_back({std::move(name), false, true}); return *this; }
+OpSchema& OpSchema::NonDifferentiableInput(std::string name) {
+  inputs_.push_back({std::move(name), false, false});
+  return *this;
+}
+OpSchema& OpSchema::VariadicInput(std::string name) { inputs_.push_back({std::move(name), true, true}); return *this; }
+OpSchema& OpSchema::Output(std::string name) { outputs_.push_back({std::move(name), false, true}); return *this; }
+OpSchema& OpSchema::VariadicOutput(std::string name) {
+  outputs_.push_back({std::move(name), true, true});
+  return *this;
+}
+OpSchema& OpSchema::Attr(std::string name, AttrType type, std::optional<AttrValue> default_value) {
+  if (default_value && type == AttrType::kFloat && std::holds_alternative<int64_t>(*default_value)) {
+    default_value = static_cast<double>(std::get<int64_t>(*default_value));
+  }
+  attrs_.push_back({std::move(name), type, std::move(default_value)});
+  return *this;
+}
+OpSchema& OpSchema::Infer(InferFn fn) { infer_ = std::move(fn); return *this; }
+OpSchema& OpSchema::Sbp(SbpFn fn) { sbp_ = std::move(fn); return *this; }
+OpSchema& OpSchema::Grad(GradFn fn) { grad_ = std::move(fn); return *this; }
+OpSchema& OpSchema::Kernel(DeviceType device, KernelFn fn) { kernels_[device] = std::move(fn); return *this; }
+OpSchema& OpSchema::Example(std::vector<TensorMeta> inputs, AttrMap attrs) {
+  example_ = OpExample{std::move(inputs), std::move(attrs)};
+  return *this;
+}
+
+const KernelFn* OpSchema::FindKernel(DeviceType device) const {
+  auto it = kernels_.find(device);
+  return it == kernels_.end() ? nullptr : &it->second;
+}
+
+std::vector<DeviceType> OpSchema::KernelDevices() const {
+  std::vector<DeviceType> out;
+  for (const auto& [device, fn] : kernels_) out.push_back(device);
+  return out;
+}
+
+bool OpSchema::InputDifferentiable(int i) const {
+  if (inputs_.empty()) return false;
+  const size_t index = std::min(static_cast<size_t>(i), inputs_.size() - 1);
+  return inputs_[index].differentiable;
+}
+
+absl::StatusOr<AttrMap> OpSchema::CanonicalizeAttrs(const AttrMap& given) const {
+  AttrMap out;
+  for (const auto& [name, value] : given.values()) {
+    const AttrDef* def = nullptr;
+    for (const AttrDef& d : attrs_) {
+      if (d.name == name) def = &d;
+    }
+    if (def == nullptr) {
+      std::vector<std::string> names;
+      for (const AttrDef& d : attrs_) names.push_back(d.name);
+      return absl::InvalidArgumentError(StrCat("op '", name_, "': unknown attribute '", name, "' (attributes: ",
+                                               names.empty() ? "none" : Join(names, ", "), ")"));
+    }
+    AttrValue v = value;
+    if (def->type == AttrType::kFloat && std::holds_alternative<int64_t>(v)) {
+      v = static_cast<double>(std::get<int64_t>(v));
+    }
+    if (TypeOf(v) != def->type) {
+      return absl::InvalidArgumentError(StrCat("op '", name_, "': attribute '", name, "' must be ",
+                                               AttrTypeName(def->type), ", got ", AttrTypeName(TypeOf(v)), " ",
+                                               AttrValueToString(v)));
+    }
+    out.Set(name, std::move(v));
+  }
+  for (const AttrDef& d : attrs_) {
+    if (out.Has(d.name)) continue;
+    if (!d.default_value) {
+      return absl::InvalidArgumentError(StrCat("op '", name_, "': missing required attribute '", d.name,
+                                               "' (", AttrTypeName(d.type), ")"));
+    }
+    out.Set(d.name, *d.default_value);
+  }
+  return out;
+}
+
+std::string DescribeInputs(const OpSchema& schema, const std::vector<TensorMeta>& inputs) {
+  std::string out;
+  const auto& defs = schema.inputs();
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    std::string name = defs.empty() ? StrCat("in", i) : defs[std::min(i, defs.size() - 1)].name;
+    if (!defs.empty() && i >= defs.size() - 1 && defs.back().variadic) name += StrCat("[", i - (defs.size() - 1), "]");
+    out += StrCat(i ? ", " : "", name, ": ", inputs[i].ToString());
+  }
+  return out;
+}
+
+absl::Status OpSchema::CheckArity(const std::vector<TensorMeta>& inputs) const {
+  const bool variadic = !inputs_.empty() && inputs_.back().variadic;
+  const size_t fixed = variadic ? inputs_.size() - 1 : inputs_.size();
+  if ((!variadic && inputs.size() != fixed) || (variadic && inputs.size() < fixed + 1)) {
+    return absl::InvalidArgumentError(StrCat("op '", name_, "': expects ", variadic ? "at least " : "",
+                                             variadic ? fixed + 1 : fixed, " inputs, got ", inputs.size()));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<TensorMeta>> OpSchema::InferMeta(const std::vector<TensorMeta>& inputs,
+                                                            const AttrMap& attrs) const {
+  RETURN_IF_ERROR(CheckArity(inputs));
+  auto result = infer_(inputs, attrs);
+  if (!result.ok()) {
+    return absl::Status(result.status().code(),
+                        StrCat("op '", name_, "' (", DescribeInputs(*this, inputs), "): ", result.status().message()));
+  }
+  return result;
+}
+
+std::vector<SbpSignature> OpSchema::SbpSignatures(const std::vector<TensorMeta>& inputs, const AttrMap& attrs,
+                                                  int64_t parallel_num) const {
+  if (!sbp_) return {};
+  return sbp_(inputs, attrs, parallel_num);
+}
+
+absl::Status OpSchema::Validate() const {
+  if (!infer_) return absl::InternalError(StrCat("op '", name_, "': no shape inference"));
+  if (kernels_.empty()) return absl::InternalError(StrCat("op '", name_, "': no kernel"));
+  for (size_t i = 0; i + 1 < inputs_.size(); ++i) {
+    if (inputs_[i].variadic) return absl::InternalError(StrCat("op '", name_, "': only the last input may be variadic"));
+  }
+  ASSIGN_OR_RETURN(AttrMap attrs, CanonicalizeAttrs(example_.attrs));
+  ASSIGN_OR_RETURN(auto outputs, InferMeta(example_.inputs, attrs));
+  for (const SbpSignature& sig : SbpSignatures(example_.inputs, attrs, 2)) {
+    if (sig.inputs.size() != example_.inputs.size() || sig.outputs.size() != outputs.size()) {
+      return absl::InternalError(StrCat("op '", name_, "': signature '", sig.ToString(), "' does not match ",
+                                        example_.inputs.size(), " inputs and ", outputs.size(), " outputs"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace tessera::ops

@@ -1,0 +1,130 @@
+#pragma once
+// OpSchema: everything Tessera knows about one op, registered once (DESIGN §5):
+// inputs/outputs, attributes with defaults, shape/dtype inference, SBP
+// signatures, a gradient rule that emits ops, kernels per device type, and an
+// example input used to document signatures (`tessera ops`).
+//
+// Built with chained setters at registration; immutable afterwards, so it is
+// safe to read from any thread.
+
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "core/device.h"
+#include "core/sbp.h"
+#include "core/tensor.h"
+#include "ops/attr.h"
+#include "ops/grad.h"
+#include "ops/kernel_context.h"
+
+namespace tessera::ops {
+
+struct ArgDef {
+  std::string name;
+  bool variadic = false;        // only the last input / output may be variadic
+  bool differentiable = true;   // inputs: whether gradients flow into it
+};
+
+struct AttrDef {
+  std::string name;
+  AttrType type;
+  std::optional<AttrValue> default_value;  // nullopt = required
+};
+
+// One valid combination: inputs laid out so → outputs laid out so (1-D; the
+// scheduler forms N-D candidates per hierarchy axis).
+struct SbpSignature {
+  std::vector<Sbp> inputs;
+  std::vector<Sbp> outputs;
+  std::string ToString() const;  // "S(0), B -> S(0)"
+  bool operator==(const SbpSignature&) const = default;
+};
+
+using InferFn = std::function<absl::StatusOr<std::vector<TensorMeta>>(const std::vector<TensorMeta>& inputs,
+                                                                      const AttrMap& attrs)>;
+// Signatures valid for these (logical) inputs over `parallel_num` devices on
+// one axis. Split signatures that would need a shard to be empty are fine
+// (balanced splits allow it); ones whose local computation would be wrong for
+// this parallel_num (e.g. reshape across an uneven split) must be left out.
+using SbpFn = std::function<std::vector<SbpSignature>(const std::vector<TensorMeta>& inputs,
+                                                      const AttrMap& attrs, int64_t parallel_num)>;
+using GradFn = std::function<void(GradBuilder& builder)>;
+using KernelFn = std::function<absl::Status(KernelContext& ctx)>;
+
+struct OpExample {
+  std::vector<TensorMeta> inputs;
+  AttrMap attrs;
+};
+
+class OpSchema {
+ public:
+  explicit OpSchema(std::string name) : name_(std::move(name)) {}
+
+  OpSchema& Doc(std::string doc);
+  OpSchema& Input(std::string name);
+  OpSchema& NonDifferentiableInput(std::string name);
+  OpSchema& VariadicInput(std::string name);
+  OpSchema& Output(std::string name);
+  OpSchema& VariadicOutput(std::string name);
+  OpSchema& Attr(std::string name, AttrType type, std::optional<AttrValue> default_value = std::nullopt);
+  OpSchema& Infer(InferFn fn);
+  OpSchema& Sbp(SbpFn fn);
+  OpSchema& Grad(GradFn fn);
+  OpSchema& Kernel(DeviceType device, KernelFn fn);
+  OpSchema& Example(std::vector<TensorMeta> inputs, AttrMap attrs = {});
+
+  const std::string& name() const { return name_; }
+  const std::string& doc() const { return doc_; }
+  const std::vector<ArgDef>& inputs() const { return inputs_; }
+  const std::vector<ArgDef>& outputs() const { return outputs_; }
+  const std::vector<AttrDef>& attrs() const { return attrs_; }
+  bool differentiable() const { return static_cast<bool>(grad_); }
+  const GradFn& grad() const { return grad_; }
+  const OpExample& example() const { return example_; }
+  bool has_sbp() const { return static_cast<bool>(sbp_); }
+  // Kernel for a device type, or null.
+  const KernelFn* FindKernel(DeviceType device) const;
+  std::vector<DeviceType> KernelDevices() const;
+  // Whether input i (variadic inputs: any index past the last declared)
+  // receives gradients.
+  bool InputDifferentiable(int i) const;
+
+  // Checks names and types against the declared attributes (ints are
+  // accepted for float attributes) and fills in defaults. Errors name the op,
+  // the attribute and, for unknown ones, the declared names.
+  absl::StatusOr<AttrMap> CanonicalizeAttrs(const AttrMap& given) const;
+  // Output metas for these inputs; errors name the op and every input's
+  // dtype and shape. Attributes must be canonical.
+  absl::StatusOr<std::vector<TensorMeta>> InferMeta(const std::vector<TensorMeta>& inputs,
+                                                    const AttrMap& attrs) const;
+  // Empty when the op declares no signatures.
+  std::vector<SbpSignature> SbpSignatures(const std::vector<TensorMeta>& inputs, const AttrMap& attrs,
+                                          int64_t parallel_num) const;
+
+  // Registration-time consistency check (infer and a kernel present, example
+  // infers, signatures match arities).
+  absl::Status Validate() const;
+
+ private:
+  absl::Status CheckArity(const std::vector<TensorMeta>& inputs) const;
+
+  std::string name_;
+  std::string doc_;
+  std::vector<ArgDef> inputs_, outputs_;
+  std::vector<AttrDef> attrs_;
+  InferFn infer_;
+  SbpFn sbp_;
+  GradFn grad_;
+  std::map<DeviceType, KernelFn> kernels_;
+  OpExample example_;
+};
+
+// "x: f32(2, 3), w: f32(4, 5)" — for error messages.
+std::string DescribeInputs(const OpSchema& schema, const std::vector<TensorMeta>& inputs);
+
+}  // namespace tessera::ops

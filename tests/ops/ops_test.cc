@@ -1,0 +1,112 @@
+// Op framework tests: registry, attribute canonicalisation, error messages
+// for bad input, and the vectorised math against libm.
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "ops/cpu/vec_math.h"
+#include "ops/eager.h"
+#include "ops/registry.h"
+
+namespace tessera::ops {
+namespace {
+
+TEST(VecMath, MatchesLibm) {
+  for (float x = -20.0f; x <= 20.0f; x += 0.01f) {
+    EXPECT_NEAR(cpu::ExpF(x), std::exp(x), std::exp(x) * 2e-7f) << x;
+    EXPECT_NEAR(cpu::TanhF(x), std::tanh(x), 2e-7f + std::abs(std::tanh(x)) * 2e-7f) << x;
+    EXPECT_NEAR(cpu::ErfF(x), std::erf(x), 3e-7f + std::abs(std::erf(x)) * 1e-6f) << x;
+  }
+  for (float x = 1e-30f; x < 1e30f; x *= 1.7f) {
+    EXPECT_NEAR(cpu::LogF(x), std::log(x), 3e-7f * std::max(1.0f, std::abs(std::log(x)))) << x;
+  }
+  EXPECT_EQ(cpu::ExpF(-100.0f), 0.0f);
+  EXPECT_TRUE(std::isinf(cpu::ExpF(100.0f)));
+  EXPECT_TRUE(std::isnan(cpu::ExpF(NAN)));
+  EXPECT_TRUE(std::isinf(cpu::LogF(0.0f)));
+  EXPECT_TRUE(std::isnan(cpu::LogF(-1.0f)));
+}
+
+TEST(Registry, HasManyOpsEachWithCpuKernel) {
+  const OpRegistry& r = BuiltinOps();
+  EXPECT_GE(r.size(), 40u);
+  for (const std::string& name : r.Names()) {
+    EXPECT_NE(r.Find(name)->FindKernel(DeviceType::kCpu), nullptr) << name;
+  }
+  EXPECT_FALSE(r.Get("no_such_op").ok());
+}
+
+TEST(Registry, DuplicateRegistrationIsAnError) {
+  OpRegistry r;
+  auto make = [] {
+    return OpSchema("twice")
+        .Output("y")
+        .Infer([](const std::vector<TensorMeta>&, const AttrMap&) -> absl::StatusOr<std::vector<TensorMeta>> {
+          return std::vector<TensorMeta>{TensorMeta{DType::kF32, Shape{}}};
+        })
+        .Kernel(DeviceType::kCpu, [](KernelContext&) { return absl::OkStatus(); });
+  };
+  EXPECT_TRUE(r.Register(make()).ok());
+  EXPECT_EQ(r.Register(make()).code(), absl::StatusCode::kAlreadyExists);
+}
+
+// Bad input: errors name the op and the shapes / attributes, never crash.
+std::string ErrorOf(const std::string& op, const std::vector<Tensor>& inputs, const AttrMap& attrs = {}) {
+  auto result = RunOp(op, inputs, attrs);
+  EXPECT_FALSE(result.ok()) << op << " accepted bad input";
+  return result.ok() ? "" : std::string(result.status().message());
+}
+
+Tensor F32(const Shape& shape) { return *Tensor::Zeros(shape, DType::kF32); }
+
+TEST(BadInput, ShapeMismatchNamesOpAndShapes) {
+  const std::string e = ErrorOf("add", {F32(Shape{2, 3}), F32(Shape{4})});
+  EXPECT_NE(e.find("op 'add'"), std::string::npos) << e;
+  EXPECT_NE(e.find("(2, 3)"), std::string::npos) << e;
+  EXPECT_NE(e.find("(4,)"), std::string::npos) << e;
+  const std::string bias = ErrorOf("bias_add", {F32(Shape{2, 3}), F32(Shape{2})});
+  EXPECT_NE(bias.find("op 'bias_add'"), std::string::npos) << bias;
+  EXPECT_NE(bias.find("(2,)"), std::string::npos) << bias;
+  const std::string grad = ErrorOf("relu_grad", {F32(Shape{2, 3}), F32(Shape{3, 2})});
+  EXPECT_NE(grad.find("(3, 2)"), std::string::npos) << grad;
+}
+
+TEST(BadInput, UnknownAttributeNamesOpAndKnownAttributes) {
+  const std::string e = ErrorOf("gelu", {F32(Shape{2})}, {{"approx", std::string("tanh")}});
+  EXPECT_NE(e.find("op 'gelu'"), std::string::npos) << e;
+  EXPECT_NE(e.find("unknown attribute 'approx'"), std::string::npos) << e;
+  EXPECT_NE(e.find("approximate"), std::string::npos) << e;
+}
+
+TEST(BadInput, WrongAttributeTypeOrValue) {
+  const std::string type = ErrorOf("gelu", {F32(Shape{2})}, {{"approximate", int64_t{1}}});
+  EXPECT_NE(type.find("must be string"), std::string::npos) << type;
+  const std::string value = ErrorOf("gelu", {F32(Shape{2})}, {{"approximate", std::string("fast")}});
+  EXPECT_NE(value.find("\"fast\""), std::string::npos) << value;
+  const std::string missing = ErrorOf("scalar_mul", {F32(Shape{2})});
+  EXPECT_NE(missing.find("missing required attribute 'value'"), std::string::npos) << missing;
+}
+
+TEST(BadInput, WrongDTypeArityAndUnknownOp) {
+  const std::string dtype = ErrorOf("exp", {Tensor::FromVector<int64_t>(Shape{2}, {1, 2})});
+  EXPECT_NE(dtype.find("must be f32, got i64"), std::string::npos) << dtype;
+  const std::string arity = ErrorOf("add", {F32(Shape{2})});
+  EXPECT_NE(arity.find("expects 2 inputs, got 1"), std::string::npos) << arity;
+  const std::string unknown = ErrorOf("gleu", {F32(Shape{2})});
+  EXPECT_NE(unknown.find("unknown op 'gleu'"), std::string::npos) << unknown;
+}
+
+TEST(Gradients, EagerRuleForBroadcastAddSumsBack) {
+  Tensor a = Tensor::FromVector<float>(Shape{2, 3}, {1, 2, 3, 4, 5, 6});
+  Tensor b = Tensor::FromVector<float>(Shape{3}, {1, 1, 1});
+  auto y = RunOp("add", {a, b});
+  ASSERT_TRUE(y.ok());
+  Tensor dy = Tensor::FromVector<float>(Shape{2, 3}, {1, 2, 3, 4, 5, 6});
+  auto grads = EagerGradients("add", {a, b}, *y, {dy}, {});
+  ASSERT_TRUE(grads.ok()) << grads.status();
+  EXPECT_EQ((*grads)[1].ToVector<float>(), (std::vector<float>{5, 7, 9}));
+}
+
+}  // namespace
+}  // namespace tessera::ops
