@@ -5,6 +5,9 @@ function(tessera_target_options target)
   target_compile_options(${target} PRIVATE
     $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Werror -Wno-unused-parameter>)
   target_include_directories(${target} PUBLIC ${PROJECT_SOURCE_DIR})
+  # errno is never read; without this GCC keeps sqrt scalar (a libm call on
+  # negative inputs) and loops using it do not vectorise.
+  target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-fno-math-errno>)
   if(TESSERA_NATIVE)
     target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-march=native>)
   endif()

@@ -14,6 +14,19 @@
 #include "tests/ops/op_test_util.h"
 
 namespace tessera::ops::testing {
+
+const std::vector<OpTestCase>& AllOpTestCases() {
+  static const std::vector<OpTestCase>* const all = [] {
+    auto* v = new std::vector<OpTestCase>();
+    for (auto family : {ElementwiseCases, MatmulCases, NormSoftmaxCases, ShapeOpCases, ReduceCases, MiscCases}) {
+      for (OpTestCase& c : family()) v->push_back(std::move(c));
+    }
+    return v;
+  }();
+  return *all;
+}
+
+
 namespace {
 
 const OpSchema& SchemaOf(const OpTestCase& c) {
@@ -253,9 +266,8 @@ TEST(OpCoverage, EveryRegisteredOpHasCasesAndEveryCaseAnOp) {
     if (schema.differentiable()) {
       EXPECT_TRUE(with_grad_case.count(name)) << "differentiable op '" << name << "' has no gradient-checked case";
     }
-    if (schema.has_sbp()) {
-      EXPECT_TRUE(with_sbp_case.count(name)) << "op '" << name << "' has no SBP-checked case";
-    }
+    EXPECT_TRUE(schema.has_sbp()) << "op '" << name << "' declares no SBP signatures";
+    EXPECT_TRUE(with_sbp_case.count(name)) << "op '" << name << "' has no SBP-checked case";
   }
 }
 

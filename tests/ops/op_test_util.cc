@@ -44,15 +44,4 @@ Tensor ZerosF32(const Shape& shape) {
   return *t;
 }
 
-const std::vector<OpTestCase>& AllOpTestCases() {
-  static const std::vector<OpTestCase>* const all = [] {
-    auto* v = new std::vector<OpTestCase>();
-    for (auto family : {ElementwiseCases, MatmulCases, NormSoftmaxCases, ShapeOpCases, ReduceCases, MiscCases}) {
-      for (OpTestCase& c : family()) v->push_back(std::move(c));
-    }
-    return v;
-  }();
-  return *all;
-}
-
 }  // namespace tessera::ops::testing

@@ -5,7 +5,9 @@
 
 #include <cmath>
 
+#include "core/thread_pool.h"
 #include "ops/cpu/vec_math.h"
+#include "tests/ops/op_test_util.h"
 #include "ops/eager.h"
 #include "ops/registry.h"
 
@@ -95,6 +97,55 @@ TEST(BadInput, WrongDTypeArityAndUnknownOp) {
   EXPECT_NE(arity.find("expects 2 inputs, got 1"), std::string::npos) << arity;
   const std::string unknown = ErrorOf("gleu", {F32(Shape{2})});
   EXPECT_NE(unknown.find("unknown op 'gleu'"), std::string::npos) << unknown;
+}
+
+// The harness's cases are small, so kernels run them inline; this runs
+// representative ops on inputs large enough to be cut into chunks across 3
+// threads and requires the same result as one thread.
+TEST(Threading, PooledKernelsMatchSerial) {
+  using testing::RandomInts;
+  using testing::RandomUniform;
+  struct Run {
+    std::string op;
+    std::vector<Tensor> inputs;
+    AttrMap attrs;
+  };
+  const Shape big{96, 1030};  // rows and an inner extent that is not a multiple of the vector width
+  const Tensor x = RandomUniform(big, 1), y = RandomUniform(big, 2);
+  const Tensor row = RandomUniform(Shape{1030}, 3);
+  std::vector<Run> runs = {
+      {"add", {x, y}, {}},
+      {"mul", {x, row}, {}},
+      {"gelu", {x}, {{"approximate", std::string("tanh")}}},
+      {"exp", {x}, {}},
+      {"bias_gelu", {x, row}, {}},
+      {"softmax", {x}, {}},
+      {"layer_norm", {x, row, row}, {}},
+      {"reduce_sum", {x}, {{"axes", std::vector<int64_t>{0}}}},
+      {"reduce_max", {x}, {{"axes", std::vector<int64_t>{1}}}},
+      {"transpose", {x}, {{"perm", std::vector<int64_t>{1, 0}}}},
+      {"matmul", {RandomUniform(Shape{130, 70}, 4), RandomUniform(Shape{70, 90}, 5)}, {}},
+      {"embedding", {RandomUniform(Shape{50, 700}, 6), RandomInts(Shape{64}, 7, 0, 50)}, {}},
+      {"dropout", {x}, {{"rate", 0.3}, {"seed", int64_t{5}}, {"tensor_id", int64_t{1}}}},
+      {"adamw_update", {x, y, x, RandomUniform(big, 8, 0.0f, 1.0f), Tensor::FromVector<float>(Shape{}, {0.01f})}, {}},
+  };
+  ThreadPool pool(3);
+  for (const Run& run : runs) {
+    auto serial = RunOp(run.op, run.inputs, run.attrs);
+    EagerOptions options;
+    options.pool = &pool;
+    auto pooled = RunOp(run.op, run.inputs, run.attrs, options);
+    ASSERT_TRUE(serial.ok()) << run.op << ": " << serial.status();
+    ASSERT_TRUE(pooled.ok()) << run.op << ": " << pooled.status();
+    ASSERT_EQ(serial->size(), pooled->size());
+    for (size_t k = 0; k < serial->size(); ++k) {
+      const auto a = (*serial)[k].ToDoubleVector(), b = (*pooled)[k].ToDoubleVector();
+      ASSERT_EQ(a.size(), b.size());
+      for (size_t i = 0; i < a.size(); ++i) {
+        ASSERT_NEAR(a[i], b[i], 1e-5 * (1 + std::abs(a[i]))) << run.op << " output " << k << " element " << i;
+      }
+    }
+  }
 }
 
 TEST(Gradients, EagerRuleForBroadcastAddSumsBack) {

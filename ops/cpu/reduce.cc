@@ -1,0 +1,385 @@
+#include "ops/cpu/reduce.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+#include "core/sbp.h"
+#include "ops/cpu/cpu_util.h"
+
+namespace tessera::ops::cpu {
+namespace {
+
+// Shape letters used below: a reduction step sees its input as (O, R, I):
+// O outer kept elements, R reduced, I inner kept elements.
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// Independent accumulators: float addition is not associative, so GCC only
+// vectorises a reduction written as this many separate sums (which also
+// halves the rounding error growth of one long running sum).
+constexpr int kLanes = 16;
+
+// Output columns per task when reducing over a non-innermost axis: 8 KiB of
+// accumulators stay in L1 while the R input rows stream past, and each row
+// piece spans more than a page, so hardware prefetch keeps up.
+constexpr int64_t kColumnBlock = 2048;
+
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+float SumRow(const float* x, int64_t n) {
+  float lanes[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int j = 0; j < kLanes; ++j) lanes[j] += x[i + j];
+  }
+  float total = 0.0f;
+  for (; i < n; ++i) total += x[i];
+  for (int j = 0; j < kLanes; ++j) total += lanes[j];
+  return total;
+}
+
+float MaxRow(const float* x, int64_t n) {
+  float lanes[kLanes];
+  std::fill(lanes, lanes + kLanes, kNegInf);
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int j = 0; j < kLanes; ++j) lanes[j] = std::max(lanes[j], x[i + j]);
+  }
+  float best = kNegInf;
+  for (; i < n; ++i) best = std::max(best, x[i]);
+  for (int j = 0; j < kLanes; ++j) best = std::max(best, lanes[j]);
+  return best;
+}
+
+// out[0, i1 - i0) = reduction over rows [r0, r1) of the (R, I) block at src,
+// columns [i0, i1).
+void ReduceBlock(ReduceKind kind, const float* src, int64_t I, int64_t r0, int64_t r1, int64_t i0, int64_t i1,
+                 float* out) {
+  if (I == 1) {
+    out[0] = kind == ReduceKind::kSum ? SumRow(src + r0, r1 - r0) : MaxRow(src + r0, r1 - r0);
+    return;
+  }
+  const int64_t n = i1 - i0;
+  if (r0 == r1) {
+    std::fill(out, out + n, kind == ReduceKind::kSum ? 0.0f : kNegInf);
+    return;
+  }
+  std::copy(src + r0 * I + i0, src + r0 * I + i1, out);
+  int64_t r = r0 + 1;
+  // Four rows per pass over the accumulators: a quarter of the load/store
+  // traffic on them, four input streams for the prefetcher.
+  for (; r + 4 <= r1; r += 4) {
+    const float* a = src + r * I + i0;
+    const float* b = a + I;
+    const float* c = b + I;
+    const float* d = c + I;
+    if (kind == ReduceKind::kSum) {
+      for (int64_t i = 0; i < n; ++i) out[i] += (a[i] + b[i]) + (c[i] + d[i]);
+    } else {
+      for (int64_t i = 0; i < n; ++i) out[i] = std::max(out[i], std::max(std::max(a[i], b[i]), std::max(c[i], d[i])));
+    }
+  }
+  for (; r < r1; ++r) {
+    const float* row = src + r * I + i0;
+    if (kind == ReduceKind::kSum) {
+      for (int64_t i = 0; i < n; ++i) out[i] += row[i];
+    } else {
+      for (int64_t i = 0; i < n; ++i) out[i] = std::max(out[i], row[i]);
+    }
+  }
+}
+
+void Scale(float* p, int64_t n, float scale) {
+  if (scale == 1.0f) return;
+  for (int64_t i = 0; i < n; ++i) p[i] *= scale;
+}
+
+// dst (O, I) = scale · reduce over R of src (O, R, I).
+void ReduceOri(const KernelContext& ctx, ReduceKind kind, const float* src, int64_t O, int64_t R, int64_t I, float* dst,
+               float scale) {
+  const int64_t column_blocks = CeilDiv(I, kColumnBlock);
+  const int64_t tasks = O * column_blocks;
+  const int64_t task_elements = R * std::min(I, kColumnBlock);
+  // Few tasks but much work (a full reduction, or a leading-axis one over
+  // few columns): cut R into chunks reduced separately, then combine.
+  int64_t chunks = 1;
+  if (tasks < ctx.num_threads()) {
+    chunks = std::min({R, CeilDiv(ctx.num_threads(), tasks), std::max<int64_t>(1, O * R * I / kElementwiseGrain)});
+  }
+  if (chunks == 1) {
+    ParallelFor(ctx, tasks, std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(1, task_elements)),
+                [&](int64_t begin, int64_t end) {
+                  for (int64_t t = begin; t < end; ++t) {
+                    const int64_t o = t / column_blocks;
+                    const int64_t i0 = (t % column_blocks) * kColumnBlock, i1 = std::min(I, i0 + kColumnBlock);
+                    float* out = dst + o * I + i0;
+                    ReduceBlock(kind, src + o * R * I, I, 0, R, i0, i1, out);
+                    Scale(out, i1 - i0, scale);
+                  }
+                });
+    return;
+  }
+  std::vector<float> partial(static_cast<size_t>(chunks * O * I));  // (chunks, O, I)
+  ParallelFor(ctx, chunks * tasks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t c = t / tasks, rest = t % tasks;
+      const int64_t o = rest / column_blocks;
+      const int64_t i0 = (rest % column_blocks) * kColumnBlock, i1 = std::min(I, i0 + kColumnBlock);
+      const Range rows = BalancedSplit(R, chunks, c);
+      ReduceBlock(kind, src + o * R * I, I, rows.offset, rows.offset + rows.size, i0, i1,
+                  partial.data() + (c * O + o) * I + i0);
+    }
+  });
+  const int64_t n = O * I;
+  ParallelFor(ctx, n, kElementwiseGrain, [&](int64_t begin, int64_t end) {
+    std::copy(partial.data() + begin, partial.data() + end, dst + begin);
+    for (int64_t c = 1; c < chunks; ++c) {
+      const float* part = partial.data() + c * n;
+      if (kind == ReduceKind::kSum) {
+        for (int64_t j = begin; j < end; ++j) dst[j] += part[j];
+      } else {
+        for (int64_t j = begin; j < end; ++j) dst[j] = std::max(dst[j], part[j]);
+      }
+    }
+    Scale(dst + begin, end - begin, scale);
+  });
+}
+
+// Runs of axes with the same reduced/kept status merge into one group, and
+// size-1 axes drop out, so any reduction becomes a few (O, R, I) steps.
+struct Group {
+  int64_t extent;
+  bool reduced;
+};
+
+std::vector<Group> Coalesce(const Shape& shape, const std::vector<bool>& reduced) {
+  std::vector<Group> groups;
+  for (int a = 0; a < shape.rank(); ++a) {
+    if (shape[a] == 1) continue;
+    const bool r = reduced[static_cast<size_t>(a)];
+    if (!groups.empty() && groups.back().reduced == r) {
+      groups.back().extent *= shape[a];
+    } else {
+      groups.push_back({shape[a], r});
+    }
+  }
+  if (groups.empty()) groups.push_back({1, false});
+  return groups;
+}
+
+}  // namespace
+
+void Reduce(const KernelContext& ctx, ReduceKind kind, const Tensor& x, const std::vector<bool>& reduced, float scale,
+            const Tensor& y) {
+  float* out = y.data<float>();
+  const int64_t n_out = y.NumElements();
+  if (n_out == 0) return;
+  if (x.NumElements() == 0) {
+    // Scaled too, so an empty mean is NaN (0 · 1/0) as in numpy.
+    std::fill(out, out + n_out, kind == ReduceKind::kSum ? 0.0f * scale : kNegInf);
+    return;
+  }
+  std::vector<Group> groups = Coalesce(x.shape(), reduced);
+  const float* src = x.data<float>();
+  // Reduced groups go innermost first; intermediate results ping-pong
+  // between two scratch buffers.
+  std::vector<float> scratch[2];
+  int next_scratch = 0;
+  while (true) {
+    int j = static_cast<int>(groups.size()) - 1;
+    while (j >= 0 && !groups[static_cast<size_t>(j)].reduced) --j;
+    if (j < 0) {  // nothing (left) to reduce over: a scaled copy
+      ParallelFor(ctx, n_out, kElementwiseGrain, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) out[i] = src[i] * scale;
+      });
+      return;
+    }
+    int64_t O = 1, I = 1;
+    bool last = true;
+    for (int g = 0; g < j; ++g) {
+      O *= groups[static_cast<size_t>(g)].extent;
+      if (groups[static_cast<size_t>(g)].reduced) last = false;
+    }
+    for (size_t g = static_cast<size_t>(j) + 1; g < groups.size(); ++g) I *= groups[g].extent;
+    const int64_t R = groups[static_cast<size_t>(j)].extent;
+    float* dst = out;
+    if (!last) {
+      scratch[next_scratch].resize(static_cast<size_t>(O * I));
+      dst = scratch[next_scratch].data();
+      next_scratch ^= 1;
+    }
+    ReduceOri(ctx, kind, src, O, R, I, dst, last ? scale : 1.0f);
+    if (last) return;
+    src = dst;
+    groups.erase(groups.begin() + j);
+  }
+}
+
+void ReduceMaxGrad(const KernelContext& ctx, const Tensor& x, const std::vector<bool>& reduced, const Tensor& y,
+                   const Tensor& dy, const Tensor& dx) {
+  float* grad = dx.data<float>();
+  if (dx.NumElements() == 0) return;
+  const float* xs = x.data<float>();
+  const float* ys = y.data<float>();
+  const float* dys = dy.data<float>();
+  const std::vector<Group> groups = Coalesce(x.shape(), reduced);
+  const size_t num_groups = groups.size();
+  // Output stride of each group (0 for reduced ones) and input elements
+  // under one index of each group.
+  std::vector<int64_t> out_stride(num_groups, 0), in_inner(num_groups, 1);
+  int64_t stride = 1;
+  for (size_t g = num_groups; g-- > 0;) {
+    if (!groups[g].reduced) {
+      out_stride[g] = stride;
+      stride *= groups[g].extent;
+    }
+    if (g + 1 < num_groups) in_inner[g] = in_inner[g + 1] * groups[g + 1].extent;
+  }
+  std::vector<float> ties(static_cast<size_t>(y.NumElements()), 0.0f);
+  // Calls fn(in_offset, out_offset, out_step, n) for every run of the
+  // innermost group under first-group indices [begin, end).
+  auto for_each_run = [&](int64_t begin, int64_t end, auto&& fn) {
+    if (num_groups == 1) {
+      fn(begin, begin * out_stride[0], out_stride[0], end - begin);
+      return;
+    }
+    const Group& inner = groups.back();
+    const int64_t runs = in_inner[0] / inner.extent;  // runs under one first-group index
+    for (int64_t g0 = begin; g0 < end; ++g0) {
+      for (int64_t run = 0; run < runs; ++run) {
+        int64_t in = g0 * in_inner[0] + run * inner.extent, out = g0 * out_stride[0];
+        int64_t rest = run;
+        for (size_t g = num_groups - 1; g-- > 1;) {
+          out += (rest % groups[g].extent) * out_stride[g];
+          rest /= groups[g].extent;
+        }
+        fn(in, out, out_stride.back(), inner.extent);
+      }
+    }
+  };
+  auto count = [&](int64_t begin, int64_t end) {
+    for_each_run(begin, end, [&](int64_t in, int64_t out, int64_t step, int64_t n) {
+      for (int64_t i = 0; i < n; ++i) ties[static_cast<size_t>(out + i * step)] += xs[in + i] == ys[out + i * step];
+    });
+  };
+  auto route = [&](int64_t begin, int64_t end) {
+    for_each_run(begin, end, [&](int64_t in, int64_t out, int64_t step, int64_t n) {
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t o = out + i * step;
+        grad[in + i] = xs[in + i] == ys[o] ? dys[o] / ties[static_cast<size_t>(o)] : 0.0f;
+      }
+    });
+  };
+  // Tasks over the first group own disjoint outputs only when it is kept;
+  // a leading reduced group makes every task touch every tie counter, so
+  // that (rare for gradients) layout runs on one thread.
+  const int64_t first = groups[0].extent;
+  if (groups[0].reduced) {
+    count(0, first);
+    route(0, first);
+    return;
+  }
+  const int64_t grain = RowGrain(in_inner[0]);
+  ParallelFor(ctx, first, grain, count);
+  ParallelFor(ctx, first, grain, route);
+}
+
+void Argmax(const KernelContext& ctx, const Tensor& x, int axis, const Tensor& y) {
+  const Shape& shape = x.shape();
+  int64_t O = 1, I = 1;
+  for (int a = 0; a < axis; ++a) O *= shape[a];
+  for (int a = axis + 1; a < shape.rank(); ++a) I *= shape[a];
+  const int64_t N = shape[axis];
+  const float* src = x.data<float>();
+  int64_t* out = y.data<int64_t>();
+  if (y.NumElements() == 0) return;
+  if (I == 1) {
+    // Contiguous rows: a vectorised max, then the first position holding it.
+    ParallelFor(ctx, O, RowGrain(N), [&](int64_t begin, int64_t end) {
+      for (int64_t o = begin; o < end; ++o) {
+        const float* row = src + o * N;
+        const float best = MaxRow(row, N);
+        int64_t n = 0;
+        while (n < N && row[n] != best) ++n;
+        out[o] = n == N ? 0 : n;  // no match: an all-NaN row
+      }
+    });
+    return;
+  }
+  ParallelFor(ctx, O, RowGrain(N * I), [&](int64_t begin, int64_t end) {
+    std::vector<float> best(static_cast<size_t>(I));
+    for (int64_t o = begin; o < end; ++o) {
+      const float* block = src + o * N * I;  // (N, I)
+      int64_t* idx = out + o * I;            // (I)
+      std::fill(best.begin(), best.end(), kNegInf);
+      std::fill(idx, idx + I, 0);
+      // Strictly greater: the first maximum wins ties.
+      for (int64_t n = 0; n < N; ++n) {
+        const float* row = block + n * I;
+        for (int64_t i = 0; i < I; ++i) {
+          const bool better = row[i] > best[static_cast<size_t>(i)];
+          best[static_cast<size_t>(i)] = better ? row[i] : best[static_cast<size_t>(i)];
+          idx[i] = better ? n : idx[i];
+        }
+      }
+    }
+  });
+}
+
+void TopK(const KernelContext& ctx, const Tensor& x, int64_t k, const Tensor& values, const Tensor& indices) {
+  const int64_t N = x.shape().rank() == 0 ? 1 : x.shape()[x.shape().rank() - 1];
+  const int64_t rows = N == 0 ? 0 : x.NumElements() / N;
+  const float* src = x.data<float>();
+  float* vals = values.data<float>();
+  int64_t* idxs = indices.data<int64_t>();
+  if (k == 0 || rows == 0) return;
+  ParallelFor(ctx, rows, RowGrain(N * 4), [&](int64_t begin, int64_t end) {
+    std::vector<int64_t> order(static_cast<size_t>(N));
+    for (int64_t r = begin; r < end; ++r) {
+      const float* row = src + r * N;
+      std::iota(order.begin(), order.end(), 0);
+      // Descending by value, ties by lower index; NaN sorts last so the
+      // comparison stays a strict weak order.
+      auto before = [row](int64_t a, int64_t b) {
+        const float va = row[a], vb = row[b];
+        const bool na = std::isnan(va), nb = std::isnan(vb);
+        if (na || nb) return na == nb ? a < b : nb;
+        return va > vb || (va == vb && a < b);
+      };
+      std::partial_sort(order.begin(), order.begin() + k, order.end(), before);
+      for (int64_t j = 0; j < k; ++j) {
+        idxs[r * k + j] = order[static_cast<size_t>(j)];
+        vals[r * k + j] = row[order[static_cast<size_t>(j)]];
+      }
+    }
+  });
+}
+
+void SquareSum(const KernelContext& ctx, const Tensor& x, const Tensor& y) {
+  const float* src = x.data<float>();
+  const int64_t n = x.NumElements();
+  const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>(4 * ctx.num_threads(), n / kElementwiseGrain));
+  std::vector<double> partial(static_cast<size_t>(chunks), 0.0);
+  ParallelFor(ctx, chunks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t c = begin; c < end; ++c) {
+      const Range range = BalancedSplit(n, chunks, c);
+      const float* p = src + range.offset;
+      float lanes[kLanes] = {};
+      int64_t i = 0;
+      for (; i + kLanes <= range.size; i += kLanes) {
+        for (int j = 0; j < kLanes; ++j) lanes[j] += p[i + j] * p[i + j];
+      }
+      double total = 0.0;
+      for (; i < range.size; ++i) total += static_cast<double>(p[i]) * p[i];
+      for (int j = 0; j < kLanes; ++j) total += lanes[j];
+      partial[static_cast<size_t>(c)] = total;
+    }
+  });
+  double total = 0.0;
+  for (double part : partial) total += part;
+  y.data<float>()[0] = static_cast<float>(total);
+}
+
+}  // namespace tessera::ops::cpu

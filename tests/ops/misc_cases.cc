@@ -1,0 +1,285 @@
+// Cases for the embedding, random and optimizer families. References are
+// plain loops in double; the random ones draw Philox element by element from
+// the logical index (block i / 4, lane i % 4), independently of how the
+// kernels walk runs and blocks, so the harness's SBP check doubles as a
+// layout-invariance check.
+
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <numbers>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/philox.h"
+#include "tests/ops/op_test_util.h"
+
+namespace tessera::ops::testing {
+namespace {
+
+OpTestCase Case(std::string op, std::string label, std::vector<Tensor> inputs, AttrMap attrs, ReferenceFn reference,
+                int64_t step = 0) {
+  OpTestCase c;
+  c.op = std::move(op);
+  c.label = std::move(label);
+  c.inputs = std::move(inputs);
+  c.attrs = std::move(attrs);
+  c.reference = std::move(reference);
+  c.step = step;
+  return c;
+}
+
+Tensor Ids(const Shape& shape, const std::vector<int64_t>& values, DType dtype) {
+  auto t = Tensor::Empty(shape, dtype);
+  TESSERA_CHECK(t.ok());
+  TESSERA_CHECK(static_cast<int64_t>(values.size()) == t->NumElements());
+  for (size_t i = 0; i < values.size(); ++i) {
+    SetElementFromDouble(*t, static_cast<int64_t>(i), static_cast<double>(values[i]));
+  }
+  return *t;
+}
+
+Tensor Scalar(float value) { return Tensor::FromVector<float>(Shape{}, {value}); }
+
+Tensor FromDoubles(const Shape& shape, const std::vector<double>& values) {
+  return FilledF32(shape, [&](int64_t i) { return static_cast<float>(values[static_cast<size_t>(i)]); });
+}
+
+// ---- embedding -------------------------------------------------------------
+
+std::vector<Tensor> EmbeddingReference(const std::vector<Tensor>& in, const AttrMap&) {
+  const Tensor& weight = in[0];
+  const Tensor& ids = in[1];
+  const int64_t C = weight.shape()[1];
+  std::vector<int64_t> dims = ids.shape().dims();
+  dims.push_back(C);
+  std::vector<double> out;
+  for (int64_t n = 0; n < ids.NumElements(); ++n) {
+    const int64_t id = static_cast<int64_t>(ElementAsDouble(ids, n));
+    for (int64_t c = 0; c < C; ++c) out.push_back(ElementAsDouble(weight, id * C + c));
+  }
+  return {FromDoubles(Shape(dims), out)};
+}
+
+std::vector<Tensor> EmbeddingGradReference(const std::vector<Tensor>& in, const AttrMap& attrs) {
+  const Tensor& dy = in[0];
+  const Tensor& ids = in[1];
+  const int64_t V = attrs.Int("num_embeddings");
+  const int64_t C = dy.shape()[dy.shape().rank() - 1];
+  std::vector<double> dweight(static_cast<size_t>(V * C), 0.0);
+  for (int64_t n = 0; n < ids.NumElements(); ++n) {
+    const int64_t id = static_cast<int64_t>(ElementAsDouble(ids, n));
+    for (int64_t c = 0; c < C; ++c) dweight[static_cast<size_t>(id * C + c)] += ElementAsDouble(dy, n * C + c);
+  }
+  return {FromDoubles(Shape{V, C}, dweight)};
+}
+
+std::vector<OpTestCase> EmbeddingCases() {
+  std::vector<OpTestCase> cases;
+  // Ids cover 0 and V - 1 with repeats, so vocabulary-parallel shards each
+  // see hits and misses and embedding_grad sums duplicates.
+  cases.push_back(
+      Case("embedding", "ids_i64_2d",
+           {RandomUniform(Shape{7, 5}, 1), Ids(Shape{3, 4}, {0, 6, 3, 3, 1, 6, 0, 2, 5, 4, 6, 0}, DType::kI64)}, {},
+           EmbeddingReference));
+  cases.push_back(Case("embedding", "ids_i32_1d",
+                       {RandomUniform(Shape{9, 3}, 2), Ids(Shape{5}, {8, 0, 3, 8, 1}, DType::kI32)}, {},
+                       EmbeddingReference));
+  cases.push_back(
+      Case("embedding", "ids_3d_wide_rows",
+           {RandomUniform(Shape{6, 11}, 3), Ids(Shape{2, 3, 2}, {5, 0, 1, 1, 2, 5, 3, 4, 0, 0, 5, 2}, DType::kI64)}, {},
+           EmbeddingReference));
+  cases.push_back(Case("embedding", "scalar_id", {RandomUniform(Shape{5, 7}, 4), Ids(Shape{}, {4}, DType::kI64)}, {},
+                       EmbeddingReference));
+  cases.push_back(
+      Case("embedding_grad", "dy_3d_duplicates",
+           {RandomUniform(Shape{3, 4, 5}, 5), Ids(Shape{3, 4}, {0, 6, 3, 3, 1, 6, 0, 2, 5, 4, 6, 0}, DType::kI64)},
+           {{"num_embeddings", int64_t{7}}}, EmbeddingGradReference));
+  cases.push_back(Case("embedding_grad", "ids_i32_unused_rows",
+                       {RandomUniform(Shape{5, 3}, 6), Ids(Shape{5}, {8, 0, 3, 8, 1}, DType::kI32)},
+                       {{"num_embeddings", int64_t{9}}}, EmbeddingGradReference));
+  return cases;
+}
+
+// ---- random ------------------------------------------------------------------
+
+struct StreamAttrs {
+  uint64_t seed;
+  uint32_t tensor_id;
+  uint32_t step;
+};
+
+StreamAttrs StreamOf(const AttrMap& attrs, int64_t step) {
+  return {static_cast<uint64_t>(attrs.Int("seed")), static_cast<uint32_t>(attrs.Int("tensor_id")),
+          static_cast<uint32_t>(step)};
+}
+
+// The four words of the Philox block holding logical element `index`.
+std::array<uint32_t, 4> BlockOf(const StreamAttrs& s, int64_t index) {
+  const uint64_t block = static_cast<uint64_t>(index) / 4;
+  return Philox4x32(MakePhiloxKey(s.seed), static_cast<uint32_t>(block), static_cast<uint32_t>(block >> 32),
+                    s.tensor_id, s.step);
+}
+
+uint32_t WordOf(const StreamAttrs& s, int64_t index) { return BlockOf(s, index)[static_cast<size_t>(index % 4)]; }
+
+// Box–Muller on the lane's word pair: even lanes take the cos branch, odd
+// lanes the sin branch. u1 as core/philox.h's BoxMuller defines it (an f32
+// expression); the rest in double.
+double StandardNormalOf(const StreamAttrs& s, int64_t index) {
+  const std::array<uint32_t, 4> w = BlockOf(s, index);
+  const size_t lane = static_cast<size_t>(index % 4), pair = lane / 2;
+  const float u1 = (static_cast<float>(w[2 * pair] >> 8) + 1.0f) * (1.0f / 16777217.0f);
+  const double u2 = UnitFloat(w[2 * pair + 1]);
+  const double radius = std::sqrt(-2.0 * std::log(static_cast<double>(u1)));
+  const double angle = 2.0 * std::numbers::pi * u2;
+  return radius * (lane % 2 == 0 ? std::cos(angle) : std::sin(angle));
+}
+
+ReferenceFn NormalReference(int64_t step) {
+  return [step](const std::vector<Tensor>&, const AttrMap& attrs) {
+    const StreamAttrs s = StreamOf(attrs, step);
+    const Shape shape(attrs.Ints("shape"));
+    const double mean = attrs.Float("mean"), std = attrs.Float("std");
+    return std::vector<Tensor>{
+        FilledF32(shape, [&](int64_t i) { return static_cast<float>(mean + std * StandardNormalOf(s, i)); })};
+  };
+}
+
+ReferenceFn UniformReference(int64_t step) {
+  return [step](const std::vector<Tensor>&, const AttrMap& attrs) {
+    const StreamAttrs s = StreamOf(attrs, step);
+    const Shape shape(attrs.Ints("shape"));
+    const double low = attrs.Float("low"), high = attrs.Float("high");
+    return std::vector<Tensor>{FilledF32(shape, [&](int64_t i) {
+      return static_cast<float>(low + (high - low) * static_cast<double>(UnitFloat(WordOf(s, i))));
+    })};
+  };
+}
+
+ReferenceFn DropoutReference(int64_t step) {
+  return [step](const std::vector<Tensor>& in, const AttrMap& attrs) {
+    const StreamAttrs s = StreamOf(attrs, step);
+    const double rate = attrs.Float("rate");
+    return std::vector<Tensor>{FilledF32(in[0].shape(), [&](int64_t i) {
+      const bool keep = static_cast<double>(UnitFloat(WordOf(s, i))) >= rate;
+      return static_cast<float>(keep ? ElementAsDouble(in[0], i) / (1.0 - rate) : 0.0);
+    })};
+  };
+}
+
+std::vector<OpTestCase> RandomCases() {
+  std::vector<OpTestCase> cases;
+  // Uneven extents so splits cut Philox blocks of four in the middle, and
+  // inner-axis splits leave gaps between runs.
+  cases.push_back(Case("normal", "2d", {},
+                       {{"shape", std::vector<int64_t>{5, 7}}, {"seed", int64_t{42}}, {"tensor_id", int64_t{3}}},
+                       NormalReference(0)));
+  cases.push_back(Case("normal", "3d_mean_std_step_wide_seed", {},
+                       {{"shape", std::vector<int64_t>{3, 5, 6}},
+                        {"mean", 1.5},
+                        {"std", 0.5},
+                        {"seed", int64_t{0x123456789abcdefLL}},
+                        {"tensor_id", int64_t{9}}},
+                       NormalReference(7), 7));
+  cases.push_back(Case("normal", "1d_odd", {},
+                       {{"shape", std::vector<int64_t>{13}}, {"seed", int64_t{7}}, {"tensor_id", int64_t{0}}},
+                       NormalReference(0)));
+  cases.push_back(Case("uniform", "2d_range", {},
+                       {{"shape", std::vector<int64_t>{6, 5}},
+                        {"low", -2.0},
+                        {"high", 3.0},
+                        {"seed", int64_t{11}},
+                        {"tensor_id", int64_t{1}}},
+                       UniformReference(0)));
+  cases.push_back(Case("uniform", "3d_step", {},
+                       {{"shape", std::vector<int64_t>{2, 3, 7}}, {"seed", int64_t{5}}, {"tensor_id", int64_t{2}}},
+                       UniformReference(2), 2));
+  cases.push_back(Case("dropout", "2d_rate_0_3", {RandomUniform(Shape{5, 7}, 21)},
+                       {{"rate", 0.3}, {"seed", int64_t{5}}, {"tensor_id", int64_t{1}}}, DropoutReference(0)));
+  cases.push_back(Case("dropout", "3d_rate_0_5_step", {RandomUniform(Shape{3, 4, 5}, 22)},
+                       {{"rate", 0.5}, {"seed", int64_t{6}}, {"tensor_id", int64_t{4}}}, DropoutReference(3), 3));
+  cases.push_back(Case("dropout", "rate_0_copies", {RandomUniform(Shape{6}, 23)},
+                       {{"rate", 0.0}, {"seed", int64_t{6}}, {"tensor_id", int64_t{4}}}, DropoutReference(0)));
+  return cases;
+}
+
+// ---- optimizers ----------------------------------------------------------------
+
+std::vector<Tensor> SgdReference(const std::vector<Tensor>& in, const AttrMap& attrs) {
+  const double lr = ElementAsDouble(in[3], 0);
+  const double momentum = attrs.Float("momentum"), weight_decay = attrs.Float("weight_decay");
+  const bool nesterov = attrs.Bool("nesterov");
+  std::vector<double> param, buf;
+  for (int64_t i = 0; i < in[0].NumElements(); ++i) {
+    const double p = ElementAsDouble(in[0], i);
+    const double g = ElementAsDouble(in[1], i) + weight_decay * p;
+    const double b = momentum * ElementAsDouble(in[2], i) + g;
+    param.push_back(p - lr * (nesterov ? g + momentum * b : b));
+    buf.push_back(b);
+  }
+  return {FromDoubles(in[0].shape(), param), FromDoubles(in[0].shape(), buf)};
+}
+
+ReferenceFn AdamwReference(int64_t step) {
+  return [step](const std::vector<Tensor>& in, const AttrMap& attrs) {
+    const double lr = ElementAsDouble(in[4], 0);
+    const double beta1 = attrs.Float("beta1"), beta2 = attrs.Float("beta2"), eps = attrs.Float("eps");
+    const double weight_decay = attrs.Float("weight_decay");
+    const double t = static_cast<double>(step + 1);
+    const bool correct = attrs.Bool("bias_correction");
+    const double c1 = correct ? 1 - std::pow(beta1, t) : 1, c2 = correct ? 1 - std::pow(beta2, t) : 1;
+    std::vector<double> param, m, v;
+    for (int64_t i = 0; i < in[0].NumElements(); ++i) {
+      const double g = ElementAsDouble(in[1], i);
+      const double mi = beta1 * ElementAsDouble(in[2], i) + (1 - beta1) * g;
+      const double vi = beta2 * ElementAsDouble(in[3], i) + (1 - beta2) * g * g;
+      const double p = ElementAsDouble(in[0], i) * (1 - lr * weight_decay);
+      param.push_back(p - lr * (mi / c1) / (std::sqrt(vi / c2) + eps));
+      m.push_back(mi);
+      v.push_back(vi);
+    }
+    const Shape& shape = in[0].shape();
+    return std::vector<Tensor>{FromDoubles(shape, param), FromDoubles(shape, m), FromDoubles(shape, v)};
+  };
+}
+
+std::vector<OpTestCase> OptimizerCases() {
+  std::vector<OpTestCase> cases;
+  auto sgd_inputs = [](const Shape& shape, uint64_t seed) {
+    return std::vector<Tensor>{RandomUniform(shape, seed), RandomUniform(shape, seed + 1),
+                               RandomUniform(shape, seed + 2), Scalar(0.05f)};
+  };
+  cases.push_back(Case("sgd_update", "momentum_weight_decay", sgd_inputs(Shape{5, 7}, 31),
+                       {{"momentum", 0.9}, {"weight_decay", 0.01}}, SgdReference));
+  cases.push_back(Case("sgd_update", "nesterov_3d", sgd_inputs(Shape{3, 4, 5}, 34),
+                       {{"momentum", 0.8}, {"nesterov", true}}, SgdReference));
+  cases.push_back(Case("sgd_update", "plain", sgd_inputs(Shape{7}, 37), {}, SgdReference));
+
+  // v is a running mean of squares: non-negative, and kept away from 0 so the
+  // f32 kernel is compared where the update is well conditioned.
+  auto adamw_inputs = [](const Shape& shape, uint64_t seed) {
+    return std::vector<Tensor>{RandomUniform(shape, seed), RandomUniform(shape, seed + 1),
+                               RandomUniform(shape, seed + 2, -0.1f, 0.1f), RandomUniform(shape, seed + 3, 0.01f, 0.1f),
+                               Scalar(0.01f)};
+  };
+  cases.push_back(Case("adamw_update", "defaults_first_step", adamw_inputs(Shape{5, 7}, 41), {}, AdamwReference(0)));
+  cases.push_back(Case("adamw_update", "custom_betas_step_4", adamw_inputs(Shape{3, 4, 5}, 45),
+                       {{"beta1", 0.8}, {"beta2", 0.95}, {"eps", 1e-6}, {"weight_decay", 0.1}}, AdamwReference(4), 4));
+  cases.push_back(Case("adamw_update", "no_bias_correction", adamw_inputs(Shape{7}, 49), {{"bias_correction", false}},
+                       AdamwReference(2), 2));
+  return cases;
+}
+
+}  // namespace
+
+std::vector<OpTestCase> MiscCases() {
+  std::vector<OpTestCase> cases;
+  for (auto family : {EmbeddingCases, RandomCases, OptimizerCases}) {
+    for (OpTestCase& c : family()) cases.push_back(std::move(c));
+  }
+  return cases;
+}
+
+}  // namespace tessera::ops::testing
