@@ -9,7 +9,7 @@ function(tessera_target_options target)
   # negative inputs) and loops using it do not vectorise.
   target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-fno-math-errno>)
   if(TESSERA_NATIVE)
-    target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-march=native>)
+    target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-march=native -mprefer-vector-width=512>)
   endif()
   if(TESSERA_SANITIZE)
     target_compile_options(${target} PRIVATE

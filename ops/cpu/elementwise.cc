@@ -158,46 +158,90 @@ void ScalarImpl(KernelContext& ctx, float value) {
 
 absl::Status BinaryKernel(KernelContext& ctx, BinaryKind kind) {
   switch (kind) {
-    case BinaryKind::kAdd: BinaryImpl<BinaryKind::kAdd>(ctx); break;
-    case BinaryKind::kSub: BinaryImpl<BinaryKind::kSub>(ctx); break;
-    case BinaryKind::kMul: BinaryImpl<BinaryKind::kMul>(ctx); break;
-    case BinaryKind::kDiv: BinaryImpl<BinaryKind::kDiv>(ctx); break;
+    case BinaryKind::kAdd:
+      BinaryImpl<BinaryKind::kAdd>(ctx);
+      break;
+    case BinaryKind::kSub:
+      BinaryImpl<BinaryKind::kSub>(ctx);
+      break;
+    case BinaryKind::kMul:
+      BinaryImpl<BinaryKind::kMul>(ctx);
+      break;
+    case BinaryKind::kDiv:
+      BinaryImpl<BinaryKind::kDiv>(ctx);
+      break;
   }
   return absl::OkStatus();
 }
 
 absl::Status UnaryKernel(KernelContext& ctx, UnaryKind kind) {
   switch (kind) {
-    case UnaryKind::kNeg: UnaryImpl<UnaryKind::kNeg>(ctx); break;
-    case UnaryKind::kExp: UnaryImpl<UnaryKind::kExp>(ctx); break;
-    case UnaryKind::kLog: UnaryImpl<UnaryKind::kLog>(ctx); break;
-    case UnaryKind::kSqrt: UnaryImpl<UnaryKind::kSqrt>(ctx); break;
-    case UnaryKind::kRsqrt: UnaryImpl<UnaryKind::kRsqrt>(ctx); break;
-    case UnaryKind::kTanh: UnaryImpl<UnaryKind::kTanh>(ctx); break;
-    case UnaryKind::kRelu: UnaryImpl<UnaryKind::kRelu>(ctx); break;
-    case UnaryKind::kSilu: UnaryImpl<UnaryKind::kSilu>(ctx); break;
-    case UnaryKind::kGelu: UnaryImpl<UnaryKind::kGelu>(ctx); break;
-    case UnaryKind::kGeluTanh: UnaryImpl<UnaryKind::kGeluTanh>(ctx); break;
+    case UnaryKind::kNeg:
+      UnaryImpl<UnaryKind::kNeg>(ctx);
+      break;
+    case UnaryKind::kExp:
+      UnaryImpl<UnaryKind::kExp>(ctx);
+      break;
+    case UnaryKind::kLog:
+      UnaryImpl<UnaryKind::kLog>(ctx);
+      break;
+    case UnaryKind::kSqrt:
+      UnaryImpl<UnaryKind::kSqrt>(ctx);
+      break;
+    case UnaryKind::kRsqrt:
+      UnaryImpl<UnaryKind::kRsqrt>(ctx);
+      break;
+    case UnaryKind::kTanh:
+      UnaryImpl<UnaryKind::kTanh>(ctx);
+      break;
+    case UnaryKind::kRelu:
+      UnaryImpl<UnaryKind::kRelu>(ctx);
+      break;
+    case UnaryKind::kSilu:
+      UnaryImpl<UnaryKind::kSilu>(ctx);
+      break;
+    case UnaryKind::kGelu:
+      UnaryImpl<UnaryKind::kGelu>(ctx);
+      break;
+    case UnaryKind::kGeluTanh:
+      UnaryImpl<UnaryKind::kGeluTanh>(ctx);
+      break;
   }
   return absl::OkStatus();
 }
 
 absl::Status ScalarKernel(KernelContext& ctx, ScalarKind kind, float value) {
   switch (kind) {
-    case ScalarKind::kAdd: ScalarImpl<ScalarKind::kAdd>(ctx, value); break;
-    case ScalarKind::kMul: ScalarImpl<ScalarKind::kMul>(ctx, value); break;
-    case ScalarKind::kPow: ScalarImpl<ScalarKind::kPow>(ctx, value); break;
+    case ScalarKind::kAdd:
+      ScalarImpl<ScalarKind::kAdd>(ctx, value);
+      break;
+    case ScalarKind::kMul:
+      ScalarImpl<ScalarKind::kMul>(ctx, value);
+      break;
+    case ScalarKind::kPow:
+      ScalarImpl<ScalarKind::kPow>(ctx, value);
+      break;
   }
   return absl::OkStatus();
 }
 
 absl::Status ActivationGradKernel(KernelContext& ctx, ActivationGradKind kind) {
   switch (kind) {
-    case ActivationGradKind::kReluFromY: ActivationGradImpl<ActivationGradKind::kReluFromY>(ctx); break;
-    case ActivationGradKind::kTanhFromY: ActivationGradImpl<ActivationGradKind::kTanhFromY>(ctx); break;
-    case ActivationGradKind::kSiluFromX: ActivationGradImpl<ActivationGradKind::kSiluFromX>(ctx); break;
-    case ActivationGradKind::kGeluFromX: ActivationGradImpl<ActivationGradKind::kGeluFromX>(ctx); break;
-    case ActivationGradKind::kGeluTanhFromX: ActivationGradImpl<ActivationGradKind::kGeluTanhFromX>(ctx); break;
+    case ActivationGradKind::kReluFromY:
+      ActivationGradImpl<ActivationGradKind::kReluFromY>(ctx);
+      break;
+    case ActivationGradKind::kTanhFromY:
+      ActivationGradImpl<ActivationGradKind::kTanhFromY>(ctx);
+      break;
+    case ActivationGradKind::kSiluFromX:
+      ActivationGradImpl<ActivationGradKind::kSiluFromX>(ctx);
+      break;
+    case ActivationGradKind::kGeluFromX:
+      ActivationGradImpl<ActivationGradKind::kGeluFromX>(ctx);
+      break;
+    case ActivationGradKind::kGeluTanhFromX:
+      ActivationGradImpl<ActivationGradKind::kGeluTanhFromX>(ctx);
+      break;
   }
   return absl::OkStatus();
 }

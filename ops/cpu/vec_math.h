@@ -11,8 +11,18 @@ namespace tessera::ops::cpu {
 
 // e^x. Underflows to 0 below -87.3, saturates to +inf above 88.7; NaN stays NaN.
 inline float ExpF(float x) {
-  const float clamped = std::fmin(std::fmax(x, -87.5f), 88.7f);
-  const float n = std::floor(clamped * 1.44269504088896341f + 0.5f);
+  // Written so GCC vectorises it with default flags: ternaries rather than
+  // std::fmin/fmax (whose NaN rules have no x86 instruction: a libm call), and
+  // n = round(x / ln 2) by the 1.5 * 2^23 trick rather than std::floor plus a
+  // float-to-int conversion (both keep the loop scalar under
+  // -ftrapping-math): adding the magic number leaves n in the low mantissa
+  // bits. A NaN clamps to the low bound here and is restored at the end.
+  constexpr float kRoundMagic = 12582912.0f;
+  float clamped = x > -87.5f ? x : -87.5f;
+  clamped = clamped < 88.7f ? clamped : 88.7f;
+  const float shifted = clamped * 1.44269504088896341f + kRoundMagic;
+  const float n = shifted - kRoundMagic;
+  const int32_t n_int = std::bit_cast<int32_t>(shifted) - std::bit_cast<int32_t>(kRoundMagic);
   float r = clamped - n * 0.693359375f;
   r = r + n * 2.12194440e-4f;
   float p = 1.9875691500e-4f;
@@ -22,7 +32,7 @@ inline float ExpF(float x) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   const float y = p * r * r + r + 1.0f;
-  const int32_t e = static_cast<int32_t>(n) + 127;
+  const int32_t e = n_int + 127;
   // 2^n built from its exponent bits; e <= 0 means the result underflows.
   const float scale = std::bit_cast<float>((e > 0 ? e : 1) << 23);
   float result = y * scale;
@@ -110,8 +120,10 @@ inline constexpr float kInvSqrt2Pi = 0.3989422804014327f;  // 1 / sqrt(2 pi)
 // GELU, exact (erf) or the tanh approximation.
 inline float GeluF(float x, bool tanh_approx) {
   if (tanh_approx) {
+    // 0.5 x (1 + tanh u) = x * sigmoid(2u): one exp and one division, and no
+    // cancellation for small u (unlike 1 - 2 / (e^2u + 1)).
     const float u = kSqrt2OverPi * (x + kGeluTanhCoeff * x * x * x);
-    return 0.5f * x * (1.0f + TanhF(u));
+    return x / (1.0f + ExpF(-2.0f * u));
   }
   return 0.5f * x * (1.0f + ErfF(x * kInvSqrt2));
 }
