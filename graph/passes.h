@@ -1,0 +1,109 @@
+#pragma once
+// Graph passes (DESIGN §6): dead-code elimination, autodiff, gradient
+// accumulation and the optimizer. Each rewrites a Graph in place (appending
+// nodes, removing them, or rebuilding it); none keeps state between calls.
+// Pass order for training: Autodiff -> ApplyOptimizer -> EliminateDeadCode.
+// Pass order for training with gradient accumulation:
+//   Autodiff -> AccumulateGradients -> ApplyOptimizer -> EliminateDeadCode.
+// Not done yet (DESIGN §6): AMP, activation checkpointing, ZeRO.
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "graph/graph.h"
+
+namespace tessera::graph {
+
+// Removes every node that no root needs. Roots: losses, fetches, variable
+// updates (both the variable and its new value). Graph inputs are the feed
+// interface and are always kept. Returns old value id -> new value id
+// (kNoValue for removed values); ids held by callers must be remapped.
+absl::StatusOr<std::vector<ValueId>> EliminateDeadCode(Graph& graph);
+
+// variable value -> its gradient value (same meta).
+using GradientMap = std::map<ValueId, ValueId>;
+
+struct AutodiffOptions {
+  // Values to differentiate with respect to; empty = every trainable variable.
+  // Values that the loss does not depend on through differentiable inputs
+  // get no entry.
+  std::vector<ValueId> wrt = {};
+};
+
+// Appends the backward graph of `loss` (a scalar) and returns the gradients.
+// The seed is ones of the loss's shape; every op on a path from a wrt value to
+// the loss has its gradient rule called through a symbolic GradEmitter, and
+// several contributions to one value are summed with `add`. Inputs declared
+// non-differentiable (labels, ids, masks) get nothing. Errors: a non-scalar
+// loss; an op on such a path without a gradient rule (named with its node);
+// a rule that fails (named). Backward nodes copy the forward node's
+// layer_idx; their scope is "grad/<forward scope>".
+absl::StatusOr<GradientMap> Autodiff(Graph& graph, ValueId loss, const AutodiffOptions& options = {});
+// The same for the graph's single marked loss.
+absl::StatusOr<GradientMap> Autodiff(Graph& graph, const AutodiffOptions& options = {});
+
+struct AccumulationResult {
+  GradientMap gradients;       // variable -> mean of its m micro-batch gradients
+  std::vector<ValueId> remap;  // old value id -> new value id (the graph is rebuilt)
+};
+
+// Gradient accumulation over `num_micro_batches` (m) micro-batches, for a
+// graph built at micro-batch size with its gradients from Autodiff: inserts
+// `repeat` after every variable that ops read (all of those reads now go
+// through it) and, for each gradient, `acc` followed by a 1/m scale, so the
+// result is the gradient of the mean loss over the global batch (DESIGN §4:
+// loss normalisation is by the global batch). Variable updates, losses and
+// fetches keep their meaning (micro-batch values are per micro-batch). The
+// graph is rebuilt, so every id changes: use `remap`. m = 1 changes nothing.
+absl::StatusOr<AccumulationResult> AccumulateGradients(Graph& graph, const GradientMap& gradients,
+                                                       int64_t num_micro_batches);
+
+enum class OptimizerKind : uint8_t { kSgd, kAdamW };
+
+// Hyper-parameters follow torch.optim.SGD / torch.optim.AdamW and
+// torch.nn.utils.clip_grad_norm_.
+struct OptimizerOptions {
+  OptimizerKind kind = OptimizerKind::kAdamW;
+  double weight_decay = 0.0;
+  // SGD
+  double momentum = 0.0;
+  bool nesterov = false;
+  // AdamW (t = the iteration's step + 1, from the runtime)
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  bool bias_correction = true;
+  // Global-norm clipping: unset = none. grad *= min(1, max_norm / (norm + 1e-6)).
+  std::optional<double> clip_grad_max_norm = std::nullopt;
+  // Variables whose name contains one of these get no weight decay, unless
+  // their VariableInfo::weight_decay says otherwise (LiBai excludes biases
+  // and norm parameters; "ln_" matches Hugging Face GPT-2's ln_1 / ln_f).
+  std::vector<std::string> no_weight_decay_patterns = {"bias", "norm", "ln_"};
+  // The graph input that feeds the learning rate (f32 scalar) per iteration;
+  // created when absent.
+  std::string lr_input_name = "lr";
+};
+
+struct OptimizerResult {
+  ValueId lr = kNoValue;         // the learning-rate graph input
+  ValueId grad_norm = kNoValue;  // global gradient norm (before clipping) when clipping; fetched as "grad_norm"
+  // variable -> its state variables (SGD: momentum buffer; AdamW: m, v).
+  std::map<ValueId, std::vector<ValueId>> state;
+};
+
+// Whether weight decay applies to `variable` under `options` (per-variable
+// flag first, then the name patterns).
+bool WeightDecayApplies(const Graph& graph, ValueId variable, const OptimizerOptions& options);
+
+// For every (variable, gradient) pair: optional global-norm clipping of all
+// gradients together, then one sgd_update / adamw_update node whose new
+// parameter and new state are set as the variables' updates. State variables
+// ("<name>.momentum", "<name>.adam_m", "<name>.adam_v") are non-trainable and
+// start at zero.
+absl::StatusOr<OptimizerResult> ApplyOptimizer(Graph& graph, const GradientMap& gradients,
+                                               const OptimizerOptions& options);
+
+}  // namespace tessera::graph

@@ -1,0 +1,106 @@
+// Gradient accumulation: repeat after variables, acc before the optimizer.
+
+#include "core/status.h"
+#include "core/text.h"
+#include "graph/passes.h"
+
+namespace tessera::graph {
+
+absl::StatusOr<AccumulationResult> AccumulateGradients(Graph& graph, const GradientMap& gradients,
+                                                       int64_t num_micro_batches) {
+  if (num_micro_batches < 1) {
+    return absl::InvalidArgumentError(StrCat("gradient accumulation: num_micro_batches must be >= 1, got ",
+                                             num_micro_batches));
+  }
+  AccumulationResult result;
+  if (num_micro_batches == 1) {
+    result.gradients = gradients;
+    for (ValueId id = 0; id < graph.num_values(); ++id) result.remap.push_back(id);
+    return result;
+  }
+
+  // Variables that ops read get a repeat node right after them: the graph is
+  // replayed into a new one, since nodes are only ever appended.
+  std::vector<bool> read_by_ops(static_cast<size_t>(graph.num_values()), false);
+  for (const Node& n : graph.nodes()) {
+    if (n.kind == NodeKind::kRepeat || n.kind == NodeKind::kAcc) {
+      return absl::FailedPreconditionError("gradient accumulation: the graph is already accumulated");
+    }
+    for (ValueId in : n.inputs) read_by_ops[static_cast<size_t>(in)] = true;
+  }
+
+  Graph out(&graph.registry());
+  std::vector<ValueId>& remap = result.remap;
+  remap.assign(static_cast<size_t>(graph.num_values()), kNoValue);
+  std::vector<ValueId> read_as(static_cast<size_t>(graph.num_values()), kNoValue);  // what ops read instead
+  for (const Node& n : graph.nodes()) {
+    const NodeOptions at{.layer_idx = n.layer_idx, .scope = n.scope, .name = graph.value(n.outputs[0]).name};
+    std::vector<ValueId> outputs;
+    switch (n.kind) {
+      case NodeKind::kInput: {
+        ASSIGN_OR_RETURN(ValueId id, out.AddInput(at.name, graph.value(n.outputs[0]).meta, at));
+        outputs = {id};
+        break;
+      }
+      case NodeKind::kVariable: {
+        const Value& v = graph.value(n.outputs[0]);
+        const VariableInfo& info = *n.variable;
+        VariableOptions options{.trainable = info.trainable,
+                                .dtype = v.meta.dtype,
+                                .weight_decay = info.weight_decay,
+                                .placement = v.placement_hint,
+                                .sbp = v.sbp_hint,
+                                .layer_idx = n.layer_idx,
+                                .scope = n.scope};
+        ASSIGN_OR_RETURN(ValueId id, out.AddVariable(v.name, v.meta.shape, info.init, options));
+        outputs = {id};
+        if (read_by_ops[static_cast<size_t>(v.id)]) {
+          ASSIGN_OR_RETURN(ValueId repeated, out.AddRepeat(id, num_micro_batches,
+                                                           {.layer_idx = n.layer_idx, .scope = n.scope, .name = ""}));
+          read_as[static_cast<size_t>(v.id)] = repeated;
+        }
+        break;
+      }
+      case NodeKind::kOp: {
+        std::vector<ValueId> inputs;
+        for (ValueId in : n.inputs) {
+          const ValueId repeated = read_as[static_cast<size_t>(in)];
+          inputs.push_back(repeated != kNoValue ? repeated : remap[static_cast<size_t>(in)]);
+        }
+        ASSIGN_OR_RETURN(outputs, out.AddOp(n.op, inputs, n.attrs, at));
+        break;
+      }
+      case NodeKind::kRepeat:
+      case NodeKind::kAcc:
+        break;  // rejected above
+    }
+    for (size_t i = 0; i < outputs.size(); ++i) {
+      const Value& old = graph.value(n.outputs[i]);
+      remap[static_cast<size_t>(old.id)] = outputs[i];
+      if (old.placement_hint || old.sbp_hint) RETURN_IF_ERROR(out.SetHints(outputs[i], old.placement_hint, old.sbp_hint));
+    }
+  }
+  for (ValueId loss : graph.losses()) RETURN_IF_ERROR(out.MarkLoss(remap[static_cast<size_t>(loss)]));
+  for (const auto& [name, id] : graph.fetches()) RETURN_IF_ERROR(out.MarkFetch(name, remap[static_cast<size_t>(id)]));
+  for (const auto& [var, new_value] : graph.variable_updates()) {
+    RETURN_IF_ERROR(out.SetVariableUpdate(remap[static_cast<size_t>(var)], remap[static_cast<size_t>(new_value)]));
+  }
+
+  for (const auto& [var, grad] : gradients) {
+    if (!graph.IsValidValue(var) || !graph.IsValidValue(grad)) {
+      return absl::InvalidArgumentError(StrCat("gradient accumulation: bad pair ", ValueRef(var), " -> ", ValueRef(grad)));
+    }
+    const Node& var_node = graph.producer(var);
+    const NodeOptions at{.layer_idx = var_node.layer_idx,
+                         .scope = StrCat("accumulate/", graph.value(var).name),
+                         .name = ""};
+    ASSIGN_OR_RETURN(ValueId summed, out.AddAcc(remap[static_cast<size_t>(grad)], num_micro_batches, at));
+    ASSIGN_OR_RETURN(std::vector<ValueId> mean,
+                     out.AddOp("scalar_mul", {summed}, {{"value", 1.0 / static_cast<double>(num_micro_batches)}}, at));
+    result.gradients[remap[static_cast<size_t>(var)]] = mean.front();
+  }
+  graph = std::move(out);
+  return result;
+}
+
+}  // namespace tessera::graph

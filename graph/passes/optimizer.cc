@@ -1,0 +1,151 @@
+// The optimizer pass: gradient clipping and one update op per variable.
+
+#include "core/status.h"
+#include "core/text.h"
+#include "graph/passes.h"
+
+namespace tessera::graph {
+namespace {
+
+absl::StatusOr<ValueId> First(absl::StatusOr<std::vector<ValueId>> outputs) {
+  if (!outputs.ok()) return outputs.status();
+  return outputs->front();
+}
+
+// A zero-initialised, non-trainable state variable shaped like `variable`.
+absl::StatusOr<ValueId> AddState(Graph& graph, ValueId variable, std::string_view suffix) {
+  const Value v = graph.value(variable);  // copies: AddVariable appends to the graph
+  const Node& n = graph.producer(variable);
+  VariableOptions options;
+  options.trainable = false;
+  options.dtype = v.meta.dtype;
+  options.weight_decay = false;
+  options.placement = v.placement_hint;
+  options.sbp = v.sbp_hint;
+  options.layer_idx = n.layer_idx;
+  options.scope = n.scope;
+  return graph.AddVariable(StrCat(v.name, ".", suffix), v.meta.shape, InitRule::Zeros(), options);
+}
+
+// Scales every gradient by min(1, max_norm / (norm + 1e-6)), norm the global
+// L2 norm of all of them (torch.nn.utils.clip_grad_norm_). Returns the norm.
+absl::StatusOr<ValueId> ClipByGlobalNorm(Graph& graph, GradientMap& gradients, double max_norm) {
+  const NodeOptions at{.layer_idx = -1, .scope = "optimizer/clip", .name = ""};
+  ValueId total = kNoValue;
+  for (const auto& [var, grad] : gradients) {
+    ASSIGN_OR_RETURN(ValueId squares, First(graph.AddOp("square_sum", {grad}, {}, at)));
+    if (graph.value(squares).meta.dtype != DType::kF32) {
+      ASSIGN_OR_RETURN(squares, First(graph.AddOp("cast", {squares}, {{"dtype", DType::kF32}}, at)));
+    }
+    if (total == kNoValue) {
+      total = squares;
+    } else {
+      ASSIGN_OR_RETURN(total, First(graph.AddOp("add", {total, squares}, {}, at)));
+    }
+  }
+  ASSIGN_OR_RETURN(ValueId norm, First(graph.AddOp("sqrt", {total}, {}, at)));
+  ASSIGN_OR_RETURN(ValueId denominator, First(graph.AddOp("scalar_add", {norm}, {{"value", 1e-6}}, at)));
+  ASSIGN_OR_RETURN(ValueId max_value, First(graph.AddOp(
+      "fill", {}, {{"shape", std::vector<int64_t>{}}, {"dtype", DType::kF32}, {"value", max_norm}}, at)));
+  ASSIGN_OR_RETURN(ValueId ratio, First(graph.AddOp("div", {max_value, denominator}, {}, at)));
+  // min(1, r) = 1 - relu(1 - r): the op set has no element-wise minimum.
+  ASSIGN_OR_RETURN(ValueId one_minus, First(graph.AddOp("scalar_mul", {ratio}, {{"value", -1.0}}, at)));
+  ASSIGN_OR_RETURN(one_minus, First(graph.AddOp("scalar_add", {one_minus}, {{"value", 1.0}}, at)));
+  ASSIGN_OR_RETURN(ValueId excess, First(graph.AddOp("relu", {one_minus}, {}, at)));
+  ASSIGN_OR_RETURN(ValueId scale, First(graph.AddOp("scalar_mul", {excess}, {{"value", -1.0}}, at)));
+  ASSIGN_OR_RETURN(scale, First(graph.AddOp("scalar_add", {scale}, {{"value", 1.0}}, at)));
+  for (auto& [var, grad] : gradients) {
+    ValueId factor = scale;
+    if (graph.value(grad).meta.dtype != DType::kF32) {
+      ASSIGN_OR_RETURN(factor, First(graph.AddOp("cast", {scale}, {{"dtype", graph.value(grad).meta.dtype}}, at)));
+    }
+    ASSIGN_OR_RETURN(grad, First(graph.AddOp("mul", {grad, factor}, {}, at)));
+  }
+  return norm;
+}
+
+}  // namespace
+
+bool WeightDecayApplies(const Graph& graph, ValueId variable, const OptimizerOptions& options) {
+  const VariableInfo& info = graph.variable_info(variable);
+  if (info.weight_decay.has_value()) return *info.weight_decay;
+  const std::string& name = graph.value(variable).name;
+  for (const std::string& pattern : options.no_weight_decay_patterns) {
+    if (name.find(pattern) != std::string::npos) return false;
+  }
+  return true;
+}
+
+absl::StatusOr<OptimizerResult> ApplyOptimizer(Graph& graph, const GradientMap& gradients,
+                                               const OptimizerOptions& options) {
+  OptimizerResult result;
+  for (const auto& [var, grad] : gradients) {
+    if (!graph.IsValidValue(var) || !graph.IsVariable(var)) {
+      return absl::InvalidArgumentError(StrCat("optimizer: ", ValueRef(var), " is not a variable"));
+    }
+    if (!graph.IsValidValue(grad) || graph.value(grad).meta != graph.value(var).meta) {
+      return absl::InvalidArgumentError(StrCat("optimizer: the gradient of '", graph.value(var).name,
+                                               "' is not a value of its meta ", graph.value(var).meta.ToString()));
+    }
+  }
+
+  auto lr = graph.FindInput(options.lr_input_name);
+  if (lr.ok()) {
+    const TensorMeta& meta = graph.value(*lr).meta;
+    if (meta.dtype != DType::kF32 || meta.shape.NumElements() != 1) {
+      return absl::InvalidArgumentError(StrCat("optimizer: input '", options.lr_input_name, "' is ",
+                                               meta.ToString(), "; the learning rate must be one f32"));
+    }
+    result.lr = *lr;
+  } else {
+    ASSIGN_OR_RETURN(result.lr, graph.AddInput(options.lr_input_name, TensorMeta{DType::kF32, Shape{}}));
+  }
+
+  GradientMap grads = gradients;
+  if (options.clip_grad_max_norm.has_value() && !grads.empty()) {
+    if (*options.clip_grad_max_norm <= 0) {
+      return absl::InvalidArgumentError(StrCat("optimizer: clip_grad_max_norm must be positive, got ",
+                                               *options.clip_grad_max_norm));
+    }
+    ASSIGN_OR_RETURN(result.grad_norm, ClipByGlobalNorm(graph, grads, *options.clip_grad_max_norm));
+    if (!graph.FindFetch("grad_norm").ok()) RETURN_IF_ERROR(graph.MarkFetch("grad_norm", result.grad_norm));
+  }
+
+  for (const auto& [var, grad] : grads) {
+    const double weight_decay = WeightDecayApplies(graph, var, options) ? options.weight_decay : 0.0;
+    const Node& var_node = graph.producer(var);
+    const NodeOptions at{.layer_idx = var_node.layer_idx,
+                         .scope = StrCat("optimizer/", graph.value(var).name),
+                         .name = ""};
+    if (options.kind == OptimizerKind::kSgd) {
+      ASSIGN_OR_RETURN(ValueId buffer, AddState(graph, var, "momentum"));
+      ASSIGN_OR_RETURN(std::vector<ValueId> outs,
+                       graph.AddOp("sgd_update", {var, grad, buffer, result.lr},
+                                   {{"momentum", options.momentum},
+                                    {"weight_decay", weight_decay},
+                                    {"nesterov", options.nesterov}},
+                                   at));
+      RETURN_IF_ERROR(graph.SetVariableUpdate(var, outs[0]));
+      RETURN_IF_ERROR(graph.SetVariableUpdate(buffer, outs[1]));
+      result.state[var] = {buffer};
+    } else {
+      ASSIGN_OR_RETURN(ValueId m, AddState(graph, var, "adam_m"));
+      ASSIGN_OR_RETURN(ValueId v, AddState(graph, var, "adam_v"));
+      ASSIGN_OR_RETURN(std::vector<ValueId> outs,
+                       graph.AddOp("adamw_update", {var, grad, m, v, result.lr},
+                                   {{"beta1", options.beta1},
+                                    {"beta2", options.beta2},
+                                    {"eps", options.eps},
+                                    {"weight_decay", weight_decay},
+                                    {"bias_correction", options.bias_correction}},
+                                   at));
+      RETURN_IF_ERROR(graph.SetVariableUpdate(var, outs[0]));
+      RETURN_IF_ERROR(graph.SetVariableUpdate(m, outs[1]));
+      RETURN_IF_ERROR(graph.SetVariableUpdate(v, outs[2]));
+      result.state[var] = {m, v};
+    }
+  }
+  return result;
+}
+
+}  // namespace tessera::graph

@@ -1,0 +1,173 @@
+// Autodiff: gradients of the symbolic backward graph, run by the reference
+// interpreter, against central finite differences of the loss.
+
+#include <cmath>
+
+#include <gtest/gtest.h>
+
+#include "graph/builder.h"
+#include "graph/passes.h"
+#include "ops/eager.h"
+#include "tests/graph/graph_interpreter.h"
+#include "tests/graph/test_mlp.h"
+
+namespace tessera::graph {
+namespace {
+
+using testing::GraphInterpreter;
+
+double RunLoss(GraphInterpreter& interpreter, const std::map<std::string, Tensor>& feeds, ValueId loss) {
+  auto values = interpreter.Run(feeds);
+  EXPECT_TRUE(values.ok()) << values.status();
+  return (*values)[static_cast<size_t>(loss)].ToDoubleVector().at(0);
+}
+
+// Checks every element of every gradient in `gradients` (computed by the
+// graph, run by the interpreter) against central differences of `loss`.
+void ExpectGradientsMatchFiniteDifferences(const Graph& graph, ValueId loss, const GradientMap& gradients,
+                                           const std::map<std::string, Tensor>& feeds) {
+  GraphInterpreter interpreter(graph);
+  ASSERT_TRUE(interpreter.InitVariables().ok());
+  auto values = interpreter.Run(feeds);
+  ASSERT_TRUE(values.ok()) << values.status();
+
+  constexpr float kEps = 1e-2f;
+  for (const auto& [var, grad] : gradients) {
+    const std::string& name = graph.value(var).name;
+    EXPECT_EQ(graph.value(grad).meta, graph.value(var).meta) << name;
+    EXPECT_EQ(graph.producer(grad).scope.substr(0, 5), "grad/") << name;
+    const std::vector<double> analytic = (*values)[static_cast<size_t>(grad)].ToDoubleVector();
+    const Tensor base = interpreter.variable(var).Clone();
+    double largest = 0;
+    for (int64_t i = 0; i < base.NumElements(); ++i) {
+      Tensor shifted = base.Clone();
+      shifted.data<float>()[i] += kEps;
+      ASSERT_TRUE(interpreter.SetVariable(name, shifted).ok());
+      const double plus = RunLoss(interpreter, feeds, loss);
+      shifted.data<float>()[i] -= 2 * kEps;
+      ASSERT_TRUE(interpreter.SetVariable(name, shifted).ok());
+      const double minus = RunLoss(interpreter, feeds, loss);
+      const double numeric = (plus - minus) / (2 * kEps);
+      EXPECT_NEAR(analytic[static_cast<size_t>(i)], numeric, 2e-3 + 2e-2 * std::fabs(numeric))
+          << name << "[" << i << "]";
+      largest = std::max(largest, std::fabs(analytic[static_cast<size_t>(i)]));
+    }
+    ASSERT_TRUE(interpreter.SetVariable(name, base).ok());
+    EXPECT_GT(largest, 1e-3) << name << ": the check would be vacuous";
+  }
+}
+
+TEST(AutodiffTest, MlpGradientsMatchFiniteDifferences) {
+  testing::TestMlp mlp = testing::BuildTestMlp();
+  auto gradients = Autodiff(mlp.graph);
+  ASSERT_TRUE(gradients.ok()) << gradients.status();
+  ASSERT_EQ(gradients->size(), 4u);
+  ExpectGradientsMatchFiniteDifferences(mlp.graph, mlp.loss, *gradients, testing::TestMlpFeeds());
+}
+
+// Multi-output ops (layer_norm's mean and rstd get no gradient), a value
+// used twice, and layer_idx carried into the backward nodes.
+TEST(AutodiffTest, LayerNormGraphMatchesFiniteDifferences) {
+  GraphBuilder b;
+  Sym x = b.Input("x", {DType::kF32, Shape{4, 5}});
+  Sym loss;
+  {
+    auto scope = b.Scope("block", 2);
+    Sym w = b.Variable("proj.weight", {5, 6}, InitRule::Normal(0, 0.5, 5, 0));
+    Sym gamma = b.Variable("norm.weight", {6}, InitRule::Normal(1, 0.3, 5, 1));
+    Sym beta = b.Variable("norm.bias", {6}, InitRule::Normal(0, 0.3, 5, 2));
+    std::vector<Sym> ln = b.Op("layer_norm", {Matmul(x, w), gamma, beta});
+    ASSERT_EQ(ln.size(), 3u);
+    Sym h = ln[0];                                                    // (4, 6)
+    loss = ReduceMean(Tanh(h) * h) + ReduceSum(ln[2]) * 0.0;          // rstd reaches the loss, gradient ignored
+  }
+  b.MarkLoss(loss);
+  auto built = b.Finish();
+  ASSERT_TRUE(built.ok()) << built.status();
+  Graph graph = *std::move(built);
+  auto gradients = Autodiff(graph);
+  ASSERT_TRUE(gradients.ok()) << gradients.status();
+  ASSERT_EQ(gradients->size(), 3u);
+  for (const auto& [var, grad] : *gradients) EXPECT_EQ(graph.producer(grad).layer_idx, 2);
+  auto x_value = ops::RunOp("normal", {}, {{"shape", std::vector<int64_t>{4, 5}}, {"seed", int64_t{9}}, {"tensor_id", int64_t{0}}});
+  ASSERT_TRUE(x_value.ok());
+  ExpectGradientsMatchFiniteDifferences(graph, loss.id(), *gradients, {{"x", x_value->front()}});
+}
+
+TEST(AutodiffTest, ValueUsedTwiceSumsContributions) {
+  GraphBuilder b;
+  Sym w = b.Variable("w", {4}, InitRule::Normal(0, 1, 3, 0));
+  Sym loss = ReduceSum(w * w + w);  // d/dw = 2w + 1
+  b.MarkLoss(loss);
+  auto built = b.Finish();
+  ASSERT_TRUE(built.ok()) << built.status();
+  Graph graph = *std::move(built);
+  auto gradients = Autodiff(graph);
+  ASSERT_TRUE(gradients.ok()) << gradients.status();
+  // w gets three contributions (both mul inputs and the add), summed by adds.
+  EXPECT_EQ(graph.producer(gradients->at(w.id())).op, "add");
+
+  GraphInterpreter interpreter(graph);
+  ASSERT_TRUE(interpreter.InitVariables().ok());
+  auto values = interpreter.Run({});
+  ASSERT_TRUE(values.ok()) << values.status();
+  const std::vector<double> wv = interpreter.variable(w.id()).ToDoubleVector();
+  const std::vector<double> g = (*values)[static_cast<size_t>(gradients->at(w.id()))].ToDoubleVector();
+  for (size_t i = 0; i < wv.size(); ++i) EXPECT_NEAR(g[i], 2 * wv[i] + 1, 1e-5);
+}
+
+TEST(AutodiffTest, NonDifferentiablePathsGetNoGradient) {
+  testing::TestMlp mlp = testing::BuildTestMlp();
+  auto gradients = Autodiff(mlp.graph, {.wrt = {mlp.labels, mlp.x, mlp.w1}});
+  ASSERT_TRUE(gradients.ok()) << gradients.status();
+  EXPECT_EQ(gradients->count(mlp.labels), 0u);  // labels feed a no-grad input
+  EXPECT_EQ(gradients->count(mlp.x), 1u);
+  EXPECT_EQ(gradients->count(mlp.w1), 1u);
+  EXPECT_EQ(mlp.graph.value(gradients->at(mlp.x)).meta, mlp.graph.value(mlp.x).meta);
+}
+
+TEST(AutodiffTest, FrozenAndUnusedVariablesGetNoGradient) {
+  GraphBuilder b;
+  Sym x = b.Input("x", {DType::kF32, Shape{2, 3}});
+  Sym frozen = b.Variable("frozen", {3}, InitRule::Ones(), {.trainable = false});
+  Sym trained = b.Variable("trained", {3}, InitRule::Ones());
+  Sym unused = b.Variable("unused", {3}, InitRule::Ones());
+  b.MarkLoss(ReduceSum(x * frozen * trained));
+  auto built = b.Finish();
+  ASSERT_TRUE(built.ok()) << built.status();
+  Graph graph = *std::move(built);
+  auto gradients = Autodiff(graph);
+  ASSERT_TRUE(gradients.ok()) << gradients.status();
+  EXPECT_EQ(gradients->size(), 1u);
+  EXPECT_EQ(gradients->count(trained.id()), 1u);
+  EXPECT_EQ(gradients->count(frozen.id()), 0u);
+  EXPECT_EQ(gradients->count(unused.id()), 0u);
+}
+
+TEST(AutodiffTest, NonScalarLossIsAnError) {
+  GraphBuilder b;
+  Sym w = b.Variable("w", {4}, InitRule::Ones());
+  Sym y = Exp(w);
+  Graph graph = b.graph();
+  auto gradients = Autodiff(graph, y.id());
+  ASSERT_FALSE(gradients.ok());
+  EXPECT_CONTAINS(gradients.status().message(), "scalar");
+  EXPECT_CONTAINS(gradients.status().message(), "f32(4,)");
+}
+
+TEST(AutodiffTest, MissingGradientRuleNamesTheOp) {
+  GraphBuilder b;
+  Sym w = b.Variable("w", {4}, InitRule::Ones());
+  Sym y = b.Apply("gelu_grad", {w, w});  // an op without a gradient rule
+  b.MarkLoss(ReduceSum(y));
+  auto built = b.Finish();
+  ASSERT_TRUE(built.ok()) << built.status();
+  Graph graph = *std::move(built);
+  auto gradients = Autodiff(graph);
+  ASSERT_FALSE(gradients.ok());
+  EXPECT_CONTAINS(gradients.status().message(), "'gelu_grad'");
+  EXPECT_CONTAINS(gradients.status().message(), "no gradient rule");
+}
+
+}  // namespace
+}  // namespace tessera::graph
