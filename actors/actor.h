@@ -1,0 +1,145 @@
+#pragma once
+// Actors (DESIGN §8): each owns its side of the register protocol and acts
+// whenever every consumed desc has a ready register and every produced desc
+// has a free one. An actor lives on one thread (or in the stepped executor)
+// and is not thread-safe: only its thread calls Handle.
+//
+// Life cycle:  running --(ShouldEnd: inputs all Eord'ed and drained, or a
+// source's last iteration)--> sends Eord on every produced desc --> zombie
+// (waits for its registers to come back) --> done.
+//
+// Registers are owned by the RegisterTable (allocated up front by the
+// runtime); actors borrow it. Tensors in a register are written only by its
+// producer while no consumer holds it, which the protocol guarantees.
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "actors/message.h"
+#include "comm/proto/plan.pb.h"
+#include "core/tensor.h"
+#include "core/thread_pool.h"
+#include "ops/registry.h"
+
+namespace tessera::actors {
+
+// Host functions named by tasks' `callback`. They run on actor threads, one
+// call at a time per actor (different actors may call concurrently).
+struct HostCallbacks {
+  // Source: fills the tensors of the produced registers for `iteration`.
+  using SourceFn = std::function<absl::Status(int64_t iteration, const std::vector<Tensor>& outputs)>;
+  // Sink: reads the tensors of the consumed registers (valid during the call).
+  using SinkFn = std::function<absl::Status(int64_t iteration, const std::vector<Tensor>& inputs)>;
+  // Parameter: initialises the variable's tensors followed by the state tensors.
+  using InitFn = std::function<absl::Status(const std::vector<Tensor>& variable_and_state)>;
+
+  std::map<std::string, SourceFn, std::less<>> sources;
+  std::map<std::string, SinkFn, std::less<>> sinks;
+  std::map<std::string, InitFn, std::less<>> initializers;
+};
+
+// The registers of one desc: registers[index][tensor].
+struct RegisterSet {
+  const proto::RegisterDesc* desc = nullptr;
+  std::vector<std::vector<Tensor>> registers;
+};
+
+// desc id -> registers; built once by the runtime, then only tensors change.
+using RegisterTable = std::map<int64_t, RegisterSet>;
+
+// What every actor borrows from the executor that runs it.
+struct ActorEnvironment {
+  MessageBus* bus = nullptr;
+  RegisterTable* registers = nullptr;
+  const ops::OpRegistry* registry = nullptr;
+  const HostCallbacks* callbacks = nullptr;
+  ThreadPool* pool = nullptr;  // intra-op threads for kernels; null = inline
+  int64_t iterations = 0;
+};
+
+class Actor {
+ public:
+  // Builds the actor of `task`'s kind. `task` and `env` must outlive it.
+  static absl::StatusOr<std::unique_ptr<Actor>> Create(const proto::Task& task, const ActorEnvironment& env);
+  virtual ~Actor() = default;
+  // Use Create. Public only so the kinds (internal) can be constructed.
+  Actor(const proto::Task& task, const ActorEnvironment& env);
+  // Binds the task's register descs; called by Create.
+  absl::Status Init();
+  Actor(const Actor&) = delete;
+  Actor& operator=(const Actor&) = delete;
+
+  // Applies one message, then acts as long as it can. An error (a failing
+  // kernel or callback, a protocol violation) names the actor, its op and
+  // device; the actor must not be used after one.
+  [[nodiscard]] absl::Status Handle(const Message& message);
+
+  uint64_t id() const { return task_.actor_id(); }
+  const std::string& name() const { return task_.name(); }
+  // Acts so far (kernel runs, registers emitted, pieces consumed: per kind).
+  int64_t act_count() const { return act_count_; }
+  bool eord_sent() const { return eord_sent_; }
+  bool done() const { return done_; }
+  // "actor 'mul' (node 0 cpu:0 stream 0 task 2)"
+  std::string Describe() const;
+
+ protected:
+  struct Consumed {
+    int64_t desc_id = 0;
+    uint64_t producer = 0;
+    RegisterSet* registers = nullptr;
+    std::deque<int32_t> ready;  // FIFO of ready register indices
+    bool eord = false;
+    bool exhausted() const { return eord && ready.empty(); }
+  };
+  struct Produced {
+    int64_t desc_id = 0;
+    RegisterSet* registers = nullptr;
+    std::vector<uint64_t> consumers;
+    std::vector<int32_t> reading_count;  // per register: consumers yet to ack
+    std::deque<int32_t> free;            // FIFO of writable register indices
+    bool all_free() const { return free.size() == reading_count.size(); }
+  };
+
+  // One step of work if possible: true when something changed.
+  virtual absl::StatusOr<bool> ActOnce() = 0;
+  // Whether the actor has produced its last register (then Eord goes out).
+  virtual bool ShouldEnd() const;
+  // Kind-specific checks when the actor ends (e.g. Acc mid-accumulation).
+  virtual absl::Status CheckEnd() const { return absl::OkStatus(); }
+
+  bool AllConsumedReady() const;
+  bool AllProducedFree() const;  // every produced desc has a free register
+  bool AllConsumedExhausted() const;
+  // Takes the next free register of `p` (must exist).
+  int32_t TakeFree(Produced& p);
+  // Hands register `index` of `p` to every consumer.
+  void SendReady(Produced& p, int32_t index);
+  // Returns the front ready register of `c` to its producer.
+  void AckFront(Consumed& c);
+  std::vector<Tensor>& FrontTensors(Consumed& c) { return c.registers->registers[static_cast<size_t>(c.ready.front())]; }
+  // Prefixes `status` with Describe() (and keeps its code).
+  absl::Status Annotate(const absl::Status& status) const;
+
+  const proto::Task& task_;
+  ActorEnvironment env_;
+  std::vector<Consumed> consumed_;
+  std::vector<Produced> produced_;
+  int64_t act_count_ = 0;
+
+ private:
+  absl::Status Apply(const Message& message);
+  absl::Status MaybeEnd();
+
+  bool started_ = false;
+  bool eord_sent_ = false;
+  bool done_ = false;
+};
+
+}  // namespace tessera::actors

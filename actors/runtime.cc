@@ -1,0 +1,344 @@
+#include "actors/runtime.h"
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+
+#include "absl/base/thread_annotations.h"
+#include "actors/actor_id.h"
+#include "actors/plan.h"
+#include "core/status.h"
+#include "core/text.h"
+
+namespace tessera::actors {
+namespace internal {
+
+class LoadedJob {
+ public:
+  static absl::StatusOr<std::unique_ptr<LoadedJob>> Load(std::string_view plan_bytes, const RuntimeOptions& options,
+                                                         MessageBus* bus) {
+    std::unique_ptr<LoadedJob> job(new LoadedJob);
+    ASSIGN_OR_RETURN(job->plan, ParsePlan(plan_bytes));
+    const ops::OpRegistry* registry = options.registry ? options.registry : &ops::BuiltinOps();
+    RETURN_IF_ERROR(ValidatePlan(job->plan, *registry));
+    std::map<uint64_t, const proto::Task*> tasks;
+    for (const auto& task : job->plan.tasks()) tasks[task.actor_id()] = &task;
+    // Registers first: actors bind to them when constructed.
+    for (const auto& desc : job->plan.register_descs()) {
+      RegisterSet& set = job->registers[desc.id()];
+      set.desc = &desc;
+      const bool view = tasks.at(desc.producer())->kind() == proto::ACTOR_KIND_REPEAT;
+      const Device device = DecodeActorId(desc.producer()).device();
+      for (int r = 0; r < desc.register_num(); ++r) {
+        std::vector<Tensor> tensors(static_cast<size_t>(desc.tensors_size()));
+        for (int t = 0; !view && t < desc.tensors_size(); ++t) {
+          ASSIGN_OR_RETURN(TensorMeta meta, TensorMetaFromProto(desc.tensors(t)));
+          auto tensor = device.type == DeviceType::kCpu ? Tensor::Zeros(meta.shape, meta.dtype, device)
+                                                        : Tensor::Empty(meta.shape, meta.dtype, device);
+          if (!tensor.ok()) {
+            return absl::Status(tensor.status().code(), StrCat("allocating register desc ", desc.id(), " on ",
+                                                               device.ToString(), ": ", tensor.status().message()));
+          }
+          tensors[static_cast<size_t>(t)] = *std::move(tensor);
+        }
+        set.registers.push_back(std::move(tensors));
+      }
+    }
+    job->env.bus = bus;
+    job->env.registers = &job->registers;
+    job->env.registry = registry;
+    job->env.callbacks = &options.callbacks;
+    job->env.pool = options.pool;
+    job->env.iterations = job->plan.iterations();
+    for (const auto& task : job->plan.tasks()) {
+      ASSIGN_OR_RETURN(std::unique_ptr<Actor> actor, Actor::Create(task, job->env));
+      job->by_id[actor->id()] = actor.get();
+      job->actors.push_back(std::move(actor));
+    }
+    return job;
+  }
+
+  proto::Plan plan;
+  RegisterTable registers;
+  ActorEnvironment env;
+  std::vector<std::unique_ptr<Actor>> actors;  // plan order
+  std::unordered_map<uint64_t, Actor*> by_id;
+};
+
+}  // namespace internal
+
+namespace {
+
+// One stream's thread: a mutex+condvar queue for messages from other
+// threads, and a lock-free local queue for messages its own actors send to
+// each other (the same-thread fast path).
+class ActorThread {
+ public:
+  void Add(Actor* actor) {
+    actors_[actor->id()] = actor;
+    ++live_;
+  }
+
+  // From any thread.
+  void Post(const Message& message) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      remote_.push_back(message);
+    }
+    cv_.notify_one();
+  }
+  // From this thread only.
+  void PostLocal(const Message& message) { local_.push_back(message); }
+
+  void Stop() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_one();
+  }
+
+  // Runs until every actor of the thread is done, Stop() is called, or an
+  // actor fails (returned).
+  absl::Status Loop(const std::atomic<bool>& aborted);
+
+  // Messages handled so far; read by the watchdog from another thread.
+  int64_t handled() const { return handled_.load(std::memory_order_relaxed); }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<Message> remote_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<Message> batch_;   // this thread only
+  std::deque<Message> local_;    // this thread only
+  std::unordered_map<uint64_t, Actor*> actors_;
+  int live_ = 0;
+  // Written by this thread only (a plain load + store, no locked add).
+  std::atomic<int64_t> handled_{0};
+};
+
+thread_local ActorThread* current_thread = nullptr;
+
+absl::Status ActorThread::Loop(const std::atomic<bool>& aborted) {
+  current_thread = this;
+  absl::Status status;
+  while (live_ > 0) {
+    if (local_.empty()) {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || !remote_.empty(); });
+      if (stop_) break;
+      batch_.swap(remote_);
+      lock.unlock();
+      local_.insert(local_.end(), batch_.begin(), batch_.end());
+      batch_.clear();
+    }
+    const Message message = local_.front();
+    local_.pop_front();
+    handled_.store(handled_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+    if (message.type == MessageType::kCommand && message.command == Command::kStop) break;
+    auto it = actors_.find(message.dst);
+    TESSERA_CHECK(it != actors_.end(), "message to an actor not on this thread: ", message.ToString());
+    Actor* actor = it->second;
+    const bool was_done = actor->done();
+    status = actor->Handle(message);
+    if (!status.ok()) break;
+    if (!was_done && actor->done()) --live_;
+    if (aborted.load(std::memory_order_relaxed)) break;
+  }
+  current_thread = nullptr;
+  return status;
+}
+
+}  // namespace
+
+// Routes by the stream part of the destination id.
+class Runtime::Bus final : public MessageBus {
+ public:
+  void Send(const Message& message) override {
+    auto it = routes_.find(StreamOf(message.dst));
+    TESSERA_CHECK(it != routes_.end(), "no thread for ", message.ToString());
+    ActorThread* thread = it->second.get();
+    if (thread == current_thread) {
+      thread->PostLocal(message);
+    } else {
+      thread->Post(message);
+    }
+  }
+
+  std::unordered_map<uint64_t, std::unique_ptr<ActorThread>> routes_;  // stream -> thread
+};
+
+Runtime::Runtime(RuntimeOptions options) : options_(std::move(options)), bus_(std::make_unique<Bus>()) {}
+Runtime::~Runtime() = default;
+
+absl::StatusOr<std::unique_ptr<Runtime>> Runtime::Load(const proto::Plan& plan, RuntimeOptions options) {
+  // Always through bytes, even in one process (DESIGN §2).
+  return LoadSerialized(SerializePlan(plan), std::move(options));
+}
+
+absl::StatusOr<std::unique_ptr<Runtime>> Runtime::LoadSerialized(std::string_view plan_bytes, RuntimeOptions options) {
+  std::unique_ptr<Runtime> runtime(new Runtime(std::move(options)));
+  ASSIGN_OR_RETURN(runtime->job_, internal::LoadedJob::Load(plan_bytes, runtime->options_, runtime->bus_.get()));
+  for (const auto& actor : runtime->job_->actors) {
+    auto& thread = runtime->bus_->routes_[StreamOf(actor->id())];
+    if (!thread) thread = std::make_unique<ActorThread>();
+    thread->Add(actor.get());
+  }
+  return runtime;
+}
+
+const proto::Plan& Runtime::plan() const { return job_->plan; }
+
+absl::Status Runtime::Run() {
+  if (ran_) return absl::FailedPreconditionError("Runtime::Run called twice");
+  ran_ = true;
+  const auto start = std::chrono::steady_clock::now();
+  // Start commands go in before any thread runs, so each actor sees its
+  // start before any register message.
+  for (const auto& actor : job_->actors) bus_->Send(Message::Cmd(actor->id(), Command::kStart));
+
+  std::atomic<bool> aborted{false};
+  std::mutex mu;  // guards first_error, finished
+  std::condition_variable finished_cv;
+  absl::Status first_error;
+  size_t finished = 0;
+  std::vector<ActorThread*> threads;
+  for (auto& [stream, thread] : bus_->routes_) threads.push_back(thread.get());
+  const auto stop_all = [&](absl::Status status) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (first_error.ok()) first_error = std::move(status);
+    }
+    aborted.store(true);
+    for (ActorThread* other : threads) other->Stop();
+  };
+  std::vector<std::thread> workers;
+  workers.reserve(threads.size());
+  for (ActorThread* thread : threads) {
+    workers.emplace_back([&, thread]() {
+      absl::Status status = thread->Loop(aborted);
+      if (!status.ok()) stop_all(std::move(status));
+      std::lock_guard<std::mutex> lock(mu);
+      ++finished;
+      finished_cv.notify_all();
+    });
+  }
+  // Watchdog: progress = messages handled on any thread.
+  {
+    const auto total = [&]() {
+      int64_t sum = 0;
+      for (ActorThread* thread : threads) sum += thread->handled();
+      return sum;
+    };
+    int64_t last_total = -1;
+    auto last_change = std::chrono::steady_clock::now();
+    bool stalled = false;
+    std::unique_lock<std::mutex> lock(mu);
+    while (finished < threads.size()) {
+      finished_cv.wait_for(lock, std::chrono::milliseconds(100));
+      if (options_.stall_timeout_s <= 0 || stalled) continue;
+      const int64_t now_total = total();
+      const auto now = std::chrono::steady_clock::now();
+      if (now_total != last_total) {
+        last_total = now_total;
+        last_change = now;
+      } else if (std::chrono::duration<double>(now - last_change).count() >= options_.stall_timeout_s) {
+        stalled = true;
+        lock.unlock();
+        stop_all(absl::DeadlineExceededError(
+            StrCat("no actor handled a message for ", options_.stall_timeout_s, " s")));
+        lock.lock();
+      }
+    }
+  }
+  for (std::thread& worker : workers) worker.join();
+
+  stats_.threads = static_cast<int>(threads.size());
+  for (ActorThread* thread : threads) {
+    stats_.messages_per_thread.push_back(thread->handled());
+    stats_.messages += thread->handled();
+  }
+  stats_.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  // Threads are joined: actor state can be read safely now.
+  std::vector<std::string> unfinished;
+  for (const auto& actor : job_->actors) {
+    if (!actor->done()) unfinished.push_back(actor->Describe());
+  }
+  if (!first_error.ok()) {
+    if (first_error.code() != absl::StatusCode::kDeadlineExceeded) return first_error;
+    if (unfinished.size() > 8) unfinished.resize(8);
+    return absl::DeadlineExceededError(
+        StrCat(first_error.message(), "; not finished: ", Join(unfinished, "; ")));
+  }
+  if (!unfinished.empty()) return absl::InternalError(StrCat(unfinished[0], " did not finish"));
+  return absl::OkStatus();
+}
+
+// The stepped executor's bus: one FIFO, delivered by the caller.
+class SteppedExecutor::Queue final : public MessageBus {
+ public:
+  void Send(const Message& message) override { messages.push_back(message); }
+  std::deque<Message> messages;
+};
+
+SteppedExecutor::~SteppedExecutor() = default;
+
+absl::StatusOr<std::unique_ptr<SteppedExecutor>> SteppedExecutor::Load(const proto::Plan& plan,
+                                                                        RuntimeOptions options) {
+  std::unique_ptr<SteppedExecutor> executor(new SteppedExecutor);
+  executor->options_ = std::move(options);
+  executor->queue_ = std::make_unique<Queue>();
+  ASSIGN_OR_RETURN(executor->job_,
+                   internal::LoadedJob::Load(SerializePlan(plan), executor->options_, executor->queue_.get()));
+  return executor;
+}
+
+void SteppedExecutor::Start() {
+  for (const auto& actor : job_->actors) queue_->Send(Message::Cmd(actor->id(), Command::kStart));
+}
+
+const std::deque<Message>& SteppedExecutor::pending() const { return queue_->messages; }
+
+absl::Status SteppedExecutor::Deliver(size_t position) {
+  if (position >= queue_->messages.size()) {
+    return absl::OutOfRangeError(StrCat("no pending message ", position, " of ", queue_->messages.size()));
+  }
+  const Message message = queue_->messages[position];
+  queue_->messages.erase(queue_->messages.begin() + static_cast<std::ptrdiff_t>(position));
+  auto it = job_->by_id.find(message.dst);
+  if (it == job_->by_id.end()) return absl::InternalError(StrCat("message to unknown actor: ", message.ToString()));
+  return it->second->Handle(message);
+}
+
+absl::StatusOr<bool> SteppedExecutor::Step() {
+  if (queue_->messages.empty()) return false;
+  RETURN_IF_ERROR(Deliver(0));
+  return true;
+}
+
+absl::Status SteppedExecutor::RunUntilIdle(int64_t max_steps) {
+  for (int64_t i = 0; i < max_steps; ++i) {
+    ASSIGN_OR_RETURN(bool stepped, Step());
+    if (!stepped) return absl::OkStatus();
+  }
+  return absl::DeadlineExceededError(StrCat("still busy after ", max_steps, " messages"));
+}
+
+const Actor& SteppedExecutor::actor(uint64_t actor_id) const {
+  auto it = job_->by_id.find(actor_id);
+  TESSERA_CHECK(it != job_->by_id.end(), "no actor ", ActorIdToString(actor_id));
+  return *it->second;
+}
+
+bool SteppedExecutor::AllDone() const {
+  for (const auto& actor : job_->actors) {
+    if (!actor->done()) return false;
+  }
+  return true;
+}
+
+}  // namespace tessera::actors

@@ -1,0 +1,115 @@
+#pragma once
+// Executing a plan (DESIGN §8).
+//
+// Runtime: the threaded executor. Load() serialises the plan and parses it
+// back (DESIGN §2), validates it, allocates every register up front
+// (register_num registers of each desc, each holding its tensors; views
+// produced by Repeat are not allocated) and constructs the actors. Run()
+// starts one thread per stream (the upper 40 bits of actor ids), sends
+// Cmd(start) to every actor and returns when every actor finished, or with
+// the first error: a failing kernel or callback stops every thread and Run
+// returns that error, naming the actor, its op and device.
+//
+// SteppedExecutor: the same actors and registers driven one message at a
+// time by the caller on the caller's thread, for protocol tests (DESIGN §12).
+//
+// Neither class is thread-safe; Run uses its own threads internally. Host
+// callbacks run on actor threads.
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "actors/actor.h"
+#include "actors/message.h"
+#include "comm/proto/plan.pb.h"
+#include "core/thread_pool.h"
+#include "ops/registry.h"
+
+namespace tessera::actors {
+
+struct RuntimeOptions {
+  const ops::OpRegistry* registry = nullptr;  // null = ops::BuiltinOps()
+  HostCallbacks callbacks;
+  ThreadPool* pool = nullptr;  // intra-op threads shared by kernels; borrowed
+  // Runtime::Run: when > 0 and no actor on any thread handled a message for
+  // this long, the job is stopped and Run returns DeadlineExceeded naming
+  // the actors that had not finished (a plan whose quotas deadlock, a
+  // callback that never returns...). 0 = wait forever.
+  double stall_timeout_s = 0;
+};
+
+namespace internal {
+// A loaded plan: the parsed plan, its registers and its actors, bound to a bus.
+class LoadedJob;
+}  // namespace internal
+
+class Runtime {
+ public:
+  struct Stats {
+    int threads = 0;
+    int64_t messages = 0;        // messages handled, all threads
+    double seconds = 0;          // wall time of Run
+    std::vector<int64_t> messages_per_thread;
+  };
+
+  static absl::StatusOr<std::unique_ptr<Runtime>> Load(const proto::Plan& plan, RuntimeOptions options = {});
+  // From serialised bytes (what a worker receives).
+  static absl::StatusOr<std::unique_ptr<Runtime>> LoadSerialized(std::string_view plan_bytes,
+                                                                  RuntimeOptions options = {});
+  ~Runtime();
+  Runtime(const Runtime&) = delete;
+  Runtime& operator=(const Runtime&) = delete;
+
+  // Runs the plan's iterations to the end. Callable once.
+  [[nodiscard]] absl::Status Run();
+  const Stats& stats() const { return stats_; }
+  const proto::Plan& plan() const;
+
+ private:
+  class Bus;
+  explicit Runtime(RuntimeOptions options);
+
+  RuntimeOptions options_;
+  std::unique_ptr<Bus> bus_;
+  std::unique_ptr<internal::LoadedJob> job_;
+  Stats stats_;
+  bool ran_ = false;
+};
+
+class SteppedExecutor {
+ public:
+  static absl::StatusOr<std::unique_ptr<SteppedExecutor>> Load(const proto::Plan& plan, RuntimeOptions options = {});
+  ~SteppedExecutor();
+  SteppedExecutor(const SteppedExecutor&) = delete;
+  SteppedExecutor& operator=(const SteppedExecutor&) = delete;
+
+  // Queues Cmd(start) for every actor, in plan order.
+  void Start();
+  // Messages sent and not yet delivered, oldest first.
+  const std::deque<Message>& pending() const;
+  // Delivers the oldest pending message; false when none is pending.
+  [[nodiscard]] absl::StatusOr<bool> Step();
+  // Delivers pending()[position] (tests may reorder messages of different
+  // senders; per-sender order is theirs to keep).
+  [[nodiscard]] absl::Status Deliver(size_t position);
+  // Steps until nothing is pending (error after max_steps).
+  [[nodiscard]] absl::Status RunUntilIdle(int64_t max_steps = 1'000'000);
+
+  const Actor& actor(uint64_t actor_id) const;
+  bool AllDone() const;
+
+ private:
+  class Queue;
+  SteppedExecutor() = default;
+
+  std::unique_ptr<Queue> queue_;
+  std::unique_ptr<internal::LoadedJob> job_;
+  RuntimeOptions options_;
+};
+
+}  // namespace tessera::actors
