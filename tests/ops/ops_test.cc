@@ -74,6 +74,18 @@ TEST(BadInput, ShapeMismatchNamesOpAndShapes) {
   EXPECT_NE(grad.find("(3, 2)"), std::string::npos) << grad;
 }
 
+TEST(BadInput, MatmulShapeErrorsNameOpAndShapes) {
+  const std::string k = ErrorOf("matmul", {F32(Shape{5, 7}), F32(Shape{6, 3})});
+  EXPECT_NE(k.find("op 'matmul' (a: f32(5, 7), b: f32(6, 3))"), std::string::npos) << k;
+  EXPECT_NE(k.find("K = 7 vs 6"), std::string::npos) << k;
+  const std::string rank = ErrorOf("matmul", {F32(Shape{2, 5, 7}), F32(Shape{7, 3})});
+  EXPECT_NE(rank.find("use batch_matmul"), std::string::npos) << rank;
+  const std::string batch = ErrorOf("batch_matmul", {F32(Shape{2, 5, 7}), F32(Shape{3, 7, 4})});
+  EXPECT_NE(batch.find("batch dimensions differ"), std::string::npos) << batch;
+  const std::string bf16 = ErrorOf("matmul", {*Tensor::Zeros(Shape{2, 2}, DType::kBF16), F32(Shape{2, 2})});
+  EXPECT_NE(bf16.find("must be f32, got bf16"), std::string::npos) << bf16;
+}
+
 TEST(BadInput, UnknownAttributeNamesOpAndKnownAttributes) {
   const std::string e = ErrorOf("gelu", {F32(Shape{2})}, {{"approx", std::string("tanh")}});
   EXPECT_NE(e.find("op 'gelu'"), std::string::npos) << e;

@@ -1,0 +1,188 @@
+// GEMM kernels: op(a) is (M, K), op(b) is (K, N), y is (M, N), per batch
+// item for batch_matmul (items contiguous).
+//
+// oneDNN does the arithmetic (dnnl_sgemm: ~95% of one core's FP32 FMA peak on
+// large shapes), but always on ONE OpenMP thread; the parallelism is ours:
+// batches are shared out by item and single GEMMs cut into blocks of rows
+// and/or columns, which the intra-op pool runs, one single-threaded
+// dnnl_sgemm per piece. Why not let
+// oneDNN thread it with OpenMP (omp_set_num_threads(ctx.num_threads())):
+//   - OpenMP's team threads are a second set of workers next to the intra-op
+//     pool. After a parallel region they busy-wait (libgomp's default wait
+//     policy), taking the cores from the pool's threads that run the next
+//     (element-wise) op: measured on 2 cores, a batch of single-threaded
+//     GEMMs on the pool right after an OpenMP-threaded GEMM ran at 165-190
+//     GFLOP/s instead of ~380.
+//   - OMP_WAIT_POLICY=PASSIVE stops that but makes every OpenMP region pay a
+//     wake-up: small GEMMs (16 x 128x128x64) fell from 207 to 66 GFLOP/s.
+//   - Cut here, large GEMMs run as fast as under oneDNN's own threading or
+//     faster, and batches of small ones much faster (bench/gemm_bench.cc
+//     prints both; 2 threads, fraction of FMA peak: 4096x768x3072 0.92 vs
+//     0.87, 32 x 128x128x64 0.83 vs 0.54), with no second set of threads.
+
+#include "ops/cpu/matmul.h"
+
+#include <dnnl.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <mutex>
+
+#include "core/status.h"
+#include "core/text.h"
+#include "ops/cpu/cpu_util.h"
+
+namespace tessera::ops::cpu {
+namespace {
+
+// Below this many multiply-adds a piece is not worth a pool thread's wake-up
+// (a few µs): 2^20 MACs take ~10 µs on one AVX-512 core.
+constexpr int64_t kMinMacsPerChunk = int64_t{1} << 20;
+
+// One single-threaded row-major GEMM with explicit leading dimensions (so a
+// block of rows or columns of a larger matrix can be passed), beta = 0.
+absl::Status SgemmBlock(bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k, float alpha,
+                        const float* a, int64_t lda, const float* b, int64_t ldb, float* y, int64_t ldy) {
+  if (m == 0 || n == 0) return absl::OkStatus();
+  if (k == 0) {  // an empty sum; BLAS leading-dimension rules reject the call
+    for (int64_t i = 0; i < m; ++i) std::fill(y + i * ldy, y + i * ldy + n, 0.0f);
+    return absl::OkStatus();
+  }
+  const dnnl_status_t status =
+      dnnl_sgemm(transpose_a ? 'T' : 'N', transpose_b ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, 0.0f, y, ldy);
+  if (status != dnnl_success) {
+    return absl::InternalError(
+        StrCat("dnnl_sgemm(M=", m, ", N=", n, ", K=", k, ") failed with status ", static_cast<int>(status)));
+  }
+  return absl::OkStatus();
+}
+
+// Rows [row_begin, row_end) x columns [col_begin, col_end) of item `item`'s output.
+absl::Status RunPiece(const GemmArgs& g, int64_t item, int64_t row_begin, int64_t row_end, int64_t col_begin,
+                      int64_t col_end) {
+  const float* a = g.a + item * g.m * g.k;  // (M, K) or (K, M)
+  const float* b = g.b + item * g.k * g.n;  // (K, N) or (N, K)
+  float* y = g.y + item * g.m * g.n;        // (M, N)
+  a += g.transpose_a ? row_begin : row_begin * g.k;
+  b += g.transpose_b ? col_begin * g.k : col_begin;
+  return SgemmBlock(g.transpose_a, g.transpose_b, row_end - row_begin, col_end - col_begin, g.k, g.alpha, a,
+                    g.transpose_a ? g.m : g.k, b, g.transpose_b ? g.k : g.n, y + row_begin * g.n + col_begin, g.n);
+}
+
+// How one item is cut into pieces: a grid of row_blocks x col_blocks.
+struct Grid {
+  int64_t row_blocks = 1, col_blocks = 1;
+};
+
+// The grid of `pieces` blocks whose blocks are least thin (largest smaller
+// side), so every piece keeps the micro-kernel's tiles full; on ties, more
+// row blocks (a row block's output rows are contiguous).
+Grid ChooseGrid(int64_t m, int64_t n, int64_t pieces) {
+  Grid best;
+  int64_t best_side = -1;
+  for (int64_t rows = pieces; rows >= 1; --rows) {
+    if (pieces % rows != 0) continue;
+    const int64_t cols = pieces / rows;
+    const int64_t side = std::min((m + rows - 1) / rows, (n + cols - 1) / cols);
+    if (side > best_side) {
+      best_side = side;
+      best = {rows, cols};
+    }
+  }
+  return best;
+}
+
+// Validates the local tensors of a (batch_)matmul against each other and
+// returns the GEMM they describe.
+absl::StatusOr<GemmArgs> LocalGemm(const KernelContext& ctx, bool batched) {
+  const Tensor& a = ctx.input(0);
+  const Tensor& b = ctx.input(1);
+  const Tensor& y = ctx.output(0);
+  for (const Tensor* t : {&a, &b, &y}) {
+    if (t->dtype() != DType::kF32) {
+      return absl::InvalidArgumentError(StrCat("f32 only, got ", DTypeName(t->dtype())));
+    }
+  }
+  const int rank = a.shape().rank();
+  const bool rank_ok = batched ? rank >= 3 : rank == 2;
+  if (!rank_ok || b.shape().rank() != rank || y.shape().rank() != rank) {
+    return absl::InvalidArgumentError(StrCat("local shapes a ", a.shape().ToString(), ", b ", b.shape().ToString(),
+                                             ", y ", y.shape().ToString(), " have the wrong ranks"));
+  }
+  GemmArgs g;
+  g.transpose_a = ctx.attr().Bool("transpose_a");
+  g.transpose_b = ctx.attr().Bool("transpose_b");
+  g.alpha = static_cast<float>(ctx.attr().Float("alpha"));
+  const int row = rank - 2, col = rank - 1;
+  g.m = a.shape()[g.transpose_a ? col : row];
+  g.k = a.shape()[g.transpose_a ? row : col];
+  g.n = b.shape()[g.transpose_b ? row : col];
+  const int64_t k_b = b.shape()[g.transpose_b ? col : row];
+  bool batch_ok = true;
+  for (int i = 0; i < row; ++i) {
+    batch_ok = batch_ok && a.shape()[i] == b.shape()[i] && a.shape()[i] == y.shape()[i];
+    g.batch *= a.shape()[i];
+  }
+  if (!batch_ok || k_b != g.k || y.shape()[row] != g.m || y.shape()[col] != g.n) {
+    return absl::InvalidArgumentError(StrCat("local shapes a ", a.shape().ToString(), ", b ", b.shape().ToString(),
+                                             ", y ", y.shape().ToString(), " do not match (transpose_a=", g.transpose_a,
+                                             ", transpose_b=", g.transpose_b, ")"));
+  }
+  g.a = a.data<float>();
+  g.b = b.data<float>();
+  g.y = y.data<float>();
+  return g;
+}
+
+absl::Status GemmKernel(KernelContext& ctx, bool batched) {
+  ASSIGN_OR_RETURN(const GemmArgs g, LocalGemm(ctx, batched));
+  return RunGemm(ctx, g);
+}
+
+}  // namespace
+
+absl::Status RunGemm(const KernelContext& ctx, const GemmArgs& g) {
+  if (g.batch == 0 || g.m == 0 || g.n == 0) return absl::OkStatus();
+  const int64_t macs = g.batch * g.m * g.n * std::max<int64_t>(g.k, 1);
+  const int64_t chunks = std::clamp<int64_t>(macs / kMinMacsPerChunk, 1, ctx.num_threads());
+  // Work units, `pieces` per item. Whole items (one dnnl_sgemm each, nothing
+  // packed twice) when they share out evenly over the chunks, or nearly so
+  // (at least 8 per chunk: the largest chunk then has at most 1/8 more than
+  // the mean): batched attention. Otherwise every item is cut into `chunks`
+  // pieces so each chunk gets an equal share of every item: one large GEMM
+  // becomes one piece per thread.
+  const bool whole_items = g.batch % chunks == 0 || g.batch >= 8 * chunks;
+  const int64_t pieces = whole_items ? 1 : chunks;
+  const Grid grid = ChooseGrid(g.m, g.n, pieces);
+  const int64_t units = g.batch * pieces;
+  std::mutex error_mu;
+  absl::Status error;
+  ParallelFor(ctx, units, (units + chunks - 1) / chunks, [&](int64_t begin, int64_t end) {
+    // oneDNN threads with OpenMP up to this thread's OpenMP count, which
+    // defaults to the core count: keep each call on this thread.
+    omp_set_num_threads(1);
+    for (int64_t unit = begin; unit < end;) {
+      // The run of units in this chunk on one item and one row block: a
+      // single call over their joined columns.
+      const int64_t item = unit / pieces, row_block = unit % pieces / grid.col_blocks;
+      const int64_t col_block = unit % pieces % grid.col_blocks;
+      const int64_t run = std::min(end - unit, grid.col_blocks - col_block);
+      absl::Status status =
+          RunPiece(g, item, row_block * g.m / grid.row_blocks, (row_block + 1) * g.m / grid.row_blocks,
+                   col_block * g.n / grid.col_blocks, (col_block + run) * g.n / grid.col_blocks);
+      if (!status.ok()) {
+        std::lock_guard<std::mutex> lock(error_mu);
+        if (error.ok()) error = std::move(status);
+        return;
+      }
+      unit += run;
+    }
+  });
+  return error;
+}
+
+absl::Status MatmulKernel(KernelContext& ctx) { return GemmKernel(ctx, /*batched=*/false); }
+
+absl::Status BatchMatmulKernel(KernelContext& ctx) { return GemmKernel(ctx, /*batched=*/true); }
+
+}  // namespace tessera::ops::cpu

@@ -1,0 +1,40 @@
+#pragma once
+// CPU kernels of the matmul family (ops/matmul.cc), and the GEMM driver they
+// share, for other kernels that need a GEMM: row-major f32 through oneDNN's
+// single-threaded dnnl_sgemm, cut into pieces for the intra-op pool.
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "ops/kernel_context.h"
+
+namespace tessera::ops::cpu {
+
+// y = alpha * op(a) @ op(b) on 2-D local tensors (attrs transpose_a,
+// transpose_b, alpha).
+absl::Status MatmulKernel(KernelContext& ctx);
+// The same for every item of equal leading (batch) dimensions.
+absl::Status BatchMatmulKernel(KernelContext& ctx);
+
+// `batch` independent row-major GEMMs y[i] (m, n) = alpha * op(a[i]) @ op(b[i])
+// where op(a[i]) is (m, k) and op(b[i]) is (k, n); a[i] is stored (m, k), or
+// (k, m) when transpose_a, b[i] (k, n) or (n, k) when transpose_b, items
+// contiguous one after the other. Any extent may be 0 (k = 0 gives zeros).
+struct GemmArgs {
+  bool transpose_a = false;
+  bool transpose_b = false;
+  int64_t batch = 1;
+  int64_t m = 0, n = 0, k = 0;
+  float alpha = 1.0f;
+  const float* a = nullptr;
+  const float* b = nullptr;
+  float* y = nullptr;
+};
+
+// Runs the GEMMs on ctx's intra-op pool. Every oneDNN call is
+// single-threaded: the work is cut over the pool's threads here, and the
+// calling threads' OpenMP thread count is set to 1 and left so (why: see
+// ops/cpu/matmul.cc). Thread-safe.
+absl::Status RunGemm(const KernelContext& ctx, const GemmArgs& args);
+
+}  // namespace tessera::ops::cpu

@@ -1,0 +1,178 @@
+// The matmul family: matmul (2-D) and batch_matmul (equal leading batch
+// dimensions), both y = alpha * op(a) @ op(b) with op = optional transpose of
+// the last two axes. Kernels in ops/cpu/matmul.cc.
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/status.h"
+#include "core/text.h"
+#include "ops/cpu/matmul.h"
+#include "ops/op_schema.h"
+#include "ops/registry.h"
+
+namespace tessera::ops {
+namespace {
+
+// Where M, K (in a) and K, N (in b) sit among the last two axes of inputs of
+// rank `rank`, given the transpose flags.
+struct GemmAxes {
+  int a_m, a_k, b_k, b_n;
+  GemmAxes(int rank, bool transpose_a, bool transpose_b) {
+    const int row = rank - 2, col = rank - 1;
+    a_m = transpose_a ? col : row;
+    a_k = transpose_a ? row : col;
+    b_k = transpose_b ? col : row;
+    b_n = transpose_b ? row : col;
+  }
+};
+
+absl::Status ExpectF32(const TensorMeta& meta, std::string_view name) {
+  if (meta.dtype == DType::kF32) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      StrCat("input '", name, "' must be f32, got ", DTypeName(meta.dtype), " (only f32 GEMM is implemented)"));
+}
+
+std::string DimsToString(const std::vector<int64_t>& dims) { return Shape(dims).ToString(); }
+
+// Shape inference shared by both ops: a, b of equal rank (2 for matmul, >= 3
+// for batch_matmul) with equal leading dimensions and matching K.
+absl::StatusOr<std::vector<TensorMeta>> InferGemm(const std::vector<TensorMeta>& in, const AttrMap& attrs,
+                                                  bool batched) {
+  const TensorMeta& a = in[0];
+  const TensorMeta& b = in[1];
+  RETURN_IF_ERROR(ExpectF32(a, "a"));
+  RETURN_IF_ERROR(ExpectF32(b, "b"));
+  if (batched) {
+    for (const auto& [meta, name] : {std::pair{&a, "a"}, std::pair{&b, "b"}}) {
+      if (meta->shape.rank() < 3) {
+        return absl::InvalidArgumentError(StrCat("input '", name, "' must have rank at least 3 (..., rows, cols), got ",
+                                                 meta->shape.ToString(), "; use matmul for 2-D inputs"));
+      }
+    }
+    if (a.shape.rank() != b.shape.rank()) {
+      return absl::InvalidArgumentError(StrCat("a and b must have the same rank, got ", a.shape.ToString(), " and ",
+                                               b.shape.ToString(), " (batch_matmul does not broadcast)"));
+    }
+  } else {
+    for (const auto& [meta, name] : {std::pair{&a, "a"}, std::pair{&b, "b"}}) {
+      if (meta->shape.rank() != 2) {
+        return absl::InvalidArgumentError(
+            StrCat("input '", name, "' must have rank 2, got ", meta->shape.ToString(),
+                   meta->shape.rank() > 2 ? "; use batch_matmul for batched inputs" : ""));
+      }
+    }
+  }
+  const int rank = a.shape.rank();
+  const std::vector<int64_t> a_batch(a.shape.dims().begin(), a.shape.dims().end() - 2);
+  const std::vector<int64_t> b_batch(b.shape.dims().begin(), b.shape.dims().end() - 2);
+  if (a_batch != b_batch) {
+    return absl::InvalidArgumentError(StrCat("batch dimensions differ: a has ", DimsToString(a_batch), ", b has ",
+                                             DimsToString(b_batch), " (batch_matmul does not broadcast)"));
+  }
+  const bool transpose_a = attrs.Bool("transpose_a"), transpose_b = attrs.Bool("transpose_b");
+  const GemmAxes ax(rank, transpose_a, transpose_b);
+  const int64_t m = a.shape[ax.a_m], k = a.shape[ax.a_k], k_b = b.shape[ax.b_k], n = b.shape[ax.b_n];
+  if (k != k_b) {
+    return absl::InvalidArgumentError(StrCat("contraction dimensions differ (K = ", k, " vs ", k_b, "): op(a) is (", m,
+                                             ", ", k, "), op(b) is (", k_b, ", ", n, ") (transpose_a=", transpose_a,
+                                             ", transpose_b=", transpose_b, ")"));
+  }
+  std::vector<int64_t> out = a_batch;
+  out.push_back(m);
+  out.push_back(n);
+  return std::vector<TensorMeta>{TensorMeta{DType::kF32, Shape(std::move(out))}};
+}
+
+// Every signature holds for any parallel_num: splits of M, N or K (and batch
+// axes) are balanced the same way on both sides, so shards line up.
+std::vector<SbpSignature> GemmSignatures(const std::vector<TensorMeta>& in, const AttrMap& attrs, int64_t) {
+  const Sbp kB = Sbp::Broadcast(), kP = Sbp::PartialSum();
+  std::vector<SbpSignature> sigs;
+  const int rank = in[0].shape.rank();
+  if (rank >= 2 && in[1].shape.rank() == rank) {
+    const GemmAxes ax(rank, attrs.Bool("transpose_a"), attrs.Bool("transpose_b"));
+    for (int i = 0; i < rank - 2; ++i) sigs.push_back({{Sbp::Split(i), Sbp::Split(i)}, {Sbp::Split(i)}});
+    sigs.push_back({{Sbp::Split(ax.a_m), kB}, {Sbp::Split(rank - 2)}});  // rows of y
+    sigs.push_back({{kB, Sbp::Split(ax.b_n)}, {Sbp::Split(rank - 1)}});  // columns of y
+    sigs.push_back({{Sbp::Split(ax.a_k), Sbp::Split(ax.b_k)}, {kP}});    // pieces of the K sum
+    sigs.push_back({{kP, kB}, {kP}});                                    // linear in a
+    sigs.push_back({{kB, kP}, {kP}});                                    // linear in b
+  }
+  sigs.push_back({{kB, kB}, {kB}});
+  return sigs;
+}
+
+// y = alpha * op(A) op(B), dY the output gradient. Per transpose case
+// (A, B as stored; every emitted product keeps the same alpha):
+//   y = α A B:     dA = α dY Bᵀ     dB = α Aᵀ dY
+//   y = α Aᵀ B:    dA = α B dYᵀ     dB = α A dY
+//   y = α A Bᵀ:    dA = α dY B      dB = α dYᵀ A
+//   y = α Aᵀ Bᵀ:   dA = α Bᵀ dYᵀ    dB = α dYᵀ Aᵀ
+void GemmGrad(GradBuilder& g, std::string_view op) {
+  const bool ta = g.attrs().Bool("transpose_a"), tb = g.attrs().Bool("transpose_b");
+  const double alpha = g.attrs().Float("alpha");
+  const ValueId a = g.input(0), b = g.input(1), dy = g.OutputGradOrZeros(0);
+  auto product = [&](ValueId x, ValueId w, bool tx, bool tw) {
+    return g.Op(op, {x, w}, {{"transpose_a", tx}, {"transpose_b", tw}, {"alpha", alpha}});
+  };
+  if (!ta && !tb) {
+    g.SetInputGrad(0, product(dy, b, false, true));
+    g.SetInputGrad(1, product(a, dy, true, false));
+  } else if (ta && !tb) {
+    g.SetInputGrad(0, product(b, dy, false, true));
+    g.SetInputGrad(1, product(a, dy, false, false));
+  } else if (!ta && tb) {
+    g.SetInputGrad(0, product(dy, b, false, false));
+    g.SetInputGrad(1, product(dy, a, true, false));
+  } else {
+    g.SetInputGrad(0, product(b, dy, true, true));
+    g.SetInputGrad(1, product(dy, a, true, true));
+  }
+}
+
+OpSchema& GemmAttrs(OpSchema& schema) {
+  return schema.Attr("transpose_a", AttrType::kBool, false)
+      .Attr("transpose_b", AttrType::kBool, false)
+      .Attr("alpha", AttrType::kFloat, 1.0);
+}
+
+}  // namespace
+
+void RegisterMatmulOps(OpRegistry& registry) {
+  OpSchema matmul("matmul");
+  matmul
+      .Doc(
+          "y = alpha * op(a) @ op(b) for 2-D a, b; op transposes when transpose_a / transpose_b. f32 only "
+          "(oneDNN sgemm; bf16 GEMM is future work).")
+      .Input("a")
+      .Input("b")
+      .Output("y");
+  GemmAttrs(matmul)
+      .Infer([](const std::vector<TensorMeta>& in, const AttrMap& attrs) { return InferGemm(in, attrs, false); })
+      .Sbp(GemmSignatures)
+      .Grad([](GradBuilder& g) { GemmGrad(g, "matmul"); })
+      .Kernel(DeviceType::kCpu, cpu::MatmulKernel)
+      .Example({{DType::kF32, Shape{4, 8}}, {DType::kF32, Shape{8, 16}}});
+  registry.MustRegister(std::move(matmul));
+
+  OpSchema batch_matmul("batch_matmul");
+  batch_matmul
+      .Doc(
+          "y[..., :, :] = alpha * op(a[..., :, :]) @ op(b[..., :, :]) for a, b of rank >= 3 with equal leading "
+          "(batch) dimensions, no broadcasting; op transposes the last two axes when transpose_a / transpose_b. "
+          "f32 only (oneDNN sgemm; bf16 GEMM is future work).")
+      .Input("a")
+      .Input("b")
+      .Output("y");
+  GemmAttrs(batch_matmul)
+      .Infer([](const std::vector<TensorMeta>& in, const AttrMap& attrs) { return InferGemm(in, attrs, true); })
+      .Sbp(GemmSignatures)
+      .Grad([](GradBuilder& g) { GemmGrad(g, "batch_matmul"); })
+      .Kernel(DeviceType::kCpu, cpu::BatchMatmulKernel)
+      .Example({{DType::kF32, Shape{2, 4, 8}}, {DType::kF32, Shape{2, 8, 16}}});
+  registry.MustRegister(std::move(batch_matmul));
+}
+
+}  // namespace tessera::ops

@@ -1,0 +1,114 @@
+// Cases for matmul and batch_matmul: every transpose combination, alpha != 1,
+// extents (5, 7, 3) that split unevenly over 2, 3 and 4 shards, extents
+// smaller than the shard count (empty shards, K = 0 pieces), and batch ranks
+// 3 and 4.
+
+#include <string>
+#include <vector>
+
+#include "tests/ops/op_test_util.h"
+
+namespace tessera::ops::testing {
+namespace {
+
+// y[..., i, j] = alpha * Σ_l op(a)[..., i, l] op(b)[..., l, j] in double, from
+// the stored layouts directly.
+std::vector<Tensor> ReferenceGemm(const std::vector<Tensor>& in, const AttrMap& attrs) {
+  const Shape& sa = in[0].shape();
+  const Shape& sb = in[1].shape();
+  const int rank = sa.rank();
+  const bool ta = attrs.Bool("transpose_a"), tb = attrs.Bool("transpose_b");
+  const double alpha = attrs.Float("alpha");
+  const int64_t m = ta ? sa[rank - 1] : sa[rank - 2];
+  const int64_t k = ta ? sa[rank - 2] : sa[rank - 1];
+  const int64_t n = tb ? sb[rank - 2] : sb[rank - 1];
+  int64_t batch = 1;
+  std::vector<int64_t> out_dims;
+  for (int i = 0; i < rank - 2; ++i) {
+    batch *= sa[i];
+    out_dims.push_back(sa[i]);
+  }
+  out_dims.push_back(m);
+  out_dims.push_back(n);
+  const std::vector<double> a = in[0].ToDoubleVector(), b = in[1].ToDoubleVector();
+  std::vector<float> y(static_cast<size_t>(batch * m * n));
+  for (int64_t t = 0; t < batch; ++t) {
+    const double* pa = a.data() + t * m * k;
+    const double* pb = b.data() + t * k * n;
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < n; ++j) {
+        double sum = 0;
+        for (int64_t l = 0; l < k; ++l) {
+          const double av = ta ? pa[l * m + i] : pa[i * k + l];
+          const double bv = tb ? pb[j * k + l] : pb[l * n + j];
+          sum += av * bv;
+        }
+        y[static_cast<size_t>((t * m + i) * n + j)] = static_cast<float>(alpha * sum);
+      }
+    }
+  }
+  return {Tensor::FromVector(Shape(out_dims), y)};
+}
+
+// Stored shapes for op(a) (…, m, k) and op(b) (…, k, n) under the flags.
+Shape StoredA(std::vector<int64_t> batch, int64_t m, int64_t k, bool ta) {
+  batch.push_back(ta ? k : m);
+  batch.push_back(ta ? m : k);
+  return Shape(batch);
+}
+Shape StoredB(std::vector<int64_t> batch, int64_t k, int64_t n, bool tb) {
+  batch.push_back(tb ? n : k);
+  batch.push_back(tb ? k : n);
+  return Shape(batch);
+}
+
+OpTestCase Gemm(std::string op, std::string label, const std::vector<int64_t>& batch, int64_t m, int64_t k, int64_t n,
+                bool ta, bool tb, double alpha, uint64_t seed) {
+  OpTestCase c;
+  c.op = std::move(op);
+  c.label = std::move(label);
+  c.inputs = {RandomUniform(StoredA(batch, m, k, ta), seed), RandomUniform(StoredB(batch, k, n, tb), seed + 1)};
+  c.attrs = {{"transpose_a", ta}, {"transpose_b", tb}, {"alpha", alpha}};
+  c.reference = ReferenceGemm;
+  return c;
+}
+
+}  // namespace
+
+std::vector<OpTestCase> MatmulCases() {
+  std::vector<OpTestCase> cases;
+  // matmul (5, 7) x (7, 3): M, K, N all split unevenly at p = 2, 3, 4.
+  cases.push_back(Gemm("matmul", "nn_5x7x3", {}, 5, 7, 3, false, false, 1.0, 1));
+  cases.push_back(Gemm("matmul", "tn_5x7x3", {}, 5, 7, 3, true, false, 1.0, 3));
+  cases.push_back(Gemm("matmul", "nt_5x7x3", {}, 5, 7, 3, false, true, 1.0, 5));
+  cases.push_back(Gemm("matmul", "tt_5x7x3", {}, 5, 7, 3, true, true, 1.0, 7));
+  cases.push_back(Gemm("matmul", "nn_alpha", {}, 6, 5, 9, false, false, -1.5, 9));
+  cases.push_back(Gemm("matmul", "tt_alpha", {}, 3, 8, 5, true, true, 0.25, 11));
+  cases.push_back(Gemm("matmul", "tn_alpha", {}, 7, 3, 4, true, false, 2.0, 13));
+  cases.push_back(Gemm("matmul", "nt_alpha", {}, 4, 6, 7, false, true, -0.5, 15));
+  // Extents below the shard count: at p = 3, 4 some shards hold no rows, no
+  // columns or no K (their partial sums are zeros).
+  cases.push_back(Gemm("matmul", "tiny_2x3x1_empty_shards", {}, 2, 3, 1, false, false, 1.0, 17));
+  // Large enough for oneDNN's blocked micro-kernels (tails in every direction);
+  // no finite differences at this size.
+  OpTestCase big = Gemm("matmul", "large_37x41x29", {}, 37, 41, 29, false, true, 1.0, 19);
+  big.check_grad = false;
+  big.rtol = big.atol = 1e-4;
+  cases.push_back(big);
+
+  // batch_matmul, rank 3: batch 3 splits unevenly over 2 and 4 shards.
+  cases.push_back(Gemm("batch_matmul", "nn_3x5x4x6", {3}, 5, 4, 6, false, false, 1.0, 21));
+  cases.push_back(Gemm("batch_matmul", "tn_alpha", {3}, 5, 4, 3, true, false, -2.0, 23));
+  cases.push_back(Gemm("batch_matmul", "nt", {3}, 4, 5, 3, false, true, 1.0, 25));
+  cases.push_back(Gemm("batch_matmul", "tt_alpha", {3}, 3, 4, 5, true, true, 0.5, 27));
+  // Rank 4: both batch axes get S(i) signatures.
+  cases.push_back(Gemm("batch_matmul", "rank4_nn", {2, 3}, 4, 5, 2, false, false, 1.0, 29));
+  cases.push_back(Gemm("batch_matmul", "rank4_tt_alpha", {3, 2}, 2, 3, 5, true, true, 1.5, 31));
+  OpTestCase big_batch = Gemm("batch_matmul", "large_5x17x33x9", {5}, 17, 33, 9, true, false, 1.0, 33);
+  big_batch.check_grad = false;
+  big_batch.rtol = big_batch.atol = 1e-4;
+  cases.push_back(big_batch);
+  return cases;
+}
+
+}  // namespace tessera::ops::testing
