@@ -11,6 +11,8 @@
 #include "core/logging.h"
 #include "ops/describe.h"
 #include "ops/registry.h"
+#include "train/plan_view.h"
+#include "train/trainer.h"
 
 namespace {
 
@@ -36,6 +38,23 @@ int RunConfig(const std::string& path, const std::vector<std::string>& overrides
   return 0;
 }
 
+int RunTrain(const std::string& path, const std::vector<std::string>& overrides) {
+  auto config = tessera::config::LoadConfig(path, overrides);
+  if (!config.ok()) return Fail(std::string(config.status().message()));
+  auto summary = tessera::Train(*config, stdout);
+  if (!summary.ok()) return Fail(std::string(summary.status().message()));
+  return 0;
+}
+
+int RunPlan(const std::string& path, const std::vector<std::string>& overrides, const std::string& format) {
+  auto config = tessera::config::LoadConfig(path, overrides);
+  if (!config.ok()) return Fail(std::string(config.status().message()));
+  auto text = tessera::DescribeTrainingPlan(*config, format);
+  if (!text.ok()) return Fail(std::string(text.status().message()));
+  std::printf("%s", text->c_str());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -57,6 +76,22 @@ int main(int argc, char** argv) {
   config->add_option("CONFIG", config_path, "Config file (JSON, comments allowed)")->required();
   config->add_option("overrides", overrides, "key.path=value overrides");
 
+  std::string train_config;
+  std::vector<std::string> train_overrides;
+  CLI::App* train = app.add_subcommand("train", "Train the model of a config on one device through the actor runtime");
+  train->add_option("CONFIG", train_config, "Config file (JSON, comments allowed)")->required();
+  train->add_option("overrides", train_overrides, "key.path=value overrides");
+
+  std::string plan_config;
+  std::vector<std::string> plan_overrides;
+  std::string plan_format = "text";
+  CLI::App* plan = app.add_subcommand("plan", "Print the physical plan of a config: actors, registers, memory per device");
+  plan->add_option("CONFIG", plan_config, "Config file (JSON, comments allowed)")->required();
+  plan->add_option("overrides", plan_overrides, "key.path=value overrides");
+  plan->add_option("--format", plan_format, "Output format")
+      ->check(CLI::IsMember({"text", "dot", "json"}))
+      ->capture_default_str();
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -66,5 +101,7 @@ int main(int argc, char** argv) {
 
   if (*ops) return RunOps(ops_format);
   if (*config) return RunConfig(config_path, overrides);
+  if (*train) return RunTrain(train_config, train_overrides);
+  if (*plan) return RunPlan(plan_config, plan_overrides, plan_format);
   return Fail("no command given (see --help)");
 }

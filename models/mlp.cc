@@ -1,0 +1,84 @@
+#include "models/mlp.h"
+
+#include <cmath>
+#include <random>
+#include <utility>
+
+#include "core/status.h"
+#include "graph/builder.h"
+
+namespace tessera::models {
+
+absl::Status RegisterBuiltinModels(Registry<Model>& registry) { return registry.Register("models.MLP", &Mlp::FromJson); }
+
+Mlp::Mlp(MlpConfig config) : config_(std::move(config)) {
+  std::mt19937_64 rng(static_cast<uint64_t>(config_.data_seed) * 7919 + 17);
+  std::normal_distribution<float> normal(0.0f, static_cast<float>(config_.centre_scale));
+  centres_.resize(static_cast<size_t>(config_.num_classes * config_.in_features));
+  for (float& c : centres_) c = normal(rng);
+}
+
+absl::StatusOr<std::unique_ptr<Model>> Mlp::FromJson(const nlohmann::json& node) {
+  MlpConfig c;
+  c.in_features = node.value("in_features", c.in_features);
+  if (node.contains("hidden_sizes")) c.hidden_sizes = node.at("hidden_sizes").get<std::vector<int64_t>>();
+  c.num_classes = node.value("num_classes", c.num_classes);
+  c.data_seed = node.value("data_seed", c.data_seed);
+  c.init_seed = node.value("init_seed", c.init_seed);
+  c.cluster_std = node.value("cluster_std", c.cluster_std);
+  c.centre_scale = node.value("centre_scale", c.centre_scale);
+  if (c.in_features < 1 || c.num_classes < 2) {
+    return absl::InvalidArgumentError(StrCat("models.MLP: need in_features >= 1 and num_classes >= 2, got ",
+                                             c.in_features, " and ", c.num_classes));
+  }
+  for (int64_t h : c.hidden_sizes) {
+    if (h < 1) return absl::InvalidArgumentError(StrCat("models.MLP: hidden size ", h, " must be >= 1"));
+  }
+  return std::make_unique<Mlp>(std::move(c));
+}
+
+absl::StatusOr<graph::Graph> Mlp::BuildGraph(int64_t batch) const {
+  if (batch < 1) return absl::InvalidArgumentError(StrCat("models.MLP: batch size ", batch, " must be >= 1"));
+  graph::GraphBuilder b;
+  graph::Sym h = b.Input("x", {DType::kF32, Shape{batch, config_.in_features}});
+  graph::Sym labels = b.Input("labels", {DType::kI64, Shape{batch}});
+  int64_t fan_in = config_.in_features;
+  int64_t tensor_id = 0;
+  std::vector<int64_t> sizes = config_.hidden_sizes;
+  sizes.push_back(config_.num_classes);
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    auto scope = b.Scope(StrCat("fc", i + 1), static_cast<int64_t>(i));
+    const double std = 1.0 / std::sqrt(static_cast<double>(fan_in));
+    graph::Sym w = b.Variable("weight", {fan_in, sizes[i]}, graph::InitRule::Normal(0, std, config_.init_seed, tensor_id++));
+    graph::Sym bias = b.Variable("bias", {sizes[i]}, graph::InitRule::Zeros());
+    h = graph::Matmul(h, w) + bias;
+    if (i + 1 < sizes.size()) h = graph::Gelu(h);
+    fan_in = sizes[i];
+  }
+  b.MarkLoss(graph::ReduceMean(graph::SparseSoftmaxCrossEntropy(h, labels)));
+  return b.Finish();
+}
+
+absl::Status Mlp::FillBatch(int64_t iteration, std::string_view input, const Tensor& out) const {
+  const int64_t batch = out.meta().shape[0];
+  // Both inputs draw from the same stream, so x and labels agree.
+  std::mt19937_64 rng(static_cast<uint64_t>(config_.data_seed) * 1000003 + static_cast<uint64_t>(iteration) * 7 + 1);
+  std::uniform_int_distribution<int64_t> pick(0, config_.num_classes - 1);
+  std::normal_distribution<float> noise(0.0f, static_cast<float>(config_.cluster_std));
+  std::vector<int64_t> labels(static_cast<size_t>(batch));
+  std::vector<float> xs(static_cast<size_t>(batch * config_.in_features));
+  for (int64_t n = 0; n < batch; ++n) {
+    const int64_t c = pick(rng);
+    labels[static_cast<size_t>(n)] = c;
+    for (int64_t f = 0; f < config_.in_features; ++f) {
+      xs[static_cast<size_t>(n * config_.in_features + f)] =
+          centres_[static_cast<size_t>(c * config_.in_features + f)] + noise(rng);
+    }
+  }
+  Tensor target = out;
+  if (input == "x") return target.CopyFrom(Tensor::FromVector(Shape{batch, config_.in_features}, xs));
+  if (input == "labels") return target.CopyFrom(Tensor::FromVector(Shape{batch}, labels));
+  return absl::NotFoundError(StrCat("models.MLP has no input '", input, "'"));
+}
+
+}  // namespace tessera::models

@@ -1,0 +1,183 @@
+#include "scheduler/lower.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+#include <vector>
+
+#include "actors/plan.h"
+#include "google/protobuf/util/message_differencer.h"
+#include "tests/graph/graph_interpreter.h"
+#include "tests/graph/test_mlp.h"
+#include "train/engine.h"
+
+namespace tessera {
+namespace {
+
+using graph::testing::BuildTestMlp;
+using graph::testing::GraphInterpreter;
+using graph::testing::TestMlpFeeds;
+
+std::unique_ptr<Engine> CompileMlp(graph::OptimizerKind kind = graph::OptimizerKind::kAdamW) {
+  CompileOptions options;
+  options.optimizer.kind = kind;
+  options.optimizer.momentum = 0.9;
+  options.optimizer.weight_decay = 0.01;
+  options.optimizer.clip_grad_max_norm = 1.0;
+  options.stall_timeout_s = 20;
+  auto engine = Engine::Compile(BuildTestMlp().graph, options);
+  EXPECT_TRUE(engine.ok()) << engine.status();
+  return engine.ok() ? *std::move(engine) : nullptr;
+}
+
+constexpr float kLr = 0.05f;
+
+std::map<std::string, Tensor> Feeds(int64_t iteration) {
+  auto feeds = TestMlpFeeds(7 + iteration);
+  feeds["lr"] = Tensor::FromVector(Shape{}, std::vector<float>{kLr});
+  return feeds;
+}
+
+// Runs the engine, returning the per-iteration losses.
+std::vector<double> RunEngine(Engine& engine, int64_t iterations, std::map<std::string, double>* last_fetch = nullptr) {
+  std::vector<double> losses(static_cast<size_t>(iterations), NAN);
+  const auto feed = [](int64_t iteration, std::string_view input, const Tensor& out) -> absl::Status {
+    Tensor t = out;
+    return t.CopyFrom(Feeds(iteration).at(std::string(input)));
+  };
+  const auto fetch = [&](int64_t iteration, const std::map<std::string, Tensor>& values) -> absl::Status {
+    losses.at(static_cast<size_t>(iteration)) = values.at("loss").ToVector<float>().at(0);
+    if (last_fetch != nullptr) {
+      for (const auto& [name, t] : values) (*last_fetch)[name] = t.ToVector<float>().at(0);
+    }
+    return absl::OkStatus();
+  };
+  const absl::Status status = engine.Run(iterations, feed, fetch);
+  EXPECT_TRUE(status.ok()) << status;
+  return losses;
+}
+
+TEST(LowerTest, MlpPlanHasEveryKindQuotasAndMemory) {
+  auto engine = CompileMlp();
+  ASSERT_NE(engine, nullptr);
+  auto plan = engine->Plan(3);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  std::map<proto::ActorKind, int> kinds;
+  for (const auto& task : plan->tasks()) ++kinds[task.kind()];
+  EXPECT_EQ(kinds[proto::ACTOR_KIND_SOURCE], 3);     // x, labels, lr
+  // w1, b1, w2, b2 (Adam state inside) + the constants (autodiff seed, clip's 1).
+  EXPECT_GE(kinds[proto::ACTOR_KIND_PARAMETER], 4);
+  EXPECT_GT(kinds[proto::ACTOR_KIND_COMPUTE], 10);
+  EXPECT_EQ(kinds[proto::ACTOR_KIND_SINK], 1);
+  for (const auto& task : plan->tasks()) {
+    if (task.kind() == proto::ACTOR_KIND_PARAMETER && task.name().starts_with("param:")) {
+      EXPECT_EQ(task.op(), "adamw_update") << task.name();
+      EXPECT_EQ(task.state_size(), 2) << task.name();
+    }
+  }
+  std::map<uint64_t, proto::ActorKind> kind_of;
+  for (const auto& task : plan->tasks()) kind_of[task.actor_id()] = task.kind();
+  for (const auto& desc : plan->register_descs()) {
+    EXPECT_EQ(desc.register_num(), kind_of[desc.producer()] == proto::ACTOR_KIND_SOURCE ? 2 : 1) << desc.id();
+    EXPECT_GT(desc.bytes_per_register(), 0) << desc.id();
+  }
+  ASSERT_EQ(plan->memory_estimate_size(), 1);
+  EXPECT_EQ(plan->memory_estimate(0).device(), "cpu:0");
+  EXPECT_GT(plan->memory_estimate(0).bytes(), 0);
+  // The scheduler's own estimate agrees with the runtime's.
+  const auto runtime_estimate = actors::EstimateMemory(*plan);
+  ASSERT_EQ(runtime_estimate.size(), 1u);
+  EXPECT_EQ(runtime_estimate[0].device(), plan->memory_estimate(0).device());
+  EXPECT_EQ(runtime_estimate[0].bytes(), plan->memory_estimate(0).bytes());
+  EXPECT_TRUE(actors::ValidatePlan(*plan, ops::BuiltinOps()).ok()) << actors::ValidatePlan(*plan, ops::BuiltinOps());
+
+  auto parsed = actors::ParsePlan(actors::SerializePlan(*plan));
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(*parsed, *plan));
+  EXPECT_EQ(parsed->tasks_size(), plan->tasks_size());
+}
+
+TEST(LowerTest, RejectsAccumulation) {
+  auto mlp = BuildTestMlp();
+  auto grads = graph::Autodiff(mlp.graph);
+  ASSERT_TRUE(grads.ok());
+  auto acc = graph::AccumulateGradients(mlp.graph, *grads, 2);
+  ASSERT_TRUE(acc.ok()) << acc.status();
+  auto lowered = scheduler::LowerToPlan(mlp.graph);
+  ASSERT_FALSE(lowered.ok());
+  EXPECT_CONTAINS(lowered.status().message(), "accumulation");
+}
+
+void ExpectMatchesOracle(graph::OptimizerKind kind) {
+  auto engine = CompileMlp(kind);
+  ASSERT_NE(engine, nullptr);
+  constexpr int64_t kSteps = 4;
+  const std::vector<double> losses = RunEngine(*engine, kSteps);
+
+  GraphInterpreter oracle(engine->graph());
+  ASSERT_TRUE(oracle.InitVariables().ok());
+  const graph::ValueId loss = engine->graph().losses().at(0);
+  for (int64_t it = 0; it < kSteps; ++it) {
+    auto values = oracle.Run(Feeds(it), it);
+    ASSERT_TRUE(values.ok()) << values.status();
+    const double expected = (*values)[static_cast<size_t>(loss)].ToVector<float>().at(0);
+    EXPECT_NEAR(losses[static_cast<size_t>(it)], expected, 1e-5 * std::abs(expected) + 1e-7) << "iteration " << it;
+  }
+}
+
+TEST(EngineTest, AdamWLossesMatchOracle) { ExpectMatchesOracle(graph::OptimizerKind::kAdamW); }
+TEST(EngineTest, SgdLossesMatchOracle) { ExpectMatchesOracle(graph::OptimizerKind::kSgd); }
+
+TEST(EngineTest, LossFallsOver50Steps) {
+  auto engine = CompileMlp();
+  ASSERT_NE(engine, nullptr);
+  std::map<std::string, double> last;
+  const std::vector<double> losses = RunEngine(*engine, 50, &last);
+  double first = 0, final = 0;
+  for (int i = 0; i < 5; ++i) {
+    first += losses[static_cast<size_t>(i)];
+    final += losses[static_cast<size_t>(45 + i)];
+  }
+  EXPECT_LT(final, 0.8 * first) << "first " << first / 5 << " last " << final / 5;
+  EXPECT_TRUE(last.contains("grad_norm"));
+}
+
+TEST(EngineTest, ForwardOnlyKeepsVariables) {
+  CompileOptions options;
+  options.train = false;
+  auto engine = Engine::Compile(BuildTestMlp().graph, options);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  EXPECT_FALSE((*engine)->graph().FindInput("lr").ok());
+  const std::vector<double> losses = RunEngine(**engine, 2);
+  GraphInterpreter oracle((*engine)->graph());
+  ASSERT_TRUE(oracle.InitVariables().ok());
+  auto feeds = Feeds(1);
+  feeds.erase("lr");
+  auto values = oracle.Run(feeds, 1);
+  ASSERT_TRUE(values.ok()) << values.status();
+  const double expected = (*values)[static_cast<size_t>((*engine)->graph().losses().at(0))].ToVector<float>().at(0);
+  EXPECT_NEAR(losses[1], expected, 1e-5 * std::abs(expected));
+}
+
+TEST(EngineTest, FeedErrorStopsTheRunAndIsReturned) {
+  auto engine = CompileMlp();
+  ASSERT_NE(engine, nullptr);
+  const auto feed = [](int64_t iteration, std::string_view input, const Tensor& out) -> absl::Status {
+    if (iteration == 2 && input == "x") return absl::DataLossError("bad batch");
+    Tensor t = out;
+    return t.CopyFrom(Feeds(iteration).at(std::string(input)));
+  };
+  int64_t fetched = 0;
+  const auto fetch = [&](int64_t, const std::map<std::string, Tensor>&) {
+    ++fetched;
+    return absl::OkStatus();
+  };
+  const absl::Status status = engine->Run(5, feed, fetch);
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
+  EXPECT_CONTAINS(status.message(), "bad batch");
+  EXPECT_LE(fetched, 2);
+}
+
+}  // namespace
+}  // namespace tessera

@@ -1,0 +1,149 @@
+#include "train/trainer.h"
+
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <unistd.h>
+
+#include "core/config.h"
+#include "models/model.h"
+#include "nlohmann/json.hpp"
+
+namespace tessera {
+namespace {
+
+struct Result {
+  int exit_code = -1;
+  std::string out;  // stdout and stderr together
+};
+
+// Runs the binary under a deadline so a hang fails instead of blocking.
+Result RunTessera(const std::string& args) {
+  const std::string cmd = "timeout 120 " + std::string(TESSERA_BINARY) + " " + args + " 2>&1";
+  Result r;
+  FILE* pipe = popen(cmd.c_str(), "r");
+  if (pipe == nullptr) return r;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) r.out.append(buf.data(), n);
+  const int status = pclose(pipe);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+std::string Source(const std::string& rel) { return std::string(TESSERA_SOURCE_DIR) + "/" + rel; }
+
+std::filesystem::path TempDir(const std::string& name) {
+  const auto dir = std::filesystem::temp_directory_path() / ("tessera_train_test_" + name + "_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  return dir;
+}
+
+TEST(Cli, TrainWritesMetricsAndConfig) {
+  const auto dir = TempDir("cli");
+  const Result t = RunTessera("train " + Source("configs/mlp_demo.json") + " train.train_iter=20 train.output_dir=" + dir.string());
+  ASSERT_EQ(t.exit_code, 0) << t.out;
+  EXPECT_NE(t.out.find("iter 20/20"), std::string::npos) << t.out;
+  std::ifstream metrics(dir / "metrics.jsonl");
+  ASSERT_TRUE(metrics.good());
+  std::string line;
+  int lines = 0;
+  while (std::getline(metrics, line)) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    for (const char* key : {"iter", "loss", "lr", "grad_norm", "samples_per_s"}) EXPECT_TRUE(j.contains(key)) << key << " in " << line;
+    EXPECT_TRUE(std::isfinite(j["loss"].get<double>()));
+    ++lines;
+  }
+  EXPECT_EQ(lines, 2);  // log_period 10
+  auto saved = config::LoadConfig(dir / "config.json");
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  EXPECT_EQ((*saved)["train"]["train_iter"], 20);
+  EXPECT_EQ((*saved)["model"]["_target_"], "models.MLP");
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Cli, TrainBadOverrideIsOneLineError) {
+  const Result r = RunTessera("train " + Source("configs/mlp_demo.json") + " train.no_such_key=1");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_EQ(r.out.find('\n'), r.out.size() - 1) << r.out;
+  EXPECT_NE(r.out.find("no_such_key"), std::string::npos) << r.out;
+  const Result bad_model = RunTessera("train " + Source("configs/mlp_demo.json") + " model._target_=models.Nope");
+  EXPECT_NE(bad_model.exit_code, 0);
+  EXPECT_EQ(bad_model.out.find('\n'), bad_model.out.size() - 1) << bad_model.out;
+}
+
+TEST(Cli, PlanListsActorsRegistersAndMemory) {
+  const Result text = RunTessera("plan " + Source("configs/mlp_demo.json"));
+  ASSERT_EQ(text.exit_code, 0) << text.out;
+  for (const char* part : {"SOURCE", "COMPUTE", "PARAMETER", "SINK", "quota=2", "quota=1", "memory per device", "cpu:0"}) {
+    EXPECT_NE(text.out.find(part), std::string::npos) << part;
+  }
+  const Result json = RunTessera("plan " + Source("configs/mlp_demo.json") + " --format json");
+  ASSERT_EQ(json.exit_code, 0) << json.out;
+  const nlohmann::json j = nlohmann::json::parse(json.out);
+  EXPECT_GT(j["actors"].size(), 10u);
+  EXPECT_GT(j["registers"].size(), 10u);
+  ASSERT_EQ(j["memory"].size(), 1u);
+  EXPECT_GT(j["memory"][0]["bytes"].get<int64_t>(), 0);
+  const Result dot = RunTessera("plan " + Source("configs/mlp_demo.json") + " --format dot");
+  ASSERT_EQ(dot.exit_code, 0) << dot.out;
+  EXPECT_EQ(dot.out.rfind("digraph plan {", 0), 0u);
+  EXPECT_EQ(RunTessera("plan --help").exit_code, 0);
+  EXPECT_EQ(RunTessera("train --help").exit_code, 0);
+}
+
+TEST(Trainer, MlpLossFalls) {
+  auto config = config::LoadConfig(Source("configs/mlp_demo.json"),
+                                   {"train.train_iter=50", "train.output_dir=" + TempDir("direct").string()});
+  ASSERT_TRUE(config.ok()) << config.status();
+  auto summary = Train(*config);
+  ASSERT_TRUE(summary.ok()) << summary.status();
+  ASSERT_EQ(summary->losses.size(), 50u);
+  EXPECT_LT(summary->losses[49], 0.5 * summary->losses[0]);
+  std::filesystem::remove_all(TempDir("direct"));
+}
+
+TEST(Trainer, RejectsAccumulation) {
+  auto config = config::LoadConfig(Source("configs/mlp_demo.json"), {"train.num_accumulation_steps=2"});
+  ASSERT_TRUE(config.ok()) << config.status();
+  auto summary = Train(*config);
+  ASSERT_FALSE(summary.ok());
+  EXPECT_NE(std::string(summary.status().message()).find("accumulation"), std::string::npos);
+}
+
+TEST(WarmupCosineLR, WarmsUpThenDecays) {
+  WarmupCosineLR s{.base_lr = 1.0, .max_iters = 110, .warmup_iters = 10, .warmup_factor = 0.001, .alpha = 0.01, .linear_warmup = true};
+  EXPECT_NEAR(s.At(0), 0.001, 1e-12);
+  EXPECT_NEAR(s.At(5), 0.001 * 0.5 + 0.5, 1e-12);
+  EXPECT_NEAR(s.At(10), 1.0, 1e-12);
+  EXPECT_NEAR(s.At(60), 0.01 + 0.99 * 0.5, 1e-12);
+  EXPECT_NEAR(s.At(110), 0.01, 1e-12);
+}
+
+TEST(Models, MlpIsRegisteredAndDataIsSeeded) {
+  Registry<models::Model> registry("model");
+  ASSERT_TRUE(models::RegisterBuiltinModels(registry).ok());
+  EXPECT_FALSE(models::RegisterBuiltinModels(registry).ok());  // already there
+  auto model = registry.Create({{"_target_", "models.MLP"}, {"in_features", 3}, {"hidden_sizes", {5}}, {"num_classes", 2}});
+  ASSERT_TRUE(model.ok()) << model.status();
+  auto graph = (*model)->BuildGraph(4);
+  ASSERT_TRUE(graph.ok()) << graph.status();
+  EXPECT_EQ(graph->losses().size(), 1u);
+  auto a = Tensor::Zeros(Shape{4, 3}, DType::kF32);
+  auto b = Tensor::Zeros(Shape{4, 3}, DType::kF32);
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_TRUE((*model)->FillBatch(3, "x", *a).ok());
+  ASSERT_TRUE((*model)->FillBatch(3, "x", *b).ok());
+  EXPECT_EQ(a->ToVector<float>(), b->ToVector<float>());
+  EXPECT_FALSE((*model)->FillBatch(3, "nope", *a).ok());
+  EXPECT_FALSE(registry.Create({{"_target_", "models.MLPX"}}).ok());
+}
+
+}  // namespace
+}  // namespace tessera

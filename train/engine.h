@@ -1,0 +1,64 @@
+#pragma once
+// The embedding API (DESIGN §11): compile a logical graph into a job and run
+// it through the actor runtime.
+//
+//   ASSIGN_OR_RETURN(auto engine, Engine::Compile(std::move(graph), {}));
+//   RETURN_IF_ERROR(engine->Run(100, feed, fetch));
+//
+// Compile applies Autodiff -> ApplyOptimizer -> EliminateDeadCode when
+// options.train (the graph must have a loss). Run lowers the graph to a plan
+// for `iterations` (scheduler/lower.h), serialises and parses it back, loads
+// it into an actors::Runtime and runs it. Feeds are called on actor threads
+// for every graph input (the learning rate "lr" included) every iteration;
+// the fetch callback once per iteration with "loss" and every fetch (e.g.
+// "grad_norm"); its tensors are valid only during the call.
+//
+// Limitation: each Run starts the variables afresh from their init rules
+// (the runtime keeps no state between runs). Not thread-safe.
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "absl/status/statusor.h"
+#include "comm/proto/plan.pb.h"
+#include "core/tensor.h"
+#include "graph/graph.h"
+#include "graph/passes.h"
+#include "scheduler/lower.h"
+
+namespace tessera {
+
+struct CompileOptions {
+  bool train = true;
+  graph::OptimizerOptions optimizer = {};
+  scheduler::LowerOptions lower = {};  // iterations is set by Run / Plan
+  double stall_timeout_s = 60;         // runtime deadlock guard (0 = none)
+};
+
+class Engine {
+ public:
+  // Writes the batch of `input` for `iteration` into `tensor` (preallocated).
+  using FeedFn = std::function<absl::Status(int64_t iteration, std::string_view input, const Tensor& tensor)>;
+  using FetchFn = std::function<absl::Status(int64_t iteration, const std::map<std::string, Tensor>& values)>;
+
+  static absl::StatusOr<std::unique_ptr<Engine>> Compile(graph::Graph graph, const CompileOptions& options = {});
+  // Use Compile; takes a graph that already went through the passes.
+  Engine(graph::Graph graph, CompileOptions options) : graph_(std::move(graph)), options_(std::move(options)) {}
+
+  // The plan of `iterations` iterations (what Run executes).
+  absl::StatusOr<proto::Plan> Plan(int64_t iterations) const;
+  absl::Status Run(int64_t iterations, const FeedFn& feed, const FetchFn& fetch);
+
+  // The compiled graph (after the training passes).
+  const graph::Graph& graph() const { return graph_; }
+
+ private:
+  graph::Graph graph_;
+  CompileOptions options_;
+};
+
+}  // namespace tessera

@@ -1,0 +1,112 @@
+#include "train/plan_view.h"
+
+#include <map>
+
+#include "actors/actor_id.h"
+#include "core/status.h"
+#include "core/text.h"
+#include "train/trainer.h"
+
+namespace tessera {
+namespace {
+
+// "COMPUTE" from ACTOR_KIND_COMPUTE.
+std::string KindName(proto::ActorKind kind) {
+  std::string_view name = proto::ActorKind_Name(kind);
+  ConsumePrefix(&name, "ACTOR_KIND_");
+  return std::string(name);
+}
+
+std::string TensorsText(const proto::RegisterDesc& desc) {
+  std::vector<std::string> parts;
+  for (const auto& t : desc.tensors()) {
+    std::string_view dtype = proto::DType_Name(t.dtype());
+    ConsumePrefix(&dtype, "DTYPE_");
+    parts.push_back(StrCat(t.name().empty() ? "?" : t.name(), ":", dtype, "(", Join(t.shape(), ","), ")"));
+  }
+  return Join(parts, " ");
+}
+
+}  // namespace
+
+nlohmann::json PlanToJson(const proto::Plan& plan) {
+  nlohmann::json out;
+  out["iterations"] = plan.iterations();
+  out["actors"] = nlohmann::json::array();
+  for (const auto& task : plan.tasks()) {
+    const actors::ActorId id = actors::DecodeActorId(task.actor_id());
+    out["actors"].push_back({{"id", task.actor_id()},
+                             {"name", task.name()},
+                             {"kind", KindName(task.kind())},
+                             {"op", task.op()},
+                             {"node", id.node},
+                             {"device", id.device().ToString()},
+                             {"stream", id.stream},
+                             {"task", id.task},
+                             {"callback", task.callback()},
+                             {"state_tensors", task.state_size()}});
+  }
+  out["registers"] = nlohmann::json::array();
+  for (const auto& desc : plan.register_descs()) {
+    nlohmann::json tensors = nlohmann::json::array();
+    for (const auto& t : desc.tensors()) tensors.push_back({{"name", t.name()}, {"dtype", proto::DType_Name(t.dtype())}, {"shape", std::vector<int64_t>(t.shape().begin(), t.shape().end())}});
+    out["registers"].push_back({{"id", desc.id()},
+                                {"producer", desc.producer()},
+                                {"consumers", std::vector<uint64_t>(desc.consumers().begin(), desc.consumers().end())},
+                                {"quota", desc.register_num()},
+                                {"bytes_per_register", desc.bytes_per_register()},
+                                {"tensors", tensors}});
+  }
+  out["memory"] = nlohmann::json::array();
+  for (const auto& m : plan.memory_estimate()) out["memory"].push_back({{"node", m.node()}, {"device", m.device()}, {"bytes", m.bytes()}});
+  return out;
+}
+
+std::string PlanToText(const proto::Plan& plan) {
+  std::map<uint64_t, std::string> names;
+  for (const auto& task : plan.tasks()) names[task.actor_id()] = task.name();
+  std::string out = StrCat("plan: ", plan.tasks_size(), " actors, ", plan.register_descs_size(), " register descs, ",
+                           plan.iterations(), " iterations\n\nactors:\n");
+  for (const auto& task : plan.tasks()) {
+    const actors::ActorId id = actors::DecodeActorId(task.actor_id());
+    out += fmt::format("  {:<9} {:<40} op={:<30} node={} device={} stream={} task={}{}\n", KindName(task.kind()), task.name(),
+                       task.op().empty() ? "-" : task.op(), id.node, id.device().ToString(), id.stream, id.task,
+                       task.state_size() > 0 ? StrCat(" state=", task.state_size()) : std::string());
+  }
+  out += "\nregisters:\n";
+  for (const auto& desc : plan.register_descs()) {
+    std::vector<std::string> consumers;
+    for (uint64_t c : desc.consumers()) consumers.push_back(names[c]);
+    out += fmt::format("  desc {:<3} quota={} bytes={:<8} {}  {} -> [{}]\n", desc.id(), desc.register_num(),
+                       desc.bytes_per_register(), TensorsText(desc), names[desc.producer()], Join(consumers, ", "));
+  }
+  out += "\nmemory per device:\n";
+  for (const auto& m : plan.memory_estimate()) out += StrCat("  node ", m.node(), " ", m.device(), ": ", m.bytes(), " bytes\n");
+  return out;
+}
+
+std::string PlanToDot(const proto::Plan& plan) {
+  std::string out = "digraph plan {\n  rankdir=TB;\n  node [shape=box, fontsize=10];\n";
+  for (const auto& task : plan.tasks()) {
+    const actors::ActorId id = actors::DecodeActorId(task.actor_id());
+    out += fmt::format("  a{} [label=\"{}\\n{} {}\\n{} stream {}\"];\n", task.actor_id(), task.name(), KindName(task.kind()),
+                       task.op(), id.device().ToString(), id.stream);
+  }
+  for (const auto& desc : plan.register_descs()) {
+    for (uint64_t c : desc.consumers()) {
+      out += fmt::format("  a{} -> a{} [label=\"desc {} x{} {}B\"];\n", desc.producer(), c, desc.id(), desc.register_num(),
+                         desc.bytes_per_register());
+    }
+  }
+  return out + "}\n";
+}
+
+absl::StatusOr<std::string> DescribeTrainingPlan(const nlohmann::json& config, std::string_view format) {
+  ASSIGN_OR_RETURN(proto::Plan plan, TrainingPlan(config));
+  if (format == "json") return PlanToJson(plan).dump(2) + "\n";
+  if (format == "dot") return PlanToDot(plan);
+  if (format == "text") return PlanToText(plan);
+  return absl::InvalidArgumentError(StrCat("unknown plan format '", format, "' (text, dot or json)"));
+}
+
+}  // namespace tessera
