@@ -4,7 +4,7 @@
 #include <set>
 #include <utility>
 
-#include "scheduler/plan_emitter.h"
+#include "comm/proto/plan_codec.h"
 #include "core/status.h"
 #include "core/text.h"
 
@@ -114,7 +114,7 @@ absl::StatusOr<LoweredPlan> LowerToPlan(const Graph& graph, const LowerOptions& 
   }
   for (const auto& [name, value] : sinks) readers[graph.value(value).producer].insert(kSinkNode);
 
-  PlanEmitter builder(options.iterations);
+  comm::PlanBuilder builder(options.iterations);
   LoweredPlan out;
   std::map<NodeId, uint64_t> task_of;
   const uint32_t stream = kComputeStream;

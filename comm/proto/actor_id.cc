@@ -1,9 +1,9 @@
-#include "actors/actor_id.h"
+#include "comm/proto/actor_id.h"
 
 #include "core/status.h"
 #include "core/text.h"
 
-namespace tessera::actors {
+namespace tessera::comm {
 namespace {
 
 uint64_t Field(uint64_t encoded, int shift, int bits) { return (encoded >> shift) & FieldMax(bits); }
@@ -57,4 +57,4 @@ std::string ActorIdToString(uint64_t encoded) {
   return DecodeActorId(encoded).ToString();
 }
 
-}  // namespace tessera::actors
+}  // namespace tessera::comm
