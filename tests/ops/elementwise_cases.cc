@@ -63,13 +63,7 @@ Tensor AwayFromZero(const Shape& shape, uint64_t seed) {
 }
 
 OpTestCase Case(std::string op, std::string label, std::vector<Tensor> inputs, ReferenceFn ref, AttrMap attrs = {}) {
-  OpTestCase c;
-  c.op = std::move(op);
-  c.label = std::move(label);
-  c.inputs = std::move(inputs);
-  c.reference = std::move(ref);
-  c.attrs = std::move(attrs);
-  return c;
+  return MakeCase(std::move(op), std::move(label), std::move(inputs), std::move(ref), std::move(attrs));
 }
 
 }  // namespace

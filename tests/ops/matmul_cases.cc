@@ -64,13 +64,9 @@ Shape StoredB(std::vector<int64_t> batch, int64_t k, int64_t n, bool tb) {
 
 OpTestCase Gemm(std::string op, std::string label, const std::vector<int64_t>& batch, int64_t m, int64_t k, int64_t n,
                 bool ta, bool tb, double alpha, uint64_t seed) {
-  OpTestCase c;
-  c.op = std::move(op);
-  c.label = std::move(label);
-  c.inputs = {RandomUniform(StoredA(batch, m, k, ta), seed), RandomUniform(StoredB(batch, k, n, tb), seed + 1)};
-  c.attrs = {{"transpose_a", ta}, {"transpose_b", tb}, {"alpha", alpha}};
-  c.reference = ReferenceGemm;
-  return c;
+  return MakeCase(std::move(op), std::move(label),
+                  {RandomUniform(StoredA(batch, m, k, ta), seed), RandomUniform(StoredB(batch, k, n, tb), seed + 1)},
+                  ReferenceGemm, {{"transpose_a", ta}, {"transpose_b", tb}, {"alpha", alpha}});
 }
 
 }  // namespace

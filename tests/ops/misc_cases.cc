@@ -20,12 +20,7 @@ namespace {
 
 OpTestCase Case(std::string op, std::string label, std::vector<Tensor> inputs, AttrMap attrs, ReferenceFn reference,
                 int64_t step = 0) {
-  OpTestCase c;
-  c.op = std::move(op);
-  c.label = std::move(label);
-  c.inputs = std::move(inputs);
-  c.attrs = std::move(attrs);
-  c.reference = std::move(reference);
+  OpTestCase c = MakeCase(std::move(op), std::move(label), std::move(inputs), std::move(reference), std::move(attrs));
   c.step = step;
   return c;
 }

@@ -22,13 +22,7 @@ namespace {
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 
 OpTestCase Case(std::string op, std::string label, std::vector<Tensor> inputs, ReferenceFn ref, AttrMap attrs = {}) {
-  OpTestCase c;
-  c.op = std::move(op);
-  c.label = std::move(label);
-  c.inputs = std::move(inputs);
-  c.reference = std::move(ref);
-  c.attrs = std::move(attrs);
-  return c;
+  return MakeCase(std::move(op), std::move(label), std::move(inputs), std::move(ref), std::move(attrs));
 }
 
 int64_t LastDim(const Tensor& t) { return t.shape()[t.shape().rank() - 1]; }

@@ -6,6 +6,17 @@
 
 namespace tessera::ops::testing {
 
+OpTestCase MakeCase(std::string op, std::string label, std::vector<Tensor> inputs, ReferenceFn reference,
+                    AttrMap attrs) {
+  OpTestCase c;
+  c.op = std::move(op);
+  c.label = std::move(label);
+  c.inputs = std::move(inputs);
+  c.reference = std::move(reference);
+  c.attrs = std::move(attrs);
+  return c;
+}
+
 Tensor RandomUniform(const Shape& shape, uint64_t seed, float low, float high) {
   std::mt19937_64 rng(seed);
   std::uniform_real_distribution<float> dist(low, high);

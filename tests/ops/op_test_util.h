@@ -41,6 +41,10 @@ struct OpTestCase {
   int64_t step = 0;
 };
 
+// A case with the common defaults (tolerances, gradient and SBP checks on).
+OpTestCase MakeCase(std::string op, std::string label, std::vector<Tensor> inputs, ReferenceFn reference,
+                    AttrMap attrs = {});
+
 // Deterministic test data (std::mt19937 seeded by `seed`).
 Tensor RandomUniform(const Shape& shape, uint64_t seed, float low = -1.0f, float high = 1.0f);
 Tensor RandomInts(const Shape& shape, uint64_t seed, int64_t low, int64_t high, DType dtype = DType::kI64);

@@ -53,13 +53,7 @@ Tensor Grid(const Shape& shape, uint64_t seed) {
 }
 
 OpTestCase Case(std::string op, std::string label, std::vector<Tensor> inputs, AttrMap attrs, ReferenceFn ref) {
-  OpTestCase c;
-  c.op = std::move(op);
-  c.label = std::move(label);
-  c.inputs = std::move(inputs);
-  c.attrs = std::move(attrs);
-  c.reference = std::move(ref);
-  return c;
+  return MakeCase(std::move(op), std::move(label), std::move(inputs), std::move(ref), std::move(attrs));
 }
 
 // Integer and bool data have no gradients to check.
