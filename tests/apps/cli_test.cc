@@ -1,35 +1,18 @@
 // End-to-end tests of the `tessera` binary: runs it as a user would.
 
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
-#include <array>
 #include <cstdio>
 #include <string>
 
 #include "nlohmann/json.hpp"
+#include "tests/cli_runner.h"
 
 namespace {
 
-struct Result {
-  int exit_code = -1;
-  std::string out;  // stdout and stderr together
-};
-
-Result RunTessera(const std::string& args) {
-  const std::string cmd = std::string(TESSERA_BINARY) + " " + args + " 2>&1";
-  Result r;
-  FILE* pipe = popen(cmd.c_str(), "r");
-  if (pipe == nullptr) return r;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) r.out.append(buf.data(), n);
-  const int status = pclose(pipe);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
-
-std::string Source(const std::string& rel) { return std::string(TESSERA_SOURCE_DIR) + "/" + rel; }
+using Result = ::tessera::testing::CliResult;
+using ::tessera::testing::RunTessera;
+std::string Source(const std::string& rel) { return ::tessera::testing::SourcePath(rel); }
 
 TEST(Cli, OpsJsonListsAtLeast40OpsWithCpuKernels) {
   const Result r = RunTessera("ops --format json");

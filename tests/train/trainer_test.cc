@@ -1,9 +1,7 @@
 #include "train/trainer.h"
 
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
-#include <array>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -14,30 +12,14 @@
 #include "core/config.h"
 #include "models/model.h"
 #include "nlohmann/json.hpp"
+#include "tests/cli_runner.h"
 
 namespace tessera {
 namespace {
 
-struct Result {
-  int exit_code = -1;
-  std::string out;  // stdout and stderr together
-};
-
-// Runs the binary under a deadline so a hang fails instead of blocking.
-Result RunTessera(const std::string& args) {
-  const std::string cmd = "timeout 120 " + std::string(TESSERA_BINARY) + " " + args + " 2>&1";
-  Result r;
-  FILE* pipe = popen(cmd.c_str(), "r");
-  if (pipe == nullptr) return r;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) r.out.append(buf.data(), n);
-  const int status = pclose(pipe);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
-
-std::string Source(const std::string& rel) { return std::string(TESSERA_SOURCE_DIR) + "/" + rel; }
+using Result = ::tessera::testing::CliResult;
+using ::tessera::testing::RunTessera;
+std::string Source(const std::string& rel) { return ::tessera::testing::SourcePath(rel); }
 
 std::filesystem::path TempDir(const std::string& name) {
   const auto dir = std::filesystem::temp_directory_path() / ("tessera_train_test_" + name + "_" + std::to_string(::getpid()));
