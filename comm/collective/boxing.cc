@@ -1,0 +1,622 @@
+#include "comm/collective/boxing.h"
+
+#include <cstring>
+#include <limits>
+#include <utility>
+
+#include "core/tensor_util.h"
+#include "core/text.h"
+
+namespace tessera::comm {
+namespace internal {
+
+enum class StepKind { kCopy, kAllReduce, kReduceScatter, kAllGather, kAllToAll, kSlice, kKeepOnFirst, kEmbedShard };
+
+// One 1-D conversion of hierarchy axis `axis`, as this rank runs it within its
+// axis group. `group` is the block the group shares (the layout with this axis
+// broadcast); the step turns this rank's `from` shard of it into its `to`
+// shard. Counts are per group rank, in elements.
+struct Step {
+  int axis = 0;
+  Sbp from = Sbp::Broadcast();
+  Sbp to = Sbp::Broadcast();
+  StepKind kind = StepKind::kCopy;
+  ReduceOp op = ReduceOp::kSum;
+  Shape group;
+  int64_t parts = 1;  // ranks in the axis group
+  int64_t index = 0;  // this rank's coordinate on the axis
+  Shape in_shape, out_shape;
+  std::vector<int64_t> send_counts;  // reduce-scatter, all-gather; all-to-all: sent
+  std::vector<int64_t> recv_counts;  // all-to-all: received
+};
+
+struct BoxingPlan {
+  BoxingSpec spec;
+  std::vector<int64_t> coordinates;
+  Shape input_shape, output_shape;
+  std::string description;
+  std::vector<Step> steps;  // never empty: from == to is one copy step
+};
+
+}  // namespace internal
+
+namespace {
+
+using internal::BoxingPlan;
+using internal::Step;
+using internal::StepKind;
+
+Shape WithExtent(Shape shape, int axis, int64_t extent) {
+  shape[axis] = extent;
+  return shape;
+}
+
+std::vector<int64_t> AxisOffset(int rank, int axis, int64_t offset) {
+  std::vector<int64_t> offsets(static_cast<size_t>(rank), 0);
+  offsets[static_cast<size_t>(axis)] = offset;
+  return offsets;
+}
+
+// The shard of `group` that rank `index` of `parts` holds under `sbp`.
+Shape ShardShape(const Shape& group, const Sbp& sbp, int64_t parts, int64_t index) {
+  if (!sbp.is_split()) return group;
+  return WithExtent(group, sbp.axis(), BalancedSplit(group[sbp.axis()], parts, index).size);
+}
+
+// Elements of each of the `parts` balanced pieces of `shape` along `axis`.
+std::vector<int64_t> PieceCounts(const Shape& shape, int axis, int64_t parts) {
+  std::vector<int64_t> counts;
+  for (int64_t r = 0; r < parts; ++r) {
+    counts.push_back(WithExtent(shape, axis, BalancedSplit(shape[axis], parts, r).size).NumElements());
+  }
+  return counts;
+}
+
+// Whether the pieces of `shape` along `axis` already lie one after another in
+// row-major order (nothing outside the axis varies), so no packing is needed.
+bool PiecesContiguous(const Shape& shape, int axis) {
+  int64_t outer = 1;
+  for (int a = 0; a < axis; ++a) outer *= shape[a];
+  return outer <= 1;
+}
+
+// A view of `count` elements of the flat tensor `flat` at `offset`, shaped `extent`.
+absl::StatusOr<Tensor> FlatView(const Tensor& flat, int64_t offset, const Shape& extent) {
+  ASSIGN_OR_RETURN(Tensor rows, flat.SliceRows(offset, extent.NumElements()));
+  return rows.Reshape(extent);
+}
+
+// `t` with its balanced pieces along `axis` made contiguous, in piece order.
+absl::StatusOr<Tensor> Pack(const Tensor& t, int axis, int64_t parts) {
+  if (PiecesContiguous(t.shape(), axis)) return t;
+  ASSIGN_OR_RETURN(Tensor flat, Tensor::Empty(Shape{t.NumElements()}, t.dtype(), t.device()));
+  int64_t offset = 0;
+  for (int64_t r = 0; r < parts; ++r) {
+    const Range piece = BalancedSplit(t.shape()[axis], parts, r);
+    const Shape extent = WithExtent(t.shape(), axis, piece.size);
+    ASSIGN_OR_RETURN(Tensor view, FlatView(flat, offset, extent));
+    RETURN_IF_ERROR(CopyBlock(t, AxisOffset(t.shape().rank(), axis, piece.offset), view,
+                              std::vector<int64_t>(static_cast<size_t>(t.shape().rank()), 0), extent));
+    offset += extent.NumElements();
+  }
+  return flat;
+}
+
+// The inverse of Pack: the pieces of `flat`, in order, into `out` along `axis`.
+absl::Status Unpack(const Tensor& flat, const Tensor& out, int axis, int64_t parts) {
+  int64_t offset = 0;
+  for (int64_t r = 0; r < parts; ++r) {
+    const Range piece = BalancedSplit(out.shape()[axis], parts, r);
+    const Shape extent = WithExtent(out.shape(), axis, piece.size);
+    ASSIGN_OR_RETURN(Tensor view, FlatView(flat, offset, extent));
+    RETURN_IF_ERROR(CopyBlock(view, std::vector<int64_t>(static_cast<size_t>(out.shape().rank()), 0), out,
+                              AxisOffset(out.shape().rank(), axis, piece.offset), extent));
+    offset += extent.NumElements();
+  }
+  return absl::OkStatus();
+}
+
+void FillZeros(const Tensor& t) {
+  if (t.NumBytes() > 0) std::memset(t.raw_data(), 0, t.NumBytes());
+}
+
+absl::Status Copy(const Tensor& in, Tensor& out) {
+  if (in.NumElements() == 0 || in.raw_data() == out.raw_data()) return absl::OkStatus();
+  return out.CopyFrom(in);
+}
+
+bool IsCollective(StepKind kind) {
+  return kind == StepKind::kAllReduce || kind == StepKind::kReduceScatter || kind == StepKind::kAllGather ||
+         kind == StepKind::kAllToAll;
+}
+
+const char* CollectiveName(StepKind kind) {
+  switch (kind) {
+    case StepKind::kAllReduce:
+      return "all_reduce";
+    case StepKind::kReduceScatter:
+      return "reduce_scatter";
+    case StepKind::kAllGather:
+      return "all_gather";
+    case StepKind::kAllToAll:
+      return "all_to_all";
+    default:
+      return "";
+  }
+}
+
+// "all-gather (unpack axis 1)". Packing is named by the split axis (≠ 0
+// needs it in general), so the text is the same on every rank.
+std::string StepWhat(const Step& s) {
+  const std::string max = s.op == ReduceOp::kMax ? " max" : "";
+  switch (s.kind) {
+    case StepKind::kCopy:
+      return "copy";
+    case StepKind::kAllReduce:
+      return "all-reduce" + max;
+    case StepKind::kReduceScatter:
+      return StrCat("reduce-scatter", max, s.to.axis() != 0 ? StrCat(" (pack axis ", s.to.axis(), ")") : "");
+    case StepKind::kAllGather:
+      return StrCat("all-gather", s.from.axis() != 0 ? StrCat(" (unpack axis ", s.from.axis(), ")") : "");
+    case StepKind::kAllToAll: {
+      std::vector<std::string> notes;
+      if (s.to.axis() != 0) notes.push_back(StrCat("pack axis ", s.to.axis()));
+      if (s.from.axis() != 0) notes.push_back(StrCat("unpack axis ", s.from.axis()));
+      return notes.empty() ? "all-to-all" : StrCat("all-to-all (", Join(notes, ", "), ")");
+    }
+    case StepKind::kSlice:
+      return "local slice";
+    case StepKind::kKeepOnFirst:
+      return "keep on rank 0, zeros elsewhere";
+    case StepKind::kEmbedShard:
+      return "local, zeros outside the shard";
+  }
+  return "?";
+}
+
+std::string StepDescription(const Step& s, bool one_axis) {
+  if (s.kind == StepKind::kCopy) return "copy";
+  return StrCat(one_axis ? "" : StrCat("axis ", s.axis, " "), s.from.ToString(), " -> ", s.to.ToString(), ": ",
+                StepWhat(s));
+}
+
+// Why `x -> y` is not a conversion boxing does, or "" when it is.
+std::string TransitionError(const Sbp& x, const Sbp& y) {
+  if (x == y) return "";
+  if (x.is_partial_max()) {
+    return y.is_partial_sum() ? "P(max) converts only to B, S(i) or P(max)" : "";
+  }
+  if (y.is_partial_max()) return StrCat("only P(max) converts to P(max), not ", x.ToString());
+  return "";
+}
+
+bool MixesPartials(const NdSbp& nd_sbp) {
+  bool sum = false, max = false;
+  for (const Sbp& s : nd_sbp) {
+    sum = sum || s.is_partial_sum();
+    max = max || s.is_partial_max();
+  }
+  return sum && max;
+}
+
+bool SplitsAxis(const Sbp& sbp, int tensor_axis) { return sbp.is_split() && sbp.axis() == tensor_axis; }
+
+// Whether converting hierarchy axis `a` of `state` from x to y is a 1-D boxing
+// of the axis group's common block: no inner axis may split a tensor axis that
+// x or y splits, else the inner pieces move with the outer conversion.
+bool AxisLocal(const NdSbp& state, size_t a, const Sbp& x, const Sbp& y) {
+  for (size_t b = a + 1; b < state.size(); ++b) {
+    if (!state[b].is_split()) continue;
+    if (SplitsAxis(x, state[b].axis()) || SplitsAxis(y, state[b].axis())) return false;
+  }
+  return true;
+}
+
+// Bytes each rank sends for one step (DESIGN.md §7, ring algorithms), on the
+// axis group's block estimated without the uneven remainders so that the cost
+// is the same on every rank; plus one byte so that fewer steps win ties.
+double StepCost(const BoxingSpec& spec, const NdSbp& state, size_t a, const Sbp& x, const Sbp& y) {
+  double t = static_cast<double>(spec.logical.shape.NumElements()) * static_cast<double>(DTypeSize(spec.logical.dtype));
+  for (size_t b = 0; b < state.size(); ++b) {
+    if (b != a && state[b].is_split()) t /= static_cast<double>(spec.hierarchy[b]);
+  }
+  const double p = static_cast<double>(spec.hierarchy[a]);
+  double bytes = 0;
+  if (x.is_partial()) {
+    bytes = y.is_broadcast() ? 2 * t * (p - 1) / p : y.is_split() ? t * (p - 1) / p : 0;
+  } else if (x.is_split()) {
+    bytes = y.is_broadcast() ? t * (p - 1) / p : y.is_split() ? t * (p - 1) / (p * p) : 0;
+  }
+  return bytes + 1;
+}
+
+// The cheapest sequence of states from spec.from to spec.to in which each
+// step changes one hierarchy axis to one of its candidates by a valid,
+// axis-local conversion (Dijkstra over every combination of candidates; a
+// handful of axes with at most three candidates each). Empty when there is
+// none. Ties go to the lowest state index, so every rank gets the same path.
+std::vector<NdSbp> CheapestPath(const BoxingSpec& spec, const std::vector<std::vector<Sbp>>& candidates) {
+  const size_t n = candidates.size();
+  size_t count = 1;
+  for (const auto& c : candidates) count *= c.size();
+  auto decode = [&](size_t index) {
+    NdSbp state;
+    for (size_t a = n; a-- > 0;) {
+      state.insert(state.begin(), candidates[a][index % candidates[a].size()]);
+      index /= candidates[a].size();
+    }
+    return state;
+  };
+  auto encode = [&](const NdSbp& state) {
+    size_t index = 0;
+    for (size_t a = 0; a < n; ++a) {
+      size_t k = 0;
+      while (!(candidates[a][k] == state[a])) ++k;
+      index = index * candidates[a].size() + k;
+    }
+    return index;
+  };
+  const size_t source = encode(spec.from);
+  const size_t target = encode(spec.to);
+  std::vector<double> distance(count, std::numeric_limits<double>::infinity());
+  std::vector<size_t> previous(count, count);
+  std::vector<bool> settled(count, false);
+  distance[source] = 0;
+  for (;;) {
+    size_t u = count;
+    for (size_t i = 0; i < count; ++i) {
+      if (!settled[i] && distance[i] < std::numeric_limits<double>::infinity() &&
+          (u == count || distance[i] < distance[u]))
+        u = i;
+    }
+    if (u == count || u == target) break;
+    settled[u] = true;
+    const NdSbp state = decode(u);
+    for (size_t a = 0; a < n; ++a) {
+      for (const Sbp& y : candidates[a]) {
+        const Sbp& x = state[a];
+        if (x == y || !TransitionError(x, y).empty() || !AxisLocal(state, a, x, y)) continue;
+        NdSbp next = state;
+        next[a] = y;
+        if (MixesPartials(next)) continue;
+        const size_t v = encode(next);
+        const double d = distance[u] + StepCost(spec, state, a, x, y);
+        if (d < distance[v]) {
+          distance[v] = d;
+          previous[v] = u;
+        }
+      }
+    }
+  }
+  if (distance[target] == std::numeric_limits<double>::infinity()) return {};
+  std::vector<NdSbp> path;
+  for (size_t v = target; v != count; v = previous[v]) path.insert(path.begin(), decode(v));
+  return path;
+}
+
+void AddUnique(std::vector<Sbp>& values, const Sbp& sbp) {
+  for (const Sbp& v : values) {
+    if (v == sbp) return;
+  }
+  values.push_back(sbp);
+}
+
+int64_t ParallelId(const std::vector<int64_t>& hierarchy, const std::vector<int64_t>& coordinates) {
+  int64_t id = 0;
+  for (size_t a = 0; a < hierarchy.size(); ++a) id = id * hierarchy[a] + coordinates[a];
+  return id;
+}
+
+// This rank's step for the transition of axis `a` from `state`.
+absl::StatusOr<Step> MakeStep(const BoxingSpec& spec, const std::vector<int64_t>& coordinates, const NdSbp& state,
+                              size_t a, const Sbp& y) {
+  Step s;
+  s.axis = static_cast<int>(a);
+  s.from = state[a];
+  s.to = y;
+  s.parts = spec.hierarchy[a];
+  s.index = coordinates[a];
+  NdSbp broadcast = state;
+  broadcast[a] = Sbp::Broadcast();
+  ASSIGN_OR_RETURN(TensorSlice block,
+                   LocalSlice(spec.logical.shape, broadcast, spec.hierarchy, ParallelId(spec.hierarchy, coordinates)));
+  s.group = block.local;
+  s.in_shape = ShardShape(s.group, s.from, s.parts, s.index);
+  s.out_shape = ShardShape(s.group, s.to, s.parts, s.index);
+  s.op = s.from.is_partial_max() ? ReduceOp::kMax : ReduceOp::kSum;
+  if (s.from.is_partial()) {
+    s.kind = y.is_broadcast() ? StepKind::kAllReduce : StepKind::kReduceScatter;
+    if (y.is_split()) s.send_counts = PieceCounts(s.group, y.axis(), s.parts);
+  } else if (s.from.is_split()) {
+    if (y.is_broadcast()) {
+      s.kind = StepKind::kAllGather;
+      s.send_counts = PieceCounts(s.group, s.from.axis(), s.parts);
+    } else if (y.is_split()) {
+      s.kind = StepKind::kAllToAll;
+      s.send_counts = PieceCounts(s.in_shape, y.axis(), s.parts);
+      s.recv_counts = PieceCounts(s.out_shape, s.from.axis(), s.parts);
+    } else {
+      s.kind = StepKind::kEmbedShard;
+    }
+  } else {
+    s.kind = y.is_split() ? StepKind::kSlice : StepKind::kKeepOnFirst;
+  }
+  return s;
+}
+
+// ---- Launch -----------------------------------------------------------------
+
+// One launch in flight: shared by the callbacks of its steps.
+struct Execution {
+  std::shared_ptr<const BoxingPlan> plan;
+  std::vector<Communicator*> comms;
+  Tensor output;
+  DoneFn done;
+};
+
+void Finish(const std::shared_ptr<Execution>& e, size_t k, absl::Status status) {
+  const BoxingPlan& plan = *e->plan;
+  if (!status.ok()) {
+    const Step& s = plan.steps[k];
+    status = absl::Status(status.code(),
+                          StrCat("boxing ", plan.spec.ToString(), ": step ", k + 1, "/", plan.steps.size(), " (",
+                                 StepDescription(s, plan.spec.hierarchy.size() == 1), "): ", status.message()));
+  }
+  DoneFn done = std::move(e->done);
+  done(std::move(status));
+}
+
+absl::Status RunLocal(const Step& s, const Tensor& in, Tensor& out) {
+  const int rank = in.shape().rank();
+  switch (s.kind) {
+    case StepKind::kCopy:
+      return Copy(in, out);
+    case StepKind::kSlice: {
+      const Range piece = BalancedSplit(in.shape()[s.to.axis()], s.parts, s.index);
+      return CopyBlock(in, AxisOffset(rank, s.to.axis(), piece.offset), out,
+                       std::vector<int64_t>(static_cast<size_t>(rank), 0), out.shape());
+    }
+    case StepKind::kKeepOnFirst:
+      if (s.index == 0) return Copy(in, out);
+      FillZeros(out);
+      return absl::OkStatus();
+    case StepKind::kEmbedShard: {
+      FillZeros(out);
+      const Range piece = BalancedSplit(out.shape()[s.from.axis()], s.parts, s.index);
+      return CopyBlock(in, std::vector<int64_t>(static_cast<size_t>(rank), 0), out,
+                       AxisOffset(rank, s.from.axis(), piece.offset), in.shape());
+    }
+    default:
+      return absl::InternalError("not a local step");
+  }
+}
+
+void Run(std::shared_ptr<Execution> e, Tensor current, size_t k);
+
+// Issues step k's collective; its completion continues with step k + 1.
+void IssueCollective(const std::shared_ptr<Execution>& e, size_t k, const Tensor& current, Tensor out) {
+  const Step& s = e->plan->steps[k];
+  Communicator* comm = e->comms[static_cast<size_t>(s.axis)];
+  auto next = [e, out, k](absl::Status status) {
+    if (!status.ok()) return Finish(e, k, std::move(status));
+    Run(e, out, k + 1);
+  };
+  // The result lands in `out` directly when its pieces are contiguous, else in
+  // a flat buffer unpacked along `axis` on completion.
+  auto receive = [&](int axis) -> absl::StatusOr<std::pair<Tensor, DoneFn>> {
+    if (PiecesContiguous(out.shape(), axis)) return std::pair<Tensor, DoneFn>(out, next);
+    ASSIGN_OR_RETURN(Tensor flat, Tensor::Empty(Shape{out.NumElements()}, out.dtype(), out.device()));
+    DoneFn unpack = [e, out, k, flat, axis, next](absl::Status status) {
+      if (status.ok()) status = Unpack(flat, out, axis, e->plan->steps[k].parts);
+      next(std::move(status));
+    };
+    return std::pair<Tensor, DoneFn>(flat, std::move(unpack));
+  };
+  switch (s.kind) {
+    case StepKind::kAllReduce:
+      comm->AllReduce(current, out, s.op, std::move(next));
+      return;
+    case StepKind::kReduceScatter: {
+      auto packed = Pack(current, s.to.axis(), s.parts);
+      if (!packed.ok()) return Finish(e, k, packed.status());
+      comm->ReduceScatter(*packed, out, s.send_counts, s.op, std::move(next));
+      return;
+    }
+    case StepKind::kAllGather: {
+      auto target = receive(s.from.axis());
+      if (!target.ok()) return Finish(e, k, target.status());
+      comm->AllGather(current, target->first, s.send_counts, std::move(target->second));
+      return;
+    }
+    case StepKind::kAllToAll: {
+      auto packed = Pack(current, s.to.axis(), s.parts);
+      if (!packed.ok()) return Finish(e, k, packed.status());
+      auto target = receive(s.from.axis());
+      if (!target.ok()) return Finish(e, k, target.status());
+      comm->AllToAll(*packed, s.send_counts, target->first, s.recv_counts, std::move(target->second));
+      return;
+    }
+    default:
+      Finish(e, k, absl::InternalError("not a collective step"));
+  }
+}
+
+// Runs steps k, k + 1, ... : local ones inline, up to the next collective.
+void Run(std::shared_ptr<Execution> e, Tensor current, size_t k) {
+  const BoxingPlan& plan = *e->plan;
+  for (; k < plan.steps.size(); ++k) {
+    const Step& s = plan.steps[k];
+    Tensor out = e->output;
+    if (k + 1 < plan.steps.size()) {
+      auto scratch = Tensor::Empty(s.out_shape, plan.spec.logical.dtype, current.device());
+      if (!scratch.ok()) return Finish(e, k, scratch.status());
+      out = *std::move(scratch);
+    }
+    if (IsCollective(s.kind)) return IssueCollective(e, k, current, std::move(out));
+    const absl::Status status = RunLocal(s, current, out);
+    if (!status.ok()) return Finish(e, k, status);
+    current = std::move(out);
+  }
+  Finish(e, plan.steps.size(), absl::OkStatus());
+}
+
+}  // namespace
+
+std::string BoxingSpec::ToString() const {
+  return StrCat(logical.ToString(), " ", NdSbpToString(from), " -> ", NdSbpToString(to), " on [", Join(hierarchy, ", "),
+                "]");
+}
+
+absl::StatusOr<BoxingRoutine> BoxingRoutine::Create(const BoxingSpec& spec, std::vector<int64_t> rank_coordinates) {
+  auto error = [&](const std::string& why) {
+    return absl::InvalidArgumentError(StrCat("boxing ", spec.ToString(), ": ", why));
+  };
+  const size_t n = spec.hierarchy.size();
+  const bool one_axis = n == 1;
+  if (n == 0) return error("the hierarchy is empty");
+  for (size_t a = 0; a < n; ++a) {
+    if (spec.hierarchy[a] < 1) return error(StrCat("hierarchy axis ", a, " has ", spec.hierarchy[a], " devices"));
+  }
+  for (const auto* nd : {&spec.from, &spec.to}) {
+    if (nd->size() != n) {
+      return error(StrCat(nd == &spec.from ? "from" : "to", " ", NdSbpToString(*nd), " has ", nd->size(),
+                          " axes but the hierarchy has ", n));
+    }
+    for (const Sbp& s : *nd) {
+      if (s.is_split() && (s.axis() < 0 || s.axis() >= spec.logical.shape.rank())) {
+        return error(
+            StrCat(s.ToString(), " splits axis ", s.axis(), " of a rank-", spec.logical.shape.rank(), " tensor"));
+      }
+      if (s.is_partial() && spec.logical.dtype == DType::kBool) return error(StrCat("bool cannot be ", s.ToString()));
+    }
+    if (MixesPartials(*nd)) return error(StrCat(NdSbpToString(*nd), " mixes P and P(max)"));
+  }
+  for (int64_t d : spec.logical.shape.dims()) {
+    if (d < 0) return error("negative extent in the logical shape");
+  }
+  for (size_t a = 0; a < n; ++a) {
+    const std::string why = TransitionError(spec.from[a], spec.to[a]);
+    if (!why.empty()) return error(one_axis ? why : StrCat("axis ", a, ": ", why));
+  }
+  bool inside = rank_coordinates.size() == n;
+  for (size_t a = 0; inside && a < n; ++a) {
+    inside = rank_coordinates[a] >= 0 && rank_coordinates[a] < spec.hierarchy[a];
+  }
+  if (!inside) {
+    return error(StrCat("rank coordinates [", Join(rank_coordinates, ", "), "] are outside the hierarchy"));
+  }
+
+  auto plan = std::make_shared<BoxingPlan>();
+  plan->spec = spec;
+  plan->coordinates = rank_coordinates;
+  const int64_t id = ParallelId(spec.hierarchy, rank_coordinates);
+  ASSIGN_OR_RETURN(TensorSlice in, LocalSlice(spec.logical.shape, spec.from, spec.hierarchy, id));
+  ASSIGN_OR_RETURN(TensorSlice out, LocalSlice(spec.logical.shape, spec.to, spec.hierarchy, id));
+  plan->input_shape = in.local;
+  plan->output_shape = out.local;
+
+  std::string route;
+  if (spec.from == spec.to) {
+    Step copy;
+    copy.in_shape = copy.out_shape = plan->input_shape;
+    plan->steps.push_back(copy);
+  } else {
+    // Axis by axis first (each axis only ever from[a] or to[a]); else through B.
+    std::vector<std::vector<Sbp>> direct(n), general(n);
+    for (size_t a = 0; a < n; ++a) {
+      AddUnique(direct[a], spec.from[a]);
+      AddUnique(direct[a], spec.to[a]);
+      general[a] = direct[a];
+      AddUnique(general[a], Sbp::Broadcast());
+    }
+    std::vector<NdSbp> path = CheapestPath(spec, direct);
+    if (!path.empty()) {
+      route = " axis by axis";
+    } else {
+      path = CheapestPath(spec, general);
+      if (path.empty()) return error("no sequence of axis-local conversions reaches the target");
+      std::vector<std::string> middle;
+      for (size_t i = 1; i + 1 < path.size(); ++i) middle.push_back(NdSbpToString(path[i]));
+      route = StrCat(" via ", Join(middle, ", "));
+    }
+    for (size_t i = 0; i + 1 < path.size(); ++i) {
+      size_t a = 0;
+      while (path[i][a] == path[i + 1][a]) ++a;
+      ASSIGN_OR_RETURN(Step step, MakeStep(spec, rank_coordinates, path[i], a, path[i + 1][a]));
+      plan->steps.push_back(std::move(step));
+    }
+  }
+  TESSERA_CHECK(plan->steps.front().in_shape == plan->input_shape && plan->steps.back().out_shape == plan->output_shape,
+                "boxing ", spec.ToString(), ": planned steps do not chain from the input to the output shape");
+
+  if (one_axis) {
+    plan->description =
+        StrCat(spec.from[0].ToString(), " -> ", spec.to[0].ToString(), ": ", StepWhat(plan->steps.front()));
+  } else {
+    std::vector<std::string> clauses;
+    for (const Step& s : plan->steps) clauses.push_back(StepDescription(s, /*one_axis=*/false));
+    plan->description =
+        StrCat(NdSbpToString(spec.from), " -> ", NdSbpToString(spec.to), route, ": ", Join(clauses, "; "));
+  }
+  return BoxingRoutine(std::move(plan));
+}
+
+const BoxingSpec& BoxingRoutine::spec() const { return plan_->spec; }
+const std::vector<int64_t>& BoxingRoutine::rank_coordinates() const { return plan_->coordinates; }
+const Shape& BoxingRoutine::input_shape() const { return plan_->input_shape; }
+const Shape& BoxingRoutine::output_shape() const { return plan_->output_shape; }
+std::string BoxingRoutine::Describe() const { return plan_->description; }
+
+std::vector<std::string> BoxingRoutine::Collectives() const {
+  std::vector<std::string> out;
+  for (const Step& s : plan_->steps) {
+    if (IsCollective(s.kind)) out.emplace_back(CollectiveName(s.kind));
+  }
+  return out;
+}
+
+std::vector<int> BoxingRoutine::CollectiveAxes() const {
+  std::vector<int> out;
+  for (const Step& s : plan_->steps) {
+    if (IsCollective(s.kind)) out.push_back(s.axis);
+  }
+  return out;
+}
+
+void BoxingRoutine::Launch(const Tensor& input, Tensor output, const BoxingComms& comms, DoneFn done) const {
+  const BoxingPlan& plan = *plan_;
+  auto check = [&](const Tensor& t, const char* name, const Shape& shape) -> std::string {
+    if (!t.defined()) return StrCat(name, " is undefined");
+    if (t.device().type != DeviceType::kCpu) return StrCat(name, " is on ", t.device().ToString(), ", not a CPU");
+    if (t.meta() != TensorMeta{plan.spec.logical.dtype, shape}) {
+      return StrCat(name, " is ", t.meta().ToString(), " but this rank's shard is ",
+                    TensorMeta{plan.spec.logical.dtype, shape}.ToString());
+    }
+    return "";
+  };
+  std::string why = check(input, "input", plan.input_shape);
+  if (why.empty()) why = check(output, "output", plan.output_shape);
+  for (const Step& s : plan.steps) {
+    if (!why.empty() || !IsCollective(s.kind)) continue;
+    const auto a = static_cast<size_t>(s.axis);
+    const Communicator* comm = a < comms.axis.size() ? comms.axis[a] : nullptr;
+    if (comm == nullptr) {
+      why = StrCat("no communicator for hierarchy axis ", a);
+    } else if (comm->size() != plan.spec.hierarchy[a] || comm->rank() != plan.coordinates[a]) {
+      why = StrCat("the communicator of hierarchy axis ", a, " is rank ", comm->rank(), " of ", comm->size(),
+                   ", expected rank ", plan.coordinates[a], " of ", plan.spec.hierarchy[a]);
+    }
+  }
+  if (!why.empty()) {
+    done(absl::InvalidArgumentError(StrCat("boxing ", plan.spec.ToString(), ": ", why)));
+    return;
+  }
+  auto e = std::make_shared<Execution>();
+  e->plan = plan_;
+  e->comms = comms.axis;
+  e->output = std::move(output);
+  e->done = std::move(done);
+  Run(std::move(e), input, 0);
+}
+
+}  // namespace tessera::comm

@@ -1,0 +1,129 @@
+#include "scheduler/mesh.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "core/status.h"
+#include "core/text.h"
+
+namespace tessera::scheduler {
+namespace {
+
+// LiBai's layer -> stage table (libai/utils/distributed.py,
+// _init_placement_group), cut to the model's `num_layers` entries.
+std::vector<int64_t> BalancedLayerStages(int64_t num_layers, int64_t num_stages) {
+  int64_t padded = num_layers;
+  // The last stage also holds the head and the loss: when layers divide
+  // evenly over >= 4 stages, pad the count so the middle stages take more.
+  if (num_stages >= 4 && num_layers >= 8 && num_layers % num_stages == 0) {
+    padded += std::min(num_stages - 1, num_layers / num_stages);
+  }
+  const int64_t per_stage = padded / num_stages;
+  const int64_t remainder = padded % num_stages;  // one extra layer for each of the last `remainder` stages
+  std::vector<int64_t> stages;
+  stages.reserve(static_cast<size_t>(padded));
+  for (int64_t s = 0; s < num_stages; ++s) {
+    const int64_t count = per_stage + (s >= num_stages - remainder ? 1 : 0);
+    stages.insert(stages.end(), static_cast<size_t>(count), s);
+  }
+  stages.resize(static_cast<size_t>(num_layers));
+  return stages;
+}
+
+}  // namespace
+
+absl::StatusOr<DeviceMesh> DeviceMesh::Make(const ParallelConfig& config) {
+  if (config.world_size <= 0) {
+    return absl::InvalidArgumentError(StrCat("world size must be positive, got ", config.world_size));
+  }
+  if (config.tensor <= 0 || config.pipeline <= 0 || (config.data <= 0 && config.data != -1)) {
+    return absl::InvalidArgumentError(StrCat("parallel sizes must be positive (data may be -1 = derived), got data ",
+                                             config.data, ", tensor ", config.tensor, ", pipeline ", config.pipeline));
+  }
+  const int64_t model = config.tensor * config.pipeline;
+  if (config.world_size % model != 0) {
+    return absl::InvalidArgumentError(StrCat("world size ", config.world_size,
+                                             " is not divisible by tensor parallel size ", config.tensor,
+                                             " x pipeline parallel size ", config.pipeline));
+  }
+  const int64_t data = config.data == -1 ? config.world_size / model : config.data;
+  if (data * model != config.world_size) {
+    return absl::InvalidArgumentError(StrCat("data ", data, " x tensor ", config.tensor, " x pipeline ",
+                                             config.pipeline, " parallel sizes = ", data * model,
+                                             " devices, but the world size is ", config.world_size));
+  }
+  DeviceMesh mesh;
+  mesh.device_type_ = config.device_type;
+  mesh.data_ = data;
+  mesh.tensor_ = config.tensor;
+  mesh.num_stages_ = config.pipeline;
+  if (config.pipeline > 1) {
+    if (config.pipeline_num_layers <= 0) {
+      return absl::InvalidArgumentError(StrCat("pipeline parallel size ", config.pipeline,
+                                               " needs pipeline_num_layers (the number of layers to spread "
+                                               "over the stages)"));
+    }
+    if (config.pipeline_num_layers < config.pipeline) {
+      return absl::InvalidArgumentError(
+          StrCat("more pipeline stages (", config.pipeline, ") than layers (", config.pipeline_num_layers, ")"));
+    }
+    mesh.layer_stages_ = BalancedLayerStages(config.pipeline_num_layers, config.pipeline);
+  }
+  const int64_t per_stage = mesh.ranks_per_stage();
+  for (int64_t s = 0; s < mesh.num_stages_; ++s) {
+    std::vector<int64_t> ranks(static_cast<size_t>(per_stage));
+    for (int64_t i = 0; i < per_stage; ++i) ranks[static_cast<size_t>(i)] = s * per_stage + i;
+    std::vector<int64_t> hierarchy = {data, config.tensor};
+    ASSIGN_OR_RETURN(Placement placement,
+                     Placement::Create(config.device_type, std::move(ranks), std::move(hierarchy)));
+    mesh.stage_placements_.push_back(std::move(placement));
+  }
+  return mesh;
+}
+
+absl::StatusOr<int64_t> DeviceMesh::StageOfLayer(int64_t layer_idx) const {
+  if (num_stages_ == 1) return 0;
+  if (layer_idx == -1) return num_stages_ - 1;
+  if (layer_idx < 0 || layer_idx >= pipeline_num_layers()) {
+    return absl::InvalidArgumentError(StrCat("layer_idx ", layer_idx, " is outside the ", pipeline_num_layers(),
+                                             " pipeline layers (valid: 0..", pipeline_num_layers() - 1,
+                                             ", or -1 for the last stage)"));
+  }
+  return layer_stages_[static_cast<size_t>(layer_idx)];
+}
+
+std::vector<int64_t> DeviceMesh::LayersPerStage() const {
+  if (layer_stages_.empty()) return {};
+  std::vector<int64_t> counts(static_cast<size_t>(num_stages_), 0);
+  for (int64_t s : layer_stages_) ++counts[static_cast<size_t>(s)];
+  return counts;
+}
+
+const Placement& DeviceMesh::stage_placement(int64_t stage) const {
+  TESSERA_CHECK(stage >= 0 && stage < num_stages_, "stage ", stage, " outside [0, ", num_stages_, ")");
+  return stage_placements_[static_cast<size_t>(stage)];
+}
+
+int64_t DeviceMesh::RankOf(int64_t stage, int64_t data, int64_t tensor) const {
+  TESSERA_CHECK(stage >= 0 && stage < num_stages_ && data >= 0 && data < data_ && tensor >= 0 && tensor < tensor_,
+                "mesh position (stage ", stage, ", data ", data, ", tensor ", tensor, ") outside [", num_stages_, ", ",
+                data_, ", ", tensor_, "]");
+  return stage * ranks_per_stage() + data * tensor_ + tensor;
+}
+
+absl::StatusOr<MeshCoordinates> DeviceMesh::CoordinatesOf(int64_t rank) const {
+  if (rank < 0 || rank >= world_size()) {
+    return absl::InvalidArgumentError(StrCat("rank ", rank, " is outside the world of ", world_size(), " ranks"));
+  }
+  const int64_t local = rank % ranks_per_stage();
+  return MeshCoordinates{rank / ranks_per_stage(), local / tensor_, local % tensor_};
+}
+
+std::string DeviceMesh::ToString() const {
+  std::string out = StrCat(DeviceTypeName(device_type_), ", ", world_size(), " ranks: pipeline ", num_stages_,
+                           " x data ", data_, " x tensor ", tensor_);
+  if (!layer_stages_.empty()) out += StrCat("; layers per stage [", Join(LayersPerStage(), ", "), "]");
+  return out;
+}
+
+}  // namespace tessera::scheduler
