@@ -1,9 +1,12 @@
 #include "actors/actor.h"
 
 #include <algorithm>
+#include <mutex>
+#include <optional>
 
 #include "actors/actor_id.h"
 #include "actors/plan.h"
+#include "comm/collective/boxing.h"
 #include "core/status.h"
 #include "core/text.h"
 #include "ops/eager.h"
@@ -62,12 +65,15 @@ class OpRunner {
   const std::vector<Ref>& outputs() const { return outputs_; }
 
   // `lookup(ref)` gives the tensor each ref names for this act.
+  // `act` counts the task's acts: the kernel step is act / acts_per_step and
+  // the micro-batch index act % pieces_per_iteration.
   template <typename Lookup>
-  absl::Status Run(const proto::Task& task, Lookup&& lookup, int64_t step, ThreadPool* pool, const Device& device) {
+  absl::Status Run(const proto::Task& task, Lookup&& lookup, int64_t act, ThreadPool* pool, const Device& device) {
     for (size_t i = 0; i < inputs_.size(); ++i) ctx_.inputs[i] = lookup(inputs_[i]);
     for (size_t i = 0; i < outputs_.size(); ++i) ctx_.outputs[i] = lookup(outputs_[i]);
     if (any_slice_ && ctx_.input_slices.empty()) {
-      // Slices are fixed by the plan; built on the first act.
+      // Slices are fixed by the plan (but for the micro-batch offset below);
+      // built on the first act.
       for (int i = 0; i < task.inputs_size(); ++i) {
         ASSIGN_OR_RETURN(TensorSlice s, TensorSliceFromProto(task.inputs(i).slice(), ctx_.inputs[static_cast<size_t>(i)].shape()));
         ctx_.input_slices.push_back(std::move(s));
@@ -76,8 +82,26 @@ class OpRunner {
         ASSIGN_OR_RETURN(TensorSlice s, TensorSliceFromProto(task.outputs(i).slice(), ctx_.outputs[static_cast<size_t>(i)].shape()));
         ctx_.output_slices.push_back(std::move(s));
       }
+      base_input_offsets_.clear();
+      base_output_offsets_.clear();
+      for (const auto& s : ctx_.input_slices) base_input_offsets_.push_back(s.offset.empty() ? 0 : s.offset[0]);
+      for (const auto& s : ctx_.output_slices) base_output_offsets_.push_back(s.offset.empty() ? 0 : s.offset[0]);
     }
-    ctx_.step = step;
+    const int64_t pieces = PiecesPerIteration(task);
+    if (any_slice_ && pieces > 1) {
+      const int64_t micro = act % pieces;
+      for (int i = 0; i < task.inputs_size(); ++i) {
+        const int64_t stride = task.inputs(i).micro_batch_stride();
+        auto& s = ctx_.input_slices[static_cast<size_t>(i)];
+        if (stride != 0 && !s.offset.empty()) s.offset[0] = base_input_offsets_[static_cast<size_t>(i)] + micro * stride;
+      }
+      for (int i = 0; i < task.outputs_size(); ++i) {
+        const int64_t stride = task.outputs(i).micro_batch_stride();
+        auto& s = ctx_.output_slices[static_cast<size_t>(i)];
+        if (stride != 0 && !s.offset.empty()) s.offset[0] = base_output_offsets_[static_cast<size_t>(i)] + micro * stride;
+      }
+    }
+    ctx_.step = act / std::max<int64_t>(1, task.acts_per_step());
     ctx_.pool = pool;
     ctx_.device = device;
     return ops::RunKernel(*schema_, ctx_);
@@ -88,6 +112,7 @@ class OpRunner {
   ops::AttrMap attrs_;
   std::vector<Ref> inputs_, outputs_;
   bool any_slice_ = false;
+  std::vector<int64_t> base_input_offsets_, base_output_offsets_;  // offset[0] of micro-batch 0
   ops::KernelContext ctx_;
 };
 
@@ -98,6 +123,9 @@ std::vector<int64_t> Ids(const google::protobuf::RepeatedField<int64_t>& ids) {
 int64_t StepOf(const proto::Task& task, int64_t acts) {
   return acts / std::max<int64_t>(1, task.acts_per_step());
 }
+
+// Registers a source or constant emits over the whole run.
+int64_t TotalPieces(const proto::Task& task, int64_t iterations) { return iterations * PiecesPerIteration(task); }
 
 // Source / Tick: one register per iteration, then Eord. Without a callback
 // it is a tick (its registers' contents are whatever they hold).
@@ -117,7 +145,7 @@ class SourceActor final : public Actor {
 
  private:
   absl::StatusOr<bool> ActOnce() override {
-    if (act_count_ >= env_.iterations || !AllProducedFree()) return false;
+    if (act_count_ >= TotalPieces(task_, env_.iterations) || !AllProducedFree()) return false;
     std::vector<int32_t> taken;
     for (Produced& p : produced_) taken.push_back(TakeFree(p));
     if (fill_ != nullptr) {
@@ -132,7 +160,7 @@ class SourceActor final : public Actor {
     ++act_count_;
     return true;
   }
-  bool ShouldEnd() const override { return act_count_ >= env_.iterations; }
+  bool ShouldEnd() const override { return act_count_ >= TotalPieces(task_, env_.iterations); }
 
   const HostCallbacks::SourceFn* fill_ = nullptr;
 };
@@ -157,7 +185,7 @@ class ComputeActor final : public Actor {
         if (r.where == OpRunner::Where::kConsumed) return FrontTensors(consumed_[static_cast<size_t>(r.slot)])[static_cast<size_t>(r.tensor)];
         return produced_[static_cast<size_t>(r.slot)].registers->registers[static_cast<size_t>(taken_[static_cast<size_t>(r.slot)])][static_cast<size_t>(r.tensor)];
       };
-      RETURN_IF_ERROR(runner_.Run(task_, lookup, StepOf(task_, act_count_), env_.pool, DecodeActorId(id()).device()));
+      RETURN_IF_ERROR(runner_.Run(task_, lookup, act_count_, env_.pool, DecodeActorId(id()).device()));
     }
     for (size_t i = 0; i < produced_.size(); ++i) SendReady(produced_[i], taken_[i]);
     for (Consumed& c : consumed_) AckFront(c);
@@ -213,14 +241,14 @@ class ParameterActor final : public Actor {
       awaiting_update_ = false;
       return true;
     }
-    if (emitted_ >= env_.iterations || !variable.all_free()) return false;
+    if (emitted_ >= TotalPieces(task_, env_.iterations) || !variable.all_free()) return false;
     SendReady(variable, TakeFree(variable));
     ++emitted_;
     ++act_count_;
     awaiting_update_ = !consumed_.empty();
     return true;
   }
-  bool ShouldEnd() const override { return emitted_ >= env_.iterations; }
+  bool ShouldEnd() const override { return emitted_ >= TotalPieces(task_, env_.iterations); }
   absl::Status CheckEnd() const override {
     if (awaiting_update_ && AllConsumedExhausted()) {
       return absl::FailedPreconditionError("gradient stream ended before the last update");
@@ -365,6 +393,194 @@ class SinkActor final : public Actor {
   std::vector<Tensor> inputs_;
 };
 
+// The completion of an actor's asynchronous operation: filled by the
+// communicator's callback (any thread), which then wakes the actor with
+// Cmd(resume); read by the actor on its own thread.
+class AsyncSlot {
+ public:
+  // The callback for one launch: records the status and wakes the actor.
+  comm::DoneFn Callback(MessageBus* bus, uint64_t actor_id) {
+    std::shared_ptr<State> state = state_;
+    return [state, bus, actor_id](absl::Status status) {
+      {
+        std::lock_guard<std::mutex> lock(state->mu);
+        state->done = true;
+        state->status = std::move(status);
+      }
+      bus->Send(Message::Cmd(actor_id, Command::kResume));
+    };
+  }
+  void Launched() {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    state_->done = false;
+    in_flight_ = true;
+  }
+  bool in_flight() const { return in_flight_; }
+  // The result once the callback ran; nullopt while still in flight.
+  std::optional<absl::Status> Take() {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    if (!state_->done) return std::nullopt;
+    in_flight_ = false;
+    state_->done = false;
+    return std::move(state_->status);
+  }
+
+ private:
+  struct State {
+    std::mutex mu;
+    bool done = false;
+    absl::Status status;
+  };
+  std::shared_ptr<State> state_ = std::make_shared<State>();
+  bool in_flight_ = false;  // actor thread only
+};
+
+// Coordinates of position `index` in a row-major mesh of shape `hierarchy`.
+std::vector<int64_t> Coordinates(int64_t index, const std::vector<int64_t>& hierarchy) {
+  std::vector<int64_t> coords(hierarchy.size(), 0);
+  for (size_t a = hierarchy.size(); a-- > 0;) {
+    coords[a] = index % hierarchy[a];
+    index /= hierarchy[a];
+  }
+  return coords;
+}
+
+// Collective: one rank's part of a boxing conversion. Acts when its input
+// register is ready and an output register is free: launches the boxing
+// routine over its communicators (one per hierarchy axis) and, when the
+// routine completes, hands the output on and acks the input. One launch in
+// flight at a time, so its collectives keep the plan's order on every group.
+class CollectiveActor final : public Actor {
+ public:
+  using Actor::Actor;
+  absl::Status InitKind() {
+    const proto::BoxingDesc& desc = task_.boxing();
+    if (consumed_.size() != 1 || produced_.size() != 1) {
+      return absl::InvalidArgumentError("a collective consumes and produces exactly one register desc");
+    }
+    if (!env_.join) return absl::FailedPreconditionError("the executor provides no communicators");
+    comm::BoxingSpec spec;
+    ASSIGN_OR_RETURN(spec.logical, TensorMetaFromProto(desc.logical()));
+    ASSIGN_OR_RETURN(spec.from, ParseNdSbp(desc.from()));
+    ASSIGN_OR_RETURN(spec.to, ParseNdSbp(desc.to()));
+    spec.hierarchy.assign(desc.hierarchy().begin(), desc.hierarchy().end());
+    int64_t size = 1;
+    for (int64_t n : spec.hierarchy) size *= n;
+    if (size != desc.ranks_size() || desc.rank_index() < 0 || desc.rank_index() >= desc.ranks_size()) {
+      return absl::InvalidArgumentError(StrCat("boxing of ", desc.ranks_size(), " ranks on hierarchy [",
+                                               Join(spec.hierarchy, ", "), "] at index ", desc.rank_index()));
+    }
+    const std::vector<int64_t> coords = Coordinates(desc.rank_index(), spec.hierarchy);
+    ASSIGN_OR_RETURN(routine_, comm::BoxingRoutine::Create(spec, coords));
+    // Axis a's group: the ranks that differ from this one only in axis a.
+    for (size_t a = 0; a < spec.hierarchy.size(); ++a) {
+      std::vector<uint32_t> members;
+      for (int64_t i = 0; i < size; ++i) {
+        std::vector<int64_t> c = Coordinates(i, spec.hierarchy);
+        c[a] = coords[a];
+        if (c == coords) members.push_back(desc.ranks(static_cast<int>(i)));
+      }
+      ASSIGN_OR_RETURN(std::shared_ptr<comm::Communicator> communicator,
+                       env_.join(StrCat(desc.group(), "/axis", a, "/", Join(members, ",")),
+                                 static_cast<int>(spec.hierarchy[a]), static_cast<int>(coords[a])));
+      comms_.axis.push_back(communicator.get());
+      owned_.push_back(std::move(communicator));
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  absl::StatusOr<bool> ActOnce() override {
+    Consumed& in = consumed_[0];
+    Produced& out = produced_[0];
+    if (slot_.in_flight()) {
+      std::optional<absl::Status> result = slot_.Take();
+      if (!result) return false;
+      RETURN_IF_ERROR(*result);
+      SendReady(out, taken_);
+      AckFront(in);
+      ++act_count_;
+      return true;
+    }
+    if (!AllConsumedReady() || !AllProducedFree()) return false;
+    taken_ = TakeFree(out);
+    slot_.Launched();
+    const std::vector<Tensor>& tensors = FrontTensors(in);
+    const auto input = static_cast<size_t>(task_.boxing().input_tensor());
+    if (input >= tensors.size()) return absl::InvalidArgumentError(StrCat("no tensor ", input, " in the consumed register"));
+    routine_->Launch(tensors[input], out.registers->registers[static_cast<size_t>(taken_)][0], comms_,
+                     slot_.Callback(env_.bus, id()));
+    return true;
+  }
+  bool ShouldEnd() const override { return !slot_.in_flight() && Actor::ShouldEnd(); }
+  bool Busy() const override { return slot_.in_flight(); }
+
+  std::optional<comm::BoxingRoutine> routine_;
+  comm::BoxingComms comms_;
+  std::vector<std::shared_ptr<comm::Communicator>> owned_;
+  AsyncSlot slot_;
+  int32_t taken_ = 0;
+};
+
+// Send / Recv: a pipeline edge between two devices; the pair's communicator
+// (sender rank 0, receiver rank 1) carries one register per act, in order.
+class TransferActor final : public Actor {
+ public:
+  using Actor::Actor;
+  absl::Status InitKind() {
+    sender_ = task_.kind() == proto::ACTOR_KIND_SEND;
+    if (sender_ ? (consumed_.size() != 1 || !produced_.empty()) : (!consumed_.empty() || produced_.size() != 1)) {
+      return absl::InvalidArgumentError(sender_ ? "a send consumes one register desc and produces none"
+                                                : "a recv produces one register desc and consumes none");
+    }
+    if (!env_.join) return absl::FailedPreconditionError("the executor provides no communicators");
+    ASSIGN_OR_RETURN(communicator_, env_.join(task_.transfer().group(), 2, sender_ ? 0 : 1));
+    return absl::OkStatus();
+  }
+
+ private:
+  absl::StatusOr<bool> ActOnce() override {
+    if (slot_.in_flight()) {
+      std::optional<absl::Status> result = slot_.Take();
+      if (!result) return false;
+      RETURN_IF_ERROR(*result);
+      if (sender_) {
+        AckFront(consumed_[0]);
+      } else {
+        SendReady(produced_[0], taken_);
+      }
+      ++act_count_;
+      return true;
+    }
+    if (sender_) {
+      if (!AllConsumedReady()) return false;
+      slot_.Launched();
+      const std::vector<Tensor>& tensors = FrontTensors(consumed_[0]);
+      const auto input = static_cast<size_t>(task_.transfer().input_tensor());
+      if (input >= tensors.size()) return absl::InvalidArgumentError(StrCat("no tensor ", input, " in the consumed register"));
+      communicator_->Send(tensors[input], 1, slot_.Callback(env_.bus, id()));
+      return true;
+    }
+    if (act_count_ >= env_.iterations * PiecesPerIteration(task_) || !AllProducedFree()) return false;
+    taken_ = TakeFree(produced_[0]);
+    slot_.Launched();
+    const std::vector<Tensor>& tensors = produced_[0].registers->registers[static_cast<size_t>(taken_)];
+    if (tensors.size() != 1) return absl::InvalidArgumentError("a recv carries registers of one tensor");
+    communicator_->Recv(tensors[0], 0, slot_.Callback(env_.bus, id()));
+    return true;
+  }
+  bool ShouldEnd() const override {
+    if (slot_.in_flight()) return false;
+    return sender_ ? Actor::ShouldEnd() : act_count_ >= env_.iterations * PiecesPerIteration(task_);
+  }
+  bool Busy() const override { return slot_.in_flight(); }
+
+  bool sender_ = false;
+  std::shared_ptr<comm::Communicator> communicator_;
+  AsyncSlot slot_;
+  int32_t taken_ = 0;
+};
+
 template <typename Kind>
 absl::StatusOr<std::unique_ptr<Actor>> Make(const proto::Task& task, const ActorEnvironment& env) {
   std::unique_ptr<Kind> actor(new Kind(task, env));
@@ -388,6 +604,9 @@ absl::StatusOr<std::unique_ptr<Actor>> Actor::Create(const proto::Task& task, co
     case proto::ACTOR_KIND_REPEAT: return Make<RepeatActor>(task, env);
     case proto::ACTOR_KIND_ACC: return Make<AccActor>(task, env);
     case proto::ACTOR_KIND_SINK: return Make<SinkActor>(task, env);
+    case proto::ACTOR_KIND_COLLECTIVE: return Make<CollectiveActor>(task, env);
+    case proto::ACTOR_KIND_SEND:
+    case proto::ACTOR_KIND_RECV: return Make<TransferActor>(task, env);
     default: break;
   }
   return absl::InvalidArgumentError(StrCat("task '", task.name(), "' has unknown kind ", static_cast<int>(task.kind())));
@@ -518,7 +737,7 @@ absl::Status Actor::MaybeEnd() {
   if (eord_sent_ && all_eord && AllConsumedExhausted() && all_returned) {
     RETURN_IF_ERROR(CheckEnd());
     done_ = true;
-  } else if (all_eord && !consumed_.empty() && !AllConsumedExhausted() && all_returned) {
+  } else if (all_eord && !consumed_.empty() && !AllConsumedExhausted() && all_returned && !Busy()) {
     // Nothing can arrive any more that would let the actor act again.
     return absl::FailedPreconditionError("inputs ended with unmatched registers (uneven register streams)");
   }
@@ -551,7 +770,7 @@ std::string Message::ToString() const {
     case MessageType::kEord:
       return StrCat("eord(desc ", register_desc_id, ") ", src, " -> ", dst);
     case MessageType::kCommand:
-      return StrCat(command == Command::kStart ? "start" : "stop", " -> ", dst);
+      return StrCat(command == Command::kStart ? "start" : command == Command::kStop ? "stop" : "resume", " -> ", dst);
   }
   return "?";
 }

@@ -22,6 +22,7 @@
 
 #include "absl/status/statusor.h"
 #include "actors/message.h"
+#include "comm/collective/communicator.h"
 #include "comm/proto/plan.pb.h"
 #include "core/tensor.h"
 #include "core/thread_pool.h"
@@ -32,8 +33,10 @@ namespace tessera::actors {
 // Host functions named by tasks' `callback`. They run on actor threads, one
 // call at a time per actor (different actors may call concurrently).
 struct HostCallbacks {
-  // Source: fills the tensors of the produced registers for `iteration`.
-  using SourceFn = std::function<absl::Status(int64_t iteration, const std::vector<Tensor>& outputs)>;
+  // Source: fills the tensors of the produced registers for `piece` =
+  // iteration * pieces_per_iteration + micro-batch (= the iteration when the
+  // task runs once per iteration).
+  using SourceFn = std::function<absl::Status(int64_t piece, const std::vector<Tensor>& outputs)>;
   // Sink: reads the tensors of the consumed registers (valid during the call).
   using SinkFn = std::function<absl::Status(int64_t iteration, const std::vector<Tensor>& inputs)>;
   // Parameter: initialises the variable's tensors followed by the state tensors.
@@ -53,6 +56,12 @@ struct RegisterSet {
 // desc id -> registers; built once by the runtime, then only tensors change.
 using RegisterTable = std::map<int64_t, RegisterSet>;
 
+// Joins the communicator group `group` (size members) as member `rank`; the
+// executor keeps every communicator it hands out, to abort them when the job
+// fails or ends. Called only while actors are created (one thread).
+using JoinFn = std::function<absl::StatusOr<std::shared_ptr<comm::Communicator>>(const std::string& group, int size,
+                                                                                  int rank)>;
+
 // What every actor borrows from the executor that runs it.
 struct ActorEnvironment {
   MessageBus* bus = nullptr;
@@ -61,6 +70,7 @@ struct ActorEnvironment {
   const HostCallbacks* callbacks = nullptr;
   ThreadPool* pool = nullptr;  // intra-op threads for kernels; null = inline
   int64_t iterations = 0;
+  JoinFn join;  // for Collective / Send / Recv actors
 };
 
 class Actor {
@@ -113,6 +123,9 @@ class Actor {
   virtual bool ShouldEnd() const;
   // Kind-specific checks when the actor ends (e.g. Acc mid-accumulation).
   virtual absl::Status CheckEnd() const { return absl::OkStatus(); }
+  // Whether an asynchronous operation (a collective, a transfer) is in
+  // flight: the actor holds its registers until it completes.
+  virtual bool Busy() const { return false; }
 
   bool AllConsumedReady() const;
   bool AllProducedFree() const;  // every produced desc has a free register

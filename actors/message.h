@@ -15,7 +15,9 @@ enum class MessageType : uint8_t {
   kCommand,        // runtime -> actor
 };
 
-enum class Command : uint8_t { kStart, kStop };
+// kResume: an asynchronous operation of the actor (a collective, a
+// transfer) completed; sent by its completion callback, from any thread.
+enum class Command : uint8_t { kStart, kStop, kResume };
 
 struct Message {
   MessageType type = MessageType::kCommand;

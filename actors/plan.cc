@@ -4,6 +4,7 @@
 #include <set>
 
 #include "actors/actor_id.h"
+#include "comm/collective/boxing.h"
 #include "core/status.h"
 #include "core/tensor.h"
 #include "core/text.h"
@@ -79,6 +80,9 @@ absl::Status ValidateTask(const proto::Task& task, const std::map<int64_t, const
     ASSIGN_OR_RETURN(TensorMeta meta, TensorMetaFromProto(desc.tensors(ref.tensor_index())));
     auto slice = TensorSliceFromProto(ref.slice(), meta.shape);
     if (!slice.ok()) return absl::InvalidArgumentError(StrCat(name, ": ", slice.status().message()));
+    // Ops are checked on logical shapes: a shard of a split tensor carries
+    // its logical shape in its slice.
+    meta.shape = slice->logical;
     metas->push_back(std::move(meta));
     return absl::OkStatus();
   };
@@ -172,6 +176,68 @@ absl::Status ValidateTask(const proto::Task& task, const std::map<int64_t, const
       if (!same) return absl::InvalidArgumentError(StrCat(name, ": acc must produce the tensors it consumes"));
       break;
     }
+    case proto::ACTOR_KIND_COLLECTIVE: {
+      if (task.consumed_register_desc_ids_size() != 1 || task.produced_register_desc_ids_size() != 1) {
+        return absl::InvalidArgumentError(StrCat(name, ": a collective consumes and produces exactly one register desc"));
+      }
+      const proto::BoxingDesc& boxing = task.boxing();
+      comm::BoxingSpec spec;
+      auto logical = TensorMetaFromProto(boxing.logical());
+      auto from = ParseNdSbp(boxing.from());
+      auto to = ParseNdSbp(boxing.to());
+      if (!logical.ok() || !from.ok() || !to.ok()) {
+        return absl::InvalidArgumentError(StrCat(name, ": bad boxing (", boxing.from(), " -> ", boxing.to(), ")"));
+      }
+      spec.logical = *logical;
+      spec.from = *from;
+      spec.to = *to;
+      spec.hierarchy.assign(boxing.hierarchy().begin(), boxing.hierarchy().end());
+      int64_t size = 1;
+      for (int64_t n : spec.hierarchy) size *= n;
+      if (spec.hierarchy.empty() || size != boxing.ranks_size() || boxing.rank_index() < 0 ||
+          boxing.rank_index() >= boxing.ranks_size() || boxing.group().empty()) {
+        return absl::InvalidArgumentError(StrCat(name, ": boxing over ", boxing.ranks_size(), " ranks, hierarchy [",
+                                                 Join(spec.hierarchy, ", "), "], index ", boxing.rank_index(),
+                                                 boxing.group().empty() ? ", no group" : ""));
+      }
+      std::vector<int64_t> coords(spec.hierarchy.size());
+      for (int64_t i = boxing.rank_index(), a = static_cast<int64_t>(coords.size()) - 1; a >= 0; --a) {
+        coords[static_cast<size_t>(a)] = i % spec.hierarchy[static_cast<size_t>(a)];
+        i /= spec.hierarchy[static_cast<size_t>(a)];
+      }
+      auto routine = comm::BoxingRoutine::Create(spec, coords);
+      if (!routine.ok()) return absl::InvalidArgumentError(StrCat(name, ": ", routine.status().message()));
+      const auto& in = *descs.at(task.consumed_register_desc_ids(0));
+      const auto& out = *descs.at(task.produced_register_desc_ids(0));
+      const auto check = [&](const proto::RegisterDesc& desc, int tensor, const Shape& shape) -> absl::Status {
+        auto meta = tensor >= 0 && tensor < desc.tensors_size() ? TensorMetaFromProto(desc.tensors(tensor))
+                                                               : absl::StatusOr<TensorMeta>(absl::InvalidArgumentError("no such tensor"));
+        if (!meta.ok() || meta->shape != shape || meta->dtype != spec.logical.dtype) {
+          return absl::InvalidArgumentError(StrCat(name, ": tensor ", tensor, " of register desc ", desc.id(), " must be ",
+                                                   TensorMeta{spec.logical.dtype, shape}.ToString(), " for ", spec.ToString()));
+        }
+        return absl::OkStatus();
+      };
+      RETURN_IF_ERROR(check(in, boxing.input_tensor(), routine->input_shape()));
+      if (out.tensors_size() != 1) return absl::InvalidArgumentError(StrCat(name, ": a collective produces registers of one tensor"));
+      RETURN_IF_ERROR(check(out, 0, routine->output_shape()));
+      break;
+    }
+    case proto::ACTOR_KIND_SEND:
+    case proto::ACTOR_KIND_RECV: {
+      const bool send = task.kind() == proto::ACTOR_KIND_SEND;
+      if (send ? (task.consumed_register_desc_ids_size() != 1 || task.produced_register_desc_ids_size() != 0)
+               : (task.consumed_register_desc_ids_size() != 0 || task.produced_register_desc_ids_size() != 1)) {
+        return absl::InvalidArgumentError(StrCat(name, send ? ": a send consumes one register desc and produces none"
+                                                            : ": a recv produces one register desc and consumes none"));
+      }
+      const auto& desc = *descs.at(send ? task.consumed_register_desc_ids(0) : task.produced_register_desc_ids(0));
+      if (send ? task.transfer().input_tensor() < 0 || task.transfer().input_tensor() >= desc.tensors_size() : desc.tensors_size() != 1) {
+        return absl::InvalidArgumentError(StrCat(name, send ? ": sends a tensor its register does not hold" : ": a recv produces registers of one tensor"));
+      }
+      if (task.transfer().group().empty()) return absl::InvalidArgumentError(StrCat(name, ": transfer without a group"));
+      break;
+    }
     default:
       return absl::InvalidArgumentError(StrCat(name, " has no kind"));
   }
@@ -221,6 +287,34 @@ absl::Status ValidatePlan(const proto::Plan& plan, const ops::OpRegistry& regist
     }
   }
   for (const auto& task : plan.tasks()) RETURN_IF_ERROR(ValidateTask(task, descs, registry));
+  // Piece rates: what a consumer expects per iteration from each consumed desc.
+  for (const auto& task : plan.tasks()) {
+    const int64_t pieces = PiecesPerIteration(task);
+    if (task.pieces_per_iteration() < 0) {
+      return absl::InvalidArgumentError(StrCat(TaskName(task), " has pieces_per_iteration ", task.pieces_per_iteration()));
+    }
+    if (task.kind() == proto::ACTOR_KIND_PARAMETER && !task.op().empty() && pieces != 1) {
+      return absl::InvalidArgumentError(StrCat(TaskName(task), ": a parameter with an update runs once per iteration, not ",
+                                               pieces, " times"));
+    }
+    int64_t expected = pieces;
+    if (task.kind() == proto::ACTOR_KIND_REPEAT) {
+      if (pieces % task.repeat_num() != 0) {
+        return absl::InvalidArgumentError(StrCat(TaskName(task), ": ", pieces, " pieces per iteration is not a multiple of repeat_num ",
+                                                 task.repeat_num()));
+      }
+      expected = pieces / task.repeat_num();
+    } else if (task.kind() == proto::ACTOR_KIND_ACC) {
+      expected = pieces * task.repeat_num();
+    }
+    for (int64_t id : task.consumed_register_desc_ids()) {
+      const proto::Task& producer = *tasks.at(descs.at(id)->producer());
+      if (PiecesPerIteration(producer) != expected) {
+        return absl::InvalidArgumentError(StrCat(TaskName(task), " expects ", expected, " piece(s) per iteration from desc ", id,
+                                                 " but ", TaskName(producer), " produces ", PiecesPerIteration(producer)));
+      }
+    }
+  }
   return absl::OkStatus();
 }
 

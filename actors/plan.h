@@ -27,6 +27,7 @@ using comm::AttrMapFromProto;
 using comm::EstimateMemory;
 using comm::FromProto;
 using comm::ParsePlan;
+using comm::PiecesPerIteration;
 using comm::PlanBuilder;
 using comm::SerializePlan;
 using comm::TensorMetaFromProto;
@@ -36,7 +37,10 @@ using comm::ToProto;
 // Structural checks: ids unique and valid, every register desc's producer and
 // consumers list it, quotas >= 1, byte sizes match the tensors, tensor refs in
 // range, ops known with valid attributes and (compute) outputs matching shape
-// inference, kind-specific arities. Errors name the task or desc.
+// inference, kind-specific arities, piece rates that agree along every desc
+// (a repeat produces repeat_num pieces per consumed one, an acc one per
+// repeat_num; every other consumer runs at its producer's rate; a parameter
+// with an update runs once per iteration). Errors name the task or desc.
 absl::Status ValidatePlan(const proto::Plan& plan, const ops::OpRegistry& registry);
 
 

@@ -10,6 +10,7 @@
 #include "absl/base/thread_annotations.h"
 #include "actors/actor_id.h"
 #include "actors/plan.h"
+#include "comm/collective/shm_communicator.h"
 #include "core/status.h"
 #include "core/text.h"
 
@@ -53,6 +54,18 @@ class LoadedJob {
     job->env.callbacks = &options.callbacks;
     job->env.pool = options.pool;
     job->env.iterations = job->plan.iterations();
+    comm::ShmHub* hub = options.hub;
+    if (hub == nullptr) {
+      job->own_hub = std::make_unique<comm::ShmHub>();
+      hub = job->own_hub.get();
+    }
+    LoadedJob* raw = job.get();
+    job->env.join = [raw, hub](const std::string& group, int size, int rank)
+        -> absl::StatusOr<std::shared_ptr<comm::Communicator>> {
+      ASSIGN_OR_RETURN(std::shared_ptr<comm::Communicator> communicator, hub->Join(group, size, rank));
+      raw->communicators.push_back(communicator);
+      return communicator;
+    };
     for (const auto& task : job->plan.tasks()) {
       ASSIGN_OR_RETURN(std::unique_ptr<Actor> actor, Actor::Create(task, job->env));
       job->by_id[actor->id()] = actor.get();
@@ -61,8 +74,17 @@ class LoadedJob {
     return job;
   }
 
+  // Fails every collective or transfer still in flight (its callback runs
+  // now, while the bus is alive), so nothing waits on a job that is gone.
+  void AbortCommunicators(const absl::Status& reason) {
+    for (const auto& communicator : communicators) communicator->Abort(reason);
+  }
+  ~LoadedJob() { AbortCommunicators(absl::CancelledError("the job ended")); }
+
   proto::Plan plan;
   RegisterTable registers;
+  std::unique_ptr<comm::ShmHub> own_hub;  // when the options bring none
+  std::vector<std::shared_ptr<comm::Communicator>> communicators;
   ActorEnvironment env;
   std::vector<std::unique_ptr<Actor>> actors;  // plan order
   std::unordered_map<uint64_t, Actor*> by_id;
@@ -256,6 +278,7 @@ absl::Status Runtime::Run() {
     }
   }
   for (std::thread& worker : workers) worker.join();
+  if (!first_error.ok()) job_->AbortCommunicators(first_error);
 
   stats_.threads = static_cast<int>(threads.size());
   for (ActorThread* thread : threads) {

@@ -26,6 +26,7 @@
 #include "absl/status/statusor.h"
 #include "actors/actor.h"
 #include "actors/message.h"
+#include "comm/collective/shm_communicator.h"
 #include "comm/proto/plan.pb.h"
 #include "core/thread_pool.h"
 #include "ops/registry.h"
@@ -36,6 +37,9 @@ struct RuntimeOptions {
   const ops::OpRegistry* registry = nullptr;  // null = ops::BuiltinOps()
   HostCallbacks callbacks;
   ThreadPool* pool = nullptr;  // intra-op threads shared by kernels; borrowed
+  // Communicators of the Collective / Send / Recv actors (devices in this
+  // process); null = one hub of the job's own. Borrowed.
+  comm::ShmHub* hub = nullptr;
   // Runtime::Run: when > 0 and no actor on any thread handled a message for
   // this long, the job is stopped and Run returns DeadlineExceeded naming
   // the actors that had not finished (a plan whose quotas deadlock, a

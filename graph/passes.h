@@ -55,9 +55,11 @@ struct AccumulationResult {
 // `repeat` after every variable that ops read (all of those reads now go
 // through it) and, for each gradient, `acc` followed by a 1/m scale, so the
 // result is the gradient of the mean loss over the global batch (DESIGN §4:
-// loss normalisation is by the global batch). Variable updates, losses and
-// fetches keep their meaning (micro-batch values are per micro-batch). The
-// graph is rebuilt, so every id changes: use `remap`. m = 1 changes nothing.
+// loss normalisation is by the global batch). Losses and fetches computed
+// per micro-batch are replaced by their mean over the m micro-batches (acc
+// and a 1/m scale), so they are iteration values again; remap maps them to
+// the micro-batch values. The graph is rebuilt, so every id changes: use
+// `remap`. m = 1 changes nothing.
 absl::StatusOr<AccumulationResult> AccumulateGradients(Graph& graph, const GradientMap& gradients,
                                                        int64_t num_micro_batches);
 

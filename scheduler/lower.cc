@@ -17,31 +17,521 @@ using graph::NodeId;
 using graph::NodeKind;
 using graph::ValueId;
 
-// Where a value lives in the plan: tensor `tensor` of the desc produced by
-// the task of node `producer`.
-struct Slot {
-  NodeId producer = graph::kNoNode;
-  int tensor = 0;
+// Boxing and pipeline transfers run on their own thread per device, so a
+// compute stream never waits on a collective.
+constexpr uint32_t kTransferStream = 1;
+
+// How often a value is produced under gradient accumulation.
+enum class Rate : uint8_t { kUnknown, kIteration, kMicroBatch };
+struct Rates {
+  int64_t num_micro_batches = 1;
+  std::vector<Rate> value;  // per ValueId
 };
+
+// Ops whose kernels draw random numbers keyed by the global element index:
+// under micro-batching they get the micro-batch's place in the global batch.
+bool DrawsByPosition(const std::string& op) { return op == "dropout"; }
+
+const char* RateName(Rate rate) {
+  switch (rate) {
+    case Rate::kIteration: return "once per iteration";
+    case Rate::kMicroBatch: return "once per micro-batch";
+    case Rate::kUnknown: break;
+  }
+  return "at no known rate";
+}
+
+absl::StatusOr<Rates> InferRates(const Graph& graph) {
+  Rates rates;
+  for (const Node& node : graph.nodes()) {
+    if (node.kind != NodeKind::kRepeat && node.kind != NodeKind::kAcc) continue;
+    const int64_t m = node.attrs.Int("num_micro_batches");
+    if (rates.num_micro_batches != 1 && rates.num_micro_batches != m) {
+      return absl::InvalidArgumentError(StrCat("scheduler: ", node.op, " node ", node.id, " has ", m,
+                                               " micro-batches, another node ", rates.num_micro_batches));
+    }
+    rates.num_micro_batches = m;
+  }
+  const size_t num_values = static_cast<size_t>(graph.num_values());
+  rates.value.assign(num_values, Rate::kUnknown);
+  if (rates.num_micro_batches == 1) {
+    rates.value.assign(num_values, Rate::kIteration);
+    return rates;
+  }
+  auto& rate = rates.value;
+  const auto from_inputs = [&](const Node& node) {
+    Rate r = Rate::kUnknown;
+    for (ValueId in : node.inputs) {
+      if (rate[static_cast<size_t>(in)] == Rate::kMicroBatch) return Rate::kMicroBatch;
+      if (rate[static_cast<size_t>(in)] == Rate::kIteration) r = Rate::kIteration;
+    }
+    return r;
+  };
+  const auto set_outputs = [&](const Node& node, Rate r) {
+    for (ValueId v : node.outputs) rate[static_cast<size_t>(v)] = r;
+  };
+  // Forward: variables and acc give iteration-rate values, repeat
+  // micro-batch ones; ops follow their inputs; graph inputs are open.
+  const auto forward = [&]() {
+    for (const Node& node : graph.nodes()) {
+      switch (node.kind) {
+        case NodeKind::kVariable: set_outputs(node, Rate::kIteration); break;
+        case NodeKind::kRepeat: set_outputs(node, Rate::kMicroBatch); break;
+        case NodeKind::kAcc: set_outputs(node, Rate::kIteration); break;
+        case NodeKind::kOp: set_outputs(node, from_inputs(node)); break;
+        case NodeKind::kInput: break;
+      }
+    }
+  };
+  forward();
+  // A graph input runs at the rate of the ops reading it (data: micro-batch;
+  // the learning rate: iteration); one read by nothing decided is data.
+  std::vector<std::vector<NodeId>> readers(num_values);
+  for (const Node& node : graph.nodes()) {
+    for (ValueId in : node.inputs) readers[static_cast<size_t>(in)].push_back(node.id);
+  }
+  for (const Node& node : graph.nodes()) {
+    if (node.kind != NodeKind::kInput) continue;
+    Rate r = Rate::kUnknown;
+    for (NodeId reader : readers[static_cast<size_t>(node.outputs[0])]) {
+      const Node& n = graph.node(reader);
+      const Rate rr = n.outputs.empty() ? Rate::kUnknown : rate[static_cast<size_t>(n.outputs[0])];
+      if (rr == Rate::kMicroBatch || n.kind == NodeKind::kAcc) r = Rate::kMicroBatch;
+      if (rr == Rate::kIteration && r == Rate::kUnknown && n.kind != NodeKind::kRepeat) r = Rate::kIteration;
+    }
+    set_outputs(node, r == Rate::kUnknown ? Rate::kMicroBatch : r);
+  }
+  forward();
+  // What is still open descends from constants only: it runs at its
+  // readers' rate (resolved in reverse order, readers first).
+  for (NodeId id = graph.num_nodes() - 1; id >= 0; --id) {
+    const Node& node = graph.node(id);
+    if (node.outputs.empty() || rate[static_cast<size_t>(node.outputs[0])] != Rate::kUnknown) continue;
+    Rate r = Rate::kUnknown;
+    for (ValueId v : node.outputs) {
+      for (NodeId reader : readers[static_cast<size_t>(v)]) {
+        const Node& n = graph.node(reader);
+        Rate rr = n.outputs.empty() ? Rate::kIteration : rate[static_cast<size_t>(n.outputs[0])];
+        if (n.kind == NodeKind::kRepeat) rr = Rate::kIteration;
+        if (n.kind == NodeKind::kAcc) rr = Rate::kMicroBatch;
+        if (r != Rate::kUnknown && rr != r) {
+          return absl::UnimplementedError(StrCat("scheduler: constant ", node.op, " (node ", node.id,
+                                                 ") is read both once per iteration and once per micro-batch"));
+        }
+        r = rr;
+      }
+    }
+    set_outputs(node, r == Rate::kUnknown ? Rate::kIteration : r);
+  }
+  // Every op reads values of its own rate; repeat turns iteration-rate into
+  // micro-batch-rate values and acc back.
+  for (const Node& node : graph.nodes()) {
+    if (node.inputs.empty()) continue;
+    Rate want = node.outputs.empty() ? Rate::kIteration : rate[static_cast<size_t>(node.outputs[0])];
+    if (node.kind == NodeKind::kRepeat) want = Rate::kIteration;
+    if (node.kind == NodeKind::kAcc) want = Rate::kMicroBatch;
+    for (ValueId in : node.inputs) {
+      if (rate[static_cast<size_t>(in)] != want) {
+        const graph::Value& v = graph.value(in);
+        return absl::UnimplementedError(StrCat("scheduler: ", node.op, " (node ", node.id, node.scope.empty() ? "" : StrCat(", ", node.scope),
+                                               ") runs ", RateName(want), " but reads '", v.name.empty() ? graph::ValueRef(in) : v.name,
+                                               "', produced ", RateName(rate[static_cast<size_t>(in)])));
+      }
+    }
+  }
+  return rates;
+}
+
+// One rank's piece of a value in some layout: tensor `tensor` of the
+// registers of desc `desc` (produced by a task on that rank's device).
+struct Shard {
+  int64_t desc = -1;
+  int32_t tensor = 0;
+};
+
+// The lowering of one graph: tasks per rank of each node's stage, boxing and
+// transfers between layouts, in node order (a topological order).
+class Lowering {
+ public:
+  Lowering(const Graph& graph, const LowerOptions& options, const Rates& rates, const DeviceMesh& mesh,
+           const SbpAssignment& sbp)
+      : graph_(graph), options_(options), rates_(rates), mesh_(mesh), sbp_(sbp), builder_(options.iterations) {}
+
+  absl::StatusOr<LoweredPlan> Run();
+
+ private:
+  struct LayoutKey {
+    ValueId value;
+    int64_t stage;
+    std::string sbp;
+    auto operator<=>(const LayoutKey&) const = default;
+  };
+
+  const Placement& placement(int64_t stage) const { return mesh_.stage_placement(stage); }
+  uint32_t Device(int64_t stage, int64_t parallel_id) const {
+    return static_cast<uint32_t>(options_.device_index + placement(stage).rank(parallel_id));
+  }
+  // Local slice of value v on parallel id `i` of `stage` in layout `sbp`.
+  absl::StatusOr<TensorSlice> SliceOf(ValueId v, const NdSbp& sbp, int64_t i) const {
+    return LocalSlice(graph_.value(v).meta.shape, sbp, mesh_.hierarchy(), i);
+  }
+  absl::StatusOr<TensorMeta> LocalMeta(ValueId v, const NdSbp& sbp, int64_t i) const {
+    ASSIGN_OR_RETURN(TensorSlice slice, SliceOf(v, sbp, i));
+    return TensorMeta{graph_.value(v).meta.dtype, slice.local};
+  }
+  std::string Suffix(int64_t stage, int64_t i) const {
+    return mesh_.world_size() == 1 ? std::string() : StrCat("@", Device(stage, i));
+  }
+  bool MicroRate(ValueId v) const { return rates_.value[static_cast<size_t>(v)] == Rate::kMicroBatch; }
+  void SetRate(uint64_t task, bool micro) {
+    if (!micro || rates_.num_micro_batches == 1) return;
+    builder_.task(task).set_pieces_per_iteration(rates_.num_micro_batches);
+    builder_.task(task).set_acts_per_step(rates_.num_micro_batches);
+  }
+  // Records where the outputs of a node's task on parallel id i live.
+  void Produced(const Node& node, int64_t stage, int64_t i, int64_t desc) {
+    const NodeLayout& layout = sbp_.nodes[static_cast<size_t>(node.id)];
+    for (size_t k = 0; k < node.outputs.size(); ++k) {
+      shards_[{node.outputs[k], stage, NdSbpToString(layout.outputs[k])}].resize(static_cast<size_t>(placement(stage).size()));
+      shards_[{node.outputs[k], stage, NdSbpToString(layout.outputs[k])}][static_cast<size_t>(i)] = {desc, static_cast<int32_t>(k)};
+    }
+  }
+  // A desc on one rank holding `tensors`, produced by `task`.
+  int64_t NewDesc(uint64_t task, int32_t quota, const std::vector<TensorMeta>& tensors) {
+    return builder_.AddRegisterDesc(task, {}, quota, tensors);
+  }
+  // Makes `v` available in layout (stage, sbp) on every rank of the stage.
+  absl::Status Ensure(ValueId v, int64_t stage, const NdSbp& sbp);
+  // The shard of v in (stage, sbp) on parallel id i, read by `consumer`.
+  absl::StatusOr<Shard> Read(ValueId v, int64_t stage, const NdSbp& sbp, int64_t i, uint64_t consumer) {
+    RETURN_IF_ERROR(Ensure(v, stage, sbp));
+    const Shard shard = shards_.at({v, stage, NdSbpToString(sbp)}).at(static_cast<size_t>(i));
+    builder_.AddConsumer(shard.desc, consumer);
+    return shard;
+  }
+  // An op input / output ref with its slice (split values) and, for random
+  // ops under micro-batching, the micro-batch stride.
+  void SetRef(proto::TensorRef* ref, ValueId v, const TensorSlice& slice, bool draws) {
+    const Shape& logical = graph_.value(v).meta.shape;
+    const bool micro = draws && MicroRate(v) && rates_.num_micro_batches > 1 && logical.rank() > 0;
+    if (slice.local == logical && !micro) return;
+    for (int a = 0; a < logical.rank(); ++a) {
+      ref->mutable_slice()->add_logical_shape(a == 0 && micro ? logical[0] * rates_.num_micro_batches : logical[a]);
+      ref->mutable_slice()->add_offset(slice.offset[static_cast<size_t>(a)]);
+    }
+    if (micro) ref->set_micro_batch_stride(logical[0]);
+  }
+  absl::Status LowerNode(const Node& node);
+  absl::Status LowerUpdate(const Node& update, ValueId owner);
+  absl::Status LowerSink();
+
+  const Graph& graph_;
+  const LowerOptions& options_;
+  const Rates& rates_;
+  const DeviceMesh& mesh_;
+  const SbpAssignment& sbp_;
+  comm::PlanBuilder builder_;
+  LoweredPlan out_;
+  std::map<LayoutKey, std::vector<Shard>> shards_;  // per parallel id of the stage
+  std::map<ValueId, std::vector<uint64_t>> param_tasks_;  // variable -> Parameter task per parallel id
+  std::set<ValueId> read_;                               // values some task or the sink reads
+  int64_t conversions_ = 0;                              // boxing / transfer counter (group names, order)
+  // Update nodes and optimizer state (see LowerToPlan).
+ public:
+  std::map<NodeId, ValueId> update_owner;
+  std::map<ValueId, NodeId> update_of;
+  std::map<ValueId, std::pair<ValueId, int32_t>> state_of;
+  std::vector<std::pair<std::string, ValueId>> sinks;
+};
+
+absl::Status Lowering::Ensure(ValueId v, int64_t stage, const NdSbp& sbp) {
+  if (shards_.contains({v, stage, NdSbpToString(sbp)})) return absl::OkStatus();
+  const ValueLayout& from = sbp_.values[static_cast<size_t>(v)];
+  const bool micro = MicroRate(v);
+  const graph::Value& value = graph_.value(v);
+  const std::string what = value.name.empty() ? graph::ValueRef(v) : value.name;
+  if (from.stage != stage) {
+    // Across stages: convert on the producer's stage first, then one
+    // point-to-point transfer per parallel id (stages share the mesh shape).
+    RETURN_IF_ERROR(Ensure(v, from.stage, sbp));
+    const std::vector<Shard>& source = shards_.at({v, from.stage, NdSbpToString(sbp)});
+    std::vector<Shard>& target = shards_[{v, stage, NdSbpToString(sbp)}];
+    const int64_t order = conversions_++;
+    for (int64_t i = 0; i < placement(stage).size(); ++i) {
+      const std::string group = StrCat("t", order, "/", i);
+      const uint64_t send = builder_.AddTask(proto::ACTOR_KIND_SEND, StrCat("send:", what, ":", order, Suffix(from.stage, i)),
+                                             kTransferStream, Device(from.stage, i));
+      const uint64_t recv = builder_.AddTask(proto::ACTOR_KIND_RECV, StrCat("recv:", what, ":", order, Suffix(stage, i)),
+                                             kTransferStream, Device(stage, i));
+      for (uint64_t task : {send, recv}) {
+        proto::TransferDesc* t = builder_.task(task).mutable_transfer();
+        t->set_group(group);
+        t->set_order(order);
+        t->set_peer(task == send ? Device(stage, i) : Device(from.stage, i));
+        SetRate(task, micro);
+      }
+      builder_.task(send).mutable_transfer()->set_input_tensor(source[static_cast<size_t>(i)].tensor);
+      builder_.AddConsumer(source[static_cast<size_t>(i)].desc, send);
+      ASSIGN_OR_RETURN(TensorMeta meta, LocalMeta(v, sbp, i));
+      target.push_back({NewDesc(recv, std::max(2, options_.default_quota), {meta}), 0});
+    }
+    return absl::OkStatus();
+  }
+  // Same stage: one Collective task per rank.
+  const std::vector<Shard>& source = shards_.at({v, from.stage, NdSbpToString(from.nd_sbp)});
+  const Placement& where = placement(stage);
+  const int64_t order = conversions_++;
+  std::vector<Shard> target;
+  for (int64_t i = 0; i < where.size(); ++i) {
+    const uint64_t task = builder_.AddTask(proto::ACTOR_KIND_COLLECTIVE, StrCat("boxing:", what, ":", order, Suffix(stage, i)),
+                                           kTransferStream, Device(stage, i));
+    proto::BoxingDesc* b = builder_.task(task).mutable_boxing();
+    b->mutable_logical()->set_dtype(comm::ToProto(value.meta.dtype));
+    for (int64_t d : value.meta.shape.dims()) b->mutable_logical()->add_shape(d);
+    b->set_from(NdSbpToString(from.nd_sbp));
+    b->set_to(NdSbpToString(sbp));
+    for (int64_t h : where.hierarchy()) b->add_hierarchy(h);
+    for (int64_t r : where.ranks()) b->add_ranks(static_cast<uint32_t>(options_.device_index + r));
+    b->set_rank_index(static_cast<int32_t>(i));
+    b->set_group(StrCat("b", order));
+    b->set_order(order);
+    b->set_input_tensor(source[static_cast<size_t>(i)].tensor);
+    b->set_description(DescribeBoxing(from, ValueLayout{stage, sbp}));
+    SetRate(task, micro);
+    builder_.AddConsumer(source[static_cast<size_t>(i)].desc, task);
+    ASSIGN_OR_RETURN(TensorMeta meta, LocalMeta(v, sbp, i));
+    target.push_back({NewDesc(task, options_.default_quota, {meta}), 0});
+  }
+  shards_[{v, stage, NdSbpToString(sbp)}] = std::move(target);
+  return absl::OkStatus();
+}
+
+absl::Status Lowering::LowerNode(const Node& node) {
+  const NodeLayout& layout = sbp_.nodes[static_cast<size_t>(node.id)];
+  const int64_t stage = layout.stage;
+  const Placement& where = placement(stage);
+  const bool micro = !node.outputs.empty() && MicroRate(node.outputs[0]);
+  const std::string& first_name = node.outputs.empty() ? node.op : graph_.value(node.outputs[0]).name;
+  for (int64_t i = 0; i < where.size(); ++i) {
+    const uint32_t device = Device(stage, i);
+    const std::string suffix = Suffix(stage, i);
+    switch (node.kind) {
+      case NodeKind::kInput: {
+        if (!read_.contains(node.outputs[0])) return absl::OkStatus();  // fed but unused: no task
+        const std::string callback = StrCat("input:", first_name, suffix);
+        const uint64_t task = builder_.AddTask(proto::ACTOR_KIND_SOURCE, callback, kComputeStream, device);
+        builder_.task(task).set_callback(callback);
+        SetRate(task, micro);
+        ASSIGN_OR_RETURN(TensorSlice slice, SliceOf(node.outputs[0], layout.outputs[0], i));
+        out_.sources[callback] = {node.outputs[0], slice};
+        ASSIGN_OR_RETURN(TensorMeta meta, LocalMeta(node.outputs[0], layout.outputs[0], i));
+        Produced(node, stage, i, NewDesc(task, options_.source_quota, {meta}));
+        break;
+      }
+      case NodeKind::kVariable: {
+        const ValueId var = node.outputs[0];
+        if (state_of.contains(var) || !read_.contains(var)) return absl::OkStatus();
+        const std::string callback = StrCat("init:", first_name, suffix);
+        const uint64_t task = builder_.AddTask(proto::ACTOR_KIND_PARAMETER, StrCat("param:", first_name, suffix), kComputeStream, device);
+        builder_.task(task).set_callback(callback);
+        ASSIGN_OR_RETURN(TensorMeta meta, LocalMeta(var, layout.outputs[0], i));
+        ASSIGN_OR_RETURN(TensorSlice slice, SliceOf(var, layout.outputs[0], i));
+        out_.initializers[callback].values.push_back(var);
+        out_.initializers[callback].slices.push_back(slice);
+        param_tasks_[var].push_back(task);
+        Produced(node, stage, i, NewDesc(task, 1, {meta}));
+        break;
+      }
+      case NodeKind::kOp: {
+        if (update_owner.contains(node.id)) return LowerUpdate(node, update_owner.at(node.id));
+        if (node.inputs.empty()) {
+          // A constant (ones, fill...): computed once by its initializer and
+          // held like a variable that is never updated.
+          const std::string callback = StrCat("const:", node.id, suffix);
+          const uint64_t task = builder_.AddTask(proto::ACTOR_KIND_PARAMETER, StrCat("const:", node.op, ":", node.id, suffix),
+                                                 kComputeStream, device);
+          builder_.task(task).set_callback(callback);
+          SetRate(task, micro);
+          std::vector<TensorMeta> metas;
+          ConstantInfo& info = out_.constants[callback];
+          info.node = node.id;
+          for (size_t k = 0; k < node.outputs.size(); ++k) {
+            ASSIGN_OR_RETURN(TensorMeta meta, LocalMeta(node.outputs[k], layout.outputs[k], i));
+            ASSIGN_OR_RETURN(TensorSlice slice, SliceOf(node.outputs[k], layout.outputs[k], i));
+            metas.push_back(meta);
+            info.slices.push_back(slice);
+          }
+          Produced(node, stage, i, NewDesc(task, 1, metas));
+          break;
+        }
+        const std::string name = StrCat(node.scope.empty() ? std::string() : StrCat(node.scope, "/"), node.op, ":", node.id, suffix);
+        const uint64_t task = builder_.AddTask(proto::ACTOR_KIND_COMPUTE, name, kComputeStream, device);
+        builder_.SetOp(task, node.op, node.attrs);
+        SetRate(task, micro);
+        const bool draws = DrawsByPosition(node.op);
+        for (size_t k = 0; k < node.inputs.size(); ++k) {
+          ASSIGN_OR_RETURN(Shard shard, Read(node.inputs[k], stage, layout.inputs[k], i, task));
+          builder_.AddInput(task, shard.desc, shard.tensor);
+          ASSIGN_OR_RETURN(TensorSlice slice, SliceOf(node.inputs[k], layout.inputs[k], i));
+          SetRef(builder_.task(task).mutable_inputs(static_cast<int>(k)), node.inputs[k], slice, draws);
+        }
+        std::vector<TensorMeta> metas;
+        for (size_t k = 0; k < node.outputs.size(); ++k) {
+          ASSIGN_OR_RETURN(TensorMeta meta, LocalMeta(node.outputs[k], layout.outputs[k], i));
+          metas.push_back(meta);
+        }
+        const int64_t desc = NewDesc(task, options_.default_quota, metas);
+        for (size_t k = 0; k < node.outputs.size(); ++k) {
+          builder_.AddOutput(task, desc, static_cast<int32_t>(k));
+          ASSIGN_OR_RETURN(TensorSlice slice, SliceOf(node.outputs[k], layout.outputs[k], i));
+          SetRef(builder_.task(task).mutable_outputs(static_cast<int>(k)), node.outputs[k], slice, draws);
+        }
+        Produced(node, stage, i, desc);
+        break;
+      }
+      case NodeKind::kRepeat:
+      case NodeKind::kAcc: {
+        const bool repeat = node.kind == NodeKind::kRepeat;
+        const uint64_t task = builder_.AddTask(repeat ? proto::ACTOR_KIND_REPEAT : proto::ACTOR_KIND_ACC,
+                                               StrCat(node.op, ":", repeat ? graph_.value(node.inputs[0]).name : node.scope, ":", node.id, suffix),
+                                               kComputeStream, device);
+        builder_.task(task).set_repeat_num(rates_.num_micro_batches);
+        SetRate(task, micro);
+        RETURN_IF_ERROR(Read(node.inputs[0], stage, layout.inputs[0], i, task).status());
+        ASSIGN_OR_RETURN(TensorMeta meta, LocalMeta(node.outputs[0], layout.outputs[0], i));
+        Produced(node, stage, i, NewDesc(task, options_.default_quota, {meta}));
+        break;
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The optimizer update of `owner` runs inside its Parameter task on every rank,
+// in place on the variable's shard and the state shards.
+absl::Status Lowering::LowerUpdate(const Node& update, ValueId owner) {
+  const NodeLayout& layout = sbp_.nodes[static_cast<size_t>(update.id)];
+  const NodeLayout& var_layout = sbp_.nodes[static_cast<size_t>(graph_.value(owner).producer)];
+  if (!param_tasks_.contains(owner)) return absl::OkStatus();  // never read
+  // State tensors, in output order.
+  std::vector<ValueId> states(update.outputs.size() > 0 ? update.outputs.size() - 1 : 0, graph::kNoValue);
+  for (const auto& [state, owner_index] : state_of) {
+    if (owner_index.first == owner) states[static_cast<size_t>(owner_index.second)] = state;
+  }
+  const std::vector<uint64_t>& tasks = param_tasks_.at(owner);
+  for (size_t i = 0; i < tasks.size(); ++i) {
+    const uint64_t task = tasks[i];
+    const std::string callback = builder_.task(task).callback();
+    for (ValueId state : states) {
+      if (state == graph::kNoValue) return absl::UnimplementedError(StrCat("scheduler: ", update.op, " has an output that updates nothing"));
+      const NdSbp& state_sbp = sbp_.values[static_cast<size_t>(state)].nd_sbp;
+      ASSIGN_OR_RETURN(TensorMeta meta, LocalMeta(state, state_sbp, static_cast<int64_t>(i)));
+      ASSIGN_OR_RETURN(TensorSlice slice, SliceOf(state, state_sbp, static_cast<int64_t>(i)));
+      builder_.AddState(task, meta);
+      out_.initializers[callback].values.push_back(state);
+      out_.initializers[callback].slices.push_back(slice);
+    }
+    builder_.SetOp(task, update.op, update.attrs);
+    const int64_t own_desc = shards_.at({owner, layout.stage, NdSbpToString(var_layout.outputs[0])}).at(i).desc;
+    for (size_t k = 0; k < update.inputs.size(); ++k) {
+      const ValueId in = update.inputs[k];
+      if (in == owner) {
+        builder_.AddInput(task, own_desc, 0);
+      } else if (state_of.contains(in)) {
+        builder_.AddStateInput(task, state_of.at(in).second);
+      } else {
+        ASSIGN_OR_RETURN(Shard shard, Read(in, layout.stage, layout.inputs[k], static_cast<int64_t>(i), task));
+        builder_.AddInput(task, shard.desc, shard.tensor);
+      }
+      const proto::TensorRef& added = builder_.task(task).inputs(static_cast<int>(k));
+      if (added.location_case() == proto::TensorRef::kRegisterDescId) {
+        ASSIGN_OR_RETURN(TensorSlice slice, SliceOf(in, layout.inputs[k], static_cast<int64_t>(i)));
+        SetRef(builder_.task(task).mutable_inputs(static_cast<int>(k)), in, slice, false);
+      }
+    }
+    builder_.AddOutput(task, own_desc, 0);
+    ASSIGN_OR_RETURN(TensorSlice slice, SliceOf(owner, var_layout.outputs[0], static_cast<int64_t>(i)));
+    SetRef(builder_.task(task).mutable_outputs(0), owner, slice, false);
+    for (size_t k = 1; k < update.outputs.size(); ++k) builder_.AddStateOutput(task, static_cast<int32_t>(k - 1));
+  }
+  return absl::OkStatus();
+}
+
+// One sink on the first rank of the last stage reads the losses and fetches
+// as (B, B) there.
+absl::Status Lowering::LowerSink() {
+  const int64_t stage = mesh_.num_stages() - 1;
+  const uint64_t sink = builder_.AddTask(proto::ACTOR_KIND_SINK, "sink:fetch", kComputeStream, Device(stage, 0));
+  builder_.task(sink).set_callback(kSinkCallback);
+  NdSbp all_b(mesh_.hierarchy().size(), Sbp::Broadcast());
+  std::vector<Shard> read;
+  for (const auto& [name, value] : sinks) {
+    ASSIGN_OR_RETURN(Shard shard, Read(value, stage, all_b, 0, sink));
+    read.push_back(shard);
+  }
+  // The sink receives every tensor of each consumed desc, in consumed order.
+  const proto::Plan& plan = builder_.plan();
+  std::vector<std::string> flat;
+  std::map<std::pair<int64_t, int32_t>, size_t> position;
+  for (int64_t desc_id : builder_.task(sink).consumed_register_desc_ids()) {
+    const auto& desc = plan.register_descs(static_cast<int>(desc_id));
+    for (int32_t k = 0; k < desc.tensors_size(); ++k) {
+      position[{desc_id, k}] = flat.size();
+      flat.push_back("");
+    }
+  }
+  for (size_t s = 0; s < sinks.size(); ++s) {
+    const size_t at = position.at({read[s].desc, read[s].tensor});
+    if (!flat[at].empty()) return absl::UnimplementedError(StrCat("scheduler: '", sinks[s].first, "' and '", flat[at], "' are the same value"));
+    flat[at] = sinks[s].first;
+  }
+  out_.sink_names = std::move(flat);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<LoweredPlan> Lowering::Run() {
+  // Which values anything reads (tasks exist only for those).
+  for (const Node& node : graph_.nodes()) {
+    if (node.kind == NodeKind::kOp || node.kind == NodeKind::kRepeat || node.kind == NodeKind::kAcc) {
+      for (ValueId in : node.inputs) read_.insert(in);
+    }
+  }
+  for (const auto& [name, value] : sinks) read_.insert(value);
+  for (const Node& node : graph_.nodes()) RETURN_IF_ERROR(LowerNode(node));
+  RETURN_IF_ERROR(LowerSink());
+  out_.plan = builder_.Build();
+  out_.sbp_text = sbp_.ToText(graph_);
+  // Name the tensors for `tessera plan` by the values they hold.
+  for (const auto& [key, shards] : shards_) {
+    const graph::Value& value = graph_.value(key.value);
+    const std::string name = value.name.empty() ? graph::ValueRef(value.id) : value.name;
+    for (const Shard& shard : shards) {
+      auto* tensor = out_.plan.mutable_register_descs(static_cast<int>(shard.desc))->mutable_tensors(shard.tensor);
+      if (tensor->name().empty() || tensor->name().starts_with("t")) tensor->set_name(StrCat(name, " ", key.sbp));
+    }
+  }
+  return std::move(out_);
+}
 
 }  // namespace
 
 absl::StatusOr<LoweredPlan> LowerToPlan(const Graph& graph, const LowerOptions& options) {
   if (options.iterations < 1) return absl::InvalidArgumentError(StrCat("scheduler: iterations must be >= 1, got ", options.iterations));
   if (options.default_quota < 1 || options.source_quota < 1) return absl::InvalidArgumentError("scheduler: quotas must be >= 1");
-  for (const Node& node : graph.nodes()) {
-    if (node.kind == NodeKind::kRepeat || node.kind == NodeKind::kAcc) {
-      return absl::UnimplementedError(StrCat("scheduler: gradient accumulation (", node.op, " node ", node.id,
-                                             ") is not supported yet; use num_accumulation_steps=1"));
-    }
-  }
   if (graph.losses().empty() && graph.fetches().empty()) {
     return absl::InvalidArgumentError("scheduler: the graph has no loss and no fetch");
   }
-
+  ASSIGN_OR_RETURN(const Rates rates, InferRates(graph));
+  ASSIGN_OR_RETURN(const DeviceMesh mesh, DeviceMesh::Make(options.parallel));
+  ASSIGN_OR_RETURN(const SbpAssignment sbp, InferSbp(graph, mesh));
+  for (const BoxingEdge& edge : sbp.edges) {
+    if (edge.kind == BoxingEdgeKind::kVariableUpdate) {
+      return absl::InternalError(StrCat("scheduler: the update of '", graph.value(edge.value).name, "' needs boxing"));
+    }
+  }
   // Update nodes: variable -> the op node that updates it in place; state
   // variables -> (owning variable, state index).
-  std::map<NodeId, ValueId> update_owner;                     // update node -> variable
+  std::map<NodeId, ValueId> update_owner;  // update node -> variable
   std::map<ValueId, NodeId> update_of;                        // variable -> update node
   std::map<ValueId, std::pair<ValueId, int32_t>> state_of;    // state var -> (variable, index)
   const auto& updates = graph.variable_updates();
@@ -93,172 +583,18 @@ absl::StatusOr<LoweredPlan> LowerToPlan(const Graph& graph, const LowerOptions& 
   for (const auto& fetch : graph.fetches()) sinks.push_back(fetch);
   for (const auto& [name, value] : sinks) {
     if (state_of.contains(value)) return absl::UnimplementedError(StrCat("scheduler: cannot fetch optimizer state '", name, "'"));
+    if (rates.value[static_cast<size_t>(value)] != Rate::kIteration) {
+      return absl::UnimplementedError(StrCat("scheduler: '", name, "' is computed once per micro-batch; fetch its mean over the ",
+                                             "micro-batches (gradient accumulation averages losses and fetches)"));
+    }
   }
 
-  const auto slot_of = [&](ValueId v) {
-    const graph::Value& value = graph.value(v);
-    return Slot{value.producer, value.output_index};
-  };
-  // Which nodes get a task, and their readers.
-  std::map<NodeId, std::set<NodeId>> readers;  // producer node -> reader nodes (kSinkNode for the sink)
-  constexpr NodeId kSinkNode = -2;
-  for (const Node& node : graph.nodes()) {
-    if (node.kind != NodeKind::kOp) continue;
-    const bool is_update = update_owner.contains(node.id);
-    for (ValueId in : node.inputs) {
-      if (state_of.contains(in)) continue;
-      // The update runs inside the owner's task: it reads the variable there.
-      if (is_update && in == update_owner.at(node.id)) continue;
-      readers[graph.value(in).producer].insert(is_update ? graph.value(update_owner.at(node.id)).producer : node.id);
-    }
-  }
-  for (const auto& [name, value] : sinks) readers[graph.value(value).producer].insert(kSinkNode);
-
-  comm::PlanBuilder builder(options.iterations);
-  LoweredPlan out;
-  std::map<NodeId, uint64_t> task_of;
-  const uint32_t stream = kComputeStream;
-  for (const Node& node : graph.nodes()) {
-    const std::string& first_name = node.outputs.empty() ? node.op : graph.value(node.outputs[0]).name;
-    switch (node.kind) {
-      case NodeKind::kInput: {
-        if (!readers.contains(node.id)) break;  // fed but unused: no task
-        const uint64_t id = builder.AddTask(proto::ACTOR_KIND_SOURCE, StrCat("input:", first_name), stream, options.device_index);
-        builder.task(id).set_callback(StrCat("input:", first_name));
-        out.sources[StrCat("input:", first_name)] = node.outputs[0];
-        task_of[node.id] = id;
-        break;
-      }
-      case NodeKind::kVariable: {
-        if (state_of.contains(node.outputs[0])) break;
-        if (!readers.contains(node.id)) break;  // never read: nothing to hold
-        const uint64_t id = builder.AddTask(proto::ACTOR_KIND_PARAMETER, StrCat("param:", first_name), stream, options.device_index);
-        builder.task(id).set_callback(StrCat("init:", first_name));
-        task_of[node.id] = id;
-        break;
-      }
-      case NodeKind::kOp: {
-        if (update_owner.contains(node.id)) break;
-        if (node.inputs.empty()) {
-          // A constant (ones, fill...): computed once by its initializer and
-          // held like a variable that is never updated (a compute actor needs
-          // at least one consumed desc).
-          const uint64_t id = builder.AddTask(proto::ACTOR_KIND_PARAMETER, StrCat("const:", node.op, ":", node.id), stream, options.device_index);
-          builder.task(id).set_callback(StrCat("const:", node.id));
-          out.constants[StrCat("const:", node.id)] = node.id;
-          task_of[node.id] = id;
-          break;
-        }
-        const std::string name = node.scope.empty() ? StrCat(node.op, ":", node.id) : StrCat(node.scope, "/", node.op, ":", node.id);
-        const uint64_t id = builder.AddTask(proto::ACTOR_KIND_COMPUTE, name, stream, options.device_index);
-        builder.SetOp(id, node.op, node.attrs);
-        task_of[node.id] = id;
-        break;
-      }
-      default:
-        break;
-    }
-  }
-  const uint64_t sink = builder.AddTask(proto::ACTOR_KIND_SINK, "sink:fetch", stream, options.device_index);
-  builder.task(sink).set_callback(kSinkCallback);
-
-  // One desc per producing task, holding all the node's outputs.
-  std::map<NodeId, int64_t> desc_of;
-  for (const auto& [node_id, task] : task_of) {
-    const Node& node = graph.node(node_id);
-    std::vector<uint64_t> consumers;
-    for (NodeId r : readers[node_id]) {
-      const uint64_t c = r == kSinkNode ? sink : task_of.at(r);
-      if (std::find(consumers.begin(), consumers.end(), c) == consumers.end()) consumers.push_back(c);
-    }
-    std::vector<TensorMeta> tensors;
-    for (ValueId v : node.outputs) tensors.push_back(graph.value(v).meta);
-    const int32_t quota = node.kind == NodeKind::kInput ? options.source_quota : options.default_quota;
-    const bool held = node.kind == NodeKind::kVariable || (node.kind == NodeKind::kOp && node.inputs.empty());
-    desc_of[node_id] = builder.AddRegisterDesc(task, consumers, held ? 1 : quota, tensors);
-  }
-  const auto ref = [&](ValueId v) {
-    const Slot s = slot_of(v);
-    return std::pair<int64_t, int32_t>{desc_of.at(s.producer), s.tensor};
-  };
-
-  // Op inputs / outputs.
-  for (const auto& [node_id, task] : task_of) {
-    const Node& node = graph.node(node_id);
-    if (node.kind == NodeKind::kOp && node.inputs.empty()) continue;  // a constant
-    if (node.kind == NodeKind::kOp) {
-      for (ValueId in : node.inputs) {
-        const auto [desc, tensor] = ref(in);
-        builder.AddInput(task, desc, tensor);
-      }
-      for (size_t k = 0; k < node.outputs.size(); ++k) builder.AddOutput(task, desc_of.at(node_id), static_cast<int32_t>(k));
-    } else if (node.kind == NodeKind::kVariable) {
-      const ValueId var = node.outputs[0];
-      std::vector<ValueId> init = {var};
-      auto it = update_of.find(var);
-      if (it != update_of.end()) {
-        const Node& update = graph.node(it->second);
-        // State tensors, in output order.
-        std::vector<ValueId> states(update.outputs.size() > 0 ? update.outputs.size() - 1 : 0, graph::kNoValue);
-        for (const auto& [state, owner_index] : state_of) {
-          if (owner_index.first == var) states[static_cast<size_t>(owner_index.second)] = state;
-        }
-        for (ValueId state : states) {
-          if (state == graph::kNoValue) return absl::UnimplementedError(StrCat("scheduler: ", update.op, " has an output that updates nothing"));
-          builder.AddState(task, graph.value(state).meta);
-          init.push_back(state);
-        }
-        builder.SetOp(task, update.op, update.attrs);
-        for (ValueId in : update.inputs) {
-          if (in == var) {
-            builder.AddInput(task, desc_of.at(node_id), 0);
-          } else if (state_of.contains(in)) {
-            builder.AddStateInput(task, state_of.at(in).second);
-          } else {
-            const auto [desc, tensor] = ref(in);
-            builder.AddInput(task, desc, tensor);
-          }
-        }
-        builder.AddOutput(task, desc_of.at(node_id), 0);
-        for (size_t k = 1; k < update.outputs.size(); ++k) builder.AddStateOutput(task, static_cast<int32_t>(k - 1));
-      }
-      out.initializers[StrCat("init:", graph.value(var).name)] = std::move(init);
-    }
-  }
-  // The Parameter tasks consume the descs their update reads (registered by
-  // AddRegisterDesc through the readers map above).
-
-  out.plan = builder.Build();
-  // Name the tensors for `tessera plan`.
-  for (auto& desc : *out.plan.mutable_register_descs()) {
-    for (const auto& [node_id, id] : desc_of) {
-      if (id != desc.id()) continue;
-      const Node& node = graph.node(node_id);
-      for (int k = 0; k < desc.tensors_size() && k < static_cast<int>(node.outputs.size()); ++k) {
-        const graph::Value& value = graph.value(node.outputs[static_cast<size_t>(k)]);
-        desc.mutable_tensors(k)->set_name(value.name.empty() ? graph::ValueRef(value.id) : value.name);
-      }
-    }
-  }
-  // The sink receives every tensor of each consumed desc, in consumed order.
-  std::vector<std::string> flat;
-  std::map<std::pair<int64_t, int32_t>, size_t> position;
-  for (int64_t desc_id : builder.task(sink).consumed_register_desc_ids()) {
-    for (const auto& [node_id, id] : desc_of) {
-      if (id != desc_id) continue;
-      for (size_t k = 0; k < graph.node(node_id).outputs.size(); ++k) {
-        position[{desc_id, static_cast<int32_t>(k)}] = flat.size();
-        flat.push_back("");
-      }
-    }
-  }
-  for (const auto& [name, value] : sinks) {
-    const size_t at = position.at(ref(value));
-    if (!flat[at].empty()) return absl::UnimplementedError(StrCat("scheduler: '", name, "' and '", flat[at], "' are the same value"));
-    flat[at] = name;
-  }
-  out.sink_names = std::move(flat);
-  return out;
+  Lowering lowering(graph, options, rates, mesh, sbp);
+  lowering.update_owner = std::move(update_owner);
+  lowering.update_of = std::move(update_of);
+  lowering.state_of = std::move(state_of);
+  lowering.sinks = std::move(sinks);
+  return lowering.Run();
 }
 
 }  // namespace tessera::scheduler

@@ -1,21 +1,49 @@
 #pragma once
-// Lowering a logical graph (after Autodiff / ApplyOptimizer /
-// EliminateDeadCode) to a physical plan for ONE device (DESIGN §7):
-//   - a Source task per graph input that ops read, filled by the host
-//     callback "input:<name>" every iteration (quota options.source_quota);
-//   - a Parameter task per variable, initialised by callback
-//     "init:<name>"; the optimizer update node of a variable (an op whose
-//     output 0 is the variable's update and whose other outputs update state
-//     variables it reads) runs inside that task, the state variables becoming
-//     the task's state tensors;
-//   - a Compute task per remaining op node, producing one register desc that
-//     holds all its outputs;
-//   - a Parameter task without update per constant op (no inputs), filled
-//     once by callback "const:<node id>";
-//   - one Sink task (callback "fetch") reading the loss(es) and fetches.
-// Every task sits on (node 0, cpu:device_index, compute stream 0).
-// Not done: gradient accumulation (repeat / acc nodes are rejected), more
-// than one device, collectives.
+// Lowering a logical graph (after Autodiff / AccumulateGradients /
+// ApplyOptimizer / EliminateDeadCode) to a physical plan (DESIGN §7) on the
+// devices of `options.parallel` (scheduler/mesh.h: pipeline stages, each a
+// [data, tensor] mesh; one CPU device by default).
+//
+// SBP inference (scheduler/sbp_infer.h) gives every value its stage and
+// nd-SBP and every op its signature; then, for each node, one task per rank
+// of its stage (device = options.device_index + rank):
+//   - a Source per graph input that something reads, filled per rank by
+//     callback "input:<name>[@<device>]" with the rank's shard (`sources`
+//     says which slice of the logical tensor it is);
+//   - a Parameter per variable shard, initialised by "init:<name>[@<device>]";
+//     the optimizer update of the variable (an op whose output 0 is its
+//     update and whose other outputs update state variables it reads) runs
+//     inside that task, on the shards, the state variables becoming the
+//     task's state tensors;
+//   - a Compute per remaining op node, producing one register desc that holds
+//     all its outputs (local shapes; split tensors' refs carry their slice of
+//     the logical tensor);
+//   - a Parameter without update per constant op (no inputs), filled once by
+//     "const:<node id>[@<device>]";
+//   - Repeat / Acc tasks for gradient accumulation's repeat / acc nodes;
+//   - where a consumer needs a value in another layout: one Collective task
+//     per rank of the stage (boxing, comm/collective/boxing.h), and between
+//     stages one Send / Recv pair per rank (after boxing on the producer's
+//     stage); conversions are shared by the consumers that need the same
+//     layout, and run on stream 1 of each device;
+//   - one Sink (callback "fetch") on the first rank of the last stage,
+//     reading the losses and fetches as (B, B).
+// The "[@<device>]" suffix appears only with more than one device.
+//
+// Gradient accumulation (m micro-batches, from the repeat / acc nodes): every
+// value runs once per iteration (variables, the learning rate, what follows
+// an acc) or once per micro-batch (data inputs and what lies between repeat
+// and acc); per-micro-batch tasks get pieces_per_iteration = m, and random
+// ops (dropout) get the micro-batch's offset in the iteration's global batch
+// (TensorRef.micro_batch_stride), so their masks do not depend on m.
+// Losses and fetches must be iteration values (AccumulateGradients averages
+// them).
+//
+// Not done: the pipeline register quotas of DESIGN §7 (forward activations
+// kept for backward get default_quota, cross-stage buffers max(2, default));
+// placement hints; a per-node collective coordinator (each conversion has its
+// own communicator group, which keeps shared-memory collectives free of
+// ordering deadlocks; NCCL will need the global `order` the plan carries).
 
 #include <cstdint>
 #include <map>
@@ -24,7 +52,10 @@
 
 #include "absl/status/statusor.h"
 #include "comm/proto/plan.pb.h"
+#include "core/sbp.h"
 #include "graph/graph.h"
+#include "scheduler/mesh.h"
+#include "scheduler/sbp_infer.h"
 
 namespace tessera::scheduler {
 
@@ -35,23 +66,40 @@ struct LowerOptions {
   int64_t iterations = 1;
   int32_t default_quota = 1;
   int32_t source_quota = 2;
-  uint32_t device_index = 0;
+  uint32_t device_index = 0;  // device of rank 0
+  ParallelConfig parallel = {};
+};
+
+// A source's rank shard: the graph input and where the shard sits in the
+// input's logical tensor (one micro-batch under accumulation).
+struct SourceInfo {
+  graph::ValueId value = graph::kNoValue;
+  TensorSlice slice;
+};
+// A parameter's initializer: the variable followed by its state variables
+// (the order of the tensors the callback receives), each with its shard.
+struct InitializerInfo {
+  std::vector<graph::ValueId> values;
+  std::vector<TensorSlice> slices;
+};
+// A constant (an op without inputs, e.g. the autodiff seed): the callback
+// receives the node's outputs' shards.
+struct ConstantInfo {
+  graph::NodeId node = graph::kNoNode;
+  std::vector<TensorSlice> slices;
 };
 
 struct LoweredPlan {
   proto::Plan plan;  // with its memory estimate
-  // Source callback name -> graph input value.
-  std::map<std::string, graph::ValueId> sources;
-  // Initializer callback name -> the variable followed by its state variables
-  // (the order of the tensors the callback receives).
-  std::map<std::string, std::vector<graph::ValueId>> initializers;
-  // Initializer callback name of a constant (an op without inputs, e.g. the
-  // autodiff seed) -> its node; the callback receives the node's outputs.
-  std::map<std::string, graph::NodeId> constants;
+  std::map<std::string, SourceInfo> sources;            // by callback name
+  std::map<std::string, InitializerInfo> initializers;  // by callback name
+  std::map<std::string, ConstantInfo> constants;        // by callback name
   // Names of the tensors the sink callback receives, in order: "loss" (or
   // "loss<i>" for i > 0) and the fetch names; "" for tensors of the consumed
   // registers that are neither.
   std::vector<std::string> sink_names;
+  // The SBP assignment in words (SbpAssignment::ToText), for `tessera plan`.
+  std::string sbp_text;
 };
 
 absl::StatusOr<LoweredPlan> LowerToPlan(const graph::Graph& graph, const LowerOptions& options = {});

@@ -9,6 +9,7 @@ packages=(
   libboost-dev nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev
   libdnnl-dev libopenblas-dev libgloo-dev
   libgtest-dev libgmock-dev libbenchmark-dev
+  graphviz
 )
 
 missing=()

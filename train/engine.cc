@@ -1,5 +1,7 @@
 #include "train/engine.h"
 
+#include <map>
+#include <memory>
 #include <mutex>
 #include <utility>
 #include <vector>
@@ -7,16 +9,48 @@
 #include "actors/plan.h"
 #include "actors/runtime.h"
 #include "core/status.h"
+#include "core/tensor_util.h"
 #include "ops/eager.h"
 
 namespace tessera {
+namespace {
+
+// Runs an op without inputs (an init rule, a constant) into the shards
+// `outputs`, which sit at `slices` of its logical outputs.
+absl::Status RunIntoShards(const std::string& op, const ops::AttrMap& attrs, const std::vector<Tensor>& outputs,
+                           const std::vector<TensorSlice>& slices) {
+  ASSIGN_OR_RETURN(const ops::OpSchema* schema, ops::BuiltinOps().Get(op));
+  ASSIGN_OR_RETURN(ops::AttrMap canonical, schema->CanonicalizeAttrs(attrs));
+  if (outputs.size() != schema->outputs().size() && !(schema->outputs().size() == 1 && schema->outputs()[0].variadic)) {
+    return absl::InternalError(StrCat("op ", op, ": ", outputs.size(), " output tensors for ", schema->outputs().size(), " outputs"));
+  }
+  ops::KernelContext ctx;
+  ctx.schema = schema;
+  ctx.attrs = &canonical;
+  ctx.outputs = outputs;
+  ctx.output_slices = slices;
+  return ops::RunKernel(*schema, ctx);
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Compile(graph::Graph graph, const CompileOptions& options) {
+  if (options.num_micro_batches < 1) {
+    return absl::InvalidArgumentError(StrCat("engine: num_micro_batches must be >= 1, got ", options.num_micro_batches));
+  }
+  if (options.num_micro_batches > 1 && !options.train) {
+    return absl::InvalidArgumentError("engine: micro-batches (gradient accumulation) need train = true");
+  }
   if (options.train) {
     if (graph.losses().size() != 1) {
       return absl::InvalidArgumentError(StrCat("engine: training needs exactly one loss, the graph has ", graph.losses().size()));
     }
     ASSIGN_OR_RETURN(graph::GradientMap gradients, graph::Autodiff(graph));
+    if (options.num_micro_batches > 1) {
+      ASSIGN_OR_RETURN(graph::AccumulationResult accumulated,
+                       graph::AccumulateGradients(graph, gradients, options.num_micro_batches));
+      gradients = std::move(accumulated.gradients);
+    }
     ASSIGN_OR_RETURN(graph::OptimizerResult optimizer, graph::ApplyOptimizer(graph, gradients, options.optimizer));
     (void)optimizer;
   }
@@ -39,37 +73,63 @@ absl::Status Engine::Run(int64_t iterations, const FeedFn& feed, const FetchFn& 
 
   actors::RuntimeOptions runtime;
   runtime.stall_timeout_s = options_.stall_timeout_s;
-  for (const auto& [callback, value] : lowered.sources) {
-    const std::string input = graph_.value(value).name;
-    runtime.callbacks.sources[callback] = [&feed, input](int64_t iteration, const std::vector<Tensor>& outputs) {
+  std::map<std::string, int64_t> pieces;  // source callback -> pieces per iteration
+  for (const auto& task : lowered.plan.tasks()) {
+    if (task.kind() == proto::ACTOR_KIND_SOURCE) pieces[task.callback()] = actors::PiecesPerIteration(task);
+  }
+  // Sources: the user feeds the logical tensor (one micro-batch); a rank
+  // holding a shard gets its block of it, filled once per piece and shared
+  // by the ranks (device threads call concurrently).
+  struct FeedCache {
+    std::mutex mu;
+    std::map<std::pair<std::string, int64_t>, std::pair<Tensor, int>> pieces;  // (input, piece) -> (tensor, readers left)
+  };
+  auto cache = std::make_shared<FeedCache>();
+  std::map<std::string, int> split_readers;  // input -> ranks reading a shard of it
+  for (const auto& [callback, info] : lowered.sources) {
+    if (info.slice.local != info.slice.logical) ++split_readers[graph_.value(info.value).name];
+  }
+  for (const auto& [callback, info] : lowered.sources) {
+    const std::string input = graph_.value(info.value).name;
+    const int64_t m = pieces.contains(callback) ? pieces.at(callback) : 1;
+    const TensorSlice slice = info.slice;
+    const TensorMeta logical = graph_.value(info.value).meta;
+    const int readers = split_readers[input];
+    runtime.callbacks.sources[callback] = [&feed, input, m, slice, logical, readers, cache](
+                                              int64_t piece, const std::vector<Tensor>& outputs) -> absl::Status {
       if (!feed) return absl::FailedPreconditionError(StrCat("no feed for input '", input, "'"));
-      return feed(iteration, input, outputs.at(0));
+      if (slice.local == slice.logical) return feed(piece / m, piece % m, input, outputs.at(0));
+      std::lock_guard<std::mutex> lock(cache->mu);
+      auto& [whole, left] = cache->pieces[{input, piece}];
+      if (!whole.defined()) {
+        ASSIGN_OR_RETURN(whole, Tensor::Zeros(logical.shape, logical.dtype));
+        RETURN_IF_ERROR(feed(piece / m, piece % m, input, whole));
+        left = readers;
+      }
+      ASSIGN_OR_RETURN(Tensor block, ExtractBlock(whole, slice.offset, slice.local));
+      Tensor target = outputs.at(0);
+      RETURN_IF_ERROR(target.CopyFrom(block));
+      if (--left == 0) cache->pieces.erase({input, piece});
+      return absl::OkStatus();
     };
   }
-  for (const auto& [callback, values] : lowered.initializers) {
+  // Parameters and constants: their init ops run on the rank's shard (random
+  // ops draw by global element index, so every layout gets the same values).
+  for (const auto& [callback, info] : lowered.initializers) {
     std::vector<graph::InitRule> rules;
-    for (graph::ValueId v : values) rules.push_back(graph_.variable_info(v).init);
-    runtime.callbacks.initializers[callback] = [rules](const std::vector<Tensor>& tensors) -> absl::Status {
+    for (graph::ValueId v : info.values) rules.push_back(graph_.variable_info(v).init);
+    const std::vector<TensorSlice> slices = info.slices;
+    runtime.callbacks.initializers[callback] = [rules, slices](const std::vector<Tensor>& tensors) -> absl::Status {
       if (tensors.size() != rules.size()) return absl::InternalError("initializer: tensor count mismatch");
-      for (size_t i = 0; i < rules.size(); ++i) {
-        ASSIGN_OR_RETURN(std::vector<Tensor> init, ops::RunOp(rules[i].op, {}, rules[i].attrs));
-        if (init.size() != 1) return absl::InternalError(StrCat("initializer op ", rules[i].op, " gave ", init.size(), " tensors"));
-        Tensor target = tensors[i];
-        RETURN_IF_ERROR(target.CopyFrom(init[0]));
-      }
+      for (size_t i = 0; i < rules.size(); ++i) RETURN_IF_ERROR(RunIntoShards(rules[i].op, rules[i].attrs, {tensors[i]}, {slices[i]}));
       return absl::OkStatus();
     };
   }
-  for (const auto& [callback, node_id] : lowered.constants) {
-    const graph::Node node = graph_.node(node_id);
-    runtime.callbacks.initializers[callback] = [node](const std::vector<Tensor>& tensors) -> absl::Status {
-      ASSIGN_OR_RETURN(std::vector<Tensor> values, ops::RunOp(node.op, {}, node.attrs));
-      if (values.size() != tensors.size()) return absl::InternalError(StrCat("constant ", node.op, ": output count mismatch"));
-      for (size_t i = 0; i < values.size(); ++i) {
-        Tensor target = tensors[i];
-        RETURN_IF_ERROR(target.CopyFrom(values[i]));
-      }
-      return absl::OkStatus();
+  for (const auto& [callback, info] : lowered.constants) {
+    const graph::Node node = graph_.node(info.node);
+    const std::vector<TensorSlice> slices = info.slices;
+    runtime.callbacks.initializers[callback] = [node, slices](const std::vector<Tensor>& tensors) -> absl::Status {
+      return RunIntoShards(node.op, node.attrs, tensors, slices);
     };
   }
   const std::vector<std::string> names = lowered.sink_names;
@@ -83,6 +143,7 @@ absl::Status Engine::Run(int64_t iterations, const FeedFn& feed, const FetchFn& 
   };
   // DESIGN §2: the plan always goes through its serialised form.
   const std::string bytes = actors::SerializePlan(lowered.plan);
+  if (options_.executor) return options_.executor(bytes, std::move(runtime));
   ASSIGN_OR_RETURN(std::unique_ptr<actors::Runtime> rt, actors::Runtime::LoadSerialized(bytes, std::move(runtime)));
   return rt->Run();
 }

@@ -9,9 +9,15 @@
 // options.train (the graph must have a loss). Run lowers the graph to a plan
 // for `iterations` (scheduler/lower.h), serialises and parses it back, loads
 // it into an actors::Runtime and runs it. Feeds are called on actor threads
-// for every graph input (the learning rate "lr" included) every iteration;
-// the fetch callback once per iteration with "loss" and every fetch (e.g.
-// "grad_norm"); its tensors are valid only during the call.
+// for every graph input (the learning rate "lr" included) every iteration,
+// and for data inputs every micro-batch under gradient accumulation
+// (options.num_micro_batches = m > 1: the graph is built at micro-batch size,
+// Compile inserts repeat / acc between Autodiff and ApplyOptimizer, and the
+// feed of micro-batch k of an iteration fills rows [k·b, (k+1)·b) of that
+// iteration's global batch of m·b rows); iteration-rate inputs such as "lr"
+// are fed with micro_batch 0. The fetch callback runs once per iteration
+// with "loss" and every fetch (e.g. "grad_norm"), averaged over the
+// micro-batches; its tensors are valid only during the call.
 //
 // Limitation: each Run starts the variables afresh from their init rules
 // (the runtime keeps no state between runs). Not thread-safe.
@@ -24,6 +30,7 @@
 #include <string_view>
 
 #include "absl/status/statusor.h"
+#include "actors/runtime.h"
 #include "comm/proto/plan.pb.h"
 #include "core/tensor.h"
 #include "graph/graph.h"
@@ -32,17 +39,28 @@
 
 namespace tessera {
 
+// Runs a serialised plan with these host callbacks; the default runs it in
+// an actors::Runtime in this process. (Tests substitute a sequential oracle;
+// a cluster client would ship the plan to workers.)
+using PlanExecutor = std::function<absl::Status(std::string_view plan_bytes, actors::RuntimeOptions options)>;
+
 struct CompileOptions {
   bool train = true;
   graph::OptimizerOptions optimizer = {};
+  int64_t num_micro_batches = 1;       // gradient accumulation steps (train only)
   scheduler::LowerOptions lower = {};  // iterations is set by Run / Plan
   double stall_timeout_s = 60;         // runtime deadlock guard (0 = none)
+  PlanExecutor executor = {};          // empty = actors::Runtime
 };
 
 class Engine {
  public:
-  // Writes the batch of `input` for `iteration` into `tensor` (preallocated).
-  using FeedFn = std::function<absl::Status(int64_t iteration, std::string_view input, const Tensor& tensor)>;
+  // Writes micro-batch `micro_batch` of `input` for `iteration` into `tensor`
+  // (preallocated with the input's logical meta; micro_batch is 0 without
+  // accumulation). With several devices the engine hands each rank its
+  // shard; the feed may then be called from several device threads at once.
+  using FeedFn = std::function<absl::Status(int64_t iteration, int64_t micro_batch, std::string_view input,
+                                            const Tensor& tensor)>;
   using FetchFn = std::function<absl::Status(int64_t iteration, const std::map<std::string, Tensor>& values)>;
 
   static absl::StatusOr<std::unique_ptr<Engine>> Compile(graph::Graph graph, const CompileOptions& options = {});

@@ -3,6 +3,7 @@
 #include <map>
 
 #include "actors/actor_id.h"
+#include "actors/plan.h"
 #include "core/status.h"
 #include "core/text.h"
 #include "train/trainer.h"
@@ -44,6 +45,20 @@ nlohmann::json PlanToJson(const proto::Plan& plan) {
                              {"stream", id.stream},
                              {"task", id.task},
                              {"callback", task.callback()},
+                             {"pieces_per_iteration", actors::PiecesPerIteration(task)},
+                             {"boxing", task.kind() == proto::ACTOR_KIND_COLLECTIVE
+                                            ? nlohmann::json{{"from", task.boxing().from()},
+                                                             {"to", task.boxing().to()},
+                                                             {"conversion", task.boxing().description()},
+                                                             {"group", task.boxing().group()},
+                                                             {"order", task.boxing().order()}}
+                                            : nlohmann::json(nullptr)},
+                             {"transfer", task.kind() == proto::ACTOR_KIND_SEND || task.kind() == proto::ACTOR_KIND_RECV
+                                              ? nlohmann::json{{"peer", task.transfer().peer()},
+                                                               {"group", task.transfer().group()},
+                                                               {"order", task.transfer().order()}}
+                                              : nlohmann::json(nullptr)},
+                             {"repeat_num", task.repeat_num()},
                              {"state_tensors", task.state_size()}});
   }
   out["registers"] = nlohmann::json::array();
@@ -69,9 +84,19 @@ std::string PlanToText(const proto::Plan& plan) {
                            plan.iterations(), " iterations\n\nactors:\n");
   for (const auto& task : plan.tasks()) {
     const actors::ActorId id = actors::DecodeActorId(task.actor_id());
+    std::string extra;
+    if (task.state_size() > 0) extra += StrCat(" state=", task.state_size());
+    if (task.repeat_num() > 0) extra += StrCat(" repeat_num=", task.repeat_num());
+    if (actors::PiecesPerIteration(task) > 1) extra += StrCat(" per_iteration=", actors::PiecesPerIteration(task));
+    if (task.kind() == proto::ACTOR_KIND_COLLECTIVE) {
+      extra += StrCat(" boxing=\"", task.boxing().from(), " -> ", task.boxing().to(), ": ", task.boxing().description(),
+                      "\" order=", task.boxing().order());
+    }
+    if (task.kind() == proto::ACTOR_KIND_SEND || task.kind() == proto::ACTOR_KIND_RECV) {
+      extra += StrCat(" peer=cpu:", task.transfer().peer(), " order=", task.transfer().order());
+    }
     out += fmt::format("  {:<9} {:<40} op={:<30} node={} device={} stream={} task={}{}\n", KindName(task.kind()), task.name(),
-                       task.op().empty() ? "-" : task.op(), id.node, id.device().ToString(), id.stream, id.task,
-                       task.state_size() > 0 ? StrCat(" state=", task.state_size()) : std::string());
+                       task.op().empty() ? "-" : task.op(), id.node, id.device().ToString(), id.stream, id.task, extra);
   }
   out += "\nregisters:\n";
   for (const auto& desc : plan.register_descs()) {
@@ -89,8 +114,9 @@ std::string PlanToDot(const proto::Plan& plan) {
   std::string out = "digraph plan {\n  rankdir=TB;\n  node [shape=box, fontsize=10];\n";
   for (const auto& task : plan.tasks()) {
     const actors::ActorId id = actors::DecodeActorId(task.actor_id());
-    out += fmt::format("  a{} [label=\"{}\\n{} {}\\n{} stream {}\"];\n", task.actor_id(), task.name(), KindName(task.kind()),
-                       task.op(), id.device().ToString(), id.stream);
+    const int64_t pieces = actors::PiecesPerIteration(task);
+    out += fmt::format("  a{} [label=\"{}\\n{} {}{}\\n{} stream {}\"];\n", task.actor_id(), task.name(), KindName(task.kind()),
+                       task.op(), pieces > 1 ? StrCat(" x", pieces, "/iter") : std::string(), id.device().ToString(), id.stream);
   }
   for (const auto& desc : plan.register_descs()) {
     for (uint64_t c : desc.consumers()) {

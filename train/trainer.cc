@@ -4,11 +4,15 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <mutex>
 #include <numbers>
+#include <optional>
 
 #include "core/config.h"
 #include "core/status.h"
 #include "models/model.h"
+#include "scheduler/mesh.h"
 #include "train/engine.h"
 
 namespace tessera {
@@ -90,8 +94,51 @@ double WarmupCosineLR::At(int64_t iteration) const {
 }
 
 namespace {
+
+// train.dist -> the device mesh's numbers. The world is dp × tp × pp virtual
+// devices; with data_parallel_size null it is train.dist.num_devices and dp
+// is derived. pipeline_num_layers defaults to model.num_layers.
+absl::StatusOr<scheduler::ParallelConfig> ParallelFromConfig(const nlohmann::json& config) {
+  scheduler::ParallelConfig parallel;
+  ASSIGN_OR_RETURN(std::string device_type, config::GetString(config, "train.dist.device_type"));
+  if (device_type != "cpu") {
+    return absl::UnimplementedError(StrCat("train.dist.device_type '", device_type, "': only \"cpu\" (virtual CPU devices) runs yet"));
+  }
+  ASSIGN_OR_RETURN(parallel.tensor, config::GetInt(config, "train.dist.tensor_parallel_size"));
+  ASSIGN_OR_RETURN(parallel.pipeline, config::GetInt(config, "train.dist.pipeline_parallel_size"));
+  const auto optional = [&](const char* key) -> absl::StatusOr<std::optional<int64_t>> {
+    auto node = config::GetNode(config, key);
+    if (!node.ok() || (*node)->is_null()) return std::optional<int64_t>();
+    ASSIGN_OR_RETURN(int64_t value, config::GetInt(config, key));
+    return std::optional<int64_t>(value);
+  };
+  ASSIGN_OR_RETURN(std::optional<int64_t> data, optional("train.dist.data_parallel_size"));
+  ASSIGN_OR_RETURN(std::optional<int64_t> devices, optional("train.dist.num_devices"));
+  if (data) {
+    parallel.data = *data;
+    parallel.world_size = *data * parallel.tensor * parallel.pipeline;
+    if (devices && *devices != parallel.world_size) {
+      return absl::InvalidArgumentError(StrCat("train.dist.num_devices ", *devices, " != data ", *data, " x tensor ", parallel.tensor,
+                                               " x pipeline ", parallel.pipeline, " parallel sizes"));
+    }
+  } else {
+    if (!devices) return absl::InvalidArgumentError("train.dist.data_parallel_size is null: set it or train.dist.num_devices");
+    parallel.world_size = *devices;
+  }
+  if (auto custom = config::GetNode(config, "train.dist.custom_pipeline_stage_id"); custom.ok() && !(*custom)->is_null()) {
+    return absl::UnimplementedError("train.dist.custom_pipeline_stage_id is not supported yet (use null: LiBai's automatic assignment)");
+  }
+  ASSIGN_OR_RETURN(std::optional<int64_t> layers, optional("train.dist.pipeline_num_layers"));
+  if (!layers) {
+    ASSIGN_OR_RETURN(layers, optional("model.num_layers"));
+  }
+  if (layers) parallel.pipeline_num_layers = *layers;
+  return parallel;
+}
+
 struct Job {
-  int64_t iters = 0, log_period = 0, batch = 0;
+  int64_t iters = 0, log_period = 0, batch = 0;  // batch: per data-parallel rank and micro-batch
+  int64_t data_parallel = 1;
   std::string output_dir;
   std::unique_ptr<models::Model> model;
   CompileOptions options;
@@ -99,26 +146,50 @@ struct Job {
   std::unique_ptr<Engine> engine;
 };
 
-absl::StatusOr<Job> Prepare(const nlohmann::json& config) {
+absl::StatusOr<Job> Prepare(const nlohmann::json& config, PlanExecutor executor = {}) {
   Job job;
+  job.options.executor = std::move(executor);
   ASSIGN_OR_RETURN(job.iters, config::GetInt(config, "train.train_iter"));
   ASSIGN_OR_RETURN(job.log_period, config::GetInt(config, "train.log_period"));
   ASSIGN_OR_RETURN(job.batch, config::GetInt(config, "train.train_micro_batch_size"));
   ASSIGN_OR_RETURN(job.output_dir, config::GetString(config, "train.output_dir"));
   if (job.iters < 1) return absl::InvalidArgumentError(StrCat("train.train_iter must be >= 1, got ", job.iters));
   if (job.log_period < 1) return absl::InvalidArgumentError(StrCat("train.log_period must be >= 1, got ", job.log_period));
-  if (auto acc = config::GetNode(config, "train.num_accumulation_steps"); acc.ok() && !(*acc)->is_null() &&
-                                                                          !((*acc)->is_number_integer() && (*acc)->get<int64_t>() == 1)) {
-    return absl::UnimplementedError("train.num_accumulation_steps > 1 is not supported yet (use null or 1)");
+  if (job.batch < 1) return absl::InvalidArgumentError(StrCat("train.train_micro_batch_size must be >= 1, got ", job.batch));
+  // global = micro × accumulation × data-parallel ranks: any two of micro,
+  // accumulation and global give the third.
+  const auto optional_int = [&](const char* key) -> absl::StatusOr<std::optional<int64_t>> {
+    auto node = config::GetNode(config, key);
+    if (!node.ok() || (*node)->is_null()) return std::optional<int64_t>();
+    ASSIGN_OR_RETURN(int64_t value, config::GetInt(config, key));
+    if (value < 1) return absl::InvalidArgumentError(StrCat(key, " must be >= 1, got ", value));
+    return std::optional<int64_t>(value);
+  };
+  ASSIGN_OR_RETURN(std::optional<int64_t> accumulation, optional_int("train.num_accumulation_steps"));
+  ASSIGN_OR_RETURN(std::optional<int64_t> global, optional_int("train.global_batch_size"));
+  if (!accumulation) {
+    if (global && *global % (job.batch * job.data_parallel) != 0) {
+      return absl::InvalidArgumentError(StrCat("train.global_batch_size ", *global, " is not a multiple of train.train_micro_batch_size ",
+                                               job.batch, " x ", job.data_parallel, " data-parallel ranks"));
+    }
+    accumulation = global ? *global / (job.batch * job.data_parallel) : 1;
   }
-  if (auto dp = config::GetInt(config, "train.dist.data_parallel_size"); dp.ok() && *dp != 1) {
-    return absl::UnimplementedError("only one device is supported yet (train.dist.data_parallel_size=1)");
+  if (global && *global != job.batch * *accumulation * job.data_parallel) {
+    return absl::InvalidArgumentError(StrCat("train.global_batch_size ", *global, " != train.train_micro_batch_size ", job.batch,
+                                             " x train.num_accumulation_steps ", *accumulation, " x ", job.data_parallel,
+                                             " data-parallel ranks"));
   }
+  job.options.num_micro_batches = *accumulation;
+  ASSIGN_OR_RETURN(job.options.lower.parallel, ParallelFromConfig(config));
+  ASSIGN_OR_RETURN(const scheduler::DeviceMesh mesh, scheduler::DeviceMesh::Make(job.options.lower.parallel));
+  job.data_parallel = mesh.data_parallel_size();
   ASSIGN_OR_RETURN(const nlohmann::json* model_node, config::GetNode(config, "model"));
   Registry<models::Model> registry("model");
   RETURN_IF_ERROR(models::RegisterBuiltinModels(registry));
   ASSIGN_OR_RETURN(job.model, registry.Create(*model_node));
-  ASSIGN_OR_RETURN(graph::Graph graph, job.model->BuildGraph(job.batch));
+  // The graph is built for the logical micro-batch: every data-parallel
+  // rank's samples (the scheduler splits it).
+  ASSIGN_OR_RETURN(graph::Graph graph, job.model->BuildGraph(job.batch * job.data_parallel));
   ASSIGN_OR_RETURN(job.options.optimizer, OptimizerFromConfig(config));
   ASSIGN_OR_RETURN(double base_lr, config::GetDouble(config, "optim.lr"));
   ASSIGN_OR_RETURN(job.schedule, ScheduleFromConfig(config, base_lr, job.iters));
@@ -132,9 +203,9 @@ absl::StatusOr<proto::Plan> TrainingPlan(const nlohmann::json& config) {
   return job.engine->Plan(job.iters);
 }
 
-absl::StatusOr<TrainSummary> Train(const nlohmann::json& config, std::FILE* progress) {
-  ASSIGN_OR_RETURN(Job job, Prepare(config));
-  const int64_t iters = job.iters, log_period = job.log_period, batch = job.batch;
+absl::StatusOr<TrainSummary> Train(const nlohmann::json& config, std::FILE* progress, PlanExecutor executor) {
+  ASSIGN_OR_RETURN(Job job, Prepare(config, std::move(executor)));
+  const int64_t iters = job.iters, log_period = job.log_period, batch = job.batch * job.data_parallel;
   const std::string& output_dir = job.output_dir;
   const CompileOptions& options = job.options;
   const WarmupCosineLR& schedule = job.schedule;
@@ -152,12 +223,38 @@ absl::StatusOr<TrainSummary> Train(const nlohmann::json& config, std::FILE* prog
   summary.losses.assign(static_cast<size_t>(iters), NAN);
   auto last_log = std::chrono::steady_clock::now();
   int64_t last_log_iter = -1;
-  const auto feed = [&](int64_t iteration, std::string_view input, const Tensor& out) -> absl::Status {
+  // Data: the model fills the iteration's global batch (m micro-batches);
+  // micro-batch k takes rows [k·b, (k+1)·b). Sources of one input are fed
+  // in order, so one cached global batch per input suffices.
+  const int64_t micro_batches = options.num_micro_batches;
+  struct GlobalBatch {
+    int64_t iteration = -1;
+    Tensor tensor;
+  };
+  std::map<std::string, GlobalBatch, std::less<>> global_batches;
+  std::mutex feed_mutex;
+  const auto feed = [&](int64_t iteration, int64_t micro_batch, std::string_view input, const Tensor& out) -> absl::Status {
     if (input == options.optimizer.lr_input_name) {
       Tensor t = out;
       return t.CopyFrom(Tensor::FromVector(Shape{}, std::vector<float>{static_cast<float>(schedule.At(iteration))}));
     }
-    return model->FillBatch(iteration, input, out);
+    if (micro_batches == 1) return model->FillBatch(iteration, input, out);
+    if (out.shape().rank() == 0) return absl::InvalidArgumentError(StrCat("input '", input, "' has no batch axis to split into micro-batches"));
+    std::lock_guard<std::mutex> lock(feed_mutex);
+    GlobalBatch& global = global_batches[std::string(input)];
+    if (global.iteration != iteration) {
+      if (!global.tensor.defined()) {
+        Shape shape = out.shape();
+        shape[0] *= micro_batches;
+        ASSIGN_OR_RETURN(global.tensor, Tensor::Zeros(shape, out.dtype()));
+      }
+      RETURN_IF_ERROR(model->FillBatch(iteration, input, global.tensor));
+      global.iteration = iteration;
+    }
+    const int64_t rows = out.shape()[0];
+    ASSIGN_OR_RETURN(Tensor rows_of_micro_batch, global.tensor.SliceRows(micro_batch * rows, rows));
+    Tensor t = out;
+    return t.CopyFrom(rows_of_micro_batch);
   };
   const auto fetch = [&](int64_t iteration, const std::map<std::string, Tensor>& values) -> absl::Status {
     const double loss = values.at("loss").ToVector<float>().at(0);
@@ -166,7 +263,7 @@ absl::StatusOr<TrainSummary> Train(const nlohmann::json& config, std::FILE* prog
     if ((iteration + 1) % log_period != 0 && iteration + 1 != iters) return absl::OkStatus();
     const auto now = std::chrono::steady_clock::now();
     const double seconds = std::chrono::duration<double>(now - last_log).count();
-    const double samples = static_cast<double>((iteration - last_log_iter) * batch);
+    const double samples = static_cast<double>((iteration - last_log_iter) * batch * micro_batches);
     last_log = now;
     last_log_iter = iteration;
     nlohmann::json line = {{"iter", iteration + 1}, {"loss", loss}, {"lr", schedule.At(iteration)},

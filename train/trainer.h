@@ -9,7 +9,9 @@
 //     clipping), samples_per_s.
 // The learning rate follows `lr_scheduler` (WarmupCosineLR, or constant when
 // the key is absent / "ConstantLR").
-// Not done: gradient accumulation > 1, several devices, checkpoints, eval.
+// train.num_accumulation_steps = m > 1 accumulates gradients over m
+// micro-batches of train.train_micro_batch_size samples (global batch m·b).
+// Not done: several devices, checkpoints, eval.
 
 #include <cstdint>
 #include <cstdio>
@@ -18,6 +20,7 @@
 #include "absl/status/statusor.h"
 #include "comm/proto/plan.pb.h"
 #include "nlohmann/json.hpp"
+#include "train/engine.h"
 
 namespace tessera {
 
@@ -41,7 +44,9 @@ struct TrainSummary {
 // The plan Train would run (same config checks), for `tessera plan`.
 absl::StatusOr<proto::Plan> TrainingPlan(const nlohmann::json& config);
 
-// `progress` (may be null) gets one line per logged iteration.
-absl::StatusOr<TrainSummary> Train(const nlohmann::json& config, std::FILE* progress = nullptr);
+// `progress` (may be null) gets one line per logged iteration. `executor`
+// runs the plan (empty: the actor runtime in this process; see engine.h).
+absl::StatusOr<TrainSummary> Train(const nlohmann::json& config, std::FILE* progress = nullptr,
+                                   PlanExecutor executor = {});
 
 }  // namespace tessera

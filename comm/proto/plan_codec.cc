@@ -212,6 +212,15 @@ int64_t PlanBuilder::AddRegisterDesc(uint64_t producer, const std::vector<uint64
   return id;
 }
 
+void PlanBuilder::AddConsumer(int64_t desc_id, uint64_t consumer) {
+  proto::RegisterDesc* desc = plan_.mutable_register_descs(static_cast<int>(desc_id));
+  for (uint64_t c : desc->consumers()) {
+    if (c == consumer) return;
+  }
+  desc->add_consumers(consumer);
+  task(consumer).add_consumed_register_desc_ids(desc_id);
+}
+
 void PlanBuilder::AddInput(uint64_t actor_id, int64_t desc_id, int32_t tensor_index) {
   proto::TensorRef* ref = task(actor_id).add_inputs();
   ref->set_register_desc_id(desc_id);

@@ -29,6 +29,11 @@ absl::StatusOr<TensorMeta> TensorMetaFromProto(const proto::TensorDesc& desc);
 // The slice of a TensorRef; an empty proto slice is the whole `local` shape.
 absl::StatusOr<TensorSlice> TensorSliceFromProto(const proto::TensorSlice& slice, const Shape& local);
 
+// Registers a task produces per iteration: pieces_per_iteration, 0 read as 1.
+inline int64_t PiecesPerIteration(const proto::Task& task) {
+  return task.pieces_per_iteration() > 1 ? task.pieces_per_iteration() : 1;
+}
+
 std::string SerializePlan(const proto::Plan& plan);
 absl::StatusOr<proto::Plan> ParsePlan(std::string_view bytes);
 
@@ -53,6 +58,10 @@ class PlanBuilder {
   int64_t AddRegisterDesc(uint64_t producer, const std::vector<uint64_t>& consumers, int32_t register_num,
                           const std::vector<TensorMeta>& tensors);
 
+  // Adds `consumer` as a reader of desc `desc_id` (once: a second call for
+  // the same pair does nothing).
+  void AddConsumer(int64_t desc_id, uint64_t consumer);
+
   // Appends an op input / output referring to tensor `tensor_index` of desc.
   void AddInput(uint64_t actor_id, int64_t desc_id, int32_t tensor_index = 0);
   void AddOutput(uint64_t actor_id, int64_t desc_id, int32_t tensor_index = 0);
@@ -65,6 +74,8 @@ class PlanBuilder {
 
   // The plan with its memory estimate filled in.
   proto::Plan Build() const;
+  // The plan so far.
+  const proto::Plan& plan() const { return plan_; }
 
  private:
   proto::Plan plan_;

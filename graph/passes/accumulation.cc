@@ -80,8 +80,26 @@ absl::StatusOr<AccumulationResult> AccumulateGradients(Graph& graph, const Gradi
       if (old.placement_hint || old.sbp_hint) RETURN_IF_ERROR(out.SetHints(outputs[i], old.placement_hint, old.sbp_hint));
     }
   }
-  for (ValueId loss : graph.losses()) RETURN_IF_ERROR(out.MarkLoss(remap[static_cast<size_t>(loss)]));
-  for (const auto& [name, id] : graph.fetches()) RETURN_IF_ERROR(out.MarkFetch(name, remap[static_cast<size_t>(id)]));
+  // Losses and fetches computed per micro-batch become their mean over the
+  // micro-batches: the host sees one value per iteration.
+  const auto mean_of = [&](ValueId old_id) -> absl::StatusOr<ValueId> {
+    const ValueId v = remap[static_cast<size_t>(old_id)];
+    const Node& producer = out.producer(v);
+    if (producer.kind != NodeKind::kOp || producer.inputs.empty()) return v;
+    const NodeOptions at{.layer_idx = producer.layer_idx, .scope = producer.scope, .name = ""};
+    ASSIGN_OR_RETURN(ValueId summed, out.AddAcc(v, num_micro_batches, at));
+    ASSIGN_OR_RETURN(std::vector<ValueId> mean,
+                     out.AddOp("scalar_mul", {summed}, {{"value", 1.0 / static_cast<double>(num_micro_batches)}}, at));
+    return mean.front();
+  };
+  for (ValueId loss : graph.losses()) {
+    ASSIGN_OR_RETURN(ValueId mean, mean_of(loss));
+    RETURN_IF_ERROR(out.MarkLoss(mean));
+  }
+  for (const auto& [name, id] : graph.fetches()) {
+    ASSIGN_OR_RETURN(ValueId mean, mean_of(id));
+    RETURN_IF_ERROR(out.MarkFetch(name, mean));
+  }
   for (const auto& [var, new_value] : graph.variable_updates()) {
     RETURN_IF_ERROR(out.SetVariableUpdate(remap[static_cast<size_t>(var)], remap[static_cast<size_t>(new_value)]));
   }

@@ -11,6 +11,7 @@
 #include "actors/actor_id.h"
 #include "actors/plan.h"
 #include "actors/runtime.h"
+#include "ops/eager.h"
 #include "gtest/gtest.h"
 
 namespace tessera::actors {
@@ -403,6 +404,94 @@ TEST(RuntimeTest, KernelsSeeThePlansTensorSlices) {
   EXPECT_EQ(got, (std::vector<float>{54, 55, 0, 0}));
 }
 
+// Under micro-batching a random op sees where its micro-batch sits in the
+// iteration's global batch: m micro-batches of dropout give exactly the mask
+// of one dropout over the whole global batch (DESIGN §4).
+TEST(RuntimeTest, MicroBatchedDropoutDrawsTheGlobalBatchMask) {
+  constexpr int64_t kIterations = 2, kM = 3, kRows = 4, kCols = 5;
+  const TensorMeta piece{DType::kF32, Shape{kRows, kCols}};
+  PlanBuilder b(kIterations);
+  uint64_t src = b.AddTask(ACTOR_KIND_SOURCE, "x", 0);
+  uint64_t drop = b.AddTask(ACTOR_KIND_COMPUTE, "dropout", 0);
+  uint64_t sink = b.AddTask(ACTOR_KIND_SINK, "y", 0);
+  int64_t x = b.AddRegisterDesc(src, {drop}, 2, {piece});
+  int64_t y = b.AddRegisterDesc(drop, {sink}, 2, {piece});
+  b.AddInput(drop, x);
+  b.AddOutput(drop, y);
+  const ops::AttrMap attrs = {{"rate", 0.5}, {"seed", int64_t{3}}, {"tensor_id", int64_t{9}}};
+  b.SetOp(drop, "dropout", attrs);
+  for (proto::TensorRef* ref : {b.task(drop).mutable_inputs(0), b.task(drop).mutable_outputs(0)}) {
+    ref->mutable_slice()->add_logical_shape(kM * kRows);
+    ref->mutable_slice()->add_logical_shape(kCols);
+    ref->mutable_slice()->add_offset(0);
+    ref->mutable_slice()->add_offset(0);
+    ref->set_micro_batch_stride(kRows);
+  }
+  for (uint64_t t : {src, drop, sink}) b.task(t).set_pieces_per_iteration(kM);
+  b.task(drop).set_acts_per_step(kM);
+  b.task(sink).set_acts_per_step(kM);
+  b.task(src).set_callback("x");
+  b.task(sink).set_callback("y");
+  RuntimeOptions options;
+  options.callbacks.sources["x"] = [](int64_t, const std::vector<Tensor>& t) {
+    for (int64_t k = 0; k < kRows * kCols; ++k) t[0].data<float>()[k] = 1.0f;
+    return absl::OkStatus();
+  };
+  std::vector<std::vector<float>> got;  // per micro-batch, in order
+  options.callbacks.sinks["y"] = [&got](int64_t, const std::vector<Tensor>& t) {
+    got.push_back(t[0].ToVector<float>());
+    return absl::OkStatus();
+  };
+  ASSERT_TRUE(RunWithDeadline(b.Build(), std::move(options)).ok());
+  ASSERT_EQ(got.size(), static_cast<size_t>(kIterations * kM));
+  auto ones = Tensor::Zeros(Shape{kM * kRows, kCols}, DType::kF32);
+  ASSERT_TRUE(ones.ok());
+  for (int64_t k = 0; k < kM * kRows * kCols; ++k) ones->data<float>()[k] = 1.0f;
+  for (int64_t it = 0; it < kIterations; ++it) {
+    const ops::OpSchema* schema = *ops::BuiltinOps().Get("dropout");
+    auto canonical = schema->CanonicalizeAttrs(attrs);
+    ASSERT_TRUE(canonical.ok());
+    auto whole = Tensor::Zeros(Shape{kM * kRows, kCols}, DType::kF32);
+    ASSERT_TRUE(whole.ok());
+    ops::KernelContext ctx;
+    ctx.schema = schema;
+    ctx.attrs = &*canonical;
+    ctx.inputs = {*ones};
+    ctx.outputs = {*whole};
+    ctx.step = it;
+    ASSERT_TRUE(ops::RunKernel(*schema, ctx).ok());
+    const std::vector<float> expected = whole->ToVector<float>();
+    bool some_dropped = false;
+    for (int64_t m = 0; m < kM; ++m) {
+      const std::vector<float>& micro = got[static_cast<size_t>(it * kM + m)];
+      for (int64_t k = 0; k < kRows * kCols; ++k) {
+        EXPECT_EQ(micro[static_cast<size_t>(k)], expected[static_cast<size_t>(m * kRows * kCols + k)])
+            << "iteration " << it << " micro-batch " << m << " element " << k;
+        some_dropped |= micro[static_cast<size_t>(k)] == 0.0f;
+      }
+    }
+    EXPECT_TRUE(some_dropped);
+  }
+}
+
+TEST(PlanTest, ParameterUpdateRunsOncePerIteration) {
+  PlanBuilder b(1);
+  uint64_t param = b.AddTask(ACTOR_KIND_PARAMETER, "w", 0);
+  uint64_t src = b.AddTask(ACTOR_KIND_SOURCE, "g", 0);
+  const TensorMeta vec{DType::kF32, Shape{3}};
+  int64_t w = b.AddRegisterDesc(param, {}, 1, {vec});
+  int64_t g = b.AddRegisterDesc(src, {param}, 1, {vec});
+  b.SetOp(param, "add");  // w += g
+  b.AddInput(param, w);
+  b.AddInput(param, g);
+  b.AddOutput(param, w);
+  b.task(param).set_pieces_per_iteration(2);
+  b.task(src).set_pieces_per_iteration(2);
+  const absl::Status status = ValidatePlan(b.Build(), ops::BuiltinOps());
+  EXPECT_FALSE(status.ok());
+  EXPECT_NE(status.message().find("once per iteration"), std::string_view::npos) << status;
+}
+
 TEST(RuntimeTest, CallbackErrorAbortsToo) {
   Pair p = SourceSink(2, 100);
   p.plan.mutable_tasks(1)->set_callback("fail");
@@ -493,6 +582,8 @@ TEST(RuntimeTest, RepeatThenAccEqualsTheDirectSum) {
   b.AddRegisterDesc(acc, {sink}, 1, {piece});
   b.task(rep).set_repeat_num(kM);
   b.task(acc).set_repeat_num(kM);
+  b.task(rep).set_pieces_per_iteration(kM);  // per micro-batch between repeat and acc
+  b.task(sq).set_pieces_per_iteration(kM);
   b.task(sq).set_acts_per_step(kM);
   b.AddInput(sq, pieces);
   b.AddInput(sq, pieces);
@@ -540,6 +631,7 @@ TEST(RuntimeTest, RepeatOfTheWholeTensorAccumulatesToMTimesIt) {
   b.AddRegisterDesc(rep, {acc}, 1, {vec});
   b.AddRegisterDesc(acc, {sink}, 1, {vec});
   b.task(rep).set_repeat_num(5);
+  b.task(rep).set_pieces_per_iteration(5);
   b.task(acc).set_repeat_num(5);
   b.task(src).set_callback("w");
   b.task(sink).set_callback("sink");

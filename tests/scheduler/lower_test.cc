@@ -39,12 +39,20 @@ std::map<std::string, Tensor> Feeds(int64_t iteration) {
   return feeds;
 }
 
+// Rows of `global` (a global batch) that micro-batch k of shape `out` takes;
+// `global` itself when it is no batch (the learning rate).
+Tensor MicroBatch(const Tensor& global, const Tensor& out, int64_t k) {
+  if (global.shape() == out.shape()) return global;
+  const int64_t rows = out.shape()[0];
+  return *global.SliceRows(k * rows, rows);
+}
+
 // Runs the engine, returning the per-iteration losses.
 std::vector<double> RunEngine(Engine& engine, int64_t iterations, std::map<std::string, double>* last_fetch = nullptr) {
   std::vector<double> losses(static_cast<size_t>(iterations), NAN);
-  const auto feed = [](int64_t iteration, std::string_view input, const Tensor& out) -> absl::Status {
+  const auto feed = [](int64_t iteration, int64_t micro_batch, std::string_view input, const Tensor& out) -> absl::Status {
     Tensor t = out;
-    return t.CopyFrom(Feeds(iteration).at(std::string(input)));
+    return t.CopyFrom(MicroBatch(Feeds(iteration).at(std::string(input)), out, micro_batch));
   };
   const auto fetch = [&](int64_t iteration, const std::map<std::string, Tensor>& values) -> absl::Status {
     losses.at(static_cast<size_t>(iteration)) = values.at("loss").ToVector<float>().at(0);
@@ -98,15 +106,80 @@ TEST(LowerTest, MlpPlanHasEveryKindQuotasAndMemory) {
   EXPECT_EQ(parsed->tasks_size(), plan->tasks_size());
 }
 
-TEST(LowerTest, RejectsAccumulation) {
+TEST(LowerTest, AccumulationPlanRunsPerMicroBatchBetweenRepeatAndAcc) {
   auto mlp = BuildTestMlp();
   auto grads = graph::Autodiff(mlp.graph);
   ASSERT_TRUE(grads.ok());
-  auto acc = graph::AccumulateGradients(mlp.graph, *grads, 2);
+  auto acc = graph::AccumulateGradients(mlp.graph, *grads, 3);
   ASSERT_TRUE(acc.ok()) << acc.status();
+  auto opt = graph::ApplyOptimizer(mlp.graph, acc->gradients, {});
+  ASSERT_TRUE(opt.ok()) << opt.status();
+  ASSERT_TRUE(graph::EliminateDeadCode(mlp.graph).ok());
+  auto lowered = scheduler::LowerToPlan(mlp.graph, {.iterations = 2});
+  ASSERT_TRUE(lowered.ok()) << lowered.status();
+  const proto::Plan& plan = lowered->plan;
+  EXPECT_TRUE(actors::ValidatePlan(plan, ops::BuiltinOps()).ok()) << actors::ValidatePlan(plan, ops::BuiltinOps());
+  std::map<proto::ActorKind, int> kinds;
+  for (const auto& task : plan.tasks()) {
+    ++kinds[task.kind()];
+    if (task.kind() == proto::ACTOR_KIND_REPEAT || task.kind() == proto::ACTOR_KIND_ACC) {
+      EXPECT_EQ(task.repeat_num(), 3);
+    }
+    if (task.callback() == "input:x" || task.callback() == "input:labels") {
+      EXPECT_EQ(actors::PiecesPerIteration(task), 3) << task.name();
+    }
+    if (task.callback() == "input:lr") {
+      EXPECT_EQ(actors::PiecesPerIteration(task), 1);
+    }
+    if (task.kind() == proto::ACTOR_KIND_PARAMETER && !task.op().empty()) {
+      EXPECT_EQ(actors::PiecesPerIteration(task), 1);
+    }
+  }
+  EXPECT_EQ(kinds[proto::ACTOR_KIND_REPEAT], 4);  // w1, b1, w2, b2
+  EXPECT_EQ(kinds[proto::ACTOR_KIND_ACC], 5);     // their gradients and the loss
+  // Repeat hands out views: no bytes of its own.
+  std::map<uint64_t, proto::ActorKind> kind_of;
+  for (const auto& task : plan.tasks()) kind_of[task.actor_id()] = task.kind();
+  for (const auto& desc : plan.register_descs()) {
+    if (kind_of[desc.producer()] == proto::ACTOR_KIND_REPEAT) {
+      EXPECT_EQ(desc.bytes_per_register(), 0);
+    }
+  }
+}
+
+TEST(LowerTest, PlanWithMismatchedRatesIsRejected) {
+  auto mlp = BuildTestMlp();
+  auto grads = graph::Autodiff(mlp.graph);
+  ASSERT_TRUE(grads.ok());
+  ASSERT_TRUE(graph::AccumulateGradients(mlp.graph, *grads, 2).ok());
   auto lowered = scheduler::LowerToPlan(mlp.graph);
-  ASSERT_FALSE(lowered.ok());
-  EXPECT_CONTAINS(lowered.status().message(), "accumulation");
+  ASSERT_TRUE(lowered.ok()) << lowered.status();
+  proto::Plan plan = lowered->plan;
+  for (auto& task : *plan.mutable_tasks()) {
+    if (task.callback() == "input:x") task.set_pieces_per_iteration(1);
+  }
+  const absl::Status status = actors::ValidatePlan(plan, ops::BuiltinOps());
+  EXPECT_FALSE(status.ok());
+  EXPECT_CONTAINS(status.message(), "piece(s) per iteration");
+}
+
+TEST(EngineTest, AccumulatedMicroBatchesEqualOneLargeBatch) {
+  // The test MLP is built at batch 8: m = 2 micro-batches of 4 rows see the
+  // same 8 samples per iteration as one batch of 8.
+  CompileOptions options;
+  options.optimizer.kind = graph::OptimizerKind::kSgd;
+  options.optimizer.momentum = 0.9;
+  options.stall_timeout_s = 20;
+  auto whole = Engine::Compile(BuildTestMlp().graph, options);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  options.num_micro_batches = 2;
+  auto half = graph::testing::BuildTestMlp(/*batch=*/4);
+  auto micro = Engine::Compile(std::move(half.graph), options);
+  ASSERT_TRUE(micro.ok()) << micro.status();
+  std::map<std::string, double> last_whole, last_micro;
+  const std::vector<double> a = RunEngine(**whole, 6, &last_whole);
+  const std::vector<double> b = RunEngine(**micro, 6, &last_micro);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], a[i], 1e-6 * std::abs(a[i])) << "iteration " << i;
 }
 
 void ExpectMatchesOracle(graph::OptimizerKind kind) {
@@ -163,7 +236,7 @@ TEST(EngineTest, ForwardOnlyKeepsVariables) {
 TEST(EngineTest, FeedErrorStopsTheRunAndIsReturned) {
   auto engine = CompileMlp();
   ASSERT_NE(engine, nullptr);
-  const auto feed = [](int64_t iteration, std::string_view input, const Tensor& out) -> absl::Status {
+  const auto feed = [](int64_t iteration, int64_t, std::string_view input, const Tensor& out) -> absl::Status {
     if (iteration == 2 && input == "x") return absl::DataLossError("bad batch");
     Tensor t = out;
     return t.CopyFrom(Feeds(iteration).at(std::string(input)));
@@ -177,6 +250,37 @@ TEST(EngineTest, FeedErrorStopsTheRunAndIsReturned) {
   EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
   EXPECT_CONTAINS(status.message(), "bad batch");
   EXPECT_LE(fetched, 2);
+}
+
+}  // namespace
+}  // namespace tessera
+
+namespace tessera {
+namespace {
+
+// Data parallelism over virtual CPU devices: the same losses as one device.
+TEST(EngineTest, DataParallelMatchesOneDevice) {
+  auto one = CompileMlp(graph::OptimizerKind::kAdamW);
+  ASSERT_NE(one, nullptr);
+  const std::vector<double> expected = RunEngine(*one, 5);
+  for (int64_t dp : {2, 4}) {
+    SCOPED_TRACE(StrCat("dp=", dp));
+    CompileOptions options;
+    options.optimizer.kind = graph::OptimizerKind::kAdamW;
+    options.optimizer.weight_decay = 0.01;
+    options.optimizer.clip_grad_max_norm = 1.0;
+    options.stall_timeout_s = 20;
+    options.lower.parallel.world_size = dp;
+    auto engine = Engine::Compile(BuildTestMlp().graph, options);
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    auto plan = (*engine)->Plan(1);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    int collectives = 0;
+    for (const auto& task : plan->tasks()) collectives += task.kind() == proto::ACTOR_KIND_COLLECTIVE;
+    EXPECT_GT(collectives, 0);
+    const std::vector<double> losses = RunEngine(**engine, 5);
+    for (size_t i = 0; i < expected.size(); ++i) EXPECT_NEAR(losses[i], expected[i], 1e-5 * std::abs(expected[i])) << "iteration " << i;
+  }
 }
 
 }  // namespace

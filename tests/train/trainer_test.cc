@@ -4,14 +4,18 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
+#include <vector>
 #include <unistd.h>
 
 #include "core/config.h"
 #include "models/model.h"
 #include "nlohmann/json.hpp"
+#include "tests/actors/sequential_plan.h"
 #include "tests/cli_runner.h"
 
 namespace tessera {
@@ -76,6 +80,26 @@ TEST(Cli, PlanListsActorsRegistersAndMemory) {
   const Result dot = RunTessera("plan " + Source("configs/mlp_demo.json") + " --format dot");
   ASSERT_EQ(dot.exit_code, 0) << dot.out;
   EXPECT_EQ(dot.out.rfind("digraph plan {", 0), 0u);
+}
+
+// `--format dot` renders with Graphviz (scripts/install_deps.sh installs it).
+TEST(Cli, PlanDotRendersWithGraphviz) {
+  if (std::system("command -v dot > /dev/null 2>&1") != 0) GTEST_SKIP() << "Graphviz `dot` is not installed";
+  const auto dir = TempDir("dot");
+  std::filesystem::create_directories(dir);
+  const Result dot = RunTessera("plan " + Source("configs/mlp_demo.json") + " train.num_accumulation_steps=2 --format dot > " +
+                                (dir / "plan.dot").string());
+  ASSERT_EQ(dot.exit_code, 0) << dot.out;
+  const std::string render = "dot -Tsvg " + (dir / "plan.dot").string() + " -o " + (dir / "plan.svg").string() + " 2>&1";
+  ASSERT_EQ(std::system(render.c_str()), 0) << render;
+  std::ifstream svg(dir / "plan.svg");
+  const std::string text((std::istreambuf_iterator<char>(svg)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("<svg"), std::string::npos);
+  EXPECT_NE(text.find("REPEAT"), std::string::npos);  // the accumulation actors are drawn
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Cli, HelpOnEveryVerb) {
   EXPECT_EQ(RunTessera("plan --help").exit_code, 0);
   EXPECT_EQ(RunTessera("train --help").exit_code, 0);
 }
@@ -91,12 +115,50 @@ TEST(Trainer, MlpLossFalls) {
   std::filesystem::remove_all(TempDir("direct"));
 }
 
-TEST(Trainer, RejectsAccumulation) {
-  auto config = config::LoadConfig(Source("configs/mlp_demo.json"), {"train.num_accumulation_steps=2"});
-  ASSERT_TRUE(config.ok()) << config.status();
-  auto summary = Train(*config);
+absl::StatusOr<TrainSummary> TrainMlp(const std::string& name, std::vector<std::string> overrides, PlanExecutor executor = {}) {
+  overrides.push_back("train.output_dir=" + TempDir(name).string());
+  auto config = config::LoadConfig(Source("configs/mlp_demo.json"), overrides);
+  if (!config.ok()) return config.status();
+  auto summary = Train(*config, nullptr, std::move(executor));
+  std::filesystem::remove_all(TempDir(name));
+  return summary;
+}
+
+// The acceptance oracle: the plan the trainer runs through the actors and
+// the same plan run by a sequential interpreter give bit-identical losses.
+TEST(Trainer, ActorsMatchSequentialOracleBitForBit) {
+  for (const char* accumulation : {"1", "2"}) {
+    SCOPED_TRACE(std::string("num_accumulation_steps=") + accumulation);
+    const std::vector<std::string> overrides = {"train.train_iter=20", std::string("train.num_accumulation_steps=") + accumulation};
+    auto actors = TrainMlp("actors", overrides);
+    ASSERT_TRUE(actors.ok()) << actors.status();
+    auto oracle = TrainMlp("oracle", overrides, [](std::string_view plan, actors::RuntimeOptions options) {
+      return actors::testing::RunPlanSequentially(plan, options);
+    });
+    ASSERT_TRUE(oracle.ok()) << oracle.status();
+    ASSERT_EQ(actors->losses.size(), 20u);
+    for (size_t i = 0; i < 20; ++i) EXPECT_EQ(actors->losses[i], oracle->losses[i]) << "iteration " << i;
+  }
+}
+
+// m micro-batches accumulated = one batch m times larger.
+TEST(Trainer, AccumulationEqualsOneLargerBatch) {
+  auto whole = TrainMlp("whole", {"train.train_iter=6", "train.train_micro_batch_size=32", "train.num_accumulation_steps=1"});
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  for (const char* m : {"2", "4"}) {
+    auto micro = TrainMlp("micro", {"train.train_iter=6", std::string("train.train_micro_batch_size=") + std::to_string(32 / std::stoi(m)),
+                                    std::string("train.num_accumulation_steps=") + m});
+    ASSERT_TRUE(micro.ok()) << micro.status();
+    for (size_t i = 0; i < 6; ++i) {
+      EXPECT_NEAR(micro->losses[i], whole->losses[i], 1e-6 * std::abs(whole->losses[i])) << "m=" << m << " iteration " << i;
+    }
+  }
+}
+
+TEST(Trainer, BadAccumulationIsAnError) {
+  auto summary = TrainMlp("bad", {"train.num_accumulation_steps=0"});
   ASSERT_FALSE(summary.ok());
-  EXPECT_NE(std::string(summary.status().message()).find("accumulation"), std::string::npos);
+  EXPECT_NE(std::string(summary.status().message()).find("num_accumulation_steps"), std::string::npos) << summary.status();
 }
 
 TEST(WarmupCosineLR, WarmsUpThenDecays) {
@@ -125,6 +187,44 @@ TEST(Models, MlpIsRegisteredAndDataIsSeeded) {
   EXPECT_EQ(a->ToVector<float>(), b->ToVector<float>());
   EXPECT_FALSE((*model)->FillBatch(3, "nope", *a).ok());
   EXPECT_FALSE(registry.Create({{"_target_", "models.MLPX"}}).ok());
+}
+
+}  // namespace
+}  // namespace tessera
+
+namespace tessera {
+namespace {
+
+// The same global batch under data, tensor and pipeline parallelism (and
+// mixes, with accumulation) gives the one-device losses.
+TEST(Trainer, ParallelLayoutsMatchOneDevice) {
+  auto one = TrainMlp("one", {"train.train_iter=6", "train.train_micro_batch_size=32"});
+  ASSERT_TRUE(one.ok()) << one.status();
+  const std::vector<std::vector<std::string>> layouts = {
+      {"train.dist.data_parallel_size=2", "train.train_micro_batch_size=16"},
+      {"train.dist.data_parallel_size=4", "train.train_micro_batch_size=8"},
+      {"train.dist.tensor_parallel_size=2", "train.train_micro_batch_size=32"},
+      {"train.dist.pipeline_parallel_size=2", "train.train_micro_batch_size=32"},
+      {"train.dist.pipeline_parallel_size=3", "train.train_micro_batch_size=8", "train.num_accumulation_steps=4"},
+      {"train.dist.data_parallel_size=2", "train.dist.pipeline_parallel_size=2", "train.train_micro_batch_size=8",
+       "train.num_accumulation_steps=2"},
+  };
+  for (std::vector<std::string> layout : layouts) {
+    SCOPED_TRACE(layout[0] + " " + layout[1]);
+    layout.push_back("train.train_iter=6");
+    layout.push_back("train.dist.pipeline_num_layers=3");
+    auto run = TrainMlp("layout", layout);
+    ASSERT_TRUE(run.ok()) << run.status();
+    for (size_t i = 0; i < 6; ++i) EXPECT_NEAR(run->losses[i], one->losses[i], 1e-5 * std::abs(one->losses[i])) << "iteration " << i;
+  }
+}
+
+TEST(Trainer, BadParallelConfigIsAnError) {
+  auto bad = TrainMlp("bad", {"train.dist.data_parallel_size=null"});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(std::string(bad.status().message()).find("num_devices"), std::string::npos) << bad.status();
+  auto layers = TrainMlp("bad", {"train.dist.pipeline_parallel_size=4", "train.dist.pipeline_num_layers=3"});
+  ASSERT_FALSE(layers.ok());
 }
 
 }  // namespace
