@@ -262,9 +262,9 @@ class ParameterActor final : public Actor {
   bool awaiting_update_ = false;
 };
 
-// Repeat: hands out repeat_num pieces of each consumed register without
-// copying: the same tensors m times, or (when the produced tensors have
-// 1/m of the rows) consecutive row slices. The consumed register is acked
+// Repeat: hands out repeat_num pieces of tensor `input_tensor` of each
+// consumed register without copying: the same tensor m times, or (when the
+// produced tensor has 1/m of the rows) consecutive row slices. The consumed register is acked
 // once all its pieces were emitted and came back.
 class RepeatActor final : public Actor {
  public:
@@ -284,15 +284,13 @@ class RepeatActor final : public Actor {
     }
     if (out.free.empty()) return false;
     const int32_t index = TakeFree(out);
-    const std::vector<Tensor>& source = FrontTensors(in);
-    std::vector<Tensor>& views = out.registers->registers[static_cast<size_t>(index)];
-    for (size_t t = 0; t < source.size(); ++t) {
-      const auto& dims = out.registers->desc->tensors(static_cast<int>(t)).shape();
-      if (dims.empty() || source[t].shape().rank() == 0 || dims[0] == source[t].shape()[0]) {
-        views[t] = source[t];
-      } else {
-        ASSIGN_OR_RETURN(views[t], source[t].SliceRows(pieces_ * dims[0], dims[0]));
-      }
+    const Tensor& source = FrontTensors(in)[static_cast<size_t>(task_.input_tensor())];
+    Tensor& view = out.registers->registers[static_cast<size_t>(index)][0];
+    const auto& dims = out.registers->desc->tensors(0).shape();
+    if (dims.empty() || source.shape().rank() == 0 || dims[0] == source.shape()[0]) {
+      view = source;
+    } else {
+      ASSIGN_OR_RETURN(view, source.SliceRows(pieces_ * dims[0], dims[0]));
     }
     SendReady(out, index);
     ++pieces_;
@@ -303,7 +301,8 @@ class RepeatActor final : public Actor {
   int64_t pieces_ = 0;  // pieces of the front consumed register emitted
 };
 
-// Acc: sums repeat_num consumed registers into one produced register.
+// Acc: sums tensor `input_tensor` of repeat_num consumed registers into one
+// produced register.
 class AccActor final : public Actor {
  public:
   using Actor::Actor;
@@ -322,18 +321,16 @@ class AccActor final : public Actor {
     Produced& out = produced_[0];
     if (in.ready.empty() || (count_ == 0 && out.free.empty())) return false;
     if (count_ == 0) index_ = TakeFree(out);
-    const std::vector<Tensor>& piece = FrontTensors(in);
-    std::vector<Tensor>& sum = out.registers->registers[static_cast<size_t>(index_)];
-    for (size_t t = 0; t < piece.size(); ++t) {
-      if (count_ == 0) {
-        RETURN_IF_ERROR(sum[t].CopyFrom(piece[t]));
-      } else {
-        ctx_.inputs[0] = sum[t];
-        ctx_.inputs[1] = piece[t];
-        ctx_.outputs[0] = sum[t];
-        ctx_.pool = env_.pool;
-        RETURN_IF_ERROR(ops::RunKernel(*add_, ctx_));
-      }
+    const Tensor& piece = FrontTensors(in)[static_cast<size_t>(task_.input_tensor())];
+    Tensor& sum = out.registers->registers[static_cast<size_t>(index_)][0];
+    if (count_ == 0) {
+      RETURN_IF_ERROR(sum.CopyFrom(piece));
+    } else {
+      ctx_.inputs[0] = sum;
+      ctx_.inputs[1] = piece;
+      ctx_.outputs[0] = sum;
+      ctx_.pool = env_.pool;
+      RETURN_IF_ERROR(ops::RunKernel(*add_, ctx_));
     }
     AckFront(in);
     ++act_count_;

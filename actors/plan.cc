@@ -60,6 +60,9 @@ absl::Status ValidateTask(const proto::Task& task, const std::map<int64_t, const
                                                  task.state_size()));
       }
       ASSIGN_OR_RETURN(TensorMeta meta, TensorMetaFromProto(task.state(ref.state_index())));
+      auto slice = TensorSliceFromProto(ref.slice(), meta.shape);
+      if (!slice.ok()) return absl::InvalidArgumentError(StrCat(name, ": ", slice.status().message()));
+      meta.shape = slice->logical;
       metas->push_back(std::move(meta));
       return absl::OkStatus();
     }
@@ -145,22 +148,21 @@ absl::Status ValidateTask(const proto::Task& task, const std::map<int64_t, const
       RETURN_IF_ERROR(single_in_out());
       const auto& in = *descs.at(task.consumed_register_desc_ids(0));
       const auto& out = *descs.at(task.produced_register_desc_ids(0));
-      if (in.tensors_size() != out.tensors_size()) {
-        return absl::InvalidArgumentError(StrCat(name, ": repeat must produce as many tensors as it consumes"));
+      if (task.input_tensor() < 0 || task.input_tensor() >= in.tensors_size() || out.tensors_size() != 1) {
+        return absl::InvalidArgumentError(StrCat(name, ": repeat must produce one tensor from tensor ", task.input_tensor(),
+                                                 " of a register holding ", in.tensors_size()));
       }
-      for (int i = 0; i < in.tensors_size(); ++i) {
-        ASSIGN_OR_RETURN(TensorMeta a, TensorMetaFromProto(in.tensors(i)));
-        ASSIGN_OR_RETURN(TensorMeta b, TensorMetaFromProto(out.tensors(i)));
-        bool ok = a == b;  // the same tensor m times
-        if (!ok && a.dtype == b.dtype && a.shape.rank() >= 1 && a.shape.rank() == b.shape.rank()) {
-          Shape scaled = b.shape;
-          scaled[0] *= task.repeat_num();
-          ok = scaled == a.shape;  // m row pieces
-        }
-        if (!ok) {
-          return absl::InvalidArgumentError(StrCat(name, ": tensor ", i, " ", b.ToString(), " is neither ",
-                                                   a.ToString(), " nor 1/", task.repeat_num(), " of its rows"));
-        }
+      ASSIGN_OR_RETURN(TensorMeta a, TensorMetaFromProto(in.tensors(task.input_tensor())));
+      ASSIGN_OR_RETURN(TensorMeta b, TensorMetaFromProto(out.tensors(0)));
+      bool ok = a == b;  // the same tensor m times
+      if (!ok && a.dtype == b.dtype && a.shape.rank() >= 1 && a.shape.rank() == b.shape.rank()) {
+        Shape scaled = b.shape;
+        scaled[0] *= task.repeat_num();
+        ok = scaled == a.shape;  // m row pieces
+      }
+      if (!ok) {
+        return absl::InvalidArgumentError(StrCat(name, ": ", b.ToString(), " is neither ", a.ToString(), " nor 1/",
+                                                 task.repeat_num(), " of its rows"));
       }
       break;
     }
@@ -168,12 +170,11 @@ absl::Status ValidateTask(const proto::Task& task, const std::map<int64_t, const
       RETURN_IF_ERROR(single_in_out());
       const auto& in = *descs.at(task.consumed_register_desc_ids(0));
       const auto& out = *descs.at(task.produced_register_desc_ids(0));
-      bool same = in.tensors_size() == out.tensors_size();
-      for (int i = 0; same && i < in.tensors_size(); ++i) {
-        same = in.tensors(i).dtype() == out.tensors(i).dtype() &&
-               ToVector(in.tensors(i).shape()) == ToVector(out.tensors(i).shape());
-      }
-      if (!same) return absl::InvalidArgumentError(StrCat(name, ": acc must produce the tensors it consumes"));
+      const int t = task.input_tensor();
+      const bool same = t >= 0 && t < in.tensors_size() && out.tensors_size() == 1 &&
+                        in.tensors(t).dtype() == out.tensors(0).dtype() &&
+                        ToVector(in.tensors(t).shape()) == ToVector(out.tensors(0).shape());
+      if (!same) return absl::InvalidArgumentError(StrCat(name, ": acc must produce one tensor like tensor ", t, " of what it consumes"));
       break;
     }
     case proto::ACTOR_KIND_COLLECTIVE: {

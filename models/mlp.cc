@@ -6,10 +6,14 @@
 
 #include "core/status.h"
 #include "graph/builder.h"
+#include "models/gpt2.h"
 
 namespace tessera::models {
 
-absl::Status RegisterBuiltinModels(Registry<Model>& registry) { return registry.Register("models.MLP", &Mlp::FromJson); }
+absl::Status RegisterBuiltinModels(Registry<Model>& registry) {
+  RETURN_IF_ERROR(registry.Register("models.MLP", &Mlp::FromJson));
+  return registry.Register("models.GPT2", &Gpt2::FromJson);
+}
 
 Mlp::Mlp(MlpConfig config) : config_(std::move(config)) {
   std::mt19937_64 rng(static_cast<uint64_t>(config_.data_seed) * 7919 + 17);

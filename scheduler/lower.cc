@@ -196,6 +196,17 @@ class Lowering {
       shards_[{node.outputs[k], stage, NdSbpToString(layout.outputs[k])}][static_cast<size_t>(i)] = {desc, static_cast<int32_t>(k)};
     }
   }
+  // DESIGN §7: a per-micro-batch value that backward reads on stage s is
+  // kept for stages - s micro-batches, so stage s can run that many forwards
+  // ahead of its backwards and no further: 1F1B emerges from back-pressure.
+  int32_t Quota(const std::vector<ValueId>& values, int64_t stage, int32_t base) const {
+    for (ValueId v : values) {
+      if (kept_for_backward_.contains(v) && MicroRate(v)) {
+        return std::max(base, static_cast<int32_t>(mesh_.num_stages() - stage));
+      }
+    }
+    return base;
+  }
   // A desc on one rank holding `tensors`, produced by `task`.
   int64_t NewDesc(uint64_t task, int32_t quota, const std::vector<TensorMeta>& tensors) {
     return builder_.AddRegisterDesc(task, {}, quota, tensors);
@@ -235,6 +246,7 @@ class Lowering {
   std::map<LayoutKey, std::vector<Shard>> shards_;  // per parallel id of the stage
   std::map<ValueId, std::vector<uint64_t>> param_tasks_;  // variable -> Parameter task per parallel id
   std::set<ValueId> read_;                               // values some task or the sink reads
+  std::set<ValueId> kept_for_backward_;                  // values read by backward (autodiff) nodes
   int64_t conversions_ = 0;                              // boxing / transfer counter (group names, order)
   // Update nodes and optimizer state (see LowerToPlan).
  public:
@@ -273,7 +285,7 @@ absl::Status Lowering::Ensure(ValueId v, int64_t stage, const NdSbp& sbp) {
       builder_.task(send).mutable_transfer()->set_input_tensor(source[static_cast<size_t>(i)].tensor);
       builder_.AddConsumer(source[static_cast<size_t>(i)].desc, send);
       ASSIGN_OR_RETURN(TensorMeta meta, LocalMeta(v, sbp, i));
-      target.push_back({NewDesc(recv, std::max(2, options_.default_quota), {meta}), 0});
+      target.push_back({NewDesc(recv, Quota({v}, stage, std::max(2, options_.default_quota)), {meta}), 0});
     }
     return absl::OkStatus();
   }
@@ -300,7 +312,7 @@ absl::Status Lowering::Ensure(ValueId v, int64_t stage, const NdSbp& sbp) {
     SetRate(task, micro);
     builder_.AddConsumer(source[static_cast<size_t>(i)].desc, task);
     ASSIGN_OR_RETURN(TensorMeta meta, LocalMeta(v, sbp, i));
-    target.push_back({NewDesc(task, options_.default_quota, {meta}), 0});
+    target.push_back({NewDesc(task, Quota({v}, stage, options_.default_quota), {meta}), 0});
   }
   shards_[{v, stage, NdSbpToString(sbp)}] = std::move(target);
   return absl::OkStatus();
@@ -325,7 +337,7 @@ absl::Status Lowering::LowerNode(const Node& node) {
         ASSIGN_OR_RETURN(TensorSlice slice, SliceOf(node.outputs[0], layout.outputs[0], i));
         out_.sources[callback] = {node.outputs[0], slice};
         ASSIGN_OR_RETURN(TensorMeta meta, LocalMeta(node.outputs[0], layout.outputs[0], i));
-        Produced(node, stage, i, NewDesc(task, options_.source_quota, {meta}));
+        Produced(node, stage, i, NewDesc(task, Quota(node.outputs, stage, options_.source_quota), {meta}));
         break;
       }
       case NodeKind::kVariable: {
@@ -380,7 +392,7 @@ absl::Status Lowering::LowerNode(const Node& node) {
           ASSIGN_OR_RETURN(TensorMeta meta, LocalMeta(node.outputs[k], layout.outputs[k], i));
           metas.push_back(meta);
         }
-        const int64_t desc = NewDesc(task, options_.default_quota, metas);
+        const int64_t desc = NewDesc(task, Quota(node.outputs, stage, options_.default_quota), metas);
         for (size_t k = 0; k < node.outputs.size(); ++k) {
           builder_.AddOutput(task, desc, static_cast<int32_t>(k));
           ASSIGN_OR_RETURN(TensorSlice slice, SliceOf(node.outputs[k], layout.outputs[k], i));
@@ -397,9 +409,10 @@ absl::Status Lowering::LowerNode(const Node& node) {
                                                kComputeStream, device);
         builder_.task(task).set_repeat_num(rates_.num_micro_batches);
         SetRate(task, micro);
-        RETURN_IF_ERROR(Read(node.inputs[0], stage, layout.inputs[0], i, task).status());
+        ASSIGN_OR_RETURN(Shard shard, Read(node.inputs[0], stage, layout.inputs[0], i, task));
+        builder_.task(task).set_input_tensor(shard.tensor);
         ASSIGN_OR_RETURN(TensorMeta meta, LocalMeta(node.outputs[0], layout.outputs[0], i));
-        Produced(node, stage, i, NewDesc(task, options_.default_quota, {meta}));
+        Produced(node, stage, i, NewDesc(task, Quota(node.outputs, stage, options_.default_quota), {meta}));
         break;
       }
     }
@@ -439,6 +452,9 @@ absl::Status Lowering::LowerUpdate(const Node& update, ValueId owner) {
         builder_.AddInput(task, own_desc, 0);
       } else if (state_of.contains(in)) {
         builder_.AddStateInput(task, state_of.at(in).second);
+        ASSIGN_OR_RETURN(TensorSlice slice, SliceOf(in, sbp_.values[static_cast<size_t>(in)].nd_sbp, static_cast<int64_t>(i)));
+        SetRef(builder_.task(task).mutable_inputs(static_cast<int>(k)), in, slice, false);
+        continue;
       } else {
         ASSIGN_OR_RETURN(Shard shard, Read(in, layout.stage, layout.inputs[k], static_cast<int64_t>(i), task));
         builder_.AddInput(task, shard.desc, shard.tensor);
@@ -452,7 +468,12 @@ absl::Status Lowering::LowerUpdate(const Node& update, ValueId owner) {
     builder_.AddOutput(task, own_desc, 0);
     ASSIGN_OR_RETURN(TensorSlice slice, SliceOf(owner, var_layout.outputs[0], static_cast<int64_t>(i)));
     SetRef(builder_.task(task).mutable_outputs(0), owner, slice, false);
-    for (size_t k = 1; k < update.outputs.size(); ++k) builder_.AddStateOutput(task, static_cast<int32_t>(k - 1));
+    for (size_t k = 1; k < update.outputs.size(); ++k) {
+      builder_.AddStateOutput(task, static_cast<int32_t>(k - 1));
+      const ValueId state = states[k - 1];
+      ASSIGN_OR_RETURN(TensorSlice state_slice, SliceOf(state, sbp_.values[static_cast<size_t>(state)].nd_sbp, static_cast<int64_t>(i)));
+      SetRef(builder_.task(task).mutable_outputs(static_cast<int>(k)), state, state_slice, false);
+    }
   }
   return absl::OkStatus();
 }
@@ -497,9 +518,16 @@ absl::StatusOr<LoweredPlan> Lowering::Run() {
     }
   }
   for (const auto& [name, value] : sinks) read_.insert(value);
+  for (const Node& node : graph_.nodes()) {
+    if (!node.scope.starts_with("grad/")) continue;  // autodiff's backward nodes
+    for (ValueId in : node.inputs) {
+      if (!graph_.producer(in).scope.starts_with("grad/")) kept_for_backward_.insert(in);
+    }
+  }
   for (const Node& node : graph_.nodes()) RETURN_IF_ERROR(LowerNode(node));
   RETURN_IF_ERROR(LowerSink());
   out_.plan = builder_.Build();
+  out_.plan.set_mesh(mesh_.ToString());
   out_.sbp_text = sbp_.ToText(graph_);
   // Name the tensors for `tessera plan` by the values they hold.
   for (const auto& [key, shards] : shards_) {

@@ -39,9 +39,10 @@
 // Losses and fetches must be iteration values (AccumulateGradients averages
 // them).
 //
-// Not done: the pipeline register quotas of DESIGN §7 (forward activations
-// kept for backward get default_quota, cross-stage buffers max(2, default));
-// placement hints; a per-node collective coordinator (each conversion has its
+// Quotas (DESIGN §7): default_quota, sources source_quota, cross-stage
+// buffers at least 2, and a per-micro-batch value that backward nodes (scope
+// "grad/...") read on stage s at least stages - s, so 1F1B emerges.
+// Not done: placement hints; a per-node collective coordinator (each conversion has its
 // own communicator group, which keeps shared-memory collectives free of
 // ordering deadlocks; NCCL will need the global `order` the plan carries).
 

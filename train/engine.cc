@@ -17,9 +17,9 @@ namespace {
 
 // Runs an op without inputs (an init rule, a constant) into the shards
 // `outputs`, which sit at `slices` of its logical outputs.
-absl::Status RunIntoShards(const std::string& op, const ops::AttrMap& attrs, const std::vector<Tensor>& outputs,
-                           const std::vector<TensorSlice>& slices) {
-  ASSIGN_OR_RETURN(const ops::OpSchema* schema, ops::BuiltinOps().Get(op));
+absl::Status RunIntoShards(const ops::OpRegistry& registry, const std::string& op, const ops::AttrMap& attrs,
+                           const std::vector<Tensor>& outputs, const std::vector<TensorSlice>& slices) {
+  ASSIGN_OR_RETURN(const ops::OpSchema* schema, registry.Get(op));
   ASSIGN_OR_RETURN(ops::AttrMap canonical, schema->CanonicalizeAttrs(attrs));
   if (outputs.size() != schema->outputs().size() && !(schema->outputs().size() == 1 && schema->outputs()[0].variadic)) {
     return absl::InternalError(StrCat("op ", op, ": ", outputs.size(), " output tensors for ", schema->outputs().size(), " outputs"));
@@ -73,6 +73,7 @@ absl::Status Engine::Run(int64_t iterations, const FeedFn& feed, const FetchFn& 
 
   actors::RuntimeOptions runtime;
   runtime.stall_timeout_s = options_.stall_timeout_s;
+  runtime.registry = &graph_.registry();
   std::map<std::string, int64_t> pieces;  // source callback -> pieces per iteration
   for (const auto& task : lowered.plan.tasks()) {
     if (task.kind() == proto::ACTOR_KIND_SOURCE) pieces[task.callback()] = actors::PiecesPerIteration(task);
@@ -119,17 +120,21 @@ absl::Status Engine::Run(int64_t iterations, const FeedFn& feed, const FetchFn& 
     std::vector<graph::InitRule> rules;
     for (graph::ValueId v : info.values) rules.push_back(graph_.variable_info(v).init);
     const std::vector<TensorSlice> slices = info.slices;
-    runtime.callbacks.initializers[callback] = [rules, slices](const std::vector<Tensor>& tensors) -> absl::Status {
+    const ops::OpRegistry* registry = &graph_.registry();
+    runtime.callbacks.initializers[callback] = [registry, rules, slices](const std::vector<Tensor>& tensors) -> absl::Status {
       if (tensors.size() != rules.size()) return absl::InternalError("initializer: tensor count mismatch");
-      for (size_t i = 0; i < rules.size(); ++i) RETURN_IF_ERROR(RunIntoShards(rules[i].op, rules[i].attrs, {tensors[i]}, {slices[i]}));
+      for (size_t i = 0; i < rules.size(); ++i) {
+        RETURN_IF_ERROR(RunIntoShards(*registry, rules[i].op, rules[i].attrs, {tensors[i]}, {slices[i]}));
+      }
       return absl::OkStatus();
     };
   }
   for (const auto& [callback, info] : lowered.constants) {
     const graph::Node node = graph_.node(info.node);
     const std::vector<TensorSlice> slices = info.slices;
-    runtime.callbacks.initializers[callback] = [node, slices](const std::vector<Tensor>& tensors) -> absl::Status {
-      return RunIntoShards(node.op, node.attrs, tensors, slices);
+    const ops::OpRegistry* registry = &graph_.registry();
+    runtime.callbacks.initializers[callback] = [registry, node, slices](const std::vector<Tensor>& tensors) -> absl::Status {
+      return RunIntoShards(*registry, node.op, node.attrs, tensors, slices);
     };
   }
   const std::vector<std::string> names = lowered.sink_names;

@@ -33,6 +33,7 @@ std::string TensorsText(const proto::RegisterDesc& desc) {
 nlohmann::json PlanToJson(const proto::Plan& plan) {
   nlohmann::json out;
   out["iterations"] = plan.iterations();
+  out["devices"] = plan.mesh();
   out["actors"] = nlohmann::json::array();
   for (const auto& task : plan.tasks()) {
     const actors::ActorId id = actors::DecodeActorId(task.actor_id());
@@ -81,7 +82,8 @@ std::string PlanToText(const proto::Plan& plan) {
   std::map<uint64_t, std::string> names;
   for (const auto& task : plan.tasks()) names[task.actor_id()] = task.name();
   std::string out = StrCat("plan: ", plan.tasks_size(), " actors, ", plan.register_descs_size(), " register descs, ",
-                           plan.iterations(), " iterations\n\nactors:\n");
+                           plan.iterations(), " iterations\n",
+                           plan.mesh().empty() ? std::string() : StrCat("devices: ", plan.mesh(), "\n"), "\nactors:\n");
   for (const auto& task : plan.tasks()) {
     const actors::ActorId id = actors::DecodeActorId(task.actor_id());
     std::string extra;

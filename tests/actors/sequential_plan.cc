@@ -143,38 +143,30 @@ class Interpreter {
       case proto::ACTOR_KIND_PARAMETER:
         return absl::OkStatus();  // its register holds the variable
       case proto::ACTOR_KIND_REPEAT: {
-        const std::vector<Tensor>& in = registers_.at(task.consumed_register_desc_ids(0));
+        const Tensor& in = registers_.at(task.consumed_register_desc_ids(0)).at(static_cast<size_t>(task.input_tensor()));
         const int64_t out_id = task.produced_register_desc_ids(0);
-        std::vector<Tensor>& out = registers_.at(out_id);
-        for (size_t t = 0; t < in.size(); ++t) {
-          const auto& dims = descs_.at(out_id)->tensors(static_cast<int>(t)).shape();
-          if (dims.empty() || in[t].shape().rank() == 0 || dims[0] == in[t].shape()[0]) {
-            out[t] = in[t];
-          } else {
-            ASSIGN_OR_RETURN(out[t], in[t].SliceRows(micro * dims[0], dims[0]));
-          }
+        Tensor& out = registers_.at(out_id).at(0);
+        const auto& dims = descs_.at(out_id)->tensors(0).shape();
+        if (dims.empty() || in.shape().rank() == 0 || dims[0] == in.shape()[0]) {
+          out = in;
+        } else {
+          ASSIGN_OR_RETURN(out, in.SliceRows(micro * dims[0], dims[0]));
         }
         return absl::OkStatus();
       }
       case proto::ACTOR_KIND_ACC: {
-        const std::vector<Tensor>& in = registers_.at(task.consumed_register_desc_ids(0));
-        std::vector<Tensor>& sum = registers_.at(task.produced_register_desc_ids(0));
+        const Tensor& in = registers_.at(task.consumed_register_desc_ids(0)).at(static_cast<size_t>(task.input_tensor()));
+        Tensor& sum = registers_.at(task.produced_register_desc_ids(0)).at(0);
+        if (micro == 0) return sum.CopyFrom(in);
         ASSIGN_OR_RETURN(const ops::OpSchema* add, registry_.Get("add"));
-        for (size_t t = 0; t < in.size(); ++t) {
-          if (micro == 0) {
-            RETURN_IF_ERROR(sum[t].CopyFrom(in[t]));
-            continue;
-          }
-          ops::AttrMap no_attrs;
-          ops::KernelContext ctx;
-          ctx.schema = add;
-          ctx.attrs = &no_attrs;
-          ctx.inputs = {sum[t], in[t]};
-          ctx.outputs = {sum[t]};
-          ctx.pool = options_.pool;
-          RETURN_IF_ERROR(ops::RunKernel(*add, ctx));
-        }
-        return absl::OkStatus();
+        ops::AttrMap no_attrs;
+        ops::KernelContext ctx;
+        ctx.schema = add;
+        ctx.attrs = &no_attrs;
+        ctx.inputs = {sum, in};
+        ctx.outputs = {sum};
+        ctx.pool = options_.pool;
+        return ops::RunKernel(*add, ctx);
       }
       default:
         return absl::InvalidArgumentError(StrCat("task '", task.name(), "' has no kind"));

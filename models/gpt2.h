@@ -1,0 +1,92 @@
+#pragma once
+// models.GPT2: a GPT-2 language model built from nn/ layers, trained on a
+// synthetic token stream.
+//
+// Graph (B batch, T = seq_length, C = hidden_size, V = vocab_size):
+//   input_ids (B, T) i64, labels (B, T) i64      graph inputs, hinted (S(0), B)
+//   h = drop(wte(input_ids) + wpe(arange(T)))    layer 0; the sum hinted (S(0), B) like
+//                                                the blocks' residual stream (nn/module.h)
+//   h = h.{i}(h) for i < num_layers              pre-LN TransformerLayer, layer i
+//   logits = ln_f(h) @ wteᵀ                      tied head, (B·T, V), layer -1
+//   loss = mean over B·T of cross-entropy(logits, labels)   vocabulary parallel, layer -1
+//
+// Parameter names and shapes are Hugging Face's GPT2Model (no "transformer."
+// prefix, no separate lm_head: it is tied to wte):
+//   wte.weight (V, C)  wpe.weight (max_seq_length, C)
+//   h.{i}.ln_1.{weight,bias} (C)  h.{i}.attn.c_attn.weight (C, 3, C)*  h.{i}.attn.c_attn.bias (3, C)*
+//   h.{i}.attn.c_proj.weight (C, C)  h.{i}.attn.c_proj.bias (C)  h.{i}.ln_2.{weight,bias} (C)
+//   h.{i}.mlp.c_fc.weight (C, F)  h.{i}.mlp.c_fc.bias (F)  h.{i}.mlp.c_proj.weight (F, C)
+//   h.{i}.mlp.c_proj.bias (C)  ln_f.{weight,bias} (C)
+//   * HF's (C, 3C) and (3C) viewed with the same bytes (nn/transformer.h).
+// Init as HF: weights N(0, initializer_range²) (output projections
+// c_proj: / sqrt(2 · num_layers) when use_scaled_init_for_output_weights),
+// biases 0, LayerNorm weights 1.
+//
+// Data: a fixed random Markov chain over the vocabulary (from data_seed):
+// each token has `markov_successors` distinct successors with probabilities
+// ∝ 2^-k, so the loss can fall from ln V to the chain's entropy (about 1.1
+// nats for 4 successors). Sample j of iteration i is a sequence of T + 1
+// tokens (first token uniform), every draw a Philox function of (data_seed,
+// i, j, position): the batch is layout-invariant — row j is the same whatever
+// batch size is filled. input_ids = tokens [0, T), labels = tokens [1, T].
+//
+// Config keys (model.*): vocab_size, hidden_size, num_layers,
+// num_attention_heads, ffn_hidden_size (null = 4 · hidden_size),
+// max_seq_length, seq_length (null = max_seq_length), embedding_dropout_prob,
+// attention_dropout_prob, output_dropout_prob, layernorm_epsilon,
+// initializer_range, use_scaled_init_for_output_weights, init_seed,
+// dropout_seed, data_seed, markov_successors. Unknown keys are errors.
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "models/model.h"
+#include "nlohmann/json.hpp"
+
+namespace tessera::models {
+
+struct Gpt2Config {
+  int64_t vocab_size = 256;
+  int64_t hidden_size = 64;
+  int64_t num_layers = 2;
+  int64_t num_attention_heads = 4;
+  int64_t ffn_hidden_size = 256;
+  int64_t max_seq_length = 32;
+  int64_t seq_length = 32;
+  double embedding_dropout_prob = 0;
+  double attention_dropout_prob = 0;
+  double output_dropout_prob = 0;
+  double layernorm_epsilon = 1e-5;
+  double initializer_range = 0.02;
+  bool use_scaled_init_for_output_weights = true;
+  int64_t init_seed = 1234;
+  int64_t dropout_seed = 4321;
+  int64_t data_seed = 0;
+  int64_t markov_successors = 4;
+};
+
+class Gpt2 final : public Model {
+ public:
+  // `config` must pass Validate (CHECKed); FromJson checks a config node.
+  explicit Gpt2(Gpt2Config config);
+  static absl::StatusOr<std::unique_ptr<Model>> FromJson(const nlohmann::json& node);
+  static absl::Status Validate(const Gpt2Config& config);
+
+  absl::StatusOr<graph::Graph> BuildGraph(int64_t batch) const override;
+  // Inputs "input_ids" and "labels", i64 (batch, seq_length).
+  absl::Status FillBatch(int64_t iteration, std::string_view input, const Tensor& out) const override;
+
+  // The seq_length + 1 tokens of sample `sample` of `iteration`.
+  std::vector<int64_t> SampleSequence(int64_t iteration, int64_t sample) const;
+  const Gpt2Config& config() const { return config_; }
+
+ private:
+  Gpt2Config config_;
+  // successors_[v * K + k] = k-th successor of token v; cumulative_[k] = P(successor index <= k).
+  std::vector<int64_t> successors_;
+  std::vector<double> cumulative_;
+};
+
+}  // namespace tessera::models
