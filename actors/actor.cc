@@ -68,7 +68,8 @@ class OpRunner {
   // `act` counts the task's acts: the kernel step is act / acts_per_step and
   // the micro-batch index act % pieces_per_iteration.
   template <typename Lookup>
-  absl::Status Run(const proto::Task& task, Lookup&& lookup, int64_t act, ThreadPool* pool, const Device& device) {
+  absl::Status Run(const proto::Task& task, Lookup&& lookup, int64_t act, int64_t start_iteration, ThreadPool* pool,
+                   const Device& device) {
     for (size_t i = 0; i < inputs_.size(); ++i) ctx_.inputs[i] = lookup(inputs_[i]);
     for (size_t i = 0; i < outputs_.size(); ++i) ctx_.outputs[i] = lookup(outputs_[i]);
     if (any_slice_ && ctx_.input_slices.empty()) {
@@ -101,7 +102,7 @@ class OpRunner {
         if (stride != 0 && !s.offset.empty()) s.offset[0] = base_output_offsets_[static_cast<size_t>(i)] + micro * stride;
       }
     }
-    ctx_.step = act / std::max<int64_t>(1, task.acts_per_step());
+    ctx_.step = start_iteration + act / std::max<int64_t>(1, task.acts_per_step());
     ctx_.pool = pool;
     ctx_.device = device;
     return ops::RunKernel(*schema_, ctx_);
@@ -154,7 +155,7 @@ class SourceActor final : public Actor {
         const auto& tensors = produced_[i].registers->registers[static_cast<size_t>(taken[i])];
         outputs.insert(outputs.end(), tensors.begin(), tensors.end());
       }
-      RETURN_IF_ERROR((*fill_)(act_count_, outputs));
+      RETURN_IF_ERROR((*fill_)(env_.start_iteration * PiecesPerIteration(task_) + act_count_, outputs));
     }
     for (size_t i = 0; i < produced_.size(); ++i) SendReady(produced_[i], taken[i]);
     ++act_count_;
@@ -185,7 +186,7 @@ class ComputeActor final : public Actor {
         if (r.where == OpRunner::Where::kConsumed) return FrontTensors(consumed_[static_cast<size_t>(r.slot)])[static_cast<size_t>(r.tensor)];
         return produced_[static_cast<size_t>(r.slot)].registers->registers[static_cast<size_t>(taken_[static_cast<size_t>(r.slot)])][static_cast<size_t>(r.tensor)];
       };
-      RETURN_IF_ERROR(runner_.Run(task_, lookup, act_count_, env_.pool, DecodeActorId(id()).device()));
+      RETURN_IF_ERROR(runner_.Run(task_, lookup, act_count_, env_.start_iteration, env_.pool, DecodeActorId(id()).device()));
     }
     for (size_t i = 0; i < produced_.size(); ++i) SendReady(produced_[i], taken_[i]);
     for (Consumed& c : consumed_) AckFront(c);
@@ -235,10 +236,11 @@ class ParameterActor final : public Actor {
           if (r.where == OpRunner::Where::kState) return state_[static_cast<size_t>(r.slot)];
           return Variable()[static_cast<size_t>(r.tensor)];
         };
-        RETURN_IF_ERROR(runner_.Run(task_, lookup, emitted_ - 1, env_.pool, DecodeActorId(id()).device()));
+        RETURN_IF_ERROR(runner_.Run(task_, lookup, emitted_ - 1, env_.start_iteration, env_.pool, DecodeActorId(id()).device()));
       }
       for (Consumed& c : consumed_) AckFront(c);
       awaiting_update_ = false;
+      if (emitted_ >= TotalPieces(task_, env_.iterations)) RETURN_IF_ERROR(Finalize());
       return true;
     }
     if (emitted_ >= TotalPieces(task_, env_.iterations) || !variable.all_free()) return false;
@@ -254,6 +256,15 @@ class ParameterActor final : public Actor {
       return absl::FailedPreconditionError("gradient stream ended before the last update");
     }
     return absl::OkStatus();
+  }
+
+  // Hands the trained variable and state to the host's finalizer, if any.
+  absl::Status Finalize() {
+    auto it = env_.callbacks->finalizers.find(task_.callback());
+    if (task_.callback().empty() || it == env_.callbacks->finalizers.end()) return absl::OkStatus();
+    std::vector<Tensor> all = Variable();
+    all.insert(all.end(), state_.begin(), state_.end());
+    return it->second(all);
   }
 
   OpRunner runner_;
@@ -379,7 +390,7 @@ class SinkActor final : public Actor {
         const auto& tensors = FrontTensors(c);
         inputs_.insert(inputs_.end(), tensors.begin(), tensors.end());
       }
-      RETURN_IF_ERROR((*sink_)(StepOf(task_, act_count_), inputs_));
+      RETURN_IF_ERROR((*sink_)(env_.start_iteration + StepOf(task_, act_count_), inputs_));
     }
     for (Consumed& c : consumed_) AckFront(c);
     ++act_count_;

@@ -35,7 +35,8 @@ namespace tessera::actors {
 struct HostCallbacks {
   // Source: fills the tensors of the produced registers for `piece` =
   // iteration * pieces_per_iteration + micro-batch (= the iteration when the
-  // task runs once per iteration).
+  // task runs once per iteration), iterations counting from the plan's
+  // start_iteration.
   using SourceFn = std::function<absl::Status(int64_t piece, const std::vector<Tensor>& outputs)>;
   // Sink: reads the tensors of the consumed registers (valid during the call).
   using SinkFn = std::function<absl::Status(int64_t iteration, const std::vector<Tensor>& inputs)>;
@@ -45,6 +46,10 @@ struct HostCallbacks {
   std::map<std::string, SourceFn, std::less<>> sources;
   std::map<std::string, SinkFn, std::less<>> sinks;
   std::map<std::string, InitFn, std::less<>> initializers;
+  // Parameter: called with the variable and its state after the last update
+  // (keyed like `initializers`, by the task's callback), so the host can keep
+  // the trained values (a later run, a checkpoint).
+  std::map<std::string, InitFn, std::less<>> finalizers;
 };
 
 // The registers of one desc: registers[index][tensor].
@@ -70,6 +75,7 @@ struct ActorEnvironment {
   const HostCallbacks* callbacks = nullptr;
   ThreadPool* pool = nullptr;  // intra-op threads for kernels; null = inline
   int64_t iterations = 0;
+  int64_t start_iteration = 0;  // Plan.start_iteration
   JoinFn join;  // for Collective / Send / Recv actors
 };
 

@@ -249,6 +249,7 @@ absl::Status ValidateTask(const proto::Task& task, const std::map<int64_t, const
 
 absl::Status ValidatePlan(const proto::Plan& plan, const ops::OpRegistry& registry) {
   if (plan.iterations() < 0) return absl::InvalidArgumentError("plan has negative iterations");
+  if (plan.start_iteration() < 0) return absl::InvalidArgumentError("plan has a negative start_iteration");
   std::map<uint64_t, const proto::Task*> tasks;
   for (const auto& task : plan.tasks()) {
     RETURN_IF_ERROR(ValidateActorId(task.actor_id()));

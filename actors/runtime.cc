@@ -54,6 +54,7 @@ class LoadedJob {
     job->env.callbacks = &options.callbacks;
     job->env.pool = options.pool;
     job->env.iterations = job->plan.iterations();
+    job->env.start_iteration = job->plan.start_iteration();
     comm::ShmHub* hub = options.hub;
     if (hub == nullptr) {
       job->own_hub = std::make_unique<comm::ShmHub>();

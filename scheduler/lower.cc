@@ -528,6 +528,7 @@ absl::StatusOr<LoweredPlan> Lowering::Run() {
   RETURN_IF_ERROR(LowerSink());
   out_.plan = builder_.Build();
   out_.plan.set_mesh(mesh_.ToString());
+  out_.plan.set_start_iteration(options_.start_iteration);
   out_.sbp_text = sbp_.ToText(graph_);
   // Name the tensors for `tessera plan` by the values they hold.
   for (const auto& [key, shards] : shards_) {
@@ -545,6 +546,7 @@ absl::StatusOr<LoweredPlan> Lowering::Run() {
 
 absl::StatusOr<LoweredPlan> LowerToPlan(const Graph& graph, const LowerOptions& options) {
   if (options.iterations < 1) return absl::InvalidArgumentError(StrCat("scheduler: iterations must be >= 1, got ", options.iterations));
+  if (options.start_iteration < 0) return absl::InvalidArgumentError(StrCat("scheduler: start_iteration must be >= 0, got ", options.start_iteration));
   if (options.default_quota < 1 || options.source_quota < 1) return absl::InvalidArgumentError("scheduler: quotas must be >= 1");
   if (graph.losses().empty() && graph.fetches().empty()) {
     return absl::InvalidArgumentError("scheduler: the graph has no loss and no fetch");

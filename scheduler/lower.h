@@ -65,6 +65,7 @@ inline constexpr char kSinkCallback[] = "fetch";
 
 struct LowerOptions {
   int64_t iterations = 1;
+  int64_t start_iteration = 0;  // Plan.start_iteration (a run continuing an earlier one)
   int32_t default_quota = 1;
   int32_t source_quota = 2;
   uint32_t device_index = 0;  // device of rank 0

@@ -62,6 +62,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Compile(graph::Graph graph, cons
 absl::StatusOr<proto::Plan> Engine::Plan(int64_t iterations) const {
   scheduler::LowerOptions lower = options_.lower;
   lower.iterations = iterations;
+  lower.start_iteration = iterations_done_;
   ASSIGN_OR_RETURN(scheduler::LoweredPlan lowered, scheduler::LowerToPlan(graph_, lower));
   return lowered.plan;
 }
@@ -69,6 +70,7 @@ absl::StatusOr<proto::Plan> Engine::Plan(int64_t iterations) const {
 absl::Status Engine::Run(int64_t iterations, const FeedFn& feed, const FetchFn& fetch) {
   scheduler::LowerOptions lower = options_.lower;
   lower.iterations = iterations;
+  lower.start_iteration = iterations_done_;
   ASSIGN_OR_RETURN(scheduler::LoweredPlan lowered, scheduler::LowerToPlan(graph_, lower));
 
   actors::RuntimeOptions runtime;
@@ -121,11 +123,32 @@ absl::Status Engine::Run(int64_t iterations, const FeedFn& feed, const FetchFn& 
     for (graph::ValueId v : info.values) rules.push_back(graph_.variable_info(v).init);
     const std::vector<TensorSlice> slices = info.slices;
     const ops::OpRegistry* registry = &graph_.registry();
-    runtime.callbacks.initializers[callback] = [registry, rules, slices](const std::vector<Tensor>& tensors) -> absl::Status {
+    Trained* trained = trained_.get();
+    runtime.callbacks.initializers[callback] = [registry, rules, slices, trained, callback](
+                                                   const std::vector<Tensor>& tensors) -> absl::Status {
       if (tensors.size() != rules.size()) return absl::InternalError("initializer: tensor count mismatch");
+      {
+        // A later run goes on from the values the last one trained.
+        std::lock_guard<std::mutex> lock(trained->mu);
+        auto it = trained->values.find(callback);
+        if (it != trained->values.end()) {
+          for (size_t i = 0; i < tensors.size(); ++i) {
+            Tensor target = tensors[i];
+            RETURN_IF_ERROR(target.CopyFrom(it->second.at(i)));
+          }
+          return absl::OkStatus();
+        }
+      }
       for (size_t i = 0; i < rules.size(); ++i) {
         RETURN_IF_ERROR(RunIntoShards(*registry, rules[i].op, rules[i].attrs, {tensors[i]}, {slices[i]}));
       }
+      return absl::OkStatus();
+    };
+    runtime.callbacks.finalizers[callback] = [trained, callback](const std::vector<Tensor>& tensors) -> absl::Status {
+      std::vector<Tensor> copies;
+      for (const Tensor& t : tensors) copies.push_back(t.Clone());
+      std::lock_guard<std::mutex> lock(trained->mu);
+      trained->values[callback] = std::move(copies);
       return absl::OkStatus();
     };
   }
@@ -148,9 +171,14 @@ absl::Status Engine::Run(int64_t iterations, const FeedFn& feed, const FetchFn& 
   };
   // DESIGN §2: the plan always goes through its serialised form.
   const std::string bytes = actors::SerializePlan(lowered.plan);
-  if (options_.executor) return options_.executor(bytes, std::move(runtime));
-  ASSIGN_OR_RETURN(std::unique_ptr<actors::Runtime> rt, actors::Runtime::LoadSerialized(bytes, std::move(runtime)));
-  return rt->Run();
+  if (options_.executor) {
+    RETURN_IF_ERROR(options_.executor(bytes, std::move(runtime)));
+  } else {
+    ASSIGN_OR_RETURN(std::unique_ptr<actors::Runtime> rt, actors::Runtime::LoadSerialized(bytes, std::move(runtime)));
+    RETURN_IF_ERROR(rt->Run());
+  }
+  iterations_done_ += iterations;
+  return absl::OkStatus();
 }
 
 }  // namespace tessera

@@ -19,13 +19,17 @@
 // with "loss" and every fetch (e.g. "grad_norm"), averaged over the
 // micro-batches; its tensors are valid only during the call.
 //
-// Limitation: each Run starts the variables afresh from their init rules
-// (the runtime keeps no state between runs). Not thread-safe.
+// Variables start from their init rules on the first Run; each later Run
+// goes on from the values (and optimizer state) the previous one trained and
+// from the next iteration (feeds, fetches, kernel steps count on), so
+// Run(3) then Run(2) trains like Run(5) (a new Run with other layout
+// options is not supported: the kept values are per shard). Not thread-safe.
 
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 
@@ -65,7 +69,8 @@ class Engine {
 
   static absl::StatusOr<std::unique_ptr<Engine>> Compile(graph::Graph graph, const CompileOptions& options = {});
   // Use Compile; takes a graph that already went through the passes.
-  Engine(graph::Graph graph, CompileOptions options) : graph_(std::move(graph)), options_(std::move(options)) {}
+  Engine(graph::Graph graph, CompileOptions options)
+      : graph_(std::move(graph)), options_(std::move(options)), trained_(std::make_unique<Trained>()) {}
 
   // The plan of `iterations` iterations (what Run executes).
   absl::StatusOr<proto::Plan> Plan(int64_t iterations) const;
@@ -75,8 +80,17 @@ class Engine {
   const graph::Graph& graph() const { return graph_; }
 
  private:
+  // Trained variables and state per parameter shard (initializer callback
+  // name), written by the parameters' finalizers on device threads.
+  struct Trained {
+    std::mutex mu;
+    std::map<std::string, std::vector<Tensor>> values;
+  };
+
   graph::Graph graph_;
   CompileOptions options_;
+  std::unique_ptr<Trained> trained_;
+  int64_t iterations_done_ = 0;  // by successful runs: the next run's first iteration
 };
 
 }  // namespace tessera

@@ -172,6 +172,7 @@ uint64_t PlanBuilder::AddTask(proto::ActorKind kind, std::string name, uint32_t 
   id.task = next_task_[StreamOf(*base)]++;
   auto encoded = EncodeActorId(id);
   TESSERA_CHECK(encoded.ok(), encoded.status().ToString());
+  index_[*encoded] = plan_.tasks_size();
   proto::Task* task = plan_.add_tasks();
   task->set_actor_id(*encoded);
   task->set_kind(kind);
@@ -180,11 +181,9 @@ uint64_t PlanBuilder::AddTask(proto::ActorKind kind, std::string name, uint32_t 
 }
 
 proto::Task& PlanBuilder::task(uint64_t actor_id) {
-  for (auto& task : *plan_.mutable_tasks()) {
-    if (task.actor_id() == actor_id) return task;
-  }
-  TESSERA_CHECK(false, "no task ", ActorIdToString(actor_id));
-  return *plan_.mutable_tasks(0);
+  auto it = index_.find(actor_id);
+  TESSERA_CHECK(it != index_.end(), "no task ", ActorIdToString(actor_id));
+  return *plan_.mutable_tasks(it->second);
 }
 
 int64_t PlanBuilder::AddRegisterDesc(uint64_t producer, const std::vector<uint64_t>& consumers, int32_t register_num,

@@ -80,6 +80,7 @@ class PlanBuilder {
  private:
   proto::Plan plan_;
   std::map<uint64_t, uint32_t> next_task_;  // stream (StreamOf) -> next task index
+  std::map<uint64_t, int> index_;           // actor id -> position in plan_.tasks
 };
 
 }  // namespace tessera::comm

@@ -27,7 +27,7 @@ class Interpreter {
     }
     int64_t m = 1;
     for (const proto::Task* task : order_) m = std::max(m, PiecesPerIteration(*task));
-    for (int64_t it = 0; it < plan_.iterations(); ++it) {
+    for (int64_t it = plan_.start_iteration(); it < plan_.start_iteration() + plan_.iterations(); ++it) {
       for (const proto::Task* task : order_) {
         if (PiecesPerIteration(*task) == 1 && !after_acc_.contains(task) && task->kind() != proto::ACTOR_KIND_ACC) {
           RETURN_IF_ERROR(Act(*task, it, 0));
@@ -44,6 +44,15 @@ class Interpreter {
       for (const proto::Task* task : order_) {
         if (task->kind() == proto::ACTOR_KIND_PARAMETER && !task->op().empty()) RETURN_IF_ERROR(RunOp(*task, it, 0));
       }
+    }
+    for (const proto::Task* task : order_) {
+      if (task->kind() != proto::ACTOR_KIND_PARAMETER || task->op().empty()) continue;
+      auto it = options_.callbacks.finalizers.find(task->callback());
+      if (it == options_.callbacks.finalizers.end()) continue;
+      std::vector<Tensor> all = registers_.at(task->produced_register_desc_ids(0));
+      const auto& state = state_[task->actor_id()];
+      all.insert(all.end(), state.begin(), state.end());
+      RETURN_IF_ERROR(it->second(all));
     }
     return absl::OkStatus();
   }

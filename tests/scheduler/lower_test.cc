@@ -285,3 +285,33 @@ TEST(EngineTest, DataParallelMatchesOneDevice) {
 
 }  // namespace
 }  // namespace tessera
+
+namespace tessera {
+namespace {
+
+// A second Run goes on from the first: Run(3) + Run(2) = Run(5), bit for bit.
+TEST(EngineTest, RunsContinueWhereTheLastStopped) {
+  auto once = CompileMlp(graph::OptimizerKind::kAdamW);
+  auto twice = CompileMlp(graph::OptimizerKind::kAdamW);
+  ASSERT_NE(once, nullptr);
+  ASSERT_NE(twice, nullptr);
+  const std::vector<double> all = RunEngine(*once, 5);
+  std::vector<double> parts(5, NAN);
+  const auto feed = [](int64_t iteration, int64_t micro_batch, std::string_view input, const Tensor& out) -> absl::Status {
+    Tensor t = out;
+    return t.CopyFrom(MicroBatch(Feeds(iteration).at(std::string(input)), out, micro_batch));
+  };
+  const auto fetch = [&parts](int64_t iteration, const std::map<std::string, Tensor>& values) -> absl::Status {
+    parts.at(static_cast<size_t>(iteration)) = values.at("loss").ToVector<float>().at(0);
+    return absl::OkStatus();
+  };
+  ASSERT_TRUE(twice->Run(3, feed, fetch).ok());
+  auto plan = twice->Plan(2);
+  ASSERT_TRUE(plan.ok());
+  EXPECT_EQ(plan->start_iteration(), 3);
+  ASSERT_TRUE(twice->Run(2, feed, fetch).ok());
+  for (size_t i = 0; i < 5; ++i) EXPECT_EQ(parts[i], all[i]) << "iteration " << i;
+}
+
+}  // namespace
+}  // namespace tessera
