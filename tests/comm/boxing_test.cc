@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "comm/collective/shm_communicator.h"
+#include "tests/comm/completion.h"
 #include "core/tensor_util.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -34,41 +35,8 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 
-constexpr auto kDeadline = std::chrono::seconds(20);
-
-// The outcome of one launch. The state is shared with the callback, so a
-// callback that fires after a failed test has returned is still safe.
-class Completion {
- public:
-  DoneFn Fn() const {
-    return [state = state_](absl::Status status) {
-      std::lock_guard<std::mutex> lock(state->mu);
-      ++state->calls;
-      state->status = std::move(status);
-      state->cv.notify_all();
-    };
-  }
-  absl::Status Wait() const {
-    std::unique_lock<std::mutex> lock(state_->mu);
-    if (!state_->cv.wait_for(lock, kDeadline, [&] { return state_->calls > 0; })) {
-      return absl::DeadlineExceededError("boxing did not complete within the deadline");
-    }
-    return state_->status;
-  }
-  int calls() const {
-    std::lock_guard<std::mutex> lock(state_->mu);
-    return state_->calls;
-  }
-
- private:
-  struct State {
-    std::mutex mu;
-    std::condition_variable cv;
-    int calls = 0;
-    absl::Status status;
-  };
-  std::shared_ptr<State> state_ = std::make_shared<State>();
-};
+using testing::Completion;
+using testing::kDeadline;
 
 // Forwards to a shared-memory communicator and records the collectives this
 // rank issues, with what every member of a group must agree on.

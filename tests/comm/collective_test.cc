@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "comm/collective/shm_communicator.h"
+#include "tests/comm/completion.h"
 #include "core/thread_pool.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -27,42 +28,9 @@ namespace {
 
 using ::testing::HasSubstr;
 
-constexpr auto kDeadline = std::chrono::seconds(20);
+using testing::Completion;
+using testing::kDeadline;
 
-// The outcome of one op. The state is shared with the callback, so a callback
-// that fires after a failed test has returned is still safe.
-class Completion {
- public:
-  DoneFn Fn() const {
-    return [state = state_](absl::Status status) {
-      std::lock_guard<std::mutex> lock(state->mu);
-      ++state->calls;
-      state->status = std::move(status);
-      state->cv.notify_all();
-    };
-  }
-  // The op's status, or DeadlineExceeded if it did not complete in time.
-  absl::Status Wait(std::chrono::seconds deadline = kDeadline) const {
-    std::unique_lock<std::mutex> lock(state_->mu);
-    if (!state_->cv.wait_for(lock, deadline, [&] { return state_->calls > 0; })) {
-      return absl::DeadlineExceededError("op did not complete within the deadline");
-    }
-    return state_->status;
-  }
-  int calls() const {
-    std::lock_guard<std::mutex> lock(state_->mu);
-    return state_->calls;
-  }
-
- private:
-  struct State {
-    std::mutex mu;
-    std::condition_variable cv;
-    int calls = 0;
-    absl::Status status;
-  };
-  std::shared_ptr<State> state_ = std::make_shared<State>();
-};
 
 // ---- Data and references ---------------------------------------------------
 
