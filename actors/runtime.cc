@@ -68,7 +68,11 @@ class LoadedJob {
       return communicator;
     };
     for (const auto& task : job->plan.tasks()) {
-      ASSIGN_OR_RETURN(std::unique_ptr<Actor> actor, Actor::Create(task, job->env));
+      ActorEnvironment env = job->env;
+      if (auto it = options.device_pools.find(DecodeActorId(task.actor_id()).device_index); it != options.device_pools.end()) {
+        env.pool = it->second;
+      }
+      ASSIGN_OR_RETURN(std::unique_ptr<Actor> actor, Actor::Create(task, env));
       job->by_id[actor->id()] = actor.get();
       job->actors.push_back(std::move(actor));
     }

@@ -37,6 +37,9 @@ struct RuntimeOptions {
   const ops::OpRegistry* registry = nullptr;  // null = ops::BuiltinOps()
   HostCallbacks callbacks;
   ThreadPool* pool = nullptr;  // intra-op threads shared by kernels; borrowed
+  // A device's own intra-op threads (device index -> pool, borrowed); the
+  // actors of a device not listed use `pool`.
+  std::map<uint32_t, ThreadPool*> device_pools;
   // Communicators of the Collective / Send / Recv actors (devices in this
   // process); null = one hub of the job's own. Borrowed.
   comm::ShmHub* hub = nullptr;

@@ -1,8 +1,10 @@
 #include "train/engine.h"
 
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -76,6 +78,17 @@ absl::Status Engine::Run(int64_t iterations, const FeedFn& feed, const FetchFn& 
   actors::RuntimeOptions runtime;
   runtime.stall_timeout_s = options_.stall_timeout_s;
   runtime.registry = &graph_.registry();
+  // Each virtual device gets its share of the machine's threads for kernels.
+  const int64_t devices = std::max<int64_t>(1, options_.lower.parallel.world_size);
+  const int threads = options_.intra_op_threads > 0
+                          ? options_.intra_op_threads
+                          : std::max(1, static_cast<int>(std::thread::hardware_concurrency() / static_cast<unsigned>(devices)));
+  if (threads > 1 && pools_.empty()) {
+    for (int64_t d = 0; d < devices; ++d) {
+      pools_[options_.lower.device_index + static_cast<uint32_t>(d)] = std::make_unique<ThreadPool>(threads);
+    }
+  }
+  for (const auto& [device, pool] : pools_) runtime.device_pools[device] = pool.get();
   std::map<std::string, int64_t> pieces;  // source callback -> pieces per iteration
   for (const auto& task : lowered.plan.tasks()) {
     if (task.kind() == proto::ACTOR_KIND_SOURCE) pieces[task.callback()] = actors::PiecesPerIteration(task);

@@ -37,6 +37,7 @@
 #include "actors/runtime.h"
 #include "comm/proto/plan.pb.h"
 #include "core/tensor.h"
+#include "core/thread_pool.h"
 #include "graph/graph.h"
 #include "graph/passes.h"
 #include "scheduler/lower.h"
@@ -55,6 +56,10 @@ struct CompileOptions {
   scheduler::LowerOptions lower = {};  // iterations is set by Run / Plan
   double stall_timeout_s = 60;         // runtime deadlock guard (0 = none)
   PlanExecutor executor = {};          // empty = actors::Runtime
+  // Intra-op threads of each device (the device's actor thread included);
+  // 0 = the machine's hardware threads shared out over the devices (at
+  // least 1: kernels then run on the device's own thread).
+  int intra_op_threads = 0;
 };
 
 class Engine {
@@ -90,6 +95,7 @@ class Engine {
   graph::Graph graph_;
   CompileOptions options_;
   std::unique_ptr<Trained> trained_;
+  std::map<uint32_t, std::unique_ptr<ThreadPool>> pools_;  // per device, made by the first Run
   int64_t iterations_done_ = 0;  // by successful runs: the next run's first iteration
 };
 

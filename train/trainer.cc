@@ -181,6 +181,11 @@ absl::StatusOr<Job> Prepare(const nlohmann::json& config, PlanExecutor executor 
   }
   job.options.num_micro_batches = *accumulation;
   ASSIGN_OR_RETURN(job.options.lower.parallel, ParallelFromConfig(config));
+  if (auto threads = config::GetNode(config, "train.dist.intra_op_threads"); threads.ok() && !(*threads)->is_null()) {
+    ASSIGN_OR_RETURN(int64_t n, config::GetInt(config, "train.dist.intra_op_threads"));
+    if (n < 1 || n > 1024) return absl::InvalidArgumentError(StrCat("train.dist.intra_op_threads must be in [1, 1024], got ", n));
+    job.options.intra_op_threads = static_cast<int>(n);
+  }
   ASSIGN_OR_RETURN(const scheduler::DeviceMesh mesh, scheduler::DeviceMesh::Make(job.options.lower.parallel));
   job.data_parallel = mesh.data_parallel_size();
   ASSIGN_OR_RETURN(const nlohmann::json* model_node, config::GetNode(config, "model"));

@@ -174,12 +174,18 @@ class Interpreter {
         ctx.attrs = &no_attrs;
         ctx.inputs = {sum, in};
         ctx.outputs = {sum};
-        ctx.pool = options_.pool;
+        ctx.pool = PoolOf(task);
         return ops::RunKernel(*add, ctx);
       }
       default:
         return absl::InvalidArgumentError(StrCat("task '", task.name(), "' has no kind"));
     }
+  }
+
+  // The intra-op threads the runtime would give the task's device.
+  ThreadPool* PoolOf(const proto::Task& task) const {
+    auto it = options_.device_pools.find(DecodeActorId(task.actor_id()).device_index);
+    return it != options_.device_pools.end() ? it->second : options_.pool;
   }
 
   absl::StatusOr<Tensor> Resolve(const proto::Task& task, const proto::TensorRef& ref) {
@@ -221,7 +227,7 @@ class Interpreter {
     }
     const int64_t act = iteration * PiecesPerIteration(task) + micro;
     ctx.step = act / std::max<int64_t>(1, task.acts_per_step());
-    ctx.pool = options_.pool;
+    ctx.pool = PoolOf(task);
     ctx.device = DecodeActorId(task.actor_id()).device();
     const absl::Status status = ops::RunKernel(*schema, ctx);
     if (!status.ok()) return absl::Status(status.code(), StrCat("task '", task.name(), "': ", status.message()));
