@@ -454,10 +454,12 @@ std::vector<int64_t> Coordinates(int64_t index, const std::vector<int64_t>& hier
 }
 
 // Collective: one rank's part of a boxing conversion. Acts when its input
-// register is ready and an output register is free: launches the boxing
-// routine over its communicators (one per hierarchy axis) and, when the
-// routine completes, hands the output on and acks the input. One launch in
-// flight at a time, so its collectives keep the plan's order on every group.
+// register is ready, an output register is free and the coordinator admits
+// it: launches the boxing routine over its communicators (one per hierarchy
+// axis, shared with the device's other collectives over the same ranks) and,
+// when the routine completes, hands the output on and acks the input. Once
+// the launch has issued its collectives it wakes the collectives the
+// coordinator admits next.
 class CollectiveActor final : public Actor {
  public:
   using Actor::Actor;
@@ -480,7 +482,9 @@ class CollectiveActor final : public Actor {
     }
     const std::vector<int64_t> coords = Coordinates(desc.rank_index(), spec.hierarchy);
     ASSIGN_OR_RETURN(routine_, comm::BoxingRoutine::Create(spec, coords));
+    single_step_ = routine_->Collectives().size() <= 1;
     // Axis a's group: the ranks that differ from this one only in axis a.
+    std::vector<std::string> groups;
     for (size_t a = 0; a < spec.hierarchy.size(); ++a) {
       std::vector<uint32_t> members;
       for (int64_t i = 0; i < size; ++i) {
@@ -488,13 +492,16 @@ class CollectiveActor final : public Actor {
         c[a] = coords[a];
         if (c == coords) members.push_back(desc.ranks(static_cast<int>(i)));
       }
+      groups.push_back(StrCat(desc.group(), "/", Join(members, ",")));
       ASSIGN_OR_RETURN(std::shared_ptr<comm::Communicator> communicator,
-                       env_.join(StrCat(desc.group(), "/axis", a, "/", Join(members, ",")),
-                                 static_cast<int>(spec.hierarchy[a]), static_cast<int>(coords[a])));
+                       env_.join(groups.back(), static_cast<int>(spec.hierarchy[a]), static_cast<int>(coords[a])));
       comms_.axis.push_back(communicator.get());
       owned_.push_back(std::move(communicator));
     }
-    return absl::OkStatus();
+    if (env_.coordinator == nullptr) return absl::OkStatus();
+    std::vector<std::string> lanes;  // the communicators it issues on
+    for (int a : routine_->CollectiveAxes()) lanes.push_back(groups[static_cast<size_t>(a)]);
+    return env_.coordinator->Use(id(), lanes);
   }
 
  private:
@@ -504,6 +511,7 @@ class CollectiveActor final : public Actor {
     if (slot_.in_flight()) {
       std::optional<absl::Status> result = slot_.Take();
       if (!result) return false;
+      if (!single_step_) Issued();
       RETURN_IF_ERROR(*result);
       SendReady(out, taken_);
       AckFront(in);
@@ -511,6 +519,8 @@ class CollectiveActor final : public Actor {
       return true;
     }
     if (!AllConsumedReady() || !AllProducedFree()) return false;
+    waiting_ = env_.coordinator != nullptr && !env_.coordinator->TryLaunch(id(), act_count_);
+    if (waiting_) return false;  // woken with Cmd(resume) when it is the device's head
     taken_ = TakeFree(out);
     slot_.Launched();
     const std::vector<Tensor>& tensors = FrontTensors(in);
@@ -518,16 +528,24 @@ class CollectiveActor final : public Actor {
     if (input >= tensors.size()) return absl::InvalidArgumentError(StrCat("no tensor ", input, " in the consumed register"));
     routine_->Launch(tensors[input], out.registers->registers[static_cast<size_t>(taken_)][0], comms_,
                      slot_.Callback(env_.bus, id()));
+    if (single_step_) Issued();  // its one collective (if any) was issued inside Launch
     return true;
   }
+  // Lets the next collectives on its communicators launch, waking them.
+  void Issued() {
+    if (env_.coordinator == nullptr) return;
+    for (uint64_t next : env_.coordinator->Issued(id())) env_.bus->Send(Message::Cmd(next, Command::kResume));
+  }
   bool ShouldEnd() const override { return !slot_.in_flight() && Actor::ShouldEnd(); }
-  bool Busy() const override { return slot_.in_flight(); }
+  bool Busy() const override { return slot_.in_flight() || waiting_; }
 
   std::optional<comm::BoxingRoutine> routine_;
   comm::BoxingComms comms_;
   std::vector<std::shared_ptr<comm::Communicator>> owned_;
   AsyncSlot slot_;
   int32_t taken_ = 0;
+  bool waiting_ = false;      // ready, but not yet admitted by the coordinator
+  bool single_step_ = true;  // at most one collective: all issued when Launch returns
 };
 
 // Send / Recv: a pipeline edge between two devices; the pair's communicator

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "actors/launch_order.h"
 #include "actors/message.h"
 #include "comm/collective/communicator.h"
 #include "comm/proto/plan.pb.h"
@@ -77,6 +78,10 @@ struct ActorEnvironment {
   int64_t iterations = 0;
   int64_t start_iteration = 0;  // Plan.start_iteration
   JoinFn join;  // for Collective / Send / Recv actors
+  // Launches every device's collectives in the plan's static order (null:
+  // each collective launches as soon as it can; only for plans whose
+  // collectives never share a communicator).
+  CollectiveCoordinator* coordinator = nullptr;
 };
 
 class Actor {

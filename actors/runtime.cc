@@ -61,12 +61,23 @@ class LoadedJob {
       hub = job->own_hub.get();
     }
     LoadedJob* raw = job.get();
+    // One communicator per (group, rank) in the job: the collectives of a
+    // device over the same ranks share it, in the coordinator's order.
     job->env.join = [raw, hub](const std::string& group, int size, int rank)
         -> absl::StatusOr<std::shared_ptr<comm::Communicator>> {
-      ASSIGN_OR_RETURN(std::shared_ptr<comm::Communicator> communicator, hub->Join(group, size, rank));
-      raw->communicators.push_back(communicator);
-      return communicator;
+      auto& joined = raw->joined[{group, rank}];
+      if (joined.communicator == nullptr) {
+        ASSIGN_OR_RETURN(joined.communicator, hub->Join(group, size, rank));
+        joined.size = size;
+        raw->communicators.push_back(joined.communicator);
+      } else if (joined.size != size) {
+        return absl::InvalidArgumentError(StrCat("communicator group '", group, "' joined with ", size,
+                                                 " ranks and with ", joined.size));
+      }
+      return joined.communicator;
     };
+    ASSIGN_OR_RETURN(job->coordinator, CollectiveCoordinator::Build(job->plan));
+    job->env.coordinator = job->coordinator.get();
     for (const auto& task : job->plan.tasks()) {
       ActorEnvironment env = job->env;
       if (auto it = options.device_pools.find(DecodeActorId(task.actor_id()).device_index); it != options.device_pools.end()) {
@@ -90,6 +101,12 @@ class LoadedJob {
   RegisterTable registers;
   std::unique_ptr<comm::ShmHub> own_hub;  // when the options bring none
   std::vector<std::shared_ptr<comm::Communicator>> communicators;
+  struct Joined {
+    std::shared_ptr<comm::Communicator> communicator;
+    int size = 0;
+  };
+  std::map<std::pair<std::string, int>, Joined> joined;  // (group, rank)
+  std::unique_ptr<CollectiveCoordinator> coordinator;
   ActorEnvironment env;
   std::vector<std::unique_ptr<Actor>> actors;  // plan order
   std::unordered_map<uint64_t, Actor*> by_id;
@@ -299,8 +316,9 @@ absl::Status Runtime::Run() {
   if (!first_error.ok()) {
     if (first_error.code() != absl::StatusCode::kDeadlineExceeded) return first_error;
     if (unfinished.size() > 8) unfinished.resize(8);
-    return absl::DeadlineExceededError(
-        StrCat(first_error.message(), "; not finished: ", Join(unfinished, "; ")));
+    const std::string launches = job_->coordinator->Describe();
+    return absl::DeadlineExceededError(StrCat(first_error.message(), "; not finished: ", Join(unfinished, "; "),
+                                              launches.empty() ? "" : StrCat("; collectives: ", launches)));
   }
   if (!unfinished.empty()) return absl::InternalError(StrCat(unfinished[0], " did not finish"));
   return absl::OkStatus();

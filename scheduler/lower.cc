@@ -247,7 +247,19 @@ class Lowering {
   std::map<ValueId, std::vector<uint64_t>> param_tasks_;  // variable -> Parameter task per parallel id
   std::set<ValueId> read_;                               // values some task or the sink reads
   std::set<ValueId> kept_for_backward_;                  // values read by backward (autodiff) nodes
-  int64_t conversions_ = 0;                              // boxing / transfer counter (group names, order)
+  // Per value, for the coordinator's launch order: accs upstream, and
+  // whether it is computed from gradients (autodiff's backward nodes).
+  std::vector<int32_t> epoch_;
+  std::vector<bool> backward_;
+  // Per conversion (boxing or transfer), in creation order: the node whose
+  // output it converts. Its id names groups and tasks; the plan's order is
+  // by producer (see OrderConversions).
+  std::vector<NodeId> conversion_producer_;
+  int64_t NewConversion(ValueId v) {
+    conversion_producer_.push_back(graph_.value(v).producer);
+    return static_cast<int64_t>(conversion_producer_.size()) - 1;
+  }
+  void OrderConversions(proto::Plan& plan) const;
   // Update nodes and optimizer state (see LowerToPlan).
  public:
   std::map<NodeId, ValueId> update_owner;
@@ -268,7 +280,7 @@ absl::Status Lowering::Ensure(ValueId v, int64_t stage, const NdSbp& sbp) {
     RETURN_IF_ERROR(Ensure(v, from.stage, sbp));
     const std::vector<Shard>& source = shards_.at({v, from.stage, NdSbpToString(sbp)});
     std::vector<Shard>& target = shards_[{v, stage, NdSbpToString(sbp)}];
-    const int64_t order = conversions_++;
+    const int64_t order = NewConversion(v);
     for (int64_t i = 0; i < placement(stage).size(); ++i) {
       const std::string group = StrCat("t", order, "/", i);
       const uint64_t send = builder_.AddTask(proto::ACTOR_KIND_SEND, StrCat("send:", what, ":", order, Suffix(from.stage, i)),
@@ -292,7 +304,7 @@ absl::Status Lowering::Ensure(ValueId v, int64_t stage, const NdSbp& sbp) {
   // Same stage: one Collective task per rank.
   const std::vector<Shard>& source = shards_.at({v, from.stage, NdSbpToString(from.nd_sbp)});
   const Placement& where = placement(stage);
-  const int64_t order = conversions_++;
+  const int64_t order = NewConversion(v);
   std::vector<Shard> target;
   for (int64_t i = 0; i < where.size(); ++i) {
     const uint64_t task = builder_.AddTask(proto::ACTOR_KIND_COLLECTIVE, StrCat("boxing:", what, ":", order, Suffix(stage, i)),
@@ -305,8 +317,13 @@ absl::Status Lowering::Ensure(ValueId v, int64_t stage, const NdSbp& sbp) {
     for (int64_t h : where.hierarchy()) b->add_hierarchy(h);
     for (int64_t r : where.ranks()) b->add_ranks(static_cast<uint32_t>(options_.device_index + r));
     b->set_rank_index(static_cast<int32_t>(i));
-    b->set_group(StrCat("b", order));
+    b->set_group("coll");  // one communicator per member set, shared by every conversion over it
     b->set_order(order);
+    proto::LaunchOrder* launch = b->mutable_launch();
+    launch->set_epoch(epoch_[static_cast<size_t>(v)]);
+    launch->set_backward(backward_[static_cast<size_t>(v)]);
+    launch->set_stage(static_cast<int32_t>(stage));
+    launch->set_num_stages(static_cast<int32_t>(mesh_.num_stages()));
     b->set_input_tensor(source[static_cast<size_t>(i)].tensor);
     b->set_description(DescribeBoxing(from, ValueLayout{stage, sbp}));
     SetRate(task, micro);
@@ -316,6 +333,26 @@ absl::Status Lowering::Ensure(ValueId v, int64_t stage, const NdSbp& sbp) {
   }
   shards_[{v, stage, NdSbpToString(sbp)}] = std::move(target);
   return absl::OkStatus();
+}
+
+// The global order of conversions: by the position of the node producing
+// the converted value (a topological order of when the data can exist), then
+// by creation. A conversion that depends on another's output reads a value
+// produced after that one's consumer, hence after its producer, so the order
+// is topological; and a gradient's all-reduce goes as soon as the gradient
+// exists rather than after every later layer's backward collectives.
+void Lowering::OrderConversions(proto::Plan& plan) const {
+  std::vector<int64_t> by_producer(conversion_producer_.size());
+  for (size_t i = 0; i < by_producer.size(); ++i) by_producer[i] = static_cast<int64_t>(i);
+  std::stable_sort(by_producer.begin(), by_producer.end(), [&](int64_t a, int64_t b) {
+    return conversion_producer_[static_cast<size_t>(a)] < conversion_producer_[static_cast<size_t>(b)];
+  });
+  std::vector<int64_t> order(by_producer.size());
+  for (size_t rank = 0; rank < by_producer.size(); ++rank) order[static_cast<size_t>(by_producer[rank])] = static_cast<int64_t>(rank);
+  for (proto::Task& task : *plan.mutable_tasks()) {
+    if (task.has_boxing()) task.mutable_boxing()->set_order(order[static_cast<size_t>(task.boxing().order())]);
+    if (task.has_transfer()) task.mutable_transfer()->set_order(order[static_cast<size_t>(task.transfer().order())]);
+  }
 }
 
 absl::Status Lowering::LowerNode(const Node& node) {
@@ -360,10 +397,11 @@ absl::Status Lowering::LowerNode(const Node& node) {
           // A constant (ones, fill...): computed once by its initializer and
           // held like a variable that is never updated.
           const std::string callback = StrCat("const:", node.id, suffix);
+          // Read once per micro-batch, it is handed out through one Repeat
+          // per output, so backward can hold it as long as its quota says.
           const uint64_t task = builder_.AddTask(proto::ACTOR_KIND_PARAMETER, StrCat("const:", node.op, ":", node.id, suffix),
                                                  kComputeStream, device);
           builder_.task(task).set_callback(callback);
-          SetRate(task, micro);
           std::vector<TensorMeta> metas;
           ConstantInfo& info = out_.constants[callback];
           info.node = node.id;
@@ -373,7 +411,23 @@ absl::Status Lowering::LowerNode(const Node& node) {
             metas.push_back(meta);
             info.slices.push_back(slice);
           }
-          Produced(node, stage, i, NewDesc(task, 1, metas));
+          const int64_t desc = NewDesc(task, 1, metas);
+          if (!micro || rates_.num_micro_batches == 1) {
+            Produced(node, stage, i, desc);
+            break;
+          }
+          for (size_t k = 0; k < node.outputs.size(); ++k) {
+            const uint64_t repeat = builder_.AddTask(proto::ACTOR_KIND_REPEAT, StrCat("repeat:const:", node.id, ":", k, suffix),
+                                                     kComputeStream, device);
+            builder_.task(repeat).set_repeat_num(rates_.num_micro_batches);
+            builder_.task(repeat).set_input_tensor(static_cast<int32_t>(k));
+            SetRate(repeat, true);
+            builder_.AddConsumer(desc, repeat);
+            const int64_t views = NewDesc(repeat, Quota({node.outputs[k]}, stage, options_.default_quota), {metas[k]});
+            std::vector<Shard>& shards = shards_[{node.outputs[k], stage, NdSbpToString(layout.outputs[k])}];
+            shards.resize(static_cast<size_t>(where.size()));
+            shards[static_cast<size_t>(i)] = {views, 0};
+          }
           break;
         }
         const std::string name = StrCat(node.scope.empty() ? std::string() : StrCat(node.scope, "/"), node.op, ":", node.id, suffix);
@@ -524,9 +578,25 @@ absl::StatusOr<LoweredPlan> Lowering::Run() {
       if (!graph_.producer(in).scope.starts_with("grad/")) kept_for_backward_.insert(in);
     }
   }
+  epoch_.assign(static_cast<size_t>(graph_.num_values()), 0);
+  backward_.assign(static_cast<size_t>(graph_.num_values()), false);
+  for (const Node& node : graph_.nodes()) {  // topological
+    int32_t epoch = 0;
+    bool backward = node.scope.starts_with("grad/");
+    for (ValueId in : node.inputs) {
+      epoch = std::max(epoch, epoch_[static_cast<size_t>(in)]);
+      backward = backward || backward_[static_cast<size_t>(in)];
+    }
+    if (node.kind == NodeKind::kAcc) ++epoch;
+    for (ValueId out : node.outputs) {
+      epoch_[static_cast<size_t>(out)] = epoch;
+      backward_[static_cast<size_t>(out)] = backward;
+    }
+  }
   for (const Node& node : graph_.nodes()) RETURN_IF_ERROR(LowerNode(node));
   RETURN_IF_ERROR(LowerSink());
   out_.plan = builder_.Build();
+  OrderConversions(out_.plan);
   out_.plan.set_mesh(mesh_.ToString());
   out_.plan.set_start_iteration(options_.start_iteration);
   out_.sbp_text = sbp_.ToText(graph_);

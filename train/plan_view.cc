@@ -52,7 +52,11 @@ nlohmann::json PlanToJson(const proto::Plan& plan) {
                                                              {"to", task.boxing().to()},
                                                              {"conversion", task.boxing().description()},
                                                              {"group", task.boxing().group()},
-                                                             {"order", task.boxing().order()}}
+                                                             {"order", task.boxing().order()},
+                                                             {"launch", {{"epoch", task.boxing().launch().epoch()},
+                                                                         {"backward", task.boxing().launch().backward()},
+                                                                         {"stage", task.boxing().launch().stage()},
+                                                                         {"num_stages", task.boxing().launch().num_stages()}}}}
                                             : nlohmann::json(nullptr)},
                              {"transfer", task.kind() == proto::ACTOR_KIND_SEND || task.kind() == proto::ACTOR_KIND_RECV
                                               ? nlohmann::json{{"peer", task.transfer().peer()},
@@ -92,7 +96,8 @@ std::string PlanToText(const proto::Plan& plan) {
     if (actors::PiecesPerIteration(task) > 1) extra += StrCat(" per_iteration=", actors::PiecesPerIteration(task));
     if (task.kind() == proto::ACTOR_KIND_COLLECTIVE) {
       extra += StrCat(" boxing=\"", task.boxing().from(), " -> ", task.boxing().to(), ": ", task.boxing().description(),
-                      "\" order=", task.boxing().order());
+                      "\" order=", task.boxing().order(), " launch=", task.boxing().launch().backward() ? "backward" : "forward",
+                      "/epoch", task.boxing().launch().epoch());
     }
     if (task.kind() == proto::ACTOR_KIND_SEND || task.kind() == proto::ACTOR_KIND_RECV) {
       extra += StrCat(" peer=cpu:", task.transfer().peer(), " order=", task.transfer().order());

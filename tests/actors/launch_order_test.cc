@@ -1,0 +1,222 @@
+// The static collective coordinator: the 1F1B launch slots, the per-device
+// launch sequence, and a run in which two devices' collectives over one
+// shared communicator become ready in opposite orders.
+#include <algorithm>
+#include <chrono>
+#include <thread>
+#include <vector>
+
+#include "actors/launch_order.h"
+#include "actors/plan.h"
+#include "actors/runtime.h"
+#include "gtest/gtest.h"
+
+namespace tessera::actors {
+namespace {
+
+// The 1F1B sequence of one stage as (backward, micro-batch) in slot order.
+std::vector<std::pair<bool, int64_t>> Sequence(int64_t stage, int64_t stages, int64_t m) {
+  std::vector<std::pair<int64_t, std::pair<bool, int64_t>>> slots;
+  for (int64_t k = 0; k < m; ++k) {
+    for (bool backward : {false, true}) slots.push_back({OneFOneBSlot(stage, stages, m, backward, k), {backward, k}});
+  }
+  std::sort(slots.begin(), slots.end());
+  std::vector<std::pair<bool, int64_t>> out;
+  for (size_t i = 0; i < slots.size(); ++i) {
+    EXPECT_EQ(slots[i].first, static_cast<int64_t>(i)) << "slots are a permutation of 0..2m-1";
+    out.push_back(slots[i].second);
+  }
+  return out;
+}
+
+TEST(LaunchOrder, OneFOneBSlotsFollowTheTextbookSchedule) {
+  // p = 4, m = 8, stage 1: two warm-up forwards, then F B alternating, then
+  // the last backwards.
+  const auto seq = Sequence(1, 4, 8);
+  const std::vector<std::pair<bool, int64_t>> want = {
+      {false, 0}, {false, 1}, {false, 2}, {true, 0}, {false, 3}, {true, 1}, {false, 4}, {true, 2},
+      {false, 5}, {true, 3},  {false, 6}, {true, 4}, {false, 7}, {true, 5}, {true, 6},  {true, 7}};
+  EXPECT_EQ(seq, want);
+  // Every stage, for every m: forwards and backwards each in micro-batch
+  // order, every backward after its forward, and at most p - s forwards in
+  // flight (the quota the scheduler gives values kept for backward).
+  for (int64_t stages : {1, 2, 4}) {
+    for (int64_t m : {1, 2, 3, 8}) {
+      for (int64_t s = 0; s < stages; ++s) {
+        int64_t next_f = 0, next_b = 0, in_flight = 0, most = 0;
+        for (const auto& [backward, k] : Sequence(s, stages, m)) {
+          if (backward) {
+            EXPECT_EQ(k, next_b++);
+            EXPECT_LT(k, next_f);
+            --in_flight;
+          } else {
+            EXPECT_EQ(k, next_f++);
+            most = std::max(most, ++in_flight);
+          }
+        }
+        EXPECT_EQ(most, std::min(stages - s, m)) << "stage " << s << " of " << stages << ", m " << m;
+      }
+    }
+  }
+}
+
+// A COLLECTIVE task of an all-reduce over devices 0 and 1.
+uint64_t AddAllReduce(comm::PlanBuilder& b, const std::string& name, uint32_t device, int64_t n, int64_t order,
+                      bool backward = false, int32_t pieces = 1) {
+  const uint64_t id = b.AddTask(proto::ACTOR_KIND_COLLECTIVE, name, 1, device);
+  proto::BoxingDesc* box = b.task(id).mutable_boxing();
+  box->mutable_logical()->set_dtype(proto::DTYPE_F32);
+  box->mutable_logical()->add_shape(n);
+  box->set_from("P");
+  box->set_to("B");
+  box->add_hierarchy(2);
+  box->add_ranks(0);
+  box->add_ranks(1);
+  box->set_rank_index(static_cast<int32_t>(device));
+  box->set_group("coll");
+  box->set_order(order);
+  box->mutable_launch()->set_backward(backward);
+  box->mutable_launch()->set_num_stages(1);
+  if (pieces > 1) {
+    b.task(id).set_pieces_per_iteration(pieces);
+    b.task(id).set_acts_per_step(pieces);
+  }
+  return id;
+}
+
+TEST(LaunchOrder, CoordinatorAdmitsEachDevicesHeadOneAtATime) {
+  comm::PlanBuilder b(2);
+  // On device 0: a backward and a forward collective per micro-batch (m = 2,
+  // one stage: F0 B0 F1 B1), and one per iteration after accumulation.
+  const uint64_t fwd = AddAllReduce(b, "fwd", 0, 4, /*order=*/5, false, 2);
+  const uint64_t bwd = AddAllReduce(b, "bwd", 0, 4, /*order=*/1, true, 2);
+  const uint64_t post = AddAllReduce(b, "post", 0, 4, /*order=*/0);
+  b.task(post).mutable_boxing()->mutable_launch()->set_epoch(1);
+  const proto::Plan plan = b.plan();
+  auto coordinator = CollectiveCoordinator::Build(plan);
+  ASSERT_TRUE(coordinator.ok()) << coordinator.status();
+  CollectiveCoordinator& c = **coordinator;
+  for (uint64_t id : {fwd, bwd, post}) ASSERT_TRUE(c.Use(id, {"coll/0,1"}).ok());
+  const std::vector<std::pair<uint64_t, int64_t>> want = {{fwd, 0}, {bwd, 0}, {fwd, 1}, {bwd, 1}, {post, 0},
+                                                          {fwd, 2}, {bwd, 2}, {fwd, 3}, {bwd, 3}, {post, 1}};
+  std::map<uint64_t, int64_t> acts;
+  for (size_t i = 0; i < want.size(); ++i) {
+    // Nobody else may go first, not even the head's own later act.
+    for (uint64_t other : {fwd, bwd, post}) {
+      if (other != want[i].first) {
+        EXPECT_FALSE(c.TryLaunch(other, acts[other])) << i;
+      }
+    }
+    EXPECT_FALSE(c.TryLaunch(want[i].first, want[i].second + 1)) << i;
+    ASSERT_TRUE(c.TryLaunch(want[i].first, want[i].second)) << "step " << i << ": " << c.Describe();
+    // One at a time: until it has issued, even the next head waits.
+    if (i + 1 < want.size()) {
+      EXPECT_FALSE(c.TryLaunch(want[i + 1].first, want[i + 1].second)) << i;
+    }
+    ++acts[want[i].first];
+    const std::vector<uint64_t> wake = c.Issued(want[i].first);
+    if (i + 1 < want.size() && want[i + 1].first != want[i].first) {
+      EXPECT_EQ(wake, std::vector<uint64_t>{want[i + 1].first}) << i;
+    } else {
+      EXPECT_TRUE(wake.empty()) << i;
+    }
+  }
+}
+
+TEST(LaunchOrder, LanesAreIndependentAndLocalConversionsNeverWait) {
+  comm::PlanBuilder b(1);
+  const uint64_t tp = AddAllReduce(b, "tp", 0, 4, /*order=*/0);  // on communicator "t"
+  const uint64_t dp = AddAllReduce(b, "dp", 0, 4, /*order=*/1);  // on communicator "d"
+  const uint64_t both = AddAllReduce(b, "both", 0, 4, /*order=*/2);  // a 2-step routine over "t" and "d"
+  const uint64_t local = AddAllReduce(b, "local", 0, 4, /*order=*/3);  // B -> S: no communicator
+  const proto::Plan plan = b.plan();
+  auto coordinator = CollectiveCoordinator::Build(plan);
+  ASSERT_TRUE(coordinator.ok()) << coordinator.status();
+  CollectiveCoordinator& c = **coordinator;
+  ASSERT_TRUE(c.Use(tp, {"t"}).ok());
+  ASSERT_TRUE(c.Use(dp, {"d"}).ok());
+  ASSERT_TRUE(c.Use(both, {"t", "d"}).ok());
+  EXPECT_FALSE(c.Use(dp, {"d"}).ok());  // once only
+  EXPECT_TRUE(c.TryLaunch(local, 0));  // ahead of everything: it issues nothing
+  EXPECT_TRUE(c.TryLaunch(dp, 0));     // its lane does not wait for tp's
+  EXPECT_FALSE(c.TryLaunch(both, 0));  // needs the head of both lanes
+  EXPECT_EQ(c.Issued(dp), std::vector<uint64_t>{both});  // head of "d" now, but still behind tp on "t"
+  EXPECT_FALSE(c.TryLaunch(both, 0));
+  EXPECT_NE(c.Describe().find("cpu:0 d: 'both' act 0 next"), std::string::npos) << c.Describe();
+  EXPECT_TRUE(c.TryLaunch(tp, 0));
+  EXPECT_EQ(c.Issued(tp), std::vector<uint64_t>{both});
+  EXPECT_TRUE(c.TryLaunch(both, 0));
+  EXPECT_TRUE(c.Issued(both).empty());
+  EXPECT_TRUE(c.Describe().empty()) << c.Describe();
+}
+
+TEST(LaunchOrder, BadLaunchOrderIsRefused) {
+  comm::PlanBuilder b(1);
+  const uint64_t id = AddAllReduce(b, "x", 0, 4, 0);
+  b.task(id).mutable_boxing()->mutable_launch()->set_stage(3);
+  auto coordinator = CollectiveCoordinator::Build(b.plan());
+  ASSERT_FALSE(coordinator.ok());
+  EXPECT_NE(coordinator.status().message().find("task 'x'"), std::string::npos) << coordinator.status();
+}
+
+// Devices 0 and 1 all-reduce a (3 floats) then b (5 floats) every iteration
+// over one shared communicator. Each source runs on its own thread; device
+// 0's `a` and device 1's `b` are late, so device 0 has b ready first and
+// device 1 has a. Launched as they become ready, the first op of the shared
+// group would pair device 0's b with device 1's a (a mismatch); the
+// coordinator launches a then b on both.
+TEST(LaunchOrder, CollectivesReadyInOppositeOrdersShareOneCommunicator) {
+  constexpr int64_t kIterations = 4;
+  comm::PlanBuilder b(kIterations);
+  RuntimeOptions options;
+  options.stall_timeout_s = 20;
+  std::mutex mu;
+  std::map<std::string, std::vector<std::vector<float>>> got;  // sink -> per iteration [a..., b...]
+  for (uint32_t device = 0; device < 2; ++device) {
+    std::vector<uint64_t> collectives;
+    for (const auto& [name, n, order] : {std::tuple<std::string, int64_t, int64_t>{"a", 3, 0}, {"b", 5, 1}}) {
+      const std::string callback = name + std::to_string(device);
+      const uint64_t src = b.AddTask(proto::ACTOR_KIND_SOURCE, "src:" + callback, name == "a" ? 2 : 3, device);
+      b.task(src).set_callback(callback);
+      const bool late = (device == 0) == (name == "a");
+      options.callbacks.sources[callback] = [late, device, n = n](int64_t piece, const std::vector<Tensor>& out) {
+        if (late) std::this_thread::sleep_for(std::chrono::milliseconds(30));
+        float* p = out[0].data<float>();
+        for (int64_t i = 0; i < n; ++i) p[i] = static_cast<float>(100 * piece + 10 * i + device + 1);
+        return absl::OkStatus();
+      };
+      const uint64_t coll = AddAllReduce(b, "allreduce:" + callback, device, n, order);
+      b.AddRegisterDesc(src, {coll}, 1, {TensorMeta{DType::kF32, Shape{n}}});
+      collectives.push_back(coll);
+    }
+    const std::string sink_name = "sink" + std::to_string(device);
+    const uint64_t sink = b.AddTask(proto::ACTOR_KIND_SINK, sink_name, 0, device);
+    b.task(sink).set_callback(sink_name);
+    b.AddRegisterDesc(collectives[0], {sink}, 1, {TensorMeta{DType::kF32, Shape{3}}});
+    b.AddRegisterDesc(collectives[1], {sink}, 1, {TensorMeta{DType::kF32, Shape{5}}});
+    options.callbacks.sinks[sink_name] = [&mu, &got, sink_name](int64_t, const std::vector<Tensor>& in) {
+      std::vector<float> values;
+      for (const Tensor& t : in) values.insert(values.end(), t.data<float>(), t.data<float>() + t.NumElements());
+      std::lock_guard<std::mutex> lock(mu);
+      got[sink_name].push_back(values);
+      return absl::OkStatus();
+    };
+  }
+  auto runtime = Runtime::Load(b.Build(), options);
+  ASSERT_TRUE(runtime.ok()) << runtime.status();
+  const absl::Status status = (*runtime)->Run();
+  ASSERT_TRUE(status.ok()) << status;
+  for (const std::string sink : {"sink0", "sink1"}) {
+    ASSERT_EQ(got[sink].size(), static_cast<size_t>(kIterations)) << sink;
+    for (int64_t it = 0; it < kIterations; ++it) {
+      std::vector<float> want;
+      for (int64_t n : {3, 5}) {
+        for (int64_t i = 0; i < n; ++i) want.push_back(static_cast<float>(2 * (100 * it + 10 * i) + 1 + 2));
+      }
+      EXPECT_EQ(got[sink][static_cast<size_t>(it)], want) << sink << " iteration " << it;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tessera::actors
