@@ -50,7 +50,7 @@ Sym GraphBuilder::Apply(std::string_view op, const std::vector<Sym>& inputs, con
 Sym GraphBuilder::Variable(std::string_view name, const Shape& shape, const InitRule& init,
                            VariableOptions options) {
   if (!status_.ok()) return Sym();
-  if (options.layer_idx < 0) options.layer_idx = layer_idx();
+  if (options.layer_idx == kUnassignedLayer) options.layer_idx = layer_idx();
   if (options.scope.empty()) options.scope = scope();
   std::string full = scope().empty() ? std::string(name) : StrCat(scope(), ".", name);
   auto id = graph_.AddVariable(std::move(full), shape, init, options);
@@ -85,7 +85,7 @@ void GraphBuilder::SetHints(const Sym& value, std::optional<Placement> placement
 
 GraphBuilder::ScopeGuard GraphBuilder::Scope(std::string_view name, int64_t layer_idx) {
   std::string full = scope().empty() ? std::string(name) : StrCat(scope(), ".", name);
-  scopes_.push_back({std::move(full), layer_idx >= 0 ? layer_idx : this->layer_idx()});
+  scopes_.push_back({std::move(full), layer_idx != kUnassignedLayer ? layer_idx : this->layer_idx()});
   return ScopeGuard(this);
 }
 
@@ -96,7 +96,7 @@ const std::string& GraphBuilder::scope() const {
   return scopes_.empty() ? kNone : scopes_.back().name;
 }
 
-int64_t GraphBuilder::layer_idx() const { return scopes_.empty() ? -1 : scopes_.back().layer_idx; }
+int64_t GraphBuilder::layer_idx() const { return scopes_.empty() ? kUnassignedLayer : scopes_.back().layer_idx; }
 
 absl::StatusOr<Graph> GraphBuilder::Finish() {
   if (!status_.ok()) return status_;

@@ -94,8 +94,8 @@ class GraphBuilder {
    private:
     GraphBuilder* builder_;
   };
-  // layer_idx -1 keeps the enclosing scope's.
-  ScopeGuard Scope(std::string_view name, int64_t layer_idx = -1);
+  // kUnassignedLayer keeps the enclosing scope's layer; -1 is the last stage.
+  ScopeGuard Scope(std::string_view name, int64_t layer_idx = kUnassignedLayer);
   const std::string& scope() const;
   int64_t layer_idx() const;
 

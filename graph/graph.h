@@ -27,6 +27,7 @@
 // The op registry is borrowed and must outlive the graph.
 
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <optional>
 #include <string>
@@ -49,6 +50,11 @@ using ValueId = ops::ValueId;
 using NodeId = int64_t;
 inline constexpr ValueId kNoValue = ops::kNoValue;
 inline constexpr NodeId kNoNode = -1;
+// Pipeline layers (DESIGN §7, LiBai's layer_idx): 0.. = that layer's stage;
+// kLastLayer = the last stage; kUnassignedLayer = not given: the scheduler
+// runs the node on the latest stage among its inputs' (else its consumers').
+inline constexpr int64_t kLastLayer = -1;
+inline constexpr int64_t kUnassignedLayer = std::numeric_limits<int64_t>::min();
 
 // kRepeat and kAcc implement gradient accumulation over m micro-batches
 // (attr num_micro_batches = m; output meta = input meta):
@@ -92,7 +98,7 @@ struct Node {
   ops::AttrMap attrs;     // canonical (defaults filled in); repeat / acc: num_micro_batches
   std::vector<ValueId> inputs;
   std::vector<ValueId> outputs;
-  int64_t layer_idx = -1;  // pipeline layer (DESIGN §7); -1 = unassigned
+  int64_t layer_idx = kUnassignedLayer;  // pipeline layer; -1 = last stage
   std::string scope;       // name scope, e.g. "h.3.attn"; autodiff nodes get "grad/" prefixed
   std::optional<VariableInfo> variable;  // set iff kind == kVariable
 };
@@ -109,7 +115,7 @@ struct Value {
 
 // Optional extras for a new op / input node.
 struct NodeOptions {
-  int64_t layer_idx = -1;
+  int64_t layer_idx = kUnassignedLayer;
   std::string scope = {};
   std::string name = {};  // names the node's first output
 };
@@ -120,7 +126,7 @@ struct VariableOptions {
   std::optional<bool> weight_decay = std::nullopt;
   std::optional<Placement> placement = std::nullopt;
   std::optional<NdSbp> sbp = std::nullopt;
-  int64_t layer_idx = -1;
+  int64_t layer_idx = kUnassignedLayer;
   std::string scope = {};
 };
 

@@ -81,8 +81,9 @@ std::string Graph::ToText() const {
     std::vector<std::string> metas;
     for (ValueId id : n.outputs) metas.push_back(value(id).meta.ToString() + HintSuffix(value(id)));
     out += StrCat(" : ", Join(metas, ", "));
-    if (n.layer_idx >= 0) out += StrCat("  # layer ", n.layer_idx);
-    if (!n.scope.empty()) out += StrCat(n.layer_idx >= 0 ? " " : "  # ", "scope ", n.scope);
+    const bool layered = n.layer_idx != kUnassignedLayer;
+    if (layered) out += StrCat("  # layer ", n.layer_idx);
+    if (!n.scope.empty()) out += StrCat(layered ? " " : "  # ", "scope ", n.scope);
     out += "\n";
   }
   for (ValueId id : losses_) out += StrCat("loss ", ValueRef(id), "\n");

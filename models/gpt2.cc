@@ -24,7 +24,7 @@ namespace {
 class Gpt2Network : public nn::Module {
  public:
   explicit Gpt2Network(const Gpt2Config& c)
-      : Module(/*layer_idx=*/-1),
+      : Module(graph::kUnassignedLayer),
         wte_(c.vocab_size, c.hidden_size, {.layer_idx = 0, .init_std = c.initializer_range}),
         wpe_(c.max_seq_length, c.hidden_size, {.layer_idx = 0, .init_std = c.initializer_range}),
         drop_(c.embedding_dropout_prob, /*layer_idx=*/0),
@@ -67,7 +67,7 @@ class Gpt2Network : public nn::Module {
       h = drop_(h);
     }
     for (auto& block : blocks_) h = (*block)(h);
-    // Last stage (layer -1): the top level's layer.
+    // Last stage: ln_f, the head and the loss have layer_idx -1.
     h = ln_f_(h);
     const int64_t C = h.shape()[2];
     const nn::Sym logits = head_(graph::Reshape(h, Shape{B * T, C}), wte_.weight());  // (B·T, V)

@@ -7,9 +7,9 @@
 //
 //   a hint is a 2-entry NdSbp over the mesh of the layer's stage:
 //     (data-parallel axis, tensor-parallel axis)
-//   the stage comes from the layer's layer_idx (0 = first; -1 = unassigned:
-//   the scheduler runs it on the latest stage among its inputs', which puts
-//   modules after the last block on the last stage, like LiBai's -1).
+//   the stage comes from the layer's layer_idx (0 = first, -1 = last, as
+//   LiBai's; graph::kUnassignedLayer: the scheduler runs it on the latest
+//   stage among its inputs').
 //
 //   parameter                               hint
 //   Linear "col" weight (in, out)           (B, S(1))   output features split
@@ -46,9 +46,10 @@
 // the caller may have opened. While a module runs it opens a builder scope
 // named after itself with its layer_idx, so every node it emits is tagged
 // with its scope and pipeline layer (nested calls nest: "h.0.attn").
-// layer_idx -1 keeps the enclosing scope's layer, which is -1 (unassigned) at
-// the top level; a model therefore calls its last-stage modules (final norm,
-// head, loss) outside any layered scope.
+// layer_idx -1 (graph::kLastLayer) is the last stage, as LiBai's;
+// graph::kUnassignedLayer keeps the enclosing scope's layer, which is
+// unassigned at the top level (the scheduler then places a node after its
+// inputs).
 //
 // Randomness (DESIGN §4): a parameter's init draws from Philox keyed by
 // (init seed, tensor_id = StreamKey(full name)); a dropout site by (dropout

@@ -68,8 +68,7 @@ class DeviceMesh {
   // Every stage's hierarchy: {data_parallel_size, tensor_parallel_size}.
   std::vector<int64_t> hierarchy() const { return {data_, tensor_}; }
 
-  // The stage of a layer. With one stage every index (including the graph's
-  // "unassigned" -1) is stage 0. With several: 0 <= layer_idx <
+  // The stage of a layer. With one stage every index is stage 0. With several: 0 <= layer_idx <
   // pipeline_num_layers by the balancing rule, -1 = the last stage, anything
   // else an error naming the index and the layer count.
   absl::StatusOr<int64_t> StageOfLayer(int64_t layer_idx) const;

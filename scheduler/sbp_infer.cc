@@ -246,7 +246,8 @@ class Inferrer {
     std::vector<std::vector<NodeId>> consumers(n);
     for (const Node& node : graph_.nodes()) {
       int64_t stage = -1;
-      if (node.layer_idx >= 0) {
+      const bool unassigned = node.layer_idx == graph::kUnassignedLayer;
+      if (!unassigned) {
         auto explicit_stage = mesh_.StageOfLayer(node.layer_idx);
         if (!explicit_stage.ok()) {
           return absl::InvalidArgumentError(
@@ -257,7 +258,7 @@ class Inferrer {
       for (ValueId input : node.inputs) {
         const NodeId producer = graph_.value(input).producer;
         consumers[static_cast<size_t>(producer)].push_back(node.id);
-        if (node.layer_idx < 0) stage = std::max(stage, stages_[static_cast<size_t>(producer)]);
+        if (unassigned) stage = std::max(stage, stages_[static_cast<size_t>(producer)]);
       }
       stages_[static_cast<size_t>(node.id)] = stage;
     }

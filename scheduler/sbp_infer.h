@@ -8,13 +8,13 @@
 // every entry is B (canonical form): a hint (S(0), B) on a mesh with dp = 1
 // means (B, B).
 //
-// Stages. A node with layer_idx >= 0 runs on DeviceMesh::StageOfLayer(layer_idx)
-// (backward and optimizer nodes carry their forward node's layer_idx). In the
-// graph, layer_idx -1 means UNASSIGNED (not LiBai's "last stage"; give the
-// last layer's index for that): an unassigned node with inputs runs on the
-// latest stage among its inputs' stages (a loss after the head follows the
-// head); one without inputs, or whose inputs are all unassigned, on the
-// earliest stage among its consumers (stage 0 when it has none).
+// Stages. A node with a layer_idx runs on DeviceMesh::StageOfLayer(layer_idx)
+// (0.. by LiBai's balancing rule, -1 = the last stage; backward and optimizer
+// nodes carry their forward node's layer_idx). A node whose layer_idx is
+// graph::kUnassignedLayer and that has inputs runs on the latest stage among
+// its inputs' stages (a loss after the head follows the head); one without
+// inputs, or whose inputs are all unassigned, on the earliest stage among its
+// consumers (stage 0 when it has none).
 // Value::placement_hint is ignored for now: stages come from layer_idx only.
 //
 // Layouts.

@@ -84,7 +84,7 @@ TEST(GraphBuilderTest, ScopesPrefixVariablesAndSetLayers) {
   EXPECT_EQ(b.graph().producer(y.id()).scope, "h.0");
   EXPECT_EQ(b.scope(), "");
   Sym z = Exp(y);
-  EXPECT_EQ(b.graph().producer(z.id()).layer_idx, -1);
+  EXPECT_EQ(b.graph().producer(z.id()).layer_idx, kUnassignedLayer);
   EXPECT_TRUE(b.graph().FindVariable("h.0.ln_1.weight").ok());
 }
 

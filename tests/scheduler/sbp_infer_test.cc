@@ -453,6 +453,31 @@ TEST(SbpInferTest, LayerIndexOutsideThePipelineIsAnError) {
                   "op 'relu' (node 1, scope 'h.5'): layer_idx 5 is outside the 2 pipeline layers");
 }
 
+// LiBai's layer_idx -1 pins a node to the last stage even when its inputs
+// are all on stage 0; an unassigned node follows its inputs.
+TEST(SbpInferTest, LayerMinusOneIsTheLastStage) {
+  GraphBuilder b;
+  Sym x = b.Input("x", {DType::kF32, Shape{4, 4}});
+  Sym h, last, follows;
+  {
+    auto scope = b.Scope("h.0", 0);
+    h = Relu(x);
+  }
+  {
+    auto scope = b.Scope("head", graph::kLastLayer);
+    last = Exp(h);
+  }
+  follows = Exp(h);
+  b.MarkFetch("last", last);
+  b.MarkFetch("follows", follows);
+  auto g = b.Finish();
+  ASSERT_TRUE(g.ok()) << g.status();
+  const SbpAssignment a = Infer(*g, MakeMesh(3, 1, /*pipeline=*/3, /*layers=*/3));
+  EXPECT_EQ(a.values[static_cast<size_t>(h.id())].stage, 0);
+  EXPECT_EQ(a.values[static_cast<size_t>(last.id())].stage, 2);
+  EXPECT_EQ(a.values[static_cast<size_t>(follows.id())].stage, 0);
+}
+
 TEST(SbpInferTest, GradientAccumulationPassesLayoutsThrough) {
   Graph graph = BuildMlp();
   auto gradients = graph::Autodiff(graph);
