@@ -93,7 +93,7 @@ const ops::OpRegistry& TimedOps() {
 
 TEST(Pipeline, OneFOneBEmergesFromQuotas) {
   constexpr int64_t kStages = 4, kMicro = 8;
-  constexpr double kMs = 30;
+  constexpr double kMs = 60;
   graph::GraphBuilder b(&TimedOps());
   graph::Sym h = b.Input("x", {DType::kF32, Shape{2, 4}});
   for (int64_t layer = 0; layer < kStages; ++layer) {
@@ -159,11 +159,12 @@ TEST(Pipeline, OneFOneBEmergesFromQuotas) {
     int in_flight = 0, most = 0;
     for (const auto& [when, delta] : steps) most = std::max(most, in_flight += delta);
     const double bubble = 1.0 - busy / span;
-    // Within 5 percentage points: kernels sleep, and on a loaded 2-core
-    // machine every wake-up on the critical path comes late (measured 0.29
-    // against 0.273 while a build ran; a run without pipelining would be
-    // 1 - 1/p = 0.75, GPipe without the quota limit the same 0.273).
-    EXPECT_NEAR(bubble, expected, 0.05) << "stage " << stage << " span " << span << " s";
+    // Within 5 % of the ideal (a run without pipelining would be 1 - 1/p =
+    // 0.75, GPipe without the quota limit the same 0.273). Kernels sleep, so
+    // only the runtime's own latency on the critical path (a wake-up, a
+    // message, a transfer per step) adds to the bubble.
+    EXPECT_NEAR(bubble, expected, 0.05 * expected) << "stage " << stage << " span " << span << " s";
+    std::printf("stage %lld bubble %.4f ideal %.4f (ratio %.3f)\n", static_cast<long long>(stage), bubble, expected, bubble / expected);
     // 1F1B: stage s runs at most p - s forwards ahead of its backwards.
     EXPECT_LE(most, kStages - stage) << "stage " << stage;
     EXPECT_EQ(most, kStages - stage) << "stage " << stage << " (the quota is what limits it)";
