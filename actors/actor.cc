@@ -520,7 +520,7 @@ class CollectiveActor final : public Actor {
     }
     if (!AllConsumedReady() || !AllProducedFree()) return false;
     waiting_ = env_.coordinator != nullptr && !env_.coordinator->TryLaunch(id(), act_count_);
-    if (waiting_) return false;  // woken with Cmd(resume) when it is the device's head
+    if (waiting_) return false;  // woken with Cmd(resume) once it heads its lanes
     taken_ = TakeFree(out);
     slot_.Launched();
     const std::vector<Tensor>& tensors = FrontTensors(in);

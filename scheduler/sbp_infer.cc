@@ -5,6 +5,7 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <tuple>
 #include <utility>
 
 #include "core/dtype.h"
@@ -423,6 +424,9 @@ class Inferrer {
       for (size_t j = 0; j < sig.outputs.size(); ++j) c.outputs[j].push_back(sig.outputs[j]);
     }
     for (size_t i = 0; i < node.inputs.size(); ++i) {
+      // A layout an earlier consumer already converted to is shared (the
+      // lowering converts each value to each layout once): free here.
+      if (converted_.contains({node.inputs[i], stage, NdSbpToString(c.inputs[i])})) continue;
       const ValueLayout& produced = out_.values[static_cast<size_t>(node.inputs[i])];
       c.cost += BoxingCost(metas[i], produced.nd_sbp, c.inputs[i], hierarchy_, produced.stage == stage);
       c.conversions += CountDiffering(produced.nd_sbp, c.inputs[i]);
@@ -466,6 +470,7 @@ class Inferrer {
   void AddEdge(BoxingEdgeKind kind, ValueId value, NodeId consumer, int input_index, const ValueLayout& to) {
     const ValueLayout& from = out_.values[static_cast<size_t>(value)];
     if (from == to) return;
+    converted_.insert({value, to.stage, NdSbpToString(to.nd_sbp)});
     BoxingEdge edge;
     edge.kind = kind;
     edge.value = value;
@@ -486,6 +491,7 @@ class Inferrer {
   std::map<ValueId, ValueId> update_of_;    // update value -> variable
   std::map<ValueId, ValueId> state_param_;  // optimizer state variable -> its parameter
   std::map<ValueId, NdSbp> variable_layouts_;
+  std::set<std::tuple<ValueId, int64_t, std::string>> converted_;  // (value, stage, nd-SBP) some edge makes
   SbpAssignment out_;
 };
 

@@ -32,7 +32,10 @@
 //     exactly that layout and each output that is a variable update
 //     (Graph::variable_updates) gets exactly the variable's layout. Among the
 //     allowed ones the op takes the cheapest (sum of BoxingCost over its
-//     inputs, from the producers' layouts).
+//     inputs, from the producers' layouts; an input layout an earlier
+//     consumer already converts the value to costs nothing, since the
+//     lowering converts each value to each layout once — so a clipped
+//     gradient reuses the reduction its norm needed instead of reducing twice).
 //   TIE-BREAK (deterministic), in this order: lower cost (equal within a
 //   relative 1e-9); fewer P / P(max) entries over all outputs (keep results
 //   split or broadcast rather than partial: S→P costs 0, so matmul(S(0), B)
@@ -51,8 +54,8 @@
 //
 // Edges are per consumer: a value read by two consumers in the same layout
 // (e.g. an activation sent to the next stage for forward and for the weight
-// gradient) gives two identical edges, each costed; the boxing pass may
-// share one conversion between them.
+// gradient) gives two identical edges, each with its BoxingCost; the
+// lowering shares one conversion between them.
 //
 // Costs (BoxingCost; T = logical bytes, p = the axis' size, ring algorithms;
 // summed over the hierarchy axes with the same T): same 0 · B→S 0 · B→P 0 ·

@@ -30,7 +30,7 @@ absl::StatusOr<ValueId> AddState(Graph& graph, ValueId variable, std::string_vie
 // Scales every gradient by min(1, max_norm / (norm + 1e-6)), norm the global
 // L2 norm of all of them (torch.nn.utils.clip_grad_norm_). Returns the norm.
 absl::StatusOr<ValueId> ClipByGlobalNorm(Graph& graph, GradientMap& gradients, double max_norm) {
-  const NodeOptions at{.layer_idx = -1, .scope = "optimizer/clip", .name = ""};
+  const NodeOptions at{.layer_idx = kUnassignedLayer, .scope = "optimizer/clip", .name = ""};  // after its inputs
   ValueId total = kNoValue;
   for (const auto& [var, grad] : gradients) {
     ASSIGN_OR_RETURN(ValueId squares, First(graph.AddOp("square_sum", {grad}, {}, at)));

@@ -453,6 +453,28 @@ TEST(SbpInferTest, LayerIndexOutsideThePipelineIsAnError) {
                   "op 'relu' (node 1, scope 'h.5'): layer_idx 5 is outside the 2 pipeline layers");
 }
 
+// With global-norm clipping a gradient is read by its square sum and by the
+// scaling before the update: the data-parallel reduction happens once, and
+// the scaling reuses the layout the norm needed.
+TEST(SbpInferTest, ClippedGradientIsReducedOnce) {
+  Graph graph = BuildMlp();
+  auto gradients = graph::Autodiff(graph);
+  ASSERT_TRUE(gradients.ok()) << gradients.status();
+  auto optimizer = graph::ApplyOptimizer(graph, *gradients, {.clip_grad_max_norm = 1.0});
+  ASSERT_TRUE(optimizer.ok()) << optimizer.status();
+  ASSERT_TRUE(graph::EliminateDeadCode(graph).ok());
+  const SbpAssignment a = Infer(graph, MakeMesh(4, 1));
+  // Reductions of tensors (the norm's per-gradient square sums are scalars);
+  // edges are per consumer, the lowering converts each (value, layout) once.
+  std::set<std::pair<ValueId, std::string>> reductions;
+  for (const BoxingEdge& e : a.edges) {
+    if (e.from.nd_sbp[0].is_partial() && graph.value(e.value).meta.shape.rank() > 0) {
+      reductions.insert({e.value, NdSbpToString(e.to.nd_sbp)});
+    }
+  }
+  EXPECT_EQ(reductions.size(), gradients->size()) << a.ToText(graph);
+}
+
 // LiBai's layer_idx -1 pins a node to the last stage even when its inputs
 // are all on stage 0; an unassigned node follows its inputs.
 TEST(SbpInferTest, LayerMinusOneIsTheLastStage) {

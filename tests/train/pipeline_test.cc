@@ -93,7 +93,7 @@ const ops::OpRegistry& TimedOps() {
 
 TEST(Pipeline, OneFOneBEmergesFromQuotas) {
   constexpr int64_t kStages = 4, kMicro = 8;
-  constexpr double kMs = 60;
+  constexpr double kMs = 100;
   graph::GraphBuilder b(&TimedOps());
   graph::Sym h = b.Input("x", {DType::kF32, Shape{2, 4}});
   for (int64_t layer = 0; layer < kStages; ++layer) {
