@@ -456,10 +456,10 @@ std::vector<int64_t> Coordinates(int64_t index, const std::vector<int64_t>& hier
 // Collective: one rank's part of a boxing conversion. Acts when its input
 // register is ready, an output register is free and the coordinator admits
 // it: launches the boxing routine over its communicators (one per hierarchy
-// axis, shared with the device's other collectives over the same ranks) and,
-// when the routine completes, hands the output on and acks the input. Once
-// the launch has issued its collectives it wakes the collectives the
-// coordinator admits next.
+// axis, shared with the device's other collectives over the same ranks; a
+// later step of an n-D routine on one of its own) and, when the routine
+// completes, hands the output on and acks the input. Each step waits for its
+// turn on its communicator and, once issued, wakes the next in line.
 class CollectiveActor final : public Actor {
  public:
   using Actor::Actor;
@@ -482,7 +482,6 @@ class CollectiveActor final : public Actor {
     }
     const std::vector<int64_t> coords = Coordinates(desc.rank_index(), spec.hierarchy);
     ASSIGN_OR_RETURN(routine_, comm::BoxingRoutine::Create(spec, coords));
-    single_step_ = routine_->Collectives().size() <= 1;
     // Axis a's group: the ranks that differ from this one only in axis a.
     std::vector<std::string> groups;
     for (size_t a = 0; a < spec.hierarchy.size(); ++a) {
@@ -498,9 +497,24 @@ class CollectiveActor final : public Actor {
       comms_.axis.push_back(communicator.get());
       owned_.push_back(std::move(communicator));
     }
+    // Collective step i >= 1 gets a communicator of its own, "<group>#i"
+    // (see launch_order.h).
+    std::vector<std::string> lanes;
+    const std::vector<int> axes = routine_->CollectiveAxes();
+    for (size_t i = 0; i < axes.size(); ++i) {
+      const auto a = static_cast<size_t>(axes[i]);
+      if (i == 0) {
+        lanes.push_back(groups[a]);
+        comms_.steps.push_back(comms_.axis[a]);
+        continue;
+      }
+      lanes.push_back(StrCat(groups[a], "#", i));
+      ASSIGN_OR_RETURN(std::shared_ptr<comm::Communicator> communicator,
+                       env_.join(lanes.back(), static_cast<int>(spec.hierarchy[a]), static_cast<int>(coords[a])));
+      comms_.steps.push_back(communicator.get());
+      owned_.push_back(std::move(communicator));
+    }
     if (env_.coordinator == nullptr) return absl::OkStatus();
-    std::vector<std::string> lanes;  // the communicators it issues on
-    for (int a : routine_->CollectiveAxes()) lanes.push_back(groups[static_cast<size_t>(a)]);
     return env_.coordinator->Use(id(), lanes);
   }
 
@@ -510,8 +524,10 @@ class CollectiveActor final : public Actor {
     Produced& out = produced_[0];
     if (slot_.in_flight()) {
       std::optional<absl::Status> result = slot_.Take();
-      if (!result) return false;
-      if (!single_step_) Issued();
+      if (!result) {
+        TryPendingStep();  // a resume may mean a later step's turn came
+        return false;
+      }
       RETURN_IF_ERROR(*result);
       SendReady(out, taken_);
       AckFront(in);
@@ -526,15 +542,42 @@ class CollectiveActor final : public Actor {
     const std::vector<Tensor>& tensors = FrontTensors(in);
     const auto input = static_cast<size_t>(task_.boxing().input_tensor());
     if (input >= tensors.size()) return absl::InvalidArgumentError(StrCat("no tensor ", input, " in the consumed register"));
+    comm::StepGate gate;
+    if (env_.coordinator != nullptr) {
+      gate = [this, act = act_count_](int step, std::function<void()> issue) {
+        {
+          std::lock_guard<std::mutex> lock(pending_->mu);
+          pending_->step = step;
+          pending_->act = act;
+          pending_->issue = std::move(issue);
+        }
+        TryPendingStep();
+      };
+    }
     routine_->Launch(tensors[input], out.registers->registers[static_cast<size_t>(taken_)][0], comms_,
-                     slot_.Callback(env_.bus, id()));
-    if (single_step_) Issued();  // its one collective (if any) was issued inside Launch
+                     slot_.Callback(env_.bus, id()), std::move(gate));
+    Issued(0);  // the first collective step (if any) was issued inside Launch
     return true;
   }
-  // Lets the next collectives on its communicators launch, waking them.
-  void Issued() {
+  // Lets the next collective on step `step`'s communicator go, waking it.
+  void Issued(int step) {
     if (env_.coordinator == nullptr) return;
-    for (uint64_t next : env_.coordinator->Issued(id())) env_.bus->Send(Message::Cmd(next, Command::kResume));
+    for (uint64_t next : env_.coordinator->Issued(id(), step)) env_.bus->Send(Message::Cmd(next, Command::kResume));
+  }
+  // Issues the later step the routine is holding, if its turn has come (any
+  // thread: the previous step's completion, or the actor's on a resume).
+  void TryPendingStep() {
+    std::function<void()> issue;
+    int step = 0;
+    {
+      std::lock_guard<std::mutex> lock(pending_->mu);
+      if (!pending_->issue || !env_.coordinator->TryLaunch(id(), pending_->act, pending_->step)) return;
+      issue = std::move(pending_->issue);
+      pending_->issue = nullptr;
+      step = pending_->step;
+    }
+    issue();
+    Issued(step);
   }
   bool ShouldEnd() const override { return !slot_.in_flight() && Actor::ShouldEnd(); }
   bool Busy() const override { return slot_.in_flight() || waiting_; }
@@ -544,8 +587,15 @@ class CollectiveActor final : public Actor {
   std::vector<std::shared_ptr<comm::Communicator>> owned_;
   AsyncSlot slot_;
   int32_t taken_ = 0;
-  bool waiting_ = false;      // ready, but not yet admitted by the coordinator
-  bool single_step_ = true;  // at most one collective: all issued when Launch returns
+  bool waiting_ = false;  // ready, but not yet admitted by the coordinator
+  // A collective step after the first, held until the coordinator's turn.
+  struct PendingStep {
+    std::mutex mu;
+    int step = 0;
+    int64_t act = 0;
+    std::function<void()> issue;
+  };
+  std::unique_ptr<PendingStep> pending_ = std::make_unique<PendingStep>();
 };
 
 // Send / Recv: a pipeline edge between two devices; the pair's communicator

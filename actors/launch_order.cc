@@ -50,43 +50,40 @@ absl::Status CollectiveCoordinator::Use(uint64_t actor_id, const std::vector<std
   const std::string device = DecodeActorId(actor_id).device().ToString();
   for (const std::string& name : lanes) {
     Lane* lane = &lanes_[StrCat(device, " ", name)];
-    if (std::find(c.lanes.begin(), c.lanes.end(), lane) != c.lanes.end()) continue;
+    if (std::find(c.lanes.begin(), c.lanes.end(), lane) != c.lanes.end()) {
+      return absl::InternalError(StrCat("collective '", c.task->name(), "' has two steps on communicator ", name));
+    }
     c.lanes.push_back(lane);
     if (c.acts > 0) lane->heads.push({LaunchKeyOf(*plan_, *c.task, 0), actor_id});
   }
+  c.next_act.assign(c.lanes.size(), 0);
   return absl::OkStatus();
 }
 
-bool CollectiveCoordinator::TryLaunch(uint64_t actor_id, int64_t act) {
+bool CollectiveCoordinator::TryLaunch(uint64_t actor_id, int64_t act, int step) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = collectives_.find(actor_id);
-  if (it == collectives_.end() || it->second.lanes.empty()) return true;  // issues on no communicator
+  if (it == collectives_.end() || step < 0 || static_cast<size_t>(step) >= it->second.lanes.size()) {
+    return true;  // a step on no communicator of the sequence
+  }
   Collective& c = it->second;
-  if (c.next_act != act) return false;
-  for (const Lane* lane : c.lanes) {
-    if (lane->issuing || lane->heads.empty() || lane->heads.top().actor_id != actor_id) return false;
-  }
-  const bool more = ++c.next_act < c.acts;
-  for (Lane* lane : c.lanes) {
-    lane->heads.pop();
-    lane->issuing = true;
-    if (more) lane->heads.push({LaunchKeyOf(*plan_, *c.task, c.next_act), actor_id});
-  }
+  Lane& lane = *c.lanes[static_cast<size_t>(step)];
+  int64_t& next = c.next_act[static_cast<size_t>(step)];
+  if (next != act || lane.issuing || lane.heads.empty() || lane.heads.top().actor_id != actor_id) return false;
+  lane.heads.pop();
+  lane.issuing = true;
+  if (++next < c.acts) lane.heads.push({LaunchKeyOf(*plan_, *c.task, next), actor_id});
   return true;
 }
 
-std::vector<uint64_t> CollectiveCoordinator::Issued(uint64_t actor_id) {
+std::vector<uint64_t> CollectiveCoordinator::Issued(uint64_t actor_id, int step) {
   std::lock_guard<std::mutex> lock(mu_);
-  std::vector<uint64_t> wake;
   auto it = collectives_.find(actor_id);
-  if (it == collectives_.end()) return wake;
-  for (Lane* lane : it->second.lanes) {
-    lane->issuing = false;
-    if (lane->heads.empty()) continue;
-    const uint64_t head = lane->heads.top().actor_id;
-    if (head != actor_id && std::find(wake.begin(), wake.end(), head) == wake.end()) wake.push_back(head);
-  }
-  return wake;
+  if (it == collectives_.end() || step < 0 || static_cast<size_t>(step) >= it->second.lanes.size()) return {};
+  Lane& lane = *it->second.lanes[static_cast<size_t>(step)];
+  lane.issuing = false;
+  if (lane.heads.empty() || lane.heads.top().actor_id == actor_id) return {};
+  return {lane.heads.top().actor_id};
 }
 
 std::string CollectiveCoordinator::Describe() const {
@@ -95,7 +92,8 @@ std::string CollectiveCoordinator::Describe() const {
   for (const auto& [name, lane] : lanes_) {
     if (lane.heads.empty()) continue;
     const Collective& head = collectives_.at(lane.heads.top().actor_id);
-    parts.push_back(StrCat(name, ": '", head.task->name(), "' act ", head.next_act, " next",
+    const auto step = static_cast<size_t>(std::find(head.lanes.begin(), head.lanes.end(), &lane) - head.lanes.begin());
+    parts.push_back(StrCat(name, ": '", head.task->name(), "' act ", head.next_act[step], step > 0 ? StrCat(" step ", step) : "", " next",
                            lane.issuing ? " (after the one issuing)" : ""));
   }
   return Join(parts, "; ");

@@ -21,12 +21,14 @@
 // least key not yet done can always go once its inputs exist, which they
 // can without any collective of a larger key. Hence no deadlock.
 //
-// Each (device, communicator) is a lane: a collective launches when it is
-// the head of every lane it uses and none of them is still issuing; the next
-// head may go once it has issued all its collectives. A routine of at most
-// one collective has done so when its launch returns; one of several steps
-// issues each from the previous step's completion, so it holds its lanes
-// until it completes. Conversions that communicate nothing use no lane.
+// Each (device, communicator) is a lane. Collective step i of a routine is
+// admitted on its lane when it is the lane's head and the lane's previous
+// step has been issued; the first step when the actor launches, a later one
+// when the previous step completed (BoxingRoutine's StepGate). Step i >= 1
+// of a multi-step n-D routine has a communicator of its own ("<group>#i"),
+// shared only with other routines' step i over the same ranks, so a routine
+// waiting for its first step's peers holds up no single-step collective.
+// Conversions that communicate nothing use no lane.
 //
 // Thread-safe: actors may run on any thread.
 
@@ -62,17 +64,17 @@ class CollectiveCoordinator {
   // [0, num_stages), negative epoch).
   static absl::StatusOr<std::unique_ptr<CollectiveCoordinator>> Build(const proto::Plan& plan);
 
-  // Collective `actor_id` issues on the communicators named `lanes` (keys
-  // unique per device); call once per collective before the run starts.
-  // Collectives that never call it launch whenever they are ready.
+  // Collective `actor_id` issues its collective step i on the communicator
+  // named lanes[i] (names distinct per device); call once per collective
+  // before the run starts. Collectives that never call it go whenever ready.
   absl::Status Use(uint64_t actor_id, const std::vector<std::string>& lanes);
-  // Whether collective `actor_id` may launch its act `act` now: it is the
-  // head of each of its lanes and none is issuing. On true its lanes wait
-  // for Issued.
-  bool TryLaunch(uint64_t actor_id, int64_t act);
-  // `actor_id`'s launch has issued every collective it will; returns the
-  // new heads of its lanes (to wake), other than itself.
-  std::vector<uint64_t> Issued(uint64_t actor_id);
+  // Whether collective `actor_id` may issue step `step` of its act `act` now:
+  // it heads that step's lane and the lane is not issuing. On true the lane
+  // waits for Issued.
+  bool TryLaunch(uint64_t actor_id, int64_t act, int step = 0);
+  // `actor_id` has issued step `step`; returns the lane's new head (to
+  // wake), unless it is `actor_id` itself.
+  std::vector<uint64_t> Issued(uint64_t actor_id, int step = 0);
   // "cpu:1 <lane>: 'boxing:x:3@1' act 2 next" for every lane with work left.
   std::string Describe() const;
 
@@ -88,9 +90,9 @@ class CollectiveCoordinator {
   };
   struct Collective {
     const proto::Task* task = nullptr;
-    int64_t next_act = 0;
     int64_t acts = 0;
-    std::vector<Lane*> lanes;
+    std::vector<Lane*> lanes;       // per collective step
+    std::vector<int64_t> next_act;  // per collective step
   };
 
   const proto::Plan* plan_ = nullptr;

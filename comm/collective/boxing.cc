@@ -349,10 +349,23 @@ absl::StatusOr<Step> MakeStep(const BoxingSpec& spec, const std::vector<int64_t>
 // One launch in flight: shared by the callbacks of its steps.
 struct Execution {
   std::shared_ptr<const BoxingPlan> plan;
-  std::vector<Communicator*> comms;
+  std::vector<Communicator*> comms;  // per axis
+  std::vector<Communicator*> steps;  // per collective step; empty = by axis
   Tensor output;
   DoneFn done;
+  StepGate gate;
+  // Step k's communicator; `index`: its place among the collective steps.
+  Communicator* comm(size_t k, int index) const {
+    return steps.empty() ? comms[static_cast<size_t>(plan->steps[k].axis)] : steps[static_cast<size_t>(index)];
+  }
 };
+
+// The place of step k among the collective steps.
+int CollectiveIndex(const BoxingPlan& plan, size_t k) {
+  int index = 0;
+  for (size_t i = 0; i < k; ++i) index += IsCollective(plan.steps[i].kind) ? 1 : 0;
+  return index;
+}
 
 void Finish(const std::shared_ptr<Execution>& e, size_t k, absl::Status status) {
   const BoxingPlan& plan = *e->plan;
@@ -396,7 +409,7 @@ void Run(std::shared_ptr<Execution> e, Tensor current, size_t k);
 // Issues step k's collective; its completion continues with step k + 1.
 void IssueCollective(const std::shared_ptr<Execution>& e, size_t k, const Tensor& current, Tensor out) {
   const Step& s = e->plan->steps[k];
-  Communicator* comm = e->comms[static_cast<size_t>(s.axis)];
+  Communicator* comm = e->comm(k, CollectiveIndex(*e->plan, k));
   auto next = [e, out, k](absl::Status status) {
     if (!status.ok()) return Finish(e, k, std::move(status));
     Run(e, out, k + 1);
@@ -452,7 +465,12 @@ void Run(std::shared_ptr<Execution> e, Tensor current, size_t k) {
       if (!scratch.ok()) return Finish(e, k, scratch.status());
       out = *std::move(scratch);
     }
-    if (IsCollective(s.kind)) return IssueCollective(e, k, current, std::move(out));
+    if (IsCollective(s.kind)) {
+      const int index = CollectiveIndex(plan, k);
+      if (index == 0 || !e->gate) return IssueCollective(e, k, current, std::move(out));
+      const StepGate gate = e->gate;
+      return gate(index, [e, k, current, out]() { IssueCollective(e, k, current, out); });
+    }
     const absl::Status status = RunLocal(s, current, out);
     if (!status.ok()) return Finish(e, k, status);
     current = std::move(out);
@@ -583,7 +601,7 @@ std::vector<int> BoxingRoutine::CollectiveAxes() const {
   return out;
 }
 
-void BoxingRoutine::Launch(const Tensor& input, Tensor output, const BoxingComms& comms, DoneFn done) const {
+void BoxingRoutine::Launch(const Tensor& input, Tensor output, const BoxingComms& comms, DoneFn done, StepGate gate) const {
   const BoxingPlan& plan = *plan_;
   auto check = [&](const Tensor& t, const char* name, const Shape& shape) -> std::string {
     if (!t.defined()) return StrCat(name, " is undefined");
@@ -596,10 +614,16 @@ void BoxingRoutine::Launch(const Tensor& input, Tensor output, const BoxingComms
   };
   std::string why = check(input, "input", plan.input_shape);
   if (why.empty()) why = check(output, "output", plan.output_shape);
+  int index = 0;
+  if (!comms.steps.empty() && comms.steps.size() != Collectives().size()) {
+    why = StrCat(comms.steps.size(), " step communicators for ", Collectives().size(), " collective steps");
+  }
   for (const Step& s : plan.steps) {
     if (!why.empty() || !IsCollective(s.kind)) continue;
     const auto a = static_cast<size_t>(s.axis);
-    const Communicator* comm = a < comms.axis.size() ? comms.axis[a] : nullptr;
+    const Communicator* comm = !comms.steps.empty() ? comms.steps[static_cast<size_t>(index)]
+                                                    : a < comms.axis.size() ? comms.axis[a] : nullptr;
+    ++index;
     if (comm == nullptr) {
       why = StrCat("no communicator for hierarchy axis ", a);
     } else if (comm->size() != plan.spec.hierarchy[a] || comm->rank() != plan.coordinates[a]) {
@@ -614,8 +638,10 @@ void BoxingRoutine::Launch(const Tensor& input, Tensor output, const BoxingComms
   auto e = std::make_shared<Execution>();
   e->plan = plan_;
   e->comms = comms.axis;
+  e->steps = comms.steps;
   e->output = std::move(output);
   e->done = std::move(done);
+  e->gate = std::move(gate);
   Run(std::move(e), input, 0);
 }
 

@@ -66,7 +66,16 @@ struct BoxingSpec {
 struct BoxingComms {
   std::vector<Communicator*> axis;
   Communicator* all = nullptr;
+  // When not empty: the communicator of each collective step, in
+  // Collectives() order (each of the size and rank of its step's axis),
+  // instead of `axis` — so a later step can have a communicator of its own.
+  std::vector<Communicator*> steps;
 };
+
+// Called before the routine issues collective step `index` >= 1 (in
+// Collectives() order), from the thread that completed the previous step;
+// the routine issues it when `issue` is called, on any thread, once.
+using StepGate = std::function<void(int index, std::function<void()> issue)>;
 
 namespace internal {
 struct BoxingPlan;
@@ -116,7 +125,9 @@ class BoxingRoutine {
   // inline before any collective is issued, so the peers' matching
   // collectives stay pending: the caller aborts the job (Communicator::Abort),
   // as for any failed actor.
-  void Launch(const Tensor& input, Tensor output, const BoxingComms& comms, DoneFn done) const;
+  // `gate`, when set, holds each collective step after the first until it
+  // lets it go (a launch order across routines sharing communicators).
+  void Launch(const Tensor& input, Tensor output, const BoxingComms& comms, DoneFn done, StepGate gate = nullptr) const;
 
  private:
   explicit BoxingRoutine(std::shared_ptr<const internal::BoxingPlan> plan) : plan_(std::move(plan)) {}

@@ -125,28 +125,38 @@ TEST(LaunchOrder, CoordinatorAdmitsEachDevicesHeadOneAtATime) {
 
 TEST(LaunchOrder, LanesAreIndependentAndLocalConversionsNeverWait) {
   comm::PlanBuilder b(1);
-  const uint64_t tp = AddAllReduce(b, "tp", 0, 4, /*order=*/0);  // on communicator "t"
-  const uint64_t dp = AddAllReduce(b, "dp", 0, 4, /*order=*/1);  // on communicator "d"
-  const uint64_t both = AddAllReduce(b, "both", 0, 4, /*order=*/2);  // a 2-step routine over "t" and "d"
-  const uint64_t local = AddAllReduce(b, "local", 0, 4, /*order=*/3);  // B -> S: no communicator
+  const uint64_t tp = AddAllReduce(b, "tp", 0, 4, /*order=*/0);      // on communicator "t"
+  const uint64_t dp = AddAllReduce(b, "dp", 0, 4, /*order=*/1);      // on communicator "d"
+  const uint64_t both = AddAllReduce(b, "both", 0, 4, /*order=*/2);  // 2 steps: "t", then "d#1"
+  const uint64_t also = AddAllReduce(b, "also", 0, 4, /*order=*/3);  // 2 steps: "t", then "d#1"
+  const uint64_t local = AddAllReduce(b, "local", 0, 4, /*order=*/4);  // B -> S: no communicator
   const proto::Plan plan = b.plan();
   auto coordinator = CollectiveCoordinator::Build(plan);
   ASSERT_TRUE(coordinator.ok()) << coordinator.status();
   CollectiveCoordinator& c = **coordinator;
   ASSERT_TRUE(c.Use(tp, {"t"}).ok());
   ASSERT_TRUE(c.Use(dp, {"d"}).ok());
-  ASSERT_TRUE(c.Use(both, {"t", "d"}).ok());
+  ASSERT_TRUE(c.Use(both, {"t", "d#1"}).ok());
+  ASSERT_TRUE(c.Use(also, {"t", "d#1"}).ok());
   EXPECT_FALSE(c.Use(dp, {"d"}).ok());  // once only
-  EXPECT_TRUE(c.TryLaunch(local, 0));  // ahead of everything: it issues nothing
-  EXPECT_TRUE(c.TryLaunch(dp, 0));     // its lane does not wait for tp's
-  EXPECT_FALSE(c.TryLaunch(both, 0));  // needs the head of both lanes
-  EXPECT_EQ(c.Issued(dp), std::vector<uint64_t>{both});  // head of "d" now, but still behind tp on "t"
-  EXPECT_FALSE(c.TryLaunch(both, 0));
-  EXPECT_NE(c.Describe().find("cpu:0 d: 'both' act 0 next"), std::string::npos) << c.Describe();
+  EXPECT_TRUE(c.TryLaunch(local, 0));   // ahead of everything: it issues nothing
+  EXPECT_TRUE(c.TryLaunch(dp, 0));      // its lane does not wait for tp's
+  EXPECT_TRUE(c.Issued(dp).empty());
+  EXPECT_FALSE(c.TryLaunch(both, 0));   // behind tp on "t"
   EXPECT_TRUE(c.TryLaunch(tp, 0));
   EXPECT_EQ(c.Issued(tp), std::vector<uint64_t>{both});
   EXPECT_TRUE(c.TryLaunch(both, 0));
-  EXPECT_TRUE(c.Issued(both).empty());
+  EXPECT_EQ(c.Issued(both, 0), std::vector<uint64_t>{also});
+  // While both's second step waits (for its first step's peers), "t" is
+  // free: also's first step goes, but its second waits for both's.
+  EXPECT_TRUE(c.TryLaunch(also, 0));
+  EXPECT_TRUE(c.Issued(also, 0).empty());
+  EXPECT_FALSE(c.TryLaunch(also, 0, 1));
+  EXPECT_NE(c.Describe().find("cpu:0 d#1: 'both' act 0 step 1 next"), std::string::npos) << c.Describe();
+  EXPECT_TRUE(c.TryLaunch(both, 0, 1));
+  EXPECT_EQ(c.Issued(both, 1), std::vector<uint64_t>{also});
+  EXPECT_TRUE(c.TryLaunch(also, 0, 1));
+  EXPECT_TRUE(c.Issued(also, 1).empty());
   EXPECT_TRUE(c.Describe().empty()) << c.Describe();
 }
 
