@@ -522,6 +522,60 @@ TEST(BoxingTest, RoutinesRunBackToBackOnSharedCommunicators) {
   }
 }
 
+TEST(BoxingTest, StepGateHoldsLaterStepsOnTheirOwnCommunicators) {
+  // (P, P) -> (B, B): an all-reduce over axis 1, then one over axis 0. The
+  // second runs on a communicator of its own (BoxingComms::steps) and only
+  // when the gate lets it, here from another thread 20 ms later.
+  Mesh mesh({2, 2});
+  Mesh second({2, 2});
+  const BoxingSpec spec = Spec(Meta(DType::kF32, Shape{3, 4}), {kP, kP}, {kB, kB}, {2, 2});
+  const Tensor logical = Logical(spec.logical, 11);
+  std::vector<Tensor> out(4);
+  std::vector<absl::Status> statuses(4);
+  std::vector<std::vector<int>> gated(4);
+  std::vector<std::thread> threads;
+  for (int64_t id = 0; id < 4; ++id) {
+    threads.emplace_back([&, id] {
+      auto routine = BoxingRoutine::Create(spec, Coordinates({2, 2}, id));
+      ASSERT_TRUE(routine.ok()) << routine.status();
+      ASSERT_EQ(routine->CollectiveAxes(), (std::vector<int>{1, 0}));
+      BoxingComms comms = mesh.For(id);
+      comms.steps = {comms.axis[1], second.For(id).axis[0]};
+      out[static_cast<size_t>(id)] = Garbage(routine->output_shape(), DType::kF32);
+      std::thread releaser;
+      Completion done;
+      routine->Launch(MakeInput(spec, logical, id, 11), out[static_cast<size_t>(id)], comms, done.Fn(),
+                      [&, id](int index, std::function<void()> issue) {
+                        gated[static_cast<size_t>(id)].push_back(index);
+                        releaser = std::thread([issue] {
+                          std::this_thread::sleep_for(std::chrono::milliseconds(20));
+                          issue();
+                        });
+                      });
+      statuses[static_cast<size_t>(id)] = done.Wait();
+      if (releaser.joinable()) releaser.join();
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int64_t id = 0; id < 4; ++id) {
+    ASSERT_TRUE(statuses[static_cast<size_t>(id)].ok()) << statuses[static_cast<size_t>(id)];
+    EXPECT_EQ(gated[static_cast<size_t>(id)], std::vector<int>{1}) << "rank " << id;
+    EXPECT_EQ(out[static_cast<size_t>(id)].ToDoubleVector(), logical.ToDoubleVector()) << "rank " << id;
+    // Step 1 ran on the second mesh's axis-0 communicator, not the first's.
+    EXPECT_EQ(mesh.comms[static_cast<size_t>(id)][0]->Take().size(), 0u) << "rank " << id;
+    EXPECT_EQ(second.comms[static_cast<size_t>(id)][0]->Take().size(), 1u) << "rank " << id;
+  }
+  // A steps list that does not match the collective steps is an argument error.
+  auto routine = BoxingRoutine::Create(spec, {0, 0});
+  ASSERT_TRUE(routine.ok());
+  BoxingComms wrong = mesh.For(0);
+  wrong.steps = {wrong.axis[1]};
+  Completion done;
+  routine->Launch(Garbage(routine->input_shape(), DType::kF32), Garbage(routine->output_shape(), DType::kF32), wrong,
+                  done.Fn());
+  EXPECT_THAT(std::string(done.Wait().message()), HasSubstr("1 step communicators for 2 collective steps"));
+}
+
 // ---- Plans ----------------------------------------------------------------------------
 
 struct PlanCase {
