@@ -177,10 +177,18 @@ Sym TransformerLayer::Forward(const Sym& x, const Sym& padding_mask) {
   // every tp rank (LiBai's to_global(sbp=[S(0), B]) at the same points). It
   // makes SBP inference take the Megatron layout: column matmuls B x S(1)
   // from it, and one P -> B all-reduce (or reduce-scatter + all-gather)
-  // after each row-parallel projection back into it.
-  const Sym h = x + attn_(ln_1_(x), padding_mask);  // (B, T, C)
+  // after each row-parallel projection back into it. The layer norms'
+  // outputs (the column-parallel inputs) are hinted the same: forward they
+  // are so anyway; backward (autodiff gives a hinted value's gradient its
+  // hint) their gradient is all-reduced there, Megatron's f, and the norms'
+  // own gradients are whole on every tp rank with no communication.
+  const Sym a = ln_1_(x);
+  b->SetHints(a, std::nullopt, BatchSplit());
+  const Sym h = x + attn_(a, padding_mask);  // (B, T, C)
   b->SetHints(h, std::nullopt, BatchSplit());
-  const Sym y = h + mlp_(ln_2_(h));
+  const Sym m = ln_2_(h);
+  b->SetHints(m, std::nullopt, BatchSplit());
+  const Sym y = h + mlp_(m);
   b->SetHints(y, std::nullopt, BatchSplit());
   return y;
 }

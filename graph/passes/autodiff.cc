@@ -103,6 +103,19 @@ absl::StatusOr<GradientMap> Autodiff(Graph& graph, ValueId loss, const AutodiffO
       ASSIGN_OR_RETURN(std::vector<ValueId> out, graph.AddOp("add", {total, parts[i]}, {}, at));
       total = out.front();
     }
+    // An activation laid out by a hint gets its gradient in the same layout
+    // (partial entries broadcast: the gradient of a partial sum is the same
+    // on every rank), so backward mirrors forward — Megatron's layout, where
+    // the residual stream's gradient is reduced once per layer — rather than
+    // whatever is locally cheapest.
+    const Value& forward = graph.value(v);
+    if (forward.sbp_hint && !graph.IsVariable(v) && !graph.value(total).sbp_hint) {
+      NdSbp hint = *forward.sbp_hint;
+      for (Sbp& s : hint) {
+        if (s.is_partial()) s = Sbp::Broadcast();
+      }
+      RETURN_IF_ERROR(graph.SetHints(total, graph.value(total).placement_hint, hint));
+    }
     summed[v] = total;
     return total;
   };

@@ -94,6 +94,34 @@ TEST(AutodiffTest, LayerNormGraphMatchesFiniteDifferences) {
   ExpectGradientsMatchFiniteDifferences(graph, loss.id(), *gradients, {{"x", x_value->front()}});
 }
 
+// A hinted activation's gradient (summed over its two uses) gets the hint,
+// partial entries broadcast; a variable's gradient gets none.
+TEST(AutodiffTest, HintedActivationGradientGetsTheHint) {
+  GraphBuilder b;
+  Sym x = b.Input("x", {DType::kF32, Shape{4, 5}});
+  Sym w = b.Variable("w", {5, 6}, InitRule::Normal(0, 0.5, 5, 0));
+  Sym h = Matmul(x, w);
+  b.SetHints(h, std::nullopt, NdSbp{Sbp::Split(0), Sbp::PartialSum()});
+  b.MarkLoss(ReduceMean(Tanh(h) * h));
+  auto built = b.Finish();
+  ASSERT_TRUE(built.ok()) << built.status();
+  Graph graph = *std::move(built);
+  auto gradients = Autodiff(graph);
+  ASSERT_TRUE(gradients.ok()) << gradients.status();
+  int hinted = 0;
+  for (const Node& n : graph.nodes()) {
+    if (!n.scope.starts_with("grad/")) continue;  // autodiff's nodes, the summing add included
+    for (ValueId out : n.outputs) {
+      if (!graph.value(out).sbp_hint) continue;
+      ++hinted;
+      EXPECT_EQ(*graph.value(out).sbp_hint, (NdSbp{Sbp::Split(0), Sbp::Broadcast()})) << n.op;
+      EXPECT_EQ(graph.value(out).meta, graph.value(h.id()).meta) << n.op;
+    }
+  }
+  EXPECT_EQ(hinted, 1);
+  EXPECT_FALSE(graph.value(gradients->at(w.id())).sbp_hint.has_value());
+}
+
 TEST(AutodiffTest, ValueUsedTwiceSumsContributions) {
   GraphBuilder b;
   Sym w = b.Variable("w", {4}, InitRule::Normal(0, 1, 3, 0));

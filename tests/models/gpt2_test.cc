@@ -205,6 +205,41 @@ TEST(Gpt2, TensorParallelForwardIsMegatrons) {
   }
 }
 
+// Backward mirrors forward (autodiff gives a hinted activation's gradient
+// the hint): under tensor parallelism each block's backward pays exactly two
+// all-reduces of the hidden state (the gradients at the layer norms'
+// outputs, Megatron's f) and communicates no parameter.
+TEST(Gpt2, TensorParallelBackwardIsMegatrons) {
+  std::unique_ptr<Model> model = MakeModel(NanoConfig()["model"]);
+  ASSERT_NE(model, nullptr);
+  const int64_t batch = 4, T = 32, C = 64;
+  auto graph = model->BuildGraph(batch);
+  ASSERT_TRUE(graph.ok()) << graph.status();
+  auto gradients = graph::Autodiff(*graph);
+  ASSERT_TRUE(gradients.ok()) << gradients.status();
+  ASSERT_TRUE(graph::ApplyOptimizer(*graph, *gradients, {.clip_grad_max_norm = 1.0}).ok());
+  ASSERT_TRUE(graph::EliminateDeadCode(*graph).ok());
+  auto mesh = scheduler::DeviceMesh::Make({.data = 1, .tensor = 2, .world_size = 2});
+  ASSERT_TRUE(mesh.ok()) << mesh.status();
+  auto sbp = scheduler::InferSbp(*graph, *mesh);
+  ASSERT_TRUE(sbp.ok()) << sbp.status();
+  const double hidden_bytes = static_cast<double>(batch * T * C * 4);
+  for (const scheduler::BoxingEdge& e : sbp->edges) {
+    if (!graph->IsVariable(e.value)) continue;
+    EXPECT_EQ(e.cost, 0) << graph->value(e.value).name << ": " << e.description;
+  }
+  for (const char* block : {"grad/h.0", "grad/h.1"}) {
+    std::set<std::pair<graph::ValueId, std::string>> conversions;  // shared by their consumers
+    for (const scheduler::BoxingEdge& e : sbp->edges) {
+      if (e.cost == 0 || e.consumer == graph::kNoNode || !graph->node(e.consumer).scope.starts_with(block)) continue;
+      EXPECT_EQ(e.description, "tp: P -> B (all-reduce)") << block;
+      EXPECT_DOUBLE_EQ(e.cost, hidden_bytes) << block << ": " << e.description;  // 2T(p-1)/p, p = 2
+      conversions.insert({e.value, NdSbpToString(e.to.nd_sbp)});
+    }
+    EXPECT_EQ(conversions.size(), 2u) << block << "\n" << sbp->ToText(*graph);
+  }
+}
+
 TEST(Gpt2, DataIsLayoutInvariantAndShifted) {
   std::unique_ptr<Model> model = MakeModel(NanoConfig()["model"]);
   ASSERT_NE(model, nullptr);
