@@ -35,6 +35,7 @@ nlohmann::json DescribeOpsJson(const OpRegistry& registry) {
     op["kernels"] = nlohmann::json::array();
     for (DeviceType d : s.KernelDevices()) op["kernels"].push_back(DeviceTypeName(d));
     op["differentiable"] = s.differentiable();
+    op["draws_by_global_index"] = s.draws_by_global_index();
     nlohmann::json sbp;
     nlohmann::json example_inputs = nlohmann::json::array();
     for (const TensorMeta& m : s.example().inputs) example_inputs.push_back(m.ToString());
@@ -70,7 +71,8 @@ std::string DescribeOpsText(const OpRegistry& registry) {
     out += StrCat(op["name"].get<std::string>(), "(", Join(inputs, ", "), ") -> (", Join(outputs, ", "), ")\n");
     if (!s.doc().empty()) out += StrCat("    ", s.doc(), "\n");
     if (!attrs.empty()) out += StrCat("    attrs: ", Join(attrs, ", "), "\n");
-    out += StrCat("    kernels: ", Join(kernels, ", "), "   gradient: ", s.differentiable() ? "yes" : "no", "\n");
+    out += StrCat("    kernels: ", Join(kernels, ", "), "   gradient: ", s.differentiable() ? "yes" : "no",
+                  s.draws_by_global_index() ? "   random: by global element index" : "", "\n");
     std::vector<std::string> example;
     for (const nlohmann::json& e : op["sbp"]["example_inputs"]) example.push_back(e.get<std::string>());
     out += StrCat("    sbp for (", Join(example, ", "), "):\n");

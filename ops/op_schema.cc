@@ -25,6 +25,7 @@ std::string SbpSignature::ToString() const {
 }
 
 OpSchema& OpSchema::Doc(std::string doc) { doc_ = std::move(doc); return *this; }
+OpSchema& OpSchema::DrawsByGlobalIndex() { draws_by_global_index_ = true; return *this; }
 OpSchema& OpSchema::Input(std::string name) { inputs_.push_back({std::move(name), false, true}); return *this; }
 OpSchema& OpSchema::NonDifferentiableInput(std::string name) {
   inputs_.push_back({std::move(name), false, false});

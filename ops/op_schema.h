@@ -77,6 +77,12 @@ class OpSchema {
   OpSchema& Grad(GradFn fn);
   OpSchema& Kernel(DeviceType device, KernelFn fn);
   OpSchema& Example(std::vector<TensorMeta> inputs, AttrMap attrs = {});
+  // The kernel draws random numbers keyed by each element's global index
+  // (the logical tensor's, from the input slices): under micro-batching the
+  // scheduler gives it the micro-batch's place in the global batch
+  // (TensorRef.micro_batch_stride), so the draws do not depend on how the
+  // batch is cut.
+  OpSchema& DrawsByGlobalIndex();
 
   const std::string& name() const { return name_; }
   const std::string& doc() const { return doc_; }
@@ -87,6 +93,7 @@ class OpSchema {
   const GradFn& grad() const { return grad_; }
   const OpExample& example() const { return example_; }
   bool has_sbp() const { return static_cast<bool>(sbp_); }
+  bool draws_by_global_index() const { return draws_by_global_index_; }
   // Kernel for a device type, or null.
   const KernelFn* FindKernel(DeviceType device) const;
   std::vector<DeviceType> KernelDevices() const;
@@ -122,6 +129,7 @@ class OpSchema {
   GradFn grad_;
   std::map<DeviceType, KernelFn> kernels_;
   OpExample example_;
+  bool draws_by_global_index_ = false;
 };
 
 // "x: f32(2, 3), w: f32(4, 5)" — for error messages.

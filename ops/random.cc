@@ -125,6 +125,7 @@ void RegisterRandomOps(OpRegistry& registry) {
           .Attr("rate", AttrType::kFloat)
           .Attr("seed", AttrType::kInt)
           .Attr("tensor_id", AttrType::kInt)
+          .DrawsByGlobalIndex()
           .Infer(InferDropout)
           .Sbp([](const std::vector<TensorMeta>& in, const AttrMap&, int64_t) {
             // For a fixed mask the op is linear in x, so partial sums pass through.

@@ -28,10 +28,6 @@ struct Rates {
   std::vector<Rate> value;  // per ValueId
 };
 
-// Ops whose kernels draw random numbers keyed by the global element index:
-// under micro-batching they get the micro-batch's place in the global batch.
-bool DrawsByPosition(const std::string& op) { return op == "dropout"; }
-
 const char* RateName(Rate rate) {
   switch (rate) {
     case Rate::kIteration: return "once per iteration";
@@ -434,7 +430,8 @@ absl::Status Lowering::LowerNode(const Node& node) {
         const uint64_t task = builder_.AddTask(proto::ACTOR_KIND_COMPUTE, name, kComputeStream, device);
         builder_.SetOp(task, node.op, node.attrs);
         SetRate(task, micro);
-        const bool draws = DrawsByPosition(node.op);
+        const ops::OpSchema* schema = graph_.schema(node);
+        const bool draws = schema != nullptr && schema->draws_by_global_index();
         for (size_t k = 0; k < node.inputs.size(); ++k) {
           ASSIGN_OR_RETURN(Shard shard, Read(node.inputs[k], stage, layout.inputs[k], i, task));
           builder_.AddInput(task, shard.desc, shard.tensor);

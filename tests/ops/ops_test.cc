@@ -39,6 +39,17 @@ TEST(Registry, HasManyOpsEachWithCpuKernel) {
   EXPECT_FALSE(r.Get("no_such_op").ok());
 }
 
+// The scheduler gives these ops their micro-batch's place in the global
+// batch (the equivalence tests check the masks through training).
+TEST(Registry, OnlyDropoutDrawsByGlobalIndexFromItsInputs) {
+  const OpRegistry& r = BuiltinOps();
+  std::vector<std::string> drawing;
+  for (const std::string& name : r.Names()) {
+    if (r.Find(name)->draws_by_global_index()) drawing.push_back(name);
+  }
+  EXPECT_EQ(drawing, std::vector<std::string>{"dropout"});
+}
+
 TEST(Registry, DuplicateRegistrationIsAnError) {
   OpRegistry r;
   auto make = [] {
