@@ -86,7 +86,9 @@ struct BoxingPlan;
 // any thread, but the next Launch on the same communicators must wait for the
 // previous `done` (the steps of one launch issue their collectives one after
 // another, each from the previous one's completion, so two launches in flight
-// on the same groups could interleave differently on different ranks).
+// on the same groups could interleave differently on different ranks) —
+// unless a StepGate and per-step communicators keep every step in one order
+// on all ranks, as the runtime's coordinator does.
 // Copying a routine is cheap (the plan is shared and immutable).
 class BoxingRoutine {
  public:
