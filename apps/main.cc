@@ -1,22 +1,29 @@
 // The `tessera` binary: parses the command line and calls into the
-// libraries. Every verb has --help and exits non-zero with a one-line reason
-// on bad input.
+// libraries. Every verb has --help and exits 1 with a one-line reason on bad
+// input; nothing an input can trigger (an exception from a library, an
+// allocation sized by the user) escapes as a crash.
 
 #include <cstdio>
+#include <exception>
+#include <new>
 #include <string>
 #include <vector>
 
 #include "CLI/CLI.hpp"
-#include "core/config.h"
 #include "core/logging.h"
+#include "core/schema.h"
 #include "ops/describe.h"
 #include "ops/registry.h"
+#include "train/job_config.h"
 #include "train/plan_view.h"
 #include "train/trainer.h"
 
 namespace {
 
-int Fail(const std::string& message) {
+int Fail(std::string message) {
+  for (char& c : message) {
+    if (c == '\n' || c == '\r') c = ' ';
+  }
   std::fprintf(stderr, "tessera: %s\n", message.c_str());
   return 1;
 }
@@ -31,15 +38,21 @@ int RunOps(const std::string& format) {
   return 0;
 }
 
-int RunConfig(const std::string& path, const std::vector<std::string>& overrides) {
-  auto config = tessera::config::LoadConfig(path, overrides);
+int RunConfig(const std::string& path, const std::vector<std::string>& overrides, bool schema) {
+  if (schema) {
+    if (!path.empty()) return Fail("config --schema takes no CONFIG");
+    std::printf("%s", tessera::config::SchemaMarkdown(tessera::JobSchema()).c_str());
+    return 0;
+  }
+  if (path.empty()) return Fail("config: give a CONFIG file (or --schema for the reference of every key)");
+  auto config = tessera::LoadJobConfig(path, overrides);
   if (!config.ok()) return Fail(std::string(config.status().message()));
-  std::printf("%s\n", config->dump(2).c_str());
+  std::printf("%s\n", config->dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
   return 0;
 }
 
 int RunTrain(const std::string& path, const std::vector<std::string>& overrides) {
-  auto config = tessera::config::LoadConfig(path, overrides);
+  auto config = tessera::LoadJobConfig(path, overrides);
   if (!config.ok()) return Fail(std::string(config.status().message()));
   auto summary = tessera::Train(*config, stdout);
   if (!summary.ok()) return Fail(std::string(summary.status().message()));
@@ -47,7 +60,7 @@ int RunTrain(const std::string& path, const std::vector<std::string>& overrides)
 }
 
 int RunPlan(const std::string& path, const std::vector<std::string>& overrides, const std::string& format) {
-  auto config = tessera::config::LoadConfig(path, overrides);
+  auto config = tessera::LoadJobConfig(path, overrides);
   if (!config.ok()) return Fail(std::string(config.status().message()));
   auto text = tessera::DescribeTrainingPlan(*config, format);
   if (!text.ok()) return Fail(std::string(text.status().message()));
@@ -55,14 +68,14 @@ int RunPlan(const std::string& path, const std::vector<std::string>& overrides, 
   return 0;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int Main(int argc, char** argv) {
   CLI::App app{"Tessera: train large neural networks on many devices from a program written for one."};
   app.set_version_flag("--version", "tessera 0.1.0");
   app.require_subcommand(1);
-  std::string log_level = "info";
-  app.add_option("--log-level", log_level, "trace, debug, info, warn, error or off")->capture_default_str();
+  std::string log_level = "warn";
+  app.add_option("--log-level", log_level,
+                 "Log lines on stderr: trace, debug, info (compile, plan and run timings), warn, error or off")
+      ->capture_default_str();
 
   std::string ops_format = "text";
   CLI::App* ops = app.add_subcommand("ops", "List registered ops: kernels per device, gradient, SBP signatures");
@@ -72,13 +85,16 @@ int main(int argc, char** argv) {
 
   std::string config_path;
   std::vector<std::string> overrides;
-  CLI::App* config = app.add_subcommand("config", "Print the resolved config (after _base_ merges and overrides)");
-  config->add_option("CONFIG", config_path, "Config file (JSON, comments allowed)")->required();
+  bool schema = false;
+  CLI::App* config = app.add_subcommand(
+      "config", "Print the resolved config (after _base_ merges, overrides and defaults), or the schema of every key");
+  config->add_option("CONFIG", config_path, "Config file (JSON, comments allowed)");
   config->add_option("overrides", overrides, "key.path=value overrides");
+  config->add_flag("--schema", schema, "Print the reference of every config key (Markdown, as docs/config.md)");
 
   std::string train_config;
   std::vector<std::string> train_overrides;
-  CLI::App* train = app.add_subcommand("train", "Train the model of a config on one device through the actor runtime");
+  CLI::App* train = app.add_subcommand("train", "Train the model of a config through the actor runtime");
   train->add_option("CONFIG", train_config, "Config file (JSON, comments allowed)")->required();
   train->add_option("overrides", train_overrides, "key.path=value overrides");
 
@@ -100,8 +116,23 @@ int main(int argc, char** argv) {
   if (auto status = tessera::SetLogLevel(log_level); !status.ok()) return Fail(std::string(status.message()));
 
   if (*ops) return RunOps(ops_format);
-  if (*config) return RunConfig(config_path, overrides);
+  if (*config) return RunConfig(config_path, overrides, schema);
   if (*train) return RunTrain(train_config, train_overrides);
   if (*plan) return RunPlan(plan_config, plan_overrides, plan_format);
   return Fail("no command given (see --help)");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // The libraries return errors as Status values; this is the last line of
+  // defence for anything that throws anyway, so it ends in one line, not an
+  // abort.
+  try {
+    return Main(argc, argv);
+  } catch (const std::bad_alloc&) {
+    return Fail("out of memory (an allocation failed; see `tessera plan` for what the job needs)");
+  } catch (const std::exception& e) {
+    return Fail(std::string("internal error: ") + e.what());
+  }
 }

@@ -86,18 +86,11 @@ std::string Describe(const Json& value) {
   return value.is_null() ? "null" : absl::StrCat(TypeName(value), " ", Quote(value));
 }
 
-bool IsFreeForm(const Json& node) {
-  if (!node.is_object()) return false;
-  const auto it = node.find(kFreeFormKey);
-  return it != node.end() && it->is_boolean() && it->get<bool>();
-}
-
 // Every dotted key path in `node` (objects and leaves, not array elements),
-// the candidates for "did you mean".
+// the candidates for GetNode's "did you mean".
 void CollectPaths(const Json& node, const std::string& prefix, std::vector<std::string>& paths) {
   if (!node.is_object()) return;
   for (const auto& [key, child] : node.items()) {
-    if (key == kFreeFormKey) continue;
     std::string path = prefix.empty() ? key : absl::StrCat(prefix, ".", key);
     CollectPaths(child, path, paths);
     paths.push_back(std::move(path));
@@ -123,126 +116,101 @@ absl::StatusOr<std::vector<std::string>> SplitKey(std::string_view dotted_path) 
   return segments;
 }
 
-// ---------------------------------------------------------------- overrides
+std::string JoinPath(const std::string& path, std::string_view name) {
+  return path.empty() ? std::string(name) : absl::StrCat(path, ".", AbslView(name));
+}
 
-// Applies one override; `root` is the whole config, used for hints.
-class OverrideApplier {
- public:
-  OverrideApplier(Json& root, const Override& override_entry)
-      : root_(root), override_(override_entry) {}
+// Drops the recorded origins of everything below `path`.
+void EraseOriginsBelow(Origins& origins, const std::string& path) {
+  const std::string prefix = path.empty() ? "" : path + ".";
+  for (auto it = origins.lower_bound(prefix); it != origins.end() && it->first.starts_with(prefix);) {
+    if (it->first == path) {
+      ++it;
+      continue;
+    }
+    it = origins.erase(it);
+  }
+}
 
-  absl::Status Apply(const std::vector<std::string>& segments) {
-    Json* node = &root_;
-    bool free_form = IsFreeForm(root_);
-    std::string path;
-    for (std::size_t i = 0; i + 1 < segments.size(); ++i) {
-      path = path.empty() ? segments[i] : absl::StrCat(path, ".", segments[i]);
-      auto it = node->find(segments[i]);
-      if (it == node->end()) {
-        if (!free_form) return UnknownKey(override_.key);
-        node = &((*node)[segments[i]] = Json::object());
-      } else if (!it->is_object()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "config key '", path, "' is ", WithArticle(TypeName(*it)), ", not an object, so '",
-            override_.key, "' cannot be set", FromOverride()));
-      } else {
-        node = &*it;
+// Records `origin` for `path` and every path inside `value`.
+void RecordOrigins(const Json& value, const std::string& path, const std::string& origin, Origins& origins) {
+  origins[path] = origin;
+  if (!value.is_object()) return;
+  for (const auto& [key, child] : value.items()) RecordOrigins(child, JoinPath(path, key), origin, origins);
+}
+
+bool TargetChanges(const Json& base, const Json& overlay) {
+  const auto b = base.find(kTargetKey), o = overlay.find(kTargetKey);
+  return b != base.end() && o != overlay.end() && *b != *o;
+}
+
+// DeepMerge that also records where each merged path came from.
+void MergeInto(Json& base, const Json& overlay, const std::string& path, const std::string& origin, Origins* origins) {
+  if (!base.is_object() || !overlay.is_object() || TargetChanges(base, overlay)) {
+    base = overlay;
+    if (origins != nullptr) {
+      EraseOriginsBelow(*origins, path);
+      RecordOrigins(overlay, path, origin, *origins);
+    }
+    return;
+  }
+  if (origins != nullptr && !path.empty()) (*origins)[path] = origin;
+  for (const auto& [key, value] : overlay.items()) {
+    const std::string child_path = JoinPath(path, key);
+    auto it = base.find(key);
+    if (it == base.end()) {
+      base[key] = value;
+      if (origins != nullptr) {
+        EraseOriginsBelow(*origins, child_path);
+        RecordOrigins(value, child_path, origin, *origins);
       }
-      free_form = free_form || IsFreeForm(*node);
-    }
-    const std::string& leaf = segments.back();
-    auto it = node->find(leaf);
-    if (it == node->end()) {
-      if (!free_form) return UnknownKey(override_.key);
-      (*node)[leaf] = override_.value;
-      return absl::OkStatus();
-    }
-    return Assign(*it, override_.key, override_.value, free_form, /*top_level=*/true);
-  }
-
- private:
-  // Sets `slot` (the existing value at `path`) to `value` under the type rules
-  // documented on ApplyOverrides; objects merge with per-leaf checks.
-  absl::Status Assign(Json& slot, const std::string& path, const Json& value, bool free_form,
-                      bool top_level) {
-    if (value.is_null() || slot.is_null()) {
-      slot = value;
-      return absl::OkStatus();
-    }
-    switch (slot.type()) {
-      case Json::value_t::object: {
-        if (!value.is_object()) return TypeMismatch(path, slot, value);
-        const bool children_free = free_form || IsFreeForm(slot);
-        for (const auto& [key, child_value] : value.items()) {
-          const std::string child_path = absl::StrCat(path, ".", key);
-          auto child = slot.find(key);
-          if (child == slot.end()) {
-            if (!children_free) return UnknownKey(child_path);
-            slot[key] = child_value;
-            continue;
-          }
-          RETURN_IF_ERROR(Assign(*child, child_path, child_value, children_free, false));
-        }
-        return absl::OkStatus();
-      }
-      case Json::value_t::number_integer:
-      case Json::value_t::number_unsigned:
-        if (value.is_number_integer()) {
-          slot = value;
-          return absl::OkStatus();
-        }
-        if (value.is_number_float()) {
-          // 2.0 is an integer written loosely; 2.5 is a mistake.
-          if (const std::optional<int64_t> integral = AsIntegral(value.get<double>())) {
-            slot = *integral;
-            return absl::OkStatus();
-          }
-        }
-        return TypeMismatch(path, slot, value);
-      case Json::value_t::number_float:
-        if (!value.is_number()) return TypeMismatch(path, slot, value);
-        // Stored as a float so a saved config keeps the key's type.
-        slot = value.get<double>();
-        return absl::OkStatus();
-      case Json::value_t::string:
-        if (value.is_string()) {
-          slot = value;
-          return absl::OkStatus();
-        }
-        // `name=2024` on a string key means the text, not a type error; only
-        // for the override's own raw text, not leaves inside an object value.
-        if (top_level && (value.is_number() || value.is_boolean())) {
-          slot = override_.raw_value;
-          return absl::OkStatus();
-        }
-        return TypeMismatch(path, slot, value);
-      default:
-        if (slot.type() != value.type()) return TypeMismatch(path, slot, value);
-        slot = value;
-        return absl::OkStatus();
+    } else {
+      MergeInto(*it, value, child_path, origin, origins);
     }
   }
+}
 
-  std::string FromOverride() const {
-    return absl::StrCat(" (from override '", override_.text, "')");
+// Parses JSON text (comments allowed) with the nesting limit; `deep` is set
+// when the text nests deeper than kMaxNestingDepth (the deep parts are then
+// discarded, so the result stays small).
+Json ParseLimited(const std::string& text, bool allow_exceptions, bool* deep) {
+  *deep = false;
+  const Json::parser_callback_t limit = [deep](int depth, Json::parse_event_t event, Json&) {
+    if ((event == Json::parse_event_t::object_start || event == Json::parse_event_t::array_start) &&
+        depth >= kMaxNestingDepth) {
+      *deep = true;
+      return false;
+    }
+    return true;
+  };
+  return Json::parse(text, limit, allow_exceptions, /*ignore_comments=*/true);
+}
+
+// `text` with every byte outside printable ASCII written as \xNN, for
+// quoting input that is not valid UTF-8.
+std::string EscapeBytes(std::string_view text) {
+  std::string out;
+  for (const char c : text) {
+    const auto byte = static_cast<unsigned char>(c);
+    if (byte >= 0x20 && byte < 0x7F) {
+      out += c;
+    } else {
+      constexpr char kHex[] = "0123456789abcdef";
+      out += "\\x";
+      out += kHex[byte >> 4];
+      out += kHex[byte & 15];
+    }
   }
+  return out;
+}
 
-  absl::Status UnknownKey(const std::string& path) const {
-    return absl::InvalidArgumentError(
-        absl::StrCat("unknown config key '", path, "'", FromOverride(), DidYouMean(root_, path)));
-  }
-
-  absl::Status TypeMismatch(const std::string& path, const Json& expected, const Json& got) const {
-    const std::string expected_type =
-        expected.is_number_float() ? "a number" : WithArticle(TypeName(expected));
-    return absl::InvalidArgumentError(absl::StrCat("config key '", path, "' expects ",
-                                                   expected_type, ", got ", Describe(got),
-                                                   FromOverride()));
-  }
-
-  Json& root_;
-  const Override& override_;
-};
+std::string ShortText(std::string_view text) {
+  if (text.size() <= kMaxQuotedValueChars) return std::string(text);
+  // Cut at a character boundary, so the message stays valid UTF-8.
+  std::size_t cut = kMaxQuotedValueChars;
+  while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;
+  return absl::StrCat(AbslView(text.substr(0, cut)), "...");
+}
 
 // ------------------------------------------------------------------ loading
 
@@ -285,21 +253,37 @@ absl::StatusOr<Json> ReadJsonFile(const fs::path& path) {
     return absl::InvalidArgumentError(
         absl::StrCat("config path '", path.string(), "' is not a regular file"));
   }
+  const std::uintmax_t size = fs::file_size(path, error);
+  if (!error && size > kMaxConfigFileBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("config file '", path.string(), "' is ", size,
+                                                   " bytes; configs are limited to ", kMaxConfigFileBytes));
+  }
   std::ifstream in(path, std::ios::binary);
-  std::string contents{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-  if (!in.good() && !in.eof()) {
+  std::string contents;
+  contents.resize(kMaxConfigFileBytes + 1);
+  in.read(contents.data(), static_cast<std::streamsize>(contents.size()));
+  if (in.bad()) {
     return absl::UnavailableError(absl::StrCat("cannot read config file '", path.string(), "'"));
   }
+  contents.resize(static_cast<std::size_t>(in.gcount()));
+  if (contents.size() > kMaxConfigFileBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("config file '", path.string(), "' is larger than ",
+                                                   kMaxConfigFileBytes, " bytes"));
+  }
   Json config;
+  bool deep = false;
   try {
-    config = Json::parse(contents, /*cb=*/nullptr, /*allow_exceptions=*/true,
-                         /*ignore_comments=*/true);
+    config = ParseLimited(contents, /*allow_exceptions=*/true, &deep);
   } catch (const Json::parse_error& e) {
     return absl::InvalidArgumentError(absl::StrCat(
         Location(path, contents, e.byte), ": JSON syntax error: ", ParseErrorReason(e.what())));
   } catch (const Json::exception& e) {
     return absl::InvalidArgumentError(
         absl::StrCat(path.string(), ": invalid JSON: ", ParseErrorReason(e.what())));
+  }
+  if (deep) {
+    return absl::InvalidArgumentError(absl::StrCat("config file '", path.string(), "' nests objects or arrays deeper than ",
+                                                   kMaxNestingDepth, " levels"));
   }
   if (!config.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat("config file '", path.string(),
@@ -348,39 +332,66 @@ absl::StatusOr<std::vector<std::string>> BaseList(const Json& config, const fs::
   return bases;
 }
 
-// Loads `path` (already on `chain`) with its bases merged in.
-absl::StatusOr<Json> LoadWithBases(const fs::path& path, std::vector<ChainEntry>& chain) {
-  ASSIGN_OR_RETURN(Json self, ReadJsonFile(path));
-  ASSIGN_OR_RETURN(const std::vector<std::string> bases, BaseList(self, path));
-  Json merged = Json::object();
-  for (const std::string& base : bases) {
-    const fs::path resolved = (path.parent_path() / base).lexically_normal();
-    std::error_code error;
-    if (!fs::exists(resolved, error)) {
-      const std::string looked_for =
-          resolved.string() == base ? "" : absl::StrCat(" (looked for '", resolved.string(), "')");
-      return absl::NotFoundError(absl::StrCat("config file '", path.string(), "' names base '",
-                                              base, "', which does not exist", looked_for));
-    }
-    ChainEntry entry{Canonical(resolved), resolved.string()};
-    for (const ChainEntry& ancestor : chain) {
-      if (ancestor.canonical != entry.canonical) continue;
-      std::vector<std::string> names;
-      for (const ChainEntry& link : chain) names.push_back(link.display);
-      names.push_back(entry.display);
-      return absl::InvalidArgumentError(
-          absl::StrCat("config ", AbslView(kBaseKey), " cycle: ", absl::StrJoin(names, " -> ")));
-    }
-    chain.push_back(std::move(entry));
-    absl::StatusOr<Json> base_config = LoadWithBases(resolved, chain);
-    chain.pop_back();
-    if (!base_config.ok()) return base_config.status();
-    DeepMerge(merged, *base_config);
+// Reads one config and its bases; counts files to bound a _base_ lattice
+// that would otherwise include files exponentially often.
+class FileLoader {
+ public:
+  explicit FileLoader(Origins* origins) : origins_(origins) {}
+
+  absl::StatusOr<Json> Load(const fs::path& path) {
+    chain_ = {{Canonical(path), path.string()}};
+    return LoadWithBases(path);
   }
-  self.erase(std::string(kBaseKey));
-  DeepMerge(merged, self);
-  return merged;
-}
+
+ private:
+  // Loads `path` (already on chain_) with its bases merged in.
+  absl::StatusOr<Json> LoadWithBases(const fs::path& path) {
+    if (++files_read_ > kMaxConfigFiles) {
+      return absl::InvalidArgumentError(absl::StrCat("config '", chain_.front().display, "' reads more than ",
+                                                     kMaxConfigFiles, " files through ", AbslView(kBaseKey),
+                                                     " (at '", path.string(), "')"));
+    }
+    ASSIGN_OR_RETURN(Json self, ReadJsonFile(path));
+    ASSIGN_OR_RETURN(const std::vector<std::string> bases, BaseList(self, path));
+    Json merged = Json::object();
+    for (const std::string& base : bases) {
+      const fs::path resolved = (path.parent_path() / base).lexically_normal();
+      std::error_code error;
+      if (!fs::exists(resolved, error)) {
+        const std::string looked_for =
+            resolved.string() == base ? "" : absl::StrCat(" (looked for '", resolved.string(), "')");
+        return absl::NotFoundError(absl::StrCat("config file '", path.string(), "' names base '",
+                                                base, "', which does not exist", looked_for));
+      }
+      ChainEntry entry{Canonical(resolved), resolved.string()};
+      for (const ChainEntry& ancestor : chain_) {
+        if (ancestor.canonical != entry.canonical) continue;
+        std::vector<std::string> names;
+        for (const ChainEntry& link : chain_) names.push_back(link.display);
+        names.push_back(entry.display);
+        return absl::InvalidArgumentError(
+            absl::StrCat("config ", AbslView(kBaseKey), " cycle: ", absl::StrJoin(names, " -> ")));
+      }
+      if (static_cast<int>(chain_.size()) >= kMaxBaseDepth) {
+        return absl::InvalidArgumentError(absl::StrCat("config ", AbslView(kBaseKey), " chain deeper than ",
+                                                       kMaxBaseDepth, " files (at '", entry.display, "')"));
+      }
+      chain_.push_back(std::move(entry));
+      absl::StatusOr<Json> base_config = LoadWithBases(resolved);
+      chain_.pop_back();
+      if (!base_config.ok()) return base_config.status();
+      // The base's own origins were recorded while it loaded.
+      MergeInto(merged, *base_config, "", "", nullptr);
+    }
+    self.erase(std::string(kBaseKey));
+    MergeInto(merged, self, "", absl::StrCat("in ", path.string()), origins_);
+    return merged;
+  }
+
+  Origins* origins_;
+  std::vector<ChainEntry> chain_;
+  int files_read_ = 0;
+};
 
 absl::Status ExpectedType(std::string_view dotted_path, std::string_view expected,
                           const Json& got) {
@@ -392,10 +403,14 @@ absl::Status ExpectedType(std::string_view dotted_path, std::string_view expecte
 }  // namespace
 
 absl::StatusOr<Override> ParseOverride(std::string_view text) {
+  if (const std::optional<std::size_t> bad = FirstInvalidUtf8(text)) {
+    return absl::InvalidArgumentError(absl::StrCat("malformed override '", ShortText(EscapeBytes(text)),
+                                                   "': not valid UTF-8 (byte ", *bad, ")"));
+  }
   const std::size_t equals = text.find('=');
   if (equals == std::string_view::npos) {
     return absl::InvalidArgumentError(
-        absl::StrCat("malformed override '", AbslView(text), "': expected key=value"));
+        absl::StrCat("malformed override '", ShortText(text), "': expected key=value"));
   }
   Override result;
   result.text = std::string(text);
@@ -403,39 +418,113 @@ absl::StatusOr<Override> ParseOverride(std::string_view text) {
   result.raw_value = std::string(text.substr(equals + 1));
   if (result.key.empty()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("malformed override '", AbslView(text), "': empty key"));
+        absl::StrCat("malformed override '", ShortText(text), "': empty key"));
   }
   if (!SplitKey(result.key).ok()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "malformed override '", AbslView(text), "': empty path segment in key '", result.key, "'"));
+        "malformed override '", ShortText(text), "': empty path segment in key '", ShortText(result.key), "'"));
   }
-  result.value = Json::parse(result.raw_value, /*cb=*/nullptr, /*allow_exceptions=*/false);
+  bool deep = false;
+  result.value = ParseLimited(result.raw_value, /*allow_exceptions=*/false, &deep);
+  if (deep) {
+    return absl::InvalidArgumentError(absl::StrCat("override '", ShortText(text), "': the value nests deeper than ",
+                                                   kMaxNestingDepth, " levels"));
+  }
   if (result.value.is_discarded()) result.value = result.raw_value;
   return result;
 }
 
-absl::Status ApplyOverrides(Json& config, const std::vector<std::string>& overrides) {
+absl::Status ApplyOverrides(Json& config, const std::vector<std::string>& overrides, const Section& schema,
+                            Origins* origins) {
   if (overrides.empty()) return absl::OkStatus();
-  // Work on a copy so a failing override leaves the caller's config intact.
+  if (!config.is_object()) return absl::InvalidArgumentError("cannot apply overrides: the config is not an object");
+  // Work on copies so a failing override leaves the caller's config intact.
   Json updated = config;
+  Origins updated_origins = origins != nullptr ? *origins : Origins{};
+  // "_target_" overrides go first, so that `optim.momentum=0.9
+  // optim._target_=SGD` means what it says whatever the order.
+  std::vector<std::string> ordered;
   for (const std::string& text : overrides) {
+    if (text.substr(0, text.find('=')).ends_with(kTargetKey)) ordered.push_back(text);
+  }
+  for (const std::string& text : overrides) {
+    if (!text.substr(0, text.find('=')).ends_with(kTargetKey)) ordered.push_back(text);
+  }
+  for (const std::string& text : ordered) {
     ASSIGN_OR_RETURN(const Override parsed, ParseOverride(text));
-    ASSIGN_OR_RETURN(const std::vector<std::string> segments, SplitKey(parsed.key));
-    if (!updated.is_object()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("cannot apply override '", text, "': the config is not an object"));
+    const std::string from = absl::StrCat(" (from override '", ShortText(text), "')");
+    const std::string origin = absl::StrCat("from override '", ShortText(text), "'");
+    absl::StatusOr<SchemaEntry> entry = Lookup(schema, updated, parsed.key);
+    if (!entry.ok()) {
+      if (absl::IsNotFound(entry.status())) {
+        const std::optional<std::string> closest = ClosestMatch(parsed.key, DeclaredPaths(schema, updated));
+        return absl::InvalidArgumentError(absl::StrCat("unknown config key '", ShortText(parsed.key), "'", from,
+                                                       closest ? absl::StrCat("; did you mean '", *closest, "'?") : ""));
+      }
+      return absl::InvalidArgumentError(absl::StrCat(entry.status().message(), from));
     }
-    RETURN_IF_ERROR(OverrideApplier(updated, parsed).Apply(segments));
+    if (entry->not_implemented != nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("config key '", ShortText(parsed.key), "'", from, " is in a section that is not implemented yet (",
+                                                     entry->not_implemented->not_implemented(), ")"));
+    }
+    ASSIGN_OR_RETURN(const std::vector<std::string> segments, SplitKey(parsed.key));
+    Json value = parsed.value;
+    // `name=2024` on a string key means the text, not a type error.
+    if (entry->key != nullptr && entry->key->type == KeyType::kString && (value.is_number() || value.is_boolean())) {
+      value = parsed.raw_value;
+    }
+    Json* node = &updated;
+    std::string path;
+    for (std::size_t i = 0; i + 1 < segments.size(); ++i) {
+      path = JoinPath(path, segments[i]);
+      Json& child = (*node)[segments[i]];
+      if (child.is_null()) child = Json::object();
+      if (!child.is_object()) {
+        return absl::InvalidArgumentError(absl::StrCat("config key '", path, "' is ", WithArticle(TypeName(child)),
+                                                       ", not an object, so '", parsed.key, "' cannot be set", from));
+      }
+      node = &child;
+    }
+    const std::string& leaf = segments.back();
+    const std::string parent_path = path;
+    path = JoinPath(path, leaf);
+    if (entry->is_target) {
+      const auto it = node->find(leaf);
+      if (it != node->end() && *it != value) {
+        // Another target: the old one's arguments mean nothing to it.
+        *node = Json::object();
+        EraseOriginsBelow(updated_origins, parent_path);
+      }
+      (*node)[leaf] = value;
+      updated_origins[path] = origin;
+      continue;
+    }
+    Json& slot = (*node)[leaf];
+    if (entry->section != nullptr && value.is_object()) {
+      if (slot.is_null()) slot = Json::object();
+      MergeInto(slot, value, path, origin, &updated_origins);
+      updated_origins[path] = origin;
+      continue;
+    }
+    slot = value;
+    EraseOriginsBelow(updated_origins, path);
+    RecordOrigins(value, path, origin, updated_origins);
   }
   config = std::move(updated);
+  if (origins != nullptr) *origins = std::move(updated_origins);
   return absl::OkStatus();
 }
 
-absl::StatusOr<Json> LoadConfig(const fs::path& path, const std::vector<std::string>& overrides) {
-  std::vector<ChainEntry> chain = {{Canonical(path), path.string()}};
-  ASSIGN_OR_RETURN(Json config, LoadWithBases(path, chain));
-  RETURN_IF_ERROR(ApplyOverrides(config, overrides));
-  return config;
+absl::StatusOr<Json> LoadConfigFiles(const fs::path& path, Origins* origins) {
+  return FileLoader(origins).Load(path);
+}
+
+absl::StatusOr<Json> LoadConfig(const fs::path& path, const std::vector<std::string>& overrides,
+                                const Section& schema) {
+  Origins origins;
+  ASSIGN_OR_RETURN(Json config, LoadConfigFiles(path, &origins));
+  RETURN_IF_ERROR(ApplyOverrides(config, overrides, schema, &origins));
+  return Resolve(schema, config, origins);
 }
 
 absl::Status SaveConfig(const Json& config, const fs::path& path) {
@@ -481,20 +570,7 @@ absl::Status SaveConfig(const Json& config, const fs::path& path) {
   return absl::OkStatus();
 }
 
-void DeepMerge(Json& base, const Json& overlay) {
-  if (!base.is_object() || !overlay.is_object()) {
-    base = overlay;
-    return;
-  }
-  for (const auto& [key, value] : overlay.items()) {
-    auto it = base.find(key);
-    if (it == base.end()) {
-      base[key] = value;
-    } else {
-      DeepMerge(*it, value);
-    }
-  }
-}
+void DeepMerge(Json& base, const Json& overlay) { MergeInto(base, overlay, "", "", nullptr); }
 
 absl::StatusOr<const Json*> GetNode(const Json& config, std::string_view dotted_path) {
   ASSIGN_OR_RETURN(const std::vector<std::string> segments, SplitKey(dotted_path));

@@ -3,13 +3,14 @@
 //
 // A config is a JSON object read from a file that may contain comments and may
 // inherit from other files through "_base_"; `key.sub=value` overrides from the
-// command line are applied on top, checked against the keys and types that the
-// files define. The result is a plain nlohmann::json that the rest of the
-// engine reads with the typed accessors below.
+// command line are applied on top. Everything is checked against a schema
+// (core/schema.h) that declares every key once, and the result is the
+// complete config: defaults filled in, types normalised.
 //
 // All functions are free functions without shared state: they are safe to call
 // from any thread on distinct json objects. None of them throws; every error is
-// an absl::Status with a one-line message naming the file and/or key path.
+// an absl::Status with a one-line message naming the key path and the file or
+// override it came from.
 
 #include <cstdint>
 #include <filesystem>
@@ -20,17 +21,22 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "core/schema.h"
 
 namespace tessera::config {
 
 // Key of the list of files a config inherits from (a string or an array of
 // strings, relative to the directory of the file that names them).
 inline constexpr std::string_view kBaseKey = "_base_";
-// An object holding `"_free_form_": true` accepts overrides that create new
-// keys anywhere below it (e.g. a model's extra keyword arguments).
-inline constexpr std::string_view kFreeFormKey = "_free_form_";
 // Names the registry entry that builds the object described by a node.
 inline constexpr std::string_view kTargetKey = "_target_";
+
+// Limits on what a config may be, so that no file or override can make the
+// loader run out of stack, memory or time.
+inline constexpr std::size_t kMaxConfigFileBytes = std::size_t{16} << 20;
+inline constexpr int kMaxNestingDepth = 32;      // objects / arrays inside one another
+inline constexpr int kMaxBaseDepth = 16;         // a _base_ of a _base_ of ...
+inline constexpr int kMaxConfigFiles = 64;       // files read for one config, repeats counted
 
 // One parsed command-line override `key=value`.
 struct Override {
@@ -43,30 +49,38 @@ struct Override {
   nlohmann::json value;
 };
 
-// Splits `text` at its first '='. Fails on a missing '=', an empty key or an
-// empty path segment ("a..b=1", ".a=1", "a.=1").
+// Splits `text` at its first '='. Fails on a missing '=', an empty key, an
+// empty path segment ("a..b=1", ".a=1", "a.=1"), text that is not valid
+// UTF-8, or a value nested deeper than kMaxNestingDepth.
 [[nodiscard]] absl::StatusOr<Override> ParseOverride(std::string_view text);
 
-// Parses and applies `overrides` to `config` in order (a later one wins).
-// Each key must name an existing entry unless it lies below a free-form
-// object; the new value must have the existing value's JSON type, except that
-// an integer may replace a number (stored as a float), an integral float may
-// replace an integer (stored as an integer), an existing null accepts
-// anything, and anything may be set to null. A string entry also takes the
-// raw text of a value that parsed as a number or bool (`name=2024` sets
-// "2024"). An object value is merged key by key with the same checks. Either
+// Applies `overrides` to `config` in order (a later one wins). Each key must
+// be declared by `schema` (an unknown one is an error with a "did you mean");
+// a string key takes the raw text of a value that parsed as a number or bool
+// (`name=2024` sets "2024"); an object value merges key by key; setting a
+// section's "_target_" to another target drops the keys the old target had
+// ("_target_" overrides are applied before the others, so their place on
+// the command line does not matter).
+// Types and ranges are checked by Resolve, which names the override. Records
+// in `origins` (if given) that each path set came from its override. Either
 // every override is applied or, on error, `config` is left unchanged.
-[[nodiscard]] absl::Status ApplyOverrides(nlohmann::json& config,
-                                          const std::vector<std::string>& overrides);
+[[nodiscard]] absl::Status ApplyOverrides(nlohmann::json& config, const std::vector<std::string>& overrides,
+                                          const Section& schema, Origins* origins = nullptr);
 
-// Reads the config at `path`, resolving "_base_" recursively: the bases are
-// deep-merged in list order, then the file itself on top (objects merge key
-// by key, any other value replaces), and "_base_" is dropped. Then applies
-// `overrides` as ApplyOverrides does. Errors name the file (with line and
-// column for JSON syntax errors), the include chain for a cycle, and the
-// including file for a missing base.
-[[nodiscard]] absl::StatusOr<nlohmann::json> LoadConfig(
-    const std::filesystem::path& path, const std::vector<std::string>& overrides = {});
+// Reads the config file at `path`, resolving "_base_" recursively: the bases
+// are deep-merged in list order, then the file itself on top (see DeepMerge),
+// and "_base_" is dropped. Records in `origins` (if given) which file set each
+// path. Errors name the file (with line and column for JSON syntax errors),
+// the include chain for a cycle, and the including file for a missing base.
+[[nodiscard]] absl::StatusOr<nlohmann::json> LoadConfigFiles(const std::filesystem::path& path,
+                                                             Origins* origins = nullptr);
+
+// LoadConfigFiles, then ApplyOverrides, then Resolve against `schema`: the
+// complete, checked config. Every error names the file or override that set
+// the offending key.
+[[nodiscard]] absl::StatusOr<nlohmann::json> LoadConfig(const std::filesystem::path& path,
+                                                        const std::vector<std::string>& overrides,
+                                                        const Section& schema);
 
 // Writes `config` as indented JSON to `path` through a temporary file
 // (`path.tmp.<pid>`) that is synced and then renamed over `path`, so a crash
@@ -76,7 +90,9 @@ struct Override {
                                       const std::filesystem::path& path);
 
 // Merges `overlay` into `base`: objects key by key, recursively; any other
-// overlay value (null included) replaces what `base` had.
+// overlay value (null included) replaces what `base` had. An object whose
+// "_target_" differs from the one it merges into replaces it whole (the old
+// target's arguments mean nothing to the new one).
 void DeepMerge(nlohmann::json& base, const nlohmann::json& overlay);
 
 // The node at `dotted_path` ("train.dist"), borrowed from `config`, which

@@ -1,8 +1,10 @@
 #include "core/logging.h"
 
+#include <mutex>
 #include <string>
 
 #include "core/text.h"
+#include "spdlog/sinks/stdout_color_sinks.h"
 
 namespace tessera {
 
@@ -13,6 +15,13 @@ absl::Status SetLogLevel(std::string_view level) {
     return absl::InvalidArgumentError(StrCat(
         "unknown log level '", level, "' (expected trace, debug, info, warn, error or off)"));
   }
+  // Log lines go to stderr, so stdout stays the command's output.
+  static std::once_flag once;
+  std::call_once(once, [] {
+    auto logger = spdlog::stderr_color_mt("tessera");
+    logger->set_pattern("[%H:%M:%S.%e] [%l] %v");
+    spdlog::set_default_logger(std::move(logger));
+  });
   spdlog::set_level(parsed);
   return absl::OkStatus();
 }

@@ -9,7 +9,8 @@
 
 namespace tessera {
 
-// Sets the global level from "trace", "debug", "info", "warn", "error", "off".
+// Sets the global level from "trace", "debug", "info", "warn", "error", "off",
+// and (on the first call) sends log lines to stderr.
 absl::Status SetLogLevel(std::string_view level);
 
 }  // namespace tessera

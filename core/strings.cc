@@ -30,6 +30,11 @@ std::optional<std::string> ClosestMatch(std::string_view query,
   const std::string* best = nullptr;
   std::size_t best_distance = max_distance + 1;
   for (const std::string& candidate : candidates) {
+    // The distance is at least the length difference: skipping those keeps
+    // a megabyte-long typo from costing |query| x |candidate| per candidate.
+    const std::size_t length_gap = query.size() > candidate.size() ? query.size() - candidate.size()
+                                                                   : candidate.size() - query.size();
+    if (length_gap >= best_distance) continue;
     const std::size_t distance = EditDistance(query, candidate);
     if (distance < best_distance) {
       best_distance = distance;
@@ -38,6 +43,39 @@ std::optional<std::string> ClosestMatch(std::string_view query,
   }
   if (best == nullptr) return std::nullopt;
   return *best;
+}
+
+std::optional<std::size_t> FirstInvalidUtf8(std::string_view text) {
+  const auto* bytes = reinterpret_cast<const unsigned char*>(text.data());
+  const std::size_t n = text.size();
+  std::size_t i = 0;
+  while (i < n) {
+    const unsigned char lead = bytes[i];
+    if (lead < 0x80) {
+      ++i;
+      continue;
+    }
+    std::size_t length;
+    uint32_t min_code, code;
+    if ((lead & 0xE0) == 0xC0) {
+      length = 2, min_code = 0x80, code = lead & 0x1F;
+    } else if ((lead & 0xF0) == 0xE0) {
+      length = 3, min_code = 0x800, code = lead & 0x0F;
+    } else if ((lead & 0xF8) == 0xF0) {
+      length = 4, min_code = 0x10000, code = lead & 0x07;
+    } else {
+      return i;
+    }
+    if (n - i < length) return i;
+    for (std::size_t k = 1; k < length; ++k) {
+      if ((bytes[i + k] & 0xC0) != 0x80) return i;
+      code = (code << 6) | (bytes[i + k] & 0x3F);
+    }
+    // Overlong forms, UTF-16 surrogates and code points past U+10FFFF.
+    if (code < min_code || (code >= 0xD800 && code <= 0xDFFF) || code > 0x10FFFF) return i;
+    i += length;
+  }
+  return std::nullopt;
 }
 
 }  // namespace tessera

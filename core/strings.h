@@ -3,6 +3,7 @@
 // turn a user's typo into a "did you mean" hint.
 
 #include <cstddef>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -21,5 +22,10 @@ namespace tessera {
 // never point at something unrelated.
 [[nodiscard]] std::optional<std::string> ClosestMatch(std::string_view query,
                                                       const std::vector<std::string>& candidates);
+
+// The byte offset of the first byte that does not start a valid UTF-8
+// sequence (RFC 3629: no overlong forms, surrogates or code points past
+// U+10FFFF), or nullopt when all of `text` is valid.
+[[nodiscard]] std::optional<std::size_t> FirstInvalidUtf8(std::string_view text);
 
 }  // namespace tessera

@@ -38,7 +38,7 @@ class Gpt2Network : public nn::Module {
                                   : c.initializer_range;
     for (int64_t i = 0; i < c.num_layers; ++i) {
       blocks_.push_back(std::make_unique<nn::TransformerLayer>(
-          c.hidden_size, c.num_attention_heads, c.ffn_hidden_size,
+          c.hidden_size, c.num_attention_heads, c.ffn(),
           nn::TransformerLayerOptions{.causal = true,
                                       .attention_dropout_prob = c.attention_dropout_prob,
                                       .output_dropout_prob = c.output_dropout_prob,
@@ -90,21 +90,47 @@ constexpr uint32_t kSampleStream = 2;
 
 double Uniform01(uint32_t bits) { return static_cast<double>(bits >> 8) * (1.0 / 16777216.0); }
 
-template <typename T>
-absl::Status ReadKey(const nlohmann::json& node, const char* key, T* out) {
-  if (!node.contains(key) || node.at(key).is_null()) return absl::OkStatus();
-  const nlohmann::json& v = node.at(key);
-  if constexpr (std::is_same_v<T, bool>) {
-    if (!v.is_boolean()) return absl::InvalidArgumentError(StrCat("models.GPT2: ", key, " must be a bool"));
-  } else if constexpr (std::is_integral_v<T>) {
-    if (!v.is_number_integer() && !(v.is_number() && std::floor(v.get<double>()) == v.get<double>())) {
-      return absl::InvalidArgumentError(StrCat("models.GPT2: ", key, " must be an integer, got ", v.dump()));
-    }
-  } else {
-    if (!v.is_number()) return absl::InvalidArgumentError(StrCat("models.GPT2: ", key, " must be a number, got ", v.dump()));
-  }
-  *out = v.get<T>();
-  return absl::OkStatus();
+// Largest sizes the schema admits: far past any real GPT, small enough that
+// sizes derived from them stay well inside 64 bits.
+constexpr double kMaxVocab = 2147483647.0;  // token ids fit in int32
+constexpr double kMaxWidth = 1 << 20;
+constexpr double kMaxLayers = 1024;
+constexpr double kMaxSequence = 1 << 24;
+
+config::Binding<Gpt2Config> MakeKeys() {
+  config::Binding<Gpt2Config> b("A GPT-2 language model (Hugging Face's parameter names) on a synthetic Markov chain.");
+  b.Field("vocab_size", &Gpt2Config::vocab_size, {.min = 2, .max = kMaxVocab, .doc = "vocabulary size V"});
+  b.Field("hidden_size", &Gpt2Config::hidden_size, {.min = 1, .max = kMaxWidth, .doc = "width C of the residual stream"});
+  b.Field("num_layers", &Gpt2Config::num_layers, {.min = 1, .max = kMaxLayers, .doc = "transformer layers"});
+  b.Field("num_attention_heads", &Gpt2Config::num_attention_heads,
+          {.min = 1, .max = kMaxWidth, .doc = "attention heads; must divide hidden_size"});
+  b.Field("ffn_hidden_size", &Gpt2Config::ffn_hidden_size,
+          {.min = 1, .max = 4 * kMaxWidth, .doc = "MLP inner width; `null`: 4 × hidden_size"});
+  b.Field("max_seq_length", &Gpt2Config::max_seq_length,
+          {.min = 1, .max = kMaxSequence, .doc = "positions of the position embedding (wpe)"});
+  b.Field("seq_length", &Gpt2Config::seq_length,
+          {.min = 1, .max = kMaxSequence, .doc = "tokens per training sequence T; `null`: max_seq_length"});
+  b.Field("embedding_dropout_prob", &Gpt2Config::embedding_dropout_prob,
+          {.min = 0, .max = 1, .exclusive_max = true, .doc = "dropout after the embeddings"});
+  b.Field("attention_dropout_prob", &Gpt2Config::attention_dropout_prob,
+          {.min = 0, .max = 1, .exclusive_max = true, .doc = "dropout on the attention probabilities"});
+  b.Field("output_dropout_prob", &Gpt2Config::output_dropout_prob,
+          {.min = 0, .max = 1, .exclusive_max = true, .doc = "dropout on each block's attention and MLP outputs"});
+  b.Field("layernorm_epsilon", &Gpt2Config::layernorm_epsilon,
+          {.min = 0, .max = 1, .exclusive_min = true, .doc = "LayerNorm epsilon"});
+  b.Field("initializer_range", &Gpt2Config::initializer_range,
+          {.min = 0, .max = 10, .doc = "standard deviation of the weights' normal init"});
+  b.Field("use_scaled_init_for_output_weights", &Gpt2Config::use_scaled_init_for_output_weights,
+          {.doc = "output projections' std divided by sqrt(2 · num_layers), as GPT-2"});
+  b.Field("init_seed", &Gpt2Config::init_seed,
+          {.min = 0, .derive_seed_from = "train.seed", .doc = "seed of parameter init; `null`: derived from train.seed"});
+  b.Field("dropout_seed", &Gpt2Config::dropout_seed,
+          {.min = 0, .derive_seed_from = "train.seed", .doc = "seed of dropout masks; `null`: derived from train.seed"});
+  b.Field("data_seed", &Gpt2Config::data_seed,
+          {.min = 0, .derive_seed_from = "train.seed", .doc = "seed of the Markov chain and its samples; `null`: derived from train.seed"});
+  b.Field("markov_successors", &Gpt2Config::markov_successors,
+          {.min = 1, .max = 30, .doc = "successors per token in the synthetic chain (probabilities ∝ 2^-k); at most vocab_size"});
+  return b;
 }
 
 }  // namespace
@@ -112,22 +138,7 @@ absl::Status ReadKey(const nlohmann::json& node, const char* key, T* out) {
 Gpt2::Gpt2(Gpt2Config config) : config_(std::move(config)) {
   const absl::Status valid = Validate(config_);
   TESSERA_CHECK(valid.ok(), std::string(valid.message()));
-  const int64_t V = config_.vocab_size, K = config_.markov_successors;
-  const PhiloxKey key = MakePhiloxKey(static_cast<uint64_t>(config_.data_seed));
-  successors_.resize(static_cast<size_t>(V * K));
-  for (int64_t v = 0; v < V; ++v) {
-    std::set<int64_t> taken;
-    uint32_t attempt = 0;
-    for (int64_t k = 0; k < K; ++k) {
-      int64_t next;
-      do {
-        const auto r = Philox4x32(key, static_cast<uint32_t>(v), static_cast<uint32_t>(k), attempt++, kChainStream);
-        next = static_cast<int64_t>(r[0] % static_cast<uint32_t>(V));
-      } while (taken.contains(next));
-      taken.insert(next);
-      successors_[static_cast<size_t>(v * K + k)] = next;
-    }
-  }
+  const int64_t K = config_.markov_successors;
   double total = 0;
   for (int64_t k = 0; k < K; ++k) total += std::ldexp(1.0, -static_cast<int>(k));
   double acc = 0;
@@ -138,17 +149,32 @@ Gpt2::Gpt2(Gpt2Config config) : config_(std::move(config)) {
   cumulative_.back() = 1.0;
 }
 
+int64_t Gpt2::Successor(int64_t v, int64_t k) const {
+  // Successor j of v is the j-th distinct draw of v's stream.
+  const PhiloxKey key = MakePhiloxKey(static_cast<uint64_t>(config_.data_seed));
+  const auto V = static_cast<uint32_t>(config_.vocab_size);
+  std::vector<int64_t> taken;
+  uint32_t attempt = 0;
+  while (true) {
+    const auto r = Philox4x32(key, static_cast<uint32_t>(v), static_cast<uint32_t>(taken.size()), attempt++, kChainStream);
+    const auto next = static_cast<int64_t>(r[0] % V);
+    if (std::find(taken.begin(), taken.end(), next) != taken.end()) continue;
+    if (static_cast<int64_t>(taken.size()) == k) return next;
+    taken.push_back(next);
+  }
+}
+
 absl::Status Gpt2::Validate(const Gpt2Config& c) {
   auto fail = [](auto... parts) { return absl::InvalidArgumentError(StrCat("models.GPT2: ", parts...)); };
   if (c.vocab_size < 2) return fail("vocab_size must be >= 2, got ", c.vocab_size);
-  if (c.hidden_size < 1 || c.num_layers < 1 || c.num_attention_heads < 1 || c.ffn_hidden_size < 1) {
+  if (c.hidden_size < 1 || c.num_layers < 1 || c.num_attention_heads < 1 || c.ffn() < 1) {
     return fail("hidden_size, num_layers, num_attention_heads and ffn_hidden_size must be >= 1");
   }
   if (c.hidden_size % c.num_attention_heads != 0) {
     return fail("hidden_size ", c.hidden_size, " is not a multiple of num_attention_heads ", c.num_attention_heads);
   }
-  if (c.seq_length < 1 || c.seq_length > c.max_seq_length) {
-    return fail("seq_length ", c.seq_length, " must be in [1, max_seq_length = ", c.max_seq_length, "]");
+  if (c.max_seq_length < 1 || c.seq() < 1 || c.seq() > c.max_seq_length) {
+    return fail("seq_length ", c.seq(), " must be in [1, max_seq_length = ", c.max_seq_length, "]");
   }
   for (const auto& [name, p] : {std::pair{"embedding_dropout_prob", c.embedding_dropout_prob},
                                 std::pair{"attention_dropout_prob", c.attention_dropout_prob},
@@ -164,49 +190,21 @@ absl::Status Gpt2::Validate(const Gpt2Config& c) {
   return absl::OkStatus();
 }
 
+const config::Binding<Gpt2Config>& Gpt2::Keys() {
+  static const auto* const keys = new config::Binding<Gpt2Config>(MakeKeys());
+  return *keys;
+}
+
 absl::StatusOr<std::unique_ptr<Model>> Gpt2::FromJson(const nlohmann::json& node) {
-  static const std::vector<std::string> kKeys = {
-      "_target_",         "vocab_size",       "hidden_size",         "num_layers",
-      "num_attention_heads", "ffn_hidden_size", "max_seq_length",     "seq_length",
-      "embedding_dropout_prob", "attention_dropout_prob", "output_dropout_prob", "layernorm_epsilon",
-      "initializer_range", "use_scaled_init_for_output_weights", "init_seed", "dropout_seed",
-      "data_seed",        "markov_successors"};
-  for (const auto& [key, value] : node.items()) {
-    if (std::find(kKeys.begin(), kKeys.end(), key) != kKeys.end()) continue;
-    const std::optional<std::string> closest = ClosestMatch(key, kKeys);
-    return absl::InvalidArgumentError(StrCat("models.GPT2: unknown key '", key, "'",
-                                             closest ? StrCat("; did you mean '", *closest, "'?") : std::string()));
-  }
-  Gpt2Config c;
-  c.ffn_hidden_size = 0;
-  c.seq_length = 0;
-  RETURN_IF_ERROR(ReadKey(node, "vocab_size", &c.vocab_size));
-  RETURN_IF_ERROR(ReadKey(node, "hidden_size", &c.hidden_size));
-  RETURN_IF_ERROR(ReadKey(node, "num_layers", &c.num_layers));
-  RETURN_IF_ERROR(ReadKey(node, "num_attention_heads", &c.num_attention_heads));
-  RETURN_IF_ERROR(ReadKey(node, "ffn_hidden_size", &c.ffn_hidden_size));
-  RETURN_IF_ERROR(ReadKey(node, "max_seq_length", &c.max_seq_length));
-  RETURN_IF_ERROR(ReadKey(node, "seq_length", &c.seq_length));
-  RETURN_IF_ERROR(ReadKey(node, "embedding_dropout_prob", &c.embedding_dropout_prob));
-  RETURN_IF_ERROR(ReadKey(node, "attention_dropout_prob", &c.attention_dropout_prob));
-  RETURN_IF_ERROR(ReadKey(node, "output_dropout_prob", &c.output_dropout_prob));
-  RETURN_IF_ERROR(ReadKey(node, "layernorm_epsilon", &c.layernorm_epsilon));
-  RETURN_IF_ERROR(ReadKey(node, "initializer_range", &c.initializer_range));
-  RETURN_IF_ERROR(ReadKey(node, "use_scaled_init_for_output_weights", &c.use_scaled_init_for_output_weights));
-  RETURN_IF_ERROR(ReadKey(node, "init_seed", &c.init_seed));
-  RETURN_IF_ERROR(ReadKey(node, "dropout_seed", &c.dropout_seed));
-  RETURN_IF_ERROR(ReadKey(node, "data_seed", &c.data_seed));
-  RETURN_IF_ERROR(ReadKey(node, "markov_successors", &c.markov_successors));
-  if (c.ffn_hidden_size == 0) c.ffn_hidden_size = 4 * c.hidden_size;
-  if (c.seq_length == 0) c.seq_length = c.max_seq_length;
+  ASSIGN_OR_RETURN(const Gpt2Config c, ReadModelKeys(Keys(), node));
   RETURN_IF_ERROR(Validate(c));
-  return std::make_unique<Gpt2>(std::move(c));
+  return std::make_unique<Gpt2>(c);
 }
 
 absl::StatusOr<graph::Graph> Gpt2::BuildGraph(int64_t batch) const {
   if (batch < 1) return absl::InvalidArgumentError(StrCat("models.GPT2: batch size ", batch, " must be >= 1"));
   graph::GraphBuilder b;
-  const TensorMeta tokens{DType::kI64, Shape{batch, config_.seq_length}};
+  const TensorMeta tokens{DType::kI64, Shape{batch, config_.seq()}};
   const graph::Sym input_ids = b.Input("input_ids", tokens);
   const graph::Sym labels = b.Input("labels", tokens);
   b.SetHints(input_ids, std::nullopt, nn::BatchSplit());
@@ -217,7 +215,7 @@ absl::StatusOr<graph::Graph> Gpt2::BuildGraph(int64_t batch) const {
 }
 
 std::vector<int64_t> Gpt2::SampleSequence(int64_t iteration, int64_t sample) const {
-  const int64_t V = config_.vocab_size, K = config_.markov_successors, T = config_.seq_length;
+  const int64_t V = config_.vocab_size, K = config_.markov_successors, T = config_.seq();
   const PhiloxKey key = MakePhiloxKey(static_cast<uint64_t>(config_.data_seed));
   // Draw t of the sample: Philox counter (t, sample, iteration, stream).
   auto draw = [&](int64_t t) {
@@ -230,13 +228,13 @@ std::vector<int64_t> Gpt2::SampleSequence(int64_t iteration, int64_t sample) con
     const double u = Uniform01(draw(t));
     int64_t k = 0;
     while (k + 1 < K && u >= cumulative_[static_cast<size_t>(k)]) ++k;
-    tokens[static_cast<size_t>(t)] = successors_[static_cast<size_t>(tokens[static_cast<size_t>(t - 1)] * K + k)];
+    tokens[static_cast<size_t>(t)] = Successor(tokens[static_cast<size_t>(t - 1)], k);
   }
   return tokens;
 }
 
 absl::Status Gpt2::FillBatch(int64_t iteration, std::string_view input, const Tensor& out) const {
-  const int64_t T = config_.seq_length;
+  const int64_t T = config_.seq();
   int64_t offset = 0;
   if (input == "labels") {
     offset = 1;

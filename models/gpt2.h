@@ -30,18 +30,17 @@
 // i, j, position): the batch is layout-invariant — row j is the same whatever
 // batch size is filled. input_ids = tokens [0, T), labels = tokens [1, T].
 //
-// Config keys (model.*): vocab_size, hidden_size, num_layers,
-// num_attention_heads, ffn_hidden_size (null = 4 · hidden_size),
-// max_seq_length, seq_length (null = max_seq_length), embedding_dropout_prob,
-// attention_dropout_prob, output_dropout_prob, layernorm_epsilon,
-// initializer_range, use_scaled_init_for_output_weights, init_seed,
-// dropout_seed, data_seed, markov_successors. Unknown keys are errors.
+// Config keys (model.*): declared once, in Gpt2::Keys() with the Gpt2Config
+// members they fill (docs/config.md lists them). The seeds left null derive
+// from train.seed.
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "core/schema.h"
 #include "models/model.h"
 #include "nlohmann/json.hpp"
 
@@ -52,9 +51,9 @@ struct Gpt2Config {
   int64_t hidden_size = 64;
   int64_t num_layers = 2;
   int64_t num_attention_heads = 4;
-  int64_t ffn_hidden_size = 256;
+  std::optional<int64_t> ffn_hidden_size;  // unset: 4 · hidden_size
   int64_t max_seq_length = 32;
-  int64_t seq_length = 32;
+  std::optional<int64_t> seq_length;  // unset: max_seq_length
   double embedding_dropout_prob = 0;
   double attention_dropout_prob = 0;
   double output_dropout_prob = 0;
@@ -65,6 +64,9 @@ struct Gpt2Config {
   int64_t dropout_seed = 4321;
   int64_t data_seed = 0;
   int64_t markov_successors = 4;
+
+  int64_t ffn() const { return ffn_hidden_size.value_or(4 * hidden_size); }
+  int64_t seq() const { return seq_length.value_or(max_seq_length); }
 };
 
 class Gpt2 final : public Model {
@@ -73,19 +75,25 @@ class Gpt2 final : public Model {
   explicit Gpt2(Gpt2Config config);
   static absl::StatusOr<std::unique_ptr<Model>> FromJson(const nlohmann::json& node);
   static absl::Status Validate(const Gpt2Config& config);
+  // The `model` keys of models.GPT2 and the members they fill.
+  static const config::Binding<Gpt2Config>& Keys();
 
   absl::StatusOr<graph::Graph> BuildGraph(int64_t batch) const override;
   // Inputs "input_ids" and "labels", i64 (batch, seq_length).
   absl::Status FillBatch(int64_t iteration, std::string_view input, const Tensor& out) const override;
 
+  int64_t num_layers() const override { return config_.num_layers; }
+
   // The seq_length + 1 tokens of sample `sample` of `iteration`.
   std::vector<int64_t> SampleSequence(int64_t iteration, int64_t sample) const;
+  // The k-th successor of token `v` in the Markov chain (computed on
+  // demand: a table would take vocab_size × markov_successors words).
+  int64_t Successor(int64_t v, int64_t k) const;
   const Gpt2Config& config() const { return config_; }
 
  private:
   Gpt2Config config_;
-  // successors_[v * K + k] = k-th successor of token v; cumulative_[k] = P(successor index <= k).
-  std::vector<int64_t> successors_;
+  // cumulative_[k] = P(successor index <= k).
   std::vector<double> cumulative_;
 };
 

@@ -10,9 +10,43 @@
 
 namespace tessera::models {
 
+const std::vector<ModelType>& BuiltinModelTypes() {
+  static const auto* const types = new std::vector<ModelType>{
+      {"models.GPT2", Gpt2::Keys().section(), &Gpt2::FromJson},
+      {"models.MLP", Mlp::Keys().section(), &Mlp::FromJson},
+  };
+  return *types;
+}
+
 absl::Status RegisterBuiltinModels(Registry<Model>& registry) {
-  RETURN_IF_ERROR(registry.Register("models.MLP", &Mlp::FromJson));
-  return registry.Register("models.GPT2", &Gpt2::FromJson);
+  for (const ModelType& type : BuiltinModelTypes()) RETURN_IF_ERROR(registry.Register(type.name, type.factory));
+  return absl::OkStatus();
+}
+
+namespace {
+
+constexpr int64_t kMaxCentres = int64_t{1} << 26;
+
+config::Binding<MlpConfig> MakeKeys() {
+  config::Binding<MlpConfig> b("An MLP classifier on synthetic Gaussian clusters.");
+  b.Field("in_features", &MlpConfig::in_features, {.min = 1, .max = 1 << 24, .doc = "input features"});
+  b.Field("hidden_sizes", &MlpConfig::hidden_sizes,
+          {.min = 1, .max = 1 << 24, .max_length = 256, .doc = "width of each hidden layer (each Linear + GELU)"});
+  b.Field("num_classes", &MlpConfig::num_classes, {.min = 2, .max = 1 << 24, .doc = "classes (clusters)"});
+  b.Field("data_seed", &MlpConfig::data_seed,
+          {.min = 0, .derive_seed_from = "train.seed", .doc = "seed of the clusters and samples; `null`: derived from train.seed"});
+  b.Field("init_seed", &MlpConfig::init_seed,
+          {.min = 0, .derive_seed_from = "train.seed", .doc = "seed of parameter init; `null`: derived from train.seed"});
+  b.Field("cluster_std", &MlpConfig::cluster_std, {.min = 0, .max = 1e6, .exclusive_min = true, .doc = "standard deviation of a sample around its centre"});
+  b.Field("centre_scale", &MlpConfig::centre_scale, {.min = 0, .max = 1e6, .exclusive_min = true, .doc = "standard deviation of the cluster centres"});
+  return b;
+}
+
+}  // namespace
+
+const config::Binding<MlpConfig>& Mlp::Keys() {
+  static const auto* const keys = new config::Binding<MlpConfig>(MakeKeys());
+  return *keys;
 }
 
 Mlp::Mlp(MlpConfig config) : config_(std::move(config)) {
@@ -23,20 +57,11 @@ Mlp::Mlp(MlpConfig config) : config_(std::move(config)) {
 }
 
 absl::StatusOr<std::unique_ptr<Model>> Mlp::FromJson(const nlohmann::json& node) {
-  MlpConfig c;
-  c.in_features = node.value("in_features", c.in_features);
-  if (node.contains("hidden_sizes")) c.hidden_sizes = node.at("hidden_sizes").get<std::vector<int64_t>>();
-  c.num_classes = node.value("num_classes", c.num_classes);
-  c.data_seed = node.value("data_seed", c.data_seed);
-  c.init_seed = node.value("init_seed", c.init_seed);
-  c.cluster_std = node.value("cluster_std", c.cluster_std);
-  c.centre_scale = node.value("centre_scale", c.centre_scale);
-  if (c.in_features < 1 || c.num_classes < 2) {
-    return absl::InvalidArgumentError(StrCat("models.MLP: need in_features >= 1 and num_classes >= 2, got ",
-                                             c.in_features, " and ", c.num_classes));
-  }
-  for (int64_t h : c.hidden_sizes) {
-    if (h < 1) return absl::InvalidArgumentError(StrCat("models.MLP: hidden size ", h, " must be >= 1"));
+  ASSIGN_OR_RETURN(MlpConfig c, ReadModelKeys(Keys(), node));
+  // The cluster centres are a table of num_classes × in_features floats.
+  if (c.num_classes * c.in_features > kMaxCentres) {
+    return absl::InvalidArgumentError(StrCat("models.MLP: num_classes ", c.num_classes, " x in_features ", c.in_features,
+                                             " cluster-centre coordinates; at most ", kMaxCentres, " are supported"));
   }
   return std::make_unique<Mlp>(std::move(c));
 }

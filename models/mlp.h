@@ -5,8 +5,8 @@
 // Data: class c has a centre drawn N(0, centre_scale^2) per feature (seed
 // `data_seed`); a sample of iteration i, row n picks its class uniformly and
 // adds N(0, cluster_std^2) noise, from a generator seeded by (data_seed, i).
-// Config keys (model.*): in_features, hidden_sizes [..], num_classes,
-// data_seed, cluster_std, centre_scale, init_seed.
+// Config keys (model.*): declared once, in Mlp::Keys() with the MlpConfig
+// members they fill; the seeds left null derive from train.seed.
 
 #include <cstdint>
 #include <memory>
@@ -32,9 +32,13 @@ class Mlp final : public Model {
  public:
   explicit Mlp(MlpConfig config);
   static absl::StatusOr<std::unique_ptr<Model>> FromJson(const nlohmann::json& node);
+  // The `model` keys of models.MLP and the members they fill.
+  static const config::Binding<MlpConfig>& Keys();
 
   absl::StatusOr<graph::Graph> BuildGraph(int64_t batch) const override;
   absl::Status FillBatch(int64_t iteration, std::string_view input, const Tensor& out) const override;
+  // One layer per Linear: the hidden ones and the classifier.
+  int64_t num_layers() const override { return static_cast<int64_t>(config_.hidden_sizes.size()) + 1; }
   const MlpConfig& config() const { return config_; }
 
  private:

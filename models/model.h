@@ -7,10 +7,13 @@
 // and may be called from any thread.
 
 #include <cstdint>
+#include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "core/registry.h"
+#include "core/schema.h"
 #include "core/tensor.h"
 #include "graph/graph.h"
 
@@ -24,9 +27,36 @@ class Model {
   // Writes the data of graph input `input` for `iteration` into `out`
   // (preallocated with the input's meta). Deterministic in (seed, iteration).
   virtual absl::Status FillBatch(int64_t iteration, std::string_view input, const Tensor& out) const = 0;
+  // How many layers the model's layer_idx values range over (0 .. n-1): the
+  // count LiBai's pipeline stage assignment divides.
+  virtual int64_t num_layers() const = 0;
 };
 
-// Registers every model of models/ ("models.MLP") into `registry`.
+// A model kind: its `_target_` name, its keys under `model` (declared once,
+// with the struct they fill), and the factory that builds it from a
+// `model` node (resolved or not: the factory checks it against `keys`).
+struct ModelType {
+  std::string name;
+  config::Section keys;
+  Registry<Model>::Factory factory;
+};
+
+// A model's config from its `model` node: checked against `keys` (unknown
+// keys, types, ranges; messages say "model.<key>"), defaults filled in.
+template <typename T>
+absl::StatusOr<T> ReadModelKeys(const config::Binding<T>& keys, const nlohmann::json& node) {
+  if (!node.is_object()) return absl::InvalidArgumentError("config key 'model' expects an object");
+  nlohmann::json args = node;
+  args.erase("_target_");
+  absl::StatusOr<nlohmann::json> resolved = config::Resolve(keys.section(), args, {}, "model");
+  if (!resolved.ok()) return resolved.status();
+  return keys.Read(*resolved);
+}
+
+// Every model of models/ ("models.GPT2", "models.MLP").
+const std::vector<ModelType>& BuiltinModelTypes();
+
+// Registers every model of BuiltinModelTypes() into `registry`.
 [[nodiscard]] absl::Status RegisterBuiltinModels(Registry<Model>& registry);
 
 }  // namespace tessera::models

@@ -1,6 +1,10 @@
 #include "train/engine.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <chrono>
+#include <climits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -10,6 +14,7 @@
 
 #include "actors/plan.h"
 #include "actors/runtime.h"
+#include "core/logging.h"
 #include "core/status.h"
 #include "core/tensor_util.h"
 #include "ops/eager.h"
@@ -69,11 +74,39 @@ absl::StatusOr<proto::Plan> Engine::Plan(int64_t iterations) const {
   return lowered.plan;
 }
 
+namespace {
+
+// Fails when the plan's memory estimate exceeds the machine's physical
+// memory (all devices of an in-process run share it), before anything is
+// allocated.
+absl::Status CheckMemory(const proto::Plan& plan) {
+  int64_t total = 0;
+  for (const proto::DeviceMemory& device : plan.memory_estimate()) {
+    if (device.bytes() < 0 || __builtin_add_overflow(total, device.bytes(), &total)) total = INT64_MAX;
+  }
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page_size = ::sysconf(_SC_PAGE_SIZE);
+  if (pages <= 0 || page_size <= 0) return absl::OkStatus();
+  const double physical = static_cast<double>(pages) * static_cast<double>(page_size);
+  if (static_cast<double>(total) <= physical) return absl::OkStatus();
+  constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+  return absl::ResourceExhaustedError(StrCat(fmt::format("the plan needs {:.3g} GiB on {} devices, but this machine has {:.3g} GiB",
+                                                         static_cast<double>(total) / kGiB, plan.memory_estimate_size(),
+                                                         physical / kGiB),
+                                             " (see `tessera plan` for the memory per device)"));
+}
+
+}  // namespace
+
 absl::Status Engine::Run(int64_t iterations, const FeedFn& feed, const FetchFn& fetch) {
   scheduler::LowerOptions lower = options_.lower;
   lower.iterations = iterations;
   lower.start_iteration = iterations_done_;
+  const auto lowering_started = std::chrono::steady_clock::now();
   ASSIGN_OR_RETURN(scheduler::LoweredPlan lowered, scheduler::LowerToPlan(graph_, lower));
+  TLOG_INFO("plan: {} actors and {} register descs on {} devices, lowered in {:.1f} ms", lowered.plan.tasks_size(),
+            lowered.plan.register_descs_size(), std::max<int64_t>(1, options_.lower.parallel.world_size),
+            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - lowering_started).count());
+  if (!options_.executor) RETURN_IF_ERROR(CheckMemory(lowered.plan));
 
   actors::RuntimeOptions runtime;
   runtime.stall_timeout_s = options_.stall_timeout_s;
@@ -184,12 +217,15 @@ absl::Status Engine::Run(int64_t iterations, const FeedFn& feed, const FetchFn& 
   };
   // DESIGN §2: the plan always goes through its serialised form.
   const std::string bytes = actors::SerializePlan(lowered.plan);
+  const auto run_started = std::chrono::steady_clock::now();
   if (options_.executor) {
     RETURN_IF_ERROR(options_.executor(bytes, std::move(runtime)));
   } else {
     ASSIGN_OR_RETURN(std::unique_ptr<actors::Runtime> rt, actors::Runtime::LoadSerialized(bytes, std::move(runtime)));
     RETURN_IF_ERROR(rt->Run());
   }
+  TLOG_DEBUG("ran {} iterations ({} plan bytes) in {:.3f} s", iterations, bytes.size(),
+             std::chrono::duration<double>(std::chrono::steady_clock::now() - run_started).count());
   iterations_done_ += iterations;
   return absl::OkStatus();
 }

@@ -9,73 +9,69 @@
 #include <numbers>
 #include <optional>
 
+#include <unistd.h>
+
 #include "core/config.h"
+#include "core/logging.h"
 #include "core/status.h"
 #include "models/model.h"
 #include "scheduler/mesh.h"
 #include "train/engine.h"
+#include "train/job_config.h"
 
 namespace tessera {
 namespace {
 
-absl::StatusOr<graph::OptimizerOptions> OptimizerFromConfig(const nlohmann::json& config) {
+template <typename T>
+void CommonOptimizerOptions(const T& c, graph::OptimizerOptions& o) {
+  o.weight_decay = c.weight_decay;
+  o.clip_grad_max_norm = c.clip_grad_max_norm;
+  if (!c.no_decay_norm_and_bias) o.no_weight_decay_patterns.clear();
+}
+
+absl::StatusOr<graph::OptimizerOptions> OptimizerFromConfig(const nlohmann::json& optim, double* lr) {
   graph::OptimizerOptions o;
-  ASSIGN_OR_RETURN(std::string target, config::GetString(config, "optim._target_"));
+  const std::string target = optim.at("_target_").get<std::string>();
   if (target == "AdamW") {
+    ASSIGN_OR_RETURN(const AdamWConfig c, AdamWKeys().Read(optim));
     o.kind = graph::OptimizerKind::kAdamW;
-    if (auto betas = config::GetNode(config, "optim.betas"); betas.ok() && (*betas)->is_array() && (*betas)->size() == 2) {
-      o.beta1 = (**betas)[0].get<double>();
-      o.beta2 = (**betas)[1].get<double>();
-    }
-    if (auto eps = config::GetDouble(config, "optim.eps"); eps.ok()) o.eps = *eps;
+    o.beta1 = c.betas.at(0);
+    o.beta2 = c.betas.at(1);
+    o.eps = c.eps;
+    CommonOptimizerOptions(c, o);
+    *lr = c.lr;
   } else if (target == "SGD") {
+    ASSIGN_OR_RETURN(const SgdConfig c, SgdKeys().Read(optim));
     o.kind = graph::OptimizerKind::kSgd;
-    if (auto momentum = config::GetDouble(config, "optim.momentum"); momentum.ok()) o.momentum = *momentum;
+    o.momentum = c.momentum;
+    o.nesterov = c.nesterov;
+    CommonOptimizerOptions(c, o);
+    *lr = c.lr;
   } else {
-    return absl::InvalidArgumentError(StrCat("optim._target_ '", target, "' is not supported (AdamW or SGD)"));
-  }
-  if (auto wd = config::GetDouble(config, "optim.weight_decay"); wd.ok()) o.weight_decay = *wd;
-  if (auto clip = config::GetNode(config, "optim.clip_grad_max_norm"); clip.ok() && !(*clip)->is_null()) {
-    if (!(*clip)->is_number()) return absl::InvalidArgumentError("optim.clip_grad_max_norm must be a number or null");
-    o.clip_grad_max_norm = (*clip)->get<double>();
-  }
-  if (auto type = config::GetNode(config, "optim.clip_grad_norm_type"); type.ok() && (*type)->is_number() && (*type)->get<double>() != 2.0) {
-    return absl::InvalidArgumentError("optim.clip_grad_norm_type: only 2.0 is supported");
-  }
-  if (auto no_decay = config::GetBool(config, "optim.no_decay_norm_and_bias"); no_decay.ok() && !*no_decay) {
-    o.no_weight_decay_patterns.clear();
+    return absl::InternalError(StrCat("optim._target_ '", target, "' is declared but has no optimizer"));
   }
   return o;
 }
 
-absl::StatusOr<WarmupCosineLR> ScheduleFromConfig(const nlohmann::json& config, double base_lr, int64_t iters) {
+absl::StatusOr<WarmupCosineLR> ScheduleFromConfig(const nlohmann::json& node, double base_lr, int64_t iters,
+                                                  double warmup_ratio) {
   WarmupCosineLR s;
   s.base_lr = base_lr;
   s.max_iters = iters;
-  auto node = config::GetNode(config, "lr_scheduler");
-  if (!node.ok() || (*node)->is_null()) {
-    s.warmup_factor = 1.0;
-    s.alpha = 1.0;  // constant
-    return s;
-  }
-  ASSIGN_OR_RETURN(std::string target, config::GetString(config, "lr_scheduler._target_"));
+  const std::string target = node.at("_target_").get<std::string>();
   if (target == "ConstantLR") {
     s.warmup_factor = 1.0;
     s.alpha = 1.0;
     return s;
   }
   if (target != "WarmupCosineLR") {
-    return absl::InvalidArgumentError(StrCat("lr_scheduler._target_ '", target, "' is not supported (WarmupCosineLR or ConstantLR)"));
+    return absl::InternalError(StrCat("lr_scheduler._target_ '", target, "' is declared but has no schedule"));
   }
-  if (auto v = config::GetDouble(config, "lr_scheduler.warmup_factor"); v.ok()) s.warmup_factor = *v;
-  if (auto v = config::GetDouble(config, "lr_scheduler.alpha"); v.ok()) s.alpha = *v;
-  if (auto v = config::GetString(config, "lr_scheduler.warmup_method"); v.ok()) {
-    if (*v != "linear" && *v != "constant") return absl::InvalidArgumentError(StrCat("lr_scheduler.warmup_method '", *v, "' (linear or constant)"));
-    s.linear_warmup = *v == "linear";
-  }
-  double ratio = 0;
-  if (auto v = config::GetDouble(config, "train.warmup_ratio"); v.ok()) ratio = *v;
-  s.warmup_iters = static_cast<int64_t>(std::llround(ratio * static_cast<double>(iters)));
+  ASSIGN_OR_RETURN(const WarmupCosineConfig c, WarmupCosineKeys().Read(node));
+  s.warmup_factor = c.warmup_factor;
+  s.alpha = c.alpha;
+  s.linear_warmup = c.warmup_method == "linear";
+  s.warmup_iters = static_cast<int64_t>(std::llround(warmup_ratio * static_cast<double>(iters)));
   return s;
 }
 
@@ -97,135 +93,154 @@ namespace {
 
 // train.dist -> the device mesh's numbers. The world is dp × tp × pp virtual
 // devices; with data_parallel_size null it is train.dist.num_devices and dp
-// is derived. pipeline_num_layers defaults to model.num_layers.
-absl::StatusOr<scheduler::ParallelConfig> ParallelFromConfig(const nlohmann::json& config) {
+// is derived. pipeline_num_layers must be the model's layer count.
+absl::StatusOr<scheduler::ParallelConfig> ParallelFromConfig(const DistConfig& dist, const models::Model& model) {
   scheduler::ParallelConfig parallel;
-  ASSIGN_OR_RETURN(std::string device_type, config::GetString(config, "train.dist.device_type"));
-  if (device_type != "cpu") {
-    return absl::UnimplementedError(StrCat("train.dist.device_type '", device_type, "': only \"cpu\" (virtual CPU devices) runs yet"));
-  }
-  ASSIGN_OR_RETURN(parallel.tensor, config::GetInt(config, "train.dist.tensor_parallel_size"));
-  ASSIGN_OR_RETURN(parallel.pipeline, config::GetInt(config, "train.dist.pipeline_parallel_size"));
-  const auto optional = [&](const char* key) -> absl::StatusOr<std::optional<int64_t>> {
-    auto node = config::GetNode(config, key);
-    if (!node.ok() || (*node)->is_null()) return std::optional<int64_t>();
-    ASSIGN_OR_RETURN(int64_t value, config::GetInt(config, key));
-    return std::optional<int64_t>(value);
-  };
-  ASSIGN_OR_RETURN(std::optional<int64_t> data, optional("train.dist.data_parallel_size"));
-  ASSIGN_OR_RETURN(std::optional<int64_t> devices, optional("train.dist.num_devices"));
-  if (data) {
-    parallel.data = *data;
-    parallel.world_size = *data * parallel.tensor * parallel.pipeline;
-    if (devices && *devices != parallel.world_size) {
-      return absl::InvalidArgumentError(StrCat("train.dist.num_devices ", *devices, " != data ", *data, " x tensor ", parallel.tensor,
-                                               " x pipeline ", parallel.pipeline, " parallel sizes"));
+  parallel.tensor = dist.tensor_parallel_size;
+  parallel.pipeline = dist.pipeline_parallel_size;
+  if (dist.data_parallel_size) {
+    parallel.data = *dist.data_parallel_size;
+    // Each factor is at most kMaxDevicesPerNode, so the product fits.
+    parallel.world_size = parallel.data * parallel.tensor * parallel.pipeline;
+    if (dist.num_devices && *dist.num_devices != parallel.world_size) {
+      return absl::InvalidArgumentError(StrCat("train.dist.num_devices ", *dist.num_devices, " != data ", parallel.data,
+                                               " x tensor ", parallel.tensor, " x pipeline ", parallel.pipeline,
+                                               " parallel sizes"));
     }
   } else {
-    if (!devices) return absl::InvalidArgumentError("train.dist.data_parallel_size is null: set it or train.dist.num_devices");
-    parallel.world_size = *devices;
+    if (!dist.num_devices) {
+      return absl::InvalidArgumentError("train.dist.data_parallel_size is null: set it or train.dist.num_devices");
+    }
+    parallel.world_size = *dist.num_devices;
   }
-  if (auto custom = config::GetNode(config, "train.dist.custom_pipeline_stage_id"); custom.ok() && !(*custom)->is_null()) {
-    return absl::UnimplementedError("train.dist.custom_pipeline_stage_id is not supported yet (use null: LiBai's automatic assignment)");
+  if (parallel.world_size > kMaxDevicesPerNode) {
+    return absl::InvalidArgumentError(StrCat("train.dist: data ", parallel.data, " x tensor ", parallel.tensor, " x pipeline ",
+                                             parallel.pipeline, " = ", parallel.world_size,
+                                             " devices, but one node holds at most ", kMaxDevicesPerNode));
   }
-  ASSIGN_OR_RETURN(std::optional<int64_t> layers, optional("train.dist.pipeline_num_layers"));
-  if (!layers) {
-    ASSIGN_OR_RETURN(layers, optional("model.num_layers"));
+  const int64_t layers = model.num_layers();
+  if (dist.pipeline_num_layers && *dist.pipeline_num_layers != layers) {
+    return absl::InvalidArgumentError(StrCat("train.dist.pipeline_num_layers ", *dist.pipeline_num_layers,
+                                             " != the model's ", layers, " layers (leave it null to use the model's)"));
   }
-  if (layers) parallel.pipeline_num_layers = *layers;
+  parallel.pipeline_num_layers = layers;
   return parallel;
 }
 
 struct Job {
-  int64_t iters = 0, log_period = 0, batch = 0;  // batch: per data-parallel rank and micro-batch
+  nlohmann::json config;  // resolved
+  TrainConfig train;
+  int64_t batch = 0;  // per data-parallel rank and micro-batch
   int64_t data_parallel = 1;
-  std::string output_dir;
   std::unique_ptr<models::Model> model;
   CompileOptions options;
   WarmupCosineLR schedule;
   std::unique_ptr<Engine> engine;
 };
 
-absl::StatusOr<Job> Prepare(const nlohmann::json& config, PlanExecutor executor = {}) {
+absl::StatusOr<Job> Prepare(const nlohmann::json& raw_config, PlanExecutor executor = {}) {
+  const auto started = std::chrono::steady_clock::now();
   Job job;
+  ASSIGN_OR_RETURN(job.config, ResolveJobConfig(raw_config));
+  ASSIGN_OR_RETURN(job.train, TrainKeys().Read(job.config.at("train")));
+  const TrainConfig& train = job.train;
   job.options.executor = std::move(executor);
-  ASSIGN_OR_RETURN(job.iters, config::GetInt(config, "train.train_iter"));
-  ASSIGN_OR_RETURN(job.log_period, config::GetInt(config, "train.log_period"));
-  ASSIGN_OR_RETURN(job.batch, config::GetInt(config, "train.train_micro_batch_size"));
-  ASSIGN_OR_RETURN(job.output_dir, config::GetString(config, "train.output_dir"));
-  if (job.iters < 1) return absl::InvalidArgumentError(StrCat("train.train_iter must be >= 1, got ", job.iters));
-  if (job.log_period < 1) return absl::InvalidArgumentError(StrCat("train.log_period must be >= 1, got ", job.log_period));
-  if (job.batch < 1) return absl::InvalidArgumentError(StrCat("train.train_micro_batch_size must be >= 1, got ", job.batch));
-  // global = micro × accumulation × data-parallel ranks: any two of micro,
-  // accumulation and global give the third.
-  const auto optional_int = [&](const char* key) -> absl::StatusOr<std::optional<int64_t>> {
-    auto node = config::GetNode(config, key);
-    if (!node.ok() || (*node)->is_null()) return std::optional<int64_t>();
-    ASSIGN_OR_RETURN(int64_t value, config::GetInt(config, key));
-    if (value < 1) return absl::InvalidArgumentError(StrCat(key, " must be >= 1, got ", value));
-    return std::optional<int64_t>(value);
-  };
-  ASSIGN_OR_RETURN(std::optional<int64_t> accumulation, optional_int("train.num_accumulation_steps"));
-  ASSIGN_OR_RETURN(std::optional<int64_t> global, optional_int("train.global_batch_size"));
-  if (!accumulation) {
-    if (global && *global % (job.batch * job.data_parallel) != 0) {
-      return absl::InvalidArgumentError(StrCat("train.global_batch_size ", *global, " is not a multiple of train.train_micro_batch_size ",
-                                               job.batch, " x ", job.data_parallel, " data-parallel ranks"));
-    }
-    accumulation = global ? *global / (job.batch * job.data_parallel) : 1;
-  }
-  if (global && *global != job.batch * *accumulation * job.data_parallel) {
-    return absl::InvalidArgumentError(StrCat("train.global_batch_size ", *global, " != train.train_micro_batch_size ", job.batch,
-                                             " x train.num_accumulation_steps ", *accumulation, " x ", job.data_parallel,
-                                             " data-parallel ranks"));
-  }
-  job.options.num_micro_batches = *accumulation;
-  ASSIGN_OR_RETURN(job.options.lower.parallel, ParallelFromConfig(config));
-  if (auto threads = config::GetNode(config, "train.dist.intra_op_threads"); threads.ok() && !(*threads)->is_null()) {
-    ASSIGN_OR_RETURN(int64_t n, config::GetInt(config, "train.dist.intra_op_threads"));
-    if (n < 1 || n > 1024) return absl::InvalidArgumentError(StrCat("train.dist.intra_op_threads must be in [1, 1024], got ", n));
-    job.options.intra_op_threads = static_cast<int>(n);
-  }
-  ASSIGN_OR_RETURN(const scheduler::DeviceMesh mesh, scheduler::DeviceMesh::Make(job.options.lower.parallel));
-  job.data_parallel = mesh.data_parallel_size();
-  ASSIGN_OR_RETURN(const nlohmann::json* model_node, config::GetNode(config, "model"));
+  job.batch = train.train_micro_batch_size;
   Registry<models::Model> registry("model");
   RETURN_IF_ERROR(models::RegisterBuiltinModels(registry));
-  ASSIGN_OR_RETURN(job.model, registry.Create(*model_node));
+  ASSIGN_OR_RETURN(job.model, registry.Create(job.config.at("model")));
+  ASSIGN_OR_RETURN(job.options.lower.parallel, ParallelFromConfig(train.dist, *job.model));
+  if (train.dist.intra_op_threads) job.options.intra_op_threads = static_cast<int>(*train.dist.intra_op_threads);
+  ASSIGN_OR_RETURN(const scheduler::DeviceMesh mesh, scheduler::DeviceMesh::Make(job.options.lower.parallel));
+  job.data_parallel = mesh.data_parallel_size();
+  // global = micro × accumulation × data-parallel ranks: any two of micro,
+  // accumulation and global give the third.
+  const int64_t per_step = job.batch * job.data_parallel;
+  std::optional<int64_t> accumulation = train.num_accumulation_steps;
+  const std::optional<int64_t> global = train.global_batch_size;
+  if (!accumulation) {
+    if (global && *global % per_step != 0) {
+      return absl::InvalidArgumentError(StrCat("train.global_batch_size ", *global,
+                                               " is not a multiple of train.train_micro_batch_size ", job.batch, " x ",
+                                               job.data_parallel, " data-parallel ranks"));
+    }
+    accumulation = global ? *global / per_step : 1;
+  }
+  if (global && *global != per_step * *accumulation) {
+    return absl::InvalidArgumentError(StrCat("train.global_batch_size ", *global, " != train.train_micro_batch_size ",
+                                             job.batch, " x train.num_accumulation_steps ", *accumulation, " x ",
+                                             job.data_parallel, " data-parallel ranks"));
+  }
+  job.options.num_micro_batches = *accumulation;
   // The graph is built for the logical micro-batch: every data-parallel
   // rank's samples (the scheduler splits it).
-  ASSIGN_OR_RETURN(graph::Graph graph, job.model->BuildGraph(job.batch * job.data_parallel));
-  ASSIGN_OR_RETURN(job.options.optimizer, OptimizerFromConfig(config));
-  ASSIGN_OR_RETURN(double base_lr, config::GetDouble(config, "optim.lr"));
-  ASSIGN_OR_RETURN(job.schedule, ScheduleFromConfig(config, base_lr, job.iters));
+  ASSIGN_OR_RETURN(graph::Graph graph, job.model->BuildGraph(per_step));
+  double base_lr = 0;
+  ASSIGN_OR_RETURN(job.options.optimizer, OptimizerFromConfig(job.config.at("optim"), &base_lr));
+  ASSIGN_OR_RETURN(job.schedule,
+                   ScheduleFromConfig(job.config.at("lr_scheduler"), base_lr, train.train_iter, train.warmup_ratio));
+  const int64_t logical_nodes = graph.num_nodes();
   ASSIGN_OR_RETURN(job.engine, Engine::Compile(std::move(graph), job.options));
+  TLOG_INFO("compiled {}: {} graph nodes, {} after autodiff and the optimizer, in {:.1f} ms",
+            job.config.at("model").at("_target_").get<std::string>(), logical_nodes, job.engine->graph().num_nodes(),
+            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count());
   return job;
 }
 }  // namespace
 
 absl::StatusOr<proto::Plan> TrainingPlan(const nlohmann::json& config) {
   ASSIGN_OR_RETURN(Job job, Prepare(config));
-  return job.engine->Plan(job.iters);
+  return job.engine->Plan(job.train.train_iter);
 }
+
+namespace {
+
+// Fails unless `dir` is a directory we can write into, or can be created:
+// checked before the run so that bad input leaves nothing behind.
+absl::Status CheckOutputDir(const std::filesystem::path& dir) {
+  std::error_code ec;
+  std::filesystem::path probe = dir;
+  while (!probe.empty() && !std::filesystem::exists(probe, ec)) {
+    const std::filesystem::path parent = probe.parent_path();
+    if (parent == probe) break;
+    probe = parent;
+  }
+  if (probe.empty()) probe = ".";
+  if (!std::filesystem::is_directory(probe, ec)) {
+    return absl::InvalidArgumentError(StrCat("train.output_dir '", dir.string(), "': '", probe.string(), "' is not a directory"));
+  }
+  if (::access(probe.c_str(), W_OK | X_OK) != 0) {
+    return absl::PermissionDeniedError(StrCat("train.output_dir '", dir.string(), "': cannot write into '", probe.string(), "'"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 absl::StatusOr<TrainSummary> Train(const nlohmann::json& config, std::FILE* progress, PlanExecutor executor) {
   ASSIGN_OR_RETURN(Job job, Prepare(config, std::move(executor)));
-  const int64_t iters = job.iters, log_period = job.log_period, batch = job.batch * job.data_parallel;
-  const std::string& output_dir = job.output_dir;
+  const int64_t iters = job.train.train_iter, log_period = job.train.log_period, batch = job.batch * job.data_parallel;
+  const std::filesystem::path dir(job.train.output_dir);
+  RETURN_IF_ERROR(CheckOutputDir(dir));
   const CompileOptions& options = job.options;
   const WarmupCosineLR& schedule = job.schedule;
   models::Model* model = job.model.get();
   Engine* engine = job.engine.get();
-  std::error_code ec;
-  std::filesystem::create_directories(output_dir, ec);
-  if (ec) return absl::InternalError(StrCat("cannot create train.output_dir '", output_dir, "': ", ec.message()));
-  const std::filesystem::path dir(output_dir);
-  RETURN_IF_ERROR(config::SaveConfig(config, dir / "config.json"));
-  std::ofstream metrics(dir / "metrics.jsonl", std::ios::trunc);
-  if (!metrics) return absl::InternalError(StrCat("cannot write ", (dir / "metrics.jsonl").string()));
+  // The outputs are written once the first iteration has trained, so a job
+  // that fails to start leaves no output directory or half-written file.
+  std::ofstream metrics;
+  const auto open_outputs = [&]() -> absl::Status {
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    if (ec) return absl::InternalError(StrCat("cannot create train.output_dir '", dir.string(), "': ", ec.message()));
+    RETURN_IF_ERROR(config::SaveConfig(job.config, dir / "config.json"));
+    metrics.open(dir / "metrics.jsonl", std::ios::trunc);
+    if (!metrics) return absl::InternalError(StrCat("cannot write ", (dir / "metrics.jsonl").string()));
+    return absl::OkStatus();
+  };
 
   TrainSummary summary;
-  summary.losses.assign(static_cast<size_t>(iters), NAN);
+  summary.losses.reserve(static_cast<size_t>(std::min<int64_t>(iters, TrainSummary::kMaxRecordedLosses)));
   auto last_log = std::chrono::steady_clock::now();
   int64_t last_log_iter = -1;
   // Data: the model fills the iteration's global batch (m micro-batches);
@@ -263,7 +278,10 @@ absl::StatusOr<TrainSummary> Train(const nlohmann::json& config, std::FILE* prog
   };
   const auto fetch = [&](int64_t iteration, const std::map<std::string, Tensor>& values) -> absl::Status {
     const double loss = values.at("loss").ToVector<float>().at(0);
-    summary.losses[static_cast<size_t>(iteration)] = loss;
+    if (summary.iterations == 0) RETURN_IF_ERROR(open_outputs());
+    if (summary.losses.size() < static_cast<size_t>(TrainSummary::kMaxRecordedLosses)) summary.losses.push_back(loss);
+    summary.iterations = iteration + 1;
+    summary.final_loss = loss;
     if (!std::isfinite(loss)) return absl::InternalError(StrCat("loss is ", loss, " at iteration ", iteration));
     if ((iteration + 1) % log_period != 0 && iteration + 1 != iters) return absl::OkStatus();
     const auto now = std::chrono::steady_clock::now();
@@ -284,8 +302,11 @@ absl::StatusOr<TrainSummary> Train(const nlohmann::json& config, std::FILE* prog
     }
     return absl::OkStatus();
   };
+  const auto started = std::chrono::steady_clock::now();
   RETURN_IF_ERROR(engine->Run(iters, feed, fetch));
   if (!metrics) return absl::InternalError("writing metrics.jsonl failed");
+  TLOG_INFO("trained {} iterations in {:.2f} s; final loss {:.6f}", iters,
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(), summary.final_loss);
   return summary;
 }
 

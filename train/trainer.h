@@ -1,17 +1,18 @@
 #pragma once
-// The minimal trainer (DESIGN §10): reads a resolved config, builds the model
-// (config `model`, `_target_` from models::RegisterBuiltinModels), compiles it with
-// the optimizer of `optim` (AdamW or SGD), runs train.train_iter iterations
-// through the Engine and writes, in train.output_dir:
-//   - config.json: the resolved config (atomic SaveConfig), before training;
+// The trainer (DESIGN §10): checks the config against the job schema
+// (train/job_config.h), builds the model (`model._target_`), compiles it
+// with the optimizer of `optim` (AdamW or SGD) on the mesh of `train.dist`,
+// runs train.train_iter iterations through the Engine and writes, in
+// train.output_dir, once the first iteration has trained (so a job that
+// fails to start leaves nothing behind):
+//   - config.json: the resolved config (atomic SaveConfig);
 //   - metrics.jsonl: one JSON object per logged iteration (every
 //     train.log_period and the last): iter, loss, lr, grad_norm (null without
 //     clipping), samples_per_s.
-// The learning rate follows `lr_scheduler` (WarmupCosineLR, or constant when
-// the key is absent / "ConstantLR").
-// train.num_accumulation_steps = m > 1 accumulates gradients over m
-// micro-batches of train.train_micro_batch_size samples (global batch m·b).
-// Not done: several devices, checkpoints, eval.
+// The learning rate follows `lr_scheduler` (WarmupCosineLR or ConstantLR).
+// global batch = train_micro_batch_size × num_accumulation_steps ×
+// data-parallel size (any two set give the third).
+// Not done: checkpoints, evaluation (their keys are refused).
 
 #include <cstdint>
 #include <cstdio>
@@ -38,7 +39,13 @@ struct WarmupCosineLR {
 };
 
 struct TrainSummary {
-  std::vector<double> losses;  // every iteration
+  // Losses are recorded for the first kMaxRecordedLosses iterations only,
+  // so a long job's memory does not grow with train.train_iter
+  // (metrics.jsonl has the logged ones).
+  static constexpr int64_t kMaxRecordedLosses = 1 << 16;
+  std::vector<double> losses;
+  int64_t iterations = 0;  // iterations trained
+  double final_loss = 0;   // loss of the last one
 };
 
 // The plan Train would run (same config checks), for `tessera plan`.

@@ -38,11 +38,20 @@ TEST(Cli, OpsTextAndBadFormat) {
 }
 
 TEST(Cli, ConfigPrintsResolvedJsonWithOverride) {
-  const Result r = RunTessera("config " + Source("configs/common/train.json") + " train.dist.tensor_parallel_size=2");
+  const Result r = RunTessera("config " + Source("configs/common/train.json") +
+                              " train.dist.tensor_parallel_size=2 model._target_=models.MLP");
   ASSERT_EQ(r.exit_code, 0) << r.out;
   const nlohmann::json j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["train"]["dist"]["tensor_parallel_size"], 2);
   EXPECT_EQ(j["train"]["seed"], 1234);
+  // Every declared key is there, the defaults filled in.
+  EXPECT_EQ(j["optim"]["_target_"], "AdamW");
+  EXPECT_EQ(j["model"]["in_features"], 16);
+  EXPECT_TRUE(j["model"]["init_seed"].is_number_integer());
+  // Without a model the config is incomplete, and the error says what to set.
+  const Result no_model = RunTessera("config " + Source("configs/common/train.json"));
+  EXPECT_EQ(no_model.exit_code, 1);
+  EXPECT_NE(no_model.out.find("set model._target_ to one of models.GPT2, models.MLP"), std::string::npos) << no_model.out;
 }
 
 TEST(Cli, ConfigMisspelledKeyNamesTheLikelyKey) {

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -12,11 +13,10 @@
 #include <vector>
 
 #include "core/registry.h"
+#include "core/schema.h"
+#include "core/status.h"
 #include "core/strings.h"
 
-#ifndef TESSERA_SOURCE_DIR
-#error "compile with -DTESSERA_SOURCE_DIR=\"<repository root>\" to locate configs/common"
-#endif
 
 namespace tessera::config {
 namespace {
@@ -24,8 +24,6 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 using ::testing::HasSubstr;
-
-const fs::path kSourceDir = TESSERA_SOURCE_DIR;
 
 // Each test gets a fresh directory of config files, removed afterwards.
 class ConfigTest : public ::testing::Test {
@@ -47,7 +45,39 @@ class ConfigTest : public ::testing::Test {
   fs::path dir_;
 };
 
-// A config with one value of each type, for override tests.
+// A schema with one key of each type, a targeted section and a section that
+// is not implemented, for override tests.
+const Section& TestSchema() {
+  static const Section* const schema = [] {
+    auto* root = new Section();
+    root->Sub("train",
+              Section("training")
+                  .Key("train_iter", {.type = KeyType::kInt, .default_value = 100, .min = 1})
+                  .Key("lr", {.type = KeyType::kNumber, .default_value = 0.5})
+                  .Key("name", {.type = KeyType::kString, .default_value = "run"})
+                  .Key("betas", {.type = KeyType::kNumberList, .default_value = json::array({0.9, 0.999})})
+                  .Key("global_batch_size", {.type = KeyType::kInt, .nullable = true, .min = 1})
+                  .Sub("amp", Section()
+                                  .Key("enabled", {.type = KeyType::kBool, .default_value = false})
+                                  .Key("dtype", {.type = KeyType::kString, .default_value = "bf16", .choices = {"bf16", "fp16"}}))
+                  .Sub("dist", Section()
+                                   .Key("tensor_parallel_size", {.type = KeyType::kInt, .default_value = 1, .min = 1})
+                                   .Key("data_parallel_size", {.type = KeyType::kInt, .default_value = 1, .min = 1})));
+    root->Sub("optim", Section("optimizer")
+                           .Target("AdamW", Section()
+                                                .Key("lr", {.type = KeyType::kNumber, .default_value = 1e-3})
+                                                .Key("eps", {.type = KeyType::kNumber, .default_value = 1e-8}))
+                           .Target("SGD", Section()
+                                              .Key("lr", {.type = KeyType::kNumber, .default_value = 0.1})
+                                              .Key("momentum", {.type = KeyType::kNumber, .default_value = 0.0}))
+                           .DefaultTarget("AdamW"));
+    root->Sub("dataloader", Section().NotImplemented("datasets"));
+    return root;
+  }();
+  return *schema;
+}
+
+// A config of TestSchema's keys, as a file would give it.
 json TypedConfig() {
   return json::parse(R"({
     "train": {
@@ -55,8 +85,16 @@ json TypedConfig() {
       "name": "run", "betas": [0.9, 0.999], "global_batch_size": null,
       "dist": {"tensor_parallel_size": 1, "data_parallel_size": 1}
     },
-    "model": {"kwargs": {"_free_form_": true, "hidden": 64}}
+    "optim": {"_target_": "AdamW", "lr": 0.01}
   })");
+}
+
+// Overrides applied, then the config resolved against TestSchema.
+absl::StatusOr<json> Overridden(const std::vector<std::string>& overrides) {
+  json config = TypedConfig();
+  Origins origins;
+  RETURN_IF_ERROR(ApplyOverrides(config, overrides, TestSchema(), &origins));
+  return Resolve(TestSchema(), config, origins);
 }
 
 // ---------------------------------------------------------------- _base_
@@ -71,7 +109,7 @@ TEST_F(ConfigTest, BaseChainOfThreeLevelsResolvesPathsFromEachFilesDirectory) {
     "model_only": true
   })");
 
-  absl::StatusOr<json> config = LoadConfig(job);
+  absl::StatusOr<json> config = LoadConfigFiles(job);
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_EQ((*config)["train"]["seed"], 1);    // from the grandparent
   EXPECT_EQ((*config)["train"]["iters"], 20);  // parent over grandparent
@@ -86,13 +124,13 @@ TEST_F(ConfigTest, MultipleBasesMergeInListOrderThenTheFileItself) {
   Write("second.json", R"({"b": 2, "c": 2})");
   const fs::path job = Write("job.json", R"({"_base_": ["first.json", "second.json"], "c": 3})");
 
-  absl::StatusOr<json> config = LoadConfig(job);
+  absl::StatusOr<json> config = LoadConfigFiles(job);
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_EQ(*config, json::parse(R"({"a": 1, "b": 2, "c": 3, "only_first": 1})"));
 
   // Reversing the list reverses who wins.
   const fs::path reversed = Write("reversed.json", R"({"_base_": ["second.json", "first.json"]})");
-  config = LoadConfig(reversed);
+  config = LoadConfigFiles(reversed);
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_EQ((*config)["b"], 1);
 }
@@ -104,7 +142,7 @@ TEST_F(ConfigTest, FileDeepMergesIntoItsBase) {
     "_base_": "base.json",
     "train": {"dist": {"tp": 2}, "betas": [9], "x": 5}
   })");
-  absl::StatusOr<json> config = LoadConfig(job);
+  absl::StatusOr<json> config = LoadConfigFiles(job);
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_EQ((*config)["train"]["dist"], json::parse(R"({"tp": 2, "pp": 1})"));
   EXPECT_EQ((*config)["train"]["betas"], json::parse("[9]"));  // arrays replace
@@ -128,7 +166,7 @@ TEST_F(ConfigTest, CommentsAreAllowed) {
     "a": 1, // trailing
     "b": /* inline */ 2
   })");
-  absl::StatusOr<json> config = LoadConfig(path);
+  absl::StatusOr<json> config = LoadConfigFiles(path);
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_EQ(*config, json::parse(R"({"a": 1, "b": 2})"));
 }
@@ -136,13 +174,13 @@ TEST_F(ConfigTest, CommentsAreAllowed) {
 TEST_F(ConfigTest, BaseCycleIsAnErrorNamingTheChain) {
   const fs::path a = Write("a.json", R"({"_base_": "b.json"})");
   const fs::path b = Write("b.json", R"({"_base_": ["a.json"]})");
-  absl::StatusOr<json> config = LoadConfig(a);
+  absl::StatusOr<json> config = LoadConfigFiles(a);
   ASSERT_FALSE(config.ok());
   EXPECT_THAT(config.status().message(),
               HasSubstr(a.string() + " -> " + b.string() + " -> " + a.string()));
 
   const fs::path self = Write("self.json", R"({"_base_": "./self.json"})");
-  config = LoadConfig(self);
+  config = LoadConfigFiles(self);
   ASSERT_FALSE(config.ok());
   EXPECT_THAT(config.status().message(), HasSubstr(self.string() + " -> " + self.string()));
 }
@@ -152,14 +190,14 @@ TEST_F(ConfigTest, SharedBaseIsNotACycle) {
   Write("left.json", R"({"_base_": "common.json", "l": 1})");
   Write("right.json", R"({"_base_": "common.json", "r": 1})");
   const fs::path job = Write("job.json", R"({"_base_": ["left.json", "right.json"]})");
-  absl::StatusOr<json> config = LoadConfig(job);
+  absl::StatusOr<json> config = LoadConfigFiles(job);
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_EQ(*config, json::parse(R"({"x": 1, "l": 1, "r": 1})"));
 }
 
 TEST_F(ConfigTest, MissingBaseNamesTheIncludingFileAndThePath) {
   const fs::path job = Write("jobs/job.json", R"({"_base_": ["../common/trian.json"]})");
-  absl::StatusOr<json> config = LoadConfig(job);
+  absl::StatusOr<json> config = LoadConfigFiles(job);
   ASSERT_FALSE(config.ok());
   EXPECT_EQ(config.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(config.status().message(), HasSubstr(job.string()));
@@ -168,17 +206,17 @@ TEST_F(ConfigTest, MissingBaseNamesTheIncludingFileAndThePath) {
 }
 
 TEST_F(ConfigTest, MissingFileAndBadBaseValueAreErrors) {
-  absl::StatusOr<json> config = LoadConfig(dir_ / "nope.json");
+  absl::StatusOr<json> config = LoadConfigFiles(dir_ / "nope.json");
   ASSERT_FALSE(config.ok());
   EXPECT_EQ(config.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(config.status().message(), HasSubstr("nope.json"));
 
-  config = LoadConfig(Write("bad_base.json", R"({"_base_": 3})"));
+  config = LoadConfigFiles(Write("bad_base.json", R"({"_base_": 3})"));
   ASSERT_FALSE(config.ok());
   EXPECT_THAT(config.status().message(), HasSubstr("bad_base.json"));
   EXPECT_THAT(config.status().message(), HasSubstr("_base_"));
 
-  config = LoadConfig(Write("array.json", "[1, 2]"));
+  config = LoadConfigFiles(Write("array.json", "[1, 2]"));
   ASSERT_FALSE(config.ok());
   EXPECT_THAT(config.status().message(), HasSubstr("must hold a JSON object"));
 }
@@ -186,13 +224,72 @@ TEST_F(ConfigTest, MissingFileAndBadBaseValueAreErrors) {
 TEST_F(ConfigTest, SyntaxErrorNamesFileLineAndColumn) {
   Write("base.json", "{\n  \"a\": 1,\n  \"b\": tru\n}\n");
   const fs::path job = Write("job.json", R"({"_base_": "base.json"})");
-  absl::StatusOr<json> config = LoadConfig(job);
+  absl::StatusOr<json> config = LoadConfigFiles(job);
   ASSERT_FALSE(config.ok());
   const std::string message(config.status().message());
   // The error is in the base, so that is the file named; "tru" ends line 3.
   EXPECT_THAT(message, HasSubstr((dir_ / "base.json").string() + ":3:"));
   EXPECT_THAT(message, HasSubstr("JSON syntax error"));
   EXPECT_EQ(message.find('\n'), std::string::npos) << message;
+}
+
+TEST_F(ConfigTest, ErrorsNameTheFileThatSetTheKey) {
+  Write("base.json", R"({"train": {"train_iter": "many", "lr": 0.1}})");
+  const fs::path job = Write("job.json", R"({"_base_": "base.json", "train": {"trian_iter": 3}})");
+  absl::StatusOr<json> config = LoadConfig(job, {}, TestSchema());
+  ASSERT_FALSE(config.ok());
+  // The unknown key is found first (keys are checked before values).
+  EXPECT_EQ(config.status().message(),
+            "unknown config key 'train.trian_iter' (in " + job.string() + "); did you mean 'train.train_iter'?");
+  const fs::path fixed = Write("fixed.json", R"({"_base_": "base.json", "train": {"lr": 2}})");
+  config = LoadConfig(fixed, {}, TestSchema());
+  ASSERT_FALSE(config.ok());
+  EXPECT_EQ(config.status().message(), "config key 'train.train_iter' expects an integer >= 1, got string \"many\" (in " +
+                                           (dir_ / "base.json").string() + ")");
+  // Set right by a later file or an override, the base's value no longer counts.
+  EXPECT_TRUE(LoadConfig(fixed, {"train.train_iter=7"}, TestSchema()).ok());
+}
+
+TEST_F(ConfigTest, AnotherTargetInAFileReplacesTheBasesSection) {
+  Write("base.json", R"({"optim": {"_target_": "AdamW", "lr": 0.5, "eps": 1e-6}})");
+  const fs::path job = Write("job.json", R"({"_base_": "base.json", "optim": {"_target_": "SGD", "momentum": 0.9}})");
+  absl::StatusOr<json> config = LoadConfig(job, {}, TestSchema());
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ((*config)["optim"], json::parse(R"({"_target_": "SGD", "lr": 0.1, "momentum": 0.9})"));
+  // The same target merges key by key.
+  const fs::path same = Write("same.json", R"({"_base_": "base.json", "optim": {"_target_": "AdamW", "lr": 0.25}})");
+  config = LoadConfig(same, {}, TestSchema());
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ((*config)["optim"], json::parse(R"({"_target_": "AdamW", "lr": 0.25, "eps": 1e-6})"));
+}
+
+TEST_F(ConfigTest, LimitsKeepHostileFilesCheap) {
+  // Nesting.
+  const fs::path deep = Write("deep.json", "{\"a\": " + std::string(200, '[') + std::string(200, ']') + "}");
+  EXPECT_THAT(LoadConfigFiles(deep).status().message(), HasSubstr("deeper than"));
+  // Size.
+  const fs::path big = Write("big.json", "{\"a\": \"" + std::string(kMaxConfigFileBytes, 'x') + "\"}");
+  EXPECT_THAT(LoadConfigFiles(big).status().message(), HasSubstr("bytes"));
+  // A chain of bases longer than kMaxBaseDepth.
+  for (int i = 0; i < kMaxBaseDepth + 2; ++i) {
+    Write("chain" + std::to_string(i) + ".json", "{\"_base_\": \"chain" + std::to_string(i + 1) + ".json\"}");
+  }
+  Write("chain" + std::to_string(kMaxBaseDepth + 2) + ".json", "{}");
+  EXPECT_THAT(LoadConfigFiles(dir_ / "chain0.json").status().message(), HasSubstr("chain deeper than"));
+  // A lattice: every level includes the next one twice, 2^10 reads unbounded.
+  for (int i = 0; i < 10; ++i) {
+    const std::string next = "lattice" + std::to_string(i + 1) + ".json";
+    Write("lattice" + std::to_string(i) + ".json", "{\"_base_\": [\"" + next + "\", \"" + next + "\"]}");
+  }
+  Write("lattice10.json", "{}");
+  const auto started = std::chrono::steady_clock::now();
+  EXPECT_THAT(LoadConfigFiles(dir_ / "lattice0.json").status().message(), HasSubstr("reads more than"));
+  EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(2));
+  // Not a regular file.
+  EXPECT_THAT(LoadConfigFiles(dir_).status().message(), HasSubstr("is not a regular file"));
+  // Invalid UTF-8 inside a string.
+  const fs::path bad_utf8 = Write("utf8.json", "{\"a\": \"\xff\"}");
+  EXPECT_THAT(LoadConfigFiles(bad_utf8).status().message(), HasSubstr("JSON syntax error"));
 }
 
 // ---------------------------------------------------------------- overrides
@@ -229,72 +326,98 @@ TEST(ParseOverrideTest, MalformedOverridesAreErrorsNamingThem) {
     EXPECT_THAT(parsed.status().message(), HasSubstr("malformed override '" + text + "'"));
   }
   json config = TypedConfig();
-  const absl::Status status = ApplyOverrides(config, {"train.train_iter"});
+  const absl::Status status = ApplyOverrides(config, {"train.train_iter"}, TestSchema());
   EXPECT_THAT(status.message(), HasSubstr("malformed override 'train.train_iter'"));
 }
 
-TEST(ApplyOverridesTest, SetsValuesOfEveryType) {
-  json config = TypedConfig();
-  ASSERT_TRUE(ApplyOverrides(config,
-                             {
-                                 "train.train_iter=500",
-                                 "train.amp.enabled=true",
-                                 "train.name=hello",
-                                 "train.betas=[0.8,0.9]",
-                                 "train.lr=null",
-                                 "train.global_batch_size=64",
-                             })
-                  .ok());
-  EXPECT_EQ(config["train"]["train_iter"], 500);
-  EXPECT_EQ(config["train"]["amp"]["enabled"], true);
-  EXPECT_EQ(config["train"]["name"], "hello");
-  EXPECT_EQ(config["train"]["betas"], json::parse("[0.8, 0.9]"));
-  EXPECT_TRUE(config["train"]["lr"].is_null());
-  EXPECT_EQ(config["train"]["global_batch_size"], 64);  // null accepts anything
+TEST(ParseOverrideTest, InvalidUtf8AndDeepNestingAreErrors) {
+  for (const std::string& text : {std::string("train.name=\xff"), std::string("train.na\xc3me=1"),
+                                 std::string("train.name=\xed\xa0\x80"),   // a UTF-16 surrogate
+                                 std::string("train.name=\xc0\xaf")}) {     // an overlong '/'
+    absl::StatusOr<Override> parsed = ParseOverride(text);
+    ASSERT_FALSE(parsed.ok());
+    EXPECT_THAT(parsed.status().message(), HasSubstr("not valid UTF-8"));
+    // The message itself is printable ASCII, whatever the input was.
+    for (const char c : parsed.status().message()) EXPECT_TRUE(c >= 0x20 && c < 0x7f) << parsed.status().message();
+  }
+  EXPECT_TRUE(ParseOverride("train.name=caf\xc3\xa9 \xf0\x9f\x9a\x80").ok());
+  const std::string deep = "train.betas=" + std::string(100, '[') + std::string(100, ']');
+  EXPECT_THAT(ParseOverride(deep).status().message(), HasSubstr("nests deeper than"));
+  const std::string shallow = "train.betas=" + std::string(5, '[') + std::string(5, ']');
+  EXPECT_TRUE(ParseOverride(shallow).ok());
 }
 
-TEST(ApplyOverridesTest, NumericConversionsKeepTheKeysType) {
-  json config = TypedConfig();
-  ASSERT_TRUE(ApplyOverrides(config, {"train.lr=1", "train.train_iter=2.0"}).ok());
-  EXPECT_TRUE(config["train"]["lr"].is_number_float());  // integer where a float was
-  EXPECT_EQ(config["train"]["lr"], 1.0);
-  EXPECT_TRUE(config["train"]["train_iter"].is_number_integer());  // integral float
-  EXPECT_EQ(config["train"]["train_iter"], 2);
+TEST(ApplyOverridesTest, SetsValuesOfEveryType) {
+  absl::StatusOr<json> config = Overridden({
+      "train.train_iter=500",
+      "train.amp.enabled=true",
+      "train.name=hello",
+      "train.betas=[0.8,0.9]",
+      "train.global_batch_size=64",
+  });
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ((*config)["train"]["train_iter"], 500);
+  EXPECT_EQ((*config)["train"]["amp"]["enabled"], true);
+  EXPECT_EQ((*config)["train"]["name"], "hello");
+  EXPECT_EQ((*config)["train"]["betas"], json::parse("[0.8, 0.9]"));
+  EXPECT_EQ((*config)["train"]["global_batch_size"], 64);
+  ASSERT_TRUE(Overridden({"train.global_batch_size=null"}).ok());
+  EXPECT_TRUE((*Overridden({"train.global_batch_size=null"}))["train"]["global_batch_size"].is_null());
+}
+
+TEST(ApplyOverridesTest, NumericConversionsFollowTheSchema) {
+  absl::StatusOr<json> config = Overridden({"train.lr=1", "train.train_iter=2.0"});
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_TRUE((*config)["train"]["lr"].is_number_float());  // a number key stores a float
+  EXPECT_EQ((*config)["train"]["lr"], 1.0);
+  EXPECT_TRUE((*config)["train"]["train_iter"].is_number_integer());  // an integral float
+  EXPECT_EQ((*config)["train"]["train_iter"], 2);
+  ASSERT_TRUE(Overridden({"train.train_iter=1e5"}).ok());
+  EXPECT_EQ((*Overridden({"train.train_iter=1e5"}))["train"]["train_iter"], 100000);
 }
 
 TEST(ApplyOverridesTest, StringKeyTakesTheRawTextOfANumberOrBool) {
-  json config = TypedConfig();
-  ASSERT_TRUE(ApplyOverrides(config, {"train.name=2024"}).ok());
-  EXPECT_EQ(config["train"]["name"], "2024");
-  ASSERT_TRUE(ApplyOverrides(config, {"train.name=\"007\""}).ok());
-  EXPECT_EQ(config["train"]["name"], "007");
+  absl::StatusOr<json> config = Overridden({"train.name=2024"});
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ((*config)["train"]["name"], "2024");
+  EXPECT_EQ((*Overridden({"train.name=\"007\""}))["train"]["name"], "007");
+  EXPECT_EQ((*Overridden({"train.name=true"}))["train"]["name"], "true");
 }
 
 TEST(ApplyOverridesTest, LaterOverrideWins) {
-  json config = TypedConfig();
-  ASSERT_TRUE(ApplyOverrides(config, {"train.train_iter=1", "train.train_iter=2"}).ok());
-  EXPECT_EQ(config["train"]["train_iter"], 2);
+  absl::StatusOr<json> config = Overridden({"train.train_iter=1", "train.train_iter=2"});
+  ASSERT_TRUE(config.ok());
+  EXPECT_EQ((*config)["train"]["train_iter"], 2);
 }
 
-TEST(ApplyOverridesTest, FreeFormMapAcceptsNewKeysAndKeepsItsMarker) {
-  json config = TypedConfig();
-  ASSERT_TRUE(ApplyOverrides(config, {"model.kwargs.dropout=0.1", "model.kwargs.act.name=gelu",
-                                      "model.kwargs.hidden=128"})
+TEST(ApplyOverridesTest, KeysAbsentFromTheFileCanBeSetIfDeclared) {
+  json config = json::parse(R"({"train": {}})");
+  ASSERT_TRUE(ApplyOverrides(config, {"train.dist.data_parallel_size=4", "optim.momentum=0.5", "optim._target_=SGD"},
+                             TestSchema())
                   .ok());
-  EXPECT_EQ(config["model"]["kwargs"]["dropout"], 0.1);
-  EXPECT_EQ(config["model"]["kwargs"]["act"]["name"], "gelu");
-  EXPECT_EQ(config["model"]["kwargs"]["hidden"], 128);
-  EXPECT_EQ(config["model"]["kwargs"]["_free_form_"], true);
+  absl::StatusOr<json> resolved = Resolve(TestSchema(), config);
+  ASSERT_TRUE(resolved.ok()) << resolved.status();
+  EXPECT_EQ((*resolved)["train"]["dist"]["data_parallel_size"], 4);
+  EXPECT_EQ((*resolved)["optim"], json::parse(R"({"_target_": "SGD", "lr": 0.1, "momentum": 0.5})"));
+}
 
-  // Existing keys in a free-form map are still type-checked, and the freedom
-  // does not leak to ordinary siblings.
-  EXPECT_FALSE(ApplyOverrides(config, {"model.kwargs.hidden=wide"}).ok());
-  EXPECT_FALSE(ApplyOverrides(config, {"model.new_key=1"}).ok());
+TEST(ApplyOverridesTest, ChangingTheTargetDropsTheOldTargetsKeys) {
+  // The file's AdamW lr must not leak into SGD; eps is not an SGD key.
+  json config = TypedConfig();
+  config["optim"]["eps"] = 1e-6;
+  Origins origins;
+  ASSERT_TRUE(ApplyOverrides(config, {"optim._target_=SGD", "optim.momentum=0.9"}, TestSchema(), &origins).ok());
+  absl::StatusOr<json> resolved = Resolve(TestSchema(), config, origins);
+  ASSERT_TRUE(resolved.ok()) << resolved.status();
+  EXPECT_EQ((*resolved)["optim"], json::parse(R"({"_target_": "SGD", "lr": 0.1, "momentum": 0.9})"));
+  // Keys of another target are unknown under this one.
+  EXPECT_THAT(Overridden({"optim.momentum=0.9"}).status().message(),
+              HasSubstr("unknown config key 'optim.momentum' (from override 'optim.momentum=0.9')"));
 }
 
 TEST(ApplyOverridesTest, UnknownKeySuggestsTheClosestFullPath) {
   json config = TypedConfig();
-  const absl::Status status = ApplyOverrides(config, {"train.dist.tensor_paralel_size=2"});
+  const absl::Status status = ApplyOverrides(config, {"train.dist.tensor_paralel_size=2"}, TestSchema());
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(status.message(),
             "unknown config key 'train.dist.tensor_paralel_size' (from override "
@@ -302,51 +425,49 @@ TEST(ApplyOverridesTest, UnknownKeySuggestsTheClosestFullPath) {
             "'train.dist.tensor_parallel_size'?");
 
   // A typo in a parent segment is matched over the whole path too.
-  const absl::Status parent = ApplyOverrides(config, {"trian.dist.data_parallel_size=2"});
+  const absl::Status parent = ApplyOverrides(config, {"trian.dist.data_parallel_size=2"}, TestSchema());
   EXPECT_THAT(parent.message(), HasSubstr("did you mean 'train.dist.data_parallel_size'?"));
 
   // Nothing close: no misleading hint.
-  const absl::Status far = ApplyOverrides(config, {"completely_unrelated_setting=1"});
+  const absl::Status far = ApplyOverrides(config, {"completely_unrelated_setting=1"}, TestSchema());
   EXPECT_THAT(far.message(), HasSubstr("unknown config key 'completely_unrelated_setting'"));
   EXPECT_THAT(far.message(), ::testing::Not(HasSubstr("did you mean")));
+
+  // A key below a section that is not implemented names the reason.
+  EXPECT_THAT(ApplyOverrides(config, {"dataloader.train.path=x"}, TestSchema()).message(),
+              HasSubstr("not implemented yet (datasets)"));
 }
 
-TEST(ApplyOverridesTest, TypeMismatchesAreErrorsAndLeaveTheConfigUnchanged) {
-  const json original = TypedConfig();
-  json config = original;
-  absl::Status status = ApplyOverrides(config, {"train.seed_unused=1"});
-  EXPECT_FALSE(status.ok());
-
-  status = ApplyOverrides(config, {"train.train_iter=5", "train.train_iter=abc"});
-  EXPECT_EQ(status.message(),
-            "config key 'train.train_iter' expects an integer, got string \"abc\" "
+TEST(ApplyOverridesTest, TypeMismatchesAreErrorsNamingTheOverride) {
+  EXPECT_EQ(Overridden({"train.train_iter=5", "train.train_iter=abc"}).status().message(),
+            "config key 'train.train_iter' expects an integer >= 1, got string \"abc\" "
             "(from override 'train.train_iter=abc')");
-  EXPECT_EQ(config, original);  // the first, valid override was not applied either
-
-  EXPECT_THAT(ApplyOverrides(config, {"train.train_iter=2.5"}).message(),
-              HasSubstr("expects an integer, got number 2.5"));
-  EXPECT_THAT(ApplyOverrides(config, {"train.amp.enabled=yes"}).message(),
+  EXPECT_THAT(Overridden({"train.train_iter=2.5"}).status().message(), HasSubstr("expects an integer >= 1, got number 2.5"));
+  EXPECT_THAT(Overridden({"train.train_iter=0"}).status().message(), HasSubstr("must be >= 1, got 0"));
+  EXPECT_THAT(Overridden({"train.amp.enabled=yes"}).status().message(),
               HasSubstr("'train.amp.enabled' expects a boolean, got string \"yes\""));
-  EXPECT_THAT(ApplyOverrides(config, {"train.lr=fast"}).message(),
-              HasSubstr("'train.lr' expects a number"));
-  EXPECT_THAT(ApplyOverrides(config, {"train.betas=0.9"}).message(),
-              HasSubstr("'train.betas' expects an array"));
-  EXPECT_THAT(ApplyOverrides(config, {"train.amp=1"}).message(),
-              HasSubstr("'train.amp' expects an object"));
-  EXPECT_THAT(ApplyOverrides(config, {"train.train_iter.x=1"}).message(),
-              HasSubstr("'train.train_iter' is an integer, not an object"));
-  EXPECT_EQ(config, original);
+  EXPECT_THAT(Overridden({"train.amp.dtype=fp32"}).status().message(),
+              HasSubstr("'train.amp.dtype' must be one of bf16, fp16, got \"fp32\""));
+  EXPECT_THAT(Overridden({"train.lr=fast"}).status().message(), HasSubstr("'train.lr' expects a number"));
+  EXPECT_THAT(Overridden({"train.betas=0.9"}).status().message(), HasSubstr("'train.betas' expects a list of numbers"));
+  EXPECT_THAT(Overridden({"train.amp=1"}).status().message(), HasSubstr("'train.amp' expects an object"));
+  EXPECT_THAT(Overridden({"train.lr=null"}).status().message(), HasSubstr("'train.lr' must not be null"));
+  json config = TypedConfig();
+  const json original = config;
+  EXPECT_THAT(ApplyOverrides(config, {"train.train_iter=5", "train.train_iter.x=1"}, TestSchema()).message(),
+              HasSubstr("'train.train_iter' is integer, not an object"));
+  EXPECT_EQ(config, original);  // the first, valid override was not applied either
 }
 
 TEST(ApplyOverridesTest, ObjectValueMergesWithPerLeafChecks) {
-  json config = TypedConfig();
-  ASSERT_TRUE(ApplyOverrides(config, {R"(train.dist={"tensor_parallel_size": 4})"}).ok());
-  EXPECT_EQ(config["train"]["dist"]["tensor_parallel_size"], 4);
-  EXPECT_EQ(config["train"]["dist"]["data_parallel_size"], 1);  // untouched sibling kept
+  absl::StatusOr<json> config = Overridden({R"(train.dist={"tensor_parallel_size": 4})"});
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ((*config)["train"]["dist"]["tensor_parallel_size"], 4);
+  EXPECT_EQ((*config)["train"]["dist"]["data_parallel_size"], 1);  // untouched sibling kept
 
-  EXPECT_THAT(ApplyOverrides(config, {R"(train.dist={"tensor_paralel_size": 4})"}).message(),
-              HasSubstr("unknown config key 'train.dist.tensor_paralel_size'"));
-  EXPECT_THAT(ApplyOverrides(config, {R"(train.dist={"data_parallel_size": "two"})"}).message(),
+  EXPECT_THAT(Overridden({R"(train.dist={"tensor_paralel_size": 4})"}).status().message(),
+              HasSubstr("unknown config key 'train.dist.tensor_paralel_size' (from override"));
+  EXPECT_THAT(Overridden({R"(train.dist={"data_parallel_size": "two"})"}).status().message(),
               HasSubstr("'train.dist.data_parallel_size' expects an integer"));
 }
 
@@ -387,12 +508,12 @@ TEST_F(ConfigTest, SaveConfigRoundTripsAtomicallyWithoutLeftovers) {
   Write("config.json", "old contents");
   ASSERT_TRUE(SaveConfig(config, path).ok());
 
-  absl::StatusOr<json> loaded = LoadConfig(path);
+  absl::StatusOr<json> loaded = LoadConfigFiles(path);
   ASSERT_TRUE(loaded.ok()) << loaded.status();
   EXPECT_EQ(*loaded, config);
   EXPECT_TRUE((*loaded)["train"]["lr"].is_number_float());
-  // The saved file is itself overridable, free-form marker included.
-  ASSERT_TRUE(ApplyOverrides(*loaded, {"model.kwargs.extra=1"}).ok());
+  // The saved file loads back through the schema unchanged.
+  ASSERT_TRUE(ApplyOverrides(*loaded, {"train.name=again"}, TestSchema()).ok());
 
   std::vector<std::string> names;
   for (const auto& entry : fs::directory_iterator(dir_)) {
@@ -467,42 +588,6 @@ TEST(StringsTest, EditDistanceAndClosestMatch) {
   EXPECT_EQ(ClosestMatch("tp_sise", {"dp_size", "tp_size", "pp_size"}), "tp_size");
   EXPECT_EQ(ClosestMatch("xyz", {}), std::nullopt);
   EXPECT_EQ(ClosestMatch("learning_rate", {"seed"}), std::nullopt);
-}
-
-// ------------------------------------------------- the real common configs
-
-TEST(CommonConfigTest, TensorParallelOverrideOnTrainJson) {
-  const fs::path train = kSourceDir / "configs/common/train.json";
-  absl::StatusOr<json> config = LoadConfig(train, {"train.dist.tensor_parallel_size=2"});
-  ASSERT_TRUE(config.ok()) << config.status();
-  EXPECT_EQ(*GetInt(*config, "train.dist.tensor_parallel_size"), 2);
-
-  config = LoadConfig(train, {"train.dist.tensor_paralel_size=2"});
-  ASSERT_FALSE(config.ok());
-  EXPECT_THAT(config.status().message(), HasSubstr("train.dist.tensor_parallel_size"));
-}
-
-TEST_F(ConfigTest, CommonConfigsHoldLibaiDefaults) {
-  const fs::path job = Write(
-      "job.json", "{\"_base_\": [\"" + (kSourceDir / "configs/common/train.json").string() +
-                      "\", \"" + (kSourceDir / "configs/common/optim.json").string() + "\"]}");
-  absl::StatusOr<json> config = LoadConfig(job);
-  ASSERT_TRUE(config.ok()) << config.status();
-  EXPECT_EQ(*GetString(*config, "train.output_dir"), "./output");
-  EXPECT_EQ(*GetInt(*config, "train.train_micro_batch_size"), 32);
-  EXPECT_EQ(*GetInt(*config, "train.train_iter"), 10000);
-  EXPECT_EQ(*GetInt(*config, "train.seed"), 1234);
-  EXPECT_EQ(*GetInt(*config, "train.checkpointer.period"), 5000);
-  EXPECT_EQ(*GetInt(*config, "train.evaluation.eval_iter"), 100000);
-  EXPECT_EQ(*GetString(*config, "lr_scheduler._target_"), "WarmupCosineLR");
-  EXPECT_EQ(*GetString(*config, "optim._target_"), "AdamW");
-  EXPECT_EQ(*GetDouble(*config, "optim.lr"), 1e-4);
-  EXPECT_EQ((*config)["optim"]["betas"], json::parse("[0.9, 0.999]"));
-  EXPECT_TRUE((*config)["train"]["global_batch_size"].is_null());
-  // Ratios and norms are floats so that fractional overrides type-check.
-  EXPECT_TRUE(ApplyOverrides(*config, {"train.warmup_ratio=0.01", "optim.clip_grad_max_norm=0.5",
-                                       "train.global_batch_size=256"})
-                  .ok());
 }
 
 }  // namespace

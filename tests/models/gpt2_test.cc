@@ -27,6 +27,7 @@
 #include "tests/graph/graph_interpreter.h"
 #include "tests/nn/reference.h"
 #include "train/engine.h"
+#include "train/job_config.h"
 #include "train/trainer.h"
 
 namespace tessera::models {
@@ -41,7 +42,7 @@ using ::tessera::nn::testing::MlpRef;
 std::string Source(const std::string& rel) { return std::string(TESSERA_SOURCE_DIR) + "/" + rel; }
 
 nlohmann::json NanoConfig(const std::vector<std::string>& overrides = {}) {
-  auto config = config::LoadConfig(Source("configs/gpt2_nano.json"), overrides);
+  auto config = LoadJobConfig(Source("configs/gpt2_nano.json"), overrides);
   EXPECT_TRUE(config.ok()) << config.status();
   return *config;
 }
@@ -57,7 +58,7 @@ nlohmann::json SmallModel(double dropout) {
   return {{"_target_", "models.GPT2"}, {"vocab_size", 37},  {"hidden_size", 16},
           {"num_layers", 2},           {"num_attention_heads", 4}, {"max_seq_length", 12},
           {"seq_length", 7},           {"embedding_dropout_prob", dropout}, {"attention_dropout_prob", dropout},
-          {"output_dropout_prob", dropout}, {"init_seed", 5}, {"data_seed", 3}};
+          {"output_dropout_prob", dropout}, {"init_seed", 5}, {"data_seed", 3}, {"dropout_seed", 9}};
 }
 
 Tensor Fill(const Model& model, int64_t iteration, const std::string& input, int64_t batch, int64_t T) {
@@ -412,7 +413,7 @@ TEST(Gpt2, ConfigErrorsAreNamed) {
   node["hiden_size"] = 8;
   auto typo = Gpt2::FromJson(node);
   ASSERT_FALSE(typo.ok());
-  EXPECT_NE(typo.status().message().find("did you mean 'hidden_size'"), std::string::npos) << typo.status();
+  EXPECT_NE(typo.status().message().find("did you mean 'model.hidden_size'"), std::string::npos) << typo.status();
 
   node = SmallModel(0.0);
   node["num_attention_heads"] = 3;

@@ -16,6 +16,7 @@
 #include "core/config.h"
 #include "nlohmann/json.hpp"
 #include "tests/cli_runner.h"
+#include "train/job_config.h"
 #include "train/trainer.h"
 
 namespace tessera {
@@ -27,7 +28,7 @@ absl::StatusOr<std::vector<double>> TrainGpt2(std::vector<std::string> overrides
   const auto dir = std::filesystem::temp_directory_path() / ("tessera_equivalence_" + std::to_string(::getpid()));
   overrides.insert(overrides.end(), {"model.num_layers=4", "train.train_iter=" + std::to_string(kSteps),
                                      "train.log_period=100", "train.output_dir=" + dir.string()});
-  auto config = config::LoadConfig(::tessera::testing::SourcePath("configs/gpt2_nano.json"), overrides);
+  auto config = LoadJobConfig(::tessera::testing::SourcePath("configs/gpt2_nano.json"), overrides);
   if (!config.ok()) return config.status();
   auto summary = Train(*config);
   std::filesystem::remove_all(dir);

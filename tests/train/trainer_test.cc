@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "core/config.h"
+#include "train/job_config.h"
 #include "models/model.h"
 #include "nlohmann/json.hpp"
 #include "tests/actors/sequential_plan.h"
@@ -47,7 +48,7 @@ TEST(Cli, TrainWritesMetricsAndConfig) {
     ++lines;
   }
   EXPECT_EQ(lines, 2);  // log_period 10
-  auto saved = config::LoadConfig(dir / "config.json");
+  auto saved = LoadJobConfig(dir / "config.json");
   ASSERT_TRUE(saved.ok()) << saved.status();
   EXPECT_EQ((*saved)["train"]["train_iter"], 20);
   EXPECT_EQ((*saved)["model"]["_target_"], "models.MLP");
@@ -105,8 +106,8 @@ TEST(Cli, HelpOnEveryVerb) {
 }
 
 TEST(Trainer, MlpLossFalls) {
-  auto config = config::LoadConfig(Source("configs/mlp_demo.json"),
-                                   {"train.train_iter=50", "train.output_dir=" + TempDir("direct").string()});
+  auto config = LoadJobConfig(Source("configs/mlp_demo.json"),
+                              {"train.train_iter=50", "train.output_dir=" + TempDir("direct").string()});
   ASSERT_TRUE(config.ok()) << config.status();
   auto summary = Train(*config);
   ASSERT_TRUE(summary.ok()) << summary.status();
@@ -117,7 +118,7 @@ TEST(Trainer, MlpLossFalls) {
 
 absl::StatusOr<TrainSummary> TrainMlp(const std::string& name, std::vector<std::string> overrides, PlanExecutor executor = {}) {
   overrides.push_back("train.output_dir=" + TempDir(name).string());
-  auto config = config::LoadConfig(Source("configs/mlp_demo.json"), overrides);
+  auto config = LoadJobConfig(Source("configs/mlp_demo.json"), overrides);
   if (!config.ok()) return config.status();
   auto summary = Train(*config, nullptr, std::move(executor));
   std::filesystem::remove_all(TempDir(name));
@@ -174,7 +175,8 @@ TEST(Models, MlpIsRegisteredAndDataIsSeeded) {
   Registry<models::Model> registry("model");
   ASSERT_TRUE(models::RegisterBuiltinModels(registry).ok());
   EXPECT_FALSE(models::RegisterBuiltinModels(registry).ok());  // already there
-  auto model = registry.Create({{"_target_", "models.MLP"}, {"in_features", 3}, {"hidden_sizes", {5}}, {"num_classes", 2}});
+  auto model = registry.Create({{"_target_", "models.MLP"}, {"in_features", 3}, {"hidden_sizes", {5}}, {"num_classes", 2},
+                                 {"data_seed", 1}, {"init_seed", 2}});
   ASSERT_TRUE(model.ok()) << model.status();
   auto graph = (*model)->BuildGraph(4);
   ASSERT_TRUE(graph.ok()) << graph.status();
@@ -187,6 +189,10 @@ TEST(Models, MlpIsRegisteredAndDataIsSeeded) {
   EXPECT_EQ(a->ToVector<float>(), b->ToVector<float>());
   EXPECT_FALSE((*model)->FillBatch(3, "nope", *a).ok());
   EXPECT_FALSE(registry.Create({{"_target_", "models.MLPX"}}).ok());
+  // Unseeded outside a whole job config: the seeds derive from train.seed.
+  auto unseeded = registry.Create({{"_target_", "models.MLP"}});
+  ASSERT_FALSE(unseeded.ok());
+  EXPECT_NE(std::string(unseeded.status().message()).find("derives from 'train.seed'"), std::string::npos);
 }
 
 }  // namespace
@@ -212,7 +218,6 @@ TEST(Trainer, ParallelLayoutsMatchOneDevice) {
   for (std::vector<std::string> layout : layouts) {
     SCOPED_TRACE(layout[0] + " " + layout[1]);
     layout.push_back("train.train_iter=6");
-    layout.push_back("train.dist.pipeline_num_layers=3");
     auto run = TrainMlp("layout", layout);
     ASSERT_TRUE(run.ok()) << run.status();
     for (size_t i = 0; i < 6; ++i) EXPECT_NEAR(run->losses[i], one->losses[i], 1e-5 * std::abs(one->losses[i])) << "iteration " << i;
@@ -223,8 +228,95 @@ TEST(Trainer, BadParallelConfigIsAnError) {
   auto bad = TrainMlp("bad", {"train.dist.data_parallel_size=null"});
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(std::string(bad.status().message()).find("num_devices"), std::string::npos) << bad.status();
-  auto layers = TrainMlp("bad", {"train.dist.pipeline_parallel_size=4", "train.dist.pipeline_num_layers=3"});
+  // Four stages for the MLP's three layers.
+  auto stages = TrainMlp("bad", {"train.dist.pipeline_parallel_size=4"});
+  ASSERT_FALSE(stages.ok());
+  // pipeline_num_layers must be the model's layer count.
+  auto layers = TrainMlp("bad", {"train.dist.pipeline_parallel_size=2", "train.dist.pipeline_num_layers=100"});
   ASSERT_FALSE(layers.ok());
+  EXPECT_EQ(layers.status().message(),
+            "train.dist.pipeline_num_layers 100 != the model's 3 layers (leave it null to use the model's)");
+  EXPECT_TRUE(TrainMlp("ok", {"train.train_iter=2", "train.dist.pipeline_parallel_size=2", "train.dist.pipeline_num_layers=3"}).ok());
+  // More devices than one node's actor ids can address.
+  auto devices = TrainMlp("bad", {"train.dist.data_parallel_size=64", "train.dist.tensor_parallel_size=8"});
+  ASSERT_FALSE(devices.ok());
+  EXPECT_NE(std::string(devices.status().message()).find("512 devices, but one node holds at most 256"), std::string::npos)
+      << devices.status();
+}
+
+// global = micro × accumulation × data-parallel ranks, with the data-parallel
+// size known before the accumulation is derived: dp 2 × micro 16 with
+// global 32 is one micro-batch per iteration, the one-device job's batch.
+TEST(Trainer, GlobalBatchCountsDataParallelRanks) {
+  auto one = TrainMlp("one", {"train.train_iter=4", "train.train_micro_batch_size=32"});
+  ASSERT_TRUE(one.ok()) << one.status();
+  for (const std::vector<std::string>& batch :
+       {std::vector<std::string>{"train.global_batch_size=32", "train.num_accumulation_steps=null"},
+        std::vector<std::string>{"train.global_batch_size=32", "train.num_accumulation_steps=1"}}) {
+    std::vector<std::string> overrides = {"train.train_iter=4", "train.dist.data_parallel_size=2", "train.train_micro_batch_size=16"};
+    overrides.insert(overrides.end(), batch.begin(), batch.end());
+    auto dp = TrainMlp("dp", overrides);
+    ASSERT_TRUE(dp.ok()) << dp.status();
+    for (size_t i = 0; i < 4; ++i) EXPECT_NEAR(dp->losses[i], one->losses[i], 1e-5 * std::abs(one->losses[i])) << "iteration " << i;
+  }
+  // dp 2 × micro 16 × accumulation 2 = 64: two micro-batches of the 64-sample global batch.
+  auto acc = TrainMlp("acc", {"train.train_iter=2", "train.dist.data_parallel_size=2", "train.train_micro_batch_size=16",
+                              "train.global_batch_size=64", "train.num_accumulation_steps=null"});
+  ASSERT_TRUE(acc.ok()) << acc.status();
+  auto bad = TrainMlp("bad", {"train.dist.data_parallel_size=2", "train.train_micro_batch_size=16",
+                              "train.global_batch_size=32", "train.num_accumulation_steps=2"});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().message(), "train.global_batch_size 32 != train.train_micro_batch_size 16 x train.num_accumulation_steps 2 x 2 "
+                                    "data-parallel ranks");
+  auto indivisible = TrainMlp("bad", {"train.dist.data_parallel_size=2", "train.train_micro_batch_size=16", "train.global_batch_size=48",
+                                      "train.num_accumulation_steps=null"});
+  ASSERT_FALSE(indivisible.ok());
+  EXPECT_NE(std::string(indivisible.status().message()).find("is not a multiple"), std::string::npos);
+}
+
+// A job that cannot start leaves nothing behind: no output directory, no
+// half-written file, and an existing run's files untouched.
+TEST(Trainer, FailedStartWritesNothing) {
+  const auto dir = TempDir("nothing");
+  auto config = LoadJobConfig(Source("configs/mlp_demo.json"),
+                              {"train.output_dir=" + dir.string(), "model.hidden_sizes=[16777216, 16777216]"});
+  ASSERT_TRUE(config.ok()) << config.status();
+  auto summary = Train(*config);
+  ASSERT_FALSE(summary.ok());
+  EXPECT_EQ(summary.status().code(), absl::StatusCode::kResourceExhausted) << summary.status();
+  EXPECT_NE(std::string(summary.status().message()).find("but this machine has"), std::string::npos) << summary.status();
+  EXPECT_FALSE(std::filesystem::exists(dir));
+  // Into a file where the directory should be: refused up front.
+  std::ofstream(dir.string()) << "not a directory";
+  config = LoadJobConfig(Source("configs/mlp_demo.json"), {"train.output_dir=" + (dir / "sub").string()});
+  ASSERT_TRUE(config.ok());
+  summary = Train(*config);
+  ASSERT_FALSE(summary.ok());
+  EXPECT_NE(std::string(summary.status().message()).find("is not a directory"), std::string::npos) << summary.status();
+  std::filesystem::remove_all(dir);
+}
+
+// train.seed seeds what the model leaves unseeded, and only that.
+TEST(Trainer, TrainSeedDrivesUnseededModels) {
+  auto a = TrainMlp("seed", {"train.train_iter=3", "train.seed=1"});
+  auto b = TrainMlp("seed", {"train.train_iter=3", "train.seed=2"});
+  auto a_again = TrainMlp("seed", {"train.train_iter=3", "train.seed=1"});
+  ASSERT_TRUE(a.ok() && b.ok() && a_again.ok());
+  EXPECT_NE(a->losses, b->losses);
+  EXPECT_EQ(a->losses, a_again->losses);
+  auto fixed1 = TrainMlp("seed", {"train.train_iter=3", "train.seed=1", "model.init_seed=7", "model.data_seed=8"});
+  auto fixed2 = TrainMlp("seed", {"train.train_iter=3", "train.seed=2", "model.init_seed=7", "model.data_seed=8"});
+  ASSERT_TRUE(fixed1.ok() && fixed2.ok());
+  EXPECT_EQ(fixed1->losses, fixed2->losses);
+}
+
+TEST(Trainer, LossesRecordedForBoundedIterations) {
+  auto run = TrainMlp("bounded", {"train.train_iter=5", "train.train_micro_batch_size=2", "model.hidden_sizes=[4]"});
+  ASSERT_TRUE(run.ok());
+  EXPECT_EQ(run->iterations, 5);
+  EXPECT_EQ(run->losses.size(), 5u);
+  EXPECT_EQ(run->final_loss, run->losses.back());
+  EXPECT_GE(TrainSummary::kMaxRecordedLosses, 1 << 16);
 }
 
 }  // namespace

@@ -1,0 +1,234 @@
+#include "train/job_config.h"
+
+#include "core/config.h"
+#include "models/model.h"
+
+namespace tessera {
+namespace {
+
+using config::Binding;
+using config::KeySpec;
+using config::KeyType;
+using config::Section;
+
+// Iterations and micro-batch offsets are 32-bit words of the Philox counters
+// (dropout, synthetic data): past 2^32 iterations the random streams repeat.
+constexpr double kMaxIterations = 4294967295.0;
+constexpr double kMaxInt32 = 2147483647.0;
+
+Binding<DistConfig> MakeDistKeys() {
+  Binding<DistConfig> b("How the job is laid out over devices (LiBai's `train.dist`): the world is "
+                        "data × tensor × pipeline virtual CPU devices.");
+  b.Field("device_type", &DistConfig::device_type,
+          {.choices = {"cpu", "cuda"},
+           .not_implemented = "GPU execution",
+           .doc = "device kind: virtual CPU devices (`cpu`) or GPUs (`cuda`)"});
+  b.Field("data_parallel_size", &DistConfig::data_parallel_size,
+          {.min = 1, .max = static_cast<double>(kMaxDevicesPerNode),
+           .doc = "data-parallel degree; `null`: derived as `num_devices` / (tensor × pipeline)"});
+  b.Field("tensor_parallel_size", &DistConfig::tensor_parallel_size,
+          {.min = 1, .max = static_cast<double>(kMaxDevicesPerNode), .doc = "tensor-parallel degree"});
+  b.Field("pipeline_parallel_size", &DistConfig::pipeline_parallel_size,
+          {.min = 1, .max = static_cast<double>(kMaxDevicesPerNode), .doc = "pipeline stages"});
+  b.Field("num_devices", &DistConfig::num_devices,
+          {.min = 1, .max = static_cast<double>(kMaxDevicesPerNode),
+           .doc = "virtual CPU devices; needed only when `data_parallel_size` is `null`, else it must equal "
+                  "data × tensor × pipeline"});
+  b.Field("intra_op_threads", &DistConfig::intra_op_threads,
+          {.min = 1, .max = 1024,
+           .doc = "kernel threads per device (its actor thread included); `null`: the machine's hardware threads "
+                  "divided by the devices, at least 1"});
+  b.Field("pipeline_num_layers", &DistConfig::pipeline_num_layers,
+          {.min = 1, .max = 1 << 20,
+           .doc = "the model's layer count, for LiBai's stage assignment; must equal the model's layers; `null`: "
+                  "taken from the model"});
+  b.Unbound("custom_pipeline_stage_id",
+            KeySpec{.type = KeyType::kIntList,
+                    .nullable = true,
+                    .not_implemented = "explicit stage per layer",
+                    .doc = "explicit pipeline stage of each layer; `null`: LiBai's automatic assignment"});
+  return b;
+}
+
+Binding<TrainConfig> MakeTrainKeys() {
+  Binding<TrainConfig> b("The training loop, as LiBai's `train` (configs/common/train.json).");
+  b.Field("output_dir", &TrainConfig::output_dir,
+          {.doc = "where config.json and metrics.jsonl are written (created if missing)"});
+  b.Field("train_micro_batch_size", &TrainConfig::train_micro_batch_size,
+          {.min = 1, .max = kMaxInt32, .doc = "samples per micro-batch on one data-parallel rank"});
+  b.Field("global_batch_size", &TrainConfig::global_batch_size,
+          {.min = 1, .max = kMaxInt32,
+           .doc = "samples per iteration over all ranks: micro × accumulation × data_parallel_size; `null`: derived"});
+  b.Field("num_accumulation_steps", &TrainConfig::num_accumulation_steps,
+          {.min = 1, .max = 1 << 20,
+           .doc = "micro-batches per iteration (gradient accumulation); `null`: derived from `global_batch_size`, "
+                  "else 1. Any two of micro, global and accumulation give the third; a contradiction is an error"});
+  b.Field("train_iter", &TrainConfig::train_iter,
+          {.min = 1, .max = kMaxIterations, .doc = "iterations to train (at most 2^32 - 1: the random streams count them in 32 bits)"});
+  b.Unbound("train_epoch", KeySpec{.type = KeyType::kInt,
+                                   .default_value = 0,
+                                   .not_implemented = "epochs need a dataset; set train.train_iter",
+                                   .doc = "epochs to train"});
+  b.Unbound("start_iter", KeySpec{.type = KeyType::kInt,
+                                  .default_value = 0,
+                                  .not_implemented = "resuming at an iteration needs checkpoints",
+                                  .doc = "iteration to resume from"});
+  b.Field("warmup_ratio", &TrainConfig::warmup_ratio,
+          {.min = 0, .max = 1, .doc = "fraction of `train_iter` spent in the learning-rate warmup"});
+  b.Field("log_period", &TrainConfig::log_period,
+          {.min = 1, .doc = "iterations between progress lines and metrics.jsonl records (the last one is always written)"});
+  b.Field("seed", &TrainConfig::seed,
+          {.min = 0, .doc = "seeds all randomness a model does not seed itself (its `*_seed` keys left `null`)"});
+  b.Unbound("amp", Section("Mixed precision.")
+                       .Key("enabled", {.type = KeyType::kBool,
+                                        .default_value = false,
+                                        .not_implemented = "mixed precision",
+                                        .doc = "train with low-precision matmuls and f32 master weights"})
+                       .Key("dtype", {.type = KeyType::kString,
+                                      .default_value = "bf16",
+                                      .choices = {"bf16", "fp16"},
+                                      .not_implemented = "mixed precision",
+                                      .doc = "the low-precision type"}));
+  b.Unbound("activation_checkpoint",
+            Section("Recomputing activations in the backward pass.")
+                .Key("enabled", {.type = KeyType::kBool,
+                                 .default_value = false,
+                                 .not_implemented = "activation checkpointing",
+                                 .doc = "recompute each transformer layer's forward in backward"}));
+  b.Unbound("zero_optimization",
+            Section("Sharding optimizer state over data-parallel ranks (ZeRO).")
+                .Key("enabled", {.type = KeyType::kBool,
+                                 .default_value = false,
+                                 .not_implemented = "ZeRO",
+                                 .doc = "shard optimizer state, gradients and parameters"})
+                .Key("stage", {.type = KeyType::kInt,
+                               .default_value = 1,
+                               .min = 1,
+                               .max = 3,
+                               .not_implemented = "ZeRO",
+                               .doc = "ZeRO stage"}));
+  b.Unbound("checkpointer", Section("Saving checkpoints.")
+                                .Key("period", {.type = KeyType::kInt,
+                                                .nullable = true,
+                                                .min = 1,
+                                                .not_implemented = "checkpoints",
+                                                .doc = "iterations between checkpoints; `null`: none"})
+                                .Key("max_to_keep", {.type = KeyType::kInt,
+                                                     .nullable = true,
+                                                     .min = 1,
+                                                     .not_implemented = "checkpoints",
+                                                     .doc = "checkpoints kept"}));
+  b.Unbound("evaluation", Section("Evaluation on a held-out split.")
+                              .Key("enabled", {.type = KeyType::kBool,
+                                               .default_value = false,
+                                               .not_implemented = "evaluation",
+                                               .doc = "evaluate during training"})
+                              .Key("eval_period", {.type = KeyType::kInt,
+                                                   .nullable = true,
+                                                   .min = 1,
+                                                   .not_implemented = "evaluation",
+                                                   .doc = "iterations between evaluations"})
+                              .Key("eval_iter", {.type = KeyType::kInt,
+                                                 .nullable = true,
+                                                 .min = 1,
+                                                 .not_implemented = "evaluation",
+                                                 .doc = "evaluation iterations"}));
+  b.Sub("dist", &TrainConfig::dist, MakeDistKeys());
+  return b;
+}
+
+// Keys every optimizer has; `defaults` gives their default values.
+template <typename T>
+void CommonOptimizerKeys(Binding<T>& b) {
+  b.Field("lr", &T::lr, {.min = 0, .exclusive_min = true, .doc = "peak learning rate (the schedule scales it)"});
+  b.Field("weight_decay", &T::weight_decay, {.min = 0, .doc = "decoupled weight decay"});
+  b.Field("clip_grad_max_norm", &T::clip_grad_max_norm,
+          {.min = 0, .exclusive_min = true, .doc = "clip gradients to this global norm; `null`: no clipping"});
+  b.Field("clip_grad_norm_type", &T::clip_grad_norm_type,
+          {.not_implemented = "norms other than the 2-norm", .doc = "p of the p-norm used for clipping"});
+  b.Field("no_decay_norm_and_bias", &T::no_decay_norm_and_bias,
+          {.doc = "no weight decay on biases and normalisation weights, as LiBai"});
+}
+
+Binding<AdamWConfig> MakeAdamWKeys() {
+  Binding<AdamWConfig> b("AdamW with decoupled weight decay and bias correction.");
+  CommonOptimizerKeys(b);
+  b.Field("betas", &AdamWConfig::betas,
+          {.min = 0, .max = 1, .exclusive_max = true, .min_length = 2, .max_length = 2, .doc = "Adam's moment decay rates"});
+  b.Field("eps", &AdamWConfig::eps, {.min = 0, .exclusive_min = true, .doc = "Adam's denominator epsilon"});
+  return b;
+}
+
+Binding<SgdConfig> MakeSgdKeys() {
+  Binding<SgdConfig> b("SGD with optional (Nesterov) momentum.");
+  CommonOptimizerKeys(b);
+  b.Field("momentum", &SgdConfig::momentum, {.min = 0, .max = 1, .exclusive_max = true, .doc = "momentum factor"});
+  b.Field("nesterov", &SgdConfig::nesterov, {.doc = "Nesterov momentum"});
+  return b;
+}
+
+Binding<WarmupCosineConfig> MakeWarmupCosineKeys() {
+  Binding<WarmupCosineConfig> b("LiBai's WarmupCosineLR: warmup over `train.warmup_ratio` of the iterations, then "
+                                "cosine decay to `alpha` × lr.");
+  b.Field("warmup_factor", &WarmupCosineConfig::warmup_factor,
+          {.min = 0, .max = 1, .doc = "learning-rate multiplier at the start of the warmup"});
+  b.Field("alpha", &WarmupCosineConfig::alpha, {.min = 0, .max = 1, .doc = "final learning rate as a fraction of the peak"});
+  b.Field("warmup_method", &WarmupCosineConfig::warmup_method,
+          {.choices = {"linear", "constant"}, .doc = "shape of the warmup"});
+  return b;
+}
+
+Section MakeJobSchema() {
+  Section root;
+  root.Sub("train", TrainKeys().section());
+  root.Sub("optim", Section("The optimizer, by `_target_`.")
+                        .Target("AdamW", AdamWKeys().section())
+                        .Target("SGD", SgdKeys().section())
+                        .DefaultTarget("AdamW"));
+  root.Sub("lr_scheduler", Section("The learning-rate schedule, by `_target_`.")
+                               .Target("WarmupCosineLR", WarmupCosineKeys().section())
+                               .Target("ConstantLR", Section("The peak learning rate throughout."))
+                               .DefaultTarget("WarmupCosineLR"));
+  Section model("The model, by `_target_`; each model declares its keys.");
+  for (const models::ModelType& type : models::BuiltinModelTypes()) model.Target(type.name, type.keys);
+  root.Sub("model", std::move(model.Required()));
+  root.Sub("dataloader", Section("Datasets and loaders.").NotImplemented("datasets: models bring their own synthetic data"));
+  root.Sub("tokenization", Section("Tokenizers.").NotImplemented("tokenizers"));
+  return root;
+}
+
+}  // namespace
+
+const Binding<TrainConfig>& TrainKeys() {
+  static const auto* const keys = new Binding<TrainConfig>(MakeTrainKeys());
+  return *keys;
+}
+const Binding<AdamWConfig>& AdamWKeys() {
+  static const auto* const keys = new Binding<AdamWConfig>(MakeAdamWKeys());
+  return *keys;
+}
+const Binding<SgdConfig>& SgdKeys() {
+  static const auto* const keys = new Binding<SgdConfig>(MakeSgdKeys());
+  return *keys;
+}
+const Binding<WarmupCosineConfig>& WarmupCosineKeys() {
+  static const auto* const keys = new Binding<WarmupCosineConfig>(MakeWarmupCosineKeys());
+  return *keys;
+}
+
+const Section& JobSchema() {
+  static const auto* const schema = new Section(MakeJobSchema());
+  return *schema;
+}
+
+absl::StatusOr<nlohmann::json> LoadJobConfig(const std::filesystem::path& path, const std::vector<std::string>& overrides) {
+  return config::LoadConfig(path, overrides, JobSchema());
+}
+
+absl::StatusOr<nlohmann::json> ResolveJobConfig(const nlohmann::json& config, const std::string& origin) {
+  config::Origins origins;
+  if (!origin.empty()) origins[""] = origin;
+  return config::Resolve(JobSchema(), config, origins);
+}
+
+}  // namespace tessera

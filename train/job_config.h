@@ -1,0 +1,98 @@
+#pragma once
+// The job config's schema (DESIGN §10; docs/config.md is made from it by
+// `tessera config --schema`) and the typed structs the trainer reads.
+//
+// Namespaces, as LiBai's: `train` (incl. `train.dist`), `optim` (by
+// `_target_`: AdamW, SGD), `lr_scheduler` (by `_target_`: WarmupCosineLR,
+// ConstantLR), `model` (by `_target_`: the models of models/), and
+// `dataloader` / `tokenization`, which are declared as not implemented yet.
+// Each key is declared once, in job_config.cc (train, optim, lr_scheduler) or
+// with its model (models/*.cc); the struct members below are what it fills.
+//
+// LoadJobConfig is what the CLI calls; ResolveJobConfig checks a config that
+// arrives in any other way (a test, an embedding program, later an RPC) the
+// same way. Both return the complete config; Train() and TrainingPlan()
+// resolve their argument again, so an unchecked config never runs.
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "core/schema.h"
+#include "nlohmann/json.hpp"
+
+namespace tessera {
+
+// Devices that one node's actor ids can address (comm/proto/actor_id.h:
+// the device index has 8 bits).
+inline constexpr int64_t kMaxDevicesPerNode = 256;
+
+struct DistConfig {
+  std::string device_type = "cpu";
+  std::optional<int64_t> data_parallel_size = 1;
+  int64_t tensor_parallel_size = 1;
+  int64_t pipeline_parallel_size = 1;
+  std::optional<int64_t> num_devices;
+  std::optional<int64_t> intra_op_threads;
+  std::optional<int64_t> pipeline_num_layers;
+};
+
+struct TrainConfig {
+  std::string output_dir = "./output";
+  int64_t train_micro_batch_size = 32;
+  std::optional<int64_t> global_batch_size;
+  std::optional<int64_t> num_accumulation_steps;
+  int64_t train_iter = 10000;
+  double warmup_ratio = 0.0;
+  int64_t log_period = 20;
+  int64_t seed = 1234;
+  DistConfig dist;
+};
+
+struct AdamWConfig {
+  double lr = 1e-4;
+  double weight_decay = 0.01;
+  std::vector<double> betas = {0.9, 0.999};
+  double eps = 1e-8;
+  std::optional<double> clip_grad_max_norm = 1.0;
+  double clip_grad_norm_type = 2.0;
+  bool no_decay_norm_and_bias = true;
+};
+
+struct SgdConfig {
+  double lr = 0.01;
+  double momentum = 0.0;
+  bool nesterov = false;
+  double weight_decay = 0.0;
+  std::optional<double> clip_grad_max_norm;
+  double clip_grad_norm_type = 2.0;
+  bool no_decay_norm_and_bias = true;
+};
+
+struct WarmupCosineConfig {
+  double warmup_factor = 0.001;
+  double alpha = 0.01;
+  std::string warmup_method = "linear";
+};
+
+// The bindings (schema + reader) of each section.
+const config::Binding<TrainConfig>& TrainKeys();
+const config::Binding<AdamWConfig>& AdamWKeys();
+const config::Binding<SgdConfig>& SgdKeys();
+const config::Binding<WarmupCosineConfig>& WarmupCosineKeys();
+
+// The whole job's schema (models included).
+const config::Section& JobSchema();
+
+// Files + overrides -> the complete, checked config (errors name the file or
+// override that set the offending key).
+absl::StatusOr<nlohmann::json> LoadJobConfig(const std::filesystem::path& path,
+                                             const std::vector<std::string>& overrides = {});
+// A config from anywhere else; `origin` says where in messages
+// ("from RPC SubmitJob"); empty: no origin.
+absl::StatusOr<nlohmann::json> ResolveJobConfig(const nlohmann::json& config, const std::string& origin = "");
+
+}  // namespace tessera
