@@ -402,7 +402,11 @@ std::string AllowedText(const KeySpec& spec) {
     if (spec.max_length) parts.push_back(StrCat("at most ", *spec.max_length, " elements"));
   }
   if (spec.nullable) parts.push_back("`null`");
-  return parts.empty() ? "any" : Join(parts, "; ");
+  if (parts.empty()) {
+    if (spec.type == KeyType::kBool) return "`true`, `false`";
+    return spec.type == KeyType::kString ? "any non-empty string" : "any";
+  }
+  return Join(parts, "; ");
 }
 
 std::string Cell(std::string text) {

@@ -122,6 +122,8 @@ absl::Status Engine::Run(int64_t iterations, const FeedFn& feed, const FetchFn& 
     }
   }
   for (const auto& [device, pool] : pools_) runtime.device_pools[device] = pool.get();
+  threads_per_device_ = pools_.empty() ? 1 : pools_.begin()->second->num_threads();
+  TLOG_INFO("{} devices x {} intra-op threads", devices, threads_per_device_);
   std::map<std::string, int64_t> pieces;  // source callback -> pieces per iteration
   for (const auto& task : lowered.plan.tasks()) {
     if (task.kind() == proto::ACTOR_KIND_SOURCE) pieces[task.callback()] = actors::PiecesPerIteration(task);

@@ -83,6 +83,8 @@ class Engine {
 
   // The compiled graph (after the training passes).
   const graph::Graph& graph() const { return graph_; }
+  // Kernel threads each device used in the last Run (its own thread included).
+  int threads_per_device() const { return threads_per_device_; }
 
  private:
   // Trained variables and state per parameter shard (initializer callback
@@ -97,6 +99,7 @@ class Engine {
   std::unique_ptr<Trained> trained_;
   std::map<uint32_t, std::unique_ptr<ThreadPool>> pools_;  // per device, made by the first Run
   int64_t iterations_done_ = 0;  // by successful runs: the next run's first iteration
+  int threads_per_device_ = 0;
 };
 
 }  // namespace tessera

@@ -305,6 +305,7 @@ absl::StatusOr<TrainSummary> Train(const nlohmann::json& config, std::FILE* prog
   const auto started = std::chrono::steady_clock::now();
   RETURN_IF_ERROR(engine->Run(iters, feed, fetch));
   if (!metrics) return absl::InternalError("writing metrics.jsonl failed");
+  summary.threads_per_device = engine->threads_per_device();
   TLOG_INFO("trained {} iterations in {:.2f} s; final loss {:.6f}", iters,
             std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(), summary.final_loss);
   return summary;

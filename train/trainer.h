@@ -46,6 +46,7 @@ struct TrainSummary {
   std::vector<double> losses;
   int64_t iterations = 0;  // iterations trained
   double final_loss = 0;   // loss of the last one
+  int threads_per_device = 0;  // kernel threads of each device
 };
 
 // The plan Train would run (same config checks), for `tessera plan`.

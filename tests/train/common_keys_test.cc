@@ -1,0 +1,194 @@
+// Every key of configs/common/*.json does something: changing it either
+// changes the run (each row below shows how) or is refused with a reason.
+// A key added to the common files without a row here fails the test.
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "core/config.h"
+#include "tests/cli_runner.h"
+#include "train/job_config.h"
+#include "train/trainer.h"
+
+namespace tessera {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Outcome {
+  absl::Status status;
+  TrainSummary summary;
+  int metrics_lines = 0;
+  int devices = 0;  // of the plan
+  std::set<std::string> written;  // files the run left in RunDir(), relative
+};
+
+fs::path RunDir() { return fs::temp_directory_path() / ("tessera_common_keys_" + std::to_string(::getpid())); }
+
+// Four iterations of configs/mlp_demo.json (log_period 10) with `overrides`.
+Outcome RunWith(std::vector<std::string> overrides) {
+  Outcome out;
+  const fs::path dir = RunDir();
+  fs::remove_all(dir);
+  std::vector<std::string> all = {"train.train_iter=4", "train.output_dir=" + dir.string()};
+  all.insert(all.end(), overrides.begin(), overrides.end());
+  auto config = LoadJobConfig(::tessera::testing::SourcePath("configs/mlp_demo.json"), all);
+  if (!config.ok()) {
+    out.status = config.status();
+    return out;
+  }
+  auto plan = TrainingPlan(*config);
+  if (!plan.ok()) {
+    out.status = plan.status();
+    return out;
+  }
+  out.devices = plan->memory_estimate_size();
+  auto summary = Train(*config);
+  if (!summary.ok()) {
+    out.status = summary.status();
+    return out;
+  }
+  out.summary = *summary;
+  std::ifstream metrics(dir / "metrics.jsonl");
+  for (std::string line; std::getline(metrics, line);) ++out.metrics_lines;
+  for (const auto& entry : fs::recursive_directory_iterator(dir)) {
+    if (entry.is_regular_file()) out.written.insert(fs::relative(entry.path(), dir).string());
+  }
+  fs::remove_all(dir);
+  return out;
+}
+
+struct Row {
+  std::string key;
+  std::vector<std::string> base;     // the comparison run (plus RunWith's defaults)
+  std::vector<std::string> changed;  // base + the key changed
+  // "" when the change had its effect; else what went wrong.
+  std::function<std::string(const Outcome& base, const Outcome& changed)> effect;
+};
+
+std::string LossesDiffer(const Outcome& base, const Outcome& changed) {
+  if (!base.status.ok()) return "base run failed: " + std::string(base.status.message());
+  if (!changed.status.ok()) return "changed run failed: " + std::string(changed.status.message());
+  return base.summary.losses != changed.summary.losses ? "" : "the losses did not change";
+}
+
+std::function<std::string(const Outcome&, const Outcome&)> Refused(std::string reason) {
+  return [reason](const Outcome&, const Outcome& changed) -> std::string {
+    if (changed.status.ok()) return "accepted";
+    const std::string message(changed.status.message());
+    return message.find(reason) != std::string::npos ? "" : "refused with '" + message + "', expected '" + reason + "'";
+  };
+}
+
+std::function<std::string(const Outcome&, const Outcome&)> Devices(int want) {
+  return [want](const Outcome& base, const Outcome& changed) -> std::string {
+    if (!changed.status.ok()) return "failed: " + std::string(changed.status.message());
+    if (base.devices != 1 || changed.devices != want) {
+      return "devices " + std::to_string(base.devices) + " -> " + std::to_string(changed.devices);
+    }
+    // Every layout trains the one-device losses.
+    for (size_t i = 0; i < base.summary.losses.size(); ++i) {
+      if (std::abs(base.summary.losses[i] - changed.summary.losses[i]) > 1e-5 * std::abs(base.summary.losses[i])) {
+        return "losses differ from one device at iteration " + std::to_string(i);
+      }
+    }
+    return "";
+  };
+}
+
+const std::string kNotImplemented = "is not implemented yet";
+
+std::vector<Row> Rows() {
+  return {
+      {"train.output_dir", {}, {"train.output_dir=" + (RunDir() / "elsewhere").string()},
+       [](const Outcome& base, const Outcome& changed) -> std::string {
+         const std::set<std::string> here = {"config.json", "metrics.jsonl"};
+         const std::set<std::string> there = {"elsewhere/config.json", "elsewhere/metrics.jsonl"};
+         return base.written == here && changed.written == there ? "" : "the outputs did not move";
+       }},
+      {"train.train_micro_batch_size", {}, {"train.train_micro_batch_size=16"}, LossesDiffer},
+      {"train.global_batch_size", {}, {"train.num_accumulation_steps=null", "train.global_batch_size=64"}, LossesDiffer},
+      {"train.num_accumulation_steps", {}, {"train.num_accumulation_steps=2"}, LossesDiffer},
+      {"train.train_iter", {}, {"train.train_iter=2"},
+       [](const Outcome& base, const Outcome& changed) -> std::string {
+         return base.summary.iterations == 4 && changed.summary.iterations == 2 ? "" : "iteration count unchanged";
+       }},
+      {"train.warmup_ratio", {}, {"train.warmup_ratio=0.5"}, LossesDiffer},
+      {"train.log_period", {}, {"train.log_period=1"},
+       [](const Outcome& base, const Outcome& changed) -> std::string {
+         return base.metrics_lines == 1 && changed.metrics_lines == 4 ? "" : "metrics lines unchanged";
+       }},
+      {"train.seed", {}, {"train.seed=99"}, LossesDiffer},
+      {"train.amp.enabled", {}, {"train.amp.enabled=true"}, Refused(kNotImplemented)},
+      {"train.amp.dtype", {}, {"train.amp.dtype=fp16"}, Refused(kNotImplemented)},
+      {"train.activation_checkpoint.enabled", {}, {"train.activation_checkpoint.enabled=true"}, Refused(kNotImplemented)},
+      {"train.zero_optimization.enabled", {}, {"train.zero_optimization.enabled=true"}, Refused(kNotImplemented)},
+      {"train.zero_optimization.stage", {}, {"train.zero_optimization.stage=2"}, Refused(kNotImplemented)},
+      {"train.evaluation.enabled", {}, {"train.evaluation.enabled=true"}, Refused(kNotImplemented)},
+      {"train.dist.device_type", {}, {"train.dist.device_type=cuda"}, Refused(kNotImplemented)},
+      {"train.dist.data_parallel_size", {}, {"train.dist.data_parallel_size=2", "train.train_micro_batch_size=16"}, Devices(2)},
+      {"train.dist.tensor_parallel_size", {}, {"train.dist.tensor_parallel_size=2"}, Devices(2)},
+      {"train.dist.pipeline_parallel_size", {}, {"train.dist.pipeline_parallel_size=3"}, Devices(3)},
+      {"train.dist.num_devices", {}, {"train.dist.data_parallel_size=null", "train.dist.num_devices=2",
+                                      "train.train_micro_batch_size=16"}, Devices(2)},
+      {"train.dist.intra_op_threads", {"train.dist.intra_op_threads=1"}, {"train.dist.intra_op_threads=2"},
+       [](const Outcome& base, const Outcome& changed) -> std::string {
+         if (base.summary.threads_per_device != 1 || changed.summary.threads_per_device != 2) return "threads unchanged";
+         return base.summary.losses == changed.summary.losses ? "" : "threads changed the numbers";
+       }},
+      {"train.dist.pipeline_num_layers", {}, {"train.dist.pipeline_num_layers=4"}, Refused("!= the model's 3 layers")},
+      {"lr_scheduler._target_", {}, {"lr_scheduler._target_=ConstantLR"}, LossesDiffer},
+      {"lr_scheduler.warmup_factor", {"train.warmup_ratio=0.5"}, {"train.warmup_ratio=0.5", "lr_scheduler.warmup_factor=0.5"},
+       LossesDiffer},
+      {"lr_scheduler.alpha", {}, {"lr_scheduler.alpha=0.9"}, LossesDiffer},
+      {"lr_scheduler.warmup_method", {"train.warmup_ratio=0.5"},
+       {"train.warmup_ratio=0.5", "lr_scheduler.warmup_method=constant"}, LossesDiffer},
+      {"optim._target_", {}, {"optim._target_=SGD"}, LossesDiffer},
+      {"optim.lr", {}, {"optim.lr=0.05"}, LossesDiffer},
+      {"optim.weight_decay", {}, {"optim.weight_decay=0.5"}, LossesDiffer},
+      {"optim.betas", {}, {"optim.betas=[0.5,0.6]"}, LossesDiffer},
+      {"optim.eps", {}, {"optim.eps=0.1"}, LossesDiffer},
+      {"optim.clip_grad_max_norm", {}, {"optim.clip_grad_max_norm=0.01"}, LossesDiffer},
+      {"optim.clip_grad_norm_type", {}, {"optim.clip_grad_norm_type=1.0"}, Refused(kNotImplemented)},
+      {"optim.no_decay_norm_and_bias", {"optim.weight_decay=0.5"}, {"optim.weight_decay=0.5", "optim.no_decay_norm_and_bias=false"},
+       LossesDiffer},
+  };
+}
+
+void CollectLeaves(const nlohmann::json& node, const std::string& path, std::set<std::string>& out) {
+  if (!node.is_object()) {
+    out.insert(path);
+    return;
+  }
+  for (const auto& [key, child] : node.items()) CollectLeaves(child, path.empty() ? key : path + "." + key, out);
+}
+
+TEST(CommonKeys, EveryKeyChangesTheRunOrIsRefused) {
+  std::set<std::string> keys;
+  for (const char* file : {"configs/common/train.json", "configs/common/optim.json"}) {
+    auto config = config::LoadConfigFiles(::tessera::testing::SourcePath(file));
+    ASSERT_TRUE(config.ok()) << config.status();
+    CollectLeaves(*config, "", keys);
+  }
+  std::set<std::string> covered;
+  for (const Row& row : Rows()) {
+    SCOPED_TRACE(row.key);
+    covered.insert(row.key);
+    const Outcome base = RunWith(row.base);
+    ASSERT_TRUE(base.status.ok()) << base.status;
+    const Outcome changed = RunWith(row.changed);
+    EXPECT_EQ(row.effect(base, changed), "");
+  }
+  for (const std::string& key : keys) EXPECT_TRUE(covered.count(key)) << "configs/common key '" << key << "' has no row here";
+  fs::remove_all(RunDir());
+}
+
+}  // namespace
+}  // namespace tessera
