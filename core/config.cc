@@ -270,6 +270,11 @@ absl::StatusOr<Json> ReadJsonFile(const fs::path& path) {
     return absl::InvalidArgumentError(absl::StrCat("config file '", path.string(), "' is larger than ",
                                                    kMaxConfigFileBytes, " bytes"));
   }
+  // The parser would take a NUL for the end of the input and ignore the rest.
+  if (const std::size_t nul = contents.find('\0'); nul != std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat("config file '", path.string(), "' contains a NUL byte at offset ", nul,
+                                                   " (not a text file)"));
+  }
   Json config;
   bool deep = false;
   try {
