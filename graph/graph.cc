@@ -117,6 +117,7 @@ absl::StatusOr<ValueId> Graph::AddVariable(std::string name, const Shape& shape,
   values_.back().sbp_hint = options.sbp;
   n.outputs.push_back(out);
   nodes_.push_back(std::move(n));
+  variables_by_name_[values_.back().name] = out;
   return out;
 }
 
@@ -220,9 +221,7 @@ const VariableInfo& Graph::variable_info(ValueId id) const {
 }
 
 absl::StatusOr<ValueId> Graph::FindVariable(std::string_view name) const {
-  for (const Node& n : nodes_) {
-    if (n.kind == NodeKind::kVariable && value(n.outputs.front()).name == name) return n.outputs.front();
-  }
+  if (auto it = variables_by_name_.find(name); it != variables_by_name_.end()) return it->second;
   return absl::NotFoundError(StrCat("no variable named '", name, "'"));
 }
 
@@ -286,8 +285,13 @@ absl::StatusOr<std::vector<ValueId>> Graph::KeepNodes(const std::vector<bool>& k
     const ValueId a = remap[static_cast<size_t>(var)], b = remap[static_cast<size_t>(new_value)];
     if (a != kNoValue && b != kNoValue) updates[a] = b;
   }
+  std::map<std::string, ValueId, std::less<>> variables_by_name;
+  for (const Node& n : nodes) {
+    if (n.kind == NodeKind::kVariable) variables_by_name[values[static_cast<size_t>(n.outputs.front())].name] = n.outputs.front();
+  }
   nodes_ = std::move(nodes);
   values_ = std::move(values);
+  variables_by_name_ = std::move(variables_by_name);
   losses_ = std::move(losses);
   fetches_ = std::move(fetches);
   variable_updates_ = std::move(updates);

@@ -213,6 +213,8 @@ class Graph {
   std::vector<ValueId> losses_;
   std::vector<std::pair<std::string, ValueId>> fetches_;
   std::map<ValueId, ValueId> variable_updates_;
+  // Variable name -> value, so that adding n variables is not O(n^2).
+  std::map<std::string, ValueId, std::less<>> variables_by_name_;
 };
 
 // "%5"

@@ -261,6 +261,7 @@ class Lowering {
   std::map<NodeId, ValueId> update_owner;
   std::map<ValueId, NodeId> update_of;
   std::map<ValueId, std::pair<ValueId, int32_t>> state_of;
+  std::map<ValueId, std::vector<std::pair<ValueId, int32_t>>> states_of_owner;  // variable -> (state var, index)
   std::vector<std::pair<std::string, ValueId>> sinks;
 };
 
@@ -479,8 +480,10 @@ absl::Status Lowering::LowerUpdate(const Node& update, ValueId owner) {
   if (!param_tasks_.contains(owner)) return absl::OkStatus();  // never read
   // State tensors, in output order.
   std::vector<ValueId> states(update.outputs.size() > 0 ? update.outputs.size() - 1 : 0, graph::kNoValue);
-  for (const auto& [state, owner_index] : state_of) {
-    if (owner_index.first == owner) states[static_cast<size_t>(owner_index.second)] = state;
+  if (auto it = states_of_owner.find(owner); it != states_of_owner.end()) {
+    for (const auto& [state, index] : it->second) {
+      if (index >= 0 && static_cast<size_t>(index) < states.size()) states[static_cast<size_t>(index)] = state;
+    }
   }
   const std::vector<uint64_t>& tasks = param_tasks_.at(owner);
   for (size_t i = 0; i < tasks.size(); ++i) {
@@ -646,14 +649,14 @@ absl::StatusOr<LoweredPlan> LowerToPlan(const Graph& graph, const LowerOptions& 
     update_owner[producer.id] = owner;
     update_of[owner] = producer.id;
   }
+  std::map<ValueId, ValueId> updated_by;  // new value -> the variable it updates
+  for (const auto& [var, new_value] : updates) updated_by[new_value] = var;
   for (const auto& [node_id, owner] : update_owner) {
     const Node& node = graph.node(node_id);
     for (size_t k = 1; k < node.outputs.size(); ++k) {
-      ValueId state = graph::kNoValue;
-      for (const auto& [var, new_value] : updates) {
-        if (new_value == node.outputs[k]) state = var;
-      }
-      if (state == graph::kNoValue) continue;
+      const auto it = updated_by.find(node.outputs[k]);
+      if (it == updated_by.end()) continue;
+      const ValueId state = it->second;
       if (state == owner || std::find(node.inputs.begin(), node.inputs.end(), state) == node.inputs.end()) {
         return absl::UnimplementedError(StrCat("scheduler: output ", k, " of ", node.op, " updates '",
                                                graph.value(state).name, "', which it does not read"));
@@ -689,6 +692,9 @@ absl::StatusOr<LoweredPlan> LowerToPlan(const Graph& graph, const LowerOptions& 
   Lowering lowering(graph, options, rates, mesh, sbp);
   lowering.update_owner = std::move(update_owner);
   lowering.update_of = std::move(update_of);
+  for (const auto& [state, owner_index] : state_of) {
+    lowering.states_of_owner[owner_index.first].emplace_back(state, owner_index.second);
+  }
   lowering.state_of = std::move(state_of);
   lowering.sinks = std::move(sinks);
   return lowering.Run();
