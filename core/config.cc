@@ -260,12 +260,14 @@ absl::StatusOr<Json> ReadJsonFile(const fs::path& path) {
   }
   std::ifstream in(path, std::ios::binary);
   std::string contents;
-  contents.resize(kMaxConfigFileBytes + 1);
-  in.read(contents.data(), static_cast<std::streamsize>(contents.size()));
+  // In chunks, stopping past the limit (the file may grow while it is read).
+  char chunk[1 << 16];
+  while (contents.size() <= kMaxConfigFileBytes && in.read(chunk, sizeof chunk).gcount() > 0) {
+    contents.append(chunk, static_cast<std::size_t>(in.gcount()));
+  }
   if (in.bad()) {
     return absl::UnavailableError(absl::StrCat("cannot read config file '", path.string(), "'"));
   }
-  contents.resize(static_cast<std::size_t>(in.gcount()));
   if (contents.size() > kMaxConfigFileBytes) {
     return absl::InvalidArgumentError(absl::StrCat("config file '", path.string(), "' is larger than ",
                                                    kMaxConfigFileBytes, " bytes"));

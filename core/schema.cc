@@ -559,8 +559,9 @@ absl::StatusOr<SchemaEntry> Lookup(const Section& schema, const Json& config, st
     path = Join2(path, segment);
     const Section* section = entry.section;
     if (section == nullptr) {
+      const std::string type = KeyTypeName(entry.key->type);
       return absl::InvalidArgumentError(StrCat("config key '", path.substr(0, path.rfind('.')), "' is ",
-                                               KeyTypeName(entry.key->type), ", not an object, so '", dotted_path,
+                                               type[0] == 'i' ? "an " : "a ", type, ", not an object, so '", dotted_path,
                                                "' cannot be set"));
     }
     if (!section->not_implemented().empty()) {

@@ -455,7 +455,7 @@ TEST(ApplyOverridesTest, TypeMismatchesAreErrorsNamingTheOverride) {
   json config = TypedConfig();
   const json original = config;
   EXPECT_THAT(ApplyOverrides(config, {"train.train_iter=5", "train.train_iter.x=1"}, TestSchema()).message(),
-              HasSubstr("'train.train_iter' is integer, not an object"));
+              HasSubstr("'train.train_iter' is an integer, not an object"));
   EXPECT_EQ(config, original);  // the first, valid override was not applied either
 }
 

@@ -174,7 +174,7 @@ TEST(SchemaTest, LookupAndDeclaredPathsFollowTheTarget) {
   EXPECT_NE(Lookup(RootSchema(), config, "settings.inner")->section, nullptr);
   EXPECT_NE(Lookup(RootSchema(), config, "later.anything")->not_implemented, nullptr);
   EXPECT_TRUE(absl::IsNotFound(Lookup(RootSchema(), config, "model.a").status()));
-  EXPECT_THAT(Lookup(RootSchema(), config, "settings.count.x").status().message(), HasSubstr("not an object"));
+  EXPECT_THAT(Lookup(RootSchema(), config, "settings.count.x").status().message(), HasSubstr("is an integer, not an object"));
 }
 
 TEST(BindingTest, ReadsEveryMemberFromAResolvedNode) {
