@@ -11,8 +11,8 @@
 #include "actors/actor_id.h"
 #include "actors/plan.h"
 #include "actors/runtime.h"
-#include "ops/eager.h"
 #include "gtest/gtest.h"
+#include "ops/eager.h"
 #include "tests/actors/plan_helpers.h"
 #include "tests/deadline.h"
 

@@ -1,6 +1,8 @@
 // The static collective coordinator: the 1F1B launch slots, the per-device
 // launch sequence, and a run in which two devices' collectives over one
 // shared communicator become ready in opposite orders.
+#include "actors/launch_order.h"
+
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
@@ -10,7 +12,6 @@
 #include <thread>
 #include <vector>
 
-#include "actors/launch_order.h"
 #include "actors/plan.h"
 #include "actors/runtime.h"
 #include "gtest/gtest.h"
@@ -203,7 +204,7 @@ TEST(LaunchOrder, CollectivesReadyInOppositeOrdersShareOneCommunicator) {
       std::string early(1, name == "a" ? 'b' : 'a');  // the other source of the device
       early += std::to_string(device);
       options.callbacks.sources[callback] = [&, late, device, callback, early, n = n](int64_t piece,
-                                                                                       const std::vector<Tensor>& out) {
+                                                                                      const std::vector<Tensor>& out) {
         if (late) {
           std::unique_lock<std::mutex> lock(mu);
           // Bounded: the early source's piece needs nothing from this one.

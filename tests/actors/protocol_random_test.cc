@@ -35,14 +35,14 @@
 namespace tessera::actors {
 namespace {
 
-using testing::SetCompute;
-using testing::SetSgdUpdate;
 using proto::ACTOR_KIND_ACC;
 using proto::ACTOR_KIND_COMPUTE;
 using proto::ACTOR_KIND_PARAMETER;
 using proto::ACTOR_KIND_REPEAT;
 using proto::ACTOR_KIND_SINK;
 using proto::ACTOR_KIND_SOURCE;
+using testing::SetCompute;
+using testing::SetSgdUpdate;
 
 constexpr int kSeedsPerPlan = 25;
 
@@ -122,7 +122,9 @@ class ProtocolChecker {
     for (const auto& [id, d] : descs_) {
       for (const auto& [consumer, c] : d.channels) {
         const std::string where = StrCat("desc ", id, " -> ", consumer, ": ");
-        if (!c.held.empty() || !c.unacked.empty()) return absl::InternalError(StrCat(where, "registers never came back"));
+        if (!c.held.empty() || !c.unacked.empty()) {
+          return absl::InternalError(StrCat(where, "registers never came back"));
+        }
         if (c.readies != c.acks) return absl::InternalError(StrCat(where, c.readies, " readies but ", c.acks, " acks"));
         if (!c.eord_delivered) return absl::InternalError(StrCat(where, "no Eord"));
       }
@@ -135,7 +137,7 @@ class ProtocolChecker {
   int32_t quota(int64_t id) const { return descs_.at(id).quota; }
 
  private:
-  struct Channel {  // one (desc, consumer)
+  struct Channel {                // one (desc, consumer)
     std::set<int32_t> held;       // ready sent, ack not yet delivered to the producer
     std::deque<int32_t> unacked;  // delivered to the consumer, not yet acked, in delivery order
     int64_t readies = 0, acks = 0;

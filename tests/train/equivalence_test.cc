@@ -5,6 +5,7 @@
 // is by the global batch).
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -14,7 +15,6 @@
 #include <fstream>
 #include <map>
 #include <string>
-#include <unistd.h>
 #include <vector>
 
 #include "core/config.h"
@@ -129,7 +129,8 @@ TEST(Equivalence, AcceptanceCommandMatchesOneDeviceMetrics) {
   using ::tessera::testing::RunTessera;
   using ::tessera::testing::SourcePath;
   const auto base = std::filesystem::temp_directory_path() / ("tessera_acceptance_" + std::to_string(::getpid()));
-  const std::string common = "train " + SourcePath("configs/gpt2_nano.json") + " train.train_iter=" + std::to_string(kSteps) + " train.log_period=1";
+  const std::string common = "train " + SourcePath("configs/gpt2_nano.json") +
+                             " train.train_iter=" + std::to_string(kSteps) + " train.log_period=1";
   const auto parallel = RunTessera(common + " train.output_dir=" + (base / "parallel").string() +
                                    " train.dist.data_parallel_size=2 train.dist.tensor_parallel_size=2"
                                    " train.dist.pipeline_parallel_size=2 train.train_micro_batch_size=2"
