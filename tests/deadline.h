@@ -49,14 +49,14 @@ class Deadline {
     watchdog_ = std::thread([this, until, message = std::move(message)] {
       std::unique_lock<std::mutex> lock(mu_);
       if (cv_.wait_until(lock, until, [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return done_; })) return;
-      // write(2), not stdio: a hung thread may hold stdio's locks.
-      const ssize_t written = ::write(STDERR_FILENO, message.data(), message.size());
-      (void)written;
-      // What the test printed so far, unless its writer is stuck holding the lock.
+      // What the test printed so far, unless its writer is stuck holding the
+      // lock; then the message through write(2), for the same reason.
       if (::ftrylockfile(stdout) == 0) {
         std::fflush(stdout);
         ::funlockfile(stdout);
       }
+      const ssize_t written = ::write(STDERR_FILENO, message.data(), message.size());
+      (void)written;
       std::_Exit(kDeadlineExitCode);
     });
   }

@@ -177,8 +177,9 @@ absl::StatusOr<graph::Graph> BuildRandom(const Trial& t, int64_t batch, bool par
       if (parallel && hint) b.SetHints(h, std::nullopt, layout);
     }
   }
-  if (parallel && t.fault == Fault::kHintOutsideRank)
+  if (parallel && t.fault == Fault::kHintOutsideRank) {
     b.SetHints(h, std::nullopt, NdSbp{Sbp::Broadcast(), Sbp::Split(2)});
+  }
   if (parallel && t.fault == Fault::kHintOfWrongLength) {
     b.SetHints(h, std::nullopt, NdSbp{Sbp::Broadcast(), Sbp::Broadcast(), Sbp::Broadcast()});
   }
@@ -199,7 +200,7 @@ absl::StatusOr<std::vector<double>> Train(const Trial& t, bool parallel) {
   options.optimizer.momentum = 0.5;
   options.num_micro_batches = m;
   options.stall_timeout_s = 15;
-  // Kernels on the device threads: the trials' devices share 2 cores anyway.
+  // One intra-op thread per device: a trial has up to 12 devices on a few cores.
   options.intra_op_threads = 1;
   if (parallel) {
     options.lower.parallel.data = t.data;
@@ -229,7 +230,7 @@ absl::StatusOr<std::vector<double>> Train(const Trial& t, bool parallel) {
   return losses;
 }
 
-// A positive integer from the environment, or `fallback`.
+// A non-negative integer from the environment, or `fallback`.
 uint64_t FromEnvironment(const char* name, uint64_t fallback) {
   const char* value = std::getenv(name);
   if (value == nullptr || *value == '\0') return fallback;
