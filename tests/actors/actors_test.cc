@@ -1,18 +1,20 @@
 // Actor runtime tests: ids, plan round trips, the register protocol on the
 // stepped executor, and whole plans on threads. Every test that runs threads
-// does so under a deadline, so a hang fails instead of blocking ctest.
+// does so under a deadline (tests/deadline.h), so a hang fails promptly,
+// naming the test, instead of blocking ctest.
 
 #include <chrono>
 #include <cmath>
-#include <future>
 #include <mutex>
 #include <vector>
 
 #include "actors/actor_id.h"
 #include "actors/plan.h"
 #include "actors/runtime.h"
-#include "ops/eager.h"
 #include "gtest/gtest.h"
+#include "ops/eager.h"
+#include "tests/actors/plan_helpers.h"
+#include "tests/deadline.h"
 
 namespace tessera::actors {
 namespace {
@@ -26,20 +28,13 @@ using proto::ACTOR_KIND_SOURCE;
 
 constexpr auto kDeadline = std::chrono::seconds(10);
 
-// Runs the plan on threads and fails (instead of hanging) past kDeadline.
-// On a timeout the runtime is deliberately leaked: its threads still run.
+// Runs the plan on threads; past kDeadline the process ends naming the test
+// (tests/deadline.h).
 absl::Status RunWithDeadline(const proto::Plan& plan, RuntimeOptions options) {
   auto runtime = Runtime::LoadSerialized(SerializePlan(plan), std::move(options));
   if (!runtime.ok()) return runtime.status();
-  auto* raw = runtime->release();
-  auto future = std::async(std::launch::async, [raw]() { return raw->Run(); });
-  if (future.wait_for(kDeadline) != std::future_status::ready) {
-    ADD_FAILURE() << "Runtime::Run did not return within the deadline";
-    return absl::DeadlineExceededError("hang");
-  }
-  absl::Status status = future.get();
-  delete raw;
-  return status;
+  ::tessera::testing::Deadline deadline(kDeadline, "Runtime::Run");
+  return (*runtime)->Run();
 }
 
 // Delivers the first pending message matching `pred`.
@@ -236,18 +231,8 @@ TEST(ProtocolTest, ParameterUpdatesOnlyAfterEveryReaderAckedAndTheGradientArrive
   int64_t w = b.AddRegisterDesc(param, {grad, watch}, 1, {vec});
   int64_t x = b.AddRegisterDesc(src, {grad}, 1, {vec});
   int64_t g = b.AddRegisterDesc(grad, {param}, 1, {vec});
-  b.AddInput(grad, w);
-  b.AddInput(grad, x);
-  b.AddOutput(grad, g);
-  b.SetOp(grad, "mul");
-  b.AddState(param, vec);
-  b.AddState(param, kScalarF32);
-  for (int64_t desc : {w, g}) b.AddInput(param, desc);
-  b.AddStateInput(param, 0);
-  b.AddStateInput(param, 1);
-  b.AddOutput(param, w);
-  b.AddStateOutput(param, 0);
-  b.SetOp(param, "sgd_update");
+  testing::SetCompute(b, grad, "mul", {{w, 0}, {x, 0}}, g);
+  testing::SetSgdUpdate(b, param, w, g, vec, /*momentum=*/0);
   b.task(param).set_callback("init");
   b.task(src).set_callback("ones");
   Tensor variable;
@@ -517,19 +502,8 @@ TEST(RuntimeTest, ParameterActorDoesSgdLikeTheHandComputation) {
   int64_t w = b.AddRegisterDesc(param, {grad, sink}, 1, {vec});
   int64_t x = b.AddRegisterDesc(src, {grad}, 2, {vec});
   int64_t g = b.AddRegisterDesc(grad, {param}, 1, {vec});
-  b.AddInput(grad, w);
-  b.AddInput(grad, x);
-  b.AddOutput(grad, g);
-  b.SetOp(grad, "mul");
-  b.AddState(param, vec);         // momentum buffer
-  b.AddState(param, kScalarF32);  // lr
-  b.AddInput(param, w);
-  b.AddInput(param, g);
-  b.AddStateInput(param, 0);
-  b.AddStateInput(param, 1);
-  b.AddOutput(param, w);
-  b.AddStateOutput(param, 0);
-  b.SetOp(param, "sgd_update", {{"momentum", 0.9}});
+  testing::SetCompute(b, grad, "mul", {{w, 0}, {x, 0}}, g);
+  testing::SetSgdUpdate(b, param, w, g, vec, /*momentum=*/0.9);
   b.task(param).set_callback("init");
   b.task(src).set_callback("x");
   b.task(sink).set_callback("watch");

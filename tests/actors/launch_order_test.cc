@@ -1,15 +1,21 @@
 // The static collective coordinator: the 1F1B launch slots, the per-device
 // launch sequence, and a run in which two devices' collectives over one
 // shared communicator become ready in opposite orders.
+#include "actors/launch_order.h"
+
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
-#include "actors/launch_order.h"
 #include "actors/plan.h"
 #include "actors/runtime.h"
 #include "gtest/gtest.h"
+#include "tests/deadline.h"
 
 namespace tessera::actors {
 namespace {
@@ -170,18 +176,24 @@ TEST(LaunchOrder, BadLaunchOrderIsRefused) {
 }
 
 // Devices 0 and 1 all-reduce a (3 floats) then b (5 floats) every iteration
-// over one shared communicator. Each source runs on its own thread; device
-// 0's `a` and device 1's `b` are late, so device 0 has b ready first and
-// device 1 has a. Launched as they become ready, the first op of the shared
-// group would pair device 0's b with device 1's a (a mismatch); the
-// coordinator launches a then b on both.
+// over one shared communicator. Each source runs on its own thread; on
+// device 0 `a` is late, on device 1 `b` is: the late source fills its piece
+// only once the other source of its device has filled (and so handed on)
+// the same piece, and 20 ms after that. So device 0 has b ready first and
+// device 1 has a, every iteration (recorded, and asserted below). Launched
+// as they become ready, the first op of the shared group would pair device
+// 0's b with device 1's a (a mismatch); the coordinator launches a then b on
+// both.
 TEST(LaunchOrder, CollectivesReadyInOppositeOrdersShareOneCommunicator) {
   constexpr int64_t kIterations = 4;
   comm::PlanBuilder b(kIterations);
   RuntimeOptions options;
   options.stall_timeout_s = 20;
   std::mutex mu;
+  std::condition_variable filled_cv;
   std::map<std::string, std::vector<std::vector<float>>> got;  // sink -> per iteration [a..., b...]
+  std::map<std::string, std::vector<int64_t>> ready_at;  // source -> when each piece was filled (a count of fills)
+  int64_t fills = 0;
   for (uint32_t device = 0; device < 2; ++device) {
     std::vector<uint64_t> collectives;
     for (const auto& [name, n, order] : {std::tuple<std::string, int64_t, int64_t>{"a", 3, 0}, {"b", 5, 1}}) {
@@ -189,10 +201,24 @@ TEST(LaunchOrder, CollectivesReadyInOppositeOrdersShareOneCommunicator) {
       const uint64_t src = b.AddTask(proto::ACTOR_KIND_SOURCE, "src:" + callback, name == "a" ? 2 : 3, device);
       b.task(src).set_callback(callback);
       const bool late = (device == 0) == (name == "a");
-      options.callbacks.sources[callback] = [late, device, n = n](int64_t piece, const std::vector<Tensor>& out) {
-        if (late) std::this_thread::sleep_for(std::chrono::milliseconds(30));
+      std::string early(1, name == "a" ? 'b' : 'a');  // the other source of the device
+      early += std::to_string(device);
+      options.callbacks.sources[callback] = [&, late, device, callback, early, n = n](int64_t piece,
+                                                                                      const std::vector<Tensor>& out) {
+        if (late) {
+          std::unique_lock<std::mutex> lock(mu);
+          // Bounded: the early source's piece needs nothing from this one.
+          filled_cv.wait_for(lock, std::chrono::seconds(10),
+                             [&] { return static_cast<int64_t>(ready_at[early].size()) > piece; });
+          lock.unlock();
+          std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        }
         float* p = out[0].data<float>();
         for (int64_t i = 0; i < n; ++i) p[i] = static_cast<float>(100 * piece + 10 * i + device + 1);
+        // The source hands the register on right after this returns.
+        std::lock_guard<std::mutex> lock(mu);
+        ready_at[callback].push_back(fills++);
+        filled_cv.notify_all();
         return absl::OkStatus();
       };
       const uint64_t coll = AddAllReduce(b, "allreduce:" + callback, device, n, order);
@@ -214,8 +240,21 @@ TEST(LaunchOrder, CollectivesReadyInOppositeOrdersShareOneCommunicator) {
   }
   auto runtime = Runtime::Load(b.Build(), options);
   ASSERT_TRUE(runtime.ok()) << runtime.status();
-  const absl::Status status = (*runtime)->Run();
+  absl::Status status;
+  {
+    ::tessera::testing::Deadline deadline(std::chrono::seconds(30), "Runtime::Run of the opposite-order plan");
+    status = (*runtime)->Run();
+  }
   ASSERT_TRUE(status.ok()) << status;
+  // The readiness really was opposite: in every iteration, b before a on
+  // device 0 and a before b on device 1.
+  for (const std::string source : {"a0", "b0", "a1", "b1"}) {
+    ASSERT_EQ(ready_at[source].size(), static_cast<size_t>(kIterations)) << source;
+  }
+  for (size_t it = 0; it < static_cast<size_t>(kIterations); ++it) {
+    EXPECT_LT(ready_at["b0"][it], ready_at["a0"][it]) << "iteration " << it;
+    EXPECT_LT(ready_at["a1"][it], ready_at["b1"][it]) << "iteration " << it;
+  }
   for (const std::string sink : {"sink0", "sink1"}) {
     ASSERT_EQ(got[sink].size(), static_cast<size_t>(kIterations)) << sink;
     for (int64_t it = 0; it < kIterations; ++it) {

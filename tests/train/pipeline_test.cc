@@ -15,10 +15,12 @@
 #include <thread>
 #include <vector>
 
+#include "actors/actor_id.h"
 #include "core/status.h"
 #include "core/text.h"
 #include "graph/builder.h"
 #include "ops/registry.h"
+#include "tests/deadline.h"
 #include "train/engine.h"
 
 namespace tessera {
@@ -116,9 +118,32 @@ TEST(Pipeline, OneFOneBEmergesFromQuotas) {
   auto engine = Engine::Compile(*std::move(graph), options);
   ASSERT_TRUE(engine.ok()) << engine.status();
 
-  // The quotas the plan gives the registers backward reads on each stage.
+  // The quotas the plan gives (DESIGN §7): on stage s the forward value that
+  // the backward reads (the timed op's input x, kept for timed_grad) has
+  // quota >= stages - s, and every cross-stage buffer (a Recv's register)
+  // quota >= 2.
   auto plan = (*engine)->Plan(1);
   ASSERT_TRUE(plan.ok()) << plan.status();
+  std::map<uint64_t, const proto::Task*> task_of;
+  for (const auto& task : plan->tasks()) task_of[task.actor_id()] = &task;
+  std::map<int64_t, const proto::RegisterDesc*> desc_of;
+  for (const auto& desc : plan->register_descs()) desc_of[desc.id()] = &desc;
+  int kept = 0, buffers = 0;
+  for (const auto& task : plan->tasks()) {
+    if (task.op() != "timed_grad") continue;
+    const int64_t stage = actors::DecodeActorId(task.actor_id()).device_index;
+    const proto::RegisterDesc& x = *desc_of.at(task.inputs(1).register_desc_id());
+    EXPECT_GE(x.register_num(), kStages - stage) << "stage " << stage << ": " << task_of.at(x.producer())->name();
+    ++kept;
+  }
+  for (const auto& desc : plan->register_descs()) {
+    if (task_of.at(desc.producer())->kind() != proto::ACTOR_KIND_RECV) continue;
+    EXPECT_GE(desc.register_num(), 2) << task_of.at(desc.producer())->name();
+    ++buffers;
+  }
+  EXPECT_EQ(kept, kStages);
+  // Forward and backward between each pair of neighbouring stages.
+  EXPECT_GE(buffers, 2 * (kStages - 1));
 
   if (std::getenv("TESSERA_PIPELINE_TRACE") != nullptr) {
     for (const auto& task : plan->tasks()) {
@@ -130,7 +155,10 @@ TEST(Pipeline, OneFOneBEmergesFromQuotas) {
     for (int64_t i = 0; i < out.NumElements(); ++i) out.data<float>()[i] = input == "lr" ? 0.1f : 1.0f;
     return absl::OkStatus();
   };
-  ASSERT_TRUE((*engine)->Run(1, feed, nullptr).ok());
+  {
+    ::tessera::testing::Deadline deadline(std::chrono::seconds(60), "Engine::Run of the 4-stage pipeline");
+    ASSERT_TRUE((*engine)->Run(1, feed, nullptr).ok());
+  }
 
   ASSERT_EQ(events.size(), static_cast<size_t>(2 * kStages * kMicro));
   if (std::getenv("TESSERA_PIPELINE_TRACE") != nullptr) {
