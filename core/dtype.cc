@@ -8,7 +8,7 @@ size_t DTypeSize(DType dtype) {
   switch (dtype) {
     case DType::kF32: case DType::kI32: return 4;
     case DType::kF16: case DType::kBF16: return 2;
-    case DType::kI64: return 8;
+    case DType::kI64: case DType::kF64: return 8;
     case DType::kBool: return 1;
   }
   return 0;
@@ -22,12 +22,13 @@ std::string_view DTypeName(DType dtype) {
     case DType::kI32: return "i32";
     case DType::kI64: return "i64";
     case DType::kBool: return "bool";
+    case DType::kF64: return "f64";
   }
   return "?";
 }
 
 absl::StatusOr<DType> ParseDType(std::string_view name) {
-  for (DType d : {DType::kF32, DType::kF16, DType::kBF16, DType::kI32, DType::kI64, DType::kBool}) {
+  for (DType d : {DType::kF32, DType::kF16, DType::kBF16, DType::kI32, DType::kI64, DType::kBool, DType::kF64}) {
     if (DTypeName(d) == name) return d;
   }
   if (name == "float32") return DType::kF32;
@@ -35,12 +36,13 @@ absl::StatusOr<DType> ParseDType(std::string_view name) {
   if (name == "bfloat16") return DType::kBF16;
   if (name == "int32") return DType::kI32;
   if (name == "int64") return DType::kI64;
+  if (name == "float64") return DType::kF64;
   return absl::InvalidArgumentError(
-      StrCat("unknown dtype '", name, "' (expected f32, f16, bf16, i32, i64 or bool)"));
+      StrCat("unknown dtype '", name, "' (expected f32, f16, bf16, i32, i64, bool or f64)"));
 }
 
 bool IsFloatingPoint(DType dtype) {
-  return dtype == DType::kF32 || dtype == DType::kF16 || dtype == DType::kBF16;
+  return dtype == DType::kF32 || dtype == DType::kF16 || dtype == DType::kBF16 || dtype == DType::kF64;
 }
 
 uint16_t FloatToHalf(float value) {

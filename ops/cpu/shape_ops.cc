@@ -57,7 +57,10 @@ void VisitDType(DType dtype, Fn&& fn) {
     case DType::kBool:
       fn(bool{});
       return;
+    case DType::kF64:
+      break;
   }
+  TESSERA_CHECK(false, "no kernel handles ", DTypeName(dtype), " (op inference refuses it)");
 }
 
 template <typename T>
@@ -118,7 +121,10 @@ uint64_t WordOf(double value, DType dtype) {
       return static_cast<uint64_t>(std::llround(value));
     case DType::kBool:
       return value != 0.0 ? 1 : 0;
+    case DType::kF64:
+      break;
   }
+  TESSERA_CHECK(false, "no kernel handles ", DTypeName(dtype), " (op inference refuses it)");
   return 0;
 }
 

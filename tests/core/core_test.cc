@@ -45,14 +45,33 @@ TEST(StatusDeathTest, CheckAbortsWithMessage) {
 }
 
 TEST(DType, NamesParseAndSizes) {
-  for (DType d : {DType::kF32, DType::kF16, DType::kBF16, DType::kI32, DType::kI64, DType::kBool}) {
+  for (DType d : {DType::kF32, DType::kF16, DType::kBF16, DType::kI32, DType::kI64, DType::kBool, DType::kF64}) {
     auto parsed = ParseDType(DTypeName(d));
     ASSERT_TRUE(parsed.ok());
     EXPECT_EQ(*parsed, d);
   }
   EXPECT_EQ(DTypeSize(DType::kBF16), 2u);
   EXPECT_EQ(DTypeSize(DType::kI64), 8u);
-  EXPECT_FALSE(ParseDType("f64").ok());
+  EXPECT_EQ(DTypeSize(DType::kF64), 8u);
+  EXPECT_EQ(*ParseDType("float64"), DType::kF64);
+  EXPECT_TRUE(IsFloatingPoint(DType::kF64));
+  EXPECT_FALSE(IsFloatingPoint(DType::kI64));
+  EXPECT_FALSE(ParseDType("f8").ok());
+}
+
+// f64 tensors hold doubles exactly (the op tests' references compute in them).
+TEST(Tensor, F64HoldsDoublesExactly) {
+  const double third = 1.0 / 3.0, tiny = 1.0 + std::ldexp(1.0, -50);  // neither fits in f32
+  Tensor t = Tensor::FromVector<double>(Shape{3}, {third, tiny, -0.0});
+  EXPECT_EQ(t.dtype(), DType::kF64);
+  EXPECT_EQ(t.NumBytes(), 24u);
+  EXPECT_EQ(ElementAsDouble(t, 0), third);
+  EXPECT_EQ(ElementAsDouble(t, 1), tiny);
+  EXPECT_TRUE(std::signbit(ElementAsDouble(t, 2)));
+  SetElementFromDouble(t, 2, -tiny);
+  EXPECT_EQ(t.data<double>()[2], -tiny);
+  EXPECT_EQ(t.ToVector<double>(), (std::vector<double>{third, tiny, -tiny}));
+  EXPECT_EQ(t.meta().ToString(), "f64(3,)");
 }
 
 TEST(DType, HalfAndBFloat16RoundTrip) {
