@@ -1,5 +1,8 @@
 #include "core/dtype.h"
 
+#include <bit>
+#include <cmath>
+
 #include "core/text.h"
 
 namespace tessera {
@@ -95,5 +98,24 @@ float HalfToFloat(uint16_t half) {
   std::memcpy(&value, &bits, sizeof(value));
   return value;
 }
+
+namespace {
+
+// `value` rounded to f32 "to odd": truncated toward zero, then the last bit
+// set if anything was cut off. Rounding that result to nearest even at 2 or
+// more bits fewer (both 16-bit formats, subnormals included) gives the
+// nearest even rounding of `value` itself; rounding to nearest twice does
+// not (Boldo & Melquiond, "When double rounding is odd", 2005).
+float RoundToOddF32(double value) {
+  float f = static_cast<float>(value);
+  if (std::isnan(value) || static_cast<double>(f) == value) return f;
+  if (std::fabs(static_cast<double>(f)) > std::fabs(value)) f = std::nextafter(f, 0.0f);  // inf included
+  return std::bit_cast<float>(std::bit_cast<uint32_t>(f) | 1u);
+}
+
+}  // namespace
+
+uint16_t DoubleToHalf(double value) { return FloatToHalf(RoundToOddF32(value)); }
+uint16_t DoubleToBFloat16(double value) { return FloatToBFloat16(RoundToOddF32(value)); }
 
 }  // namespace tessera

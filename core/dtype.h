@@ -42,6 +42,11 @@ inline float BFloat16ToFloat(uint16_t bits) {
   return value;
 }
 
+// From double, rounded once to nearest even. (Through f32 they would round
+// twice, and a value just above a tie, rounded to f32, can become the tie.)
+uint16_t DoubleToHalf(double value);
+uint16_t DoubleToBFloat16(double value);
+
 // Storage types of the 16-bit formats (distinct so templates can dispatch).
 struct Half { uint16_t bits; };
 struct BFloat16 { uint16_t bits; };

@@ -83,8 +83,8 @@ void SetElementFromDouble(const Tensor& t, int64_t i, double value) {
   void* p = t.raw_data();
   switch (t.dtype()) {
     case DType::kF32: static_cast<float*>(p)[i] = static_cast<float>(value); break;
-    case DType::kF16: static_cast<uint16_t*>(p)[i] = FloatToHalf(static_cast<float>(value)); break;
-    case DType::kBF16: static_cast<uint16_t*>(p)[i] = FloatToBFloat16(static_cast<float>(value)); break;
+    case DType::kF16: static_cast<uint16_t*>(p)[i] = DoubleToHalf(value); break;
+    case DType::kBF16: static_cast<uint16_t*>(p)[i] = DoubleToBFloat16(value); break;
     case DType::kI32: static_cast<int32_t*>(p)[i] = static_cast<int32_t>(std::llround(value)); break;
     case DType::kI64: static_cast<int64_t*>(p)[i] = std::llround(value); break;
     case DType::kBool: static_cast<bool*>(p)[i] = value != 0.0; break;
