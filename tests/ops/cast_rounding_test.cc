@@ -1,8 +1,8 @@
 // The cast kernel's (and fill's) conversions to the 16-bit floats, bit for
 // bit against the IEEE 754 oracle in tests/ieee_rounding.h, which rounds
 // values rather than bits. tests/core checks core/dtype.h's conversions the
-// same way; the kernel has its own paths (integers, vector loops), so it is
-// checked on its own.
+// same way; the kernel has its own paths (per-type loads and stores, integer
+// sources), so it is checked on its own.
 
 #include <gtest/gtest.h>
 
