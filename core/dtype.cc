@@ -1,5 +1,8 @@
 #include "core/dtype.h"
 
+#include <bit>
+#include <cmath>
+
 #include "core/text.h"
 
 namespace tessera {
@@ -8,7 +11,7 @@ size_t DTypeSize(DType dtype) {
   switch (dtype) {
     case DType::kF32: case DType::kI32: return 4;
     case DType::kF16: case DType::kBF16: return 2;
-    case DType::kI64: return 8;
+    case DType::kI64: case DType::kF64: return 8;
     case DType::kBool: return 1;
   }
   return 0;
@@ -22,12 +25,13 @@ std::string_view DTypeName(DType dtype) {
     case DType::kI32: return "i32";
     case DType::kI64: return "i64";
     case DType::kBool: return "bool";
+    case DType::kF64: return "f64";
   }
   return "?";
 }
 
 absl::StatusOr<DType> ParseDType(std::string_view name) {
-  for (DType d : {DType::kF32, DType::kF16, DType::kBF16, DType::kI32, DType::kI64, DType::kBool}) {
+  for (DType d : {DType::kF32, DType::kF16, DType::kBF16, DType::kI32, DType::kI64, DType::kBool, DType::kF64}) {
     if (DTypeName(d) == name) return d;
   }
   if (name == "float32") return DType::kF32;
@@ -35,12 +39,13 @@ absl::StatusOr<DType> ParseDType(std::string_view name) {
   if (name == "bfloat16") return DType::kBF16;
   if (name == "int32") return DType::kI32;
   if (name == "int64") return DType::kI64;
+  if (name == "float64") return DType::kF64;
   return absl::InvalidArgumentError(
-      StrCat("unknown dtype '", name, "' (expected f32, f16, bf16, i32, i64 or bool)"));
+      StrCat("unknown dtype '", name, "' (expected f32, f16, bf16, i32, i64, bool or f64)"));
 }
 
 bool IsFloatingPoint(DType dtype) {
-  return dtype == DType::kF32 || dtype == DType::kF16 || dtype == DType::kBF16;
+  return dtype == DType::kF32 || dtype == DType::kF16 || dtype == DType::kBF16 || dtype == DType::kF64;
 }
 
 uint16_t FloatToHalf(float value) {
@@ -93,5 +98,24 @@ float HalfToFloat(uint16_t half) {
   std::memcpy(&value, &bits, sizeof(value));
   return value;
 }
+
+namespace {
+
+// `value` rounded to f32 "to odd": truncated toward zero, then the last bit
+// set if anything was cut off. Rounding that result to nearest even at 2 or
+// more bits fewer (both 16-bit formats, subnormals included) gives the
+// nearest even rounding of `value` itself; rounding to nearest twice does
+// not (Boldo & Melquiond, "When double rounding is odd", 2005).
+float RoundToOddF32(double value) {
+  float f = static_cast<float>(value);
+  if (std::isnan(value) || static_cast<double>(f) == value) return f;
+  if (std::fabs(static_cast<double>(f)) > std::fabs(value)) f = std::nextafter(f, 0.0f);  // inf included
+  return std::bit_cast<float>(std::bit_cast<uint32_t>(f) | 1u);
+}
+
+}  // namespace
+
+uint16_t DoubleToHalf(double value) { return FloatToHalf(RoundToOddF32(value)); }
+uint16_t DoubleToBFloat16(double value) { return FloatToBFloat16(RoundToOddF32(value)); }
 
 }  // namespace tessera

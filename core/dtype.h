@@ -1,6 +1,10 @@
 #pragma once
 // Element types of tensors, their sizes and names, and conversions between
 // f32 and the 16-bit float formats (round-to-nearest-even, as hardware does).
+//
+// f64 is a host-side dtype: f64 tensors can be created, copied, read and
+// written on the CPU (the op tests evaluate their double references in it),
+// but no op has f64 kernels, so op inference refuses f64 inputs and outputs.
 
 #include <cstdint>
 #include <cstring>
@@ -11,11 +15,12 @@
 
 namespace tessera {
 
-enum class DType : uint8_t { kF32, kF16, kBF16, kI32, kI64, kBool };
+// Values are appended, never renumbered.
+enum class DType : uint8_t { kF32, kF16, kBF16, kI32, kI64, kBool, kF64 };
 
 // Bytes per element.
 size_t DTypeSize(DType dtype);
-// "f32", "f16", "bf16", "i32", "i64", "bool".
+// "f32", "f16", "bf16", "i32", "i64", "bool", "f64".
 std::string_view DTypeName(DType dtype);
 absl::StatusOr<DType> ParseDType(std::string_view name);
 bool IsFloatingPoint(DType dtype);
@@ -37,6 +42,11 @@ inline float BFloat16ToFloat(uint16_t bits) {
   return value;
 }
 
+// From double, rounded once to nearest even. (Through f32 they would round
+// twice, and a value just above a tie, rounded to f32, can become the tie.)
+uint16_t DoubleToHalf(double value);
+uint16_t DoubleToBFloat16(double value);
+
 // Storage types of the 16-bit formats (distinct so templates can dispatch).
 struct Half { uint16_t bits; };
 struct BFloat16 { uint16_t bits; };
@@ -48,5 +58,6 @@ template <> struct DTypeOf<BFloat16> { static constexpr DType value = DType::kBF
 template <> struct DTypeOf<int32_t> { static constexpr DType value = DType::kI32; };
 template <> struct DTypeOf<int64_t> { static constexpr DType value = DType::kI64; };
 template <> struct DTypeOf<bool> { static constexpr DType value = DType::kBool; };
+template <> struct DTypeOf<double> { static constexpr DType value = DType::kF64; };
 
 }  // namespace tessera

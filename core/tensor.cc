@@ -74,6 +74,7 @@ double ElementAsDouble(const Tensor& t, int64_t i) {
     case DType::kI32: return static_cast<const int32_t*>(p)[i];
     case DType::kI64: return static_cast<double>(static_cast<const int64_t*>(p)[i]);
     case DType::kBool: return static_cast<const bool*>(p)[i] ? 1.0 : 0.0;
+    case DType::kF64: return static_cast<const double*>(p)[i];
   }
   return 0;
 }
@@ -82,11 +83,12 @@ void SetElementFromDouble(const Tensor& t, int64_t i, double value) {
   void* p = t.raw_data();
   switch (t.dtype()) {
     case DType::kF32: static_cast<float*>(p)[i] = static_cast<float>(value); break;
-    case DType::kF16: static_cast<uint16_t*>(p)[i] = FloatToHalf(static_cast<float>(value)); break;
-    case DType::kBF16: static_cast<uint16_t*>(p)[i] = FloatToBFloat16(static_cast<float>(value)); break;
+    case DType::kF16: static_cast<uint16_t*>(p)[i] = DoubleToHalf(value); break;
+    case DType::kBF16: static_cast<uint16_t*>(p)[i] = DoubleToBFloat16(value); break;
     case DType::kI32: static_cast<int32_t*>(p)[i] = static_cast<int32_t>(std::llround(value)); break;
     case DType::kI64: static_cast<int64_t*>(p)[i] = std::llround(value); break;
     case DType::kBool: static_cast<bool*>(p)[i] = value != 0.0; break;
+    case DType::kF64: static_cast<double*>(p)[i] = value; break;
   }
 }
 

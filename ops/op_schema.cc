@@ -4,6 +4,21 @@
 #include "core/text.h"
 
 namespace tessera::ops {
+namespace {
+
+// f64 is a host-side dtype (core/dtype.h): no op has f64 kernels, so none
+// takes or makes f64 tensors. Returns `metas` when none is f64.
+absl::StatusOr<std::vector<TensorMeta>> RefuseF64(std::vector<TensorMeta> metas, std::string_view what) {
+  for (size_t i = 0; i < metas.size(); ++i) {
+    if (metas[i].dtype == DType::kF64) {
+      return absl::UnimplementedError(
+          StrCat(what, " ", i, " is f64: no op has f64 kernels (f64 is a host-side dtype)"));
+    }
+  }
+  return metas;
+}
+
+}  // namespace
 
 TensorSlice KernelContext::input_slice(int i) const {
   if (input_slices.empty()) return TensorSlice::Whole(input(i).shape());
@@ -129,7 +144,9 @@ absl::Status OpSchema::CheckArity(const std::vector<TensorMeta>& inputs) const {
 absl::StatusOr<std::vector<TensorMeta>> OpSchema::InferMeta(const std::vector<TensorMeta>& inputs,
                                                             const AttrMap& attrs) const {
   RETURN_IF_ERROR(CheckArity(inputs));
-  auto result = infer_(inputs, attrs);
+  absl::StatusOr<std::vector<TensorMeta>> result = RefuseF64(inputs, "input");
+  if (result.ok()) result = infer_(inputs, attrs);
+  if (result.ok()) result = RefuseF64(*std::move(result), "output");
   if (!result.ok()) {
     return absl::Status(result.status().code(),
                         StrCat("op '", name_, "' (", DescribeInputs(*this, inputs), "): ", result.status().message()));

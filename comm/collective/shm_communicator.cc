@@ -170,13 +170,14 @@ ReduceFn ReduceFor(DType dtype, ReduceOp op) {
     case DType::kBF16: return PickReduce<BFloat16>(op);
     case DType::kI32: return PickReduce<int32_t>(op);
     case DType::kI64: return PickReduce<int64_t>(op);
-    case DType::kBool: break;
+    case DType::kBool: case DType::kF64: break;
   }
   TESSERA_CHECK(false, "no reduction for dtype ", DTypeName(dtype));
   return nullptr;
 }
 
-bool Reducible(DType dtype) { return dtype != DType::kBool; }
+// f64 has no kernels anywhere (core/dtype.h), reductions included.
+bool Reducible(DType dtype) { return dtype != DType::kBool && dtype != DType::kF64; }
 
 std::vector<int64_t> Offsets(const std::vector<int64_t>& counts) {
   std::vector<int64_t> offsets(counts.size() + 1, 0);

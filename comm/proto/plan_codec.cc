@@ -25,6 +25,7 @@ proto::DType ToProto(DType dtype) {
     case DType::kI32: return proto::DTYPE_I32;
     case DType::kI64: return proto::DTYPE_I64;
     case DType::kBool: return proto::DTYPE_BOOL;
+    case DType::kF64: return proto::DTYPE_F64;
   }
   TESSERA_CHECK(false, "unknown dtype ", static_cast<int>(dtype));
   return proto::DTYPE_F32;
@@ -38,6 +39,7 @@ absl::StatusOr<DType> FromProto(proto::DType dtype) {
     case proto::DTYPE_I32: return DType::kI32;
     case proto::DTYPE_I64: return DType::kI64;
     case proto::DTYPE_BOOL: return DType::kBool;
+    case proto::DTYPE_F64: return DType::kF64;
     default: break;
   }
   return absl::InvalidArgumentError(StrCat("unknown dtype ", static_cast<int>(dtype), " in plan"));

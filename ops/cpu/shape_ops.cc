@@ -57,7 +57,10 @@ void VisitDType(DType dtype, Fn&& fn) {
     case DType::kBool:
       fn(bool{});
       return;
+    case DType::kF64:
+      break;
   }
+  TESSERA_CHECK(false, "no kernel handles ", DTypeName(dtype), " (op inference refuses it)");
 }
 
 template <typename T>
@@ -77,19 +80,38 @@ auto Load(T v) {
   }
 }
 
-// Converts a loaded value (float, double or int64) to T per Cast's rules.
+// An integer as a double rounded to odd (exact below 2^53): truncated, with
+// the last bit set if anything was cut off, so that one more rounding to a
+// 16-bit float gives the integer's own nearest even rounding (two roundings
+// to nearest would not; see RoundToOddF32 in core/dtype.cc).
+double RoundToOddDouble(int64_t v) {
+  const uint64_t magnitude = v < 0 ? 0 - static_cast<uint64_t>(v) : static_cast<uint64_t>(v);
+  const int cut = std::max(0, static_cast<int>(std::bit_width(magnitude)) - std::numeric_limits<double>::digits);
+  uint64_t kept = magnitude >> cut;
+  if ((magnitude & ((uint64_t{1} << cut) - 1)) != 0) kept |= 1;
+  const double d = std::ldexp(static_cast<double>(kept), cut);
+  return v < 0 ? -d : d;
+}
+
+// Converts a loaded value (float or int64) to T per Cast's rules, rounding
+// once.
 template <typename T, typename V>
 T Store(V v) {
   if constexpr (std::is_same_v<T, bool>) {
     return v != 0;
-  } else if constexpr (kIsFloat<T>) {
-    const float f = static_cast<float>(v);
-    if constexpr (std::is_same_v<T, float>) {
-      return f;
-    } else if constexpr (std::is_same_v<T, Half>) {
-      return Half{FloatToHalf(f)};
+  } else if constexpr (std::is_same_v<T, float>) {
+    return static_cast<float>(v);
+  } else if constexpr (std::is_same_v<T, Half>) {
+    if constexpr (std::is_same_v<V, float>) {
+      return Half{FloatToHalf(v)};
     } else {
-      return BFloat16{FloatToBFloat16(f)};
+      return Half{DoubleToHalf(RoundToOddDouble(v))};
+    }
+  } else if constexpr (std::is_same_v<T, BFloat16>) {
+    if constexpr (std::is_same_v<V, float>) {
+      return BFloat16{FloatToBFloat16(v)};
+    } else {
+      return BFloat16{DoubleToBFloat16(RoundToOddDouble(v))};
     }
   } else if constexpr (std::is_floating_point_v<V>) {
     // Out-of-range float → int conversion is undefined in C++: saturate.
@@ -109,16 +131,19 @@ uint64_t WordOf(double value, DType dtype) {
     case DType::kF32:
       return std::bit_cast<uint32_t>(static_cast<float>(value));
     case DType::kF16:
-      return FloatToHalf(static_cast<float>(value));
+      return DoubleToHalf(value);
     case DType::kBF16:
-      return FloatToBFloat16(static_cast<float>(value));
+      return DoubleToBFloat16(value);
     case DType::kI32:
       return static_cast<uint32_t>(static_cast<int32_t>(std::llround(value)));
     case DType::kI64:
       return static_cast<uint64_t>(std::llround(value));
     case DType::kBool:
       return value != 0.0 ? 1 : 0;
+    case DType::kF64:
+      break;
   }
+  TESSERA_CHECK(false, "no kernel handles ", DTypeName(dtype), " (op inference refuses it)");
   return 0;
 }
 

@@ -57,6 +57,7 @@ Tensor Random(DType dtype, int64_t n, uint64_t seed) {
       case DType::kI32: t.data<int32_t>()[i] = static_cast<int32_t>(integer(rng)); break;
       case DType::kI64: t.data<int64_t>()[i] = integer(rng) * 1000003; break;
       case DType::kBool: t.data<bool>()[i] = (integer(rng) & 1) != 0; break;
+      case DType::kF64: t.data<double>()[i] = f; break;
     }
   }
   return t;

@@ -1,7 +1,10 @@
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
+#include <random>
 #include <set>
+#include <utility>
 
 #include "core/device.h"
 #include "core/dtype.h"
@@ -12,6 +15,7 @@
 #include "core/tensor.h"
 #include "core/tensor_util.h"
 #include "core/thread_pool.h"
+#include "tests/ieee_rounding.h"
 
 namespace tessera {
 namespace {
@@ -45,28 +49,199 @@ TEST(StatusDeathTest, CheckAbortsWithMessage) {
 }
 
 TEST(DType, NamesParseAndSizes) {
-  for (DType d : {DType::kF32, DType::kF16, DType::kBF16, DType::kI32, DType::kI64, DType::kBool}) {
+  for (DType d : {DType::kF32, DType::kF16, DType::kBF16, DType::kI32, DType::kI64, DType::kBool, DType::kF64}) {
     auto parsed = ParseDType(DTypeName(d));
     ASSERT_TRUE(parsed.ok());
     EXPECT_EQ(*parsed, d);
   }
   EXPECT_EQ(DTypeSize(DType::kBF16), 2u);
   EXPECT_EQ(DTypeSize(DType::kI64), 8u);
-  EXPECT_FALSE(ParseDType("f64").ok());
+  EXPECT_EQ(DTypeSize(DType::kF64), 8u);
+  EXPECT_EQ(*ParseDType("float64"), DType::kF64);
+  EXPECT_TRUE(IsFloatingPoint(DType::kF64));
+  EXPECT_FALSE(IsFloatingPoint(DType::kI64));
+  EXPECT_FALSE(ParseDType("f8").ok());
 }
 
-TEST(DType, HalfAndBFloat16RoundTrip) {
-  for (float v : {0.0f, 1.0f, -2.5f, 65504.0f, 1e-5f, 3.14159f, -0.000061035156f}) {
-    EXPECT_NEAR(HalfToFloat(FloatToHalf(v)), v, std::abs(v) * 1e-3 + 1e-7) << v;
-    EXPECT_NEAR(BFloat16ToFloat(FloatToBFloat16(v)), v, std::abs(v) * 8e-3) << v;
+// f64 tensors hold doubles exactly (the op tests' references compute in them).
+TEST(Tensor, F64HoldsDoublesExactly) {
+  const double third = 1.0 / 3.0, tiny = 1.0 + std::ldexp(1.0, -50);  // neither fits in f32
+  Tensor t = Tensor::FromVector<double>(Shape{3}, {third, tiny, -0.0});
+  EXPECT_EQ(t.dtype(), DType::kF64);
+  EXPECT_EQ(t.NumBytes(), 24u);
+  EXPECT_EQ(ElementAsDouble(t, 0), third);
+  EXPECT_EQ(ElementAsDouble(t, 1), tiny);
+  EXPECT_TRUE(std::signbit(ElementAsDouble(t, 2)));
+  SetElementFromDouble(t, 2, -tiny);
+  EXPECT_EQ(t.data<double>()[2], -tiny);
+  EXPECT_EQ(t.ToVector<double>(), (std::vector<double>{third, tiny, -tiny}));
+  EXPECT_EQ(t.meta().ToString(), "f64(3,)");
+}
+
+// ---- Conversions to the 16-bit floats, bit for bit against the IEEE 754
+// oracle in tests/ieee_rounding.h (which rounds values, not bits).
+
+using testing::DecodeFloat;
+using testing::FloatFormat;
+using testing::IsRightNarrowing;
+using testing::IsRightWidening;
+using testing::kBFloat16Format;
+using testing::kHalfFormat;
+using testing::RoundingProbes;
+using testing::RoundToFormat;
+
+float FloatOfBits(uint32_t bits) { return std::bit_cast<float>(bits); }
+
+// Cases worked out by hand (bf16 keeps the top 16 bits of an f32; f16 has
+// 10 fraction bits, bias 15, max 65504, smallest subnormal 2^-24).
+struct Expected {
+  uint32_t f32_bits;
+  uint16_t bits;
+  const char* what;
+};
+
+// `convert` on the cases by hand, on NaNs (quiet or signalling, either
+// sign), and on RoundingProbes against the oracle; reports at most 10 wrong
+// probes.
+void ExpectRoundsLikeIeee(FloatFormat f, uint16_t (*convert)(float), const std::vector<Expected>& by_hand,
+                          uint64_t seed) {
+  for (const Expected& c : by_hand) {
+    EXPECT_EQ(convert(FloatOfBits(c.f32_bits)), c.bits) << c.what;
   }
-  EXPECT_TRUE(std::isinf(HalfToFloat(FloatToHalf(1e6f))));
-  EXPECT_TRUE(std::isnan(HalfToFloat(FloatToHalf(NAN))));
-  EXPECT_TRUE(std::isnan(BFloat16ToFloat(FloatToBFloat16(NAN))));
-  // Round to nearest even: 1 + 2^-8 is halfway between two bf16 values.
-  EXPECT_EQ(BFloat16ToFloat(FloatToBFloat16(1.0f + 1.0f / 256)), 1.0f);
-  EXPECT_EQ(HalfToFloat(0x0001), std::ldexp(1.0f, -24));  // smallest subnormal
-  EXPECT_EQ(FloatToHalf(std::ldexp(1.0f, -24)), 0x0001);
+  std::vector<uint32_t> probes = {0x7fc00000u, 0xffc00000u, 0x7f800001u, 0xff800001u, 0x7fa00000u, 0x7fffffffu};
+  for (uint32_t bits : RoundingProbes(f, 1 << 18, seed)) probes.push_back(bits);
+  int wrong = 0;
+  for (uint32_t bits : probes) {
+    const uint16_t got = convert(FloatOfBits(bits));
+    if (!IsRightNarrowing(FloatOfBits(bits), got, f)) {
+      ADD_FAILURE() << std::hex << "f32 0x" << bits << " (" << FloatOfBits(bits) << ") -> 0x" << got;
+      if (++wrong == 10) return;
+    }
+  }
+}
+
+TEST(DType, BFloat16RoundsToNearestEvenBitExactly) {
+  const std::vector<Expected> by_hand = {
+      {0x3f808000, 0x3f80, "1 + 2^-8: a tie, down to even"},
+      {0x3f818000, 0x3f82, "1 + 3 * 2^-8: a tie, up to even"},
+      {0x3f807fff, 0x3f80, "just below a tie"},
+      {0x3f808001, 0x3f81, "just above a tie"},
+      {0xbf818000, 0xbf82, "negative tie, up to even"},
+      {0x3f80ffff, 0x3f81, "all dropped bits set"},
+      {0x3fffffff, 0x4000, "rounding carries into the exponent"},
+      {0x7f7f7fff, 0x7f7f, "below the tie under max finite"},
+      {0x7f7f8000, 0x7f80, "tie above max finite: to even, which is infinity"},
+      {0x7f7fffff, 0x7f80, "max finite f32 overflows"},
+      {0xff7fffff, 0xff80, "negative overflow"},
+      {0x00008000, 0x0000, "subnormal tie, down to zero"},
+      {0x00018000, 0x0002, "subnormal tie, up to even"},
+      {0x00008001, 0x0001, "just above the smallest subnormal's half"},
+      {0x00000001, 0x0000, "smallest f32 subnormal"},
+      {0x807fffff, 0x8080, "largest negative subnormal rounds up to the smallest normal"},
+      {0x00000000, 0x0000, "+0"},
+      {0x80000000, 0x8000, "-0"},
+      {0x7f800000, 0x7f80, "+inf"},
+      {0xff800000, 0xff80, "-inf"},
+  };
+  ExpectRoundsLikeIeee(kBFloat16Format, FloatToBFloat16, by_hand, 1);
+}
+
+TEST(DType, HalfRoundsToNearestEvenBitExactly) {
+  const std::vector<Expected> by_hand = {
+      {0x3f801000, 0x3c00, "1 + 2^-11: a tie, down to even"},
+      {0x3f803000, 0x3c02, "1 + 3 * 2^-11: a tie, up to even"},
+      {0x3f800fff, 0x3c00, "just below a tie"},
+      {0x3f801001, 0x3c01, "just above a tie"},
+      {0xbf803000, 0xbc02, "negative tie, up to even"},
+      {0x477fe000, 0x7bff, "65504, the largest half"},
+      {0x477fefff, 0x7bff, "just below 65520"},
+      {0x477ff000, 0x7c00, "65520: a tie above max finite, to even, which is infinity"},
+      {0xc77ff000, 0xfc00, "-65520"},
+      {0x47800000, 0x7c00, "65536"},
+      {0x38800000, 0x0400, "2^-14, the smallest normal half"},
+      {0x387fe000, 0x0400, "1023.5 * 2^-24: a subnormal tie, up to even, the smallest normal"},
+      {0x387fc000, 0x03ff, "1023 * 2^-24, the largest subnormal"},
+      {0x33800000, 0x0001, "2^-24, the smallest subnormal"},
+      {0x33000000, 0x0000, "2^-25: a tie, down to zero"},
+      {0x33000001, 0x0001, "just above 2^-25"},
+      {0x33c00000, 0x0002, "3 * 2^-25: a tie, up to even"},
+      {0xb3c00000, 0x8002, "-3 * 2^-25"},
+      {0x00000001, 0x0000, "an f32 subnormal"},
+      {0x00000000, 0x0000, "+0"},
+      {0x80000000, 0x8000, "-0"},
+      {0x7f800000, 0x7c00, "+inf"},
+      {0xff800000, 0xfc00, "-inf"},
+  };
+  ExpectRoundsLikeIeee(kHalfFormat, FloatToHalf, by_hand, 2);
+}
+
+// Every 16-bit pattern widens to f32 exactly (NaN to NaN of the same sign).
+TEST(DType, SixteenBitFloatsWidenExactly) {
+  for (uint32_t bits = 0; bits < 0x10000; ++bits) {
+    const uint16_t b = static_cast<uint16_t>(bits);
+    ASSERT_TRUE(IsRightWidening(bits, BFloat16ToFloat(b), kBFloat16Format)) << std::hex << bits;
+    ASSERT_TRUE(IsRightWidening(bits, HalfToFloat(b), kHalfFormat)) << std::hex << bits;
+  }
+}
+
+// Doubles (SetElementFromDouble, fill values) round once: through f32 they
+// would round twice, and a value just above a tie would become the tie.
+TEST(DType, DoublesRoundOnceToSixteenBits) {
+  // 1 + 2^-8 + 2^-40: f32 drops the 2^-40, leaving a bf16 tie that goes down;
+  // the value is above the tie and must go up.
+  const double above_bf16_tie = 1.0 + std::ldexp(1.0, -8) + std::ldexp(1.0, -40);
+  EXPECT_EQ(DoubleToBFloat16(above_bf16_tie), 0x3f81);
+  const double above_half_tie = 1.0 + std::ldexp(1.0, -11) + std::ldexp(1.0, -40);
+  EXPECT_EQ(DoubleToHalf(above_half_tie), 0x3c01);
+  EXPECT_EQ(DoubleToBFloat16(-above_bf16_tie), 0xbf81);
+  EXPECT_EQ(DoubleToBFloat16(1e300), 0x7f80);
+  EXPECT_EQ(DoubleToHalf(-1e300), 0xfc00);
+  EXPECT_EQ(DoubleToBFloat16(1e-300), 0x0000);
+  EXPECT_EQ(DoubleToBFloat16(-1e-300), 0x8000);
+  // Random doubles over each format's range and beyond, and values at and
+  // around its ties (v + ulp/2), where rounding twice goes wrong.
+  struct Sweep {
+    FloatFormat format;
+    uint16_t (*convert)(double);
+    int min_exponent, max_exponent;
+  };
+  for (const Sweep& sweep :
+       {Sweep{kBFloat16Format, DoubleToBFloat16, -140, 130}, Sweep{kHalfFormat, DoubleToHalf, -28, 17}}) {
+    std::mt19937_64 rng(3);
+    std::uniform_int_distribution<int> exponent(sweep.min_exponent, sweep.max_exponent);
+    std::uniform_real_distribution<double> unit(1.0, 2.0);
+    int wrong = 0;
+    for (int i = 0; i < 20000 && wrong < 10; ++i) {
+      const double random = std::ldexp(unit(rng), exponent(rng)) * (i % 2 ? -1 : 1);
+      const double nearest = DecodeFloat(RoundToFormat(random, sweep.format), sweep.format);
+      const int binade = std::max(std::ilogb(nearest), sweep.format.emin());
+      const double ulp = std::ldexp(1.0, binade - sweep.format.fraction_bits());
+      std::vector<double> values = {random};
+      for (double offset : {0.0, 0x1p-40, -0x1p-40, 0x1p-20, -0x1p-20, 0x1p-12, -0x1p-12}) {
+        values.push_back(nearest + std::copysign(ulp * (0.5 + offset), nearest));
+      }
+      for (double x : values) {
+        if (!std::isfinite(x)) continue;
+        const uint16_t got = sweep.convert(x), want = static_cast<uint16_t>(RoundToFormat(x, sweep.format));
+        if (got != want) {
+          ADD_FAILURE() << std::hexfloat << x << " -> 0x" << std::hex << got << ", want 0x" << want;
+          ++wrong;
+        }
+      }
+    }
+  }
+  EXPECT_TRUE(std::isnan(BFloat16ToFloat(DoubleToBFloat16(-NAN))));
+  EXPECT_TRUE(std::signbit(BFloat16ToFloat(DoubleToBFloat16(-NAN))));
+  EXPECT_TRUE(std::isnan(HalfToFloat(DoubleToHalf(NAN))));
+
+  // SetElementFromDouble goes through them.
+  auto bf16 = Tensor::Zeros(Shape{1}, DType::kBF16);
+  auto half = Tensor::Zeros(Shape{1}, DType::kF16);
+  ASSERT_TRUE(bf16.ok() && half.ok());
+  SetElementFromDouble(*bf16, 0, above_bf16_tie);
+  EXPECT_EQ(bf16->data<BFloat16>()[0].bits, 0x3f81);
+  SetElementFromDouble(*half, 0, above_half_tie);
+  EXPECT_EQ(half->data<Half>()[0].bits, 0x3c01);
 }
 
 TEST(Shape, BasicsAndBroadcast) {

@@ -1,4 +1,5 @@
-// Test cases of the element-wise family; references are plain double loops.
+// Test cases of the element-wise family; references are plain double loops
+// (dtype-generic: f64 in, f64 out, see op_test_util.h).
 
 #include <cmath>
 
@@ -12,7 +13,7 @@ using BinaryFn = std::function<double(double, double)>;
 
 ReferenceFn UnaryRef(UnaryFn fn) {
   return [fn](const std::vector<Tensor>& in, const AttrMap&) {
-    Tensor y = ZerosF32(in[0].shape());
+    Tensor y = Zeros(in[0].shape(), RefFloatDType(in));
     for (int64_t i = 0; i < y.NumElements(); ++i) SetElementFromDouble(y, i, fn(ElementAsDouble(in[0], i)));
     return std::vector<Tensor>{y};
   };
@@ -35,7 +36,7 @@ double Broadcasted(const Tensor& t, const Shape& out, int64_t flat) {
 ReferenceFn BinaryRef(BinaryFn fn) {
   return [fn](const std::vector<Tensor>& in, const AttrMap&) {
     const Shape out = *BroadcastShapes(in[0].shape(), in[1].shape());
-    Tensor y = ZerosF32(out);
+    Tensor y = Zeros(out, RefFloatDType(in));
     for (int64_t i = 0; i < y.NumElements(); ++i) {
       SetElementFromDouble(y, i, fn(Broadcasted(in[0], out, i), Broadcasted(in[1], out, i)));
     }
@@ -115,7 +116,7 @@ std::vector<OpTestCase> ElementwiseCases() {
   // Activation gradients: inputs (z, dy).
   auto grad_ref = [](std::function<double(double)> dfn) {
     return [dfn](const std::vector<Tensor>& in, const AttrMap&) {
-      Tensor dx = ZerosF32(in[0].shape());
+      Tensor dx = Zeros(in[0].shape(), RefFloatDType(in));
       for (int64_t i = 0; i < dx.NumElements(); ++i) {
         SetElementFromDouble(dx, i, ElementAsDouble(in[1], i) * dfn(ElementAsDouble(in[0], i)));
       }
@@ -134,7 +135,7 @@ std::vector<OpTestCase> ElementwiseCases() {
   // Bias family: x (3, 5, 7), bias (7,).
   auto bias_ref = [](std::function<double(double)> fn) {
     return [fn](const std::vector<Tensor>& in, const AttrMap&) {
-      Tensor y = ZerosF32(in[0].shape());
+      Tensor y = Zeros(in[0].shape(), RefFloatDType(in));
       const int64_t C = in[1].NumElements();
       for (int64_t i = 0; i < y.NumElements(); ++i) {
         double v = fn(ElementAsDouble(in[0], i) + ElementAsDouble(in[1], i % C));

@@ -31,7 +31,7 @@ std::vector<Tensor> ReferenceGemm(const std::vector<Tensor>& in, const AttrMap& 
   out_dims.push_back(m);
   out_dims.push_back(n);
   const std::vector<double> a = in[0].ToDoubleVector(), b = in[1].ToDoubleVector();
-  std::vector<float> y(static_cast<size_t>(batch * m * n));
+  std::vector<double> y(static_cast<size_t>(batch * m * n));
   for (int64_t t = 0; t < batch; ++t) {
     const double* pa = a.data() + t * m * k;
     const double* pb = b.data() + t * k * n;
@@ -43,11 +43,11 @@ std::vector<Tensor> ReferenceGemm(const std::vector<Tensor>& in, const AttrMap& 
           const double bv = tb ? pb[j * k + l] : pb[l * n + j];
           sum += av * bv;
         }
-        y[static_cast<size_t>((t * m + i) * n + j)] = static_cast<float>(alpha * sum);
+        y[static_cast<size_t>((t * m + i) * n + j)] = alpha * sum;
       }
     }
   }
-  return {Tensor::FromVector(Shape(out_dims), y)};
+  return {FromDoubles(Shape(out_dims), RefFloatDType(in), y)};
 }
 
 // Stored shapes for op(a) (…, m, k) and op(b) (…, k, n) under the flags.

@@ -37,10 +37,6 @@ Tensor Ids(const Shape& shape, const std::vector<int64_t>& values, DType dtype) 
 
 Tensor Scalar(float value) { return Tensor::FromVector<float>(Shape{}, {value}); }
 
-Tensor FromDoubles(const Shape& shape, const std::vector<double>& values) {
-  return FilledF32(shape, [&](int64_t i) { return static_cast<float>(values[static_cast<size_t>(i)]); });
-}
-
 // ---- embedding -------------------------------------------------------------
 
 std::vector<Tensor> EmbeddingReference(const std::vector<Tensor>& in, const AttrMap&) {
@@ -54,7 +50,7 @@ std::vector<Tensor> EmbeddingReference(const std::vector<Tensor>& in, const Attr
     const int64_t id = static_cast<int64_t>(ElementAsDouble(ids, n));
     for (int64_t c = 0; c < C; ++c) out.push_back(ElementAsDouble(weight, id * C + c));
   }
-  return {FromDoubles(Shape(dims), out)};
+  return {FromDoubles(Shape(dims), RefFloatDType(in), out)};
 }
 
 std::vector<Tensor> EmbeddingGradReference(const std::vector<Tensor>& in, const AttrMap& attrs) {
@@ -67,7 +63,7 @@ std::vector<Tensor> EmbeddingGradReference(const std::vector<Tensor>& in, const 
     const int64_t id = static_cast<int64_t>(ElementAsDouble(ids, n));
     for (int64_t c = 0; c < C; ++c) dweight[static_cast<size_t>(id * C + c)] += ElementAsDouble(dy, n * C + c);
   }
-  return {FromDoubles(Shape{V, C}, dweight)};
+  return {FromDoubles(Shape{V, C}, RefFloatDType(in), dweight)};
 }
 
 std::vector<OpTestCase> EmbeddingCases() {
@@ -157,10 +153,12 @@ ReferenceFn DropoutReference(int64_t step) {
   return [step](const std::vector<Tensor>& in, const AttrMap& attrs) {
     const StreamAttrs s = StreamOf(attrs, step);
     const double rate = attrs.Float("rate");
-    return std::vector<Tensor>{FilledF32(in[0].shape(), [&](int64_t i) {
+    std::vector<double> y;
+    for (int64_t i = 0; i < in[0].NumElements(); ++i) {
       const bool keep = static_cast<double>(UnitFloat(WordOf(s, i))) >= rate;
-      return static_cast<float>(keep ? ElementAsDouble(in[0], i) / (1.0 - rate) : 0.0);
-    })};
+      y.push_back(keep ? ElementAsDouble(in[0], i) / (1.0 - rate) : 0.0);
+    }
+    return std::vector<Tensor>{FromDoubles(in[0].shape(), RefFloatDType(in), y)};
   };
 }
 
@@ -214,7 +212,8 @@ std::vector<Tensor> SgdReference(const std::vector<Tensor>& in, const AttrMap& a
     param.push_back(p - lr * (nesterov ? g + momentum * b : b));
     buf.push_back(b);
   }
-  return {FromDoubles(in[0].shape(), param), FromDoubles(in[0].shape(), buf)};
+  const DType dtype = RefFloatDType(in);
+  return {FromDoubles(in[0].shape(), dtype, param), FromDoubles(in[0].shape(), dtype, buf)};
 }
 
 ReferenceFn AdamwReference(int64_t step) {
@@ -236,7 +235,9 @@ ReferenceFn AdamwReference(int64_t step) {
       v.push_back(vi);
     }
     const Shape& shape = in[0].shape();
-    return std::vector<Tensor>{FromDoubles(shape, param), FromDoubles(shape, m), FromDoubles(shape, v)};
+    const DType dtype = RefFloatDType(in);
+    return std::vector<Tensor>{FromDoubles(shape, dtype, param), FromDoubles(shape, dtype, m),
+                               FromDoubles(shape, dtype, v)};
   };
 }
 

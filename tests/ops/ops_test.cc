@@ -122,6 +122,47 @@ TEST(BadInput, WrongDTypeArityAndUnknownOp) {
   EXPECT_NE(unknown.find("unknown op 'gleu'"), std::string::npos) << unknown;
 }
 
+// f64 is a host-side dtype without kernels (core/dtype.h): every op refuses
+// f64 inputs, and every op with a dtype attribute refuses to make f64, with
+// an error naming f64, before any kernel runs. Byte-moving ops (reshape,
+// transpose, ...) would not even notice the element type otherwise.
+TEST(BadInput, EveryOpRefusesF64) {
+  auto expect_refused = [](const std::string& op, const std::vector<Tensor>& inputs, const AttrMap& attrs) {
+    auto result = RunOp(op, inputs, attrs);
+    ASSERT_FALSE(result.ok()) << op << " ran with f64";
+    EXPECT_EQ(result.status().code(), absl::StatusCode::kUnimplemented) << result.status();
+    EXPECT_NE(std::string(result.status().message()).find("is f64: no op has f64 kernels"), std::string::npos)
+        << result.status();
+  };
+  int with_float_input = 0, with_dtype_attr = 0;
+  for (const std::string& name : BuiltinOps().Names()) {
+    SCOPED_TRACE(name);
+    const OpSchema& schema = *BuiltinOps().Find(name);
+    const OpExample& example = schema.example();
+    std::vector<Tensor> inputs, inputs_f64;
+    bool any_float = false;
+    for (const TensorMeta& m : example.inputs) {
+      any_float |= IsFloatingPoint(m.dtype);
+      inputs.push_back(*Tensor::Zeros(m.shape, m.dtype));
+      inputs_f64.push_back(*Tensor::Zeros(m.shape, IsFloatingPoint(m.dtype) ? DType::kF64 : m.dtype));
+    }
+    ASSERT_TRUE(RunOp(name, inputs, example.attrs).ok()) << "the example itself must run";
+    if (any_float) {
+      expect_refused(name, inputs_f64, example.attrs);
+      ++with_float_input;
+    }
+    for (const AttrDef& attr : schema.attrs()) {
+      if (attr.type != AttrType::kDType) continue;
+      AttrMap attrs = example.attrs;
+      attrs.Set(attr.name, DType::kF64);
+      expect_refused(name, inputs, attrs);
+      ++with_dtype_attr;
+    }
+  }
+  EXPECT_GT(with_float_input, 30);
+  EXPECT_GE(with_dtype_attr, 5);  // cast, fill, zeros, ones, arange
+}
+
 // The harness's cases are small, so kernels run them inline; this runs
 // representative ops on inputs large enough to be cut into chunks across 3
 // threads and requires the same result as one thread.

@@ -1,5 +1,6 @@
 // Test cases of the reduction family. References accumulate in double over
-// every input element, mapping each to its output by multi-index.
+// every input element, mapping each to its output by multi-index
+// (dtype-generic, see op_test_util.h).
 
 #include <algorithm>
 #include <cmath>
@@ -67,7 +68,7 @@ ReferenceFn ReduceRef(Kind kind) {
       const double v = ElementAsDouble(in[0], i);
       a = kind == Kind::kMax ? std::max(a, v) : a + v;
     }
-    Tensor y = ZerosF32(r.out);
+    Tensor y = Zeros(r.out, RefFloatDType(in));
     for (size_t o = 0; o < acc.size(); ++o) {
       const double v = kind == Kind::kMean ? acc[o] / static_cast<double>(r.count[o]) : acc[o];
       SetElementFromDouble(y, static_cast<int64_t>(o), v);
@@ -85,7 +86,7 @@ std::vector<Tensor> ReduceMaxGradRef(const std::vector<Tensor>& in, const AttrMa
   };
   for (int64_t i = 0; i < shape.NumElements(); ++i)
     ties[static_cast<size_t>(r.target[static_cast<size_t>(i)])] += is_max(i);
-  Tensor dx = ZerosF32(shape);
+  Tensor dx = Zeros(shape, RefFloatDType(in));
   for (int64_t i = 0; i < shape.NumElements(); ++i) {
     const int64_t o = r.target[static_cast<size_t>(i)];
     if (is_max(i)) SetElementFromDouble(dx, i, ElementAsDouble(in[2], o) / ties[static_cast<size_t>(o)]);
@@ -119,7 +120,7 @@ std::vector<Tensor> TopKRef(const std::vector<Tensor>& in, const AttrMap& attrs)
   const int64_t n = shape[shape.rank() - 1], k = attrs.Int("k");
   Ints dims = shape.dims();
   dims.back() = k;
-  Tensor values = ZerosF32(Shape(dims));
+  Tensor values = Zeros(Shape(dims), RefFloatDType(in));
   auto indices = Tensor::Zeros(Shape(dims), DType::kI64);
   const int64_t rows = shape.NumElements() / n;
   for (int64_t r = 0; r < rows; ++r) {
@@ -139,7 +140,7 @@ std::vector<Tensor> TopKRef(const std::vector<Tensor>& in, const AttrMap& attrs)
 std::vector<Tensor> SquareSumRef(const std::vector<Tensor>& in, const AttrMap&) {
   double total = 0;
   for (int64_t i = 0; i < in[0].NumElements(); ++i) total += ElementAsDouble(in[0], i) * ElementAsDouble(in[0], i);
-  Tensor y = ZerosF32({});
+  Tensor y = Zeros({}, RefFloatDType(in));
   SetElementFromDouble(y, 0, total);
   return {y};
 }
