@@ -106,7 +106,8 @@ class OpSchema {
   // the attribute and, for unknown ones, the declared names.
   absl::StatusOr<AttrMap> CanonicalizeAttrs(const AttrMap& given) const;
   // Output metas for these inputs; errors name the op and every input's
-  // dtype and shape. Attributes must be canonical.
+  // dtype and shape. Attributes must be canonical. Inputs and outputs are
+  // held to core/checked.h's size limits (an error names the tensor).
   absl::StatusOr<std::vector<TensorMeta>> InferMeta(const std::vector<TensorMeta>& inputs,
                                                     const AttrMap& attrs) const;
   // Empty when the op declares no signatures.
