@@ -61,9 +61,9 @@ absl::Status CheckMicroBatchStride(const proto::Task& task, const proto::TensorR
   // offset + local <= logical is checked; the last micro-batch adds (pieces - 1) x stride.
   auto last = CheckedMul(pieces - 1, stride);
   if (stride < 0 || !last.ok() || *last > slice.logical[0] - slice.local[0] - slice.offset[0]) {
-    return absl::InvalidArgumentError(StrCat(TaskName(task), ": micro_batch_stride ", stride, " moves rows ", slice.offset[0],
-                                             " + ", slice.local[0], " of ", pieces, " micro-batches outside the ",
-                                             slice.logical[0], " logical rows"));
+    return absl::InvalidArgumentError(StrCat(TaskName(task), ": micro_batch_stride ", stride, " moves rows ",
+                                             slice.offset[0], " + ", slice.local[0], " of ", pieces,
+                                             " micro-batches outside the ", slice.logical[0], " logical rows"));
   }
   return absl::OkStatus();
 }
@@ -78,10 +78,10 @@ absl::Status ValidateTaskCounts(const proto::Plan& plan, const proto::Task& task
                                              ", acts_per_step ", task.acts_per_step(), ", repeat_num ",
                                              task.repeat_num(), " (none may be negative)"));
   }
-  // Actors count acts over (start_iteration + iterations) x pieces, and an
-  // acc's producer makes repeat_num times as many.
-  // Both are at most kMaxIterations (checked by the caller); at least 1 so
-  // that the per-iteration numbers are bounded even in a plan of no iterations.
+  // Actors count acts over (start_iteration + iterations) x pieces (each
+  // at most kMaxIterations, checked by the caller), and an acc's producer
+  // makes repeat_num times as many. At least 1 iteration, so that the
+  // per-iteration numbers are bounded even in a plan of none.
   const int64_t last = std::max<int64_t>(1, plan.start_iteration() + plan.iterations());
   auto acts = CheckedMul(last, PiecesPerIteration(task));
   if (acts.ok()) acts = CheckedMul(*acts, std::max<int64_t>(1, task.repeat_num()));
@@ -89,8 +89,8 @@ absl::Status ValidateTaskCounts(const proto::Plan& plan, const proto::Task& task
   for (const int size : {task.consumed_register_desc_ids_size(), task.produced_register_desc_ids_size(),
                          task.inputs_size(), task.outputs_size(), task.state_size()}) {
     if (size > comm::kMaxTaskArity) {
-      return absl::InvalidArgumentError(StrCat(name(), " lists ", size, " descs or tensors (at most ",
-                                               comm::kMaxTaskArity, " of each)"));
+      return absl::InvalidArgumentError(
+          StrCat(name(), " lists ", size, " descs or tensors (at most ", comm::kMaxTaskArity, " of each)"));
     }
   }
   for (const auto& state : task.state()) {
@@ -112,7 +112,8 @@ absl::Status ValidateTask(const TaskIndex& index, const std::map<int64_t, DescIn
     if (!it->second.consumers.contains(task.actor_id())) {
       return absl::InvalidArgumentError(StrCat(name(), " consumes desc ", id, " which does not list it"));
     }
-    if (index.produced.contains(id)) return absl::InvalidArgumentError(StrCat(name(), " consumes desc ", id, " it produces"));
+    if (index.produced.contains(id))
+      return absl::InvalidArgumentError(StrCat(name(), " consumes desc ", id, " it produces"));
   }
   for (int64_t id : task.produced_register_desc_ids()) {
     auto it = descs.find(id);
@@ -128,8 +129,8 @@ absl::Status ValidateTask(const TaskIndex& index, const std::map<int64_t, DescIn
                      bool output) -> absl::Status {
     if (ref.location_case() == proto::TensorRef::kStateIndex) {
       if (ref.state_index() < 0 || ref.state_index() >= task.state_size()) {
-        return absl::InvalidArgumentError(StrCat(name(), " refers to state tensor ", ref.state_index(), " of ",
-                                                 task.state_size()));
+        return absl::InvalidArgumentError(
+            StrCat(name(), " refers to state tensor ", ref.state_index(), " of ", task.state_size()));
       }
       ASSIGN_OR_RETURN(TensorMeta meta, TensorMetaFromProto(task.state(ref.state_index())));
       auto slice = TensorSliceFromProto(ref.slice(), meta.shape);
@@ -193,8 +194,10 @@ absl::Status ValidateTask(const TaskIndex& index, const std::map<int64_t, DescIn
         return absl::InvalidArgumentError(StrCat(name(), ": a compute actor consumes at least one desc"));
       }
       if (task.kind() == proto::ACTOR_KIND_PARAMETER) {
-        if (task.produced_register_desc_ids_size() != 1 || desc_of(task.produced_register_desc_ids(0)).register_num() != 1) {
-          return absl::InvalidArgumentError(StrCat(name(), ": a parameter produces exactly one desc, with register_num 1"));
+        if (task.produced_register_desc_ids_size() != 1 ||
+            desc_of(task.produced_register_desc_ids(0)).register_num() != 1) {
+          return absl::InvalidArgumentError(
+              StrCat(name(), ": a parameter produces exactly one desc, with register_num 1"));
         }
       }
       if (task.op().empty()) {
@@ -225,8 +228,8 @@ absl::Status ValidateTask(const TaskIndex& index, const std::map<int64_t, DescIn
       const auto& in = desc_of(task.consumed_register_desc_ids(0));
       const auto& out = desc_of(task.produced_register_desc_ids(0));
       if (task.input_tensor() < 0 || task.input_tensor() >= in.tensors_size() || out.tensors_size() != 1) {
-        return absl::InvalidArgumentError(StrCat(name(), ": repeat must produce one tensor from tensor ", task.input_tensor(),
-                                                 " of a register holding ", in.tensors_size()));
+        return absl::InvalidArgumentError(StrCat(name(), ": repeat must produce one tensor from tensor ",
+                                                 task.input_tensor(), " of a register holding ", in.tensors_size()));
       }
       ASSIGN_OR_RETURN(TensorMeta a, TensorMetaFromProto(in.tensors(task.input_tensor())));
       ASSIGN_OR_RETURN(TensorMeta b, TensorMetaFromProto(out.tensors(0)));
@@ -251,12 +254,15 @@ absl::Status ValidateTask(const TaskIndex& index, const std::map<int64_t, DescIn
       const bool same = t >= 0 && t < in.tensors_size() && out.tensors_size() == 1 &&
                         in.tensors(t).dtype() == out.tensors(0).dtype() &&
                         ToVector(in.tensors(t).shape()) == ToVector(out.tensors(0).shape());
-      if (!same) return absl::InvalidArgumentError(StrCat(name(), ": acc must produce one tensor like tensor ", t, " of what it consumes"));
+      if (!same)
+        return absl::InvalidArgumentError(
+            StrCat(name(), ": acc must produce one tensor like tensor ", t, " of what it consumes"));
       break;
     }
     case proto::ACTOR_KIND_COLLECTIVE: {
       if (task.consumed_register_desc_ids_size() != 1 || task.produced_register_desc_ids_size() != 1) {
-        return absl::InvalidArgumentError(StrCat(name(), ": a collective consumes and produces exactly one register desc"));
+        return absl::InvalidArgumentError(
+            StrCat(name(), ": a collective consumes and produces exactly one register desc"));
       }
       const proto::BoxingDesc& boxing = task.boxing();
       comm::BoxingSpec spec;
@@ -302,13 +308,15 @@ absl::Status ValidateTask(const TaskIndex& index, const std::map<int64_t, DescIn
         auto meta = tensor >= 0 && tensor < desc.tensors_size() ? TensorMetaFromProto(desc.tensors(tensor))
                                                                : absl::StatusOr<TensorMeta>(absl::InvalidArgumentError("no such tensor"));
         if (!meta.ok() || meta->shape != shape || meta->dtype != spec.logical.dtype) {
-          return absl::InvalidArgumentError(StrCat(name(), ": tensor ", tensor, " of register desc ", desc.id(), " must be ",
-                                                   TensorMeta{spec.logical.dtype, shape}.ToString(), " for ", spec.ToString()));
+          return absl::InvalidArgumentError(StrCat(name(), ": tensor ", tensor, " of register desc ", desc.id(),
+                                                   " must be ", TensorMeta{spec.logical.dtype, shape}.ToString(),
+                                                   " for ", spec.ToString()));
         }
         return absl::OkStatus();
       };
       RETURN_IF_ERROR(check(in, boxing.input_tensor(), routine->input_shape()));
-      if (out.tensors_size() != 1) return absl::InvalidArgumentError(StrCat(name(), ": a collective produces registers of one tensor"));
+      if (out.tensors_size() != 1)
+        return absl::InvalidArgumentError(StrCat(name(), ": a collective produces registers of one tensor"));
       RETURN_IF_ERROR(check(out, 0, routine->output_shape()));
       break;
     }
@@ -317,14 +325,17 @@ absl::Status ValidateTask(const TaskIndex& index, const std::map<int64_t, DescIn
       const bool send = task.kind() == proto::ACTOR_KIND_SEND;
       if (send ? (task.consumed_register_desc_ids_size() != 1 || task.produced_register_desc_ids_size() != 0)
                : (task.consumed_register_desc_ids_size() != 0 || task.produced_register_desc_ids_size() != 1)) {
-        return absl::InvalidArgumentError(StrCat(name(), send ? ": a send consumes one register desc and produces none"
-                                                            : ": a recv produces one register desc and consumes none"));
+        return absl::InvalidArgumentError(
+            StrCat(name(), send ? ": a send consumes one register desc and produces none"
+                                : ": a recv produces one register desc and consumes none"));
       }
       const auto& desc = desc_of(send ? task.consumed_register_desc_ids(0) : task.produced_register_desc_ids(0));
       if (send ? task.transfer().input_tensor() < 0 || task.transfer().input_tensor() >= desc.tensors_size() : desc.tensors_size() != 1) {
-        return absl::InvalidArgumentError(StrCat(name(), send ? ": sends a tensor its register does not hold" : ": a recv produces registers of one tensor"));
+        return absl::InvalidArgumentError(StrCat(name(), send ? ": sends a tensor its register does not hold"
+                                                              : ": a recv produces registers of one tensor"));
       }
-      if (task.transfer().group().empty()) return absl::InvalidArgumentError(StrCat(name(), ": transfer without a group"));
+      if (task.transfer().group().empty())
+        return absl::InvalidArgumentError(StrCat(name(), ": transfer without a group"));
       break;
     }
     default:
@@ -339,8 +350,8 @@ absl::Status ValidatePlan(const proto::Plan& plan, const ops::OpRegistry& regist
   if (plan.iterations() < 0) return absl::InvalidArgumentError("plan has negative iterations");
   if (plan.start_iteration() < 0) return absl::InvalidArgumentError("plan has a negative start_iteration");
   if (plan.iterations() > comm::kMaxIterations || plan.start_iteration() > comm::kMaxIterations) {
-    return absl::InvalidArgumentError(StrCat("plan runs iterations ", plan.start_iteration(), " + ", plan.iterations(),
-                                             " (each at most 2^62)"));
+    return absl::InvalidArgumentError(
+        StrCat("plan runs iterations ", plan.start_iteration(), " + ", plan.iterations(), " (each at most 2^62)"));
   }
   std::map<uint64_t, TaskIndex> tasks;
   for (const auto& task : plan.tasks()) {
@@ -366,8 +377,8 @@ absl::Status ValidatePlan(const proto::Plan& plan, const ops::OpRegistry& regist
     }
     auto producer = tasks.find(desc.producer());
     if (producer == tasks.end() || !producer->second.produced.contains(desc.id())) {
-      return absl::InvalidArgumentError(StrCat(name(), ": producer ", ActorIdToString(desc.producer()),
-                                               " is not a task producing it"));
+      return absl::InvalidArgumentError(
+          StrCat(name(), ": producer ", ActorIdToString(desc.producer()), " is not a task producing it"));
     }
     for (uint64_t consumer : desc.consumers()) {
       auto it = tasks.find(consumer);
@@ -388,8 +399,8 @@ absl::Status ValidatePlan(const proto::Plan& plan, const ops::OpRegistry& regist
     }
     const bool view = producer->second.task->kind() == proto::ACTOR_KIND_REPEAT;
     if (desc.bytes_per_register() != (view ? 0 : bytes)) {
-      return absl::InvalidArgumentError(StrCat(name(), " says ", desc.bytes_per_register(), " bytes per register, its tensors hold ",
-                                               view ? 0 : bytes));
+      return absl::InvalidArgumentError(StrCat(name(), " says ", desc.bytes_per_register(),
+                                               " bytes per register, its tensors hold ", view ? 0 : bytes));
     }
   }
   for (const auto& task : plan.tasks()) RETURN_IF_ERROR(ValidateTask(tasks.at(task.actor_id()), descs, registry));

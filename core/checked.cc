@@ -38,8 +38,8 @@ absl::StatusOr<int64_t> CheckedNumElements(const Shape& shape) {
     }
     empty |= d == 0;
     if (d > 1 && bound > kMaxTensorBytes / d) {
-      return absl::InvalidArgumentError(StrCat("shape ", shape.ToString(), " has more than 2^50 elements (dimension ",
-                                               a, ", extent ", d, ")"));
+      return absl::InvalidArgumentError(
+          StrCat("shape ", shape.ToString(), " has more than 2^50 elements (dimension ", a, ", extent ", d, ")"));
     }
     bound *= std::max<int64_t>(d, 1);
   }

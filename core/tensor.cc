@@ -38,8 +38,8 @@ absl::StatusOr<Tensor> Tensor::Reshape(const Shape& shape) const {
 
 absl::StatusOr<Tensor> Tensor::SliceRows(int64_t start, int64_t length) const {
   if (meta_.shape.rank() == 0 || start < 0 || length < 0 || start > meta_.shape[0] - length) {
-    return absl::InvalidArgumentError(StrCat("rows ", start, " + ", length, " out of range for shape ",
-                                             meta_.shape.ToString()));
+    return absl::InvalidArgumentError(
+        StrCat("rows ", start, " + ", length, " out of range for shape ", meta_.shape.ToString()));
   }
   Shape shape = meta_.shape;
   const int64_t row_elements = shape[0] == 0 ? 0 : NumElements() / shape[0];

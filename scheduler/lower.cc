@@ -297,10 +297,12 @@ absl::Status Lowering::Ensure(ValueId v, int64_t stage, const NdSbp& sbp) {
     const int64_t order = NewConversion(v);
     for (int64_t i = 0; i < placement(stage).size(); ++i) {
       const std::string group = StrCat("t", order, "/", i);
-      ASSIGN_OR_RETURN(const uint64_t send, NewTask(proto::ACTOR_KIND_SEND, StrCat("send:", what, ":", order, Suffix(from.stage, i)),
-                                             kTransferStream, Device(from.stage, i)));
-      ASSIGN_OR_RETURN(const uint64_t recv, NewTask(proto::ACTOR_KIND_RECV, StrCat("recv:", what, ":", order, Suffix(stage, i)),
-                                             kTransferStream, Device(stage, i)));
+      ASSIGN_OR_RETURN(const uint64_t send,
+                       NewTask(proto::ACTOR_KIND_SEND, StrCat("send:", what, ":", order, Suffix(from.stage, i)),
+                               kTransferStream, Device(from.stage, i)));
+      ASSIGN_OR_RETURN(const uint64_t recv,
+                       NewTask(proto::ACTOR_KIND_RECV, StrCat("recv:", what, ":", order, Suffix(stage, i)),
+                               kTransferStream, Device(stage, i)));
       for (uint64_t task : {send, recv}) {
         proto::TransferDesc* t = builder_.task(task).mutable_transfer();
         t->set_group(group);
@@ -311,7 +313,8 @@ absl::Status Lowering::Ensure(ValueId v, int64_t stage, const NdSbp& sbp) {
       builder_.task(send).mutable_transfer()->set_input_tensor(source[static_cast<size_t>(i)].tensor);
       builder_.AddConsumer(source[static_cast<size_t>(i)].desc, send);
       ASSIGN_OR_RETURN(TensorMeta meta, LocalMeta(v, sbp, i));
-      ASSIGN_OR_RETURN(const int64_t desc, NewDesc(recv, Quota({v}, stage, std::max(2, options_.default_quota)), {meta}));
+      ASSIGN_OR_RETURN(const int64_t desc,
+                       NewDesc(recv, Quota({v}, stage, std::max(2, options_.default_quota)), {meta}));
       target.push_back({desc, 0});
     }
     return absl::OkStatus();
@@ -322,8 +325,9 @@ absl::Status Lowering::Ensure(ValueId v, int64_t stage, const NdSbp& sbp) {
   const int64_t order = NewConversion(v);
   std::vector<Shard> target;
   for (int64_t i = 0; i < where.size(); ++i) {
-    ASSIGN_OR_RETURN(const uint64_t task, NewTask(proto::ACTOR_KIND_COLLECTIVE, StrCat("boxing:", what, ":", order, Suffix(stage, i)),
-                                           kTransferStream, Device(stage, i)));
+    ASSIGN_OR_RETURN(const uint64_t task,
+                     NewTask(proto::ACTOR_KIND_COLLECTIVE, StrCat("boxing:", what, ":", order, Suffix(stage, i)),
+                             kTransferStream, Device(stage, i)));
     proto::BoxingDesc* b = builder_.task(task).mutable_boxing();
     b->mutable_logical()->set_dtype(comm::ToProto(value.meta.dtype));
     for (int64_t d : value.meta.shape.dims()) b->mutable_logical()->add_shape(d);
@@ -398,7 +402,8 @@ absl::Status Lowering::LowerNode(const Node& node) {
         const ValueId var = node.outputs[0];
         if (state_of.contains(var) || !read_.contains(var)) return absl::OkStatus();
         const std::string callback = StrCat("init:", first_name, suffix);
-        ASSIGN_OR_RETURN(const uint64_t task, NewTask(proto::ACTOR_KIND_PARAMETER, StrCat("param:", first_name, suffix), kComputeStream, device));
+        ASSIGN_OR_RETURN(const uint64_t task, NewTask(proto::ACTOR_KIND_PARAMETER, StrCat("param:", first_name, suffix),
+                                                      kComputeStream, device));
         builder_.task(task).set_callback(callback);
         ASSIGN_OR_RETURN(TensorMeta meta, LocalMeta(var, layout.outputs[0], i));
         ASSIGN_OR_RETURN(TensorSlice slice, SliceOf(var, layout.outputs[0], i));
@@ -417,8 +422,9 @@ absl::Status Lowering::LowerNode(const Node& node) {
           const std::string callback = StrCat("const:", node.id, suffix);
           // Read once per micro-batch, it is handed out through one Repeat
           // per output, so backward can hold it as long as its quota says.
-          ASSIGN_OR_RETURN(const uint64_t task, NewTask(proto::ACTOR_KIND_PARAMETER, StrCat("const:", node.op, ":", node.id, suffix),
-                                                 kComputeStream, device));
+          ASSIGN_OR_RETURN(const uint64_t task,
+                           NewTask(proto::ACTOR_KIND_PARAMETER, StrCat("const:", node.op, ":", node.id, suffix),
+                                   kComputeStream, device));
           builder_.task(task).set_callback(callback);
           std::vector<TensorMeta> metas;
           ConstantInfo& info = out_.constants[callback];
@@ -435,13 +441,15 @@ absl::Status Lowering::LowerNode(const Node& node) {
             break;
           }
           for (size_t k = 0; k < node.outputs.size(); ++k) {
-            ASSIGN_OR_RETURN(const uint64_t repeat, NewTask(proto::ACTOR_KIND_REPEAT, StrCat("repeat:const:", node.id, ":", k, suffix),
-                                                     kComputeStream, device));
+            ASSIGN_OR_RETURN(const uint64_t repeat,
+                             NewTask(proto::ACTOR_KIND_REPEAT, StrCat("repeat:const:", node.id, ":", k, suffix),
+                                     kComputeStream, device));
             builder_.task(repeat).set_repeat_num(rates_.num_micro_batches);
             builder_.task(repeat).set_input_tensor(static_cast<int32_t>(k));
             SetRate(repeat, true);
             builder_.AddConsumer(desc, repeat);
-            ASSIGN_OR_RETURN(const int64_t views, NewDesc(repeat, Quota({node.outputs[k]}, stage, options_.default_quota), {metas[k]}));
+            ASSIGN_OR_RETURN(const int64_t views,
+                             NewDesc(repeat, Quota({node.outputs[k]}, stage, options_.default_quota), {metas[k]}));
             std::vector<Shard>& shards = shards_[{node.outputs[k], stage, NdSbpToString(layout.outputs[k])}];
             shards.resize(static_cast<size_t>(where.size()));
             shards[static_cast<size_t>(i)] = {views, 0};
@@ -458,7 +466,8 @@ absl::Status Lowering::LowerNode(const Node& node) {
           ASSIGN_OR_RETURN(Shard shard, Read(node.inputs[k], stage, layout.inputs[k], i, task));
           builder_.AddInput(task, shard.desc, shard.tensor);
           ASSIGN_OR_RETURN(TensorSlice slice, SliceOf(node.inputs[k], layout.inputs[k], i));
-          RETURN_IF_ERROR(SetRef(builder_.task(task).mutable_inputs(static_cast<int>(k)), node.inputs[k], slice, draws));
+          RETURN_IF_ERROR(
+              SetRef(builder_.task(task).mutable_inputs(static_cast<int>(k)), node.inputs[k], slice, draws));
         }
         std::vector<TensorMeta> metas;
         for (size_t k = 0; k < node.outputs.size(); ++k) {
@@ -469,7 +478,8 @@ absl::Status Lowering::LowerNode(const Node& node) {
         for (size_t k = 0; k < node.outputs.size(); ++k) {
           builder_.AddOutput(task, desc, static_cast<int32_t>(k));
           ASSIGN_OR_RETURN(TensorSlice slice, SliceOf(node.outputs[k], layout.outputs[k], i));
-          RETURN_IF_ERROR(SetRef(builder_.task(task).mutable_outputs(static_cast<int>(k)), node.outputs[k], slice, draws));
+          RETURN_IF_ERROR(
+              SetRef(builder_.task(task).mutable_outputs(static_cast<int>(k)), node.outputs[k], slice, draws));
         }
         Produced(node, stage, i, desc);
         break;
@@ -477,9 +487,11 @@ absl::Status Lowering::LowerNode(const Node& node) {
       case NodeKind::kRepeat:
       case NodeKind::kAcc: {
         const bool repeat = node.kind == NodeKind::kRepeat;
-        ASSIGN_OR_RETURN(const uint64_t task, NewTask(repeat ? proto::ACTOR_KIND_REPEAT : proto::ACTOR_KIND_ACC,
-                                               StrCat(node.op, ":", repeat ? graph_.value(node.inputs[0]).name : node.scope, ":", node.id, suffix),
-                                               kComputeStream, device));
+        ASSIGN_OR_RETURN(
+            const uint64_t task,
+            NewTask(repeat ? proto::ACTOR_KIND_REPEAT : proto::ACTOR_KIND_ACC,
+                    StrCat(node.op, ":", repeat ? graph_.value(node.inputs[0]).name : node.scope, ":", node.id, suffix),
+                    kComputeStream, device));
         builder_.task(task).set_repeat_num(rates_.num_micro_batches);
         SetRate(task, micro);
         ASSIGN_OR_RETURN(Shard shard, Read(node.inputs[0], stage, layout.inputs[0], i, task));
@@ -556,7 +568,8 @@ absl::Status Lowering::LowerUpdate(const Node& update, ValueId owner) {
 // as (B, B) there.
 absl::Status Lowering::LowerSink() {
   const int64_t stage = mesh_.num_stages() - 1;
-  ASSIGN_OR_RETURN(const uint64_t sink, NewTask(proto::ACTOR_KIND_SINK, "sink:fetch", kComputeStream, Device(stage, 0)));
+  ASSIGN_OR_RETURN(const uint64_t sink,
+                   NewTask(proto::ACTOR_KIND_SINK, "sink:fetch", kComputeStream, Device(stage, 0)));
   builder_.task(sink).set_callback(kSinkCallback);
   NdSbp all_b(mesh_.hierarchy().size(), Sbp::Broadcast());
   std::vector<Shard> read;
@@ -639,8 +652,8 @@ absl::StatusOr<LoweredPlan> LowerToPlan(const Graph& graph, const LowerOptions& 
   if (options.iterations < 1) return absl::InvalidArgumentError(StrCat("scheduler: iterations must be >= 1, got ", options.iterations));
   if (options.start_iteration < 0) return absl::InvalidArgumentError(StrCat("scheduler: start_iteration must be >= 0, got ", options.start_iteration));
   if (options.iterations > comm::kMaxIterations || options.start_iteration > comm::kMaxIterations) {
-    return absl::InvalidArgumentError(StrCat("scheduler: iterations ", options.iterations, " from ", options.start_iteration,
-                                             ": each must be at most 2^62"));
+    return absl::InvalidArgumentError(StrCat("scheduler: iterations ", options.iterations, " from ",
+                                             options.start_iteration, ": each must be at most 2^62"));
   }
   if (options.default_quota < 1 || options.source_quota < 1 || options.default_quota > comm::kMaxRegisterNum ||
       options.source_quota > comm::kMaxRegisterNum) {
@@ -653,17 +666,18 @@ absl::StatusOr<LoweredPlan> LowerToPlan(const Graph& graph, const LowerOptions& 
   ASSIGN_OR_RETURN(const Rates rates, InferRates(graph));
   // Acts are counted over the whole run (start_iteration + iterations) x
   // micro-batches (actors/actor.cc); the count must fit.
-  ASSIGN_OR_RETURN(const int64_t last_iteration, CheckedAdd(options.start_iteration, options.iterations,
-                                                             "scheduler: start_iteration + iterations"));
-  RETURN_IF_ERROR(CheckedMul(last_iteration, rates.num_micro_batches, "scheduler: iterations x micro-batches").status());
+  ASSIGN_OR_RETURN(const int64_t last_iteration,
+                   CheckedAdd(options.start_iteration, options.iterations, "scheduler: start_iteration + iterations"));
+  RETURN_IF_ERROR(
+      CheckedMul(last_iteration, rates.num_micro_batches, "scheduler: iterations x micro-batches").status());
   ASSIGN_OR_RETURN(const DeviceMesh mesh, DeviceMesh::Make(options.parallel));
   // One node for now: every rank is a device index of node 0's actor ids.
   const int64_t last_device = int64_t{options.device_index} + mesh.world_size() - 1;
   if (last_device > static_cast<int64_t>(comm::FieldMax(comm::kDeviceIndexBits))) {
-    return absl::InvalidArgumentError(
-        StrCat(mesh.world_size(), " devices", options.device_index > 0 ? StrCat(" from cpu:", options.device_index) : "",
-               " on one node: actor ids hold at most ", comm::FieldMax(comm::kDeviceIndexBits) + 1,
-               " (device index is ", comm::kDeviceIndexBits, " bits)"));
+    return absl::InvalidArgumentError(StrCat(
+        mesh.world_size(), " devices", options.device_index > 0 ? StrCat(" from cpu:", options.device_index) : "",
+        " on one node: actor ids hold at most ", comm::FieldMax(comm::kDeviceIndexBits) + 1, " (device index is ",
+        comm::kDeviceIndexBits, " bits)"));
   }
   ASSIGN_OR_RETURN(const SbpAssignment sbp, InferSbp(graph, mesh));
   for (const BoxingEdge& edge : sbp.edges) {

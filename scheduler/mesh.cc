@@ -36,7 +36,8 @@ struct LayerRuns {
   }
   // Layers of stage s in the cut table.
   int64_t CountOf(int64_t s) const {
-    const int64_t first = s < short_stages() ? s * per_stage : short_stages() * per_stage + (s - short_stages()) * (per_stage + 1);
+    const int64_t first =
+        s < short_stages() ? s * per_stage : short_stages() * per_stage + (s - short_stages()) * (per_stage + 1);
     const int64_t count = per_stage + (s < short_stages() ? 0 : 1);
     return std::clamp<int64_t>(num_layers - first, 0, count);
   }

@@ -7,6 +7,8 @@
 #include "core/checked.h"
 #include "core/status.h"
 #include "core/text.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 
 namespace tessera::comm {
 namespace {
@@ -112,7 +114,8 @@ absl::StatusOr<TensorSlice> TensorSliceFromProto(const proto::TensorSlice& slice
   if (slice.logical_shape().empty() && slice.offset().empty()) return TensorSlice::Whole(local);
   if (slice.logical_shape_size() != local.rank() || slice.offset_size() != local.rank()) {
     return absl::InvalidArgumentError(StrCat("tensor slice rank mismatch: logical of ", slice.logical_shape_size(),
-                                             " axes, offset of ", slice.offset_size(), " axes, local ", local.ToString()));
+                                             " axes, offset of ", slice.offset_size(), " axes, local ",
+                                             local.ToString()));
   }
   TensorSlice out;
   out.logical = Shape(ToVector(slice.logical_shape()));
@@ -145,14 +148,20 @@ absl::Status CheckPlanSize(const proto::Plan& plan) {
 
 std::string SerializePlan(const proto::Plan& plan) {
   std::string bytes;
-  TESSERA_CHECK(plan.SerializeToString(&bytes), "plan serialisation failed (", plan.ByteSizeLong(),
-                " bytes; CheckPlanSize first)");
+  {
+    google::protobuf::io::StringOutputStream stream(&bytes);
+    google::protobuf::io::CodedOutputStream coded(&stream);
+    coded.SetSerializationDeterministic(true);  // map entries in key order, not hash order
+    TESSERA_CHECK(plan.SerializeToCodedStream(&coded), "plan serialisation failed (", plan.ByteSizeLong(),
+                  " bytes; CheckPlanSize first)");
+  }
   return bytes;
 }
 
 absl::StatusOr<proto::Plan> ParsePlan(std::string_view bytes) {
   if (bytes.size() > static_cast<size_t>(kMaxPlanBytes)) {
-    return absl::InvalidArgumentError(StrCat("a plan of ", bytes.size(), " bytes is over the limit of ", kMaxPlanBytes));
+    return absl::InvalidArgumentError(
+        StrCat("a plan of ", bytes.size(), " bytes is over the limit of ", kMaxPlanBytes));
   }
   proto::Plan plan;
   if (!plan.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
@@ -215,8 +224,8 @@ uint64_t PlanBuilder::AddTask(proto::ActorKind kind, std::string name, uint32_t 
   uint32_t& next = next_task_[StreamOf(*EncodeActorId(id))];
   if (next > FieldMax(kTaskBits)) {
     Fail(absl::ResourceExhaustedError(StrCat("task '", name, "': more than ", FieldMax(kTaskBits) + 1, " tasks on ",
-                                             id.device().ToString(), " stream ", stream, " (task index is ",
-                                             kTaskBits, " bits)")));
+                                             id.device().ToString(), " stream ", stream, " (task index is ", kTaskBits,
+                                             " bits)")));
     return kNoActorId;
   }
   id.task = next++;
@@ -257,7 +266,8 @@ int64_t PlanBuilder::AddRegisterDesc(uint64_t producer, const std::vector<uint64
     }
     bytes = *sum;
   }
-  if (size.ok()) size = CheckedMul(bytes, register_num, StrCat("register bytes x ", register_num, " registers")).status();
+  if (size.ok())
+    size = CheckedMul(bytes, register_num, StrCat("register bytes x ", register_num, " registers")).status();
   if (!size.ok()) {
     Fail(absl::InvalidArgumentError(StrCat("task '", producer_task.name(), "': ", size.message())));
     return -1;

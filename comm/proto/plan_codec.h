@@ -55,8 +55,9 @@ inline constexpr int kMaxHierarchyAxes = 4;
 
 // An error when the plan's wire form would exceed kMaxPlanBytes.
 absl::Status CheckPlanSize(const proto::Plan& plan);
-// The plan's wire form. The plan must pass CheckPlanSize (plans from
-// PlanBuilder::Build do; CHECKed).
+// The plan's wire form, deterministic (attributes in key order: one plan
+// always gives the same bytes). The plan must pass CheckPlanSize (plans
+// from PlanBuilder::Build do; CHECKed).
 std::string SerializePlan(const proto::Plan& plan);
 absl::StatusOr<proto::Plan> ParsePlan(std::string_view bytes);
 

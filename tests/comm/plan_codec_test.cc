@@ -4,6 +4,8 @@
 // loading refuses plans whose registers exceed the memory limit. (The
 // fuzzer, tests/fuzz, throws random mutations at the same path.)
 
+#include "comm/proto/plan_codec.h"
+
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -13,7 +15,6 @@
 #include "actors/plan.h"
 #include "actors/runtime.h"
 #include "comm/proto/actor_id.h"
-#include "comm/proto/plan_codec.h"
 
 namespace tessera {
 namespace {

@@ -17,12 +17,11 @@ namespace {
 
 constexpr int64_t kHuge = int64_t{1} << 62;  // model.seq_length=4611686018427387904
 
-#define EXPECT_ERROR_CONTAINS(status_or, part)                                                   \
-  do {                                                                                           \
-    const absl::Status s_ = (status_or).status();                                                \
-    EXPECT_FALSE(s_.ok());                                                                       \
-    EXPECT_NE(std::string(s_.message()).find(part), std::string::npos) << "missing \"" << (part) \
-                                                                      << "\" in: " << s_;        \
+#define EXPECT_ERROR_CONTAINS(status_or, part)                                                                       \
+  do {                                                                                                               \
+    const absl::Status s_ = (status_or).status();                                                                    \
+    EXPECT_FALSE(s_.ok());                                                                                           \
+    EXPECT_NE(std::string(s_.message()).find(part), std::string::npos) << "missing \"" << (part) << "\" in: " << s_; \
   } while (0)
 
 TEST(Checked, AddAndMulOverflowAreErrors) {

@@ -117,8 +117,8 @@ TEST(Sizes, MeshRefusesAbsurdWorldsAndKeepsNoPerLayerTable) {
   ASSERT_TRUE(mesh.ok()) << mesh.status();
   EXPECT_EQ(*mesh->StageOfLayer(0), 0);
   EXPECT_EQ(*mesh->StageOfLayer((int64_t{1} << 40) - 1), 3);
-  EXPECT_EQ(mesh->LayersPerStage(), (std::vector<int64_t>{int64_t{1} << 38, (int64_t{1} << 38) + 1, (int64_t{1} << 38) + 1,
-                                                          (int64_t{1} << 38) - 2}));
+  EXPECT_EQ(mesh->LayersPerStage(), (std::vector<int64_t>{int64_t{1} << 38, (int64_t{1} << 38) + 1,
+                                                          (int64_t{1} << 38) + 1, (int64_t{1} << 38) - 2}));
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 1.0);
 }
 
@@ -134,15 +134,12 @@ TEST(Sizes, IterationCountsNeverSizeStorage) {
   // Loading allocates per register, not per iteration.
   actors::RuntimeOptions runtime;
   for (const auto& task : lowered->plan.tasks()) {
-    if (task.kind() == proto::ACTOR_KIND_PARAMETER) runtime.callbacks.initializers[task.callback()] = [](auto&) {
-      return absl::OkStatus();
-    };
-    if (task.kind() == proto::ACTOR_KIND_SOURCE) runtime.callbacks.sources[task.callback()] = [](int64_t, auto&) {
-      return absl::OkStatus();
-    };
-    if (task.kind() == proto::ACTOR_KIND_SINK) runtime.callbacks.sinks[task.callback()] = [](int64_t, auto&) {
-      return absl::OkStatus();
-    };
+    if (task.kind() == proto::ACTOR_KIND_PARAMETER)
+      runtime.callbacks.initializers[task.callback()] = [](auto&) { return absl::OkStatus(); };
+    if (task.kind() == proto::ACTOR_KIND_SOURCE)
+      runtime.callbacks.sources[task.callback()] = [](int64_t, auto&) { return absl::OkStatus(); };
+    if (task.kind() == proto::ACTOR_KIND_SINK)
+      runtime.callbacks.sinks[task.callback()] = [](int64_t, auto&) { return absl::OkStatus(); };
   }
   auto loaded = actors::Runtime::Load(lowered->plan, runtime);
   EXPECT_TRUE(loaded.ok()) << loaded.status();
