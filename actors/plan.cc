@@ -112,8 +112,9 @@ absl::Status ValidateTask(const TaskIndex& index, const std::map<int64_t, DescIn
     if (!it->second.consumers.contains(task.actor_id())) {
       return absl::InvalidArgumentError(StrCat(name(), " consumes desc ", id, " which does not list it"));
     }
-    if (index.produced.contains(id))
+    if (index.produced.contains(id)) {
       return absl::InvalidArgumentError(StrCat(name(), " consumes desc ", id, " it produces"));
+    }
   }
   for (int64_t id : task.produced_register_desc_ids()) {
     auto it = descs.find(id);
@@ -254,9 +255,10 @@ absl::Status ValidateTask(const TaskIndex& index, const std::map<int64_t, DescIn
       const bool same = t >= 0 && t < in.tensors_size() && out.tensors_size() == 1 &&
                         in.tensors(t).dtype() == out.tensors(0).dtype() &&
                         ToVector(in.tensors(t).shape()) == ToVector(out.tensors(0).shape());
-      if (!same)
+      if (!same) {
         return absl::InvalidArgumentError(
             StrCat(name(), ": acc must produce one tensor like tensor ", t, " of what it consumes"));
+      }
       break;
     }
     case proto::ACTOR_KIND_COLLECTIVE: {
@@ -315,8 +317,9 @@ absl::Status ValidateTask(const TaskIndex& index, const std::map<int64_t, DescIn
         return absl::OkStatus();
       };
       RETURN_IF_ERROR(check(in, boxing.input_tensor(), routine->input_shape()));
-      if (out.tensors_size() != 1)
+      if (out.tensors_size() != 1) {
         return absl::InvalidArgumentError(StrCat(name(), ": a collective produces registers of one tensor"));
+      }
       RETURN_IF_ERROR(check(out, 0, routine->output_shape()));
       break;
     }
@@ -334,8 +337,9 @@ absl::Status ValidateTask(const TaskIndex& index, const std::map<int64_t, DescIn
         return absl::InvalidArgumentError(StrCat(name(), send ? ": sends a tensor its register does not hold"
                                                               : ": a recv produces registers of one tensor"));
       }
-      if (task.transfer().group().empty())
+      if (task.transfer().group().empty()) {
         return absl::InvalidArgumentError(StrCat(name(), ": transfer without a group"));
+      }
       break;
     }
     default:

@@ -266,8 +266,9 @@ int64_t PlanBuilder::AddRegisterDesc(uint64_t producer, const std::vector<uint64
     }
     bytes = *sum;
   }
-  if (size.ok())
+  if (size.ok()) {
     size = CheckedMul(bytes, register_num, StrCat("register bytes x ", register_num, " registers")).status();
+  }
   if (!size.ok()) {
     Fail(absl::InvalidArgumentError(StrCat("task '", producer_task.name(), "': ", size.message())));
     return -1;
