@@ -1,10 +1,12 @@
 #include "actors/plan.h"
 
+#include <algorithm>
 #include <map>
-#include <set>
+#include <vector>
 
 #include "actors/actor_id.h"
 #include "comm/collective/boxing.h"
+#include "core/checked.h"
 #include "core/status.h"
 #include "core/tensor.h"
 #include "core/text.h"
@@ -21,68 +23,144 @@ std::string TaskName(const proto::Task& task) {
   return StrCat("task '", task.name(), "' (", ActorIdToString(task.actor_id()), ")");
 }
 
-size_t Count(const google::protobuf::RepeatedField<int64_t>& ids, int64_t id) {
-  size_t n = 0;
-  for (int64_t x : ids) n += x == id;
-  return n;
+// Sorted ids, searched by bisection: validation stays O(n log n) in the
+// plan's size whatever its lists hold.
+template <typename Id>
+class IdSet {
+ public:
+  template <typename Range>
+  explicit IdSet(const Range& ids) : ids_(ids.begin(), ids.end()) {
+    std::sort(ids_.begin(), ids_.end());
+  }
+  IdSet() = default;
+  bool contains(Id id) const { return std::binary_search(ids_.begin(), ids_.end(), id); }
+  bool has_duplicates() const { return std::adjacent_find(ids_.begin(), ids_.end()) != ids_.end(); }
+
+ private:
+  std::vector<Id> ids_;
+};
+
+// A task with its consumed and produced desc ids.
+struct TaskIndex {
+  const proto::Task* task = nullptr;
+  IdSet<int64_t> consumed, produced;
+};
+
+// A desc with its consumers.
+struct DescIndex {
+  const proto::RegisterDesc* desc = nullptr;
+  IdSet<uint64_t> consumers;
+};
+
+// Micro-batched refs move their slice by micro_batch_stride rows per
+// micro-batch: every micro-batch's rows must lie inside the logical tensor.
+absl::Status CheckMicroBatchStride(const proto::Task& task, const proto::TensorRef& ref, const TensorSlice& slice,
+                                   int64_t pieces) {
+  const int64_t stride = ref.micro_batch_stride();
+  if (stride == 0 || slice.offset.empty()) return absl::OkStatus();
+  // offset + local <= logical is checked; the last micro-batch adds (pieces - 1) x stride.
+  auto last = CheckedMul(pieces - 1, stride);
+  if (stride < 0 || !last.ok() || *last > slice.logical[0] - slice.local[0] - slice.offset[0]) {
+    return absl::InvalidArgumentError(StrCat(TaskName(task), ": micro_batch_stride ", stride, " moves rows ",
+                                             slice.offset[0], " + ", slice.local[0], " of ", pieces,
+                                             " micro-batches outside the ", slice.logical[0], " logical rows"));
+  }
+  return absl::OkStatus();
 }
 
-}  // namespace
+// The numbers of a task that later arithmetic multiplies: pieces per
+// iteration and acts per step non-negative, acts over the run within int64,
+// fan-in and fan-out within the limits.
+absl::Status ValidateTaskCounts(const proto::Plan& plan, const proto::Task& task) {
+  const auto name = [&task] { return TaskName(task); };  // built only for an error
+  if (task.pieces_per_iteration() < 0 || task.acts_per_step() < 0 || task.repeat_num() < 0) {
+    return absl::InvalidArgumentError(StrCat(name(), " has pieces_per_iteration ", task.pieces_per_iteration(),
+                                             ", acts_per_step ", task.acts_per_step(), ", repeat_num ",
+                                             task.repeat_num(), " (none may be negative)"));
+  }
+  // Actors count acts over (start_iteration + iterations) x pieces (each
+  // at most kMaxIterations, checked by the caller), and an acc's producer
+  // makes repeat_num times as many. At least 1 iteration, so that the
+  // per-iteration numbers are bounded even in a plan of none.
+  const int64_t last = std::max<int64_t>(1, plan.start_iteration() + plan.iterations());
+  auto acts = CheckedMul(last, PiecesPerIteration(task));
+  if (acts.ok()) acts = CheckedMul(*acts, std::max<int64_t>(1, task.repeat_num()));
+  if (!acts.ok()) return absl::InvalidArgumentError(StrCat(name(), ": acts over the run: ", acts.status().message()));
+  for (const int size : {task.consumed_register_desc_ids_size(), task.produced_register_desc_ids_size(),
+                         task.inputs_size(), task.outputs_size(), task.state_size()}) {
+    if (size > comm::kMaxTaskArity) {
+      return absl::InvalidArgumentError(
+          StrCat(name(), " lists ", size, " descs or tensors (at most ", comm::kMaxTaskArity, " of each)"));
+    }
+  }
+  for (const auto& state : task.state()) {
+    auto meta = TensorMetaFromProto(state);
+    if (!meta.ok()) return absl::InvalidArgumentError(StrCat(name(), " state: ", meta.status().message()));
+  }
+  return absl::OkStatus();
+}
 
-namespace {
-
-absl::Status ValidateTask(const proto::Task& task, const std::map<int64_t, const proto::RegisterDesc*>& descs,
+absl::Status ValidateTask(const TaskIndex& index, const std::map<int64_t, DescIndex>& descs,
                           const ops::OpRegistry& registry) {
-  const std::string name = TaskName(task);
+  const proto::Task& task = *index.task;
+  const auto name = [&task] { return TaskName(task); };  // built only for an error
+  if (index.consumed.has_duplicates()) return absl::InvalidArgumentError(StrCat(name(), " consumes a desc twice"));
+  if (index.produced.has_duplicates()) return absl::InvalidArgumentError(StrCat(name(), " produces a desc twice"));
   for (int64_t id : task.consumed_register_desc_ids()) {
     auto it = descs.find(id);
-    if (it == descs.end()) return absl::InvalidArgumentError(StrCat(name, " consumes unknown register desc ", id));
-    bool listed = false;
-    for (uint64_t c : it->second->consumers()) listed |= c == task.actor_id();
-    if (!listed) return absl::InvalidArgumentError(StrCat(name, " consumes desc ", id, " which does not list it"));
-    if (Count(task.consumed_register_desc_ids(), id) != 1) {
-      return absl::InvalidArgumentError(StrCat(name, " consumes desc ", id, " twice"));
+    if (it == descs.end()) return absl::InvalidArgumentError(StrCat(name(), " consumes unknown register desc ", id));
+    if (!it->second.consumers.contains(task.actor_id())) {
+      return absl::InvalidArgumentError(StrCat(name(), " consumes desc ", id, " which does not list it"));
+    }
+    if (index.produced.contains(id)) {
+      return absl::InvalidArgumentError(StrCat(name(), " consumes desc ", id, " it produces"));
     }
   }
   for (int64_t id : task.produced_register_desc_ids()) {
     auto it = descs.find(id);
-    if (it == descs.end()) return absl::InvalidArgumentError(StrCat(name, " produces unknown register desc ", id));
-    if (it->second->producer() != task.actor_id()) {
-      return absl::InvalidArgumentError(StrCat(name, " produces desc ", id, " whose producer is another actor"));
+    if (it == descs.end()) return absl::InvalidArgumentError(StrCat(name(), " produces unknown register desc ", id));
+    if (it->second.desc->producer() != task.actor_id()) {
+      return absl::InvalidArgumentError(StrCat(name(), " produces desc ", id, " whose producer is another actor"));
     }
   }
+  const auto desc_of = [&descs](int64_t id) -> const proto::RegisterDesc& { return *descs.at(id).desc; };
+  const int64_t pieces = PiecesPerIteration(task);
   // Metas of the op's inputs / outputs, resolved through the refs.
   auto resolve = [&](const proto::TensorRef& ref, std::vector<TensorMeta>* metas,
                      bool output) -> absl::Status {
     if (ref.location_case() == proto::TensorRef::kStateIndex) {
       if (ref.state_index() < 0 || ref.state_index() >= task.state_size()) {
-        return absl::InvalidArgumentError(StrCat(name, " refers to state tensor ", ref.state_index(), " of ",
-                                                 task.state_size()));
+        return absl::InvalidArgumentError(
+            StrCat(name(), " refers to state tensor ", ref.state_index(), " of ", task.state_size()));
       }
       ASSIGN_OR_RETURN(TensorMeta meta, TensorMetaFromProto(task.state(ref.state_index())));
       auto slice = TensorSliceFromProto(ref.slice(), meta.shape);
-      if (!slice.ok()) return absl::InvalidArgumentError(StrCat(name, ": ", slice.status().message()));
+      if (!slice.ok()) return absl::InvalidArgumentError(StrCat(name(), ": ", slice.status().message()));
+      RETURN_IF_ERROR(CheckMicroBatchStride(task, ref, *slice, pieces));
       meta.shape = slice->logical;
       metas->push_back(std::move(meta));
       return absl::OkStatus();
     }
+    if (ref.location_case() != proto::TensorRef::kRegisterDescId) {
+      return absl::InvalidArgumentError(StrCat(name(), " has a tensor ref to neither a register nor a state tensor"));
+    }
     const int64_t id = ref.register_desc_id();
-    const auto& own = output ? task.produced_register_desc_ids() : task.consumed_register_desc_ids();
-    bool in_own = Count(own, id) > 0;
+    bool in_own = (output ? index.produced : index.consumed).contains(id);
     // A Parameter's update writes its variable (a produced desc) and reads it.
-    if (!in_own && task.kind() == proto::ACTOR_KIND_PARAMETER) in_own = Count(task.produced_register_desc_ids(), id) > 0;
+    if (!in_own && task.kind() == proto::ACTOR_KIND_PARAMETER) in_own = index.produced.contains(id);
     if (!in_own) {
-      return absl::InvalidArgumentError(StrCat(name, " ", output ? "output" : "input", " refers to desc ", id,
+      return absl::InvalidArgumentError(StrCat(name(), " ", output ? "output" : "input", " refers to desc ", id,
                                                " which it does not ", output ? "produce" : "consume"));
     }
-    const proto::RegisterDesc& desc = *descs.at(id);
+    const proto::RegisterDesc& desc = desc_of(id);
     if (ref.tensor_index() < 0 || ref.tensor_index() >= desc.tensors_size()) {
-      return absl::InvalidArgumentError(StrCat(name, " refers to tensor ", ref.tensor_index(), " of desc ", id,
+      return absl::InvalidArgumentError(StrCat(name(), " refers to tensor ", ref.tensor_index(), " of desc ", id,
                                                " which holds ", desc.tensors_size()));
     }
     ASSIGN_OR_RETURN(TensorMeta meta, TensorMetaFromProto(desc.tensors(ref.tensor_index())));
     auto slice = TensorSliceFromProto(ref.slice(), meta.shape);
-    if (!slice.ok()) return absl::InvalidArgumentError(StrCat(name, ": ", slice.status().message()));
+    if (!slice.ok()) return absl::InvalidArgumentError(StrCat(name(), ": ", slice.status().message()));
+    RETURN_IF_ERROR(CheckMicroBatchStride(task, ref, *slice, pieces));
     // Ops are checked on logical shapes: a shard of a split tensor carries
     // its logical shape in its slice.
     meta.shape = slice->logical;
@@ -95,91 +173,98 @@ absl::Status ValidateTask(const proto::Task& task, const std::map<int64_t, const
 
   const auto single_in_out = [&]() -> absl::Status {
     if (task.consumed_register_desc_ids_size() != 1 || task.produced_register_desc_ids_size() != 1) {
-      return absl::InvalidArgumentError(StrCat(name, " must consume and produce exactly one register desc"));
+      return absl::InvalidArgumentError(StrCat(name(), " must consume and produce exactly one register desc"));
     }
-    if (task.repeat_num() < 1) return absl::InvalidArgumentError(StrCat(name, " needs repeat_num >= 1"));
+    if (task.repeat_num() < 1) return absl::InvalidArgumentError(StrCat(name(), " needs repeat_num >= 1"));
     return absl::OkStatus();
   };
   switch (task.kind()) {
     case proto::ACTOR_KIND_SOURCE:
       if (task.consumed_register_desc_ids_size() != 0) {
-        return absl::InvalidArgumentError(StrCat(name, ": a source consumes nothing"));
+        return absl::InvalidArgumentError(StrCat(name(), ": a source consumes nothing"));
       }
       break;
     case proto::ACTOR_KIND_SINK:
       if (task.produced_register_desc_ids_size() != 0 || task.consumed_register_desc_ids_size() == 0) {
-        return absl::InvalidArgumentError(StrCat(name, ": a sink consumes at least one desc and produces none"));
+        return absl::InvalidArgumentError(StrCat(name(), ": a sink consumes at least one desc and produces none"));
       }
       break;
     case proto::ACTOR_KIND_COMPUTE:
     case proto::ACTOR_KIND_PARAMETER: {
       if (task.kind() == proto::ACTOR_KIND_COMPUTE && task.consumed_register_desc_ids_size() == 0) {
-        return absl::InvalidArgumentError(StrCat(name, ": a compute actor consumes at least one desc"));
+        return absl::InvalidArgumentError(StrCat(name(), ": a compute actor consumes at least one desc"));
       }
       if (task.kind() == proto::ACTOR_KIND_PARAMETER) {
-        if (task.produced_register_desc_ids_size() != 1 || descs.at(task.produced_register_desc_ids(0))->register_num() != 1) {
-          return absl::InvalidArgumentError(StrCat(name, ": a parameter produces exactly one desc, with register_num 1"));
+        if (task.produced_register_desc_ids_size() != 1 ||
+            desc_of(task.produced_register_desc_ids(0)).register_num() != 1) {
+          return absl::InvalidArgumentError(
+              StrCat(name(), ": a parameter produces exactly one desc, with register_num 1"));
         }
       }
       if (task.op().empty()) {
         if (task.inputs_size() != 0 || task.outputs_size() != 0) {
-          return absl::InvalidArgumentError(StrCat(name, " has tensor refs but no op"));
+          return absl::InvalidArgumentError(StrCat(name(), " has tensor refs but no op"));
         }
         break;
       }
       auto schema = registry.Get(task.op());
-      if (!schema.ok()) return absl::InvalidArgumentError(StrCat(name, ": ", schema.status().message()));
+      if (!schema.ok()) return absl::InvalidArgumentError(StrCat(name(), ": ", schema.status().message()));
       auto attrs = AttrMapFromProto(task.attrs());
-      if (!attrs.ok()) return absl::InvalidArgumentError(StrCat(name, ": ", attrs.status().message()));
+      if (!attrs.ok()) return absl::InvalidArgumentError(StrCat(name(), ": ", attrs.status().message()));
       auto canonical = (*schema)->CanonicalizeAttrs(*attrs);
-      if (!canonical.ok()) return absl::InvalidArgumentError(StrCat(name, ": ", canonical.status().message()));
+      if (!canonical.ok()) return absl::InvalidArgumentError(StrCat(name(), ": ", canonical.status().message()));
       auto inferred = (*schema)->InferMeta(inputs, *canonical);
-      if (!inferred.ok()) return absl::InvalidArgumentError(StrCat(name, ": ", inferred.status().message()));
+      if (!inferred.ok()) return absl::InvalidArgumentError(StrCat(name(), ": ", inferred.status().message()));
       if (*inferred != outputs) {
         std::vector<std::string> want, have;
         for (const auto& m : *inferred) want.push_back(m.ToString());
         for (const auto& m : outputs) have.push_back(m.ToString());
-        return absl::InvalidArgumentError(StrCat(name, ": op '", task.op(), "' gives outputs [", Join(want, ", "),
+        return absl::InvalidArgumentError(StrCat(name(), ": op '", task.op(), "' gives outputs [", Join(want, ", "),
                                                  "] but the plan's registers hold [", Join(have, ", "), "]"));
       }
       break;
     }
     case proto::ACTOR_KIND_REPEAT: {
       RETURN_IF_ERROR(single_in_out());
-      const auto& in = *descs.at(task.consumed_register_desc_ids(0));
-      const auto& out = *descs.at(task.produced_register_desc_ids(0));
+      const auto& in = desc_of(task.consumed_register_desc_ids(0));
+      const auto& out = desc_of(task.produced_register_desc_ids(0));
       if (task.input_tensor() < 0 || task.input_tensor() >= in.tensors_size() || out.tensors_size() != 1) {
-        return absl::InvalidArgumentError(StrCat(name, ": repeat must produce one tensor from tensor ", task.input_tensor(),
-                                                 " of a register holding ", in.tensors_size()));
+        return absl::InvalidArgumentError(StrCat(name(), ": repeat must produce one tensor from tensor ",
+                                                 task.input_tensor(), " of a register holding ", in.tensors_size()));
       }
       ASSIGN_OR_RETURN(TensorMeta a, TensorMetaFromProto(in.tensors(task.input_tensor())));
       ASSIGN_OR_RETURN(TensorMeta b, TensorMetaFromProto(out.tensors(0)));
       bool ok = a == b;  // the same tensor m times
       if (!ok && a.dtype == b.dtype && a.shape.rank() >= 1 && a.shape.rank() == b.shape.rank()) {
         Shape scaled = b.shape;
-        scaled[0] *= task.repeat_num();
+        auto rows = CheckedMul(scaled[0], task.repeat_num());
+        scaled[0] = rows.ok() ? *rows : -1;
         ok = scaled == a.shape;  // m row pieces
       }
       if (!ok) {
-        return absl::InvalidArgumentError(StrCat(name, ": ", b.ToString(), " is neither ", a.ToString(), " nor 1/",
+        return absl::InvalidArgumentError(StrCat(name(), ": ", b.ToString(), " is neither ", a.ToString(), " nor 1/",
                                                  task.repeat_num(), " of its rows"));
       }
       break;
     }
     case proto::ACTOR_KIND_ACC: {
       RETURN_IF_ERROR(single_in_out());
-      const auto& in = *descs.at(task.consumed_register_desc_ids(0));
-      const auto& out = *descs.at(task.produced_register_desc_ids(0));
+      const auto& in = desc_of(task.consumed_register_desc_ids(0));
+      const auto& out = desc_of(task.produced_register_desc_ids(0));
       const int t = task.input_tensor();
       const bool same = t >= 0 && t < in.tensors_size() && out.tensors_size() == 1 &&
                         in.tensors(t).dtype() == out.tensors(0).dtype() &&
                         ToVector(in.tensors(t).shape()) == ToVector(out.tensors(0).shape());
-      if (!same) return absl::InvalidArgumentError(StrCat(name, ": acc must produce one tensor like tensor ", t, " of what it consumes"));
+      if (!same) {
+        return absl::InvalidArgumentError(
+            StrCat(name(), ": acc must produce one tensor like tensor ", t, " of what it consumes"));
+      }
       break;
     }
     case proto::ACTOR_KIND_COLLECTIVE: {
       if (task.consumed_register_desc_ids_size() != 1 || task.produced_register_desc_ids_size() != 1) {
-        return absl::InvalidArgumentError(StrCat(name, ": a collective consumes and produces exactly one register desc"));
+        return absl::InvalidArgumentError(
+            StrCat(name(), ": a collective consumes and produces exactly one register desc"));
       }
       const proto::BoxingDesc& boxing = task.boxing();
       comm::BoxingSpec spec;
@@ -187,17 +272,28 @@ absl::Status ValidateTask(const proto::Task& task, const std::map<int64_t, const
       auto from = ParseNdSbp(boxing.from());
       auto to = ParseNdSbp(boxing.to());
       if (!logical.ok() || !from.ok() || !to.ok()) {
-        return absl::InvalidArgumentError(StrCat(name, ": bad boxing (", boxing.from(), " -> ", boxing.to(), ")"));
+        return absl::InvalidArgumentError(StrCat(name(), ": bad boxing (", boxing.from(), " -> ", boxing.to(), ")"));
       }
       spec.logical = *logical;
       spec.from = *from;
       spec.to = *to;
       spec.hierarchy.assign(boxing.hierarchy().begin(), boxing.hierarchy().end());
+      if (spec.hierarchy.size() > static_cast<size_t>(comm::kMaxHierarchyAxes)) {
+        return absl::InvalidArgumentError(StrCat(name(), ": boxing over ", spec.hierarchy.size(),
+                                                 " hierarchy axes (at most ", comm::kMaxHierarchyAxes, ")"));
+      }
+      // Every axis >= 1 and their product the rank count.
       int64_t size = 1;
-      for (int64_t n : spec.hierarchy) size *= n;
+      for (int64_t n : spec.hierarchy) {
+        if (n < 1 || size > boxing.ranks_size() / n) {
+          size = -1;
+          break;
+        }
+        size *= n;
+      }
       if (spec.hierarchy.empty() || size != boxing.ranks_size() || boxing.rank_index() < 0 ||
           boxing.rank_index() >= boxing.ranks_size() || boxing.group().empty()) {
-        return absl::InvalidArgumentError(StrCat(name, ": boxing over ", boxing.ranks_size(), " ranks, hierarchy [",
+        return absl::InvalidArgumentError(StrCat(name(), ": boxing over ", boxing.ranks_size(), " ranks, hierarchy [",
                                                  Join(spec.hierarchy, ", "), "], index ", boxing.rank_index(),
                                                  boxing.group().empty() ? ", no group" : ""));
       }
@@ -207,20 +303,23 @@ absl::Status ValidateTask(const proto::Task& task, const std::map<int64_t, const
         i /= spec.hierarchy[static_cast<size_t>(a)];
       }
       auto routine = comm::BoxingRoutine::Create(spec, coords);
-      if (!routine.ok()) return absl::InvalidArgumentError(StrCat(name, ": ", routine.status().message()));
-      const auto& in = *descs.at(task.consumed_register_desc_ids(0));
-      const auto& out = *descs.at(task.produced_register_desc_ids(0));
+      if (!routine.ok()) return absl::InvalidArgumentError(StrCat(name(), ": ", routine.status().message()));
+      const auto& in = desc_of(task.consumed_register_desc_ids(0));
+      const auto& out = desc_of(task.produced_register_desc_ids(0));
       const auto check = [&](const proto::RegisterDesc& desc, int tensor, const Shape& shape) -> absl::Status {
         auto meta = tensor >= 0 && tensor < desc.tensors_size() ? TensorMetaFromProto(desc.tensors(tensor))
                                                                : absl::StatusOr<TensorMeta>(absl::InvalidArgumentError("no such tensor"));
         if (!meta.ok() || meta->shape != shape || meta->dtype != spec.logical.dtype) {
-          return absl::InvalidArgumentError(StrCat(name, ": tensor ", tensor, " of register desc ", desc.id(), " must be ",
-                                                   TensorMeta{spec.logical.dtype, shape}.ToString(), " for ", spec.ToString()));
+          return absl::InvalidArgumentError(StrCat(name(), ": tensor ", tensor, " of register desc ", desc.id(),
+                                                   " must be ", TensorMeta{spec.logical.dtype, shape}.ToString(),
+                                                   " for ", spec.ToString()));
         }
         return absl::OkStatus();
       };
       RETURN_IF_ERROR(check(in, boxing.input_tensor(), routine->input_shape()));
-      if (out.tensors_size() != 1) return absl::InvalidArgumentError(StrCat(name, ": a collective produces registers of one tensor"));
+      if (out.tensors_size() != 1) {
+        return absl::InvalidArgumentError(StrCat(name(), ": a collective produces registers of one tensor"));
+      }
       RETURN_IF_ERROR(check(out, 0, routine->output_shape()));
       break;
     }
@@ -229,18 +328,22 @@ absl::Status ValidateTask(const proto::Task& task, const std::map<int64_t, const
       const bool send = task.kind() == proto::ACTOR_KIND_SEND;
       if (send ? (task.consumed_register_desc_ids_size() != 1 || task.produced_register_desc_ids_size() != 0)
                : (task.consumed_register_desc_ids_size() != 0 || task.produced_register_desc_ids_size() != 1)) {
-        return absl::InvalidArgumentError(StrCat(name, send ? ": a send consumes one register desc and produces none"
-                                                            : ": a recv produces one register desc and consumes none"));
+        return absl::InvalidArgumentError(
+            StrCat(name(), send ? ": a send consumes one register desc and produces none"
+                                : ": a recv produces one register desc and consumes none"));
       }
-      const auto& desc = *descs.at(send ? task.consumed_register_desc_ids(0) : task.produced_register_desc_ids(0));
+      const auto& desc = desc_of(send ? task.consumed_register_desc_ids(0) : task.produced_register_desc_ids(0));
       if (send ? task.transfer().input_tensor() < 0 || task.transfer().input_tensor() >= desc.tensors_size() : desc.tensors_size() != 1) {
-        return absl::InvalidArgumentError(StrCat(name, send ? ": sends a tensor its register does not hold" : ": a recv produces registers of one tensor"));
+        return absl::InvalidArgumentError(StrCat(name(), send ? ": sends a tensor its register does not hold"
+                                                              : ": a recv produces registers of one tensor"));
       }
-      if (task.transfer().group().empty()) return absl::InvalidArgumentError(StrCat(name, ": transfer without a group"));
+      if (task.transfer().group().empty()) {
+        return absl::InvalidArgumentError(StrCat(name(), ": transfer without a group"));
+      }
       break;
     }
     default:
-      return absl::InvalidArgumentError(StrCat(name, " has no kind"));
+      return absl::InvalidArgumentError(StrCat(name(), " has no kind"));
   }
   return absl::OkStatus();
 }
@@ -250,51 +353,65 @@ absl::Status ValidateTask(const proto::Task& task, const std::map<int64_t, const
 absl::Status ValidatePlan(const proto::Plan& plan, const ops::OpRegistry& registry) {
   if (plan.iterations() < 0) return absl::InvalidArgumentError("plan has negative iterations");
   if (plan.start_iteration() < 0) return absl::InvalidArgumentError("plan has a negative start_iteration");
-  std::map<uint64_t, const proto::Task*> tasks;
+  if (plan.iterations() > comm::kMaxIterations || plan.start_iteration() > comm::kMaxIterations) {
+    return absl::InvalidArgumentError(
+        StrCat("plan runs iterations ", plan.start_iteration(), " + ", plan.iterations(), " (each at most 2^62)"));
+  }
+  std::map<uint64_t, TaskIndex> tasks;
   for (const auto& task : plan.tasks()) {
     RETURN_IF_ERROR(ValidateActorId(task.actor_id()));
-    if (!tasks.emplace(task.actor_id(), &task).second) {
+    TaskIndex& index = tasks[task.actor_id()];
+    if (index.task != nullptr) {
       return absl::InvalidArgumentError(StrCat("two tasks have actor id ", ActorIdToString(task.actor_id())));
     }
+    RETURN_IF_ERROR(ValidateTaskCounts(plan, task));
+    index.task = &task;
+    index.consumed = IdSet<int64_t>(task.consumed_register_desc_ids());
+    index.produced = IdSet<int64_t>(task.produced_register_desc_ids());
   }
-  std::map<int64_t, const proto::RegisterDesc*> descs;
+  std::map<int64_t, DescIndex> descs;
   for (const auto& desc : plan.register_descs()) {
-    const std::string name = StrCat("register desc ", desc.id());
-    if (!descs.emplace(desc.id(), &desc).second) return absl::InvalidArgumentError(StrCat("two ", name, "s"));
-    if (desc.register_num() < 1) return absl::InvalidArgumentError(StrCat(name, " has register_num < 1"));
-    auto producer = tasks.find(desc.producer());
-    if (producer == tasks.end() || Count(producer->second->produced_register_desc_ids(), desc.id()) != 1) {
-      return absl::InvalidArgumentError(StrCat(name, ": producer ", ActorIdToString(desc.producer()),
-                                               " is not a task producing it once"));
+    const auto name = [&desc] { return StrCat("register desc ", desc.id()); };
+    DescIndex& index = descs[desc.id()];
+    if (index.desc != nullptr) return absl::InvalidArgumentError(StrCat("two ", name(), "s"));
+    index.desc = &desc;
+    if (desc.register_num() < 1 || desc.register_num() > comm::kMaxRegisterNum) {
+      return absl::InvalidArgumentError(
+          StrCat(name(), " has register_num ", desc.register_num(), " (must be in [1, ", comm::kMaxRegisterNum, "])"));
     }
-    std::set<uint64_t> seen;
+    auto producer = tasks.find(desc.producer());
+    if (producer == tasks.end() || !producer->second.produced.contains(desc.id())) {
+      return absl::InvalidArgumentError(
+          StrCat(name(), ": producer ", ActorIdToString(desc.producer()), " is not a task producing it"));
+    }
     for (uint64_t consumer : desc.consumers()) {
       auto it = tasks.find(consumer);
-      if (it == tasks.end() || Count(it->second->consumed_register_desc_ids(), desc.id()) != 1) {
+      if (it == tasks.end() || !it->second.consumed.contains(desc.id())) {
         return absl::InvalidArgumentError(
-            StrCat(name, ": consumer ", ActorIdToString(consumer), " is not a task consuming it"));
+            StrCat(name(), ": consumer ", ActorIdToString(consumer), " is not a task consuming it"));
       }
-      if (!seen.insert(consumer).second) return absl::InvalidArgumentError(StrCat(name, " lists a consumer twice"));
     }
+    index.consumers = IdSet<uint64_t>(desc.consumers());
+    if (index.consumers.has_duplicates()) return absl::InvalidArgumentError(StrCat(name(), " lists a consumer twice"));
     int64_t bytes = 0;
     for (const auto& tensor : desc.tensors()) {
       auto meta = TensorMetaFromProto(tensor);
-      if (!meta.ok()) return absl::InvalidArgumentError(StrCat(name, ": ", meta.status().message()));
-      bytes += meta->shape.NumElements() * static_cast<int64_t>(DTypeSize(meta->dtype));
+      absl::StatusOr<int64_t> sum = meta.ok() ? CheckedByteSize(*meta) : meta.status();
+      if (sum.ok()) sum = CheckedAdd(bytes, *sum);
+      if (!sum.ok()) return absl::InvalidArgumentError(StrCat(name(), ": ", sum.status().message()));
+      bytes = *sum;
     }
-    const bool view = producer->second->kind() == proto::ACTOR_KIND_REPEAT;
+    const bool view = producer->second.task->kind() == proto::ACTOR_KIND_REPEAT;
     if (desc.bytes_per_register() != (view ? 0 : bytes)) {
-      return absl::InvalidArgumentError(StrCat(name, " says ", desc.bytes_per_register(), " bytes per register, its tensors hold ",
-                                               view ? 0 : bytes));
+      return absl::InvalidArgumentError(StrCat(name(), " says ", desc.bytes_per_register(),
+                                               " bytes per register, its tensors hold ", view ? 0 : bytes));
     }
   }
-  for (const auto& task : plan.tasks()) RETURN_IF_ERROR(ValidateTask(task, descs, registry));
-  // Piece rates: what a consumer expects per iteration from each consumed desc.
+  for (const auto& task : plan.tasks()) RETURN_IF_ERROR(ValidateTask(tasks.at(task.actor_id()), descs, registry));
+  // Piece rates: what a consumer expects per iteration from each consumed
+  // desc. The products fit: ValidateTaskCounts bounded them over the run.
   for (const auto& task : plan.tasks()) {
     const int64_t pieces = PiecesPerIteration(task);
-    if (task.pieces_per_iteration() < 0) {
-      return absl::InvalidArgumentError(StrCat(TaskName(task), " has pieces_per_iteration ", task.pieces_per_iteration()));
-    }
     if (task.kind() == proto::ACTOR_KIND_PARAMETER && !task.op().empty() && pieces != 1) {
       return absl::InvalidArgumentError(StrCat(TaskName(task), ": a parameter with an update runs once per iteration, not ",
                                                pieces, " times"));
@@ -310,7 +427,7 @@ absl::Status ValidatePlan(const proto::Plan& plan, const ops::OpRegistry& regist
       expected = pieces * task.repeat_num();
     }
     for (int64_t id : task.consumed_register_desc_ids()) {
-      const proto::Task& producer = *tasks.at(descs.at(id)->producer());
+      const proto::Task& producer = *tasks.at(descs.at(id).desc->producer()).task;
       if (PiecesPerIteration(producer) != expected) {
         return absl::InvalidArgumentError(StrCat(TaskName(task), " expects ", expected, " piece(s) per iteration from desc ", id,
                                                  " but ", TaskName(producer), " produces ", PiecesPerIteration(producer)));

@@ -2,7 +2,7 @@
 // The physical plan (comm/proto/plan.proto) on the runtime side: conversions
 // between proto and core types, serialisation, validation, the per-device
 // memory estimate, and PlanBuilder, a small helper for hand-written plans
-// (tests, benchmarks) until the scheduler emits them.
+// (tests, benchmarks).
 
 #include <cstdint>
 #include <map>
@@ -24,6 +24,7 @@ namespace tessera::actors {
 // The plan codec lives in comm/proto (shared with the scheduler); the
 // runtime uses it under these names.
 using comm::AttrMapFromProto;
+using comm::CheckPlanSize;
 using comm::EstimateMemory;
 using comm::FromProto;
 using comm::ParsePlan;
@@ -35,14 +36,18 @@ using comm::TensorSliceFromProto;
 using comm::ToProto;
 
 // Structural checks: ids unique and valid, every register desc's producer and
-// consumers list it, quotas >= 1, byte sizes match the tensors, tensor refs in
-// range, ops known with valid attributes and (compute) outputs matching shape
-// inference, kind-specific arities, piece rates that agree along every desc
-// (a repeat produces repeat_num pieces per consumed one, an acc one per
+// consumers list it (and no task consumes what it produces), quotas in
+// [1, kMaxRegisterNum], tensors within core/checked.h's limits and byte
+// sizes matching them, tensor refs and slices in range (micro-batch strides
+// included), ops known with valid attributes and (compute) outputs matching
+// shape inference, kind-specific arities, boxing and transfer descriptions
+// that the runtime can build, piece rates that agree along every desc (a
+// repeat produces repeat_num pieces per consumed one, an acc one per
 // repeat_num; every other consumer runs at its producer's rate; a parameter
-// with an update runs once per iteration). Errors name the task or desc.
+// with an update runs once per iteration), and the counts of
+// comm/proto/plan_codec.h's limits, so the act counts of the run fit in
+// int64. Errors name the task or desc. Any plan that ParsePlan returns gets
+// OK or an error: plans arrive from the network.
 absl::Status ValidatePlan(const proto::Plan& plan, const ops::OpRegistry& registry);
-
-
 
 }  // namespace tessera::actors

@@ -1,5 +1,6 @@
 #include "actors/runtime.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -11,11 +12,53 @@
 #include "actors/actor_id.h"
 #include "actors/plan.h"
 #include "comm/collective/shm_communicator.h"
+#include "core/checked.h"
 #include "core/status.h"
+#include "core/storage.h"
 #include "core/text.h"
 
 namespace tessera::actors {
 namespace internal {
+namespace {
+
+// What loading `plan` allocates on the host: register_num registers of each
+// desc whose producer is a CPU actor (views excepted) and each CPU
+// Parameter's state, every tensor counted at least one allocator block (an
+// empty tensor still takes one). ValidatePlan bounded each number, so the
+// sums are checked only against overflow.
+absl::Status CheckHostMemory(const proto::Plan& plan, const std::map<uint64_t, const proto::Task*>& tasks,
+                             int64_t limit) {
+  if (limit <= 0) limit = static_cast<int64_t>(std::min<size_t>(PhysicalMemoryBytes(), kMaxTensorBytes));
+  static constexpr auto kBlock = static_cast<int64_t>(Allocator::kAlignment);
+  int64_t total = 0;
+  const auto add = [&total](int64_t tensor_bytes, int64_t copies) -> absl::Status {
+    ASSIGN_OR_RETURN(const int64_t bytes, CheckedMul(std::max(tensor_bytes, kBlock), copies, "plan memory"));
+    ASSIGN_OR_RETURN(total, CheckedAdd(total, bytes, "plan memory"));
+    return absl::OkStatus();
+  };
+  for (const auto& desc : plan.register_descs()) {
+    const bool cpu = DecodeActorId(desc.producer()).device_type == DeviceType::kCpu;
+    if (!cpu || tasks.at(desc.producer())->kind() == proto::ACTOR_KIND_REPEAT) continue;
+    for (const auto& tensor : desc.tensors()) {
+      ASSIGN_OR_RETURN(const TensorMeta meta, TensorMetaFromProto(tensor));
+      RETURN_IF_ERROR(add(*CheckedByteSize(meta), desc.register_num()));
+    }
+  }
+  for (const auto& task : plan.tasks()) {
+    if (DecodeActorId(task.actor_id()).device_type != DeviceType::kCpu) continue;
+    for (const auto& state : task.state()) {
+      ASSIGN_OR_RETURN(const TensorMeta meta, TensorMetaFromProto(state));
+      RETURN_IF_ERROR(add(*CheckedByteSize(meta), 1));
+    }
+  }
+  if (total > limit) {
+    return absl::ResourceExhaustedError(StrCat("the plan's registers and state take ", total,
+                                               " bytes of host memory, more than the limit of ", limit, " bytes"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 class LoadedJob {
  public:
@@ -27,6 +70,7 @@ class LoadedJob {
     RETURN_IF_ERROR(ValidatePlan(job->plan, *registry));
     std::map<uint64_t, const proto::Task*> tasks;
     for (const auto& task : job->plan.tasks()) tasks[task.actor_id()] = &task;
+    RETURN_IF_ERROR(CheckHostMemory(job->plan, tasks, options.memory_limit_bytes));
     // Registers first: actors bind to them when constructed.
     for (const auto& desc : job->plan.register_descs()) {
       RegisterSet& set = job->registers[desc.id()];
@@ -221,6 +265,7 @@ Runtime::~Runtime() = default;
 
 absl::StatusOr<std::unique_ptr<Runtime>> Runtime::Load(const proto::Plan& plan, RuntimeOptions options) {
   // Always through bytes, even in one process (DESIGN §2).
+  RETURN_IF_ERROR(CheckPlanSize(plan));
   return LoadSerialized(SerializePlan(plan), std::move(options));
 }
 
@@ -338,6 +383,7 @@ absl::StatusOr<std::unique_ptr<SteppedExecutor>> SteppedExecutor::Load(const pro
   std::unique_ptr<SteppedExecutor> executor(new SteppedExecutor);
   executor->options_ = std::move(options);
   executor->queue_ = std::make_unique<Queue>();
+  RETURN_IF_ERROR(CheckPlanSize(plan));
   ASSIGN_OR_RETURN(executor->job_,
                    internal::LoadedJob::Load(SerializePlan(plan), executor->options_, executor->queue_.get()));
   return executor;

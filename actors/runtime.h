@@ -2,7 +2,8 @@
 // Executing a plan (DESIGN §8).
 //
 // Runtime: the threaded executor. Load() serialises the plan and parses it
-// back (DESIGN §2), validates it, allocates every register up front
+// back (DESIGN §2), validates it (actors/plan.h: any bytes give a plan or an
+// error), checks its memory against the limit, allocates every register up front
 // (register_num registers of each desc, each holding its tensors; views
 // produced by Repeat are not allocated) and constructs the actors. Run()
 // starts one thread per stream (the upper 40 bits of actor ids), sends
@@ -48,6 +49,11 @@ struct RuntimeOptions {
   // the actors that had not finished (a plan whose quotas deadlock, a
   // callback that never returns...). 0 = wait forever.
   double stall_timeout_s = 0;
+  // Load: the most host memory the plan's CPU registers and Parameter state
+  // may take (each tensor counted at least one allocator block); a plan
+  // asking more is refused with ResourceExhausted before anything is
+  // allocated. 0 = the machine's physical memory.
+  int64_t memory_limit_bytes = 0;
 };
 
 namespace internal {

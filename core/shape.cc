@@ -2,13 +2,17 @@
 
 #include <algorithm>
 
+#include "core/status.h"
 #include "core/text.h"
 
 namespace tessera {
 
 int64_t Shape::NumElements() const {
   int64_t n = 1;
-  for (int64_t d : dims_) n *= d;
+  for (int64_t d : dims_) {
+    TESSERA_CHECK(!__builtin_mul_overflow(n, d, &n), "element count of ", ToString(),
+                  " overflows int64: a shape from input escaped CheckedNumElements");
+  }
   return n;
 }
 

@@ -20,6 +20,9 @@ class Shape {
   int rank() const { return static_cast<int>(dims_.size()); }
   int64_t operator[](int axis) const { return dims_[static_cast<size_t>(axis)]; }
   int64_t& operator[](int axis) { return dims_[static_cast<size_t>(axis)]; }
+  // The product of the extents. For shapes already checked (core/checked.h:
+  // every shape from input is checked where it enters); an overflow here is
+  // a bug and aborts.
   int64_t NumElements() const;
   const std::vector<int64_t>& dims() const { return dims_; }
   // Row-major strides in elements.

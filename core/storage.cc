@@ -1,6 +1,9 @@
 #include "core/storage.h"
 
+#include <unistd.h>
+
 #include <cstdlib>
+#include <limits>
 #include <new>
 
 #include "core/text.h"
@@ -14,7 +17,25 @@ bool CudaBuilt() { return true; }
 bool CudaBuilt() { return false; }
 #endif
 
+size_t PhysicalMemoryBytes() {
+  static const size_t bytes = [] {
+    const long pages = sysconf(_SC_PHYS_PAGES);
+    const long page_size = sysconf(_SC_PAGE_SIZE);
+    // Unknown: no limit of our own (the allocator still reports failure).
+    if (pages <= 0 || page_size <= 0) return std::numeric_limits<size_t>::max();
+    return static_cast<size_t>(pages) * static_cast<size_t>(page_size);
+  }();
+  return bytes;
+}
+
 absl::StatusOr<void*> CpuAllocator::Allocate(size_t bytes) {
+  // Refused before malloc sees it: a request beyond physical memory cannot
+  // be served anyway, and sanitizers abort on huge requests instead of
+  // returning null.
+  if (bytes > PhysicalMemoryBytes()) {
+    return absl::ResourceExhaustedError(StrCat("cpu: cannot allocate ", bytes, " bytes: more than the machine's ",
+                                               PhysicalMemoryBytes(), " bytes of physical memory"));
+  }
   const size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
   void* ptr = std::aligned_alloc(kAlignment, rounded == 0 ? kAlignment : rounded);
   if (ptr == nullptr) {

@@ -26,7 +26,12 @@ class Allocator {
   static constexpr size_t kAlignment = 64;
 };
 
-// Aligned host memory (64 bytes: one cache line, one AVX-512 vector).
+// Host memory the machine has (physical RAM, read once).
+size_t PhysicalMemoryBytes();
+
+// Aligned host memory (64 bytes: one cache line, one AVX-512 vector). A
+// request beyond PhysicalMemoryBytes() is a ResourceExhausted error naming
+// the bytes.
 class CpuAllocator final : public Allocator {
  public:
   absl::StatusOr<void*> Allocate(size_t bytes) override;

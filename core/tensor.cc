@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "core/checked.h"
 #include "core/text.h"
 
 namespace tessera {
@@ -12,11 +13,8 @@ std::string TensorMeta::ToString() const {
 }
 
 absl::StatusOr<Tensor> Tensor::Empty(const Shape& shape, DType dtype, const Device& device) {
-  for (int64_t d : shape.dims()) {
-    if (d < 0) return absl::InvalidArgumentError(StrCat("negative extent in shape ", shape.ToString()));
-  }
-  const size_t bytes = static_cast<size_t>(shape.NumElements()) * DTypeSize(dtype);
-  ASSIGN_OR_RETURN(auto storage, Storage::Create(device, bytes));
+  ASSIGN_OR_RETURN(const int64_t bytes, CheckedByteSize(TensorMeta{dtype, shape}));
+  ASSIGN_OR_RETURN(auto storage, Storage::Create(device, static_cast<size_t>(bytes)));
   return Tensor(std::move(storage), 0, TensorMeta{dtype, shape});
 }
 
@@ -30,7 +28,8 @@ absl::StatusOr<Tensor> Tensor::Zeros(const Shape& shape, DType dtype, const Devi
 }
 
 absl::StatusOr<Tensor> Tensor::Reshape(const Shape& shape) const {
-  if (shape.NumElements() != NumElements()) {
+  auto elements = CheckedNumElements(shape);
+  if (!elements.ok() || *elements != NumElements()) {
     return absl::InvalidArgumentError(StrCat("cannot reshape ", meta_.shape.ToString(), " (",
                                                    NumElements(), " elements) to ", shape.ToString()));
   }
@@ -38,9 +37,9 @@ absl::StatusOr<Tensor> Tensor::Reshape(const Shape& shape) const {
 }
 
 absl::StatusOr<Tensor> Tensor::SliceRows(int64_t start, int64_t length) const {
-  if (meta_.shape.rank() == 0 || start < 0 || length < 0 || start + length > meta_.shape[0]) {
-    return absl::InvalidArgumentError(StrCat("rows [", start, ", ", start + length,
-                                                   ") out of range for shape ", meta_.shape.ToString()));
+  if (meta_.shape.rank() == 0 || start < 0 || length < 0 || start > meta_.shape[0] - length) {
+    return absl::InvalidArgumentError(
+        StrCat("rows ", start, " + ", length, " out of range for shape ", meta_.shape.ToString()));
   }
   Shape shape = meta_.shape;
   const int64_t row_elements = shape[0] == 0 ? 0 : NumElements() / shape[0];

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "core/checked.h"
 #include "core/status.h"
 #include "core/text.h"
 
@@ -60,7 +61,13 @@ absl::StatusOr<std::vector<ValueId>> Graph::AddOp(std::string_view op, const std
     metas.push_back(value(id).meta);
   }
   ASSIGN_OR_RETURN(ops::AttrMap canonical, schema->CanonicalizeAttrs(attrs));
-  ASSIGN_OR_RETURN(std::vector<TensorMeta> out_metas, schema->InferMeta(metas, canonical));
+  // InferMeta checks every output's size (ops/op_schema.h); the scope says
+  // where in the model the op sits.
+  auto out_metas = schema->InferMeta(metas, canonical);
+  if (!out_metas.ok() && !options.scope.empty()) {
+    return absl::Status(out_metas.status().code(), StrCat(options.scope, ": ", out_metas.status().message()));
+  }
+  if (!out_metas.ok()) return out_metas.status();
 
   Node n;
   n.id = num_nodes();
@@ -70,8 +77,8 @@ absl::StatusOr<std::vector<ValueId>> Graph::AddOp(std::string_view op, const std
   n.inputs = inputs;
   n.layer_idx = options.layer_idx;
   n.scope = options.scope;
-  for (size_t i = 0; i < out_metas.size(); ++i) {
-    n.outputs.push_back(AppendValue(out_metas[i], n.id, static_cast<int>(i), i == 0 ? options.name : ""));
+  for (size_t i = 0; i < out_metas->size(); ++i) {
+    n.outputs.push_back(AppendValue((*out_metas)[i], n.id, static_cast<int>(i), i == 0 ? options.name : ""));
   }
   nodes_.push_back(std::move(n));
   return nodes_.back().outputs;
@@ -81,6 +88,9 @@ absl::StatusOr<ValueId> Graph::AddVariable(std::string name, const Shape& shape,
                                            const VariableOptions& options) {
   if (name.empty()) return absl::InvalidArgumentError("a variable needs a name");
   if (FindVariable(name).ok()) return absl::AlreadyExistsError(StrCat("variable '", name, "' already exists"));
+  if (auto bytes = CheckedByteSize({options.dtype, shape}); !bytes.ok()) {
+    return absl::InvalidArgumentError(StrCat("variable '", name, "': ", bytes.status().message()));
+  }
   ASSIGN_OR_RETURN(const ops::OpSchema* schema, registry_->Get(init.op));
   if (!schema->inputs().empty()) {
     return absl::InvalidArgumentError(
@@ -124,6 +134,9 @@ absl::StatusOr<ValueId> Graph::AddVariable(std::string name, const Shape& shape,
 absl::StatusOr<ValueId> Graph::AddInput(std::string name, const TensorMeta& meta, const NodeOptions& options) {
   if (name.empty()) return absl::InvalidArgumentError("a graph input needs a name");
   if (FindInput(name).ok()) return absl::AlreadyExistsError(StrCat("graph input '", name, "' already exists"));
+  if (auto bytes = CheckedByteSize(meta); !bytes.ok()) {
+    return absl::InvalidArgumentError(StrCat("graph input '", name, "': ", bytes.status().message()));
+  }
   Node n;
   n.id = num_nodes();
   n.kind = NodeKind::kInput;

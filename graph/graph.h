@@ -16,7 +16,10 @@
 // all their inputs exist, so node order is always a topological order.
 //
 // Shape inference runs through the registry's InferMeta when a node is added:
-// a bad op fails at once, with the op and the input shapes named.
+// a bad op fails at once, with the op and the input shapes named. Every value
+// is within the size limits of core/checked.h (inputs, variables and op
+// outputs are checked when added), so code reading a graph may multiply its
+// extents freely.
 //
 // Besides nodes the graph records its roots: the loss(es), named fetches
 // (values the host reads back, e.g. metrics) and variable updates (variable

@@ -1,5 +1,8 @@
 #include "ops/op_schema.h"
 
+#include <algorithm>
+
+#include "core/checked.h"
 #include "core/status.h"
 #include "core/text.h"
 
@@ -144,12 +147,26 @@ absl::Status OpSchema::CheckArity(const std::vector<TensorMeta>& inputs) const {
 absl::StatusOr<std::vector<TensorMeta>> OpSchema::InferMeta(const std::vector<TensorMeta>& inputs,
                                                             const AttrMap& attrs) const {
   RETURN_IF_ERROR(CheckArity(inputs));
+  // Inference functions may multiply the extents of their inputs; outputs
+  // made from attributes (shapes, counts) may be any size until checked.
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (auto bytes = CheckedByteSize(inputs[i]); !bytes.ok()) {
+      return absl::InvalidArgumentError(StrCat("op '", name_, "': input ", i, ": ", bytes.status().message()));
+    }
+  }
   absl::StatusOr<std::vector<TensorMeta>> result = RefuseF64(inputs, "input");
   if (result.ok()) result = infer_(inputs, attrs);
   if (result.ok()) result = RefuseF64(*std::move(result), "output");
   if (!result.ok()) {
     return absl::Status(result.status().code(),
                         StrCat("op '", name_, "' (", DescribeInputs(*this, inputs), "): ", result.status().message()));
+  }
+  for (size_t i = 0; i < result->size(); ++i) {
+    if (auto bytes = CheckedByteSize((*result)[i]); !bytes.ok()) {
+      const std::string output = outputs_.empty() ? StrCat(i) : outputs_[std::min(i, outputs_.size() - 1)].name;
+      return absl::InvalidArgumentError(StrCat("op '", name_, "' (", DescribeInputs(*this, inputs), "): output ",
+                                               output, ": ", bytes.status().message()));
+    }
   }
   return result;
 }

@@ -107,7 +107,8 @@ class OpSchema {
   absl::StatusOr<AttrMap> CanonicalizeAttrs(const AttrMap& given) const;
   // Output metas for these inputs; errors name the op and every input's
   // dtype and shape. Attributes must be canonical. f64 inputs and outputs
-  // are refused: f64 is host-side only (core/dtype.h).
+  // are refused: f64 is host-side only (core/dtype.h). Inputs and outputs are
+  // held to core/checked.h's size limits (an error names the tensor).
   absl::StatusOr<std::vector<TensorMeta>> InferMeta(const std::vector<TensorMeta>& inputs,
                                                     const AttrMap& attrs) const;
   // Empty when the op declares no signatures.

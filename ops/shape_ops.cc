@@ -6,10 +6,10 @@
 #include "ops/cpu/shape_ops.h"
 
 #include <cmath>
-#include <numeric>
 #include <optional>
 #include <string>
 
+#include "core/checked.h"
 #include "core/status.h"
 #include "core/text.h"
 #include "ops/op_util.h"
@@ -67,7 +67,7 @@ absl::StatusOr<Shape> ResolveReshape(const Shape& in, const std::vector<int64_t>
     } else if (dims[i] < 0) {
       return absl::InvalidArgumentError(StrCat("shape (", Join(dims, ", "), ") has a negative extent"));
     } else {
-      known *= dims[i];
+      ASSIGN_OR_RETURN(known, CheckedMul(known, dims[i], StrCat("shape (", Join(dims, ", "), ")")));
     }
   }
   std::vector<int64_t> out = dims;
@@ -80,9 +80,9 @@ absl::StatusOr<Shape> ResolveReshape(const Shape& in, const std::vector<int64_t>
     out[static_cast<size_t>(inferred)] = n / known;
   }
   Shape shape(std::move(out));
-  if (shape.NumElements() != n) {
+  if (known != n && inferred < 0) {
     return absl::InvalidArgumentError(StrCat("cannot reshape ", in.ToString(), " (", n, " elements) to ",
-                                             shape.ToString(), " (", shape.NumElements(), " elements)"));
+                                             shape.ToString(), " (", known, " elements)"));
   }
   return shape;
 }
@@ -409,7 +409,9 @@ void RegisterConcatSplit(OpRegistry& r) {
                                                                     " does not match xs[0] ", in[0].ToString(),
                                                                     " outside axis ", axis));
                          }
-                         dims[static_cast<size_t>(axis)] += in[i].shape[axis];
+                         ASSIGN_OR_RETURN(dims[static_cast<size_t>(axis)],
+                                          CheckedAdd(dims[static_cast<size_t>(axis)], in[i].shape[axis],
+                                                     StrCat("extent of axis ", axis)));
                        }
                        return MetaList{{in[0].dtype, Shape(dims)}};
                      })
@@ -453,8 +455,11 @@ void RegisterConcatSplit(OpRegistry& r) {
                        ASSIGN_OR_RETURN(int axis, NormalizeAxis(attrs.Int("axis"), in[0].shape.rank()));
                        const std::vector<int64_t>& sizes = attrs.Ints("sizes");
                        RETURN_IF_ERROR(CheckExtents(sizes, "sizes"));
-                       if (sizes.empty() ||
-                           std::accumulate(sizes.begin(), sizes.end(), int64_t{0}) != in[0].shape[axis]) {
+                       int64_t total = 0;
+                       for (int64_t size : sizes) {
+                         ASSIGN_OR_RETURN(total, CheckedAdd(total, size, StrCat("sizes (", Join(sizes, ", "), ")")));
+                       }
+                       if (sizes.empty() || total != in[0].shape[axis]) {
                          return absl::InvalidArgumentError(StrCat("sizes (", Join(sizes, ", "), ") must sum to axis ",
                                                                   axis, "'s extent ", in[0].shape[axis]));
                        }

@@ -4,7 +4,9 @@
 #include <set>
 #include <utility>
 
+#include "comm/proto/actor_id.h"
 #include "comm/proto/plan_codec.h"
+#include "core/checked.h"
 #include "core/status.h"
 #include "core/text.h"
 
@@ -203,9 +205,18 @@ class Lowering {
     }
     return base;
   }
+  // A task on (device, stream) of this node; its id must fit (the builder's
+  // errors are sticky, so the first one is returned here).
+  absl::StatusOr<uint64_t> NewTask(proto::ActorKind kind, std::string name, uint32_t stream, uint32_t device) {
+    const uint64_t task = builder_.AddTask(kind, std::move(name), stream, device);
+    RETURN_IF_ERROR(builder_.status());
+    return task;
+  }
   // A desc on one rank holding `tensors`, produced by `task`.
-  int64_t NewDesc(uint64_t task, int32_t quota, const std::vector<TensorMeta>& tensors) {
-    return builder_.AddRegisterDesc(task, {}, quota, tensors);
+  absl::StatusOr<int64_t> NewDesc(uint64_t task, int32_t quota, const std::vector<TensorMeta>& tensors) {
+    const int64_t desc = builder_.AddRegisterDesc(task, {}, quota, tensors);
+    RETURN_IF_ERROR(builder_.status());
+    return desc;
   }
   // Makes `v` available in layout (stage, sbp) on every rank of the stage.
   absl::Status Ensure(ValueId v, int64_t stage, const NdSbp& sbp);
@@ -218,15 +229,22 @@ class Lowering {
   }
   // An op input / output ref with its slice (split values) and, for random
   // ops under micro-batching, the micro-batch stride.
-  void SetRef(proto::TensorRef* ref, ValueId v, const TensorSlice& slice, bool draws) {
+  absl::Status SetRef(proto::TensorRef* ref, ValueId v, const TensorSlice& slice, bool draws) {
     const Shape& logical = graph_.value(v).meta.shape;
     const bool micro = draws && MicroRate(v) && rates_.num_micro_batches > 1 && logical.rank() > 0;
-    if (slice.local == logical && !micro) return;
+    if (slice.local == logical && !micro) return absl::OkStatus();
     for (int a = 0; a < logical.rank(); ++a) {
-      ref->mutable_slice()->add_logical_shape(a == 0 && micro ? logical[0] * rates_.num_micro_batches : logical[a]);
+      int64_t extent = logical[a];
+      if (a == 0 && micro) {
+        // The iteration's global batch: the micro-batch's rows m times.
+        ASSIGN_OR_RETURN(extent, CheckedMul(logical[0], rates_.num_micro_batches,
+                                            StrCat("rows of '", graph_.value(v).name, "' x micro-batches")));
+      }
+      ref->mutable_slice()->add_logical_shape(extent);
       ref->mutable_slice()->add_offset(slice.offset[static_cast<size_t>(a)]);
     }
     if (micro) ref->set_micro_batch_stride(logical[0]);
+    return absl::OkStatus();
   }
   absl::Status LowerNode(const Node& node);
   absl::Status LowerUpdate(const Node& update, ValueId owner);
@@ -280,10 +298,12 @@ absl::Status Lowering::Ensure(ValueId v, int64_t stage, const NdSbp& sbp) {
     const int64_t order = NewConversion(v);
     for (int64_t i = 0; i < placement(stage).size(); ++i) {
       const std::string group = StrCat("t", order, "/", i);
-      const uint64_t send = builder_.AddTask(proto::ACTOR_KIND_SEND, StrCat("send:", what, ":", order, Suffix(from.stage, i)),
-                                             kTransferStream, Device(from.stage, i));
-      const uint64_t recv = builder_.AddTask(proto::ACTOR_KIND_RECV, StrCat("recv:", what, ":", order, Suffix(stage, i)),
-                                             kTransferStream, Device(stage, i));
+      ASSIGN_OR_RETURN(const uint64_t send,
+                       NewTask(proto::ACTOR_KIND_SEND, StrCat("send:", what, ":", order, Suffix(from.stage, i)),
+                               kTransferStream, Device(from.stage, i)));
+      ASSIGN_OR_RETURN(const uint64_t recv,
+                       NewTask(proto::ACTOR_KIND_RECV, StrCat("recv:", what, ":", order, Suffix(stage, i)),
+                               kTransferStream, Device(stage, i)));
       for (uint64_t task : {send, recv}) {
         proto::TransferDesc* t = builder_.task(task).mutable_transfer();
         t->set_group(group);
@@ -294,7 +314,9 @@ absl::Status Lowering::Ensure(ValueId v, int64_t stage, const NdSbp& sbp) {
       builder_.task(send).mutable_transfer()->set_input_tensor(source[static_cast<size_t>(i)].tensor);
       builder_.AddConsumer(source[static_cast<size_t>(i)].desc, send);
       ASSIGN_OR_RETURN(TensorMeta meta, LocalMeta(v, sbp, i));
-      target.push_back({NewDesc(recv, Quota({v}, stage, std::max(2, options_.default_quota)), {meta}), 0});
+      ASSIGN_OR_RETURN(const int64_t desc,
+                       NewDesc(recv, Quota({v}, stage, std::max(2, options_.default_quota)), {meta}));
+      target.push_back({desc, 0});
     }
     return absl::OkStatus();
   }
@@ -304,8 +326,9 @@ absl::Status Lowering::Ensure(ValueId v, int64_t stage, const NdSbp& sbp) {
   const int64_t order = NewConversion(v);
   std::vector<Shard> target;
   for (int64_t i = 0; i < where.size(); ++i) {
-    const uint64_t task = builder_.AddTask(proto::ACTOR_KIND_COLLECTIVE, StrCat("boxing:", what, ":", order, Suffix(stage, i)),
-                                           kTransferStream, Device(stage, i));
+    ASSIGN_OR_RETURN(const uint64_t task,
+                     NewTask(proto::ACTOR_KIND_COLLECTIVE, StrCat("boxing:", what, ":", order, Suffix(stage, i)),
+                             kTransferStream, Device(stage, i)));
     proto::BoxingDesc* b = builder_.task(task).mutable_boxing();
     b->mutable_logical()->set_dtype(comm::ToProto(value.meta.dtype));
     for (int64_t d : value.meta.shape.dims()) b->mutable_logical()->add_shape(d);
@@ -326,7 +349,8 @@ absl::Status Lowering::Ensure(ValueId v, int64_t stage, const NdSbp& sbp) {
     SetRate(task, micro);
     builder_.AddConsumer(source[static_cast<size_t>(i)].desc, task);
     ASSIGN_OR_RETURN(TensorMeta meta, LocalMeta(v, sbp, i));
-    target.push_back({NewDesc(task, Quota({v}, stage, options_.default_quota), {meta}), 0});
+    ASSIGN_OR_RETURN(const int64_t desc, NewDesc(task, Quota({v}, stage, options_.default_quota), {meta}));
+    target.push_back({desc, 0});
   }
   shards_[{v, stage, NdSbpToString(sbp)}] = std::move(target);
   return absl::OkStatus();
@@ -365,27 +389,30 @@ absl::Status Lowering::LowerNode(const Node& node) {
       case NodeKind::kInput: {
         if (!read_.contains(node.outputs[0])) return absl::OkStatus();  // fed but unused: no task
         const std::string callback = StrCat("input:", first_name, suffix);
-        const uint64_t task = builder_.AddTask(proto::ACTOR_KIND_SOURCE, callback, kComputeStream, device);
+        ASSIGN_OR_RETURN(const uint64_t task, NewTask(proto::ACTOR_KIND_SOURCE, callback, kComputeStream, device));
         builder_.task(task).set_callback(callback);
         SetRate(task, micro);
         ASSIGN_OR_RETURN(TensorSlice slice, SliceOf(node.outputs[0], layout.outputs[0], i));
         out_.sources[callback] = {node.outputs[0], slice};
         ASSIGN_OR_RETURN(TensorMeta meta, LocalMeta(node.outputs[0], layout.outputs[0], i));
-        Produced(node, stage, i, NewDesc(task, Quota(node.outputs, stage, options_.source_quota), {meta}));
+        ASSIGN_OR_RETURN(const int64_t desc, NewDesc(task, Quota(node.outputs, stage, options_.source_quota), {meta}));
+        Produced(node, stage, i, desc);
         break;
       }
       case NodeKind::kVariable: {
         const ValueId var = node.outputs[0];
         if (state_of.contains(var) || !read_.contains(var)) return absl::OkStatus();
         const std::string callback = StrCat("init:", first_name, suffix);
-        const uint64_t task = builder_.AddTask(proto::ACTOR_KIND_PARAMETER, StrCat("param:", first_name, suffix), kComputeStream, device);
+        ASSIGN_OR_RETURN(const uint64_t task, NewTask(proto::ACTOR_KIND_PARAMETER, StrCat("param:", first_name, suffix),
+                                                      kComputeStream, device));
         builder_.task(task).set_callback(callback);
         ASSIGN_OR_RETURN(TensorMeta meta, LocalMeta(var, layout.outputs[0], i));
         ASSIGN_OR_RETURN(TensorSlice slice, SliceOf(var, layout.outputs[0], i));
         out_.initializers[callback].values.push_back(var);
         out_.initializers[callback].slices.push_back(slice);
         param_tasks_[var].push_back(task);
-        Produced(node, stage, i, NewDesc(task, 1, {meta}));
+        ASSIGN_OR_RETURN(const int64_t desc, NewDesc(task, 1, {meta}));
+        Produced(node, stage, i, desc);
         break;
       }
       case NodeKind::kOp: {
@@ -396,8 +423,9 @@ absl::Status Lowering::LowerNode(const Node& node) {
           const std::string callback = StrCat("const:", node.id, suffix);
           // Read once per micro-batch, it is handed out through one Repeat
           // per output, so backward can hold it as long as its quota says.
-          const uint64_t task = builder_.AddTask(proto::ACTOR_KIND_PARAMETER, StrCat("const:", node.op, ":", node.id, suffix),
-                                                 kComputeStream, device);
+          ASSIGN_OR_RETURN(const uint64_t task,
+                           NewTask(proto::ACTOR_KIND_PARAMETER, StrCat("const:", node.op, ":", node.id, suffix),
+                                   kComputeStream, device));
           builder_.task(task).set_callback(callback);
           std::vector<TensorMeta> metas;
           ConstantInfo& info = out_.constants[callback];
@@ -408,19 +436,21 @@ absl::Status Lowering::LowerNode(const Node& node) {
             metas.push_back(meta);
             info.slices.push_back(slice);
           }
-          const int64_t desc = NewDesc(task, 1, metas);
+          ASSIGN_OR_RETURN(const int64_t desc, NewDesc(task, 1, metas));
           if (!micro || rates_.num_micro_batches == 1) {
             Produced(node, stage, i, desc);
             break;
           }
           for (size_t k = 0; k < node.outputs.size(); ++k) {
-            const uint64_t repeat = builder_.AddTask(proto::ACTOR_KIND_REPEAT, StrCat("repeat:const:", node.id, ":", k, suffix),
-                                                     kComputeStream, device);
+            ASSIGN_OR_RETURN(const uint64_t repeat,
+                             NewTask(proto::ACTOR_KIND_REPEAT, StrCat("repeat:const:", node.id, ":", k, suffix),
+                                     kComputeStream, device));
             builder_.task(repeat).set_repeat_num(rates_.num_micro_batches);
             builder_.task(repeat).set_input_tensor(static_cast<int32_t>(k));
             SetRate(repeat, true);
             builder_.AddConsumer(desc, repeat);
-            const int64_t views = NewDesc(repeat, Quota({node.outputs[k]}, stage, options_.default_quota), {metas[k]});
+            ASSIGN_OR_RETURN(const int64_t views,
+                             NewDesc(repeat, Quota({node.outputs[k]}, stage, options_.default_quota), {metas[k]}));
             std::vector<Shard>& shards = shards_[{node.outputs[k], stage, NdSbpToString(layout.outputs[k])}];
             shards.resize(static_cast<size_t>(where.size()));
             shards[static_cast<size_t>(i)] = {views, 0};
@@ -428,7 +458,7 @@ absl::Status Lowering::LowerNode(const Node& node) {
           break;
         }
         const std::string name = StrCat(node.scope.empty() ? std::string() : StrCat(node.scope, "/"), node.op, ":", node.id, suffix);
-        const uint64_t task = builder_.AddTask(proto::ACTOR_KIND_COMPUTE, name, kComputeStream, device);
+        ASSIGN_OR_RETURN(const uint64_t task, NewTask(proto::ACTOR_KIND_COMPUTE, name, kComputeStream, device));
         builder_.SetOp(task, node.op, node.attrs);
         SetRate(task, micro);
         const ops::OpSchema* schema = graph_.schema(node);
@@ -437,18 +467,20 @@ absl::Status Lowering::LowerNode(const Node& node) {
           ASSIGN_OR_RETURN(Shard shard, Read(node.inputs[k], stage, layout.inputs[k], i, task));
           builder_.AddInput(task, shard.desc, shard.tensor);
           ASSIGN_OR_RETURN(TensorSlice slice, SliceOf(node.inputs[k], layout.inputs[k], i));
-          SetRef(builder_.task(task).mutable_inputs(static_cast<int>(k)), node.inputs[k], slice, draws);
+          RETURN_IF_ERROR(
+              SetRef(builder_.task(task).mutable_inputs(static_cast<int>(k)), node.inputs[k], slice, draws));
         }
         std::vector<TensorMeta> metas;
         for (size_t k = 0; k < node.outputs.size(); ++k) {
           ASSIGN_OR_RETURN(TensorMeta meta, LocalMeta(node.outputs[k], layout.outputs[k], i));
           metas.push_back(meta);
         }
-        const int64_t desc = NewDesc(task, Quota(node.outputs, stage, options_.default_quota), metas);
+        ASSIGN_OR_RETURN(const int64_t desc, NewDesc(task, Quota(node.outputs, stage, options_.default_quota), metas));
         for (size_t k = 0; k < node.outputs.size(); ++k) {
           builder_.AddOutput(task, desc, static_cast<int32_t>(k));
           ASSIGN_OR_RETURN(TensorSlice slice, SliceOf(node.outputs[k], layout.outputs[k], i));
-          SetRef(builder_.task(task).mutable_outputs(static_cast<int>(k)), node.outputs[k], slice, draws);
+          RETURN_IF_ERROR(
+              SetRef(builder_.task(task).mutable_outputs(static_cast<int>(k)), node.outputs[k], slice, draws));
         }
         Produced(node, stage, i, desc);
         break;
@@ -456,15 +488,18 @@ absl::Status Lowering::LowerNode(const Node& node) {
       case NodeKind::kRepeat:
       case NodeKind::kAcc: {
         const bool repeat = node.kind == NodeKind::kRepeat;
-        const uint64_t task = builder_.AddTask(repeat ? proto::ACTOR_KIND_REPEAT : proto::ACTOR_KIND_ACC,
-                                               StrCat(node.op, ":", repeat ? graph_.value(node.inputs[0]).name : node.scope, ":", node.id, suffix),
-                                               kComputeStream, device);
+        ASSIGN_OR_RETURN(
+            const uint64_t task,
+            NewTask(repeat ? proto::ACTOR_KIND_REPEAT : proto::ACTOR_KIND_ACC,
+                    StrCat(node.op, ":", repeat ? graph_.value(node.inputs[0]).name : node.scope, ":", node.id, suffix),
+                    kComputeStream, device));
         builder_.task(task).set_repeat_num(rates_.num_micro_batches);
         SetRate(task, micro);
         ASSIGN_OR_RETURN(Shard shard, Read(node.inputs[0], stage, layout.inputs[0], i, task));
         builder_.task(task).set_input_tensor(shard.tensor);
         ASSIGN_OR_RETURN(TensorMeta meta, LocalMeta(node.outputs[0], layout.outputs[0], i));
-        Produced(node, stage, i, NewDesc(task, Quota(node.outputs, stage, options_.default_quota), {meta}));
+        ASSIGN_OR_RETURN(const int64_t desc, NewDesc(task, Quota(node.outputs, stage, options_.default_quota), {meta}));
+        Produced(node, stage, i, desc);
         break;
       }
     }
@@ -507,7 +542,7 @@ absl::Status Lowering::LowerUpdate(const Node& update, ValueId owner) {
       } else if (state_of.contains(in)) {
         builder_.AddStateInput(task, state_of.at(in).second);
         ASSIGN_OR_RETURN(TensorSlice slice, SliceOf(in, sbp_.values[static_cast<size_t>(in)].nd_sbp, static_cast<int64_t>(i)));
-        SetRef(builder_.task(task).mutable_inputs(static_cast<int>(k)), in, slice, false);
+        RETURN_IF_ERROR(SetRef(builder_.task(task).mutable_inputs(static_cast<int>(k)), in, slice, false));
         continue;
       } else {
         ASSIGN_OR_RETURN(Shard shard, Read(in, layout.stage, layout.inputs[k], static_cast<int64_t>(i), task));
@@ -516,17 +551,17 @@ absl::Status Lowering::LowerUpdate(const Node& update, ValueId owner) {
       const proto::TensorRef& added = builder_.task(task).inputs(static_cast<int>(k));
       if (added.location_case() == proto::TensorRef::kRegisterDescId) {
         ASSIGN_OR_RETURN(TensorSlice slice, SliceOf(in, layout.inputs[k], static_cast<int64_t>(i)));
-        SetRef(builder_.task(task).mutable_inputs(static_cast<int>(k)), in, slice, false);
+        RETURN_IF_ERROR(SetRef(builder_.task(task).mutable_inputs(static_cast<int>(k)), in, slice, false));
       }
     }
     builder_.AddOutput(task, own_desc, 0);
     ASSIGN_OR_RETURN(TensorSlice slice, SliceOf(owner, var_layout.outputs[0], static_cast<int64_t>(i)));
-    SetRef(builder_.task(task).mutable_outputs(0), owner, slice, false);
+    RETURN_IF_ERROR(SetRef(builder_.task(task).mutable_outputs(0), owner, slice, false));
     for (size_t k = 1; k < update.outputs.size(); ++k) {
       builder_.AddStateOutput(task, static_cast<int32_t>(k - 1));
       const ValueId state = states[k - 1];
       ASSIGN_OR_RETURN(TensorSlice state_slice, SliceOf(state, sbp_.values[static_cast<size_t>(state)].nd_sbp, static_cast<int64_t>(i)));
-      SetRef(builder_.task(task).mutable_outputs(static_cast<int>(k)), state, state_slice, false);
+      RETURN_IF_ERROR(SetRef(builder_.task(task).mutable_outputs(static_cast<int>(k)), state, state_slice, false));
     }
   }
   return absl::OkStatus();
@@ -536,7 +571,8 @@ absl::Status Lowering::LowerUpdate(const Node& update, ValueId owner) {
 // as (B, B) there.
 absl::Status Lowering::LowerSink() {
   const int64_t stage = mesh_.num_stages() - 1;
-  const uint64_t sink = builder_.AddTask(proto::ACTOR_KIND_SINK, "sink:fetch", kComputeStream, Device(stage, 0));
+  ASSIGN_OR_RETURN(const uint64_t sink,
+                   NewTask(proto::ACTOR_KIND_SINK, "sink:fetch", kComputeStream, Device(stage, 0)));
   builder_.task(sink).set_callback(kSinkCallback);
   NdSbp all_b(mesh_.hierarchy().size(), Sbp::Broadcast());
   std::vector<Shard> read;
@@ -596,6 +632,7 @@ absl::StatusOr<LoweredPlan> Lowering::Run() {
   for (const Node& node : graph_.nodes()) RETURN_IF_ERROR(LowerNode(node));
   RETURN_IF_ERROR(LowerSink());
   out_.plan = builder_.Build();
+  RETURN_IF_ERROR(builder_.status());
   OrderConversions(out_.plan);
   out_.plan.set_mesh(mesh_.ToString());
   out_.plan.set_start_iteration(options_.start_iteration);
@@ -617,12 +654,34 @@ absl::StatusOr<LoweredPlan> Lowering::Run() {
 absl::StatusOr<LoweredPlan> LowerToPlan(const Graph& graph, const LowerOptions& options) {
   if (options.iterations < 1) return absl::InvalidArgumentError(StrCat("scheduler: iterations must be >= 1, got ", options.iterations));
   if (options.start_iteration < 0) return absl::InvalidArgumentError(StrCat("scheduler: start_iteration must be >= 0, got ", options.start_iteration));
-  if (options.default_quota < 1 || options.source_quota < 1) return absl::InvalidArgumentError("scheduler: quotas must be >= 1");
+  if (options.iterations > comm::kMaxIterations || options.start_iteration > comm::kMaxIterations) {
+    return absl::InvalidArgumentError(StrCat("scheduler: iterations ", options.iterations, " from ",
+                                             options.start_iteration, ": each must be at most 2^62"));
+  }
+  if (options.default_quota < 1 || options.source_quota < 1 || options.default_quota > comm::kMaxRegisterNum ||
+      options.source_quota > comm::kMaxRegisterNum) {
+    return absl::InvalidArgumentError(StrCat("scheduler: quotas must be in [1, ", comm::kMaxRegisterNum, "], got ",
+                                             options.default_quota, " and source ", options.source_quota));
+  }
   if (graph.losses().empty() && graph.fetches().empty()) {
     return absl::InvalidArgumentError("scheduler: the graph has no loss and no fetch");
   }
   ASSIGN_OR_RETURN(const Rates rates, InferRates(graph));
+  // Acts are counted over the whole run (start_iteration + iterations) x
+  // micro-batches (actors/actor.cc); the count must fit.
+  ASSIGN_OR_RETURN(const int64_t last_iteration,
+                   CheckedAdd(options.start_iteration, options.iterations, "scheduler: start_iteration + iterations"));
+  RETURN_IF_ERROR(
+      CheckedMul(last_iteration, rates.num_micro_batches, "scheduler: iterations x micro-batches").status());
   ASSIGN_OR_RETURN(const DeviceMesh mesh, DeviceMesh::Make(options.parallel));
+  // One node for now: every rank is a device index of node 0's actor ids.
+  const int64_t last_device = int64_t{options.device_index} + mesh.world_size() - 1;
+  if (last_device > static_cast<int64_t>(comm::FieldMax(comm::kDeviceIndexBits))) {
+    return absl::InvalidArgumentError(StrCat(
+        mesh.world_size(), " devices", options.device_index > 0 ? StrCat(" from cpu:", options.device_index) : "",
+        " on one node: actor ids hold at most ", comm::FieldMax(comm::kDeviceIndexBits) + 1, " (device index is ",
+        comm::kDeviceIndexBits, " bits)"));
+  }
   ASSIGN_OR_RETURN(const SbpAssignment sbp, InferSbp(graph, mesh));
   for (const BoxingEdge& edge : sbp.edges) {
     if (edge.kind == BoxingEdgeKind::kVariableUpdate) {

@@ -9,26 +9,39 @@
 namespace tessera::scheduler {
 namespace {
 
-// LiBai's layer -> stage table (libai/utils/distributed.py,
-// _init_placement_group), cut to the model's `num_layers` entries.
-std::vector<int64_t> BalancedLayerStages(int64_t num_layers, int64_t num_stages) {
-  int64_t padded = num_layers;
-  // The last stage also holds the head and the loss: when layers divide
-  // evenly over >= 4 stages, pad the count so the middle stages take more.
-  if (num_stages >= 4 && num_layers >= 8 && num_layers % num_stages == 0) {
-    padded += std::min(num_stages - 1, num_layers / num_stages);
+// LiBai's layer -> stage rule (libai/utils/distributed.py,
+// _init_placement_group) in closed form: the layer count is padded, cut into
+// runs of `per_stage`, the last `remainder` stages taking one more, and the
+// table cut to the model's `num_layers` entries.
+struct LayerRuns {
+  int64_t num_layers = 0;
+  int64_t num_stages = 1;
+  int64_t per_stage = 0;
+  int64_t remainder = 0;
+
+  LayerRuns(int64_t layers, int64_t stages) : num_layers(layers), num_stages(stages) {
+    int64_t padded = layers;
+    // The last stage also holds the head and the loss: when layers divide
+    // evenly over >= 4 stages, pad the count so the middle stages take more.
+    if (stages >= 4 && layers >= 8 && layers % stages == 0) padded += std::min(stages - 1, layers / stages);
+    per_stage = padded / stages;  // >= 1: layers >= stages
+    remainder = padded % stages;
   }
-  const int64_t per_stage = padded / num_stages;
-  const int64_t remainder = padded % num_stages;  // one extra layer for each of the last `remainder` stages
-  std::vector<int64_t> stages;
-  stages.reserve(static_cast<size_t>(padded));
-  for (int64_t s = 0; s < num_stages; ++s) {
-    const int64_t count = per_stage + (s >= num_stages - remainder ? 1 : 0);
-    stages.insert(stages.end(), static_cast<size_t>(count), s);
+  // Stages [0, short_stages) take per_stage layers each, the rest one more.
+  int64_t short_stages() const { return num_stages - remainder; }
+  int64_t StageOf(int64_t layer) const {
+    const int64_t in_short = short_stages() * per_stage;
+    if (layer < in_short) return layer / per_stage;
+    return short_stages() + (layer - in_short) / (per_stage + 1);
   }
-  stages.resize(static_cast<size_t>(num_layers));
-  return stages;
-}
+  // Layers of stage s in the cut table.
+  int64_t CountOf(int64_t s) const {
+    const int64_t first =
+        s < short_stages() ? s * per_stage : short_stages() * per_stage + (s - short_stages()) * (per_stage + 1);
+    const int64_t count = per_stage + (s < short_stages() ? 0 : 1);
+    return std::clamp<int64_t>(num_layers - first, 0, count);
+  }
+};
 
 }  // namespace
 
@@ -36,9 +49,19 @@ absl::StatusOr<DeviceMesh> DeviceMesh::Make(const ParallelConfig& config) {
   if (config.world_size <= 0) {
     return absl::InvalidArgumentError(StrCat("world size must be positive, got ", config.world_size));
   }
+  if (config.world_size > kMaxWorldSize) {
+    return absl::InvalidArgumentError(
+        StrCat("world size ", config.world_size, " is more than the ", kMaxWorldSize, " devices a mesh may hold"));
+  }
   if (config.tensor <= 0 || config.pipeline <= 0 || (config.data <= 0 && config.data != -1)) {
     return absl::InvalidArgumentError(StrCat("parallel sizes must be positive (data may be -1 = derived), got data ",
                                              config.data, ", tensor ", config.tensor, ", pipeline ", config.pipeline));
+  }
+  // Each size divides the world, so none exceeds it (and products of two fit).
+  if (config.tensor > config.world_size || config.pipeline > config.world_size || config.data > config.world_size) {
+    return absl::InvalidArgumentError(StrCat("parallel sizes data ", config.data, ", tensor ", config.tensor,
+                                             ", pipeline ", config.pipeline, " do not fit in the world size ",
+                                             config.world_size));
   }
   const int64_t model = config.tensor * config.pipeline;
   if (config.world_size % model != 0) {
@@ -67,7 +90,7 @@ absl::StatusOr<DeviceMesh> DeviceMesh::Make(const ParallelConfig& config) {
       return absl::InvalidArgumentError(
           StrCat("more pipeline stages (", config.pipeline, ") than layers (", config.pipeline_num_layers, ")"));
     }
-    mesh.layer_stages_ = BalancedLayerStages(config.pipeline_num_layers, config.pipeline);
+    mesh.num_layers_ = config.pipeline_num_layers;
   }
   const int64_t per_stage = mesh.ranks_per_stage();
   for (int64_t s = 0; s < mesh.num_stages_; ++s) {
@@ -89,13 +112,14 @@ absl::StatusOr<int64_t> DeviceMesh::StageOfLayer(int64_t layer_idx) const {
                                              " pipeline layers (valid: 0..", pipeline_num_layers() - 1,
                                              ", or -1 for the last stage)"));
   }
-  return layer_stages_[static_cast<size_t>(layer_idx)];
+  return LayerRuns(num_layers_, num_stages_).StageOf(layer_idx);
 }
 
 std::vector<int64_t> DeviceMesh::LayersPerStage() const {
-  if (layer_stages_.empty()) return {};
-  std::vector<int64_t> counts(static_cast<size_t>(num_stages_), 0);
-  for (int64_t s : layer_stages_) ++counts[static_cast<size_t>(s)];
+  if (num_layers_ == 0) return {};
+  const LayerRuns runs(num_layers_, num_stages_);
+  std::vector<int64_t> counts;
+  for (int64_t s = 0; s < num_stages_; ++s) counts.push_back(runs.CountOf(s));
   return counts;
 }
 
@@ -122,7 +146,7 @@ absl::StatusOr<MeshCoordinates> DeviceMesh::CoordinatesOf(int64_t rank) const {
 std::string DeviceMesh::ToString() const {
   std::string out = StrCat(DeviceTypeName(device_type_), ", ", world_size(), " ranks: pipeline ", num_stages_,
                            " x data ", data_, " x tensor ", tensor_);
-  if (!layer_stages_.empty()) out += StrCat("; layers per stage [", Join(LayersPerStage(), ", "), "]");
+  if (num_layers_ > 0) out += StrCat("; layers per stage [", Join(LayersPerStage(), ", "), "]");
   return out;
 }
 

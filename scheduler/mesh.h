@@ -29,6 +29,10 @@
 
 namespace tessera::scheduler {
 
+// The most devices a mesh may hold: far beyond any cluster Tessera runs,
+// and it keeps the rank tables small whatever a config says.
+inline constexpr int64_t kMaxWorldSize = int64_t{1} << 16;
+
 // The `train.dist` numbers.
 struct ParallelConfig {
   DeviceType device_type = DeviceType::kCpu;
@@ -51,7 +55,8 @@ struct MeshCoordinates {
 
 class DeviceMesh {
  public:
-  // Validates the config. Errors (one line each): a non-positive size; a
+  // Validates the config. Errors (one line each): a world size above
+  // kMaxWorldSize; a non-positive size; a
   // world size not divisible by tensor x pipeline; an explicit data size
   // whose product with the others is not the world size; pipeline > 1
   // without pipeline_num_layers; more stages than layers.
@@ -63,7 +68,7 @@ class DeviceMesh {
   int64_t tensor_parallel_size() const { return tensor_; }
   int64_t num_stages() const { return num_stages_; }
   // 0 when there is one stage.
-  int64_t pipeline_num_layers() const { return static_cast<int64_t>(layer_stages_.size()); }
+  int64_t pipeline_num_layers() const { return num_layers_; }
   int64_t ranks_per_stage() const { return data_ * tensor_; }
   // Every stage's hierarchy: {data_parallel_size, tensor_parallel_size}.
   std::vector<int64_t> hierarchy() const { return {data_, tensor_}; }
@@ -93,7 +98,7 @@ class DeviceMesh {
   int64_t data_ = 1;
   int64_t tensor_ = 1;
   int64_t num_stages_ = 1;
-  std::vector<int64_t> layer_stages_;  // layer index -> stage (empty with one stage)
+  int64_t num_layers_ = 0;  // pipeline_num_layers (0 with one stage); stages follow by formula
   std::vector<Placement> stage_placements_;
 };
 

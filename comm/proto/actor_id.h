@@ -27,6 +27,9 @@ inline constexpr int kDeviceIndexShift = kStreamShift + kStreamBits;
 inline constexpr int kDeviceTypeShift = kDeviceIndexShift + kDeviceIndexBits;
 inline constexpr int kNodeShift = kDeviceTypeShift + kDeviceTypeBits;
 
+// No actor: all bits set, which no valid id has (its device type is not one).
+inline constexpr uint64_t kNoActorId = ~uint64_t{0};
+
 // Largest value each field may hold.
 inline constexpr uint64_t FieldMax(int bits) { return (uint64_t{1} << bits) - 1; }
 

@@ -4,8 +4,11 @@
 #include <utility>
 
 #include "comm/proto/actor_id.h"
+#include "core/checked.h"
 #include "core/status.h"
 #include "core/text.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 
 namespace tessera::comm {
 namespace {
@@ -98,24 +101,35 @@ absl::StatusOr<ops::AttrMap> AttrMapFromProto(const google::protobuf::Map<std::s
 
 absl::StatusOr<TensorMeta> TensorMetaFromProto(const proto::TensorDesc& desc) {
   ASSIGN_OR_RETURN(DType dtype, FromProto(desc.dtype()));
-  for (int64_t d : desc.shape()) {
-    if (d < 0) return absl::InvalidArgumentError(StrCat("tensor '", desc.name(), "' has a negative extent"));
+  if (desc.shape_size() > kMaxTensorRank) {
+    return absl::InvalidArgumentError(
+        StrCat("tensor '", desc.name(), "' has ", desc.shape_size(), " dimensions (at most ", kMaxTensorRank, ")"));
   }
-  return TensorMeta{dtype, Shape(ToVector(desc.shape()))};
+  TensorMeta meta{dtype, Shape(ToVector(desc.shape()))};
+  if (auto bytes = CheckedByteSize(meta); !bytes.ok()) {
+    return absl::InvalidArgumentError(StrCat("tensor '", desc.name(), "': ", bytes.status().message()));
+  }
+  return meta;
 }
 
 absl::StatusOr<TensorSlice> TensorSliceFromProto(const proto::TensorSlice& slice, const Shape& local) {
   if (slice.logical_shape().empty() && slice.offset().empty()) return TensorSlice::Whole(local);
+  if (slice.logical_shape_size() != local.rank() || slice.offset_size() != local.rank()) {
+    return absl::InvalidArgumentError(StrCat("tensor slice rank mismatch: logical of ", slice.logical_shape_size(),
+                                             " axes, offset of ", slice.offset_size(), " axes, local ",
+                                             local.ToString()));
+  }
   TensorSlice out;
   out.logical = Shape(ToVector(slice.logical_shape()));
   out.offset = ToVector(slice.offset());
   out.local = local;
-  if (out.logical.rank() != local.rank() || static_cast<int>(out.offset.size()) != local.rank()) {
-    return absl::InvalidArgumentError(StrCat("tensor slice rank mismatch: logical ", out.logical.ToString(),
-                                             ", offset of ", out.offset.size(), " axes, local ", local.ToString()));
+  if (auto elements = CheckedNumElements(out.logical); !elements.ok()) {
+    return absl::InvalidArgumentError(StrCat("tensor slice: logical ", elements.status().message()));
   }
   for (int a = 0; a < local.rank(); ++a) {
-    if (out.offset[static_cast<size_t>(a)] < 0 || out.offset[static_cast<size_t>(a)] + local[a] > out.logical[a]) {
+    // local[a] <= logical[a] first, so the subtraction cannot overflow.
+    if (out.offset[static_cast<size_t>(a)] < 0 || local[a] > out.logical[a] ||
+        out.offset[static_cast<size_t>(a)] > out.logical[a] - local[a]) {
       return absl::InvalidArgumentError(StrCat("tensor slice out of range on axis ", a, ": offset ",
                                                out.offset[static_cast<size_t>(a)], " + local ", local[a],
                                                " > logical ", out.logical[a]));
@@ -124,13 +138,33 @@ absl::StatusOr<TensorSlice> TensorSliceFromProto(const proto::TensorSlice& slice
   return out;
 }
 
+absl::Status CheckPlanSize(const proto::Plan& plan) {
+  const size_t bytes = plan.ByteSizeLong();
+  if (bytes > static_cast<size_t>(kMaxPlanBytes)) {
+    return absl::ResourceExhaustedError(StrCat("the plan takes ", bytes, " bytes, more than the ", kMaxPlanBytes,
+                                               " a serialised plan may hold (", plan.tasks_size(), " tasks, ",
+                                               plan.register_descs_size(), " register descs)"));
+  }
+  return absl::OkStatus();
+}
+
 std::string SerializePlan(const proto::Plan& plan) {
   std::string bytes;
-  TESSERA_CHECK(plan.SerializeToString(&bytes), "plan serialisation failed");
+  {
+    google::protobuf::io::StringOutputStream stream(&bytes);
+    google::protobuf::io::CodedOutputStream coded(&stream);
+    coded.SetSerializationDeterministic(true);  // map entries in key order, not hash order
+    TESSERA_CHECK(plan.SerializeToCodedStream(&coded), "plan serialisation failed (", plan.ByteSizeLong(),
+                  " bytes; CheckPlanSize first)");
+  }
   return bytes;
 }
 
 absl::StatusOr<proto::Plan> ParsePlan(std::string_view bytes) {
+  if (bytes.size() > static_cast<size_t>(kMaxPlanBytes)) {
+    return absl::InvalidArgumentError(
+        StrCat("a plan of ", bytes.size(), " bytes is over the limit of ", kMaxPlanBytes));
+  }
   proto::Plan plan;
   if (!plan.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
     return absl::InvalidArgumentError(StrCat("cannot parse plan (", bytes.size(), " bytes)"));
@@ -138,20 +172,23 @@ absl::StatusOr<proto::Plan> ParsePlan(std::string_view bytes) {
   return plan;
 }
 
-std::vector<proto::DeviceMemory> EstimateMemory(const proto::Plan& plan) {
+absl::StatusOr<std::vector<proto::DeviceMemory>> EstimateMemory(const proto::Plan& plan) {
   std::map<std::pair<uint32_t, std::string>, int64_t> bytes;
+  const auto add = [&bytes](uint64_t actor_id, int64_t more) -> absl::Status {
+    const ActorId id = DecodeActorId(actor_id);
+    int64_t& total = bytes[{id.node, id.device().ToString()}];
+    ASSIGN_OR_RETURN(total, CheckedAdd(total, more, StrCat("memory estimate of ", ActorIdToString(actor_id))));
+    return absl::OkStatus();
+  };
   for (const auto& desc : plan.register_descs()) {
-    const ActorId producer = DecodeActorId(desc.producer());
-    bytes[{producer.node, producer.device().ToString()}] += desc.bytes_per_register() * desc.register_num();
+    ASSIGN_OR_RETURN(const int64_t desc_bytes, CheckedMul(desc.bytes_per_register(), desc.register_num(),
+                                                          StrCat("bytes of register desc ", desc.id())));
+    RETURN_IF_ERROR(add(desc.producer(), desc_bytes));
   }
   for (const auto& task : plan.tasks()) {
-    const ActorId id = DecodeActorId(task.actor_id());
     for (const auto& state : task.state()) {
-      auto meta = TensorMetaFromProto(state);
-      if (meta.ok()) {
-        bytes[{id.node, id.device().ToString()}] +=
-            meta->shape.NumElements() * static_cast<int64_t>(DTypeSize(meta->dtype));
-      }
+      ASSIGN_OR_RETURN(TensorMeta meta, TensorMetaFromProto(state));
+      RETURN_IF_ERROR(add(task.actor_id(), *CheckedByteSize(meta)));
     }
   }
   std::vector<proto::DeviceMemory> out;
@@ -165,21 +202,42 @@ std::vector<proto::DeviceMemory> EstimateMemory(const proto::Plan& plan) {
   return out;
 }
 
+void PlanBuilder::Fail(absl::Status status) {
+  if (status_.ok()) status_ = std::move(status);
+}
+
 uint64_t PlanBuilder::AddTask(proto::ActorKind kind, std::string name, uint32_t stream, uint32_t device_index) {
+  if (!status_.ok()) return kNoActorId;
+  if (device_index > FieldMax(kDeviceIndexBits)) {
+    Fail(absl::InvalidArgumentError(StrCat("task '", name, "' on cpu:", device_index, ": actor ids hold at most ",
+                                           FieldMax(kDeviceIndexBits) + 1, " devices per node (device index is ",
+                                           kDeviceIndexBits, " bits)")));
+    return kNoActorId;
+  }
+  if (stream > FieldMax(kStreamBits)) {
+    Fail(absl::InvalidArgumentError(StrCat("task '", name, "' on stream ", stream, ": actor ids hold at most ",
+                                           FieldMax(kStreamBits) + 1, " streams per device (stream is ", kStreamBits,
+                                           " bits)")));
+    return kNoActorId;
+  }
   ActorId id;
   id.device_index = device_index;
   id.stream = stream;
-  auto base = EncodeActorId(id);
-  TESSERA_CHECK(base.ok(), base.status().ToString());
-  id.task = next_task_[StreamOf(*base)]++;
-  auto encoded = EncodeActorId(id);
-  TESSERA_CHECK(encoded.ok(), encoded.status().ToString());
-  index_[*encoded] = plan_.tasks_size();
+  uint32_t& next = next_task_[StreamOf(*EncodeActorId(id))];
+  if (next > FieldMax(kTaskBits)) {
+    Fail(absl::ResourceExhaustedError(StrCat("task '", name, "': more than ", FieldMax(kTaskBits) + 1, " tasks on ",
+                                             id.device().ToString(), " stream ", stream, " (task index is ", kTaskBits,
+                                             " bits)")));
+    return kNoActorId;
+  }
+  id.task = next++;
+  const uint64_t encoded = *EncodeActorId(id);  // every field checked above
+  index_[encoded] = plan_.tasks_size();
   proto::Task* task = plan_.add_tasks();
-  task->set_actor_id(*encoded);
+  task->set_actor_id(encoded);
   task->set_kind(kind);
   task->set_name(std::move(name));
-  return *encoded;
+  return encoded;
 }
 
 proto::Task& PlanBuilder::task(uint64_t actor_id) {
@@ -190,20 +248,44 @@ proto::Task& PlanBuilder::task(uint64_t actor_id) {
 
 int64_t PlanBuilder::AddRegisterDesc(uint64_t producer, const std::vector<uint64_t>& consumers, int32_t register_num,
                                      const std::vector<TensorMeta>& tensors) {
+  if (!status_.ok()) return -1;
+  proto::Task& producer_task = task(producer);
+  if (register_num < 1 || register_num > kMaxRegisterNum) {
+    Fail(absl::InvalidArgumentError(StrCat("task '", producer_task.name(), "': register_num ", register_num,
+                                           " is outside [1, ", kMaxRegisterNum, "]")));
+    return -1;
+  }
+  // The register's bytes, and their register_num copies (which the memory
+  // estimate adds up), must fit.
+  int64_t bytes = 0;
+  absl::Status size = absl::OkStatus();
+  for (const auto& meta : tensors) {
+    absl::StatusOr<int64_t> sum = CheckedByteSize(meta);
+    if (sum.ok()) sum = CheckedAdd(bytes, *sum, "register bytes");
+    if (!sum.ok()) {
+      size = sum.status();
+      break;
+    }
+    bytes = *sum;
+  }
+  if (size.ok()) {
+    size = CheckedMul(bytes, register_num, StrCat("register bytes x ", register_num, " registers")).status();
+  }
+  if (!size.ok()) {
+    Fail(absl::InvalidArgumentError(StrCat("task '", producer_task.name(), "': ", size.message())));
+    return -1;
+  }
   const int64_t id = plan_.register_descs_size();
   proto::RegisterDesc* desc = plan_.add_register_descs();
   desc->set_id(id);
   desc->set_producer(producer);
   desc->set_register_num(register_num);
-  int64_t bytes = 0;
   for (const auto& meta : tensors) {
     proto::TensorDesc* t = desc->add_tensors();
     t->set_name(StrCat("t", desc->tensors_size() - 1));
     t->set_dtype(ToProto(meta.dtype));
     t->mutable_shape()->Add(meta.shape.dims().begin(), meta.shape.dims().end());
-    bytes += meta.shape.NumElements() * static_cast<int64_t>(DTypeSize(meta.dtype));
   }
-  proto::Task& producer_task = task(producer);
   desc->set_bytes_per_register(producer_task.kind() == proto::ACTOR_KIND_REPEAT ? 0 : bytes);
   producer_task.add_produced_register_desc_ids(id);
   for (uint64_t consumer : consumers) {
@@ -214,6 +296,7 @@ int64_t PlanBuilder::AddRegisterDesc(uint64_t producer, const std::vector<uint64
 }
 
 void PlanBuilder::AddConsumer(int64_t desc_id, uint64_t consumer) {
+  TESSERA_CHECK(desc_id >= 0 && desc_id < plan_.register_descs_size(), "no register desc ", desc_id);
   proto::RegisterDesc* desc = plan_.mutable_register_descs(static_cast<int>(desc_id));
   for (uint64_t c : desc->consumers()) {
     if (c == consumer) return;
@@ -239,7 +322,12 @@ void PlanBuilder::AddStateOutput(uint64_t actor_id, int32_t state_index) {
   task(actor_id).add_outputs()->set_state_index(state_index);
 }
 int32_t PlanBuilder::AddState(uint64_t actor_id, const TensorMeta& meta) {
+  if (!status_.ok()) return -1;
   proto::Task& t = task(actor_id);
+  if (auto bytes = CheckedByteSize(meta); !bytes.ok()) {
+    Fail(absl::InvalidArgumentError(StrCat("task '", t.name(), "' state: ", bytes.status().message())));
+    return -1;
+  }
   proto::TensorDesc* desc = t.add_state();
   desc->set_name(StrCat("state", t.state_size() - 1));
   desc->set_dtype(ToProto(meta.dtype));
@@ -252,9 +340,15 @@ void PlanBuilder::SetOp(uint64_t actor_id, std::string op, const ops::AttrMap& a
   for (const auto& [name, value] : attrs.values()) (*t.mutable_attrs())[name] = ToProto(value);
 }
 
-proto::Plan PlanBuilder::Build() const {
+proto::Plan PlanBuilder::Build() {
   proto::Plan plan = plan_;
-  for (auto& m : EstimateMemory(plan)) *plan.add_memory_estimate() = std::move(m);
+  auto estimate = EstimateMemory(plan);
+  if (!estimate.ok()) {
+    Fail(estimate.status());
+    return plan;
+  }
+  for (auto& m : *estimate) *plan.add_memory_estimate() = std::move(m);
+  Fail(CheckPlanSize(plan));
   return plan;
 }
 

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "comm/proto/actor_id.h"
 #include "comm/proto/plan.pb.h"
 #include "core/dtype.h"
 #include "core/sbp.h"
@@ -34,16 +35,49 @@ inline int64_t PiecesPerIteration(const proto::Task& task) {
   return task.pieces_per_iteration() > 1 ? task.pieces_per_iteration() : 1;
 }
 
+// Limits a plan is held to (ValidatePlan, PlanBuilder; plans arrive from
+// the network), each far above what a real plan uses:
+//   - its wire size: protobuf's own limit;
+//   - register_num, the quota: a few registers in any real plan (pipeline
+//     stages need at most their count); it bounds what loading allocates;
+//   - iterations and start_iteration: each at most 2^62, so their sum and
+//     the act counts derived from them fit in int64;
+//   - per task, at most kMaxTaskArity consumed descs, produced descs, op
+//     inputs, op outputs and state tensors (the runtime resolves refs
+//     against descs pairwise);
+//   - a boxing hierarchy of at most kMaxHierarchyAxes axes (the boxing
+//     planner searches 3^axes layouts).
+inline constexpr int64_t kMaxPlanBytes = int64_t{2147483647};
+inline constexpr int32_t kMaxRegisterNum = 1024;
+inline constexpr int64_t kMaxIterations = int64_t{1} << 62;
+inline constexpr int kMaxTaskArity = 4096;
+inline constexpr int kMaxHierarchyAxes = 4;
+
+// An error when the plan's wire form would exceed kMaxPlanBytes.
+absl::Status CheckPlanSize(const proto::Plan& plan);
+// The plan's wire form, deterministic (attributes in key order: one plan
+// always gives the same bytes). The plan must pass CheckPlanSize (plans
+// from PlanBuilder::Build do; CHECKed).
 std::string SerializePlan(const proto::Plan& plan);
 absl::StatusOr<proto::Plan> ParsePlan(std::string_view bytes);
 
 // Register bytes x quota per (node, device) of the producing actors, plus
-// Parameter state.
-std::vector<proto::DeviceMemory> EstimateMemory(const proto::Plan& plan);
+// Parameter state. Errors: a sum that overflows, a state tensor that is not
+// a valid tensor.
+absl::StatusOr<std::vector<proto::DeviceMemory>> EstimateMemory(const proto::Plan& plan);
 
-
-// Builds plans task by task (the scheduler; tests and benchmarks by hand). Ids are assigned in call order; errors surface in
-// ValidatePlan, not here.
+// Builds plans task by task (the scheduler; tests and benchmarks by hand).
+// Ids are assigned in call order. Structural mistakes show in ValidatePlan,
+// not here; what comes from the size of the job is checked here: an actor
+// id that does not fit its bits (device index > 255, stream > 4095, more
+// than 2^24 tasks on a stream), a register_num outside [1, kMaxRegisterNum],
+// a byte count or memory sum that does not fit. Such errors are STICKY, as
+// GraphBuilder's: the first is kept in status(), and the failing call adds
+// nothing (AddTask returns kNoActorId, AddRegisterDesc -1, AddState -1). Check
+// status() after Build(), or after each call whose result you use. Passing
+// an id that was never returned (e.g. after an error) is a bug: CHECKed.
+//
+// Not thread-safe.
 class PlanBuilder {
  public:
   explicit PlanBuilder(int64_t iterations) { plan_.set_iterations(iterations); }
@@ -72,13 +106,19 @@ class PlanBuilder {
   int32_t AddState(uint64_t actor_id, const TensorMeta& meta);
   void SetOp(uint64_t actor_id, std::string op, const ops::AttrMap& attrs = {});
 
-  // The plan with its memory estimate filled in.
-  proto::Plan Build() const;
+  // The plan with its memory estimate filled in (an error there, or a plan
+  // over kMaxPlanBytes, goes to status()).
+  proto::Plan Build();
   // The plan so far.
   const proto::Plan& plan() const { return plan_; }
+  // The first error, or OK.
+  const absl::Status& status() const { return status_; }
 
  private:
+  void Fail(absl::Status status);
+
   proto::Plan plan_;
+  absl::Status status_;
   std::map<uint64_t, uint32_t> next_task_;  // stream (StreamOf) -> next task index
   std::map<uint64_t, int> index_;           // actor id -> position in plan_.tasks
 };

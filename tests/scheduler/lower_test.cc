@@ -95,9 +95,10 @@ TEST(LowerTest, MlpPlanHasEveryKindQuotasAndMemory) {
   EXPECT_GT(plan->memory_estimate(0).bytes(), 0);
   // The scheduler's own estimate agrees with the runtime's.
   const auto runtime_estimate = actors::EstimateMemory(*plan);
-  ASSERT_EQ(runtime_estimate.size(), 1u);
-  EXPECT_EQ(runtime_estimate[0].device(), plan->memory_estimate(0).device());
-  EXPECT_EQ(runtime_estimate[0].bytes(), plan->memory_estimate(0).bytes());
+  ASSERT_TRUE(runtime_estimate.ok()) << runtime_estimate.status();
+  ASSERT_EQ(runtime_estimate->size(), 1u);
+  EXPECT_EQ((*runtime_estimate)[0].device(), plan->memory_estimate(0).device());
+  EXPECT_EQ((*runtime_estimate)[0].bytes(), plan->memory_estimate(0).bytes());
   EXPECT_TRUE(actors::ValidatePlan(*plan, ops::BuiltinOps()).ok()) << actors::ValidatePlan(*plan, ops::BuiltinOps());
 
   auto parsed = actors::ParsePlan(actors::SerializePlan(*plan));
