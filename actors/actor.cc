@@ -85,8 +85,15 @@ class OpRunner {
       }
       base_input_offsets_.clear();
       base_output_offsets_.clear();
-      for (const auto& s : ctx_.input_slices) base_input_offsets_.push_back(s.offset.empty() ? 0 : s.offset[0]);
-      for (const auto& s : ctx_.output_slices) base_output_offsets_.push_back(s.offset.empty() ? 0 : s.offset[0]);
+      // ValidatePlan checked that a stride's axis is one of its slice's.
+      for (int i = 0; i < task.inputs_size(); ++i) {
+        const auto& s = ctx_.input_slices[static_cast<size_t>(i)];
+        base_input_offsets_.push_back(s.offset.empty() ? 0 : s.offset[static_cast<size_t>(task.inputs(i).micro_batch_axis())]);
+      }
+      for (int i = 0; i < task.outputs_size(); ++i) {
+        const auto& s = ctx_.output_slices[static_cast<size_t>(i)];
+        base_output_offsets_.push_back(s.offset.empty() ? 0 : s.offset[static_cast<size_t>(task.outputs(i).micro_batch_axis())]);
+      }
     }
     const int64_t pieces = PiecesPerIteration(task);
     if (any_slice_ && pieces > 1) {
@@ -94,12 +101,16 @@ class OpRunner {
       for (int i = 0; i < task.inputs_size(); ++i) {
         const int64_t stride = task.inputs(i).micro_batch_stride();
         auto& s = ctx_.input_slices[static_cast<size_t>(i)];
-        if (stride != 0 && !s.offset.empty()) s.offset[0] = base_input_offsets_[static_cast<size_t>(i)] + micro * stride;
+        if (stride != 0 && !s.offset.empty()) {
+          s.offset[static_cast<size_t>(task.inputs(i).micro_batch_axis())] = base_input_offsets_[static_cast<size_t>(i)] + micro * stride;
+        }
       }
       for (int i = 0; i < task.outputs_size(); ++i) {
         const int64_t stride = task.outputs(i).micro_batch_stride();
         auto& s = ctx_.output_slices[static_cast<size_t>(i)];
-        if (stride != 0 && !s.offset.empty()) s.offset[0] = base_output_offsets_[static_cast<size_t>(i)] + micro * stride;
+        if (stride != 0 && !s.offset.empty()) {
+          s.offset[static_cast<size_t>(task.outputs(i).micro_batch_axis())] = base_output_offsets_[static_cast<size_t>(i)] + micro * stride;
+        }
       }
     }
     ctx_.step = start_iteration + act / std::max<int64_t>(1, task.acts_per_step());

@@ -52,18 +52,25 @@ struct DescIndex {
   IdSet<uint64_t> consumers;
 };
 
-// Micro-batched refs move their slice by micro_batch_stride rows per
-// micro-batch: every micro-batch's rows must lie inside the logical tensor.
+// Micro-batched refs move their slice by micro_batch_stride along
+// micro_batch_axis per micro-batch: every micro-batch's part must lie inside
+// the logical tensor.
 absl::Status CheckMicroBatchStride(const proto::Task& task, const proto::TensorRef& ref, const TensorSlice& slice,
                                    int64_t pieces) {
   const int64_t stride = ref.micro_batch_stride();
+  const int axis = ref.micro_batch_axis();
+  if (axis != 0 && (stride == 0 || axis < 0 || axis >= slice.local.rank())) {
+    return absl::InvalidArgumentError(StrCat(TaskName(task), ": micro_batch_axis ", axis, " with stride ", stride,
+                                             " for a slice of rank ", slice.local.rank()));
+  }
   if (stride == 0 || slice.offset.empty()) return absl::OkStatus();
+  const auto a = static_cast<size_t>(axis);
   // offset + local <= logical is checked; the last micro-batch adds (pieces - 1) x stride.
   auto last = CheckedMul(pieces - 1, stride);
-  if (stride < 0 || !last.ok() || *last > slice.logical[0] - slice.local[0] - slice.offset[0]) {
-    return absl::InvalidArgumentError(StrCat(TaskName(task), ": micro_batch_stride ", stride, " moves rows ",
-                                             slice.offset[0], " + ", slice.local[0], " of ", pieces,
-                                             " micro-batches outside the ", slice.logical[0], " logical rows"));
+  if (stride < 0 || !last.ok() || *last > slice.logical[axis] - slice.local[axis] - slice.offset[a]) {
+    return absl::InvalidArgumentError(StrCat(TaskName(task), ": micro_batch_stride ", stride, " moves ",
+                                             slice.offset[a], " + ", slice.local[axis], " of axis ", axis, " for ", pieces,
+                                             " micro-batches outside its logical ", slice.logical[axis]));
   }
   return absl::OkStatus();
 }

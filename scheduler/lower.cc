@@ -149,6 +149,75 @@ struct Shard {
 
 // The lowering of one graph: tasks per rank of each node's stage, boxing and
 // transfers between layouts, in node order (a topological order).
+// How each micro-batch-rate value's tensor of the whole iteration is laid
+// out over the m micro-batches, as an SBP over a virtual axis of m parts:
+// data inputs are S(0) (the trainer feeds rows [k·b, (k+1)·b)), repeat and
+// constants B, and every op takes the first SBP signature (for the
+// iteration-level shapes) whose inputs match its inputs' layouts, so a
+// transpose moves S(0) to S(1) and a reduction over the batch gives P.
+// nullopt where no signature matches (the layout is unknown).
+std::vector<std::optional<Sbp>> InferMicroLayouts(const Graph& graph, const Rates& rates) {
+  std::vector<std::optional<Sbp>> layout(static_cast<size_t>(graph.num_values()));
+  const int64_t m = rates.num_micro_batches;
+  if (m <= 1) return layout;
+  const auto micro = [&](ValueId v) { return rates.value[static_cast<size_t>(v)] == Rate::kMicroBatch; };
+  for (const Node& node : graph.nodes()) {
+    const auto set_all = [&](const std::optional<Sbp>& sbp) {
+      for (ValueId out : node.outputs) layout[static_cast<size_t>(out)] = micro(out) ? sbp : std::optional<Sbp>(Sbp::Broadcast());
+    };
+    switch (node.kind) {
+      case NodeKind::kInput: {
+        const bool batched = !node.outputs.empty() && graph.value(node.outputs[0]).meta.shape.rank() > 0;
+        set_all(batched ? Sbp::Split(0) : Sbp::Broadcast());
+        continue;
+      }
+      case NodeKind::kVariable:
+      case NodeKind::kRepeat:
+      case NodeKind::kAcc:
+        set_all(Sbp::Broadcast());
+        continue;
+      case NodeKind::kOp:
+        break;
+    }
+    std::vector<Sbp> inputs;
+    std::vector<TensorMeta> metas;
+    bool known = true;
+    for (ValueId in : node.inputs) {
+      const std::optional<Sbp>& sbp = layout[static_cast<size_t>(in)];
+      if (!sbp) known = false;
+      inputs.push_back(sbp.value_or(Sbp::Broadcast()));
+      TensorMeta meta = graph.value(in).meta;
+      if (sbp && sbp->is_split() && sbp->axis() < meta.shape.rank()) {
+        int64_t extent = 0;
+        if (__builtin_mul_overflow(meta.shape[sbp->axis()], m, &extent)) known = false;
+        meta.shape[sbp->axis()] = extent;
+      }
+      metas.push_back(std::move(meta));
+    }
+    const ops::OpSchema* schema = graph.schema(node);
+    std::optional<std::vector<Sbp>> outputs;
+    if (node.inputs.empty()) {
+      outputs = std::vector<Sbp>(node.outputs.size(), Sbp::Broadcast());  // a constant: the same every micro-batch
+    } else if (known && schema != nullptr) {
+      for (const ops::SbpSignature& sig : schema->SbpSignatures(metas, node.attrs, m)) {
+        if (sig.inputs == inputs && sig.outputs.size() == node.outputs.size()) {
+          outputs = sig.outputs;
+          break;
+        }
+      }
+    }
+    for (size_t k = 0; k < node.outputs.size(); ++k) {
+      const ValueId out = node.outputs[k];
+      if (!micro(out)) {
+        layout[static_cast<size_t>(out)] = Sbp::Broadcast();
+      } else if (outputs) {
+        layout[static_cast<size_t>(out)] = (*outputs)[k];
+      }
+    }
+  }
+  return layout;
+}
+
 class Lowering {
  public:
   Lowering(const Graph& graph, const LowerOptions& options, const Rates& rates, const DeviceMesh& mesh,
@@ -228,22 +297,39 @@ class Lowering {
     return shard;
   }
   // An op input / output ref with its slice (split values) and, for random
-  // ops under micro-batching, the micro-batch stride.
+  // ops under micro-batching, the micro-batch stride along the value's batch
+  // axis: the iteration's tensor is the micro-batches side by side on that
+  // axis (DESIGN §4), so the draws do not depend on how many there are.
   absl::Status SetRef(proto::TensorRef* ref, ValueId v, const TensorSlice& slice, bool draws) {
     const Shape& logical = graph_.value(v).meta.shape;
-    const bool micro = draws && MicroRate(v) && rates_.num_micro_batches > 1 && logical.rank() > 0;
-    if (slice.local == logical && !micro) return absl::OkStatus();
+    int axis = -1;  // the axis the micro-batches are laid along, if they move the draws
+    if (draws && MicroRate(v) && rates_.num_micro_batches > 1 && logical.rank() > 0) {
+      const std::optional<Sbp>& layout = micro_layout[static_cast<size_t>(v)];
+      if (!layout) {
+        return absl::UnimplementedError(StrCat(
+            "scheduler: '", graph_.value(v).name.empty() ? graph::ValueRef(v) : graph_.value(v).name, "' (",
+            graph_.value(v).meta.ToString(), ") feeds a random op under gradient accumulation, but no op's SBP "
+            "signature says along which axis its micro-batches lie, so its random numbers would depend on "
+            "num_accumulation_steps"));
+      }
+      // Split: the micro-batches lie along that axis. Broadcast or partial:
+      // every micro-batch draws at the same indices, as one iteration would.
+      if (layout->is_split()) axis = layout->axis();
+    }
+    if (slice.local == logical && axis < 0) return absl::OkStatus();
     for (int a = 0; a < logical.rank(); ++a) {
       int64_t extent = logical[a];
-      if (a == 0 && micro) {
-        // The iteration's global batch: the micro-batch's rows m times.
-        ASSIGN_OR_RETURN(extent, CheckedMul(logical[0], rates_.num_micro_batches,
-                                            StrCat("rows of '", graph_.value(v).name, "' x micro-batches")));
+      if (a == axis) {
+        ASSIGN_OR_RETURN(extent, CheckedMul(logical[a], rates_.num_micro_batches,
+                                            StrCat("axis ", a, " of '", graph_.value(v).name, "' x micro-batches")));
       }
       ref->mutable_slice()->add_logical_shape(extent);
       ref->mutable_slice()->add_offset(slice.offset[static_cast<size_t>(a)]);
     }
-    if (micro) ref->set_micro_batch_stride(logical[0]);
+    if (axis >= 0) {
+      ref->set_micro_batch_stride(logical[axis]);
+      ref->set_micro_batch_axis(axis);
+    }
     return absl::OkStatus();
   }
   absl::Status LowerNode(const Node& node);
@@ -280,6 +366,9 @@ class Lowering {
   std::map<ValueId, NodeId> update_of;
   std::map<ValueId, std::pair<ValueId, int32_t>> state_of;
   std::map<ValueId, std::vector<std::pair<ValueId, int32_t>>> states_of_owner;  // variable -> (state var, index)
+  // Per value under gradient accumulation: how the iteration's tensor is
+  // laid out over the micro-batches (InferMicroLayouts).
+  std::vector<std::optional<Sbp>> micro_layout;
   std::vector<std::pair<std::string, ValueId>> sinks;
 };
 
@@ -755,6 +844,7 @@ absl::StatusOr<LoweredPlan> LowerToPlan(const Graph& graph, const LowerOptions& 
     lowering.states_of_owner[owner_index.first].emplace_back(state, owner_index.second);
   }
   lowering.state_of = std::move(state_of);
+  lowering.micro_layout = InferMicroLayouts(graph, rates);
   lowering.sinks = std::move(sinks);
   return lowering.Run();
 }

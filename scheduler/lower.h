@@ -34,8 +34,11 @@
 // value runs once per iteration (variables, the learning rate, what follows
 // an acc) or once per micro-batch (data inputs and what lies between repeat
 // and acc); per-micro-batch tasks get pieces_per_iteration = m, and random
-// ops (dropout) get the micro-batch's offset in the iteration's global batch
-// (TensorRef.micro_batch_stride), so their masks do not depend on m.
+// ops (dropout) get the micro-batch's offset in the iteration's tensor along
+// the value's batch axis (TensorRef.micro_batch_stride / micro_batch_axis;
+// the axis follows the ops' SBP signatures from the data inputs' axis 0, so
+// a transposed activation moves along axis 1), so their masks do not depend
+// on m. A random op on a value whose axis no signature gives is an error.
 // Losses and fetches must be iteration values (AccumulateGradients averages
 // them).
 //

@@ -195,7 +195,9 @@ class Interpreter {
 
   absl::StatusOr<TensorSlice> SliceOf(const proto::TensorRef& ref, const Tensor& tensor, int64_t micro) {
     ASSIGN_OR_RETURN(TensorSlice slice, TensorSliceFromProto(ref.slice(), tensor.shape()));
-    if (ref.micro_batch_stride() != 0 && !slice.offset.empty()) slice.offset[0] += micro * ref.micro_batch_stride();
+    if (ref.micro_batch_stride() != 0 && !slice.offset.empty()) {
+      slice.offset.at(static_cast<size_t>(ref.micro_batch_axis())) += micro * ref.micro_batch_stride();
+    }
     return slice;
   }
 

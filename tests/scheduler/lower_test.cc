@@ -8,6 +8,7 @@
 
 #include "actors/plan.h"
 #include "google/protobuf/util/message_differencer.h"
+#include "graph/builder.h"
 #include "tests/graph/graph_interpreter.h"
 #include "tests/graph/test_mlp.h"
 #include "train/engine.h"
@@ -314,6 +315,45 @@ TEST(EngineTest, RunsContinueWhereTheLastStopped) {
   EXPECT_EQ(plan->start_iteration(), 3);
   ASSERT_TRUE(twice->Run(2, feed, fetch).ok());
   for (size_t i = 0; i < 5; ++i) EXPECT_EQ(parts[i], all[i]) << "iteration " << i;
+}
+
+}  // namespace
+}  // namespace tessera
+
+namespace tessera {
+namespace {
+
+// Under gradient accumulation a random op draws at the indices of the
+// iteration's tensor: for a transposed activation the micro-batches lie
+// along axis 1, so its refs move along axis 1 (stride = the micro-batch's
+// columns), and a plain one along axis 0.
+TEST(LowerTest, RandomOpsMoveAlongTheValuesBatchAxis) {
+  constexpr int64_t kRows = 4, kFeatures = 3;
+  graph::GraphBuilder b;
+  graph::Sym x = b.Input("x", {DType::kF32, Shape{kRows, kFeatures}});
+  const graph::Sym w = b.Variable("w", Shape{kFeatures, kFeatures}, graph::InitRule::Normal(0, 0.3, 1, 0));
+  graph::Sym h = graph::Matmul(x, w);
+  h = b.Apply("dropout", {h}, {{"rate", 0.25}, {"seed", int64_t{7}}, {"tensor_id", int64_t{1}}});
+  h = graph::Transpose(b.Apply("dropout", {graph::Transpose(h, {1, 0})}, {{"rate", 0.25}, {"seed", int64_t{7}}, {"tensor_id", int64_t{2}}}),
+                       {1, 0});
+  b.MarkLoss(graph::ReduceMean(h * h));
+  auto graph = b.Finish();
+  ASSERT_TRUE(graph.ok()) << graph.status();
+  CompileOptions options;
+  options.num_micro_batches = 2;
+  auto engine = Engine::Compile(*std::move(graph), options);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  auto plan = (*engine)->Plan(1);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  std::map<int64_t, std::pair<int32_t, int64_t>> forward;  // tensor_id -> (axis, stride) of the input
+  for (const proto::Task& task : plan->tasks()) {
+    if (task.op() != "dropout" || task.name().find("grad") != std::string::npos) continue;
+    forward[task.attrs().at("tensor_id").i()] = {task.inputs(0).micro_batch_axis(), task.inputs(0).micro_batch_stride()};
+    EXPECT_EQ(task.inputs(0).slice().logical_shape(task.inputs(0).micro_batch_axis()), 2 * task.inputs(0).micro_batch_stride());
+  }
+  ASSERT_EQ(forward.size(), 2u);
+  EXPECT_EQ(forward[1], (std::pair<int32_t, int64_t>{0, kRows}));
+  EXPECT_EQ(forward[2], (std::pair<int32_t, int64_t>{1, kRows}));
 }
 
 }  // namespace

@@ -164,12 +164,10 @@ absl::StatusOr<graph::Graph> BuildRandom(const Trial& t, int64_t batch, bool par
           h = dropout(h, layer * 10 + op);
           break;
         default:
-          // Dropout of the transposed value (the batch on axis 1). Only
-          // without micro-batches: with them the scheduler offsets the
-          // mask's global index along axis 0 only (SetRef in
-          // scheduler/lower.cc), so the mask depends on m and the losses
-          // differ from one device.
-          if (t.micro_batches == 1) h = graph::Transpose(dropout(graph::Transpose(h, {1, 0}), layer * 10 + op), {1, 0});
+          // Dropout of the transposed value (the batch on axis 1): under
+          // micro-batching its draws move along axis 1 (the scheduler's
+          // InferMicroLayouts), so the mask does not depend on m.
+          h = graph::Transpose(dropout(graph::Transpose(h, {1, 0}), layer * 10 + op), {1, 0});
           break;
       }
       const bool hint = pick(6) == 0;
