@@ -134,7 +134,8 @@ void RegisterReshape(OpRegistry& r) {
             return MetaList{{in[0].dtype, shape}};
           })
           .Sbp([](const MetaList& in, const AttrMap& attrs, int64_t p) {
-            return ReshapeSignatures(in[0], *ResolveReshape(in[0].shape, attrs.Ints("shape")), p);
+            const absl::StatusOr<Shape> out = ResolveReshape(in[0].shape, attrs.Ints("shape"));
+            return out.ok() ? ReshapeSignatures(in[0], *out, p) : Signatures{};
           })
           .Grad([](GradBuilder& b) {
             b.SetInputGrad(0, b.Op("reshape", {b.output_grad(0)}, {{"shape", b.meta(b.input(0)).shape.dims()}}));

@@ -199,11 +199,32 @@ std::vector<std::optional<Sbp>> InferMicroLayouts(const Graph& graph, const Rate
     if (node.inputs.empty()) {
       outputs = std::vector<Sbp>(node.outputs.size(), Sbp::Broadcast());  // a constant: the same every micro-batch
     } else if (known && schema != nullptr) {
-      for (const ops::SbpSignature& sig : schema->SbpSignatures(metas, node.attrs, m)) {
-        if (sig.inputs == inputs && sig.outputs.size() == node.outputs.size()) {
+      // The signatures are asked of the iteration's shapes. An op whose
+      // "shape" attribute gives its output shape (reshape, broadcast_to) is
+      // asked once per output axis the micro-batches may lie along, with
+      // that extent of the attribute scaled to match.
+      std::vector<std::pair<ops::AttrMap, int>> variants = {{node.attrs, -1}};
+      if (const ops::AttrValue* shape = node.attrs.Find("shape"); shape != nullptr && std::holds_alternative<std::vector<int64_t>>(*shape)) {
+        const std::vector<int64_t>& dims = std::get<std::vector<int64_t>>(*shape);
+        for (size_t b = 0; b < dims.size(); ++b) {
+          int64_t scaled = 0;
+          if (dims[b] <= 0 || __builtin_mul_overflow(dims[b], m, &scaled)) continue;
+          std::vector<int64_t> iteration = dims;
+          iteration[b] = scaled;
+          ops::AttrMap attrs = node.attrs;
+          attrs.Set("shape", iteration);
+          variants.emplace_back(std::move(attrs), static_cast<int>(b));
+        }
+      }
+      for (const auto& [attrs, axis] : variants) {
+        if (!schema->InferMeta(metas, attrs).ok()) continue;  // not this op's iteration-level shapes
+        for (const ops::SbpSignature& sig : schema->SbpSignatures(metas, attrs, m)) {
+          if (sig.inputs != inputs || sig.outputs.size() != node.outputs.size()) continue;
+          if (axis >= 0 && !(sig.outputs[0].is_split() && sig.outputs[0].axis() == axis)) continue;
           outputs = sig.outputs;
           break;
         }
+        if (outputs) break;
       }
     }
     for (size_t k = 0; k < node.outputs.size(); ++k) {
