@@ -12,6 +12,7 @@
 #include "CLI/CLI.hpp"
 #include "core/logging.h"
 #include "core/schema.h"
+#include "core/text.h"
 #include "ops/describe.h"
 #include "ops/registry.h"
 #include "train/job_config.h"
@@ -110,8 +111,11 @@ int Main(int argc, char** argv) {
 
   try {
     app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
+  } catch (const CLI::Success& e) {  // --help, --version
     return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    // One line and exit code 1, like every other bad input.
+    return Fail(tessera::StrCat(e.what(), " (see tessera --help)"));
   }
   if (auto status = tessera::SetLogLevel(log_level); !status.ok()) return Fail(std::string(status.message()));
 

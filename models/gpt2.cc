@@ -69,6 +69,7 @@ class Gpt2Network : public nn::Module {
     for (auto& block : blocks_) h = (*block)(h);
     // Last stage: ln_f, the head and the loss have layer_idx -1.
     h = ln_f_(h);
+    if (!h.valid()) return nn::Sym();  // the builder holds the error (e.g. a parameter too large)
     const int64_t C = h.shape()[2];
     const nn::Sym logits = head_(graph::Reshape(h, Shape{B * T, C}), wte_.weight());  // (B·T, V)
     return loss_(logits, graph::Reshape(labels, Shape{B * T}));

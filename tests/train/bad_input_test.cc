@@ -77,6 +77,10 @@ std::vector<BadInput> Cases() {
       // ---- sizes that overflow or exceed what one node can hold
       {"seq length 2^62", kGpt, {"model.max_seq_length=4611686018427387904", "model.seq_length=4611686018427387904"},
        "'model.max_seq_length' must be in [1, 16777216], got 4611686018427387904"},
+      {"embedding past 2^50 elements", kGpt, {"model.vocab_size=2147483647", "model.hidden_size=1048576"},
+       "variable 'wte.weight': f32 tensor: shape (2147483647, 1048576) has more than 2^50 elements"},
+      {"tokens past 2^50", kGpt, {"model.max_seq_length=16777216", "model.seq_length=16777216", "train.train_micro_batch_size=2147483647"},
+       "graph input 'input_ids': i64 tensor: shape (2147483647, 16777216) has more than 2^50 elements"},
       {"seq length beyond max", kGpt, {"model.seq_length=33"}, "seq_length 33 must be in [1, max_seq_length = 32]"},
       {"vocab 2^63", kGpt, {"model.vocab_size=9223372036854775807"}, "'model.vocab_size' must be in [2, 2147483647]"},
       {"vocab beyond int64", kGpt, {"model.vocab_size=18446744073709551615"}, "'model.vocab_size' expects an integer"},
