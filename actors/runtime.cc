@@ -5,6 +5,8 @@
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
+#include <new>
+#include <stdexcept>
 #include <thread>
 #include <unordered_map>
 
@@ -232,7 +234,18 @@ absl::Status ActorThread::Loop(const std::atomic<bool>& aborted) {
     TESSERA_CHECK(it != actors_.end(), "message to an actor not on this thread: ", message.ToString());
     Actor* actor = it->second;
     const bool was_done = actor->done();
-    status = actor->Handle(message);
+    // A kernel or a host callback that throws (std::bad_alloc on an
+    // allocation sized by the job, a library's exception) fails the job like
+    // any error instead of terminating the process.
+    try {
+      status = actor->Handle(message);
+    } catch (const std::bad_alloc&) {
+      status = absl::ResourceExhaustedError(StrCat("out of memory while ", actor->Describe(), " handled ",
+                                                   message.ToString()));
+    } catch (const std::exception& e) {
+      status = absl::InternalError(StrCat(actor->Describe(), " threw while handling ", message.ToString(),
+                                          ": ", e.what()));
+    }
     if (!status.ok()) break;
     if (!was_done && actor->done()) --live_;
     if (aborted.load(std::memory_order_relaxed)) break;

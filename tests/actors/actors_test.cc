@@ -6,6 +6,8 @@
 #include <chrono>
 #include <cmath>
 #include <mutex>
+#include <new>
+#include <stdexcept>
 #include <vector>
 
 #include "actors/actor_id.h"
@@ -487,6 +489,27 @@ TEST(RuntimeTest, CallbackErrorAbortsToo) {
   absl::Status status = RunWithDeadline(p.plan, std::move(options));
   EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss);
   EXPECT_NE(status.message().find("actor 'sink'"), std::string_view::npos) << status;
+}
+
+// A callback (or kernel) that throws fails the job with an error naming the
+// actor, instead of terminating the process.
+TEST(RuntimeTest, ThrowingCallbackIsAnError) {
+  for (const bool out_of_memory : {true, false}) {
+    Pair p = SourceSink(2, 100);
+    p.plan.mutable_tasks(1)->set_callback("throw");
+    RuntimeOptions options;
+    options.callbacks.sinks["throw"] = [out_of_memory](int64_t i, const std::vector<Tensor>&) -> absl::Status {
+      if (i == 5 && out_of_memory) throw std::bad_alloc();
+      if (i == 5) throw std::runtime_error("library failure");
+      return absl::OkStatus();
+    };
+    absl::Status status = RunWithDeadline(p.plan, std::move(options));
+    EXPECT_EQ(status.code(), out_of_memory ? absl::StatusCode::kResourceExhausted : absl::StatusCode::kInternal) << status;
+    EXPECT_NE(status.message().find("actor 'sink'"), std::string_view::npos) << status;
+    if (!out_of_memory) {
+      EXPECT_NE(status.message().find("library failure"), std::string_view::npos) << status;
+    }
+  }
 }
 
 // w <- sgd_update(w, grad = w * x_i, momentum 0.9, lr 0.1); the sink records

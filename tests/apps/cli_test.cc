@@ -83,6 +83,18 @@ TEST(Cli, ConfigMisspelledKeyNamesTheLikelyKey) {
   EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << "expected a one-line error: " << r.out;
 }
 
+// The acceptance check of the hardening issue: a misspelled key in a config
+// *file* is refused by `tessera train` like an override is.
+TEST(Cli, TrainRefusesAMisspelledKeyInAFile) {
+  const std::string path = ::testing::TempDir() + "/tessera_cli_typo.json";
+  std::ofstream(path) << "{\"_base_\": \"" << Source("configs/mlp_demo.json") << "\", \"train\": {\"train_iters\": 1}}";
+  const Result r = RunTessera("train " + path);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.out, "tessera: unknown config key 'train.train_iters' (in " + path +
+                       "); did you mean 'train.train_iter'?\n");
+  std::remove(path.c_str());
+}
+
 TEST(Cli, ConfigMissingFileIsOneLineError) {
   const Result r = RunTessera("config /nonexistent/x.json");
   EXPECT_NE(r.exit_code, 0);
