@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "core/json_text.h"
 #include "core/status.h"
 #include "core/strings.h"
 
@@ -27,64 +28,6 @@ using Json = nlohmann::json;
 // Debian's Abseil is built with its own absl::string_view, which does not
 // convert from std::string_view; the public API uses the standard one.
 absl::string_view AbslView(std::string_view text) { return {text.data(), text.size()}; }
-
-// Messages quote values that may come from the command line; a long array
-// would otherwise swamp the one-line error.
-constexpr std::size_t kMaxQuotedValueChars = 80;
-
-std::string TypeName(const Json& value) {
-  switch (value.type()) {
-    case Json::value_t::null:
-      return "null";
-    case Json::value_t::boolean:
-      return "boolean";
-    case Json::value_t::number_integer:
-    case Json::value_t::number_unsigned:
-      return "integer";
-    case Json::value_t::number_float:
-      return "number";
-    case Json::value_t::string:
-      return "string";
-    case Json::value_t::array:
-      return "array";
-    case Json::value_t::object:
-      return "object";
-    default:
-      return value.type_name();
-  }
-}
-
-std::string WithArticle(const std::string& type_name) {
-  if (type_name == "null") return type_name;
-  const bool vowel = type_name[0] == 'a' || type_name[0] == 'i' || type_name[0] == 'o';
-  return absl::StrCat(vowel ? "an " : "a ", type_name);
-}
-
-std::string Quote(const Json& value) {
-  // The replace handler keeps a stray invalid UTF-8 byte from a command line
-  // from turning an error message into an exception.
-  std::string text = value.dump(-1, ' ', false, Json::error_handler_t::replace);
-  if (text.size() > kMaxQuotedValueChars) {
-    text.resize(kMaxQuotedValueChars);
-    text += "...";
-  }
-  return text;
-}
-
-// `number` as an int64 if it is integral and in range (2.0, 1e5), else nullopt.
-std::optional<int64_t> AsIntegral(double number) {
-  // 2^63 is exactly representable; anything at or beyond it would overflow.
-  constexpr double kTwoToThe63 = 9223372036854775808.0;
-  if (std::trunc(number) != number || number < -kTwoToThe63 || number >= kTwoToThe63) {
-    return std::nullopt;
-  }
-  return static_cast<int64_t>(number);
-}
-
-// "string \"abc\"", "integer 3", or just "null".
-std::string Describe(const Json& value) {
-  return value.is_null() ? "null" : absl::StrCat(TypeName(value), " ", Quote(value));
-}
 
 // Every dotted key path in `node` (objects and leaves, not array elements),
 // the candidates for GetNode's "did you mean".
@@ -204,13 +147,6 @@ std::string EscapeBytes(std::string_view text) {
   return out;
 }
 
-std::string ShortText(std::string_view text) {
-  if (text.size() <= kMaxQuotedValueChars) return std::string(text);
-  // Cut at a character boundary, so the message stays valid UTF-8.
-  std::size_t cut = kMaxQuotedValueChars;
-  while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;
-  return absl::StrCat(AbslView(text.substr(0, cut)), "...");
-}
 
 // ------------------------------------------------------------------ loading
 
@@ -295,7 +231,7 @@ absl::StatusOr<Json> ReadJsonFile(const fs::path& path) {
   if (!config.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat("config file '", path.string(),
                                                    "' must hold a JSON object, not ",
-                                                   WithArticle(TypeName(config))));
+                                                   WithArticle(JsonTypeName(config))));
   }
   return config;
 }
@@ -320,7 +256,7 @@ absl::StatusOr<std::vector<std::string>> BaseList(const Json& config, const fs::
                                                    "': ", AbslView(kBaseKey),
                                                    " must be a non-empty string or an array of "
                                                    "non-empty strings, got ",
-                                                   Quote(*it)));
+                                                   QuoteJson(*it)));
   };
   std::vector<std::string> bases;
   if (it->is_string()) {
@@ -404,7 +340,7 @@ absl::Status ExpectedType(std::string_view dotted_path, std::string_view expecte
                           const Json& got) {
   return absl::InvalidArgumentError(absl::StrCat("config key '", AbslView(dotted_path),
                                                  "' expects ", AbslView(expected), ", got ",
-                                                 Describe(got)));
+                                                 DescribeJson(got)));
 }
 
 }  // namespace
@@ -487,7 +423,7 @@ absl::Status ApplyOverrides(Json& config, const std::vector<std::string>& overri
       Json& child = (*node)[segments[i]];
       if (child.is_null()) child = Json::object();
       if (!child.is_object()) {
-        return absl::InvalidArgumentError(absl::StrCat("config key '", path, "' is ", WithArticle(TypeName(child)),
+        return absl::InvalidArgumentError(absl::StrCat("config key '", path, "' is ", WithArticle(JsonTypeName(child)),
                                                        ", not an object, so '", parsed.key, "' cannot be set", from));
       }
       node = &child;
@@ -586,7 +522,7 @@ absl::StatusOr<const Json*> GetNode(const Json& config, std::string_view dotted_
   for (const std::string& segment : segments) {
     if (!node->is_object()) {
       return absl::InvalidArgumentError(
-          absl::StrCat("config key '", path, "' is ", WithArticle(TypeName(*node)),
+          absl::StrCat("config key '", path, "' is ", WithArticle(JsonTypeName(*node)),
                        ", not an object, so it has no key '", AbslView(dotted_path), "'"));
     }
     path = path.empty() ? segment : absl::StrCat(path, ".", segment);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <limits>
 
+#include "core/json_text.h"
 #include "core/status.h"
 #include "core/strings.h"
 #include "core/text.h"
@@ -12,49 +13,8 @@ namespace {
 
 using Json = nlohmann::json;
 
-constexpr std::size_t kMaxQuotedChars = 80;
-
-std::string Quote(const Json& value) {
-  // The replace handler keeps a stray invalid UTF-8 byte from turning an
-  // error message into an exception.
-  std::string text = value.dump(-1, ' ', false, Json::error_handler_t::replace);
-  if (text.size() > kMaxQuotedChars) {
-    text.resize(kMaxQuotedChars);
-    text += "...";
-  }
-  return text;
-}
-
-std::string JsonTypeName(const Json& value) {
-  switch (value.type()) {
-    case Json::value_t::null: return "null";
-    case Json::value_t::boolean: return "boolean";
-    case Json::value_t::number_integer:
-    case Json::value_t::number_unsigned: return "integer";
-    case Json::value_t::number_float: return "number";
-    case Json::value_t::string: return "string";
-    case Json::value_t::array: return "array";
-    case Json::value_t::object: return "object";
-    default: return value.type_name();
-  }
-}
-
-// "string \"abc\"", "integer 3", or "null".
-std::string Describe(const Json& value) {
-  return value.is_null() ? "null" : StrCat(JsonTypeName(value), " ", Quote(value));
-}
-
 std::string Join2(const std::string& path, std::string_view name) {
   return path.empty() ? std::string(name) : StrCat(path, ".", name);
-}
-
-// `number` as an int64 if integral and in range.
-std::optional<int64_t> AsIntegral(double number) {
-  constexpr double kTwoToThe63 = 9223372036854775808.0;
-  if (!std::isfinite(number) || std::trunc(number) != number || number < -kTwoToThe63 || number >= kTwoToThe63) {
-    return std::nullopt;
-  }
-  return static_cast<int64_t>(number);
 }
 
 std::string FormatBound(double bound, KeyType type) {
@@ -131,7 +91,7 @@ class Resolver {
 
   absl::StatusOr<Json> Run() {
     if (!config_.is_object()) {
-      return absl::InvalidArgumentError(StrCat("a config must be a JSON object, got ", Describe(config_), OriginOf(origins_, "")));
+      return absl::InvalidArgumentError(StrCat("a config must be a JSON object, got ", DescribeJson(config_), OriginOf(origins_, "")));
     }
     ASSIGN_OR_RETURN(Json resolved, ResolveSection(schema_, &config_, prefix_));
     for (const auto& [path, from] : seeds_) {
@@ -196,7 +156,7 @@ class Resolver {
       return Error(path, StrCat("config has no '", path, "' section, which is required", hint));
     }
     if (node != nullptr && !node->is_object()) {
-      return Error(path, StrCat("config key '", path, "' expects an object, got ", Describe(*node)));
+      return Error(path, StrCat("config key '", path, "' expects an object, got ", DescribeJson(*node)));
     }
     const Section* keys = &section;
     Json out = Json::object();
@@ -207,7 +167,7 @@ class Resolver {
         const std::string target_path = Join2(path, "_target_");
         if (!it->is_string()) {
           return Error(target_path, StrCat("config key '", target_path, "' expects a string (one of ",
-                                           Join(section.TargetNames(), ", "), "), got ", Describe(*it)));
+                                           Join(section.TargetNames(), ", "), "), got ", DescribeJson(*it)));
         }
         target = it->get<std::string>();
         if (section.FindTarget(target) == nullptr) {
@@ -265,7 +225,7 @@ class Resolver {
 
   absl::StatusOr<Json> Scalar(const KeySpec& spec, const Json& value, const std::string& path) const {
     const auto mismatch = [&] {
-      return Error(path, StrCat("config key '", path, "' expects ", WithArticle(Expected(spec)), ", got ", Describe(value)));
+      return Error(path, StrCat("config key '", path, "' expects ", WithArticle(Expected(spec)), ", got ", DescribeJson(value)));
     };
     switch (spec.type) {
       case KeyType::kBool:
@@ -294,7 +254,7 @@ class Resolver {
       case KeyType::kNumber: {
         if (!value.is_number()) return mismatch();
         const double v = value.get<double>();
-        if (!std::isfinite(v)) return Error(path, StrCat("config key '", path, "' must be a finite number, got ", Quote(value)));
+        if (!std::isfinite(v)) return Error(path, StrCat("config key '", path, "' must be a finite number, got ", QuoteJson(value)));
         if (!InRange(spec, v)) return Error(path, StrCat("config key '", path, "' must be ", RangeText(spec), ", got ", v));
         return Json(v);
       }
@@ -307,7 +267,7 @@ class Resolver {
         }
         if (std::find(spec.choices.begin(), spec.choices.end(), s) == spec.choices.end()) {
           const std::optional<std::string> closest = ClosestMatch(s, spec.choices);
-          return Error(path, StrCat("config key '", path, "' must be one of ", Join(spec.choices, ", "), ", got ", Quote(value),
+          return Error(path, StrCat("config key '", path, "' must be one of ", Join(spec.choices, ", "), ", got ", QuoteJson(value),
                                     closest ? StrCat(" (did you mean '", *closest, "'?)") : std::string()));
         }
         return value;
@@ -332,7 +292,7 @@ class Resolver {
       resolved = nullptr;
     } else if (spec.type == KeyType::kIntList || spec.type == KeyType::kNumberList) {
       if (!value->is_array()) {
-        return Error(path, StrCat("config key '", path, "' expects ", WithArticle(Expected(spec)), ", got ", Describe(*value)));
+        return Error(path, StrCat("config key '", path, "' expects ", WithArticle(Expected(spec)), ", got ", DescribeJson(*value)));
       }
       const auto size = static_cast<int64_t>(value->size());
       if ((spec.min_length && size < *spec.min_length) || (spec.max_length && size > *spec.max_length)) {
@@ -346,7 +306,7 @@ class Resolver {
         } else {
           want = StrCat("at most ", *spec.max_length);
         }
-        return Error(path, StrCat("config key '", path, "' expects ", want, " elements, got ", size, " (", Quote(*value), ")"));
+        return Error(path, StrCat("config key '", path, "' expects ", want, " elements, got ", size, " (", QuoteJson(*value), ")"));
       }
       KeySpec element = spec;
       element.type = spec.type == KeyType::kIntList ? KeyType::kInt : KeyType::kNumber;
@@ -361,16 +321,10 @@ class Resolver {
       ASSIGN_OR_RETURN(resolved, Scalar(spec, *value, path));
     }
     if (!spec.not_implemented.empty() && resolved != spec.default_value) {
-      return Error(path, StrCat("config key '", path, "' = ", Quote(resolved), " is not implemented yet (", spec.not_implemented,
-                                "); only ", Quote(spec.default_value), " is accepted"));
+      return Error(path, StrCat("config key '", path, "' = ", QuoteJson(resolved), " is not implemented yet (", spec.not_implemented,
+                                "); only ", QuoteJson(spec.default_value), " is accepted"));
     }
     return resolved;
-  }
-
-  static std::string WithArticle(const std::string& text) {
-    if (text.empty()) return text;
-    const char c = text[0];
-    return StrCat(c == 'a' || c == 'i' || c == 'o' || c == 'e' ? "an " : "a ", text);
   }
 
   const Section& schema_;
@@ -382,7 +336,7 @@ class Resolver {
 
 std::string DefaultText(const KeySpec& spec) {
   if (!spec.derive_seed_from.empty() && spec.default_value.is_null()) return StrCat("derived from `", spec.derive_seed_from, "`");
-  return StrCat("`", Quote(spec.default_value), "`");
+  return StrCat("`", QuoteJson(spec.default_value), "`");
 }
 
 std::string AllowedText(const KeySpec& spec) {
@@ -559,10 +513,9 @@ absl::StatusOr<SchemaEntry> Lookup(const Section& schema, const Json& config, st
     path = Join2(path, segment);
     const Section* section = entry.section;
     if (section == nullptr) {
-      const std::string type = KeyTypeName(entry.key->type);
       return absl::InvalidArgumentError(StrCat("config key '", path.substr(0, path.rfind('.')), "' is ",
-                                               type[0] == 'i' ? "an " : "a ", type, ", not an object, so '", dotted_path,
-                                               "' cannot be set"));
+                                               WithArticle(KeyTypeName(entry.key->type)), ", not an object, so '",
+                                               dotted_path, "' cannot be set"));
     }
     if (!section->not_implemented().empty()) {
       entry.not_implemented = section;
@@ -634,7 +587,7 @@ int64_t DeriveSeed(int64_t seed, std::string_view path) {
 
 namespace internal {
 absl::Status UnresolvedKey(std::string_view name, std::string_view kind, const nlohmann::json& node) {
-  return absl::InvalidArgumentError(StrCat("unresolved config node: key '", name, "' is ", kind, " in ", Quote(node),
+  return absl::InvalidArgumentError(StrCat("unresolved config node: key '", name, "' is ", kind, " in ", QuoteJson(node),
                                            " (resolve the config against its schema first)"));
 }
 }  // namespace internal

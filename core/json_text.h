@@ -1,0 +1,30 @@
+#pragma once
+// Words for JSON values in one-line error messages (the config loader and
+// the schema share them): type names, quoting that stays short and valid
+// UTF-8 whatever the input held, and integral-number checks.
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace tessera::config {
+
+// Quoted values are cut to this many bytes (a long array would swamp the line).
+inline constexpr std::size_t kMaxQuotedChars = 80;
+
+// "null", "boolean", "integer", "number", "string", "array", "object".
+std::string JsonTypeName(const nlohmann::json& value);
+// "an integer", "a list of numbers"; "null" stays "null".
+std::string WithArticle(std::string_view noun);
+// `value` as compact JSON, invalid UTF-8 replaced, cut to kMaxQuotedChars.
+std::string QuoteJson(const nlohmann::json& value);
+// "string \"abc\"", "integer 3", or "null".
+std::string DescribeJson(const nlohmann::json& value);
+// `text` cut to kMaxQuotedChars at a character boundary, "..." appended.
+std::string ShortText(std::string_view text);
+// `number` as an int64 if it is finite, integral and in range (2.0, 1e5).
+std::optional<int64_t> AsIntegral(double number);
+
+}  // namespace tessera::config
