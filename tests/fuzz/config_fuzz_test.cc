@@ -143,12 +143,15 @@ class Generator {
         if (near.is_number_integer()) {
           const int64_t n = near.get<int64_t>();
           static const int64_t kScale[] = {-1, 0, 2, 10};
+          int64_t v = n / 2;
+          bool overflow = false;  // near a boundary the neighbour is the boundary itself
           switch (Pick(4)) {
-            case 0: return n + 1;
-            case 1: return n - 1;
-            case 2: return n * kScale[Pick(4)];
-            default: return n / 2;
+            case 0: overflow = __builtin_add_overflow(n, 1, &v); break;
+            case 1: overflow = __builtin_sub_overflow(n, 1, &v); break;
+            case 2: overflow = __builtin_mul_overflow(n, kScale[Pick(4)], &v); break;
+            default: break;
           }
+          return overflow ? n : v;
         }
         if (near.is_number()) return near.get<double>() * (Chance(0.5) ? 2.0 : -1.0);
         if (near.is_array() && !near.empty()) {
