@@ -18,8 +18,9 @@
 // Every case must end in OK or an error status within kCaseLimitSeconds.
 // The counts (cases, OK, errors by class) are printed.
 //
-// Deterministic: case i draws from (seed, i). TESSERA_FUZZ_SEED overrides the
-// seed, TESSERA_FUZZ_CASES the number of cases.
+// Deterministic: case i draws from (seed, i), whatever thread runs it.
+// TESSERA_FUZZ_SEED overrides the seed, TESSERA_FUZZ_CASES the number of
+// cases, TESSERA_FUZZ_THREADS the threads (default: the machine's).
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -35,6 +36,7 @@
 #include <map>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/config.h"
@@ -54,6 +56,11 @@ using nlohmann::json;
 constexpr uint64_t kDefaultSeed = 20261201;
 constexpr int64_t kDefaultCases = 10000;
 constexpr double kCaseLimitSeconds = 5;
+// Cases run on up to this many threads (TESSERA_FUZZ_THREADS), case i on
+// thread i % threads; a case writes its files to directory i % kCaseDirs,
+// so cases running at once never share one.
+constexpr int kMaxThreads = 8;
+constexpr int64_t kCaseDirs = 2 * kMaxThreads;
 
 int64_t EnvInt(const char* name, int64_t fallback) {
   const char* text = std::getenv(name);
@@ -228,7 +235,7 @@ class ConfigFuzzer {
     paths_.erase(std::unique(paths_.begin(), paths_.end()), paths_.end());
   }
 
-  Case Make(int64_t index) {
+  Case Make(int64_t index) const {
     const int source = static_cast<int>(static_cast<uint64_t>(index) % sources_.size());
     Generator g(seed_, index, paths_, own_paths_[static_cast<size_t>(source)]);
     g.set_benign(g.Chance(0.4));
@@ -241,7 +248,8 @@ class ConfigFuzzer {
       for (int i = 0; i < n; ++i) {
         const std::string path = g.Path();
         json near = nullptr;
-        if (json* node = At(resolved_[static_cast<size_t>(source)], path, false)) near = *node;
+        json resolved = resolved_[static_cast<size_t>(source)];
+        if (json* node = At(resolved, path, false)) near = *node;
         c.overrides.push_back(path + "=" + g.ValueText(near));
       }
     } else if (kind < 9) {
@@ -283,8 +291,8 @@ class ConfigFuzzer {
     }
   }
 
-  fs::path Write(int64_t index, const std::string& name, const std::string& text) {
-    const fs::path path = dir_ / StrCat("case", index % 4) / name;
+  fs::path Write(int64_t index, const std::string& name, const std::string& text) const {
+    const fs::path path = dir_ / StrCat("case", index % kCaseDirs) / name;
     fs::create_directories(path.parent_path());
     std::ofstream(path, std::ios::binary | std::ios::trunc) << text;
     return path;
@@ -292,8 +300,8 @@ class ConfigFuzzer {
 
   // Files f0..fk naming random others (and missing ones) as bases; f0 is the
   // config. Each holds one namespace of the real config, some mutated.
-  fs::path BaseGraph(Generator& g, int64_t index, const json& config) {
-    const fs::path dir = dir_ / StrCat("case", index % 4);
+  fs::path BaseGraph(Generator& g, int64_t index, const json& config) const {
+    const fs::path dir = dir_ / StrCat("case", index % kCaseDirs);
     fs::remove_all(dir);
     fs::create_directories(dir);
     const int files = 2 + g.Pick(20);
@@ -355,41 +363,65 @@ TEST(ConfigFuzz, EveryCaseIsOkOrAnErrorAndFast) {
               static_cast<unsigned long long>(seed), static_cast<long long>(cases));
   const fs::path dir = fs::temp_directory_path() / StrCat("tessera_config_fuzz_", ::getpid());
   ConfigFuzzer fuzzer(seed, dir);
+  const int threads = static_cast<int>(std::clamp<int64_t>(
+      EnvInt("TESSERA_FUZZ_THREADS", std::max(1u, std::thread::hardware_concurrency())), 1, kMaxThreads));
+  struct Counts {
+    std::map<std::string, int64_t> by_kind, ok_by_kind, errors;
+    double slowest = 0;
+    int64_t slowest_case = -1;
+  };
+  std::vector<Counts> per_thread(static_cast<size_t>(threads));
+  const auto started = std::chrono::steady_clock::now();
+  const auto work = [&](int thread) {
+    Counts& counts = per_thread[static_cast<size_t>(thread)];
+    for (int64_t i = thread; i < cases; i += threads) {
+      const Case c = fuzzer.Make(i);
+      const auto t0 = std::chrono::steady_clock::now();
+      absl::Status status;
+      auto config = LoadJobConfig(c.file, c.overrides);
+      if (config.ok()) {
+        status = TrainingPlan(*config).status();
+      } else {
+        status = config.status();
+      }
+      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (seconds > counts.slowest) {
+        counts.slowest = seconds;
+        counts.slowest_case = i;
+      }
+      ++counts.by_kind[c.kind];
+      if (status.ok()) {
+        ++counts.ok_by_kind[c.kind];
+      } else {
+        ++counts.errors[ErrorClass(status)];
+        EXPECT_EQ(std::string(status.message()).find('\n'), std::string::npos) << "case " << i << ": " << status;
+      }
+      EXPECT_LE(seconds, kCaseLimitSeconds) << "case " << i << " (" << c.kind << ") took " << seconds << " s";
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int t = 1; t < threads; ++t) pool.emplace_back(work, t);
+  work(0);
+  for (std::thread& t : pool) t.join();
   std::map<std::string, int64_t> by_kind, ok_by_kind, errors;
   double slowest = 0;
   int64_t slowest_case = -1;
-  const auto started = std::chrono::steady_clock::now();
-  for (int64_t i = 0; i < cases; ++i) {
-    const Case c = fuzzer.Make(i);
-    const auto t0 = std::chrono::steady_clock::now();
-    absl::Status status;
-    auto config = LoadJobConfig(c.file, c.overrides);
-    if (config.ok()) {
-      status = TrainingPlan(*config).status();
-    } else {
-      status = config.status();
+  for (const Counts& counts : per_thread) {
+    for (const auto& [k, n] : counts.by_kind) by_kind[k] += n;
+    for (const auto& [k, n] : counts.ok_by_kind) ok_by_kind[k] += n;
+    for (const auto& [k, n] : counts.errors) errors[k] += n;
+    if (counts.slowest > slowest) {
+      slowest = counts.slowest;
+      slowest_case = counts.slowest_case;
     }
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (seconds > slowest) {
-      slowest = seconds;
-      slowest_case = i;
-    }
-    ++by_kind[c.kind];
-    if (status.ok()) {
-      ++ok_by_kind[c.kind];
-    } else {
-      ++errors[ErrorClass(status)];
-      EXPECT_EQ(std::string(status.message()).find('\n'), std::string::npos) << "case " << i << ": " << status;
-    }
-    EXPECT_LE(seconds, kCaseLimitSeconds) << "case " << i << " (" << c.kind << ") took " << seconds << " s";
   }
   fs::remove_all(dir);
   const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   int64_t ok = 0;
   for (const auto& [kind, n] : ok_by_kind) ok += n;
-  std::printf("config fuzzer: %lld cases in %.1f s, %lld OK, %lld errors; slowest case %lld: %.3f s\n",
-              static_cast<long long>(cases), total, static_cast<long long>(ok), static_cast<long long>(cases - ok),
-              static_cast<long long>(slowest_case), slowest);
+  std::printf("config fuzzer: %lld cases in %.1f s on %d threads, %lld OK, %lld errors; slowest case %lld: %.3f s\n",
+              static_cast<long long>(cases), total, threads, static_cast<long long>(ok),
+              static_cast<long long>(cases - ok), static_cast<long long>(slowest_case), slowest);
   for (const auto& [kind, n] : by_kind) {
     std::printf("  %-10s %6lld cases, %6lld OK\n", kind.c_str(), static_cast<long long>(n),
                 static_cast<long long>(ok_by_kind[kind]));
