@@ -310,6 +310,25 @@ TEST(Trainer, TrainSeedDrivesUnseededModels) {
   EXPECT_EQ(fixed1->losses, fixed2->losses);
 }
 
+// output_dir/config.json is the resolved config (derived seeds included):
+// training from it reproduces the run.
+TEST(Trainer, SavedConfigReproducesTheRun) {
+  const auto dir = TempDir("saved");
+  auto first = LoadJobConfig(Source("configs/gpt2_nano.json"), {"train.train_iter=3", "train.output_dir=" + dir.string()});
+  ASSERT_TRUE(first.ok()) << first.status();
+  auto a = Train(*first);
+  ASSERT_TRUE(a.ok()) << a.status();
+  const auto again_dir = TempDir("saved_again");
+  auto saved = LoadJobConfig(dir / "config.json", {"train.output_dir=" + again_dir.string()});
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  EXPECT_EQ((*saved)["model"]["init_seed"], (*first)["model"]["init_seed"]);
+  auto b = Train(*saved);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(a->losses, b->losses);
+  std::filesystem::remove_all(dir);
+  std::filesystem::remove_all(again_dir);
+}
+
 TEST(Trainer, LossesRecordedForBoundedIterations) {
   auto run = TrainMlp("bounded", {"train.train_iter=5", "train.train_micro_batch_size=2", "model.hidden_sizes=[4]"});
   ASSERT_TRUE(run.ok());
