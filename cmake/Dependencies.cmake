@@ -13,6 +13,11 @@ target_include_directories(tessera_dnnl SYSTEM INTERFACE ${DNNL_INCLUDE_DIR})
 target_link_libraries(tessera_dnnl INTERFACE ${DNNL_LIBRARY})
 find_package(OpenMP REQUIRED)
 find_package(Threads REQUIRED)
+# The control plane (cluster/): gRPC's own CMake config; Boost.Asio
+# (header-only) for the metrics endpoint. find_package is idempotent, so a
+# second find_package(Boost) elsewhere is harmless.
+find_package(gRPC CONFIG REQUIRED)
+find_package(Boost REQUIRED)
 if(TESSERA_BUILD_TESTS)
   find_package(GTest REQUIRED)
 endif()

@@ -1,0 +1,50 @@
+#pragma once
+// A client of the master: submit, inspect, cancel and watch jobs (what the
+// CLI verbs and embedding C++ services use). Every method is one RPC (Watch:
+// one stream) with the token and TLS of `security`; errors are the master's
+// status (INVALID_ARGUMENT with the config error, NOT_FOUND for an unknown
+// job, UNAVAILABLE when no master answers, UNAUTHENTICATED without the right
+// token).
+//
+// Thread-safety: thread-safe.
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "cluster/transport.h"
+#include "comm/proto/control.grpc.pb.h"
+
+namespace tessera::cluster {
+
+class Client {
+ public:
+  struct Options {
+    std::string master = "127.0.0.1:7070";
+    Security security;
+    absl::Duration timeout = absl::Seconds(30);  // per unary call
+  };
+
+  explicit Client(Options options);
+
+  // The job's id.
+  [[nodiscard]] absl::StatusOr<std::string> Submit(const std::string& config_json,
+                                                   const std::vector<std::string>& overrides);
+  [[nodiscard]] absl::StatusOr<control::JobInfo> Get(const std::string& job_id);
+  [[nodiscard]] absl::StatusOr<std::vector<control::JobInfo>> List();
+  [[nodiscard]] absl::StatusOr<std::vector<control::WorkerInfo>> ListWorkers();
+  [[nodiscard]] absl::StatusOr<control::JobInfo> Cancel(const std::string& job_id, const std::string& reason = "");
+  // Calls `on_event` for every event of the job, from its first, until the
+  // job ends (OK) or `on_event` returns false (CANCELLED). No deadline.
+  [[nodiscard]] absl::Status Watch(const std::string& job_id,
+                                   const std::function<bool(const control::JobEvent&)>& on_event);
+
+ private:
+  const Options options_;
+  std::unique_ptr<control::Master::Stub> stub_;
+};
+
+}  // namespace tessera::cluster

@@ -1,0 +1,58 @@
+#include "cluster/kv_client.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "cluster/grpc_status.h"
+
+namespace tessera::cluster {
+
+KvClient::KvClient(std::shared_ptr<grpc::Channel> channel, Security security, std::string prefix,
+                   absl::Duration rpc_timeout)
+    : stub_(control::Master::NewStub(std::move(channel))),
+      security_(std::move(security)),
+      prefix_(std::move(prefix)),
+      rpc_timeout_(rpc_timeout) {}
+
+absl::Status KvClient::Set(const std::string& key, std::string value) {
+  control::KvPutRequest request;
+  request.set_key(prefix_ + key);
+  request.set_value(std::move(value));
+  control::KvPutResponse response;
+  grpc::ClientContext context;
+  PrepareContext(context, security_, rpc_timeout_);
+  return ToAbsl(stub_->KvPut(&context, request, &response));
+}
+
+absl::StatusOr<std::string> KvClient::Get(const std::string& key) {
+  control::KvGetRequest request;
+  request.set_key(prefix_ + key);
+  control::KvGetResponse response;
+  grpc::ClientContext context;
+  PrepareContext(context, security_, rpc_timeout_);
+  if (auto status = ToAbsl(stub_->KvGet(&context, request, &response)); !status.ok()) return status;
+  return std::move(*response.mutable_value());
+}
+
+absl::StatusOr<std::vector<std::string>> KvClient::Wait(const std::vector<std::string>& keys,
+                                                        absl::Duration timeout) {
+  control::KvWaitRequest request;
+  for (const std::string& key : keys) request.add_keys(prefix_ + key);
+  request.set_timeout_ms(absl::ToInt64Milliseconds(timeout));
+  control::KvWaitResponse response;
+  grpc::ClientContext context;
+  // The RPC outlives the wait by the usual call timeout, so a wait that
+  // times out on the master comes back as the master's answer.
+  PrepareContext(context, security_, timeout + rpc_timeout_);
+  if (auto status = ToAbsl(stub_->KvWait(&context, request, &response)); !status.ok()) return status;
+  if (response.values_size() != static_cast<int>(keys.size())) {
+    return absl::InternalError(absl::StrCat("kv: asked for ", keys.size(), " keys, the master answered ",
+                                            response.values_size()));
+  }
+  std::vector<std::string> values;
+  values.reserve(keys.size());
+  for (std::string& value : *response.mutable_values()) values.push_back(std::move(value));
+  return values;
+}
+
+}  // namespace tessera::cluster

@@ -1,0 +1,1047 @@
+#include "cluster/master.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cctype>
+#include <chrono>
+#include <deque>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
+#include "cluster/grpc_status.h"
+#include "cluster/metrics_http.h"
+#include "comm/proto/control.grpc.pb.h"
+#include "core/logging.h"
+#include "grpcpp/server.h"
+#include "grpcpp/server_builder.h"
+
+namespace tessera::cluster {
+namespace {
+
+using control::JobState;
+namespace fs = std::filesystem;
+
+// Limits on what a request may carry (beyond kMaxMessageBytes).
+constexpr size_t kMaxIdBytes = 128;
+constexpr size_t kMaxAddressBytes = 256;
+constexpr size_t kMaxConfigBytes = 8 << 20;
+constexpr size_t kMaxOverrides = 1000;
+constexpr size_t kMaxOverrideBytes = 4096;
+constexpr size_t kMaxKvKeyBytes = 1024;
+constexpr size_t kMaxKvValueBytes = 16 << 20;
+constexpr size_t kMaxKvKeysPerWait = 4096;
+constexpr size_t kMaxReportItems = 10000;
+constexpr size_t kMaxLogLineBytes = 64 << 10;
+constexpr int64_t kMaxDevicesPerWorker = 4096;
+constexpr int64_t kMaxDevicesPerJob = 1 << 20;
+
+int64_t NowMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+bool IsFinal(JobState state) {
+  return state == control::SUCCEEDED || state == control::FAILED || state == control::CANCELLED;
+}
+
+// Ids are the master's own (job-000001) or a worker's chosen name; either
+// way a plain word, so they are safe in file names and log lines.
+bool IsPlainId(const std::string& id) {
+  if (id.empty() || id.size() > kMaxIdBytes) return false;
+  return std::all_of(id.begin(), id.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.';
+  });
+}
+
+grpc::Status Invalid(const std::string& message) { return {grpc::StatusCode::INVALID_ARGUMENT, message}; }
+grpc::Status NotFound(const std::string& message) { return {grpc::StatusCode::NOT_FOUND, message}; }
+grpc::Status Precondition(const std::string& message) { return {grpc::StatusCode::FAILED_PRECONDITION, message}; }
+
+// "cpu:2", "cuda:8", "cuda:0-7" -> the number of devices.
+absl::StatusOr<int> ParseDeviceCount(const std::string& devices) {
+  const size_t colon = devices.find(':');
+  if (colon == std::string::npos || colon == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("devices '", devices.substr(0, 64), "': expected TYPE:N or TYPE:A-B"));
+  }
+  const std::string count = devices.substr(colon + 1);
+  int64_t n = 0;
+  if (const size_t dash = count.find('-'); dash != std::string::npos) {
+    int64_t first = 0, last = 0;
+    if (!absl::SimpleAtoi(count.substr(0, dash), &first) || !absl::SimpleAtoi(count.substr(dash + 1), &last) ||
+        first < 0 || last < first) {
+      return absl::InvalidArgumentError(absl::StrCat("devices '", devices.substr(0, 64), "': bad range"));
+    }
+    n = last - first + 1;
+  } else if (!absl::SimpleAtoi(count, &n)) {
+    return absl::InvalidArgumentError(absl::StrCat("devices '", devices.substr(0, 64), "': bad count"));
+  }
+  if (n < 1 || n > kMaxDevicesPerWorker) {
+    return absl::InvalidArgumentError(absl::StrCat("devices '", devices.substr(0, 64), "': count must be in [1, ",
+                                                   kMaxDevicesPerWorker, "]"));
+  }
+  return static_cast<int>(n);
+}
+
+std::string StateName(JobState state) { return control::JobState_Name(state); }
+
+struct WorkerRecord {
+  std::string id;
+  uint64_t epoch = 0;
+  int num_devices = 0;
+  std::string devices;
+  std::string data_address;
+  std::string address;
+  std::shared_ptr<control::Worker::Stub> stub;
+  absl::Time last_heartbeat;
+  int failed_probes = 0;
+  bool probe_in_flight = false;
+  std::string job_id;  // the job holding its devices; empty: free
+};
+
+struct Job {
+  std::string id;
+  uint64_t session = 0;
+  JobState state = control::PENDING;
+  std::string reason;
+  JobSpec spec;
+  std::vector<WorkerSlot> slots;
+  std::set<uint32_t> nodes_done;
+  int64_t iteration = 0;
+  std::map<std::string, double> last_metrics;
+  int64_t submit_ms = 0;
+  int64_t end_ms = 0;
+  std::deque<control::JobEvent> events;
+  uint64_t events_base = 0;  // index of events.front() among all events
+  std::unique_ptr<std::ofstream> metrics_file;
+  std::unique_ptr<std::ofstream> log_file;
+};
+
+struct PendingStop {
+  std::shared_ptr<control::Worker::Stub> stub;
+  std::string job_id;
+  std::string reason;
+};
+
+}  // namespace
+
+class Master::Impl final : public control::Master::Service {
+ public:
+  Impl(Options options, std::unique_ptr<JobCompiler> compiler)
+      : options_(std::move(options)), compiler_(std::move(compiler)) {}
+
+  ~Impl() override { Shutdown(); }
+
+  absl::StatusOr<std::string> Start() {
+    if (started_) return absl::FailedPreconditionError("master already started");
+    if (auto status = LoadState(); !status.ok()) return status;
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort(options_.listen, ServerCredentials(options_.security), &port);
+    builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
+    builder.SetMaxSendMessageSize(kMaxMessageBytes);
+    builder.RegisterService(this);
+    server_ = builder.BuildAndStart();
+    if (server_ == nullptr || port == 0) {
+      server_.reset();
+      return absl::UnavailableError(absl::StrCat("master: cannot listen on '", options_.listen, "'"));
+    }
+    const size_t colon = options_.listen.rfind(':');
+    address_ = absl::StrCat(options_.listen.substr(0, colon), ":", port);
+    if (options_.metrics_port >= 0) {
+      metrics_server_ = std::make_unique<MetricsHttpServer>([this] { return RenderMetrics(); });
+      auto bound = metrics_server_->Start(options_.metrics_host, options_.metrics_port);
+      if (!bound.ok()) {
+        server_->Shutdown();
+        server_.reset();
+        return bound.status();
+      }
+      metrics_port_ = *bound;
+    }
+    started_ = true;
+    scheduler_ = std::thread([this] { SchedulerLoop(); });
+    monitor_ = std::thread([this] { MonitorLoop(); });
+    TLOG_INFO("master listening on {}", address_);
+    return address_;
+  }
+
+  int metrics_port() const { return metrics_port_; }
+
+  void Shutdown() {
+    if (!started_) return;
+    started_ = false;
+    {
+      absl::MutexLock lock(&mu_);
+      shutting_down_ = true;
+    }
+    {
+      absl::MutexLock lock(&kv_mu_);
+      kv_shutting_down_ = true;
+    }
+    // Watches and KV waits notice shutting_down_ within their poll period.
+    server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    if (scheduler_.joinable()) scheduler_.join();
+    if (monitor_.joinable()) monitor_.join();
+    {
+      absl::MutexLock lock(&mu_);
+      auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return async_in_flight_ == 0; };
+      mu_.Await(absl::Condition(&done));
+    }
+    if (metrics_server_) metrics_server_->Stop();
+    server_.reset();
+  }
+
+  // ---- Master service ----
+
+  grpc::Status RegisterWorker(grpc::ServerContext* context, const control::RegisterWorkerRequest* request,
+                              control::RegisterWorkerResponse* response) override {
+    if (auto s = Enter(*context, "RegisterWorker"); !s.ok()) return s;
+    if (!request->worker_id().empty() && !IsPlainId(request->worker_id())) {
+      return Invalid("worker_id must be 1-128 characters of [A-Za-z0-9._-]");
+    }
+    auto devices = ParseDeviceCount(request->devices());
+    if (!devices.ok()) return ToGrpc(devices.status());
+    if (request->worker_address().empty() || request->worker_address().size() > kMaxAddressBytes ||
+        request->data_address().size() > kMaxAddressBytes) {
+      return Invalid("worker_address must be set and addresses at most 256 bytes");
+    }
+    auto record = std::make_unique<WorkerRecord>();
+    record->devices = request->devices();
+    record->num_devices = *devices;
+    record->data_address = request->data_address();
+    record->address = request->worker_address();
+    record->stub = control::Worker::NewStub(MakeChannel(record->address, options_.security));
+    absl::MutexLock lock(&mu_);
+    if (shutting_down_) return {grpc::StatusCode::UNAVAILABLE, "master is shutting down"};
+    record->id = request->worker_id().empty() ? absl::StrCat("worker-", ++next_worker_number_) : request->worker_id();
+    if (workers_.contains(record->id)) {
+      LoseWorkerLocked(record->id, "re-registered (it restarted)");
+    }
+    record->epoch = ++next_epoch_;
+    record->last_heartbeat = absl::Now();
+    response->set_worker_id(record->id);
+    response->set_epoch(record->epoch);
+    response->set_heartbeat_interval_ms(absl::ToInt64Milliseconds(options_.heartbeat_interval));
+    TLOG_INFO("worker {} registered ({} at {})", record->id, record->devices, record->address);
+    workers_[record->id] = std::move(record);
+    changed_.SignalAll();
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Heartbeat(grpc::ServerContext* context, const control::HeartbeatRequest* request,
+                         control::HeartbeatResponse* response) override {
+    if (auto s = Enter(*context, "Heartbeat"); !s.ok()) return s;
+    absl::MutexLock lock(&mu_);
+    auto* worker = FindWorkerLocked(request->worker_id(), request->epoch());
+    if (worker == nullptr) {
+      return Precondition(absl::StrCat("unknown worker '", request->worker_id().substr(0, kMaxIdBytes),
+                                       "' or stale epoch (register first)"));
+    }
+    worker->last_heartbeat = absl::Now();
+    bool holds_own_job = false;
+    for (const control::WorkerJob& held : request->jobs()) {
+      if (held.job_id() == worker->job_id) {
+        holds_own_job = true;
+        auto it = jobs_.find(held.job_id());
+        if (it != jobs_.end() && IsActive(*it->second) && it->second->session == held.session()) continue;
+      }
+      response->add_drop_job_ids(held.job_id());
+    }
+    // The worker no longer holds a job that has ended: its devices are free.
+    if (!worker->job_id.empty() && !holds_own_job) {
+      auto it = jobs_.find(worker->job_id);
+      if (it == jobs_.end() || IsFinal(it->second->state)) {
+        worker->job_id.clear();
+        changed_.SignalAll();
+      }
+    }
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Report(grpc::ServerContext* context, const control::ReportRequest* request,
+                      control::ReportResponse*) override {
+    if (auto s = Enter(*context, "Report"); !s.ok()) return s;
+    if (static_cast<size_t>(request->metrics_size()) > kMaxReportItems ||
+        static_cast<size_t>(request->log_lines_size()) > kMaxReportItems) {
+      return Invalid("a report carries at most 10000 metrics and 10000 log lines");
+    }
+    for (const std::string& line : request->log_lines()) {
+      if (line.size() > kMaxLogLineBytes) return Invalid("log lines are at most 64 KiB");
+    }
+    absl::MutexLock lock(&mu_);
+    auto* worker = FindWorkerLocked(request->worker_id(), request->epoch());
+    if (worker == nullptr) return Precondition("unknown worker or stale epoch (register first)");
+    auto it = jobs_.find(request->job_id());
+    if (it == jobs_.end()) return NotFound(absl::StrCat("no job '", request->job_id().substr(0, kMaxIdBytes), "'"));
+    Job& job = *it->second;
+    const WorkerSlot* slot = nullptr;
+    for (const WorkerSlot& s : job.slots) {
+      if (s.worker_id == worker->id) slot = &s;
+    }
+    if (slot == nullptr || job.session != request->session()) {
+      return Precondition(absl::StrCat("job ", job.id, " (session ", request->session(), ") does not run on worker ",
+                                       worker->id));
+    }
+    if (IsFinal(job.state)) {
+      if (request->finished() && worker->job_id == job.id) {
+        worker->job_id.clear();
+        changed_.SignalAll();
+      }
+      return grpc::Status::OK;  // late news of an ended job
+    }
+    for (const control::Metrics& metrics : request->metrics()) {
+      if (slot->node != 0) continue;  // node 0 speaks for the job
+      job.iteration = metrics.iteration();
+      job.last_metrics.clear();
+      for (const auto& [name, value] : metrics.values()) job.last_metrics[name] = value;
+      if (job.metrics_file) {
+        nlohmann::json line = {{"iter", metrics.iteration()}};
+        for (const auto& [name, value] : metrics.values()) line[name] = value;
+        *job.metrics_file << line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+        job.metrics_file->flush();
+      }
+      control::JobEvent event;
+      *event.mutable_metrics() = metrics;
+      AddEventLocked(job, std::move(event));
+    }
+    for (const std::string& line : request->log_lines()) {
+      const std::string text = absl::StrCat("[node ", slot->node, "] ", line);
+      if (job.log_file) {
+        *job.log_file << text << "\n";
+        job.log_file->flush();
+      }
+      control::JobEvent event;
+      event.set_log_line(text);
+      AddEventLocked(job, std::move(event));
+    }
+    if (request->finished()) {
+      worker->job_id.clear();
+      changed_.SignalAll();
+      if (request->code() != 0) {
+        const absl::Status error(static_cast<absl::StatusCode>(std::clamp(request->code(), 1, 16)),
+                                 request->message().substr(0, kMaxLogLineBytes));
+        EndJobLocked(job, control::FAILED,
+                     absl::StrCat("worker ", worker->id, " (node ", slot->node, "): ", error.ToString()));
+      } else {
+        job.nodes_done.insert(slot->node);
+        if (job.nodes_done.size() == job.slots.size() && job.state == control::RUNNING) {
+          EndJobLocked(job, control::SUCCEEDED, "");
+        }
+      }
+    }
+    return grpc::Status::OK;
+  }
+
+  grpc::Status SubmitJob(grpc::ServerContext* context, const control::SubmitJobRequest* request,
+                         control::SubmitJobResponse* response) override {
+    if (auto s = Enter(*context, "SubmitJob"); !s.ok()) return s;
+    if (request->config_json().size() > kMaxConfigBytes) return Invalid("config_json is larger than 8 MiB");
+    if (static_cast<size_t>(request->overrides_size()) > kMaxOverrides) return Invalid("more than 1000 overrides");
+    std::vector<std::string> overrides;
+    for (const std::string& o : request->overrides()) {
+      if (o.size() > kMaxOverrideBytes) return Invalid("an override is longer than 4096 bytes");
+      overrides.push_back(o);
+    }
+    absl::StatusOr<JobSpec> spec;
+    {
+      absl::MutexLock lock(&compiler_mu_);
+      spec = compiler_->Resolve(request->config_json(), overrides);
+    }
+    if (!spec.ok()) return Invalid(std::string(spec.status().message()));
+    if (spec->devices_needed < 1 || spec->devices_needed > kMaxDevicesPerJob) {
+      return Invalid(absl::StrCat("the job needs ", spec->devices_needed, " devices (must be in [1, ",
+                                  kMaxDevicesPerJob, "])"));
+    }
+    absl::MutexLock lock(&mu_);
+    if (shutting_down_) return {grpc::StatusCode::UNAVAILABLE, "master is shutting down"};
+    auto job = std::make_unique<Job>();
+    job->session = ++next_session_;
+    job->id = absl::StrFormat("job-%06d", job->session);
+    job->spec = *std::move(spec);
+    job->submit_ms = NowMs();
+    Job& ref = *job;
+    jobs_[job->id] = std::move(job);
+    queue_.push_back(ref.id);
+    AddStateEventLocked(ref);
+    PersistLocked(ref);
+    response->set_job_id(ref.id);
+    TLOG_INFO("job {} submitted ({} devices)", ref.id, ref.spec.devices_needed);
+    changed_.SignalAll();
+    return grpc::Status::OK;
+  }
+
+  grpc::Status GetJob(grpc::ServerContext* context, const control::GetJobRequest* request,
+                      control::JobInfo* response) override {
+    if (auto s = Enter(*context, "GetJob"); !s.ok()) return s;
+    absl::MutexLock lock(&mu_);
+    auto it = jobs_.find(request->job_id());
+    if (it == jobs_.end()) return NotFound(absl::StrCat("no job '", request->job_id().substr(0, kMaxIdBytes), "'"));
+    FillInfoLocked(*it->second, *response);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status ListJobs(grpc::ServerContext* context, const control::ListJobsRequest*,
+                        control::ListJobsResponse* response) override {
+    if (auto s = Enter(*context, "ListJobs"); !s.ok()) return s;
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, job] : jobs_) FillInfoLocked(*job, *response->add_jobs());
+    return grpc::Status::OK;
+  }
+
+  grpc::Status CancelJob(grpc::ServerContext* context, const control::CancelJobRequest* request,
+                         control::JobInfo* response) override {
+    if (auto s = Enter(*context, "CancelJob"); !s.ok()) return s;
+    if (request->reason().size() > kMaxLogLineBytes) return Invalid("reason is longer than 64 KiB");
+    absl::MutexLock lock(&mu_);
+    auto it = jobs_.find(request->job_id());
+    if (it == jobs_.end()) return NotFound(absl::StrCat("no job '", request->job_id().substr(0, kMaxIdBytes), "'"));
+    Job& job = *it->second;
+    if (IsFinal(job.state)) return Precondition(absl::StrCat("job ", job.id, " already ended: ", StateName(job.state)));
+    EndJobLocked(job, control::CANCELLED,
+                 request->reason().empty() ? "cancelled by a client" : absl::StrCat("cancelled: ", request->reason()));
+    FillInfoLocked(job, *response);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status WatchJob(grpc::ServerContext* context, const control::WatchJobRequest* request,
+                        grpc::ServerWriter<control::JobEvent>* writer) override {
+    if (auto s = Enter(*context, "WatchJob"); !s.ok()) return s;
+    uint64_t cursor = 0;
+    for (;;) {
+      std::vector<control::JobEvent> batch;
+      bool ended = false;
+      {
+        absl::MutexLock lock(&mu_);
+        auto it = jobs_.find(request->job_id());
+        if (it == jobs_.end()) return NotFound(absl::StrCat("no job '", request->job_id().substr(0, kMaxIdBytes), "'"));
+        const Job* job = it->second.get();
+        auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+          return shutting_down_ || IsFinal(job->state) || job->events_base + job->events.size() > cursor;
+        };
+        mu_.AwaitWithTimeout(absl::Condition(&ready), absl::Milliseconds(200));
+        if (shutting_down_) return {grpc::StatusCode::UNAVAILABLE, "master is shutting down"};
+        cursor = std::max(cursor, job->events_base);
+        for (uint64_t i = cursor - job->events_base; i < job->events.size(); ++i) batch.push_back(job->events[i]);
+        cursor += batch.size();
+        ended = IsFinal(job->state);
+      }
+      for (const control::JobEvent& event : batch) {
+        if (!writer->Write(event)) return {grpc::StatusCode::CANCELLED, "watcher went away"};
+      }
+      if (ended) return grpc::Status::OK;
+      if (context->IsCancelled()) return {grpc::StatusCode::CANCELLED, "watcher went away"};
+    }
+  }
+
+  grpc::Status ListWorkers(grpc::ServerContext* context, const control::ListWorkersRequest*,
+                           control::ListWorkersResponse* response) override {
+    if (auto s = Enter(*context, "ListWorkers"); !s.ok()) return s;
+    absl::MutexLock lock(&mu_);
+    const absl::Time now = absl::Now();
+    for (const auto& [id, worker] : workers_) {
+      control::WorkerInfo* info = response->add_workers();
+      info->set_worker_id(id);
+      info->set_epoch(worker->epoch);
+      info->set_devices(worker->devices);
+      info->set_address(worker->address);
+      info->set_job_id(worker->job_id);
+      info->set_last_heartbeat_ms_ago(absl::ToInt64Milliseconds(now - worker->last_heartbeat));
+    }
+    return grpc::Status::OK;
+  }
+
+  grpc::Status KvPut(grpc::ServerContext* context, const control::KvPutRequest* request,
+                     control::KvPutResponse*) override {
+    if (auto s = Enter(*context, "KvPut"); !s.ok()) return s;
+    if (auto s = CheckKey(request->key()); !s.ok()) return s;
+    if (request->value().size() > kMaxKvValueBytes) return Invalid("kv values are at most 16 MiB");
+    absl::MutexLock lock(&kv_mu_);
+    kv_[request->key()] = request->value();
+    return grpc::Status::OK;
+  }
+
+  grpc::Status KvGet(grpc::ServerContext* context, const control::KvGetRequest* request,
+                     control::KvGetResponse* response) override {
+    if (auto s = Enter(*context, "KvGet"); !s.ok()) return s;
+    if (auto s = CheckKey(request->key()); !s.ok()) return s;
+    absl::MutexLock lock(&kv_mu_);
+    auto it = kv_.find(request->key());
+    if (it == kv_.end()) return NotFound(absl::StrCat("kv: no key '", request->key(), "'"));
+    response->set_value(it->second);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status KvWait(grpc::ServerContext* context, const control::KvWaitRequest* request,
+                      control::KvWaitResponse* response) override {
+    if (auto s = Enter(*context, "KvWait"); !s.ok()) return s;
+    if (request->keys_size() == 0 || static_cast<size_t>(request->keys_size()) > kMaxKvKeysPerWait) {
+      return Invalid("kv wait takes 1 to 4096 keys");
+    }
+    for (const std::string& key : request->keys()) {
+      if (auto s = CheckKey(key); !s.ok()) return s;
+    }
+    if (request->timeout_ms() < 0) return Invalid("kv wait: timeout_ms must be >= 0");
+    const absl::Duration timeout = std::min(absl::Milliseconds(request->timeout_ms()), options_.max_kv_wait);
+    const absl::Time deadline = absl::Now() + timeout;
+    absl::MutexLock lock(&kv_mu_);
+    auto all_set = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(kv_mu_) {
+      for (const std::string& key : request->keys()) {
+        if (!kv_.contains(key)) return false;
+      }
+      return true;
+    };
+    auto done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(kv_mu_) { return kv_shutting_down_ || all_set(); };
+    // Poll in slices so a watcher that hangs up or a shutdown ends the wait.
+    while (!done() && absl::Now() < deadline && !context->IsCancelled()) {
+      kv_mu_.AwaitWithDeadline(absl::Condition(&done), std::min(deadline, absl::Now() + absl::Milliseconds(200)));
+    }
+    if (kv_shutting_down_) return {grpc::StatusCode::UNAVAILABLE, "master is shutting down"};
+    if (!all_set()) {
+      std::vector<std::string> missing;
+      for (const std::string& key : request->keys()) {
+        if (!kv_.contains(key) && missing.size() < 10) missing.push_back(key);
+      }
+      return {grpc::StatusCode::DEADLINE_EXCEEDED,
+              absl::StrCat("kv: waited ", absl::FormatDuration(timeout), " for ", absl::StrJoin(missing, ", "),
+                           " (never set)")};
+    }
+    for (const std::string& key : request->keys()) response->add_values(kv_.at(key));
+    return grpc::Status::OK;
+  }
+
+ private:
+  static bool IsActive(const Job& job) { return job.state == control::COMPILING || job.state == control::RUNNING; }
+
+  grpc::Status Enter(const grpc::ServerContext& context, const char* method) {
+    {
+      absl::MutexLock lock(&mu_);
+      ++rpc_counts_[method];
+    }
+    return CheckToken(context, options_.security.token);
+  }
+
+  static grpc::Status CheckKey(const std::string& key) {
+    if (key.empty() || key.size() > kMaxKvKeyBytes) return Invalid("kv keys are 1 to 1024 bytes");
+    return grpc::Status::OK;
+  }
+
+  WorkerRecord* FindWorkerLocked(const std::string& id, uint64_t epoch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto it = workers_.find(id);
+    if (it == workers_.end() || it->second->epoch != epoch) return nullptr;
+    return it->second.get();
+  }
+
+  void FillInfoLocked(const Job& job, control::JobInfo& info) const ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    info.set_job_id(job.id);
+    info.set_state(job.state);
+    info.set_reason(job.reason);
+    info.set_devices_needed(job.spec.devices_needed);
+    info.set_iterations(job.spec.iterations);
+    info.set_iteration(job.iteration);
+    for (const WorkerSlot& slot : job.slots) {
+      control::WorkerSlot* out = info.add_slots();
+      out->set_worker_id(slot.worker_id);
+      out->set_node(slot.node);
+      out->set_num_devices(slot.num_devices);
+      out->set_data_address(slot.data_address);
+    }
+    info.set_submit_time_ms(job.submit_ms);
+    info.set_end_time_ms(job.end_ms);
+    for (const auto& [name, value] : job.last_metrics) (*info.mutable_last_metrics())[name] = value;
+    info.set_output_dir(job.spec.output_dir);
+  }
+
+  void AddEventLocked(Job& job, control::JobEvent event) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    job.events.push_back(std::move(event));
+    while (job.events.size() > std::max<size_t>(options_.max_events_per_job, 1)) {
+      job.events.pop_front();
+      ++job.events_base;
+    }
+  }
+
+  void AddStateEventLocked(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    control::JobEvent event;
+    FillInfoLocked(job, *event.mutable_state());
+    AddEventLocked(job, std::move(event));
+  }
+
+  // Moves `job` to `state` (not final) and records it.
+  void SetStateLocked(Job& job, JobState state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    job.state = state;
+    AddStateEventLocked(job);
+    PersistLocked(job);
+    changed_.SignalAll();
+  }
+
+  // Ends `job` (final `state`, `reason`); stops it on every worker that
+  // holds it and drops its KV keys.
+  void EndJobLocked(Job& job, JobState state, const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (IsFinal(job.state)) return;
+    const bool was_placed = IsActive(job);
+    job.state = state;
+    job.reason = reason;
+    job.end_ms = NowMs();
+    queue_.erase(std::remove(queue_.begin(), queue_.end(), job.id), queue_.end());
+    if (was_placed && state != control::SUCCEEDED) {
+      for (const WorkerSlot& slot : job.slots) {
+        auto it = workers_.find(slot.worker_id);
+        if (it == workers_.end() || it->second->job_id != job.id) continue;
+        pending_stops_.push_back({it->second->stub, job.id, reason});
+      }
+    }
+    if (job.log_file && !reason.empty()) *job.log_file << "[master] " << StateName(state) << ": " << reason << "\n";
+    job.metrics_file.reset();
+    job.log_file.reset();
+    AddStateEventLocked(job);
+    PersistLocked(job);
+    {
+      absl::MutexLock kv_lock(&kv_mu_);
+      const std::string prefix = job.id + "/";
+      for (auto it = kv_.lower_bound(prefix); it != kv_.end() && it->first.starts_with(prefix);) it = kv_.erase(it);
+    }
+    if (state == control::SUCCEEDED) {
+      TLOG_INFO("job {} SUCCEEDED", job.id);
+    } else {
+      TLOG_WARN("job {} {}: {}", job.id, StateName(state), reason);
+    }
+    changed_.SignalAll();
+  }
+
+  void LoseWorkerLocked(const std::string& id, const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto it = workers_.find(id);
+    if (it == workers_.end()) return;
+    std::unique_ptr<WorkerRecord> worker = std::move(it->second);
+    workers_.erase(it);
+    TLOG_WARN("worker {} lost: {}", id, why);
+    if (worker->job_id.empty()) return;
+    auto job = jobs_.find(worker->job_id);
+    if (job == jobs_.end() || IsFinal(job->second->state)) return;
+    uint32_t node = 0;
+    for (const WorkerSlot& slot : job->second->slots) {
+      if (slot.worker_id == id) node = slot.node;
+    }
+    EndJobLocked(*job->second, control::FAILED, absl::StrCat("worker ", id, " (node ", node, ") lost: ", why));
+  }
+
+  // The next job that can start now, with its slots; nullptr if none.
+  Job* PlaceNextLocked(std::vector<WorkerSlot>& slots) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    int64_t total = 0, free = 0;
+    std::vector<WorkerRecord*> free_workers;
+    for (auto& [id, worker] : workers_) {
+      total += worker->num_devices;
+      if (worker->job_id.empty()) free_workers.push_back(worker.get());
+    }
+    std::sort(free_workers.begin(), free_workers.end(),
+              [](const WorkerRecord* a, const WorkerRecord* b) { return a->epoch < b->epoch; });
+    for (const WorkerRecord* worker : free_workers) free += worker->num_devices;
+    for (const std::string& id : queue_) {
+      Job& job = *jobs_.at(id);
+      if (job.spec.devices_needed > total) {
+        const std::string reason = absl::StrCat("waiting: needs ", job.spec.devices_needed,
+                                                " devices, the live workers have ", total);
+        if (job.reason != reason) {
+          job.reason = reason;
+          PersistLocked(job);
+        }
+        continue;  // cannot fit the cluster as it is: does not block the queue
+      }
+      if (job.spec.devices_needed > free) return nullptr;  // FIFO: wait for the head
+      int64_t needed = job.spec.devices_needed;
+      slots.clear();
+      for (WorkerRecord* worker : free_workers) {
+        if (needed <= 0) break;
+        WorkerSlot slot;
+        slot.worker_id = worker->id;
+        slot.node = static_cast<uint32_t>(slots.size());
+        slot.num_devices = static_cast<int>(std::min<int64_t>(worker->num_devices, needed));
+        slot.data_address = worker->data_address;
+        needed -= slot.num_devices;
+        worker->job_id = job.id;
+        slots.push_back(slot);
+      }
+      job.reason.clear();
+      return &job;
+    }
+    return nullptr;
+  }
+
+  void SchedulerLoop() {
+    for (;;) {
+      std::string job_id;
+      JobSpec spec;
+      std::vector<WorkerSlot> slots;
+      {
+        absl::MutexLock lock(&mu_);
+        Job* job = nullptr;
+        while (!shutting_down_ && (job = PlaceNextLocked(slots)) == nullptr) {
+          changed_.WaitWithTimeout(&mu_, absl::Milliseconds(500));
+        }
+        if (shutting_down_) return;
+        queue_.erase(std::remove(queue_.begin(), queue_.end(), job->id), queue_.end());
+        job->slots = slots;
+        SetStateLocked(*job, control::COMPILING);
+        job_id = job->id;
+        spec = job->spec;
+      }
+      Launch(job_id, spec, slots);
+    }
+  }
+
+  // COMPILING -> RUNNING: compiles, loads every node's plan, starts them.
+  void Launch(const std::string& job_id, const JobSpec& spec, const std::vector<WorkerSlot>& slots) {
+    absl::StatusOr<std::vector<std::string>> plans;
+    {
+      absl::MutexLock lock(&compiler_mu_);
+      plans = compiler_->Compile(spec, slots);
+    }
+    if (plans.ok() && plans->size() != slots.size()) {
+      plans = absl::InternalError(absl::StrCat("the compiler made ", plans->size(), " node plans for ", slots.size(),
+                                               " workers"));
+    }
+    uint64_t session = 0;
+    std::vector<std::shared_ptr<control::Worker::Stub>> stubs;
+    {
+      absl::MutexLock lock(&mu_);
+      Job& job = *jobs_.at(job_id);
+      if (job.state != control::COMPILING) return;  // cancelled or a worker was lost meanwhile
+      if (!plans.ok()) {
+        EndJobLocked(job, control::FAILED, absl::StrCat("compile: ", plans.status().message()));
+        return;
+      }
+      session = job.session;
+      for (const WorkerSlot& slot : slots) {
+        auto it = workers_.find(slot.worker_id);
+        if (it == workers_.end()) return;  // lost: the job has failed already
+        stubs.push_back(it->second->stub);
+      }
+    }
+    for (size_t i = 0; i < slots.size(); ++i) {
+      control::LoadPlanRequest request;
+      request.set_job_id(job_id);
+      request.set_session(session);
+      request.set_node(slots[i].node);
+      for (const WorkerSlot& slot : slots) {
+        control::WorkerSlot* out = request.add_slots();
+        out->set_worker_id(slot.worker_id);
+        out->set_node(slot.node);
+        out->set_num_devices(slot.num_devices);
+        out->set_data_address(slot.data_address);
+      }
+      request.set_plan(std::move((*plans)[i]));
+      control::LoadPlanResponse response;
+      grpc::ClientContext context;
+      PrepareContext(context, options_.security, options_.rpc_timeout);
+      const absl::Status status = ToAbsl(stubs[i]->LoadPlan(&context, request, &response));
+      if (!status.ok()) {
+        FailLaunch(job_id, absl::StrCat("worker ", slots[i].worker_id, " (node ", slots[i].node,
+                                        "): LoadPlan: ", status.ToString()));
+        return;
+      }
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      Job& job = *jobs_.at(job_id);
+      if (job.state != control::COMPILING) return;
+      OpenOutputsLocked(job);
+      SetStateLocked(job, control::RUNNING);
+    }
+    for (size_t i = 0; i < slots.size(); ++i) {
+      control::StartRequest request;
+      request.set_job_id(job_id);
+      control::StartResponse response;
+      grpc::ClientContext context;
+      PrepareContext(context, options_.security, options_.rpc_timeout);
+      const absl::Status status = ToAbsl(stubs[i]->Start(&context, request, &response));
+      if (!status.ok()) {
+        FailLaunch(job_id, absl::StrCat("worker ", slots[i].worker_id, " (node ", slots[i].node,
+                                        "): Start: ", status.ToString()));
+        return;
+      }
+    }
+  }
+
+  void FailLaunch(const std::string& job_id, const std::string& reason) {
+    absl::MutexLock lock(&mu_);
+    EndJobLocked(*jobs_.at(job_id), control::FAILED, reason);
+  }
+
+  void OpenOutputsLocked(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (job.spec.output_dir.empty()) return;
+    const fs::path dir(job.spec.output_dir);
+    std::error_code error;
+    fs::create_directories(dir, error);
+    if (error) {
+      TLOG_WARN("job {}: cannot create output dir {}: {}", job.id, dir.string(), error.message());
+      return;
+    }
+    if (auto status = WriteFileAtomically(dir / "config.json", job.spec.config.dump(2, ' ', false,
+                                                                                 nlohmann::json::error_handler_t::replace) + "\n");
+        !status.ok()) {
+      TLOG_WARN("job {}: {}", job.id, std::string(status.message()));
+    }
+    job.metrics_file = std::make_unique<std::ofstream>(dir / "metrics.jsonl", std::ios::trunc);
+    job.log_file = std::make_unique<std::ofstream>(dir / "log.txt", std::ios::trunc);
+  }
+
+  static absl::Status WriteFileAtomically(const fs::path& path, const std::string& text) {
+    const fs::path temp = path.string() + ".tmp";
+    {
+      std::ofstream out(temp, std::ios::trunc | std::ios::binary);
+      out << text;
+      out.flush();
+      if (!out) return absl::InternalError(absl::StrCat("cannot write ", temp.string()));
+    }
+    std::error_code error;
+    fs::rename(temp, path, error);
+    if (error) return absl::InternalError(absl::StrCat("cannot rename ", temp.string(), ": ", error.message()));
+    return absl::OkStatus();
+  }
+
+  // ---- persistence ----
+
+  void PersistLocked(const Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (options_.state_dir.empty()) return;
+    nlohmann::json record = {{"job_id", job.id},
+                             {"session", job.session},
+                             {"state", StateName(job.state)},
+                             {"reason", job.reason},
+                             {"config", job.spec.config},
+                             {"devices_needed", job.spec.devices_needed},
+                             {"iterations", job.spec.iterations},
+                             {"output_dir", job.spec.output_dir},
+                             {"iteration", job.iteration},
+                             {"last_metrics", job.last_metrics},
+                             {"submit_time_ms", job.submit_ms},
+                             {"end_time_ms", job.end_ms},
+                             {"slots", nlohmann::json::array()}};
+    for (const WorkerSlot& slot : job.slots) {
+      record["slots"].push_back({{"worker_id", slot.worker_id},
+                                 {"node", slot.node},
+                                 {"num_devices", slot.num_devices},
+                                 {"data_address", slot.data_address}});
+    }
+    const auto status = WriteFileAtomically(fs::path(options_.state_dir) / (job.id + ".json"),
+                                            record.dump(2, ' ', false, nlohmann::json::error_handler_t::replace));
+    if (!status.ok()) TLOG_WARN("job {}: not persisted: {}", job.id, std::string(status.message()));
+  }
+
+  absl::Status LoadState() {
+    if (options_.state_dir.empty()) return absl::OkStatus();
+    std::error_code error;
+    fs::create_directories(options_.state_dir, error);
+    if (error) {
+      return absl::InternalError(absl::StrCat("cannot create --state-dir '", options_.state_dir, "': ", error.message()));
+    }
+    absl::MutexLock lock(&mu_);
+    for (const auto& entry : fs::directory_iterator(options_.state_dir, error)) {
+      if (entry.path().extension() != ".json") continue;
+      std::ifstream in(entry.path());
+      nlohmann::json record = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+      auto job = std::make_unique<Job>();
+      JobState state = control::JOB_STATE_UNSPECIFIED;
+      try {
+        job->id = record.at("job_id").get<std::string>();
+        job->session = record.at("session").get<uint64_t>();
+        if (!control::JobState_Parse(record.at("state").get<std::string>(), &state)) throw std::runtime_error("state");
+        job->reason = record.at("reason").get<std::string>();
+        job->spec.config = record.at("config");
+        job->spec.devices_needed = record.at("devices_needed").get<int64_t>();
+        job->spec.iterations = record.at("iterations").get<int64_t>();
+        job->spec.output_dir = record.at("output_dir").get<std::string>();
+        job->iteration = record.at("iteration").get<int64_t>();
+        job->last_metrics = record.at("last_metrics").get<std::map<std::string, double>>();
+        job->submit_ms = record.at("submit_time_ms").get<int64_t>();
+        job->end_ms = record.at("end_time_ms").get<int64_t>();
+        for (const auto& slot : record.at("slots")) {
+          job->slots.push_back({slot.at("worker_id").get<std::string>(), slot.at("node").get<uint32_t>(),
+                                slot.at("num_devices").get<int>(), slot.at("data_address").get<std::string>()});
+        }
+      } catch (const std::exception& e) {
+        TLOG_WARN("state dir: skipping {}: not a job record ({})", entry.path().string(), e.what());
+        continue;
+      }
+      if (!IsPlainId(job->id) || jobs_.contains(job->id)) continue;
+      job->state = state;
+      next_session_ = std::max(next_session_, job->session);
+      if (!IsFinal(state)) {
+        job->state = control::FAILED;
+        job->reason = "master restarted";
+        job->end_ms = NowMs();
+        PersistLocked(*job);
+      }
+      AddStateEventLocked(*job);
+      jobs_[job->id] = std::move(job);
+    }
+    if (error) return absl::InternalError(absl::StrCat("cannot read --state-dir '", options_.state_dir, "': ", error.message()));
+    return absl::OkStatus();
+  }
+
+  // ---- liveness ----
+
+  void MonitorLoop() {
+    const absl::Duration tick = std::clamp(options_.heartbeat_interval / 4, absl::Milliseconds(10), absl::Milliseconds(250));
+    absl::Time next_probe = absl::Now();
+    for (;;) {
+      std::vector<PendingStop> stops;
+      std::vector<std::pair<std::string, std::shared_ptr<control::Worker::Stub>>> probes;
+      {
+        absl::MutexLock lock(&mu_);
+        auto wake = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return shutting_down_ || !pending_stops_.empty(); };
+        mu_.AwaitWithTimeout(absl::Condition(&wake), tick);
+        if (shutting_down_) return;
+        stops.swap(pending_stops_);
+        const absl::Time now = absl::Now();
+        std::vector<std::string> late;
+        for (const auto& [id, worker] : workers_) {
+          if (now - worker->last_heartbeat > options_.worker_timeout) late.push_back(id);
+        }
+        for (const std::string& id : late) {
+          LoseWorkerLocked(id, absl::StrCat("no heartbeat for ", absl::FormatDuration(options_.worker_timeout)));
+        }
+        if (now >= next_probe) {
+          next_probe = now + options_.heartbeat_interval;
+          for (auto& [id, worker] : workers_) {
+            if (worker->probe_in_flight) continue;
+            worker->probe_in_flight = true;
+            probes.emplace_back(id, worker->stub);
+          }
+        }
+        async_in_flight_ += static_cast<int>(stops.size() + probes.size());
+      }
+      for (PendingStop& stop : stops) SendStop(std::move(stop));
+      for (auto& [id, stub] : probes) SendProbe(id, stub);
+    }
+  }
+
+  void SendStop(PendingStop stop) {
+    struct Call {
+      grpc::ClientContext context;
+      control::StopRequest request;
+      control::StopResponse response;
+    };
+    auto call = std::make_shared<Call>();
+    call->request.set_job_id(stop.job_id);
+    call->request.set_reason(stop.reason);
+    PrepareContext(call->context, options_.security, options_.rpc_timeout);
+    stop.stub->async()->Stop(&call->context, &call->request, &call->response,
+                             [this, call, stub = stop.stub, job_id = stop.job_id](const grpc::Status& status) {
+                               if (!status.ok()) TLOG_DEBUG("Stop of {} failed: {}", job_id, status.error_message());
+                               AsyncDone();
+                             });
+  }
+
+  void SendProbe(const std::string& worker_id, const std::shared_ptr<control::Worker::Stub>& stub) {
+    struct Call {
+      grpc::ClientContext context;
+      control::WorkerStatusRequest request;
+      control::WorkerStatusResponse response;
+    };
+    auto call = std::make_shared<Call>();
+    PrepareContext(call->context, options_.security, options_.probe_timeout);
+    stub->async()->Status(&call->context, &call->request, &call->response,
+                          [this, call, stub, worker_id](const grpc::Status& status) {
+                            {
+                              absl::MutexLock lock(&mu_);
+                              auto it = workers_.find(worker_id);
+                              if (it != workers_.end()) {
+                                WorkerRecord& worker = *it->second;
+                                worker.probe_in_flight = false;
+                                if (status.ok()) {
+                                  worker.failed_probes = 0;
+                                } else if (++worker.failed_probes >= options_.probe_failures) {
+                                  LoseWorkerLocked(worker_id, absl::StrCat("its Worker service did not answer ",
+                                                                           options_.probe_failures, " probes (",
+                                                                           status.error_message(), ")"));
+                                }
+                              }
+                            }
+                            AsyncDone();
+                          });
+  }
+
+  void AsyncDone() {
+    absl::MutexLock lock(&mu_);
+    --async_in_flight_;
+  }
+
+  // ---- /metrics ----
+
+  std::string RenderMetrics() {
+    absl::MutexLock lock(&mu_);
+    std::string text;
+    absl::StrAppend(&text, "# HELP tessera_jobs Jobs known to the master, by state.\n# TYPE tessera_jobs gauge\n");
+    std::map<JobState, int> by_state;
+    for (const auto& [id, job] : jobs_) ++by_state[job->state];
+    for (JobState state : {control::PENDING, control::COMPILING, control::RUNNING, control::SUCCEEDED, control::FAILED,
+                           control::CANCELLED}) {
+      absl::StrAppend(&text, "tessera_jobs{state=\"", StateName(state), "\"} ", by_state[state], "\n");
+    }
+    absl::StrAppend(&text, "# HELP tessera_workers_alive Registered, live workers.\n# TYPE tessera_workers_alive gauge\n",
+                    "tessera_workers_alive ", workers_.size(), "\n");
+    absl::StrAppend(&text, "# HELP tessera_job_loss Last reported loss of a running job.\n# TYPE tessera_job_loss gauge\n");
+    std::string tokens = "# HELP tessera_job_tokens_per_second Last reported throughput of a running job.\n"
+                         "# TYPE tessera_job_tokens_per_second gauge\n";
+    for (const auto& [id, job] : jobs_) {
+      if (job->state != control::RUNNING) continue;
+      if (auto it = job->last_metrics.find("loss"); it != job->last_metrics.end()) {
+        absl::StrAppend(&text, "tessera_job_loss{job=\"", id, "\"} ", it->second, "\n");
+      }
+      if (auto it = job->last_metrics.find("tokens_per_s"); it != job->last_metrics.end()) {
+        absl::StrAppend(&tokens, "tessera_job_tokens_per_second{job=\"", id, "\"} ", it->second, "\n");
+      }
+    }
+    absl::StrAppend(&text, tokens, "# HELP tessera_rpcs_total RPCs received, by method.\n# TYPE tessera_rpcs_total counter\n");
+    for (const auto& [method, count] : rpc_counts_) {
+      absl::StrAppend(&text, "tessera_rpcs_total{method=\"", method, "\"} ", count, "\n");
+    }
+    return text;
+  }
+
+  const Options options_;
+  absl::Mutex compiler_mu_;
+  const std::unique_ptr<JobCompiler> compiler_ ABSL_PT_GUARDED_BY(compiler_mu_);
+  bool started_ = false;  // Start/Shutdown's thread only
+  std::string address_;
+  int metrics_port_ = -1;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<MetricsHttpServer> metrics_server_;
+  std::thread scheduler_;
+  std::thread monitor_;
+
+  absl::Mutex mu_;
+  absl::CondVar changed_;  // a job or worker changed: the scheduler looks again
+  bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+  std::map<std::string, std::unique_ptr<WorkerRecord>> workers_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::unique_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> queue_ ABSL_GUARDED_BY(mu_);  // PENDING jobs, oldest first
+  std::vector<PendingStop> pending_stops_ ABSL_GUARDED_BY(mu_);
+  int async_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t next_session_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t next_epoch_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t next_worker_number_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<std::string, int64_t> rpc_counts_ ABSL_GUARDED_BY(mu_);
+
+  // The KV has its own lock: waits hold it (in AwaitWithDeadline) often.
+  absl::Mutex kv_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  std::map<std::string, std::string> kv_ ABSL_GUARDED_BY(kv_mu_);
+  bool kv_shutting_down_ ABSL_GUARDED_BY(kv_mu_) = false;
+};
+
+Master::Master(Options options, std::unique_ptr<JobCompiler> compiler)
+    : impl_(std::make_unique<Impl>(std::move(options), std::move(compiler))) {}
+Master::~Master() = default;
+absl::StatusOr<std::string> Master::Start() { return impl_->Start(); }
+int Master::metrics_port() const { return impl_->metrics_port(); }
+void Master::Shutdown() { impl_->Shutdown(); }
+
+}  // namespace tessera::cluster

@@ -1,0 +1,51 @@
+#pragma once
+// How the daemons and clients talk: the shared token and TLS material, the
+// server credentials and client channels made from them, and the token check
+// every RPC handler of both services starts with.
+//
+// Thread-safety: all functions are thread-safe; Security is a value.
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "grpcpp/channel.h"
+#include "grpcpp/client_context.h"
+#include "grpcpp/security/credentials.h"
+#include "grpcpp/security/server_credentials.h"
+#include "grpcpp/server_context.h"
+
+namespace tessera::cluster {
+
+// Largest message either service accepts or sends (plans included).
+inline constexpr int kMaxMessageBytes = 64 << 20;
+
+struct Security {
+  std::string token;  // empty: no authentication
+  // PEM contents (not paths). Server side: cert + key turn TLS on. Client
+  // side: ca (the roots that sign the server's cert) turns TLS on.
+  std::string tls_cert;
+  std::string tls_key;
+  std::string tls_ca;
+  // Client side: the name the server's certificate must carry, when it is
+  // not the host in the address.
+  std::string tls_server_name;
+};
+
+// Reads a file's contents (for --token-file, --tls-*). The token loses its
+// surrounding whitespace. One-line errors naming the file.
+[[nodiscard]] absl::StatusOr<std::string> ReadSecretFile(const std::string& path, bool trim);
+
+[[nodiscard]] std::shared_ptr<grpc::ServerCredentials> ServerCredentials(const Security& security);
+[[nodiscard]] std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, const Security& security);
+
+// Sets the token and a deadline on an outgoing call.
+void PrepareContext(grpc::ClientContext& context, const Security& security, absl::Duration timeout);
+
+// OK, or UNAUTHENTICATED when the daemon has a token and the call does not
+// carry `authorization: Bearer <token>`.
+[[nodiscard]] grpc::Status CheckToken(const grpc::ServerContext& context, const std::string& token);
+
+}  // namespace tessera::cluster

@@ -1,0 +1,422 @@
+#include "cluster/worker.h"
+
+#include <algorithm>
+#include <atomic>
+#include <map>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "cluster/grpc_status.h"
+#include "cluster/kv_client.h"
+#include "comm/proto/control.grpc.pb.h"
+#include "core/logging.h"
+#include "grpcpp/server.h"
+#include "grpcpp/server_builder.h"
+
+namespace tessera::cluster {
+namespace {
+
+constexpr size_t kMaxIdBytes = 128;
+constexpr int kMaxSlots = 1 << 16;
+
+enum class Phase { kLoading, kLoaded, kRunning, kDone };
+
+// One job on this worker. Shared by the map, the job's thread and RPC
+// handlers that call into the runner outside the lock.
+struct JobEntry {
+  RunContext context;
+  std::string worker_id;
+  uint64_t epoch = 0;
+  std::unique_ptr<KvClient> kv;
+  std::unique_ptr<PlanRunner> runner;  // set once loaded; read-only then
+  std::thread thread;
+  std::atomic<int64_t> iteration{0};
+  // Guarded by the worker's mutex:
+  Phase phase = Phase::kLoading;
+  bool stop_requested = false;
+  absl::Status stop_reason;
+};
+
+grpc::Status Precondition(const std::string& message) { return {grpc::StatusCode::FAILED_PRECONDITION, message}; }
+
+}  // namespace
+
+class Worker::Impl final : public control::Worker::Service {
+ public:
+  Impl(Options options, PlanRunnerFactory factory) : options_(std::move(options)), factory_(std::move(factory)) {
+    master_channel_ = MakeChannel(options_.master, options_.security);
+    master_ = control::Master::NewStub(master_channel_);
+  }
+  ~Impl() override { Shutdown(); }
+
+  absl::StatusOr<std::string> Start() {
+    if (started_) return absl::FailedPreconditionError("worker already started");
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort(options_.listen, ServerCredentials(options_.security), &port);
+    builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
+    builder.SetMaxSendMessageSize(kMaxMessageBytes);
+    builder.RegisterService(this);
+    server_ = builder.BuildAndStart();
+    if (server_ == nullptr || port == 0) {
+      server_.reset();
+      return absl::UnavailableError(absl::StrCat("worker: cannot listen on '", options_.listen, "'"));
+    }
+    address_ = absl::StrCat(options_.listen.substr(0, options_.listen.rfind(':')), ":", port);
+    started_ = true;
+    heartbeat_thread_ = std::thread([this] { HeartbeatLoop(); });
+    return address_;
+  }
+
+  void Shutdown() {
+    if (!started_) return;
+    started_ = false;
+    {
+      absl::MutexLock lock(&mu_);
+      stopping_ = true;
+    }
+    heartbeat_thread_.join();
+    CancelAll(absl::CancelledError("the worker is shutting down"));
+    server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    {
+      absl::MutexLock lock(&mu_);
+      auto ended = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return std::none_of(jobs_.begin(), jobs_.end(),
+                            [](const auto& job) { return job.second->phase == Phase::kLoading; });
+      };
+      mu_.Await(absl::Condition(&ended));
+    }
+    Reap(/*all=*/true);
+    server_.reset();
+  }
+
+  std::string worker_id() const {
+    absl::MutexLock lock(&mu_);
+    return worker_id_;
+  }
+  bool registered() const {
+    absl::MutexLock lock(&mu_);
+    return registered_;
+  }
+  int jobs_held() const {
+    absl::MutexLock lock(&mu_);
+    return static_cast<int>(jobs_.size());
+  }
+
+  // ---- Worker service ----
+
+  grpc::Status LoadPlan(grpc::ServerContext* context, const control::LoadPlanRequest* request,
+                        control::LoadPlanResponse*) override {
+    if (auto s = CheckToken(*context, options_.security.token); !s.ok()) return s;
+    if (request->job_id().empty() || request->job_id().size() > kMaxIdBytes) {
+      return {grpc::StatusCode::INVALID_ARGUMENT, "job_id must be 1-128 bytes"};
+    }
+    if (request->slots_size() == 0 || request->slots_size() > kMaxSlots ||
+        request->node() >= static_cast<uint32_t>(request->slots_size())) {
+      return {grpc::StatusCode::INVALID_ARGUMENT,
+              absl::StrCat("node ", request->node(), " is not among the ", request->slots_size(), " slots")};
+    }
+    auto entry = std::make_shared<JobEntry>();
+    {
+      absl::MutexLock lock(&mu_);
+      if (stopping_) return {grpc::StatusCode::UNAVAILABLE, "the worker is shutting down"};
+      if (!registered_) return Precondition("the worker is not registered with a master");
+      if (request->slots(static_cast<int>(request->node())).worker_id() != worker_id_) {
+        return {grpc::StatusCode::INVALID_ARGUMENT,
+                absl::StrCat("slot ", request->node(), " names worker '",
+                             request->slots(static_cast<int>(request->node())).worker_id().substr(0, kMaxIdBytes),
+                             "', this is '", worker_id_, "'")};
+      }
+      if (jobs_.contains(request->job_id())) {
+        return Precondition(absl::StrCat("job ", request->job_id(), " is already loaded on this worker"));
+      }
+      entry->worker_id = worker_id_;
+      entry->epoch = epoch_;
+      jobs_[request->job_id()] = entry;
+    }
+    RunContext& run = entry->context;
+    run.job_id = request->job_id();
+    run.session = request->session();
+    run.node = request->node();
+    for (const control::WorkerSlot& slot : request->slots()) {
+      run.slots.push_back({slot.worker_id(), slot.node(), slot.num_devices(), slot.data_address()});
+    }
+    entry->kv = std::make_unique<KvClient>(master_channel_, options_.security,
+                                           absl::StrCat(run.job_id, "/", run.session, "/"), options_.rpc_timeout);
+    run.kv = entry->kv.get();
+    JobEntry* raw = entry.get();  // the entry outlives its runner, which owns these callbacks' uses
+    run.report_metrics = [this, raw](const JobMetrics& metrics) {
+      raw->iteration.store(metrics.iteration);
+      control::ReportRequest report = NewReport(*raw);
+      control::Metrics* out = report.add_metrics();
+      out->set_iteration(metrics.iteration);
+      for (const auto& [name, value] : metrics.values) (*out->mutable_values())[name] = value;
+      SendReport(report);
+    };
+    run.report_log = [this, raw](const std::string& line) {
+      control::ReportRequest report = NewReport(*raw);
+      report.add_log_lines(line);
+      SendReport(report);
+    };
+    std::unique_ptr<PlanRunner> runner = factory_();
+    absl::Status loaded = runner == nullptr ? absl::InternalError("the worker has no plan runner")
+                                            : runner->Load(entry->context, request->plan());
+    absl::MutexLock lock(&mu_);
+    if (loaded.ok() && entry->stop_requested) loaded = entry->stop_reason;
+    if (!loaded.ok()) {
+      jobs_.erase(run.job_id);
+      return ToGrpc(loaded);
+    }
+    entry->runner = std::move(runner);
+    entry->phase = Phase::kLoaded;
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Start(grpc::ServerContext* context, const control::StartRequest* request,
+                     control::StartResponse*) override {
+    if (auto s = CheckToken(*context, options_.security.token); !s.ok()) return s;
+    absl::MutexLock lock(&mu_);
+    auto it = jobs_.find(request->job_id());
+    if (it == jobs_.end()) {
+      return {grpc::StatusCode::NOT_FOUND, absl::StrCat("no job '", request->job_id().substr(0, kMaxIdBytes),
+                                                        "' on this worker (LoadPlan first)")};
+    }
+    std::shared_ptr<JobEntry> entry = it->second;
+    if (entry->phase != Phase::kLoaded) {
+      return Precondition(absl::StrCat("job ", request->job_id(), " is ",
+                                       entry->phase == Phase::kLoading ? "still loading" : "already started"));
+    }
+    entry->phase = Phase::kRunning;
+    entry->thread = std::thread([this, entry] { RunJob(entry); });
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Stop(grpc::ServerContext* context, const control::StopRequest* request,
+                    control::StopResponse*) override {
+    if (auto s = CheckToken(*context, options_.security.token); !s.ok()) return s;
+    const absl::Status reason = absl::CancelledError(
+        request->reason().empty() ? "stopped by the master" : request->reason().substr(0, 4096));
+    if (!StopJob(request->job_id(), reason)) {
+      return {grpc::StatusCode::NOT_FOUND, absl::StrCat("no job '", request->job_id().substr(0, kMaxIdBytes),
+                                                        "' on this worker")};
+    }
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Status(grpc::ServerContext* context, const control::WorkerStatusRequest*,
+                      control::WorkerStatusResponse* response) override {
+    if (auto s = CheckToken(*context, options_.security.token); !s.ok()) return s;
+    absl::MutexLock lock(&mu_);
+    response->set_worker_id(worker_id_);
+    response->set_epoch(epoch_);
+    FillJobsLocked(*response->mutable_jobs());
+    return grpc::Status::OK;
+  }
+
+ private:
+  void FillJobsLocked(google::protobuf::RepeatedPtrField<control::WorkerJob>& out) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (const auto& [id, entry] : jobs_) {
+      if (entry->phase == Phase::kDone) continue;
+      control::WorkerJob* job = out.Add();
+      job->set_job_id(id);
+      job->set_session(entry->context.session);
+      job->set_started(entry->phase == Phase::kRunning);
+      job->set_iteration(entry->iteration.load());
+    }
+  }
+
+  // Cancels (running) or forgets (loaded) a job; false if there is none.
+  bool StopJob(const std::string& job_id, const absl::Status& reason) {
+    std::shared_ptr<JobEntry> entry;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = jobs_.find(job_id);
+      if (it == jobs_.end()) return false;
+      entry = it->second;
+      switch (entry->phase) {
+        case Phase::kLoading:
+          entry->stop_requested = true;
+          entry->stop_reason = reason;
+          return true;
+        case Phase::kLoaded:
+          jobs_.erase(it);
+          return true;
+        case Phase::kDone:
+          return true;
+        case Phase::kRunning:
+          break;
+      }
+    }
+    TLOG_INFO("stopping job {}: {}", job_id, std::string(reason.message()));
+    entry->runner->Cancel(reason);
+    return true;
+  }
+
+  void CancelAll(const absl::Status& reason) {
+    std::vector<std::string> ids;
+    {
+      absl::MutexLock lock(&mu_);
+      for (const auto& [id, entry] : jobs_) ids.push_back(id);
+    }
+    for (const std::string& id : ids) StopJob(id, reason);
+  }
+
+  void RunJob(const std::shared_ptr<JobEntry>& entry) {
+    const absl::Status status = entry->runner->Run();
+    control::ReportRequest report = NewReport(*entry);
+    report.set_finished(true);
+    report.set_code(static_cast<int>(status.code()));
+    report.set_message(std::string(status.message()));
+    SendReport(report);
+    absl::MutexLock lock(&mu_);
+    entry->phase = Phase::kDone;
+    reap_needed_ = true;
+  }
+
+  control::ReportRequest NewReport(const JobEntry& entry) const {
+    control::ReportRequest report;
+    report.set_worker_id(entry.worker_id);
+    report.set_epoch(entry.epoch);
+    report.set_job_id(entry.context.job_id);
+    report.set_session(entry.context.session);
+    return report;
+  }
+
+  void SendReport(const control::ReportRequest& report) {
+    control::ReportResponse response;
+    grpc::ClientContext context;
+    PrepareContext(context, options_.security, options_.rpc_timeout);
+    const grpc::Status status = master_->Report(&context, report, &response);
+    if (!status.ok()) TLOG_DEBUG("report of job {} failed: {}", report.job_id(), status.error_message());
+  }
+
+  // Joins the threads of finished jobs and drops them (all: every job, for
+  // shutdown, after CancelAll).
+  void Reap(bool all) {
+    std::vector<std::shared_ptr<JobEntry>> done;
+    {
+      absl::MutexLock lock(&mu_);
+      if (!reap_needed_ && !all) return;
+      reap_needed_ = false;
+      for (auto it = jobs_.begin(); it != jobs_.end();) {
+        if (it->second->phase == Phase::kDone || (all && it->second->phase != Phase::kLoading)) {
+          done.push_back(std::move(it->second));
+          it = jobs_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+    for (auto& entry : done) {
+      if (entry->thread.joinable()) entry->thread.join();
+    }
+  }
+
+  void HeartbeatLoop() {
+    absl::Duration interval = options_.heartbeat_interval;
+    absl::Time last_answer = absl::Now();
+    for (bool first = true;; first = false) {
+      if (!first) {
+        absl::MutexLock lock(&mu_);
+        auto stop = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || reap_needed_; };
+        mu_.AwaitWithTimeout(absl::Condition(&stop), interval);
+        if (stopping_) return;
+      }
+      Reap(/*all=*/false);
+      bool registered = false;
+      control::HeartbeatRequest beat;
+      {
+        absl::MutexLock lock(&mu_);
+        registered = registered_;
+        beat.set_worker_id(worker_id_);
+        beat.set_epoch(epoch_);
+        FillJobsLocked(*beat.mutable_jobs());
+      }
+      if (!registered) {
+        if (Register(interval)) last_answer = absl::Now();
+        continue;
+      }
+      control::HeartbeatResponse answer;
+      grpc::ClientContext context;
+      PrepareContext(context, options_.security, std::min(options_.rpc_timeout, interval * 2));
+      const grpc::Status status = master_->Heartbeat(&context, beat, &answer);
+      if (status.ok()) {
+        last_answer = absl::Now();
+        for (const std::string& id : answer.drop_job_ids()) StopJob(id, absl::CancelledError("dropped by the master"));
+        continue;
+      }
+      const bool forgotten = status.error_code() == grpc::StatusCode::FAILED_PRECONDITION;
+      if (forgotten || absl::Now() - last_answer > options_.master_timeout) {
+        TLOG_WARN("lost the master ({}); cancelling jobs and registering again", status.error_message());
+        CancelAll(absl::UnavailableError(absl::StrCat("lost the master: ", status.error_message())));
+        absl::MutexLock lock(&mu_);
+        registered_ = false;
+      }
+    }
+  }
+
+  bool Register(absl::Duration& interval) {
+    control::RegisterWorkerRequest request;
+    {
+      absl::MutexLock lock(&mu_);
+      request.set_worker_id(worker_id_.empty() ? options_.worker_id : worker_id_);
+    }
+    request.set_devices(options_.devices);
+    request.set_data_address(options_.data_address);
+    request.set_worker_address(address_);
+    control::RegisterWorkerResponse response;
+    grpc::ClientContext context;
+    PrepareContext(context, options_.security, std::min(options_.rpc_timeout, std::max(interval * 2, absl::Seconds(1))));
+    const grpc::Status status = master_->RegisterWorker(&context, request, &response);
+    if (!status.ok()) {
+      TLOG_DEBUG("registering with {}: {}", options_.master, status.error_message());
+      // Bad requests do not get better by retrying, but the master may be
+      // replaced by one that accepts them; keep trying, loudly.
+      if (status.error_code() != grpc::StatusCode::UNAVAILABLE &&
+          status.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {
+        TLOG_WARN("the master refused registration: {}", status.error_message());
+      }
+      return false;
+    }
+    if (response.heartbeat_interval_ms() > 0) interval = absl::Milliseconds(response.heartbeat_interval_ms());
+    absl::MutexLock lock(&mu_);
+    worker_id_ = response.worker_id();
+    epoch_ = response.epoch();
+    registered_ = true;
+    TLOG_INFO("registered with {} as {} (epoch {})", options_.master, worker_id_, epoch_);
+    return true;
+  }
+
+  const Options options_;
+  const PlanRunnerFactory factory_;
+  std::shared_ptr<grpc::Channel> master_channel_;
+  std::unique_ptr<control::Master::Stub> master_;
+  bool started_ = false;  // Start/Shutdown's thread only
+  std::string address_;   // set by Start, before any thread reads it
+  std::unique_ptr<grpc::Server> server_;
+  std::thread heartbeat_thread_;
+
+  mutable absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool registered_ ABSL_GUARDED_BY(mu_) = false;
+  bool reap_needed_ ABSL_GUARDED_BY(mu_) = false;
+  std::string worker_id_ ABSL_GUARDED_BY(mu_);
+  uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<std::string, std::shared_ptr<JobEntry>> jobs_ ABSL_GUARDED_BY(mu_);
+};
+
+Worker::Worker(Options options, PlanRunnerFactory factory)
+    : impl_(std::make_unique<Impl>(std::move(options), std::move(factory))) {}
+Worker::~Worker() = default;
+absl::StatusOr<std::string> Worker::Start() { return impl_->Start(); }
+void Worker::Shutdown() { impl_->Shutdown(); }
+std::string Worker::worker_id() const { return impl_->worker_id(); }
+bool Worker::registered() const { return impl_->registered(); }
+int Worker::jobs_held() const { return impl_->jobs_held(); }
+
+}  // namespace tessera::cluster
