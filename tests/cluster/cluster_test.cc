@@ -1,0 +1,384 @@
+// The control plane in one process: master, workers and client over
+// loopback gRPC, with the test doubles of test_doubles.h.
+
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "cluster/grpc_status.h"
+#include "cluster/kv_client.h"
+#include "tests/cluster/cluster_fixture.h"
+#include "tests/deadline.h"
+
+namespace tessera::cluster::testing {
+namespace {
+
+namespace fs = std::filesystem;
+using std::chrono::seconds;
+using tessera::testing::Deadline;
+
+fs::path TempDir(const std::string& name) {
+  fs::path dir = fs::temp_directory_path() / absl::StrCat("tessera_cluster_", name, "_", getpid());
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+std::string ReadFile(const fs::path& path) {
+  std::ifstream in(path);
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+TEST(ClusterTest, WorkersRegisterAndHeartbeat) {
+  Deadline deadline(seconds(20), "register + heartbeat");
+  TestCluster cluster;
+  cluster.Start({"cpu:2", "cpu:1"});
+  auto workers = cluster.client->ListWorkers();
+  ASSERT_TRUE(workers.ok()) << workers.status();
+  ASSERT_EQ(workers->size(), 2u);
+  std::multiset<std::string> devices;
+  for (const auto& w : *workers) devices.insert(w.devices());
+  EXPECT_EQ(devices, (std::multiset<std::string>{"cpu:1", "cpu:2"}));
+  // Heartbeats keep arriving: the last one is always recent.
+  for (int i = 0; i < 5; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    auto again = cluster.client->ListWorkers();
+    ASSERT_TRUE(again.ok());
+    ASSERT_EQ(again->size(), 2u);
+    for (const auto& w : *again) EXPECT_LT(w.last_heartbeat_ms_ago(), 800) << w.worker_id();
+  }
+}
+
+TEST(ClusterTest, JobSucceedsWithMetricsStreamedAndWritten) {
+  Deadline deadline(seconds(20), "a job to SUCCEEDED");
+  const fs::path out = TempDir("outputs") / "run";
+  TestCluster cluster;
+  cluster.Start({"cpu:2"});
+  const std::string config = nlohmann::json{{"devices_needed", 2}, {"iterations", 8}, {"output_dir", out.string()}}.dump();
+  auto job = cluster.client->Submit(config, {"iterations=6"});
+  ASSERT_TRUE(job.ok()) << job.status();
+  std::vector<control::JobState> states;
+  std::vector<int64_t> iterations;
+  std::vector<std::string> logs;
+  const absl::Status watched = cluster.client->Watch(*job, [&](const control::JobEvent& event) {
+    if (event.has_state()) states.push_back(event.state().state());
+    if (event.has_metrics()) iterations.push_back(event.metrics().iteration());
+    if (event.has_log_line()) logs.push_back(event.log_line());
+    return true;
+  });
+  ASSERT_TRUE(watched.ok()) << watched;
+  EXPECT_EQ(states, (std::vector<control::JobState>{control::PENDING, control::COMPILING, control::RUNNING,
+                                                     control::SUCCEEDED}));
+  EXPECT_EQ(iterations, (std::vector<int64_t>{1, 2, 3, 4, 5, 6}));  // the override won
+  ASSERT_FALSE(logs.empty());
+  EXPECT_EQ(logs.front(), "[node 0] node 0 starts 6 iterations");
+  auto info = cluster.client->Get(*job);
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->iteration(), 6);
+  EXPECT_DOUBLE_EQ(info->last_metrics().at("loss"), 10.0 / 6);
+
+  const auto config_json = nlohmann::json::parse(ReadFile(out / "config.json"));
+  EXPECT_EQ(config_json["iterations"], 6);
+  std::istringstream metrics(ReadFile(out / "metrics.jsonl"));
+  std::string line;
+  int64_t expected_iter = 1;
+  while (std::getline(metrics, line)) {
+    const auto row = nlohmann::json::parse(line);
+    EXPECT_EQ(row["iter"], expected_iter++);
+    EXPECT_TRUE(row.contains("loss"));
+  }
+  EXPECT_EQ(expected_iter, 7);
+  EXPECT_NE(ReadFile(out / "log.txt").find("[node 0] node 0 done"), std::string::npos);
+  fs::remove_all(out.parent_path());
+}
+
+TEST(ClusterTest, NodesMeetThroughTheMastersKv) {
+  Deadline deadline(seconds(20), "a 3-node job with a KV rendezvous");
+  TestCluster cluster;
+  cluster.Start({"cpu:1", "cpu:1", "cpu:1"});
+  auto job = cluster.client->Submit(R"({"devices_needed": 3, "rendezvous": true})", {});
+  ASSERT_TRUE(job.ok()) << job.status();
+  const control::JobInfo info = cluster.WaitEnd(*job);
+  EXPECT_EQ(info.state(), control::SUCCEEDED) << info.reason();
+  EXPECT_EQ(info.slots_size(), 3);
+}
+
+TEST(ClusterTest, TwoJobsOnDisjointWorkersRunAtOnce) {
+  Deadline deadline(seconds(20), "two jobs at once");
+  TestCluster cluster;
+  cluster.Start({"cpu:2", "cpu:2"});
+  auto a = cluster.client->Submit(R"({"devices_needed": 2, "hang": true})", {});
+  auto b = cluster.client->Submit(R"({"devices_needed": 2, "hang": true})", {});
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_TRUE(cluster.WaitState(*a, control::RUNNING));
+  ASSERT_TRUE(cluster.WaitState(*b, control::RUNNING));
+  EXPECT_TRUE(WaitUntil([&] { return cluster.counters->running.load() == 2; }));
+  const auto info_a = cluster.client->Get(*a), info_b = cluster.client->Get(*b);
+  ASSERT_TRUE(info_a.ok() && info_b.ok());
+  EXPECT_NE(info_a->slots(0).worker_id(), info_b->slots(0).worker_id());
+  // A third waits (FIFO) until one of them ends.
+  auto c = cluster.client->Submit(R"({"devices_needed": 1})", {});
+  ASSERT_TRUE(c.ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_EQ(cluster.client->Get(*c)->state(), control::PENDING);
+  ASSERT_TRUE(cluster.client->Cancel(*a).ok());
+  EXPECT_EQ(cluster.WaitEnd(*c).state(), control::SUCCEEDED);
+  ASSERT_TRUE(cluster.client->Cancel(*b).ok());
+}
+
+TEST(ClusterTest, JobNeedingMoreDevicesThanExistStaysPendingWithoutBlocking) {
+  Deadline deadline(seconds(20), "an oversized job");
+  TestCluster cluster;
+  cluster.Start({"cpu:2"});
+  auto big = cluster.client->Submit(R"({"devices_needed": 100})", {});
+  auto small = cluster.client->Submit(R"({"devices_needed": 1})", {});
+  ASSERT_TRUE(big.ok() && small.ok());
+  EXPECT_EQ(cluster.WaitEnd(*small).state(), control::SUCCEEDED);
+  auto info = cluster.client->Get(*big);
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->state(), control::PENDING);
+  EXPECT_EQ(info->reason(), "waiting: needs 100 devices, the live workers have 2");
+}
+
+TEST(ClusterTest, RunnerFailureFailsTheJobAndStopsTheOtherWorkers) {
+  Deadline deadline(seconds(20), "a failing runner");
+  TestCluster cluster;
+  cluster.Start({"cpu:1", "cpu:1"});
+  auto job = cluster.client->Submit(R"({"devices_needed": 2, "iterations": 100000, "fail_node": 1, "fail_at": 3})", {});
+  ASSERT_TRUE(job.ok());
+  const control::JobInfo info = cluster.WaitEnd(*job);
+  EXPECT_EQ(info.state(), control::FAILED);
+  EXPECT_NE(info.reason().find("(node 1): INTERNAL: test runner: failing at iteration 3 as told"), std::string::npos)
+      << info.reason();
+  EXPECT_NE(info.reason().find(info.slots(1).worker_id()), std::string::npos) << info.reason();
+  // Node 0 was stopped, and both workers are free and clean again.
+  EXPECT_TRUE(WaitUntil([&] { return cluster.counters->live.load() == 0; }, absl::Seconds(5)));
+  EXPECT_EQ(cluster.counters->cancelled.load(), 1);
+  auto next = cluster.client->Submit(R"({"devices_needed": 2})", {});
+  ASSERT_TRUE(next.ok());
+  EXPECT_EQ(cluster.WaitEnd(*next).state(), control::SUCCEEDED);
+}
+
+TEST(ClusterTest, CompileErrorFailsTheJobWithIt) {
+  Deadline deadline(seconds(20), "a compile error");
+  TestCluster cluster;
+  cluster.Start({"cpu:1"});
+  auto job = cluster.client->Submit(R"({"compile_error": "no kernel for op X"})", {});
+  ASSERT_TRUE(job.ok());
+  const control::JobInfo info = cluster.WaitEnd(*job);
+  EXPECT_EQ(info.state(), control::FAILED);
+  EXPECT_EQ(info.reason(), "compile: \"no kernel for op X\"");
+}
+
+TEST(ClusterTest, BadConfigIsInvalidArgumentWithTheConfigError) {
+  TestCluster cluster;
+  cluster.Start({"cpu:1"});
+  auto job = cluster.client->Submit("{not json", {});
+  ASSERT_FALSE(job.ok());
+  EXPECT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(job.status().message(), "fake config: not a JSON object");
+  auto zero = cluster.client->Submit(R"({"devices_needed": 0})", {});
+  EXPECT_EQ(zero.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ClusterTest, CancelStopsTheRunnerPromptly) {
+  Deadline deadline(seconds(20), "cancel");
+  TestCluster cluster;
+  cluster.Start({"cpu:1"});
+  auto job = cluster.client->Submit(R"({"hang": true})", {});
+  ASSERT_TRUE(job.ok());
+  ASSERT_TRUE(WaitUntil([&] { return cluster.counters->running.load() == 1; }));
+  const auto started = absl::Now();
+  auto cancelled = cluster.client->Cancel(*job, "the user changed their mind");
+  ASSERT_TRUE(cancelled.ok()) << cancelled.status();
+  EXPECT_EQ(cancelled->state(), control::CANCELLED);
+  EXPECT_EQ(cancelled->reason(), "cancelled: the user changed their mind");
+  EXPECT_TRUE(WaitUntil([&] { return cluster.counters->live.load() == 0; }, absl::Seconds(5)));
+  EXPECT_LT(absl::Now() - started, absl::Seconds(5));
+  EXPECT_EQ(cluster.counters->cancelled.load(), 1);
+  // Cancelling again: the job has ended.
+  EXPECT_EQ(cluster.client->Cancel(*job).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(cluster.client->Cancel("job-999999").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(ClusterTest, WorkerShutdownFailsItsJobNamingIt) {
+  Deadline deadline(seconds(20), "a worker that goes away");
+  TestCluster cluster;
+  cluster.Start({"cpu:1", "cpu:1"});
+  auto job = cluster.client->Submit(R"({"devices_needed": 2, "hang": true})", {});
+  ASSERT_TRUE(job.ok());
+  ASSERT_TRUE(cluster.WaitState(*job, control::RUNNING));
+  const std::string gone = cluster.workers[1]->worker_id();
+  cluster.workers[1]->Shutdown();
+  const control::JobInfo info = cluster.WaitEnd(*job, absl::Seconds(10));
+  EXPECT_EQ(info.state(), control::FAILED);
+  EXPECT_NE(info.reason().find(gone), std::string::npos) << info.reason();
+  auto next = cluster.client->Submit(R"({"devices_needed": 1})", {});
+  ASSERT_TRUE(next.ok());
+  EXPECT_EQ(cluster.WaitEnd(*next).state(), control::SUCCEEDED);
+}
+
+TEST(ClusterTest, MasterRestartKeepsTheHistory) {
+  Deadline deadline(seconds(30), "master restart");
+  const fs::path state = TempDir("state");
+  std::string done_id, running_id, address;
+  auto counters = std::make_shared<RunnerCounters>();
+  {
+    Master::Options options = FastMasterOptions();
+    options.state_dir = state.string();
+    TestCluster cluster;
+    cluster.Start({"cpu:1"}, options);
+    auto done = cluster.client->Submit(R"({"iterations": 2})", {});
+    ASSERT_TRUE(done.ok());
+    EXPECT_EQ(cluster.WaitEnd(*done).state(), control::SUCCEEDED);
+    auto running = cluster.client->Submit(R"({"hang": true})", {});
+    ASSERT_TRUE(running.ok());
+    ASSERT_TRUE(cluster.WaitState(*running, control::RUNNING));
+    done_id = *done;
+    running_id = *running;
+    cluster.master->Shutdown();
+    // The worker loses the master and cancels its job.
+    EXPECT_TRUE(WaitUntil([&] { return cluster.counters->live.load() == 0; }, absl::Seconds(5)));
+  }
+  Master::Options options = FastMasterOptions();
+  options.state_dir = state.string();
+  Master master(options, std::make_unique<FakeJobCompiler>());
+  auto bound = master.Start();
+  ASSERT_TRUE(bound.ok()) << bound.status();
+  Client::Options client_options;
+  client_options.master = *bound;
+  Client client(client_options);
+  auto jobs = client.List();
+  ASSERT_TRUE(jobs.ok());
+  ASSERT_EQ(jobs->size(), 2u);
+  EXPECT_EQ((*jobs)[0].job_id(), done_id);
+  EXPECT_EQ((*jobs)[0].state(), control::SUCCEEDED);
+  EXPECT_EQ((*jobs)[1].job_id(), running_id);
+  EXPECT_EQ((*jobs)[1].state(), control::FAILED);
+  EXPECT_EQ((*jobs)[1].reason(), "master restarted");
+  // New jobs get new ids.
+  auto next = client.Submit("{}", {});
+  ASSERT_TRUE(next.ok());
+  EXPECT_NE(*next, done_id);
+  EXPECT_NE(*next, running_id);
+  master.Shutdown();
+  fs::remove_all(state);
+}
+
+TEST(ClusterTest, KvPutGetWait) {
+  Deadline deadline(seconds(20), "kv");
+  TestCluster cluster;
+  cluster.Start({});
+  KvClient kv(MakeChannel(cluster.address, {}), {}, "test/");
+  EXPECT_EQ(kv.Get("a").status().code(), absl::StatusCode::kNotFound);
+  ASSERT_TRUE(kv.Set("a", "1").ok());
+  EXPECT_EQ(*kv.Get("a"), "1");
+  const auto started = absl::Now();
+  auto missing = kv.Wait({"a", "b"}, absl::Milliseconds(300));
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_NE(missing.status().message().find("test/b"), std::string::npos) << missing.status();
+  EXPECT_GE(absl::Now() - started, absl::Milliseconds(290));
+  std::thread setter([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    EXPECT_TRUE(kv.Set("b", std::string("\0two", 4)).ok());
+  });
+  auto both = kv.Wait({"a", "b"}, absl::Seconds(5));
+  setter.join();
+  ASSERT_TRUE(both.ok()) << both.status();
+  EXPECT_EQ((*both)[0], "1");
+  EXPECT_EQ((*both)[1], std::string("\0two", 4));
+  // Another prefix does not see these keys.
+  KvClient other(MakeChannel(cluster.address, {}), {}, "other/");
+  EXPECT_EQ(other.Get("a").status().code(), absl::StatusCode::kNotFound);
+}
+
+int CountEntries(const char* dir) {
+  int n = 0;
+  DIR* d = opendir(dir);
+  if (d == nullptr) return -1;
+  while (readdir(d) != nullptr) ++n;
+  closedir(d);
+  return n;
+}
+
+TEST(ClusterTest, TwentyJobsInARowLeaveThreadsAndFdsFlat) {
+  Deadline deadline(seconds(50), "20 jobs in a row");
+  TestCluster cluster;
+  cluster.Start({"cpu:1", "cpu:1"});
+  auto run_job = [&](int i) {
+    const std::string config = i % 3 == 2 ? R"({"devices_needed": 2, "fail_node": 0, "fail_at": 1})"
+                                          : R"({"devices_needed": 2, "iterations": 3, "rendezvous": true})";
+    auto job = cluster.client->Submit(config, {});
+    ASSERT_TRUE(job.ok());
+    const auto info = cluster.WaitEnd(*job);
+    EXPECT_EQ(info.state(), i % 3 == 2 ? control::FAILED : control::SUCCEEDED) << info.reason();
+    ASSERT_TRUE(WaitUntil([&] {
+      return cluster.counters->live.load() == 0 && cluster.workers[0]->jobs_held() == 0 &&
+             cluster.workers[1]->jobs_held() == 0;
+    }));
+  };
+  for (int i = 0; i < 3; ++i) run_job(i);  // warm up gRPC's pools
+  const int threads = CountEntries("/proc/self/task"), fds = CountEntries("/proc/self/fd");
+  for (int i = 3; i < 20; ++i) run_job(i);
+  // gRPC's executor grows and shrinks its pools on its own: allow its slack,
+  // not a thread or fd per job.
+  EXPECT_TRUE(WaitUntil([&] { return CountEntries("/proc/self/task") <= threads + 2; }, absl::Seconds(5)))
+      << CountEntries("/proc/self/task") << " threads, " << threads << " after warm-up";
+  EXPECT_TRUE(WaitUntil([&] { return CountEntries("/proc/self/fd") <= fds + 2; }, absl::Seconds(5)))
+      << CountEntries("/proc/self/fd") << " fds, " << fds << " after warm-up";
+}
+
+std::string HttpGet(int port, const std::string& path) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(static_cast<uint16_t>(port));
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
+    close(fd);
+    return "";
+  }
+  const std::string request = absl::StrCat("GET ", path, " HTTP/1.0\r\n\r\n");
+  EXPECT_EQ(write(fd, request.data(), request.size()), static_cast<ssize_t>(request.size()));
+  std::string response;
+  char buffer[4096];
+  for (ssize_t n; (n = read(fd, buffer, sizeof(buffer))) > 0;) response.append(buffer, static_cast<size_t>(n));
+  close(fd);
+  return response;
+}
+
+TEST(ClusterTest, PrometheusMetrics) {
+  Deadline deadline(seconds(20), "/metrics");
+  Master::Options options = FastMasterOptions();
+  options.metrics_port = 0;
+  TestCluster cluster;
+  cluster.Start({"cpu:1"}, options);
+  auto job = cluster.client->Submit(R"({"hang": true, "step_ms": 5})", {});
+  ASSERT_TRUE(job.ok());
+  ASSERT_TRUE(cluster.WaitState(*job, control::RUNNING));
+  const std::string text = HttpGet(cluster.master->metrics_port(), "/metrics");
+  EXPECT_NE(text.find("HTTP/1.0 200 OK"), std::string::npos) << text;
+  EXPECT_NE(text.find("tessera_jobs{state=\"RUNNING\"} 1"), std::string::npos) << text;
+  EXPECT_NE(text.find("tessera_workers_alive 1"), std::string::npos) << text;
+  EXPECT_NE(text.find("tessera_rpcs_total{method=\"SubmitJob\"} 1"), std::string::npos) << text;
+  EXPECT_NE(HttpGet(cluster.master->metrics_port(), "/other").find("404"), std::string::npos);
+  // A running job's loss shows up once it reports.
+  auto finite = cluster.client->Submit(R"({"iterations": 3})", {});
+  ASSERT_TRUE(cluster.client->Cancel(*job).ok());
+  ASSERT_TRUE(finite.ok());
+  EXPECT_EQ(cluster.WaitEnd(*finite).state(), control::SUCCEEDED);
+}
+
+}  // namespace
+}  // namespace tessera::cluster::testing
