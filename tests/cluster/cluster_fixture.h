@@ -54,13 +54,17 @@ struct TestCluster {
   std::unique_ptr<Master> master;
   std::string address;
   std::vector<std::unique_ptr<Worker>> workers;
+  std::vector<std::string> worker_addresses;
   std::unique_ptr<Client> client;
   Security security;
 
   // Starts a master (options' security is used everywhere) and workers with
   // the given devices, and waits for them to register.
-  void Start(const std::vector<std::string>& devices, Master::Options options = FastMasterOptions()) {
-    security = options.security;
+  // `client_security`: what workers and the client use towards the master
+  // (TLS: its ca); defaults to the master's.
+  void Start(const std::vector<std::string>& devices, Master::Options options = FastMasterOptions(),
+             const Security* client_security = nullptr) {
+    security = client_security != nullptr ? *client_security : options.security;
     master = std::make_unique<Master>(options, std::make_unique<FakeJobCompiler>());
     auto bound = master->Start();
     ASSERT_TRUE(bound.ok()) << bound.status();
@@ -84,6 +88,7 @@ struct TestCluster {
     workers.push_back(std::make_unique<Worker>(options, SleepyRunnerFactory(counters)));
     auto bound = workers.back()->Start();
     EXPECT_TRUE(bound.ok()) << bound.status();
+    worker_addresses.push_back(bound.ok() ? *bound : "");
     return workers.back().get();
   }
 
