@@ -61,9 +61,11 @@ absl::StatusOr<control::JobInfo> Client::Cancel(const std::string& job_id, const
   return response;
 }
 
-absl::Status Client::Watch(const std::string& job_id, const std::function<bool(const control::JobEvent&)>& on_event) {
+absl::Status Client::Watch(const std::string& job_id, const std::function<bool(const control::JobEvent&)>& on_event,
+                           bool follow) {
   control::WatchJobRequest request;
   request.set_job_id(job_id);
+  request.set_history_only(!follow);
   grpc::ClientContext context;
   PrepareContext(context, options_.security, absl::InfiniteDuration());
   std::unique_ptr<grpc::ClientReader<control::JobEvent>> reader = stub_->WatchJob(&context, request);

@@ -39,8 +39,10 @@ class Client {
   [[nodiscard]] absl::StatusOr<control::JobInfo> Cancel(const std::string& job_id, const std::string& reason = "");
   // Calls `on_event` for every event of the job, from its first, until the
   // job ends (OK) or `on_event` returns false (CANCELLED). No deadline.
+  // `follow` false: only the events so far, then OK.
   [[nodiscard]] absl::Status Watch(const std::string& job_id,
-                                   const std::function<bool(const control::JobEvent&)>& on_event);
+                                   const std::function<bool(const control::JobEvent&)>& on_event,
+                                   bool follow = true);
 
  private:
   const Options options_;

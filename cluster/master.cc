@@ -197,6 +197,10 @@ class Master::Impl final : public control::Master::Service {
       auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return async_in_flight_ == 0; };
       mu_.Await(absl::Condition(&done));
     }
+    {
+      absl::MutexLock lock(&mu_);
+      retired_stubs_.clear();
+    }
     if (metrics_server_) metrics_server_->Stop();
     server_.reset();
   }
@@ -438,7 +442,7 @@ class Master::Impl final : public control::Master::Service {
       for (const control::JobEvent& event : batch) {
         if (!writer->Write(event)) return {grpc::StatusCode::CANCELLED, "watcher went away"};
       }
-      if (ended) return grpc::Status::OK;
+      if (ended || request->history_only()) return grpc::Status::OK;
       if (context->IsCancelled()) return {grpc::StatusCode::CANCELLED, "watcher went away"};
     }
   }
@@ -622,6 +626,9 @@ class Master::Impl final : public control::Master::Service {
     if (it == workers_.end()) return;
     std::unique_ptr<WorkerRecord> worker = std::move(it->second);
     workers_.erase(it);
+    // Its channel is released on the monitor thread, never inside a gRPC
+    // callback (where this may run) — gRPC does not take that well.
+    retired_stubs_.push_back(worker->stub);
     TLOG_WARN("worker {} lost: {}", id, why);
     if (worker->job_id.empty()) return;
     auto job = jobs_.find(worker->job_id);
@@ -900,6 +907,8 @@ class Master::Impl final : public control::Master::Service {
         mu_.AwaitWithTimeout(absl::Condition(&wake), tick);
         if (shutting_down_) return;
         stops.swap(pending_stops_);
+        // Stubs of lost workers go once no call holds them any more.
+        std::erase_if(retired_stubs_, [](const auto& stub) { return stub.use_count() == 1; });
         const absl::Time now = absl::Now();
         std::vector<std::string> late;
         for (const auto& [id, worker] : workers_) {
@@ -923,50 +932,59 @@ class Master::Impl final : public control::Master::Service {
     }
   }
 
+  // The state of one asynchronous call. `done` is declared first so that it
+  // is destroyed last: the in-flight count drops only once the call's
+  // context, stub and channel are gone, so Shutdown never overtakes them.
+  template <typename Request, typename Response>
+  struct AsyncCall {
+    struct Done {
+      Impl* impl = nullptr;  // set once the call is counted in flight
+      ~Done() {
+        if (impl != nullptr) impl->AsyncDone();
+      }
+    } done;
+    std::shared_ptr<control::Worker::Stub> stub;
+    grpc::ClientContext context;
+    Request request;
+    Response response;
+  };
+
   void SendStop(PendingStop stop) {
-    struct Call {
-      grpc::ClientContext context;
-      control::StopRequest request;
-      control::StopResponse response;
-    };
+    using Call = AsyncCall<control::StopRequest, control::StopResponse>;
     auto call = std::make_shared<Call>();
+    call->done.impl = this;
+    call->stub = std::move(stop.stub);
     call->request.set_job_id(stop.job_id);
     call->request.set_reason(stop.reason);
     PrepareContext(call->context, options_.security, options_.rpc_timeout);
-    stop.stub->async()->Stop(&call->context, &call->request, &call->response,
-                             [this, call, stub = stop.stub, job_id = stop.job_id](const grpc::Status& status) {
-                               if (!status.ok()) TLOG_DEBUG("Stop of {} failed: {}", job_id, status.error_message());
-                               AsyncDone();
-                             });
+    Call* raw = call.get();
+    raw->stub->async()->Stop(&raw->context, &raw->request, &raw->response, [call](const grpc::Status& status) {
+      if (!status.ok()) TLOG_DEBUG("Stop of {} failed: {}", call->request.job_id(), status.error_message());
+    });
   }
 
   void SendProbe(const std::string& worker_id, const std::shared_ptr<control::Worker::Stub>& stub) {
-    struct Call {
-      grpc::ClientContext context;
-      control::WorkerStatusRequest request;
-      control::WorkerStatusResponse response;
-    };
+    using Call = AsyncCall<control::WorkerStatusRequest, control::WorkerStatusResponse>;
     auto call = std::make_shared<Call>();
+    call->done.impl = this;
+    call->stub = stub;
     PrepareContext(call->context, options_.security, options_.probe_timeout);
-    stub->async()->Status(&call->context, &call->request, &call->response,
-                          [this, call, stub, worker_id](const grpc::Status& status) {
-                            {
-                              absl::MutexLock lock(&mu_);
-                              auto it = workers_.find(worker_id);
-                              if (it != workers_.end()) {
-                                WorkerRecord& worker = *it->second;
-                                worker.probe_in_flight = false;
-                                if (status.ok()) {
-                                  worker.failed_probes = 0;
-                                } else if (++worker.failed_probes >= options_.probe_failures) {
-                                  LoseWorkerLocked(worker_id, absl::StrCat("its Worker service did not answer ",
-                                                                           options_.probe_failures, " probes (",
-                                                                           status.error_message(), ")"));
-                                }
-                              }
-                            }
-                            AsyncDone();
-                          });
+    Call* raw = call.get();
+    raw->stub->async()->Status(&raw->context, &raw->request, &raw->response,
+                               [this, call, worker_id](const grpc::Status& status) {
+                                 absl::MutexLock lock(&mu_);
+                                 auto it = workers_.find(worker_id);
+                                 if (it == workers_.end() || it->second->stub != call->stub) return;
+                                 WorkerRecord& worker = *it->second;
+                                 worker.probe_in_flight = false;
+                                 if (status.ok()) {
+                                   worker.failed_probes = 0;
+                                 } else if (++worker.failed_probes >= options_.probe_failures) {
+                                   LoseWorkerLocked(worker_id, absl::StrCat("its Worker service did not answer ",
+                                                                            options_.probe_failures, " probes (",
+                                                                            status.error_message(), ")"));
+                                 }
+                               });
   }
 
   void AsyncDone() {
@@ -1025,6 +1043,7 @@ class Master::Impl final : public control::Master::Service {
   std::map<std::string, std::unique_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> queue_ ABSL_GUARDED_BY(mu_);  // PENDING jobs, oldest first
   std::vector<PendingStop> pending_stops_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::shared_ptr<control::Worker::Stub>> retired_stubs_ ABSL_GUARDED_BY(mu_);
   int async_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t next_session_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t next_epoch_ ABSL_GUARDED_BY(mu_) = 0;

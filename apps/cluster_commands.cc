@@ -1,0 +1,327 @@
+#include "apps/cluster_commands.h"
+
+#include <pthread.h>
+#include <signal.h>
+
+#include <cstdio>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "cluster/client.h"
+#include "cluster/master.h"
+#include "cluster/worker.h"
+#include "core/config.h"
+
+namespace tessera {
+namespace {
+
+using cluster::Client;
+using cluster::Security;
+
+[[noreturn]] void Fail(const std::string& message) {
+  std::string line = message;
+  for (char& c : line) {
+    if (c == '\n' || c == '\r') c = ' ';
+  }
+  throw CLI::RuntimeError(line, 1);
+}
+
+[[noreturn]] void Succeed() { throw CLI::Success(); }
+
+// The flags every verb shares: where the master is and how to reach it.
+struct SecurityFlags {
+  std::string token_file;
+  std::string tls_cert;
+  std::string tls_key;
+  std::string tls_ca;
+  std::string tls_server_name;
+
+  void AddClientFlags(CLI::App* verb) {
+    verb->add_option("--token-file", token_file, "File holding the shared token (authorization: Bearer)");
+    verb->add_option("--tls-ca", tls_ca, "PEM roots to verify the master's certificate (turns TLS on)");
+    verb->add_option("--tls-server-name", tls_server_name, "Name the master's certificate carries, if not its host");
+  }
+  void AddServerFlags(CLI::App* verb) {
+    AddClientFlags(verb);
+    verb->add_option("--tls-cert", tls_cert, "PEM certificate this daemon serves with (with --tls-key: TLS on)");
+    verb->add_option("--tls-key", tls_key, "PEM private key of --tls-cert");
+  }
+
+  Security Load() const {
+    Security security;
+    auto read = [](const std::string& path, bool trim, std::string& out) {
+      if (path.empty()) return;
+      auto contents = cluster::ReadSecretFile(path, trim);
+      if (!contents.ok()) Fail(std::string(contents.status().message()));
+      out = *contents;
+    };
+    read(token_file, true, security.token);
+    read(tls_cert, false, security.tls_cert);
+    read(tls_key, false, security.tls_key);
+    read(tls_ca, false, security.tls_ca);
+    if (security.tls_cert.empty() != security.tls_key.empty()) Fail("--tls-cert and --tls-key go together");
+    security.tls_server_name = tls_server_name;
+    return security;
+  }
+};
+
+// Blocks SIGINT/SIGTERM in this thread (and so in every thread it starts)
+// for its lifetime; Wait returns when one arrives.
+class StopSignals {
+ public:
+  StopSignals() {
+    sigemptyset(&set_);
+    sigaddset(&set_, SIGINT);
+    sigaddset(&set_, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &set_, &previous_);
+  }
+  ~StopSignals() { pthread_sigmask(SIG_SETMASK, &previous_, nullptr); }
+  int Wait() {
+    int signal = 0;
+    sigwait(&set_, &signal);
+    return signal;
+  }
+
+ private:
+  sigset_t set_;
+  sigset_t previous_;
+};
+
+void PrintJob(const control::JobInfo& job) {
+  std::string progress = absl::StrCat(job.iteration(), "/", job.iterations());
+  std::printf("%-12s %-10s %9s  %s\n", job.job_id().c_str(), control::JobState_Name(job.state()).c_str(),
+              progress.c_str(), job.reason().c_str());
+}
+
+// Prints one event as a line.
+void PrintEvent(const control::JobEvent& event) {
+  if (event.has_state()) {
+    const control::JobInfo& info = event.state();
+    std::printf("[%s] %s%s%s\n", info.job_id().c_str(), control::JobState_Name(info.state()).c_str(),
+                info.reason().empty() ? "" : ": ", info.reason().c_str());
+  } else if (event.has_metrics()) {
+    // By name: a protobuf map has no order of its own.
+    const std::map<std::string, double> sorted(event.metrics().values().begin(), event.metrics().values().end());
+    std::string values;
+    for (const auto& [name, value] : sorted) absl::StrAppend(&values, "  ", name, " ", value);
+    std::printf("iter %lld%s\n", static_cast<long long>(event.metrics().iteration()), values.c_str());
+  } else if (event.has_log_line()) {
+    std::printf("%s\n", event.log_line().c_str());
+  }
+  std::fflush(stdout);
+}
+
+// Follows the job to its end; fails unless it SUCCEEDED.
+void Follow(Client& client, const std::string& job_id, bool print_everything) {
+  control::JobInfo last;
+  const absl::Status watched = client.Watch(job_id, [&](const control::JobEvent& event) {
+    if (event.has_state()) last = event.state();
+    if (print_everything || event.has_log_line()) PrintEvent(event);
+    return true;
+  });
+  if (!watched.ok()) Fail(std::string(watched.message()));
+  if (last.state() != control::SUCCEEDED) {
+    Fail(absl::StrCat("job ", job_id, " ", control::JobState_Name(last.state()),
+                      last.reason().empty() ? "" : ": ", last.reason()));
+  }
+}
+
+struct ClientFlags {
+  std::string master = "127.0.0.1:7070";
+  SecurityFlags security;
+  void Add(CLI::App* verb) {
+    verb->add_option("--master", master, "The master's address")->capture_default_str();
+    security.AddClientFlags(verb);
+  }
+  std::unique_ptr<Client> Connect() const {
+    Client::Options options;
+    options.master = master;
+    options.security = security.Load();
+    return std::make_unique<Client>(options);
+  }
+};
+
+}  // namespace
+
+void AddClusterCommands(CLI::App& app, ClusterCommandDeps deps) {
+  auto shared_deps = std::make_shared<ClusterCommandDeps>(std::move(deps));
+
+  // ---- master ----
+  struct MasterFlags {
+    std::string listen = "127.0.0.1:7070";
+    std::string state_dir;
+    int metrics_port = -1;
+    int heartbeat_ms = 1000;
+    int worker_timeout_ms = 5000;
+    SecurityFlags security;
+  };
+  auto master_flags = std::make_shared<MasterFlags>();
+  CLI::App* master = app.add_subcommand("master", "Run the master: queues, compiles and watches jobs (until SIGINT/SIGTERM)");
+  master->add_option("--listen", master_flags->listen, "Address to serve on (port 0: the OS picks)")->capture_default_str();
+  master->add_option("--state-dir", master_flags->state_dir, "Directory of job records (the job history survives restarts)");
+  master->add_option("--metrics-port", master_flags->metrics_port, "Serve Prometheus /metrics on 127.0.0.1:PORT")
+      ->check(CLI::Range(0, 65535));
+  master->add_option("--heartbeat-ms", master_flags->heartbeat_ms, "Heartbeat interval of workers")
+      ->check(CLI::Range(10, 600000))
+      ->capture_default_str();
+  master->add_option("--worker-timeout-ms", master_flags->worker_timeout_ms, "A worker silent this long is lost")
+      ->check(CLI::Range(10, 3600000))
+      ->capture_default_str();
+  master_flags->security.AddServerFlags(master);
+  master->callback([master_flags, shared_deps] {
+    if (!shared_deps->make_compiler) Fail("master: this build has no job compiler");
+    cluster::Master::Options options;
+    options.listen = master_flags->listen;
+    options.state_dir = master_flags->state_dir;
+    options.metrics_port = master_flags->metrics_port;
+    options.heartbeat_interval = absl::Milliseconds(master_flags->heartbeat_ms);
+    options.worker_timeout = absl::Milliseconds(master_flags->worker_timeout_ms);
+    options.security = master_flags->security.Load();
+    StopSignals signals;
+    cluster::Master daemon(options, shared_deps->make_compiler());
+    auto address = daemon.Start();
+    if (!address.ok()) Fail(std::string(address.status().message()));
+    std::printf("master listening on %s\n", address->c_str());
+    if (daemon.metrics_port() >= 0) std::printf("metrics on http://127.0.0.1:%d/metrics\n", daemon.metrics_port());
+    std::fflush(stdout);
+    signals.Wait();
+    daemon.Shutdown();
+    Succeed();
+  });
+
+  // ---- worker ----
+  struct WorkerFlags {
+    std::string master = "127.0.0.1:7070";
+    std::string listen = "127.0.0.1:0";
+    std::string devices;
+    std::string data_address;
+    std::string id;
+    SecurityFlags security;
+  };
+  auto worker_flags = std::make_shared<WorkerFlags>();
+  CLI::App* worker = app.add_subcommand("worker", "Run a worker: runs the master's node plans on its devices (until SIGINT/SIGTERM)");
+  worker->add_option("--master", worker_flags->master, "The master's address")->capture_default_str();
+  worker->add_option("--devices", worker_flags->devices, "Devices to offer: cpu:N, cuda:N or cuda:A-B")->required();
+  worker->add_option("--listen", worker_flags->listen, "Address of its Worker service")->capture_default_str();
+  worker->add_option("--data-address", worker_flags->data_address, "Its data-plane address, given to peers");
+  worker->add_option("--id", worker_flags->id, "Its worker id (default: the master assigns one)");
+  worker_flags->security.AddServerFlags(worker);
+  worker->callback([worker_flags, shared_deps] {
+    if (!shared_deps->make_runner) Fail("worker: this build has no plan runner");
+    cluster::Worker::Options options;
+    options.master = worker_flags->master;
+    options.listen = worker_flags->listen;
+    options.devices = worker_flags->devices;
+    options.data_address = worker_flags->data_address;
+    options.worker_id = worker_flags->id;
+    options.security = worker_flags->security.Load();
+    StopSignals signals;
+    cluster::Worker daemon(options, shared_deps->make_runner);
+    auto address = daemon.Start();
+    if (!address.ok()) Fail(std::string(address.status().message()));
+    std::printf("worker serving on %s, registering with %s\n", address->c_str(), options.master.c_str());
+    std::fflush(stdout);
+    signals.Wait();
+    daemon.Shutdown();
+    Succeed();
+  });
+
+  // ---- submit ----
+  struct SubmitFlags {
+    ClientFlags client;
+    std::string config;
+    std::vector<std::string> overrides;
+    bool follow = false;
+  };
+  auto submit_flags = std::make_shared<SubmitFlags>();
+  CLI::App* submit = app.add_subcommand("submit", "Submit a job to the master; prints its id");
+  submit_flags->client.Add(submit);
+  submit->add_option("CONFIG", submit_flags->config, "Config file (JSON, comments allowed, _base_ resolved here)")
+      ->required();
+  submit->add_option("overrides", submit_flags->overrides, "key.path=value overrides (applied by the master)");
+  submit->add_flag("--follow", submit_flags->follow, "Print the job's progress until it ends; exit 1 unless it succeeds");
+  submit->callback([submit_flags] {
+    auto config = config::LoadConfigFiles(submit_flags->config);
+    if (!config.ok()) Fail(std::string(config.status().message()));
+    auto client = submit_flags->client.Connect();
+    auto job = client->Submit(config->dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
+                              submit_flags->overrides);
+    if (!job.ok()) Fail(std::string(job.status().message()));
+    std::printf("%s\n", job->c_str());
+    std::fflush(stdout);
+    if (submit_flags->follow) Follow(*client, *job, /*print_everything=*/true);
+    Succeed();
+  });
+
+  // ---- status ----
+  struct JobFlags {
+    ClientFlags client;
+    std::string job;
+    bool follow = false;
+  };
+  auto status_flags = std::make_shared<JobFlags>();
+  CLI::App* status = app.add_subcommand("status", "List the master's jobs and workers, or show one job");
+  status_flags->client.Add(status);
+  status->add_option("JOB", status_flags->job, "A job id");
+  status->callback([status_flags] {
+    auto client = status_flags->client.Connect();
+    if (!status_flags->job.empty()) {
+      auto job = client->Get(status_flags->job);
+      if (!job.ok()) Fail(std::string(job.status().message()));
+      PrintJob(*job);
+      std::vector<std::string> workers;
+      for (const auto& slot : job->slots()) workers.push_back(absl::StrCat(slot.worker_id(), ":", slot.num_devices()));
+      std::printf("devices %lld on [%s]\n", static_cast<long long>(job->devices_needed()),
+                  absl::StrJoin(workers, ", ").c_str());
+      for (const auto& [name, value] : job->last_metrics()) std::printf("%s %g\n", name.c_str(), value);
+      Succeed();
+    }
+    auto jobs = client->List();
+    if (!jobs.ok()) Fail(std::string(jobs.status().message()));
+    auto workers = client->ListWorkers();
+    if (!workers.ok()) Fail(std::string(workers.status().message()));
+    for (const auto& job : *jobs) PrintJob(job);
+    for (const auto& w : *workers) {
+      std::printf("worker %s %s at %s %s\n", w.worker_id().c_str(), w.devices().c_str(), w.address().c_str(),
+                  w.job_id().empty() ? "(free)" : w.job_id().c_str());
+    }
+    Succeed();
+  });
+
+  // ---- logs ----
+  auto logs_flags = std::make_shared<JobFlags>();
+  CLI::App* logs = app.add_subcommand("logs", "Print a job's log lines (-f: until it ends)");
+  logs_flags->client.Add(logs);
+  logs->add_option("JOB", logs_flags->job, "A job id")->required();
+  logs->add_flag("-f,--follow", logs_flags->follow, "Keep printing until the job ends");
+  logs->callback([logs_flags] {
+    auto client = logs_flags->client.Connect();
+    const absl::Status watched = client->Watch(
+        logs_flags->job,
+        [](const control::JobEvent& event) {
+          if (event.has_log_line()) PrintEvent(event);
+          return true;
+        },
+        logs_flags->follow);
+    if (!watched.ok()) Fail(std::string(watched.message()));
+    Succeed();
+  });
+
+  // ---- cancel ----
+  auto cancel_flags = std::make_shared<JobFlags>();
+  CLI::App* cancel = app.add_subcommand("cancel", "Cancel a job");
+  cancel_flags->client.Add(cancel);
+  cancel->add_option("JOB", cancel_flags->job, "A job id")->required();
+  cancel->callback([cancel_flags] {
+    auto client = cancel_flags->client.Connect();
+    auto job = client->Cancel(cancel_flags->job, "cancelled from the command line");
+    if (!job.ok()) Fail(std::string(job.status().message()));
+    PrintJob(*job);
+    Succeed();
+  });
+}
+
+}  // namespace tessera

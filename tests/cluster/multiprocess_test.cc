@@ -1,0 +1,245 @@
+// Workers in processes of their own (the verbs of apps/cluster_commands.cc
+// over the test doubles): a SIGKILLed or SIGSTOPped worker fails its job
+// within the promised time, with the master's default liveness settings;
+// the CLI verbs end with one line and the right exit code; SIGTERM stops
+// the daemons cleanly.
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "tests/cluster/cluster_fixture.h"
+#include "tests/deadline.h"
+
+namespace tessera::cluster::testing {
+namespace {
+
+namespace fs = std::filesystem;
+using std::chrono::seconds;
+using tessera::testing::Deadline;
+
+// A child process running the test CLI, its stdout and stderr to files.
+// Killed (SIGKILL) and reaped on destruction if still running.
+class Process {
+ public:
+  Process(const std::vector<std::string>& args, const fs::path& output) : output_(output) {
+    pid_ = fork();
+    if (pid_ == 0) {
+      const int fd = open(output.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      dup2(fd, STDOUT_FILENO);
+      dup2(fd, STDERR_FILENO);
+      std::vector<char*> argv;
+      std::string binary = TESSERA_CLUSTER_TEST_CLI;
+      argv.push_back(binary.data());
+      std::vector<std::string> copy = args;
+      for (std::string& a : copy) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      execv(binary.c_str(), argv.data());
+      _exit(127);
+    }
+  }
+  ~Process() {
+    if (pid_ > 0 && !reaped_) {
+      kill(pid_, SIGCONT);
+      kill(pid_, SIGKILL);
+      Wait();
+    }
+  }
+  pid_t pid() const { return pid_; }
+  void Signal(int signal) { kill(pid_, signal); }
+  // The exit code (128 + signal when killed).
+  int Wait() {
+    int status = 0;
+    waitpid(pid_, &status, 0);
+    reaped_ = true;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
+  std::string Output() const {
+    std::ifstream in(output_);
+    std::ostringstream text;
+    text << in.rdbuf();
+    return text.str();
+  }
+
+ private:
+  fs::path output_;
+  pid_t pid_ = -1;
+  bool reaped_ = false;
+};
+
+class MultiprocessTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / absl::StrCat("tessera_mp_", getpid(), "_",
+                                                    ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::create_directories(dir_);
+    // The defaults: what an operator gets.
+    master_ = std::make_unique<Master>(Master::Options(), std::make_unique<FakeJobCompiler>());
+    auto bound = master_->Start();
+    ASSERT_TRUE(bound.ok()) << bound.status();
+    address_ = *bound;
+    Client::Options options;
+    options.master = address_;
+    client_ = std::make_unique<Client>(options);
+  }
+  void TearDown() override {
+    workers_.clear();
+    master_->Shutdown();
+    fs::remove_all(dir_);
+  }
+
+  Process& StartWorker(const std::string& id) {
+    workers_.push_back(std::make_unique<Process>(
+        std::vector<std::string>{"worker", "--master", address_, "--devices", "cpu:1", "--id", id},
+        dir_ / (id + ".out")));
+    return *workers_.back();
+  }
+
+  bool WaitWorkers(size_t n) {
+    return WaitUntil([&] {
+      auto workers = client_->ListWorkers();
+      return workers.ok() && workers->size() == n;
+    });
+  }
+
+  std::unique_ptr<Process> RunCli(const std::vector<std::string>& args, const std::string& name) {
+    auto process = std::make_unique<Process>(args, dir_ / (name + ".out"));
+    return process;
+  }
+
+  control::JobInfo WaitEnd(const std::string& job, absl::Duration limit) {
+    control::JobInfo info;
+    EXPECT_TRUE(WaitUntil(
+        [&] {
+          auto got = client_->Get(job);
+          if (got.ok()) info = *got;
+          return got.ok() && (info.state() == control::SUCCEEDED || info.state() == control::FAILED ||
+                              info.state() == control::CANCELLED);
+        },
+        limit))
+        << job << " did not end within " << limit;
+    return info;
+  }
+
+  fs::path dir_;
+  std::unique_ptr<Master> master_;
+  std::string address_;
+  std::unique_ptr<Client> client_;
+  std::vector<std::unique_ptr<Process>> workers_;
+};
+
+TEST_F(MultiprocessTest, KilledWorkerFailsTheJobWithin10sAndTheNextJobRuns) {
+  Deadline deadline(seconds(40), "a SIGKILLed worker");
+  StartWorker("w-a");
+  Process& doomed = StartWorker("w-b");
+  ASSERT_TRUE(WaitWorkers(2));
+  auto job = client_->Submit(R"({"devices_needed": 2, "hang": true})", {});
+  ASSERT_TRUE(job.ok());
+  ASSERT_TRUE(WaitUntil([&] { return client_->Get(*job)->state() == control::RUNNING; }));
+  doomed.Signal(SIGKILL);
+  const absl::Time killed = absl::Now();
+  const control::JobInfo info = WaitEnd(*job, absl::Seconds(10));
+  EXPECT_LT(absl::Now() - killed, absl::Seconds(10));
+  EXPECT_EQ(info.state(), control::FAILED);
+  EXPECT_TRUE(info.reason().starts_with("worker w-b (node ") && info.reason().find(") lost: ") != std::string::npos)
+      << info.reason();
+  auto next = client_->Submit(R"({"iterations": 3})", {});
+  ASSERT_TRUE(next.ok());
+  const control::JobInfo next_info = WaitEnd(*next, absl::Seconds(10));
+  EXPECT_EQ(next_info.state(), control::SUCCEEDED) << next_info.reason();
+  EXPECT_EQ(next_info.slots(0).worker_id(), "w-a");
+}
+
+TEST_F(MultiprocessTest, StoppedWorkerFailsTheJobWithin15s) {
+  Deadline deadline(seconds(40), "a SIGSTOPped worker");
+  StartWorker("w-a");
+  Process& hung = StartWorker("w-c");
+  ASSERT_TRUE(WaitWorkers(2));
+  auto job = client_->Submit(R"({"devices_needed": 2, "hang": true})", {});
+  ASSERT_TRUE(job.ok());
+  ASSERT_TRUE(WaitUntil([&] { return client_->Get(*job)->state() == control::RUNNING; }));
+  hung.Signal(SIGSTOP);
+  const absl::Time stopped = absl::Now();
+  const control::JobInfo info = WaitEnd(*job, absl::Seconds(15));
+  EXPECT_LT(absl::Now() - stopped, absl::Seconds(15));
+  EXPECT_EQ(info.state(), control::FAILED);
+  EXPECT_NE(info.reason().find("worker w-c"), std::string::npos) << info.reason();
+  // The other worker was stopped and takes the next job.
+  auto next = client_->Submit(R"({"iterations": 3})", {});
+  ASSERT_TRUE(next.ok());
+  EXPECT_EQ(WaitEnd(*next, absl::Seconds(10)).state(), control::SUCCEEDED);
+  hung.Signal(SIGCONT);
+}
+
+TEST_F(MultiprocessTest, CliVerbsAndCleanStop) {
+  Deadline deadline(seconds(40), "the CLI verbs");
+  Process& worker = StartWorker("w-cli");
+  ASSERT_TRUE(WaitWorkers(1));
+  const fs::path config = dir_ / "job.json";
+  std::ofstream(config) << "// a comment\n{\"iterations\": 5}\n";
+
+  auto submit = RunCli({"submit", "--master", address_, config.string(), "iterations=4", "--follow"}, "submit");
+  EXPECT_EQ(submit->Wait(), 0) << submit->Output();
+  const std::string out = submit->Output();
+  EXPECT_NE(out.find("SUCCEEDED"), std::string::npos) << out;
+  EXPECT_NE(out.find("iter 4  loss 2.5"), std::string::npos) << out;
+  const std::string job_id = out.substr(0, out.find('\n'));
+
+  auto status = RunCli({"status", "--master", address_, job_id}, "status");
+  EXPECT_EQ(status->Wait(), 0);
+  EXPECT_NE(status->Output().find("SUCCEEDED"), std::string::npos) << status->Output();
+  auto list = RunCli({"status", "--master", address_}, "list");
+  EXPECT_EQ(list->Wait(), 0);
+  EXPECT_NE(list->Output().find("worker w-cli"), std::string::npos) << list->Output();
+  auto logs = RunCli({"logs", "--master", address_, job_id}, "logs");
+  EXPECT_EQ(logs->Wait(), 0);
+  EXPECT_NE(logs->Output().find("[node 0] node 0 done"), std::string::npos) << logs->Output();
+
+  // Failures: one line, exit 1.
+  for (const auto& [name, args] : std::vector<std::pair<std::string, std::vector<std::string>>>{
+           {"unknown", {"status", "--master", address_, "job-424242"}},
+           {"cancel", {"cancel", "--master", address_, "job-424242"}},
+           {"badconfig", {"submit", "--master", address_, (dir_ / "missing.json").string()}},
+           {"nomaster", {"status", "--master", "127.0.0.1:1"}},
+           {"noflag", {"worker", "--master", address_}},
+           {"token", {"status", "--master", address_, "--token-file", (dir_ / "no-token").string()}}}) {
+    auto failing = RunCli(args, name);
+    EXPECT_EQ(failing->Wait(), 1) << name << ": " << failing->Output();
+    const std::string text = failing->Output();
+    EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 1) << name << ": " << text;
+  }
+  auto help = RunCli({"submit", "--help"}, "help");
+  EXPECT_EQ(help->Wait(), 0);
+  EXPECT_NE(help->Output().find("--follow"), std::string::npos);
+
+  // A job that fails: --follow exits 1 with the reason.
+  std::ofstream(dir_ / "fail.json") << R"({"fail_node": 0, "fail_at": 1})";
+  auto failed = RunCli({"submit", "--master", address_, (dir_ / "fail.json").string(), "--follow"}, "failed");
+  EXPECT_EQ(failed->Wait(), 1);
+  EXPECT_NE(failed->Output().find("FAILED: worker w-cli (node 0): INTERNAL: test runner: failing at iteration 1"),
+            std::string::npos)
+      << failed->Output();
+
+  // SIGTERM: the worker stops cleanly (exit 0), and the master notices.
+  worker.Signal(SIGTERM);
+  EXPECT_EQ(worker.Wait(), 0) << worker.Output();
+  EXPECT_TRUE(WaitWorkers(0));
+}
+
+TEST_F(MultiprocessTest, MasterDaemonStopsOnSigint) {
+  Deadline deadline(seconds(20), "the master verb");
+  auto master = RunCli({"master", "--listen", "127.0.0.1:0", "--state-dir", (dir_ / "state").string()}, "master");
+  ASSERT_TRUE(WaitUntil([&] { return master->Output().find("master listening on 127.0.0.1:") != std::string::npos; }))
+      << master->Output();
+  master->Signal(SIGINT);
+  EXPECT_EQ(master->Wait(), 0) << master->Output();
+}
+
+}  // namespace
+}  // namespace tessera::cluster::testing
