@@ -749,6 +749,12 @@ class Master::Impl final : public control::Master::Service {
       grpc::ClientContext context;
       PrepareContext(context, options_.security, options_.rpc_timeout);
       const absl::Status status = ToAbsl(stubs[i]->LoadPlan(&context, request, &response));
+      if (absl::IsUnavailable(status)) {
+        // The worker went away before the master noticed: not the job's
+        // fault. Lose the worker, queue the job again.
+        Requeue(job_id, slots[i].worker_id, absl::StrCat("LoadPlan: ", status.message()));
+        return;
+      }
       if (!status.ok()) {
         FailLaunch(job_id, absl::StrCat("worker ", slots[i].worker_id, " (node ", slots[i].node,
                                         "): LoadPlan: ", status.ToString()));
@@ -775,6 +781,24 @@ class Master::Impl final : public control::Master::Service {
         return;
       }
     }
+  }
+
+  // COMPILING -> PENDING (at the head of the queue): frees the job's
+  // workers, stops it where it was loaded already, loses `lost_worker`.
+  void Requeue(const std::string& job_id, const std::string& lost_worker, const std::string& why) {
+    absl::MutexLock lock(&mu_);
+    Job& job = *jobs_.at(job_id);
+    if (job.state != control::COMPILING) return;
+    for (const WorkerSlot& slot : job.slots) {
+      auto it = workers_.find(slot.worker_id);
+      if (it == workers_.end() || it->second->job_id != job.id) continue;
+      it->second->job_id.clear();
+      if (slot.worker_id != lost_worker) pending_stops_.push_back({it->second->stub, job.id, "requeued"});
+    }
+    job.slots.clear();
+    LoseWorkerLocked(lost_worker, why);
+    queue_.insert(queue_.begin(), job.id);
+    SetStateLocked(job, control::PENDING);
   }
 
   void FailLaunch(const std::string& job_id, const std::string& reason) {

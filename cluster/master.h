@@ -4,21 +4,24 @@
 //
 // Job states:
 //
-//            SubmitJob (Resolve ok)
-//                  |
-//                  v
-//              PENDING ---------------------------+
-//                  |  devices free: workers given |
-//                  v                              |
-//             COMPILING --(compile / LoadPlan / ---+--> FAILED (reason)
-//                  |        Start error)          |
-//                  |  every node started          |
-//                  v                              |
-//              RUNNING --(a node fails, a worker --+
-//                  |       is lost or re-registers)|
-//                  |  every node reported OK       |
-//                  v                              |
-//             SUCCEEDED      CancelJob (any non-final state) --> CANCELLED
+//   SubmitJob (Resolve ok)
+//        |
+//        v
+//     PENDING <-------------------------------+
+//        |  enough free devices: workers      |  a worker is unreachable at
+//        |  assigned                          |  LoadPlan: it is lost, the job
+//        v                                    |  goes back to the queue's head
+//    COMPILING -------------------------------+
+//        |   \---- compile error, LoadPlan or Start refused ----> FAILED
+//        |  every node loaded, then started
+//        v
+//     RUNNING ----- a node fails, a worker is lost -------------> FAILED
+//        |          or re-registers
+//        |  every node reported OK
+//        v
+//    SUCCEEDED
+//
+//   CancelJob in PENDING, COMPILING or RUNNING -----------------> CANCELLED
 //
 // SUCCEEDED, FAILED and CANCELLED are final. Leaving COMPILING or RUNNING
 // for FAILED or CANCELLED stops the job on every worker it had (Stop RPCs);
