@@ -5,6 +5,7 @@
 #include <optional>
 
 #include "actors/actor_id.h"
+#include "actors/init_rules.h"
 #include "actors/plan.h"
 #include "comm/collective/boxing.h"
 #include "core/status.h"
@@ -221,14 +222,18 @@ class ParameterActor final : public Actor {
       ASSIGN_OR_RETURN(Tensor t, Tensor::Zeros(meta.shape, meta.dtype, DecodeActorId(id()).device()));
       state_.push_back(std::move(t));
     }
-    if (!task_.callback().empty()) {
-      auto it = env_.callbacks->initializers.find(task_.callback());
-      if (it == env_.callbacks->initializers.end()) {
-        return absl::NotFoundError(StrCat("no initializer callback '", task_.callback(), "'"));
-      }
-      std::vector<Tensor> all = Variable();
-      all.insert(all.end(), state_.begin(), state_.end());
-      RETURN_IF_ERROR(it->second(all));
+    // A host initializer (a run going on from trained values) takes
+    // precedence over the plan's init rules.
+    std::vector<Tensor> all = Variable();
+    all.insert(all.end(), state_.begin(), state_.end());
+    auto host = task_.callback().empty() ? env_.callbacks->initializers.end()
+                                         : env_.callbacks->initializers.find(task_.callback());
+    if (host != env_.callbacks->initializers.end()) {
+      RETURN_IF_ERROR(host->second(all));
+    } else if (task_.init_size() > 0) {
+      RETURN_IF_ERROR(RunInitRules(task_, *env_.registry, all));
+    } else if (!task_.callback().empty()) {
+      return absl::NotFoundError(StrCat("no initializer callback '", task_.callback(), "' and no init rules"));
     }
     return runner_.Init(task_, *env_.registry, Ids(task_.consumed_register_desc_ids()),
                         Ids(task_.produced_register_desc_ids()));

@@ -1,5 +1,7 @@
 #include "actors/plan.h"
 
+#include "actors/init_rules.h"
+
 #include <algorithm>
 #include <map>
 #include <vector>
@@ -185,6 +187,9 @@ absl::Status ValidateTask(const TaskIndex& index, const std::map<int64_t, DescIn
     if (task.repeat_num() < 1) return absl::InvalidArgumentError(StrCat(name(), " needs repeat_num >= 1"));
     return absl::OkStatus();
   };
+  if (task.init_size() > 0 && task.kind() != proto::ACTOR_KIND_PARAMETER) {
+    return absl::InvalidArgumentError(StrCat(name(), ": only a parameter has init rules"));
+  }
   switch (task.kind()) {
     case proto::ACTOR_KIND_SOURCE:
       if (task.consumed_register_desc_ids_size() != 0) {
@@ -206,6 +211,19 @@ absl::Status ValidateTask(const TaskIndex& index, const std::map<int64_t, DescIn
             desc_of(task.produced_register_desc_ids(0)).register_num() != 1) {
           return absl::InvalidArgumentError(
               StrCat(name(), ": a parameter produces exactly one desc, with register_num 1"));
+        }
+        std::vector<TensorMeta> filled;
+        for (const auto& tensor : desc_of(task.produced_register_desc_ids(0)).tensors()) {
+          ASSIGN_OR_RETURN(TensorMeta meta, TensorMetaFromProto(tensor));
+          filled.push_back(std::move(meta));
+        }
+        for (const auto& state : task.state()) {
+          auto meta = TensorMetaFromProto(state);
+          if (!meta.ok()) return absl::InvalidArgumentError(StrCat(name(), ": state: ", meta.status().message()));
+          filled.push_back(*std::move(meta));
+        }
+        if (absl::Status rules = ValidateInitRules(task, registry, filled); !rules.ok()) {
+          return absl::InvalidArgumentError(StrCat(name(), ": ", rules.message()));
         }
       }
       if (task.op().empty()) {

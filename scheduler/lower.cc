@@ -503,7 +503,7 @@ absl::Status Lowering::LowerNode(const Node& node) {
         builder_.task(task).set_callback(callback);
         SetRate(task, micro);
         ASSIGN_OR_RETURN(TensorSlice slice, SliceOf(node.outputs[0], layout.outputs[0], i));
-        out_.sources[callback] = {node.outputs[0], slice};
+        builder_.SetSource(task, first_name, graph_.value(node.outputs[0]).meta, slice);
         ASSIGN_OR_RETURN(TensorMeta meta, LocalMeta(node.outputs[0], layout.outputs[0], i));
         ASSIGN_OR_RETURN(const int64_t desc, NewDesc(task, Quota(node.outputs, stage, options_.source_quota), {meta}));
         Produced(node, stage, i, desc);
@@ -518,8 +518,8 @@ absl::Status Lowering::LowerNode(const Node& node) {
         builder_.task(task).set_callback(callback);
         ASSIGN_OR_RETURN(TensorMeta meta, LocalMeta(var, layout.outputs[0], i));
         ASSIGN_OR_RETURN(TensorSlice slice, SliceOf(var, layout.outputs[0], i));
-        out_.initializers[callback].values.push_back(var);
-        out_.initializers[callback].slices.push_back(slice);
+        const graph::InitRule& init = graph_.variable_info(var).init;
+        builder_.AddInitRule(task, init.op, init.attrs, {slice});
         param_tasks_[var].push_back(task);
         ASSIGN_OR_RETURN(const int64_t desc, NewDesc(task, 1, {meta}));
         Produced(node, stage, i, desc);
@@ -530,22 +530,20 @@ absl::Status Lowering::LowerNode(const Node& node) {
         if (node.inputs.empty()) {
           // A constant (ones, fill...): computed once by its initializer and
           // held like a variable that is never updated.
-          const std::string callback = StrCat("const:", node.id, suffix);
           // Read once per micro-batch, it is handed out through one Repeat
           // per output, so backward can hold it as long as its quota says.
           ASSIGN_OR_RETURN(const uint64_t task,
                            NewTask(proto::ACTOR_KIND_PARAMETER, StrCat("const:", node.op, ":", node.id, suffix),
                                    kComputeStream, device));
-          builder_.task(task).set_callback(callback);
           std::vector<TensorMeta> metas;
-          ConstantInfo& info = out_.constants[callback];
-          info.node = node.id;
+          std::vector<TensorSlice> slices;
           for (size_t k = 0; k < node.outputs.size(); ++k) {
             ASSIGN_OR_RETURN(TensorMeta meta, LocalMeta(node.outputs[k], layout.outputs[k], i));
             ASSIGN_OR_RETURN(TensorSlice slice, SliceOf(node.outputs[k], layout.outputs[k], i));
             metas.push_back(meta);
-            info.slices.push_back(slice);
+            slices.push_back(slice);
           }
+          builder_.AddInitRule(task, node.op, node.attrs, slices);
           ASSIGN_OR_RETURN(const int64_t desc, NewDesc(task, 1, metas));
           if (!micro || rates_.num_micro_batches == 1) {
             Produced(node, stage, i, desc);
@@ -633,15 +631,14 @@ absl::Status Lowering::LowerUpdate(const Node& update, ValueId owner) {
   const std::vector<uint64_t>& tasks = param_tasks_.at(owner);
   for (size_t i = 0; i < tasks.size(); ++i) {
     const uint64_t task = tasks[i];
-    const std::string callback = builder_.task(task).callback();
     for (ValueId state : states) {
       if (state == graph::kNoValue) return absl::UnimplementedError(StrCat("scheduler: ", update.op, " has an output that updates nothing"));
       const NdSbp& state_sbp = sbp_.values[static_cast<size_t>(state)].nd_sbp;
       ASSIGN_OR_RETURN(TensorMeta meta, LocalMeta(state, state_sbp, static_cast<int64_t>(i)));
       ASSIGN_OR_RETURN(TensorSlice slice, SliceOf(state, state_sbp, static_cast<int64_t>(i)));
       builder_.AddState(task, meta);
-      out_.initializers[callback].values.push_back(state);
-      out_.initializers[callback].slices.push_back(slice);
+      const graph::InitRule& init = graph_.variable_info(state).init;
+      builder_.AddInitRule(task, init.op, init.attrs, {slice});
     }
     builder_.SetOp(task, update.op, update.attrs);
     const int64_t own_desc = shards_.at({owner, layout.stage, NdSbpToString(var_layout.outputs[0])}).at(i).desc;
@@ -706,6 +703,7 @@ absl::Status Lowering::LowerSink() {
     if (!flat[at].empty()) return absl::UnimplementedError(StrCat("scheduler: '", sinks[s].first, "' and '", flat[at], "' are the same value"));
     flat[at] = sinks[s].first;
   }
+  for (const std::string& name : flat) builder_.task(sink).add_fetch_names(name);
   out_.sink_names = std::move(flat);
   return absl::OkStatus();
 }

@@ -8,9 +8,12 @@
 // nd-SBP and every op its signature; then, for each node, one task per rank
 // of its stage (device = options.device_index + rank):
 //   - a Source per graph input that something reads, filled per rank by
-//     callback "input:<name>[@<device>]" with the rank's shard (`sources`
-//     says which slice of the logical tensor it is);
-//   - a Parameter per variable shard, initialised by "init:<name>[@<device>]";
+//     callback "input:<name>[@<device>]" with the rank's shard (its
+//     proto::SourceDesc says which input and which slice of it);
+//   - a Parameter per variable shard, initialised by its init rules
+//     (proto::InitRule: the variable's init op and its state's, on the
+//     shard), or by host callback "init:<name>[@<device>]" where the host
+//     registers one (a run that goes on from trained values);
 //     the optimizer update of the variable (an op whose output 0 is its
 //     update and whose other outputs update state variables it reads) runs
 //     inside that task, on the shards, the state variables becoming the
@@ -19,7 +22,7 @@
 //     all its outputs (local shapes; split tensors' refs carry their slice of
 //     the logical tensor);
 //   - a Parameter without update per constant op (no inputs), filled once by
-//     "const:<node id>[@<device>]";
+//     its init rule (the op itself, on the shard);
 //   - Repeat / Acc tasks for gradient accumulation's repeat / acc nodes;
 //   - where a consumer needs a value in another layout: one Collective task
 //     per rank of the stage (boxing, comm/collective/boxing.h), and between
@@ -75,30 +78,8 @@ struct LowerOptions {
   ParallelConfig parallel = {};
 };
 
-// A source's rank shard: the graph input and where the shard sits in the
-// input's logical tensor (one micro-batch under accumulation).
-struct SourceInfo {
-  graph::ValueId value = graph::kNoValue;
-  TensorSlice slice;
-};
-// A parameter's initializer: the variable followed by its state variables
-// (the order of the tensors the callback receives), each with its shard.
-struct InitializerInfo {
-  std::vector<graph::ValueId> values;
-  std::vector<TensorSlice> slices;
-};
-// A constant (an op without inputs, e.g. the autodiff seed): the callback
-// receives the node's outputs' shards.
-struct ConstantInfo {
-  graph::NodeId node = graph::kNoNode;
-  std::vector<TensorSlice> slices;
-};
-
 struct LoweredPlan {
   proto::Plan plan;  // with its memory estimate
-  std::map<std::string, SourceInfo> sources;            // by callback name
-  std::map<std::string, InitializerInfo> initializers;  // by callback name
-  std::map<std::string, ConstantInfo> constants;        // by callback name
   // Names of the tensors the sink callback receives, in order: "loss" (or
   // "loss<i>" for i > 0) and the fetch names; "" for tensors of the consumed
   // registers that are neither.

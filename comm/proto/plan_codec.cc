@@ -112,6 +112,24 @@ absl::StatusOr<TensorMeta> TensorMetaFromProto(const proto::TensorDesc& desc) {
   return meta;
 }
 
+proto::TensorSlice ToProto(const TensorSlice& slice) {
+  proto::TensorSlice out;
+  if (slice.IsWhole()) return out;
+  for (int a = 0; a < slice.logical.rank(); ++a) {
+    out.add_logical_shape(slice.logical[a]);
+    out.add_offset(slice.offset[static_cast<size_t>(a)]);
+  }
+  return out;
+}
+
+proto::TensorDesc ToProto(const TensorMeta& meta, std::string name) {
+  proto::TensorDesc out;
+  out.set_name(std::move(name));
+  out.set_dtype(ToProto(meta.dtype));
+  for (int64_t d : meta.shape.dims()) out.add_shape(d);
+  return out;
+}
+
 absl::StatusOr<TensorSlice> TensorSliceFromProto(const proto::TensorSlice& slice, const Shape& local) {
   if (slice.logical_shape().empty() && slice.offset().empty()) return TensorSlice::Whole(local);
   if (slice.logical_shape_size() != local.rank() || slice.offset_size() != local.rank()) {
@@ -338,6 +356,22 @@ void PlanBuilder::SetOp(uint64_t actor_id, std::string op, const ops::AttrMap& a
   proto::Task& t = task(actor_id);
   t.set_op(std::move(op));
   for (const auto& [name, value] : attrs.values()) (*t.mutable_attrs())[name] = ToProto(value);
+}
+
+void PlanBuilder::AddInitRule(uint64_t actor_id, const std::string& op, const ops::AttrMap& attrs,
+                              const std::vector<TensorSlice>& slices) {
+  proto::InitRule* rule = task(actor_id).add_init();
+  rule->set_op(op);
+  for (const auto& [name, value] : attrs.values()) (*rule->mutable_attrs())[name] = ToProto(value);
+  for (const TensorSlice& slice : slices) *rule->add_slices() = ToProto(slice);
+}
+
+void PlanBuilder::SetSource(uint64_t actor_id, const std::string& input, const TensorMeta& logical,
+                            const TensorSlice& slice) {
+  proto::SourceDesc* source = task(actor_id).mutable_source();
+  source->set_input(input);
+  *source->mutable_logical() = ToProto(logical, input);
+  *source->mutable_slice() = ToProto(slice);
 }
 
 proto::Plan PlanBuilder::Build() {

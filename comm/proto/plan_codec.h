@@ -29,6 +29,9 @@ absl::StatusOr<ops::AttrMap> AttrMapFromProto(const google::protobuf::Map<std::s
 absl::StatusOr<TensorMeta> TensorMetaFromProto(const proto::TensorDesc& desc);
 // The slice of a TensorRef; an empty proto slice is the whole `local` shape.
 absl::StatusOr<TensorSlice> TensorSliceFromProto(const proto::TensorSlice& slice, const Shape& local);
+// The whole tensor is written as an empty slice.
+proto::TensorSlice ToProto(const TensorSlice& slice);
+proto::TensorDesc ToProto(const TensorMeta& meta, std::string name = {});
 
 // Registers a task produces per iteration: pieces_per_iteration, 0 read as 1.
 inline int64_t PiecesPerIteration(const proto::Task& task) {
@@ -105,6 +108,12 @@ class PlanBuilder {
   // Parameter actors: adds an optimizer state tensor; returns its index.
   int32_t AddState(uint64_t actor_id, const TensorMeta& meta);
   void SetOp(uint64_t actor_id, std::string op, const ops::AttrMap& attrs = {});
+  // Parameter actors: appends an init rule writing the next slices.size()
+  // tensors (the variable's, then the state's) from `op` (proto::InitRule).
+  void AddInitRule(uint64_t actor_id, const std::string& op, const ops::AttrMap& attrs,
+                   const std::vector<TensorSlice>& slices);
+  // Source actors: the graph input they feed and their shard of it.
+  void SetSource(uint64_t actor_id, const std::string& input, const TensorMeta& logical, const TensorSlice& slice);
 
   // The plan with its memory estimate filled in (an error there, or a plan
   // over kMaxPlanBytes, goes to status()).
