@@ -242,8 +242,14 @@ std::vector<std::optional<Sbp>> InferMicroLayouts(const Graph& graph, const Rate
 class Lowering {
  public:
   Lowering(const Graph& graph, const LowerOptions& options, const Rates& rates, const DeviceMesh& mesh,
-           const SbpAssignment& sbp)
-      : graph_(graph), options_(options), rates_(rates), mesh_(mesh), sbp_(sbp), builder_(options.iterations) {}
+           const SbpAssignment& sbp, std::vector<proto::RankLocation> locations)
+      : graph_(graph),
+        options_(options),
+        rates_(rates),
+        mesh_(mesh),
+        sbp_(sbp),
+        locations_(std::move(locations)),
+        builder_(options.iterations) {}
 
   absl::StatusOr<LoweredPlan> Run();
 
@@ -256,8 +262,10 @@ class Lowering {
   };
 
   const Placement& placement(int64_t stage) const { return mesh_.stage_placement(stage); }
-  uint32_t Device(int64_t stage, int64_t parallel_id) const {
-    return static_cast<uint32_t>(options_.device_index + placement(stage).rank(parallel_id));
+  // Global rank of parallel id `parallel_id` of `stage`, and where it runs.
+  int64_t Rank(int64_t stage, int64_t parallel_id) const { return placement(stage).rank(parallel_id); }
+  const proto::RankLocation& Device(int64_t stage, int64_t parallel_id) const {
+    return locations_[static_cast<size_t>(Rank(stage, parallel_id))];
   }
   // Local slice of value v on parallel id `i` of `stage` in layout `sbp`.
   absl::StatusOr<TensorSlice> SliceOf(ValueId v, const NdSbp& sbp, int64_t i) const {
@@ -268,7 +276,7 @@ class Lowering {
     return TensorMeta{graph_.value(v).meta.dtype, slice.local};
   }
   std::string Suffix(int64_t stage, int64_t i) const {
-    return mesh_.world_size() == 1 ? std::string() : StrCat("@", Device(stage, i));
+    return mesh_.world_size() == 1 ? std::string() : StrCat("@", options_.device_index + Rank(stage, i));
   }
   bool MicroRate(ValueId v) const { return rates_.value[static_cast<size_t>(v)] == Rate::kMicroBatch; }
   void SetRate(uint64_t task, bool micro) {
@@ -297,8 +305,9 @@ class Lowering {
   }
   // A task on (device, stream) of this node; its id must fit (the builder's
   // errors are sticky, so the first one is returned here).
-  absl::StatusOr<uint64_t> NewTask(proto::ActorKind kind, std::string name, uint32_t stream, uint32_t device) {
-    const uint64_t task = builder_.AddTask(kind, std::move(name), stream, device);
+  absl::StatusOr<uint64_t> NewTask(proto::ActorKind kind, std::string name, uint32_t stream,
+                                   const proto::RankLocation& device) {
+    const uint64_t task = builder_.AddTask(kind, std::move(name), stream, device.device_index(), device.node());
     RETURN_IF_ERROR(builder_.status());
     return task;
   }
@@ -362,6 +371,7 @@ class Lowering {
   const Rates& rates_;
   const DeviceMesh& mesh_;
   const SbpAssignment& sbp_;
+  const std::vector<proto::RankLocation> locations_;  // by global rank
   comm::PlanBuilder builder_;
   LoweredPlan out_;
   std::map<LayoutKey, std::vector<Shard>> shards_;  // per parallel id of the stage
@@ -418,7 +428,7 @@ absl::Status Lowering::Ensure(ValueId v, int64_t stage, const NdSbp& sbp) {
         proto::TransferDesc* t = builder_.task(task).mutable_transfer();
         t->set_group(group);
         t->set_order(order);
-        t->set_peer(task == send ? Device(stage, i) : Device(from.stage, i));
+        t->set_peer(static_cast<uint32_t>(task == send ? Rank(stage, i) : Rank(from.stage, i)));
         SetRate(task, micro);
       }
       builder_.task(send).mutable_transfer()->set_input_tensor(source[static_cast<size_t>(i)].tensor);
@@ -445,7 +455,7 @@ absl::Status Lowering::Ensure(ValueId v, int64_t stage, const NdSbp& sbp) {
     b->set_from(NdSbpToString(from.nd_sbp));
     b->set_to(NdSbpToString(sbp));
     for (int64_t h : where.hierarchy()) b->add_hierarchy(h);
-    for (int64_t r : where.ranks()) b->add_ranks(static_cast<uint32_t>(options_.device_index + r));
+    for (int64_t r : where.ranks()) b->add_ranks(static_cast<uint32_t>(r));
     b->set_rank_index(static_cast<int32_t>(i));
     b->set_group("coll");  // one communicator per member set, shared by every conversion over it
     b->set_order(order);
@@ -493,7 +503,7 @@ absl::Status Lowering::LowerNode(const Node& node) {
   const bool micro = !node.outputs.empty() && MicroRate(node.outputs[0]);
   const std::string& first_name = node.outputs.empty() ? node.op : graph_.value(node.outputs[0]).name;
   for (int64_t i = 0; i < where.size(); ++i) {
-    const uint32_t device = Device(stage, i);
+    const proto::RankLocation& device = Device(stage, i);
     const std::string suffix = Suffix(stage, i);
     switch (node.kind) {
       case NodeKind::kInput: {
@@ -740,6 +750,7 @@ absl::StatusOr<LoweredPlan> Lowering::Run() {
   for (const Node& node : graph_.nodes()) RETURN_IF_ERROR(LowerNode(node));
   RETURN_IF_ERROR(LowerSink());
   out_.plan = builder_.Build();
+  for (const proto::RankLocation& location : locations_) *out_.plan.add_ranks() = location;
   RETURN_IF_ERROR(builder_.status());
   OrderConversions(out_.plan);
   out_.plan.set_mesh(mesh_.ToString());
@@ -755,6 +766,52 @@ absl::StatusOr<LoweredPlan> Lowering::Run() {
     }
   }
   return std::move(out_);
+}
+
+// Where each global rank runs: ranks fill node 0's devices, then node 1's...
+// (DESIGN §4); without devices_per_node, every rank is on node 0 from
+// cpu:device_index.
+absl::StatusOr<std::vector<proto::RankLocation>> RankLocations(const LowerOptions& options, int64_t world_size) {
+  const auto max_devices = static_cast<int64_t>(comm::FieldMax(comm::kDeviceIndexBits)) + 1;
+  std::vector<proto::RankLocation> locations;
+  if (options.devices_per_node.empty()) {
+    const int64_t last_device = int64_t{options.device_index} + world_size - 1;
+    if (last_device >= max_devices) {
+      return absl::InvalidArgumentError(StrCat(
+          world_size, " devices", options.device_index > 0 ? StrCat(" from cpu:", options.device_index) : "",
+          " on one node: actor ids hold at most ", max_devices, " (device index is ", comm::kDeviceIndexBits, " bits)"));
+    }
+    for (int64_t r = 0; r < world_size; ++r) {
+      locations.emplace_back().set_device_index(static_cast<uint32_t>(options.device_index + r));
+    }
+    return locations;
+  }
+  if (options.device_index != 0) {
+    return absl::InvalidArgumentError("scheduler: device_index must be 0 when the devices span nodes");
+  }
+  const auto max_nodes = static_cast<int64_t>(comm::FieldMax(comm::kNodeBits)) + 1;
+  if (static_cast<int64_t>(options.devices_per_node.size()) > max_nodes) {
+    return absl::InvalidArgumentError(StrCat("scheduler: ", options.devices_per_node.size(),
+                                             " nodes, but actor ids hold at most ", max_nodes));
+  }
+  int64_t total = 0;
+  for (size_t node = 0; node < options.devices_per_node.size(); ++node) {
+    const int64_t devices = options.devices_per_node[node];
+    if (devices < 1 || devices > max_devices) {
+      return absl::InvalidArgumentError(StrCat("scheduler: node ", node, " has ", devices, " devices; each node holds 1 to ",
+                                               max_devices));
+    }
+    total += devices;
+    for (int64_t d = 0; d < devices && static_cast<int64_t>(locations.size()) < world_size; ++d) {
+      proto::RankLocation& location = locations.emplace_back();
+      location.set_node(static_cast<uint32_t>(node));
+      location.set_device_index(static_cast<uint32_t>(d));
+    }
+  }
+  if (total != world_size) {
+    return absl::InvalidArgumentError(StrCat("scheduler: the nodes hold ", total, " devices, the job needs ", world_size));
+  }
+  return locations;
 }
 
 }  // namespace
@@ -782,14 +839,7 @@ absl::StatusOr<LoweredPlan> LowerToPlan(const Graph& graph, const LowerOptions& 
   RETURN_IF_ERROR(
       CheckedMul(last_iteration, rates.num_micro_batches, "scheduler: iterations x micro-batches").status());
   ASSIGN_OR_RETURN(const DeviceMesh mesh, DeviceMesh::Make(options.parallel));
-  // One node for now: every rank is a device index of node 0's actor ids.
-  const int64_t last_device = int64_t{options.device_index} + mesh.world_size() - 1;
-  if (last_device > static_cast<int64_t>(comm::FieldMax(comm::kDeviceIndexBits))) {
-    return absl::InvalidArgumentError(StrCat(
-        mesh.world_size(), " devices", options.device_index > 0 ? StrCat(" from cpu:", options.device_index) : "",
-        " on one node: actor ids hold at most ", comm::FieldMax(comm::kDeviceIndexBits) + 1, " (device index is ",
-        comm::kDeviceIndexBits, " bits)"));
-  }
+  ASSIGN_OR_RETURN(std::vector<proto::RankLocation> locations, RankLocations(options, mesh.world_size()));
   ASSIGN_OR_RETURN(const SbpAssignment sbp, InferSbp(graph, mesh));
   for (const BoxingEdge& edge : sbp.edges) {
     if (edge.kind == BoxingEdgeKind::kVariableUpdate) {
@@ -856,7 +906,7 @@ absl::StatusOr<LoweredPlan> LowerToPlan(const Graph& graph, const LowerOptions& 
     }
   }
 
-  Lowering lowering(graph, options, rates, mesh, sbp);
+  Lowering lowering(graph, options, rates, mesh, sbp, std::move(locations));
   lowering.update_owner = std::move(update_owner);
   lowering.update_of = std::move(update_of);
   for (const auto& [state, owner_index] : state_of) {

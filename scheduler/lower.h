@@ -6,7 +6,8 @@
 //
 // SBP inference (scheduler/sbp_infer.h) gives every value its stage and
 // nd-SBP and every op its signature; then, for each node, one task per rank
-// of its stage (device = options.device_index + rank):
+// of its stage (on the rank's node and device: options.devices_per_node,
+// Plan.ranks):
 //   - a Source per graph input that something reads, filled per rank by
 //     callback "input:<name>[@<device>]" with the rank's shard (its
 //     proto::SourceDesc says which input and which slice of it);
@@ -48,9 +49,9 @@
 // Quotas (DESIGN §7): default_quota, sources source_quota, cross-stage
 // buffers at least 2, and a per-micro-batch value that backward nodes (scope
 // "grad/...") read on stage s at least stages - s, so 1F1B emerges.
-// Not done: placement hints; a per-node collective coordinator (each conversion has its
-// own communicator group, which keeps shared-memory collectives free of
-// ordering deadlocks; NCCL will need the global `order` the plan carries).
+// Conversions over the same ranks share one communicator, and every
+// collective carries its launch order (the runtime's coordinator issues them
+// in it, actors/launch_order.h). Not done: placement hints.
 
 #include <cstdint>
 #include <map>
@@ -74,7 +75,10 @@ struct LowerOptions {
   int64_t start_iteration = 0;  // Plan.start_iteration (a run continuing an earlier one)
   int32_t default_quota = 1;
   int32_t source_quota = 2;
-  uint32_t device_index = 0;  // device of rank 0
+  uint32_t device_index = 0;  // device of rank 0 (one node only)
+  // Devices of each node, in node order; global ranks fill node 0 first
+  // (DESIGN §4). Their sum must be the mesh's world size. Empty = one node.
+  std::vector<uint32_t> devices_per_node = {};
   ParallelConfig parallel = {};
 };
 

@@ -224,8 +224,14 @@ void PlanBuilder::Fail(absl::Status status) {
   if (status_.ok()) status_ = std::move(status);
 }
 
-uint64_t PlanBuilder::AddTask(proto::ActorKind kind, std::string name, uint32_t stream, uint32_t device_index) {
+uint64_t PlanBuilder::AddTask(proto::ActorKind kind, std::string name, uint32_t stream, uint32_t device_index,
+                              uint32_t node) {
   if (!status_.ok()) return kNoActorId;
+  if (node > FieldMax(kNodeBits)) {
+    Fail(absl::InvalidArgumentError(StrCat("task '", name, "' on node ", node, ": actor ids hold at most ",
+                                           FieldMax(kNodeBits) + 1, " nodes (node is ", kNodeBits, " bits)")));
+    return kNoActorId;
+  }
   if (device_index > FieldMax(kDeviceIndexBits)) {
     Fail(absl::InvalidArgumentError(StrCat("task '", name, "' on cpu:", device_index, ": actor ids hold at most ",
                                            FieldMax(kDeviceIndexBits) + 1, " devices per node (device index is ",
@@ -239,6 +245,7 @@ uint64_t PlanBuilder::AddTask(proto::ActorKind kind, std::string name, uint32_t 
     return kNoActorId;
   }
   ActorId id;
+  id.node = node;
   id.device_index = device_index;
   id.stream = stream;
   uint32_t& next = next_task_[StreamOf(*EncodeActorId(id))];

@@ -85,9 +85,10 @@ class PlanBuilder {
  public:
   explicit PlanBuilder(int64_t iterations) { plan_.set_iterations(iterations); }
 
-  // Adds a task on (node 0, cpu:device_index, stream) with the next task
+  // Adds a task on (node, cpu:device_index, stream) with the next task
   // index of that stream; returns its actor id.
-  uint64_t AddTask(proto::ActorKind kind, std::string name, uint32_t stream = 0, uint32_t device_index = 0);
+  uint64_t AddTask(proto::ActorKind kind, std::string name, uint32_t stream = 0, uint32_t device_index = 0,
+                   uint32_t node = 0);
   proto::Task& task(uint64_t actor_id);
 
   // A register desc produced by `producer`, read by `consumers`, holding
