@@ -294,22 +294,32 @@ class Bus::Impl {
     absl::StatusOr<tcp::endpoint> endpoint = ParseEndpoint(address, /*resolve=*/true);
     if (!endpoint.ok()) return absl::InvalidArgumentError(StrCat(Who(), ": Connect to node ", node, ": ",
                                                                   endpoint.status().message()));
+    // A peer refuses a connection as a duplicate when it keeps another one
+    // between us: the one it is opening itself (we then wait for it), or a
+    // link it has not yet seen closing (after our Disconnect; we dial again
+    // once it has). Either way: wait a little for a link, else dial again.
     const auto deadline = std::chrono::steady_clock::now() + Timeout();
-    auto attempt = std::make_shared<std::promise<std::pair<absl::Status, bool>>>();
-    std::future<std::pair<absl::Status, bool>> result = attempt->get_future();
-    asio::post(io_, [this, node, endpoint = *endpoint, attempt] { StartOutgoing(node, endpoint, attempt); });
-    auto [status, duplicate] = result.get();
-    if (!duplicate) return status;
-    // The peer keeps the link it is opening to us; wait for it.
-    std::unique_lock<std::mutex> lock(mu_);
-    if (link_changed_.wait_until(lock, deadline, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-          return links_.count(node) > 0;
-        })) {
-      return absl::OkStatus();
+    auto backoff = std::chrono::milliseconds(5);
+    for (;;) {
+      auto attempt = std::make_shared<std::promise<std::pair<absl::Status, bool>>>();
+      std::future<std::pair<absl::Status, bool>> result = attempt->get_future();
+      asio::post(io_, [this, node, endpoint = *endpoint, attempt] { StartOutgoing(node, endpoint, attempt); });
+      auto [status, duplicate] = result.get();
+      if (!duplicate) return status;
+      std::unique_lock<std::mutex> lock(mu_);
+      const auto until = std::min(deadline, std::chrono::steady_clock::now() + backoff);
+      if (link_changed_.wait_until(lock, until, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+            return links_.count(node) > 0;
+          })) {
+        return absl::OkStatus();
+      }
+      if (std::chrono::steady_clock::now() >= deadline) {
+        return absl::DeadlineExceededError(StrCat(Who(), ": node ", node, " at ", address,
+                                                  " kept refusing a duplicate connection for ",
+                                                  options_.connect_timeout_s, " s"));
+      }
+      backoff = std::min(backoff * 2, std::chrono::milliseconds(200));
     }
-    return absl::DeadlineExceededError(StrCat(Who(), ": node ", node, " at ", address,
-                                              " kept its own connection, which did not arrive within ",
-                                              options_.connect_timeout_s, " s"));
   }
 
   absl::Status Subscribe(uint64_t session, FrameHandler on_frame, LinkErrorHandler on_error) {
@@ -334,6 +344,7 @@ class Bus::Impl {
       Session& s = sessions_[session];
       s.subscription.reset();
       for (const HeldFrame& frame : s.held) pending_bytes_ -= HeldBytes(frame);
+      frames_dropped_.fetch_add(static_cast<int64_t>(s.held.size()), std::memory_order_relaxed);
       s.held.clear();
       s.closed = true;
       s.draining = false;

@@ -119,8 +119,10 @@ class Bus {
 
   // Counters since Start. frames_* count data frames; bytes_* count them on
   // the wire (header and payload). frames_sent/bytes_sent count at Send.
-  // frames_dropped: frames of unsubscribed sessions and frames refused because
-  // max_pending_bytes was reached. links: live links now.
+  // frames_dropped: frames of unsubscribed sessions (held ones Unsubscribe
+  // discarded included) and frames refused because max_pending_bytes was
+  // reached. links: live links now. Held frames count header and payload
+  // against max_pending_bytes.
   struct Stats {
     int64_t frames_sent, frames_received, frames_dropped, bytes_sent, bytes_received;
     int links;

@@ -678,6 +678,24 @@ TEST(BusTest, ReconnectsAfterThePeerRestarts) {
   }
 }
 
+TEST(BusTest, ConnectRightAfterDisconnectOpensANewLink) {
+  Pair p;
+  Link(p);
+  tessera::testing::Deadline deadline(std::chrono::seconds(20), "disconnect and reconnect");
+  for (int round = 0; round < 20; ++round) {
+    SCOPED_TRACE(round);
+    p.a->Disconnect(2);
+    // B may not have seen the old link close yet; Connect gets through anyway.
+    const absl::Status status = p.a->Connect(2, p.b->address());
+    ASSERT_TRUE(status.ok()) << status;
+    ASSERT_TRUE(p.a->Send(2, kSession, round, "after").ok());
+    ASSERT_TRUE(p.on_b.WaitFrames(static_cast<size_t>(round) + 1));
+  }
+  EXPECT_TRUE(p.on_b.in_order());
+  EXPECT_TRUE(p.on_a.errors().empty());  // our own Disconnects are not failures here
+  EXPECT_EQ(p.a->stats().links, 1);
+}
+
 TEST(BusTest, SimultaneousConnectsShareOneLink) {
   tessera::testing::Deadline deadline(std::chrono::seconds(30), "simultaneous connects");
   for (int round = 0; round < 10; ++round) {
