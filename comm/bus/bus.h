@@ -37,7 +37,9 @@
 //   whose node was never stated (garbage before a Hello) close that
 //   connection only and are logged. The node of a refused Hello is the one it
 //   claimed. A local Disconnect or ~Bus is not a failure and is not reported
-//   locally; the peer sees the link close.
+//   locally; the peer sees the link close. A TCP close is seen at once (a
+//   peer process that died included); a host that vanishes without one is
+//   the control plane's heartbeats to catch (DESIGN §9).
 // - Bad input from the network never crashes, hangs or stops the bus: it
 //   closes that one connection. A connection that does not complete its
 //   handshake within connect_timeout_s is closed.
@@ -50,7 +52,13 @@
 // fine). The payload view is valid only during the call.
 //
 // Thread-safety: every method may be called from any thread, except that
-// Connect and ~Bus must not be called from a handler.
+// Connect and ~Bus must not be called from a handler, and no call may race
+// ~Bus.
+//
+// Connection states (one TCP connection; a link is a live one):
+//   handshaking --Hello/HelloAck ok--> live --EOF, error, bad frame--> closed
+//        |                               \--Disconnect, ~Bus, restart of the peer--> closed
+//        \--refused, timeout, bad frame--> closed
 
 #include <cstdint>
 #include <functional>

@@ -254,9 +254,10 @@ int CountEntries(const char* dir) {
 
 // Two connected buses, each with session kSession subscribed.
 constexpr uint64_t kSession = 7;
+// The recorders outlive the buses: handlers may run until a bus is gone.
 struct Pair {
-  std::unique_ptr<Bus> a, b;
   Recorder on_a, on_b;
+  std::unique_ptr<Bus> a, b;
 };
 void Link(Pair& p, uint32_t node_a = 1, uint32_t node_b = 2,
           const std::function<void(BusOptions&)>& tweak = {}) {
@@ -299,10 +300,10 @@ TEST(BusTest, StartReportsItsAddressAndRejectsBadOptions) {
 }
 
 TEST(BusTest, ExchangesManyFramesBothWaysInOrder) {
-  Pair p;
-  Link(p);
   constexpr int kFrames = 100000;
   Recorder quiet_a(false), quiet_b(false);
+  Pair p;
+  Link(p);
   ASSERT_TRUE(quiet_a.Subscribe(*p.a, 8).ok());
   ASSERT_TRUE(quiet_b.Subscribe(*p.b, 8).ok());
   tessera::testing::Deadline deadline(std::chrono::seconds(30), "100,000 frames each way");
@@ -350,13 +351,13 @@ TEST(BusTest, CarriesPayloadsFromEmptyToMaxFrameBytes) {
 }
 
 TEST(BusTest, HoldsFramesUntilSubscribeThenDeliversInOrder) {
+  Recorder later;
   Pair p;
   Link(p);
   constexpr uint64_t kLater = 42;
   tessera::testing::Deadline deadline(std::chrono::seconds(10), "held frames");
   for (int i = 0; i < 10; ++i) ASSERT_TRUE(p.a->Send(2, kLater, i, "early " + std::to_string(i)).ok());
   ASSERT_TRUE(WaitFor([&] { return p.b->stats().frames_received == 10; }));
-  Recorder later;
   ASSERT_TRUE(later.Subscribe(*p.b, kLater).ok());
   // Frames sent while the held ones are being delivered queue behind them.
   for (int i = 10; i < 20; ++i) ASSERT_TRUE(p.a->Send(2, kLater, i, "late").ok());
@@ -368,6 +369,7 @@ TEST(BusTest, HoldsFramesUntilSubscribeThenDeliversInOrder) {
 }
 
 TEST(BusTest, PendingBytesBeyondTheLimitFailTheLink) {
+  Recorder late;
   Pair p;
   Link(p, 1, 2, [](BusOptions& o) { o.max_pending_bytes = 1000; });
   tessera::testing::Deadline deadline(std::chrono::seconds(10), "pending limit");
@@ -378,13 +380,14 @@ TEST(BusTest, PendingBytesBeyondTheLimitFailTheLink) {
   EXPECT_THAT(std::string(at_b->status.message()), HasSubstr("max_pending_bytes"));
   ASSERT_TRUE(p.on_a.WaitError(2).has_value());  // the peer saw the link close
   // What was held within the limit is still delivered.
-  Recorder late;
   ASSERT_TRUE(late.Subscribe(*p.b, 555).ok());
   ASSERT_TRUE(late.WaitFrames(7));
   EXPECT_TRUE(late.in_order());
 }
 
 TEST(BusTest, UnsubscribeDiscardsHeldFramesAndDropsLaterOnes) {
+  Recorder again;
+  std::atomic<int> calls{0};
   Pair p;
   Link(p);
   tessera::testing::Deadline deadline(std::chrono::seconds(10), "unsubscribe");
@@ -399,7 +402,6 @@ TEST(BusTest, UnsubscribeDiscardsHeldFramesAndDropsLaterOnes) {
   EXPECT_EQ(p.b->stats().frames_dropped, 8);
   EXPECT_EQ(p.on_b.frame_count(), 1u);
   // Unsubscribed from inside its own handler: no further frame reaches it.
-  std::atomic<int> calls{0};
   ASSERT_TRUE(p.b->Subscribe(
                      9, [&](uint32_t, uint64_t, std::string_view) {
                        ++calls;
@@ -411,16 +413,15 @@ TEST(BusTest, UnsubscribeDiscardsHeldFramesAndDropsLaterOnes) {
   ASSERT_TRUE(WaitFor([&] { return p.b->stats().frames_received == 13; }));
   EXPECT_EQ(calls.load(), 1);
   // A session may open again.
-  Recorder again;
   ASSERT_TRUE(again.Subscribe(*p.b, kSession).ok());
   ASSERT_TRUE(p.a->Send(2, kSession, 0, "again").ok());
   EXPECT_TRUE(again.WaitFrames(1));
 }
 
 TEST(BusTest, WrongTokenIsRefusedOnBothSides) {
+  Recorder on_a, on_b;
   std::unique_ptr<Bus> a = StartBus(1, [](BusOptions& o) { o.token = "alpha"; });
   std::unique_ptr<Bus> b = StartBus(2, [](BusOptions& o) { o.token = "beta"; });
-  Recorder on_a, on_b;
   ASSERT_TRUE(on_a.Subscribe(*a, kSession).ok());
   ASSERT_TRUE(on_b.Subscribe(*b, kSession).ok());
   tessera::testing::Deadline deadline(std::chrono::seconds(10), "wrong token");
@@ -654,28 +655,27 @@ TEST(BusTest, LostLinkIsReportedWithinOneSecond) {
 }
 
 TEST(BusTest, ReconnectsAfterThePeerRestarts) {
+  std::vector<std::unique_ptr<Recorder>> restarted;  // one per incarnation of node 2, outliving it
   Pair p;
   Link(p);
   tessera::testing::Deadline deadline(std::chrono::seconds(20), "restarts");
-  for (int round = 0; round < 3; ++round) {
+  for (int round = 0; round < 4; ++round) {
     SCOPED_TRACE(round);
     const size_t errors = p.on_a.errors().size();
     p.b.reset();
     ASSERT_TRUE(WaitFor([&] { return p.on_a.errors().size() > errors; }));
     p.b = StartBus(2);
-    Recorder on_b;
+    Recorder& on_b = *restarted.emplace_back(std::make_unique<Recorder>());
     ASSERT_TRUE(on_b.Subscribe(*p.b, kSession).ok());
     // Alternate who dials.
     const absl::Status status = round % 2 == 0 ? p.b->Connect(1, p.a->address()) : p.a->Connect(2, p.b->address());
     ASSERT_TRUE(status.ok()) << status;
     ASSERT_TRUE(p.a->Send(2, kSession, 0, "again").ok());
     ASSERT_TRUE(on_b.WaitFrames(1));
-    ASSERT_TRUE(p.b->Send(1, kSession, 0, "back").ok());
-    ASSERT_TRUE(WaitFor([&] { return p.on_a.frame_count() == static_cast<size_t>(round + 1); }));
-    p.b.reset();  // on_b goes out of scope next; the bus first
-    p.b = StartBus(2);
-    ASSERT_TRUE(p.b->Connect(1, p.a->address()).ok());
+    ASSERT_TRUE(p.b->Send(1, kSession, round, "back").ok());
+    ASSERT_TRUE(p.on_a.WaitFrames(static_cast<size_t>(round) + 1));
   }
+  EXPECT_TRUE(p.on_a.in_order());
 }
 
 TEST(BusTest, ConnectRightAfterDisconnectOpensANewLink) {
