@@ -85,6 +85,8 @@ struct BusResults {
 };
 
 BusResults MeasureBus() {
+  // Declared before the buses: handlers may run until a bus is gone.
+  Counter pongs, small_seen, large_seen;
   BusOptions options_a, options_b;
   options_a.node = 1;
   options_b.node = 2;
@@ -100,7 +102,6 @@ BusResults MeasureBus() {
   };
 
   // Session 1: ping-pong (B echoes).
-  Counter pongs;
   Check(b->Subscribe(1, [&](uint32_t from, uint64_t address, std::string_view payload) {
           Check(b->Send(from, 1, address, payload), "echo");
         }, ignore_errors), "Subscribe");
@@ -116,7 +117,6 @@ BusResults MeasureBus() {
   }
 
   // Session 2: one way, 32-byte frames; session 3: 1 MiB frames.
-  Counter small_seen, large_seen;
   Check(b->Subscribe(2, [&](uint32_t, uint64_t, std::string_view) { small_seen.Add(); }, ignore_errors), "Subscribe");
   Check(b->Subscribe(3, [&](uint32_t, uint64_t, std::string_view) { large_seen.Add(); }, ignore_errors), "Subscribe");
   auto start = Clock::now();
@@ -133,6 +133,10 @@ BusResults MeasureBus() {
   }
   large_seen.WaitFor(kLargeFrames);
   const double large_s = std::chrono::duration<double>(Clock::now() - start).count();
+  for (uint64_t session : {1, 2, 3}) {
+    a->Unsubscribe(session);
+    b->Unsubscribe(session);
+  }
   return {Summarize(std::move(samples)), kSmallFrames / small_s, kLargeFrames * double(kLarge) / 1e6 / large_s};
 }
 
