@@ -13,6 +13,8 @@ target_include_directories(tessera_dnnl SYSTEM INTERFACE ${DNNL_INCLUDE_DIR})
 target_link_libraries(tessera_dnnl INTERFACE ${DNNL_LIBRARY})
 find_package(OpenMP REQUIRED)
 find_package(Threads REQUIRED)
+# Boost.Asio for the actor bus (header-only; Boost.System is header-only since 1.69).
+find_package(Boost 1.74 REQUIRED)
 if(TESSERA_BUILD_TESTS)
   find_package(GTest REQUIRED)
 endif()
