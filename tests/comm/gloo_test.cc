@@ -20,6 +20,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "comm/collective/gloo_communicator.h"
@@ -43,7 +44,8 @@ using ::testing::HasSubstr;
 using testing::Completion;
 using testing::FileKvStore;
 
-constexpr auto kProcessDeadline = std::chrono::seconds(25);
+// Generous for sanitizer builds on two shared cores; Release takes a few seconds.
+constexpr auto kProcessDeadline = std::chrono::seconds(100);
 
 // ---- Data ------------------------------------------------------------------
 
@@ -62,84 +64,71 @@ Tensor Zeros(DType dtype, int64_t n) {
 
 // Rank `rank`'s input for case `salt`: floats in [-1, 1) whose sums depend on
 // the order, integers over the whole range (sums wrap).
-Tensor Input(DType dtype, int64_t n, int rank, uint64_t salt) {
-  Tensor t = Zeros(dtype, n);
+template <typename T>
+void Fill(T* out, int64_t n, int rank, uint64_t salt) {
   for (int64_t i = 0; i < n; ++i) {
     const uint64_t h = Mix(salt * 0x100000001b3ull + static_cast<uint64_t>(rank) * 1000003u + static_cast<uint64_t>(i));
     const float f = static_cast<float>(static_cast<double>(h >> 40) / static_cast<double>(1 << 23) - 1.0);
-    switch (dtype) {
-      case DType::kF32: t.data<float>()[i] = f; break;
-      case DType::kF16: t.data<Half>()[i] = Half{FloatToHalf(f)}; break;
-      case DType::kBF16: t.data<BFloat16>()[i] = BFloat16{FloatToBFloat16(f)}; break;
-      case DType::kI32: t.data<int32_t>()[i] = static_cast<int32_t>(h); break;
-      case DType::kI64: t.data<int64_t>()[i] = static_cast<int64_t>(h); break;
-      default: TESSERA_CHECK(false, "no inputs of ", DTypeName(dtype));
+    if constexpr (std::is_same_v<T, float>) {
+      out[i] = f;
+    } else if constexpr (std::is_same_v<T, Half>) {
+      out[i] = Half{FloatToHalf(f)};
+    } else if constexpr (std::is_same_v<T, BFloat16>) {
+      out[i] = BFloat16{FloatToBFloat16(f)};
+    } else {
+      out[i] = static_cast<T>(h);
     }
+  }
+}
+
+Tensor Input(DType dtype, int64_t n, int rank, uint64_t salt) {
+  Tensor t = Zeros(dtype, n);
+  switch (dtype) {
+    case DType::kF32: Fill(t.data<float>(), n, rank, salt); break;
+    case DType::kF16: Fill(t.data<Half>(), n, rank, salt); break;
+    case DType::kBF16: Fill(t.data<BFloat16>(), n, rank, salt); break;
+    case DType::kI32: Fill(t.data<int32_t>(), n, rank, salt); break;
+    case DType::kI64: Fill(t.data<int64_t>(), n, rank, salt); break;
+    default: TESSERA_CHECK(false, "no inputs of ", DTypeName(dtype));
   }
   return t;
 }
 
-// out[i] = in[0][i] (+) ... (+) in[p-1][i] in rank order, 16-bit floats in f32.
-float Widen(DType dtype, const char* p) {
-  uint16_t bits;
-  std::memcpy(&bits, p, 2);
-  return dtype == DType::kF16 ? HalfToFloat(bits) : BFloat16ToFloat(bits);
+// out[i] = in[0][i] (+) ... (+) in[p-1][i] in rank order; 16-bit floats are
+// summed in f32 and rounded once, integers wrap, max lets NaN win.
+template <typename T, typename A, typename Load, typename Store>
+void ReduceTyped(ReduceOp op, const std::vector<const char*>& in, char* out_bytes, int64_t n, Load load, Store store) {
+  T* out = reinterpret_cast<T*>(out_bytes);
+  for (int64_t i = 0; i < n; ++i) {
+    A acc = load(reinterpret_cast<const T*>(in[0])[i]);
+    for (size_t r = 1; r < in.size(); ++r) {
+      const A x = load(reinterpret_cast<const T*>(in[r])[i]);
+      if (op == ReduceOp::kMax) {
+        acc = (x > acc || x != x) ? x : acc;
+      } else if constexpr (std::is_integral_v<A>) {
+        acc = static_cast<A>(static_cast<std::make_unsigned_t<A>>(acc) + static_cast<std::make_unsigned_t<A>>(x));
+      } else {
+        acc = acc + x;
+      }
+    }
+    out[i] = store(acc);
+  }
 }
 
 void ReferenceReduce(DType dtype, ReduceOp op, const std::vector<const char*>& in, char* out, int64_t n) {
-  const bool sum = op == ReduceOp::kSum;
-  for (int64_t i = 0; i < n; ++i) {
-    switch (dtype) {
-      case DType::kF32:
-      case DType::kF16:
-      case DType::kBF16: {
-        const size_t es = DTypeSize(dtype);
-        float acc = 0;
-        for (size_t r = 0; r < in.size(); ++r) {
-          float x;
-          if (dtype == DType::kF32) {
-            std::memcpy(&x, in[r] + static_cast<size_t>(i) * es, 4);
-          } else {
-            x = Widen(dtype, in[r] + static_cast<size_t>(i) * es);
-          }
-          acc = r == 0 ? x : sum ? acc + x : (x > acc || x != x) ? x : acc;
-        }
-        if (dtype == DType::kF32) {
-          std::memcpy(out + static_cast<size_t>(i) * 4, &acc, 4);
-        } else {
-          const uint16_t bits = dtype == DType::kF16 ? FloatToHalf(acc) : FloatToBFloat16(acc);
-          std::memcpy(out + static_cast<size_t>(i) * 2, &bits, 2);
-        }
-        break;
-      }
-      case DType::kI32:
-      case DType::kI64: {
-        const bool wide = dtype == DType::kI64;
-        uint64_t acc = 0;
-        int64_t best = 0;
-        for (size_t r = 0; r < in.size(); ++r) {
-          int64_t x;
-          if (wide) {
-            std::memcpy(&x, in[r] + static_cast<size_t>(i) * 8, 8);
-          } else {
-            int32_t y;
-            std::memcpy(&y, in[r] + static_cast<size_t>(i) * 4, 4);
-            x = y;
-          }
-          acc += static_cast<uint64_t>(x);
-          best = r == 0 ? x : std::max(best, x);
-        }
-        const int64_t v = sum ? static_cast<int64_t>(acc) : best;
-        if (wide) {
-          std::memcpy(out + static_cast<size_t>(i) * 8, &v, 8);
-        } else {
-          const int32_t y = static_cast<int32_t>(static_cast<uint32_t>(static_cast<uint64_t>(v)));
-          std::memcpy(out + static_cast<size_t>(i) * 4, &y, 4);
-        }
-        break;
-      }
-      default: TESSERA_CHECK(false, "no reduction of ", DTypeName(dtype));
-    }
+  const auto same = [](auto v) { return v; };
+  switch (dtype) {
+    case DType::kF32: return ReduceTyped<float, float>(op, in, out, n, same, same);
+    case DType::kF16:
+      return ReduceTyped<Half, float>(
+          op, in, out, n, [](Half h) { return HalfToFloat(h.bits); }, [](float f) { return Half{FloatToHalf(f)}; });
+    case DType::kBF16:
+      return ReduceTyped<BFloat16, float>(
+          op, in, out, n, [](BFloat16 h) { return BFloat16ToFloat(h.bits); },
+          [](float f) { return BFloat16{FloatToBFloat16(f)}; });
+    case DType::kI32: return ReduceTyped<int32_t, int32_t>(op, in, out, n, same, same);
+    case DType::kI64: return ReduceTyped<int64_t, int64_t>(op, in, out, n, same, same);
+    default: TESSERA_CHECK(false, "no reduction of ", DTypeName(dtype));
   }
 }
 
