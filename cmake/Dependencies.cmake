@@ -21,3 +21,10 @@ endif()
 if(TESSERA_BUILD_BENCH)
   find_package(benchmark REQUIRED)
 endif()
+# gloo (libgloo-dev) ships neither a CMake config nor a pkg-config file. Its
+# headers warn under -Wall -Wextra, so they come in as SYSTEM.
+find_path(GLOO_INCLUDE_DIR gloo/context.h REQUIRED)
+find_library(GLOO_LIBRARY gloo REQUIRED)
+add_library(tessera_gloo INTERFACE)
+target_include_directories(tessera_gloo SYSTEM INTERFACE ${GLOO_INCLUDE_DIR})
+target_link_libraries(tessera_gloo INTERFACE ${GLOO_LIBRARY} Threads::Threads)
