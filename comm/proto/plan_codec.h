@@ -64,6 +64,17 @@ absl::Status CheckPlanSize(const proto::Plan& plan);
 std::string SerializePlan(const proto::Plan& plan);
 absl::StatusOr<proto::Plan> ParsePlan(std::string_view bytes);
 
+// One NodePlan per node of the plan (DESIGN §9), in node order (nodes
+// 0 .. n-1 from Plan.ranks; node 0 alone without them): each holds its
+// node's tasks, the register descs they produce, the memory estimate of its
+// devices, the plan's iterations, start iteration, mesh and ranks, the other
+// nodes it shares communicators with and its communicator groups that span
+// nodes. Errors: a task on a node that has no rank, a register desc read on
+// another node than its producer's.
+absl::StatusOr<std::vector<proto::NodePlan>> SplitPlan(const proto::Plan& plan);
+std::string SerializeNodePlan(const proto::NodePlan& node_plan);
+absl::StatusOr<proto::NodePlan> ParseNodePlan(std::string_view bytes);
+
 // Register bytes x quota per (node, device) of the producing actors, plus
 // Parameter state. Errors: a sum that overflows, a state tensor that is not
 // a valid tensor.
