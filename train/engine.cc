@@ -137,7 +137,12 @@ absl::Status Engine::Run(int64_t iterations, const FeedFn& feed, const FetchFn& 
   if (options_.executor) {
     RETURN_IF_ERROR(options_.executor(bytes, std::move(runtime)));
   } else {
-    ASSIGN_OR_RETURN(std::unique_ptr<actors::Runtime> rt, actors::Runtime::LoadSerialized(bytes, std::move(runtime)));
+    // A worker's path: the plan split per node (one node here) and node 0's
+    // part loaded from its bytes, as a cluster worker loads its NodePlan.
+    ASSIGN_OR_RETURN(std::vector<proto::NodePlan> parts, actors::SplitPlan(lowered.plan));
+    if (parts.size() != 1) return absl::InternalError(StrCat("an in-process plan on ", parts.size(), " nodes"));
+    ASSIGN_OR_RETURN(std::unique_ptr<actors::Runtime> rt,
+                     actors::Runtime::LoadNodePlan(actors::SerializeNodePlan(parts[0]), std::move(runtime)));
     RETURN_IF_ERROR(rt->Run());
   }
   TLOG_DEBUG("ran {} iterations ({} plan bytes) in {:.3f} s", iterations, bytes.size(),

@@ -225,6 +225,10 @@ absl::StatusOr<std::unique_ptr<JobFeed>> JobFeed::Make(const nlohmann::json& con
   out->schedule_ = job.schedule;
   out->micro_batches_ = job.options.num_micro_batches;
   out->lr_input_ = job.options.optimizer.lr_input_name;
+  out->global_batch_ = job.batch * job.data_parallel * job.options.num_micro_batches;
+  out->iterations_ = job.train.train_iter;
+  out->log_period_ = job.train.log_period;
+  out->devices_ = job.options.lower.parallel.world_size;
   return out;
 }
 

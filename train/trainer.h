@@ -72,6 +72,13 @@ class JobFeed {
   }
   absl::Status Fill(int64_t iteration, int64_t micro_batch, std::string_view input, const Tensor& out);
 
+  // What a node reports of the job (the trainer's metrics.jsonl fields).
+  double lr(int64_t iteration) const { return schedule_.At(iteration); }
+  int64_t global_batch() const { return global_batch_; }  // samples per iteration
+  int64_t iterations() const { return iterations_; }      // train.train_iter
+  int64_t log_period() const { return log_period_; }      // train.log_period
+  int64_t devices() const { return devices_; }            // the job's world size
+
  private:
   JobFeed() = default;
   struct GlobalBatch {
@@ -81,6 +88,10 @@ class JobFeed {
   std::unique_ptr<models::Model> model_;
   WarmupCosineLR schedule_;
   int64_t micro_batches_ = 1;
+  int64_t global_batch_ = 0;
+  int64_t iterations_ = 0;
+  int64_t log_period_ = 1;
+  int64_t devices_ = 1;
   std::string lr_input_;
   std::mutex mu_;
   std::map<std::string, GlobalBatch, std::less<>> global_batches_ ABSL_GUARDED_BY(mu_);
