@@ -5,6 +5,7 @@
 #include <optional>
 
 #include "actors/actor_id.h"
+#include "actors/init_rules.h"
 #include "actors/plan.h"
 #include "comm/collective/boxing.h"
 #include "core/status.h"
@@ -221,14 +222,18 @@ class ParameterActor final : public Actor {
       ASSIGN_OR_RETURN(Tensor t, Tensor::Zeros(meta.shape, meta.dtype, DecodeActorId(id()).device()));
       state_.push_back(std::move(t));
     }
-    if (!task_.callback().empty()) {
-      auto it = env_.callbacks->initializers.find(task_.callback());
-      if (it == env_.callbacks->initializers.end()) {
-        return absl::NotFoundError(StrCat("no initializer callback '", task_.callback(), "'"));
-      }
-      std::vector<Tensor> all = Variable();
-      all.insert(all.end(), state_.begin(), state_.end());
-      RETURN_IF_ERROR(it->second(all));
+    // A host initializer (a run going on from trained values) takes
+    // precedence over the plan's init rules.
+    std::vector<Tensor> all = Variable();
+    all.insert(all.end(), state_.begin(), state_.end());
+    auto host = task_.callback().empty() ? env_.callbacks->initializers.end()
+                                         : env_.callbacks->initializers.find(task_.callback());
+    if (host != env_.callbacks->initializers.end()) {
+      RETURN_IF_ERROR(host->second(all));
+    } else if (task_.init_size() > 0) {
+      RETURN_IF_ERROR(RunInitRules(task_, *env_.registry, all));
+    } else if (!task_.callback().empty()) {
+      return absl::NotFoundError(StrCat("no initializer callback '", task_.callback(), "' and no init rules"));
     }
     return runner_.Init(task_, *env_.registry, Ids(task_.consumed_register_desc_ids()),
                         Ids(task_.produced_register_desc_ids()));
@@ -495,6 +500,7 @@ class CollectiveActor final : public Actor {
     ASSIGN_OR_RETURN(routine_, comm::BoxingRoutine::Create(spec, coords));
     // Axis a's group: the ranks that differ from this one only in axis a.
     std::vector<std::string> groups;
+    std::vector<std::vector<uint32_t>> axis_members;
     for (size_t a = 0; a < spec.hierarchy.size(); ++a) {
       std::vector<uint32_t> members;
       for (int64_t i = 0; i < size; ++i) {
@@ -503,8 +509,9 @@ class CollectiveActor final : public Actor {
         if (c == coords) members.push_back(desc.ranks(static_cast<int>(i)));
       }
       groups.push_back(StrCat(desc.group(), "/", Join(members, ",")));
+      axis_members.push_back(members);
       ASSIGN_OR_RETURN(std::shared_ptr<comm::Communicator> communicator,
-                       env_.join(groups.back(), static_cast<int>(spec.hierarchy[a]), static_cast<int>(coords[a])));
+                       env_.join(groups.back(), members, static_cast<int>(coords[a])));
       comms_.axis.push_back(communicator.get());
       owned_.push_back(std::move(communicator));
     }
@@ -521,7 +528,7 @@ class CollectiveActor final : public Actor {
       }
       lanes.push_back(StrCat(groups[a], "#", i));
       ASSIGN_OR_RETURN(std::shared_ptr<comm::Communicator> communicator,
-                       env_.join(lanes.back(), static_cast<int>(spec.hierarchy[a]), static_cast<int>(coords[a])));
+                       env_.join(lanes.back(), axis_members[a], static_cast<int>(coords[a])));
       comms_.steps.push_back(communicator.get());
       owned_.push_back(std::move(communicator));
     }
@@ -621,7 +628,10 @@ class TransferActor final : public Actor {
                                                 : "a recv produces one register desc and consumes none");
     }
     if (!env_.join) return absl::FailedPreconditionError("the executor provides no communicators");
-    ASSIGN_OR_RETURN(communicator_, env_.join(task_.transfer().group(), 2, sender_ ? 0 : 1));
+    const uint32_t peer = task_.transfer().peer();
+    const std::vector<uint32_t> members = sender_ ? std::vector<uint32_t>{env_.rank, peer}
+                                                  : std::vector<uint32_t>{peer, env_.rank};
+    ASSIGN_OR_RETURN(communicator_, env_.join(task_.transfer().group(), members, sender_ ? 0 : 1));
     return absl::OkStatus();
   }
 

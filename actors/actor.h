@@ -62,11 +62,13 @@ struct RegisterSet {
 // desc id -> registers; built once by the runtime, then only tensors change.
 using RegisterTable = std::map<int64_t, RegisterSet>;
 
-// Joins the communicator group `group` (size members) as member `rank`; the
-// executor keeps every communicator it hands out, to abort them when the job
-// fails or ends. Called only while actors are created (one thread).
-using JoinFn = std::function<absl::StatusOr<std::shared_ptr<comm::Communicator>>(const std::string& group, int size,
-                                                                                  int rank)>;
+// Joins the communicator group `group` as member `rank`; `members` are the
+// group's global ranks (Plan.ranks) in member order, so the executor can tell
+// a group inside this process from one that spans nodes. The executor keeps
+// every communicator it hands out, to abort them when the job fails or ends.
+// Called only while actors are created (one thread).
+using JoinFn = std::function<absl::StatusOr<std::shared_ptr<comm::Communicator>>(
+    const std::string& group, const std::vector<uint32_t>& members, int rank)>;
 
 // What every actor borrows from the executor that runs it.
 struct ActorEnvironment {
@@ -78,6 +80,7 @@ struct ActorEnvironment {
   int64_t iterations = 0;
   int64_t start_iteration = 0;  // Plan.start_iteration
   JoinFn join;  // for Collective / Send / Recv actors
+  uint32_t rank = 0;  // the global rank of the actor's device (Plan.ranks)
   // Launches every device's collectives in the plan's static order (null:
   // each collective launches as soon as it can; only for plans whose
   // collectives never share a communicator).

@@ -1,5 +1,7 @@
 #include "actors/plan.h"
 
+#include "actors/init_rules.h"
+
 #include <algorithm>
 #include <map>
 #include <vector>
@@ -185,6 +187,9 @@ absl::Status ValidateTask(const TaskIndex& index, const std::map<int64_t, DescIn
     if (task.repeat_num() < 1) return absl::InvalidArgumentError(StrCat(name(), " needs repeat_num >= 1"));
     return absl::OkStatus();
   };
+  if (task.init_size() > 0 && task.kind() != proto::ACTOR_KIND_PARAMETER) {
+    return absl::InvalidArgumentError(StrCat(name(), ": only a parameter has init rules"));
+  }
   switch (task.kind()) {
     case proto::ACTOR_KIND_SOURCE:
       if (task.consumed_register_desc_ids_size() != 0) {
@@ -206,6 +211,19 @@ absl::Status ValidateTask(const TaskIndex& index, const std::map<int64_t, DescIn
             desc_of(task.produced_register_desc_ids(0)).register_num() != 1) {
           return absl::InvalidArgumentError(
               StrCat(name(), ": a parameter produces exactly one desc, with register_num 1"));
+        }
+        std::vector<TensorMeta> filled;
+        for (const auto& tensor : desc_of(task.produced_register_desc_ids(0)).tensors()) {
+          ASSIGN_OR_RETURN(TensorMeta meta, TensorMetaFromProto(tensor));
+          filled.push_back(std::move(meta));
+        }
+        for (const auto& state : task.state()) {
+          auto meta = TensorMetaFromProto(state);
+          if (!meta.ok()) return absl::InvalidArgumentError(StrCat(name(), ": state: ", meta.status().message()));
+          filled.push_back(*std::move(meta));
+        }
+        if (absl::Status rules = ValidateInitRules(task, registry, filled); !rules.ok()) {
+          return absl::InvalidArgumentError(StrCat(name(), ": ", rules.message()));
         }
       }
       if (task.op().empty()) {
@@ -355,6 +373,53 @@ absl::Status ValidateTask(const TaskIndex& index, const std::map<int64_t, DescIn
   return absl::OkStatus();
 }
 
+// Plan.ranks: each (node, device) once; every task's device is a rank; the
+// ranks that boxing and transfers name exist, and a task's own place in its
+// boxing is its own rank. (Without Plan.ranks, rank r is cpu:r of node 0.)
+absl::Status ValidateRanks(const proto::Plan& plan) {
+  std::map<std::pair<uint32_t, uint32_t>, uint32_t> rank_of;
+  for (int r = 0; r < plan.ranks_size(); ++r) {
+    const proto::RankLocation& at = plan.ranks(r);
+    if (at.device_index() > FieldMax(kDeviceIndexBits) || at.node() > FieldMax(kNodeBits) ||
+        !rank_of.emplace(std::pair{at.node(), at.device_index()}, static_cast<uint32_t>(r)).second) {
+      return absl::InvalidArgumentError(StrCat("plan rank ", r, " at node ", at.node(), " cpu:", at.device_index(),
+                                               " is invalid or given twice"));
+    }
+  }
+  const auto rank_of_task = [&](const proto::Task& task) -> absl::StatusOr<uint32_t> {
+    const ActorId id = DecodeActorId(task.actor_id());
+    if (plan.ranks_size() == 0) {
+      if (id.node != 0) return absl::InvalidArgumentError(StrCat(TaskName(task), " is on node ", id.node, ", but the plan lists no ranks"));
+      return id.device_index;
+    }
+    auto it = rank_of.find({id.node, id.device_index});
+    if (it == rank_of.end()) return absl::InvalidArgumentError(StrCat(TaskName(task), " is on a device that is no rank of the plan"));
+    return it->second;
+  };
+  const auto known = [&](uint32_t rank) {
+    return plan.ranks_size() == 0 ? rank <= FieldMax(kDeviceIndexBits) : rank < static_cast<uint32_t>(plan.ranks_size());
+  };
+  for (const auto& task : plan.tasks()) {
+    ASSIGN_OR_RETURN(const uint32_t own, rank_of_task(task));
+    if (task.has_transfer() && (!known(task.transfer().peer()) || task.transfer().peer() == own)) {
+      return absl::InvalidArgumentError(StrCat(TaskName(task), ": transfer peer rank ", task.transfer().peer(),
+                                               " is not another rank of the plan"));
+    }
+    if (task.kind() == proto::ACTOR_KIND_COLLECTIVE) {
+      const proto::BoxingDesc& boxing = task.boxing();
+      for (uint32_t rank : boxing.ranks()) {
+        if (!known(rank)) return absl::InvalidArgumentError(StrCat(TaskName(task), ": boxing rank ", rank, " is no rank of the plan"));
+      }
+      if (boxing.rank_index() >= 0 && boxing.rank_index() < boxing.ranks_size() &&
+          boxing.ranks(boxing.rank_index()) != own) {
+        return absl::InvalidArgumentError(StrCat(TaskName(task), ": boxing says it is rank ", boxing.ranks(boxing.rank_index()),
+                                                 ", but it runs on rank ", own));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status ValidatePlan(const proto::Plan& plan, const ops::OpRegistry& registry) {
@@ -397,6 +462,14 @@ absl::Status ValidatePlan(const proto::Plan& plan, const ops::OpRegistry& regist
         return absl::InvalidArgumentError(
             StrCat(name(), ": consumer ", ActorIdToString(consumer), " is not a task consuming it"));
       }
+      // A register lives on its producer's device: crossing to another
+      // device (or node) goes through a Send/Recv or a collective.
+      const ActorId from = DecodeActorId(desc.producer()), to = DecodeActorId(consumer);
+      if (from.node != to.node || from.device() != to.device()) {
+        return absl::InvalidArgumentError(StrCat(name(), ": producer ", ActorIdToString(desc.producer()), " and consumer ",
+                                                 ActorIdToString(consumer), " are on different devices (a register "
+                                                 "never leaves its device; use a transfer or a collective)"));
+      }
     }
     index.consumers = IdSet<uint64_t>(desc.consumers());
     if (index.consumers.has_duplicates()) return absl::InvalidArgumentError(StrCat(name(), " lists a consumer twice"));
@@ -415,6 +488,7 @@ absl::Status ValidatePlan(const proto::Plan& plan, const ops::OpRegistry& regist
     }
   }
   for (const auto& task : plan.tasks()) RETURN_IF_ERROR(ValidateTask(tasks.at(task.actor_id()), descs, registry));
+  RETURN_IF_ERROR(ValidateRanks(plan));
   // Piece rates: what a consumer expects per iteration from each consumed
   // desc. The products fit: ValidateTaskCounts bounded them over the run.
   for (const auto& task : plan.tasks()) {

@@ -12,6 +12,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "actors/actor_id.h"
+#include "actors/node_communicators.h"
 #include "actors/plan.h"
 #include "comm/collective/shm_communicator.h"
 #include "core/checked.h"
@@ -106,19 +107,43 @@ class LoadedJob {
       job->own_hub = std::make_unique<comm::ShmHub>();
       hub = job->own_hub.get();
     }
+    // Every task runs on this node; its global rank comes from Plan.ranks.
+    std::map<std::pair<uint32_t, uint32_t>, uint32_t> rank_of;  // (node, device index) -> global rank
+    for (int r = 0; r < job->plan.ranks_size(); ++r) {
+      rank_of[{job->plan.ranks(r).node(), job->plan.ranks(r).device_index()}] = static_cast<uint32_t>(r);
+    }
+    for (const auto& task : job->plan.tasks()) {
+      const ActorId id = DecodeActorId(task.actor_id());
+      if (id.node != options.node) {
+        return absl::InvalidArgumentError(StrCat("task '", task.name(), "' is on node ", id.node, ", but this runtime runs node ",
+                                                 options.node, " (split the plan per node)"));
+      }
+      if (job->plan.ranks_size() > 0 && !rank_of.contains({id.node, id.device_index})) {
+        return absl::InvalidArgumentError(StrCat("task '", task.name(), "' is on ", ActorIdToString(task.actor_id()),
+                                                 ", which is no rank of the plan"));
+      }
+    }
+    NodeCommunicatorOptions node_options;
+    node_options.node = options.node;
+    node_options.hub = hub;
+    node_options.kv = options.kv;
+    node_options.kv_prefix = options.kv_prefix;
+    node_options.hostname = options.hostname;
+    node_options.timeout_s = options.connect_timeout_s;
+    job->node_communicators = std::make_unique<NodeCommunicators>(job->plan, node_options);
     LoadedJob* raw = job.get();
     // One communicator per (group, rank) in the job: the collectives of a
     // device over the same ranks share it, in the coordinator's order.
-    job->env.join = [raw, hub](const std::string& group, int size, int rank)
+    job->env.join = [raw](const std::string& group, const std::vector<uint32_t>& members, int rank)
         -> absl::StatusOr<std::shared_ptr<comm::Communicator>> {
       auto& joined = raw->joined[{group, rank}];
       if (joined.communicator == nullptr) {
-        ASSIGN_OR_RETURN(joined.communicator, hub->Join(group, size, rank));
-        joined.size = size;
+        ASSIGN_OR_RETURN(joined.communicator, raw->node_communicators->Join(group, members, rank));
+        joined.members = members;
         raw->communicators.push_back(joined.communicator);
-      } else if (joined.size != size) {
-        return absl::InvalidArgumentError(StrCat("communicator group '", group, "' joined with ", size,
-                                                 " ranks and with ", joined.size));
+      } else if (joined.members != members) {
+        return absl::InvalidArgumentError(StrCat("communicator group '", group, "' joined over ranks [",
+                                                 Join(members, ","), "] and [", Join(joined.members, ","), "]"));
       }
       return joined.communicator;
     };
@@ -126,13 +151,17 @@ class LoadedJob {
     job->env.coordinator = job->coordinator.get();
     for (const auto& task : job->plan.tasks()) {
       ActorEnvironment env = job->env;
-      if (auto it = options.device_pools.find(DecodeActorId(task.actor_id()).device_index); it != options.device_pools.end()) {
+      const ActorId id = DecodeActorId(task.actor_id());
+      if (auto it = options.device_pools.find(id.device_index); it != options.device_pools.end()) {
         env.pool = it->second;
       }
+      env.rank = job->plan.ranks_size() > 0 ? rank_of.at({id.node, id.device_index}) : id.device_index;
       ASSIGN_OR_RETURN(std::unique_ptr<Actor> actor, Actor::Create(task, env));
       job->by_id[actor->id()] = actor.get();
       job->actors.push_back(std::move(actor));
     }
+    // Groups that span nodes meet their peers now, before anything runs.
+    RETURN_IF_ERROR(job->node_communicators->ConnectAll());
     return job;
   }
 
@@ -146,10 +175,11 @@ class LoadedJob {
   proto::Plan plan;
   RegisterTable registers;
   std::unique_ptr<comm::ShmHub> own_hub;  // when the options bring none
+  std::unique_ptr<NodeCommunicators> node_communicators;
   std::vector<std::shared_ptr<comm::Communicator>> communicators;
   struct Joined {
     std::shared_ptr<comm::Communicator> communicator;
-    int size = 0;
+    std::vector<uint32_t> members;
   };
   std::map<std::pair<std::string, int>, Joined> joined;  // (group, rank)
   std::unique_ptr<CollectiveCoordinator> coordinator;
@@ -231,7 +261,10 @@ absl::Status ActorThread::Loop(const std::atomic<bool>& aborted) {
     handled_.store(handled_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
     if (message.type == MessageType::kCommand && message.command == Command::kStop) break;
     auto it = actors_.find(message.dst);
-    TESSERA_CHECK(it != actors_.end(), "message to an actor not on this thread: ", message.ToString());
+    if (it == actors_.end()) {
+      status = absl::InternalError(StrCat("message to an actor not on this thread: ", message.ToString()));
+      break;
+    }
     Actor* actor = it->second;
     const bool was_done = actor->done();
     // A kernel or a host callback that throws (std::bad_alloc on an
@@ -256,12 +289,18 @@ absl::Status ActorThread::Loop(const std::atomic<bool>& aborted) {
 
 }  // namespace
 
-// Routes by the stream part of the destination id.
+// Routes by the stream part of the destination id. A message to an actor
+// that is not in this runtime fails the job (it would otherwise be lost and
+// the job hang).
 class Runtime::Bus final : public MessageBus {
  public:
   void Send(const Message& message) override {
     auto it = routes_.find(StreamOf(message.dst));
-    TESSERA_CHECK(it != routes_.end(), "no thread for ", message.ToString());
+    if (it == routes_.end()) {
+      if (on_error) on_error(absl::InternalError(StrCat("no actor ", ActorIdToString(message.dst), " in this runtime for ",
+                                                        message.ToString())));
+      return;
+    }
     ActorThread* thread = it->second.get();
     if (thread == current_thread) {
       thread->PostLocal(message);
@@ -271,6 +310,7 @@ class Runtime::Bus final : public MessageBus {
   }
 
   std::unordered_map<uint64_t, std::unique_ptr<ActorThread>> routes_;  // stream -> thread
+  std::function<void(absl::Status)> on_error;  // set by Run
 };
 
 Runtime::Runtime(RuntimeOptions options) : options_(std::move(options)), bus_(std::make_unique<Bus>()) {}
@@ -291,6 +331,19 @@ absl::StatusOr<std::unique_ptr<Runtime>> Runtime::LoadSerialized(std::string_vie
     thread->Add(actor.get());
   }
   return runtime;
+}
+
+absl::StatusOr<std::unique_ptr<Runtime>> Runtime::LoadNodePlan(std::string_view node_plan_bytes, RuntimeOptions options) {
+  ASSIGN_OR_RETURN(const proto::NodePlan node_plan, ParseNodePlan(node_plan_bytes));
+  options.node = node_plan.node();
+  return LoadSerialized(SerializePlan(node_plan.plan()), std::move(options));
+}
+
+void Runtime::Abort(absl::Status reason) {
+  if (reason.ok()) reason = absl::CancelledError("the job was cancelled");
+  std::lock_guard<std::mutex> lock(abort_mu_);
+  if (abort_reason_.ok()) abort_reason_ = reason;
+  if (stop_all_) stop_all_(reason);
 }
 
 const proto::Plan& Runtime::plan() const { return job_->plan; }
@@ -318,6 +371,18 @@ absl::Status Runtime::Run() {
     aborted.store(true);
     for (ActorThread* other : threads) other->Stop();
   };
+  bus_->on_error = stop_all;
+  {
+    std::lock_guard<std::mutex> lock(abort_mu_);
+    if (!abort_reason_.ok()) {
+      bus_->on_error = {};
+      return abort_reason_;
+    }
+    stop_all_ = [&](absl::Status status) {
+      stop_all(status);
+      job_->AbortCommunicators(status);
+    };
+  }
   std::vector<std::thread> workers;
   workers.reserve(threads.size());
   for (ActorThread* thread : threads) {
@@ -358,6 +423,11 @@ absl::Status Runtime::Run() {
     }
   }
   for (std::thread& worker : workers) worker.join();
+  {
+    std::lock_guard<std::mutex> lock(abort_mu_);
+    stop_all_ = {};
+  }
+  bus_->on_error = {};
   if (!first_error.ok()) job_->AbortCommunicators(first_error);
 
   stats_.threads = static_cast<int>(threads.size());

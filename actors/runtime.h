@@ -20,13 +20,18 @@
 #include <cstdint>
 #include <deque>
 #include <map>
+#include <functional>
 #include <memory>
+#include <mutex>
+#include <string>
 #include <string_view>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "actors/actor.h"
 #include "actors/message.h"
+#include "comm/collective/kv_store.h"
 #include "comm/collective/shm_communicator.h"
 #include "comm/proto/plan.pb.h"
 #include "core/thread_pool.h"
@@ -41,9 +46,20 @@ struct RuntimeOptions {
   // A device's own intra-op threads (device index -> pool, borrowed); the
   // actors of a device not listed use `pool`.
   std::map<uint32_t, ThreadPool*> device_pools;
-  // Communicators of the Collective / Send / Recv actors (devices in this
-  // process); null = one hub of the job's own. Borrowed.
+  // Communicators of the Collective / Send / Recv actors over devices in this
+  // process; null = one hub of the job's own. Borrowed.
   comm::ShmHub* hub = nullptr;
+  // The node this runtime runs (every task of the plan must be on it: load a
+  // NodePlan's part, actors/plan.h SplitPlan). Groups that span nodes get
+  // gloo communicators meeting through `kv` (borrowed; null: a plan with such
+  // groups is refused) under keys "<kv_prefix>/..." (unique per job), on
+  // this node's `hostname`, with `connect_timeout_s` for the rendezvous and
+  // each op (actors/node_communicators.h).
+  uint32_t node = 0;
+  comm::KvStore* kv = nullptr;
+  std::string kv_prefix = "job";
+  std::string hostname = "127.0.0.1";
+  double connect_timeout_s = 30;
   // Runtime::Run: when > 0 and no actor on any thread handled a message for
   // this long, the job is stopped and Run returns DeadlineExceeded naming
   // the actors that had not finished (a plan whose quotas deadlock, a
@@ -71,15 +87,24 @@ class Runtime {
   };
 
   static absl::StatusOr<std::unique_ptr<Runtime>> Load(const proto::Plan& plan, RuntimeOptions options = {});
-  // From serialised bytes (what a worker receives).
+  // From serialised bytes of a Plan.
   static absl::StatusOr<std::unique_ptr<Runtime>> LoadSerialized(std::string_view plan_bytes,
                                                                   RuntimeOptions options = {});
+  // From serialised bytes of a NodePlan (what a worker receives); runs that
+  // node's part (options.node is set from it).
+  static absl::StatusOr<std::unique_ptr<Runtime>> LoadNodePlan(std::string_view node_plan_bytes,
+                                                                RuntimeOptions options = {});
   ~Runtime();
   Runtime(const Runtime&) = delete;
   Runtime& operator=(const Runtime&) = delete;
 
   // Runs the plan's iterations to the end. Callable once.
   [[nodiscard]] absl::Status Run();
+  // Stops a Run in progress (or the next one) from any thread: every actor
+  // thread stops, every communicator is aborted (peers on other nodes fail
+  // their ops instead of waiting), and Run returns `reason` (Cancelled when
+  // OK) unless it had already failed.
+  void Abort(absl::Status reason);
   const Stats& stats() const { return stats_; }
   const proto::Plan& plan() const;
 
@@ -89,6 +114,10 @@ class Runtime {
 
   RuntimeOptions options_;
   std::unique_ptr<Bus> bus_;
+  // Abort and Run share these.
+  std::mutex abort_mu_;
+  absl::Status abort_reason_ ABSL_GUARDED_BY(abort_mu_);
+  std::function<void(absl::Status)> stop_all_ ABSL_GUARDED_BY(abort_mu_);  // set while Run runs
   std::unique_ptr<internal::LoadedJob> job_;
   Stats stats_;
   bool ran_ = false;

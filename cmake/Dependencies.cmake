@@ -13,14 +13,21 @@ target_include_directories(tessera_dnnl SYSTEM INTERFACE ${DNNL_INCLUDE_DIR})
 target_link_libraries(tessera_dnnl INTERFACE ${DNNL_LIBRARY})
 find_package(OpenMP REQUIRED)
 find_package(Threads REQUIRED)
-# The control plane (cluster/): gRPC's own CMake config; Boost.Asio
-# (header-only) for the metrics endpoint. find_package is idempotent, so a
-# second find_package(Boost) elsewhere is harmless.
+# Boost.Asio for the actor bus and the master's /metrics endpoint
+# (header-only; Boost.System is header-only since 1.69).
+find_package(Boost 1.74 REQUIRED)
+# The control plane (cluster/): gRPC's own CMake config.
 find_package(gRPC CONFIG REQUIRED)
-find_package(Boost REQUIRED)
 if(TESSERA_BUILD_TESTS)
   find_package(GTest REQUIRED)
 endif()
 if(TESSERA_BUILD_BENCH)
   find_package(benchmark REQUIRED)
 endif()
+# gloo (libgloo-dev) ships neither a CMake config nor a pkg-config file. Its
+# headers warn under -Wall -Wextra, so they come in as SYSTEM.
+find_path(GLOO_INCLUDE_DIR gloo/context.h REQUIRED)
+find_library(GLOO_LIBRARY gloo REQUIRED)
+add_library(tessera_gloo INTERFACE)
+target_include_directories(tessera_gloo SYSTEM INTERFACE ${GLOO_INCLUDE_DIR})
+target_link_libraries(tessera_gloo INTERFACE ${GLOO_LIBRARY} Threads::Threads)

@@ -242,8 +242,14 @@ std::vector<std::optional<Sbp>> InferMicroLayouts(const Graph& graph, const Rate
 class Lowering {
  public:
   Lowering(const Graph& graph, const LowerOptions& options, const Rates& rates, const DeviceMesh& mesh,
-           const SbpAssignment& sbp)
-      : graph_(graph), options_(options), rates_(rates), mesh_(mesh), sbp_(sbp), builder_(options.iterations) {}
+           const SbpAssignment& sbp, std::vector<proto::RankLocation> locations)
+      : graph_(graph),
+        options_(options),
+        rates_(rates),
+        mesh_(mesh),
+        sbp_(sbp),
+        locations_(std::move(locations)),
+        builder_(options.iterations) {}
 
   absl::StatusOr<LoweredPlan> Run();
 
@@ -256,8 +262,10 @@ class Lowering {
   };
 
   const Placement& placement(int64_t stage) const { return mesh_.stage_placement(stage); }
-  uint32_t Device(int64_t stage, int64_t parallel_id) const {
-    return static_cast<uint32_t>(options_.device_index + placement(stage).rank(parallel_id));
+  // Global rank of parallel id `parallel_id` of `stage`, and where it runs.
+  int64_t Rank(int64_t stage, int64_t parallel_id) const { return placement(stage).rank(parallel_id); }
+  const proto::RankLocation& Device(int64_t stage, int64_t parallel_id) const {
+    return locations_[static_cast<size_t>(Rank(stage, parallel_id))];
   }
   // Local slice of value v on parallel id `i` of `stage` in layout `sbp`.
   absl::StatusOr<TensorSlice> SliceOf(ValueId v, const NdSbp& sbp, int64_t i) const {
@@ -268,7 +276,7 @@ class Lowering {
     return TensorMeta{graph_.value(v).meta.dtype, slice.local};
   }
   std::string Suffix(int64_t stage, int64_t i) const {
-    return mesh_.world_size() == 1 ? std::string() : StrCat("@", Device(stage, i));
+    return mesh_.world_size() == 1 ? std::string() : StrCat("@", options_.device_index + Rank(stage, i));
   }
   bool MicroRate(ValueId v) const { return rates_.value[static_cast<size_t>(v)] == Rate::kMicroBatch; }
   void SetRate(uint64_t task, bool micro) {
@@ -297,8 +305,9 @@ class Lowering {
   }
   // A task on (device, stream) of this node; its id must fit (the builder's
   // errors are sticky, so the first one is returned here).
-  absl::StatusOr<uint64_t> NewTask(proto::ActorKind kind, std::string name, uint32_t stream, uint32_t device) {
-    const uint64_t task = builder_.AddTask(kind, std::move(name), stream, device);
+  absl::StatusOr<uint64_t> NewTask(proto::ActorKind kind, std::string name, uint32_t stream,
+                                   const proto::RankLocation& device) {
+    const uint64_t task = builder_.AddTask(kind, std::move(name), stream, device.device_index(), device.node());
     RETURN_IF_ERROR(builder_.status());
     return task;
   }
@@ -362,6 +371,7 @@ class Lowering {
   const Rates& rates_;
   const DeviceMesh& mesh_;
   const SbpAssignment& sbp_;
+  const std::vector<proto::RankLocation> locations_;  // by global rank
   comm::PlanBuilder builder_;
   LoweredPlan out_;
   std::map<LayoutKey, std::vector<Shard>> shards_;  // per parallel id of the stage
@@ -418,7 +428,7 @@ absl::Status Lowering::Ensure(ValueId v, int64_t stage, const NdSbp& sbp) {
         proto::TransferDesc* t = builder_.task(task).mutable_transfer();
         t->set_group(group);
         t->set_order(order);
-        t->set_peer(task == send ? Device(stage, i) : Device(from.stage, i));
+        t->set_peer(static_cast<uint32_t>(task == send ? Rank(stage, i) : Rank(from.stage, i)));
         SetRate(task, micro);
       }
       builder_.task(send).mutable_transfer()->set_input_tensor(source[static_cast<size_t>(i)].tensor);
@@ -445,7 +455,7 @@ absl::Status Lowering::Ensure(ValueId v, int64_t stage, const NdSbp& sbp) {
     b->set_from(NdSbpToString(from.nd_sbp));
     b->set_to(NdSbpToString(sbp));
     for (int64_t h : where.hierarchy()) b->add_hierarchy(h);
-    for (int64_t r : where.ranks()) b->add_ranks(static_cast<uint32_t>(options_.device_index + r));
+    for (int64_t r : where.ranks()) b->add_ranks(static_cast<uint32_t>(r));
     b->set_rank_index(static_cast<int32_t>(i));
     b->set_group("coll");  // one communicator per member set, shared by every conversion over it
     b->set_order(order);
@@ -493,7 +503,7 @@ absl::Status Lowering::LowerNode(const Node& node) {
   const bool micro = !node.outputs.empty() && MicroRate(node.outputs[0]);
   const std::string& first_name = node.outputs.empty() ? node.op : graph_.value(node.outputs[0]).name;
   for (int64_t i = 0; i < where.size(); ++i) {
-    const uint32_t device = Device(stage, i);
+    const proto::RankLocation& device = Device(stage, i);
     const std::string suffix = Suffix(stage, i);
     switch (node.kind) {
       case NodeKind::kInput: {
@@ -503,7 +513,7 @@ absl::Status Lowering::LowerNode(const Node& node) {
         builder_.task(task).set_callback(callback);
         SetRate(task, micro);
         ASSIGN_OR_RETURN(TensorSlice slice, SliceOf(node.outputs[0], layout.outputs[0], i));
-        out_.sources[callback] = {node.outputs[0], slice};
+        builder_.SetSource(task, first_name, graph_.value(node.outputs[0]).meta, slice);
         ASSIGN_OR_RETURN(TensorMeta meta, LocalMeta(node.outputs[0], layout.outputs[0], i));
         ASSIGN_OR_RETURN(const int64_t desc, NewDesc(task, Quota(node.outputs, stage, options_.source_quota), {meta}));
         Produced(node, stage, i, desc);
@@ -518,8 +528,8 @@ absl::Status Lowering::LowerNode(const Node& node) {
         builder_.task(task).set_callback(callback);
         ASSIGN_OR_RETURN(TensorMeta meta, LocalMeta(var, layout.outputs[0], i));
         ASSIGN_OR_RETURN(TensorSlice slice, SliceOf(var, layout.outputs[0], i));
-        out_.initializers[callback].values.push_back(var);
-        out_.initializers[callback].slices.push_back(slice);
+        const graph::InitRule& init = graph_.variable_info(var).init;
+        builder_.AddInitRule(task, init.op, init.attrs, {slice});
         param_tasks_[var].push_back(task);
         ASSIGN_OR_RETURN(const int64_t desc, NewDesc(task, 1, {meta}));
         Produced(node, stage, i, desc);
@@ -530,22 +540,20 @@ absl::Status Lowering::LowerNode(const Node& node) {
         if (node.inputs.empty()) {
           // A constant (ones, fill...): computed once by its initializer and
           // held like a variable that is never updated.
-          const std::string callback = StrCat("const:", node.id, suffix);
           // Read once per micro-batch, it is handed out through one Repeat
           // per output, so backward can hold it as long as its quota says.
           ASSIGN_OR_RETURN(const uint64_t task,
                            NewTask(proto::ACTOR_KIND_PARAMETER, StrCat("const:", node.op, ":", node.id, suffix),
                                    kComputeStream, device));
-          builder_.task(task).set_callback(callback);
           std::vector<TensorMeta> metas;
-          ConstantInfo& info = out_.constants[callback];
-          info.node = node.id;
+          std::vector<TensorSlice> slices;
           for (size_t k = 0; k < node.outputs.size(); ++k) {
             ASSIGN_OR_RETURN(TensorMeta meta, LocalMeta(node.outputs[k], layout.outputs[k], i));
             ASSIGN_OR_RETURN(TensorSlice slice, SliceOf(node.outputs[k], layout.outputs[k], i));
             metas.push_back(meta);
-            info.slices.push_back(slice);
+            slices.push_back(slice);
           }
+          builder_.AddInitRule(task, node.op, node.attrs, slices);
           ASSIGN_OR_RETURN(const int64_t desc, NewDesc(task, 1, metas));
           if (!micro || rates_.num_micro_batches == 1) {
             Produced(node, stage, i, desc);
@@ -633,15 +641,14 @@ absl::Status Lowering::LowerUpdate(const Node& update, ValueId owner) {
   const std::vector<uint64_t>& tasks = param_tasks_.at(owner);
   for (size_t i = 0; i < tasks.size(); ++i) {
     const uint64_t task = tasks[i];
-    const std::string callback = builder_.task(task).callback();
     for (ValueId state : states) {
       if (state == graph::kNoValue) return absl::UnimplementedError(StrCat("scheduler: ", update.op, " has an output that updates nothing"));
       const NdSbp& state_sbp = sbp_.values[static_cast<size_t>(state)].nd_sbp;
       ASSIGN_OR_RETURN(TensorMeta meta, LocalMeta(state, state_sbp, static_cast<int64_t>(i)));
       ASSIGN_OR_RETURN(TensorSlice slice, SliceOf(state, state_sbp, static_cast<int64_t>(i)));
       builder_.AddState(task, meta);
-      out_.initializers[callback].values.push_back(state);
-      out_.initializers[callback].slices.push_back(slice);
+      const graph::InitRule& init = graph_.variable_info(state).init;
+      builder_.AddInitRule(task, init.op, init.attrs, {slice});
     }
     builder_.SetOp(task, update.op, update.attrs);
     const int64_t own_desc = shards_.at({owner, layout.stage, NdSbpToString(var_layout.outputs[0])}).at(i).desc;
@@ -706,6 +713,7 @@ absl::Status Lowering::LowerSink() {
     if (!flat[at].empty()) return absl::UnimplementedError(StrCat("scheduler: '", sinks[s].first, "' and '", flat[at], "' are the same value"));
     flat[at] = sinks[s].first;
   }
+  for (const std::string& name : flat) builder_.task(sink).add_fetch_names(name);
   out_.sink_names = std::move(flat);
   return absl::OkStatus();
 }
@@ -742,6 +750,7 @@ absl::StatusOr<LoweredPlan> Lowering::Run() {
   for (const Node& node : graph_.nodes()) RETURN_IF_ERROR(LowerNode(node));
   RETURN_IF_ERROR(LowerSink());
   out_.plan = builder_.Build();
+  for (const proto::RankLocation& location : locations_) *out_.plan.add_ranks() = location;
   RETURN_IF_ERROR(builder_.status());
   OrderConversions(out_.plan);
   out_.plan.set_mesh(mesh_.ToString());
@@ -757,6 +766,52 @@ absl::StatusOr<LoweredPlan> Lowering::Run() {
     }
   }
   return std::move(out_);
+}
+
+// Where each global rank runs: ranks fill node 0's devices, then node 1's...
+// (DESIGN §4); without devices_per_node, every rank is on node 0 from
+// cpu:device_index.
+absl::StatusOr<std::vector<proto::RankLocation>> RankLocations(const LowerOptions& options, int64_t world_size) {
+  const auto max_devices = static_cast<int64_t>(comm::FieldMax(comm::kDeviceIndexBits)) + 1;
+  std::vector<proto::RankLocation> locations;
+  if (options.devices_per_node.empty()) {
+    const int64_t last_device = int64_t{options.device_index} + world_size - 1;
+    if (last_device >= max_devices) {
+      return absl::InvalidArgumentError(StrCat(
+          world_size, " devices", options.device_index > 0 ? StrCat(" from cpu:", options.device_index) : "",
+          " on one node: actor ids hold at most ", max_devices, " (device index is ", comm::kDeviceIndexBits, " bits)"));
+    }
+    for (int64_t r = 0; r < world_size; ++r) {
+      locations.emplace_back().set_device_index(static_cast<uint32_t>(options.device_index + r));
+    }
+    return locations;
+  }
+  if (options.device_index != 0) {
+    return absl::InvalidArgumentError("scheduler: device_index must be 0 when the devices span nodes");
+  }
+  const auto max_nodes = static_cast<int64_t>(comm::FieldMax(comm::kNodeBits)) + 1;
+  if (static_cast<int64_t>(options.devices_per_node.size()) > max_nodes) {
+    return absl::InvalidArgumentError(StrCat("scheduler: ", options.devices_per_node.size(),
+                                             " nodes, but actor ids hold at most ", max_nodes));
+  }
+  int64_t total = 0;
+  for (size_t node = 0; node < options.devices_per_node.size(); ++node) {
+    const int64_t devices = options.devices_per_node[node];
+    if (devices < 1 || devices > max_devices) {
+      return absl::InvalidArgumentError(StrCat("scheduler: node ", node, " has ", devices, " devices; each node holds 1 to ",
+                                               max_devices));
+    }
+    total += devices;
+    for (int64_t d = 0; d < devices && static_cast<int64_t>(locations.size()) < world_size; ++d) {
+      proto::RankLocation& location = locations.emplace_back();
+      location.set_node(static_cast<uint32_t>(node));
+      location.set_device_index(static_cast<uint32_t>(d));
+    }
+  }
+  if (total != world_size) {
+    return absl::InvalidArgumentError(StrCat("scheduler: the nodes hold ", total, " devices, the job needs ", world_size));
+  }
+  return locations;
 }
 
 }  // namespace
@@ -784,14 +839,7 @@ absl::StatusOr<LoweredPlan> LowerToPlan(const Graph& graph, const LowerOptions& 
   RETURN_IF_ERROR(
       CheckedMul(last_iteration, rates.num_micro_batches, "scheduler: iterations x micro-batches").status());
   ASSIGN_OR_RETURN(const DeviceMesh mesh, DeviceMesh::Make(options.parallel));
-  // One node for now: every rank is a device index of node 0's actor ids.
-  const int64_t last_device = int64_t{options.device_index} + mesh.world_size() - 1;
-  if (last_device > static_cast<int64_t>(comm::FieldMax(comm::kDeviceIndexBits))) {
-    return absl::InvalidArgumentError(StrCat(
-        mesh.world_size(), " devices", options.device_index > 0 ? StrCat(" from cpu:", options.device_index) : "",
-        " on one node: actor ids hold at most ", comm::FieldMax(comm::kDeviceIndexBits) + 1, " (device index is ",
-        comm::kDeviceIndexBits, " bits)"));
-  }
+  ASSIGN_OR_RETURN(std::vector<proto::RankLocation> locations, RankLocations(options, mesh.world_size()));
   ASSIGN_OR_RETURN(const SbpAssignment sbp, InferSbp(graph, mesh));
   for (const BoxingEdge& edge : sbp.edges) {
     if (edge.kind == BoxingEdgeKind::kVariableUpdate) {
@@ -858,7 +906,7 @@ absl::StatusOr<LoweredPlan> LowerToPlan(const Graph& graph, const LowerOptions& 
     }
   }
 
-  Lowering lowering(graph, options, rates, mesh, sbp);
+  Lowering lowering(graph, options, rates, mesh, sbp, std::move(locations));
   lowering.update_owner = std::move(update_owner);
   lowering.update_of = std::move(update_of);
   for (const auto& [state, owner_index] : state_of) {

@@ -6,11 +6,15 @@
 //
 // SBP inference (scheduler/sbp_infer.h) gives every value its stage and
 // nd-SBP and every op its signature; then, for each node, one task per rank
-// of its stage (device = options.device_index + rank):
+// of its stage (on the rank's node and device: options.devices_per_node,
+// Plan.ranks):
 //   - a Source per graph input that something reads, filled per rank by
-//     callback "input:<name>[@<device>]" with the rank's shard (`sources`
-//     says which slice of the logical tensor it is);
-//   - a Parameter per variable shard, initialised by "init:<name>[@<device>]";
+//     callback "input:<name>[@<device>]" with the rank's shard (its
+//     proto::SourceDesc says which input and which slice of it);
+//   - a Parameter per variable shard, initialised by its init rules
+//     (proto::InitRule: the variable's init op and its state's, on the
+//     shard), or by host callback "init:<name>[@<device>]" where the host
+//     registers one (a run that goes on from trained values);
 //     the optimizer update of the variable (an op whose output 0 is its
 //     update and whose other outputs update state variables it reads) runs
 //     inside that task, on the shards, the state variables becoming the
@@ -19,7 +23,7 @@
 //     all its outputs (local shapes; split tensors' refs carry their slice of
 //     the logical tensor);
 //   - a Parameter without update per constant op (no inputs), filled once by
-//     "const:<node id>[@<device>]";
+//     its init rule (the op itself, on the shard);
 //   - Repeat / Acc tasks for gradient accumulation's repeat / acc nodes;
 //   - where a consumer needs a value in another layout: one Collective task
 //     per rank of the stage (boxing, comm/collective/boxing.h), and between
@@ -45,9 +49,9 @@
 // Quotas (DESIGN §7): default_quota, sources source_quota, cross-stage
 // buffers at least 2, and a per-micro-batch value that backward nodes (scope
 // "grad/...") read on stage s at least stages - s, so 1F1B emerges.
-// Not done: placement hints; a per-node collective coordinator (each conversion has its
-// own communicator group, which keeps shared-memory collectives free of
-// ordering deadlocks; NCCL will need the global `order` the plan carries).
+// Conversions over the same ranks share one communicator, and every
+// collective carries its launch order (the runtime's coordinator issues them
+// in it, actors/launch_order.h). Not done: placement hints.
 
 #include <cstdint>
 #include <map>
@@ -71,34 +75,15 @@ struct LowerOptions {
   int64_t start_iteration = 0;  // Plan.start_iteration (a run continuing an earlier one)
   int32_t default_quota = 1;
   int32_t source_quota = 2;
-  uint32_t device_index = 0;  // device of rank 0
+  uint32_t device_index = 0;  // device of rank 0 (one node only)
+  // Devices of each node, in node order; global ranks fill node 0 first
+  // (DESIGN §4). Their sum must be the mesh's world size. Empty = one node.
+  std::vector<uint32_t> devices_per_node = {};
   ParallelConfig parallel = {};
-};
-
-// A source's rank shard: the graph input and where the shard sits in the
-// input's logical tensor (one micro-batch under accumulation).
-struct SourceInfo {
-  graph::ValueId value = graph::kNoValue;
-  TensorSlice slice;
-};
-// A parameter's initializer: the variable followed by its state variables
-// (the order of the tensors the callback receives), each with its shard.
-struct InitializerInfo {
-  std::vector<graph::ValueId> values;
-  std::vector<TensorSlice> slices;
-};
-// A constant (an op without inputs, e.g. the autodiff seed): the callback
-// receives the node's outputs' shards.
-struct ConstantInfo {
-  graph::NodeId node = graph::kNoNode;
-  std::vector<TensorSlice> slices;
 };
 
 struct LoweredPlan {
   proto::Plan plan;  // with its memory estimate
-  std::map<std::string, SourceInfo> sources;            // by callback name
-  std::map<std::string, InitializerInfo> initializers;  // by callback name
-  std::map<std::string, ConstantInfo> constants;        // by callback name
   // Names of the tensors the sink callback receives, in order: "loss" (or
   // "loss<i>" for i > 0) and the fetch names; "" for tensors of the consumed
   // registers that are neither.

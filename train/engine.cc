@@ -17,29 +17,9 @@
 #include "core/logging.h"
 #include "core/status.h"
 #include "core/tensor_util.h"
-#include "ops/eager.h"
+#include "train/feeds.h"
 
 namespace tessera {
-namespace {
-
-// Runs an op without inputs (an init rule, a constant) into the shards
-// `outputs`, which sit at `slices` of its logical outputs.
-absl::Status RunIntoShards(const ops::OpRegistry& registry, const std::string& op, const ops::AttrMap& attrs,
-                           const std::vector<Tensor>& outputs, const std::vector<TensorSlice>& slices) {
-  ASSIGN_OR_RETURN(const ops::OpSchema* schema, registry.Get(op));
-  ASSIGN_OR_RETURN(ops::AttrMap canonical, schema->CanonicalizeAttrs(attrs));
-  if (outputs.size() != schema->outputs().size() && !(schema->outputs().size() == 1 && schema->outputs()[0].variadic)) {
-    return absl::InternalError(StrCat("op ", op, ": ", outputs.size(), " output tensors for ", schema->outputs().size(), " outputs"));
-  }
-  ops::KernelContext ctx;
-  ctx.schema = schema;
-  ctx.attrs = &canonical;
-  ctx.outputs = outputs;
-  ctx.output_slices = slices;
-  return ops::RunKernel(*schema, ctx);
-}
-
-}  // namespace
 
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Compile(graph::Graph graph, const CompileOptions& options) {
   if (options.num_micro_batches < 1) {
@@ -124,106 +104,45 @@ absl::Status Engine::Run(int64_t iterations, const FeedFn& feed, const FetchFn& 
   for (const auto& [device, pool] : pools_) runtime.device_pools[device] = pool.get();
   threads_per_device_ = pools_.empty() ? 1 : pools_.begin()->second->num_threads();
   TLOG_INFO("{} devices x {} intra-op threads", devices, threads_per_device_);
-  std::map<std::string, int64_t> pieces;  // source callback -> pieces per iteration
+  RETURN_IF_ERROR(BindFeeds(lowered.plan, feed, runtime.callbacks));
+  RETURN_IF_ERROR(BindFetch(lowered.plan, fetch, runtime.callbacks));
+  // Parameters start from their init rules in the plan; a later run goes on
+  // from the values (and state) the last one trained, kept per shard.
+  Trained* keep = trained_.get();
   for (const auto& task : lowered.plan.tasks()) {
-    if (task.kind() == proto::ACTOR_KIND_SOURCE) pieces[task.callback()] = actors::PiecesPerIteration(task);
-  }
-  // Sources: the user feeds the logical tensor (one micro-batch); a rank
-  // holding a shard gets its block of it, filled once per piece and shared
-  // by the ranks (device threads call concurrently).
-  struct FeedCache {
-    std::mutex mu;
-    std::map<std::pair<std::string, int64_t>, std::pair<Tensor, int>> pieces;  // (input, piece) -> (tensor, readers left)
-  };
-  auto cache = std::make_shared<FeedCache>();
-  std::map<std::string, int> split_readers;  // input -> ranks reading a shard of it
-  for (const auto& [callback, info] : lowered.sources) {
-    if (info.slice.local != info.slice.logical) ++split_readers[graph_.value(info.value).name];
-  }
-  for (const auto& [callback, info] : lowered.sources) {
-    const std::string input = graph_.value(info.value).name;
-    const int64_t m = pieces.contains(callback) ? pieces.at(callback) : 1;
-    const TensorSlice slice = info.slice;
-    const TensorMeta logical = graph_.value(info.value).meta;
-    const int readers = split_readers[input];
-    runtime.callbacks.sources[callback] = [&feed, input, m, slice, logical, readers, cache](
-                                              int64_t piece, const std::vector<Tensor>& outputs) -> absl::Status {
-      if (!feed) return absl::FailedPreconditionError(StrCat("no feed for input '", input, "'"));
-      if (slice.local == slice.logical) return feed(piece / m, piece % m, input, outputs.at(0));
-      std::lock_guard<std::mutex> lock(cache->mu);
-      auto& [whole, left] = cache->pieces[{input, piece}];
-      if (!whole.defined()) {
-        ASSIGN_OR_RETURN(whole, Tensor::Zeros(logical.shape, logical.dtype));
-        RETURN_IF_ERROR(feed(piece / m, piece % m, input, whole));
-        left = readers;
-      }
-      ASSIGN_OR_RETURN(Tensor block, ExtractBlock(whole, slice.offset, slice.local));
-      Tensor target = outputs.at(0);
-      RETURN_IF_ERROR(target.CopyFrom(block));
-      if (--left == 0) cache->pieces.erase({input, piece});
-      return absl::OkStatus();
-    };
-  }
-  // Parameters and constants: their init ops run on the rank's shard (random
-  // ops draw by global element index, so every layout gets the same values).
-  for (const auto& [callback, info] : lowered.initializers) {
-    std::vector<graph::InitRule> rules;
-    for (graph::ValueId v : info.values) rules.push_back(graph_.variable_info(v).init);
-    const std::vector<TensorSlice> slices = info.slices;
-    const ops::OpRegistry* registry = &graph_.registry();
-    Trained* trained = trained_.get();
-    runtime.callbacks.initializers[callback] = [registry, rules, slices, trained, callback](
-                                                   const std::vector<Tensor>& tensors) -> absl::Status {
-      if (tensors.size() != rules.size()) return absl::InternalError("initializer: tensor count mismatch");
-      {
-        // A later run goes on from the values the last one trained.
-        std::lock_guard<std::mutex> lock(trained->mu);
-        auto it = trained->values.find(callback);
-        if (it != trained->values.end()) {
-          for (size_t i = 0; i < tensors.size(); ++i) {
-            Tensor target = tensors[i];
-            RETURN_IF_ERROR(target.CopyFrom(it->second.at(i)));
-          }
-          return absl::OkStatus();
-        }
-      }
-      for (size_t i = 0; i < rules.size(); ++i) {
-        RETURN_IF_ERROR(RunIntoShards(*registry, rules[i].op, rules[i].attrs, {tensors[i]}, {slices[i]}));
-      }
-      return absl::OkStatus();
-    };
-    runtime.callbacks.finalizers[callback] = [trained, callback](const std::vector<Tensor>& tensors) -> absl::Status {
+    if (task.kind() != proto::ACTOR_KIND_PARAMETER || task.callback().empty()) continue;
+    const std::string callback = task.callback();
+    runtime.callbacks.finalizers[callback] = [keep, callback](const std::vector<Tensor>& tensors) -> absl::Status {
       std::vector<Tensor> copies;
       for (const Tensor& t : tensors) copies.push_back(t.Clone());
-      std::lock_guard<std::mutex> lock(trained->mu);
-      trained->values[callback] = std::move(copies);
+      std::lock_guard<std::mutex> lock(keep->mu);
+      keep->values[callback] = std::move(copies);
+      return absl::OkStatus();
+    };
+    if (!keep->values.contains(callback)) continue;
+    runtime.callbacks.initializers[callback] = [keep, callback](const std::vector<Tensor>& tensors) -> absl::Status {
+      std::lock_guard<std::mutex> lock(keep->mu);
+      const std::vector<Tensor>& values = keep->values.at(callback);
+      if (values.size() != tensors.size()) return absl::InternalError("initializer: tensor count mismatch");
+      for (size_t i = 0; i < tensors.size(); ++i) {
+        Tensor target = tensors[i];
+        RETURN_IF_ERROR(target.CopyFrom(values[i]));
+      }
       return absl::OkStatus();
     };
   }
-  for (const auto& [callback, info] : lowered.constants) {
-    const graph::Node node = graph_.node(info.node);
-    const std::vector<TensorSlice> slices = info.slices;
-    const ops::OpRegistry* registry = &graph_.registry();
-    runtime.callbacks.initializers[callback] = [registry, node, slices](const std::vector<Tensor>& tensors) -> absl::Status {
-      return RunIntoShards(*registry, node.op, node.attrs, tensors, slices);
-    };
-  }
-  const std::vector<std::string> names = lowered.sink_names;
-  runtime.callbacks.sinks[scheduler::kSinkCallback] = [&fetch, names](int64_t iteration, const std::vector<Tensor>& inputs) -> absl::Status {
-    if (!fetch) return absl::OkStatus();
-    std::map<std::string, Tensor> values;
-    for (size_t i = 0; i < inputs.size() && i < names.size(); ++i) {
-      if (!names[i].empty()) values[names[i]] = inputs[i];
-    }
-    return fetch(iteration, values);
-  };
   // DESIGN §2: the plan always goes through its serialised form.
   const std::string bytes = actors::SerializePlan(lowered.plan);
   const auto run_started = std::chrono::steady_clock::now();
   if (options_.executor) {
     RETURN_IF_ERROR(options_.executor(bytes, std::move(runtime)));
   } else {
-    ASSIGN_OR_RETURN(std::unique_ptr<actors::Runtime> rt, actors::Runtime::LoadSerialized(bytes, std::move(runtime)));
+    // A worker's path: the plan split per node (one node here) and node 0's
+    // part loaded from its bytes, as a cluster worker loads its NodePlan.
+    ASSIGN_OR_RETURN(std::vector<proto::NodePlan> parts, actors::SplitPlan(lowered.plan));
+    if (parts.size() != 1) return absl::InternalError(StrCat("an in-process plan on ", parts.size(), " nodes"));
+    ASSIGN_OR_RETURN(std::unique_ptr<actors::Runtime> rt,
+                     actors::Runtime::LoadNodePlan(actors::SerializeNodePlan(parts[0]), std::move(runtime)));
     RETURN_IF_ERROR(rt->Run());
   }
   TLOG_DEBUG("ran {} iterations ({} plan bytes) in {:.3f} s", iterations, bytes.size(),

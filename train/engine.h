@@ -41,6 +41,7 @@
 #include "graph/graph.h"
 #include "graph/passes.h"
 #include "scheduler/lower.h"
+#include "train/feeds.h"
 
 namespace tessera {
 
@@ -64,13 +65,10 @@ struct CompileOptions {
 
 class Engine {
  public:
-  // Writes micro-batch `micro_batch` of `input` for `iteration` into `tensor`
-  // (preallocated with the input's logical meta; micro_batch is 0 without
-  // accumulation). With several devices the engine hands each rank its
-  // shard; the feed may then be called from several device threads at once.
-  using FeedFn = std::function<absl::Status(int64_t iteration, int64_t micro_batch, std::string_view input,
-                                            const Tensor& tensor)>;
-  using FetchFn = std::function<absl::Status(int64_t iteration, const std::map<std::string, Tensor>& values)>;
+  // train/feeds.h: the feed fills an input's logical tensor (the engine hands
+  // each rank its shard); the fetch receives the loss and fetches.
+  using FeedFn = tessera::FeedFn;
+  using FetchFn = tessera::FetchFn;
 
   static absl::StatusOr<std::unique_ptr<Engine>> Compile(graph::Graph graph, const CompileOptions& options = {});
   // Use Compile; takes a graph that already went through the passes.

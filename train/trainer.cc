@@ -11,6 +11,7 @@
 
 #include <unistd.h>
 
+#include "comm/proto/plan_codec.h"
 #include "core/config.h"
 #include "core/logging.h"
 #include "core/status.h"
@@ -217,6 +218,68 @@ absl::Status CheckOutputDir(const std::filesystem::path& dir) {
 
 }  // namespace
 
+absl::StatusOr<std::unique_ptr<JobFeed>> JobFeed::Make(const nlohmann::json& config) {
+  std::unique_ptr<JobFeed> out(new JobFeed);
+  ASSIGN_OR_RETURN(Job job, Prepare(config));
+  out->model_ = std::move(job.model);
+  out->schedule_ = job.schedule;
+  out->micro_batches_ = job.options.num_micro_batches;
+  out->lr_input_ = job.options.optimizer.lr_input_name;
+  out->global_batch_ = job.batch * job.data_parallel * job.options.num_micro_batches;
+  out->iterations_ = job.train.train_iter;
+  out->log_period_ = job.train.log_period;
+  out->devices_ = job.options.lower.parallel.world_size;
+  return out;
+}
+
+// The model fills the iteration's global batch (m micro-batches); micro-batch
+// k takes rows [k·b, (k+1)·b). Sources of one input are fed in order, so one
+// cached global batch per input suffices.
+absl::Status JobFeed::Fill(int64_t iteration, int64_t micro_batch, std::string_view input, const Tensor& out) {
+  if (input == lr_input_) {
+    Tensor t = out;
+    return t.CopyFrom(Tensor::FromVector(Shape{}, std::vector<float>{static_cast<float>(schedule_.At(iteration))}));
+  }
+  if (micro_batches_ == 1) return model_->FillBatch(iteration, input, out);
+  if (out.shape().rank() == 0) {
+    return absl::InvalidArgumentError(StrCat("input '", input, "' has no batch axis to split into micro-batches"));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  GlobalBatch& global = global_batches_[std::string(input)];
+  if (global.iteration != iteration) {
+    if (!global.tensor.defined()) {
+      Shape shape = out.shape();
+      shape[0] *= micro_batches_;
+      ASSIGN_OR_RETURN(global.tensor, Tensor::Zeros(shape, out.dtype()));
+    }
+    RETURN_IF_ERROR(model_->FillBatch(iteration, input, global.tensor));
+    global.iteration = iteration;
+  }
+  const int64_t rows = out.shape()[0];
+  ASSIGN_OR_RETURN(Tensor rows_of_micro_batch, global.tensor.SliceRows(micro_batch * rows, rows));
+  Tensor t = out;
+  return t.CopyFrom(rows_of_micro_batch);
+}
+
+absl::StatusOr<std::vector<proto::NodePlan>> CompileForNodes(const nlohmann::json& config,
+                                                             const std::vector<uint32_t>& devices_per_node) {
+  ASSIGN_OR_RETURN(Job job, Prepare(config));
+  int64_t devices = 0;
+  for (uint32_t n : devices_per_node) devices += n;
+  if (devices != job.options.lower.parallel.world_size) {
+    return absl::InvalidArgumentError(StrCat("the job needs ", job.options.lower.parallel.world_size,
+                                             " devices (train.dist), the nodes give ", devices));
+  }
+  scheduler::LowerOptions lower = job.options.lower;
+  lower.devices_per_node = devices_per_node;
+  lower.iterations = job.train.train_iter;
+  ASSIGN_OR_RETURN(scheduler::LoweredPlan lowered, scheduler::LowerToPlan(job.engine->graph(), lower));
+  ASSIGN_OR_RETURN(std::vector<proto::NodePlan> parts, comm::SplitPlan(lowered.plan));
+  const std::string resolved = job.config.dump();
+  for (proto::NodePlan& part : parts) part.set_job_config(resolved);
+  return parts;
+}
+
 absl::StatusOr<TrainSummary> Train(const nlohmann::json& config, std::FILE* progress, PlanExecutor executor) {
   ASSIGN_OR_RETURN(Job job, Prepare(config, std::move(executor)));
   const int64_t iters = job.train.train_iter, log_period = job.train.log_period, batch = job.batch * job.data_parallel;
@@ -224,7 +287,6 @@ absl::StatusOr<TrainSummary> Train(const nlohmann::json& config, std::FILE* prog
   RETURN_IF_ERROR(CheckOutputDir(dir));
   const CompileOptions& options = job.options;
   const WarmupCosineLR& schedule = job.schedule;
-  models::Model* model = job.model.get();
   Engine* engine = job.engine.get();
   // The outputs are written once the first iteration has trained, so a job
   // that fails to start leaves no output directory or half-written file.
@@ -243,39 +305,9 @@ absl::StatusOr<TrainSummary> Train(const nlohmann::json& config, std::FILE* prog
   summary.losses.reserve(static_cast<size_t>(std::min<int64_t>(iters, TrainSummary::kMaxRecordedLosses)));
   auto last_log = std::chrono::steady_clock::now();
   int64_t last_log_iter = -1;
-  // Data: the model fills the iteration's global batch (m micro-batches);
-  // micro-batch k takes rows [k·b, (k+1)·b). Sources of one input are fed
-  // in order, so one cached global batch per input suffices.
+  ASSIGN_OR_RETURN(std::unique_ptr<JobFeed> job_feed, JobFeed::Make(job.config));
+  const FeedFn feed = job_feed->feed();
   const int64_t micro_batches = options.num_micro_batches;
-  struct GlobalBatch {
-    int64_t iteration = -1;
-    Tensor tensor;
-  };
-  std::map<std::string, GlobalBatch, std::less<>> global_batches;
-  std::mutex feed_mutex;
-  const auto feed = [&](int64_t iteration, int64_t micro_batch, std::string_view input, const Tensor& out) -> absl::Status {
-    if (input == options.optimizer.lr_input_name) {
-      Tensor t = out;
-      return t.CopyFrom(Tensor::FromVector(Shape{}, std::vector<float>{static_cast<float>(schedule.At(iteration))}));
-    }
-    if (micro_batches == 1) return model->FillBatch(iteration, input, out);
-    if (out.shape().rank() == 0) return absl::InvalidArgumentError(StrCat("input '", input, "' has no batch axis to split into micro-batches"));
-    std::lock_guard<std::mutex> lock(feed_mutex);
-    GlobalBatch& global = global_batches[std::string(input)];
-    if (global.iteration != iteration) {
-      if (!global.tensor.defined()) {
-        Shape shape = out.shape();
-        shape[0] *= micro_batches;
-        ASSIGN_OR_RETURN(global.tensor, Tensor::Zeros(shape, out.dtype()));
-      }
-      RETURN_IF_ERROR(model->FillBatch(iteration, input, global.tensor));
-      global.iteration = iteration;
-    }
-    const int64_t rows = out.shape()[0];
-    ASSIGN_OR_RETURN(Tensor rows_of_micro_batch, global.tensor.SliceRows(micro_batch * rows, rows));
-    Tensor t = out;
-    return t.CopyFrom(rows_of_micro_batch);
-  };
   const auto fetch = [&](int64_t iteration, const std::map<std::string, Tensor>& values) -> absl::Status {
     const double loss = values.at("loss").ToVector<float>().at(0);
     if (summary.iterations == 0) RETURN_IF_ERROR(open_outputs());

@@ -16,11 +16,19 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
 #include <vector>
+
+#include "absl/base/thread_annotations.h"
 
 #include "absl/status/statusor.h"
 #include "comm/proto/plan.pb.h"
 #include "nlohmann/json.hpp"
+#include "models/model.h"
 #include "train/engine.h"
 
 namespace tessera {
@@ -48,6 +56,53 @@ struct TrainSummary {
   double final_loss = 0;   // loss of the last one
   int threads_per_device = 0;  // kernel threads of each device
 };
+
+// The data of a job, from its config alone (what every node of a cluster
+// run builds for its sources): the model's batches (the iteration's global
+// batch, cut into micro-batches) and the learning rate of `lr_scheduler`.
+// Thread-safe: the feed may be called from several device threads at once.
+class JobFeed {
+ public:
+  static absl::StatusOr<std::unique_ptr<JobFeed>> Make(const nlohmann::json& config);
+  // Borrows this object.
+  FeedFn feed() {
+    return [this](int64_t iteration, int64_t micro_batch, std::string_view input, const Tensor& out) {
+      return Fill(iteration, micro_batch, input, out);
+    };
+  }
+  absl::Status Fill(int64_t iteration, int64_t micro_batch, std::string_view input, const Tensor& out);
+
+  // What a node reports of the job (the trainer's metrics.jsonl fields).
+  double lr(int64_t iteration) const { return schedule_.At(iteration); }
+  int64_t global_batch() const { return global_batch_; }  // samples per iteration
+  int64_t iterations() const { return iterations_; }      // train.train_iter
+  int64_t log_period() const { return log_period_; }      // train.log_period
+  int64_t devices() const { return devices_; }            // the job's world size
+
+ private:
+  JobFeed() = default;
+  struct GlobalBatch {
+    int64_t iteration = -1;
+    Tensor tensor;
+  };
+  std::unique_ptr<models::Model> model_;
+  WarmupCosineLR schedule_;
+  int64_t micro_batches_ = 1;
+  int64_t global_batch_ = 0;
+  int64_t iterations_ = 0;
+  int64_t log_period_ = 1;
+  int64_t devices_ = 1;
+  std::string lr_input_;
+  std::mutex mu_;
+  std::map<std::string, GlobalBatch, std::less<>> global_batches_ ABSL_GUARDED_BY(mu_);
+};
+
+// The job's plan for a cluster: global ranks fill the nodes in order
+// (devices_per_node, which must sum to the job's devices), one NodePlan per
+// node, each carrying the resolved config (NodePlan.job_config: what its
+// JobFeed is made from).
+absl::StatusOr<std::vector<proto::NodePlan>> CompileForNodes(const nlohmann::json& config,
+                                                             const std::vector<uint32_t>& devices_per_node);
 
 // The plan Train would run (same config checks), for `tessera plan`.
 absl::StatusOr<proto::Plan> TrainingPlan(const nlohmann::json& config);

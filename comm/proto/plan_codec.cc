@@ -1,8 +1,12 @@
 #include "comm/proto/plan_codec.h"
 
+#include "absl/strings/str_join.h"
+
 #include <map>
+#include <set>
 #include <utility>
 
+#include "absl/strings/str_join.h"
 #include "comm/proto/actor_id.h"
 #include "core/checked.h"
 #include "core/status.h"
@@ -112,6 +116,24 @@ absl::StatusOr<TensorMeta> TensorMetaFromProto(const proto::TensorDesc& desc) {
   return meta;
 }
 
+proto::TensorSlice ToProto(const TensorSlice& slice) {
+  proto::TensorSlice out;
+  if (slice.IsWhole()) return out;
+  for (int a = 0; a < slice.logical.rank(); ++a) {
+    out.add_logical_shape(slice.logical[a]);
+    out.add_offset(slice.offset[static_cast<size_t>(a)]);
+  }
+  return out;
+}
+
+proto::TensorDesc ToProto(const TensorMeta& meta, std::string name) {
+  proto::TensorDesc out;
+  out.set_name(std::move(name));
+  out.set_dtype(ToProto(meta.dtype));
+  for (int64_t d : meta.shape.dims()) out.add_shape(d);
+  return out;
+}
+
 absl::StatusOr<TensorSlice> TensorSliceFromProto(const proto::TensorSlice& slice, const Shape& local) {
   if (slice.logical_shape().empty() && slice.offset().empty()) return TensorSlice::Whole(local);
   if (slice.logical_shape_size() != local.rank() || slice.offset_size() != local.rank()) {
@@ -172,6 +194,100 @@ absl::StatusOr<proto::Plan> ParsePlan(std::string_view bytes) {
   return plan;
 }
 
+std::string SerializeNodePlan(const proto::NodePlan& node_plan) {
+  std::string bytes;
+  {
+    google::protobuf::io::StringOutputStream stream(&bytes);
+    google::protobuf::io::CodedOutputStream coded(&stream);
+    coded.SetSerializationDeterministic(true);
+    TESSERA_CHECK(node_plan.SerializeToCodedStream(&coded), "node plan serialisation failed (",
+                  node_plan.ByteSizeLong(), " bytes; CheckPlanSize first)");
+  }
+  return bytes;
+}
+
+absl::StatusOr<proto::NodePlan> ParseNodePlan(std::string_view bytes) {
+  if (bytes.size() > static_cast<size_t>(kMaxPlanBytes)) {
+    return absl::InvalidArgumentError(StrCat("a node plan of ", bytes.size(), " bytes is over the limit of ", kMaxPlanBytes));
+  }
+  proto::NodePlan node_plan;
+  if (!node_plan.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
+    return absl::InvalidArgumentError(StrCat("cannot parse node plan (", bytes.size(), " bytes)"));
+  }
+  return node_plan;
+}
+
+absl::StatusOr<std::vector<proto::NodePlan>> SplitPlan(const proto::Plan& plan) {
+  uint32_t nodes = 1;
+  for (const auto& rank : plan.ranks()) nodes = std::max(nodes, rank.node() + 1);
+  if (plan.ranks_size() > 0 && nodes > static_cast<uint32_t>(plan.ranks_size())) {
+    return absl::InvalidArgumentError(StrCat("plan ranks name node ", nodes - 1, " but list only ", plan.ranks_size(), " ranks"));
+  }
+  std::vector<proto::NodePlan> parts(nodes);
+  for (uint32_t n = 0; n < nodes; ++n) {
+    parts[n].set_node(n);
+    proto::Plan& part = *parts[n].mutable_plan();
+    part.set_iterations(plan.iterations());
+    part.set_start_iteration(plan.start_iteration());
+    part.set_mesh(plan.mesh());
+    *part.mutable_ranks() = plan.ranks();
+  }
+  const auto node_of = [&](uint64_t actor_id) -> absl::StatusOr<uint32_t> {
+    const uint32_t node = DecodeActorId(actor_id).node;
+    if (node >= nodes) return absl::InvalidArgumentError(StrCat("task ", ActorIdToString(actor_id), " is on a node with no rank"));
+    return node;
+  };
+  for (const auto& task : plan.tasks()) {
+    ASSIGN_OR_RETURN(const uint32_t node, node_of(task.actor_id()));
+    *parts[node].mutable_plan()->add_tasks() = task;
+  }
+  for (const auto& desc : plan.register_descs()) {
+    ASSIGN_OR_RETURN(const uint32_t node, node_of(desc.producer()));
+    for (uint64_t consumer : desc.consumers()) {
+      if (DecodeActorId(consumer).node != node) {
+        return absl::InvalidArgumentError(StrCat("register desc ", desc.id(), " of ", ActorIdToString(desc.producer()),
+                                                 " is read on another node by ", ActorIdToString(consumer)));
+      }
+    }
+    *parts[node].mutable_plan()->add_register_descs() = desc;
+  }
+  for (const auto& memory : plan.memory_estimate()) {
+    if (memory.node() < nodes) *parts[memory.node()].mutable_plan()->add_memory_estimate() = memory;
+  }
+  // Peers and spanning groups, from the ranks each collective and transfer names.
+  const auto node_of_rank = [&](uint32_t rank) -> uint32_t {
+    return static_cast<int>(rank) < plan.ranks_size() ? plan.ranks(static_cast<int>(rank)).node() : 0;
+  };
+  std::vector<std::set<uint32_t>> peers(nodes);
+  std::vector<std::set<std::string>> groups(nodes);
+  for (const auto& task : plan.tasks()) {
+    const uint32_t node = DecodeActorId(task.actor_id()).node;
+    std::vector<uint32_t> ranks;
+    std::string group;
+    if (task.kind() == proto::ACTOR_KIND_COLLECTIVE) {
+      ranks.assign(task.boxing().ranks().begin(), task.boxing().ranks().end());
+      group = StrCat(task.boxing().group(), "/", absl::StrJoin(ranks, ","));
+    } else if (task.has_transfer()) {
+      ranks.push_back(task.transfer().peer());
+      group = task.transfer().group();
+    }
+    bool spans = false;
+    for (uint32_t rank : ranks) {
+      const uint32_t other = node_of_rank(rank);
+      if (other != node && other < nodes) {
+        peers[node].insert(other);
+        spans = true;
+      }
+    }
+    if (spans) groups[node].insert(group);
+  }
+  for (uint32_t n = 0; n < nodes; ++n) {
+    for (uint32_t peer : peers[n]) parts[n].add_peers(peer);
+    for (const std::string& group : groups[n]) parts[n].add_groups(group);
+  }
+  return parts;
+}
+
 absl::StatusOr<std::vector<proto::DeviceMemory>> EstimateMemory(const proto::Plan& plan) {
   std::map<std::pair<uint32_t, std::string>, int64_t> bytes;
   const auto add = [&bytes](uint64_t actor_id, int64_t more) -> absl::Status {
@@ -206,8 +322,14 @@ void PlanBuilder::Fail(absl::Status status) {
   if (status_.ok()) status_ = std::move(status);
 }
 
-uint64_t PlanBuilder::AddTask(proto::ActorKind kind, std::string name, uint32_t stream, uint32_t device_index) {
+uint64_t PlanBuilder::AddTask(proto::ActorKind kind, std::string name, uint32_t stream, uint32_t device_index,
+                              uint32_t node) {
   if (!status_.ok()) return kNoActorId;
+  if (node > FieldMax(kNodeBits)) {
+    Fail(absl::InvalidArgumentError(StrCat("task '", name, "' on node ", node, ": actor ids hold at most ",
+                                           FieldMax(kNodeBits) + 1, " nodes (node is ", kNodeBits, " bits)")));
+    return kNoActorId;
+  }
   if (device_index > FieldMax(kDeviceIndexBits)) {
     Fail(absl::InvalidArgumentError(StrCat("task '", name, "' on cpu:", device_index, ": actor ids hold at most ",
                                            FieldMax(kDeviceIndexBits) + 1, " devices per node (device index is ",
@@ -221,6 +343,7 @@ uint64_t PlanBuilder::AddTask(proto::ActorKind kind, std::string name, uint32_t 
     return kNoActorId;
   }
   ActorId id;
+  id.node = node;
   id.device_index = device_index;
   id.stream = stream;
   uint32_t& next = next_task_[StreamOf(*EncodeActorId(id))];
@@ -338,6 +461,22 @@ void PlanBuilder::SetOp(uint64_t actor_id, std::string op, const ops::AttrMap& a
   proto::Task& t = task(actor_id);
   t.set_op(std::move(op));
   for (const auto& [name, value] : attrs.values()) (*t.mutable_attrs())[name] = ToProto(value);
+}
+
+void PlanBuilder::AddInitRule(uint64_t actor_id, const std::string& op, const ops::AttrMap& attrs,
+                              const std::vector<TensorSlice>& slices) {
+  proto::InitRule* rule = task(actor_id).add_init();
+  rule->set_op(op);
+  for (const auto& [name, value] : attrs.values()) (*rule->mutable_attrs())[name] = ToProto(value);
+  for (const TensorSlice& slice : slices) *rule->add_slices() = ToProto(slice);
+}
+
+void PlanBuilder::SetSource(uint64_t actor_id, const std::string& input, const TensorMeta& logical,
+                            const TensorSlice& slice) {
+  proto::SourceDesc* source = task(actor_id).mutable_source();
+  source->set_input(input);
+  *source->mutable_logical() = ToProto(logical, input);
+  *source->mutable_slice() = ToProto(slice);
 }
 
 proto::Plan PlanBuilder::Build() {

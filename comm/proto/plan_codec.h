@@ -29,6 +29,9 @@ absl::StatusOr<ops::AttrMap> AttrMapFromProto(const google::protobuf::Map<std::s
 absl::StatusOr<TensorMeta> TensorMetaFromProto(const proto::TensorDesc& desc);
 // The slice of a TensorRef; an empty proto slice is the whole `local` shape.
 absl::StatusOr<TensorSlice> TensorSliceFromProto(const proto::TensorSlice& slice, const Shape& local);
+// The whole tensor is written as an empty slice.
+proto::TensorSlice ToProto(const TensorSlice& slice);
+proto::TensorDesc ToProto(const TensorMeta& meta, std::string name = {});
 
 // Registers a task produces per iteration: pieces_per_iteration, 0 read as 1.
 inline int64_t PiecesPerIteration(const proto::Task& task) {
@@ -61,6 +64,17 @@ absl::Status CheckPlanSize(const proto::Plan& plan);
 std::string SerializePlan(const proto::Plan& plan);
 absl::StatusOr<proto::Plan> ParsePlan(std::string_view bytes);
 
+// One NodePlan per node of the plan (DESIGN §9), in node order (nodes
+// 0 .. n-1 from Plan.ranks; node 0 alone without them): each holds its
+// node's tasks, the register descs they produce, the memory estimate of its
+// devices, the plan's iterations, start iteration, mesh and ranks, the other
+// nodes it shares communicators with and its communicator groups that span
+// nodes. Errors: a task on a node that has no rank, a register desc read on
+// another node than its producer's.
+absl::StatusOr<std::vector<proto::NodePlan>> SplitPlan(const proto::Plan& plan);
+std::string SerializeNodePlan(const proto::NodePlan& node_plan);
+absl::StatusOr<proto::NodePlan> ParseNodePlan(std::string_view bytes);
+
 // Register bytes x quota per (node, device) of the producing actors, plus
 // Parameter state. Errors: a sum that overflows, a state tensor that is not
 // a valid tensor.
@@ -82,9 +96,10 @@ class PlanBuilder {
  public:
   explicit PlanBuilder(int64_t iterations) { plan_.set_iterations(iterations); }
 
-  // Adds a task on (node 0, cpu:device_index, stream) with the next task
+  // Adds a task on (node, cpu:device_index, stream) with the next task
   // index of that stream; returns its actor id.
-  uint64_t AddTask(proto::ActorKind kind, std::string name, uint32_t stream = 0, uint32_t device_index = 0);
+  uint64_t AddTask(proto::ActorKind kind, std::string name, uint32_t stream = 0, uint32_t device_index = 0,
+                   uint32_t node = 0);
   proto::Task& task(uint64_t actor_id);
 
   // A register desc produced by `producer`, read by `consumers`, holding
@@ -105,6 +120,12 @@ class PlanBuilder {
   // Parameter actors: adds an optimizer state tensor; returns its index.
   int32_t AddState(uint64_t actor_id, const TensorMeta& meta);
   void SetOp(uint64_t actor_id, std::string op, const ops::AttrMap& attrs = {});
+  // Parameter actors: appends an init rule writing the next slices.size()
+  // tensors (the variable's, then the state's) from `op` (proto::InitRule).
+  void AddInitRule(uint64_t actor_id, const std::string& op, const ops::AttrMap& attrs,
+                   const std::vector<TensorSlice>& slices);
+  // Source actors: the graph input they feed and their shard of it.
+  void SetSource(uint64_t actor_id, const std::string& input, const TensorMeta& logical, const TensorSlice& slice);
 
   // The plan with its memory estimate filled in (an error there, or a plan
   // over kMaxPlanBytes, goes to status()).

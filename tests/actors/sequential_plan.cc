@@ -1,5 +1,7 @@
 #include "tests/actors/sequential_plan.h"
 
+#include "actors/init_rules.h"
+
 #include <algorithm>
 #include <map>
 #include <set>
@@ -117,13 +119,17 @@ class Interpreter {
   }
 
   absl::Status Initialize(const proto::Task& task) {
-    if (task.callback().empty()) return absl::OkStatus();
-    auto it = options_.callbacks.initializers.find(task.callback());
-    if (it == options_.callbacks.initializers.end()) return absl::NotFoundError(StrCat("no initializer '", task.callback(), "'"));
     std::vector<Tensor> all = registers_.at(task.produced_register_desc_ids(0));
     const auto& state = state_[task.actor_id()];
     all.insert(all.end(), state.begin(), state.end());
-    return it->second(all);
+    auto it = task.callback().empty() ? options_.callbacks.initializers.end()
+                                      : options_.callbacks.initializers.find(task.callback());
+    if (it != options_.callbacks.initializers.end()) return it->second(all);
+    if (task.init_size() > 0) {
+      return RunInitRules(task, options_.registry ? *options_.registry : ops::BuiltinOps(), all);
+    }
+    if (task.callback().empty()) return absl::OkStatus();
+    return absl::NotFoundError(StrCat("no initializer '", task.callback(), "' and no init rules"));
   }
 
   std::vector<Tensor> Concat(const google::protobuf::RepeatedField<int64_t>& ids) {

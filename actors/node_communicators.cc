@@ -1,0 +1,136 @@
+#include "actors/node_communicators.h"
+
+#include <mutex>
+#include <thread>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "comm/collective/gloo_communicator.h"
+#include "core/status.h"
+#include "core/text.h"
+
+namespace tessera::actors {
+
+// A gloo communicator handed out before its rendezvous: forwards every call
+// once Connect succeeded; fails them before (which the runtime never does).
+class NodeCommunicators::Deferred final : public comm::Communicator {
+ public:
+  Deferred(comm::GlooOptions options, std::string describe)
+      : options_(std::move(options)), describe_(std::move(describe)) {}
+
+  absl::Status Connect(comm::KvStore& kv) {
+    auto connected = comm::ConnectGloo(kv, options_);
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!connected.ok()) return connected.status();
+    real_ = *std::move(connected);
+    if (!abort_reason_.ok()) real_->Abort(abort_reason_);
+    return absl::OkStatus();
+  }
+
+  int rank() const override { return options_.rank; }
+  int size() const override { return options_.size; }
+  std::string Describe() const override { return describe_; }
+  void AllReduce(const Tensor& input, Tensor output, comm::ReduceOp op, comm::DoneFn done) override {
+    if (comm::Communicator* c = Get(done)) c->AllReduce(input, std::move(output), op, std::move(done));
+  }
+  void AllGather(const Tensor& input, Tensor output, std::vector<int64_t> counts, comm::DoneFn done) override {
+    if (comm::Communicator* c = Get(done)) c->AllGather(input, std::move(output), std::move(counts), std::move(done));
+  }
+  void ReduceScatter(const Tensor& input, Tensor output, std::vector<int64_t> counts, comm::ReduceOp op,
+                     comm::DoneFn done) override {
+    if (comm::Communicator* c = Get(done)) c->ReduceScatter(input, std::move(output), std::move(counts), op, std::move(done));
+  }
+  void AllToAll(const Tensor& input, std::vector<int64_t> send_counts, Tensor output, std::vector<int64_t> recv_counts,
+                comm::DoneFn done) override {
+    if (comm::Communicator* c = Get(done)) {
+      c->AllToAll(input, std::move(send_counts), std::move(output), std::move(recv_counts), std::move(done));
+    }
+  }
+  void Broadcast(Tensor buffer, int root, comm::DoneFn done) override {
+    if (comm::Communicator* c = Get(done)) c->Broadcast(std::move(buffer), root, std::move(done));
+  }
+  void Send(const Tensor& input, int peer, comm::DoneFn done) override {
+    if (comm::Communicator* c = Get(done)) c->Send(input, peer, std::move(done));
+  }
+  void Recv(Tensor output, int peer, comm::DoneFn done) override {
+    if (comm::Communicator* c = Get(done)) c->Recv(std::move(output), peer, std::move(done));
+  }
+  void Abort(absl::Status reason) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (abort_reason_.ok()) abort_reason_ = reason.ok() ? absl::CancelledError("aborted") : reason;
+    if (real_) real_->Abort(abort_reason_);
+  }
+
+ private:
+  // The connected communicator, or null after failing `done`.
+  comm::Communicator* Get(comm::DoneFn& done) {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (real_) return real_.get();
+    const absl::Status reason = abort_reason_.ok()
+                                    ? absl::FailedPreconditionError(StrCat(describe_, ": used before it connected"))
+                                    : abort_reason_;
+    lock.unlock();
+    done(reason);
+    return nullptr;
+  }
+
+  const comm::GlooOptions options_;
+  const std::string describe_;
+  std::mutex mu_;
+  // Set once by Connect (before any op), then only read.
+  std::unique_ptr<comm::Communicator> real_ ABSL_GUARDED_BY(mu_);
+  absl::Status abort_reason_ ABSL_GUARDED_BY(mu_);
+};
+
+NodeCommunicators::NodeCommunicators(const proto::Plan& plan, NodeCommunicatorOptions options)
+    : plan_(plan), options_(std::move(options)) {}
+
+NodeCommunicators::~NodeCommunicators() = default;
+
+absl::StatusOr<std::shared_ptr<comm::Communicator>> NodeCommunicators::Join(const std::string& group,
+                                                                            const std::vector<uint32_t>& members,
+                                                                            int rank) {
+  if (rank < 0 || static_cast<size_t>(rank) >= members.size()) {
+    return absl::InvalidArgumentError(StrCat("communicator '", group, "': member ", rank, " of ", members.size()));
+  }
+  bool spans = false;
+  for (uint32_t member : members) {
+    if (plan_.ranks_size() == 0) break;  // a one-node plan
+    if (member >= static_cast<uint32_t>(plan_.ranks_size())) {
+      return absl::InvalidArgumentError(StrCat("communicator '", group, "': rank ", member, " is not one of the plan's ",
+                                               plan_.ranks_size(), " ranks"));
+    }
+    spans |= plan_.ranks(static_cast<int>(member)).node() != options_.node;
+  }
+  const int size = static_cast<int>(members.size());
+  if (!spans) return options_.hub->Join(group, size, rank);
+  if (options_.kv == nullptr) {
+    return absl::FailedPreconditionError(StrCat("communicator '", group, "' spans nodes, but this runtime has no KV ",
+                                                "store to meet its peers (a one-process run of a multi-node plan?)"));
+  }
+  comm::GlooOptions gloo;
+  gloo.group = StrCat(options_.kv_prefix, "/", group);
+  gloo.rank = rank;
+  gloo.size = size;
+  gloo.hostname = options_.hostname;
+  gloo.timeout = absl::Seconds(options_.timeout_s);
+  auto deferred = std::make_shared<Deferred>(
+      gloo, StrCat("gloo group '", group, "' rank ", rank, "/", size, " (node ", options_.node, ")"));
+  pending_.push_back(deferred);
+  return deferred;
+}
+
+absl::Status NodeCommunicators::ConnectAll() {
+  std::vector<absl::Status> results(pending_.size());
+  std::vector<std::thread> threads;
+  threads.reserve(pending_.size());
+  for (size_t i = 0; i < pending_.size(); ++i) {
+    threads.emplace_back([this, i, &results]() { results[i] = pending_[i]->Connect(*options_.kv); });
+  }
+  for (std::thread& t : threads) t.join();
+  pending_.clear();
+  for (const absl::Status& status : results) RETURN_IF_ERROR(status);
+  return absl::OkStatus();
+}
+
+}  // namespace tessera::actors

@@ -1,0 +1,64 @@
+#pragma once
+// The communicators of one node's part of a plan (DESIGN §9): a group whose
+// members all run on this node gets shared-memory communicators (ShmHub);
+// a group that spans nodes gets gloo communicators, one per local member,
+// which find their peers through the job's KvStore.
+//
+// Joining is two-phase because a gloo rendezvous blocks until every member
+// of the group arrived, and the members on this node are created one after
+// another on the loading thread: Join hands out a communicator at once
+// (spanning groups: not yet connected), and ConnectAll then connects every
+// spanning one in parallel, with a deadline. The runtime calls ConnectAll
+// before it starts any actor, so no op reaches an unconnected communicator
+// (one that does fails with FailedPrecondition through its callback).
+//
+// Thread-safety: Join and ConnectAll from one thread (the loader); the
+// communicators handed out are thread-safe.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "comm/collective/communicator.h"
+#include "comm/collective/kv_store.h"
+#include "comm/collective/shm_communicator.h"
+#include "comm/proto/plan.pb.h"
+
+namespace tessera::actors {
+
+struct NodeCommunicatorOptions {
+  uint32_t node = 0;                // the node this process runs
+  comm::ShmHub* hub = nullptr;      // local groups; borrowed, required
+  comm::KvStore* kv = nullptr;      // spanning groups' rendezvous; borrowed; null = none allowed
+  std::string kv_prefix;            // unique per job: every key is "<kv_prefix>/<group>/..."
+  std::string hostname = "127.0.0.1";  // where this node's gloo transport listens
+  double timeout_s = 30;            // rendezvous and per-op timeout of gloo communicators
+};
+
+class NodeCommunicators {
+ public:
+  // `plan` (for Plan.ranks) must outlive this object.
+  NodeCommunicators(const proto::Plan& plan, NodeCommunicatorOptions options);
+  ~NodeCommunicators();
+  NodeCommunicators(const NodeCommunicators&) = delete;
+  NodeCommunicators& operator=(const NodeCommunicators&) = delete;
+
+  // Rank `rank` of group `group` over global ranks `members` (see JoinFn).
+  // Errors: a member that is no rank of the plan, `rank` outside members, a
+  // spanning group without a KvStore.
+  absl::StatusOr<std::shared_ptr<comm::Communicator>> Join(const std::string& group,
+                                                           const std::vector<uint32_t>& members, int rank);
+  // Connects every spanning communicator handed out (in parallel). Errors
+  // name the group and the ranks that never came.
+  [[nodiscard]] absl::Status ConnectAll();
+
+ private:
+  class Deferred;
+  const proto::Plan& plan_;
+  NodeCommunicatorOptions options_;
+  std::vector<std::shared_ptr<Deferred>> pending_;
+};
+
+}  // namespace tessera::actors

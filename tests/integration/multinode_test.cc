@@ -1,0 +1,256 @@
+// gpt2_nano split over two nodes, each node's part in its own process
+// (the test binary re-executes itself as `--node-child=...`): the collectives
+// and transfers between the processes go over gloo, which meets its peers
+// through a file-backed KvStore, and every layout gives the single-process
+// losses. The processes run what a worker will run: the NodePlan's bytes,
+// the feed made from NodePlan.job_config, Runtime::LoadNodePlan.
+
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "actors/plan.h"
+#include "actors/runtime.h"
+#include "gtest/gtest.h"
+#include "tests/comm/gloo_file_kv_store.h"
+#include "tests/deadline.h"
+#include "train/feeds.h"
+#include "train/job_config.h"
+#include "train/trainer.h"
+
+extern char** environ;
+
+namespace tessera {
+namespace {
+
+std::string SourcePath(const std::string& relative) { return std::string(TESSERA_SOURCE_DIR) + "/" + relative; }
+
+constexpr int kSteps = 4;
+// The gloo communicator combines ranks in the shared-memory hub's order, so
+// the cross-process run is expected to match one process to rounding only
+// where the reduction order differs (measured: identical).
+constexpr double kRtol = 1e-6;
+
+std::vector<std::string> JobOverrides(const std::filesystem::path& output, std::vector<std::string> layout) {
+  layout.insert(layout.end(), {"model.num_layers=2", "train.train_iter=" + std::to_string(kSteps), "train.log_period=100",
+                               "train.output_dir=" + output.string(), "train.dist.intra_op_threads=1"});
+  return layout;
+}
+
+// ---- The child: one node's part ---------------------------------------------
+
+int RunNodeChild(const std::string& spec) {
+  // spec = NODE_PLAN_FILE,KV_DIR,LOSS_FILE
+  const size_t a = spec.find(','), b = spec.find(',', a + 1);
+  const std::string plan_file = spec.substr(0, a), kv_dir = spec.substr(a + 1, b - a - 1), loss_file = spec.substr(b + 1);
+  std::ifstream in(plan_file, std::ios::binary);
+  std::stringstream bytes;
+  bytes << in.rdbuf();
+  auto node_plan = actors::ParseNodePlan(bytes.str());
+  if (!node_plan.ok()) {
+    std::fprintf(stderr, "child: %s\n", std::string(node_plan.status().message()).c_str());
+    return 1;
+  }
+  auto feed = JobFeed::Make(nlohmann::json::parse(node_plan->job_config()));
+  if (!feed.ok()) {
+    std::fprintf(stderr, "child: %s\n", std::string(feed.status().message()).c_str());
+    return 1;
+  }
+  comm::testing::FileKvStore kv(kv_dir);
+  actors::RuntimeOptions options;
+  options.kv = &kv;
+  options.kv_prefix = "multinode";
+  options.stall_timeout_s = 60;
+  options.connect_timeout_s = 30;
+  std::vector<double> losses;
+  const FeedFn fill = (*feed)->feed();
+  const FetchFn fetch = [&losses](int64_t, const std::map<std::string, Tensor>& values) {
+    losses.push_back(values.at("loss").ToVector<float>().at(0));
+    return absl::OkStatus();
+  };
+  absl::Status status = BindFeeds(node_plan->plan(), fill, options.callbacks);
+  if (status.ok()) status = BindFetch(node_plan->plan(), fetch, options.callbacks);
+  if (status.ok()) {
+    auto runtime = actors::Runtime::LoadNodePlan(bytes.str(), std::move(options));
+    status = runtime.ok() ? (*runtime)->Run() : runtime.status();
+  }
+  if (!status.ok()) {
+    std::fprintf(stderr, "child node %u: %s\n", node_plan->node(), std::string(status.message()).c_str());
+    return 1;
+  }
+  std::ofstream out(loss_file);
+  for (double loss : losses) out << std::setprecision(17) << loss << "\n";
+  return out ? 0 : 1;
+}
+
+// ---- The parent ---------------------------------------------------------------
+
+struct Scratch {
+  Scratch() : dir(std::filesystem::temp_directory_path() / ("tessera_multinode_" + std::to_string(::getpid()))) {
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir / "kv");
+  }
+  ~Scratch() { std::filesystem::remove_all(dir); }
+  std::filesystem::path dir;
+};
+
+std::vector<double> ReadLosses(const std::filesystem::path& file) {
+  std::ifstream in(file);
+  std::vector<double> out;
+  for (double x; in >> x;) out.push_back(x);
+  return out;
+}
+
+// Runs `layout` on nodes of `devices_per_node` devices, one process each;
+// returns the losses the node holding the sink reported.
+std::vector<double> TrainOnNodes(const std::vector<std::string>& layout, const std::vector<uint32_t>& devices_per_node) {
+  Scratch scratch;
+  auto config = LoadJobConfig(SourcePath("configs/gpt2_nano.json"),
+                              JobOverrides(scratch.dir / "out", layout));
+  EXPECT_TRUE(config.ok()) << config.status();
+  if (!config.ok()) return {};
+  auto parts = CompileForNodes(*config, devices_per_node);
+  EXPECT_TRUE(parts.ok()) << parts.status();
+  if (!parts.ok()) return {};
+  EXPECT_EQ(parts->size(), devices_per_node.size());
+  const std::string exe = std::filesystem::read_symlink("/proc/self/exe").string();
+  std::vector<pid_t> pids;
+  for (const proto::NodePlan& part : *parts) {
+    EXPECT_FALSE(part.peers().empty()) << "node " << part.node() << " talks to no other node";
+    const auto plan_file = scratch.dir / ("node" + std::to_string(part.node()) + ".plan");
+    std::ofstream(plan_file, std::ios::binary) << actors::SerializeNodePlan(part);
+    const std::string flag = "--node-child=" + plan_file.string() + "," + (scratch.dir / "kv").string() + "," +
+                             (scratch.dir / ("losses" + std::to_string(part.node()))).string();
+    char* argv[] = {const_cast<char*>(exe.c_str()), const_cast<char*>(flag.c_str()), nullptr};
+    pid_t pid = 0;
+    EXPECT_EQ(::posix_spawn(&pid, exe.c_str(), nullptr, nullptr, argv, environ), 0);
+    pids.push_back(pid);
+  }
+  {
+    ::tessera::testing::Deadline deadline(std::chrono::seconds(120), "the node processes");
+    for (pid_t pid : pids) {
+      int status = 0;
+      ::waitpid(pid, &status, 0);
+      EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "a node process failed (see its stderr)";
+    }
+  }
+  std::vector<double> losses;
+  for (const proto::NodePlan& part : *parts) {
+    std::vector<double> mine = ReadLosses(scratch.dir / ("losses" + std::to_string(part.node())));
+    if (!mine.empty()) losses = mine;
+  }
+  return losses;
+}
+
+std::vector<double> TrainInOneProcess(const std::vector<std::string>& layout) {
+  Scratch scratch;
+  auto config = LoadJobConfig(SourcePath("configs/gpt2_nano.json"),
+                              JobOverrides(scratch.dir / "out", layout));
+  EXPECT_TRUE(config.ok()) << config.status();
+  if (!config.ok()) return {};
+  ::tessera::testing::Deadline deadline(std::chrono::seconds(120), "training in one process");
+  auto summary = Train(*config);
+  EXPECT_TRUE(summary.ok()) << summary.status();
+  return summary.ok() ? summary->losses : std::vector<double>{};
+}
+
+void ExpectSameLosses(const std::vector<std::string>& layout, const std::vector<uint32_t>& nodes) {
+  const std::vector<double> one = TrainInOneProcess(layout);
+  const std::vector<double> split = TrainOnNodes(layout, nodes);
+  ASSERT_EQ(one.size(), static_cast<size_t>(kSteps));
+  ASSERT_EQ(split.size(), one.size());
+  double worst = 0;
+  for (size_t i = 0; i < one.size(); ++i) {
+    const double rel = std::abs(split[i] - one[i]) / std::abs(one[i]);
+    worst = std::max(worst, rel);
+    EXPECT_LE(rel, kRtol) << "step " << i << ": " << split[i] << " on nodes vs " << one[i] << " in one process";
+  }
+  std::printf("largest relative difference over %d steps: %.3g\n", kSteps, worst);
+}
+
+TEST(MultiNode, DataParallelFourAcrossTwoProcesses) {
+  ExpectSameLosses({"train.dist.data_parallel_size=4"}, {2, 2});
+}
+
+TEST(MultiNode, TensorTwoDataTwoAcrossTwoProcesses) {
+  ExpectSameLosses({"train.dist.data_parallel_size=2", "train.dist.tensor_parallel_size=2"}, {2, 2});
+}
+
+TEST(MultiNode, PipelineTwoDataTwoAcrossTwoProcesses) {
+  ExpectSameLosses({"train.dist.data_parallel_size=2", "train.dist.pipeline_parallel_size=2",
+                    "train.num_accumulation_steps=2"},
+                   {2, 2});
+}
+
+// One device per process: every tensor- and data-parallel collective spans processes.
+TEST(MultiNode, FourProcessesEveryCollectiveSpansThem) {
+  ExpectSameLosses({"train.dist.data_parallel_size=2", "train.dist.tensor_parallel_size=2"}, {1, 1, 1, 1});
+}
+
+TEST(MultiNode, PlanForTooFewDevicesIsAnError) {
+  Scratch scratch;
+  auto config = LoadJobConfig(SourcePath("configs/gpt2_nano.json"),
+                              JobOverrides(scratch.dir / "out", {"train.dist.data_parallel_size=4"}));
+  ASSERT_TRUE(config.ok()) << config.status();
+  auto parts = CompileForNodes(*config, {2, 1});
+  ASSERT_FALSE(parts.ok());
+  EXPECT_NE(parts.status().message().find("needs 4 devices"), std::string::npos) << parts.status();
+}
+
+// A node's part loaded without the other nodes' KV store is refused before
+// anything runs, naming the spanning communicator.
+TEST(MultiNode, SpanningGroupWithoutKvIsRefused) {
+  Scratch scratch;
+  auto config = LoadJobConfig(SourcePath("configs/gpt2_nano.json"),
+                              JobOverrides(scratch.dir / "out", {"train.dist.data_parallel_size=2"}));
+  ASSERT_TRUE(config.ok()) << config.status();
+  auto parts = CompileForNodes(*config, {1, 1});
+  ASSERT_TRUE(parts.ok()) << parts.status();
+  actors::RuntimeOptions options;
+  const FeedFn feed;
+  const FetchFn fetch;
+  ASSERT_TRUE(BindFeeds(parts->at(0).plan(), feed, options.callbacks).ok());
+  ASSERT_TRUE(BindFetch(parts->at(0).plan(), fetch, options.callbacks).ok());
+  auto runtime = actors::Runtime::LoadNodePlan(actors::SerializeNodePlan(parts->at(0)), std::move(options));
+  ASSERT_FALSE(runtime.ok());
+  EXPECT_NE(runtime.status().message().find("spans nodes"), std::string::npos) << runtime.status();
+}
+
+// Node 1's part given to a runtime for node 0 is refused.
+TEST(MultiNode, WrongNodeIsRefused) {
+  Scratch scratch;
+  auto config = LoadJobConfig(SourcePath("configs/gpt2_nano.json"),
+                              JobOverrides(scratch.dir / "out", {"train.dist.data_parallel_size=2"}));
+  ASSERT_TRUE(config.ok()) << config.status();
+  auto parts = CompileForNodes(*config, {1, 1});
+  ASSERT_TRUE(parts.ok()) << parts.status();
+  auto runtime = actors::Runtime::LoadSerialized(actors::SerializePlan(parts->at(1).plan()), {});
+  ASSERT_FALSE(runtime.ok());
+  EXPECT_NE(runtime.status().message().find("this runtime runs node 0"), std::string::npos) << runtime.status();
+}
+
+}  // namespace
+}  // namespace tessera
+
+int main(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    constexpr std::string_view kFlag = "--node-child=";
+    if (std::string_view(argv[i]).substr(0, kFlag.size()) == kFlag) {
+      return tessera::RunNodeChild(std::string(argv[i] + kFlag.size()));
+    }
+  }
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}
