@@ -10,6 +10,8 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "apps/cluster_commands.h"
+#include "cluster/engine_job.h"
 #include "core/logging.h"
 #include "core/schema.h"
 #include "core/text.h"
@@ -109,10 +111,17 @@ int Main(int argc, char** argv) {
       ->check(CLI::IsMember({"text", "dot", "json"}))
       ->capture_default_str();
 
+  // master, worker, submit, status, logs, cancel: the daemons and their
+  // client, with the engine behind the master's compiler and the worker's runner.
+  tessera::AddClusterCommands(app, {.make_compiler = tessera::cluster::MakeEngineJobCompiler,
+                                    .make_runner = tessera::cluster::MakeEnginePlanRunnerFactory()});
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {  // --help, --version
     return app.exit(e);
+  } catch (const CLI::RuntimeError& e) {  // a cluster verb that failed: its reason
+    return Fail(e.what());
   } catch (const CLI::ParseError& e) {
     // One line and exit code 1, like every other bad input.
     return Fail(tessera::StrCat(e.what(), " (see tessera --help)"));

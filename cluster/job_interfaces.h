@@ -55,8 +55,9 @@ class JobCompiler {
 };
 
 // One report of a node's progress. Values are free-form (loss, lr,
-// grad_norm, samples_per_s, tokens_per_s); the master writes node 0's to
-// metrics.jsonl as {"iter": iteration, <values>...}, the trainer's format.
+// grad_norm, samples_per_s, tokens_per_s); the master writes every report to
+// metrics.jsonl as {"iter": iteration, <values>...}, the trainer's format, so
+// one node reports for the job (the engine: the node holding the sink).
 struct JobMetrics {
   int64_t iteration = 0;
   std::map<std::string, double> values;

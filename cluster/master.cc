@@ -303,8 +303,9 @@ class Master::Impl final : public control::Master::Service {
       }
       return grpc::Status::OK;  // late news of an ended job
     }
+    // The node holding the job's sink (the last pipeline stage's first
+    // rank) reports its metrics; the others report none.
     for (const control::Metrics& metrics : request->metrics()) {
-      if (slot->node != 0) continue;  // node 0 speaks for the job
       job.iteration = metrics.iteration();
       job.last_metrics.clear();
       for (const auto& [name, value] : metrics.values()) job.last_metrics[name] = value;

@@ -47,8 +47,8 @@
 // restarted").
 //
 // Outputs: for a job whose spec has an output_dir the master writes
-// config.json (the resolved config) when it starts, metrics.jsonl (node 0's
-// metrics, the trainer's format) and log.txt (every node's log lines, as
+// config.json (the resolved config) when it starts, metrics.jsonl (the
+// metrics reported, the trainer's format) and log.txt (every node's log lines, as
 // "[node i] line").
 //
 // Thread-safety: all public methods are thread-safe. The master owns its
