@@ -1,0 +1,70 @@
+#!/bin/bash
+# Data-parallel GPT-2 over 2 processes (gloo), side by side in one run
+# (DESIGN §13: Tessera at least 1.5x PyTorch DDP): bench/ddp_bench against
+# bench/ddp_torch.py, alternated A/B/A/B so that drifts of a shared machine hit
+# both; prints every run, the medians, their spread and the ratio; then the
+# 64 MB all-reduce of bench/gloo_bench (ours against gloo's own ring) and of
+# torch.distributed. Checks that both sides count the same parameters.
+# Builds nothing: build ddp_bench and gloo_bench first (Release).
+#
+#   bench/ddp_compare.sh [BUILD_DIR] [ROUNDS]     (defaults: build, 3)
+# Environment: WARMUP (5), ITERS (20), PYTHON (/usr/bin/python3).
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+build=${1:-build}
+rounds=${2:-3}
+warmup=${WARMUP:-5}
+iters=${ITERS:-20}
+python=${PYTHON:-/usr/bin/python3}
+ours="$build/bin/ddp_bench"
+gloo="$build/bin/gloo_bench"
+for exe in "$ours" "$gloo"; do
+  [[ -x $exe ]] || { echo "ddp_compare: $exe not built (cmake --build $build --target ddp_bench gloo_bench)" >&2; exit 1; }
+done
+export OMP_WAIT_POLICY=PASSIVE
+
+log=$(mktemp -d)
+trap 'rm -rf "$log"' EXIT
+
+# field FILE KEY: the value after "KEY " on the line that starts with it.
+field() { awk -v key="$2" '$1 == key { print $2 }' "$1" | tail -n 1; }
+# stats V...: "median M (min A, max B, spread S%)", spread = (max - min) / median.
+stats() {
+  printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END {
+    m = (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2
+    printf "median %.1f (min %.1f, max %.1f, spread %.1f%%)", m, v[1], v[NR], 100 * (v[NR] - v[1]) / m }'
+}
+median() { printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+
+echo "ddp_compare: $rounds rounds, warm-up $warmup, $iters timed iterations; $(nproc) cores; load average $(cut -d' ' -f1-3 /proc/loadavg)"
+tessera_rates=() torch_rates=()
+tessera_params='' torch_params=''
+for ((round = 1; round <= rounds; ++round)); do
+  "$ours" --dp 2 --warmup "$warmup" --iters "$iters" > "$log/tessera.$round"
+  sed "s/^/  [tessera $round] /" "$log/tessera.$round"
+  tessera_rates+=("$(field "$log/tessera.$round" tokens/s)")
+  tessera_params=$(field "$log/tessera.$round" parameters)
+
+  "$python" "$here/ddp_torch.py" --world 2 --warmup "$warmup" --iters "$iters" > "$log/torch.$round"
+  sed "s/^/  [torch   $round] /" "$log/torch.$round"
+  torch_rates+=("$(field "$log/torch.$round" tokens/s)")
+  torch_params=$(field "$log/torch.$round" parameters)
+  echo "  round $round: tessera ${tessera_rates[-1]} tokens/s, torch ${torch_rates[-1]} tokens/s; load average $(cut -d' ' -f1-3 /proc/loadavg)"
+done
+if [[ $tessera_params != "$torch_params" ]]; then
+  echo "ddp_compare: parameter counts differ: tessera $tessera_params, torch $torch_params" >&2
+  exit 1
+fi
+tessera_median=$(median "${tessera_rates[@]}")
+torch_median=$(median "${torch_rates[@]}")
+echo "GPT-2 data-parallel, 2 processes x 1 thread, $tessera_params parameters on both sides (tokens/s, global):"
+echo "  tessera  $(stats "${tessera_rates[@]}")"
+echo "  torch    $(stats "${torch_rates[@]}")"
+awk -v a="$tessera_median" -v b="$torch_median" 'BEGIN { printf "  ratio tessera/torch %.2fx (target >= 1.5x)\n", a / b }'
+
+echo "all-reduce of 64 MB between 2 processes:"
+"$gloo" --mb 64 --reps 7 | sed 's/^/  /'
+"$python" "$here/ddp_torch.py" --world 2 --warmup 1 --iters 1 --allreduce-mb 64 --allreduce-reps 7 |
+  grep '^torch.distributed' | sed 's/^/  /'
+echo "load average at the end $(cut -d' ' -f1-3 /proc/loadavg)"
