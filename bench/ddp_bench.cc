@@ -5,6 +5,7 @@
 // 8192, AdamW, LM head tied to wte, dropout 0, one kernel thread per process.
 //
 //   ddp_bench [--dp 2] [--warmup 5] [--iters 20] [--independent] [--set KEY=VALUE]...
+//             [--log-level warn] [--timeout 600]
 //
 // The job is compiled once here and cut into one NodePlan per process
 // (CompileForNodes(config, {1, 1})); the binary re-executes itself as each
@@ -30,6 +31,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <ctime>
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
@@ -43,6 +45,7 @@
 #include "CLI/CLI.hpp"
 #include "actors/plan.h"
 #include "actors/runtime.h"
+#include "core/logging.h"
 #include "core/registry.h"
 #include "models/model.h"
 #include "tests/comm/gloo_file_kv_store.h"
@@ -68,11 +71,41 @@ int64_t NowNs() {
       .count();
 }
 
+// CPU time of the whole process (every thread), which the other work of a
+// shared machine does not inflate the way it does wall time.
+double ProcessCpuSeconds() {
+  timespec t{};
+  ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_nsec) * 1e-9;
+}
+
+// One thread's scheduler times (/proc/self/task/TID/schedstat): on a CPU,
+// and runnable but waiting for one (the other work of a shared machine).
+// What is left of the wall time it slept: blocked on another thread or a peer.
+struct ThreadTimes {
+  int64_t tid = 0;
+  double run_s = 0, wait_s = 0;
+};
+
+std::vector<ThreadTimes> ReadThreadTimes() {
+  std::vector<ThreadTimes> out;
+  std::error_code error;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/task", error)) {
+    std::ifstream in(entry.path() / "schedstat");
+    int64_t run_ns = 0, wait_ns = 0;
+    if (!(in >> run_ns >> wait_ns)) continue;  // the thread has just exited
+    out.push_back({std::stoll(entry.path().filename().string()), static_cast<double>(run_ns) * 1e-9,
+                   static_cast<double>(wait_ns) * 1e-9});
+  }
+  return out;
+}
+
 // ---- A node process ---------------------------------------------------------
 
 // spec = NODE_PLAN_FILE,KV_DIR,TIMES_FILE. Writes one line per fetched
-// iteration, "ITERATION NANOSECONDS LOSS", and a last line
-// "run LOAD_SECONDS RUN_SECONDS" (LoadNodePlan includes the gloo rendezvous).
+// iteration, "ITERATION NANOSECONDS CPU_SECONDS LOSS TID:RUN:WAIT...", and a last line
+// "run LOAD_SECONDS RUN_SECONDS RUN_CPU_SECONDS" (LoadNodePlan includes the
+// gloo rendezvous).
 int RunNodeChild(const std::string& spec) {
   const size_t a = spec.find(','), b = spec.find(',', a + 1);
   if (a == std::string::npos || b == std::string::npos) {
@@ -102,32 +135,41 @@ int RunNodeChild(const std::string& spec) {
   struct Fetched {
     int64_t iteration;
     int64_t ns;
+    double cpu_s;
     float loss;
+    std::vector<ThreadTimes> threads;
   };
   std::vector<Fetched> fetched;
   const FeedFn fill = (*feed)->feed();
   const FetchFn fetch = [&fetched](int64_t iteration, const std::map<std::string, Tensor>& values) {
-    fetched.push_back({iteration, NowNs(), values.at("loss").ToVector<float>().at(0)});
+    fetched.push_back(
+        {iteration, NowNs(), ProcessCpuSeconds(), values.at("loss").ToVector<float>().at(0), ReadThreadTimes()});
     return absl::OkStatus();
   };
   absl::Status status = BindFeeds(node_plan->plan(), fill, options.callbacks);
   if (status.ok()) status = BindFetch(node_plan->plan(), fetch, options.callbacks);
-  double load_s = 0, run_s = 0;
+  double load_s = 0, run_s = 0, run_cpu_s = 0;
   if (status.ok()) {
     const auto load_started = std::chrono::steady_clock::now();
     auto runtime = actors::Runtime::LoadNodePlan(bytes.str(), std::move(options));
     load_s = SecondsSince(load_started);
     const auto run_started = std::chrono::steady_clock::now();
+    const double cpu_started = ProcessCpuSeconds();
     status = runtime.ok() ? (*runtime)->Run() : runtime.status();
     run_s = SecondsSince(run_started);
+    run_cpu_s = ProcessCpuSeconds() - cpu_started;
   }
   if (!status.ok()) {
     std::fprintf(stderr, "node %u: %s\n", node_plan->node(), std::string(status.message()).c_str());
     return 1;
   }
   std::ofstream out(times_file);
-  for (const Fetched& f : fetched) out << f.iteration << " " << f.ns << " " << f.loss << "\n";
-  out << "run " << load_s << " " << run_s << "\n";
+  for (const Fetched& f : fetched) {
+    out << f.iteration << " " << f.ns << " " << f.cpu_s << " " << f.loss;
+    for (const ThreadTimes& t : f.threads) out << " " << t.tid << ":" << t.run_s << ":" << t.wait_s;
+    out << "\n";
+  }
+  out << "run " << load_s << " " << run_s << " " << run_cpu_s << "\n";
   return out ? 0 : 1;
 }
 
@@ -143,24 +185,40 @@ struct Scratch {
 };
 
 struct NodeTimes {
-  std::vector<int64_t> ns;  // fetch timestamps, by iteration
+  std::vector<int64_t> ns;    // fetch timestamps, by iteration
+  std::vector<double> cpu_s;  // the process's CPU time at each fetch
   std::vector<float> losses;
-  double load_s = 0, run_s = 0;
+  std::vector<std::map<int64_t, ThreadTimes>> threads;  // by iteration, by thread id
+  double load_s = 0, run_s = 0, run_cpu_s = 0;
 };
 
 NodeTimes ReadTimes(const std::filesystem::path& file) {
   NodeTimes times;
   std::ifstream in(file);
-  for (std::string first; in >> first;) {
+  for (std::string line; std::getline(in, line);) {
+    std::istringstream fields(line);
+    std::string first;
+    fields >> first;
     if (first == "run") {
-      in >> times.load_s >> times.run_s;
+      fields >> times.load_s >> times.run_s >> times.run_cpu_s;
       continue;
     }
     int64_t ns = 0;
+    double cpu_s = 0;
     float loss = 0;
-    in >> ns >> loss;
+    fields >> ns >> cpu_s >> loss;
     times.ns.push_back(ns);
+    times.cpu_s.push_back(cpu_s);
     times.losses.push_back(loss);
+    std::map<int64_t, ThreadTimes>& threads = times.threads.emplace_back();
+    for (std::string word; fields >> word;) {
+      ThreadTimes t;
+      long long tid = 0;
+      if (std::sscanf(word.c_str(), "%lld:%lf:%lf", &tid, &t.run_s, &t.wait_s) == 3) {
+        t.tid = tid;
+        threads[t.tid] = t;
+      }
+    }
   }
   return times;
 }
@@ -202,6 +260,7 @@ struct BenchOptions {
   int iters = 20;
   bool independent = false;
   int timeout_s = 600;
+  std::string log_level = "warn";
   std::vector<std::string> overrides;
 };
 
@@ -277,7 +336,8 @@ int RunBench(const BenchOptions& o) {
       std::filesystem::create_directories(kv_dir);
       Child child{.times = scratch.dir / (name + ".times")};
       const std::string flag = "--node-child=" + plan_file.string() + "," + kv_dir.string() + "," + child.times.string();
-      char* argv[] = {const_cast<char*>(exe.c_str()), const_cast<char*>(flag.c_str()), nullptr};
+      char* argv[] = {const_cast<char*>(exe.c_str()), const_cast<char*>(flag.c_str()),
+                      const_cast<char*>(o.log_level.c_str()), nullptr};
       if (::posix_spawn(&child.pid, exe.c_str(), nullptr, nullptr, argv, environ) != 0) {
         std::perror("posix_spawn");
         for (const Child& c : children) ::kill(c.pid, SIGKILL);
@@ -323,16 +383,33 @@ int RunBench(const BenchOptions& o) {
   std::vector<double> rates;
   for (const Child& c : children) {
     const NodeTimes t = ReadTimes(c.times);
-    std::printf("  %s: LoadNodePlan %.3f s, Run %.3f s, %zu iterations fetched\n", c.times.stem().c_str(), t.load_s,
-                t.run_s, t.ns.size());
+    std::printf("  %s: LoadNodePlan %.3f s, Run %.3f s (CPU %.3f s: %.0f%% of a core), %zu iterations fetched\n",
+                c.times.stem().c_str(), t.load_s, t.run_s, t.run_cpu_s, 100 * t.run_cpu_s / t.run_s, t.ns.size());
     if (static_cast<int>(t.ns.size()) != total) continue;
     const double per_iteration = static_cast<double>(t.ns[total - 1] - t.ns[o.warmup - 1]) * 1e-9 / o.iters;
+    const double cpu_per_iteration = (t.cpu_s[total - 1] - t.cpu_s[o.warmup - 1]) / o.iters;
     std::vector<double> steps;
     for (int i = o.warmup; i < total; ++i) steps.push_back(static_cast<double>(t.ns[i] - t.ns[i - 1]) * 1e-6);
     std::sort(steps.begin(), steps.end());
     std::printf("  %s: loss %.4f -> %.4f; ms per iteration: mean %.2f, min %.2f, median %.2f, max %.2f\n",
                 c.times.stem().c_str(), t.losses.front(), t.losses.back(), per_iteration * 1e3, steps.front(),
                 steps[steps.size() / 2], steps.back());
+    std::printf("cpu_ms_per_iteration %.2f\n", cpu_per_iteration * 1e3);
+    // Each thread's iteration: on a CPU, waiting for one, and blocked.
+    std::vector<std::pair<ThreadTimes, double>> per_thread;  // (run, wait) per iteration, blocked
+    for (const auto& [tid, last] : t.threads[total - 1]) {
+      const auto first = t.threads[o.warmup - 1].find(tid);
+      if (first == t.threads[o.warmup - 1].end()) continue;
+      const ThreadTimes d{tid, (last.run_s - first->second.run_s) / o.iters, (last.wait_s - first->second.wait_s) / o.iters};
+      per_thread.push_back({d, per_iteration - d.run_s - d.wait_s});
+    }
+    std::sort(per_thread.begin(), per_thread.end(),
+              [](const auto& x, const auto& y) { return x.first.run_s > y.first.run_s; });
+    for (const auto& [d, blocked] : per_thread) {
+      if (d.run_s < 1e-3 * per_iteration) continue;  // idle threads (the launcher, the watchdog)
+      std::printf("    thread %lld per iteration: on a CPU %.1f ms, runnable waiting for one %.1f ms, blocked %.1f ms\n",
+                  static_cast<long long>(d.tid), d.run_s * 1e3, d.wait_s * 1e3, blocked * 1e3);
+    }
     rates.push_back(static_cast<double>(o.dp * micro_batch * seq) / per_iteration);
   }
   if (rates.empty()) {
@@ -348,7 +425,8 @@ int RunBench(const BenchOptions& o) {
 
 int main(int argc, char** argv) {
   constexpr std::string_view kChild = "--node-child=";
-  if (argc == 2 && std::string_view(argv[1]).substr(0, kChild.size()) == kChild) {
+  if (argc == 3 && std::string_view(argv[1]).substr(0, kChild.size()) == kChild) {  // --node-child=SPEC LOG_LEVEL
+    if (!tessera::SetLogLevel(argv[2]).ok()) return 2;
     return tessera::RunNodeChild(std::string(argv[1] + kChild.size()));
   }
   tessera::BenchOptions o;
@@ -359,7 +437,10 @@ int main(int argc, char** argv) {
   app.add_flag("--independent", o.independent, "with --dp 1: two unrelated single-device jobs at once");
   app.add_option("--timeout", o.timeout_s, "seconds before the node processes are killed")->check(CLI::Range(1, 86400));
   app.add_option("--set", o.overrides, "extra config override KEY=VALUE (repeatable)");
+  app.add_option("--log-level", o.log_level, "spdlog level of this process and the nodes")
+      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}));
   CLI11_PARSE(app, argc, argv);
+  if (!tessera::SetLogLevel(o.log_level).ok()) return 2;
   if (o.independent && o.dp != 1) {
     std::fprintf(stderr, "--independent needs --dp 1\n");
     return 2;

@@ -8,7 +8,12 @@
 # Builds nothing: build ddp_bench and gloo_bench first (Release).
 #
 #   bench/ddp_compare.sh [BUILD_DIR] [ROUNDS]     (defaults: build, 3)
-# Environment: WARMUP (5), ITERS (20), PYTHON (/usr/bin/python3).
+# Environment: WARMUP (5), ITERS (20), PYTHON (/usr/bin/python3);
+# BREAKDOWN=N (0): N more rounds of the controls that say where the time goes:
+# each side in one process without data parallelism, alone and as two
+# unrelated jobs at once (the same two-process load as the DP run, no
+# all-reduce); the bench's per-thread lines split each iteration into time on
+# a CPU, runnable waiting for one (the machine's other work) and blocked.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -38,17 +43,19 @@ stats() {
 median() { printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 
 echo "ddp_compare: $rounds rounds, warm-up $warmup, $iters timed iterations; $(nproc) cores; load average $(cut -d' ' -f1-3 /proc/loadavg)"
-tessera_rates=() torch_rates=()
+tessera_rates=() torch_rates=() tessera_cpu=() torch_cpu=()
 tessera_params='' torch_params=''
 for ((round = 1; round <= rounds; ++round)); do
   "$ours" --dp 2 --warmup "$warmup" --iters "$iters" > "$log/tessera.$round"
   sed "s/^/  [tessera $round] /" "$log/tessera.$round"
   tessera_rates+=("$(field "$log/tessera.$round" tokens/s)")
+  tessera_cpu+=("$(field "$log/tessera.$round" cpu_ms_per_iteration)")
   tessera_params=$(field "$log/tessera.$round" parameters)
 
   "$python" "$here/ddp_torch.py" --world 2 --warmup "$warmup" --iters "$iters" > "$log/torch.$round"
   sed "s/^/  [torch   $round] /" "$log/torch.$round"
   torch_rates+=("$(field "$log/torch.$round" tokens/s)")
+  torch_cpu+=("$(field "$log/torch.$round" cpu_ms_per_iteration)")
   torch_params=$(field "$log/torch.$round" parameters)
   echo "  round $round: tessera ${tessera_rates[-1]} tokens/s, torch ${torch_rates[-1]} tokens/s; load average $(cut -d' ' -f1-3 /proc/loadavg)"
 done
@@ -62,6 +69,26 @@ echo "GPT-2 data-parallel, 2 processes x 1 thread, $tessera_params parameters on
 echo "  tessera  $(stats "${tessera_rates[@]}")"
 echo "  torch    $(stats "${torch_rates[@]}")"
 awk -v a="$tessera_median" -v b="$torch_median" 'BEGIN { printf "  ratio tessera/torch %.2fx (target >= 1.5x)\n", a / b }'
+# CPU time of the sink's / rank 0's process per iteration (all its threads):
+# what the other work of a shared machine inflates least.
+echo "CPU ms per iteration of one process (rank 0), all its threads:"
+echo "  tessera  $(stats "${tessera_cpu[@]}")"
+echo "  torch    $(stats "${torch_cpu[@]}")"
+awk -v a="$(median "${tessera_cpu[@]}")" -v b="$(median "${torch_cpu[@]}")" \
+  'BEGIN { printf "  ratio torch/tessera %.2fx (tessera faster when > 1)\n", b / a }'
+
+breakdown=${BREAKDOWN:-0}
+for ((round = 1; round <= breakdown; ++round)); do
+  echo "breakdown round $round; load average $(cut -d' ' -f1-3 /proc/loadavg)"
+  "$ours" --dp 1 --warmup "$warmup" --iters "$iters" > "$log/b" && sed 's/^/  [tessera 1 process] /' "$log/b"
+  "$ours" --dp 1 --independent --warmup "$warmup" --iters "$iters" > "$log/b" && sed 's/^/  [tessera 2 independent] /' "$log/b"
+  "$python" "$here/ddp_torch.py" --world 1 --warmup "$warmup" --iters "$iters" > "$log/b" && sed 's/^/  [torch 1 process] /' "$log/b"
+  "$python" "$here/ddp_torch.py" --world 1 --warmup "$warmup" --iters "$iters" > "$log/b1" &
+  "$python" "$here/ddp_torch.py" --world 1 --warmup "$warmup" --iters "$iters" > "$log/b2"
+  wait
+  sed 's/^/  [torch 2 independent, a] /' "$log/b1"
+  sed 's/^/  [torch 2 independent, b] /' "$log/b2"
+done
 
 echo "all-reduce of 64 MB between 2 processes:"
 "$gloo" --mb 64 --reps 7 | sed 's/^/  /'

@@ -96,6 +96,19 @@ class Gpt2(nn.Module):
         return F.cross_entropy(logits.view(-1, VOCAB), labels.reshape(-1))
 
 
+def thread_times():
+    """{tid: (seconds on a CPU, seconds runnable waiting for one)} of this process's threads."""
+    out = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                run_ns, wait_ns = f.read().split()[:2]
+            out[int(tid)] = (int(run_ns) * 1e-9, int(wait_ns) * 1e-9)
+        except OSError:
+            pass  # the thread has just exited
+    return out
+
+
 def warmup_cosine(total, warmup_ratio=0.05, warmup_factor=0.001, alpha=0.01):
     warmup = int(total * warmup_ratio)
 
@@ -127,8 +140,8 @@ def run(rank, world, port, args):
     total = args.warmup + args.iters
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(total))
     generator = torch.Generator().manual_seed(1000 + rank)
-    stamps, losses = [], []
-    for _ in range(total):
+    stamps, cpu_stamps, losses = [], [], []
+    for it in range(total):
         data = torch.randint(0, VOCAB, (MICRO_BATCH, SEQ + 1), generator=generator)
         loss = model(data[:, :-1], data[:, 1:])
         optimizer.zero_grad(set_to_none=True)
@@ -138,6 +151,10 @@ def run(rank, world, port, args):
         schedule.step()
         losses.append(loss.item())
         stamps.append(time.perf_counter())
+        cpu_stamps.append(time.process_time())  # every thread of the process
+        if it == args.warmup - 1:
+            threads_first = thread_times()
+    threads_last = thread_times()
     if rank == 0:
         steps = sorted(1e3 * (stamps[i] - stamps[i - 1]) for i in range(args.warmup, total))
         per_iteration = (stamps[-1] - stamps[args.warmup - 1]) / args.iters
@@ -147,6 +164,17 @@ def run(rank, world, port, args):
         print(f"  decay {sum(p.numel() for p in decay)}, no decay {sum(p.numel() for p in no_decay)}")
         print(f"  loss {losses[0]:.4f} -> {losses[-1]:.4f}; ms per iteration: mean {per_iteration * 1e3:.2f}, "
               f"min {steps[0]:.2f}, median {statistics.median(steps):.2f}, max {steps[-1]:.2f}")
+        print(f"cpu_ms_per_iteration {1e3 * (cpu_stamps[-1] - cpu_stamps[args.warmup - 1]) / args.iters:.2f}")
+        # Each thread's iteration: on a CPU, waiting for one, and blocked.
+        rows = []
+        for tid, (run, wait) in threads_last.items():
+            if tid in threads_first:
+                run, wait = ((x - y) / args.iters for x, y in zip((run, wait), threads_first[tid]))
+                rows.append((run, wait, tid))
+        for run, wait, tid in sorted(rows, reverse=True):
+            if run >= 1e-3 * per_iteration:
+                print(f"    thread {tid} per iteration: on a CPU {run * 1e3:.1f} ms, runnable waiting for one "
+                      f"{wait * 1e3:.1f} ms, blocked {(per_iteration - run - wait) * 1e3:.1f} ms")
         print(f"tokens/s {world * MICRO_BATCH * SEQ / per_iteration:.1f}")
     if world > 1 and args.allreduce_mb > 0:
         buffer = torch.ones(args.allreduce_mb * (1 << 20) // 4)
