@@ -4,7 +4,7 @@
 # bench/ddp_torch.py, alternated A/B/A/B so that drifts of a shared machine hit
 # both; prints every run, the medians, their spread and the ratio; then the
 # 64 MB all-reduce of bench/gloo_bench (ours against gloo's own ring) and of
-# torch.distributed. Checks that both sides count the same parameters.
+# torch.distributed (gloo), with the ratio of ours to torch's. Checks that both sides count the same parameters.
 # Builds nothing: build ddp_bench and gloo_bench first (Release).
 #
 #   bench/ddp_compare.sh [BUILD_DIR] [ROUNDS]     (defaults: build, 3)
@@ -91,7 +91,12 @@ for ((round = 1; round <= breakdown; ++round)); do
 done
 
 echo "all-reduce of 64 MB between 2 processes:"
-"$gloo" --mb 64 --reps 7 | sed 's/^/  /'
+"$gloo" --mb 64 --reps 7 > "$log/gloo"
+sed 's/^/  /' "$log/gloo"
 "$python" "$here/ddp_torch.py" --world 2 --warmup 1 --iters 1 --allreduce-mb 64 --allreduce-reps 7 |
-  grep '^torch.distributed' | sed 's/^/  /'
+  grep '^torch.distributed' > "$log/torch_allreduce"
+sed 's/^/  /' "$log/torch_allreduce"
+ours_gbs=$(awk '/tessera gloo Communicator/ { print $4 }' "$log/gloo")
+torch_gbs=$(awk '{ for (i = 2; i <= NF; ++i) if ($i == "GB/s") print $(i - 1) }' "$log/torch_allreduce")
+awk -v a="$ours_gbs" -v b="$torch_gbs" 'BEGIN { printf "  ratio tessera/torch.distributed %.2fx\n", a / b }'
 echo "load average at the end $(cut -d' ' -f1-3 /proc/loadavg)"
