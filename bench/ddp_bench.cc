@@ -1,8 +1,11 @@
-// GPT-2 trained data-parallel over 2 processes, one CPU device each, the
-// gradients all-reduced over gloo: Tessera's side of bench/ddp_compare.sh
-// (PyTorch DDP's is bench/ddp_torch.py). DESIGN §13's CPU model by default:
-// 4 layers, hidden 256, 4 heads, seq 128, micro-batch 8 per rank, vocabulary
-// 8192, AdamW, LM head tied to wte, dropout 0, one kernel thread per process.
+// GPT-2 trained data-parallel over 2 processes, one CPU device each, talking
+// over gloo: Tessera's side of bench/ddp_compare.sh (PyTorch DDP's is
+// bench/ddp_torch.py). DESIGN §13's CPU model: 4 layers, hidden 256, 4 heads,
+// seq 128, micro-batch 8 per rank, vocabulary 8192, AdamW, LM head tied to
+// wte, dropout 0, one kernel thread per process (gpt2_nano with overrides;
+// --set adds more). The plan's data parallelism reduce-scatters each
+// gradient, updates each rank's half and all-gathers the parameters (the
+// collectives are printed).
 //
 //   ddp_bench [--dp 2] [--warmup 5] [--iters 20] [--independent] [--set KEY=VALUE]...
 //             [--log-level warn] [--timeout 600]
@@ -15,14 +18,17 @@
 // multinode_test.cc does. Time per iteration comes from the fetch callback's
 // timestamps on the node holding the sink: (t[last] - t[warmup - 1]) /
 // iters, so the warm-up iterations (first-touch allocation, connection)
-// are excluded. Prints the parameter count and
+// are excluded. Prints the parameter count, the sink process's CPU time per
+// iteration (all threads), each busy thread's iteration split into on a CPU /
+// runnable waiting for one / blocked (from /proc/self/task/*/schedstat), and
 //   tokens/s = dp × micro-batch × seq / time per iteration.
 //
-// For the breakdown of where the time goes:
-//   --dp 1                one process, no all-reduce (compute alone on an
-//                         otherwise idle core);
-//   --dp 1 --independent  two unrelated single-device jobs at once (compute
-//                         alone, under the same two-process load as dp 2).
+// Controls for where the time goes:
+//   --dp 1                one process, no collectives;
+//   --dp 1 --independent  two unrelated single-device jobs at once: the DP
+//                         run's CPU time without the collectives (its wall
+//                         time is not comparable on a loaded machine: the
+//                         scheduler favours the DP processes, which sleep).
 
 #include <signal.h>
 #include <spawn.h>

@@ -4,7 +4,8 @@
 # bench/ddp_torch.py, alternated A/B/A/B so that drifts of a shared machine hit
 # both; prints every run, the medians, their spread and the ratio; then the
 # 64 MB all-reduce of bench/gloo_bench (ours against gloo's own ring) and of
-# torch.distributed (gloo), with the ratio of ours to torch's. Checks that both sides count the same parameters.
+# torch.distributed (gloo), with the ratio of ours to torch's. Checks that
+# both sides count the same parameters.
 # Builds nothing: build ddp_bench and gloo_bench first (Release).
 #
 #   bench/ddp_compare.sh [BUILD_DIR] [ROUNDS]     (defaults: build, 3)
