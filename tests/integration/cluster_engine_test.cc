@@ -1,0 +1,134 @@
+// The cluster with the engine behind it: a master (the engine's compiler)
+// and two workers (the engine's runners, 2 CPU devices each) in this
+// process, talking gRPC on 127.0.0.1; gpt2_nano submitted under several
+// layouts spanning both workers gives the losses of `Train` in one process,
+// and the master writes the trainer's outputs.
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "cluster/engine_job.h"
+#include "core/config.h"
+#include "gtest/gtest.h"
+#include "tests/cluster/cluster_fixture.h"
+#include "tests/deadline.h"
+#include "train/job_config.h"
+#include "train/trainer.h"
+
+namespace tessera::cluster {
+namespace {
+
+constexpr int kSteps = 4;
+
+std::string SourcePath(const std::string& relative) { return std::string(TESSERA_SOURCE_DIR) + "/" + relative; }
+
+struct EngineCluster {
+  std::unique_ptr<Master> master;
+  std::vector<std::unique_ptr<Worker>> workers;
+  std::unique_ptr<Client> client;
+
+  void Start() {
+    master = std::make_unique<Master>(testing::FastMasterOptions(), MakeEngineJobCompiler());
+    auto address = master->Start();
+    ASSERT_TRUE(address.ok()) << address.status();
+    EngineRunnerOptions runner;
+    runner.intra_op_threads = 1;
+    for (int i = 0; i < 2; ++i) {
+      workers.push_back(std::make_unique<Worker>(testing::FastWorkerOptions(*address, "cpu:2"),
+                                                 MakeEnginePlanRunnerFactory(runner)));
+      ASSERT_TRUE(workers.back()->Start().ok());
+    }
+    Client::Options options;
+    options.master = *address;
+    client = std::make_unique<Client>(options);
+    ASSERT_TRUE(testing::WaitUntil([&] { return workers[0]->registered() && workers[1]->registered(); }));
+  }
+  ~EngineCluster() {
+    for (auto& w : workers) w->Shutdown();
+    if (master) master->Shutdown();
+  }
+};
+
+std::vector<std::string> Overrides(const std::filesystem::path& out, std::vector<std::string> layout) {
+  layout.insert(layout.end(), {"model.num_layers=2", "train.train_iter=" + std::to_string(kSteps), "train.log_period=1",
+                               "train.output_dir=" + out.string(), "train.dist.intra_op_threads=1"});
+  return layout;
+}
+
+std::vector<double> LossesOf(const std::filesystem::path& metrics) {
+  std::vector<double> out;
+  std::ifstream in(metrics);
+  for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line).at("loss").get<double>());
+  return out;
+}
+
+class ClusterEngine : public ::testing::TestWithParam<std::vector<std::string>> {};
+
+TEST_P(ClusterEngine, SubmittedJobGivesTheSingleProcessLosses) {
+  const auto dir = std::filesystem::temp_directory_path() / ("tessera_cluster_engine_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  auto local = LoadJobConfig(SourcePath("configs/gpt2_nano.json"), Overrides(dir / "local", GetParam()));
+  ASSERT_TRUE(local.ok()) << local.status();
+  std::vector<double> expected;
+  {
+    ::tessera::testing::Deadline deadline(std::chrono::seconds(120), "training in one process");
+    auto summary = Train(*local);
+    ASSERT_TRUE(summary.ok()) << summary.status();
+    expected = summary->losses;
+  }
+  EngineCluster cluster;
+  ASSERT_NO_FATAL_FAILURE(cluster.Start());
+  auto files = config::LoadConfigFiles(SourcePath("configs/gpt2_nano.json"));
+  ASSERT_TRUE(files.ok()) << files.status();
+  auto job = cluster.client->Submit(files->dump(), Overrides(dir / "cluster", GetParam()));
+  ASSERT_TRUE(job.ok()) << job.status();
+  control::JobInfo info;
+  ASSERT_TRUE(testing::WaitUntil(
+      [&] {
+        auto got = cluster.client->Get(*job);
+        if (got.ok()) info = *got;
+        return got.ok() && (info.state() == control::SUCCEEDED || info.state() == control::FAILED ||
+                            info.state() == control::CANCELLED);
+      },
+      absl::Seconds(120)));
+  ASSERT_EQ(info.state(), control::SUCCEEDED) << info.DebugString();
+  const std::vector<double> losses = LossesOf(dir / "cluster" / "metrics.jsonl");
+  ASSERT_EQ(losses.size(), expected.size());
+  for (size_t i = 0; i < losses.size(); ++i) {
+    // metrics.jsonl holds the float loss printed as a double: identical values.
+    EXPECT_NEAR(losses[i], expected[i], 1e-6 * std::abs(expected[i])) << "step " << i;
+  }
+  EXPECT_TRUE(std::filesystem::exists(dir / "cluster" / "config.json"));
+  EXPECT_TRUE(std::filesystem::exists(dir / "cluster" / "log.txt"));
+  std::filesystem::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, ClusterEngine,
+                         ::testing::Values(std::vector<std::string>{"train.dist.data_parallel_size=4"},
+                                           std::vector<std::string>{"train.dist.data_parallel_size=2",
+                                                                    "train.dist.tensor_parallel_size=2"},
+                                           std::vector<std::string>{"train.dist.data_parallel_size=2",
+                                                                    "train.dist.pipeline_parallel_size=2",
+                                                                    "train.num_accumulation_steps=2"}));
+
+// A config the schema refuses comes back as INVALID_ARGUMENT carrying the
+// config error.
+TEST(ClusterEngineErrors, MalformedConfigIsInvalidArgumentWithTheConfigError) {
+  EngineCluster cluster;
+  ASSERT_NO_FATAL_FAILURE(cluster.Start());
+  auto files = config::LoadConfigFiles(SourcePath("configs/gpt2_nano.json"));
+  ASSERT_TRUE(files.ok()) << files.status();
+  auto job = cluster.client->Submit(files->dump(), {"train.train_iters=3"});
+  ASSERT_FALSE(job.ok());
+  EXPECT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument) << job.status();
+  EXPECT_NE(job.status().message().find("did you mean 'train.train_iter'"), std::string::npos) << job.status();
+  auto bad = cluster.client->Submit("{\"model\": 3", {});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument) << bad.status();
+}
+
+}  // namespace
+}  // namespace tessera::cluster
