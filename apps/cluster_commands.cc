@@ -206,7 +206,7 @@ void AddClusterCommands(CLI::App& app, ClusterCommandDeps deps) {
   worker->add_option("--master", worker_flags->master, "The master's address")->capture_default_str();
   worker->add_option("--devices", worker_flags->devices, "Devices to offer: cpu:N, cuda:N or cuda:A-B")->required();
   worker->add_option("--listen", worker_flags->listen, "Address of its Worker service")->capture_default_str();
-  worker->add_option("--data-address", worker_flags->data_address, "Its data-plane address, given to peers");
+  worker->add_option("--data-address", worker_flags->data_address, "Its data-plane host[:port], given to peers (gloo listens on the host; default 127.0.0.1)");
   worker->add_option("--id", worker_flags->id, "Its worker id (default: the master assigns one)");
   worker_flags->security.AddServerFlags(worker);
   worker->callback([worker_flags, shared_deps] {

@@ -86,7 +86,14 @@ class EnginePlanRunner final : public PlanRunner {
     options.callbacks = callbacks_;
     options.kv = context_.kv;
     options.kv_prefix = StrCat("job/", context_.job_id, "/", context_.session);
+    // gloo listens on this worker's data-plane host (`--data-address`), else
+    // on the runner's default.
     options.hostname = options_.hostname;
+    for (const WorkerSlot& slot : context_.slots) {
+      if (slot.node != context_.node || slot.data_address.empty()) continue;
+      const size_t colon = slot.data_address.rfind(':');
+      options.hostname = colon == std::string::npos ? slot.data_address : slot.data_address.substr(0, colon);
+    }
     options.connect_timeout_s = options_.connect_timeout_s;
     options.stall_timeout_s = options_.stall_timeout_s;
     // Each device of this node gets its share of the machine's threads.

@@ -19,7 +19,8 @@ namespace tessera::cluster {
 std::unique_ptr<JobCompiler> MakeEngineJobCompiler();
 
 struct EngineRunnerOptions {
-  // Where this worker's gloo transport listens (its data-plane host).
+  // Where this worker's gloo transport listens when the worker gives no
+  // data-plane address (`tessera worker --data-address HOST[:PORT]`: its host).
   std::string hostname = "127.0.0.1";
   // gloo rendezvous and per-op timeout.
   double connect_timeout_s = 30;
