@@ -288,16 +288,16 @@ absl::StatusOr<GraphFacts> CollectGraphFacts(const Graph& graph, Rates rates) {
   }
   for (const auto& [name, value] : facts.sinks) facts.read.insert(value);
   for (const Node& node : graph.nodes()) {
-    if (!node.scope.starts_with("grad/")) continue;  // autodiff's backward nodes
+    if (!node.backward) continue;
     for (ValueId in : node.inputs) {
-      if (!graph.producer(in).scope.starts_with("grad/")) facts.kept_for_backward.insert(in);
+      if (!graph.producer(in).backward) facts.kept_for_backward.insert(in);
     }
   }
   facts.epoch.assign(static_cast<size_t>(graph.num_values()), 0);
   facts.backward.assign(static_cast<size_t>(graph.num_values()), false);
   for (const Node& node : graph.nodes()) {  // topological
     int32_t epoch = 0;
-    bool backward = node.scope.starts_with("grad/");
+    bool backward = node.backward;
     for (ValueId in : node.inputs) {
       epoch = std::max(epoch, facts.epoch[static_cast<size_t>(in)]);
       backward = backward || facts.backward[static_cast<size_t>(in)];
