@@ -77,6 +77,7 @@ absl::StatusOr<std::vector<ValueId>> Graph::AddOp(std::string_view op, const std
   n.inputs = inputs;
   n.layer_idx = options.layer_idx;
   n.scope = options.scope;
+  n.backward = options.backward;
   for (size_t i = 0; i < out_metas->size(); ++i) {
     n.outputs.push_back(AppendValue((*out_metas)[i], n.id, static_cast<int>(i), i == 0 ? options.name : ""));
   }
@@ -143,6 +144,7 @@ absl::StatusOr<ValueId> Graph::AddInput(std::string name, const TensorMeta& meta
   n.op = "input";
   n.layer_idx = options.layer_idx;
   n.scope = options.scope;
+  n.backward = options.backward;
   n.outputs.push_back(AppendValue(meta, n.id, 0, std::move(name)));
   nodes_.push_back(std::move(n));
   return nodes_.back().outputs.front();
@@ -163,6 +165,7 @@ absl::StatusOr<ValueId> Graph::AddAccumulationNode(NodeKind kind, ValueId input,
   n.inputs = {input};
   n.layer_idx = options.layer_idx;
   n.scope = options.scope;
+  n.backward = options.backward;
   n.outputs.push_back(AppendValue(value(input).meta, n.id, 0, options.name));
   nodes_.push_back(std::move(n));
   return nodes_.back().outputs.front();

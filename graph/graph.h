@@ -103,6 +103,9 @@ struct Node {
   std::vector<ValueId> outputs;
   int64_t layer_idx = kUnassignedLayer;  // pipeline layer; -1 = last stage
   std::string scope;       // name scope, e.g. "h.3.attn"; autodiff nodes get "grad/" prefixed
+  // Set by Autodiff on every node it emits (the backward graph) and kept by
+  // passes that copy nodes; what the scheduler goes by, never the scope.
+  bool backward = false;
   std::optional<VariableInfo> variable;  // set iff kind == kVariable
 };
 
@@ -121,6 +124,7 @@ struct NodeOptions {
   int64_t layer_idx = kUnassignedLayer;
   std::string scope = {};
   std::string name = {};  // names the node's first output
+  bool backward = false;  // Node::backward
 };
 
 struct VariableOptions {

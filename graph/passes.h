@@ -40,7 +40,8 @@ struct AutodiffOptions {
 // non-differentiable (labels, ids, masks) get nothing. Errors: a non-scalar
 // loss; an op on such a path without a gradient rule (named with its node);
 // a rule that fails (named). Backward nodes copy the forward node's
-// layer_idx; their scope is "grad/<forward scope>".
+// layer_idx, are marked Node::backward, and their scope is
+// "grad/<forward scope>" (for people: passes go by the flag).
 absl::StatusOr<GradientMap> Autodiff(Graph& graph, ValueId loss, const AutodiffOptions& options = {});
 // The same for the graph's single marked loss.
 absl::StatusOr<GradientMap> Autodiff(Graph& graph, const AutodiffOptions& options = {});

@@ -47,11 +47,13 @@
 // them).
 //
 // Quotas (DESIGN §7): default_quota, sources source_quota, cross-stage
-// buffers at least 2, and a per-micro-batch value that backward nodes (scope
-// "grad/...") read on stage s at least stages - s, so 1F1B emerges.
+// buffers at least 2, and a per-micro-batch value that backward nodes
+// (graph::Node::backward) read on stage s at least stages - s, so 1F1B emerges.
 // Conversions over the same ranks share one communicator, and every
 // collective carries its launch order (the runtime's coordinator issues them
 // in it, actors/launch_order.h). Not done: placement hints.
+//
+// Implementation: scheduler/lowering/ (lowering.h; one file per step).
 
 #include <cstdint>
 #include <map>

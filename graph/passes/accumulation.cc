@@ -34,7 +34,8 @@ absl::StatusOr<AccumulationResult> AccumulateGradients(Graph& graph, const Gradi
   remap.assign(static_cast<size_t>(graph.num_values()), kNoValue);
   std::vector<ValueId> read_as(static_cast<size_t>(graph.num_values()), kNoValue);  // what ops read instead
   for (const Node& n : graph.nodes()) {
-    const NodeOptions at{.layer_idx = n.layer_idx, .scope = n.scope, .name = graph.value(n.outputs[0]).name};
+    const NodeOptions at{
+        .layer_idx = n.layer_idx, .scope = n.scope, .name = graph.value(n.outputs[0]).name, .backward = n.backward};
     std::vector<ValueId> outputs;
     switch (n.kind) {
       case NodeKind::kInput: {
@@ -55,8 +56,9 @@ absl::StatusOr<AccumulationResult> AccumulateGradients(Graph& graph, const Gradi
         ASSIGN_OR_RETURN(ValueId id, out.AddVariable(v.name, v.meta.shape, info.init, options));
         outputs = {id};
         if (read_by_ops[static_cast<size_t>(v.id)]) {
-          ASSIGN_OR_RETURN(ValueId repeated, out.AddRepeat(id, num_micro_batches,
-                                                           {.layer_idx = n.layer_idx, .scope = n.scope, .name = ""}));
+          ASSIGN_OR_RETURN(ValueId repeated,
+                           out.AddRepeat(id, num_micro_batches,
+                                         {.layer_idx = n.layer_idx, .scope = n.scope, .name = "", .backward = n.backward}));
           read_as[static_cast<size_t>(v.id)] = repeated;
         }
         break;
@@ -86,7 +88,8 @@ absl::StatusOr<AccumulationResult> AccumulateGradients(Graph& graph, const Gradi
     const ValueId v = remap[static_cast<size_t>(old_id)];
     const Node& producer = out.producer(v);
     if (producer.kind != NodeKind::kOp || producer.inputs.empty()) return v;
-    const NodeOptions at{.layer_idx = producer.layer_idx, .scope = producer.scope, .name = ""};
+    const NodeOptions at{
+        .layer_idx = producer.layer_idx, .scope = producer.scope, .name = "", .backward = producer.backward};
     ASSIGN_OR_RETURN(ValueId summed, out.AddAcc(v, num_micro_batches, at));
     ASSIGN_OR_RETURN(std::vector<ValueId> mean,
                      out.AddOp("scalar_mul", {summed}, {{"value", 1.0 / static_cast<double>(num_micro_batches)}}, at));

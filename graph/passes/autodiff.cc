@@ -12,7 +12,7 @@ namespace tessera::graph {
 namespace {
 
 // Appends emitted ops to the graph, tagged like the forward node they
-// differentiate.
+// differentiate and marked backward.
 class SymbolicGradEmitter final : public ops::GradEmitter {
  public:
   explicit SymbolicGradEmitter(Graph& graph) : graph_(graph) {}
@@ -20,6 +20,7 @@ class SymbolicGradEmitter final : public ops::GradEmitter {
   void SetContext(int64_t layer_idx, std::string scope) {
     options_.layer_idx = layer_idx;
     options_.scope = std::move(scope);
+    options_.backward = true;
   }
 
   absl::StatusOr<std::vector<ValueId>> Emit(std::string_view op, const std::vector<ValueId>& inputs,
@@ -99,7 +100,8 @@ absl::StatusOr<GradientMap> Autodiff(Graph& graph, ValueId loss, const AutodiffO
     for (size_t i = 1; i < parts.size(); ++i) {
       const NodeOptions at{.layer_idx = graph.producer(v).layer_idx,
                            .scope = StrCat("grad/", graph.producer(v).scope),
-                           .name = ""};
+                           .name = "",
+                           .backward = true};
       ASSIGN_OR_RETURN(std::vector<ValueId> out, graph.AddOp("add", {total, parts[i]}, {}, at));
       total = out.front();
     }
@@ -122,7 +124,8 @@ absl::StatusOr<GradientMap> Autodiff(Graph& graph, ValueId loss, const AutodiffO
 
   const NodeOptions seed_at{.layer_idx = graph.node(last).layer_idx,
                             .scope = StrCat("grad/", graph.node(last).scope),
-                            .name = ""};
+                            .name = "",
+                            .backward = true};
   ASSIGN_OR_RETURN(std::vector<ValueId> seed,
                    graph.AddOp("ones", {}, {{"shape", std::vector<int64_t>{}}, {"dtype", loss_meta.dtype}}, seed_at));
   contributions[static_cast<size_t>(loss)].push_back(seed.front());

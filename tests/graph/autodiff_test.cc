@@ -197,5 +197,44 @@ TEST(AutodiffTest, MissingGradientRuleNamesTheOp) {
   EXPECT_CONTAINS(gradients.status().message(), "no gradient rule");
 }
 
+// Backward nodes are what Autodiff emits, whatever their scopes say; passes
+// that copy nodes keep the mark.
+TEST(AutodiffTest, MarksTheNodesItEmitsBackward) {
+  GraphBuilder b;
+  Sym x = b.Input("x", {DType::kF32, Shape{4, 5}});
+  Sym w = b.Variable("w", {5, 6}, InitRule::Normal(0, 0.5, 5, 0));
+  Sym h;
+  {
+    auto scope = b.Scope("grad/h");  // a forward scope that only looks like autodiff's
+    h = Tanh(Matmul(x, w));
+  }
+  b.MarkLoss(ReduceMean(h * h));
+  auto built = b.Finish();
+  ASSERT_TRUE(built.ok()) << built.status();
+  Graph graph = *std::move(built);
+  const NodeId num_forward = graph.num_nodes();
+  ASSERT_TRUE(graph.producer(h.id()).scope.starts_with("grad/")) << graph.producer(h.id()).scope;
+  auto gradients = Autodiff(graph);
+  ASSERT_TRUE(gradients.ok()) << gradients.status();
+  ASSERT_GT(graph.num_nodes(), num_forward);
+  for (const Node& n : graph.nodes()) EXPECT_EQ(n.backward, n.id >= num_forward) << n.op << " " << n.scope;
+
+  // Gradient accumulation rebuilds the graph: the copies keep the mark, and
+  // its own repeat / acc / scale nodes are not backward.
+  const int num_backward = static_cast<int>(graph.num_nodes() - num_forward);
+  auto accumulated = AccumulateGradients(graph, *gradients, 2);
+  ASSERT_TRUE(accumulated.ok()) << accumulated.status();
+  int marked = 0;
+  for (const Node& n : graph.nodes()) {
+    marked += n.backward ? 1 : 0;
+    if (n.kind == NodeKind::kRepeat || n.kind == NodeKind::kAcc) {
+      EXPECT_FALSE(n.backward) << n.op;
+    }
+  }
+  EXPECT_EQ(marked, num_backward);
+  EXPECT_TRUE(graph.producer(accumulated->remap[static_cast<size_t>(gradients->at(w.id()))]).backward);
+  EXPECT_FALSE(graph.producer(accumulated->remap[static_cast<size_t>(h.id())]).backward);
+}
+
 }  // namespace
 }  // namespace tessera::graph

@@ -7,8 +7,10 @@
 #include <vector>
 
 #include "actors/plan.h"
+#include "core/text.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "graph/builder.h"
+#include "graph/passes.h"
 #include "tests/graph/graph_interpreter.h"
 #include "tests/graph/test_mlp.h"
 #include "train/engine.h"
@@ -354,6 +356,43 @@ TEST(LowerTest, RandomOpsMoveAlongTheValuesBatchAxis) {
   ASSERT_EQ(forward.size(), 2u);
   EXPECT_EQ(forward[1], (std::pair<int32_t, int64_t>{0, kRows}));
   EXPECT_EQ(forward[2], (std::pair<int32_t, int64_t>{1, kRows}));
+}
+
+// The coordinator's launch order knows backward conversions by the nodes
+// autodiff marks (graph::Node::backward), not by scope names: a forward loss
+// under a scope "grad/..." is reduced as forward, its weight gradient as
+// backward.
+TEST(LowerTest, BackwardConversionsAreTheOnesAutodiffMade) {
+  graph::GraphBuilder b;
+  graph::Sym x = b.Input("x", {DType::kF32, Shape{4, 5}});
+  graph::Sym w = b.Variable("w", {5, 3}, graph::InitRule::Normal(0, 0.5, 5, 0));
+  {
+    auto scope = b.Scope("grad/head");  // a forward scope that only looks like autodiff's
+    b.MarkLoss(graph::ReduceMean(graph::Matmul(x, w)));
+  }
+  auto built = b.Finish();
+  ASSERT_TRUE(built.ok()) << built.status();
+  graph::Graph graph = *std::move(built);
+  auto gradients = graph::Autodiff(graph);
+  ASSERT_TRUE(gradients.ok()) << gradients.status();
+  ASSERT_TRUE(graph.MarkFetch("dw", gradients->at(w.id())).ok());
+  auto lowered = scheduler::LowerToPlan(graph, {.parallel = {.data = 2, .world_size = 2}});
+  ASSERT_TRUE(lowered.ok()) << lowered.status();
+  const std::string of_loss = StrCat("boxing:", graph::ValueRef(graph.losses()[0]), ":");
+  const std::string of_gradient = StrCat("boxing:", graph::ValueRef(gradients->at(w.id())), ":");
+  int loss_tasks = 0, gradient_tasks = 0;
+  for (const proto::Task& task : lowered->plan.tasks()) {
+    if (task.name().starts_with(of_loss)) {
+      ++loss_tasks;
+      EXPECT_FALSE(task.boxing().launch().backward()) << task.name();
+    }
+    if (task.name().starts_with(of_gradient)) {
+      ++gradient_tasks;
+      EXPECT_TRUE(task.boxing().launch().backward()) << task.name();
+    }
+  }
+  EXPECT_EQ(loss_tasks, 2);  // its all-reduce, on each rank
+  EXPECT_EQ(gradient_tasks, 2);
 }
 
 }  // namespace
