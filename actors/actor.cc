@@ -616,8 +616,13 @@ class CollectiveActor final : public Actor {
   std::unique_ptr<PendingStep> pending_ = std::make_unique<PendingStep>();
 };
 
-// Send / Recv: a pipeline edge between two devices; the pair's communicator
-// (sender rank 0, receiver rank 1) carries one register per act, in order.
+// Send / Recv: a pipeline edge between two devices. Every transfer between
+// the same two ranks shares the pair's communicator (sender rank 0, receiver
+// rank 1), which pairs the k-th Send with the k-th Recv; the coordinator
+// issues them in the plan's order on both sides (launch_order.h). A send
+// acts when its input register is ready, a recv when a register is free,
+// and either only once the coordinator admits it; the register is acked
+// (send) or handed on (recv) when the transfer completes.
 class TransferActor final : public Actor {
  public:
   using Actor::Actor;
@@ -632,7 +637,8 @@ class TransferActor final : public Actor {
     const std::vector<uint32_t> members = sender_ ? std::vector<uint32_t>{env_.rank, peer}
                                                   : std::vector<uint32_t>{peer, env_.rank};
     ASSIGN_OR_RETURN(communicator_, env_.join(task_.transfer().group(), members, sender_ ? 0 : 1));
-    return absl::OkStatus();
+    if (env_.coordinator == nullptr) return absl::OkStatus();
+    return env_.coordinator->Use(id(), {task_.transfer().group()});
   }
 
  private:
@@ -649,33 +655,45 @@ class TransferActor final : public Actor {
       ++act_count_;
       return true;
     }
-    if (sender_) {
-      if (!AllConsumedReady()) return false;
-      slot_.Launched();
-      const std::vector<Tensor>& tensors = FrontTensors(consumed_[0]);
-      const auto input = static_cast<size_t>(task_.transfer().input_tensor());
-      if (input >= tensors.size()) return absl::InvalidArgumentError(StrCat("no tensor ", input, " in the consumed register"));
-      communicator_->Send(tensors[input], 1, slot_.Callback(env_.bus, id()));
-      return true;
+    if (sender_ ? !AllConsumedReady() : (act_count_ >= TotalPieces(task_, env_.iterations) || !AllProducedFree())) {
+      return false;
     }
-    if (act_count_ >= env_.iterations * PiecesPerIteration(task_) || !AllProducedFree()) return false;
-    taken_ = TakeFree(produced_[0]);
+    if (sender_) {
+      const auto input = static_cast<size_t>(task_.transfer().input_tensor());
+      if (input >= FrontTensors(consumed_[0]).size()) {
+        return absl::InvalidArgumentError(StrCat("no tensor ", input, " in the consumed register"));
+      }
+    } else if (produced_[0].registers->registers[static_cast<size_t>(produced_[0].free.front())].size() != 1) {
+      return absl::InvalidArgumentError("a recv carries registers of one tensor");
+    }
+    waiting_ = env_.coordinator != nullptr && !env_.coordinator->TryLaunch(id(), act_count_);
+    if (waiting_) return false;  // woken with Cmd(resume) once it heads its lane
     slot_.Launched();
-    const std::vector<Tensor>& tensors = produced_[0].registers->registers[static_cast<size_t>(taken_)];
-    if (tensors.size() != 1) return absl::InvalidArgumentError("a recv carries registers of one tensor");
-    communicator_->Recv(tensors[0], 0, slot_.Callback(env_.bus, id()));
+    if (sender_) {
+      const Tensor& input = FrontTensors(consumed_[0])[static_cast<size_t>(task_.transfer().input_tensor())];
+      communicator_->Send(input, 1, slot_.Callback(env_.bus, id()));
+    } else {
+      taken_ = TakeFree(produced_[0]);
+      communicator_->Recv(produced_[0].registers->registers[static_cast<size_t>(taken_)][0], 0,
+                          slot_.Callback(env_.bus, id()));
+    }
+    // Issued: the pair's next transfer in the plan's order may go.
+    if (env_.coordinator != nullptr) {
+      for (uint64_t next : env_.coordinator->Issued(id())) env_.bus->Send(Message::Cmd(next, Command::kResume));
+    }
     return true;
   }
   bool ShouldEnd() const override {
     if (slot_.in_flight()) return false;
-    return sender_ ? Actor::ShouldEnd() : act_count_ >= env_.iterations * PiecesPerIteration(task_);
+    return sender_ ? Actor::ShouldEnd() : act_count_ >= TotalPieces(task_, env_.iterations);
   }
-  bool Busy() const override { return slot_.in_flight(); }
+  bool Busy() const override { return slot_.in_flight() || waiting_; }
 
   bool sender_ = false;
   std::shared_ptr<comm::Communicator> communicator_;
   AsyncSlot slot_;
   int32_t taken_ = 0;
+  bool waiting_ = false;  // ready, but not yet admitted by the coordinator
 };
 
 template <typename Kind>

@@ -81,9 +81,9 @@ struct ActorEnvironment {
   int64_t start_iteration = 0;  // Plan.start_iteration
   JoinFn join;  // for Collective / Send / Recv actors
   uint32_t rank = 0;  // the global rank of the actor's device (Plan.ranks)
-  // Launches every device's collectives in the plan's static order (null:
-  // each collective launches as soon as it can; only for plans whose
-  // collectives never share a communicator).
+  // Launches every device's collectives and transfers in the plan's static
+  // order (null: each launches as soon as it can; only for plans whose
+  // collectives and transfers never share a communicator).
   CollectiveCoordinator* coordinator = nullptr;
 };
 

@@ -148,7 +148,7 @@ class LoadedJob {
       return joined.communicator;
     };
     ASSIGN_OR_RETURN(job->coordinator, CollectiveCoordinator::Build(job->plan));
-    job->env.coordinator = job->coordinator.get();
+    if (options.ordered_launches) job->env.coordinator = job->coordinator.get();
     for (const auto& task : job->plan.tasks()) {
       ActorEnvironment env = job->env;
       const ActorId id = DecodeActorId(task.actor_id());
@@ -446,7 +446,7 @@ absl::Status Runtime::Run() {
     if (unfinished.size() > 8) unfinished.resize(8);
     const std::string launches = job_->coordinator->Describe();
     return absl::DeadlineExceededError(StrCat(first_error.message(), "; not finished: ", Join(unfinished, "; "),
-                                              launches.empty() ? "" : StrCat("; collectives: ", launches)));
+                                              launches.empty() ? "" : StrCat("; launch order: ", launches)));
   }
   if (!unfinished.empty()) return absl::InternalError(StrCat(unfinished[0], " did not finish"));
   return absl::OkStatus();

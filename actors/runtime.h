@@ -65,6 +65,11 @@ struct RuntimeOptions {
   // the actors that had not finished (a plan whose quotas deadlock, a
   // callback that never returns...). 0 = wait forever.
   double stall_timeout_s = 0;
+  // Collectives and transfers launch in the plan's static order
+  // (actors/launch_order.h). false: each launches as soon as it is ready,
+  // which mismatches ops over a shared communicator; only for tests that
+  // show what the order prevents.
+  bool ordered_launches = true;
   // Load: the most host memory the plan's CPU registers and Parameter state
   // may take (each tensor counted at least one allocator block); a plan
   // asking more is refused with ResourceExhausted before anything is
