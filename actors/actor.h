@@ -11,6 +11,10 @@
 // Registers are owned by the RegisterTable (allocated up front by the
 // runtime); actors borrow it. Tensors in a register are written only by its
 // producer while no consumer holds it, which the protocol guarantees.
+//
+// The kinds (Source, Compute, Parameter, Repeat, Acc, Sink, Collective,
+// Send / Recv) live in actors/kinds/, one file each, which opens with the
+// kind's act condition and states.
 
 #include <cstdint>
 #include <deque>
