@@ -58,6 +58,25 @@ std::string Actor::Describe() const {
   return StrCat(out, " on ", actor_id.device().ToString(), " [", actor_id.ToString(), "]");
 }
 
+std::string Actor::DescribeWait(const std::function<std::string(uint64_t)>& name_of) const {
+  std::vector<std::string> parts;
+  if (!started_) parts.push_back("its start");
+  for (const Consumed& c : consumed_) {
+    if (c.ready.empty() && !c.eord) parts.push_back(StrCat("a ready register of desc ", c.desc_id, " from ", name_of(c.producer)));
+  }
+  for (const Produced& p : produced_) {
+    const size_t out = p.reading_count.size() - p.free.size();
+    if (eord_sent_ ? out == 0 : !p.free.empty()) continue;
+    std::vector<std::string> readers;
+    for (uint64_t consumer : p.consumers) readers.push_back(name_of(consumer));
+    parts.push_back(StrCat(eord_sent_ ? "its registers of desc " : "a free register of desc ", p.desc_id, " (", out, " of ",
+                           p.reading_count.size(), " held by ", Join(readers, ", "), ")"));
+  }
+  std::string kind = DescribeKindWait();
+  if (!kind.empty()) parts.push_back(std::move(kind));
+  return Join(parts, ", ");
+}
+
 absl::Status Actor::Annotate(const absl::Status& status) const {
   return absl::Status(status.code(), StrCat(Describe(), ": ", status.message()));
 }

@@ -116,6 +116,12 @@ class Actor {
   bool done() const { return done_; }
   // "actor 'mul' (node 0 cpu:0 stream 0 task 2)"
   std::string Describe() const;
+  // What the actor waits for, for the watchdog's report: "a ready register
+  // of desc 3 from 'mul', a free register of desc 5 (2 of 2 held by 'add')",
+  // and per kind its collective or transfer in flight or its turn in the
+  // launch order; "" when it waits for nothing. Call only while no thread
+  // runs the actor. `name_of` names an actor by id.
+  std::string DescribeWait(const std::function<std::string(uint64_t)>& name_of) const;
 
  protected:
   struct Consumed {
@@ -144,6 +150,9 @@ class Actor {
   // Whether an asynchronous operation (a collective, a transfer) is in
   // flight: the actor holds its registers until it completes.
   virtual bool Busy() const { return false; }
+  // The kind's own waits (an asynchronous op, the coordinator's turn), for
+  // DescribeWait.
+  virtual std::string DescribeKindWait() const { return ""; }
 
   bool AllConsumedReady() const;
   bool AllProducedFree() const;  // every produced desc has a free register

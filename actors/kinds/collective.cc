@@ -163,6 +163,15 @@ class CollectiveActor final : public Actor {
     Issued(step);
   }
   bool ShouldEnd() const override { return !slot_.in_flight() && Actor::ShouldEnd(); }
+  std::string DescribeKindWait() const override {
+    std::string turn = env_.coordinator == nullptr ? "" : env_.coordinator->DescribeWait(id());
+    if (!turn.empty()) turn = StrCat(" (", turn, ")");
+    if (waiting_) return StrCat("its turn in the launch order", turn);
+    if (!slot_.in_flight()) return "";
+    std::lock_guard<std::mutex> lock(pending_->mu);
+    if (pending_->issue) return StrCat("its turn for collective step ", pending_->step, turn);
+    return StrCat("its collective (act ", act_count_, ") in flight");
+  }
   bool Busy() const override { return slot_.in_flight() || waiting_; }
 
   std::optional<comm::BoxingRoutine> routine_;

@@ -89,6 +89,15 @@ class TransferActor final : public Actor {
     return sender_ ? Actor::ShouldEnd() : act_count_ >= TotalPieces(task_, env_.iterations);
   }
   bool Busy() const override { return slot_.in_flight() || waiting_; }
+  std::string DescribeKindWait() const override {
+    if (waiting_) {
+      const std::string turn = env_.coordinator->DescribeWait(id());
+      return StrCat("its turn in the launch order", turn.empty() ? "" : StrCat(" (", turn, ")"));
+    }
+    if (!slot_.in_flight()) return "";
+    return StrCat("its ", sender_ ? "send to" : "receive from", " rank ", task_.transfer().peer(), " (act ", act_count_,
+                  ") in flight on ", task_.transfer().group());
+  }
 
   bool sender_ = false;
   std::shared_ptr<comm::Communicator> communicator_;
