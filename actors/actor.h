@@ -11,6 +11,10 @@
 // Registers are owned by the RegisterTable (allocated up front by the
 // runtime); actors borrow it. Tensors in a register are written only by its
 // producer while no consumer holds it, which the protocol guarantees.
+//
+// The kinds (Source, Compute, Parameter, Repeat, Acc, Sink, Collective,
+// Send / Recv) live in actors/kinds/, one file each, which opens with the
+// kind's act condition and states.
 
 #include <cstdint>
 #include <deque>
@@ -81,9 +85,9 @@ struct ActorEnvironment {
   int64_t start_iteration = 0;  // Plan.start_iteration
   JoinFn join;  // for Collective / Send / Recv actors
   uint32_t rank = 0;  // the global rank of the actor's device (Plan.ranks)
-  // Launches every device's collectives in the plan's static order (null:
-  // each collective launches as soon as it can; only for plans whose
-  // collectives never share a communicator).
+  // Launches every device's collectives and transfers in the plan's static
+  // order (null: each launches as soon as it can; only for plans whose
+  // collectives and transfers never share a communicator).
   CollectiveCoordinator* coordinator = nullptr;
 };
 
@@ -112,6 +116,12 @@ class Actor {
   bool done() const { return done_; }
   // "actor 'mul' (node 0 cpu:0 stream 0 task 2)"
   std::string Describe() const;
+  // What the actor waits for, for the watchdog's report: "a ready register
+  // of desc 3 from 'mul', a free register of desc 5 (2 of 2 held by 'add')",
+  // and per kind its collective or transfer in flight or its turn in the
+  // launch order; "" when it waits for nothing. Call only while no thread
+  // runs the actor. `name_of` names an actor by id.
+  std::string DescribeWait(const std::function<std::string(uint64_t)>& name_of) const;
 
  protected:
   struct Consumed {
@@ -140,6 +150,9 @@ class Actor {
   // Whether an asynchronous operation (a collective, a transfer) is in
   // flight: the actor holds its registers until it completes.
   virtual bool Busy() const { return false; }
+  // The kind's own waits (an asynchronous op, the coordinator's turn), for
+  // DescribeWait.
+  virtual std::string DescribeKindWait() const { return ""; }
 
   bool AllConsumedReady() const;
   bool AllProducedFree() const;  // every produced desc has a free register

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <mutex>
 #include <new>
@@ -148,7 +149,7 @@ class LoadedJob {
       return joined.communicator;
     };
     ASSIGN_OR_RETURN(job->coordinator, CollectiveCoordinator::Build(job->plan));
-    job->env.coordinator = job->coordinator.get();
+    if (options.ordered_launches) job->env.coordinator = job->coordinator.get();
     for (const auto& task : job->plan.tasks()) {
       ActorEnvironment env = job->env;
       const ActorId id = DecodeActorId(task.actor_id());
@@ -192,13 +193,31 @@ class LoadedJob {
 
 namespace {
 
+using Clock = std::chrono::steady_clock;
+
+int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
+}
+// Seconds, to the millisecond (for messages).
+double Seconds(int64_t ns) { return std::round(static_cast<double>(ns) / 1e6) / 1e3; }
+
+// What the watchdog reads of one actor while its thread runs.
+struct WatchedActor {
+  Actor* actor = nullptr;
+  std::atomic<int64_t> last_progress_ns{0};  // when its last Handle ended (or the run began)
+  std::atomic<bool> done{false};
+};
+
 // One stream's thread: a mutex+condvar queue for messages from other
 // threads, and a lock-free local queue for messages its own actors send to
-// each other (the same-thread fast path).
+// each other (the same-thread fast path). The watchdog reads its progress
+// (busy_since_ns, each actor's last progress) from another thread.
 class ActorThread {
  public:
   void Add(Actor* actor) {
-    actors_[actor->id()] = actor;
+    auto& watched = actors_[actor->id()];
+    watched = std::make_unique<WatchedActor>();
+    watched->actor = actor;
     ++live_;
   }
 
@@ -221,12 +240,26 @@ class ActorThread {
     cv_.notify_one();
   }
 
+  // Before the thread starts: every actor's clock begins at `now_ns`.
+  void StartClocks(int64_t now_ns) {
+    for (auto& [id, watched] : actors_) watched->last_progress_ns.store(now_ns, std::memory_order_relaxed);
+  }
+
   // Runs until every actor of the thread is done, Stop() is called, or an
   // actor fails (returned).
   absl::Status Loop(const std::atomic<bool>& aborted);
 
-  // Messages handled so far; read by the watchdog from another thread.
+  // Read by the watchdog from another thread.
   int64_t handled() const { return handled_.load(std::memory_order_relaxed); }
+  // When the Handle running now began; 0 when the thread is not in one.
+  int64_t busy_since_ns() const { return busy_since_ns_.load(std::memory_order_acquire); }
+  // The actor of that Handle (valid while busy_since_ns() != 0).
+  uint64_t busy_actor() const { return busy_actor_.load(std::memory_order_relaxed); }
+  // The actors (the map is fixed before the thread starts).
+  const std::unordered_map<uint64_t, std::unique_ptr<WatchedActor>>& actors() const { return actors_; }
+  // Loop has returned (set by the worker, read by Run).
+  bool finished() const { return finished_.load(std::memory_order_acquire); }
+  void MarkFinished() { finished_.store(true, std::memory_order_release); }
 
  private:
   std::mutex mu_;
@@ -235,10 +268,13 @@ class ActorThread {
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<Message> batch_;   // this thread only
   std::deque<Message> local_;    // this thread only
-  std::unordered_map<uint64_t, Actor*> actors_;
+  std::unordered_map<uint64_t, std::unique_ptr<WatchedActor>> actors_;
   int live_ = 0;
   // Written by this thread only (a plain load + store, no locked add).
   std::atomic<int64_t> handled_{0};
+  std::atomic<int64_t> busy_since_ns_{0};
+  std::atomic<uint64_t> busy_actor_{0};
+  std::atomic<bool> finished_{false};
 };
 
 thread_local ActorThread* current_thread = nullptr;
@@ -265,8 +301,11 @@ absl::Status ActorThread::Loop(const std::atomic<bool>& aborted) {
       status = absl::InternalError(StrCat("message to an actor not on this thread: ", message.ToString()));
       break;
     }
-    Actor* actor = it->second;
+    WatchedActor& watched = *it->second;
+    Actor* actor = watched.actor;
     const bool was_done = actor->done();
+    busy_actor_.store(actor->id(), std::memory_order_relaxed);
+    busy_since_ns_.store(NowNs(), std::memory_order_release);
     // A kernel or a host callback that throws (std::bad_alloc on an
     // allocation sized by the job, a library's exception) fails the job like
     // any error instead of terminating the process.
@@ -279,8 +318,13 @@ absl::Status ActorThread::Loop(const std::atomic<bool>& aborted) {
       status = absl::InternalError(StrCat(actor->Describe(), " threw while handling ", message.ToString(),
                                           ": ", e.what()));
     }
+    watched.last_progress_ns.store(NowNs(), std::memory_order_relaxed);
+    busy_since_ns_.store(0, std::memory_order_release);
     if (!status.ok()) break;
-    if (!was_done && actor->done()) --live_;
+    if (!was_done && actor->done()) {
+      --live_;
+      watched.done.store(true, std::memory_order_relaxed);
+    }
     if (aborted.load(std::memory_order_relaxed)) break;
   }
   current_thread = nullptr;
@@ -310,10 +354,38 @@ class Runtime::Bus final : public MessageBus {
   }
 
   std::unordered_map<uint64_t, std::unique_ptr<ActorThread>> routes_;  // stream -> thread
-  std::function<void(absl::Status)> on_error;  // set by Run
+  std::function<void(absl::Status)> on_error;  // set before Run starts its threads, then kept
 };
 
-Runtime::Runtime(RuntimeOptions options) : options_(std::move(options)), bus_(std::make_unique<Bus>()) {}
+// Everything the actor threads touch. Shared between the Runtime and Run's
+// threads: a thread inside a kernel that never returns is left running
+// (Run gives up on it after hung_kernel_timeout_s) and keeps this alive
+// until it returns, even after the Runtime is gone.
+struct Runtime::Core {
+  explicit Core(RuntimeOptions o) : options(std::move(o)) {}
+
+  // The first error wins; every thread stops.
+  void StopAll(absl::Status status) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (first_error.ok()) first_error = std::move(status);
+    }
+    aborted.store(true);
+    for (ActorThread* thread : threads) thread->Stop();
+  }
+
+  RuntimeOptions options;
+  Bus bus;  // before job: destroying the job aborts its communicators, whose callbacks post here
+  std::unique_ptr<internal::LoadedJob> job;
+  std::vector<ActorThread*> threads;  // fixed before Run starts them
+  std::atomic<bool> aborted{false};
+  std::mutex mu;
+  std::condition_variable finished_cv;
+  absl::Status first_error ABSL_GUARDED_BY(mu);
+  size_t finished ABSL_GUARDED_BY(mu) = 0;  // threads whose Loop returned
+};
+
+Runtime::Runtime(RuntimeOptions options) : core_(std::make_shared<Core>(std::move(options))) {}
 Runtime::~Runtime() = default;
 
 absl::StatusOr<std::unique_ptr<Runtime>> Runtime::Load(const proto::Plan& plan, RuntimeOptions options) {
@@ -324,12 +396,14 @@ absl::StatusOr<std::unique_ptr<Runtime>> Runtime::Load(const proto::Plan& plan, 
 
 absl::StatusOr<std::unique_ptr<Runtime>> Runtime::LoadSerialized(std::string_view plan_bytes, RuntimeOptions options) {
   std::unique_ptr<Runtime> runtime(new Runtime(std::move(options)));
-  ASSIGN_OR_RETURN(runtime->job_, internal::LoadedJob::Load(plan_bytes, runtime->options_, runtime->bus_.get()));
-  for (const auto& actor : runtime->job_->actors) {
-    auto& thread = runtime->bus_->routes_[StreamOf(actor->id())];
+  Core& core = *runtime->core_;
+  ASSIGN_OR_RETURN(core.job, internal::LoadedJob::Load(plan_bytes, core.options, &core.bus));
+  for (const auto& actor : core.job->actors) {
+    auto& thread = core.bus.routes_[StreamOf(actor->id())];
     if (!thread) thread = std::make_unique<ActorThread>();
     thread->Add(actor.get());
   }
+  for (auto& [stream, thread] : core.bus.routes_) core.threads.push_back(thread.get());
   return runtime;
 }
 
@@ -346,110 +420,166 @@ void Runtime::Abort(absl::Status reason) {
   if (stop_all_) stop_all_(reason);
 }
 
-const proto::Plan& Runtime::plan() const { return job_->plan; }
+const proto::Plan& Runtime::plan() const { return core_->job->plan; }
 
 absl::Status Runtime::Run() {
   if (ran_) return absl::FailedPreconditionError("Runtime::Run called twice");
   ran_ = true;
-  const auto start = std::chrono::steady_clock::now();
+  Core& core = *core_;
+  const auto start = Clock::now();
   // Start commands go in before any thread runs, so each actor sees its
   // start before any register message.
-  for (const auto& actor : job_->actors) bus_->Send(Message::Cmd(actor->id(), Command::kStart));
-
-  std::atomic<bool> aborted{false};
-  std::mutex mu;  // guards first_error, finished
-  std::condition_variable finished_cv;
-  absl::Status first_error;
-  size_t finished = 0;
-  std::vector<ActorThread*> threads;
-  for (auto& [stream, thread] : bus_->routes_) threads.push_back(thread.get());
-  const auto stop_all = [&](absl::Status status) {
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      if (first_error.ok()) first_error = std::move(status);
-    }
-    aborted.store(true);
-    for (ActorThread* other : threads) other->Stop();
-  };
-  bus_->on_error = stop_all;
+  for (const auto& actor : core.job->actors) core.bus.Send(Message::Cmd(actor->id(), Command::kStart));
+  core.bus.on_error = [&core](absl::Status status) { core.StopAll(std::move(status)); };
   {
     std::lock_guard<std::mutex> lock(abort_mu_);
-    if (!abort_reason_.ok()) {
-      bus_->on_error = {};
-      return abort_reason_;
-    }
-    stop_all_ = [&](absl::Status status) {
-      stop_all(status);
-      job_->AbortCommunicators(status);
+    if (!abort_reason_.ok()) return abort_reason_;
+    stop_all_ = [&core](absl::Status status) {
+      core.StopAll(status);
+      core.job->AbortCommunicators(status);
     };
   }
+  const int64_t start_ns = NowNs();
+  for (ActorThread* thread : core.threads) thread->StartClocks(start_ns);
   std::vector<std::thread> workers;
-  workers.reserve(threads.size());
-  for (ActorThread* thread : threads) {
-    workers.emplace_back([&, thread]() {
-      absl::Status status = thread->Loop(aborted);
-      if (!status.ok()) stop_all(std::move(status));
-      std::lock_guard<std::mutex> lock(mu);
-      ++finished;
-      finished_cv.notify_all();
+  workers.reserve(core.threads.size());
+  for (ActorThread* thread : core.threads) {
+    workers.emplace_back([shared = core_, thread]() {
+      absl::Status status = thread->Loop(shared->aborted);
+      if (!status.ok()) shared->StopAll(std::move(status));
+      std::lock_guard<std::mutex> lock(shared->mu);
+      thread->MarkFinished();
+      ++shared->finished;
+      shared->finished_cv.notify_all();
     });
   }
-  // Watchdog: progress = messages handled on any thread.
-  {
-    const auto total = [&]() {
-      int64_t sum = 0;
-      for (ActorThread* thread : threads) sum += thread->handled();
-      return sum;
-    };
-    int64_t last_total = -1;
-    auto last_change = std::chrono::steady_clock::now();
-    bool stalled = false;
-    std::unique_lock<std::mutex> lock(mu);
-    while (finished < threads.size()) {
-      finished_cv.wait_for(lock, std::chrono::milliseconds(100));
-      if (options_.stall_timeout_s <= 0 || stalled) continue;
-      const int64_t now_total = total();
-      const auto now = std::chrono::steady_clock::now();
-      if (now_total != last_total) {
-        last_total = now_total;
-        last_change = now;
-      } else if (std::chrono::duration<double>(now - last_change).count() >= options_.stall_timeout_s) {
-        stalled = true;
-        lock.unlock();
-        stop_all(absl::DeadlineExceededError(
-            StrCat("no actor handled a message for ", options_.stall_timeout_s, " s")));
-        lock.lock();
-      }
+  const std::vector<std::string> hung = Watch();
+  // Threads that returned are joined; a thread still inside a hung Handle is
+  // left to finish on its own (it holds the Core).
+  for (size_t i = 0; i < workers.size(); ++i) {
+    if (core.threads[i]->finished()) {
+      workers[i].join();
+    } else {
+      workers[i].detach();
     }
   }
-  for (std::thread& worker : workers) worker.join();
   {
     std::lock_guard<std::mutex> lock(abort_mu_);
     stop_all_ = {};
   }
-  bus_->on_error = {};
-  if (!first_error.ok()) job_->AbortCommunicators(first_error);
+  absl::Status first_error;
+  {
+    std::lock_guard<std::mutex> lock(core.mu);
+    first_error = core.first_error;
+  }
+  if (!first_error.ok()) core.job->AbortCommunicators(first_error);
 
-  stats_.threads = static_cast<int>(threads.size());
-  for (ActorThread* thread : threads) {
+  stats_.threads = static_cast<int>(core.threads.size());
+  for (ActorThread* thread : core.threads) {
     stats_.messages_per_thread.push_back(thread->handled());
     stats_.messages += thread->handled();
   }
-  stats_.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  // Threads are joined: actor state can be read safely now.
+  stats_.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  if (!first_error.ok() && first_error.code() != absl::StatusCode::kDeadlineExceeded) return first_error;
+  // The actors of joined threads can be read safely now; those of a thread
+  // left inside a hung Handle are only named.
+  const int64_t now = NowNs();
+  const auto name_of = [&core](uint64_t id) {
+    auto it = core.job->by_id.find(id);
+    return it == core.job->by_id.end() ? ActorIdToString(id) : StrCat("'", it->second->name(), "'");
+  };
   std::vector<std::string> unfinished;
-  for (const auto& actor : job_->actors) {
-    if (!actor->done()) unfinished.push_back(actor->Describe());
+  for (ActorThread* thread : core.threads) {
+    if (!thread->finished()) continue;
+    for (const auto& [id, watched] : thread->actors()) {
+      const Actor& actor = *watched->actor;
+      if (actor.done()) continue;
+      const std::string waits = actor.DescribeWait(name_of);
+      unfinished.push_back(StrCat(actor.Describe(), ", idle ",
+                                  Seconds(now - watched->last_progress_ns.load(std::memory_order_relaxed)), " s",
+                                  waits.empty() ? "" : StrCat(", waits for ", waits)));
+    }
   }
-  if (!first_error.ok()) {
-    if (first_error.code() != absl::StatusCode::kDeadlineExceeded) return first_error;
-    if (unfinished.size() > 8) unfinished.resize(8);
-    const std::string launches = job_->coordinator->Describe();
-    return absl::DeadlineExceededError(StrCat(first_error.message(), "; not finished: ", Join(unfinished, "; "),
-                                              launches.empty() ? "" : StrCat("; collectives: ", launches)));
+  if (first_error.ok()) {
+    if (!unfinished.empty()) return absl::InternalError(StrCat(unfinished[0], " did not finish"));
+    return absl::OkStatus();
   }
-  if (!unfinished.empty()) return absl::InternalError(StrCat(unfinished[0], " did not finish"));
-  return absl::OkStatus();
+  std::sort(unfinished.begin(), unfinished.end());
+  constexpr size_t kMostNamed = 8;
+  const size_t more = unfinished.size() > kMostNamed ? unfinished.size() - kMostNamed : 0;
+  unfinished.resize(std::min(unfinished.size(), kMostNamed));
+  const std::string launches = core.job->coordinator->Describe();
+  std::string message(first_error.message());
+  if (!hung.empty()) message += StrCat("; left running: ", Join(hung, "; "));
+  if (!unfinished.empty()) {
+    message += StrCat(hung.empty() ? "; stuck: " : "; not finished: ", Join(unfinished, "; "),
+                      more > 0 ? StrCat(" (and ", more, " more)") : "");
+  }
+  if (!launches.empty()) message += StrCat("; launch order: ", launches);
+  return absl::DeadlineExceededError(message);
+}
+
+// The watchdog, on Run's thread until every worker returned or only hung
+// ones are left. An actor inside Handle (a kernel, a host callback) is
+// running, however long it takes; the job is stuck when no thread is inside
+// a Handle and no unfinished actor made progress (handled a message) for
+// stall_timeout_s. An actor whose kernel or callback never returns is what
+// hung_kernel_timeout_s is for: after that long in one Handle it fails the
+// job, and once every other thread stopped Run gives up on it. Returns the
+// actors given up on.
+std::vector<std::string> Runtime::Watch() {
+  Core& core = *core_;
+  const double stall_s = core.options.stall_timeout_s;
+  const double hung_s = core.options.hung_kernel_timeout_s;
+  const auto poll = std::chrono::milliseconds(50);
+  bool reported = false;  // a stall or hung kernel already failed the job
+  std::unique_lock<std::mutex> lock(core.mu);
+  while (core.finished < core.threads.size()) {
+    core.finished_cv.wait_for(lock, poll);
+    if (core.finished == core.threads.size()) break;
+    lock.unlock();
+    const int64_t now = NowNs();
+    bool any_busy = false;
+    bool only_hung_left = true;  // every thread still running is inside a Handle past hung_s
+    int64_t last_progress = 0;   // the latest of any unfinished actor
+    std::vector<std::string> hung;
+    for (ActorThread* thread : core.threads) {
+      if (thread->finished()) continue;
+      const int64_t since = thread->busy_since_ns();
+      const uint64_t busy = thread->busy_actor();
+      if (since != 0) {
+        any_busy = true;
+        if (hung_s > 0 && Seconds(now - since) >= hung_s) {
+          hung.push_back(StrCat(core.job->by_id.at(busy)->Describe(), " inside one Handle for ", Seconds(now - since), " s"));
+          continue;
+        }
+      }
+      only_hung_left = false;
+      for (const auto& [id, watched] : thread->actors()) {
+        if (!watched->done.load(std::memory_order_relaxed)) {
+          last_progress = std::max(last_progress, watched->last_progress_ns.load(std::memory_order_relaxed));
+        }
+      }
+    }
+    if (core.aborted.load()) {
+      // Stopping: wait for every thread, but not for a hung one.
+      if (!hung.empty() && only_hung_left) {
+        lock.lock();
+        return hung;
+      }
+    } else if (!hung.empty() && !reported) {
+      reported = true;
+      core.StopAll(absl::DeadlineExceededError(
+          StrCat(Join(hung, "; "), ": a kernel or callback that does not return (hung_kernel_timeout_s ", hung_s, ")")));
+      core.job->AbortCommunicators(absl::CancelledError("a kernel hung"));
+    } else if (stall_s > 0 && !any_busy && last_progress > 0 && Seconds(now - last_progress) >= stall_s && !reported) {
+      reported = true;
+      core.StopAll(absl::DeadlineExceededError(
+          StrCat("no actor made progress for ", stall_s, " s and none is running a kernel (stall_timeout_s)")));
+    }
+    lock.lock();
+  }
+  return {};
 }
 
 // The stepped executor's bus: one FIFO, delivered by the caller.

@@ -15,7 +15,7 @@
 // time by the caller on the caller's thread, for protocol tests (DESIGN §12).
 //
 // Neither class is thread-safe; Run uses its own threads internally. Host
-// callbacks run on actor threads.
+// callbacks run on actor threads. Abort may be called from any thread.
 
 #include <cstdint>
 #include <deque>
@@ -60,11 +60,31 @@ struct RuntimeOptions {
   std::string kv_prefix = "job";
   std::string hostname = "127.0.0.1";
   double connect_timeout_s = 30;
-  // Runtime::Run: when > 0 and no actor on any thread handled a message for
-  // this long, the job is stopped and Run returns DeadlineExceeded naming
-  // the actors that had not finished (a plan whose quotas deadlock, a
-  // callback that never returns...). 0 = wait forever.
+  // Runtime::Run's watchdog tells a slow job from a stuck one by each
+  // actor's progress (messages handled) and each thread's "inside Handle
+  // since". An actor inside Handle (a long kernel, a slow host callback) is
+  // running, not stuck. When stall_timeout_s > 0, no thread is inside a
+  // Handle and no unfinished actor made progress for that long (a plan whose
+  // quotas deadlock, a peer that never answers), the job is stopped and Run
+  // returns DeadlineExceeded naming the unfinished actors and what each
+  // waits for: a consumed desc without a ready register, a produced desc
+  // without a free one, its collective or transfer in flight, its turn in
+  // the launch order. 0 = wait forever.
   double stall_timeout_s = 0;
+  // When > 0 and an actor stays inside one Handle for this long (a kernel
+  // or callback that never returns), Run stops the job and, once every
+  // other thread stopped, returns DeadlineExceeded naming it, without
+  // waiting for it: its thread is left running (detached) and keeps the
+  // job's state alive until it returns, so what it borrows (the pools, the
+  // registry, the hub, what the callbacks capture) must outlive it too. A
+  // failing job waits at most this long for kernels still running. 0 = wait
+  // forever.
+  double hung_kernel_timeout_s = 600;
+  // Collectives and transfers launch in the plan's static order
+  // (actors/launch_order.h). false: each launches as soon as it is ready,
+  // which mismatches ops over a shared communicator; only for tests that
+  // show what the order prevents.
+  bool ordered_launches = true;
   // Load: the most host memory the plan's CPU registers and Parameter state
   // may take (each tensor counted at least one allocator block); a plan
   // asking more is refused with ResourceExhausted before anything is
@@ -110,15 +130,18 @@ class Runtime {
 
  private:
   class Bus;
+  struct Core;
   explicit Runtime(RuntimeOptions options);
+  // Run's watchdog; returns the actors left inside a hung Handle.
+  std::vector<std::string> Watch();
 
-  RuntimeOptions options_;
-  std::unique_ptr<Bus> bus_;
+  // The options, bus, job and run state, shared with Run's threads (one
+  // inside a Handle that never returns outlives Run, and the Runtime).
+  std::shared_ptr<Core> core_;
   // Abort and Run share these.
   std::mutex abort_mu_;
   absl::Status abort_reason_ ABSL_GUARDED_BY(abort_mu_);
   std::function<void(absl::Status)> stop_all_ ABSL_GUARDED_BY(abort_mu_);  // set while Run runs
-  std::unique_ptr<internal::LoadedJob> job_;
   Stats stats_;
   bool ran_ = false;
 };

@@ -15,12 +15,15 @@ absl::Status Lowering::LowerTransfer(ValueId v, int64_t stage, const NdSbp& sbp)
   const std::string what = value.name.empty() ? graph::ValueRef(v) : value.name;
   // Across stages: convert on the producer's stage first, then one
   // point-to-point transfer per parallel id (stages share the mesh shape).
+  // Every transfer from one rank to another shares that pair's
+  // communicator; the coordinator issues them in their launch order on
+  // both sides (actors/launch_order.h).
   RETURN_IF_ERROR(Ensure(v, from.stage, sbp));
   const std::vector<Shard>& source = shards_.at({v, from.stage, NdSbpToString(sbp)});
   std::vector<Shard>& target = shards_[{v, stage, NdSbpToString(sbp)}];
   const int64_t order = NewConversion(v);
   for (int64_t i = 0; i < placement(stage).size(); ++i) {
-    const std::string group = StrCat("t", order, "/", i);
+    const std::string group = StrCat("p2p/", Rank(from.stage, i), "->", Rank(stage, i));
     ASSIGN_OR_RETURN(const uint64_t send,
                      NewTask(proto::ACTOR_KIND_SEND, StrCat("send:", what, ":", order, Suffix(from.stage, i)),
                              kTransferStream, Device(from.stage, i)));
@@ -32,6 +35,11 @@ absl::Status Lowering::LowerTransfer(ValueId v, int64_t stage, const NdSbp& sbp)
       t->set_group(group);
       t->set_order(order);
       t->set_peer(static_cast<uint32_t>(task == send ? Rank(stage, i) : Rank(from.stage, i)));
+      proto::LaunchOrder* launch = t->mutable_launch();
+      launch->set_epoch(facts_.epoch[static_cast<size_t>(v)]);
+      launch->set_backward(facts_.backward[static_cast<size_t>(v)]);
+      launch->set_stage(static_cast<int32_t>(task == send ? from.stage : stage));
+      launch->set_num_stages(static_cast<int32_t>(mesh_.num_stages()));
       SetRate(task, micro);
     }
     builder_.task(send).mutable_transfer()->set_input_tensor(source[static_cast<size_t>(i)].tensor);

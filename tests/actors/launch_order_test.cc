@@ -1,6 +1,7 @@
-// The static collective coordinator: the 1F1B launch slots, the per-device
-// launch sequence, and a run in which two devices' collectives over one
-// shared communicator become ready in opposite orders.
+// The static coordinator: the 1F1B launch slots, the per-device launch
+// sequence, the sequence of a pair's transfers on both sides, and runs in
+// which two devices' collectives, or two transfers over one pair
+// communicator, become ready in the wrong order.
 #include "actors/launch_order.h"
 
 #include <algorithm>
@@ -14,6 +15,7 @@
 
 #include "actors/plan.h"
 #include "actors/runtime.h"
+#include "core/text.h"
 #include "gtest/gtest.h"
 #include "tests/deadline.h"
 
@@ -265,6 +267,203 @@ TEST(LaunchOrder, CollectivesReadyInOppositeOrdersShareOneCommunicator) {
       EXPECT_EQ(got[sink][static_cast<size_t>(it)], want) << sink << " iteration " << it;
     }
   }
+}
+
+
+// One value crossing from device `from` (stage from_stage) to device `to`
+// (stage to_stage) of num_stages: a SEND on `from` and a RECV on `to`, over
+// the pair's communicator "p2p/<from>-><to>".
+struct TransferSpec {
+  std::string name;
+  int64_t order = 0;
+  bool backward = false;
+  int32_t epoch = 0;
+  int32_t pieces = 1;  // per iteration: > 1 for per-micro-batch values
+};
+struct TransferPair {
+  uint64_t send = 0;
+  uint64_t recv = 0;
+};
+TransferPair AddTransfer(comm::PlanBuilder& b, const TransferSpec& spec, uint32_t from, uint32_t to, int32_t from_stage,
+                         int32_t to_stage, int32_t num_stages, uint32_t stream = 1) {
+  TransferPair pair;
+  pair.send = b.AddTask(proto::ACTOR_KIND_SEND, "send:" + spec.name, stream, from);
+  pair.recv = b.AddTask(proto::ACTOR_KIND_RECV, "recv:" + spec.name, stream, to);
+  for (uint64_t id : {pair.send, pair.recv}) {
+    const bool send = id == pair.send;
+    proto::TransferDesc* t = b.task(id).mutable_transfer();
+    t->set_peer(send ? to : from);
+    t->set_group(StrCat("p2p/", from, "->", to));
+    t->set_order(spec.order);
+    t->mutable_launch()->set_epoch(spec.epoch);
+    t->mutable_launch()->set_backward(spec.backward);
+    t->mutable_launch()->set_stage(send ? from_stage : to_stage);
+    t->mutable_launch()->set_num_stages(num_stages);
+    if (spec.pieces > 1) {
+      b.task(id).set_pieces_per_iteration(spec.pieces);
+      b.task(id).set_acts_per_step(spec.pieces);
+    }
+  }
+  return pair;
+}
+
+// What one device's lane issues when every task is always ready: "<name>
+// <act>" in admission order.
+std::vector<std::string> LaneSequence(CollectiveCoordinator& c,
+                                      const std::vector<std::pair<uint64_t, std::string>>& tasks) {
+  std::map<uint64_t, int64_t> next;
+  std::vector<std::string> out;
+  for (bool admitted = true; admitted;) {
+    admitted = false;
+    for (const auto& [id, name] : tasks) {
+      if (!c.TryLaunch(id, next[id])) continue;
+      out.push_back(StrCat(name, " ", next[id]++));
+      c.Issued(id);
+      admitted = true;
+      break;
+    }
+  }
+  return out;
+}
+
+// Stage 1 -> 2 of 4 (different warm-ups, so different slots on the two
+// sides), m = 4, two iterations: forward activations x and y, a weight w
+// read by the later stage (once per iteration), and back 2 -> 1 the
+// gradients g and h and w's accumulated gradient (epoch 1). Both sides of
+// each pair issue one sequence: iteration-rate values first in their epoch,
+// then per micro-batch in the global order.
+TEST(LaunchOrder, BothSidesOfAPairIssueItsTransfersInOneSequence) {
+  constexpr int32_t kPieces = 4;
+  comm::PlanBuilder b(2);
+  std::vector<std::pair<uint64_t, std::string>> sends_forward, recvs_forward, sends_backward, recvs_backward;
+  for (const TransferSpec& spec : {TransferSpec{"y", 9, false, 0, kPieces}, TransferSpec{"x", 4, false, 0, kPieces},
+                                   TransferSpec{"w", 12, false, 0, 1}}) {
+    const TransferPair pair = AddTransfer(b, spec, 1, 2, 1, 2, 4);
+    sends_forward.push_back({pair.send, spec.name});
+    recvs_forward.push_back({pair.recv, spec.name});
+  }
+  for (const TransferSpec& spec : {TransferSpec{"wg", 3, true, 1, 1}, TransferSpec{"g", 20, true, 0, kPieces},
+                                   TransferSpec{"h", 15, true, 0, kPieces}}) {
+    const TransferPair pair = AddTransfer(b, spec, 2, 1, 2, 1, 4);
+    sends_backward.push_back({pair.send, spec.name});
+    recvs_backward.push_back({pair.recv, spec.name});
+  }
+  const proto::Plan plan = b.plan();
+  auto coordinator = CollectiveCoordinator::Build(plan);
+  ASSERT_TRUE(coordinator.ok()) << coordinator.status();
+  CollectiveCoordinator& c = **coordinator;
+  for (const auto* lane : {&sends_forward, &recvs_forward, &sends_backward, &recvs_backward}) {
+    for (const auto& [id, name] : *lane) {
+      const proto::Task& task = *std::find_if(plan.tasks().begin(), plan.tasks().end(),
+                                              [id = id](const proto::Task& t) { return t.actor_id() == id; });
+      ASSERT_TRUE(c.Use(id, {task.transfer().group()}).ok());
+    }
+  }
+  std::vector<std::string> forward, backward;
+  for (int64_t it = 0; it < 2; ++it) {
+    forward.push_back(StrCat("w ", it));
+    backward.push_back(StrCat("wg ", it));
+    for (int64_t k = 0; k < kPieces; ++k) {
+      forward.push_back(StrCat("x ", it * kPieces + k));
+      forward.push_back(StrCat("y ", it * kPieces + k));
+      backward.insert(backward.end() - 1, StrCat("h ", it * kPieces + k));
+      backward.insert(backward.end() - 1, StrCat("g ", it * kPieces + k));
+    }
+  }
+  EXPECT_EQ(LaneSequence(c, sends_forward), forward);
+  EXPECT_EQ(LaneSequence(c, recvs_forward), forward);
+  EXPECT_EQ(LaneSequence(c, sends_backward), backward);
+  EXPECT_EQ(LaneSequence(c, recvs_backward), backward);
+  EXPECT_TRUE(c.Describe().empty()) << c.Describe();
+}
+
+TEST(LaunchOrder, APairMixingForwardAndBackwardMicroBatchesIsRefused) {
+  comm::PlanBuilder b(1);
+  AddTransfer(b, TransferSpec{"act", 0, false, 0, 2}, 0, 1, 0, 1, 2);
+  AddTransfer(b, TransferSpec{"grad", 1, true, 0, 2}, 0, 1, 0, 1, 2);
+  auto coordinator = CollectiveCoordinator::Build(b.plan());
+  ASSERT_FALSE(coordinator.ok());
+  EXPECT_NE(coordinator.status().message().find("'send:act' (forward) and 'send:grad' (backward)"), std::string::npos)
+      << coordinator.status();
+  // After accumulation (another epoch) or once per iteration, they may share.
+  comm::PlanBuilder ok(1);
+  AddTransfer(ok, TransferSpec{"act", 0, false, 0, 2}, 0, 1, 0, 1, 2);
+  AddTransfer(ok, TransferSpec{"grad", 1, true, 1, 2}, 0, 1, 0, 1, 2);
+  AddTransfer(ok, TransferSpec{"other", 2, true, 0, 1}, 0, 1, 0, 1, 2);
+  EXPECT_TRUE(CollectiveCoordinator::Build(ok.plan()).ok());
+}
+
+// Device 0 sends a (3 floats) then b (5 floats) to device 1 every iteration
+// over their one pair communicator; a is late (filled only after b was,
+// and 20 ms after that), so device 0 has b ready first, while device 1 posts
+// its receive of a first. Launched as they become ready, the pair's first
+// Send (b) meets the first Recv (a): a mismatch that fails the job. The
+// coordinator issues a then b on both sides.
+absl::Status RunLateTransfer(bool ordered, std::vector<std::vector<float>>* got) {
+  constexpr int64_t kIterations = 3;
+  comm::PlanBuilder b(kIterations);
+  RuntimeOptions options;
+  options.stall_timeout_s = 20;
+  options.ordered_launches = ordered;
+  std::mutex mu;
+  std::condition_variable filled_cv;
+  std::map<std::string, int64_t> filled;  // source -> pieces filled
+  const uint64_t sink = b.AddTask(proto::ACTOR_KIND_SINK, "sink", 0, 1);
+  b.task(sink).set_callback("sink");
+  for (const auto& [name, n, order] : {std::tuple<std::string, int64_t, int64_t>{"a", 3, 0}, {"b", 5, 1}}) {
+    const uint64_t src = b.AddTask(proto::ACTOR_KIND_SOURCE, "src:" + name, name == "a" ? 2 : 3, 0);
+    b.task(src).set_callback(name);
+    options.callbacks.sources[name] = [&, name = name, n = n](int64_t piece, const std::vector<Tensor>& out) {
+      if (name == "a") {
+        std::unique_lock<std::mutex> lock(mu);
+        // Bounded: b's piece needs nothing from a.
+        filled_cv.wait_for(lock, std::chrono::seconds(10), [&] { return filled["b"] > piece; });
+        lock.unlock();
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+      float* p = out[0].data<float>();
+      for (int64_t i = 0; i < n; ++i) p[i] = static_cast<float>(100 * piece + 10 * i + (name == "a" ? 1 : 2));
+      std::lock_guard<std::mutex> lock(mu);
+      ++filled[name];
+      filled_cv.notify_all();
+      return absl::OkStatus();
+    };
+    const TransferPair pair = AddTransfer(b, TransferSpec{name, order}, 0, 1, 0, 1, 2);
+    b.AddRegisterDesc(src, {pair.send}, 1, {TensorMeta{DType::kF32, Shape{n}}});
+    b.AddRegisterDesc(pair.recv, {sink}, 1, {TensorMeta{DType::kF32, Shape{n}}});
+  }
+  options.callbacks.sinks["sink"] = [&mu, got](int64_t, const std::vector<Tensor>& in) {
+    std::vector<float> values;
+    for (const Tensor& t : in) values.insert(values.end(), t.data<float>(), t.data<float>() + t.NumElements());
+    std::lock_guard<std::mutex> lock(mu);
+    got->push_back(values);
+    return absl::OkStatus();
+  };
+  auto runtime = Runtime::Load(b.Build(), options);
+  if (!runtime.ok()) return runtime.status();
+  ::tessera::testing::Deadline deadline(std::chrono::seconds(30), "Runtime::Run of the late-transfer plan");
+  return (*runtime)->Run();
+}
+
+TEST(LaunchOrder, TransfersReadyOutOfOrderShareOnePairCommunicator) {
+  std::vector<std::vector<float>> got;
+  const absl::Status status = RunLateTransfer(/*ordered=*/true, &got);
+  ASSERT_TRUE(status.ok()) << status;
+  ASSERT_EQ(got.size(), 3u);
+  for (int64_t it = 0; it < 3; ++it) {
+    std::vector<float> want;
+    for (int64_t i = 0; i < 3; ++i) want.push_back(static_cast<float>(100 * it + 10 * i + 1));
+    for (int64_t i = 0; i < 5; ++i) want.push_back(static_cast<float>(100 * it + 10 * i + 2));
+    EXPECT_EQ(got[static_cast<size_t>(it)], want) << "iteration " << it;
+  }
+}
+
+TEST(LaunchOrder, WithoutTheOrderTheLateTransferMismatches) {
+  std::vector<std::vector<float>> got;
+  const absl::Status status = RunLateTransfer(/*ordered=*/false, &got);
+  ASSERT_FALSE(status.ok());
+  EXPECT_NE(status.message().find("mismatched Send/Recv #0"), std::string::npos) << status;
+  EXPECT_TRUE(got.empty());
 }
 
 }  // namespace

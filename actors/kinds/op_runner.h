@@ -1,0 +1,60 @@
+#pragma once
+// OpRunner: runs a task's op on the tensors its TensorRefs name, each the
+// front ready register of a consumed desc, the register being written of a
+// produced desc, or one of the actor's own state tensors (Parameter). Used
+// by the Compute and Parameter kinds, on the actor's thread only.
+
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "comm/proto/plan.pb.h"
+#include "core/tensor.h"
+#include "core/thread_pool.h"
+#include "ops/kernel_context.h"
+#include "ops/registry.h"
+
+namespace tessera::actors::internal {
+
+class OpRunner {
+ public:
+  enum class Where : uint8_t { kConsumed, kProduced, kState };
+  struct Ref {
+    Where where;
+    int slot;    // index into consumed / produced / state
+    int tensor;  // tensor index within the register
+  };
+
+  // Resolves the task's refs against its consumed and produced desc ids. A
+  // task without an op runs nothing (has_op() false).
+  absl::Status Init(const proto::Task& task, const ops::OpRegistry& registry, const std::vector<int64_t>& consumed_ids,
+                    const std::vector<int64_t>& produced_ids);
+
+  bool has_op() const { return schema_ != nullptr; }
+
+  // Runs the op for act `act` of `task`; `lookup(ref)` gives the tensor each
+  // ref names for this act. The kernel step is act / acts_per_step, the
+  // micro-batch act % pieces_per_iteration.
+  template <typename Lookup>
+  absl::Status Run(const proto::Task& task, Lookup&& lookup, int64_t act, int64_t start_iteration, ThreadPool* pool,
+                   const Device& device) {
+    for (size_t i = 0; i < inputs_.size(); ++i) ctx_.inputs[i] = lookup(inputs_[i]);
+    for (size_t i = 0; i < outputs_.size(); ++i) ctx_.outputs[i] = lookup(outputs_[i]);
+    return RunBound(task, act, start_iteration, pool, device);
+  }
+
+ private:
+  // Run once the context holds this act's tensors.
+  absl::Status RunBound(const proto::Task& task, int64_t act, int64_t start_iteration, ThreadPool* pool,
+                        const Device& device);
+
+  const ops::OpSchema* schema_ = nullptr;
+  ops::AttrMap attrs_;
+  std::vector<Ref> inputs_, outputs_;
+  bool any_slice_ = false;
+  std::vector<int64_t> base_input_offsets_, base_output_offsets_;  // offset[0] of micro-batch 0
+  ops::KernelContext ctx_;
+};
+
+}  // namespace tessera::actors::internal

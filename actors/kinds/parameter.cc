@@ -1,0 +1,109 @@
+// Parameter (DESIGN §8): owns a variable and its optimizer state. Its
+// produced desc (register_num 1) is the variable, initialised by the host's
+// initializer or the plan's init rules; it emits the variable once per
+// iteration and, when every reader acked and the gradient (its consumed
+// descs) arrived, runs the update op in place. After the last update the
+// host's finalizer, if any, gets the trained values.
+//
+// Act condition: emitting — iterations left and the variable free (every
+// reader acked); updating — every consumed desc has a ready register and the
+// variable is free.
+//
+// States:  emit --(send ready)--> update (emit, without a gradient)
+//          update --(run the update, ack the gradient)--> emit
+//          after the last iteration: update --(finalizer)--> Eord sent
+//                                           --(variable back)--> done
+// A gradient stream that ends before the last update is an error.
+
+#include "actors/actor_id.h"
+#include "actors/init_rules.h"
+#include "actors/kinds/kinds.h"
+#include "actors/kinds/op_runner.h"
+#include "core/status.h"
+
+namespace tessera::actors::internal {
+namespace {
+
+class ParameterActor final : public Actor {
+ public:
+  using Actor::Actor;
+  absl::Status InitKind() {
+    for (const auto& desc : task_.state()) {
+      ASSIGN_OR_RETURN(TensorMeta meta, TensorMetaFromProto(desc));
+      ASSIGN_OR_RETURN(Tensor t, Tensor::Zeros(meta.shape, meta.dtype, DecodeActorId(id()).device()));
+      state_.push_back(std::move(t));
+    }
+    // A host initializer (a run going on from trained values) takes
+    // precedence over the plan's init rules.
+    std::vector<Tensor> all = Variable();
+    all.insert(all.end(), state_.begin(), state_.end());
+    auto host = task_.callback().empty() ? env_.callbacks->initializers.end()
+                                         : env_.callbacks->initializers.find(task_.callback());
+    if (host != env_.callbacks->initializers.end()) {
+      RETURN_IF_ERROR(host->second(all));
+    } else if (task_.init_size() > 0) {
+      RETURN_IF_ERROR(RunInitRules(task_, *env_.registry, all));
+    } else if (!task_.callback().empty()) {
+      return absl::NotFoundError(StrCat("no initializer callback '", task_.callback(), "' and no init rules"));
+    }
+    return runner_.Init(task_, *env_.registry, DescIds(task_.consumed_register_desc_ids()),
+                        DescIds(task_.produced_register_desc_ids()));
+  }
+
+ private:
+  std::vector<Tensor>& Variable() { return produced_[0].registers->registers[0]; }
+
+  absl::StatusOr<bool> ActOnce() override {
+    Produced& variable = produced_[0];
+    if (awaiting_update_) {
+      if (!AllConsumedReady() || !variable.all_free()) return false;
+      if (runner_.has_op()) {
+        auto lookup = [this](const OpRunner::Ref& r) -> const Tensor& {
+          if (r.where == OpRunner::Where::kConsumed) return FrontTensors(consumed_[static_cast<size_t>(r.slot)])[static_cast<size_t>(r.tensor)];
+          if (r.where == OpRunner::Where::kState) return state_[static_cast<size_t>(r.slot)];
+          return Variable()[static_cast<size_t>(r.tensor)];
+        };
+        RETURN_IF_ERROR(runner_.Run(task_, lookup, emitted_ - 1, env_.start_iteration, env_.pool, DecodeActorId(id()).device()));
+      }
+      for (Consumed& c : consumed_) AckFront(c);
+      awaiting_update_ = false;
+      if (emitted_ >= TotalPieces(task_, env_.iterations)) RETURN_IF_ERROR(Finalize());
+      return true;
+    }
+    if (emitted_ >= TotalPieces(task_, env_.iterations) || !variable.all_free()) return false;
+    SendReady(variable, TakeFree(variable));
+    ++emitted_;
+    ++act_count_;
+    awaiting_update_ = !consumed_.empty();
+    return true;
+  }
+  bool ShouldEnd() const override { return emitted_ >= TotalPieces(task_, env_.iterations); }
+  absl::Status CheckEnd() const override {
+    if (awaiting_update_ && AllConsumedExhausted()) {
+      return absl::FailedPreconditionError("gradient stream ended before the last update");
+    }
+    return absl::OkStatus();
+  }
+
+  // Hands the trained variable and state to the host's finalizer, if any.
+  absl::Status Finalize() {
+    auto it = env_.callbacks->finalizers.find(task_.callback());
+    if (task_.callback().empty() || it == env_.callbacks->finalizers.end()) return absl::OkStatus();
+    std::vector<Tensor> all = Variable();
+    all.insert(all.end(), state_.begin(), state_.end());
+    return it->second(all);
+  }
+
+  OpRunner runner_;
+  std::vector<Tensor> state_;
+  int64_t emitted_ = 0;
+  bool awaiting_update_ = false;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Actor>> MakeParameterActor(const proto::Task& task, const ActorEnvironment& env) {
+  return MakeActor<ParameterActor>(task, env);
+}
+
+}  // namespace tessera::actors::internal

@@ -1,0 +1,62 @@
+// Source / Tick (DESIGN §8): one register per piece (once per iteration, or
+// per micro-batch when pieces_per_iteration > 1), filled by the host
+// callback the task names; without one it is a tick, whose registers hold
+// whatever they hold.
+//
+// Act condition: pieces left, and every produced desc has a free register.
+// Act: take a free register of each produced desc, fill them (callback),
+// hand them to their consumers.
+//
+// States:  emitting --(act)--> emitting
+//          emitting --(last piece emitted)--> Eord sent
+//                   --(every register acked)--> done
+
+#include "actors/kinds/kinds.h"
+#include "core/status.h"
+
+namespace tessera::actors::internal {
+namespace {
+
+class SourceActor final : public Actor {
+ public:
+  using Actor::Actor;
+  absl::Status InitKind() {
+    if (!task_.callback().empty()) {
+      auto it = env_.callbacks->sources.find(task_.callback());
+      if (it == env_.callbacks->sources.end()) {
+        return absl::NotFoundError(StrCat("no source callback '", task_.callback(), "'"));
+      }
+      fill_ = &it->second;
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  absl::StatusOr<bool> ActOnce() override {
+    if (act_count_ >= TotalPieces(task_, env_.iterations) || !AllProducedFree()) return false;
+    std::vector<int32_t> taken;
+    for (Produced& p : produced_) taken.push_back(TakeFree(p));
+    if (fill_ != nullptr) {
+      std::vector<Tensor> outputs;
+      for (size_t i = 0; i < produced_.size(); ++i) {
+        const auto& tensors = produced_[i].registers->registers[static_cast<size_t>(taken[i])];
+        outputs.insert(outputs.end(), tensors.begin(), tensors.end());
+      }
+      RETURN_IF_ERROR((*fill_)(env_.start_iteration * PiecesPerIteration(task_) + act_count_, outputs));
+    }
+    for (size_t i = 0; i < produced_.size(); ++i) SendReady(produced_[i], taken[i]);
+    ++act_count_;
+    return true;
+  }
+  bool ShouldEnd() const override { return act_count_ >= TotalPieces(task_, env_.iterations); }
+
+  const HostCallbacks::SourceFn* fill_ = nullptr;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Actor>> MakeSourceActor(const proto::Task& task, const ActorEnvironment& env) {
+  return MakeActor<SourceActor>(task, env);
+}
+
+}  // namespace tessera::actors::internal
