@@ -16,6 +16,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "comm/collective/gloo_store.h"
+#include "comm/collective/internal/reduce.h"
 #include "core/status.h"
 #include "core/text.h"
 #include "gloo/common/error.h"
@@ -25,6 +26,12 @@
 
 namespace tessera::comm {
 namespace {
+
+using internal::BytePtr;
+using internal::Offsets;
+using internal::Overlap;
+using internal::ReduceFn;
+using internal::ReduceFor;
 
 using gloo::transport::UnboundBuffer;
 
@@ -139,93 +146,6 @@ bool Decode(const int64_t* words, int p, Signature* s) {
   }
   return true;
 }
-
-// ---- Reduction kernels (ShmHub's numerics, see shm_communicator.h) ----------
-template <typename T>
-struct Accum {
-  using Type = T;
-  static Type Load(T v) { return v; }
-  static T Store(Type v) { return v; }
-};
-template <>
-struct Accum<Half> {
-  using Type = float;
-  static float Load(Half v) { return HalfToFloat(v.bits); }
-  static Half Store(float v) { return Half{FloatToHalf(v)}; }
-};
-template <>
-struct Accum<BFloat16> {
-  using Type = float;
-  static float Load(BFloat16 v) { return BFloat16ToFloat(v.bits); }
-  static BFloat16 Store(float v) { return BFloat16{FloatToBFloat16(v)}; }
-};
-
-template <ReduceOp kOp, typename A>
-inline A Combine(A acc, A x) {
-  if constexpr (kOp == ReduceOp::kSum) {
-    if constexpr (std::is_integral_v<A>) {
-      using U = std::make_unsigned_t<A>;  // wrap instead of signed-overflow UB
-      return static_cast<A>(static_cast<U>(acc) + static_cast<U>(x));
-    } else {
-      return acc + x;
-    }
-  } else {
-    if constexpr (std::is_integral_v<A>) {
-      return std::max(acc, x);
-    } else {
-      return (x > acc || x != x) ? x : acc;  // NaN wins
-    }
-  }
-}
-
-// out[i] = in[0][i] (+) in[1][i] (+) ... (+) in[p-1][i], ranks in order. A
-// block is read from every input before it is written, so `out` may be one of
-// the inputs.
-template <typename T, ReduceOp kOp>
-void ReduceBlocks(const std::vector<const char*>& inputs, char* out_bytes, int64_t n) {
-  using A = typename Accum<T>::Type;
-  constexpr int64_t kBlock = 256;
-  A acc[kBlock];
-  T* out = reinterpret_cast<T*>(out_bytes);
-  for (int64_t b = 0; b < n; b += kBlock) {
-    const int64_t m = std::min(kBlock, n - b);
-    const T* x0 = reinterpret_cast<const T*>(inputs[0]) + b;
-    for (int64_t i = 0; i < m; ++i) acc[i] = Accum<T>::Load(x0[i]);
-    for (size_t r = 1; r < inputs.size(); ++r) {
-      const T* x = reinterpret_cast<const T*>(inputs[r]) + b;
-      for (int64_t i = 0; i < m; ++i) acc[i] = Combine<kOp>(acc[i], Accum<T>::Load(x[i]));
-    }
-    for (int64_t i = 0; i < m; ++i) out[b + i] = Accum<T>::Store(acc[i]);
-  }
-}
-
-using ReduceFn = void (*)(const std::vector<const char*>&, char*, int64_t);
-
-template <typename T>
-ReduceFn PickReduce(ReduceOp op) {
-  return op == ReduceOp::kSum ? &ReduceBlocks<T, ReduceOp::kSum> : &ReduceBlocks<T, ReduceOp::kMax>;
-}
-
-ReduceFn ReduceFor(DType dtype, ReduceOp op) {
-  switch (dtype) {
-    case DType::kF32: return PickReduce<float>(op);
-    case DType::kF16: return PickReduce<Half>(op);
-    case DType::kBF16: return PickReduce<BFloat16>(op);
-    case DType::kI32: return PickReduce<int32_t>(op);
-    case DType::kI64: return PickReduce<int64_t>(op);
-    case DType::kBool: case DType::kF64: break;
-  }
-  TESSERA_CHECK(false, "no reduction for dtype ", DTypeName(dtype));
-  return nullptr;
-}
-
-std::vector<int64_t> Offsets(const std::vector<int64_t>& counts) {
-  std::vector<int64_t> offsets(counts.size() + 1, 0);
-  for (size_t i = 0; i < counts.size(); ++i) offsets[i + 1] = offsets[i] + counts[i];
-  return offsets;
-}
-
-char* BytePtr(const Tensor& t) { return static_cast<char*>(t.raw_data()); }
 
 // Thrown inside an op when Abort woke one of its waits; caught at the op's
 // boundary with gloo's own exceptions.
@@ -444,12 +364,6 @@ class GlooCommunicator final : public Communicator {
       if (__builtin_add_overflow(*sum, counts[r], sum)) return Error(op, StrCat(name, " overflow int64"));
     }
     return absl::OkStatus();
-  }
-
-  static bool Overlap(const Tensor& a, const Tensor& b) {
-    const char* pa = BytePtr(a);
-    const char* pb = BytePtr(b);
-    return a.NumBytes() > 0 && b.NumBytes() > 0 && pa < pb + b.NumBytes() && pb < pa + a.NumBytes();
   }
 
   absl::Status CheckAllReduce(const Tensor& input, const Tensor& output) const {
@@ -768,7 +682,7 @@ class GlooCommunicator final : public Communicator {
     const ReduceFn reduce = ReduceFor(s.dtype, s.op);
     const char* own = BytePtr(input) + static_cast<size_t>(offsets[static_cast<size_t>(me)]) * es;
     if (p == 1) {
-      if (my_count > 0) reduce({own}, mine, my_count);
+      if (my_count > 0) reduce({own}, {mine}, 0, my_count);
       return;
     }
     const int64_t segment = std::max<int64_t>(1, options_.segment_bytes / static_cast<int64_t>(es));
@@ -818,7 +732,7 @@ class GlooCommunicator final : public Communicator {
     // delivers its segments in order), then pass each result on.
     std::unique_ptr<Transfer> result;
     if (gather != nullptr) result = std::make_unique<Transfer>(*this, *collective_context_, mine, static_cast<size_t>(my_count) * es);
-    std::vector<const char*> inputs(static_cast<size_t>(p));
+    std::vector<const void*> inputs(static_cast<size_t>(p));
     for (int64_t i = 0; i < segments(my_count); ++i) {
       const size_t begin = static_cast<size_t>(i * segment) * es;
       for (int k = 1; k < p; ++k) {
@@ -831,7 +745,7 @@ class GlooCommunicator final : public Communicator {
         inputs[static_cast<size_t>(q)] = q == me ? own + begin : scratch[static_cast<size_t>(q)].data() + begin;
       }
       const size_t bytes = piece(my_count, i);
-      reduce(inputs, mine + begin, static_cast<int64_t>(bytes / es));
+      reduce(inputs, {mine + begin}, 0, static_cast<int64_t>(bytes / es));
       if (result) {
         for (int k = 1; k < p; ++k) result->Send((me + k) % p, gather_slot, begin, bytes);
       }
