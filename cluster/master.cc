@@ -145,19 +145,10 @@ class Master::Impl final : public control::Master::Service {
   absl::StatusOr<std::string> Start() {
     if (started_) return absl::FailedPreconditionError("master already started");
     if (auto status = LoadState(); !status.ok()) return status;
-    grpc::ServerBuilder builder;
-    int port = 0;
-    builder.AddListeningPort(options_.listen, ServerCredentials(options_.security), &port);
-    builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
-    builder.SetMaxSendMessageSize(kMaxMessageBytes);
-    builder.RegisterService(this);
-    server_ = builder.BuildAndStart();
-    if (server_ == nullptr || port == 0) {
-      server_.reset();
-      return absl::UnavailableError(absl::StrCat("master: cannot listen on '", options_.listen, "'"));
-    }
-    const size_t colon = options_.listen.rfind(':');
-    address_ = absl::StrCat(options_.listen.substr(0, colon), ":", port);
+    auto served = Serve(options_.listen, options_.security, this, "master");
+    if (!served.ok()) return served.status();
+    server_ = std::move(served->server);
+    address_ = std::move(served->address);
     if (options_.metrics_port >= 0) {
       metrics_server_ = std::make_unique<MetricsHttpServer>([this] { return RenderMetrics(); });
       auto bound = metrics_server_->Start(options_.metrics_host, options_.metrics_port);

@@ -23,6 +23,23 @@ absl::StatusOr<std::string> ReadSecretFile(const std::string& path, bool trim) {
   return contents;
 }
 
+absl::StatusOr<Served> Serve(const std::string& listen, const Security& security, grpc::Service* service,
+                             const std::string& what) {
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(listen, ServerCredentials(security), &port);
+  builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  builder.SetMaxSendMessageSize(kMaxMessageBytes);
+  builder.RegisterService(service);
+  Served served;
+  served.server = builder.BuildAndStart();
+  if (served.server == nullptr || port == 0) {
+    return absl::UnavailableError(absl::StrCat(what, ": cannot listen on '", listen, "'"));
+  }
+  served.address = absl::StrCat(listen.substr(0, listen.rfind(':')), ":", port);
+  return served;
+}
+
 std::shared_ptr<grpc::ServerCredentials> ServerCredentials(const Security& security) {
   if (security.tls_cert.empty() || security.tls_key.empty()) return grpc::InsecureServerCredentials();
   grpc::SslServerCredentialsOptions options;

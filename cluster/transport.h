@@ -15,6 +15,8 @@
 #include "grpcpp/client_context.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/security/server_credentials.h"
+#include "grpcpp/server.h"
+#include "grpcpp/server_builder.h"
 #include "grpcpp/server_context.h"
 
 namespace tessera::cluster {
@@ -40,6 +42,16 @@ struct Security {
 
 [[nodiscard]] std::shared_ptr<grpc::ServerCredentials> ServerCredentials(const Security& security);
 [[nodiscard]] std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, const Security& security);
+
+// A gRPC server bound to `listen` ("host:port"; port 0: the OS picks)
+// serving `service` with `security`'s credentials and kMaxMessageBytes, and
+// the address it bound ("host:<port>"). `what` names the daemon in the error.
+struct Served {
+  std::unique_ptr<grpc::Server> server;
+  std::string address;
+};
+[[nodiscard]] absl::StatusOr<Served> Serve(const std::string& listen, const Security& security, grpc::Service* service,
+                                           const std::string& what);
 
 // Sets the token and a deadline on an outgoing call.
 void PrepareContext(grpc::ClientContext& context, const Security& security, absl::Duration timeout);

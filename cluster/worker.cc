@@ -55,18 +55,10 @@ class Worker::Impl final : public control::Worker::Service {
 
   absl::StatusOr<std::string> Start() {
     if (started_) return absl::FailedPreconditionError("worker already started");
-    grpc::ServerBuilder builder;
-    int port = 0;
-    builder.AddListeningPort(options_.listen, ServerCredentials(options_.security), &port);
-    builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
-    builder.SetMaxSendMessageSize(kMaxMessageBytes);
-    builder.RegisterService(this);
-    server_ = builder.BuildAndStart();
-    if (server_ == nullptr || port == 0) {
-      server_.reset();
-      return absl::UnavailableError(absl::StrCat("worker: cannot listen on '", options_.listen, "'"));
-    }
-    address_ = absl::StrCat(options_.listen.substr(0, options_.listen.rfind(':')), ":", port);
+    auto served = Serve(options_.listen, options_.security, this, "worker");
+    if (!served.ok()) return served.status();
+    server_ = std::move(served->server);
+    address_ = std::move(served->address);
     started_ = true;
     heartbeat_thread_ = std::thread([this] { HeartbeatLoop(); });
     return address_;
