@@ -139,7 +139,10 @@ struct Job {
   std::unique_ptr<Engine> engine;
 };
 
-absl::StatusOr<Job> Prepare(const nlohmann::json& raw_config, PlanExecutor executor = {}) {
+// Resolves the config and builds the model, the mesh, the batch arithmetic,
+// the optimizer and the schedule; with `compile`, also the graph and the
+// engine (job.engine is null without).
+absl::StatusOr<Job> Prepare(const nlohmann::json& raw_config, PlanExecutor executor = {}, bool compile = true) {
   const auto started = std::chrono::steady_clock::now();
   Job job;
   ASSIGN_OR_RETURN(job.config, ResolveJobConfig(raw_config));
@@ -175,11 +178,12 @@ absl::StatusOr<Job> Prepare(const nlohmann::json& raw_config, PlanExecutor execu
   job.options.num_micro_batches = *accumulation;
   // The graph is built for the logical micro-batch: every data-parallel
   // rank's samples (the scheduler splits it).
-  ASSIGN_OR_RETURN(graph::Graph graph, job.model->BuildGraph(per_step));
   double base_lr = 0;
   ASSIGN_OR_RETURN(job.options.optimizer, OptimizerFromConfig(job.config.at("optim"), &base_lr));
   ASSIGN_OR_RETURN(job.schedule,
                    ScheduleFromConfig(job.config.at("lr_scheduler"), base_lr, train.train_iter, train.warmup_ratio));
+  if (!compile) return job;
+  ASSIGN_OR_RETURN(graph::Graph graph, job.model->BuildGraph(per_step));
   const int64_t logical_nodes = graph.num_nodes();
   ASSIGN_OR_RETURN(job.engine, Engine::Compile(std::move(graph), job.options));
   TLOG_INFO("compiled {}: {} graph nodes, {} after autodiff and the optimizer, in {:.1f} ms",
@@ -220,7 +224,8 @@ absl::Status CheckOutputDir(const std::filesystem::path& dir) {
 
 absl::StatusOr<std::unique_ptr<JobFeed>> JobFeed::Make(const nlohmann::json& config) {
   std::unique_ptr<JobFeed> out(new JobFeed);
-  ASSIGN_OR_RETURN(Job job, Prepare(config));
+  // The data needs the model and the schedule, not the compiled graph.
+  ASSIGN_OR_RETURN(Job job, Prepare(config, {}, /*compile=*/false));
   out->model_ = std::move(job.model);
   out->schedule_ = job.schedule;
   out->micro_batches_ = job.options.num_micro_batches;
