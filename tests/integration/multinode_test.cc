@@ -199,12 +199,17 @@ TEST(MultiNode, FourProcessesEveryCollectiveSpansThem) {
   ExpectSameLosses({"train.dist.data_parallel_size=2", "train.dist.tensor_parallel_size=2"}, {1, 1, 1, 1});
 }
 
-TEST(MultiNode, PlanForTooFewDevicesIsAnError) {
+// gpt2_nano with `layout`, compiled for nodes of `devices_per_node` devices.
+absl::StatusOr<std::vector<proto::NodePlan>> NodeParts(const std::string& layout,
+                                                       const std::vector<uint32_t>& devices_per_node) {
   Scratch scratch;
-  auto config = LoadJobConfig(SourcePath("configs/gpt2_nano.json"),
-                              JobOverrides(scratch.dir / "out", {"train.dist.data_parallel_size=4"}));
-  ASSERT_TRUE(config.ok()) << config.status();
-  auto parts = CompileForNodes(*config, {2, 1});
+  auto config = LoadJobConfig(SourcePath("configs/gpt2_nano.json"), JobOverrides(scratch.dir / "out", {layout}));
+  if (!config.ok()) return config.status();
+  return CompileForNodes(*config, devices_per_node);
+}
+
+TEST(MultiNode, PlanForTooFewDevicesIsAnError) {
+  auto parts = NodeParts("train.dist.data_parallel_size=4", {2, 1});
   ASSERT_FALSE(parts.ok());
   EXPECT_NE(parts.status().message().find("needs 4 devices"), std::string::npos) << parts.status();
 }
@@ -212,11 +217,7 @@ TEST(MultiNode, PlanForTooFewDevicesIsAnError) {
 // A node's part loaded without the other nodes' KV store is refused before
 // anything runs, naming the spanning communicator.
 TEST(MultiNode, SpanningGroupWithoutKvIsRefused) {
-  Scratch scratch;
-  auto config = LoadJobConfig(SourcePath("configs/gpt2_nano.json"),
-                              JobOverrides(scratch.dir / "out", {"train.dist.data_parallel_size=2"}));
-  ASSERT_TRUE(config.ok()) << config.status();
-  auto parts = CompileForNodes(*config, {1, 1});
+  auto parts = NodeParts("train.dist.data_parallel_size=2", {1, 1});
   ASSERT_TRUE(parts.ok()) << parts.status();
   actors::RuntimeOptions options;
   const FeedFn feed;
@@ -230,11 +231,7 @@ TEST(MultiNode, SpanningGroupWithoutKvIsRefused) {
 
 // Node 1's part given to a runtime for node 0 is refused.
 TEST(MultiNode, WrongNodeIsRefused) {
-  Scratch scratch;
-  auto config = LoadJobConfig(SourcePath("configs/gpt2_nano.json"),
-                              JobOverrides(scratch.dir / "out", {"train.dist.data_parallel_size=2"}));
-  ASSERT_TRUE(config.ok()) << config.status();
-  auto parts = CompileForNodes(*config, {1, 1});
+  auto parts = NodeParts("train.dist.data_parallel_size=2", {1, 1});
   ASSERT_TRUE(parts.ok()) << parts.status();
   auto runtime = actors::Runtime::LoadSerialized(actors::SerializePlan(parts->at(1).plan()), {});
   ASSERT_FALSE(runtime.ok());
