@@ -390,7 +390,12 @@ class Mutator {
     const google::protobuf::Descriptor* d = message->GetDescriptor();
     if (d->field_count() == 0) return path;
     const auto* field = d->field(static_cast<int>(Below(static_cast<uint64_t>(d->field_count()))));
-    if (field->is_map()) return StrCat(path, ".", MutateAttrs(*static_cast<proto::Task*>(message)));
+    if (field->is_map()) {
+      // The plan's maps are all attribute maps (a task's, an init rule's).
+      if (auto* task = dynamic_cast<proto::Task*>(message)) return StrCat(path, ".", MutateAttrs(*task->mutable_attrs()));
+      if (auto* rule = dynamic_cast<proto::InitRule*>(message)) return StrCat(path, ".", MutateAttrs(*rule->mutable_attrs()));
+      return path;
+    }
     const google::protobuf::Reflection* r = message->GetReflection();
     path += StrCat(".", field->name());
     if (!field->is_repeated()) {
@@ -455,9 +460,8 @@ class Mutator {
         break;  // the drawn value stays
     }
   }
-  // Removes, adds or changes a task attribute, picked in key order.
-  std::string MutateAttrs(proto::Task& task) {
-    auto& attrs = *task.mutable_attrs();
+  // Removes, adds or changes an attribute, picked in key order.
+  std::string MutateAttrs(google::protobuf::Map<std::string, proto::AttrValue>& attrs) {
     std::vector<std::string> keys;
     for (const auto& [key, value] : attrs) keys.push_back(key);
     std::sort(keys.begin(), keys.end());
