@@ -12,6 +12,7 @@
 #include "CLI/CLI.hpp"
 #include "apps/cluster_commands.h"
 #include "cluster/engine_job.h"
+#include "cluster/local_train.h"
 #include "core/logging.h"
 #include "core/schema.h"
 #include "core/text.h"
@@ -57,8 +58,9 @@ int RunConfig(const std::string& path, const std::vector<std::string>& overrides
 int RunTrain(const std::string& path, const std::vector<std::string>& overrides) {
   auto config = tessera::LoadJobConfig(path, overrides);
   if (!config.ok()) return Fail(std::string(config.status().message()));
-  auto summary = tessera::Train(*config, stdout);
-  if (!summary.ok()) return Fail(std::string(summary.status().message()));
+  // The master and worker code of a cluster, in this process.
+  const absl::Status trained = tessera::cluster::TrainOnThisMachine(*config, stdout);
+  if (!trained.ok()) return Fail(std::string(trained.message()));
   return 0;
 }
 

@@ -40,6 +40,8 @@ class EngineJobCompiler final : public JobCompiler {
     spec.devices_needed = feed->devices();
     spec.iterations = feed->iterations();
     spec.output_dir = resolved.at("train").value("output_dir", "");
+    // The master writes the outputs: the directory must be writable here.
+    if (!spec.output_dir.empty()) RETURN_IF_ERROR(CheckOutputDir(spec.output_dir));
     spec.config = std::move(resolved);
     return spec;
   }
@@ -101,10 +103,11 @@ class EnginePlanRunner final : public PlanRunner {
     for (const auto& rank : node_plan_.plan().ranks()) {
       if (rank.node() == node_plan_.node()) devices.push_back(rank.device_index());
     }
-    const int threads = options_.intra_op_threads > 0
-                            ? options_.intra_op_threads
-                            : std::max(1, static_cast<int>(std::thread::hardware_concurrency()) /
-                                              std::max(1, static_cast<int>(devices.size())));
+    // The job's train.dist.intra_op_threads first, then the worker's.
+    const int configured = feed_->intra_op_threads() > 0 ? feed_->intra_op_threads() : options_.intra_op_threads;
+    const int threads = configured > 0 ? configured
+                                       : std::max(1, static_cast<int>(std::thread::hardware_concurrency()) /
+                                                         std::max(1, static_cast<int>(devices.size())));
     std::vector<std::unique_ptr<ThreadPool>> pools;
     if (threads > 1) {
       for (uint32_t device : devices) {

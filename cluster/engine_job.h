@@ -26,7 +26,8 @@ struct EngineRunnerOptions {
   double connect_timeout_s = 30;
   // The runtime's stall watchdog (0 = none).
   double stall_timeout_s = 120;
-  // Kernel threads per device (0 = the machine's share).
+  // Kernel threads per device when the job sets no train.dist.intra_op_threads
+  // (0 = the machine's share).
   int intra_op_threads = 0;
 };
 

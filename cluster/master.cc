@@ -125,12 +125,23 @@ struct Job {
   uint64_t events_base = 0;  // index of events.front() among all events
   std::unique_ptr<std::ofstream> metrics_file;
   std::unique_ptr<std::ofstream> log_file;
+  // A worker said it lost its link to a peer (UNAVAILABLE): the job ends
+  // with the lost peer's name if a probe finds one dead before the
+  // deadline, else with this report.
+  std::string link_lost_report;
+  absl::Time link_lost_deadline;
 };
 
 struct PendingStop {
   std::shared_ptr<control::Worker::Stub> stub;
   std::string job_id;
   std::string reason;
+};
+
+struct UrgentProbe {
+  std::string worker_id;
+  std::shared_ptr<control::Worker::Stub> stub;
+  std::string job_id;
 };
 
 }  // namespace
@@ -326,8 +337,17 @@ class Master::Impl final : public control::Master::Service {
       if (request->code() != 0) {
         const absl::Status error(static_cast<absl::StatusCode>(std::clamp(request->code(), 1, 16)),
                                  request->message().substr(0, kMaxLogLineBytes));
-        EndJobLocked(job, control::FAILED,
-                     absl::StrCat("worker ", worker->id, " (node ", slot->node, "): ", error.ToString()));
+        const std::string reason = absl::StrCat("worker ", worker->id, " (node ", slot->node, "): ", error.ToString());
+        if (error.code() == absl::StatusCode::kUnavailable) {
+          // A lost link is a symptom: the cause is usually a peer that died
+          // or hangs. Probe the job's other workers now and name the one that
+          // does not answer; a report of another kind meanwhile wins.
+          if (job.link_lost_report.empty() && !SuspectPeersLocked(job, worker->id, reason)) {
+            EndJobLocked(job, control::FAILED, reason);
+          }
+        } else {
+          EndJobLocked(job, control::FAILED, reason);
+        }
       } else {
         job.nodes_done.insert(slot->node);
         if (job.nodes_done.size() == job.slots.size() && job.state == control::RUNNING) {
@@ -607,6 +627,8 @@ class Master::Impl final : public control::Master::Service {
     }
     if (state == control::SUCCEEDED) {
       TLOG_INFO("job {} SUCCEEDED", job.id);
+    } else if (!options_.warn_on_job_failure) {
+      TLOG_INFO("job {} {}: {}", job.id, StateName(state), reason);
     } else {
       TLOG_WARN("job {} {}: {}", job.id, StateName(state), reason);
     }
@@ -629,7 +651,30 @@ class Master::Impl final : public control::Master::Service {
     for (const WorkerSlot& slot : job->second->slots) {
       if (slot.worker_id == id) node = slot.node;
     }
-    EndJobLocked(*job->second, control::FAILED, absl::StrCat("worker ", id, " (node ", node, ") lost: ", why));
+    std::string reason = absl::StrCat("worker ", id, " (node ", node, ") lost: ", why);
+    if (!job->second->link_lost_report.empty()) absl::StrAppend(&reason, "; before that ", job->second->link_lost_report);
+    EndJobLocked(*job->second, control::FAILED, reason);
+  }
+
+  // `job` holds a lost-link report from `reporter`: probes every other
+  // worker still running it at once (one failed probe loses the worker: its
+  // peer has seen the link go already) and ends the job with the report at
+  // the deadline if all of them answer. False: no peer to probe.
+  bool SuspectPeersLocked(Job& job, const std::string& reporter, const std::string& report)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const size_t before = urgent_probes_.size();
+    for (const WorkerSlot& slot : job.slots) {
+      auto it = workers_.find(slot.worker_id);
+      if (slot.worker_id == reporter || it == workers_.end() || it->second->job_id != job.id) continue;
+      urgent_probes_.push_back({slot.worker_id, it->second->stub, job.id});
+    }
+    if (urgent_probes_.size() == before) return false;
+    job.link_lost_report = report;
+    job.link_lost_deadline = absl::Now() + options_.probe_timeout + options_.heartbeat_interval;
+    suspect_jobs_.insert(job.id);
+    if (job.log_file) *job.log_file << "[master] " << report << " (probing its peers)\n";
+    changed_.SignalAll();
+    return true;
   }
 
   // The next job that can start now, with its slots; nullptr if none.
@@ -757,7 +802,10 @@ class Master::Impl final : public control::Master::Service {
       absl::MutexLock lock(&mu_);
       Job& job = *jobs_.at(job_id);
       if (job.state != control::COMPILING) return;
-      OpenOutputsLocked(job);
+      if (absl::Status opened = OpenOutputsLocked(job); !opened.ok()) {
+        EndJobLocked(job, control::FAILED, std::string(opened.message()));
+        return;
+      }
       SetStateLocked(job, control::RUNNING);
     }
     for (size_t i = 0; i < slots.size(); ++i) {
@@ -767,6 +815,13 @@ class Master::Impl final : public control::Master::Service {
       grpc::ClientContext context;
       PrepareContext(context, options_.security, options_.rpc_timeout);
       const absl::Status status = ToAbsl(stubs[i]->Start(&context, request, &response));
+      if (absl::IsUnavailable(status)) {
+        // It went away between LoadPlan and Start: the job fails as with
+        // any worker lost while it runs.
+        absl::MutexLock lock(&mu_);
+        LoseWorkerLocked(slots[i].worker_id, absl::StrCat("Start: ", status.message()));
+        return;
+      }
       if (!status.ok()) {
         FailLaunch(job_id, absl::StrCat("worker ", slots[i].worker_id, " (node ", slots[i].node,
                                         "): Start: ", status.ToString()));
@@ -798,22 +853,30 @@ class Master::Impl final : public control::Master::Service {
     EndJobLocked(*jobs_.at(job_id), control::FAILED, reason);
   }
 
-  void OpenOutputsLocked(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (job.spec.output_dir.empty()) return;
+  // Creates train.output_dir with config.json, metrics.jsonl and log.txt;
+  // an error (the job fails) when it cannot: asked-for outputs are never
+  // dropped silently.
+  absl::Status OpenOutputsLocked(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (job.spec.output_dir.empty()) return absl::OkStatus();
     const fs::path dir(job.spec.output_dir);
     std::error_code error;
     fs::create_directories(dir, error);
     if (error) {
-      TLOG_WARN("job {}: cannot create output dir {}: {}", job.id, dir.string(), error.message());
-      return;
+      return absl::InternalError(absl::StrCat("cannot create train.output_dir '", dir.string(), "': ", error.message()));
     }
     if (auto status = WriteFileAtomically(dir / "config.json", job.spec.config.dump(2, ' ', false,
                                                                                  nlohmann::json::error_handler_t::replace) + "\n");
         !status.ok()) {
-      TLOG_WARN("job {}: {}", job.id, std::string(status.message()));
+      return status;
     }
     job.metrics_file = std::make_unique<std::ofstream>(dir / "metrics.jsonl", std::ios::trunc);
     job.log_file = std::make_unique<std::ofstream>(dir / "log.txt", std::ios::trunc);
+    if (!*job.metrics_file || !*job.log_file) {
+      job.metrics_file.reset();
+      job.log_file.reset();
+      return absl::InternalError(absl::StrCat("cannot write metrics.jsonl and log.txt in '", dir.string(), "'"));
+    }
+    return absl::OkStatus();
   }
 
   static absl::Status WriteFileAtomically(const fs::path& path, const std::string& text) {
@@ -916,12 +979,28 @@ class Master::Impl final : public control::Master::Service {
     absl::Time next_probe = absl::Now();
     for (;;) {
       std::vector<PendingStop> stops;
+      std::vector<UrgentProbe> urgent;
       std::vector<std::pair<std::string, std::shared_ptr<control::Worker::Stub>>> probes;
       {
         absl::MutexLock lock(&mu_);
-        auto wake = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return shutting_down_ || !pending_stops_.empty(); };
+        auto wake = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+          return shutting_down_ || !pending_stops_.empty() || !urgent_probes_.empty();
+        };
         mu_.AwaitWithTimeout(absl::Condition(&wake), tick);
         if (shutting_down_) return;
+        urgent.swap(urgent_probes_);
+        // Lost-link reports whose peers all answered: the report is the reason.
+        for (auto it = suspect_jobs_.begin(); it != suspect_jobs_.end();) {
+          auto job = jobs_.find(*it);
+          if (job == jobs_.end() || IsFinal(job->second->state)) {
+            it = suspect_jobs_.erase(it);
+          } else if (absl::Now() >= job->second->link_lost_deadline) {
+            EndJobLocked(*job->second, control::FAILED, job->second->link_lost_report);
+            it = suspect_jobs_.erase(it);
+          } else {
+            ++it;
+          }
+        }
         stops.swap(pending_stops_);
         // Stubs of lost workers go once no call holds them any more.
         std::erase_if(retired_stubs_, [](const auto& stub) { return stub.use_count() == 1; });
@@ -941,10 +1020,11 @@ class Master::Impl final : public control::Master::Service {
             probes.emplace_back(id, worker->stub);
           }
         }
-        async_in_flight_ += static_cast<int>(stops.size() + probes.size());
+        async_in_flight_ += static_cast<int>(stops.size() + probes.size() + urgent.size());
       }
       for (PendingStop& stop : stops) SendStop(std::move(stop));
       for (auto& [id, stub] : probes) SendProbe(id, stub);
+      for (UrgentProbe& probe : urgent) SendUrgentProbe(std::move(probe));
     }
   }
 
@@ -1003,6 +1083,27 @@ class Master::Impl final : public control::Master::Service {
                                });
   }
 
+  // A probe of a worker whose peer lost its link to it: no answer within
+  // probe_timeout loses it (if it still runs that job).
+  void SendUrgentProbe(UrgentProbe probe) {
+    using Call = AsyncCall<control::WorkerStatusRequest, control::WorkerStatusResponse>;
+    auto call = std::make_shared<Call>();
+    call->done.impl = this;
+    call->stub = std::move(probe.stub);
+    PrepareContext(call->context, options_.security, options_.probe_timeout);
+    Call* raw = call.get();
+    raw->stub->async()->Status(
+        &raw->context, &raw->request, &raw->response,
+        [this, call, worker_id = std::move(probe.worker_id), job_id = std::move(probe.job_id)](const grpc::Status& status) {
+          if (status.ok()) return;
+          absl::MutexLock lock(&mu_);
+          auto it = workers_.find(worker_id);
+          if (it == workers_.end() || it->second->stub != call->stub || it->second->job_id != job_id) return;
+          LoseWorkerLocked(worker_id, absl::StrCat("its Worker service did not answer a probe after a peer lost its link "
+                                                   "to it (", status.error_message(), ")"));
+        });
+  }
+
   void AsyncDone() {
     absl::MutexLock lock(&mu_);
     --async_in_flight_;
@@ -1059,6 +1160,8 @@ class Master::Impl final : public control::Master::Service {
   std::map<std::string, std::unique_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> queue_ ABSL_GUARDED_BY(mu_);  // PENDING jobs, oldest first
   std::vector<PendingStop> pending_stops_ ABSL_GUARDED_BY(mu_);
+  std::vector<UrgentProbe> urgent_probes_ ABSL_GUARDED_BY(mu_);
+  std::set<std::string> suspect_jobs_ ABSL_GUARDED_BY(mu_);  // jobs with a link_lost_report
   std::vector<std::shared_ptr<control::Worker::Stub>> retired_stubs_ ABSL_GUARDED_BY(mu_);
   int async_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t next_session_ ABSL_GUARDED_BY(mu_) = 0;

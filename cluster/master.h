@@ -81,6 +81,9 @@ class Master {
     absl::Duration rpc_timeout = absl::Seconds(10);  // LoadPlan, Start, Stop
     absl::Duration max_kv_wait = absl::Minutes(10);
     size_t max_events_per_job = 100000;  // WatchJob history; the oldest go first
+    // Log a job that ends FAILED or CANCELLED at warning level (else info):
+    // off where the submitter prints the reason itself (`tessera train`).
+    bool warn_on_job_failure = true;
   };
 
   Master(Options options, std::unique_ptr<JobCompiler> compiler);

@@ -1,5 +1,9 @@
 #include "cluster/worker.h"
 
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
+
 #include <algorithm>
 #include <atomic>
 #include <map>
@@ -307,6 +311,16 @@ class Worker::Impl final : public control::Worker::Service {
     for (auto& entry : done) {
       if (entry->thread.joinable()) entry->thread.join();
     }
+    const bool reaped = !done.empty();
+    done.clear();
+#if defined(__GLIBC__)
+    // The jobs' registers, plans and threads are gone: give the freed memory
+    // back to the system (glibc keeps it in its arenas otherwise), so an
+    // idle daemon holds only its own.
+    if (reaped) malloc_trim(0);
+#else
+    (void)reaped;
+#endif
   }
 
   void HeartbeatLoop() {

@@ -11,6 +11,8 @@
 
 #include <unistd.h>
 
+#include "fmt/format.h"
+
 #include "comm/proto/plan_codec.h"
 #include "core/config.h"
 #include "core/logging.h"
@@ -198,10 +200,13 @@ absl::StatusOr<proto::Plan> TrainingPlan(const nlohmann::json& config) {
   return job.engine->Plan(job.train.train_iter);
 }
 
-namespace {
+std::string FormatProgressLine(int64_t iteration, int64_t iterations, const nlohmann::json& metrics) {
+  const auto number = [&](const char* key) { return metrics.contains(key) ? metrics.at(key).get<double>() : 0.0; };
+  const std::string grad_norm = metrics.contains("grad_norm") ? metrics.at("grad_norm").dump() : "null";
+  return fmt::format("iter {}/{}  loss {:.6f}  lr {:.3g}  grad_norm {}  samples/s {:.0f}\n", iteration, iterations,
+                     number("loss"), number("lr"), grad_norm, number("samples_per_s"));
+}
 
-// Fails unless `dir` is a directory we can write into, or can be created:
-// checked before the run so that bad input leaves nothing behind.
 absl::Status CheckOutputDir(const std::filesystem::path& dir) {
   std::error_code ec;
   std::filesystem::path probe = dir;
@@ -220,8 +225,6 @@ absl::Status CheckOutputDir(const std::filesystem::path& dir) {
   return absl::OkStatus();
 }
 
-}  // namespace
-
 absl::StatusOr<std::unique_ptr<JobFeed>> JobFeed::Make(const nlohmann::json& config) {
   std::unique_ptr<JobFeed> out(new JobFeed);
   // The data needs the model and the schedule, not the compiled graph.
@@ -234,6 +237,7 @@ absl::StatusOr<std::unique_ptr<JobFeed>> JobFeed::Make(const nlohmann::json& con
   out->iterations_ = job.train.train_iter;
   out->log_period_ = job.train.log_period;
   out->devices_ = job.options.lower.parallel.world_size;
+  out->intra_op_threads_ = job.options.intra_op_threads;
   return out;
 }
 
@@ -326,15 +330,15 @@ absl::StatusOr<TrainSummary> Train(const nlohmann::json& config, std::FILE* prog
     const double samples = static_cast<double>((iteration - last_log_iter) * batch * micro_batches);
     last_log = now;
     last_log_iter = iteration;
+    // What a cluster node reports (cluster/engine_job.cc): grad_norm only
+    // where the plan fetches it.
     nlohmann::json line = {{"iter", iteration + 1}, {"loss", loss}, {"lr", schedule.At(iteration)},
-                           {"grad_norm", nullptr}, {"samples_per_s", seconds > 0 ? samples / seconds : 0.0}};
+                           {"samples_per_s", seconds > 0 ? samples / seconds : 0.0}};
     if (auto it = values.find("grad_norm"); it != values.end()) line["grad_norm"] = it->second.ToVector<float>().at(0);
     metrics << line.dump() << "\n";
     metrics.flush();
     if (progress != nullptr) {
-      std::fprintf(progress, "iter %lld/%lld  loss %.6f  lr %.3g  grad_norm %s  samples/s %.0f\n",
-                   static_cast<long long>(iteration + 1), static_cast<long long>(iters), loss, schedule.At(iteration),
-                   line["grad_norm"].dump().c_str(), line["samples_per_s"].get<double>());
+      std::fputs(FormatProgressLine(iteration + 1, iters, line).c_str(), progress);
       std::fflush(progress);
     }
     return absl::OkStatus();

@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -78,6 +79,9 @@ class JobFeed {
   int64_t iterations() const { return iterations_; }      // train.train_iter
   int64_t log_period() const { return log_period_; }      // train.log_period
   int64_t devices() const { return devices_; }            // the job's world size
+  // train.dist.intra_op_threads: threads per device; 0 = unset (the runner
+  // shares the machine's cores between its devices).
+  int intra_op_threads() const { return intra_op_threads_; }
 
  private:
   JobFeed() = default;
@@ -92,6 +96,7 @@ class JobFeed {
   int64_t iterations_ = 0;
   int64_t log_period_ = 1;
   int64_t devices_ = 1;
+  int intra_op_threads_ = 0;
   std::string lr_input_;
   std::mutex mu_;
   std::map<std::string, GlobalBatch, std::less<>> global_batches_ ABSL_GUARDED_BY(mu_);
@@ -103,6 +108,16 @@ class JobFeed {
 // JobFeed is made from).
 absl::StatusOr<std::vector<proto::NodePlan>> CompileForNodes(const nlohmann::json& config,
                                                              const std::vector<uint32_t>& devices_per_node);
+
+// The progress line `tessera train` prints for a logged iteration, from its
+// metrics.jsonl fields (loss, lr, grad_norm if fetched, samples_per_s):
+// "iter 3/10  loss 5.123456  lr 0.0003  grad_norm 0.87  samples/s 160\n".
+std::string FormatProgressLine(int64_t iteration, int64_t iterations, const nlohmann::json& metrics);
+
+// Fails (INVALID_ARGUMENT or PERMISSION_DENIED, naming train.output_dir)
+// unless `dir` is a directory this process can write into, or can create:
+// checked before a run so that bad input leaves nothing behind.
+absl::Status CheckOutputDir(const std::filesystem::path& dir);
 
 // The plan Train would run (same config checks), for `tessera plan`.
 absl::StatusOr<proto::Plan> TrainingPlan(const nlohmann::json& config);

@@ -2,7 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <string>
@@ -93,6 +95,39 @@ TEST(Cli, TrainRefusesAMisspelledKeyInAFile) {
   EXPECT_EQ(r.out, "tessera: unknown config key 'train.train_iters' (in " + path +
                        "); did you mean 'train.train_iter'?\n");
   std::remove(path.c_str());
+}
+
+// `tessera train` is a cluster of one: the master in its process writes
+// the outputs, log.txt included (tessera::Train writes none), and a failing
+// job is the worker's error on one line, nothing else.
+TEST(Cli, TrainRunsThroughAnEmbeddedMasterAndWorker) {
+  const std::string dir = ::testing::TempDir() + "/tessera_cli_train";
+  std::filesystem::remove_all(dir);
+  const std::string job = "train " + Source("configs/gpt2_nano.json") +
+                          " model.num_layers=2 train.train_iter=3 train.log_period=1 "
+                          "train.dist.data_parallel_size=2 train.dist.intra_op_threads=1 train.output_dir=";
+  const Result ok = RunTessera(job + dir);
+  ASSERT_EQ(ok.exit_code, 0) << ok.out;
+  EXPECT_EQ(ok.out.rfind("iter 1/3  loss ", 0), 0u) << ok.out;
+  EXPECT_NE(ok.out.find("\niter 3/3  loss "), std::string::npos) << ok.out;
+  EXPECT_EQ(std::count(ok.out.begin(), ok.out.end(), '\n'), 3) << ok.out;
+  std::ifstream metrics(dir + "/metrics.jsonl");
+  int lines = 0;
+  for (std::string line; std::getline(metrics, line); ++lines) {
+    EXPECT_EQ(nlohmann::json::parse(line).at("iter").get<int>(), lines + 1) << line;
+  }
+  EXPECT_EQ(lines, 3);
+  EXPECT_TRUE(std::filesystem::exists(dir + "/config.json"));
+  EXPECT_TRUE(std::filesystem::exists(dir + "/log.txt"));
+
+  const Result diverged = RunTessera(job + dir + "_nan optim.lr=1e30");
+  EXPECT_EQ(diverged.exit_code, 1) << diverged.out;
+  const std::string last = diverged.out.substr(diverged.out.rfind("tessera: "));
+  EXPECT_EQ(std::count(last.begin(), last.end(), '\n'), 1) << diverged.out;
+  EXPECT_NE(last.find("loss is"), std::string::npos) << diverged.out;
+  EXPECT_EQ(last.find("worker local"), std::string::npos) << "the master's wrapping leaked: " << diverged.out;
+  std::filesystem::remove_all(dir);
+  std::filesystem::remove_all(dir + "_nan");
 }
 
 TEST(Cli, ConfigMissingFileIsOneLineError) {

@@ -29,6 +29,24 @@ inline bool WaitUntil(const std::function<bool()>& condition, absl::Duration lim
   return true;
 }
 
+// Waits until the job is in a final state (a test failure if not within
+// `limit`); returns its last JobInfo.
+inline control::JobInfo WaitJobEnd(Client& client, const std::string& job_id, absl::Duration limit) {
+  control::JobInfo info;
+  const bool ended = WaitUntil(
+      [&] {
+        auto got = client.Get(job_id);
+        if (!got.ok()) return false;
+        info = *got;
+        return info.state() == control::SUCCEEDED || info.state() == control::FAILED ||
+               info.state() == control::CANCELLED;
+      },
+      limit);
+  EXPECT_TRUE(ended) << job_id << " did not end within " << limit << "; state "
+                     << control::JobState_Name(info.state());
+  return info;
+}
+
 inline Master::Options FastMasterOptions() {
   Master::Options options;
   options.heartbeat_interval = absl::Milliseconds(100);
@@ -92,20 +110,8 @@ struct TestCluster {
     return workers.back().get();
   }
 
-  // Waits until the job is in a final state; returns it.
   control::JobInfo WaitEnd(const std::string& job_id, absl::Duration limit = absl::Seconds(15)) {
-    control::JobInfo info;
-    const bool ended = WaitUntil(
-        [&] {
-          auto got = client->Get(job_id);
-          if (!got.ok()) return false;
-          info = *got;
-          return info.state() == control::SUCCEEDED || info.state() == control::FAILED ||
-                 info.state() == control::CANCELLED;
-        },
-        limit);
-    EXPECT_TRUE(ended) << job_id << " did not end; state " << control::JobState_Name(info.state());
-    return info;
+    return WaitJobEnd(*client, job_id, limit);
   }
 
   bool WaitState(const std::string& job_id, control::JobState state, absl::Duration limit = absl::Seconds(10)) {

@@ -4,16 +4,13 @@
 // the CLI verbs end with one line and the right exit code; SIGTERM stops
 // the daemons cleanly.
 
-#include <fcntl.h>
 #include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "tests/child_process.h"
 #include "tests/cluster/cluster_fixture.h"
 #include "tests/deadline.h"
 
@@ -24,53 +21,11 @@ namespace fs = std::filesystem;
 using std::chrono::seconds;
 using tessera::testing::Deadline;
 
-// A child process running the test CLI, its stdout and stderr to files.
-// Killed (SIGKILL) and reaped on destruction if still running.
-class Process {
+// A child process running the test CLI.
+class Process : public tessera::testing::ChildProcess {
  public:
-  Process(const std::vector<std::string>& args, const fs::path& output) : output_(output) {
-    pid_ = fork();
-    if (pid_ == 0) {
-      const int fd = open(output.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      dup2(fd, STDOUT_FILENO);
-      dup2(fd, STDERR_FILENO);
-      std::vector<char*> argv;
-      std::string binary = TESSERA_CLUSTER_TEST_CLI;
-      argv.push_back(binary.data());
-      std::vector<std::string> copy = args;
-      for (std::string& a : copy) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      execv(binary.c_str(), argv.data());
-      _exit(127);
-    }
-  }
-  ~Process() {
-    if (pid_ > 0 && !reaped_) {
-      kill(pid_, SIGCONT);
-      kill(pid_, SIGKILL);
-      Wait();
-    }
-  }
-  pid_t pid() const { return pid_; }
-  void Signal(int signal) { kill(pid_, signal); }
-  // The exit code (128 + signal when killed).
-  int Wait() {
-    int status = 0;
-    waitpid(pid_, &status, 0);
-    reaped_ = true;
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  }
-  std::string Output() const {
-    std::ifstream in(output_);
-    std::ostringstream text;
-    text << in.rdbuf();
-    return text.str();
-  }
-
- private:
-  fs::path output_;
-  pid_t pid_ = -1;
-  bool reaped_ = false;
+  Process(const std::vector<std::string>& args, const fs::path& output)
+      : ChildProcess(TESSERA_CLUSTER_TEST_CLI, args, output) {}
 };
 
 class MultiprocessTest : public ::testing::Test {
@@ -114,17 +69,7 @@ class MultiprocessTest : public ::testing::Test {
   }
 
   control::JobInfo WaitEnd(const std::string& job, absl::Duration limit) {
-    control::JobInfo info;
-    EXPECT_TRUE(WaitUntil(
-        [&] {
-          auto got = client_->Get(job);
-          if (got.ok()) info = *got;
-          return got.ok() && (info.state() == control::SUCCEEDED || info.state() == control::FAILED ||
-                              info.state() == control::CANCELLED);
-        },
-        limit))
-        << job << " did not end within " << limit;
-    return info;
+    return testing::WaitJobEnd(*client_, job, limit);
   }
 
   fs::path dir_;
