@@ -31,8 +31,8 @@ fail() {
 }
 
 # Polls `$1` (a command) every 0.1 s until it succeeds or 20 s have passed.
-# (Every wait in this script is bounded, so the trap always stops the daemons
-# before ctest's TIMEOUT would kill this shell alone.)
+# (Every wait in this script is bounded, so a hang fails the test here, and
+# the trap stops the daemons, well before ctest's TIMEOUT.)
 wait_for() {
   local deadline=$((SECONDS + 20))
   until eval "$1"; do
@@ -72,7 +72,7 @@ awk -v n="$iterations" '
   fail "metrics lines"
 tail -n 1 "$work/client.log" | grep -q '^job-[0-9]* SUCCEEDED$' || fail "the last line is not SUCCEEDED"
 
-# ---- one line on stderr and exit 1, nothing else ----
+# ---- refused before a job exists: one line on stderr and exit 1 ----
 expect_error() {
   local what=$1 pattern=$2
   shift 2

@@ -49,7 +49,7 @@ paste <(echo "$one_device") <(echo "$two_devices") |
   awk '{ d = $1 - $2; if (d < 0) d = -d; if (d > 1e-5 * $1) { print "iteration " NR ": " $1 " vs " $2; exit 1 } }' ||
   fail "two devices changed the losses"
 
-# Bad input: one line on stderr naming the problem, exit 1, nothing on stdout.
+# Bad input: one line on stderr naming the problem, and exit 1.
 expect_error() {
   local pattern=$1
   shift
