@@ -22,6 +22,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "core/logging.h"
+#include "core/status.h"
 #include "models/gpt2.h"
 #include "train/engine.h"
 
@@ -44,13 +45,12 @@ absl::Status Train(int64_t iterations, int64_t batch, double lr, int64_t devices
   config.num_layers = 2;
   config.num_attention_heads = 4;
   config.max_seq_length = 32;
-  if (absl::Status valid = tessera::models::Gpt2::Validate(config); !valid.ok()) return valid;
+  RETURN_IF_ERROR(tessera::models::Gpt2::Validate(config));
   const tessera::models::Gpt2 model(config);
 
   // The graph is built for the whole batch of an iteration; the engine cuts
   // it into one shard per data-parallel device.
-  absl::StatusOr<tessera::graph::Graph> graph = model.BuildGraph(batch);
-  if (!graph.ok()) return graph.status();
+  ASSIGN_OR_RETURN(tessera::graph::Graph graph, model.BuildGraph(batch));
 
   tessera::CompileOptions options;
   options.optimizer.kind = tessera::graph::OptimizerKind::kAdamW;
@@ -58,8 +58,7 @@ absl::Status Train(int64_t iterations, int64_t batch, double lr, int64_t devices
   options.optimizer.clip_grad_max_norm = 1.0;  // also makes "grad_norm" a fetch
   options.lower.parallel.data = devices;       // virtual CPU devices, data-parallel
   options.lower.parallel.world_size = devices;
-  absl::StatusOr<std::unique_ptr<tessera::Engine>> engine = tessera::Engine::Compile(*std::move(graph), options);
-  if (!engine.ok()) return engine.status();
+  ASSIGN_OR_RETURN(std::unique_ptr<tessera::Engine> engine, tessera::Engine::Compile(std::move(graph), options));
 
   // Called on the devices' threads for every graph input of every
   // iteration: the model's token batches, and the learning rate (constant
@@ -83,7 +82,7 @@ absl::Status Train(int64_t iterations, int64_t batch, double lr, int64_t devices
     if (!std::isfinite(loss)) return absl::InternalError(absl::StrCat("loss is ", loss, " at iteration ", iteration + 1));
     return absl::OkStatus();
   };
-  if (absl::Status run = (*engine)->Run(iterations, feed, fetch); !run.ok()) return run;
+  RETURN_IF_ERROR(engine->Run(iterations, feed, fetch));
   std::printf("trained %lld iterations on %lld device(s)\n", static_cast<long long>(iterations),
               static_cast<long long>(devices));
   return absl::OkStatus();
