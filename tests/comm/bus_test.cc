@@ -261,6 +261,27 @@ TEST(BusTest, WrongTokenIsRefusedOnBothSides) {
   EXPECT_EQ(a->Send(2, kSession, 0, "x").code(), absl::StatusCode::kFailedPrecondition);
 }
 
+TEST(BusTest, RefusedHelloClaimingALinkedNodeIsNotThatLinksFailure) {
+  // Anyone can claim to be node 1: a refused stranger must not make the
+  // subscribers of node 2 believe that its healthy link to node 1 failed.
+  Pair p;
+  Link(p);
+  tessera::testing::Deadline deadline(std::chrono::seconds(10), "spoofed Hellos");
+  std::string reply;
+  EXPECT_TRUE(RawStreamIsClosed(p.b->address(), Frame(kHello, 0, 0, HelloPayload(1, 2, "guess")), false, &reply));
+  ASSERT_GE(reply.size(), 28u);
+  EXPECT_EQ(GetU32(reply, 4), kReject);
+  EXPECT_THAT(reply, HasSubstr("authentication failed"));
+  EXPECT_TRUE(RawStreamIsClosed(p.b->address(), Frame(kHello, 0, 0, HelloPayload(1, 9, "secret")), false));
+  ExpectLinkWorks(p);  // the handlers ran after both refusals
+  for (const LinkError& e : p.on_b.errors()) ADD_FAILURE() << "reported: " << e.status;
+  // A node without a link is still told about, as before.
+  EXPECT_TRUE(RawStreamIsClosed(p.b->address(), Frame(kHello, 0, 0, HelloPayload(3, 2, "guess")), false));
+  const std::optional<LinkError> refused = p.on_b.WaitError(3);
+  ASSERT_TRUE(refused.has_value());
+  EXPECT_EQ(refused->status.code(), absl::StatusCode::kPermissionDenied);
+}
+
 TEST(BusTest, ConnectorChecksTheAcceptorsToken) {
   // A fake node 2 that answers any Hello with a HelloAck carrying a wrong token.
   const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
