@@ -518,9 +518,14 @@ class Bus::Impl {
       conn->read_begin = conn->read_end = 0;
       if (buffer.size() > kKeptBufferBytes) std::vector<char>().swap(buffer);
     }
-    if (buffer.size() - conn->read_end < kReadChunk / 4) {
+    // Until the handshake, frames are at most kMaxHandshakeBytes: a
+    // stranger's connection (silent ones included, until their deadline)
+    // costs a few KiB, not a read chunk of a live link.
+    const size_t chunk =
+        conn->state == Connection::State::kLive ? kReadChunk : kHeaderBytes + kMaxHandshakeBytes;
+    if (buffer.size() - conn->read_end < chunk / 4) {
       Compact(*conn);
-      if (buffer.size() - conn->read_end < kReadChunk / 4) buffer.resize(conn->read_end + kReadChunk);
+      if (buffer.size() - conn->read_end < chunk / 4) buffer.resize(conn->read_end + chunk);
     }
     conn->socket.async_read_some(
         asio::buffer(buffer.data() + conn->read_end, buffer.size() - conn->read_end),
