@@ -56,8 +56,7 @@ inline uint32_t GetU32(const std::string& s, size_t at) {
 }
 
 // A header whose length field says `length`, whatever follows it.
-inline std::string Header(uint32_t type, uint64_t session, uint64_t address, uint32_t length,
-                          uint32_t magic = kMagic) {
+inline std::string Header(uint32_t type, uint64_t session, uint64_t address, uint32_t length, uint32_t magic = kMagic) {
   std::string out;
   PutU32(&out, magic);
   PutU32(&out, type);
@@ -94,6 +93,22 @@ inline bool WaitFor(const std::function<bool()>& condition, std::chrono::duratio
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
   return true;
+}
+
+// The first of `items[from...]` that `matches`, waiting on `cv` up to
+// `limit` (`lock` holds the mutex that guards `items`).
+template <typename T>
+std::optional<T> WaitForMatch(std::unique_lock<std::mutex>& lock, std::condition_variable& cv,
+                              const std::vector<T>& items, size_t from, const std::function<bool(const T&)>& matches,
+                              std::chrono::duration<double> limit) {
+  std::optional<T> found;
+  cv.wait_for(lock, limit, [&] {
+    for (size_t i = from; i < items.size() && !found; ++i) {
+      if (matches(items[i])) found = items[i];
+    }
+    return found.has_value();
+  });
+  return found;
 }
 
 struct Received {
@@ -142,17 +157,7 @@ class Recorder {
   std::optional<LinkError> WaitErrorMatching(const std::function<bool(const LinkError&)>& matches, size_t from,
                                              std::chrono::duration<double> limit = kWait) {
     std::unique_lock<std::mutex> lock(mu_);
-    std::optional<LinkError> found;
-    cv_.wait_for(lock, limit, [&] {
-      for (size_t i = from; i < errors_.size(); ++i) {
-        if (matches(errors_[i])) {
-          found = errors_[i];
-          return true;
-        }
-      }
-      return false;
-    });
-    return found;
+    return WaitForMatch(lock, cv_, errors_, from, matches, limit);
   }
   std::vector<Received> frames() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -222,37 +227,44 @@ inline void WriteAll(int fd, const std::string& bytes) {
   }
 }
 
-// Reads until the bus closes the connection (EOF or reset); false if it is
-// still open after `limit`. What was read goes to *received.
-inline bool WaitClosed(int fd, std::string* received = nullptr, std::chrono::duration<double> limit = kWait) {
+// Reads into *received (when not null) until `done` holds (true), the bus
+// closes the connection (EOF or reset: false, *closed set) or `limit` passes
+// (false).
+inline bool ReadUntil(int fd, std::string* received, const std::function<bool()>& done,
+                      std::chrono::duration<double> limit, bool* closed) {
   const auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(limit);
   char buffer[4096];
-  for (;;) {
+  *closed = false;
+  while (!done()) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now()).count();
     if (left <= 0) return false;
     pollfd p{fd, POLLIN, 0};
     if (::poll(&p, 1, static_cast<int>(left)) <= 0) continue;
     const ssize_t n = ::recv(fd, buffer, sizeof(buffer), 0);
-    if (n <= 0) return true;
+    if (n <= 0) {
+      *closed = true;
+      return false;
+    }
     if (received != nullptr) received->append(buffer, static_cast<size_t>(n));
   }
+  return true;
+}
+
+// Reads until the bus closes the connection (EOF or reset); false if it is
+// still open after `limit`. What was read goes to *received.
+inline bool WaitClosed(int fd, std::string* received = nullptr, std::chrono::duration<double> limit = kWait) {
+  bool closed = false;
+  ReadUntil(
+      fd, received, [] { return false; }, limit, &closed);
+  return closed;
 }
 
 // Reads until `received` holds at least `bytes` bytes; false on EOF, error or
 // after `limit`.
 inline bool ReadAtLeast(int fd, size_t bytes, std::string* received, std::chrono::duration<double> limit = kWait) {
-  const auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(limit);
-  char buffer[4096];
-  while (received->size() < bytes) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now()).count();
-    if (left <= 0) return false;
-    pollfd p{fd, POLLIN, 0};
-    if (::poll(&p, 1, static_cast<int>(left)) <= 0) continue;
-    const ssize_t n = ::recv(fd, buffer, sizeof(buffer), 0);
-    if (n <= 0) return false;
-    received->append(buffer, static_cast<size_t>(n));
-  }
-  return true;
+  bool closed = false;
+  return ReadUntil(
+      fd, received, [&] { return received->size() >= bytes; }, limit, &closed);
 }
 
 // Entries of a /proc directory (descriptors, threads).
