@@ -518,9 +518,14 @@ class Bus::Impl {
       conn->read_begin = conn->read_end = 0;
       if (buffer.size() > kKeptBufferBytes) std::vector<char>().swap(buffer);
     }
-    if (buffer.size() - conn->read_end < kReadChunk / 4) {
+    // Until the handshake, frames are at most kMaxHandshakeBytes: a
+    // stranger's connection (silent ones included, until their deadline)
+    // costs a few KiB, not a read chunk of a live link.
+    const size_t chunk =
+        conn->state == Connection::State::kLive ? kReadChunk : kHeaderBytes + kMaxHandshakeBytes;
+    if (buffer.size() - conn->read_end < chunk / 4) {
       Compact(*conn);
-      if (buffer.size() - conn->read_end < kReadChunk / 4) buffer.resize(conn->read_end + kReadChunk);
+      if (buffer.size() - conn->read_end < chunk / 4) buffer.resize(conn->read_end + chunk);
     }
     conn->socket.async_read_some(
         asio::buffer(buffer.data() + conn->read_end, buffer.size() - conn->read_end),
@@ -632,6 +637,20 @@ class Bus::Impl {
     Close(conn, std::move(status), report, /*flush=*/true);
   }
 
+  // Whether to report the refusal of an unauthenticated Hello as a failure of
+  // the node it claims. Anyone can claim any node, so not while that node has
+  // a live link: a stranger must not make a healthy link look failed to the
+  // subscribers. Such a refusal is logged only.
+  bool ReportRefusal(const Connection& conn, const absl::Status& why) {
+    bool live = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      live = links_.count(conn.node) > 0;
+    }
+    if (live) TLOG_WARN("{} (not reported: node {} has a live link)", why.message(), conn.node);
+    return !live;
+  }
+
   bool HandleHello(const std::shared_ptr<Connection>& conn, std::string_view payload) {
     absl::StatusOr<Hello> hello = DecodeHello(payload);
     if (!hello.ok()) {
@@ -654,15 +673,16 @@ class Bus::Impl {
     if (hello->to != options_.node || hello->from == options_.node) {
       const std::string text = StrCat("node ", hello->from, " asked for node ", hello->to, ", this is node ",
                                       options_.node);
-      Refuse(conn, RejectReason::kWrongNode, text,
-             absl::FailedPreconditionError(StrCat(Describe(*conn), ": handshake refused: ", text)), true);
+      absl::Status why = absl::FailedPreconditionError(StrCat(Describe(*conn), ": handshake refused: ", text));
+      const bool report = ReportRefusal(*conn, why);
+      Refuse(conn, RejectReason::kWrongNode, text, std::move(why), report);
       return false;
     }
     if (!TokensEqual(options_.token, hello->token)) {
-      Refuse(conn, RejectReason::kAuth, "authentication failed (token mismatch)",
-             absl::PermissionDeniedError(
-                 StrCat(Describe(*conn), ": handshake refused: authentication failed (token mismatch)")),
-             true);
+      absl::Status why = absl::PermissionDeniedError(
+          StrCat(Describe(*conn), ": handshake refused: authentication failed (token mismatch)"));
+      const bool report = ReportRefusal(*conn, why);
+      Refuse(conn, RejectReason::kAuth, "authentication failed (token mismatch)", std::move(why), report);
       return false;
     }
     std::shared_ptr<Connection> existing;

@@ -36,10 +36,12 @@
 //   every subscriber, naming the node and the cause. Failures of connections
 //   whose node was never stated (garbage before a Hello) close that
 //   connection only and are logged. The node of a refused Hello is the one it
-//   claimed. A local Disconnect or ~Bus is not a failure and is not reported
-//   locally; the peer sees the link close. A TCP close is seen at once (a
-//   peer process that died included); a host that vanishes without one is
-//   the control plane's heartbeats to catch (DESIGN §9).
+//   claimed; while that node has a live link the refusal is only logged, so
+//   a stranger claiming a linked node cannot make the link look failed. A
+//   local Disconnect or ~Bus is not a failure and is not reported locally;
+//   the peer sees the link close. A TCP close is seen at once (a peer
+//   process that died included); a host that vanishes without one is the
+//   control plane's heartbeats to catch (DESIGN §9).
 // - Bad input from the network never crashes, hangs or stops the bus: it
 //   closes that one connection. A connection that does not complete its
 //   handshake within connect_timeout_s is closed.

@@ -1,28 +1,22 @@
 // The actor bus (comm/bus/bus.h): ordering, held frames, auth, bad input from
 // raw sockets, lost links, restarts and clean shutdown. Everything runs on
-// 127.0.0.1 with ports the OS picks. The test encodes the wire format itself
-// (from the header's description), so it checks the format, not only that
-// the bus agrees with itself.
+// 127.0.0.1 with ports the OS picks. The wire format comes from
+// bus_test_support.h, written from the header's description, so the test
+// checks the format, not only that the bus agrees with itself.
 
 #include "comm/bus/bus.h"
 
 #include <arpa/inet.h>
-#include <dirent.h>
 #include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
-#include <map>
-#include <mutex>
 #include <optional>
 #include <random>
 #include <string>
@@ -31,148 +25,31 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/comm/bus_test_support.h"
 #include "tests/deadline.h"
 
 namespace tessera::comm::bus {
 namespace {
 
 using ::testing::HasSubstr;
-using Clock = std::chrono::steady_clock;
-
-constexpr auto kWait = std::chrono::seconds(10);
-
-// --- the wire format, written out independently of bus.cc ---
-
-constexpr uint32_t kMagic = 0x31425354;
-constexpr uint32_t kHello = 1, kHelloAck = 2, kReject = 3, kData = 4;
-
-void PutU32(std::string* out, uint32_t v) {
-  for (int i = 0; i < 4; ++i) out->push_back(static_cast<char>(v >> (8 * i)));
-}
-void PutU64(std::string* out, uint64_t v) {
-  for (int i = 0; i < 8; ++i) out->push_back(static_cast<char>(v >> (8 * i)));
-}
-uint32_t GetU32(const std::string& s, size_t at) {
-  uint32_t v = 0;
-  for (int i = 0; i < 4; ++i) v |= static_cast<uint32_t>(static_cast<unsigned char>(s[at + i])) << (8 * i);
-  return v;
-}
-
-std::string Frame(uint32_t type, uint64_t session, uint64_t address, const std::string& payload,
-                  uint32_t magic = kMagic) {
-  std::string out;
-  PutU32(&out, magic);
-  PutU32(&out, type);
-  PutU64(&out, session);
-  PutU64(&out, address);
-  PutU32(&out, static_cast<uint32_t>(payload.size()));
-  return out + payload;
-}
-
-std::string HelloPayload(uint32_t from, uint32_t to, const std::string& token, uint32_t version = 1,
-                         uint64_t incarnation = 0x1234) {
-  std::string out;
-  PutU32(&out, version);
-  PutU32(&out, from);
-  PutU32(&out, to);
-  PutU64(&out, incarnation);
-  PutU32(&out, static_cast<uint32_t>(token.size()));
-  return out + token;
-}
-
-// --- waiting ---
-
-// Polls `condition` until it holds or `limit` passes (for state only visible
-// through stats()).
-bool WaitFor(const std::function<bool()>& condition, std::chrono::duration<double> limit = kWait) {
-  const auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(limit);
-  while (!condition()) {
-    if (Clock::now() > until) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
-  return true;
-}
-
-struct Received {
-  uint32_t from;
-  uint64_t address;
-  std::string payload;
-};
-struct LinkError {
-  uint32_t node;
-  absl::Status status;
-  Clock::time_point at;
-};
-
-// Records what one session's handlers saw.
-class Recorder {
- public:
-  explicit Recorder(bool keep_payloads = true) : keep_payloads_(keep_payloads) {}
-
-  FrameHandler OnFrame() {
-    return [this](uint32_t from, uint64_t address, std::string_view payload) {
-      std::lock_guard<std::mutex> lock(mu_);
-      frames_.push_back(Received{from, address, keep_payloads_ ? std::string(payload) : std::string()});
-      if (address != next_address_[from]) out_of_order_ = true;
-      next_address_[from] = address + 1;
-      cv_.notify_all();
-    };
-  }
-  LinkErrorHandler OnError() {
-    return [this](uint32_t node, const absl::Status& error) {
-      std::lock_guard<std::mutex> lock(mu_);
-      errors_.push_back(LinkError{node, error, Clock::now()});
-      cv_.notify_all();
-    };
-  }
-  absl::Status Subscribe(Bus& bus, uint64_t session) { return bus.Subscribe(session, OnFrame(), OnError()); }
-
-  bool WaitFrames(size_t n, std::chrono::duration<double> limit = kWait) {
-    std::unique_lock<std::mutex> lock(mu_);
-    return cv_.wait_for(lock, limit, [&] { return frames_.size() >= n; });
-  }
-  // The first error about `node`, waiting for it.
-  std::optional<LinkError> WaitError(uint32_t node, std::chrono::duration<double> limit = kWait) {
-    std::unique_lock<std::mutex> lock(mu_);
-    std::optional<LinkError> found;
-    cv_.wait_for(lock, limit, [&] {
-      for (const LinkError& e : errors_) {
-        if (e.node == node) {
-          found = e;
-          return true;
-        }
-      }
-      return false;
-    });
-    return found;
-  }
-  std::vector<Received> frames() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return frames_;
-  }
-  size_t frame_count() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return frames_.size();
-  }
-  std::vector<LinkError> errors() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return errors_;
-  }
-  // Frames from each node arrived with addresses 0, 1, 2, ...
-  bool in_order() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return !out_of_order_;
-  }
-
- private:
-  const bool keep_payloads_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<Received> frames_;
-  std::vector<LinkError> errors_;
-  std::map<uint32_t, uint64_t> next_address_;
-  bool out_of_order_ = false;
-};
+using testing::Clock;
+using testing::CountEntries;
+using testing::Frame;
+using testing::GetU32;
+using testing::HelloPayload;
+using testing::kData;
+using testing::kHello;
+using testing::kHelloAck;
+using testing::kReject;
+using testing::kWait;
+using testing::LinkError;
+using testing::PutU32;
+using testing::RawConnect;
+using testing::Received;
+using testing::Recorder;
+using testing::WaitClosed;
+using testing::WaitFor;
+using testing::WriteAll;
 
 std::unique_ptr<Bus> StartBus(uint32_t node, const std::function<void(BusOptions&)>& tweak = {}) {
   BusOptions options;
@@ -182,50 +59,6 @@ std::unique_ptr<Bus> StartBus(uint32_t node, const std::function<void(BusOptions
   absl::StatusOr<std::unique_ptr<Bus>> bus = Bus::Start(options);
   EXPECT_TRUE(bus.ok()) << bus.status();
   return bus.ok() ? std::move(*bus) : nullptr;
-}
-
-// --- raw sockets ---
-
-// A blocking TCP socket connected to `address` ("127.0.0.1:PORT"); -1 on failure.
-int RawConnect(const std::string& address) {
-  const size_t colon = address.rfind(':');
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(std::stoi(address.substr(colon + 1))));
-  inet_pton(AF_INET, address.substr(0, colon).c_str(), &addr.sin_addr);
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return -1;
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  return fd;
-}
-
-// Writes what the peer takes; a peer that already closed is fine here.
-void WriteAll(int fd, const std::string& bytes) {
-  size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = ::send(fd, bytes.data() + done, bytes.size() - done, MSG_NOSIGNAL);
-    if (n <= 0) return;
-    done += static_cast<size_t>(n);
-  }
-}
-
-// Reads until the bus closes the connection (EOF or reset); false if it is
-// still open after `limit`. What was read goes to *received.
-bool WaitClosed(int fd, std::string* received = nullptr, std::chrono::duration<double> limit = kWait) {
-  const auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(limit);
-  char buffer[4096];
-  for (;;) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now()).count();
-    if (left <= 0) return false;
-    pollfd p{fd, POLLIN, 0};
-    if (::poll(&p, 1, static_cast<int>(left)) <= 0) continue;
-    const ssize_t n = ::recv(fd, buffer, sizeof(buffer), 0);
-    if (n <= 0) return true;
-    if (received != nullptr) received->append(buffer, static_cast<size_t>(n));
-  }
 }
 
 // A connection made from raw bytes: `bytes` written, our side shut for
@@ -239,17 +72,6 @@ bool RawStreamIsClosed(const std::string& address, const std::string& bytes, boo
   const bool closed = WaitClosed(fd, received);
   ::close(fd);
   return closed;
-}
-
-int CountEntries(const char* dir) {
-  DIR* d = ::opendir(dir);
-  if (d == nullptr) return -1;
-  int n = 0;
-  while (dirent* e = ::readdir(d)) {
-    if (e->d_name[0] != '.') ++n;
-  }
-  ::closedir(d);
-  return n;  // for /proc/self/fd, opendir's own descriptor included: the same on every call
 }
 
 // Two connected buses, each with session kSession subscribed.
@@ -441,6 +263,27 @@ TEST(BusTest, WrongTokenIsRefusedOnBothSides) {
   EXPECT_EQ(a->stats().links, 0);
   EXPECT_EQ(b->stats().links, 0);
   EXPECT_EQ(a->Send(2, kSession, 0, "x").code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(BusTest, RefusedHelloClaimingALinkedNodeIsNotThatLinksFailure) {
+  // Anyone can claim to be node 1: a refused stranger must not make the
+  // subscribers of node 2 believe that its healthy link to node 1 failed.
+  Pair p;
+  Link(p);
+  tessera::testing::Deadline deadline(std::chrono::seconds(10), "spoofed Hellos");
+  std::string reply;
+  EXPECT_TRUE(RawStreamIsClosed(p.b->address(), Frame(kHello, 0, 0, HelloPayload(1, 2, "guess")), false, &reply));
+  ASSERT_GE(reply.size(), 28u);
+  EXPECT_EQ(GetU32(reply, 4), kReject);
+  EXPECT_THAT(reply, HasSubstr("authentication failed"));
+  EXPECT_TRUE(RawStreamIsClosed(p.b->address(), Frame(kHello, 0, 0, HelloPayload(1, 9, "secret")), false));
+  ExpectLinkWorks(p);  // the handlers ran after both refusals
+  for (const LinkError& e : p.on_b.errors()) ADD_FAILURE() << "reported: " << e.status;
+  // A node without a link is still told about, as before.
+  EXPECT_TRUE(RawStreamIsClosed(p.b->address(), Frame(kHello, 0, 0, HelloPayload(3, 2, "guess")), false));
+  const std::optional<LinkError> refused = p.on_b.WaitError(3);
+  ASSERT_TRUE(refused.has_value());
+  EXPECT_EQ(refused->status.code(), absl::StatusCode::kPermissionDenied);
 }
 
 TEST(BusTest, ConnectorChecksTheAcceptorsToken) {
