@@ -1,5 +1,8 @@
 #include "actors/runtime.h"
 
+#include <netdb.h>
+#include <sys/socket.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -15,7 +18,9 @@
 #include "actors/actor_id.h"
 #include "actors/node_communicators.h"
 #include "actors/plan.h"
+#include "comm/bus/bus.h"
 #include "comm/collective/shm_communicator.h"
+#include "core/logging.h"
 #include "core/checked.h"
 #include "core/status.h"
 #include "core/storage.h"
@@ -364,14 +369,56 @@ class Runtime::Bus final : public MessageBus {
 struct Runtime::Core {
   explicit Core(RuntimeOptions o) : options(std::move(o)) {}
 
-  // The first error wins; every thread stops.
-  void StopAll(absl::Status status) {
+  // The first error wins; every thread stops. A stop that starts here is
+  // told to the peer nodes over the actor bus (`tell_peers`) and written out
+  // before this returns, so it reaches them before the aborted
+  // communicators do.
+  void StopAll(absl::Status status, bool tell_peers = true) {
+    bool first = false;
     {
       std::lock_guard<std::mutex> lock(mu);
-      if (first_error.ok()) first_error = std::move(status);
+      if (first_error.ok()) {
+        first_error = status;
+        first = true;
+      }
     }
     aborted.store(true);
     for (ActorThread* thread : threads) thread->Stop();
+    if (first && tell_peers && node_bus != nullptr) TellPeers(status);
+  }
+
+  // Frame payload: kind u8 (kStopFrame) | status code u32 LE | message.
+  static constexpr uint8_t kStopFrame = 1;
+  static constexpr uint64_t kBusSession = 1;  // one job per bus
+
+  void TellPeers(const absl::Status& status) {
+    std::string payload(1, static_cast<char>(kStopFrame));
+    const uint32_t code = static_cast<uint32_t>(status.code());
+    for (int i = 0; i < 4; ++i) payload.push_back(static_cast<char>((code >> (8 * i)) & 0xff));
+    payload.append(std::string(status.message().substr(0, 64 << 10)));
+    for (uint32_t peer : peers) {
+      if (absl::Status sent = node_bus->Send(peer, kBusSession, 0, payload); !sent.ok()) {
+        TLOG_DEBUG("node {}: the stop did not go to node {}: {}", options.node, peer, std::string(sent.message()));
+      }
+    }
+    if (absl::Status flushed = node_bus->Flush(1.0); !flushed.ok()) {
+      TLOG_DEBUG("node {}: {}", options.node, std::string(flushed.message()));
+    }
+  }
+
+  // A frame from a peer node (on the bus's I/O thread).
+  void OnPeerFrame(uint32_t from, std::string_view payload) {
+    if (payload.size() < 5 || static_cast<uint8_t>(payload[0]) != kStopFrame) {
+      StopAll(absl::InternalError(StrCat("node ", options.node, ": a malformed actor-bus frame from node ", from, " (",
+                                         payload.size(), " bytes)")));
+      return;
+    }
+    uint32_t code = 0;
+    for (int i = 0; i < 4; ++i) code |= static_cast<uint32_t>(static_cast<uint8_t>(payload[1 + i])) << (8 * i);
+    if (code == 0 || code > 16) code = static_cast<uint32_t>(absl::StatusCode::kUnknown);
+    StopAll(absl::Status(static_cast<absl::StatusCode>(code),
+                         StrCat("node ", from, " stopped the job: ", payload.substr(5))),
+            /*tell_peers=*/false);
   }
 
   RuntimeOptions options;
@@ -383,6 +430,10 @@ struct Runtime::Core {
   std::condition_variable finished_cv;
   absl::Status first_error ABSL_GUARDED_BY(mu);
   size_t finished ABSL_GUARDED_BY(mu) = 0;  // threads whose Loop returned
+  // The actor bus to the peer nodes (LoadNodePlan of a plan with peers).
+  // Last: destroyed first, so its handlers never see the rest gone.
+  std::vector<uint32_t> peers;
+  std::unique_ptr<comm::bus::Bus> node_bus;
 };
 
 Runtime::Runtime(RuntimeOptions options) : core_(std::make_shared<Core>(std::move(options))) {}
@@ -407,10 +458,69 @@ absl::StatusOr<std::unique_ptr<Runtime>> Runtime::LoadSerialized(std::string_vie
   return runtime;
 }
 
+namespace {
+
+// `host` as an IPv4 literal (the bus binds literals only).
+absl::StatusOr<std::string> ResolveHost(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (const int error = ::getaddrinfo(host.c_str(), nullptr, &hints, &found); error != 0 || found == nullptr) {
+    return absl::InvalidArgumentError(StrCat("cannot resolve the data-plane host '", host, "': ", gai_strerror(error)));
+  }
+  char ip[NI_MAXHOST] = {};
+  const int error = ::getnameinfo(found->ai_addr, found->ai_addrlen, ip, sizeof(ip), nullptr, 0, NI_NUMERICHOST);
+  ::freeaddrinfo(found);
+  if (error != 0) return absl::InvalidArgumentError(StrCat("cannot resolve '", host, "': ", gai_strerror(error)));
+  return std::string(ip);
+}
+
+// Starts this node's actor bus and links it to every peer, meeting them
+// under "<kv_prefix>/bus/<node>".
+absl::StatusOr<std::unique_ptr<comm::bus::Bus>> LinkPeers(uint32_t node, const std::vector<uint32_t>& peers,
+                                                          const RuntimeOptions& options) {
+  if (options.kv == nullptr) {
+    return absl::FailedPreconditionError(StrCat("node ", node, "'s plan has peer nodes, but no KvStore was given "
+                                                "to meet them over the actor bus (RuntimeOptions.kv)"));
+  }
+  ASSIGN_OR_RETURN(const std::string ip, ResolveHost(options.hostname));
+  comm::bus::BusOptions bus_options;
+  bus_options.node = node;
+  bus_options.listen = StrCat(ip, ":0");
+  bus_options.token = options.bus_token;
+  bus_options.connect_timeout_s = options.connect_timeout_s;
+  ASSIGN_OR_RETURN(std::unique_ptr<comm::bus::Bus> bus, comm::bus::Bus::Start(bus_options));
+  const auto key = [&options](uint32_t n) { return StrCat(options.kv_prefix, "/bus/", n); };
+  RETURN_IF_ERROR(options.kv->Set(key(node), bus->address()));
+  std::vector<std::string> keys;
+  for (uint32_t peer : peers) keys.push_back(key(peer));
+  auto addresses = options.kv->Wait(keys, absl::Seconds(options.connect_timeout_s));
+  if (!addresses.ok()) {
+    return absl::Status(addresses.status().code(), StrCat("node ", node, ": the actor bus addresses of its peers: ",
+                                                          addresses.status().message()));
+  }
+  for (size_t i = 0; i < peers.size(); ++i) {
+    if (absl::Status linked = bus->Connect(peers[i], (*addresses)[i]); !linked.ok()) {
+      return absl::Status(linked.code(), StrCat("node ", node, ": actor bus link to node ", peers[i], " at ",
+                                                (*addresses)[i], ": ", linked.message()));
+    }
+  }
+  return bus;
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<Runtime>> Runtime::LoadNodePlan(std::string_view node_plan_bytes, RuntimeOptions options) {
   ASSIGN_OR_RETURN(const proto::NodePlan node_plan, ParseNodePlan(node_plan_bytes));
   options.node = node_plan.node();
-  return LoadSerialized(SerializePlan(node_plan.plan()), std::move(options));
+  ASSIGN_OR_RETURN(std::unique_ptr<Runtime> runtime, LoadSerialized(SerializePlan(node_plan.plan()), std::move(options)));
+  Core& core = *runtime->core_;
+  if (node_plan.peers_size() > 0) {
+    core.peers.assign(node_plan.peers().begin(), node_plan.peers().end());
+    ASSIGN_OR_RETURN(core.node_bus, LinkPeers(node_plan.node(), core.peers, core.options));
+  }
+  return runtime;
 }
 
 void Runtime::Abort(absl::Status reason) {
@@ -431,6 +541,15 @@ absl::Status Runtime::Run() {
   // start before any register message.
   for (const auto& actor : core.job->actors) core.bus.Send(Message::Cmd(actor->id(), Command::kStart));
   core.bus.on_error = [&core](absl::Status status) { core.StopAll(std::move(status)); };
+  if (core.node_bus != nullptr) {
+    // Link losses are not stops: gloo's broken connections and the master's
+    // heartbeats tell a dead peer; what comes over the bus is a peer's stop.
+    RETURN_IF_ERROR(core.node_bus->Subscribe(
+        Core::kBusSession, [&core](uint32_t from, uint64_t, std::string_view payload) { core.OnPeerFrame(from, payload); },
+        [&core](uint32_t node, const absl::Status& error) {
+          TLOG_DEBUG("node {}: actor bus link to node {}: {}", core.options.node, node, std::string(error.message()));
+        }));
+  }
   {
     std::lock_guard<std::mutex> lock(abort_mu_);
     if (!abort_reason_.ok()) return abort_reason_;
@@ -467,6 +586,7 @@ absl::Status Runtime::Run() {
     std::lock_guard<std::mutex> lock(abort_mu_);
     stop_all_ = {};
   }
+  if (core.node_bus != nullptr) core.node_bus->Unsubscribe(Core::kBusSession);
   absl::Status first_error;
   {
     std::lock_guard<std::mutex> lock(core.mu);

@@ -60,6 +60,13 @@ struct RuntimeOptions {
   std::string kv_prefix = "job";
   std::string hostname = "127.0.0.1";
   double connect_timeout_s = 30;
+  // A NodePlan with peer nodes also links to them over the actor bus
+  // (comm/bus, on `hostname`, meeting under "<kv_prefix>/bus/<node>"), with
+  // this token in the handshake (the cluster's; empty: none). The job's stop
+  // travels over it: a node that fails or is aborted tells its peers why
+  // before it aborts its communicators, so they stop with the cause ("node 0
+  // stopped the job: ...") instead of a lost connection.
+  std::string bus_token;
   // Runtime::Run's watchdog tells a slow job from a stuck one by each
   // actor's progress (messages handled) and each thread's "inside Handle
   // since". An actor inside Handle (a long kernel, a slow host callback) is
@@ -121,9 +128,10 @@ class Runtime {
   // Runs the plan's iterations to the end. Callable once.
   [[nodiscard]] absl::Status Run();
   // Stops a Run in progress (or the next one) from any thread: every actor
-  // thread stops, every communicator is aborted (peers on other nodes fail
-  // their ops instead of waiting), and Run returns `reason` (Cancelled when
-  // OK) unless it had already failed.
+  // thread stops, the peer nodes are told over the actor bus, every
+  // communicator is aborted (peers on other nodes fail their ops instead of
+  // waiting), and Run returns `reason` (Cancelled when OK) unless it had
+  // already failed.
   void Abort(absl::Status reason);
   const Stats& stats() const { return stats_; }
   const proto::Plan& plan() const;

@@ -88,6 +88,7 @@ class EnginePlanRunner final : public PlanRunner {
     options.callbacks = callbacks_;
     options.kv = context_.kv;
     options.kv_prefix = StrCat("job/", context_.job_id, "/", context_.session);
+    options.bus_token = context_.token;
     // gloo listens on this worker's data-plane host (`--data-address`), else
     // on the runner's default.
     options.hostname = options_.hostname;

@@ -73,6 +73,9 @@ struct RunContext {
   // The master's KV (rendezvous), see comm/collective/kv_store.h. Keys are
   // namespaced by job and session, so runs never see each other's keys.
   comm::KvStore* kv = nullptr;
+  // The cluster's token (empty: none): the nodes' actor-bus links
+  // authenticate with it.
+  std::string token;
   // Forwarded to the master (blocking, a loopback RPC each; never throw).
   std::function<void(const JobMetrics&)> report_metrics;
   std::function<void(const std::string&)> report_log;

@@ -144,6 +144,7 @@ class Worker::Impl final : public control::Worker::Service {
     entry->kv = std::make_unique<KvClient>(master_channel_, options_.security,
                                            absl::StrCat(run.job_id, "/", run.session, "/"), options_.rpc_timeout);
     run.kv = entry->kv.get();
+    run.token = options_.security.token;
     JobEntry* raw = entry.get();  // the entry outlives its runner, which owns these callbacks' uses
     run.report_metrics = [this, raw](const JobMetrics& metrics) {
       raw->iteration.store(metrics.iteration);

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/strings/str_join.h"
 #include "boost/asio/executor_work_guard.hpp"
 #include "boost/asio/io_context.hpp"
 #include "boost/asio/ip/tcp.hpp"
@@ -381,6 +382,34 @@ class Bus::Impl {
     frames_sent_.fetch_add(1, std::memory_order_relaxed);
     bytes_sent_.fetch_add(static_cast<int64_t>(kHeaderBytes + payload.size()), std::memory_order_relaxed);
     return absl::OkStatus();
+  }
+
+  absl::Status Flush(double timeout_s) {
+    std::vector<std::shared_ptr<Connection>> links;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (const auto& [node, conn] : links_) links.push_back(conn);
+    }
+    const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(std::max(0.0, timeout_s));
+    for (;;) {
+      std::vector<uint32_t> writing;
+      for (const auto& conn : links) {
+        {
+          // A link closed meanwhile writes nothing more.
+          std::lock_guard<std::mutex> lock(mu_);
+          auto it = links_.find(conn->node);
+          if (it == links_.end() || it->second != conn) continue;
+        }
+        std::lock_guard<std::mutex> lock(conn->write_mu);
+        if (conn->write_scheduled) writing.push_back(conn->node);
+      }
+      if (writing.empty()) return absl::OkStatus();
+      if (std::chrono::steady_clock::now() >= until) {
+        return absl::DeadlineExceededError(StrCat(Who(), ": frames to node(s) ", absl::StrJoin(writing, ", "),
+                                                  " still unwritten after ", timeout_s, " s"));
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
   }
 
   void Disconnect(uint32_t node) {
@@ -1021,6 +1050,7 @@ absl::Status Bus::Send(uint32_t node, uint64_t session, uint64_t address, std::s
   return impl_->Send(node, session, address, payload);
 }
 void Bus::Disconnect(uint32_t node) { impl_->Disconnect(node); }
+absl::Status Bus::Flush(double timeout_s) { return impl_->Flush(timeout_s); }
 Bus::Stats Bus::stats() const { return impl_->stats(); }
 
 }  // namespace tessera::comm::bus

@@ -126,6 +126,11 @@ class Bus {
 
   // Closes the link to `node` once the frames queued on it are written; no-op without one.
   void Disconnect(uint32_t node);
+  // Waits until every frame queued so far on every live link has been handed
+  // to its socket (the kernel delivers it even if the bus closes next), or
+  // `timeout_s` passes: DeadlineExceeded naming the nodes still writing. Not
+  // from a handler.
+  [[nodiscard]] absl::Status Flush(double timeout_s);
 
   // Counters since Start. frames_* count data frames; bytes_* count them on
   // the wire (header and payload). frames_sent/bytes_sent count at Send.

@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
+#include <iterator>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -52,9 +53,12 @@ std::vector<std::string> JobOverrides(const std::filesystem::path& output, std::
 // ---- The child: one node's part ---------------------------------------------
 
 int RunNodeChild(const std::string& spec) {
-  // spec = NODE_PLAN_FILE,KV_DIR,LOSS_FILE
-  const size_t a = spec.find(','), b = spec.find(',', a + 1);
-  const std::string plan_file = spec.substr(0, a), kv_dir = spec.substr(a + 1, b - a - 1), loss_file = spec.substr(b + 1);
+  // spec = NODE_PLAN_FILE,KV_DIR,LOSS_FILE,FAIL_AT: the node's feed fails at
+  // iteration FAIL_AT (-1: never); its error goes to LOSS_FILE.err.
+  const size_t a = spec.find(','), b = spec.find(',', a + 1), c = spec.find(',', b + 1);
+  const std::string plan_file = spec.substr(0, a), kv_dir = spec.substr(a + 1, b - a - 1),
+                    loss_file = spec.substr(b + 1, c - b - 1);
+  const int64_t fail_at = std::stoll(spec.substr(c + 1));
   std::ifstream in(plan_file, std::ios::binary);
   std::stringstream bytes;
   bytes << in.rdbuf();
@@ -75,7 +79,12 @@ int RunNodeChild(const std::string& spec) {
   options.stall_timeout_s = 60;
   options.connect_timeout_s = 30;
   std::vector<double> losses;
-  const FeedFn fill = (*feed)->feed();
+  const FeedFn feed_fn = (*feed)->feed();
+  const FeedFn fill = [&feed_fn, fail_at](int64_t iteration, int64_t micro_batch, std::string_view input,
+                                          const Tensor& out) {
+    if (iteration == fail_at) return absl::DataLossError("injected feed failure");
+    return feed_fn(iteration, micro_batch, input, out);
+  };
   const FetchFn fetch = [&losses](int64_t, const std::map<std::string, Tensor>& values) {
     losses.push_back(values.at("loss").ToVector<float>().at(0));
     return absl::OkStatus();
@@ -88,6 +97,7 @@ int RunNodeChild(const std::string& spec) {
   }
   if (!status.ok()) {
     std::fprintf(stderr, "child node %u: %s\n", node_plan->node(), std::string(status.message()).c_str());
+    std::ofstream(loss_file + ".err") << status.ToString();
     return 1;
   }
   std::ofstream out(loss_file);
@@ -113,17 +123,26 @@ std::vector<double> ReadLosses(const std::filesystem::path& file) {
   return out;
 }
 
+// What each node process of a run ended with.
+struct NodeRun {
+  std::vector<double> losses;    // the node holding the sink's
+  std::vector<int> exit_codes;   // by node
+  std::vector<std::string> errors;  // by node: its Run's status, if it failed
+};
+
 // Runs `layout` on nodes of `devices_per_node` devices, one process each;
-// returns the losses the node holding the sink reported.
-std::vector<double> TrainOnNodes(const std::vector<std::string>& layout, const std::vector<uint32_t>& devices_per_node) {
+// node `fail_node`'s feed fails at iteration `fail_at` (-1: none does).
+NodeRun RunOnNodes(const std::vector<std::string>& layout, const std::vector<uint32_t>& devices_per_node,
+                   int fail_node = -1, int64_t fail_at = -1) {
+  NodeRun run;
   Scratch scratch;
   auto config = LoadJobConfig(SourcePath("configs/gpt2_nano.json"),
                               JobOverrides(scratch.dir / "out", layout));
   EXPECT_TRUE(config.ok()) << config.status();
-  if (!config.ok()) return {};
+  if (!config.ok()) return run;
   auto parts = CompileForNodes(*config, devices_per_node);
   EXPECT_TRUE(parts.ok()) << parts.status();
-  if (!parts.ok()) return {};
+  if (!parts.ok()) return run;
   EXPECT_EQ(parts->size(), devices_per_node.size());
   const std::string exe = std::filesystem::read_symlink("/proc/self/exe").string();
   std::vector<pid_t> pids;
@@ -131,8 +150,10 @@ std::vector<double> TrainOnNodes(const std::vector<std::string>& layout, const s
     EXPECT_FALSE(part.peers().empty()) << "node " << part.node() << " talks to no other node";
     const auto plan_file = scratch.dir / ("node" + std::to_string(part.node()) + ".plan");
     std::ofstream(plan_file, std::ios::binary) << actors::SerializeNodePlan(part);
+    const int64_t node_fail_at = static_cast<int>(part.node()) == fail_node ? fail_at : -1;
     const std::string flag = "--node-child=" + plan_file.string() + "," + (scratch.dir / "kv").string() + "," +
-                             (scratch.dir / ("losses" + std::to_string(part.node()))).string();
+                             (scratch.dir / ("losses" + std::to_string(part.node()))).string() + "," +
+                             std::to_string(node_fail_at);
     char* argv[] = {const_cast<char*>(exe.c_str()), const_cast<char*>(flag.c_str()), nullptr};
     pid_t pid = 0;
     EXPECT_EQ(::posix_spawn(&pid, exe.c_str(), nullptr, nullptr, argv, environ), 0);
@@ -143,15 +164,26 @@ std::vector<double> TrainOnNodes(const std::vector<std::string>& layout, const s
     for (pid_t pid : pids) {
       int status = 0;
       ::waitpid(pid, &status, 0);
-      EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "a node process failed (see its stderr)";
+      run.exit_codes.push_back(WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
     }
   }
-  std::vector<double> losses;
   for (const proto::NodePlan& part : *parts) {
-    std::vector<double> mine = ReadLosses(scratch.dir / ("losses" + std::to_string(part.node())));
-    if (!mine.empty()) losses = mine;
+    const auto losses = scratch.dir / ("losses" + std::to_string(part.node()));
+    std::vector<double> mine = ReadLosses(losses);
+    if (!mine.empty()) run.losses = mine;
+    std::ifstream error(losses.string() + ".err");
+    run.errors.emplace_back((std::istreambuf_iterator<char>(error)), std::istreambuf_iterator<char>());
   }
-  return losses;
+  return run;
+}
+
+// The losses of `layout` on nodes; every node process must succeed.
+std::vector<double> TrainOnNodes(const std::vector<std::string>& layout, const std::vector<uint32_t>& devices_per_node) {
+  NodeRun run = RunOnNodes(layout, devices_per_node);
+  for (size_t node = 0; node < run.exit_codes.size(); ++node) {
+    EXPECT_EQ(run.exit_codes[node], 0) << "node " << node << " failed: " << run.errors[node];
+  }
+  return run.losses;
 }
 
 std::vector<double> TrainInOneProcess(const std::vector<std::string>& layout) {
@@ -206,6 +238,19 @@ absl::StatusOr<std::vector<proto::NodePlan>> NodeParts(const std::string& layout
   auto config = LoadJobConfig(SourcePath("configs/gpt2_nano.json"), JobOverrides(scratch.dir / "out", {layout}));
   if (!config.ok()) return config.status();
   return CompileForNodes(*config, devices_per_node);
+}
+
+// A node that fails tells its peers over the actor bus before its
+// communicators go: the other node stops with the cause, not with a lost
+// gloo connection.
+TEST(MultiNode, AFailingNodeStopsItsPeersWithTheCause) {
+  const NodeRun run = RunOnNodes({"train.dist.data_parallel_size=4"}, {2, 2}, /*fail_node=*/0, /*fail_at=*/2);
+  ASSERT_EQ(run.exit_codes.size(), 2u);
+  EXPECT_EQ(run.exit_codes[0], 1);
+  EXPECT_EQ(run.exit_codes[1], 1);
+  EXPECT_NE(run.errors[0].find("injected feed failure"), std::string::npos) << run.errors[0];
+  EXPECT_TRUE(run.errors[1].starts_with("DATA_LOSS: node 0 stopped the job: ")) << run.errors[1];
+  EXPECT_NE(run.errors[1].find("injected feed failure"), std::string::npos) << run.errors[1];
 }
 
 TEST(MultiNode, PlanForTooFewDevicesIsAnError) {
