@@ -154,6 +154,7 @@ void AddClusterCommands(CLI::App& app, ClusterCommandDeps deps) {
     std::string listen = "127.0.0.1:7070";
     std::string state_dir;
     int metrics_port = -1;
+    std::string metrics_host = "127.0.0.1";
     int heartbeat_ms = 1000;
     int worker_timeout_ms = 5000;
     SecurityFlags security;
@@ -162,8 +163,11 @@ void AddClusterCommands(CLI::App& app, ClusterCommandDeps deps) {
   CLI::App* master = app.add_subcommand("master", "Run the master: queues, compiles and watches jobs (until SIGINT/SIGTERM)");
   master->add_option("--listen", master_flags->listen, "Address to serve on (port 0: the OS picks)")->capture_default_str();
   master->add_option("--state-dir", master_flags->state_dir, "Directory of job records (the job history survives restarts)");
-  master->add_option("--metrics-port", master_flags->metrics_port, "Serve Prometheus /metrics on 127.0.0.1:PORT")
+  master->add_option("--metrics-port", master_flags->metrics_port, "Serve Prometheus /metrics on PORT (of --metrics-host)")
       ->check(CLI::Range(0, 65535));
+  master->add_option("--metrics-host", master_flags->metrics_host,
+                     "Address /metrics binds (a routable one lets Prometheus scrape it)")
+      ->capture_default_str();
   master->add_option("--heartbeat-ms", master_flags->heartbeat_ms, "Heartbeat interval of workers")
       ->check(CLI::Range(10, 600000))
       ->capture_default_str();
@@ -177,6 +181,7 @@ void AddClusterCommands(CLI::App& app, ClusterCommandDeps deps) {
     options.listen = master_flags->listen;
     options.state_dir = master_flags->state_dir;
     options.metrics_port = master_flags->metrics_port;
+    options.metrics_host = master_flags->metrics_host;
     options.heartbeat_interval = absl::Milliseconds(master_flags->heartbeat_ms);
     options.worker_timeout = absl::Milliseconds(master_flags->worker_timeout_ms);
     options.security = master_flags->security.Load();
@@ -185,7 +190,9 @@ void AddClusterCommands(CLI::App& app, ClusterCommandDeps deps) {
     auto address = daemon.Start();
     if (!address.ok()) Fail(std::string(address.status().message()));
     std::printf("master listening on %s\n", address->c_str());
-    if (daemon.metrics_port() >= 0) std::printf("metrics on http://127.0.0.1:%d/metrics\n", daemon.metrics_port());
+    if (daemon.metrics_port() >= 0) {
+      std::printf("metrics on http://%s:%d/metrics\n", options.metrics_host.c_str(), daemon.metrics_port());
+    }
     std::fflush(stdout);
     signals.Wait();
     daemon.Shutdown();

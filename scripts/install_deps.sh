@@ -8,7 +8,7 @@ packages=(
   libabsl-dev libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libboost-dev nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev
   libdnnl-dev libopenblas-dev libgloo-dev
-  libgtest-dev libgmock-dev libbenchmark-dev
+  libgtest-dev libgmock-dev libbenchmark-dev python3-yaml
   graphviz
 )
 
