@@ -1,4 +1,6 @@
-// Actor bus (comm/bus) between two buses of one process over loopback TCP:
+// Actor bus (comm/bus) over loopback TCP, between two processes (the echo
+// side forked: the round trip two workers' runtimes see) and between two
+// buses of one process:
 //   - round trip of a 32-byte frame (A sends, B's handler sends it back, the
 //     calling thread wakes on A's handler): median and p99 in µs;
 //   - one-way throughput: 32-byte frames (frames/s) and 1 MiB frames (MB/s),
@@ -12,6 +14,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -27,6 +30,7 @@
 #include <vector>
 
 #include "comm/bus/bus.h"
+#include "core/logging.h"
 
 namespace tessera::comm::bus {
 namespace {
@@ -219,9 +223,129 @@ RawResults MeasureRaw() {
   return {Summarize(std::move(samples)), kLargeFrames * double(kLarge) / 1e6 / large_s};
 }
 
+// --- across two processes: what two workers' buses see ---
+
+// The 32-byte ping-pong with the echoing side in a child process (forked
+// before this process has any thread). `bus`: Bus to Bus; else a plain
+// blocking TCP pair.
+Percentiles RoundTripAcrossProcesses(bool bus) {
+  const auto tell_parent = [](int fd, const std::string& line) {
+    if (::write(fd, line.data(), line.size()) != static_cast<ssize_t>(line.size())) std::_Exit(2);
+  };
+  int to_parent[2], to_child[2];
+  if (::pipe(to_parent) != 0 || ::pipe(to_child) != 0) std::exit(2);
+  const pid_t child = ::fork();
+  if (child == 0) {
+    ::close(to_parent[0]);
+    ::close(to_child[1]);
+    char done = 0;
+    if (bus) {
+      BusOptions options;
+      options.node = 2;
+      options.token = "bench";
+      auto b = Bus::Start(options);
+      Check(b.status(), "Bus::Start (child)");
+      Bus* raw = b->get();
+      Check(raw->Subscribe(1, [raw](uint32_t from, uint64_t address, std::string_view payload) {
+              Check(raw->Send(from, 1, address, payload), "echo");
+            }, [](uint32_t, const absl::Status&) {}), "Subscribe");
+      const std::string address = raw->address() + "\n";
+      tell_parent(to_parent[1], address);
+      (void)!::read(to_child[0], &done, 1);  // EOF: the parent is done
+      b->reset();
+    } else {
+      const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+      sockaddr_in addr{};
+      addr.sin_family = AF_INET;
+      addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      socklen_t len = sizeof(addr);
+      if (::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || ::listen(listener, 1) != 0 ||
+          ::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+        std::_Exit(2);
+      }
+      const std::string port = std::to_string(ntohs(addr.sin_port)) + "\n";
+      tell_parent(to_parent[1], port);
+      const int fd = ::accept(listener, nullptr, nullptr);
+      const int one = 1;
+      ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+      char buffer[kSmall];
+      for (int i = 0; i < kWarmup + kRoundTrips; ++i) {
+        ReadFully(fd, buffer, kSmall);
+        WriteFully(fd, buffer, kSmall);
+      }
+      ::close(fd);
+    }
+    std::_Exit(0);
+  }
+  ::close(to_parent[1]);
+  ::close(to_child[0]);
+  std::string line;
+  for (char c; ::read(to_parent[0], &c, 1) == 1 && c != '\n';) line.push_back(c);
+  if (line.empty()) {
+    std::fprintf(stderr, "the echo process did not start\n");
+    std::exit(2);
+  }
+  std::vector<double> samples;
+  samples.reserve(kRoundTrips);
+  const std::string small(kSmall, 's');
+  Counter pongs;
+  std::unique_ptr<Bus> a;  // outlives the child's: its link is closed from there
+  if (bus) {
+    BusOptions options;
+    options.node = 1;
+    options.token = "bench";
+    auto a_or = Bus::Start(options);
+    Check(a_or.status(), "Bus::Start");
+    a = std::move(*a_or);
+    Check(a->Connect(2, line), "Connect");
+    Check(a->Subscribe(1, [&](uint32_t, uint64_t, std::string_view) { pongs.Add(); },
+                       [](uint32_t, const absl::Status&) {}), "Subscribe");
+    for (int i = 0; i < kWarmup + kRoundTrips; ++i) {
+      const auto start = Clock::now();
+      Check(a->Send(2, 1, i, small), "Send");
+      pongs.WaitFor(i + 1);
+      if (i >= kWarmup) samples.push_back(Micros(Clock::now() - start));
+    }
+    a->Unsubscribe(1);
+  } else {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = htons(static_cast<uint16_t>(std::stoi(line)));
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) std::exit(2);
+    const int one = 1;
+    ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    char buffer[kSmall] = {};
+    for (int i = 0; i < kWarmup + kRoundTrips; ++i) {
+      const auto start = Clock::now();
+      WriteFully(fd, buffer, kSmall);
+      ReadFully(fd, buffer, kSmall);
+      if (i >= kWarmup) samples.push_back(Micros(Clock::now() - start));
+    }
+    ::close(fd);
+  }
+  ::close(to_child[1]);
+  ::waitpid(child, nullptr, 0);
+  ::close(to_parent[0]);
+  a.reset();
+  return Summarize(std::move(samples));
+}
+
 int Main() {
+  // The echo sides' links close at the end of each part: not news.
+  Check(SetLogLevel("error"), "SetLogLevel");
+  // Forks first, while this process has no thread.
+  const Percentiles raw_processes = RoundTripAcrossProcesses(/*bus=*/false);
+  const Percentiles bus_processes = RoundTripAcrossProcesses(/*bus=*/true);
   const RawResults raw = MeasureRaw();
   const BusResults bus = MeasureBus();
+  std::printf("actor bus over loopback TCP between two processes (what two workers' runtimes use)\n");
+  std::printf("%-36s %12s %12s %10s\n", "", "bus", "raw socket", "bus/raw");
+  std::printf("%-36s %12.1f %12.1f %10.2f\n", "round trip 32 B, median (us)", bus_processes.median,
+              raw_processes.median, bus_processes.median / raw_processes.median);
+  std::printf("%-36s %12.1f %12.1f %10.2f\n\n", "round trip 32 B, p99 (us)", bus_processes.p99, raw_processes.p99,
+              bus_processes.p99 / raw_processes.p99);
   std::printf("actor bus over loopback TCP, two buses in one process (reference: blocking POSIX TCP pair)\n");
   std::printf("%-36s %12s %12s %10s\n", "", "bus", "raw socket", "bus/raw");
   std::printf("%-36s %12.1f %12.1f %10.2f\n", "round trip 32 B, median (us)", bus.round_trip_us.median,
