@@ -163,17 +163,24 @@ void WriteFully(int fd, const char* data, size_t n) {
   }
 }
 
-// A connected loopback TCP pair with TCP_NODELAY on both ends.
-std::pair<int, int> TcpPair() {
+// A listening loopback socket on a port the OS picks (its address in `addr`).
+int ListenLoopback(sockaddr_in& addr) {
   const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
+  addr = sockaddr_in{};
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   socklen_t len = sizeof(addr);
   if (::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || ::listen(listener, 1) != 0 ||
       ::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    std::exit(2);
+    std::_Exit(2);
   }
+  return listener;
+}
+
+// A connected loopback TCP pair with TCP_NODELAY on both ends.
+std::pair<int, int> TcpPair() {
+  sockaddr_in addr;
+  const int listener = ListenLoopback(addr);
   const int client = ::socket(AF_INET, SOCK_STREAM, 0);
   if (::connect(client, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) std::exit(2);
   const int server = ::accept(listener, nullptr, nullptr);
@@ -254,15 +261,8 @@ Percentiles RoundTripAcrossProcesses(bool bus) {
       (void)!::read(to_child[0], &done, 1);  // EOF: the parent is done
       b->reset();
     } else {
-      const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
-      sockaddr_in addr{};
-      addr.sin_family = AF_INET;
-      addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-      socklen_t len = sizeof(addr);
-      if (::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || ::listen(listener, 1) != 0 ||
-          ::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-        std::_Exit(2);
-      }
+      sockaddr_in addr;
+      const int listener = ListenLoopback(addr);
       const std::string port = std::to_string(ntohs(addr.sin_port)) + "\n";
       tell_parent(to_parent[1], port);
       const int fd = ::accept(listener, nullptr, nullptr);
