@@ -276,6 +276,34 @@ TEST(ClusterTest, MasterRestartKeepsTheHistory) {
   fs::remove_all(state);
 }
 
+// A master restarted on the same address: the worker that outlived it
+// registers again on its own and runs the next job.
+TEST(ClusterTest, WorkersRegisterAgainWithARestartedMaster) {
+  Deadline deadline(seconds(30), "worker re-registration");
+  TestCluster cluster;
+  cluster.Start({"cpu:1"});
+  const std::string address = cluster.address;
+  const std::string id = cluster.workers[0]->worker_id();
+  cluster.master->Shutdown();
+  EXPECT_TRUE(WaitUntil([&] { return !cluster.workers[0]->registered(); }, absl::Seconds(5)))
+      << "the worker did not notice the master go";
+  Master::Options options = FastMasterOptions();
+  options.listen = address;
+  cluster.master = std::make_unique<Master>(options, std::make_unique<FakeJobCompiler>());
+  auto bound = cluster.master->Start();
+  ASSERT_TRUE(bound.ok()) << bound.status();
+  ASSERT_EQ(*bound, address);
+  ASSERT_TRUE(WaitUntil([&] { return cluster.workers[0]->registered(); }, absl::Seconds(10)))
+      << "the worker did not register again";
+  auto workers = cluster.client->ListWorkers();
+  ASSERT_TRUE(workers.ok()) << workers.status();
+  ASSERT_EQ(workers->size(), 1u);
+  EXPECT_EQ((*workers)[0].worker_id(), id);
+  auto job = cluster.client->Submit(R"({"iterations": 2})", {});
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(cluster.WaitEnd(*job).state(), control::SUCCEEDED);
+}
+
 TEST(ClusterTest, KvPutGetWait) {
   Deadline deadline(seconds(20), "kv");
   TestCluster cluster;
