@@ -653,6 +653,7 @@ std::vector<std::string> Runtime::Watch() {
   const double hung_s = core.options.hung_kernel_timeout_s;
   const auto poll = std::chrono::milliseconds(50);
   bool reported = false;  // a stall or hung kernel already failed the job
+  int stalled_polls = 0;  // polls in a row that saw no progress for stall_s
   std::unique_lock<std::mutex> lock(core.mu);
   while (core.finished < core.threads.size()) {
     core.finished_cv.wait_for(lock, poll);
@@ -681,6 +682,8 @@ std::vector<std::string> Runtime::Watch() {
         }
       }
     }
+    const bool stalled = stall_s > 0 && !any_busy && last_progress > 0 && Seconds(now - last_progress) >= stall_s;
+    stalled_polls = stalled ? stalled_polls + 1 : 0;
     if (core.aborted.load()) {
       // Stopping: wait for every thread, but not for a hung one.
       if (!hung.empty() && only_hung_left) {
@@ -692,7 +695,9 @@ std::vector<std::string> Runtime::Watch() {
       core.StopAll(absl::DeadlineExceededError(
           StrCat(Join(hung, "; "), ": a kernel or callback that does not return (hung_kernel_timeout_s ", hung_s, ")")));
       core.job->AbortCommunicators(absl::CancelledError("a kernel hung"));
-    } else if (stall_s > 0 && !any_busy && last_progress > 0 && Seconds(now - last_progress) >= stall_s && !reported) {
+    } else if (stalled_polls >= 2 && !reported) {
+      // Seen on two polls in a row: one sample taken as a long Handle ends
+      // can miss both its busy mark and its progress.
       reported = true;
       core.StopAll(absl::DeadlineExceededError(
           StrCat("no actor made progress for ", stall_s, " s and none is running a kernel (stall_timeout_s)")));

@@ -4,7 +4,7 @@
 set -euo pipefail
 
 packages=(
-  build-essential cmake ninja-build pkg-config git
+  build-essential cmake ninja-build pkg-config git lld
   libabsl-dev libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libboost-dev nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev
   libdnnl-dev libopenblas-dev libgloo-dev
