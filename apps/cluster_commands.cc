@@ -39,13 +39,16 @@ struct SecurityFlags {
   std::string tls_ca;
   std::string tls_server_name;
 
-  void AddClientFlags(CLI::App* verb) {
+  // `peer_cert`: what --tls-ca verifies ("the master's certificate"; on the
+  // master, which dials the workers, "the workers' certificates").
+  void AddClientFlags(CLI::App* verb, const std::string& peer_cert = "the master's certificate") {
     verb->add_option("--token-file", token_file, "File holding the shared token (authorization: Bearer)");
-    verb->add_option("--tls-ca", tls_ca, "PEM roots to verify the master's certificate (turns TLS on)");
-    verb->add_option("--tls-server-name", tls_server_name, "Name the master's certificate carries, if not its host");
+    verb->add_option("--tls-ca", tls_ca, "PEM roots to verify " + peer_cert + " (turns TLS on)");
+    verb->add_option("--tls-server-name", tls_server_name,
+                     "The name in " + peer_cert + ", if not the host dialled");
   }
-  void AddServerFlags(CLI::App* verb) {
-    AddClientFlags(verb);
+  void AddServerFlags(CLI::App* verb, const std::string& peer_cert = "the master's certificate") {
+    AddClientFlags(verb, peer_cert);
     verb->add_option("--tls-cert", tls_cert, "PEM certificate this daemon serves with (with --tls-key: TLS on)");
     verb->add_option("--tls-key", tls_key, "PEM private key of --tls-cert");
   }
@@ -174,7 +177,7 @@ void AddClusterCommands(CLI::App& app, ClusterCommandDeps deps) {
   master->add_option("--worker-timeout-ms", master_flags->worker_timeout_ms, "A worker silent this long is lost")
       ->check(CLI::Range(10, 3600000))
       ->capture_default_str();
-  master_flags->security.AddServerFlags(master);
+  master_flags->security.AddServerFlags(master, "the workers' certificates");
   master->callback([master_flags, shared_deps] {
     if (!shared_deps->make_compiler) Fail("master: this build has no job compiler");
     cluster::Master::Options options;
