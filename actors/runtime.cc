@@ -409,8 +409,11 @@ struct Runtime::Core {
   // A frame from a peer node (on the bus's I/O thread).
   void OnPeerFrame(uint32_t from, std::string_view payload) {
     if (payload.size() < 5 || static_cast<uint8_t>(payload[0]) != kStopFrame) {
+      // Not told to the peers from here: this is the bus's thread, which
+      // must not wait for its own writes.
       StopAll(absl::InternalError(StrCat("node ", options.node, ": a malformed actor-bus frame from node ", from, " (",
-                                         payload.size(), " bytes)")));
+                                         payload.size(), " bytes)")),
+              /*tell_peers=*/false);
       return;
     }
     uint32_t code = 0;

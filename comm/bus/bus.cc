@@ -982,7 +982,9 @@ class Bus::Impl {
     }
     if (why.ok() || stopping_) return;
     if (report && conn->node_known) {
-      TLOG_WARN("{}", why.message());
+      // The subscribers hear of it and judge (a peer that ended its job
+      // closes its links: routine for the runtime).
+      TLOG_INFO("{}", why.message());
       ReportError(conn->node, why);
     } else if (!conn->node_known) {
       TLOG_WARN("{}", why.message());

@@ -33,9 +33,10 @@
 //   drops its later frames (stats().frames_dropped).
 // - A link failure (peer closed or died, read/write error, bad frame, failed
 //   handshake, a peer that restarted) is reported once to the on_error of
-//   every subscriber, naming the node and the cause. Failures of connections
-//   whose node was never stated (garbage before a Hello) close that
-//   connection only and are logged. The node of a refused Hello is the one it
+//   every subscriber, naming the node and the cause (and logged at info:
+//   the subscriber judges). Failures of connections whose node was never
+//   stated (garbage before a Hello) close that connection only and are
+//   logged as warnings. The node of a refused Hello is the one it
 //   claimed; while that node has a live link the refusal is only logged, so
 //   a stranger claiming a linked node cannot make the link look failed. A
 //   local Disconnect or ~Bus is not a failure and is not reported locally;
