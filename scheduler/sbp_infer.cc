@@ -8,7 +8,7 @@
 #include <tuple>
 #include <utility>
 
-#include "core/dtype.h"
+#include "core/boxing_cost.h"
 #include "core/status.h"
 #include "core/text.h"
 
@@ -25,24 +25,6 @@ std::string AxisName(size_t axis) {
   if (axis == 0) return "dp";
   if (axis == 1) return "tp";
   return StrCat("axis ", axis);
-}
-
-double LogicalBytes(const TensorMeta& meta) {
-  return static_cast<double>(meta.shape.NumElements()) * static_cast<double>(DTypeSize(meta.dtype));
-}
-
-// One hierarchy axis of p devices (DESIGN §7, ring algorithms).
-double AxisCost(double bytes, const Sbp& from, const Sbp& to, int64_t p) {
-  if (from == to || p <= 1) return 0;
-  const double n = static_cast<double>(p);
-  if (from.is_broadcast()) return 0;  // slice, or keep: no communication
-  if (from.is_split()) {
-    if (to.is_broadcast()) return bytes * (n - 1) / n;    // all-gather
-    if (to.is_split()) return bytes * (n - 1) / (n * n);  // all-to-all
-    return 0;                                             // local: fill outside the shard
-  }
-  if (to.is_split()) return bytes * (n - 1) / n;  // reduce-scatter
-  return 2 * bytes * (n - 1) / n;                 // all-reduce (to B, or to the other partial kind via B)
 }
 
 std::string DescribeAxis(const Sbp& from, const Sbp& to) {
@@ -498,17 +480,6 @@ class Inferrer {
 }  // namespace
 
 std::string ValueLayout::ToString() const { return StrCat("stage ", stage, " ", NdSbpToString(nd_sbp)); }
-
-double BoxingCost(const TensorMeta& meta, const NdSbp& from, const NdSbp& to, const Hierarchy& hierarchy,
-                  bool same_placement) {
-  const double bytes = LogicalBytes(meta);
-  if (!same_placement) return bytes;
-  TESSERA_CHECK(from.size() == hierarchy.size() && to.size() == hierarchy.size(), "layouts ", NdSbpToString(from),
-                " and ", NdSbpToString(to), " over a hierarchy of ", hierarchy.size(), " axes");
-  double cost = 0;
-  for (size_t a = 0; a < hierarchy.size(); ++a) cost += AxisCost(bytes, from[a], to[a], hierarchy[a]);
-  return cost;
-}
 
 std::string DescribeBoxing(const ValueLayout& from, const ValueLayout& to) {
   if (from.stage != to.stage) {

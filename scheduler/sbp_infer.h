@@ -31,7 +31,7 @@
 //     none). A candidate is allowed when each output with an sbp_hint gets
 //     exactly that layout and each output that is a variable update
 //     (Graph::variable_updates) gets exactly the variable's layout. Among the
-//     allowed ones the op takes the cheapest (sum of BoxingCost over its
+//     allowed ones the op takes the cheapest (sum of the BoxingCost over its
 //     inputs, from the producers' layouts; an input layout an earlier
 //     consumer already converts the value to costs nothing, since the
 //     lowering converts each value to each layout once — so a clipped
@@ -57,11 +57,10 @@
 // gradient) gives two identical edges, each with its BoxingCost; the
 // lowering shares one conversion between them.
 //
-// Costs (BoxingCost; T = logical bytes, p = the axis' size, ring algorithms;
-// summed over the hierarchy axes with the same T): same 0 · B→S 0 · B→P 0 ·
-// S→P 0 · S→B T(p−1)/p · S(i)→S(j) T(p−1)/p² · P→S T(p−1)/p · P→B 2T(p−1)/p
-// (P(max) as P; one partial kind to the other as P→B) · across placements
-// (different stages) T, whatever the layouts.
+// Costs: BoxingCost of core/boxing_cost.h (bytes each rank sends, DESIGN
+// §7; an nd-SBP conversion costs the route boxing takes; across placements,
+// i.e. different stages, T whatever the layouts), the same model boxing
+// (comm/collective/boxing.h) picks its routes by.
 //
 // Greedy per op, as OneFlow's: no look-ahead. Not done: auto-parallel search,
 // placement hints, compute/memory terms in the cost.
@@ -144,10 +143,6 @@ struct SbpAssignment {
   bool operator==(const SbpAssignment&) const = default;
 };
 
-// Bytes each rank sends to turn `from` into `to` (see the table above).
-// `from` and `to` have one entry per hierarchy axis.
-double BoxingCost(const TensorMeta& meta, const NdSbp& from, const NdSbp& to, const Hierarchy& hierarchy,
-                  bool same_placement);
 // The conversion in words, as BoxingEdge::description.
 std::string DescribeBoxing(const ValueLayout& from, const ValueLayout& to);
 

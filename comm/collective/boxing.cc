@@ -1,9 +1,10 @@
 #include "comm/collective/boxing.h"
 
 #include <cstring>
-#include <limits>
+#include <optional>
 #include <utility>
 
+#include "core/boxing_cost.h"
 #include "core/tensor_util.h"
 #include "core/text.h"
 
@@ -178,127 +179,6 @@ std::string StepDescription(const Step& s, bool one_axis) {
   if (s.kind == StepKind::kCopy) return "copy";
   return StrCat(one_axis ? "" : StrCat("axis ", s.axis, " "), s.from.ToString(), " -> ", s.to.ToString(), ": ",
                 StepWhat(s));
-}
-
-// Why `x -> y` is not a conversion boxing does, or "" when it is.
-std::string TransitionError(const Sbp& x, const Sbp& y) {
-  if (x == y) return "";
-  if (x.is_partial_max()) {
-    return y.is_partial_sum() ? "P(max) converts only to B, S(i) or P(max)" : "";
-  }
-  if (y.is_partial_max()) return StrCat("only P(max) converts to P(max), not ", x.ToString());
-  return "";
-}
-
-bool MixesPartials(const NdSbp& nd_sbp) {
-  bool sum = false, max = false;
-  for (const Sbp& s : nd_sbp) {
-    sum = sum || s.is_partial_sum();
-    max = max || s.is_partial_max();
-  }
-  return sum && max;
-}
-
-bool SplitsAxis(const Sbp& sbp, int tensor_axis) { return sbp.is_split() && sbp.axis() == tensor_axis; }
-
-// Whether converting hierarchy axis `a` of `state` from x to y is a 1-D boxing
-// of the axis group's common block: no inner axis may split a tensor axis that
-// x or y splits, else the inner pieces move with the outer conversion.
-bool AxisLocal(const NdSbp& state, size_t a, const Sbp& x, const Sbp& y) {
-  for (size_t b = a + 1; b < state.size(); ++b) {
-    if (!state[b].is_split()) continue;
-    if (SplitsAxis(x, state[b].axis()) || SplitsAxis(y, state[b].axis())) return false;
-  }
-  return true;
-}
-
-// Bytes each rank sends for one step (DESIGN.md §7, ring algorithms), on the
-// axis group's block estimated without the uneven remainders so that the cost
-// is the same on every rank; plus one byte so that fewer steps win ties.
-double StepCost(const BoxingSpec& spec, const NdSbp& state, size_t a, const Sbp& x, const Sbp& y) {
-  double t = static_cast<double>(spec.logical.shape.NumElements()) * static_cast<double>(DTypeSize(spec.logical.dtype));
-  for (size_t b = 0; b < state.size(); ++b) {
-    if (b != a && state[b].is_split()) t /= static_cast<double>(spec.hierarchy[b]);
-  }
-  const double p = static_cast<double>(spec.hierarchy[a]);
-  double bytes = 0;
-  if (x.is_partial()) {
-    bytes = y.is_broadcast() ? 2 * t * (p - 1) / p : y.is_split() ? t * (p - 1) / p : 0;
-  } else if (x.is_split()) {
-    bytes = y.is_broadcast() ? t * (p - 1) / p : y.is_split() ? t * (p - 1) / (p * p) : 0;
-  }
-  return bytes + 1;
-}
-
-// The cheapest sequence of states from spec.from to spec.to in which each
-// step changes one hierarchy axis to one of its candidates by a valid,
-// axis-local conversion (Dijkstra over every combination of candidates; a
-// handful of axes with at most three candidates each). Empty when there is
-// none. Ties go to the lowest state index, so every rank gets the same path.
-std::vector<NdSbp> CheapestPath(const BoxingSpec& spec, const std::vector<std::vector<Sbp>>& candidates) {
-  const size_t n = candidates.size();
-  size_t count = 1;
-  for (const auto& c : candidates) count *= c.size();
-  auto decode = [&](size_t index) {
-    NdSbp state;
-    for (size_t a = n; a-- > 0;) {
-      state.insert(state.begin(), candidates[a][index % candidates[a].size()]);
-      index /= candidates[a].size();
-    }
-    return state;
-  };
-  auto encode = [&](const NdSbp& state) {
-    size_t index = 0;
-    for (size_t a = 0; a < n; ++a) {
-      size_t k = 0;
-      while (!(candidates[a][k] == state[a])) ++k;
-      index = index * candidates[a].size() + k;
-    }
-    return index;
-  };
-  const size_t source = encode(spec.from);
-  const size_t target = encode(spec.to);
-  std::vector<double> distance(count, std::numeric_limits<double>::infinity());
-  std::vector<size_t> previous(count, count);
-  std::vector<bool> settled(count, false);
-  distance[source] = 0;
-  for (;;) {
-    size_t u = count;
-    for (size_t i = 0; i < count; ++i) {
-      if (!settled[i] && distance[i] < std::numeric_limits<double>::infinity() &&
-          (u == count || distance[i] < distance[u]))
-        u = i;
-    }
-    if (u == count || u == target) break;
-    settled[u] = true;
-    const NdSbp state = decode(u);
-    for (size_t a = 0; a < n; ++a) {
-      for (const Sbp& y : candidates[a]) {
-        const Sbp& x = state[a];
-        if (x == y || !TransitionError(x, y).empty() || !AxisLocal(state, a, x, y)) continue;
-        NdSbp next = state;
-        next[a] = y;
-        if (MixesPartials(next)) continue;
-        const size_t v = encode(next);
-        const double d = distance[u] + StepCost(spec, state, a, x, y);
-        if (d < distance[v]) {
-          distance[v] = d;
-          previous[v] = u;
-        }
-      }
-    }
-  }
-  if (distance[target] == std::numeric_limits<double>::infinity()) return {};
-  std::vector<NdSbp> path;
-  for (size_t v = target; v != count; v = previous[v]) path.insert(path.begin(), decode(v));
-  return path;
-}
-
-void AddUnique(std::vector<Sbp>& values, const Sbp& sbp) {
-  for (const Sbp& v : values) {
-    if (v == sbp) return;
-  }
-  values.push_back(sbp);
 }
 
 int64_t ParallelId(const std::vector<int64_t>& hierarchy, const std::vector<int64_t>& coordinates) {
@@ -513,7 +393,7 @@ absl::StatusOr<BoxingRoutine> BoxingRoutine::Create(const BoxingSpec& spec, std:
     if (d < 0) return error("negative extent in the logical shape");
   }
   for (size_t a = 0; a < n; ++a) {
-    const std::string why = TransitionError(spec.from[a], spec.to[a]);
+    const std::string why = AxisConversionError(spec.from[a], spec.to[a]);
     if (!why.empty()) return error(one_axis ? why : StrCat("axis ", a, ": ", why));
   }
   bool inside = rank_coordinates.size() == n;
@@ -539,20 +419,13 @@ absl::StatusOr<BoxingRoutine> BoxingRoutine::Create(const BoxingSpec& spec, std:
     copy.in_shape = copy.out_shape = plan->input_shape;
     plan->steps.push_back(copy);
   } else {
-    // Axis by axis first (each axis only ever from[a] or to[a]); else through B.
-    std::vector<std::vector<Sbp>> direct(n), general(n);
-    for (size_t a = 0; a < n; ++a) {
-      AddUnique(direct[a], spec.from[a]);
-      AddUnique(direct[a], spec.to[a]);
-      general[a] = direct[a];
-      AddUnique(general[a], Sbp::Broadcast());
-    }
-    std::vector<NdSbp> path = CheapestPath(spec, direct);
-    if (!path.empty()) {
+    // The route the cost model prices (core/boxing_cost.h).
+    const std::optional<BoxingRoute> chosen = ChooseBoxingRoute(spec.logical, spec.from, spec.to, spec.hierarchy);
+    if (!chosen.has_value()) return error("no sequence of axis-local conversions reaches the target");
+    const std::vector<NdSbp>& path = chosen->states;
+    if (chosen->axis_by_axis) {
       route = " axis by axis";
     } else {
-      path = CheapestPath(spec, general);
-      if (path.empty()) return error("no sequence of axis-local conversions reaches the target");
       std::vector<std::string> middle;
       for (size_t i = 1; i + 1 < path.size(); ++i) middle.push_back(NdSbpToString(path[i]));
       route = StrCat(" via ", Join(middle, ", "));

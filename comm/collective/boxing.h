@@ -32,8 +32,9 @@
 //     (e.g. (S(0), S(0)) -> (B, S(0)) via (S(0), B), (B, B)). One always
 //     exists: gather or reduce to all-B innermost axis first, then slice or
 //     keep outermost axis first.
-// Cost = bytes each rank sends per DESIGN.md §7 (ring algorithms) on the axis
-// group's block, plus one byte per step so that fewer steps win ties. The plan
+// The route and its cost come from core/boxing_cost.h (ChooseBoxingRoute:
+// bytes each rank sends per DESIGN.md §7 on the axis group's block, fewer
+// steps winning ties), the model SBP inference chooses layouts by. The plan
 // depends only on the spec, so every rank issues the same collectives in the
 // same order on each of its groups (the collective-sequence contract).
 

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "comm/collective/shm_communicator.h"
+#include "core/boxing_cost.h"
 #include "tests/comm/completion.h"
 #include "core/tensor_util.h"
 #include "gmock/gmock.h"
@@ -632,6 +633,77 @@ TEST(BoxingTest, DescribeAndCollectivesNameThePath) {
       EXPECT_EQ(routine->Collectives(), c.collectives) << c.description;
       EXPECT_EQ(routine->CollectiveAxes(), c.axes) << c.description;
     }
+  }
+}
+
+// ---- the cost model (core/boxing_cost.h), shared with SBP inference -------
+
+// Each row of DESIGN §7's table, on one axis of 4 devices.
+TEST(BoxingCostTest, OneAxisCostsAreTheDesignTable) {
+  const TensorMeta meta = Meta(DType::kF32, Shape{16, 8});  // T = 512 bytes
+  const std::vector<int64_t> p4 = {4};
+  auto cost = [&](const Sbp& from, const Sbp& to) { return BoxingCost(meta, {from}, {to}, p4); };
+  EXPECT_DOUBLE_EQ(cost(kS0, kS0), 0);  // same
+  EXPECT_DOUBLE_EQ(cost(kP, kP), 0);
+  EXPECT_DOUBLE_EQ(cost(kB, kS0), 0);                   // local slice
+  EXPECT_DOUBLE_EQ(cost(kB, kP), 0);                    // kept on one rank
+  EXPECT_DOUBLE_EQ(cost(kS1, kP), 0);                   // zeros outside the shard
+  EXPECT_DOUBLE_EQ(cost(kS0, kB), 512.0 * 3 / 4);       // all-gather: T(p-1)/p
+  EXPECT_DOUBLE_EQ(cost(kP, kS1), 512.0 * 3 / 4);       // reduce-scatter: T(p-1)/p
+  EXPECT_DOUBLE_EQ(cost(kP, kB), 2 * 512.0 * 3 / 4);    // all-reduce: 2T(p-1)/p
+  EXPECT_DOUBLE_EQ(cost(kS0, kS1), 512.0 * 3 / 16);     // all-to-all: T(p-1)/p^2
+  EXPECT_DOUBLE_EQ(cost(kMax, kB), 2 * 512.0 * 3 / 4);  // P(max) as P
+  EXPECT_DOUBLE_EQ(cost(kMax, kS0), 512.0 * 3 / 4);
+  // One partial kind to the other goes through B: an all-reduce.
+  EXPECT_DOUBLE_EQ(cost(kMax, kP), 2 * 512.0 * 3 / 4);
+  // Across placements: T, whatever the layouts.
+  EXPECT_DOUBLE_EQ(BoxingCost(meta, {kS0}, {kS0}, p4, /*same_placement=*/false), 512);
+  EXPECT_DOUBLE_EQ(BoxingCost(meta, {kP}, {kB}, p4, /*same_placement=*/false), 512);
+  // The element size counts; an axis of one device costs nothing.
+  EXPECT_DOUBLE_EQ(BoxingCost(Meta(DType::kF16, Shape{16, 8}), {kP}, {kB}, p4), 2 * 256.0 * 3 / 4);
+  EXPECT_DOUBLE_EQ(BoxingCost(meta, {kP}, {kB}, {1}), 0);
+}
+
+// nd-SBP: the sum over the steps of the route the routine runs, each on the
+// block its axis group shares.
+TEST(BoxingCostTest, NdSbpCostsTheStepsOfTheRouteTheRoutineRuns) {
+  const TensorMeta meta = Meta(DType::kF32, Shape{16, 8});  // T = 512 bytes
+  struct Case {
+    NdSbp from, to;
+    std::vector<int64_t> hierarchy;
+    double cost;
+  };
+  const std::vector<Case> cases = {
+      // The dp all-reduce runs on the tp shard (T/4), then tp gathers all of T.
+      {{kP, kS1}, {kB, kB}, {2, 4}, 2 * 128.0 / 2 + 512.0 * 3 / 4},
+      // An axis that does not change costs nothing; the other axis' split
+      // divides the block.
+      {{kS0, kP}, {kS0, kB}, {2, 2}, 2 * 256.0 / 2},
+      // Reducing the split block first is cheaper than gathering first.
+      {{kS0, kP}, {kB, kB}, {2, 2}, 2 * 256.0 / 2 + 512.0 / 2},
+      // Via B: gather the inner axis (block T/2), the outer one (T), slice
+      // the inner one again (free).
+      {{kS0, kS0}, {kB, kS0}, {2, 2}, 256.0 / 2 + 512.0 / 2},
+      {{kB, kS1}, {kB, kS1}, {2, 2}, 0},
+  };
+  for (const Case& c : cases) {
+    const std::string what = StrCat(NdSbpToString(c.from), " -> ", NdSbpToString(c.to));
+    EXPECT_DOUBLE_EQ(BoxingCost(meta, c.from, c.to, c.hierarchy), c.cost) << what;
+    const std::optional<BoxingRoute> route = ChooseBoxingRoute(meta, c.from, c.to, c.hierarchy);
+    ASSERT_TRUE(route.has_value()) << what;
+    EXPECT_DOUBLE_EQ(route->cost, c.cost) << what;
+    // The routine's collectives are the route's communicating steps.
+    std::vector<int> axes;
+    for (size_t i = 0; i + 1 < route->states.size(); ++i) {
+      int a = 0;
+      while (route->states[i][static_cast<size_t>(a)] == route->states[i + 1][static_cast<size_t>(a)]) ++a;
+      const Sbp& x = route->states[i][static_cast<size_t>(a)];
+      const Sbp& y = route->states[i + 1][static_cast<size_t>(a)];
+      if (AxisBoxingCost(1, x, y, 2) > 0) axes.push_back(a);
+    }
+    auto routine = BoxingRoutine::Create(Spec(meta, c.from, c.to, c.hierarchy), Coordinates(c.hierarchy, 0));
+    ASSERT_TRUE(routine.ok()) << routine.status();
+    EXPECT_EQ(routine->CollectiveAxes(), axes) << what << ": " << routine->Describe();
   }
 }
 
