@@ -1,6 +1,7 @@
 #pragma once
 // Branch-free float math that GCC vectorises inside plain loops (no calls into
-// libm, which would keep loops scalar). Accuracy ~1e-7 relative (Cephes
+// libm, which would keep loops scalar). On AVX2 that needs -fno-trapping-math
+// (ops/CMakeLists.txt sets it), else the ternaries stay branches. Accuracy ~1e-7 relative (Cephes
 // polynomials), tested against libm in tests/ops/vec_math_test.cc.
 
 #include <bit>
@@ -11,7 +12,7 @@ namespace tessera::ops::cpu {
 
 // e^x. Underflows to 0 below -87.3, saturates to +inf above 88.7; NaN stays NaN.
 inline float ExpF(float x) {
-  // Written so GCC vectorises it with default flags: ternaries rather than
+  // Written so GCC vectorises it without -ffast-math: ternaries rather than
   // std::fmin/fmax (whose NaN rules have no x86 instruction: a libm call), and
   // n = round(x / ln 2) by the 1.5 * 2^23 trick rather than std::floor plus a
   // float-to-int conversion (both keep the loop scalar under
