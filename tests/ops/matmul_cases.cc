@@ -4,6 +4,7 @@
 // 3 and 4.
 
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "tests/ops/op_test_util.h"
@@ -92,6 +93,17 @@ std::vector<OpTestCase> MatmulCases() {
   big.rtol = big.atol = 1e-4;
   cases.push_back(big);
 
+  // transpose_a with a long K goes through a transpose and NN in blocks of
+  // 128 rows (ops/cpu/matmul.cc): row blocks and 8 x 8 tiles with tails, K
+  // not a multiple of the tile, with and without transpose_b.
+  for (auto [label, m, k, n, tb, alpha] : {std::tuple{"large_tn_203x517x70", 203, 517, 70, false, 1.0},
+                                           std::tuple{"large_tt_131x600x65_alpha", 131, 600, 65, true, 0.5}}) {
+    OpTestCase t = Gemm("matmul", label, {}, m, k, n, true, tb, alpha, 35);
+    t.check_grad = false;
+    t.rtol = t.atol = 1e-4;
+    cases.push_back(t);
+  }
+
   // batch_matmul, rank 3: batch 3 splits unevenly over 2 and 4 shards.
   cases.push_back(Gemm("batch_matmul", "nn_3x5x4x6", {3}, 5, 4, 6, false, false, 1.0, 21));
   cases.push_back(Gemm("batch_matmul", "tn_alpha", {3}, 5, 4, 3, true, false, -2.0, 23));
@@ -104,6 +116,10 @@ std::vector<OpTestCase> MatmulCases() {
   big_batch.check_grad = false;
   big_batch.rtol = big_batch.atol = 1e-4;
   cases.push_back(big_batch);
+  OpTestCase long_k = Gemm("batch_matmul", "large_tn_2x70x520x66", {2}, 70, 520, 66, true, false, 1.0, 37);
+  long_k.check_grad = false;
+  long_k.rtol = long_k.atol = 1e-4;
+  cases.push_back(long_k);
   return cases;
 }
 
