@@ -1,11 +1,14 @@
 #include "actors/node_communicators.h"
 
+#include <algorithm>
 #include <mutex>
+#include <set>
 #include <thread>
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
 #include "comm/collective/gloo_communicator.h"
+#include "comm/collective/hierarchical_communicator.h"
 #include "core/status.h"
 #include "core/text.h"
 
@@ -38,7 +41,8 @@ class NodeCommunicators::Deferred final : public comm::Communicator {
   }
   void ReduceScatter(const Tensor& input, Tensor output, std::vector<int64_t> counts, comm::ReduceOp op,
                      comm::DoneFn done) override {
-    if (comm::Communicator* c = Get(done)) c->ReduceScatter(input, std::move(output), std::move(counts), op, std::move(done));
+    if (comm::Communicator* c = Get(done))
+      c->ReduceScatter(input, std::move(output), std::move(counts), op, std::move(done));
   }
   void AllToAll(const Tensor& input, std::vector<int64_t> send_counts, Tensor output, std::vector<int64_t> recv_counts,
                 comm::DoneFn done) override {
@@ -97,8 +101,8 @@ absl::StatusOr<std::shared_ptr<comm::Communicator>> NodeCommunicators::Join(cons
   for (uint32_t member : members) {
     if (plan_.ranks_size() == 0) break;  // a one-node plan
     if (member >= static_cast<uint32_t>(plan_.ranks_size())) {
-      return absl::InvalidArgumentError(StrCat("communicator '", group, "': rank ", member, " is not one of the plan's ",
-                                               plan_.ranks_size(), " ranks"));
+      return absl::InvalidArgumentError(StrCat("communicator '", group, "': rank ", member,
+                                               " is not one of the plan's ", plan_.ranks_size(), " ranks"));
     }
     spans |= plan_.ranks(static_cast<int>(member)).node() != options_.node;
   }
@@ -108,6 +112,9 @@ absl::StatusOr<std::shared_ptr<comm::Communicator>> NodeCommunicators::Join(cons
     return absl::FailedPreconditionError(StrCat("communicator '", group, "' spans nodes, but this runtime has no KV ",
                                                 "store to meet its peers (a one-process run of a multi-node plan?)"));
   }
+  std::vector<uint32_t> node_of(members.size());
+  for (size_t i = 0; i < members.size(); ++i) node_of[i] = plan_.ranks(static_cast<int>(members[i])).node();
+  if (comm::NeedsHierarchy(node_of)) return JoinHierarchical(group, node_of, rank);
   comm::GlooOptions gloo;
   gloo.group = StrCat(options_.kv_prefix, "/", group);
   gloo.rank = rank;
@@ -118,6 +125,44 @@ absl::StatusOr<std::shared_ptr<comm::Communicator>> NodeCommunicators::Join(cons
       gloo, StrCat("gloo group '", group, "' rank ", rank, "/", size, " (node ", options_.node, ")"));
   pending_.push_back(deferred);
   return deferred;
+}
+
+absl::StatusOr<std::shared_ptr<comm::Communicator>> NodeCommunicators::JoinHierarchical(
+    const std::string& group, const std::vector<uint32_t>& node_of, int rank) {
+  if (node_of[static_cast<size_t>(rank)] != options_.node) {
+    return absl::InvalidArgumentError(StrCat("communicator '", group, "': member ", rank, " runs on node ",
+                                             node_of[static_cast<size_t>(rank)], ", not on this node ", options_.node));
+  }
+  auto it = hierarchical_.find(group);
+  if (it == hierarchical_.end()) {
+    // Nodes by id -> their index among the group's nodes; the leaders are a
+    // gloo group of one rank per node.
+    std::set<uint32_t> ids(node_of.begin(), node_of.end());
+    const std::vector<uint32_t> sorted(ids.begin(), ids.end());
+    const auto index = [&](uint32_t id) {
+      return static_cast<int>(std::lower_bound(sorted.begin(), sorted.end(), id) - sorted.begin());
+    };
+    comm::HierarchicalLayout layout;
+    for (uint32_t id : node_of) layout.node_of.push_back(index(id));
+    layout.this_node = index(options_.node);
+    layout.timeout = absl::Seconds(options_.timeout_s);
+    comm::GlooOptions gloo;
+    gloo.group = StrCat(options_.kv_prefix, "/", group, "/nodes");
+    gloo.rank = layout.this_node;
+    gloo.size = static_cast<int>(sorted.size());
+    gloo.hostname = options_.hostname;
+    gloo.timeout = absl::Seconds(options_.timeout_s);
+    auto leaders = std::make_shared<Deferred>(
+        gloo, StrCat("gloo group '", group, "/nodes' rank ", gloo.rank, "/", gloo.size, " (node ", options_.node, ")"));
+    pending_.push_back(leaders);
+    ASSIGN_OR_RETURN(std::vector<std::shared_ptr<comm::Communicator>> local,
+                     comm::MakeHierarchical(group, std::move(layout), leaders));
+    it = hierarchical_.emplace(group, std::move(local)).first;
+  }
+  for (const std::shared_ptr<comm::Communicator>& member : it->second) {
+    if (member->rank() == rank) return member;
+  }
+  return absl::InternalError(StrCat("communicator '", group, "': no local member ", rank));
 }
 
 absl::Status NodeCommunicators::ConnectAll() {

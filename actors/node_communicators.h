@@ -2,7 +2,10 @@
 // The communicators of one node's part of a plan (DESIGN §9): a group whose
 // members all run on this node gets shared-memory communicators (ShmHub);
 // a group that spans nodes gets gloo communicators, one per local member,
-// which find their peers through the job's KvStore.
+// which find their peers through the job's KvStore — or, when some node holds
+// several of its members, hierarchical ones (comm/collective/
+// hierarchical_communicator.h): members of a node meet in memory and one
+// gloo rank per node carries the rest.
 //
 // Joining is two-phase because a gloo rendezvous blocks until every member
 // of the group arrived, and the members on this node are created one after
@@ -16,6 +19,7 @@
 // communicators handed out are thread-safe.
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -29,12 +33,12 @@
 namespace tessera::actors {
 
 struct NodeCommunicatorOptions {
-  uint32_t node = 0;                // the node this process runs
-  comm::ShmHub* hub = nullptr;      // local groups; borrowed, required
-  comm::KvStore* kv = nullptr;      // spanning groups' rendezvous; borrowed; null = none allowed
-  std::string kv_prefix;            // unique per job: every key is "<kv_prefix>/<group>/..."
+  uint32_t node = 0;                   // the node this process runs
+  comm::ShmHub* hub = nullptr;         // local groups; borrowed, required
+  comm::KvStore* kv = nullptr;         // spanning groups' rendezvous; borrowed; null = none allowed
+  std::string kv_prefix;               // unique per job: every key is "<kv_prefix>/<group>/..."
   std::string hostname = "127.0.0.1";  // where this node's gloo transport listens
-  double timeout_s = 30;            // rendezvous and per-op timeout of gloo communicators
+  double timeout_s = 30;               // rendezvous and per-op timeout of gloo communicators
 };
 
 class NodeCommunicators {
@@ -56,9 +60,14 @@ class NodeCommunicators {
 
  private:
   class Deferred;
+  // A spanning group with several members on some node: its members here
+  // share one hierarchical group over a gloo group of one rank per node.
+  absl::StatusOr<std::shared_ptr<comm::Communicator>> JoinHierarchical(const std::string& group,
+                                                                       const std::vector<uint32_t>& node_of, int rank);
   const proto::Plan& plan_;
   NodeCommunicatorOptions options_;
   std::vector<std::shared_ptr<Deferred>> pending_;
+  std::map<std::string, std::vector<std::shared_ptr<comm::Communicator>>> hierarchical_;  // group -> local members
 };
 
 }  // namespace tessera::actors
