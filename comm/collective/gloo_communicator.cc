@@ -28,6 +28,8 @@ namespace tessera::comm {
 namespace {
 
 using internal::BytePtr;
+using internal::Kind;
+using internal::KindName;
 using internal::Offsets;
 using internal::Overlap;
 using internal::ReduceFn;
@@ -35,18 +37,6 @@ using internal::ReduceFor;
 
 using gloo::transport::UnboundBuffer;
 
-enum class Kind : int64_t { kAllReduce = 1, kAllGather, kReduceScatter, kAllToAll, kBroadcast };
-
-const char* KindName(Kind kind) {
-  switch (kind) {
-    case Kind::kAllReduce: return "AllReduce";
-    case Kind::kAllGather: return "AllGather";
-    case Kind::kReduceScatter: return "ReduceScatter";
-    case Kind::kAllToAll: return "AllToAll";
-    case Kind::kBroadcast: return "Broadcast";
-  }
-  return "?";
-}
 
 bool IsReduction(Kind kind) { return kind == Kind::kAllReduce || kind == Kind::kReduceScatter; }
 bool Reducible(DType dtype) { return dtype != DType::kBool && dtype != DType::kF64; }

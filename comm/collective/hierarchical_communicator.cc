@@ -20,29 +20,14 @@ namespace tessera::comm {
 namespace {
 
 using internal::BytePtr;
+using internal::Kind;
+using internal::KindName;
 using internal::Offsets;
 using internal::Overlap;
 using internal::ReduceFn;
 using internal::ReduceFor;
 using internal::Reducible;
 
-enum class Kind : int64_t { kAllReduce = 1, kAllGather, kReduceScatter, kAllToAll, kBroadcast };
-
-const char* KindName(Kind kind) {
-  switch (kind) {
-    case Kind::kAllReduce:
-      return "AllReduce";
-    case Kind::kAllGather:
-      return "AllGather";
-    case Kind::kReduceScatter:
-      return "ReduceScatter";
-    case Kind::kAllToAll:
-      return "AllToAll";
-    case Kind::kBroadcast:
-      return "Broadcast";
-  }
-  return "?";
-}
 
 // One member's call as issued.
 struct Call {

@@ -3,7 +3,8 @@
 // kernels that define the numerics of every reduction (shm_communicator.h:
 // 16-bit floats accumulate in f32 and round once on store, integers wrap,
 // max propagates NaN, ranks combined strictly in order 0, 1, ..., p-1 — so
-// shared-memory and gloo results are bit-identical), and small buffer helpers.
+// shared-memory and gloo results are bit-identical), the collectives' numbering,
+// and small buffer helpers.
 
 #include <algorithm>
 #include <cstdint>
@@ -99,6 +100,20 @@ inline ReduceFn ReduceFor(DType dtype, ReduceOp op) {
   }
   TESSERA_CHECK(false, "no reduction for dtype ", DTypeName(dtype));
   return nullptr;
+}
+
+// The collectives, numbered as the communicators' descriptors carry them.
+enum class Kind : int64_t { kAllReduce = 1, kAllGather, kReduceScatter, kAllToAll, kBroadcast };
+
+inline const char* KindName(Kind kind) {
+  switch (kind) {
+    case Kind::kAllReduce: return "AllReduce";
+    case Kind::kAllGather: return "AllGather";
+    case Kind::kReduceScatter: return "ReduceScatter";
+    case Kind::kAllToAll: return "AllToAll";
+    case Kind::kBroadcast: return "Broadcast";
+  }
+  return "?";
 }
 
 // f64 has no kernels anywhere (core/dtype.h), reductions included.
