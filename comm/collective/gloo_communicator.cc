@@ -1,6 +1,7 @@
 #include "comm/collective/gloo_communicator.h"
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -8,6 +9,7 @@
 #include <exception>
 #include <mutex>
 #include <set>
+#include <stdexcept>
 #include <string_view>
 #include <thread>
 #include <type_traits>
@@ -36,7 +38,6 @@ using internal::ReduceFn;
 using internal::ReduceFor;
 
 using gloo::transport::UnboundBuffer;
-
 
 bool IsReduction(Kind kind) { return kind == Kind::kAllReduce || kind == Kind::kReduceScatter; }
 bool Reducible(DType dtype) { return dtype != DType::kBool && dtype != DType::kF64; }
@@ -69,13 +70,14 @@ std::string SignatureText(const Signature& s) {
   switch (s.kind) {
     case Kind::kAllReduce:
       return StrCat("AllReduce(", dtype, " x ", s.counts[0], ", ", ReduceOpName(s.op), ")");
-    case Kind::kAllGather: return StrCat("AllGather(", dtype, ", counts [", Join(s.counts, ", "), "])");
+    case Kind::kAllGather:
+      return StrCat("AllGather(", dtype, ", counts [", Join(s.counts, ", "), "])");
     case Kind::kReduceScatter:
       return StrCat("ReduceScatter(", dtype, ", counts [", Join(s.counts, ", "), "], ", ReduceOpName(s.op), ")");
     case Kind::kAllToAll:
-      return StrCat("AllToAll(", dtype, ", send [", Join(s.counts, ", "), "], recv [", Join(s.recv_counts, ", "),
-                    "])");
-    case Kind::kBroadcast: return StrCat("Broadcast(", dtype, " x ", s.counts[0], ", root ", s.root, ")");
+      return StrCat("AllToAll(", dtype, ", send [", Join(s.counts, ", "), "], recv [", Join(s.recv_counts, ", "), "])");
+    case Kind::kBroadcast:
+      return StrCat("Broadcast(", dtype, " x ", s.counts[0], ", root ", s.root, ")");
   }
   return "?";
 }
@@ -257,8 +259,8 @@ class GlooCommunicator final : public Communicator {
     Issue(std::move(c));
   }
 
-  void AllToAll(const Tensor& input, std::vector<int64_t> send_counts, Tensor output,
-                std::vector<int64_t> recv_counts, DoneFn done) override {
+  void AllToAll(const Tensor& input, std::vector<int64_t> send_counts, Tensor output, std::vector<int64_t> recv_counts,
+                DoneFn done) override {
     CollectiveOp c = Begin(Kind::kAllToAll, input, std::move(output), std::move(done));
     c.signature.counts = std::move(send_counts);
     c.signature.recv_counts = std::move(recv_counts);
@@ -324,7 +326,8 @@ class GlooCommunicator final : public Communicator {
   absl::Status CheckTensor(std::string_view op, std::string_view name, const Tensor& t) const {
     if (!t.defined()) return Error(op, StrCat(name, " is undefined"));
     if (t.device().type != DeviceType::kCpu) {
-      return Error(op, StrCat(name, " is on ", t.device().ToString(), "; the gloo communicator moves CPU tensors only"));
+      return Error(op,
+                   StrCat(name, " is on ", t.device().ToString(), "; the gloo communicator moves CPU tensors only"));
     }
     return absl::OkStatus();
   }
@@ -372,7 +375,8 @@ class GlooCommunicator final : public Communicator {
     const Signature& s = c.signature;
     const char* op = KindName(s.kind);
     switch (s.kind) {
-      case Kind::kAllReduce: return CheckAllReduce(c.input, c.output);
+      case Kind::kAllReduce:
+        return CheckAllReduce(c.input, c.output);
       case Kind::kAllGather:
       case Kind::kReduceScatter: {
         RETURN_IF_ERROR(CheckPair(s.kind, c.input, c.output));
@@ -446,36 +450,102 @@ class GlooCommunicator final : public Communicator {
   void CollectiveLoop() {
     uint64_t seq = 0;
     for (;;) {
-      CollectiveOp c;
+      // The front op and, behind it, the queued ops it might be fused with.
+      std::vector<CollectiveOp> held;
       absl::Status status;
       {
         std::unique_lock<std::mutex> lock(mu_);
         work_.wait(lock, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || !collectives_.empty(); });
         if (collectives_.empty()) return;
-        c = std::move(collectives_.front());
+        held.push_back(std::move(collectives_.front()));
         collectives_.pop_front();
         status = aborted_;
+        int64_t bytes = FusedBytes(held.front().signature);
+        while (status.ok() && !collectives_.empty() && static_cast<int>(held.size()) <= MaxExtras() &&
+               Fusable(held.front().signature, collectives_.front().signature)) {
+          bytes += FusedBytes(collectives_.front().signature);
+          if (bytes > options_.fuse_bytes) break;
+          held.push_back(std::move(collectives_.front()));
+          collectives_.pop_front();
+        }
       }
-      if (status.ok()) status = RunCollective(c, seq);
-      ++seq;
-      if (c.done) c.done(std::move(status));
+      size_t fused = 1;
+      if (status.ok()) status = RunCollective(held, seq, &fused);
+      seq += fused;
+      if (fused > 1 && options_.fused_ops) options_.fused_ops->fetch_add(static_cast<int64_t>(fused));
+      // Ops held but not fused go back to the front, in order (after an abort
+      // the next turn fails them).
+      if (held.size() > fused) {
+        std::lock_guard<std::mutex> lock(mu_);
+        for (size_t i = held.size(); i > fused; --i) collectives_.push_front(std::move(held[i - 1]));
+      }
+      for (size_t i = 0; i < fused; ++i) {
+        if (held[i].done) held[i].done(status);
+      }
     }
   }
 
-  // The op's outcome; a transport failure also aborts the communicator.
-  absl::Status RunCollective(const CollectiveOp& c, uint64_t seq) {
+  // ---- Fusion ----
+  // Queued collectives of one kind go as one (many small gradient reductions
+  // would cost a descriptor exchange and gloo's handshakes each): with the
+  // front op's descriptor every rank sends the counts of the ops queued behind
+  // it that it could be fused with, and all fuse the longest run every rank
+  // has with the same counts. Fused ops are packed into one buffer, moved as
+  // one op and unpacked; reductions stay element-wise in rank order, so
+  // results do not change.
+
+  // How many ops may be fused behind the front one: every rank knows it from
+  // p alone (it sizes the descriptor message).
+  int MaxExtras() const { return std::clamp(1024 / std::max(size(), 1), 0, 15); }
+
+  static bool Fusable(const Signature& front, const Signature& next) {
+    const bool kind_ok =
+        front.kind == Kind::kAllReduce || front.kind == Kind::kReduceScatter || front.kind == Kind::kAllGather;
+    return kind_ok && front.invalid.empty() && next.invalid.empty() && next.kind == front.kind &&
+           next.dtype == front.dtype && (!IsReduction(front.kind) || next.op == front.op);
+  }
+
+  // The bytes of an op's whole logical tensor.
+  static int64_t FusedBytes(const Signature& s) {
+    int64_t elements = 0;
+    for (int64_t c : s.counts) elements += c;
+    return elements * static_cast<int64_t>(DTypeSize(s.dtype));
+  }
+
+  // The counts block of an op behind the front one: p words.
+  static std::vector<int64_t> ExtraWords(const Signature& s, int p) {
+    std::vector<int64_t> words(static_cast<size_t>(p), 0);
+    for (size_t i = 0; i < s.counts.size() && i < words.size(); ++i) words[i] = s.counts[i];
+    return words;
+  }
+
+  // The outcome of held[0] and of the *fused - 1 ops fused with it; a
+  // transport failure also aborts the communicator.
+  absl::Status RunCollective(std::vector<CollectiveOp>& held, uint64_t seq, size_t* fused) {
+    const CollectiveOp& c = held.front();
     const std::string what = StrCat(KindName(c.signature.kind), " #", seq);
     int peer = -1;  // the rank waited on, when one is
+    *fused = 1;
     try {
       std::vector<Signature> calls;
       if (size() > 1) {
-        calls = ExchangeDescriptors(c.signature, seq, &peer);
+        std::vector<std::vector<int64_t>> extras;
+        for (size_t i = 1; i < held.size(); ++i) extras.push_back(ExtraWords(held[i].signature, size()));
+        calls = ExchangeDescriptors(c.signature, extras, seq, &peer, fused);
       } else {
         calls = {c.signature};
       }
-      RETURN_IF_ERROR(Match(what, calls));
+      const absl::Status matched = Match(what, calls);
+      if (!matched.ok()) {
+        *fused = 1;
+        return matched;
+      }
       if (!c.signature.invalid.empty()) return absl::OkStatus();  // unreachable: Match failed
-      Execute(c, seq, &peer);
+      if (*fused == 1) {
+        Execute(c, seq, &peer);
+      } else {
+        ExecuteFused(held, *fused, seq, &peer);
+      }
       return absl::OkStatus();
     } catch (const AbortedWait&) {
       return CurrentAbort();
@@ -486,42 +556,151 @@ class GlooCommunicator final : public Communicator {
     }
   }
 
+  // A buffer of `elements` of `dtype` (a view of one kept between fused ops).
+  Tensor FusionBuffer(int which, DType dtype, int64_t elements) {
+    Tensor& b = fusion_buffers_[static_cast<size_t>(which)][static_cast<size_t>(dtype)];
+    if (!b.defined() || b.NumElements() < elements) {
+      b = Tensor();
+      auto fresh = Tensor::Empty(Shape{std::max<int64_t>(elements, 1)}, dtype);
+      if (!fresh.ok()) throw std::runtime_error(std::string(fresh.status().message()));
+      b = *std::move(fresh);
+    }
+    auto view = b.SliceRows(0, elements);
+    if (!view.ok()) throw std::runtime_error(std::string(view.status().message()));
+    return *std::move(view);
+  }
+
+  // Packs held[0 .. n) into one op of their kind, runs it and unpacks it.
+  void ExecuteFused(std::vector<CollectiveOp>& held, size_t n, uint64_t seq, int* peer) {
+    const int p = size();
+    const int me = rank();
+    const Signature& front = held.front().signature;
+    const size_t es = DTypeSize(front.dtype);
+    const auto bytes = [es](int64_t elements) { return static_cast<size_t>(elements) * es; };
+    CollectiveOp fused;
+    fused.signature = front;
+    if (front.kind == Kind::kAllReduce) {
+      int64_t total = 0;
+      for (size_t j = 0; j < n; ++j) total += held[j].signature.counts[0];
+      fused.signature.counts = {total};
+      fused.input = FusionBuffer(0, front.dtype, total);
+      fused.output = fused.input;  // in place
+      char* at = BytePtr(fused.input);
+      for (size_t j = 0; j < n; ++j) {
+        std::memcpy(at, BytePtr(held[j].input), held[j].input.NumBytes());
+        at += held[j].input.NumBytes();
+      }
+      Execute(fused, seq, peer);
+      at = BytePtr(fused.output);
+      for (size_t j = 0; j < n; ++j) {
+        std::memcpy(BytePtr(held[j].output), at, held[j].output.NumBytes());
+        at += held[j].output.NumBytes();
+      }
+      return;
+    }
+    if (front.kind == Kind::kReduceScatter) {
+      // Input: for each destination d, every op's chunk d in op order;
+      // output: every op's own chunk in op order.
+      std::vector<int64_t> counts(static_cast<size_t>(p), 0);
+      std::vector<std::vector<int64_t>> offsets(n);
+      for (size_t j = 0; j < n; ++j) {
+        offsets[j] = Offsets(held[j].signature.counts);
+        for (int d = 0; d < p; ++d) counts[static_cast<size_t>(d)] += held[j].signature.counts[static_cast<size_t>(d)];
+      }
+      fused.signature.counts = counts;
+      fused.input = FusionBuffer(0, front.dtype, Offsets(counts).back());
+      fused.output = FusionBuffer(1, front.dtype, counts[static_cast<size_t>(me)]);
+      char* at = BytePtr(fused.input);
+      for (int d = 0; d < p; ++d) {
+        for (size_t j = 0; j < n; ++j) {
+          const size_t piece = bytes(held[j].signature.counts[static_cast<size_t>(d)]);
+          std::memcpy(at, BytePtr(held[j].input) + bytes(offsets[j][static_cast<size_t>(d)]), piece);
+          at += piece;
+        }
+      }
+      Execute(fused, seq, peer);
+      at = BytePtr(fused.output);
+      for (size_t j = 0; j < n; ++j) {
+        std::memcpy(BytePtr(held[j].output), at, held[j].output.NumBytes());
+        at += held[j].output.NumBytes();
+      }
+      return;
+    }
+    // AllGather. Input: every op's piece in op order; output: for each rank
+    // r, every op's piece r in op order.
+    std::vector<int64_t> counts(static_cast<size_t>(p), 0);
+    for (size_t j = 0; j < n; ++j) {
+      for (int r = 0; r < p; ++r) counts[static_cast<size_t>(r)] += held[j].signature.counts[static_cast<size_t>(r)];
+    }
+    fused.signature.counts = counts;
+    fused.input = FusionBuffer(0, front.dtype, counts[static_cast<size_t>(me)]);
+    fused.output = FusionBuffer(1, front.dtype, Offsets(counts).back());
+    char* at = BytePtr(fused.input);
+    for (size_t j = 0; j < n; ++j) {
+      std::memcpy(at, BytePtr(held[j].input), held[j].input.NumBytes());
+      at += held[j].input.NumBytes();
+    }
+    Execute(fused, seq, peer);
+    const char* from = BytePtr(fused.output);
+    for (int r = 0; r < p; ++r) {
+      for (size_t j = 0; j < n; ++j) {
+        const std::vector<int64_t> offsets = Offsets(held[j].signature.counts);
+        const size_t piece = bytes(held[j].signature.counts[static_cast<size_t>(r)]);
+        std::memcpy(BytePtr(held[j].output) + bytes(offsets[static_cast<size_t>(r)]), from, piece);
+        from += piece;
+      }
+    }
+  }
+
   absl::Status CurrentAbort() {
     std::lock_guard<std::mutex> lock(mu_);
-    return aborted_.ok() ? absl::InternalError(StrCat(Describe(), ": a wait was interrupted without abort"))
-                         : aborted_;
+    return aborted_.ok() ? absl::InternalError(StrCat(Describe(), ": a wait was interrupted without abort")) : aborted_;
   }
 
   // Builds the op's error, aborts the group with it (the connections are no
   // longer usable: gloo closed them or a peer is gone) and returns it.
   absl::Status TransportFailure(const std::string& what, int peer, std::string_view cause) {
-    const bool timed_out = cause.find("Timed out") != std::string_view::npos ||
-                           cause.find("timeout") != std::string_view::npos;
+    const bool timed_out =
+        cause.find("Timed out") != std::string_view::npos || cause.find("timeout") != std::string_view::npos;
     const std::string on = peer >= 0 ? StrCat(" waiting on rank ", peer) : std::string();
     absl::Status status =
-        timed_out ? absl::DeadlineExceededError(StrCat(what, " in ", Describe(), on, ": no progress within ",
-                                                       absl::FormatDuration(options_.timeout), " (", cause, ")"))
-                  : absl::UnavailableError(StrCat(what, " in ", Describe(), on,
-                                                  ": connection lost (a peer aborted, died or was destroyed): ",
-                                                  cause));
+        timed_out
+            ? absl::DeadlineExceededError(StrCat(what, " in ", Describe(), on, ": no progress within ",
+                                                 absl::FormatDuration(options_.timeout), " (", cause, ")"))
+            : absl::UnavailableError(StrCat(what, " in ", Describe(), on,
+                                            ": connection lost (a peer aborted, died or was destroyed): ", cause));
     Fail(status, /*close=*/true);
     // Another failure may have come first; the op reports the first reason.
     return CurrentAbort();
   }
 
-  std::vector<Signature> ExchangeDescriptors(const Signature& mine, uint64_t seq, int* peer) {
+  // Every rank's descriptor of this op. With it each rank sends the counts of
+  // the ops queued behind it that it could fuse (`extras`); *fused = 1 + the
+  // longest run of them every rank has, with the same counts: the same
+  // number on every rank, since all see the same table.
+  std::vector<Signature> ExchangeDescriptors(const Signature& mine, const std::vector<std::vector<int64_t>>& extras,
+                                             uint64_t seq, int* peer, size_t* fused) {
     const int p = size();
-    const size_t words = DescriptorWords(p);
+    const size_t descriptor = DescriptorWords(p);
+    const size_t max_extras = static_cast<size_t>(MaxExtras());
+    const size_t words = descriptor + 1 + max_extras * static_cast<size_t>(p);
     std::vector<int64_t> table(words * static_cast<size_t>(p), 0);
     std::vector<int64_t> own = Encode(mine, p);
+    own.resize(words, 0);
+    const size_t sent_extras = std::min(extras.size(), max_extras);
+    own[descriptor] = static_cast<int64_t>(sent_extras);
+    for (size_t j = 0; j < sent_extras; ++j) {
+      std::copy(extras[j].begin(), extras[j].end(),
+                own.begin() + static_cast<ptrdiff_t>(descriptor + 1 + j * static_cast<size_t>(p)));
+    }
     std::copy(own.begin(), own.end(), table.begin() + static_cast<ptrdiff_t>(words) * rank());
     Transfer out(*this, *collective_context_, own.data(), own.size() * 8);
     std::vector<std::unique_ptr<Transfer>> in;
     const uint64_t slot = CollectiveSlot(seq, Phase::kDescriptor);
     for (int k = 1; k < p; ++k) {
       const int q = (rank() + k) % p;
-      in.push_back(std::make_unique<Transfer>(*this, *collective_context_, &table[words * static_cast<size_t>(q)],
-                                              words * 8));
+      in.push_back(
+          std::make_unique<Transfer>(*this, *collective_context_, &table[words * static_cast<size_t>(q)], words * 8));
       in.back()->Recv(q, slot, 0, words * 8);
       out.Send(q, slot, 0, words * 8);
     }
@@ -540,6 +719,24 @@ class GlooCommunicator final : public Communicator {
         calls[static_cast<size_t>(q)].invalid = "an unreadable descriptor (another Tessera version?)";
       }
     }
+    // The run of extras every rank has, with the same counts on every rank.
+    size_t agreed = max_extras;
+    for (int q = 0; q < p; ++q) {
+      const int64_t count = table[words * static_cast<size_t>(q) + descriptor];
+      agreed = std::min(agreed, count < 0 ? size_t{0} : static_cast<size_t>(count));
+    }
+    const auto block = [&](int q, size_t j) {
+      return &table[words * static_cast<size_t>(q) + descriptor + 1 + j * static_cast<size_t>(p)];
+    };
+    for (size_t j = 0; j < agreed; ++j) {
+      bool same = true;
+      for (int q = 1; q < p && same; ++q) same = std::equal(block(0, j), block(0, j) + p, block(q, j));
+      if (!same) {
+        agreed = j;
+        break;
+      }
+    }
+    *fused = 1 + agreed;
     return calls;
   }
 
@@ -549,8 +746,8 @@ class GlooCommunicator final : public Communicator {
     for (int r = 0; r < p; ++r) {
       const Signature& c = calls[static_cast<size_t>(r)];
       if (!c.invalid.empty()) {
-        return absl::InvalidArgumentError(
-            StrCat(what, " in gloo group '", options_.group, "' failed: rank ", r, "'s call was invalid (", c.invalid, ")"));
+        return absl::InvalidArgumentError(StrCat(what, " in gloo group '", options_.group, "' failed: rank ", r,
+                                                 "'s call was invalid (", c.invalid, ")"));
       }
     }
     const Signature& first = calls[0];
@@ -568,12 +765,11 @@ class GlooCommunicator final : public Communicator {
           const int64_t sent = calls[static_cast<size_t>(s)].counts[static_cast<size_t>(d)];
           const int64_t expected = calls[static_cast<size_t>(d)].recv_counts[static_cast<size_t>(s)];
           if (sent != expected) {
-            return absl::InvalidArgumentError(StrCat("mismatched collective ", what, " in gloo group '",
-                                                     options_.group, "': rank ", s, " called ",
-                                                     SignatureText(calls[static_cast<size_t>(s)]), " sending ", sent,
-                                                     " elements to rank ", d, " but rank ", d, " called ",
-                                                     SignatureText(calls[static_cast<size_t>(d)]), " expecting ",
-                                                     expected, " from rank ", s));
+            return absl::InvalidArgumentError(
+                StrCat("mismatched collective ", what, " in gloo group '", options_.group, "': rank ", s, " called ",
+                       SignatureText(calls[static_cast<size_t>(s)]), " sending ", sent, " elements to rank ", d,
+                       " but rank ", d, " called ", SignatureText(calls[static_cast<size_t>(d)]), " expecting ",
+                       expected, " from rank ", s));
           }
         }
       }
@@ -592,8 +788,8 @@ class GlooCommunicator final : public Communicator {
         std::vector<int64_t> chunks(static_cast<size_t>(p));
         for (int r = 0; r < p; ++r) chunks[static_cast<size_t>(r)] = n / p + (r < n % p ? 1 : 0);
         const int64_t mine = Offsets(chunks)[static_cast<size_t>(me)];
-        ReduceScatterAndGather(s, c.input, chunks, BytePtr(c.output) + static_cast<size_t>(mine) * es, &c.output,
-                               seq, peer);
+        ReduceScatterAndGather(s, c.input, chunks, BytePtr(c.output) + static_cast<size_t>(mine) * es, &c.output, seq,
+                               peer);
         return;
       }
       case Kind::kReduceScatter:
@@ -607,8 +803,7 @@ class GlooCommunicator final : public Communicator {
         return;
       }
       case Kind::kAllToAll:
-        Exchange(c.input, Offsets(s.counts), s.counts, c.output, Offsets(s.recv_counts), s.recv_counts, es, seq,
-                 peer);
+        Exchange(c.input, Offsets(s.counts), s.counts, c.output, Offsets(s.recv_counts), s.recv_counts, es, seq, peer);
         return;
       case Kind::kBroadcast: {
         const size_t bytes = c.output.NumBytes();
@@ -630,8 +825,8 @@ class GlooCommunicator final : public Communicator {
   // Every rank sends input[send_offsets[q] .. + send_counts[q]) to q and
   // receives q's piece into output[recv_offsets[q] ..); its own piece is a copy.
   void Exchange(const Tensor& input, const std::vector<int64_t>& send_offsets, const std::vector<int64_t>& send_counts,
-                const Tensor& output, const std::vector<int64_t>& recv_offsets,
-                const std::vector<int64_t>& recv_counts, size_t es, uint64_t seq, int* peer) {
+                const Tensor& output, const std::vector<int64_t>& recv_offsets, const std::vector<int64_t>& recv_counts,
+                size_t es, uint64_t seq, int* peer) {
     const int p = size();
     const int me = rank();
     const auto at = [es](int64_t elements) { return static_cast<size_t>(elements) * es; };
@@ -662,8 +857,8 @@ class GlooCommunicator final : public Communicator {
   // With `gather` (all-reduce), each reduced segment then goes to every peer,
   // into the same place of their `gather` tensor, while the next one is being
   // combined.
-  void ReduceScatterAndGather(const Signature& s, const Tensor& input, const std::vector<int64_t>& chunks,
-                              char* mine, const Tensor* gather, uint64_t seq, int* peer) {
+  void ReduceScatterAndGather(const Signature& s, const Tensor& input, const std::vector<int64_t>& chunks, char* mine,
+                              const Tensor* gather, uint64_t seq, int* peer) {
     const int p = size();
     const int me = rank();
     const size_t es = DTypeSize(s.dtype);
@@ -720,7 +915,8 @@ class GlooCommunicator final : public Communicator {
     // Combine my chunk segment by segment as contributions arrive (each lane
     // delivers its segments in order), then pass each result on.
     std::unique_ptr<Transfer> result;
-    if (gather != nullptr) result = std::make_unique<Transfer>(*this, *collective_context_, mine, static_cast<size_t>(my_count) * es);
+    if (gather != nullptr)
+      result = std::make_unique<Transfer>(*this, *collective_context_, mine, static_cast<size_t>(my_count) * es);
     std::vector<const void*> inputs(static_cast<size_t>(p));
     for (int64_t i = 0; i < segments(my_count); ++i) {
       const size_t begin = static_cast<size_t>(i * segment) * es;
@@ -810,7 +1006,8 @@ class GlooCommunicator final : public Communicator {
   absl::Status RunPointToPoint(bool is_send, int peer, const P2pOp& op) {
     const int sender = is_send ? rank() : peer;
     const int receiver = is_send ? peer : rank();
-    const std::string what = StrCat(is_send ? "Send" : "Recv", " #", op.seq, " from rank ", sender, " to rank ", receiver);
+    const std::string what =
+        StrCat(is_send ? "Send" : "Recv", " #", op.seq, " from rank ", sender, " to rank ", receiver);
     try {
       P2pHeader mine{kMagic, static_cast<int64_t>(op.tensor.dtype()), op.tensor.NumElements()};
       P2pHeader theirs;
@@ -876,11 +1073,10 @@ class GlooCommunicator final : public Communicator {
     }
     if (!status.ok()) return done(std::move(status));
     if (send.tensor.dtype() != recv.tensor.dtype() || send.tensor.NumElements() != recv.tensor.NumElements()) {
-      status = absl::InvalidArgumentError(StrCat("mismatched Send/Recv #", recv.seq, " from rank ", rank(),
-                                                 " to itself in gloo group '", options_.group, "': sends ",
-                                                 DTypeName(send.tensor.dtype()), " x ", send.tensor.NumElements(),
-                                                 " but receives ", DTypeName(recv.tensor.dtype()), " x ",
-                                                 recv.tensor.NumElements()));
+      status = absl::InvalidArgumentError(
+          StrCat("mismatched Send/Recv #", recv.seq, " from rank ", rank(), " to itself in gloo group '",
+                 options_.group, "': sends ", DTypeName(send.tensor.dtype()), " x ", send.tensor.NumElements(),
+                 " but receives ", DTypeName(recv.tensor.dtype()), " x ", recv.tensor.NumElements()));
     } else if (send.tensor.NumBytes() > 0 && send.tensor.raw_data() != recv.tensor.raw_data()) {
       std::memcpy(recv.tensor.raw_data(), send.tensor.raw_data(), send.tensor.NumBytes());
     }
@@ -952,6 +1148,9 @@ class GlooCommunicator final : public Communicator {
     size_t bytes = 0;
   };
   std::vector<ScratchBuffer> scratch_;  // [peer]; the collective thread's own
+  // Fused ops' input (0) and output (1) buffers per dtype; the collective
+  // thread's own.
+  std::array<std::array<Tensor, static_cast<size_t>(DType::kF64) + 1>, 2> fusion_buffers_;
 };
 
 Transfer::Transfer(GlooCommunicator& comm, gloo::Context& context, void* ptr, size_t bytes)
@@ -976,13 +1175,15 @@ std::string JoinKey(const GlooOptions& options, int rank) { return StrCat(option
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Communicator>> ConnectGloo(KvStore& store, const GlooOptions& options) {
-  const std::string who = StrCat("ConnectGloo: gloo group '", options.group, "' rank ", options.rank, "/", options.size);
+  const std::string who =
+      StrCat("ConnectGloo: gloo group '", options.group, "' rank ", options.rank, "/", options.size);
   if (options.group.empty()) return absl::InvalidArgumentError(StrCat(who, ": the group name is empty"));
   if (options.size < 1) return absl::InvalidArgumentError(StrCat(who, ": size must be at least 1"));
   if (options.rank < 0 || options.rank >= options.size) {
     return absl::InvalidArgumentError(StrCat(who, ": rank is outside [0, ", options.size, ")"));
   }
-  if (options.timeout <= absl::ZeroDuration()) return absl::InvalidArgumentError(StrCat(who, ": timeout must be positive"));
+  if (options.timeout <= absl::ZeroDuration())
+    return absl::InvalidArgumentError(StrCat(who, ": timeout must be positive"));
   if (options.segment_bytes <= 0) return absl::InvalidArgumentError(StrCat(who, ": segment_bytes must be positive"));
 
   // Our own barrier first, so a missing rank is named (gloo's rendezvous would
@@ -1005,8 +1206,8 @@ absl::StatusOr<std::unique_ptr<Communicator>> ConnectGloo(KvStore& store, const 
   }
   for (int r = 0; r < options.size; ++r) {
     if ((*joined)[static_cast<size_t>(r)] != StrCat(options.size)) {
-      return absl::InvalidArgumentError(StrCat(who, ": rank ", r, " joined with size ",
-                                               (*joined)[static_cast<size_t>(r)]));
+      return absl::InvalidArgumentError(
+          StrCat(who, ": rank ", r, " joined with size ", (*joined)[static_cast<size_t>(r)]));
     }
   }
 
@@ -1028,11 +1229,11 @@ absl::StatusOr<std::unique_ptr<Communicator>> ConnectGloo(KvStore& store, const 
       } catch (const std::exception& e) {
         absl::Status store_error = gloo_store.last_error();
         if (!store_error.ok()) {
-          return absl::Status(store_error.code(),
-                              StrCat(who, ": rendezvous of the ", names[i], " context failed: ", store_error.message()));
+          return absl::Status(store_error.code(), StrCat(who, ": rendezvous of the ", names[i],
+                                                         " context failed: ", store_error.message()));
         }
-        return absl::UnavailableError(StrCat(who, ": cannot connect the ", names[i], " context on '",
-                                             options.hostname, "': ", e.what()));
+        return absl::UnavailableError(
+            StrCat(who, ": cannot connect the ", names[i], " context on '", options.hostname, "': ", e.what()));
       }
     }
   }

@@ -31,6 +31,13 @@
 // - AllGather, AllToAll: direct sends to every peer. Broadcast: the root
 //   sends to every peer (fine for the small groups of one gloo communicator
 //   per process; a chain would be better for many ranks).
+// - Fusion: AllReduces, ReduceScatters or AllGathers of one dtype queued
+//   behind the op about to run go with it as one op (packed into one buffer,
+//   unpacked after), up to `fuse_bytes`. The descriptor message carries the
+//   counts of the ops each rank has queued; all ranks fuse the longest run
+//   every rank has with the same counts, so they decide alike. Many small
+//   gradient reductions then cost one descriptor exchange and one message per
+//   peer and segment instead of one each.
 // Numerics: exactly ShmHub's (shm_communicator.h): f32/f16/bf16 accumulate in
 // f32 and round once, i32/i64 wrap, max propagates NaN, ranks combined in rank
 // order, so results are bit-identical on every rank, across runs, and to
@@ -59,6 +66,7 @@
 // thread, `done` callbacks run with no lock held and may issue further ops
 // (but must not destroy the communicator).
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -79,6 +87,13 @@ struct GlooOptions {
   // Reductions move in pieces of this many bytes, so one piece is combined
   // while the next is on the wire. Must be positive.
   int64_t segment_bytes = int64_t{4} << 20;
+  // Queued AllReduces, ReduceScatters or AllGathers of one dtype (and reduce
+  // op) behind the one about to run are fused with it into one op of up to
+  // this many bytes (0: never). The ranks agree on what to fuse as they go;
+  // results do not change.
+  int64_t fuse_bytes = int64_t{16} << 20;
+  // If set, counts the ops that ran fused with others (tests, benchmarks).
+  std::shared_ptr<std::atomic<int64_t>> fused_ops;
 };
 
 // Connects rank `options.rank` of the group (blocks for the rendezvous through

@@ -12,6 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -25,6 +26,7 @@
 
 #include "comm/collective/gloo_communicator.h"
 #include "comm/collective/gloo_store.h"
+#include "comm/collective/internal/reduce.h"
 #include "comm/collective/kv_store.h"
 #include "comm/collective/shm_communicator.h"
 #include "core/text.h"
@@ -40,9 +42,10 @@ extern char** environ;
 namespace tessera::comm {
 namespace {
 
-using ::testing::HasSubstr;
+using internal::Kind;
 using testing::Completion;
 using testing::FileKvStore;
+using ::testing::HasSubstr;
 
 // Generous for sanitizer builds on two shared cores; Release takes a few seconds.
 constexpr auto kProcessDeadline = std::chrono::seconds(100);
@@ -84,12 +87,23 @@ void Fill(T* out, int64_t n, int rank, uint64_t salt) {
 Tensor Input(DType dtype, int64_t n, int rank, uint64_t salt) {
   Tensor t = Zeros(dtype, n);
   switch (dtype) {
-    case DType::kF32: Fill(t.data<float>(), n, rank, salt); break;
-    case DType::kF16: Fill(t.data<Half>(), n, rank, salt); break;
-    case DType::kBF16: Fill(t.data<BFloat16>(), n, rank, salt); break;
-    case DType::kI32: Fill(t.data<int32_t>(), n, rank, salt); break;
-    case DType::kI64: Fill(t.data<int64_t>(), n, rank, salt); break;
-    default: TESSERA_CHECK(false, "no inputs of ", DTypeName(dtype));
+    case DType::kF32:
+      Fill(t.data<float>(), n, rank, salt);
+      break;
+    case DType::kF16:
+      Fill(t.data<Half>(), n, rank, salt);
+      break;
+    case DType::kBF16:
+      Fill(t.data<BFloat16>(), n, rank, salt);
+      break;
+    case DType::kI32:
+      Fill(t.data<int32_t>(), n, rank, salt);
+      break;
+    case DType::kI64:
+      Fill(t.data<int64_t>(), n, rank, salt);
+      break;
+    default:
+      TESSERA_CHECK(false, "no inputs of ", DTypeName(dtype));
   }
   return t;
 }
@@ -118,7 +132,8 @@ void ReduceTyped(ReduceOp op, const std::vector<const char*>& in, char* out_byte
 void ReferenceReduce(DType dtype, ReduceOp op, const std::vector<const char*>& in, char* out, int64_t n) {
   const auto same = [](auto v) { return v; };
   switch (dtype) {
-    case DType::kF32: return ReduceTyped<float, float>(op, in, out, n, same, same);
+    case DType::kF32:
+      return ReduceTyped<float, float>(op, in, out, n, same, same);
     case DType::kF16:
       return ReduceTyped<Half, float>(
           op, in, out, n, [](Half h) { return HalfToFloat(h.bits); }, [](float f) { return Half{FloatToHalf(f)}; });
@@ -126,9 +141,12 @@ void ReferenceReduce(DType dtype, ReduceOp op, const std::vector<const char*>& i
       return ReduceTyped<BFloat16, float>(
           op, in, out, n, [](BFloat16 h) { return BFloat16ToFloat(h.bits); },
           [](float f) { return BFloat16{FloatToBFloat16(f)}; });
-    case DType::kI32: return ReduceTyped<int32_t, int32_t>(op, in, out, n, same, same);
-    case DType::kI64: return ReduceTyped<int64_t, int64_t>(op, in, out, n, same, same);
-    default: TESSERA_CHECK(false, "no reduction of ", DTypeName(dtype));
+    case DType::kI32:
+      return ReduceTyped<int32_t, int32_t>(op, in, out, n, same, same);
+    case DType::kI64:
+      return ReduceTyped<int64_t, int64_t>(op, in, out, n, same, same);
+    default:
+      TESSERA_CHECK(false, "no reduction of ", DTypeName(dtype));
   }
 }
 
@@ -211,8 +229,8 @@ std::string RunOpMatrix(Communicator& comm) {
         for (const Tensor& t : inputs) in.push_back(Bytes(t));
         std::vector<char> want(static_cast<size_t>(n) * es);
         ReferenceReduce(dtype, op, in, want.data(), n);
-        errors += Compare(StrCat("AllReduce ", ReduceOpName(op), " ", at, " vs reference"), output, want.data(),
-                          want.size());
+        errors +=
+            Compare(StrCat("AllReduce ", ReduceOpName(op), " ", at, " vs reference"), output, want.data(), want.size());
         const std::vector<Tensor> shm = ShmReduce(true, inputs, {}, op);
         errors += Compare(StrCat("AllReduce ", ReduceOpName(op), " ", at, " vs ShmHub"), output,
                           Bytes(shm[static_cast<size_t>(me)]), want.size());
@@ -259,9 +277,7 @@ std::string RunOpMatrix(Communicator& comm) {
       }
       {  // AllToAll: rank s sends (n + 3s + d) % 5 elements to d, more for big n
         ++salt;
-        const auto count = [&](int s, int d) {
-          return (n + 3 * s + d) % 5 + (n > 1000 ? n / 4 + s * 11 + d : 0);
-        };
+        const auto count = [&](int s, int d) { return (n + 3 * s + d) % 5 + (n > 1000 ? n / 4 + s * 11 + d : 0); };
         std::vector<int64_t> send(static_cast<size_t>(p));
         std::vector<int64_t> recv(static_cast<size_t>(p));
         for (int q = 0; q < p; ++q) {
@@ -280,8 +296,7 @@ std::string RunOpMatrix(Communicator& comm) {
         }
         const Tensor input = Input(dtype, Offsets(send).back(), me, salt);
         Tensor output = Zeros(dtype, Offsets(recv).back());
-        absl::Status status =
-            RunOp([&](DoneFn done) { comm.AllToAll(input, send, output, recv, std::move(done)); });
+        absl::Status status = RunOp([&](DoneFn done) { comm.AllToAll(input, send, output, recv, std::move(done)); });
         errors += status.ok() ? Compare(StrCat("AllToAll ", at), output, want.data(), want.size())
                               : StrCat("AllToAll ", at, ": ", status.ToString(), "\n");
       }
@@ -521,7 +536,8 @@ TEST(GlooCommunicator, MismatchedCallsFailOnEveryRankAndLaterOpsStayAligned) {
   for (Completion* c : {&c0, &c1}) {
     const absl::Status s = c->Wait();
     EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
-    EXPECT_THAT(std::string(s.message()), HasSubstr("rank 0 called AllReduce(f32 x 8, sum) but rank 1 called AllReduce(f32 x 9, sum)"));
+    EXPECT_THAT(std::string(s.message()),
+                HasSubstr("rank 0 called AllReduce(f32 x 8, sum) but rank 1 called AllReduce(f32 x 9, sum)"));
   }
   // An invalid call on rank 1 fails there at once and on rank 0 by the exchange.
   Completion d0, d1;
@@ -612,6 +628,202 @@ TEST(GlooCommunicator, OpThatNeverMatchesTimesOut) {
   const absl::Status s = RunOp([&](DoneFn done) { comms[0]->AllReduce(x, x, ReduceOp::kSum, std::move(done)); });
   EXPECT_TRUE(absl::IsDeadlineExceeded(s)) << s;
   EXPECT_THAT(std::string(s.message()), HasSubstr("waiting on rank 1"));
+}
+
+// ---- Fusion of queued collectives ------------------------------------------
+
+// One op of a burst: what every rank issues, and its inputs from (rank, salt).
+struct BurstOp {
+  Kind kind;
+  DType dtype;
+  ReduceOp op;
+  int64_t n;  // elements (AllReduce, Broadcast) or the counts' scale
+};
+
+// Uneven counts with a zero for p ranks: n, 0, n/2 + 1, ...
+std::vector<int64_t> BurstCounts(int64_t n, int p) {
+  std::vector<int64_t> counts(static_cast<size_t>(p));
+  for (int r = 0; r < p; ++r) counts[static_cast<size_t>(r)] = r == 1 ? 0 : n / (r + 1) + r;
+  return counts;
+}
+
+// Issues every op of `burst` on each rank at once (no waiting in between, so
+// the collective thread finds them queued), then checks every result against
+// the rank-order reference. Returns "" when all matched.
+std::string RunBurst(std::vector<std::unique_ptr<Communicator>>& comms, const std::vector<BurstOp>& burst) {
+  const int p = static_cast<int>(comms.size());
+  std::vector<std::string> errors(static_cast<size_t>(p));
+  std::vector<std::thread> threads;
+  for (int me = 0; me < p; ++me) {
+    threads.emplace_back([&, me] {
+      Communicator& comm = *comms[static_cast<size_t>(me)];
+      std::vector<Tensor> inputs, outputs;
+      std::vector<Completion> done(burst.size());
+      for (size_t i = 0; i < burst.size(); ++i) {
+        const BurstOp& b = burst[i];
+        const std::vector<int64_t> counts = BurstCounts(b.n, p);
+        const int64_t total = Offsets(counts).back();
+        switch (b.kind) {
+          case Kind::kAllReduce:
+            inputs.push_back(Input(b.dtype, b.n, me, i));
+            outputs.push_back(Zeros(b.dtype, b.n));
+            comm.AllReduce(inputs.back(), outputs.back(), b.op, done[i].Fn());
+            break;
+          case Kind::kReduceScatter:
+            inputs.push_back(Input(b.dtype, total, me, i));
+            outputs.push_back(Zeros(b.dtype, counts[static_cast<size_t>(me)]));
+            comm.ReduceScatter(inputs.back(), outputs.back(), counts, b.op, done[i].Fn());
+            break;
+          case Kind::kAllGather:
+            inputs.push_back(Input(b.dtype, counts[static_cast<size_t>(me)], me, i));
+            outputs.push_back(Zeros(b.dtype, total));
+            comm.AllGather(inputs.back(), outputs.back(), counts, done[i].Fn());
+            break;
+          default:  // Broadcast from the last rank
+            inputs.push_back(Input(b.dtype, b.n, p - 1, i));
+            outputs.push_back(me == p - 1 ? inputs.back().Clone() : Zeros(b.dtype, b.n));
+            comm.Broadcast(outputs.back(), p - 1, done[i].Fn());
+            break;
+        }
+      }
+      std::string& out = errors[static_cast<size_t>(me)];
+      for (size_t i = 0; i < burst.size(); ++i) {
+        const BurstOp& b = burst[i];
+        const absl::Status status = done[i].Wait();
+        const std::string what = StrCat("burst op ", i, " (", DTypeName(b.dtype), ") rank ", me);
+        if (!status.ok()) {
+          out += StrCat(what, ": ", status.ToString(), "\n");
+          continue;
+        }
+        const std::vector<int64_t> counts = BurstCounts(b.n, p);
+        const std::vector<int64_t> offsets = Offsets(counts);
+        const size_t es = DTypeSize(b.dtype);
+        std::vector<Tensor> all;  // every rank's input of this op
+        for (int r = 0; r < p; ++r) {
+          const int64_t n = b.kind == Kind::kAllReduce       ? b.n
+                            : b.kind == Kind::kReduceScatter ? offsets.back()
+                            : b.kind == Kind::kAllGather     ? counts[static_cast<size_t>(r)]
+                                                             : b.n;
+          all.push_back(Input(b.dtype, n, b.kind == Kind::kBroadcast ? p - 1 : r, i));
+        }
+        std::vector<char> want;
+        if (b.kind == Kind::kAllReduce || b.kind == Kind::kReduceScatter) {
+          const bool scatter = b.kind == Kind::kReduceScatter;
+          const int64_t n = scatter ? counts[static_cast<size_t>(me)] : b.n;
+          const size_t begin = scatter ? static_cast<size_t>(offsets[static_cast<size_t>(me)]) * es : 0;
+          std::vector<const char*> in;
+          for (const Tensor& t : all) in.push_back(Bytes(t) + begin);
+          want.resize(static_cast<size_t>(n) * es);
+          ReferenceReduce(b.dtype, b.op, in, want.data(), n);
+        } else if (b.kind == Kind::kAllGather) {
+          for (const Tensor& t : all) want.insert(want.end(), Bytes(t), Bytes(t) + t.NumBytes());
+        } else {
+          want.assign(Bytes(all[0]), Bytes(all[0]) + all[0].NumBytes());
+        }
+        out += Compare(what, outputs[i], want.data(), want.size());
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  std::string joined;
+  for (const std::string& e : errors) joined += e;
+  return joined;
+}
+
+std::vector<std::unique_ptr<Communicator>> ConnectFusing(KvStore& store, const std::string& group, int size,
+                                                         const std::shared_ptr<std::atomic<int64_t>>& fused,
+                                                         int64_t fuse_bytes = int64_t{16} << 20) {
+  std::vector<std::unique_ptr<Communicator>> comms(static_cast<size_t>(size));
+  tessera::testing::Deadline deadline(std::chrono::seconds(20), "ConnectGloo of every rank");
+  std::vector<std::thread> threads;
+  for (int r = 0; r < size; ++r) {
+    threads.emplace_back([&, r] {
+      GlooOptions options = Options(group, r, size);
+      options.fused_ops = fused;
+      options.fuse_bytes = fuse_bytes;
+      auto comm = ConnectGloo(store, options);
+      TESSERA_CHECK(comm.ok(), comm.status().ToString());
+      comms[static_cast<size_t>(r)] = *std::move(comm);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  return comms;
+}
+
+// A large op first (the others queue behind it), then runs of fusable ops of
+// several kinds, dtypes, reduce ops and sizes (zeros included), broken by
+// ops that never fuse.
+std::vector<BurstOp> Burst() {
+  std::vector<BurstOp> burst = {{Kind::kAllReduce, DType::kF32, ReduceOp::kSum, 1 << 20}};
+  for (int64_t n : {5, 0, 1000, 7, 3000, 1}) burst.push_back({Kind::kReduceScatter, DType::kF32, ReduceOp::kSum, n});
+  for (int64_t n : {9, 2000, 0, 33}) burst.push_back({Kind::kAllGather, DType::kF32, ReduceOp::kSum, n});
+  for (int64_t n : {100, 7, 4096}) burst.push_back({Kind::kAllReduce, DType::kBF16, ReduceOp::kSum, n});
+  burst.push_back({Kind::kBroadcast, DType::kF32, ReduceOp::kSum, 77});
+  for (int64_t n : {64, 65}) burst.push_back({Kind::kReduceScatter, DType::kF32, ReduceOp::kMax, n});
+  for (int64_t n : {10, 11, 12}) burst.push_back({Kind::kAllReduce, DType::kI64, ReduceOp::kSum, n});
+  for (int64_t n : {800, 801}) burst.push_back({Kind::kReduceScatter, DType::kF32, ReduceOp::kSum, n});
+  return burst;
+}
+
+TEST(GlooCommunicator, QueuedCollectivesAreFusedWithTheSameResults) {
+  for (int p : {2, 3}) {
+    InProcessKvStore store;
+    auto fused = std::make_shared<std::atomic<int64_t>>(0);
+    auto comms = ConnectFusing(store, StrCat("fusion", p), p, fused);
+    tessera::testing::Deadline deadline(std::chrono::seconds(60), "the burst");
+    EXPECT_EQ(RunBurst(comms, Burst()), "") << "p = " << p;
+    EXPECT_GT(fused->load(), 0) << "p = " << p << ": nothing was fused";
+  }
+}
+
+TEST(GlooCommunicator, FusionOffAndSmallCapsGiveTheSameResults) {
+  for (int64_t cap : {int64_t{0}, int64_t{4096}}) {
+    InProcessKvStore store;
+    auto fused = std::make_shared<std::atomic<int64_t>>(0);
+    auto comms = ConnectFusing(store, StrCat("cap", cap), 2, fused, cap);
+    tessera::testing::Deadline deadline(std::chrono::seconds(60), "the burst");
+    EXPECT_EQ(RunBurst(comms, Burst()), "") << "fuse_bytes = " << cap;
+    if (cap == 0) {
+      EXPECT_EQ(fused->load(), 0);
+    }
+  }
+}
+
+TEST(GlooCommunicator, FusionStopsAtAMismatchWhichFailsAlone) {
+  InProcessKvStore store;
+  auto fused = std::make_shared<std::atomic<int64_t>>(0);
+  auto comms = ConnectFusing(store, "fusion_mismatch", 2, fused);
+  tessera::testing::Deadline deadline(std::chrono::seconds(30), "the mismatched burst");
+  std::vector<absl::Status> second(2), others(2);
+  std::vector<std::thread> threads;
+  for (int me = 0; me < 2; ++me) {
+    threads.emplace_back([&, me] {
+      Communicator& comm = *comms[static_cast<size_t>(me)];
+      Tensor big = Zeros(DType::kF32, 1 << 20);
+      Tensor a = Zeros(DType::kF32, 8), a_out = Zeros(DType::kF32, 4);
+      Tensor b = Zeros(DType::kF32, 8), b_out = Zeros(DType::kF32, me == 0 ? 4 : 6);
+      Tensor c = Input(DType::kF32, 8, me, 5), c_out = Zeros(DType::kF32, 4);
+      Completion d0, d1, d2, d3;
+      comm.AllReduce(big, big, ReduceOp::kSum, d0.Fn());
+      comm.ReduceScatter(a, a_out, {4, 4}, ReduceOp::kSum, d1.Fn());
+      // Rank 1 calls this one with other counts: it must not be fused with
+      // the first, and fails on both ranks.
+      comm.ReduceScatter(b, b_out, me == 0 ? std::vector<int64_t>{4, 4} : std::vector<int64_t>{2, 6}, ReduceOp::kSum,
+                         d2.Fn());
+      comm.ReduceScatter(c, c_out, {4, 4}, ReduceOp::kSum, d3.Fn());
+      others[static_cast<size_t>(me)] = d0.Wait();
+      if (others[static_cast<size_t>(me)].ok()) others[static_cast<size_t>(me)] = d1.Wait();
+      second[static_cast<size_t>(me)] = d2.Wait();
+      const absl::Status last = d3.Wait();
+      if (others[static_cast<size_t>(me)].ok()) others[static_cast<size_t>(me)] = last;
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int me = 0; me < 2; ++me) {
+    EXPECT_TRUE(others[static_cast<size_t>(me)].ok()) << others[static_cast<size_t>(me)];
+    EXPECT_TRUE(absl::IsInvalidArgument(second[static_cast<size_t>(me)])) << second[static_cast<size_t>(me)];
+    EXPECT_THAT(std::string(second[static_cast<size_t>(me)].message()), HasSubstr("mismatched collective"));
+  }
 }
 
 TEST(GlooStore, MapsGlooCallsOntoKvStoreWithPrefixAndTimeout) {
