@@ -570,6 +570,21 @@ class GlooCommunicator final : public Communicator {
     return *std::move(view);
   }
 
+  // held[0 .. n)'s inputs back to back into `to`.
+  static void PackInputs(const std::vector<CollectiveOp>& held, size_t n, char* to) {
+    for (size_t j = 0; j < n; ++j) {
+      std::memcpy(to, BytePtr(held[j].input), held[j].input.NumBytes());
+      to += held[j].input.NumBytes();
+    }
+  }
+  // `from`, back to back, into held[0 .. n)'s outputs.
+  static void UnpackOutputs(const char* from, const std::vector<CollectiveOp>& held, size_t n) {
+    for (size_t j = 0; j < n; ++j) {
+      std::memcpy(BytePtr(held[j].output), from, held[j].output.NumBytes());
+      from += held[j].output.NumBytes();
+    }
+  }
+
   // Packs held[0 .. n) into one op of their kind, runs it and unpacks it.
   void ExecuteFused(std::vector<CollectiveOp>& held, size_t n, uint64_t seq, int* peer) {
     const int p = size();
@@ -585,17 +600,9 @@ class GlooCommunicator final : public Communicator {
       fused.signature.counts = {total};
       fused.input = FusionBuffer(0, front.dtype, total);
       fused.output = fused.input;  // in place
-      char* at = BytePtr(fused.input);
-      for (size_t j = 0; j < n; ++j) {
-        std::memcpy(at, BytePtr(held[j].input), held[j].input.NumBytes());
-        at += held[j].input.NumBytes();
-      }
+      PackInputs(held, n, BytePtr(fused.input));
       Execute(fused, seq, peer);
-      at = BytePtr(fused.output);
-      for (size_t j = 0; j < n; ++j) {
-        std::memcpy(BytePtr(held[j].output), at, held[j].output.NumBytes());
-        at += held[j].output.NumBytes();
-      }
+      UnpackOutputs(BytePtr(fused.output), held, n);
       return;
     }
     if (front.kind == Kind::kReduceScatter) {
@@ -619,11 +626,7 @@ class GlooCommunicator final : public Communicator {
         }
       }
       Execute(fused, seq, peer);
-      at = BytePtr(fused.output);
-      for (size_t j = 0; j < n; ++j) {
-        std::memcpy(BytePtr(held[j].output), at, held[j].output.NumBytes());
-        at += held[j].output.NumBytes();
-      }
+      UnpackOutputs(BytePtr(fused.output), held, n);
       return;
     }
     // AllGather. Input: every op's piece in op order; output: for each rank
@@ -635,11 +638,7 @@ class GlooCommunicator final : public Communicator {
     fused.signature.counts = counts;
     fused.input = FusionBuffer(0, front.dtype, counts[static_cast<size_t>(me)]);
     fused.output = FusionBuffer(1, front.dtype, Offsets(counts).back());
-    char* at = BytePtr(fused.input);
-    for (size_t j = 0; j < n; ++j) {
-      std::memcpy(at, BytePtr(held[j].input), held[j].input.NumBytes());
-      at += held[j].input.NumBytes();
-    }
+    PackInputs(held, n, BytePtr(fused.input));
     Execute(fused, seq, peer);
     const char* from = BytePtr(fused.output);
     for (int r = 0; r < p; ++r) {

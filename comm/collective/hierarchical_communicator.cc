@@ -28,7 +28,6 @@ using internal::ReduceFn;
 using internal::ReduceFor;
 using internal::Reducible;
 
-
 // One member's call as issued.
 struct Call {
   Kind kind = Kind::kAllReduce;
@@ -646,45 +645,31 @@ class HierarchicalMember final : public Communicator {
   std::string Describe() const override { return group_->Describe(rank_); }
 
   void AllReduce(const Tensor& input, Tensor output, ReduceOp op, DoneFn done) override {
-    Call c;
-    c.kind = Kind::kAllReduce;
-    c.input = input;
-    c.output = std::move(output);
+    Call c = Begin(Kind::kAllReduce, input, std::move(output));
     c.op = op;
     Issue(std::move(c), std::move(done));
   }
   void AllGather(const Tensor& input, Tensor output, std::vector<int64_t> counts, DoneFn done) override {
-    Call c;
-    c.kind = Kind::kAllGather;
-    c.input = input;
-    c.output = std::move(output);
+    Call c = Begin(Kind::kAllGather, input, std::move(output));
     c.counts = std::move(counts);
     Issue(std::move(c), std::move(done));
   }
   void ReduceScatter(const Tensor& input, Tensor output, std::vector<int64_t> counts, ReduceOp op,
                      DoneFn done) override {
-    Call c;
-    c.kind = Kind::kReduceScatter;
-    c.input = input;
-    c.output = std::move(output);
+    Call c = Begin(Kind::kReduceScatter, input, std::move(output));
     c.counts = std::move(counts);
     c.op = op;
     Issue(std::move(c), std::move(done));
   }
   void AllToAll(const Tensor& input, std::vector<int64_t> send_counts, Tensor output, std::vector<int64_t> recv_counts,
                 DoneFn done) override {
-    Call c;
-    c.kind = Kind::kAllToAll;
-    c.input = input;
-    c.output = std::move(output);
+    Call c = Begin(Kind::kAllToAll, input, std::move(output));
     c.counts = std::move(send_counts);
     c.recv_counts = std::move(recv_counts);
     Issue(std::move(c), std::move(done));
   }
   void Broadcast(Tensor buffer, int root, DoneFn done) override {
-    Call c;
-    c.kind = Kind::kBroadcast;
-    c.output = std::move(buffer);
+    Call c = Begin(Kind::kBroadcast, Tensor(), std::move(buffer));
     c.root = root;
     Issue(std::move(c), std::move(done));
   }
@@ -693,6 +678,13 @@ class HierarchicalMember final : public Communicator {
   void Abort(absl::Status reason) override { group_->Abort(std::move(reason)); }
 
  private:
+  static Call Begin(Kind kind, const Tensor& input, Tensor output) {
+    Call c;
+    c.kind = kind;
+    c.input = input;
+    c.output = std::move(output);
+    return c;
+  }
   void Issue(Call c, DoneFn done) {
     c.done = std::move(done);
     c.invalid = group_->Check(rank_, c);
