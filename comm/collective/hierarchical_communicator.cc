@@ -159,12 +159,7 @@ class HierarchicalGroup {
       if (aborted_.ok()) aborted_ = absl::CancelledError(StrCat(name_, ": destroyed"));
     }
     work_.notify_all();
-    // The last member may be released from a callback on this group's thread.
-    if (thread_.get_id() == std::this_thread::get_id()) {
-      thread_.detach();
-    } else {
-      thread_.join();
-    }
+    thread_.join();  // callbacks must not release the last member (header)
     // Calls whose fellow members never came.
     std::vector<DoneFn> left;
     absl::Status reason;

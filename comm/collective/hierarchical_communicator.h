@@ -37,7 +37,9 @@
 //
 // Thread-safety: as communicator.h. The members on one node share one
 // HierarchicalGroup; its own thread runs each collective once all local
-// members have issued it, one after another, and calls their callbacks.
+// members have issued it, one after another, and calls their callbacks,
+// which may issue further ops but must not release the last member (as with
+// the gloo communicator, a callback must not destroy its communicator).
 
 #include <cstdint>
 #include <memory>
