@@ -338,7 +338,10 @@ class HierarchicalGroup {
       if (!queue.empty()) oldest = std::min(oldest, queue.front().issued);
     }
     if (oldest == std::chrono::steady_clock::time_point::max()) return oldest;
-    return oldest + absl::ToChronoNanoseconds(layout_.timeout);
+    const auto limit = std::chrono::steady_clock::time_point::max() - oldest;
+    const auto timeout = absl::ToChronoNanoseconds(layout_.timeout);  // saturates when infinite
+    if (timeout >= limit) return std::chrono::steady_clock::time_point::max();
+    return oldest + timeout;
   }
 
   bool Ready() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -714,6 +717,10 @@ absl::StatusOr<std::vector<std::shared_ptr<Communicator>>> MakeHierarchical(std:
   if (layout.this_node < 0 || layout.this_node >= nodes) {
     return absl::InvalidArgumentError(
         StrCat("hierarchical group '", name, "': this node ", layout.this_node, " holds no member"));
+  }
+  if (layout.timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(StrCat("hierarchical group '", name, "': the timeout must be positive, got ",
+                                             absl::FormatDuration(layout.timeout)));
   }
   if (leaders == nullptr || leaders->size() != nodes || leaders->rank() != layout.this_node) {
     return absl::InvalidArgumentError(StrCat("hierarchical group '", name, "': the leaders communicator must have ",

@@ -66,8 +66,8 @@ class HierarchicalGroup;
 // The local members' communicators (one per member r with node_of[r] ==
 // this_node, in rank order) over `leaders` (size = number of nodes, rank =
 // this_node). `name` is used in Describe and errors. Errors: a layout whose
-// node indices are not 0 .. nodes - 1 each used, a leaders communicator of
-// the wrong size or rank.
+// node indices are not 0 .. nodes - 1 each used, a timeout that is not
+// positive, a leaders communicator of the wrong size or rank.
 absl::StatusOr<std::vector<std::shared_ptr<Communicator>>> MakeHierarchical(std::string name, HierarchicalLayout layout,
                                                                             std::shared_ptr<Communicator> leaders);
 

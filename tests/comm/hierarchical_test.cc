@@ -357,7 +357,8 @@ TEST(HierarchicalCommunicator, BadLayoutsAreRefused) {
   EXPECT_TRUE(absl::IsInvalidArgument(MakeHierarchical("g", {{0, 1}, 0}, leaders).status()));  // leaders of 1
   EXPECT_TRUE(absl::IsInvalidArgument(MakeHierarchical("g", {{0, 0}, 1}, leaders).status()));
   EXPECT_TRUE(absl::IsInvalidArgument(MakeHierarchical("g", {{0, 0}, 0}, nullptr).status()));
-  auto ok = MakeHierarchical("g", {{0, 0}, 0}, leaders);
+  EXPECT_TRUE(absl::IsInvalidArgument(MakeHierarchical("g", {{0, 0}, 0, absl::ZeroDuration()}, leaders).status()));
+  auto ok = MakeHierarchical("g", {{0, 0}, 0, absl::InfiniteDuration()}, leaders);
   ASSERT_TRUE(ok.ok()) << ok.status();
   EXPECT_EQ(ok->size(), 2u);
 }
