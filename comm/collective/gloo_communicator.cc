@@ -1,5 +1,7 @@
 #include "comm/collective/gloo_communicator.h"
 
+#include <signal.h>
+
 #include <algorithm>
 #include <array>
 #include <chrono>
@@ -1173,7 +1175,25 @@ std::string JoinKey(const GlooOptions& options, int rank) { return StrCat(option
 
 }  // namespace
 
+// gloo's TCP transport writes with writev, which raises SIGPIPE when the
+// peer is gone; the default action would kill the process instead of
+// failing the op with EPIPE. Ignored once per process, unless the program
+// installed a handler of its own (gRPC's init ignores it too).
+void IgnoreSigpipe() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction current {};
+    if (::sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) {
+      struct sigaction ignore {};
+      ignore.sa_handler = SIG_IGN;
+      sigemptyset(&ignore.sa_mask);
+      ::sigaction(SIGPIPE, &ignore, nullptr);
+    }
+  });
+}
+
 absl::StatusOr<std::unique_ptr<Communicator>> ConnectGloo(KvStore& store, const GlooOptions& options) {
+  IgnoreSigpipe();
   const std::string who =
       StrCat("ConnectGloo: gloo group '", options.group, "' rank ", options.rank, "/", options.size);
   if (options.group.empty()) return absl::InvalidArgumentError(StrCat(who, ": the group name is empty"));

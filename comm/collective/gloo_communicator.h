@@ -57,6 +57,9 @@
 //   must exceed the longest time one rank may wait for another to issue its
 //   matching op.
 // - Every gloo exception is caught at the op's boundary and becomes a Status.
+// - ConnectGloo sets SIGPIPE to ignored if it is at its default (gloo writes
+//   with writev, and a write to a dead peer must fail the op, not kill the
+//   process); a handler the program installed is left alone.
 //
 // Lifetime: destroying the communicator fails ops still pending with
 // Cancelled, joins its threads and closes its connections (peers waiting on
