@@ -121,7 +121,8 @@ bool SameCall(const Record& a, const Record& b) {
   return false;
 }
 
-absl::StatusOr<Tensor> Buffer(DType dtype, int64_t elements) { return Tensor::Zeros(Shape{elements}, dtype); }
+// Every buffer below is written in full before it is read (no zeroing).
+absl::StatusOr<Tensor> Buffer(DType dtype, int64_t elements) { return Tensor::Empty(Shape{elements}, dtype); }
 
 // Runs one op of the leaders communicator and waits for it (every op
 // completes: by its transport's timeout or an abort at the latest).
