@@ -13,6 +13,12 @@ target_include_directories(tessera_dnnl SYSTEM INTERFACE ${DNNL_INCLUDE_DIR})
 target_link_libraries(tessera_dnnl INTERFACE ${DNNL_LIBRARY})
 find_package(OpenMP REQUIRED)
 find_package(Threads REQUIRED)
+# Unicode for the tokenizers (data/): PCRE2 runs GPT-2's pre-tokenizer
+# pattern (\p{L}, \p{N}, lookahead); ICU gives BERT's normalisation and
+# character classes.
+find_package(PkgConfig REQUIRED)
+pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)
+find_package(ICU REQUIRED COMPONENTS uc i18n)
 # Boost.Asio for the actor bus and the master's /metrics endpoint
 # (header-only; Boost.System is header-only since 1.69).
 find_package(Boost 1.74 REQUIRED)

@@ -1,0 +1,88 @@
+#include "core/file_util.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "core/text.h"
+
+namespace tessera {
+namespace {
+
+absl::Status Errno(std::string_view what, const std::filesystem::path& path) {
+  return absl::InternalError(StrCat(what, " ", path.string(), ": ", std::strerror(errno)));
+}
+
+}  // namespace
+
+absl::Status SyncPath(const std::filesystem::path& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Errno("cannot open", path);
+  const int synced = ::fsync(fd);
+  const int saved = errno;
+  ::close(fd);
+  errno = saved;
+  if (synced != 0) return Errno("cannot fsync", path);
+  return absl::OkStatus();
+}
+
+absl::Status WriteFileDurably(const std::filesystem::path& path, std::string_view bytes) {
+  const std::string_view parts[] = {bytes};
+  return WriteFileDurably(path, parts);
+}
+
+absl::Status WriteFileDurably(const std::filesystem::path& path, std::span<const std::string_view> parts) {
+  const std::filesystem::path temp = path.string() + StrCat(".tmp-", ::getpid());
+  const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return Errno("cannot create", temp);
+  absl::Status status;
+  for (const std::string_view bytes : parts) {
+    for (size_t done = 0; done < bytes.size() && status.ok();) {
+      const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        status = Errno("cannot write", temp);
+      } else {
+        done += static_cast<size_t>(n);
+      }
+    }
+  }
+  if (status.ok() && ::fsync(fd) != 0) status = Errno("cannot fsync", temp);
+  if (::close(fd) != 0 && status.ok()) status = Errno("cannot close", temp);
+  if (status.ok() && ::rename(temp.c_str(), path.c_str()) != 0) status = Errno("cannot rename into", path);
+  if (!status.ok()) {
+    std::error_code ignored;
+    std::filesystem::remove(temp, ignored);
+    return status;
+  }
+  const std::filesystem::path dir = path.has_parent_path() ? path.parent_path() : std::filesystem::path(".");
+  return SyncPath(dir);
+}
+
+namespace {
+std::filesystem::path Home() {
+  const char* home = std::getenv("HOME");
+  return home != nullptr && *home != '\0' ? std::filesystem::path(home) : std::filesystem::path("/");
+}
+}  // namespace
+
+std::filesystem::path CacheDir() {
+  if (const char* cache = std::getenv("TESSERA_CACHE"); cache != nullptr && *cache != '\0') return cache;
+  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg != nullptr && *xdg != '\0') {
+    return std::filesystem::path(xdg) / "tessera";
+  }
+  return Home() / ".cache" / "tessera";
+}
+
+std::filesystem::path ExpandPath(std::string_view path) {
+  constexpr std::string_view kCache = "$TESSERA_CACHE/";
+  if (path.starts_with("~/")) return Home() / std::string(path.substr(2));
+  if (path.starts_with(kCache)) return CacheDir() / std::string(path.substr(kCache.size()));
+  return std::filesystem::path(std::string(path));
+}
+
+}  // namespace tessera

@@ -1,0 +1,34 @@
+#pragma once
+// Durable file writes: what outputs and checkpoints use so that a crash or a
+// kill -9 at any moment leaves either the old file or the complete new one,
+// never a torn one (DESIGN §11).
+
+#include <filesystem>
+#include <span>
+#include <string_view>
+
+#include "absl/status/status.h"
+
+namespace tessera {
+
+// Writes `bytes` to a temporary file beside `path` ("<path>.tmp-<pid>"),
+// fsyncs it, renames it over `path` and fsyncs the directory. Errors name
+// the file and the failing step; the temporary file is removed on error.
+[[nodiscard]] absl::Status WriteFileDurably(const std::filesystem::path& path, std::string_view bytes);
+// The same for a file made of several parts written back to back (no copy
+// into one buffer: a checkpoint shard's header, then each tensor's bytes).
+[[nodiscard]] absl::Status WriteFileDurably(const std::filesystem::path& path, std::span<const std::string_view> parts);
+
+// fsyncs a file or a directory (so a rename inside it is on disk).
+[[nodiscard]] absl::Status SyncPath(const std::filesystem::path& path);
+
+// Tessera's cache directory: $TESSERA_CACHE, else $XDG_CACHE_HOME/tessera,
+// else ~/.cache/tessera (where the install script puts the default corpus
+// and the GPT-2 vocabulary).
+std::filesystem::path CacheDir();
+
+// A path from a config: a leading "~/" is the home directory, a leading
+// "$TESSERA_CACHE/" is CacheDir(); anything else is taken as it is.
+std::filesystem::path ExpandPath(std::string_view path);
+
+}  // namespace tessera

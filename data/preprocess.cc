@@ -1,0 +1,451 @@
+#include "data/preprocess.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <span>
+#include <thread>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "core/status.h"
+#include "core/strings.h"
+#include "core/text.h"
+#include "data/indexed_dataset.h"
+
+namespace tessera::data {
+namespace fs = std::filesystem;
+namespace {
+
+// Bytes per read(2) of an input.
+constexpr size_t kReadBytes = size_t{1} << 20;
+
+// A piece of one input holding whole documents.
+struct Chunk {
+  int64_t ordinal = 0;     // position in the output order
+  size_t input = 0;        // index into PreprocessOptions::inputs
+  int64_t first_line = 1;  // 1-based line number of bytes[0]
+  std::string bytes;
+};
+
+// What a chunk's documents became, ready to append to the builder.
+struct ChunkResult {
+  absl::Status status;
+  std::vector<int64_t> tokens;            // all sequences back to back
+  std::vector<int64_t> sequence_lengths;  // per sequence
+  std::vector<int64_t> document_sizes;    // sequences per document
+  int64_t input_bytes = 0;
+};
+
+// What every worker needs; read-only while workers run.
+struct EncodeContext {
+  const Tokenizer* tokenizer;
+  std::vector<InputFormat> formats;  // per input, kAuto resolved
+  std::vector<std::string> names;    // per input, for messages
+  std::string json_key;
+  std::optional<int64_t> end_of_document;
+  bool split_sentences;
+};
+
+bool IsBlank(std::string_view line) {
+  return std::all_of(line.begin(), line.end(), [](char c) { return c == ' ' || c == '\t' || c == '\r'; });
+}
+
+// True when no byte has its high bit set. Most corpora are mostly ASCII, and
+// this word-at-a-time test is far cheaper than a full UTF-8 decode.
+bool IsAscii(std::string_view text) {
+  uint64_t any_high = 0;
+  size_t k = 0;
+  for (; k + 8 <= text.size(); k += 8) {
+    uint64_t word;
+    std::memcpy(&word, text.data() + k, sizeof(word));
+    any_high |= word;
+  }
+  for (; k < text.size(); ++k) any_high |= static_cast<unsigned char>(text[k]);
+  return (any_high & 0x8080808080808080ull) == 0;
+}
+
+bool IsSpace(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
+
+InputFormat ResolveFormat(InputFormat format, const fs::path& input) {
+  if (format != InputFormat::kAuto) return format;
+  return input.extension() == ".jsonl" ? InputFormat::kJsonl : InputFormat::kParagraphs;
+}
+
+absl::Status LineError(const EncodeContext& context, const Chunk& chunk, int64_t line, std::string_view what) {
+  return absl::InvalidArgumentError(StrCat(context.names[chunk.input], ":", line, ": ", what));
+}
+
+// Encodes one document (its text starts at `line`) into `result`.
+absl::Status EncodeDocument(const EncodeContext& context, const Chunk& chunk, int64_t line, std::string_view text,
+                            ChunkResult& result) {
+  const size_t sequences_before = result.sequence_lengths.size();
+  const auto encode = [&](std::string_view piece) -> absl::Status {
+    absl::StatusOr<std::vector<int64_t>> ids = context.tokenizer->Encode(piece);
+    if (!ids.ok()) return LineError(context, chunk, line, StrCat("cannot tokenize: ", ids.status().message()));
+    if (ids->empty()) return absl::OkStatus();
+    result.tokens.insert(result.tokens.end(), ids->begin(), ids->end());
+    result.sequence_lengths.push_back(static_cast<int64_t>(ids->size()));
+    return absl::OkStatus();
+  };
+  if (context.split_sentences) {
+    for (std::string_view sentence : SplitSentences(text)) RETURN_IF_ERROR(encode(sentence));
+  } else {
+    RETURN_IF_ERROR(encode(text));
+  }
+  const size_t sequences = result.sequence_lengths.size() - sequences_before;
+  if (sequences == 0) return absl::OkStatus();
+  if (context.end_of_document) {
+    result.tokens.push_back(*context.end_of_document);
+    ++result.sequence_lengths.back();
+  }
+  result.document_sizes.push_back(static_cast<int64_t>(sequences));
+  return absl::OkStatus();
+}
+
+absl::Status EncodeJsonLine(const EncodeContext& context, const Chunk& chunk, int64_t line_number,
+                            std::string_view line, ChunkResult& result) {
+  nlohmann::json value;
+  try {
+    value = nlohmann::json::parse(line.begin(), line.end());
+  } catch (const nlohmann::json::exception& e) {
+    return LineError(context, chunk, line_number, StrCat("invalid JSON: ", e.what()));
+  }
+  if (!value.is_object()) return LineError(context, chunk, line_number, "expected a JSON object");
+  const auto field = value.find(context.json_key);
+  if (field == value.end()) {
+    return LineError(context, chunk, line_number, StrCat("no field \"", context.json_key, "\""));
+  }
+  if (!field->is_string()) {
+    return LineError(context, chunk, line_number, StrCat("field \"", context.json_key, "\" is not a string"));
+  }
+  return EncodeDocument(context, chunk, line_number, field->get_ref<const std::string&>(), result);
+}
+
+ChunkResult ProcessChunk(const EncodeContext& context, const Chunk& chunk) {
+  ChunkResult result;
+  result.input_bytes = static_cast<int64_t>(chunk.bytes.size());
+  const InputFormat format = context.formats[chunk.input];
+  std::string paragraph;
+  int64_t paragraph_line = 0;
+  const auto flush_paragraph = [&]() -> absl::Status {
+    if (paragraph.empty()) return absl::OkStatus();
+    RETURN_IF_ERROR(EncodeDocument(context, chunk, paragraph_line, paragraph, result));
+    paragraph.clear();
+    return absl::OkStatus();
+  };
+  const auto process = [&]() -> absl::Status {
+    const std::string_view bytes = chunk.bytes;
+    int64_t line_number = chunk.first_line;
+    for (size_t start = 0; start < bytes.size(); ++line_number) {
+      const size_t newline = bytes.find('\n', start);
+      const size_t end = newline == std::string_view::npos ? bytes.size() : newline;
+      std::string_view line = bytes.substr(start, end - start);
+      start = end + 1;
+      if (!IsAscii(line)) {
+        if (const std::optional<size_t> bad = FirstInvalidUtf8(line)) {
+          return LineError(context, chunk, line_number, StrCat("invalid UTF-8 at byte column ", *bad + 1));
+        }
+      }
+      ConsumeSuffix(&line, "\r");
+      if (IsBlank(line)) {
+        if (format == InputFormat::kParagraphs) RETURN_IF_ERROR(flush_paragraph());
+        continue;
+      }
+      switch (format) {
+        case InputFormat::kParagraphs:
+          if (paragraph.empty()) {
+            paragraph_line = line_number;
+          } else {
+            paragraph += '\n';
+          }
+          paragraph.append(line);
+          break;
+        case InputFormat::kLines:
+          RETURN_IF_ERROR(EncodeDocument(context, chunk, line_number, line, result));
+          break;
+        case InputFormat::kJsonl:
+          RETURN_IF_ERROR(EncodeJsonLine(context, chunk, line_number, line, result));
+          break;
+        case InputFormat::kAuto:
+          TESSERA_CHECK(false, "input format left unresolved");
+      }
+    }
+    return flush_paragraph();
+  };
+  result.status = process();
+  if (!result.status.ok()) {
+    // Nothing of a failed chunk is written; free its tokens early.
+    result.tokens = {};
+    result.sequence_lengths = {};
+    result.document_sizes = {};
+  }
+  return result;
+}
+
+// Workers that turn chunks into results; results are collected by ordinal so
+// the caller can write them in input order.
+//
+// Thread-safe: Push and Take are called by one thread (the producer), the
+// workers run ProcessChunk. The destructor drops queued chunks and joins.
+class ChunkWorkers {
+ public:
+  ChunkWorkers(const EncodeContext& context, int num_threads) : context_(context) {
+    for (int k = 0; k < num_threads; ++k) workers_.emplace_back([this] { WorkerLoop(); });
+  }
+  ~ChunkWorkers() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping_ = true;
+      queue_.clear();
+    }
+    work_cv_.notify_all();
+    for (std::thread& worker : workers_) worker.join();
+  }
+  ChunkWorkers(const ChunkWorkers&) = delete;
+  ChunkWorkers& operator=(const ChunkWorkers&) = delete;
+
+  void Push(Chunk chunk) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      queue_.push_back(std::move(chunk));
+    }
+    work_cv_.notify_one();
+  }
+
+  // Waits for the result of chunk `ordinal` (pushed before) and removes it.
+  ChunkResult Take(int64_t ordinal) {
+    std::unique_lock<std::mutex> lock(mu_);
+    done_cv_.wait(lock, [&] { return results_.count(ordinal) > 0; });
+    ChunkResult result = std::move(results_[ordinal]);
+    results_.erase(ordinal);
+    return result;
+  }
+
+ private:
+  void WorkerLoop() {
+    while (true) {
+      Chunk chunk;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        work_cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+        if (stopping_) return;
+        chunk = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      ChunkResult result = ProcessChunk(context_, chunk);
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        results_.emplace(chunk.ordinal, std::move(result));
+      }
+      done_cv_.notify_all();
+    }
+  }
+
+  const EncodeContext& context_;
+  std::mutex mu_;
+  std::condition_variable work_cv_;
+  std::condition_variable done_cv_;
+  std::deque<Chunk> queue_ ABSL_GUARDED_BY(mu_);
+  std::map<int64_t, ChunkResult> results_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::thread> workers_;
+};
+
+// Reads `path` in blocks and calls emit(bytes, first_line) with pieces that
+// end at the first document boundary (the end of any line, or for paragraphs
+// of a blank line) at or after `chunk_bytes`; the last piece takes the rest.
+absl::Status ReadChunks(const fs::path& path, std::string_view name, InputFormat format, int64_t chunk_bytes,
+                        const std::function<absl::Status(std::string bytes, int64_t first_line)>& emit) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return absl::ErrnoToStatus(errno, StrCat("cannot read input '", name, "'"));
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+
+  std::string pending;  // pending[begin, size) is read but not yet emitted
+  size_t begin = 0;
+  size_t scanned = 0;       // pending[begin, scanned) is split into whole lines
+  int64_t first_line = 1;   // line number of pending[begin]
+  int64_t lines_ended = 0;  // lines ended in pending[begin, scanned)
+  std::vector<char> block(kReadBytes);
+  while (true) {
+    const ssize_t n = ::read(fd, block.data(), block.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return absl::ErrnoToStatus(errno, StrCat("cannot read input '", name, "'"));
+    if (n == 0) break;
+    pending.append(block.data(), static_cast<size_t>(n));
+    for (size_t newline; (newline = pending.find('\n', scanned)) != std::string::npos;) {
+      const std::string_view line(pending.data() + scanned, newline - scanned);
+      scanned = newline + 1;
+      ++lines_ended;
+      const bool boundary = format != InputFormat::kParagraphs || IsBlank(line);
+      if (boundary && static_cast<int64_t>(scanned - begin) >= chunk_bytes) {
+        RETURN_IF_ERROR(emit(pending.substr(begin, scanned - begin), first_line));
+        begin = scanned;
+        first_line += lines_ended;
+        lines_ended = 0;
+      }
+    }
+    // Drop the emitted prefix once per block, not once per chunk.
+    pending.erase(0, begin);
+    scanned -= begin;
+    begin = 0;
+  }
+  if (!pending.empty()) RETURN_IF_ERROR(emit(std::move(pending), first_line));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::vector<std::string_view> SplitSentences(std::string_view text) {
+  std::vector<std::string_view> sentences;
+  size_t start = 0;
+  const auto emit = [&](size_t end) {
+    const std::string_view sentence = StripWhitespace(text.substr(start, end - start));
+    if (!sentence.empty()) sentences.push_back(sentence);
+  };
+  const auto is_terminal = [](char c) { return c == '.' || c == '!' || c == '?'; };
+  const auto closing_length = [&](size_t i) -> size_t {
+    constexpr std::string_view kAsciiClosing = "\"')]}";
+    if (kAsciiClosing.find(text[i]) != std::string_view::npos) return 1;
+    // ’ (U+2019) and ” (U+201D).
+    if (text.substr(i, 3) == "\xE2\x80\x99" || text.substr(i, 3) == "\xE2\x80\x9D") return 3;
+    return 0;
+  };
+  size_t i = 0;
+  while (i < text.size()) {
+    if (is_terminal(text[i])) {
+      size_t j = i + 1;
+      while (j < text.size() && is_terminal(text[j])) ++j;
+      while (j < text.size()) {
+        const size_t closing = closing_length(j);
+        if (closing == 0) break;
+        j += closing;
+      }
+      size_t k = j;
+      while (k < text.size() && IsSpace(text[k])) ++k;
+      const bool continues =
+          k < text.size() && ((text[k] >= 'a' && text[k] <= 'z') || (text[k] >= '0' && text[k] <= '9'));
+      if (k > j && !continues) {
+        emit(j);
+        start = k;
+      }
+      i = std::max(j, i + 1);
+      continue;
+    }
+    if (text[i] == '\n') {
+      size_t k = i + 1;
+      while (k < text.size() && (text[k] == ' ' || text[k] == '\t' || text[k] == '\r')) ++k;
+      if (k < text.size() && text[k] == '\n') {
+        emit(i);
+        start = k + 1;
+        i = k + 1;
+        continue;
+      }
+    }
+    ++i;
+  }
+  emit(text.size());
+  return sentences;
+}
+
+absl::StatusOr<PreprocessStats> Preprocess(const PreprocessOptions& options, const Tokenizer& tokenizer,
+                                           const PreprocessProgress& progress) {
+  if (options.inputs.empty()) return absl::InvalidArgumentError("preprocess: no input files");
+  if (options.chunk_bytes < 1) {
+    return absl::InvalidArgumentError(StrCat("preprocess: chunk_bytes must be >= 1, got ", options.chunk_bytes));
+  }
+  if (options.num_threads < 0) {
+    return absl::InvalidArgumentError(StrCat("preprocess: num_threads must be >= 0, got ", options.num_threads));
+  }
+  EncodeContext context{&tokenizer, {}, {}, options.json_key, std::nullopt, options.split_sentences};
+  if (options.append_end_of_document) context.end_of_document = tokenizer.EndOfDocumentId();
+  int64_t total_bytes = 0;
+  for (const fs::path& input : options.inputs) {
+    context.names.push_back(input.string());
+    context.formats.push_back(ResolveFormat(options.format, input));
+    struct stat info {};
+    if (::stat(input.c_str(), &info) != 0) {
+      return absl::ErrnoToStatus(errno, StrCat("cannot read input '", input.string(), "'"));
+    }
+    if (!S_ISREG(info.st_mode)) {
+      return absl::InvalidArgumentError(StrCat("cannot read input '", input.string(), "': not a regular file"));
+    }
+    total_bytes += info.st_size;
+  }
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<IndexedDatasetBuilder> builder,
+      IndexedDatasetBuilder::Create(options.output_prefix, TokenDtypeForVocabulary(tokenizer.vocab_size())));
+
+  const int num_threads = options.num_threads > 0 ? options.num_threads
+                                                  : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  const int64_t max_in_flight = 2 * int64_t{num_threads};
+  PreprocessStats stats;
+  int64_t next_ordinal = 0;
+  int64_t next_to_write = 0;
+  ChunkWorkers workers(context, num_threads);
+
+  const auto write_next = [&]() -> absl::Status {
+    const ChunkResult result = workers.Take(next_to_write++);
+    RETURN_IF_ERROR(result.status);
+    size_t sequence = 0;
+    int64_t token = 0;
+    for (const int64_t document_size : result.document_sizes) {
+      for (int64_t k = 0; k < document_size; ++k, ++sequence) {
+        const int64_t length = result.sequence_lengths[sequence];
+        RETURN_IF_ERROR(builder->AddSequence(
+            std::span<const int64_t>(result.tokens).subspan(static_cast<size_t>(token), static_cast<size_t>(length))));
+        token += length;
+      }
+      RETURN_IF_ERROR(builder->EndDocument());
+    }
+    stats.documents += static_cast<int64_t>(result.document_sizes.size());
+    stats.sequences += static_cast<int64_t>(result.sequence_lengths.size());
+    stats.tokens += token;
+    stats.bytes += result.input_bytes;
+    if (progress) progress(stats.bytes, total_bytes);
+    return absl::OkStatus();
+  };
+  const auto write_all = [&]() -> absl::Status {
+    while (next_to_write < next_ordinal) RETURN_IF_ERROR(write_next());
+    return absl::OkStatus();
+  };
+
+  absl::Status write_error;  // from a chunk written while reading
+  for (size_t input = 0; input < options.inputs.size(); ++input) {
+    const absl::Status read =
+        ReadChunks(options.inputs[input], context.names[input], context.formats[input], options.chunk_bytes,
+                   [&](std::string bytes, int64_t first_line) -> absl::Status {
+                     while (next_ordinal - next_to_write >= max_in_flight) {
+                       write_error = write_next();
+                       RETURN_IF_ERROR(write_error);
+                     }
+                     workers.Push(Chunk{next_ordinal++, input, first_line, std::move(bytes)});
+                     return absl::OkStatus();
+                   });
+    if (!write_error.ok()) return write_error;
+    if (!read.ok()) {
+      // A failing chunk read before the read error comes first in input order.
+      RETURN_IF_ERROR(write_all());
+      return read;
+    }
+  }
+  RETURN_IF_ERROR(write_all());
+  RETURN_IF_ERROR(builder->Finalize());
+  if (progress) progress(total_bytes, total_bytes);
+  return stats;
+}
+
+}  // namespace tessera::data

@@ -1,0 +1,89 @@
+#pragma once
+// `tessera preprocess`: text files -> an indexed dataset (data/indexed_dataset.h).
+//
+// Input formats (PreprocessOptions::format; kAuto picks kJsonl for names
+// ending in ".jsonl", kParagraphs otherwise):
+//   - kParagraphs: a document is a paragraph, i.e. a run of non-blank lines
+//     (a blank line is empty or only spaces, tabs and '\r'); its text is its
+//     lines joined by '\n'.
+//   - kLines: a document is one non-blank line.
+//   - kJsonl: every non-blank line is a JSON object; its string field
+//     `json_key` ("text") is the document.
+// Lines end at '\n'; a trailing '\r' is dropped (CRLF files read like LF
+// ones). Every line must be valid UTF-8.
+//
+// Each document is encoded with the tokenizer, as one sequence, or with
+// split_sentences as one sequence per sentence (SplitSentences below), the
+// form BertDataset reads. Sentences (and documents) that encode to no tokens
+// are dropped, so every stored document and sequence is non-empty. With
+// append_end_of_document and a tokenizer that has one, the end-of-document id
+// ends each document's last sequence (Megatron's --append-eod; GPT wants it,
+// BERT does not). The token dtype is Megatron's choice for the vocabulary
+// size (TokenDtypeForVocabulary).
+//
+// Work: the calling thread reads the inputs in order, cuts them into chunks of
+// about chunk_bytes at document boundaries, and hands them to num_threads
+// workers that parse and encode; it writes their results in input order. The
+// cutting does not depend on the thread count and each chunk's result is a
+// pure function of its bytes, so the output is byte-identical for any
+// num_threads. Memory is bounded by (2 · num_threads + 1) chunks in flight
+// plus their tokens, whatever the input size (a single paragraph longer than
+// a chunk is held whole: the tokenizer needs all of it).
+//
+// The output is written atomically (IndexedDatasetBuilder): on any error
+// nothing appears under PREFIX.bin / PREFIX.idx.
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "data/tokenizer.h"
+
+namespace tessera::data {
+
+enum class InputFormat { kAuto, kParagraphs, kLines, kJsonl };
+
+struct PreprocessOptions {
+  std::vector<std::filesystem::path> inputs = {};  // read in this order, one stream
+  std::filesystem::path output_prefix = {};        // writes PREFIX.bin and PREFIX.idx
+  InputFormat format = InputFormat::kAuto;
+  std::string json_key = "text";  // kJsonl: the field holding the document
+  bool append_end_of_document = true;
+  bool split_sentences = false;
+  int num_threads = 0;                     // workers; 0: all hardware threads
+  int64_t chunk_bytes = int64_t{4} << 20;  // work unit, cut at document boundaries
+};
+
+struct PreprocessStats {
+  int64_t documents = 0;
+  int64_t sequences = 0;
+  int64_t tokens = 0;
+  int64_t bytes = 0;  // input bytes read
+};
+
+// Called on the calling thread after each chunk is written, and once at the
+// end with bytes_done == bytes_total (the inputs' sizes summed at the start).
+using PreprocessProgress = std::function<void(int64_t bytes_done, int64_t bytes_total)>;
+
+// Errors name the input file and, where one applies, the 1-based line (for a
+// paragraph, its first line): an unreadable file, invalid UTF-8 (with the
+// byte's column), invalid JSON or a missing / non-string field on a .jsonl
+// line, a tokenizer error. The first error in input order is returned
+// whatever the thread count.
+[[nodiscard]] absl::StatusOr<PreprocessStats> Preprocess(const PreprocessOptions& options, const Tokenizer& tokenizer,
+                                                         const PreprocessProgress& progress = nullptr);
+
+// The rule-based sentence splitter of split_sentences. A sentence ends after
+// '.', '!' or '?' (and any closing quotes or brackets right after it) when
+// whitespace follows and the next non-whitespace character is not a
+// lower-case ASCII letter or a digit; it also ends at a blank line. Sentences are
+// returned without surrounding whitespace; empty ones are skipped. It knows
+// no abbreviations ("Dr. Smith" splits after "Dr.") and no other scripts'
+// sentence marks: good enough for NSP, which only needs plausible segments.
+std::vector<std::string_view> SplitSentences(std::string_view text);
+
+}  // namespace tessera::data

@@ -1,0 +1,301 @@
+// Preprocessing: input formats, sentence splitting, end-of-document ids,
+// byte-identical output for any thread count, errors naming file and line,
+// atomic output, progress.
+#include "data/preprocess.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <thread>
+
+#include "data/indexed_dataset.h"
+#include "tests/data/dataset_test_util.h"
+
+namespace tessera::data {
+namespace {
+
+using testing::ByteTokenizer;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using testing::ReadFile;
+using testing::ScratchDir;
+using testing::WriteFile;
+
+// The output as text: documents of sequences, ids < 256 as bytes and the
+// end-of-document id as "<EOD>".
+std::vector<std::vector<std::string>> ReadBack(const std::filesystem::path& prefix) {
+  auto dataset = IndexedDataset::Open(prefix);
+  EXPECT_TRUE(dataset.ok()) << dataset.status();
+  if (!dataset.ok()) return {};
+  std::vector<std::vector<std::string>> documents;
+  for (int64_t d = 0; d < (*dataset)->num_documents(); ++d) {
+    documents.emplace_back();
+    for (int64_t s = (*dataset)->document_begin(d); s < (*dataset)->document_begin(d + 1); ++s) {
+      std::string text;
+      for (const int64_t id : (*dataset)->Sequence(s)) {
+        text += id == ByteTokenizer::kEndOfText ? std::string("<EOD>") : std::string(1, static_cast<char>(id));
+      }
+      documents.back().push_back(text);
+    }
+  }
+  return documents;
+}
+
+using Documents = std::vector<std::vector<std::string>>;
+
+class PreprocessTest : public ::testing::Test {
+ protected:
+  absl::StatusOr<PreprocessStats> Run(std::vector<std::string> names, PreprocessOptions options = {},
+                                      const Tokenizer* tokenizer = nullptr) {
+    for (const std::string& name : names) options.inputs.push_back(dir_ / name);
+    options.output_prefix = dir_ / "out";
+    if (options.num_threads == 0) options.num_threads = 2;
+    return Preprocess(options, tokenizer != nullptr ? *tokenizer : tokenizer_);
+  }
+  // After a failed run: the inputs only, no output or temporary files.
+  void ExpectNoOutput() {
+    for (const std::string& entry : dir_.Entries()) EXPECT_THAT(entry, ::testing::Not(HasSubstr("out"))) << entry;
+  }
+
+  ScratchDir dir_;
+  ByteTokenizer tokenizer_;
+};
+
+TEST_F(PreprocessTest, ParagraphsAreDocuments) {
+  const std::string text = "Hello world.\nSecond line.\n\n\n  \t\nPara two\r\n\r\nthree";
+  WriteFile(dir_ / "a.txt", text);
+  const auto stats = Run({"a.txt"});
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(ReadBack(dir_ / "out"),
+            (Documents{{"Hello world.\nSecond line.<EOD>"}, {"Para two<EOD>"}, {"three<EOD>"}}));
+  EXPECT_EQ(stats->documents, 3);
+  EXPECT_EQ(stats->sequences, 3);
+  EXPECT_EQ(stats->tokens, 25 + 8 + 5 + 3);
+  EXPECT_EQ(stats->bytes, static_cast<int64_t>(text.size()));
+  EXPECT_EQ((*IndexedDataset::Open(dir_ / "out"))->dtype(), TokenDtype::kUint16);
+}
+
+TEST_F(PreprocessTest, LinesAreDocuments) {
+  WriteFile(dir_ / "a.txt", "one\ntwo\r\n\n  \nthree\n");
+  const auto stats = Run({"a.txt"}, {.format = InputFormat::kLines, .append_end_of_document = false});
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(ReadBack(dir_ / "out"), (Documents{{"one"}, {"two"}, {"three"}}));
+}
+
+TEST_F(PreprocessTest, JsonlByExtension) {
+  WriteFile(dir_ / "a.jsonl",
+            "{\"text\": \"first\\nline\"}\n\n{\"id\": 3, \"text\": \"\"}\n{\"text\": \"caf\\u00e9\", \"x\": [1]}\n");
+  auto stats = Run({"a.jsonl"});
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  // The empty text encodes to nothing and is dropped.
+  EXPECT_EQ(ReadBack(dir_ / "out"), (Documents{{"first\nline<EOD>"}, {"caf\xC3\xA9<EOD>"}}));
+  EXPECT_EQ(stats->documents, 2);
+
+  WriteFile(dir_ / "b.jsonl", "{\"body\": \"x\", \"text\": 5}\n");
+  stats = Run({"b.jsonl"}, {.json_key = "body"});
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(ReadBack(dir_ / "out"), (Documents{{"x<EOD>"}}));
+}
+
+TEST_F(PreprocessTest, SentenceSplittingForBert) {
+  WriteFile(dir_ / "a.txt", "One two. Three!\nFour? five.\n\nSix");
+  auto stats = Run({"a.txt"}, {.split_sentences = true});
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(ReadBack(dir_ / "out"), (Documents{{"One two.", "Three!", "Four? five.<EOD>"}, {"Six<EOD>"}}));
+  EXPECT_EQ(stats->sequences, 4);
+  stats = Run({"a.txt"}, {.append_end_of_document = false, .split_sentences = true});
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(ReadBack(dir_ / "out"), (Documents{{"One two.", "Three!", "Four? five."}, {"Six"}}));
+  // A tokenizer without an end-of-document id appends nothing.
+  const ByteTokenizer no_end(261, /*has_end_of_document=*/false);
+  stats = Run({"a.txt"}, {}, &no_end);
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(ReadBack(dir_ / "out"), (Documents{{"One two. Three!\nFour? five."}, {"Six"}}));
+}
+
+TEST(SplitSentencesTest, Rules) {
+  EXPECT_THAT(SplitSentences("Hello world. This is a test."), ElementsAre("Hello world.", "This is a test."));
+  EXPECT_THAT(SplitSentences("Wait... what? Yes!"), ElementsAre("Wait... what?", "Yes!"));
+  EXPECT_THAT(SplitSentences("He said \"Stop.\" Then (he left.) Done"),
+              ElementsAre("He said \"Stop.\"", "Then (he left.)", "Done"));
+  EXPECT_THAT(SplitSentences("It\xE2\x80\x99s \xE2\x80\x9CGo.\xE2\x80\x9D Now."),
+              ElementsAre("It\xE2\x80\x99s \xE2\x80\x9CGo.\xE2\x80\x9D", "Now."));
+  EXPECT_THAT(SplitSentences("Version 2.5 is out. 3 people came, e.g. me."),
+              ElementsAre("Version 2.5 is out. 3 people came, e.g. me."));
+  EXPECT_THAT(SplitSentences("No stop here\n \nNew paragraph"), ElementsAre("No stop here", "New paragraph"));
+  EXPECT_THAT(SplitSentences("Dr. Smith came."), ElementsAre("Dr.", "Smith came."));
+  EXPECT_THAT(SplitSentences("  \n "), ::testing::IsEmpty());
+  EXPECT_THAT(SplitSentences("End."), ElementsAre("End."));
+}
+
+// Paragraph text with words, punctuation, CRLF lines and multi-byte UTF-8.
+std::string RandomText(std::mt19937& random, size_t bytes) {
+  static const std::vector<std::string> kWords = {
+      "the", "cat", "Sat.", "on", "a", "mat!", "caf\xC3\xA9", "\xE4\xB8\xAD\xE6\x96\x87", "Why?", "ok", "end.", "x"};
+  std::string text;
+  while (text.size() < bytes) {
+    text += kWords[random() % kWords.size()];
+    const uint32_t roll = random() % 100;
+    text += roll < 80 ? " " : roll < 90 ? "\n" : roll < 93 ? "\r\n" : roll < 99 ? "\n\n" : "\n \n\n";
+  }
+  return text;
+}
+
+std::string RandomJsonl(std::mt19937& random, size_t bytes) {
+  std::string text;
+  while (text.size() < bytes) {
+    text += nlohmann::json{{"text", RandomText(random, 1 + random() % 400)}}.dump() + "\n";
+  }
+  return text;
+}
+
+TEST_F(PreprocessTest, OutputIsByteIdenticalForAnyThreadCount) {
+  std::mt19937 random(2024);
+  WriteFile(dir_ / "a.txt", RandomText(random, 700'000));
+  WriteFile(dir_ / "b.jsonl", RandomJsonl(random, 500'000));
+  WriteFile(dir_ / "c.txt", RandomText(random, 300'000));
+  for (const bool split_sentences : {false, true}) {
+    SCOPED_TRACE(split_sentences);
+    std::string reference_idx, reference_bin;
+    PreprocessStats reference_stats;
+    for (const auto& [threads, chunk_bytes] : {std::pair{1, 1 << 20}, std::pair{4, 16 << 10}, std::pair{3, 1000}}) {
+      SCOPED_TRACE(StrCat(threads, " threads, chunks of ", chunk_bytes));
+      const auto stats = Run({"a.txt", "b.jsonl", "c.txt"},
+                             {.split_sentences = split_sentences, .num_threads = threads, .chunk_bytes = chunk_bytes});
+      ASSERT_TRUE(stats.ok()) << stats.status();
+      if (reference_idx.empty()) {
+        reference_idx = ReadFile(dir_ / "out.idx");
+        reference_bin = ReadFile(dir_ / "out.bin");
+        reference_stats = *stats;
+        ASSERT_GT(stats->documents, 1000);
+        EXPECT_EQ(stats->bytes, static_cast<int64_t>(std::filesystem::file_size(dir_ / "a.txt") +
+                                                     std::filesystem::file_size(dir_ / "b.jsonl") +
+                                                     std::filesystem::file_size(dir_ / "c.txt")));
+        continue;
+      }
+      EXPECT_TRUE(ReadFile(dir_ / "out.idx") == reference_idx);
+      EXPECT_TRUE(ReadFile(dir_ / "out.bin") == reference_bin);
+      EXPECT_EQ(stats->documents, reference_stats.documents);
+      EXPECT_EQ(stats->sequences, reference_stats.sequences);
+      EXPECT_EQ(stats->tokens, reference_stats.tokens);
+      EXPECT_EQ(stats->bytes, reference_stats.bytes);
+    }
+  }
+}
+
+TEST_F(PreprocessTest, ProgressCoversEveryByte) {
+  std::mt19937 random(1);
+  const std::string text = RandomText(random, 200'000);
+  WriteFile(dir_ / "a.txt", text);
+  std::vector<std::pair<int64_t, int64_t>> calls;
+  PreprocessOptions options{
+      .inputs = {dir_ / "a.txt"}, .output_prefix = dir_ / "out", .num_threads = 2, .chunk_bytes = 10'000};
+  const auto stats =
+      Preprocess(options, tokenizer_, [&](int64_t done, int64_t total) { calls.emplace_back(done, total); });
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  ASSERT_GT(calls.size(), 10u);
+  for (size_t k = 0; k < calls.size(); ++k) {
+    EXPECT_EQ(calls[k].second, static_cast<int64_t>(text.size()));
+    if (k > 0) {
+      EXPECT_GE(calls[k].first, calls[k - 1].first);
+    }
+  }
+  EXPECT_EQ(calls.back().first, static_cast<int64_t>(text.size()));
+  EXPECT_EQ(stats->bytes, static_cast<int64_t>(text.size()));
+}
+
+TEST_F(PreprocessTest, LargeVocabulariesUseInt32) {
+  WriteFile(dir_ / "a.txt", "abc");
+  const ByteTokenizer big(70000);
+  ASSERT_TRUE(Run({"a.txt"}, {}, &big).ok());
+  EXPECT_EQ((*IndexedDataset::Open(dir_ / "out"))->dtype(), TokenDtype::kInt32);
+}
+
+TEST_F(PreprocessTest, InvalidUtf8NamesFileAndLine) {
+  WriteFile(dir_ / "a.txt", "fine\n\nok\nab\xFFz\n");
+  auto stats = Run({"a.txt"});
+  ASSERT_FALSE(stats.ok());
+  EXPECT_EQ(stats.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(stats.status().message(), HasSubstr((dir_ / "a.txt").string() + ":4: invalid UTF-8 at byte column 3"));
+  ExpectNoOutput();
+}
+
+// Many chunks in flight, two bad lines: the first in input order is reported
+// whatever the thread count.
+TEST_F(PreprocessTest, FirstErrorInInputOrderWins) {
+  std::string text;
+  for (int line = 1; line <= 30000; ++line) {
+    text += line == 20000 ? "bad \xC0\xAF line\n" : line == 25000 ? "worse \x01\n" : StrCat("line ", line, "\n");
+  }
+  WriteFile(dir_ / "a.txt", "prefix\n");
+  WriteFile(dir_ / "b.txt", text);
+  for (const int threads : {1, 4}) {
+    const auto stats =
+        Run({"a.txt", "b.txt"}, {.format = InputFormat::kLines, .num_threads = threads, .chunk_bytes = 4096});
+    ASSERT_FALSE(stats.ok());
+    EXPECT_THAT(stats.status().message(),
+                HasSubstr((dir_ / "b.txt").string() + ":20000: invalid UTF-8 at byte column 5"));
+  }
+  WriteFile(dir_ / "b.txt", text.substr(text.find("line 20001")));
+  const auto stats = Run({"a.txt", "b.txt"}, {.format = InputFormat::kLines, .chunk_bytes = 4096});
+  ASSERT_FALSE(stats.ok());
+  EXPECT_THAT(stats.status().message(),
+              HasSubstr((dir_ / "b.txt").string() + ":5000: cannot tokenize: byte 0x01 at offset 6"));
+  ExpectNoOutput();
+}
+
+TEST_F(PreprocessTest, JsonErrorsNameFileAndLine) {
+  const std::string name = (dir_ / "a.jsonl").string();
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"{\"text\": \"a\"}\n{\"text\": \n", name + ":2: invalid JSON: "},
+      {"\n[1, 2]\n", name + ":2: expected a JSON object"},
+      {"{\"body\": \"a\"}\n", name + ":1: no field \"text\""},
+      {"{\"text\": [\"a\"]}\n", name + ":1: field \"text\" is not a string"},
+  };
+  for (const auto& [content, message] : cases) {
+    WriteFile(dir_ / "a.jsonl", content);
+    const auto stats = Run({"a.jsonl"});
+    ASSERT_FALSE(stats.ok()) << content;
+    EXPECT_THAT(stats.status().message(), HasSubstr(message));
+    ExpectNoOutput();
+  }
+}
+
+TEST_F(PreprocessTest, UnreadableInputsAreNamed) {
+  WriteFile(dir_ / "a.txt", "text");
+  auto stats = Run({"a.txt", "missing.txt"});
+  ASSERT_FALSE(stats.ok());
+  EXPECT_EQ(stats.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(stats.status().message(), HasSubstr("cannot read input '" + (dir_ / "missing.txt").string() + "'"));
+  std::filesystem::create_directory(dir_ / "folder");
+  stats = Run({"folder"});
+  ASSERT_FALSE(stats.ok());
+  EXPECT_THAT(stats.status().message(), HasSubstr("not a regular file"));
+  EXPECT_FALSE(Preprocess({}, tokenizer_).ok());
+  ExpectNoOutput();
+}
+
+// Throughput with the byte-level test double (run by hand:
+// --gtest_also_run_disabled_tests --gtest_filter='*Throughput*').
+TEST_F(PreprocessTest, DISABLED_Throughput) {
+  std::mt19937 random(3);
+  constexpr size_t kBytes = size_t{64} << 20;
+  WriteFile(dir_ / "big.txt", RandomText(random, kBytes));
+  const int hardware = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  for (const int threads : {1, hardware}) {
+    const auto start = std::chrono::steady_clock::now();
+    const auto stats = Run({"big.txt"}, {.num_threads = threads});
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    ASSERT_TRUE(stats.ok()) << stats.status();
+    std::printf("preprocess: %d threads: %.1f MB/s (%lld documents, %lld tokens)\n", threads,
+                static_cast<double>(stats->bytes) / 1e6 / seconds, static_cast<long long>(stats->documents),
+                static_cast<long long>(stats->tokens));
+  }
+}
+
+}  // namespace
+}  // namespace tessera::data
