@@ -187,8 +187,8 @@ absl::Status ValidateTask(const TaskIndex& index, const std::map<int64_t, DescIn
     if (task.repeat_num() < 1) return absl::InvalidArgumentError(StrCat(name(), " needs repeat_num >= 1"));
     return absl::OkStatus();
   };
-  if (task.init_size() > 0 && task.kind() != proto::ACTOR_KIND_PARAMETER) {
-    return absl::InvalidArgumentError(StrCat(name(), ": only a parameter has init rules"));
+  if ((task.init_size() > 0 || task.kept_size() > 0) && task.kind() != proto::ACTOR_KIND_PARAMETER) {
+    return absl::InvalidArgumentError(StrCat(name(), ": only a parameter has init rules and kept tensors"));
   }
   switch (task.kind()) {
     case proto::ACTOR_KIND_SOURCE:
@@ -224,6 +224,13 @@ absl::Status ValidateTask(const TaskIndex& index, const std::map<int64_t, DescIn
         }
         if (absl::Status rules = ValidateInitRules(task, registry, filled); !rules.ok()) {
           return absl::InvalidArgumentError(StrCat(name(), ": ", rules.message()));
+        }
+        if (task.kept_size() != 0 && task.kept_size() != static_cast<int>(filled.size())) {
+          return absl::InvalidArgumentError(StrCat(name(), ": names ", task.kept_size(), " kept tensors, it holds ",
+                                                   filled.size()));
+        }
+        for (const auto& kept : task.kept()) {
+          if (kept.name().empty()) return absl::InvalidArgumentError(StrCat(name(), ": a kept tensor without a name"));
         }
       }
       if (task.op().empty()) {

@@ -12,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "cluster/client.h"
 #include "cluster/master.h"
+#include "apps/cli_errors.h"
 #include "cluster/worker.h"
 #include "core/config.h"
 
@@ -21,15 +22,6 @@ namespace {
 using cluster::Client;
 using cluster::Security;
 
-[[noreturn]] void Fail(const std::string& message) {
-  std::string line = message;
-  for (char& c : line) {
-    if (c == '\n' || c == '\r') c = ' ';
-  }
-  throw CLI::RuntimeError(line, 1);
-}
-
-[[noreturn]] void Succeed() { throw CLI::Success(); }
 
 // The flags every verb shares: where the master is and how to reach it.
 struct SecurityFlags {
@@ -245,6 +237,7 @@ void AddClusterCommands(CLI::App& app, ClusterCommandDeps deps) {
     std::string config;
     std::vector<std::string> overrides;
     bool follow = false;
+    bool resume = false;
   };
   auto submit_flags = std::make_shared<SubmitFlags>();
   CLI::App* submit = app.add_subcommand("submit", "Submit a job to the master; prints its id");
@@ -253,7 +246,10 @@ void AddClusterCommands(CLI::App& app, ClusterCommandDeps deps) {
       ->required();
   submit->add_option("overrides", submit_flags->overrides, "key.path=value overrides (applied by the master)");
   submit->add_flag("--follow", submit_flags->follow, "Print the job's progress until it ends; exit 1 unless it succeeds");
+  submit->add_flag("--resume", submit_flags->resume,
+                   "Continue from the latest checkpoint in train.output_dir/checkpoints (sets train.resume=true)");
   submit->callback([submit_flags] {
+    if (submit_flags->resume) submit_flags->overrides.push_back("train.resume=true");
     auto config = config::LoadConfigFiles(submit_flags->config);
     if (!config.ok()) Fail(std::string(config.status().message()));
     auto client = submit_flags->client.Connect();

@@ -11,6 +11,7 @@
 
 #include "CLI/CLI.hpp"
 #include "apps/cluster_commands.h"
+#include "apps/data_commands.h"
 #include "cluster/engine_job.h"
 #include "cluster/local_train.h"
 #include "core/logging.h"
@@ -102,6 +103,9 @@ int Main(int argc, char** argv) {
   CLI::App* train = app.add_subcommand("train", "Train the model of a config through the actor runtime");
   train->add_option("CONFIG", train_config, "Config file (JSON, comments allowed)")->required();
   train->add_option("overrides", train_overrides, "key.path=value overrides");
+  bool train_resume = false;
+  train->add_flag("--resume", train_resume,
+                  "Continue from the latest checkpoint in train.output_dir/checkpoints (sets train.resume=true)");
 
   std::string plan_config;
   std::vector<std::string> plan_overrides;
@@ -115,6 +119,9 @@ int Main(int argc, char** argv) {
 
   // master, worker, submit, status, logs, cancel: the daemons and their
   // client, with the engine behind the master's compiler and the worker's runner.
+  // preprocess, tokenize: text into datasets, and the tool to check a vocabulary.
+  tessera::AddDataCommands(app);
+
   tessera::AddClusterCommands(app, {.make_compiler = tessera::cluster::MakeEngineJobCompiler,
                                     .make_runner = tessera::cluster::MakeEnginePlanRunnerFactory()});
 
@@ -132,7 +139,10 @@ int Main(int argc, char** argv) {
 
   if (*ops) return RunOps(ops_format);
   if (*config) return RunConfig(config_path, overrides, schema);
-  if (*train) return RunTrain(train_config, train_overrides);
+  if (*train) {
+    if (train_resume) train_overrides.push_back("train.resume=true");
+    return RunTrain(train_config, train_overrides);
+  }
   if (*plan) return RunPlan(plan_config, plan_overrides, plan_format);
   return Fail("no command given (see --help)");
 }

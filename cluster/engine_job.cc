@@ -1,6 +1,10 @@
 #include "cluster/engine_job.h"
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -9,10 +13,12 @@
 #include "absl/base/thread_annotations.h"
 #include "actors/plan.h"
 #include "actors/runtime.h"
+#include "ops/registry.h"
 #include "core/config.h"
 #include "core/status.h"
 #include "core/text.h"
 #include "core/thread_pool.h"
+#include "train/checkpoint.h"
 #include "train/feeds.h"
 #include "train/job_config.h"
 #include "train/trainer.h"
@@ -36,9 +42,13 @@ class EngineJobCompiler final : public JobCompiler {
     // Building the job checks what the schema cannot (the mesh, the model's
     // layers, batch arithmetic) before it is queued.
     ASSIGN_OR_RETURN(std::unique_ptr<JobFeed> feed, JobFeed::Make(resolved));
+    // Where it starts (a resume's checkpoint, load_weight's) is checked at
+    // submit too, so a missing or finished checkpoint is a submit error.
+    ASSIGN_OR_RETURN(const RunStart start, ResolveRunStart(feed->train()));
     JobSpec spec;
     spec.devices_needed = feed->devices();
     spec.iterations = feed->iterations();
+    spec.start_iteration = start.iteration;
     spec.output_dir = resolved.at("train").value("output_dir", "");
     // The master writes the outputs: the directory must be writable here.
     if (!spec.output_dir.empty()) RETURN_IF_ERROR(CheckOutputDir(spec.output_dir));
@@ -80,14 +90,73 @@ class EnginePlanRunner final : public PlanRunner {
     ASSIGN_OR_RETURN(feed_, JobFeed::Make(config));
     RETURN_IF_ERROR(BindFeeds(node_plan_.plan(), fill_ = feed_->feed(), callbacks_));
     fetch_ = [this](int64_t iteration, const std::map<std::string, Tensor>& values) { return Fetched(iteration, values); };
+    eval_fill_ = [this](int64_t batch, int64_t, std::string_view input, const Tensor& out) {
+      return feed_->FillEval(batch, input, out);
+    };
+    eval_fetch_ = [this](int64_t, const std::map<std::string, Tensor>& values) -> absl::Status {
+      auto loss = values.find("loss");
+      if (loss == values.end()) return absl::OkStatus();
+      eval_loss_sum_ += loss->second.ToVector<float>().at(0);
+      ++eval_batches_seen_;
+      return absl::OkStatus();
+    };
     return BindFetch(node_plan_.plan(), fetch_, callbacks_);
   }
 
+  // Runs the node's iterations in segments: a runtime per segment, the
+  // parameters kept between them (KeptStore), a checkpoint at each segment
+  // end that is a checkpoint boundary (train.checkpointer.period, and the
+  // last iteration). Every node cuts the same segments (they follow from the
+  // config), so each segment's communicators meet under their own KV prefix.
   absl::Status Run() override {
+    const proto::Plan& plan = node_plan_.plan();
+    const TrainConfig& train = feed_->train();
+    const int64_t first = plan.start_iteration(), end = first + plan.iterations();
+    std::shared_ptr<const CheckpointReader> init;
+    if (!node_plan_.init_checkpoint().empty()) {
+      ASSIGN_OR_RETURN(init, CheckpointReader::Open(node_plan_.init_checkpoint()));
+    }
+    // Segments end where a checkpoint or an evaluation is due.
+    const int64_t checkpoint_period = train.checkpointer.period.value_or(end);
+    const int64_t eval_period = train.evaluation.eval_period.value_or(end);
+    int segment = 0;
+    for (int64_t start = first; start < end; ++segment) {
+      const int64_t stop = std::min({end, (start / checkpoint_period + 1) * checkpoint_period,
+                                     (start / eval_period + 1) * eval_period});
+      proto::NodePlan part = node_plan_;
+      part.clear_eval();
+      part.mutable_plan()->set_start_iteration(start);
+      part.mutable_plan()->set_iterations(stop - start);
+      actors::RuntimeOptions options = RuntimeOptionsFor(StrCat("s", segment));
+      options.callbacks = callbacks_;
+      if (segment == 0 && init != nullptr) {
+        RETURN_IF_ERROR(BindCheckpointInitializers(part.plan(), init, node_plan_.init_weights_only(),
+                                                   ops::BuiltinOps(), options.callbacks));
+      }
+      kept_.Bind(part.plan(), options.callbacks);
+      RETURN_IF_ERROR(RunSegment(actors::SerializeNodePlan(part), std::move(options)));
+      const bool last = stop == end;
+      if (last || stop % eval_period == 0) RETURN_IF_ERROR(Evaluate(stop, segment));
+      if (last || stop % checkpoint_period == 0) RETURN_IF_ERROR(SaveCheckpoint(stop));
+      start = stop;
+    }
+    return absl::OkStatus();
+  }
+
+  void Cancel(const absl::Status& reason) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (cancelled_.ok()) cancelled_ = reason.ok() ? absl::CancelledError("the job was cancelled") : reason;
+    if (runtime_ != nullptr) runtime_->Abort(cancelled_);
+  }
+
+ private:
+  // The options every runtime of the job shares (without callbacks); its
+  // communicators and bus links meet under "<job prefix>/<name>" in the KV,
+  // a name per segment or evaluation.
+  actors::RuntimeOptions RuntimeOptionsFor(const std::string& name) const {
     actors::RuntimeOptions options;
-    options.callbacks = callbacks_;
     options.kv = context_.kv;
-    options.kv_prefix = StrCat("job/", context_.job_id, "/", context_.session);
+    options.kv_prefix = StrCat(JobPrefix(), "/", name);
     options.bus_token = context_.token;
     // gloo listens on this worker's data-plane host (`--data-address`), else
     // on the runner's default.
@@ -99,6 +168,14 @@ class EnginePlanRunner final : public PlanRunner {
     }
     options.connect_timeout_s = options_.connect_timeout_s;
     options.stall_timeout_s = options_.stall_timeout_s;
+    return options;
+  }
+
+  std::string JobPrefix() const { return StrCat("job/", context_.job_id, "/", context_.session); }
+
+  // One segment: the node plan `bytes` in a runtime with this node's
+  // intra-op pools, abortable by Cancel.
+  absl::Status RunSegment(const std::string& bytes, actors::RuntimeOptions options) {
     // Each device of this node gets its share of the machine's threads.
     std::vector<uint32_t> devices;
     for (const auto& rank : node_plan_.plan().ranks()) {
@@ -109,19 +186,16 @@ class EnginePlanRunner final : public PlanRunner {
     const int threads = configured > 0 ? configured
                                        : std::max(1, static_cast<int>(std::thread::hardware_concurrency()) /
                                                          std::max(1, static_cast<int>(devices.size())));
-    std::vector<std::unique_ptr<ThreadPool>> pools;
-    if (threads > 1) {
-      for (uint32_t device : devices) {
-        pools.push_back(std::make_unique<ThreadPool>(threads));
-        options.device_pools[device] = pools.back().get();
-      }
+    if (threads > 1 && pools_.empty()) {
+      for (uint32_t device : devices) pools_[device] = std::make_unique<ThreadPool>(threads);
     }
+    for (const auto& [device, pool] : pools_) options.device_pools[device] = pool.get();
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (!cancelled_.ok()) return cancelled_;
     }
     last_report_ = std::chrono::steady_clock::now();
-    auto runtime = actors::Runtime::LoadNodePlan(bytes_, std::move(options));
+    auto runtime = actors::Runtime::LoadNodePlan(bytes, std::move(options));
     if (!runtime.ok()) return runtime.status();
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -136,13 +210,73 @@ class EnginePlanRunner final : public PlanRunner {
     return status;
   }
 
-  void Cancel(const absl::Status& reason) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (cancelled_.ok()) cancelled_ = reason.ok() ? absl::CancelledError("the job was cancelled") : reason;
-    if (runtime_ != nullptr) runtime_->Abort(cancelled_);
+  // The held-out loss after the segment ending at `iteration`: the node's
+  // part of the evaluation plan over eval_batches() batches, its variables
+  // copied from the trained values; the node holding the sink reports
+  // eval_loss, eval_ppl and the unigram baseline's unigram_ppl.
+  absl::Status Evaluate(int64_t iteration, int segment) {
+    if (!node_plan_.has_eval() || feed_->eval_batches() == 0) return absl::OkStatus();
+    proto::NodePlan part = node_plan_.eval();
+    part.mutable_plan()->set_start_iteration(0);
+    part.mutable_plan()->set_iterations(feed_->eval_batches());
+    actors::RuntimeOptions options = RuntimeOptionsFor(StrCat("e", segment));
+    RETURN_IF_ERROR(BindFeeds(part.plan(), eval_fill_, options.callbacks));
+    RETURN_IF_ERROR(BindFetch(part.plan(), eval_fetch_, options.callbacks));
+    RETURN_IF_ERROR(kept_.BindVariables(part.plan(), options.callbacks));
+    eval_loss_sum_ = 0;
+    eval_batches_seen_ = 0;
+    RETURN_IF_ERROR(RunSegment(actors::SerializeNodePlan(part), std::move(options)));
+    if (eval_batches_seen_ == 0) return absl::OkStatus();  // another node holds the sink
+    const double loss = eval_loss_sum_ / static_cast<double>(eval_batches_seen_);
+    JobMetrics metrics;
+    metrics.iteration = iteration;
+    metrics.values["eval_loss"] = loss;
+    metrics.values["eval_ppl"] = std::exp(loss);
+    if (const auto* text = feed_->text(); text != nullptr && text->unigram_valid_loss()) {
+      metrics.values["unigram_ppl"] = std::exp(*text->unigram_valid_loss());
+    }
+    if (context_.report_metrics) context_.report_metrics(metrics);
+    return absl::OkStatus();
   }
 
- private:
+  // After the segment ending at `iteration`: when it is a checkpoint
+  // boundary, this node writes its ranks' shards into the checkpoint's
+  // temporary directory and says so in the KV; node 0 waits for every
+  // node, then commits (index.json, rename) and prunes old checkpoints.
+  absl::Status SaveCheckpoint(int64_t iteration) {
+    const TrainConfig& train = feed_->train();
+    const int64_t end = node_plan_.plan().start_iteration() + node_plan_.plan().iterations();
+    const bool due = iteration == end || (train.checkpointer.period && iteration % *train.checkpointer.period == 0);
+    if (!due || train.output_dir.empty()) return absl::OkStatus();
+    const std::string tag = StrCat(context_.job_id, "-", context_.session);
+    const std::filesystem::path temp = CheckpointTempPath(train.output_dir, iteration, tag);
+    RETURN_IF_ERROR(WriteCheckpointShards(temp, node_plan_.plan(), kept_.values()));
+    const std::string done_key = StrCat(JobPrefix(), "/checkpoint/", iteration, "/");
+    const size_t nodes = std::max<size_t>(1, context_.slots.size());
+    if (context_.kv != nullptr && nodes > 1) RETURN_IF_ERROR(context_.kv->Set(StrCat(done_key, context_.node), "written"));
+    if (context_.node != 0) return absl::OkStatus();
+    if (context_.kv != nullptr && nodes > 1) {
+      std::vector<std::string> keys;
+      for (size_t n = 0; n < nodes; ++n) keys.push_back(StrCat(done_key, n));
+      // Short waits, so that a cancel is noticed while a peer still writes.
+      while (true) {
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          if (!cancelled_.ok()) return cancelled_;
+        }
+        auto waited = context_.kv->Wait(keys, absl::Seconds(1));
+        if (waited.ok()) break;
+        if (waited.status().code() != absl::StatusCode::kDeadlineExceeded) return waited.status();
+      }
+    }
+    CheckpointState state{.iteration = iteration, .global_batch = feed_->global_batch(), .config = feed_->config()};
+    const std::filesystem::path final_dir = CheckpointPath(train.output_dir, iteration);
+    RETURN_IF_ERROR(CommitCheckpoint(temp, final_dir, state));
+    RETURN_IF_ERROR(PruneCheckpoints(train.output_dir, train.checkpointer.max_to_keep, tag));
+    if (context_.report_log) context_.report_log(StrCat("saved checkpoint ", final_dir.string()));
+    return absl::OkStatus();
+  }
+
   // The sink's node reports what `tessera train` writes to metrics.jsonl,
   // every log_period iterations and the last.
   absl::Status Fetched(int64_t iteration, const std::map<std::string, Tensor>& values) {
@@ -164,6 +298,9 @@ class EnginePlanRunner final : public PlanRunner {
       metrics.values["grad_norm"] = norm->second.ToVector<float>().at(0);
     }
     metrics.values["samples_per_s"] = seconds > 0 ? samples / seconds : 0.0;
+    if (feed_->tokens_per_sample() > 0) {
+      metrics.values["tokens_per_s"] = metrics.values["samples_per_s"] * static_cast<double>(feed_->tokens_per_sample());
+    }
     if (context_.report_metrics) context_.report_metrics(metrics);
     return absl::OkStatus();
   }
@@ -175,7 +312,13 @@ class EnginePlanRunner final : public PlanRunner {
   std::unique_ptr<JobFeed> feed_;
   FeedFn fill_;
   FetchFn fetch_;
+  FeedFn eval_fill_;
+  FetchFn eval_fetch_;
+  double eval_loss_sum_ = 0;  // written by the sink's thread during an evaluation, read after it
+  int64_t eval_batches_seen_ = 0;
   actors::HostCallbacks callbacks_;
+  KeptStore kept_;
+  std::map<uint32_t, std::unique_ptr<ThreadPool>> pools_;  // per device, made by the first segment
   std::chrono::steady_clock::time_point last_report_;
   int64_t last_reported_ = -1;
   std::mutex mu_;

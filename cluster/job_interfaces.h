@@ -39,6 +39,10 @@ struct JobSpec {
   nlohmann::json config;  // the resolved config (written to output_dir/config.json)
   int64_t devices_needed = 0;
   int64_t iterations = 0;
+  // The iteration the job continues from (a resumed job); its outputs
+  // continue the earlier run's: metrics.jsonl keeps the rows up to it and
+  // both files are appended to.
+  int64_t start_iteration = 0;
   std::string output_dir;  // empty: the master writes no outputs
 };
 

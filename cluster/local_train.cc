@@ -1,6 +1,11 @@
 #include "cluster/local_train.h"
 
+#include <unistd.h>
+
 #include <chrono>
+#include <memory>
+#include <optional>
+#include <vector>
 #include <random>
 #include <thread>
 
@@ -12,6 +17,7 @@
 #include "cluster/worker.h"
 #include "core/logging.h"
 #include "core/status.h"
+#include "train/progress.h"
 #include "train/trainer.h"
 
 namespace tessera::cluster {
@@ -78,17 +84,49 @@ absl::Status TrainOnThisMachine(const nlohmann::json& config, std::FILE* progres
   const auto started = std::chrono::steady_clock::now();
   ASSIGN_OR_RETURN(const std::string job, client.Submit(config.dump(), {}));
   double final_loss = 0;
+  std::unique_ptr<ProgressDisplay> display;
+  if (progress != nullptr) {
+    ProgressDisplay::Options options;
+    options.total_iterations = spec.iterations;
+    options.start_iteration = spec.start_iteration;
+    options.log_period = config.at("train").value("log_period", int64_t{1});
+    options.columns = TerminalColumns(progress);
+    display = std::make_unique<ProgressDisplay>(progress, ::isatty(::fileno(progress)) == 1, options);
+  }
   RETURN_IF_ERROR(client.Watch(job, [&](const control::JobEvent& event) {
+    if (display != nullptr && event.has_log_line()) {
+      const std::string& line = event.log_line();
+      // The runner's own notes (a checkpoint saved); the master's and
+      // errors reach the user through the job's result.
+      if (line.find("saved checkpoint") != std::string::npos) display->Line(line);
+    }
     if (!event.has_metrics()) return true;
-    nlohmann::json values = nlohmann::json::object();
-    for (const auto& [name, value] : event.metrics().values()) values[name] = value;
-    final_loss = values.value("loss", 0.0);
-    if (progress != nullptr) {
-      std::fputs(FormatProgressLine(event.metrics().iteration(), spec.iterations, values).c_str(), progress);
-      std::fflush(progress);
+    const auto& values = event.metrics().values();
+    const auto value = [&](const char* key) -> std::optional<double> {
+      auto it = values.find(key);
+      return it == values.end() ? std::nullopt : std::optional<double>(it->second);
+    };
+    if (value("eval_loss")) {
+      if (display == nullptr) return true;
+      std::vector<std::pair<std::string, double>> eval = {{"loss", *value("eval_loss")}};
+      if (value("eval_ppl")) eval.emplace_back("ppl", *value("eval_ppl"));
+      if (value("unigram_ppl")) eval.emplace_back("unigram_ppl", *value("unigram_ppl"));
+      display->Eval(event.metrics().iteration(), eval);
+      return true;
+    }
+    final_loss = value("loss").value_or(0.0);
+    if (display != nullptr) {
+      display->Update(IterationStats{.iteration = event.metrics().iteration(),
+                                     .total = spec.iterations,
+                                     .loss = final_loss,
+                                     .lr = value("lr").value_or(0.0),
+                                     .grad_norm = value("grad_norm"),
+                                     .tokens_per_s = value("tokens_per_s"),
+                                     .samples_per_s = value("samples_per_s")});
     }
     return true;
   }));
+  if (display != nullptr) display->Finish();
   ASSIGN_OR_RETURN(const control::JobInfo info, client.Get(job));
   if (info.state() != control::SUCCEEDED) return JobError(info);
   TLOG_INFO("trained {} iterations in {:.2f} s; final loss {:.6f}", spec.iterations,

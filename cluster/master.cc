@@ -23,6 +23,8 @@
 #include "cluster/metrics_http.h"
 #include "comm/proto/control.grpc.pb.h"
 #include "core/logging.h"
+#include "train/loss_plot.h"
+#include "train/tfevents.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
 
@@ -125,6 +127,9 @@ struct Job {
   uint64_t events_base = 0;  // index of events.front() among all events
   std::unique_ptr<std::ofstream> metrics_file;
   std::unique_ptr<std::ofstream> log_file;
+  // TensorBoard scalars and the loss curve (loss.svg) beside metrics.jsonl.
+  std::unique_ptr<EventFileWriter> tensorboard;
+  std::vector<LossPoint> train_losses, eval_losses;
   // A worker said it lost its link to a peer (UNAVAILABLE): the job ends
   // with the lost peer's name if a probe finds one dead before the
   // deadline, else with this report.
@@ -316,6 +321,7 @@ class Master::Impl final : public control::Master::Service {
         for (const auto& [name, value] : metrics.values()) line[name] = value;
         *job.metrics_file << line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
         job.metrics_file->flush();
+        RecordCurvesLocked(job, metrics);
       }
       control::JobEvent event;
       *event.mutable_metrics() = metrics;
@@ -616,8 +622,10 @@ class Master::Impl final : public control::Master::Service {
       }
     }
     if (job.log_file && !reason.empty()) *job.log_file << "[master] " << StateName(state) << ": " << reason << "\n";
+    if (job.metrics_file) WriteLossPlotLocked(job);
     job.metrics_file.reset();
     job.log_file.reset();
+    job.tensorboard.reset();
     AddStateEventLocked(job);
     PersistLocked(job);
     {
@@ -869,14 +877,86 @@ class Master::Impl final : public control::Master::Service {
         !status.ok()) {
       return status;
     }
-    job.metrics_file = std::make_unique<std::ofstream>(dir / "metrics.jsonl", std::ios::trunc);
-    job.log_file = std::make_unique<std::ofstream>(dir / "log.txt", std::ios::trunc);
+    std::ios::openmode mode = std::ios::trunc;
+    if (job.spec.start_iteration > 0) {
+      // A resumed run continues the earlier one's outputs: the metrics up to
+      // where it resumes, then its own.
+      if (auto kept = KeepMetricsUpTo(dir / "metrics.jsonl", job.spec.start_iteration); !kept.ok()) return kept;
+      mode = std::ios::app;
+    }
+    job.metrics_file = std::make_unique<std::ofstream>(dir / "metrics.jsonl", mode);
+    job.log_file = std::make_unique<std::ofstream>(dir / "log.txt", mode);
+    if (job.spec.start_iteration > 0) ReadCurves(dir / "metrics.jsonl", job.train_losses, job.eval_losses);
+    auto tensorboard = EventFileWriter::Create(dir);
+    if (!tensorboard.ok()) return tensorboard.status();
+    job.tensorboard = *std::move(tensorboard);
     if (!*job.metrics_file || !*job.log_file) {
       job.metrics_file.reset();
       job.log_file.reset();
       return absl::InternalError(absl::StrCat("cannot write metrics.jsonl and log.txt in '", dir.string(), "'"));
     }
     return absl::OkStatus();
+  }
+
+  // One metrics report into the TensorBoard file (every value a scalar
+  // under its name: loss, lr, grad_norm, tokens_per_s, eval_loss, ...) and
+  // the loss curve; an evaluation redraws loss.svg. Failures are logged, not
+  // fatal: metrics.jsonl stays the record.
+  void RecordCurvesLocked(Job& job, const control::Metrics& metrics) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (job.tensorboard) {
+      std::vector<std::pair<std::string, float>> scalars;
+      for (const auto& [name, value] : metrics.values()) scalars.emplace_back(name, static_cast<float>(value));
+      if (auto status = job.tensorboard->AddScalars(metrics.iteration(), scalars); !status.ok()) {
+        TLOG_WARN("job {}: TensorBoard events not written: {}", job.id, std::string(status.message()));
+        job.tensorboard.reset();
+      }
+    }
+    if (auto loss = metrics.values().find("loss"); loss != metrics.values().end()) {
+      job.train_losses.push_back({metrics.iteration(), loss->second});
+    }
+    if (auto loss = metrics.values().find("eval_loss"); loss != metrics.values().end()) {
+      job.eval_losses.push_back({metrics.iteration(), loss->second});
+      WriteLossPlotLocked(job);
+    }
+  }
+
+  void WriteLossPlotLocked(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (job.train_losses.empty() && job.eval_losses.empty()) return;
+    const auto status = WriteLossPlot(fs::path(job.spec.output_dir) / "loss.svg", job.train_losses, job.eval_losses);
+    if (!status.ok()) TLOG_WARN("job {}: loss.svg not written: {}", job.id, std::string(status.message()));
+  }
+
+  // Rewrites metrics.jsonl without its rows past `iteration` (a missing
+  // file is fine; lines that are not JSON objects with an "iter" are kept).
+  // The loss curves of an earlier run's metrics.jsonl (a resumed job's plot
+  // continues them).
+  static void ReadCurves(const fs::path& path, std::vector<LossPoint>& train, std::vector<LossPoint>& eval) {
+    std::ifstream in(path);
+    std::string line;
+    while (std::getline(in, line)) {
+      const nlohmann::json row = nlohmann::json::parse(line, nullptr, false);
+      if (!row.is_object() || !row.contains("iter") || !row["iter"].is_number_integer()) continue;
+      const int64_t iteration = row["iter"].get<int64_t>();
+      if (row.contains("loss") && row["loss"].is_number()) train.push_back({iteration, row["loss"].get<double>()});
+      if (row.contains("eval_loss") && row["eval_loss"].is_number()) {
+        eval.push_back({iteration, row["eval_loss"].get<double>()});
+      }
+    }
+  }
+
+  static absl::Status KeepMetricsUpTo(const fs::path& path, int64_t iteration) {
+    std::ifstream in(path);
+    if (!in) return absl::OkStatus();
+    std::string kept, line;
+    while (std::getline(in, line)) {
+      const nlohmann::json row = nlohmann::json::parse(line, nullptr, false);
+      if (row.is_object() && row.contains("iter") && row["iter"].is_number_integer() &&
+          row["iter"].get<int64_t>() > iteration) {
+        continue;
+      }
+      kept += line + "\n";
+    }
+    return WriteFileAtomically(path, kept);
   }
 
   static absl::Status WriteFileAtomically(const fs::path& path, const std::string& text) {

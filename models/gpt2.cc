@@ -215,6 +215,12 @@ absl::StatusOr<graph::Graph> Gpt2::BuildGraph(int64_t batch) const {
   return b.Finish();
 }
 
+absl::StatusOr<graph::Graph> Gpt2::BuildEvalGraph(int64_t batch) const {
+  Gpt2Config eval = config_;
+  eval.embedding_dropout_prob = eval.attention_dropout_prob = eval.output_dropout_prob = 0;
+  return Gpt2(eval).BuildGraph(batch);
+}
+
 std::vector<int64_t> Gpt2::SampleSequence(int64_t iteration, int64_t sample) const {
   const int64_t V = config_.vocab_size, K = config_.markov_successors, T = config_.seq();
   const PhiloxKey key = MakePhiloxKey(static_cast<uint64_t>(config_.data_seed));

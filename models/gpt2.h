@@ -79,10 +79,15 @@ class Gpt2 final : public Model {
   static const config::Binding<Gpt2Config>& Keys();
 
   absl::StatusOr<graph::Graph> BuildGraph(int64_t batch) const override;
+  // Dropout off.
+  absl::StatusOr<graph::Graph> BuildEvalGraph(int64_t batch) const override;
   // Inputs "input_ids" and "labels", i64 (batch, seq_length).
   absl::Status FillBatch(int64_t iteration, std::string_view input, const Tensor& out) const override;
 
   int64_t num_layers() const override { return config_.num_layers; }
+  std::optional<TextInputs> text_inputs() const override {
+    return TextInputs{.seq_length = config_.seq(), .vocab_size = config_.vocab_size};
+  }
 
   // The seq_length + 1 tokens of sample `sample` of `iteration`.
   std::vector<int64_t> SampleSequence(int64_t iteration, int64_t sample) const;

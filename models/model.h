@@ -7,6 +7,7 @@
 // and may be called from any thread.
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -24,12 +25,24 @@ class Model {
   virtual ~Model() = default;
   // The graph with its inputs, variables and one loss; metrics may be fetched.
   virtual absl::StatusOr<graph::Graph> BuildGraph(int64_t batch) const = 0;
+  // The graph evaluation runs: the same inputs, variables (names, shapes,
+  // layouts) and loss, without training-only randomness (dropout off).
+  virtual absl::StatusOr<graph::Graph> BuildEvalGraph(int64_t batch) const { return BuildGraph(batch); }
   // Writes the data of graph input `input` for `iteration` into `out`
   // (preallocated with the input's meta). Deterministic in (seed, iteration).
   virtual absl::Status FillBatch(int64_t iteration, std::string_view input, const Tensor& out) const = 0;
   // How many layers the model's layer_idx values range over (0 .. n-1): the
   // count LiBai's pipeline stage assignment divides.
   virtual int64_t num_layers() const = 0;
+
+  // A language model that can read text data (train/text_data.h) instead of
+  // its own: its inputs "input_ids" and "labels" are i64 (batch, seq_length)
+  // token ids below vocab_size. nullopt: the model reads only its own data.
+  struct TextInputs {
+    int64_t seq_length = 0;
+    int64_t vocab_size = 0;
+  };
+  virtual std::optional<TextInputs> text_inputs() const { return std::nullopt; }
 };
 
 // A model kind: its `_target_` name, its keys under `model` (declared once,

@@ -2,6 +2,7 @@
 
 #include "core/config.h"
 #include "models/model.h"
+#include "train/lr_schedule.h"
 
 namespace tessera {
 namespace {
@@ -50,6 +51,30 @@ Binding<DistConfig> MakeDistKeys() {
   return b;
 }
 
+Binding<CheckpointerConfig> MakeCheckpointerKeys() {
+  Binding<CheckpointerConfig> b(
+      "Checkpoints in `output_dir`/checkpoints: sharded safetensors, one file per rank, "
+      "and an index (docs/checkpoints.md). One is always written at the end of a run.");
+  b.Field("period", &CheckpointerConfig::period,
+          {.min = 1, .max = kMaxIterations, .doc = "iterations between checkpoints; `null`: only at the end"});
+  b.Field("max_to_keep", &CheckpointerConfig::max_to_keep,
+          {.min = 1, .max = 1 << 20, .doc = "checkpoints kept (the newest); older ones are removed"});
+  return b;
+}
+
+Binding<EvaluationConfig> MakeEvaluationKeys() {
+  Binding<EvaluationConfig> b("Evaluation on the held-out (valid) split of the text data: the mean loss and its "
+                              "perplexity, written to metrics.jsonl as `eval_loss` / `eval_ppl` beside the "
+                              "unigram baseline's `unigram_ppl`.");
+  b.Field("enabled", &EvaluationConfig::enabled, {.doc = "evaluate during training (needs text data: `dataloader`)"});
+  b.Field("eval_period", &EvaluationConfig::eval_period,
+          {.min = 1, .max = kMaxIterations, .doc = "iterations between evaluations; `null`: only at the end"});
+  b.Field("eval_iter", &EvaluationConfig::eval_iter,
+          {.min = 1, .max = kMaxIterations,
+           .doc = "batches (of the training's global micro-batch) per evaluation; `null`: the whole valid split"});
+  return b;
+}
+
 Binding<TrainConfig> MakeTrainKeys() {
   Binding<TrainConfig> b("The training loop, as LiBai's `train` (configs/common/train.json).");
   b.Field("output_dir", &TrainConfig::output_dir,
@@ -71,7 +96,7 @@ Binding<TrainConfig> MakeTrainKeys() {
                                    .doc = "epochs to train"});
   b.Unbound("start_iter", KeySpec{.type = KeyType::kInt,
                                   .default_value = 0,
-                                  .not_implemented = "resuming at an iteration needs checkpoints",
+                                  .not_implemented = "set train.resume to continue from a checkpoint",
                                   .doc = "iteration to resume from"});
   b.Field("warmup_ratio", &TrainConfig::warmup_ratio,
           {.min = 0, .max = 1, .doc = "fraction of `train_iter` spent in the learning-rate warmup"});
@@ -107,32 +132,15 @@ Binding<TrainConfig> MakeTrainKeys() {
                                .max = 3,
                                .not_implemented = "ZeRO",
                                .doc = "ZeRO stage"}));
-  b.Unbound("checkpointer", Section("Saving checkpoints.")
-                                .Key("period", {.type = KeyType::kInt,
-                                                .nullable = true,
-                                                .min = 1,
-                                                .not_implemented = "checkpoints",
-                                                .doc = "iterations between checkpoints; `null`: none"})
-                                .Key("max_to_keep", {.type = KeyType::kInt,
-                                                     .nullable = true,
-                                                     .min = 1,
-                                                     .not_implemented = "checkpoints",
-                                                     .doc = "checkpoints kept"}));
-  b.Unbound("evaluation", Section("Evaluation on a held-out split.")
-                              .Key("enabled", {.type = KeyType::kBool,
-                                               .default_value = false,
-                                               .not_implemented = "evaluation",
-                                               .doc = "evaluate during training"})
-                              .Key("eval_period", {.type = KeyType::kInt,
-                                                   .nullable = true,
-                                                   .min = 1,
-                                                   .not_implemented = "evaluation",
-                                                   .doc = "iterations between evaluations"})
-                              .Key("eval_iter", {.type = KeyType::kInt,
-                                                 .nullable = true,
-                                                 .min = 1,
-                                                 .not_implemented = "evaluation",
-                                                 .doc = "evaluation iterations"}));
+  b.Sub("checkpointer", &TrainConfig::checkpointer, MakeCheckpointerKeys());
+  b.Field("resume", &TrainConfig::resume,
+          {.doc = "continue from the latest checkpoint in `output_dir`/checkpoints, bit-exactly (weights, optimizer "
+                  "state, data position, learning-rate step and random streams), under any parallel layout; with "
+                  "none there, start from scratch (`tessera train --resume` sets it)"});
+  b.Field("load_weight", &TrainConfig::load_weight,
+          {.doc = "a checkpoint directory (`output_dir`/checkpoints/iter_N) whose weights start this run, resharded "
+                  "to its layout; optimizer state and the iteration start fresh; `null`: the model's init"});
+  b.Sub("evaluation", &TrainConfig::evaluation, MakeEvaluationKeys());
   b.Sub("dist", &TrainConfig::dist, MakeDistKeys());
   return b;
 }
@@ -167,14 +175,40 @@ Binding<SgdConfig> MakeSgdKeys() {
   return b;
 }
 
-Binding<WarmupCosineConfig> MakeWarmupCosineKeys() {
-  Binding<WarmupCosineConfig> b("LiBai's WarmupCosineLR: warmup over `train.warmup_ratio` of the iterations, then "
-                                "cosine decay to `alpha` × lr.");
-  b.Field("warmup_factor", &WarmupCosineConfig::warmup_factor,
-          {.min = 0, .max = 1, .doc = "learning-rate multiplier at the start of the warmup"});
-  b.Field("alpha", &WarmupCosineConfig::alpha, {.min = 0, .max = 1, .doc = "final learning rate as a fraction of the peak"});
-  b.Field("warmup_method", &WarmupCosineConfig::warmup_method,
-          {.choices = {"linear", "constant"}, .doc = "shape of the warmup"});
+
+Binding<TokenizationConfig> MakeTokenizationKeys() {
+  Binding<TokenizationConfig> b(
+      "The tokenizer of the job's text data (LiBai's `tokenization`). Paths may start with "
+      "`~/` (the home directory) or `$TESSERA_CACHE/` (default `~/.cache/tessera`, where "
+      "scripts/install_deps.sh puts the GPT-2 vocabulary).");
+  b.Field("tokenizer", &TokenizationConfig::tokenizer,
+          {.choices = {"gpt2", "bert"},
+           .doc = "`gpt2`: byte-level BPE (encoder.json + vocab.bpe, also what `tessera preprocess --tokenizer bpe:N` "
+                  "trains); `bert`: WordPiece (vocab.txt); `null`: no text data"});
+  b.Field("vocab_file", &TokenizationConfig::vocab_file, {.doc = "gpt2: encoder.json; bert: vocab.txt"});
+  b.Field("merges_file", &TokenizationConfig::merges_file, {.doc = "gpt2: vocab.bpe (the merges)"});
+  b.Field("lower_case", &TokenizationConfig::lower_case, {.doc = "bert: lower-case and strip accents"});
+  b.Field("append_eod", &TokenizationConfig::append_eod,
+          {.doc = "end each document with the end-of-document token when the text is preprocessed"});
+  return b;
+}
+
+Binding<DataloaderConfig> MakeDataloaderKeys() {
+  Binding<DataloaderConfig> b(
+      "Where the training text comes from (LiBai's `dataloader`): a Megatron-style indexed "
+      "dataset read in windows of `model.seq_length` + 1 tokens, in a seeded order that is "
+      "the same under every parallel layout. Paths as in `tokenization`.");
+  b.Field("data_prefix", &DataloaderConfig::data_prefix,
+          {.doc = "the indexed dataset PREFIX.bin + PREFIX.idx (`tessera preprocess` writes them); `null`: the "
+                  "model's own synthetic data"});
+  b.Field("text_file", &DataloaderConfig::text_file,
+          {.doc = "a text file (paragraphs are documents; `.jsonl`: a \"text\" field per line) preprocessed into "
+                  "`data_prefix` with the job's tokenizer when that dataset does not exist yet; `null`: none"});
+  b.Field("splits", &DataloaderConfig::splits,
+          {.doc = "train,valid,test weights over the documents, as Megatron's (evaluation reads the valid split)"});
+  b.Field(
+      "seed", &DataloaderConfig::seed,
+      {.min = 0, .derive_seed_from = "train.seed", .doc = "seed of the data order; `null`: derived from train.seed"});
   return b;
 }
 
@@ -185,15 +219,12 @@ Section MakeJobSchema() {
                         .Target("AdamW", AdamWKeys().section())
                         .Target("SGD", SgdKeys().section())
                         .DefaultTarget("AdamW"));
-  root.Sub("lr_scheduler", Section("The learning-rate schedule, by `_target_`.")
-                               .Target("WarmupCosineLR", WarmupCosineKeys().section())
-                               .Target("ConstantLR", Section("The peak learning rate throughout."))
-                               .DefaultTarget("WarmupCosineLR"));
+  root.Sub("lr_scheduler", LrSchedulerSection());
   Section model("The model, by `_target_`; each model declares its keys.");
   for (const models::ModelType& type : models::BuiltinModelTypes()) model.Target(type.name, type.keys);
   root.Sub("model", std::move(model.Required()));
-  root.Sub("dataloader", Section("Datasets and loaders.").NotImplemented("datasets: models bring their own synthetic data"));
-  root.Sub("tokenization", Section("Tokenizers.").NotImplemented("tokenizers"));
+  root.Sub("dataloader", DataloaderKeys().section());
+  root.Sub("tokenization", TokenizationKeys().section());
   return root;
 }
 
@@ -211,8 +242,13 @@ const Binding<SgdConfig>& SgdKeys() {
   static const auto* const keys = new Binding<SgdConfig>(MakeSgdKeys());
   return *keys;
 }
-const Binding<WarmupCosineConfig>& WarmupCosineKeys() {
-  static const auto* const keys = new Binding<WarmupCosineConfig>(MakeWarmupCosineKeys());
+
+const Binding<TokenizationConfig>& TokenizationKeys() {
+  static const auto* const keys = new Binding<TokenizationConfig>(MakeTokenizationKeys());
+  return *keys;
+}
+const Binding<DataloaderConfig>& DataloaderKeys() {
+  static const auto* const keys = new Binding<DataloaderConfig>(MakeDataloaderKeys());
   return *keys;
 }
 

@@ -2,12 +2,13 @@
 // The job config's schema (DESIGN §10; docs/config.md is made from it by
 // `tessera config --schema`) and the typed structs the trainer reads.
 //
-// Namespaces, as LiBai's: `train` (incl. `train.dist`), `optim` (by
-// `_target_`: AdamW, SGD), `lr_scheduler` (by `_target_`: WarmupCosineLR,
-// ConstantLR), `model` (by `_target_`: the models of models/), and
-// `dataloader` / `tokenization`, which are declared as not implemented yet.
-// Each key is declared once, in job_config.cc (train, optim, lr_scheduler) or
-// with its model (models/*.cc); the struct members below are what it fills.
+// Namespaces, as LiBai's: `train` (incl. `train.dist`, `train.checkpointer`,
+// `train.evaluation`), `optim` (by `_target_`: AdamW, SGD), `lr_scheduler`
+// (by `_target_`, declared in train/lr_schedule.cc), `model` (by `_target_`:
+// the models of models/), `tokenization` and `dataloader` (text data,
+// train/text_data.h). Each key is declared once, in job_config.cc, with its
+// schedule (lr_schedule.cc) or with its model (models/*.cc); the struct
+// members below are what it fills.
 //
 // LoadJobConfig is what the CLI calls; ResolveJobConfig checks a config that
 // arrives in any other way (a test, an embedding program, later an RPC) the
@@ -40,6 +41,20 @@ struct DistConfig {
   std::optional<int64_t> pipeline_num_layers;
 };
 
+// LiBai's `train.checkpointer`: when checkpoints are written (one is always
+// written at the end of a run) and how many are kept.
+struct CheckpointerConfig {
+  std::optional<int64_t> period;  // iterations between checkpoints; unset: only at the end
+  int64_t max_to_keep = 3;
+};
+
+// LiBai's `train.evaluation`: the loss on the held-out (valid) split.
+struct EvaluationConfig {
+  bool enabled = false;
+  std::optional<int64_t> eval_period;  // iterations between evaluations; unset: only at the end
+  std::optional<int64_t> eval_iter;    // batches per evaluation; unset: the whole valid split
+};
+
 struct TrainConfig {
   std::string output_dir = "./output";
   int64_t train_micro_batch_size = 32;
@@ -49,7 +64,30 @@ struct TrainConfig {
   double warmup_ratio = 0.0;
   int64_t log_period = 20;
   int64_t seed = 1234;
+  // Continue from the latest checkpoint in output_dir/checkpoints (if any).
+  bool resume = false;
+  // A checkpoint directory whose weights (not optimizer state) start the run.
+  std::optional<std::string> load_weight;
+  CheckpointerConfig checkpointer;
+  EvaluationConfig evaluation;
   DistConfig dist;
+};
+
+// LiBai's `tokenization`: the tokenizer of the job's text data.
+struct TokenizationConfig {
+  std::optional<std::string> tokenizer;    // "gpt2" or "bert"; unset: no text data
+  std::optional<std::string> vocab_file;   // gpt2: encoder.json; bert: vocab.txt
+  std::optional<std::string> merges_file;  // gpt2: vocab.bpe
+  bool lower_case = true;                  // bert
+  bool append_eod = true;                  // end each document with the end-of-document token
+};
+
+// LiBai's `dataloader`: where the training text comes from.
+struct DataloaderConfig {
+  std::optional<std::string> data_prefix;  // an indexed dataset (PREFIX.bin/.idx); unset: the model's synthetic data
+  std::optional<std::string> text_file;    // built into data_prefix (once) when that is missing
+  std::string splits = "949,50,1";
+  int64_t seed = 0;  // data order
 };
 
 struct AdamWConfig {
@@ -72,17 +110,12 @@ struct SgdConfig {
   bool no_decay_norm_and_bias = true;
 };
 
-struct WarmupCosineConfig {
-  double warmup_factor = 0.001;
-  double alpha = 0.01;
-  std::string warmup_method = "linear";
-};
-
 // The bindings (schema + reader) of each section.
 const config::Binding<TrainConfig>& TrainKeys();
 const config::Binding<AdamWConfig>& AdamWKeys();
 const config::Binding<SgdConfig>& SgdKeys();
-const config::Binding<WarmupCosineConfig>& WarmupCosineKeys();
+const config::Binding<TokenizationConfig>& TokenizationKeys();
+const config::Binding<DataloaderConfig>& DataloaderKeys();
 
 // The whole job's schema (models included).
 const config::Section& JobSchema();

@@ -19,6 +19,7 @@
 #include "core/status.h"
 #include "models/model.h"
 #include "scheduler/mesh.h"
+#include "train/checkpoint.h"
 #include "train/engine.h"
 #include "train/job_config.h"
 
@@ -56,41 +57,7 @@ absl::StatusOr<graph::OptimizerOptions> OptimizerFromConfig(const nlohmann::json
   return o;
 }
 
-absl::StatusOr<WarmupCosineLR> ScheduleFromConfig(const nlohmann::json& node, double base_lr, int64_t iters,
-                                                  double warmup_ratio) {
-  WarmupCosineLR s;
-  s.base_lr = base_lr;
-  s.max_iters = iters;
-  const std::string target = node.at("_target_").get<std::string>();
-  if (target == "ConstantLR") {
-    s.warmup_factor = 1.0;
-    s.alpha = 1.0;
-    return s;
-  }
-  if (target != "WarmupCosineLR") {
-    return absl::InternalError(StrCat("lr_scheduler._target_ '", target, "' is declared but has no schedule"));
-  }
-  ASSIGN_OR_RETURN(const WarmupCosineConfig c, WarmupCosineKeys().Read(node));
-  s.warmup_factor = c.warmup_factor;
-  s.alpha = c.alpha;
-  s.linear_warmup = c.warmup_method == "linear";
-  s.warmup_iters = static_cast<int64_t>(std::llround(warmup_ratio * static_cast<double>(iters)));
-  return s;
-}
-
 }  // namespace
-
-double WarmupCosineLR::At(int64_t iteration) const {
-  if (iteration < warmup_iters) {
-    if (!linear_warmup) return base_lr * warmup_factor;
-    const double a = static_cast<double>(iteration) / static_cast<double>(warmup_iters);
-    return base_lr * (warmup_factor * (1 - a) + a);
-  }
-  const int64_t span = std::max<int64_t>(1, max_iters - warmup_iters);
-  const double progress = std::min(1.0, static_cast<double>(iteration - warmup_iters) / static_cast<double>(span));
-  const double cosine = 0.5 * (1 + std::cos(std::numbers::pi * progress));
-  return base_lr * ((1 - alpha) * cosine + alpha);
-}
 
 namespace {
 
@@ -137,7 +104,7 @@ struct Job {
   int64_t data_parallel = 1;
   std::unique_ptr<models::Model> model;
   CompileOptions options;
-  WarmupCosineLR schedule;
+  std::optional<LrSchedule> schedule;  // set by Prepare
   std::unique_ptr<Engine> engine;
 };
 
@@ -155,6 +122,21 @@ absl::StatusOr<Job> Prepare(const nlohmann::json& raw_config, PlanExecutor execu
   Registry<models::Model> registry("model");
   RETURN_IF_ERROR(models::RegisterBuiltinModels(registry));
   ASSIGN_OR_RETURN(job.model, registry.Create(job.config.at("model")));
+  // What the text data keys ask must fit the model (the files are checked
+  // when the data is opened, JobFeed::Make).
+  const bool has_text = !job.config.at("dataloader").at("data_prefix").is_null();
+  if (has_text && !job.model->text_inputs()) {
+    return absl::InvalidArgumentError(StrCat("dataloader.data_prefix: ",
+                                             job.config.at("model").at("_target_").get<std::string>(),
+                                             " reads no text data (leave it null)"));
+  }
+  if (!has_text && !job.config.at("tokenization").at("tokenizer").is_null()) {
+    return absl::InvalidArgumentError(
+        "tokenization.tokenizer: the job has no text data to tokenize (dataloader.data_prefix is null)");
+  }
+  if (!has_text && train.evaluation.enabled) {
+    return absl::InvalidArgumentError("train.evaluation.enabled needs text data (dataloader.data_prefix)");
+  }
   ASSIGN_OR_RETURN(job.options.lower.parallel, ParallelFromConfig(train.dist, *job.model));
   if (train.dist.intra_op_threads) job.options.intra_op_threads = static_cast<int>(*train.dist.intra_op_threads);
   ASSIGN_OR_RETURN(const scheduler::DeviceMesh mesh, scheduler::DeviceMesh::Make(job.options.lower.parallel));
@@ -183,7 +165,7 @@ absl::StatusOr<Job> Prepare(const nlohmann::json& raw_config, PlanExecutor execu
   double base_lr = 0;
   ASSIGN_OR_RETURN(job.options.optimizer, OptimizerFromConfig(job.config.at("optim"), &base_lr));
   ASSIGN_OR_RETURN(job.schedule,
-                   ScheduleFromConfig(job.config.at("lr_scheduler"), base_lr, train.train_iter, train.warmup_ratio));
+                   MakeLrSchedule(job.config.at("lr_scheduler"), base_lr, train.train_iter, train.warmup_ratio));
   if (!compile) return job;
   ASSIGN_OR_RETURN(graph::Graph graph, job.model->BuildGraph(per_step));
   const int64_t logical_nodes = graph.num_nodes();
@@ -197,6 +179,9 @@ absl::StatusOr<Job> Prepare(const nlohmann::json& raw_config, PlanExecutor execu
 
 absl::StatusOr<proto::Plan> TrainingPlan(const nlohmann::json& config) {
   ASSIGN_OR_RETURN(Job job, Prepare(config));
+  // Where a run would start (a resume's or load_weight's checkpoint) is
+  // checked as a run checks it.
+  RETURN_IF_ERROR(ResolveRunStart(job.train).status());
   return job.engine->Plan(job.train.train_iter);
 }
 
@@ -238,6 +223,22 @@ absl::StatusOr<std::unique_ptr<JobFeed>> JobFeed::Make(const nlohmann::json& con
   out->log_period_ = job.train.log_period;
   out->devices_ = job.options.lower.parallel.world_size;
   out->intra_op_threads_ = job.options.intra_op_threads;
+  out->config_ = job.config;
+  out->train_ = job.train;
+  const std::optional<models::Model::TextInputs> text_inputs = out->model_->text_inputs();
+  if (text_inputs) {
+    out->tokens_per_sample_ = text_inputs->seq_length;
+    ASSIGN_OR_RETURN(out->text_, TextData::Open(job.config, text_inputs->seq_length, text_inputs->vocab_size));
+  }
+  if (job.train.evaluation.enabled) {
+    if (out->text_->valid_samples() == 0) {
+      return absl::InvalidArgumentError(StrCat("train.evaluation.enabled: the valid split of dataloader.splits '",
+                                               job.config.at("dataloader").at("splits").get<std::string>(),
+                                               "' holds no whole window of model.seq_length + 1 tokens"));
+    }
+    const int64_t rows = job.batch * job.data_parallel;
+    out->eval_batches_ = job.train.evaluation.eval_iter.value_or((out->text_->valid_samples() + rows - 1) / rows);
+  }
   return out;
 }
 
@@ -247,9 +248,12 @@ absl::StatusOr<std::unique_ptr<JobFeed>> JobFeed::Make(const nlohmann::json& con
 absl::Status JobFeed::Fill(int64_t iteration, int64_t micro_batch, std::string_view input, const Tensor& out) {
   if (input == lr_input_) {
     Tensor t = out;
-    return t.CopyFrom(Tensor::FromVector(Shape{}, std::vector<float>{static_cast<float>(schedule_.At(iteration))}));
+    return t.CopyFrom(Tensor::FromVector(Shape{}, std::vector<float>{static_cast<float>(schedule_->At(iteration))}));
   }
-  if (micro_batches_ == 1) return model_->FillBatch(iteration, input, out);
+  const auto fill = [&](const Tensor& rows) {
+    return text_ != nullptr ? text_->FillTrain(iteration, input, rows) : model_->FillBatch(iteration, input, rows);
+  };
+  if (micro_batches_ == 1) return fill(out);
   if (out.shape().rank() == 0) {
     return absl::InvalidArgumentError(StrCat("input '", input, "' has no batch axis to split into micro-batches"));
   }
@@ -261,13 +265,44 @@ absl::Status JobFeed::Fill(int64_t iteration, int64_t micro_batch, std::string_v
       shape[0] *= micro_batches_;
       ASSIGN_OR_RETURN(global.tensor, Tensor::Zeros(shape, out.dtype()));
     }
-    RETURN_IF_ERROR(model_->FillBatch(iteration, input, global.tensor));
+    RETURN_IF_ERROR(fill(global.tensor));
     global.iteration = iteration;
   }
   const int64_t rows = out.shape()[0];
   ASSIGN_OR_RETURN(Tensor rows_of_micro_batch, global.tensor.SliceRows(micro_batch * rows, rows));
   Tensor t = out;
   return t.CopyFrom(rows_of_micro_batch);
+}
+
+absl::StatusOr<RunStart> ResolveRunStart(const TrainConfig& train) {
+  RunStart start;
+  if (train.resume) {
+    ASSIGN_OR_RETURN(const std::optional<std::filesystem::path> latest, LatestCheckpoint(train.output_dir));
+    if (latest) {
+      ASSIGN_OR_RETURN(auto reader, CheckpointReader::Open(*latest));
+      if (reader->iteration() >= train.train_iter) {
+        return absl::InvalidArgumentError(
+            StrCat("train.resume: the latest checkpoint, ", latest->string(), ", has trained ", reader->iteration(),
+                   " iterations already, train.train_iter is ", train.train_iter, " (raise it to train further)"));
+      }
+      start.iteration = reader->iteration();
+      start.checkpoint = latest->string();
+      return start;
+    }
+  }
+  if (train.load_weight) {
+    auto reader = CheckpointReader::Open(*train.load_weight);
+    if (!reader.ok())
+      return absl::Status(reader.status().code(), StrCat("train.load_weight: ", reader.status().message()));
+    start.checkpoint = *train.load_weight;
+    start.weights_only = true;
+  }
+  return start;
+}
+
+absl::Status JobFeed::FillEval(int64_t batch, std::string_view input, const Tensor& out) const {
+  if (text_ == nullptr) return absl::FailedPreconditionError("evaluation needs text data");
+  return text_->FillEval(batch, input, out);
 }
 
 absl::StatusOr<std::vector<proto::NodePlan>> CompileForNodes(const nlohmann::json& config,
@@ -279,23 +314,68 @@ absl::StatusOr<std::vector<proto::NodePlan>> CompileForNodes(const nlohmann::jso
     return absl::InvalidArgumentError(StrCat("the job needs ", job.options.lower.parallel.world_size,
                                              " devices (train.dist), the nodes give ", devices));
   }
+  ASSIGN_OR_RETURN(const RunStart start, ResolveRunStart(job.train));
   scheduler::LowerOptions lower = job.options.lower;
   lower.devices_per_node = devices_per_node;
-  lower.iterations = job.train.train_iter;
+  lower.start_iteration = start.iteration;
+  lower.iterations = job.train.train_iter - start.iteration;
   ASSIGN_OR_RETURN(scheduler::LoweredPlan lowered, scheduler::LowerToPlan(job.engine->graph(), lower));
+  if (!start.checkpoint.empty()) {
+    // Every tensor the plan keeps must be in the checkpoint with its shape:
+    // checked here, before any worker starts.
+    ASSIGN_OR_RETURN(auto reader, CheckpointReader::Open(start.checkpoint));
+    actors::HostCallbacks probe;
+    RETURN_IF_ERROR(
+        BindCheckpointInitializers(lowered.plan, reader, start.weights_only, job.engine->graph().registry(), probe));
+  }
   ASSIGN_OR_RETURN(std::vector<proto::NodePlan> parts, comm::SplitPlan(lowered.plan));
   const std::string resolved = job.config.dump();
-  for (proto::NodePlan& part : parts) part.set_job_config(resolved);
+  for (proto::NodePlan& part : parts) {
+    part.set_job_config(resolved);
+    part.set_init_checkpoint(start.checkpoint);
+    part.set_init_weights_only(start.weights_only);
+  }
+  if (job.train.evaluation.enabled) {
+    // The model's evaluation graph at one training micro-batch (every
+    // data-parallel rank's rows), forward only, on the same mesh: its
+    // variables get the training plan's layouts and callbacks.
+    ASSIGN_OR_RETURN(graph::Graph eval_graph, job.model->BuildEvalGraph(job.batch * job.data_parallel));
+    CompileOptions eval_options = job.options;
+    eval_options.train = false;
+    eval_options.num_micro_batches = 1;
+    ASSIGN_OR_RETURN(std::unique_ptr<Engine> eval_engine, Engine::Compile(std::move(eval_graph), eval_options));
+    scheduler::LowerOptions eval_lower = eval_options.lower;
+    eval_lower.devices_per_node = devices_per_node;
+    eval_lower.iterations = 1;  // the runner sets each evaluation's batches
+    ASSIGN_OR_RETURN(scheduler::LoweredPlan eval_lowered, scheduler::LowerToPlan(eval_engine->graph(), eval_lower));
+    ASSIGN_OR_RETURN(std::vector<proto::NodePlan> eval_parts, comm::SplitPlan(eval_lowered.plan));
+    if (eval_parts.size() != parts.size()) {
+      return absl::InternalError(StrCat("the evaluation plan spans ", eval_parts.size(), " nodes, training ", parts.size()));
+    }
+    for (size_t n = 0; n < parts.size(); ++n) *parts[n].mutable_eval() = std::move(eval_parts[n]);
+  }
   return parts;
 }
 
 absl::StatusOr<TrainSummary> Train(const nlohmann::json& config, std::FILE* progress, PlanExecutor executor) {
   ASSIGN_OR_RETURN(Job job, Prepare(config, std::move(executor)));
+  // Checkpoints and evaluation are the job runner's (cluster/engine_job.h),
+  // behind `tessera train` and the cluster: asked of this call, they are
+  // refused rather than skipped.
+  const char* runner_only = job.train.checkpointer.period ? "train.checkpointer.period"
+                            : job.train.resume            ? "train.resume"
+                            : job.train.load_weight       ? "train.load_weight"
+                            : job.train.evaluation.enabled ? "train.evaluation.enabled"
+                                                           : nullptr;
+  if (runner_only != nullptr) {
+    return absl::InvalidArgumentError(StrCat(runner_only, ": checkpoints and evaluation are done by `tessera train` and "
+                                             "the cluster's job runner, not by the in-process tessera::Train"));
+  }
   const int64_t iters = job.train.train_iter, log_period = job.train.log_period, batch = job.batch * job.data_parallel;
   const std::filesystem::path dir(job.train.output_dir);
   RETURN_IF_ERROR(CheckOutputDir(dir));
   const CompileOptions& options = job.options;
-  const WarmupCosineLR& schedule = job.schedule;
+  const LrSchedule& schedule = *job.schedule;
   Engine* engine = job.engine.get();
   // The outputs are written once the first iteration has trained, so a job
   // that fails to start leaves no output directory or half-written file.

@@ -9,10 +9,12 @@
 //   - metrics.jsonl: one JSON object per logged iteration (every
 //     train.log_period and the last): iter, loss, lr, grad_norm (null without
 //     clipping), samples_per_s.
-// The learning rate follows `lr_scheduler` (WarmupCosineLR or ConstantLR).
+// The learning rate follows `lr_scheduler` (train/lr_schedule.h).
 // global batch = train_micro_batch_size × num_accumulation_steps ×
 // data-parallel size (any two set give the third).
-// Not done: checkpoints, evaluation (their keys are refused).
+// Not done here: checkpoints and evaluation, which the job runner behind
+// `tessera train` and the cluster does (cluster/engine_job.h); their keys
+// are refused by this call.
 
 #include <cstdint>
 #include <cstdio>
@@ -31,21 +33,11 @@
 #include "nlohmann/json.hpp"
 #include "models/model.h"
 #include "train/engine.h"
+#include "train/job_config.h"
+#include "train/lr_schedule.h"
+#include "train/text_data.h"
 
 namespace tessera {
-
-// LiBai's WarmupCosineLR: linear (or constant) warm-up from
-// base * warmup_factor over warmup_iters, then cosine decay to base * alpha
-// at max_iters.
-struct WarmupCosineLR {
-  double base_lr = 1e-3;
-  int64_t max_iters = 1;
-  int64_t warmup_iters = 0;
-  double warmup_factor = 0.001;
-  double alpha = 0.0;
-  bool linear_warmup = true;
-  double At(int64_t iteration) const;
-};
 
 struct TrainSummary {
   // Losses are recorded for the first kMaxRecordedLosses iterations only,
@@ -72,9 +64,17 @@ class JobFeed {
     };
   }
   absl::Status Fill(int64_t iteration, int64_t micro_batch, std::string_view input, const Tensor& out);
+  // Evaluation batch `batch` (train.evaluation): rows of the valid split.
+  absl::Status FillEval(int64_t batch, std::string_view input, const Tensor& out) const;
+  // Batches per evaluation (train.evaluation.eval_iter, else the whole valid
+  // split); 0 when evaluation is off.
+  int64_t eval_batches() const { return eval_batches_; }
+  // Tokens per sample of a language model (its sequence length); 0 for
+  // models that read no text.
+  int64_t tokens_per_sample() const { return tokens_per_sample_; }
 
   // What a node reports of the job (the trainer's metrics.jsonl fields).
-  double lr(int64_t iteration) const { return schedule_.At(iteration); }
+  double lr(int64_t iteration) const { return schedule_->At(iteration); }
   int64_t global_batch() const { return global_batch_; }  // samples per iteration
   int64_t iterations() const { return iterations_; }      // train.train_iter
   int64_t log_period() const { return log_period_; }      // train.log_period
@@ -82,6 +82,11 @@ class JobFeed {
   // train.dist.intra_op_threads: threads per device; 0 = unset (the runner
   // shares the machine's cores between its devices).
   int intra_op_threads() const { return intra_op_threads_; }
+  // The job's text data (null: the model's own synthetic data).
+  const TextData* text() const { return text_.get(); }
+  // The job's resolved config and its `train` section.
+  const nlohmann::json& config() const { return config_; }
+  const TrainConfig& train() const { return train_; }
 
  private:
   JobFeed() = default;
@@ -90,22 +95,40 @@ class JobFeed {
     Tensor tensor;
   };
   std::unique_ptr<models::Model> model_;
-  WarmupCosineLR schedule_;
+  std::unique_ptr<TextData> text_;  // null: the model's own data
+  std::optional<LrSchedule> schedule_;  // set by Make
   int64_t micro_batches_ = 1;
   int64_t global_batch_ = 0;
   int64_t iterations_ = 0;
   int64_t log_period_ = 1;
   int64_t devices_ = 1;
   int intra_op_threads_ = 0;
+  int64_t eval_batches_ = 0;
+  int64_t tokens_per_sample_ = 0;
   std::string lr_input_;
+  nlohmann::json config_;
+  TrainConfig train_;
   std::mutex mu_;
   std::map<std::string, GlobalBatch, std::less<>> global_batches_ ABSL_GUARDED_BY(mu_);
 };
 
+// Where a run starts: from scratch (iteration 0, the init rules), from the
+// latest checkpoint in output_dir/checkpoints (train.resume: everything, at
+// its iteration), or from a checkpoint's weights (train.load_weight: at
+// iteration 0, optimizer state fresh). A resume finding no checkpoint starts
+// from scratch.
+struct RunStart {
+  int64_t iteration = 0;
+  std::string checkpoint;  // empty: the init rules
+  bool weights_only = false;
+};
+absl::StatusOr<RunStart> ResolveRunStart(const TrainConfig& train);
+
 // The job's plan for a cluster: global ranks fill the nodes in order
 // (devices_per_node, which must sum to the job's devices), one NodePlan per
 // node, each carrying the resolved config (NodePlan.job_config: what its
-// JobFeed is made from).
+// JobFeed is made from) and where its parameters start (ResolveRunStart:
+// the plan's start_iteration, NodePlan.init_checkpoint).
 absl::StatusOr<std::vector<proto::NodePlan>> CompileForNodes(const nlohmann::json& config,
                                                              const std::vector<uint32_t>& devices_per_node);
 

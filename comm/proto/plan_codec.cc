@@ -463,6 +463,12 @@ void PlanBuilder::SetOp(uint64_t actor_id, std::string op, const ops::AttrMap& a
   for (const auto& [name, value] : attrs.values()) (*t.mutable_attrs())[name] = ToProto(value);
 }
 
+void PlanBuilder::AddKept(uint64_t actor_id, const std::string& name, bool write) {
+  proto::KeptTensor* kept = task(actor_id).add_kept();
+  kept->set_name(name);
+  kept->set_write(write);
+}
+
 void PlanBuilder::AddInitRule(uint64_t actor_id, const std::string& op, const ops::AttrMap& attrs,
                               const std::vector<TensorSlice>& slices) {
   proto::InitRule* rule = task(actor_id).add_init();

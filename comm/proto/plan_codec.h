@@ -124,6 +124,9 @@ class PlanBuilder {
   // tensors (the variable's, then the state's) from `op` (proto::InitRule).
   void AddInitRule(uint64_t actor_id, const std::string& op, const ops::AttrMap& attrs,
                    const std::vector<TensorSlice>& slices);
+  // Parameter actors: names the next tensor the task keeps (the variable's,
+  // then each state's, in order) for checkpoints; `write` as KeptTensor.
+  void AddKept(uint64_t actor_id, const std::string& name, bool write);
   // Source actors: the graph input they feed and their shard of it.
   void SetSource(uint64_t actor_id, const std::string& input, const TensorMeta& logical, const TensorSlice& slice);
 

@@ -176,6 +176,10 @@ class Lowering {
   LoweredPlan out_;
   std::map<LayoutKey, std::vector<Shard>> shards_;        // per parallel id of the stage
   std::map<ValueId, std::vector<uint64_t>> param_tasks_;  // variable -> Parameter task per parallel id
+  // Kept tensors' slices some task already writes to checkpoints ("name@offset/local").
+  std::set<std::string> written_slices_;
+  // Names `task`'s next kept tensor; it writes the slice unless a task before it does.
+  void AddKept(uint64_t task, const std::string& name, const TensorSlice& slice);
   // Per conversion (boxing or transfer), in creation order: the node whose
   // output it converts. Its id names groups and tasks; the plan's order is
   // by producer (see OrderConversions).

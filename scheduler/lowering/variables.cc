@@ -5,6 +5,13 @@
 
 namespace tessera::scheduler::lowering {
 
+void Lowering::AddKept(uint64_t task, const std::string& name, const TensorSlice& slice) {
+  std::string key = StrCat(name, "@");
+  for (int64_t o : slice.offset) key += StrCat(o, ",");
+  key += slice.local.ToString();
+  builder_.AddKept(task, name, written_slices_.insert(std::move(key)).second);
+}
+
 absl::Status Lowering::LowerVariable(const Node& node) {
   const ValueId var = node.outputs[0];
   if (facts_.state_of.contains(var) || !facts_.read.contains(var)) return absl::OkStatus();
@@ -20,6 +27,7 @@ absl::Status Lowering::LowerVariable(const Node& node) {
     ASSIGN_OR_RETURN(TensorSlice slice, SliceOf(var, layout.outputs[0], i));
     const graph::InitRule& init = graph_.variable_info(var).init;
     builder_.AddInitRule(task, init.op, init.attrs, {slice});
+    AddKept(task, name, slice);
     param_tasks_[var].push_back(task);
     ASSIGN_OR_RETURN(const int64_t desc, NewDesc(task, 1, {meta}));
     Produced(node, stage, i, desc);
@@ -51,6 +59,7 @@ absl::Status Lowering::LowerUpdate(const Node& update, ValueId owner) {
       builder_.AddState(task, meta);
       const graph::InitRule& init = graph_.variable_info(state).init;
       builder_.AddInitRule(task, init.op, init.attrs, {slice});
+      AddKept(task, graph_.value(state).name, slice);
     }
     builder_.SetOp(task, update.op, update.attrs);
     const int64_t own_desc = shards_.at({owner, layout.stage, NdSbpToString(var_layout.outputs[0])}).at(i).desc;

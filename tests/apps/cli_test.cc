@@ -110,15 +110,18 @@ TEST(Cli, TrainRunsThroughAnEmbeddedMasterAndWorker) {
   ASSERT_EQ(ok.exit_code, 0) << ok.out;
   EXPECT_EQ(ok.out.rfind("iter 1/3  loss ", 0), 0u) << ok.out;
   EXPECT_NE(ok.out.find("\niter 3/3  loss "), std::string::npos) << ok.out;
-  EXPECT_EQ(std::count(ok.out.begin(), ok.out.end(), '\n'), 3) << ok.out;
+  // Three progress lines, then the checkpoint written at the end of a run.
+  EXPECT_EQ(std::count(ok.out.begin(), ok.out.end(), '\n'), 4) << ok.out;
+  EXPECT_NE(ok.out.find("saved checkpoint " + dir + "/checkpoints/iter_0000003\n"), std::string::npos) << ok.out;
   std::ifstream metrics(dir + "/metrics.jsonl");
   int lines = 0;
   for (std::string line; std::getline(metrics, line); ++lines) {
     EXPECT_EQ(nlohmann::json::parse(line).at("iter").get<int>(), lines + 1) << line;
   }
   EXPECT_EQ(lines, 3);
-  EXPECT_TRUE(std::filesystem::exists(dir + "/config.json"));
-  EXPECT_TRUE(std::filesystem::exists(dir + "/log.txt"));
+  for (const char* output : {"/config.json", "/log.txt", "/loss.svg", "/checkpoints/iter_0000003/index.json"}) {
+    EXPECT_TRUE(std::filesystem::exists(dir + output)) << output;
+  }
 
   const Result diverged = RunTessera(job + dir + "_nan optim.lr=1e30");
   EXPECT_EQ(diverged.exit_code, 1) << diverged.out;

@@ -163,7 +163,11 @@ TEST(Trainer, BadAccumulationIsAnError) {
 }
 
 TEST(WarmupCosineLR, WarmsUpThenDecays) {
-  WarmupCosineLR s{.base_lr = 1.0, .max_iters = 110, .warmup_iters = 10, .warmup_factor = 0.001, .alpha = 0.01, .linear_warmup = true};
+  auto made = MakeLrSchedule(
+      {{"_target_", "WarmupCosineLR"}, {"warmup_factor", 0.001}, {"alpha", 0.01}, {"warmup_method", "linear"}}, 1.0, 110,
+      10.0 / 110);
+  ASSERT_TRUE(made.ok()) << made.status();
+  const LrSchedule& s = *made;
   EXPECT_NEAR(s.At(0), 0.001, 1e-12);
   EXPECT_NEAR(s.At(5), 0.001 * 0.5 + 0.5, 1e-12);
   EXPECT_NEAR(s.At(10), 1.0, 1e-12);

@@ -1,0 +1,293 @@
+#include "apps/data_commands.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <charconv>
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <iterator>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "apps/cli_errors.h"
+#include "core/file_util.h"
+#include "core/text.h"
+#include "core/thread_pool.h"
+#include "data/bpe_trainer.h"
+#include "data/preprocess.h"
+#include "data/tokenizer.h"
+#include "train/generate.h"
+
+namespace tessera {
+namespace {
+
+
+// The vocabulary flags both verbs share. gpt2 defaults to the GPT-2
+// vocabulary scripts/setup_data.sh puts in the cache directory.
+struct VocabularyFlags {
+  std::string tokenizer;
+  std::string vocab_file;
+  std::string merges_file;
+  bool keep_case = false;
+
+  void Add(CLI::App* app, const std::string& kinds) {
+    app->add_option("--tokenizer", tokenizer, kinds)->required();
+    app->add_option("--vocab-file", vocab_file,
+                    "gpt2: encoder.json (default $TESSERA_CACHE/gpt2/encoder.json); bert: vocab.txt (required)");
+    app->add_option("--merges-file", merges_file, "gpt2: vocab.bpe (default $TESSERA_CACHE/gpt2/vocab.bpe)");
+    app->add_flag("--keep-case", keep_case, "bert: no lower-casing or accent stripping (cased vocabularies)");
+  }
+
+  data::TokenizerFiles Files() const {
+    data::TokenizerFiles files;
+    files.kind = tokenizer;
+    files.lower_case = !keep_case;
+    if (tokenizer == "gpt2") {
+      files.vocab_file = vocab_file.empty() ? CacheDir() / "gpt2" / "encoder.json" : ExpandPath(vocab_file);
+      files.merges_file = merges_file.empty() ? CacheDir() / "gpt2" / "vocab.bpe" : ExpandPath(merges_file);
+    } else if (tokenizer == "bert") {
+      if (vocab_file.empty()) Fail("--tokenizer bert needs --vocab-file (a WordPiece vocab.txt)");
+      if (!merges_file.empty()) Fail("--merges-file is for --tokenizer gpt2");
+      files.vocab_file = ExpandPath(vocab_file);
+    }
+    return files;
+  }
+};
+
+std::unique_ptr<data::Tokenizer> Load(const data::TokenizerFiles& files) {
+  auto tokenizer = data::LoadTokenizer(files);
+  if (!tokenizer.ok()) Fail(std::string(tokenizer.status().message()));
+  return std::move(*tokenizer);
+}
+
+// "bpe:N" -> N; 0 for anything else.
+int64_t BpeVocabularySize(const std::string& spec) {
+  if (!spec.starts_with("bpe:")) return 0;
+  int64_t n = 0;
+  const char* first = spec.data() + 4;
+  const char* last = spec.data() + spec.size();
+  auto [ptr, ec] = std::from_chars(first, last, n);
+  if (ec != std::errc() || ptr != last || n < data::BpeTrainer::kMinVocabSize) {
+    Fail(StrCat("--tokenizer ", spec, ": N must be an integer >= ", data::BpeTrainer::kMinVocabSize));
+  }
+  return n;
+}
+
+// Bytes done of total, redrawn in place on a terminal, else nothing until
+// the summary line.
+class ByteProgress {
+ public:
+  explicit ByteProgress(std::string what) : what_(std::move(what)), tty_(::isatty(::fileno(stderr)) == 1) {}
+  void Update(int64_t done, int64_t total) {
+    if (!tty_) return;
+    const double seconds = Seconds();
+    const double mb = static_cast<double>(done) / 1e6;
+    std::fprintf(stderr, "\r%s %3.0f%%  %.1f / %.1f MB  %.1f MB/s\033[K", what_.c_str(),
+                 total > 0 ? 100.0 * static_cast<double>(done) / static_cast<double>(total) : 100.0, mb,
+                 static_cast<double>(total) / 1e6, seconds > 0 ? mb / seconds : 0.0);
+    std::fflush(stderr);
+  }
+  void Finish() {
+    if (tty_) std::fputs("\n", stderr);
+  }
+  double Seconds() const { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count(); }
+
+ private:
+  std::string what_;
+  bool tty_;
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+};
+
+void AddPreprocess(CLI::App& app) {
+  struct Flags {
+    std::vector<std::string> inputs;
+    std::string output;
+    VocabularyFlags vocabulary;
+    std::string format = "auto";
+    std::string json_key = "text";
+    bool split_sentences = false;
+    bool no_eod = false;
+    int threads = 0;
+  };
+  auto flags = std::make_shared<Flags>();
+  CLI::App* verb = app.add_subcommand(
+      "preprocess",
+      "Tokenise text files into an indexed dataset (PREFIX.bin + PREFIX.idx, Megatron's format) for training");
+  verb->add_option("--input", flags->inputs, "Text files, read in order (.jsonl: a JSON object per line)")
+      ->required()
+      ->expected(1, -1);
+  verb->add_option("--output", flags->output, "Output prefix: writes PREFIX.bin and PREFIX.idx")->required();
+  flags->vocabulary.Add(verb,
+                        "gpt2 (GPT-2's byte-level BPE), bert (WordPiece, needs --vocab-file), or bpe:N (learn a "
+                        "byte-level BPE vocabulary of N tokens from the inputs first, written to PREFIX-vocab/)");
+  verb->add_option("--format", flags->format,
+                   "auto (.jsonl by name, else paragraphs), paragraphs (blank lines separate documents), lines (a "
+                   "document per line) or jsonl")
+      ->check(CLI::IsMember({"auto", "paragraphs", "lines", "jsonl"}))
+      ->capture_default_str();
+  verb->add_option("--json-key", flags->json_key, "jsonl: the field holding each document")->capture_default_str();
+  verb->add_flag("--split-sentences", flags->split_sentences, "One sequence per sentence (what BERT's dataset reads)");
+  verb->add_flag("--no-eod", flags->no_eod, "Do not end each document with the end-of-document token");
+  verb->add_option("--threads", flags->threads, "Worker threads (0: all hardware threads)")
+      ->check(CLI::Range(0, 1024))
+      ->capture_default_str();
+  verb->callback([flags] {
+    const std::filesystem::path prefix = ExpandPath(flags->output);
+    std::vector<std::filesystem::path> inputs;
+    for (const std::string& input : flags->inputs) inputs.push_back(ExpandPath(input));
+    data::TokenizerFiles files;
+    if (const int64_t vocab_size = BpeVocabularySize(flags->vocabulary.tokenizer); vocab_size > 0) {
+      auto trainer = data::BpeTrainer::Create();
+      if (!trainer.ok()) Fail(std::string(trainer.status().message()));
+      for (const auto& input : inputs) {
+        if (auto added = (*trainer)->AddFile(input); !added.ok()) Fail(std::string(added.message()));
+      }
+      const std::filesystem::path vocab_dir = prefix.string() + "-vocab";
+      if (auto trained = (*trainer)->Train(vocab_size, vocab_dir); !trained.ok()) Fail(std::string(trained.message()));
+      std::printf("vocabulary: %s/encoder.json, %s/vocab.bpe (%lld tokens)\n", vocab_dir.c_str(), vocab_dir.c_str(),
+                  static_cast<long long>(vocab_size));
+      files = {.kind = "gpt2", .vocab_file = vocab_dir / "encoder.json", .merges_file = vocab_dir / "vocab.bpe"};
+    } else if (flags->vocabulary.tokenizer == "gpt2" || flags->vocabulary.tokenizer == "bert") {
+      files = flags->vocabulary.Files();
+    } else {
+      Fail(StrCat("--tokenizer ", flags->vocabulary.tokenizer, ": expected gpt2, bert or bpe:N"));
+    }
+    const std::unique_ptr<data::Tokenizer> tokenizer = Load(files);
+    data::PreprocessOptions options;
+    options.inputs = inputs;
+    options.output_prefix = prefix;
+    options.json_key = flags->json_key;
+    options.append_end_of_document = !flags->no_eod;
+    options.split_sentences = flags->split_sentences;
+    options.num_threads = flags->threads;
+    if (flags->format == "paragraphs") options.format = data::InputFormat::kParagraphs;
+    if (flags->format == "lines") options.format = data::InputFormat::kLines;
+    if (flags->format == "jsonl") options.format = data::InputFormat::kJsonl;
+    ByteProgress progress("preprocess");
+    auto stats =
+        data::Preprocess(options, *tokenizer, [&](int64_t done, int64_t total) { progress.Update(done, total); });
+    progress.Finish();
+    if (!stats.ok()) Fail(std::string(stats.status().message()));
+    const double seconds = progress.Seconds();
+    std::printf(
+        "wrote %s.bin and %s.idx: %lld documents, %lld sequences, %lld tokens from %.1f MB in %.1f s (%.1f MB/s)\n",
+        prefix.c_str(), prefix.c_str(), static_cast<long long>(stats->documents),
+        static_cast<long long>(stats->sequences), static_cast<long long>(stats->tokens),
+        static_cast<double>(stats->bytes) / 1e6, seconds,
+        seconds > 0 ? static_cast<double>(stats->bytes) / 1e6 / seconds : 0.0);
+    std::fflush(stdout);
+    Succeed();
+  });
+}
+
+void AddTokenize(CLI::App& app) {
+  struct Flags {
+    VocabularyFlags vocabulary;
+    bool decode = false;
+    std::vector<std::string> text;
+  };
+  auto flags = std::make_shared<Flags>();
+  CLI::App* verb = app.add_subcommand("tokenize", "Print the token ids of a text (or, with --decode, the text of ids)");
+  flags->vocabulary.Add(verb, "gpt2 (GPT-2's byte-level BPE) or bert (WordPiece, needs --vocab-file)");
+  verb->add_flag("--decode", flags->decode, "Read token ids (decimal, separated by spaces) and print their text");
+  verb->add_option("TEXT", flags->text,
+                   "The text (several arguments are joined by spaces); - or nothing: standard input");
+  verb->callback([flags] {
+    if (flags->vocabulary.tokenizer != "gpt2" && flags->vocabulary.tokenizer != "bert") {
+      Fail(StrCat("--tokenizer ", flags->vocabulary.tokenizer, ": expected gpt2 or bert"));
+    }
+    const std::unique_ptr<data::Tokenizer> tokenizer = Load(flags->vocabulary.Files());
+    std::string text;
+    if (flags->text.empty() || (flags->text.size() == 1 && flags->text[0] == "-")) {
+      text.assign(std::istreambuf_iterator<char>(std::cin), {});
+    } else {
+      for (size_t i = 0; i < flags->text.size(); ++i) text += (i > 0 ? " " : "") + flags->text[i];
+    }
+    if (flags->decode) {
+      std::vector<int64_t> ids;
+      std::istringstream in(text);
+      std::string word;
+      while (in >> word) {
+        int64_t id = 0;
+        auto [ptr, ec] = std::from_chars(word.data(), word.data() + word.size(), id);
+        if (ec != std::errc() || ptr != word.data() + word.size())
+          Fail(StrCat("--decode: '", word, "' is not a token id"));
+        ids.push_back(id);
+      }
+      auto decoded = tokenizer->Decode(ids);
+      if (!decoded.ok()) Fail(std::string(decoded.status().message()));
+      std::fwrite(decoded->data(), 1, decoded->size(), stdout);
+      std::fputs("\n", stdout);
+    } else {
+      auto ids = tokenizer->Encode(text);
+      if (!ids.ok()) Fail(std::string(ids.status().message()));
+      std::string line;
+      for (size_t i = 0; i < ids->size(); ++i) line += StrCat(i > 0 ? " " : "", (*ids)[i]);
+      std::printf("%s\n", line.c_str());
+    }
+    std::fflush(stdout);
+    Succeed();
+  });
+}
+
+void AddGenerate(CLI::App& app) {
+  struct Flags {
+    std::string path;
+    std::string prompt;
+    TextGenerateOptions options;
+    int threads = 0;
+  };
+  auto flags = std::make_shared<Flags>();
+  CLI::App* verb = app.add_subcommand(
+      "generate", "Continue a prompt with a trained GPT (its latest checkpoint, with a KV cache) and print the text");
+  verb->add_option("CHECKPOINT_OR_OUTPUT_DIR", flags->path,
+                   "A checkpoint (output_dir/checkpoints/iter_N) or a training output directory (its latest one)")
+      ->required();
+  verb->add_option("--prompt", flags->prompt, "The text to continue")->required();
+  verb->add_option("--max-new-tokens", flags->options.generate.max_new_tokens, "Tokens to generate at most")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20))
+      ->capture_default_str();
+  verb->add_option("--temperature", flags->options.generate.temperature, "Sampling temperature; 0: greedy (the argmax)")
+      ->check(CLI::Range(0.0, 1e6))
+      ->capture_default_str();
+  verb->add_option("--top-k", flags->options.generate.top_k, "Sample among the k likeliest tokens; 0: all")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 31))
+      ->capture_default_str();
+  verb->add_option("--top-p", flags->options.generate.top_p,
+                   "Sample among the likeliest tokens holding this probability")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
+  verb->add_option("--seed", flags->options.generate.seed, "Seed of the draws (the same seed, the same text)")
+      ->capture_default_str();
+  verb->add_option("--threads", flags->threads, "Kernel threads (0: all hardware threads)")
+      ->check(CLI::Range(0, 1024))
+      ->capture_default_str();
+  verb->callback([flags] {
+    const int threads = flags->threads > 0 ? flags->threads : std::max(1u, std::thread::hardware_concurrency());
+    std::unique_ptr<ThreadPool> pool;
+    if (threads > 1) pool = std::make_unique<ThreadPool>(threads);
+    flags->options.generator.pool = pool.get();
+    auto generated = GenerateText(ExpandPath(flags->path), flags->prompt, flags->options);
+    if (!generated.ok()) Fail(std::string(generated.status().message()));
+    std::fwrite(flags->prompt.data(), 1, flags->prompt.size(), stdout);
+    std::fwrite(generated->text.data(), 1, generated->text.size(), stdout);
+    std::fputs("\n", stdout);
+    std::fflush(stdout);
+    Succeed();
+  });
+}
+
+}  // namespace
+
+void AddDataCommands(CLI::App& app) {
+  AddPreprocess(app);
+  AddTokenize(app);
+  AddGenerate(app);
+}
+
+}  // namespace tessera

@@ -1,0 +1,394 @@
+// Checkpoints (train/checkpoint.h, train/safetensors.h): the file format
+// against corrupt input, resharding between layouts, the atomic commit, and
+// end to end through `tessera train`: a resume continues bit-exactly, a
+// checkpoint saved under one layout continues under another, and kill -9 in
+// the middle of a write leaves the previous checkpoint loadable.
+
+#include "train/checkpoint.h"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "nlohmann/json.hpp"
+#include "tests/cli_runner.h"
+#include "train/safetensors.h"
+
+namespace tessera {
+namespace {
+
+namespace fs = std::filesystem;
+using ::tessera::testing::RunTessera;
+using ::tessera::testing::SourcePath;
+
+fs::path TempDir(const std::string& name) {
+  const fs::path dir =
+      fs::temp_directory_path() / ("tessera_checkpoint_test_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+std::string ReadFile(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+void WriteFile(const fs::path& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << bytes;
+}
+
+Tensor Iota(const Shape& shape, float start = 0) {
+  std::vector<float> values(static_cast<size_t>(shape.NumElements()));
+  for (size_t i = 0; i < values.size(); ++i) values[i] = start + static_cast<float>(i);
+  return Tensor::FromVector(shape, values);
+}
+
+TEST(Safetensors, RoundTripsTensorsAndMetadata) {
+  const fs::path dir = TempDir("roundtrip");
+  const Tensor a = Iota(Shape{2, 3});
+  const Tensor b = Tensor::FromVector(Shape{4}, std::vector<int64_t>{-1, 0, 7, 1LL << 40});
+  const Tensor scalar = Tensor::FromVector(Shape{}, std::vector<float>{2.5f});
+  ASSERT_TRUE(WriteSafetensors(dir / "x.safetensors", {{"a", a}, {"b", b}, {"s", scalar}}, {{"k", "v"}}).ok());
+  auto file = SafetensorsFile::Open(dir / "x.safetensors");
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_EQ((*file)->metadata().at("k"), "v");
+  ASSERT_EQ((*file)->tensors().size(), 3u);
+  EXPECT_EQ((*file)->Load("a")->ToVector<float>(), a.ToVector<float>());
+  EXPECT_EQ((*file)->Load("b")->ToVector<int64_t>(), b.ToVector<int64_t>());
+  EXPECT_EQ((*file)->Load("s")->ToVector<float>(), std::vector<float>{2.5f});
+  EXPECT_EQ((*file)->Find("a")->shape, (Shape{2, 3}));
+  // The header is 8-byte aligned, as the format's writers do.
+  const std::string bytes = ReadFile(dir / "x.safetensors");
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(bytes[static_cast<size_t>(i)]);
+  EXPECT_EQ((n + 8) % 8, 0u);
+  EXPECT_FALSE(WriteSafetensors(dir / "y.safetensors", {{"a", a}, {"a", a}}).ok());
+  fs::remove_all(dir);
+}
+
+TEST(Safetensors, CorruptFilesAreErrorsNamingTheFile) {
+  const fs::path dir = TempDir("corrupt");
+  ASSERT_TRUE(WriteSafetensors(dir / "good.safetensors", {{"w", Iota(Shape{4, 4})}}).ok());
+  const std::string good = ReadFile(dir / "good.safetensors");
+  auto header = [](const std::string& json) {
+    std::string out(8, '\0');
+    uint64_t n = json.size();
+    for (int i = 0; i < 8; ++i, n >>= 8) out[static_cast<size_t>(i)] = static_cast<char>(n & 0xff);
+    return out + json;
+  };
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"empty", ""},
+      {"short", good.substr(0, 5)},
+      {"huge header size", std::string("\xff\xff\xff\xff\xff\xff\xff\x7f", 8) + "{}"},
+      {"truncated data", good.substr(0, good.size() - 4)},
+      {"not json", header("{not json")},
+      {"not an object", header("[1,2]")},
+      {"bad dtype", header(R"({"w":{"dtype":"Q7","shape":[1],"data_offsets":[0,4]}})") + std::string(4, '\0')},
+      {"negative dim", header(R"({"w":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}})") + std::string(4, '\0')},
+      {"offsets past the end",
+       header(R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})") + std::string(4, '\0')},
+      {"size mismatch", header(R"({"w":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})") + std::string(8, '\0')},
+      {"overlap",
+       header(
+           R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})") +
+           std::string(12, '\0')},
+      {"metadata not strings", header(R"({"__metadata__":{"k":1}})")},
+  };
+  for (const auto& [name, bytes] : cases) {
+    const fs::path path = dir / "bad.safetensors";
+    WriteFile(path, bytes);
+    auto file = SafetensorsFile::Open(path);
+    EXPECT_FALSE(file.ok()) << name;
+    if (!file.ok()) {
+      EXPECT_NE(file.status().message().find(path.string()), std::string::npos) << name << ": " << file.status();
+    }
+  }
+  EXPECT_EQ(SafetensorsFile::Open(dir / "missing.safetensors").status().code(), absl::StatusCode::kNotFound);
+  fs::remove_all(dir);
+}
+
+// Writes the shards of a (4, 6) tensor `w` split by rows over two rank files
+// and a replicated scalar `s`, then commits them.
+fs::path WriteRowSplitCheckpoint(const fs::path& root, const Tensor& whole) {
+  const fs::path temp = root / ".iter_0000005.tmp-test";
+  fs::create_directories(temp);
+  const std::vector<float> all = whole.ToVector<float>();
+  for (int rank = 0; rank < 2; ++rank) {
+    std::vector<float> half(all.begin() + rank * 12, all.begin() + (rank + 1) * 12);
+    nlohmann::json slices = {{"w", {{"logical_shape", {4, 6}}, {"offset", {2 * rank, 0}}}}};
+    std::vector<std::pair<std::string, Tensor>> tensors = {{"w", Tensor::FromVector(Shape{2, 6}, half)}};
+    if (rank == 0) {
+      tensors.emplace_back("s", Tensor::FromVector(Shape{}, std::vector<float>{3.0f}));
+      slices["s"] = {{"logical_shape", nlohmann::json::array()}, {"offset", nlohmann::json::array()}};
+    }
+    EXPECT_TRUE(WriteSafetensors(temp / ("rank_0000" + std::to_string(rank) + ".safetensors"), tensors,
+                                 {{"tessera.slices", slices.dump()}})
+                    .ok());
+  }
+  const fs::path final_dir = root / "iter_0000005";
+  const absl::Status committed = CommitCheckpoint(temp, final_dir, {.iteration = 5, .global_batch = 8, .config = {}});
+  EXPECT_TRUE(committed.ok()) << committed;
+  return final_dir;
+}
+
+TEST(Checkpoint, ReadsAnySliceFromShardsOfAnotherLayout) {
+  const fs::path dir = TempDir("reshard");
+  const Tensor whole = Iota(Shape{4, 6}, 1);
+  const fs::path checkpoint = WriteRowSplitCheckpoint(dir, whole);
+  EXPECT_FALSE(fs::exists(dir / ".iter_0000005.tmp-test"));
+  auto reader = CheckpointReader::Open(checkpoint);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  EXPECT_EQ((*reader)->iteration(), 5);
+  // Column halves (tensor parallel), a block straddling both row shards, the whole.
+  for (const auto& [offset, local] : std::vector<std::pair<std::vector<int64_t>, Shape>>{
+           {{0, 0}, Shape{4, 3}}, {{0, 3}, Shape{4, 3}}, {{1, 2}, Shape{2, 3}}, {{0, 0}, Shape{4, 6}}}) {
+    Tensor out = *Tensor::Zeros(local, DType::kF32);
+    ASSERT_TRUE((*reader)->Read("w", TensorSlice{Shape{4, 6}, offset, local}, out).ok());
+    const std::vector<float> got = out.ToVector<float>();
+    for (int64_t r = 0; r < local.dims()[0]; ++r) {
+      for (int64_t c = 0; c < local.dims()[1]; ++c) {
+        EXPECT_EQ(got[static_cast<size_t>(r * local.dims()[1] + c)],
+                  whole.ToVector<float>()[static_cast<size_t>((offset[0] + r) * 6 + offset[1] + c)]);
+      }
+    }
+  }
+  Tensor scalar = *Tensor::Zeros(Shape{}, DType::kF32);
+  ASSERT_TRUE((*reader)->Read("s", TensorSlice::Whole(Shape{}), scalar).ok());
+  EXPECT_EQ(scalar.ToVector<float>()[0], 3.0f);
+  // Wrong shape, wrong dtype, unknown name: errors naming the tensor.
+  Tensor wrong = *Tensor::Zeros(Shape{4, 5}, DType::kF32);
+  auto status = (*reader)->Read("w", TensorSlice::Whole(Shape{4, 5}), wrong);
+  EXPECT_NE(status.message().find("'w'"), std::string::npos) << status;
+  Tensor ints = *Tensor::Zeros(Shape{4, 6}, DType::kI64);
+  EXPECT_FALSE((*reader)->Read("w", TensorSlice::Whole(Shape{4, 6}), ints).ok());
+  EXPECT_EQ((*reader)->Meta("nope").status().code(), absl::StatusCode::kNotFound);
+  fs::remove_all(dir);
+}
+
+TEST(Checkpoint, CommitRefusesShardsThatDoNotTileTheTensor) {
+  const fs::path dir = TempDir("tiles");
+  const fs::path temp = dir / ".iter_0000001.tmp-x";
+  fs::create_directories(temp);
+  nlohmann::json slices = {{"w", {{"logical_shape", {4, 6}}, {"offset", {0, 0}}}}};
+  ASSERT_TRUE(
+      WriteSafetensors(temp / "rank_00000.safetensors", {{"w", Iota(Shape{2, 6})}}, {{"tessera.slices", slices.dump()}})
+          .ok());
+  const absl::Status missing =
+      CommitCheckpoint(temp, dir / "iter_0000001", {.iteration = 1, .global_batch = 1, .config = {}});
+  EXPECT_FALSE(missing.ok());
+  EXPECT_NE(missing.message().find("cover"), std::string::npos) << missing;
+  EXPECT_FALSE(fs::exists(dir / "iter_0000001"));
+  // Overlapping shards.
+  ASSERT_TRUE(WriteSafetensors(
+                  temp / "rank_00001.safetensors", {{"w", Iota(Shape{3, 6})}},
+                  {{"tessera.slices", nlohmann::json({{"w", {{"logical_shape", {4, 6}}, {"offset", {1, 0}}}}}).dump()}})
+                  .ok());
+  EXPECT_FALSE(CommitCheckpoint(temp, dir / "iter_0000001", {.iteration = 1, .global_batch = 1, .config = {}}).ok());
+  fs::remove_all(dir);
+}
+
+TEST(Checkpoint, CorruptIndexIsAnErrorNamingTheCheckpoint) {
+  const fs::path dir = TempDir("index");
+  const fs::path checkpoint = WriteRowSplitCheckpoint(dir, Iota(Shape{4, 6}));
+  const std::string good = ReadFile(checkpoint / "index.json");
+  nlohmann::json escape = nlohmann::json::parse(good);
+  escape["tensors"]["w"]["shards"][0]["file"] = "../../etc/passwd";
+  nlohmann::json outside = nlohmann::json::parse(good);
+  outside["tensors"]["w"]["shards"][0]["offset"] = {3, 0};
+  for (const std::string& bad :
+       {std::string("{"), std::string("[]"), std::string(R"({"format":"x"})"), escape.dump(), outside.dump()}) {
+    WriteFile(checkpoint / "index.json", bad);
+    auto reader = CheckpointReader::Open(checkpoint);
+    EXPECT_FALSE(reader.ok()) << bad;
+    if (!reader.ok()) {
+      EXPECT_NE(reader.status().message().find(checkpoint.string()), std::string::npos);
+    }
+  }
+  fs::remove(checkpoint / "index.json");
+  EXPECT_EQ(CheckpointReader::Open(checkpoint).status().code(), absl::StatusCode::kNotFound);
+  fs::remove_all(dir);
+}
+
+TEST(Checkpoint, LatestAndPrune) {
+  const fs::path out = TempDir("prune");
+  for (int64_t it : {3, 10, 7})
+    fs::create_directories(CheckpointPath(out, it)), WriteFile(CheckpointPath(out, it) / "index.json", "{}");
+  fs::create_directories(CheckpointPath(out, 20));  // incomplete: no index.json
+  fs::create_directories(CheckpointTempPath(out, 11, "other-run"));
+  fs::create_directories(CheckpointTempPath(out, 12, "this-run"));
+  auto latest = LatestCheckpoint(out);
+  ASSERT_TRUE(latest.ok() && latest->has_value());
+  EXPECT_EQ(**latest, CheckpointPath(out, 10));
+  ASSERT_TRUE(PruneCheckpoints(out, 2, "this-run").ok());
+  EXPECT_FALSE(fs::exists(CheckpointPath(out, 3)));
+  EXPECT_TRUE(fs::exists(CheckpointPath(out, 7)));
+  EXPECT_TRUE(fs::exists(CheckpointPath(out, 10)));
+  EXPECT_FALSE(fs::exists(CheckpointTempPath(out, 11, "other-run")));
+  EXPECT_TRUE(fs::exists(CheckpointTempPath(out, 12, "this-run")));
+  fs::remove_all(out);
+}
+
+// ---- end to end through `tessera train` ----
+
+// iteration -> loss, from metrics.jsonl (log_period 1).
+std::map<int64_t, double> Losses(const fs::path& output_dir) {
+  std::map<int64_t, double> losses;
+  std::ifstream in(output_dir / "metrics.jsonl");
+  std::string line;
+  while (std::getline(in, line)) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    if (j.contains("loss")) losses[j["iter"].get<int64_t>()] = j["loss"].get<double>();
+  }
+  return losses;
+}
+
+std::string Nano(const fs::path& out, const std::string& extra = "") {
+  return "train " + SourcePath("configs/gpt2_nano.json") + " train.train_iter=8 train.log_period=1 " +
+         "train.checkpointer.period=4 train.output_dir=" + out.string() + " " + extra;
+}
+
+TEST(CheckpointEndToEnd, ResumeContinuesBitExactlyUnderAnyLayout) {
+  const fs::path root = TempDir("e2e");
+  const fs::path straight = root / "straight";
+  auto run = RunTessera(Nano(straight, "train.dist.tensor_parallel_size=2"));
+  ASSERT_EQ(run.exit_code, 0) << run.out;
+  const std::map<int64_t, double> reference = Losses(straight);
+  ASSERT_EQ(reference.size(), 8u);
+  ASSERT_TRUE(fs::exists(CheckpointPath(straight, 4) / "index.json"));
+  ASSERT_TRUE(fs::exists(CheckpointPath(straight, 8) / "index.json"));
+  // Two rank files (tensor parallel), replicated tensors written once.
+  EXPECT_TRUE(fs::exists(CheckpointPath(straight, 4) / "rank_00000.safetensors"));
+  EXPECT_TRUE(fs::exists(CheckpointPath(straight, 4) / "rank_00001.safetensors"));
+
+  // "4 + resume 4" under the same layout: the same losses, bit for bit.
+  const fs::path resumed = root / "resumed";
+  fs::create_directories(resumed / "checkpoints");
+  fs::copy(CheckpointPath(straight, 4), CheckpointPath(resumed, 4), fs::copy_options::recursive);
+  run = RunTessera(Nano(resumed, "train.dist.tensor_parallel_size=2 --resume"));
+  ASSERT_EQ(run.exit_code, 0) << run.out;
+  std::map<int64_t, double> losses = Losses(resumed);
+  ASSERT_EQ(losses.size(), 4u) << run.out;
+  for (int64_t it = 5; it <= 8; ++it) EXPECT_EQ(losses[it], reference.at(it)) << "iteration " << it;
+
+  // The tensor-parallel checkpoint under data, pipeline and 2-D layouts:
+  // the first iteration's loss (the loaded weights' forward) within 1e-5.
+  // (The same global batch: micro-batch 8 on each of 2 data-parallel ranks.)
+  for (const std::string layout :
+       {"train.dist.data_parallel_size=2 train.train_micro_batch_size=8", "train.dist.pipeline_parallel_size=2",
+        "train.dist.data_parallel_size=2 train.dist.tensor_parallel_size=2 train.train_micro_batch_size=8"}) {
+    const fs::path other = root / "other";
+    fs::remove_all(other);
+    fs::create_directories(other / "checkpoints");
+    fs::copy(CheckpointPath(straight, 4), CheckpointPath(other, 4), fs::copy_options::recursive);
+    run = RunTessera(Nano(other, layout + " --resume"));
+    ASSERT_EQ(run.exit_code, 0) << layout << ": " << run.out;
+    losses = Losses(other);
+    ASSERT_EQ(losses.size(), 4u) << layout;
+    EXPECT_NEAR(losses[5], reference.at(5), 1e-5 * std::abs(reference.at(5))) << layout;
+    for (int64_t it = 6; it <= 8; ++it)
+      EXPECT_NEAR(losses[it], reference.at(it), 1e-4 * std::abs(reference.at(it))) << layout;
+  }
+  fs::remove_all(root);
+}
+
+TEST(CheckpointEndToEnd, ResumeErrorsAreOneLine) {
+  const fs::path root = TempDir("errors");
+  // A finished run cannot be resumed without raising train_iter.
+  auto run = RunTessera(Nano(root / "done"));
+  ASSERT_EQ(run.exit_code, 0) << run.out;
+  run = RunTessera(Nano(root / "done", "--resume"));
+  EXPECT_NE(run.exit_code, 0);
+  EXPECT_NE(run.out.find("train_iter"), std::string::npos) << run.out;
+  EXPECT_EQ(run.out.find('\n'), run.out.size() - 1) << run.out;
+  // A checkpoint of another model: the tensor and both shapes named.
+  run = RunTessera(
+      Nano(root / "wide", "model.hidden_size=32 train.load_weight=" + CheckpointPath(root / "done", 8).string()));
+  EXPECT_NE(run.exit_code, 0);
+  EXPECT_NE(run.out.find("the model's is"), std::string::npos) << run.out;
+  EXPECT_EQ(run.out.find('\n'), run.out.size() - 1) << run.out;
+  run = RunTessera(Nano(root / "none", "train.load_weight=" + (root / "nowhere").string()));
+  EXPECT_NE(run.exit_code, 0);
+  EXPECT_NE(run.out.find("train.load_weight"), std::string::npos) << run.out;
+  // Weights only: starts at iteration 1 from the trained weights, so its
+  // first loss is the finished run's level, not the init's.
+  run = RunTessera(Nano(root / "warm", "train.load_weight=" + CheckpointPath(root / "done", 8).string()));
+  ASSERT_EQ(run.exit_code, 0) << run.out;
+  const auto cold = Losses(root / "done"), warm = Losses(root / "warm");
+  ASSERT_EQ(warm.size(), 8u);
+  EXPECT_LT(warm.at(1), cold.at(1) - 0.05);
+  fs::remove_all(root);
+}
+
+TEST(CheckpointEndToEnd, KillDuringAWriteLeavesThePreviousCheckpointLoadable) {
+  const fs::path root = TempDir("kill");
+  const fs::path out = root / "run";
+  // A model large enough that each checkpoint write takes a while; one per iteration.
+  const std::string args = "train " + SourcePath("configs/gpt2_nano.json") +
+                           " model.vocab_size=8192 model.hidden_size=256 train.train_iter=400 train.log_period=1"
+                           " train.checkpointer.period=1 train.checkpointer.max_to_keep=2 train.output_dir=" +
+                           out.string();
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::setpgid(0, 0);
+    const std::string cmd = std::string(TESSERA_BINARY) + " " + args + " > /dev/null 2>&1";
+    ::execl("/bin/sh", "sh", "-c", ("exec " + cmd).c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  // Kill it while a checkpoint's temporary directory exists (a write in
+  // progress), once at least one checkpoint is complete.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(90);
+  bool killed_mid_write = false;
+  while (std::chrono::steady_clock::now() < deadline) {
+    std::error_code ec;
+    bool complete = false, writing = false;
+    if (fs::exists(out / "checkpoints", ec)) {
+      for (const auto& entry : fs::directory_iterator(out / "checkpoints", ec)) {
+        const std::string name = entry.path().filename().string();
+        if (name.starts_with("iter_")) complete = true;
+        if (name.find(".tmp-") != std::string::npos) writing = true;
+      }
+    }
+    if (complete && writing) {
+      ::kill(-child, SIGKILL);
+      killed_mid_write = true;
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  if (!killed_mid_write) ::kill(-child, SIGKILL);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  ASSERT_TRUE(killed_mid_write) << "no checkpoint write was seen in 90 s";
+  // Every complete checkpoint reads back whole, and a resume starts from the latest.
+  auto latest = LatestCheckpoint(out);
+  ASSERT_TRUE(latest.ok() && latest->has_value());
+  auto reader = CheckpointReader::Open(**latest);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  auto meta = (*reader)->Meta("wte.weight");
+  ASSERT_TRUE(meta.ok()) << meta.status();
+  Tensor wte = *Tensor::Zeros(meta->shape, meta->dtype);
+  EXPECT_TRUE((*reader)->Read("wte.weight", TensorSlice::Whole(meta->shape), wte).ok());
+  const int64_t iteration = (*reader)->iteration();
+  auto run =
+      RunTessera("train " + SourcePath("configs/gpt2_nano.json") +
+                 " model.vocab_size=8192 model.hidden_size=256 train.log_period=1 train.output_dir=" + out.string() +
+                 " train.train_iter=" + std::to_string(iteration + 1) + " --resume");
+  ASSERT_EQ(run.exit_code, 0) << run.out;
+  EXPECT_TRUE(fs::exists(CheckpointPath(out, iteration + 1) / "index.json"));
+  fs::remove_all(root);
+}
+
+}  // namespace
+}  // namespace tessera

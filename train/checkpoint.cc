@@ -1,0 +1,596 @@
+#include "train/checkpoint.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cstring>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "actors/actor_id.h"
+#include "actors/init_rules.h"
+#include "actors/plan.h"
+#include "core/file_util.h"
+#include "core/status.h"
+
+namespace tessera {
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr std::string_view kFormat = "tessera.checkpoint";
+constexpr int kVersion = 1;
+// The rank files' metadata key holding each tensor's place in its logical tensor.
+constexpr std::string_view kSlicesKey = "tessera.slices";
+constexpr std::string_view kIterPrefix = "iter_";
+
+// One tensor a Parameter task keeps, as a checkpoint sees it.
+struct KeptTensorInfo {
+  std::string name;
+  TensorSlice slice;
+  TensorMeta local;
+  bool write = false;
+};
+struct KeptTaskInfo {
+  const proto::Task* task = nullptr;
+  uint32_t rank = 0;
+  std::vector<KeptTensorInfo> tensors;
+};
+
+// The Parameter tasks of `plan` that keep tensors, with each tensor's name,
+// slice and local meta (the variable's from its register desc, the state's
+// from the task; the slices from the init rules, in the same order).
+absl::StatusOr<std::vector<KeptTaskInfo>> KeptTasks(const proto::Plan& plan) {
+  std::map<int64_t, const proto::RegisterDesc*> descs;
+  for (const auto& desc : plan.register_descs()) descs[desc.id()] = &desc;
+  std::map<std::pair<uint32_t, uint32_t>, uint32_t> rank_of;
+  for (int r = 0; r < plan.ranks_size(); ++r) {
+    rank_of[{plan.ranks(r).node(), plan.ranks(r).device_index()}] = static_cast<uint32_t>(r);
+  }
+  std::vector<KeptTaskInfo> out;
+  for (const auto& task : plan.tasks()) {
+    if (task.kind() != proto::ACTOR_KIND_PARAMETER || task.kept_size() == 0) continue;
+    const auto fail = [&](auto&&... parts) {
+      return absl::InvalidArgumentError(StrCat("task '", task.name(), "': ", parts...));
+    };
+    KeptTaskInfo info;
+    info.task = &task;
+    const actors::ActorId id = actors::DecodeActorId(task.actor_id());
+    if (plan.ranks_size() == 0) {
+      info.rank = id.device_index;
+    } else {
+      auto it = rank_of.find({id.node, id.device_index});
+      if (it == rank_of.end()) return fail("its device is no rank of the plan");
+      info.rank = it->second;
+    }
+    std::vector<TensorMeta> metas;
+    if (task.produced_register_desc_ids_size() != 1 || !descs.contains(task.produced_register_desc_ids(0)) ||
+        descs.at(task.produced_register_desc_ids(0))->tensors_size() != 1) {
+      return fail("a parameter produces one register desc of one tensor");
+    }
+    ASSIGN_OR_RETURN(TensorMeta variable,
+                     actors::TensorMetaFromProto(descs.at(task.produced_register_desc_ids(0))->tensors(0)));
+    metas.push_back(std::move(variable));
+    for (const auto& state : task.state()) {
+      ASSIGN_OR_RETURN(TensorMeta meta, actors::TensorMetaFromProto(state));
+      metas.push_back(std::move(meta));
+    }
+    std::vector<const proto::TensorSlice*> slices;
+    for (const auto& rule : task.init()) {
+      for (const auto& slice : rule.slices()) slices.push_back(&slice);
+    }
+    if (static_cast<size_t>(task.kept_size()) != metas.size() || slices.size() != metas.size()) {
+      return fail("keeps ", task.kept_size(), " tensors, holds ", metas.size(), ", its init rules write ",
+                  slices.size());
+    }
+    for (size_t k = 0; k < metas.size(); ++k) {
+      KeptTensorInfo t;
+      t.name = task.kept(static_cast<int>(k)).name();
+      t.write = task.kept(static_cast<int>(k)).write();
+      t.local = metas[k];
+      ASSIGN_OR_RETURN(t.slice, actors::TensorSliceFromProto(*slices[k], metas[k].shape));
+      info.tensors.push_back(std::move(t));
+    }
+    out.push_back(std::move(info));
+  }
+  return out;
+}
+
+std::string RankFileName(uint32_t rank) {
+  char name[32];
+  std::snprintf(name, sizeof name, "rank_%05u.safetensors", rank);
+  return name;
+}
+
+int64_t Volume(const std::vector<int64_t>& dims) {
+  int64_t v = 1;
+  for (int64_t d : dims) v *= d;
+  return v;
+}
+
+// Copies the overlap of a source block (offset `src_offset`, extent
+// `src_shape`, row-major at `src`) and a destination block into the
+// destination; returns the elements copied.
+int64_t CopyOverlap(const char* src, const std::vector<int64_t>& src_offset, const std::vector<int64_t>& src_shape,
+                    char* dst, const std::vector<int64_t>& dst_offset, const std::vector<int64_t>& dst_shape,
+                    size_t element_bytes) {
+  const size_t rank = dst_shape.size();
+  if (rank == 0) {
+    std::memcpy(dst, src, element_bytes);
+    return 1;
+  }
+  std::vector<int64_t> lo(rank), hi(rank);
+  for (size_t a = 0; a < rank; ++a) {
+    lo[a] = std::max(src_offset[a], dst_offset[a]);
+    hi[a] = std::min(src_offset[a] + src_shape[a], dst_offset[a] + dst_shape[a]);
+    if (lo[a] >= hi[a]) return 0;
+  }
+  // Row-major strides (in elements) of both blocks.
+  std::vector<int64_t> src_stride(rank, 1), dst_stride(rank, 1);
+  for (size_t a = rank - 1; a > 0; --a) {
+    src_stride[a - 1] = src_stride[a] * src_shape[a];
+    dst_stride[a - 1] = dst_stride[a] * dst_shape[a];
+  }
+  const int64_t run = hi[rank - 1] - lo[rank - 1];
+  std::vector<int64_t> index(lo.begin(), lo.end());  // over all axes but the last
+  int64_t copied = 0;
+  while (true) {
+    int64_t s = 0, d = 0;
+    for (size_t a = 0; a < rank; ++a) {
+      s += (index[a] - src_offset[a]) * src_stride[a];
+      d += (index[a] - dst_offset[a]) * dst_stride[a];
+    }
+    std::memcpy(dst + static_cast<size_t>(d) * element_bytes, src + static_cast<size_t>(s) * element_bytes,
+                static_cast<size_t>(run) * element_bytes);
+    copied += run;
+    size_t a = rank - 1;
+    while (a > 0) {
+      --a;
+      if (++index[a] < hi[a]) break;
+      index[a] = lo[a];
+      if (a == 0) return copied;
+    }
+    if (rank == 1) return copied;
+  }
+}
+
+bool Overlaps(const std::vector<int64_t>& ao, const Shape& as, const std::vector<int64_t>& bo, const Shape& bs) {
+  for (size_t a = 0; a < ao.size(); ++a) {
+    if (std::max(ao[a], bo[a]) >= std::min(ao[a] + as.dims()[a], bo[a] + bs.dims()[a])) return false;
+  }
+  return true;
+}
+
+// "iter_0000123" -> 123; nullopt for any other name.
+std::optional<int64_t> IterationOfName(const std::string& name) {
+  if (name.size() <= kIterPrefix.size() || name.compare(0, kIterPrefix.size(), kIterPrefix) != 0) return std::nullopt;
+  int64_t value = 0;
+  const char* first = name.data() + kIterPrefix.size();
+  const char* last = name.data() + name.size();
+  auto [ptr, ec] = std::from_chars(first, last, value);
+  if (ec != std::errc() || ptr != last || value < 0) return std::nullopt;
+  return value;
+}
+
+absl::StatusOr<std::vector<int64_t>> IntList(const nlohmann::json& j, const std::string& what) {
+  if (!j.is_array()) return absl::InvalidArgumentError(StrCat(what, " is not a list of integers"));
+  std::vector<int64_t> out;
+  for (const auto& v : j) {
+    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > (int64_t{1} << 62)) {
+      return absl::InvalidArgumentError(StrCat(what, " is not a list of non-negative integers: ", j.dump()));
+    }
+    out.push_back(v.get<int64_t>());
+  }
+  return out;
+}
+
+}  // namespace
+
+fs::path CheckpointsDir(const fs::path& output_dir) { return output_dir / "checkpoints"; }
+
+fs::path CheckpointPath(const fs::path& output_dir, int64_t iteration) {
+  char name[40];
+  std::snprintf(name, sizeof name, "iter_%07lld", static_cast<long long>(iteration));
+  return CheckpointsDir(output_dir) / name;
+}
+
+fs::path CheckpointTempPath(const fs::path& output_dir, int64_t iteration, const std::string& tag) {
+  return CheckpointsDir(output_dir) /
+         StrCat(".", CheckpointPath(output_dir, iteration).filename().string(), ".tmp-", tag);
+}
+
+namespace {
+// "name@offset/local" of a kept task's variable (tensor 0).
+std::string VariableKey(const KeptTaskInfo& info) {
+  const KeptTensorInfo& t = info.tensors.at(0);
+  std::string key = StrCat(t.name, "@");
+  for (int64_t o : t.slice.offset) key += StrCat(o, ",");
+  return key + t.slice.local.ToString() + "/" + t.slice.logical.ToString();
+}
+}  // namespace
+
+void KeptStore::Bind(const proto::Plan& plan, actors::HostCallbacks& callbacks) {
+  if (auto tasks = KeptTasks(plan); tasks.ok()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const KeptTaskInfo& info : *tasks) variables_[info.task->callback()] = VariableKey(info);
+  }
+  for (const auto& task : plan.tasks()) {
+    if (task.kind() != proto::ACTOR_KIND_PARAMETER || task.kept_size() == 0 || task.callback().empty()) continue;
+    const std::string callback = task.callback();
+    callbacks.finalizers[callback] = [this, callback](const std::vector<Tensor>& tensors) -> absl::Status {
+      std::vector<Tensor> copies;
+      copies.reserve(tensors.size());
+      for (const Tensor& t : tensors) copies.push_back(t.Clone());
+      std::lock_guard<std::mutex> lock(mu_);
+      values_[callback] = std::move(copies);
+      return absl::OkStatus();
+    };
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!values_.contains(callback)) continue;
+    }
+    callbacks.initializers[callback] = [this, callback](const std::vector<Tensor>& tensors) -> absl::Status {
+      std::lock_guard<std::mutex> lock(mu_);
+      const std::vector<Tensor>& values = values_.at(callback);
+      if (values.size() != tensors.size()) {
+        return absl::InternalError(
+            StrCat("kept values of '", callback, "': ", values.size(), " tensors, the task holds ", tensors.size()));
+      }
+      for (size_t i = 0; i < tensors.size(); ++i) {
+        Tensor target = tensors[i];
+        RETURN_IF_ERROR(target.CopyFrom(values[i]));
+      }
+      return absl::OkStatus();
+    };
+  }
+}
+
+absl::Status KeptStore::BindVariables(const proto::Plan& plan, actors::HostCallbacks& callbacks) const {
+  ASSIGN_OR_RETURN(const std::vector<KeptTaskInfo> tasks, KeptTasks(plan));
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const KeptTaskInfo& info : tasks) {
+    const std::string callback = info.task->callback();
+    auto it = variables_.find(callback);
+    if (it == variables_.end() || it->second != VariableKey(info) || !values_.contains(callback)) {
+      return absl::InternalError(StrCat("'", info.tensors.at(0).name, "' (task '", info.task->name(),
+                                        "') is laid out unlike in the training plan"));
+    }
+    callbacks.initializers[callback] = [this, callback](const std::vector<Tensor>& tensors) -> absl::Status {
+      std::lock_guard<std::mutex> lock(mu_);
+      Tensor target = tensors.at(0);
+      return target.CopyFrom(values_.at(callback).at(0));
+    };
+  }
+  return absl::OkStatus();
+}
+
+bool KeptStore::empty() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return values_.empty();
+}
+
+KeptValues KeptStore::values() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return values_;
+}
+
+absl::Status WriteCheckpointShards(const fs::path& dir, const proto::Plan& plan, const KeptValues& values) {
+  ASSIGN_OR_RETURN(const std::vector<KeptTaskInfo> tasks, KeptTasks(plan));
+  struct RankFile {
+    std::vector<std::pair<std::string, Tensor>> tensors;
+    nlohmann::json slices = nlohmann::json::object();
+  };
+  std::map<uint32_t, RankFile> files;
+  for (const KeptTaskInfo& info : tasks) {
+    auto it = values.find(info.task->callback());
+    if (it == values.end()) {
+      return absl::FailedPreconditionError(StrCat("checkpoint: no trained values of task '", info.task->name(), "'"));
+    }
+    if (it->second.size() != info.tensors.size()) {
+      return absl::InternalError(StrCat("checkpoint: task '", info.task->name(), "' kept ", it->second.size(),
+                                        " tensors, its plan names ", info.tensors.size()));
+    }
+    for (size_t k = 0; k < info.tensors.size(); ++k) {
+      const KeptTensorInfo& t = info.tensors[k];
+      if (!t.write) continue;
+      RankFile& file = files[info.rank];
+      if (file.slices.contains(t.name)) {
+        return absl::InternalError(StrCat("checkpoint: rank ", info.rank, " holds two shards of '", t.name, "'"));
+      }
+      file.tensors.emplace_back(t.name, it->second[k]);
+      file.slices[t.name] = {{"logical_shape", t.slice.logical.dims()}, {"offset", t.slice.offset}};
+    }
+  }
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) return absl::InternalError(StrCat("checkpoint: cannot create ", dir.string(), ": ", ec.message()));
+  for (const auto& [rank, file] : files) {
+    RETURN_IF_ERROR(WriteSafetensors(dir / RankFileName(rank), file.tensors,
+                                     {{std::string(kSlicesKey), file.slices.dump()}, {"format", "pt"}}));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CommitCheckpoint(const fs::path& temp_dir, const fs::path& final_dir, const CheckpointState& state) {
+  struct TensorShards {
+    DType dtype = DType::kF32;
+    std::vector<int64_t> logical;
+    nlohmann::json shards = nlohmann::json::array();
+    std::vector<std::pair<std::vector<int64_t>, Shape>> boxes;
+  };
+  std::map<std::string, TensorShards> tensors;
+  std::vector<std::string> names;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(temp_dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.ends_with(".safetensors")) names.push_back(name);
+  }
+  if (ec) return absl::InternalError(StrCat("checkpoint: cannot list ", temp_dir.string(), ": ", ec.message()));
+  std::sort(names.begin(), names.end());
+  for (const std::string& name : names) {
+    ASSIGN_OR_RETURN(auto file, SafetensorsFile::Open(temp_dir / name));
+    auto slices_text = file->metadata().find(kSlicesKey);
+    if (slices_text == file->metadata().end()) {
+      return absl::InvalidArgumentError(StrCat("checkpoint: ", (temp_dir / name).string(), " has no ", kSlicesKey));
+    }
+    const nlohmann::json slices = nlohmann::json::parse(slices_text->second, nullptr, false);
+    if (!slices.is_object()) return absl::InvalidArgumentError(StrCat("checkpoint: ", name, ": bad ", kSlicesKey));
+    for (const auto& [tensor_name, entry] : file->tensors()) {
+      if (!slices.contains(tensor_name)) {
+        return absl::InvalidArgumentError(StrCat("checkpoint: ", name, ": no slice for '", tensor_name, "'"));
+      }
+      const nlohmann::json& slice = slices.at(tensor_name);
+      ASSIGN_OR_RETURN(std::vector<int64_t> logical,
+                       IntList(slice.value("logical_shape", nlohmann::json()), "logical_shape"));
+      ASSIGN_OR_RETURN(std::vector<int64_t> offset, IntList(slice.value("offset", nlohmann::json()), "offset"));
+      if (logical.size() != static_cast<size_t>(entry.shape.rank()) || offset.size() != logical.size()) {
+        return absl::InvalidArgumentError(
+            StrCat("checkpoint: ", name, ": '", tensor_name, "' has a slice of another rank"));
+      }
+      for (size_t a = 0; a < logical.size(); ++a) {
+        if (offset[a] + entry.shape.dims()[a] > logical[a]) {
+          return absl::InvalidArgumentError(
+              StrCat("checkpoint: ", name, ": '", tensor_name, "' lies outside its tensor"));
+        }
+      }
+      auto [it, added] = tensors.try_emplace(tensor_name);
+      TensorShards& t = it->second;
+      if (added) {
+        t.dtype = entry.dtype;
+        t.logical = logical;
+      } else if (t.dtype != entry.dtype || t.logical != logical) {
+        return absl::InvalidArgumentError(
+            StrCat("checkpoint: '", tensor_name, "' has different shapes or dtypes in different rank files"));
+      }
+      for (const auto& [other_offset, other_shape] : t.boxes) {
+        if (Overlaps(offset, entry.shape, other_offset, other_shape)) {
+          return absl::InternalError(StrCat("checkpoint: two shards of '", tensor_name, "' overlap (", name, ")"));
+        }
+      }
+      t.boxes.emplace_back(offset, entry.shape);
+      t.shards.push_back({{"file", name}, {"offset", offset}, {"shape", entry.shape.dims()}});
+    }
+  }
+  nlohmann::json index = {
+      {"format", kFormat},
+      {"version", kVersion},
+      {"iteration", state.iteration},
+      {"train_state", {{"iteration", state.iteration}, {"consumed_samples", state.iteration * state.global_batch}}},
+      {"config", state.config},
+      {"tensors", nlohmann::json::object()}};
+  for (auto& [name, t] : tensors) {
+    int64_t covered = 0;
+    for (const auto& box : t.boxes) covered += box.second.NumElements();
+    if (covered != Volume(t.logical)) {
+      return absl::InternalError(StrCat("checkpoint: the shards of '", name, "' cover ", covered, " of its ",
+                                        Volume(t.logical), " elements (a rank file is missing)"));
+    }
+    ASSIGN_OR_RETURN(std::string dtype, SafetensorsDTypeName(t.dtype));
+    index["tensors"][name] = {{"dtype", dtype}, {"shape", t.logical}, {"shards", std::move(t.shards)}};
+  }
+  RETURN_IF_ERROR(WriteFileDurably(temp_dir / "index.json", index.dump(1)));
+  // Replace an older checkpoint of the same iteration (a rerun): move it
+  // aside first, so that a crash in between leaves one of the two whole.
+  fs::path aside;
+  if (fs::exists(final_dir, ec)) {
+    aside = final_dir.parent_path() / StrCat(".", final_dir.filename().string(), ".old-", temp_dir.filename().string());
+    fs::rename(final_dir, aside, ec);
+    if (ec)
+      return absl::InternalError(StrCat("checkpoint: cannot move ", final_dir.string(), " aside: ", ec.message()));
+  }
+  fs::rename(temp_dir, final_dir, ec);
+  if (ec) return absl::InternalError(StrCat("checkpoint: cannot rename ", temp_dir.string(), ": ", ec.message()));
+  RETURN_IF_ERROR(SyncPath(final_dir.parent_path()));
+  if (!aside.empty()) fs::remove_all(aside, ec);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::optional<fs::path>> LatestCheckpoint(const fs::path& output_dir) {
+  const fs::path dir = CheckpointsDir(output_dir);
+  std::error_code ec;
+  if (!fs::exists(dir, ec)) return std::optional<fs::path>();
+  std::optional<std::pair<int64_t, fs::path>> best;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::optional<int64_t> iteration = IterationOfName(entry.path().filename().string());
+    if (!iteration || !fs::exists(entry.path() / "index.json", ec)) continue;
+    if (!best || *iteration > best->first) best = {*iteration, entry.path()};
+  }
+  if (ec) return absl::InternalError(StrCat("cannot list ", dir.string(), ": ", ec.message()));
+  if (!best) return std::optional<fs::path>();
+  return std::optional<fs::path>(best->second);
+}
+
+absl::Status PruneCheckpoints(const fs::path& output_dir, int64_t keep, const std::string& tag) {
+  const fs::path dir = CheckpointsDir(output_dir);
+  std::error_code ec;
+  if (!fs::exists(dir, ec)) return absl::OkStatus();
+  std::vector<std::pair<int64_t, fs::path>> complete;
+  std::vector<fs::path> stale;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (std::optional<int64_t> iteration = IterationOfName(name)) {
+      if (fs::exists(entry.path() / "index.json", ec)) complete.emplace_back(*iteration, entry.path());
+    } else if (name.starts_with(".iter_") && name.find(".tmp-") != std::string::npos &&
+               !name.ends_with(".tmp-" + tag)) {
+      stale.push_back(entry.path());
+    }
+  }
+  std::sort(complete.begin(), complete.end());
+  const int64_t drop = static_cast<int64_t>(complete.size()) - std::max<int64_t>(1, keep);
+  for (int64_t i = 0; i < drop; ++i) stale.push_back(complete[static_cast<size_t>(i)].second);
+  for (const fs::path& path : stale) {
+    fs::remove_all(path, ec);
+    if (ec) return absl::InternalError(StrCat("cannot remove ", path.string(), ": ", ec.message()));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<const CheckpointReader>> CheckpointReader::Open(const fs::path& dir) {
+  const fs::path index_path = dir / "index.json";
+  const auto fail = [&](auto&&... parts) {
+    return absl::InvalidArgumentError(StrCat("checkpoint ", dir.string(), ": ", parts...));
+  };
+  std::ifstream in(index_path, std::ios::binary);
+  if (!in) {
+    std::error_code ec;
+    if (!fs::is_directory(dir, ec))
+      return absl::NotFoundError(StrCat("checkpoint ", dir.string(), ": no such directory"));
+    return absl::NotFoundError(StrCat("checkpoint ", dir.string(), ": no index.json (not a complete checkpoint)"));
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  const nlohmann::json index = nlohmann::json::parse(text.str(), nullptr, false);
+  if (!index.is_object()) return fail("index.json is not a JSON object");
+  if (index.value("format", "") != kFormat || !index.contains("version") || index["version"] != kVersion) {
+    return fail("index.json is not a ", kFormat, " version ", kVersion, " index");
+  }
+  if (!index.contains("iteration") || !index["iteration"].is_number_integer() ||
+      index["iteration"].get<int64_t>() < 0) {
+    return fail("index.json has no iteration");
+  }
+  if (!index.contains("tensors") || !index["tensors"].is_object()) return fail("index.json has no tensors");
+  std::shared_ptr<CheckpointReader> reader(new CheckpointReader);
+  reader->dir_ = dir;
+  reader->iteration_ = index["iteration"].get<int64_t>();
+  reader->config_ = index.value("config", nlohmann::json::object());
+  for (const auto& [name, value] : index["tensors"].items()) {
+    if (!value.is_object() || !value.contains("dtype") || !value["dtype"].is_string() || !value.contains("shards") ||
+        !value["shards"].is_array()) {
+      return fail("index.json: tensor '", name, "' needs dtype, shape and shards");
+    }
+    Entry entry;
+    auto dtype = SafetensorsDTypeFromName(value["dtype"].get<std::string>());
+    if (!dtype.ok()) return fail("index.json: tensor '", name, "': ", dtype.status().message());
+    entry.meta.dtype = *dtype;
+    auto shape = IntList(value.value("shape", nlohmann::json()), "shape");
+    if (!shape.ok()) return fail("index.json: tensor '", name, "': ", shape.status().message());
+    entry.meta.shape = Shape(*shape);
+    for (const auto& shard : value["shards"]) {
+      if (!shard.is_object() || !shard.contains("file") || !shard["file"].is_string()) {
+        return fail("index.json: tensor '", name, "': a shard without a file");
+      }
+      Shard s;
+      s.file = shard["file"].get<std::string>();
+      // Only plain file names inside the checkpoint: an index must not reach
+      // elsewhere on the disk.
+      if (s.file.empty() || s.file.find('/') != std::string::npos || s.file == "." || s.file == "..") {
+        return fail("index.json: tensor '", name, "': shard file '", s.file, "' is not a file name in the checkpoint");
+      }
+      auto offset = IntList(shard.value("offset", nlohmann::json()), "offset");
+      auto extent = IntList(shard.value("shape", nlohmann::json()), "shape");
+      if (!offset.ok() || !extent.ok() || offset->size() != shape->size() || extent->size() != shape->size()) {
+        return fail("index.json: tensor '", name, "': a shard's offset or shape is not a list of ", shape->size(),
+                    " sizes");
+      }
+      for (size_t a = 0; a < shape->size(); ++a) {
+        if ((*offset)[a] + (*extent)[a] > (*shape)[a]) {
+          return fail("index.json: tensor '", name, "': a shard lies outside the tensor");
+        }
+      }
+      s.offset = *offset;
+      s.shape = Shape(*extent);
+      entry.shards.push_back(std::move(s));
+    }
+    reader->tensors_[name] = std::move(entry);
+  }
+  return std::shared_ptr<const CheckpointReader>(std::move(reader));
+}
+
+absl::StatusOr<TensorMeta> CheckpointReader::Meta(const std::string& name) const {
+  auto it = tensors_.find(name);
+  if (it == tensors_.end())
+    return absl::NotFoundError(StrCat("checkpoint ", dir_.string(), " has no tensor '", name, "'"));
+  return it->second.meta;
+}
+
+absl::StatusOr<const SafetensorsFile*> CheckpointReader::File(const std::string& name) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = files_.find(name);
+  if (it == files_.end()) {
+    ASSIGN_OR_RETURN(auto file, SafetensorsFile::Open(dir_ / name));
+    it = files_.emplace(name, std::move(file)).first;
+  }
+  return it->second.get();
+}
+
+absl::Status CheckpointReader::Read(const std::string& name, const TensorSlice& slice, const Tensor& out) const {
+  ASSIGN_OR_RETURN(const TensorMeta meta, Meta(name));
+  if (meta.shape != slice.logical || meta.dtype != out.dtype()) {
+    return absl::InvalidArgumentError(StrCat("checkpoint ", dir_.string(), ": tensor '", name, "' is ", meta.ToString(),
+                                             ", the model's is ", TensorMeta{out.dtype(), slice.logical}.ToString()));
+  }
+  if (out.shape() != slice.local) {
+    return absl::InternalError(StrCat("checkpoint: '", name, "': the target is ", out.shape().ToString(),
+                                      ", its slice ", slice.local.ToString()));
+  }
+  const size_t element = DTypeSize(meta.dtype);
+  int64_t copied = 0;
+  for (const Shard& shard : tensors_.at(name).shards) {
+    ASSIGN_OR_RETURN(const SafetensorsFile* file, File(shard.file));
+    const SafetensorsFile::Entry* entry = file->Find(name);
+    if (entry == nullptr || entry->dtype != meta.dtype || entry->shape != shard.shape) {
+      return absl::InvalidArgumentError(StrCat("checkpoint ", dir_.string(), ": ", shard.file,
+                                               " does not hold the shard of '", name, "' that index.json lists"));
+    }
+    copied += CopyOverlap(entry->data, shard.offset, shard.shape.dims(), static_cast<char*>(out.raw_data()),
+                          slice.offset, slice.local.dims(), element);
+  }
+  if (copied != out.NumElements()) {
+    return absl::InvalidArgumentError(StrCat("checkpoint ", dir_.string(), ": the shards of '", name, "' cover ",
+                                             copied, " of the ", out.NumElements(), " elements asked for"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status BindCheckpointInitializers(const proto::Plan& plan, std::shared_ptr<const CheckpointReader> reader,
+                                        bool weights_only, const ops::OpRegistry& registry,
+                                        actors::HostCallbacks& callbacks) {
+  ASSIGN_OR_RETURN(std::vector<KeptTaskInfo> tasks, KeptTasks(plan));
+  for (KeptTaskInfo& info : tasks) {
+    // Checked here, before anything runs: every tensor exists with the
+    // model's shape and dtype.
+    for (size_t k = 0; k < info.tensors.size(); ++k) {
+      if (weights_only && k > 0) break;
+      const KeptTensorInfo& t = info.tensors[k];
+      ASSIGN_OR_RETURN(const TensorMeta meta, reader->Meta(t.name));
+      if (meta.shape != t.slice.logical || meta.dtype != t.local.dtype) {
+        return absl::InvalidArgumentError(StrCat("checkpoint ", reader->dir().string(), ": tensor '", t.name, "' is ",
+                                                 meta.ToString(), ", the model's is ",
+                                                 TensorMeta{t.local.dtype, t.slice.logical}.ToString()));
+      }
+    }
+    const proto::Task task = *info.task;
+    callbacks.initializers[task.callback()] = [reader, info = std::move(info), task, weights_only,
+                                               &registry](const std::vector<Tensor>& tensors) -> absl::Status {
+      if (weights_only) RETURN_IF_ERROR(actors::RunInitRules(task, registry, tensors));
+      for (size_t k = 0; k < tensors.size() && k < info.tensors.size(); ++k) {
+        if (weights_only && k > 0) break;
+        RETURN_IF_ERROR(reader->Read(info.tensors[k].name, info.tensors[k].slice, tensors[k]));
+      }
+      return absl::OkStatus();
+    };
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace tessera

@@ -1,0 +1,182 @@
+#include "train/lr_schedule.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numbers>
+#include <utility>
+
+#include "core/status.h"
+
+namespace tessera {
+namespace {
+
+using config::Binding;
+using config::KeySpec;
+using config::Section;
+
+// The keys every warmup schedule shares; their specs are written once here.
+KeySpec WarmupFactorSpec() {
+  return {.min = 0, .max = 1, .doc = "learning-rate multiplier at the start of the warmup"};
+}
+KeySpec WarmupMethodSpec() {
+  return {.choices = {"linear", "constant"},
+          .doc =
+              "shape of the warmup: `linear` from `warmup_factor` × lr up to lr, or `constant` at "
+              "`warmup_factor` × lr"};
+}
+KeySpec AlphaSpec() { return {.min = 0, .max = 1, .doc = "final learning rate as a fraction of the peak"}; }
+
+Binding<WarmupCosineLRConfig> MakeWarmupCosineLRKeys() {
+  Binding<WarmupCosineLRConfig> b(
+      "LiBai's WarmupCosineLR: warmup over `train.warmup_ratio` of the iterations, then cosine decay to `alpha` × lr "
+      "at `train.train_iter`.");
+  b.Field("warmup_factor", &WarmupCosineLRConfig::warmup_factor, WarmupFactorSpec());
+  b.Field("alpha", &WarmupCosineLRConfig::alpha, AlphaSpec());
+  b.Field("warmup_method", &WarmupCosineLRConfig::warmup_method, WarmupMethodSpec());
+  return b;
+}
+
+Binding<WarmupLinearLRConfig> MakeWarmupLinearLRKeys() {
+  Binding<WarmupLinearLRConfig> b(
+      "Warmup over `train.warmup_ratio` of the iterations, then linear decay from lr to `alpha` × lr at "
+      "`train.train_iter`.");
+  b.Field("warmup_factor", &WarmupLinearLRConfig::warmup_factor, WarmupFactorSpec());
+  b.Field("alpha", &WarmupLinearLRConfig::alpha, AlphaSpec());
+  b.Field("warmup_method", &WarmupLinearLRConfig::warmup_method, WarmupMethodSpec());
+  return b;
+}
+
+Binding<WarmupMultiStepLRConfig> MakeWarmupMultiStepLRKeys() {
+  Binding<WarmupMultiStepLRConfig> b(
+      "LiBai's WarmupMultiStepLR: warmup over `train.warmup_ratio` of the iterations; the learning rate is multiplied "
+      "by `gamma` at each milestone.");
+  b.Field("warmup_factor", &WarmupMultiStepLRConfig::warmup_factor, WarmupFactorSpec());
+  b.Field("milestones", &WarmupMultiStepLRConfig::milestones,
+          {.min = 1,
+           .doc = "iterations (from 0, strictly increasing, at most `train.train_iter`) from which the learning rate "
+                  "is multiplied by one more `gamma`; empty: none"});
+  b.Field("gamma", &WarmupMultiStepLRConfig::gamma,
+          {.min = 0, .max = 1, .exclusive_min = true, .doc = "factor applied at each milestone"});
+  b.Field("warmup_method", &WarmupMultiStepLRConfig::warmup_method, WarmupMethodSpec());
+  return b;
+}
+
+// The milestone checks the schema cannot make: they relate elements to each
+// other and to train.train_iter.
+absl::Status CheckMilestones(const std::vector<int64_t>& milestones, int64_t train_iter) {
+  for (size_t i = 0; i < milestones.size(); ++i) {
+    if (i > 0 && milestones[i] <= milestones[i - 1]) {
+      return absl::InvalidArgumentError(StrCat("lr_scheduler.milestones must be strictly increasing: milestones[", i,
+                                               "] = ", milestones[i], " follows ", milestones[i - 1]));
+    }
+    if (milestones[i] > train_iter) {
+      return absl::InvalidArgumentError(
+          StrCat("lr_scheduler.milestones[", i, "] = ", milestones[i], " is past train.train_iter = ", train_iter));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+const Binding<WarmupCosineLRConfig>& WarmupCosineLRKeys() {
+  static const auto* const keys = new Binding<WarmupCosineLRConfig>(MakeWarmupCosineLRKeys());
+  return *keys;
+}
+const Binding<WarmupLinearLRConfig>& WarmupLinearLRKeys() {
+  static const auto* const keys = new Binding<WarmupLinearLRConfig>(MakeWarmupLinearLRKeys());
+  return *keys;
+}
+const Binding<WarmupMultiStepLRConfig>& WarmupMultiStepLRKeys() {
+  static const auto* const keys = new Binding<WarmupMultiStepLRConfig>(MakeWarmupMultiStepLRKeys());
+  return *keys;
+}
+
+Section LrSchedulerSection() {
+  return Section("The learning-rate schedule, by `_target_`.")
+      .Target("WarmupCosineLR", WarmupCosineLRKeys().section())
+      .Target("WarmupLinearLR", WarmupLinearLRKeys().section())
+      .Target("WarmupMultiStepLR", WarmupMultiStepLRKeys().section())
+      .Target("ConstantLR", Section("The peak learning rate throughout, without warmup."))
+      .DefaultTarget("WarmupCosineLR");
+}
+
+double LrSchedule::Warmup(int64_t iteration, double base) const {
+  if (!linear_warmup_) return base * warmup_factor_;
+  // This expression, not base × (warmup_factor + (1 − warmup_factor) × a),
+  // which rounds differently: the trainer's schedule has always computed
+  // this one, and the losses of existing runs depend on every bit of it.
+  const double a = static_cast<double>(iteration) / static_cast<double>(warmup_iters_);
+  return base * (warmup_factor_ * (1 - a) + a);
+}
+
+double LrSchedule::At(int64_t iteration) const {
+  TESSERA_CHECK(iteration >= 0, "learning rate of iteration ", iteration);
+  if (kind_ == Kind::kConstant) return base_lr_;
+  if (kind_ == Kind::kWarmupMultiStep) {
+    // The milestones are sorted: those passed are the ones up to the first
+    // milestone past `iteration`.
+    const auto passed = std::upper_bound(milestones_.begin(), milestones_.end(), iteration) - milestones_.begin();
+    const double base = base_lr_ * std::pow(gamma_, static_cast<double>(passed));
+    return iteration < warmup_iters_ ? Warmup(iteration, base) : base;
+  }
+  if (iteration < warmup_iters_) return Warmup(iteration, base_lr_);
+  // A warmup of all train_iter iterations leaves a span of 0; 1 keeps the
+  // division finite and the decay already complete.
+  const int64_t span = std::max<int64_t>(1, train_iter_ - warmup_iters_);
+  const double progress = std::min(1.0, static_cast<double>(iteration - warmup_iters_) / static_cast<double>(span));
+  const double decay = kind_ == Kind::kWarmupCosine ? 0.5 * (1 + std::cos(std::numbers::pi * progress)) : 1 - progress;
+  return base_lr_ * ((1 - alpha_) * decay + alpha_);
+}
+
+absl::StatusOr<LrSchedule> MakeLrSchedule(const nlohmann::json& resolved_lr_scheduler_node, double base_lr,
+                                          int64_t train_iter, double warmup_ratio) {
+  const nlohmann::json& node = resolved_lr_scheduler_node;
+  if (!(std::isfinite(base_lr) && base_lr > 0)) {
+    return absl::InvalidArgumentError(StrCat("learning rate must be finite and > 0, got ", base_lr));
+  }
+  if (train_iter < 1) return absl::InvalidArgumentError(StrCat("train.train_iter must be >= 1, got ", train_iter));
+  if (!(warmup_ratio >= 0 && warmup_ratio <= 1)) {
+    return absl::InvalidArgumentError(StrCat("train.warmup_ratio must be in [0, 1], got ", warmup_ratio));
+  }
+  const auto target_it = node.is_object() ? node.find("_target_") : node.end();
+  if (target_it == node.end() || !target_it->is_string()) {
+    return absl::InvalidArgumentError("lr_scheduler has no _target_ (not a resolved config)");
+  }
+  const std::string target = target_it->get<std::string>();
+
+  LrSchedule s;
+  s.base_lr_ = base_lr;
+  s.train_iter_ = train_iter;
+  if (target == "ConstantLR") return s;
+  s.warmup_iters_ = static_cast<int64_t>(std::llround(warmup_ratio * static_cast<double>(train_iter)));
+  const auto set_warmup = [&s](double warmup_factor, const std::string& method) {
+    s.warmup_factor_ = warmup_factor;
+    s.linear_warmup_ = method == "linear";
+  };
+  if (target == "WarmupCosineLR") {
+    ASSIGN_OR_RETURN(const WarmupCosineLRConfig c, WarmupCosineLRKeys().Read(node));
+    s.kind_ = LrSchedule::Kind::kWarmupCosine;
+    set_warmup(c.warmup_factor, c.warmup_method);
+    s.alpha_ = c.alpha;
+  } else if (target == "WarmupLinearLR") {
+    ASSIGN_OR_RETURN(const WarmupLinearLRConfig c, WarmupLinearLRKeys().Read(node));
+    s.kind_ = LrSchedule::Kind::kWarmupLinear;
+    set_warmup(c.warmup_factor, c.warmup_method);
+    s.alpha_ = c.alpha;
+  } else if (target == "WarmupMultiStepLR") {
+    ASSIGN_OR_RETURN(WarmupMultiStepLRConfig c, WarmupMultiStepLRKeys().Read(node));
+    RETURN_IF_ERROR(CheckMilestones(c.milestones, train_iter));
+    s.kind_ = LrSchedule::Kind::kWarmupMultiStep;
+    set_warmup(c.warmup_factor, c.warmup_method);
+    s.milestones_ = std::move(c.milestones);
+    s.gamma_ = c.gamma;
+  } else {
+    return absl::InvalidArgumentError(
+        StrCat("lr_scheduler._target_ '", target,
+               "' is not a schedule (WarmupCosineLR, WarmupLinearLR, WarmupMultiStepLR, ConstantLR)"));
+  }
+  return s;
+}
+
+}  // namespace tessera

@@ -1,0 +1,115 @@
+#pragma once
+// Learning-rate schedules, as LiBai's (`lr_scheduler` by `_target_`), and
+// the schema of their keys.
+//
+// Every schedule but ConstantLR starts with a warmup of
+//   W = round(train.warmup_ratio × train.train_iter)
+// iterations (iterations counted from 0):
+//   linear:   lr(i) = base × (warmup_factor × (1 − i/W) + i/W)   for i < W
+//   constant: lr(i) = base × warmup_factor                      for i < W
+// and after it (i ≥ W), with T = train.train_iter and
+// p = min(1, (i − W) / max(1, T − W)):
+//   WarmupCosineLR     base × ((1 − alpha) × (1 + cos(π p)) / 2 + alpha)
+//   WarmupLinearLR     base × ((1 − alpha) × (1 − p) + alpha)
+//   WarmupMultiStepLR  base × gamma^k, k = the milestones m with m ≤ i
+//   ConstantLR         base for every i (no warmup)
+// WarmupMultiStepLR's milestones are absolute iterations, so they count
+// during the warmup too: there lr(i) = warmup multiplier × base × gamma^k.
+// Past T the cosine and linear schedules stay at base × alpha.
+//
+// The cosine and linear decays run from the end of the warmup to T (not
+// from iteration 0 as OneFlow's CosineDecayLR inside LiBai's warmup wrapper
+// does), so the schedule reaches its peak, base, exactly when the warmup
+// ends and alpha exactly at T whatever the warmup length.
+//
+// Each target's keys are declared once, with the struct they fill, through
+// config::Binding; LrSchedulerSection() is the `lr_scheduler` section of the
+// job schema and MakeLrSchedule() turns its resolved node into a schedule.
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "core/schema.h"
+#include "nlohmann/json.hpp"
+
+namespace tessera {
+
+// LiBai's WarmupCosineLR.
+struct WarmupCosineLRConfig {
+  double warmup_factor = 0.001;
+  std::string warmup_method = "linear";
+  double alpha = 0.01;
+};
+
+// Linear decay from base (end of the warmup) to base × alpha (train_iter).
+struct WarmupLinearLRConfig {
+  double warmup_factor = 0.001;
+  std::string warmup_method = "linear";
+  double alpha = 0.0;
+};
+
+// LiBai's WarmupMultiStepLR.
+struct WarmupMultiStepLRConfig {
+  double warmup_factor = 0.001;
+  std::string warmup_method = "linear";
+  std::vector<int64_t> milestones;
+  double gamma = 0.1;
+};
+
+// The bindings (schema + reader) of each target.
+const config::Binding<WarmupCosineLRConfig>& WarmupCosineLRKeys();
+const config::Binding<WarmupLinearLRConfig>& WarmupLinearLRKeys();
+const config::Binding<WarmupMultiStepLRConfig>& WarmupMultiStepLRKeys();
+
+// The `lr_scheduler` section: targets WarmupCosineLR (the default, as
+// LiBai's configs/common), WarmupLinearLR, WarmupMultiStepLR and ConstantLR.
+config::Section LrSchedulerSection();
+
+// The learning rate of every iteration of one job. An immutable value,
+// safe to share between threads; made by MakeLrSchedule.
+class LrSchedule {
+ public:
+  enum class Kind { kConstant, kWarmupCosine, kWarmupLinear, kWarmupMultiStep };
+
+  // The learning rate of `iteration` (from 0; TESSERA_CHECKed ≥ 0). Any
+  // iteration is allowed: past train_iter the schedule holds its last value
+  // (the multi-step one keeps its last factor).
+  [[nodiscard]] double At(int64_t iteration) const;
+
+  Kind kind() const { return kind_; }
+  double base_lr() const { return base_lr_; }
+  // Iterations of warmup (0 for ConstantLR).
+  int64_t warmup_iters() const { return warmup_iters_; }
+  int64_t train_iter() const { return train_iter_; }
+
+ private:
+  friend absl::StatusOr<LrSchedule> MakeLrSchedule(const nlohmann::json&, double, int64_t, double);
+  LrSchedule() = default;
+
+  // base × the warmup multiplier of an iteration < warmup_iters_.
+  double Warmup(int64_t iteration, double base) const;
+
+  Kind kind_ = Kind::kConstant;
+  double base_lr_ = 0;
+  int64_t train_iter_ = 1;
+  int64_t warmup_iters_ = 0;
+  double warmup_factor_ = 1;
+  bool linear_warmup_ = true;
+  double alpha_ = 1;                 // cosine, linear
+  std::vector<int64_t> milestones_;  // multi-step: strictly increasing
+  double gamma_ = 1;                 // multi-step
+};
+
+// The schedule of a resolved `lr_scheduler` node (Resolve(LrSchedulerSection)
+// made it: `_target_` present, every key valid), with the optimizer's
+// `base_lr` (> 0), `train_iter` (≥ 1) and `warmup_ratio` (in [0, 1]) from
+// `train`. INVALID_ARGUMENT, one line naming the key, for what the schema
+// cannot check alone: milestones not strictly increasing or past train_iter;
+// also for arguments out of range or an unresolved node.
+[[nodiscard]] absl::StatusOr<LrSchedule> MakeLrSchedule(const nlohmann::json& resolved_lr_scheduler_node,
+                                                        double base_lr, int64_t train_iter, double warmup_ratio);
+
+}  // namespace tessera
