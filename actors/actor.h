@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "actors/iteration_gate.h"
 #include "actors/launch_order.h"
 #include "actors/message.h"
 #include "comm/collective/communicator.h"
@@ -89,6 +90,9 @@ struct ActorEnvironment {
   // order (null: each launches as soon as it can; only for plans whose
   // collectives and transfers never share a communicator).
   CollectiveCoordinator* coordinator = nullptr;
+  // Ends the run early at an iteration boundary (actors/iteration_gate.h);
+  // null: the plan's iterations.
+  IterationGate* gate = nullptr;
 };
 
 class Actor {

@@ -108,6 +108,7 @@ class LoadedJob {
     job->env.pool = options.pool;
     job->env.iterations = job->plan.iterations();
     job->env.start_iteration = job->plan.start_iteration();
+    job->env.gate = options.gate;
     comm::ShmHub* hub = options.hub;
     if (hub == nullptr) {
       job->own_hub = std::make_unique<comm::ShmHub>();
@@ -520,6 +521,10 @@ absl::StatusOr<std::unique_ptr<Runtime>> Runtime::LoadNodePlan(std::string_view 
   ASSIGN_OR_RETURN(std::unique_ptr<Runtime> runtime, LoadSerialized(SerializePlan(node_plan.plan()), std::move(options)));
   Core& core = *runtime->core_;
   if (node_plan.peers_size() > 0) {
+    if (core.options.gate != nullptr) {
+      return absl::InvalidArgumentError(
+          "an iteration gate serves a plan without peer nodes (the peers cannot see where it stops)");
+    }
     core.peers.assign(node_plan.peers().begin(), node_plan.peers().end());
     ASSIGN_OR_RETURN(core.node_bus, LinkPeers(node_plan.node(), core.peers, core.options));
   }

@@ -21,7 +21,9 @@
 #include "data/bpe_trainer.h"
 #include "data/preprocess.h"
 #include "data/tokenizer.h"
+#include "train/export.h"
 #include "train/generate.h"
+#include "train/job_config.h"
 
 namespace tessera {
 namespace {
@@ -239,6 +241,7 @@ void AddGenerate(CLI::App& app) {
   struct Flags {
     std::string path;
     std::string prompt;
+    std::string config;
     TextGenerateOptions options;
     int threads = 0;
   };
@@ -246,9 +249,13 @@ void AddGenerate(CLI::App& app) {
   CLI::App* verb = app.add_subcommand(
       "generate", "Continue a prompt with a trained GPT (its latest checkpoint, with a KV cache) and print the text");
   verb->add_option("CHECKPOINT_OR_OUTPUT_DIR", flags->path,
-                   "A checkpoint (output_dir/checkpoints/iter_N) or a training output directory (its latest one)")
+                   "A checkpoint (output_dir/checkpoints/iter_N), a training output directory (its latest one), "
+                   "or Hugging Face GPT-2 weights (model.safetensors, with --config)")
       ->required();
   verb->add_option("--prompt", flags->prompt, "The text to continue")->required();
+  verb->add_option("--config", flags->config,
+                   "A run config (model and tokenization sections) to use instead of the checkpoint's; required "
+                   "for Hugging Face weights");
   verb->add_option("--max-new-tokens", flags->options.generate.max_new_tokens, "Tokens to generate at most")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 20))
       ->capture_default_str();
@@ -272,11 +279,38 @@ void AddGenerate(CLI::App& app) {
     std::unique_ptr<ThreadPool> pool;
     if (threads > 1) pool = std::make_unique<ThreadPool>(threads);
     flags->options.generator.pool = pool.get();
+    if (!flags->config.empty()) {
+      auto config = LoadJobConfig(ExpandPath(flags->config), {});
+      if (!config.ok()) Fail(std::string(config.status().message()));
+      flags->options.generator.run_config = *config;
+    }
     auto generated = GenerateText(ExpandPath(flags->path), flags->prompt, flags->options);
     if (!generated.ok()) Fail(std::string(generated.status().message()));
     std::fwrite(flags->prompt.data(), 1, flags->prompt.size(), stdout);
     std::fwrite(generated->text.data(), 1, generated->text.size(), stdout);
     std::fputs("\n", stdout);
+    std::fflush(stdout);
+    Succeed();
+  });
+}
+
+void AddExport(CLI::App& app) {
+  struct Flags {
+    std::string path;
+    std::string output;
+  };
+  auto flags = std::make_shared<Flags>();
+  CLI::App* verb = app.add_subcommand(
+      "export", "Write a trained GPT-2's weights as Hugging Face's model.safetensors (GPT2Model's names and layout)");
+  verb->add_option("CHECKPOINT_OR_OUTPUT_DIR", flags->path,
+                   "A checkpoint (output_dir/checkpoints/iter_N) or a training output directory (its latest one)")
+      ->required();
+  verb->add_option("--output", flags->output, "The safetensors file to write (replaced if it exists)")->required();
+  verb->callback([flags] {
+    auto summary = ExportHuggingFace(ExpandPath(flags->path), ExpandPath(flags->output));
+    if (!summary.ok()) Fail(std::string(summary.status().message()));
+    std::printf("exported %lld tensors (%.1f MB) of %s to %s\n", static_cast<long long>(summary->tensors),
+                static_cast<double>(summary->bytes) / 1e6, summary->checkpoint.c_str(), flags->output.c_str());
     std::fflush(stdout);
     Succeed();
   });
@@ -288,6 +322,7 @@ void AddDataCommands(CLI::App& app) {
   AddPreprocess(app);
   AddTokenize(app);
   AddGenerate(app);
+  AddExport(app);
 }
 
 }  // namespace tessera

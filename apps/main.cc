@@ -3,7 +3,12 @@
 // input; nothing an input can trigger (an exception from a library, an
 // allocation sized by the user) escapes as a crash.
 
+#include <atomic>
+#include <chrono>
+#include <csignal>
 #include <cstdio>
+#include <memory>
+#include <thread>
 #include <exception>
 #include <new>
 #include <string>
@@ -56,12 +61,46 @@ int RunConfig(const std::string& path, const std::vector<std::string>& overrides
   return 0;
 }
 
+// The signal that asked `tessera train` to stop (0: none yet). The handler
+// only records it and restores the default action, so a second Ctrl-C
+// ends the process at once; a watcher thread turns it into a graceful stop.
+volatile std::sig_atomic_t g_stop_signal = 0;
+
+extern "C" void OnStopSignal(int signal) {
+  g_stop_signal = signal;
+  std::signal(signal, SIG_DFL);
+}
+
 int RunTrain(const std::string& path, const std::vector<std::string>& overrides) {
   auto config = tessera::LoadJobConfig(path, overrides);
   if (!config.ok()) return Fail(std::string(config.status().message()));
+  // Ctrl-C / SIGTERM: finish the iteration in flight, write a checkpoint
+  // there, exit 130 / 143 (128 + the signal).
+  auto stop = std::make_shared<tessera::cluster::GracefulStop>();
+  std::atomic<bool> done = false;
+  std::signal(SIGINT, OnStopSignal);
+  std::signal(SIGTERM, OnStopSignal);
+  std::thread watcher([&] {
+    while (!done.load()) {
+      if (g_stop_signal != 0 && !stop->requested()) {
+        std::fprintf(stderr, "\ntessera: %s: stopping after this iteration and writing a checkpoint "
+                     "(again to stop at once)\n", g_stop_signal == SIGINT ? "interrupted" : "terminated");
+        stop->Request();
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  });
   // The master and worker code of a cluster, in this process.
-  const absl::Status trained = tessera::cluster::TrainOnThisMachine(*config, stdout);
-  if (!trained.ok()) return Fail(std::string(trained.message()));
+  const absl::Status trained = tessera::cluster::TrainOnThisMachine(*config, stdout, stop);
+  done = true;
+  watcher.join();
+  std::signal(SIGINT, SIG_DFL);
+  std::signal(SIGTERM, SIG_DFL);
+  if (!trained.ok()) {
+    const int signal = g_stop_signal;
+    Fail(std::string(trained.message()));
+    return trained.code() == absl::StatusCode::kCancelled && signal != 0 ? 128 + signal : 1;
+  }
   return 0;
 }
 

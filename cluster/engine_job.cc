@@ -44,7 +44,7 @@ class EngineJobCompiler final : public JobCompiler {
     ASSIGN_OR_RETURN(std::unique_ptr<JobFeed> feed, JobFeed::Make(resolved));
     // Where it starts (a resume's checkpoint, load_weight's) is checked at
     // submit too, so a missing or finished checkpoint is a submit error.
-    ASSIGN_OR_RETURN(const RunStart start, ResolveRunStart(feed->train()));
+    ASSIGN_OR_RETURN(const RunStart start, ResolveRunStart(feed->train(), feed->global_batch()));
     JobSpec spec;
     spec.devices_needed = feed->devices();
     spec.iterations = feed->iterations();
@@ -108,10 +108,61 @@ class EnginePlanRunner final : public PlanRunner {
   // end that is a checkpoint boundary (train.checkpointer.period, and the
   // last iteration). Every node cuts the same segments (they follow from the
   // config), so each segment's communicators meet under their own KV prefix.
+  // A graceful stop (EngineRunnerOptions::graceful_stop) closes the
+  // training segment's iteration gate; the run then ends at the iteration
+  // reached, with a checkpoint there.
   absl::Status Run() override {
     const proto::Plan& plan = node_plan_.plan();
-    const TrainConfig& train = feed_->train();
     const int64_t first = plan.start_iteration(), end = first + plan.iterations();
+    // One node: a stop request closes the gate; several: it aborts.
+    const bool single_node = context_.slots.size() <= 1;
+    int watch = -1;
+    if (options_.graceful_stop != nullptr) {
+      watch = options_.graceful_stop->Watch([this, single_node] {
+        std::lock_guard<std::mutex> lock(mu_);
+        stop_requested_ = true;
+        if (!single_node) {
+          if (cancelled_.ok()) cancelled_ = absl::CancelledError("interrupted (a job spanning nodes stops at once)");
+          if (runtime_ != nullptr) runtime_->Abort(cancelled_);
+        } else if (gate_ != nullptr) {
+          gate_->Close();
+        }
+      });
+    }
+    absl::Status status = RunSegments(first, end, single_node);
+    if (watch >= 0) options_.graceful_stop->Unwatch(watch);
+    return status;
+  }
+
+  void Cancel(const absl::Status& reason) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (cancelled_.ok()) cancelled_ = reason.ok() ? absl::CancelledError("the job was cancelled") : reason;
+    if (runtime_ != nullptr) runtime_->Abort(cancelled_);
+  }
+
+ private:
+  bool StopRequested() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return stop_requested_;
+  }
+
+  // Ends an interrupted run at `iteration`: a checkpoint there (unless
+  // nothing was trained, or `saved`: written already), then Cancelled
+  // saying where.
+  absl::Status Interrupted(int64_t iteration, int64_t first, bool saved = false) {
+    const TrainConfig& train = feed_->train();
+    if (iteration == first || kept_.empty()) {
+      return absl::CancelledError(StrCat("interrupted at iteration ", iteration, " before training; no checkpoint written"));
+    }
+    if (train.output_dir.empty()) return absl::CancelledError(StrCat("interrupted at iteration ", iteration));
+    if (!saved) RETURN_IF_ERROR(SaveCheckpoint(iteration, /*force=*/true));
+    return absl::CancelledError(StrCat("interrupted at iteration ", iteration, "; checkpoint ",
+                                       CheckpointPath(train.output_dir, iteration).string(),
+                                       " (--resume continues from it)"));
+  }
+
+  absl::Status RunSegments(int64_t first, int64_t end, bool single_node) {
+    const TrainConfig& train = feed_->train();
     std::shared_ptr<const CheckpointReader> init;
     if (!node_plan_.init_checkpoint().empty()) {
       ASSIGN_OR_RETURN(init, CheckpointReader::Open(node_plan_.init_checkpoint()));
@@ -120,7 +171,9 @@ class EnginePlanRunner final : public PlanRunner {
     const int64_t checkpoint_period = train.checkpointer.period.value_or(end);
     const int64_t eval_period = train.evaluation.eval_period.value_or(end);
     int segment = 0;
+    int64_t saved = -1;  // the iteration of the last checkpoint this run wrote
     for (int64_t start = first; start < end; ++segment) {
+      if (StopRequested()) return Interrupted(start, first, /*saved=*/saved == start);
       const int64_t stop = std::min({end, (start / checkpoint_period + 1) * checkpoint_period,
                                      (start / eval_period + 1) * eval_period});
       proto::NodePlan part = node_plan_;
@@ -134,22 +187,33 @@ class EnginePlanRunner final : public PlanRunner {
                                                    ops::BuiltinOps(), options.callbacks));
       }
       kept_.Bind(part.plan(), options.callbacks);
-      RETURN_IF_ERROR(RunSegment(actors::SerializeNodePlan(part), std::move(options)));
+      actors::IterationGate gate;
+      if (single_node && options_.graceful_stop != nullptr) {
+        options.gate = &gate;
+        std::lock_guard<std::mutex> lock(mu_);
+        gate_ = &gate;
+        if (stop_requested_) gate.Close();
+      }
+      absl::Status ran = RunSegment(actors::SerializeNodePlan(part), std::move(options));
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        gate_ = nullptr;
+      }
+      RETURN_IF_ERROR(ran);
+      if (gate.limit() && start + *gate.limit() < stop) {
+        return Interrupted(start + *gate.limit(), first, /*saved=*/saved == start + *gate.limit());
+      }
       const bool last = stop == end;
       if (last || stop % eval_period == 0) RETURN_IF_ERROR(Evaluate(stop, segment));
-      if (last || stop % checkpoint_period == 0) RETURN_IF_ERROR(SaveCheckpoint(stop));
+      if (last || stop % checkpoint_period == 0) {
+        RETURN_IF_ERROR(SaveCheckpoint(stop));
+        saved = stop;
+      }
       start = stop;
     }
     return absl::OkStatus();
   }
 
-  void Cancel(const absl::Status& reason) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (cancelled_.ok()) cancelled_ = reason.ok() ? absl::CancelledError("the job was cancelled") : reason;
-    if (runtime_ != nullptr) runtime_->Abort(cancelled_);
-  }
-
- private:
   // The options every runtime of the job shares (without callbacks); its
   // communicators and bus links meet under "<job prefix>/<name>" in the KV,
   // a name per segment or evaluation.
@@ -243,10 +307,11 @@ class EnginePlanRunner final : public PlanRunner {
   // boundary, this node writes its ranks' shards into the checkpoint's
   // temporary directory and says so in the KV; node 0 waits for every
   // node, then commits (index.json, rename) and prunes old checkpoints.
-  absl::Status SaveCheckpoint(int64_t iteration) {
+  absl::Status SaveCheckpoint(int64_t iteration, bool force = false) {
     const TrainConfig& train = feed_->train();
     const int64_t end = node_plan_.plan().start_iteration() + node_plan_.plan().iterations();
-    const bool due = iteration == end || (train.checkpointer.period && iteration % *train.checkpointer.period == 0);
+    const bool due = force || iteration == end ||
+                     (train.checkpointer.period && iteration % *train.checkpointer.period == 0);
     if (!due || train.output_dir.empty()) return absl::OkStatus();
     const std::string tag = StrCat(context_.job_id, "-", context_.session);
     const std::filesystem::path temp = CheckpointTempPath(train.output_dir, iteration, tag);
@@ -324,9 +389,38 @@ class EnginePlanRunner final : public PlanRunner {
   std::mutex mu_;
   absl::Status cancelled_ ABSL_GUARDED_BY(mu_);
   actors::Runtime* runtime_ ABSL_GUARDED_BY(mu_) = nullptr;
+  bool stop_requested_ ABSL_GUARDED_BY(mu_) = false;
+  actors::IterationGate* gate_ ABSL_GUARDED_BY(mu_) = nullptr;  // the training segment's, while it runs
 };
 
 }  // namespace
+
+// Watchers run under mu_, so one that Unwatch returned from never runs
+// again (its runner may be gone).
+void GracefulStop::Request() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (requested_) return;
+  requested_ = true;
+  for (auto& [id, fn] : watchers_) fn();
+}
+
+bool GracefulStop::requested() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return requested_;
+}
+
+int GracefulStop::Watch(std::function<void()> fn) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const int id = next_id_++;
+  if (requested_) fn();
+  watchers_[id] = std::move(fn);
+  return id;
+}
+
+void GracefulStop::Unwatch(int id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  watchers_.erase(id);
+}
 
 std::unique_ptr<JobCompiler> MakeEngineJobCompiler() { return std::make_unique<EngineJobCompiler>(); }
 

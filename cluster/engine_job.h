@@ -7,7 +7,10 @@
 // `tessera train`, the daemons and the embedding API all go through these,
 // so a single-box run and a cluster run cannot drift apart.
 
+#include <functional>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -17,6 +20,29 @@ namespace tessera::cluster {
 
 // Thread-compatible (the master serialises its calls).
 std::unique_ptr<JobCompiler> MakeEngineJobCompiler();
+
+// A graceful stop (`tessera train`'s Ctrl-C) for the runners of this
+// process: Request() makes each running job that runs on one node finish
+// the iteration it is in (every actor agreeing where: actors/
+// iteration_gate.h), write a checkpoint there and end with Cancelled
+// "interrupted at iteration N; checkpoint ...". A job spanning nodes is
+// aborted instead (its nodes could not agree where to stop), as Cancel
+// does. Thread-safe; Request may be called from any thread (not from a
+// signal handler).
+class GracefulStop {
+ public:
+  void Request();
+  bool requested() const;
+  // Calls `fn` on Request (at once if already requested), until Unwatch.
+  int Watch(std::function<void()> fn);
+  void Unwatch(int id);
+
+ private:
+  mutable std::mutex mu_;
+  bool requested_ = false;
+  int next_id_ = 0;
+  std::map<int, std::function<void()>> watchers_;
+};
 
 struct EngineRunnerOptions {
   // Where this worker's gloo transport listens when the worker gives no
@@ -29,6 +55,8 @@ struct EngineRunnerOptions {
   // Kernel threads per device when the job sets no train.dist.intra_op_threads
   // (0 = the machine's share).
   int intra_op_threads = 0;
+  // Shared by the runners made by one factory; null: no graceful stop.
+  std::shared_ptr<GracefulStop> graceful_stop;
 };
 
 PlanRunnerFactory MakeEnginePlanRunnerFactory(EngineRunnerOptions options = {});

@@ -49,7 +49,8 @@ absl::Status JobError(const control::JobInfo& info) {
 
 }  // namespace
 
-absl::Status TrainOnThisMachine(const nlohmann::json& config, std::FILE* progress) {
+absl::Status TrainOnThisMachine(const nlohmann::json& config, std::FILE* progress,
+                                std::shared_ptr<GracefulStop> stop) {
   // The master's own checks first, so a bad config starts nothing.
   ASSIGN_OR_RETURN(const JobSpec spec, MakeEngineJobCompiler()->Resolve(config.dump(), {}));
   Security security;
@@ -67,7 +68,7 @@ absl::Status TrainOnThisMachine(const nlohmann::json& config, std::FILE* progres
   worker_options.devices = absl::StrCat("cpu:", spec.devices_needed);
   worker_options.worker_id = kWorkerId;
   worker_options.security = security;
-  Worker worker(worker_options, MakeEnginePlanRunnerFactory());
+  Worker worker(worker_options, MakeEnginePlanRunnerFactory({.graceful_stop = std::move(stop)}));
   RETURN_IF_ERROR(worker.Start().status());
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   while (!worker.registered()) {

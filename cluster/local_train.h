@@ -8,8 +8,10 @@
 // Thread-safety: call from one thread; it blocks until the job ends.
 
 #include <cstdio>
+#include <memory>
 
 #include "absl/status/status.h"
+#include "cluster/engine_job.h"
 #include "nlohmann/json.hpp"
 
 namespace tessera::cluster {
@@ -19,6 +21,10 @@ namespace tessera::cluster {
 // FormatProgressLine); the master writes train.output_dir. Errors: the
 // config's (as the master's compiler reports them, before anything starts),
 // else the job's failure reason as its worker reported it.
-absl::Status TrainOnThisMachine(const nlohmann::json& config, std::FILE* progress);
+// `stop` (may be null): Request() ends the run at the end of the iteration
+// it is in, with a checkpoint there (cluster/engine_job.h GracefulStop); the
+// result is then Cancelled saying where.
+absl::Status TrainOnThisMachine(const nlohmann::json& config, std::FILE* progress,
+                                std::shared_ptr<GracefulStop> stop = nullptr);
 
 }  // namespace tessera::cluster

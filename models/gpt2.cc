@@ -8,11 +8,11 @@
 #include <string>
 #include <utility>
 
-#include "core/philox.h"
 #include "core/status.h"
 #include "core/strings.h"
 #include "core/text.h"
 #include "graph/builder.h"
+#include "models/markov_chain.h"
 #include "nn/layers.h"
 #include "nn/loss.h"
 #include "nn/transformer.h"
@@ -85,12 +85,6 @@ class Gpt2Network : public nn::Module {
   nn::ParallelCrossEntropyLoss loss_;
 };
 
-// Philox streams of the synthetic data (the last counter word).
-constexpr uint32_t kChainStream = 1;
-constexpr uint32_t kSampleStream = 2;
-
-double Uniform01(uint32_t bits) { return static_cast<double>(bits >> 8) * (1.0 / 16777216.0); }
-
 // Largest sizes the schema admits: far past any real GPT, small enough that
 // sizes derived from them stay well inside 64 bits.
 constexpr double kMaxVocab = 2147483647.0;  // token ids fit in int32
@@ -136,33 +130,12 @@ config::Binding<Gpt2Config> MakeKeys() {
 
 }  // namespace
 
-Gpt2::Gpt2(Gpt2Config config) : config_(std::move(config)) {
+Gpt2::Gpt2(Gpt2Config config)
+    : config_(std::move(config)),
+      chain_(MarkovChain::Options{
+          .vocab_size = config_.vocab_size, .successors = config_.markov_successors, .seed = config_.data_seed}) {
   const absl::Status valid = Validate(config_);
   TESSERA_CHECK(valid.ok(), std::string(valid.message()));
-  const int64_t K = config_.markov_successors;
-  double total = 0;
-  for (int64_t k = 0; k < K; ++k) total += std::ldexp(1.0, -static_cast<int>(k));
-  double acc = 0;
-  for (int64_t k = 0; k < K; ++k) {
-    acc += std::ldexp(1.0, -static_cast<int>(k)) / total;
-    cumulative_.push_back(acc);
-  }
-  cumulative_.back() = 1.0;
-}
-
-int64_t Gpt2::Successor(int64_t v, int64_t k) const {
-  // Successor j of v is the j-th distinct draw of v's stream.
-  const PhiloxKey key = MakePhiloxKey(static_cast<uint64_t>(config_.data_seed));
-  const auto V = static_cast<uint32_t>(config_.vocab_size);
-  std::vector<int64_t> taken;
-  uint32_t attempt = 0;
-  while (true) {
-    const auto r = Philox4x32(key, static_cast<uint32_t>(v), static_cast<uint32_t>(taken.size()), attempt++, kChainStream);
-    const auto next = static_cast<int64_t>(r[0] % V);
-    if (std::find(taken.begin(), taken.end(), next) != taken.end()) continue;
-    if (static_cast<int64_t>(taken.size()) == k) return next;
-    taken.push_back(next);
-  }
 }
 
 absl::Status Gpt2::Validate(const Gpt2Config& c) {
@@ -185,10 +158,8 @@ absl::Status Gpt2::Validate(const Gpt2Config& c) {
   if (!(c.layernorm_epsilon > 0) || !(c.initializer_range >= 0)) {
     return fail("layernorm_epsilon must be > 0 and initializer_range >= 0");
   }
-  if (c.markov_successors < 1 || c.markov_successors > c.vocab_size || c.markov_successors > 30) {
-    return fail("markov_successors must be in [1, min(vocab_size, 30)], got ", c.markov_successors);
-  }
-  return absl::OkStatus();
+  return MarkovChain::Validate(
+      {.vocab_size = c.vocab_size, .successors = c.markov_successors, .seed = c.data_seed}, "models.GPT2: ");
 }
 
 const config::Binding<Gpt2Config>& Gpt2::Keys() {
@@ -221,25 +192,6 @@ absl::StatusOr<graph::Graph> Gpt2::BuildEvalGraph(int64_t batch) const {
   return Gpt2(eval).BuildGraph(batch);
 }
 
-std::vector<int64_t> Gpt2::SampleSequence(int64_t iteration, int64_t sample) const {
-  const int64_t V = config_.vocab_size, K = config_.markov_successors, T = config_.seq();
-  const PhiloxKey key = MakePhiloxKey(static_cast<uint64_t>(config_.data_seed));
-  // Draw t of the sample: Philox counter (t, sample, iteration, stream).
-  auto draw = [&](int64_t t) {
-    return Philox4x32(key, static_cast<uint32_t>(t), static_cast<uint32_t>(sample), static_cast<uint32_t>(iteration),
-                      kSampleStream)[0];
-  };
-  std::vector<int64_t> tokens(static_cast<size_t>(T + 1));
-  tokens[0] = static_cast<int64_t>(draw(0) % static_cast<uint32_t>(V));
-  for (int64_t t = 1; t <= T; ++t) {
-    const double u = Uniform01(draw(t));
-    int64_t k = 0;
-    while (k + 1 < K && u >= cumulative_[static_cast<size_t>(k)]) ++k;
-    tokens[static_cast<size_t>(t)] = Successor(tokens[static_cast<size_t>(t - 1)], k);
-  }
-  return tokens;
-}
-
 absl::Status Gpt2::FillBatch(int64_t iteration, std::string_view input, const Tensor& out) const {
   const int64_t T = config_.seq();
   int64_t offset = 0;
@@ -252,12 +204,32 @@ absl::Status Gpt2::FillBatch(int64_t iteration, std::string_view input, const Te
     return absl::InvalidArgumentError(StrCat("models.GPT2: input '", input, "' must be i64 (batch, ", T, "), got ",
                                              out.meta().ToString()));
   }
-  int64_t* data = out.data<int64_t>();
-  for (int64_t j = 0; j < out.shape()[0]; ++j) {
-    const std::vector<int64_t> tokens = SampleSequence(iteration, j);
-    for (int64_t t = 0; t < T; ++t) data[j * T + t] = tokens[static_cast<size_t>(t + offset)];
-  }
+  chain_.Fill(iteration, offset, out);
   return absl::OkStatus();
+}
+
+std::vector<Model::HfTensor> Gpt2::HuggingFaceTensors() const {
+  const int64_t V = config_.vocab_size, C = config_.hidden_size, F = config_.ffn(), P = config_.max_seq_length;
+  std::vector<HfTensor> out = {{"wte.weight", "wte.weight", Shape{V, C}}, {"wpe.weight", "wpe.weight", Shape{P, C}}};
+  const auto same = [&](const std::string& name, Shape shape) { out.push_back({name, name, std::move(shape)}); };
+  for (int64_t i = 0; i < config_.num_layers; ++i) {
+    const std::string h = StrCat("h.", i, ".");
+    same(h + "ln_1.weight", Shape{C});
+    same(h + "ln_1.bias", Shape{C});
+    same(h + "attn.c_attn.weight", Shape{C, 3 * C});  // Tessera's (C, 3, C)
+    same(h + "attn.c_attn.bias", Shape{3 * C});       // Tessera's (3, C)
+    same(h + "attn.c_proj.weight", Shape{C, C});
+    same(h + "attn.c_proj.bias", Shape{C});
+    same(h + "ln_2.weight", Shape{C});
+    same(h + "ln_2.bias", Shape{C});
+    same(h + "mlp.c_fc.weight", Shape{C, F});
+    same(h + "mlp.c_fc.bias", Shape{F});
+    same(h + "mlp.c_proj.weight", Shape{F, C});
+    same(h + "mlp.c_proj.bias", Shape{C});
+  }
+  same("ln_f.weight", Shape{C});
+  same("ln_f.bias", Shape{C});
+  return out;
 }
 
 }  // namespace tessera::models

@@ -22,13 +22,10 @@
 // c_proj: / sqrt(2 · num_layers) when use_scaled_init_for_output_weights),
 // biases 0, LayerNorm weights 1.
 //
-// Data: a fixed random Markov chain over the vocabulary (from data_seed):
-// each token has `markov_successors` distinct successors with probabilities
-// ∝ 2^-k, so the loss can fall from ln V to the chain's entropy (about 1.1
-// nats for 4 successors). Sample j of iteration i is a sequence of T + 1
-// tokens (first token uniform), every draw a Philox function of (data_seed,
-// i, j, position): the batch is layout-invariant — row j is the same whatever
-// batch size is filled. input_ids = tokens [0, T), labels = tokens [1, T].
+// Data without text (no dataloader.data_prefix): the synthetic Markov chain
+// of models/markov_chain.h over the vocabulary (data_seed,
+// markov_successors); sample j of iteration i has T + 1 tokens, input_ids =
+// tokens [0, T), labels = tokens [1, T].
 //
 // Config keys (model.*): declared once, in Gpt2::Keys() with the Gpt2Config
 // members they fill (docs/config.md lists them). The seeds left null derive
@@ -41,6 +38,7 @@
 
 #include "absl/status/statusor.h"
 #include "core/schema.h"
+#include "models/markov_chain.h"
 #include "models/model.h"
 #include "nlohmann/json.hpp"
 
@@ -85,21 +83,19 @@ class Gpt2 final : public Model {
   absl::Status FillBatch(int64_t iteration, std::string_view input, const Tensor& out) const override;
 
   int64_t num_layers() const override { return config_.num_layers; }
+  // GPT2Model's names; c_attn as Hugging Face's Conv1D: (C, 3C) and (3C).
+  std::vector<HfTensor> HuggingFaceTensors() const override;
   std::optional<TextInputs> text_inputs() const override {
     return TextInputs{.seq_length = config_.seq(), .vocab_size = config_.vocab_size};
   }
 
-  // The seq_length + 1 tokens of sample `sample` of `iteration`.
-  std::vector<int64_t> SampleSequence(int64_t iteration, int64_t sample) const;
-  // The k-th successor of token `v` in the Markov chain (computed on
-  // demand: a table would take vocab_size × markov_successors words).
-  int64_t Successor(int64_t v, int64_t k) const;
   const Gpt2Config& config() const { return config_; }
+  // The synthetic data of a run without text.
+  const MarkovChain& chain() const { return chain_; }
 
  private:
   Gpt2Config config_;
-  // cumulative_[k] = P(successor index <= k).
-  std::vector<double> cumulative_;
+  MarkovChain chain_;
 };
 
 }  // namespace tessera::models

@@ -43,6 +43,17 @@ class Model {
     int64_t vocab_size = 0;
   };
   virtual std::optional<TextInputs> text_inputs() const { return std::nullopt; }
+
+  // The model's variables in Hugging Face's layout (`tessera export`): each
+  // variable's graph name, its name in Hugging Face's model.safetensors and
+  // its shape there (the same element count, row-major bytes). Empty: the
+  // model has no Hugging Face counterpart.
+  struct HfTensor {
+    std::string name;
+    std::string hf_name;
+    Shape hf_shape;
+  };
+  virtual std::vector<HfTensor> HuggingFaceTensors() const { return {}; }
 };
 
 // A model kind: its `_target_` name, its keys under `model` (declared once,

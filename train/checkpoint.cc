@@ -23,6 +23,10 @@ constexpr int kVersion = 1;
 // The rank files' metadata key holding each tensor's place in its logical tensor.
 constexpr std::string_view kSlicesKey = "tessera.slices";
 constexpr std::string_view kIterPrefix = "iter_";
+// Hugging Face: GPT2LMHeadModel's prefix of GPT2Model's names, and the file
+// name of a model directory's weights.
+constexpr std::string_view kHfPrefix = "transformer.";
+constexpr std::string_view kHfFileName = "model.safetensors";
 
 // One tensor a Parameter task keeps, as a checkpoint sees it.
 struct KeptTensorInfo {
@@ -405,6 +409,22 @@ absl::Status CommitCheckpoint(const fs::path& temp_dir, const fs::path& final_di
   return absl::OkStatus();
 }
 
+absl::StatusOr<fs::path> ResolveCheckpoint(const fs::path& path) {
+  std::error_code ec;
+  if (fs::exists(path / "index.json", ec) || fs::is_regular_file(path, ec) ||
+      fs::is_regular_file(path / kHfFileName, ec)) {
+    return path;  // a checkpoint, or Hugging Face weights
+  }
+  if (!fs::is_directory(path, ec)) return absl::NotFoundError(StrCat(path.string(), ": no such file or directory"));
+  ASSIGN_OR_RETURN(const std::optional<fs::path> latest, LatestCheckpoint(path));
+  if (!latest) {
+    return absl::NotFoundError(StrCat(path.string(),
+                                      " is neither a checkpoint (no index.json) nor an output directory with one "
+                                      "(no checkpoints/iter_*)"));
+  }
+  return *latest;
+}
+
 absl::StatusOr<std::optional<fs::path>> LatestCheckpoint(const fs::path& output_dir) {
   const fs::path dir = CheckpointsDir(output_dir);
   std::error_code ec;
@@ -445,7 +465,97 @@ absl::Status PruneCheckpoints(const fs::path& output_dir, int64_t keep, const st
   return absl::OkStatus();
 }
 
+namespace {
+
+// `stored` (a Hugging Face file's shape) is `model` with trailing axes joined.
+bool MergesTo(const Shape& model, const Shape& stored) {
+  if (stored.rank() > model.rank() || model.NumElements() != stored.NumElements()) return false;
+  if (stored.rank() == 0) return model.NumElements() == 1;
+  for (int64_t a = 0; a + 1 < stored.rank(); ++a) {
+    if (model[a] != stored[a]) return false;
+  }
+  return true;  // the last stored axis holds the rest (element counts agree)
+}
+
+bool ConvertsToF32(DType dtype) {
+  return dtype == DType::kF32 || dtype == DType::kF16 || dtype == DType::kBF16 || dtype == DType::kF64;
+}
+
+// `count` elements of `dtype` at `src` as f32.
+std::vector<float> ToF32(const char* src, DType dtype, size_t count) {
+  std::vector<float> out(count);
+  for (size_t i = 0; i < count; ++i) {
+    switch (dtype) {
+      case DType::kF16: {
+        uint16_t bits;
+        std::memcpy(&bits, src + 2 * i, 2);
+        out[i] = HalfToFloat(bits);
+        break;
+      }
+      case DType::kBF16: {
+        uint16_t bits;
+        std::memcpy(&bits, src + 2 * i, 2);
+        out[i] = BFloat16ToFloat(bits);
+        break;
+      }
+      case DType::kF64: {
+        double v;
+        std::memcpy(&v, src + 8 * i, 8);
+        out[i] = static_cast<float>(v);
+        break;
+      }
+      default:
+        std::memcpy(&out[i], src + 4 * i, 4);
+    }
+  }
+  return out;
+}
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<const CheckpointReader>> CheckpointReader::OpenHuggingFace(const fs::path& file) {
+  const auto fail = [&](auto&&... parts) {
+    return absl::InvalidArgumentError(StrCat("Hugging Face weights ", file.string(), ": ", parts...));
+  };
+  ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> weights, SafetensorsFile::Open(file));
+  std::shared_ptr<CheckpointReader> reader(new CheckpointReader);
+  reader->path_ = file;
+  reader->dir_ = file.parent_path().empty() ? fs::path(".") : file.parent_path();
+  reader->huggingface_ = true;
+  reader->config_ = nlohmann::json::object();
+  const std::string file_name = file.filename().string();
+  for (const auto& [source, entry] : weights->tensors()) {
+    std::string name = source;
+    if (name.starts_with(kHfPrefix)) name.erase(0, kHfPrefix.size());
+    if (reader->tensors_.contains(name)) {
+      return fail("holds '", name, "' twice (with and without the \"", kHfPrefix, "\" prefix)");
+    }
+    Entry e;
+    e.meta = TensorMeta{entry.dtype, entry.shape};
+    e.shards.push_back(Shard{.file = file_name,
+                             .source = source,
+                             .offset = std::vector<int64_t>(static_cast<size_t>(entry.shape.rank()), 0),
+                             .shape = entry.shape});
+    reader->tensors_[name] = std::move(e);
+  }
+  // Tessera's head is wte: a file with its own lm_head must hold the same.
+  if (const SafetensorsFile::Entry* head = weights->Find("lm_head.weight")) {
+    const SafetensorsFile::Entry* wte = weights->Find("transformer.wte.weight");
+    if (wte == nullptr) wte = weights->Find("wte.weight");
+    if (wte == nullptr || wte->dtype != head->dtype || wte->shape != head->shape ||
+        std::memcmp(wte->data, head->data, head->bytes) != 0) {
+      return fail("lm_head.weight is not wte.weight (Tessera's GPT-2 ties its head to the token embedding)");
+    }
+  }
+  reader->files_.emplace(file_name, std::move(weights));
+  return std::shared_ptr<const CheckpointReader>(std::move(reader));
+}
+
 absl::StatusOr<std::shared_ptr<const CheckpointReader>> CheckpointReader::Open(const fs::path& dir) {
+  std::error_code ec;
+  if (fs::is_regular_file(dir, ec)) return OpenHuggingFace(dir);
+  if (fs::is_directory(dir, ec) && !fs::exists(dir / "index.json", ec) && fs::is_regular_file(dir / kHfFileName, ec)) {
+    return OpenHuggingFace(dir / kHfFileName);
+  }
   const fs::path index_path = dir / "index.json";
   const auto fail = [&](auto&&... parts) {
     return absl::InvalidArgumentError(StrCat("checkpoint ", dir.string(), ": ", parts...));
@@ -470,8 +580,15 @@ absl::StatusOr<std::shared_ptr<const CheckpointReader>> CheckpointReader::Open(c
   }
   if (!index.contains("tensors") || !index["tensors"].is_object()) return fail("index.json has no tensors");
   std::shared_ptr<CheckpointReader> reader(new CheckpointReader);
+  reader->path_ = dir;
   reader->dir_ = dir;
   reader->iteration_ = index["iteration"].get<int64_t>();
+  const nlohmann::json state = index.value("train_state", nlohmann::json::object());
+  if (!state.is_object() || !state.contains("consumed_samples") || !state["consumed_samples"].is_number_integer() ||
+      state["consumed_samples"].get<int64_t>() < 0) {
+    return fail("index.json has no train_state.consumed_samples");
+  }
+  reader->consumed_samples_ = state["consumed_samples"].get<int64_t>();
   reader->config_ = index.value("config", nlohmann::json::object());
   for (const auto& [name, value] : index["tensors"].items()) {
     if (!value.is_object() || !value.contains("dtype") || !value["dtype"].is_string() || !value.contains("shards") ||
@@ -491,6 +608,7 @@ absl::StatusOr<std::shared_ptr<const CheckpointReader>> CheckpointReader::Open(c
       }
       Shard s;
       s.file = shard["file"].get<std::string>();
+      s.source = name;
       // Only plain file names inside the checkpoint: an index must not reach
       // elsewhere on the disk.
       if (s.file.empty() || s.file.find('/') != std::string::npos || s.file == "." || s.file == "..") {
@@ -519,8 +637,18 @@ absl::StatusOr<std::shared_ptr<const CheckpointReader>> CheckpointReader::Open(c
 absl::StatusOr<TensorMeta> CheckpointReader::Meta(const std::string& name) const {
   auto it = tensors_.find(name);
   if (it == tensors_.end())
-    return absl::NotFoundError(StrCat("checkpoint ", dir_.string(), " has no tensor '", name, "'"));
+    return absl::NotFoundError(StrCat("checkpoint ", path_.string(), " has no tensor '", name, "'"));
   return it->second.meta;
+}
+
+absl::Status CheckpointReader::CheckMeta(const std::string& name, const TensorMeta& model) const {
+  ASSIGN_OR_RETURN(const TensorMeta meta, Meta(name));
+  if (meta == model) return absl::OkStatus();
+  if (huggingface_ && model.dtype == DType::kF32 && ConvertsToF32(meta.dtype) && MergesTo(model.shape, meta.shape)) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(StrCat("checkpoint ", path_.string(), ": tensor '", name, "' is ",
+                                           meta.ToString(), ", the model's is ", model.ToString()));
 }
 
 absl::StatusOr<const SafetensorsFile*> CheckpointReader::File(const std::string& name) const {
@@ -534,29 +662,40 @@ absl::StatusOr<const SafetensorsFile*> CheckpointReader::File(const std::string&
 }
 
 absl::Status CheckpointReader::Read(const std::string& name, const TensorSlice& slice, const Tensor& out) const {
-  ASSIGN_OR_RETURN(const TensorMeta meta, Meta(name));
-  if (meta.shape != slice.logical || meta.dtype != out.dtype()) {
-    return absl::InvalidArgumentError(StrCat("checkpoint ", dir_.string(), ": tensor '", name, "' is ", meta.ToString(),
-                                             ", the model's is ", TensorMeta{out.dtype(), slice.logical}.ToString()));
-  }
+  RETURN_IF_ERROR(CheckMeta(name, TensorMeta{out.dtype(), slice.logical}));
   if (out.shape() != slice.local) {
     return absl::InternalError(StrCat("checkpoint: '", name, "': the target is ", out.shape().ToString(),
                                       ", its slice ", slice.local.ToString()));
   }
-  const size_t element = DTypeSize(meta.dtype);
+  const Entry& stored = tensors_.at(name);
+  const size_t element = DTypeSize(out.dtype());
   int64_t copied = 0;
-  for (const Shard& shard : tensors_.at(name).shards) {
+  for (const Shard& shard : stored.shards) {
     ASSIGN_OR_RETURN(const SafetensorsFile* file, File(shard.file));
-    const SafetensorsFile::Entry* entry = file->Find(name);
-    if (entry == nullptr || entry->dtype != meta.dtype || entry->shape != shard.shape) {
-      return absl::InvalidArgumentError(StrCat("checkpoint ", dir_.string(), ": ", shard.file,
+    const SafetensorsFile::Entry* entry = file->Find(shard.source);
+    if (entry == nullptr || entry->dtype != stored.meta.dtype || entry->shape != shard.shape) {
+      return absl::InvalidArgumentError(StrCat("checkpoint ", path_.string(), ": ", shard.file,
                                                " does not hold the shard of '", name, "' that index.json lists"));
     }
-    copied += CopyOverlap(entry->data, shard.offset, shard.shape.dims(), static_cast<char*>(out.raw_data()),
-                          slice.offset, slice.local.dims(), element);
+    if (!huggingface_) {
+      copied += CopyOverlap(entry->data, shard.offset, shard.shape.dims(), static_cast<char*>(out.raw_data()),
+                            slice.offset, slice.local.dims(), element);
+      continue;
+    }
+    // Hugging Face weights: one whole tensor, in the model's shape (the same
+    // row-major bytes), converted to the model's dtype.
+    std::vector<float> converted;
+    const char* data = entry->data;
+    if (entry->dtype != out.dtype()) {
+      converted = ToF32(entry->data, entry->dtype, static_cast<size_t>(entry->shape.NumElements()));
+      data = reinterpret_cast<const char*>(converted.data());
+    }
+    copied += CopyOverlap(data, std::vector<int64_t>(static_cast<size_t>(slice.logical.rank()), 0),
+                          slice.logical.dims(), static_cast<char*>(out.raw_data()), slice.offset, slice.local.dims(),
+                          element);
   }
   if (copied != out.NumElements()) {
-    return absl::InvalidArgumentError(StrCat("checkpoint ", dir_.string(), ": the shards of '", name, "' cover ",
+    return absl::InvalidArgumentError(StrCat("checkpoint ", path_.string(), ": the shards of '", name, "' cover ",
                                              copied, " of the ", out.NumElements(), " elements asked for"));
   }
   return absl::OkStatus();
@@ -572,12 +711,7 @@ absl::Status BindCheckpointInitializers(const proto::Plan& plan, std::shared_ptr
     for (size_t k = 0; k < info.tensors.size(); ++k) {
       if (weights_only && k > 0) break;
       const KeptTensorInfo& t = info.tensors[k];
-      ASSIGN_OR_RETURN(const TensorMeta meta, reader->Meta(t.name));
-      if (meta.shape != t.slice.logical || meta.dtype != t.local.dtype) {
-        return absl::InvalidArgumentError(StrCat("checkpoint ", reader->dir().string(), ": tensor '", t.name, "' is ",
-                                                 meta.ToString(), ", the model's is ",
-                                                 TensorMeta{t.local.dtype, t.slice.logical}.ToString()));
-      }
+      RETURN_IF_ERROR(reader->CheckMeta(t.name, TensorMeta{t.local.dtype, t.slice.logical}));
     }
     const proto::Task task = *info.task;
     callbacks.initializers[task.callback()] = [reader, info = std::move(info), task, weights_only,
@@ -591,6 +725,24 @@ absl::Status BindCheckpointInitializers(const proto::Plan& plan, std::shared_ptr
     };
   }
   return absl::OkStatus();
+}
+
+absl::Status ExportSafetensors(const CheckpointReader& reader, const std::vector<models::Model::HfTensor>& tensors,
+                               const fs::path& path) {
+  std::vector<std::pair<std::string, Tensor>> out;
+  out.reserve(tensors.size());
+  for (const models::Model::HfTensor& t : tensors) {
+    ASSIGN_OR_RETURN(const TensorMeta meta, reader.Meta(t.name));
+    if (t.hf_shape.NumElements() != meta.shape.NumElements()) {
+      return absl::InternalError(StrCat("export: '", t.name, "' is ", meta.shape.ToString(), ", not ",
+                                        t.hf_shape.NumElements(), " elements as ", t.hf_shape.ToString()));
+    }
+    ASSIGN_OR_RETURN(Tensor whole, Tensor::Empty(meta.shape, meta.dtype));
+    RETURN_IF_ERROR(reader.Read(t.name, TensorSlice::Whole(meta.shape), whole));
+    ASSIGN_OR_RETURN(Tensor shaped, whole.Reshape(t.hf_shape));
+    out.emplace_back(t.hf_name, std::move(shaped));
+  }
+  return WriteSafetensors(path, out, {{"format", "pt"}});
 }
 
 }  // namespace tessera

@@ -24,6 +24,19 @@
 // Loading reshards: a Parameter task asks for its slice of each tensor and
 // gets it assembled from whichever shards overlap it, whatever layout (data,
 // tensor or pipeline parallel, world size) wrote them.
+//
+// Hugging Face weights load the same way (train.load_weight, `tessera
+// generate --config`): a single safetensors file as Hugging Face writes it
+// (GPT-2's model.safetensors), read as a checkpoint of iteration 0 whose
+// tensors keep their file names with a leading "transformer." dropped
+// (GPT2LMHeadModel's prefix; Tessera's GPT-2 uses GPT2Model's names). Its
+// tensors fill model tensors of the same element count whose shape merges to
+// the file's by joining trailing axes: Hugging Face's GPT-2 stores every
+// projection as a Conv1D weight (in, out), Tessera's layout too, and only
+// c_attn differs, (C, 3C) for Tessera's (C, 3, C) (same bytes). f16, bf16 and
+// f64 weights are converted to the model's f32. A file with "lm_head.weight"
+// must hold wte.weight's values there (Tessera ties the head to wte).
+// ExportSafetensors (below) writes the model back in that layout.
 
 #include <cstdint>
 #include <filesystem>
@@ -40,6 +53,7 @@
 #include "comm/proto/plan.pb.h"
 #include "core/sbp.h"
 #include "core/tensor.h"
+#include "models/model.h"
 #include "nlohmann/json.hpp"
 #include "ops/registry.h"
 #include "train/safetensors.h"
@@ -106,6 +120,11 @@ struct CheckpointState {
 [[nodiscard]] absl::StatusOr<std::optional<std::filesystem::path>> LatestCheckpoint(
     const std::filesystem::path& output_dir);
 
+// `path` itself when it is a checkpoint (index.json) or Hugging Face weights,
+// else the latest checkpoint of the output directory `path`; NotFound
+// naming the path when it is neither.
+[[nodiscard]] absl::StatusOr<std::filesystem::path> ResolveCheckpoint(const std::filesystem::path& path);
+
 // Keeps the `keep` checkpoints of the highest iterations and removes older
 // ones and temporary directories of other runs (tag != `tag`).
 [[nodiscard]] absl::Status PruneCheckpoints(const std::filesystem::path& output_dir, int64_t keep,
@@ -115,22 +134,36 @@ struct CheckpointState {
 // rank files opened (and checked) when first read. Thread-safe.
 class CheckpointReader {
  public:
-  [[nodiscard]] static absl::StatusOr<std::shared_ptr<const CheckpointReader>> Open(const std::filesystem::path& dir);
+  // `path`: a checkpoint directory (index.json), or Hugging Face weights (a
+  // .safetensors file, or a directory holding model.safetensors and no
+  // index.json).
+  [[nodiscard]] static absl::StatusOr<std::shared_ptr<const CheckpointReader>> Open(const std::filesystem::path& path);
 
-  const std::filesystem::path& dir() const { return dir_; }
+  // What was opened (the directory, or the Hugging Face file).
+  const std::filesystem::path& dir() const { return path_; }
+  // Hugging Face weights rather than a Tessera checkpoint.
+  bool huggingface() const { return huggingface_; }
   int64_t iteration() const { return iteration_; }
+  // Samples trained (index.json's train_state; iteration × global batch).
+  int64_t consumed_samples() const { return consumed_samples_; }
   const nlohmann::json& config() const { return config_; }
   bool Has(const std::string& name) const { return tensors_.contains(name); }
-  // The logical shape and dtype of a tensor; NotFound naming the checkpoint.
+  // The logical shape and dtype of a tensor as stored; NotFound naming the
+  // checkpoint.
   [[nodiscard]] absl::StatusOr<TensorMeta> Meta(const std::string& name) const;
+  // OK when tensor `name` can fill a model tensor of `model` (logical shape
+  // and dtype): the same meta, or for Hugging Face weights a convertible
+  // dtype and a shape that merges to the stored one. NotFound when it is
+  // missing, InvalidArgument naming the tensor and both metas otherwise.
+  [[nodiscard]] absl::Status CheckMeta(const std::string& name, const TensorMeta& model) const;
   // Fills `out` (the local tensor at `slice` of `name`) from every shard
-  // that overlaps it. The logical shape and dtype must match the
-  // checkpoint's (an error names the tensor and both shapes).
+  // that overlaps it. The logical shape and dtype must pass CheckMeta.
   [[nodiscard]] absl::Status Read(const std::string& name, const TensorSlice& slice, const Tensor& out) const;
 
  private:
   struct Shard {
     std::string file;
+    std::string source;  // the tensor's name in the file
     std::vector<int64_t> offset;
     Shape shape;
   };
@@ -139,10 +172,15 @@ class CheckpointReader {
     std::vector<Shard> shards;
   };
   CheckpointReader() = default;
+  [[nodiscard]] static absl::StatusOr<std::shared_ptr<const CheckpointReader>> OpenHuggingFace(
+      const std::filesystem::path& file);
   absl::StatusOr<const SafetensorsFile*> File(const std::string& name) const;
 
-  std::filesystem::path dir_;
+  std::filesystem::path path_;
+  std::filesystem::path dir_;  // where shard files are
+  bool huggingface_ = false;
   int64_t iteration_ = 0;
+  int64_t consumed_samples_ = 0;
   nlohmann::json config_;
   std::map<std::string, Entry> tensors_;
   mutable std::mutex mu_;
@@ -158,5 +196,12 @@ class CheckpointReader {
                                                       std::shared_ptr<const CheckpointReader> reader, bool weights_only,
                                                       const ops::OpRegistry& registry,
                                                       actors::HostCallbacks& callbacks);
+
+// Writes the model variables of a checkpoint (`tensors`: each whole, under
+// its Hugging Face name and shape) to one safetensors file at `path`,
+// durably, with the metadata {"format": "pt"} Hugging Face's loader asks for.
+[[nodiscard]] absl::Status ExportSafetensors(const CheckpointReader& reader,
+                                             const std::vector<models::Model::HfTensor>& tensors,
+                                             const std::filesystem::path& path);
 
 }  // namespace tessera

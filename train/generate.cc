@@ -141,12 +141,8 @@ absl::StatusOr<Tensor> LoadTensor(const CheckpointReader& reader, const std::str
   if (!reader.Has(name)) {
     return absl::InvalidArgumentError(StrCat(where, "no tensor '", name, "': not a GPT-2 checkpoint"));
   }
-  ASSIGN_OR_RETURN(const TensorMeta meta, reader.Meta(name));
-  const TensorMeta expected{DType::kF32, shape};
-  if (meta != expected) {
-    return absl::InvalidArgumentError(StrCat(where, "tensor '", name, "' is ", meta.ToString(),
-                                             ", the run's model config (model.*) needs ", expected.ToString()));
-  }
+  const absl::Status fits = reader.CheckMeta(name, TensorMeta{DType::kF32, shape});
+  if (!fits.ok()) return absl::InvalidArgumentError(StrCat(fits.message(), " (the run's model config, model.*)"));
   ASSIGN_OR_RETURN(Tensor tensor, Tensor::Empty(shape, DType::kF32));
   RETURN_IF_ERROR(reader.Read(name, TensorSlice::Whole(shape), tensor));
   return tensor.Reshape(view);
@@ -166,25 +162,13 @@ absl::StatusOr<Tensor> LoadTransposed(const CheckpointReader& reader, const std:
   return transposed[0];
 }
 
-// `path` itself when it holds index.json, else the latest checkpoint of the
-// output directory `path`.
-absl::StatusOr<fs::path> ResolveCheckpoint(const fs::path& path) {
-  std::error_code ec;
-  if (fs::exists(path / "index.json", ec)) return path;
-  if (!fs::is_directory(path, ec)) return absl::NotFoundError(StrCat(path.string(), ": no such directory"));
-  ASSIGN_OR_RETURN(const std::optional<fs::path> latest, LatestCheckpoint(path));
-  if (!latest) {
-    return absl::NotFoundError(StrCat(path.string(),
-                                      " is neither a checkpoint (no index.json) nor an output directory with one "
-                                      "(no checkpoints/iter_*)"));
-  }
-  return *latest;
-}
-
 // The run's models.GPT2 config, from the checkpoint's resolved config.
-absl::StatusOr<models::Gpt2Config> ReadGpt2Config(const CheckpointReader& reader) {
+absl::StatusOr<models::Gpt2Config> ReadGpt2Config(const CheckpointReader& reader, const nlohmann::json& config) {
   const std::string where = StrCat("checkpoint ", reader.dir().string(), ": ");
-  const nlohmann::json& config = reader.config();
+  if (reader.huggingface() && config.is_null()) {
+    return absl::InvalidArgumentError(
+        StrCat(where, "Hugging Face weights carry no Tessera config: give the run's config (--config)"));
+  }
   if (!config.is_object() || !config.contains("model") || !config["model"].is_object()) {
     return absl::InvalidArgumentError(StrCat(where, "its config has no model section"));
   }
@@ -554,12 +538,14 @@ absl::StatusOr<std::unique_ptr<Generator>> Generator::Open(const fs::path& path,
   }
   ASSIGN_OR_RETURN(const fs::path dir, ResolveCheckpoint(path));
   ASSIGN_OR_RETURN(const std::shared_ptr<const CheckpointReader> reader, CheckpointReader::Open(dir));
-  ASSIGN_OR_RETURN(const models::Gpt2Config config, ReadGpt2Config(*reader));
+  const nlohmann::json run_config = options.run_config ? *options.run_config : reader->config();
+  ASSIGN_OR_RETURN(const models::Gpt2Config config,
+                   ReadGpt2Config(*reader, options.run_config || !reader->huggingface() ? run_config : nlohmann::json()));
 
   auto s = std::make_unique<State>();
   s->dir = dir;
   s->iteration = reader->iteration();
-  s->run_config = reader->config();
+  s->run_config = run_config;
   s->config = config;
   s->pool = options.pool;
   const int64_t V = s->V = config.vocab_size, C = s->C = config.hidden_size;

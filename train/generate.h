@@ -82,6 +82,10 @@ struct Generation {
 struct GeneratorOptions {
   ThreadPool* pool = nullptr;  // borrowed, for the kernels; null = the calling thread only
   int64_t prefill_chunk = 64;  // >= 1: prompt tokens per forward
+  // The run's resolved config (its model and tokenization sections) in
+  // place of the checkpoint's: required for Hugging Face weights, which
+  // carry none.
+  std::optional<nlohmann::json> run_config = std::nullopt;
 };
 
 // A GPT-2 loaded from a checkpoint, with its KV cache and work buffers, all
@@ -93,8 +97,9 @@ struct GeneratorOptions {
 // borrowed and must outlive the Generator.
 class Generator {
  public:
-  // `path`: a checkpoint directory (one holding index.json) or a training
-  // output directory, whose latest checkpoint is taken. Errors name the
+  // `path`: a checkpoint directory (one holding index.json), a training
+  // output directory, whose latest checkpoint is taken, or Hugging Face
+  // GPT-2 weights (train/checkpoint.h; options.run_config required). Errors name the
   // path and what is wrong: no checkpoint, a run that is not models.GPT2, a
   // tensor missing or of another shape or dtype than the run's model config
   // gives.

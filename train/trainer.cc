@@ -181,7 +181,7 @@ absl::StatusOr<proto::Plan> TrainingPlan(const nlohmann::json& config) {
   ASSIGN_OR_RETURN(Job job, Prepare(config));
   // Where a run would start (a resume's or load_weight's checkpoint) is
   // checked as a run checks it.
-  RETURN_IF_ERROR(ResolveRunStart(job.train).status());
+  RETURN_IF_ERROR(ResolveRunStart(job.train, job.batch * job.data_parallel * job.options.num_micro_batches).status());
   return job.engine->Plan(job.train.train_iter);
 }
 
@@ -274,7 +274,7 @@ absl::Status JobFeed::Fill(int64_t iteration, int64_t micro_batch, std::string_v
   return t.CopyFrom(rows_of_micro_batch);
 }
 
-absl::StatusOr<RunStart> ResolveRunStart(const TrainConfig& train) {
+absl::StatusOr<RunStart> ResolveRunStart(const TrainConfig& train, int64_t global_batch) {
   RunStart start;
   if (train.resume) {
     ASSIGN_OR_RETURN(const std::optional<std::filesystem::path> latest, LatestCheckpoint(train.output_dir));
@@ -284,6 +284,13 @@ absl::StatusOr<RunStart> ResolveRunStart(const TrainConfig& train) {
         return absl::InvalidArgumentError(
             StrCat("train.resume: the latest checkpoint, ", latest->string(), ", has trained ", reader->iteration(),
                    " iterations already, train.train_iter is ", train.train_iter, " (raise it to train further)"));
+      }
+      if (reader->consumed_samples() != reader->iteration() * global_batch) {
+        return absl::InvalidArgumentError(StrCat(
+            "train.resume: the latest checkpoint, ", latest->string(), ", trained with a global batch of ",
+            reader->iteration() > 0 ? reader->consumed_samples() / reader->iteration() : 0, ", this run's is ",
+            global_batch, " (train_micro_batch_size × num_accumulation_steps × data_parallel_size): resume with the "
+            "same global batch, or start from its weights with train.load_weight"));
       }
       start.iteration = reader->iteration();
       start.checkpoint = latest->string();
@@ -314,7 +321,8 @@ absl::StatusOr<std::vector<proto::NodePlan>> CompileForNodes(const nlohmann::jso
     return absl::InvalidArgumentError(StrCat("the job needs ", job.options.lower.parallel.world_size,
                                              " devices (train.dist), the nodes give ", devices));
   }
-  ASSIGN_OR_RETURN(const RunStart start, ResolveRunStart(job.train));
+  ASSIGN_OR_RETURN(const RunStart start,
+                   ResolveRunStart(job.train, job.batch * job.data_parallel * job.options.num_micro_batches));
   scheduler::LowerOptions lower = job.options.lower;
   lower.devices_per_node = devices_per_node;
   lower.start_iteration = start.iteration;

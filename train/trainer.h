@@ -116,13 +116,15 @@ class JobFeed {
 // latest checkpoint in output_dir/checkpoints (train.resume: everything, at
 // its iteration), or from a checkpoint's weights (train.load_weight: at
 // iteration 0, optimizer state fresh). A resume finding no checkpoint starts
-// from scratch.
+// from scratch. A resume must keep the checkpoint's global batch (the data
+// position is iteration × global batch); any layout and world size may
+// change.
 struct RunStart {
   int64_t iteration = 0;
   std::string checkpoint;  // empty: the init rules
   bool weights_only = false;
 };
-absl::StatusOr<RunStart> ResolveRunStart(const TrainConfig& train);
+absl::StatusOr<RunStart> ResolveRunStart(const TrainConfig& train, int64_t global_batch);
 
 // The job's plan for a cluster: global ranks fill the nodes in order
 // (devices_per_node, which must sum to the job's devices), one NodePlan per

@@ -49,4 +49,30 @@ inline int64_t StepOf(const proto::Task& task, int64_t acts) { return acts / std
 // Registers a source (or a recv) emits over the whole run.
 inline int64_t TotalPieces(const proto::Task& task, int64_t iterations) { return iterations * PiecesPerIteration(task); }
 
+// The pieces an actor that starts iterations on its own (Source, Parameter,
+// Recv) emits: the run's, until the run's gate (ActorEnvironment::gate)
+// refuses an iteration; then the pieces emitted before it.
+class EmitLimit {
+ public:
+  // Whether the actor, having emitted `pieces`, may emit the next: pieces
+  // left, and at an iteration's first piece the gate admits the iteration
+  // (a refusal ends the actor there). Ask only when about to emit.
+  bool MayEmit(const proto::Task& task, const ActorEnvironment& env, int64_t pieces) {
+    if (pieces >= Total(task, env)) return false;
+    const int64_t per = PiecesPerIteration(task);
+    if (env.gate != nullptr && pieces % per == 0 && !env.gate->Admit(pieces / per)) {
+      stopped_at_ = pieces;
+      return false;
+    }
+    return true;
+  }
+  int64_t Total(const proto::Task& task, const ActorEnvironment& env) const {
+    return stopped_at_ >= 0 ? stopped_at_ : TotalPieces(task, env.iterations);
+  }
+  bool stopped() const { return stopped_at_ >= 0; }
+
+ private:
+  int64_t stopped_at_ = -1;
+};
+
 }  // namespace tessera::actors::internal

@@ -5,8 +5,8 @@
 // descs) arrived, runs the update op in place. After the last update the
 // host's finalizer, if any, gets the trained values.
 //
-// Act condition: emitting — iterations left and the variable free (every
-// reader acked); updating — every consumed desc has a ready register and the
+// Act condition: emitting — iterations left (the run's gate admitting
+// each) and the variable free (every reader acked); updating — every consumed desc has a ready register and the
 // variable is free.
 //
 // States:  emit --(send ready)--> update (emit, without a gradient)
@@ -67,17 +67,23 @@ class ParameterActor final : public Actor {
       }
       for (Consumed& c : consumed_) AckFront(c);
       awaiting_update_ = false;
-      if (emitted_ >= TotalPieces(task_, env_.iterations)) RETURN_IF_ERROR(Finalize());
+      if (emitted_ >= limit_.Total(task_, env_)) RETURN_IF_ERROR(Finalize());
       return true;
     }
-    if (emitted_ >= TotalPieces(task_, env_.iterations) || !variable.all_free()) return false;
+    if (emitted_ >= limit_.Total(task_, env_) || !variable.all_free()) return false;
+    if (!limit_.MayEmit(task_, env_, emitted_)) {
+      // The run's gate ended the run here: the last update is done (the
+      // variable is back, no gradient outstanding).
+      RETURN_IF_ERROR(Finalize());
+      return true;
+    }
     SendReady(variable, TakeFree(variable));
     ++emitted_;
     ++act_count_;
     awaiting_update_ = !consumed_.empty();
     return true;
   }
-  bool ShouldEnd() const override { return emitted_ >= TotalPieces(task_, env_.iterations); }
+  bool ShouldEnd() const override { return emitted_ >= limit_.Total(task_, env_); }
   absl::Status CheckEnd() const override {
     if (awaiting_update_ && AllConsumedExhausted()) {
       return absl::FailedPreconditionError("gradient stream ended before the last update");
@@ -98,6 +104,7 @@ class ParameterActor final : public Actor {
   std::vector<Tensor> state_;
   int64_t emitted_ = 0;
   bool awaiting_update_ = false;
+  EmitLimit limit_;
 };
 
 }  // namespace

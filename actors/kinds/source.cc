@@ -3,7 +3,8 @@
 // callback the task names; without one it is a tick, whose registers hold
 // whatever they hold.
 //
-// Act condition: pieces left, and every produced desc has a free register.
+// Act condition: pieces left (the run's gate admitting each iteration's
+// first), and every produced desc has a free register.
 // Act: take a free register of each produced desc, fill them (callback),
 // hand them to their consumers.
 //
@@ -33,7 +34,8 @@ class SourceActor final : public Actor {
 
  private:
   absl::StatusOr<bool> ActOnce() override {
-    if (act_count_ >= TotalPieces(task_, env_.iterations) || !AllProducedFree()) return false;
+    if (act_count_ >= limit_.Total(task_, env_) || !AllProducedFree()) return false;
+    if (!limit_.MayEmit(task_, env_, act_count_)) return false;
     std::vector<int32_t> taken;
     for (Produced& p : produced_) taken.push_back(TakeFree(p));
     if (fill_ != nullptr) {
@@ -48,9 +50,10 @@ class SourceActor final : public Actor {
     ++act_count_;
     return true;
   }
-  bool ShouldEnd() const override { return act_count_ >= TotalPieces(task_, env_.iterations); }
+  bool ShouldEnd() const override { return act_count_ >= limit_.Total(task_, env_); }
 
   const HostCallbacks::SourceFn* fill_ = nullptr;
+  EmitLimit limit_;
 };
 
 }  // namespace

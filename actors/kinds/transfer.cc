@@ -56,9 +56,10 @@ class TransferActor final : public Actor {
       ++act_count_;
       return true;
     }
-    if (sender_ ? !AllConsumedReady() : (act_count_ >= TotalPieces(task_, env_.iterations) || !AllProducedFree())) {
+    if (sender_ ? !AllConsumedReady() : (act_count_ >= limit_.Total(task_, env_) || !AllProducedFree())) {
       return false;
     }
+    if (!sender_ && !limit_.MayEmit(task_, env_, act_count_)) return false;
     if (sender_) {
       const auto input = static_cast<size_t>(task_.transfer().input_tensor());
       if (input >= FrontTensors(consumed_[0]).size()) {
@@ -86,7 +87,7 @@ class TransferActor final : public Actor {
   }
   bool ShouldEnd() const override {
     if (slot_.in_flight()) return false;
-    return sender_ ? Actor::ShouldEnd() : act_count_ >= TotalPieces(task_, env_.iterations);
+    return sender_ ? Actor::ShouldEnd() : act_count_ >= limit_.Total(task_, env_);
   }
   bool Busy() const override { return slot_.in_flight() || waiting_; }
   std::string DescribeKindWait() const override {
@@ -104,6 +105,7 @@ class TransferActor final : public Actor {
   AsyncSlot slot_;
   int32_t taken_ = 0;
   bool waiting_ = false;  // ready, but not yet admitted by the coordinator
+  EmitLimit limit_;  // a recv's pieces
 };
 
 }  // namespace

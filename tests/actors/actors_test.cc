@@ -512,12 +512,12 @@ TEST(RuntimeTest, ThrowingCallbackIsAnError) {
   }
 }
 
-// w <- sgd_update(w, grad = w * x_i, momentum 0.9, lr 0.1); the sink records
-// the w each iteration reads.
-TEST(RuntimeTest, ParameterActorDoesSgdLikeTheHandComputation) {
-  constexpr int64_t kIterations = 6;
+// Parameter "w" (f32 (4), callback "init") -> grad = w * x (source "x",
+// quota 2) -> sgd_update with momentum 0.9 (lr: the init callback's state
+// tensor 2); sink "watch" reads each iteration's w.
+proto::Plan SgdPlan(int64_t iterations) {
   const TensorMeta vec{DType::kF32, Shape{4}};
-  PlanBuilder b(kIterations);
+  PlanBuilder b(iterations);
   uint64_t param = b.AddTask(ACTOR_KIND_PARAMETER, "w", 0);
   uint64_t src = b.AddTask(ACTOR_KIND_SOURCE, "x", 1);
   uint64_t grad = b.AddTask(ACTOR_KIND_COMPUTE, "grad", 2);
@@ -530,7 +530,13 @@ TEST(RuntimeTest, ParameterActorDoesSgdLikeTheHandComputation) {
   b.task(param).set_callback("init");
   b.task(src).set_callback("x");
   b.task(sink).set_callback("watch");
+  return b.Build();
+}
 
+// w <- sgd_update(w, grad = w * x_i, momentum 0.9, lr 0.1); the sink records
+// the w each iteration reads.
+TEST(RuntimeTest, ParameterActorDoesSgdLikeTheHandComputation) {
+  constexpr int64_t kIterations = 6;
   RuntimeOptions options;
   options.callbacks.initializers["init"] = [](const std::vector<Tensor>& t) {
     for (int k = 0; k < 4; ++k) t[0].data<float>()[k] = static_cast<float>(k + 1);
@@ -546,7 +552,7 @@ TEST(RuntimeTest, ParameterActorDoesSgdLikeTheHandComputation) {
     seen.push_back(t[0].ToVector<float>());
     return absl::OkStatus();
   };
-  ASSERT_TRUE(RunWithDeadline(b.Build(), std::move(options)).ok());
+  ASSERT_TRUE(RunWithDeadline(SgdPlan(kIterations), std::move(options)).ok());
 
   std::vector<double> wv = {1, 2, 3, 4}, buf(4, 0.0);
   ASSERT_EQ(seen.size(), static_cast<size_t>(kIterations));
@@ -559,6 +565,54 @@ TEST(RuntimeTest, ParameterActorDoesSgdLikeTheHandComputation) {
       wv[k] -= 0.1 * buf[k];
     }
   }
+}
+
+// The iteration gate (Ctrl-C's early stop): closed from the sink at its
+// fifth iteration of 100, the run ends at an iteration boundary, every actor
+// agreeing: the sink saw `limit` iterations, and the parameter's finalizer
+// got exactly what a plan of `limit` iterations gives.
+TEST(RuntimeTest, ClosedGateEndsTheRunLikeAShorterPlan) {
+  const auto run = [&](int64_t iterations, IterationGate* gate, std::vector<float>* trained) -> int64_t {
+    RuntimeOptions options;
+    options.gate = gate;
+    options.callbacks.initializers["init"] = [](const std::vector<Tensor>& t) {
+      for (int k = 0; k < 4; ++k) t[0].data<float>()[k] = static_cast<float>(k + 1);
+      t[2].data<float>()[0] = 0.01f;
+      return absl::OkStatus();
+    };
+    options.callbacks.finalizers["init"] = [trained](const std::vector<Tensor>& t) {
+      *trained = t[0].ToVector<float>();
+      return absl::OkStatus();
+    };
+    options.callbacks.sources["x"] = [](int64_t i, const std::vector<Tensor>& t) {
+      for (int k = 0; k < 4; ++k) t[0].data<float>()[k] = 0.5f + 0.01f * static_cast<float>(i + k);
+      return absl::OkStatus();
+    };
+    int64_t seen = 0;
+    options.callbacks.sinks["watch"] = [&seen, gate](int64_t iteration, const std::vector<Tensor>&) {
+      EXPECT_EQ(iteration, seen);
+      if (++seen == 5 && gate != nullptr) gate->Close();
+      return absl::OkStatus();
+    };
+    const absl::Status status = RunWithDeadline(SgdPlan(iterations), std::move(options));
+    EXPECT_TRUE(status.ok()) << status;
+    return seen;
+  };
+  IterationGate gate;
+  std::vector<float> stopped, shorter;
+  const int64_t seen = run(100, &gate, &stopped);
+  ASSERT_TRUE(gate.limit().has_value());
+  const int64_t limit = *gate.limit();
+  EXPECT_GE(limit, 5);
+  EXPECT_LE(limit, 8);  // the source runs at most its quota (2) and a piece ahead
+  EXPECT_EQ(seen, limit);
+  ASSERT_EQ(run(limit, nullptr, &shorter), limit);
+  EXPECT_EQ(stopped, shorter);
+  // Closed before anything ran: no iteration, the initial values finalized.
+  IterationGate closed;
+  EXPECT_EQ(closed.Close(), 0);
+  EXPECT_EQ(run(100, &closed, &stopped), 0);
+  EXPECT_EQ(stopped, (std::vector<float>{1, 2, 3, 4}));
 }
 
 // batch (m*k, n) -> Repeat (m row pieces, views) -> square -> Acc (m) ->

@@ -46,6 +46,21 @@ struct EngineCluster {
     client = std::make_unique<Client>(options);
     ASSERT_TRUE(testing::WaitUntil([&] { return workers[0]->registered() && workers[1]->registered(); }));
   }
+  // Submits a job and waits for it to succeed.
+  void RunJob(const std::string& config, const std::vector<std::string>& overrides) {
+    auto job = client->Submit(config, overrides);
+    ASSERT_TRUE(job.ok()) << job.status();
+    control::JobInfo info;
+    ASSERT_TRUE(testing::WaitUntil(
+        [&] {
+          auto got = client->Get(*job);
+          if (got.ok()) info = *got;
+          return got.ok() && (info.state() == control::SUCCEEDED || info.state() == control::FAILED ||
+                              info.state() == control::CANCELLED);
+        },
+        absl::Seconds(120)));
+    ASSERT_EQ(info.state(), control::SUCCEEDED) << info.DebugString();
+  }
   ~EngineCluster() {
     for (auto& w : workers) w->Shutdown();
     if (master) master->Shutdown();
@@ -83,18 +98,7 @@ TEST_P(ClusterEngine, SubmittedJobGivesTheSingleProcessLosses) {
   ASSERT_NO_FATAL_FAILURE(cluster.Start());
   auto files = config::LoadConfigFiles(SourcePath("configs/gpt2_nano.json"));
   ASSERT_TRUE(files.ok()) << files.status();
-  auto job = cluster.client->Submit(files->dump(), Overrides(dir / "cluster", GetParam()));
-  ASSERT_TRUE(job.ok()) << job.status();
-  control::JobInfo info;
-  ASSERT_TRUE(testing::WaitUntil(
-      [&] {
-        auto got = cluster.client->Get(*job);
-        if (got.ok()) info = *got;
-        return got.ok() && (info.state() == control::SUCCEEDED || info.state() == control::FAILED ||
-                            info.state() == control::CANCELLED);
-      },
-      absl::Seconds(120)));
-  ASSERT_EQ(info.state(), control::SUCCEEDED) << info.DebugString();
+  ASSERT_NO_FATAL_FAILURE(cluster.RunJob(files->dump(), Overrides(dir / "cluster", GetParam())));
   const std::vector<double> losses = LossesOf(dir / "cluster" / "metrics.jsonl");
   ASSERT_EQ(losses.size(), expected.size());
   for (size_t i = 0; i < losses.size(); ++i) {
@@ -128,6 +132,41 @@ TEST(ClusterEngineErrors, MalformedConfigIsInvalidArgumentWithTheConfigError) {
   auto bad = cluster.client->Submit("{\"model\": 3", {});
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument) << bad.status();
+}
+
+// A job's checkpoint continues on the cluster: 8 iterations straight vs 4,
+// then a resumed job of 8 (train.resume, what `tessera submit --resume`
+// sets), under a layout spanning both workers: the same metrics.jsonl
+// losses, bit for bit, and the resumed job's metrics.jsonl holds the first
+// job's rows up to the checkpoint, then its own.
+TEST(ClusterEngineCheckpoints, ResumedJobContinuesTheStraightRunsLosses) {
+  const auto dir = std::filesystem::temp_directory_path() / ("tessera_cluster_resume_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  EngineCluster cluster;
+  ASSERT_NO_FATAL_FAILURE(cluster.Start());
+  auto files = config::LoadConfigFiles(SourcePath("configs/gpt2_nano.json"));
+  ASSERT_TRUE(files.ok()) << files.status();
+  const auto run = [&](const std::filesystem::path& out, int iterations, bool resume) {
+    // A constant learning rate: the job of 4 iterations trains them with the
+    // rates of the job of 8.
+    std::vector<std::string> overrides =
+        Overrides(out, {"train.dist.data_parallel_size=2", "train.dist.tensor_parallel_size=2",
+                        "train.checkpointer.period=4", "lr_scheduler._target_=ConstantLR", "train.warmup_ratio=0"});
+    overrides.push_back("train.train_iter=" + std::to_string(iterations));
+    if (resume) overrides.push_back("train.resume=true");
+    ASSERT_NO_FATAL_FAILURE(cluster.RunJob(files->dump(), overrides));
+  };
+  ASSERT_NO_FATAL_FAILURE(run(dir / "straight", 8, false));
+  const std::vector<double> straight = LossesOf(dir / "straight" / "metrics.jsonl");
+  ASSERT_EQ(straight.size(), 8u);
+  ASSERT_NO_FATAL_FAILURE(run(dir / "resumed", 4, false));
+  ASSERT_TRUE(std::filesystem::exists(dir / "resumed" / "checkpoints" / "iter_0000004" / "index.json"));
+  ASSERT_NO_FATAL_FAILURE(run(dir / "resumed", 8, true));
+  const std::vector<double> resumed = LossesOf(dir / "resumed" / "metrics.jsonl");
+  ASSERT_EQ(resumed.size(), 8u);
+  for (size_t i = 0; i < 8; ++i) EXPECT_EQ(resumed[i], straight[i]) << "iteration " << i + 1;
+  ASSERT_TRUE(std::filesystem::exists(dir / "resumed" / "checkpoints" / "iter_0000008" / "index.json"));
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

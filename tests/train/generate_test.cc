@@ -28,6 +28,8 @@
 #include "nlohmann/json.hpp"
 #include "tests/cli_runner.h"
 #include "train/checkpoint.h"
+#include "train/export.h"
+#include "train/job_config.h"
 
 namespace tessera {
 namespace {
@@ -98,9 +100,12 @@ struct Reference {
 };
 
 // PyTorch's from-scratch forward of `ids` (and `greedy` greedy tokens after them).
-Reference RunReference(const fs::path& checkpoint, const std::vector<int64_t>& ids, int greedy) {
+// `extra`: more flags of the script (--model for a Hugging Face file).
+Reference RunReference(const fs::path& checkpoint, const std::vector<int64_t>& ids, int greedy,
+                       const std::string& extra = "") {
   const std::string cmd = "timeout 120 /usr/bin/python3 " + SourcePath("tests/train/gpt2_reference.py") + " " +
-                          checkpoint.string() + " logits --ids " + Join(ids) + " --greedy " + std::to_string(greedy);
+                          checkpoint.string() + " logits --ids " + Join(ids) + " --greedy " + std::to_string(greedy) +
+                          " " + extra;
   FILE* pipe = popen(cmd.c_str(), "r");
   EXPECT_NE(pipe, nullptr) << cmd;
   if (pipe == nullptr) return {};
@@ -347,7 +352,7 @@ TEST(Generate, CheckpointsThatAreNotAGpt2AreOneLineErrors) {
   using absl::StatusCode;
   const fs::path root = TempRoot() / "bad";
   fs::create_directories(root / "empty");
-  ExpectError(Generator::Open(root / "nowhere").status(), StatusCode::kNotFound, "no such directory");
+  ExpectError(Generator::Open(root / "nowhere").status(), StatusCode::kNotFound, "no such file or directory");
   ExpectError(Generator::Open(root / "empty").status(), StatusCode::kNotFound,
               "neither a checkpoint (no index.json) nor an output directory");
   ExpectError(Generator::Open(Nano(), {.prefill_chunk = 0}).status(), StatusCode::kInvalidArgument,
@@ -375,7 +380,7 @@ TEST(Generate, CheckpointsThatAreNotAGpt2AreOneLineErrors) {
               "no tensor 'h.1.mlp.c_fc.bias': not a GPT-2 checkpoint");
   const fs::path wide = edited("wide", [](nlohmann::json& index) { index["config"]["model"]["hidden_size"] = 128; });
   ExpectError(Generator::Open(wide).status(), StatusCode::kInvalidArgument,
-              "tensor 'wte.weight' is f32(256, 64), the run's model config (model.*) needs f32(256, 128)");
+              "tensor 'wte.weight' is f32(256, 64), the model's is f32(256, 128) (the run's model config, model.*)");
   const fs::path heads =
       edited("heads", [](nlohmann::json& index) { index["config"]["model"]["num_attention_heads"] = 3; });
   ExpectError(Generator::Open(heads).status(), StatusCode::kInvalidArgument, "not a multiple of num_attention_heads");
@@ -423,6 +428,91 @@ TEST(Generate, GeneratesTextWithTheRunsTokenizer) {
 
   ExpectError(GenerateText(Nano(), "Hello", options).status(), absl::StatusCode::kFailedPrecondition,
               "the run's config names no tokenizer");
+}
+
+// Hugging Face GPT-2 weights, written by PyTorch (gpt2_reference.py make-hf:
+// GPT2LMHeadModel's names and Conv1D layout, the tied lm_head, the mask
+// buffers): train.load_weight starts a run from them (here tensor-parallel,
+// so each rank reads its slices), whose checkpoint reproduces PyTorch's
+// logits of the file and its greedy continuation; the file also opens
+// directly with the run's config; `tessera export` writes Hugging Face's
+// layout back, which PyTorch reads to the same logits.
+constexpr char kNanoModel[] =
+    R"({"vocab_size": 256, "hidden_size": 64, "num_layers": 2, "num_attention_heads": 4, "ffn_hidden_size": 256, )"
+    R"("max_seq_length": 32, "layernorm_epsilon": 1e-5})";
+
+fs::path MakeHuggingFace(const std::string& name, int seed) {
+  const fs::path file = TempRoot() / name / "model.safetensors";
+  fs::create_directories(file.parent_path());
+  const std::string cmd = "timeout 120 /usr/bin/python3 " + SourcePath("tests/train/gpt2_reference.py") + " " +
+                          file.string() + " make-hf --seed " + std::to_string(seed) + " --model '" + kNanoModel + "'";
+  EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  return file;
+}
+
+TEST(HuggingFace, Gpt2WeightsLoadThroughLoadWeightAndExportBack) {
+  const fs::path hf = MakeHuggingFace("hf", 7);
+  const std::string model_flag = std::string("--model '") + kNanoModel + "'";
+  const Reference reference = RunReference(hf, kPrompt, 12, model_flag);
+  // One step at an lr far below any weight's last bit: the checkpoint holds
+  // the loaded weights, unchanged.
+  const fs::path run = Train("hf_run", "train.load_weight=" + hf.string() +
+                                           " train.train_iter=1 optim.lr=1e-30 train.dist.tensor_parallel_size=2");
+  const auto generator = OpenOrDie(run);
+  EXPECT_EQ(generator->iteration(), 1);
+  absl::StatusOr<std::vector<float>> logits = generator->Logits(kPrompt);
+  ASSERT_TRUE(logits.ok()) << logits.status();
+  ExpectClose(*logits, reference.logits, 1e-4, 1e-5, "loaded through train.load_weight");
+  ExpectSameGreedy(Greedy(*generator, 12), reference, "greedy from the loaded weights");
+
+  // The file itself, with the run's config.
+  absl::StatusOr<nlohmann::json> config = LoadJobConfig(SourcePath("configs/gpt2_nano.json"));
+  ASSERT_TRUE(config.ok()) << config.status();
+  const auto direct = OpenOrDie(hf, {.run_config = *config});
+  EXPECT_EQ(*direct->Logits(kPrompt), *logits);
+  ExpectError(Generator::Open(hf).status(), absl::StatusCode::kInvalidArgument, "give the run's config (--config)");
+
+  // Export: Hugging Face's layout (the script checks the shapes and the
+  // metadata), the same logits in PyTorch.
+  const fs::path exported = TempRoot() / "hf_export" / "model.safetensors";
+  fs::create_directories(exported.parent_path());
+  const auto cli = RunTessera("export " + run.string() + " --output " + exported.string());
+  ASSERT_EQ(cli.exit_code, 0) << cli.out;
+  EXPECT_NE(cli.out.find("exported 28 tensors"), std::string::npos) << cli.out;
+  const Reference round_trip = RunReference(exported, kPrompt, 0, model_flag);
+  ExpectClose(std::vector<float>(round_trip.logits.begin(), round_trip.logits.end()), reference.logits, 1e-6, 1e-7,
+              "exported, read by PyTorch");
+  // And back in through load_weight (a directory holding model.safetensors).
+  const auto reloaded = OpenOrDie(exported.parent_path(), {.run_config = *config});
+  EXPECT_EQ(*reloaded->Logits(kPrompt), *logits);
+}
+
+TEST(HuggingFace, MismatchedWeightsAreOneLineErrors) {
+  const fs::path hf = MakeHuggingFace("hf_bad", 8);
+  // A model config of other shapes: the tensor and both shapes named.
+  auto run = RunTessera("train " + SourcePath("configs/gpt2_nano.json") + " train.output_dir=" +
+                        (TempRoot() / "hf_bad_run").string() + " train.load_weight=" + hf.string() +
+                        " model.hidden_size=32");
+  EXPECT_EQ(run.exit_code, 1) << run.out;
+  EXPECT_NE(run.out.find(hf.string() + ": tensor '"), std::string::npos) << run.out;
+  EXPECT_NE(run.out.find(", 64), the model's is f32("), std::string::npos) << run.out;
+  // An untied head.
+  {
+    const std::string patch = "timeout 60 /usr/bin/python3 -c \"import json,struct,sys; p=sys.argv[1]; "
+                              "f=open(p,'r+b'); n=struct.unpack('<Q',f.read(8))[0]; h=json.loads(f.read(n)); "
+                              "b,e=h['lm_head.weight']['data_offsets']; f.seek(8+n+b); f.write(bytes(4))\" " +
+                              hf.string();
+    ASSERT_EQ(std::system(patch.c_str()), 0);
+  }
+  run = RunTessera("train " + SourcePath("configs/gpt2_nano.json") + " train.output_dir=" +
+                   (TempRoot() / "hf_bad_run").string() + " train.load_weight=" + hf.string());
+  EXPECT_EQ(run.exit_code, 1) << run.out;
+  EXPECT_NE(run.out.find("lm_head.weight is not wte.weight"), std::string::npos) << run.out;
+  EXPECT_FALSE(fs::exists(TempRoot() / "hf_bad_run" / "checkpoints"));
+  // Export of nothing.
+  run = RunTessera("export " + TempRoot().string() + "/nowhere --output " + (TempRoot() / "x.safetensors").string());
+  EXPECT_EQ(run.exit_code, 1) << run.out;
+  EXPECT_NE(run.out.find("no such file or directory"), std::string::npos) << run.out;
 }
 
 }  // namespace

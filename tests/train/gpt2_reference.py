@@ -24,8 +24,19 @@ files, shards assembled here; no `safetensors` package).
       after one warm-up) and "ids ..." (the tokens, for comparing with
       bench/generate_bench's).
 
-CHECKPOINT is a checkpoint directory (holding index.json) or an output
-directory (its latest checkpoints/iter_*). Run with OMP_WAIT_POLICY=PASSIVE
+  gpt2_reference.py FILE make-hf --model JSON [--seed S]
+      writes a random GPT-2 of the model config JSON (Tessera's model.* keys)
+      to FILE in Hugging Face's layout, as GPT2LMHeadModel's save_pretrained
+      does: "transformer."-prefixed GPT2Model names, Conv1D weights (in, out)
+      with c_attn (C, 3C), lm_head.weight (the tied wte), the attention's
+      causal-mask buffers (attn.bias, which hold no weights), metadata
+      {"format": "pt"}. Weights ~N(0, 0.2), LayerNorm gains ~1 ± 0.1, every
+      bias nonzero: a mix-up of any two tensors changes the logits.
+
+CHECKPOINT is a checkpoint directory (holding index.json), an output
+directory (its latest checkpoints/iter_*), or a Hugging Face safetensors file
+(read strictly in Hugging Face's layout: c_attn must be (C, 3C); the model's
+hyper-parameters come from --model JSON). Run with OMP_WAIT_POLICY=PASSIVE
 (set here before torch loads if unset).
 """
 
@@ -121,6 +132,69 @@ def load_checkpoint(path):
             whole[region] = data.reshape(shard["shape"])
         tensors[name] = whole
     return tensors, index["config"]
+
+
+def load_huggingface(path, model_config):
+    """A Hugging Face GPT-2 file: (tensors by Tessera's names, a config with
+    `model_config`). Checks Hugging Face's layout on the way."""
+    header, base = _read_safetensors_header(path)
+    if header.get("__metadata__", {}).get("format") != "pt":
+        raise SystemExit(f"gpt2_reference: {path}: no __metadata__ format pt")
+    C = model_config["hidden_size"]
+    tensors = {}
+    for name in gpt2_tensor_names(model_config):
+        key = name if name in header else "transformer." + name
+        if key not in header:
+            raise SystemExit(f"gpt2_reference: {path}: no {name}")
+        info = header[key]
+        if name.endswith("attn.c_attn.weight") and info["shape"] != [C, 3 * C]:
+            raise SystemExit(f"gpt2_reference: {path}: {name} is {info['shape']}, Hugging Face's is [C, 3C]")
+        if name.endswith("attn.c_attn.bias") and info["shape"] != [3 * C]:
+            raise SystemExit(f"gpt2_reference: {path}: {name} is {info['shape']}, Hugging Face's is [3C]")
+        dtype = np.dtype(_SAFETENSORS_DTYPES[info["dtype"]])
+        begin, end = info["data_offsets"]
+        data = np.fromfile(path, dtype=dtype, count=(end - begin) // dtype.itemsize, offset=base + begin)
+        tensors[name] = data.reshape(info["shape"]).astype(np.float32)
+    return tensors, {"model": model_config}
+
+
+def write_safetensors(path, tensors, metadata):
+    """`tensors` (name -> float32 numpy array, in order) as safetensors."""
+    header = {"__metadata__": metadata}
+    offset = 0
+    for name, value in tensors.items():
+        header[name] = {"dtype": "F32", "shape": list(value.shape), "data_offsets": [offset, offset + value.nbytes]}
+        offset += value.nbytes
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)))
+        f.write(text)
+        for value in tensors.values():
+            f.write(np.ascontiguousarray(value, dtype="<f4").tobytes())
+
+
+def make_huggingface(path, c, seed):
+    rng = np.random.default_rng(seed)
+    V, C, P = c["vocab_size"], c["hidden_size"], c["max_seq_length"]
+    Fw = c.get("ffn_hidden_size") or 4 * C
+
+    def normal(*shape, mean=0.0, std=0.2):
+        return (mean + std * rng.standard_normal(shape)).astype(np.float32)
+
+    t = {"transformer.wte.weight": normal(V, C), "transformer.wpe.weight": normal(P, C)}
+    for i in range(c["num_layers"]):
+        p = f"transformer.h.{i}."
+        t[p + "ln_1.weight"], t[p + "ln_1.bias"] = normal(C, mean=1.0, std=0.1), normal(C, std=0.1)
+        t[p + "attn.bias"] = np.tril(np.ones((P, P), dtype=np.float32)).reshape(1, 1, P, P)
+        t[p + "attn.c_attn.weight"], t[p + "attn.c_attn.bias"] = normal(C, 3 * C), normal(3 * C, std=0.1)
+        t[p + "attn.c_proj.weight"], t[p + "attn.c_proj.bias"] = normal(C, C), normal(C, std=0.1)
+        t[p + "ln_2.weight"], t[p + "ln_2.bias"] = normal(C, mean=1.0, std=0.1), normal(C, std=0.1)
+        t[p + "mlp.c_fc.weight"], t[p + "mlp.c_fc.bias"] = normal(C, Fw), normal(Fw, std=0.1)
+        t[p + "mlp.c_proj.weight"], t[p + "mlp.c_proj.bias"] = normal(Fw, C, std=0.1), normal(C, std=0.1)
+    t["transformer.ln_f.weight"], t["transformer.ln_f.bias"] = normal(C, mean=1.0, std=0.1), normal(C, std=0.1)
+    t["lm_head.weight"] = t["transformer.wte.weight"]
+    write_safetensors(path, t, {"format": "pt"})
 
 
 class Gpt2:
@@ -245,7 +319,9 @@ def bench_prompt(length, vocab):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("checkpoint")
-    parser.add_argument("mode", choices=["logits", "bench"])
+    parser.add_argument("mode", choices=["logits", "bench", "make-hf"])
+    parser.add_argument("--model", default="", help="the model config (JSON) of a Hugging Face file")
+    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--ids", default="")
     parser.add_argument("--greedy", type=int, default=0)
     parser.add_argument("--prompt-len", type=int, default=16)
@@ -255,7 +331,13 @@ def main():
     parser.add_argument("--step", choices=["addmm", "addmv"], default="addmm")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    tensors, config = load_checkpoint(args.checkpoint)
+    if args.mode == "make-hf":
+        make_huggingface(args.checkpoint, json.loads(args.model), args.seed)
+        return
+    if os.path.isfile(args.checkpoint):
+        tensors, config = load_huggingface(args.checkpoint, json.loads(args.model))
+    else:
+        tensors, config = load_checkpoint(args.checkpoint)
     model = Gpt2(tensors, config["model"])
     with torch.inference_mode():
         if args.mode == "logits":

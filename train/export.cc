@@ -1,0 +1,44 @@
+#include "train/export.h"
+
+#include "core/registry.h"
+#include "core/status.h"
+#include "core/strings.h"
+#include "models/model.h"
+#include "train/checkpoint.h"
+
+namespace tessera {
+
+absl::StatusOr<ExportSummary> ExportHuggingFace(const std::filesystem::path& path,
+                                                const std::filesystem::path& output) {
+  ASSIGN_OR_RETURN(const std::filesystem::path dir, ResolveCheckpoint(path));
+  ASSIGN_OR_RETURN(const std::shared_ptr<const CheckpointReader> reader, CheckpointReader::Open(dir));
+  if (reader->huggingface()) {
+    return absl::InvalidArgumentError(StrCat(dir.string(), " already holds Hugging Face weights"));
+  }
+  const nlohmann::json& config = reader->config();
+  if (!config.is_object() || !config.contains("model") || !config["model"].is_object()) {
+    return absl::InvalidArgumentError(StrCat("checkpoint ", dir.string(), ": its config has no model section"));
+  }
+  Registry<models::Model> registry("model");
+  RETURN_IF_ERROR(models::RegisterBuiltinModels(registry));
+  auto model = registry.Create(config["model"]);
+  if (!model.ok()) {
+    return absl::InvalidArgumentError(StrCat("checkpoint ", dir.string(), ": ", model.status().message()));
+  }
+  const std::vector<models::Model::HfTensor> tensors = (*model)->HuggingFaceTensors();
+  if (tensors.empty()) {
+    return absl::FailedPreconditionError(StrCat("checkpoint ", dir.string(), ": ",
+                                                config["model"].value("_target_", std::string("its model")),
+                                                " has no Hugging Face layout (only models.GPT2 does)"));
+  }
+  ExportSummary summary{.checkpoint = dir};
+  for (const auto& t : tensors) {
+    ASSIGN_OR_RETURN(const TensorMeta meta, reader->Meta(t.name));
+    summary.bytes += meta.shape.NumElements() * static_cast<int64_t>(DTypeSize(meta.dtype));
+  }
+  summary.tensors = static_cast<int64_t>(tensors.size());
+  RETURN_IF_ERROR(ExportSafetensors(*reader, tensors, output));
+  return summary;
+}
+
+}  // namespace tessera
