@@ -53,6 +53,7 @@
 #include "actors/runtime.h"
 #include "core/logging.h"
 #include "core/registry.h"
+#include "core/thread_pool.h"
 #include "models/model.h"
 #include "tests/comm/gloo_file_kv_store.h"
 #include "train/feeds.h"
@@ -134,6 +135,13 @@ int RunNodeChild(const std::string& spec) {
   }
   comm::testing::FileKvStore kv(kv_dir);
   actors::RuntimeOptions options;
+  // train.dist.intra_op_threads kernel threads (1: the actor's own thread),
+  // as the job runner gives a device.
+  std::unique_ptr<ThreadPool> pool;
+  if ((*feed)->intra_op_threads() > 1) {
+    pool = std::make_unique<ThreadPool>((*feed)->intra_op_threads());
+    options.pool = pool.get();
+  }
   options.kv = &kv;
   options.kv_prefix = "ddp_bench";
   options.stall_timeout_s = 120;

@@ -10,7 +10,7 @@ config (lr 3e-3, betas (0.9, 0.999), eps 1e-8, weight decay 0.01 except
 LayerNorm weights and biases), gradients clipped to norm 1.0 (configs/common/
 optim.json), a warm-up-cosine learning rate. Random token data.
 
-Each process runs one kernel thread (torch.set_num_threads(1)); rank 0 times
+Each process runs one kernel thread (--threads N: N); rank 0 times
 every step (loss.item() after optimizer.step()), and the time per iteration
 is (t[last] - t[warmup - 1]) / iters, as in ddp_bench.
 
@@ -30,11 +30,22 @@ import statistics
 import sys
 import time
 
+def _threads_from_argv():
+    for i, arg in enumerate(sys.argv):
+        if arg == "--threads" and i + 1 < len(sys.argv):
+            return sys.argv[i + 1]
+        if arg.startswith("--threads="):
+            return arg.split("=", 1)[1]
+    return "1"
+
+
+THREADS = int(_threads_from_argv())
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("OMP_NUM_THREADS", str(THREADS))
 # Debian's torch does its GEMMs in OpenBLAS (pthreads build), whose own thread
-# count torch.set_num_threads does not reach: one thread per process, as ours.
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+# count torch.set_num_threads does not reach: set before torch loads (one
+# thread per process unless --threads says otherwise).
+os.environ.setdefault("OPENBLAS_NUM_THREADS", str(THREADS))
 
 import torch  # noqa: E402  (after the OpenMP environment)
 import torch.distributed as dist  # noqa: E402
@@ -122,7 +133,7 @@ def warmup_cosine(total, warmup_ratio=0.05, warmup_factor=0.001, alpha=0.01):
 
 
 def run(rank, world, port, args):
-    torch.set_num_threads(1)
+    torch.set_num_threads(THREADS)
     torch.set_num_interop_threads(1)
     torch.manual_seed(1234)  # the same init on every rank, as DDP's broadcast would give
     model = Gpt2()
@@ -202,6 +213,7 @@ def free_port():
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--world", type=int, default=2, help="processes (1: no DDP)")
+    parser.add_argument("--threads", type=int, default=1, help="kernel threads per process (read before torch loads)")
     parser.add_argument("--warmup", type=int, default=5, help="iterations excluded from the timing")
     parser.add_argument("--iters", type=int, default=20, help="timed iterations")
     parser.add_argument("--allreduce-mb", type=int, default=0, help="also time an all-reduce of this many MB")

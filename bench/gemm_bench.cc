@@ -14,6 +14,7 @@
 // minor page faults (process-wide) per timed call. Usage:
 //   gemm_bench [rounds]   (passes over the table, default 3; each row keeps
 //                          its best and the median of all its samples)
+//   gemm_bench --peak N   (only the FMA peak of N threads: "peak_gflops X")
 
 #include <dnnl.h>
 #include <omp.h>
@@ -31,6 +32,7 @@
 #include <cstdlib>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -227,6 +229,15 @@ struct Row {
 };
 
 int Main(int argc, char** argv) {
+  // `gemm_bench --peak THREADS`: the FMA peak alone (best of 5), one line
+  // "peak_gflops X", for the comparison scripts.
+  if (argc == 3 && std::string_view(argv[1]) == "--peak") {
+    const int threads = std::max(1, std::atoi(argv[2]));
+    double best = 0;
+    for (int i = 0; i < 5; ++i) best = std::max(best, MeasurePeak(threads, 2));
+    std::printf("peak_gflops %.1f\n", best);
+    return 0;
+  }
   // Rounds over the whole table: the machines are shared and noisy, so each
   // row keeps its best over several passes spread in time.
   const int rounds = argc > 1 ? std::max(1, std::atoi(argv[1])) : 3;

@@ -1,12 +1,16 @@
 # Per-target settings for Tessera's own targets. Global CMAKE_CXX_FLAGS are
 # never touched: everything goes through tessera_target_options().
 
-# tessera_target_options(TARGET [PCH tessera_pch|tessera_test_pch|OWN|NONE])
+# tessera_target_options(TARGET [PCH tessera_pch|tessera_test_pch|OWN|NONE] [TEST])
 # PCH: which precompiled header the target reuses (default tessera_pch; OWN:
 # the same headers compiled for this target alone, for a target whose flags
-# differ, e.g. -fopenmp).
+# differ, e.g. -fopenmp). TEST: a test's own code: compiled at -O1 in
+# optimised builds and, under TESSERA_SANITIZE, without instrumentation of
+# its own (it links the sanitizers' runtime, and the code it tests is
+# instrumented): the sanitizers check Tessera, not the assertions, and
+# instrumenting the tests' code doubled their compile time.
 function(tessera_target_options target)
-  cmake_parse_arguments(ARG "" "PCH" "" ${ARGN})
+  cmake_parse_arguments(ARG "TEST" "PCH" "" ${ARGN})
   if(NOT ARG_PCH)
     set(ARG_PCH tessera_pch)
   endif()
@@ -29,9 +33,14 @@ function(tessera_target_options target)
     target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-march=native -mprefer-vector-width=512>)
   endif()
   if(TESSERA_SANITIZE)
-    target_compile_options(${target} PRIVATE
-      $<$<COMPILE_LANGUAGE:CXX>:-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined>)
+    if(NOT ARG_TEST)
+      target_compile_options(${target} PRIVATE
+        $<$<COMPILE_LANGUAGE:CXX>:-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined>)
+    endif()
     target_link_options(${target} PUBLIC -fsanitize=address,undefined)
+  endif()
+  if(ARG_TEST AND CMAKE_BUILD_TYPE MATCHES "^(Release|RelWithDebInfo|MinSizeRel)$")
+    target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-O1>)
   endif()
 endfunction()
 
@@ -87,20 +96,11 @@ function(tessera_add_pch_targets)
   target_precompile_headers(tessera_pch PRIVATE ${common})
   if(TESSERA_BUILD_TESTS)
     add_library(tessera_test_pch OBJECT ${CMAKE_BINARY_DIR}/tessera_pch.cc)
-    tessera_target_options(tessera_test_pch PCH NONE)
-    tessera_optimise_like_tests(tessera_test_pch)
+    tessera_target_options(tessera_test_pch PCH NONE TEST)
     target_link_libraries(tessera_test_pch PRIVATE ${core_usage} GTest::gtest GTest::gmock)
     if(TESSERA_CUDA)
       target_compile_definitions(tessera_test_pch PRIVATE TESSERA_WITH_CUDA=1)
     endif()
     target_precompile_headers(tessera_test_pch PRIVATE ${common} <gtest/gtest.h> <gmock/gmock.h>)
-  endif()
-endfunction()
-
-# The tests' own code (assertions, small references) runs fine at -O1 and
-# compiles in about half -O3's time; what they test is built as configured.
-function(tessera_optimise_like_tests target)
-  if(CMAKE_BUILD_TYPE MATCHES "^(Release|RelWithDebInfo|MinSizeRel)$")
-    target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-O1>)
   endif()
 endfunction()
