@@ -7,11 +7,11 @@
 #include <chrono>
 #include <csignal>
 #include <cstdio>
-#include <memory>
-#include <thread>
 #include <exception>
+#include <memory>
 #include <new>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "CLI/CLI.hpp"

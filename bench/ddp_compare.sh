@@ -33,15 +33,8 @@ export OMP_WAIT_POLICY=PASSIVE
 log=$(mktemp -d)
 trap 'rm -rf "$log"' EXIT
 
-# field FILE KEY: the value after "KEY " on the line that starts with it.
-field() { awk -v key="$2" '$1 == key { print $2 }' "$1" | tail -n 1; }
-# stats V...: "median M (min A, max B, spread S%)", spread = (max - min) / median.
-stats() {
-  printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END {
-    m = (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2
-    printf "median %.1f (min %.1f, max %.1f, spread %.1f%%)", m, v[1], v[NR], 100 * (v[NR] - v[1]) / m }'
-}
-median() { printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+# field, stats, median
+source "$here/compare_lib.sh"
 
 echo "ddp_compare: $rounds rounds, warm-up $warmup, $iters timed iterations; $(nproc) cores; load average $(cut -d' ' -f1-3 /proc/loadavg)"
 tessera_rates=() torch_rates=() tessera_cpu=() torch_cpu=()

@@ -54,15 +54,8 @@ fi
 log=$(mktemp -d)
 trap 'rm -rf "$log"' EXIT
 
-# field FILE KEY: the value after "KEY " on the line that starts with it.
-field() { awk -v key="$2" '$1 == key { print $2 }' "$1" | tail -n 1; }
-# stats V...: "median M (min A, max B, spread S%)", spread = (max - min) / median.
-stats() {
-  printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END {
-    m = (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2
-    printf "median %.1f (min %.1f, max %.1f, spread %.1f%%)", m, v[1], v[NR], 100 * (v[NR] - v[1]) / m }'
-}
-median() { printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+# field, stats, median
+source "$here/compare_lib.sh"
 # agree A B: the number of leading comma-separated ids A and B share.
 agree() { awk -v a="$1" -v b="$2" 'BEGIN { n = split(a, x, ","); split(b, y, ","); for (i = 1; i <= n && x[i] == y[i]; ++i); print i - 1 }'; }
 

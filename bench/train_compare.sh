@@ -32,9 +32,8 @@ export OMP_WAIT_POLICY=PASSIVE
 
 log=$(mktemp -d)
 trap 'rm -rf "$log"' EXIT
-# field FILE KEY: the value after "KEY " on the last line that starts with it.
-field() { awk -v key="$2" '$1 == key { print $2 }' "$1" | tail -n 1; }
-median() { printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+# field, median
+source "$here/compare_lib.sh"
 
 "$peak_bench" --peak "$threads" > "$log/peak"
 peak=$(field "$log/peak" peak_gflops)

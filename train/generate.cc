@@ -165,10 +165,6 @@ absl::StatusOr<Tensor> LoadTransposed(const CheckpointReader& reader, const std:
 // The run's models.GPT2 config, from the checkpoint's resolved config.
 absl::StatusOr<models::Gpt2Config> ReadGpt2Config(const CheckpointReader& reader, const nlohmann::json& config) {
   const std::string where = StrCat("checkpoint ", reader.dir().string(), ": ");
-  if (reader.huggingface() && config.is_null()) {
-    return absl::InvalidArgumentError(
-        StrCat(where, "Hugging Face weights carry no Tessera config: give the run's config (--config)"));
-  }
   if (!config.is_object() || !config.contains("model") || !config["model"].is_object()) {
     return absl::InvalidArgumentError(StrCat(where, "its config has no model section"));
   }
@@ -538,9 +534,13 @@ absl::StatusOr<std::unique_ptr<Generator>> Generator::Open(const fs::path& path,
   }
   ASSIGN_OR_RETURN(const fs::path dir, ResolveCheckpoint(path));
   ASSIGN_OR_RETURN(const std::shared_ptr<const CheckpointReader> reader, CheckpointReader::Open(dir));
+  if (reader->huggingface() && !options.run_config) {
+    return absl::InvalidArgumentError(StrCat("checkpoint ", dir.string(),
+                                             ": Hugging Face weights carry no Tessera config: give the run's config "
+                                             "(--config)"));
+  }
   const nlohmann::json run_config = options.run_config ? *options.run_config : reader->config();
-  ASSIGN_OR_RETURN(const models::Gpt2Config config,
-                   ReadGpt2Config(*reader, options.run_config || !reader->huggingface() ? run_config : nlohmann::json()));
+  ASSIGN_OR_RETURN(const models::Gpt2Config config, ReadGpt2Config(*reader, run_config));
 
   auto s = std::make_unique<State>();
   s->dir = dir;

@@ -106,6 +106,9 @@ struct Job {
   CompileOptions options;
   std::optional<LrSchedule> schedule;  // set by Prepare
   std::unique_ptr<Engine> engine;
+
+  // Samples per iteration: micro-batch × data-parallel ranks × micro-batches.
+  int64_t global_batch() const { return batch * data_parallel * options.num_micro_batches; }
 };
 
 // Resolves the config and builds the model, the mesh, the batch arithmetic,
@@ -181,7 +184,7 @@ absl::StatusOr<proto::Plan> TrainingPlan(const nlohmann::json& config) {
   ASSIGN_OR_RETURN(Job job, Prepare(config));
   // Where a run would start (a resume's or load_weight's checkpoint) is
   // checked as a run checks it.
-  RETURN_IF_ERROR(ResolveRunStart(job.train, job.batch * job.data_parallel * job.options.num_micro_batches).status());
+  RETURN_IF_ERROR(ResolveRunStart(job.train, job.global_batch()).status());
   return job.engine->Plan(job.train.train_iter);
 }
 
@@ -218,7 +221,7 @@ absl::StatusOr<std::unique_ptr<JobFeed>> JobFeed::Make(const nlohmann::json& con
   out->schedule_ = job.schedule;
   out->micro_batches_ = job.options.num_micro_batches;
   out->lr_input_ = job.options.optimizer.lr_input_name;
-  out->global_batch_ = job.batch * job.data_parallel * job.options.num_micro_batches;
+  out->global_batch_ = job.global_batch();
   out->iterations_ = job.train.train_iter;
   out->log_period_ = job.train.log_period;
   out->devices_ = job.options.lower.parallel.world_size;
@@ -321,8 +324,7 @@ absl::StatusOr<std::vector<proto::NodePlan>> CompileForNodes(const nlohmann::jso
     return absl::InvalidArgumentError(StrCat("the job needs ", job.options.lower.parallel.world_size,
                                              " devices (train.dist), the nodes give ", devices));
   }
-  ASSIGN_OR_RETURN(const RunStart start,
-                   ResolveRunStart(job.train, job.batch * job.data_parallel * job.options.num_micro_batches));
+  ASSIGN_OR_RETURN(const RunStart start, ResolveRunStart(job.train, job.global_batch()));
   scheduler::LowerOptions lower = job.options.lower;
   lower.devices_per_node = devices_per_node;
   lower.start_iteration = start.iteration;

@@ -69,7 +69,6 @@ class EmitLimit {
   int64_t Total(const proto::Task& task, const ActorEnvironment& env) const {
     return stopped_at_ >= 0 ? stopped_at_ : TotalPieces(task, env.iterations);
   }
-  bool stopped() const { return stopped_at_ >= 0; }
 
  private:
   int64_t stopped_at_ = -1;

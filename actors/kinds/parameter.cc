@@ -6,8 +6,8 @@
 // host's finalizer, if any, gets the trained values.
 //
 // Act condition: emitting — iterations left (the run's gate admitting
-// each) and the variable free (every reader acked); updating — every consumed desc has a ready register and the
-// variable is free.
+// each) and the variable free (every reader acked); updating — every
+// consumed desc has a ready register and the variable is free.
 //
 // States:  emit --(send ready)--> update (emit, without a gradient)
 //          update --(run the update, ack the gradient)--> emit
