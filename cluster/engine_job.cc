@@ -94,9 +94,10 @@ class EnginePlanRunner final : public PlanRunner {
       return feed_->FillEval(batch, input, out);
     };
     eval_fetch_ = [this](int64_t, const std::map<std::string, Tensor>& values) -> absl::Status {
-      auto loss = values.find("loss");
-      if (loss == values.end()) return absl::OkStatus();
-      eval_loss_sum_ += loss->second.ToVector<float>().at(0);
+      if (!values.contains("loss")) return absl::OkStatus();
+      for (const auto& [name, value] : values) {
+        if (value.NumElements() == 1 && value.dtype() == DType::kF32) eval_sums_[name] += value.ToVector<float>().at(0);
+      }
       ++eval_batches_seen_;
       return absl::OkStatus();
     };
@@ -287,15 +288,28 @@ class EnginePlanRunner final : public PlanRunner {
     RETURN_IF_ERROR(BindFeeds(part.plan(), eval_fill_, options.callbacks));
     RETURN_IF_ERROR(BindFetch(part.plan(), eval_fetch_, options.callbacks));
     RETURN_IF_ERROR(kept_.BindVariables(part.plan(), options.callbacks));
-    eval_loss_sum_ = 0;
+    eval_sums_.clear();
     eval_batches_seen_ = 0;
     RETURN_IF_ERROR(RunSegment(actors::SerializeNodePlan(part), std::move(options)));
     if (eval_batches_seen_ == 0) return absl::OkStatus();  // another node holds the sink
-    const double loss = eval_loss_sum_ / static_cast<double>(eval_batches_seen_);
+    // models/model.h: "loss" and other scalars are averaged over the
+    // batches; <m>_correct / <m>_count pairs make eval_<m>_accuracy.
     JobMetrics metrics;
     metrics.iteration = iteration;
-    metrics.values["eval_loss"] = loss;
-    metrics.values["eval_ppl"] = std::exp(loss);
+    const auto ends_with = [](const std::string& name, std::string_view suffix) {
+      return name.size() > suffix.size() && name.ends_with(suffix);
+    };
+    for (const auto& [name, sum] : eval_sums_) {
+      if (ends_with(name, "_count")) continue;
+      if (ends_with(name, "_correct")) {
+        const std::string m = name.substr(0, name.size() - std::string_view("_correct").size());
+        const auto count = eval_sums_.find(m + "_count");
+        if (count != eval_sums_.end() && count->second > 0) metrics.values["eval_" + m + "_accuracy"] = sum / count->second;
+        continue;
+      }
+      metrics.values["eval_" + name] = sum / static_cast<double>(eval_batches_seen_);
+    }
+    if (feed_->reports_perplexity()) metrics.values["eval_ppl"] = std::exp(metrics.values.at("eval_loss"));
     if (const auto* text = feed_->text(); text != nullptr && text->unigram_valid_loss()) {
       metrics.values["unigram_ppl"] = std::exp(*text->unigram_valid_loss());
     }
@@ -359,8 +373,11 @@ class EnginePlanRunner final : public PlanRunner {
     metrics.iteration = iteration + 1;
     metrics.values["loss"] = value;
     metrics.values["lr"] = feed_->lr(iteration);
-    if (auto norm = values.find("grad_norm"); norm != values.end()) {
-      metrics.values["grad_norm"] = norm->second.ToVector<float>().at(0);
+    // grad_norm and the model's other scalar fetches (e.g. BERT's mlm_loss).
+    for (const auto& [name, tensor] : values) {
+      if (name != "loss" && tensor.NumElements() == 1 && tensor.dtype() == DType::kF32) {
+        metrics.values[name] = tensor.ToVector<float>().at(0);
+      }
     }
     metrics.values["samples_per_s"] = seconds > 0 ? samples / seconds : 0.0;
     if (feed_->tokens_per_sample() > 0) {
@@ -379,7 +396,7 @@ class EnginePlanRunner final : public PlanRunner {
   FetchFn fetch_;
   FeedFn eval_fill_;
   FetchFn eval_fetch_;
-  double eval_loss_sum_ = 0;  // written by the sink's thread during an evaluation, read after it
+  std::map<std::string, double> eval_sums_;  // written by the sink's thread during an evaluation, read after it
   int64_t eval_batches_seen_ = 0;
   actors::HostCallbacks callbacks_;
   KeptStore kept_;

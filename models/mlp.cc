@@ -6,12 +6,14 @@
 
 #include "core/status.h"
 #include "graph/builder.h"
+#include "models/bert.h"
 #include "models/gpt2.h"
 
 namespace tessera::models {
 
 const std::vector<ModelType>& BuiltinModelTypes() {
   static const auto* const types = new std::vector<ModelType>{
+      {"models.BERT", Bert::Keys().section(), &Bert::FromJson},
       {"models.GPT2", Gpt2::Keys().section(), &Gpt2::FromJson},
       {"models.MLP", Mlp::Keys().section(), &Mlp::FromJson},
   };

@@ -1,7 +1,15 @@
 #pragma once
 // A trainable model as the trainer sees it: it builds its logical graph (one
 // marked loss) for a batch size and fills the graph inputs it declares with
-// its own (synthetic, seeded) data. Models are built from the config node
+// its own (synthetic, seeded) data, or reads text (TextInputs).
+//
+// Fetches the trainer reads: "loss" (the marked loss) and "grad_norm"; any
+// other scalar fetch of the training graph is logged under its name
+// (metrics.jsonl). Of the evaluation graph: "loss", averaged over the
+// evaluation batches (eval_loss; eval_ppl = exp of it for GPT-style
+// models), other scalars averaged likewise (eval_<name>), and pairs
+// "<m>_correct" / "<m>_count", summed over all batches and reported as
+// eval_<m>_accuracy. Models are built from the config node
 // `model` by `_target_` (e.g. "models.MLP") through a Registry<Model> that the
 // caller owns and fills with RegisterBuiltinModels. Model methods are const
 // and may be called from any thread.
@@ -35,12 +43,23 @@ class Model {
   // count LiBai's pipeline stage assignment divides.
   virtual int64_t num_layers() const = 0;
 
-  // A language model that can read text data (train/text_data.h) instead of
-  // its own: its inputs "input_ids" and "labels" are i64 (batch, seq_length)
-  // token ids below vocab_size. nullopt: the model reads only its own data.
+  // A language model that can read text data (train/text_data.h):
+  //   kGpt: inputs "input_ids" and "labels", i64 (batch, seq_length) token
+  //     ids below vocab_size, contiguous windows of the corpus; the model
+  //     also has data of its own (FillBatch) for runs without text.
+  //   kBert: BERT's pre-training inputs (models/bert.h), built by
+  //     data/bert_dataset.h with the masking options below; text only.
+  // nullopt: the model reads only its own data.
   struct TextInputs {
+    enum class Kind { kGpt, kBert };
+    Kind kind = Kind::kGpt;
     int64_t seq_length = 0;
     int64_t vocab_size = 0;
+    // kBert:
+    int64_t max_predictions_per_seq = 0;
+    double masked_lm_prob = 0;
+    double short_seq_prob = 0;
+    bool next_sentence = false;  // the model reads next_sentence_labels
   };
   virtual std::optional<TextInputs> text_inputs() const { return std::nullopt; }
 
@@ -77,7 +96,7 @@ absl::StatusOr<T> ReadModelKeys(const config::Binding<T>& keys, const nlohmann::
   return keys.Read(*resolved);
 }
 
-// Every model of models/ ("models.GPT2", "models.MLP").
+// Every model of models/ ("models.BERT", "models.GPT2", "models.MLP").
 const std::vector<ModelType>& BuiltinModelTypes();
 
 // Registers every model of BuiltinModelTypes() into `registry`.

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <string>
+#include <utility>
 
 #include "core/text.h"
 
@@ -36,7 +37,8 @@ MLP::MLP(int64_t hidden, int64_t ffn_hidden, MlpOptions options)
             {.parallel = Parallel::kColumn, .layer_idx = options.layer_idx, .init_std = options.init_std}),
       c_proj_(ffn_hidden, hidden,
               {.parallel = Parallel::kRow, .layer_idx = options.layer_idx, .init_std = options.output_init_std}),
-      dropout_(options.output_dropout_prob, options.layer_idx) {
+      dropout_(options.output_dropout_prob, options.layer_idx),
+      gelu_approximate_(std::move(options.gelu_approximate)) {
   RegisterModule("c_fc", c_fc_);
   RegisterModule("c_proj", c_proj_);
   RegisterModule("dropout", dropout_);
@@ -48,7 +50,7 @@ Sym MLP::Forward(const Sym& x) {
   auto scope = EnterScope(*b);
   if (!CheckLastAxis(*b, *this, x, c_fc_.in_features(), 2)) return Sym();
   Sym h = c_fc_.ForwardWithoutBias(Flatten(x, c_fc_.in_features()));                  // (N, F), S(1) over tp
-  h = b->Apply("bias_gelu", {h, c_fc_.bias()}, {{"approximate", std::string("tanh")}});  // GPT-2's gelu_new
+  h = b->Apply("bias_gelu", {h, c_fc_.bias()}, {{"approximate", gelu_approximate_}});  // "tanh": GPT-2's gelu_new
   Sym y = dropout_(c_proj_(h));                                                         // (N, C)
   return Unflatten(y, x);
 }
@@ -149,6 +151,7 @@ Sym MultiheadAttention::Forward(const Sym& x, const Sym& padding_mask) {
 TransformerLayer::TransformerLayer(int64_t hidden, int64_t num_heads, int64_t ffn_hidden,
                                    TransformerLayerOptions options)
     : Module(options.layer_idx),
+      post_layernorm_(options.post_layernorm),
       ln_1_(hidden, {.eps = options.layernorm_epsilon, .layer_idx = options.layer_idx}),
       attn_(hidden, num_heads,
             {.causal = options.causal,
@@ -160,6 +163,7 @@ TransformerLayer::TransformerLayer(int64_t hidden, int64_t num_heads, int64_t ff
       ln_2_(hidden, {.eps = options.layernorm_epsilon, .layer_idx = options.layer_idx}),
       mlp_(hidden, ffn_hidden,
            {.output_dropout_prob = options.output_dropout_prob,
+            .gelu_approximate = options.gelu_approximate,
             .layer_idx = options.layer_idx,
             .init_std = options.init_std,
             .output_init_std = options.output_init_std}) {
@@ -182,6 +186,14 @@ Sym TransformerLayer::Forward(const Sym& x, const Sym& padding_mask) {
   // are so anyway; backward (autodiff gives a hinted value's gradient its
   // hint) their gradient is all-reduced there, Megatron's f, and the norms'
   // own gradients are whole on every tp rank with no communication.
+  const auto stream = [&](const Sym& s) {
+    b->SetHints(s, std::nullopt, BatchSplit());
+    return s;
+  };
+  if (post_layernorm_) {  // BERT: the sums and their norms are the stream
+    const Sym h = stream(ln_1_(stream(x + attn_(x, padding_mask))));
+    return stream(ln_2_(stream(h + mlp_(h))));
+  }
   const Sym a = ln_1_(x);
   b->SetHints(a, std::nullopt, BatchSplit());
   const Sym h = x + attn_(a, padding_mask);  // (B, T, C)

@@ -25,6 +25,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "nn/layers.h"
@@ -36,14 +37,16 @@ namespace tessera::nn {
 // usually drawn with a smaller std (HF / LiBai: init_std / sqrt(2 · layers)).
 struct MlpOptions {
   double output_dropout_prob = 0;
+  // bias_gelu's `approximate`: "tanh" (GPT-2's gelu_new) or "none" (erf, BERT's).
+  std::string gelu_approximate = "tanh";
   int64_t layer_idx = 0;
   double init_std = 0.02;         // c_fc.weight
   double output_init_std = 0.02;  // c_proj.weight
 };
 
-// GPT-2's MLP: c_fc (C -> F, column parallel), GELU (tanh approximation,
-// fused with c_fc's bias: bias_gelu), c_proj (F -> C, row parallel),
-// dropout. x (..., C) -> (..., C).
+// GPT-2's MLP: c_fc (C -> F, column parallel), GELU (fused with c_fc's
+// bias: bias_gelu; tanh approximation unless options say "none"), c_proj
+// (F -> C, row parallel), dropout. x (..., C) -> (..., C).
 class MLP : public Module {
  public:
   MLP(int64_t hidden, int64_t ffn_hidden, MlpOptions options = {});
@@ -53,6 +56,7 @@ class MLP : public Module {
  private:
   Linear c_fc_, c_proj_;
   Dropout dropout_;
+  std::string gelu_approximate_;
 };
 
 // The fused QKV projection "c_attn": weight (C, 3, C) hinted (B, S(2)), bias
@@ -98,6 +102,10 @@ class MultiheadAttention : public Module {
 
 struct TransformerLayerOptions {
   bool causal = true;
+  // false: pre-LN (GPT-2). true: post-LN (BERT): each sub-layer's residual
+  // sum is normalised, h = ln_1(x + attn(x)); y = ln_2(h + mlp(h)).
+  bool post_layernorm = false;
+  std::string gelu_approximate = "tanh";  // the MLP's (MlpOptions)
   double attention_dropout_prob = 0;
   double output_dropout_prob = 0;  // after attention and after the MLP
   double layernorm_epsilon = 1e-5;
@@ -106,7 +114,8 @@ struct TransformerLayerOptions {
   double output_init_std = 0.02;
 };
 
-// A pre-LN GPT-2 block: h = x + attn(ln_1(x)); y = h + mlp(ln_2(h)).
+// A pre-LN GPT-2 block: h = x + attn(ln_1(x)); y = h + mlp(ln_2(h)); with
+// post_layernorm BERT's block: h = ln_1(x + attn(x)); y = ln_2(h + mlp(h)).
 // Children: ln_1, attn, ln_2, mlp. x (B, T, C) -> (B, T, C).
 class TransformerLayer : public Module {
  public:
@@ -115,6 +124,7 @@ class TransformerLayer : public Module {
   Sym operator()(const Sym& x, const Sym& padding_mask = Sym()) { return Forward(x, padding_mask); }
 
  private:
+  bool post_layernorm_;
   LayerNorm ln_1_;
   MultiheadAttention attn_;
   LayerNorm ln_2_;

@@ -1,12 +1,20 @@
 #pragma once
-// Runs the `tessera` binary as a user would, for end-to-end tests. Needs the
-// TESSERA_BINARY and TESSERA_SOURCE_DIR compile definitions.
+// Runs the `tessera` binary as a user would, for end-to-end tests, and
+// reads what a run leaves behind. Needs the TESSERA_BINARY and
+// TESSERA_SOURCE_DIR compile definitions.
 
+#include <gtest/gtest.h>
 #include <sys/wait.h>
 
 #include <array>
+#include <cstdint>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
 #include <string>
+
+#include "nlohmann/json.hpp"
 
 namespace tessera::testing {
 
@@ -15,10 +23,8 @@ struct CliResult {
   std::string out;  // stdout and stderr together
 };
 
-// Runs `tessera ARGS` under a 120 s deadline, so a hang fails the test
-// instead of blocking it.
-inline CliResult RunTessera(const std::string& args) {
-  const std::string cmd = "timeout 120 " + std::string(TESSERA_BINARY) + " " + args + " 2>&1";
+// Runs a shell command line; its stdout (add 2>&1 for stderr too).
+inline CliResult RunCommand(const std::string& cmd) {
   CliResult r;
   FILE* pipe = popen(cmd.c_str(), "r");
   if (pipe == nullptr) return r;
@@ -28,6 +34,34 @@ inline CliResult RunTessera(const std::string& args) {
   const int status = pclose(pipe);
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return r;
+}
+
+// Runs `tessera ARGS` under a 120 s deadline, so a hang fails the test
+// instead of blocking it.
+inline CliResult RunTessera(const std::string& args) {
+  return RunCommand("timeout 120 " + std::string(TESSERA_BINARY) + " " + args + " 2>&1");
+}
+
+// A failed command that said one line naming `needle`.
+inline void ExpectOneLineError(const CliResult& r, const std::string& needle) {
+  EXPECT_NE(r.exit_code, 0) << r.out;
+  EXPECT_EQ(r.out.find('\n'), r.out.size() - 1) << r.out;
+  EXPECT_NE(r.out.find(needle), std::string::npos) << r.out;
+}
+
+// A run's metrics.jsonl by iteration: training rows and evaluation rows
+// (those with eval_loss).
+struct MetricsRows {
+  std::map<int64_t, nlohmann::json> train, eval;
+};
+inline MetricsRows ReadMetricsRows(const std::filesystem::path& output_dir) {
+  MetricsRows rows;
+  std::ifstream in(output_dir / "metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    const nlohmann::json row = nlohmann::json::parse(line);
+    (row.contains("eval_loss") ? rows.eval : rows.train)[row["iter"].get<int64_t>()] = row;
+  }
+  return rows;
 }
 
 // A path inside the source tree.

@@ -190,7 +190,8 @@ Binding<TokenizationConfig> MakeTokenizationKeys() {
   b.Field("merges_file", &TokenizationConfig::merges_file, {.doc = "gpt2: vocab.bpe (the merges)"});
   b.Field("lower_case", &TokenizationConfig::lower_case, {.doc = "bert: lower-case and strip accents"});
   b.Field("append_eod", &TokenizationConfig::append_eod,
-          {.doc = "end each document with the end-of-document token when the text is preprocessed"});
+          {.doc = "end each document with the end-of-document token when the text is preprocessed; `null`: yes for "
+                  "GPT, no for BERT (whose samples are sentence pairs)"});
   return b;
 }
 

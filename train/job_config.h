@@ -79,7 +79,7 @@ struct TokenizationConfig {
   std::optional<std::string> vocab_file;   // gpt2: encoder.json; bert: vocab.txt
   std::optional<std::string> merges_file;  // gpt2: vocab.bpe
   bool lower_case = true;                  // bert
-  bool append_eod = true;                  // end each document with the end-of-document token
+  std::optional<bool> append_eod;          // end each document with the end-of-document token; unset: GPT yes, BERT no
 };
 
 // LiBai's `dataloader`: where the training text comes from.

@@ -59,8 +59,11 @@ double UnigramLoss(const data::GptDataset& train, const data::GptDataset& valid,
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<TextData>> TextData::Open(const nlohmann::json& config, int64_t seq_length,
-                                                         int64_t vocab_size, const Progress& progress) {
+absl::StatusOr<std::unique_ptr<TextData>> TextData::Open(const nlohmann::json& config,
+                                                         const models::Model::TextInputs& inputs,
+                                                         const Progress& progress) {
+  using Kind = models::Model::TextInputs::Kind;
+  const bool bert = inputs.kind == Kind::kBert;
   ASSIGN_OR_RETURN(const DataloaderConfig loader, DataloaderKeys().Read(config.at("dataloader")));
   ASSIGN_OR_RETURN(const TokenizationConfig tokenization, TokenizationKeys().Read(config.at("tokenization")));
   if (!loader.data_prefix) {
@@ -69,11 +72,19 @@ absl::StatusOr<std::unique_ptr<TextData>> TextData::Open(const nlohmann::json& c
           "dataloader.text_file needs dataloader.data_prefix (where the dataset is written)");
     return std::unique_ptr<TextData>();
   }
+  if (bert && tokenization.append_eod.value_or(false)) {
+    return absl::InvalidArgumentError(
+        "tokenization.append_eod: BERT's samples are sentence pairs without an end-of-document token (leave it null)");
+  }
   ASSIGN_OR_RETURN(std::unique_ptr<data::Tokenizer> tokenizer, LoadConfiguredTokenizer(tokenization));
-  if (tokenizer != nullptr && tokenizer->vocab_size() > vocab_size) {
+  if (bert && tokenizer == nullptr) {
+    return absl::InvalidArgumentError(
+        "tokenization.tokenizer: models.BERT needs a tokenizer with [CLS], [SEP], [MASK] and [PAD] (`bert`)");
+  }
+  if (tokenizer != nullptr && tokenizer->vocab_size() > inputs.vocab_size) {
     return absl::InvalidArgumentError(StrCat("tokenization: the ", tokenizer->kind(), " vocabulary has ",
                                              tokenizer->vocab_size(), " tokens, model.vocab_size is only ",
-                                             vocab_size));
+                                             inputs.vocab_size));
   }
   const std::filesystem::path prefix = ExpandPath(*loader.data_prefix);
   std::error_code ec;
@@ -85,7 +96,8 @@ absl::StatusOr<std::unique_ptr<TextData>> TextData::Open(const nlohmann::json& c
     data::PreprocessOptions options;
     options.inputs = {ExpandPath(*loader.text_file)};
     options.output_prefix = prefix;
-    options.append_end_of_document = tokenization.append_eod;
+    options.append_end_of_document = tokenization.append_eod.value_or(!bert);
+    options.split_sentences = bert;
     std::filesystem::create_directories(prefix.parent_path(), ec);
     TLOG_INFO("building the dataset {} from {}", prefix.string(), options.inputs[0].string());
     auto stats = data::Preprocess(options, *tokenizer, progress);
@@ -100,22 +112,65 @@ absl::StatusOr<std::unique_ptr<TextData>> TextData::Open(const nlohmann::json& c
     }
     return absl::Status(dataset.status().code(), StrCat("dataloader.data_prefix: ", dataset.status().message()));
   }
-  data::GptDatasetOptions options{
-      .seq_length = seq_length, .splits = loader.splits, .split = data::DatasetSplit::kTrain};
-  auto train = data::GptDataset::Make(**dataset, options);
-  if (!train.ok()) return absl::Status(train.status().code(), StrCat("dataloader: ", train.status().message()));
-  std::optional<data::GptDataset> valid;
-  options.split = data::DatasetSplit::kValid;
-  if (auto made = data::GptDataset::Make(**dataset, options); made.ok()) valid = *std::move(made);
-  const data::GlobalSampler sampler(train->size(), static_cast<uint64_t>(loader.seed), /*shuffle=*/true);
-  std::unique_ptr<TextData> text(new TextData(*std::move(dataset), *std::move(train), std::move(valid), sampler));
-  if (text->valid_) text->unigram_valid_loss_ = UnigramLoss(text->train_, *text->valid_, vocab_size);
+  std::unique_ptr<TextData> text(new TextData);
+  text->inputs_ = inputs;
+  text->dataset_ = *std::move(dataset);
+  const data::IndexedDataset& indexed = *text->dataset_;
+  const auto in_dataloader = [](const absl::Status& status) {
+    return absl::Status(status.code(), StrCat("dataloader: ", status.message()));
+  };
+  int64_t train_size = 0;
+  if (bert) {
+    auto special = data::BertSpecialIds::FromTokenizer(*tokenizer);
+    if (!special.ok()) return absl::Status(special.status().code(), StrCat("tokenization: ", special.status().message()));
+    data::BertDatasetOptions options{.max_seq_length = inputs.seq_length,
+                                     .short_seq_prob = inputs.short_seq_prob,
+                                     .masked_lm_prob = inputs.masked_lm_prob,
+                                     .max_predictions_per_seq = inputs.max_predictions_per_seq,
+                                     .seed = static_cast<uint64_t>(loader.seed),
+                                     .splits = loader.splits,
+                                     .split = data::DatasetSplit::kTrain,
+                                     .special_ids = *special,
+                                     .vocab_size = tokenizer->vocab_size()};
+    auto train = data::BertDataset::Make(indexed, options);
+    if (!train.ok()) return in_dataloader(train.status());
+    text->bert_train_ = *std::move(train);
+    options.split = data::DatasetSplit::kValid;
+    if (auto made = data::BertDataset::Make(indexed, options); made.ok()) text->bert_valid_ = *std::move(made);
+    train_size = text->bert_train_->size();
+  } else {
+    data::GptDatasetOptions options{
+        .seq_length = inputs.seq_length, .splits = loader.splits, .split = data::DatasetSplit::kTrain};
+    auto train = data::GptDataset::Make(indexed, options);
+    if (!train.ok()) return in_dataloader(train.status());
+    text->gpt_train_ = *std::move(train);
+    options.split = data::DatasetSplit::kValid;
+    if (auto made = data::GptDataset::Make(indexed, options); made.ok()) text->gpt_valid_ = *std::move(made);
+    train_size = text->gpt_train_->size();
+    if (text->gpt_valid_) {
+      text->unigram_valid_loss_ = UnigramLoss(*text->gpt_train_, *text->gpt_valid_, inputs.vocab_size);
+    }
+  }
+  text->sampler_.emplace(train_size, static_cast<uint64_t>(loader.seed), /*shuffle=*/true);
   text->tokenizer_ = std::move(tokenizer);
   return text;
 }
 
-absl::Status TextData::Fill(const data::GptDataset& split, const std::function<int64_t(int64_t)>& sample_of_row,
-                            std::string_view input, const Tensor& out) const {
+int64_t TextData::train_samples() const { return gpt_train_ ? gpt_train_->size() : bert_train_->size(); }
+
+int64_t TextData::valid_samples() const {
+  if (gpt_valid_) return gpt_valid_->size();
+  return bert_valid_ ? bert_valid_->size() : 0;
+}
+
+absl::Status TextData::Fill(bool train, const std::function<int64_t(int64_t)>& sample_of_row, std::string_view input,
+                            const Tensor& out) const {
+  if (gpt_train_) return FillGpt(train ? *gpt_train_ : *gpt_valid_, sample_of_row, input, out);
+  return FillBert(train ? *bert_train_ : *bert_valid_, sample_of_row, input, out);
+}
+
+absl::Status TextData::FillGpt(const data::GptDataset& split, const std::function<int64_t(int64_t)>& sample_of_row,
+                               std::string_view input, const Tensor& out) const {
   int64_t offset = 0;
   if (input == "labels") {
     offset = 1;
@@ -136,19 +191,83 @@ absl::Status TextData::Fill(const data::GptDataset& split, const std::function<i
   return absl::OkStatus();
 }
 
+absl::Status TextData::FillBert(const data::BertDataset& split, const std::function<int64_t(int64_t)>& sample_of_row,
+                                std::string_view input, const Tensor& out) const {
+  const int64_t T = inputs_.seq_length, P = inputs_.max_predictions_per_seq;
+  // What each input is: its dtype and shape after the rows.
+  struct Layout {
+    std::string_view name;
+    DType dtype;
+    std::vector<int64_t> dims;
+  };
+  const Layout layouts[] = {{"input_ids", DType::kI64, {T}},          {"token_type_ids", DType::kI64, {T}},
+                            {"attention_mask", DType::kI64, {T}},     {"masked_lm_positions", DType::kF32, {P, T}},
+                            {"masked_lm_labels", DType::kI64, {P}},   {"masked_lm_weights", DType::kF32, {P}},
+                            {"next_sentence_labels", DType::kI64, {}}};
+  const Layout* layout = nullptr;
+  for (const Layout& l : layouts) {
+    if (l.name == input) layout = &l;
+  }
+  if (layout == nullptr) return absl::NotFoundError(StrCat("BERT text data has no input '", input, "'"));
+  std::vector<int64_t> want = {out.shape().rank() > 0 ? out.shape()[0] : 0};
+  want.insert(want.end(), layout->dims.begin(), layout->dims.end());
+  if (out.dtype() != layout->dtype || out.shape() != Shape(want)) {
+    return absl::InvalidArgumentError(StrCat("BERT text data: input '", input, "' must be ", DTypeName(layout->dtype),
+                                             " ", Shape(want).ToString(), ", got ", out.meta().ToString()));
+  }
+  const int64_t rows = want[0];
+  int64_t row_size = 1;
+  for (int64_t d : layout->dims) row_size *= d;
+  if (layout->dtype == DType::kF32) {
+    std::fill_n(out.data<float>(), rows * row_size, 0.0f);
+  } else {
+    std::fill_n(out.data<int64_t>(), rows * row_size, int64_t{0});
+  }
+  data::BertSample sample;
+  for (int64_t row = 0; row < rows; ++row) {
+    RETURN_IF_ERROR(split.Sample(sample_of_row(row), &sample));
+    const size_t first = static_cast<size_t>(row * row_size);
+    if (input == "input_ids" || input == "token_type_ids" || input == "attention_mask") {
+      const std::vector<int64_t>& v = input == "input_ids"        ? sample.tokens
+                                      : input == "token_type_ids" ? sample.token_types
+                                                                  : sample.padding_mask;
+      std::copy(v.begin(), v.end(), out.data<int64_t>() + first);
+    } else if (input == "next_sentence_labels") {
+      out.data<int64_t>()[row] = sample.nsp_label;
+    } else {
+      // The masked positions in order fill slots 0, 1, ... (at most P: the
+      // dataset was told max_predictions_per_seq = P).
+      int64_t slot = 0;
+      for (int64_t t = 0; t < T && slot < P; ++t) {
+        const int64_t label = sample.labels[static_cast<size_t>(t)];
+        if (label == data::kBertIgnoreLabel) continue;
+        if (input == "masked_lm_positions") {
+          out.data<float>()[first + static_cast<size_t>(slot * T + t)] = 1.0f;
+        } else if (input == "masked_lm_labels") {
+          out.data<int64_t>()[first + static_cast<size_t>(slot)] = label;
+        } else {
+          out.data<float>()[first + static_cast<size_t>(slot)] = 1.0f;
+        }
+        ++slot;
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status TextData::FillTrain(int64_t iteration, std::string_view input, const Tensor& out) const {
   const int64_t rows = out.shape().rank() > 0 ? out.shape()[0] : 0;
   return Fill(
-      train_, [&](int64_t row) { return sampler_.SampleAt(iteration * rows + row); }, input, out);
+      /*train=*/true, [&](int64_t row) { return sampler_->SampleAt(iteration * rows + row); }, input, out);
 }
 
 absl::Status TextData::FillEval(int64_t index, std::string_view input, const Tensor& out) const {
-  if (!valid_)
-    return absl::FailedPreconditionError("evaluation: the valid split of dataloader.splits holds no whole window");
+  const int64_t n = valid_samples();
+  if (n == 0)
+    return absl::FailedPreconditionError("evaluation: the valid split of dataloader.splits holds no whole sample");
   const int64_t rows = out.shape().rank() > 0 ? out.shape()[0] : 0;
-  const int64_t n = valid_->size();
   return Fill(
-      *valid_, [&](int64_t row) { return (index * rows + row) % n; }, input, out);
+      /*train=*/false, [&](int64_t row) { return (index * rows + row) % n; }, input, out);
 }
 
 }  // namespace tessera

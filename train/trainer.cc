@@ -133,6 +133,11 @@ absl::StatusOr<Job> Prepare(const nlohmann::json& raw_config, PlanExecutor execu
                                              job.config.at("model").at("_target_").get<std::string>(),
                                              " reads no text data (leave it null)"));
   }
+  if (!has_text && job.model->text_inputs() &&
+      job.model->text_inputs()->kind == models::Model::TextInputs::Kind::kBert) {
+    return absl::InvalidArgumentError(
+        "dataloader.data_prefix: models.BERT trains on text only (set it, with tokenization.tokenizer=bert)");
+  }
   if (!has_text && !job.config.at("tokenization").at("tokenizer").is_null()) {
     return absl::InvalidArgumentError(
         "tokenization.tokenizer: the job has no text data to tokenize (dataloader.data_prefix is null)");
@@ -231,13 +236,15 @@ absl::StatusOr<std::unique_ptr<JobFeed>> JobFeed::Make(const nlohmann::json& con
   const std::optional<models::Model::TextInputs> text_inputs = out->model_->text_inputs();
   if (text_inputs) {
     out->tokens_per_sample_ = text_inputs->seq_length;
-    ASSIGN_OR_RETURN(out->text_, TextData::Open(job.config, text_inputs->seq_length, text_inputs->vocab_size));
+    out->reports_perplexity_ = text_inputs->kind == models::Model::TextInputs::Kind::kGpt;
+    ASSIGN_OR_RETURN(out->text_, TextData::Open(job.config, *text_inputs));
   }
   if (job.train.evaluation.enabled) {
     if (out->text_->valid_samples() == 0) {
       return absl::InvalidArgumentError(StrCat("train.evaluation.enabled: the valid split of dataloader.splits '",
                                                job.config.at("dataloader").at("splits").get<std::string>(),
-                                               "' holds no whole window of model.seq_length + 1 tokens"));
+                                               "' holds no whole sample (GPT: a window of model.seq_length + 1 "
+                                               "tokens; BERT: two documents with sentences)"));
     }
     const int64_t rows = job.batch * job.data_parallel;
     out->eval_batches_ = job.train.evaluation.eval_iter.value_or((out->text_->valid_samples() + rows - 1) / rows);

@@ -72,6 +72,9 @@ class JobFeed {
   // Tokens per sample of a language model (its sequence length); 0 for
   // models that read no text.
   int64_t tokens_per_sample() const { return tokens_per_sample_; }
+  // Whether eval_loss is a per-token language-model loss whose exp is a
+  // perplexity (GPT-style models; not BERT's MLM + NSP sum).
+  bool reports_perplexity() const { return reports_perplexity_; }
 
   // What a node reports of the job (the trainer's metrics.jsonl fields).
   double lr(int64_t iteration) const { return schedule_->At(iteration); }
@@ -105,6 +108,7 @@ class JobFeed {
   int intra_op_threads_ = 0;
   int64_t eval_batches_ = 0;
   int64_t tokens_per_sample_ = 0;
+  bool reports_perplexity_ = false;
   std::string lr_input_;
   nlohmann::json config_;
   TrainConfig train_;

@@ -55,7 +55,7 @@ TEST(Cli, ConfigPrintsResolvedJsonWithOverride) {
   // Without a model the config is incomplete, and the error says what to set.
   const Result no_model = RunTessera("config " + Source("configs/common/train.json"));
   EXPECT_EQ(no_model.exit_code, 1);
-  EXPECT_NE(no_model.out.find("set model._target_ to one of models.GPT2, models.MLP"), std::string::npos) << no_model.out;
+  EXPECT_NE(no_model.out.find("set model._target_ to one of models.BERT, models.GPT2, models.MLP"), std::string::npos) << no_model.out;
 }
 
 // docs/config.md's key tables are generated from the schema; they must not

@@ -21,6 +21,8 @@ namespace tessera {
 namespace {
 
 namespace fs = std::filesystem;
+using ::tessera::testing::ExpectOneLineError;
+using ::tessera::testing::ReadMetricsRows;
 using ::tessera::testing::RunTessera;
 using ::tessera::testing::SourcePath;
 
@@ -45,18 +47,6 @@ void WriteCorpus(const fs::path& path) {
   }
 }
 
-struct Rows {
-  std::map<int64_t, nlohmann::json> train, eval;
-};
-Rows ReadMetrics(const fs::path& dir) {
-  Rows rows;
-  std::ifstream in(dir / "metrics.jsonl");
-  for (std::string line; std::getline(in, line);) {
-    const nlohmann::json row = nlohmann::json::parse(line);
-    (row.contains("eval_loss") ? rows.eval : rows.train)[row["iter"].get<int64_t>()] = row;
-  }
-  return rows;
-}
 
 class TextDataTest : public ::testing::Test {
  protected:
@@ -97,7 +87,7 @@ TEST_F(TextDataTest, TrainsWithEvaluationAndWritesEveryOutput) {
   // The dataset was built on first use, from the text file.
   EXPECT_TRUE(fs::exists(root_ / "data" / "corpus.bin"));
   EXPECT_TRUE(fs::exists(root_ / "data" / "corpus.idx"));
-  const Rows rows = ReadMetrics(out);
+  const testing::MetricsRows rows = ReadMetricsRows(out);
   ASSERT_EQ(rows.train.size(), 30u);
   for (const auto& [iteration, row] : rows.train) {
     EXPECT_GT(row.value("tokens_per_s", 0.0), 0.0) << row.dump();
@@ -133,7 +123,7 @@ TEST_F(TextDataTest, TheDataOrderIsTheSameUnderEveryLayout) {
   ASSERT_EQ(run.exit_code, 0) << run.out;
   run = RunTessera(Train(two, "train.train_iter=6 train.dist.data_parallel_size=2 train.train_micro_batch_size=8"));
   ASSERT_EQ(run.exit_code, 0) << run.out;
-  const Rows a = ReadMetrics(one), b = ReadMetrics(two);
+  const testing::MetricsRows a = ReadMetricsRows(one), b = ReadMetricsRows(two);
   ASSERT_EQ(a.train.size(), 6u);
   ASSERT_EQ(b.train.size(), 6u);
   for (const auto& [iteration, row] : a.train) {
@@ -143,26 +133,21 @@ TEST_F(TextDataTest, TheDataOrderIsTheSameUnderEveryLayout) {
 }
 
 TEST_F(TextDataTest, BadDataConfigsAreOneLineErrors) {
-  const auto one_line = [](const testing::CliResult& r, const std::string& needle) {
-    EXPECT_NE(r.exit_code, 0) << r.out;
-    EXPECT_EQ(r.out.find('\n'), r.out.size() - 1) << r.out;
-    EXPECT_NE(r.out.find(needle), std::string::npos) << r.out;
-  };
   const fs::path out = root_ / "bad";
   // A dataset that does not exist, with no text to build it from.
-  one_line(RunTessera(Train(out, "train.train_iter=2 dataloader.text_file=null dataloader.data_prefix=" +
+  ExpectOneLineError(RunTessera(Train(out, "train.train_iter=2 dataloader.text_file=null dataloader.data_prefix=" +
                                      (root_ / "nowhere").string())),
            "tessera preprocess");
   // A vocabulary larger than the model's.
-  one_line(RunTessera(Train(out, "train.train_iter=2 model.vocab_size=100")), "model.vocab_size");
+  ExpectOneLineError(RunTessera(Train(out, "train.train_iter=2 model.vocab_size=100")), "model.vocab_size");
   // A missing vocabulary file.
-  one_line(RunTessera(Train(out, "train.train_iter=2 tokenization.vocab_file=" + (root_ / "no.json").string())),
+  ExpectOneLineError(RunTessera(Train(out, "train.train_iter=2 tokenization.vocab_file=" + (root_ / "no.json").string())),
            "no.json");
   // Evaluation without a valid split.
-  one_line(RunTessera(Train(out, "train.train_iter=2 train.evaluation.enabled=true dataloader.splits=100,0,0")),
+  ExpectOneLineError(RunTessera(Train(out, "train.train_iter=2 train.evaluation.enabled=true dataloader.splits=100,0,0")),
            "dataloader.splits");
   // Text data for a model that reads none.
-  one_line(
+  ExpectOneLineError(
       RunTessera("train " + SourcePath("configs/mlp_demo.json") + " dataloader.data_prefix=" + (root_ / "x").string()),
       "reads no text");
   EXPECT_FALSE(fs::exists(out));
