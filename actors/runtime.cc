@@ -384,6 +384,7 @@ struct Runtime::Core {
       }
     }
     aborted.store(true);
+    if (options.gate != nullptr) options.gate->Release();  // wakes an actor waiting on a paused gate
     for (ActorThread* thread : threads) thread->Stop();
     if (first && tell_peers && node_bus != nullptr) TellPeers(status);
   }
@@ -521,10 +522,6 @@ absl::StatusOr<std::unique_ptr<Runtime>> Runtime::LoadNodePlan(std::string_view 
   ASSIGN_OR_RETURN(std::unique_ptr<Runtime> runtime, LoadSerialized(SerializePlan(node_plan.plan()), std::move(options)));
   Core& core = *runtime->core_;
   if (node_plan.peers_size() > 0) {
-    if (core.options.gate != nullptr) {
-      return absl::InvalidArgumentError(
-          "an iteration gate serves a plan without peer nodes (the peers cannot see where it stops)");
-    }
     core.peers.assign(node_plan.peers().begin(), node_plan.peers().end());
     ASSIGN_OR_RETURN(core.node_bus, LinkPeers(node_plan.node(), core.peers, core.options));
   }

@@ -97,9 +97,10 @@ struct RuntimeOptions {
   // asking more is refused with ResourceExhausted before anything is
   // allocated. 0 = the machine's physical memory.
   int64_t memory_limit_bytes = 0;
-  // Lets the host end the run early at an iteration boundary (Ctrl-C),
-  // every actor agreeing where (actors/iteration_gate.h); borrowed. Only
-  // for a plan without peer nodes. null: the plan's iterations.
+  // Lets the host end the run early at an iteration boundary (Ctrl-C, a
+  // graceful cancel), every actor agreeing where (actors/iteration_gate.h;
+  // with peer nodes the host agrees the limit with theirs); borrowed. An
+  // abort releases it. null: the plan's iterations.
   IterationGate* gate = nullptr;
 };
 

@@ -267,6 +267,7 @@ void AddClusterCommands(CLI::App& app, ClusterCommandDeps deps) {
     ClientFlags client;
     std::string job;
     bool follow = false;
+    bool now = false;
   };
   auto status_flags = std::make_shared<JobFlags>();
   CLI::App* status = app.add_subcommand("status", "List the master's jobs and workers, or show one job");
@@ -318,13 +319,24 @@ void AddClusterCommands(CLI::App& app, ClusterCommandDeps deps) {
 
   // ---- cancel ----
   auto cancel_flags = std::make_shared<JobFlags>();
-  CLI::App* cancel = app.add_subcommand("cancel", "Cancel a job");
+  CLI::App* cancel = app.add_subcommand(
+      "cancel",
+      "Cancel a job: its nodes finish the iteration in flight, write a checkpoint there (`tessera submit --resume` "
+      "continues from it) and the job ends CANCELLED; waits for that, then prints the job");
   cancel_flags->client.Add(cancel);
   cancel->add_option("JOB", cancel_flags->job, "A job id")->required();
+  cancel->add_flag("--now", cancel_flags->now, "Stop every node at once, without a checkpoint");
   cancel->callback([cancel_flags] {
     auto client = cancel_flags->client.Connect();
-    auto job = client->Cancel(cancel_flags->job, "cancelled from the command line");
+    auto job = client->Cancel(cancel_flags->job, "cancelled from the command line", /*checkpoint=*/!cancel_flags->now);
     if (!job.ok()) Fail(std::string(job.status().message()));
+    if (job->state() == control::RUNNING) {  // stopping: wait for its end
+      const absl::Status watched = client->Watch(cancel_flags->job, [&](const control::JobEvent& event) {
+        if (event.has_state()) *job = event.state();
+        return true;
+      });
+      if (!watched.ok()) Fail(std::string(watched.message()));
+    }
     PrintJob(*job);
     Succeed();
   });

@@ -50,10 +50,12 @@ absl::StatusOr<std::vector<control::WorkerInfo>> Client::ListWorkers() {
   return std::vector<control::WorkerInfo>(response.workers().begin(), response.workers().end());
 }
 
-absl::StatusOr<control::JobInfo> Client::Cancel(const std::string& job_id, const std::string& reason) {
+absl::StatusOr<control::JobInfo> Client::Cancel(const std::string& job_id, const std::string& reason,
+                                                bool checkpoint) {
   control::CancelJobRequest request;
   request.set_job_id(job_id);
   request.set_reason(reason);
+  request.set_checkpoint(checkpoint);
   control::JobInfo response;
   grpc::ClientContext context;
   PrepareContext(context, options_.security, options_.timeout);

@@ -36,7 +36,10 @@ class Client {
   [[nodiscard]] absl::StatusOr<control::JobInfo> Get(const std::string& job_id);
   [[nodiscard]] absl::StatusOr<std::vector<control::JobInfo>> List();
   [[nodiscard]] absl::StatusOr<std::vector<control::WorkerInfo>> ListWorkers();
-  [[nodiscard]] absl::StatusOr<control::JobInfo> Cancel(const std::string& job_id, const std::string& reason = "");
+  // Stops the job at once; with `checkpoint`, gracefully (control.proto's
+  // CancelJobRequest.checkpoint: the answer shows it still RUNNING).
+  [[nodiscard]] absl::StatusOr<control::JobInfo> Cancel(const std::string& job_id, const std::string& reason = "",
+                                                        bool checkpoint = false);
   // Calls `on_event` for every event of the job, from its first, until the
   // job ends (OK) or `on_event` returns false (CANCELLED). No deadline.
   // `follow` false: only the events so far, then OK.

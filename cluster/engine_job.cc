@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <filesystem>
 #include <map>
 #include <mutex>
@@ -11,10 +12,12 @@
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/strings/numbers.h"
 #include "actors/plan.h"
 #include "actors/runtime.h"
 #include "ops/registry.h"
 #include "core/config.h"
+#include "core/logging.h"
 #include "core/status.h"
 #include "core/text.h"
 #include "core/thread_pool.h"
@@ -109,29 +112,23 @@ class EnginePlanRunner final : public PlanRunner {
   // end that is a checkpoint boundary (train.checkpointer.period, and the
   // last iteration). Every node cuts the same segments (they follow from the
   // config), so each segment's communicators meet under their own KV prefix.
-  // A graceful stop (EngineRunnerOptions::graceful_stop) closes the
-  // training segment's iteration gate; the run then ends at the iteration
-  // reached, with a checkpoint there.
+  // A graceful stop (RequestStop, or EngineRunnerOptions::graceful_stop)
+  // ends the run at an iteration every node agrees on (AgreeStop), with a
+  // checkpoint there.
   absl::Status Run() override {
     const proto::Plan& plan = node_plan_.plan();
     const int64_t first = plan.start_iteration(), end = first + plan.iterations();
-    // One node: a stop request closes the gate; several: it aborts.
-    const bool single_node = context_.slots.size() <= 1;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      next_start_ = first;
+    }
     int watch = -1;
     if (options_.graceful_stop != nullptr) {
-      watch = options_.graceful_stop->Watch([this, single_node] {
-        std::lock_guard<std::mutex> lock(mu_);
-        stop_requested_ = true;
-        if (!single_node) {
-          if (cancelled_.ok()) cancelled_ = absl::CancelledError("interrupted (a job spanning nodes stops at once)");
-          if (runtime_ != nullptr) runtime_->Abort(cancelled_);
-        } else if (gate_ != nullptr) {
-          gate_->Close();
-        }
-      });
+      watch = options_.graceful_stop->Watch([this] { RequestStop(absl::CancelledError("interrupted")); });
     }
-    absl::Status status = RunSegments(first, end, single_node);
+    absl::Status status = RunSegments(first, end);
     if (watch >= 0) options_.graceful_stop->Unwatch(watch);
+    JoinStopper();
     return status;
   }
 
@@ -139,12 +136,101 @@ class EnginePlanRunner final : public PlanRunner {
     std::lock_guard<std::mutex> lock(mu_);
     if (cancelled_.ok()) cancelled_ = reason.ok() ? absl::CancelledError("the job was cancelled") : reason;
     if (runtime_ != nullptr) runtime_->Abort(cancelled_);
+    if (gate_ != nullptr) gate_->Release();
+    stop_cv_.notify_all();
   }
 
- private:
-  bool StopRequested() {
+  // Starts the agreement on where to stop (once; not after the run ended).
+  void RequestStop(const absl::Status& reason) override {
     std::lock_guard<std::mutex> lock(mu_);
-    return stop_requested_;
+    if (stop_requested_ || finished_) return;
+    stop_requested_ = true;
+    TLOG_INFO("job {} node {}: stopping at an iteration boundary ({})", context_.job_id, context_.node,
+              std::string(reason.message()));
+    stop_thread_ = std::thread([this] { AgreeStop(); });
+  }
+
+  ~EnginePlanRunner() override { JoinStopper(); }
+
+ private:
+  // Ends the stop agreement's thread (it returns at once once finished_).
+  void JoinStopper() {
+    std::thread stopper;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      finished_ = true;
+      stop_cv_.notify_all();
+      stopper = std::move(stop_thread_);
+    }
+    if (stopper.joinable()) stopper.join();
+  }
+
+  // Where to stop, agreed with the job's other nodes: this node pauses its
+  // gate (no new iteration starts) and posts the highest iteration it has
+  // started (global numbering) in the KV; the limit is one past the highest
+  // over all nodes, so no node has started an iteration another will not
+  // run, and every node computes the same limit from the same answers.
+  void AgreeStop() {
+    int64_t position = 0;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      position = gate_ != nullptr ? segment_start_ + gate_->Pause() : next_start_ - 1;
+    }
+    const std::string prefix = StrCat(JobPrefix(), "/stop/");
+    const size_t nodes = std::max<size_t>(1, context_.slots.size());
+    std::vector<std::string> keys;
+    for (size_t n = 0; n < nodes; ++n) keys.push_back(StrCat(prefix, n));
+    int64_t limit = position + 1;
+    absl::Status status;
+    if (nodes > 1) {
+      status = context_.kv != nullptr ? context_.kv->Set(StrCat(prefix, context_.node), std::to_string(position))
+                                      : absl::FailedPreconditionError("no KV to agree where to stop");
+    }
+    const auto deadline =
+        std::chrono::steady_clock::now() + std::chrono::duration<double>(options_.stop_agreement_timeout_s);
+    while (status.ok() && nodes > 1) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (!cancelled_.ok() || finished_) return;
+      }
+      absl::StatusOr<std::vector<std::string>> answers = context_.kv->Wait(keys, absl::Seconds(1));
+      if (answers.ok()) {
+        for (const std::string& answer : *answers) {
+          int64_t value = 0;
+          if (!absl::SimpleAtoi(answer, &value)) {
+            status = absl::InternalError(StrCat("a node's stop position '", answer, "' is not a number"));
+          }
+          limit = std::max(limit, value + 1);
+        }
+        break;
+      }
+      if (answers.status().code() != absl::StatusCode::kDeadlineExceeded) {
+        status = answers.status();
+      } else if (std::chrono::steady_clock::now() > deadline) {
+        status = absl::DeadlineExceededError(StrCat("the job's nodes did not agree where to stop within ",
+                                                    options_.stop_agreement_timeout_s, " s"));
+      }
+    }
+    if (!status.ok()) {
+      Cancel(absl::Status(status.code(), StrCat("stopping: ", status.message(), "; stopped at once")));
+      return;
+    }
+    TLOG_INFO("job {} node {}: had started iteration {}; the nodes stop before {}", context_.job_id, context_.node,
+              position, limit);
+    std::lock_guard<std::mutex> lock(mu_);
+    agreed_limit_ = limit;
+    if (gate_ != nullptr) gate_->SetLimit(limit - segment_start_);
+    stop_cv_.notify_all();
+  }
+
+  // After a stop request: the agreed limit (waiting for the agreement), or
+  // the cancellation that ended the wait. nullopt: no stop requested.
+  absl::StatusOr<std::optional<int64_t>> StopLimit() {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!stop_requested_) return std::optional<int64_t>();
+    stop_cv_.wait(lock, [&] { return agreed_limit_.has_value() || !cancelled_.ok(); });
+    if (!cancelled_.ok()) return cancelled_;
+    return agreed_limit_;
   }
 
   // Ends an interrupted run at `iteration`: a checkpoint there (unless
@@ -162,7 +248,7 @@ class EnginePlanRunner final : public PlanRunner {
                                        " (--resume continues from it)"));
   }
 
-  absl::Status RunSegments(int64_t first, int64_t end, bool single_node) {
+  absl::Status RunSegments(int64_t first, int64_t end) {
     const TrainConfig& train = feed_->train();
     std::shared_ptr<const CheckpointReader> init;
     if (!node_plan_.init_checkpoint().empty()) {
@@ -174,7 +260,8 @@ class EnginePlanRunner final : public PlanRunner {
     int segment = 0;
     int64_t saved = -1;  // the iteration of the last checkpoint this run wrote
     for (int64_t start = first; start < end; ++segment) {
-      if (StopRequested()) return Interrupted(start, first, /*saved=*/saved == start);
+      ASSIGN_OR_RETURN(const std::optional<int64_t> limit, StopLimit());
+      if (limit && start >= *limit) return Interrupted(start, first, /*saved=*/saved == start);
       const int64_t stop = std::min({end, (start / checkpoint_period + 1) * checkpoint_period,
                                      (start / eval_period + 1) * eval_period});
       proto::NodePlan part = node_plan_;
@@ -188,17 +275,25 @@ class EnginePlanRunner final : public PlanRunner {
                                                    ops::BuiltinOps(), options.callbacks));
       }
       kept_.Bind(part.plan(), options.callbacks);
+      // The segment's gate: a stop requested from now on pauses it while
+      // the nodes agree (AgreeStop), one agreed already limits it.
       actors::IterationGate gate;
-      if (single_node && options_.graceful_stop != nullptr) {
-        options.gate = &gate;
+      options.gate = &gate;
+      {
         std::lock_guard<std::mutex> lock(mu_);
         gate_ = &gate;
-        if (stop_requested_) gate.Close();
+        segment_start_ = start;
+        if (agreed_limit_) {
+          gate.SetLimit(*agreed_limit_ - start);
+        } else if (stop_requested_) {
+          gate.Pause();
+        }
       }
       absl::Status ran = RunSegment(actors::SerializeNodePlan(part), std::move(options));
       {
         std::lock_guard<std::mutex> lock(mu_);
         gate_ = nullptr;
+        next_start_ = gate.limit() ? std::min(stop, start + *gate.limit()) : stop;
       }
       RETURN_IF_ERROR(ran);
       if (gate.limit() && start + *gate.limit() < stop) {
@@ -406,8 +501,15 @@ class EnginePlanRunner final : public PlanRunner {
   std::mutex mu_;
   absl::Status cancelled_ ABSL_GUARDED_BY(mu_);
   actors::Runtime* runtime_ ABSL_GUARDED_BY(mu_) = nullptr;
+  // The graceful stop (AgreeStop).
+  std::condition_variable stop_cv_;
   bool stop_requested_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;  // Run returned (or the runner is going)
+  std::thread stop_thread_ ABSL_GUARDED_BY(mu_);
+  std::optional<int64_t> agreed_limit_ ABSL_GUARDED_BY(mu_);  // global: the run ends before this iteration
   actors::IterationGate* gate_ ABSL_GUARDED_BY(mu_) = nullptr;  // the training segment's, while it runs
+  int64_t segment_start_ ABSL_GUARDED_BY(mu_) = 0;  // that segment's first iteration
+  int64_t next_start_ ABSL_GUARDED_BY(mu_) = 0;  // without a gate: the next iteration to start
 };
 
 }  // namespace

@@ -22,12 +22,11 @@ namespace tessera::cluster {
 std::unique_ptr<JobCompiler> MakeEngineJobCompiler();
 
 // A graceful stop (`tessera train`'s Ctrl-C) for the runners of this
-// process: Request() makes each running job that runs on one node finish
-// the iteration it is in (every actor agreeing where: actors/
-// iteration_gate.h), write a checkpoint there and end with Cancelled
-// "interrupted at iteration N; checkpoint ...". A job spanning nodes is
-// aborted instead (its nodes could not agree where to stop), as Cancel
-// does. Thread-safe; Request may be called from any thread (not from a
+// process: Request() asks each running job to stop as PlanRunner::
+// RequestStop does (the runner's graceful stop: the job's nodes agree on an
+// iteration boundary, finish the iterations before it, write a checkpoint
+// there and end with Cancelled "interrupted at iteration N; checkpoint
+// ..."). Thread-safe; Request may be called from any thread (not from a
 // signal handler).
 class GracefulStop {
  public:
@@ -55,7 +54,11 @@ struct EngineRunnerOptions {
   // Kernel threads per device when the job sets no train.dist.intra_op_threads
   // (0 = the machine's share).
   int intra_op_threads = 0;
-  // Shared by the runners made by one factory; null: no graceful stop.
+  // How long a graceful stop waits for the job's other nodes to say where
+  // they are before it stops the job at once.
+  double stop_agreement_timeout_s = 60;
+  // Shared by the runners made by one factory; null: none (RequestStop
+  // still stops gracefully).
   std::shared_ptr<GracefulStop> graceful_stop;
 };
 

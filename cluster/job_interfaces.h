@@ -7,8 +7,8 @@
 //
 // Thread-safety: the master calls one JobCompiler from one thread at a time
 // (it serialises the calls). A PlanRunner is used by one job: Load, then Run
-// on the job's thread; Cancel may come from any thread, at any time (before
-// Run, during it, after it), any number of times.
+// on the job's thread; Cancel and RequestStop may come from any thread, at
+// any time (before Run, during it, after it), any number of times.
 
 #include <cstdint>
 #include <functional>
@@ -92,6 +92,12 @@ class PlanRunner {
   [[nodiscard]] virtual absl::Status Load(const RunContext& context, std::string_view node_plan) = 0;
   [[nodiscard]] virtual absl::Status Run() = 0;  // blocks until the node's part ends
   virtual void Cancel(const absl::Status& reason) = 0;  // any thread; Run returns promptly with an error
+  // A graceful stop (any thread, any time): the run ends at an iteration
+  // boundary that the job's nodes agree on, keeping what it trained (the
+  // engine's runner writes a checkpoint there), and Run returns Cancelled
+  // saying where, or OK when the run reached its end anyway. A runner
+  // without one cancels.
+  virtual void RequestStop(const absl::Status& reason) { Cancel(reason); }
 };
 
 using PlanRunnerFactory = std::function<std::unique_ptr<PlanRunner>()>;

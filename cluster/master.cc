@@ -135,12 +135,20 @@ struct Job {
   // deadline, else with this report.
   std::string link_lost_report;
   absl::Time link_lost_deadline;
+  // A graceful cancel in progress: why, when it gives up waiting, and how
+  // many nodes ended interrupted (the others reached the end).
+  bool stopping = false;
+  std::string stop_reason;
+  absl::Time stop_deadline;
+  std::set<uint32_t> nodes_interrupted;
+  std::string interrupted_at;  // a node's "interrupted at iteration N; checkpoint ..."
 };
 
 struct PendingStop {
   std::shared_ptr<control::Worker::Stub> stub;
   std::string job_id;
   std::string reason;
+  bool graceful = false;
 };
 
 struct UrgentProbe {
@@ -340,6 +348,23 @@ class Master::Impl final : public control::Master::Service {
     if (request->finished()) {
       worker->job_id.clear();
       changed_.SignalAll();
+      if (job.stopping && (request->code() == 0 || request->code() == static_cast<int>(absl::StatusCode::kCancelled))) {
+        // A node of a graceful cancel: interrupted where the nodes agreed,
+        // or at the end (the agreed iteration was the last).
+        job.nodes_done.insert(slot->node);
+        if (request->code() != 0) {
+          job.nodes_interrupted.insert(slot->node);
+          if (job.interrupted_at.empty() || slot->node == 0) job.interrupted_at = request->message().substr(0, kMaxLogLineBytes);
+        }
+        if (job.nodes_done.size() == job.slots.size()) {
+          if (job.nodes_interrupted.empty()) {
+            EndJobLocked(job, control::SUCCEEDED, "");
+          } else {
+            EndJobLocked(job, control::CANCELLED, absl::StrCat(job.stop_reason, "; ", job.interrupted_at));
+          }
+        }
+        return grpc::Status::OK;
+      }
       if (request->code() != 0) {
         const absl::Status error(static_cast<absl::StatusCode>(std::clamp(request->code(), 1, 16)),
                                  request->message().substr(0, kMaxLogLineBytes));
@@ -429,8 +454,13 @@ class Master::Impl final : public control::Master::Service {
     if (it == jobs_.end()) return NotFound(absl::StrCat("no job '", request->job_id().substr(0, kMaxIdBytes), "'"));
     Job& job = *it->second;
     if (IsFinal(job.state)) return Precondition(absl::StrCat("job ", job.id, " already ended: ", StateName(job.state)));
-    EndJobLocked(job, control::CANCELLED,
-                 request->reason().empty() ? "cancelled by a client" : absl::StrCat("cancelled: ", request->reason()));
+    const std::string reason =
+        request->reason().empty() ? "cancelled by a client" : absl::StrCat("cancelled: ", request->reason());
+    if (request->checkpoint() && job.state == control::RUNNING) {
+      if (!job.stopping) StartStoppingLocked(job, reason);
+    } else {
+      EndJobLocked(job, control::CANCELLED, reason);
+    }
     FillInfoLocked(job, *response);
     return grpc::Status::OK;
   }
@@ -607,6 +637,27 @@ class Master::Impl final : public control::Master::Service {
 
   // Ends `job` (final `state`, `reason`); stops it on every worker that
   // holds it and drops its KV keys.
+  // A graceful cancel: every node of the running job is asked to stop at an
+  // iteration boundary they agree on (PlanRunner::RequestStop); their
+  // reports end the job (Report), or the grace period does (MonitorLoop).
+  void StartStoppingLocked(Job& job, const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    job.stopping = true;
+    job.stop_reason = reason;
+    job.stop_deadline = absl::Now() + options_.stop_grace;
+    job.reason = absl::StrCat("stopping at an iteration boundary (", reason, ")");
+    for (const WorkerSlot& slot : job.slots) {
+      auto it = workers_.find(slot.worker_id);
+      if (it == workers_.end() || it->second->job_id != job.id) continue;
+      pending_stops_.push_back({it->second->stub, job.id, reason, /*graceful=*/true});
+    }
+    if (job.log_file) *job.log_file << "[master] " << job.reason << "\n";
+    control::JobEvent event;
+    event.set_log_line(absl::StrCat("[master] ", job.reason));
+    AddEventLocked(job, std::move(event));
+    TLOG_INFO("job {}: {}", job.id, job.reason);
+    changed_.SignalAll();
+  }
+
   void EndJobLocked(Job& job, JobState state, const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (IsFinal(job.state)) return;
     const bool was_placed = IsActive(job);
@@ -1081,6 +1132,14 @@ class Master::Impl final : public control::Master::Service {
             ++it;
           }
         }
+        // Graceful cancels past their grace period stop at once.
+        for (auto& [id, job] : jobs_) {
+          if (job->stopping && !IsFinal(job->state) && absl::Now() >= job->stop_deadline) {
+            EndJobLocked(*job, control::CANCELLED,
+                         absl::StrCat(job->stop_reason, "; the nodes did not stop within ",
+                                      absl::FormatDuration(options_.stop_grace), ": stopped at once"));
+          }
+        }
         stops.swap(pending_stops_);
         // Stubs of lost workers go once no call holds them any more.
         std::erase_if(retired_stubs_, [](const auto& stub) { return stub.use_count() == 1; });
@@ -1132,6 +1191,7 @@ class Master::Impl final : public control::Master::Service {
     call->stub = std::move(stop.stub);
     call->request.set_job_id(stop.job_id);
     call->request.set_reason(stop.reason);
+    call->request.set_graceful(stop.graceful);
     PrepareContext(call->context, options_.security, options_.rpc_timeout);
     Call* raw = call.get();
     raw->stub->async()->Stop(&raw->context, &raw->request, &raw->response, [call](const grpc::Status& status) {

@@ -80,6 +80,9 @@ class Master {
     int probe_failures = 3;
     absl::Duration rpc_timeout = absl::Seconds(10);  // LoadPlan, Start, Stop
     absl::Duration max_kv_wait = absl::Minutes(10);
+    // A graceful cancel (CancelJobRequest.checkpoint) that has not ended the
+    // job after this long stops it at once.
+    absl::Duration stop_grace = absl::Minutes(5);
     size_t max_events_per_job = 100000;  // WatchJob history; the oldest go first
     // Log a job that ends FAILED or CANCELLED at warning level (else info):
     // off where the submitter prints the reason itself (`tessera train`).

@@ -197,7 +197,7 @@ class Worker::Impl final : public control::Worker::Service {
     if (auto s = CheckToken(*context, options_.security.token); !s.ok()) return s;
     const absl::Status reason = absl::CancelledError(
         request->reason().empty() ? "stopped by the master" : request->reason().substr(0, 4096));
-    if (!StopJob(request->job_id(), reason)) {
+    if (!StopJob(request->job_id(), reason, request->graceful())) {
       return {grpc::StatusCode::NOT_FOUND, absl::StrCat("no job '", request->job_id().substr(0, kMaxIdBytes),
                                                         "' on this worker")};
     }
@@ -227,8 +227,9 @@ class Worker::Impl final : public control::Worker::Service {
     }
   }
 
-  // Cancels (running) or forgets (loaded) a job; false if there is none.
-  bool StopJob(const std::string& job_id, const absl::Status& reason) {
+  // Cancels, or with `graceful` asks to stop at an iteration boundary (a
+  // running job), or forgets (a loaded one) a job; false if there is none.
+  bool StopJob(const std::string& job_id, const absl::Status& reason, bool graceful = false) {
     std::shared_ptr<JobEntry> entry;
     {
       absl::MutexLock lock(&mu_);
@@ -249,8 +250,13 @@ class Worker::Impl final : public control::Worker::Service {
           break;
       }
     }
-    TLOG_INFO("stopping job {}: {}", job_id, std::string(reason.message()));
-    entry->runner->Cancel(reason);
+    TLOG_INFO("stopping job {}{}: {}", job_id, graceful ? " at an iteration boundary" : "",
+              std::string(reason.message()));
+    if (graceful) {
+      entry->runner->RequestStop(reason);
+    } else {
+      entry->runner->Cancel(reason);
+    }
     return true;
   }
 

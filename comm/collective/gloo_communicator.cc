@@ -663,6 +663,9 @@ class GlooCommunicator final : public Communicator {
   absl::Status TransportFailure(const std::string& what, int peer, std::string_view cause) {
     const bool timed_out =
         cause.find("Timed out") != std::string_view::npos || cause.find("timeout") != std::string_view::npos;
+    // A collective's failure does not say which peer's pair broke; in a
+    // group of two there is only one.
+    if (peer < 0 && options_.size == 2) peer = 1 - options_.rank;
     const std::string on = peer >= 0 ? StrCat(" waiting on rank ", peer) : std::string();
     absl::Status status =
         timed_out

@@ -8,6 +8,7 @@
 #include <mutex>
 #include <new>
 #include <stdexcept>
+#include <thread>
 #include <vector>
 
 #include "actors/actor_id.h"
@@ -613,6 +614,48 @@ TEST(RuntimeTest, ClosedGateEndsTheRunLikeAShorterPlan) {
   EXPECT_EQ(closed.Close(), 0);
   EXPECT_EQ(run(100, &closed, &stopped), 0);
   EXPECT_EQ(stopped, (std::vector<float>{1, 2, 3, 4}));
+
+  // Paused (as a node does while the nodes agree where to stop), the actors
+  // wait before any new iteration; a limit set later, past what the gate
+  // had admitted (as another node's answer may be), is run to exactly.
+  IterationGate paused;
+  std::thread agree;
+  std::vector<float> agreed;
+  int64_t admitted = -1;
+  {
+    RuntimeOptions options;
+    options.gate = &paused;
+    options.callbacks.initializers["init"] = [](const std::vector<Tensor>& t) {
+      for (int k = 0; k < 4; ++k) t[0].data<float>()[k] = static_cast<float>(k + 1);
+      t[2].data<float>()[0] = 0.01f;
+      return absl::OkStatus();
+    };
+    options.callbacks.finalizers["init"] = [&agreed](const std::vector<Tensor>& t) {
+      agreed = t[0].ToVector<float>();
+      return absl::OkStatus();
+    };
+    options.callbacks.sources["x"] = [](int64_t i, const std::vector<Tensor>& t) {
+      for (int k = 0; k < 4; ++k) t[0].data<float>()[k] = 0.5f + 0.01f * static_cast<float>(i + k);
+      return absl::OkStatus();
+    };
+    int64_t seen = 0;
+    options.callbacks.sinks["watch"] = [&](int64_t, const std::vector<Tensor>&) {
+      if (++seen == 3) {
+        admitted = paused.Pause();
+        agree = std::thread([&paused, &admitted] {
+          std::this_thread::sleep_for(std::chrono::milliseconds(50));
+          paused.SetLimit(admitted + 4);
+        });
+      }
+      return absl::OkStatus();
+    };
+    const absl::Status status = RunWithDeadline(SgdPlan(100), std::move(options));
+    EXPECT_TRUE(status.ok()) << status;
+    agree.join();
+    EXPECT_EQ(seen, admitted + 4);
+  }
+  ASSERT_EQ(run(admitted + 4, nullptr, &shorter), admitted + 4);
+  EXPECT_EQ(agreed, shorter);
 }
 
 // batch (m*k, n) -> Repeat (m row pieces, views) -> square -> Acc (m) ->

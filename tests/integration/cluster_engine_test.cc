@@ -5,6 +5,7 @@
 // and the master writes the trainer's outputs.
 
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -166,6 +167,79 @@ TEST(ClusterEngineCheckpoints, ResumedJobContinuesTheStraightRunsLosses) {
   ASSERT_EQ(resumed.size(), 8u);
   for (size_t i = 0; i < 8; ++i) EXPECT_EQ(resumed[i], straight[i]) << "iteration " << i + 1;
   ASSERT_TRUE(std::filesystem::exists(dir / "resumed" / "checkpoints" / "iter_0000008" / "index.json"));
+  std::filesystem::remove_all(dir);
+}
+
+// A graceful cancel of a job spanning both workers (a pipeline whose stages
+// sit on different workers, with data parallelism and accumulation): the
+// nodes agree on an iteration boundary, each finishes the iterations before
+// it, the checkpoint there is committed, and the job ends CANCELLED saying
+// where; resuming from it continues with the losses of a run that was never
+// stopped.
+TEST(ClusterEngineCheckpoints, GracefulCancelOfAJobSpanningWorkersCheckpointsWhereTheNodesAgree) {
+  const auto dir = std::filesystem::temp_directory_path() / ("tessera_cluster_cancel_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  EngineCluster cluster;
+  ASSERT_NO_FATAL_FAILURE(cluster.Start());
+  auto files = config::LoadConfigFiles(SourcePath("configs/gpt2_nano.json"));
+  ASSERT_TRUE(files.ok()) << files.status();
+  // One segment, or a segment (and a checkpoint) every 2 iterations: the
+  // stop finds nodes inside a segment or between two.
+  for (const std::string period : {"null", "2"}) {
+  SCOPED_TRACE("train.checkpointer.period=" + period);
+  const auto overrides = [&](const std::filesystem::path& out, int64_t iterations, bool resume) {
+    std::vector<std::string> o = Overrides(
+        out, {"train.dist.pipeline_parallel_size=2", "train.dist.data_parallel_size=2",
+              "train.num_accumulation_steps=2", "train.checkpointer.period=" + period, "lr_scheduler._target_=ConstantLR",
+              "train.warmup_ratio=0"});
+    o.push_back("train.train_iter=" + std::to_string(iterations));
+    if (resume) o.push_back("train.resume=true");
+    return o;
+  };
+  const std::filesystem::path cancelled = dir / ("cancelled_" + period);
+  auto job = cluster.client->Submit(files->dump(), overrides(cancelled, 100000, false));
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_TRUE(testing::WaitUntil(
+      [&] {
+        auto info = cluster.client->Get(*job);
+        return info.ok() && info->iteration() >= 3;
+      },
+      absl::Seconds(60)));
+  auto answer = cluster.client->Cancel(*job, "enough", /*checkpoint=*/true);
+  ASSERT_TRUE(answer.ok()) << answer.status();
+  EXPECT_EQ(answer->state(), control::RUNNING) << "a graceful cancel answers at once";
+  control::JobInfo info;
+  ASSERT_TRUE(testing::WaitUntil(
+      [&] {
+        auto got = cluster.client->Get(*job);
+        if (got.ok()) info = *got;
+        return got.ok() && (info.state() == control::SUCCEEDED || info.state() == control::FAILED ||
+                            info.state() == control::CANCELLED);
+      },
+      absl::Seconds(60)));
+  ASSERT_EQ(info.state(), control::CANCELLED) << info.DebugString();
+  const std::string& reason = info.reason();
+  EXPECT_NE(reason.find("cancelled: enough"), std::string::npos) << reason;
+  const size_t at = reason.find("interrupted at iteration ");
+  ASSERT_NE(at, std::string::npos) << reason;
+  const int64_t stopped = std::stoll(reason.substr(at + std::string("interrupted at iteration ").size()));
+  EXPECT_GE(stopped, 3);
+  EXPECT_LT(stopped, 100000);
+  char name[32];
+  std::snprintf(name, sizeof(name), "iter_%07lld", static_cast<long long>(stopped));
+  ASSERT_TRUE(std::filesystem::exists(cancelled / "checkpoints" / name / "index.json")) << reason;
+  EXPECT_NE(reason.find(name), std::string::npos) << reason;
+  EXPECT_EQ(LossesOf(cancelled / "metrics.jsonl").size(), static_cast<size_t>(stopped));
+
+  // Resumed to two past where it stopped: the losses of a straight run.
+  ASSERT_NO_FATAL_FAILURE(cluster.RunJob(files->dump(), overrides(cancelled, stopped + 2, true)));
+  ASSERT_NO_FATAL_FAILURE(cluster.RunJob(files->dump(), overrides(dir / ("straight_" + period), stopped + 2, false)));
+  const std::vector<double> resumed = LossesOf(cancelled / "metrics.jsonl");
+  const std::vector<double> straight = LossesOf(dir / ("straight_" + period) / "metrics.jsonl");
+  ASSERT_EQ(straight.size(), static_cast<size_t>(stopped + 2));
+  ASSERT_EQ(resumed.size(), straight.size());
+  for (size_t i = 0; i < straight.size(); ++i) EXPECT_EQ(resumed[i], straight[i]) << "iteration " << i + 1;
+  }
   std::filesystem::remove_all(dir);
 }
 

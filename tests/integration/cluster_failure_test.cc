@@ -10,6 +10,7 @@
 
 #include <signal.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -48,13 +49,15 @@ class ClusterFailureTest : public ::testing::Test {
                                                     ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::remove_all(dir_);
     fs::create_directories(dir_);
-    master_ = std::make_unique<Master>(Master::Options(), MakeEngineJobCompiler());
+    Master::Options options;
+    options.stop_grace = absl::Seconds(4);  // a graceful cancel that hangs gives up soon
+    master_ = std::make_unique<Master>(options, MakeEngineJobCompiler());
     auto bound = master_->Start();
     ASSERT_TRUE(bound.ok()) << bound.status();
     address_ = *bound;
-    Client::Options options;
-    options.master = address_;
-    client_ = std::make_unique<Client>(options);
+    Client::Options client;
+    client.master = address_;
+    client_ = std::make_unique<Client>(client);
     auto files = config::LoadConfigFiles(std::string(TESSERA_SOURCE_DIR) + "/configs/gpt2_nano.json");
     ASSERT_TRUE(files.ok()) << files.status();
     config_ = files->dump();
@@ -204,6 +207,73 @@ TEST_F(ClusterFailureTest, CancelStopsEveryActorOnEveryWorkerWithin5s) {
         << " when idle";
   }
   auto next = Submit({"train.dist.data_parallel_size=4"}, 2);
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ(WaitEnd(*next, absl::Seconds(60)).state(), control::SUCCEEDED);
+}
+
+// `tessera cancel JOB` (graceful by default) on a job spanning two worker
+// processes: it waits for the job's end and prints it CANCELLED at the
+// iteration the nodes agreed on, whose checkpoint both workers wrote.
+TEST_F(ClusterFailureTest, CancelFromTheCliCheckpointsWhereTheNodesAgree) {
+  Deadline deadline(seconds(120), "a graceful cancel from the CLI");
+  StartWorker("w-a");
+  StartWorker("w-b");
+  ASSERT_TRUE(WaitFreeWorkers(2));
+  const fs::path out = dir_ / "run";
+  // A pipeline stage per worker: each writes its stage's shards.
+  auto job = Submit({"train.dist.pipeline_parallel_size=2", "train.dist.data_parallel_size=2",
+                     "train.output_dir=" + out.string()},
+                    1000000);
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_TRUE(WaitIterating(*job));
+  const std::string cmd = absl::StrCat("timeout 60 ", TESSERA_BINARY, " cancel ", *job, " --master ", address_, " 2>&1");
+  FILE* pipe = popen(cmd.c_str(), "r");
+  ASSERT_NE(pipe, nullptr);
+  std::string printed;
+  char buf[4096];
+  for (size_t n; (n = fread(buf, 1, sizeof buf, pipe)) > 0;) printed.append(buf, n);
+  ASSERT_EQ(pclose(pipe), 0) << printed;
+  EXPECT_NE(printed.find("CANCELLED"), std::string::npos) << printed;
+  const size_t at = printed.find("interrupted at iteration ");
+  ASSERT_NE(at, std::string::npos) << printed;
+  const int64_t stopped = std::stoll(printed.substr(at + std::string("interrupted at iteration ").size()));
+  const control::JobInfo info = WaitEnd(*job, absl::Seconds(5));
+  EXPECT_EQ(info.state(), control::CANCELLED);
+  char name[32];
+  std::snprintf(name, sizeof name, "iter_%07lld", static_cast<long long>(stopped));
+  const fs::path checkpoint = out / "checkpoints" / name;
+  ASSERT_TRUE(fs::exists(checkpoint / "index.json")) << printed;
+  int rank_files = 0;
+  for (const auto& entry : fs::directory_iterator(checkpoint)) {
+    rank_files += entry.path().filename().string().starts_with("rank_");
+  }
+  EXPECT_GE(rank_files, 2) << "a shard file from each worker";
+  ASSERT_TRUE(WaitFreeWorkers(2, absl::Seconds(5)));
+}
+
+// A graceful cancel while a node hangs (SIGSTOP: it never answers where it
+// is): the job still ends CANCELLED once the master's grace period is over,
+// the node that answered is not left blocked, and after the hung node comes
+// back the next job runs.
+TEST_F(ClusterFailureTest, GracefulCancelWithAHungNodeStopsAtOnceAfterTheGrace) {
+  Deadline deadline(seconds(120), "a graceful cancel with a hung node");
+  ChildProcess& a = StartWorker("w-a");
+  ChildProcess& b = StartWorker("w-b");
+  (void)a;
+  ASSERT_TRUE(WaitFreeWorkers(2));
+  auto job = SubmitLongDp4();
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_TRUE(WaitIterating(*job));
+  ASSERT_EQ(::kill(b.pid(), SIGSTOP), 0);
+  const absl::Time asked = absl::Now();
+  auto answer = client_->Cancel(*job, "test", /*checkpoint=*/true);
+  ASSERT_TRUE(answer.ok()) << answer.status();
+  const control::JobInfo info = WaitEnd(*job, absl::Seconds(30));
+  EXPECT_TRUE(info.state() == control::CANCELLED || info.state() == control::FAILED) << info.DebugString();
+  EXPECT_LT(absl::Now() - asked, absl::Seconds(15));
+  ASSERT_EQ(::kill(b.pid(), SIGCONT), 0);
+  ASSERT_TRUE(WaitFreeWorkers(2, absl::Seconds(30)));
+  auto next = Submit({"train.dist.data_parallel_size=4"}, 3);
   ASSERT_TRUE(next.ok()) << next.status();
   EXPECT_EQ(WaitEnd(*next, absl::Seconds(60)).state(), control::SUCCEEDED);
 }
