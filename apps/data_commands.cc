@@ -274,10 +274,19 @@ void AddGenerate(CLI::App& app) {
   verb->add_option("--threads", flags->threads, "Kernel threads (0: all hardware threads)")
       ->check(CLI::Range(0, 1024))
       ->capture_default_str();
+  verb->add_option("--tensor-parallel", flags->options.generator.tensor_parallel_size,
+                   "Split the model over N ranks as training's tensor parallelism (heads, MLP columns and the "
+                   "vocabulary), each holding only its slices and running on a thread of its own; N must divide "
+                   "the heads")
+      ->check(CLI::Range(int64_t{1}, int64_t{1024}))
+      ->capture_default_str();
   verb->callback([flags] {
+    if (flags->options.generator.tensor_parallel_size > 1 && flags->threads > 0) {
+      Fail("--threads and --tensor-parallel: with several ranks each runs its kernels on its own thread");
+    }
     const int threads = flags->threads > 0 ? flags->threads : std::max(1u, std::thread::hardware_concurrency());
     std::unique_ptr<ThreadPool> pool;
-    if (threads > 1) pool = std::make_unique<ThreadPool>(threads);
+    if (threads > 1 && flags->options.generator.tensor_parallel_size == 1) pool = std::make_unique<ThreadPool>(threads);
     flags->options.generator.pool = pool.get();
     if (!flags->config.empty()) {
       auto config = LoadJobConfig(ExpandPath(flags->config), {});

@@ -4,7 +4,7 @@
 // the same timing).
 //
 //   generate_bench --checkpoint DIR [--prompt-len 16] [--new-tokens 256]
-//                  [--threads 1] [--repeats 5]
+//                  [--threads 1 | --tensor-parallel N] [--repeats 5]
 //
 // Prints "tokens/s X" (new tokens / time of the whole Generate call, prompt
 // included, the best of the repeats after one warm-up) and "ids ..." (the
@@ -27,6 +27,7 @@ struct Options {
   int64_t prompt_len = 16;
   int64_t new_tokens = 256;
   int threads = 1;
+  int64_t tensor_parallel = 1;  // ranks, each on its own thread (threads unused)
   int repeats = 5;
 };
 
@@ -34,7 +35,8 @@ int Run(const Options& o) {
   // One pool thread is the caller itself: no pool at all for 1.
   std::unique_ptr<tessera::ThreadPool> pool;
   if (o.threads > 1) pool = std::make_unique<tessera::ThreadPool>(o.threads);
-  auto generator = tessera::Generator::Open(o.checkpoint, {.pool = pool.get()});
+  auto generator =
+      tessera::Generator::Open(o.checkpoint, {.pool = pool.get(), .tensor_parallel_size = o.tensor_parallel});
   if (!generator.ok()) {
     std::fprintf(stderr, "generate_bench: %s\n", std::string(generator.status().message()).c_str());
     return 1;
@@ -86,7 +88,13 @@ int main(int argc, char** argv) {
   app.add_option("--prompt-len", o.prompt_len, "prompt tokens")->check(CLI::Range(1, 1 << 20));
   app.add_option("--new-tokens", o.new_tokens, "tokens generated per run")->check(CLI::Range(1, 1 << 20));
   app.add_option("--threads", o.threads, "kernel threads (the caller included)")->check(CLI::Range(1, 256));
+  app.add_option("--tensor-parallel", o.tensor_parallel, "ranks the model is split over, a thread each")
+      ->check(CLI::Range(1, 64));
   app.add_option("--repeats", o.repeats, "timed runs (the best is printed)")->check(CLI::Range(1, 1000));
   CLI11_PARSE(app, argc, argv);
+  if (o.tensor_parallel > 1 && o.threads > 1) {
+    std::fprintf(stderr, "generate_bench: --threads and --tensor-parallel: each rank runs on its own thread\n");
+    return 1;
+  }
   return Run(o);
 }

@@ -5,12 +5,16 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <future>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <utility>
 
+#include "comm/collective/shm_communicator.h"
 #include "core/file_util.h"
 #include "core/philox.h"
+#include "core/sbp.h"
 #include "core/status.h"
 #include "core/text.h"
 #include "ops/cpu/matmul.h"
@@ -119,44 +123,61 @@ struct Kernels {
 // over the pool by output columns, each piece a contiguous block of rows of
 // the weight (the checkpoint's (in, out) would give strided column blocks,
 // which the GEMM driver does not take).
+// Under tensor parallelism a rank holds its slice, as training lays the
+// parameters out over tp (nn/transformer.h): Hl = H / T heads, so Cl = Hl·D
+// columns of each of q, k, v and rows of attn.c_proj, and Fl of the MLP's
+// F (balanced); the shapes below are a rank's (T = 1: Hl = H, Cl = C, Fl = F).
 struct Layer {
   Tensor ln_1_weight, ln_1_bias;  // (C)
-  Tensor c_attn_weight_t;         // (3C, C): the checkpoint's (C, 3, C) = HF's (C, 3C), transposed
-  Tensor c_attn_bias;             // (3C): the checkpoint's (3, C)
-  Tensor attn_proj_weight_t;      // (C, C)
+  Tensor c_attn_weight_t;         // (3Cl, C): the checkpoint's (C, 3, C) = HF's (C, 3C), sliced, transposed
+  Tensor c_attn_bias;             // (3Cl): the checkpoint's (3, C), sliced
+  Tensor attn_proj_weight_t;      // (C, Cl)
   Tensor attn_proj_bias;          // (C)
   Tensor ln_2_weight, ln_2_bias;  // (C)
-  Tensor fc_weight_t;             // (F, C)
-  Tensor fc_bias;                 // (F)
-  Tensor mlp_proj_weight_t;       // (C, F)
+  Tensor fc_weight_t;             // (Fl, C)
+  Tensor fc_bias;                 // (Fl)
+  Tensor mlp_proj_weight_t;       // (C, Fl)
   Tensor mlp_proj_bias;           // (C)
-  Tensor k_cache, v_cache;        // (H, P, D); rows [0, length) valid
+  Tensor k_cache, v_cache;        // (Hl, P, D); rows [0, length) valid
 };
 
-// Reads tensor `name` from the checkpoint, which must hold it as f32 of
-// `shape`; `view` (same element count) is the shape the forward uses.
-absl::StatusOr<Tensor> LoadTensor(const CheckpointReader& reader, const std::string& name, const Shape& shape,
-                                  const Shape& view) {
+// How a rank reads its slices: rank `rank` of `ranks` (tensor parallelism;
+// 1: whole tensors).
+struct RankSlicer {
+  int64_t rank = 0;
+  int64_t ranks = 1;
+  // The rank's block of `shape` split on `axis` (balanced, as training's
+  // S(axis) over tp); axis < 0: the whole tensor.
+  absl::StatusOr<TensorSlice> Slice(const Shape& shape, int axis) const {
+    if (axis < 0 || ranks == 1) return TensorSlice::Whole(shape);
+    return LocalSlice(shape, NdSbp{Sbp::Split(axis)}, {ranks}, rank);
+  }
+};
+
+// Reads rank's block (split on `axis`, < 0: whole) of tensor `name` from the
+// checkpoint, which must hold it as f32 of `shape`; `view` (same element
+// count as the block; empty: the block's shape) is the shape the forward uses.
+absl::StatusOr<Tensor> LoadTensor(const CheckpointReader& reader, const RankSlicer& slicer, const std::string& name,
+                                  const Shape& shape, int axis = -1, Shape view = Shape()) {
   const std::string where = StrCat("checkpoint ", reader.dir().string(), ": ");
   if (!reader.Has(name)) {
     return absl::InvalidArgumentError(StrCat(where, "no tensor '", name, "': not a GPT-2 checkpoint"));
   }
   const absl::Status fits = reader.CheckMeta(name, TensorMeta{DType::kF32, shape});
   if (!fits.ok()) return absl::InvalidArgumentError(StrCat(fits.message(), " (the run's model config, model.*)"));
-  ASSIGN_OR_RETURN(Tensor tensor, Tensor::Empty(shape, DType::kF32));
-  RETURN_IF_ERROR(reader.Read(name, TensorSlice::Whole(shape), tensor));
-  return tensor.Reshape(view);
+  ASSIGN_OR_RETURN(const TensorSlice slice, slicer.Slice(shape, axis));
+  ASSIGN_OR_RETURN(Tensor tensor, Tensor::Empty(slice.local, DType::kF32));
+  RETURN_IF_ERROR(reader.Read(name, slice, tensor));
+  return view.rank() == 0 ? tensor : tensor.Reshape(view);
 }
 
-absl::StatusOr<Tensor> LoadTensor(const CheckpointReader& reader, const std::string& name, const Shape& shape) {
-  return LoadTensor(reader, name, shape, shape);
-}
-
-// A Conv1D weight stored (in, out) in the checkpoint (as `shape`), returned
-// (out, in) through the transpose op.
-absl::StatusOr<Tensor> LoadTransposed(const CheckpointReader& reader, const std::string& name, const Shape& shape,
-                                      int64_t in, int64_t out) {
-  ASSIGN_OR_RETURN(const Tensor weight, LoadTensor(reader, name, shape, Shape{in, out}));
+// A Conv1D weight stored (in, out) in the checkpoint (as `shape`), the
+// rank's block (split on `axis`) viewed (in, out_local) and returned
+// (out_local, in) through the transpose op.
+absl::StatusOr<Tensor> LoadTransposed(const CheckpointReader& reader, const RankSlicer& slicer,
+                                      const std::string& name, const Shape& shape, int axis, int64_t in) {
+  ASSIGN_OR_RETURN(Tensor weight, LoadTensor(reader, slicer, name, shape, axis));
+  ASSIGN_OR_RETURN(weight, weight.Reshape(Shape{in, weight.shape().NumElements() / in}));
   ASSIGN_OR_RETURN(std::vector<Tensor> transposed,
                    ops::RunOp("transpose", {weight}, {{"perm", std::vector<int64_t>{1, 0}}}));
   return transposed[0];
@@ -339,61 +360,90 @@ std::string_view StopReasonName(StopReason reason) {
   return "?";
 }
 
+// One tensor-parallel rank of the model (the whole model when T = 1): its
+// slices of the weights (Layer), its heads' KV caches and its work
+// buffers, all allocated by Open. Its Forward runs on one thread and meets
+// the other ranks in `comm` after each row-parallel product.
+struct Shard {
+  int64_t rank = 0;
+  int64_t Hl = 0, Cl = 0, Fl = 0;  // heads, their columns, MLP columns of this rank
+  int64_t v_begin = 0, v_end = 0;  // the vocabulary rows of wte (and logits) it holds
+  ThreadPool* pool = nullptr;
+  std::shared_ptr<comm::Communicator> comm;  // null when T = 1
+
+  Tensor wte;  // (Vl, C): rows [v_begin, v_end), also the LM head's
+  std::vector<Layer> layers;
+
+  // Work buffers, flat, sized for `chunk` tokens.
+  Tensor x;              // (chunk, C) the residual stream
+  Tensor normed;         // (chunk, C) a layer norm's output
+  Tensor mean, rstd;     // (chunk) its statistics (unused: no backward)
+  Tensor qkv;            // (chunk, 3, Hl, D)
+  Tensor q;              // (Hl, chunk, D)
+  Tensor scores, probs;  // (Hl, chunk, P), packed as (Hl, M, L) per forward
+  Tensor context_heads;  // (Hl, chunk, D)
+  Tensor context;        // (chunk, Cl)
+  Tensor projected;      // (chunk, C) an output projection (a partial sum over ranks)
+  Tensor hidden;         // (chunk, Fl) the MLP's inner activations
+};
+
 struct Generator::State {
   fs::path dir;
   int64_t iteration = 0;
   nlohmann::json run_config;
   models::Gpt2Config config;
-  ThreadPool* pool = nullptr;
   int64_t V = 0, C = 0, H = 0, D = 0, F = 0, P = 0;
   int64_t chunk = 0;  // the most tokens one forward takes
 
-  Tensor wte;                     // (V, C), also the LM head
+  // Replicated: the same on every rank, read-only.
   Tensor wpe;                     // (P, C)
   Tensor ln_f_weight, ln_f_bias;  // (C)
-  std::vector<Layer> layers;
   std::optional<Kernels> kernels;
+  std::vector<Shard> shards;      // one per tensor-parallel rank
 
-  // Work buffers, flat, sized for `chunk` tokens.
-  Tensor x;                       // (chunk, C) the residual stream
-  Tensor normed;                  // (chunk, C) a layer norm's output
-  Tensor mean, rstd;              // (chunk) its statistics (unused: no backward)
-  Tensor qkv;                     // (chunk, 3, H, D)
-  Tensor q;                       // (H, chunk, D)
-  Tensor scores, probs;           // (H, chunk, P), packed as (H, M, L) per forward
-  Tensor context_heads;           // (H, chunk, D)
-  Tensor context;                 // (chunk, C)
-  Tensor projected;               // (chunk, C) an output projection
-  Tensor hidden;                  // (chunk, F) the MLP's inner activations
-  Tensor logits;                  // (1, V)
+  Tensor logits;                  // (V) flat: each rank writes its rows' logits
   std::vector<Candidate> ranked;  // (V) sampling scratch
 
   int64_t length = 0;  // positions in the caches
 
+  // Every rank's forward, rank 0 on the calling thread and the others on
+  // threads of their own (they meet in their all-reduces).
   absl::Status Forward(std::span<const int64_t> tokens, bool want_logits);
+  absl::Status ShardForward(Shard& shard, std::span<const int64_t> tokens, bool want_logits);
   // y (M, N) = x (M, K) @ weight_tᵀ, weight_t (N, K).
-  absl::Status Linear(const Tensor& x, const Tensor& weight_t, const Tensor& y);
-  absl::Status Attention(const Layer& layer, int64_t M, int64_t L);
+  absl::Status Linear(const Shard& shard, const Tensor& x, const Tensor& weight_t, const Tensor& y);
+  absl::Status Attention(Shard& shard, const Layer& layer, int64_t M, int64_t L);
+  // The sum over ranks of `partial` (in place); nothing when T = 1.
+  absl::Status AllReduce(const Shard& shard, const Tensor& partial);
   // Feeds `ids` from an empty cache, `per_forward` at a time; the logits of
   // the last one are left in `logits`.
   absl::Status Prefill(std::span<const int64_t> ids, int64_t per_forward);
 };
 
+absl::Status Generator::State::AllReduce(const Shard& shard, const Tensor& partial) {
+  if (shard.comm == nullptr) return absl::OkStatus();
+  std::promise<absl::Status> reduced;
+  shard.comm->AllReduce(partial, partial, comm::ReduceOp::kSum, [&reduced](absl::Status s) { reduced.set_value(s); });
+  return reduced.get_future().get();
+}
+
 // Attention of the M new queries (in q) over the L cached keys: context
-// (M, C) = concat over heads of softmax(q_h K_hᵀ / sqrt(D), causal) V_h.
-// Heads are independent: each pool chunk runs whole heads, GEMM, softmax
-// and GEMM, on its own thread (one wake-up per layer rather than three).
-absl::Status Generator::State::Attention(const Layer& layer, int64_t M, int64_t L) {
-  const float* q_data = q.data<float>();              // (H, M, D)
-  const float* k_data = layer.k_cache.data<float>();  // (H, P, D)
-  const float* v_data = layer.v_cache.data<float>();  // (H, P, D)
-  float* scores_data = scores.data<float>();          // (H, M, L)
-  float* probs_data = probs.data<float>();            // (H, M, L)
-  float* heads_data = context_heads.data<float>();    // (H, M, D)
-  const ops::KernelContext serial;                    // no pool: a head runs on one thread
+// (M, Cl) = concat over the rank's heads of softmax(q_h K_hᵀ / sqrt(D),
+// causal) V_h. Heads are independent: each pool chunk runs whole heads,
+// GEMM, softmax and GEMM, on its own thread (one wake-up per layer rather
+// than three).
+absl::Status Generator::State::Attention(Shard& shard, const Layer& layer, int64_t M, int64_t L) {
+  const int64_t Hl = shard.Hl;
+  const float* q_data = shard.q.data<float>();              // (Hl, M, D)
+  const float* k_data = layer.k_cache.data<float>();        // (Hl, P, D)
+  const float* v_data = layer.v_cache.data<float>();        // (Hl, P, D)
+  float* scores_data = shard.scores.data<float>();          // (Hl, M, L)
+  float* probs_data = shard.probs.data<float>();            // (Hl, M, L)
+  float* heads_data = shard.context_heads.data<float>();    // (Hl, M, D)
+  const ops::KernelContext serial;                          // no pool: a head runs on one thread
   const int64_t head_macs = 2 * M * L * D;
   const int64_t grain = (kMinAttentionMacsPerChunk + head_macs - 1) / head_macs;  // heads per chunk
-  RETURN_IF_ERROR(ParallelForStatus(pool, H, grain, [&](int64_t h) {
+  RETURN_IF_ERROR(ParallelForStatus(shard.pool, Hl, grain, [&](int64_t h) {
     // scores_h (M, L) = q_h (M, D) @ K_h[0, L)ᵀ, unscaled as in training
     RETURN_IF_ERROR(ops::cpu::RunGemm(serial, {.transpose_b = true,
                                                .m = M,
@@ -404,16 +454,18 @@ absl::Status Generator::State::Attention(const Layer& layer, int64_t M, int64_t 
                                                .y = scores_data + h * M * L}));
     // Query m sits at position L - M + m: the kernel's causal mask (key s
     // dropped when s > m + L - M) is the cache's.
-    RETURN_IF_ERROR(kernels->causal_softmax.Run({View(scores, h * M * L, Shape{M, L})},
-                                                {View(probs, h * M * L, Shape{M, L})}, nullptr));
+    RETURN_IF_ERROR(kernels->causal_softmax.Run({View(shard.scores, h * M * L, Shape{M, L})},
+                                                {View(shard.probs, h * M * L, Shape{M, L})}, nullptr));
     // context_h (M, D) = probs_h (M, L) @ V_h[0, L)
     return ops::cpu::RunGemm(
         serial,
         {.m = M, .n = D, .k = L, .a = probs_data + h * M * L, .b = v_data + h * P * D, .y = heads_data + h * M * D});
   }));
-  float* out = context.data<float>();  // (M, C) = (M, H, D)
-  for (int64_t h = 0; h < H; ++h) {
-    for (int64_t m = 0; m < M; ++m) std::memcpy(out + (m * H + h) * D, heads_data + (h * M + m) * D, D * sizeof(float));
+  float* out = shard.context.data<float>();  // (M, Cl) = (M, Hl, D)
+  for (int64_t h = 0; h < Hl; ++h) {
+    for (int64_t m = 0; m < M; ++m) {
+      std::memcpy(out + (m * Hl + h) * D, heads_data + (h * M + m) * D, D * sizeof(float));
+    }
   }
   return absl::OkStatus();
 }
@@ -424,7 +476,8 @@ absl::Status Generator::State::Attention(const Layer& layer, int64_t M, int64_t 
 // it is bound by reading the weight: here it is cut by output columns, one
 // single-threaded GEMM per piece, so each thread streams its own rows of
 // the weight.
-absl::Status Generator::State::Linear(const Tensor& x, const Tensor& weight_t, const Tensor& y) {
+absl::Status Generator::State::Linear(const Shard& shard, const Tensor& x, const Tensor& weight_t, const Tensor& y) {
+  ThreadPool* pool = shard.pool;
   const int64_t M = x.shape()[0], K = x.shape()[1], N = weight_t.shape()[0];
   const int64_t threads = pool == nullptr ? 1 : pool->num_threads();
   const int64_t pieces = std::min(threads, std::max<int64_t>(1, N * K / kMinGemvMacsPerChunk));
@@ -448,70 +501,104 @@ absl::Status Generator::State::Linear(const Tensor& x, const Tensor& weight_t, c
   });
 }
 
-// The GPT-2 forward of `tokens` at positions [length, length + M): the
-// training graph's ops (nn/transformer.cc) without dropout, keys and values
-// of earlier positions read from the caches.
 absl::Status Generator::State::Forward(std::span<const int64_t> tokens, bool want_logits) {
   const auto M = static_cast<int64_t>(tokens.size());
-  const int64_t n = length, L = n + M;
-  TESSERA_CHECK(M >= 1 && M <= chunk && L <= P, "forward of ", M, " tokens at ", n);
-  const Kernels& k = *kernels;
-
-  // x = wte[token] + wpe[position] (the embedding op's rows, summed as the add op does).
-  float* x_data = x.data<float>();  // (M, C)
-  const float* wte_data = wte.data<float>();
-  const float* wpe_data = wpe.data<float>();
-  for (int64_t m = 0; m < M; ++m) {
-    const float* token_row = wte_data + tokens[static_cast<size_t>(m)] * C;
-    const float* position_row = wpe_data + (n + m) * C;
-    for (int64_t c = 0; c < C; ++c) x_data[m * C + c] = token_row[c] + position_row[c];
+  TESSERA_CHECK(M >= 1 && M <= chunk && length + M <= P, "forward of ", M, " tokens at ", length);
+  std::vector<absl::Status> status(shards.size());
+  std::vector<std::thread> others;
+  for (size_t r = 1; r < shards.size(); ++r) {
+    others.emplace_back([&, r] { status[r] = ShardForward(shards[r], tokens, want_logits); });
   }
+  status[0] = ShardForward(shards[0], tokens, want_logits);
+  for (std::thread& t : others) t.join();
+  for (const absl::Status& s : status) RETURN_IF_ERROR(s);
+  length += M;
+  return absl::OkStatus();
+}
 
-  const Tensor x_m = View(x, 0, Shape{M, C});
-  const Tensor normed_m = View(normed, 0, Shape{M, C});
-  const Tensor mean_m = View(mean, 0, Shape{M}), rstd_m = View(rstd, 0, Shape{M});
-  const Tensor qkv_m = View(qkv, 0, Shape{M, 3 * C});
-  const Tensor context_m = View(context, 0, Shape{M, C});
-  const Tensor projected_m = View(projected, 0, Shape{M, C});
-  const Tensor hidden_m = View(hidden, 0, Shape{M, F});
-  for (const Layer& layer : layers) {
-    // h = x + c_proj(attention(c_attn(ln_1(x))))
-    RETURN_IF_ERROR(k.layer_norm.Run({x_m, layer.ln_1_weight, layer.ln_1_bias}, {normed_m, mean_m, rstd_m}, pool));
-    RETURN_IF_ERROR(Linear(normed_m, layer.c_attn_weight_t, qkv_m));
-    RETURN_IF_ERROR(k.bias_add.Run({qkv_m, layer.c_attn_bias}, {qkv_m}, pool));
-    // q to heads (H, M, D); k and v appended to the caches at rows [n, L).
-    const float* qkv_data = qkv.data<float>();    // (M, 3, H, D)
-    float* q_data = q.data<float>();              // (H, M, D)
-    float* k_data = layer.k_cache.data<float>();  // (H, P, D)
-    float* v_data = layer.v_cache.data<float>();  // (H, P, D)
+// The GPT-2 forward of `tokens` at positions [length, length + M) on one
+// rank: the training graph's ops (nn/transformer.cc) without dropout, keys
+// and values of earlier positions read from the caches. Under tensor
+// parallelism the rank computes its heads and MLP columns, and the partial
+// sums of the row-parallel products (and of the vocabulary-parallel
+// embedding) are all-reduced, as training's P -> B, before the biases are
+// added. A failure aborts the ranks' group, so no rank waits on it.
+absl::Status Generator::State::ShardForward(Shard& shard, std::span<const int64_t> tokens, bool want_logits) {
+  absl::Status status = [&]() -> absl::Status {
+    const auto M = static_cast<int64_t>(tokens.size());
+    const int64_t n = length, L = n + M, Hl = shard.Hl, Cl = shard.Cl, Fl = shard.Fl;
+    const Kernels& k = *kernels;
+    ThreadPool* pool = shard.pool;
+
+    // x = wte[token] + wpe[position]: the rank holding the token's row
+    // contributes it (the vocabulary-parallel embedding), then wpe.
+    float* x_data = shard.x.data<float>();  // (M, C)
+    const float* wte_data = shard.wte.data<float>();
     for (int64_t m = 0; m < M; ++m) {
-      for (int64_t h = 0; h < H; ++h) {
-        const size_t bytes = static_cast<size_t>(D) * sizeof(float);
-        std::memcpy(q_data + (h * M + m) * D, qkv_data + ((m * 3 + 0) * H + h) * D, bytes);
-        std::memcpy(k_data + (h * P + n + m) * D, qkv_data + ((m * 3 + 1) * H + h) * D, bytes);
-        std::memcpy(v_data + (h * P + n + m) * D, qkv_data + ((m * 3 + 2) * H + h) * D, bytes);
+      const int64_t token = tokens[static_cast<size_t>(m)];
+      if (token >= shard.v_begin && token < shard.v_end) {
+        std::memcpy(x_data + m * C, wte_data + (token - shard.v_begin) * C, C * sizeof(float));
+      } else {
+        std::fill_n(x_data + m * C, C, 0.0f);
       }
     }
-    RETURN_IF_ERROR(Attention(layer, M, L));
-    RETURN_IF_ERROR(Linear(context_m, layer.attn_proj_weight_t, projected_m));
-    RETURN_IF_ERROR(k.bias_add.Run({projected_m, layer.attn_proj_bias}, {projected_m}, pool));
-    RETURN_IF_ERROR(k.add.Run({x_m, projected_m}, {x_m}, pool));
-    // y = h + c_proj(gelu(c_fc(ln_2(h))))
-    RETURN_IF_ERROR(k.layer_norm.Run({x_m, layer.ln_2_weight, layer.ln_2_bias}, {normed_m, mean_m, rstd_m}, pool));
-    RETURN_IF_ERROR(Linear(normed_m, layer.fc_weight_t, hidden_m));
-    RETURN_IF_ERROR(k.bias_gelu.Run({hidden_m, layer.fc_bias}, {hidden_m}, pool));
-    RETURN_IF_ERROR(Linear(hidden_m, layer.mlp_proj_weight_t, projected_m));
-    RETURN_IF_ERROR(k.bias_add.Run({projected_m, layer.mlp_proj_bias}, {projected_m}, pool));
-    RETURN_IF_ERROR(k.add.Run({x_m, projected_m}, {x_m}, pool));
-  }
-  length = L;
-  if (!want_logits) return absl::OkStatus();
-  // logits (1, V) = ln_f(x[M - 1]) @ wteᵀ: only the last position is read.
-  const Tensor last = View(x, (M - 1) * C, Shape{1, C});
-  const Tensor normed_1 = View(normed, 0, Shape{1, C});
-  RETURN_IF_ERROR(k.layer_norm.Run({last, ln_f_weight, ln_f_bias},
-                                   {normed_1, View(mean, 0, Shape{1}), View(rstd, 0, Shape{1})}, pool));
-  return Linear(normed_1, wte, logits);
+    const Tensor x_m = View(shard.x, 0, Shape{M, C});
+    RETURN_IF_ERROR(AllReduce(shard, x_m));
+    const float* wpe_data = wpe.data<float>();
+    for (int64_t m = 0; m < M; ++m) {
+      const float* position_row = wpe_data + (n + m) * C;
+      for (int64_t c = 0; c < C; ++c) x_data[m * C + c] += position_row[c];
+    }
+
+    const Tensor normed_m = View(shard.normed, 0, Shape{M, C});
+    const Tensor mean_m = View(shard.mean, 0, Shape{M}), rstd_m = View(shard.rstd, 0, Shape{M});
+    const Tensor qkv_m = View(shard.qkv, 0, Shape{M, 3 * Cl});
+    const Tensor context_m = View(shard.context, 0, Shape{M, Cl});
+    const Tensor projected_m = View(shard.projected, 0, Shape{M, C});
+    const Tensor hidden_m = View(shard.hidden, 0, Shape{M, Fl});
+    for (const Layer& layer : shard.layers) {
+      // h = x + c_proj(attention(c_attn(ln_1(x))))
+      RETURN_IF_ERROR(k.layer_norm.Run({x_m, layer.ln_1_weight, layer.ln_1_bias}, {normed_m, mean_m, rstd_m}, pool));
+      RETURN_IF_ERROR(Linear(shard, normed_m, layer.c_attn_weight_t, qkv_m));
+      RETURN_IF_ERROR(k.bias_add.Run({qkv_m, layer.c_attn_bias}, {qkv_m}, pool));
+      // q to heads (Hl, M, D); k and v appended to the caches at rows [n, L).
+      const float* qkv_data = shard.qkv.data<float>();  // (M, 3, Hl, D)
+      float* q_data = shard.q.data<float>();            // (Hl, M, D)
+      float* k_data = layer.k_cache.data<float>();      // (Hl, P, D)
+      float* v_data = layer.v_cache.data<float>();      // (Hl, P, D)
+      for (int64_t m = 0; m < M; ++m) {
+        for (int64_t h = 0; h < Hl; ++h) {
+          const size_t bytes = static_cast<size_t>(D) * sizeof(float);
+          std::memcpy(q_data + (h * M + m) * D, qkv_data + ((m * 3 + 0) * Hl + h) * D, bytes);
+          std::memcpy(k_data + (h * P + n + m) * D, qkv_data + ((m * 3 + 1) * Hl + h) * D, bytes);
+          std::memcpy(v_data + (h * P + n + m) * D, qkv_data + ((m * 3 + 2) * Hl + h) * D, bytes);
+        }
+      }
+      RETURN_IF_ERROR(Attention(shard, layer, M, L));
+      RETURN_IF_ERROR(Linear(shard, context_m, layer.attn_proj_weight_t, projected_m));
+      RETURN_IF_ERROR(AllReduce(shard, projected_m));
+      RETURN_IF_ERROR(k.bias_add.Run({projected_m, layer.attn_proj_bias}, {projected_m}, pool));
+      RETURN_IF_ERROR(k.add.Run({x_m, projected_m}, {x_m}, pool));
+      // y = h + c_proj(gelu(c_fc(ln_2(h))))
+      RETURN_IF_ERROR(k.layer_norm.Run({x_m, layer.ln_2_weight, layer.ln_2_bias}, {normed_m, mean_m, rstd_m}, pool));
+      RETURN_IF_ERROR(Linear(shard, normed_m, layer.fc_weight_t, hidden_m));
+      RETURN_IF_ERROR(k.bias_gelu.Run({hidden_m, layer.fc_bias}, {hidden_m}, pool));
+      RETURN_IF_ERROR(Linear(shard, hidden_m, layer.mlp_proj_weight_t, projected_m));
+      RETURN_IF_ERROR(AllReduce(shard, projected_m));
+      RETURN_IF_ERROR(k.bias_add.Run({projected_m, layer.mlp_proj_bias}, {projected_m}, pool));
+      RETURN_IF_ERROR(k.add.Run({x_m, projected_m}, {x_m}, pool));
+    }
+    if (!want_logits) return absl::OkStatus();
+    // logits[v_begin, v_end) = ln_f(x[M - 1]) @ wte[v_begin, v_end)ᵀ: only
+    // the last position is read.
+    const Tensor last = View(shard.x, (M - 1) * C, Shape{1, C});
+    const Tensor normed_1 = View(shard.normed, 0, Shape{1, C});
+    RETURN_IF_ERROR(k.layer_norm.Run({last, ln_f_weight, ln_f_bias},
+                                     {normed_1, View(shard.mean, 0, Shape{1}), View(shard.rstd, 0, Shape{1})}, pool));
+    return Linear(shard, normed_1, shard.wte, View(logits, shard.v_begin, Shape{1, shard.v_end - shard.v_begin}));
+  }();
+  if (!status.ok() && shard.comm != nullptr) shard.comm->Abort(status);
+  return status;
 }
 
 absl::Status Generator::State::Prefill(std::span<const int64_t> ids, int64_t per_forward) {
@@ -532,6 +619,9 @@ absl::StatusOr<std::unique_ptr<Generator>> Generator::Open(const fs::path& path,
   if (options.prefill_chunk < 1) {
     return absl::InvalidArgumentError(StrCat("prefill_chunk must be >= 1, got ", options.prefill_chunk));
   }
+  if (options.tensor_parallel_size < 1) {
+    return absl::InvalidArgumentError(StrCat("tensor_parallel_size must be >= 1, got ", options.tensor_parallel_size));
+  }
   ASSIGN_OR_RETURN(const fs::path dir, ResolveCheckpoint(path));
   ASSIGN_OR_RETURN(const std::shared_ptr<const CheckpointReader> reader, CheckpointReader::Open(dir));
   if (reader->huggingface() && !options.run_config) {
@@ -547,51 +637,79 @@ absl::StatusOr<std::unique_ptr<Generator>> Generator::Open(const fs::path& path,
   s->iteration = reader->iteration();
   s->run_config = run_config;
   s->config = config;
-  s->pool = options.pool;
   const int64_t V = s->V = config.vocab_size, C = s->C = config.hidden_size;
   const int64_t H = s->H = config.num_attention_heads, D = s->D = C / H;
   const int64_t F = s->F = config.ffn(), P = s->P = config.max_seq_length;
   const int64_t chunk = s->chunk = std::min(options.prefill_chunk, P);
-
-  ASSIGN_OR_RETURN(s->wte, LoadTensor(*reader, "wte.weight", Shape{V, C}));
-  ASSIGN_OR_RETURN(s->wpe, LoadTensor(*reader, "wpe.weight", Shape{P, C}));
-  ASSIGN_OR_RETURN(s->ln_f_weight, LoadTensor(*reader, "ln_f.weight", Shape{C}));
-  ASSIGN_OR_RETURN(s->ln_f_bias, LoadTensor(*reader, "ln_f.bias", Shape{C}));
-  for (int64_t i = 0; i < config.num_layers; ++i) {
-    const std::string h = StrCat("h.", i, ".");
-    Layer l;
-    ASSIGN_OR_RETURN(l.ln_1_weight, LoadTensor(*reader, h + "ln_1.weight", Shape{C}));
-    ASSIGN_OR_RETURN(l.ln_1_bias, LoadTensor(*reader, h + "ln_1.bias", Shape{C}));
-    ASSIGN_OR_RETURN(l.c_attn_weight_t, LoadTransposed(*reader, h + "attn.c_attn.weight", Shape{C, 3, C}, C, 3 * C));
-    ASSIGN_OR_RETURN(l.c_attn_bias, LoadTensor(*reader, h + "attn.c_attn.bias", Shape{3, C}, Shape{3 * C}));
-    ASSIGN_OR_RETURN(l.attn_proj_weight_t, LoadTransposed(*reader, h + "attn.c_proj.weight", Shape{C, C}, C, C));
-    ASSIGN_OR_RETURN(l.attn_proj_bias, LoadTensor(*reader, h + "attn.c_proj.bias", Shape{C}));
-    ASSIGN_OR_RETURN(l.ln_2_weight, LoadTensor(*reader, h + "ln_2.weight", Shape{C}));
-    ASSIGN_OR_RETURN(l.ln_2_bias, LoadTensor(*reader, h + "ln_2.bias", Shape{C}));
-    ASSIGN_OR_RETURN(l.fc_weight_t, LoadTransposed(*reader, h + "mlp.c_fc.weight", Shape{C, F}, C, F));
-    ASSIGN_OR_RETURN(l.fc_bias, LoadTensor(*reader, h + "mlp.c_fc.bias", Shape{F}));
-    ASSIGN_OR_RETURN(l.mlp_proj_weight_t, LoadTransposed(*reader, h + "mlp.c_proj.weight", Shape{F, C}, F, C));
-    ASSIGN_OR_RETURN(l.mlp_proj_bias, LoadTensor(*reader, h + "mlp.c_proj.bias", Shape{C}));
-    ASSIGN_OR_RETURN(l.k_cache, Tensor::Zeros(Shape{H, P, D}, DType::kF32));
-    ASSIGN_OR_RETURN(l.v_cache, Tensor::Zeros(Shape{H, P, D}, DType::kF32));
-    s->layers.push_back(std::move(l));
+  const int64_t T = options.tensor_parallel_size;
+  if (H % T != 0 || F < T || V < T) {
+    return absl::InvalidArgumentError(StrCat("tensor_parallel_size ", T, " must divide the model's ", H,
+                                             " attention heads (and be at most its MLP width and vocabulary)"));
   }
+
+  const RankSlicer whole;
+  ASSIGN_OR_RETURN(s->wpe, LoadTensor(*reader, whole, "wpe.weight", Shape{P, C}));
+  ASSIGN_OR_RETURN(s->ln_f_weight, LoadTensor(*reader, whole, "ln_f.weight", Shape{C}));
+  ASSIGN_OR_RETURN(s->ln_f_bias, LoadTensor(*reader, whole, "ln_f.bias", Shape{C}));
   ASSIGN_OR_RETURN(Kernels kernels, Kernels::Make(config.layernorm_epsilon, D));
   s->kernels.emplace(std::move(kernels));
-
-  ASSIGN_OR_RETURN(s->x, FlatBuffer(chunk * C));
-  ASSIGN_OR_RETURN(s->normed, FlatBuffer(chunk * C));
-  ASSIGN_OR_RETURN(s->mean, FlatBuffer(chunk));
-  ASSIGN_OR_RETURN(s->rstd, FlatBuffer(chunk));
-  ASSIGN_OR_RETURN(s->qkv, FlatBuffer(chunk * 3 * C));
-  ASSIGN_OR_RETURN(s->q, FlatBuffer(chunk * C));
-  ASSIGN_OR_RETURN(s->scores, FlatBuffer(H * chunk * P));
-  ASSIGN_OR_RETURN(s->probs, FlatBuffer(H * chunk * P));
-  ASSIGN_OR_RETURN(s->context_heads, FlatBuffer(chunk * C));
-  ASSIGN_OR_RETURN(s->context, FlatBuffer(chunk * C));
-  ASSIGN_OR_RETURN(s->projected, FlatBuffer(chunk * C));
-  ASSIGN_OR_RETURN(s->hidden, FlatBuffer(chunk * F));
-  ASSIGN_OR_RETURN(s->logits, Tensor::Zeros(Shape{1, V}, DType::kF32));
+  // The ranks' group: shared memory, ranks combined in order (bit-identical
+  // on every rank).
+  comm::ShmHub hub;
+  for (int64_t r = 0; r < T; ++r) {
+    const RankSlicer slicer{.rank = r, .ranks = T};
+    Shard shard;
+    shard.rank = r;
+    shard.Hl = H / T;
+    shard.Cl = shard.Hl * D;
+    // With several ranks each runs on its own thread, its kernels on it alone.
+    shard.pool = T == 1 ? options.pool : nullptr;
+    if (T > 1) {
+      ASSIGN_OR_RETURN(shard.comm, hub.Join("generate-tp", static_cast<int>(T), static_cast<int>(r)));
+    }
+    ASSIGN_OR_RETURN(const TensorSlice vocab, slicer.Slice(Shape{V, C}, 0));
+    shard.v_begin = vocab.offset[0];
+    shard.v_end = vocab.offset[0] + vocab.local[0];
+    ASSIGN_OR_RETURN(shard.wte, LoadTensor(*reader, slicer, "wte.weight", Shape{V, C}, 0));
+    for (int64_t i = 0; i < config.num_layers; ++i) {
+      const std::string h = StrCat("h.", i, ".");
+      Layer l;
+      ASSIGN_OR_RETURN(l.ln_1_weight, LoadTensor(*reader, whole, h + "ln_1.weight", Shape{C}));
+      ASSIGN_OR_RETURN(l.ln_1_bias, LoadTensor(*reader, whole, h + "ln_1.bias", Shape{C}));
+      ASSIGN_OR_RETURN(l.c_attn_weight_t, LoadTransposed(*reader, slicer, h + "attn.c_attn.weight", Shape{C, 3, C}, 2, C));
+      ASSIGN_OR_RETURN(l.c_attn_bias,
+                       LoadTensor(*reader, slicer, h + "attn.c_attn.bias", Shape{3, C}, 1, Shape{3 * shard.Cl}));
+      ASSIGN_OR_RETURN(l.attn_proj_weight_t, LoadTransposed(*reader, slicer, h + "attn.c_proj.weight", Shape{C, C}, 0,
+                                                            shard.Cl));
+      ASSIGN_OR_RETURN(l.attn_proj_bias, LoadTensor(*reader, whole, h + "attn.c_proj.bias", Shape{C}));
+      ASSIGN_OR_RETURN(l.ln_2_weight, LoadTensor(*reader, whole, h + "ln_2.weight", Shape{C}));
+      ASSIGN_OR_RETURN(l.ln_2_bias, LoadTensor(*reader, whole, h + "ln_2.bias", Shape{C}));
+      ASSIGN_OR_RETURN(l.fc_weight_t, LoadTransposed(*reader, slicer, h + "mlp.c_fc.weight", Shape{C, F}, 1, C));
+      ASSIGN_OR_RETURN(l.fc_bias, LoadTensor(*reader, slicer, h + "mlp.c_fc.bias", Shape{F}, 0));
+      shard.Fl = l.fc_bias.shape()[0];
+      ASSIGN_OR_RETURN(l.mlp_proj_weight_t,
+                       LoadTransposed(*reader, slicer, h + "mlp.c_proj.weight", Shape{F, C}, 0, shard.Fl));
+      ASSIGN_OR_RETURN(l.mlp_proj_bias, LoadTensor(*reader, whole, h + "mlp.c_proj.bias", Shape{C}));
+      ASSIGN_OR_RETURN(l.k_cache, Tensor::Zeros(Shape{shard.Hl, P, D}, DType::kF32));
+      ASSIGN_OR_RETURN(l.v_cache, Tensor::Zeros(Shape{shard.Hl, P, D}, DType::kF32));
+      shard.layers.push_back(std::move(l));
+    }
+    if (shard.layers.empty()) shard.Fl = BalancedSplit(F, T, r).size;
+    ASSIGN_OR_RETURN(shard.x, FlatBuffer(chunk * C));
+    ASSIGN_OR_RETURN(shard.normed, FlatBuffer(chunk * C));
+    ASSIGN_OR_RETURN(shard.mean, FlatBuffer(chunk));
+    ASSIGN_OR_RETURN(shard.rstd, FlatBuffer(chunk));
+    ASSIGN_OR_RETURN(shard.qkv, FlatBuffer(chunk * 3 * shard.Cl));
+    ASSIGN_OR_RETURN(shard.q, FlatBuffer(chunk * shard.Cl));
+    ASSIGN_OR_RETURN(shard.scores, FlatBuffer(shard.Hl * chunk * P));
+    ASSIGN_OR_RETURN(shard.probs, FlatBuffer(shard.Hl * chunk * P));
+    ASSIGN_OR_RETURN(shard.context_heads, FlatBuffer(chunk * shard.Cl));
+    ASSIGN_OR_RETURN(shard.context, FlatBuffer(chunk * shard.Cl));
+    ASSIGN_OR_RETURN(shard.projected, FlatBuffer(chunk * C));
+    ASSIGN_OR_RETURN(shard.hidden, FlatBuffer(chunk * shard.Fl));
+    s->shards.push_back(std::move(shard));
+  }
+  ASSIGN_OR_RETURN(s->logits, FlatBuffer(V));
   s->ranked.resize(static_cast<size_t>(V));
   return std::unique_ptr<Generator>(new Generator(std::move(s)));
 }

@@ -1,6 +1,7 @@
 #pragma once
 // Text generation from a trained GPT-2 (models/gpt2.h) checkpoint, on CPU,
-// batch 1, with a key/value cache.
+// batch 1, with a key/value cache, on one rank or split over several as
+// training's tensor parallelism (GeneratorOptions::tensor_parallel_size).
 //
 // The forward is the training graph's, op for op, through the same
 // registered CPU kernels (layer_norm, matmul, bias_add, bias_gelu with the
@@ -81,6 +82,14 @@ struct Generation {
 
 struct GeneratorOptions {
   ThreadPool* pool = nullptr;  // borrowed, for the kernels; null = the calling thread only
+  // Ranks the model is split over, as training's tensor parallelism
+  // (Megatron's layout: heads and MLP columns per rank, row-parallel
+  // projections all-reduced, the vocabulary split for the embedding and
+  // the head). Each rank holds only its slices of the weights and its heads'
+  // KV cache, and runs on a thread of its own (with T > 1 the pool is not
+  // used); the ranks meet in a shared-memory group. Must divide the number
+  // of heads.
+  int64_t tensor_parallel_size = 1;
   int64_t prefill_chunk = 64;  // >= 1: prompt tokens per forward
   // The run's resolved config (its model and tokenization sections) in
   // place of the checkpoint's: required for Hugging Face weights, which

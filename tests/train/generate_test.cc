@@ -212,6 +212,38 @@ TEST(Generate, GreedyContinuationMatchesPyTorchTokenForToken) {
   ExpectSameGreedy(Greedy(*OpenOrDie(Nano(), {.prefill_chunk = 2})), reference, "prompt in chunks of 2");
 }
 
+// Tensor-parallel generation: 2 and 4 ranks (each with its heads, MLP
+// columns and vocabulary rows, meeting in all-reduces) give PyTorch's logits
+// of the whole model, step by step and in chunks, and its greedy
+// continuation; with sampling the same tokens as one rank. A rank count that
+// does not divide the heads is an error naming the option.
+TEST(Generate, TensorParallelRanksGiveTheWholeModelsLogitsAndTokens) {
+  std::vector<int64_t> ids(kNanoPositions);  // the whole context
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int64_t>((i * 37 + 11) % kNanoVocab);
+  const Reference logits_reference = RunReference(CheckpointPath(Nano(), 20), ids, 0);
+  const Reference greedy_reference = RunReference(Nano(), kPrompt, 20);
+  const auto one = OpenOrDie(Nano());
+  const GenerateOptions sampled{.max_new_tokens = 20, .temperature = 0.9, .top_k = 50, .seed = 7};
+  absl::StatusOr<Generation> one_sampled = one->Generate(kPrompt, sampled);
+  ASSERT_TRUE(one_sampled.ok()) << one_sampled.status();
+  for (int64_t ranks : {int64_t{2}, int64_t{4}}) {
+    const std::string what = std::to_string(ranks) + " ranks";
+    const auto generator = OpenOrDie(Nano(), {.tensor_parallel_size = ranks});
+    for (int64_t per_step : {int64_t{1}, int64_t{7}}) {
+      absl::StatusOr<std::vector<float>> logits = generator->Logits(ids, per_step);
+      ASSERT_TRUE(logits.ok()) << logits.status();
+      ExpectClose(*logits, logits_reference.logits, 1e-5, 1e-6, what + ", " + std::to_string(per_step) + " per step");
+    }
+    ExpectSameGreedy(Greedy(*generator), greedy_reference, what);
+    absl::StatusOr<Generation> g = generator->Generate(kPrompt, sampled);
+    ASSERT_TRUE(g.ok()) << g.status();
+    EXPECT_EQ(g->ids, one_sampled->ids) << what;
+  }
+  absl::StatusOr<std::unique_ptr<Generator>> three = Generator::Open(Nano(), {.tensor_parallel_size = 3});
+  ASSERT_FALSE(three.ok());
+  EXPECT_NE(three.status().message().find("tensor_parallel_size 3"), std::string::npos) << three.status();
+}
+
 // A checkpoint written under tensor parallelism (c_attn, c_fc, wte split
 // over 2 ranks' files) reads whole, on both sides.
 TEST(Generate, ReadsACheckpointShardedByTensorParallelism) {
@@ -380,7 +412,7 @@ TEST(Generate, CheckpointsThatAreNotAGpt2AreOneLineErrors) {
               "no tensor 'h.1.mlp.c_fc.bias': not a GPT-2 checkpoint");
   const fs::path wide = edited("wide", [](nlohmann::json& index) { index["config"]["model"]["hidden_size"] = 128; });
   ExpectError(Generator::Open(wide).status(), StatusCode::kInvalidArgument,
-              "tensor 'wte.weight' is f32(256, 64), the model's is f32(256, 128) (the run's model config, model.*)");
+              "tensor 'wpe.weight' is f32(32, 64), the model's is f32(32, 128) (the run's model config, model.*)");
   const fs::path heads =
       edited("heads", [](nlohmann::json& index) { index["config"]["model"]["num_attention_heads"] = 3; });
   ExpectError(Generator::Open(heads).status(), StatusCode::kInvalidArgument, "not a multiple of num_attention_heads");
@@ -421,6 +453,18 @@ TEST(Generate, GeneratesTextWithTheRunsTokenizer) {
   ASSERT_TRUE(ids.ok()) << ids.status();
   EXPECT_EQ(text->generation.ids, ids->ids);
   EXPECT_EQ(text->text, *(*tokenizer)->Decode(ids->ids));
+  // `tessera generate` prints the prompt and the same continuation, on one
+  // rank and on 2 tensor-parallel ones; --threads with ranks is refused.
+  for (const std::string ranks : {"1", "2"}) {
+    const auto printed = RunTessera("generate " + bpe.string() +
+                                    " --prompt 'Hello, world' --max-new-tokens 6 --temperature 0 --tensor-parallel " +
+                                    ranks);
+    ASSERT_EQ(printed.exit_code, 0) << printed.out;
+    EXPECT_EQ(printed.out, "Hello, world" + text->text + "\n") << ranks << " ranks";
+  }
+  const auto both = RunTessera("generate " + bpe.string() + " --prompt x --tensor-parallel 2 --threads 2");
+  EXPECT_NE(both.exit_code, 0);
+  EXPECT_NE(both.out.find("--tensor-parallel"), std::string::npos) << both.out;
   // An empty prompt starts from <|endoftext|>.
   text = GenerateText(bpe, "", options);
   ASSERT_TRUE(text.ok()) << text.status();
