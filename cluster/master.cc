@@ -354,7 +354,9 @@ class Master::Impl final : public control::Master::Service {
         job.nodes_done.insert(slot->node);
         if (request->code() != 0) {
           job.nodes_interrupted.insert(slot->node);
-          if (job.interrupted_at.empty() || slot->node == 0) job.interrupted_at = request->message().substr(0, kMaxLogLineBytes);
+          if (job.interrupted_at.empty() || slot->node == 0) {
+            job.interrupted_at = request->message().substr(0, kMaxLogLineBytes);
+          }
         }
         if (job.nodes_done.size() == job.slots.size()) {
           if (job.nodes_interrupted.empty()) {
@@ -635,8 +637,6 @@ class Master::Impl final : public control::Master::Service {
     changed_.SignalAll();
   }
 
-  // Ends `job` (final `state`, `reason`); stops it on every worker that
-  // holds it and drops its KV keys.
   // A graceful cancel: every node of the running job is asked to stop at an
   // iteration boundary they agree on (PlanRunner::RequestStop); their
   // reports end the job (Report), or the grace period does (MonitorLoop).
@@ -658,6 +658,8 @@ class Master::Impl final : public control::Master::Service {
     changed_.SignalAll();
   }
 
+  // Ends `job` (final `state`, `reason`); stops it on every worker that
+  // holds it and drops its KV keys.
   void EndJobLocked(Job& job, JobState state, const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (IsFinal(job.state)) return;
     const bool was_placed = IsActive(job);

@@ -40,7 +40,7 @@ class BertEmbeddings : public nn::Module {
     auto scope = EnterScope(*b);
     const int64_t T = ids.shape()[1];
     const nn::Sym positions = b->Apply("arange", {}, {{"n", T}, {"dtype", DType::kI64}});  // (T,)
-    nn::Sym h = word_(ids) + position_(positions) + token_type_(types);  // word's lookup is P over tp
+    nn::Sym h = word_(ids) + position_(positions) + token_type_(types);                    // word's lookup is P over tp
     b->SetHints(h, std::nullopt, nn::BatchSplit());
     h = norm_(h);
     b->SetHints(h, std::nullopt, nn::BatchSplit());
@@ -76,8 +76,8 @@ class MlmHead : public nn::Module {
     nn::GraphBuilder* b = Prepare(x);
     if (b == nullptr) return nn::Sym();
     auto scope = EnterScope(*b);
-    const nn::Sym t = norm_(b->Apply("bias_gelu", {dense_.ForwardWithoutBias(x), dense_.bias()},
-                                     {{"approximate", std::string("none")}}));
+    const nn::Sym t = norm_(
+        b->Apply("bias_gelu", {dense_.ForwardWithoutBias(x), dense_.bias()}, {{"approximate", std::string("none")}}));
     return graph::BiasAdd(decoder_(t, word_embeddings), parameter("bias"));
   }
 
@@ -167,8 +167,9 @@ class BertNetwork : public nn::Module {
     }
     if (!config_.add_binary_head) return mlm_loss;
     // Next-sentence prediction from [CLS].
-    const nn::Sym first = b.Apply("slice", {h}, {{"starts", std::vector<int64_t>{0, 0, 0}},
-                                                 {"ends", std::vector<int64_t>{B, 1, C}}});  // (B, 1, C)
+    const nn::Sym first =
+        b.Apply("slice", {h},
+                {{"starts", std::vector<int64_t>{0, 0, 0}}, {"ends", std::vector<int64_t>{B, 1, C}}});  // (B, 1, C)
     const nn::Sym pooled = graph::Tanh(pooler_(graph::Reshape(first, Shape{B, C})));
     const RowLoss nsp = CrossEntropyRows(b, nsp_(pooled), in.next_sentence);  // (B, 1)
     if (!nsp.ce.valid()) return nn::Sym();
@@ -176,8 +177,8 @@ class BertNetwork : public nn::Module {
     b.MarkFetch("nsp_loss", nsp_loss);
     if (eval) {
       b.MarkFetch("nsp_correct", graph::ReduceSum(Correct(nsp.label_logit)));
-      b.MarkFetch("nsp_count", b.Apply("fill", {}, {{"shape", std::vector<int64_t>{}},
-                                                    {"value", static_cast<double>(B)}}));
+      b.MarkFetch("nsp_count",
+                  b.Apply("fill", {}, {{"shape", std::vector<int64_t>{}}, {"value", static_cast<double>(B)}}));
     }
     return mlm_loss + nsp_loss;
   }
@@ -210,12 +211,14 @@ config::Binding<BertConfig> MakeKeys() {
   b.Field("max_seq_length", &BertConfig::max_seq_length,
           {.min = 5, .max = kMaxSequence, .doc = "positions of the position embedding"});
   b.Field("seq_length", &BertConfig::seq_length,
-          {.min = 5, .max = kMaxSequence,
+          {.min = 5,
+           .max = kMaxSequence,
            .doc = "tokens per sample T ([CLS] A [SEP] B [SEP], padded); `null`: max_seq_length"});
   b.Field("num_tokentypes", &BertConfig::num_tokentypes,
           {.min = 2, .max = kMaxWidth, .doc = "rows of the token-type (segment) embedding"});
-  b.Field("hidden_dropout_prob", &BertConfig::hidden_dropout_prob,
-          {.min = 0, .max = 1, .exclusive_max = true, .doc = "dropout after the embeddings, attention and MLP outputs"});
+  b.Field(
+      "hidden_dropout_prob", &BertConfig::hidden_dropout_prob,
+      {.min = 0, .max = 1, .exclusive_max = true, .doc = "dropout after the embeddings, attention and MLP outputs"});
   b.Field("attention_dropout_prob", &BertConfig::attention_dropout_prob,
           {.min = 0, .max = 1, .exclusive_max = true, .doc = "dropout on the attention probabilities"});
   b.Field("layernorm_epsilon", &BertConfig::layernorm_epsilon,
@@ -224,16 +227,19 @@ config::Binding<BertConfig> MakeKeys() {
           {.min = 0, .max = 10, .doc = "standard deviation of the weights' normal init"});
   b.Field("add_binary_head", &BertConfig::add_binary_head,
           {.doc = "next-sentence prediction (pooler and seq_relationship); false: masked LM only"});
-  b.Field("max_predictions_per_seq", &BertConfig::max_predictions_per_seq,
-          {.min = 1, .max = kMaxSequence, .doc = "masked-LM slots P per sample (masked tokens beyond it are not chosen)"});
+  b.Field(
+      "max_predictions_per_seq", &BertConfig::max_predictions_per_seq,
+      {.min = 1, .max = kMaxSequence, .doc = "masked-LM slots P per sample (masked tokens beyond it are not chosen)"});
   b.Field("masked_lm_prob", &BertConfig::masked_lm_prob,
           {.min = 0, .max = 1, .exclusive_min = true, .doc = "fraction of a sample's tokens chosen for the masked LM"});
   b.Field("short_seq_prob", &BertConfig::short_seq_prob,
           {.min = 0, .max = 1, .doc = "probability of a shorter target length for a sample"});
-  b.Field("init_seed", &BertConfig::init_seed,
-          {.min = 0, .derive_seed_from = "train.seed", .doc = "seed of parameter init; `null`: derived from train.seed"});
-  b.Field("dropout_seed", &BertConfig::dropout_seed,
-          {.min = 0, .derive_seed_from = "train.seed", .doc = "seed of dropout masks; `null`: derived from train.seed"});
+  b.Field(
+      "init_seed", &BertConfig::init_seed,
+      {.min = 0, .derive_seed_from = "train.seed", .doc = "seed of parameter init; `null`: derived from train.seed"});
+  b.Field(
+      "dropout_seed", &BertConfig::dropout_seed,
+      {.min = 0, .derive_seed_from = "train.seed", .doc = "seed of dropout masks; `null`: derived from train.seed"});
   return b;
 }
 
@@ -258,15 +264,17 @@ absl::Status Bert::Validate(const BertConfig& c) {
   }
   if (c.num_tokentypes < 2) return fail("num_tokentypes must be >= 2 (segments A and B), got ", c.num_tokentypes);
   if (c.max_predictions_per_seq < 1 || c.max_predictions_per_seq > c.seq() - 3) {
-    return fail("max_predictions_per_seq ", c.max_predictions_per_seq, " must be in [1, seq_length - 3 = ",
-                c.seq() - 3, "]");
+    return fail("max_predictions_per_seq ", c.max_predictions_per_seq, " must be in [1, seq_length - 3 = ", c.seq() - 3,
+                "]");
   }
   for (const auto& [name, p] : {std::pair{"hidden_dropout_prob", c.hidden_dropout_prob},
                                 std::pair{"attention_dropout_prob", c.attention_dropout_prob}}) {
     if (!(p >= 0 && p < 1)) return fail(name, " must be in [0, 1), got ", p);
   }
-  if (!(c.masked_lm_prob > 0 && c.masked_lm_prob <= 1)) return fail("masked_lm_prob must be in (0, 1], got ", c.masked_lm_prob);
-  if (!(c.short_seq_prob >= 0 && c.short_seq_prob <= 1)) return fail("short_seq_prob must be in [0, 1], got ", c.short_seq_prob);
+  if (!(c.masked_lm_prob > 0 && c.masked_lm_prob <= 1))
+    return fail("masked_lm_prob must be in (0, 1], got ", c.masked_lm_prob);
+  if (!(c.short_seq_prob >= 0 && c.short_seq_prob <= 1))
+    return fail("short_seq_prob must be in [0, 1], got ", c.short_seq_prob);
   if (!(c.layernorm_epsilon > 0) || !(c.initializer_range >= 0)) {
     return fail("layernorm_epsilon must be > 0 and initializer_range >= 0");
   }

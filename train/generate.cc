@@ -174,8 +174,8 @@ absl::StatusOr<Tensor> LoadTensor(const CheckpointReader& reader, const RankSlic
 // A Conv1D weight stored (in, out) in the checkpoint (as `shape`), the
 // rank's block (split on `axis`) viewed (in, out_local) and returned
 // (out_local, in) through the transpose op.
-absl::StatusOr<Tensor> LoadTransposed(const CheckpointReader& reader, const RankSlicer& slicer,
-                                      const std::string& name, const Shape& shape, int axis, int64_t in) {
+absl::StatusOr<Tensor> LoadTransposed(const CheckpointReader& reader, const RankSlicer& slicer, const std::string& name,
+                                      const Shape& shape, int axis, int64_t in) {
   ASSIGN_OR_RETURN(Tensor weight, LoadTensor(reader, slicer, name, shape, axis));
   ASSIGN_OR_RETURN(weight, weight.Reshape(Shape{in, weight.shape().NumElements() / in}));
   ASSIGN_OR_RETURN(std::vector<Tensor> transposed,
@@ -399,7 +399,7 @@ struct Generator::State {
   Tensor wpe;                     // (P, C)
   Tensor ln_f_weight, ln_f_bias;  // (C)
   std::optional<Kernels> kernels;
-  std::vector<Shard> shards;      // one per tensor-parallel rank
+  std::vector<Shard> shards;  // one per tensor-parallel rank
 
   Tensor logits;                  // (V) flat: each rank writes its rows' logits
   std::vector<Candidate> ranked;  // (V) sampling scratch
@@ -434,13 +434,13 @@ absl::Status Generator::State::AllReduce(const Shard& shard, const Tensor& parti
 // than three).
 absl::Status Generator::State::Attention(Shard& shard, const Layer& layer, int64_t M, int64_t L) {
   const int64_t Hl = shard.Hl;
-  const float* q_data = shard.q.data<float>();              // (Hl, M, D)
-  const float* k_data = layer.k_cache.data<float>();        // (Hl, P, D)
-  const float* v_data = layer.v_cache.data<float>();        // (Hl, P, D)
-  float* scores_data = shard.scores.data<float>();          // (Hl, M, L)
-  float* probs_data = shard.probs.data<float>();            // (Hl, M, L)
-  float* heads_data = shard.context_heads.data<float>();    // (Hl, M, D)
-  const ops::KernelContext serial;                          // no pool: a head runs on one thread
+  const float* q_data = shard.q.data<float>();            // (Hl, M, D)
+  const float* k_data = layer.k_cache.data<float>();      // (Hl, P, D)
+  const float* v_data = layer.v_cache.data<float>();      // (Hl, P, D)
+  float* scores_data = shard.scores.data<float>();        // (Hl, M, L)
+  float* probs_data = shard.probs.data<float>();          // (Hl, M, L)
+  float* heads_data = shard.context_heads.data<float>();  // (Hl, M, D)
+  const ops::KernelContext serial;                        // no pool: a head runs on one thread
   const int64_t head_macs = 2 * M * L * D;
   const int64_t grain = (kMinAttentionMacsPerChunk + head_macs - 1) / head_macs;  // heads per chunk
   RETURN_IF_ERROR(ParallelForStatus(shard.pool, Hl, grain, [&](int64_t h) {
@@ -676,11 +676,12 @@ absl::StatusOr<std::unique_ptr<Generator>> Generator::Open(const fs::path& path,
       Layer l;
       ASSIGN_OR_RETURN(l.ln_1_weight, LoadTensor(*reader, whole, h + "ln_1.weight", Shape{C}));
       ASSIGN_OR_RETURN(l.ln_1_bias, LoadTensor(*reader, whole, h + "ln_1.bias", Shape{C}));
-      ASSIGN_OR_RETURN(l.c_attn_weight_t, LoadTransposed(*reader, slicer, h + "attn.c_attn.weight", Shape{C, 3, C}, 2, C));
+      ASSIGN_OR_RETURN(l.c_attn_weight_t,
+                       LoadTransposed(*reader, slicer, h + "attn.c_attn.weight", Shape{C, 3, C}, 2, C));
       ASSIGN_OR_RETURN(l.c_attn_bias,
                        LoadTensor(*reader, slicer, h + "attn.c_attn.bias", Shape{3, C}, 1, Shape{3 * shard.Cl}));
-      ASSIGN_OR_RETURN(l.attn_proj_weight_t, LoadTransposed(*reader, slicer, h + "attn.c_proj.weight", Shape{C, C}, 0,
-                                                            shard.Cl));
+      ASSIGN_OR_RETURN(l.attn_proj_weight_t,
+                       LoadTransposed(*reader, slicer, h + "attn.c_proj.weight", Shape{C, C}, 0, shard.Cl));
       ASSIGN_OR_RETURN(l.attn_proj_bias, LoadTensor(*reader, whole, h + "attn.c_proj.bias", Shape{C}));
       ASSIGN_OR_RETURN(l.ln_2_weight, LoadTensor(*reader, whole, h + "ln_2.weight", Shape{C}));
       ASSIGN_OR_RETURN(l.ln_2_bias, LoadTensor(*reader, whole, h + "ln_2.bias", Shape{C}));

@@ -122,7 +122,9 @@ absl::StatusOr<std::unique_ptr<TextData>> TextData::Open(const nlohmann::json& c
   int64_t train_size = 0;
   if (bert) {
     auto special = data::BertSpecialIds::FromTokenizer(*tokenizer);
-    if (!special.ok()) return absl::Status(special.status().code(), StrCat("tokenization: ", special.status().message()));
+    if (!special.ok()) {
+      return absl::Status(special.status().code(), StrCat("tokenization: ", special.status().message()));
+    }
     data::BertDatasetOptions options{.max_seq_length = inputs.seq_length,
                                      .short_seq_prob = inputs.short_seq_prob,
                                      .masked_lm_prob = inputs.masked_lm_prob,

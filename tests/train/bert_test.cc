@@ -4,6 +4,8 @@
 // corpus; the batch the data path builds is what BERT's recipe says; bad
 // BERT configs are one-line errors.
 
+#include "models/bert.h"
+
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -20,7 +22,6 @@
 #include <vector>
 
 #include "core/tensor.h"
-#include "models/bert.h"
 #include "nlohmann/json.hpp"
 #include "tests/cli_runner.h"
 #include "train/job_config.h"
@@ -85,8 +86,6 @@ std::vector<std::string> Vocabulary() {
   return vocab;
 }
 
-
-
 class BertTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -122,13 +121,13 @@ class BertTest : public ::testing::Test {
   };
   Batch FillBatch(int64_t iteration, int64_t rows) const {
     Batch batch;
-    absl::StatusOr<nlohmann::json> config = LoadJobConfig(
-        SourcePath("configs/bert_tiny.json"),
-        {"model.vocab_size=64", "model.hidden_size=32", "model.num_attention_heads=4", "model.ffn_hidden_size=64",
-         "model.max_seq_length=40", "model.seq_length=32", "model.max_predictions_per_seq=5",
-         "tokenization.vocab_file=" + (root_ / "vocab.txt").string(),
-         "dataloader.data_prefix=" + (root_ / "data" / "corpus").string(),
-         "dataloader.text_file=" + (root_ / "corpus.txt").string(), "dataloader.splits=80,20,0"});
+    absl::StatusOr<nlohmann::json> config =
+        LoadJobConfig(SourcePath("configs/bert_tiny.json"),
+                      {"model.vocab_size=64", "model.hidden_size=32", "model.num_attention_heads=4",
+                       "model.ffn_hidden_size=64", "model.max_seq_length=40", "model.seq_length=32",
+                       "model.max_predictions_per_seq=5", "tokenization.vocab_file=" + (root_ / "vocab.txt").string(),
+                       "dataloader.data_prefix=" + (root_ / "data" / "corpus").string(),
+                       "dataloader.text_file=" + (root_ / "corpus.txt").string(), "dataloader.splits=80,20,0"});
     EXPECT_TRUE(config.ok()) << config.status();
     if (!config.ok()) return batch;
     absl::StatusOr<std::unique_ptr<models::Model>> model = models::Bert::FromJson((*config)["model"]);
@@ -165,8 +164,9 @@ class BertTest : public ::testing::Test {
 // masked-LM and NSP parts too) and evaluations, with dropout on: its masks
 // are the same under every layout.
 TEST_F(BertTest, EveryLayoutGivesTheOneDeviceLosses) {
-  const std::string common = "train.train_iter=5 train.evaluation.eval_period=5 model.hidden_dropout_prob=0.1"
-                             " model.attention_dropout_prob=0.1";
+  const std::string common =
+      "train.train_iter=5 train.evaluation.eval_period=5 model.hidden_dropout_prob=0.1"
+      " model.attention_dropout_prob=0.1";
   const fs::path one = root_ / "one";
   auto run = RunTessera(Train(one, common));
   ASSERT_EQ(run.exit_code, 0) << run.out;
@@ -286,7 +286,8 @@ TEST_F(BertTest, MatchesPyTorchOnTheSameBatch) {
   // moves the losses well past the tolerance (at BERT's 0.02 the logits are
   // nearly uniform and, e.g., a tanh GELU for the erf one would pass).
   const std::string wide = " model.initializer_range=0.3 model.hidden_dropout_prob=0 model.attention_dropout_prob=0";
-  auto run = RunTessera(Train(trained, "train.train_iter=3 train.evaluation.enabled=false train.dist.tensor_parallel_size=2" + wide));
+  auto run = RunTessera(
+      Train(trained, "train.train_iter=3 train.evaluation.enabled=false train.dist.tensor_parallel_size=2" + wide));
   ASSERT_EQ(run.exit_code, 0) << run.out;
   run = RunTessera(Train(probe, "train.train_iter=1 train.evaluation.enabled=false train.load_weight=" +
                                     (trained / "checkpoints" / "iter_0000003").string() + wide));
@@ -347,11 +348,13 @@ TEST_F(BertTest, BertTinyLearnsTheMaskedLanguageModel) {
 TEST_F(BertTest, BadBertConfigsAreOneLineErrors) {
   const fs::path out = root_ / "bad";
   // No text: BERT has no data of its own.
-  ExpectOneLineError(RunTessera(Train(out, "train.train_iter=2 dataloader.data_prefix=null dataloader.text_file=null "
-                                           "tokenization.tokenizer=null")),
+  ExpectOneLineError(RunTessera(Train(out,
+                                      "train.train_iter=2 dataloader.data_prefix=null dataloader.text_file=null "
+                                      "tokenization.tokenizer=null")),
                      "models.BERT trains on text only");
   // A tokenizer without BERT's special tokens.
-  ExpectOneLineError(RunTessera(Train(out, "train.train_iter=2 tokenization.tokenizer=null")), "tokenization.tokenizer");
+  ExpectOneLineError(RunTessera(Train(out, "train.train_iter=2 tokenization.tokenizer=null")),
+                     "tokenization.tokenizer");
   // An end-of-document token inside sentence pairs.
   ExpectOneLineError(RunTessera(Train(out, "train.train_iter=2 tokenization.append_eod=true")),
                      "tokenization.append_eod");
@@ -361,8 +364,8 @@ TEST_F(BertTest, BadBertConfigsAreOneLineErrors) {
   // A vocabulary larger than the model's.
   ExpectOneLineError(RunTessera(Train(out, "train.train_iter=2 model.vocab_size=10")), "model.vocab_size");
   // A missing vocabulary file.
-  ExpectOneLineError(RunTessera(Train(out, "train.train_iter=2 tokenization.vocab_file=" + (root_ / "no.txt").string())),
-                     "no.txt");
+  ExpectOneLineError(
+      RunTessera(Train(out, "train.train_iter=2 tokenization.vocab_file=" + (root_ / "no.txt").string())), "no.txt");
   // Heads that do not divide the hidden size.
   ExpectOneLineError(RunTessera(Train(out, "train.train_iter=2 model.num_attention_heads=3")), "num_attention_heads");
   EXPECT_FALSE(fs::exists(out));
