@@ -24,6 +24,7 @@
 #include "core/tensor.h"
 #include "nlohmann/json.hpp"
 #include "tests/cli_runner.h"
+#include "tests/train/sentence_corpus.h"
 #include "train/job_config.h"
 #include "train/safetensors.h"
 #include "train/text_data.h"
@@ -37,45 +38,14 @@ using ::tessera::testing::ReadMetricsRows;
 using ::tessera::testing::RunTessera;
 using ::tessera::testing::SourcePath;
 
-const std::vector<std::string>& Subjects() {
-  static const auto* const v =
-      new std::vector<std::string>{"The king", "A shepherd", "Her brother", "The people", "My servant"};
-  return *v;
-}
-const std::vector<std::string>& Verbs() {
-  static const auto* const v =
-      new std::vector<std::string>{"went up to", "spoke unto", "looked upon", "built", "remembered"};
-  return *v;
-}
-const std::vector<std::string>& Objects() {
-  static const auto* const v =
-      new std::vector<std::string>{"the city", "the mountain", "his house", "the river", "the temple"};
-  return *v;
-}
-
-// 200 paragraphs (documents) of 6 sentences from the word lists.
-void WriteCorpus(const fs::path& path) {
-  std::ofstream out(path);
-  uint32_t state = 777;
-  auto next = [&](size_t n) {
-    state = state * 1103515245u + 12345u;
-    return static_cast<size_t>((state >> 16) % n);
-  };
-  for (int p = 0; p < 200; ++p) {
-    for (int s = 0; s < 6; ++s) {
-      out << Subjects()[next(Subjects().size())] << " " << Verbs()[next(Verbs().size())] << " "
-          << Objects()[next(Objects().size())] << (s % 3 == 2 ? ", and it was good." : ".") << (s + 1 < 6 ? " " : "\n");
-    }
-    out << "\n";
-  }
-}
-
 // The specials, then every lower-cased word of the corpus and its marks.
 std::vector<std::string> Vocabulary() {
-  std::vector<std::string> vocab = {"[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", ",", ".", "and", "it", "was", "good"};
+  std::vector<std::string> vocab = {"[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"};
+  const std::vector<std::string>& extra = testing::SentenceCorpusExtraTokens();
+  vocab.insert(vocab.end(), extra.begin(), extra.end());
   std::set<std::string> seen(vocab.begin(), vocab.end());
-  for (const auto* list : {&Subjects(), &Verbs(), &Objects()}) {
-    for (const std::string& phrase : *list) {
+  for (const std::vector<std::string>& list : testing::SentenceCorpusPhrases()) {
+    for (const std::string& phrase : list) {
       std::istringstream words(phrase);
       for (std::string w; words >> w;) {
         for (char& c : w) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
@@ -92,7 +62,7 @@ class BertTest : public ::testing::Test {
     root_ = fs::temp_directory_path() / ("tessera_bert_test_" + std::to_string(::getpid()));
     fs::remove_all(root_);
     fs::create_directories(root_);
-    WriteCorpus(root_ / "corpus.txt");
+    testing::WriteSentenceCorpus(root_ / "corpus.txt", /*paragraphs=*/200, /*seed=*/777);
     std::ofstream vocab(root_ / "vocab.txt");
     for (const std::string& token : Vocabulary()) vocab << token << "\n";
   }

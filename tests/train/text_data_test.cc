@@ -16,6 +16,7 @@
 
 #include "nlohmann/json.hpp"
 #include "tests/cli_runner.h"
+#include "tests/train/sentence_corpus.h"
 
 namespace tessera {
 namespace {
@@ -25,28 +26,7 @@ using ::tessera::testing::ExpectOneLineError;
 using ::tessera::testing::ReadMetricsRows;
 using ::tessera::testing::RunTessera;
 using ::tessera::testing::SourcePath;
-
-// A small English-like corpus: 240 paragraphs (documents) of sentences
-// drawn deterministically from a few word lists.
-void WriteCorpus(const fs::path& path) {
-  const std::vector<std::string> subjects = {"The king", "A shepherd", "Her brother", "The people", "My servant"};
-  const std::vector<std::string> verbs = {"went up to", "spoke unto", "looked upon", "built", "remembered"};
-  const std::vector<std::string> objects = {"the city", "the mountain", "his house", "the river", "the temple"};
-  std::ofstream out(path);
-  uint32_t state = 12345;
-  auto next = [&](size_t n) {
-    state = state * 1103515245u + 12345u;
-    return static_cast<size_t>((state >> 16) % n);
-  };
-  for (int p = 0; p < 240; ++p) {
-    for (int s = 0; s < 6; ++s) {
-      out << subjects[next(subjects.size())] << " " << verbs[next(verbs.size())] << " " << objects[next(objects.size())]
-          << (s % 3 == 2 ? ", and it was good." : ".") << (s + 1 < 6 ? " " : "\n");
-    }
-    out << "\n";
-  }
-}
-
+using ::tessera::testing::WriteSentenceCorpus;
 
 class TextDataTest : public ::testing::Test {
  protected:
@@ -54,7 +34,7 @@ class TextDataTest : public ::testing::Test {
     root_ = fs::temp_directory_path() / ("tessera_text_data_test_" + std::to_string(::getpid()));
     fs::remove_all(root_);
     fs::create_directories(root_);
-    WriteCorpus(root_ / "corpus.txt");
+    WriteSentenceCorpus(root_ / "corpus.txt", /*paragraphs=*/240, /*seed=*/12345);
     // A byte-level BPE vocabulary of 320 tokens learnt from the corpus.
     const auto made = RunTessera("preprocess --input " + (root_ / "corpus.txt").string() +
                                  " --tokenizer bpe:320 --output " + (root_ / "warmup").string());
