@@ -105,11 +105,13 @@ bool Actor::AllConsumedExhausted() const {
 int32_t Actor::TakeFree(Produced& p) {
   const int32_t index = p.free.front();
   p.free.pop_front();
+  if (env_.arena != nullptr) env_.arena->Claim(p.desc_id, index);
   return index;
 }
 
 void Actor::SendReady(Produced& p, int32_t index) {
   if (p.consumers.empty()) {
+    if (env_.arena != nullptr) env_.arena->Release(p.desc_id, index);
     p.free.push_back(index);
     return;
   }
@@ -120,6 +122,7 @@ void Actor::SendReady(Produced& p, int32_t index) {
 void Actor::AckFront(Consumed& c) {
   const int32_t index = c.ready.front();
   c.ready.pop_front();
+  if (env_.arena != nullptr) env_.arena->Release(c.desc_id, index);
   env_.bus->Send(Message::Ack(id(), c.producer, c.desc_id, index));
 }
 

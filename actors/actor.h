@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "actors/arena.h"
 #include "actors/iteration_gate.h"
 #include "actors/launch_order.h"
 #include "actors/message.h"
@@ -93,6 +94,9 @@ struct ActorEnvironment {
   // Ends the run early at an iteration boundary (actors/iteration_gate.h);
   // null: the plan's iterations.
   IterationGate* gate = nullptr;
+  // Told when a register is taken and when every reader handed it back
+  // (actors/arena.h); null: nobody is.
+  ArenaMonitor* arena = nullptr;
 };
 
 class Actor {

@@ -19,6 +19,7 @@
 #include "actors/node_communicators.h"
 #include "actors/plan.h"
 #include "comm/bus/bus.h"
+#include "comm/proto/memory_plan.h"
 #include "comm/collective/shm_communicator.h"
 #include "core/logging.h"
 #include "core/checked.h"
@@ -30,9 +31,9 @@ namespace tessera::actors {
 namespace internal {
 namespace {
 
-// What loading `plan` allocates on the host: register_num registers of each
-// desc whose producer is a CPU actor (views excepted) and each CPU
-// Parameter's state, every tensor counted at least one allocator block (an
+// What loading `plan` allocates on the host: the arenas, register_num
+// registers of each desc outside them whose producer is a CPU actor (views
+// excepted) and each CPU Parameter's state, every tensor counted at least one allocator block (an
 // empty tensor still takes one). ValidatePlan bounded each number, so the
 // sums are checked only against overflow.
 absl::Status CheckHostMemory(const proto::Plan& plan, const std::map<uint64_t, const proto::Task*>& tasks,
@@ -47,12 +48,13 @@ absl::Status CheckHostMemory(const proto::Plan& plan, const std::map<uint64_t, c
   };
   for (const auto& desc : plan.register_descs()) {
     const bool cpu = DecodeActorId(desc.producer()).device_type == DeviceType::kCpu;
-    if (!cpu || tasks.at(desc.producer())->kind() == proto::ACTOR_KIND_REPEAT) continue;
+    if (!cpu || desc.has_arena_offset() || tasks.at(desc.producer())->kind() == proto::ACTOR_KIND_REPEAT) continue;
     for (const auto& tensor : desc.tensors()) {
       ASSIGN_OR_RETURN(const TensorMeta meta, TensorMetaFromProto(tensor));
       RETURN_IF_ERROR(add(*CheckedByteSize(meta), desc.register_num()));
     }
   }
+  for (const auto& arena : plan.arenas()) RETURN_IF_ERROR(add(arena.bytes(), 1));
   for (const auto& task : plan.tasks()) {
     if (DecodeActorId(task.actor_id()).device_type != DeviceType::kCpu) continue;
     for (const auto& state : task.state()) {
@@ -65,6 +67,15 @@ absl::Status CheckHostMemory(const proto::Plan& plan, const std::map<uint64_t, c
                                                " bytes of host memory, more than the limit of ", limit, " bytes"));
   }
   return absl::OkStatus();
+}
+
+// Whether `plan` holds every task of its job: every rank is on `node` (a
+// NodePlan of a job spanning nodes lacks the others' tasks).
+bool WholePlan(const proto::Plan& plan, uint32_t node) {
+  for (const auto& rank : plan.ranks()) {
+    if (rank.node() != node) return false;
+  }
+  return true;
 }
 
 }  // namespace
@@ -80,10 +91,19 @@ class LoadedJob {
     std::map<uint64_t, const proto::Task*> tasks;
     for (const auto& task : job->plan.tasks()) tasks[task.actor_id()] = &task;
     RETURN_IF_ERROR(CheckHostMemory(job->plan, tasks, options.memory_limit_bytes));
-    // Registers first: actors bind to them when constructed.
+    // Registers first: actors bind to them when constructed. Planned ones
+    // lie in their device's arena (allocated once, here); the rest (a
+    // Parameter's variable, which lives across iterations) on their own.
+    if (options.check_memory_plan && WholePlan(job->plan, options.node)) RETURN_IF_ERROR(comm::CheckMemoryPlan(job->plan));
+    job->arena = std::make_unique<ArenaMonitor>(options.check_arena);
+    ASSIGN_OR_RETURN(auto in_arena, job->arena->Allocate(job->plan, options.node));
     for (const auto& desc : job->plan.register_descs()) {
       RegisterSet& set = job->registers[desc.id()];
       set.desc = &desc;
+      if (auto planned = in_arena.find(desc.id()); planned != in_arena.end()) {
+        set.registers = std::move(planned->second);
+        continue;
+      }
       const bool view = tasks.at(desc.producer())->kind() == proto::ACTOR_KIND_REPEAT;
       const Device device = DecodeActorId(desc.producer()).device();
       for (int r = 0; r < desc.register_num(); ++r) {
@@ -109,6 +129,7 @@ class LoadedJob {
     job->env.iterations = job->plan.iterations();
     job->env.start_iteration = job->plan.start_iteration();
     job->env.gate = options.gate;
+    job->env.arena = job->arena.get();
     comm::ShmHub* hub = options.hub;
     if (hub == nullptr) {
       job->own_hub = std::make_unique<comm::ShmHub>();
@@ -190,6 +211,7 @@ class LoadedJob {
   };
   std::map<std::pair<std::string, int>, Joined> joined;  // (group, rank)
   std::unique_ptr<CollectiveCoordinator> coordinator;
+  std::unique_ptr<ArenaMonitor> arena;
   ActorEnvironment env;
   std::vector<std::unique_ptr<Actor>> actors;  // plan order
   std::unordered_map<uint64_t, Actor*> by_id;
@@ -598,6 +620,10 @@ absl::Status Runtime::Run() {
     first_error = core.first_error;
   }
   if (!first_error.ok()) core.job->AbortCommunicators(first_error);
+  stats_.arenas = core.job->arena->Uses();
+  // A register taken while another sharing its bytes was in use explains
+  // whatever else went wrong.
+  if (absl::Status arena = core.job->arena->status(); !arena.ok()) return arena;
 
   stats_.threads = static_cast<int>(core.threads.size());
   for (ActorThread* thread : core.threads) {
@@ -746,8 +772,11 @@ absl::Status SteppedExecutor::Deliver(size_t position) {
   queue_->messages.erase(queue_->messages.begin() + static_cast<std::ptrdiff_t>(position));
   auto it = job_->by_id.find(message.dst);
   if (it == job_->by_id.end()) return absl::InternalError(StrCat("message to unknown actor: ", message.ToString()));
-  return it->second->Handle(message);
+  RETURN_IF_ERROR(it->second->Handle(message));
+  return job_->arena->status();
 }
+
+std::vector<ArenaMonitor::Use> SteppedExecutor::ArenaUses() const { return job_->arena->Uses(); }
 
 absl::StatusOr<bool> SteppedExecutor::Step() {
   if (queue_->messages.empty()) return false;

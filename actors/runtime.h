@@ -97,6 +97,15 @@ struct RuntimeOptions {
   // asking more is refused with ResourceExhausted before anything is
   // allocated. 0 = the machine's physical memory.
   int64_t memory_limit_bytes = 0;
+  // Checks the arena's registers as they are taken and handed back
+  // (actors/arena.h): a register taken while another sharing its bytes is in
+  // use fails the run, and registers handed back are filled with 0xFF bytes.
+  // For tests: ctest sets TESSERA_CHECK_ARENA=1 for every test.
+  bool check_arena = ArenaCheckFromEnvironment();
+  // Load checks the memory plan against the register protocol
+  // (comm::CheckMemoryPlan) when the plan holds every node's tasks; always
+  // the offsets' bounds.
+  bool check_memory_plan = ArenaCheckFromEnvironment();
   // Lets the host end the run early at an iteration boundary (Ctrl-C, a
   // graceful cancel), every actor agreeing where (actors/iteration_gate.h;
   // with peer nodes the host agrees the limit with theirs); borrowed. An
@@ -116,6 +125,9 @@ class Runtime {
     int64_t messages = 0;        // messages handled, all threads
     double seconds = 0;          // wall time of Run
     std::vector<int64_t> messages_per_thread;
+    // Per device of this node: its arena's size and the most bytes of it in
+    // use at once (actors/arena.h).
+    std::vector<ArenaMonitor::Use> arenas;
   };
 
   static absl::StatusOr<std::unique_ptr<Runtime>> Load(const proto::Plan& plan, RuntimeOptions options = {});
@@ -170,11 +182,15 @@ class SteppedExecutor {
   void Start();
   // Messages sent and not yet delivered, oldest first.
   const std::deque<Message>& pending() const;
-  // Delivers the oldest pending message; false when none is pending.
+  // Delivers the oldest pending message; false when none is pending. With
+  // check_arena, a register taken while another sharing its bytes is in use
+  // is an error.
   [[nodiscard]] absl::StatusOr<bool> Step();
   // Delivers pending()[position] (tests may reorder messages of different
   // senders; per-sender order is theirs to keep).
   [[nodiscard]] absl::Status Deliver(size_t position);
+  // Per device, the arena's bytes and the most of them in use at once.
+  std::vector<ArenaMonitor::Use> ArenaUses() const;
   // Steps until nothing is pending (error after max_steps).
   [[nodiscard]] absl::Status RunUntilIdle(int64_t max_steps = 1'000'000);
 

@@ -152,8 +152,8 @@ int Main(int argc, char** argv) {
   CLI::App* plan = app.add_subcommand("plan", "Print the physical plan of a config: actors, registers, memory per device");
   plan->add_option("CONFIG", plan_config, "Config file (JSON, comments allowed)")->required();
   plan->add_option("overrides", plan_overrides, "key.path=value overrides");
-  plan->add_option("--format", plan_format, "Output format")
-      ->check(CLI::IsMember({"text", "dot", "json"}))
+  plan->add_option("--format", plan_format, "Output format (memory: only the memory per device)")
+      ->check(CLI::IsMember({"text", "memory", "dot", "json"}))
       ->capture_default_str();
 
   // master, worker, submit, status, logs, cancel: the daemons and their

@@ -18,6 +18,16 @@ absl::StatusOr<Tensor> Tensor::Empty(const Shape& shape, DType dtype, const Devi
   return Tensor(std::move(storage), 0, TensorMeta{dtype, shape});
 }
 
+absl::StatusOr<Tensor> Tensor::InStorage(std::shared_ptr<Storage> storage, size_t byte_offset, TensorMeta meta) {
+  if (storage == nullptr) return absl::InvalidArgumentError("a tensor in no storage");
+  ASSIGN_OR_RETURN(const int64_t bytes, CheckedByteSize(meta));
+  if (byte_offset > storage->bytes() || static_cast<size_t>(bytes) > storage->bytes() - byte_offset) {
+    return absl::OutOfRangeError(StrCat(meta.ToString(), " at byte ", byte_offset, " does not fit a storage of ",
+                                        storage->bytes(), " bytes"));
+  }
+  return Tensor(std::move(storage), byte_offset, std::move(meta));
+}
+
 absl::StatusOr<Tensor> Tensor::Zeros(const Shape& shape, DType dtype, const Device& device) {
   if (device.type != DeviceType::kCpu) {
     return absl::UnimplementedError("Tensor::Zeros is host-only");

@@ -40,6 +40,9 @@ class Tensor {
   // Zero-filled (CPU only).
   static absl::StatusOr<Tensor> Zeros(const Shape& shape, DType dtype,
                                       const Device& device = Device{});
+  // A tensor over bytes [byte_offset, byte_offset + its size) of `storage`
+  // (an arena's registers). Errors: bytes outside the storage, an invalid meta.
+  static absl::StatusOr<Tensor> InStorage(std::shared_ptr<Storage> storage, size_t byte_offset, TensorMeta meta);
   // Host tensor from values (test and tool convenience); CHECKs the count.
   template <typename T>
   static Tensor FromVector(const Shape& shape, const std::vector<T>& values);

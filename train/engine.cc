@@ -144,6 +144,7 @@ absl::Status Engine::Run(int64_t iterations, const FeedFn& feed, const FetchFn& 
     ASSIGN_OR_RETURN(std::unique_ptr<actors::Runtime> rt,
                      actors::Runtime::LoadNodePlan(actors::SerializeNodePlan(parts[0]), std::move(runtime)));
     RETURN_IF_ERROR(rt->Run());
+    arena_uses_ = rt->stats().arenas;
   }
   TLOG_DEBUG("ran {} iterations ({} plan bytes) in {:.3f} s", iterations, bytes.size(),
              std::chrono::duration<double>(std::chrono::steady_clock::now() - run_started).count());

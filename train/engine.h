@@ -83,6 +83,9 @@ class Engine {
   const graph::Graph& graph() const { return graph_; }
   // Kernel threads each device used in the last Run (its own thread included).
   int threads_per_device() const { return threads_per_device_; }
+  // The last Run's arenas: per device, the arena's bytes and the most of them
+  // in use at once (actors/arena.h); empty when an executor ran the plan.
+  const std::vector<actors::ArenaMonitor::Use>& arena_uses() const { return arena_uses_; }
 
  private:
   // Trained variables and state per parameter shard (initializer callback
@@ -98,6 +101,7 @@ class Engine {
   std::map<uint32_t, std::unique_ptr<ThreadPool>> pools_;  // per device, made by the first Run
   int64_t iterations_done_ = 0;  // by successful runs: the next run's first iteration
   int threads_per_device_ = 0;
+  std::vector<actors::ArenaMonitor::Use> arena_uses_;
 };
 
 }  // namespace tessera

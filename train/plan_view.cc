@@ -75,10 +75,36 @@ nlohmann::json PlanToJson(const proto::Plan& plan) {
                                 {"consumers", std::vector<uint64_t>(desc.consumers().begin(), desc.consumers().end())},
                                 {"quota", desc.register_num()},
                                 {"bytes_per_register", desc.bytes_per_register()},
+                                {"arena_offset", desc.has_arena_offset() ? nlohmann::json(desc.arena_offset()) : nlohmann::json(nullptr)},
                                 {"tensors", tensors}});
   }
   out["memory"] = nlohmann::json::array();
-  for (const auto& m : plan.memory_estimate()) out["memory"].push_back({{"node", m.node()}, {"device", m.device()}, {"bytes", m.bytes()}});
+  for (const auto& m : plan.memory_estimate()) {
+    out["memory"].push_back({{"node", m.node()},
+                             {"device", m.device()},
+                             {"bytes", m.bytes()},
+                             {"parameters", m.parameters()},
+                             {"optimizer_state", m.optimizer_state()},
+                             {"gradients", m.gradients()},
+                             {"activations", m.activations()},
+                             {"arena", m.arena()},
+                             {"unplanned", m.unplanned()}});
+  }
+  return out;
+}
+
+std::string MemoryText(const proto::Plan& plan) {
+  constexpr double kMiB = 1024.0 * 1024.0;
+  const auto mib = [](int64_t bytes) { return fmt::format("{:.1f}", static_cast<double>(bytes) / kMiB); };
+  std::string out = fmt::format("memory per device (MiB): total = parameters + optimizer state + arena + unplanned; the arena holds\n"
+                                "the gradients and activations, sharing bytes between registers whose lifetimes never overlap\n"
+                                "  {:<16} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}\n",
+                                "device", "total", "params", "optimizer", "arena", "gradients", "activations", "unplanned");
+  for (const auto& m : plan.memory_estimate()) {
+    out += fmt::format("  {:<16} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}\n", StrCat("node ", m.node(), " ", m.device()),
+                       mib(m.bytes()), mib(m.parameters()), mib(m.optimizer_state()), mib(m.arena()), mib(m.gradients()),
+                       mib(m.activations()), mib(m.unplanned()));
+  }
   return out;
 }
 
@@ -109,11 +135,12 @@ std::string PlanToText(const proto::Plan& plan) {
   for (const auto& desc : plan.register_descs()) {
     std::vector<std::string> consumers;
     for (uint64_t c : desc.consumers()) consumers.push_back(names[c]);
-    out += fmt::format("  desc {:<3} quota={} bytes={:<8} {}  {} -> [{}]\n", desc.id(), desc.register_num(),
-                       desc.bytes_per_register(), TensorsText(desc), names[desc.producer()], Join(consumers, ", "));
+    out += fmt::format("  desc {:<3} quota={} bytes={:<8} arena={:<10} {}  {} -> [{}]\n", desc.id(), desc.register_num(),
+                       desc.bytes_per_register(), desc.has_arena_offset() ? std::to_string(desc.arena_offset()) : "-",
+                       TensorsText(desc), names[desc.producer()], Join(consumers, ", "));
   }
-  out += "\nmemory per device:\n";
-  for (const auto& m : plan.memory_estimate()) out += StrCat("  node ", m.node(), " ", m.device(), ": ", m.bytes(), " bytes\n");
+  out += '\n';
+  out += MemoryText(plan);
   return out;
 }
 
@@ -139,7 +166,8 @@ absl::StatusOr<std::string> DescribeTrainingPlan(const nlohmann::json& config, s
   if (format == "json") return PlanToJson(plan).dump(2) + "\n";
   if (format == "dot") return PlanToDot(plan);
   if (format == "text") return PlanToText(plan);
-  return absl::InvalidArgumentError(StrCat("unknown plan format '", format, "' (text, dot or json)"));
+  if (format == "memory") return StrCat(plan.mesh().empty() ? std::string() : StrCat("devices: ", plan.mesh(), "\n"), MemoryText(plan));
+  return absl::InvalidArgumentError(StrCat("unknown plan format '", format, "' (text, memory, dot or json)"));
 }
 
 }  // namespace tessera

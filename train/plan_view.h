@@ -14,6 +14,8 @@ namespace tessera {
 
 nlohmann::json PlanToJson(const proto::Plan& plan);
 std::string PlanToText(const proto::Plan& plan);
+// The memory table of PlanToText: per device the total and its parts, in MiB.
+std::string MemoryText(const proto::Plan& plan);
 std::string PlanToDot(const proto::Plan& plan);
 // The plan of the config's training job in `format` (text, dot or json).
 absl::StatusOr<std::string> DescribeTrainingPlan(const nlohmann::json& config, std::string_view format);

@@ -444,6 +444,7 @@ absl::StatusOr<TrainSummary> Train(const nlohmann::json& config, std::FILE* prog
   RETURN_IF_ERROR(engine->Run(iters, feed, fetch));
   if (!metrics) return absl::InternalError("writing metrics.jsonl failed");
   summary.threads_per_device = engine->threads_per_device();
+  summary.arenas = engine->arena_uses();
   TLOG_INFO("trained {} iterations in {:.2f} s; final loss {:.6f}", iters,
             std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(), summary.final_loss);
   return summary;

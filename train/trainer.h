@@ -48,6 +48,9 @@ struct TrainSummary {
   int64_t iterations = 0;  // iterations trained
   double final_loss = 0;   // loss of the last one
   int threads_per_device = 0;  // kernel threads of each device
+  // Per device: its arena's bytes and the most of them in use at once
+  // (actors/arena.h).
+  std::vector<actors::ArenaMonitor::Use> arenas;
 };
 
 // The data of a job, from its config alone (what every node of a cluster

@@ -112,8 +112,8 @@ class CollectiveActor final : public Actor {
         return false;
       }
       RETURN_IF_ERROR(*result);
+      AckFront(in);  // first: see ComputeActor
       SendReady(out, taken_);
-      AckFront(in);
       ++act_count_;
       return true;
     }

@@ -3,7 +3,7 @@
 // Act condition: every consumed desc has a ready register and every
 // produced desc a free one (the base condition, actors/actor.h).
 // Act: take a free register of each produced desc, run the kernel on the
-// front ready registers, hand the outputs on, ack the inputs.
+// front ready registers, ack the inputs, hand the outputs on.
 //
 // States:  running --(act)--> running
 //          running --(every input Eord'ed and drained)--> Eord sent
@@ -37,8 +37,11 @@ class ComputeActor final : public Actor {
       };
       RETURN_IF_ERROR(runner_.Run(task_, lookup, act_count_, env_.start_iteration, env_.pool, DecodeActorId(id()).device()));
     }
-    for (size_t i = 0; i < produced_.size(); ++i) SendReady(produced_[i], taken_[i]);
+    // Inputs go back first: they are read, and the arena monitor
+    // (actors/arena.h) must see them free before a reader of the outputs
+    // can take bytes they share.
     for (Consumed& c : consumed_) AckFront(c);
+    for (size_t i = 0; i < produced_.size(); ++i) SendReady(produced_[i], taken_[i]);
     ++act_count_;
     return true;
   }

@@ -4,10 +4,12 @@
 
 #include <map>
 #include <set>
+#include <unordered_map>
 #include <utility>
 
 #include "absl/strings/str_join.h"
 #include "comm/proto/actor_id.h"
+#include "comm/proto/memory_plan.h"
 #include "core/checked.h"
 #include "core/status.h"
 #include "core/text.h"
@@ -254,6 +256,9 @@ absl::StatusOr<std::vector<proto::NodePlan>> SplitPlan(const proto::Plan& plan) 
   for (const auto& memory : plan.memory_estimate()) {
     if (memory.node() < nodes) *parts[memory.node()].mutable_plan()->add_memory_estimate() = memory;
   }
+  for (const auto& arena : plan.arenas()) {
+    if (arena.node() < nodes) *parts[arena.node()].mutable_plan()->add_arenas() = arena;
+  }
   // Peers and spanning groups, from the ranks each collective and transfer names.
   const auto node_of_rank = [&](uint32_t rank) -> uint32_t {
     return static_cast<int>(rank) < plan.ranks_size() ? plan.ranks(static_cast<int>(rank)).node() : 0;
@@ -289,29 +294,79 @@ absl::StatusOr<std::vector<proto::NodePlan>> SplitPlan(const proto::Plan& plan) 
 }
 
 absl::StatusOr<std::vector<proto::DeviceMemory>> EstimateMemory(const proto::Plan& plan) {
-  std::map<std::pair<uint32_t, std::string>, int64_t> bytes;
-  const auto add = [&bytes](uint64_t actor_id, int64_t more) -> absl::Status {
+  std::map<std::pair<uint32_t, std::string>, proto::DeviceMemory> devices;
+  const auto entry = [&devices](uint64_t actor_id) -> proto::DeviceMemory& {
     const ActorId id = DecodeActorId(actor_id);
-    int64_t& total = bytes[{id.node, id.device().ToString()}];
+    proto::DeviceMemory& m = devices[{id.node, id.device().ToString()}];
+    m.set_node(id.node);
+    m.set_device(id.device().ToString());
+    return m;
+  };
+  const auto add = [](int64_t& total, int64_t more, uint64_t actor_id) -> absl::Status {
     ASSIGN_OR_RETURN(total, CheckedAdd(total, more, StrCat("memory estimate of ", ActorIdToString(actor_id))));
     return absl::OkStatus();
+  };
+  std::unordered_map<uint64_t, const proto::Task*> tasks;
+  for (const auto& task : plan.tasks()) tasks[task.actor_id()] = &task;
+  const auto kind_of = [&tasks](uint64_t actor_id) {
+    auto it = tasks.find(actor_id);
+    return it == tasks.end() ? proto::ACTOR_KIND_UNSPECIFIED : it->second->kind();
   };
   for (const auto& desc : plan.register_descs()) {
     ASSIGN_OR_RETURN(const int64_t desc_bytes, CheckedMul(desc.bytes_per_register(), desc.register_num(),
                                                           StrCat("bytes of register desc ", desc.id())));
-    RETURN_IF_ERROR(add(desc.producer(), desc_bytes));
+    proto::DeviceMemory& m = entry(desc.producer());
+    int64_t field = 0;
+    const proto::ActorKind kind = kind_of(desc.producer());
+    if (kind == proto::ACTOR_KIND_PARAMETER) {
+      field = m.parameters();
+      RETURN_IF_ERROR(add(field, desc_bytes, desc.producer()));
+      m.set_parameters(field);
+      continue;
+    }
+    if (!ArenaEligible(desc, kind)) continue;
+    bool gradient = false;
+    for (uint64_t consumer : desc.consumers()) gradient |= kind_of(consumer) == proto::ACTOR_KIND_PARAMETER;
+    if (gradient) {
+      field = m.gradients();
+      RETURN_IF_ERROR(add(field, desc_bytes, desc.producer()));
+      m.set_gradients(field);
+    } else {
+      field = m.activations();
+      RETURN_IF_ERROR(add(field, desc_bytes, desc.producer()));
+      m.set_activations(field);
+    }
+    if (!desc.has_arena_offset()) {
+      field = m.unplanned();
+      RETURN_IF_ERROR(add(field, desc_bytes, desc.producer()));
+      m.set_unplanned(field);
+    }
   }
   for (const auto& task : plan.tasks()) {
     for (const auto& state : task.state()) {
       ASSIGN_OR_RETURN(TensorMeta meta, TensorMetaFromProto(state));
-      RETURN_IF_ERROR(add(task.actor_id(), *CheckedByteSize(meta)));
+      proto::DeviceMemory& m = entry(task.actor_id());
+      int64_t field = m.optimizer_state();
+      RETURN_IF_ERROR(add(field, *CheckedByteSize(meta), task.actor_id()));
+      m.set_optimizer_state(field);
     }
   }
+  for (const auto& arena : plan.arenas()) {
+    ActorId id;
+    id.node = arena.node();
+    id.device_index = arena.device_index();
+    ASSIGN_OR_RETURN(const uint64_t encoded, EncodeActorId(id));
+    proto::DeviceMemory& m = entry(encoded);
+    int64_t field = m.arena();
+    RETURN_IF_ERROR(add(field, arena.bytes(), encoded));
+    m.set_arena(field);
+  }
   std::vector<proto::DeviceMemory> out;
-  for (const auto& [key, total] : bytes) {
-    proto::DeviceMemory m;
-    m.set_node(key.first);
-    m.set_device(key.second);
+  for (auto& [key, m] : devices) {
+    int64_t total = 0;
+    for (int64_t part : {m.parameters(), m.optimizer_state(), m.arena(), m.unplanned()}) {
+      ASSIGN_OR_RETURN(total, CheckedAdd(total, part, StrCat("memory estimate of node ", m.node(), " ", m.device())));
+    }
     m.set_bytes(total);
     out.push_back(std::move(m));
   }
@@ -487,6 +542,13 @@ void PlanBuilder::SetSource(uint64_t actor_id, const std::string& input, const T
 
 proto::Plan PlanBuilder::Build() {
   proto::Plan plan = plan_;
+  if (!status_.ok()) return plan;
+  auto planned = PlanMemory(plan);
+  if (!planned.ok()) {
+    Fail(planned.status());
+    return plan;
+  }
+  memory_note_ = planned->unshared_reason;
   auto estimate = EstimateMemory(plan);
   if (!estimate.ok()) {
     Fail(estimate.status());

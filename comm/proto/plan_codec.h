@@ -75,8 +75,10 @@ absl::StatusOr<std::vector<proto::NodePlan>> SplitPlan(const proto::Plan& plan);
 std::string SerializeNodePlan(const proto::NodePlan& node_plan);
 absl::StatusOr<proto::NodePlan> ParseNodePlan(std::string_view bytes);
 
-// Register bytes x quota per (node, device) of the producing actors, plus
-// Parameter state. Errors: a sum that overflows, a state tensor that is not
+// What each (node, device) holds (proto::DeviceMemory): its Parameter
+// tasks' variables and state, its arena (Plan.arenas), the registers outside
+// it, and what the arena's registers would take unshared (gradients,
+// activations). Errors: a sum that overflows, a state tensor that is not
 // a valid tensor.
 absl::StatusOr<std::vector<proto::DeviceMemory>> EstimateMemory(const proto::Plan& plan);
 
@@ -130,9 +132,12 @@ class PlanBuilder {
   // Source actors: the graph input they feed and their shard of it.
   void SetSource(uint64_t actor_id, const std::string& input, const TensorMeta& logical, const TensorSlice& slice);
 
-  // The plan with its memory estimate filled in (an error there, or a plan
-  // over kMaxPlanBytes, goes to status()).
+  // The plan with its arenas planned (comm/proto/memory_plan.h) and its
+  // memory estimate filled in (an error there, or a plan over
+  // kMaxPlanBytes, goes to status()).
   proto::Plan Build();
+  // Why the last Build shared no arena bytes ("" when it could).
+  const std::string& memory_note() const { return memory_note_; }
   // The plan so far.
   const proto::Plan& plan() const { return plan_; }
   // The first error, or OK.
@@ -143,6 +148,7 @@ class PlanBuilder {
 
   proto::Plan plan_;
   absl::Status status_;
+  std::string memory_note_;
   std::map<uint64_t, uint32_t> next_task_;  // stream (StreamOf) -> next task index
   std::map<uint64_t, int> index_;           // actor id -> position in plan_.tasks
 };

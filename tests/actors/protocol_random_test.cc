@@ -12,8 +12,11 @@
 //   - at the end every actor is done, every register came home, every
 //     consumer got one Eord, and the results equal those of the scripted
 //     (oldest-first) run of the same plan.
-// Plans: a chain, fan-out / fan-in, Repeat -> Acc, and gradient accumulation
-// into a parameter, each with quotas drawn from 1..3.
+// Plans: a chain, fan-out / fan-in, Repeat -> Acc, gradient accumulation
+// into a parameter, and a training step whose arena shares bytes, each with
+// quotas drawn from 1..3. The arenas are checked at every delivery
+// (actors/arena.h): no register is taken while another sharing its bytes is
+// in use, whatever the order.
 
 #include <cstdint>
 #include <deque>
@@ -382,6 +385,8 @@ struct Run {
 absl::StatusOr<Run> RunStepped(const Case& c, std::mt19937* rng) {
   Run run;
   RuntimeOptions options;
+  options.check_arena = true;  // a register taken while another sharing its bytes is in use fails Deliver
+  options.check_memory_plan = true;
   c.bind(options, run.outcome);
   ASSIGN_OR_RETURN(std::unique_ptr<SteppedExecutor> exec, SteppedExecutor::Load(c.plan, std::move(options)));
   ProtocolChecker checker(c.plan);
@@ -413,6 +418,28 @@ absl::StatusOr<Run> RunStepped(const Case& c, std::mt19937* rng) {
   for (const auto& task : c.plan.tasks()) run.outcome.acts[task.actor_id()] = exec->actor(task.actor_id()).act_count();
   for (const auto& desc : c.plan.register_descs()) run.most_in_flight[desc.id()] = checker.most_in_flight(desc.id());
   return run;
+}
+
+// testing::AddTrainingLoop with quotas drawn: a plan whose arena shares
+// bytes (d1 and d3), so the random orders also test the memory plan (the
+// stepped executor checks the arena at every delivery).
+Case Loop(std::mt19937& rng) {
+  PlanBuilder b(4);
+  const testing::TrainingLoop t =
+      testing::AddTrainingLoop(b, kVec, {DrawQuota(rng), DrawQuota(rng), DrawQuota(rng), DrawQuota(rng)});
+  auto ramps = Ramps({t.src}, {t.watch}, b);  // names the callbacks: before Build
+  return {b.Build(), [ramps](RuntimeOptions& options, Outcome& out) {
+            ramps(options, out);
+            options.callbacks.initializers["w"] = [](const std::vector<Tensor>& t) {
+              for (int k = 0; k < 3; ++k) t[0].data<float>()[k] = 0.1f * static_cast<float>(k + 1);
+              t[2].data<float>()[0] = 0.01f;
+              return absl::OkStatus();
+            };
+            options.callbacks.finalizers["w"] = [&out](const std::vector<Tensor>& t) {
+              out.finals["w"].push_back(t[0].ToVector<float>());
+              return absl::OkStatus();
+            };
+          }};
 }
 
 // A plan family: each seed draws its quotas (and sizes) with `make`.
@@ -454,7 +481,8 @@ TEST_P(RandomDelivery, KeepsQuotasAndFifoAndGivesTheScriptedResults) {
 
 INSTANTIATE_TEST_SUITE_P(Plans, RandomDelivery,
                          ::testing::Values(PlanKind{"Chain", &Chain}, PlanKind{"FanOutFanIn", &FanOutFanIn},
-                                           PlanKind{"RepeatAcc", &RepeatAcc}, PlanKind{"Accumulation", &Accumulation}),
+                                           PlanKind{"RepeatAcc", &RepeatAcc}, PlanKind{"Accumulation", &Accumulation},
+                                           PlanKind{"TrainingLoop", &Loop}),
                          [](const ::testing::TestParamInfo<PlanKind>& info) { return std::string(info.param.name); });
 
 }  // namespace

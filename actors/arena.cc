@@ -1,0 +1,140 @@
+#include "actors/arena.h"
+
+#include <cstdlib>
+#include <cstring>
+
+#include "actors/actor_id.h"
+#include "actors/plan.h"
+#include "comm/proto/memory_plan.h"
+#include "core/status.h"
+#include "core/text.h"
+
+namespace tessera::actors {
+
+bool ArenaCheckFromEnvironment() {
+  const char* value = std::getenv("TESSERA_CHECK_ARENA");
+  return value != nullptr && std::string_view(value) == "1";
+}
+
+absl::StatusOr<std::map<int64_t, std::vector<std::vector<Tensor>>>> ArenaMonitor::Allocate(const proto::Plan& plan,
+                                                                                           uint32_t node) {
+  RETURN_IF_ERROR(comm::CheckArenaBounds(plan));
+  std::map<uint32_t, size_t> device_of;  // device index -> devices_
+  std::map<uint32_t, Device*> by_index;
+  for (const auto& arena : plan.arenas()) {
+    if (arena.node() != node) continue;
+    auto device = std::make_unique<Device>();
+    device->index = arena.device_index();
+    device->bytes = arena.bytes();
+    device_of[arena.device_index()] = devices_.size();
+    by_index[arena.device_index()] = device.get();
+    devices_.push_back(std::move(device));
+  }
+  std::map<int64_t, std::vector<std::vector<Tensor>>> out;
+  for (const auto& desc : plan.register_descs()) {
+    if (!desc.has_arena_offset()) continue;
+    const ActorId producer = DecodeActorId(desc.producer());
+    if (producer.node != node) continue;
+    Device* device = by_index.at(producer.device_index);  // CheckArenaBounds: the device has an arena
+    if (device->storage == nullptr) {
+      const auto bytes = static_cast<size_t>(std::max<int64_t>(device->bytes, 1));
+      auto storage = Storage::Create(producer.device(), bytes);
+      if (!storage.ok()) {
+        return absl::Status(storage.status().code(),
+                            StrCat("allocating the arena of ", producer.device().ToString(), " (", device->bytes,
+                                   " bytes): ", storage.status().message()));
+      }
+      device->storage = *std::move(storage);
+      device->host = producer.device().type == DeviceType::kCpu;
+      if (device->host) std::memset(device->storage->data(), 0, bytes);
+    }
+    ASSIGN_OR_RETURN(const int64_t stride, comm::RegisterStride(desc));
+    std::vector<Register>& registers = registers_[desc.id()];
+    std::vector<std::vector<Tensor>>& tensors = out[desc.id()];
+    for (int r = 0; r < desc.register_num(); ++r) {
+      const int64_t begin = desc.arena_offset() + r * stride;
+      std::vector<Tensor> held;
+      int64_t at = begin;
+      for (const auto& t : desc.tensors()) {
+        ASSIGN_OR_RETURN(TensorMeta meta, TensorMetaFromProto(t));
+        ASSIGN_OR_RETURN(Tensor tensor, Tensor::InStorage(device->storage, static_cast<size_t>(at), meta));
+        at += (static_cast<int64_t>(tensor.NumBytes()) + comm::kArenaAlignment - 1) / comm::kArenaAlignment *
+              comm::kArenaAlignment;
+        held.push_back(std::move(tensor));
+      }
+      tensors.push_back(std::move(held));
+      Register reg;
+      reg.device = device_of.at(producer.device_index);
+      reg.begin = begin;
+      reg.bytes = stride;
+      reg.data = static_cast<char*>(device->storage->data()) + begin;
+      reg.desc_id = desc.id();
+      reg.index = r;
+      reg.readers = std::max(1, desc.consumers_size());
+      registers.push_back(std::move(reg));
+    }
+  }
+  return out;
+}
+
+const ArenaMonitor::Register* ArenaMonitor::Find(int64_t desc_id, int32_t index) const {
+  auto it = registers_.find(desc_id);
+  if (it == registers_.end() || index < 0 || static_cast<size_t>(index) >= it->second.size()) return nullptr;
+  return &it->second[static_cast<size_t>(index)];
+}
+
+void ArenaMonitor::Claim(int64_t desc_id, int32_t index) {
+  const Register* reg = Find(desc_id, index);
+  if (reg == nullptr) return;
+  Device& device = *devices_[reg->device];
+  reg->pending->store(reg->readers);
+  std::string overlap;
+  {
+    std::lock_guard<std::mutex> lock(device.mu);
+    device.live += reg->bytes;
+    device.peak = std::max(device.peak, device.live);
+    if (!check_) return;
+    auto next = device.in_use.lower_bound(reg->begin);
+    if (next != device.in_use.end() && next->first < reg->begin + reg->bytes) {
+      overlap = StrCat("register ", next->second->index, " of desc ", next->second->desc_id);
+    } else if (next != device.in_use.begin() && std::prev(next)->first + std::prev(next)->second->bytes > reg->begin) {
+      overlap = StrCat("register ", std::prev(next)->second->index, " of desc ", std::prev(next)->second->desc_id);
+    }
+    if (overlap.empty()) device.in_use.emplace(reg->begin, reg);
+  }
+  if (overlap.empty()) return;
+  std::lock_guard<std::mutex> lock(status_mu_);
+  if (status_.ok()) {
+    status_ = absl::InternalError(StrCat("arena check: register ", index, " of desc ", desc_id, " (arena bytes [",
+                                         reg->begin, ", ", reg->begin + reg->bytes, ") of cpu:", device.index,
+                                         ") was taken while ", overlap, ", sharing its bytes, was in use"));
+  }
+}
+
+void ArenaMonitor::Release(int64_t desc_id, int32_t index) {
+  const Register* reg = Find(desc_id, index);
+  if (reg == nullptr || reg->pending->fetch_sub(1) != 1) return;
+  Device& device = *devices_[reg->device];
+  if (check_ && device.host) std::memset(reg->data, 0xFF, static_cast<size_t>(reg->bytes));
+  std::lock_guard<std::mutex> lock(device.mu);
+  device.live -= reg->bytes;
+  if (!check_) return;
+  auto it = device.in_use.find(reg->begin);
+  if (it != device.in_use.end() && it->second == reg) device.in_use.erase(it);
+}
+
+absl::Status ArenaMonitor::status() const {
+  std::lock_guard<std::mutex> lock(status_mu_);
+  return status_;
+}
+
+std::vector<ArenaMonitor::Use> ArenaMonitor::Uses() const {
+  std::vector<Use> out;
+  for (const auto& device : devices_) {
+    std::lock_guard<std::mutex> lock(device->mu);
+    out.push_back({device->index, device->bytes, device->peak});
+  }
+  return out;
+}
+
+}  // namespace tessera::actors

@@ -1,0 +1,95 @@
+#pragma once
+// A job's arenas (comm/proto/memory_plan.h) at run time: one block of memory
+// per device, allocated once when the plan loads, the planned registers
+// tensors inside it; and the monitor that follows which of those registers
+// are in use.
+//
+// A register is in use from the act that takes it (its producer starts
+// writing) until every reader handed it back (each reader reports its own
+// hand-back, before its ack leaves). The monitor counts the bytes in
+// use per device and their peak (Runtime::Stats). With checking on it also
+// fails the run when a register is taken while another one sharing its bytes
+// is in use (the planner's model of the protocol being wrong), and fills each
+// register it gets back with 0xFF bytes (NaN for floats), so a kernel that
+// reads what it did not write shows in the losses.
+//
+// Claim and Release are thread-safe (a device's registers are taken and
+// handed back on several threads).
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "comm/proto/plan.pb.h"
+#include "core/storage.h"
+#include "core/tensor.h"
+
+namespace tessera::actors {
+
+// Whether TESSERA_CHECK_ARENA is "1" (the default of RuntimeOptions::check_arena).
+bool ArenaCheckFromEnvironment();
+
+class ArenaMonitor {
+ public:
+  struct Use {
+    uint32_t device_index = 0;
+    int64_t arena_bytes = 0;
+    int64_t peak_bytes = 0;  // the most bytes of its registers in use at once
+  };
+
+  explicit ArenaMonitor(bool check) : check_(check) {}
+  ArenaMonitor(const ArenaMonitor&) = delete;
+  ArenaMonitor& operator=(const ArenaMonitor&) = delete;
+
+  // Allocates the arenas of `node` (zero-filled) and returns, per planned
+  // register desc, its registers' tensors (desc id -> [register][tensor]).
+  // Call once, before any Claim.
+  absl::StatusOr<std::map<int64_t, std::vector<std::vector<Tensor>>>> Allocate(const proto::Plan& plan, uint32_t node);
+
+  // Register `index` of desc `desc_id` taken by its producer / handed back
+  // by one reader (by the producer itself when the desc has no readers);
+  // nothing for a desc outside the arena.
+  void Claim(int64_t desc_id, int32_t index);
+  void Release(int64_t desc_id, int32_t index);
+
+  // The first overlap seen (checking on), else OK.
+  absl::Status status() const;
+  std::vector<Use> Uses() const;
+
+ private:
+  struct Register {
+    size_t device = 0;  // index into devices_
+    int64_t begin = 0, bytes = 0;
+    void* data = nullptr;
+    int64_t desc_id = 0;
+    int32_t index = 0;
+    int readers = 1;  // hand-backs that end a use
+    std::unique_ptr<std::atomic<int>> pending = std::make_unique<std::atomic<int>>(0);
+  };
+  struct Device {
+    uint32_t index = 0;
+    std::shared_ptr<Storage> storage;
+    int64_t bytes = 0;
+    bool host = false;  // CPU memory (zeroed and poisoned with memset)
+    std::mutex mu;
+    int64_t live ABSL_GUARDED_BY(mu) = 0;
+    int64_t peak ABSL_GUARDED_BY(mu) = 0;
+    std::map<int64_t, const Register*> in_use ABSL_GUARDED_BY(mu);  // begin -> register (checking on)
+  };
+  const Register* Find(int64_t desc_id, int32_t index) const;
+
+  const bool check_;
+  std::vector<std::unique_ptr<Device>> devices_;
+  std::unordered_map<int64_t, std::vector<Register>> registers_;  // desc id -> per register; fixed after Allocate
+  mutable std::mutex status_mu_;
+  absl::Status status_ ABSL_GUARDED_BY(status_mu_);
+};
+
+}  // namespace tessera::actors

@@ -1,0 +1,247 @@
+// The memory planner (comm/proto/memory_plan.h) on hand-written plans, its
+// checker, the runtime's arena monitor (actors/arena.h), and plans with bad
+// arena offsets (they arrive from the network).
+
+#include "comm/proto/memory_plan.h"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "actors/plan.h"
+#include "actors/runtime.h"
+#include "core/text.h"
+#include "gtest/gtest.h"
+#include "tests/actors/plan_helpers.h"
+
+namespace tessera::actors {
+namespace {
+
+using proto::ACTOR_KIND_COMPUTE;
+using proto::ACTOR_KIND_SINK;
+using proto::ACTOR_KIND_SOURCE;
+
+const TensorMeta kVec{DType::kF32, Shape{16}};  // 64 bytes: one aligned slot
+
+const proto::RegisterDesc& Desc(const proto::Plan& plan, int64_t id) {
+  for (const auto& desc : plan.register_descs()) {
+    if (desc.id() == id) return desc;
+  }
+  ADD_FAILURE() << "no desc " << id;
+  return plan.register_descs(0);
+}
+
+proto::Plan LoopPlan(testing::TrainingLoop* loop = nullptr, int64_t iterations = 5) {
+  PlanBuilder b(iterations);
+  const testing::TrainingLoop t = testing::AddTrainingLoop(b, kVec, {1, 1, 1, 1});
+  b.task(t.watch).set_callback("watch");
+  b.task(t.src).set_callback("x");
+  if (loop != nullptr) *loop = t;
+  proto::Plan plan = b.Build();
+  EXPECT_TRUE(b.status().ok()) << b.status();
+  return plan;
+}
+
+// src -> c1 -> c2 -> c3 -> sink, quota 1 each: nothing waits for the sink,
+// so the source may run ahead and no two descs may share.
+proto::Plan ChainPlan(std::vector<int64_t>* descs = nullptr) {
+  PlanBuilder b(5);
+  const uint64_t src = b.AddTask(ACTOR_KIND_SOURCE, "src");
+  const uint64_t c1 = b.AddTask(ACTOR_KIND_COMPUTE, "c1");
+  const uint64_t c2 = b.AddTask(ACTOR_KIND_COMPUTE, "c2");
+  const uint64_t c3 = b.AddTask(ACTOR_KIND_COMPUTE, "c3");
+  const uint64_t sink = b.AddTask(ACTOR_KIND_SINK, "sink");
+  const int64_t d1 = b.AddRegisterDesc(src, {c1}, 1, {kVec});
+  const int64_t d2 = b.AddRegisterDesc(c1, {c2}, 1, {kVec});
+  const int64_t d3 = b.AddRegisterDesc(c2, {c3}, 1, {kVec});
+  const int64_t d4 = b.AddRegisterDesc(c3, {sink}, 1, {kVec});
+  testing::SetCompute(b, c1, "add", {{d1, 0}, {d1, 0}}, d2);
+  testing::SetCompute(b, c2, "add", {{d2, 0}, {d2, 0}}, d3);
+  testing::SetCompute(b, c3, "add", {{d3, 0}, {d3, 0}}, d4);
+  b.task(src).set_callback("src");
+  b.task(sink).set_callback("sink");
+  if (descs != nullptr) *descs = {d1, d2, d3, d4};
+  return b.Build();
+}
+
+RuntimeOptions ChainOptions(std::vector<float>* seen) {
+  RuntimeOptions options;
+  options.callbacks.sources["src"] = [](int64_t piece, const std::vector<Tensor>& out) {
+    for (int64_t i = 0; i < out[0].NumElements(); ++i) out[0].data<float>()[i] = static_cast<float>(piece + i);
+    return absl::OkStatus();
+  };
+  options.callbacks.sinks["sink"] = [seen](int64_t, const std::vector<Tensor>& in) {
+    seen->push_back(in[0].data<float>()[1]);
+    return absl::OkStatus();
+  };
+  return options;
+}
+
+TEST(MemoryPlan, ATrainingStepSharesWhatTheUpdateKeepsApart) {
+  testing::TrainingLoop t;
+  const proto::Plan plan = LoopPlan(&t);
+  ASSERT_EQ(plan.arenas_size(), 1);
+  // d1 (read by c2) and d3 (written by c3, read by the update, before the
+  // next d1) share; x and d2 get bytes of their own; w lives across
+  // iterations, outside the arena.
+  EXPECT_FALSE(Desc(plan, t.w).has_arena_offset());
+  EXPECT_EQ(Desc(plan, t.d1).arena_offset(), Desc(plan, t.d3).arena_offset());
+  EXPECT_NE(Desc(plan, t.x).arena_offset(), Desc(plan, t.d1).arena_offset());
+  EXPECT_NE(Desc(plan, t.d2).arena_offset(), Desc(plan, t.d1).arena_offset());
+  EXPECT_NE(Desc(plan, t.x).arena_offset(), Desc(plan, t.d2).arena_offset());
+  EXPECT_EQ(plan.arenas(0).bytes(), 3 * 64);
+  EXPECT_TRUE(comm::CheckMemoryPlan(plan).ok());
+  ASSERT_EQ(plan.memory_estimate_size(), 1);
+  EXPECT_EQ(plan.memory_estimate(0).arena(), 3 * 64);
+  EXPECT_EQ(plan.memory_estimate(0).gradients(), 64);     // d3
+  EXPECT_EQ(plan.memory_estimate(0).activations(), 192);  // x, d1, d2
+  EXPECT_EQ(plan.memory_estimate(0).parameters(), 64);    // w
+  EXPECT_EQ(plan.memory_estimate(0).optimizer_state(), 64 + 4);
+
+  // It trains with the arena checked, and gives what the unshared plan gives.
+  const auto train = [](proto::Plan p) -> absl::StatusOr<std::vector<float>> {
+    RuntimeOptions options;
+    options.check_arena = true;
+    options.check_memory_plan = true;
+    std::vector<float> w;
+    options.callbacks.sources["x"] = [](int64_t piece, const std::vector<Tensor>& out) {
+      for (int64_t i = 0; i < out[0].NumElements(); ++i)
+        out[0].data<float>()[i] = 0.01f * static_cast<float>(piece + i);
+      return absl::OkStatus();
+    };
+    options.callbacks.sinks["watch"] = [](int64_t, const std::vector<Tensor>&) { return absl::OkStatus(); };
+    options.callbacks.initializers["w"] = [](const std::vector<Tensor>& t) {
+      for (int64_t i = 0; i < t[0].NumElements(); ++i) t[0].data<float>()[i] = 0.5f;
+      t[2].data<float>()[0] = 0.1f;
+      return absl::OkStatus();
+    };
+    options.callbacks.finalizers["w"] = [&w](const std::vector<Tensor>& t) {
+      w = t[0].ToVector<float>();
+      return absl::OkStatus();
+    };
+    ASSIGN_OR_RETURN(auto runtime, Runtime::Load(p, std::move(options)));
+    RETURN_IF_ERROR(runtime->Run());
+    if (runtime->stats().arenas.size() != static_cast<size_t>(p.arenas_size())) {
+      return absl::InternalError("arena uses do not match the plan's arenas");
+    }
+    for (const ArenaMonitor::Use& use : runtime->stats().arenas) {
+      if (use.peak_bytes <= 0 || use.peak_bytes > use.arena_bytes) {
+        return absl::InternalError(StrCat("live peak ", use.peak_bytes, " of an arena of ", use.arena_bytes));
+      }
+    }
+    return w;
+  };
+  auto shared = train(plan);
+  ASSERT_TRUE(shared.ok()) << shared.status();
+  proto::Plan unshared = plan;
+  for (auto& desc : *unshared.mutable_register_descs()) desc.clear_arena_offset();
+  unshared.clear_arenas();
+  auto own = train(unshared);
+  ASSERT_TRUE(own.ok()) << own.status();
+  EXPECT_EQ(*shared, *own);
+  EXPECT_NE(own->at(0), 0.5f);  // it trained
+}
+
+TEST(MemoryPlan, AFreeRunningChainSharesNothing) {
+  std::vector<int64_t> d;
+  const proto::Plan plan = ChainPlan(&d);
+  ASSERT_EQ(plan.arenas_size(), 1);
+  EXPECT_EQ(plan.arenas(0).bytes(), 4 * 64);
+  EXPECT_TRUE(comm::CheckMemoryPlan(plan).ok());
+}
+
+// d1 (the source's) and d3 forced onto the same bytes: the checker says the
+// protocol does not keep them apart, and a run with the checker off meets
+// the overlap at run time (the source runs ahead while d3 is read).
+TEST(MemoryPlan, TheCheckerAndTheMonitorCatchBytesSharedUnsafely) {
+  std::vector<int64_t> d;
+  proto::Plan plan = ChainPlan(&d);
+  for (auto& desc : *plan.mutable_register_descs()) {
+    if (desc.id() == d[2]) desc.set_arena_offset(Desc(plan, d[0]).arena_offset());
+  }
+  const absl::Status check = comm::CheckMemoryPlan(plan);
+  ASSERT_FALSE(check.ok());
+  EXPECT_NE(check.message().find(StrCat("register desc ", d[0], " ")), std::string::npos) << check;
+  EXPECT_NE(check.message().find(StrCat("register desc ", d[2], " ")), std::string::npos) << check;
+  EXPECT_NE(check.message().find("does not keep their lifetimes apart"), std::string::npos) << check;
+
+  std::vector<float> seen;
+  RuntimeOptions options = ChainOptions(&seen);
+  options.check_arena = true;
+  options.check_memory_plan = true;
+  auto refused = SteppedExecutor::Load(plan, options);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("does not keep their lifetimes apart"), std::string::npos);
+
+  options = ChainOptions(&seen);
+  options.check_arena = true;
+  options.check_memory_plan = false;
+  auto exec = SteppedExecutor::Load(plan, options);
+  ASSERT_TRUE(exec.ok()) << exec.status();
+  (*exec)->Start();
+  const absl::Status run = (*exec)->RunUntilIdle();
+  ASSERT_FALSE(run.ok());
+  EXPECT_NE(run.message().find("arena check"), std::string::npos) << run;
+  EXPECT_NE(run.message().find("sharing its bytes, was in use"), std::string::npos) << run;
+}
+
+// What the monitor does not catch (the reads land after the writes) the
+// poison does: a kernel reading bytes it did not write reads NaN. Here the
+// unshared chain runs with the monitor's poisoning on and gives the
+// unpoisoned results, so nothing in it reads a register after handing it back.
+TEST(MemoryPlan, PoisoningHandedBackRegistersChangesNoResult) {
+  std::vector<float> checked, plain;
+  for (bool check : {true, false}) {
+    RuntimeOptions options = ChainOptions(check ? &checked : &plain);
+    options.check_arena = check;
+    options.check_memory_plan = check;
+    auto runtime = Runtime::Load(ChainPlan(), std::move(options));
+    ASSERT_TRUE(runtime.ok()) << runtime.status();
+    ASSERT_TRUE((*runtime)->Run().ok());
+  }
+  EXPECT_EQ(checked, plain);
+  EXPECT_EQ(checked, (std::vector<float>{8, 16, 24, 32, 40}));
+}
+
+// Offsets come from the network: out of the arena, misaligned, on a desc
+// that lives across iterations, without an arena: refused at load, naming
+// the desc.
+TEST(MemoryPlan, BadOffsetsAreRefusedAtLoad) {
+  testing::TrainingLoop t;
+  const proto::Plan good = LoopPlan(&t);
+  const auto load_error = [](const proto::Plan& plan) {
+    RuntimeOptions options;
+    options.check_memory_plan = false;  // the bounds are checked regardless
+    options.callbacks.initializers["w"] = [](const std::vector<Tensor>&) { return absl::OkStatus(); };
+    options.callbacks.sources["x"] = [](int64_t, const std::vector<Tensor>&) { return absl::OkStatus(); };
+    options.callbacks.sinks["watch"] = [](int64_t, const std::vector<Tensor>&) { return absl::OkStatus(); };
+    auto runtime = Runtime::Load(plan, std::move(options));
+    return runtime.ok() ? std::string() : std::string(runtime.status().message());
+  };
+  const auto with = [&](int64_t id, int64_t offset) {
+    proto::Plan plan = good;
+    for (auto& desc : *plan.mutable_register_descs()) {
+      if (desc.id() == id) desc.set_arena_offset(offset);
+    }
+    return plan;
+  };
+  EXPECT_NE(load_error(with(t.d2, 1 << 20)).find(StrCat("register desc ", t.d2)), std::string::npos);
+  EXPECT_NE(load_error(with(t.d2, 1 << 20)).find("of an arena of 192"), std::string::npos);
+  EXPECT_NE(load_error(with(t.d2, 32)).find("not a multiple of 64"), std::string::npos);
+  EXPECT_NE(load_error(with(t.d2, -64)).find("not a multiple of 64"), std::string::npos);
+  EXPECT_NE(load_error(with(t.w, 0)).find("live across iterations"), std::string::npos);
+  proto::Plan no_arena = good;
+  no_arena.clear_arenas();
+  EXPECT_NE(load_error(no_arena).find("its device has no arena"), std::string::npos);
+  proto::Plan twice = good;
+  *twice.add_arenas() = good.arenas(0);
+  EXPECT_NE(load_error(twice).find("two arenas"), std::string::npos);
+  proto::Plan negative = good;
+  negative.mutable_arenas(0)->set_bytes(-1);
+  EXPECT_NE(load_error(negative).find("-1 bytes"), std::string::npos);
+  EXPECT_EQ(load_error(good), "");
+}
+
+}  // namespace
+}  // namespace tessera::actors
