@@ -126,6 +126,17 @@ void Actor::AckFront(Consumed& c) {
   env_.bus->Send(Message::Ack(id(), c.producer, c.desc_id, index));
 }
 
+void Actor::AckAll() {
+  if (env_.arena != nullptr) {
+    for (Consumed& c : consumed_) env_.arena->Release(c.desc_id, c.ready.front());
+  }
+  for (Consumed& c : consumed_) {
+    const int32_t index = c.ready.front();
+    c.ready.pop_front();
+    env_.bus->Send(Message::Ack(id(), c.producer, c.desc_id, index));
+  }
+}
+
 absl::Status Actor::Apply(const Message& message) {
   switch (message.type) {
     case MessageType::kCommand:

@@ -55,7 +55,8 @@ struct HostCallbacks {
   std::map<std::string, InitFn, std::less<>> initializers;
   // Parameter: called with the variable and its state after the last update
   // (keyed like `initializers`, by the task's callback), so the host can keep
-  // the trained values (a later run, a checkpoint).
+  // the trained values (a later run, a checkpoint). The runtime writes those
+  // tensors no more: the host may keep them without copying.
   std::map<std::string, InitFn, std::less<>> finalizers;
 };
 
@@ -171,6 +172,10 @@ class Actor {
   void SendReady(Produced& p, int32_t index);
   // Returns the front ready register of `c` to its producer.
   void AckFront(Consumed& c);
+  // Returns the front ready register of every consumed desc (an act's end):
+  // the arena monitor sees all of them handed back before any ack leaves,
+  // as the memory plan assumes of an act.
+  void AckAll();
   std::vector<Tensor>& FrontTensors(Consumed& c) { return c.registers->registers[static_cast<size_t>(c.ready.front())]; }
   // Prefixes `status` with Describe() (and keeps its code).
   absl::Status Annotate(const absl::Status& status) const;

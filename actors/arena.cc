@@ -31,23 +31,32 @@ absl::StatusOr<std::map<int64_t, std::vector<std::vector<Tensor>>>> ArenaMonitor
     devices_.push_back(std::move(device));
   }
   std::map<int64_t, std::vector<std::vector<Tensor>>> out;
+  std::unordered_map<uint64_t, const proto::Task*> task_of;
+  for (const auto& task : plan.tasks()) task_of[task.actor_id()] = &task;
+  const auto task_name = [&task_of](uint64_t actor_id) {
+    auto it = task_of.find(actor_id);
+    return it == task_of.end() ? ActorIdToString(actor_id) : StrCat("'", it->second->name(), "'");
+  };
+  // The device's arena, allocated (zero-filled on the host) when first needed.
+  const auto arena_of = [&](const ActorId& actor) -> absl::StatusOr<Device*> {
+    Device* device = by_index.at(actor.device_index);  // CheckArenaBounds: the device has an arena
+    if (device->storage != nullptr) return device;
+    const auto bytes = static_cast<size_t>(std::max<int64_t>(device->bytes, 1));
+    auto storage = Storage::Create(actor.device(), bytes);
+    if (!storage.ok()) {
+      return absl::Status(storage.status().code(), StrCat("allocating the arena of ", actor.device().ToString(), " (",
+                                                          device->bytes, " bytes): ", storage.status().message()));
+    }
+    device->storage = *std::move(storage);
+    device->host = actor.device().type == DeviceType::kCpu;
+    if (device->host) std::memset(device->storage->data(), 0, bytes);
+    return device;
+  };
   for (const auto& desc : plan.register_descs()) {
     if (!desc.has_arena_offset()) continue;
     const ActorId producer = DecodeActorId(desc.producer());
     if (producer.node != node) continue;
-    Device* device = by_index.at(producer.device_index);  // CheckArenaBounds: the device has an arena
-    if (device->storage == nullptr) {
-      const auto bytes = static_cast<size_t>(std::max<int64_t>(device->bytes, 1));
-      auto storage = Storage::Create(producer.device(), bytes);
-      if (!storage.ok()) {
-        return absl::Status(storage.status().code(),
-                            StrCat("allocating the arena of ", producer.device().ToString(), " (", device->bytes,
-                                   " bytes): ", storage.status().message()));
-      }
-      device->storage = *std::move(storage);
-      device->host = producer.device().type == DeviceType::kCpu;
-      if (device->host) std::memset(device->storage->data(), 0, bytes);
-    }
+    ASSIGN_OR_RETURN(Device * device, arena_of(producer));
     ASSIGN_OR_RETURN(const int64_t stride, comm::RegisterStride(desc));
     std::vector<Register>& registers = registers_[desc.id()];
     std::vector<std::vector<Tensor>>& tensors = out[desc.id()];
@@ -70,11 +79,45 @@ absl::StatusOr<std::map<int64_t, std::vector<std::vector<Tensor>>>> ArenaMonitor
       reg.data = static_cast<char*>(device->storage->data()) + begin;
       reg.desc_id = desc.id();
       reg.index = r;
+      reg.name = StrCat("register ", r, " of desc ", desc.id(), " (", task_name(desc.producer()), ")");
       reg.readers = std::max(1, desc.consumers_size());
       registers.push_back(std::move(reg));
     }
   }
+  for (const auto& task : plan.tasks()) {
+    if (!task.has_scratch_offset()) continue;
+    const ActorId actor = DecodeActorId(task.actor_id());
+    if (actor.node != node) continue;
+    ASSIGN_OR_RETURN(Device * device, arena_of(actor));
+    ScratchUse& use = scratch_[task.actor_id()];
+    // A byte buffer as f32 words (the routine carves typed buffers from it).
+    const int64_t words = (task.scratch_bytes() + 3) / 4;
+    ASSIGN_OR_RETURN(use.tensor, Tensor::InStorage(device->storage, static_cast<size_t>(task.scratch_offset()),
+                                                   TensorMeta{DType::kF32, Shape{words}}));
+    use.reg.device = device_of.at(actor.device_index);
+    use.reg.begin = task.scratch_offset();
+    use.reg.bytes = words * 4;
+    use.reg.data = static_cast<char*>(device->storage->data()) + task.scratch_offset();
+    use.reg.desc_id = -1;
+    use.reg.index = 0;
+    use.reg.name = StrCat("the scratch of '", task.name(), "'");
+  }
   return out;
+}
+
+Tensor ArenaMonitor::Scratch(uint64_t actor_id) const {
+  auto it = scratch_.find(actor_id);
+  return it == scratch_.end() ? Tensor() : it->second.tensor;
+}
+
+void ArenaMonitor::ClaimScratch(uint64_t actor_id) {
+  auto it = scratch_.find(actor_id);
+  if (it != scratch_.end()) ClaimRegister(&it->second.reg);
+}
+
+void ArenaMonitor::ReleaseScratch(uint64_t actor_id) {
+  auto it = scratch_.find(actor_id);
+  if (it != scratch_.end()) ReleaseRegister(&it->second.reg);
 }
 
 const ArenaMonitor::Register* ArenaMonitor::Find(int64_t desc_id, int32_t index) const {
@@ -85,9 +128,18 @@ const ArenaMonitor::Register* ArenaMonitor::Find(int64_t desc_id, int32_t index)
 
 void ArenaMonitor::Claim(int64_t desc_id, int32_t index) {
   const Register* reg = Find(desc_id, index);
-  if (reg == nullptr) return;
+  if (reg != nullptr) ClaimRegister(reg);
+}
+
+void ArenaMonitor::Release(int64_t desc_id, int32_t index) {
+  const Register* reg = Find(desc_id, index);
+  if (reg != nullptr && reg->pending->fetch_sub(1) == 1) ReleaseRegister(reg);
+}
+
+void ArenaMonitor::ClaimRegister(const Register* reg) {
   Device& device = *devices_[reg->device];
   reg->pending->store(reg->readers);
+  const auto name = [](const Register* r) -> const std::string& { return r->name; };
   std::string overlap;
   {
     std::lock_guard<std::mutex> lock(device.mu);
@@ -96,24 +148,22 @@ void ArenaMonitor::Claim(int64_t desc_id, int32_t index) {
     if (!check_) return;
     auto next = device.in_use.lower_bound(reg->begin);
     if (next != device.in_use.end() && next->first < reg->begin + reg->bytes) {
-      overlap = StrCat("register ", next->second->index, " of desc ", next->second->desc_id);
+      overlap = name(next->second);
     } else if (next != device.in_use.begin() && std::prev(next)->first + std::prev(next)->second->bytes > reg->begin) {
-      overlap = StrCat("register ", std::prev(next)->second->index, " of desc ", std::prev(next)->second->desc_id);
+      overlap = name(std::prev(next)->second);
     }
     if (overlap.empty()) device.in_use.emplace(reg->begin, reg);
   }
   if (overlap.empty()) return;
   std::lock_guard<std::mutex> lock(status_mu_);
   if (status_.ok()) {
-    status_ = absl::InternalError(StrCat("arena check: register ", index, " of desc ", desc_id, " (arena bytes [",
-                                         reg->begin, ", ", reg->begin + reg->bytes, ") of cpu:", device.index,
-                                         ") was taken while ", overlap, ", sharing its bytes, was in use"));
+    status_ = absl::InternalError(StrCat("arena check: ", name(reg), " (arena bytes [", reg->begin, ", ",
+                                         reg->begin + reg->bytes, ") of cpu:", device.index, ") was taken while ",
+                                         overlap, ", sharing its bytes, was in use"));
   }
 }
 
-void ArenaMonitor::Release(int64_t desc_id, int32_t index) {
-  const Register* reg = Find(desc_id, index);
-  if (reg == nullptr || reg->pending->fetch_sub(1) != 1) return;
+void ArenaMonitor::ReleaseRegister(const Register* reg) {
   Device& device = *devices_[reg->device];
   if (check_ && device.host) std::memset(reg->data, 0xFF, static_cast<size_t>(reg->bytes));
   std::lock_guard<std::mutex> lock(device.mu);

@@ -58,6 +58,12 @@ class ArenaMonitor {
   // nothing for a desc outside the arena.
   void Claim(int64_t desc_id, int32_t index);
   void Release(int64_t desc_id, int32_t index);
+  // A collective's scratch in the arena (Task.scratch_offset; undefined when
+  // it has none there), and its use by one act: claimed when the act starts,
+  // released when it ends.
+  Tensor Scratch(uint64_t actor_id) const;
+  void ClaimScratch(uint64_t actor_id);
+  void ReleaseScratch(uint64_t actor_id);
 
   // The first overlap seen (checking on), else OK.
   absl::Status status() const;
@@ -70,7 +76,8 @@ class ArenaMonitor {
     void* data = nullptr;
     int64_t desc_id = 0;
     int32_t index = 0;
-    int readers = 1;  // hand-backs that end a use
+    std::string name;  // "register 0 of desc 3 ('add')", "the scratch of 'boxing:...'"
+    int readers = 1;   // hand-backs that end a use
     std::unique_ptr<std::atomic<int>> pending = std::make_unique<std::atomic<int>>(0);
   };
   struct Device {
@@ -84,10 +91,17 @@ class ArenaMonitor {
     std::map<int64_t, const Register*> in_use ABSL_GUARDED_BY(mu);  // begin -> register (checking on)
   };
   const Register* Find(int64_t desc_id, int32_t index) const;
+  void ClaimRegister(const Register* reg);
+  void ReleaseRegister(const Register* reg);
 
   const bool check_;
   std::vector<std::unique_ptr<Device>> devices_;
   std::unordered_map<int64_t, std::vector<Register>> registers_;  // desc id -> per register; fixed after Allocate
+  struct ScratchUse {
+    Register reg;
+    Tensor tensor;
+  };
+  std::unordered_map<uint64_t, ScratchUse> scratch_;  // actor id -> its scratch; fixed after Allocate
   mutable std::mutex status_mu_;
   absl::Status status_ ABSL_GUARDED_BY(status_mu_);
 };

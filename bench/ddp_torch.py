@@ -19,6 +19,9 @@ is (t[last] - t[warmup - 1]) / iters, as in ddp_bench.
 
 --world 1: one process, no DDP (compute alone). --allreduce-mb N: after the
 training, also times torch.distributed.all_reduce of N MB of f32 (gloo).
+--shape L,H,NH,T,B,V replaces (layers, hidden, heads, seq, micro-batch,
+vocabulary): 12,768,12,1024,4,50257 is GPT-2 124M (bench/memory_compare.sh).
+Rank 0 also prints its peak resident set (peak_rss_mib).
 Run with OMP_WAIT_POLICY=PASSIVE (set here before torch loads if unset).
 """
 
@@ -54,6 +57,19 @@ import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 LAYERS, HIDDEN, HEADS, SEQ, MICRO_BATCH, VOCAB = 4, 256, 4, 128, 8, 8192
+
+
+def _shape_from_argv():
+    for i, arg in enumerate(sys.argv):
+        value = sys.argv[i + 1] if arg == "--shape" and i + 1 < len(sys.argv) else (
+            arg.split("=", 1)[1] if arg.startswith("--shape=") else None)
+        if value is not None:
+            return tuple(int(x) for x in value.split(","))
+    return None
+
+
+if _shape_from_argv() is not None:
+    LAYERS, HIDDEN, HEADS, SEQ, MICRO_BATCH, VOCAB = _shape_from_argv()
 FFN = 4 * HIDDEN
 INIT_STD = 0.02
 LR, WEIGHT_DECAY, BETAS, EPS, CLIP = 3e-3, 0.01, (0.9, 0.999), 1e-8, 1.0
@@ -187,6 +203,8 @@ def run(rank, world, port, args):
                 print(f"    thread {tid} per iteration: on a CPU {run * 1e3:.1f} ms, runnable waiting for one "
                       f"{wait * 1e3:.1f} ms, blocked {(per_iteration - run - wait) * 1e3:.1f} ms")
         print(f"tokens/s {world * MICRO_BATCH * SEQ / per_iteration:.1f}")
+        import resource
+        print(f"peak_rss_mib {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.1f}")
     if world > 1 and args.allreduce_mb > 0:
         buffer = torch.ones(args.allreduce_mb * (1 << 20) // 4)
         times = []
@@ -218,6 +236,8 @@ def main():
     parser.add_argument("--iters", type=int, default=20, help="timed iterations")
     parser.add_argument("--allreduce-mb", type=int, default=0, help="also time an all-reduce of this many MB")
     parser.add_argument("--allreduce-reps", type=int, default=7)
+    parser.add_argument("--shape", help="L,H,NH,T,B,V: layers, hidden, heads, seq, micro-batch, vocabulary "
+                        "(read before the model is defined)")
     args = parser.parse_args()
     if args.world < 1 or args.warmup < 1 or args.iters < 1:
         parser.error("--world, --warmup and --iters must be >= 1")

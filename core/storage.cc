@@ -1,5 +1,6 @@
 #include "core/storage.h"
 
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -37,6 +38,13 @@ absl::StatusOr<void*> CpuAllocator::Allocate(size_t bytes) {
                                                PhysicalMemoryBytes(), " bytes of physical memory"));
   }
   const size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
+  if (rounded >= kMapBytes) {
+    // Pages of their own: back to the system when freed, whatever malloc's
+    // heap looks like (arenas, parameters: a job's memory is its plan's).
+    void* ptr = ::mmap(nullptr, rounded, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (ptr == MAP_FAILED) return absl::ResourceExhaustedError(StrCat("cpu: out of memory mapping ", bytes, " bytes"));
+    return ptr;
+  }
   void* ptr = std::aligned_alloc(kAlignment, rounded == 0 ? kAlignment : rounded);
   if (ptr == nullptr) {
     return absl::ResourceExhaustedError(StrCat("cpu: out of memory allocating ", bytes, " bytes"));
@@ -44,7 +52,14 @@ absl::StatusOr<void*> CpuAllocator::Allocate(size_t bytes) {
   return ptr;
 }
 
-void CpuAllocator::Deallocate(void* ptr, size_t) { std::free(ptr); }
+void CpuAllocator::Deallocate(void* ptr, size_t bytes) {
+  const size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
+  if (rounded >= kMapBytes) {
+    ::munmap(ptr, rounded);
+    return;
+  }
+  std::free(ptr);
+}
 
 absl::StatusOr<Allocator*> GetAllocator(const Device& device) {
   if (device.type == DeviceType::kCpu) {

@@ -31,9 +31,12 @@ size_t PhysicalMemoryBytes();
 
 // Aligned host memory (64 bytes: one cache line, one AVX-512 vector). A
 // request beyond PhysicalMemoryBytes() is a ResourceExhausted error naming
-// the bytes.
+// the bytes. Requests of kMapBytes or more get pages of their own (mmap),
+// returned to the system when freed; Deallocate must get the size that was
+// allocated.
 class CpuAllocator final : public Allocator {
  public:
+  static constexpr size_t kMapBytes = size_t{1} << 20;
   absl::StatusOr<void*> Allocate(size_t bytes) override;
   void Deallocate(void* ptr, size_t bytes) override;
   DeviceType device_type() const override { return DeviceType::kCpu; }

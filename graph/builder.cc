@@ -32,7 +32,8 @@ std::vector<Sym> GraphBuilder::Op(std::string_view op, const std::vector<Sym>& i
   if (!CheckSyms(StrCat("op '", op, "'"), inputs)) return {};
   std::vector<ValueId> ids;
   for (const Sym& s : inputs) ids.push_back(s.id());
-  auto outputs = graph_.AddOp(op, ids, attrs, {.layer_idx = layer_idx(), .scope = scope(), .name = ""});
+  auto outputs = graph_.AddOp(op, ids, attrs,
+                              {.layer_idx = layer_idx(), .scope = scope(), .name = "", .checkpoint_segment = checkpoint_segment()});
   if (!outputs.ok()) {
     Fail(outputs.status());
     return {};
@@ -85,9 +86,16 @@ void GraphBuilder::SetHints(const Sym& value, std::optional<Placement> placement
 
 GraphBuilder::ScopeGuard GraphBuilder::Scope(std::string_view name, int64_t layer_idx) {
   std::string full = scope().empty() ? std::string(name) : StrCat(scope(), ".", name);
-  scopes_.push_back({std::move(full), layer_idx != kUnassignedLayer ? layer_idx : this->layer_idx()});
+  scopes_.push_back({std::move(full), layer_idx != kUnassignedLayer ? layer_idx : this->layer_idx(), checkpoint_segment()});
   return ScopeGuard(this);
 }
+
+GraphBuilder::ScopeGuard GraphBuilder::Recomputable() {
+  scopes_.push_back({scope(), layer_idx(), next_segment_++});
+  return ScopeGuard(this);
+}
+
+int64_t GraphBuilder::checkpoint_segment() const { return scopes_.empty() ? kNoSegment : scopes_.back().segment; }
 
 GraphBuilder::ScopeGuard::~ScopeGuard() { builder_->scopes_.pop_back(); }
 

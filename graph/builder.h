@@ -96,8 +96,14 @@ class GraphBuilder {
   };
   // kUnassignedLayer keeps the enclosing scope's layer; -1 is the last stage.
   ScopeGuard Scope(std::string_view name, int64_t layer_idx = kUnassignedLayer);
+  // RAII: the ops applied until it ends form one recomputable segment (a
+  // transformer layer): with activation checkpointing on, backward
+  // recomputes them from the segment's inputs instead of keeping their
+  // outputs (Node::checkpoint_segment). Same scope name and layer.
+  ScopeGuard Recomputable();
   const std::string& scope() const;
   int64_t layer_idx() const;
+  int64_t checkpoint_segment() const;
 
   // The first error, or OK.
   const absl::Status& status() const { return status_; }
@@ -115,12 +121,14 @@ class GraphBuilder {
   struct ScopeFrame {
     std::string name;  // full dotted name
     int64_t layer_idx;
+    int64_t segment = kNoSegment;
   };
   bool CheckSyms(std::string_view what, const std::vector<Sym>& syms);
 
   Graph graph_;
   absl::Status status_;
   std::vector<ScopeFrame> scopes_;
+  int64_t next_segment_ = 0;
 };
 
 // ---- Operators and helpers. All emit registered ops into the operands'

@@ -78,6 +78,7 @@ absl::StatusOr<std::vector<ValueId>> Graph::AddOp(std::string_view op, const std
   n.layer_idx = options.layer_idx;
   n.scope = options.scope;
   n.backward = options.backward;
+  n.checkpoint_segment = options.checkpoint_segment;
   for (size_t i = 0; i < out_metas->size(); ++i) {
     n.outputs.push_back(AppendValue((*out_metas)[i], n.id, static_cast<int>(i), i == 0 ? options.name : ""));
   }

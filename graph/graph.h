@@ -58,6 +58,7 @@ inline constexpr NodeId kNoNode = -1;
 // runs the node on the latest stage among its inputs' (else its consumers').
 inline constexpr int64_t kLastLayer = -1;
 inline constexpr int64_t kUnassignedLayer = std::numeric_limits<int64_t>::min();
+inline constexpr int64_t kNoSegment = -1;
 
 // kRepeat and kAcc implement gradient accumulation over m micro-batches
 // (attr num_micro_batches = m; output meta = input meta):
@@ -106,6 +107,11 @@ struct Node {
   // Set by Autodiff on every node it emits (the backward graph) and kept by
   // passes that copy nodes; what the scheduler goes by, never the scope.
   bool backward = false;
+  // Forward nodes of one recomputable segment (a transformer layer, marked
+  // by nn/ through GraphBuilder::Recomputable) share an id >= 0; the
+  // activation-checkpointing pass recomputes a segment in backward instead
+  // of keeping its values (graph/passes.h RecomputeSegments). -1: none.
+  int64_t checkpoint_segment = kNoSegment;
   std::optional<VariableInfo> variable;  // set iff kind == kVariable
 };
 
@@ -125,6 +131,7 @@ struct NodeOptions {
   std::string scope = {};
   std::string name = {};  // names the node's first output
   bool backward = false;  // Node::backward
+  int64_t checkpoint_segment = kNoSegment;  // Node::checkpoint_segment
 };
 
 struct VariableOptions {

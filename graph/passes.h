@@ -7,6 +7,7 @@
 //   Autodiff -> AccumulateGradients -> ApplyOptimizer -> EliminateDeadCode.
 // Not done yet (DESIGN §6): AMP, activation checkpointing, ZeRO.
 
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -45,6 +46,33 @@ struct AutodiffOptions {
 absl::StatusOr<GradientMap> Autodiff(Graph& graph, ValueId loss, const AutodiffOptions& options = {});
 // The same for the graph's single marked loss.
 absl::StatusOr<GradientMap> Autodiff(Graph& graph, const AutodiffOptions& options = {});
+
+struct RecomputeResult {
+  GradientMap gradients;       // the same pairs, in the new graph's ids
+  int64_t segments = 0;        // segments recomputed in backward
+  std::vector<ValueId> remap;  // old value id -> new value id
+};
+
+// Activation checkpointing (graph/passes/recompute.cc): after Autodiff, every
+// recomputable segment (Node::checkpoint_segment, a transformer layer) whose
+// values backward reads is computed again in backward, started by a
+// gradient reaching it, and backward reads the recomputed values; only what
+// leaves a segment (its output) is kept from forward. Same ops, attributes
+// and order: the losses are bit-identical. Errors: a segment read in
+// backward before any gradient reaches it; a graph already accumulated.
+// For passes that replay a graph into a new one (nodes are only ever
+// appended): adds input or variable node `n` of `from` to `out` as it was
+// (name, meta, init, hints, layer, scope) and returns its value there.
+absl::StatusOr<ValueId> ReplayLeaf(const Graph& from, const Node& n, Graph& out);
+// The options that give a replayed node `n`'s layer, scope, name of its first
+// output, backward flag and checkpoint segment.
+NodeOptions ReplayOptions(const Graph& from, const Node& n);
+
+// Whether two layer indices (Node::layer_idx) run on the same pipeline stage.
+using SameStageFn = std::function<bool(int64_t layer_a, int64_t layer_b)>;
+// `same_stage` null: one stage.
+absl::StatusOr<RecomputeResult> RecomputeSegments(Graph& graph, const GradientMap& gradients,
+                                                  const SameStageFn& same_stage = {});
 
 struct AccumulationResult {
   GradientMap gradients;       // variable -> mean of its m micro-batch gradients

@@ -177,6 +177,9 @@ Sym TransformerLayer::Forward(const Sym& x, const Sym& padding_mask) {
   GraphBuilder* b = Prepare(x);
   if (b == nullptr) return Sym();
   auto scope = EnterScope(*b);
+  // The layer is one recomputable segment: with
+  // train.activation_checkpoint.enabled, backward recomputes it from x.
+  auto segment = b->Recomputable();
   // The residual stream is hinted (S(0), B): batch-split over dp, whole on
   // every tp rank (LiBai's to_global(sbp=[S(0), B]) at the same points). It
   // makes SBP inference take the Megatron layout: column matmuls B x S(1)

@@ -116,7 +116,9 @@ struct TransformerLayerOptions {
 
 // A pre-LN GPT-2 block: h = x + attn(ln_1(x)); y = h + mlp(ln_2(h)); with
 // post_layernorm BERT's block: h = ln_1(x + attn(x)); y = ln_2(h + mlp(h)).
-// Children: ln_1, attn, ln_2, mlp. x (B, T, C) -> (B, T, C).
+// Children: ln_1, attn, ln_2, mlp. x (B, T, C) -> (B, T, C). The layer is a
+// recomputable segment (GraphBuilder::Recomputable): activation
+// checkpointing recomputes it in backward from x.
 class TransformerLayer : public Module {
  public:
   TransformerLayer(int64_t hidden, int64_t num_heads, int64_t ffn_hidden, TransformerLayerOptions options = {});

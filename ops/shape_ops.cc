@@ -713,9 +713,47 @@ void RegisterMakers(OpRegistry& r) {
                      .Example({}, {{"n", int64_t{8}}}));
 }
 
+// depend(x, after) = x, computed only once `after` exists: the activation-
+// checkpointing pass starts a layer's recomputation from its input made to
+// wait for the layer's output gradient (graph/passes.h). `after` is never
+// read, so any layout of it goes with any layout of x.
+void RegisterDepend(OpRegistry& r) {
+  r.MustRegister(
+      OpSchema("depend")
+          .Doc("y = x, once `after` exists (its values are not read): orders a recomputation after a gradient")
+          .Input("x")
+          .NonDifferentiableInput("after")
+          .Output("y")
+          .Infer([](const MetaList& in, const AttrMap&) -> absl::StatusOr<MetaList> { return MetaList{in[0]}; })
+          .Sbp([](const MetaList& in, const AttrMap&, int64_t) {
+            const auto layouts = [](const TensorMeta& meta) {
+              std::vector<tessera::Sbp> out = {tessera::Sbp::Broadcast()};
+              for (int a = 0; a < meta.shape.rank(); ++a) out.push_back(tessera::Sbp::Split(a));
+              if (IsFloatingPoint(meta.dtype)) {  // y = x keeps either kind of partial
+                out.push_back(tessera::Sbp::PartialSum());
+                out.push_back(tessera::Sbp::PartialMax());
+              }
+              return out;
+            };
+            Signatures sigs;
+            for (const tessera::Sbp& x : layouts(in[0])) {
+              for (const tessera::Sbp& after : layouts(in[1])) sigs.push_back({{x, after}, {x}});
+            }
+            return sigs;
+          })
+          .Grad([](GradBuilder& b) { b.SetInputGrad(0, b.output_grad(0)); })
+          .Kernel(DeviceType::kCpu,
+                  [](KernelContext& ctx) {
+                    cpu::CopyElements(ctx, ctx.input(0), ctx.output(0));
+                    return absl::OkStatus();
+                  })
+          .Example({{DType::kF32, Shape{4, 8}}, {DType::kF32, Shape{2, 3}}}));
+}
+
 }  // namespace
 
 void RegisterShapeOps(OpRegistry& registry) {
+  RegisterDepend(registry);
   RegisterReshape(registry);
   RegisterTranspose(registry);
   RegisterSlice(registry);

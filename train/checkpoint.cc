@@ -221,12 +221,12 @@ void KeptStore::Bind(const proto::Plan& plan, actors::HostCallbacks& callbacks) 
   for (const auto& task : plan.tasks()) {
     if (task.kind() != proto::ACTOR_KIND_PARAMETER || task.kept_size() == 0 || task.callback().empty()) continue;
     const std::string callback = task.callback();
+    // Called after the parameter's last update: the runtime writes its
+    // tensors no more, so the store keeps the tensors themselves (a copy
+    // would double the parameters and optimizer state at a segment's end).
     callbacks.finalizers[callback] = [this, callback](const std::vector<Tensor>& tensors) -> absl::Status {
-      std::vector<Tensor> copies;
-      copies.reserve(tensors.size());
-      for (const Tensor& t : tensors) copies.push_back(t.Clone());
       std::lock_guard<std::mutex> lock(mu_);
-      values_[callback] = std::move(copies);
+      values_[callback] = tensors;
       return absl::OkStatus();
     };
     {

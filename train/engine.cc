@@ -25,6 +25,9 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Compile(graph::Graph graph, cons
   if (options.num_micro_batches < 1) {
     return absl::InvalidArgumentError(StrCat("engine: num_micro_batches must be >= 1, got ", options.num_micro_batches));
   }
+  if (options.activation_checkpoint && !options.train) {
+    return absl::InvalidArgumentError("engine: activation checkpointing needs train = true");
+  }
   if (options.num_micro_batches > 1 && !options.train) {
     return absl::InvalidArgumentError("engine: micro-batches (gradient accumulation) need train = true");
   }
@@ -33,6 +36,19 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Compile(graph::Graph graph, cons
       return absl::InvalidArgumentError(StrCat("engine: training needs exactly one loss, the graph has ", graph.losses().size()));
     }
     ASSIGN_OR_RETURN(graph::GradientMap gradients, graph::Autodiff(graph));
+    if (options.activation_checkpoint) {
+      ASSIGN_OR_RETURN(const scheduler::DeviceMesh mesh, scheduler::DeviceMesh::Make(options.lower.parallel));
+      const auto same_stage = [&mesh](int64_t a, int64_t b) {
+        const absl::StatusOr<int64_t> sa = mesh.StageOfLayer(a), sb = mesh.StageOfLayer(b);
+        return sa.ok() && sb.ok() && *sa == *sb;
+      };
+      ASSIGN_OR_RETURN(graph::RecomputeResult recomputed, graph::RecomputeSegments(graph, gradients, same_stage));
+      if (recomputed.segments == 0) {
+        return absl::InvalidArgumentError(
+            "train.activation_checkpoint.enabled: the model has no recomputable layers (nn/ marks transformer layers)");
+      }
+      gradients = std::move(recomputed.gradients);
+    }
     if (options.num_micro_batches > 1) {
       ASSIGN_OR_RETURN(graph::AccumulationResult accumulated,
                        graph::AccumulateGradients(graph, gradients, options.num_micro_batches));
@@ -112,11 +128,12 @@ absl::Status Engine::Run(int64_t iterations, const FeedFn& feed, const FetchFn& 
   for (const auto& task : lowered.plan.tasks()) {
     if (task.kind() != proto::ACTOR_KIND_PARAMETER || task.callback().empty()) continue;
     const std::string callback = task.callback();
+    // Called after the parameter's last update: the runtime writes its
+    // tensors no more, so the host keeps the tensors themselves (a copy
+    // would double the parameters and optimizer state at the end of a run).
     runtime.callbacks.finalizers[callback] = [keep, callback](const std::vector<Tensor>& tensors) -> absl::Status {
-      std::vector<Tensor> copies;
-      for (const Tensor& t : tensors) copies.push_back(t.Clone());
       std::lock_guard<std::mutex> lock(keep->mu);
-      keep->values[callback] = std::move(copies);
+      keep->values[callback] = tensors;
       return absl::OkStatus();
     };
     if (!keep->values.contains(callback)) continue;

@@ -54,6 +54,9 @@ struct CompileOptions {
   bool train = true;
   graph::OptimizerOptions optimizer = {};
   int64_t num_micro_batches = 1;       // gradient accumulation steps (train only)
+  // Recompute each recomputable segment (transformer layer) in backward
+  // instead of keeping its activations (graph/passes.h RecomputeSegments).
+  bool activation_checkpoint = false;
   scheduler::LowerOptions lower = {};  // iterations is set by Run / Plan
   double stall_timeout_s = 60;         // runtime deadlock guard (0 = none)
   PlanExecutor executor = {};          // empty = actors::Runtime

@@ -62,6 +62,15 @@ Binding<CheckpointerConfig> MakeCheckpointerKeys() {
   return b;
 }
 
+Binding<ActivationCheckpointConfig> MakeActivationCheckpointKeys() {
+  Binding<ActivationCheckpointConfig> b(
+      "Recomputing activations in the backward pass (LiBai's activation checkpointing, per transformer layer).");
+  b.Field("enabled", &ActivationCheckpointConfig::enabled,
+          {.doc = "recompute each transformer layer's forward in backward: only the layers' inputs are kept from "
+                  "forward; same losses bit for bit, about a third more compute"});
+  return b;
+}
+
 Binding<EvaluationConfig> MakeEvaluationKeys() {
   Binding<EvaluationConfig> b("Evaluation on the held-out (valid) split of the text data: the mean loss and its "
                               "perplexity, written to metrics.jsonl as `eval_loss` / `eval_ppl` beside the "
@@ -114,12 +123,7 @@ Binding<TrainConfig> MakeTrainKeys() {
                                       .choices = {"bf16", "fp16"},
                                       .not_implemented = "mixed precision",
                                       .doc = "the low-precision type"}));
-  b.Unbound("activation_checkpoint",
-            Section("Recomputing activations in the backward pass.")
-                .Key("enabled", {.type = KeyType::kBool,
-                                 .default_value = false,
-                                 .not_implemented = "activation checkpointing",
-                                 .doc = "recompute each transformer layer's forward in backward"}));
+  b.Sub("activation_checkpoint", &TrainConfig::activation_checkpoint, MakeActivationCheckpointKeys());
   b.Unbound("zero_optimization",
             Section("Sharding optimizer state over data-parallel ranks (ZeRO).")
                 .Key("enabled", {.type = KeyType::kBool,

@@ -49,6 +49,11 @@ struct CheckpointerConfig {
 };
 
 // LiBai's `train.evaluation`: the loss on the held-out (valid) split.
+// LiBai's train.activation_checkpoint.
+struct ActivationCheckpointConfig {
+  bool enabled = false;
+};
+
 struct EvaluationConfig {
   bool enabled = false;
   std::optional<int64_t> eval_period;  // iterations between evaluations; unset: only at the end
@@ -70,6 +75,7 @@ struct TrainConfig {
   std::optional<std::string> load_weight;
   CheckpointerConfig checkpointer;
   EvaluationConfig evaluation;
+  ActivationCheckpointConfig activation_checkpoint;
   DistConfig dist;
 };
 

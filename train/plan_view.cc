@@ -88,7 +88,9 @@ nlohmann::json PlanToJson(const proto::Plan& plan) {
                              {"gradients", m.gradients()},
                              {"activations", m.activations()},
                              {"arena", m.arena()},
-                             {"unplanned", m.unplanned()}});
+                             {"boxing_scratch", m.boxing_scratch()},
+                             {"unplanned", m.unplanned()},
+                             {"feed_buffers", m.feed_buffers()}});
   }
   return out;
 }
@@ -96,14 +98,16 @@ nlohmann::json PlanToJson(const proto::Plan& plan) {
 std::string MemoryText(const proto::Plan& plan) {
   constexpr double kMiB = 1024.0 * 1024.0;
   const auto mib = [](int64_t bytes) { return fmt::format("{:.1f}", static_cast<double>(bytes) / kMiB); };
-  std::string out = fmt::format("memory per device (MiB): total = parameters + optimizer state + arena + unplanned; the arena holds\n"
-                                "the gradients and activations, sharing bytes between registers whose lifetimes never overlap\n"
-                                "  {:<16} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}\n",
-                                "device", "total", "params", "optimizer", "arena", "gradients", "activations", "unplanned");
+  std::string out = fmt::format(
+      "memory per device (MiB): total = parameters + optimizer state + arena + unplanned + feed buffers; the arena\n"
+      "holds the gradients, activations and collectives' scratch, sharing bytes between uses that never overlap\n"
+      "  {:<16} {:>10} {:>10} {:>10} {:>10} {:>10} {:>11} {:>10} {:>10} {:>10}\n",
+      "device", "total", "params", "optimizer", "arena", "gradients", "activations", "scratch", "unplanned", "feeds");
   for (const auto& m : plan.memory_estimate()) {
-    out += fmt::format("  {:<16} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}\n", StrCat("node ", m.node(), " ", m.device()),
-                       mib(m.bytes()), mib(m.parameters()), mib(m.optimizer_state()), mib(m.arena()), mib(m.gradients()),
-                       mib(m.activations()), mib(m.unplanned()));
+    out += fmt::format("  {:<16} {:>10} {:>10} {:>10} {:>10} {:>10} {:>11} {:>10} {:>10} {:>10}\n",
+                       StrCat("node ", m.node(), " ", m.device()), mib(m.bytes()), mib(m.parameters()),
+                       mib(m.optimizer_state()), mib(m.arena()), mib(m.gradients()), mib(m.activations()),
+                       mib(m.boxing_scratch()), mib(m.unplanned()), mib(m.feed_buffers()));
   }
   return out;
 }
@@ -120,6 +124,10 @@ std::string PlanToText(const proto::Plan& plan) {
     if (task.state_size() > 0) extra += StrCat(" state=", task.state_size());
     if (task.repeat_num() > 0) extra += StrCat(" repeat_num=", task.repeat_num());
     if (actors::PiecesPerIteration(task) > 1) extra += StrCat(" per_iteration=", actors::PiecesPerIteration(task));
+    if (task.scratch_bytes() > 0) {
+      extra += StrCat(" scratch=", task.scratch_bytes(),
+                      task.has_scratch_offset() ? StrCat("@", task.scratch_offset()) : std::string());
+    }
     if (task.kind() == proto::ACTOR_KIND_COLLECTIVE) {
       extra += StrCat(" boxing=\"", task.boxing().from(), " -> ", task.boxing().to(), ": ", task.boxing().description(),
                       "\" order=", task.boxing().order(), " launch=", task.boxing().launch().backward() ? "backward" : "forward",

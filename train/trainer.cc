@@ -168,6 +168,7 @@ absl::StatusOr<Job> Prepare(const nlohmann::json& raw_config, PlanExecutor execu
                                              job.data_parallel, " data-parallel ranks"));
   }
   job.options.num_micro_batches = *accumulation;
+  job.options.activation_checkpoint = train.activation_checkpoint.enabled;
   // The graph is built for the logical micro-batch: every data-parallel
   // rank's samples (the scheduler splits it).
   double base_lr = 0;
@@ -360,6 +361,7 @@ absl::StatusOr<std::vector<proto::NodePlan>> CompileForNodes(const nlohmann::jso
     CompileOptions eval_options = job.options;
     eval_options.train = false;
     eval_options.num_micro_batches = 1;
+    eval_options.activation_checkpoint = false;
     ASSIGN_OR_RETURN(std::unique_ptr<Engine> eval_engine, Engine::Compile(std::move(eval_graph), eval_options));
     scheduler::LowerOptions eval_lower = eval_options.lower;
     eval_lower.devices_per_node = devices_per_node;

@@ -6,6 +6,10 @@
 // waits for its turn on its communicator in the coordinator's order
 // (actors/launch_order.h) and, once issued, wakes the next in line.
 //
+// Its routine's scratch lies in the arena where the memory plan put it
+// (Task.scratch_offset), in use from the launch to the completion; a plan
+// without one gets scratch allocated once, here.
+//
 // Act condition: the input register is ready, an output register is free,
 // and the coordinator admits the act's first step; later steps are admitted
 // through the routine's step gate (from the previous step's completion).
@@ -63,6 +67,12 @@ class CollectiveActor final : public Actor {
     }
     const std::vector<int64_t> coords = Coordinates(desc.rank_index(), spec.hierarchy);
     ASSIGN_OR_RETURN(routine_, comm::BoxingRoutine::Create(spec, coords));
+    // Scratch: the plan's, in the arena; else allocated here, once.
+    if (env_.arena != nullptr) scratch_ = env_.arena->Scratch(id());
+    if (!scratch_.defined() && routine_->ScratchBytes() > 0) {
+      ASSIGN_OR_RETURN(scratch_, Tensor::Empty(Shape{(routine_->ScratchBytes() + 3) / 4}, DType::kF32,
+                                               DecodeActorId(id()).device()));
+    }
     // Axis a's group: the ranks that differ from this one only in axis a.
     std::vector<std::string> groups;
     std::vector<std::vector<uint32_t>> axis_members;
@@ -112,6 +122,7 @@ class CollectiveActor final : public Actor {
         return false;
       }
       RETURN_IF_ERROR(*result);
+      if (env_.arena != nullptr) env_.arena->ReleaseScratch(id());
       AckFront(in);  // first: see ComputeActor
       SendReady(out, taken_);
       ++act_count_;
@@ -137,8 +148,9 @@ class CollectiveActor final : public Actor {
         TryPendingStep();
       };
     }
+    if (env_.arena != nullptr) env_.arena->ClaimScratch(id());
     routine_->Launch(tensors[input], out.registers->registers[static_cast<size_t>(taken_)][0], comms_,
-                     slot_.Callback(env_.bus, id()), std::move(gate));
+                     slot_.Callback(env_.bus, id()), std::move(gate), scratch_);
     Issued(0);  // the first collective step (if any) was issued inside Launch
     return true;
   }
@@ -175,6 +187,7 @@ class CollectiveActor final : public Actor {
   bool Busy() const override { return slot_.in_flight() || waiting_; }
 
   std::optional<comm::BoxingRoutine> routine_;
+  Tensor scratch_;  // the routine's scratch (the plan's arena bytes, or its own)
   comm::BoxingComms comms_;
   std::vector<std::shared_ptr<comm::Communicator>> owned_;
   AsyncSlot slot_;

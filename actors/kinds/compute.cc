@@ -40,7 +40,7 @@ class ComputeActor final : public Actor {
     // Inputs go back first: they are read, and the arena monitor
     // (actors/arena.h) must see them free before a reader of the outputs
     // can take bytes they share.
-    for (Consumed& c : consumed_) AckFront(c);
+    AckAll();
     for (size_t i = 0; i < produced_.size(); ++i) SendReady(produced_[i], taken_[i]);
     ++act_count_;
     return true;

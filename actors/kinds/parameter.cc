@@ -65,7 +65,7 @@ class ParameterActor final : public Actor {
         };
         RETURN_IF_ERROR(runner_.Run(task_, lookup, emitted_ - 1, env_.start_iteration, env_.pool, DecodeActorId(id()).device()));
       }
-      for (Consumed& c : consumed_) AckFront(c);
+      AckAll();
       awaiting_update_ = false;
       if (emitted_ >= limit_.Total(task_, env_)) RETURN_IF_ERROR(Finalize());
       return true;

@@ -41,7 +41,7 @@ class SinkActor final : public Actor {
       }
       RETURN_IF_ERROR((*sink_)(env_.start_iteration + StepOf(task_, act_count_), inputs_));
     }
-    for (Consumed& c : consumed_) AckFront(c);
+    AckAll();
     ++act_count_;
     return true;
   }

@@ -29,6 +29,10 @@ struct Step {
   Shape in_shape, out_shape;
   std::vector<int64_t> send_counts;  // reduce-scatter, all-gather; all-to-all: sent
   std::vector<int64_t> recv_counts;  // all-to-all: received
+  // Byte offsets into the launch's scratch (-1: not needed): the step's
+  // output when a later step reads it, the input packed into piece order,
+  // the output received flat before unpacking.
+  int64_t out_at = -1, pack_at = -1, flat_at = -1;
 };
 
 struct BoxingPlan {
@@ -37,6 +41,7 @@ struct BoxingPlan {
   Shape input_shape, output_shape;
   std::string description;
   std::vector<Step> steps;  // never empty: from == to is one copy step
+  int64_t scratch_bytes = 0;  // every step's scratch, 64-byte aligned each
 };
 
 }  // namespace internal
@@ -87,10 +92,10 @@ absl::StatusOr<Tensor> FlatView(const Tensor& flat, int64_t offset, const Shape&
   return rows.Reshape(extent);
 }
 
-// `t` with its balanced pieces along `axis` made contiguous, in piece order.
-absl::StatusOr<Tensor> Pack(const Tensor& t, int axis, int64_t parts) {
+// `t` with its balanced pieces along `axis` made contiguous, in piece order,
+// in `flat` (t's elements, 1-D).
+absl::StatusOr<Tensor> Pack(const Tensor& t, int axis, int64_t parts, Tensor flat) {
   if (PiecesContiguous(t.shape(), axis)) return t;
-  ASSIGN_OR_RETURN(Tensor flat, Tensor::Empty(Shape{t.NumElements()}, t.dtype(), t.device()));
   int64_t offset = 0;
   for (int64_t r = 0; r < parts; ++r) {
     const Range piece = BalancedSplit(t.shape()[axis], parts, r);
@@ -232,6 +237,7 @@ struct Execution {
   std::vector<Communicator*> comms;  // per axis
   std::vector<Communicator*> steps;  // per collective step; empty = by axis
   Tensor output;
+  Tensor scratch;  // scratch_bytes or more; undefined: buffers allocated per launch
   DoneFn done;
   StepGate gate;
   // Step k's communicator; `index`: its place among the collective steps.
@@ -239,6 +245,16 @@ struct Execution {
     return steps.empty() ? comms[static_cast<size_t>(plan->steps[k].axis)] : steps[static_cast<size_t>(index)];
   }
 };
+
+// A buffer of `shape` at byte `at` of the launch's scratch (or a fresh one
+// when the launch brought none).
+absl::StatusOr<Tensor> Buffer(const Execution& e, int64_t at, const Shape& shape) {
+  const TensorMeta meta{e.plan->spec.logical.dtype, shape};
+  if (!e.scratch.defined()) return Tensor::Empty(shape, meta.dtype, e.output.device());
+  const auto base = static_cast<size_t>(static_cast<const char*>(e.scratch.raw_data()) -
+                                        static_cast<const char*>(e.scratch.storage()->data()));
+  return Tensor::InStorage(e.scratch.storage(), base + static_cast<size_t>(at), meta);
+}
 
 // The place of step k among the collective steps.
 int CollectiveIndex(const BoxingPlan& plan, size_t k) {
@@ -298,7 +314,7 @@ void IssueCollective(const std::shared_ptr<Execution>& e, size_t k, const Tensor
   // a flat buffer unpacked along `axis` on completion.
   auto receive = [&](int axis) -> absl::StatusOr<std::pair<Tensor, DoneFn>> {
     if (PiecesContiguous(out.shape(), axis)) return std::pair<Tensor, DoneFn>(out, next);
-    ASSIGN_OR_RETURN(Tensor flat, Tensor::Empty(Shape{out.NumElements()}, out.dtype(), out.device()));
+    ASSIGN_OR_RETURN(Tensor flat, Buffer(*e, s.flat_at, Shape{out.NumElements()}));
     DoneFn unpack = [e, out, k, flat, axis, next](absl::Status status) {
       if (status.ok()) status = Unpack(flat, out, axis, e->plan->steps[k].parts);
       next(std::move(status));
@@ -310,7 +326,10 @@ void IssueCollective(const std::shared_ptr<Execution>& e, size_t k, const Tensor
       comm->AllReduce(current, out, s.op, std::move(next));
       return;
     case StepKind::kReduceScatter: {
-      auto packed = Pack(current, s.to.axis(), s.parts);
+      auto packed = PiecesContiguous(current.shape(), s.to.axis())
+                        ? absl::StatusOr<Tensor>(current)
+                        : Buffer(*e, s.pack_at, Shape{current.NumElements()});
+      if (packed.ok()) packed = Pack(current, s.to.axis(), s.parts, *packed);
       if (!packed.ok()) return Finish(e, k, packed.status());
       comm->ReduceScatter(*packed, out, s.send_counts, s.op, std::move(next));
       return;
@@ -322,7 +341,10 @@ void IssueCollective(const std::shared_ptr<Execution>& e, size_t k, const Tensor
       return;
     }
     case StepKind::kAllToAll: {
-      auto packed = Pack(current, s.to.axis(), s.parts);
+      auto packed = PiecesContiguous(current.shape(), s.to.axis())
+                        ? absl::StatusOr<Tensor>(current)
+                        : Buffer(*e, s.pack_at, Shape{current.NumElements()});
+      if (packed.ok()) packed = Pack(current, s.to.axis(), s.parts, *packed);
       if (!packed.ok()) return Finish(e, k, packed.status());
       auto target = receive(s.from.axis());
       if (!target.ok()) return Finish(e, k, target.status());
@@ -341,7 +363,7 @@ void Run(std::shared_ptr<Execution> e, Tensor current, size_t k) {
     const Step& s = plan.steps[k];
     Tensor out = e->output;
     if (k + 1 < plan.steps.size()) {
-      auto scratch = Tensor::Empty(s.out_shape, plan.spec.logical.dtype, current.device());
+      auto scratch = Buffer(*e, s.out_at, s.out_shape);
       if (!scratch.ok()) return Finish(e, k, scratch.status());
       out = *std::move(scratch);
     }
@@ -440,6 +462,24 @@ absl::StatusOr<BoxingRoutine> BoxingRoutine::Create(const BoxingSpec& spec, std:
   TESSERA_CHECK(plan->steps.front().in_shape == plan->input_shape && plan->steps.back().out_shape == plan->output_shape,
                 "boxing ", spec.ToString(), ": planned steps do not chain from the input to the output shape");
 
+  // Scratch: each step's buffers a region of their own.
+  const int64_t item = static_cast<int64_t>(DTypeSize(spec.logical.dtype));
+  const auto take = [&](const Shape& shape) {
+    const int64_t at = plan->scratch_bytes;
+    plan->scratch_bytes += (shape.NumElements() * item + 63) / 64 * 64;
+    return at;
+  };
+  for (size_t k = 0; k < plan->steps.size(); ++k) {
+    Step& s = plan->steps[k];
+    if (k + 1 < plan->steps.size()) s.out_at = take(s.out_shape);
+    if ((s.kind == StepKind::kReduceScatter || s.kind == StepKind::kAllToAll) && !PiecesContiguous(s.in_shape, s.to.axis())) {
+      s.pack_at = take(s.in_shape);
+    }
+    if ((s.kind == StepKind::kAllGather || s.kind == StepKind::kAllToAll) && !PiecesContiguous(s.out_shape, s.from.axis())) {
+      s.flat_at = take(s.out_shape);
+    }
+  }
+
   if (one_axis) {
     plan->description =
         StrCat(spec.from[0].ToString(), " -> ", spec.to[0].ToString(), ": ", StepWhat(plan->steps.front()));
@@ -474,7 +514,10 @@ std::vector<int> BoxingRoutine::CollectiveAxes() const {
   return out;
 }
 
-void BoxingRoutine::Launch(const Tensor& input, Tensor output, const BoxingComms& comms, DoneFn done, StepGate gate) const {
+int64_t BoxingRoutine::ScratchBytes() const { return plan_->scratch_bytes; }
+
+void BoxingRoutine::Launch(const Tensor& input, Tensor output, const BoxingComms& comms, DoneFn done, StepGate gate,
+                           Tensor scratch) const {
   const BoxingPlan& plan = *plan_;
   auto check = [&](const Tensor& t, const char* name, const Shape& shape) -> std::string {
     if (!t.defined()) return StrCat(name, " is undefined");
@@ -487,6 +530,9 @@ void BoxingRoutine::Launch(const Tensor& input, Tensor output, const BoxingComms
   };
   std::string why = check(input, "input", plan.input_shape);
   if (why.empty()) why = check(output, "output", plan.output_shape);
+  if (why.empty() && scratch.defined() && static_cast<int64_t>(scratch.NumBytes()) < plan.scratch_bytes) {
+    why = StrCat("scratch of ", scratch.NumBytes(), " bytes, ", plan.scratch_bytes, " needed");
+  }
   int index = 0;
   if (!comms.steps.empty() && comms.steps.size() != Collectives().size()) {
     why = StrCat(comms.steps.size(), " step communicators for ", Collectives().size(), " collective steps");
@@ -513,6 +559,7 @@ void BoxingRoutine::Launch(const Tensor& input, Tensor output, const BoxingComms
   e->comms = comms.axis;
   e->steps = comms.steps;
   e->output = std::move(output);
+  e->scratch = std::move(scratch);
   e->done = std::move(done);
   e->gate = std::move(gate);
   Run(std::move(e), input, 0);

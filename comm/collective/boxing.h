@@ -123,14 +123,19 @@ class BoxingRoutine {
   // thread (possibly inline), after the last step or at the first failure,
   // with a one-line error naming the spec and the step. The caller keeps
   // `input` unchanged and `output` unread until then. Scratch buffers (packed
-  // chunks, intermediate layouts) are allocated per launch and released with
-  // it. An argument error (shapes, dtype, missing communicator) is reported
+  // chunks, intermediate layouts) lie in `scratch` (at least ScratchBytes()
+  // bytes, untouched by others until `done`; the actor runtime's come from
+  // the memory plan), or are allocated per launch when it is undefined. An argument error (shapes, dtype, missing communicator) is reported
   // inline before any collective is issued, so the peers' matching
   // collectives stay pending: the caller aborts the job (Communicator::Abort),
   // as for any failed actor.
   // `gate`, when set, holds each collective step after the first until it
   // lets it go (a launch order across routines sharing communicators).
-  void Launch(const Tensor& input, Tensor output, const BoxingComms& comms, DoneFn done, StepGate gate = nullptr) const;
+  void Launch(const Tensor& input, Tensor output, const BoxingComms& comms, DoneFn done, StepGate gate = nullptr,
+              Tensor scratch = {}) const;
+  // Bytes of scratch one launch uses (0: none): intermediate layouts of an
+  // n-D route, inputs packed into piece order, outputs received flat.
+  int64_t ScratchBytes() const;
 
  private:
   explicit BoxingRoutine(std::shared_ptr<const internal::BoxingPlan> plan) : plan_(std::move(plan)) {}

@@ -8,9 +8,11 @@
 #include <vector>
 
 #include "absl/strings/str_join.h"
+#include "comm/collective/boxing.h"
 #include "comm/proto/actor_id.h"
 #include "comm/proto/plan_codec.h"
 #include "core/checked.h"
+#include "core/sbp.h"
 #include "core/status.h"
 #include "core/text.h"
 
@@ -59,7 +61,8 @@ class ProtocolModel {
   // queries need. A desc written r times per iteration has r uses an
   // iteration (one per register written: micro-batches under accumulation).
   struct Block {
-    int desc = 0;  // index into plan.register_descs
+    int desc = 0;   // index into plan.register_descs (-1: a scratch block)
+    int task = -1;  // a collective's scratch: index into plan.tasks
     DeviceKey device;
     size_t local = 0;                            // index among its device's blocks (plan order)
     int64_t bytes = 0;                           // register_num x stride
@@ -70,6 +73,15 @@ class ProtocolModel {
   // Fills blocks' events (the model must be supported).
   void Events(std::vector<Block>& blocks) const {
     for (Block& b : blocks) {
+      if (b.task >= 0) {  // a collective's scratch: in use during each of its acts
+        const Task& t = tasks_[static_cast<size_t>(b.task)];
+        b.uses = t.acts;
+        b.writes.clear();
+        b.releases.assign(static_cast<size_t>(b.uses), {});
+        for (int64_t a = 0; a <= b.uses; ++a) b.writes.push_back(Start(t, a));
+        for (int64_t a = 0; a < b.uses; ++a) b.releases[static_cast<size_t>(a)].push_back(End(t, a));
+        continue;
+      }
       const Desc& d = descs_[static_cast<size_t>(b.desc)];
       const Task& producer = tasks_[static_cast<size_t>(d.producer)];
       b.uses = d.per_iteration;
@@ -493,7 +505,44 @@ absl::StatusOr<std::vector<ProtocolModel::Block>> Blocks(const proto::Plan& plan
                                          StrCat("arena bytes of register desc ", desc.id())));
     blocks.push_back(std::move(b));
   }
+  for (int i = 0; i < plan.tasks_size(); ++i) {
+    const proto::Task& task = plan.tasks(i);
+    if (task.kind() != proto::ACTOR_KIND_COLLECTIVE || task.scratch_bytes() <= 0) continue;
+    if (planned_only && !task.has_scratch_offset()) continue;
+    ProtocolModel::Block b;
+    b.desc = -1;
+    b.task = i;
+    b.device = DeviceOf(task.actor_id());
+    b.local = static_cast<size_t>(per_device[b.device]++);
+    ASSIGN_OR_RETURN(b.bytes, CheckedAdd(task.scratch_bytes(), kArenaAlignment - 1, "scratch bytes"));
+    b.bytes = b.bytes / kArenaAlignment * kArenaAlignment;
+    blocks.push_back(std::move(b));
+  }
   return blocks;
+}
+
+// The scratch one act of a collective task's boxing routine uses; 0 when the
+// task's boxing is not valid (the runtime reports that when it loads).
+int64_t CollectiveScratch(const proto::Task& task) {
+  const proto::BoxingDesc& desc = task.boxing();
+  BoxingSpec spec;
+  auto logical = TensorMetaFromProto(desc.logical());
+  auto from = ParseNdSbp(desc.from());
+  auto to = ParseNdSbp(desc.to());
+  if (!logical.ok() || !from.ok() || !to.ok() || desc.hierarchy_size() == 0) return 0;
+  spec.logical = *logical;
+  spec.from = *from;
+  spec.to = *to;
+  spec.hierarchy.assign(desc.hierarchy().begin(), desc.hierarchy().end());
+  std::vector<int64_t> coords(spec.hierarchy.size(), 0);
+  int64_t index = desc.rank_index();
+  for (size_t a = spec.hierarchy.size(); a-- > 0;) {
+    if (spec.hierarchy[a] < 1) return 0;
+    coords[a] = index % spec.hierarchy[a];
+    index /= spec.hierarchy[a];
+  }
+  auto routine = BoxingRoutine::Create(spec, coords);
+  return routine.ok() ? routine->ScratchBytes() : 0;
 }
 
 }  // namespace
@@ -519,6 +568,10 @@ bool ArenaEligible(const proto::RegisterDesc& desc, proto::ActorKind producer_ki
 absl::StatusOr<MemoryPlanResult> PlanMemory(proto::Plan& plan) {
   for (auto& desc : *plan.mutable_register_descs()) desc.clear_arena_offset();
   plan.clear_arenas();
+  for (auto& task : *plan.mutable_tasks()) {
+    task.clear_scratch_offset();
+    task.set_scratch_bytes(task.kind() == proto::ACTOR_KIND_COLLECTIVE ? CollectiveScratch(task) : 0);
+  }
   ASSIGN_OR_RETURN(std::vector<ProtocolModel::Block> blocks, Blocks(plan, false));
   MemoryPlanResult result;
   ProtocolModel::OrderBits bits;
@@ -553,7 +606,11 @@ absl::StatusOr<MemoryPlanResult> PlanMemory(proto::Plan& plan) {
         offset = std::max(offset, AlignUp(end));
       }
       placed.emplace_back(offset, b);
-      plan.mutable_register_descs(blocks[b].desc)->set_arena_offset(offset);
+      if (blocks[b].task >= 0) {
+        plan.mutable_tasks(blocks[b].task)->set_scratch_offset(offset);
+      } else {
+        plan.mutable_register_descs(blocks[b].desc)->set_arena_offset(offset);
+      }
       ASSIGN_OR_RETURN(const int64_t end, CheckedAdd(offset, blocks[b].bytes, "arena bytes"));
       arena = std::max(arena, end);
     }
@@ -598,6 +655,30 @@ absl::Status CheckArenaBounds(const proto::Plan& plan) {
                                                desc.arena_offset() + bytes, ") of an arena of ", arena->second));
     }
   }
+  for (const auto& task : plan.tasks()) {
+    if (!task.has_scratch_offset() && task.scratch_bytes() == 0) continue;
+    const auto where = [&] { return StrCat("task '", task.name(), "' (", ActorIdToString(task.actor_id()), ")"); };
+    if (task.kind() != proto::ACTOR_KIND_COLLECTIVE && (task.scratch_bytes() != 0 || task.has_scratch_offset())) {
+      return absl::InvalidArgumentError(StrCat(where(), " has scratch, but only collectives have any"));
+    }
+    if (task.scratch_bytes() < 0 || task.scratch_bytes() > kMaxTensorBytes) {
+      return absl::InvalidArgumentError(StrCat(where(), " has ", task.scratch_bytes(), " bytes of scratch"));
+    }
+    if (!task.has_scratch_offset()) continue;
+    if (task.scratch_offset() < 0 || task.scratch_offset() % kArenaAlignment != 0) {
+      return absl::InvalidArgumentError(
+          StrCat(where(), " has scratch offset ", task.scratch_offset(), ", not a multiple of ", kArenaAlignment));
+    }
+    auto arena = arenas.find(DeviceOf(task.actor_id()));
+    if (arena == arenas.end()) {
+      return absl::InvalidArgumentError(StrCat(where(), " has a scratch offset, but its device has no arena"));
+    }
+    if (task.scratch_bytes() > arena->second - task.scratch_offset()) {
+      return absl::InvalidArgumentError(StrCat(where(), " takes scratch bytes [", task.scratch_offset(), ", ",
+                                               task.scratch_offset() + task.scratch_bytes(), ") of an arena of ",
+                                               arena->second));
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -608,7 +689,10 @@ absl::Status CheckMemoryPlan(const proto::Plan& plan) {
   std::vector<std::pair<size_t, size_t>> overlaps;
   std::map<DeviceKey, std::vector<size_t>> on_device;
   for (size_t i = 0; i < blocks.size(); ++i) on_device[blocks[i].device].push_back(i);
-  const auto offset = [&](size_t i) { return plan.register_descs(blocks[i].desc).arena_offset(); };
+  const auto offset = [&](size_t i) {
+    return blocks[i].task >= 0 ? plan.tasks(blocks[i].task).scratch_offset()
+                               : plan.register_descs(blocks[i].desc).arena_offset();
+  };
   for (auto& [device, members] : on_device) {
     std::sort(members.begin(), members.end(), [&](size_t a, size_t b) { return offset(a) < offset(b); });
     for (size_t x = 0; x < members.size(); ++x) {
@@ -621,6 +705,11 @@ absl::Status CheckMemoryPlan(const proto::Plan& plan) {
   if (overlaps.empty()) return absl::OkStatus();
   ProtocolModel model(plan);
   const auto name = [&](size_t i) {
+    if (blocks[i].task >= 0) {
+      const auto& task = plan.tasks(blocks[i].task);
+      return StrCat("the scratch of '", task.name(), "' (bytes [", task.scratch_offset(), ", ",
+                    task.scratch_offset() + blocks[i].bytes, "))");
+    }
     const auto& desc = plan.register_descs(blocks[i].desc);
     return StrCat("register desc ", desc.id(), " of ", ActorIdToString(desc.producer()), " (bytes [",
                   desc.arena_offset(), ", ", desc.arena_offset() + blocks[i].bytes, "))");

@@ -342,6 +342,41 @@ absl::StatusOr<std::vector<proto::DeviceMemory>> EstimateMemory(const proto::Pla
       m.set_unplanned(field);
     }
   }
+  // Collectives' scratch; each split input's host batches (train/feeds.h):
+  // its logical bytes per register its sources may hold, on the device of
+  // its first source.
+  std::map<std::pair<uint32_t, std::string>, std::pair<uint64_t, int64_t>> feeds;  // (node, input) -> (task, bytes)
+  std::unordered_map<int64_t, const proto::RegisterDesc*> desc_of;
+  for (const auto& desc : plan.register_descs()) desc_of[desc.id()] = &desc;
+  for (const auto& task : plan.tasks()) {
+    if (task.kind() == proto::ACTOR_KIND_COLLECTIVE && task.scratch_bytes() > 0) {
+      proto::DeviceMemory& m = entry(task.actor_id());
+      int64_t field = m.boxing_scratch();
+      RETURN_IF_ERROR(add(field, task.scratch_bytes(), task.actor_id()));
+      m.set_boxing_scratch(field);
+      if (!task.has_scratch_offset()) {
+        field = m.unplanned();
+        RETURN_IF_ERROR(add(field, task.scratch_bytes(), task.actor_id()));
+        m.set_unplanned(field);
+      }
+    }
+    if (task.kind() != proto::ACTOR_KIND_SOURCE || !task.has_source() || task.produced_register_desc_ids_size() != 1) continue;
+    auto produced = desc_of.find(task.produced_register_desc_ids(0));
+    if (produced == desc_of.end() || produced->second->tensors_size() != 1) continue;
+    auto logical = TensorMetaFromProto(task.source().logical());
+    auto local = TensorMetaFromProto(produced->second->tensors(0));
+    if (!logical.ok() || !local.ok() || logical->shape == local->shape) continue;  // fed directly
+    ASSIGN_OR_RETURN(const int64_t bytes, CheckedMul(*CheckedByteSize(*logical), produced->second->register_num(),
+                                                     StrCat("feed bytes of ", task.name())));
+    auto [it, fresh] = feeds.try_emplace({DecodeActorId(task.actor_id()).node, task.source().input()}, task.actor_id(), bytes);
+    if (!fresh) it->second.second = std::max(it->second.second, bytes);
+  }
+  for (const auto& [key, feed] : feeds) {
+    proto::DeviceMemory& m = entry(feed.first);
+    int64_t field = m.feed_buffers();
+    RETURN_IF_ERROR(add(field, feed.second, feed.first));
+    m.set_feed_buffers(field);
+  }
   for (const auto& task : plan.tasks()) {
     for (const auto& state : task.state()) {
       ASSIGN_OR_RETURN(TensorMeta meta, TensorMetaFromProto(state));
@@ -364,7 +399,7 @@ absl::StatusOr<std::vector<proto::DeviceMemory>> EstimateMemory(const proto::Pla
   std::vector<proto::DeviceMemory> out;
   for (auto& [key, m] : devices) {
     int64_t total = 0;
-    for (int64_t part : {m.parameters(), m.optimizer_state(), m.arena(), m.unplanned()}) {
+    for (int64_t part : {m.parameters(), m.optimizer_state(), m.arena(), m.unplanned(), m.feed_buffers()}) {
       ASSIGN_OR_RETURN(total, CheckedAdd(total, part, StrCat("memory estimate of node ", m.node(), " ", m.device())));
     }
     m.set_bytes(total);

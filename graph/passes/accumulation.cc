@@ -9,8 +9,8 @@ namespace tessera::graph {
 absl::StatusOr<AccumulationResult> AccumulateGradients(Graph& graph, const GradientMap& gradients,
                                                        int64_t num_micro_batches) {
   if (num_micro_batches < 1) {
-    return absl::InvalidArgumentError(StrCat("gradient accumulation: num_micro_batches must be >= 1, got ",
-                                             num_micro_batches));
+    return absl::InvalidArgumentError(
+        StrCat("gradient accumulation: num_micro_batches must be >= 1, got ", num_micro_batches));
   }
   AccumulationResult result;
   if (num_micro_batches == 1) {
@@ -34,31 +34,19 @@ absl::StatusOr<AccumulationResult> AccumulateGradients(Graph& graph, const Gradi
   remap.assign(static_cast<size_t>(graph.num_values()), kNoValue);
   std::vector<ValueId> read_as(static_cast<size_t>(graph.num_values()), kNoValue);  // what ops read instead
   for (const Node& n : graph.nodes()) {
-    const NodeOptions at{
-        .layer_idx = n.layer_idx, .scope = n.scope, .name = graph.value(n.outputs[0]).name, .backward = n.backward};
+    const NodeOptions at = ReplayOptions(graph, n);
     std::vector<ValueId> outputs;
     switch (n.kind) {
-      case NodeKind::kInput: {
-        ASSIGN_OR_RETURN(ValueId id, out.AddInput(at.name, graph.value(n.outputs[0]).meta, at));
-        outputs = {id};
-        break;
-      }
+      case NodeKind::kInput:
       case NodeKind::kVariable: {
-        const Value& v = graph.value(n.outputs[0]);
-        const VariableInfo& info = *n.variable;
-        VariableOptions options{.trainable = info.trainable,
-                                .dtype = v.meta.dtype,
-                                .weight_decay = info.weight_decay,
-                                .placement = v.placement_hint,
-                                .sbp = v.sbp_hint,
-                                .layer_idx = n.layer_idx,
-                                .scope = n.scope};
-        ASSIGN_OR_RETURN(ValueId id, out.AddVariable(v.name, v.meta.shape, info.init, options));
+        ASSIGN_OR_RETURN(ValueId id, ReplayLeaf(graph, n, out));
         outputs = {id};
-        if (read_by_ops[static_cast<size_t>(v.id)]) {
-          ASSIGN_OR_RETURN(ValueId repeated,
-                           out.AddRepeat(id, num_micro_batches,
-                                         {.layer_idx = n.layer_idx, .scope = n.scope, .name = "", .backward = n.backward}));
+        const Value& v = graph.value(n.outputs[0]);
+        if (n.kind == NodeKind::kVariable && read_by_ops[static_cast<size_t>(v.id)]) {
+          ASSIGN_OR_RETURN(
+              ValueId repeated,
+              out.AddRepeat(id, num_micro_batches,
+                            {.layer_idx = n.layer_idx, .scope = n.scope, .name = "", .backward = n.backward}));
           read_as[static_cast<size_t>(v.id)] = repeated;
         }
         break;
@@ -79,7 +67,8 @@ absl::StatusOr<AccumulationResult> AccumulateGradients(Graph& graph, const Gradi
     for (size_t i = 0; i < outputs.size(); ++i) {
       const Value& old = graph.value(n.outputs[i]);
       remap[static_cast<size_t>(old.id)] = outputs[i];
-      if (old.placement_hint || old.sbp_hint) RETURN_IF_ERROR(out.SetHints(outputs[i], old.placement_hint, old.sbp_hint));
+      if (old.placement_hint || old.sbp_hint)
+        RETURN_IF_ERROR(out.SetHints(outputs[i], old.placement_hint, old.sbp_hint));
     }
   }
   // Losses and fetches computed per micro-batch become their mean over the
@@ -109,12 +98,12 @@ absl::StatusOr<AccumulationResult> AccumulateGradients(Graph& graph, const Gradi
 
   for (const auto& [var, grad] : gradients) {
     if (!graph.IsValidValue(var) || !graph.IsValidValue(grad)) {
-      return absl::InvalidArgumentError(StrCat("gradient accumulation: bad pair ", ValueRef(var), " -> ", ValueRef(grad)));
+      return absl::InvalidArgumentError(
+          StrCat("gradient accumulation: bad pair ", ValueRef(var), " -> ", ValueRef(grad)));
     }
     const Node& var_node = graph.producer(var);
-    const NodeOptions at{.layer_idx = var_node.layer_idx,
-                         .scope = StrCat("accumulate/", graph.value(var).name),
-                         .name = ""};
+    const NodeOptions at{
+        .layer_idx = var_node.layer_idx, .scope = StrCat("accumulate/", graph.value(var).name), .name = ""};
     ASSIGN_OR_RETURN(ValueId summed, out.AddAcc(remap[static_cast<size_t>(grad)], num_micro_batches, at));
     ASSIGN_OR_RETURN(std::vector<ValueId> mean,
                      out.AddOp("scalar_mul", {summed}, {{"value", 1.0 / static_cast<double>(num_micro_batches)}}, at));
@@ -122,6 +111,32 @@ absl::StatusOr<AccumulationResult> AccumulateGradients(Graph& graph, const Gradi
   }
   graph = std::move(out);
   return result;
+}
+
+NodeOptions ReplayOptions(const Graph& from, const Node& n) {
+  return {.layer_idx = n.layer_idx,
+          .scope = n.scope,
+          .name = from.value(n.outputs[0]).name,
+          .backward = n.backward,
+          .checkpoint_segment = n.checkpoint_segment};
+}
+
+absl::StatusOr<ValueId> ReplayLeaf(const Graph& from, const Node& n, Graph& out) {
+  const Value& v = from.value(n.outputs[0]);
+  if (n.kind == NodeKind::kInput) {
+    return out.AddInput(v.name, v.meta,
+                        {.layer_idx = n.layer_idx, .scope = n.scope, .name = v.name, .backward = n.backward});
+  }
+  if (n.kind != NodeKind::kVariable) return absl::InternalError("ReplayLeaf: not an input or a variable");
+  const VariableInfo& info = *n.variable;
+  return out.AddVariable(v.name, v.meta.shape, info.init,
+                         {.trainable = info.trainable,
+                          .dtype = v.meta.dtype,
+                          .weight_decay = info.weight_decay,
+                          .placement = v.placement_hint,
+                          .sbp = v.sbp_hint,
+                          .layer_idx = n.layer_idx,
+                          .scope = n.scope});
 }
 
 }  // namespace tessera::graph

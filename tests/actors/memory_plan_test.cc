@@ -240,6 +240,12 @@ TEST(MemoryPlan, BadOffsetsAreRefusedAtLoad) {
   proto::Plan negative = good;
   negative.mutable_arenas(0)->set_bytes(-1);
   EXPECT_NE(load_error(negative).find("-1 bytes"), std::string::npos);
+  proto::Plan scratch = good;
+  for (auto& task : *scratch.mutable_tasks()) {
+    if (task.actor_id() == t.c1) task.set_scratch_bytes(64);
+  }
+  EXPECT_NE(load_error(scratch).find("task 'c1'"), std::string::npos);
+  EXPECT_NE(load_error(scratch).find("has scratch, but only collectives have any"), std::string::npos);
   EXPECT_EQ(load_error(good), "");
 }
 

@@ -376,8 +376,15 @@ void RunAndCheck(Mesh& mesh, const std::vector<BoxingSpec>& specs, uint64_t seed
                                                   routine->output_shape().ToString(), " differ from LocalSlice's"));
           return;
         }
+        // Every other case brings its scratch, exactly ScratchBytes() of
+        // garbage (NaN bytes): the routine must write every scratch byte it
+        // reads; the others allocate theirs per launch.
+        Tensor scratch;
+        if ((&c - cases.data()) % 2 == 0 && routine->ScratchBytes() > 0) {
+          scratch = Garbage(Shape{(routine->ScratchBytes() + 3) / 4}, DType::kF32);
+        }
         Completion done;
-        routine->Launch(run.input, run.output, comms, done.Fn());
+        routine->Launch(run.input, run.output, comms, done.Fn(), nullptr, scratch);
         run.status = done.Wait();
         for (const auto& comm : mesh.comms[static_cast<size_t>(id)]) run.recorded.push_back(comm->Take());
         if (!run.status.ok() || done.calls() != 1) return;  // the sequences no longer line up
@@ -586,6 +593,36 @@ struct PlanCase {
   std::vector<std::string> collectives;
   std::vector<int> axes;
 };
+
+// Scratch is what the steps need and no more: an all-gather into a
+// non-contiguous layout receives flat (its output's bytes), one into
+// contiguous rows needs none; a launch with too little is refused inline.
+TEST(BoxingTest, ScratchIsSizedByTheStepsAndChecked) {
+  const auto scratch_of = [](const NdSbp& from, const NdSbp& to, const std::vector<int64_t>& hierarchy) {
+    auto routine = BoxingRoutine::Create(Spec(Meta(DType::kF32, Shape{8, 6}), from, to, hierarchy),
+                                         std::vector<int64_t>(hierarchy.size(), 0));
+    TESSERA_CHECK(routine.ok(), routine.status().ToString());
+    return routine->ScratchBytes();
+  };
+  EXPECT_EQ(scratch_of({kS0}, {kB}, {2}), 0);            // rows: received in place
+  EXPECT_EQ(scratch_of({kS1}, {kB}, {2}), 8 * 6 * 4);    // columns: received flat, then unpacked
+  EXPECT_EQ(scratch_of({kP}, {kS1}, {2}), 8 * 6 * 4);    // the input packed into piece order
+  EXPECT_EQ(scratch_of({kP}, {kS0}, {2}), 0);
+  EXPECT_EQ(scratch_of({kP}, {kB}, {2}), 0);             // all-reduce in place
+  // Two gathers: the first's output (8, 3) = 96 bytes, rounded to 128, and
+  // its flat receive (128), then the second's flat receive (8 x 6).
+  EXPECT_EQ(scratch_of({kS1, kS1}, {kB, kB}, {2, 2}), 128 + 128 + 8 * 6 * 4);
+
+  Mesh mesh({2});
+  const BoxingSpec spec = Spec(Meta(DType::kF32, Shape{8, 6}), {kS1}, {kB}, {2});
+  auto routine = BoxingRoutine::Create(spec, {0});
+  ASSERT_TRUE(routine.ok());
+  Completion done;
+  routine->Launch(Garbage(routine->input_shape(), DType::kF32), Garbage(routine->output_shape(), DType::kF32),
+                  mesh.For(0), done.Fn(), nullptr, Garbage(Shape{4}, DType::kF32));
+  const absl::Status status = done.Wait();
+  EXPECT_NE(status.message().find("scratch of 16 bytes, 192 needed"), std::string_view::npos) << status;
+}
 
 TEST(BoxingTest, DescribeAndCollectivesNameThePath) {
   const TensorMeta meta = Meta(DType::kF32, Shape{6, 5});

@@ -278,6 +278,14 @@ void AddReshapeCases(std::vector<OpTestCase>& cases) {
   cases.push_back(NoGrad(Case("reshape", "i64", {Ints64({3, 4}, 7)}, {{"shape", Ints{2, 6}}}, ReshapeRef)));
 }
 
+// depend(x, after) = x: `after`'s values (and its shape and dtype) do not
+// matter; its gradient is none.
+void AddDependCases(std::vector<OpTestCase>& cases) {
+  const auto first = [](const std::vector<Tensor>& in, const AttrMap&) { return std::vector<Tensor>{in[0].Clone()}; };
+  cases.push_back(Case("depend", "matrix_after_vector", {RandomUniform({5, 3}, 1), RandomUniform({7}, 2)}, {}, first));
+  cases.push_back(Case("depend", "rank3_after_ints", {RandomUniform({2, 3, 4}, 3), Ints64({3, 2}, 4)}, {}, first));
+}
+
 void AddTransposeCases(std::vector<OpTestCase>& cases) {
   cases.push_back(Case("transpose", "last_two", {RandomUniform({7, 5}, 10)}, {{"perm", Ints{1, 0}}}, TransposeRef));
   cases.push_back(
@@ -429,6 +437,7 @@ void AddMakerCases(std::vector<OpTestCase>& cases) {
 std::vector<OpTestCase> ShapeOpCases() {
   std::vector<OpTestCase> cases;
   AddReshapeCases(cases);
+  AddDependCases(cases);
   AddTransposeCases(cases);
   AddSliceCases(cases);
   AddConcatSplitCases(cases);

@@ -177,7 +177,7 @@ std::vector<BadInput> Cases() {
       {"AMP fp16", kMlp, {"train.amp.dtype=fp16"}, "'train.amp.dtype' = \"fp16\" is not implemented yet"},
       {"ZeRO", kMlp, {"train.zero_optimization.enabled=true"}, "is not implemented yet (ZeRO)"},
       {"ZeRO stage", kMlp, {"train.zero_optimization.stage=3"}, "is not implemented yet (ZeRO)"},
-      {"activation checkpointing", kMlp, {"train.activation_checkpoint.enabled=true"}, "is not implemented yet (activation checkpointing)"},
+      {"activation checkpointing without layers", kMlp, {"train.activation_checkpoint.enabled=true"}, "has no recomputable layers"},
       {"checkpoint period", kMlp, {"train.checkpointer.period=0"}, "train.checkpointer.period"},
       {"checkpoints kept", kMlp, {"train.checkpointer.max_to_keep=0"}, "train.checkpointer.max_to_keep"},
       {"missing weights", kMlp, {"train.load_weight=/nonexistent/iter_0000001"}, "train.load_weight: checkpoint /nonexistent"},
