@@ -118,9 +118,8 @@ absl::StatusOr<RecomputeResult> RecomputeSegments(Graph& graph, const GradientMa
     }
     seg.nodes.assign(needed.begin(), needed.end());
     seg.layer_idx = graph.node(seg.nodes.front()).layer_idx;
-    // Readers of a recomputed value before first_reader (none take a
-    // gradient) would see no clone yet: move the clone before the first
-    // reader of all, with the trigger only if it exists by then.
+    // The clone goes just before first_reader; a reader of a recomputed
+    // value before it (taking no gradient) is refused below.
     clone_before[seg.first_reader].push_back(s);
   }
   // Each weight gradient computed before a segment's clone (in graph order)
