@@ -33,9 +33,9 @@ namespace {
 
 // What loading `plan` allocates on the host: the arenas, register_num
 // registers of each desc outside them whose producer is a CPU actor (views
-// excepted) and each CPU Parameter's state, every tensor counted at least one allocator block (an
-// empty tensor still takes one). ValidatePlan bounded each number, so the
-// sums are checked only against overflow.
+// excepted) and each CPU Parameter's state, every tensor counted at least
+// one allocator block (an empty tensor still takes one). ValidatePlan
+// bounded each number, so the sums are checked only against overflow.
 absl::Status CheckHostMemory(const proto::Plan& plan, const std::map<uint64_t, const proto::Task*>& tasks,
                              int64_t limit) {
   if (limit <= 0) limit = static_cast<int64_t>(std::min<size_t>(PhysicalMemoryBytes(), kMaxTensorBytes));
@@ -94,7 +94,9 @@ class LoadedJob {
     // Registers first: actors bind to them when constructed. Planned ones
     // lie in their device's arena (allocated once, here); the rest (a
     // Parameter's variable, which lives across iterations) on their own.
-    if (options.check_memory_plan && WholePlan(job->plan, options.node)) RETURN_IF_ERROR(comm::CheckMemoryPlan(job->plan));
+    if (options.check_memory_plan && WholePlan(job->plan, options.node)) {
+      RETURN_IF_ERROR(comm::CheckMemoryPlan(job->plan));
+    }
     job->arena = std::make_unique<ArenaMonitor>(options.check_arena);
     ASSIGN_OR_RETURN(auto in_arena, job->arena->Allocate(job->plan, options.node));
     for (const auto& desc : job->plan.register_descs()) {
