@@ -75,6 +75,9 @@ struct Layout {
 
 const std::vector<Layout> kLayouts = {
     {"one device", {}, 1.25},
+    {"gpt2_tiny's shapes", {"model.vocab_size=50257", "model.hidden_size=256", "model.num_layers=4",
+                            "model.num_attention_heads=4", "model.ffn_hidden_size=1024", "model.max_seq_length=128",
+                            "model.seq_length=128", "train.train_micro_batch_size=8"}, 1.25},
     {"data 2 x tensor 2",
      {"train.dist.data_parallel_size=2", "train.dist.tensor_parallel_size=2", "train.train_micro_batch_size=8"},
      1.25},
