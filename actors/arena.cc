@@ -138,26 +138,27 @@ void ArenaMonitor::Release(int64_t desc_id, int32_t index) {
 
 void ArenaMonitor::ClaimRegister(const Register* reg) {
   Device& device = *devices_[reg->device];
-  reg->pending->store(reg->readers);
-  const auto name = [](const Register* r) -> const std::string& { return r->name; };
+  reg->pending->store(reg->readers, std::memory_order_relaxed);
+  const int64_t live = device.live.fetch_add(reg->bytes, std::memory_order_relaxed) + reg->bytes;
+  int64_t peak = device.peak.load(std::memory_order_relaxed);
+  while (live > peak && !device.peak.compare_exchange_weak(peak, live, std::memory_order_relaxed)) {
+  }
+  if (!check_) return;
   std::string overlap;
   {
     std::lock_guard<std::mutex> lock(device.mu);
-    device.live += reg->bytes;
-    device.peak = std::max(device.peak, device.live);
-    if (!check_) return;
     auto next = device.in_use.lower_bound(reg->begin);
     if (next != device.in_use.end() && next->first < reg->begin + reg->bytes) {
-      overlap = name(next->second);
+      overlap = next->second->name;
     } else if (next != device.in_use.begin() && std::prev(next)->first + std::prev(next)->second->bytes > reg->begin) {
-      overlap = name(std::prev(next)->second);
+      overlap = std::prev(next)->second->name;
     }
     if (overlap.empty()) device.in_use.emplace(reg->begin, reg);
   }
   if (overlap.empty()) return;
   std::lock_guard<std::mutex> lock(status_mu_);
   if (status_.ok()) {
-    status_ = absl::InternalError(StrCat("arena check: ", name(reg), " (arena bytes [", reg->begin, ", ",
+    status_ = absl::InternalError(StrCat("arena check: ", reg->name, " (arena bytes [", reg->begin, ", ",
                                          reg->begin + reg->bytes, ") of cpu:", device.index, ") was taken while ",
                                          overlap, ", sharing its bytes, was in use"));
   }
@@ -165,10 +166,10 @@ void ArenaMonitor::ClaimRegister(const Register* reg) {
 
 void ArenaMonitor::ReleaseRegister(const Register* reg) {
   Device& device = *devices_[reg->device];
-  if (check_ && device.host) std::memset(reg->data, 0xFF, static_cast<size_t>(reg->bytes));
-  std::lock_guard<std::mutex> lock(device.mu);
-  device.live -= reg->bytes;
+  device.live.fetch_sub(reg->bytes, std::memory_order_relaxed);
   if (!check_) return;
+  if (device.host) std::memset(reg->data, 0xFF, static_cast<size_t>(reg->bytes));
+  std::lock_guard<std::mutex> lock(device.mu);
   auto it = device.in_use.find(reg->begin);
   if (it != device.in_use.end() && it->second == reg) device.in_use.erase(it);
 }
@@ -181,8 +182,7 @@ absl::Status ArenaMonitor::status() const {
 std::vector<ArenaMonitor::Use> ArenaMonitor::Uses() const {
   std::vector<Use> out;
   for (const auto& device : devices_) {
-    std::lock_guard<std::mutex> lock(device->mu);
-    out.push_back({device->index, device->bytes, device->peak});
+    out.push_back({device->index, device->bytes, device->peak.load()});
   }
   return out;
 }

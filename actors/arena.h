@@ -86,8 +86,8 @@ class ArenaMonitor {
     int64_t bytes = 0;
     bool host = false;  // CPU memory (zeroed and poisoned with memset)
     std::mutex mu;
-    int64_t live ABSL_GUARDED_BY(mu) = 0;
-    int64_t peak ABSL_GUARDED_BY(mu) = 0;
+    std::atomic<int64_t> live{0};
+    std::atomic<int64_t> peak{0};
     std::map<int64_t, const Register*> in_use ABSL_GUARDED_BY(mu);  // begin -> register (checking on)
   };
   const Register* Find(int64_t desc_id, int32_t index) const;
