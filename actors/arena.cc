@@ -156,12 +156,16 @@ void ArenaMonitor::ClaimRegister(const Register* reg) {
     if (overlap.empty()) device.in_use.emplace(reg->begin, reg);
   }
   if (overlap.empty()) return;
-  std::lock_guard<std::mutex> lock(status_mu_);
-  if (status_.ok()) {
+  absl::Status first;
+  {
+    std::lock_guard<std::mutex> lock(status_mu_);
+    if (!status_.ok()) return;
     status_ = absl::InternalError(StrCat("arena check: ", reg->name, " (arena bytes [", reg->begin, ", ",
                                          reg->begin + reg->bytes, ") of cpu:", device.index, ") was taken while ",
                                          overlap, ", sharing its bytes, was in use"));
+    first = status_;
   }
+  if (on_violation_) on_violation_(first);
 }
 
 void ArenaMonitor::ReleaseRegister(const Register* reg) {

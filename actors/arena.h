@@ -17,6 +17,7 @@
 // handed back on several threads).
 
 #include <atomic>
+#include <functional>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -67,6 +68,10 @@ class ArenaMonitor {
 
   // The first overlap seen (checking on), else OK.
   absl::Status status() const;
+  // Called once, with that status, when the first overlap is seen (on the
+  // thread that saw it): the runtime stops the job there. Set before any
+  // Claim.
+  void OnViolation(std::function<void(const absl::Status&)> fn) { on_violation_ = std::move(fn); }
   std::vector<Use> Uses() const;
 
  private:
@@ -102,6 +107,7 @@ class ArenaMonitor {
     Tensor tensor;
   };
   std::unordered_map<uint64_t, ScratchUse> scratch_;  // actor id -> its scratch; fixed after Allocate
+  std::function<void(const absl::Status&)> on_violation_;
   mutable std::mutex status_mu_;
   absl::Status status_ ABSL_GUARDED_BY(status_mu_);
 };

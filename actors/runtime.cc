@@ -570,6 +570,9 @@ absl::Status Runtime::Run() {
   // start before any register message.
   for (const auto& actor : core.job->actors) core.bus.Send(Message::Cmd(actor->id(), Command::kStart));
   core.bus.on_error = [&core](absl::Status status) { core.StopAll(std::move(status)); };
+  // A register taken while another sharing its bytes is in use stops the
+  // job there (checking on: tests).
+  core.job->arena->OnViolation([&core](const absl::Status& status) { core.StopAll(status); });
   if (core.node_bus != nullptr) {
     // Link losses are not stops: gloo's broken connections and the master's
     // heartbeats tell a dead peer; what comes over the bus is a peer's stop.

@@ -99,7 +99,8 @@ struct RuntimeOptions {
   int64_t memory_limit_bytes = 0;
   // Checks the arena's registers as they are taken and handed back
   // (actors/arena.h): a register taken while another sharing its bytes is in
-  // use fails the run, and registers handed back are filled with 0xFF bytes.
+  // use stops and fails the run, and registers handed back are filled with
+  // 0xFF bytes.
   // For tests: ctest sets TESSERA_CHECK_ARENA=1 for every test.
   bool check_arena = ArenaCheckFromEnvironment();
   // Load checks the memory plan against the register protocol
