@@ -17,8 +17,8 @@
 // handed back on several threads).
 
 #include <atomic>
-#include <functional>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
