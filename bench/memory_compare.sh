@@ -37,7 +37,8 @@ config=("$root/configs/gpt2_nano.json" model.vocab_size=50257 model.hidden_size=
   train.train_micro_batch_size="$micro" train.num_accumulation_steps=1 train.train_iter=2 train.log_period=1
   train.dist.intra_op_threads="$threads" train.output_dir="$log/out")
 
-# peak RSS (MiB) of a command, from GNU time's format or, without it, bash's
+# Runs a command (its output into file $1) and prints its peak RSS in MiB
+# and its exit status (Python's resource.getrusage of the child).
 peak_mib() {
   local out=$1
   shift

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <tuple>
 #include <unordered_map>
 #include <utility>
@@ -39,6 +40,38 @@ struct DeviceKey {
 DeviceKey DeviceOf(uint64_t actor_id) {
   const ActorId id = DecodeActorId(actor_id);
   return {id.node, id.device_index};
+}
+
+// Coordinates of position `index` in a row-major mesh of shape `hierarchy`
+// (empty when a extent is not positive).
+std::vector<int64_t> MeshCoordinates(int64_t index, const std::vector<int64_t>& hierarchy) {
+  std::vector<int64_t> coords(hierarchy.size(), 0);
+  for (size_t a = hierarchy.size(); a-- > 0;) {
+    if (hierarchy[a] < 1) return {};
+    coords[a] = index % hierarchy[a];
+    index /= hierarchy[a];
+  }
+  return coords;
+}
+
+// The boxing routine a collective task runs (as its actor builds it), or
+// nothing when its boxing is not valid (the runtime reports that at load).
+std::optional<BoxingRoutine> RoutineOf(const proto::Task& task) {
+  const proto::BoxingDesc& desc = task.boxing();
+  auto logical = TensorMetaFromProto(desc.logical());
+  auto from = ParseNdSbp(desc.from());
+  auto to = ParseNdSbp(desc.to());
+  if (!logical.ok() || !from.ok() || !to.ok() || desc.hierarchy_size() == 0) return std::nullopt;
+  BoxingSpec spec;
+  spec.logical = *logical;
+  spec.from = *from;
+  spec.to = *to;
+  spec.hierarchy.assign(desc.hierarchy().begin(), desc.hierarchy().end());
+  const std::vector<int64_t> coords = MeshCoordinates(desc.rank_index(), spec.hierarchy);
+  if (coords.empty()) return std::nullopt;
+  auto routine = BoxingRoutine::Create(spec, coords);
+  if (!routine.ok()) return std::nullopt;
+  return *std::move(routine);
 }
 
 // The register protocol of a plan, unrolled into events (actors/kinds/ hold
@@ -382,8 +415,11 @@ class ProtocolModel {
         }
       }
     }
-    // A collective's members meet: each one's act j ends after every
-    // member's act j started. Only a complete, consistent group counts.
+    // A collective's members meet: a member's act j ends after act j started
+    // on every peer it shares one of the routine's collective steps with
+    // (the ranks that differ from it only on that step's hierarchy axis).
+    // A local conversion meets no one. Only a complete, consistent group
+    // counts.
     std::map<std::tuple<std::string, int64_t, std::string>, std::vector<int>> collectives;
     std::map<std::pair<std::string, int64_t>, std::vector<int>> transfers;
     for (size_t i = 0; i < tasks_.size(); ++i) {
@@ -407,11 +443,25 @@ class ProtocolModel {
         if (complete) seen[static_cast<size_t>(index)] = true;
       }
       if (!complete) continue;
+      const std::optional<BoxingRoutine> routine = RoutineOf(*tasks_[static_cast<size_t>(members[0])].task);
+      if (!routine) continue;
+      const std::vector<int> axes = routine->CollectiveAxes();
+      const std::vector<int64_t> hierarchy(first.hierarchy().begin(), first.hierarchy().end());
       for (int a : members) {
+        const Task& ta = tasks_[static_cast<size_t>(a)];
+        const std::vector<int64_t> ca = MeshCoordinates(ta.task->boxing().rank_index(), hierarchy);
         for (int b : members) {
-          if (a == b) continue;
-          const Task& ta = tasks_[static_cast<size_t>(a)];
           const Task& tb = tasks_[static_cast<size_t>(b)];
+          const std::vector<int64_t> cb = MeshCoordinates(tb.task->boxing().rank_index(), hierarchy);
+          if (a == b || ca.empty() || cb.empty()) continue;
+          int differing = -1, count = 0;
+          for (size_t k = 0; k < ca.size(); ++k) {
+            if (ca[k] != cb[k]) {
+              differing = static_cast<int>(k);
+              ++count;
+            }
+          }
+          if (count != 1 || std::find(axes.begin(), axes.end(), differing) == axes.end()) continue;
           for (int64_t j = 0; j < kUnrolled * ta.acts; ++j) Edge(ta, j, false, tb, j, true);
         }
       }
@@ -521,30 +571,6 @@ absl::StatusOr<std::vector<ProtocolModel::Block>> Blocks(const proto::Plan& plan
   return blocks;
 }
 
-// The scratch one act of a collective task's boxing routine uses; 0 when the
-// task's boxing is not valid (the runtime reports that when it loads).
-int64_t CollectiveScratch(const proto::Task& task) {
-  const proto::BoxingDesc& desc = task.boxing();
-  BoxingSpec spec;
-  auto logical = TensorMetaFromProto(desc.logical());
-  auto from = ParseNdSbp(desc.from());
-  auto to = ParseNdSbp(desc.to());
-  if (!logical.ok() || !from.ok() || !to.ok() || desc.hierarchy_size() == 0) return 0;
-  spec.logical = *logical;
-  spec.from = *from;
-  spec.to = *to;
-  spec.hierarchy.assign(desc.hierarchy().begin(), desc.hierarchy().end());
-  std::vector<int64_t> coords(spec.hierarchy.size(), 0);
-  int64_t index = desc.rank_index();
-  for (size_t a = spec.hierarchy.size(); a-- > 0;) {
-    if (spec.hierarchy[a] < 1) return 0;
-    coords[a] = index % spec.hierarchy[a];
-    index /= spec.hierarchy[a];
-  }
-  auto routine = BoxingRoutine::Create(spec, coords);
-  return routine.ok() ? routine->ScratchBytes() : 0;
-}
-
 }  // namespace
 
 absl::StatusOr<int64_t> RegisterStride(const proto::RegisterDesc& desc) {
@@ -570,7 +596,9 @@ absl::StatusOr<MemoryPlanResult> PlanMemory(proto::Plan& plan) {
   plan.clear_arenas();
   for (auto& task : *plan.mutable_tasks()) {
     task.clear_scratch_offset();
-    task.set_scratch_bytes(task.kind() == proto::ACTOR_KIND_COLLECTIVE ? CollectiveScratch(task) : 0);
+    std::optional<BoxingRoutine> routine;
+    if (task.kind() == proto::ACTOR_KIND_COLLECTIVE) routine = RoutineOf(task);
+    task.set_scratch_bytes(routine ? routine->ScratchBytes() : 0);
   }
   ASSIGN_OR_RETURN(std::vector<ProtocolModel::Block> blocks, Blocks(plan, false));
   MemoryPlanResult result;

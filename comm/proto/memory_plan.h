@@ -9,7 +9,8 @@
 // run in: the planner unrolls the plan into the acts of a few iterations (a
 // start and an end event per act; edges for program order, a register handed
 // on (ready -> use), a register handed back (release -> the producer's
-// reuse of it), a collective's members meeting, a send meeting its recv) and
+// reuse of it), a collective's peers meeting in one of its collective steps,
+// a send meeting its recv) and
 // lets desc A share with desc B only when every consumer's release of A's
 // last register of an iteration happens before B's first write of the same
 // iteration, and every release of B's happens before A's first write of the

@@ -366,7 +366,8 @@ absl::StatusOr<std::vector<proto::DeviceMemory>> EstimateMemory(const proto::Pla
     auto logical = TensorMetaFromProto(task.source().logical());
     auto local = TensorMetaFromProto(produced->second->tensors(0));
     if (!logical.ok() || !local.ok() || logical->shape == local->shape) continue;  // fed directly
-    ASSIGN_OR_RETURN(const int64_t bytes, CheckedMul(*CheckedByteSize(*logical), produced->second->register_num(),
+    ASSIGN_OR_RETURN(const int64_t logical_bytes, CheckedByteSize(*logical));
+    ASSIGN_OR_RETURN(const int64_t bytes, CheckedMul(logical_bytes, produced->second->register_num(),
                                                      StrCat("feed bytes of ", task.name())));
     auto [it, fresh] = feeds.try_emplace({DecodeActorId(task.actor_id()).node, task.source().input()}, task.actor_id(), bytes);
     if (!fresh) it->second.second = std::max(it->second.second, bytes);
