@@ -43,6 +43,10 @@ class ArenaMonitor {
     uint32_t device_index = 0;
     int64_t arena_bytes = 0;
     int64_t peak_bytes = 0;  // the most bytes of its registers in use at once
+    // Held outside the arena by the device's Parameter actors, as allocated:
+    // the variables' shards and their optimizer state's.
+    int64_t parameter_bytes = 0;
+    int64_t optimizer_state_bytes = 0;
   };
 
   explicit ArenaMonitor(bool check) : check_(check) {}
@@ -73,6 +77,8 @@ class ArenaMonitor {
   // Claim.
   void OnViolation(std::function<void(const absl::Status&)> fn) { on_violation_ = std::move(fn); }
   std::vector<Use> Uses() const;
+  // A Parameter actor on `device_index` allocated these bytes (any thread).
+  void CountHeld(uint32_t device_index, int64_t parameter_bytes, int64_t optimizer_state_bytes);
 
  private:
   struct Register {
@@ -108,6 +114,8 @@ class ArenaMonitor {
   };
   std::unordered_map<uint64_t, ScratchUse> scratch_;  // actor id -> its scratch; fixed after Allocate
   std::function<void(const absl::Status&)> on_violation_;
+  mutable std::mutex held_mu_;
+  std::map<uint32_t, std::pair<int64_t, int64_t>> held_ ABSL_GUARDED_BY(held_mu_);  // device -> (parameters, state)
   mutable std::mutex status_mu_;
   absl::Status status_ ABSL_GUARDED_BY(status_mu_);
 };

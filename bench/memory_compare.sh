@@ -2,12 +2,14 @@
 # Memory of GPT-2 124M (12 layers, hidden 768, 12 heads, seq 1024, GPT-2's
 # 50,257-token vocabulary, AdamW, dropout 0, synthetic tokens), side by side:
 #   - what `tessera plan --format memory` predicts per device for micro-batch
-#     MICRO: plain f32, with activation checkpointing, and the variants the
-#     issue lists that are not built yet (bf16, ZeRO-2 over 2 ranks: their
-#     refusal is printed);
-#   - the peak resident set of `tessera train` for 2 iterations (plain and
-#     checkpointed), minus that of `tessera plan` on the same config (the
-#     binary, its libraries, the compiled plan): what the run adds;
+#     MICRO: plain f32, with activation checkpointing, plain data parallelism
+#     over 2 ranks and ZeRO stages 1-3 over them, and the variants the issue
+#     lists that are not built yet (bf16: its refusal is printed);
+#   - the peak resident set of `tessera train` for 2 iterations, minus that
+#     of `tessera plan` on the same config (the binary, its libraries, the
+#     compiled plan): what the run adds, against the plan's total over the
+#     devices (2 ranks share this machine); a variant whose plan needs more
+#     than 85% of the machine's memory is planned, not run;
 #   - the peak resident set of PyTorch 1.13 training the same model and
 #     batch for 2 steps (bench/ddp_torch.py --world 1 --shape ...), whole
 #     process (its interpreter and libraries included).
@@ -54,12 +56,15 @@ EOF
 echo "GPT-2 124M, seq 1024, micro-batch $micro, $threads threads, dropout 0 (MiB)"
 printf '%-34s %10s %10s %10s\n' variant plan run_adds run_tok/s
 plain_plan=""
-for variant in none checkpointing bf16 zero2_dp2 all; do
+mem_mib=$(awk '/^MemTotal:/ {printf "%d", $2 / 1024}' /proc/meminfo)
+for variant in none checkpointing dp2 zero1_dp2 zero2_dp2 zero3_dp2 bf16 all; do
   extra=()
   case $variant in
     checkpointing) extra=(train.activation_checkpoint.enabled=true) ;;
     bf16) extra=(train.amp.enabled=true train.amp.dtype=bf16) ;;
-    zero2_dp2) extra=(train.zero_optimization.enabled=true train.zero_optimization.stage=2 train.dist.data_parallel_size=2) ;;
+    dp2) extra=(train.dist.data_parallel_size=2) ;;
+    zero?_dp2) extra=(train.zero_optimization.enabled=true "train.zero_optimization.stage=${variant:4:1}"
+      train.dist.data_parallel_size=2) ;;
     all) extra=(train.activation_checkpoint.enabled=true train.amp.enabled=true train.zero_optimization.enabled=true
       train.zero_optimization.stage=2 train.dist.data_parallel_size=2) ;;
   esac
@@ -68,14 +73,22 @@ for variant in none checkpointing bf16 zero2_dp2 all; do
     continue
   fi
   plan=$(awk '/node 0 cpu:0/ {print $4}' "$log/plan")
+  total=$(awk '/node [0-9]+ cpu:[0-9]+/ {t += $4} END {printf "%.1f", t}' "$log/plan")
   [[ $variant == none ]] && plain_plan=$plan
+  if awk -v t="$total" -v m="$mem_mib" 'BEGIN {exit !(t > 0.85 * m)}'; then
+    printf '%-34s %10s %10s %10s   (plan only: %s MiB over the devices, %s MiB here' "$variant" "$plan" "-" "-" \
+      "$total" "$mem_mib"
+    [[ $variant != none ]] && printf ', plan/plain plan %.3f' "$(awk -v a="$plan" -v b="$plain_plan" 'BEGIN {print a / b}')"
+    echo ")"
+    continue
+  fi
   read -r base_mib _ < <(peak_mib "$log/plan_run" "$tessera" plan "${config[@]}" "${extra[@]}" --format memory)
   read -r run_mib code < <(peak_mib "$log/train_run" "$tessera" train "${config[@]}" "${extra[@]}")
   [[ $code == 0 ]] || { echo "memory_compare: tessera train ($variant) failed:" >&2; tail -3 "$log/train_run" >&2; exit 1; }
   adds=$(awk -v a="$run_mib" -v b="$base_mib" 'BEGIN {printf "%.1f", a - b}')
   tokens=$(grep -o 'tokens/s [0-9.]*' "$log/train_run" | tail -1 | awk '{print $2}')
   printf '%-34s %10s %10s %10s   (run/plan %.3f' "$variant" "$plan" "$adds" "$tokens" \
-    "$(awk -v a="$adds" -v b="$plan" 'BEGIN {print a / b}')"
+    "$(awk -v a="$adds" -v b="$total" 'BEGIN {print a / b}')"
   [[ $variant != none ]] && printf ', plan/plain plan %.3f' "$(awk -v a="$plan" -v b="$plain_plan" 'BEGIN {print a / b}')"
   echo ")"
   echo "$plan" > "$log/plan_$variant"

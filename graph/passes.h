@@ -67,6 +67,10 @@ absl::StatusOr<ValueId> ReplayLeaf(const Graph& from, const Node& n, Graph& out)
 // The options that give a replayed node `n`'s layer, scope, name of its first
 // output, backward flag and checkpoint segment.
 NodeOptions ReplayOptions(const Graph& from, const Node& n);
+// Adds node `n` of `from` (any kind) to `out` as it was, reading `inputs`
+// (ids in `out`); returns its outputs there.
+absl::StatusOr<std::vector<ValueId>> ReplayNode(const Graph& from, const Node& n, const std::vector<ValueId>& inputs,
+                                                Graph& out);
 
 // Whether two layer indices (Node::layer_idx) run on the same pipeline stage.
 using SameStageFn = std::function<bool(int64_t layer_a, int64_t layer_b)>;
@@ -91,6 +95,23 @@ struct AccumulationResult {
 // `remap`. m = 1 changes nothing.
 absl::StatusOr<AccumulationResult> AccumulateGradients(Graph& graph, const GradientMap& gradients,
                                                        int64_t num_micro_batches);
+
+struct GatherPerReaderResult {
+  GradientMap gradients;       // the same pairs, in the new graph's ids
+  int64_t copies = 0;          // depend copies added
+  std::vector<ValueId> remap;  // old value id -> new value id (the graph is rebuilt)
+};
+
+// ZeRO-3 (graph/passes/zero.cc), after gradient accumulation and before the
+// optimizer: every op that reads a trained variable (a key of `gradients`,
+// or its repeat) together with some other input reads it through its own
+// depend(variable, first other input). Under ZeRO-3's layouts
+// (scheduler::SbpInferOptions::zero_stage) each such copy is the shard,
+// gathered for that reader alone once its other input exists (the layer's
+// activation in forward, its output gradient in backward) and freed after
+// it: no reader holds the whole variable longer than it needs. The values
+// computed are unchanged.
+absl::StatusOr<GatherPerReaderResult> GatherPerReader(Graph& graph, const GradientMap& gradients);
 
 enum class OptimizerKind : uint8_t { kSgd, kAdamW };
 

@@ -85,7 +85,12 @@ absl::StatusOr<LoweredPlan> LowerToPlan(const graph::Graph& graph, const LowerOp
       CheckedMul(last_iteration, rates.num_micro_batches, "scheduler: iterations x micro-batches").status());
   ASSIGN_OR_RETURN(const DeviceMesh mesh, DeviceMesh::Make(options.parallel));
   ASSIGN_OR_RETURN(std::vector<proto::RankLocation> locations, RankLocations(options, mesh.world_size()));
-  ASSIGN_OR_RETURN(const SbpAssignment sbp, InferSbp(graph, mesh));
+  if (options.zero_stage < 0 || options.zero_stage > 3) {
+    return absl::InvalidArgumentError(StrCat("scheduler: zero_stage must be 0 to 3, got ", options.zero_stage));
+  }
+  SbpInferOptions sbp_options;
+  sbp_options.zero_stage = options.zero_stage;
+  ASSIGN_OR_RETURN(const SbpAssignment sbp, InferSbp(graph, mesh, sbp_options));
   for (const BoxingEdge& edge : sbp.edges) {
     if (edge.kind == BoxingEdgeKind::kVariableUpdate) {
       return absl::InternalError(StrCat("scheduler: the update of '", graph.value(edge.value).name, "' needs boxing"));

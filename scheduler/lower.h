@@ -82,6 +82,7 @@ struct LowerOptions {
   // (DESIGN §4). Their sum must be the mesh's world size. Empty = one node.
   std::vector<uint32_t> devices_per_node = {};
   ParallelConfig parallel = {};
+  int zero_stage = 0;  // SbpInferOptions::zero_stage
 };
 
 struct LoweredPlan {

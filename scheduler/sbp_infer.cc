@@ -134,6 +134,7 @@ class Inferrer {
     for (ValueId variable : graph_.Variables()) {
       ASSIGN_OR_RETURN(variable_layouts_[variable], VariableLayout(variable));
     }
+    if (options_.zero_stage > 0) ShardForZero();
     for (const Node& node : graph_.nodes()) {
       switch (node.kind) {
         case NodeKind::kVariable:
@@ -303,6 +304,79 @@ class Inferrer {
     return constraint;
   }
 
+  // ZeRO: the layout of `layout` (of a value of `meta`) sharded over the
+  // data-parallel axis along the value's first axis of at least dp elements
+  // that no other mesh axis splits; unchanged when there is none or the
+  // layout is not B over dp.
+  NdSbp Sharded(NdSbp layout, const TensorMeta& meta) const {
+    if (hierarchy_.empty() || hierarchy_[0] <= 1 || !layout[0].is_broadcast()) return layout;
+    for (int a = 0; a < meta.shape.rank(); ++a) {
+      if (meta.shape[a] < hierarchy_[0]) continue;
+      bool split_elsewhere = false;
+      for (size_t j = 1; j < layout.size(); ++j) split_elsewhere |= layout[j].is_split() && layout[j].axis() == a;
+      if (split_elsewhere) continue;
+      layout[0] = Sbp::Split(a);
+      return layout;
+    }
+    return layout;
+  }
+
+  // Every updated variable (trained parameters and their optimizer state)
+  // sharded; readers other than its update get it unsharded; stage 2: the
+  // accumulators of the gradients of sharded parameters are sharded too.
+  void ShardForZero() {
+    for (const auto& [variable, update] : graph_.variable_updates()) {
+      NdSbp& layout = variable_layouts_.at(variable);
+      const NdSbp sharded = Sharded(layout, graph_.value(variable).meta);
+      if (sharded == layout) continue;
+      use_layout_[variable] = layout;
+      layout = sharded;
+    }
+    for (const auto& [variable, update] : graph_.variable_updates()) {
+      const Node& node = graph_.producer(update);
+      update_nodes_.insert(node.id);
+      if (options_.zero_stage < 2 || state_param_.contains(variable) || !use_layout_.contains(variable) ||
+          node.inputs.size() < 2) {
+        continue;
+      }
+      // The gradient (input 1) back through its scaling to the accumulator.
+      ValueId grad = node.inputs[1];
+      for (;;) {
+        const Node& producer = graph_.producer(grad);
+        if (producer.kind == NodeKind::kAcc) {
+          if (graph_.value(grad).meta == graph_.value(variable).meta) sharded_accumulators_[grad] = variable;
+          break;
+        }
+        if (producer.kind != NodeKind::kOp || (producer.op != "scalar_mul" && producer.op != "mul") ||
+            producer.inputs.empty()) {
+          break;
+        }
+        grad = producer.inputs[0];
+      }
+    }
+  }
+
+  // Per input of `node`: the layout ZeRO makes it read a sharded variable in
+  // (its unsharded layout; the shard itself for the variable's update and
+  // for stage 3's depend that holds it back).
+  std::vector<std::optional<Constraint>> ZeroInputConstraints(const Node& node) const {
+    std::vector<std::optional<Constraint>> out(node.inputs.size());
+    if (use_layout_.empty() || update_nodes_.contains(node.id)) return out;
+    for (size_t i = 0; i < node.inputs.size(); ++i) {
+      auto use = use_layout_.find(node.inputs[i]);
+      if (use == use_layout_.end()) continue;
+      const std::string& name = graph_.value(node.inputs[i]).name;
+      if (node.op == "depend" && i == 0 && options_.zero_stage == 3) {
+        const NdSbp& shard = out_.values[static_cast<size_t>(node.inputs[i])].nd_sbp;
+        out[i] = Constraint{shard, StrCat("holds back ZeRO-3 shard '", name, "' ", NdSbpToString(shard))};
+      } else {
+        out[i] = Constraint{use->second,
+                            StrCat("reads ZeRO-sharded '", name, "' gathered as ", NdSbpToString(use->second))};
+      }
+    }
+    return out;
+  }
+
   int64_t StageOf(const Node& node) const { return stages_[static_cast<size_t>(node.id)]; }
 
   void SetSource(const Node& node, NdSbp layout) {
@@ -316,7 +390,21 @@ class Inferrer {
   absl::Status InferPassThrough(const Node& node) {
     const ValueId input = node.inputs[0], output = node.outputs[0];
     ASSIGN_OR_RETURN(std::optional<Constraint> constraint, OutputConstraint(output));
-    const NdSbp layout = constraint.has_value() ? constraint->nd_sbp : out_.values[static_cast<size_t>(input)].nd_sbp;
+    NdSbp layout = constraint.has_value() ? constraint->nd_sbp : out_.values[static_cast<size_t>(input)].nd_sbp;
+    if (!constraint.has_value()) {
+      // ZeRO: stages 1-2 gather a sharded variable once per iteration, before
+      // its repeat; stage 3 repeats the shard. Stage 2's accumulator is sharded.
+      if (auto use = use_layout_.find(input); use != use_layout_.end() && node.kind == NodeKind::kRepeat) {
+        if (options_.zero_stage < 3) {
+          layout = use->second;
+        } else {
+          use_layout_[output] = use->second;
+        }
+      }
+      if (auto acc = sharded_accumulators_.find(output); acc != sharded_accumulators_.end()) {
+        layout = variable_layouts_.at(acc->second);
+      }
+    }
     NodeLayout& nl = out_.nodes[static_cast<size_t>(node.id)];
     nl.stage = StageOf(node);
     for (const Sbp& s : layout) nl.signatures.push_back({{s}, {s}});
@@ -362,6 +450,7 @@ class Inferrer {
       ASSIGN_OR_RETURN(std::optional<Constraint> constraint, OutputConstraint(output));
       constraints.push_back(std::move(constraint));
     }
+    const std::vector<std::optional<Constraint>> input_constraints = ZeroInputConstraints(node);
 
     std::optional<Candidate> best;
     std::vector<Candidate> rejected;  // kept only to explain a failure
@@ -372,13 +461,23 @@ class Inferrer {
       for (size_t j = 0; j < constraints.size(); ++j) {
         if (constraints[j].has_value() && c.outputs[j] != constraints[j]->nd_sbp) allowed = false;
       }
+      for (size_t i = 0; i < input_constraints.size(); ++i) {
+        if (input_constraints[i].has_value() && c.inputs[i] != input_constraints[i]->nd_sbp) allowed = false;
+      }
       if (allowed) {
         if (!best.has_value() || Better(c, *best)) best = std::move(c);
       } else if (!best.has_value()) {
         rejected.push_back(std::move(c));
       }
     } while (NextCandidate(per_axis, index));
-    if (!best.has_value()) return NoCandidateError(node, constraints, rejected);
+    if (!best.has_value()) return NoCandidateError(node, constraints, input_constraints, rejected);
+    // Stage 3: a depend that holds back a sharded variable hands on the shard,
+    // which its readers read gathered.
+    if (node.op == "depend" && options_.zero_stage == 3) {
+      if (auto use = use_layout_.find(node.inputs[0]); use != use_layout_.end()) {
+        use_layout_[node.outputs[0]] = use->second;
+      }
+    }
 
     NodeLayout& nl = out_.nodes[static_cast<size_t>(node.id)];
     nl.stage = stage;
@@ -423,11 +522,16 @@ class Inferrer {
   }
 
   absl::Status NoCandidateError(const Node& node, const std::vector<std::optional<Constraint>>& constraints,
+                                const std::vector<std::optional<Constraint>>& input_constraints,
                                 const std::vector<Candidate>& candidates) const {
     std::vector<std::string> wanted;
     for (size_t j = 0; j < constraints.size(); ++j) {
       if (!constraints[j].has_value()) continue;
       wanted.push_back(StrCat("output ", j, " (", graph::ValueRef(node.outputs[j]), ") ", constraints[j]->reason));
+    }
+    for (size_t i = 0; i < input_constraints.size(); ++i) {
+      if (!input_constraints[i].has_value()) continue;
+      wanted.push_back(StrCat("input ", i, " (", graph::ValueRef(node.inputs[i]), ") ", input_constraints[i]->reason));
     }
     int nearest = -1;
     std::vector<std::string> listed;
@@ -473,6 +577,11 @@ class Inferrer {
   std::map<ValueId, ValueId> update_of_;    // update value -> variable
   std::map<ValueId, ValueId> state_param_;  // optimizer state variable -> its parameter
   std::map<ValueId, NdSbp> variable_layouts_;
+  // ZeRO: a value holding a sharded variable (the variable, stage 3's repeat
+  // and depend of it) -> the layout its readers get it in.
+  std::map<ValueId, NdSbp> use_layout_;
+  std::map<ValueId, ValueId> sharded_accumulators_;  // stage 2: accumulator output -> its parameter
+  std::set<NodeId> update_nodes_;                    // nodes producing a variable's update
   std::set<std::tuple<ValueId, int64_t, std::string>> converted_;  // (value, stage, nd-SBP) some edge makes
   SbpAssignment out_;
 };

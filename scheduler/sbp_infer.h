@@ -86,6 +86,18 @@ struct SbpInferOptions {
   NdSbp default_input = {Sbp::Split(0), Sbp::Broadcast()};
   NdSbp default_variable = {Sbp::Broadcast(), Sbp::Broadcast()};
   NdSbp sink = {Sbp::Broadcast(), Sbp::Broadcast()};
+  // ZeRO (DESIGN §6), 0 = off. From stage 1 on, every trained variable and
+  // its optimizer state are laid out S(k) over the data-parallel axis (k its
+  // first axis of at least dp elements that no other axis splits; a
+  // variable with none stays as it was): the update runs on the shard, its
+  // gradient arrives reduce-scattered, and every other reader gets the
+  // variable in its unsharded layout. Stages 1 and 2 gather it once per
+  // iteration (before the micro-batches' repeat); stage 2 also keeps the
+  // gradient accumulator sharded (each micro-batch's gradient
+  // reduce-scattered into it); stage 3 gathers it per micro-batch for each
+  // reader (graph::GatherPerReader gives each reader its own copy, made when
+  // the reader's other input exists) and frees it after that reader.
+  int zero_stage = 0;
 };
 
 // Where and how a value lives: a pipeline stage (its placement is

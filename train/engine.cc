@@ -54,6 +54,10 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Compile(graph::Graph graph, cons
                        graph::AccumulateGradients(graph, gradients, options.num_micro_batches));
       gradients = std::move(accumulated.gradients);
     }
+    if (options.lower.zero_stage == 3) {
+      ASSIGN_OR_RETURN(graph::GatherPerReaderResult gathered, graph::GatherPerReader(graph, gradients));
+      gradients = std::move(gathered.gradients);
+    }
     ASSIGN_OR_RETURN(graph::OptimizerResult optimizer, graph::ApplyOptimizer(graph, gradients, options.optimizer));
     (void)optimizer;
   }

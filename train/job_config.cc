@@ -71,6 +71,25 @@ Binding<ActivationCheckpointConfig> MakeActivationCheckpointKeys() {
   return b;
 }
 
+Binding<ZeroConfig> MakeZeroKeys() {
+  Binding<ZeroConfig> b(
+      "Sharding parameters' optimizer state, gradients and the parameters themselves over the data-parallel ranks "
+      "(ZeRO), expressed as SBP layouts: S(k) over the data-parallel axis.");
+  b.Field("enabled", &ZeroConfig::enabled,
+          {.doc = "shard each trained variable and its optimizer state over the data-parallel ranks: the update "
+                  "runs on the shard (gradients reduce-scattered, the new values all-gathered); same losses as "
+                  "plain data parallelism; a variable with no axis of at least data_parallel_size elements that "
+                  "tensor parallelism leaves unsplit stays whole. With data_parallel_size 1 nothing is sharded"});
+  b.Field("stage", &ZeroConfig::stage,
+          {.min = 1,
+           .max = 3,
+           .doc = "1: optimizer state and the f32 weights sharded, the weights gathered once per iteration; 2: also "
+                  "the gradient accumulator (each micro-batch's gradient reduce-scattered into it; the same as 1 "
+                  "without accumulation); 3: also the weights between uses, gathered for each reader in forward "
+                  "and again in backward and freed after it"});
+  return b;
+}
+
 Binding<EvaluationConfig> MakeEvaluationKeys() {
   Binding<EvaluationConfig> b("Evaluation on the held-out (valid) split of the text data: the mean loss and its "
                               "perplexity, written to metrics.jsonl as `eval_loss` / `eval_ppl` beside the "
@@ -124,18 +143,7 @@ Binding<TrainConfig> MakeTrainKeys() {
                                       .not_implemented = "mixed precision",
                                       .doc = "the low-precision type"}));
   b.Sub("activation_checkpoint", &TrainConfig::activation_checkpoint, MakeActivationCheckpointKeys());
-  b.Unbound("zero_optimization",
-            Section("Sharding optimizer state over data-parallel ranks (ZeRO).")
-                .Key("enabled", {.type = KeyType::kBool,
-                                 .default_value = false,
-                                 .not_implemented = "ZeRO",
-                                 .doc = "shard optimizer state, gradients and parameters"})
-                .Key("stage", {.type = KeyType::kInt,
-                               .default_value = 1,
-                               .min = 1,
-                               .max = 3,
-                               .not_implemented = "ZeRO",
-                               .doc = "ZeRO stage"}));
+  b.Sub("zero_optimization", &TrainConfig::zero_optimization, MakeZeroKeys());
   b.Sub("checkpointer", &TrainConfig::checkpointer, MakeCheckpointerKeys());
   b.Field("resume", &TrainConfig::resume,
           {.doc = "continue from the latest checkpoint in `output_dir`/checkpoints, bit-exactly (weights, optimizer "

@@ -54,6 +54,12 @@ struct ActivationCheckpointConfig {
   bool enabled = false;
 };
 
+// LiBai's train.zero_optimization.
+struct ZeroConfig {
+  bool enabled = false;
+  int64_t stage = 1;
+};
+
 struct EvaluationConfig {
   bool enabled = false;
   std::optional<int64_t> eval_period;  // iterations between evaluations; unset: only at the end
@@ -76,6 +82,7 @@ struct TrainConfig {
   CheckpointerConfig checkpointer;
   EvaluationConfig evaluation;
   ActivationCheckpointConfig activation_checkpoint;
+  ZeroConfig zero_optimization;
   DistConfig dist;
 };
 

@@ -169,6 +169,8 @@ absl::StatusOr<Job> Prepare(const nlohmann::json& raw_config, PlanExecutor execu
   }
   job.options.num_micro_batches = *accumulation;
   job.options.activation_checkpoint = train.activation_checkpoint.enabled;
+  job.options.lower.zero_stage =
+      train.zero_optimization.enabled ? static_cast<int>(train.zero_optimization.stage) : 0;
   // The graph is built for the logical micro-batch: every data-parallel
   // rank's samples (the scheduler splits it).
   double base_lr = 0;

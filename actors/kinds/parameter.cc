@@ -33,6 +33,12 @@ class ParameterActor final : public Actor {
       ASSIGN_OR_RETURN(Tensor t, Tensor::Zeros(meta.shape, meta.dtype, DecodeActorId(id()).device()));
       state_.push_back(std::move(t));
     }
+    if (env_.arena != nullptr) {
+      int64_t variable_bytes = 0, state_bytes = 0;
+      for (const Tensor& t : Variable()) variable_bytes += static_cast<int64_t>(t.NumBytes());
+      for (const Tensor& t : state_) state_bytes += static_cast<int64_t>(t.NumBytes());
+      env_.arena->CountHeld(DecodeActorId(id()).device_index, variable_bytes, state_bytes);
+    }
     // A host initializer (a run going on from trained values) takes
     // precedence over the plan's init rules.
     std::vector<Tensor> all = Variable();

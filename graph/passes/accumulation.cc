@@ -139,4 +139,26 @@ absl::StatusOr<ValueId> ReplayLeaf(const Graph& from, const Node& n, Graph& out)
                           .scope = n.scope});
 }
 
+absl::StatusOr<std::vector<ValueId>> ReplayNode(const Graph& from, const Node& n, const std::vector<ValueId>& inputs,
+                                                Graph& out) {
+  switch (n.kind) {
+    case NodeKind::kInput:
+    case NodeKind::kVariable: {
+      ASSIGN_OR_RETURN(ValueId id, ReplayLeaf(from, n, out));
+      return std::vector<ValueId>{id};
+    }
+    case NodeKind::kRepeat:
+    case NodeKind::kAcc: {
+      const int64_t m = n.attrs.Int("num_micro_batches");
+      const NodeOptions at = ReplayOptions(from, n);
+      ASSIGN_OR_RETURN(ValueId id, n.kind == NodeKind::kRepeat ? out.AddRepeat(inputs.at(0), m, at)
+                                                               : out.AddAcc(inputs.at(0), m, at));
+      return std::vector<ValueId>{id};
+    }
+    case NodeKind::kOp:
+      return out.AddOp(n.op, inputs, n.attrs, ReplayOptions(from, n));
+  }
+  return absl::InternalError("ReplayNode: a node of an unknown kind");
+}
+
 }  // namespace tessera::graph

@@ -6,9 +6,11 @@
 
 #include <gtest/gtest.h>
 
+#include <set>
 #include <string>
 #include <vector>
 
+#include "core/text.h"
 #include "graph/builder.h"
 #include "graph/passes.h"
 #include "scheduler/mesh.h"
@@ -511,6 +513,96 @@ TEST(SbpInferTest, GradientAccumulationPassesLayoutsThrough) {
   EXPECT_EQ(repeats, 4);
   EXPECT_EQ(gradient_accs, 4);
   ExpectOneAllReducePerGradient(graph, a);
+}
+
+// ZeRO: the MLP over 4 data-parallel ranks, each stage, with 4 micro-batches.
+struct ZeroRun {
+  Graph graph;
+  SbpAssignment a;
+};
+ZeroRun InferZero(int stage, int64_t micro_batches) {
+  ZeroRun run{BuildMlp(), {}};
+  auto gradients = graph::Autodiff(run.graph);
+  EXPECT_TRUE(gradients.ok()) << gradients.status();
+  graph::GradientMap grads = *gradients;
+  if (micro_batches > 1) {
+    auto accumulated = graph::AccumulateGradients(run.graph, grads, micro_batches);
+    EXPECT_TRUE(accumulated.ok()) << accumulated.status();
+    grads = accumulated->gradients;
+  }
+  if (stage == 3) {
+    auto gathered = graph::GatherPerReader(run.graph, grads);
+    EXPECT_TRUE(gathered.ok()) << gathered.status();
+    grads = gathered->gradients;
+  }
+  EXPECT_TRUE(graph::ApplyOptimizer(run.graph, grads, {}).ok());
+  EXPECT_TRUE(graph::EliminateDeadCode(run.graph).ok());
+  SbpInferOptions options;
+  options.zero_stage = stage;
+  auto a = InferSbp(run.graph, MakeMesh(4, 1), options);
+  EXPECT_TRUE(a.ok()) << a.status();
+  if (a.ok()) run.a = *std::move(a);
+  return run;
+}
+
+// Each variable and its state lie S(k) over data parallel (fc2.bias, 3 long,
+// has no axis of 4 and stays B); the update runs on the shard from a
+// reduce-scattered gradient, with no boxing into any variable; readers get
+// the variable all-gathered: once per iteration in stages 1 and 2 (before
+// the repeat), per reader in stage 3 (forward and backward); stage 2
+// reduce-scatters each micro-batch's gradient into a sharded accumulator.
+TEST(SbpInferTest, ZeroShardsVariablesAndStateOverDataParallel) {
+  for (int stage : {1, 2, 3}) {
+    for (int64_t micro : {1, 4}) {
+      SCOPED_TRACE(StrCat("stage ", stage, ", ", micro, " micro-batches"));
+      const ZeroRun run = InferZero(stage, micro);
+      const Graph& graph = run.graph;
+      const SbpAssignment& a = run.a;
+      ASSERT_EQ(a.values.size(), static_cast<size_t>(graph.num_values()));
+      for (const BoxingEdge& e : a.edges) EXPECT_NE(e.kind, BoxingEdgeKind::kVariableUpdate) << e.description;
+      int sharded = 0;
+      for (ValueId var : graph.Variables()) {
+        const std::string& name = graph.value(var).name;
+        const NdSbp& layout = a.values[static_cast<size_t>(var)].nd_sbp;
+        const bool short_bias = name == "fc2.bias" || name.rfind("fc2.bias.", 0) == 0;
+        EXPECT_EQ(layout, short_bias ? (NdSbp{kB, kB}) : (NdSbp{kS0, kB})) << name;
+        if (!graph.variable_info(var).trainable || short_bias) continue;
+        ++sharded;
+        const graph::Node& update = UpdateNode(graph, var);
+        for (ValueId out : update.outputs) EXPECT_EQ(a.values[static_cast<size_t>(out)].nd_sbp, layout) << name;
+        // The gradient: reduce-scattered into the update, or (stage 2 with
+        // micro-batches) into its accumulator.
+        std::vector<std::string> scatters;
+        for (const BoxingEdge& e : a.edges) {
+          if (e.kind == BoxingEdgeKind::kOpInput && e.description == "dp: P -> S(0) (reduce-scatter)" &&
+              graph.value(e.value).meta == graph.value(var).meta &&
+              (e.consumer == update.id || graph.node(e.consumer).scope == StrCat("accumulate/", name))) {
+            scatters.push_back(graph.node(e.consumer).op);
+          }
+        }
+        ASSERT_EQ(scatters.size(), 1u) << name << "\n" << a.ToText(graph);
+        EXPECT_EQ(scatters[0], stage >= 2 && micro > 1 ? "acc" : "adamw_update") << name;
+        // Its gathers: conversions S(0) -> B of it (or of what holds it
+        // back), each (value, layout) once (edges are per consumer).
+        std::set<ValueId> gathered;
+        for (const BoxingEdge& e : a.edges) {
+          if (e.description != "dp: S(0) -> B (all-gather)") continue;
+          ValueId v = e.value;
+          while (graph.producer(v).kind == graph::NodeKind::kRepeat || graph.producer(v).op == "depend") {
+            v = graph.producer(v).inputs[0];
+          }
+          if (v == var) gathered.insert(e.value);
+        }
+        const int gathers = static_cast<int>(gathered.size());
+        // fc1.weight is read by its forward matmul and by the backward
+        // matmul making the gradient of x... which x does not need: one
+        // reader; fc2.weight: forward and backward; biases: forward only.
+        const int readers = name == "fc2.weight" ? 2 : 1;
+        EXPECT_EQ(gathers, stage == 3 ? readers : 1) << name << "\n" << a.ToText(graph);
+      }
+      EXPECT_EQ(sharded, 3);
+    }
+  }
 }
 
 TEST(SbpInferTest, ConflictingHintsNameTheOpTheHintsAndTheNearestSignatures) {

@@ -171,12 +171,13 @@ std::vector<BadInput> Cases() {
       {"warmup factor two", kMlp, {"lr_scheduler.warmup_factor=2"}, "'lr_scheduler.warmup_factor' must be in [0, 1], got 2"},
       {"zero tensor parallel", kMlp, {"train.dist.tensor_parallel_size=0"}, "'train.dist.tensor_parallel_size' must be in [1, 256], got 0"},
       {"zero pipeline", kMlp, {"train.dist.pipeline_parallel_size=-1"}, "'train.dist.pipeline_parallel_size' must be in [1, 256], got -1"},
+      {"ZeRO stage 4", kMlp, {"train.zero_optimization.stage=4"}, "'train.zero_optimization.stage' must be in [1, 3], got 4"},
+      {"ZeRO stage 0", kMlp, {"train.zero_optimization.stage=0"}, "'train.zero_optimization.stage' must be in [1, 3], got 0"},
+      {"ZeRO enabled a string", kMlp, {"train.zero_optimization.enabled=\"yes\""}, "'train.zero_optimization.enabled' expects a boolean"},
 
       // ---- features that do not exist yet
       {"AMP", kMlp, {"train.amp.enabled=true"}, "'train.amp.enabled' = true is not implemented yet (mixed precision)"},
       {"AMP fp16", kMlp, {"train.amp.dtype=fp16"}, "'train.amp.dtype' = \"fp16\" is not implemented yet"},
-      {"ZeRO", kMlp, {"train.zero_optimization.enabled=true"}, "is not implemented yet (ZeRO)"},
-      {"ZeRO stage", kMlp, {"train.zero_optimization.stage=3"}, "is not implemented yet (ZeRO)"},
       {"activation checkpointing without layers", kMlp, {"train.activation_checkpoint.enabled=true"}, "has no recomputable layers"},
       {"checkpoint period", kMlp, {"train.checkpointer.period=0"}, "train.checkpointer.period"},
       {"checkpoints kept", kMlp, {"train.checkpointer.max_to_keep=0"}, "train.checkpointer.max_to_keep"},

@@ -28,37 +28,17 @@
 #include "core/text.h"
 #include "tests/cli_runner.h"
 #include "tests/deadline.h"
+#include "tests/train/train_runs.h"
 #include "train/job_config.h"
 #include "train/trainer.h"
 
 namespace tessera {
 namespace {
 
-struct Run {
-  TrainSummary summary;
-  proto::Plan plan;
-};
+using Run = ::tessera::testing::PlannedRun;
 
 absl::StatusOr<Run> TrainNano(std::vector<std::string> overrides, int steps = 3) {
-  const auto dir = std::filesystem::temp_directory_path() / StrCat("tessera_memory_", ::getpid());
-  overrides.push_back(StrCat("train.train_iter=", steps));
-  overrides.push_back("train.log_period=100");
-  overrides.push_back(StrCat("train.output_dir=", dir.string()));
-  auto config = LoadJobConfig(::tessera::testing::SourcePath("configs/gpt2_nano.json"), overrides);
-  if (!config.ok()) return config.status();
-  Run run;
-  auto plan = TrainingPlan(*config);
-  if (!plan.ok()) return plan.status();
-  run.plan = *std::move(plan);
-  absl::StatusOr<TrainSummary> summary;
-  {
-    ::tessera::testing::Deadline deadline(std::chrono::seconds(120), "training gpt2_nano");
-    summary = Train(*config);
-  }
-  std::filesystem::remove_all(dir);
-  if (!summary.ok()) return summary.status();
-  run.summary = *std::move(summary);
-  return run;
+  return ::tessera::testing::PlanAndTrain("configs/gpt2_nano.json", std::move(overrides), steps);
 }
 
 struct Layout {
