@@ -2,7 +2,6 @@
 
 #include <cstdlib>
 #include <cstring>
-#include <set>
 
 #include "actors/actor_id.h"
 #include "actors/plan.h"
@@ -187,18 +186,13 @@ absl::Status ArenaMonitor::status() const {
 std::vector<ArenaMonitor::Use> ArenaMonitor::Uses() const {
   std::lock_guard<std::mutex> lock(held_mu_);
   std::vector<Use> out;
-  std::set<uint32_t> seen;
   for (const auto& device : devices_) {
     Use use{device->index, device->bytes, device->peak.load()};
     if (auto it = held_.find(device->index); it != held_.end()) {
       use.parameter_bytes = it->second.first;
       use.optimizer_state_bytes = it->second.second;
     }
-    seen.insert(device->index);
     out.push_back(use);
-  }
-  for (const auto& [index, held] : held_) {
-    if (!seen.contains(index)) out.push_back({index, 0, 0, held.first, held.second});
   }
   return out;
 }

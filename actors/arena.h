@@ -44,7 +44,8 @@ class ArenaMonitor {
     int64_t arena_bytes = 0;
     int64_t peak_bytes = 0;  // the most bytes of its registers in use at once
     // Held outside the arena by the device's Parameter actors, as allocated:
-    // the variables' shards and their optimizer state's.
+    // the variables' shards and their optimizer state's (listed for devices
+    // with an arena, as every device of a plan that computes has).
     int64_t parameter_bytes = 0;
     int64_t optimizer_state_bytes = 0;
   };

@@ -3,8 +3,8 @@
 # 50,257-token vocabulary, AdamW, dropout 0, synthetic tokens), side by side:
 #   - what `tessera plan --format memory` predicts per device for micro-batch
 #     MICRO: plain f32, with activation checkpointing, plain data parallelism
-#     over 2 ranks and ZeRO stages 1-3 over them, and the variants the issue
-#     lists that are not built yet (bf16: its refusal is printed);
+#     over 2 ranks and ZeRO stages 1-3 over them, bf16 mixed precision, and
+#     all together (checkpointing, bf16, ZeRO-2 over 2 ranks);
 #   - the peak resident set of `tessera train` for 2 iterations, minus that
 #     of `tessera plan` on the same config (the binary, its libraries, the
 #     compiled plan): what the run adds, against the plan's total over the

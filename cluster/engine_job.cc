@@ -458,6 +458,8 @@ class EnginePlanRunner final : public PlanRunner {
     if (loss == values.end()) return absl::OkStatus();
     const double value = loss->second.ToVector<float>().at(0);
     if (!std::isfinite(value)) return absl::InternalError(StrCat("loss is ", value, " at iteration ", iteration));
+    // fp16 loss scaling: the steps skipped so far, beside each record's flag.
+    if (auto it = values.find("skipped"); it != values.end()) skipped_steps_ += it->second.ToVector<float>().at(0) != 0;
     if ((iteration + 1) % feed_->log_period() != 0 && iteration + 1 != feed_->iterations()) return absl::OkStatus();
     const auto now = std::chrono::steady_clock::now();
     const double seconds = std::chrono::duration<double>(now - last_report_).count();
@@ -474,6 +476,7 @@ class EnginePlanRunner final : public PlanRunner {
         metrics.values[name] = tensor.ToVector<float>().at(0);
       }
     }
+    if (values.contains("skipped")) metrics.values["skipped_steps"] = static_cast<double>(skipped_steps_);
     metrics.values["samples_per_s"] = seconds > 0 ? samples / seconds : 0.0;
     if (feed_->tokens_per_sample() > 0) {
       metrics.values["tokens_per_s"] = metrics.values["samples_per_s"] * static_cast<double>(feed_->tokens_per_sample());
@@ -498,6 +501,7 @@ class EnginePlanRunner final : public PlanRunner {
   std::map<uint32_t, std::unique_ptr<ThreadPool>> pools_;  // per device, made by the first segment
   std::chrono::steady_clock::time_point last_report_;
   int64_t last_reported_ = -1;
+  int64_t skipped_steps_ = 0;  // fp16 loss scaling: steps skipped so far
   std::mutex mu_;
   absl::Status cancelled_ ABSL_GUARDED_BY(mu_);
   actors::Runtime* runtime_ ABSL_GUARDED_BY(mu_) = nullptr;

@@ -67,10 +67,14 @@ absl::StatusOr<ValueId> ReplayLeaf(const Graph& from, const Node& n, Graph& out)
 // The options that give a replayed node `n`'s layer, scope, name of its first
 // output, backward flag and checkpoint segment.
 NodeOptions ReplayOptions(const Graph& from, const Node& n);
+// Marks in `out` the losses, fetches and variable updates of `from`, through
+// `remap` (old value id -> id in `out`).
+absl::Status ReplayMarks(const Graph& from, const std::vector<ValueId>& remap, Graph& out);
 // Adds node `n` of `from` (any kind) to `out` as it was, reading `inputs`
-// (ids in `out`); returns its outputs there.
-absl::StatusOr<std::vector<ValueId>> ReplayNode(const Graph& from, const Node& n, const std::vector<ValueId>& inputs,
-                                                Graph& out);
+// (ids in `out`), with its outputs' hints; records its outputs' new ids in
+// `remap` (old value id -> id in `out`).
+absl::Status ReplayNode(const Graph& from, const Node& n, const std::vector<ValueId>& inputs, Graph& out,
+                        std::vector<ValueId>& remap);
 
 // Whether two layer indices (Node::layer_idx) run on the same pipeline stage.
 using SameStageFn = std::function<bool(int64_t layer_a, int64_t layer_b)>;
@@ -95,6 +99,20 @@ struct AccumulationResult {
 // `remap`. m = 1 changes nothing.
 absl::StatusOr<AccumulationResult> AccumulateGradients(Graph& graph, const GradientMap& gradients,
                                                        int64_t num_micro_batches);
+
+struct MixedPrecisionResult {
+  int64_t ops = 0;             // ops that now read low-precision inputs
+  std::vector<ValueId> remap;  // old value id -> new value id (the graph is rebuilt)
+};
+
+// Automatic mixed precision (graph/passes/amp.cc), on the forward graph
+// before autodiff: every matmul and batch_matmul (attention's products
+// included) reads each f32 input through its own cast to `low` (bf16 or
+// f16) and still yields f32; every other op (softmax, norms, losses,
+// reductions, the optimizer) stays f32, and so do the variables (the f32
+// master weights the optimizer updates): their gradients come back through
+// the casts as f32.
+absl::StatusOr<MixedPrecisionResult> AutoMixedPrecision(Graph& graph, DType low);
 
 struct GatherPerReaderResult {
   GradientMap gradients;       // the same pairs, in the new graph's ids
@@ -154,8 +172,34 @@ bool WeightDecayApplies(const Graph& graph, ValueId variable, const OptimizerOpt
 // gradients together, then one sgd_update / adamw_update node whose new
 // parameter and new state are set as the variables' updates. State variables
 // ("<name>.momentum", "<name>.adam_m", "<name>.adam_v") are non-trainable and
-// start at zero.
+// start at zero. `skip`, when given (a one-element f32 value), is every
+// update's last input: nonzero leaves the variables and their state as they
+// were (a step dynamic loss scaling skips).
 absl::StatusOr<OptimizerResult> ApplyOptimizer(Graph& graph, const GradientMap& gradients,
-                                               const OptimizerOptions& options);
+                                               const OptimizerOptions& options, ValueId skip = kNoValue);
+
+struct LossScaleOptions {
+  double initial_scale = 65536;
+  int64_t growth_interval = 2000;
+};
+
+struct LossScaleResult {
+  ValueId scaled_loss = kNoValue;  // what autodiff differentiates: loss x scale
+  ValueId scale = kNoValue;        // the non-trainable variable "amp.loss_scale"
+  ValueId good_steps = kNoValue;   // its state "amp.loss_scale_good_steps"
+};
+
+// Dynamic loss scaling for fp16 mixed precision (graph/passes/loss_scale.cc).
+// ScaleLoss, before autodiff: the loss times a scale variable, to
+// differentiate instead of the loss (which stays the reported loss).
+absl::StatusOr<LossScaleResult> ScaleLoss(Graph& graph, ValueId loss, const LossScaleOptions& options);
+// UnscaleGradients, after accumulation and before ApplyOptimizer: every
+// gradient divided by the scale; returns found_inf (1 when any unscaled
+// gradient holds a NaN or an infinity, fetched as "skipped", the scale as
+// "loss_scale") for ApplyOptimizer's skip, and sets the scale's update
+// (loss_scale_update: halve on found_inf, double after growth_interval
+// clean steps). `scaled` in the graph's current ids.
+absl::StatusOr<ValueId> UnscaleGradients(Graph& graph, GradientMap& gradients, const LossScaleResult& scaled,
+                                         const LossScaleOptions& options);
 
 }  // namespace tessera::graph

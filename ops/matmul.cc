@@ -28,10 +28,20 @@ struct GemmAxes {
   }
 };
 
-absl::Status ExpectF32(const TensorMeta& meta, std::string_view name) {
-  if (meta.dtype == DType::kF32) return absl::OkStatus();
-  return absl::InvalidArgumentError(
-      StrCat("input '", name, "' must be f32, got ", DTypeName(meta.dtype), " (only f32 GEMM is implemented)"));
+// f32 x f32, or bf16 x bf16 / f16 x f16 (mixed precision: products summed
+// in f32, y f32).
+absl::Status ExpectGemmDTypes(const TensorMeta& a, const TensorMeta& b) {
+  for (const auto& [meta, name] : {std::pair{&a, "a"}, std::pair{&b, "b"}}) {
+    if (meta->dtype != DType::kF32 && meta->dtype != DType::kBF16 && meta->dtype != DType::kF16) {
+      return absl::InvalidArgumentError(
+          StrCat("input '", name, "' must be f32, bf16 or f16, got ", DTypeName(meta->dtype)));
+    }
+  }
+  if (a.dtype != b.dtype) {
+    return absl::InvalidArgumentError(StrCat("a is ", DTypeName(a.dtype), " but b is ", DTypeName(b.dtype),
+                                             "; both must have the same dtype"));
+  }
+  return absl::OkStatus();
 }
 
 std::string DimsToString(const std::vector<int64_t>& dims) { return Shape(dims).ToString(); }
@@ -42,8 +52,7 @@ absl::StatusOr<std::vector<TensorMeta>> InferGemm(const std::vector<TensorMeta>&
                                                   bool batched) {
   const TensorMeta& a = in[0];
   const TensorMeta& b = in[1];
-  RETURN_IF_ERROR(ExpectF32(a, "a"));
-  RETURN_IF_ERROR(ExpectF32(b, "b"));
+  RETURN_IF_ERROR(ExpectGemmDTypes(a, b));
   if (batched) {
     for (const auto& [meta, name] : {std::pair{&a, "a"}, std::pair{&b, "b"}}) {
       if (meta->shape.rank() < 3) {
@@ -110,12 +119,19 @@ std::vector<SbpSignature> GemmSignatures(const std::vector<TensorMeta>& in, cons
 //   y = α Aᵀ B:    dA = α B dYᵀ     dB = α A dY
 //   y = α A Bᵀ:    dA = α dY B      dB = α dYᵀ A
 //   y = α Aᵀ Bᵀ:   dA = α Bᵀ dYᵀ    dB = α dYᵀ Aᵀ
+// With bf16 / f16 inputs (y f32) the products take dY cast to that dtype
+// and their f32 results are cast back to it (autocast's rule: a low-
+// precision op's input gradients are low precision too).
 void GemmGrad(GradBuilder& g, std::string_view op) {
   const bool ta = g.attrs().Bool("transpose_a"), tb = g.attrs().Bool("transpose_b");
   const double alpha = g.attrs().Float("alpha");
-  const ValueId a = g.input(0), b = g.input(1), dy = g.OutputGradOrZeros(0);
+  const DType dtype = g.meta(g.input(0)).dtype;
+  const ValueId a = g.input(0), b = g.input(1);
+  ValueId dy = g.OutputGradOrZeros(0);
+  if (dtype != DType::kF32) dy = g.Op("cast", {dy}, {{"dtype", dtype}});
   auto product = [&](ValueId x, ValueId w, bool tx, bool tw) {
-    return g.Op(op, {x, w}, {{"transpose_a", tx}, {"transpose_b", tw}, {"alpha", alpha}});
+    const ValueId y = g.Op(op, {x, w}, {{"transpose_a", tx}, {"transpose_b", tw}, {"alpha", alpha}});
+    return dtype == DType::kF32 ? y : g.Op("cast", {y}, {{"dtype", dtype}});
   };
   if (!ta && !tb) {
     g.SetInputGrad(0, product(dy, b, false, true));
@@ -144,8 +160,9 @@ void RegisterMatmulOps(OpRegistry& registry) {
   OpSchema matmul("matmul");
   matmul
       .Doc(
-          "y = alpha * op(a) @ op(b) for 2-D a, b; op transposes when transpose_a / transpose_b. f32 only "
-          "(oneDNN sgemm; bf16 GEMM is future work).")
+          "y = alpha * op(a) @ op(b) for 2-D a, b; op transposes when transpose_a / transpose_b. a and b both f32, "
+          "bf16 or f16; y is f32 (low-precision products are summed in f32: oneDNN's bf16 GEMM where the CPU has "
+          "AVX512-BF16, else the inputs widened to f32)")
       .Input("a")
       .Input("b")
       .Output("y");
@@ -162,7 +179,7 @@ void RegisterMatmulOps(OpRegistry& registry) {
       .Doc(
           "y[..., :, :] = alpha * op(a[..., :, :]) @ op(b[..., :, :]) for a, b of rank >= 3 with equal leading "
           "(batch) dimensions, no broadcasting; op transposes the last two axes when transpose_a / transpose_b. "
-          "f32 only (oneDNN sgemm; bf16 GEMM is future work).")
+          "a and b both f32, bf16 or f16; y is f32 (as matmul)")
       .Input("a")
       .Input("b")
       .Output("y");

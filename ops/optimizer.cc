@@ -18,36 +18,44 @@ namespace tessera::ops {
 namespace cpu {
 absl::Status SgdUpdateKernel(KernelContext& ctx);
 absl::Status AdamwUpdateKernel(KernelContext& ctx);
+absl::Status NonfiniteKernel(KernelContext& ctx);
+absl::Status LossScaleUpdateKernel(KernelContext& ctx);
 }  // namespace cpu
 
 namespace {
 
-// in = (param, state..., lr): every tensor but lr must be f32 of param's shape;
-// lr a one-element f32 tensor.
+// in = (param, state..., lr[, skip]): the tensors `names` f32 of param's
+// shape; lr and skip one-element f32 tensors.
 absl::Status CheckUpdateInputs(const std::vector<TensorMeta>& in, const std::vector<std::string>& names) {
-  for (size_t i = 0; i + 1 < in.size(); ++i) {
+  if (in.size() != names.size() + 1 && in.size() != names.size() + 2) {
+    return absl::InvalidArgumentError(StrCat("expects ", names.size(), " tensors, lr and optionally skip, got ",
+                                             in.size(), " inputs"));
+  }
+  for (size_t i = 0; i < names.size(); ++i) {
     RETURN_IF_ERROR(ExpectDType(in[i], DType::kF32, names[i]));
     if (in[i].shape != in[0].shape) {
       return absl::InvalidArgumentError(StrCat("'", names[i], "' must have the shape of '", names[0], "' ",
                                                in[0].shape.ToString(), ", got ", in[i].shape.ToString()));
     }
   }
-  const TensorMeta& lr = in.back();
-  RETURN_IF_ERROR(ExpectDType(lr, DType::kF32, "lr"));
-  if (lr.shape.NumElements() != 1) {
-    return absl::InvalidArgumentError(StrCat("'lr' must hold one element, got shape ", lr.shape.ToString()));
+  for (size_t i = names.size(); i < in.size(); ++i) {
+    const std::string name = i == names.size() ? "lr" : "skip";
+    RETURN_IF_ERROR(ExpectDType(in[i], DType::kF32, name));
+    if (in[i].shape.NumElements() != 1) {
+      return absl::InvalidArgumentError(
+          StrCat("'", name, "' must hold one element, got shape ", in[i].shape.ToString()));
+    }
   }
   return absl::OkStatus();
 }
 
-// Parameter and state split alike along any axis (lr broadcast), or all
-// broadcast.
-std::vector<SbpSignature> UpdateSignatures(const std::vector<TensorMeta>& in, int num_outputs) {
-  const size_t tensors = in.size() - 1;
+// Parameter and state split alike along any axis (lr and skip broadcast),
+// or all broadcast.
+std::vector<SbpSignature> UpdateSignatures(const std::vector<TensorMeta>& in, int num_outputs, size_t tensors) {
   std::vector<SbpSignature> sigs;
   for (int axis = 0; axis < in[0].shape.rank(); ++axis) {
     std::vector<Sbp> inputs(tensors, Sbp::Split(axis));
-    inputs.push_back(Sbp::Broadcast());
+    inputs.resize(in.size(), Sbp::Broadcast());
     sigs.push_back({std::move(inputs), std::vector<Sbp>(static_cast<size_t>(num_outputs), Sbp::Split(axis))});
   }
   sigs.push_back({std::vector<Sbp>(in.size(), Sbp::Broadcast()),
@@ -88,18 +96,19 @@ void RegisterOptimizerOps(OpRegistry& registry) {
       OpSchema("sgd_update")
           .Doc("SGD step as torch.optim.SGD (no dampening): g' = grad + weight_decay * param; "
                "buf' = momentum * buf + g'; param' = param - lr * (nesterov ? g' + momentum * buf' : buf'). "
-               "Outputs may alias inputs.")
+               "Inputs end with lr and optionally skip (one element: nonzero leaves param and buf as they were, a "
+               "step skipped for a gradient overflow). Outputs may alias inputs.")
           .Input("param")
           .Input("grad")
           .Input("momentum_buf")
-          .Input("lr")
+          .VariadicInput("lr")
           .Output("new_param")
           .Output("new_momentum_buf")
           .Attr("momentum", AttrType::kFloat, 0.0)
           .Attr("weight_decay", AttrType::kFloat, 0.0)
           .Attr("nesterov", AttrType::kBool, false)
           .Infer(InferSgd)
-          .Sbp([](const std::vector<TensorMeta>& in, const AttrMap&, int64_t) { return UpdateSignatures(in, 2); })
+          .Sbp([](const std::vector<TensorMeta>& in, const AttrMap&, int64_t) { return UpdateSignatures(in, 2, 3); })
           .Kernel(DeviceType::kCpu, cpu::SgdUpdateKernel)
           .Example({{DType::kF32, Shape{4, 6}},
                     {DType::kF32, Shape{4, 6}},
@@ -112,12 +121,13 @@ void RegisterOptimizerOps(OpRegistry& registry) {
           .Doc("AdamW step as torch.optim.AdamW, with t = step + 1: param' = param * (1 - lr * weight_decay); "
                "m' = beta1 m + (1 - beta1) grad; v' = beta2 v + (1 - beta2) grad^2; "
                "param' -= lr * m'/(1 - beta1^t) / (sqrt(v'/(1 - beta2^t)) + eps) (no bias correction when "
-               "bias_correction is false). Outputs may alias inputs.")
+               "bias_correction is false). Inputs end with lr and optionally skip (one element: nonzero leaves "
+               "param, m and v as they were). Outputs may alias inputs.")
           .Input("param")
           .Input("grad")
           .Input("m")
           .Input("v")
-          .Input("lr")
+          .VariadicInput("lr")
           .Output("new_param")
           .Output("new_m")
           .Output("new_v")
@@ -127,13 +137,75 @@ void RegisterOptimizerOps(OpRegistry& registry) {
           .Attr("weight_decay", AttrType::kFloat, 0.01)
           .Attr("bias_correction", AttrType::kBool, true)
           .Infer(InferAdamw)
-          .Sbp([](const std::vector<TensorMeta>& in, const AttrMap&, int64_t) { return UpdateSignatures(in, 3); })
+          .Sbp([](const std::vector<TensorMeta>& in, const AttrMap&, int64_t) { return UpdateSignatures(in, 3, 4); })
           .Kernel(DeviceType::kCpu, cpu::AdamwUpdateKernel)
           .Example({{DType::kF32, Shape{4, 6}},
                     {DType::kF32, Shape{4, 6}},
                     {DType::kF32, Shape{4, 6}},
                     {DType::kF32, Shape{4, 6}},
                     {DType::kF32, Shape{}}}));
+
+  registry.MustRegister(
+      OpSchema("nonfinite")
+          .Doc("y = 1 if any element of x is NaN or infinite, else 0 (an f32 scalar): mixed precision's overflow "
+               "check")
+          .NonDifferentiableInput("x")
+          .Output("y")
+          .Infer([](const std::vector<TensorMeta>& in, const AttrMap&) -> absl::StatusOr<std::vector<TensorMeta>> {
+            if (in[0].dtype != DType::kF32 && in[0].dtype != DType::kBF16 && in[0].dtype != DType::kF16) {
+              return absl::InvalidArgumentError(StrCat("'x' must be a float, got ", DTypeName(in[0].dtype)));
+            }
+            return std::vector<TensorMeta>{{DType::kF32, Shape{}}};
+          })
+          .Sbp([](const std::vector<TensorMeta>& in, const AttrMap&, int64_t) {
+            // A shard's flag is the flag of its elements: the max over shards.
+            std::vector<SbpSignature> sigs;
+            for (int axis = 0; axis < in[0].shape.rank(); ++axis) {
+              sigs.push_back({{Sbp::Split(axis)}, {Sbp::PartialMax()}});
+            }
+            sigs.push_back({{Sbp::Broadcast()}, {Sbp::Broadcast()}});
+            return sigs;
+          })
+          .Kernel(DeviceType::kCpu, cpu::NonfiniteKernel)
+          .Example({{DType::kF32, Shape{4, 6}}}));
+
+  registry.MustRegister(
+      OpSchema("loss_scale_update")
+          .Doc("Dynamic loss scaling as torch.cuda.amp.GradScaler: with found_inf nonzero, scale' = scale * "
+               "backoff and good_steps' = 0; else good_steps' = good_steps + 1 and, when that reaches "
+               "growth_interval, scale' = scale * growth and good_steps' = 0. Outputs may alias inputs.")
+          .NonDifferentiableInput("scale")
+          .NonDifferentiableInput("found_inf")
+          .NonDifferentiableInput("good_steps")
+          .Output("new_scale")
+          .Output("new_good_steps")
+          .Attr("backoff", AttrType::kFloat, 0.5)
+          .Attr("growth", AttrType::kFloat, 2.0)
+          .Attr("growth_interval", AttrType::kInt, int64_t{2000})
+          .Infer([](const std::vector<TensorMeta>& in,
+                    const AttrMap& attrs) -> absl::StatusOr<std::vector<TensorMeta>> {
+            for (size_t i = 0; i < in.size(); ++i) {
+              const char* name = i == 0 ? "scale" : i == 1 ? "found_inf" : "good_steps";
+              RETURN_IF_ERROR(ExpectDType(in[i], DType::kF32, name));
+              if (in[i].shape.NumElements() != 1) {
+                return absl::InvalidArgumentError(
+                    StrCat("'", name, "' must hold one element, got shape ", in[i].shape.ToString()));
+              }
+            }
+            const double backoff = attrs.Float("backoff"), growth = attrs.Float("growth");
+            if (!(backoff > 0 && backoff < 1) || !(growth > 1) || attrs.Int("growth_interval") < 1) {
+              return absl::InvalidArgumentError(StrCat("backoff must be in (0, 1), growth > 1 and growth_interval >= "
+                                                       "1, got ", backoff, ", ", growth, " and ",
+                                                       attrs.Int("growth_interval")));
+            }
+            return std::vector<TensorMeta>{in[0], in[2]};
+          })
+          .Sbp([](const std::vector<TensorMeta>&, const AttrMap&, int64_t) {
+            return std::vector<SbpSignature>{{{Sbp::Broadcast(), Sbp::Broadcast(), Sbp::Broadcast()},
+                                              {Sbp::Broadcast(), Sbp::Broadcast()}}};
+          })
+          .Kernel(DeviceType::kCpu, cpu::LossScaleUpdateKernel)
+          .Example({{DType::kF32, Shape{}}, {DType::kF32, Shape{}}, {DType::kF32, Shape{}}}));
 }
 
 }  // namespace tessera::ops

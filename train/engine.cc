@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -31,11 +32,30 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Compile(graph::Graph graph, cons
   if (options.num_micro_batches > 1 && !options.train) {
     return absl::InvalidArgumentError("engine: micro-batches (gradient accumulation) need train = true");
   }
+  if (options.amp != DType::kF32) {
+    ASSIGN_OR_RETURN(graph::MixedPrecisionResult mixed, graph::AutoMixedPrecision(graph, options.amp));
+    if (mixed.ops == 0) return absl::InvalidArgumentError("train.amp.enabled: the model has no f32 matmuls to cast");
+  }
   if (options.train) {
     if (graph.losses().size() != 1) {
       return absl::InvalidArgumentError(StrCat("engine: training needs exactly one loss, the graph has ", graph.losses().size()));
     }
-    ASSIGN_OR_RETURN(graph::GradientMap gradients, graph::Autodiff(graph));
+    // fp16: autodiff differentiates the loss times a dynamic scale; the
+    // gradients are divided by it before the optimizer, which skips the step
+    // when they overflowed.
+    std::optional<graph::LossScaleResult> scaled;
+    const auto remap_scaled = [&scaled](const std::vector<graph::ValueId>& remap) {
+      if (!scaled) return;
+      for (graph::ValueId* id : {&scaled->scaled_loss, &scaled->scale, &scaled->good_steps}) {
+        *id = remap[static_cast<size_t>(*id)];
+      }
+    };
+    graph::ValueId differentiated = graph.losses()[0];
+    if (options.amp == DType::kF16) {
+      ASSIGN_OR_RETURN(scaled, graph::ScaleLoss(graph, differentiated, options.loss_scale));
+      differentiated = scaled->scaled_loss;
+    }
+    ASSIGN_OR_RETURN(graph::GradientMap gradients, graph::Autodiff(graph, differentiated));
     if (options.activation_checkpoint) {
       ASSIGN_OR_RETURN(const scheduler::DeviceMesh mesh, scheduler::DeviceMesh::Make(options.lower.parallel));
       const auto same_stage = [&mesh](int64_t a, int64_t b) {
@@ -48,17 +68,25 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Compile(graph::Graph graph, cons
             "train.activation_checkpoint.enabled: the model has no recomputable layers (nn/ marks transformer layers)");
       }
       gradients = std::move(recomputed.gradients);
+      remap_scaled(recomputed.remap);
     }
     if (options.num_micro_batches > 1) {
       ASSIGN_OR_RETURN(graph::AccumulationResult accumulated,
                        graph::AccumulateGradients(graph, gradients, options.num_micro_batches));
       gradients = std::move(accumulated.gradients);
+      remap_scaled(accumulated.remap);
     }
     if (options.lower.zero_stage == 3) {
       ASSIGN_OR_RETURN(graph::GatherPerReaderResult gathered, graph::GatherPerReader(graph, gradients));
       gradients = std::move(gathered.gradients);
+      remap_scaled(gathered.remap);
     }
-    ASSIGN_OR_RETURN(graph::OptimizerResult optimizer, graph::ApplyOptimizer(graph, gradients, options.optimizer));
+    graph::ValueId skip = graph::kNoValue;
+    if (scaled) {
+      ASSIGN_OR_RETURN(skip, graph::UnscaleGradients(graph, gradients, *scaled, options.loss_scale));
+    }
+    ASSIGN_OR_RETURN(graph::OptimizerResult optimizer,
+                     graph::ApplyOptimizer(graph, gradients, options.optimizer, skip));
     (void)optimizer;
   }
   ASSIGN_OR_RETURN(std::vector<graph::ValueId> remap, graph::EliminateDeadCode(graph));

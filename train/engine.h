@@ -57,6 +57,11 @@ struct CompileOptions {
   // Recompute each recomputable segment (transformer layer) in backward
   // instead of keeping its activations (graph/passes.h RecomputeSegments).
   bool activation_checkpoint = false;
+  // Mixed precision (graph/passes.h AutoMixedPrecision): bf16 or f16 runs
+  // the matmuls in that type; f32 = off.
+  DType amp = DType::kF32;
+  // fp16 only: dynamic loss scaling (graph/passes.h ScaleLoss).
+  graph::LossScaleOptions loss_scale = {};
   scheduler::LowerOptions lower = {};  // iterations is set by Run / Plan
   double stall_timeout_s = 60;         // runtime deadlock guard (0 = none)
   PlanExecutor executor = {};          // empty = actors::Runtime

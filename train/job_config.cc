@@ -71,6 +71,28 @@ Binding<ActivationCheckpointConfig> MakeActivationCheckpointKeys() {
   return b;
 }
 
+Binding<AmpConfig> MakeAmpKeys() {
+  Binding<AmpConfig> b("Mixed precision: matmuls (attention's included) in a low-precision type, the rest in f32.");
+  b.Field("enabled", &AmpConfig::enabled,
+          {.doc = "each matmul reads its inputs cast to `dtype` and sums the products in f32; softmax, norms, "
+                  "losses, reductions and the optimizer stay f32, the variables are the f32 master weights. bf16 "
+                  "products run on oneDNN's bf16 GEMM where the CPU has AVX512-BF16, else on the inputs widened "
+                  "to f32 (the same numbers, no speed-up)"});
+  b.Field("dtype", &AmpConfig::dtype,
+          {.choices = {"bf16", "fp16"},
+           .doc = "the low-precision type. fp16 adds dynamic loss scaling (torch.cuda.amp.GradScaler's rule): the "
+                  "loss times a scale is differentiated, the gradients divided by it; a step whose gradients hold "
+                  "a NaN or an infinity is skipped (weights and optimizer state unchanged) and halves the scale, "
+                  "`loss_scale_growth_interval` clean steps in a row double it; metrics.jsonl gets `loss_scale`, "
+                  "`skipped` (1 for a skipped step) and `skipped_steps` (since this process started the run). fp16 "
+                  "products are widened to f32 on these CPUs"});
+  b.Field("initial_loss_scale", &AmpConfig::initial_loss_scale,
+          {.min = 1, .max = 1e38, .doc = "fp16: the first loss scale (read only with dtype fp16)"});
+  b.Field("loss_scale_growth_interval", &AmpConfig::loss_scale_growth_interval,
+          {.min = 1, .max = kMaxInt32, .doc = "fp16: clean steps in a row before the scale doubles (read only with dtype fp16)"});
+  return b;
+}
+
 Binding<ZeroConfig> MakeZeroKeys() {
   Binding<ZeroConfig> b(
       "Sharding parameters' optimizer state, gradients and the parameters themselves over the data-parallel ranks "
@@ -132,16 +154,7 @@ Binding<TrainConfig> MakeTrainKeys() {
           {.min = 1, .doc = "iterations between progress lines and metrics.jsonl records (the last one is always written)"});
   b.Field("seed", &TrainConfig::seed,
           {.min = 0, .doc = "seeds all randomness a model does not seed itself (its `*_seed` keys left `null`)"});
-  b.Unbound("amp", Section("Mixed precision.")
-                       .Key("enabled", {.type = KeyType::kBool,
-                                        .default_value = false,
-                                        .not_implemented = "mixed precision",
-                                        .doc = "train with low-precision matmuls and f32 master weights"})
-                       .Key("dtype", {.type = KeyType::kString,
-                                      .default_value = "bf16",
-                                      .choices = {"bf16", "fp16"},
-                                      .not_implemented = "mixed precision",
-                                      .doc = "the low-precision type"}));
+  b.Sub("amp", &TrainConfig::amp, MakeAmpKeys());
   b.Sub("activation_checkpoint", &TrainConfig::activation_checkpoint, MakeActivationCheckpointKeys());
   b.Sub("zero_optimization", &TrainConfig::zero_optimization, MakeZeroKeys());
   b.Sub("checkpointer", &TrainConfig::checkpointer, MakeCheckpointerKeys());

@@ -54,6 +54,14 @@ struct ActivationCheckpointConfig {
   bool enabled = false;
 };
 
+// LiBai's train.amp.
+struct AmpConfig {
+  bool enabled = false;
+  std::string dtype = "bf16";
+  double initial_loss_scale = 65536;     // fp16 only
+  int64_t loss_scale_growth_interval = 2000;  // fp16 only
+};
+
 // LiBai's train.zero_optimization.
 struct ZeroConfig {
   bool enabled = false;
@@ -81,6 +89,7 @@ struct TrainConfig {
   std::optional<std::string> load_weight;
   CheckpointerConfig checkpointer;
   EvaluationConfig evaluation;
+  AmpConfig amp;
   ActivationCheckpointConfig activation_checkpoint;
   ZeroConfig zero_optimization;
   DistConfig dist;

@@ -171,6 +171,11 @@ absl::StatusOr<Job> Prepare(const nlohmann::json& raw_config, PlanExecutor execu
   job.options.activation_checkpoint = train.activation_checkpoint.enabled;
   job.options.lower.zero_stage =
       train.zero_optimization.enabled ? static_cast<int>(train.zero_optimization.stage) : 0;
+  if (train.amp.enabled) {
+    job.options.amp = train.amp.dtype == "fp16" ? DType::kF16 : DType::kBF16;
+    job.options.loss_scale = {.initial_scale = train.amp.initial_loss_scale,
+                              .growth_interval = train.amp.loss_scale_growth_interval};
+  }
   // The graph is built for the logical micro-batch: every data-parallel
   // rank's samples (the scheduler splits it).
   double base_lr = 0;
@@ -415,6 +420,7 @@ absl::StatusOr<TrainSummary> Train(const nlohmann::json& config, std::FILE* prog
   summary.losses.reserve(static_cast<size_t>(std::min<int64_t>(iters, TrainSummary::kMaxRecordedLosses)));
   auto last_log = std::chrono::steady_clock::now();
   int64_t last_log_iter = -1;
+  int64_t skipped_steps = 0;  // fp16 loss scaling: steps skipped so far
   ASSIGN_OR_RETURN(std::unique_ptr<JobFeed> job_feed, JobFeed::Make(job.config));
   const FeedFn feed = job_feed->feed();
   const int64_t micro_batches = options.num_micro_batches;
@@ -425,6 +431,7 @@ absl::StatusOr<TrainSummary> Train(const nlohmann::json& config, std::FILE* prog
     summary.iterations = iteration + 1;
     summary.final_loss = loss;
     if (!std::isfinite(loss)) return absl::InternalError(StrCat("loss is ", loss, " at iteration ", iteration));
+    if (auto it = values.find("skipped"); it != values.end()) skipped_steps += it->second.ToVector<float>().at(0) != 0;
     if ((iteration + 1) % log_period != 0 && iteration + 1 != iters) return absl::OkStatus();
     const auto now = std::chrono::steady_clock::now();
     const double seconds = std::chrono::duration<double>(now - last_log).count();
@@ -435,7 +442,10 @@ absl::StatusOr<TrainSummary> Train(const nlohmann::json& config, std::FILE* prog
     // where the plan fetches it.
     nlohmann::json line = {{"iter", iteration + 1}, {"loss", loss}, {"lr", schedule.At(iteration)},
                            {"samples_per_s", seconds > 0 ? samples / seconds : 0.0}};
-    if (auto it = values.find("grad_norm"); it != values.end()) line["grad_norm"] = it->second.ToVector<float>().at(0);
+    for (const char* name : {"grad_norm", "loss_scale", "skipped"}) {
+      if (auto it = values.find(name); it != values.end()) line[name] = it->second.ToVector<float>().at(0);
+    }
+    if (line.contains("skipped")) line["skipped_steps"] = skipped_steps;
     metrics << line.dump() << "\n";
     metrics.flush();
     if (progress != nullptr) {

@@ -28,6 +28,13 @@ constexpr int64_t kUnrolled = 2;
 // bytes its reachability bitsets take at once.
 constexpr int64_t kMaxEvents = int64_t{1} << 24;
 constexpr int64_t kReachBytes = int64_t{96} << 20;
+// On a device of more than kManyBlocks registers, those smaller than
+// kMinSharedBytes get bytes of their own: the pairwise lifetime analysis
+// grows with the square of the blocks it covers, and a deep model has
+// thousands of tiny ones (norm and bias gradients, scalars) whose sharing
+// would save little.
+constexpr size_t kManyBlocks = 4096;
+constexpr int64_t kMinSharedBytes = 4096;
 
 int64_t AlignUp(int64_t bytes) { return (bytes + kArenaAlignment - 1) / kArenaAlignment * kArenaAlignment; }
 
@@ -141,75 +148,112 @@ class ProtocolModel {
   //   same[i][j]  (equal uses r) for every use p, i's release before j's
   //               write of use p;
   //   step[i][j]  (equal uses r) ... before j's write of use p + 1.
+  // Stored by the later block: row j holds, per block i of j's device (by
+  // i's local index), the bit of i's releases against j's writes.
   struct OrderBits {
     std::vector<std::vector<uint64_t>> last, wrap, same, step;
   };
-  OrderBits Orders(const std::vector<Block>& blocks) const {
+  // `analysed` (null: all): the blocks whose rows and sources are worked
+  // out; the others' bits are left set and mean nothing.
+  OrderBits Orders(const std::vector<Block>& blocks, const std::vector<bool>* analysed = nullptr) const {
     const size_t n = blocks.size();
     std::map<DeviceKey, std::vector<size_t>> on_device;
     for (size_t j = 0; j < n; ++j) on_device[blocks[j].device].push_back(j);
     OrderBits bits;
     for (auto* rows : {&bits.last, &bits.wrap, &bits.same, &bits.step}) {
       rows->assign(n, {});
-      for (size_t i = 0; i < n; ++i) (*rows)[i].assign((on_device[blocks[i].device].size() + 63) / 64, ~uint64_t{0});
+      for (size_t j = 0; j < n; ++j) (*rows)[j].assign((on_device[blocks[j].device].size() + 63) / 64, ~uint64_t{0});
     }
-    // Sources: one bit per (block, use, release event).
+    // Sources: one bit per (block, use, release event), grouped by device.
     struct Source {
       int64_t event;
-      size_t block;
-      int64_t use;
+      uint32_t local;  // the block's index on its device
+      uint32_t use;
+      uint32_t uses;
     };
-    std::vector<Source> sources;
-    for (size_t i = 0; i < n; ++i) {
-      for (int64_t p = 0; p < blocks[i].uses; ++p) {
-        for (int64_t e : blocks[i].releases[static_cast<size_t>(p)]) sources.push_back({e, i, p});
+    std::vector<std::vector<Source>> sources;
+    std::vector<const std::vector<size_t>*> peers_of;
+    for (const auto& [device, members] : on_device) {
+      sources.emplace_back();
+      peers_of.push_back(&members);
+      for (size_t i : members) {
+        const Block& b = blocks[i];
+        if (analysed != nullptr && !(*analysed)[i]) continue;
+        for (int64_t p = 0; p < b.uses; ++p) {
+          for (int64_t e : b.releases[static_cast<size_t>(p)]) {
+            sources.back().push_back(
+                {e, static_cast<uint32_t>(b.local), static_cast<uint32_t>(p), static_cast<uint32_t>(b.uses)});
+          }
+        }
       }
     }
     const auto events = static_cast<int64_t>(order_.size());
     const int64_t max_words = std::max<int64_t>(1, kReachBytes / 8 / std::max<int64_t>(1, events));
     std::vector<uint64_t> reach;
-    const auto clear = [](std::vector<uint64_t>& row, size_t l) { row[l / 64] &= ~(uint64_t{1} << (l % 64)); };
-    for (size_t first = 0; first < sources.size();) {
-      const size_t words =
-          static_cast<size_t>(std::min<int64_t>(max_words, static_cast<int64_t>((sources.size() - first + 63) / 64)));
-      const size_t count = std::min(sources.size() - first, words * 64);
-      reach.assign(static_cast<size_t>(events) * words, 0);
-      for (size_t s = 0; s < count; ++s) {
-        reach[static_cast<size_t>(sources[first + s].event) * words + s / 64] |= uint64_t{1} << (s % 64);
-      }
-      for (int64_t v : order_) {
-        const uint64_t* from = &reach[static_cast<size_t>(v) * words];
-        bool any = false;
-        for (size_t w = 0; w < words && !any; ++w) any = from[w] != 0;
-        if (!any) continue;
-        for (int64_t k = edge_start_[static_cast<size_t>(v)]; k < edge_start_[static_cast<size_t>(v) + 1]; ++k) {
-          uint64_t* to = &reach[static_cast<size_t>(edges_[static_cast<size_t>(k)]) * words];
-          for (size_t w = 0; w < words; ++w) to[w] |= from[w];
+    for (size_t d = 0; d < sources.size(); ++d) {
+      const std::vector<Source>& device_sources = sources[d];
+      for (size_t first = 0; first < device_sources.size();) {
+        const size_t words = static_cast<size_t>(
+            std::min<int64_t>(max_words, static_cast<int64_t>((device_sources.size() - first + 63) / 64)));
+        const size_t count = std::min(device_sources.size() - first, words * 64);
+        reach.assign(static_cast<size_t>(events) * words, 0);
+        for (size_t s = 0; s < count; ++s) {
+          reach[static_cast<size_t>(device_sources[first + s].event) * words + s / 64] |= uint64_t{1} << (s % 64);
         }
-      }
-      for (size_t s = 0; s < count; ++s) {
-        const Source& source = sources[first + s];
-        const size_t i = source.block;
-        const size_t word = s / 64;
-        const uint64_t bit = uint64_t{1} << (s % 64);
-        const auto reached = [&](int64_t event) {
-          return (reach[static_cast<size_t>(event) * words + word] & bit) != 0;
-        };
-        const bool last_use = source.use == blocks[i].uses - 1;
-        const std::vector<size_t>& peers = on_device[blocks[i].device];
-        for (size_t l = 0; l < peers.size(); ++l) {
-          const Block& j = blocks[peers[l]];
-          if (last_use) {
-            if (!reached(j.writes.front())) clear(bits.last[i], l);
-            if (!reached(j.writes.back())) clear(bits.wrap[i], l);
-          }
-          if (j.uses == blocks[i].uses) {
-            if (!reached(j.writes[static_cast<size_t>(source.use)])) clear(bits.same[i], l);
-            if (!reached(j.writes[static_cast<size_t>(source.use) + 1])) clear(bits.step[i], l);
+        for (int64_t v : order_) {
+          const uint64_t* from = &reach[static_cast<size_t>(v) * words];
+          bool any = false;
+          for (size_t w = 0; w < words && !any; ++w) any = from[w] != 0;
+          if (!any) continue;
+          for (int64_t k = edge_start_[static_cast<size_t>(v)]; k < edge_start_[static_cast<size_t>(v) + 1]; ++k) {
+            uint64_t* to = &reach[static_cast<size_t>(edges_[static_cast<size_t>(k)]) * words];
+            for (size_t w = 0; w < words; ++w) to[w] |= from[w];
           }
         }
+        // Peer by peer: its few write rows stay in cache while every source
+        // of the chunk is tested against them, and its own bit rows are
+        // written in order.
+        const auto row = [&](int64_t event) { return &reach[static_cast<size_t>(event) * words]; };
+        const auto reached = [](const uint64_t* r, size_t s) { return ((r[s / 64] >> (s % 64)) & 1) != 0; };
+        std::vector<const uint64_t*> writes;
+        for (size_t j : *peers_of[d]) {
+          if (analysed != nullptr && !(*analysed)[j]) continue;
+          const Block& b = blocks[j];
+          writes.clear();
+          for (int64_t w : b.writes) writes.push_back(row(w));
+          const uint64_t* front = writes.front();
+          const uint64_t* back = writes.back();
+          uint64_t* last = bits.last[j].data();
+          uint64_t* wrap = bits.wrap[j].data();
+          uint64_t* same = bits.same[j].data();
+          uint64_t* step = bits.step[j].data();
+          // Branch-free: half the tests fail, unpredictably. `unless(r)`
+          // is the mask that clears the source's bit when r is false.
+          for (size_t s = 0; s < count; ++s) {
+            const Source& source = device_sources[first + s];
+            const uint64_t bit = uint64_t{1} << (source.local % 64);
+            const size_t word = source.local / 64;
+            const auto unless = [bit](bool r) { return ~(bit & (uint64_t{r} - 1)); };
+            if (source.uses == 1 && b.uses == 1) {  // the common case: same = last, step = wrap
+              const uint64_t keep_front = unless(reached(front, s)), keep_back = unless(reached(back, s));
+              last[word] &= keep_front;
+              same[word] &= keep_front;
+              wrap[word] &= keep_back;
+              step[word] &= keep_back;
+              continue;
+            }
+            if (source.use + 1 == source.uses) {
+              last[word] &= unless(reached(front, s));
+              wrap[word] &= unless(reached(back, s));
+            }
+            if (static_cast<int64_t>(source.uses) == b.uses) {
+              same[word] &= unless(reached(writes[source.use], s));
+              step[word] &= unless(reached(writes[source.use + 1], s));
+            }
+          }
+        }
+        first += count;
       }
-      first += count;
     }
     return bits;
   }
@@ -521,10 +565,11 @@ bool Bit(const std::vector<uint64_t>& row, size_t j) { return (row[j / 64] >> (j
 // use (one's use p, the other's use p, the one's use p + 1, ...).
 bool MayShare(const std::vector<ProtocolModel::Block>& blocks, const ProtocolModel::OrderBits& bits, size_t i,
               size_t j) {
+  // last(i, j): bits.last[j] at i (rows are the later block's).
   const size_t li = blocks[i].local, lj = blocks[j].local;
-  if ((Bit(bits.last[i], lj) && Bit(bits.wrap[j], li)) || (Bit(bits.last[j], li) && Bit(bits.wrap[i], lj))) return true;
+  if ((Bit(bits.last[j], li) && Bit(bits.wrap[i], lj)) || (Bit(bits.last[i], lj) && Bit(bits.wrap[j], li))) return true;
   if (blocks[i].uses != blocks[j].uses || blocks[i].uses < 2) return false;
-  return (Bit(bits.same[i], lj) && Bit(bits.step[j], li)) || (Bit(bits.same[j], li) && Bit(bits.step[i], lj));
+  return (Bit(bits.same[j], li) && Bit(bits.step[i], lj)) || (Bit(bits.same[i], lj) && Bit(bits.step[j], li));
 }
 
 absl::StatusOr<std::map<int64_t, proto::ActorKind>> ProducerKinds(const proto::Plan& plan) {
@@ -591,6 +636,44 @@ bool ArenaEligible(const proto::RegisterDesc& desc, proto::ActorKind producer_ki
          producer_kind != proto::ACTOR_KIND_REPEAT;
 }
 
+// Transposes a 64 x 64 bit matrix in place: bit c of a[r] <-> bit r of a[c].
+void Transpose64(uint64_t a[64]) {
+  uint64_t m = 0x00000000FFFFFFFFULL;
+  for (int j = 32; j != 0; j >>= 1, m ^= m << j) {
+    for (int k = 0; k < 64; k = ((k | j) + 1) & ~j) {
+      const uint64_t t = ((a[k] >> j) ^ a[k | j]) & m;
+      a[k] ^= t << j;
+      a[k | j] ^= t;
+    }
+  }
+}
+
+// Bit rows indexed [block][local index of a block of its device], as
+// OrderBits holds them, transposed within each device (64 x 64 tiles).
+std::vector<std::vector<uint64_t>> TransposedWithinDevices(const std::vector<std::vector<uint64_t>>& rows,
+                                                           const std::map<DeviceKey, std::vector<size_t>>& on_device) {
+  std::vector<std::vector<uint64_t>> out(rows.size());
+  uint64_t tile[64];
+  for (const auto& [device, members] : on_device) {
+    const size_t n = members.size(), words = (n + 63) / 64;
+    for (size_t i : members) out[i].assign(words, 0);
+    for (size_t row_word = 0; row_word < words; ++row_word) {
+      for (size_t col_word = 0; col_word < words; ++col_word) {
+        for (size_t t = 0; t < 64; ++t) {
+          const size_t r = row_word * 64 + t;
+          tile[t] = r < n ? rows[members[r]][col_word] : 0;
+        }
+        Transpose64(tile);
+        for (size_t t = 0; t < 64; ++t) {
+          const size_t c = col_word * 64 + t;
+          if (c < n) out[members[c]][row_word] = tile[t];
+        }
+      }
+    }
+  }
+  return out;
+}
+
 absl::StatusOr<MemoryPlanResult> PlanMemory(proto::Plan& plan) {
   for (auto& desc : *plan.mutable_register_descs()) desc.clear_arena_offset();
   plan.clear_arenas();
@@ -603,37 +686,77 @@ absl::StatusOr<MemoryPlanResult> PlanMemory(proto::Plan& plan) {
   ASSIGN_OR_RETURN(std::vector<ProtocolModel::Block> blocks, Blocks(plan, false));
   MemoryPlanResult result;
   ProtocolModel::OrderBits bits;
+  std::vector<bool> analysed;  // blocks that may share (kManyBlocks, kMinSharedBytes)
   if (!blocks.empty()) {
     ProtocolModel model(plan);
     result.unshared_reason = model.unsupported();
     if (result.unshared_reason.empty()) {
       model.Events(blocks);
-      bits = model.Orders(blocks);
+      std::map<DeviceKey, size_t> per_device;
+      for (const ProtocolModel::Block& b : blocks) ++per_device[b.device];
+      for (const ProtocolModel::Block& b : blocks) {
+        analysed.push_back(per_device[b.device] <= kManyBlocks || b.bytes >= kMinSharedBytes);
+      }
+      bits = model.Orders(blocks, &analysed);
     }
   }
   const bool share = result.unshared_reason.empty();
   std::map<DeviceKey, std::vector<size_t>> on_device;
   for (size_t i = 0; i < blocks.size(); ++i) on_device[blocks[i].device].push_back(i);
+  // MayShare(b, j) for every j of b's device at once, word by word, from
+  // rows of b alone: bits holds x(i, j) in row j, `by_earlier` in row i.
+  ProtocolModel::OrderBits by_earlier;
+  if (share) {
+    by_earlier.last = TransposedWithinDevices(bits.last, on_device);
+    by_earlier.wrap = TransposedWithinDevices(bits.wrap, on_device);
+    by_earlier.same = TransposedWithinDevices(bits.same, on_device);
+    by_earlier.step = TransposedWithinDevices(bits.step, on_device);
+  }
+  std::vector<uint64_t> shares;
   for (auto& [device, members] : on_device) {
+    // The device's blocks by their number of uses (alternating use by use
+    // needs equal numbers).
+    // Only analysed blocks share (blocks under kMinSharedBytes are not
+    // worth the pairwise analysis: their bits mean nothing).
+    std::map<int64_t, std::vector<uint64_t>> with_uses;
+    for (size_t i : members) {
+      std::vector<uint64_t>& mask = with_uses[blocks[i].uses];
+      mask.resize((members.size() + 63) / 64, 0);
+      if (share && analysed[i]) mask[blocks[i].local / 64] |= uint64_t{1} << (blocks[i].local % 64);
+    }
+    std::vector<uint64_t> analysed_mask((members.size() + 63) / 64, 0);
+    for (const auto& [uses, mask] : with_uses) {
+      for (size_t w = 0; w < mask.size(); ++w) analysed_mask[w] |= mask[w];
+    }
     // Largest first (ties: plan order), each at the lowest offset clear of
     // every placed block it may not share with.
     std::stable_sort(members.begin(), members.end(),
                      [&](size_t a, size_t b) { return blocks[a].bytes > blocks[b].bytes; });
-    std::vector<std::pair<int64_t, size_t>> placed;  // (offset, block)
+    // Placed blocks by offset: the first gap is found walking them in order.
+    std::vector<std::pair<int64_t, size_t>> placed;  // (offset, block), by offset
     int64_t arena = 0;
-    std::vector<std::pair<int64_t, int64_t>> busy;
     for (size_t b : members) {
-      busy.clear();
-      for (const auto& [offset, other] : placed) {
-        if (!share || !MayShare(blocks, bits, b, other)) busy.emplace_back(offset, offset + blocks[other].bytes);
+      if (share) {
+        const std::vector<uint64_t>& equal = with_uses.at(blocks[b].uses);
+        const bool alternate = blocks[b].uses >= 2;
+        shares.assign(equal.size(), 0);
+        for (size_t w = 0; share && analysed[b] && w < shares.size(); ++w) {
+          shares[w] = (by_earlier.last[b][w] & bits.wrap[b][w]) | (bits.last[b][w] & by_earlier.wrap[b][w]);
+          if (alternate) {
+            shares[w] |= equal[w] & ((by_earlier.same[b][w] & bits.step[b][w]) |
+                                     (bits.same[b][w] & by_earlier.step[b][w]));
+          }
+          shares[w] &= analysed_mask[w];
+        }
       }
-      std::sort(busy.begin(), busy.end());
       int64_t offset = 0;
-      for (const auto& [begin, end] : busy) {
+      for (const auto& [begin, other] : placed) {
         if (begin - offset >= blocks[b].bytes) break;
-        offset = std::max(offset, AlignUp(end));
+        if (share && Bit(shares, blocks[other].local)) continue;
+        offset = std::max(offset, AlignUp(begin + blocks[other].bytes));
       }
-      placed.emplace_back(offset, b);
+      placed.insert(std::upper_bound(placed.begin(), placed.end(), std::pair<int64_t, size_t>(offset, SIZE_MAX)),
+                    {offset, b});
       if (blocks[b].task >= 0) {
         plan.mutable_tasks(blocks[b].task)->set_scratch_offset(offset);
       } else {

@@ -139,13 +139,24 @@ absl::StatusOr<ValueId> ReplayLeaf(const Graph& from, const Node& n, Graph& out)
                           .scope = n.scope});
 }
 
-absl::StatusOr<std::vector<ValueId>> ReplayNode(const Graph& from, const Node& n, const std::vector<ValueId>& inputs,
-                                                Graph& out) {
+absl::Status ReplayMarks(const Graph& from, const std::vector<ValueId>& remap, Graph& out) {
+  for (ValueId loss : from.losses()) RETURN_IF_ERROR(out.MarkLoss(remap[static_cast<size_t>(loss)]));
+  for (const auto& [name, id] : from.fetches()) RETURN_IF_ERROR(out.MarkFetch(name, remap[static_cast<size_t>(id)]));
+  for (const auto& [var, new_value] : from.variable_updates()) {
+    RETURN_IF_ERROR(out.SetVariableUpdate(remap[static_cast<size_t>(var)], remap[static_cast<size_t>(new_value)]));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReplayNode(const Graph& from, const Node& n, const std::vector<ValueId>& inputs, Graph& out,
+                        std::vector<ValueId>& remap) {
+  std::vector<ValueId> outputs;
   switch (n.kind) {
     case NodeKind::kInput:
     case NodeKind::kVariable: {
       ASSIGN_OR_RETURN(ValueId id, ReplayLeaf(from, n, out));
-      return std::vector<ValueId>{id};
+      outputs = {id};
+      break;
     }
     case NodeKind::kRepeat:
     case NodeKind::kAcc: {
@@ -153,12 +164,22 @@ absl::StatusOr<std::vector<ValueId>> ReplayNode(const Graph& from, const Node& n
       const NodeOptions at = ReplayOptions(from, n);
       ASSIGN_OR_RETURN(ValueId id, n.kind == NodeKind::kRepeat ? out.AddRepeat(inputs.at(0), m, at)
                                                                : out.AddAcc(inputs.at(0), m, at));
-      return std::vector<ValueId>{id};
+      outputs = {id};
+      break;
     }
-    case NodeKind::kOp:
-      return out.AddOp(n.op, inputs, n.attrs, ReplayOptions(from, n));
+    case NodeKind::kOp: {
+      ASSIGN_OR_RETURN(outputs, out.AddOp(n.op, inputs, n.attrs, ReplayOptions(from, n)));
+      break;
+    }
   }
-  return absl::InternalError("ReplayNode: a node of an unknown kind");
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    remap[static_cast<size_t>(n.outputs[i])] = outputs[i];
+    const Value& old = from.value(n.outputs[i]);
+    if (n.kind != NodeKind::kVariable && (old.placement_hint || old.sbp_hint)) {
+      RETURN_IF_ERROR(out.SetHints(outputs[i], old.placement_hint, old.sbp_hint));
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace tessera::graph

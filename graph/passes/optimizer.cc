@@ -77,7 +77,15 @@ bool WeightDecayApplies(const Graph& graph, ValueId variable, const OptimizerOpt
 }
 
 absl::StatusOr<OptimizerResult> ApplyOptimizer(Graph& graph, const GradientMap& gradients,
-                                               const OptimizerOptions& options) {
+                                               const OptimizerOptions& options, ValueId skip) {
+  if (skip != kNoValue && (!graph.IsValidValue(skip) || graph.value(skip).meta.dtype != DType::kF32 ||
+                           graph.value(skip).meta.shape.NumElements() != 1)) {
+    return absl::InvalidArgumentError(StrCat("optimizer: skip ", ValueRef(skip), " is not one f32 value"));
+  }
+  const auto with_skip = [skip](std::vector<ValueId> inputs) {
+    if (skip != kNoValue) inputs.push_back(skip);
+    return inputs;
+  };
   OptimizerResult result;
   for (const auto& [var, grad] : gradients) {
     if (!graph.IsValidValue(var) || !graph.IsVariable(var)) {
@@ -120,7 +128,7 @@ absl::StatusOr<OptimizerResult> ApplyOptimizer(Graph& graph, const GradientMap& 
     if (options.kind == OptimizerKind::kSgd) {
       ASSIGN_OR_RETURN(ValueId buffer, AddState(graph, var, "momentum"));
       ASSIGN_OR_RETURN(std::vector<ValueId> outs,
-                       graph.AddOp("sgd_update", {var, grad, buffer, result.lr},
+                       graph.AddOp("sgd_update", with_skip({var, grad, buffer, result.lr}),
                                    {{"momentum", options.momentum},
                                     {"weight_decay", weight_decay},
                                     {"nesterov", options.nesterov}},
@@ -132,7 +140,7 @@ absl::StatusOr<OptimizerResult> ApplyOptimizer(Graph& graph, const GradientMap& 
       ASSIGN_OR_RETURN(ValueId m, AddState(graph, var, "adam_m"));
       ASSIGN_OR_RETURN(ValueId v, AddState(graph, var, "adam_v"));
       ASSIGN_OR_RETURN(std::vector<ValueId> outs,
-                       graph.AddOp("adamw_update", {var, grad, m, v, result.lr},
+                       graph.AddOp("adamw_update", with_skip({var, grad, m, v, result.lr}),
                                    {{"beta1", options.beta1},
                                     {"beta2", options.beta2},
                                     {"eps", options.eps},

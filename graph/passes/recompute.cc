@@ -265,11 +265,7 @@ absl::StatusOr<RecomputeResult> RecomputeSegments(Graph& graph, const GradientMa
       if (n.kind != NodeKind::kVariable) RETURN_IF_ERROR(copy_hints(n.outputs[i], outputs[i]));
     }
   }
-  for (ValueId loss : graph.losses()) RETURN_IF_ERROR(out.MarkLoss(remap[static_cast<size_t>(loss)]));
-  for (const auto& [name, id] : graph.fetches()) RETURN_IF_ERROR(out.MarkFetch(name, remap[static_cast<size_t>(id)]));
-  for (const auto& [var, new_value] : graph.variable_updates()) {
-    RETURN_IF_ERROR(out.SetVariableUpdate(remap[static_cast<size_t>(var)], remap[static_cast<size_t>(new_value)]));
-  }
+  RETURN_IF_ERROR(ReplayMarks(graph, remap, out));
   for (const auto& [var, grad] : gradients) {
     if (!graph.IsValidValue(var) || !graph.IsValidValue(grad)) {
       return absl::InvalidArgumentError(

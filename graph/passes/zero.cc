@@ -54,20 +54,9 @@ absl::StatusOr<GatherPerReaderResult> GatherPerReader(Graph& graph, const Gradie
       }
       inputs.push_back(it->second);
     }
-    ASSIGN_OR_RETURN(const std::vector<ValueId> outputs, ReplayNode(graph, n, inputs, out));
-    for (size_t i = 0; i < outputs.size(); ++i) {
-      remap[static_cast<size_t>(n.outputs[i])] = outputs[i];
-      const Value& old = graph.value(n.outputs[i]);
-      if (n.kind != NodeKind::kVariable && (old.placement_hint || old.sbp_hint)) {
-        RETURN_IF_ERROR(out.SetHints(outputs[i], old.placement_hint, old.sbp_hint));
-      }
-    }
+    RETURN_IF_ERROR(ReplayNode(graph, n, inputs, out, remap));
   }
-  for (ValueId loss : graph.losses()) RETURN_IF_ERROR(out.MarkLoss(remap[static_cast<size_t>(loss)]));
-  for (const auto& [name, id] : graph.fetches()) RETURN_IF_ERROR(out.MarkFetch(name, remap[static_cast<size_t>(id)]));
-  for (const auto& [var, new_value] : graph.variable_updates()) {
-    RETURN_IF_ERROR(out.SetVariableUpdate(remap[static_cast<size_t>(var)], remap[static_cast<size_t>(new_value)]));
-  }
+  RETURN_IF_ERROR(ReplayMarks(graph, remap, out));
   for (const auto& [var, grad] : gradients) {
     result.gradients[remap[static_cast<size_t>(var)]] = remap[static_cast<size_t>(grad)];
   }

@@ -23,11 +23,16 @@
 #include "ops/cpu/matmul.h"
 
 #include <dnnl.h>
+#include <immintrin.h>
 #include <omp.h>
 
 #include <algorithm>
+#include <map>
 #include <memory>
 #include <mutex>
+#include <oneapi/dnnl/dnnl.hpp>
+#include <tuple>
+#include <vector>
 
 #include "core/status.h"
 #include "core/text.h"
@@ -54,6 +59,52 @@ absl::Status SgemmBlock(bool transpose_a, bool transpose_b, int64_t m, int64_t n
   if (status != dnnl_success) {
     return absl::InternalError(
         StrCat("dnnl_sgemm(M=", m, ", N=", n, ", K=", k, ") failed with status ", static_cast<int>(status)));
+  }
+  return absl::OkStatus();
+}
+
+// The bf16 counterpart of SgemmBlock: oneDNN's matmul primitive on bf16
+// inputs with an f32 result, single-threaded (the caller's OpenMP count is
+// 1). Primitives are made once per shape and thread and kept (a model has a
+// few dozen shapes; the cache is emptied past 512).
+absl::Status Bf16GemmBlock(bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k, float alpha,
+                           const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb, float* y, int64_t ldy) {
+  if (m == 0 || n == 0) return absl::OkStatus();
+  if (k == 0) {
+    for (int64_t i = 0; i < m; ++i) std::fill(y + i * ldy, y + i * ldy + n, 0.0f);
+    return absl::OkStatus();
+  }
+  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool, float>;
+  struct Prepared {
+    dnnl::memory::desc a, b, y;
+    dnnl::matmul matmul;
+  };
+  try {
+    static const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+    thread_local dnnl::stream stream(engine);
+    thread_local std::map<Key, Prepared> cache;
+    const Key key{m, n, k, lda, ldb, ldy, transpose_a, transpose_b, alpha};
+    auto it = cache.find(key);
+    if (it == cache.end()) {
+      if (cache.size() >= 512) cache.clear();
+      using dims = dnnl::memory::dims;
+      using dt = dnnl::memory::data_type;
+      const dnnl::memory::desc a_md({m, k}, dt::bf16, transpose_a ? dims{1, lda} : dims{lda, 1});
+      const dnnl::memory::desc b_md({k, n}, dt::bf16, transpose_b ? dims{1, ldb} : dims{ldb, 1});
+      const dnnl::memory::desc y_md({m, n}, dt::f32, dims{ldy, 1});
+      dnnl::primitive_attr attr;
+      if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
+      const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, y_md), attr, engine);
+      it = cache.emplace(key, Prepared{a_md, b_md, y_md, dnnl::matmul(pd)}).first;
+    }
+    const Prepared& p = it->second;
+    dnnl::memory a_mem(p.a, engine, const_cast<uint16_t*>(a));
+    dnnl::memory b_mem(p.b, engine, const_cast<uint16_t*>(b));
+    dnnl::memory y_mem(p.y, engine, y);
+    p.matmul.execute(stream, {{DNNL_ARG_SRC, a_mem}, {DNNL_ARG_WEIGHTS, b_mem}, {DNNL_ARG_DST, y_mem}});
+    stream.wait();
+  } catch (const dnnl::error& e) {
+    return absl::InternalError(StrCat("oneDNN bf16 matmul (M=", m, ", N=", n, ", K=", k, ") failed: ", e.what()));
   }
   return absl::OkStatus();
 }
@@ -116,6 +167,13 @@ float* TransposeBuffer(int64_t floats) {
 // Rows [row_begin, row_end) x columns [col_begin, col_end) of item `item`'s output.
 absl::Status RunPiece(const GemmArgs& g, int64_t item, int64_t row_begin, int64_t row_end, int64_t col_begin,
                       int64_t col_end) {
+  if (g.a_bf16 != nullptr) {
+    const uint16_t* a = g.a_bf16 + item * g.m * g.k + (g.transpose_a ? row_begin : row_begin * g.k);
+    const uint16_t* b = g.b_bf16 + item * g.k * g.n + (g.transpose_b ? col_begin * g.k : col_begin);
+    float* y = g.y + item * g.m * g.n + row_begin * g.n + col_begin;
+    return Bf16GemmBlock(g.transpose_a, g.transpose_b, row_end - row_begin, col_end - col_begin, g.k, g.alpha, a,
+                         g.transpose_a ? g.m : g.k, b, g.transpose_b ? g.k : g.n, y, g.n);
+  }
   const float* a = g.a + item * g.m * g.k;  // (M, K) or (K, M)
   const float* b = g.b + item * g.k * g.n;  // (K, N) or (N, K)
   float* y = g.y + item * g.m * g.n;        // (M, N)
@@ -167,10 +225,10 @@ absl::StatusOr<GemmArgs> LocalGemm(const KernelContext& ctx, bool batched) {
   const Tensor& a = ctx.input(0);
   const Tensor& b = ctx.input(1);
   const Tensor& y = ctx.output(0);
-  for (const Tensor* t : {&a, &b, &y}) {
-    if (t->dtype() != DType::kF32) {
-      return absl::InvalidArgumentError(StrCat("f32 only, got ", DTypeName(t->dtype())));
-    }
+  const bool low = a.dtype() == DType::kBF16 || a.dtype() == DType::kF16;
+  if (!(a.dtype() == DType::kF32 || low) || b.dtype() != a.dtype() || y.dtype() != DType::kF32) {
+    return absl::InvalidArgumentError(StrCat("a, b f32, bf16 or f16 alike and y f32, got ", DTypeName(a.dtype()),
+                                             ", ", DTypeName(b.dtype()), ", ", DTypeName(y.dtype())));
   }
   const int rank = a.shape().rank();
   const bool rank_ok = batched ? rank >= 3 : rank == 2;
@@ -197,14 +255,54 @@ absl::StatusOr<GemmArgs> LocalGemm(const KernelContext& ctx, bool batched) {
                                              ", y ", y.shape().ToString(), " do not match (transpose_a=", g.transpose_a,
                                              ", transpose_b=", g.transpose_b, ")"));
   }
-  g.a = a.data<float>();
-  g.b = b.data<float>();
   g.y = y.data<float>();
+  if (!low) {
+    g.a = a.data<float>();
+    g.b = b.data<float>();
+  }
   return g;
 }
 
+// A bf16 / f16 tensor's values as f32 (exact), on the intra-op pool.
+std::unique_ptr<float[]> Widened(const KernelContext& ctx, const Tensor& t) {
+  std::unique_ptr<float[]> out(new float[static_cast<size_t>(t.NumElements())]);  // not zeroed: all written
+  const auto* bits = static_cast<const uint16_t*>(t.raw_data());
+  const bool bf16 = t.dtype() == DType::kBF16;
+  ParallelFor(ctx, t.NumElements(), 1 << 16, [&](int64_t begin, int64_t end) {
+    if (bf16) {
+      for (int64_t i = begin; i < end; ++i) out[i] = BFloat16ToFloat(bits[i]);
+      return;
+    }
+    int64_t i = begin;
+#if defined(__AVX512F__)
+// GCC 12 warns of an uninitialised pass-through operand inside its own
+// _mm512_cvtph_ps (a false positive: the conversion is unmasked).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+    for (; i + 16 <= end; i += 16) {  // vcvtph2ps: exact, subnormals and specials included
+      _mm512_storeu_ps(out.get() + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(bits + i))));
+    }
+#pragma GCC diagnostic pop
+#endif
+    for (; i < end; ++i) out[i] = HalfToFloat(bits[i]);
+  });
+  return out;
+}
+
 absl::Status GemmKernel(KernelContext& ctx, bool batched) {
-  ASSIGN_OR_RETURN(const GemmArgs g, LocalGemm(ctx, batched));
+  ASSIGN_OR_RETURN(GemmArgs g, LocalGemm(ctx, batched));
+  const Tensor &a = ctx.input(0), &b = ctx.input(1);
+  if (a.dtype() == DType::kF32) return RunGemm(ctx, g);
+  if (a.dtype() == DType::kBF16 && CpuHasBf16Gemm()) {
+    g.a_bf16 = static_cast<const uint16_t*>(a.raw_data());
+    g.b_bf16 = static_cast<const uint16_t*>(b.raw_data());
+    return RunGemm(ctx, g);
+  }
+  // No native low-precision products here: the same sums of exact products
+  // in f32 (f16 always: no x86 CPU here multiplies f16 through oneDNN).
+  const std::unique_ptr<float[]> a32 = Widened(ctx, a), b32 = Widened(ctx, b);
+  g.a = a32.get();
+  g.b = b32.get();
   return RunGemm(ctx, g);
 }
 
@@ -248,6 +346,14 @@ absl::Status RunGemm(const KernelContext& ctx, const GemmArgs& g) {
     }
   });
   return error;
+}
+
+bool CpuHasBf16Gemm() {
+  static const bool has = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512bf16") != 0;
+  }();
+  return has;
 }
 
 absl::Status MatmulKernel(KernelContext& ctx) { return GemmKernel(ctx, /*batched=*/false); }

@@ -1,7 +1,8 @@
 #pragma once
 // CPU kernels of the matmul family (ops/matmul.cc), and the GEMM driver they
 // share, for other kernels that need a GEMM: row-major f32 through oneDNN's
-// single-threaded dnnl_sgemm, cut into pieces for the intra-op pool.
+// single-threaded dnnl_sgemm (bf16 through its matmul primitive), cut into
+// pieces for the intra-op pool.
 
 #include <cstdint>
 
@@ -29,7 +30,16 @@ struct GemmArgs {
   const float* a = nullptr;
   const float* b = nullptr;
   float* y = nullptr;
+  // bf16 inputs instead (a_bf16 / b_bf16 laid out as a / b; y still f32):
+  // oneDNN's bf16 matmul, products summed in f32. Callers check
+  // CpuHasBf16Gemm() first (elsewhere the inputs are widened to f32).
+  const uint16_t* a_bf16 = nullptr;
+  const uint16_t* b_bf16 = nullptr;
 };
+
+// Whether this CPU multiplies bf16 natively (AVX512-BF16), so that RunGemm's
+// bf16 path is worth taking; detected once.
+bool CpuHasBf16Gemm();
 
 // Runs the GEMMs on ctx's intra-op pool. Every oneDNN call is
 // single-threaded: the work is cut over the pool's threads here, and the

@@ -1,4 +1,4 @@
-// CPU kernels of sgd_update and adamw_update.
+// CPU kernels of sgd_update, adamw_update, nonfinite and loss_scale_update.
 //
 // Outputs may alias inputs (in-place updates), so pointers are not restrict:
 // every element's inputs are read before its outputs are written, which is
@@ -9,6 +9,7 @@
 // every store, since a float store might change them.
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -20,9 +21,61 @@ namespace {
 
 float LearningRate(const KernelContext& ctx, int input) { return ctx.input(input).data<float>()[0]; }
 
+// The optional skip input after lr is set: the outputs get the inputs'
+// values (nothing when they alias them, as in place). Returns whether so.
+bool Skipped(const KernelContext& ctx, int skip_input, int num_outputs) {
+  if (ctx.num_inputs() <= skip_input || ctx.input(skip_input).data<float>()[0] == 0.0f) return false;
+  for (int k = 0; k < num_outputs; ++k) {
+    const int from = k == 0 ? 0 : k + 1;  // param, then the state (after grad)
+    if (ctx.output(k).raw_data() != ctx.input(from).raw_data()) {
+      std::memcpy(ctx.output(k).raw_data(), ctx.input(from).raw_data(), ctx.input(from).NumBytes());
+    }
+  }
+  return true;
+}
+
 }  // namespace
 
+absl::Status NonfiniteKernel(KernelContext& ctx) {
+  const Tensor& x = ctx.input(0);
+  const int64_t n = x.NumElements();
+  std::atomic<bool> found{false};
+  ParallelFor(ctx, n, kElementwiseGrain, [&](int64_t begin, int64_t end) {
+    bool any = false;
+    if (x.dtype() == DType::kF32) {
+      const float* v = x.data<float>();
+      for (int64_t i = begin; i < end; ++i) any |= !std::isfinite(v[i]);
+    } else {
+      // bf16 and f16: all exponent bits set.
+      const auto* bits = static_cast<const uint16_t*>(x.raw_data());
+      const uint16_t exponent = x.dtype() == DType::kBF16 ? 0x7f80 : 0x7c00;
+      for (int64_t i = begin; i < end; ++i) any |= (bits[i] & exponent) == exponent;
+    }
+    if (any) found.store(true, std::memory_order_relaxed);
+  });
+  ctx.output(0).data<float>()[0] = found.load() ? 1.0f : 0.0f;
+  return absl::OkStatus();
+}
+
+absl::Status LossScaleUpdateKernel(KernelContext& ctx) {
+  const float scale = ctx.input(0).data<float>()[0];
+  const bool found_inf = ctx.input(1).data<float>()[0] != 0.0f;
+  const float good = ctx.input(2).data<float>()[0];
+  float new_scale = scale, new_good = 0.0f;
+  if (found_inf) {
+    new_scale = static_cast<float>(scale * ctx.attr().Float("backoff"));
+  } else if (good + 1.0f >= static_cast<float>(ctx.attr().Int("growth_interval"))) {
+    new_scale = static_cast<float>(scale * ctx.attr().Float("growth"));
+  } else {
+    new_good = good + 1.0f;
+  }
+  ctx.output(0).data<float>()[0] = new_scale;
+  ctx.output(1).data<float>()[0] = new_good;
+  return absl::OkStatus();
+}
+
 absl::Status SgdUpdateKernel(KernelContext& ctx) {
+  if (Skipped(ctx, 4, 2)) return absl::OkStatus();
   const float lr = LearningRate(ctx, 3);
   const float momentum = static_cast<float>(ctx.attr().Float("momentum"));
   const float weight_decay = static_cast<float>(ctx.attr().Float("weight_decay"));
@@ -46,6 +99,7 @@ absl::Status SgdUpdateKernel(KernelContext& ctx) {
 }
 
 absl::Status AdamwUpdateKernel(KernelContext& ctx) {
+  if (Skipped(ctx, 5, 3)) return absl::OkStatus();
   const double lr = LearningRate(ctx, 4);
   const double beta1 = ctx.attr().Float("beta1"), beta2 = ctx.attr().Float("beta2");
   const double weight_decay = ctx.attr().Float("weight_decay");

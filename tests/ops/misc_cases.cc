@@ -265,6 +265,66 @@ std::vector<OpTestCase> OptimizerCases() {
                        {{"beta1", 0.8}, {"beta2", 0.95}, {"eps", 1e-6}, {"weight_decay", 0.1}}, AdamwReference(4), 4));
   cases.push_back(Case("adamw_update", "no_bias_correction", adamw_inputs(Shape{7}, 49), {{"bias_correction", false}},
                        AdamwReference(2), 2));
+
+  // The optional skip input (fp16 loss scaling): 0 updates as without it,
+  // nonzero hands the inputs back unchanged.
+  const auto unchanged = [](size_t outputs) {
+    return [outputs](const std::vector<Tensor>& in, const AttrMap&) {
+      std::vector<Tensor> out = {in[0]};
+      for (size_t k = 1; k < outputs; ++k) out.push_back(in[k + 1]);
+      return out;
+    };
+  };
+  const auto with = [](std::vector<Tensor> inputs, float skip) {
+    inputs.push_back(Scalar(skip));
+    return inputs;
+  };
+  cases.push_back(Case("sgd_update", "skip_0_updates", with(sgd_inputs(Shape{5, 3}, 51), 0.0f),
+                       {{"momentum", 0.9}}, SgdReference));
+  cases.push_back(Case("sgd_update", "skip_1_keeps", with(sgd_inputs(Shape{5, 3}, 54), 1.0f), {{"momentum", 0.9}},
+                       unchanged(2)));
+  cases.push_back(Case("adamw_update", "skip_0_updates", with(adamw_inputs(Shape{4, 5}, 57), 0.0f), {},
+                       AdamwReference(0)));
+  cases.push_back(Case("adamw_update", "skip_1_keeps", with(adamw_inputs(Shape{4, 5}, 61), 1.0f), {}, unchanged(3)));
+
+  // nonfinite: 1 when any element is NaN or infinite.
+  const auto nonfinite = [](const std::vector<Tensor>& in, const AttrMap&) {
+    bool any = false;
+    for (int64_t i = 0; i < in[0].NumElements(); ++i) any = any || !std::isfinite(ElementAsDouble(in[0], i));
+    return std::vector<Tensor>{Scalar(any ? 1.0f : 0.0f)};
+  };
+  const auto with_value = [](Tensor t, int64_t at, float value) {
+    t.data<float>()[at] = value;
+    return t;
+  };
+  cases.push_back(Case("nonfinite", "finite", {RandomUniform(Shape{6, 5}, 65)}, {}, nonfinite));
+  cases.push_back(
+      Case("nonfinite", "one_inf", {with_value(RandomUniform(Shape{6, 5}, 66), 17, INFINITY)}, {}, nonfinite));
+  cases.push_back(Case("nonfinite", "one_nan", {with_value(RandomUniform(Shape{40}, 67), 39, NAN)}, {}, nonfinite));
+  cases.push_back(
+      Case("nonfinite", "minus_inf_scalar", {with_value(RandomUniform(Shape{}, 68), 0, -INFINITY)}, {}, nonfinite));
+
+  // loss_scale_update: GradScaler's rule.
+  const auto scale_rule = [](const std::vector<Tensor>& in, const AttrMap& attrs) {
+    const double scale = ElementAsDouble(in[0], 0), good = ElementAsDouble(in[2], 0);
+    double new_scale = scale, new_good = 0;
+    if (ElementAsDouble(in[1], 0) != 0) {
+      new_scale = scale * attrs.Float("backoff");
+    } else if (good + 1 >= static_cast<double>(attrs.Int("growth_interval"))) {
+      new_scale = scale * attrs.Float("growth");
+    } else {
+      new_good = good + 1;
+    }
+    return std::vector<Tensor>{Scalar(static_cast<float>(new_scale)), Scalar(static_cast<float>(new_good))};
+  };
+  cases.push_back(Case("loss_scale_update", "overflow_halves", {Scalar(65536.0f), Scalar(1.0f), Scalar(7.0f)}, {},
+                       scale_rule));
+  cases.push_back(Case("loss_scale_update", "clean_counts", {Scalar(65536.0f), Scalar(0.0f), Scalar(7.0f)},
+                       {{"growth_interval", int64_t{10}}}, scale_rule));
+  cases.push_back(Case("loss_scale_update", "interval_doubles", {Scalar(1024.0f), Scalar(0.0f), Scalar(9.0f)},
+                       {{"growth_interval", int64_t{10}}}, scale_rule));
+  cases.push_back(Case("loss_scale_update", "custom_factors", {Scalar(8.0f), Scalar(1.0f), Scalar(3.0f)},
+                       {{"backoff", 0.25}, {"growth", 4.0}}, scale_rule));
   return cases;
 }
 

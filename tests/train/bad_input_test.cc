@@ -176,8 +176,10 @@ std::vector<BadInput> Cases() {
       {"ZeRO enabled a string", kMlp, {"train.zero_optimization.enabled=\"yes\""}, "'train.zero_optimization.enabled' expects a boolean"},
 
       // ---- features that do not exist yet
-      {"AMP", kMlp, {"train.amp.enabled=true"}, "'train.amp.enabled' = true is not implemented yet (mixed precision)"},
-      {"AMP fp16", kMlp, {"train.amp.dtype=fp16"}, "'train.amp.dtype' = \"fp16\" is not implemented yet"},
+      {"AMP dtype", kMlp, {"train.amp.dtype=f32"}, "train.amp.dtype"},
+      {"AMP zero loss scale", kMlp, {"train.amp.initial_loss_scale=0"}, "'train.amp.initial_loss_scale' must be"},
+      {"AMP NaN-like loss scale", kMlp, {"train.amp.initial_loss_scale=1e39"}, "'train.amp.initial_loss_scale' must be"},
+      {"AMP growth interval", kMlp, {"train.amp.loss_scale_growth_interval=0"}, "'train.amp.loss_scale_growth_interval' must be"},
       {"activation checkpointing without layers", kMlp, {"train.activation_checkpoint.enabled=true"}, "has no recomputable layers"},
       {"checkpoint period", kMlp, {"train.checkpointer.period=0"}, "train.checkpointer.period"},
       {"checkpoints kept", kMlp, {"train.checkpointer.max_to_keep=0"}, "train.checkpointer.max_to_keep"},
@@ -193,7 +195,7 @@ std::vector<BadInput> Cases() {
       {"dataloader", kMlp, {"dataloader.train=x"}, "unknown config key 'dataloader.train'"},
       {"text data for the MLP", kMlp, {"dataloader.data_prefix=/tmp/x"}, "reads no text data"},
       {"tokenization in a file", OnMlp(R"("tokenization": {"tokenizer": "gpt2"})"), {}, "tokenization.tokenizer: the job has no text data"},
-      {"AMP in a file", OnMlp(R"("train": {"amp": {"enabled": true}})"), {}, "is not implemented yet (mixed precision)"},
+      {"AMP dtype in a file", OnMlp(R"("train": {"amp": {"enabled": true, "dtype": "f8"}})"), {}, "train.amp.dtype"},
 
       // ---- inconsistent settings
       {"global != micro x acc x dp", kMlp,

@@ -241,8 +241,10 @@ std::vector<Row> Rows() {
          return base.metrics_lines == 1 && changed.metrics_lines == 4 ? "" : "metrics lines unchanged";
        }},
       {"train.seed", {}, {"train.seed=99"}, LossesDiffer},
-      {"train.amp.enabled", {}, {"train.amp.enabled=true"}, Refused(kNotImplemented)},
-      {"train.amp.dtype", {}, {"train.amp.dtype=fp16"}, Refused(kNotImplemented)},
+      // bf16 products: other losses (tests/train/amp_test.cc: how close).
+      {"train.amp.enabled", {}, {"train.amp.enabled=true"}, LossesDiffer},
+      {"train.amp.dtype", {"train.amp.enabled=true"}, {"train.amp.enabled=true", "train.amp.dtype=fp16"},
+       LossesDiffer},
       // On a model with transformer layers it recomputes them, same losses
       // bit for bit and a smaller arena (tests/train/memory_test.cc); an
       // MLP has nothing to recompute.
