@@ -131,6 +131,25 @@ struct GatherPerReaderResult {
 // computed are unchanged.
 absl::StatusOr<GatherPerReaderResult> GatherPerReader(Graph& graph, const GradientMap& gradients);
 
+struct BucketResult {
+  int64_t buckets = 0;    // buckets of two or more gradients
+  int64_t gradients = 0;  // gradients in them
+};
+
+// Gradient buckets (graph/passes/buckets.cc), after accumulation and before
+// the optimizer: the f32 gradients smaller than `bucket_bytes`, in the
+// order backward computes them, are grouped into buckets of at most
+// `bucket_bytes` on one pipeline stage (`same_stage` on their variables'
+// layers; null: one stage); each bucket of two or more is flattened and
+// joined, held in layout `reduced` (a hint on a depend of it: B over data
+// parallelism, so its partial sums are all-reduced once, as soon as the
+// bucket's last gradient exists, while backward goes on) and split back,
+// and `gradients` maps each variable to its piece. For layouts where every
+// gradient is reduced to `reduced` (data and pipeline parallelism without
+// ZeRO or tensor parallelism). bucket_bytes <= 0: nothing.
+absl::StatusOr<BucketResult> BucketGradients(Graph& graph, GradientMap& gradients, int64_t bucket_bytes,
+                                             const NdSbp& reduced, const SameStageFn& same_stage = {});
+
 enum class OptimizerKind : uint8_t { kSgd, kAdamW };
 
 // Hyper-parameters follow torch.optim.SGD / torch.optim.AdamW and

@@ -81,6 +81,16 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Compile(graph::Graph graph, cons
       gradients = std::move(gathered.gradients);
       remap_scaled(gathered.remap);
     }
+    ASSIGN_OR_RETURN(const scheduler::DeviceMesh mesh, scheduler::DeviceMesh::Make(options.lower.parallel));
+    if (options.lower.zero_stage == 0 && mesh.hierarchy()[0] > 1 && mesh.hierarchy()[1] == 1) {
+      const auto same_stage = [&mesh](int64_t a, int64_t b) {
+        const absl::StatusOr<int64_t> sa = mesh.StageOfLayer(a), sb = mesh.StageOfLayer(b);
+        return sa.ok() && sb.ok() && *sa == *sb;
+      };
+      RETURN_IF_ERROR(graph::BucketGradients(graph, gradients, options.gradient_bucket_bytes,
+                                             NdSbp{Sbp::Broadcast(), Sbp::Broadcast()}, same_stage)
+                          .status());
+    }
     graph::ValueId skip = graph::kNoValue;
     if (scaled) {
       ASSIGN_OR_RETURN(skip, graph::UnscaleGradients(graph, gradients, *scaled, options.loss_scale));

@@ -62,6 +62,10 @@ struct CompileOptions {
   DType amp = DType::kF32;
   // fp16 only: dynamic loss scaling (graph/passes.h ScaleLoss).
   graph::LossScaleOptions loss_scale = {};
+  // Data parallelism without ZeRO or tensor parallelism: gradients smaller
+  // than this are all-reduced in buckets of at most this many bytes
+  // (graph/passes.h BucketGradients); 0 = each on its own.
+  int64_t gradient_bucket_bytes = int64_t{25} << 20;
   scheduler::LowerOptions lower = {};  // iterations is set by Run / Plan
   double stall_timeout_s = 60;         // runtime deadlock guard (0 = none)
   PlanExecutor executor = {};          // empty = actors::Runtime

@@ -39,6 +39,11 @@ Binding<DistConfig> MakeDistKeys() {
           {.min = 1, .max = 1024,
            .doc = "kernel threads per device (its actor thread included); `null`: the machine's hardware threads "
                   "divided by the devices, at least 1"});
+  b.Field("gradient_bucket_mb", &DistConfig::gradient_bucket_mb,
+          {.min = 0, .max = 4096,
+           .doc = "data parallelism (without ZeRO or tensor parallelism): gradients smaller than this are "
+                  "all-reduced together in buckets of at most this many MiB, each as soon as its last gradient "
+                  "exists (PyTorch DDP's bucket_cap_mb); 0: one all-reduce per gradient"});
   b.Field("pipeline_num_layers", &DistConfig::pipeline_num_layers,
           {.min = 1, .max = 1 << 20,
            .doc = "the model's layer count, for LiBai's stage assignment; must equal the model's layers; `null`: "

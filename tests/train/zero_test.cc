@@ -194,6 +194,45 @@ TEST(Zero, StagesGatherAndScatterWhereTheySay) {
   }
 }
 
+// Gradient buckets (train.dist.gradient_bucket_mb, on by default for data
+// parallelism without ZeRO or tensor parallelism): the same losses as one
+// reduction per gradient, with far fewer collectives in the plan.
+TEST(GradientBuckets, FewerCollectivesSameLosses) {
+  const auto collectives = [](const proto::Plan& plan) {
+    int n = 0;
+    for (const auto& task : plan.tasks()) n += task.kind() == proto::ACTOR_KIND_COLLECTIVE ? 1 : 0;
+    return n;
+  };
+  const std::vector<std::vector<std::string>> layouts = {
+      {"train.dist.data_parallel_size=2", "train.train_micro_batch_size=8"},
+      {"train.dist.data_parallel_size=2", "train.train_micro_batch_size=4", "train.num_accumulation_steps=2"},
+      {"train.dist.data_parallel_size=2", "train.dist.pipeline_parallel_size=2", "train.train_micro_batch_size=4",
+       "train.num_accumulation_steps=2"},
+  };
+  for (const auto& layout : layouts) {
+    SCOPED_TRACE(absl::StrJoin(layout, " "));
+    const auto with = [&layout](const std::string& mb) {
+      std::vector<std::string> overrides = layout;
+      overrides.push_back("train.dist.gradient_bucket_mb=" + mb);
+      return overrides;
+    };
+    auto single = TrainNano(with("0"));
+    auto one_bucket = TrainNano(with("25"));
+    auto small = TrainNano(with("0.02"));  // 20 KiB: many buckets
+    for (auto* run : {&single, &one_bucket, &small}) ASSERT_TRUE(run->ok()) << run->status();
+    for (const auto* run : {&one_bucket, &small}) {
+      ASSERT_EQ((*run)->summary.losses.size(), single->summary.losses.size());
+      for (size_t i = 0; i < single->summary.losses.size(); ++i) {
+        EXPECT_NEAR((*run)->summary.losses[i], single->summary.losses[i], 1e-5 * std::abs(single->summary.losses[i]));
+      }
+    }
+    std::printf("collectives: %d one per gradient, %d in 25 MiB buckets, %d in 20 KiB buckets\n",
+                collectives(single->plan), collectives(one_bucket->plan), collectives(small->plan));
+    EXPECT_LT(collectives(one_bucket->plan), collectives(small->plan));
+    EXPECT_LT(collectives(small->plan), collectives(single->plan));
+  }
+}
+
 // A checkpoint written under ZeRO-3 (variables and state sharded over the
 // data-parallel ranks) resumes without ZeRO to the losses of an
 // uninterrupted plain run: `tessera train`, 4 iterations, a checkpoint at 2.
