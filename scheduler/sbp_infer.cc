@@ -325,7 +325,17 @@ class Inferrer {
   // sharded; readers other than its update get it unsharded; stage 2: the
   // accumulators of the gradients of sharded parameters are sharded too.
   void ShardForZero() {
-    for (const auto& [variable, update] : graph_.variable_updates()) {
+    // A graph without updates (an evaluation of the trained model) shards
+    // its trainable variables as the training graph does, so that its
+    // plan holds the training plan's shards.
+    std::set<ValueId> sharded;
+    for (const auto& [variable, update] : graph_.variable_updates()) sharded.insert(variable);
+    if (graph_.variable_updates().empty()) {
+      for (ValueId variable : graph_.Variables()) {
+        if (graph_.variable_info(variable).trainable) sharded.insert(variable);
+      }
+    }
+    for (ValueId variable : sharded) {
       NdSbp& layout = variable_layouts_.at(variable);
       const NdSbp sharded = Sharded(layout, graph_.value(variable).meta);
       if (sharded == layout) continue;

@@ -96,7 +96,9 @@ struct SbpInferOptions {
   // gradient accumulator sharded (each micro-batch's gradient
   // reduce-scattered into it); stage 3 gathers it per micro-batch for each
   // reader (graph::GatherPerReader gives each reader its own copy, made when
-  // the reader's other input exists) and frees it after that reader.
+  // the reader's other input exists) and frees it after that reader. A
+  // graph with no updates (evaluation) shards its trainable variables
+  // alike, so that its plan reads the training plan's shards.
   int zero_stage = 0;
 };
 

@@ -97,6 +97,37 @@ TEST_F(TextDataTest, TrainsWithEvaluationAndWritesEveryOutput) {
   EXPECT_NE(plot.find("polyline"), std::string::npos);
 }
 
+// Evaluation reads the trained variables where training left them: under
+// ZeRO-3 (variables sharded over the data-parallel ranks) the held-out
+// losses are plain data parallelism's, and with fp16 mixed precision too
+// the run evaluates.
+TEST_F(TextDataTest, EvaluatesUnderZeroAndMixedPrecision) {
+  const std::string common =
+      "train.train_iter=4 train.dist.data_parallel_size=2 train.train_micro_batch_size=4 "
+      "train.evaluation.enabled=true train.evaluation.eval_period=2 train.evaluation.eval_iter=2";
+  const auto eval_losses = [&](const std::string& name, const std::string& extra) {
+    const auto run = RunTessera(Train(root_ / name, common + " " + extra));
+    EXPECT_EQ(run.exit_code, 0) << run.out;
+    std::vector<double> losses;
+    for (const auto& [iteration, row] : ReadMetricsRows(root_ / name).eval) {
+      losses.push_back(row["eval_loss"].get<double>());
+    }
+    return losses;
+  };
+  const std::vector<double> plain = eval_losses("plain", "");
+  const std::vector<double> zero = eval_losses("zero3", "train.zero_optimization.enabled=true "
+                                                        "train.zero_optimization.stage=3");
+  const std::vector<double> fp16 =
+      eval_losses("fp16", "train.zero_optimization.enabled=true train.amp.enabled=true train.amp.dtype=fp16");
+  ASSERT_EQ(plain.size(), 2u);
+  ASSERT_EQ(zero.size(), 2u);
+  ASSERT_EQ(fp16.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_NEAR(zero[i], plain[i], 1e-5 * plain[i]) << i;
+    EXPECT_NEAR(fp16[i], plain[i], 1e-2 * plain[i]) << i;
+  }
+}
+
 TEST_F(TextDataTest, TheDataOrderIsTheSameUnderEveryLayout) {
   const fs::path one = root_ / "one", two = root_ / "two";
   auto run = RunTessera(Train(one, "train.train_iter=6"));
