@@ -192,10 +192,12 @@ bool WeightDecayApplies(const Graph& graph, ValueId variable, const OptimizerOpt
 // parameter and new state are set as the variables' updates. State variables
 // ("<name>.momentum", "<name>.adam_m", "<name>.adam_v") are non-trainable and
 // start at zero. `skip`, when given (a one-element f32 value), is every
-// update's last input: nonzero leaves the variables and their state as they
-// were (a step dynamic loss scaling skips).
+// update's input after lr: nonzero leaves the variables and their state as
+// they were (a step dynamic loss scaling skips); `skipped` (with skip;
+// AdamW only) the steps skipped before, which its bias correction leaves out.
 absl::StatusOr<OptimizerResult> ApplyOptimizer(Graph& graph, const GradientMap& gradients,
-                                               const OptimizerOptions& options, ValueId skip = kNoValue);
+                                               const OptimizerOptions& options, ValueId skip = kNoValue,
+                                               ValueId skipped = kNoValue);
 
 struct LossScaleOptions {
   double initial_scale = 65536;
@@ -206,6 +208,12 @@ struct LossScaleResult {
   ValueId scaled_loss = kNoValue;  // what autodiff differentiates: loss x scale
   ValueId scale = kNoValue;        // the non-trainable variable "amp.loss_scale"
   ValueId good_steps = kNoValue;   // its state "amp.loss_scale_good_steps"
+  ValueId skipped_steps = kNoValue;  // "amp.skipped_steps": steps skipped so far (AdamW's t leaves them out)
+};
+
+struct UnscaleResult {
+  ValueId skip = kNoValue;   // found_inf: ApplyOptimizer's skip
+  ValueId skipped = kNoValue;  // skipped_steps as this iteration reads it: ApplyOptimizer's skipped
 };
 
 // Dynamic loss scaling for fp16 mixed precision (graph/passes/loss_scale.cc).
@@ -215,10 +223,11 @@ absl::StatusOr<LossScaleResult> ScaleLoss(Graph& graph, ValueId loss, const Loss
 // UnscaleGradients, after accumulation and before ApplyOptimizer: every
 // gradient divided by the scale; returns found_inf (1 when any unscaled
 // gradient holds a NaN or an infinity, fetched as "skipped", the scale as
-// "loss_scale") for ApplyOptimizer's skip, and sets the scale's update
-// (loss_scale_update: halve on found_inf, double after growth_interval
-// clean steps). `scaled` in the graph's current ids.
-absl::StatusOr<ValueId> UnscaleGradients(Graph& graph, GradientMap& gradients, const LossScaleResult& scaled,
-                                         const LossScaleOptions& options);
+// "loss_scale") for ApplyOptimizer's skip and the steps skipped so far for
+// its skipped, and sets the scale's update (loss_scale_update: halve on
+// found_inf, double after growth_interval clean steps) and the count's
+// (one more when skipped). `scaled` in the graph's current ids.
+absl::StatusOr<UnscaleResult> UnscaleGradients(Graph& graph, GradientMap& gradients, const LossScaleResult& scaled,
+                                               const LossScaleOptions& options);
 
 }  // namespace tessera::graph

@@ -24,12 +24,15 @@ absl::Status LossScaleUpdateKernel(KernelContext& ctx);
 
 namespace {
 
-// in = (param, state..., lr[, skip]): the tensors `names` f32 of param's
-// shape; lr and skip one-element f32 tensors.
-absl::Status CheckUpdateInputs(const std::vector<TensorMeta>& in, const std::vector<std::string>& names) {
-  if (in.size() != names.size() + 1 && in.size() != names.size() + 2) {
-    return absl::InvalidArgumentError(StrCat("expects ", names.size(), " tensors, lr and optionally skip, got ",
-                                             in.size(), " inputs"));
+// in = (param, state..., lr[, skip[, skipped]]): the tensors `names` f32
+// of param's shape; lr, skip and skipped one-element f32 tensors, at most
+// `scalars` of them.
+absl::Status CheckUpdateInputs(const std::vector<TensorMeta>& in, const std::vector<std::string>& names,
+                               size_t scalars) {
+  if (in.size() < names.size() + 1 || in.size() > names.size() + scalars) {
+    return absl::InvalidArgumentError(StrCat("expects ", names.size(), " tensors, lr and optionally ",
+                                             scalars == 2 ? "skip" : "skip and skipped", ", got ", in.size(),
+                                             " inputs"));
   }
   for (size_t i = 0; i < names.size(); ++i) {
     RETURN_IF_ERROR(ExpectDType(in[i], DType::kF32, names[i]));
@@ -39,7 +42,8 @@ absl::Status CheckUpdateInputs(const std::vector<TensorMeta>& in, const std::vec
     }
   }
   for (size_t i = names.size(); i < in.size(); ++i) {
-    const std::string name = i == names.size() ? "lr" : "skip";
+    const char* const scalar_names[] = {"lr", "skip", "skipped"};
+    const std::string name = scalar_names[i - names.size()];
     RETURN_IF_ERROR(ExpectDType(in[i], DType::kF32, name));
     if (in[i].shape.NumElements() != 1) {
       return absl::InvalidArgumentError(
@@ -64,7 +68,7 @@ std::vector<SbpSignature> UpdateSignatures(const std::vector<TensorMeta>& in, in
 }
 
 absl::StatusOr<std::vector<TensorMeta>> InferSgd(const std::vector<TensorMeta>& in, const AttrMap& attrs) {
-  RETURN_IF_ERROR(CheckUpdateInputs(in, {"param", "grad", "momentum_buf"}));
+  RETURN_IF_ERROR(CheckUpdateInputs(in, {"param", "grad", "momentum_buf"}, 2));
   const double momentum = attrs.Float("momentum"), weight_decay = attrs.Float("weight_decay");
   if (!(momentum >= 0) || !(weight_decay >= 0)) {
     return absl::InvalidArgumentError(
@@ -77,7 +81,7 @@ absl::StatusOr<std::vector<TensorMeta>> InferSgd(const std::vector<TensorMeta>& 
 }
 
 absl::StatusOr<std::vector<TensorMeta>> InferAdamw(const std::vector<TensorMeta>& in, const AttrMap& attrs) {
-  RETURN_IF_ERROR(CheckUpdateInputs(in, {"param", "grad", "m", "v"}));
+  RETURN_IF_ERROR(CheckUpdateInputs(in, {"param", "grad", "m", "v"}, 3));
   const double beta1 = attrs.Float("beta1"), beta2 = attrs.Float("beta2");
   const double eps = attrs.Float("eps"), weight_decay = attrs.Float("weight_decay");
   if (!(beta1 >= 0 && beta1 < 1) || !(beta2 >= 0 && beta2 < 1)) {
@@ -122,7 +126,8 @@ void RegisterOptimizerOps(OpRegistry& registry) {
                "m' = beta1 m + (1 - beta1) grad; v' = beta2 v + (1 - beta2) grad^2; "
                "param' -= lr * m'/(1 - beta1^t) / (sqrt(v'/(1 - beta2^t)) + eps) (no bias correction when "
                "bias_correction is false). Inputs end with lr and optionally skip (one element: nonzero leaves "
-               "param, m and v as they were). Outputs may alias inputs.")
+               "param, m and v as they were) and skipped (one element: the steps skipped before this one, which t "
+               "does not count, as torch counts only the steps taken). Outputs may alias inputs.")
           .Input("param")
           .Input("grad")
           .Input("m")

@@ -706,6 +706,14 @@ absl::Status BindCheckpointInitializers(const proto::Plan& plan, std::shared_ptr
                                         actors::HostCallbacks& callbacks) {
   ASSIGN_OR_RETURN(std::vector<KeptTaskInfo> tasks, KeptTasks(plan));
   for (KeptTaskInfo& info : tasks) {
+    // Mixed precision's bookkeeping (the fp16 loss scale and its counts) is
+    // no model state: loading weights, or a checkpoint of a run without it,
+    // starts it afresh from its init rules (as torch's GradScaler without its
+    // state dict).
+    if (!info.tensors.empty() && info.tensors[0].name.starts_with("amp.") &&
+        (weights_only || absl::IsNotFound(reader->Meta(info.tensors[0].name).status()))) {
+      continue;
+    }
     // Checked here, before anything runs: every tensor exists with the
     // model's shape and dtype.
     for (size_t k = 0; k < info.tensors.size(); ++k) {

@@ -46,7 +46,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Compile(graph::Graph graph, cons
     std::optional<graph::LossScaleResult> scaled;
     const auto remap_scaled = [&scaled](const std::vector<graph::ValueId>& remap) {
       if (!scaled) return;
-      for (graph::ValueId* id : {&scaled->scaled_loss, &scaled->scale, &scaled->good_steps}) {
+      for (graph::ValueId* id : {&scaled->scaled_loss, &scaled->scale, &scaled->good_steps, &scaled->skipped_steps}) {
         *id = remap[static_cast<size_t>(*id)];
       }
     };
@@ -91,12 +91,12 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Compile(graph::Graph graph, cons
                                              NdSbp{Sbp::Broadcast(), Sbp::Broadcast()}, same_stage)
                           .status());
     }
-    graph::ValueId skip = graph::kNoValue;
+    graph::UnscaleResult unscaled;
     if (scaled) {
-      ASSIGN_OR_RETURN(skip, graph::UnscaleGradients(graph, gradients, *scaled, options.loss_scale));
+      ASSIGN_OR_RETURN(unscaled, graph::UnscaleGradients(graph, gradients, *scaled, options.loss_scale));
     }
     ASSIGN_OR_RETURN(graph::OptimizerResult optimizer,
-                     graph::ApplyOptimizer(graph, gradients, options.optimizer, skip));
+                     graph::ApplyOptimizer(graph, gradients, options.optimizer, unscaled.skip, unscaled.skipped));
     (void)optimizer;
   }
   ASSIGN_OR_RETURN(std::vector<graph::ValueId> remap, graph::EliminateDeadCode(graph));

@@ -36,6 +36,8 @@ absl::StatusOr<LossScaleResult> ScaleLoss(Graph& graph, ValueId loss, const Loss
                    graph.AddVariable("amp.loss_scale", Shape{}, InitRule::Constant(options.initial_scale), variable));
   ASSIGN_OR_RETURN(result.good_steps,
                    graph.AddVariable("amp.loss_scale_good_steps", Shape{}, InitRule::Zeros(), variable));
+  ASSIGN_OR_RETURN(result.skipped_steps,
+                   graph.AddVariable("amp.skipped_steps", Shape{}, InitRule::Zeros(), variable));
   ValueId scale = result.scale;
   if (graph.value(loss).meta.shape != Shape{}) {
     ASSIGN_OR_RETURN(scale,
@@ -45,8 +47,8 @@ absl::StatusOr<LossScaleResult> ScaleLoss(Graph& graph, ValueId loss, const Loss
   return result;
 }
 
-absl::StatusOr<ValueId> UnscaleGradients(Graph& graph, GradientMap& gradients, const LossScaleResult& scaled,
-                                         const LossScaleOptions& options) {
+absl::StatusOr<UnscaleResult> UnscaleGradients(Graph& graph, GradientMap& gradients, const LossScaleResult& scaled,
+                                               const LossScaleOptions& options) {
   if (options.growth_interval < 1) {
     return absl::InvalidArgumentError(
         StrCat("loss scaling: the growth interval must be >= 1, got ", options.growth_interval));
@@ -85,7 +87,9 @@ absl::StatusOr<ValueId> UnscaleGradients(Graph& graph, GradientMap& gradients, c
   RETURN_IF_ERROR(graph.SetVariableUpdate(scaled.good_steps, updated[1]));
   RETURN_IF_ERROR(graph.MarkFetch("loss_scale", scaled.scale));
   RETURN_IF_ERROR(graph.MarkFetch("skipped", found_inf));
-  return found_inf;
+  ASSIGN_OR_RETURN(ValueId skipped, First(graph.AddOp("add", {scaled.skipped_steps, found_inf}, {}, at)));
+  RETURN_IF_ERROR(graph.SetVariableUpdate(scaled.skipped_steps, skipped));
+  return UnscaleResult{.skip = found_inf, .skipped = scaled.skipped_steps};
 }
 
 }  // namespace tessera::graph

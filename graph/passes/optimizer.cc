@@ -77,13 +77,24 @@ bool WeightDecayApplies(const Graph& graph, ValueId variable, const OptimizerOpt
 }
 
 absl::StatusOr<OptimizerResult> ApplyOptimizer(Graph& graph, const GradientMap& gradients,
-                                               const OptimizerOptions& options, ValueId skip) {
+                                               const OptimizerOptions& options, ValueId skip, ValueId skipped) {
   if (skip != kNoValue && (!graph.IsValidValue(skip) || graph.value(skip).meta.dtype != DType::kF32 ||
                            graph.value(skip).meta.shape.NumElements() != 1)) {
     return absl::InvalidArgumentError(StrCat("optimizer: skip ", ValueRef(skip), " is not one f32 value"));
   }
+  if (skipped != kNoValue && (skip == kNoValue || !graph.IsValidValue(skipped) ||
+                              graph.value(skipped).meta.dtype != DType::kF32 ||
+                              graph.value(skipped).meta.shape.NumElements() != 1)) {
+    return absl::InvalidArgumentError(
+        StrCat("optimizer: skipped ", ValueRef(skipped), " is not one f32 value after a skip"));
+  }
   const auto with_skip = [skip](std::vector<ValueId> inputs) {
     if (skip != kNoValue) inputs.push_back(skip);
+    return inputs;
+  };
+  const auto with_skip_and_skipped = [&with_skip, skipped](std::vector<ValueId> inputs) {
+    inputs = with_skip(std::move(inputs));
+    if (skipped != kNoValue) inputs.push_back(skipped);
     return inputs;
   };
   OptimizerResult result;
@@ -140,7 +151,7 @@ absl::StatusOr<OptimizerResult> ApplyOptimizer(Graph& graph, const GradientMap& 
       ASSIGN_OR_RETURN(ValueId m, AddState(graph, var, "adam_m"));
       ASSIGN_OR_RETURN(ValueId v, AddState(graph, var, "adam_v"));
       ASSIGN_OR_RETURN(std::vector<ValueId> outs,
-                       graph.AddOp("adamw_update", with_skip({var, grad, m, v, result.lr}),
+                       graph.AddOp("adamw_update", with_skip_and_skipped({var, grad, m, v, result.lr}),
                                    {{"beta1", options.beta1},
                                     {"beta2", options.beta2},
                                     {"eps", options.eps},

@@ -103,8 +103,10 @@ absl::Status AdamwUpdateKernel(KernelContext& ctx) {
   const double lr = LearningRate(ctx, 4);
   const double beta1 = ctx.attr().Float("beta1"), beta2 = ctx.attr().Float("beta2");
   const double weight_decay = ctx.attr().Float("weight_decay");
-  // t counts updates from 1: step 0 is the first.
-  const double t = static_cast<double>(ctx.step + 1);
+  // t counts updates from 1: step 0 is the first; steps skipped for an
+  // overflow (input 6, when given) do not count.
+  const double skipped = ctx.num_inputs() > 6 ? static_cast<double>(ctx.input(6).data<float>()[0]) : 0.0;
+  const double t = static_cast<double>(ctx.step + 1) - skipped;
   const bool bias_correction = ctx.attr().Bool("bias_correction");
   const double correction1 = bias_correction ? 1.0 - std::pow(beta1, t) : 1.0;
   const double correction2 = bias_correction ? 1.0 - std::pow(beta2, t) : 1.0;

@@ -286,6 +286,13 @@ std::vector<OpTestCase> OptimizerCases() {
   cases.push_back(Case("adamw_update", "skip_0_updates", with(adamw_inputs(Shape{4, 5}, 57), 0.0f), {},
                        AdamwReference(0)));
   cases.push_back(Case("adamw_update", "skip_1_keeps", with(adamw_inputs(Shape{4, 5}, 61), 1.0f), {}, unchanged(3)));
+  // skipped: steps skipped before, left out of t (iteration 7, 4 skipped:
+  // the fourth update taken, t = 4).
+  cases.push_back(Case("adamw_update", "skipped_4_iteration_7",
+                       with(with(adamw_inputs(Shape{4, 5}, 63), 0.0f), 4.0f), {{"beta1", 0.8}, {"beta2", 0.9}},
+                       AdamwReference(3), 7));
+  cases.push_back(Case("adamw_update", "skipped_skip_keeps", with(with(adamw_inputs(Shape{6}, 64), 1.0f), 2.0f), {},
+                       unchanged(3)));
 
   // nonfinite: 1 when any element is NaN or infinite.
   const auto nonfinite = [](const std::vector<Tensor>& in, const AttrMap&) {
