@@ -56,12 +56,12 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Compile(graph::Graph graph, cons
       differentiated = scaled->scaled_loss;
     }
     ASSIGN_OR_RETURN(graph::GradientMap gradients, graph::Autodiff(graph, differentiated));
+    ASSIGN_OR_RETURN(const scheduler::DeviceMesh mesh, scheduler::DeviceMesh::Make(options.lower.parallel));
+    const auto same_stage = [&mesh](int64_t a, int64_t b) {
+      const absl::StatusOr<int64_t> sa = mesh.StageOfLayer(a), sb = mesh.StageOfLayer(b);
+      return sa.ok() && sb.ok() && *sa == *sb;
+    };
     if (options.activation_checkpoint) {
-      ASSIGN_OR_RETURN(const scheduler::DeviceMesh mesh, scheduler::DeviceMesh::Make(options.lower.parallel));
-      const auto same_stage = [&mesh](int64_t a, int64_t b) {
-        const absl::StatusOr<int64_t> sa = mesh.StageOfLayer(a), sb = mesh.StageOfLayer(b);
-        return sa.ok() && sb.ok() && *sa == *sb;
-      };
       ASSIGN_OR_RETURN(graph::RecomputeResult recomputed, graph::RecomputeSegments(graph, gradients, same_stage));
       if (recomputed.segments == 0) {
         return absl::InvalidArgumentError(
@@ -81,12 +81,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Compile(graph::Graph graph, cons
       gradients = std::move(gathered.gradients);
       remap_scaled(gathered.remap);
     }
-    ASSIGN_OR_RETURN(const scheduler::DeviceMesh mesh, scheduler::DeviceMesh::Make(options.lower.parallel));
     if (options.lower.zero_stage == 0 && mesh.hierarchy()[0] > 1 && mesh.hierarchy()[1] == 1) {
-      const auto same_stage = [&mesh](int64_t a, int64_t b) {
-        const absl::StatusOr<int64_t> sa = mesh.StageOfLayer(a), sb = mesh.StageOfLayer(b);
-        return sa.ok() && sb.ok() && *sa == *sb;
-      };
       RETURN_IF_ERROR(graph::BucketGradients(graph, gradients, options.gradient_bucket_bytes,
                                              NdSbp{Sbp::Broadcast(), Sbp::Broadcast()}, same_stage)
                           .status());

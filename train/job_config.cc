@@ -82,7 +82,7 @@ Binding<AmpConfig> MakeAmpKeys() {
           {.doc = "each matmul reads its inputs cast to `dtype` and sums the products in f32; softmax, norms, "
                   "losses, reductions and the optimizer stay f32, the variables are the f32 master weights. bf16 "
                   "products run on oneDNN's bf16 GEMM where the CPU has AVX512-BF16, else on the inputs widened "
-                  "to f32 (the same numbers, no speed-up)"});
+                  "to f32 (the same products, summed in f32; no speed-up)"});
   b.Field("dtype", &AmpConfig::dtype,
           {.choices = {"bf16", "fp16"},
            .doc = "the low-precision type. fp16 adds dynamic loss scaling (torch.cuda.amp.GradScaler's rule): the "

@@ -714,10 +714,9 @@ absl::StatusOr<MemoryPlanResult> PlanMemory(proto::Plan& plan) {
   }
   std::vector<uint64_t> shares;
   for (auto& [device, members] : on_device) {
-    // The device's blocks by their number of uses (alternating use by use
-    // needs equal numbers).
-    // Only analysed blocks share (blocks under kMinSharedBytes are not
-    // worth the pairwise analysis: their bits mean nothing).
+    // The device's analysed blocks by their number of uses (alternating use
+    // by use needs equal numbers); blocks left out of the analysis share
+    // nothing, their bits meaning nothing.
     std::map<int64_t, std::vector<uint64_t>> with_uses;
     for (size_t i : members) {
       std::vector<uint64_t>& mask = with_uses[blocks[i].uses];
@@ -740,7 +739,7 @@ absl::StatusOr<MemoryPlanResult> PlanMemory(proto::Plan& plan) {
         const std::vector<uint64_t>& equal = with_uses.at(blocks[b].uses);
         const bool alternate = blocks[b].uses >= 2;
         shares.assign(equal.size(), 0);
-        for (size_t w = 0; share && analysed[b] && w < shares.size(); ++w) {
+        for (size_t w = 0; analysed[b] && w < shares.size(); ++w) {
           shares[w] = (by_earlier.last[b][w] & bits.wrap[b][w]) | (bits.last[b][w] & by_earlier.wrap[b][w]);
           if (alternate) {
             shares[w] |= equal[w] & ((by_earlier.same[b][w] & bits.step[b][w]) |
