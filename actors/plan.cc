@@ -181,7 +181,12 @@ absl::Status ValidateTask(const TaskIndex& index, const std::map<int64_t, DescIn
   for (const auto& ref : task.outputs()) RETURN_IF_ERROR(resolve(ref, &outputs, true));
 
   const auto single_in_out = [&]() -> absl::Status {
-    if (task.consumed_register_desc_ids_size() != 1 || task.produced_register_desc_ids_size() != 1) {
+    // An Acc may also write window descs, after its sum's.
+    int produced = task.produced_register_desc_ids_size();
+    if (task.kind() == proto::ACTOR_KIND_ACC) {
+      while (produced > 1 && desc_of(task.produced_register_desc_ids(produced - 1)).window() != 0) --produced;
+    }
+    if (task.consumed_register_desc_ids_size() != 1 || produced != 1) {
       return absl::InvalidArgumentError(StrCat(name(), " must consume and produce exactly one register desc"));
     }
     if (task.repeat_num() < 1) return absl::InvalidArgumentError(StrCat(name(), " needs repeat_num >= 1"));
@@ -192,8 +197,11 @@ absl::Status ValidateTask(const TaskIndex& index, const std::map<int64_t, DescIn
   }
   switch (task.kind()) {
     case proto::ACTOR_KIND_SOURCE:
-      if (task.consumed_register_desc_ids_size() != 0) {
-        return absl::InvalidArgumentError(StrCat(name(), ": a source consumes nothing"));
+      for (int64_t id : task.consumed_register_desc_ids()) {
+        if (desc_of(id).window() == 0 || desc_of(id).window() != desc_of(task.consumed_register_desc_ids(0)).window()) {
+          return absl::InvalidArgumentError(
+              StrCat(name(), ": a source consumes nothing but window descs, all of one window"));
+        }
       }
       break;
     case proto::ACTOR_KIND_SINK:
@@ -488,6 +496,15 @@ absl::Status ValidatePlan(const proto::Plan& plan, const ops::OpRegistry& regist
       if (!sum.ok()) return absl::InvalidArgumentError(StrCat(name(), ": ", sum.status().message()));
       bytes = *sum;
     }
+    if (desc.window() != 0) {
+      bool sources = true;
+      for (uint64_t consumer : desc.consumers()) sources &= tasks.at(consumer).task->kind() == proto::ACTOR_KIND_SOURCE;
+      if (desc.window() < 0 || desc.tensors_size() != 0 || producer->second.task->kind() != proto::ACTOR_KIND_ACC ||
+          desc.consumers().empty() || !sources) {
+        return absl::InvalidArgumentError(StrCat(name(), " has window ", desc.window(),
+                                                 ": a window desc holds no tensors and goes from an acc to sources"));
+      }
+    }
     const bool view = producer->second.task->kind() == proto::ACTOR_KIND_REPEAT;
     if (desc.bytes_per_register() != (view ? 0 : bytes)) {
       return absl::InvalidArgumentError(StrCat(name(), " says ", desc.bytes_per_register(),
@@ -516,6 +533,17 @@ absl::Status ValidatePlan(const proto::Plan& plan, const ops::OpRegistry& regist
     }
     for (int64_t id : task.consumed_register_desc_ids()) {
       const proto::Task& producer = *tasks.at(descs.at(id).desc->producer()).task;
+      if (const int32_t window = descs.at(id).desc->window(); window != 0) {
+        // The Acc's micro-batches are the Source's, more than the window.
+        const int64_t micro = PiecesPerIteration(producer) * producer.repeat_num();
+        if (micro != pieces || pieces <= window) {
+          return absl::InvalidArgumentError(StrCat(TaskName(task), " reads window desc ", id, " (window ", window, ") from ",
+                                                   TaskName(producer), ", which sums ", micro,
+                                                   " micro-batches an iteration, but the source runs ", pieces,
+                                                   " piece(s) per iteration"));
+        }
+        continue;
+      }
       if (PiecesPerIteration(producer) != expected) {
         return absl::InvalidArgumentError(StrCat(TaskName(task), " expects ", expected, " piece(s) per iteration from desc ", id,
                                                  " but ", TaskName(producer), " produces ", PiecesPerIteration(producer)));

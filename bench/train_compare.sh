@@ -13,7 +13,10 @@
 # Builds nothing: build ddp_bench and gemm_bench first (Release).
 #
 #   bench/train_compare.sh [BUILD_DIR] [ROUNDS] [THREADS]   (defaults: build, 3, 2)
-# Environment: WARMUP (5), ITERS (20), PYTHON (/usr/bin/python3).
+# Environment: WARMUP (5), ITERS (20), PYTHON (/usr/bin/python3),
+# SHAPE=L,H,NH,T,B,V (layers, hidden, heads, seq, micro-batch, vocabulary)
+# for another model on both sides: 12,768,12,1024,4,50257 is GPT-2 124M at
+# micro-batch 4 (then WARMUP=1 ITERS=3 keep a round to minutes).
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -29,6 +32,18 @@ for exe in "$ours" "$peak_bench"; do
   [[ -x $exe ]] || { echo "train_compare: $exe not built (cmake --build $build --target ddp_bench gemm_bench)" >&2; exit 1; }
 done
 export OMP_WAIT_POLICY=PASSIVE
+ours_shape=() torch_shape=()
+if [[ -n ${SHAPE:-} ]]; then
+  IFS=, read -r layers hidden heads seq micro vocab <<<"$SHAPE"
+  [[ -n $vocab && "$layers$hidden$heads$seq$micro$vocab" =~ ^[0-9]+$ ]] ||
+    { echo "train_compare: SHAPE must be L,H,NH,T,B,V (six integers), not '$SHAPE'" >&2; exit 1; }
+  for kv in num_layers=$layers hidden_size=$hidden num_attention_heads=$heads ffn_hidden_size=$((4 * hidden)) \
+    max_seq_length=$seq seq_length=$seq vocab_size=$vocab; do
+    ours_shape+=(--set "model.$kv")
+  done
+  ours_shape+=(--set "train.train_micro_batch_size=$micro")
+  torch_shape=(--shape "$SHAPE")
+fi
 
 log=$(mktemp -d)
 trap 'rm -rf "$log"' EXIT
@@ -40,9 +55,9 @@ peak=$(field "$log/peak" peak_gflops)
 
 ours_rates=() torch_rates=()
 for ((r = 1; r <= rounds; ++r)); do
-  "$ours" --dp 1 --warmup "$warmup" --iters "$iters" --set "train.dist.intra_op_threads=$threads" > "$log/ours" 2>&1 ||
+  "$ours" --dp 1 --warmup "$warmup" --iters "$iters" --set "train.dist.intra_op_threads=$threads" "${ours_shape[@]}" > "$log/ours" 2>&1 ||
     { cat "$log/ours" >&2; exit 1; }
-  "$python" "$here/ddp_torch.py" --world 1 --threads "$threads" --warmup "$warmup" --iters "$iters" > "$log/torch" 2>&1 ||
+  "$python" "$here/ddp_torch.py" --world 1 --threads "$threads" --warmup "$warmup" --iters "$iters" "${torch_shape[@]}" > "$log/torch" 2>&1 ||
     { cat "$log/torch" >&2; exit 1; }
   ours_rates+=("$(field "$log/ours" tokens/s)")
   torch_rates+=("$(field "$log/torch" tokens/s)")

@@ -76,6 +76,7 @@ nlohmann::json PlanToJson(const proto::Plan& plan) {
                                 {"quota", desc.register_num()},
                                 {"bytes_per_register", desc.bytes_per_register()},
                                 {"arena_offset", desc.has_arena_offset() ? nlohmann::json(desc.arena_offset()) : nlohmann::json(nullptr)},
+                                {"window", desc.window()},
                                 {"tensors", tensors}});
   }
   out["memory"] = nlohmann::json::array();
@@ -145,7 +146,8 @@ std::string PlanToText(const proto::Plan& plan) {
     for (uint64_t c : desc.consumers()) consumers.push_back(names[c]);
     out += fmt::format("  desc {:<3} quota={} bytes={:<8} arena={:<10} {}  {} -> [{}]\n", desc.id(), desc.register_num(),
                        desc.bytes_per_register(), desc.has_arena_offset() ? std::to_string(desc.arena_offset()) : "-",
-                       TensorsText(desc), names[desc.producer()], Join(consumers, ", "));
+                       desc.window() > 0 ? StrCat("micro-batch window ", desc.window()) : TensorsText(desc),
+                       names[desc.producer()], Join(consumers, ", "));
   }
   out += '\n';
   out += MemoryText(plan);
@@ -162,8 +164,11 @@ std::string PlanToDot(const proto::Plan& plan) {
   }
   for (const auto& desc : plan.register_descs()) {
     for (uint64_t c : desc.consumers()) {
-      out += fmt::format("  a{} -> a{} [label=\"desc {} x{} {}B\"];\n", desc.producer(), c, desc.id(), desc.register_num(),
-                         desc.bytes_per_register());
+      out += desc.window() > 0
+                 ? fmt::format("  a{} -> a{} [label=\"desc {} window {}\", style=dashed];\n", desc.producer(), c,
+                               desc.id(), desc.window())
+                 : fmt::format("  a{} -> a{} [label=\"desc {} x{} {}B\"];\n", desc.producer(), c, desc.id(),
+                               desc.register_num(), desc.bytes_per_register());
     }
   }
   return out + "}\n";

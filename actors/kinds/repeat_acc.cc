@@ -12,9 +12,12 @@
 //            inputs Eord'ed and drained --> Eord sent --(pieces back)--> done
 //
 // Acc sums tensor `input_tensor` of m consumed registers into one produced
-// register, acking each piece as it is added.
-//   Act condition: a ready consumed register, and (for the first piece of a
-//   sum) a free produced one.
+// register, acking each piece as it is added. Its other produced descs are
+// window descs (RegisterDesc.window w): after adding piece k < m - w it
+// hands a register of each to the Sources of its device.
+//   Act condition: a ready consumed register, (for the first piece of a
+//   sum) a free produced one, and (piece k < m - w) a free register of each
+//   window desc.
 //   States:  count 0 --(copy the piece)--> count 1 --(add)--> ...
 //            count m - 1 --(add, hand the sum on)--> count 0
 //            inputs Eord'ed and drained --> Eord sent --(sum acked)--> done
@@ -72,6 +75,7 @@ class AccActor final : public Actor {
     ctx_.inputs.resize(2);
     ctx_.outputs.resize(1);
     ctx_.device = DecodeActorId(id()).device();
+    if (produced_.size() > 1) out_window_ = produced_[1].registers->desc->window();
     return absl::OkStatus();
   }
 
@@ -80,6 +84,10 @@ class AccActor final : public Actor {
     Consumed& in = consumed_[0];
     Produced& out = produced_[0];
     if (in.ready.empty() || (count_ == 0 && out.free.empty())) return false;
+    const bool signal = produced_.size() > 1 && count_ < task_.repeat_num() - out_window_;
+    for (size_t w = 1; signal && w < produced_.size(); ++w) {
+      if (produced_[w].free.empty()) return false;
+    }
     if (count_ == 0) index_ = TakeFree(out);
     const Tensor& piece = FrontTensors(in)[static_cast<size_t>(task_.input_tensor())];
     Tensor& sum = out.registers->registers[static_cast<size_t>(index_)][0];
@@ -93,6 +101,7 @@ class AccActor final : public Actor {
       RETURN_IF_ERROR(ops::RunKernel(*add_, ctx_));
     }
     AckFront(in);
+    for (size_t w = 1; signal && w < produced_.size(); ++w) SendReady(produced_[w], TakeFree(produced_[w]));
     ++act_count_;
     if (++count_ == task_.repeat_num()) {
       SendReady(out, index_);
@@ -113,6 +122,7 @@ class AccActor final : public Actor {
   ops::KernelContext ctx_;
   int64_t count_ = 0;  // pieces summed into the register being written
   int32_t index_ = 0;  // that register
+  int64_t out_window_ = 0;  // of its window descs (0: none)
 };
 
 }  // namespace

@@ -4,7 +4,10 @@
 // whatever they hold.
 //
 // Act condition: pieces left (the run's gate admitting each iteration's
-// first), and every produced desc has a free register.
+// first), and every produced desc has a free register; for micro-batches
+// k >= w of an iteration when it consumes window descs (RegisterDesc.window
+// w: gradient accumulation's micro-batch window), a ready register of each,
+// handed back as the act ends.
 // Act: take a free register of each produced desc, fill them (callback),
 // hand them to their consumers.
 //
@@ -22,6 +25,7 @@ class SourceActor final : public Actor {
  public:
   using Actor::Actor;
   absl::Status InitKind() {
+    if (!consumed_.empty()) window_ = consumed_[0].registers->desc->window();
     if (!task_.callback().empty()) {
       auto it = env_.callbacks->sources.find(task_.callback());
       if (it == env_.callbacks->sources.end()) {
@@ -35,6 +39,8 @@ class SourceActor final : public Actor {
  private:
   absl::StatusOr<bool> ActOnce() override {
     if (act_count_ >= limit_.Total(task_, env_) || !AllProducedFree()) return false;
+    const bool gated = window_ > 0 && act_count_ % PiecesPerIteration(task_) >= window_;
+    if (gated && !AllConsumedReady()) return false;
     if (!limit_.MayEmit(task_, env_, act_count_)) return false;
     std::vector<int32_t> taken;
     for (Produced& p : produced_) taken.push_back(TakeFree(p));
@@ -46,6 +52,7 @@ class SourceActor final : public Actor {
       }
       RETURN_IF_ERROR((*fill_)(env_.start_iteration * PiecesPerIteration(task_) + act_count_, outputs));
     }
+    if (gated) AckAll();
     for (size_t i = 0; i < produced_.size(); ++i) SendReady(produced_[i], taken[i]);
     ++act_count_;
     return true;
@@ -53,6 +60,7 @@ class SourceActor final : public Actor {
   bool ShouldEnd() const override { return act_count_ >= limit_.Total(task_, env_); }
 
   const HostCallbacks::SourceFn* fill_ = nullptr;
+  int64_t window_ = 0;  // of the consumed window descs (0: none)
   EmitLimit limit_;
 };
 

@@ -272,7 +272,16 @@ class ProtocolModel {
     std::vector<int> consumers;
     int64_t per_iteration = 0;  // registers written per iteration
     int64_t quota = 1;
+    int64_t window = 0;  // RegisterDesc.window
   };
+  // A window desc's s-th register (RegisterDesc.window): written by its Acc
+  // at act k of iteration i (s = i (M - w) + k, M the Acc's acts per
+  // iteration), read by a Source at act k + w of iteration i.
+  int64_t WindowAct(const Desc& d, int64_t s, bool reader) const {
+    const int64_t acts = tasks_[static_cast<size_t>(d.producer)].acts;
+    const int64_t n = acts - d.window;
+    return s / n * acts + s % n + (reader ? d.window : 0);
+  }
 
   static bool Relays(proto::ActorKind kind) {
     return kind == proto::ACTOR_KIND_REPEAT || kind == proto::ACTOR_KIND_ACC;
@@ -341,10 +350,18 @@ class ProtocolModel {
     if (desc.per_iteration != 0) return desc.per_iteration;
     if (depth > 64) return -1;
     const Task& p = tasks_[static_cast<size_t>(desc.producer)];
+    if (desc.window > 0) {  // the Acc's micro-batches less the window
+      if (p.kind != proto::ACTOR_KIND_ACC || p.consumed.size() != 1) return -1;
+      const int64_t in = PerIteration(p.consumed[0], depth + 1);
+      if (in <= desc.window) return -1;
+      desc.per_iteration = in - desc.window;
+      return desc.per_iteration;
+    }
     int64_t r = PiecesPerIteration(*p.task);
     if (p.kind == proto::ACTOR_KIND_PARAMETER) r = 1;
     if (Relays(p.kind)) {
-      if (p.consumed.size() != 1 || p.produced.size() != 1 || p.m < 1) return -1;
+      // An Acc's produced descs after the first are its window descs.
+      if (p.consumed.size() != 1 || p.produced.empty() || p.produced[0] != d || p.m < 1) return -1;
       const int64_t in = PerIteration(p.consumed[0], depth + 1);
       if (in < 1) return -1;
       if (p.kind == proto::ACTOR_KIND_REPEAT) {
@@ -377,6 +394,7 @@ class ProtocolModel {
       if (producer == task_of.end()) return StrCat("register desc ", desc.id(), " has no producer task");
       d.producer = producer->second;
       d.quota = std::max(1, desc.register_num());
+      d.window = desc.window();
       const int index = static_cast<int>(descs_.size());
       if (!desc_of.emplace(desc.id(), index).second) return StrCat("register desc ", desc.id(), " appears twice");
       for (uint64_t c : desc.consumers()) {
@@ -420,7 +438,9 @@ class ProtocolModel {
         t.acts = PiecesPerIteration(*t.task);
       }
       for (int d : t.consumed) {
-        const int64_t wanted = Relays(t.kind)                          ? descs_[static_cast<size_t>(d)].per_iteration
+        const int64_t window = descs_[static_cast<size_t>(d)].window;
+        const int64_t wanted = window > 0                              ? t.acts - window
+                               : Relays(t.kind)                        ? descs_[static_cast<size_t>(d)].per_iteration
                                : t.kind == proto::ACTOR_KIND_PARAMETER ? 1
                                                                        : t.acts;
         if (descs_[static_cast<size_t>(d)].per_iteration != wanted) {
@@ -444,7 +464,15 @@ class ProtocolModel {
       const Desc& d = descs_[di];
       const Task& p = tasks_[static_cast<size_t>(d.producer)];
       const int64_t total = kUnrolled * d.per_iteration;
-      for (int64_t s = 0; s < total; ++s) {
+      for (int64_t s = 0; s < total && d.window > 0; ++s) {
+        for (int c : d.consumers) {
+          const Task& reader = tasks_[static_cast<size_t>(c)];
+          if (reader.acts != p.acts) continue;  // (checked when the plan loads)
+          Edge(p, WindowAct(d, s, false), true, reader, WindowAct(d, s, true), false);
+          Edge(reader, WindowAct(d, s, true), true, p, WindowAct(d, s + d.quota, false), false);
+        }
+      }
+      for (int64_t s = 0; s < total && d.window == 0; ++s) {
         for (int c : d.consumers) {
           const Task& reader = tasks_[static_cast<size_t>(c)];
           Edge(p, ReadyAct(p, s), true, reader, UseAct(reader, s), false);               // handed on

@@ -509,6 +509,12 @@ int64_t PlanBuilder::AddRegisterDesc(uint64_t producer, const std::vector<uint64
   return id;
 }
 
+int64_t PlanBuilder::AddWindowDesc(uint64_t acc, const std::vector<uint64_t>& sources, int32_t window) {
+  const int64_t id = AddRegisterDesc(acc, sources, window, {});
+  if (id >= 0) plan_.mutable_register_descs(static_cast<int>(id))->set_window(window);
+  return id;
+}
+
 void PlanBuilder::AddConsumer(int64_t desc_id, uint64_t consumer) {
   TESSERA_CHECK(desc_id >= 0 && desc_id < plan_.register_descs_size(), "no register desc ", desc_id);
   proto::RegisterDesc* desc = plan_.mutable_register_descs(static_cast<int>(desc_id));

@@ -112,6 +112,9 @@ class PlanBuilder {
   // Adds `consumer` as a reader of desc `desc_id` (once: a second call for
   // the same pair does nothing).
   void AddConsumer(int64_t desc_id, uint64_t consumer);
+  // A control desc of the micro-batch window `window` (RegisterDesc.window,
+  // no tensors, `window` registers) from Acc `acc` to `sources`.
+  int64_t AddWindowDesc(uint64_t acc, const std::vector<uint64_t>& sources, int32_t window);
 
   // Appends an op input / output referring to tensor `tensor_index` of desc.
   void AddInput(uint64_t actor_id, int64_t desc_id, int32_t tensor_index = 0);

@@ -23,6 +23,7 @@ absl::Status Lowering::LowerAccumulation(const Node& node) {
     builder_.task(task).set_input_tensor(shard.tensor);
     ASSIGN_OR_RETURN(TensorMeta meta, LocalMeta(node.outputs[0], layout.outputs[0], i));
     ASSIGN_OR_RETURN(const int64_t desc, NewDesc(task, Quota(node.outputs, stage, options_.default_quota), {meta}));
+    if (!repeat) window_accs_[{stage, i}].push_back(task);
     Produced(node, stage, i, desc);
   }
   return absl::OkStatus();

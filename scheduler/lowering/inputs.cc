@@ -18,6 +18,7 @@ absl::Status Lowering::LowerInput(const Node& node) {
     builder_.SetSource(task, name, graph_.value(node.outputs[0]).meta, slice);
     ASSIGN_OR_RETURN(TensorMeta meta, LocalMeta(node.outputs[0], layout.outputs[0], i));
     ASSIGN_OR_RETURN(const int64_t desc, NewDesc(task, Quota(node.outputs, stage, options_.source_quota), {meta}));
+    if (MicroRate(node) && rates_.num_micro_batches > 1) window_sources_[{stage, i}].push_back(task);
     Produced(node, stage, i, desc);
   }
   return absl::OkStatus();

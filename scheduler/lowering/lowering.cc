@@ -12,6 +12,7 @@ using graph::NodeKind;
 absl::StatusOr<LoweredPlan> Lowering::Run() {
   for (const Node& node : graph_.nodes()) RETURN_IF_ERROR(LowerNode(node));
   RETURN_IF_ERROR(LowerSink());
+  GateMicroBatches();
   out_.plan = builder_.Build();
   for (const proto::RankLocation& location : locations_) *out_.plan.add_ranks() = location;
   RETURN_IF_ERROR(builder_.status());
@@ -29,6 +30,16 @@ absl::StatusOr<LoweredPlan> Lowering::Run() {
     }
   }
   return std::move(out_);
+}
+
+void Lowering::GateMicroBatches() {
+  const int64_t m = rates_.num_micro_batches;
+  for (const auto& [device, accs] : window_accs_) {
+    const int64_t window = mesh_.num_stages() - device.first;
+    auto sources = window_sources_.find(device);
+    if (window >= m || sources == window_sources_.end()) continue;
+    for (uint64_t acc : accs) builder_.AddWindowDesc(acc, sources->second, static_cast<int32_t>(window));
+  }
 }
 
 absl::Status Lowering::LowerNode(const Node& node) {

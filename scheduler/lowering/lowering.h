@@ -147,6 +147,15 @@ class Lowering {
     builder_.task(task).set_pieces_per_iteration(rates_.num_micro_batches);
     builder_.task(task).set_acts_per_step(rates_.num_micro_batches);
   }
+  // Gradient accumulation's micro-batch window (RegisterDesc.window): on
+  // each device of stage s that both feeds micro-batches (Sources) and sums
+  // their gradients (Accs), w = stages - s (the micro-batches 1F1B lets the
+  // stage run ahead); each Acc gets a control desc to the device's Sources,
+  // so micro-batch k + w starts after k's gradients are summed. Nothing when
+  // w >= m.
+  void GateMicroBatches();
+  // (stage, parallel id) -> the micro-rate Sources / Accs lowered there.
+  std::map<std::pair<int64_t, int64_t>, std::vector<uint64_t>> window_sources_, window_accs_;
   // Records where the outputs of a node's task on parallel id i live.
   void Produced(const Node& node, int64_t stage, int64_t i, int64_t desc);
   // DESIGN §7: a per-micro-batch value that backward reads on stage s is

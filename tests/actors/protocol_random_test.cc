@@ -9,11 +9,14 @@
 //   - each consumer acks the registers of a desc in the order they became
 //     ready to it (FIFO), and only registers it was handed (acks match
 //     readies);
+//   - a Source reading window descs (RegisterDesc.window w) hands out
+//     micro-batch k >= w of an iteration only after each window desc's
+//     register for micro-batch k - w was delivered to it;
 //   - at the end every actor is done, every register came home, every
 //     consumer got one Eord, and the results equal those of the scripted
 //     (oldest-first) run of the same plan.
 // Plans: a chain, fan-out / fan-in, Repeat -> Acc, gradient accumulation
-// into a parameter, and a training step whose arena shares bytes, each with
+// into a parameter (also with a micro-batch window), and a training step whose arena shares bytes, each with
 // quotas drawn from 1..3. The arenas are checked at every delivery
 // (actors/arena.h): no register is taken while another sharing its bytes is
 // in use, whatever the order.
@@ -58,7 +61,14 @@ class ProtocolChecker {
       Desc& d = descs_[desc.id()];
       d.producer = desc.producer();
       d.quota = desc.register_num();
+      if (desc.window() > 0) window_of_[desc.id()] = desc.window();
       for (uint64_t consumer : desc.consumers()) d.channels[consumer];
+      if (desc.window() > 0) {
+        for (uint64_t consumer : desc.consumers()) windows_[consumer].push_back(desc.id());
+      }
+    }
+    for (const auto& task : plan.tasks()) {
+      if (windows_.contains(task.actor_id())) pieces_[task.actor_id()] = PiecesPerIteration(task);
     }
   }
 
@@ -75,6 +85,19 @@ class ProtocolChecker {
         }
         if (!c->held.insert(m.register_index).second) return Broken(m, "a register the consumer still holds");
         ++c->readies;
+        if (auto w = windows_.find(m.src); w != windows_.end() && c->readies > 0) {
+          const int64_t k = c->readies - 1, per = pieces_.at(m.src);
+          for (int64_t id : w->second) {
+            const int64_t window = window_of_.contains(id) ? window_of_.at(id) : 0;
+            const Channel& signal = descs_.at(id).channels.at(m.src);
+            const int64_t needed = k % per < window ? k / per * (per - window)
+                                                    : k / per * (per - window) + k % per - window + 1;
+            if (signal.delivered < needed) {
+              return Broken(m, StrCat("micro-batch ", k, " handed out after ", signal.delivered,
+                                      " window registers of desc ", id, ", ", needed, " needed"));
+            }
+          }
+        }
         const int64_t in_flight = InFlight(*d);
         if (in_flight > d->quota) return Broken(m, StrCat(in_flight, " registers in flight, quota ", d->quota));
         d->most_in_flight = std::max(d->most_in_flight, in_flight);
@@ -105,6 +128,7 @@ class ProtocolChecker {
     switch (m.type) {
       case MessageType::kRegisterReady:
         c->unacked.push_back(m.register_index);
+        ++c->delivered;
         break;
       case MessageType::kRegisterAck:
         // Free again, as far as the producer knows, only now.
@@ -142,7 +166,7 @@ class ProtocolChecker {
   struct Channel {                // one (desc, consumer)
     std::set<int32_t> held;       // ready sent, ack not yet delivered to the producer
     std::deque<int32_t> unacked;  // delivered to the consumer, not yet acked, in delivery order
-    int64_t readies = 0, acks = 0;
+    int64_t readies = 0, acks = 0, delivered = 0;
     bool eord_sent = false, eord_delivered = false;
   };
   struct Desc {
@@ -174,6 +198,9 @@ class ProtocolChecker {
   }
 
   std::map<int64_t, Desc> descs_;
+  std::map<uint64_t, std::vector<int64_t>> windows_;  // source -> the window descs it reads
+  std::map<uint64_t, int64_t> pieces_;                // source -> micro-batches per iteration
+  std::map<int64_t, int64_t> window_of_;              // window desc -> its window
 };
 
 // What a run computed: every sink call and every finalized parameter, by
@@ -295,9 +322,13 @@ Case RepeatAcc(std::mt19937& rng) {
 // Gradient accumulation as the scheduler lowers it: the parameter w goes
 // through Repeat (m whole-tensor views), grad = w * x per micro-batch, Acc
 // sums the m gradients, sgd_update (momentum 0.9) applies them; a sink
-// watches w every iteration, and the finalizer keeps the trained w.
-Case Accumulation(std::mt19937& rng) {
-  const int32_t m = 2 + static_cast<int32_t>(rng() % 2);
+// watches w every iteration, and the finalizer keeps the trained w. With
+// `windowed`, also the micro-batch window the scheduler adds
+// (RegisterDesc.window w in [1, m)): the Acc signals the source after each
+// of micro-batches 0 .. m - w - 1, the source waits for it from micro-batch
+// w on (the checker asserts the wait).
+Case AccumulationOf(std::mt19937& rng, bool windowed) {
+  const int32_t m = 2 + static_cast<int32_t>(rng() % (windowed ? 3 : 2));
   PlanBuilder b(4);
   const uint64_t param = b.AddTask(ACTOR_KIND_PARAMETER, "w");
   const uint64_t rep = b.AddTask(ACTOR_KIND_REPEAT, "repeat");
@@ -310,6 +341,7 @@ Case Accumulation(std::mt19937& rng) {
   const int64_t x = b.AddRegisterDesc(src, {grad}, DrawQuota(rng), {kVec});
   const int64_t g = b.AddRegisterDesc(grad, {acc}, DrawQuota(rng), {kVec});
   const int64_t sum = b.AddRegisterDesc(acc, {param}, DrawQuota(rng), {kVec});
+  if (windowed) b.AddWindowDesc(acc, {src}, 1 + static_cast<int32_t>(rng() % static_cast<uint32_t>(m - 1)));
   b.task(rep).set_repeat_num(m);
   b.task(rep).set_pieces_per_iteration(m);
   b.task(acc).set_repeat_num(m);
@@ -332,6 +364,8 @@ Case Accumulation(std::mt19937& rng) {
             };
           }};
 }
+Case Accumulation(std::mt19937& rng) { return AccumulationOf(rng, false); }
+Case WindowedAccumulation(std::mt19937& rng) { return AccumulationOf(rng, true); }
 
 // The checker itself catches each kind of break, so a clean random run means
 // something.
@@ -371,6 +405,27 @@ TEST(ProtocolChecker, CatchesEachBrokenInvariant) {
     ASSERT_TRUE(c.Sent(Message::Eord(src, sink, d)).ok());
     expect_broken(c.Sent(Message::Ready(src, sink, d, 0)), "after Eord");
     expect_broken(c.Sent(Message::Ready(sink, src, d, 0)), "not the desc's producer");
+  }
+  {  // a source handing out micro-batch 1 before micro-batch 0's window register came
+    PlanBuilder wb(1);
+    const uint64_t x = wb.AddTask(ACTOR_KIND_SOURCE, "x");
+    const uint64_t acc = wb.AddTask(ACTOR_KIND_ACC, "acc");
+    const uint64_t out = wb.AddTask(ACTOR_KIND_SINK, "sum");
+    const int64_t pieces = wb.AddRegisterDesc(x, {acc}, 2, {kVec});
+    wb.AddRegisterDesc(acc, {out}, 1, {kVec});
+    const int64_t window = wb.AddWindowDesc(acc, {x}, 1);
+    wb.task(x).set_pieces_per_iteration(2);
+    wb.task(acc).set_repeat_num(2);
+    ProtocolChecker c(wb.Build());
+    ASSERT_TRUE(c.Sent(Message::Ready(x, acc, pieces, 0)).ok());
+    ASSERT_TRUE(c.Sent(Message::Ready(acc, x, window, 0)).ok());
+    expect_broken(c.Sent(Message::Ready(x, acc, pieces, 1)), "0 window registers of desc");
+    ASSERT_TRUE(c.Delivered(Message::Ready(acc, x, window, 0)).ok());
+    ProtocolChecker later(wb.Build());
+    ASSERT_TRUE(later.Sent(Message::Ready(x, acc, pieces, 0)).ok());
+    ASSERT_TRUE(later.Sent(Message::Ready(acc, x, window, 0)).ok());
+    ASSERT_TRUE(later.Delivered(Message::Ready(acc, x, window, 0)).ok());
+    EXPECT_TRUE(later.Sent(Message::Ready(x, acc, pieces, 1)).ok());
   }
 }
 
@@ -482,6 +537,7 @@ TEST_P(RandomDelivery, KeepsQuotasAndFifoAndGivesTheScriptedResults) {
 INSTANTIATE_TEST_SUITE_P(Plans, RandomDelivery,
                          ::testing::Values(PlanKind{"Chain", &Chain}, PlanKind{"FanOutFanIn", &FanOutFanIn},
                                            PlanKind{"RepeatAcc", &RepeatAcc}, PlanKind{"Accumulation", &Accumulation},
+                                           PlanKind{"WindowedAccumulation", &WindowedAccumulation},
                                            PlanKind{"TrainingLoop", &Loop}),
                          [](const ::testing::TestParamInfo<PlanKind>& info) { return std::string(info.param.name); });
 

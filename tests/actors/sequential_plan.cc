@@ -82,7 +82,8 @@ class Interpreter {
   }
 
   // Topological order over desc edges, leaving out the edges into
-  // parameters (their update runs at the end of the iteration).
+  // parameters (their update runs at the end of the iteration) and window
+  // descs (control only: micro-batch k's accs already run before k + 1).
   absl::Status Order() {
     std::map<const proto::Task*, int> pending;
     std::map<const proto::Task*, std::vector<const proto::Task*>> next;
@@ -90,6 +91,7 @@ class Interpreter {
       pending[&task] = 0;
       if (task.kind() == proto::ACTOR_KIND_PARAMETER) continue;
       for (int64_t id : task.consumed_register_desc_ids()) {
+        if (descs_.at(id)->window() != 0) continue;
         ++pending[&task];
         next[tasks_.at(descs_.at(id)->producer())].push_back(&task);
       }
@@ -110,6 +112,7 @@ class Interpreter {
     for (const proto::Task* task : order_) {
       bool after = false;
       for (int64_t id : task->consumed_register_desc_ids()) {
+        if (descs_.at(id)->window() != 0) continue;
         const proto::Task* producer = tasks_.at(descs_.at(id)->producer());
         after |= producer->kind() == proto::ACTOR_KIND_ACC || after_acc_.contains(producer);
       }

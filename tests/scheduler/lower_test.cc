@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "actors/plan.h"
+#include "comm/proto/memory_plan.h"
 #include "core/text.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "graph/builder.h"
@@ -153,20 +154,84 @@ TEST(LowerTest, AccumulationPlanRunsPerMicroBatchBetweenRepeatAndAcc) {
   }
 }
 
-TEST(LowerTest, PlanWithMismatchedRatesIsRejected) {
+// The test MLP's training plan with gradients accumulated over m micro-batches.
+absl::StatusOr<proto::Plan> AccumulatedMlpPlan(int64_t m) {
   auto mlp = BuildTestMlp();
-  auto grads = graph::Autodiff(mlp.graph);
-  ASSERT_TRUE(grads.ok());
-  ASSERT_TRUE(graph::AccumulateGradients(mlp.graph, *grads, 2).ok());
-  auto lowered = scheduler::LowerToPlan(mlp.graph);
+  ASSIGN_OR_RETURN(graph::GradientMap grads, graph::Autodiff(mlp.graph));
+  RETURN_IF_ERROR(graph::AccumulateGradients(mlp.graph, grads, m).status());
+  ASSIGN_OR_RETURN(scheduler::LoweredPlan lowered, scheduler::LowerToPlan(mlp.graph));
+  return lowered.plan;
+}
+
+TEST(LowerTest, PlanWithMismatchedRatesIsRejected) {
+  auto lowered = AccumulatedMlpPlan(2);
   ASSERT_TRUE(lowered.ok()) << lowered.status();
-  proto::Plan plan = lowered->plan;
+  proto::Plan plan = *lowered;
   for (auto& task : *plan.mutable_tasks()) {
     if (task.callback() == "input:x") task.set_pieces_per_iteration(1);
   }
   const absl::Status status = actors::ValidatePlan(plan, ops::BuiltinOps());
   EXPECT_FALSE(status.ok());
   EXPECT_CONTAINS(status.message(), "piece(s) per iteration");
+}
+
+// Under accumulation every Acc signals the per-micro-batch Sources of its
+// device through a window desc (window 1 on one stage: micro-batch k + 1
+// starts once k's gradients are summed); without it there are none.
+TEST(LowerTest, AccumulationGatesMicroBatchesThroughWindowDescs) {
+  for (const int64_t m : {1, 3}) {
+    SCOPED_TRACE(StrCat(m, " micro-batches"));
+    auto lowered = AccumulatedMlpPlan(m);
+    ASSERT_TRUE(lowered.ok()) << lowered.status();
+    const proto::Plan& plan = *lowered;
+    std::map<uint64_t, const proto::Task*> task_of;
+    std::vector<uint64_t> micro_sources;
+    int accs = 0;
+    for (const auto& task : plan.tasks()) {
+      task_of[task.actor_id()] = &task;
+      if (task.kind() == proto::ACTOR_KIND_SOURCE && task.pieces_per_iteration() == m && m > 1) {
+        micro_sources.push_back(task.actor_id());
+      }
+      accs += task.kind() == proto::ACTOR_KIND_ACC ? 1 : 0;
+    }
+    int windows = 0;
+    for (const auto& desc : plan.register_descs()) {
+      if (desc.window() == 0) continue;
+      ++windows;
+      EXPECT_EQ(desc.window(), 1);
+      EXPECT_EQ(desc.register_num(), 1);
+      EXPECT_EQ(desc.tensors_size(), 0);
+      EXPECT_EQ(task_of.at(desc.producer())->kind(), proto::ACTOR_KIND_ACC);
+      EXPECT_EQ(std::vector<uint64_t>(desc.consumers().begin(), desc.consumers().end()), micro_sources);
+    }
+    EXPECT_EQ(windows, m > 1 ? accs : 0);
+    if (m > 1) {
+      EXPECT_GT(windows, 0);
+    }
+    EXPECT_TRUE(actors::ValidatePlan(plan, ops::BuiltinOps()).ok());
+    EXPECT_TRUE(comm::CheckMemoryPlan(plan).ok());
+  }
+  // A window desc that is not one (tensors, another producer kind) is refused.
+  auto lowered = AccumulatedMlpPlan(2);
+  ASSERT_TRUE(lowered.ok()) << lowered.status();
+  for (int i = 0; i < lowered->register_descs_size(); ++i) {
+    if (lowered->register_descs(i).window() != 0) continue;
+    proto::Plan plan = *lowered;
+    plan.mutable_register_descs(i)->set_window(1);
+    const absl::Status status = actors::ValidatePlan(plan, ops::BuiltinOps());
+    EXPECT_FALSE(status.ok());
+    EXPECT_CONTAINS(status.message(), "window");
+    break;
+  }
+  for (int i = 0; i < lowered->register_descs_size(); ++i) {
+    if (lowered->register_descs(i).window() == 0) continue;
+    proto::Plan plan = *lowered;
+    plan.mutable_register_descs(i)->set_window(2);  // as many as the micro-batches
+    const absl::Status status = actors::ValidatePlan(plan, ops::BuiltinOps());
+    EXPECT_FALSE(status.ok());
+    EXPECT_CONTAINS(status.message(), "window");
+    break;
+  }
 }
 
 TEST(EngineTest, AccumulatedMicroBatchesEqualOneLargeBatch) {

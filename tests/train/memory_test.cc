@@ -44,24 +44,38 @@ absl::StatusOr<Run> TrainNano(std::vector<std::string> overrides, int steps = 3)
 struct Layout {
   const char* name;
   std::vector<std::string> overrides;
-  // The most the arena may exceed the live peak by. Without accumulation an
-  // iteration's forward waits for the previous update, so little overlaps
-  // that the planner must keep apart: the target of 1.25x holds. With
-  // micro-batches, the protocol lets micro-batch p + 1's forward run during
-  // p's last backward ops (a wte gradient, say), so more must stay apart
-  // than one run's peak shows (measured: 1.66 and 2.0 on gpt2_nano).
+  // The most the arena may exceed the live peak by: the plan keeps apart
+  // what the register protocol lets overlap, a run's schedule shows one
+  // order. Target 1.25x. With micro-batches the window descs
+  // (RegisterDesc.window) start micro-batch k + 1 after k's gradients are
+  // summed, so the one-stage layouts meet it; a pipeline stage s of p runs
+  // p - s micro-batches ahead (1F1B), and the plan must hold what they may
+  // keep at once while one run's schedule seldom has them all (measured:
+  // 2.0 and 1.7 on gpt2_nano).
   double most_over_peak;
 };
 
+const std::vector<std::string> kTinyShapes = {
+    "model.vocab_size=50257",      "model.hidden_size=256",      "model.num_layers=4", "model.num_attention_heads=4",
+    "model.ffn_hidden_size=1024", "model.max_seq_length=128", "model.seq_length=128"};
+
+std::vector<std::string> Tiny(std::vector<std::string> more) {
+  std::vector<std::string> out = kTinyShapes;
+  out.insert(out.end(), more.begin(), more.end());
+  return out;
+}
+
 const std::vector<Layout> kLayouts = {
     {"one device", {}, 1.25},
-    {"gpt2_tiny's shapes", {"model.vocab_size=50257", "model.hidden_size=256", "model.num_layers=4",
-                            "model.num_attention_heads=4", "model.ffn_hidden_size=1024", "model.max_seq_length=128",
-                            "model.seq_length=128", "train.train_micro_batch_size=8"}, 1.25},
+    {"gpt2_tiny's shapes", Tiny({"train.train_micro_batch_size=8"}), 1.25},
     {"data 2 x tensor 2",
      {"train.dist.data_parallel_size=2", "train.dist.tensor_parallel_size=2", "train.train_micro_batch_size=8"},
      1.25},
-    {"accumulation 4", {"train.train_micro_batch_size=4", "train.num_accumulation_steps=4"}, 2.2},
+    {"accumulation 4", {"train.train_micro_batch_size=4", "train.num_accumulation_steps=4"}, 1.25},
+    {"tiny, accumulation 4", Tiny({"train.train_micro_batch_size=2", "train.num_accumulation_steps=4"}), 1.25},
+    {"data 2 x acc 2",
+     {"train.dist.data_parallel_size=2", "train.train_micro_batch_size=8", "train.num_accumulation_steps=2"},
+     1.25},
     {"pipeline 2 x acc 4",
      {"train.dist.pipeline_parallel_size=2", "train.train_micro_batch_size=4", "train.num_accumulation_steps=4"},
      2.2},
@@ -85,7 +99,7 @@ TEST(MemoryPlan, ArenasShareBytesAndStayNearTheLivePeak) {
     }
     // Data-parallel ranks read shards of each batch the host fills once:
     // those buffers are counted (on the first rank's device).
-    const bool data_parallel = layout.name == std::string("data 2 x tensor 2");
+    const bool data_parallel = std::string(layout.name).starts_with("data 2");
     EXPECT_EQ(run->plan.memory_estimate(0).feed_buffers() > 0, data_parallel);
     ASSERT_EQ(run->summary.arenas.size(), static_cast<size_t>(run->plan.arenas_size()));
     for (const auto& use : run->summary.arenas) {
