@@ -6,6 +6,9 @@
 
 #include "core/text.h"
 #include "ops/cpu/elementwise.h"
+#ifdef TESSERA_WITH_CUDA
+#include "ops/cuda/elementwise.h"
+#endif
 #include "ops/op_util.h"
 #include "ops/registry.h"
 
@@ -18,6 +21,18 @@ using cpu::ScalarKind;
 using cpu::UnaryKind;
 
 const TensorMeta kExample{DType::kF32, Shape{4, 6}};
+
+// Registers `kernel` (a callable of (KernelContext&, Args...)) for the CPU
+// and, in a build with CUDA, its CUDA twin of the same name in ops::cuda.
+#ifdef TESSERA_WITH_CUDA
+#define TESSERA_ELEMENTWISE_KERNELS(schema, call)                                         \
+  (schema)                                                                                \
+      .Kernel(DeviceType::kCpu, [=](KernelContext& ctx) { return cpu::call; })            \
+      .Kernel(DeviceType::kCuda, [=](KernelContext& ctx) { return cuda::call; })
+#else
+#define TESSERA_ELEMENTWISE_KERNELS(schema, call) \
+  (schema).Kernel(DeviceType::kCpu, [=](KernelContext& ctx) { return cpu::call; })
+#endif
 
 absl::StatusOr<std::vector<TensorMeta>> InferSameF32(const std::vector<TensorMeta>& in, const AttrMap&) {
   for (size_t i = 0; i < in.size(); ++i) {
@@ -82,8 +97,8 @@ std::vector<SbpSignature> BiasSignatures(const std::vector<TensorMeta>& in, bool
 
 void RegisterBinary(OpRegistry& r, const std::string& name, BinaryKind kind, PartialRules partial, GradFn grad,
                     const std::string& doc) {
-  r.MustRegister(OpSchema(name)
-                     .Doc(doc)
+  OpSchema schema(name);
+  schema.Doc(doc)
                      .Input("a")
                      .Input("b")
                      .Output("y")
@@ -92,8 +107,9 @@ void RegisterBinary(OpRegistry& r, const std::string& name, BinaryKind kind, Par
                        return BroadcastBinarySignatures(in[0].shape, in[1].shape, partial);
                      })
                      .Grad(std::move(grad))
-                     .Kernel(DeviceType::kCpu, [kind](KernelContext& ctx) { return cpu::BinaryKernel(ctx, kind); })
-                     .Example({kExample, {DType::kF32, Shape{6}}}));
+                     .Example({kExample, {DType::kF32, Shape{6}}});
+  TESSERA_ELEMENTWISE_KERNELS(schema, BinaryKernel(ctx, kind));
+  r.MustRegister(std::move(schema));
 }
 
 absl::Status CheckApproximate(const AttrMap& attrs) {
@@ -122,13 +138,11 @@ void RegisterUnary(OpRegistry& r, const std::string& name, UnaryKind kind, bool 
   if (kind == UnaryKind::kGelu) {
     // One schema, two kernels chosen by the attribute.
     schema.Attr("approximate", AttrType::kString, std::string("none"))
-        .Infer(InferGelu)
-        .Kernel(DeviceType::kCpu, [](KernelContext& ctx) {
-          return cpu::UnaryKernel(ctx, ctx.attr().String("approximate") == "tanh" ? UnaryKind::kGeluTanh
-                                                                                   : UnaryKind::kGelu);
-        });
+        .Infer(InferGelu);
+    TESSERA_ELEMENTWISE_KERNELS(
+        schema, UnaryKernel(ctx, ctx.attr().String("approximate") == "tanh" ? UnaryKind::kGeluTanh : UnaryKind::kGelu));
   } else {
-    schema.Kernel(DeviceType::kCpu, [kind](KernelContext& ctx) { return cpu::UnaryKernel(ctx, kind); });
+    TESSERA_ELEMENTWISE_KERNELS(schema, UnaryKernel(ctx, kind));
   }
   r.MustRegister(std::move(schema));
 }
@@ -145,14 +159,12 @@ void RegisterActivationGrad(OpRegistry& r, const std::string& name, const std::s
       .Example({kExample, kExample});
   if (kind == ActivationGradKind::kGeluFromX) {
     schema.Attr("approximate", AttrType::kString, std::string("none"))
-        .Infer(InferGelu)
-        .Kernel(DeviceType::kCpu, [](KernelContext& ctx) {
-          return cpu::ActivationGradKernel(ctx, ctx.attr().String("approximate") == "tanh"
-                                                    ? ActivationGradKind::kGeluTanhFromX
-                                                    : ActivationGradKind::kGeluFromX);
-        });
+        .Infer(InferGelu);
+    TESSERA_ELEMENTWISE_KERNELS(schema, ActivationGradKernel(ctx, ctx.attr().String("approximate") == "tanh"
+                                                                   ? ActivationGradKind::kGeluTanhFromX
+                                                                   : ActivationGradKind::kGeluFromX));
   } else {
-    schema.Kernel(DeviceType::kCpu, [kind](KernelContext& ctx) { return cpu::ActivationGradKernel(ctx, kind); });
+    TESSERA_ELEMENTWISE_KERNELS(schema, ActivationGradKernel(ctx, kind));
   }
   r.MustRegister(std::move(schema));
 }
@@ -161,8 +173,8 @@ void RegisterActivationGrad(OpRegistry& r, const std::string& name, const std::s
 void RegisterScalar(OpRegistry& r, const std::string& name, ScalarKind kind, bool linear, GradFn grad,
                     const std::string& doc) {
   const char* attr = kind == ScalarKind::kPow ? "exponent" : "value";
-  r.MustRegister(OpSchema(name)
-                     .Doc(doc)
+  OpSchema schema(name);
+  schema.Doc(doc)
                      .Input("x")
                      .Output("y")
                      .Attr(attr, AttrType::kFloat)
@@ -171,11 +183,9 @@ void RegisterScalar(OpRegistry& r, const std::string& name, ScalarKind kind, boo
                        return ElementwiseSignatures(1, 1, in[0].shape.rank(), linear);
                      })
                      .Grad(std::move(grad))
-                     .Kernel(DeviceType::kCpu,
-                             [kind, attr](KernelContext& ctx) {
-                               return cpu::ScalarKernel(ctx, kind, static_cast<float>(ctx.attr().Float(attr)));
-                             })
-                     .Example({kExample}, {{attr, 2.0}}));
+                     .Example({kExample}, {{attr, 2.0}});
+  TESSERA_ELEMENTWISE_KERNELS(schema, ScalarKernel(ctx, kind, static_cast<float>(ctx.attr().Float(attr))));
+  r.MustRegister(std::move(schema));
 }
 
 }  // namespace
@@ -271,6 +281,9 @@ void RegisterElementwiseOps(OpRegistry& r) {
                        b.SetInputGrad(1, b.SumToShape(b.output_grad(0), b.meta(b.input(1)).shape));
                      })
                      .Kernel(DeviceType::kCpu, [](KernelContext& ctx) { return cpu::BiasAddKernel(ctx, false, false); })
+#ifdef TESSERA_WITH_CUDA
+                     .Kernel(DeviceType::kCuda, [](KernelContext& ctx) { return cuda::BiasAddKernel(ctx, false, false); })
+#endif
                      .Example({kExample, {DType::kF32, Shape{6}}}));
   r.MustRegister(OpSchema("bias_gelu")
                      .Doc("y = GELU(x + bias), fused; approximate = \"none\" or \"tanh\"")
@@ -296,6 +309,12 @@ void RegisterElementwiseOps(OpRegistry& r) {
                              [](KernelContext& ctx) {
                                return cpu::BiasAddKernel(ctx, true, ctx.attr().String("approximate") == "tanh");
                              })
+#ifdef TESSERA_WITH_CUDA
+                     .Kernel(DeviceType::kCuda,
+                             [](KernelContext& ctx) {
+                               return cuda::BiasAddKernel(ctx, true, ctx.attr().String("approximate") == "tanh");
+                             })
+#endif
                      .Example({kExample, {DType::kF32, Shape{6}}}));
   r.MustRegister(OpSchema("bias_gelu_grad")
                      .Doc("dx = dy * gelu'(x + bias); the bias gradient is its sum over rows")

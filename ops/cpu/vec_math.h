@@ -8,6 +8,8 @@
 #include <cmath>
 #include <cstdint>
 
+#include "ops/gelu_formulas.h"
+
 namespace tessera::ops::cpu {
 
 // e^x. Underflows to 0 below -87.3, saturates to +inf above 88.7; NaN stays NaN.
@@ -113,32 +115,13 @@ inline float ErfF(float x) {
   return a < 0.5f ? series : large;
 }
 
-inline constexpr float kSqrt2OverPi = 0.7978845608028654f;  // sqrt(2 / pi)
-inline constexpr float kGeluTanhCoeff = 0.044715f;
-inline constexpr float kInvSqrt2 = 0.7071067811865476f;
-inline constexpr float kInvSqrt2Pi = 0.3989422804014327f;  // 1 / sqrt(2 pi)
-
-// GELU, exact (erf) or the tanh approximation.
-inline float GeluF(float x, bool tanh_approx) {
-  if (tanh_approx) {
-    // 0.5 x (1 + tanh u) = x * sigmoid(2u): one exp and one division, and no
-    // cancellation for small u (unlike 1 - 2 / (e^2u + 1)).
-    const float u = kSqrt2OverPi * (x + kGeluTanhCoeff * x * x * x);
-    return x / (1.0f + ExpF(-2.0f * u));
-  }
-  return 0.5f * x * (1.0f + ErfF(x * kInvSqrt2));
-}
-
-// d gelu / dx.
-inline float GeluGradF(float x, bool tanh_approx) {
-  if (tanh_approx) {
-    const float u = kSqrt2OverPi * (x + kGeluTanhCoeff * x * x * x);
-    const float t = TanhF(u);
-    const float du = kSqrt2OverPi * (1.0f + 3.0f * kGeluTanhCoeff * x * x);
-    return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du;
-  }
-  const float cdf = 0.5f * (1.0f + ErfF(x * kInvSqrt2));
-  return cdf + x * kInvSqrt2Pi * ExpF(-0.5f * x * x);
-}
+// GELU and its derivative (ops/gelu_formulas.h) with the functions above.
+struct VecMath {
+  static float Exp(float x) { return ExpF(x); }
+  static float Erf(float x) { return ErfF(x); }
+  static float Tanh(float x) { return TanhF(x); }
+};
+inline float GeluF(float x, bool tanh_approx) { return GeluOf<VecMath>(x, tanh_approx); }
+inline float GeluGradF(float x, bool tanh_approx) { return GeluGradOf<VecMath>(x, tanh_approx); }
 
 }  // namespace tessera::ops::cpu

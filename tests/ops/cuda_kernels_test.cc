@@ -1,0 +1,161 @@
+// CUDA kernels against the CPU kernels: every op registered with a kernel
+// for DeviceType::kCuda runs its example inputs (random values) on cuda:0
+// and on the CPU, for each value of its "approximate" attribute where it has
+// one, and the results agree to float rounding (the two use the same
+// formulas; libm and CUDA's expf / erff / tanhf differ in the last bits).
+// Label `cuda`: without a GPU (or without CUDA in the build) the GPU cases
+// skip with the reason; the checks that need no GPU run everywhere.
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "core/text.h"
+#include "ops/eager.h"
+#include "ops/registry.h"
+#ifdef TESSERA_WITH_CUDA
+#include "ops/cuda/launch.h"
+#endif
+
+namespace tessera::ops {
+namespace {
+
+// Ops whose inputs must be positive for a finite result (log, roots,
+// powers, divisors).
+const std::set<std::string> kPositiveInputs = {"log", "sqrt", "rsqrt", "scalar_pow", "div"};
+
+Tensor RandomInput(const TensorMeta& meta, bool positive, std::mt19937& rng) {
+  auto t = Tensor::Empty(meta.shape, meta.dtype, Device{});
+  EXPECT_TRUE(t.ok()) << t.status();
+  std::uniform_real_distribution<float> dist(positive ? 0.25f : -3.0f, positive ? 2.0f : 3.0f);
+  for (int64_t i = 0; i < t->NumElements(); ++i) t->data<float>()[i] = dist(rng);
+  return *std::move(t);
+}
+
+std::vector<std::string> CudaOps() {
+  std::vector<std::string> names;
+  for (const std::string& name : BuiltinOps().Names()) {
+    if (BuiltinOps().Find(name)->FindKernel(DeviceType::kCuda) != nullptr) names.push_back(name);
+  }
+  return names;
+}
+
+// What the build registers: the element-wise family (a build without CUDA
+// registers none, and `tessera ops` says so).
+TEST(CudaKernels, RegisteredWhereTheBuildHasCuda) {
+  const std::vector<std::string> names = CudaOps();
+#ifdef TESSERA_WITH_CUDA
+  for (const char* op :
+       {"add",       "sub",        "mul",        "div",        "neg",      "exp",       "log",       "sqrt",
+        "rsqrt",     "tanh",       "relu",       "silu",       "gelu",     "relu_grad", "tanh_grad", "silu_grad",
+        "gelu_grad", "scalar_add", "scalar_mul", "scalar_pow", "bias_add", "bias_gelu"}) {
+    EXPECT_NE(std::find(names.begin(), names.end(), op), names.end()) << op;
+  }
+#else
+  EXPECT_TRUE(names.empty()) << Join(names, ", ");
+#endif
+}
+
+// A CUDA kernel handed CPU tensors refuses them (no GPU needed: it checks
+// before touching the device).
+TEST(CudaKernels, RefuseTensorsOffTheirDevice) {
+  for (const std::string& name : CudaOps()) {
+    SCOPED_TRACE(name);
+    const OpSchema& schema = *BuiltinOps().Find(name);
+    std::mt19937 rng(1);
+    KernelContext ctx;
+    for (const TensorMeta& meta : schema.example().inputs) ctx.inputs.push_back(RandomInput(meta, true, rng));
+    auto canonical = schema.CanonicalizeAttrs(schema.example().attrs);
+    ASSERT_TRUE(canonical.ok()) << canonical.status();
+    std::vector<TensorMeta> metas;
+    for (const Tensor& t : ctx.inputs) metas.push_back(t.meta());
+    auto out = schema.InferMeta(metas, *canonical);
+    ASSERT_TRUE(out.ok()) << out.status();
+    for (const TensorMeta& meta : *out) ctx.outputs.push_back(*Tensor::Empty(meta.shape, meta.dtype, Device{}));
+    ctx.attrs = &*canonical;
+    ctx.device = Device{DeviceType::kCuda, 0};
+    ctx.schema = &schema;
+    const absl::Status status = (*schema.FindKernel(DeviceType::kCuda))(ctx);
+    EXPECT_FALSE(status.ok());
+    EXPECT_NE(status.message().find("given to a kernel on cuda:0"), std::string::npos) << status;
+  }
+}
+
+#ifdef TESSERA_WITH_CUDA
+// Why the GPU cases cannot run here ("" when they can).
+std::string NoGpu() {
+  int count = 0;
+  const int err = cuda::DeviceCount(&count);
+  if (err != 0) return StrCat("no CUDA device: ", cuda::ErrorString(err));
+  if (count == 0) return "no CUDA device";
+  return "";
+}
+
+Tensor ToDevice(const Tensor& host, const Device& device) {
+  auto t = Tensor::Empty(host.shape(), host.dtype(), device);
+  EXPECT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(cuda::Copy(t->raw_data(), host.raw_data(), host.NumBytes()), 0);
+  return *std::move(t);
+}
+
+Tensor ToHost(const Tensor& on_device) {
+  auto t = Tensor::Empty(on_device.shape(), on_device.dtype(), Device{});
+  EXPECT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(cuda::Copy(t->raw_data(), on_device.raw_data(), on_device.NumBytes()), 0);
+  return *std::move(t);
+}
+
+TEST(CudaKernels, MatchTheCpuKernels) {
+  if (const std::string why = NoGpu(); !why.empty()) GTEST_SKIP() << why;
+  const Device gpu{DeviceType::kCuda, 0};
+  int checked = 0;
+  for (const std::string& name : CudaOps()) {
+    const OpSchema& schema = *BuiltinOps().Find(name);
+    std::vector<AttrMap> variants = {schema.example().attrs};
+    const auto& defs = schema.attrs();
+    if (std::any_of(defs.begin(), defs.end(), [](const AttrDef& d) { return d.name == "approximate"; })) {
+      variants = {schema.example().attrs, schema.example().attrs};
+      variants[0].Set("approximate", std::string("none"));
+      variants[1].Set("approximate", std::string("tanh"));
+    }
+    for (const AttrMap& attrs : variants) {
+      SCOPED_TRACE(StrCat(name, " ", attrs.ToString()));
+      std::mt19937 rng(7);
+      std::vector<Tensor> inputs;
+      for (const TensorMeta& meta : schema.example().inputs) {
+        inputs.push_back(RandomInput(meta, kPositiveInputs.contains(name), rng));
+      }
+      auto want = RunOp(name, inputs, attrs);
+      ASSERT_TRUE(want.ok()) << want.status();
+      auto canonical = schema.CanonicalizeAttrs(attrs);
+      ASSERT_TRUE(canonical.ok()) << canonical.status();
+      KernelContext ctx;
+      for (const Tensor& t : inputs) ctx.inputs.push_back(ToDevice(t, gpu));
+      for (const Tensor& t : *want) ctx.outputs.push_back(*Tensor::Empty(t.shape(), t.dtype(), gpu));
+      ctx.attrs = &*canonical;
+      ctx.device = gpu;
+      ASSERT_TRUE(RunKernel(schema, ctx).ok());
+      for (size_t k = 0; k < want->size(); ++k) {
+        const Tensor got = ToHost(ctx.outputs[k]);
+        const Tensor& ref = (*want)[k];
+        for (int64_t i = 0; i < ref.NumElements(); ++i) {
+          const float r = ref.data<float>()[i], g = got.data<float>()[i];
+          ASSERT_NEAR(g, r, 1e-5f * std::fabs(r) + 1e-6f) << "output " << k << " element " << i;
+        }
+      }
+      ++checked;
+    }
+  }
+  EXPECT_GE(checked, 22);
+}
+#else
+TEST(CudaKernels, MatchTheCpuKernels) { GTEST_SKIP() << "this build of Tessera has no CUDA (nvcc not found)"; }
+#endif
+
+}  // namespace
+}  // namespace tessera::ops
