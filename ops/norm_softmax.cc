@@ -12,6 +12,9 @@
 
 #include "core/text.h"
 #include "ops/cpu/norm_softmax.h"
+#ifdef TESSERA_WITH_CUDA
+#include "ops/cuda/norm_softmax.h"
+#endif
 #include "ops/op_util.h"
 #include "ops/registry.h"
 
@@ -121,6 +124,9 @@ void RegisterSoftmax(OpRegistry& r) {
                        b.SetInputGrad(0, b.Op("softmax_grad", {b.output(0), b.OutputGradOrZeros(0)}));
                      })
                      .Kernel(DeviceType::kCpu, cpu::SoftmaxKernel)
+#ifdef TESSERA_WITH_CUDA
+                     .Kernel(DeviceType::kCuda, cuda::SoftmaxKernel)
+#endif
                      .Example({example}));
   r.MustRegister(OpSchema("softmax_grad")
                      .Doc("dx = y * (dy - Σ y·dy) over the last axis, for y = softmax(x).")
@@ -130,6 +136,9 @@ void RegisterSoftmax(OpRegistry& r) {
                      .Infer(InferSoftmaxGrad)
                      .Sbp(SoftmaxGradSignatures)
                      .Kernel(DeviceType::kCpu, cpu::SoftmaxGradKernel)
+#ifdef TESSERA_WITH_CUDA
+                     .Kernel(DeviceType::kCuda, cuda::SoftmaxGradKernel)
+#endif
                      .Example({example, example}));
   r.MustRegister(OpSchema("log_softmax")
                      .Doc("y = x - log Σ exp(x) over the last axis. Gradient: log_softmax_grad.")
@@ -141,6 +150,9 @@ void RegisterSoftmax(OpRegistry& r) {
                        b.SetInputGrad(0, b.Op("log_softmax_grad", {b.output(0), b.OutputGradOrZeros(0)}));
                      })
                      .Kernel(DeviceType::kCpu, cpu::LogSoftmaxKernel)
+#ifdef TESSERA_WITH_CUDA
+                     .Kernel(DeviceType::kCuda, cuda::LogSoftmaxKernel)
+#endif
                      .Example({example}));
   r.MustRegister(OpSchema("log_softmax_grad")
                      .Doc("dx = dy - exp(y) * Σ dy over the last axis, for y = log_softmax(x).")
@@ -150,6 +162,9 @@ void RegisterSoftmax(OpRegistry& r) {
                      .Infer(InferSoftmaxGrad)
                      .Sbp(SoftmaxGradSignatures)
                      .Kernel(DeviceType::kCpu, cpu::LogSoftmaxGradKernel)
+#ifdef TESSERA_WITH_CUDA
+                     .Kernel(DeviceType::kCuda, cuda::LogSoftmaxGradKernel)
+#endif
                      .Example({example, example}));
 }
 
@@ -233,6 +248,9 @@ void RegisterFusedSoftmax(OpRegistry& r) {
                      .Sbp(FusedSoftmaxSignatures)
                      .Grad(FusedSoftmaxGrad)
                      .Kernel(DeviceType::kCpu, cpu::FusedScaleCausalSoftmaxKernel)
+#ifdef TESSERA_WITH_CUDA
+                     .Kernel(DeviceType::kCuda, cuda::FusedScaleCausalSoftmaxKernel)
+#endif
                      .Example({{DType::kF32, Shape{2, 4, 8, 8}}}, {{"scale", 0.25}}));
 }
 
@@ -310,6 +328,9 @@ void RegisterNorms(OpRegistry& r) {
                        b.SetInputGrad(2, g[2]);
                      })
                      .Kernel(DeviceType::kCpu, cpu::LayerNormKernel)
+#ifdef TESSERA_WITH_CUDA
+                     .Kernel(DeviceType::kCuda, cuda::LayerNormKernel)
+#endif
                      .Example({x, channel, channel}));
   r.MustRegister(OpSchema("layer_norm_grad")
                      .Doc("Backward of layer_norm: (dy, x, mean, rstd, gamma) -> (dx, dgamma, dbeta).")
@@ -329,6 +350,9 @@ void RegisterNorms(OpRegistry& r) {
                        return sigs;
                      })
                      .Kernel(DeviceType::kCpu, cpu::LayerNormGradKernel)
+#ifdef TESSERA_WITH_CUDA
+                     .Kernel(DeviceType::kCuda, cuda::LayerNormGradKernel)
+#endif
                      .Example({x, x, stats, stats, channel}));
   r.MustRegister(
       OpSchema("rms_norm")

@@ -12,6 +12,9 @@
 #include "core/text.h"
 #include "ops/op_util.h"
 #include "ops/registry.h"
+#ifdef TESSERA_WITH_CUDA
+#include "ops/cuda/optimizer.h"
+#endif
 
 namespace tessera::ops {
 
@@ -114,6 +117,9 @@ void RegisterOptimizerOps(OpRegistry& registry) {
           .Infer(InferSgd)
           .Sbp([](const std::vector<TensorMeta>& in, const AttrMap&, int64_t) { return UpdateSignatures(in, 2, 3); })
           .Kernel(DeviceType::kCpu, cpu::SgdUpdateKernel)
+#ifdef TESSERA_WITH_CUDA
+          .Kernel(DeviceType::kCuda, cuda::SgdUpdateKernel)
+#endif
           .Example({{DType::kF32, Shape{4, 6}},
                     {DType::kF32, Shape{4, 6}},
                     {DType::kF32, Shape{4, 6}},
@@ -144,6 +150,9 @@ void RegisterOptimizerOps(OpRegistry& registry) {
           .Infer(InferAdamw)
           .Sbp([](const std::vector<TensorMeta>& in, const AttrMap&, int64_t) { return UpdateSignatures(in, 3, 4); })
           .Kernel(DeviceType::kCpu, cpu::AdamwUpdateKernel)
+#ifdef TESSERA_WITH_CUDA
+          .Kernel(DeviceType::kCuda, cuda::AdamwUpdateKernel)
+#endif
           .Example({{DType::kF32, Shape{4, 6}},
                     {DType::kF32, Shape{4, 6}},
                     {DType::kF32, Shape{4, 6}},

@@ -15,6 +15,7 @@
 #include <cstring>
 
 #include "ops/cpu/cpu_util.h"
+#include "ops/update_formulas.h"
 
 namespace tessera::ops::cpu {
 namespace {
@@ -87,12 +88,7 @@ absl::Status SgdUpdateKernel(KernelContext& ctx) {
   float* new_buf = ctx.output(1).data<float>();
   ParallelFor(ctx, ctx.input(0).NumElements(), kElementwiseGrain, [=](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
-      const float p = param[i];
-      const float g = grad[i] + weight_decay * p;
-      const float b = momentum * buf[i] + g;
-      const float step = nesterov ? g + momentum * b : b;
-      new_param[i] = p - lr * step;
-      new_buf[i] = b;
+      SgdElement(param[i], grad[i], buf[i], lr, momentum, weight_decay, nesterov, &new_param[i], &new_buf[i]);
     }
   });
   return absl::OkStatus();
@@ -102,22 +98,12 @@ absl::Status AdamwUpdateKernel(KernelContext& ctx) {
   if (Skipped(ctx, 5, 3)) return absl::OkStatus();
   const double lr = LearningRate(ctx, 4);
   const double beta1 = ctx.attr().Float("beta1"), beta2 = ctx.attr().Float("beta2");
-  const double weight_decay = ctx.attr().Float("weight_decay");
   // t counts updates from 1: step 0 is the first; steps skipped for an
   // overflow (input 6, when given) do not count.
   const double skipped = ctx.num_inputs() > 6 ? static_cast<double>(ctx.input(6).data<float>()[0]) : 0.0;
-  const double t = static_cast<double>(ctx.step + 1) - skipped;
-  const bool bias_correction = ctx.attr().Bool("bias_correction");
-  const double correction1 = bias_correction ? 1.0 - std::pow(beta1, t) : 1.0;
-  const double correction2 = bias_correction ? 1.0 - std::pow(beta2, t) : 1.0;
-  // Per-step scalars in double, then f32 for the element loop. As PyTorch:
-  // denom = sqrt(v) / sqrt(correction2) + eps, step = lr / correction1.
-  const float decay = static_cast<float>(1.0 - lr * weight_decay);
-  const float step_size = static_cast<float>(lr / correction1);
-  const float inv_sqrt_correction2 = static_cast<float>(1.0 / std::sqrt(correction2));
-  const float eps = static_cast<float>(ctx.attr().Float("eps"));
-  const float b1 = static_cast<float>(beta1), one_minus_b1 = static_cast<float>(1.0 - beta1);
-  const float b2 = static_cast<float>(beta2), one_minus_b2 = static_cast<float>(1.0 - beta2);
+  const AdamwScalars scalars =
+      AdamwStepScalars(lr, beta1, beta2, ctx.attr().Float("weight_decay"), ctx.attr().Float("eps"),
+                       ctx.attr().Bool("bias_correction"), static_cast<double>(ctx.step + 1) - skipped);
   const float* param = ctx.input(0).data<float>();
   const float* grad = ctx.input(1).data<float>();
   const float* m = ctx.input(2).data<float>();
@@ -135,13 +121,7 @@ absl::Status AdamwUpdateKernel(KernelContext& ctx) {
       const int64_t count = std::min(kTile, end - start);
       for (int64_t k = 0; k < count; ++k) {
         const int64_t i = start + k;
-        const float g = grad[i];
-        const float mi = b1 * m[i] + one_minus_b1 * g;
-        const float vi = b2 * v[i] + one_minus_b2 * g * g;
-        const float p = param[i] * decay;
-        tile_param[k] = p - step_size * mi / (std::sqrt(vi) * inv_sqrt_correction2 + eps);
-        tile_m[k] = mi;
-        tile_v[k] = vi;
+        AdamwElement(param[i], grad[i], m[i], v[i], scalars, &tile_param[k], &tile_m[k], &tile_v[k]);
       }
       const size_t bytes = static_cast<size_t>(count) * sizeof(float);
       std::memcpy(new_param + start, tile_param, bytes);

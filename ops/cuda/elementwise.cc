@@ -4,41 +4,15 @@
 #include "ops/cuda/elementwise.h"
 
 #include "core/text.h"
+#include "ops/cuda/kernel_util.h"
 #include "ops/cuda/launch.h"
 
 namespace tessera::ops::cuda {
-namespace {
-
 // The launchers take the CPU enums by value (elementwise.cu lists them).
 static_assert(static_cast<int>(cpu::BinaryKind::kDiv) == 3);
 static_assert(static_cast<int>(cpu::UnaryKind::kGeluTanh) == 9);
 static_assert(static_cast<int>(cpu::ScalarKind::kPow) == 2);
 static_assert(static_cast<int>(cpu::ActivationGradKind::kGeluTanhFromX) == 4);
-
-// Every tensor of the context on the kernel's GPU, which is made current.
-absl::Status OnDevice(const KernelContext& ctx) {
-  if (ctx.device.type != DeviceType::kCuda) {
-    return absl::InvalidArgumentError(StrCat("a CUDA kernel called for ", ctx.device.ToString()));
-  }
-  for (const auto* list : {&ctx.inputs, &ctx.outputs}) {
-    for (const Tensor& t : *list) {
-      if (t.device() != ctx.device) {
-        return absl::InvalidArgumentError(
-            StrCat("a tensor on ", t.device().ToString(), " given to a kernel on ", ctx.device.ToString()));
-      }
-    }
-  }
-  const int err = SetDevice(ctx.device.index);
-  if (err != 0) return absl::InternalError(StrCat("cudaSetDevice(", ctx.device.index, "): ", ErrorString(err)));
-  return absl::OkStatus();
-}
-
-absl::Status Done(int err, std::string_view what) {
-  if (err == 0) return absl::OkStatus();
-  return absl::InternalError(StrCat("CUDA ", what, " kernel: ", ErrorString(err)));
-}
-
-}  // namespace
 
 absl::Status BinaryKernel(KernelContext& ctx, cpu::BinaryKind kind) {
   RETURN_IF_ERROR(OnDevice(ctx));

@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include "ops/cuda/launch.h"
+#include "ops/cuda/launch_util.cuh"
 #include "ops/gelu_formulas.h"
 
 namespace tessera::ops::cuda {
@@ -15,8 +16,6 @@ enum Binary { kAdd, kSub, kMul, kDiv };
 enum Unary { kNeg, kExp, kLog, kSqrt, kRsqrt, kTanh, kRelu, kSilu, kGelu, kGeluTanh };
 enum Scalar { kScalarAdd, kScalarMul, kScalarPow };
 enum ActivationGrad { kReluFromY, kTanhFromY, kSiluFromX, kGeluFromX, kGeluTanhFromX };
-
-constexpr int kThreads = 256;
 
 __device__ inline float Sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 
@@ -126,19 +125,6 @@ __global__ void BiasAddKernel(const float* x, const float* bias, float* y, int64
     const float h = x[i] + bias[i % C];
     y[i] = gelu == 0 ? h : Gelu(h, gelu == 2);
   }
-}
-
-// Blocks for n elements: enough to fill the device, grid-stride beyond.
-unsigned Blocks(int64_t n) {
-  const int64_t blocks = (n + kThreads - 1) / kThreads;
-  return static_cast<unsigned>(blocks < 65535 ? (blocks < 1 ? 1 : blocks) : 65535);
-}
-
-// The launch's error, else the kernel's (after waiting for it).
-int Finish() {
-  cudaError_t err = cudaGetLastError();
-  if (err == cudaSuccess) err = cudaStreamSynchronize(cudaStreamPerThread);
-  return static_cast<int>(err);
 }
 
 }  // namespace

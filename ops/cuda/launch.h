@@ -1,5 +1,5 @@
 #pragma once
-// Launchers of the CUDA element-wise kernels (ops/cuda/elementwise.cu), in
+// Launchers of the CUDA kernels (ops/cuda/*.cu), in
 // plain C++ so that host code includes them without the CUDA headers, and
 // the few runtime calls the host side needs. Every launcher runs on the
 // calling thread's default stream (cudaStreamPerThread) and waits for the
@@ -9,6 +9,8 @@
 
 #include <cstddef>
 #include <cstdint>
+
+#include "ops/update_formulas.h"
 
 namespace tessera::ops::cuda {
 
@@ -28,6 +30,28 @@ int LaunchScalar(int kind, const float* x, float* y, int64_t n, float value);
 int LaunchActivationGrad(int kind, const float* z, const float* dy, float* dx, int64_t n);
 // y = x + bias over rows of C, then GELU: gelu 0 none, 1 exact (erf), 2 tanh.
 int LaunchBiasAdd(const float* x, const float* bias, float* y, int64_t rows, int64_t C, int gelu);
+
+// Row kernels over the last axis: `rows` rows of C contiguous floats.
+// Softmax (log_softmax when `log`), and its gradient from y and dy.
+int LaunchSoftmax(const float* x, float* y, int64_t rows, int64_t C, bool log);
+int LaunchSoftmaxGrad(const float* y, const float* dy, float* dx, int64_t rows, int64_t C, bool log);
+// Causal attention probabilities of scores (..., T, S): row r is query
+// t = r mod T at global position t_offset + t; keys past t + diagonal
+// dropped (a row with none left is zeros).
+int LaunchCausalSoftmax(const float* x, float* y, int64_t rows, int64_t T, int64_t S, int64_t t_offset,
+                        int64_t diagonal, float scale);
+int LaunchLayerNorm(const float* x, const float* gamma, const float* beta, float* y, float* mean, float* rstd,
+                    int64_t rows, int64_t C, float eps);
+int LaunchLayerNormGrad(const float* dy, const float* x, const float* mean, const float* rstd, const float* gamma,
+                        float* dx, float* dgamma, float* dbeta, int64_t rows, int64_t C);
+
+// Optimizer steps over n elements; outputs may alias inputs (each element
+// is read before it is written). The per-step scalars come from the host
+// side (ops/cuda/optimizer.cc), computed as the CPU kernels compute them.
+int LaunchSgd(const float* param, const float* grad, const float* buf, float* new_param, float* new_buf, int64_t n,
+              float lr, float momentum, float weight_decay, bool nesterov);
+int LaunchAdamw(const float* param, const float* grad, const float* m, const float* v, float* new_param, float* new_m,
+                float* new_v, int64_t n, const AdamwScalars& step);
 
 // The visible CUDA devices (0 with an error code when the driver has none).
 int DeviceCount(int* count);

@@ -1,0 +1,203 @@
+// CUDA row kernels (softmax family, causal attention softmax, layer norm):
+// the math of ops/cpu/norm_softmax.cc, one block per row (grid-stride over
+// rows), block-wide reductions in shared memory. Launchers: launch.h.
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+
+#include "ops/cuda/launch.h"
+#include "ops/cuda/launch_util.cuh"
+
+namespace tessera::ops::cuda {
+namespace {
+
+// Sum / max over the block; every thread gets the result. `scratch` holds
+// kThreads floats; the call ends with the block synchronised.
+__device__ float BlockSum(float v, float* scratch) {
+  scratch[threadIdx.x] = v;
+  __syncthreads();
+  for (int half = kThreads / 2; half > 0; half /= 2) {
+    if (threadIdx.x < half) scratch[threadIdx.x] += scratch[threadIdx.x + half];
+    __syncthreads();
+  }
+  const float out = scratch[0];
+  __syncthreads();
+  return out;
+}
+
+__device__ float BlockMax(float v, float* scratch) {
+  scratch[threadIdx.x] = v;
+  __syncthreads();
+  for (int half = kThreads / 2; half > 0; half /= 2) {
+    if (threadIdx.x < half) scratch[threadIdx.x] = fmaxf(scratch[threadIdx.x], scratch[threadIdx.x + half]);
+    __syncthreads();
+  }
+  const float out = scratch[0];
+  __syncthreads();
+  return out;
+}
+
+__global__ void SoftmaxRows(const float* x, float* y, int64_t rows, int64_t C, bool log) {
+  __shared__ float scratch[kThreads];
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const float* xr = x + r * C;
+    float* yr = y + r * C;
+    float m = -INFINITY;
+    for (int64_t j = threadIdx.x; j < C; j += kThreads) m = fmaxf(m, xr[j]);
+    m = BlockMax(m, scratch);
+    float sum = 0.0f;
+    for (int64_t j = threadIdx.x; j < C; j += kThreads) sum += expf(xr[j] - m);
+    sum = BlockSum(sum, scratch);
+    if (log) {
+      const float lse = m + logf(sum);
+      for (int64_t j = threadIdx.x; j < C; j += kThreads) yr[j] = xr[j] - lse;
+    } else {
+      const float inv = 1.0f / sum;
+      for (int64_t j = threadIdx.x; j < C; j += kThreads) yr[j] = expf(xr[j] - m) * inv;
+    }
+  }
+}
+
+__global__ void SoftmaxGradRows(const float* y, const float* dy, float* dx, int64_t rows, int64_t C, bool log) {
+  __shared__ float scratch[kThreads];
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const float* yr = y + r * C;
+    const float* dyr = dy + r * C;
+    float* dxr = dx + r * C;
+    float acc = 0.0f;  // Σ y·dy (softmax) or Σ dy (log_softmax)
+    for (int64_t j = threadIdx.x; j < C; j += kThreads) acc += log ? dyr[j] : yr[j] * dyr[j];
+    acc = BlockSum(acc, scratch);
+    for (int64_t j = threadIdx.x; j < C; j += kThreads) {
+      dxr[j] = log ? dyr[j] - expf(yr[j]) * acc : yr[j] * (dyr[j] - acc);
+    }
+  }
+}
+
+__global__ void CausalSoftmaxRows(const float* x, float* y, int64_t rows, int64_t T, int64_t S, int64_t t_offset,
+                                  int64_t diagonal, float scale) {
+  __shared__ float scratch[kThreads];
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const float* xr = x + r * S;
+    float* yr = y + r * S;
+    int64_t limit = t_offset + r % T + diagonal + 1;  // keys [0, limit) kept
+    limit = limit < 0 ? 0 : (limit > S ? S : limit);
+    float m = -INFINITY;
+    for (int64_t j = threadIdx.x; j < limit; j += kThreads) m = fmaxf(m, xr[j] * scale);
+    m = BlockMax(m, scratch);
+    if (m == -INFINITY) {  // every key dropped
+      for (int64_t j = threadIdx.x; j < S; j += kThreads) yr[j] = 0.0f;
+      continue;
+    }
+    float sum = 0.0f;
+    for (int64_t j = threadIdx.x; j < limit; j += kThreads) sum += expf(xr[j] * scale - m);
+    sum = BlockSum(sum, scratch);
+    const float inv = 1.0f / sum;
+    for (int64_t j = threadIdx.x; j < S; j += kThreads) yr[j] = j < limit ? expf(xr[j] * scale - m) * inv : 0.0f;
+  }
+}
+
+__global__ void LayerNormRows(const float* x, const float* gamma, const float* beta, float* y, float* mean, float* rstd,
+                              int64_t rows, int64_t C, float eps) {
+  __shared__ float scratch[kThreads];
+  const float inv_c = 1.0f / static_cast<float>(C);
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const float* xr = x + r * C;
+    float* yr = y + r * C;
+    float s = 0.0f;
+    for (int64_t j = threadIdx.x; j < C; j += kThreads) s += xr[j];
+    const float mu = BlockSum(s, scratch) * inv_c;
+    float q = 0.0f;  // two passes, as the CPU: no cancellation when |mean| >> std
+    for (int64_t j = threadIdx.x; j < C; j += kThreads) q += (xr[j] - mu) * (xr[j] - mu);
+    const float rs = 1.0f / sqrtf(BlockSum(q, scratch) * inv_c + eps);
+    for (int64_t j = threadIdx.x; j < C; j += kThreads) yr[j] = (xr[j] - mu) * rs * gamma[j] + beta[j];
+    if (threadIdx.x == 0) {
+      mean[r] = mu;
+      rstd[r] = rs;
+    }
+  }
+}
+
+// dx = rstd * (g - mean_j(g) - xhat * mean_j(g * xhat)), g = dy * gamma.
+__global__ void LayerNormGradRows(const float* dy, const float* x, const float* mean, const float* rstd,
+                                  const float* gamma, float* dx, int64_t rows, int64_t C) {
+  __shared__ float scratch[kThreads];
+  const float inv_c = 1.0f / static_cast<float>(C);
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const float* dyr = dy + r * C;
+    const float* xr = x + r * C;
+    const float mu = mean[r], rs = rstd[r];
+    float g = 0.0f, gx = 0.0f;
+    for (int64_t j = threadIdx.x; j < C; j += kThreads) {
+      g += dyr[j] * gamma[j];
+      gx += dyr[j] * gamma[j] * (xr[j] - mu);
+    }
+    const float mean_g = BlockSum(g, scratch) * inv_c;
+    const float mean_gx = BlockSum(gx, scratch) * rs * inv_c;
+    for (int64_t j = threadIdx.x; j < C; j += kThreads) {
+      const float xhat = (xr[j] - mu) * rs;
+      dx[r * C + j] = rs * (dyr[j] * gamma[j] - mean_g - xhat * mean_gx);
+    }
+  }
+}
+
+// dgamma[j] = Σ_r dy·xhat, dbeta[j] = Σ_r dy: one thread per column, rows in
+// order (deterministic).
+__global__ void LayerNormParamGrads(const float* dy, const float* x, const float* mean, const float* rstd,
+                                    float* dgamma, float* dbeta, int64_t rows, int64_t C) {
+  for (int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; j < C;
+       j += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float dg = 0.0f, db = 0.0f;
+    for (int64_t r = 0; r < rows; ++r) {
+      const float d = dy[r * C + j];
+      dg += d * (x[r * C + j] - mean[r]) * rstd[r];
+      db += d;
+    }
+    dgamma[j] = dg;
+    dbeta[j] = db;
+  }
+}
+
+unsigned RowBlocks(int64_t rows) { return static_cast<unsigned>(rows < (1 << 20) ? (rows < 1 ? 1 : rows) : (1 << 20)); }
+
+}  // namespace
+
+int LaunchSoftmax(const float* x, float* y, int64_t rows, int64_t C, bool log) {
+  if (rows == 0 || C == 0) return 0;
+  SoftmaxRows<<<RowBlocks(rows), kThreads, 0, cudaStreamPerThread>>>(x, y, rows, C, log);
+  return Finish();
+}
+
+int LaunchSoftmaxGrad(const float* y, const float* dy, float* dx, int64_t rows, int64_t C, bool log) {
+  if (rows == 0 || C == 0) return 0;
+  SoftmaxGradRows<<<RowBlocks(rows), kThreads, 0, cudaStreamPerThread>>>(y, dy, dx, rows, C, log);
+  return Finish();
+}
+
+int LaunchCausalSoftmax(const float* x, float* y, int64_t rows, int64_t T, int64_t S, int64_t t_offset,
+                        int64_t diagonal, float scale) {
+  if (rows == 0 || S == 0 || T == 0) return 0;
+  CausalSoftmaxRows<<<RowBlocks(rows), kThreads, 0, cudaStreamPerThread>>>(x, y, rows, T, S, t_offset, diagonal, scale);
+  return Finish();
+}
+
+int LaunchLayerNorm(const float* x, const float* gamma, const float* beta, float* y, float* mean, float* rstd,
+                    int64_t rows, int64_t C, float eps) {
+  if (rows == 0 || C == 0) return 0;
+  LayerNormRows<<<RowBlocks(rows), kThreads, 0, cudaStreamPerThread>>>(x, gamma, beta, y, mean, rstd, rows, C, eps);
+  return Finish();
+}
+
+int LaunchLayerNormGrad(const float* dy, const float* x, const float* mean, const float* rstd, const float* gamma,
+                        float* dx, float* dgamma, float* dbeta, int64_t rows, int64_t C) {
+  if (C == 0) return 0;
+  if (rows > 0) {
+    LayerNormGradRows<<<RowBlocks(rows), kThreads, 0, cudaStreamPerThread>>>(dy, x, mean, rstd, gamma, dx, rows, C);
+  }
+  const int64_t blocks = (C + kThreads - 1) / kThreads;
+  LayerNormParamGrads<<<static_cast<unsigned>(blocks < 65535 ? blocks : 65535), kThreads, 0, cudaStreamPerThread>>>(
+      dy, x, mean, rstd, dgamma, dbeta, rows, C);
+  return Finish();
+}
+
+}  // namespace tessera::ops::cuda

@@ -1,0 +1,16 @@
+#pragma once
+// CUDA kernels of sgd_update and adamw_update (ops/optimizer.cc registers
+// them for DeviceType::kCuda when the build has CUDA): the CPU kernels'
+// contract (ops/cpu/optimizer.h) on one GPU, the optional skip and skipped
+// inputs included. The scalar inputs (lr, skip, skipped) are read to the
+// host once per call. Synchronous.
+
+#include "absl/status/status.h"
+#include "ops/kernel_context.h"
+
+namespace tessera::ops::cuda {
+
+absl::Status SgdUpdateKernel(KernelContext& ctx);
+absl::Status AdamwUpdateKernel(KernelContext& ctx);
+
+}  // namespace tessera::ops::cuda
