@@ -34,14 +34,16 @@ inline AdamwScalars AdamwStepScalars(double lr, double beta1, double beta2, doub
                                      bool bias_correction, double t) {
   const double correction1 = bias_correction ? 1.0 - std::pow(beta1, t) : 1.0;
   const double correction2 = bias_correction ? 1.0 - std::pow(beta2, t) : 1.0;
-  return {.decay = static_cast<float>(1.0 - lr * weight_decay),
-          .step_size = static_cast<float>(lr / correction1),
-          .inv_sqrt_correction2 = static_cast<float>(1.0 / std::sqrt(correction2)),
-          .eps = static_cast<float>(eps),
-          .b1 = static_cast<float>(beta1),
-          .one_minus_b1 = static_cast<float>(1.0 - beta1),
-          .b2 = static_cast<float>(beta2),
-          .one_minus_b2 = static_cast<float>(1.0 - beta2)};
+  AdamwScalars s;  // (plain assignments: nvcc compiles this header as C++17)
+  s.decay = static_cast<float>(1.0 - lr * weight_decay);
+  s.step_size = static_cast<float>(lr / correction1);
+  s.inv_sqrt_correction2 = static_cast<float>(1.0 / std::sqrt(correction2));
+  s.eps = static_cast<float>(eps);
+  s.b1 = static_cast<float>(beta1);
+  s.one_minus_b1 = static_cast<float>(1.0 - beta1);
+  s.b2 = static_cast<float>(beta2);
+  s.one_minus_b2 = static_cast<float>(1.0 - beta2);
+  return s;
 }
 
 // torch.optim.AdamW: decoupled decay, then the bias-corrected step
