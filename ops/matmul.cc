@@ -11,6 +11,9 @@
 #include "ops/cpu/matmul.h"
 #include "ops/op_schema.h"
 #include "ops/registry.h"
+#ifdef TESSERA_WITH_CUDA
+#include "ops/cuda/matmul.h"
+#endif
 
 namespace tessera::ops {
 namespace {
@@ -171,6 +174,9 @@ void RegisterMatmulOps(OpRegistry& registry) {
       .Sbp(GemmSignatures)
       .Grad([](GradBuilder& g) { GemmGrad(g, "matmul"); })
       .Kernel(DeviceType::kCpu, cpu::MatmulKernel)
+#ifdef TESSERA_WITH_CUDA
+      .Kernel(DeviceType::kCuda, cuda::MatmulKernel)
+#endif
       .Example({{DType::kF32, Shape{4, 8}}, {DType::kF32, Shape{8, 16}}});
   registry.MustRegister(std::move(matmul));
 
@@ -188,6 +194,9 @@ void RegisterMatmulOps(OpRegistry& registry) {
       .Sbp(GemmSignatures)
       .Grad([](GradBuilder& g) { GemmGrad(g, "batch_matmul"); })
       .Kernel(DeviceType::kCpu, cpu::BatchMatmulKernel)
+#ifdef TESSERA_WITH_CUDA
+      .Kernel(DeviceType::kCuda, cuda::BatchMatmulKernel)
+#endif
       .Example({{DType::kF32, Shape{2, 4, 8}}, {DType::kF32, Shape{2, 8, 16}}});
   registry.MustRegister(std::move(batch_matmul));
 }

@@ -2,6 +2,7 @@
 // formulas, so results agree to float rounding), grid-stride loops over
 // contiguous floats. Launchers: ops/cuda/launch.h.
 
+#include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include "ops/cuda/launch.h"
@@ -174,6 +175,9 @@ int Copy(void* dst, const void* src, size_t bytes) {
   return static_cast<int>(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault));
 }
 
-const char* ErrorString(int code) { return cudaGetErrorString(static_cast<cudaError_t>(code)); }
+const char* ErrorString(int code) {
+  if (code < 0) return cublasGetStatusString(static_cast<cublasStatus_t>(-code));
+  return cudaGetErrorString(static_cast<cudaError_t>(code));
+}
 
 }  // namespace tessera::ops::cuda

@@ -53,12 +53,21 @@ int LaunchSgd(const float* param, const float* grad, const float* buf, float* ne
 int LaunchAdamw(const float* param, const float* grad, const float* m, const float* v, float* new_param, float* new_m,
                 float* new_v, int64_t n, const AdamwScalars& step);
 
+// y = alpha * op(a) @ op(b) for `batch` row-major matrices one after
+// another (a: M x K, or K x M when ta; b: K x N, or N x K when tb; y: M x N
+// f32), through cuBLAS on the calling thread's handle for the current
+// device, summed in f32 (no TF32). a_dtype: 0 f32, 1 bf16, 2 f16 (a and b
+// alike). A cuBLAS failure returns -(cublasStatus_t).
+int LaunchGemm(int a_dtype, bool ta, bool tb, int64_t batch, int64_t M, int64_t N, int64_t K, float alpha,
+               const void* a, const void* b, float* y);
+
 // The visible CUDA devices (0 with an error code when the driver has none).
 int DeviceCount(int* count);
 // Makes `device` current on the calling thread.
 int SetDevice(int device);
 // Copies `bytes` between any two pointers (host or device), then waits.
 int Copy(void* dst, const void* src, size_t bytes);
+// Names a launcher's error: a cudaError_t, or -(cublasStatus_t).
 const char* ErrorString(int code);
 
 }  // namespace tessera::ops::cuda
