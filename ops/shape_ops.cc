@@ -12,6 +12,7 @@
 #include "core/checked.h"
 #include "core/status.h"
 #include "core/text.h"
+#include "ops/data_movement.h"
 #include "ops/op_util.h"
 #include "ops/registry.h"
 
@@ -122,6 +123,20 @@ Signatures ReshapeSignatures(const TensorMeta& in, const Shape& out, int64_t p) 
   return sigs;
 }
 
+absl::Status ReshapeKernel(KernelContext& ctx) {
+  if (ctx.input(0).NumElements() != ctx.output(0).NumElements()) {
+    return absl::InvalidArgumentError(StrCat("local input ", ctx.input(0).shape().ToString(), " and output ",
+                                             ctx.output(0).shape().ToString(), " differ in element count"));
+  }
+  RETURN_IF_ERROR(move::CopyElements(ctx, ctx.input(0), ctx.output(0)));
+  return absl::OkStatus();
+}
+
+absl::Status BroadcastToKernel(KernelContext& ctx) {
+  RETURN_IF_ERROR(move::BroadcastTo(ctx, ctx.input(0), ctx.output(0)));
+  return absl::OkStatus();
+}
+
 void RegisterReshape(OpRegistry& r) {
   r.MustRegister(
       OpSchema("reshape")
@@ -140,16 +155,10 @@ void RegisterReshape(OpRegistry& r) {
           .Grad([](GradBuilder& b) {
             b.SetInputGrad(0, b.Op("reshape", {b.output_grad(0)}, {{"shape", b.meta(b.input(0)).shape.dims()}}));
           })
-          .Kernel(DeviceType::kCpu,
-                  [](KernelContext& ctx) {
-                    if (ctx.input(0).NumElements() != ctx.output(0).NumElements()) {
-                      return absl::InvalidArgumentError(StrCat("local input ", ctx.input(0).shape().ToString(),
-                                                               " and output ", ctx.output(0).shape().ToString(),
-                                                               " differ in element count"));
-                    }
-                    cpu::CopyElements(ctx, ctx.input(0), ctx.output(0));
-                    return absl::OkStatus();
-                  })
+          .Kernel(DeviceType::kCpu, ReshapeKernel)
+#ifdef TESSERA_WITH_CUDA
+          .Kernel(DeviceType::kCuda, ReshapeKernel)
+#endif
           .Example({kExample}, {{"shape", std::vector<int64_t>{2, -1}}}));
 
   r.MustRegister(
@@ -183,11 +192,10 @@ void RegisterReshape(OpRegistry& r) {
             return sigs;
           })
           .Grad([](GradBuilder& b) { b.SetInputGrad(0, b.SumToShape(b.output_grad(0), b.meta(b.input(0)).shape)); })
-          .Kernel(DeviceType::kCpu,
-                  [](KernelContext& ctx) {
-                    cpu::BroadcastTo(ctx, ctx.input(0), ctx.output(0));
-                    return absl::OkStatus();
-                  })
+          .Kernel(DeviceType::kCpu, BroadcastToKernel)
+#ifdef TESSERA_WITH_CUDA
+          .Kernel(DeviceType::kCuda, BroadcastToKernel)
+#endif
           .Example({{DType::kF32, Shape{4, 1}}}, {{"shape", std::vector<int64_t>{3, 4, 6}}}));
 }
 
@@ -210,6 +218,12 @@ absl::StatusOr<std::vector<int>> NormalizePerm(const std::vector<int64_t>& perm,
     out.push_back(*axis);
   }
   return out;
+}
+
+absl::Status TransposeKernel(KernelContext& ctx) {
+  ASSIGN_OR_RETURN(std::vector<int> perm, NormalizePerm(ctx.attr().Ints("perm"), ctx.input(0).shape().rank()));
+  RETURN_IF_ERROR(move::Transpose(ctx, ctx.input(0), perm, ctx.output(0)));
+  return absl::OkStatus();
 }
 
 void RegisterTranspose(OpRegistry& r) {
@@ -241,13 +255,10 @@ void RegisterTranspose(OpRegistry& r) {
                          inverse[static_cast<size_t>(perm[i])] = static_cast<int64_t>(i);
                        b.SetInputGrad(0, b.Op("transpose", {b.output_grad(0)}, {{"perm", inverse}}));
                      })
-                     .Kernel(DeviceType::kCpu,
-                             [](KernelContext& ctx) {
-                               ASSIGN_OR_RETURN(std::vector<int> perm,
-                                                NormalizePerm(ctx.attr().Ints("perm"), ctx.input(0).shape().rank()));
-                               cpu::Transpose(ctx, ctx.input(0), perm, ctx.output(0));
-                               return absl::OkStatus();
-                             })
+                     .Kernel(DeviceType::kCpu, TransposeKernel)
+#ifdef TESSERA_WITH_CUDA
+                     .Kernel(DeviceType::kCuda, TransposeKernel)
+#endif
                      .Example({kExample}, {{"perm", std::vector<int64_t>{1, 0}}}));
 }
 
@@ -302,6 +313,25 @@ Signatures SliceSignatures(const Shape& full, const SliceRange& range, DType dty
   return sigs;
 }
 
+absl::Status SliceKernel(KernelContext& ctx) {
+  const Shape logical = ctx.input_slice(0).logical;
+  ASSIGN_OR_RETURN(SliceRange range, NormalizeSlice(logical, ctx.attr().Ints("starts"), ctx.attr().Ints("ends")));
+  const Tensor& y = ctx.output(0);
+  RETURN_IF_ERROR(move::CopyBlock(ctx, ctx.input(0), LocalStart(range, logical), y,
+                                  std::vector<int64_t>(static_cast<size_t>(y.shape().rank()), 0), y.shape()));
+  return absl::OkStatus();
+}
+
+absl::Status SliceGradKernel(KernelContext& ctx) {
+  const Shape logical = ctx.output_slice(0).logical;
+  ASSIGN_OR_RETURN(SliceRange range, NormalizeSlice(logical, ctx.attr().Ints("starts"), ctx.attr().Ints("ends")));
+  const Tensor& dy = ctx.input(0);
+  RETURN_IF_ERROR(move::ZeroFill(ctx, ctx.output(0)));
+  RETURN_IF_ERROR(move::CopyBlock(ctx, dy, std::vector<int64_t>(static_cast<size_t>(dy.shape().rank()), 0),
+                                  ctx.output(0), LocalStart(range, logical), dy.shape()));
+  return absl::OkStatus();
+}
+
 void RegisterSlice(OpRegistry& r) {
   r.MustRegister(
       OpSchema("slice")
@@ -325,16 +355,10 @@ void RegisterSlice(OpRegistry& r) {
                                     {"starts", b.attrs().Ints("starts")},
                                     {"ends", b.attrs().Ints("ends")}}));
           })
-          .Kernel(DeviceType::kCpu,
-                  [](KernelContext& ctx) {
-                    const Shape logical = ctx.input_slice(0).logical;
-                    ASSIGN_OR_RETURN(SliceRange range,
-                                     NormalizeSlice(logical, ctx.attr().Ints("starts"), ctx.attr().Ints("ends")));
-                    const Tensor& y = ctx.output(0);
-                    cpu::CopyBlockParallel(ctx, ctx.input(0), LocalStart(range, logical), y,
-                                           std::vector<int64_t>(static_cast<size_t>(y.shape().rank()), 0), y.shape());
-                    return absl::OkStatus();
-                  })
+          .Kernel(DeviceType::kCpu, SliceKernel)
+#ifdef TESSERA_WITH_CUDA
+          .Kernel(DeviceType::kCuda, SliceKernel)
+#endif
           .Example({kExample}, {{"starts", std::vector<int64_t>{0, 1}}, {"ends", std::vector<int64_t>{4, -1}}}));
 
   r.MustRegister(
@@ -360,17 +384,10 @@ void RegisterSlice(OpRegistry& r) {
             const SliceRange range = *NormalizeSlice(shape, attrs.Ints("starts"), attrs.Ints("ends"));
             return SliceSignatures(shape, range, in[0].dtype);
           })
-          .Kernel(DeviceType::kCpu,
-                  [](KernelContext& ctx) {
-                    const Shape logical = ctx.output_slice(0).logical;
-                    ASSIGN_OR_RETURN(SliceRange range,
-                                     NormalizeSlice(logical, ctx.attr().Ints("starts"), ctx.attr().Ints("ends")));
-                    const Tensor& dy = ctx.input(0);
-                    cpu::ZeroFill(ctx, ctx.output(0));
-                    cpu::CopyBlockParallel(ctx, dy, std::vector<int64_t>(static_cast<size_t>(dy.shape().rank()), 0),
-                                           ctx.output(0), LocalStart(range, logical), dy.shape());
-                    return absl::OkStatus();
-                  })
+          .Kernel(DeviceType::kCpu, SliceGradKernel)
+#ifdef TESSERA_WITH_CUDA
+          .Kernel(DeviceType::kCuda, SliceGradKernel)
+#endif
           .Example({{DType::kF32, Shape{4, 4}}}, {{"shape", std::vector<int64_t>{4, 6}},
                                                   {"starts", std::vector<int64_t>{0, 1}},
                                                   {"ends", std::vector<int64_t>{4, -1}}}));
@@ -389,61 +406,75 @@ Signatures ConcatSplitSignatures(int rank, int axis, size_t num_inputs, size_t n
   return sigs;
 }
 
+absl::Status ConcatKernel(KernelContext& ctx) {
+  const Tensor& y = ctx.output(0);
+  const int axis = *NormalizeAxis(ctx.attr().Int("axis"), y.shape().rank());
+  std::vector<int64_t> at(static_cast<size_t>(y.shape().rank()), 0);
+  for (const Tensor& x : ctx.inputs) {
+    RETURN_IF_ERROR(move::CopyBlock(ctx, x, std::vector<int64_t>(at.size(), 0), y, at, x.shape()));
+    at[static_cast<size_t>(axis)] += x.shape()[axis];
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SplitKernel(KernelContext& ctx) {
+  const Tensor& x = ctx.input(0);
+  const int axis = *NormalizeAxis(ctx.attr().Int("axis"), x.shape().rank());
+  std::vector<int64_t> at(static_cast<size_t>(x.shape().rank()), 0);
+  for (const Tensor& y : ctx.outputs) {
+    RETURN_IF_ERROR(move::CopyBlock(ctx, x, at, y, std::vector<int64_t>(at.size(), 0), y.shape()));
+    at[static_cast<size_t>(axis)] += y.shape()[axis];
+  }
+  return absl::OkStatus();
+}
+
 void RegisterConcatSplit(OpRegistry& r) {
-  r.MustRegister(OpSchema("concat")
-                     .Doc("y = the inputs joined along `axis` (all other extents equal)")
-                     .VariadicInput("xs")
-                     .Output("y")
-                     .Attr("axis", AttrType::kInt)
-                     .Infer([](const MetaList& in, const AttrMap& attrs) -> absl::StatusOr<MetaList> {
-                       RETURN_IF_ERROR(ExpectRank(in[0], 1, "xs[0]", /*at_least=*/true));
-                       ASSIGN_OR_RETURN(int axis, NormalizeAxis(attrs.Int("axis"), in[0].shape.rank()));
-                       std::vector<int64_t> dims = in[0].shape.dims();
-                       dims[static_cast<size_t>(axis)] = 0;
-                       for (size_t i = 0; i < in.size(); ++i) {
-                         bool match = in[i].dtype == in[0].dtype && in[i].shape.rank() == in[0].shape.rank();
-                         for (int a = 0; match && a < in[0].shape.rank(); ++a) {
-                           match = a == axis || in[i].shape[a] == in[0].shape[a];
-                         }
-                         if (!match) {
-                           return absl::InvalidArgumentError(StrCat("xs[", i, "] ", in[i].ToString(),
-                                                                    " does not match xs[0] ", in[0].ToString(),
-                                                                    " outside axis ", axis));
-                         }
-                         ASSIGN_OR_RETURN(dims[static_cast<size_t>(axis)],
-                                          CheckedAdd(dims[static_cast<size_t>(axis)], in[i].shape[axis],
-                                                     StrCat("extent of axis ", axis)));
-                       }
-                       return MetaList{{in[0].dtype, Shape(dims)}};
-                     })
-                     .Sbp([](const MetaList& in, const AttrMap& attrs, int64_t) {
-                       const int rank = in[0].shape.rank();
-                       return ConcatSplitSignatures(rank, *NormalizeAxis(attrs.Int("axis"), rank), in.size(), 1,
-                                                    IsFloatingPoint(in[0].dtype));
-                     })
-                     .Grad([](GradBuilder& b) {
-                       const int rank = b.meta(b.input(0)).shape.rank();
-                       const int axis = *NormalizeAxis(b.attrs().Int("axis"), rank);
-                       std::vector<int64_t> sizes;
-                       for (int i = 0; i < b.num_inputs(); ++i) sizes.push_back(b.meta(b.input(i)).shape[axis]);
-                       const std::vector<ValueId> grads =
-                           b.Ops("split", {b.output_grad(0)}, {{"axis", int64_t{axis}}, {"sizes", sizes}});
-                       if (static_cast<int>(grads.size()) != b.num_inputs())
-                         return;  // emission failed; status says why
-                       for (int i = 0; i < b.num_inputs(); ++i) b.SetInputGrad(i, grads[static_cast<size_t>(i)]);
-                     })
-                     .Kernel(DeviceType::kCpu,
-                             [](KernelContext& ctx) {
-                               const Tensor& y = ctx.output(0);
-                               const int axis = *NormalizeAxis(ctx.attr().Int("axis"), y.shape().rank());
-                               std::vector<int64_t> at(static_cast<size_t>(y.shape().rank()), 0);
-                               for (const Tensor& x : ctx.inputs) {
-                                 cpu::CopyBlockParallel(ctx, x, std::vector<int64_t>(at.size(), 0), y, at, x.shape());
-                                 at[static_cast<size_t>(axis)] += x.shape()[axis];
-                               }
-                               return absl::OkStatus();
-                             })
-                     .Example({kExample, {DType::kF32, Shape{4, 2}}}, {{"axis", int64_t{1}}}));
+  r.MustRegister(
+      OpSchema("concat")
+          .Doc("y = the inputs joined along `axis` (all other extents equal)")
+          .VariadicInput("xs")
+          .Output("y")
+          .Attr("axis", AttrType::kInt)
+          .Infer([](const MetaList& in, const AttrMap& attrs) -> absl::StatusOr<MetaList> {
+            RETURN_IF_ERROR(ExpectRank(in[0], 1, "xs[0]", /*at_least=*/true));
+            ASSIGN_OR_RETURN(int axis, NormalizeAxis(attrs.Int("axis"), in[0].shape.rank()));
+            std::vector<int64_t> dims = in[0].shape.dims();
+            dims[static_cast<size_t>(axis)] = 0;
+            for (size_t i = 0; i < in.size(); ++i) {
+              bool match = in[i].dtype == in[0].dtype && in[i].shape.rank() == in[0].shape.rank();
+              for (int a = 0; match && a < in[0].shape.rank(); ++a) {
+                match = a == axis || in[i].shape[a] == in[0].shape[a];
+              }
+              if (!match) {
+                return absl::InvalidArgumentError(StrCat("xs[", i, "] ", in[i].ToString(), " does not match xs[0] ",
+                                                         in[0].ToString(), " outside axis ", axis));
+              }
+              ASSIGN_OR_RETURN(
+                  dims[static_cast<size_t>(axis)],
+                  CheckedAdd(dims[static_cast<size_t>(axis)], in[i].shape[axis], StrCat("extent of axis ", axis)));
+            }
+            return MetaList{{in[0].dtype, Shape(dims)}};
+          })
+          .Sbp([](const MetaList& in, const AttrMap& attrs, int64_t) {
+            const int rank = in[0].shape.rank();
+            return ConcatSplitSignatures(rank, *NormalizeAxis(attrs.Int("axis"), rank), in.size(), 1,
+                                         IsFloatingPoint(in[0].dtype));
+          })
+          .Grad([](GradBuilder& b) {
+            const int rank = b.meta(b.input(0)).shape.rank();
+            const int axis = *NormalizeAxis(b.attrs().Int("axis"), rank);
+            std::vector<int64_t> sizes;
+            for (int i = 0; i < b.num_inputs(); ++i) sizes.push_back(b.meta(b.input(i)).shape[axis]);
+            const std::vector<ValueId> grads =
+                b.Ops("split", {b.output_grad(0)}, {{"axis", int64_t{axis}}, {"sizes", sizes}});
+            if (static_cast<int>(grads.size()) != b.num_inputs()) return;  // emission failed; status says why
+            for (int i = 0; i < b.num_inputs(); ++i) b.SetInputGrad(i, grads[static_cast<size_t>(i)]);
+          })
+          .Kernel(DeviceType::kCpu, ConcatKernel)
+#ifdef TESSERA_WITH_CUDA
+          .Kernel(DeviceType::kCuda, ConcatKernel)
+#endif
+          .Example({kExample, {DType::kF32, Shape{4, 2}}}, {{"axis", int64_t{1}}}));
 
   r.MustRegister(OpSchema("split")
                      .Doc("ys = x cut along `axis` into pieces of extents `sizes` (which sum to x's extent)")
@@ -482,17 +513,10 @@ void RegisterConcatSplit(OpRegistry& r) {
                        for (int i = 0; i < b.num_outputs(); ++i) grads.push_back(b.OutputGradOrZeros(i));
                        b.SetInputGrad(0, b.Op("concat", grads, {{"axis", b.attrs().Int("axis")}}));
                      })
-                     .Kernel(DeviceType::kCpu,
-                             [](KernelContext& ctx) {
-                               const Tensor& x = ctx.input(0);
-                               const int axis = *NormalizeAxis(ctx.attr().Int("axis"), x.shape().rank());
-                               std::vector<int64_t> at(static_cast<size_t>(x.shape().rank()), 0);
-                               for (const Tensor& y : ctx.outputs) {
-                                 cpu::CopyBlockParallel(ctx, x, at, y, std::vector<int64_t>(at.size(), 0), y.shape());
-                                 at[static_cast<size_t>(axis)] += y.shape()[axis];
-                               }
-                               return absl::OkStatus();
-                             })
+                     .Kernel(DeviceType::kCpu, SplitKernel)
+#ifdef TESSERA_WITH_CUDA
+                     .Kernel(DeviceType::kCuda, SplitKernel)
+#endif
                      .Example({kExample}, {{"axis", int64_t{1}}, {"sizes", std::vector<int64_t>{2, 4}}}));
 }
 
@@ -717,6 +741,11 @@ void RegisterMakers(OpRegistry& r) {
 // checkpointing pass starts a layer's recomputation from its input made to
 // wait for the layer's output gradient (graph/passes.h). `after` is never
 // read, so any layout of it goes with any layout of x.
+absl::Status DependKernel(KernelContext& ctx) {
+  RETURN_IF_ERROR(move::CopyElements(ctx, ctx.input(0), ctx.output(0)));
+  return absl::OkStatus();
+}
+
 void RegisterDepend(OpRegistry& r) {
   r.MustRegister(
       OpSchema("depend")
@@ -742,11 +771,10 @@ void RegisterDepend(OpRegistry& r) {
             return sigs;
           })
           .Grad([](GradBuilder& b) { b.SetInputGrad(0, b.output_grad(0)); })
-          .Kernel(DeviceType::kCpu,
-                  [](KernelContext& ctx) {
-                    cpu::CopyElements(ctx, ctx.input(0), ctx.output(0));
-                    return absl::OkStatus();
-                  })
+          .Kernel(DeviceType::kCpu, DependKernel)
+#ifdef TESSERA_WITH_CUDA
+          .Kernel(DeviceType::kCuda, DependKernel)
+#endif
           .Example({{DType::kF32, Shape{4, 8}}, {DType::kF32, Shape{2, 3}}}));
 }
 

@@ -61,6 +61,21 @@ int LaunchAdamw(const float* param, const float* grad, const float* m, const flo
 int LaunchGemm(int a_dtype, bool ta, bool tb, int64_t batch, int64_t M, int64_t N, int64_t K, float alpha,
                const void* a, const void* b, float* y);
 
+// dst[dst_base + Σ c_d dst_strides[d]] = src[src_base + Σ c_d src_strides[d]]
+// for every coordinate c of `dims` (in elements of `elem` bytes: 1, 2, 4 or
+// 8): transposes, broadcasts, blocks of slices and concatenations.
+struct StridedCopy {
+  int rank = 0;
+  int elem = 4;
+  int64_t dims[kMaxRank] = {};
+  int64_t src_strides[kMaxRank] = {};
+  int64_t dst_strides[kMaxRank] = {};
+  int64_t src_base = 0, dst_base = 0;
+};
+int LaunchStridedCopy(const void* src, void* dst, const StridedCopy& copy);
+// Sets `bytes` bytes at dst to 0.
+int Zero(void* dst, size_t bytes);
+
 // The visible CUDA devices (0 with an error code when the driver has none).
 int DeviceCount(int* count);
 // Makes `device` current on the calling thread.
