@@ -13,6 +13,9 @@
 #include "core/text.h"
 #include "ops/op_util.h"
 #include "ops/registry.h"
+#ifdef TESSERA_WITH_CUDA
+#include "ops/cuda/reduce.h"
+#endif
 
 namespace tessera::ops {
 namespace {
@@ -103,6 +106,40 @@ int64_t ReducedCount(const Shape& shape, const std::vector<bool>& mask) {
   return count;
 }
 
+// y = scale · Σ or max over the masked axes, on the context's device.
+absl::Status ReduceOn(const KernelContext& ctx, ReduceKind kind, const std::vector<bool>& mask, float scale) {
+#ifdef TESSERA_WITH_CUDA
+  if (ctx.device.type == DeviceType::kCuda) return cuda::Reduce(ctx, kind, ctx.input(0), mask, scale, ctx.output(0));
+#endif
+  cpu::Reduce(ctx, kind, ctx.input(0), mask, scale, ctx.output(0));
+  return absl::OkStatus();
+}
+
+absl::Status ReduceSumKernel(KernelContext& ctx) {
+  return ReduceOn(ctx, ReduceKind::kSum, MaskOf(ctx.input(0).shape(), ctx.attr()), 1.0f);
+}
+
+absl::Status ReduceMeanKernel(KernelContext& ctx) {
+  // The logical count, not the local one: a shard of a split reduced axis
+  // contributes its share of the global mean.
+  const std::vector<bool> mask = MaskOf(ctx.input(0).shape(), ctx.attr());
+  const int64_t count = ReducedCount(ctx.input_slice(0).logical, mask);
+  return ReduceOn(ctx, ReduceKind::kSum, mask,
+                  count == 0 ? std::numeric_limits<float>::quiet_NaN() : 1.0f / static_cast<float>(count));
+}
+
+absl::Status ReduceMaxKernel(KernelContext& ctx) {
+  return ReduceOn(ctx, ReduceKind::kMax, MaskOf(ctx.input(0).shape(), ctx.attr()), 1.0f);
+}
+
+absl::Status SquareSumKernel(KernelContext& ctx) {
+#ifdef TESSERA_WITH_CUDA
+  if (ctx.device.type == DeviceType::kCuda) return cuda::SquareSum(ctx, ctx.input(0), ctx.output(0));
+#endif
+  cpu::SquareSum(ctx, ctx.input(0), ctx.output(0));
+  return absl::OkStatus();
+}
+
 OpSchema ReduceSchema(const std::string& name, const std::string& doc) {
   return OpSchema(name)
       .Doc(doc)
@@ -124,11 +161,11 @@ void RegisterReductions(OpRegistry& r) {
                        const Shape x_shape = b.meta(b.input(0)).shape;
                        b.SetInputGrad(0, BroadcastBack(b, b.output_grad(0), x_shape, MaskOf(x_shape, b.attrs())));
                      })
-                     .Kernel(DeviceType::kCpu, [](KernelContext& ctx) {
-                       cpu::Reduce(ctx, ReduceKind::kSum, ctx.input(0), MaskOf(ctx.input(0).shape(), ctx.attr()), 1.0f,
-                                   ctx.output(0));
-                       return absl::OkStatus();
-                     }));
+                     .Kernel(DeviceType::kCpu, ReduceSumKernel)
+#ifdef TESSERA_WITH_CUDA
+                     .Kernel(DeviceType::kCuda, ReduceSumKernel)
+#endif
+                     );
 
   r.MustRegister(
       ReduceSchema("reduce_mean",
@@ -146,15 +183,11 @@ void RegisterReductions(OpRegistry& r) {
             b.SetInputGrad(0,
                            b.Op("scalar_mul", {g}, {{"value", count == 0 ? 0.0 : 1.0 / static_cast<double>(count)}}));
           })
-          .Kernel(DeviceType::kCpu, [](KernelContext& ctx) {
-            // The logical count, not the local one: a shard of a split
-            // reduced axis contributes its share of the global mean.
-            const std::vector<bool> mask = MaskOf(ctx.input(0).shape(), ctx.attr());
-            const int64_t count = ReducedCount(ctx.input_slice(0).logical, mask);
-            const float scale = count == 0 ? std::numeric_limits<float>::quiet_NaN() : 1.0f / static_cast<float>(count);
-            cpu::Reduce(ctx, ReduceKind::kSum, ctx.input(0), mask, scale, ctx.output(0));
-            return absl::OkStatus();
-          }));
+          .Kernel(DeviceType::kCpu, ReduceMeanKernel)
+#ifdef TESSERA_WITH_CUDA
+          .Kernel(DeviceType::kCuda, ReduceMeanKernel)
+#endif
+          );
 
   r.MustRegister(
       ReduceSchema("reduce_max",
@@ -168,11 +201,11 @@ void RegisterReductions(OpRegistry& r) {
             b.SetInputGrad(0, b.Op("reduce_max_grad", {b.input(0), b.output(0), b.output_grad(0)},
                                    {{"axes", b.attrs().Ints("axes")}, {"keepdim", b.attrs().Bool("keepdim")}}));
           })
-          .Kernel(DeviceType::kCpu, [](KernelContext& ctx) {
-            cpu::Reduce(ctx, ReduceKind::kMax, ctx.input(0), MaskOf(ctx.input(0).shape(), ctx.attr()), 1.0f,
-                        ctx.output(0));
-            return absl::OkStatus();
-          }));
+          .Kernel(DeviceType::kCpu, ReduceMaxKernel)
+#ifdef TESSERA_WITH_CUDA
+          .Kernel(DeviceType::kCuda, ReduceMaxKernel)
+#endif
+          );
 
   r.MustRegister(
       OpSchema("reduce_max_grad")
@@ -317,11 +350,10 @@ void RegisterIndexReductions(OpRegistry& r) {
             // dx = 2 · x · dy, dy a scalar broadcast over x.
             b.SetInputGrad(0, b.Op("scalar_mul", {b.Op("mul", {b.input(0), b.output_grad(0)})}, {{"value", 2.0}}));
           })
-          .Kernel(DeviceType::kCpu,
-                  [](KernelContext& ctx) {
-                    cpu::SquareSum(ctx, ctx.input(0), ctx.output(0));
-                    return absl::OkStatus();
-                  })
+          .Kernel(DeviceType::kCpu, SquareSumKernel)
+#ifdef TESSERA_WITH_CUDA
+          .Kernel(DeviceType::kCuda, SquareSumKernel)
+#endif
           .Example({kExample}));
 }
 

@@ -76,6 +76,18 @@ int LaunchStridedCopy(const void* src, void* dst, const StridedCopy& copy);
 // Sets `bytes` bytes at dst to 0.
 int Zero(void* dst, size_t bytes);
 
+// Reductions: y[o] = scale * Σ (or max, or Σ of squares) over the reduced
+// coordinates r of x[Σ kept_o · kept_strides + Σ r · reduced_strides], one
+// output per kept coordinate (row-major). kind: 0 sum, 1 max, 2 sum of
+// squares (accumulated in double). An empty reduction gives 0 · scale or
+// -inf.
+struct ReduceLayout {
+  int kept_rank = 0, reduced_rank = 0;
+  int64_t kept_dims[kMaxRank] = {}, kept_strides[kMaxRank] = {};
+  int64_t reduced_dims[kMaxRank] = {}, reduced_strides[kMaxRank] = {};
+};
+int LaunchReduce(int kind, const float* x, float* y, const ReduceLayout& layout, float scale);
+
 // The visible CUDA devices (0 with an error code when the driver has none).
 int DeviceCount(int* count);
 // Makes `device` current on the calling thread.

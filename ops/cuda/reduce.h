@@ -1,0 +1,18 @@
+#pragma once
+// CUDA kernels of the reductions (ops/reduce.cc dispatches to them on
+// DeviceType::kCuda when the build has CUDA): the contract of ops/cpu/reduce.h
+// on one GPU. Synchronous.
+
+#include <vector>
+
+#include "absl/status/status.h"
+#include "ops/cpu/reduce.h"
+#include "ops/kernel_context.h"
+
+namespace tessera::ops::cuda {
+
+absl::Status Reduce(const KernelContext& ctx, cpu::ReduceKind kind, const Tensor& x, const std::vector<bool>& reduced,
+                    float scale, const Tensor& y);
+absl::Status SquareSum(const KernelContext& ctx, const Tensor& x, const Tensor& y);
+
+}  // namespace tessera::ops::cuda
