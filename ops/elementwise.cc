@@ -337,6 +337,12 @@ void RegisterElementwiseOps(OpRegistry& r) {
                              [](KernelContext& ctx) {
                                return cpu::BiasGeluGradKernel(ctx, ctx.attr().String("approximate") == "tanh");
                              })
+#ifdef TESSERA_WITH_CUDA
+                     .Kernel(DeviceType::kCuda,
+                             [](KernelContext& ctx) {
+                               return cuda::BiasGeluGradKernel(ctx, ctx.attr().String("approximate") == "tanh");
+                             })
+#endif
                      .Example({kExample, {DType::kF32, Shape{6}}, kExample}));
 }
 

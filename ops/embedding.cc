@@ -12,6 +12,9 @@
 #include "core/text.h"
 #include "ops/op_util.h"
 #include "ops/registry.h"
+#ifdef TESSERA_WITH_CUDA
+#include "ops/cuda/embedding.h"
+#endif
 
 namespace tessera::ops {
 
@@ -106,6 +109,9 @@ void RegisterEmbeddingOps(OpRegistry& registry) {
                            b.Op("embedding_grad", {b.OutputGradOrZeros(0), b.input(1)}, {{"num_embeddings", vocab}}));
           })
           .Kernel(DeviceType::kCpu, cpu::EmbeddingKernel)
+#ifdef TESSERA_WITH_CUDA
+          .Kernel(DeviceType::kCuda, cuda::EmbeddingKernel)
+#endif
           .Example({{DType::kF32, Shape{50, 8}}, {DType::kI64, Shape{4, 6}}}));
 
   registry.MustRegister(
@@ -119,6 +125,9 @@ void RegisterEmbeddingOps(OpRegistry& registry) {
           .Infer(InferEmbeddingGrad)
           .Sbp(EmbeddingGradSignatures)
           .Kernel(DeviceType::kCpu, cpu::EmbeddingGradKernel)
+#ifdef TESSERA_WITH_CUDA
+          .Kernel(DeviceType::kCuda, cuda::EmbeddingGradKernel)
+#endif
           .Example({{DType::kF32, Shape{4, 6, 8}}, {DType::kI64, Shape{4, 6}}}, {{"num_embeddings", int64_t{50}}}));
 }
 

@@ -68,4 +68,13 @@ absl::Status BiasAddKernel(KernelContext& ctx, bool gelu, bool tanh_approx) {
               "bias");
 }
 
+absl::Status BiasGeluGradKernel(KernelContext& ctx, bool tanh_approx) {
+  RETURN_IF_ERROR(OnDevice(ctx));
+  const Shape& x = ctx.input(0).shape();
+  const int64_t C = x[x.rank() - 1];
+  return Done(LaunchBiasGeluGrad(ctx.input(0).data<float>(), ctx.input(1).data<float>(), ctx.input(2).data<float>(),
+                                 ctx.output(0).data<float>(), C == 0 ? 0 : x.NumElements() / C, C, tanh_approx),
+              "bias_gelu_grad");
+}
+
 }  // namespace tessera::ops::cuda

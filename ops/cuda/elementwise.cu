@@ -128,7 +128,23 @@ __global__ void BiasAddKernel(const float* x, const float* bias, float* y, int64
   }
 }
 
+__global__ void BiasGeluGradKernel(const float* x, const float* bias, const float* dy, float* dx, int64_t n, int64_t C,
+                                   bool tanh_approx) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    dx[i] = dy[i] * GeluGrad(x[i] + bias[i % C], tanh_approx);
+  }
+}
+
 }  // namespace
+
+int LaunchBiasGeluGrad(const float* x, const float* bias, const float* dy, float* dx, int64_t rows, int64_t C,
+                       bool tanh) {
+  const int64_t n = rows * C;
+  if (n == 0) return 0;
+  BiasGeluGradKernel<<<Blocks(n), kThreads, 0, cudaStreamPerThread>>>(x, bias, dy, dx, n, C, tanh);
+  return Finish();
+}
 
 int LaunchBinary(int kind, const float* a, const float* b, float* y, int64_t n, const Broadcast& shape) {
   if (n == 0) return 0;

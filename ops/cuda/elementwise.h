@@ -15,5 +15,6 @@ absl::Status UnaryKernel(KernelContext& ctx, cpu::UnaryKind kind);
 absl::Status ScalarKernel(KernelContext& ctx, cpu::ScalarKind kind, float value);
 absl::Status ActivationGradKernel(KernelContext& ctx, cpu::ActivationGradKind kind);
 absl::Status BiasAddKernel(KernelContext& ctx, bool gelu, bool tanh_approx);
+absl::Status BiasGeluGradKernel(KernelContext& ctx, bool tanh_approx);
 
 }  // namespace tessera::ops::cuda

@@ -88,6 +88,21 @@ struct ReduceLayout {
 };
 int LaunchReduce(int kind, const float* x, float* y, const ReduceLayout& layout, float scale);
 
+// dx = dy * gelu'(x + bias), bias over rows of C (tanh: the approximation).
+int LaunchBiasGeluGrad(const float* x, const float* bias, const float* dy, float* dx, int64_t rows, int64_t C,
+                       bool tanh);
+
+// Embedding rows of this shard's weight (V rows from logical row row_begin,
+// C channels) for N ids (i32 when id_bytes is 4, else i64); ids of other
+// shards give zeros. Every id must lie in [0, vocab): *bad is the first
+// position that does not (-1: none), checked before anything is written.
+int LaunchEmbedding(const float* weight, const void* ids, int id_bytes, float* y, int64_t N, int64_t V, int64_t C,
+                    int64_t row_begin, int64_t vocab, int64_t* bad);
+// dweight (V x C) = Σ of dy's rows over the ids naming each row, summed in
+// id order (as the CPU: the same bits); *bad as above.
+int LaunchEmbeddingGrad(const float* dy, const void* ids, int id_bytes, float* dweight, int64_t N, int64_t V,
+                        int64_t C, int64_t row_begin, int64_t vocab, int64_t* bad);
+
 // The visible CUDA devices (0 with an error code when the driver has none).
 int DeviceCount(int* count);
 // Makes `device` current on the calling thread.

@@ -29,11 +29,21 @@ namespace {
 // powers, divisors).
 const std::set<std::string> kPositiveInputs = {"log", "sqrt", "rsqrt", "scalar_pow", "div"};
 
+// Floats in a range; integers (ids, labels) in [0, 4), valid for every
+// example's vocabulary or classes.
 Tensor RandomInput(const TensorMeta& meta, bool positive, std::mt19937& rng) {
   auto t = Tensor::Empty(meta.shape, meta.dtype, Device{});
   EXPECT_TRUE(t.ok()) << t.status();
   std::uniform_real_distribution<float> dist(positive ? 0.25f : -3.0f, positive ? 2.0f : 3.0f);
-  for (int64_t i = 0; i < t->NumElements(); ++i) t->data<float>()[i] = dist(rng);
+  for (int64_t i = 0; i < t->NumElements(); ++i) {
+    if (meta.dtype == DType::kI64) {
+      t->data<int64_t>()[i] = static_cast<int64_t>(rng() % 4);
+    } else if (meta.dtype == DType::kI32) {
+      t->data<int32_t>()[i] = static_cast<int32_t>(rng() % 4);
+    } else {
+      t->data<float>()[i] = dist(rng);
+    }
+  }
   return *std::move(t);
 }
 
@@ -59,6 +69,8 @@ TEST(CudaKernels, RegisteredWhereTheBuildHasCuda) {
       "layer_norm_grad",
       // optimizers and products
       "sgd_update", "adamw_update", "matmul", "batch_matmul",
+      // embeddings
+      "embedding", "embedding_grad", "bias_gelu_grad",
       // reductions
       "reduce_sum", "reduce_mean", "reduce_max", "square_sum",
       // data movement
@@ -160,7 +172,7 @@ TEST(CudaKernels, MatchTheCpuKernels) {
       ++checked;
     }
   }
-  EXPECT_GE(checked, 45);
+  EXPECT_GE(checked, 49);
 }
 #else
 TEST(CudaKernels, MatchTheCpuKernels) { GTEST_SKIP() << "this build of Tessera has no CUDA (nvcc not found)"; }

@@ -1,0 +1,122 @@
+// CUDA embedding and its gradient (ops/cuda/launch.h). The gradient sums in
+// id order without atomics: ids are stably sorted by row (thrust), then each
+// (row, channel) adds its row's occurrences in order, as the CPU does.
+
+#include <cuda_runtime.h>
+#include <thrust/device_vector.h>
+#include <thrust/execution_policy.h>
+#include <thrust/sequence.h>
+#include <thrust/sort.h>
+
+#include <cstdint>
+
+#include "ops/cuda/launch.h"
+#include "ops/cuda/launch_util.cuh"
+
+namespace tessera::ops::cuda {
+namespace {
+
+__device__ int64_t IdAt(const void* ids, int id_bytes, int64_t n) {
+  return id_bytes == 4 ? static_cast<int64_t>(static_cast<const int32_t*>(ids)[n])
+                       : static_cast<const int64_t*>(ids)[n];
+}
+
+// The lowest position of an id outside [0, vocab) into *bad (N: none).
+__global__ void FindBadId(const void* ids, int id_bytes, int64_t N, int64_t vocab, unsigned long long* bad) {
+  for (int64_t n = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; n < N;
+       n += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t id = IdAt(ids, id_bytes, n);
+    if (id < 0 || id >= vocab) atomicMin(bad, static_cast<unsigned long long>(n));
+  }
+}
+
+// Checks the ids; *bad_out = first bad position or -1.
+int CheckIds(const void* ids, int id_bytes, int64_t N, int64_t vocab, int64_t* bad_out) {
+  *bad_out = -1;
+  if (N == 0) return 0;
+  unsigned long long* bad = nullptr;
+  cudaError_t err = cudaMallocAsync(&bad, sizeof(*bad), cudaStreamPerThread);
+  if (err != cudaSuccess) return static_cast<int>(err);
+  const unsigned long long none = static_cast<unsigned long long>(N);
+  err = cudaMemcpyAsync(bad, &none, sizeof(none), cudaMemcpyHostToDevice, cudaStreamPerThread);
+  if (err == cudaSuccess) {
+    FindBadId<<<Blocks(N), kThreads, 0, cudaStreamPerThread>>>(ids, id_bytes, N, vocab, bad);
+    err = cudaGetLastError();
+  }
+  unsigned long long found = none;
+  if (err == cudaSuccess)
+    err = cudaMemcpyAsync(&found, bad, sizeof(found), cudaMemcpyDeviceToHost, cudaStreamPerThread);
+  cudaFreeAsync(bad, cudaStreamPerThread);
+  if (err == cudaSuccess) err = cudaStreamSynchronize(cudaStreamPerThread);
+  if (err != cudaSuccess) return static_cast<int>(err);
+  if (found < none) *bad_out = static_cast<int64_t>(found);
+  return 0;
+}
+
+__global__ void Gather(const float* weight, const void* ids, int id_bytes, float* y, int64_t N, int64_t V, int64_t C,
+                       int64_t row_begin) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < N * C;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t n = i / C, c = i % C;
+    const int64_t row = IdAt(ids, id_bytes, n) - row_begin;
+    y[i] = row >= 0 && row < V ? weight[row * C + c] : 0.0f;
+  }
+}
+
+__global__ void RowsOfIds(const void* ids, int id_bytes, int64_t N, int64_t row_begin, int64_t* rows) {
+  for (int64_t n = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; n < N;
+       n += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    rows[n] = IdAt(ids, id_bytes, n) - row_begin;
+  }
+}
+
+// Thread (k, c) with k the first of its row's run in the sorted order sums
+// the run's dy rows, in id order, into dweight[row, c].
+__global__ void SumRuns(const float* dy, const int64_t* rows, const int64_t* order, float* dweight, int64_t N,
+                        int64_t V, int64_t C) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < N * C;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t k = i / C, c = i % C;
+    const int64_t row = rows[k];
+    if ((k > 0 && rows[k - 1] == row) || row < 0 || row >= V) continue;
+    float sum = 0.0f;
+    for (int64_t j = k; j < N && rows[j] == row; ++j) sum += dy[order[j] * C + c];
+    dweight[row * C + c] = sum;
+  }
+}
+
+}  // namespace
+
+int LaunchEmbedding(const float* weight, const void* ids, int id_bytes, float* y, int64_t N, int64_t V, int64_t C,
+                    int64_t row_begin, int64_t vocab, int64_t* bad) {
+  if (const int err = CheckIds(ids, id_bytes, N, vocab, bad); err != 0 || *bad >= 0) return err;
+  if (N * C == 0) return 0;
+  Gather<<<Blocks(N * C), kThreads, 0, cudaStreamPerThread>>>(weight, ids, id_bytes, y, N, V, C, row_begin);
+  return Finish();
+}
+
+int LaunchEmbeddingGrad(const float* dy, const void* ids, int id_bytes, float* dweight, int64_t N, int64_t V, int64_t C,
+                        int64_t row_begin, int64_t vocab, int64_t* bad) {
+  if (const int err = CheckIds(ids, id_bytes, N, vocab, bad); err != 0 || *bad >= 0) return err;
+  if (V * C > 0) {
+    const cudaError_t err = cudaMemsetAsync(dweight, 0, sizeof(float) * V * C, cudaStreamPerThread);
+    if (err != cudaSuccess) return static_cast<int>(err);
+  }
+  if (N * C == 0) return Finish();
+  try {
+    thrust::device_vector<int64_t> rows(N), order(N);
+    const auto policy = thrust::cuda::par.on(cudaStreamPerThread);
+    RowsOfIds<<<Blocks(N), kThreads, 0, cudaStreamPerThread>>>(ids, id_bytes, N, row_begin,
+                                                               thrust::raw_pointer_cast(rows.data()));
+    thrust::sequence(policy, order.begin(), order.end());
+    thrust::stable_sort_by_key(policy, rows.begin(), rows.end(), order.begin());
+    SumRuns<<<Blocks(N * C), kThreads, 0, cudaStreamPerThread>>>(
+        dy, thrust::raw_pointer_cast(rows.data()), thrust::raw_pointer_cast(order.data()), dweight, N, V, C);
+    return Finish();
+  } catch (const std::exception&) {  // thrust reports CUDA failures as exceptions
+    const cudaError_t err = cudaGetLastError();
+    return static_cast<int>(err != cudaSuccess ? err : cudaErrorUnknown);
+  }
+}
+
+}  // namespace tessera::ops::cuda
