@@ -28,6 +28,9 @@
 #include "ops/cpu/loss.h"
 #include "ops/op_util.h"
 #include "ops/registry.h"
+#ifdef TESSERA_WITH_CUDA
+#include "ops/cuda/loss.h"
+#endif
 
 namespace tessera::ops {
 namespace {
@@ -178,6 +181,9 @@ void RegisterLossOps(OpRegistry& registry) {
                                                                    b.OutputGradOrZeros(0), b.OutputGradOrZeros(1)}));
           })
           .Kernel(DeviceType::kCpu, cpu::CrossEntropyPartialsKernel)
+#ifdef TESSERA_WITH_CUDA
+          .Kernel(DeviceType::kCuda, cuda::CrossEntropyPartialsKernel)
+#endif
           .Example({logits, column, labels}));
   registry.MustRegister(
       OpSchema("cross_entropy_partials_grad")
@@ -192,6 +198,9 @@ void RegisterLossOps(OpRegistry& registry) {
           .Infer(InferPartials)
           .Sbp(PartialsSignatures)
           .Kernel(DeviceType::kCpu, cpu::CrossEntropyPartialsGradKernel)
+#ifdef TESSERA_WITH_CUDA
+          .Kernel(DeviceType::kCuda, cuda::CrossEntropyPartialsGradKernel)
+#endif
           .Example({logits, column, labels, column, column}));
 }
 

@@ -15,7 +15,20 @@ namespace {
 // Shape letters: N rows (tokens), V the logical vocabulary, Vs the vocabulary
 // columns this shard holds (V when the vocabulary is not split).
 
-// The labels as int64 (they may be i32 or i64), each checked against [0, V).
+// The shard's place in the logical vocabulary: its first column's global id
+// and the logical V (the whole tensor when not split).
+struct VocabRange {
+  int64_t offset = 0;
+  int64_t logical = 0;
+};
+
+VocabRange VocabOf(const KernelContext& ctx) {
+  const TensorSlice slice = ctx.input_slice(0);
+  return {slice.offset[1], slice.logical[1]};
+}
+
+}  // namespace
+
 // Checked up front, serially (N is small next to N * V), so a bad id is an
 // error before any output is written.
 absl::StatusOr<std::vector<int64_t>> ReadLabels(const Tensor& labels, int64_t V) {
@@ -37,20 +50,6 @@ absl::StatusOr<std::vector<int64_t>> ReadLabels(const Tensor& labels, int64_t V)
   }
   return out;
 }
-
-// The shard's place in the logical vocabulary: its first column's global id
-// and the logical V (the whole tensor when not split).
-struct VocabRange {
-  int64_t offset = 0;
-  int64_t logical = 0;
-};
-
-VocabRange VocabOf(const KernelContext& ctx) {
-  const TensorSlice slice = ctx.input_slice(0);
-  return {slice.offset[1], slice.logical[1]};
-}
-
-}  // namespace
 
 absl::Status SparseSoftmaxCrossEntropyKernel(KernelContext& ctx) {
   const Tensor& logits_tensor = ctx.input(0);

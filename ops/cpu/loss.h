@@ -3,10 +3,18 @@
 // are i32 or i64 class ids; an id outside [0, V) is an InvalidArgument error
 // naming the id, its row and V.
 
+#include <cstdint>
+#include <vector>
+
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "ops/kernel_context.h"
 
 namespace tessera::ops::cpu {
+
+// The labels (i32 or i64, host memory) as i64, each checked to lie in
+// [0, V): else the error naming the label, its row and V.
+absl::StatusOr<std::vector<int64_t>> ReadLabels(const Tensor& labels, int64_t V);
 
 // (logits (N, V), labels (N)) -> loss (N).
 absl::Status SparseSoftmaxCrossEntropyKernel(KernelContext& ctx);

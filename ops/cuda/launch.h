@@ -103,6 +103,14 @@ int LaunchEmbedding(const float* weight, const void* ids, int id_bytes, float* y
 int LaunchEmbeddingGrad(const float* dy, const void* ids, int id_bytes, float* dweight, int64_t N, int64_t V,
                         int64_t C, int64_t row_begin, int64_t vocab, int64_t* bad);
 
+// Vocabulary-parallel cross-entropy pieces over logits (N, Vs) whose first
+// column is global id `offset`; labels are device i64, already checked.
+int LaunchCrossEntropyPartials(const float* logits, const float* row_max, const int64_t* labels, float* sumexp,
+                               float* label_logit, int64_t N, int64_t Vs, int64_t offset);
+int LaunchCrossEntropyPartialsGrad(const float* logits, const float* row_max, const int64_t* labels,
+                                   const float* d_sumexp, const float* d_label_logit, float* dlogits, int64_t N,
+                                   int64_t Vs, int64_t offset);
+
 // The visible CUDA devices (0 with an error code when the driver has none).
 int DeviceCount(int* count);
 // Makes `device` current on the calling thread.

@@ -160,7 +160,54 @@ __global__ void LayerNormParamGrads(const float* dy, const float* x, const float
 
 unsigned RowBlocks(int64_t rows) { return static_cast<unsigned>(rows < (1 << 20) ? (rows < 1 ? 1 : rows) : (1 << 20)); }
 
+__global__ void CrossEntropyPartialsRows(const float* logits, const float* row_max, const int64_t* labels,
+                                         float* sumexp, float* label_logit, int64_t N, int64_t Vs, int64_t offset) {
+  __shared__ float scratch[kThreads];
+  for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
+    const float* xr = logits + n * Vs;
+    const float m = row_max[n];
+    float sum = 0.0f;
+    for (int64_t j = threadIdx.x; j < Vs; j += kThreads) sum += expf(xr[j] - m);
+    sum = BlockSum(sum, scratch);
+    if (threadIdx.x == 0) {
+      sumexp[n] = sum;
+      // Only the shard holding the label's column contributes it.
+      const int64_t local = labels[n] - offset;
+      label_logit[n] = local >= 0 && local < Vs ? xr[local] - m : 0.0f;
+    }
+  }
+}
+
+__global__ void CrossEntropyPartialsGradKernel(const float* logits, const float* row_max, const int64_t* labels,
+                                               const float* d_sumexp, const float* d_label_logit, float* dlogits,
+                                               int64_t N, int64_t Vs, int64_t offset) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < N * Vs;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t n = i / Vs, j = i % Vs;
+    float d = d_sumexp[n] * expf(logits[i] - row_max[n]);
+    if (labels[n] - offset == j) d += d_label_logit[n];
+    dlogits[i] = d;
+  }
+}
+
 }  // namespace
+
+int LaunchCrossEntropyPartials(const float* logits, const float* row_max, const int64_t* labels, float* sumexp,
+                               float* label_logit, int64_t N, int64_t Vs, int64_t offset) {
+  if (N == 0) return 0;
+  CrossEntropyPartialsRows<<<RowBlocks(N), kThreads, 0, cudaStreamPerThread>>>(logits, row_max, labels, sumexp,
+                                                                               label_logit, N, Vs, offset);
+  return Finish();
+}
+
+int LaunchCrossEntropyPartialsGrad(const float* logits, const float* row_max, const int64_t* labels,
+                                   const float* d_sumexp, const float* d_label_logit, float* dlogits, int64_t N,
+                                   int64_t Vs, int64_t offset) {
+  if (N * Vs == 0) return 0;
+  CrossEntropyPartialsGradKernel<<<Blocks(N * Vs), kThreads, 0, cudaStreamPerThread>>>(
+      logits, row_max, labels, d_sumexp, d_label_logit, dlogits, N, Vs, offset);
+  return Finish();
+}
 
 int LaunchSoftmax(const float* x, float* y, int64_t rows, int64_t C, bool log) {
   if (rows == 0 || C == 0) return 0;

@@ -69,8 +69,8 @@ TEST(CudaKernels, RegisteredWhereTheBuildHasCuda) {
       "layer_norm_grad",
       // optimizers and products
       "sgd_update", "adamw_update", "matmul", "batch_matmul",
-      // embeddings
-      "embedding", "embedding_grad", "bias_gelu_grad",
+      // embeddings, loss
+      "embedding", "embedding_grad", "bias_gelu_grad", "cross_entropy_partials", "cross_entropy_partials_grad",
       // reductions
       "reduce_sum", "reduce_mean", "reduce_max", "square_sum",
       // data movement
@@ -172,7 +172,7 @@ TEST(CudaKernels, MatchTheCpuKernels) {
       ++checked;
     }
   }
-  EXPECT_GE(checked, 49);
+  EXPECT_GE(checked, 51);
 }
 #else
 TEST(CudaKernels, MatchTheCpuKernels) { GTEST_SKIP() << "this build of Tessera has no CUDA (nvcc not found)"; }
