@@ -24,8 +24,9 @@ inline PhiloxKey MakePhiloxKey(uint64_t seed) {
 }
 
 // Four 32-bit outputs for one counter. Inline and branch-free so loops over
-// elements vectorise.
-inline std::array<uint32_t, 4> Philox4x32(PhiloxKey key, uint32_t c0, uint32_t c1, uint32_t c2,
+// elements vectorise; constexpr, so CUDA kernels call it too (nvcc's
+// --expt-relaxed-constexpr, ops/cuda/random.cu).
+constexpr std::array<uint32_t, 4> Philox4x32(PhiloxKey key, uint32_t c0, uint32_t c1, uint32_t c2,
                                           uint32_t c3) {
   constexpr uint32_t kMul0 = 0xD2511F53u, kMul1 = 0xCD9E8D57u;
   constexpr uint32_t kWeyl0 = 0x9E3779B9u, kWeyl1 = 0xBB67AE85u;

@@ -15,6 +15,9 @@
 #include "core/text.h"
 #include "ops/op_util.h"
 #include "ops/registry.h"
+#ifdef TESSERA_WITH_CUDA
+#include "ops/cuda/random.h"
+#endif
 
 namespace tessera::ops {
 
@@ -141,6 +144,9 @@ void RegisterRandomOps(OpRegistry& registry) {
             b.SetInputGrad(0, b.Op("dropout", {b.OutputGradOrZeros(0)}, b.attrs()));
           })
           .Kernel(DeviceType::kCpu, cpu::DropoutKernel)
+#ifdef TESSERA_WITH_CUDA
+          .Kernel(DeviceType::kCuda, cuda::DropoutKernel)
+#endif
           .Example({{DType::kF32, Shape{4, 6}}}, {{"rate", 0.1}, {"seed", int64_t{1}}, {"tensor_id", int64_t{0}}}));
 }
 

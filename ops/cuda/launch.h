@@ -111,6 +111,19 @@ int LaunchCrossEntropyPartialsGrad(const float* logits, const float* row_max, co
                                    const float* d_sumexp, const float* d_label_logit, float* dlogits, int64_t N,
                                    int64_t Vs, int64_t offset);
 
+// Dropout by global index (ops/cpu/random.cc's rule): element p of the
+// shard is element p % run_length of run p / run_length, whose global start
+// is base + Σ (run's coordinates over outer_local) · outer_strides; it keeps
+// x (times scale) when the 24 high bits of Philox word g % 4 of block g / 4
+// (key seed, counter high words tensor_id and step) reach threshold.
+struct DropoutRuns {
+  int outer_rank = 0;
+  int64_t run_length = 1, base = 0;
+  int64_t outer_local[kMaxRank] = {}, outer_strides[kMaxRank] = {};
+};
+int LaunchDropout(const float* x, float* y, int64_t n, uint64_t seed, uint32_t tensor_id, uint32_t step,
+                  int32_t threshold, float scale, const DropoutRuns& runs);
+
 // The visible CUDA devices (0 with an error code when the driver has none).
 int DeviceCount(int* count);
 // Makes `device` current on the calling thread.
