@@ -8,14 +8,17 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <set>
 #include <string>
 #include <vector>
 #include <unistd.h>
 
 #include "core/config.h"
+#include "core/text.h"
 #include "train/job_config.h"
 #include "models/model.h"
 #include "nlohmann/json.hpp"
+#include "ops/registry.h"
 #include "tests/actors/sequential_plan.h"
 #include "tests/cli_runner.h"
 
@@ -340,6 +343,45 @@ TEST(Trainer, LossesRecordedForBoundedIterations) {
   EXPECT_EQ(run->losses.size(), 5u);
   EXPECT_EQ(run->final_loss, run->losses.back());
   EXPECT_GE(TrainSummary::kMaxRecordedLosses, 1 << 16);
+}
+
+}  // namespace
+}  // namespace tessera
+
+namespace tessera {
+namespace {
+
+// Every op a GPT-2 training step runs, under the layouts and features users
+// set, has a CUDA kernel in a build with CUDA (docs/ops.md), so a GPU job
+// would find no op without one; a build without CUDA has none.
+TEST(CudaCoverage, EveryOpOfAGpt2TrainingStepHasACudaKernel) {
+  const std::vector<std::vector<std::string>> layouts = {
+      {},
+      {"train.dist.tensor_parallel_size=2", "train.dist.pipeline_parallel_size=2", "train.num_accumulation_steps=2"},
+      {"train.dist.data_parallel_size=2"},  // gradient buckets
+      {"train.dist.data_parallel_size=2", "train.zero_optimization.enabled=true", "train.zero_optimization.stage=3"},
+      {"train.activation_checkpoint.enabled=true", "optim._target_=SGD", "optim.momentum=0.9"},
+  };
+  for (const auto& overrides : layouts) {
+    SCOPED_TRACE(Join(overrides, " "));
+    auto job = LoadJobConfig(testing::SourcePath("configs/gpt2_nano.json"), overrides);
+    ASSERT_TRUE(job.ok()) << job.status();
+    auto plan = TrainingPlan(*job);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    std::set<std::string> missing;
+    for (const auto& task : plan->tasks()) {
+      if (task.op().empty()) continue;
+      const ops::OpSchema* schema = ops::BuiltinOps().Find(task.op());
+      ASSERT_NE(schema, nullptr) << task.op();
+      if (schema->FindKernel(DeviceType::kCuda) == nullptr) missing.insert(task.op());
+    }
+#ifdef TESSERA_WITH_CUDA
+    EXPECT_TRUE(missing.empty()) << "no CUDA kernel: "
+                                 << Join(std::vector<std::string>(missing.begin(), missing.end()), ", ");
+#else
+    EXPECT_FALSE(missing.empty());
+#endif
+  }
 }
 
 }  // namespace
