@@ -236,6 +236,9 @@ void RegisterFusedSoftmax(OpRegistry& r) {
           .Sbp(FusedSoftmaxSignatures)
           .Grad(FusedSoftmaxGrad)
           .Kernel(DeviceType::kCpu, cpu::FusedScaleMaskSoftmaxKernel)
+#ifdef TESSERA_WITH_CUDA
+          .Kernel(DeviceType::kCuda, cuda::FusedScaleMaskSoftmaxKernel)
+#endif
           .Example({{DType::kF32, Shape{2, 4, 8, 8}}, {DType::kBool, Shape{2, 1, 1, 8}}}, {{"scale", 0.25}}));
   r.MustRegister(OpSchema("fused_scale_causal_softmax")
                      .Doc("Causal attention probabilities: y = softmax(scale * x) over the last axis of scores "

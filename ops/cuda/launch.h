@@ -35,11 +35,18 @@ int LaunchBiasAdd(const float* x, const float* bias, float* y, int64_t rows, int
 // Softmax (log_softmax when `log`), and its gradient from y and dy.
 int LaunchSoftmax(const float* x, float* y, int64_t rows, int64_t C, bool log);
 int LaunchSoftmaxGrad(const float* y, const float* dy, float* dx, int64_t rows, int64_t C, bool log);
-// Causal attention probabilities of scores (..., T, S): row r is query
-// t = r mod T at global position t_offset + t; keys past t + diagonal
-// dropped (a row with none left is zeros).
-int LaunchCausalSoftmax(const float* x, float* y, int64_t rows, int64_t T, int64_t S, int64_t t_offset,
-                        int64_t diagonal, float scale);
+// Attention probabilities y = softmax(scale * x) over the keys of scores
+// x (..., T, S) (`dims`, rank >= 2): keys dropped where `mask` (bytes, null:
+// none; mask_strides: its element strides over x's axes, 0 where it
+// broadcasts) is 0 and, when causal, past t_offset + t + diagonal for the
+// row's query t; a row with no key left is zeros.
+struct AttentionLayout {
+  int rank = 0;
+  int64_t dims[kMaxRank] = {};
+  int64_t mask_strides[kMaxRank] = {};
+};
+int LaunchScaleMaskSoftmax(const float* x, float* y, const uint8_t* mask, const AttentionLayout& layout, bool causal,
+                           int64_t t_offset, int64_t diagonal, float scale);
 int LaunchLayerNorm(const float* x, const float* gamma, const float* beta, float* y, float* mean, float* rstd,
                     int64_t rows, int64_t C, float eps);
 int LaunchLayerNormGrad(const float* dy, const float* x, const float* mean, const float* rstd, const float* gamma,

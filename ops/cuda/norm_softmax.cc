@@ -3,6 +3,7 @@
 
 #include "ops/cuda/norm_softmax.h"
 
+#include "core/text.h"
 #include "ops/cuda/kernel_util.h"
 #include "ops/cuda/launch.h"
 
@@ -32,6 +33,37 @@ absl::Status SoftmaxGrad(KernelContext& ctx, bool log) {
               log ? "log_softmax_grad" : "softmax_grad");
 }
 
+// The fused attention softmax (ops/cpu/norm_softmax.cc's rules): keys
+// dropped where `mask` (bool, broadcastable to x; null: none) is false and,
+// when causal, past the query's global position, which comes from the input
+// slice (x may be split along T).
+absl::Status ScaleMaskSoftmax(KernelContext& ctx, const Tensor* mask, float scale, bool causal) {
+  RETURN_IF_ERROR(OnDevice(ctx));
+  const Tensor& x = ctx.input(0);  // (..., T, S), rank >= 2 (InferFusedSoftmax)
+  const int rank = x.shape().rank();
+  if (rank > kMaxRank) {
+    return absl::UnimplementedError(StrCat("CUDA attention softmax up to rank ", kMaxRank, ", got ", rank));
+  }
+  AttentionLayout layout;
+  layout.rank = rank;
+  for (int a = 0; a < rank; ++a) layout.dims[a] = x.shape()[a];
+  if (mask != nullptr) {
+    const Shape& ms = mask->shape();
+    const std::vector<int64_t> strides = ms.Strides();
+    const int lead = rank - ms.rank();
+    for (int a = lead; a < rank; ++a) {
+      if (ms[a - lead] != 1) layout.mask_strides[a] = strides[static_cast<size_t>(a - lead)];
+    }
+  }
+  const TensorSlice slice = ctx.input_slice(0);
+  const int64_t t_offset = slice.offset[static_cast<size_t>(rank - 2)];
+  const int64_t diagonal = slice.logical[rank - 1] - slice.logical[rank - 2];
+  return Done(LaunchScaleMaskSoftmax(x.data<float>(), ctx.output(0).data<float>(),
+                                     mask == nullptr ? nullptr : static_cast<const uint8_t*>(mask->raw_data()), layout,
+                                     causal, t_offset, diagonal, scale),
+              "attention softmax");
+}
+
 }  // namespace
 
 absl::Status SoftmaxKernel(KernelContext& ctx) { return Softmax(ctx, false); }
@@ -39,19 +71,12 @@ absl::Status LogSoftmaxKernel(KernelContext& ctx) { return Softmax(ctx, true); }
 absl::Status SoftmaxGradKernel(KernelContext& ctx) { return SoftmaxGrad(ctx, false); }
 absl::Status LogSoftmaxGradKernel(KernelContext& ctx) { return SoftmaxGrad(ctx, true); }
 
+absl::Status FusedScaleMaskSoftmaxKernel(KernelContext& ctx) {
+  return ScaleMaskSoftmax(ctx, &ctx.input(1), static_cast<float>(ctx.attr().Float("scale")), ctx.attr().Bool("causal"));
+}
+
 absl::Status FusedScaleCausalSoftmaxKernel(KernelContext& ctx) {
-  RETURN_IF_ERROR(OnDevice(ctx));
-  const Tensor& x = ctx.input(0);  // (..., T, S), rank >= 2 (InferFusedSoftmax)
-  const int rank = x.shape().rank();
-  const int64_t T = x.shape()[rank - 2], S = x.shape()[rank - 1];
-  // Query t's global position and the diagonal S - T come from the logical
-  // tensor, as x may be split along T (ops/cpu/norm_softmax.cc).
-  const TensorSlice slice = ctx.input_slice(0);
-  const int64_t t_offset = slice.offset[static_cast<size_t>(rank - 2)];
-  const int64_t diagonal = slice.logical[rank - 1] - slice.logical[rank - 2];
-  return Done(LaunchCausalSoftmax(x.data<float>(), ctx.output(0).data<float>(), S == 0 ? 0 : x.NumElements() / S, T, S,
-                                  t_offset, diagonal, static_cast<float>(ctx.attr().Float("scale"))),
-              "fused_scale_causal_softmax");
+  return ScaleMaskSoftmax(ctx, nullptr, static_cast<float>(ctx.attr().Float("scale")), /*causal=*/true);
 }
 
 absl::Status LayerNormKernel(KernelContext& ctx) {

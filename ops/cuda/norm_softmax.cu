@@ -74,26 +74,44 @@ __global__ void SoftmaxGradRows(const float* y, const float* dy, float* dx, int6
   }
 }
 
-__global__ void CausalSoftmaxRows(const float* x, float* y, int64_t rows, int64_t T, int64_t S, int64_t t_offset,
-                                  int64_t diagonal, float scale) {
+__global__ void ScaleMaskSoftmaxRows(const float* x, float* y, const uint8_t* mask, AttentionLayout l, int64_t rows,
+                                     bool causal, int64_t t_offset, int64_t diagonal, float scale) {
   __shared__ float scratch[kThreads];
+  const int64_t S = l.dims[l.rank - 1];
+  const int64_t key_stride = l.mask_strides[l.rank - 1];
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    // The row's query t and mask row, from its coordinates before S.
+    int64_t rest = r, mask_offset = 0, t = 0;
+    for (int a = l.rank - 2; a >= 0; --a) {
+      const int64_t coord = rest % l.dims[a];
+      rest /= l.dims[a];
+      mask_offset += coord * l.mask_strides[a];
+      if (a == l.rank - 2) t = coord;
+    }
+    int64_t limit = causal ? t_offset + t + diagonal + 1 : S;  // keys [0, limit) pass the causal test
+    limit = limit < 0 ? 0 : (limit > S ? S : limit);
+    if (mask != nullptr && key_stride == 0 && mask[mask_offset] == 0) limit = 0;
     const float* xr = x + r * S;
     float* yr = y + r * S;
-    int64_t limit = t_offset + r % T + diagonal + 1;  // keys [0, limit) kept
-    limit = limit < 0 ? 0 : (limit > S ? S : limit);
+    const auto kept = [&](int64_t j) {
+      return j < limit && (mask == nullptr || key_stride == 0 || mask[mask_offset + j * key_stride] != 0);
+    };
     float m = -INFINITY;
-    for (int64_t j = threadIdx.x; j < limit; j += kThreads) m = fmaxf(m, xr[j] * scale);
+    for (int64_t j = threadIdx.x; j < S; j += kThreads) {
+      if (kept(j)) m = fmaxf(m, xr[j] * scale);
+    }
     m = BlockMax(m, scratch);
     if (m == -INFINITY) {  // every key dropped
       for (int64_t j = threadIdx.x; j < S; j += kThreads) yr[j] = 0.0f;
       continue;
     }
     float sum = 0.0f;
-    for (int64_t j = threadIdx.x; j < limit; j += kThreads) sum += expf(xr[j] * scale - m);
+    for (int64_t j = threadIdx.x; j < S; j += kThreads) {
+      if (kept(j)) sum += expf(xr[j] * scale - m);
+    }
     sum = BlockSum(sum, scratch);
     const float inv = 1.0f / sum;
-    for (int64_t j = threadIdx.x; j < S; j += kThreads) yr[j] = j < limit ? expf(xr[j] * scale - m) * inv : 0.0f;
+    for (int64_t j = threadIdx.x; j < S; j += kThreads) yr[j] = kept(j) ? expf(xr[j] * scale - m) * inv : 0.0f;
   }
 }
 
@@ -221,10 +239,15 @@ int LaunchSoftmaxGrad(const float* y, const float* dy, float* dx, int64_t rows, 
   return Finish();
 }
 
-int LaunchCausalSoftmax(const float* x, float* y, int64_t rows, int64_t T, int64_t S, int64_t t_offset,
-                        int64_t diagonal, float scale) {
-  if (rows == 0 || S == 0 || T == 0) return 0;
-  CausalSoftmaxRows<<<RowBlocks(rows), kThreads, 0, cudaStreamPerThread>>>(x, y, rows, T, S, t_offset, diagonal, scale);
+int LaunchScaleMaskSoftmax(const float* x, float* y, const uint8_t* mask, const AttentionLayout& layout, bool causal,
+                           int64_t t_offset, int64_t diagonal, float scale) {
+  const int64_t S = layout.dims[layout.rank - 1];
+  int64_t n = 1;
+  for (int a = 0; a < layout.rank; ++a) n *= layout.dims[a];
+  if (n == 0) return 0;
+  const int64_t rows = n / S;
+  ScaleMaskSoftmaxRows<<<RowBlocks(rows), kThreads, 0, cudaStreamPerThread>>>(x, y, mask, layout, rows, causal,
+                                                                              t_offset, diagonal, scale);
   return Finish();
 }
 

@@ -12,6 +12,7 @@ absl::Status SoftmaxKernel(KernelContext& ctx);
 absl::Status LogSoftmaxKernel(KernelContext& ctx);
 absl::Status SoftmaxGradKernel(KernelContext& ctx);
 absl::Status LogSoftmaxGradKernel(KernelContext& ctx);
+absl::Status FusedScaleMaskSoftmaxKernel(KernelContext& ctx);
 absl::Status FusedScaleCausalSoftmaxKernel(KernelContext& ctx);
 absl::Status LayerNormKernel(KernelContext& ctx);
 absl::Status LayerNormGradKernel(KernelContext& ctx);

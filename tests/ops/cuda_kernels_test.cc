@@ -30,7 +30,7 @@ namespace {
 const std::set<std::string> kPositiveInputs = {"log", "sqrt", "rsqrt", "scalar_pow", "div"};
 
 // Floats in a range; integers (ids, labels) in [0, 4), valid for every
-// example's vocabulary or classes.
+// example's vocabulary or classes; bools (masks) true three times in four.
 Tensor RandomInput(const TensorMeta& meta, bool positive, std::mt19937& rng) {
   auto t = Tensor::Empty(meta.shape, meta.dtype, Device{});
   EXPECT_TRUE(t.ok()) << t.status();
@@ -40,6 +40,8 @@ Tensor RandomInput(const TensorMeta& meta, bool positive, std::mt19937& rng) {
       t->data<int64_t>()[i] = static_cast<int64_t>(rng() % 4);
     } else if (meta.dtype == DType::kI32) {
       t->data<int32_t>()[i] = static_cast<int32_t>(rng() % 4);
+    } else if (meta.dtype == DType::kBool) {
+      t->data<bool>()[i] = rng() % 4 != 0;  // masks: mostly kept
     } else {
       t->data<float>()[i] = dist(rng);
     }
@@ -65,8 +67,8 @@ TEST(CudaKernels, RegisteredWhereTheBuildHasCuda) {
       "add", "sub", "mul", "div", "neg", "exp", "log", "sqrt", "rsqrt", "tanh", "relu", "silu", "gelu", "relu_grad",
       "tanh_grad", "silu_grad", "gelu_grad", "scalar_add", "scalar_mul", "scalar_pow", "bias_add", "bias_gelu",
       // softmax and normalisation
-      "softmax", "softmax_grad", "log_softmax", "log_softmax_grad", "fused_scale_causal_softmax", "layer_norm",
-      "layer_norm_grad",
+      "softmax", "softmax_grad", "log_softmax", "log_softmax_grad", "fused_scale_causal_softmax",
+      "fused_scale_mask_softmax", "layer_norm", "layer_norm_grad",
       // optimizers and products
       "sgd_update", "adamw_update", "matmul", "batch_matmul",
       // embeddings, loss
@@ -173,7 +175,7 @@ TEST(CudaKernels, MatchTheCpuKernels) {
       ++checked;
     }
   }
-  EXPECT_GE(checked, 52);
+  EXPECT_GE(checked, 53);
 }
 #else
 TEST(CudaKernels, MatchTheCpuKernels) { GTEST_SKIP() << "this build of Tessera has no CUDA (nvcc not found)"; }
