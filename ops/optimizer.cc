@@ -181,6 +181,9 @@ void RegisterOptimizerOps(OpRegistry& registry) {
             return sigs;
           })
           .Kernel(DeviceType::kCpu, cpu::NonfiniteKernel)
+#ifdef TESSERA_WITH_CUDA
+          .Kernel(DeviceType::kCuda, cuda::NonfiniteKernel)
+#endif
           .Example({{DType::kF32, Shape{4, 6}}}));
 
   registry.MustRegister(
@@ -219,6 +222,9 @@ void RegisterOptimizerOps(OpRegistry& registry) {
                                               {Sbp::Broadcast(), Sbp::Broadcast()}}};
           })
           .Kernel(DeviceType::kCpu, cpu::LossScaleUpdateKernel)
+#ifdef TESSERA_WITH_CUDA
+          .Kernel(DeviceType::kCuda, cuda::LossScaleUpdateKernel)
+#endif
           .Example({{DType::kF32, Shape{}}, {DType::kF32, Shape{}}, {DType::kF32, Shape{}}}));
 }
 

@@ -13,6 +13,9 @@
 #include "core/status.h"
 #include "core/text.h"
 #include "ops/data_movement.h"
+#ifdef TESSERA_WITH_CUDA
+#include "ops/cuda/cast.h"
+#endif
 #include "ops/op_util.h"
 #include "ops/registry.h"
 
@@ -552,6 +555,9 @@ void RegisterCast(OpRegistry& r) {
                                cpu::Cast(ctx, ctx.input(0), ctx.output(0));
                                return absl::OkStatus();
                              })
+#ifdef TESSERA_WITH_CUDA
+                     .Kernel(DeviceType::kCuda, cuda::CastKernel)
+#endif
                      .Example({kExample}, {{"dtype", DType::kBF16}}));
 }
 

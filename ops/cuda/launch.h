@@ -131,6 +131,22 @@ struct DropoutRuns {
 int LaunchDropout(const float* x, float* y, int64_t n, uint64_t seed, uint32_t tensor_id, uint32_t step,
                   int32_t threshold, float scale, const DropoutRuns& runs);
 
+// y = x converted element by element, as ops/cpu/shape_ops.cc's Cast:
+// floats round to nearest even, integers to 16-bit floats in one rounding,
+// floats to integers truncate and saturate (NaN -> 0), integers narrow by
+// wrapping, bool is x != 0. Type codes: 0 f32, 1 f16, 2 bf16, 3 i32, 4 i64,
+// 5 bool.
+int LaunchCast(const void* x, int from, void* y, int to, int64_t n);
+
+// *flag (an f32 on the device) = 1 when any of the n elements of x (code 0
+// f32, 1 f16, 2 bf16) is NaN or infinite, else 0.
+int LaunchNonfinite(const void* x, int code, int64_t n, float* flag);
+// fp16's loss scale step (ops/cpu/optimizer.cc LossScaleUpdateKernel), on
+// device scalars: halve (backoff) on overflow, grow after growth_interval
+// clean steps in a row.
+int LaunchLossScaleUpdate(const float* scale, const float* found_inf, const float* good, float* new_scale,
+                          float* new_good, double backoff, double growth, int64_t growth_interval);
+
 // The visible CUDA devices (0 with an error code when the driver has none).
 int DeviceCount(int* count);
 // Makes `device` current on the calling thread.

@@ -69,4 +69,20 @@ absl::Status AdamwUpdateKernel(KernelContext& ctx) {
               "adamw_update");
 }
 
+absl::Status NonfiniteKernel(KernelContext& ctx) {
+  RETURN_IF_ERROR(OnDevice(ctx));
+  const Tensor& x = ctx.input(0);
+  const int code = x.dtype() == DType::kF32 ? 0 : x.dtype() == DType::kF16 ? 1 : 2;
+  return Done(LaunchNonfinite(x.raw_data(), code, x.NumElements(), ctx.output(0).data<float>()), "nonfinite");
+}
+
+absl::Status LossScaleUpdateKernel(KernelContext& ctx) {
+  RETURN_IF_ERROR(OnDevice(ctx));
+  return Done(
+      LaunchLossScaleUpdate(ctx.input(0).data<float>(), ctx.input(1).data<float>(), ctx.input(2).data<float>(),
+                            ctx.output(0).data<float>(), ctx.output(1).data<float>(), ctx.attr().Float("backoff"),
+                            ctx.attr().Float("growth"), ctx.attr().Int("growth_interval")),
+      "loss_scale_update");
+}
+
 }  // namespace tessera::ops::cuda

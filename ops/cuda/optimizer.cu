@@ -24,7 +24,50 @@ __global__ void AdamwKernel(const float* param, const float* grad, const float* 
   }
 }
 
+__global__ void NonfiniteKernel(const void* x, int code, int64_t n, float* flag) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    bool bad;
+    if (code == 0) {
+      bad = !isfinite(static_cast<const float*>(x)[i]);
+    } else {  // f16 / bf16: every exponent bit set
+      const uint16_t exponent = code == 2 ? 0x7f80 : 0x7c00;
+      bad = (static_cast<const uint16_t*>(x)[i] & exponent) == exponent;
+    }
+    if (bad) *flag = 1.0f;  // every writer writes the same value
+  }
+}
+
+__global__ void LossScaleUpdateKernel(const float* scale, const float* found_inf, const float* good, float* new_scale,
+                                      float* new_good, double backoff, double growth, int64_t growth_interval) {
+  const float s = *scale, g = *good;
+  float next = s, next_good = 0.0f;
+  if (*found_inf != 0.0f) {
+    next = static_cast<float>(s * backoff);
+  } else if (g + 1.0f >= static_cast<float>(growth_interval)) {
+    next = static_cast<float>(s * growth);
+  } else {
+    next_good = g + 1.0f;
+  }
+  *new_scale = next;
+  *new_good = next_good;
+}
+
 }  // namespace
+
+int LaunchNonfinite(const void* x, int code, int64_t n, float* flag) {
+  cudaError_t err = cudaMemsetAsync(flag, 0, sizeof(float), cudaStreamPerThread);
+  if (err != cudaSuccess) return static_cast<int>(err);
+  if (n > 0) NonfiniteKernel<<<Blocks(n), kThreads, 0, cudaStreamPerThread>>>(x, code, n, flag);
+  return Finish();
+}
+
+int LaunchLossScaleUpdate(const float* scale, const float* found_inf, const float* good, float* new_scale,
+                          float* new_good, double backoff, double growth, int64_t growth_interval) {
+  LossScaleUpdateKernel<<<1, 1, 0, cudaStreamPerThread>>>(scale, found_inf, good, new_scale, new_good, backoff, growth,
+                                                          growth_interval);
+  return Finish();
+}
 
 int LaunchSgd(const float* param, const float* grad, const float* buf, float* new_param, float* new_buf, int64_t n,
               float lr, float momentum, float weight_decay, bool nesterov) {

@@ -1,6 +1,6 @@
 #pragma once
-// CUDA kernels of sgd_update and adamw_update (ops/optimizer.cc registers
-// them for DeviceType::kCuda when the build has CUDA): the CPU kernels'
+// CUDA kernels of sgd_update, adamw_update, nonfinite and loss_scale_update
+// (ops/optimizer.cc registers them for DeviceType::kCuda when the build has CUDA): the CPU kernels'
 // contract (ops/cpu/optimizer.h) on one GPU, the optional skip and skipped
 // inputs included. The scalar inputs (lr, skip, skipped) are read to the
 // host once per call. Synchronous.
@@ -12,5 +12,7 @@ namespace tessera::ops::cuda {
 
 absl::Status SgdUpdateKernel(KernelContext& ctx);
 absl::Status AdamwUpdateKernel(KernelContext& ctx);
+absl::Status NonfiniteKernel(KernelContext& ctx);
+absl::Status LossScaleUpdateKernel(KernelContext& ctx);
 
 }  // namespace tessera::ops::cuda

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <set>
 #include <string>
@@ -70,14 +71,14 @@ TEST(CudaKernels, RegisteredWhereTheBuildHasCuda) {
       "softmax", "softmax_grad", "log_softmax", "log_softmax_grad", "fused_scale_causal_softmax",
       "fused_scale_mask_softmax", "layer_norm", "layer_norm_grad",
       // optimizers and products
-      "sgd_update", "adamw_update", "matmul", "batch_matmul",
+      "sgd_update", "adamw_update", "nonfinite", "loss_scale_update", "matmul", "batch_matmul",
       // embeddings, loss
       "embedding", "embedding_grad", "bias_gelu_grad", "cross_entropy_partials", "cross_entropy_partials_grad",
       "dropout",
       // reductions
       "reduce_sum", "reduce_mean", "reduce_max", "square_sum",
       // data movement
-      "reshape", "broadcast_to", "transpose", "slice", "slice_grad", "concat", "split", "depend"};
+      "cast", "reshape", "broadcast_to", "transpose", "slice", "slice_grad", "concat", "split", "depend"};
   std::sort(expected.begin(), expected.end());
   EXPECT_EQ(names, expected);  // Names() is sorted
 #else
@@ -168,14 +169,48 @@ TEST(CudaKernels, MatchTheCpuKernels) {
         const Tensor got = ToHost(ctx.outputs[k]);
         const Tensor& ref = (*want)[k];
         for (int64_t i = 0; i < ref.NumElements(); ++i) {
-          const float r = ref.data<float>()[i], g = got.data<float>()[i];
-          ASSERT_NEAR(g, r, 1e-5f * std::fabs(r) + 1e-6f) << "output " << k << " element " << i;
+          // Any dtype (cast's outputs): compared as doubles; 16-bit results
+          // are rounded once on both sides, so they agree exactly.
+          const double r = ElementAsDouble(ref, i), g = ElementAsDouble(got, i);
+          ASSERT_NEAR(g, r, 1e-5 * std::fabs(r) + 1e-6) << "output " << k << " element " << i;
         }
       }
       ++checked;
     }
   }
-  EXPECT_GE(checked, 53);
+  EXPECT_GE(checked, 56);
+}
+// cast between every pair of dtypes (the example covers only f32 -> bf16),
+// values spread over a wide range so integer saturation and 16-bit rounding
+// are exercised: the GPU's results equal the CPU's.
+TEST(CudaKernels, CastMatchesTheCpuForEveryPair) {
+  if (const std::string why = NoGpu(); !why.empty()) GTEST_SKIP() << why;
+  const Device gpu{DeviceType::kCuda, 0};
+  const std::vector<DType> dtypes = {DType::kF32, DType::kF16, DType::kBF16, DType::kI32, DType::kI64, DType::kBool};
+  std::mt19937 rng(11);
+  auto wide = *Tensor::Empty(Shape{257}, DType::kF32, Device{});
+  std::uniform_real_distribution<float> dist(-70000.0f, 70000.0f);
+  for (int64_t i = 0; i < wide.NumElements(); ++i) wide.data<float>()[i] = i % 5 == 0 ? dist(rng) / 1000.0f : dist(rng);
+  for (DType from : dtypes) {
+    auto source = RunOp("cast", {wide}, {{"dtype", from}});
+    ASSERT_TRUE(source.ok()) << source.status();
+    for (DType to : dtypes) {
+      SCOPED_TRACE(StrCat(DTypeName(from), " -> ", DTypeName(to)));
+      auto want = RunOp("cast", {(*source)[0]}, {{"dtype", to}});
+      ASSERT_TRUE(want.ok()) << want.status();
+      const OpSchema& schema = *BuiltinOps().Find("cast");
+      auto canonical = schema.CanonicalizeAttrs({{"dtype", to}});
+      ASSERT_TRUE(canonical.ok()) << canonical.status();
+      KernelContext ctx;
+      ctx.inputs.push_back(ToDevice((*source)[0], gpu));
+      ctx.outputs.push_back(*Tensor::Empty((*want)[0].shape(), to, gpu));
+      ctx.attrs = &*canonical;
+      ctx.device = gpu;
+      ASSERT_TRUE(RunKernel(schema, ctx).ok());
+      const Tensor got = ToHost(ctx.outputs[0]);
+      ASSERT_EQ(std::memcmp(got.raw_data(), (*want)[0].raw_data(), got.NumBytes()), 0);
+    }
+  }
 }
 #else
 TEST(CudaKernels, MatchTheCpuKernels) { GTEST_SKIP() << "this build of Tessera has no CUDA (nvcc not found)"; }

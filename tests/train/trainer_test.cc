@@ -351,20 +351,26 @@ TEST(Trainer, LossesRecordedForBoundedIterations) {
 namespace tessera {
 namespace {
 
-// Every op a GPT-2 training step runs, under the layouts and features users
-// set, has a CUDA kernel in a build with CUDA (docs/ops.md), so a GPU job
+// Every op a GPT-2 (or BERT) training step runs, under the layouts and
+// features users set (mixed precision included), has a CUDA kernel in a build with CUDA (docs/ops.md), so a GPU job
 // would find no op without one; a build without CUDA has none.
-TEST(CudaCoverage, EveryOpOfAGpt2TrainingStepHasACudaKernel) {
-  const std::vector<std::vector<std::string>> layouts = {
-      {},
-      {"train.dist.tensor_parallel_size=2", "train.dist.pipeline_parallel_size=2", "train.num_accumulation_steps=2"},
-      {"train.dist.data_parallel_size=2"},  // gradient buckets
-      {"train.dist.data_parallel_size=2", "train.zero_optimization.enabled=true", "train.zero_optimization.stage=3"},
-      {"train.activation_checkpoint.enabled=true", "optim._target_=SGD", "optim.momentum=0.9"},
+TEST(CudaCoverage, EveryOpOfGpt2AndBertTrainingStepsHasACudaKernel) {
+  const std::vector<std::pair<std::string, std::vector<std::string>>> runs = {
+      {"configs/gpt2_nano.json", {}},
+      {"configs/gpt2_nano.json",
+       {"train.dist.tensor_parallel_size=2", "train.dist.pipeline_parallel_size=2", "train.num_accumulation_steps=2"}},
+      {"configs/gpt2_nano.json", {"train.dist.data_parallel_size=2"}},  // gradient buckets
+      {"configs/gpt2_nano.json",
+       {"train.dist.data_parallel_size=2", "train.zero_optimization.enabled=true", "train.zero_optimization.stage=3"}},
+      {"configs/gpt2_nano.json",
+       {"train.activation_checkpoint.enabled=true", "optim._target_=SGD", "optim.momentum=0.9"}},
+      {"configs/gpt2_nano.json", {"train.amp.enabled=true", "train.amp.dtype=bf16"}},
+      {"configs/gpt2_nano.json", {"train.amp.enabled=true", "train.amp.dtype=fp16"}},
+      {"configs/bert_tiny.json", {}},
   };
-  for (const auto& overrides : layouts) {
-    SCOPED_TRACE(Join(overrides, " "));
-    auto job = LoadJobConfig(testing::SourcePath("configs/gpt2_nano.json"), overrides);
+  for (const auto& [config, overrides] : runs) {
+    SCOPED_TRACE(StrCat(config, " ", Join(overrides, " ")));
+    auto job = LoadJobConfig(testing::SourcePath(config), overrides);
     ASSERT_TRUE(job.ok()) << job.status();
     auto plan = TrainingPlan(*job);
     ASSERT_TRUE(plan.ok()) << plan.status();

@@ -1,0 +1,49 @@
+#include "ops/cuda/cast.h"
+
+#include "core/text.h"
+#include "ops/cuda/kernel_util.h"
+#include "ops/cuda/launch.h"
+
+namespace tessera::ops::cuda {
+namespace {
+
+// LaunchCast's type code of `dtype` (-1: none; f64 has no kernels).
+int Code(DType dtype) {
+  switch (dtype) {
+    case DType::kF32:
+      return 0;
+    case DType::kF16:
+      return 1;
+    case DType::kBF16:
+      return 2;
+    case DType::kI32:
+      return 3;
+    case DType::kI64:
+      return 4;
+    case DType::kBool:
+      return 5;
+    case DType::kF64:
+      break;
+  }
+  return -1;
+}
+
+}  // namespace
+
+absl::Status CastKernel(KernelContext& ctx) {
+  RETURN_IF_ERROR(OnDevice(ctx));
+  const Tensor& x = ctx.input(0);
+  const Tensor& y = ctx.output(0);
+  if (x.dtype() == y.dtype()) {
+    if (x.raw_data() == y.raw_data()) return absl::OkStatus();
+    return Done(Copy(y.raw_data(), x.raw_data(), y.NumBytes()), "cast");
+  }
+  const int from = Code(x.dtype()), to = Code(y.dtype());
+  if (from < 0 || to < 0) {
+    return absl::InvalidArgumentError(
+        StrCat("cast from ", DTypeName(x.dtype()), " to ", DTypeName(y.dtype()), ": no kernel handles these dtypes"));
+  }
+  return Done(LaunchCast(x.raw_data(), from, y.raw_data(), to, y.NumElements()), "cast");
+}
+
+}  // namespace tessera::ops::cuda
