@@ -7,7 +7,7 @@
 #include "ops/cuda/launch.h"
 #endif
 
-namespace tessera::ops::move {
+namespace tessera::ops::movement {
 namespace {
 
 bool OnCpu(const KernelContext& ctx) { return ctx.device.type == DeviceType::kCpu; }
@@ -123,4 +123,4 @@ absl::Status CopyBlock(const KernelContext& ctx, const Tensor& src, const std::v
 #endif
 }
 
-}  // namespace tessera::ops::move
+}  // namespace tessera::ops::movement

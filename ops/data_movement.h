@@ -11,7 +11,7 @@
 #include "core/tensor.h"
 #include "ops/kernel_context.h"
 
-namespace tessera::ops::move {
+namespace tessera::ops::movement {
 
 // y's bytes = x's (nothing when they are the same buffer).
 absl::Status CopyElements(const KernelContext& ctx, const Tensor& x, const Tensor& y);
@@ -24,4 +24,4 @@ absl::Status Transpose(const KernelContext& ctx, const Tensor& x, const std::vec
 absl::Status CopyBlock(const KernelContext& ctx, const Tensor& src, const std::vector<int64_t>& src_start,
                        const Tensor& dst, const std::vector<int64_t>& dst_start, const Shape& extent);
 
-}  // namespace tessera::ops::move
+}  // namespace tessera::ops::movement

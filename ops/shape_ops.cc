@@ -131,12 +131,12 @@ absl::Status ReshapeKernel(KernelContext& ctx) {
     return absl::InvalidArgumentError(StrCat("local input ", ctx.input(0).shape().ToString(), " and output ",
                                              ctx.output(0).shape().ToString(), " differ in element count"));
   }
-  RETURN_IF_ERROR(move::CopyElements(ctx, ctx.input(0), ctx.output(0)));
+  RETURN_IF_ERROR(movement::CopyElements(ctx, ctx.input(0), ctx.output(0)));
   return absl::OkStatus();
 }
 
 absl::Status BroadcastToKernel(KernelContext& ctx) {
-  RETURN_IF_ERROR(move::BroadcastTo(ctx, ctx.input(0), ctx.output(0)));
+  RETURN_IF_ERROR(movement::BroadcastTo(ctx, ctx.input(0), ctx.output(0)));
   return absl::OkStatus();
 }
 
@@ -225,7 +225,7 @@ absl::StatusOr<std::vector<int>> NormalizePerm(const std::vector<int64_t>& perm,
 
 absl::Status TransposeKernel(KernelContext& ctx) {
   ASSIGN_OR_RETURN(std::vector<int> perm, NormalizePerm(ctx.attr().Ints("perm"), ctx.input(0).shape().rank()));
-  RETURN_IF_ERROR(move::Transpose(ctx, ctx.input(0), perm, ctx.output(0)));
+  RETURN_IF_ERROR(movement::Transpose(ctx, ctx.input(0), perm, ctx.output(0)));
   return absl::OkStatus();
 }
 
@@ -320,7 +320,7 @@ absl::Status SliceKernel(KernelContext& ctx) {
   const Shape logical = ctx.input_slice(0).logical;
   ASSIGN_OR_RETURN(SliceRange range, NormalizeSlice(logical, ctx.attr().Ints("starts"), ctx.attr().Ints("ends")));
   const Tensor& y = ctx.output(0);
-  RETURN_IF_ERROR(move::CopyBlock(ctx, ctx.input(0), LocalStart(range, logical), y,
+  RETURN_IF_ERROR(movement::CopyBlock(ctx, ctx.input(0), LocalStart(range, logical), y,
                                   std::vector<int64_t>(static_cast<size_t>(y.shape().rank()), 0), y.shape()));
   return absl::OkStatus();
 }
@@ -329,8 +329,8 @@ absl::Status SliceGradKernel(KernelContext& ctx) {
   const Shape logical = ctx.output_slice(0).logical;
   ASSIGN_OR_RETURN(SliceRange range, NormalizeSlice(logical, ctx.attr().Ints("starts"), ctx.attr().Ints("ends")));
   const Tensor& dy = ctx.input(0);
-  RETURN_IF_ERROR(move::ZeroFill(ctx, ctx.output(0)));
-  RETURN_IF_ERROR(move::CopyBlock(ctx, dy, std::vector<int64_t>(static_cast<size_t>(dy.shape().rank()), 0),
+  RETURN_IF_ERROR(movement::ZeroFill(ctx, ctx.output(0)));
+  RETURN_IF_ERROR(movement::CopyBlock(ctx, dy, std::vector<int64_t>(static_cast<size_t>(dy.shape().rank()), 0),
                                   ctx.output(0), LocalStart(range, logical), dy.shape()));
   return absl::OkStatus();
 }
@@ -414,7 +414,7 @@ absl::Status ConcatKernel(KernelContext& ctx) {
   const int axis = *NormalizeAxis(ctx.attr().Int("axis"), y.shape().rank());
   std::vector<int64_t> at(static_cast<size_t>(y.shape().rank()), 0);
   for (const Tensor& x : ctx.inputs) {
-    RETURN_IF_ERROR(move::CopyBlock(ctx, x, std::vector<int64_t>(at.size(), 0), y, at, x.shape()));
+    RETURN_IF_ERROR(movement::CopyBlock(ctx, x, std::vector<int64_t>(at.size(), 0), y, at, x.shape()));
     at[static_cast<size_t>(axis)] += x.shape()[axis];
   }
   return absl::OkStatus();
@@ -425,7 +425,7 @@ absl::Status SplitKernel(KernelContext& ctx) {
   const int axis = *NormalizeAxis(ctx.attr().Int("axis"), x.shape().rank());
   std::vector<int64_t> at(static_cast<size_t>(x.shape().rank()), 0);
   for (const Tensor& y : ctx.outputs) {
-    RETURN_IF_ERROR(move::CopyBlock(ctx, x, at, y, std::vector<int64_t>(at.size(), 0), y.shape()));
+    RETURN_IF_ERROR(movement::CopyBlock(ctx, x, at, y, std::vector<int64_t>(at.size(), 0), y.shape()));
     at[static_cast<size_t>(axis)] += y.shape()[axis];
   }
   return absl::OkStatus();
@@ -748,7 +748,7 @@ void RegisterMakers(OpRegistry& r) {
 // wait for the layer's output gradient (graph/passes.h). `after` is never
 // read, so any layout of it goes with any layout of x.
 absl::Status DependKernel(KernelContext& ctx) {
-  RETURN_IF_ERROR(move::CopyElements(ctx, ctx.input(0), ctx.output(0)));
+  RETURN_IF_ERROR(movement::CopyElements(ctx, ctx.input(0), ctx.output(0)));
   return absl::OkStatus();
 }
 
