@@ -31,6 +31,7 @@
 #include "actors/message.h"
 #include "comm/collective/communicator.h"
 #include "comm/proto/plan.pb.h"
+#include "core/stream.h"
 #include "core/tensor.h"
 #include "core/thread_pool.h"
 #include "ops/registry.h"
@@ -98,6 +99,9 @@ struct ActorEnvironment {
   // Told when a register is taken and when every reader handed it back
   // (actors/arena.h); null: nobody is.
   ArenaMonitor* arena = nullptr;
+  // The stream of the actor's device and stream (core/stream.h) for a task
+  // that acts asynchronously (Task.async_acts); null for the others.
+  Stream* stream = nullptr;
 };
 
 class Actor {

@@ -13,6 +13,7 @@
 #include <stdexcept>
 #include <thread>
 #include <unordered_map>
+#include <variant>
 
 #include "absl/base/thread_annotations.h"
 #include "actors/actor_id.h"
@@ -25,6 +26,7 @@
 #include "core/checked.h"
 #include "core/status.h"
 #include "core/storage.h"
+#include "core/stream.h"
 #include "core/text.h"
 
 namespace tessera::actors {
@@ -80,10 +82,14 @@ bool WholePlan(const proto::Plan& plan, uint32_t node) {
 
 }  // namespace
 
+// Makes the stream of a device stream (`name`: "cpu:0 stream 0") for its
+// asynchronous tasks.
+using StreamFactory = std::function<absl::StatusOr<std::unique_ptr<Stream>>(const Device& device, std::string name)>;
+
 class LoadedJob {
  public:
   static absl::StatusOr<std::unique_ptr<LoadedJob>> Load(std::string_view plan_bytes, const RuntimeOptions& options,
-                                                         MessageBus* bus) {
+                                                         MessageBus* bus, const StreamFactory& make_stream) {
     std::unique_ptr<LoadedJob> job(new LoadedJob);
     ASSIGN_OR_RETURN(job->plan, ParsePlan(plan_bytes));
     const ops::OpRegistry* registry = options.registry ? options.registry : &ops::BuiltinOps();
@@ -186,6 +192,13 @@ class LoadedJob {
         env.pool = it->second;
       }
       env.rank = job->plan.ranks_size() > 0 ? rank_of.at({id.node, id.device_index}) : id.device_index;
+      if (task.async_acts()) {
+        std::unique_ptr<Stream>& stream = job->streams[StreamOf(task.actor_id())];
+        if (stream == nullptr) {
+          ASSIGN_OR_RETURN(stream, make_stream(id.device(), StrCat(id.device().ToString(), " stream ", id.stream)));
+        }
+        env.stream = stream.get();
+      }
       ASSIGN_OR_RETURN(std::unique_ptr<Actor> actor, Actor::Create(task, env));
       job->by_id[actor->id()] = actor.get();
       job->actors.push_back(std::move(actor));
@@ -200,7 +213,20 @@ class LoadedJob {
   void AbortCommunicators(const absl::Status& reason) {
     for (const auto& communicator : communicators) communicator->Abort(reason);
   }
-  ~LoadedJob() { AbortCommunicators(absl::CancelledError("the job ended")); }
+  // Stops every stream: work not started is skipped; what runs is waited
+  // for at most `timeout_s` (< 0: as long as it takes). Returns the streams
+  // still running a kernel after that.
+  std::vector<std::string> ShutdownStreams(double timeout_s) {
+    std::vector<std::string> left;
+    for (auto& [key, stream] : streams) {
+      if (!stream->Shutdown(timeout_s)) left.push_back(StrCat(stream->name(), " (a kernel still running)"));
+    }
+    return left;
+  }
+  ~LoadedJob() {
+    ShutdownStreams(-1);
+    AbortCommunicators(absl::CancelledError("the job ended"));
+  }
 
   proto::Plan plan;
   RegisterTable registers;
@@ -214,6 +240,8 @@ class LoadedJob {
   std::map<std::pair<std::string, int>, Joined> joined;  // (group, rank)
   std::unique_ptr<CollectiveCoordinator> coordinator;
   std::unique_ptr<ArenaMonitor> arena;
+  // Per device stream (StreamOf an actor id) with asynchronous tasks.
+  std::map<uint64_t, std::unique_ptr<Stream>> streams;
   ActorEnvironment env;
   std::vector<std::unique_ptr<Actor>> actors;  // plan order
   std::unordered_map<uint64_t, Actor*> by_id;
@@ -477,7 +505,11 @@ absl::StatusOr<std::unique_ptr<Runtime>> Runtime::Load(const proto::Plan& plan, 
 absl::StatusOr<std::unique_ptr<Runtime>> Runtime::LoadSerialized(std::string_view plan_bytes, RuntimeOptions options) {
   std::unique_ptr<Runtime> runtime(new Runtime(std::move(options)));
   Core& core = *runtime->core_;
-  ASSIGN_OR_RETURN(core.job, internal::LoadedJob::Load(plan_bytes, core.options, &core.bus));
+  const auto make_stream = [](const Device& device, std::string name) -> absl::StatusOr<std::unique_ptr<Stream>> {
+    if (device.type == DeviceType::kCuda) return MakeCudaStream(device.index, std::move(name));
+    return MakeCpuStream(std::move(name));
+  };
+  ASSIGN_OR_RETURN(core.job, internal::LoadedJob::Load(plan_bytes, core.options, &core.bus, make_stream));
   for (const auto& actor : core.job->actors) {
     auto& thread = core.bus.routes_[StreamOf(actor->id())];
     if (!thread) thread = std::make_unique<ActorThread>();
@@ -604,7 +636,7 @@ absl::Status Runtime::Run() {
       shared->finished_cv.notify_all();
     });
   }
-  const std::vector<std::string> hung = Watch();
+  std::vector<std::string> hung = Watch();
   // Threads that returned are joined; a thread still inside a hung Handle is
   // left to finish on its own (it holds the Core).
   for (size_t i = 0; i < workers.size(); ++i) {
@@ -619,6 +651,13 @@ absl::Status Runtime::Run() {
     stop_all_ = {};
   }
   if (core.node_bus != nullptr) core.node_bus->Unsubscribe(Core::kBusSession);
+  // Streams: idle after a run that ended well; after a failure, their
+  // queued kernels are skipped and a running one waited for (within the
+  // hung-kernel limit), so nothing writes the registers once Run returns.
+  for (std::string& left : core.job->ShutdownStreams(
+           core.options.hung_kernel_timeout_s > 0 ? core.options.hung_kernel_timeout_s : -1)) {
+    hung.push_back(std::move(left));
+  }
   absl::Status first_error;
   {
     std::lock_guard<std::mutex> lock(core.mu);
@@ -718,6 +757,15 @@ std::vector<std::string> Runtime::Watch() {
         }
       }
     }
+    // A stream running a kernel is an actor running one.
+    for (const auto& [key, stream] : core.job->streams) {
+      const int64_t since = stream->busy_since_ns();
+      if (since == 0) continue;
+      any_busy = true;
+      if (hung_s > 0 && Seconds(now - since) >= hung_s) {
+        hung.push_back(StrCat("a kernel on ", stream->name(), " for ", Seconds(now - since), " s"));
+      }
+    }
     const bool stalled = stall_s > 0 && !any_busy && last_progress > 0 && Seconds(now - last_progress) >= stall_s;
     stalled_polls = stalled ? stalled_polls + 1 : 0;
     if (core.aborted.load()) {
@@ -750,6 +798,38 @@ class SteppedExecutor::Queue final : public MessageBus {
   std::deque<Message> messages;
 };
 
+// A stream the caller runs, item by item, on its own thread.
+class SteppedExecutor::ManualStream final : public Stream {
+ public:
+  explicit ManualStream(std::string name) : name_(std::move(name)) {}
+  void Enqueue(Work work) override { items_.emplace_back(std::move(work)); }
+  void OnComplete(Callback done) override { items_.emplace_back(std::move(done)); }
+  const std::string& name() const override { return name_; }
+  int64_t busy_since_ns() const override { return 0; }
+  bool Shutdown(double) override {
+    items_.clear();
+    return true;
+  }
+  bool has_work() const { return !items_.empty(); }
+  size_t items() const { return items_.size(); }
+  // Runs the oldest item (a work's error is sticky, as on every stream).
+  void RunOne() {
+    Item item = std::move(items_.front());
+    items_.pop_front();
+    if (auto* work = std::get_if<Work>(&item)) {
+      if (error_.ok()) error_ = (*work)();
+    } else {
+      std::get<Callback>(item)(error_);
+    }
+  }
+
+ private:
+  using Item = std::variant<Work, Callback>;
+  std::string name_;
+  std::deque<Item> items_;
+  absl::Status error_;
+};
+
 SteppedExecutor::~SteppedExecutor() = default;
 
 absl::StatusOr<std::unique_ptr<SteppedExecutor>> SteppedExecutor::Load(const proto::Plan& plan,
@@ -758,8 +838,14 @@ absl::StatusOr<std::unique_ptr<SteppedExecutor>> SteppedExecutor::Load(const pro
   executor->options_ = std::move(options);
   executor->queue_ = std::make_unique<Queue>();
   RETURN_IF_ERROR(CheckPlanSize(plan));
-  ASSIGN_OR_RETURN(executor->job_,
-                   internal::LoadedJob::Load(SerializePlan(plan), executor->options_, executor->queue_.get()));
+  SteppedExecutor* raw = executor.get();
+  const auto make_stream = [raw](const Device&, std::string name) -> absl::StatusOr<std::unique_ptr<Stream>> {
+    auto stream = std::make_unique<ManualStream>(std::move(name));
+    raw->streams_.push_back(stream.get());
+    return std::unique_ptr<Stream>(std::move(stream));
+  };
+  ASSIGN_OR_RETURN(executor->job_, internal::LoadedJob::Load(SerializePlan(plan), executor->options_,
+                                                             executor->queue_.get(), make_stream));
   return executor;
 }
 
@@ -784,9 +870,34 @@ absl::Status SteppedExecutor::Deliver(size_t position) {
 std::vector<ArenaMonitor::Use> SteppedExecutor::ArenaUses() const { return job_->arena->Uses(); }
 
 absl::StatusOr<bool> SteppedExecutor::Step() {
-  if (queue_->messages.empty()) return false;
+  if (queue_->messages.empty()) {
+    const std::vector<size_t> busy = StreamsWithWork();
+    if (busy.empty()) return false;
+    RETURN_IF_ERROR(RunStream(busy.front()));
+    return true;
+  }
   RETURN_IF_ERROR(Deliver(0));
   return true;
+}
+
+std::vector<size_t> SteppedExecutor::StreamsWithWork() const {
+  std::vector<size_t> busy;
+  for (size_t i = 0; i < streams_.size(); ++i) {
+    if (streams_[i]->has_work()) busy.push_back(i);
+  }
+  return busy;
+}
+
+size_t SteppedExecutor::StreamItems(size_t stream) const {
+  return stream < streams_.size() ? streams_[stream]->items() : 0;
+}
+
+absl::Status SteppedExecutor::RunStream(size_t stream) {
+  if (stream >= streams_.size() || !streams_[stream]->has_work()) {
+    return absl::OutOfRangeError(StrCat("stream ", stream, " has no work to run"));
+  }
+  streams_[stream]->RunOne();
+  return job_->arena->status();
 }
 
 absl::Status SteppedExecutor::RunUntilIdle(int64_t max_steps) {

@@ -11,8 +11,16 @@
 // the first error: a failing kernel or callback stops every thread and Run
 // returns that error, naming the actor, its op and device.
 //
+// Tasks that act asynchronously (Task.async_acts) get one stream per device
+// stream they run on (core/stream.h): a CUDA stream on a GPU, a worker
+// thread on a CPU. The watchdog counts a stream running a kernel as a
+// running actor; a failing job waits for each stream's running kernel at
+// most hung_kernel_timeout_s and skips the rest of its work.
+//
 // SteppedExecutor: the same actors and registers driven one message at a
 // time by the caller on the caller's thread, for protocol tests (DESIGN §12).
+// Its streams run nothing on their own: the caller runs their work (and the
+// completion callbacks behind it) one item at a time, in stream order.
 //
 // Neither class is thread-safe; Run uses its own threads internally. Host
 // callbacks run on actor threads. Abort may be called from any thread.
@@ -195,12 +203,24 @@ class SteppedExecutor {
   // Steps until nothing is pending (error after max_steps).
   [[nodiscard]] absl::Status RunUntilIdle(int64_t max_steps = 1'000'000);
 
+  // Asynchronous acts: the streams holding work not yet run (indices for
+  // RunStream), and running the oldest item of one of them (a kernel, or a
+  // completion callback, which queues its actor's resume). Step runs the
+  // oldest item of the first such stream when no message is pending.
+  std::vector<size_t> StreamsWithWork() const;
+  [[nodiscard]] absl::Status RunStream(size_t stream);
+  // Items (kernels and callbacks) queued on a stream and not yet run.
+  size_t StreamItems(size_t stream) const;
+
   const Actor& actor(uint64_t actor_id) const;
   bool AllDone() const;
 
  private:
   class Queue;
+  class ManualStream;
   SteppedExecutor() = default;
+
+  std::vector<ManualStream*> streams_;  // owned by job_, in creation order
 
   std::unique_ptr<Queue> queue_;
   std::unique_ptr<internal::LoadedJob> job_;

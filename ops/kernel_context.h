@@ -16,6 +16,7 @@
 #include "absl/status/status.h"
 #include "core/device.h"
 #include "core/sbp.h"
+#include "core/stream.h"
 #include "core/tensor.h"
 #include "core/thread_pool.h"
 #include "ops/attr.h"
@@ -35,6 +36,12 @@ struct KernelContext {
   int64_t step = 0;               // iteration index (a key of random streams)
   ThreadPool* pool = nullptr;     // intra-op threads; null runs inline
   Device device;
+  // The stream the kernel's device work goes on (core/stream.h): a CUDA
+  // kernel launches onto its native() and returns without waiting; null:
+  // the calling thread's default stream, waited for before returning. CPU
+  // kernels run where they are called (a CPU stream calls them on its own
+  // thread) and ignore it.
+  Stream* stream = nullptr;
 
   const Tensor& input(int i) const { return inputs[static_cast<size_t>(i)]; }
   const Tensor& output(int i) const { return outputs[static_cast<size_t>(i)]; }

@@ -83,6 +83,11 @@ struct LowerOptions {
   std::vector<uint32_t> devices_per_node = {};
   ParallelConfig parallel = {};
   int zero_stage = 0;  // SbpInferOptions::zero_stage
+  // Compute tasks with an op act asynchronously (Task.async_acts): each act
+  // enqueues its kernel on its device's stream and hands its registers on
+  // when it completed (a CUDA stream on GPUs; on CPUs a worker thread per
+  // device stream).
+  bool async_compute = false;
 };
 
 struct LoweredPlan {

@@ -38,6 +38,7 @@ struct DistConfig {
   int64_t pipeline_parallel_size = 1;
   std::optional<int64_t> num_devices;
   std::optional<int64_t> intra_op_threads;
+  bool async_compute = false;
   double gradient_bucket_mb = 25;
   std::optional<int64_t> pipeline_num_layers;
 };

@@ -5,7 +5,6 @@
 #include "actors/plan.h"
 #include "core/status.h"
 #include "core/text.h"
-#include "ops/eager.h"
 
 namespace tessera::actors::internal {
 
@@ -14,7 +13,8 @@ absl::Status OpRunner::Init(const proto::Task& task, const ops::OpRegistry& regi
   if (task.op().empty()) return absl::OkStatus();
   ASSIGN_OR_RETURN(schema_, registry.Get(task.op()));
   ASSIGN_OR_RETURN(ops::AttrMap attrs, AttrMapFromProto(task.attrs()));
-  ASSIGN_OR_RETURN(attrs_, schema_->CanonicalizeAttrs(attrs));
+  ASSIGN_OR_RETURN(ops::AttrMap canonical, schema_->CanonicalizeAttrs(attrs));
+  attrs_ = std::make_shared<const ops::AttrMap>(std::move(canonical));
   const auto resolve = [&](const proto::TensorRef& ref) -> absl::StatusOr<Ref> {
     if (ref.location_case() == proto::TensorRef::kStateIndex) return Ref{Where::kState, ref.state_index(), 0};
     for (size_t i = 0; i < consumed_ids.size(); ++i) {
@@ -38,13 +38,13 @@ absl::Status OpRunner::Init(const proto::Task& task, const ops::OpRegistry& regi
   }
   ctx_.inputs.resize(inputs_.size());
   ctx_.outputs.resize(outputs_.size());
-  ctx_.attrs = &attrs_;
+  ctx_.attrs = attrs_.get();
   any_slice_ = any_slice;
   return absl::OkStatus();
 }
 
-absl::Status OpRunner::RunBound(const proto::Task& task, int64_t act, int64_t start_iteration, ThreadPool* pool,
-                                const Device& device) {
+absl::Status OpRunner::Prepare(const proto::Task& task, int64_t act, int64_t start_iteration, ThreadPool* pool,
+                               const Device& device) {
   if (any_slice_ && ctx_.input_slices.empty()) {
     // Slices are fixed by the plan (but for the micro-batch offset below);
     // built on the first act.
@@ -89,7 +89,7 @@ absl::Status OpRunner::RunBound(const proto::Task& task, int64_t act, int64_t st
   ctx_.step = start_iteration + act / std::max<int64_t>(1, task.acts_per_step());
   ctx_.pool = pool;
   ctx_.device = device;
-  return ops::RunKernel(*schema_, ctx_);
+  return absl::OkStatus();
 }
 
 }  // namespace tessera::actors::internal

@@ -5,13 +5,17 @@
 // by the Compute and Parameter kinds, on the actor's thread only.
 
 #include <cstdint>
+#include <memory>
 #include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "comm/proto/plan.pb.h"
+#include "core/status.h"
+#include "core/stream.h"
 #include "core/tensor.h"
 #include "core/thread_pool.h"
+#include "ops/eager.h"
 #include "ops/kernel_context.h"
 #include "ops/registry.h"
 
@@ -41,16 +45,36 @@ class OpRunner {
                    const Device& device) {
     for (size_t i = 0; i < inputs_.size(); ++i) ctx_.inputs[i] = lookup(inputs_[i]);
     for (size_t i = 0; i < outputs_.size(); ++i) ctx_.outputs[i] = lookup(outputs_[i]);
-    return RunBound(task, act, start_iteration, pool, device);
+    RETURN_IF_ERROR(Prepare(task, act, start_iteration, pool, device));
+    return ops::RunKernel(*schema_, ctx_);
+  }
+
+  // As Run, but enqueues the kernel on `stream` (core/stream.h) with a copy
+  // of this act's context (the tensors it names stay alive with it) and
+  // returns at once; the kernel's error goes to the stream's next callback.
+  // Errors here: the act's slices.
+  template <typename Lookup>
+  absl::Status Launch(const proto::Task& task, Lookup&& lookup, int64_t act, int64_t start_iteration, ThreadPool* pool,
+                      const Device& device, Stream& stream) {
+    for (size_t i = 0; i < inputs_.size(); ++i) ctx_.inputs[i] = lookup(inputs_[i]);
+    for (size_t i = 0; i < outputs_.size(); ++i) ctx_.outputs[i] = lookup(outputs_[i]);
+    RETURN_IF_ERROR(Prepare(task, act, start_iteration, pool, device));
+    ops::KernelContext ctx = ctx_;
+    ctx.stream = &stream;
+    stream.Enqueue([schema = schema_, attrs = attrs_, ctx = std::move(ctx)]() mutable { return ops::RunKernel(*schema, ctx); });
+    return absl::OkStatus();
   }
 
  private:
-  // Run once the context holds this act's tensors.
-  absl::Status RunBound(const proto::Task& task, int64_t act, int64_t start_iteration, ThreadPool* pool,
-                        const Device& device);
+  // Completes the context once it holds this act's tensors: slices (the
+  // micro-batch's offsets), step, threads, device.
+  absl::Status Prepare(const proto::Task& task, int64_t act, int64_t start_iteration, ThreadPool* pool,
+                       const Device& device);
 
   const ops::OpSchema* schema_ = nullptr;
-  ops::AttrMap attrs_;
+  // Shared with the kernels a Launch enqueued: one left running after the
+  // job is gone (a hung kernel) still reads them.
+  std::shared_ptr<const ops::AttrMap> attrs_;
   std::vector<Ref> inputs_, outputs_;
   bool any_slice_ = false;
   std::vector<int64_t> base_input_offsets_, base_output_offsets_;  // offset[0] of micro-batch 0

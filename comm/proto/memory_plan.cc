@@ -453,11 +453,18 @@ class ProtocolModel {
       if (events > kMaxEvents)
         return StrCat("the plan has more than ", kMaxEvents / 2, " acts in ", kUnrolled, " iterations");
     }
-    // Program order: start -> end -> next start.
+    // Program order: start -> end -> next start. An asynchronous task
+    // (Task.async_acts) starts (launches) act a + 1 possibly before act a
+    // ended (completed on its stream): its starts are ordered, and its ends.
     for (const Task& t : tasks_) {
       for (int64_t a = 0; a < kUnrolled * t.acts; ++a) {
         Edge(t, a, false, t, a, true);
-        Edge(t, a, true, t, a + 1, false);
+        if (t.task->async_acts()) {
+          Edge(t, a, false, t, a + 1, false);
+          Edge(t, a, true, t, a + 1, true);
+        } else {
+          Edge(t, a, true, t, a + 1, false);
+        }
       }
     }
     for (size_t di = 0; di < descs_.size(); ++di) {

@@ -7,7 +7,8 @@
 // Two descs may share bytes only when the register protocol itself keeps
 // their lifetimes apart, in every iteration and whatever order the threads
 // run in: the planner unrolls the plan into the acts of a few iterations (a
-// start and an end event per act; edges for program order, a register handed
+// start and an end event per act; edges for program order (an asynchronous
+// task's, Task.async_acts: its starts in order and its ends), a register handed
 // on (ready -> use), a register handed back (release -> the producer's
 // reuse of it), a collective's peers meeting in one of its collective steps,
 // a send meeting its recv) and

@@ -65,7 +65,7 @@ __global__ void CastKernel(const From* x, To* y, int64_t n) {
 template <typename From, typename To>
 int Launch(const void* x, void* y, int64_t n) {
   CastKernel<From, To>
-      <<<Blocks(n), kThreads, 0, cudaStreamPerThread>>>(static_cast<const From*>(x), static_cast<To*>(y), n);
+      <<<Blocks(n), kThreads, 0, CurrentStream()>>>(static_cast<const From*>(x), static_cast<To*>(y), n);
   return Finish();
 }
 

@@ -142,38 +142,38 @@ int LaunchBiasGeluGrad(const float* x, const float* bias, const float* dy, float
                        bool tanh) {
   const int64_t n = rows * C;
   if (n == 0) return 0;
-  BiasGeluGradKernel<<<Blocks(n), kThreads, 0, cudaStreamPerThread>>>(x, bias, dy, dx, n, C, tanh);
+  BiasGeluGradKernel<<<Blocks(n), kThreads, 0, CurrentStream()>>>(x, bias, dy, dx, n, C, tanh);
   return Finish();
 }
 
 int LaunchBinary(int kind, const float* a, const float* b, float* y, int64_t n, const Broadcast& shape) {
   if (n == 0) return 0;
-  BinaryKernel<<<Blocks(n), kThreads, 0, cudaStreamPerThread>>>(kind, a, b, y, n, shape);
+  BinaryKernel<<<Blocks(n), kThreads, 0, CurrentStream()>>>(kind, a, b, y, n, shape);
   return Finish();
 }
 
 int LaunchUnary(int kind, const float* x, float* y, int64_t n) {
   if (n == 0) return 0;
-  UnaryKernel<<<Blocks(n), kThreads, 0, cudaStreamPerThread>>>(kind, x, y, n);
+  UnaryKernel<<<Blocks(n), kThreads, 0, CurrentStream()>>>(kind, x, y, n);
   return Finish();
 }
 
 int LaunchScalar(int kind, const float* x, float* y, int64_t n, float value) {
   if (n == 0) return 0;
-  ScalarKernel<<<Blocks(n), kThreads, 0, cudaStreamPerThread>>>(kind, x, y, n, value);
+  ScalarKernel<<<Blocks(n), kThreads, 0, CurrentStream()>>>(kind, x, y, n, value);
   return Finish();
 }
 
 int LaunchActivationGrad(int kind, const float* z, const float* dy, float* dx, int64_t n) {
   if (n == 0) return 0;
-  ActivationGradKernel<<<Blocks(n), kThreads, 0, cudaStreamPerThread>>>(kind, z, dy, dx, n);
+  ActivationGradKernel<<<Blocks(n), kThreads, 0, CurrentStream()>>>(kind, z, dy, dx, n);
   return Finish();
 }
 
 int LaunchBiasAdd(const float* x, const float* bias, float* y, int64_t rows, int64_t C, int gelu) {
   const int64_t n = rows * C;
   if (n == 0) return 0;
-  BiasAddKernel<<<Blocks(n), kThreads, 0, cudaStreamPerThread>>>(x, bias, y, n, C, gelu);
+  BiasAddKernel<<<Blocks(n), kThreads, 0, CurrentStream()>>>(x, bias, y, n, C, gelu);
   return Finish();
 }
 
@@ -186,9 +186,23 @@ int DeviceCount(int* count) {
 
 int SetDevice(int device) { return static_cast<int>(cudaSetDevice(device)); }
 
+namespace {
+thread_local cudaStream_t bound_stream = nullptr;
+thread_local bool stream_bound = false;
+}  // namespace
+
+void BindStream(void* stream) {
+  bound_stream = static_cast<cudaStream_t>(stream);
+  stream_bound = stream != nullptr;
+}
+cudaStream_t CurrentStream() { return stream_bound ? bound_stream : cudaStreamPerThread; }
+bool StreamBound() { return stream_bound; }
+
 int Copy(void* dst, const void* src, size_t bytes) {
   if (bytes == 0) return 0;
-  return static_cast<int>(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault));
+  cudaError_t err = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, CurrentStream());
+  if (err == cudaSuccess) err = cudaStreamSynchronize(CurrentStream());
+  return static_cast<int>(err);
 }
 
 const char* ErrorString(int code) {

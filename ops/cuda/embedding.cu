@@ -35,19 +35,19 @@ int CheckIds(const void* ids, int id_bytes, int64_t N, int64_t vocab, int64_t* b
   *bad_out = -1;
   if (N == 0) return 0;
   unsigned long long* bad = nullptr;
-  cudaError_t err = cudaMallocAsync(&bad, sizeof(*bad), cudaStreamPerThread);
+  cudaError_t err = cudaMallocAsync(&bad, sizeof(*bad), CurrentStream());
   if (err != cudaSuccess) return static_cast<int>(err);
   const unsigned long long none = static_cast<unsigned long long>(N);
-  err = cudaMemcpyAsync(bad, &none, sizeof(none), cudaMemcpyHostToDevice, cudaStreamPerThread);
+  err = cudaMemcpyAsync(bad, &none, sizeof(none), cudaMemcpyHostToDevice, CurrentStream());
   if (err == cudaSuccess) {
-    FindBadId<<<Blocks(N), kThreads, 0, cudaStreamPerThread>>>(ids, id_bytes, N, vocab, bad);
+    FindBadId<<<Blocks(N), kThreads, 0, CurrentStream()>>>(ids, id_bytes, N, vocab, bad);
     err = cudaGetLastError();
   }
   unsigned long long found = none;
   if (err == cudaSuccess)
-    err = cudaMemcpyAsync(&found, bad, sizeof(found), cudaMemcpyDeviceToHost, cudaStreamPerThread);
-  cudaFreeAsync(bad, cudaStreamPerThread);
-  if (err == cudaSuccess) err = cudaStreamSynchronize(cudaStreamPerThread);
+    err = cudaMemcpyAsync(&found, bad, sizeof(found), cudaMemcpyDeviceToHost, CurrentStream());
+  cudaFreeAsync(bad, CurrentStream());
+  if (err == cudaSuccess) err = cudaStreamSynchronize(CurrentStream());
   if (err != cudaSuccess) return static_cast<int>(err);
   if (found < none) *bad_out = static_cast<int64_t>(found);
   return 0;
@@ -91,7 +91,7 @@ int LaunchEmbedding(const float* weight, const void* ids, int id_bytes, float* y
                     int64_t row_begin, int64_t vocab, int64_t* bad) {
   if (const int err = CheckIds(ids, id_bytes, N, vocab, bad); err != 0 || *bad >= 0) return err;
   if (N * C == 0) return 0;
-  Gather<<<Blocks(N * C), kThreads, 0, cudaStreamPerThread>>>(weight, ids, id_bytes, y, N, V, C, row_begin);
+  Gather<<<Blocks(N * C), kThreads, 0, CurrentStream()>>>(weight, ids, id_bytes, y, N, V, C, row_begin);
   return Finish();
 }
 
@@ -99,18 +99,18 @@ int LaunchEmbeddingGrad(const float* dy, const void* ids, int id_bytes, float* d
                         int64_t row_begin, int64_t vocab, int64_t* bad) {
   if (const int err = CheckIds(ids, id_bytes, N, vocab, bad); err != 0 || *bad >= 0) return err;
   if (V * C > 0) {
-    const cudaError_t err = cudaMemsetAsync(dweight, 0, sizeof(float) * V * C, cudaStreamPerThread);
+    const cudaError_t err = cudaMemsetAsync(dweight, 0, sizeof(float) * V * C, CurrentStream());
     if (err != cudaSuccess) return static_cast<int>(err);
   }
   if (N * C == 0) return Finish();
   try {
     thrust::device_vector<int64_t> rows(N), order(N);
-    const auto policy = thrust::cuda::par.on(cudaStreamPerThread);
-    RowsOfIds<<<Blocks(N), kThreads, 0, cudaStreamPerThread>>>(ids, id_bytes, N, row_begin,
+    const auto policy = thrust::cuda::par.on(CurrentStream());
+    RowsOfIds<<<Blocks(N), kThreads, 0, CurrentStream()>>>(ids, id_bytes, N, row_begin,
                                                                thrust::raw_pointer_cast(rows.data()));
     thrust::sequence(policy, order.begin(), order.end());
     thrust::stable_sort_by_key(policy, rows.begin(), rows.end(), order.begin());
-    SumRuns<<<Blocks(N * C), kThreads, 0, cudaStreamPerThread>>>(
+    SumRuns<<<Blocks(N * C), kThreads, 0, CurrentStream()>>>(
         dy, thrust::raw_pointer_cast(rows.data()), thrust::raw_pointer_cast(order.data()), dweight, N, V, C);
     return Finish();
   } catch (const std::exception&) {  // thrust reports CUDA failures as exceptions

@@ -19,6 +19,7 @@ absl::Status OnDevice(const KernelContext& ctx) {
   }
   const int err = SetDevice(ctx.device.index);
   if (err != 0) return absl::InternalError(StrCat("cudaSetDevice(", ctx.device.index, "): ", ErrorString(err)));
+  BindStream(ctx.stream != nullptr ? ctx.stream->native() : nullptr);
   return absl::OkStatus();
 }
 

@@ -1,10 +1,11 @@
 #pragma once
 // Launchers of the CUDA kernels (ops/cuda/*.cu), in
 // plain C++ so that host code includes them without the CUDA headers, and
-// the few runtime calls the host side needs. Every launcher runs on the
-// calling thread's default stream (cudaStreamPerThread) and waits for the
-// kernel (acts are synchronous until the asynchronous stream model exists),
-// and returns a cudaError_t as an int: 0 is success, ErrorString names it.
+// the few runtime calls the host side needs. Every launcher launches on the
+// stream BindStream bound on the calling thread and returns without waiting,
+// or, when none is bound, on the thread's default stream
+// (cudaStreamPerThread), waiting for the kernel. Each returns a cudaError_t
+// as an int: 0 is success, ErrorString names it.
 // Kinds are the CPU kernels' enums (ops/cpu/elementwise.h) as ints.
 
 #include <cstddef>
@@ -151,7 +152,11 @@ int LaunchLossScaleUpdate(const float* scale, const float* found_inf, const floa
 int DeviceCount(int* count);
 // Makes `device` current on the calling thread.
 int SetDevice(int device);
-// Copies `bytes` between any two pointers (host or device), then waits.
+// Binds the stream (a cudaStream_t; null: none) the calling thread's
+// launches go on, until the next BindStream on this thread.
+void BindStream(void* stream);
+// Copies `bytes` between any two pointers (host or device) on the bound
+// stream (behind the kernels launched on it), then waits.
 int Copy(void* dst, const void* src, size_t bytes);
 // Names a launcher's error: a cudaError_t, or -(cublasStatus_t).
 const char* ErrorString(int code);

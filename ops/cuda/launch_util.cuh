@@ -16,11 +16,18 @@ inline unsigned Blocks(int64_t n) {
   return static_cast<unsigned>(blocks < 65535 ? (blocks < 1 ? 1 : blocks) : 65535);
 }
 
-// The launch's error, else the kernel's, after waiting for it on the
-// thread's default stream.
+// The stream this thread's launches go on: the one BindStream (launch.h)
+// bound, else the thread's default stream.
+cudaStream_t CurrentStream();
+// Whether BindStream bound one (then launchers do not wait).
+bool StreamBound();
+
+// The launch's error; on the thread's default stream also the kernel's,
+// after waiting for it. On a bound stream the kernel runs on after this
+// returns: its errors reach the stream's completion callback.
 inline int Finish() {
   cudaError_t err = cudaGetLastError();
-  if (err == cudaSuccess) err = cudaStreamSynchronize(cudaStreamPerThread);
+  if (err == cudaSuccess && !StreamBound()) err = cudaStreamSynchronize(cudaStreamPerThread);
   return static_cast<int>(err);
 }
 

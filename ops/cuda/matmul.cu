@@ -11,7 +11,8 @@
 namespace tessera::ops::cuda {
 namespace {
 
-// One handle per thread and device, on the thread's default stream.
+// One handle per thread and device, set to the thread's current stream
+// (launch_util.cuh CurrentStream) at each use.
 cublasHandle_t Handle(int* error) {
   constexpr int kMaxDevices = 64;
   thread_local cublasHandle_t handles[kMaxDevices] = {};
@@ -30,9 +31,12 @@ cublasHandle_t Handle(int* error) {
       *error = -static_cast<int>(st);
       return nullptr;
     }
-    cublasSetStream(handle, cudaStreamPerThread);
     cublasSetMathMode(handle, CUBLAS_PEDANTIC_MATH);  // no TF32: f32 products as the CPU's
     handles[device] = handle;
+  }
+  if (const cublasStatus_t st = cublasSetStream(handles[device], CurrentStream()); st != CUBLAS_STATUS_SUCCESS) {
+    *error = -static_cast<int>(st);
+    return nullptr;
   }
   return handles[device];
 }
@@ -45,7 +49,7 @@ int LaunchGemm(int a_dtype, bool ta, bool tb, int64_t batch, int64_t M, int64_t 
                const void* a, const void* b, float* y) {
   if (batch == 0 || M == 0 || N == 0) return 0;
   if (K == 0) {  // an empty sum: zeros
-    const cudaError_t err = cudaMemsetAsync(y, 0, sizeof(float) * batch * M * N, cudaStreamPerThread);
+    const cudaError_t err = cudaMemsetAsync(y, 0, sizeof(float) * batch * M * N, CurrentStream());
     return err != cudaSuccess ? static_cast<int>(err) : Finish();
   }
   int error = 0;

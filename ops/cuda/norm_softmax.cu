@@ -213,7 +213,7 @@ __global__ void CrossEntropyPartialsGradKernel(const float* logits, const float*
 int LaunchCrossEntropyPartials(const float* logits, const float* row_max, const int64_t* labels, float* sumexp,
                                float* label_logit, int64_t N, int64_t Vs, int64_t offset) {
   if (N == 0) return 0;
-  CrossEntropyPartialsRows<<<RowBlocks(N), kThreads, 0, cudaStreamPerThread>>>(logits, row_max, labels, sumexp,
+  CrossEntropyPartialsRows<<<RowBlocks(N), kThreads, 0, CurrentStream()>>>(logits, row_max, labels, sumexp,
                                                                                label_logit, N, Vs, offset);
   return Finish();
 }
@@ -222,20 +222,20 @@ int LaunchCrossEntropyPartialsGrad(const float* logits, const float* row_max, co
                                    const float* d_sumexp, const float* d_label_logit, float* dlogits, int64_t N,
                                    int64_t Vs, int64_t offset) {
   if (N * Vs == 0) return 0;
-  CrossEntropyPartialsGradKernel<<<Blocks(N * Vs), kThreads, 0, cudaStreamPerThread>>>(
+  CrossEntropyPartialsGradKernel<<<Blocks(N * Vs), kThreads, 0, CurrentStream()>>>(
       logits, row_max, labels, d_sumexp, d_label_logit, dlogits, N, Vs, offset);
   return Finish();
 }
 
 int LaunchSoftmax(const float* x, float* y, int64_t rows, int64_t C, bool log) {
   if (rows == 0 || C == 0) return 0;
-  SoftmaxRows<<<RowBlocks(rows), kThreads, 0, cudaStreamPerThread>>>(x, y, rows, C, log);
+  SoftmaxRows<<<RowBlocks(rows), kThreads, 0, CurrentStream()>>>(x, y, rows, C, log);
   return Finish();
 }
 
 int LaunchSoftmaxGrad(const float* y, const float* dy, float* dx, int64_t rows, int64_t C, bool log) {
   if (rows == 0 || C == 0) return 0;
-  SoftmaxGradRows<<<RowBlocks(rows), kThreads, 0, cudaStreamPerThread>>>(y, dy, dx, rows, C, log);
+  SoftmaxGradRows<<<RowBlocks(rows), kThreads, 0, CurrentStream()>>>(y, dy, dx, rows, C, log);
   return Finish();
 }
 
@@ -246,7 +246,7 @@ int LaunchScaleMaskSoftmax(const float* x, float* y, const uint8_t* mask, const 
   for (int a = 0; a < layout.rank; ++a) n *= layout.dims[a];
   if (n == 0) return 0;
   const int64_t rows = n / S;
-  ScaleMaskSoftmaxRows<<<RowBlocks(rows), kThreads, 0, cudaStreamPerThread>>>(x, y, mask, layout, rows, causal,
+  ScaleMaskSoftmaxRows<<<RowBlocks(rows), kThreads, 0, CurrentStream()>>>(x, y, mask, layout, rows, causal,
                                                                               t_offset, diagonal, scale);
   return Finish();
 }
@@ -254,7 +254,7 @@ int LaunchScaleMaskSoftmax(const float* x, float* y, const uint8_t* mask, const 
 int LaunchLayerNorm(const float* x, const float* gamma, const float* beta, float* y, float* mean, float* rstd,
                     int64_t rows, int64_t C, float eps) {
   if (rows == 0 || C == 0) return 0;
-  LayerNormRows<<<RowBlocks(rows), kThreads, 0, cudaStreamPerThread>>>(x, gamma, beta, y, mean, rstd, rows, C, eps);
+  LayerNormRows<<<RowBlocks(rows), kThreads, 0, CurrentStream()>>>(x, gamma, beta, y, mean, rstd, rows, C, eps);
   return Finish();
 }
 
@@ -262,10 +262,10 @@ int LaunchLayerNormGrad(const float* dy, const float* x, const float* mean, cons
                         float* dx, float* dgamma, float* dbeta, int64_t rows, int64_t C) {
   if (C == 0) return 0;
   if (rows > 0) {
-    LayerNormGradRows<<<RowBlocks(rows), kThreads, 0, cudaStreamPerThread>>>(dy, x, mean, rstd, gamma, dx, rows, C);
+    LayerNormGradRows<<<RowBlocks(rows), kThreads, 0, CurrentStream()>>>(dy, x, mean, rstd, gamma, dx, rows, C);
   }
   const int64_t blocks = (C + kThreads - 1) / kThreads;
-  LayerNormParamGrads<<<static_cast<unsigned>(blocks < 65535 ? blocks : 65535), kThreads, 0, cudaStreamPerThread>>>(
+  LayerNormParamGrads<<<static_cast<unsigned>(blocks < 65535 ? blocks : 65535), kThreads, 0, CurrentStream()>>>(
       dy, x, mean, rstd, dgamma, dbeta, rows, C);
   return Finish();
 }

@@ -56,15 +56,15 @@ __global__ void LossScaleUpdateKernel(const float* scale, const float* found_inf
 }  // namespace
 
 int LaunchNonfinite(const void* x, int code, int64_t n, float* flag) {
-  cudaError_t err = cudaMemsetAsync(flag, 0, sizeof(float), cudaStreamPerThread);
+  cudaError_t err = cudaMemsetAsync(flag, 0, sizeof(float), CurrentStream());
   if (err != cudaSuccess) return static_cast<int>(err);
-  if (n > 0) NonfiniteKernel<<<Blocks(n), kThreads, 0, cudaStreamPerThread>>>(x, code, n, flag);
+  if (n > 0) NonfiniteKernel<<<Blocks(n), kThreads, 0, CurrentStream()>>>(x, code, n, flag);
   return Finish();
 }
 
 int LaunchLossScaleUpdate(const float* scale, const float* found_inf, const float* good, float* new_scale,
                           float* new_good, double backoff, double growth, int64_t growth_interval) {
-  LossScaleUpdateKernel<<<1, 1, 0, cudaStreamPerThread>>>(scale, found_inf, good, new_scale, new_good, backoff, growth,
+  LossScaleUpdateKernel<<<1, 1, 0, CurrentStream()>>>(scale, found_inf, good, new_scale, new_good, backoff, growth,
                                                           growth_interval);
   return Finish();
 }
@@ -72,7 +72,7 @@ int LaunchLossScaleUpdate(const float* scale, const float* found_inf, const floa
 int LaunchSgd(const float* param, const float* grad, const float* buf, float* new_param, float* new_buf, int64_t n,
               float lr, float momentum, float weight_decay, bool nesterov) {
   if (n == 0) return 0;
-  SgdKernel<<<Blocks(n), kThreads, 0, cudaStreamPerThread>>>(param, grad, buf, new_param, new_buf, n, lr, momentum,
+  SgdKernel<<<Blocks(n), kThreads, 0, CurrentStream()>>>(param, grad, buf, new_param, new_buf, n, lr, momentum,
                                                              weight_decay, nesterov);
   return Finish();
 }
@@ -80,7 +80,7 @@ int LaunchSgd(const float* param, const float* grad, const float* buf, float* ne
 int LaunchAdamw(const float* param, const float* grad, const float* m, const float* v, float* new_param, float* new_m,
                 float* new_v, int64_t n, const AdamwScalars& step) {
   if (n == 0) return 0;
-  AdamwKernel<<<Blocks(n), kThreads, 0, cudaStreamPerThread>>>(param, grad, m, v, new_param, new_m, new_v, n, step);
+  AdamwKernel<<<Blocks(n), kThreads, 0, CurrentStream()>>>(param, grad, m, v, new_param, new_m, new_v, n, step);
   return Finish();
 }
 

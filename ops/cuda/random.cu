@@ -35,7 +35,7 @@ __global__ void DropoutKernel(const float* x, float* y, int64_t n, PhiloxKey key
 int LaunchDropout(const float* x, float* y, int64_t n, uint64_t seed, uint32_t tensor_id, uint32_t step,
                   int32_t threshold, float scale, const DropoutRuns& runs) {
   if (n == 0) return 0;
-  DropoutKernel<<<Blocks(n), kThreads, 0, cudaStreamPerThread>>>(x, y, n, MakePhiloxKey(seed), tensor_id, step,
+  DropoutKernel<<<Blocks(n), kThreads, 0, CurrentStream()>>>(x, y, n, MakePhiloxKey(seed), tensor_id, step,
                                                                  threshold, scale, runs);
   return Finish();
 }

@@ -59,7 +59,7 @@ int LaunchReduce(int kind, const float* x, float* y, const ReduceLayout& layout,
   for (int a = 0; a < layout.reduced_rank; ++a) reduced *= layout.reduced_dims[a];
   if (outputs == 0) return 0;
   const unsigned blocks = static_cast<unsigned>(outputs < (1 << 20) ? outputs : (1 << 20));
-  ReduceKernel<<<blocks, kThreads, 0, cudaStreamPerThread>>>(kind, x, y, outputs, reduced, layout, scale);
+  ReduceKernel<<<blocks, kThreads, 0, CurrentStream()>>>(kind, x, y, outputs, reduced, layout, scale);
   return Finish();
 }
 

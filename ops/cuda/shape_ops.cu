@@ -29,7 +29,7 @@ __global__ void StridedCopyKernel(const W* src, W* dst, int64_t n, StridedCopy c
 template <typename W>
 int Launch(const void* src, void* dst, int64_t n, const StridedCopy& c) {
   StridedCopyKernel<W>
-      <<<Blocks(n), kThreads, 0, cudaStreamPerThread>>>(static_cast<const W*>(src), static_cast<W*>(dst), n, c);
+      <<<Blocks(n), kThreads, 0, CurrentStream()>>>(static_cast<const W*>(src), static_cast<W*>(dst), n, c);
   return Finish();
 }
 
@@ -55,7 +55,7 @@ int LaunchStridedCopy(const void* src, void* dst, const StridedCopy& copy) {
 
 int Zero(void* dst, size_t bytes) {
   if (bytes == 0) return 0;
-  const cudaError_t err = cudaMemsetAsync(dst, 0, bytes, cudaStreamPerThread);
+  const cudaError_t err = cudaMemsetAsync(dst, 0, bytes, CurrentStream());
   return err != cudaSuccess ? static_cast<int>(err) : Finish();
 }
 

@@ -13,6 +13,13 @@ absl::StatusOr<LoweredPlan> Lowering::Run() {
   for (const Node& node : graph_.nodes()) RETURN_IF_ERROR(LowerNode(node));
   RETURN_IF_ERROR(LowerSink());
   GateMicroBatches();
+  if (options_.async_compute) {
+    std::vector<uint64_t> computes;
+    for (const proto::Task& task : builder_.plan().tasks()) {
+      if (task.kind() == proto::ACTOR_KIND_COMPUTE && !task.op().empty()) computes.push_back(task.actor_id());
+    }
+    for (uint64_t id : computes) builder_.task(id).set_async_acts(true);
+  }
   out_.plan = builder_.Build();
   for (const proto::RankLocation& location : locations_) *out_.plan.add_ranks() = location;
   RETURN_IF_ERROR(builder_.status());

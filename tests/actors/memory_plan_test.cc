@@ -5,6 +5,7 @@
 #include "comm/proto/memory_plan.h"
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -202,6 +203,74 @@ TEST(MemoryPlan, PoisoningHandedBackRegistersChangesNoResult) {
   }
   EXPECT_EQ(checked, plain);
   EXPECT_EQ(checked, (std::vector<float>{8, 16, 24, 32, 40}));
+}
+
+// Gradient accumulation over 3 micro-batches with a micro-batch window of 1
+// (the source starts micro-batch k + 1 once the Acc added micro-batch k), as
+// the scheduler lowers it: w -> repeat -> grad = w * x -> acc -> sgd_update.
+proto::Plan WindowedAccumulationPlan(bool async) {
+  PlanBuilder b(4);
+  const uint64_t param = b.AddTask(proto::ACTOR_KIND_PARAMETER, "w");
+  const uint64_t rep = b.AddTask(proto::ACTOR_KIND_REPEAT, "repeat");
+  const uint64_t src = b.AddTask(ACTOR_KIND_SOURCE, "x");
+  const uint64_t grad = b.AddTask(ACTOR_KIND_COMPUTE, "grad");
+  const uint64_t acc = b.AddTask(proto::ACTOR_KIND_ACC, "acc");
+  const int64_t w = b.AddRegisterDesc(param, {rep}, 1, {kVec});
+  const int64_t views = b.AddRegisterDesc(rep, {grad}, 1, {kVec});
+  const int64_t x = b.AddRegisterDesc(src, {grad}, 1, {kVec});
+  const int64_t g = b.AddRegisterDesc(grad, {acc}, 1, {kVec});
+  const int64_t sum = b.AddRegisterDesc(acc, {param}, 1, {kVec});
+  b.AddWindowDesc(acc, {src}, 1);
+  constexpr int32_t m = 3;
+  b.task(rep).set_repeat_num(m);
+  b.task(rep).set_pieces_per_iteration(m);
+  b.task(acc).set_repeat_num(m);
+  for (uint64_t task : {src, grad}) b.task(task).set_pieces_per_iteration(m);
+  b.task(grad).set_acts_per_step(m);
+  b.task(grad).set_async_acts(async);
+  testing::SetCompute(b, grad, "mul", {{views, 0}, {x, 0}}, g);
+  testing::SetSgdUpdate(b, param, w, sum, kVec, /*momentum=*/0.9);
+  b.task(param).set_callback("w");
+  b.task(src).set_callback("x");
+  proto::Plan plan = b.Build();
+  EXPECT_TRUE(b.status().ok()) << b.status();
+  return plan;
+}
+
+// Asynchronous compute acts (Task.async_acts) order a task's acts by launch
+// and by completion only: act k + 1 may write its outputs while act k still
+// reads its inputs. A compute's inputs and outputs are in use together in
+// every act, so they never shared bytes anyway, and every other ordering
+// through the task still holds (what preceded act k's end preceded its
+// start, hence act k + 1's): the planner gives asynchronous plans the same
+// arenas, and its checker accepts one plan's offsets for the other.
+TEST(MemoryPlan, AsynchronousComputeActsShareWhatSynchronousOnesShare) {
+  const auto offsets = [](const proto::Plan& plan) {
+    std::map<int64_t, int64_t> out;
+    for (const auto& desc : plan.register_descs()) {
+      if (desc.has_arena_offset()) out[desc.id()] = desc.arena_offset();
+    }
+    return out;
+  };
+  const auto with_async = [](proto::Plan plan) {
+    for (auto& task : *plan.mutable_tasks()) task.set_async_acts(task.kind() == ACTOR_KIND_COMPUTE && !task.op().empty());
+    return plan;
+  };
+  for (const bool windowed : {false, true}) {
+    SCOPED_TRACE(windowed ? "windowed accumulation" : "training loop");
+    const proto::Plan sync = windowed ? WindowedAccumulationPlan(false) : LoopPlan();
+    proto::Plan async = with_async(sync);
+    EXPECT_TRUE(comm::CheckMemoryPlan(async).ok());
+    ASSERT_TRUE(comm::PlanMemory(async).ok());
+    EXPECT_EQ(offsets(async), offsets(sync));
+    ASSERT_EQ(async.arenas_size(), 1);
+    EXPECT_EQ(async.arenas(0).bytes(), sync.arenas(0).bytes());
+  }
+  // The loop's d1 and d3 still share.
+  testing::TrainingLoop t;
+  proto::Plan async = with_async(LoopPlan(&t));
+  ASSERT_TRUE(comm::PlanMemory(async).ok());
+  EXPECT_EQ(Desc(async, t.d1).arena_offset(), Desc(async, t.d3).arena_offset());
 }
 
 // Offsets come from the network: out of the arena, misaligned, on a desc

@@ -30,6 +30,7 @@ struct Outcome {
   TrainSummary summary;
   int metrics_lines = 0;
   int devices = 0;  // of the plan
+  int async_tasks = 0;  // the plan's tasks with asynchronous acts
   std::set<std::string> written;  // files the run left in RunDir(), relative
 };
 
@@ -53,6 +54,7 @@ Outcome RunWith(std::vector<std::string> overrides) {
     return out;
   }
   out.devices = plan->memory_estimate_size();
+  for (const auto& task : plan->tasks()) out.async_tasks += task.async_acts() ? 1 : 0;
   auto summary = Train(*config);
   if (!summary.ok()) {
     out.status = summary.status();
@@ -281,6 +283,11 @@ std::vector<Row> Rows() {
        [](const Outcome& base, const Outcome& changed) -> std::string {
          if (base.summary.threads_per_device != 1 || changed.summary.threads_per_device != 2) return "threads unchanged";
          return base.summary.losses == changed.summary.losses ? "" : "threads changed the numbers";
+       }},
+      {"train.dist.async_compute", {}, {"train.dist.async_compute=true"},
+       [](const Outcome& base, const Outcome& changed) -> std::string {
+         if (base.async_tasks != 0 || changed.async_tasks == 0) return "no compute task acts asynchronously";
+         return base.summary.losses == changed.summary.losses ? "" : "asynchronous acts changed the numbers";
        }},
       {"train.dist.pipeline_num_layers", {}, {"train.dist.pipeline_num_layers=4"}, Refused("!= the model's 3 layers")},
       {"lr_scheduler._target_", {}, {"lr_scheduler._target_=ConstantLR"}, LossesDiffer},
