@@ -37,7 +37,7 @@ absl::StatusOr<std::map<int64_t, std::vector<std::vector<Tensor>>>> ArenaMonitor
     auto it = task_of.find(actor_id);
     return it == task_of.end() ? ActorIdToString(actor_id) : StrCat("'", it->second->name(), "'");
   };
-  // The device's arena, allocated (zero-filled on the host) when first needed.
+  // The device's arena, allocated (zero-filled) when first needed.
   const auto arena_of = [&](const ActorId& actor) -> absl::StatusOr<Device*> {
     Device* device = by_index.at(actor.device_index);  // CheckArenaBounds: the device has an arena
     if (device->storage != nullptr) return device;
@@ -49,7 +49,7 @@ absl::StatusOr<std::map<int64_t, std::vector<std::vector<Tensor>>>> ArenaMonitor
     }
     device->storage = *std::move(storage);
     device->host = actor.device().type == DeviceType::kCpu;
-    if (device->host) std::memset(device->storage->data(), 0, bytes);
+    RETURN_IF_ERROR(ZeroBytes(device->storage->data(), actor.device(), bytes));
     return device;
   };
   for (const auto& desc : plan.register_descs()) {

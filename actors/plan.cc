@@ -249,6 +249,11 @@ absl::Status ValidateTask(const TaskIndex& index, const std::map<int64_t, DescIn
       }
       auto schema = registry.Get(task.op());
       if (!schema.ok()) return absl::InvalidArgumentError(StrCat(name(), ": ", schema.status().message()));
+      // Never a silent host fallback: the op runs on its task's device.
+      if (const DeviceType type = DecodeActorId(task.actor_id()).device_type; (*schema)->FindKernel(type) == nullptr) {
+        return absl::InvalidArgumentError(
+            StrCat(name(), ": op '", task.op(), "' has no ", DeviceTypeName(type), " kernel"));
+      }
       auto attrs = AttrMapFromProto(task.attrs());
       if (!attrs.ok()) return absl::InvalidArgumentError(StrCat(name(), ": ", attrs.status().message()));
       auto canonical = (*schema)->CanonicalizeAttrs(*attrs);

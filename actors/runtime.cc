@@ -71,6 +71,27 @@ absl::Status CheckHostMemory(const proto::Plan& plan, const std::map<uint64_t, c
   return absl::OkStatus();
 }
 
+// A plan with tasks on GPUs needs them here: one line naming the device and
+// why it is missing.
+absl::Status CheckGpus(const proto::Plan& plan) {
+  int highest = -1;
+  for (const auto& task : plan.tasks()) {
+    const ActorId id = DecodeActorId(task.actor_id());
+    if (id.device_type == DeviceType::kCuda) highest = std::max(highest, static_cast<int>(id.device_index));
+  }
+  if (highest < 0) return absl::OkStatus();
+  const absl::StatusOr<int> count = CudaDeviceCount();
+  if (!count.ok()) {
+    return absl::FailedPreconditionError(StrCat("the plan runs on cuda:", highest, ", but this process has ",
+                                                count.status().message()));
+  }
+  if (highest >= *count) {
+    return absl::FailedPreconditionError(
+        StrCat("the plan runs on cuda:", highest, ", but this process sees ", *count, " GPU(s)"));
+  }
+  return absl::OkStatus();
+}
+
 // Whether `plan` holds every task of its job: every rank is on `node` (a
 // NodePlan of a job spanning nodes lacks the others' tasks).
 bool WholePlan(const proto::Plan& plan, uint32_t node) {
@@ -96,6 +117,7 @@ class LoadedJob {
     RETURN_IF_ERROR(ValidatePlan(job->plan, *registry));
     std::map<uint64_t, const proto::Task*> tasks;
     for (const auto& task : job->plan.tasks()) tasks[task.actor_id()] = &task;
+    RETURN_IF_ERROR(CheckGpus(job->plan));
     RETURN_IF_ERROR(CheckHostMemory(job->plan, tasks, options.memory_limit_bytes));
     // Registers first: actors bind to them when constructed. Planned ones
     // lie in their device's arena (allocated once, here); the rest (a

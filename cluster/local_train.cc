@@ -18,6 +18,8 @@
 #include "cluster/worker.h"
 #include "core/logging.h"
 #include "core/status.h"
+#include "core/storage.h"
+#include "core/text.h"
 #include "train/progress.h"
 #include "train/trainer.h"
 
@@ -54,6 +56,19 @@ absl::Status TrainOnThisMachine(const nlohmann::json& config, std::FILE* progres
                                 std::shared_ptr<GracefulStop> stop) {
   // The master's own checks first, so a bad config starts nothing.
   ASSIGN_OR_RETURN(const JobSpec spec, MakeEngineJobCompiler()->Resolve(config.dump(), {}));
+  // GPUs: this machine must have them before anything starts or is written.
+  const bool gpus = spec.config.at("train").at("dist").at("device_type") == "cuda";
+  if (gpus) {
+    // What the plan refuses (an op without a CUDA kernel, a layout over
+    // several GPUs) before what the machine lacks.
+    RETURN_IF_ERROR(TrainingPlan(spec.config).status());
+    const absl::StatusOr<int> count = CudaDeviceCount();
+    if (!count.ok()) return absl::FailedPreconditionError(StrCat("train.dist.device_type=cuda: ", count.status().message()));
+    if (*count < spec.devices_needed) {
+      return absl::FailedPreconditionError(StrCat("train.dist.device_type=cuda: the job needs ", spec.devices_needed,
+                                                  " GPUs, this machine has ", *count));
+    }
+  }
   Security security;
   security.token = RandomToken();
 
@@ -66,7 +81,7 @@ absl::Status TrainOnThisMachine(const nlohmann::json& config, std::FILE* progres
 
   Worker::Options worker_options;
   worker_options.master = address;
-  worker_options.devices = absl::StrCat("cpu:", spec.devices_needed);
+  worker_options.devices = gpus ? absl::StrCat("cuda:0-", spec.devices_needed - 1) : absl::StrCat("cpu:", spec.devices_needed);
   worker_options.worker_id = kWorkerId;
   worker_options.security = security;
   Worker worker(worker_options, MakeEnginePlanRunnerFactory({.graceful_stop = std::move(stop)}));

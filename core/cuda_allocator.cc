@@ -41,6 +41,54 @@ class CudaAllocator final : public Allocator {
 
 }  // namespace
 
+namespace {
+// Page-locked host memory for staging copies to and from GPUs.
+class PinnedAllocator final : public Allocator {
+ public:
+  absl::StatusOr<void*> Allocate(size_t bytes) override {
+    void* ptr = nullptr;
+    const cudaError_t err = cudaHostAlloc(&ptr, bytes == 0 ? kAlignment : bytes, cudaHostAllocPortable);
+    if (err != cudaSuccess) {
+      return absl::ResourceExhaustedError(StrCat("cudaHostAlloc(", bytes, ") failed: ", cudaGetErrorString(err)));
+    }
+    return ptr;
+  }
+  void Deallocate(void* ptr, size_t) override { cudaFreeHost(ptr); }
+  DeviceType device_type() const override { return DeviceType::kCpu; }
+};
+}  // namespace
+
+Allocator* PinnedHostAllocator() {
+  static auto* const pinned = new PinnedAllocator();
+  return pinned;
+}
+
+absl::StatusOr<int> CudaDevices() {
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess) return absl::FailedPreconditionError(StrCat("no CUDA device: ", cudaGetErrorString(err)));
+  if (count == 0) return absl::FailedPreconditionError("no CUDA device: the driver sees no GPU");
+  return count;
+}
+
+// Both on the calling thread's default stream, waited for: cudaMemcpy alone
+// returns before a device-to-device copy is done, and its legacy stream does
+// not order the non-blocking streams kernels run on.
+absl::Status CudaCopy(void* dst, const void* src, size_t bytes) {
+  cudaError_t err = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, cudaStreamPerThread);
+  if (err == cudaSuccess) err = cudaStreamSynchronize(cudaStreamPerThread);
+  if (err != cudaSuccess) return absl::InternalError(StrCat("cudaMemcpy of ", bytes, " bytes: ", cudaGetErrorString(err)));
+  return absl::OkStatus();
+}
+
+absl::Status CudaZero(void* dst, int device, size_t bytes) {
+  cudaError_t err = cudaSetDevice(device);
+  if (err == cudaSuccess) err = cudaMemsetAsync(dst, 0, bytes, cudaStreamPerThread);
+  if (err == cudaSuccess) err = cudaStreamSynchronize(cudaStreamPerThread);
+  if (err != cudaSuccess) return absl::InternalError(StrCat("cuda:", device, ": zeroing ", bytes, " bytes: ", cudaGetErrorString(err)));
+  return absl::OkStatus();
+}
+
 Allocator* CudaAllocatorForDevice(int index) {
   static std::mutex mu;
   static auto* allocators = new std::vector<std::unique_ptr<CudaAllocator>>();

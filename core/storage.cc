@@ -4,19 +4,57 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <new>
 
+#include "core/status.h"
 #include "core/text.h"
 
 namespace tessera {
 
 #ifdef TESSERA_WITH_CUDA
-Allocator* CudaAllocatorForDevice(int index);  // core/cuda_allocator.cc
+// core/cuda_allocator.cc
+Allocator* CudaAllocatorForDevice(int index);
+Allocator* PinnedHostAllocator();
+absl::StatusOr<int> CudaDevices();
+absl::Status CudaCopy(void* dst, const void* src, size_t bytes);
+absl::Status CudaZero(void* dst, int device, size_t bytes);
 bool CudaBuilt() { return true; }
+absl::StatusOr<int> CudaDeviceCount() { return CudaDevices(); }
 #else
 bool CudaBuilt() { return false; }
+absl::StatusOr<int> CudaDeviceCount() {
+  return absl::FailedPreconditionError("this build of Tessera has no CUDA support (nvcc was not found when it was built)");
+}
 #endif
+
+absl::Status CopyBytes(void* dst, const Device& dst_device, const void* src, const Device& src_device, size_t bytes) {
+  if (bytes == 0) return absl::OkStatus();
+  if (dst_device.type == DeviceType::kCpu && src_device.type == DeviceType::kCpu) {
+    std::memmove(dst, src, bytes);
+    return absl::OkStatus();
+  }
+#ifdef TESSERA_WITH_CUDA
+  return CudaCopy(dst, src, bytes);
+#else
+  return absl::UnimplementedError(StrCat("copying ", src_device.ToString(), " -> ", dst_device.ToString(),
+                                         ": this build of Tessera has no CUDA support"));
+#endif
+}
+
+absl::Status ZeroBytes(void* dst, const Device& device, size_t bytes) {
+  if (bytes == 0) return absl::OkStatus();
+  if (device.type == DeviceType::kCpu) {
+    std::memset(dst, 0, bytes);
+    return absl::OkStatus();
+  }
+#ifdef TESSERA_WITH_CUDA
+  return CudaZero(dst, device.index, bytes);
+#else
+  return absl::UnimplementedError(StrCat(device.ToString(), ": this build of Tessera has no CUDA support"));
+#endif
+}
 
 size_t PhysicalMemoryBytes() {
   static const size_t bytes = [] {
@@ -85,6 +123,16 @@ absl::StatusOr<std::shared_ptr<Storage>> Storage::Create(const Device& device, s
   auto data = allocator->Allocate(bytes);
   if (!data.ok()) return data.status();
   return std::shared_ptr<Storage>(new Storage(allocator, device, *data, bytes));
+}
+
+absl::StatusOr<std::shared_ptr<Storage>> Storage::CreatePinned(size_t bytes) {
+#ifdef TESSERA_WITH_CUDA
+  Allocator* allocator = PinnedHostAllocator();
+  ASSIGN_OR_RETURN(void* data, allocator->Allocate(bytes));
+  return std::shared_ptr<Storage>(new Storage(allocator, Device{DeviceType::kCpu, 0}, data, bytes));
+#else
+  return Create(Device{DeviceType::kCpu, 0}, bytes);
+#endif
 }
 
 Storage::~Storage() { allocator_->Deallocate(data_, bytes_); }

@@ -47,12 +47,25 @@ class CpuAllocator final : public Allocator {
 absl::StatusOr<Allocator*> GetAllocator(const Device& device);
 // Whether this build has CUDA support compiled in.
 bool CudaBuilt();
+// The GPUs this process sees: an error naming why there are none usable
+// (no CUDA support built, no driver, no device).
+absl::StatusOr<int> CudaDeviceCount();
+
+// Copies `bytes` from `src` on `src_device` to `dst` on `dst_device` and
+// waits for the copy: memmove between host buffers, the CUDA runtime when
+// either side is a GPU (an error on builds without CUDA).
+absl::Status CopyBytes(void* dst, const Device& dst_device, const void* src, const Device& src_device, size_t bytes);
+// Zeroes `bytes` at `dst` on `device` (and waits).
+absl::Status ZeroBytes(void* dst, const Device& device, size_t bytes);
 
 // A block of memory on one device, freed through its allocator when the last
 // reference goes away.
 class Storage {
  public:
   static absl::StatusOr<std::shared_ptr<Storage>> Create(const Device& device, size_t bytes);
+  // Page-locked host memory (cudaHostAlloc; device cpu:0), which GPUs copy
+  // from and to at full speed; plain host memory on builds without CUDA.
+  static absl::StatusOr<std::shared_ptr<Storage>> CreatePinned(size_t bytes);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;

@@ -29,12 +29,16 @@ absl::StatusOr<Tensor> Tensor::InStorage(std::shared_ptr<Storage> storage, size_
 }
 
 absl::StatusOr<Tensor> Tensor::Zeros(const Shape& shape, DType dtype, const Device& device) {
-  if (device.type != DeviceType::kCpu) {
-    return absl::UnimplementedError("Tensor::Zeros is host-only");
-  }
   ASSIGN_OR_RETURN(Tensor t, Empty(shape, dtype, device));
-  std::memset(t.raw_data(), 0, t.NumBytes());
+  RETURN_IF_ERROR(ZeroBytes(t.raw_data(), device, t.NumBytes()));
   return t;
+}
+
+absl::StatusOr<Tensor> Tensor::PinnedHost(const Shape& shape, DType dtype) {
+  ASSIGN_OR_RETURN(const int64_t bytes, CheckedByteSize(TensorMeta{dtype, shape}));
+  ASSIGN_OR_RETURN(auto storage, Storage::CreatePinned(static_cast<size_t>(bytes)));
+  std::memset(storage->data(), 0, storage->bytes());
+  return Tensor(std::move(storage), 0, TensorMeta{dtype, shape});
 }
 
 absl::StatusOr<Tensor> Tensor::Reshape(const Shape& shape) const {
@@ -70,8 +74,7 @@ absl::Status Tensor::CopyFrom(const Tensor& other) {
     return absl::InvalidArgumentError(
         StrCat("CopyFrom: ", other.meta_.ToString(), " into ", meta_.ToString()));
   }
-  std::memmove(raw_data(), other.raw_data(), NumBytes());
-  return absl::OkStatus();
+  return CopyBytes(raw_data(), device(), other.raw_data(), other.device(), NumBytes());
 }
 
 double ElementAsDouble(const Tensor& t, int64_t i) {

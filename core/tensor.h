@@ -37,9 +37,12 @@ class Tensor {
   // Uninitialised memory on `device`.
   static absl::StatusOr<Tensor> Empty(const Shape& shape, DType dtype,
                                       const Device& device = Device{});
-  // Zero-filled (CPU only).
+  // Zero-filled, on any device.
   static absl::StatusOr<Tensor> Zeros(const Shape& shape, DType dtype,
                                       const Device& device = Device{});
+  // Zero-filled in page-locked host memory (Storage::CreatePinned): the
+  // staging side of copies to and from GPUs.
+  static absl::StatusOr<Tensor> PinnedHost(const Shape& shape, DType dtype);
   // A tensor over bytes [byte_offset, byte_offset + its size) of `storage`
   // (an arena's registers). Errors: bytes outside the storage, an invalid meta.
   static absl::StatusOr<Tensor> InStorage(std::shared_ptr<Storage> storage, size_t byte_offset, TensorMeta meta);
@@ -71,7 +74,8 @@ class Tensor {
   absl::StatusOr<Tensor> SliceRows(int64_t start, int64_t length) const;
   // A deep copy in fresh storage on the same device (CPU only).
   Tensor Clone() const;
-  // Copies `other`'s bytes into this tensor; shapes and dtypes must match (CPU only).
+  // Copies `other`'s bytes into this tensor, across devices too (waiting
+  // for the copy); shapes and dtypes must match.
   absl::Status CopyFrom(const Tensor& other);
 
   // Element values converted to double, row-major (CPU; for tests and tools).

@@ -87,6 +87,10 @@ struct LowerOptions {
   // enqueues its kernel on its device's stream and hands its registers on
   // when it completed (a CUDA stream on GPUs; on CPUs a worker thread per
   // device stream).
+  // (parallel.device_type is the devices' type: every task of the plan is
+  // on a device of it. CUDA plans act asynchronously, as with
+  // async_compute, and every compute's op must have a CUDA kernel, else an
+  // error naming it.)
   bool async_compute = false;
 };
 

@@ -22,8 +22,9 @@ Binding<DistConfig> MakeDistKeys() {
                         "data × tensor × pipeline virtual CPU devices.");
   b.Field("device_type", &DistConfig::device_type,
           {.choices = {"cpu", "cuda"},
-           .not_implemented = "GPU execution",
-           .doc = "device kind: virtual CPU devices (`cpu`) or GPUs (`cuda`)"});
+           .doc = "device kind: virtual CPU devices (`cpu`) or GPUs (`cuda`: one GPU so far, cuda:0, whose kernels "
+                  "run asynchronously on a CUDA stream; layouts over several GPUs need the NCCL communicator, not "
+                  "built yet, and are refused)"});
   b.Field("data_parallel_size", &DistConfig::data_parallel_size,
           {.min = 1, .max = static_cast<double>(kMaxDevicesPerNode),
            .doc = "data-parallel degree; `null`: derived as `num_devices` / (tensor × pipeline)"});

@@ -146,8 +146,10 @@ absl::StatusOr<Job> Prepare(const nlohmann::json& raw_config, PlanExecutor execu
     return absl::InvalidArgumentError("train.evaluation.enabled needs text data (dataloader.data_prefix)");
   }
   ASSIGN_OR_RETURN(job.options.lower.parallel, ParallelFromConfig(train.dist, *job.model));
+  job.options.lower.parallel.device_type = train.dist.device_type == "cuda" ? DeviceType::kCuda : DeviceType::kCpu;
   if (train.dist.intra_op_threads) job.options.intra_op_threads = static_cast<int>(*train.dist.intra_op_threads);
   job.options.lower.async_compute = train.dist.async_compute;
+
   job.options.gradient_bucket_bytes = static_cast<int64_t>(train.dist.gradient_bucket_mb * (1 << 20));
   ASSIGN_OR_RETURN(const scheduler::DeviceMesh mesh, scheduler::DeviceMesh::Make(job.options.lower.parallel));
   job.data_parallel = mesh.data_parallel_size();

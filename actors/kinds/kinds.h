@@ -13,6 +13,7 @@
 #include "actors/actor.h"
 #include "actors/plan.h"
 #include "comm/proto/plan.pb.h"
+#include "core/status.h"
 #include "core/text.h"
 
 namespace tessera::actors::internal {
@@ -41,6 +42,28 @@ absl::StatusOr<std::unique_ptr<Actor>> MakeActor(const proto::Task& task, const 
 
 inline std::vector<int64_t> DescIds(const google::protobuf::RepeatedField<int64_t>& ids) {
   return std::vector<int64_t>(ids.begin(), ids.end());
+}
+
+// Host callbacks (a Source's fill, a Sink's read, a Parameter's
+// initialiser and finalizer) see host memory. For an actor on a GPU they get
+// page-locked host tensors of the registers' metas (Tensor::PinnedHost),
+// copied to or from the device around the call; on a CPU, the registers'
+// own tensors.
+inline absl::StatusOr<std::vector<Tensor>> PinnedLike(const std::vector<Tensor>& tensors) {
+  std::vector<Tensor> host;
+  for (const Tensor& t : tensors) {
+    ASSIGN_OR_RETURN(Tensor h, Tensor::PinnedHost(t.shape(), t.dtype()));
+    host.push_back(std::move(h));
+  }
+  return host;
+}
+// dst[i] = src[i], across devices (waits for the copies).
+inline absl::Status CopyAll(const std::vector<Tensor>& dst, const std::vector<Tensor>& src) {
+  for (size_t i = 0; i < dst.size(); ++i) {
+    Tensor to = dst[i];
+    RETURN_IF_ERROR(to.CopyFrom(src[i]));
+  }
+  return absl::OkStatus();
 }
 
 // The kernel step of act `acts` of `task`.

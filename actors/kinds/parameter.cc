@@ -41,17 +41,24 @@ class ParameterActor final : public Actor {
     }
     // A host initializer (a run going on from trained values) takes
     // precedence over the plan's init rules.
+    // On a GPU both write host copies, copied over after.
     std::vector<Tensor> all = Variable();
     all.insert(all.end(), state_.begin(), state_.end());
+    const bool on_gpu = DecodeActorId(id()).device_type != DeviceType::kCpu;
+    std::vector<Tensor> host_all = all;
+    if (on_gpu) {
+      ASSIGN_OR_RETURN(host_all, PinnedLike(all));
+    }
     auto host = task_.callback().empty() ? env_.callbacks->initializers.end()
                                          : env_.callbacks->initializers.find(task_.callback());
     if (host != env_.callbacks->initializers.end()) {
-      RETURN_IF_ERROR(host->second(all));
+      RETURN_IF_ERROR(host->second(host_all));
     } else if (task_.init_size() > 0) {
-      RETURN_IF_ERROR(RunInitRules(task_, *env_.registry, all));
+      RETURN_IF_ERROR(RunInitRules(task_, *env_.registry, host_all));
     } else if (!task_.callback().empty()) {
       return absl::NotFoundError(StrCat("no initializer callback '", task_.callback(), "' and no init rules"));
     }
+    if (on_gpu) RETURN_IF_ERROR(CopyAll(all, host_all));
     return runner_.Init(task_, *env_.registry, DescIds(task_.consumed_register_desc_ids()),
                         DescIds(task_.produced_register_desc_ids()));
   }
@@ -103,6 +110,12 @@ class ParameterActor final : public Actor {
     if (task_.callback().empty() || it == env_.callbacks->finalizers.end()) return absl::OkStatus();
     std::vector<Tensor> all = Variable();
     all.insert(all.end(), state_.begin(), state_.end());
+    if (DecodeActorId(id()).device_type != DeviceType::kCpu) {
+      // The host keeps what it gets: fresh host copies.
+      ASSIGN_OR_RETURN(std::vector<Tensor> host, PinnedLike(all));
+      RETURN_IF_ERROR(CopyAll(host, all));
+      return it->second(host);
+    }
     return it->second(all);
   }
 

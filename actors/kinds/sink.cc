@@ -10,6 +10,7 @@
 //          running --(every input Eord'ed and drained)--> done (it produces
 //          nothing, so no Eord to send and no register to wait for)
 
+#include "actors/actor_id.h"
 #include "actors/kinds/kinds.h"
 #include "core/status.h"
 
@@ -39,6 +40,14 @@ class SinkActor final : public Actor {
         const auto& tensors = FrontTensors(c);
         inputs_.insert(inputs_.end(), tensors.begin(), tensors.end());
       }
+      if (DecodeActorId(id()).device_type != DeviceType::kCpu) {
+        // A GPU's registers: read on the host, copied over first.
+        if (staging_.empty()) {
+          ASSIGN_OR_RETURN(staging_, PinnedLike(inputs_));
+        }
+        RETURN_IF_ERROR(CopyAll(staging_, inputs_));
+        inputs_ = staging_;
+      }
       RETURN_IF_ERROR((*sink_)(env_.start_iteration + StepOf(task_, act_count_), inputs_));
     }
     AckAll();
@@ -47,7 +56,8 @@ class SinkActor final : public Actor {
   }
 
   const HostCallbacks::SinkFn* sink_ = nullptr;
-  std::vector<Tensor> inputs_;  // the call's tensors, reused
+  std::vector<Tensor> inputs_;   // the call's tensors, reused
+  std::vector<Tensor> staging_;  // on a GPU: their host copies
 };
 
 }  // namespace

@@ -15,6 +15,7 @@
 //          emitting --(last piece emitted)--> Eord sent
 //                   --(every register acked)--> done
 
+#include "actors/actor_id.h"
 #include "actors/kinds/kinds.h"
 #include "core/status.h"
 
@@ -50,7 +51,17 @@ class SourceActor final : public Actor {
         const auto& tensors = produced_[i].registers->registers[static_cast<size_t>(taken[i])];
         outputs.insert(outputs.end(), tensors.begin(), tensors.end());
       }
-      RETURN_IF_ERROR((*fill_)(env_.start_iteration * PiecesPerIteration(task_) + act_count_, outputs));
+      const int64_t piece = env_.start_iteration * PiecesPerIteration(task_) + act_count_;
+      if (DecodeActorId(id()).device_type == DeviceType::kCpu) {
+        RETURN_IF_ERROR((*fill_)(piece, outputs));
+      } else {
+        // A GPU's registers: filled on the host, then copied over.
+        if (staging_.empty()) {
+          ASSIGN_OR_RETURN(staging_, PinnedLike(outputs));
+        }
+        RETURN_IF_ERROR((*fill_)(piece, staging_));
+        RETURN_IF_ERROR(CopyAll(outputs, staging_));
+      }
     }
     if (gated) AckAll();
     for (size_t i = 0; i < produced_.size(); ++i) SendReady(produced_[i], taken[i]);
@@ -60,6 +71,7 @@ class SourceActor final : public Actor {
   bool ShouldEnd() const override { return act_count_ >= limit_.Total(task_, env_); }
 
   const HostCallbacks::SourceFn* fill_ = nullptr;
+  std::vector<Tensor> staging_;  // on a GPU: the host side of the fills
   int64_t window_ = 0;  // of the consumed window descs (0: none)
   EmitLimit limit_;
 };

@@ -387,10 +387,17 @@ absl::StatusOr<std::vector<proto::DeviceMemory>> EstimateMemory(const proto::Pla
       m.set_optimizer_state(field);
     }
   }
+  // An arena names (node, device index); its device's type is its tasks'.
+  std::map<std::pair<uint32_t, uint32_t>, DeviceType> type_of;
+  for (const auto& task : plan.tasks()) {
+    const ActorId id = DecodeActorId(task.actor_id());
+    type_of.emplace(std::make_pair(id.node, id.device_index), id.device_type);
+  }
   for (const auto& arena : plan.arenas()) {
     ActorId id;
     id.node = arena.node();
     id.device_index = arena.device_index();
+    if (auto it = type_of.find({id.node, id.device_index}); it != type_of.end()) id.device_type = it->second;
     ASSIGN_OR_RETURN(const uint64_t encoded, EncodeActorId(id));
     proto::DeviceMemory& m = entry(encoded);
     int64_t field = m.arena();
@@ -422,7 +429,8 @@ uint64_t PlanBuilder::AddTask(proto::ActorKind kind, std::string name, uint32_t 
     return kNoActorId;
   }
   if (device_index > FieldMax(kDeviceIndexBits)) {
-    Fail(absl::InvalidArgumentError(StrCat("task '", name, "' on cpu:", device_index, ": actor ids hold at most ",
+    Fail(absl::InvalidArgumentError(StrCat("task '", name, "' on ", DeviceTypeName(device_type_), ":",
+                                           device_index, ": actor ids hold at most ",
                                            FieldMax(kDeviceIndexBits) + 1, " devices per node (device index is ",
                                            kDeviceIndexBits, " bits)")));
     return kNoActorId;
@@ -435,6 +443,7 @@ uint64_t PlanBuilder::AddTask(proto::ActorKind kind, std::string name, uint32_t 
   }
   ActorId id;
   id.node = node;
+  id.device_type = device_type_;
   id.device_index = device_index;
   id.stream = stream;
   uint32_t& next = next_task_[StreamOf(*EncodeActorId(id))];

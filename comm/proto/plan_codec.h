@@ -98,8 +98,10 @@ class PlanBuilder {
  public:
   explicit PlanBuilder(int64_t iterations) { plan_.set_iterations(iterations); }
 
-  // Adds a task on (node, cpu:device_index, stream) with the next task
-  // index of that stream; returns its actor id.
+  // The device type of the tasks added from now on (default: CPU).
+  void set_device_type(DeviceType type) { device_type_ = type; }
+  // Adds a task on (node, <device type>:device_index, stream) with the next
+  // task index of that stream; returns its actor id.
   uint64_t AddTask(proto::ActorKind kind, std::string name, uint32_t stream = 0, uint32_t device_index = 0,
                    uint32_t node = 0);
   proto::Task& task(uint64_t actor_id);
@@ -152,6 +154,7 @@ class PlanBuilder {
   proto::Plan plan_;
   absl::Status status_;
   std::string memory_note_;
+  DeviceType device_type_ = DeviceType::kCpu;
   std::map<uint64_t, uint32_t> next_task_;  // stream (StreamOf) -> next task index
   std::map<uint64_t, int> index_;           // actor id -> position in plan_.tasks
 };

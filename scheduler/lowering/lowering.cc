@@ -13,7 +13,8 @@ absl::StatusOr<LoweredPlan> Lowering::Run() {
   for (const Node& node : graph_.nodes()) RETURN_IF_ERROR(LowerNode(node));
   RETURN_IF_ERROR(LowerSink());
   GateMicroBatches();
-  if (options_.async_compute) {
+  RETURN_IF_ERROR(CheckDeviceType());
+  if (options_.async_compute || options_.parallel.device_type == DeviceType::kCuda) {
     std::vector<uint64_t> computes;
     for (const proto::Task& task : builder_.plan().tasks()) {
       if (task.kind() == proto::ACTOR_KIND_COMPUTE && !task.op().empty()) computes.push_back(task.actor_id());
@@ -37,6 +38,30 @@ absl::StatusOr<LoweredPlan> Lowering::Run() {
     }
   }
   return std::move(out_);
+}
+
+absl::Status Lowering::CheckDeviceType() const {
+  if (options_.parallel.device_type == DeviceType::kCpu) return absl::OkStatus();
+  const std::string type(DeviceTypeName(options_.parallel.device_type));
+  for (const proto::Task& task : builder_.plan().tasks()) {
+    switch (task.kind()) {
+      case proto::ACTOR_KIND_COLLECTIVE:
+      case proto::ACTOR_KIND_SEND:
+      case proto::ACTOR_KIND_RECV:
+        return absl::UnimplementedError(StrCat(
+            "'", task.name(), "' moves tensors between ", type,
+            " devices, which needs the NCCL communicator (not built yet): on GPUs only one-device layouts run"));
+      default:
+        break;
+    }
+    if (task.op().empty()) continue;
+    const ops::OpSchema* schema = ops::BuiltinOps().Find(task.op());
+    if (schema != nullptr && schema->FindKernel(options_.parallel.device_type) == nullptr) {
+      return absl::UnimplementedError(
+          StrCat("op '", task.op(), "' (task '", task.name(), "') has no ", type, " kernel"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 void Lowering::GateMicroBatches() {

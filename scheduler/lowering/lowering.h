@@ -26,6 +26,7 @@
 #include "core/status.h"
 #include "core/text.h"
 #include "graph/graph.h"
+#include "ops/registry.h"
 #include "scheduler/lower.h"
 #include "scheduler/lowering/graph_facts.h"
 #include "scheduler/mesh.h"
@@ -56,7 +57,9 @@ class Lowering {
         sbp_(sbp),
         facts_(facts),
         locations_(std::move(locations)),
-        builder_(options.iterations) {}
+        builder_(options.iterations) {
+    builder_.set_device_type(options.parallel.device_type);
+  }
 
   // Lowers every node, then the sink. Call once.
   absl::StatusOr<LoweredPlan> Run();
@@ -154,6 +157,9 @@ class Lowering {
   // so micro-batch k + w starts after k's gradients are summed. Nothing when
   // w >= m.
   void GateMicroBatches();
+  // A plan on GPUs: every op has a kernel there, and nothing moves tensors
+  // between devices (no NCCL communicator yet).
+  absl::Status CheckDeviceType() const;
   // (stage, parallel id) -> the micro-rate Sources / Accs lowered there.
   std::map<std::pair<int64_t, int64_t>, std::vector<uint64_t>> window_sources_, window_accs_;
   // Records where the outputs of a node's task on parallel id i live.

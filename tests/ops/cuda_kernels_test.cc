@@ -9,6 +9,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -16,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "core/stream.h"
 #include "core/text.h"
 #include "ops/eager.h"
 #include "ops/registry.h"
@@ -211,6 +215,62 @@ TEST(CudaKernels, CastMatchesTheCpuForEveryPair) {
       ASSERT_EQ(std::memcmp(got.raw_data(), (*want)[0].raw_data(), got.NumBytes()), 0);
     }
   }
+}
+
+// The asynchronous model on a GPU: a matmul enqueued on a CUDA stream
+// returns before it ran (its host side only launches), the completion
+// callback comes on the poller thread after it, with the product in place;
+// a failing launch (a tensor on another device) reaches the next callback,
+// and everything behind it is skipped.
+TEST(CudaStream, RunsKernelsAsynchronouslyAndCallsBackAfterThem) {
+  if (const std::string why = NoGpu(); !why.empty()) GTEST_SKIP() << why;
+  const Device gpu{DeviceType::kCuda, 0};
+  auto stream = MakeCudaStream(0, "cuda:0 stream 0");
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  ASSERT_NE((*stream)->native(), nullptr);
+  std::mt19937 rng(7);
+  const TensorMeta meta{DType::kF32, Shape{512, 512}};
+  const Tensor a = RandomInput(meta, false, rng), b = RandomInput(meta, false, rng);
+  auto want = RunOp("matmul", {a, b}, {});
+  ASSERT_TRUE(want.ok()) << want.status();
+  const OpSchema& matmul = *BuiltinOps().Find("matmul");
+  AttrMap attrs = *matmul.CanonicalizeAttrs({});
+  KernelContext ctx;
+  ctx.attrs = &attrs;
+  ctx.device = gpu;
+  ctx.stream = stream->get();
+  ctx.inputs = {ToDevice(a, gpu), ToDevice(b, gpu)};
+  auto y = Tensor::Empty(meta.shape, meta.dtype, gpu);
+  ASSERT_TRUE(y.ok());
+  ctx.outputs = {*y};
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<absl::Status> done;
+  const auto callback = [&](absl::Status status) {
+    std::lock_guard<std::mutex> lock(mu);
+    done.push_back(std::move(status));
+    cv.notify_all();
+  };
+  for (int i = 0; i < 8; ++i) (*stream)->Enqueue([&] { return RunKernel(matmul, ctx); });
+  (*stream)->OnComplete(callback);
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(30), [&] { return done.size() == 1; }));
+    EXPECT_TRUE(done[0].ok()) << done[0];
+  }
+  const std::vector<float> got = ToHost(ctx.outputs[0]).ToVector<float>(), expected = (*want)[0].ToVector<float>();
+  for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], expected[i], 1e-3f * (1 + std::fabs(expected[i]))) << i;
+  KernelContext bad = ctx;
+  bad.inputs[0] = a;  // on the host
+  (*stream)->Enqueue([&] { return RunKernel(matmul, bad); });
+  (*stream)->OnComplete(callback);
+  (*stream)->Enqueue([&] { return RunKernel(matmul, ctx); });
+  (*stream)->OnComplete(callback);
+  std::unique_lock<std::mutex> lock(mu);
+  ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(30), [&] { return done.size() == 3; }));
+  EXPECT_FALSE(done[1].ok());
+  EXPECT_NE(done[1].message().find("given to a kernel on cuda:0"), std::string::npos) << done[1];
+  EXPECT_EQ(done[2], done[1]);
 }
 #else
 TEST(CudaKernels, MatchTheCpuKernels) { GTEST_SKIP() << "this build of Tessera has no CUDA (nvcc not found)"; }

@@ -13,6 +13,7 @@
 #include <vector>
 #include <unistd.h>
 
+#include "comm/proto/actor_id.h"
 #include "core/config.h"
 #include "core/text.h"
 #include "train/job_config.h"
@@ -200,6 +201,38 @@ TEST(Models, MlpIsRegisteredAndDataIsSeeded) {
   auto unseeded = registry.Create({{"_target_", "models.MLP"}});
   ASSERT_FALSE(unseeded.ok());
   EXPECT_NE(std::string(unseeded.status().message()).find("derives from 'train.seed'"), std::string::npos);
+}
+
+// train.dist.device_type=cuda plans every task on cuda:0, computes acting
+// asynchronously (on the device's CUDA stream); an op without a CUDA kernel
+// and a layout over several GPUs are plan errors naming what is missing.
+TEST(CudaPlan, OneGpuPlansEveryTaskOnCudaWithAsynchronousComputes) {
+  auto job = LoadJobConfig(testing::SourcePath("configs/gpt2_nano.json"), {"train.dist.device_type=cuda"});
+  ASSERT_TRUE(job.ok()) << job.status();
+  auto plan = TrainingPlan(*job);
+#ifdef TESSERA_WITH_CUDA
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  int computes = 0;
+  for (const auto& task : plan->tasks()) {
+    EXPECT_EQ(comm::DecodeActorId(task.actor_id()).device(), (Device{DeviceType::kCuda, 0})) << task.name();
+    const bool compute = task.kind() == proto::ACTOR_KIND_COMPUTE && !task.op().empty();
+    EXPECT_EQ(task.async_acts(), compute) << task.name();
+    computes += compute ? 1 : 0;
+  }
+  EXPECT_GT(computes, 100);
+  ASSERT_EQ(plan->memory_estimate_size(), 1);
+  EXPECT_EQ(plan->memory_estimate(0).device(), "cuda:0");
+  EXPECT_EQ(plan->mesh().rfind("cuda, 1 ranks", 0), 0u) << plan->mesh();
+#else
+  ASSERT_FALSE(plan.ok());
+  EXPECT_NE(plan.status().message().find("has no cuda kernel"), std::string::npos) << plan.status();
+#endif
+  auto mlp = LoadJobConfig(testing::SourcePath("configs/mlp_demo.json"), {"train.dist.device_type=cuda"});
+  ASSERT_TRUE(mlp.ok());
+  const auto refused = TrainingPlan(*mlp);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("op 'sparse_softmax_cross_entropy'"), std::string::npos) << refused.status();
+  EXPECT_NE(refused.status().message().find("has no cuda kernel"), std::string::npos) << refused.status();
 }
 
 }  // namespace
