@@ -7,7 +7,8 @@
 #      (cuda_kernels_test: tessera_ops and tessera_core, a few minutes);
 #   3. run them: every op with a CUDA kernel against its CPU kernel on
 #      cuda:0, and kernels enqueued on a CUDA stream completing through its
-#      callback (tests/ops/cuda_kernels_test.cc);
+#      callback (tests/ops/cuda_kernels_test.cc); a training loop through the
+#      actor runtime on cuda:0 against the CPU (tests/actors/cuda_runtime_test.cc);
 #   4. build `tessera` and train gpt2_nano for 20 iterations on cuda:0 and
 #      on the CPU: the losses must agree (f32, TF32 off: rtol 1e-4; bf16 AMP:
 #      rtol 2e-2), with tokens/s of both;
@@ -51,7 +52,8 @@ section "Build"
 start=$(date +%s)
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTESSERA_CUDA=ON -DTESSERA_BUILD_BENCH=OFF \
   -DTESSERA_BUILD_EXAMPLES=OFF >> "$log" 2>&1 || fail "cmake configure (are the Debian packages installed? scripts/install_deps.sh)"
-cmake --build "$build" --target cuda_kernels_test -j "$(nproc)" >> "$log" 2>&1 || fail "build of cuda_kernels_test"
+cmake --build "$build" --target cuda_kernels_test cuda_runtime_test -j "$(nproc)" >> "$log" 2>&1 ||
+  fail "build of cuda_kernels_test and cuda_runtime_test"
 echo "configure and build: $(($(date +%s) - start)) s" >> "$report"
 
 section "CUDA kernels against the CPU's"
@@ -66,6 +68,14 @@ if "$build/bin/cuda_kernels_test" >> "$log" 2>&1; then status=passed; else statu
   echo '```'
 } >> "$report"
 [[ $status == passed ]] || fail "cuda_kernels_test ($status; no usable GPU?)"
+
+section "The actor runtime on cuda:0"
+start=$(date +%s)
+mark=$(wc -l < "$log")
+if "$build/bin/cuda_runtime_test" >> "$log" 2>&1; then status=passed; else status=FAILED; fi
+[[ $status == passed ]] && tail -n +"$((mark + 1))" "$log" | grep -q '^\[  SKIPPED \]' && status="skipped"
+echo "cuda_runtime_test (a training loop, async computes, staged feeds and fetches, against the CPU): **$status** in $(($(date +%s) - start)) s" >> "$report"
+[[ $status == passed ]] || fail "cuda_runtime_test ($status)"
 
 section "gpt2_nano on cuda:0 against the CPU"
 start=$(date +%s)

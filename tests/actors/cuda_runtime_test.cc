@@ -1,0 +1,96 @@
+// The actor runtime on a GPU (ctest label cuda; skips without one): a
+// training loop (parameter w, source x, three computes, sgd_update, a sink
+// watching w) planned on cuda:0 runs with every compute asynchronous on the
+// device's CUDA stream, sources and sinks through page-locked staging, the
+// parameter initialised on the host and finalized back to it, and gives the
+// CPU plan's numbers. Without a GPU, loading the plan is a one-line error
+// naming the device.
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "actors/plan.h"
+#include "actors/runtime.h"
+#include "comm/proto/memory_plan.h"
+#include "core/storage.h"
+#include "core/text.h"
+#include "gtest/gtest.h"
+#include "tests/actors/plan_helpers.h"
+
+namespace tessera::actors {
+namespace {
+
+struct Outcome {
+  absl::Status status;
+  std::vector<std::vector<float>> watched;  // w at each iteration
+  std::vector<float> trained;
+};
+
+Outcome Train(DeviceType type) {
+  PlanBuilder b(6);
+  b.set_device_type(type);
+  const testing::TrainingLoop t = testing::AddTrainingLoop(b, TensorMeta{DType::kF32, Shape{1000}}, {2, 2, 2, 1});
+  b.task(t.src).set_callback("x");
+  b.task(t.watch).set_callback("watch");
+  for (const uint64_t task : {t.c1, t.c2, t.c3}) b.task(task).set_async_acts(type == DeviceType::kCuda);
+  proto::Plan plan = b.Build();
+  EXPECT_TRUE(b.status().ok()) << b.status();
+  Outcome out;
+  RuntimeOptions options;
+  options.callbacks.sources["x"] = [](int64_t piece, const std::vector<Tensor>& x) {
+    for (int64_t i = 0; i < x[0].NumElements(); ++i) x[0].data<float>()[i] = 0.001f * static_cast<float>(piece + i % 7);
+    return absl::OkStatus();
+  };
+  options.callbacks.sinks["watch"] = [&out](int64_t, const std::vector<Tensor>& w) {
+    out.watched.push_back(w[0].ToVector<float>());
+    return absl::OkStatus();
+  };
+  options.callbacks.initializers["w"] = [](const std::vector<Tensor>& w) {
+    for (int64_t i = 0; i < w[0].NumElements(); ++i) w[0].data<float>()[i] = 0.5f + 0.001f * static_cast<float>(i % 11);
+    w[2].data<float>()[0] = 0.1f;  // the learning rate
+    return absl::OkStatus();
+  };
+  options.callbacks.finalizers["w"] = [&out](const std::vector<Tensor>& w) {
+    out.trained = w[0].ToVector<float>();
+    return absl::OkStatus();
+  };
+  auto runtime = Runtime::Load(plan, std::move(options));
+  if (!runtime.ok()) {
+    out.status = runtime.status();
+    return out;
+  }
+  out.status = (*runtime)->Run();
+  return out;
+}
+
+TEST(CudaRuntime, ATrainingLoopOnTheGpuGivesTheCpuNumbers) {
+  const Outcome cpu = Train(DeviceType::kCpu);
+  ASSERT_TRUE(cpu.status.ok()) << cpu.status;
+  ASSERT_EQ(cpu.watched.size(), 6u);
+  const Outcome gpu = Train(DeviceType::kCuda);
+  if (const absl::StatusOr<int> gpus = CudaDeviceCount(); !gpus.ok()) {
+    // No GPU: the load says so, naming the device, in one line.
+    ASSERT_FALSE(gpu.status.ok());
+    const std::string message(gpu.status.message());
+    EXPECT_NE(message.find("the plan runs on cuda:0, but this process has "), std::string::npos) << message;
+    EXPECT_EQ(message.find('\n'), std::string::npos) << message;
+    GTEST_SKIP() << gpus.status().message();
+  }
+  ASSERT_TRUE(gpu.status.ok()) << gpu.status;
+  ASSERT_EQ(gpu.watched.size(), cpu.watched.size());
+  for (size_t it = 0; it < cpu.watched.size(); ++it) {
+    for (size_t i = 0; i < cpu.watched[it].size(); ++i) {
+      ASSERT_NEAR(gpu.watched[it][i], cpu.watched[it][i], 1e-5f * (1 + std::abs(cpu.watched[it][i])))
+          << "iteration " << it << " element " << i;
+    }
+  }
+  ASSERT_EQ(gpu.trained.size(), cpu.trained.size());
+  for (size_t i = 0; i < cpu.trained.size(); ++i) {
+    ASSERT_NEAR(gpu.trained[i], cpu.trained[i], 1e-5f * (1 + std::abs(cpu.trained[i]))) << i;
+  }
+  EXPECT_NE(cpu.trained, cpu.watched.front());  // it trained
+}
+
+}  // namespace
+}  // namespace tessera::actors
