@@ -82,8 +82,7 @@ absl::Status CheckGpus(const proto::Plan& plan) {
   if (highest < 0) return absl::OkStatus();
   const absl::StatusOr<int> count = CudaDeviceCount();
   if (!count.ok()) {
-    return absl::FailedPreconditionError(StrCat("the plan runs on cuda:", highest, ", but this process has ",
-                                                count.status().message()));
+    return absl::FailedPreconditionError(StrCat("the plan runs on cuda:", highest, ", but ", count.status().message()));
   }
   if (highest >= *count) {
     return absl::FailedPreconditionError(

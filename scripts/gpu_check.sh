@@ -106,6 +106,7 @@ compare() {  # name rtol extra-overrides...
   shift 2
   local dir="$report_dir/runs/$name"
   rm -rf "$dir"
+  mkdir -p "$report_dir/runs"
   for device in cpu cuda; do
     timeout 300 "$build/bin/tessera" train "$root/configs/gpt2_nano.json" train.train_iter=20 train.log_period=1 \
       train.checkpointer.period=null "train.output_dir=$dir/$device" "train.dist.device_type=$device" "$@" \
@@ -132,6 +133,7 @@ section "GPT-2 124M, bf16, on cuda:0"
 start=$(date +%s)
 big="$report_dir/runs/gpt2_124m"
 rm -rf "$big"
+mkdir -p "$report_dir/runs"
 L=12 H=768 T=1024 V=50257 B=8
 if timeout 400 "$build/bin/tessera" train "$root/configs/gpt2_nano.json" train.train_iter=12 train.log_period=4 \
     train.checkpointer.period=null "train.output_dir=$big" train.dist.device_type=cuda train.amp.enabled=true \

@@ -54,6 +54,8 @@ absl::Status Lowering::CheckDeviceType() const {
       default:
         break;
     }
+  }
+  for (const proto::Task& task : builder_.plan().tasks()) {
     if (task.op().empty()) continue;
     const ops::OpSchema* schema = ops::BuiltinOps().Find(task.op());
     if (schema != nullptr && schema->FindKernel(options_.parallel.device_type) == nullptr) {

@@ -231,7 +231,9 @@ TEST(CudaPlan, OneGpuPlansEveryTaskOnCudaWithAsynchronousComputes) {
   ASSERT_TRUE(mlp.ok());
   const auto refused = TrainingPlan(*mlp);
   ASSERT_FALSE(refused.ok());
+#ifdef TESSERA_WITH_CUDA
   EXPECT_NE(refused.status().message().find("op 'sparse_softmax_cross_entropy'"), std::string::npos) << refused.status();
+#endif
   EXPECT_NE(refused.status().message().find("has no cuda kernel"), std::string::npos) << refused.status();
 }
 
