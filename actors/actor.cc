@@ -72,6 +72,7 @@ std::string Actor::DescribeWait(const std::function<std::string(uint64_t)>& name
     parts.push_back(StrCat(eord_sent_ ? "its registers of desc " : "a free register of desc ", p.desc_id, " (", out, " of ",
                            p.reading_count.size(), " held by ", Join(readers, ", "), ")"));
   }
+  if (!deferred_.empty()) parts.push_back(StrCat(deferred_.size(), " act(s) in flight on ", env_.stream->name()));
   std::string kind = DescribeKindWait();
   if (!kind.empty()) parts.push_back(std::move(kind));
   return Join(parts, ", ");
@@ -137,6 +138,42 @@ void Actor::AckAll() {
   }
 }
 
+void Actor::Defer(std::function<void()> handoff) {
+  deferred_.push_back(std::move(handoff));
+  env_.stream->OnComplete([completions = completions_, bus = env_.bus, actor = id()](absl::Status status) {
+    {
+      std::lock_guard<std::mutex> lock(completions->mu);
+      if (status.ok()) {
+        ++completions->completed;
+      } else if (completions->error.ok()) {
+        completions->error = std::move(status);
+      }
+    }
+    bus->Send(Message::Cmd(actor, Command::kResume));
+  });
+}
+
+absl::StatusOr<bool> Actor::Retire() {
+  int64_t completed = 0;
+  {
+    std::lock_guard<std::mutex> lock(completions_->mu);
+    if (!completions_->error.ok()) return completions_->error;
+    completed = completions_->completed;
+  }
+  if (retired_ == completed) return false;
+  for (; retired_ < completed; ++retired_) {
+    std::function<void()> handoff = std::move(deferred_.front());
+    deferred_.pop_front();
+    handoff();
+  }
+  return true;
+}
+
+void Actor::AckRegister(const Consumed& c, int32_t index) {
+  if (env_.arena != nullptr) env_.arena->Release(c.desc_id, index);
+  env_.bus->Send(Message::Ack(id(), c.producer, c.desc_id, index));
+}
+
 absl::Status Actor::Apply(const Message& message) {
   switch (message.type) {
     case MessageType::kCommand:
@@ -182,7 +219,7 @@ absl::Status Actor::MaybeEnd() {
   for (const Consumed& c : consumed_) all_eord &= c.eord;
   bool all_returned = true;
   for (const Produced& p : produced_) all_returned &= p.all_free();
-  if (eord_sent_ && all_eord && AllConsumedExhausted() && all_returned) {
+  if (eord_sent_ && all_eord && AllConsumedExhausted() && all_returned && !Busy()) {
     RETURN_IF_ERROR(CheckEnd());
     done_ = true;
   } else if (all_eord && !consumed_.empty() && !AllConsumedExhausted() && all_returned && !Busy()) {

@@ -21,6 +21,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -160,9 +161,10 @@ class Actor {
   virtual bool ShouldEnd() const;
   // Kind-specific checks when the actor ends (e.g. Acc mid-accumulation).
   virtual absl::Status CheckEnd() const { return absl::OkStatus(); }
-  // Whether an asynchronous operation (a collective, a transfer) is in
-  // flight: the actor holds its registers until it completes.
-  virtual bool Busy() const { return false; }
+  // Whether an asynchronous operation (a collective, a transfer, an act on
+  // the stream) is in flight: the actor holds its registers until it
+  // completes.
+  virtual bool Busy() const { return !deferred_.empty(); }
   // The kind's own waits (an asynchronous op, the coordinator's turn), for
   // DescribeWait.
   virtual std::string DescribeKindWait() const { return ""; }
@@ -184,6 +186,19 @@ class Actor {
   // Prefixes `status` with Describe() (and keeps its code).
   absl::Status Annotate(const absl::Status& status) const;
 
+  // Asynchronous acts (Task.async_acts, core/stream.h): once an act enqueued
+  // its kernels on env_.stream, Defer asks the stream to call back when they
+  // completed; `handoff` (the act's acks and readies) then runs from Retire,
+  // on the actor's thread, after the hand-offs of every earlier act.
+  void Defer(std::function<void()> handoff);
+  // Runs the hand-offs of the acts the stream completed, oldest first: true
+  // when any ran; a failed kernel's error.
+  absl::StatusOr<bool> Retire();
+  size_t acts_in_flight() const { return deferred_.size(); }
+  // Hands register `index` of consumed desc `c` back (arena first, then
+  // the ack): a deferred AckFront of a register no longer at the front.
+  void AckRegister(const Consumed& c, int32_t index);
+
   const proto::Task& task_;
   ActorEnvironment env_;
   std::vector<Consumed> consumed_;
@@ -193,6 +208,16 @@ class Actor {
  private:
   absl::Status Apply(const Message& message);
   absl::Status MaybeEnd();
+
+  // Completions counted by the stream's callbacks (any thread).
+  struct Completions {
+    std::mutex mu;
+    int64_t completed = 0;
+    absl::Status error;
+  };
+  std::deque<std::function<void()>> deferred_;  // launched acts' hand-offs, oldest first
+  std::shared_ptr<Completions> completions_ = std::make_shared<Completions>();
+  int64_t retired_ = 0;
 
   bool started_ = false;
   bool eord_sent_ = false;

@@ -457,8 +457,11 @@ absl::Status ValidatePlan(const proto::Plan& plan, const ops::OpRegistry& regist
       return absl::InvalidArgumentError(StrCat("two tasks have actor id ", ActorIdToString(task.actor_id())));
     }
     RETURN_IF_ERROR(ValidateTaskCounts(plan, task));
-    if (task.async_acts() && (task.kind() != proto::ACTOR_KIND_COMPUTE || task.op().empty())) {
-      return absl::InvalidArgumentError(StrCat(TaskName(task), " has async_acts, which only a compute task with an op may have"));
+    if (task.async_acts() && !(task.kind() == proto::ACTOR_KIND_ACC ||
+                               ((task.kind() == proto::ACTOR_KIND_COMPUTE || task.kind() == proto::ACTOR_KIND_PARAMETER) &&
+                                !task.op().empty()))) {
+      return absl::InvalidArgumentError(StrCat(
+          TaskName(task), " has async_acts, which only an acc and a compute or parameter task with an op may have"));
     }
     index.task = &task;
     index.consumed = IdSet<int64_t>(task.consumed_register_desc_ids());

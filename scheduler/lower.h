@@ -83,14 +83,14 @@ struct LowerOptions {
   std::vector<uint32_t> devices_per_node = {};
   ParallelConfig parallel = {};
   int zero_stage = 0;  // SbpInferOptions::zero_stage
-  // Compute tasks with an op act asynchronously (Task.async_acts): each act
-  // enqueues its kernel on its device's stream and hands its registers on
-  // when it completed (a CUDA stream on GPUs; on CPUs a worker thread per
-  // device stream).
-  // (parallel.device_type is the devices' type: every task of the plan is
-  // on a device of it. CUDA plans act asynchronously, as with
-  // async_compute, and every compute's op must have a CUDA kernel, else an
-  // error naming it.)
+  // Every task that runs kernels (computes and parameters with an op, accs)
+  // acts asynchronously (Task.async_acts): each act enqueues its kernel on
+  // its device's stream and hands its registers on when it completed (a CUDA
+  // stream on GPUs; on CPUs a worker thread per device stream).
+  // (parallel.device_type is the devices' type:
+  // every task of the plan is on a device of it. CUDA plans act
+  // asynchronously, as with async_compute, and every compute's op must have
+  // a CUDA kernel, else an error naming it.)
   bool async_compute = false;
 };
 

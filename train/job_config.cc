@@ -41,10 +41,10 @@ Binding<DistConfig> MakeDistKeys() {
            .doc = "kernel threads per device (its actor thread included); `null`: the machine's hardware threads "
                   "divided by the devices, at least 1"});
   b.Field("async_compute", &DistConfig::async_compute,
-          {.doc = "each device's compute kernels run on a stream of their own (on CPU a worker thread per device), "
-                  "each op handing its outputs on when its kernel completed, so the device's actor thread keeps "
-                  "scheduling (feeds, fetches, collectives) while kernels run; `false`: kernels run on the actor "
-                  "thread. Same numbers either way"});
+          {.doc = "each device's kernels (computes, accumulations, optimizer updates) run on a stream of their own "
+                  "(on CPU a worker thread per device), each handing its outputs on when its kernel completed, so the "
+                  "device's actor thread keeps scheduling (feeds, fetches, collectives) while kernels run; `false`: "
+                  "kernels run on the actor thread. Same numbers either way; GPU jobs always run so"});
   b.Field("gradient_bucket_mb", &DistConfig::gradient_bucket_mb,
           {.min = 0, .max = 4096,
            .doc = "data parallelism (without ZeRO or tensor parallelism): gradients smaller than this are "

@@ -21,10 +21,6 @@
 //          running --(every input Eord'ed and drained, no act in flight)-->
 //                  Eord sent --(every register acked)--> done
 
-#include <deque>
-#include <mutex>
-
-#include "absl/base/thread_annotations.h"
 #include "actors/actor_id.h"
 #include "actors/kinds/kinds.h"
 #include "actors/kinds/op_runner.h"
@@ -46,18 +42,6 @@ class ComputeActor final : public Actor {
   }
 
  private:
-  // One act launched and not yet handed on.
-  struct InFlight {
-    std::vector<int32_t> consumed;  // per consumed desc: the register it reads
-    std::vector<int32_t> produced;  // per produced desc: the register it writes
-  };
-  // Acts the stream completed, counted by its callbacks (any thread).
-  struct Completions {
-    std::mutex mu;
-    int64_t completed ABSL_GUARDED_BY(mu) = 0;
-    absl::Status error ABSL_GUARDED_BY(mu);
-  };
-
   absl::StatusOr<bool> ActOnce() override {
     if (task_.async_acts()) {
       ASSIGN_OR_RETURN(const bool retired, Retire());
@@ -81,82 +65,46 @@ class ComputeActor final : public Actor {
     return true;
   }
 
-  // Launches the next act on the stream when the act condition holds.
+  // Launches the next act on the stream when the act condition holds; its
+  // registers are handed on when the stream completed it.
   bool Launch() {
     if (!AllConsumedReady() || !AllProducedFree()) return false;
-    InFlight act;
-    for (size_t i = 0; i < produced_.size(); ++i) act.produced.push_back(TakeFree(produced_[i]));
+    std::vector<int32_t> consumed, produced;  // per desc: the register the act reads / writes
+    for (size_t i = 0; i < produced_.size(); ++i) produced.push_back(TakeFree(produced_[i]));
     for (Consumed& c : consumed_) {
-      act.consumed.push_back(c.ready.front());
+      consumed.push_back(c.ready.front());
       c.ready.pop_front();
     }
-    auto lookup = [this, &act](const OpRunner::Ref& r) -> const Tensor& {
+    auto lookup = [&](const OpRunner::Ref& r) -> const Tensor& {
       const auto slot = static_cast<size_t>(r.slot);
       if (r.where == OpRunner::Where::kConsumed) {
-        return consumed_[slot].registers->registers[static_cast<size_t>(act.consumed[slot])][static_cast<size_t>(r.tensor)];
+        return consumed_[slot].registers->registers[static_cast<size_t>(consumed[slot])][static_cast<size_t>(r.tensor)];
       }
-      return produced_[slot].registers->registers[static_cast<size_t>(act.produced[slot])][static_cast<size_t>(r.tensor)];
+      return produced_[slot].registers->registers[static_cast<size_t>(produced[slot])][static_cast<size_t>(r.tensor)];
     };
     const absl::Status launched = runner_.Launch(task_, lookup, act_count_, env_.start_iteration, env_.pool,
                                                  DecodeActorId(id()).device(), *env_.stream);
-    // A launch that failed before enqueuing (its slices) still completes
-    // through the stream, so the error surfaces in order at its retirement.
+    // A launch that failed before enqueuing (its slices) still goes through
+    // the stream, so the error surfaces in order.
     if (!launched.ok()) env_.stream->Enqueue([launched] { return launched; });
-    env_.stream->OnComplete([completions = completions_, bus = env_.bus, actor = id()](absl::Status status) {
-      {
-        std::lock_guard<std::mutex> lock(completions->mu);
-        if (status.ok()) {
-          ++completions->completed;
-        } else if (completions->error.ok()) {
-          completions->error = std::move(status);
-        }
+    Defer([this, consumed = std::move(consumed), produced = std::move(produced)] {
+      // As AckAll: every input back to the arena monitor before any ack.
+      if (env_.arena != nullptr) {
+        for (size_t i = 0; i < consumed_.size(); ++i) env_.arena->Release(consumed_[i].desc_id, consumed[i]);
       }
-      bus->Send(Message::Cmd(actor, Command::kResume));
+      for (size_t i = 0; i < consumed_.size(); ++i) {
+        env_.bus->Send(Message::Ack(id(), consumed_[i].producer, consumed_[i].desc_id, consumed[i]));
+      }
+      for (size_t i = 0; i < produced_.size(); ++i) SendReady(produced_[i], produced[i]);
     });
-    in_flight_.push_back(std::move(act));
     ++act_count_;
     return true;
   }
 
-  // Hands on the acts the stream completed, oldest first: true when any.
-  absl::StatusOr<bool> Retire() {
-    int64_t completed = 0;
-    {
-      std::lock_guard<std::mutex> lock(completions_->mu);
-      if (!completions_->error.ok()) return completions_->error;
-      completed = completions_->completed;
-    }
-    if (retired_ == completed) return false;
-    while (retired_ < completed) {
-      InFlight& act = in_flight_.front();
-      // As AckAll: every input handed back to the arena monitor before any
-      // ack leaves, then the outputs on.
-      if (env_.arena != nullptr) {
-        for (size_t i = 0; i < consumed_.size(); ++i) env_.arena->Release(consumed_[i].desc_id, act.consumed[i]);
-      }
-      for (size_t i = 0; i < consumed_.size(); ++i) {
-        env_.bus->Send(Message::Ack(id(), consumed_[i].producer, consumed_[i].desc_id, act.consumed[i]));
-      }
-      for (size_t i = 0; i < produced_.size(); ++i) SendReady(produced_[i], act.produced[i]);
-      in_flight_.pop_front();
-      ++retired_;
-    }
-    return true;
-  }
-
-  bool ShouldEnd() const override { return in_flight_.empty() && Actor::ShouldEnd(); }
-  bool Busy() const override { return !in_flight_.empty(); }
-  std::string DescribeKindWait() const override {
-    if (in_flight_.empty()) return "";
-    return StrCat(in_flight_.size(), " act(s) in flight on ", env_.stream->name());
-  }
+  bool ShouldEnd() const override { return acts_in_flight() == 0 && Actor::ShouldEnd(); }
 
   OpRunner runner_;
   std::vector<int32_t> taken_;  // per produced desc: the register this act writes
-  // Asynchronous acts: launched and not retired, oldest first.
-  std::deque<InFlight> in_flight_;
-  std::shared_ptr<Completions> completions_ = std::make_shared<Completions>();
-  int64_t retired_ = 0;
 };
 
 }  // namespace

@@ -14,6 +14,9 @@
 //          after the last iteration: update --(finalizer)--> Eord sent
 //                                           --(variable back)--> done
 // A gradient stream that ends before the last update is an error.
+// Asynchronous (Task.async_acts): the update is enqueued on the device's
+// stream; the gradients go back, and the variable out again or to the
+// finalizer, only once it completed.
 
 #include "actors/actor_id.h"
 #include "actors/init_rules.h"
@@ -68,8 +71,51 @@ class ParameterActor final : public Actor {
 
   absl::StatusOr<bool> ActOnce() override {
     Produced& variable = produced_[0];
+    if (task_.async_acts()) {
+      ASSIGN_OR_RETURN(const bool retired, Retire());
+      if (retired) return true;
+      // The variable goes out again, or to the finalizer, only once the
+      // update wrote it.
+      if (acts_in_flight() > 0) return false;
+      if (finalize_) {
+        finalize_ = false;
+        RETURN_IF_ERROR(Finalize());
+        return true;
+      }
+    }
     if (awaiting_update_) {
       if (!AllConsumedReady() || !variable.all_free()) return false;
+      const bool last = emitted_ >= limit_.Total(task_, env_);
+      if (task_.async_acts()) {
+        // The update on the stream; the gradients go back when it completed.
+        std::vector<int32_t> gradients;
+        for (Consumed& c : consumed_) {
+          gradients.push_back(c.ready.front());
+          c.ready.pop_front();
+        }
+        auto lookup = [&](const OpRunner::Ref& r) -> const Tensor& {
+          if (r.where == OpRunner::Where::kConsumed) {
+            const auto slot = static_cast<size_t>(r.slot);
+            return consumed_[slot].registers->registers[static_cast<size_t>(gradients[slot])][static_cast<size_t>(r.tensor)];
+          }
+          if (r.where == OpRunner::Where::kState) return state_[static_cast<size_t>(r.slot)];
+          return Variable()[static_cast<size_t>(r.tensor)];
+        };
+        const absl::Status launched = runner_.Launch(task_, lookup, emitted_ - 1, env_.start_iteration, env_.pool,
+                                                     DecodeActorId(id()).device(), *env_.stream);
+        if (!launched.ok()) env_.stream->Enqueue([launched] { return launched; });
+        Defer([this, gradients = std::move(gradients)] {
+          if (env_.arena != nullptr) {
+            for (size_t i = 0; i < consumed_.size(); ++i) env_.arena->Release(consumed_[i].desc_id, gradients[i]);
+          }
+          for (size_t i = 0; i < consumed_.size(); ++i) {
+            env_.bus->Send(Message::Ack(id(), consumed_[i].producer, consumed_[i].desc_id, gradients[i]));
+          }
+        });
+        awaiting_update_ = false;
+        finalize_ = last;
+        return true;
+      }
       if (runner_.has_op()) {
         auto lookup = [this](const OpRunner::Ref& r) -> const Tensor& {
           if (r.where == OpRunner::Where::kConsumed) return FrontTensors(consumed_[static_cast<size_t>(r.slot)])[static_cast<size_t>(r.tensor)];
@@ -80,7 +126,7 @@ class ParameterActor final : public Actor {
       }
       AckAll();
       awaiting_update_ = false;
-      if (emitted_ >= limit_.Total(task_, env_)) RETURN_IF_ERROR(Finalize());
+      if (last) RETURN_IF_ERROR(Finalize());
       return true;
     }
     if (emitted_ >= limit_.Total(task_, env_) || !variable.all_free()) return false;
@@ -96,7 +142,9 @@ class ParameterActor final : public Actor {
     awaiting_update_ = !consumed_.empty();
     return true;
   }
-  bool ShouldEnd() const override { return emitted_ >= limit_.Total(task_, env_); }
+  bool ShouldEnd() const override {
+    return emitted_ >= limit_.Total(task_, env_) && acts_in_flight() == 0 && !finalize_;
+  }
   absl::Status CheckEnd() const override {
     if (awaiting_update_ && AllConsumedExhausted()) {
       return absl::FailedPreconditionError("gradient stream ended before the last update");
@@ -123,6 +171,7 @@ class ParameterActor final : public Actor {
   std::vector<Tensor> state_;
   int64_t emitted_ = 0;
   bool awaiting_update_ = false;
+  bool finalize_ = false;  // asynchronous: the last update launched, the finalizer due once it completed
   EmitLimit limit_;
 };
 

@@ -22,6 +22,9 @@
 //            count m - 1 --(add, hand the sum on)--> count 0
 //            inputs Eord'ed and drained --> Eord sent --(sum acked)--> done
 //   Inputs that end mid-sum are an error.
+//   Asynchronous (Task.async_acts): each copy or add is enqueued on the
+//   device's stream; the piece's ack, the window signals and the finished
+//   sum go out when it completed (actors/kinds/compute.cc says how).
 
 #include "actors/actor_id.h"
 #include "actors/kinds/kinds.h"
@@ -81,6 +84,10 @@ class AccActor final : public Actor {
 
  private:
   absl::StatusOr<bool> ActOnce() override {
+    if (task_.async_acts()) {
+      ASSIGN_OR_RETURN(const bool retired, Retire());
+      if (retired) return true;
+    }
     Consumed& in = consumed_[0];
     Produced& out = produced_[0];
     if (in.ready.empty() || (count_ == 0 && out.free.empty())) return false;
@@ -91,24 +98,40 @@ class AccActor final : public Actor {
     if (count_ == 0) index_ = TakeFree(out);
     const Tensor& piece = FrontTensors(in)[static_cast<size_t>(task_.input_tensor())];
     Tensor& sum = out.registers->registers[static_cast<size_t>(index_)][0];
-    if (count_ == 0) {
-      RETURN_IF_ERROR(sum.CopyFrom(piece));
+    ctx_.inputs[0] = sum;
+    ctx_.inputs[1] = piece;
+    ctx_.outputs[0] = sum;
+    ctx_.pool = env_.pool;
+    const bool first = count_ == 0, last = count_ + 1 == task_.repeat_num();
+    if (!task_.async_acts()) {
+      RETURN_IF_ERROR(first ? sum.CopyFrom(piece) : ops::RunKernel(*add_, ctx_));
+      AckFront(in);
+      for (size_t w = 1; signal && w < produced_.size(); ++w) SendReady(produced_[w], TakeFree(produced_[w]));
+      if (last) SendReady(out, index_);
     } else {
-      ctx_.inputs[0] = sum;
-      ctx_.inputs[1] = piece;
-      ctx_.outputs[0] = sum;
-      ctx_.pool = env_.pool;
-      RETURN_IF_ERROR(ops::RunKernel(*add_, ctx_));
+      // The copy or add goes on the stream (in order behind the piece
+      // before); the piece, the window signals and the finished sum are
+      // handed on when it completed.
+      ops::KernelContext ctx = ctx_;
+      ctx.stream = env_.stream;
+      env_.stream->Enqueue([add = add_, first, ctx]() mutable {
+        return first ? ctx.outputs[0].CopyFrom(ctx.inputs[1]) : ops::RunKernel(*add, ctx);
+      });
+      const int32_t index = in.ready.front();
+      in.ready.pop_front();
+      std::vector<int32_t> windows;
+      for (size_t w = 1; signal && w < produced_.size(); ++w) windows.push_back(TakeFree(produced_[w]));
+      Defer([this, index, windows = std::move(windows), last, sum_index = index_] {
+        AckRegister(consumed_[0], index);
+        for (size_t w = 0; w < windows.size(); ++w) SendReady(produced_[w + 1], windows[w]);
+        if (last) SendReady(produced_[0], sum_index);
+      });
     }
-    AckFront(in);
-    for (size_t w = 1; signal && w < produced_.size(); ++w) SendReady(produced_[w], TakeFree(produced_[w]));
     ++act_count_;
-    if (++count_ == task_.repeat_num()) {
-      SendReady(out, index_);
-      count_ = 0;
-    }
+    if (++count_ == task_.repeat_num()) count_ = 0;
     return true;
   }
+  bool ShouldEnd() const override { return acts_in_flight() == 0 && Actor::ShouldEnd(); }
   absl::Status CheckEnd() const override {
     if (count_ != 0) {
       return absl::FailedPreconditionError(

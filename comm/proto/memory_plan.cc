@@ -456,10 +456,12 @@ class ProtocolModel {
     // Program order: start -> end -> next start. An asynchronous task
     // (Task.async_acts) starts (launches) act a + 1 possibly before act a
     // ended (completed on its stream): its starts are ordered, and its ends.
+    // (But a Parameter: it emits the variable again only once its update
+    // completed.)
     for (const Task& t : tasks_) {
       for (int64_t a = 0; a < kUnrolled * t.acts; ++a) {
         Edge(t, a, false, t, a, true);
-        if (t.task->async_acts()) {
+        if (t.task->async_acts() && t.kind != proto::ACTOR_KIND_PARAMETER) {
           Edge(t, a, false, t, a + 1, false);
           Edge(t, a, true, t, a + 1, true);
         } else {

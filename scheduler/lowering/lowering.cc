@@ -15,11 +15,13 @@ absl::StatusOr<LoweredPlan> Lowering::Run() {
   GateMicroBatches();
   RETURN_IF_ERROR(CheckDeviceType());
   if (options_.async_compute || options_.parallel.device_type == DeviceType::kCuda) {
-    std::vector<uint64_t> computes;
+    std::vector<uint64_t> kernels;  // the tasks that run kernels
     for (const proto::Task& task : builder_.plan().tasks()) {
-      if (task.kind() == proto::ACTOR_KIND_COMPUTE && !task.op().empty()) computes.push_back(task.actor_id());
+      const bool with_op = (task.kind() == proto::ACTOR_KIND_COMPUTE || task.kind() == proto::ACTOR_KIND_PARAMETER) &&
+                           !task.op().empty();
+      if (with_op || task.kind() == proto::ACTOR_KIND_ACC) kernels.push_back(task.actor_id());
     }
-    for (uint64_t id : computes) builder_.task(id).set_async_acts(true);
+    for (uint64_t id : kernels) builder_.task(id).set_async_acts(true);
   }
   out_.plan = builder_.Build();
   for (const proto::RankLocation& location : locations_) *out_.plan.add_ranks() = location;

@@ -292,7 +292,7 @@ TEST(AsyncActs, AKernelThatNeverReturnsIsReportedAndLeftBehind) {
       << "a running kernel is not a stall: " << message;
 }
 
-TEST(AsyncActs, OnlyComputeTasksWithAnOpActAsynchronously) {
+TEST(AsyncActs, OnlyTasksThatRunKernelsActAsynchronously) {
   PlanBuilder b(1);
   const uint64_t src = b.AddTask(ACTOR_KIND_SOURCE, "src");
   const uint64_t relay = b.AddTask(ACTOR_KIND_COMPUTE, "relay");
@@ -304,7 +304,8 @@ TEST(AsyncActs, OnlyComputeTasksWithAnOpActAsynchronously) {
     for (auto& t : *plan.mutable_tasks()) t.set_async_acts(t.actor_id() == task);
     auto runtime = Runtime::Load(plan, {});
     ASSERT_FALSE(runtime.ok());
-    EXPECT_NE(runtime.status().message().find("has async_acts, which only a compute task with an op may have"),
+    EXPECT_NE(runtime.status().message().find(
+                  "has async_acts, which only an acc and a compute or parameter task with an op may have"),
               std::string::npos)
         << runtime.status();
   }

@@ -21,8 +21,8 @@
 // (actors/arena.h): no register is taken while another sharing its bytes is
 // in use, whatever the order.
 //
-// Each plan also runs with asynchronous compute acts (Task.async_acts, its
-// memory planned for them): the random order then also draws when each
+// Each plan also runs with asynchronous acts (Task.async_acts on every
+// compute, acc and updating parameter; its memory planned for them): the random order then also draws when each
 // stream runs its next kernel or completion callback, acts pile up in
 // flight, and the results must still be those of the synchronous plan.
 
@@ -526,11 +526,12 @@ Case Loop(std::mt19937& rng) {
           }};
 }
 
-// `c` with its compute tasks acting asynchronously, the memory planned anew
-// for that.
+// `c` with its tasks that run kernels (computes and parameters with an op,
+// accs) acting asynchronously, the memory planned anew for that.
 Case WithAsyncActs(Case c) {
   for (auto& task : *c.plan.mutable_tasks()) {
-    if (task.kind() == ACTOR_KIND_COMPUTE && !task.op().empty()) task.set_async_acts(true);
+    const bool with_op = (task.kind() == ACTOR_KIND_COMPUTE || task.kind() == ACTOR_KIND_PARAMETER) && !task.op().empty();
+    if (with_op || task.kind() == ACTOR_KIND_ACC) task.set_async_acts(true);
   }
   const auto planned = comm::PlanMemory(c.plan);
   EXPECT_TRUE(planned.ok()) << planned.status();

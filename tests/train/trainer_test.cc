@@ -203,8 +203,8 @@ TEST(Models, MlpIsRegisteredAndDataIsSeeded) {
   EXPECT_NE(std::string(unseeded.status().message()).find("derives from 'train.seed'"), std::string::npos);
 }
 
-// train.dist.device_type=cuda plans every task on cuda:0, computes acting
-// asynchronously (on the device's CUDA stream); an op without a CUDA kernel
+// train.dist.device_type=cuda plans every task on cuda:0, every task that
+// runs kernels acting asynchronously (on the device's CUDA stream); an op without a CUDA kernel
 // and a layout over several GPUs are plan errors naming what is missing.
 TEST(CudaPlan, OneGpuPlansEveryTaskOnCudaWithAsynchronousComputes) {
   auto job = LoadJobConfig(testing::SourcePath("configs/gpt2_nano.json"), {"train.dist.device_type=cuda"});
@@ -216,7 +216,9 @@ TEST(CudaPlan, OneGpuPlansEveryTaskOnCudaWithAsynchronousComputes) {
   for (const auto& task : plan->tasks()) {
     EXPECT_EQ(comm::DecodeActorId(task.actor_id()).device(), (Device{DeviceType::kCuda, 0})) << task.name();
     const bool compute = task.kind() == proto::ACTOR_KIND_COMPUTE && !task.op().empty();
-    EXPECT_EQ(task.async_acts(), compute) << task.name();
+    const bool kernels = compute || task.kind() == proto::ACTOR_KIND_ACC ||
+                         (task.kind() == proto::ACTOR_KIND_PARAMETER && !task.op().empty());
+    EXPECT_EQ(task.async_acts(), kernels) << task.name();
     computes += compute ? 1 : 0;
   }
   EXPECT_GT(computes, 100);
