@@ -28,6 +28,9 @@ absl::StatusOr<std::unique_ptr<Actor>> Actor::Create(const proto::Task& task, co
 }
 
 absl::Status Actor::Init() {
+  if (task_.async_acts() && env_.stream == nullptr) {
+    return absl::FailedPreconditionError("the task acts asynchronously, but the executor gave it no stream");
+  }
   for (int64_t desc_id : task_.consumed_register_desc_ids()) {
     auto it = env_.registers->find(desc_id);
     if (it == env_.registers->end()) return absl::InvalidArgumentError(StrCat("no registers for desc ", desc_id));

@@ -34,9 +34,6 @@ class ComputeActor final : public Actor {
   using Actor::Actor;
   absl::Status InitKind() {
     taken_.resize(produced_.size());
-    if (task_.async_acts() && env_.stream == nullptr) {
-      return absl::FailedPreconditionError("the task acts asynchronously, but the executor gave it no stream");
-    }
     return runner_.Init(task_, *env_.registry, DescIds(task_.consumed_register_desc_ids()),
                         DescIds(task_.produced_register_desc_ids()));
   }

@@ -74,7 +74,8 @@ class AccActor final : public Actor {
   using Actor::Actor;
   absl::Status InitKind() {
     ASSIGN_OR_RETURN(add_, env_.registry->Get("add"));
-    ctx_.attrs = &no_attrs_;
+    static const ops::AttrMap* const no_attrs = new ops::AttrMap();  // outlives a kernel left running
+    ctx_.attrs = no_attrs;
     ctx_.inputs.resize(2);
     ctx_.outputs.resize(1);
     ctx_.device = DecodeActorId(id()).device();
@@ -141,7 +142,6 @@ class AccActor final : public Actor {
   }
 
   const ops::OpSchema* add_ = nullptr;
-  ops::AttrMap no_attrs_;
   ops::KernelContext ctx_;
   int64_t count_ = 0;  // pieces summed into the register being written
   int32_t index_ = 0;  // that register
