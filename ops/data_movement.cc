@@ -51,7 +51,7 @@ absl::Status CopyElements(const KernelContext& ctx, const Tensor& x, const Tenso
 #ifdef TESSERA_WITH_CUDA
   RETURN_IF_ERROR(cuda::OnDevice(ctx));
   if (x.raw_data() == y.raw_data()) return absl::OkStatus();
-  return cuda::Done(cuda::Copy(y.raw_data(), x.raw_data(), y.NumBytes()), "copy");
+  return cuda::Done(cuda::CopyOnStream(y.raw_data(), x.raw_data(), y.NumBytes()), "copy");
 #else
   return NoKernels(ctx);
 #endif

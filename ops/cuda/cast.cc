@@ -36,7 +36,7 @@ absl::Status CastKernel(KernelContext& ctx) {
   const Tensor& y = ctx.output(0);
   if (x.dtype() == y.dtype()) {
     if (x.raw_data() == y.raw_data()) return absl::OkStatus();
-    return Done(Copy(y.raw_data(), x.raw_data(), y.NumBytes()), "cast");
+    return Done(CopyOnStream(y.raw_data(), x.raw_data(), y.NumBytes()), "cast");
   }
   const int from = Code(x.dtype()), to = Code(y.dtype());
   if (from < 0 || to < 0) {

@@ -198,6 +198,12 @@ void BindStream(void* stream) {
 cudaStream_t CurrentStream() { return stream_bound ? bound_stream : cudaStreamPerThread; }
 bool StreamBound() { return stream_bound; }
 
+int CopyOnStream(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return 0;
+  const cudaError_t err = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, CurrentStream());
+  return err != cudaSuccess ? static_cast<int>(err) : Finish();
+}
+
 int Copy(void* dst, const void* src, size_t bytes) {
   if (bytes == 0) return 0;
   cudaError_t err = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, CurrentStream());

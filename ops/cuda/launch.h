@@ -152,6 +152,9 @@ int LaunchLossScaleUpdate(const float* scale, const float* found_inf, const floa
 int DeviceCount(int* count);
 // Makes `device` current on the calling thread.
 int SetDevice(int device);
+// Copies `bytes` between device buffers on the bound stream without waiting
+// (as the launchers: waited for only on the thread's default stream).
+int CopyOnStream(void* dst, const void* src, size_t bytes);
 // Binds the stream (a cudaStream_t; null: none) the calling thread's
 // launches go on, until the next BindStream on this thread.
 void BindStream(void* stream);

@@ -28,7 +28,7 @@ absl::StatusOr<bool> Skipped(const KernelContext& ctx, int skip_input, int num_o
   for (int k = 0; k < num_outputs; ++k) {
     const int from = k == 0 ? 0 : k + 1;  // param, then the state (after grad)
     if (ctx.output(k).raw_data() == ctx.input(from).raw_data()) continue;
-    RETURN_IF_ERROR(Done(Copy(ctx.output(k).raw_data(), ctx.input(from).raw_data(), ctx.input(from).NumBytes()),
+    RETURN_IF_ERROR(Done(CopyOnStream(ctx.output(k).raw_data(), ctx.input(from).raw_data(), ctx.input(from).NumBytes()),
                          "skipped update's copy"));
   }
   return true;
