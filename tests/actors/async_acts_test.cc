@@ -234,16 +234,17 @@ ChainRun RunChain(const proto::Plan& plan, const std::shared_ptr<KernelLog>& log
 
 TEST(AsyncActs, ThreadedRunGivesTheSynchronousResultsWhileHostWorkOverlapsKernels) {
   auto log = NewLog();
-  const ChainRun sync = RunChain(ChainPlan(8, "slow", 10, false), log);
+  const ChainRun sync = RunChain(ChainPlan(8, "slow", 40, false), log);
   ASSERT_TRUE(sync.status.ok()) << sync.status;
-  const ChainRun async = RunChain(ChainPlan(8, "slow", 10, true), log);
+  const ChainRun async = RunChain(ChainPlan(8, "slow", 40, true), log);
   ASSERT_TRUE(async.status.ok()) << async.status;
   ASSERT_EQ(sync.sunk.size(), 8u);
   EXPECT_EQ(async.sunk, sync.sunk);
   EXPECT_EQ(sync.sunk[3], (std::vector<float>{60, 62, 64}));
   // On one actor thread a synchronous kernel and the source's fill never
   // overlap; with the kernels on the stream the source fills the next
-  // pieces while they run.
+  // pieces while they run (40 ms kernels: time enough for the actor thread
+  // to wake even on a loaded machine).
   EXPECT_EQ(sync.fills_during_kernels, 0);
   EXPECT_GT(async.fills_during_kernels, 0);
 }
