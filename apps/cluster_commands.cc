@@ -4,13 +4,16 @@
 #include <signal.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "cluster/client.h"
+#include "cluster/device_offer.h"
 #include "cluster/master.h"
 #include "apps/cli_errors.h"
 #include "cluster/worker.h"
@@ -213,6 +216,14 @@ void AddClusterCommands(CLI::App& app, ClusterCommandDeps deps) {
   worker_flags->security.AddServerFlags(worker);
   worker->callback([worker_flags, shared_deps] {
     if (!shared_deps->make_runner) Fail("worker: this build has no plan runner");
+    const absl::StatusOr<cluster::DeviceOffer> offer = cluster::ParseDeviceOffer(worker_flags->devices);
+    if (!offer.ok()) Fail(std::string(offer.status().message()));
+    // GPUs A .. B are the plans' cuda:0 .. B-A: narrowed before CUDA starts.
+    const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+    const auto cuda_visible = cluster::CudaVisibleDevices(
+        *offer, visible == nullptr ? std::nullopt : std::optional<std::string_view>(visible));
+    if (!cuda_visible.ok()) Fail(std::string(cuda_visible.status().message()));
+    if (cuda_visible->has_value()) ::setenv("CUDA_VISIBLE_DEVICES", (*cuda_visible)->c_str(), 1);
     cluster::Worker::Options options;
     options.master = worker_flags->master;
     options.listen = worker_flags->listen;

@@ -133,6 +133,18 @@ TEST(Cli, TrainRunsThroughAnEmbeddedMasterAndWorker) {
   std::filesystem::remove_all(dir + "_nan");
 }
 
+// A worker's --devices is checked before it starts: one line, exit 1.
+TEST(Cli, WorkerRefusesBadDevicesInOneLine) {
+  for (const std::string devices : {"bogus", "tpu:2", "cpu:0", "cpu:0-3", "cuda:3-1", "cuda:x"}) {
+    SCOPED_TRACE(devices);
+    const Result r = RunTessera("worker --master 127.0.0.1:1 --devices " + devices + " 2>&1");
+    EXPECT_EQ(r.exit_code, 1) << r.out;
+    EXPECT_NE(r.out.find("--devices '" + devices + "'"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("expected cpu:N, cuda:N or cuda:A-B"), std::string::npos) << r.out;
+    EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
+  }
+}
+
 TEST(Cli, ConfigMissingFileIsOneLineError) {
   const Result r = RunTessera("config /nonexistent/x.json");
   EXPECT_NE(r.exit_code, 0);

@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "cluster/device_offer.h"
 #include "cluster/grpc_status.h"
 #include "cluster/kv_client.h"
 #include "tests/cluster/cluster_fixture.h"
@@ -406,6 +407,39 @@ TEST(ClusterTest, PrometheusMetrics) {
   ASSERT_TRUE(cluster.client->Cancel(*job).ok());
   ASSERT_TRUE(finite.ok());
   EXPECT_EQ(cluster.WaitEnd(*finite).state(), control::SUCCEEDED);
+}
+
+// A worker's offer, and the GPUs a cuda:A-B offer shows its plans as
+// cuda:0 .. B-A (CUDA_VISIBLE_DEVICES, composed with one already set).
+TEST(DeviceOffer, ParsesOffersAndNarrowsTheVisibleGpus) {
+  auto cpu = ParseDeviceOffer("cpu:4");
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  EXPECT_EQ(cpu->type, DeviceType::kCpu);
+  EXPECT_EQ(cpu->count, 4);
+  auto range = ParseDeviceOffer("cuda:2-3");
+  ASSERT_TRUE(range.ok()) << range.status();
+  EXPECT_EQ(range->type, DeviceType::kCuda);
+  EXPECT_EQ(range->first, 2);
+  EXPECT_EQ(range->count, 2);
+  auto visible = CudaVisibleDevices(*range, std::nullopt);
+  ASSERT_TRUE(visible.ok());
+  EXPECT_EQ(**visible, "2,3");
+  visible = CudaVisibleDevices(*range, std::string_view("GPU-a,GPU-b,GPU-c,GPU-d"));
+  ASSERT_TRUE(visible.ok());
+  EXPECT_EQ(**visible, "GPU-c,GPU-d");
+  visible = CudaVisibleDevices(*range, std::string_view("5,6"));
+  ASSERT_FALSE(visible.ok());
+  EXPECT_NE(visible.status().message().find("shows 2 GPU(s)"), std::string::npos) << visible.status();
+  auto all = ParseDeviceOffer("cuda:8");
+  ASSERT_TRUE(all.ok());
+  EXPECT_EQ(**CudaVisibleDevices(*all, std::nullopt), "0,1,2,3,4,5,6,7");
+  EXPECT_FALSE(CudaVisibleDevices(*cpu, std::nullopt)->has_value());
+  for (const char* bad : {"", "cpu", "cpu:", "cpu:0", "cpu:257", "cpu:1-2", "cuda:-1", "cuda:4-2", "cuda:0-256",
+                          "gpu:2", "cuda:2x"}) {
+    const auto offer = ParseDeviceOffer(bad);
+    ASSERT_FALSE(offer.ok()) << bad;
+    EXPECT_NE(offer.status().message().find("expected cpu:N, cuda:N or cuda:A-B"), std::string::npos) << offer.status();
+  }
 }
 
 }  // namespace
