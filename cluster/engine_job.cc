@@ -50,6 +50,7 @@ class EngineJobCompiler final : public JobCompiler {
     ASSIGN_OR_RETURN(const RunStart start, ResolveRunStart(feed->train(), feed->global_batch()));
     JobSpec spec;
     spec.devices_needed = feed->devices();
+    spec.device_type = resolved.at("train").at("dist").at("device_type").get<std::string>();
     spec.iterations = feed->iterations();
     spec.start_iteration = start.iteration;
     spec.output_dir = resolved.at("train").value("output_dir", "");

@@ -38,6 +38,9 @@ struct WorkerSlot {
 struct JobSpec {
   nlohmann::json config;  // the resolved config (written to output_dir/config.json)
   int64_t devices_needed = 0;
+  // The type of device it runs on ("cpu", "cuda"): it is placed only on
+  // workers offering that type (`tessera worker --devices TYPE:...`).
+  std::string device_type = "cpu";
   int64_t iterations = 0;
   // The iteration the job continues from (a resumed job); its outputs
   // continue the earlier run's: metrics.jsonl keeps the rows up to it and

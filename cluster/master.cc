@@ -102,6 +102,7 @@ struct WorkerRecord {
   uint64_t epoch = 0;
   int num_devices = 0;
   std::string devices;
+  std::string device_type;  // the type of `devices` (cpu, cuda)
   std::string data_address;
   std::string address;
   std::shared_ptr<control::Worker::Stub> stub;
@@ -236,6 +237,7 @@ class Master::Impl final : public control::Master::Service {
     }
     auto record = std::make_unique<WorkerRecord>();
     record->devices = request->devices();
+    record->device_type = request->devices().substr(0, request->devices().find(':'));
     record->num_devices = *devices;
     record->data_address = request->data_address();
     record->address = request->worker_address();
@@ -740,19 +742,22 @@ class Master::Impl final : public control::Master::Service {
 
   // The next job that can start now, with its slots; nullptr if none.
   Job* PlaceNextLocked(std::vector<WorkerSlot>& slots) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    int64_t total = 0, free = 0;
+    // Per device type: the live workers' devices and the free ones.
+    std::map<std::string, int64_t> total_of, free_of;
     std::vector<WorkerRecord*> free_workers;
     for (auto& [id, worker] : workers_) {
-      total += worker->num_devices;
+      total_of[worker->device_type] += worker->num_devices;
       if (worker->job_id.empty()) free_workers.push_back(worker.get());
     }
     std::sort(free_workers.begin(), free_workers.end(),
               [](const WorkerRecord* a, const WorkerRecord* b) { return a->epoch < b->epoch; });
-    for (const WorkerRecord* worker : free_workers) free += worker->num_devices;
+    for (const WorkerRecord* worker : free_workers) free_of[worker->device_type] += worker->num_devices;
     for (const std::string& id : queue_) {
       Job& job = *jobs_.at(id);
+      const std::string& type = job.spec.device_type;
+      const int64_t total = total_of[type], free = free_of[type];
       if (job.spec.devices_needed > total) {
-        const std::string reason = absl::StrCat("waiting: needs ", job.spec.devices_needed,
+        const std::string reason = absl::StrCat("waiting: needs ", job.spec.devices_needed, " ", type,
                                                 " devices, the live workers have ", total);
         if (job.reason != reason) {
           job.reason = reason;
@@ -765,6 +770,7 @@ class Master::Impl final : public control::Master::Service {
       slots.clear();
       for (WorkerRecord* worker : free_workers) {
         if (needed <= 0) break;
+        if (worker->device_type != type) continue;
         WorkerSlot slot;
         slot.worker_id = worker->id;
         slot.node = static_cast<uint32_t>(slots.size());
@@ -1036,6 +1042,7 @@ class Master::Impl final : public control::Master::Service {
                              {"reason", job.reason},
                              {"config", job.spec.config},
                              {"devices_needed", job.spec.devices_needed},
+                             {"device_type", job.spec.device_type},
                              {"iterations", job.spec.iterations},
                              {"output_dir", job.spec.output_dir},
                              {"iteration", job.iteration},
@@ -1075,6 +1082,7 @@ class Master::Impl final : public control::Master::Service {
         job->reason = record.at("reason").get<std::string>();
         job->spec.config = record.at("config");
         job->spec.devices_needed = record.at("devices_needed").get<int64_t>();
+        job->spec.device_type = record.value("device_type", std::string("cpu"));  // records before it: CPU jobs
         job->spec.iterations = record.at("iterations").get<int64_t>();
         job->spec.output_dir = record.at("output_dir").get<std::string>();
         job->iteration = record.at("iteration").get<int64_t>();

@@ -149,7 +149,30 @@ TEST(ClusterTest, JobNeedingMoreDevicesThanExistStaysPendingWithoutBlocking) {
   auto info = cluster.client->Get(*big);
   ASSERT_TRUE(info.ok());
   EXPECT_EQ(info->state(), control::PENDING);
-  EXPECT_EQ(info->reason(), "waiting: needs 100 devices, the live workers have 2");
+  EXPECT_EQ(info->reason(), "waiting: needs 100 cpu devices, the live workers have 2");
+}
+
+// Jobs go to workers offering their type of device: a GPU job waits for
+// GPU workers (naming what it needs) without blocking CPU jobs, and runs on
+// the GPU worker once one registers, never on the CPU workers.
+TEST(ClusterTest, JobsGoToWorkersOfTheirDeviceType) {
+  Deadline deadline(seconds(20), "jobs of two device types");
+  TestCluster cluster;
+  cluster.Start({"cpu:2"});
+  auto gpu = cluster.client->Submit(R"({"devices_needed": 1, "device_type": "cuda"})", {});
+  auto cpu = cluster.client->Submit(R"({"devices_needed": 2})", {});
+  ASSERT_TRUE(gpu.ok() && cpu.ok());
+  EXPECT_EQ(cluster.WaitEnd(*cpu).state(), control::SUCCEEDED);
+  auto info = cluster.client->Get(*gpu);
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->state(), control::PENDING);
+  EXPECT_EQ(info->reason(), "waiting: needs 1 cuda devices, the live workers have 0");
+  Worker* gpus = cluster.AddWorker("cuda:0-1");
+  ASSERT_TRUE(WaitUntil([&] { return gpus->registered(); }));
+  const control::JobInfo done = cluster.WaitEnd(*gpu);
+  EXPECT_EQ(done.state(), control::SUCCEEDED) << done.reason();
+  ASSERT_EQ(done.slots_size(), 1);
+  EXPECT_EQ(done.slots(0).worker_id(), cluster.workers.back()->worker_id());
 }
 
 TEST(ClusterTest, RunnerFailureFailsTheJobAndStopsTheOtherWorkers) {

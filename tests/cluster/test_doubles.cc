@@ -24,6 +24,7 @@ absl::StatusOr<JobSpec> FakeJobCompiler::Resolve(const std::string& config_json,
   JobSpec spec;
   try {
     spec.devices_needed = config.value("devices_needed", int64_t{1});
+    spec.device_type = config.value("device_type", std::string("cpu"));
     spec.iterations = config.value("iterations", int64_t{5});
     spec.output_dir = config.value("output_dir", std::string());
   } catch (const nlohmann::json::exception& e) {
