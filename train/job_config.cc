@@ -23,8 +23,8 @@ Binding<DistConfig> MakeDistKeys() {
   b.Field("device_type", &DistConfig::device_type,
           {.choices = {"cpu", "cuda"},
            .doc = "device kind: virtual CPU devices (`cpu`) or GPUs (`cuda`: one GPU so far, cuda:0, whose kernels "
-                  "run asynchronously on a CUDA stream; layouts over several GPUs need the NCCL communicator, not "
-                  "built yet, and are refused)"});
+                  "run asynchronously on a CUDA stream; layouts over several GPUs need "
+                  "collectives on GPUs in the runtime, not built yet, and are refused)"});
   b.Field("data_parallel_size", &DistConfig::data_parallel_size,
           {.min = 1, .max = static_cast<double>(kMaxDevicesPerNode),
            .doc = "data-parallel degree; `null`: derived as `num_devices` / (tensor × pipeline)"});

@@ -1,10 +1,11 @@
 #pragma once
 // Communicator: one rank's handle on a group of devices that exchange tensors
 // through collectives and point-to-point transfers. One interface for every
-// transport (shared memory for CPU devices in one process today; NCCL and gloo
-// later), shaped for asynchronous launch: every call returns at once and
-// reports completion through a callback, so an actor can launch a transfer and
-// release its registers from the callback (DESIGN.md §8, §9).
+// transport (shared memory for CPU devices in one process, gloo across
+// processes, NCCL for GPUs), shaped for asynchronous launch: every call
+// returns at once and reports completion through a callback, so an actor can
+// launch a transfer and release its registers from the callback (DESIGN.md
+// §8, §9).
 //
 // Contract common to every call:
 // - `done` is called exactly once, on any thread (possibly inline, inside the

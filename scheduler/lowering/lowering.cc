@@ -52,7 +52,8 @@ absl::Status Lowering::CheckDeviceType() const {
       case proto::ACTOR_KIND_RECV:
         return absl::UnimplementedError(StrCat(
             "'", task.name(), "' moves tensors between ", type,
-            " devices, which needs the NCCL communicator (not built yet): on GPUs only one-device layouts run"));
+            " devices, which the runtime cannot do yet (boxing runs on host memory and does not use the NCCL "
+            "communicator): on GPUs only one-device layouts run"));
       default:
         break;
     }

@@ -158,7 +158,7 @@ class Lowering {
   // w >= m.
   void GateMicroBatches();
   // A plan on GPUs: every op has a kernel there, and nothing moves tensors
-  // between devices (no NCCL communicator yet).
+  // between devices (the runtime has no GPU collectives yet).
   absl::Status CheckDeviceType() const;
   // (stage, parallel id) -> the micro-rate Sources / Accs lowered there.
   std::map<std::pair<int64_t, int64_t>, std::vector<uint64_t>> window_sources_, window_accs_;

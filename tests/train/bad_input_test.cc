@@ -194,7 +194,7 @@ std::vector<BadInput> Cases() {
       // without them)
       {"cuda op without a kernel", kMlp, {"train.dist.device_type=cuda"}, "') has no cuda kernel"},
       {"cuda over two GPUs", kGpt, {"train.dist.device_type=cuda", "train.dist.data_parallel_size=2"},
-       "moves tensors between cuda devices, which needs the NCCL communicator (not built yet)"},
+       "moves tensors between cuda devices, which the runtime cannot do yet"},
       {"custom stages", kMlp, {"train.dist.custom_pipeline_stage_id=[0,0,1]"}, "is not implemented yet (explicit stage per layer)"},
       {"1-norm clipping", kMlp, {"optim.clip_grad_norm_type=1"}, "is not implemented yet (norms other than the 2-norm)"},
       {"dataloader", kMlp, {"dataloader.train=x"}, "unknown config key 'dataloader.train'"},
