@@ -128,8 +128,34 @@ Sym MultiheadAttention::Forward(const Sym& x, const Sym& padding_mask) {
     return graph::Transpose(graph::Reshape(t, Shape{B, T, H, D}), {0, 2, 1, 3});
   };
   const Sym q = heads(qkv.q), k = heads(qkv.k), v = heads(qkv.v);
-  const Sym scores = graph::BatchMatmul(q, k, {.transpose_b = true});  // (B, H, T, T), unscaled
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+  Sym context;
+  if (options_.fused) {
+    if (options_.attention_dropout_prob > 0) {
+      b->Fail(absl::InvalidArgumentError(StrCat(
+          "MultiheadAttention '", full_name(), "': fused attention has no attention dropout, but its probability is ",
+          options_.attention_dropout_prob, " (set it to 0, or do not fuse)")));
+      return Sym();
+    }
+    const ops::AttrMap attrs = {{"scale", scale}, {"causal", options_.causal}};
+    const std::vector<Sym> out = padding_mask.valid()
+                                     ? b->Op("flash_attention_masked", {q, k, v, padding_mask}, attrs)
+                                     : b->Op("flash_attention", {q, k, v}, attrs);
+    if (out.size() != 2) return Sym();  // the builder holds the error
+    context = out[0];
+  } else {
+    context = UnfusedAttention(*b, q, k, v, padding_mask, scale);
+  }
+  context = graph::Reshape(graph::Transpose(context, {0, 2, 1, 3}), Shape{B * T, C});  // (B·T, C), S(1) over tp
+  const Sym y = resid_dropout_(c_proj_(context));                                       // (B·T, C)
+  return graph::Reshape(y, Shape{B, T, C});
+}
+
+Sym MultiheadAttention::UnfusedAttention(GraphBuilder& builder, const Sym& q, const Sym& k, const Sym& v,
+                                         const Sym& padding_mask, double scale) {
+  GraphBuilder* b = &builder;
+  const int64_t B = q.shape()[0], T = q.shape()[2];
+  const Sym scores = graph::BatchMatmul(q, k, {.transpose_b = true});  // (B, H, T, T), unscaled
   Sym probs;
   if (padding_mask.valid()) {
     const Sym mask = graph::Reshape(padding_mask, Shape{B, 1, 1, T});
@@ -140,10 +166,7 @@ Sym MultiheadAttention::Forward(const Sym& x, const Sym& padding_mask) {
     probs = graph::Softmax(scores * scale);
   }
   probs = attn_dropout_(probs);
-  Sym context = graph::BatchMatmul(probs, v);                                            // (B, H, T, D)
-  context = graph::Reshape(graph::Transpose(context, {0, 2, 1, 3}), Shape{B * T, C});  // (B·T, C), S(1) over tp
-  const Sym y = resid_dropout_(c_proj_(context));                                       // (B·T, C)
-  return graph::Reshape(y, Shape{B, T, C});
+  return graph::BatchMatmul(probs, v);  // (B, H, T, D)
 }
 
 // ---- TransformerLayer
@@ -159,7 +182,8 @@ TransformerLayer::TransformerLayer(int64_t hidden, int64_t num_heads, int64_t ff
              .output_dropout_prob = options.output_dropout_prob,
              .layer_idx = options.layer_idx,
              .init_std = options.init_std,
-             .output_init_std = options.output_init_std}),
+             .output_init_std = options.output_init_std,
+             .fused = options.fused_attention}),
       ln_2_(hidden, {.eps = options.layernorm_epsilon, .layer_idx = options.layer_idx}),
       mlp_(hidden, ffn_hidden,
            {.output_dropout_prob = options.output_dropout_prob,

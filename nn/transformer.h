@@ -78,11 +78,16 @@ struct AttentionOptions {
   int64_t layer_idx = 0;
   double init_std = 0.02;         // c_attn.weight
   double output_init_std = 0.02;  // c_proj.weight
+  // One flash_attention op (ops/attention.cc) instead of q kᵀ, the fused
+  // softmax and the product with v: the (T, T) scores are never stored.
+  // It has no dropout: Forward fails when attention_dropout_prob > 0.
+  bool fused = false;
 };
 
 // Multi-head self-attention: c_attn (fused QKV), softmax(q kᵀ / sqrt(D)) with
 // the causal and/or padding mask (one fused_scale_*_softmax op), attention
-// dropout, context, c_proj (row parallel), output dropout. Children:
+// dropout, context (or, with `fused`, one flash_attention op for all of
+// these but the dropout), c_proj (row parallel), output dropout. Children:
 // c_attn, c_proj, attn_dropout, resid_dropout.
 class MultiheadAttention : public Module {
  public:
@@ -93,6 +98,10 @@ class MultiheadAttention : public Module {
   Sym operator()(const Sym& x, const Sym& padding_mask = Sym()) { return Forward(x, padding_mask); }
 
  private:
+  // softmax(scale · q kᵀ, masks) with dropout, times v: (B, H, T, D).
+  Sym UnfusedAttention(GraphBuilder& b, const Sym& q, const Sym& k, const Sym& v, const Sym& padding_mask,
+                       double scale);
+
   int64_t hidden_, num_heads_;
   AttentionOptions options_;
   FusedQKV c_attn_;
@@ -112,6 +121,7 @@ struct TransformerLayerOptions {
   int64_t layer_idx = 0;
   double init_std = 0.02;
   double output_init_std = 0.02;
+  bool fused_attention = false;  // AttentionOptions::fused
 };
 
 // A pre-LN GPT-2 block: h = x + attn(ln_1(x)); y = h + mlp(ln_2(h)); with

@@ -12,6 +12,7 @@ void RegisterReduceOps(OpRegistry& registry);
 void RegisterEmbeddingOps(OpRegistry& registry);
 void RegisterRandomOps(OpRegistry& registry);
 void RegisterOptimizerOps(OpRegistry& registry);
+void RegisterAttentionOps(OpRegistry& registry);
 
 void RegisterBuiltinOps(OpRegistry& registry) {
   RegisterElementwiseOps(registry);
@@ -23,6 +24,7 @@ void RegisterBuiltinOps(OpRegistry& registry) {
   RegisterEmbeddingOps(registry);
   RegisterRandomOps(registry);
   RegisterOptimizerOps(registry);
+  RegisterAttentionOps(registry);
 }
 
 }  // namespace tessera::ops

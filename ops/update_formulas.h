@@ -28,16 +28,39 @@ struct AdamwScalars {
   float decay, step_size, inv_sqrt_correction2, eps, b1, one_minus_b1, b2, one_minus_b2;
 };
 
+// AdamW's attributes, for kernels that form the scalars themselves (the
+// CUDA one, from lr, skip and skipped in device memory).
+struct AdamwHyper {
+  double beta1, beta2, weight_decay, eps;
+  bool bias_correction;
+};
+
+// double pow and sqrt on either side.
+TESSERA_UPDATE_HD inline double UpdatePow(double a, double b) {
+#ifdef __CUDA_ARCH__
+  return ::pow(a, b);
+#else
+  return std::pow(a, b);
+#endif
+}
+TESSERA_UPDATE_HD inline double UpdateSqrt(double a) {
+#ifdef __CUDA_ARCH__
+  return ::sqrt(a);
+#else
+  return std::sqrt(a);
+#endif
+}
+
 // The scalars of AdamW's step t (counted from 1, skipped steps left out),
 // in double as PyTorch computes them, then f32.
-inline AdamwScalars AdamwStepScalars(double lr, double beta1, double beta2, double weight_decay, double eps,
-                                     bool bias_correction, double t) {
-  const double correction1 = bias_correction ? 1.0 - std::pow(beta1, t) : 1.0;
-  const double correction2 = bias_correction ? 1.0 - std::pow(beta2, t) : 1.0;
+TESSERA_UPDATE_HD inline AdamwScalars AdamwStepScalars(double lr, double beta1, double beta2, double weight_decay,
+                                                       double eps, bool bias_correction, double t) {
+  const double correction1 = bias_correction ? 1.0 - UpdatePow(beta1, t) : 1.0;
+  const double correction2 = bias_correction ? 1.0 - UpdatePow(beta2, t) : 1.0;
   AdamwScalars s;  // (plain assignments: nvcc compiles this header as C++17)
   s.decay = static_cast<float>(1.0 - lr * weight_decay);
   s.step_size = static_cast<float>(lr / correction1);
-  s.inv_sqrt_correction2 = static_cast<float>(1.0 / std::sqrt(correction2));
+  s.inv_sqrt_correction2 = static_cast<float>(1.0 / UpdateSqrt(correction2));
   s.eps = static_cast<float>(eps);
   s.b1 = static_cast<float>(beta1);
   s.one_minus_b1 = static_cast<float>(1.0 - beta1);

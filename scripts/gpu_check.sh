@@ -13,8 +13,11 @@
 #      peer; two ranks where there are two GPUs);
 #   4. build `tessera` and train gpt2_nano for 20 iterations on cuda:0 and
 #      on the CPU: the losses must agree (f32, TF32 off: rtol 1e-4; bf16 AMP:
-#      rtol 2e-2), with tokens/s of both; then GPT-2 124M's shapes in bf16
-#      on cuda:0 (tokens/s, MFU against the GPU's data-sheet bf16 peak);
+#      rtol 2e-2; f32 with model.fused_attention: rtol 1e-4), with tokens/s
+#      of both; the fused attention op against the unfused ops on cuda:0
+#      (bench/attention_bench.cc); then GPT-2 124M's shapes in bf16 with
+#      fused attention on cuda:0 (tokens/s, MFU against the GPU's data-sheet
+#      bf16 peak; without fusion if the fused run fails);
 #   5. write a short report, gpu_report.md, in $OUT when set (the device
 #      tool's output folder), else in the build folder.
 # Not in it yet, because it is not built yet (issue 13): jobs over several
@@ -123,7 +126,19 @@ compare() {  # name rtol extra-overrides...
 }
 compare f32 1e-4
 compare bf16 2e-2 train.amp.enabled=true train.amp.dtype=bf16
+compare f32-fused-attention 1e-4 model.attention_dropout_prob=0 model.fused_attention=true
 echo "whole jobs: $(($(date +%s) - start)) s" >> "$report"
+
+section "Fused attention on cuda:0 against the unfused ops"
+start=$(date +%s)
+if cmake --build "$build" --target attention_bench -j "$(nproc)" >> "$log" 2>&1 &&
+    timeout 120 "$build/bin/attention_bench" --quick --device cuda > "$report_dir/attention_bench.out" 2>&1; then
+  { echo '```'; cat "$report_dir/attention_bench.out"; echo '```'; } >> "$report"
+else
+  cat "$report_dir/attention_bench.out" >> "$log" 2>/dev/null
+  echo "- **FAILED** (the last lines of $(basename "$log") say why)" >> "$report"
+fi
+echo "in $(($(date +%s) - start)) s" >> "$report"
 
 section "GPT-2 124M, bf16, on cuda:0"
 # GPT-2 124M's shapes on gpt2_nano's synthetic data (no corpus needed),
@@ -135,11 +150,26 @@ big="$report_dir/runs/gpt2_124m"
 rm -rf "$big"
 mkdir -p "$report_dir/runs"
 L=12 H=768 T=1024 V=50257 B=8
-if timeout 400 "$build/bin/tessera" train "$root/configs/gpt2_nano.json" train.train_iter=12 train.log_period=4 \
+train_124m() {  # extra overrides...
+  rm -rf "$big"
+  timeout 200 "$build/bin/tessera" train "$root/configs/gpt2_nano.json" train.train_iter=12 train.log_period=4 \
     train.checkpointer.period=null "train.output_dir=$big" train.dist.device_type=cuda train.amp.enabled=true \
     model.num_layers=$L model.hidden_size=$H model.num_attention_heads=12 model.ffn_hidden_size=$((4 * H)) \
-    model.max_seq_length=$T model.seq_length=$T model.vocab_size=$V train.train_micro_batch_size=$B \
-    > "$big.out" 2>&1 < /dev/null; then
+    model.max_seq_length=$T model.seq_length=$T model.vocab_size=$V train.train_micro_batch_size=$B "$@" \
+    > "$big.out" 2>&1 < /dev/null
+}
+attention="fused attention"
+trained=0
+train_124m model.attention_dropout_prob=0 model.fused_attention=true || trained=$?
+if [[ $trained != 0 ]]; then
+  cat "$big.out" >> "$log"
+  echo "- with fused attention: **FAILED** (the log says why); unfused:" >> "$report"
+  attention="unfused attention"
+  trained=0
+  train_124m || trained=$?
+fi
+if [[ $trained == 0 ]]; then
+  echo "- $attention" >> "$report"
   gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
   case "$gpu" in
     *H200* | *H100*) peak=989.4e12 ;;
@@ -160,6 +190,6 @@ echo "in $(($(date +%s) - start)) s" >> "$report"
 section "Not checked here (not built yet)"
 cat >> "$report" <<'EOF'
 - layouts over several GPUs (boxing on GPUs and the NCCL communicator in the runtime are not built; such plans are refused), and a killed rank making the others fail within 10 s;
-- cuBLASLt GEMM and fused attention benchmarks (not built), GPT-2 124M against PyTorch on the GPU (Debian's PyTorch has no CUDA).
+- cuBLASLt GEMM with epilogues (not built; GEMMs go through cuBLAS), PyTorch on the GPU (Debian's PyTorch has no CUDA: no GPT-2 124M or scaled_dot_product_attention comparison).
 EOF
 echo "gpu_check: passed; report in $report"

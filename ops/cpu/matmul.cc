@@ -46,16 +46,20 @@ namespace {
 constexpr int64_t kMinMacsPerChunk = int64_t{1} << 20;
 
 // One single-threaded row-major GEMM with explicit leading dimensions (so a
-// block of rows or columns of a larger matrix can be passed), beta = 0.
+// block of rows or columns of a larger matrix can be passed):
+// y = alpha * op(a) @ op(b) + beta * y.
 absl::Status SgemmBlock(bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k, float alpha,
-                        const float* a, int64_t lda, const float* b, int64_t ldb, float* y, int64_t ldy) {
+                        const float* a, int64_t lda, const float* b, int64_t ldb, float* y, int64_t ldy,
+                        float beta = 0.0f) {
   if (m == 0 || n == 0) return absl::OkStatus();
   if (k == 0) {  // an empty sum; BLAS leading-dimension rules reject the call
-    for (int64_t i = 0; i < m; ++i) std::fill(y + i * ldy, y + i * ldy + n, 0.0f);
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < n; ++j) y[i * ldy + j] = beta == 0.0f ? 0.0f : beta * y[i * ldy + j];
+    }
     return absl::OkStatus();
   }
   const dnnl_status_t status =
-      dnnl_sgemm(transpose_a ? 'T' : 'N', transpose_b ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, 0.0f, y, ldy);
+      dnnl_sgemm(transpose_a ? 'T' : 'N', transpose_b ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta, y, ldy);
   if (status != dnnl_success) {
     return absl::InternalError(
         StrCat("dnnl_sgemm(M=", m, ", N=", n, ", K=", k, ") failed with status ", static_cast<int>(status)));
@@ -354,6 +358,13 @@ bool CpuHasBf16Gemm() {
     return __builtin_cpu_supports("avx512bf16") != 0;
   }();
   return has;
+}
+
+absl::Status SgemmOnThisThread(bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k, float alpha,
+                               const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* y,
+                               int64_t ldy) {
+  omp_set_num_threads(1);
+  return SgemmBlock(transpose_a, transpose_b, m, n, k, alpha, a, lda, b, ldb, y, ldy, beta);
 }
 
 absl::Status MatmulKernel(KernelContext& ctx) { return GemmKernel(ctx, /*batched=*/false); }

@@ -47,4 +47,13 @@ bool CpuHasBf16Gemm();
 // ops/cpu/matmul.cc). Thread-safe.
 absl::Status RunGemm(const KernelContext& ctx, const GemmArgs& args);
 
+// One row-major f32 GEMM on the calling thread only, for kernels that cut
+// their own work over the pool (each piece calls this on its own thread):
+// y = alpha * op(a) @ op(b) + beta * y, blocks addressed through leading
+// dimensions (op(a) m x k, op(b) k x n). Sets the calling thread's OpenMP
+// count to 1 (see RunGemm).
+absl::Status SgemmOnThisThread(bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k, float alpha,
+                               const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* y,
+                               int64_t ldy);
+
 }  // namespace tessera::ops::cpu

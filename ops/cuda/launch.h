@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "ops/attention_shape.h"
 #include "ops/update_formulas.h"
 
 namespace tessera::ops::cuda {
@@ -54,12 +55,16 @@ int LaunchLayerNormGrad(const float* dy, const float* x, const float* mean, cons
                         float* dx, float* dgamma, float* dbeta, int64_t rows, int64_t C);
 
 // Optimizer steps over n elements; outputs may alias inputs (each element
-// is read before it is written). The per-step scalars come from the host
-// side (ops/cuda/optimizer.cc), computed as the CPU kernels compute them.
+// is read before it is written). lr, skip and skipped (null: absent) are
+// one float each in device memory, read by the kernel, so the host never
+// waits for the stream: a nonzero skip copies the inputs to the outputs;
+// AdamW's step t = step + 1 - skipped, its scalars formed as the CPU forms
+// them (AdamwStepScalars, in double).
 int LaunchSgd(const float* param, const float* grad, const float* buf, float* new_param, float* new_buf, int64_t n,
-              float lr, float momentum, float weight_decay, bool nesterov);
+              const float* lr, const float* skip, float momentum, float weight_decay, bool nesterov);
 int LaunchAdamw(const float* param, const float* grad, const float* m, const float* v, float* new_param, float* new_m,
-                float* new_v, int64_t n, const AdamwScalars& step);
+                float* new_v, int64_t n, const float* lr, const float* skip, const float* skipped, int64_t step,
+                const AdamwHyper& hyper);
 
 // y = alpha * op(a) @ op(b) for `batch` row-major matrices one after
 // another (a: M x K, or K x M when ta; b: K x N, or N x K when tb; y: M x N
@@ -68,6 +73,18 @@ int LaunchAdamw(const float* param, const float* grad, const float* m, const flo
 // alike). A cuBLAS failure returns -(cublasStatus_t).
 int LaunchGemm(int a_dtype, bool ta, bool tb, int64_t batch, int64_t M, int64_t N, int64_t K, float alpha,
                const void* a, const void* b, float* y);
+
+// Fused attention (ops/attention.cc) on contiguous q (B, H, T, D), k, v
+// (B, H, S, D): y and lse (B, H, T) forward; dq, dk, dv backward from the
+// saved lse (a stream-ordered temporary of B·H·T floats holds Σ dy ⊙ y).
+// One warp per query (forward, dq) or key (dk, dv) row, key or query tiles
+// of 32 rows in shared memory; every sum has one order (no atomics). Head
+// dims up to kMaxAttentionHeadDim (the host side refuses more).
+inline constexpr int64_t kMaxAttentionHeadDim = 128;
+int LaunchFlashAttention(const float* q, const float* k, const float* v, float* y, float* lse,
+                         const AttentionShape& shape);
+int LaunchFlashAttentionGrad(const float* q, const float* k, const float* v, const float* y, const float* lse,
+                             const float* dy, float* dq, float* dk, float* dv, const AttentionShape& shape);
 
 // dst[dst_base + Σ c_d dst_strides[d]] = src[src_base + Σ c_d src_strides[d]]
 // for every coordinate c of `dims` (in elements of `elem` bytes: 1, 2, 4 or

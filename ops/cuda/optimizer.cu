@@ -9,18 +9,43 @@ namespace tessera::ops::cuda {
 namespace {
 
 __global__ void SgdKernel(const float* param, const float* grad, const float* buf, float* new_param, float* new_buf,
-                          int64_t n, float lr, float momentum, float weight_decay, bool nesterov) {
+                          int64_t n, const float* lr, const float* skip, float momentum, float weight_decay,
+                          bool nesterov) {
+  const bool skipping = skip != nullptr && *skip != 0.0f;
+  const float rate = *lr;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    SgdElement(param[i], grad[i], buf[i], lr, momentum, weight_decay, nesterov, &new_param[i], &new_buf[i]);
+    if (skipping) {  // the state as it was (a no-op where outputs alias inputs)
+      const float p = param[i], b = buf[i];
+      new_param[i] = p;
+      new_buf[i] = b;
+    } else {
+      SgdElement(param[i], grad[i], buf[i], rate, momentum, weight_decay, nesterov, &new_param[i], &new_buf[i]);
+    }
   }
 }
 
 __global__ void AdamwKernel(const float* param, const float* grad, const float* m, const float* v, float* new_param,
-                            float* new_m, float* new_v, int64_t n, AdamwScalars s) {
+                            float* new_m, float* new_v, int64_t n, const float* lr, const float* skip,
+                            const float* skipped, int64_t step, AdamwHyper hyper) {
+  __shared__ AdamwScalars s;
+  const bool skipping = skip != nullptr && *skip != 0.0f;
+  if (threadIdx.x == 0 && !skipping) {
+    const double t = static_cast<double>(step + 1) - (skipped != nullptr ? static_cast<double>(*skipped) : 0.0);
+    s = AdamwStepScalars(static_cast<double>(*lr), hyper.beta1, hyper.beta2, hyper.weight_decay, hyper.eps,
+                         hyper.bias_correction, t);
+  }
+  __syncthreads();
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    AdamwElement(param[i], grad[i], m[i], v[i], s, &new_param[i], &new_m[i], &new_v[i]);
+    if (skipping) {  // the state as it was (a no-op where outputs alias inputs)
+      const float p = param[i], mi = m[i], vi = v[i];
+      new_param[i] = p;
+      new_m[i] = mi;
+      new_v[i] = vi;
+    } else {
+      AdamwElement(param[i], grad[i], m[i], v[i], s, &new_param[i], &new_m[i], &new_v[i]);
+    }
   }
 }
 
@@ -70,17 +95,19 @@ int LaunchLossScaleUpdate(const float* scale, const float* found_inf, const floa
 }
 
 int LaunchSgd(const float* param, const float* grad, const float* buf, float* new_param, float* new_buf, int64_t n,
-              float lr, float momentum, float weight_decay, bool nesterov) {
+              const float* lr, const float* skip, float momentum, float weight_decay, bool nesterov) {
   if (n == 0) return 0;
-  SgdKernel<<<Blocks(n), kThreads, 0, CurrentStream()>>>(param, grad, buf, new_param, new_buf, n, lr, momentum,
+  SgdKernel<<<Blocks(n), kThreads, 0, CurrentStream()>>>(param, grad, buf, new_param, new_buf, n, lr, skip, momentum,
                                                              weight_decay, nesterov);
   return Finish();
 }
 
 int LaunchAdamw(const float* param, const float* grad, const float* m, const float* v, float* new_param, float* new_m,
-                float* new_v, int64_t n, const AdamwScalars& step) {
+                float* new_v, int64_t n, const float* lr, const float* skip, const float* skipped, int64_t step,
+                const AdamwHyper& hyper) {
   if (n == 0) return 0;
-  AdamwKernel<<<Blocks(n), kThreads, 0, CurrentStream()>>>(param, grad, m, v, new_param, new_m, new_v, n, step);
+  AdamwKernel<<<Blocks(n), kThreads, 0, CurrentStream()>>>(param, grad, m, v, new_param, new_m, new_v, n, lr, skip,
+                                                               skipped, step, hyper);
   return Finish();
 }
 

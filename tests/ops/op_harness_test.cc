@@ -18,7 +18,7 @@ namespace tessera::ops::testing {
 const std::vector<OpTestCase>& AllOpTestCases() {
   static const std::vector<OpTestCase>* const all = [] {
     auto* v = new std::vector<OpTestCase>();
-    for (auto family : {ElementwiseCases, MatmulCases, NormSoftmaxCases, ShapeOpCases, ReduceCases, MiscCases}) {
+    for (auto family : {ElementwiseCases, MatmulCases, NormSoftmaxCases, ShapeOpCases, ReduceCases, MiscCases, AttentionCases}) {
       for (OpTestCase& c : family()) v->push_back(std::move(c));
     }
     return v;

@@ -98,5 +98,6 @@ std::vector<OpTestCase> NormSoftmaxCases();
 std::vector<OpTestCase> ShapeOpCases();
 std::vector<OpTestCase> ReduceCases();
 std::vector<OpTestCase> MiscCases();
+std::vector<OpTestCase> AttentionCases();
 
 }  // namespace tessera::ops::testing

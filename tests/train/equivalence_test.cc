@@ -105,6 +105,31 @@ TEST(Equivalence, Gpt2NanoLossesMatchOneDeviceUnderEveryLayout) {
   }
 }
 
+// model.fused_attention (one flash_attention op per layer) gives the unfused
+// attention's losses, on one device and with the op's heads split over
+// tensor parallel ranks, batches over data parallel ones and its layers over
+// pipeline stages (attention dropout off: the fused op has none).
+TEST(Equivalence, FusedAttentionGivesTheUnfusedLossesUnderLayouts) {
+  const std::vector<std::string> no_attention_dropout = {"model.attention_dropout_prob=0"};
+  std::vector<std::string> one_device = kOneDevice;
+  one_device.insert(one_device.end(), no_attention_dropout.begin(), no_attention_dropout.end());
+  auto unfused = TrainGpt2(one_device);
+  ASSERT_TRUE(unfused.ok()) << unfused.status();
+  const std::vector<Layout> layouts = {
+      {"fused, one device", one_device},
+      {"fused, TP 2", {"train.dist.tensor_parallel_size=2", "train.train_micro_batch_size=8"}},
+      {"fused, 2x2x2",
+       {"train.dist.data_parallel_size=2", "train.dist.tensor_parallel_size=2", "train.dist.pipeline_parallel_size=2",
+        "train.train_micro_batch_size=2", "train.num_accumulation_steps=2"}},
+  };
+  for (Layout layout : layouts) {
+    layout.overrides.insert(layout.overrides.end(), {"model.attention_dropout_prob=0", "model.fused_attention=true"});
+    auto losses = TrainGpt2(layout.overrides);
+    ASSERT_TRUE(losses.ok()) << layout.name << ": " << losses.status();
+    ExpectSameLosses(layout.name, *losses, *unfused);
+  }
+}
+
 // Asynchronous compute acts (train.dist.async_compute: kernels on a stream
 // per device, registers handed on from the completion callback) give the
 // synchronous run's losses bit for bit, on one device and under layouts with

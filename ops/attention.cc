@@ -1,0 +1,185 @@
+// Fused attention ops: y = softmax(scale · q kᵀ + masks) v in one kernel,
+// never holding the (T, S) scores (kernels: ops/cpu/attention.cc, on GPUs
+// ops/cuda/attention.cu), with the row log-sum-exp saved for the backward.
+//   flash_attention(q, k, v) -> (y, lse)                 causal or full
+//   flash_attention_masked(q, k, v, mask) -> (y, lse)    plus a key padding mask
+//   flash_attention_grad(q, k, v, y, lse, dy) -> (dq, dk, dv)
+//   flash_attention_masked_grad(q, k, v, y, lse, dy, mask) -> (dq, dk, dv)
+// q (B, H, T, D), k and v (B, H, S, D), mask bool (B, S) (true = keep);
+// y (B, H, T, D), lse f32 (B, H, T). With causal, query t sees keys
+// s <= t + S - T (the fused softmaxes' alignment); a query that sees no key
+// gets y = 0 and lse = -inf. Attention dropout is not fused: models use
+// these ops only without it.
+//
+// SBP: batch or heads split alike in q, k, v, y, lse (the mask split with
+// the batch, broadcast with the heads), or the queries split along T with
+// k, v whole (the causal limit follows the query block's offset); then the
+// gradient's dk and dv are partial sums over query blocks.
+
+#include "ops/cpu/attention.h"
+
+#include <cmath>
+#include <string>
+
+#include "core/text.h"
+#ifdef TESSERA_WITH_CUDA
+#include "ops/cuda/attention.h"
+#endif
+#include "ops/op_util.h"
+#include "ops/registry.h"
+
+namespace tessera::ops {
+namespace {
+
+absl::Status ExpectShape(const TensorMeta& meta, const Shape& shape, std::string_view name, std::string_view like) {
+  if (meta.shape == shape) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      StrCat("input '", name, "' must have shape ", shape.ToString(), " (", like, "), got ", meta.shape.ToString()));
+}
+
+// q, k, v (and the mask, when `masked`, at `mask_index`) checked; the
+// forward outputs' metas.
+absl::StatusOr<std::vector<TensorMeta>> InferQkv(const std::vector<TensorMeta>& in, bool masked, size_t mask_index) {
+  RETURN_IF_ERROR(ExpectDType(in[0], DType::kF32, "q"));
+  RETURN_IF_ERROR(ExpectRank(in[0], 4, "q"));
+  RETURN_IF_ERROR(ExpectDType(in[1], DType::kF32, "k"));
+  RETURN_IF_ERROR(ExpectRank(in[1], 4, "k"));
+  RETURN_IF_ERROR(ExpectDType(in[2], DType::kF32, "v"));
+  const Shape& q = in[0].shape;
+  const Shape& k = in[1].shape;
+  if (k[0] != q[0] || k[1] != q[1] || k[3] != q[3]) {
+    return absl::InvalidArgumentError(
+        StrCat("input 'k' must be (B, H, S, D) with q's B, H and D ", q.ToString(), ", got ", k.ToString()));
+  }
+  RETURN_IF_ERROR(ExpectShape(in[2], k, "v", "like k"));
+  if (masked) {
+    RETURN_IF_ERROR(ExpectDType(in[mask_index], DType::kBool, "mask"));
+    RETURN_IF_ERROR(ExpectShape(in[mask_index], Shape{q[0], k[2]}, "mask", "(B, S): one flag per key"));
+  }
+  return std::vector<TensorMeta>{in[0], {DType::kF32, Shape{q[0], q[1], q[2]}}};
+}
+
+absl::Status ExpectFiniteScale(const AttrMap& attrs) {
+  const double scale = attrs.Float("scale");
+  if (std::isfinite(scale)) return absl::OkStatus();
+  return absl::InvalidArgumentError(StrCat("attribute 'scale' must be finite, got ", scale));
+}
+
+// Signatures over inputs laid out as `roles`: 'q' (a query tensor: q, y,
+// dy, or lse without the last axis), 'k' (k, v), 'm' (the mask). Outputs as
+// `outputs` (forward: y, lse; gradient: dq, dk, dv).
+std::vector<SbpSignature> AttentionSignatures(const std::string& roles, const std::string& outputs) {
+  std::vector<SbpSignature> sigs;
+  auto sig = [&](Sbp query, Sbp key, Sbp mask, Sbp key_grad) {
+    SbpSignature s;
+    for (char r : roles) s.inputs.push_back(r == 'q' ? query : r == 'k' ? key : mask);
+    for (char r : outputs) s.outputs.push_back(r == 'q' ? query : key_grad);
+    sigs.push_back(std::move(s));
+  };
+  sig(Sbp::Split(0), Sbp::Split(0), Sbp::Split(0), Sbp::Split(0));     // batch
+  sig(Sbp::Split(1), Sbp::Split(1), Sbp::Broadcast(), Sbp::Split(1));  // heads
+  // Queries along T, keys whole: each query block's dk, dv are its share.
+  sig(Sbp::Split(2), Sbp::Broadcast(), Sbp::Broadcast(), Sbp::PartialSum());
+  sig(Sbp::Broadcast(), Sbp::Broadcast(), Sbp::Broadcast(), Sbp::Broadcast());
+  return sigs;
+}
+
+void RegisterFlashAttention(OpRegistry& r, bool masked) {
+  const std::string name = masked ? "flash_attention_masked" : "flash_attention";
+  const std::string grad_name = name + "_grad";
+  const Shape q{2, 4, 8, 8}, lse{2, 4, 8};
+  OpSchema forward(name);
+  forward
+      .Doc(StrCat("Fused attention: y = softmax(scale · q kᵀ) v over the keys, for q (B, H, T, D), k and v (B, H, S, "
+                  "D)",
+                  masked ? ", keys dropped where the bool mask (B, S) is false" : "",
+                  "; with causal, query t sees keys s <= t + S - T. lse (B, H, T) is each row's log-sum-exp of the "
+                  "scaled, masked scores (-inf for a query that sees no key, whose y is 0), saved for the gradient. "
+                  "Never forms the (T, S) scores."))
+      .Input("q")
+      .Input("k")
+      .Input("v");
+  if (masked) forward.NonDifferentiableInput("mask");
+  forward.Output("y")
+      .Output("lse")
+      .Attr("scale", AttrType::kFloat, 1.0)
+      .Attr("causal", AttrType::kBool, false)
+      .Infer(
+          [masked](const std::vector<TensorMeta>& in, const AttrMap& attrs) -> absl::StatusOr<std::vector<TensorMeta>> {
+            RETURN_IF_ERROR(ExpectFiniteScale(attrs));
+            return InferQkv(in, masked, 3);
+          })
+      .Sbp([masked](const std::vector<TensorMeta>&, const AttrMap&, int64_t) {
+        return AttentionSignatures(masked ? "qkkm" : "qkk", "qq");
+      })
+      .Grad([grad_name, masked](GradBuilder& b) {
+        // lse is a saved statistic: its gradient is not propagated (as
+        // layer_norm's mean and rstd).
+        std::vector<ValueId> inputs = {b.input(0),  b.input(1),  b.input(2),
+                                       b.output(0), b.output(1), b.OutputGradOrZeros(0)};
+        if (masked) inputs.push_back(b.input(3));
+        const std::vector<ValueId> g = b.Ops(grad_name, inputs, b.attrs());
+        if (g.size() != 3) return;  // emission failed; the builder holds the error
+        for (int i = 0; i < 3; ++i) b.SetInputGrad(i, g[static_cast<size_t>(i)]);
+      })
+      .Kernel(DeviceType::kCpu, cpu::FlashAttentionKernel)
+#ifdef TESSERA_WITH_CUDA
+      .Kernel(DeviceType::kCuda, cuda::FlashAttentionKernel)
+#endif
+      ;
+  std::vector<TensorMeta> example = {{DType::kF32, q}, {DType::kF32, q}, {DType::kF32, q}};
+  if (masked) example.push_back({DType::kBool, Shape{2, 8}});
+  forward.Example(example, {{"scale", 0.35}, {"causal", !masked}});
+  r.MustRegister(std::move(forward));
+
+  OpSchema backward(grad_name);
+  backward
+      .Doc(StrCat("Backward of ", name, ": (q, k, v, y, lse, dy", masked ? ", mask" : "",
+                  ") -> (dq, dk, dv), recomputing the probabilities from lse tile by tile."))
+      .Input("q")
+      .Input("k")
+      .Input("v")
+      .Input("y")
+      .Input("lse")
+      .Input("dy");
+  if (masked) backward.Input("mask");
+  backward.Output("dq")
+      .Output("dk")
+      .Output("dv")
+      .Attr("scale", AttrType::kFloat, 1.0)
+      .Attr("causal", AttrType::kBool, false)
+      .Infer(
+          [masked](const std::vector<TensorMeta>& in, const AttrMap& attrs) -> absl::StatusOr<std::vector<TensorMeta>> {
+            RETURN_IF_ERROR(ExpectFiniteScale(attrs));
+            ASSIGN_OR_RETURN(std::vector<TensorMeta> forward, InferQkv(in, masked, 6));
+            RETURN_IF_ERROR(ExpectDType(in[3], DType::kF32, "y"));
+            RETURN_IF_ERROR(ExpectShape(in[3], forward[0].shape, "y", "like q"));
+            RETURN_IF_ERROR(ExpectDType(in[4], DType::kF32, "lse"));
+            RETURN_IF_ERROR(ExpectShape(in[4], forward[1].shape, "lse", "q without its last axis"));
+            RETURN_IF_ERROR(ExpectDType(in[5], DType::kF32, "dy"));
+            RETURN_IF_ERROR(ExpectShape(in[5], forward[0].shape, "dy", "like q"));
+            return std::vector<TensorMeta>{in[0], in[1], in[2]};
+          })
+      .Sbp([masked](const std::vector<TensorMeta>&, const AttrMap&, int64_t) {
+        return AttentionSignatures(masked ? "qkkqqqm" : "qkkqqq", "qkk");
+      })
+      .Kernel(DeviceType::kCpu, cpu::FlashAttentionGradKernel)
+#ifdef TESSERA_WITH_CUDA
+      .Kernel(DeviceType::kCuda, cuda::FlashAttentionGradKernel)
+#endif
+      ;
+  std::vector<TensorMeta> grad_example = {{DType::kF32, q}, {DType::kF32, q},   {DType::kF32, q},
+                                          {DType::kF32, q}, {DType::kF32, lse}, {DType::kF32, q}};
+  if (masked) grad_example.push_back({DType::kBool, Shape{2, 8}});
+  backward.Example(grad_example, {{"scale", 0.35}, {"causal", !masked}});
+  r.MustRegister(std::move(backward));
+}
+
+}  // namespace
+
+void RegisterAttentionOps(OpRegistry& registry) {
+  RegisterFlashAttention(registry, /*masked=*/false);
+  RegisterFlashAttention(registry, /*masked=*/true);
+}
+
+}  // namespace tessera::ops

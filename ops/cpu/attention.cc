@@ -1,0 +1,221 @@
+// Fused attention on the CPU (ops/cpu/attention.h). Per (batch·head):
+//   forward, per block of kRows queries: for each block of kCols keys up to
+//     the causal limit, S = scale · q kᵀ (one GEMM), masked keys -inf, the
+//     running row max m and sum l rescaled (online softmax), O = O · e^(m_old
+//     - m) + e^(S - m) v (one GEMM); then y = O / l and lse = m + log l (a
+//     row without keys: y = 0, lse = -inf).
+//   backward, per (batch·head), for each query block and each of its key
+//     blocks: P = e^(scale · q kᵀ - lse) recomputed, D_t = Σ dy_t ⊙ y_t,
+//     dS = P ⊙ (dy vᵀ - D); dq += scale · dS k, dv += Pᵀ dy, dk += scale ·
+//     dSᵀ q (five GEMMs per tile). A (batch, head) is one piece of work, so
+//     no sum is shared between threads and each has one order.
+
+#include "ops/cpu/attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <mutex>
+#include <vector>
+
+#include "ops/cpu/cpu_util.h"
+#include "ops/cpu/matmul.h"
+#include "ops/cpu/vec_math.h"
+
+namespace tessera::ops {
+
+AttentionShape AttentionShapeOf(const KernelContext& ctx, bool masked) {
+  AttentionShape a;
+  const Shape& q = ctx.input(0).shape();
+  const Shape& k = ctx.input(1).shape();
+  a.batch = q[0];
+  a.heads = q[1];
+  a.queries = q[2];
+  a.head_dim = q[3];
+  a.keys = k[2];
+  a.causal = ctx.attr().Bool("causal");
+  a.scale = static_cast<float>(ctx.attr().Float("scale"));
+  const TensorSlice slice = ctx.input_slice(0);
+  a.causal_shift = slice.offset[2] + a.keys - slice.logical[2];
+  if (masked) a.mask = static_cast<const uint8_t*>(ctx.input(ctx.num_inputs() - 1).raw_data());
+  return a;
+}
+
+namespace cpu {
+namespace {
+
+constexpr int64_t kRows = 64;  // queries per block
+constexpr int64_t kCols = 64;  // keys per block
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// The keys [0, end) that some query of [t0, t0 + rows) may see.
+int64_t KeyEnd(const AttentionShape& a, int64_t t0, int64_t rows) {
+  if (!a.causal) return a.keys;
+  return std::clamp<int64_t>(t0 + rows + a.causal_shift, 0, a.keys);
+}
+
+bool KeyVisible(const AttentionShape& a, int64_t b, int64_t t, int64_t s) {
+  if (a.causal && s > t + a.causal_shift) return false;
+  return a.mask == nullptr || a.mask[b * a.keys + s] != 0;
+}
+
+// The first error of several pieces of work.
+class FirstError {
+ public:
+  void Note(const absl::Status& status) {
+    if (status.ok()) return;
+    std::lock_guard<std::mutex> lock(mu_);
+    if (status_.ok()) status_ = status;
+  }
+  absl::Status Take() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return status_;
+  }
+
+ private:
+  std::mutex mu_;
+  absl::Status status_;
+};
+
+}  // namespace
+
+absl::Status FlashAttentionKernel(KernelContext& ctx) {
+  const AttentionShape a = AttentionShapeOf(ctx, ctx.num_inputs() == 4);
+  const int64_t T = a.queries, S = a.keys, D = a.head_dim;
+  const float* q = ctx.input(0).data<float>();
+  const float* k = ctx.input(1).data<float>();
+  const float* v = ctx.input(2).data<float>();
+  float* y = ctx.output(0).data<float>();
+  float* lse = ctx.output(1).data<float>();
+  const int64_t blocks = (T + kRows - 1) / kRows;
+  FirstError error;
+  ParallelFor(ctx, a.batch * a.heads * blocks, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores(static_cast<size_t>(kRows * kCols));
+    std::vector<float> out(static_cast<size_t>(kRows * std::max<int64_t>(D, 1)));
+    std::vector<float> row_max(kRows), row_sum(kRows);
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t bh = task / blocks, t0 = task % blocks * kRows, rows = std::min(kRows, T - t0);
+      const int64_t b = bh / a.heads;
+      const float* qb = q + (bh * T + t0) * D;
+      const float* kh = k + bh * S * D;
+      const float* vh = v + bh * S * D;
+      std::fill(out.begin(), out.end(), 0.0f);
+      std::fill(row_max.begin(), row_max.end(), kNegInf);
+      std::fill(row_sum.begin(), row_sum.end(), 0.0f);
+      const int64_t key_end = KeyEnd(a, t0, rows);
+      for (int64_t s0 = 0; s0 < key_end; s0 += kCols) {
+        const int64_t cols = std::min(kCols, key_end - s0);
+        absl::Status status =
+            SgemmOnThisThread(false, true, rows, cols, D, a.scale, qb, D, kh + s0 * D, D, 0.0f, scores.data(), kCols);
+        if (!status.ok()) return error.Note(status);
+        for (int64_t i = 0; i < rows; ++i) {
+          float* sr = scores.data() + i * kCols;
+          float m = kNegInf;
+          for (int64_t j = 0; j < cols; ++j) {
+            if (!KeyVisible(a, b, t0 + i, s0 + j)) sr[j] = kNegInf;
+            m = std::max(m, sr[j]);
+          }
+          const float m_new = std::max(row_max[i], m);
+          if (m_new == kNegInf) {  // no visible key yet: this block adds nothing
+            std::fill(sr, sr + cols, 0.0f);
+            continue;
+          }
+          const float correction = ExpF(row_max[i] - m_new);  // 0 when the old max is -inf
+          for (int64_t j = 0; j < cols; ++j) sr[j] = ExpF(sr[j] - m_new);
+          float sum = 0;
+          for (int64_t j = 0; j < cols; ++j) sum += sr[j];
+          row_sum[i] = row_sum[i] * correction + sum;
+          row_max[i] = m_new;
+          float* orow = out.data() + i * D;
+          for (int64_t d = 0; d < D; ++d) orow[d] *= correction;
+        }
+        status = SgemmOnThisThread(false, false, rows, D, cols, 1.0f, scores.data(), kCols, vh + s0 * D, D, 1.0f,
+                                   out.data(), D);
+        if (!status.ok()) return error.Note(status);
+      }
+      for (int64_t i = 0; i < rows; ++i) {
+        float* yr = y + (bh * T + t0 + i) * D;
+        const float l = row_sum[i];
+        const float inv = l > 0 ? 1.0f / l : 0.0f;
+        for (int64_t d = 0; d < D; ++d) yr[d] = out[static_cast<size_t>(i * D + d)] * inv;
+        lse[bh * T + t0 + i] = l > 0 ? row_max[i] + std::log(l) : kNegInf;
+      }
+    }
+  });
+  return error.Take();
+}
+
+absl::Status FlashAttentionGradKernel(KernelContext& ctx) {
+  const AttentionShape a = AttentionShapeOf(ctx, ctx.num_inputs() == 7);
+  const int64_t T = a.queries, S = a.keys, D = a.head_dim;
+  const float* q = ctx.input(0).data<float>();
+  const float* k = ctx.input(1).data<float>();
+  const float* v = ctx.input(2).data<float>();
+  const float* y = ctx.input(3).data<float>();
+  const float* lse = ctx.input(4).data<float>();
+  const float* dy = ctx.input(5).data<float>();
+  float* dq = ctx.output(0).data<float>();
+  float* dk = ctx.output(1).data<float>();
+  float* dv = ctx.output(2).data<float>();
+  FirstError error;
+  // One (batch, head) per piece: its dk and dv gather over every query
+  // block, in block order.
+  ParallelFor(ctx, a.batch * a.heads, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> p(static_cast<size_t>(kRows * kCols)), dp(static_cast<size_t>(kRows * kCols));
+    std::vector<float> delta(kRows);
+    for (int64_t bh = begin; bh < end; ++bh) {
+      const int64_t b = bh / a.heads;
+      std::fill(dq + bh * T * D, dq + (bh + 1) * T * D, 0.0f);
+      std::fill(dk + bh * S * D, dk + (bh + 1) * S * D, 0.0f);
+      std::fill(dv + bh * S * D, dv + (bh + 1) * S * D, 0.0f);
+      for (int64_t t0 = 0; t0 < T; t0 += kRows) {
+        const int64_t rows = std::min(kRows, T - t0);
+        const int64_t row0 = bh * T + t0;
+        const float* qb = q + row0 * D;
+        const float* dyb = dy + row0 * D;
+        float* dqb = dq + row0 * D;
+        for (int64_t i = 0; i < rows; ++i) {  // D_t = Σ dy ⊙ y
+          float sum = 0;
+          for (int64_t d = 0; d < D; ++d) sum += dyb[i * D + d] * y[(row0 + i) * D + d];
+          delta[static_cast<size_t>(i)] = sum;
+        }
+        const int64_t key_end = KeyEnd(a, t0, rows);
+        for (int64_t s0 = 0; s0 < key_end; s0 += kCols) {
+          const int64_t cols = std::min(kCols, key_end - s0);
+          const float* kb = k + (bh * S + s0) * D;
+          const float* vb = v + (bh * S + s0) * D;
+          absl::Status status =
+              SgemmOnThisThread(false, true, rows, cols, D, a.scale, qb, D, kb, D, 0.0f, p.data(), kCols);
+          if (status.ok()) {
+            status = SgemmOnThisThread(false, true, rows, cols, D, 1.0f, dyb, D, vb, D, 0.0f, dp.data(), kCols);
+          }
+          if (!status.ok()) return error.Note(status);
+          for (int64_t i = 0; i < rows; ++i) {  // P, then dS = P ⊙ (dP - D) in dp
+            const float l = lse[row0 + i];
+            float* pr = p.data() + i * kCols;
+            float* dpr = dp.data() + i * kCols;
+            for (int64_t j = 0; j < cols; ++j) {
+              pr[j] = l == kNegInf || !KeyVisible(a, b, t0 + i, s0 + j) ? kNegInf : pr[j] - l;
+            }
+            for (int64_t j = 0; j < cols; ++j) pr[j] = ExpF(pr[j]);
+            for (int64_t j = 0; j < cols; ++j) dpr[j] = pr[j] * (dpr[j] - delta[static_cast<size_t>(i)]);
+          }
+          status = SgemmOnThisThread(true, false, cols, D, rows, 1.0f, p.data(), kCols, dyb, D, 1.0f,
+                                     dv + (bh * S + s0) * D, D);
+          if (status.ok()) {
+            status = SgemmOnThisThread(false, false, rows, D, cols, a.scale, dp.data(), kCols, kb, D, 1.0f, dqb, D);
+          }
+          if (status.ok()) {
+            status = SgemmOnThisThread(true, false, cols, D, rows, a.scale, dp.data(), kCols, qb, D, 1.0f,
+                                       dk + (bh * S + s0) * D, D);
+          }
+          if (!status.ok()) return error.Note(status);
+        }
+      }
+    }
+  });
+  return error.Take();
+}
+
+}  // namespace cpu
+}  // namespace tessera::ops

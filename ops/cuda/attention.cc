@@ -1,0 +1,41 @@
+// Host side of the CUDA fused attention (ops/cuda/attention.cu).
+
+#include "ops/cuda/attention.h"
+
+#include "core/text.h"
+#include "ops/cpu/attention.h"
+#include "ops/cuda/kernel_util.h"
+#include "ops/cuda/launch.h"
+
+namespace tessera::ops::cuda {
+namespace {
+
+absl::StatusOr<AttentionShape> Prepare(KernelContext& ctx, bool masked, const char* what) {
+  RETURN_IF_ERROR(OnDevice(ctx));
+  const AttentionShape shape = AttentionShapeOf(ctx, masked);
+  if (shape.head_dim > kMaxAttentionHeadDim) {
+    return absl::UnimplementedError(
+        StrCat(what, " on cuda: head dim ", shape.head_dim, " is over the kernel's ", kMaxAttentionHeadDim));
+  }
+  return shape;
+}
+
+}  // namespace
+
+absl::Status FlashAttentionKernel(KernelContext& ctx) {
+  ASSIGN_OR_RETURN(const AttentionShape shape, Prepare(ctx, ctx.num_inputs() == 4, "flash_attention"));
+  return Done(LaunchFlashAttention(ctx.input(0).data<float>(), ctx.input(1).data<float>(), ctx.input(2).data<float>(),
+                                   ctx.output(0).data<float>(), ctx.output(1).data<float>(), shape),
+              "flash_attention");
+}
+
+absl::Status FlashAttentionGradKernel(KernelContext& ctx) {
+  ASSIGN_OR_RETURN(const AttentionShape shape, Prepare(ctx, ctx.num_inputs() == 7, "flash_attention_grad"));
+  return Done(LaunchFlashAttentionGrad(
+                  ctx.input(0).data<float>(), ctx.input(1).data<float>(), ctx.input(2).data<float>(),
+                  ctx.input(3).data<float>(), ctx.input(4).data<float>(), ctx.input(5).data<float>(),
+                  ctx.output(0).data<float>(), ctx.output(1).data<float>(), ctx.output(2).data<float>(), shape),
+              "flash_attention_grad");
+}
+
+}  // namespace tessera::ops::cuda

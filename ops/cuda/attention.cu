@@ -1,0 +1,291 @@
+// Fused attention kernels (launch.h: LaunchFlashAttention,
+// LaunchFlashAttentionGrad). Blocks of kWarps warps, one warp per row:
+//   forward: a query row; tiles of kTile keys (k, v) in shared memory; lane
+//     j scores key j of the tile, the warp keeps the running max and sum
+//     (online softmax) and accumulates p · v with lane d holding output
+//     dims d, d + 32, ... (head dim <= 128: four per lane).
+//   backward 1: a query row: delta = Σ dy ⊙ y (kept in a temporary), then
+//     dq = scale Σ_s P (dy · v_s - delta) k_s over the key tiles.
+//   backward 2: a key row: over tiles of kTile queries (q, dy, lse, delta in
+//     shared memory), dv = Σ_t P dy_t and dk = scale Σ_t P (dy_t · v - delta_t)
+//     q_t.
+// Shared tiles are rows of D + 1 floats, so lanes reading one column of
+// different rows hit different banks.
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+
+#include "ops/cuda/launch.h"
+#include "ops/cuda/launch_util.cuh"
+
+namespace tessera::ops::cuda {
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kTile = 32;
+constexpr int kPerLane = static_cast<int>(kMaxAttentionHeadDim / 32);
+
+__device__ float WarpMax(float x) {
+  for (int o = 16; o > 0; o /= 2) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+  return x;
+}
+__device__ float WarpSum(float x) {
+  for (int o = 16; o > 0; o /= 2) x += __shfl_xor_sync(0xffffffffu, x, o);
+  return x;
+}
+
+__device__ bool Visible(const AttentionShape& a, int64_t b, int64_t t, int64_t s) {
+  if (s >= a.keys) return false;
+  if (a.causal && s > t + a.causal_shift) return false;
+  return a.mask == nullptr || a.mask[b * a.keys + s] != 0;
+}
+
+// The keys [0, end) some query of [t0, t0 + rows) may see.
+__device__ int64_t KeyEnd(const AttentionShape& a, int64_t t0, int64_t rows) {
+  if (!a.causal) return a.keys;
+  const int64_t end = t0 + rows + a.causal_shift;
+  return end < 0 ? 0 : (end > a.keys ? a.keys : end);
+}
+
+// Rows [r0, r0 + kTile) of a (rows x D) matrix into a shared tile of stride
+// D + 1 (zeros past `rows`), by the whole block.
+__device__ void LoadTile(float* tile, const float* m, int64_t r0, int64_t rows, int64_t D) {
+  const int64_t ld = D + 1;
+  for (int64_t idx = threadIdx.x; idx < kTile * D; idx += blockDim.x) {
+    const int64_t j = idx / D, d = idx % D;
+    tile[j * ld + d] = r0 + j < rows ? m[(r0 + j) * D + d] : 0.0f;
+  }
+}
+
+__device__ float RowDot(const float* a, const float* b, int64_t D) {
+  float sum = 0;
+  for (int64_t d = 0; d < D; ++d) sum += a[d] * b[d];
+  return sum;
+}
+
+__global__ void FlashForward(const float* q, const float* k, const float* v, float* y, float* lse, AttentionShape a,
+                             int64_t query_blocks) {
+  extern __shared__ float smem[];
+  const int64_t D = a.head_dim, T = a.queries, S = a.keys, ld = D + 1;
+  float* ks = smem;
+  float* vs = ks + kTile * ld;
+  float* qs = vs + kTile * ld;  // kWarps rows of D
+  const int64_t bh = blockIdx.x / query_blocks, t0 = blockIdx.x % query_blocks * kWarps;
+  const int64_t b = bh / a.heads;
+  const int warp = static_cast<int>(threadIdx.x / 32), lane = static_cast<int>(threadIdx.x % 32);
+  const int64_t t = t0 + warp;
+  const bool active = t < T;
+  float* qrow = qs + warp * D;
+  if (active) {
+    for (int64_t d = lane; d < D; d += 32) qrow[d] = q[(bh * T + t) * D + d];
+  }
+  const float* kh = k + bh * S * D;
+  const float* vh = v + bh * S * D;
+  float m = -INFINITY, l = 0, acc[kPerLane] = {};
+  const int64_t key_end = KeyEnd(a, t0, kWarps < T - t0 ? kWarps : T - t0);
+  for (int64_t s0 = 0; s0 < key_end; s0 += kTile) {
+    __syncthreads();
+    LoadTile(ks, kh, s0, S, D);
+    LoadTile(vs, vh, s0, S, D);
+    __syncthreads();
+    if (!active) continue;
+    const int64_t s = s0 + lane;
+    const float score = Visible(a, b, t, s) ? a.scale * RowDot(qrow, ks + lane * ld, D) : -INFINITY;
+    const float m_new = fmaxf(m, WarpMax(score));
+    if (m_new == -INFINITY) continue;  // no visible key yet
+    const float p = score == -INFINITY ? 0.0f : expf(score - m_new);
+    const float correction = expf(m - m_new);  // 0 while m is -inf
+    l = l * correction + WarpSum(p);
+    for (int r = 0; r < kPerLane; ++r) acc[r] *= correction;
+    for (int j = 0; j < kTile; ++j) {
+      const float pj = __shfl_sync(0xffffffffu, p, j);
+      if (pj == 0.0f) continue;
+      for (int r = 0; r < kPerLane; ++r) {
+        const int64_t d = lane + 32 * r;
+        if (d < D) acc[r] += pj * vs[j * ld + d];
+      }
+    }
+    m = m_new;
+  }
+  if (!active) return;
+  const float inv = l > 0 ? 1.0f / l : 0.0f;
+  for (int r = 0; r < kPerLane; ++r) {
+    const int64_t d = lane + 32 * r;
+    if (d < D) y[(bh * T + t) * D + d] = acc[r] * inv;
+  }
+  if (lane == 0) lse[bh * T + t] = l > 0 ? m + logf(l) : -INFINITY;
+}
+
+__global__ void FlashBackwardQueries(const float* q, const float* k, const float* v, const float* y, const float* lse,
+                                     const float* dy, float* dq, float* delta, AttentionShape a, int64_t query_blocks) {
+  extern __shared__ float smem[];
+  const int64_t D = a.head_dim, T = a.queries, S = a.keys, ld = D + 1;
+  float* ks = smem;
+  float* vs = ks + kTile * ld;
+  float* qs = vs + kTile * ld;   // kWarps rows of D
+  float* dys = qs + kWarps * D;  // kWarps rows of D
+  const int64_t bh = blockIdx.x / query_blocks, t0 = blockIdx.x % query_blocks * kWarps;
+  const int64_t b = bh / a.heads;
+  const int warp = static_cast<int>(threadIdx.x / 32), lane = static_cast<int>(threadIdx.x % 32);
+  const int64_t t = t0 + warp;
+  const bool active = t < T;
+  float* qrow = qs + warp * D;
+  float* dyrow = dys + warp * D;
+  float row_delta = 0, row_lse = -INFINITY;
+  if (active) {
+    float part = 0;
+    for (int64_t d = lane; d < D; d += 32) {
+      const int64_t i = (bh * T + t) * D + d;
+      qrow[d] = q[i];
+      dyrow[d] = dy[i];
+      part += dy[i] * y[i];
+    }
+    row_delta = WarpSum(part);
+    row_lse = lse[bh * T + t];
+    if (lane == 0) delta[bh * T + t] = row_delta;
+  }
+  const float* kh = k + bh * S * D;
+  const float* vh = v + bh * S * D;
+  float acc[kPerLane] = {};
+  const int64_t key_end = KeyEnd(a, t0, kWarps < T - t0 ? kWarps : T - t0);
+  for (int64_t s0 = 0; s0 < key_end; s0 += kTile) {
+    __syncthreads();
+    LoadTile(ks, kh, s0, S, D);
+    LoadTile(vs, vh, s0, S, D);
+    __syncthreads();
+    if (!active || row_lse == -INFINITY) continue;
+    const int64_t s = s0 + lane;
+    float ds = 0;
+    if (Visible(a, b, t, s)) {
+      const float p = expf(a.scale * RowDot(qrow, ks + lane * ld, D) - row_lse);
+      ds = p * (RowDot(dyrow, vs + lane * ld, D) - row_delta);
+    }
+    for (int j = 0; j < kTile; ++j) {
+      const float dsj = __shfl_sync(0xffffffffu, ds, j);
+      if (dsj == 0.0f) continue;
+      for (int r = 0; r < kPerLane; ++r) {
+        const int64_t d = lane + 32 * r;
+        if (d < D) acc[r] += dsj * ks[j * ld + d];
+      }
+    }
+  }
+  if (!active) return;
+  for (int r = 0; r < kPerLane; ++r) {
+    const int64_t d = lane + 32 * r;
+    if (d < D) dq[(bh * T + t) * D + d] = a.scale * acc[r];
+  }
+}
+
+__global__ void FlashBackwardKeys(const float* q, const float* k, const float* v, const float* lse, const float* dy,
+                                  const float* delta, float* dk, float* dv, AttentionShape a, int64_t key_blocks) {
+  extern __shared__ float smem[];
+  const int64_t D = a.head_dim, T = a.queries, S = a.keys, ld = D + 1;
+  float* qs = smem;
+  float* dys = qs + kTile * ld;
+  float* krows = dys + kTile * ld;    // kWarps rows of D
+  float* vrows = krows + kWarps * D;  // kWarps rows of D
+  float* lses = vrows + kWarps * D;   // kTile
+  float* deltas = lses + kTile;       // kTile
+  const int64_t bh = blockIdx.x / key_blocks, s0 = blockIdx.x % key_blocks * kWarps;
+  const int64_t b = bh / a.heads;
+  const int warp = static_cast<int>(threadIdx.x / 32), lane = static_cast<int>(threadIdx.x % 32);
+  const int64_t s = s0 + warp;
+  const bool active = s < S;
+  float* krow = krows + warp * D;
+  float* vrow = vrows + warp * D;
+  if (active) {
+    for (int64_t d = lane; d < D; d += 32) {
+      krow[d] = k[(bh * S + s) * D + d];
+      vrow[d] = v[(bh * S + s) * D + d];
+    }
+  }
+  const float* qh = q + bh * T * D;
+  const float* dyh = dy + bh * T * D;
+  float dk_acc[kPerLane] = {}, dv_acc[kPerLane] = {};
+  // The first query that may see key s0 (the block's first key).
+  int64_t first = a.causal ? s0 - a.causal_shift : 0;
+  first = first < 0 ? 0 : first;
+  for (int64_t t0 = first / kTile * kTile; t0 < T; t0 += kTile) {
+    __syncthreads();
+    LoadTile(qs, qh, t0, T, D);
+    LoadTile(dys, dyh, t0, T, D);
+    for (int64_t i = threadIdx.x; i < kTile; i += blockDim.x) {
+      lses[i] = t0 + i < T ? lse[bh * T + t0 + i] : -INFINITY;
+      deltas[i] = t0 + i < T ? delta[bh * T + t0 + i] : 0.0f;
+    }
+    __syncthreads();
+    if (!active) continue;
+    const int64_t t = t0 + lane;
+    float p = 0, ds = 0;
+    if (t < T && lses[lane] != -INFINITY && Visible(a, b, t, s)) {
+      p = expf(a.scale * RowDot(qs + lane * ld, krow, D) - lses[lane]);
+      ds = p * (RowDot(dys + lane * ld, vrow, D) - deltas[lane]);
+    }
+    for (int i = 0; i < kTile; ++i) {
+      const float pi = __shfl_sync(0xffffffffu, p, i);
+      const float dsi = __shfl_sync(0xffffffffu, ds, i);
+      if (pi == 0.0f && dsi == 0.0f) continue;
+      for (int r = 0; r < kPerLane; ++r) {
+        const int64_t d = lane + 32 * r;
+        if (d < D) {
+          dv_acc[r] += pi * dys[i * ld + d];
+          dk_acc[r] += dsi * qs[i * ld + d];
+        }
+      }
+    }
+  }
+  if (!active) return;
+  for (int r = 0; r < kPerLane; ++r) {
+    const int64_t d = lane + 32 * r;
+    if (d < D) {
+      dk[(bh * S + s) * D + d] = a.scale * dk_acc[r];
+      dv[(bh * S + s) * D + d] = dv_acc[r];
+    }
+  }
+}
+
+size_t TileBytes(int64_t D) { return static_cast<size_t>(2 * kTile * (D + 1) + 2 * kWarps * D + 2 * kTile) * 4; }
+
+}  // namespace
+
+int LaunchFlashAttention(const float* q, const float* k, const float* v, float* y, float* lse,
+                         const AttentionShape& shape) {
+  const int64_t blocks = (shape.queries + kWarps - 1) / kWarps;
+  const int64_t grid = shape.batch * shape.heads * blocks;
+  if (grid == 0) return 0;
+  FlashForward<<<static_cast<unsigned>(grid), kWarps * 32, TileBytes(shape.head_dim), CurrentStream()>>>(
+      q, k, v, y, lse, shape, blocks);
+  return Finish();
+}
+
+int LaunchFlashAttentionGrad(const float* q, const float* k, const float* v, const float* y, const float* lse,
+                             const float* dy, float* dq, float* dk, float* dv, const AttentionShape& shape) {
+  const int64_t BH = shape.batch * shape.heads;
+  const cudaStream_t stream = CurrentStream();
+  if (BH * shape.keys > 0 && shape.queries == 0) {  // no query: dk, dv are zero
+    const size_t bytes = static_cast<size_t>(BH * shape.keys * shape.head_dim) * sizeof(float);
+    cudaMemsetAsync(dk, 0, bytes, stream);
+    cudaMemsetAsync(dv, 0, bytes, stream);
+    return Finish();
+  }
+  if (BH * shape.queries == 0) return 0;
+  float* delta = nullptr;
+  cudaError_t err = cudaMallocAsync(reinterpret_cast<void**>(&delta),
+                                    static_cast<size_t>(BH * shape.queries) * sizeof(float), stream);
+  if (err != cudaSuccess) return static_cast<int>(err);
+  const int64_t query_blocks = (shape.queries + kWarps - 1) / kWarps;
+  FlashBackwardQueries<<<static_cast<unsigned>(BH * query_blocks), kWarps * 32, TileBytes(shape.head_dim), stream>>>(
+      q, k, v, y, lse, dy, dq, delta, shape, query_blocks);
+  const int64_t key_blocks = (shape.keys + kWarps - 1) / kWarps;
+  if (key_blocks > 0) {
+    FlashBackwardKeys<<<static_cast<unsigned>(BH * key_blocks), kWarps * 32, TileBytes(shape.head_dim), stream>>>(
+        q, k, v, lse, dy, delta, dk, dv, shape, key_blocks);
+  }
+  err = cudaGetLastError();
+  cudaFreeAsync(delta, stream);
+  if (err != cudaSuccess) return static_cast<int>(err);
+  return Finish();
+}
+
+}  // namespace tessera::ops::cuda
