@@ -120,6 +120,12 @@ class Worker::Impl final : public control::Worker::Service {
     {
       absl::MutexLock lock(&mu_);
       if (stopping_) return {grpc::StatusCode::UNAVAILABLE, "the worker is shutting down"};
+      // The master places jobs on a worker as soon as it has registered it,
+      // so a plan can arrive before the registration's answer: wait for it.
+      if (!registered_ && registering_) {
+        mu_.AwaitWithTimeout(absl::Condition(this, &Impl::RegistrationSettled), options_.rpc_timeout);
+      }
+      if (stopping_) return {grpc::StatusCode::UNAVAILABLE, "the worker is shutting down"};
       if (!registered_) return Precondition("the worker is not registered with a master");
       if (request->slots(static_cast<int>(request->node())).worker_id() != worker_id_) {
         return {grpc::StatusCode::INVALID_ARGUMENT,
@@ -373,12 +379,25 @@ class Worker::Impl final : public control::Worker::Service {
     }
   }
 
+  bool RegistrationSettled() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return registered_ || !registering_ || stopping_;
+  }
+
   bool Register(absl::Duration& interval) {
     control::RegisterWorkerRequest request;
     {
       absl::MutexLock lock(&mu_);
       request.set_worker_id(worker_id_.empty() ? options_.worker_id : worker_id_);
+      registering_ = true;
     }
+    // Whatever the answer, the registration is settled when this returns.
+    struct Settle {
+      Impl* self;
+      ~Settle() {
+        absl::MutexLock lock(&self->mu_);
+        self->registering_ = false;
+      }
+    } settle{this};
     request.set_devices(options_.devices);
     request.set_data_address(options_.data_address);
     request.set_worker_address(address_);
@@ -417,6 +436,8 @@ class Worker::Impl final : public control::Worker::Service {
   mutable absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool registered_ ABSL_GUARDED_BY(mu_) = false;
+  // A registration RPC is in flight (LoadPlan waits for its answer).
+  bool registering_ ABSL_GUARDED_BY(mu_) = false;
   bool reap_needed_ ABSL_GUARDED_BY(mu_) = false;
   std::string worker_id_ ABSL_GUARDED_BY(mu_);
   uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
