@@ -149,6 +149,9 @@ void RegisterLossOps(OpRegistry& registry) {
                            b.Op("sparse_softmax_cross_entropy_grad", {b.input(0), b.input(1), b.OutputGradOrZeros(0)}));
           })
           .Kernel(DeviceType::kCpu, cpu::SparseSoftmaxCrossEntropyKernel)
+#ifdef TESSERA_WITH_CUDA
+          .Kernel(DeviceType::kCuda, cuda::SparseSoftmaxCrossEntropyKernel)
+#endif
           .Example({logits, labels}));
   registry.MustRegister(OpSchema("sparse_softmax_cross_entropy_grad")
                             .Doc("dlogits = (softmax(logits) - onehot(labels)) * dloss[:, None].")
@@ -159,6 +162,9 @@ void RegisterLossOps(OpRegistry& registry) {
                             .Infer(InferSparseCrossEntropy)
                             .Sbp(SparseCrossEntropySignatures)
                             .Kernel(DeviceType::kCpu, cpu::SparseSoftmaxCrossEntropyGradKernel)
+#ifdef TESSERA_WITH_CUDA
+                            .Kernel(DeviceType::kCuda, cuda::SparseSoftmaxCrossEntropyGradKernel)
+#endif
                             .Example({logits, labels, {DType::kF32, Shape{4}}}));
   registry.MustRegister(
       OpSchema("cross_entropy_partials")

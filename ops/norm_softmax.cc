@@ -379,6 +379,9 @@ void RegisterNorms(OpRegistry& r) {
             b.SetInputGrad(1, g[1]);
           })
           .Kernel(DeviceType::kCpu, cpu::RmsNormKernel)
+#ifdef TESSERA_WITH_CUDA
+          .Kernel(DeviceType::kCuda, cuda::RmsNormKernel)
+#endif
           .Example({x, channel}));
   r.MustRegister(
       OpSchema("rms_norm_grad")
@@ -396,6 +399,9 @@ void RegisterNorms(OpRegistry& r) {
             return sigs;
           })
           .Kernel(DeviceType::kCpu, cpu::RmsNormGradKernel)
+#ifdef TESSERA_WITH_CUDA
+          .Kernel(DeviceType::kCuda, cuda::RmsNormGradKernel)
+#endif
           .Example({x, x, stats, channel}));
 }
 

@@ -15,6 +15,7 @@
 #include "ops/data_movement.h"
 #ifdef TESSERA_WITH_CUDA
 #include "ops/cuda/cast.h"
+#include "ops/cuda/select.h"
 #endif
 #include "ops/op_util.h"
 #include "ops/registry.h"
@@ -630,6 +631,9 @@ void RegisterSelect(OpRegistry& r) {
                     cpu::Where(ctx, ctx.input(0), ctx.input(1), ctx.input(2), ctx.output(0));
                     return absl::OkStatus();
                   })
+#ifdef TESSERA_WITH_CUDA
+          .Kernel(DeviceType::kCuda, cuda::WhereKernel)
+#endif
           .Example({{DType::kBool, Shape{4, 1}}, kExample, {DType::kF32, Shape{6}}}));
 
   r.MustRegister(OpSchema("masked_fill")
@@ -666,6 +670,9 @@ void RegisterSelect(OpRegistry& r) {
                                                ctx.output(0));
                                return absl::OkStatus();
                              })
+#ifdef TESSERA_WITH_CUDA
+                     .Kernel(DeviceType::kCuda, cuda::MaskedFillKernel)
+#endif
                      .Example({kExample, {DType::kBool, Shape{1, 6}}}, {{"value", -1e9}}));
 }
 
@@ -706,6 +713,11 @@ OpSchema ConstantSchema(const std::string& name, std::optional<double> fixed_val
         }
         return absl::OkStatus();
       });
+#ifdef TESSERA_WITH_CUDA
+  schema.Kernel(DeviceType::kCuda, [fixed_value](KernelContext& ctx) {
+    return cuda::FillKernel(ctx, fixed_value ? *fixed_value : ctx.attr().Float("value"));
+  });
+#endif
   AttrMap example{{"shape", std::vector<int64_t>{4, 6}}};
   if (!fixed_value) example.Set("value", 0.5);
   schema.Example({}, std::move(example));

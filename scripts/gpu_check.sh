@@ -11,7 +11,8 @@
 #      actor runtime on cuda:0 against the CPU (tests/actors/cuda_runtime_test.cc);
 #      the NCCL communicator (tests/comm/nccl_test.cc: one rank, a missing
 #      peer; two ranks where there are two GPUs);
-#   4. build `tessera` and train gpt2_nano for 20 iterations on cuda:0 and
+#   4. build `tessera` and train gpt2_nano (and bert_tiny and mlp_demo in
+#      f32) for 20 iterations on cuda:0 and
 #      on the CPU: the losses must agree (f32, TF32 off: rtol 1e-4; bf16 AMP:
 #      rtol 2e-2; f32 with model.fused_attention: rtol 1e-4), with tokens/s
 #      of both; the fused attention op against the unfused ops on cuda:0
@@ -96,7 +97,7 @@ if "$build/bin/nccl_test" >> "$log" 2>&1; then status=passed; else status=FAILED
 } >> "$report"
 [[ $status == passed ]] || fail "nccl_test"
 
-section "gpt2_nano on cuda:0 against the CPU"
+section "Whole jobs on cuda:0 against the CPU"
 start=$(date +%s)
 cmake --build "$build" --target tessera -j "$(nproc)" >> "$log" 2>&1 || fail "build of tessera"
 echo "build of tessera: $(($(date +%s) - start)) s" >> "$report"
@@ -104,14 +105,14 @@ echo "build of tessera: $(($(date +%s) - start)) s" >> "$report"
 losses() { sed -n 's/.*"iter":\([0-9]*\).*"loss":\([-0-9.eE+]*\).*/\1 \2/p' "$1/metrics.jsonl"; }
 # tokens/s of the last logged line of a run's output.
 tokens() { grep -o 'tokens/s [0-9]*' "$1" | tail -1 | cut -d' ' -f2; }
-compare() {  # name rtol extra-overrides...
-  local name=$1 rtol=$2
+compare() {  # name rtol extra-overrides... (CONFIG=file: another config than gpt2_nano)
+  local name=$1 rtol=$2 config=${CONFIG:-$root/configs/gpt2_nano.json}
   shift 2
   local dir="$report_dir/runs/$name"
   rm -rf "$dir"
   mkdir -p "$report_dir/runs"
   for device in cpu cuda; do
-    timeout 300 "$build/bin/tessera" train "$root/configs/gpt2_nano.json" train.train_iter=20 train.log_period=1 \
+    timeout 300 "$build/bin/tessera" train "$config" train.train_iter=20 train.log_period=1 \
       train.checkpointer.period=null "train.output_dir=$dir/$device" "train.dist.device_type=$device" "$@" \
       > "$dir.$device.out" 2>&1 < /dev/null || { cat "$dir.$device.out" >> "$log"; fail "gpt2_nano $name on $device"; }
   done
@@ -127,6 +128,8 @@ compare() {  # name rtol extra-overrides...
 compare f32 1e-4
 compare bf16 2e-2 train.amp.enabled=true train.amp.dtype=bf16
 compare f32-fused-attention 1e-4 model.attention_dropout_prob=0 model.fused_attention=true
+CONFIG=$root/configs/bert_tiny.json compare bert_tiny-f32 1e-4
+CONFIG=$root/configs/mlp_demo.json compare mlp_demo-f32 1e-4
 echo "whole jobs: $(($(date +%s) - start)) s" >> "$report"
 
 section "Fused attention on cuda:0 against the unfused ops"

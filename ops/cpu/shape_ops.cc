@@ -308,6 +308,8 @@ void ZeroFill(const KernelContext& ctx, const Tensor& y) {
               [&](int64_t begin, int64_t end) { std::memset(dst + begin, 0, static_cast<size_t>(end - begin)); });
 }
 
+uint64_t ElementBits(double value, DType dtype) { return WordOf(value, dtype); }
+
 void FillConstant(const KernelContext& ctx, const Tensor& y, double value) {
   const uint64_t bits = WordOf(value, y.dtype());
   VisitWord(DTypeSize(y.dtype()), [&](auto tag) {

@@ -17,6 +17,9 @@ void CopyElements(const KernelContext& ctx, const Tensor& x, const Tensor& y);
 
 // Every element of y = value in y's dtype (the caller checked it fits).
 void FillConstant(const KernelContext& ctx, const Tensor& y, double value);
+// `value` as the bit pattern of one element of `dtype` (its low DTypeSize
+// bytes), as FillConstant and MaskedFill store it.
+uint64_t ElementBits(double value, DType dtype);
 
 // y[i] = start + (offset + i) · step, computed in double, then rounded to
 // y's dtype (integers: to nearest).

@@ -74,6 +74,35 @@ int LaunchAdamw(const float* param, const float* grad, const float* m, const flo
 int LaunchGemm(int a_dtype, bool ta, bool tb, int64_t batch, int64_t M, int64_t N, int64_t K, float alpha,
                const void* a, const void* b, float* y);
 
+// Every element of dst (n elements of `elem` bytes: 1, 2, 4 or 8) set to
+// the low `elem` bytes of `bits` (fill, zeros, ones).
+int LaunchFillBits(void* dst, int64_t n, int elem, uint64_t bits);
+// out = cond ? a : b element by element over `dims` (row-major), each
+// operand read through its strides (0 where it broadcasts), elements of
+// `elem` bytes; a null `a` stands for the constant `a_bits` (masked_fill).
+struct SelectLayout {
+  int rank = 0;
+  int elem = 4;
+  int64_t dims[kMaxRank] = {};
+  int64_t cond_strides[kMaxRank] = {};
+  int64_t a_strides[kMaxRank] = {};
+  int64_t b_strides[kMaxRank] = {};
+};
+int LaunchSelect(const uint8_t* cond, const void* a, uint64_t a_bits, const void* b, void* out,
+                 const SelectLayout& layout);
+// RMS norm over rows of C (ops/cpu/norm_softmax.cc's formulas): y = x ·
+// rstd · gamma, rstd = 1 / sqrt(mean(x²) + eps); the gradient dx = rstd ·
+// (dy·gamma - xhat · mean(dy·gamma·xhat)) and dgamma = Σ_rows dy · xhat
+// (per column in row order).
+int LaunchRmsNorm(const float* x, const float* gamma, float* y, float* rstd, int64_t rows, int64_t C, float eps);
+int LaunchRmsNormGrad(const float* dy, const float* x, const float* rstd, const float* gamma, float* dx,
+                      float* dgamma, int64_t rows, int64_t C);
+// Cross-entropy per row of (N, V) logits against checked i64 labels:
+// loss = logsumexp - logit[label]; dlogits = (softmax - onehot) · dloss.
+int LaunchSparseCrossEntropy(const float* logits, const int64_t* labels, float* loss, int64_t N, int64_t V);
+int LaunchSparseCrossEntropyGrad(const float* logits, const int64_t* labels, const float* dloss, float* dlogits,
+                                 int64_t N, int64_t V);
+
 // Fused attention (ops/attention.cc) on contiguous q (B, H, T, D), k, v
 // (B, H, S, D): y and lse (B, H, T) forward; dq, dk, dv backward from the
 // saved lse (a stream-ordered temporary of B·H·T floats holds Σ dy ⊙ y).

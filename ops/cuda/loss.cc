@@ -1,4 +1,4 @@
-// Host side of the CUDA cross-entropy pieces (ops/cuda/norm_softmax.cu): the
+// Host side of the CUDA cross-entropy kernels (ops/cuda/norm_softmax.cu): the
 // labels checked on the host as the CPU checks them, given to the kernels as
 // i64 on the device, and the shard's vocabulary offset from the slice.
 
@@ -12,10 +12,10 @@
 namespace tessera::ops::cuda {
 namespace {
 
-// The labels (input 2) checked against the logical vocabulary, as i64 on the
-// kernel's device (`storage` keeps a converted copy alive).
-absl::StatusOr<const int64_t*> DeviceLabels(const KernelContext& ctx, int64_t vocab, Tensor& storage) {
-  const Tensor& labels = ctx.input(2);
+// The labels (input `index`) checked against the logical vocabulary, as
+// i64 on the kernel's device (`storage` keeps a converted copy alive).
+absl::StatusOr<const int64_t*> DeviceLabels(const KernelContext& ctx, int index, int64_t vocab, Tensor& storage) {
+  const Tensor& labels = ctx.input(index);
   ASSIGN_OR_RETURN(Tensor host, Tensor::Empty(labels.shape(), labels.dtype(), Device{}));
   RETURN_IF_ERROR(Done(Copy(host.raw_data(), labels.raw_data(), labels.NumBytes()), "labels read"));
   ASSIGN_OR_RETURN(const std::vector<int64_t> checked, cpu::ReadLabels(host, vocab));
@@ -31,7 +31,7 @@ absl::Status CrossEntropyPartialsKernel(KernelContext& ctx) {
   RETURN_IF_ERROR(OnDevice(ctx));
   const TensorSlice slice = ctx.input_slice(0);
   Tensor storage;
-  ASSIGN_OR_RETURN(const int64_t* labels, DeviceLabels(ctx, slice.logical[1], storage));
+  ASSIGN_OR_RETURN(const int64_t* labels, DeviceLabels(ctx, 2, slice.logical[1], storage));
   const Tensor& logits = ctx.input(0);
   return Done(
       LaunchCrossEntropyPartials(logits.data<float>(), ctx.input(1).data<float>(), labels, ctx.output(0).data<float>(),
@@ -43,13 +43,33 @@ absl::Status CrossEntropyPartialsGradKernel(KernelContext& ctx) {
   RETURN_IF_ERROR(OnDevice(ctx));
   const TensorSlice slice = ctx.input_slice(0);
   Tensor storage;
-  ASSIGN_OR_RETURN(const int64_t* labels, DeviceLabels(ctx, slice.logical[1], storage));
+  ASSIGN_OR_RETURN(const int64_t* labels, DeviceLabels(ctx, 2, slice.logical[1], storage));
   const Tensor& logits = ctx.input(0);
   return Done(LaunchCrossEntropyPartialsGrad(logits.data<float>(), ctx.input(1).data<float>(), labels,
                                              ctx.input(3).data<float>(), ctx.input(4).data<float>(),
                                              ctx.output(0).data<float>(), logits.shape()[0], logits.shape()[1],
                                              slice.offset[1]),
               "cross_entropy_partials_grad");
+}
+
+absl::Status SparseSoftmaxCrossEntropyKernel(KernelContext& ctx) {
+  RETURN_IF_ERROR(OnDevice(ctx));
+  const Tensor& logits = ctx.input(0);
+  Tensor storage;
+  ASSIGN_OR_RETURN(const int64_t* labels, DeviceLabels(ctx, 1, logits.shape()[1], storage));
+  return Done(LaunchSparseCrossEntropy(logits.data<float>(), labels, ctx.output(0).data<float>(), logits.shape()[0],
+                                       logits.shape()[1]),
+              "sparse_softmax_cross_entropy");
+}
+
+absl::Status SparseSoftmaxCrossEntropyGradKernel(KernelContext& ctx) {
+  RETURN_IF_ERROR(OnDevice(ctx));
+  const Tensor& logits = ctx.input(0);
+  Tensor storage;
+  ASSIGN_OR_RETURN(const int64_t* labels, DeviceLabels(ctx, 1, logits.shape()[1], storage));
+  return Done(LaunchSparseCrossEntropyGrad(logits.data<float>(), labels, ctx.input(2).data<float>(),
+                                           ctx.output(0).data<float>(), logits.shape()[0], logits.shape()[1]),
+              "sparse_softmax_cross_entropy_grad");
 }
 
 }  // namespace tessera::ops::cuda

@@ -97,4 +97,21 @@ absl::Status LayerNormGradKernel(KernelContext& ctx) {
               "layer_norm_grad");
 }
 
+absl::Status RmsNormKernel(KernelContext& ctx) {
+  RETURN_IF_ERROR(OnDevice(ctx));
+  const Rows v = RowsOf(ctx.input(0));
+  return Done(LaunchRmsNorm(ctx.input(0).data<float>(), ctx.input(1).data<float>(), ctx.output(0).data<float>(),
+                            ctx.output(1).data<float>(), v.rows, v.cols, static_cast<float>(ctx.attr().Float("eps"))),
+              "rms_norm");
+}
+
+absl::Status RmsNormGradKernel(KernelContext& ctx) {
+  RETURN_IF_ERROR(OnDevice(ctx));
+  const Rows v = RowsOf(ctx.input(1));
+  return Done(LaunchRmsNormGrad(ctx.input(0).data<float>(), ctx.input(1).data<float>(), ctx.input(2).data<float>(),
+                                ctx.input(3).data<float>(), ctx.output(0).data<float>(), ctx.output(1).data<float>(),
+                                v.rows, v.cols),
+              "rms_norm_grad");
+}
+
 }  // namespace tessera::ops::cuda

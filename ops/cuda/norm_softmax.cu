@@ -38,17 +38,26 @@ __device__ float BlockMax(float v, float* scratch) {
   return out;
 }
 
+// The row's max m and Σ exp(x - m) over the block; every thread gets both.
+struct RowStats {
+  float max, sumexp;
+};
+__device__ RowStats MaxSumExp(const float* xr, int64_t C, float* scratch) {
+  float m = -INFINITY;
+  for (int64_t j = threadIdx.x; j < C; j += kThreads) m = fmaxf(m, xr[j]);
+  m = BlockMax(m, scratch);
+  float sum = 0.0f;
+  for (int64_t j = threadIdx.x; j < C; j += kThreads) sum += expf(xr[j] - m);
+  return {m, BlockSum(sum, scratch)};
+}
+
 __global__ void SoftmaxRows(const float* x, float* y, int64_t rows, int64_t C, bool log) {
   __shared__ float scratch[kThreads];
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const float* xr = x + r * C;
     float* yr = y + r * C;
-    float m = -INFINITY;
-    for (int64_t j = threadIdx.x; j < C; j += kThreads) m = fmaxf(m, xr[j]);
-    m = BlockMax(m, scratch);
-    float sum = 0.0f;
-    for (int64_t j = threadIdx.x; j < C; j += kThreads) sum += expf(xr[j] - m);
-    sum = BlockSum(sum, scratch);
+    const RowStats st = MaxSumExp(xr, C, scratch);
+    const float m = st.max, sum = st.sumexp;
     if (log) {
       const float lse = m + logf(sum);
       for (int64_t j = threadIdx.x; j < C; j += kThreads) yr[j] = xr[j] - lse;
@@ -176,6 +185,74 @@ __global__ void LayerNormParamGrads(const float* dy, const float* x, const float
   }
 }
 
+__global__ void RmsNormRows(const float* x, const float* gamma, float* y, float* rstd, int64_t rows, int64_t C,
+                            float eps) {
+  __shared__ float scratch[kThreads];
+  const float inv_c = 1.0f / static_cast<float>(C);
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const float* xr = x + r * C;
+    float q = 0.0f;
+    for (int64_t j = threadIdx.x; j < C; j += kThreads) q += xr[j] * xr[j];
+    const float rs = 1.0f / sqrtf(BlockSum(q, scratch) * inv_c + eps);
+    for (int64_t j = threadIdx.x; j < C; j += kThreads) y[r * C + j] = xr[j] * rs * gamma[j];
+    if (threadIdx.x == 0) rstd[r] = rs;
+  }
+}
+
+// dx = rstd * (g - xhat * mean_j(g * xhat)), g = dy * gamma, xhat = x * rstd.
+__global__ void RmsNormGradRows(const float* dy, const float* x, const float* rstd, const float* gamma, float* dx,
+                                int64_t rows, int64_t C) {
+  __shared__ float scratch[kThreads];
+  const float inv_c = 1.0f / static_cast<float>(C);
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const float* dyr = dy + r * C;
+    const float* xr = x + r * C;
+    const float rs = rstd[r];
+    float gx = 0.0f;
+    for (int64_t j = threadIdx.x; j < C; j += kThreads) gx += dyr[j] * gamma[j] * xr[j];
+    const float mean_gx = BlockSum(gx, scratch) * rs * inv_c;
+    for (int64_t j = threadIdx.x; j < C; j += kThreads) {
+      dx[r * C + j] = rs * (dyr[j] * gamma[j] - xr[j] * rs * mean_gx);
+    }
+  }
+}
+
+// dgamma[j] = Σ_r dy · x · rstd, one thread per column, rows in order.
+__global__ void RmsNormParamGrad(const float* dy, const float* x, const float* rstd, float* dgamma, int64_t rows,
+                                 int64_t C) {
+  for (int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; j < C;
+       j += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float dg = 0.0f;
+    for (int64_t r = 0; r < rows; ++r) dg += dy[r * C + j] * x[r * C + j] * rstd[r];
+    dgamma[j] = dg;
+  }
+}
+
+__global__ void SparseCrossEntropyRows(const float* logits, const int64_t* labels, float* loss, int64_t N,
+                                       int64_t V) {
+  __shared__ float scratch[kThreads];
+  for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
+    const float* xr = logits + n * V;
+    const RowStats st = MaxSumExp(xr, V, scratch);
+    if (threadIdx.x == 0) loss[n] = st.max + logf(st.sumexp) - xr[labels[n]];
+  }
+}
+
+__global__ void SparseCrossEntropyGradRows(const float* logits, const int64_t* labels, const float* dloss,
+                                           float* dlogits, int64_t N, int64_t V) {
+  __shared__ float scratch[kThreads];
+  for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
+    const float* xr = logits + n * V;
+    float* dr = dlogits + n * V;
+    const RowStats st = MaxSumExp(xr, V, scratch);
+    const float scale = dloss[n] / st.sumexp;
+    const int64_t label = labels[n];
+    for (int64_t j = threadIdx.x; j < V; j += kThreads) {
+      dr[j] = expf(xr[j] - st.max) * scale - (j == label ? dloss[n] : 0.0f);
+    }
+  }
+}
+
 unsigned RowBlocks(int64_t rows) { return static_cast<unsigned>(rows < (1 << 20) ? (rows < 1 ? 1 : rows) : (1 << 20)); }
 
 __global__ void CrossEntropyPartialsRows(const float* logits, const float* row_max, const int64_t* labels,
@@ -224,6 +301,33 @@ int LaunchCrossEntropyPartialsGrad(const float* logits, const float* row_max, co
   if (N * Vs == 0) return 0;
   CrossEntropyPartialsGradKernel<<<Blocks(N * Vs), kThreads, 0, CurrentStream()>>>(
       logits, row_max, labels, d_sumexp, d_label_logit, dlogits, N, Vs, offset);
+  return Finish();
+}
+
+int LaunchRmsNorm(const float* x, const float* gamma, float* y, float* rstd, int64_t rows, int64_t C, float eps) {
+  if (rows == 0 || C == 0) return 0;
+  RmsNormRows<<<RowBlocks(rows), kThreads, 0, CurrentStream()>>>(x, gamma, y, rstd, rows, C, eps);
+  return Finish();
+}
+
+int LaunchRmsNormGrad(const float* dy, const float* x, const float* rstd, const float* gamma, float* dx,
+                      float* dgamma, int64_t rows, int64_t C) {
+  if (C == 0) return 0;
+  if (rows > 0) RmsNormGradRows<<<RowBlocks(rows), kThreads, 0, CurrentStream()>>>(dy, x, rstd, gamma, dx, rows, C);
+  RmsNormParamGrad<<<Blocks(C), kThreads, 0, CurrentStream()>>>(dy, x, rstd, dgamma, rows, C);
+  return Finish();
+}
+
+int LaunchSparseCrossEntropy(const float* logits, const int64_t* labels, float* loss, int64_t N, int64_t V) {
+  if (N == 0) return 0;
+  SparseCrossEntropyRows<<<RowBlocks(N), kThreads, 0, CurrentStream()>>>(logits, labels, loss, N, V);
+  return Finish();
+}
+
+int LaunchSparseCrossEntropyGrad(const float* logits, const int64_t* labels, const float* dloss, float* dlogits,
+                                 int64_t N, int64_t V) {
+  if (N == 0 || V == 0) return 0;
+  SparseCrossEntropyGradRows<<<RowBlocks(N), kThreads, 0, CurrentStream()>>>(logits, labels, dloss, dlogits, N, V);
   return Finish();
 }
 

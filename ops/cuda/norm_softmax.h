@@ -16,5 +16,7 @@ absl::Status FusedScaleMaskSoftmaxKernel(KernelContext& ctx);
 absl::Status FusedScaleCausalSoftmaxKernel(KernelContext& ctx);
 absl::Status LayerNormKernel(KernelContext& ctx);
 absl::Status LayerNormGradKernel(KernelContext& ctx);
+absl::Status RmsNormKernel(KernelContext& ctx);
+absl::Status RmsNormGradKernel(KernelContext& ctx);
 
 }  // namespace tessera::ops::cuda

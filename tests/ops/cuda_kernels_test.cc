@@ -74,16 +74,19 @@ TEST(CudaKernels, RegisteredWhereTheBuildHasCuda) {
       "tanh_grad", "silu_grad", "gelu_grad", "scalar_add", "scalar_mul", "scalar_pow", "bias_add", "bias_gelu",
       // softmax and normalisation
       "softmax", "softmax_grad", "log_softmax", "log_softmax_grad", "fused_scale_causal_softmax",
-      "fused_scale_mask_softmax", "layer_norm", "layer_norm_grad",
+      "fused_scale_mask_softmax", "layer_norm", "layer_norm_grad", "rms_norm", "rms_norm_grad",
       // optimizers and products
       "sgd_update", "adamw_update", "nonfinite", "loss_scale_update", "matmul", "batch_matmul",
       // embeddings, loss
       "embedding", "embedding_grad", "bias_gelu_grad", "cross_entropy_partials", "cross_entropy_partials_grad",
+      "sparse_softmax_cross_entropy", "sparse_softmax_cross_entropy_grad",
       "dropout",
       // reductions
       "reduce_sum", "reduce_mean", "reduce_max", "square_sum",
       // data movement
       "cast", "reshape", "broadcast_to", "transpose", "slice", "slice_grad", "concat", "split", "depend",
+      // makers and selections
+      "fill", "zeros", "ones", "where", "masked_fill",
       // fused attention
       "flash_attention", "flash_attention_grad", "flash_attention_masked", "flash_attention_masked_grad"};
   std::sort(expected.begin(), expected.end());

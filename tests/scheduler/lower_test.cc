@@ -423,6 +423,33 @@ TEST(LowerTest, RandomOpsMoveAlongTheValuesBatchAxis) {
   EXPECT_EQ(forward[2], (std::pair<int32_t, int64_t>{1, kRows}));
 }
 
+// On GPUs an op without a CUDA kernel is a plan error naming the op and its
+// task, never a host fallback (argmax has only a CPU kernel).
+TEST(LowerTest, CudaPlanNamesAnOpWithoutACudaKernel) {
+  graph::GraphBuilder b;
+  const graph::Sym x = b.Input("x", {DType::kF32, Shape{4, 3}});
+  const graph::Sym w = b.Variable("w", Shape{3, 3}, graph::InitRule::Normal(0, 0.3, 1, 0));
+  const graph::Sym h = graph::Matmul(x, w);
+  const graph::Sym picked = b.Apply("cast", {b.Apply("argmax", {h})}, {{"dtype", DType::kF32}});
+  b.MarkLoss(graph::ReduceMean(h * h) + graph::ReduceMean(picked));
+  auto graph = b.Finish();
+  ASSERT_TRUE(graph.ok()) << graph.status();
+  for (const DeviceType type : {DeviceType::kCpu, DeviceType::kCuda}) {
+    CompileOptions options;
+    options.lower.parallel.device_type = type;
+    auto engine = Engine::Compile(*graph, options);
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    const auto plan = (*engine)->Plan(1);
+    if (type == DeviceType::kCpu) {
+      EXPECT_TRUE(plan.ok()) << plan.status();
+      continue;
+    }
+    ASSERT_FALSE(plan.ok());
+    EXPECT_NE(plan.status().message().find("op 'argmax' (task '"), std::string::npos) << plan.status();
+    EXPECT_NE(plan.status().message().find("has no cuda kernel"), std::string::npos) << plan.status();
+  }
+}
+
 // The coordinator's launch order knows backward conversions by the nodes
 // autodiff marks (graph::Node::backward), not by scope names: a forward loss
 // under a scope "grad/..." is reduced as forward, its weight gradient as

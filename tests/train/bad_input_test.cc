@@ -193,9 +193,6 @@ std::vector<BadInput> Cases() {
       {"epochs", kMlp, {"train.train_epoch=2"}, "is not implemented yet (epochs need a dataset"},
       {"start iteration", kMlp, {"train.start_iter=7"}, "is not implemented yet (set train.resume to continue from a checkpoint)"},
       {"negative start iteration", kMlp, {"train.start_iter=-7"}, "is not implemented yet"},
-      // (sparse_softmax_cross_entropy with CUDA kernels built; the first op
-      // without them)
-      {"cuda op without a kernel", kMlp, {"train.dist.device_type=cuda"}, "') has no cuda kernel"},
       {"cuda over two GPUs", kGpt, {"train.dist.device_type=cuda", "train.dist.data_parallel_size=2"},
        "moves tensors between cuda devices, which the runtime cannot do yet"},
       {"custom stages", kMlp, {"train.dist.custom_pipeline_stage_id=[0,0,1]"}, "is not implemented yet (explicit stage per layer)"},
