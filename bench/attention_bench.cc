@@ -14,7 +14,10 @@
 // (B·H·T·S floats, twice: scores and probabilities) that the fused one never
 // allocates.
 //
-//   attention_bench [--quick] [--device cpu|cuda]
+//   attention_bench [--quick] [--tsv] [--device cpu|cuda]
+// --tsv prints, per case and thread count, label, threads and the median ms
+// of fused forward, fused backward, unfused forward, unfused backward
+// (bench/attention_compare.sh reads it).
 
 #include <algorithm>
 #include <chrono>
@@ -34,7 +37,8 @@ namespace {
 
 double Seconds() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
-Device g_device;  // where the tensors and kernels are
+Device g_device;     // where the tensors and kernels are
+bool g_tsv = false;  // --tsv: one tab-separated line per case
 
 Tensor Filled(const Shape& shape, uint64_t seed) {
   auto t = Tensor::Empty(shape, DType::kF32);
@@ -114,6 +118,11 @@ void Measure(const Case& c, int threads, int repeats) {
       },
       repeats);
   const double scores_mib = 2.0 * static_cast<double>(c.B * c.H * c.T * c.T) * 4 / (1 << 20);
+  if (g_tsv) {
+    std::printf("%s\t%d\t%.3f\t%.3f\t%.3f\t%.3f\n", c.label, threads, fused_fwd, fused_bwd, unfused_fwd, unfused_bwd);
+    std::fflush(stdout);
+    return;
+  }
   std::printf(
       "%-28s %d thr  fwd %8.2f vs %8.2f ms (%.2fx)  bwd %8.2f vs %8.2f ms (%.2fx)  fwd+bwd %.2fx  "
       "scores not held: %.0f MiB\n",
@@ -129,6 +138,8 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--quick") == 0) {
       quick = true;
+    } else if (std::strcmp(argv[i], "--tsv") == 0) {
+      tessera::g_tsv = true;
     } else if (std::strcmp(argv[i], "--device") == 0 && i + 1 < argc && std::strcmp(argv[i + 1], "cuda") == 0) {
       tessera::g_device = tessera::Device{tessera::DeviceType::kCuda, 0};
       ++i;
@@ -136,7 +147,7 @@ int main(int argc, char** argv) {
       ++i;
     } else {
       std::fprintf(stderr,
-                   "attention_bench: unknown argument '%s' (usage: attention_bench [--quick] [--device cpu|cuda])\n",
+                   "attention_bench: unknown argument '%s' (usage: attention_bench [--quick] [--tsv] [--device cpu|cuda])\n",
                    argv[i]);
       return 2;
     }
@@ -147,8 +158,10 @@ int main(int argc, char** argv) {
       {"BERT-base seq 128 (8,12,128,64)", 8, 12, 128, 64},
       {"GPT-2 seq 1024 (1,12,1024,64)", 1, 12, 1024, 64},
   };
-  std::printf("fused (flash_attention) vs unfused ops, causal, %s kernels; median ms; ratio fused/unfused\n",
-              gpu ? "cuda:0" : "CPU");
+  if (!tessera::g_tsv) {
+    std::printf("fused (flash_attention) vs unfused ops, causal, %s kernels; median ms; ratio fused/unfused\n",
+                gpu ? "cuda:0" : "CPU");
+  }
   for (const tessera::Case& c : cases) {
     for (int threads : {1, 2}) {
       if (gpu && threads > 1) continue;
