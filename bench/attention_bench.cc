@@ -14,7 +14,9 @@
 // (B·H·T·S floats, twice: scores and probabilities) that the fused one never
 // allocates.
 //
-//   attention_bench [--quick] [--tsv] [--device cpu|cuda]
+//   attention_bench [--quick] [--tsv] [--dropout RATE] [--device cpu|cuda]
+// --dropout RATE: attention dropout on both sides (the fused op's
+// dropout_rate; a dropout op on the probabilities, and on dP backward).
 // --tsv prints, per case and thread count, label, threads and the median ms
 // of fused forward, fused backward, unfused forward, unfused backward
 // (bench/attention_compare.sh reads it).
@@ -23,6 +25,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <string>
@@ -39,6 +42,7 @@ double Seconds() { return std::chrono::duration<double>(std::chrono::steady_cloc
 
 Device g_device;     // where the tensors and kernels are
 bool g_tsv = false;  // --tsv: one tab-separated line per case
+double g_dropout = 0;  // --dropout RATE: attention dropout on both sides
 
 Tensor Filled(const Shape& shape, uint64_t seed) {
   auto t = Tensor::Empty(shape, DType::kF32);
@@ -92,7 +96,13 @@ void Measure(const Case& c, int threads, int repeats) {
   const Shape shape{c.B, c.H, c.T, c.D};
   const Tensor q = Filled(shape, 1), k = Filled(shape, 2), v = Filled(shape, 3), dy = Filled(shape, 4);
   const double scale = 1.0 / std::sqrt(static_cast<double>(c.D));
-  const ops::AttrMap attrs = {{"scale", scale}, {"causal", true}};
+  ops::AttrMap attrs = {{"scale", scale}, {"causal", true}};
+  const ops::AttrMap dropout = {{"rate", g_dropout}, {"seed", int64_t{1}}, {"tensor_id", int64_t{2}}};
+  if (g_dropout > 0) {
+    attrs.Set("dropout_rate", g_dropout);
+    attrs.Set("seed", int64_t{1});
+    attrs.Set("tensor_id", int64_t{2});
+  }
   std::vector<Tensor> fused = Run("flash_attention", {q, k, v}, attrs, p);
   const double fused_fwd = MedianMs([&] { fused = Run("flash_attention", {q, k, v}, attrs, p); }, repeats);
   const double fused_bwd = MedianMs(
@@ -100,18 +110,20 @@ void Measure(const Case& c, int threads, int repeats) {
         Run("flash_attention_grad", {q, k, v, fused[0], fused[1], dy}, attrs, p);
       },
       repeats);
-  Tensor probs;
+  Tensor probs, dropped;
   const double unfused_fwd = MedianMs(
       [&] {
         const Tensor scores = Run("batch_matmul", {q, k}, {{"transpose_b", true}}, p)[0];
         probs = Run("fused_scale_causal_softmax", {scores}, {{"scale", scale}}, p)[0];
-        Run("batch_matmul", {probs, v}, {}, p);
+        dropped = g_dropout > 0 ? Run("dropout", {probs}, dropout, p)[0] : probs;
+        Run("batch_matmul", {dropped, v}, {}, p);
       },
       repeats);
   const double unfused_bwd = MedianMs(
       [&] {
-        const Tensor dp = Run("batch_matmul", {dy, v}, {{"transpose_b", true}}, p)[0];
-        Run("batch_matmul", {probs, dy}, {{"transpose_a", true}}, p);
+        Tensor dp = Run("batch_matmul", {dy, v}, {{"transpose_b", true}}, p)[0];
+        Run("batch_matmul", {dropped, dy}, {{"transpose_a", true}}, p);
+        if (g_dropout > 0) dp = Run("dropout", {dp}, dropout, p)[0];  // the dropout's backward
         const Tensor ds = Run("scalar_mul", {Run("softmax_grad", {probs, dp}, {}, p)[0]}, {{"value", scale}}, p)[0];
         Run("batch_matmul", {ds, k}, {}, p);
         Run("batch_matmul", {ds, q}, {{"transpose_a", true}}, p);
@@ -140,6 +152,13 @@ int main(int argc, char** argv) {
       quick = true;
     } else if (std::strcmp(argv[i], "--tsv") == 0) {
       tessera::g_tsv = true;
+    } else if (std::strcmp(argv[i], "--dropout") == 0 && i + 1 < argc) {
+      char* end = nullptr;
+      tessera::g_dropout = std::strtod(argv[++i], &end);
+      if (*end != '\0' || !(tessera::g_dropout >= 0 && tessera::g_dropout < 1)) {
+        std::fprintf(stderr, "attention_bench: --dropout takes a rate in [0, 1), got '%s'\n", argv[i]);
+        return 2;
+      }
     } else if (std::strcmp(argv[i], "--device") == 0 && i + 1 < argc && std::strcmp(argv[i + 1], "cuda") == 0) {
       tessera::g_device = tessera::Device{tessera::DeviceType::kCuda, 0};
       ++i;
@@ -147,7 +166,7 @@ int main(int argc, char** argv) {
       ++i;
     } else {
       std::fprintf(stderr,
-                   "attention_bench: unknown argument '%s' (usage: attention_bench [--quick] [--tsv] [--device cpu|cuda])\n",
+                   "attention_bench: unknown argument '%s' (usage: attention_bench [--quick] [--tsv] [--dropout RATE] [--device cpu|cuda])\n",
                    argv[i]);
       return 2;
     }
@@ -159,8 +178,9 @@ int main(int argc, char** argv) {
       {"GPT-2 seq 1024 (1,12,1024,64)", 1, 12, 1024, 64},
   };
   if (!tessera::g_tsv) {
-    std::printf("fused (flash_attention) vs unfused ops, causal, %s kernels; median ms; ratio fused/unfused\n",
-                gpu ? "cuda:0" : "CPU");
+    std::printf("fused (flash_attention) vs unfused ops, causal, attention dropout %g, %s kernels; median ms; ratio "
+                "fused/unfused\n",
+                tessera::g_dropout, gpu ? "cuda:0" : "CPU");
   }
   for (const tessera::Case& c : cases) {
     for (int threads : {1, 2}) {

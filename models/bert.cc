@@ -224,7 +224,7 @@ config::Binding<BertConfig> MakeKeys() {
           {.min = 0, .max = 1, .exclusive_max = true, .doc = "dropout on the attention probabilities"});
   b.Field("fused_attention", &BertConfig::fused_attention,
           {.doc = "attention as one flash_attention_masked op per layer (the (T, T) scores never stored; a CUDA "
-                  "kernel on GPUs); needs attention_dropout_prob 0"});
+                  "kernel on GPUs), with the unfused attention's dropout masks"});
   b.Field("layernorm_epsilon", &BertConfig::layernorm_epsilon,
           {.min = 0, .max = 1, .exclusive_min = true, .doc = "LayerNorm epsilon"});
   b.Field("initializer_range", &BertConfig::initializer_range,
@@ -274,10 +274,6 @@ absl::Status Bert::Validate(const BertConfig& c) {
   for (const auto& [name, p] : {std::pair{"hidden_dropout_prob", c.hidden_dropout_prob},
                                 std::pair{"attention_dropout_prob", c.attention_dropout_prob}}) {
     if (!(p >= 0 && p < 1)) return fail(name, " must be in [0, 1), got ", p);
-  }
-  if (c.fused_attention && c.attention_dropout_prob > 0) {
-    return fail("fused_attention has no attention dropout: attention_dropout_prob must be 0, got ",
-                c.attention_dropout_prob);
   }
   if (!(c.masked_lm_prob > 0 && c.masked_lm_prob <= 1))
     return fail("masked_lm_prob must be in (0, 1], got ", c.masked_lm_prob);

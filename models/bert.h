@@ -64,7 +64,7 @@ struct BertConfig {
   int64_t num_tokentypes = 2;
   double hidden_dropout_prob = 0.1;     // embeddings, attention output, MLP output
   double attention_dropout_prob = 0.1;  // attention probabilities
-  bool fused_attention = false;         // one flash_attention_masked op per layer (needs attention_dropout_prob 0)
+  bool fused_attention = false;         // one flash_attention_masked op per layer (ops/attention.cc)
   double layernorm_epsilon = 1e-12;
   double initializer_range = 0.02;
   bool add_binary_head = true;  // next-sentence prediction

@@ -114,7 +114,7 @@ config::Binding<Gpt2Config> MakeKeys() {
           {.min = 0, .max = 1, .exclusive_max = true, .doc = "dropout on each block's attention and MLP outputs"});
   b.Field("fused_attention", &Gpt2Config::fused_attention,
           {.doc = "attention as one flash_attention op per layer (the (T, T) scores never stored; a CUDA kernel on "
-                  "GPUs); needs attention_dropout_prob 0"});
+                  "GPUs), with the unfused attention's dropout masks"});
   b.Field("layernorm_epsilon", &Gpt2Config::layernorm_epsilon,
           {.min = 0, .max = 1, .exclusive_min = true, .doc = "LayerNorm epsilon"});
   b.Field("initializer_range", &Gpt2Config::initializer_range,
@@ -158,10 +158,6 @@ absl::Status Gpt2::Validate(const Gpt2Config& c) {
                                 std::pair{"attention_dropout_prob", c.attention_dropout_prob},
                                 std::pair{"output_dropout_prob", c.output_dropout_prob}}) {
     if (!(p >= 0 && p < 1)) return fail(name, " must be in [0, 1), got ", p);
-  }
-  if (c.fused_attention && c.attention_dropout_prob > 0) {
-    return fail("fused_attention has no attention dropout: attention_dropout_prob must be 0, got ",
-                c.attention_dropout_prob);
   }
   if (!(c.layernorm_epsilon > 0) || !(c.initializer_range >= 0)) {
     return fail("layernorm_epsilon must be > 0 and initializer_range >= 0");

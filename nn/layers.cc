@@ -102,6 +102,12 @@ Sym LayerNorm::Forward(const Sym& x) {
 
 Dropout::Dropout(double rate, int64_t layer_idx) : Module(layer_idx), rate_(rate) {}
 
+ops::AttrMap Dropout::NextDrawAttrs() {
+  if (rate_ == 0) return {{"dropout_rate", 0.0}};
+  const int64_t key = StreamKey(StrCat(full_name(), "#", calls_++));
+  return {{"dropout_rate", rate_}, {"seed", seeds().dropout}, {"tensor_id", key}};
+}
+
 Sym Dropout::Forward(const Sym& x) {
   GraphBuilder* b = Prepare(x);
   if (b == nullptr) return Sym();

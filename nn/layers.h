@@ -108,6 +108,11 @@ class Dropout : public Module {
   Sym Forward(const Sym& x);
   Sym operator()(const Sym& x) { return Forward(x); }
   double rate() const { return rate_; }
+  // For an op that drops internally what Forward would drop (the fused
+  // attention): the dropout op's attributes for the next call (rate, seed,
+  // tensor_id; the call counts as one of Forward's), under the op's names
+  // "dropout_rate", "seed" and "tensor_id"; rate 0 when the rate is 0.
+  ops::AttrMap NextDrawAttrs();
 
  private:
   double rate_;

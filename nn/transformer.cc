@@ -131,13 +131,16 @@ Sym MultiheadAttention::Forward(const Sym& x, const Sym& padding_mask) {
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
   Sym context;
   if (options_.fused) {
-    if (options_.attention_dropout_prob > 0) {
-      b->Fail(absl::InvalidArgumentError(StrCat(
-          "MultiheadAttention '", full_name(), "': fused attention has no attention dropout, but its probability is ",
-          options_.attention_dropout_prob, " (set it to 0, or do not fuse)")));
+    if (!(options_.attention_dropout_prob >= 0 && options_.attention_dropout_prob < 1)) {
+      b->Fail(absl::InvalidArgumentError(StrCat("MultiheadAttention '", full_name(),
+                                                "': attention_dropout_prob must be in [0, 1), got ",
+                                                options_.attention_dropout_prob)));
       return Sym();
     }
-    const ops::AttrMap attrs = {{"scale", scale}, {"causal", options_.causal}};
+    // The fused op drops the probabilities exactly as attn_dropout would.
+    ops::AttrMap attrs = attn_dropout_.NextDrawAttrs();
+    attrs.Set("scale", scale);
+    attrs.Set("causal", options_.causal);
     const std::vector<Sym> out = padding_mask.valid()
                                      ? b->Op("flash_attention_masked", {q, k, v, padding_mask}, attrs)
                                      : b->Op("flash_attention", {q, k, v}, attrs);

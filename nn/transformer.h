@@ -79,15 +79,16 @@ struct AttentionOptions {
   double init_std = 0.02;         // c_attn.weight
   double output_init_std = 0.02;  // c_proj.weight
   // One flash_attention op (ops/attention.cc) instead of q kᵀ, the fused
-  // softmax and the product with v: the (T, T) scores are never stored.
-  // It has no dropout: Forward fails when attention_dropout_prob > 0.
+  // softmax, attention dropout and the product with v: the (T, T) scores
+  // are never stored; the op draws attn_dropout's masks.
   bool fused = false;
 };
 
 // Multi-head self-attention: c_attn (fused QKV), softmax(q kᵀ / sqrt(D)) with
 // the causal and/or padding mask (one fused_scale_*_softmax op), attention
 // dropout, context (or, with `fused`, one flash_attention op for all of
-// these but the dropout), c_proj (row parallel), output dropout. Children:
+// these, drawing the same dropout masks), c_proj (row parallel), output
+// dropout. Children:
 // c_attn, c_proj, attn_dropout, resid_dropout.
 class MultiheadAttention : public Module {
  public:

@@ -8,8 +8,11 @@
 // q (B, H, T, D), k and v (B, H, S, D), mask bool (B, S) (true = keep);
 // y (B, H, T, D), lse f32 (B, H, T). With causal, query t sees keys
 // s <= t + S - T (the fused softmaxes' alignment); a query that sees no key
-// gets y = 0 and lse = -inf. Attention dropout is not fused: models use
-// these ops only without it.
+// gets y = 0 and lse = -inf. Attributes dropout_rate, seed and tensor_id
+// drop probabilities exactly as the dropout op with those attributes drops
+// the (B, H, T, S) probabilities tensor (ops/attention_shape.h): the op
+// draws by global index like it, so the masks do not depend on the layout
+// or the micro-batching, and fused and unfused attention agree.
 //
 // SBP: batch or heads split alike in q, k, v, y, lse (the mask split with
 // the batch, broadcast with the heads), or the queries split along T with
@@ -59,10 +62,24 @@ absl::StatusOr<std::vector<TensorMeta>> InferQkv(const std::vector<TensorMeta>& 
   return std::vector<TensorMeta>{in[0], {DType::kF32, Shape{q[0], q[1], q[2]}}};
 }
 
-absl::Status ExpectFiniteScale(const AttrMap& attrs) {
+absl::Status ExpectValidAttrs(const AttrMap& attrs) {
   const double scale = attrs.Float("scale");
-  if (std::isfinite(scale)) return absl::OkStatus();
-  return absl::InvalidArgumentError(StrCat("attribute 'scale' must be finite, got ", scale));
+  if (!std::isfinite(scale)) return absl::InvalidArgumentError(StrCat("attribute 'scale' must be finite, got ", scale));
+  const double rate = attrs.Float("dropout_rate");
+  if (!(rate >= 0 && rate < 1)) {
+    return absl::InvalidArgumentError(StrCat("attribute 'dropout_rate' must be in [0, 1), got ", rate));
+  }
+  return absl::OkStatus();
+}
+
+// The attributes both ops of a pair take.
+void DeclareAttrs(OpSchema& schema) {
+  schema.Attr("scale", AttrType::kFloat, 1.0)
+      .Attr("causal", AttrType::kBool, false)
+      .Attr("dropout_rate", AttrType::kFloat, 0.0)
+      .Attr("seed", AttrType::kInt, int64_t{0})
+      .Attr("tensor_id", AttrType::kInt, int64_t{0})
+      .DrawsByGlobalIndex();
 }
 
 // Signatures over inputs laid out as `roles`: 'q' (a query tensor: q, y,
@@ -93,20 +110,20 @@ void RegisterFlashAttention(OpRegistry& r, bool masked) {
       .Doc(StrCat("Fused attention: y = softmax(scale · q kᵀ) v over the keys, for q (B, H, T, D), k and v (B, H, S, "
                   "D)",
                   masked ? ", keys dropped where the bool mask (B, S) is false" : "",
-                  "; with causal, query t sees keys s <= t + S - T. lse (B, H, T) is each row's log-sum-exp of the "
-                  "scaled, masked scores (-inf for a query that sees no key, whose y is 0), saved for the gradient. "
-                  "Never forms the (T, S) scores."))
+                  "; with causal, query t sees keys s <= t + S - T. With dropout_rate > 0 the probabilities are "
+                  "dropped as the dropout op (seed, tensor_id) would drop the (B, H, T, S) probabilities tensor. lse "
+                  "(B, H, T) is each row's log-sum-exp of the scaled, masked scores (-inf for a query that sees no "
+                  "key, whose y is 0), saved for the gradient. Never forms the (T, S) scores."))
       .Input("q")
       .Input("k")
       .Input("v");
   if (masked) forward.NonDifferentiableInput("mask");
-  forward.Output("y")
-      .Output("lse")
-      .Attr("scale", AttrType::kFloat, 1.0)
-      .Attr("causal", AttrType::kBool, false)
+  forward.Output("y").Output("lse");
+  DeclareAttrs(forward);
+  forward
       .Infer(
           [masked](const std::vector<TensorMeta>& in, const AttrMap& attrs) -> absl::StatusOr<std::vector<TensorMeta>> {
-            RETURN_IF_ERROR(ExpectFiniteScale(attrs));
+            RETURN_IF_ERROR(ExpectValidAttrs(attrs));
             return InferQkv(in, masked, 3);
           })
       .Sbp([masked](const std::vector<TensorMeta>&, const AttrMap&, int64_t) {
@@ -129,7 +146,14 @@ void RegisterFlashAttention(OpRegistry& r, bool masked) {
       ;
   std::vector<TensorMeta> example = {{DType::kF32, q}, {DType::kF32, q}, {DType::kF32, q}};
   if (masked) example.push_back({DType::kBool, Shape{2, 8}});
-  forward.Example(example, {{"scale", 0.35}, {"causal", !masked}});
+  // The masked examples drop too (so the CUDA kernels' masks are compared).
+  AttrMap example_attrs = {{"scale", 0.35}, {"causal", !masked}};
+  if (masked) {
+    example_attrs.Set("dropout_rate", 0.25);
+    example_attrs.Set("seed", int64_t{3});
+    example_attrs.Set("tensor_id", int64_t{5});
+  }
+  forward.Example(example, example_attrs);
   r.MustRegister(std::move(forward));
 
   OpSchema backward(grad_name);
@@ -143,14 +167,12 @@ void RegisterFlashAttention(OpRegistry& r, bool masked) {
       .Input("lse")
       .Input("dy");
   if (masked) backward.Input("mask");
-  backward.Output("dq")
-      .Output("dk")
-      .Output("dv")
-      .Attr("scale", AttrType::kFloat, 1.0)
-      .Attr("causal", AttrType::kBool, false)
+  backward.Output("dq").Output("dk").Output("dv");
+  DeclareAttrs(backward);
+  backward
       .Infer(
           [masked](const std::vector<TensorMeta>& in, const AttrMap& attrs) -> absl::StatusOr<std::vector<TensorMeta>> {
-            RETURN_IF_ERROR(ExpectFiniteScale(attrs));
+            RETURN_IF_ERROR(ExpectValidAttrs(attrs));
             ASSIGN_OR_RETURN(std::vector<TensorMeta> forward, InferQkv(in, masked, 6));
             RETURN_IF_ERROR(ExpectDType(in[3], DType::kF32, "y"));
             RETURN_IF_ERROR(ExpectShape(in[3], forward[0].shape, "y", "like q"));
@@ -171,7 +193,7 @@ void RegisterFlashAttention(OpRegistry& r, bool masked) {
   std::vector<TensorMeta> grad_example = {{DType::kF32, q}, {DType::kF32, q},   {DType::kF32, q},
                                           {DType::kF32, q}, {DType::kF32, lse}, {DType::kF32, q}};
   if (masked) grad_example.push_back({DType::kBool, Shape{2, 8}});
-  backward.Example(grad_example, {{"scale", 0.35}, {"causal", !masked}});
+  backward.Example(grad_example, example_attrs);
   r.MustRegister(std::move(backward));
 }
 

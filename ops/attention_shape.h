@@ -7,8 +7,23 @@
 // keys s <= t + causal_shift, causal_shift = the query block's offset +
 // S - T_logical (keys aligned to the end of the queries, as the fused
 // softmaxes align them). The mask, when present, is (B, S) bytes, 1 = keep.
+//
+// Attention dropout (dropout_rate > 0) multiplies each probability by the
+// mask value the `dropout` op would give the logical probabilities tensor
+// (B_L, H_L, T_L, S) at that element (ops/random.cc: Philox keyed by seed,
+// tensor_id and step, the element's global index, keep when the 24 high
+// bits >= dropout_threshold, kept values scaled by dropout_scale), so fused
+// and unfused attention draw the same masks. Global index of local
+// (b, h, t, s): (((b + batch_offset) · H_L + h + head_offset) · T_L + t +
+// query_offset) · S + s.
 
 #include <cstdint>
+
+#ifdef __CUDACC__
+#define TESSERA_ATTENTION_HD __host__ __device__
+#else
+#define TESSERA_ATTENTION_HD
+#endif
 
 namespace tessera::ops {
 
@@ -18,6 +33,19 @@ struct AttentionShape {
   int64_t causal_shift = 0;
   float scale = 1.0f;
   const uint8_t* mask = nullptr;  // (batch, keys); null: none
+  // Dropout (dropout_rate 0: none).
+  float dropout_rate = 0.0f;
+  int32_t dropout_threshold = 0;
+  float dropout_scale = 1.0f;
+  uint64_t dropout_seed = 0;
+  uint32_t tensor_id = 0, step = 0;
+  int64_t batch_offset = 0, head_offset = 0, query_offset = 0;
+  int64_t logical_heads = 0, logical_queries = 0;
+
+  // The global index of local element (b, h, t, s) of the probabilities.
+  TESSERA_ATTENTION_HD int64_t ProbabilityIndex(int64_t b, int64_t h, int64_t t, int64_t s) const {
+    return (((b + batch_offset) * logical_heads + h + head_offset) * logical_queries + t + query_offset) * keys + s;
+  }
 };
 
 }  // namespace tessera::ops

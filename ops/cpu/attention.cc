@@ -2,12 +2,14 @@
 //   forward, per block of kRows queries: for each block of kCols keys up to
 //     the causal limit, S = scale · q kᵀ (one GEMM), masked keys -inf, the
 //     running row max m and sum l rescaled (online softmax), O = O · e^(m_old
-//     - m) + e^(S - m) v (one GEMM); then y = O / l and lse = m + log l (a
-//     row without keys: y = 0, lse = -inf).
+//     - m) + e^(S - m) ⊙ Z v (one GEMM; Z the dropout mask, ops/attention_shape.h,
+//     applied after l took the undropped e^(S - m)); then y = O / l and
+//     lse = m + log l (a row without keys: y = 0, lse = -inf).
 //   backward, per (batch·head), for each query block and each of its key
 //     blocks: P = e^(scale · q kᵀ - lse) recomputed, D_t = Σ dy_t ⊙ y_t,
-//     dS = P ⊙ (dy vᵀ - D); dq += scale · dS k, dv += Pᵀ dy, dk += scale ·
-//     dSᵀ q (five GEMMs per tile). A (batch, head) is one piece of work, so
+//     dS = P ⊙ (dy vᵀ ⊙ Z - D); dq += scale · dS k, dv += (P ⊙ Z)ᵀ dy,
+//     dk += scale · dSᵀ q (five GEMMs per tile). Z is the dropout mask
+//     (1 without dropout), drawn again from its Philox counters. A (batch, head) is one piece of work, so
 //     no sum is shared between threads and each has one order.
 
 #include "ops/cpu/attention.h"
@@ -20,6 +22,7 @@
 
 #include "ops/cpu/cpu_util.h"
 #include "ops/cpu/matmul.h"
+#include "ops/cpu/random.h"
 #include "ops/cpu/vec_math.h"
 
 namespace tessera::ops {
@@ -38,6 +41,20 @@ AttentionShape AttentionShapeOf(const KernelContext& ctx, bool masked) {
   const TensorSlice slice = ctx.input_slice(0);
   a.causal_shift = slice.offset[2] + a.keys - slice.logical[2];
   if (masked) a.mask = static_cast<const uint8_t*>(ctx.input(ctx.num_inputs() - 1).raw_data());
+  const double rate = ctx.attr().Float("dropout_rate");
+  if (rate > 0) {
+    a.dropout_rate = static_cast<float>(rate);
+    a.dropout_threshold = cpu::DropoutThreshold(rate);
+    a.dropout_scale = static_cast<float>(1.0 / (1.0 - rate));
+    a.dropout_seed = static_cast<uint64_t>(ctx.attr().Int("seed"));
+    a.tensor_id = static_cast<uint32_t>(ctx.attr().Int("tensor_id"));
+    a.step = static_cast<uint32_t>(ctx.step);
+    a.batch_offset = slice.offset[0];
+    a.head_offset = slice.offset[1];
+    a.query_offset = slice.offset[2];
+    a.logical_heads = slice.logical[1];
+    a.logical_queries = slice.logical[2];
+  }
   return a;
 }
 
@@ -57,6 +74,14 @@ int64_t KeyEnd(const AttentionShape& a, int64_t t0, int64_t rows) {
 bool KeyVisible(const AttentionShape& a, int64_t b, int64_t t, int64_t s) {
   if (a.causal && s > t + a.causal_shift) return false;
   return a.mask == nullptr || a.mask[b * a.keys + s] != 0;
+}
+
+// The dropout mask values of row t (local) of (batch, head) bh for keys
+// [s0, s0 + cols), into `z`.
+void DropoutRow(const AttentionShape& a, int64_t bh, int64_t t, int64_t s0, int64_t cols, float* z) {
+  const int64_t b = bh / a.heads, h = bh % a.heads;
+  DropoutMaskRun(a.dropout_seed, a.tensor_id, a.step, a.dropout_rate, static_cast<uint64_t>(a.ProbabilityIndex(b, h, t, s0)),
+                 cols, z);
 }
 
 // The first error of several pieces of work.
@@ -92,7 +117,7 @@ absl::Status FlashAttentionKernel(KernelContext& ctx) {
   ParallelFor(ctx, a.batch * a.heads * blocks, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores(static_cast<size_t>(kRows * kCols));
     std::vector<float> out(static_cast<size_t>(kRows * std::max<int64_t>(D, 1)));
-    std::vector<float> row_max(kRows), row_sum(kRows);
+    std::vector<float> row_max(kRows), row_sum(kRows), keep(kCols);
     for (int64_t task = begin; task < end; ++task) {
       const int64_t bh = task / blocks, t0 = task % blocks * kRows, rows = std::min(kRows, T - t0);
       const int64_t b = bh / a.heads;
@@ -124,6 +149,10 @@ absl::Status FlashAttentionKernel(KernelContext& ctx) {
           for (int64_t j = 0; j < cols; ++j) sr[j] = ExpF(sr[j] - m_new);
           float sum = 0;
           for (int64_t j = 0; j < cols; ++j) sum += sr[j];
+          if (a.dropout_rate > 0) {  // dropped after the normaliser took them
+            DropoutRow(a, bh, t0 + i, s0, cols, keep.data());
+            for (int64_t j = 0; j < cols; ++j) sr[j] *= keep[static_cast<size_t>(j)];
+          }
           row_sum[i] = row_sum[i] * correction + sum;
           row_max[i] = m_new;
           float* orow = out.data() + i * D;
@@ -162,7 +191,7 @@ absl::Status FlashAttentionGradKernel(KernelContext& ctx) {
   // block, in block order.
   ParallelFor(ctx, a.batch * a.heads, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> p(static_cast<size_t>(kRows * kCols)), dp(static_cast<size_t>(kRows * kCols));
-    std::vector<float> delta(kRows);
+    std::vector<float> delta(kRows), keep(kCols);
     for (int64_t bh = begin; bh < end; ++bh) {
       const int64_t b = bh / a.heads;
       std::fill(dq + bh * T * D, dq + (bh + 1) * T * D, 0.0f);
@@ -190,7 +219,7 @@ absl::Status FlashAttentionGradKernel(KernelContext& ctx) {
             status = SgemmOnThisThread(false, true, rows, cols, D, 1.0f, dyb, D, vb, D, 0.0f, dp.data(), kCols);
           }
           if (!status.ok()) return error.Note(status);
-          for (int64_t i = 0; i < rows; ++i) {  // P, then dS = P ⊙ (dP - D) in dp
+          for (int64_t i = 0; i < rows; ++i) {  // P, then dS = P ⊙ (dP ⊙ Z - D) in dp, P ⊙ Z in p
             const float l = lse[row0 + i];
             float* pr = p.data() + i * kCols;
             float* dpr = dp.data() + i * kCols;
@@ -198,7 +227,16 @@ absl::Status FlashAttentionGradKernel(KernelContext& ctx) {
               pr[j] = l == kNegInf || !KeyVisible(a, b, t0 + i, s0 + j) ? kNegInf : pr[j] - l;
             }
             for (int64_t j = 0; j < cols; ++j) pr[j] = ExpF(pr[j]);
-            for (int64_t j = 0; j < cols; ++j) dpr[j] = pr[j] * (dpr[j] - delta[static_cast<size_t>(i)]);
+            if (a.dropout_rate > 0) {
+              DropoutRow(a, bh, t0 + i, s0, cols, keep.data());
+              for (int64_t j = 0; j < cols; ++j) {
+                const float z = keep[static_cast<size_t>(j)];
+                dpr[j] = pr[j] * (dpr[j] * z - delta[static_cast<size_t>(i)]);
+                pr[j] *= z;
+              }
+            } else {
+              for (int64_t j = 0; j < cols; ++j) dpr[j] = pr[j] * (dpr[j] - delta[static_cast<size_t>(i)]);
+            }
           }
           status = SgemmOnThisThread(true, false, cols, D, rows, 1.0f, p.data(), kCols, dyb, D, 1.0f,
                                      dv + (bh * S + s0) * D, D);

@@ -16,10 +16,12 @@
 #include <cstring>
 #include <vector>
 
+#include "ops/cpu/random.h"
+
 #include "core/philox.h"
-#include "ops/random_runs.h"
 #include "ops/cpu/cpu_util.h"
 #include "ops/cpu/vec_math.h"
+#include "ops/random_runs.h"
 
 namespace tessera::ops::cpu {
 namespace {
@@ -107,7 +109,20 @@ void ForEachLocalRun(const KernelContext& ctx, const TensorSlice& slice, int64_t
   ParallelFor(ctx, n, kRandomGrain, [&](int64_t begin, int64_t end) { indexer.ForEachRun(begin, end, fill); });
 }
 
+// A dropout mask's values from one Philox block: scale where kept, else 0.
+struct DropoutMaker {
+  int32_t threshold;
+  float scale;
+  void operator()(const std::array<uint32_t, 4>& w, float* values) const {
+    for (int lane = 0; lane < 4; ++lane) {
+      values[lane] = static_cast<int32_t>(w[lane] >> 8) >= threshold ? scale : 0.0f;
+    }
+  }
+};
+
 }  // namespace
+
+int32_t DropoutThreshold(double rate) { return static_cast<int32_t>(std::ceil(rate * 16777216.0)); }
 
 absl::Status NormalKernel(KernelContext& ctx) {
   const Stream stream = StreamOf(ctx);
@@ -156,6 +171,14 @@ absl::Status UniformKernel(KernelContext& ctx) {
   return absl::OkStatus();
 }
 
+void DropoutMaskRun(uint64_t seed, uint32_t tensor_id, uint32_t step, double rate, uint64_t global, int64_t length,
+                    float* out) {
+  const Stream stream{MakePhiloxKey(seed), tensor_id, step};
+  const int32_t threshold = DropoutThreshold(rate);
+  const float scale = static_cast<float>(1.0 / (1.0 - rate));
+  FillRun(stream, global, length, DropoutMaker{threshold, scale}, out);
+}
+
 absl::Status DropoutKernel(KernelContext& ctx) {
   const double rate = ctx.attr().Float("rate");
   const float* x = ctx.input(0).data<float>();
@@ -166,15 +189,7 @@ absl::Status DropoutKernel(KernelContext& ctx) {
     return absl::OkStatus();
   }
   const Stream stream = StreamOf(ctx);
-  // keep = u >= rate with u = k / 2^24 (k the 24 high bits), i.e.
-  // k >= ceil(rate * 2^24): an exact integer test.
-  const int32_t threshold = static_cast<int32_t>(std::ceil(rate * 16777216.0));
-  const float scale = static_cast<float>(1.0 / (1.0 - rate));
-  const auto make = [threshold, scale](const std::array<uint32_t, 4>& w, float* values) {
-    for (int lane = 0; lane < 4; ++lane) {
-      values[lane] = static_cast<int32_t>(w[lane] >> 8) >= threshold ? scale : 0.0f;
-    }
-  };
+  const DropoutMaker make{DropoutThreshold(rate), static_cast<float>(1.0 / (1.0 - rate))};
   // The mask goes through a small buffer rather than y, so y may alias x.
   constexpr int64_t kPiece = 1024;
   ForEachLocalRun(ctx, ctx.input_slice(0), n, [&](int64_t local, int64_t global, int64_t length) {

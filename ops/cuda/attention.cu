@@ -5,10 +5,12 @@
 //     (online softmax) and accumulates p · v with lane d holding output
 //     dims d, d + 32, ... (head dim <= 128: four per lane).
 //   backward 1: a query row: delta = Σ dy ⊙ y (kept in a temporary), then
-//     dq = scale Σ_s P (dy · v_s - delta) k_s over the key tiles.
+//     dq = scale Σ_s P (dy · v_s Z - delta) k_s over the key tiles.
 //   backward 2: a key row: over tiles of kTile queries (q, dy, lse, delta in
-//     shared memory), dv = Σ_t P dy_t and dk = scale Σ_t P (dy_t · v - delta_t)
-//     q_t.
+//     shared memory), dv = Σ_t P Z dy_t and dk = scale Σ_t P (dy_t · v Z -
+//     delta_t) q_t.
+// Z is the dropout mask (ops/attention_shape.h; 1 without dropout): each
+// lane draws its element's Philox block, as the dropout op's kernel does.
 // Shared tiles are rows of D + 1 floats, so lanes reading one column of
 // different rows hit different banks.
 
@@ -16,6 +18,7 @@
 
 #include <cmath>
 
+#include "core/philox.h"
 #include "ops/cuda/launch.h"
 #include "ops/cuda/launch_util.cuh"
 
@@ -39,6 +42,18 @@ __device__ bool Visible(const AttentionShape& a, int64_t b, int64_t t, int64_t s
   if (s >= a.keys) return false;
   if (a.causal && s > t + a.causal_shift) return false;
   return a.mask == nullptr || a.mask[b * a.keys + s] != 0;
+}
+
+// The dropout mask value of probability (b, h, t, s) (local): the dropout
+// op's for that global index (ops/attention_shape.h); 1 without dropout.
+__device__ float Keep(const AttentionShape& a, int64_t b, int64_t h, int64_t t, int64_t s) {
+  if (a.dropout_rate <= 0.0f) return 1.0f;
+  const auto g = static_cast<uint64_t>(a.ProbabilityIndex(b, h, t, s));
+  const uint64_t block = g / 4;
+  const PhiloxKey key{static_cast<uint32_t>(a.dropout_seed), static_cast<uint32_t>(a.dropout_seed >> 32)};  // MakePhiloxKey's
+  const auto w = Philox4x32(key, static_cast<uint32_t>(block),
+                            static_cast<uint32_t>(block >> 32), a.tensor_id, a.step);
+  return static_cast<int32_t>(w[g % 4] >> 8) >= a.dropout_threshold ? a.dropout_scale : 0.0f;
 }
 
 // The keys [0, end) some query of [t0, t0 + rows) may see.
@@ -72,7 +87,7 @@ __global__ void FlashForward(const float* q, const float* k, const float* v, flo
   float* vs = ks + kTile * ld;
   float* qs = vs + kTile * ld;  // kWarps rows of D
   const int64_t bh = blockIdx.x / query_blocks, t0 = blockIdx.x % query_blocks * kWarps;
-  const int64_t b = bh / a.heads;
+  const int64_t b = bh / a.heads, h = bh % a.heads;
   const int warp = static_cast<int>(threadIdx.x / 32), lane = static_cast<int>(threadIdx.x % 32);
   const int64_t t = t0 + warp;
   const bool active = t < T;
@@ -96,10 +111,11 @@ __global__ void FlashForward(const float* q, const float* k, const float* v, flo
     if (m_new == -INFINITY) continue;  // no visible key yet
     const float p = score == -INFINITY ? 0.0f : expf(score - m_new);
     const float correction = expf(m - m_new);  // 0 while m is -inf
-    l = l * correction + WarpSum(p);
+    l = l * correction + WarpSum(p);           // the normaliser takes the undropped p
+    const float dropped = p == 0.0f ? 0.0f : p * Keep(a, b, h, t, s);
     for (int r = 0; r < kPerLane; ++r) acc[r] *= correction;
     for (int j = 0; j < kTile; ++j) {
-      const float pj = __shfl_sync(0xffffffffu, p, j);
+      const float pj = __shfl_sync(0xffffffffu, dropped, j);
       if (pj == 0.0f) continue;
       for (int r = 0; r < kPerLane; ++r) {
         const int64_t d = lane + 32 * r;
@@ -126,7 +142,7 @@ __global__ void FlashBackwardQueries(const float* q, const float* k, const float
   float* qs = vs + kTile * ld;   // kWarps rows of D
   float* dys = qs + kWarps * D;  // kWarps rows of D
   const int64_t bh = blockIdx.x / query_blocks, t0 = blockIdx.x % query_blocks * kWarps;
-  const int64_t b = bh / a.heads;
+  const int64_t b = bh / a.heads, h = bh % a.heads;
   const int warp = static_cast<int>(threadIdx.x / 32), lane = static_cast<int>(threadIdx.x % 32);
   const int64_t t = t0 + warp;
   const bool active = t < T;
@@ -159,7 +175,7 @@ __global__ void FlashBackwardQueries(const float* q, const float* k, const float
     float ds = 0;
     if (Visible(a, b, t, s)) {
       const float p = expf(a.scale * RowDot(qrow, ks + lane * ld, D) - row_lse);
-      ds = p * (RowDot(dyrow, vs + lane * ld, D) - row_delta);
+      ds = p * (RowDot(dyrow, vs + lane * ld, D) * Keep(a, b, h, t, s) - row_delta);
     }
     for (int j = 0; j < kTile; ++j) {
       const float dsj = __shfl_sync(0xffffffffu, ds, j);
@@ -188,7 +204,7 @@ __global__ void FlashBackwardKeys(const float* q, const float* k, const float* v
   float* lses = vrows + kWarps * D;   // kTile
   float* deltas = lses + kTile;       // kTile
   const int64_t bh = blockIdx.x / key_blocks, s0 = blockIdx.x % key_blocks * kWarps;
-  const int64_t b = bh / a.heads;
+  const int64_t b = bh / a.heads, h = bh % a.heads;
   const int warp = static_cast<int>(threadIdx.x / 32), lane = static_cast<int>(threadIdx.x % 32);
   const int64_t s = s0 + warp;
   const bool active = s < S;
@@ -219,8 +235,10 @@ __global__ void FlashBackwardKeys(const float* q, const float* k, const float* v
     const int64_t t = t0 + lane;
     float p = 0, ds = 0;
     if (t < T && lses[lane] != -INFINITY && Visible(a, b, t, s)) {
-      p = expf(a.scale * RowDot(qs + lane * ld, krow, D) - lses[lane]);
-      ds = p * (RowDot(dys + lane * ld, vrow, D) - deltas[lane]);
+      const float keep = Keep(a, b, h, t, s);
+      const float undropped = expf(a.scale * RowDot(qs + lane * ld, krow, D) - lses[lane]);
+      ds = undropped * (RowDot(dys + lane * ld, vrow, D) * keep - deltas[lane]);
+      p = undropped * keep;  // what dv takes
     }
     for (int i = 0; i < kTile; ++i) {
       const float pi = __shfl_sync(0xffffffffu, p, i);

@@ -37,8 +37,27 @@ struct Forward {
   std::vector<double> y, lse, p;  // p: (B, H, T, S) probabilities
 };
 
+// The dropout multipliers of the (B, H, T, S) probabilities: what the
+// dropout op with the same attributes keeps (at step 0), times 1 / (1 -
+// rate); ones without dropout.
+std::vector<double> DropoutMultipliers(const Dims& d, const AttrMap& attrs) {
+  const double rate = attrs.Float("dropout_rate");
+  const auto n = static_cast<size_t>(d.B * d.H * d.T * d.S);
+  if (rate == 0) return std::vector<double>(n, 1.0);
+  auto ones = Tensor::Empty(Shape{d.B, d.H, d.T, d.S}, DType::kF32);
+  EXPECT_TRUE(ones.ok());
+  for (int64_t i = 0; i < ones->NumElements(); ++i) ones->data<float>()[i] = 1.0f;
+  auto kept = RunOp("dropout", {*ones},
+                    {{"rate", rate}, {"seed", attrs.Int("seed")}, {"tensor_id", attrs.Int("tensor_id")}});
+  EXPECT_TRUE(kept.ok()) << kept.status();
+  std::vector<double> z = (*kept)[0].ToDoubleVector();
+  for (double& v : z) v = v != 0 ? 1.0 / (1.0 - rate) : 0.0;
+  return z;
+}
+
 Forward AttentionForward(const std::vector<Tensor>& in, const AttrMap& attrs, bool masked) {
   const Dims d = DimsOf(in);
+  const std::vector<double> z = DropoutMultipliers(d, attrs);
   const std::vector<double> q = in[0].ToDoubleVector(), k = in[1].ToDoubleVector(), v = in[2].ToDoubleVector();
   const std::vector<double> mask = masked ? in[3].ToDoubleVector() : std::vector<double>{};
   const double scale = attrs.Float("scale");
@@ -67,9 +86,11 @@ Forward AttentionForward(const std::vector<Tensor>& in, const AttrMap& attrs, bo
         for (int64_t s = 0; s < d.S; ++s) {
           const double x = score[static_cast<size_t>(s)];
           const double p = x == kNegInf ? 0.0 : std::exp(x - m) / sum;
-          f.p[static_cast<size_t>((bh * d.T + t) * d.S + s)] = p;
-          for (int64_t i = 0; i < d.D; ++i)
-            f.y[static_cast<size_t>((bh * d.T + t) * d.D + i)] += p * v[((bh * d.S) + s) * d.D + i];
+          const auto at = static_cast<size_t>((bh * d.T + t) * d.S + s);
+          f.p[at] = p;
+          for (int64_t i = 0; i < d.D; ++i) {
+            f.y[static_cast<size_t>((bh * d.T + t) * d.D + i)] += p * z[at] * v[((bh * d.S) + s) * d.D + i];
+          }
         }
       }
     }
@@ -96,6 +117,7 @@ ReferenceFn AttentionGradRef(bool masked) {
     const std::vector<double> mask = masked ? in[6].ToDoubleVector() : std::vector<double>{};
     const double scale = attrs.Float("scale");
     const bool causal = attrs.Bool("causal");
+    const std::vector<double> z = DropoutMultipliers(d, attrs);
     std::vector<double> dq(q.size(), 0.0), dk(k.size(), 0.0), dv(v.size(), 0.0);
     for (int64_t b = 0; b < d.B; ++b) {
       for (int64_t h = 0; h < d.H; ++h) {
@@ -115,11 +137,12 @@ ReferenceFn AttentionGradRef(bool masked) {
               dp += dy[row + i] * v[key + i];
             }
             const double p = std::exp(scale * dot - l);
-            const double ds = p * (dp - delta);
+            const double zt = z[static_cast<size_t>((bh * d.T + t) * d.S + s)];
+            const double ds = p * (dp * zt - delta);
             for (int64_t i = 0; i < d.D; ++i) {
               dq[row + i] += scale * ds * k[key + i];
               dk[key + i] += scale * ds * q[row + i];
-              dv[key + i] += p * dy[row + i];
+              dv[key + i] += p * zt * dy[row + i];
             }
           }
         }
@@ -136,6 +159,7 @@ struct Geometry {
   Dims d;
   bool causal;
   double scale;
+  double dropout_rate = 0;
 };
 
 // A forward case, and a gradient case whose y and lse come from the
@@ -153,13 +177,20 @@ void AddCases(std::vector<OpTestCase>& cases, const Geometry& g, bool masked, ui
     in.push_back(mask);
   }
   const std::string name = masked ? "flash_attention_masked" : "flash_attention";
-  const AttrMap attrs = {{"scale", g.scale}, {"causal", g.causal}};
+  AttrMap attrs = {{"scale", g.scale}, {"causal", g.causal}};
+  if (g.dropout_rate > 0) {
+    attrs.Set("dropout_rate", g.dropout_rate);
+    attrs.Set("seed", static_cast<int64_t>(seed));
+    attrs.Set("tensor_id", int64_t{77});
+  }
   OpTestCase forward = MakeCase(name, g.label, in, AttentionRef(masked), attrs);
   forward.grad_outputs = {0};  // lse is a saved statistic
   forward.check_grad = check_grad;
   cases.push_back(forward);
 
-  const std::vector<Tensor> fwd = AttentionRef(masked)(in, attrs);
+  auto canonical = BuiltinOps().Find(name)->CanonicalizeAttrs(attrs);
+  EXPECT_TRUE(canonical.ok()) << canonical.status();
+  const std::vector<Tensor> fwd = AttentionRef(masked)(in, *canonical);
   std::vector<Tensor> grad_in = {in[0], in[1], in[2], fwd[0], fwd[1], RandomUniform({d.B, d.H, d.T, d.D}, seed + 4)};
   if (masked) grad_in.push_back(in[3]);
   cases.push_back(MakeCase(name + "_grad", g.label, grad_in, AttentionGradRef(masked), attrs));
@@ -174,6 +205,8 @@ std::vector<OpTestCase> AttentionCases() {
       {"full T < S", {2, 2, 3, 6, 3}, false, 0.7},
       {"causal T > S (rows without keys)", {1, 2, 6, 4, 3}, true, 1.0},
       {"causal T < S", {2, 1, 3, 7, 5}, true, 0.3},
+      {"causal, dropout 0.3", {2, 2, 5, 5, 3}, true, 0.6, 0.3},
+      {"full T < S, dropout 0.5", {2, 2, 3, 6, 4}, false, 0.5, 0.5},
   };
   uint64_t seed = 100;
   for (const Geometry& g : small) {
@@ -186,6 +219,7 @@ std::vector<OpTestCase> AttentionCases() {
   // gradient op's case checks the backward.
   AddCases(cases, {"blocks, causal", {1, 2, 131, 131, 16}, true, 0.25}, false, 300, false);
   AddCases(cases, {"blocks, full T < S", {2, 1, 70, 150, 8}, false, 0.35}, true, 310, false);
+  AddCases(cases, {"blocks, causal, dropout 0.2", {1, 2, 100, 100, 8}, true, 0.3, 0.2}, true, 320, false);
   return cases;
 }
 
@@ -249,6 +283,7 @@ TEST(AttentionOps, BadInputsNameWhatIsWrong) {
       {"flash_attention", {q, q, RandomUniform({2, 2, 5, 8}, 3)}, {}, "input 'v' must have shape"},
       {"flash_attention", {q, q, RandomInts({2, 2, 4, 8}, 4, 0, 3)}, {}, "'v' must be f32"},
       {"flash_attention", {q, q, q}, {{"scale", std::nan("")}}, "'scale' must be finite"},
+      {"flash_attention", {q, q, q}, {{"dropout_rate", 1.0}}, "'dropout_rate' must be in [0, 1), got 1"},
       {"flash_attention_masked", {q, q, q, RandomBools({2, 5}, 5)}, {}, "'mask' must have shape (2, 4)"},
       {"flash_attention_masked", {q, q, q, RandomUniform({2, 4}, 6)}, {}, "'mask' must be bool"},
       {"flash_attention_grad", {q, q, q, q, RandomUniform({2, 2, 5}, 7), q}, {}, "'lse' must have shape (2, 2, 4)"},

@@ -193,8 +193,9 @@ TEST(CudaKernels, MatchTheCpuKernels) {
 }
 // The fused attention beyond its example: shapes across the CUDA kernels'
 // 32-row tiles and 4-row blocks, head dims 64 and 128 (the kernel's limit),
-// causal with T > S, masked with T < S, forward and backward, against the
-// CPU kernels; a head dim over 128 is refused by name.
+// causal with T > S, masked with T < S, with and without dropout (the same
+// masks as the CPU's), forward and backward, against the CPU kernels; a
+// head dim over 128 is refused by name.
 TEST(CudaKernels, FlashAttentionMatchesTheCpuAcrossTiles) {
   if (const std::string why = NoGpu(); !why.empty()) GTEST_SKIP() << why;
   const Device gpu{DeviceType::kCuda, 0};
@@ -220,18 +221,25 @@ TEST(CudaKernels, FlashAttentionMatchesTheCpuAcrossTiles) {
   struct Shape5 {
     int64_t B, H, T, S, D;
     bool causal, masked;
+    double dropout;
   };
-  for (const Shape5& c : {Shape5{2, 3, 200, 200, 64, true, false}, Shape5{1, 2, 97, 40, 128, true, true},
-                          Shape5{2, 2, 70, 150, 64, false, true}, Shape5{1, 1, 33, 65, 5, false, false}}) {
+  for (const Shape5& c :
+       {Shape5{2, 3, 200, 200, 64, true, false, 0.0}, Shape5{1, 2, 97, 40, 128, true, true, 0.0},
+        Shape5{2, 2, 70, 150, 64, false, true, 0.1}, Shape5{1, 1, 33, 65, 5, false, false, 0.0},
+        Shape5{2, 2, 130, 130, 32, true, false, 0.3}}) {
     SCOPED_TRACE(StrCat("B H T S D = ", c.B, " ", c.H, " ", c.T, " ", c.S, " ", c.D, c.causal ? " causal" : "",
-                        c.masked ? " masked" : ""));
+                        c.masked ? " masked" : "", " dropout ", c.dropout));
     std::mt19937 rng(3);
     std::vector<Tensor> in = {RandomInput({DType::kF32, Shape{c.B, c.H, c.T, c.D}}, false, rng),
                               RandomInput({DType::kF32, Shape{c.B, c.H, c.S, c.D}}, false, rng),
                               RandomInput({DType::kF32, Shape{c.B, c.H, c.S, c.D}}, false, rng)};
     if (c.masked) in.push_back(RandomInput({DType::kBool, Shape{c.B, c.S}}, false, rng));
     const std::string name = c.masked ? "flash_attention_masked" : "flash_attention";
-    const AttrMap attrs = {{"scale", 1.0 / std::sqrt(static_cast<double>(c.D))}, {"causal", c.causal}};
+    const AttrMap attrs = {{"scale", 1.0 / std::sqrt(static_cast<double>(c.D))},
+                           {"causal", c.causal},
+                           {"dropout_rate", c.dropout},
+                           {"seed", int64_t{9}},
+                           {"tensor_id", int64_t{4}}};
     auto want = RunOp(name, in, attrs);
     ASSERT_TRUE(want.ok()) << want.status();
     std::vector<Tensor> grad_in = {in[0], in[1], in[2], (*want)[0], (*want)[1],

@@ -40,14 +40,16 @@ TEST(Registry, HasManyOpsEachWithCpuKernel) {
 }
 
 // The scheduler gives these ops their micro-batch's place in the global
-// batch (the equivalence tests check the masks through training).
-TEST(Registry, OnlyDropoutDrawsByGlobalIndexFromItsInputs) {
+// batch (the equivalence tests check the masks through training): dropout,
+// and the fused attention ops, which drop as dropout does.
+TEST(Registry, OnlyDropoutAndFusedAttentionDrawByGlobalIndexFromTheirInputs) {
   const OpRegistry& r = BuiltinOps();
   std::vector<std::string> drawing;
   for (const std::string& name : r.Names()) {
     if (r.Find(name)->draws_by_global_index()) drawing.push_back(name);
   }
-  EXPECT_EQ(drawing, std::vector<std::string>{"dropout"});
+  EXPECT_EQ(drawing, (std::vector<std::string>{"dropout", "flash_attention", "flash_attention_grad",
+                                               "flash_attention_masked", "flash_attention_masked_grad"}));
 }
 
 TEST(Registry, DuplicateRegistrationIsAnError) {

@@ -89,8 +89,6 @@ std::vector<BadInput> Cases() {
       {"negative hidden", kGpt, {"model.hidden_size=-64"}, "'model.hidden_size' must be in [1, 1048576], got -64"},
       {"zero heads", kGpt, {"model.num_attention_heads=0"}, "'model.num_attention_heads' must be in [1, 1048576], got 0"},
       {"heads not dividing", kGpt, {"model.num_attention_heads=3"}, "hidden_size 64 is not a multiple of num_attention_heads 3"},
-      {"fused attention with dropout", kGpt, {"model.fused_attention=true"},
-       "fused_attention has no attention dropout: attention_dropout_prob must be 0, got 0.1"},
       {"fused attention not a bool", kGpt, {"model.fused_attention=1"}, "'model.fused_attention' expects a boolean"},
       {"layers 10^6", kGpt, {"model.num_layers=1000000"}, "'model.num_layers' must be in [1, 1024]"},
       {"successors past vocab", kGpt, {"model.vocab_size=3", "model.markov_successors=4"}, "markov_successors must be in [1, min(vocab_size, 30)]"},

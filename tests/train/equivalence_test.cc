@@ -106,28 +106,36 @@ TEST(Equivalence, Gpt2NanoLossesMatchOneDeviceUnderEveryLayout) {
 }
 
 // model.fused_attention (one flash_attention op per layer) gives the unfused
-// attention's losses, on one device and with the op's heads split over
-// tensor parallel ranks, batches over data parallel ones and its layers over
-// pipeline stages (attention dropout off: the fused op has none).
+// attention's losses, attention dropout included (the fused op draws the
+// dropout op's masks), on one device and with the op's heads split over
+// tensor parallel ranks, batches over data parallel ones, micro-batches
+// accumulated and layers over pipeline stages.
 TEST(Equivalence, FusedAttentionGivesTheUnfusedLossesUnderLayouts) {
-  const std::vector<std::string> no_attention_dropout = {"model.attention_dropout_prob=0"};
-  std::vector<std::string> one_device = kOneDevice;
-  one_device.insert(one_device.end(), no_attention_dropout.begin(), no_attention_dropout.end());
-  auto unfused = TrainGpt2(one_device);
+  auto unfused = TrainGpt2(kOneDevice);
   ASSERT_TRUE(unfused.ok()) << unfused.status();
   const std::vector<Layout> layouts = {
-      {"fused, one device", one_device},
+      {"fused, one device", kOneDevice},
       {"fused, TP 2", {"train.dist.tensor_parallel_size=2", "train.train_micro_batch_size=8"}},
+      {"fused, 2 micro-batches", {"train.train_micro_batch_size=4", "train.num_accumulation_steps=2"}},
       {"fused, 2x2x2",
        {"train.dist.data_parallel_size=2", "train.dist.tensor_parallel_size=2", "train.dist.pipeline_parallel_size=2",
         "train.train_micro_batch_size=2", "train.num_accumulation_steps=2"}},
   };
   for (Layout layout : layouts) {
-    layout.overrides.insert(layout.overrides.end(), {"model.attention_dropout_prob=0", "model.fused_attention=true"});
+    layout.overrides.push_back("model.fused_attention=true");
     auto losses = TrainGpt2(layout.overrides);
     ASSERT_TRUE(losses.ok()) << layout.name << ": " << losses.status();
     ExpectSameLosses(layout.name, *losses, *unfused);
   }
+  // Without dropout too (the op's rate-0 path).
+  std::vector<std::string> no_dropout = kOneDevice;
+  no_dropout.push_back("model.attention_dropout_prob=0");
+  auto plain = TrainGpt2(no_dropout);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  no_dropout.push_back("model.fused_attention=true");
+  auto fused = TrainGpt2(no_dropout);
+  ASSERT_TRUE(fused.ok()) << fused.status();
+  ExpectSameLosses("fused, no dropout", *fused, *plain);
 }
 
 // Asynchronous compute acts (train.dist.async_compute: kernels on a stream
