@@ -64,7 +64,8 @@ class ArenaMonitor {
   // nothing for a desc outside the arena.
   void Claim(int64_t desc_id, int32_t index);
   void Release(int64_t desc_id, int32_t index);
-  // A collective's scratch in the arena (Task.scratch_offset; undefined when
+  // A collective's scratch or a compute's kernel workspace in the arena
+  // (Task.scratch_offset; undefined when
   // it has none there), and its use by one act: claimed when the act starts,
   // released when it ends.
   Tensor Scratch(uint64_t actor_id) const;

@@ -169,6 +169,12 @@ void RegisterFlashAttention(OpRegistry& r, bool masked) {
   if (masked) backward.Input("mask");
   backward.Output("dq").Output("dk").Output("dv");
   DeclareAttrs(backward);
+  backward.Workspace([](const std::vector<TensorMeta>& in, const std::vector<TensorMeta>&, const AttrMap&,
+                        DeviceType device) -> int64_t {
+    // The CUDA kernels' Σ dy ⊙ y per query row (B·H·T floats).
+    if (device != DeviceType::kCuda || in.empty() || in[0].shape.rank() != 4) return 0;
+    return 4 * in[0].shape[0] * in[0].shape[1] * in[0].shape[2];
+  });
   backward
       .Infer(
           [masked](const std::vector<TensorMeta>& in, const AttrMap& attrs) -> absl::StatusOr<std::vector<TensorMeta>> {

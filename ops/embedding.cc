@@ -21,6 +21,9 @@ namespace tessera::ops {
 namespace cpu {
 absl::Status EmbeddingKernel(KernelContext& ctx);
 absl::Status EmbeddingGradKernel(KernelContext& ctx);
+// int64 words of its workspace: row starts (rows + 1), fill cursors (rows),
+// the occurrences' order (ids).
+int64_t EmbeddingGradWorkspaceWords(int64_t rows, int64_t ids);
 }  // namespace cpu
 
 namespace {
@@ -124,6 +127,12 @@ void RegisterEmbeddingOps(OpRegistry& registry) {
           .Attr("num_embeddings", AttrType::kInt)
           .Infer(InferEmbeddingGrad)
           .Sbp(EmbeddingGradSignatures)
+          .Workspace([](const std::vector<TensorMeta>& in, const std::vector<TensorMeta>& out, const AttrMap&,
+                        DeviceType device) -> int64_t {
+            // The CPU kernel's counting sort of the ids by row.
+            if (device != DeviceType::kCpu || out.empty() || out[0].shape.rank() < 1) return 0;
+            return 8 * cpu::EmbeddingGradWorkspaceWords(out[0].shape[0], in[1].shape.NumElements());
+          })
           .Kernel(DeviceType::kCpu, cpu::EmbeddingGradKernel)
 #ifdef TESSERA_WITH_CUDA
           .Kernel(DeviceType::kCuda, cuda::EmbeddingGradKernel)

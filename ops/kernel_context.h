@@ -42,6 +42,11 @@ struct KernelContext {
   // kernels run where they are called (a CPU stream calls them on its own
   // thread) and ignore it.
   Stream* stream = nullptr;
+  // Bytes the op's schema asked for (OpSchema::Workspace), on the kernel's
+  // device, untouched by others during the call (the actor runtime's come
+  // from the memory plan's arena); undefined: the kernel allocates what it
+  // needs itself (eager calls, plans without it).
+  Tensor workspace;
 
   const Tensor& input(int i) const { return inputs[static_cast<size_t>(i)]; }
   const Tensor& output(int i) const { return outputs[static_cast<size_t>(i)]; }

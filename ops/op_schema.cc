@@ -44,6 +44,15 @@ std::string SbpSignature::ToString() const {
 
 OpSchema& OpSchema::Doc(std::string doc) { doc_ = std::move(doc); return *this; }
 OpSchema& OpSchema::DrawsByGlobalIndex() { draws_by_global_index_ = true; return *this; }
+OpSchema& OpSchema::Workspace(WorkspaceFn fn) {
+  workspace_ = std::move(fn);
+  return *this;
+}
+
+int64_t OpSchema::WorkspaceBytes(const std::vector<TensorMeta>& inputs, const std::vector<TensorMeta>& outputs,
+                                 const AttrMap& attrs, DeviceType device) const {
+  return workspace_ ? std::max<int64_t>(0, workspace_(inputs, outputs, attrs, device)) : 0;
+}
 OpSchema& OpSchema::Input(std::string name) { inputs_.push_back({std::move(name), false, true}); return *this; }
 OpSchema& OpSchema::NonDifferentiableInput(std::string name) {
   inputs_.push_back({std::move(name), false, false});

@@ -55,6 +55,12 @@ using SbpFn = std::function<std::vector<SbpSignature>(const std::vector<TensorMe
                                                       const AttrMap& attrs, int64_t parallel_num)>;
 using GradFn = std::function<void(GradBuilder& builder)>;
 using KernelFn = std::function<absl::Status(KernelContext& ctx)>;
+// Bytes of workspace one kernel call on `device` needs for these local
+// inputs and outputs (0: none). The lowering records it per task and the
+// memory planner places it in the device's arena (KernelContext::workspace).
+using WorkspaceFn = std::function<int64_t(const std::vector<TensorMeta>& inputs,
+                                          const std::vector<TensorMeta>& outputs, const AttrMap& attrs,
+                                          DeviceType device)>;
 
 struct OpExample {
   std::vector<TensorMeta> inputs;
@@ -83,6 +89,9 @@ class OpSchema {
   // (TensorRef.micro_batch_stride), so the draws do not depend on how the
   // batch is cut.
   OpSchema& DrawsByGlobalIndex();
+  // The kernels use KernelContext::workspace (sized by `fn`) when it is
+  // defined, and allocate what they need themselves when it is not.
+  OpSchema& Workspace(WorkspaceFn fn);
 
   const std::string& name() const { return name_; }
   const std::string& doc() const { return doc_; }
@@ -94,6 +103,9 @@ class OpSchema {
   const OpExample& example() const { return example_; }
   bool has_sbp() const { return static_cast<bool>(sbp_); }
   bool draws_by_global_index() const { return draws_by_global_index_; }
+  // 0 when the op declares no workspace (or needs none for these).
+  int64_t WorkspaceBytes(const std::vector<TensorMeta>& inputs, const std::vector<TensorMeta>& outputs,
+                         const AttrMap& attrs, DeviceType device) const;
   // Kernel for a device type, or null.
   const KernelFn* FindKernel(DeviceType device) const;
   std::vector<DeviceType> KernelDevices() const;
@@ -132,6 +144,7 @@ class OpSchema {
   std::map<DeviceType, KernelFn> kernels_;
   OpExample example_;
   bool draws_by_global_index_ = false;
+  WorkspaceFn workspace_;
 };
 
 // "x: f32(2, 3), w: f32(4, 5)" — for error messages.

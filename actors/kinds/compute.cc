@@ -17,6 +17,10 @@
 // next acts whenever the act condition holds again: its quotas bound how
 // many are in flight.
 //
+// A task with Task.scratch_bytes gives its kernel that workspace
+// (KernelContext::workspace): the plan's bytes in the arena (scratch_offset),
+// or its own allocated once.
+//
 // States:  running --(act | launch, retire)--> running
 //          running --(every input Eord'ed and drained, no act in flight)-->
 //                  Eord sent --(every register acked)--> done
@@ -34,8 +38,19 @@ class ComputeActor final : public Actor {
   using Actor::Actor;
   absl::Status InitKind() {
     taken_.resize(produced_.size());
-    return runner_.Init(task_, *env_.registry, DescIds(task_.consumed_register_desc_ids()),
-                        DescIds(task_.produced_register_desc_ids()));
+    RETURN_IF_ERROR(runner_.Init(task_, *env_.registry, DescIds(task_.consumed_register_desc_ids()),
+                                 DescIds(task_.produced_register_desc_ids())));
+    if (task_.scratch_bytes() <= 0 || !runner_.has_op()) return absl::OkStatus();
+    // The kernel's workspace: the plan's, in the arena; else allocated here, once.
+    Tensor workspace;
+    if (env_.arena != nullptr) workspace = env_.arena->Scratch(id());
+    if (!workspace.defined()) {
+      ASSIGN_OR_RETURN(workspace, Tensor::Empty(Shape{(task_.scratch_bytes() + 3) / 4}, DType::kF32,
+                                                DecodeActorId(id()).device()));
+    }
+    runner_.set_workspace(std::move(workspace));
+    uses_workspace_ = true;
+    return absl::OkStatus();
   }
 
  private:
@@ -51,7 +66,11 @@ class ComputeActor final : public Actor {
         if (r.where == OpRunner::Where::kConsumed) return FrontTensors(consumed_[static_cast<size_t>(r.slot)])[static_cast<size_t>(r.tensor)];
         return produced_[static_cast<size_t>(r.slot)].registers->registers[static_cast<size_t>(taken_[static_cast<size_t>(r.slot)])][static_cast<size_t>(r.tensor)];
       };
-      RETURN_IF_ERROR(runner_.Run(task_, lookup, act_count_, env_.start_iteration, env_.pool, DecodeActorId(id()).device()));
+      ClaimWorkspace();
+      const absl::Status ran =
+          runner_.Run(task_, lookup, act_count_, env_.start_iteration, env_.pool, DecodeActorId(id()).device());
+      ReleaseWorkspace();
+      RETURN_IF_ERROR(ran);
     }
     // Inputs go back first: they are read, and the arena monitor
     // (actors/arena.h) must see them free before a reader of the outputs
@@ -79,12 +98,14 @@ class ComputeActor final : public Actor {
       }
       return produced_[slot].registers->registers[static_cast<size_t>(produced[slot])][static_cast<size_t>(r.tensor)];
     };
+    ClaimWorkspace();
     const absl::Status launched = runner_.Launch(task_, lookup, act_count_, env_.start_iteration, env_.pool,
                                                  DecodeActorId(id()).device(), *env_.stream);
     // A launch that failed before enqueuing (its slices) still goes through
     // the stream, so the error surfaces in order.
     if (!launched.ok()) env_.stream->Enqueue([launched] { return launched; });
     Defer([this, consumed = std::move(consumed), produced = std::move(produced)] {
+      ReleaseWorkspace();
       // As AckAll: every input back to the arena monitor before any ack.
       if (env_.arena != nullptr) {
         for (size_t i = 0; i < consumed_.size(); ++i) env_.arena->Release(consumed_[i].desc_id, consumed[i]);
@@ -100,7 +121,19 @@ class ComputeActor final : public Actor {
 
   bool ShouldEnd() const override { return acts_in_flight() == 0 && Actor::ShouldEnd(); }
 
+  // The arena monitor sees the workspace in use while any act is in flight
+  // (the acts on one stream run one after another, so they share it); the
+  // memory planner keeps it apart from everything live over those acts.
+  void ClaimWorkspace() {
+    if (uses_workspace_ && env_.arena != nullptr && workspace_users_++ == 0) env_.arena->ClaimScratch(id());
+  }
+  void ReleaseWorkspace() {
+    if (uses_workspace_ && env_.arena != nullptr && --workspace_users_ == 0) env_.arena->ReleaseScratch(id());
+  }
+
   OpRunner runner_;
+  bool uses_workspace_ = false;
+  int64_t workspace_users_ = 0;  // acts holding the workspace (actor thread only)
   std::vector<int32_t> taken_;  // per produced desc: the register this act writes
 };
 

@@ -36,6 +36,8 @@ class OpRunner {
                     const std::vector<int64_t>& produced_ids);
 
   bool has_op() const { return schema_ != nullptr; }
+  // The kernel's workspace for every act (KernelContext::workspace).
+  void set_workspace(Tensor workspace) { ctx_.workspace = std::move(workspace); }
 
   // Runs the op for act `act` of `task`; `lookup(ref)` gives the tensor each
   // ref names for this act. The kernel step is act / acts_per_step, the

@@ -102,7 +102,7 @@ class ProtocolModel {
   // iteration (one per register written: micro-batches under accumulation).
   struct Block {
     int desc = 0;   // index into plan.register_descs (-1: a scratch block)
-    int task = -1;  // a collective's scratch: index into plan.tasks
+    int task = -1;  // a collective's scratch or a compute's workspace: index into plan.tasks
     DeviceKey device;
     size_t local = 0;                            // index among its device's blocks (plan order)
     int64_t bytes = 0;                           // register_num x stride
@@ -113,7 +113,7 @@ class ProtocolModel {
   // Fills blocks' events (the model must be supported).
   void Events(std::vector<Block>& blocks) const {
     for (Block& b : blocks) {
-      if (b.task >= 0) {  // a collective's scratch: in use during each of its acts
+      if (b.task >= 0) {  // a collective's scratch, a compute's workspace: in use during each of its acts
         const Task& t = tasks_[static_cast<size_t>(b.task)];
         b.uses = t.acts;
         b.writes.clear();
@@ -639,7 +639,10 @@ absl::StatusOr<std::vector<ProtocolModel::Block>> Blocks(const proto::Plan& plan
   }
   for (int i = 0; i < plan.tasks_size(); ++i) {
     const proto::Task& task = plan.tasks(i);
-    if (task.kind() != proto::ACTOR_KIND_COLLECTIVE || task.scratch_bytes() <= 0) continue;
+    if ((task.kind() != proto::ACTOR_KIND_COLLECTIVE && task.kind() != proto::ACTOR_KIND_COMPUTE) ||
+        task.scratch_bytes() <= 0) {
+      continue;
+    }
     if (planned_only && !task.has_scratch_offset()) continue;
     ProtocolModel::Block b;
     b.desc = -1;
@@ -716,6 +719,7 @@ absl::StatusOr<MemoryPlanResult> PlanMemory(proto::Plan& plan) {
   plan.clear_arenas();
   for (auto& task : *plan.mutable_tasks()) {
     task.clear_scratch_offset();
+    if (task.kind() == proto::ACTOR_KIND_COMPUTE) continue;  // its kernel's workspace, from the lowering
     std::optional<BoxingRoutine> routine;
     if (task.kind() == proto::ACTOR_KIND_COLLECTIVE) routine = RoutineOf(task);
     task.set_scratch_bytes(routine ? routine->ScratchBytes() : 0);
@@ -845,8 +849,10 @@ absl::Status CheckArenaBounds(const proto::Plan& plan) {
   for (const auto& task : plan.tasks()) {
     if (!task.has_scratch_offset() && task.scratch_bytes() == 0) continue;
     const auto where = [&] { return StrCat("task '", task.name(), "' (", ActorIdToString(task.actor_id()), ")"); };
-    if (task.kind() != proto::ACTOR_KIND_COLLECTIVE && (task.scratch_bytes() != 0 || task.has_scratch_offset())) {
-      return absl::InvalidArgumentError(StrCat(where(), " has scratch, but only collectives have any"));
+    if (task.kind() != proto::ACTOR_KIND_COLLECTIVE && task.kind() != proto::ACTOR_KIND_COMPUTE &&
+        (task.scratch_bytes() != 0 || task.has_scratch_offset())) {
+      return absl::InvalidArgumentError(
+          StrCat(where(), " has scratch, but only collectives and computes (their kernels' workspace) have any"));
     }
     if (task.scratch_bytes() < 0 || task.scratch_bytes() > kMaxTensorBytes) {
       return absl::InvalidArgumentError(StrCat(where(), " has ", task.scratch_bytes(), " bytes of scratch"));

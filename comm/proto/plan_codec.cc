@@ -342,14 +342,16 @@ absl::StatusOr<std::vector<proto::DeviceMemory>> EstimateMemory(const proto::Pla
       m.set_unplanned(field);
     }
   }
-  // Collectives' scratch; each split input's host batches (train/feeds.h):
+  // Collectives' scratch and kernels' workspace; each split input's host
+  // batches (train/feeds.h):
   // its logical bytes per register its sources may hold, on the device of
   // its first source.
   std::map<std::pair<uint32_t, std::string>, std::pair<uint64_t, int64_t>> feeds;  // (node, input) -> (task, bytes)
   std::unordered_map<int64_t, const proto::RegisterDesc*> desc_of;
   for (const auto& desc : plan.register_descs()) desc_of[desc.id()] = &desc;
   for (const auto& task : plan.tasks()) {
-    if (task.kind() == proto::ACTOR_KIND_COLLECTIVE && task.scratch_bytes() > 0) {
+    if ((task.kind() == proto::ACTOR_KIND_COLLECTIVE || task.kind() == proto::ACTOR_KIND_COMPUTE) &&
+        task.scratch_bytes() > 0) {
       proto::DeviceMemory& m = entry(task.actor_id());
       int64_t field = m.boxing_scratch();
       RETURN_IF_ERROR(add(field, task.scratch_bytes(), task.actor_id()));

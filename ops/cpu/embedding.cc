@@ -11,6 +11,9 @@
 #include "ops/cpu/cpu_util.h"
 
 namespace tessera::ops::cpu {
+
+// int64 words of embedding_grad's workspace (ops/embedding.cc).
+int64_t EmbeddingGradWorkspaceWords(int64_t rows, int64_t ids);
 namespace {
 
 // Every id must name a row of the logical weight, whichever rows this shard
@@ -70,26 +73,38 @@ absl::Status EmbeddingGrad(KernelContext& ctx) {
   float* dweight = ctx.output(0).data<float>();  // (V, C)
   RETURN_IF_ERROR(CheckIds(ids, N, vocab));
 
-  // Row r's occurrences are order[first[r] .. first[r + 1]).
-  std::vector<int64_t> first(static_cast<size_t>(V + 1), 0);  // (V + 1)
-  for (int64_t n = 0; n < N; ++n) {
-    const int64_t row = static_cast<int64_t>(ids[n]) - row_begin;
-    if (row >= 0 && row < V) ++first[static_cast<size_t>(row + 1)];
+  // Row r's occurrences are order[first[r] .. first[r + 1]); next[r] is
+  // row r's fill cursor. In the workspace when the runtime gave one
+  // (EmbeddingGradWorkspaceWords), else allocated here.
+  std::vector<int64_t> own;
+  int64_t* first = nullptr;
+  const int64_t words = EmbeddingGradWorkspaceWords(V, N);
+  if (ctx.workspace.defined() && static_cast<int64_t>(ctx.workspace.NumBytes()) >= words * 8) {
+    first = static_cast<int64_t*>(ctx.workspace.raw_data());
+  } else {
+    own.resize(static_cast<size_t>(words));
+    first = own.data();
   }
-  for (int64_t r = 0; r < V; ++r) first[static_cast<size_t>(r + 1)] += first[static_cast<size_t>(r)];
-  std::vector<int64_t> order(static_cast<size_t>(first[static_cast<size_t>(V)]));  // (occurrences held here)
-  std::vector<int64_t> next(first.begin(), first.end() - 1);                       // (V) fill cursor per row
+  int64_t* next = first + V + 1;  // (V)
+  int64_t* order = next + V;      // (up to N: the occurrences held here)
+  std::fill(first, first + V + 1, int64_t{0});
   for (int64_t n = 0; n < N; ++n) {
     const int64_t row = static_cast<int64_t>(ids[n]) - row_begin;
-    if (row >= 0 && row < V) order[static_cast<size_t>(next[static_cast<size_t>(row)]++)] = n;
+    if (row >= 0 && row < V) ++first[row + 1];
+  }
+  for (int64_t r = 0; r < V; ++r) first[r + 1] += first[r];
+  std::copy(first, first + V, next);
+  for (int64_t n = 0; n < N; ++n) {
+    const int64_t row = static_cast<int64_t>(ids[n]) - row_begin;
+    if (row >= 0 && row < V) order[next[row]++] = n;
   }
 
   ParallelFor(ctx, V, RowGrain(C), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       float* out = dweight + r * C;
       std::fill(out, out + C, 0.0f);
-      for (int64_t k = first[static_cast<size_t>(r)]; k < first[static_cast<size_t>(r + 1)]; ++k) {
-        const float* src = dy + order[static_cast<size_t>(k)] * C;
+      for (int64_t k = first[r]; k < first[r + 1]; ++k) {
+        const float* src = dy + order[k] * C;
         for (int64_t c = 0; c < C; ++c) out[c] += src[c];
       }
     }
@@ -98,6 +113,8 @@ absl::Status EmbeddingGrad(KernelContext& ctx) {
 }
 
 }  // namespace
+
+int64_t EmbeddingGradWorkspaceWords(int64_t rows, int64_t ids) { return 2 * rows + 1 + ids; }
 
 absl::Status EmbeddingKernel(KernelContext& ctx) {
   return ctx.input(1).dtype() == DType::kI32 ? Embedding<int32_t>(ctx) : Embedding<int64_t>(ctx);

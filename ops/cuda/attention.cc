@@ -20,6 +20,12 @@ absl::StatusOr<AttentionShape> Prepare(KernelContext& ctx, bool masked, const ch
   return shape;
 }
 
+// The context's workspace as `n` floats, or null when it has none that big.
+float* WorkspaceFloats(const KernelContext& ctx, int64_t n) {
+  if (!ctx.workspace.defined() || static_cast<int64_t>(ctx.workspace.NumBytes()) < n * 4) return nullptr;
+  return static_cast<float*>(ctx.workspace.raw_data());
+}
+
 }  // namespace
 
 absl::Status FlashAttentionKernel(KernelContext& ctx) {
@@ -34,7 +40,8 @@ absl::Status FlashAttentionGradKernel(KernelContext& ctx) {
   return Done(LaunchFlashAttentionGrad(
                   ctx.input(0).data<float>(), ctx.input(1).data<float>(), ctx.input(2).data<float>(),
                   ctx.input(3).data<float>(), ctx.input(4).data<float>(), ctx.input(5).data<float>(),
-                  ctx.output(0).data<float>(), ctx.output(1).data<float>(), ctx.output(2).data<float>(), shape),
+                  ctx.output(0).data<float>(), ctx.output(1).data<float>(), ctx.output(2).data<float>(),
+                  WorkspaceFloats(ctx, shape.batch * shape.heads * shape.queries), shape),
               "flash_attention_grad");
 }
 

@@ -4,7 +4,7 @@
 //     j scores key j of the tile, the warp keeps the running max and sum
 //     (online softmax) and accumulates p · v with lane d holding output
 //     dims d, d + 32, ... (head dim <= 128: four per lane).
-//   backward 1: a query row: delta = Σ dy ⊙ y (kept in a temporary), then
+//   backward 1: a query row: delta = Σ dy ⊙ y (kept in the workspace), then
 //     dq = scale Σ_s P (dy · v_s Z - delta) k_s over the key tiles.
 //   backward 2: a key row: over tiles of kTile queries (q, dy, lse, delta in
 //     shared memory), dv = Σ_t P Z dy_t and dk = scale Σ_t P (dy_t · v Z -
@@ -278,7 +278,8 @@ int LaunchFlashAttention(const float* q, const float* k, const float* v, float* 
 }
 
 int LaunchFlashAttentionGrad(const float* q, const float* k, const float* v, const float* y, const float* lse,
-                             const float* dy, float* dq, float* dk, float* dv, const AttentionShape& shape) {
+                             const float* dy, float* dq, float* dk, float* dv, float* delta,
+                             const AttentionShape& shape) {
   const int64_t BH = shape.batch * shape.heads;
   const cudaStream_t stream = CurrentStream();
   if (BH * shape.keys > 0 && shape.queries == 0) {  // no query: dk, dv are zero
@@ -288,10 +289,12 @@ int LaunchFlashAttentionGrad(const float* q, const float* k, const float* v, con
     return Finish();
   }
   if (BH * shape.queries == 0) return 0;
-  float* delta = nullptr;
-  cudaError_t err = cudaMallocAsync(reinterpret_cast<void**>(&delta),
-                                    static_cast<size_t>(BH * shape.queries) * sizeof(float), stream);
-  if (err != cudaSuccess) return static_cast<int>(err);
+  const bool own = delta == nullptr;
+  if (own) {
+    const cudaError_t err = cudaMallocAsync(reinterpret_cast<void**>(&delta),
+                                            static_cast<size_t>(BH * shape.queries) * sizeof(float), stream);
+    if (err != cudaSuccess) return static_cast<int>(err);
+  }
   const int64_t query_blocks = (shape.queries + kWarps - 1) / kWarps;
   FlashBackwardQueries<<<static_cast<unsigned>(BH * query_blocks), kWarps * 32, TileBytes(shape.head_dim), stream>>>(
       q, k, v, y, lse, dy, dq, delta, shape, query_blocks);
@@ -300,8 +303,8 @@ int LaunchFlashAttentionGrad(const float* q, const float* k, const float* v, con
     FlashBackwardKeys<<<static_cast<unsigned>(BH * key_blocks), kWarps * 32, TileBytes(shape.head_dim), stream>>>(
         q, k, v, lse, dy, delta, dk, dv, shape, key_blocks);
   }
-  err = cudaGetLastError();
-  cudaFreeAsync(delta, stream);
+  const cudaError_t err = cudaGetLastError();
+  if (own) cudaFreeAsync(delta, stream);
   if (err != cudaSuccess) return static_cast<int>(err);
   return Finish();
 }

@@ -105,15 +105,17 @@ int LaunchSparseCrossEntropyGrad(const float* logits, const int64_t* labels, con
 
 // Fused attention (ops/attention.cc) on contiguous q (B, H, T, D), k, v
 // (B, H, S, D): y and lse (B, H, T) forward; dq, dk, dv backward from the
-// saved lse (a stream-ordered temporary of B·H·T floats holds Σ dy ⊙ y).
+// saved lse (B·H·T floats of workspace hold Σ dy ⊙ y).
 // One warp per query (forward, dq) or key (dk, dv) row, key or query tiles
 // of 32 rows in shared memory; every sum has one order (no atomics). Head
 // dims up to kMaxAttentionHeadDim (the host side refuses more).
 inline constexpr int64_t kMaxAttentionHeadDim = 128;
 int LaunchFlashAttention(const float* q, const float* k, const float* v, float* y, float* lse,
                          const AttentionShape& shape);
+// `delta`: B·H·T floats of workspace, or null (a stream-ordered temporary).
 int LaunchFlashAttentionGrad(const float* q, const float* k, const float* v, const float* y, const float* lse,
-                             const float* dy, float* dq, float* dk, float* dv, const AttentionShape& shape);
+                             const float* dy, float* dq, float* dk, float* dv, float* delta,
+                             const AttentionShape& shape);
 
 // dst[dst_base + Σ c_d dst_strides[d]] = src[src_base + Σ c_d src_strides[d]]
 // for every coordinate c of `dims` (in elements of `elem` bytes: 1, 2, 4 or

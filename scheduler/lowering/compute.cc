@@ -1,5 +1,6 @@
 // The compute step: a Compute per rank for each op that reads something and
-// updates no variable.
+// updates no variable (with its kernel's workspace, Task.scratch_bytes, when
+// the op declares one).
 
 #include "scheduler/lowering/lowering.h"
 
@@ -26,6 +27,16 @@ absl::Status Lowering::LowerCompute(const Node& node) {
     for (size_t k = 0; k < node.outputs.size(); ++k) {
       ASSIGN_OR_RETURN(TensorMeta meta, LocalMeta(node.outputs[k], layout.outputs[k], i));
       metas.push_back(meta);
+    }
+    if (schema != nullptr) {  // the kernel's workspace, planned into the arena with the registers
+      std::vector<TensorMeta> input_metas;
+      for (size_t k = 0; k < node.inputs.size(); ++k) {
+        ASSIGN_OR_RETURN(TensorMeta meta, LocalMeta(node.inputs[k], layout.inputs[k], i));
+        input_metas.push_back(meta);
+      }
+      const int64_t workspace =
+          schema->WorkspaceBytes(input_metas, metas, node.attrs, options_.parallel.device_type);
+      if (workspace > 0) builder_.task(task).set_scratch_bytes(workspace);
     }
     ASSIGN_OR_RETURN(const int64_t desc, NewDesc(task, Quota(node.outputs, stage, options_.default_quota), metas));
     for (size_t k = 0; k < node.outputs.size(); ++k) {

@@ -3,9 +3,11 @@
 // arena offsets (they arrive from the network).
 
 #include "comm/proto/memory_plan.h"
+#include "comm/proto/plan_codec.h"
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -79,6 +81,41 @@ RuntimeOptions ChainOptions(std::vector<float>* seen) {
   return options;
 }
 
+// Trains the loop plan `p` with the arena checked (the monitor stops the run
+// at the first bytes two uses hold at once); returns w trained.
+absl::StatusOr<std::vector<float>> TrainLoop(const proto::Plan& p) {
+  RuntimeOptions options;
+  options.check_arena = true;
+  options.check_memory_plan = true;
+  std::vector<float> w;
+  options.callbacks.sources["x"] = [](int64_t piece, const std::vector<Tensor>& out) {
+    for (int64_t i = 0; i < out[0].NumElements(); ++i)
+      out[0].data<float>()[i] = 0.01f * static_cast<float>(piece + i);
+    return absl::OkStatus();
+  };
+  options.callbacks.sinks["watch"] = [](int64_t, const std::vector<Tensor>&) { return absl::OkStatus(); };
+  options.callbacks.initializers["w"] = [](const std::vector<Tensor>& t) {
+    for (int64_t i = 0; i < t[0].NumElements(); ++i) t[0].data<float>()[i] = 0.5f;
+    t[2].data<float>()[0] = 0.1f;
+    return absl::OkStatus();
+  };
+  options.callbacks.finalizers["w"] = [&w](const std::vector<Tensor>& t) {
+    w = t[0].ToVector<float>();
+    return absl::OkStatus();
+  };
+  ASSIGN_OR_RETURN(auto runtime, Runtime::Load(p, std::move(options)));
+  RETURN_IF_ERROR(runtime->Run());
+  if (runtime->stats().arenas.size() != static_cast<size_t>(p.arenas_size())) {
+    return absl::InternalError("arena uses do not match the plan's arenas");
+  }
+  for (const ArenaMonitor::Use& use : runtime->stats().arenas) {
+    if (use.peak_bytes <= 0 || use.peak_bytes > use.arena_bytes) {
+      return absl::InternalError(StrCat("live peak ", use.peak_bytes, " of an arena of ", use.arena_bytes));
+    }
+  }
+  return w;
+}
+
 TEST(MemoryPlan, ATrainingStepSharesWhatTheUpdateKeepsApart) {
   testing::TrainingLoop t;
   const proto::Plan plan = LoopPlan(&t);
@@ -101,44 +138,12 @@ TEST(MemoryPlan, ATrainingStepSharesWhatTheUpdateKeepsApart) {
   EXPECT_EQ(plan.memory_estimate(0).optimizer_state(), 64 + 4);
 
   // It trains with the arena checked, and gives what the unshared plan gives.
-  const auto train = [](proto::Plan p) -> absl::StatusOr<std::vector<float>> {
-    RuntimeOptions options;
-    options.check_arena = true;
-    options.check_memory_plan = true;
-    std::vector<float> w;
-    options.callbacks.sources["x"] = [](int64_t piece, const std::vector<Tensor>& out) {
-      for (int64_t i = 0; i < out[0].NumElements(); ++i)
-        out[0].data<float>()[i] = 0.01f * static_cast<float>(piece + i);
-      return absl::OkStatus();
-    };
-    options.callbacks.sinks["watch"] = [](int64_t, const std::vector<Tensor>&) { return absl::OkStatus(); };
-    options.callbacks.initializers["w"] = [](const std::vector<Tensor>& t) {
-      for (int64_t i = 0; i < t[0].NumElements(); ++i) t[0].data<float>()[i] = 0.5f;
-      t[2].data<float>()[0] = 0.1f;
-      return absl::OkStatus();
-    };
-    options.callbacks.finalizers["w"] = [&w](const std::vector<Tensor>& t) {
-      w = t[0].ToVector<float>();
-      return absl::OkStatus();
-    };
-    ASSIGN_OR_RETURN(auto runtime, Runtime::Load(p, std::move(options)));
-    RETURN_IF_ERROR(runtime->Run());
-    if (runtime->stats().arenas.size() != static_cast<size_t>(p.arenas_size())) {
-      return absl::InternalError("arena uses do not match the plan's arenas");
-    }
-    for (const ArenaMonitor::Use& use : runtime->stats().arenas) {
-      if (use.peak_bytes <= 0 || use.peak_bytes > use.arena_bytes) {
-        return absl::InternalError(StrCat("live peak ", use.peak_bytes, " of an arena of ", use.arena_bytes));
-      }
-    }
-    return w;
-  };
-  auto shared = train(plan);
+  auto shared = TrainLoop(plan);
   ASSERT_TRUE(shared.ok()) << shared.status();
   proto::Plan unshared = plan;
   for (auto& desc : *unshared.mutable_register_descs()) desc.clear_arena_offset();
   unshared.clear_arenas();
-  auto own = train(unshared);
+  auto own = TrainLoop(unshared);
   ASSERT_TRUE(own.ok()) << own.status();
   EXPECT_EQ(*shared, *own);
   EXPECT_NE(own->at(0), 0.5f);  // it trained
@@ -273,6 +278,53 @@ TEST(MemoryPlan, AsynchronousComputeActsShareWhatSynchronousOnesShare) {
   EXPECT_EQ(Desc(async, t.d1).arena_offset(), Desc(async, t.d3).arena_offset());
 }
 
+// A compute's kernel workspace (Task.scratch_bytes, from OpSchema::Workspace)
+// lies in the arena, apart from the registers its own acts read and write;
+// the runs, synchronous and asynchronous, keep it apart (the monitor claims
+// it while an act is in flight) and train as the plan without it.
+TEST(MemoryPlan, ComputeWorkspaceLiesInTheArenaApartFromItsActsRegisters) {
+  testing::TrainingLoop t;
+  const proto::Plan plain = LoopPlan(&t);
+  for (const bool async : {false, true}) {
+    SCOPED_TRACE(async ? "asynchronous acts" : "synchronous acts");
+    proto::Plan plan = plain;
+    for (auto& task : *plan.mutable_tasks()) {
+      if (task.kind() != ACTOR_KIND_COMPUTE) continue;
+      task.set_scratch_bytes(100);
+      task.set_async_acts(async);
+    }
+    ASSERT_TRUE(comm::PlanMemory(plan).ok());
+    ASSERT_TRUE(comm::CheckMemoryPlan(plan).ok());
+    ASSERT_EQ(plan.arenas_size(), 1);
+    EXPECT_GT(plan.arenas(0).bytes(), plain.arenas(0).bytes());
+    auto estimate = comm::EstimateMemory(plan);
+    ASSERT_TRUE(estimate.ok()) << estimate.status();
+    ASSERT_EQ(estimate->size(), 1u);
+    EXPECT_EQ((*estimate)[0].boxing_scratch(), 3 * 100);  // the scratch column: c1, c2, c3's workspace
+    for (const auto& task : plan.tasks()) {
+      if (task.kind() != ACTOR_KIND_COMPUTE) continue;
+      SCOPED_TRACE(task.name());
+      ASSERT_TRUE(task.has_scratch_offset());
+      EXPECT_EQ(task.scratch_offset() % comm::kArenaAlignment, 0);
+      EXPECT_LE(task.scratch_offset() + 128, plan.arenas(0).bytes());
+      std::vector<int64_t> touched(task.consumed_register_desc_ids().begin(), task.consumed_register_desc_ids().end());
+      touched.insert(touched.end(), task.produced_register_desc_ids().begin(), task.produced_register_desc_ids().end());
+      for (const int64_t id : touched) {
+        const proto::RegisterDesc& desc = Desc(plan, id);
+        if (!desc.has_arena_offset()) continue;
+        const bool apart = desc.arena_offset() + desc.bytes_per_register() * desc.register_num() <= task.scratch_offset() ||
+                           task.scratch_offset() + 128 <= desc.arena_offset();
+        EXPECT_TRUE(apart) << "desc " << id;
+      }
+    }
+    auto trained = TrainLoop(plan);
+    ASSERT_TRUE(trained.ok()) << trained.status();
+    auto without = TrainLoop(plain);
+    ASSERT_TRUE(without.ok()) << without.status();
+    EXPECT_EQ(*trained, *without);
+  }
+}
+
 // Offsets come from the network: out of the arena, misaligned, on a desc
 // that lives across iterations, without an arena: refused at load, naming
 // the desc.
@@ -309,12 +361,24 @@ TEST(MemoryPlan, BadOffsetsAreRefusedAtLoad) {
   proto::Plan negative = good;
   negative.mutable_arenas(0)->set_bytes(-1);
   EXPECT_NE(load_error(negative).find("-1 bytes"), std::string::npos);
-  proto::Plan scratch = good;
-  for (auto& task : *scratch.mutable_tasks()) {
-    if (task.actor_id() == t.c1) task.set_scratch_bytes(64);
-  }
-  EXPECT_NE(load_error(scratch).find("task 'c1'"), std::string::npos);
-  EXPECT_NE(load_error(scratch).find("has scratch, but only collectives have any"), std::string::npos);
+  const auto with_scratch = [&](uint64_t task_id, int64_t bytes, std::optional<int64_t> offset) {
+    proto::Plan plan = good;
+    for (auto& task : *plan.mutable_tasks()) {
+      if (task.actor_id() != task_id) continue;
+      task.set_scratch_bytes(bytes);
+      if (offset) task.set_scratch_offset(*offset);
+    }
+    return plan;
+  };
+  const std::string source_scratch = load_error(with_scratch(t.src, 64, std::nullopt));
+  EXPECT_NE(source_scratch.find("task 'x'"), std::string::npos) << source_scratch;
+  EXPECT_NE(source_scratch.find("has scratch, but only collectives and computes"), std::string::npos) << source_scratch;
+  // A compute's kernel workspace: its own bytes without an offset; in the
+  // arena only within it.
+  EXPECT_EQ(load_error(with_scratch(t.c1, 64, std::nullopt)), "");
+  const std::string outside = load_error(with_scratch(t.c1, 64, 1 << 20));
+  EXPECT_NE(outside.find("task 'c1'"), std::string::npos) << outside;
+  EXPECT_NE(outside.find("takes scratch bytes"), std::string::npos) << outside;
   EXPECT_EQ(load_error(good), "");
 }
 

@@ -203,6 +203,38 @@ TEST(Models, MlpIsRegisteredAndDataIsSeeded) {
   EXPECT_NE(std::string(unseeded.status().message()).find("derives from 'train.seed'"), std::string::npos);
 }
 
+// A kernel's workspace (OpSchema::Workspace) is planned into the arena:
+// gpt2_nano's embedding gradients get the CPU kernel's counting-sort arrays
+// (2 V + 1 + N int64 words) there, once per task; on GPUs that kernel asks
+// for none.
+TEST(KernelWorkspace, EmbeddingGradientsGetTheirSortArraysFromTheArena) {
+  for (const std::string device : {"cpu", "cuda"}) {
+    SCOPED_TRACE(device);
+    auto job = LoadJobConfig(testing::SourcePath("configs/gpt2_nano.json"), {"train.dist.device_type=" + device});
+    ASSERT_TRUE(job.ok()) << job.status();
+    auto plan = TrainingPlan(*job);
+#ifndef TESSERA_WITH_CUDA
+    if (device == "cuda") continue;  // refused: no CUDA kernels in this build
+#endif
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    int found = 0;
+    for (const auto& task : plan->tasks()) {
+      if (task.op() != "embedding_grad") continue;
+      ++found;
+      if (device == "cuda") {
+        EXPECT_EQ(task.scratch_bytes(), 0) << task.name();
+        continue;
+      }
+      // wte: V 256, N 16 x 32 ids; wpe: V 32, N 32 positions (one sequence's).
+      const bool wte = task.name().find("wte") != std::string::npos;
+      const int64_t rows = wte ? 256 : 32, ids = wte ? 16 * 32 : 32;
+      EXPECT_EQ(task.scratch_bytes(), 8 * (2 * rows + 1 + ids)) << task.name();
+      EXPECT_TRUE(task.has_scratch_offset()) << task.name();
+    }
+    EXPECT_EQ(found, 2);
+  }
+}
+
 // train.dist.device_type=cuda plans every task on cuda:0, every task that
 // runs kernels acting asynchronously (on the device's CUDA stream); an op without a CUDA kernel
 // and a layout over several GPUs are plan errors naming what is missing.
