@@ -9,8 +9,9 @@
 //     blocks: P = e^(scale · q kᵀ - lse) recomputed, D_t = Σ dy_t ⊙ y_t,
 //     dS = P ⊙ (dy vᵀ ⊙ Z - D); dq += scale · dS k, dv += (P ⊙ Z)ᵀ dy,
 //     dk += scale · dSᵀ q (five GEMMs per tile). Z is the dropout mask
-//     (1 without dropout), drawn again from its Philox counters. A (batch, head) is one piece of work, so
-//     no sum is shared between threads and each has one order.
+//     (1 without dropout), drawn again from its Philox counters. A (batch,
+//     head) is one piece of work, so no sum is shared between threads and
+//     each has one order.
 
 #include "ops/cpu/attention.h"
 
