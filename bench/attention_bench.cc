@@ -40,8 +40,8 @@ namespace {
 
 double Seconds() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
-Device g_device;     // where the tensors and kernels are
-bool g_tsv = false;  // --tsv: one tab-separated line per case
+Device g_device;       // where the tensors and kernels are
+bool g_tsv = false;    // --tsv: one tab-separated line per case
 double g_dropout = 0;  // --dropout RATE: attention dropout on both sides
 
 Tensor Filled(const Shape& shape, uint64_t seed) {
@@ -166,7 +166,8 @@ int main(int argc, char** argv) {
       ++i;
     } else {
       std::fprintf(stderr,
-                   "attention_bench: unknown argument '%s' (usage: attention_bench [--quick] [--tsv] [--dropout RATE] [--device cpu|cuda])\n",
+                   "attention_bench: unknown argument '%s' (usage: attention_bench [--quick] [--tsv] [--dropout RATE] "
+                   "[--device cpu|cuda])\n",
                    argv[i]);
       return 2;
     }
@@ -178,9 +179,10 @@ int main(int argc, char** argv) {
       {"GPT-2 seq 1024 (1,12,1024,64)", 1, 12, 1024, 64},
   };
   if (!tessera::g_tsv) {
-    std::printf("fused (flash_attention) vs unfused ops, causal, attention dropout %g, %s kernels; median ms; ratio "
-                "fused/unfused\n",
-                tessera::g_dropout, gpu ? "cuda:0" : "CPU");
+    std::printf(
+        "fused (flash_attention) vs unfused ops, causal, attention dropout %g, %s kernels; median ms; ratio "
+        "fused/unfused\n",
+        tessera::g_dropout, gpu ? "cuda:0" : "CPU");
   }
   for (const tessera::Case& c : cases) {
     for (int threads : {1, 2}) {

@@ -18,7 +18,6 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <mutex>
 #include <vector>
 
 #include "ops/cpu/cpu_util.h"
@@ -81,27 +80,9 @@ bool KeyVisible(const AttentionShape& a, int64_t b, int64_t t, int64_t s) {
 // [s0, s0 + cols), into `z`.
 void DropoutRow(const AttentionShape& a, int64_t bh, int64_t t, int64_t s0, int64_t cols, float* z) {
   const int64_t b = bh / a.heads, h = bh % a.heads;
-  DropoutMaskRun(a.dropout_seed, a.tensor_id, a.step, a.dropout_rate, static_cast<uint64_t>(a.ProbabilityIndex(b, h, t, s0)),
-                 cols, z);
+  DropoutMaskRun(a.dropout_seed, a.tensor_id, a.step, a.dropout_rate,
+                 static_cast<uint64_t>(a.ProbabilityIndex(b, h, t, s0)), cols, z);
 }
-
-// The first error of several pieces of work.
-class FirstError {
- public:
-  void Note(const absl::Status& status) {
-    if (status.ok()) return;
-    std::lock_guard<std::mutex> lock(mu_);
-    if (status_.ok()) status_ = status;
-  }
-  absl::Status Take() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return status_;
-  }
-
- private:
-  std::mutex mu_;
-  absl::Status status_;
-};
 
 }  // namespace
 

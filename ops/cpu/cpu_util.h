@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <cstdint>
 #include <functional>
+#include <mutex>
 
+#include "absl/status/status.h"
 #include "core/thread_pool.h"
 #include "ops/kernel_context.h"
 
@@ -27,5 +29,23 @@ inline void ParallelFor(const KernelContext& ctx, int64_t n, int64_t grain,
 inline int64_t RowGrain(int64_t row_elements) {
   return std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(1, row_elements));
 }
+
+// The first error of the pieces of a ParallelFor (any thread may Note one).
+class FirstError {
+ public:
+  void Note(const absl::Status& status) {
+    if (status.ok()) return;
+    std::lock_guard<std::mutex> lock(mu_);
+    if (status_.ok()) status_ = status;
+  }
+  absl::Status Take() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return status_;
+  }
+
+ private:
+  std::mutex mu_;
+  absl::Status status_;
+};
 
 }  // namespace tessera::ops::cpu

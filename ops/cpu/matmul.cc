@@ -29,7 +29,6 @@
 #include <algorithm>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <tuple>
 #include <vector>
@@ -326,8 +325,7 @@ absl::Status RunGemm(const KernelContext& ctx, const GemmArgs& g) {
   const int64_t pieces = whole_items ? 1 : chunks;
   const Grid grid = ChooseGrid(g.m, g.n, pieces);
   const int64_t units = g.batch * pieces;
-  std::mutex error_mu;
-  absl::Status error;
+  FirstError error;
   ParallelFor(ctx, units, (units + chunks - 1) / chunks, [&](int64_t begin, int64_t end) {
     // oneDNN threads with OpenMP up to this thread's OpenMP count, which
     // defaults to the core count: keep each call on this thread.
@@ -341,15 +339,11 @@ absl::Status RunGemm(const KernelContext& ctx, const GemmArgs& g) {
       absl::Status status =
           RunPiece(g, item, row_block * g.m / grid.row_blocks, (row_block + 1) * g.m / grid.row_blocks,
                    col_block * g.n / grid.col_blocks, (col_block + run) * g.n / grid.col_blocks);
-      if (!status.ok()) {
-        std::lock_guard<std::mutex> lock(error_mu);
-        if (error.ok()) error = std::move(status);
-        return;
-      }
+      if (!status.ok()) return error.Note(status);
       unit += run;
     }
   });
-  return error;
+  return error.Take();
 }
 
 bool CpuHasBf16Gemm() {

@@ -50,9 +50,9 @@ __device__ float Keep(const AttentionShape& a, int64_t b, int64_t h, int64_t t, 
   if (a.dropout_rate <= 0.0f) return 1.0f;
   const auto g = static_cast<uint64_t>(a.ProbabilityIndex(b, h, t, s));
   const uint64_t block = g / 4;
-  const PhiloxKey key{static_cast<uint32_t>(a.dropout_seed), static_cast<uint32_t>(a.dropout_seed >> 32)};  // MakePhiloxKey's
-  const auto w = Philox4x32(key, static_cast<uint32_t>(block),
-                            static_cast<uint32_t>(block >> 32), a.tensor_id, a.step);
+  const PhiloxKey key{static_cast<uint32_t>(a.dropout_seed),
+                      static_cast<uint32_t>(a.dropout_seed >> 32)};  // MakePhiloxKey's
+  const auto w = Philox4x32(key, static_cast<uint32_t>(block), static_cast<uint32_t>(block >> 32), a.tensor_id, a.step);
   return static_cast<int32_t>(w[g % 4] >> 8) >= a.dropout_threshold ? a.dropout_scale : 0.0f;
 }
 
@@ -70,6 +70,23 @@ __device__ void LoadTile(float* tile, const float* m, int64_t r0, int64_t rows, 
   for (int64_t idx = threadIdx.x; idx < kTile * D; idx += blockDim.x) {
     const int64_t j = idx / D, d = idx % D;
     tile[j * ld + d] = r0 + j < rows ? m[(r0 + j) * D + d] : 0.0f;
+  }
+}
+
+// A lane's share of a D-vector is dims lane, lane + 32, ...: acc[r] holds
+// dim lane + 32 r.
+// acc += c · row (the lane's dims of a shared row).
+__device__ __forceinline__ void AddScaledRow(float (&acc)[kPerLane], float c, const float* row, int lane, int64_t D) {
+  for (int r = 0; r < kPerLane; ++r) {
+    const int64_t d = lane + 32 * r;
+    if (d < D) acc[r] += c * row[d];
+  }
+}
+// dst (a global row) = c · acc.
+__device__ __forceinline__ void StoreRow(float* dst, const float (&acc)[kPerLane], float c, int lane, int64_t D) {
+  for (int r = 0; r < kPerLane; ++r) {
+    const int64_t d = lane + 32 * r;
+    if (d < D) dst[d] = c * acc[r];
   }
 }
 
@@ -116,20 +133,12 @@ __global__ void FlashForward(const float* q, const float* k, const float* v, flo
     for (int r = 0; r < kPerLane; ++r) acc[r] *= correction;
     for (int j = 0; j < kTile; ++j) {
       const float pj = __shfl_sync(0xffffffffu, dropped, j);
-      if (pj == 0.0f) continue;
-      for (int r = 0; r < kPerLane; ++r) {
-        const int64_t d = lane + 32 * r;
-        if (d < D) acc[r] += pj * vs[j * ld + d];
-      }
+      if (pj != 0.0f) AddScaledRow(acc, pj, vs + j * ld, lane, D);
     }
     m = m_new;
   }
   if (!active) return;
-  const float inv = l > 0 ? 1.0f / l : 0.0f;
-  for (int r = 0; r < kPerLane; ++r) {
-    const int64_t d = lane + 32 * r;
-    if (d < D) y[(bh * T + t) * D + d] = acc[r] * inv;
-  }
+  StoreRow(y + (bh * T + t) * D, acc, l > 0 ? 1.0f / l : 0.0f, lane, D);
   if (lane == 0) lse[bh * T + t] = l > 0 ? m + logf(l) : -INFINITY;
 }
 
@@ -179,18 +188,11 @@ __global__ void FlashBackwardQueries(const float* q, const float* k, const float
     }
     for (int j = 0; j < kTile; ++j) {
       const float dsj = __shfl_sync(0xffffffffu, ds, j);
-      if (dsj == 0.0f) continue;
-      for (int r = 0; r < kPerLane; ++r) {
-        const int64_t d = lane + 32 * r;
-        if (d < D) acc[r] += dsj * ks[j * ld + d];
-      }
+      if (dsj != 0.0f) AddScaledRow(acc, dsj, ks + j * ld, lane, D);
     }
   }
   if (!active) return;
-  for (int r = 0; r < kPerLane; ++r) {
-    const int64_t d = lane + 32 * r;
-    if (d < D) dq[(bh * T + t) * D + d] = a.scale * acc[r];
-  }
+  StoreRow(dq + (bh * T + t) * D, acc, a.scale, lane, D);
 }
 
 __global__ void FlashBackwardKeys(const float* q, const float* k, const float* v, const float* lse, const float* dy,
@@ -243,24 +245,13 @@ __global__ void FlashBackwardKeys(const float* q, const float* k, const float* v
     for (int i = 0; i < kTile; ++i) {
       const float pi = __shfl_sync(0xffffffffu, p, i);
       const float dsi = __shfl_sync(0xffffffffu, ds, i);
-      if (pi == 0.0f && dsi == 0.0f) continue;
-      for (int r = 0; r < kPerLane; ++r) {
-        const int64_t d = lane + 32 * r;
-        if (d < D) {
-          dv_acc[r] += pi * dys[i * ld + d];
-          dk_acc[r] += dsi * qs[i * ld + d];
-        }
-      }
+      if (pi != 0.0f) AddScaledRow(dv_acc, pi, dys + i * ld, lane, D);
+      if (dsi != 0.0f) AddScaledRow(dk_acc, dsi, qs + i * ld, lane, D);
     }
   }
   if (!active) return;
-  for (int r = 0; r < kPerLane; ++r) {
-    const int64_t d = lane + 32 * r;
-    if (d < D) {
-      dk[(bh * S + s) * D + d] = a.scale * dk_acc[r];
-      dv[(bh * S + s) * D + d] = dv_acc[r];
-    }
-  }
+  StoreRow(dk + (bh * S + s) * D, dk_acc, a.scale, lane, D);
+  StoreRow(dv + (bh * S + s) * D, dv_acc, 1.0f, lane, D);
 }
 
 size_t TileBytes(int64_t D) { return static_cast<size_t>(2 * kTile * (D + 1) + 2 * kWarps * D + 2 * kTile) * 4; }

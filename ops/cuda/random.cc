@@ -4,9 +4,8 @@
 
 #include "ops/cuda/random.h"
 
-#include <cmath>
-
 #include "core/text.h"
+#include "ops/cpu/random.h"
 #include "ops/cuda/kernel_util.h"
 #include "ops/cuda/launch.h"
 #include "ops/random_runs.h"
@@ -28,8 +27,7 @@ absl::Status DropoutKernel(KernelContext& ctx) {
     runs.outer_local[a] = indexer.outer_local()[static_cast<size_t>(a)];
     runs.outer_strides[a] = indexer.outer_strides()[static_cast<size_t>(a)];
   }
-  // keep = the 24 high bits >= ceil(rate * 2^24), as on the CPU.
-  const int32_t threshold = static_cast<int32_t>(std::ceil(rate * 16777216.0));
+  const int32_t threshold = cpu::DropoutThreshold(rate);  // as on the CPU
   const float scale = rate == 0.0 ? 1.0f : static_cast<float>(1.0 / (1.0 - rate));
   return Done(
       LaunchDropout(ctx.input(0).data<float>(), ctx.output(0).data<float>(), ctx.input(0).NumElements(),

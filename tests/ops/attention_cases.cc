@@ -47,8 +47,8 @@ std::vector<double> DropoutMultipliers(const Dims& d, const AttrMap& attrs) {
   auto ones = Tensor::Empty(Shape{d.B, d.H, d.T, d.S}, DType::kF32);
   EXPECT_TRUE(ones.ok());
   for (int64_t i = 0; i < ones->NumElements(); ++i) ones->data<float>()[i] = 1.0f;
-  auto kept = RunOp("dropout", {*ones},
-                    {{"rate", rate}, {"seed", attrs.Int("seed")}, {"tensor_id", attrs.Int("tensor_id")}});
+  auto kept =
+      RunOp("dropout", {*ones}, {{"rate", rate}, {"seed", attrs.Int("seed")}, {"tensor_id", attrs.Int("tensor_id")}});
   EXPECT_TRUE(kept.ok()) << kept.status();
   std::vector<double> z = (*kept)[0].ToDoubleVector();
   for (double& v : z) v = v != 0 ? 1.0 / (1.0 - rate) : 0.0;
