@@ -58,7 +58,7 @@ section "Machine"
 
 section "Build"
 start=$(date +%s)
-cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTESSERA_CUDA=ON -DTESSERA_BUILD_BENCH=OFF \
+cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTESSERA_CUDA=ON -DTESSERA_BUILD_BENCH=ON \
   -DTESSERA_BUILD_EXAMPLES=OFF >> "$log" 2>&1 || fail "cmake configure (are the Debian packages installed? scripts/install_deps.sh)"
 cmake --build "$build" --target cuda_kernels_test cuda_runtime_test nccl_test -j "$(nproc)" >> "$log" 2>&1 ||
   fail "build of cuda_kernels_test, cuda_runtime_test and nccl_test"
