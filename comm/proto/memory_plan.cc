@@ -27,6 +27,7 @@ constexpr int64_t kUnrolled = 2;
 // The most events the model builds (beyond it: no sharing), and the most
 // bytes its reachability bitsets take at once.
 constexpr int64_t kMaxEvents = int64_t{1} << 24;
+static_assert(kMaxEvents <= (int64_t{1} << 30), "ProtocolModel holds positions as int32 and in 30-bit sort keys");
 constexpr int64_t kReachBytes = int64_t{96} << 20;
 // On a device of more than kManyBlocks registers, those smaller than
 // kMinSharedBytes get bytes of their own: the pairwise lifetime analysis
@@ -93,6 +94,9 @@ class ProtocolModel {
     if (!error_.empty()) {
       edges_.clear();
       order_.clear();
+      position_.clear();
+      position_edge_start_.clear();
+      position_edges_.clear();
     }
   }
   const std::string& unsupported() const { return error_; }
@@ -153,84 +157,199 @@ class ProtocolModel {
   struct OrderBits {
     std::vector<std::vector<uint64_t>> last, wrap, same, step;
   };
-  // `analysed` (null: all): the blocks whose rows and sources are worked
-  // out; the others' bits are left set and mean nothing.
-  OrderBits Orders(const std::vector<Block>& blocks, const std::vector<bool>* analysed = nullptr) const {
-    const size_t n = blocks.size();
-    std::map<DeviceKey, std::vector<size_t>> on_device;
-    for (size_t j = 0; j < n; ++j) on_device[blocks[j].device].push_back(j);
-    OrderBits bits;
-    for (auto* rows : {&bits.last, &bits.wrap, &bits.same, &bits.step}) {
-      rows->assign(n, {});
-      for (size_t j = 0; j < n; ++j) (*rows)[j].assign((on_device[blocks[j].device].size() + 63) / 64, ~uint64_t{0});
+  // Sources: one bit per (block, use, release event), by device. A source
+  // is tested against writes up to its horizon (the topological position
+  // past which none of its tests look): a last use against every peer's
+  // writes up to iteration 1's first; any other use p against the writes of
+  // uses p and p + 1 of the peers of equal uses alone. So the sources of a
+  // chunk need the reachability walked only from the first of them to the
+  // furthest horizon: most uses of many-use blocks (micro-batches under
+  // accumulation) look a little ahead, and the work grows linearly with the
+  // micro-batches rather than with their square.
+  struct Source {
+    uint64_t key;      // the sort order: last uses first, then by uses, then by position
+    int64_t position;  // of its release event
+    int64_t horizon;
+    uint32_t local;  // the block's index on its device
+    uint32_t use;
+    uint32_t uses;
+  };
+  struct Chunk {
+    size_t first = 0, count = 0;  // sources[first, first + count)
+    int64_t words = 1;
+    int64_t lo = 0, hi = -1;  // topological positions walked
+    uint32_t peer_uses = 0;   // the peers tested against: those of this many uses (0: all)
+  };
+  struct DeviceSources {
+    std::vector<Source> sources;
+    std::vector<size_t> all_peers;                          // analysed blocks
+    std::map<uint32_t, std::vector<size_t>> peers_by_uses;  // ... by their uses
+    std::vector<Chunk> chunks;
+    const std::vector<size_t>& Peers(const Chunk& c) const {
+      return c.peer_uses == 0 ? all_peers : peers_by_uses.at(c.peer_uses);
     }
-    // Sources: one bit per (block, use, release event), grouped by device.
-    struct Source {
-      int64_t event;
-      uint32_t local;  // the block's index on its device
-      uint32_t use;
-      uint32_t uses;
-    };
-    std::vector<std::vector<Source>> sources;
-    std::vector<const std::vector<size_t>*> peers_of;
+  };
+  // The sources of the `analysed` blocks (null: all) and their chunks.
+  // `exhaustive`: every chunk walks every event (the reference the windows
+  // are tested against).
+  std::vector<DeviceSources> Sources(const std::vector<Block>& blocks, const std::vector<bool>* analysed,
+                                     bool exhaustive = false) const {
+    std::map<DeviceKey, std::vector<size_t>> on_device;
+    for (size_t j = 0; j < blocks.size(); ++j) {
+      if (analysed == nullptr || (*analysed)[j]) on_device[blocks[j].device].push_back(j);
+    }
+    const auto position = [&](int64_t event) { return static_cast<int64_t>(position_[static_cast<size_t>(event)]); };
+    const int64_t max_words = std::max<int64_t>(1, kReachBytes / 8 / std::max<int64_t>(1, EventCount()));
+    std::vector<DeviceSources> out;
     for (const auto& [device, members] : on_device) {
-      sources.emplace_back();
-      peers_of.push_back(&members);
+      DeviceSources& d = out.emplace_back();
+      d.all_peers = members;
+      // Horizons: of a last use, the latest write of any peer; of use p of
+      // r, the latest write of use p + 1 among the peers of r uses.
+      int64_t last_horizon = -1;
+      std::map<int64_t, std::vector<int64_t>> horizon_of_use;  // uses r -> [p]
+      for (size_t j : members) {
+        const Block& b = blocks[j];
+        d.peers_by_uses[static_cast<uint32_t>(b.uses)].push_back(j);
+        for (int64_t w : b.writes) last_horizon = std::max(last_horizon, position(w));
+        std::vector<int64_t>& h = horizon_of_use[b.uses];
+        h.resize(static_cast<size_t>(b.uses), -1);
+        for (int64_t p = 0; p < b.uses; ++p) {
+          h[static_cast<size_t>(p)] = std::max({h[static_cast<size_t>(p)], position(b.writes[static_cast<size_t>(p)]),
+                                                position(b.writes[static_cast<size_t>(p) + 1])});
+        }
+      }
       for (size_t i : members) {
         const Block& b = blocks[i];
-        if (analysed != nullptr && !(*analysed)[i]) continue;
         for (int64_t p = 0; p < b.uses; ++p) {
+          const int64_t horizon = p + 1 == b.uses ? last_horizon : horizon_of_use[b.uses][static_cast<size_t>(p)];
           for (int64_t e : b.releases[static_cast<size_t>(p)]) {
-            sources.back().push_back(
-                {e, static_cast<uint32_t>(b.local), static_cast<uint32_t>(p), static_cast<uint32_t>(b.uses)});
+            // (uses and positions are below kMaxEvents = 2^24)
+            const bool last = p + 1 == b.uses;
+            const uint64_t key = (uint64_t{!last} << 60) | (static_cast<uint64_t>(last ? 0 : b.uses) << 30) |
+                                 static_cast<uint64_t>(position(e));
+            d.sources.push_back({key, position(e), horizon, static_cast<uint32_t>(b.local), static_cast<uint32_t>(p),
+                                 static_cast<uint32_t>(b.uses)});
           }
         }
       }
-    }
-    const auto events = static_cast<int64_t>(order_.size());
-    const int64_t max_words = std::max<int64_t>(1, kReachBytes / 8 / std::max<int64_t>(1, events));
-    std::vector<uint64_t> reach;
-    for (size_t d = 0; d < sources.size(); ++d) {
-      const std::vector<Source>& device_sources = sources[d];
-      for (size_t first = 0; first < device_sources.size();) {
-        const size_t words = static_cast<size_t>(
-            std::min<int64_t>(max_words, static_cast<int64_t>((device_sources.size() - first + 63) / 64)));
-        const size_t count = std::min(device_sources.size() - first, words * 64);
-        reach.assign(static_cast<size_t>(events) * words, 0);
-        for (size_t s = 0; s < count; ++s) {
-          reach[static_cast<size_t>(device_sources[first + s].event) * words + s / 64] |= uint64_t{1} << (s % 64);
+      // Last uses first (tested against every peer, walked far: as many
+      // words a chunk as the reach buffer allows), then the others by their
+      // number of uses (tested against those peers alone, one word a chunk:
+      // a short walk each), each group by position.
+      const auto is_last = [](const Source& s) { return s.use + 1 == s.uses; };
+      std::sort(d.sources.begin(), d.sources.end(), [](const Source& a, const Source& b) { return a.key < b.key; });
+      for (size_t group = 0; group < d.sources.size();) {
+        const Source& head = d.sources[group];
+        size_t group_end = group;
+        while (group_end < d.sources.size() && is_last(d.sources[group_end]) == is_last(head) &&
+               (is_last(head) || d.sources[group_end].uses == head.uses)) {
+          ++group_end;
         }
-        for (int64_t v : order_) {
-          const uint64_t* from = &reach[static_cast<size_t>(v) * words];
+        const int64_t words =
+            is_last(head) ? std::min<int64_t>(max_words, static_cast<int64_t>((group_end - group + 63) / 64)) : 1;
+        for (size_t first = group; first < group_end;) {
+          Chunk c;
+          c.first = first;
+          c.peer_uses = is_last(head) ? 0 : head.uses;
+          c.words = words;
+          c.count = std::min(group_end - first, static_cast<size_t>(words) * 64);
+          c.lo = d.sources[first].position;
+          // (A source's own position too: its horizon may lie before it.)
+          for (size_t s = first; s < first + c.count; ++s) {
+            c.hi = std::max({c.hi, d.sources[s].horizon, d.sources[s].position});
+          }
+          if (exhaustive) {
+            c.lo = 0;
+            c.hi = EventCount() - 1;
+          }
+          d.chunks.push_back(c);
+          first += c.count;
+        }
+        group = group_end;
+      }
+    }
+    return out;
+  }
+  // About how many word operations Orders(blocks, analysis) takes (the
+  // events its chunks walk, times their words, and the bit tests).
+  int64_t Work(const std::vector<DeviceSources>& analysis) const {
+    double work = 0;
+    const double degree = order_.empty() ? 0 : static_cast<double>(edges_.size()) / static_cast<double>(order_.size());
+    for (const DeviceSources& device : analysis) {
+      for (const Chunk& c : device.chunks) {
+        work += static_cast<double>(c.hi - c.lo + 1) * static_cast<double>(c.words) * (1 + degree) +
+                static_cast<double>(c.count) * static_cast<double>(device.Peers(c).size());
+      }
+    }
+    // Saturating: a huge plan must read as over budget, never wrap.
+    return static_cast<int64_t>(std::min(work, static_cast<double>(INT64_MAX / 2)));
+  }
+
+  // The blocks' bits (analysis: Sources(blocks, analysed), of the same
+  // blocks): only the analysed blocks' rows and sources are worked out; the
+  // others' bits are left set and mean nothing.
+  OrderBits Orders(const std::vector<Block>& blocks, const std::vector<DeviceSources>& analysis) const {
+    const size_t n = blocks.size();
+    std::map<DeviceKey, size_t> per_device;
+    for (const Block& b : blocks) ++per_device[b.device];
+    OrderBits bits;
+    for (auto* rows : {&bits.last, &bits.wrap, &bits.same, &bits.step}) {
+      rows->assign(n, {});
+      for (size_t j = 0; j < n; ++j) (*rows)[j].assign((per_device[blocks[j].device] + 63) / 64, ~uint64_t{0});
+    }
+    std::vector<uint64_t> reach;
+    for (const DeviceSources& device : analysis) {
+      for (const Chunk& chunk : device.chunks) {
+        // reach[(position - lo) * words + s / 64], bit s % 64: source s of
+        // the chunk happens before the event at that topological position.
+        const size_t words = static_cast<size_t>(chunk.words);
+        reach.assign(static_cast<size_t>(chunk.hi - chunk.lo + 1) * words, 0);
+        const auto row = [&](int64_t position) { return &reach[static_cast<size_t>(position - chunk.lo) * words]; };
+        for (size_t s = 0; s < chunk.count; ++s) {
+          row(device.sources[chunk.first + s].position)[s / 64] |= uint64_t{1} << (s % 64);
+        }
+        for (int64_t p = chunk.lo; p <= chunk.hi; ++p) {
+          const uint64_t* from = row(p);
           bool any = false;
           for (size_t w = 0; w < words && !any; ++w) any = from[w] != 0;
           if (!any) continue;
-          for (int64_t k = edge_start_[static_cast<size_t>(v)]; k < edge_start_[static_cast<size_t>(v) + 1]; ++k) {
-            uint64_t* to = &reach[static_cast<size_t>(edges_[static_cast<size_t>(k)]) * words];
+          for (int64_t k = position_edge_start_[static_cast<size_t>(p)];
+               k < position_edge_start_[static_cast<size_t>(p) + 1]; ++k) {
+            const int64_t to_position = position_edges_[static_cast<size_t>(k)];
+            if (to_position > chunk.hi) continue;
+            uint64_t* to = row(to_position);
             for (size_t w = 0; w < words; ++w) to[w] |= from[w];
           }
         }
+        // A write before the chunk's first source is reached by none of
+        // them; none of the writes tested lies past `hi` (the horizons),
+        // and one that did would read as not reached (less sharing).
+        const auto write_row = [&](int64_t event) -> const uint64_t* {
+          const int64_t p = position_[static_cast<size_t>(event)];
+          return p < chunk.lo || p > chunk.hi ? nullptr : row(p);
+        };
+        const auto reached = [](const uint64_t* r, size_t s) {
+          return r != nullptr && ((r[s / 64] >> (s % 64)) & 1) != 0;
+        };
         // Peer by peer: its few write rows stay in cache while every source
         // of the chunk is tested against them, and its own bit rows are
         // written in order.
-        const auto row = [&](int64_t event) { return &reach[static_cast<size_t>(event) * words]; };
-        const auto reached = [](const uint64_t* r, size_t s) { return ((r[s / 64] >> (s % 64)) & 1) != 0; };
-        std::vector<const uint64_t*> writes;
-        for (size_t j : *peers_of[d]) {
-          if (analysed != nullptr && !(*analysed)[j]) continue;
+        for (size_t j : device.Peers(chunk)) {
           const Block& b = blocks[j];
-          writes.clear();
-          for (int64_t w : b.writes) writes.push_back(row(w));
-          const uint64_t* front = writes.front();
-          const uint64_t* back = writes.back();
+          // (Write rows are looked up per test: listing a block's rows for
+          // each chunk would cost its micro-batches per chunk, their square
+          // in all.)
+          const uint64_t* front = write_row(b.writes.front());
+          const uint64_t* back = write_row(b.writes.back());
           uint64_t* last = bits.last[j].data();
           uint64_t* wrap = bits.wrap[j].data();
           uint64_t* same = bits.same[j].data();
           uint64_t* step = bits.step[j].data();
           // Branch-free: half the tests fail, unpredictably. `unless(r)`
           // is the mask that clears the source's bit when r is false.
-          for (size_t s = 0; s < count; ++s) {
-            const Source& source = device_sources[first + s];
+          for (size_t s = 0; s < chunk.count; ++s) {
+            const Source& source = device.sources[chunk.first + s];
             const uint64_t bit = uint64_t{1} << (source.local % 64);
             const size_t word = source.local / 64;
             const auto unless = [bit](bool r) { return ~(bit & (uint64_t{r} - 1)); };
@@ -246,19 +365,22 @@ class ProtocolModel {
               last[word] &= unless(reached(front, s));
               wrap[word] &= unless(reached(back, s));
             }
-            if (static_cast<int64_t>(source.uses) == b.uses) {
-              same[word] &= unless(reached(writes[source.use], s));
-              step[word] &= unless(reached(writes[source.use + 1], s));
+            // (Once both bits are clear, as for most pairs after a few
+            // uses, the lookups of the writes are skipped.)
+            if (static_cast<int64_t>(source.uses) == b.uses && ((same[word] | step[word]) & bit) != 0) {
+              same[word] &= unless(reached(write_row(b.writes[source.use]), s));
+              step[word] &= unless(reached(write_row(b.writes[source.use + 1]), s));
             }
           }
         }
-        first += count;
       }
     }
     return bits;
   }
 
  private:
+  int64_t EventCount() const { return static_cast<int64_t>(order_.size()); }
+
   struct Task {
     const proto::Task* task = nullptr;
     proto::ActorKind kind = proto::ACTOR_KIND_UNSPECIFIED;
@@ -582,6 +704,19 @@ class ProtocolModel {
       }
     }
     if (static_cast<int64_t>(order_.size()) != events) return "the unrolled acts form a cycle";
+    position_.assign(order_.size(), 0);
+    for (size_t p = 0; p < order_.size(); ++p) position_[static_cast<size_t>(order_[p])] = static_cast<int32_t>(p);
+    // The edges again, by topological position (what Orders walks, in order).
+    position_edge_start_.assign(order_.size() + 1, 0);
+    position_edges_.resize(edges_.size());
+    for (size_t p = 0; p < order_.size(); ++p) {
+      const int64_t v = order_[p];
+      int64_t k = position_edge_start_[p];
+      for (int64_t e = edge_start_[static_cast<size_t>(v)]; e < edge_start_[static_cast<size_t>(v) + 1]; ++e) {
+        position_edges_[static_cast<size_t>(k++)] = position_[static_cast<size_t>(edges_[static_cast<size_t>(e)])];
+      }
+      position_edge_start_[p + 1] = k;
+    }
     return "";
   }
 
@@ -592,6 +727,9 @@ class ProtocolModel {
   std::vector<std::pair<int64_t, int64_t>> pairs_;  // edges while building
   std::vector<int64_t> edge_start_, edges_;         // CSR
   std::vector<int64_t> order_;                      // topological
+  std::vector<int32_t> position_;                   // [event]: its index in order_ (events <= kMaxEvents)
+  std::vector<int64_t> position_edge_start_;        // CSR by position: edges from order_[p] ...
+  std::vector<int32_t> position_edges_;             // ... to these positions
 };
 
 bool Bit(const std::vector<uint64_t>& row, size_t j) { return (row[j / 64] >> (j % 64)) & 1; }
@@ -714,7 +852,8 @@ std::vector<std::vector<uint64_t>> TransposedWithinDevices(const std::vector<std
   return out;
 }
 
-absl::StatusOr<MemoryPlanResult> PlanMemory(proto::Plan& plan) {
+absl::StatusOr<MemoryPlanResult> PlanMemory(proto::Plan& plan, const PlanMemoryOptions& options) {
+  const int64_t max_work = options.max_analysis_work;
   for (auto& desc : *plan.mutable_register_descs()) desc.clear_arena_offset();
   plan.clear_arenas();
   for (auto& task : *plan.mutable_tasks()) {
@@ -738,7 +877,32 @@ absl::StatusOr<MemoryPlanResult> PlanMemory(proto::Plan& plan) {
       for (const ProtocolModel::Block& b : blocks) {
         analysed.push_back(per_device[b.device] <= kManyBlocks || b.bytes >= kMinSharedBytes);
       }
-      bits = model.Orders(blocks, &analysed);
+      // Over budget: leave out the blocks of the most uses per iteration,
+      // one use count at a time, until the analysis fits (or none is left).
+      int64_t left_out = 0;
+      auto analysis = model.Sources(blocks, &analysed);
+      for (int64_t work = model.Work(analysis); work > max_work; work = model.Work(analysis)) {
+        int64_t most = 0;
+        for (size_t i = 0; i < blocks.size(); ++i) {
+          if (analysed[i]) most = std::max(most, blocks[i].uses);
+        }
+        if (most <= 1) {
+          result.unshared_reason = StrCat("its lifetime analysis would take about ", work,
+                                          " word operations, more than the budget of ", max_work);
+          break;
+        }
+        for (size_t i = 0; i < blocks.size(); ++i) {
+          if (analysed[i] && blocks[i].uses == most) {
+            analysed[i] = false;
+            ++left_out;
+          }
+        }
+        result.partly_unshared_reason =
+            StrCat(left_out, " blocks used ", most, " or more times an iteration got bytes of their own: ",
+                   "analysing their lifetimes would take more than ", max_work, " word operations");
+        analysis = model.Sources(blocks, &analysed);
+      }
+      if (result.unshared_reason.empty()) bits = model.Orders(blocks, analysis);
     }
   }
   const bool share = result.unshared_reason.empty();
@@ -913,7 +1077,18 @@ absl::Status CheckMemoryPlan(const proto::Plan& plan) {
                " share arena bytes, but the plan's lifetimes cannot be told apart: ", model.unsupported()));
   }
   model.Events(blocks);
-  const ProtocolModel::OrderBits bits = model.Orders(blocks);
+  // Only the overlapping blocks' lifetimes matter (the planner's budget
+  // bounds the analysis of those it lets share).
+  std::vector<bool> overlapping(blocks.size(), false);
+  for (const auto& [a, b] : overlaps) overlapping[a] = overlapping[b] = true;
+  const auto analysis = model.Sources(blocks, &overlapping);
+  if (const int64_t work = model.Work(analysis); work > kDefaultMaxAnalysisWork) {
+    return absl::FailedPreconditionError(
+        StrCat(name(overlaps[0].first), " and ", name(overlaps[0].second),
+               " share arena bytes, but checking the lifetimes of the plan's overlapping blocks would take about ",
+               work, " word operations, more than the budget of ", kDefaultMaxAnalysisWork));
+  }
+  const ProtocolModel::OrderBits bits = model.Orders(blocks, analysis);
   for (const auto& [a, b] : overlaps) {
     if (!MayShare(blocks, bits, a, b)) {
       return absl::FailedPreconditionError(
@@ -924,4 +1099,20 @@ absl::Status CheckMemoryPlan(const proto::Plan& plan) {
   return absl::OkStatus();
 }
 
+namespace internal {
+
+absl::StatusOr<std::vector<std::vector<uint64_t>>> LifetimeOrders(const proto::Plan& plan, bool exhaustive) {
+  ASSIGN_OR_RETURN(std::vector<ProtocolModel::Block> blocks, Blocks(plan, false));
+  ProtocolModel model(plan);
+  if (!model.unsupported().empty()) return absl::FailedPreconditionError(model.unsupported());
+  model.Events(blocks);
+  const ProtocolModel::OrderBits bits = model.Orders(blocks, model.Sources(blocks, nullptr, exhaustive));
+  std::vector<std::vector<uint64_t>> rows;
+  for (const auto* kind : {&bits.last, &bits.wrap, &bits.same, &bits.step}) {
+    rows.insert(rows.end(), kind->begin(), kind->end());
+  }
+  return rows;
+}
+
+}  // namespace internal
 }  // namespace tessera::comm

@@ -29,6 +29,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "comm/proto/plan.pb.h"
@@ -52,12 +53,28 @@ struct MemoryPlanResult {
   // Why no bytes are shared ("" when the planner could share): the plan
   // does not fit the protocol model, so every desc got bytes of its own.
   std::string unshared_reason;
+  // Why some blocks got bytes of their own though the model describes the
+  // plan ("" when none did): the lifetime analysis would have taken too long
+  // (registers used many times an iteration, under many accumulation steps).
+  std::string partly_unshared_reason;
+};
+
+// The most word operations the lifetime analysis takes by default (a few
+// seconds). Its cost grows with the micro-batches of an iteration (each
+// register written once per micro-batch is a source per micro-batch, tested
+// a little ahead): beyond the budget, the blocks used most often per
+// iteration are left out of the analysis (they get bytes of their own) until
+// it fits; if even those used once do not fit, nothing is shared.
+inline constexpr int64_t kDefaultMaxAnalysisWork = int64_t{1} << 30;
+
+struct PlanMemoryOptions {
+  int64_t max_analysis_work = kDefaultMaxAnalysisWork;
 };
 
 // Plans every device's arena: sets arena_offset on each eligible desc and
 // Plan.arenas (replacing earlier ones). Errors: a malformed desc (see
 // RegisterStride), a task or desc the plan names twice.
-absl::StatusOr<MemoryPlanResult> PlanMemory(proto::Plan& plan);
+absl::StatusOr<MemoryPlanResult> PlanMemory(proto::Plan& plan, const PlanMemoryOptions& options = {});
 
 // Checks a planned plan: each desc with an offset is eligible, aligned and
 // inside its device's arena, each device has one arena; and any two descs of
@@ -65,6 +82,15 @@ absl::StatusOr<MemoryPlanResult> PlanMemory(proto::Plan& plan);
 // the planner decides it; the plan must hold every task of the job, since
 // the ordering may go through other nodes). The error names both descs.
 absl::Status CheckMemoryPlan(const proto::Plan& plan);
+
+namespace internal {
+// For tests: the lifetime order bits the planner works out for every block
+// of `plan` (rows of last, wrap, same and step, one after another), found by
+// walking from each group of sources only as far as its tests look
+// (exhaustive = false, what PlanMemory does) or across every event (the
+// reference). Errors: a plan the protocol model does not describe.
+absl::StatusOr<std::vector<std::vector<uint64_t>>> LifetimeOrders(const proto::Plan& plan, bool exhaustive);
+}  // namespace internal
 
 // Only the structural part of CheckMemoryPlan (offsets, alignment, bounds):
 // what a node checks on its part of a plan, which lacks the other nodes'

@@ -1,7 +1,5 @@
 #include "comm/proto/plan_codec.h"
 
-#include "absl/strings/str_join.h"
-
 #include <map>
 #include <set>
 #include <unordered_map>
@@ -11,6 +9,7 @@
 #include "comm/proto/actor_id.h"
 #include "comm/proto/memory_plan.h"
 #include "core/checked.h"
+#include "core/logging.h"
 #include "core/status.h"
 #include "core/text.h"
 #include "google/protobuf/io/coded_stream.h"
@@ -601,7 +600,9 @@ proto::Plan PlanBuilder::Build() {
     Fail(planned.status());
     return plan;
   }
-  memory_note_ = planned->unshared_reason;
+  memory_note_ = !planned->unshared_reason.empty() ? StrCat("no arena bytes are shared: ", planned->unshared_reason)
+                                                   : planned->partly_unshared_reason;
+  if (!memory_note_.empty()) TLOG_WARN("memory plan: {}", memory_note_);
   auto estimate = EstimateMemory(plan);
   if (!estimate.ok()) {
     Fail(estimate.status());

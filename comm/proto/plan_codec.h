@@ -141,7 +141,9 @@ class PlanBuilder {
   // memory estimate filled in (an error there, or a plan over
   // kMaxPlanBytes, goes to status()).
   proto::Plan Build();
-  // Why the last Build shared no arena bytes ("" when it could).
+  // Why the last Build shared no arena bytes, or why some blocks got bytes
+  // of their own though they might have shared ("" when neither; logged as a
+  // warning too).
   const std::string& memory_note() const { return memory_note_; }
   // The plan so far.
   const proto::Plan& plan() const { return plan_; }

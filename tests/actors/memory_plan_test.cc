@@ -3,17 +3,18 @@
 // arena offsets (they arrive from the network).
 
 #include "comm/proto/memory_plan.h"
-#include "comm/proto/plan_codec.h"
 
 #include <cstdint>
 #include <map>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "actors/plan.h"
 #include "actors/runtime.h"
+#include "comm/proto/plan_codec.h"
 #include "core/text.h"
 #include "gtest/gtest.h"
 #include "tests/actors/plan_helpers.h"
@@ -380,6 +381,24 @@ TEST(MemoryPlan, BadOffsetsAreRefusedAtLoad) {
   EXPECT_NE(outside.find("task 'c1'"), std::string::npos) << outside;
   EXPECT_NE(outside.find("takes scratch bytes"), std::string::npos) << outside;
   EXPECT_EQ(load_error(good), "");
+}
+
+// The planner's windowed reachability walk finds the bits of walking every
+// event for every source, on these hand-written plans too (the model plans
+// are in tests/train/memory_test.cc).
+TEST(MemoryPlan, WindowedLifetimeAnalysisMatchesTheExhaustiveWalk) {
+  for (const auto& [name, plan] : std::vector<std::pair<const char*, proto::Plan>>{
+           {"loop", LoopPlan()},
+           {"chain", ChainPlan()},
+           {"windowed accumulation", WindowedAccumulationPlan(false)},
+           {"windowed accumulation, asynchronous", WindowedAccumulationPlan(true)}}) {
+    SCOPED_TRACE(name);
+    auto windowed = comm::internal::LifetimeOrders(plan, false);
+    auto exhaustive = comm::internal::LifetimeOrders(plan, true);
+    ASSERT_TRUE(windowed.ok()) << windowed.status();
+    ASSERT_TRUE(exhaustive.ok()) << exhaustive.status();
+    EXPECT_EQ(*windowed, *exhaustive);
+  }
 }
 
 }  // namespace
