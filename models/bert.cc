@@ -64,7 +64,8 @@ class MlmHead : public nn::Module {
   explicit MlmHead(const BertConfig& c)
       : Module(-1),
         dense_(c.hidden_size, c.hidden_size, {.layer_idx = -1, .init_std = c.initializer_range}),
-        norm_(c.hidden_size, {.eps = c.layernorm_epsilon, .layer_idx = -1}) {
+        norm_(c.hidden_size, {.eps = c.layernorm_epsilon, .layer_idx = -1}),
+        bias_gelu_fusion_(c.bias_gelu_fusion) {
     DeclareParameter({"bias", Shape{c.vocab_size}, nn::ParameterInit::Zeros(), nn::TensorParallelSplit(0)});
     RegisterModule("transform.dense", dense_);
     RegisterModule("transform.LayerNorm", norm_);
@@ -76,8 +77,10 @@ class MlmHead : public nn::Module {
     nn::GraphBuilder* b = Prepare(x);
     if (b == nullptr) return nn::Sym();
     auto scope = EnterScope(*b);
-    const nn::Sym t = norm_(
-        b->Apply("bias_gelu", {dense_.ForwardWithoutBias(x), dense_.bias()}, {{"approximate", std::string("none")}}));
+    const std::string exact = "none";
+    const nn::Sym t = norm_(bias_gelu_fusion_ ? dense_.ForwardGelu(x, exact)
+                                              : b->Apply("bias_gelu", {dense_.ForwardWithoutBias(x), dense_.bias()},
+                                                         {{"approximate", exact}}));
     return graph::BiasAdd(decoder_(t, word_embeddings), parameter("bias"));
   }
 
@@ -85,6 +88,7 @@ class MlmHead : public nn::Module {
   nn::Linear dense_;
   nn::LayerNorm norm_;
   nn::LMLogits decoder_;
+  bool bias_gelu_fusion_;
 };
 
 // Per-row cross-entropy pieces of vocabulary-parallel logits (N, V) and
@@ -129,7 +133,8 @@ class BertNetwork : public nn::Module {
                                       .layer_idx = i,
                                       .init_std = c.initializer_range,
                                       .output_init_std = c.initializer_range,
-                                      .fused_attention = c.fused_attention}));
+                                      .fused_attention = c.fused_attention,
+                                      .bias_gelu_fusion = c.bias_gelu_fusion}));
       RegisterModule(StrCat("encoder.layer.", i), *layers_.back());
     }
     if (c.add_binary_head) RegisterModule("pooler.dense", pooler_);
@@ -225,6 +230,10 @@ config::Binding<BertConfig> MakeKeys() {
   b.Field("fused_attention", &BertConfig::fused_attention,
           {.doc = "attention as one flash_attention_masked op per layer (the (T, T) scores never stored; a CUDA "
                   "kernel on GPUs), with the unfused attention's dropout masks"});
+  b.Field("bias_gelu_fusion", &BertConfig::bias_gelu_fusion,
+          {.doc = "each MLP's first Linear (and the MLM head's transform.dense), its bias and the GELU as one "
+                  "matmul_bias_gelu op (the GEMM's epilogue; cuBLASLt's on GPUs); false: the GEMM, then bias_gelu "
+                  "(LiBai's bias_gelu_fusion)"});
   b.Field("layernorm_epsilon", &BertConfig::layernorm_epsilon,
           {.min = 0, .max = 1, .exclusive_min = true, .doc = "LayerNorm epsilon"});
   b.Field("initializer_range", &BertConfig::initializer_range,

@@ -65,6 +65,7 @@ struct BertConfig {
   double hidden_dropout_prob = 0.1;     // embeddings, attention output, MLP output
   double attention_dropout_prob = 0.1;  // attention probabilities
   bool fused_attention = false;         // one flash_attention_masked op per layer (ops/attention.cc)
+  bool bias_gelu_fusion = false;        // dense + bias + GELU as one matmul_bias_gelu op (MLPs, MLM head)
   double layernorm_epsilon = 1e-12;
   double initializer_range = 0.02;
   bool add_binary_head = true;  // next-sentence prediction

@@ -46,7 +46,8 @@ class Gpt2Network : public nn::Module {
                                       .layer_idx = i,
                                       .init_std = c.initializer_range,
                                       .output_init_std = output_std,
-                                      .fused_attention = c.fused_attention}));
+                                      .fused_attention = c.fused_attention,
+                                      .bias_gelu_fusion = c.bias_gelu_fusion}));
       RegisterModule(StrCat("h.", i), *blocks_.back());
     }
     RegisterModule("ln_f", ln_f_);
@@ -115,6 +116,9 @@ config::Binding<Gpt2Config> MakeKeys() {
   b.Field("fused_attention", &Gpt2Config::fused_attention,
           {.doc = "attention as one flash_attention op per layer (the (T, T) scores never stored; a CUDA kernel on "
                   "GPUs), with the unfused attention's dropout masks"});
+  b.Field("bias_gelu_fusion", &Gpt2Config::bias_gelu_fusion,
+          {.doc = "each MLP's c_fc, its bias and the GELU as one matmul_bias_gelu op (the GEMM's epilogue; "
+                  "cuBLASLt's on GPUs); false: the GEMM, then bias_gelu (LiBai's bias_gelu_fusion)"});
   b.Field("layernorm_epsilon", &Gpt2Config::layernorm_epsilon,
           {.min = 0, .max = 1, .exclusive_min = true, .doc = "LayerNorm epsilon"});
   b.Field("initializer_range", &Gpt2Config::initializer_range,

@@ -56,6 +56,7 @@ struct Gpt2Config {
   double attention_dropout_prob = 0;
   double output_dropout_prob = 0;
   bool fused_attention = false;  // one flash_attention op per layer (ops/attention.cc)
+  bool bias_gelu_fusion = false;  // the MLP's c_fc + bias + GELU as one matmul_bias_gelu op
   double layernorm_epsilon = 1e-5;
   double initializer_range = 0.02;
   bool use_scaled_init_for_output_weights = true;

@@ -40,7 +40,7 @@ Linear::Linear(int64_t in_features, int64_t out_features, LinearOptions options)
   if (options_.bias) DeclareParameter({"bias", Shape{out_}, ParameterInit::Zeros(), bias_sbp});
 }
 
-Sym Linear::Apply(const Sym& x, bool with_bias) {
+Sym Linear::Apply(const Sym& x, Epilogue epilogue, const std::string& approximate) {
   GraphBuilder* b = Prepare(x);
   if (b == nullptr) return Sym();
   auto scope = EnterScope(*b);
@@ -50,18 +50,30 @@ Sym Linear::Apply(const Sym& x, bool with_bias) {
         StrCat("Linear '", full_name(), "' takes (..., ", in_, ") of rank >= 2, got ", shape.ToString())));
     return Sym();
   }
+  if (epilogue == Epilogue::kBiasGelu && !options_.bias) {
+    b->Fail(absl::InvalidArgumentError(StrCat("Linear '", full_name(), "' has no bias to fuse with GELU")));
+    return Sym();
+  }
   const bool flatten = shape.rank() > 2;
   Sym x2 = flatten ? graph::Reshape(x, Shape{-1, in_}) : x;  // (rows, in)
-  Sym y = graph::Matmul(x2, weight());                       // (rows, out)
-  if (with_bias && options_.bias) y = graph::BiasAdd(y, bias());
+  Sym y;                                                     // (rows, out)
+  if (epilogue == Epilogue::kBiasGelu) {
+    y = b->Apply("matmul_bias_gelu", {x2, weight(), bias()}, {{"approximate", approximate}});
+  } else {
+    y = graph::Matmul(x2, weight());
+    if (epilogue == Epilogue::kBias && options_.bias) y = graph::BiasAdd(y, bias());
+  }
   if (!flatten) return y;
   std::vector<int64_t> out_dims = shape.dims();
   out_dims.back() = out_;
   return graph::Reshape(y, Shape(out_dims));
 }
 
-Sym Linear::Forward(const Sym& x) { return Apply(x, /*with_bias=*/true); }
-Sym Linear::ForwardWithoutBias(const Sym& x) { return Apply(x, /*with_bias=*/false); }
+Sym Linear::Forward(const Sym& x) { return Apply(x, Epilogue::kBias); }
+Sym Linear::ForwardWithoutBias(const Sym& x) { return Apply(x, Epilogue::kNone); }
+Sym Linear::ForwardGelu(const Sym& x, const std::string& approximate) {
+  return Apply(x, Epilogue::kBiasGelu, approximate);
+}
 
 // ---- Embedding, VocabEmbedding
 

@@ -5,6 +5,7 @@
 // sequence, C features. Not thread-safe.
 
 #include <cstdint>
+#include <string>
 #include <string_view>
 
 #include "absl/status/statusor.h"
@@ -39,6 +40,9 @@ class Linear : public Module {
   Sym operator()(const Sym& x) { return Forward(x); }
   // x @ W only, for callers that fuse the bias into the next op (bias_gelu).
   Sym ForwardWithoutBias(const Sym& x);
+  // GELU(x @ W + b) as one matmul_bias_gelu op (the bias and GELU as the
+  // GEMM's epilogue); `approximate` "none" (erf) or "tanh". Needs the bias.
+  Sym ForwardGelu(const Sym& x, const std::string& approximate);
 
   Sym weight() const { return parameter("weight"); }
   Sym bias() const { return options_.bias ? parameter("bias") : Sym(); }
@@ -47,7 +51,8 @@ class Linear : public Module {
   const LinearOptions& options() const { return options_; }
 
  private:
-  Sym Apply(const Sym& x, bool with_bias);
+  enum class Epilogue { kNone, kBias, kBiasGelu };
+  Sym Apply(const Sym& x, Epilogue epilogue, const std::string& approximate = "");
   int64_t in_, out_;
   LinearOptions options_;
 };

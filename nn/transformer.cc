@@ -38,7 +38,8 @@ MLP::MLP(int64_t hidden, int64_t ffn_hidden, MlpOptions options)
       c_proj_(ffn_hidden, hidden,
               {.parallel = Parallel::kRow, .layer_idx = options.layer_idx, .init_std = options.output_init_std}),
       dropout_(options.output_dropout_prob, options.layer_idx),
-      gelu_approximate_(std::move(options.gelu_approximate)) {
+      gelu_approximate_(std::move(options.gelu_approximate)),
+      bias_gelu_fusion_(options.bias_gelu_fusion) {
   RegisterModule("c_fc", c_fc_);
   RegisterModule("c_proj", c_proj_);
   RegisterModule("dropout", dropout_);
@@ -49,8 +50,10 @@ Sym MLP::Forward(const Sym& x) {
   if (b == nullptr) return Sym();
   auto scope = EnterScope(*b);
   if (!CheckLastAxis(*b, *this, x, c_fc_.in_features(), 2)) return Sym();
-  Sym h = c_fc_.ForwardWithoutBias(Flatten(x, c_fc_.in_features()));                  // (N, F), S(1) over tp
-  h = b->Apply("bias_gelu", {h, c_fc_.bias()}, {{"approximate", gelu_approximate_}});  // "tanh": GPT-2's gelu_new
+  const Sym x2 = Flatten(x, c_fc_.in_features());                             // "tanh": GPT-2's gelu_new
+  const Sym h = bias_gelu_fusion_ ? c_fc_.ForwardGelu(x2, gelu_approximate_)  // (N, F), S(1) over tp
+                                  : b->Apply("bias_gelu", {c_fc_.ForwardWithoutBias(x2), c_fc_.bias()},
+                                             {{"approximate", gelu_approximate_}});
   Sym y = dropout_(c_proj_(h));                                                         // (N, C)
   return Unflatten(y, x);
 }
@@ -191,6 +194,7 @@ TransformerLayer::TransformerLayer(int64_t hidden, int64_t num_heads, int64_t ff
       mlp_(hidden, ffn_hidden,
            {.output_dropout_prob = options.output_dropout_prob,
             .gelu_approximate = options.gelu_approximate,
+            .bias_gelu_fusion = options.bias_gelu_fusion,
             .layer_idx = options.layer_idx,
             .init_std = options.init_std,
             .output_init_std = options.output_init_std}) {

@@ -39,14 +39,18 @@ struct MlpOptions {
   double output_dropout_prob = 0;
   // bias_gelu's `approximate`: "tanh" (GPT-2's gelu_new) or "none" (erf, BERT's).
   std::string gelu_approximate = "tanh";
+  // c_fc, its bias and the GELU as one matmul_bias_gelu op (the GEMM's
+  // epilogue; cuBLASLt's on GPUs); false: matmul, then bias_gelu.
+  bool bias_gelu_fusion = false;
   int64_t layer_idx = 0;
   double init_std = 0.02;         // c_fc.weight
   double output_init_std = 0.02;  // c_proj.weight
 };
 
-// GPT-2's MLP: c_fc (C -> F, column parallel), GELU (fused with c_fc's
-// bias: bias_gelu; tanh approximation unless options say "none"), c_proj
-// (F -> C, row parallel), dropout. x (..., C) -> (..., C).
+// GPT-2's MLP: c_fc (C -> F, column parallel), GELU (fused with c_fc's GEMM
+// and bias: matmul_bias_gelu, or with the bias only: bias_gelu; tanh
+// approximation unless options say "none"), c_proj (F -> C, row parallel),
+// dropout. x (..., C) -> (..., C).
 class MLP : public Module {
  public:
   MLP(int64_t hidden, int64_t ffn_hidden, MlpOptions options = {});
@@ -57,6 +61,7 @@ class MLP : public Module {
   Linear c_fc_, c_proj_;
   Dropout dropout_;
   std::string gelu_approximate_;
+  bool bias_gelu_fusion_;
 };
 
 // The fused QKV projection "c_attn": weight (C, 3, C) hinted (B, S(2)), bias
@@ -123,6 +128,7 @@ struct TransformerLayerOptions {
   double init_std = 0.02;
   double output_init_std = 0.02;
   bool fused_attention = false;  // AttentionOptions::fused
+  bool bias_gelu_fusion = false;  // the MLP's (MlpOptions)
 };
 
 // A pre-LN GPT-2 block: h = x + attn(ln_1(x)); y = h + mlp(ln_2(h)); with

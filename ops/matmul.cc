@@ -1,6 +1,10 @@
 // The matmul family: matmul (2-D) and batch_matmul (equal leading batch
 // dimensions), both y = alpha * op(a) @ op(b) with op = optional transpose of
-// the last two axes. Kernels in ops/cpu/matmul.cc.
+// the last two axes, and matmul_bias_gelu, a Linear layer's GEMM with its
+// bias and GELU as the GEMM's epilogue. Kernels in ops/cpu/matmul.cc and
+// ops/cuda/matmul.cc.
+
+#include "ops/cpu/matmul.h"
 
 #include <string>
 #include <string_view>
@@ -8,8 +12,8 @@
 
 #include "core/status.h"
 #include "core/text.h"
-#include "ops/cpu/matmul.h"
 #include "ops/op_schema.h"
+#include "ops/op_util.h"
 #include "ops/registry.h"
 #ifdef TESSERA_WITH_CUDA
 #include "ops/cuda/matmul.h"
@@ -151,6 +155,58 @@ void GemmGrad(GradBuilder& g, std::string_view op) {
   }
 }
 
+// matmul_bias_gelu: x (M, K) and weight (K, N) f32, bf16 or f16 alike,
+// bias (N,) f32; y and z (M, N) f32.
+absl::StatusOr<std::vector<TensorMeta>> InferMatmulBiasGelu(const std::vector<TensorMeta>& in, const AttrMap& attrs) {
+  const std::string& approximate = attrs.String("approximate");
+  if (approximate != "none" && approximate != "tanh") {
+    return absl::InvalidArgumentError(
+        StrCat("attribute 'approximate' must be \"none\" or \"tanh\", got \"", approximate, "\""));
+  }
+  RETURN_IF_ERROR(ExpectGemmDTypes(in[0], in[1]));
+  RETURN_IF_ERROR(ExpectRank(in[0], 2, "x"));
+  RETURN_IF_ERROR(ExpectRank(in[1], 2, "weight"));
+  RETURN_IF_ERROR(ExpectDType(in[2], DType::kF32, "bias"));
+  const int64_t m = in[0].shape[0], k = in[0].shape[1], n = in[1].shape[1];
+  if (in[1].shape[0] != k) {
+    return absl::InvalidArgumentError(
+        StrCat("weight must have ", k, " rows to match x ", in[0].shape.ToString(), ", got ", in[1].shape.ToString()));
+  }
+  if (in[2].shape != Shape{n}) {
+    return absl::InvalidArgumentError(StrCat("bias must have shape (", n, ",) to match the columns of weight ",
+                                             in[1].shape.ToString(), ", got ", in[2].shape.ToString()));
+  }
+  const TensorMeta out{DType::kF32, Shape{m, n}};
+  return std::vector<TensorMeta>{out, out};
+}
+
+// Rows split, columns split with the bias, or all whole; never a partial
+// sum (GELU is not linear) nor a split of K.
+std::vector<SbpSignature> MatmulBiasGeluSignatures(const std::vector<TensorMeta>&, const AttrMap&, int64_t) {
+  const Sbp kB = Sbp::Broadcast();
+  return {{{Sbp::Split(0), kB, kB}, {Sbp::Split(0), Sbp::Split(0)}},
+          {{kB, Sbp::Split(1), Sbp::Split(0)}, {Sbp::Split(1), Sbp::Split(1)}},
+          {{kB, kB, kB}, {kB, kB}}};
+}
+
+// dz = dy ⊙ gelu'(z) (+ z's own gradient), then the GEMM's gradients from dz
+// (cast to the inputs' dtype under mixed precision, as GemmGrad) and the
+// bias's as dz summed over rows.
+void MatmulBiasGeluGrad(GradBuilder& g) {
+  const DType dtype = g.meta(g.input(0)).dtype;
+  ValueId dz =
+      g.Op("gelu_grad", {g.output(1), g.OutputGradOrZeros(0)}, {{"approximate", g.attrs().String("approximate")}});
+  if (g.has_output_grad(1)) dz = g.Op("add", {dz, g.output_grad(1)});
+  g.SetInputGrad(2, g.SumToShape(dz, g.meta(g.input(2)).shape));
+  const ValueId dz_low = dtype == DType::kF32 ? dz : g.Op("cast", {dz}, {{"dtype", dtype}});
+  auto product = [&](ValueId a, ValueId b, bool ta, bool tb) {
+    const ValueId y = g.Op("matmul", {a, b}, {{"transpose_a", ta}, {"transpose_b", tb}});
+    return dtype == DType::kF32 ? y : g.Op("cast", {y}, {{"dtype", dtype}});
+  };
+  g.SetInputGrad(0, product(dz_low, g.input(1), false, true));
+  g.SetInputGrad(1, product(g.input(0), dz_low, true, false));
+}
+
 OpSchema& GemmAttrs(OpSchema& schema) {
   return schema.Attr("transpose_a", AttrType::kBool, false)
       .Attr("transpose_b", AttrType::kBool, false)
@@ -199,6 +255,28 @@ void RegisterMatmulOps(OpRegistry& registry) {
 #endif
       .Example({{DType::kF32, Shape{2, 4, 8}}, {DType::kF32, Shape{2, 8, 16}}});
   registry.MustRegister(std::move(batch_matmul));
+
+  OpSchema fused("matmul_bias_gelu");
+  fused
+      .Doc(
+          "z = x @ weight + bias, y = GELU(z) (approximate = \"none\": erf, or \"tanh\"): a Linear layer and its "
+          "activation as one GEMM with an epilogue (cuBLASLt's GELU_AUX_BIAS on CUDA); z is kept for the gradient. "
+          "x (M, K) and weight (K, N) both f32, bf16 or f16, bias (N,) f32; y and z f32")
+      .Input("x")
+      .Input("weight")
+      .Input("bias")
+      .Output("y")
+      .Output("z")
+      .Attr("approximate", AttrType::kString, std::string("none"))
+      .Infer(InferMatmulBiasGelu)
+      .Sbp(MatmulBiasGeluSignatures)
+      .Grad(MatmulBiasGeluGrad)
+      .Kernel(DeviceType::kCpu, cpu::MatmulBiasGeluKernel)
+#ifdef TESSERA_WITH_CUDA
+      .Kernel(DeviceType::kCuda, cuda::MatmulBiasGeluKernel)
+#endif
+      .Example({{DType::kF32, Shape{4, 8}}, {DType::kF32, Shape{8, 6}}, {DType::kF32, Shape{6}}});
+  registry.MustRegister(std::move(fused));
 }
 
 }  // namespace tessera::ops

@@ -1,7 +1,7 @@
-// Automatic mixed precision: matmuls read their f32 inputs cast to bf16 or
-// f16; everything else stays f32.
+// Automatic mixed precision: matmuls (and matmul_bias_gelu's x and weight)
+// read their f32 inputs cast to bf16 or f16; everything else stays f32.
 
-#include <set>
+#include <map>
 
 #include "core/status.h"
 #include "core/text.h"
@@ -19,7 +19,9 @@ absl::StatusOr<MixedPrecisionResult> AutoMixedPrecision(Graph& graph, DType low)
       return absl::FailedPreconditionError("mixed precision runs on the forward graph, before autodiff");
     }
   }
-  const std::set<std::string> allow = {"matmul", "batch_matmul"};
+  // The ops that read low precision, and how many of their leading inputs
+  // (matmul_bias_gelu's bias stays f32).
+  const std::map<std::string, size_t> allow = {{"matmul", 2}, {"batch_matmul", 2}, {"matmul_bias_gelu", 2}};
   MixedPrecisionResult result;
   Graph out(&graph.registry());
   std::vector<ValueId>& remap = result.remap;
@@ -32,7 +34,8 @@ absl::StatusOr<MixedPrecisionResult> AutoMixedPrecision(Graph& graph, DType low)
     if (n.kind == NodeKind::kOp && allow.contains(n.op) && all_f32) {
       // A cast per reader: each cast's gradient then comes from one op,
       // and the gradients of a value read by several matmuls meet in f32.
-      for (ValueId& in : inputs) {
+      for (size_t i = 0; i < allow.at(n.op); ++i) {
+        ValueId& in = inputs[i];
         ASSIGN_OR_RETURN(
             std::vector<ValueId> cast,
             out.AddOp(

@@ -36,6 +36,7 @@
 #include "core/status.h"
 #include "core/text.h"
 #include "ops/cpu/cpu_util.h"
+#include "ops/cpu/vec_math.h"
 
 namespace tessera::ops::cpu {
 namespace {
@@ -167,9 +168,10 @@ float* TransposeBuffer(int64_t floats) {
   return buffer.get();
 }
 
-// Rows [row_begin, row_end) x columns [col_begin, col_end) of item `item`'s output.
-absl::Status RunPiece(const GemmArgs& g, int64_t item, int64_t row_begin, int64_t row_end, int64_t col_begin,
-                      int64_t col_end) {
+// Rows [row_begin, row_end) x columns [col_begin, col_end) of item `item`'s
+// GEMM into g.y.
+absl::Status GemmPiece(const GemmArgs& g, int64_t item, int64_t row_begin, int64_t row_end, int64_t col_begin,
+                       int64_t col_end) {
   if (g.a_bf16 != nullptr) {
     const uint16_t* a = g.a_bf16 + item * g.m * g.k + (g.transpose_a ? row_begin : row_begin * g.k);
     const uint16_t* b = g.b_bf16 + item * g.k * g.n + (g.transpose_b ? col_begin * g.k : col_begin);
@@ -197,6 +199,45 @@ absl::Status RunPiece(const GemmArgs& g, int64_t item, int64_t row_begin, int64_
   }
   return SgemmBlock(g.transpose_a, g.transpose_b, rows, cols, g.k, g.alpha, a, g.transpose_a ? g.m : g.k, b, ldb, y,
                     g.n);
+}
+
+// GemmArgs' epilogue over rows [row_begin, row_end) x columns [col_begin,
+// col_end) of item `item`, whose GEMM sums are in `sums` (y, or aux with
+// GELU). z = sum + bias is formed as bias_gelu forms x + bias, so the two
+// give the same bits.
+void Epilogue(const GemmArgs& g, float* sums, int64_t item, int64_t row_begin, int64_t row_end, int64_t col_begin,
+              int64_t col_end) {
+  const float* bias = g.bias + col_begin;
+  const int64_t cols = col_end - col_begin;
+  for (int64_t r = row_begin; r < row_end; ++r) {
+    const int64_t offset = (item * g.m + r) * g.n + col_begin;
+    float* z = sums + offset;
+    float* y = g.y + offset;
+    if (g.gelu == 0) {
+      for (int64_t c = 0; c < cols; ++c) z[c] += bias[c];
+    } else if (g.gelu == 2) {
+      for (int64_t c = 0; c < cols; ++c) {
+        z[c] += bias[c];
+        y[c] = GeluF(z[c], true);
+      }
+    } else {
+      for (int64_t c = 0; c < cols; ++c) {
+        z[c] += bias[c];
+        y[c] = GeluF(z[c], false);
+      }
+    }
+  }
+}
+
+// Rows [row_begin, row_end) x columns [col_begin, col_end) of item `item`'s
+// output, then the epilogue on them.
+absl::Status RunPiece(const GemmArgs& args, int64_t item, int64_t row_begin, int64_t row_end, int64_t col_begin,
+                      int64_t col_end) {
+  GemmArgs g = args;
+  if (g.bias != nullptr && g.gelu != 0) g.y = g.aux;  // the GEMM writes the sums into aux
+  RETURN_IF_ERROR(GemmPiece(g, item, row_begin, row_end, col_begin, col_end));
+  if (g.bias != nullptr) Epilogue(args, g.y, item, row_begin, row_end, col_begin, col_end);
+  return absl::OkStatus();
 }
 
 // How one item is cut into pieces: a grid of row_blocks x col_blocks.
@@ -259,10 +300,6 @@ absl::StatusOr<GemmArgs> LocalGemm(const KernelContext& ctx, bool batched) {
                                              ", transpose_b=", g.transpose_b, ")"));
   }
   g.y = y.data<float>();
-  if (!low) {
-    g.a = a.data<float>();
-    g.b = b.data<float>();
-  }
   return g;
 }
 
@@ -292,10 +329,14 @@ std::unique_ptr<float[]> Widened(const KernelContext& ctx, const Tensor& t) {
   return out;
 }
 
-absl::Status GemmKernel(KernelContext& ctx, bool batched) {
-  ASSIGN_OR_RETURN(GemmArgs g, LocalGemm(ctx, batched));
-  const Tensor &a = ctx.input(0), &b = ctx.input(1);
-  if (a.dtype() == DType::kF32) return RunGemm(ctx, g);
+// RunGemm on inputs a, b of any GEMM dtype (f32, bf16 or f16 alike; g
+// holds everything else).
+absl::Status RunGemmOn(const KernelContext& ctx, GemmArgs g, const Tensor& a, const Tensor& b) {
+  if (a.dtype() == DType::kF32) {
+    g.a = a.data<float>();
+    g.b = b.data<float>();
+    return RunGemm(ctx, g);
+  }
   if (a.dtype() == DType::kBF16 && CpuHasBf16Gemm()) {
     g.a_bf16 = static_cast<const uint16_t*>(a.raw_data());
     g.b_bf16 = static_cast<const uint16_t*>(b.raw_data());
@@ -307,6 +348,11 @@ absl::Status GemmKernel(KernelContext& ctx, bool batched) {
   g.a = a32.get();
   g.b = b32.get();
   return RunGemm(ctx, g);
+}
+
+absl::Status GemmKernel(KernelContext& ctx, bool batched) {
+  ASSIGN_OR_RETURN(GemmArgs g, LocalGemm(ctx, batched));
+  return RunGemmOn(ctx, g, ctx.input(0), ctx.input(1));
 }
 
 }  // namespace
@@ -364,5 +410,34 @@ absl::Status SgemmOnThisThread(bool transpose_a, bool transpose_b, int64_t m, in
 absl::Status MatmulKernel(KernelContext& ctx) { return GemmKernel(ctx, /*batched=*/false); }
 
 absl::Status BatchMatmulKernel(KernelContext& ctx) { return GemmKernel(ctx, /*batched=*/true); }
+
+absl::Status MatmulBiasGeluKernel(KernelContext& ctx) {
+  const Tensor &x = ctx.input(0), &w = ctx.input(1), &bias = ctx.input(2);
+  const Tensor &y = ctx.output(0), &z = ctx.output(1);
+  const bool low = x.dtype() == DType::kBF16 || x.dtype() == DType::kF16;
+  if (!(x.dtype() == DType::kF32 || low) || w.dtype() != x.dtype() || bias.dtype() != DType::kF32 ||
+      y.dtype() != DType::kF32 || z.dtype() != DType::kF32) {
+    return absl::InvalidArgumentError(StrCat(
+        "x, weight f32, bf16 or f16 alike and bias, y, z f32, got ", DTypeName(x.dtype()), ", ", DTypeName(w.dtype()),
+        ", ", DTypeName(bias.dtype()), ", ", DTypeName(y.dtype()), ", ", DTypeName(z.dtype())));
+  }
+  const bool shapes_ok = x.shape().rank() == 2 && w.shape().rank() == 2 && w.shape()[0] == x.shape()[1] &&
+                         bias.shape() == Shape{w.shape()[1]} && y.shape() == Shape{x.shape()[0], w.shape()[1]} &&
+                         z.shape() == y.shape();
+  if (!shapes_ok) {
+    return absl::InvalidArgumentError(StrCat("local shapes x ", x.shape().ToString(), ", weight ", w.shape().ToString(),
+                                             ", bias ", bias.shape().ToString(), ", y ", y.shape().ToString(), ", z ",
+                                             z.shape().ToString(), " do not match"));
+  }
+  GemmArgs g;
+  g.m = x.shape()[0];
+  g.k = x.shape()[1];
+  g.n = w.shape()[1];
+  g.y = y.data<float>();
+  g.aux = z.data<float>();
+  g.bias = bias.data<float>();
+  g.gelu = ctx.attr().String("approximate") == "tanh" ? 2 : 1;
+  return RunGemmOn(ctx, g, x, w);
+}
 
 }  // namespace tessera::ops::cpu

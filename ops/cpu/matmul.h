@@ -16,6 +16,9 @@ namespace tessera::ops::cpu {
 absl::Status MatmulKernel(KernelContext& ctx);
 // The same for every item of equal leading (batch) dimensions.
 absl::Status BatchMatmulKernel(KernelContext& ctx);
+// z = x @ weight + bias and y = GELU(z) (matmul_bias_gelu): one RunGemm with
+// the bias + GELU epilogue.
+absl::Status MatmulBiasGeluKernel(KernelContext& ctx);
 
 // `batch` independent row-major GEMMs y[i] (m, n) = alpha * op(a[i]) @ op(b[i])
 // where op(a[i]) is (m, k) and op(b[i]) is (k, n); a[i] is stored (m, k), or
@@ -35,6 +38,13 @@ struct GemmArgs {
   // CpuHasBf16Gemm() first (elsewhere the inputs are widened to f32).
   const uint16_t* a_bf16 = nullptr;
   const uint16_t* b_bf16 = nullptr;
+  // Epilogue, run on each piece's block right after its GEMM (while the
+  // block is still in cache): with `bias` (n floats) every row of the block
+  // gets bias added; with `gelu` too (1: erf, 2: tanh approximation) the
+  // sums go to `aux` (laid out as y) and y = GELU(aux).
+  const float* bias = nullptr;
+  float* aux = nullptr;
+  int gelu = 0;
 };
 
 // Whether this CPU multiplies bf16 natively (AVX512-BF16), so that RunGemm's

@@ -73,6 +73,15 @@ int LaunchAdamw(const float* param, const float* grad, const float* m, const flo
 // alike). A cuBLAS failure returns -(cublasStatus_t).
 int LaunchGemm(int a_dtype, bool ta, bool tb, int64_t batch, int64_t M, int64_t N, int64_t K, float alpha,
                const void* a, const void* b, float* y);
+// z = x @ w + bias for row-major x (M x K) and w (K x N) of x_dtype (as
+// LaunchGemm's), f32 bias (N), z (M x N): one cublasLtMatmul with the bias
+// as its epilogue; with y non-null also y = GELU(z) in the epilogue
+// (GELU_AUX_BIAS, z its auxiliary output), cuBLASLt's GELU being the tanh
+// approximation. Sets *fused when it ran; when cuBLASLt has no kernel for it
+// (an empty extent; N not a multiple of 8 with GELU; no algorithm for these
+// types and alignments) it returns 0 with *fused false and writes nothing.
+int LaunchGemmBiasLt(int x_dtype, int64_t M, int64_t N, int64_t K, const void* x, const void* w, const float* bias,
+                     float* z, float* y, bool* fused);
 
 // Every element of dst (n elements of `elem` bytes: 1, 2, 4 or 8) set to
 // the low `elem` bytes of `bits` (fill, zeros, ones).

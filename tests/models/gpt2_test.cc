@@ -158,12 +158,21 @@ TEST(Gpt2, HintsAndLayerIdxFollowTheConvention) {
 // the column matmuls B x S(1) -> S(1) and attention split by heads, the row
 // matmuls S(1) x S(0) -> P, and pays exactly two all-reduces of the hidden
 // state per block (after attn.c_proj and mlp.c_proj).
-TEST(Gpt2, TensorParallelForwardIsMegatrons) {
-  std::unique_ptr<Model> model = MakeModel(NanoConfig()["model"]);
+void ExpectMegatronForward(bool fusion) {
+  SCOPED_TRACE(fusion ? "model.bias_gelu_fusion=true" : "unfused");
+  std::unique_ptr<Model> model =
+      MakeModel(NanoConfig({StrCat("model.bias_gelu_fusion=", fusion ? "true" : "false")})["model"]);
   ASSERT_NE(model, nullptr);
   const int64_t batch = 4, T = 32, C = 64;
   auto graph = model->BuildGraph(batch);
   ASSERT_TRUE(graph.ok()) << graph.status();
+  int fused_ops = 0, bias_gelus = 0;
+  for (const graph::Node& n : graph->nodes()) {
+    fused_ops += n.op == "matmul_bias_gelu";
+    bias_gelus += n.op == "bias_gelu";
+  }
+  EXPECT_EQ(fused_ops, fusion ? 2 : 0);  // gpt2_nano's 2 layers
+  EXPECT_EQ(bias_gelus, fusion ? 0 : 2);
   for (int64_t dp : {1, 2}) {
     auto mesh = scheduler::DeviceMesh::Make({.data = dp, .tensor = 2, .world_size = 2 * dp});
     ASSERT_TRUE(mesh.ok()) << mesh.status();
@@ -174,7 +183,7 @@ TEST(Gpt2, TensorParallelForwardIsMegatrons) {
       EXPECT_EQ(e.cost, 0) << graph->value(e.value).name << ": " << e.description;
     }
     for (const graph::Node& n : graph->nodes()) {
-      if (n.op != "matmul") continue;
+      if (n.op != "matmul" && n.op != "matmul_bias_gelu") continue;
       const Sbp tp_out = sbp->nodes[static_cast<size_t>(n.id)].outputs[0][1];
       if (n.scope.ends_with("c_attn") || n.scope.ends_with("c_fc")) {
         EXPECT_EQ(tp_out, Sbp::Split(1)) << n.scope;
@@ -204,6 +213,13 @@ TEST(Gpt2, TensorParallelForwardIsMegatrons) {
       }
     }
   }
+}
+
+// With model.bias_gelu_fusion each MLP's c_fc, bias and GELU are one
+// matmul_bias_gelu op, column-split as c_fc's matmul is, at the same cost.
+TEST(Gpt2, TensorParallelForwardIsMegatrons) {
+  ExpectMegatronForward(false);
+  ExpectMegatronForward(true);
 }
 
 // Backward mirrors forward (autodiff gives a hinted activation's gradient

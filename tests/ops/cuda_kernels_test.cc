@@ -10,10 +10,11 @@
 
 #include <algorithm>
 #include <chrono>
-#include <condition_variable>
-#include <mutex>
 #include <cmath>
+#include <condition_variable>
+#include <cstdio>
 #include <cstring>
+#include <mutex>
 #include <random>
 #include <set>
 #include <string>
@@ -76,11 +77,10 @@ TEST(CudaKernels, RegisteredWhereTheBuildHasCuda) {
       "softmax", "softmax_grad", "log_softmax", "log_softmax_grad", "fused_scale_causal_softmax",
       "fused_scale_mask_softmax", "layer_norm", "layer_norm_grad", "rms_norm", "rms_norm_grad",
       // optimizers and products
-      "sgd_update", "adamw_update", "nonfinite", "loss_scale_update", "matmul", "batch_matmul",
+      "sgd_update", "adamw_update", "nonfinite", "loss_scale_update", "matmul", "batch_matmul", "matmul_bias_gelu",
       // embeddings, loss
       "embedding", "embedding_grad", "bias_gelu_grad", "cross_entropy_partials", "cross_entropy_partials_grad",
-      "sparse_softmax_cross_entropy", "sparse_softmax_cross_entropy_grad",
-      "dropout",
+      "sparse_softmax_cross_entropy", "sparse_softmax_cross_entropy_grad", "dropout",
       // reductions
       "reduce_sum", "reduce_mean", "reduce_max", "square_sum",
       // data movement
@@ -145,6 +145,29 @@ Tensor ToHost(const Tensor& on_device) {
   return *std::move(t);
 }
 
+// Runs op `name` on cuda:0 with `inputs` copied there; the outputs copied
+// back, none when *status is an error.
+std::vector<Tensor> RunOnGpu(const std::string& name, const std::vector<Tensor>& inputs, const AttrMap& attrs,
+                             absl::Status* status) {
+  const Device gpu{DeviceType::kCuda, 0};
+  const OpSchema& schema = *BuiltinOps().Find(name);
+  auto canonical = schema.CanonicalizeAttrs(attrs);
+  std::vector<TensorMeta> metas;
+  for (const Tensor& t : inputs) metas.push_back(t.meta());
+  auto out = schema.InferMeta(metas, *canonical);
+  KernelContext ctx;
+  for (const Tensor& t : inputs) ctx.inputs.push_back(ToDevice(t, gpu));
+  for (const TensorMeta& m : *out) ctx.outputs.push_back(*Tensor::Empty(m.shape, m.dtype, gpu));
+  ctx.attrs = &*canonical;
+  ctx.device = gpu;
+  *status = RunKernel(schema, ctx);
+  std::vector<Tensor> host;
+  if (status->ok()) {
+    for (const Tensor& t : ctx.outputs) host.push_back(ToHost(t));
+  }
+  return host;
+}
+
 TEST(CudaKernels, MatchTheCpuKernels) {
   if (const std::string why = NoGpu(); !why.empty()) GTEST_SKIP() << why;
   const Device gpu{DeviceType::kCuda, 0};
@@ -191,6 +214,61 @@ TEST(CudaKernels, MatchTheCpuKernels) {
   }
   EXPECT_GE(checked, 56);
 }
+// matmul_bias_gelu beyond its example: f32 (the bias in cuBLASLt's
+// epilogue, the GELU kernel after) and bf16 (with the tanh GELU all in the
+// GELU_AUX_BIAS epilogue when N is a multiple of 8), N a multiple of 8 and
+// not, both GELUs, against the CPU kernel on the same inputs. z must agree
+// to the GEMM's rounding; y too in f32; cuBLASLt's own GELU (bf16, tanh) is
+// held to 1e-3 of the largest |y| and its worst difference printed.
+TEST(CudaKernels, MatmulBiasGeluMatchesTheCpu) {
+  if (const std::string why = NoGpu(); !why.empty()) GTEST_SKIP() << why;
+  for (const DType dtype : {DType::kF32, DType::kBF16}) {
+    for (const auto& [M, K, N] : {std::tuple{64, 96, 128}, std::tuple{33, 70, 50}, std::tuple{256, 768, 3072}}) {
+      for (const std::string approximate : {"none", "tanh"}) {
+        SCOPED_TRACE(StrCat(DTypeName(dtype), " M K N = ", M, " ", K, " ", N, " ", approximate));
+        std::mt19937 rng(5);
+        std::vector<Tensor> in = {RandomInput({DType::kF32, Shape{M, K}}, false, rng),
+                                  RandomInput({DType::kF32, Shape{K, N}}, false, rng),
+                                  RandomInput({DType::kF32, Shape{N}}, false, rng)};
+        for (int i = 0; i < 2; ++i) {
+          auto scaled = RunOp("scalar_mul", {in[i]}, {{"value", 1.0 / std::sqrt(static_cast<double>(K))}});
+          ASSERT_TRUE(scaled.ok()) << scaled.status();
+          in[i] = (*scaled)[0];
+          if (dtype != DType::kF32) {
+            auto low = RunOp("cast", {in[i]}, {{"dtype", dtype}});
+            ASSERT_TRUE(low.ok()) << low.status();
+            in[i] = (*low)[0];
+          }
+        }
+        const AttrMap attrs = {{"approximate", approximate}};
+        auto want = RunOp("matmul_bias_gelu", in, attrs);
+        ASSERT_TRUE(want.ok()) << want.status();
+        absl::Status status;
+        const std::vector<Tensor> got = RunOnGpu("matmul_bias_gelu", in, attrs, &status);
+        ASSERT_TRUE(status.ok()) << status;
+        const bool lt_gelu = dtype != DType::kF32 && approximate == "tanh" && N % 8 == 0;
+        double worst = 0, largest = 0;
+        for (size_t k = 0; k < 2; ++k) {
+          const std::vector<double> g = got[k].ToDoubleVector(), r = (*want)[k].ToDoubleVector();
+          for (size_t i = 0; i < r.size(); ++i) {
+            if (k == 0 && lt_gelu) {
+              worst = std::max(worst, std::fabs(g[i] - r[i]));
+              largest = std::max(largest, std::fabs(r[i]));
+              continue;
+            }
+            ASSERT_NEAR(g[i], r[i], 1e-5 * std::fabs(r[i]) + 1e-5) << "output " << k << " element " << i;
+          }
+        }
+        if (lt_gelu) {
+          EXPECT_LE(worst, 1e-3 * largest) << "cuBLASLt's GELU epilogue against the CPU's formula";
+          std::printf("matmul_bias_gelu %s %dx%dx%d tanh through GELU_AUX_BIAS: max |y - y_cpu| %.3g (max |y| %.3g)\n",
+                      std::string(DTypeName(dtype)).c_str(), M, K, N, worst, largest);
+        }
+      }
+    }
+  }
+}
+
 // The fused attention beyond its example: shapes across the CUDA kernels'
 // 32-row tiles and 4-row blocks, head dims 64 and 128 (the kernel's limit),
 // causal with T > S, masked with T < S, with and without dropout (the same
@@ -198,26 +276,6 @@ TEST(CudaKernels, MatchTheCpuKernels) {
 // head dim over 128 is refused by name.
 TEST(CudaKernels, FlashAttentionMatchesTheCpuAcrossTiles) {
   if (const std::string why = NoGpu(); !why.empty()) GTEST_SKIP() << why;
-  const Device gpu{DeviceType::kCuda, 0};
-  auto run_on_gpu = [&](const std::string& name, const std::vector<Tensor>& inputs, const AttrMap& attrs,
-                        absl::Status* status) {
-    const OpSchema& schema = *BuiltinOps().Find(name);
-    auto canonical = schema.CanonicalizeAttrs(attrs);
-    std::vector<TensorMeta> metas;
-    for (const Tensor& t : inputs) metas.push_back(t.meta());
-    auto out = schema.InferMeta(metas, *canonical);
-    KernelContext ctx;
-    for (const Tensor& t : inputs) ctx.inputs.push_back(ToDevice(t, gpu));
-    for (const TensorMeta& m : *out) ctx.outputs.push_back(*Tensor::Empty(m.shape, m.dtype, gpu));
-    ctx.attrs = &*canonical;
-    ctx.device = gpu;
-    *status = RunKernel(schema, ctx);
-    std::vector<Tensor> host;
-    if (status->ok()) {
-      for (const Tensor& t : ctx.outputs) host.push_back(ToHost(t));
-    }
-    return host;
-  };
   struct Shape5 {
     int64_t B, H, T, S, D;
     bool causal, masked;
@@ -249,7 +307,7 @@ TEST(CudaKernels, FlashAttentionMatchesTheCpuAcrossTiles) {
     ASSERT_TRUE(want_grad.ok()) << want_grad.status();
     for (const auto& [op, inputs, expected] : {std::tuple{name, in, *want}, std::tuple{name + "_grad", grad_in, *want_grad}}) {
       absl::Status status;
-      const std::vector<Tensor> got = run_on_gpu(op, inputs, attrs, &status);
+      const std::vector<Tensor> got = RunOnGpu(op, inputs, attrs, &status);
       ASSERT_TRUE(status.ok()) << op << ": " << status;
       for (size_t k = 0; k < expected.size(); ++k) {
         const std::vector<double> g = got[k].ToDoubleVector(), r = expected[k].ToDoubleVector();
@@ -263,7 +321,7 @@ TEST(CudaKernels, FlashAttentionMatchesTheCpuAcrossTiles) {
   std::mt19937 rng(4);
   const Tensor wide = RandomInput({DType::kF32, Shape{1, 1, 4, 160}}, false, rng);
   absl::Status status;
-  run_on_gpu("flash_attention", {wide, wide, wide}, {}, &status);
+  RunOnGpu("flash_attention", {wide, wide, wide}, {}, &status);
   EXPECT_NE(status.message().find("head dim 160 is over the kernel's 128"), std::string::npos) << status;
 }
 

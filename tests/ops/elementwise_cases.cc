@@ -44,10 +44,8 @@ ReferenceFn BinaryRef(BinaryFn fn) {
   };
 }
 
-double Gelu(double x) { return 0.5 * x * (1 + std::erf(x / std::sqrt(2.0))); }
-double GeluTanh(double x) {
-  return 0.5 * x * (1 + std::tanh(std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
-}
+double Gelu(double x) { return ReferenceGelu(x, false); }
+double GeluTanh(double x) { return ReferenceGelu(x, true); }
 double GeluGrad(double x) { return 0.5 * (1 + std::erf(x / std::sqrt(2.0))) + x * std::exp(-0.5 * x * x) / std::sqrt(2 * M_PI); }
 double GeluTanhGrad(double x) {
   const double u = std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x);

@@ -1,7 +1,7 @@
 // Cases for matmul and batch_matmul: every transpose combination, alpha != 1,
 // extents (5, 7, 3) that split unevenly over 2, 3 and 4 shards, extents
 // smaller than the shard count (empty shards, K = 0 pieces), and batch ranks
-// 3 and 4.
+// 3 and 4; matmul_bias_gelu with both GELUs.
 
 #include <string>
 #include <tuple>
@@ -70,6 +70,32 @@ OpTestCase Gemm(std::string op, std::string label, const std::vector<int64_t>& b
                   ReferenceGemm, {{"transpose_a", ta}, {"transpose_b", tb}, {"alpha", alpha}});
 }
 
+// matmul_bias_gelu: z = x @ w + bias, y = GELU(z), in double.
+std::vector<Tensor> ReferenceMatmulBiasGelu(const std::vector<Tensor>& in, const AttrMap& attrs) {
+  const bool tanh_approx = attrs.String("approximate") == "tanh";
+  const int64_t m = in[0].shape()[0], k = in[0].shape()[1], n = in[1].shape()[1];
+  const std::vector<double> x = in[0].ToDoubleVector(), w = in[1].ToDoubleVector(), bias = in[2].ToDoubleVector();
+  std::vector<double> y(static_cast<size_t>(m * n)), z(y.size());
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      double sum = bias[static_cast<size_t>(j)];
+      for (int64_t l = 0; l < k; ++l) sum += x[static_cast<size_t>(i * k + l)] * w[static_cast<size_t>(l * n + j)];
+      z[static_cast<size_t>(i * n + j)] = sum;
+      y[static_cast<size_t>(i * n + j)] = ReferenceGelu(sum, tanh_approx);
+    }
+  }
+  const DType dtype = RefFloatDType(in);
+  return {FromDoubles(Shape{m, n}, dtype, y), FromDoubles(Shape{m, n}, dtype, z)};
+}
+
+OpTestCase MatmulBiasGelu(std::string label, int64_t m, int64_t k, int64_t n, const std::string& approximate,
+                          uint64_t seed) {
+  return MakeCase(
+      "matmul_bias_gelu", std::move(label),
+      {RandomUniform(Shape{m, k}, seed), RandomUniform(Shape{k, n}, seed + 1), RandomUniform(Shape{n}, seed + 2)},
+      ReferenceMatmulBiasGelu, {{"approximate", approximate}});
+}
+
 }  // namespace
 
 std::vector<OpTestCase> MatmulCases() {
@@ -120,6 +146,22 @@ std::vector<OpTestCase> MatmulCases() {
   long_k.check_grad = false;
   long_k.rtol = long_k.atol = 1e-4;
   cases.push_back(long_k);
+
+  // matmul_bias_gelu: both GELUs, extents splitting unevenly (rows with x,
+  // columns with weight and bias), fewer rows and columns than shards, K = 0
+  // (z = bias), and a size past the pool's grain where the epilogue runs on
+  // each thread's own block (two row blocks and column tails).
+  cases.push_back(MatmulBiasGelu("exact_5x7x3", 5, 7, 3, "none", 41));
+  cases.push_back(MatmulBiasGelu("tanh_6x5x9", 6, 5, 9, "tanh", 44));
+  cases.push_back(MatmulBiasGelu("tiny_2x3x1_empty_shards", 2, 3, 1, "tanh", 47));
+  cases.push_back(MatmulBiasGelu("k0_3x0x4", 3, 0, 4, "none", 50));
+  for (const auto& [label, approximate] :
+       {std::pair{"large_exact_67x129x131", "none"}, std::pair{"large_tanh_67x129x131", "tanh"}}) {
+    OpTestCase t = MatmulBiasGelu(label, 67, 129, 131, approximate, 53);
+    t.check_grad = false;
+    t.rtol = t.atol = 1e-4;
+    cases.push_back(t);
+  }
   return cases;
 }
 

@@ -172,4 +172,9 @@ absl::StatusOr<GradientCheck> CheckGradient(const OpTestCase& c, const OpRegistr
   return check;
 }
 
+double ReferenceGelu(double x, bool tanh_approx) {
+  if (tanh_approx) return 0.5 * x * (1 + std::tanh(std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
+  return 0.5 * x * (1 + std::erf(x / std::sqrt(2.0)));
+}
+
 }  // namespace tessera::ops::testing

@@ -74,6 +74,8 @@ Tensor Zeros(const Shape& shape, DType dtype);
 Tensor FromDoubles(const Shape& shape, DType dtype, const std::vector<double>& values);
 // An f64 copy of a floating tensor (exact); other dtypes are returned as they are.
 Tensor ToF64(const Tensor& t);
+// GELU in double: exact (erf) or the tanh approximation.
+double ReferenceGelu(double x, bool tanh_approx);
 
 // What CheckGradient found: `worst` is the largest |analytic - fd| over its
 // tolerance among `checked` elements (> 1 means a mismatch), `mismatch`
