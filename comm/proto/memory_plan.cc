@@ -275,7 +275,8 @@ class ProtocolModel {
   // events its chunks walk, times their words, and the bit tests).
   int64_t Work(const std::vector<DeviceSources>& analysis) const {
     double work = 0;
-    const double degree = order_.empty() ? 0 : static_cast<double>(edges_.size()) / static_cast<double>(order_.size());
+    const double degree =
+        position_.empty() ? 0 : static_cast<double>(position_edges_.size()) / static_cast<double>(position_.size());
     for (const DeviceSources& device : analysis) {
       for (const Chunk& c : device.chunks) {
         work += static_cast<double>(c.hi - c.lo + 1) * static_cast<double>(c.words) * (1 + degree) +
@@ -379,7 +380,7 @@ class ProtocolModel {
   }
 
  private:
-  int64_t EventCount() const { return static_cast<int64_t>(order_.size()); }
+  int64_t EventCount() const { return static_cast<int64_t>(position_.size()); }
 
   struct Task {
     const proto::Task* task = nullptr;
@@ -461,8 +462,8 @@ class ProtocolModel {
 
   void Edge(const Task& from, int64_t from_act, bool from_end, const Task& to, int64_t to_act, bool to_end) {
     if (!InRange(from, from_act) || !InRange(to, to_act)) return;
-    pairs_.emplace_back(from_end ? End(from, from_act) : Start(from, from_act),
-                        to_end ? End(to, to_act) : Start(to, to_act));
+    pairs_.emplace_back(static_cast<int32_t>(from_end ? End(from, from_act) : Start(from, from_act)),
+                        static_cast<int32_t>(to_end ? End(to, to_act) : Start(to, to_act)));
   }
 
   // Registers per iteration of desc `d` (REPEAT and ACC follow their
@@ -685,7 +686,7 @@ class ProtocolModel {
     for (size_t v = 0; v < static_cast<size_t>(events); ++v) edge_start_[v + 1] += edge_start_[v];
     edges_.assign(pairs_.size(), 0);
     std::vector<int64_t> fill(edge_start_.begin(), edge_start_.end() - 1);
-    std::vector<int64_t> indegree(static_cast<size_t>(events), 0);
+    std::vector<int32_t> indegree(static_cast<size_t>(events), 0);
     for (const auto& [from, to] : pairs_) {
       edges_[static_cast<size_t>(fill[static_cast<size_t>(from)]++)] = to;
       ++indegree[static_cast<size_t>(to)];
@@ -694,7 +695,7 @@ class ProtocolModel {
     pairs_.shrink_to_fit();
     order_.reserve(static_cast<size_t>(events));
     for (int64_t v = 0; v < events; ++v) {
-      if (indegree[static_cast<size_t>(v)] == 0) order_.push_back(v);
+      if (indegree[static_cast<size_t>(v)] == 0) order_.push_back(static_cast<int32_t>(v));
     }
     for (size_t i = 0; i < order_.size(); ++i) {
       const int64_t v = order_[i];
@@ -717,6 +718,8 @@ class ProtocolModel {
       }
       position_edge_start_[p + 1] = k;
     }
+    for (auto* v : {&edges_, &order_}) std::vector<int32_t>().swap(*v);
+    std::vector<int64_t>().swap(edge_start_);
     return "";
   }
 
@@ -724,10 +727,14 @@ class ProtocolModel {
   std::string error_;
   std::vector<Task> tasks_;
   std::vector<Desc> descs_;
-  std::vector<std::pair<int64_t, int64_t>> pairs_;  // edges while building
-  std::vector<int64_t> edge_start_, edges_;         // CSR
-  std::vector<int64_t> order_;                      // topological
-  std::vector<int32_t> position_;                   // [event]: its index in order_ (events <= kMaxEvents)
+  // Events are below kMaxEvents (int32). While building: the edges, as
+  // pairs, then by event (CSR), and a topological order; kept after: each
+  // event's position in that order, and the edges by position.
+  std::vector<std::pair<int32_t, int32_t>> pairs_;
+  std::vector<int64_t> edge_start_;
+  std::vector<int32_t> edges_;
+  std::vector<int32_t> order_;
+  std::vector<int32_t> position_;                   // [event]: its index in order_
   std::vector<int64_t> position_edge_start_;        // CSR by position: edges from order_[p] ...
   std::vector<int32_t> position_edges_;             // ... to these positions
 };
