@@ -140,6 +140,26 @@ absl::Status SquareSumKernel(KernelContext& ctx) {
   return absl::OkStatus();
 }
 
+absl::Status ReduceMaxGradKernel(KernelContext& ctx) {
+  const std::vector<bool> mask = MaskOf(ctx.input(0).shape(), ctx.attr());
+#ifdef TESSERA_WITH_CUDA
+  if (ctx.device.type == DeviceType::kCuda) {
+    return cuda::ReduceMaxGrad(ctx, ctx.input(0), mask, ctx.input(1), ctx.input(2), ctx.output(0));
+  }
+#endif
+  cpu::ReduceMaxGrad(ctx, ctx.input(0), mask, ctx.input(1), ctx.input(2), ctx.output(0));
+  return absl::OkStatus();
+}
+
+absl::Status ArgmaxKernel(KernelContext& ctx) {
+  const int axis = *NormalizeAxis(ctx.attr().Int("axis"), ctx.input(0).shape().rank());
+#ifdef TESSERA_WITH_CUDA
+  if (ctx.device.type == DeviceType::kCuda) return cuda::Argmax(ctx, ctx.input(0), axis, ctx.output(0));
+#endif
+  cpu::Argmax(ctx, ctx.input(0), axis, ctx.output(0));
+  return absl::OkStatus();
+}
+
 OpSchema ReduceSchema(const std::string& name, const std::string& doc) {
   return OpSchema(name)
       .Doc(doc)
@@ -249,19 +269,18 @@ void RegisterReductions(OpRegistry& r) {
             sigs.push_back({{Sbp::Broadcast(), Sbp::Broadcast(), Sbp::PartialSum()}, {Sbp::PartialSum()}});
             return sigs;
           })
-          .Kernel(DeviceType::kCpu,
-                  [](KernelContext& ctx) {
-                    cpu::ReduceMaxGrad(ctx, ctx.input(0), MaskOf(ctx.input(0).shape(), ctx.attr()), ctx.input(1),
-                                       ctx.input(2), ctx.output(0));
-                    return absl::OkStatus();
-                  })
+          .Kernel(DeviceType::kCpu, ReduceMaxGradKernel)
+#ifdef TESSERA_WITH_CUDA
+          .Kernel(DeviceType::kCuda, ReduceMaxGradKernel)
+#endif
           .Example({kExample, {DType::kF32, Shape{4}}, {DType::kF32, Shape{4}}}, {{"axes", std::vector<int64_t>{1}}}));
 }
 
 void RegisterIndexReductions(OpRegistry& r) {
   r.MustRegister(
       OpSchema("argmax")
-          .Doc("y (i64) = index of the max of x along `axis`, the lowest index among ties")
+          .Doc("y (i64) = index of the max of x along `axis`, the lowest index among ties; NaN is skipped (0 where "
+               "all are NaN)")
           .NonDifferentiableInput("x")
           .Output("y")
           .Attr("axis", AttrType::kInt, int64_t{-1})
@@ -285,12 +304,10 @@ void RegisterIndexReductions(OpRegistry& r) {
             mask[static_cast<size_t>(axis)] = true;
             return ReduceSignatures(in[0].shape, mask, attrs.Bool("keepdim"), std::nullopt, std::nullopt);
           })
-          .Kernel(DeviceType::kCpu,
-                  [](KernelContext& ctx) {
-                    const int axis = *NormalizeAxis(ctx.attr().Int("axis"), ctx.input(0).shape().rank());
-                    cpu::Argmax(ctx, ctx.input(0), axis, ctx.output(0));
-                    return absl::OkStatus();
-                  })
+          .Kernel(DeviceType::kCpu, ArgmaxKernel)
+#ifdef TESSERA_WITH_CUDA
+          .Kernel(DeviceType::kCuda, ArgmaxKernel)
+#endif
           .Example({kExample}));
 
   r.MustRegister(

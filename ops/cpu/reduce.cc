@@ -313,13 +313,16 @@ void Argmax(const KernelContext& ctx, const Tensor& x, int axis, const Tensor& y
     for (int64_t o = begin; o < end; ++o) {
       const float* block = src + o * N * I;  // (N, I)
       int64_t* idx = out + o * I;            // (I)
-      std::fill(best.begin(), best.end(), kNegInf);
+      // NaN until the column's first number (NaN is skipped, as in the
+      // rows above: a column of NaN gives 0, one of -inf its first).
+      std::fill(best.begin(), best.end(), std::numeric_limits<float>::quiet_NaN());
       std::fill(idx, idx + I, 0);
       // Strictly greater: the first maximum wins ties.
       for (int64_t n = 0; n < N; ++n) {
         const float* row = block + n * I;
         for (int64_t i = 0; i < I; ++i) {
-          const bool better = row[i] > best[static_cast<size_t>(i)];
+          const float b = best[static_cast<size_t>(i)];
+          const bool better = row[i] > b || (b != b && row[i] == row[i]);
           best[static_cast<size_t>(i)] = better ? row[i] : best[static_cast<size_t>(i)];
           idx[i] = better ? n : idx[i];
         }

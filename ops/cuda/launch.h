@@ -152,6 +152,12 @@ struct ReduceLayout {
   int64_t reduced_dims[kMaxRank] = {}, reduced_strides[kMaxRank] = {};
 };
 int LaunchReduce(int kind, const float* x, float* y, const ReduceLayout& layout, float scale);
+// reduce_max's gradient over the same layout: dx at each coordinate is
+// dy[o] / ties[o] where x equals y[o] (ties[o]: how many do), else 0.
+int LaunchReduceMaxGrad(const float* x, const float* y, const float* dy, float* dx, const ReduceLayout& layout);
+// y[o] (i64) = the reduced coordinate of the max of x (one reduced axis),
+// the lowest among ties; NaN is skipped, as the CPU's max; 0 for a row of NaN.
+int LaunchArgmax(const float* x, int64_t* y, const ReduceLayout& layout);
 
 // dx = dy * gelu'(x + bias), bias over rows of C (tanh: the approximation).
 int LaunchBiasGeluGrad(const float* x, const float* bias, const float* dy, float* dx, int64_t rows, int64_t C,

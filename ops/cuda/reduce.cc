@@ -10,10 +10,8 @@
 namespace tessera::ops::cuda {
 namespace {
 
-absl::Status Run(const KernelContext& ctx, int kind, const Tensor& x, const std::vector<bool>& reduced, float scale,
-                 const Tensor& y) {
-  RETURN_IF_ERROR(OnDevice(ctx));
-  const Shape& shape = x.shape();
+// x's axes split into kept and reduced ones, with their strides.
+absl::StatusOr<ReduceLayout> LayoutOf(const Shape& shape, const std::vector<bool>& reduced) {
   if (shape.rank() > kMaxRank) {
     return absl::UnimplementedError(StrCat("CUDA reductions up to rank ", kMaxRank, ", got ", shape.rank()));
   }
@@ -28,6 +26,13 @@ absl::Status Run(const KernelContext& ctx, int kind, const Tensor& x, const std:
       layout.kept_strides[layout.kept_rank++] = strides[static_cast<size_t>(a)];
     }
   }
+  return layout;
+}
+
+absl::Status Run(const KernelContext& ctx, int kind, const Tensor& x, const std::vector<bool>& reduced, float scale,
+                 const Tensor& y) {
+  RETURN_IF_ERROR(OnDevice(ctx));
+  ASSIGN_OR_RETURN(const ReduceLayout layout, LayoutOf(x.shape(), reduced));
   return Done(LaunchReduce(kind, x.data<float>(), y.data<float>(), layout, scale), "reduction");
 }
 
@@ -40,6 +45,22 @@ absl::Status Reduce(const KernelContext& ctx, cpu::ReduceKind kind, const Tensor
 
 absl::Status SquareSum(const KernelContext& ctx, const Tensor& x, const Tensor& y) {
   return Run(ctx, 2, x, std::vector<bool>(static_cast<size_t>(x.shape().rank()), true), 1.0f, y);
+}
+
+absl::Status ReduceMaxGrad(const KernelContext& ctx, const Tensor& x, const std::vector<bool>& reduced, const Tensor& y,
+                           const Tensor& dy, const Tensor& dx) {
+  RETURN_IF_ERROR(OnDevice(ctx));
+  ASSIGN_OR_RETURN(const ReduceLayout layout, LayoutOf(x.shape(), reduced));
+  return Done(LaunchReduceMaxGrad(x.data<float>(), y.data<float>(), dy.data<float>(), dx.data<float>(), layout),
+              "reduce_max_grad");
+}
+
+absl::Status Argmax(const KernelContext& ctx, const Tensor& x, int axis, const Tensor& y) {
+  RETURN_IF_ERROR(OnDevice(ctx));
+  std::vector<bool> reduced(static_cast<size_t>(x.shape().rank()), false);
+  reduced[static_cast<size_t>(axis)] = true;
+  ASSIGN_OR_RETURN(const ReduceLayout layout, LayoutOf(x.shape(), reduced));
+  return Done(LaunchArgmax(x.data<float>(), y.data<int64_t>(), layout), "argmax");
 }
 
 }  // namespace tessera::ops::cuda

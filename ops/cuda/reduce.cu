@@ -1,10 +1,12 @@
-// CUDA reductions (ops/cuda/launch.h LaunchReduce): one block per output
+// CUDA reductions (ops/cuda/launch.h LaunchReduce, LaunchReduceMaxGrad,
+// LaunchArgmax): one block per output
 // element, its threads striding over the reduced coordinates, then a block
 // reduction in shared memory.
 
 #include <cuda_runtime.h>
 
 #include <cmath>
+#include <cstdint>
 
 #include "ops/cuda/launch.h"
 #include "ops/cuda/launch_util.cuh"
@@ -51,15 +53,99 @@ __global__ void ReduceKernel(int kind, const float* x, float* y, int64_t outputs
   }
 }
 
+__global__ void ReduceMaxGradKernel(const float* x, const float* y, const float* dy, float* dx, int64_t outputs,
+                                    int64_t reduced, ReduceLayout l) {
+  __shared__ float scratch[kThreads];
+  for (int64_t o = blockIdx.x; o < outputs; o += gridDim.x) {
+    const int64_t base = Offset(o, l.kept_rank, l.kept_dims, l.kept_strides);
+    const float best = y[o];
+    float ties = 0;
+    for (int64_t r = threadIdx.x; r < reduced; r += kThreads) {
+      ties += x[base + Offset(r, l.reduced_rank, l.reduced_dims, l.reduced_strides)] == best ? 1.0f : 0.0f;
+    }
+    scratch[threadIdx.x] = ties;
+    __syncthreads();
+    for (int half = kThreads / 2; half > 0; half /= 2) {
+      if (threadIdx.x < half) scratch[threadIdx.x] += scratch[threadIdx.x + half];
+      __syncthreads();
+    }
+    const float share = dy[o] / scratch[0];  // as the CPU's: dy / ties
+    for (int64_t r = threadIdx.x; r < reduced; r += kThreads) {
+      const int64_t at = base + Offset(r, l.reduced_rank, l.reduced_dims, l.reduced_strides);
+      dx[at] = x[at] == best ? share : 0.0f;
+    }
+    __syncthreads();
+  }
+}
+
+__global__ void ArgmaxKernel(const float* x, int64_t* y, int64_t outputs, int64_t reduced, ReduceLayout l) {
+  constexpr int64_t kNone = INT64_MAX;
+  __shared__ float values[kThreads];
+  __shared__ int64_t indices[kThreads];
+  for (int64_t o = blockIdx.x; o < outputs; o += gridDim.x) {
+    const int64_t base = Offset(o, l.kept_rank, l.kept_dims, l.kept_strides);
+    float best = -INFINITY;
+    int64_t index = kNone;
+    for (int64_t r = threadIdx.x; r < reduced; r += kThreads) {
+      const float v = x[base + r * l.reduced_strides[0]];
+      // The first of the greatest (NaN compares false: skipped).
+      if (v > best || (v == best && index == kNone)) {
+        best = v;
+        index = r;
+      }
+    }
+    values[threadIdx.x] = best;
+    indices[threadIdx.x] = index;
+    __syncthreads();
+    for (int half = kThreads / 2; half > 0; half /= 2) {
+      if (threadIdx.x < half) {
+        const float v = values[threadIdx.x + half];
+        const int64_t i = indices[threadIdx.x + half];
+        if (v > values[threadIdx.x] || (v == values[threadIdx.x] && i < indices[threadIdx.x])) {
+          values[threadIdx.x] = v;
+          indices[threadIdx.x] = i;
+        }
+      }
+      __syncthreads();
+    }
+    if (threadIdx.x == 0) y[o] = indices[0] == kNone ? 0 : indices[0];
+    __syncthreads();
+  }
+}
+
+// Outputs and reduced coordinates of a layout.
+void Counts(const ReduceLayout& layout, int64_t* outputs, int64_t* reduced) {
+  *outputs = 1;
+  *reduced = 1;
+  for (int a = 0; a < layout.kept_rank; ++a) *outputs *= layout.kept_dims[a];
+  for (int a = 0; a < layout.reduced_rank; ++a) *reduced *= layout.reduced_dims[a];
+}
+
+unsigned GridOf(int64_t outputs) { return static_cast<unsigned>(outputs < (1 << 20) ? outputs : (1 << 20)); }
+
 }  // namespace
 
-int LaunchReduce(int kind, const float* x, float* y, const ReduceLayout& layout, float scale) {
-  int64_t outputs = 1, reduced = 1;
-  for (int a = 0; a < layout.kept_rank; ++a) outputs *= layout.kept_dims[a];
-  for (int a = 0; a < layout.reduced_rank; ++a) reduced *= layout.reduced_dims[a];
+int LaunchReduceMaxGrad(const float* x, const float* y, const float* dy, float* dx, const ReduceLayout& layout) {
+  int64_t outputs = 0, reduced = 0;
+  Counts(layout, &outputs, &reduced);
+  if (outputs == 0 || reduced == 0) return 0;
+  ReduceMaxGradKernel<<<GridOf(outputs), kThreads, 0, CurrentStream()>>>(x, y, dy, dx, outputs, reduced, layout);
+  return Finish();
+}
+
+int LaunchArgmax(const float* x, int64_t* y, const ReduceLayout& layout) {
+  int64_t outputs = 0, reduced = 0;
+  Counts(layout, &outputs, &reduced);
   if (outputs == 0) return 0;
-  const unsigned blocks = static_cast<unsigned>(outputs < (1 << 20) ? outputs : (1 << 20));
-  ReduceKernel<<<blocks, kThreads, 0, CurrentStream()>>>(kind, x, y, outputs, reduced, layout, scale);
+  ArgmaxKernel<<<GridOf(outputs), kThreads, 0, CurrentStream()>>>(x, y, outputs, reduced, layout);
+  return Finish();
+}
+
+int LaunchReduce(int kind, const float* x, float* y, const ReduceLayout& layout, float scale) {
+  int64_t outputs = 0, reduced = 0;
+  Counts(layout, &outputs, &reduced);
+  if (outputs == 0) return 0;
+  ReduceKernel<<<GridOf(outputs), kThreads, 0, CurrentStream()>>>(kind, x, y, outputs, reduced, layout, scale);
   return Finish();
 }
 

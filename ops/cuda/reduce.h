@@ -14,5 +14,10 @@ namespace tessera::ops::cuda {
 absl::Status Reduce(const KernelContext& ctx, cpu::ReduceKind kind, const Tensor& x, const std::vector<bool>& reduced,
                     float scale, const Tensor& y);
 absl::Status SquareSum(const KernelContext& ctx, const Tensor& x, const Tensor& y);
+absl::Status ReduceMaxGrad(const KernelContext& ctx, const Tensor& x, const std::vector<bool>& reduced, const Tensor& y,
+                           const Tensor& dy, const Tensor& dx);
+// The lowest index of the max along `axis`; NaN is skipped (a row of NaN
+// gives 0), as cpu::Argmax on last-axis rows.
+absl::Status Argmax(const KernelContext& ctx, const Tensor& x, int axis, const Tensor& y);
 
 }  // namespace tessera::ops::cuda

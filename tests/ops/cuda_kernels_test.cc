@@ -14,6 +14,7 @@
 #include <condition_variable>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <mutex>
 #include <random>
 #include <set>
@@ -82,7 +83,7 @@ TEST(CudaKernels, RegisteredWhereTheBuildHasCuda) {
       "embedding", "embedding_grad", "bias_gelu_grad", "cross_entropy_partials", "cross_entropy_partials_grad",
       "sparse_softmax_cross_entropy", "sparse_softmax_cross_entropy_grad", "dropout",
       // reductions
-      "reduce_sum", "reduce_mean", "reduce_max", "square_sum",
+      "reduce_sum", "reduce_mean", "reduce_max", "reduce_max_grad", "argmax", "square_sum",
       // data movement
       "cast", "reshape", "broadcast_to", "transpose", "slice", "slice_grad", "concat", "split", "depend",
       // makers and selections
@@ -274,6 +275,45 @@ TEST(CudaKernels, MatmulBiasGeluMatchesTheCpu) {
 // causal with T > S, masked with T < S, with and without dropout (the same
 // masks as the CPU's), forward and backward, against the CPU kernels; a
 // head dim over 128 is refused by name.
+// argmax and reduce_max_grad where ties abound (values from {0, 1, 2, 3},
+// one NaN), over every axis and groups of axes, kept or not: the same
+// indices (the lowest of the ties) and the same shares of dy as the CPU.
+TEST(CudaKernels, ArgmaxAndReduceMaxGradMatchTheCpuWithTies) {
+  if (const std::string why = NoGpu(); !why.empty()) GTEST_SKIP() << why;
+  std::mt19937 rng(11);
+  std::uniform_int_distribution<int> level(0, 3);
+  const Shape shape{5, 300, 3};
+  std::vector<float> values(static_cast<size_t>(shape.NumElements()));
+  for (float& v : values) v = static_cast<float>(level(rng));
+  values[17] = std::numeric_limits<float>::quiet_NaN();
+  const Tensor x = Tensor::FromVector(shape, values);
+  for (const int64_t axis : {0, 1, 2}) {
+    for (const bool keepdim : {false, true}) {
+      SCOPED_TRACE(StrCat("argmax axis ", axis, keepdim ? " keepdim" : ""));
+      const AttrMap attrs = {{"axis", axis}, {"keepdim", keepdim}};
+      auto want = RunOp("argmax", {x}, attrs);
+      ASSERT_TRUE(want.ok()) << want.status();
+      absl::Status status;
+      const std::vector<Tensor> got = RunOnGpu("argmax", {x}, attrs, &status);
+      ASSERT_TRUE(status.ok()) << status;
+      EXPECT_EQ(got[0].ToVector<int64_t>(), (*want)[0].ToVector<int64_t>());
+    }
+  }
+  for (const std::vector<int64_t>& axes : std::vector<std::vector<int64_t>>{{0}, {1}, {2}, {0, 2}, {}}) {
+    SCOPED_TRACE(StrCat("reduce_max_grad axes ", axes.size()));
+    const AttrMap attrs = {{"axes", axes}, {"keepdim", false}};
+    auto y = RunOp("reduce_max", {x}, attrs);
+    ASSERT_TRUE(y.ok()) << y.status();
+    const Tensor dy = RandomInput((*y)[0].meta(), false, rng);
+    auto want = RunOp("reduce_max_grad", {x, (*y)[0], dy}, attrs);
+    ASSERT_TRUE(want.ok()) << want.status();
+    absl::Status status;
+    const std::vector<Tensor> got = RunOnGpu("reduce_max_grad", {x, (*y)[0], dy}, attrs, &status);
+    ASSERT_TRUE(status.ok()) << status;
+    EXPECT_EQ(got[0].ToVector<float>(), (*want)[0].ToVector<float>());
+  }
+}
+
 TEST(CudaKernels, FlashAttentionMatchesTheCpuAcrossTiles) {
   if (const std::string why = NoGpu(); !why.empty()) GTEST_SKIP() << why;
   struct Shape5 {

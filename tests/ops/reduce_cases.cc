@@ -102,12 +102,15 @@ std::vector<Tensor> ArgmaxRef(const std::vector<Tensor>& in, const AttrMap& attr
   mask[static_cast<size_t>(axis)] = true;
   const Reduction r = Plan(shape, mask, attrs.Bool("keepdim"));
   const int64_t inner = shape.Strides()[static_cast<size_t>(axis)];
-  std::vector<double> best(r.count.size(), -std::numeric_limits<double>::infinity());
-  auto y = Tensor::Zeros(r.out, DType::kI64);
+  std::vector<double> best(r.count.size(), 0);
+  std::vector<bool> seen(r.count.size(), false);
+  auto y = Tensor::Zeros(r.out, DType::kI64);  // 0 where all are NaN
   for (int64_t i = 0; i < shape.NumElements(); ++i) {
     const size_t o = static_cast<size_t>(r.target[static_cast<size_t>(i)]);
     const double v = ElementAsDouble(in[0], i);
-    if (v > best[o]) {  // first maximum wins
+    if (std::isnan(v)) continue;    // skipped, as the max
+    if (!seen[o] || v > best[o]) {  // the first maximum wins
+      seen[o] = true;
       best[o] = v;
       y->data<int64_t>()[o] = (i / inner) % shape[axis];
     }
@@ -220,6 +223,13 @@ void AddIndexCases(std::vector<OpTestCase>& cases) {
   cases.push_back(Case("argmax", "middle_axis_keepdim", {Tied({5, 7, 3}, 41)},
                        {{"axis", int64_t{1}}, {"keepdim", true}}, ArgmaxRef));
   cases.push_back(Case("argmax", "leading_axis", {RandomUniform({6, 5}, 42)}, {{"axis", int64_t{0}}}, ArgmaxRef));
+  // NaN skipped, a row or column of NaN gives 0, -inf is a value: the same
+  // along the last axis (contiguous rows) and the first (strided columns).
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  const Tensor odd =
+      Tensor::FromVector(Shape{4, 3}, std::vector<float>{nan, nan, 1, -inf, nan, nan, nan, nan, 2, -inf, nan, 2});
+  cases.push_back(Case("argmax", "nan_and_neg_inf_rows", {odd}, {}, ArgmaxRef));
+  cases.push_back(Case("argmax", "nan_and_neg_inf_columns", {odd}, {{"axis", int64_t{0}}}, ArgmaxRef));
   cases.push_back(Case("topk", "ties_by_index", {Tied({5, 7}, 43)}, {{"k", int64_t{3}}}, TopKRef));
   cases.push_back(Case("topk", "full_sort_3d", {RandomUniform({3, 4, 6}, 44)}, {{"k", int64_t{6}}}, TopKRef));
   cases.push_back(Case("topk", "k_zero", {RandomUniform({3, 4}, 45)}, {{"k", int64_t{0}}}, TopKRef));
