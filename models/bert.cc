@@ -77,10 +77,7 @@ class MlmHead : public nn::Module {
     nn::GraphBuilder* b = Prepare(x);
     if (b == nullptr) return nn::Sym();
     auto scope = EnterScope(*b);
-    const std::string exact = "none";
-    const nn::Sym t = norm_(bias_gelu_fusion_ ? dense_.ForwardGelu(x, exact)
-                                              : b->Apply("bias_gelu", {dense_.ForwardWithoutBias(x), dense_.bias()},
-                                                         {{"approximate", exact}}));
+    const nn::Sym t = norm_(dense_.ForwardGelu(x, "none", bias_gelu_fusion_));
     return graph::BiasAdd(decoder_(t, word_embeddings), parameter("bias"));
   }
 

@@ -71,8 +71,15 @@ Sym Linear::Apply(const Sym& x, Epilogue epilogue, const std::string& approximat
 
 Sym Linear::Forward(const Sym& x) { return Apply(x, Epilogue::kBias); }
 Sym Linear::ForwardWithoutBias(const Sym& x) { return Apply(x, Epilogue::kNone); }
-Sym Linear::ForwardGelu(const Sym& x, const std::string& approximate) {
-  return Apply(x, Epilogue::kBiasGelu, approximate);
+Sym Linear::ForwardGelu(const Sym& x, const std::string& approximate, bool fused) {
+  if (fused) return Apply(x, Epilogue::kBiasGelu, approximate);
+  if (!options_.bias && x.builder() != nullptr) {
+    x.builder()->Fail(absl::InvalidArgumentError(StrCat("Linear '", full_name(), "' has no bias to add before GELU")));
+    return Sym();
+  }
+  const Sym h = ForwardWithoutBias(x);
+  if (h.builder() == nullptr) return Sym();
+  return h.builder()->Apply("bias_gelu", {h, bias()}, {{"approximate", approximate}});
 }
 
 // ---- Embedding, VocabEmbedding

@@ -40,9 +40,10 @@ class Linear : public Module {
   Sym operator()(const Sym& x) { return Forward(x); }
   // x @ W only, for callers that fuse the bias into the next op (bias_gelu).
   Sym ForwardWithoutBias(const Sym& x);
-  // GELU(x @ W + b) as one matmul_bias_gelu op (the bias and GELU as the
-  // GEMM's epilogue); `approximate` "none" (erf) or "tanh". Needs the bias.
-  Sym ForwardGelu(const Sym& x, const std::string& approximate);
+  // GELU(x @ W + b), `approximate` "none" (erf) or "tanh"; needs the bias.
+  // fused: one matmul_bias_gelu op (the bias and GELU as the GEMM's
+  // epilogue); else x @ W, then bias_gelu in the caller's scope.
+  Sym ForwardGelu(const Sym& x, const std::string& approximate, bool fused);
 
   Sym weight() const { return parameter("weight"); }
   Sym bias() const { return options_.bias ? parameter("bias") : Sym(); }

@@ -50,10 +50,8 @@ Sym MLP::Forward(const Sym& x) {
   if (b == nullptr) return Sym();
   auto scope = EnterScope(*b);
   if (!CheckLastAxis(*b, *this, x, c_fc_.in_features(), 2)) return Sym();
-  const Sym x2 = Flatten(x, c_fc_.in_features());                             // "tanh": GPT-2's gelu_new
-  const Sym h = bias_gelu_fusion_ ? c_fc_.ForwardGelu(x2, gelu_approximate_)  // (N, F), S(1) over tp
-                                  : b->Apply("bias_gelu", {c_fc_.ForwardWithoutBias(x2), c_fc_.bias()},
-                                             {{"approximate", gelu_approximate_}});
+  // (N, F), S(1) over tp; "tanh": GPT-2's gelu_new
+  const Sym h = c_fc_.ForwardGelu(Flatten(x, c_fc_.in_features()), gelu_approximate_, bias_gelu_fusion_);
   Sym y = dropout_(c_proj_(h));                                                         // (N, C)
   return Unflatten(y, x);
 }

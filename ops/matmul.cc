@@ -129,12 +129,11 @@ std::vector<SbpSignature> GemmSignatures(const std::vector<TensorMeta>& in, cons
 // With bf16 / f16 inputs (y f32) the products take dY cast to that dtype
 // and their f32 results are cast back to it (autocast's rule: a low-
 // precision op's input gradients are low precision too).
-void GemmGrad(GradBuilder& g, std::string_view op) {
-  const bool ta = g.attrs().Bool("transpose_a"), tb = g.attrs().Bool("transpose_b");
-  const double alpha = g.attrs().Float("alpha");
+// GemmInputGrads sets inputs 0 and 1's gradients from dY (f32) for a GEMM
+// `op` over them (matmul_bias_gelu's too, with its dz).
+void GemmInputGrads(GradBuilder& g, std::string_view op, ValueId dy, bool ta, bool tb, double alpha) {
   const DType dtype = g.meta(g.input(0)).dtype;
   const ValueId a = g.input(0), b = g.input(1);
-  ValueId dy = g.OutputGradOrZeros(0);
   if (dtype != DType::kF32) dy = g.Op("cast", {dy}, {{"dtype", dtype}});
   auto product = [&](ValueId x, ValueId w, bool tx, bool tw) {
     const ValueId y = g.Op(op, {x, w}, {{"transpose_a", tx}, {"transpose_b", tw}, {"alpha", alpha}});
@@ -153,6 +152,11 @@ void GemmGrad(GradBuilder& g, std::string_view op) {
     g.SetInputGrad(0, product(b, dy, true, true));
     g.SetInputGrad(1, product(dy, a, true, true));
   }
+}
+
+void GemmGrad(GradBuilder& g, std::string_view op) {
+  GemmInputGrads(g, op, g.OutputGradOrZeros(0), g.attrs().Bool("transpose_a"), g.attrs().Bool("transpose_b"),
+                 g.attrs().Float("alpha"));
 }
 
 // matmul_bias_gelu: x (M, K) and weight (K, N) f32, bf16 or f16 alike,
@@ -190,21 +194,14 @@ std::vector<SbpSignature> MatmulBiasGeluSignatures(const std::vector<TensorMeta>
 }
 
 // dz = dy ⊙ gelu'(z) (+ z's own gradient), then the GEMM's gradients from dz
-// (cast to the inputs' dtype under mixed precision, as GemmGrad) and the
-// bias's as dz summed over rows.
+// (GemmInputGrads, so mixed precision casts as matmul's do) and the bias's
+// as dz summed over rows.
 void MatmulBiasGeluGrad(GradBuilder& g) {
-  const DType dtype = g.meta(g.input(0)).dtype;
   ValueId dz =
       g.Op("gelu_grad", {g.output(1), g.OutputGradOrZeros(0)}, {{"approximate", g.attrs().String("approximate")}});
   if (g.has_output_grad(1)) dz = g.Op("add", {dz, g.output_grad(1)});
   g.SetInputGrad(2, g.SumToShape(dz, g.meta(g.input(2)).shape));
-  const ValueId dz_low = dtype == DType::kF32 ? dz : g.Op("cast", {dz}, {{"dtype", dtype}});
-  auto product = [&](ValueId a, ValueId b, bool ta, bool tb) {
-    const ValueId y = g.Op("matmul", {a, b}, {{"transpose_a", ta}, {"transpose_b", tb}});
-    return dtype == DType::kF32 ? y : g.Op("cast", {y}, {{"dtype", dtype}});
-  };
-  g.SetInputGrad(0, product(dz_low, g.input(1), false, true));
-  g.SetInputGrad(1, product(g.input(0), dz_low, true, false));
+  GemmInputGrads(g, "matmul", dz, false, false, 1.0);
 }
 
 OpSchema& GemmAttrs(OpSchema& schema) {

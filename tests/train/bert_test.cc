@@ -132,7 +132,9 @@ class BertTest : public ::testing::Test {
 
 // Tensor, pipeline and data parallelism give the one-device losses (the
 // masked-LM and NSP parts too) and evaluations, with dropout on: its masks
-// are the same under every layout.
+// are the same under every layout. So does model.bias_gelu_fusion (the
+// MLPs' and the MLM transform's dense + bias + GELU as matmul_bias_gelu), on
+// one device and under tensor parallelism.
 TEST_F(BertTest, EveryLayoutGivesTheOneDeviceLosses) {
   const std::string common =
       "train.train_iter=5 train.evaluation.eval_period=5 model.hidden_dropout_prob=0.1"
@@ -143,10 +145,12 @@ TEST_F(BertTest, EveryLayoutGivesTheOneDeviceLosses) {
   const testing::MetricsRows reference = ReadMetricsRows(one);
   ASSERT_EQ(reference.train.size(), 5u);
   ASSERT_EQ(reference.eval.size(), 1u);
-  for (const std::string layout : {"train.dist.tensor_parallel_size=2", "train.dist.pipeline_parallel_size=2",
-                                   "train.dist.data_parallel_size=2 train.train_micro_batch_size=4",
-                                   "train.dist.data_parallel_size=2 train.dist.tensor_parallel_size=2 "
-                                   "train.train_micro_batch_size=4"}) {
+  for (const std::string layout :
+       {"train.dist.tensor_parallel_size=2", "train.dist.pipeline_parallel_size=2",
+        "train.dist.data_parallel_size=2 train.train_micro_batch_size=4",
+        "train.dist.data_parallel_size=2 train.dist.tensor_parallel_size=2 "
+        "train.train_micro_batch_size=4",
+        "model.bias_gelu_fusion=true", "model.bias_gelu_fusion=true train.dist.tensor_parallel_size=2"}) {
     SCOPED_TRACE(layout);
     const fs::path dir = root_ / "layout";
     fs::remove_all(dir);

@@ -75,6 +75,17 @@ struct Layout {
   std::vector<std::string> overrides;  // global batch 8 in every one
 };
 
+// Each layout, with `extra` overrides added, trains to `want`'s losses.
+void ExpectLayoutsGive(const std::vector<Layout>& layouts, const std::vector<std::string>& extra,
+                       const std::vector<double>& want) {
+  for (Layout layout : layouts) {
+    layout.overrides.insert(layout.overrides.end(), extra.begin(), extra.end());
+    auto losses = TrainGpt2(layout.overrides);
+    ASSERT_TRUE(losses.ok()) << layout.name << ": " << losses.status();
+    ExpectSameLosses(layout.name, *losses, want);
+  }
+}
+
 const std::vector<std::string> kOneDevice = {"train.train_micro_batch_size=8", "train.num_accumulation_steps=1"};
 
 TEST(Equivalence, Gpt2NanoLossesMatchOneDeviceUnderEveryLayout) {
@@ -98,11 +109,7 @@ TEST(Equivalence, Gpt2NanoLossesMatchOneDeviceUnderEveryLayout) {
       {"1x2x2", with(dist(1, 2, 2), {"train.train_micro_batch_size=4", "train.num_accumulation_steps=2"})},
       {"2x2x2", with(dist(2, 2, 2), {"train.train_micro_batch_size=2", "train.num_accumulation_steps=2"})},
   };
-  for (const Layout& layout : layouts) {
-    auto losses = TrainGpt2(layout.overrides);
-    ASSERT_TRUE(losses.ok()) << layout.name << ": " << losses.status();
-    ExpectSameLosses(layout.name, *losses, *one);
-  }
+  ExpectLayoutsGive(layouts, {}, *one);
 }
 
 // model.fused_attention (one flash_attention op per layer) gives the unfused
@@ -121,12 +128,7 @@ TEST(Equivalence, FusedAttentionGivesTheUnfusedLossesUnderLayouts) {
        {"train.dist.data_parallel_size=2", "train.dist.tensor_parallel_size=2", "train.dist.pipeline_parallel_size=2",
         "train.train_micro_batch_size=2", "train.num_accumulation_steps=2"}},
   };
-  for (Layout layout : layouts) {
-    layout.overrides.push_back("model.fused_attention=true");
-    auto losses = TrainGpt2(layout.overrides);
-    ASSERT_TRUE(losses.ok()) << layout.name << ": " << losses.status();
-    ExpectSameLosses(layout.name, *losses, *unfused);
-  }
+  ExpectLayoutsGive(layouts, {"model.fused_attention=true"}, *unfused);
   // Without dropout too (the op's rate-0 path).
   std::vector<std::string> no_dropout = kOneDevice;
   no_dropout.push_back("model.attention_dropout_prob=0");
@@ -159,12 +161,7 @@ TEST(Equivalence, BiasGeluFusionGivesTheUnfusedLosses) {
          {"train.dist.data_parallel_size=2", "train.dist.tensor_parallel_size=2", "train.dist.pipeline_parallel_size=2",
           "train.train_micro_batch_size=2", "train.num_accumulation_steps=2"}},
     };
-    for (Layout layout : layouts) {
-      layout.overrides.push_back("model.bias_gelu_fusion=true");
-      auto losses = TrainGpt2(layout.overrides);
-      ASSERT_TRUE(losses.ok()) << layout.name << ": " << losses.status();
-      ExpectSameLosses(layout.name, *losses, *unfused);
-    }
+    ExpectLayoutsGive(layouts, {"model.bias_gelu_fusion=true"}, *unfused);
   }
 }
 
