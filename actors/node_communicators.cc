@@ -1,6 +1,7 @@
 #include "actors/node_communicators.h"
 
 #include <algorithm>
+#include <functional>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -9,20 +10,35 @@
 #include "absl/base/thread_annotations.h"
 #include "comm/collective/gloo_communicator.h"
 #include "comm/collective/hierarchical_communicator.h"
+#include "comm/collective/nccl_communicator.h"
 #include "core/status.h"
 #include "core/text.h"
 
 namespace tessera::actors {
+namespace {
 
-// A gloo communicator handed out before its rendezvous: forwards every call
-// once Connect succeeded; fails them before (which the runtime never does).
+// Connects a gloo communicator of `options` through the KV store it is given.
+std::function<absl::StatusOr<std::shared_ptr<comm::Communicator>>(comm::KvStore&)> GlooConnect(
+    comm::GlooOptions options) {
+  return [options = std::move(options)](comm::KvStore& kv) -> absl::StatusOr<std::shared_ptr<comm::Communicator>> {
+    ASSIGN_OR_RETURN(std::unique_ptr<comm::Communicator> connected, comm::ConnectGloo(kv, options));
+    return std::shared_ptr<comm::Communicator>(std::move(connected));
+  };
+}
+
+}  // namespace
+
+// A communicator handed out before it connected (a gloo rendezvous, an NCCL
+// group's creation): forwards every call once Connect succeeded; fails them
+// before (which the runtime never does).
 class NodeCommunicators::Deferred final : public comm::Communicator {
  public:
-  Deferred(comm::GlooOptions options, std::string describe)
-      : options_(std::move(options)), describe_(std::move(describe)) {}
+  using ConnectFn = std::function<absl::StatusOr<std::shared_ptr<comm::Communicator>>(comm::KvStore&)>;
+  Deferred(ConnectFn connect, int rank, int size, std::string describe)
+      : connect_(std::move(connect)), rank_(rank), size_(size), describe_(std::move(describe)) {}
 
   absl::Status Connect(comm::KvStore& kv) {
-    auto connected = comm::ConnectGloo(kv, options_);
+    auto connected = connect_(kv);
     std::lock_guard<std::mutex> lock(mu_);
     if (!connected.ok()) return connected.status();
     real_ = *std::move(connected);
@@ -30,8 +46,8 @@ class NodeCommunicators::Deferred final : public comm::Communicator {
     return absl::OkStatus();
   }
 
-  int rank() const override { return options_.rank; }
-  int size() const override { return options_.size; }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
   std::string Describe() const override { return describe_; }
   void AllReduce(const Tensor& input, Tensor output, comm::ReduceOp op, comm::DoneFn done) override {
     if (comm::Communicator* c = Get(done)) c->AllReduce(input, std::move(output), op, std::move(done));
@@ -78,11 +94,12 @@ class NodeCommunicators::Deferred final : public comm::Communicator {
     return nullptr;
   }
 
-  const comm::GlooOptions options_;
+  const ConnectFn connect_;
+  const int rank_, size_;
   const std::string describe_;
   std::mutex mu_;
   // Set once by Connect (before any op), then only read.
-  std::unique_ptr<comm::Communicator> real_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<comm::Communicator> real_ ABSL_GUARDED_BY(mu_);
   absl::Status abort_reason_ ABSL_GUARDED_BY(mu_);
 };
 
@@ -106,6 +123,7 @@ absl::StatusOr<std::shared_ptr<comm::Communicator>> NodeCommunicators::Join(cons
     }
     spans |= plan_.ranks(static_cast<int>(member)).node() != options_.node;
   }
+  if (options_.gpus) return JoinNccl(group, members, rank);
   const int size = static_cast<int>(members.size());
   if (!spans) return options_.hub->Join(group, size, rank);
   if (options_.kv == nullptr) {
@@ -122,7 +140,39 @@ absl::StatusOr<std::shared_ptr<comm::Communicator>> NodeCommunicators::Join(cons
   gloo.hostname = options_.hostname;
   gloo.timeout = absl::Seconds(options_.timeout_s);
   auto deferred = std::make_shared<Deferred>(
-      gloo, StrCat("gloo group '", group, "' rank ", rank, "/", size, " (node ", options_.node, ")"));
+      GlooConnect(gloo), rank, size,
+      StrCat("gloo group '", group, "' rank ", rank, "/", size, " (node ", options_.node, ")"));
+  pending_.push_back(deferred);
+  return deferred;
+}
+
+absl::StatusOr<std::shared_ptr<comm::Communicator>> NodeCommunicators::JoinNccl(const std::string& group,
+                                                                                const std::vector<uint32_t>& members,
+                                                                                int rank) {
+  const uint32_t global = members[static_cast<size_t>(rank)];
+  uint32_t device = global;
+  if (plan_.ranks_size() > 0) {
+    const proto::RankLocation& where = plan_.ranks(static_cast<int>(global));
+    if (where.node() != options_.node) {
+      return absl::InvalidArgumentError(StrCat("communicator '", group, "': member ", rank, " (rank ", global,
+                                               ") runs on node ", where.node(), ", not on this node ", options_.node));
+    }
+    device = where.device_index();
+  }
+  comm::NcclOptions nccl;
+  nccl.group = group;
+  nccl.rank = rank;
+  nccl.size = static_cast<int>(members.size());
+  nccl.device = static_cast<int>(device);
+  nccl.kv_prefix = options_.kv_prefix;
+  nccl.timeout_s = options_.timeout_s;
+  auto connect = [nccl](comm::KvStore& kv) mutable {
+    nccl.kv = &kv;
+    return comm::MakeNcclCommunicator(nccl);
+  };
+  auto deferred = std::make_shared<Deferred>(std::move(connect), rank, nccl.size,
+                                             StrCat("nccl group '", group, "' rank ", rank, "/", nccl.size,
+                                                    " on cuda:", device, " (node ", options_.node, ")"));
   pending_.push_back(deferred);
   return deferred;
 }
@@ -153,7 +203,8 @@ absl::StatusOr<std::shared_ptr<comm::Communicator>> NodeCommunicators::JoinHiera
     gloo.hostname = options_.hostname;
     gloo.timeout = absl::Seconds(options_.timeout_s);
     auto leaders = std::make_shared<Deferred>(
-        gloo, StrCat("gloo group '", group, "/nodes' rank ", gloo.rank, "/", gloo.size, " (node ", options_.node, ")"));
+        GlooConnect(gloo), gloo.rank, gloo.size,
+        StrCat("gloo group '", group, "/nodes' rank ", gloo.rank, "/", gloo.size, " (node ", options_.node, ")"));
     pending_.push_back(leaders);
     ASSIGN_OR_RETURN(std::vector<std::shared_ptr<comm::Communicator>> local,
                      comm::MakeHierarchical(group, std::move(layout), leaders));
@@ -166,11 +217,16 @@ absl::StatusOr<std::shared_ptr<comm::Communicator>> NodeCommunicators::JoinHiera
 }
 
 absl::Status NodeCommunicators::ConnectAll() {
+  if (pending_.empty()) return absl::OkStatus();
+  // NCCL groups of a one-process runtime meet in a store of their own
+  // (gloo ones were refused by Join without a KV store).
+  if (options_.kv == nullptr && own_kv_ == nullptr) own_kv_ = std::make_unique<comm::InProcessKvStore>();
+  comm::KvStore& kv = options_.kv != nullptr ? *options_.kv : *own_kv_;
   std::vector<absl::Status> results(pending_.size());
   std::vector<std::thread> threads;
   threads.reserve(pending_.size());
   for (size_t i = 0; i < pending_.size(); ++i) {
-    threads.emplace_back([this, i, &results]() { results[i] = pending_[i]->Connect(*options_.kv); });
+    threads.emplace_back([this, i, &results, &kv]() { results[i] = pending_[i]->Connect(kv); });
   }
   for (std::thread& t : threads) t.join();
   pending_.clear();

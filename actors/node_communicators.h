@@ -7,7 +7,14 @@
 // hierarchical_communicator.h): members of a node meet in memory and one
 // gloo rank per node carries the rest.
 //
-// Joining is two-phase because a gloo rendezvous blocks until every member
+// A plan on GPUs (`gpus`) gets NCCL communicators for every group instead,
+// local or spanning (comm/collective/nccl_communicator.h): rank r's on the
+// GPU its Plan.ranks entry names (its index when the plan has none), meeting
+// through `kv` — or, without one (a one-process runtime), a KV store of
+// this object's own.
+//
+// Joining is two-phase because a gloo rendezvous (and an NCCL group's
+// creation) blocks until every member
 // of the group arrived, and the members on this node are created one after
 // another on the loading thread: Join hands out a communicator at once
 // (spanning groups: not yet connected), and ConnectAll then connects every
@@ -39,6 +46,7 @@ struct NodeCommunicatorOptions {
   std::string kv_prefix;               // unique per job: every key is "<kv_prefix>/<group>/..."
   std::string hostname = "127.0.0.1";  // where this node's gloo transport listens
   double timeout_s = 30;               // rendezvous and per-op timeout of gloo communicators
+  bool gpus = false;                   // the plan's devices are GPUs: NCCL communicators
 };
 
 class NodeCommunicators {
@@ -64,8 +72,12 @@ class NodeCommunicators {
   // share one hierarchical group over a gloo group of one rank per node.
   absl::StatusOr<std::shared_ptr<comm::Communicator>> JoinHierarchical(const std::string& group,
                                                                        const std::vector<uint32_t>& node_of, int rank);
+  // Any group on GPUs: an NCCL communicator, created by ConnectAll.
+  absl::StatusOr<std::shared_ptr<comm::Communicator>> JoinNccl(const std::string& group,
+                                                               const std::vector<uint32_t>& members, int rank);
   const proto::Plan& plan_;
   NodeCommunicatorOptions options_;
+  std::unique_ptr<comm::KvStore> own_kv_;  // NCCL's rendezvous when the options bring no KV store
   std::vector<std::shared_ptr<Deferred>> pending_;
   std::map<std::string, std::vector<std::shared_ptr<comm::Communicator>>> hierarchical_;  // group -> local members
 };

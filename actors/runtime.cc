@@ -187,6 +187,9 @@ class LoadedJob {
     node_options.kv_prefix = options.kv_prefix;
     node_options.hostname = options.hostname;
     node_options.timeout_s = options.connect_timeout_s;
+    node_options.gpus = std::any_of(job->plan.tasks().begin(), job->plan.tasks().end(), [](const proto::Task& task) {
+      return DecodeActorId(task.actor_id()).device_type == DeviceType::kCuda;
+    });
     job->node_communicators = std::make_unique<NodeCommunicators>(job->plan, node_options);
     LoadedJob* raw = job.get();
     // One communicator per (group, rank) in the job: the collectives of a

@@ -71,11 +71,13 @@ absl::StatusOr<int> CudaDevices() {
   return count;
 }
 
-// Both on the calling thread's default stream, waited for: cudaMemcpy alone
-// returns before a device-to-device copy is done, and its legacy stream does
-// not order the non-blocking streams kernels run on.
-absl::Status CudaCopy(void* dst, const void* src, size_t bytes) {
-  cudaError_t err = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, cudaStreamPerThread);
+// Both on the calling thread's default stream of `device` (the GPU side of
+// the copy; the thread may have been on another one), waited for:
+// cudaMemcpy alone returns before a device-to-device copy is done, and its
+// legacy stream does not order the non-blocking streams kernels run on.
+absl::Status CudaCopy(void* dst, const void* src, size_t bytes, int device) {
+  cudaError_t err = cudaSetDevice(device);
+  if (err == cudaSuccess) err = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, cudaStreamPerThread);
   if (err == cudaSuccess) err = cudaStreamSynchronize(cudaStreamPerThread);
   if (err != cudaSuccess) return absl::InternalError(StrCat("cudaMemcpy of ", bytes, " bytes: ", cudaGetErrorString(err)));
   return absl::OkStatus();
@@ -86,6 +88,24 @@ absl::Status CudaZero(void* dst, int device, size_t bytes) {
   if (err == cudaSuccess) err = cudaMemsetAsync(dst, 0, bytes, cudaStreamPerThread);
   if (err == cudaSuccess) err = cudaStreamSynchronize(cudaStreamPerThread);
   if (err != cudaSuccess) return absl::InternalError(StrCat("cuda:", device, ": zeroing ", bytes, " bytes: ", cudaGetErrorString(err)));
+  return absl::OkStatus();
+}
+
+// Queued on the calling thread's default stream of `device`, one wait at
+// the end.
+absl::Status CudaCopy2D(const std::vector<Copy2D>& copies, int device) {
+  cudaError_t err = cudaSetDevice(device);
+  for (size_t i = 0; i < copies.size() && err == cudaSuccess; ++i) {
+    const Copy2D& c = copies[i];
+    if (c.width == 0 || c.height == 0) continue;
+    err = cudaMemcpy2DAsync(c.dst, c.dst_pitch, c.src, c.src_pitch, c.width, c.height, cudaMemcpyDefault,
+                            cudaStreamPerThread);
+  }
+  if (err == cudaSuccess) err = cudaStreamSynchronize(cudaStreamPerThread);
+  if (err != cudaSuccess) {
+    return absl::InternalError(
+        StrCat("cuda:", device, ": a strided copy of ", copies.size(), " piece(s): ", cudaGetErrorString(err)));
+  }
   return absl::OkStatus();
 }
 

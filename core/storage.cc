@@ -18,8 +18,9 @@ namespace tessera {
 Allocator* CudaAllocatorForDevice(int index);
 Allocator* PinnedHostAllocator();
 absl::StatusOr<int> CudaDevices();
-absl::Status CudaCopy(void* dst, const void* src, size_t bytes);
+absl::Status CudaCopy(void* dst, const void* src, size_t bytes, int device);
 absl::Status CudaZero(void* dst, int device, size_t bytes);
+absl::Status CudaCopy2D(const std::vector<Copy2D>& copies, int device);
 bool CudaBuilt() { return true; }
 absl::StatusOr<int> CudaDeviceCount() { return CudaDevices(); }
 #else
@@ -36,7 +37,7 @@ absl::Status CopyBytes(void* dst, const Device& dst_device, const void* src, con
     return absl::OkStatus();
   }
 #ifdef TESSERA_WITH_CUDA
-  return CudaCopy(dst, src, bytes);
+  return CudaCopy(dst, src, bytes, dst_device.type == DeviceType::kCuda ? dst_device.index : src_device.index);
 #else
   return absl::UnimplementedError(StrCat("copying ", src_device.ToString(), " -> ", dst_device.ToString(),
                                          ": this build of Tessera has no CUDA support"));
@@ -53,6 +54,24 @@ absl::Status ZeroBytes(void* dst, const Device& device, size_t bytes) {
   return CudaZero(dst, device.index, bytes);
 #else
   return absl::UnimplementedError(StrCat(device.ToString(), ": this build of Tessera has no CUDA support"));
+#endif
+}
+
+absl::Status CopyBytes2D(const std::vector<Copy2D>& copies, const Device& dst_device, const Device& src_device) {
+  if (dst_device.type == DeviceType::kCpu && src_device.type == DeviceType::kCpu) {
+    for (const Copy2D& c : copies) {
+      for (size_t row = 0; row < c.height; ++row) {
+        std::memmove(static_cast<char*>(c.dst) + row * c.dst_pitch, static_cast<const char*>(c.src) + row * c.src_pitch,
+                     c.width);
+      }
+    }
+    return absl::OkStatus();
+  }
+#ifdef TESSERA_WITH_CUDA
+  return CudaCopy2D(copies, dst_device.type == DeviceType::kCuda ? dst_device.index : src_device.index);
+#else
+  return absl::UnimplementedError(StrCat("copying ", src_device.ToString(), " -> ", dst_device.ToString(),
+                                         ": this build of Tessera has no CUDA support"));
 #endif
 }
 

@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "core/device.h"
@@ -57,6 +58,22 @@ absl::StatusOr<int> CudaDeviceCount();
 absl::Status CopyBytes(void* dst, const Device& dst_device, const void* src, const Device& src_device, size_t bytes);
 // Zeroes `bytes` at `dst` on `device` (and waits).
 absl::Status ZeroBytes(void* dst, const Device& device, size_t bytes);
+
+// One 2-D piece of a strided copy: `height` rows of `width` bytes, the rows
+// `src_pitch` and `dst_pitch` bytes apart (each at least `width`).
+struct Copy2D {
+  void* dst = nullptr;
+  size_t dst_pitch = 0;
+  const void* src = nullptr;
+  size_t src_pitch = 0;
+  size_t width = 0;
+  size_t height = 0;
+};
+// Runs `copies` in order from `src_device` to `dst_device` and waits for
+// them: row memcpys between host buffers, the CUDA runtime's 2-D copies
+// (one queue, one wait) when either side is a GPU (an error on builds
+// without CUDA).
+absl::Status CopyBytes2D(const std::vector<Copy2D>& copies, const Device& dst_device, const Device& src_device);
 
 // A block of memory on one device, freed through its allocator when the last
 // reference goes away.

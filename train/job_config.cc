@@ -22,9 +22,9 @@ Binding<DistConfig> MakeDistKeys() {
                         "data × tensor × pipeline virtual CPU devices.");
   b.Field("device_type", &DistConfig::device_type,
           {.choices = {"cpu", "cuda"},
-           .doc = "device kind: virtual CPU devices (`cpu`) or GPUs (`cuda`: one GPU so far, cuda:0, whose kernels "
-                  "run asynchronously on a CUDA stream; layouts over several GPUs need "
-                  "collectives on GPUs in the runtime, not built yet, and are refused)"});
+           .doc = "device kind: virtual CPU devices (`cpu`) or GPUs (`cuda`: cuda:0 .. cuda:N-1 of the machine, one "
+                  "rank per GPU, whose kernels run asynchronously on CUDA streams; collectives and pipeline "
+                  "transfers between GPUs through NCCL, boxing's local steps as CUDA copies on the GPU)"});
   b.Field("data_parallel_size", &DistConfig::data_parallel_size,
           {.min = 1, .max = static_cast<double>(kMaxDevicesPerNode),
            .doc = "data-parallel degree; `null`: derived as `num_devices` / (tensor × pipeline)"});

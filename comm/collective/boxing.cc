@@ -1,6 +1,5 @@
 #include "comm/collective/boxing.h"
 
-#include <cstring>
 #include <optional>
 #include <utility>
 
@@ -122,9 +121,7 @@ absl::Status Unpack(const Tensor& flat, const Tensor& out, int axis, int64_t par
   return absl::OkStatus();
 }
 
-void FillZeros(const Tensor& t) {
-  if (t.NumBytes() > 0) std::memset(t.raw_data(), 0, t.NumBytes());
-}
+absl::Status FillZeros(const Tensor& t) { return ZeroBytes(t.raw_data(), t.device(), t.NumBytes()); }
 
 absl::Status Copy(const Tensor& in, Tensor& out) {
   if (in.NumElements() == 0 || in.raw_data() == out.raw_data()) return absl::OkStatus();
@@ -287,10 +284,9 @@ absl::Status RunLocal(const Step& s, const Tensor& in, Tensor& out) {
     }
     case StepKind::kKeepOnFirst:
       if (s.index == 0) return Copy(in, out);
-      FillZeros(out);
-      return absl::OkStatus();
+      return FillZeros(out);
     case StepKind::kEmbedShard: {
-      FillZeros(out);
+      RETURN_IF_ERROR(FillZeros(out));
       const Range piece = BalancedSplit(out.shape()[s.from.axis()], s.parts, s.index);
       return CopyBlock(in, std::vector<int64_t>(static_cast<size_t>(rank), 0), out,
                        AxisOffset(rank, s.from.axis(), piece.offset), in.shape());
@@ -521,7 +517,9 @@ void BoxingRoutine::Launch(const Tensor& input, Tensor output, const BoxingComms
   const BoxingPlan& plan = *plan_;
   auto check = [&](const Tensor& t, const char* name, const Shape& shape) -> std::string {
     if (!t.defined()) return StrCat(name, " is undefined");
-    if (t.device().type != DeviceType::kCpu) return StrCat(name, " is on ", t.device().ToString(), ", not a CPU");
+    if (t.device() != input.device()) {
+      return StrCat(name, " is on ", t.device().ToString(), ", the input on ", input.device().ToString());
+    }
     if (t.meta() != TensorMeta{plan.spec.logical.dtype, shape}) {
       return StrCat(name, " is ", t.meta().ToString(), " but this rank's shard is ",
                     TensorMeta{plan.spec.logical.dtype, shape}.ToString());
@@ -530,6 +528,9 @@ void BoxingRoutine::Launch(const Tensor& input, Tensor output, const BoxingComms
   };
   std::string why = check(input, "input", plan.input_shape);
   if (why.empty()) why = check(output, "output", plan.output_shape);
+  if (why.empty() && scratch.defined() && scratch.device() != input.device()) {
+    why = StrCat("scratch is on ", scratch.device().ToString(), ", the input on ", input.device().ToString());
+  }
   if (why.empty() && scratch.defined() && static_cast<int64_t>(scratch.NumBytes()) < plan.scratch_bytes) {
     why = StrCat("scratch of ", scratch.NumBytes(), " bytes, ", plan.scratch_bytes, " needed");
   }

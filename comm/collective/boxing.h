@@ -118,17 +118,21 @@ class BoxingRoutine {
   // The hierarchy axis (index into BoxingComms::axis) of each of Collectives().
   std::vector<int> CollectiveAxes() const;
 
-  // Converts `input` (input_shape(), the spec's dtype, CPU) into `output`
-  // (output_shape()). Returns at once; `done` is called exactly once, on any
-  // thread (possibly inline), after the last step or at the first failure,
-  // with a one-line error naming the spec and the step. The caller keeps
-  // `input` unchanged and `output` unread until then. Scratch buffers (packed
-  // chunks, intermediate layouts) lie in `scratch` (at least ScratchBytes()
-  // bytes, untouched by others until `done`; the actor runtime's come from
-  // the memory plan), or are allocated per launch when it is undefined. An argument error (shapes, dtype, missing communicator) is reported
-  // inline before any collective is issued, so the peers' matching
-  // collectives stay pending: the caller aborts the job (Communicator::Abort),
-  // as for any failed actor.
+  // Converts `input` (input_shape(), the spec's dtype) into `output`
+  // (output_shape(), on input's device; so is the scratch). Local steps on a
+  // GPU are the CUDA runtime's copies and memsets on the calling thread,
+  // waited for; collectives are the communicators' (NCCL's on GPUs).
+  // Returns at once; `done` is called exactly once, on any thread (possibly
+  // inline), after the last step or at the first failure, with a one-line
+  // error naming the spec and the step. The caller keeps `input` unchanged
+  // and `output` unread until then. Scratch buffers (packed chunks,
+  // intermediate layouts) lie in `scratch` (at least ScratchBytes() bytes,
+  // untouched by others until `done`; the actor runtime's come from the
+  // memory plan), or are allocated per launch when it is undefined. An
+  // argument error (shapes, dtype, devices, missing communicator) is
+  // reported inline before any collective is issued, so the peers' matching
+  // collectives stay pending: the caller aborts the job
+  // (Communicator::Abort), as for any failed actor.
   // `gate`, when set, holds each collective step after the first until it
   // lets it go (a launch order across routines sharing communicators).
   void Launch(const Tensor& input, Tensor output, const BoxingComms& comms, DoneFn done, StepGate gate = nullptr,

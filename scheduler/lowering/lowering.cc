@@ -46,19 +46,6 @@ absl::Status Lowering::CheckDeviceType() const {
   if (options_.parallel.device_type == DeviceType::kCpu) return absl::OkStatus();
   const std::string type(DeviceTypeName(options_.parallel.device_type));
   for (const proto::Task& task : builder_.plan().tasks()) {
-    switch (task.kind()) {
-      case proto::ACTOR_KIND_COLLECTIVE:
-      case proto::ACTOR_KIND_SEND:
-      case proto::ACTOR_KIND_RECV:
-        return absl::UnimplementedError(StrCat(
-            "'", task.name(), "' moves tensors between ", type,
-            " devices, which the runtime cannot do yet (boxing runs on host memory and does not use the NCCL "
-            "communicator): on GPUs only one-device layouts run"));
-      default:
-        break;
-    }
-  }
-  for (const proto::Task& task : builder_.plan().tasks()) {
     if (task.op().empty()) continue;
     const ops::OpSchema* schema = ops::BuiltinOps().Find(task.op());
     if (schema != nullptr && schema->FindKernel(options_.parallel.device_type) == nullptr) {

@@ -157,8 +157,8 @@ class Lowering {
   // so micro-batch k + w starts after k's gradients are summed. Nothing when
   // w >= m.
   void GateMicroBatches();
-  // A plan on GPUs: every op has a kernel there, and nothing moves tensors
-  // between devices (the runtime has no GPU collectives yet).
+  // A plan on GPUs: every op has a kernel there (its collectives and
+  // transfers run on NCCL communicators in the runtime).
   absl::Status CheckDeviceType() const;
   // (stage, parallel id) -> the micro-rate Sources / Accs lowered there.
   std::map<std::pair<int64_t, int64_t>, std::vector<uint64_t>> window_sources_, window_accs_;

@@ -3,19 +3,26 @@
 // says why. With a GPU: a one-rank group's ops and its abort; with two,
 // every op between two ranks (threads of this process) against the
 // expected values, and a rank whose peer never comes fails within its
-// timeout instead of waiting.
+// timeout instead of waiting. Boxing on GPUs against the CPU's: with one
+// GPU the conversions without a collective (slices, zero fills, copies)
+// for each rank on cuda:0; with two every 1-D conversion of two ranks,
+// its collectives on NCCL.
 
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <functional>
 #include <future>
+#include <memory>
 #include <numeric>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "comm/collective/boxing.h"
 #include "comm/collective/kv_store.h"
 #include "comm/collective/nccl_communicator.h"
+#include "comm/collective/shm_communicator.h"
 #include "core/storage.h"
 #include "core/text.h"
 
@@ -161,6 +168,120 @@ TEST(Nccl, TwoRanksRunEveryOp) {
     EXPECT_EQ(got[2], (rank == 0 ? std::vector<float>{3} : std::vector<float>{5, 7}));
     EXPECT_EQ(got[3], (std::vector<float>{42}));
     EXPECT_EQ(got[4], rank == 0 ? (std::vector<float>{100, 101}) : (std::vector<float>{200, 201}));
+  }
+}
+
+// Rank r's output of `spec` (hierarchy [2]) at coordinate r, its input
+// values f(i, r), on `devices[r]`; `comms[r]` its communicator (null: none).
+std::vector<std::vector<float>> BoxOnRanks(const BoxingSpec& spec, const std::vector<Device>& devices,
+                                           const std::vector<Communicator*>& comms, std::string& error) {
+  std::vector<std::vector<float>> outputs(2);
+  std::vector<std::string> errors(2);
+  const auto rank_main = [&](int rank) {
+    const auto r = static_cast<size_t>(rank);
+    auto routine = BoxingRoutine::Create(spec, {rank});
+    if (!routine.ok()) {
+      errors[r] = std::string(routine.status().message());
+      return;
+    }
+    std::vector<float> values(static_cast<size_t>(routine->input_shape().NumElements()));
+    for (size_t i = 0; i < values.size(); ++i)
+      values[i] = static_cast<float>(i) * 0.5f + 100.0f * static_cast<float>(rank);
+    auto host = Tensor::Empty(routine->input_shape(), DType::kF32, Device{});
+    auto input = Tensor::Empty(routine->input_shape(), DType::kF32, devices[r]);
+    auto output = Tensor::Empty(routine->output_shape(), DType::kF32, devices[r]);
+    if (!host.ok() || !input.ok() || !output.ok()) {
+      errors[r] = "allocation failed";
+      return;
+    }
+    for (size_t i = 0; i < values.size(); ++i) host->data<float>()[i] = values[i];
+    if (absl::Status copied = input->CopyFrom(*host); !copied.ok()) {
+      errors[r] = std::string(copied.message());
+      return;
+    }
+    BoxingComms boxing_comms;
+    if (comms[r] != nullptr) boxing_comms.axis = {comms[r]};
+    const absl::Status done = Wait([&](DoneFn d) { routine->Launch(*input, *output, boxing_comms, std::move(d)); });
+    if (!done.ok()) {
+      errors[r] = std::string(done.message());
+      return;
+    }
+    auto back = Tensor::Empty(output->shape(), DType::kF32, Device{});
+    if (back.ok() && back->CopyFrom(*output).ok()) outputs[r] = back->ToVector<float>();
+  };
+  const bool parallel = comms[0] != nullptr;  // collectives: both ranks at once
+  std::thread other;
+  if (parallel) other = std::thread(rank_main, 1);
+  rank_main(0);
+  if (parallel) {
+    other.join();
+  } else {
+    rank_main(1);
+  }
+  error = errors[0].empty() ? errors[1] : errors[0];
+  return outputs;
+}
+
+TEST(Nccl, BoxingOnGpusGivesTheCpuBits) {
+  if (const std::string why = NoGpus(1); !why.empty()) GTEST_SKIP() << why;
+  const bool two = NoGpus(2).empty();
+  struct Case {
+    const char* from;
+    const char* to;
+    bool collective;
+  };
+  const Case cases[] = {{"B", "S(0)", false},  {"B", "S(1)", false},    {"S(1)", "P", false}, {"S(0)", "P", false},
+                        {"B", "P", false},     {"S(1)", "S(1)", false}, {"P", "B", true},     {"P", "S(0)", true},
+                        {"P", "S(1)", true},   {"S(0)", "B", true},     {"S(1)", "B", true},  {"S(0)", "S(1)", true},
+                        {"S(1)", "S(0)", true}};
+  ShmHub hub;
+  InProcessKvStore kv;
+  for (const Shape& shape : {Shape{4, 6}, Shape{5, 7}, Shape{3, 1, 5}}) {
+    for (const Case& c : cases) {
+      if (c.collective && !two) continue;
+      BoxingSpec spec;
+      spec.logical = TensorMeta{DType::kF32, shape};
+      spec.from = *ParseNdSbp(c.from);
+      spec.to = *ParseNdSbp(c.to);
+      spec.hierarchy = {2};
+      const std::string name = StrCat(spec.ToString());
+      SCOPED_TRACE(name);
+      std::vector<std::shared_ptr<Communicator>> owned;
+      std::vector<Communicator*> cpu_comms(2, nullptr), gpu_comms(2, nullptr);
+      if (c.collective) {
+        for (int rank = 0; rank < 2; ++rank) {
+          auto joined = hub.Join(name, 2, rank);
+          ASSERT_TRUE(joined.ok()) << joined.status();
+          owned.push_back(*joined);
+          cpu_comms[static_cast<size_t>(rank)] = owned.back().get();
+        }
+        std::vector<absl::StatusOr<std::shared_ptr<Communicator>>> made(2);
+        const auto make = [&](int rank) {
+          NcclOptions options;
+          options.group = name;
+          options.rank = rank;
+          options.size = 2;
+          options.device = rank;
+          options.kv = &kv;
+          made[static_cast<size_t>(rank)] = MakeNcclCommunicator(options);
+        };
+        std::thread one(make, 1);
+        make(0);
+        one.join();
+        for (int rank = 0; rank < 2; ++rank) {
+          ASSERT_TRUE(made[static_cast<size_t>(rank)].ok()) << made[static_cast<size_t>(rank)].status();
+          owned.push_back(*made[static_cast<size_t>(rank)]);
+          gpu_comms[static_cast<size_t>(rank)] = owned.back().get();
+        }
+      }
+      std::string cpu_error, gpu_error;
+      const auto cpu = BoxOnRanks(spec, {Device{}, Device{}}, cpu_comms, cpu_error);
+      ASSERT_EQ(cpu_error, "");
+      const Device gpu1{DeviceType::kCuda, c.collective ? 1 : 0};
+      const auto gpu = BoxOnRanks(spec, {Device{DeviceType::kCuda, 0}, gpu1}, gpu_comms, gpu_error);
+      ASSERT_EQ(gpu_error, "");
+      EXPECT_EQ(gpu, cpu);
+    }
   }
 }
 

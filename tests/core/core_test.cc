@@ -2,6 +2,7 @@
 
 #include <bit>
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <set>
 #include <utility>
@@ -301,6 +302,44 @@ TEST(TensorUtil, BlockCopies) {
   ASSERT_TRUE(block.ok());
   EXPECT_EQ(block->ToVector<float>(), (std::vector<float>{5, 6, 9, 10}));
   EXPECT_FALSE(ExtractBlock(t, {2, 3}, Shape{2, 2}).ok());
+}
+
+// The 2-D pieces a GPU copy is made of (axes merged where both sides are
+// contiguous, size-1 axes dropped, the rest looped) move the same elements
+// as the host's row copies and nothing else: random blocks of ranks 0-5,
+// elements of 1, 2, 4 and 8 bytes.
+TEST(TensorUtil, BlockCopiesAs2DPiecesMatchTheRowCopies) {
+  std::mt19937 rng(7);
+  const auto pick = [&rng](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); };
+  const DType dtypes[] = {DType::kBool, DType::kBF16, DType::kF32, DType::kI64};
+  for (int trial = 0; trial < 400; ++trial) {
+    const int rank = static_cast<int>(pick(0, 5));
+    std::vector<int64_t> src_dims, dst_dims, extent, src_offset, dst_offset;
+    for (int a = 0; a < rank; ++a) {
+      const int64_t e = pick(0, 1) == 0 ? 1 : pick(1, 4);  // size-1 axes often
+      extent.push_back(e);
+      src_dims.push_back(e + (pick(0, 2) == 0 ? 0 : pick(0, 3)));  // sometimes the whole axis
+      dst_dims.push_back(e + (pick(0, 2) == 0 ? 0 : pick(0, 3)));
+      src_offset.push_back(pick(0, src_dims.back() - e));
+      dst_offset.push_back(pick(0, dst_dims.back() - e));
+    }
+    const DType dtype = dtypes[trial % 4];
+    const size_t elem = DTypeSize(dtype);
+    auto src = Tensor::Empty(Shape(src_dims), dtype, Device{});
+    auto rows = Tensor::Empty(Shape(dst_dims), dtype, Device{});
+    auto pieces = Tensor::Empty(Shape(dst_dims), dtype, Device{});
+    ASSERT_TRUE(src.ok() && rows.ok() && pieces.ok());
+    auto* bytes = static_cast<uint8_t*>(src->raw_data());
+    for (size_t i = 0; i < src->NumBytes(); ++i) bytes[i] = static_cast<uint8_t>(i * 7 + 3);
+    std::memset(rows->raw_data(), 0xA5, rows->NumBytes());
+    std::memset(pieces->raw_data(), 0xA5, pieces->NumBytes());
+    const Shape block(extent);
+    ASSERT_TRUE(CopyBlock(*src, src_offset, *rows, dst_offset, block).ok());
+    ASSERT_TRUE(internal::CopyBlockAs2D(*src, src_offset, *pieces, dst_offset, block).ok());
+    ASSERT_EQ(std::memcmp(rows->raw_data(), pieces->raw_data(), rows->NumBytes()), 0)
+        << "trial " << trial << ": block " << block.ToString() << " of " << src->shape().ToString() << " into "
+        << rows->shape().ToString() << ", " << elem << "-byte elements";
+  }
 }
 
 TEST(Sbp, ParsePrint) {

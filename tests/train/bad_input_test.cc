@@ -191,8 +191,6 @@ std::vector<BadInput> Cases() {
       {"epochs", kMlp, {"train.train_epoch=2"}, "is not implemented yet (epochs need a dataset"},
       {"start iteration", kMlp, {"train.start_iter=7"}, "is not implemented yet (set train.resume to continue from a checkpoint)"},
       {"negative start iteration", kMlp, {"train.start_iter=-7"}, "is not implemented yet"},
-      {"cuda over two GPUs", kGpt, {"train.dist.device_type=cuda", "train.dist.data_parallel_size=2"},
-       "moves tensors between cuda devices, which the runtime cannot do yet"},
       {"custom stages", kMlp, {"train.dist.custom_pipeline_stage_id=[0,0,1]"}, "is not implemented yet (explicit stage per layer)"},
       {"1-norm clipping", kMlp, {"optim.clip_grad_norm_type=1"}, "is not implemented yet (norms other than the 2-norm)"},
       {"dataloader", kMlp, {"dataloader.train=x"}, "unknown config key 'dataloader.train'"},
@@ -310,17 +308,21 @@ TEST(BadInput, TheCliExitsOneWithOneLineAndNoOutputDirectory) {
   fs::remove_all(CaseDir());
 }
 
-// A GPU job on a machine without one: one line, nothing written.
+// A GPU job on a machine without one (on one GPU or over several): one
+// line, nothing written.
 TEST(BadInput, CudaWithoutAGpuIsOneLineAndLeavesNothing) {
   if (CudaDeviceCount().ok()) GTEST_SKIP() << "this machine has a GPU";
   const fs::path output_dir = CaseDir() / "output";
-  const Captured r = RunTrain(::tessera::testing::SourcePath("configs/gpt2_nano.json"),
-                              {"train.output_dir=" + output_dir.string(), "train.dist.device_type=cuda"});
-  EXPECT_EQ(r.exit_code, 1) << r.err;
-  EXPECT_EQ(r.out, "");
-  EXPECT_EQ(r.err.find('\n'), r.err.size() - 1) << "not one line: " << r.err;
-  EXPECT_EQ(r.err.rfind("tessera: train.dist.device_type=cuda: ", 0), 0u) << r.err;
-  EXPECT_FALSE(fs::exists(output_dir));
+  for (const std::string layout : {"train.dist.data_parallel_size=1", "train.dist.tensor_parallel_size=2"}) {
+    SCOPED_TRACE(layout);
+    const Captured r = RunTrain(::tessera::testing::SourcePath("configs/gpt2_nano.json"),
+                                {"train.output_dir=" + output_dir.string(), "train.dist.device_type=cuda", layout});
+    EXPECT_EQ(r.exit_code, 1) << r.err;
+    EXPECT_EQ(r.out, "");
+    EXPECT_EQ(r.err.find('\n'), r.err.size() - 1) << "not one line: " << r.err;
+    EXPECT_EQ(r.err.rfind("tessera: train.dist.device_type=cuda: ", 0), 0u) << r.err;
+    EXPECT_FALSE(fs::exists(output_dir));
+  }
   fs::remove_all(CaseDir());
 }
 

@@ -1,6 +1,7 @@
 #include "train/trainer.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
@@ -8,20 +9,20 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
-#include <unistd.h>
 
 #include "comm/proto/actor_id.h"
 #include "core/config.h"
 #include "core/text.h"
-#include "train/job_config.h"
 #include "models/model.h"
 #include "nlohmann/json.hpp"
 #include "ops/registry.h"
 #include "tests/actors/sequential_plan.h"
 #include "tests/cli_runner.h"
+#include "train/job_config.h"
 
 namespace tessera {
 namespace {
@@ -236,8 +237,8 @@ TEST(KernelWorkspace, EmbeddingGradientsGetTheirSortArraysFromTheArena) {
 }
 
 // train.dist.device_type=cuda plans every task on cuda:0, every task that
-// runs kernels acting asynchronously (on the device's CUDA stream); an op without a CUDA kernel
-// and a layout over several GPUs are plan errors naming what is missing.
+// runs kernels acting asynchronously (on the device's CUDA stream); an op
+// without a CUDA kernel is a plan error naming it.
 TEST(CudaPlan, OneGpuPlansEveryTaskOnCudaWithAsynchronousComputes) {
   auto job = LoadJobConfig(testing::SourcePath("configs/gpt2_nano.json"), {"train.dist.device_type=cuda"});
   ASSERT_TRUE(job.ok()) << job.status();
@@ -271,6 +272,44 @@ TEST(CudaPlan, OneGpuPlansEveryTaskOnCudaWithAsynchronousComputes) {
 #else
   ASSERT_FALSE(mlp_plan.ok());
   EXPECT_NE(mlp_plan.status().message().find("has no cuda kernel"), std::string::npos) << mlp_plan.status();
+#endif
+}
+
+// Over several GPUs the plan is the CPU one's on cuda:0 .. cuda:N-1: one
+// rank per GPU, the same collectives (boxing) and pipeline transfers, which
+// the runtime runs on NCCL communicators.
+TEST(CudaPlan, SeveralGpusPlanTheCpuLayoutsCollectivesAndTransfers) {
+  auto job = LoadJobConfig(testing::SourcePath("configs/gpt2_nano.json"),
+                           {"train.dist.device_type=cuda", "train.dist.data_parallel_size=2",
+                            "train.dist.tensor_parallel_size=2", "train.dist.pipeline_parallel_size=2"});
+  ASSERT_TRUE(job.ok()) << job.status();
+  auto plan = TrainingPlan(*job);
+#ifdef TESSERA_WITH_CUDA
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  auto cpu_job = LoadJobConfig(
+      testing::SourcePath("configs/gpt2_nano.json"),
+      {"train.dist.data_parallel_size=2", "train.dist.tensor_parallel_size=2", "train.dist.pipeline_parallel_size=2"});
+  ASSERT_TRUE(cpu_job.ok()) << cpu_job.status();
+  auto cpu_plan = TrainingPlan(*cpu_job);
+  ASSERT_TRUE(cpu_plan.ok()) << cpu_plan.status();
+  std::map<proto::ActorKind, int> kinds, cpu_kinds;
+  std::set<uint32_t> gpus;
+  for (const auto& task : plan->tasks()) {
+    const Device device = comm::DecodeActorId(task.actor_id()).device();
+    EXPECT_EQ(device.type, DeviceType::kCuda) << task.name();
+    gpus.insert(device.index);
+    ++kinds[task.kind()];
+  }
+  for (const auto& task : cpu_plan->tasks()) ++cpu_kinds[task.kind()];
+  EXPECT_EQ(gpus.size(), 8u);
+  EXPECT_EQ(kinds, cpu_kinds);
+  EXPECT_GT(kinds[proto::ACTOR_KIND_COLLECTIVE], 0);
+  EXPECT_GT(kinds[proto::ACTOR_KIND_SEND], 0);
+  EXPECT_EQ(kinds[proto::ACTOR_KIND_SEND], kinds[proto::ACTOR_KIND_RECV]);
+  EXPECT_EQ(plan->mesh().rfind("cuda, 8 ranks", 0), 0u) << plan->mesh();
+#else
+  ASSERT_FALSE(plan.ok());
+  EXPECT_NE(plan.status().message().find("has no cuda kernel"), std::string::npos) << plan.status();
 #endif
 }
 
