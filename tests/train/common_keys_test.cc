@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/config.h"
+#include "core/storage.h"
 #include "nlohmann/json.hpp"
 #include "tests/cli_runner.h"
 #include "tests/train/train_runs.h"
@@ -178,6 +179,15 @@ std::function<std::string(const Outcome&, const Outcome&)> Devices(int want) {
   };
 }
 
+// train.dist.device_type=cuda over two ranks: where this process sees two
+// GPUs, the one-device losses on them; elsewhere refused naming the GPU
+// the plan needs.
+std::function<std::string(const Outcome&, const Outcome&)> OnTwoGpus() {
+  const absl::StatusOr<int> gpus = CudaDeviceCount();
+  if (gpus.ok() && *gpus >= 2) return Devices(2);
+  return Refused("the plan runs on cuda:1, but ");
+}
+
 // The same losses as plain data parallelism (rtol 1e-5), with each rank
 // holding a shard of the optimizer state (the runtime's counters).
 std::string SameLosses(const Outcome& base, const Outcome& changed) {
@@ -224,36 +234,47 @@ const std::string kNotImplemented = "is not implemented yet";
 
 std::vector<Row> Rows() {
   return {
-      {"train.output_dir", {}, {"train.output_dir=" + (RunDir() / "elsewhere").string()},
+      {"train.output_dir",
+       {},
+       {"train.output_dir=" + (RunDir() / "elsewhere").string()},
        [](const Outcome& base, const Outcome& changed) -> std::string {
          const std::set<std::string> here = {"config.json", "metrics.jsonl"};
          const std::set<std::string> there = {"elsewhere/config.json", "elsewhere/metrics.jsonl"};
          return base.written == here && changed.written == there ? "" : "the outputs did not move";
        }},
       {"train.train_micro_batch_size", {}, {"train.train_micro_batch_size=16"}, LossesDiffer},
-      {"train.global_batch_size", {}, {"train.num_accumulation_steps=null", "train.global_batch_size=64"}, LossesDiffer},
+      {"train.global_batch_size",
+       {},
+       {"train.num_accumulation_steps=null", "train.global_batch_size=64"},
+       LossesDiffer},
       {"train.num_accumulation_steps", {}, {"train.num_accumulation_steps=2"}, LossesDiffer},
-      {"train.train_iter", {}, {"train.train_iter=2"},
+      {"train.train_iter",
+       {},
+       {"train.train_iter=2"},
        [](const Outcome& base, const Outcome& changed) -> std::string {
          return base.summary.iterations == 4 && changed.summary.iterations == 2 ? "" : "iteration count unchanged";
        }},
       {"train.warmup_ratio", {}, {"train.warmup_ratio=0.5"}, LossesDiffer},
-      {"train.log_period", {}, {"train.log_period=1"},
+      {"train.log_period",
+       {},
+       {"train.log_period=1"},
        [](const Outcome& base, const Outcome& changed) -> std::string {
          return base.metrics_lines == 1 && changed.metrics_lines == 4 ? "" : "metrics lines unchanged";
        }},
       {"train.seed", {}, {"train.seed=99"}, LossesDiffer},
       // bf16 products: other losses (tests/train/amp_test.cc: how close).
       {"train.amp.enabled", {}, {"train.amp.enabled=true"}, LossesDiffer},
-      {"train.amp.dtype", {"train.amp.enabled=true"}, {"train.amp.enabled=true", "train.amp.dtype=fp16"},
-       LossesDiffer},
+      {"train.amp.dtype", {"train.amp.enabled=true"}, {"train.amp.enabled=true", "train.amp.dtype=fp16"}, LossesDiffer},
       // On a model with transformer layers it recomputes them, same losses
       // bit for bit and a smaller arena (tests/train/memory_test.cc); an
       // MLP has nothing to recompute.
-      {"train.activation_checkpoint.enabled", {}, {"train.activation_checkpoint.enabled=true"},
+      {"train.activation_checkpoint.enabled",
+       {},
+       {"train.activation_checkpoint.enabled=true"},
        Refused("the model has no recomputable layers")},
       // Every stage on every layout: tests/train/zero_test.cc.
-      {"train.zero_optimization.enabled", {"train.dist.data_parallel_size=2", "train.train_micro_batch_size=16"},
+      {"train.zero_optimization.enabled",
+       {"train.dist.data_parallel_size=2", "train.train_micro_batch_size=16"},
        {"train.dist.data_parallel_size=2", "train.train_micro_batch_size=16", "train.zero_optimization.enabled=true"},
        ShardsOptimizerState},
       {"train.zero_optimization.stage",
@@ -265,39 +286,60 @@ std::vector<Row> Rows() {
       // What evaluation does is checked on text data (text_data_test); here:
       // without evaluation the two numbers are refused nowhere and change
       // nothing, so their row checks that the binary accepts them and runs.
-      {"train.evaluation.eval_period", {}, {}, nullptr,
+      {"train.evaluation.eval_period",
+       {},
+       {},
+       nullptr,
        [] { return RunCli(RunDir() / "eval_period", "train.evaluation.eval_period=2"); }},
-      {"train.evaluation.eval_iter", {}, {}, nullptr,
+      {"train.evaluation.eval_iter",
+       {},
+       {},
+       nullptr,
        [] { return RunCli(RunDir() / "eval_iter", "train.evaluation.eval_iter=2"); }},
       {"train.checkpointer.period", {}, {}, nullptr, CheckpointerPeriod},
       {"train.checkpointer.max_to_keep", {}, {}, nullptr, CheckpointerMaxToKeep},
       {"train.resume", {}, {}, nullptr, Resume},
       {"train.load_weight", {}, {}, nullptr, LoadWeight},
-      {"train.dist.device_type", {},
+      {"train.dist.device_type",
+       {},
        {"train.dist.device_type=cuda", "train.dist.data_parallel_size=2", "train.train_micro_batch_size=16"},
-       Refused("moves tensors between cuda devices")},
-      {"train.dist.data_parallel_size", {}, {"train.dist.data_parallel_size=2", "train.train_micro_batch_size=16"}, Devices(2)},
+       OnTwoGpus()},
+      {"train.dist.data_parallel_size",
+       {},
+       {"train.dist.data_parallel_size=2", "train.train_micro_batch_size=16"},
+       Devices(2)},
       {"train.dist.tensor_parallel_size", {}, {"train.dist.tensor_parallel_size=2"}, Devices(2)},
       {"train.dist.pipeline_parallel_size", {}, {"train.dist.pipeline_parallel_size=3"}, Devices(3)},
-      {"train.dist.num_devices", {}, {"train.dist.data_parallel_size=null", "train.dist.num_devices=2",
-                                      "train.train_micro_batch_size=16"}, Devices(2)},
-      {"train.dist.intra_op_threads", {"train.dist.intra_op_threads=1"}, {"train.dist.intra_op_threads=2"},
+      {"train.dist.num_devices",
+       {},
+       {"train.dist.data_parallel_size=null", "train.dist.num_devices=2", "train.train_micro_batch_size=16"},
+       Devices(2)},
+      {"train.dist.intra_op_threads",
+       {"train.dist.intra_op_threads=1"},
+       {"train.dist.intra_op_threads=2"},
        [](const Outcome& base, const Outcome& changed) -> std::string {
-         if (base.summary.threads_per_device != 1 || changed.summary.threads_per_device != 2) return "threads unchanged";
+         if (base.summary.threads_per_device != 1 || changed.summary.threads_per_device != 2)
+           return "threads unchanged";
          return base.summary.losses == changed.summary.losses ? "" : "threads changed the numbers";
        }},
-      {"train.dist.async_compute", {}, {"train.dist.async_compute=true"},
+      {"train.dist.async_compute",
+       {},
+       {"train.dist.async_compute=true"},
        [](const Outcome& base, const Outcome& changed) -> std::string {
          if (base.async_tasks != 0 || changed.async_tasks == 0) return "no compute task acts asynchronously";
          return base.summary.losses == changed.summary.losses ? "" : "asynchronous acts changed the numbers";
        }},
       {"train.dist.pipeline_num_layers", {}, {"train.dist.pipeline_num_layers=4"}, Refused("!= the model's 3 layers")},
       {"lr_scheduler._target_", {}, {"lr_scheduler._target_=ConstantLR"}, LossesDiffer},
-      {"lr_scheduler.warmup_factor", {"train.warmup_ratio=0.5"}, {"train.warmup_ratio=0.5", "lr_scheduler.warmup_factor=0.5"},
+      {"lr_scheduler.warmup_factor",
+       {"train.warmup_ratio=0.5"},
+       {"train.warmup_ratio=0.5", "lr_scheduler.warmup_factor=0.5"},
        LossesDiffer},
       {"lr_scheduler.alpha", {}, {"lr_scheduler.alpha=0.9"}, LossesDiffer},
-      {"lr_scheduler.warmup_method", {"train.warmup_ratio=0.5"},
-       {"train.warmup_ratio=0.5", "lr_scheduler.warmup_method=constant"}, LossesDiffer},
+      {"lr_scheduler.warmup_method",
+       {"train.warmup_ratio=0.5"},
+       {"train.warmup_ratio=0.5", "lr_scheduler.warmup_method=constant"},
+       LossesDiffer},
       {"optim._target_", {}, {"optim._target_=SGD"}, LossesDiffer},
       {"optim.lr", {}, {"optim.lr=0.05"}, LossesDiffer},
       {"optim.weight_decay", {}, {"optim.weight_decay=0.5"}, LossesDiffer},
@@ -305,7 +347,9 @@ std::vector<Row> Rows() {
       {"optim.eps", {}, {"optim.eps=0.1"}, LossesDiffer},
       {"optim.clip_grad_max_norm", {}, {"optim.clip_grad_max_norm=0.01"}, LossesDiffer},
       {"optim.clip_grad_norm_type", {}, {"optim.clip_grad_norm_type=1.0"}, Refused(kNotImplemented)},
-      {"optim.no_decay_norm_and_bias", {"optim.weight_decay=0.5"}, {"optim.weight_decay=0.5", "optim.no_decay_norm_and_bias=false"},
+      {"optim.no_decay_norm_and_bias",
+       {"optim.weight_decay=0.5"},
+       {"optim.weight_decay=0.5", "optim.no_decay_norm_and_bias=false"},
        LossesDiffer},
   };
 }
