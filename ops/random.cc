@@ -103,6 +103,9 @@ void RegisterRandomOps(OpRegistry& registry) {
           .Infer(InferNormal)
           .Sbp(GeneratorSignatures)
           .Kernel(DeviceType::kCpu, cpu::NormalKernel)
+#ifdef TESSERA_WITH_CUDA
+          .Kernel(DeviceType::kCuda, cuda::NormalKernel)
+#endif
           .Example({}, {{"shape", std::vector<int64_t>{4, 6}}, {"seed", int64_t{1}}, {"tensor_id", int64_t{0}}}));
 
   registry.MustRegister(
@@ -117,6 +120,9 @@ void RegisterRandomOps(OpRegistry& registry) {
           .Infer(InferUniform)
           .Sbp(GeneratorSignatures)
           .Kernel(DeviceType::kCpu, cpu::UniformKernel)
+#ifdef TESSERA_WITH_CUDA
+          .Kernel(DeviceType::kCuda, cuda::UniformKernel)
+#endif
           .Example({}, {{"shape", std::vector<int64_t>{4, 6}}, {"seed", int64_t{1}}, {"tensor_id", int64_t{0}}}));
 
   registry.MustRegister(

@@ -345,6 +345,12 @@ void RegisterIndexReductions(OpRegistry& r) {
                     cpu::TopK(ctx, ctx.input(0), ctx.attr().Int("k"), ctx.output(0), ctx.output(1));
                     return absl::OkStatus();
                   })
+#ifdef TESSERA_WITH_CUDA
+          .Kernel(DeviceType::kCuda,
+                  [](KernelContext& ctx) {
+                    return cuda::TopK(ctx, ctx.input(0), ctx.attr().Int("k"), ctx.output(0), ctx.output(1));
+                  })
+#endif
           .Example({kExample}, {{"k", int64_t{2}}}));
 
   r.MustRegister(

@@ -752,6 +752,9 @@ void RegisterMakers(OpRegistry& r) {
                                            ctx.output_slice(0).offset[0]);
                                return absl::OkStatus();
                              })
+#ifdef TESSERA_WITH_CUDA
+                     .Kernel(DeviceType::kCuda, cuda::ArangeKernel)
+#endif
                      .Example({}, {{"n", int64_t{8}}}));
 }
 

@@ -95,8 +95,8 @@ double RoundToOddDouble(int64_t v) {
   return v < 0 ? -d : d;
 }
 
-// Converts a loaded value (float or int64) to T per Cast's rules, rounding
-// once.
+// Converts a loaded value (float, or double for arange, or int64) to T per
+// Cast's rules, rounding once.
 template <typename T, typename V>
 T Store(V v) {
   if constexpr (std::is_same_v<T, bool>) {
@@ -106,12 +106,16 @@ T Store(V v) {
   } else if constexpr (std::is_same_v<T, Half>) {
     if constexpr (std::is_same_v<V, float>) {
       return Half{FloatToHalf(v)};
+    } else if constexpr (std::is_same_v<V, double>) {
+      return Half{DoubleToHalf(v)};
     } else {
       return Half{DoubleToHalf(RoundToOddDouble(v))};
     }
   } else if constexpr (std::is_same_v<T, BFloat16>) {
     if constexpr (std::is_same_v<V, float>) {
       return BFloat16{FloatToBFloat16(v)};
+    } else if constexpr (std::is_same_v<V, double>) {
+      return BFloat16{DoubleToBFloat16(v)};
     } else {
       return BFloat16{DoubleToBFloat16(RoundToOddDouble(v))};
     }
@@ -327,7 +331,9 @@ void Arange(const KernelContext& ctx, const Tensor& y, double start, double step
     T* dst = y.data<T>();
     ParallelFor(ctx, y.NumElements(), kElementwiseGrain, [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) {
-        const double v = start + static_cast<double>(offset + i) * step;
+        // One rounding (an explicit fma, so no compiler choice changes it,
+        // and CUDA's kernel computes the same).
+        const double v = std::fma(static_cast<double>(offset + i), step, start);
         if constexpr (kIsFloat<T> || std::is_same_v<T, bool>) {
           dst[i] = Store<T>(v);
         } else {

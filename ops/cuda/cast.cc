@@ -46,4 +46,17 @@ absl::Status CastKernel(KernelContext& ctx) {
   return Done(LaunchCast(x.raw_data(), from, y.raw_data(), to, y.NumElements()), "cast");
 }
 
+absl::Status ArangeKernel(KernelContext& ctx) {
+  RETURN_IF_ERROR(OnDevice(ctx));
+  const Tensor& y = ctx.output(0);
+  const int code = Code(y.dtype());
+  if (code < 0 || y.dtype() == DType::kBool) {
+    return absl::InvalidArgumentError(StrCat("arange in ", DTypeName(y.dtype()), ": no kernel handles this dtype"));
+  }
+  // Under S(0) this shard holds the values from its offset on.
+  return Done(LaunchArange(y.raw_data(), code, y.NumElements(), ctx.attr().Float("start"), ctx.attr().Float("step"),
+                           ctx.output_slice(0).offset[0]),
+              "arange");
+}
+
 }  // namespace tessera::ops::cuda

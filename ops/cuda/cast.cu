@@ -1,5 +1,6 @@
 // CUDA cast: every pair of Tessera's dtypes, one kernel instance per pair,
-// with ops/cpu/shape_ops.cc's rules (ops/cuda/launch.h LaunchCast).
+// with ops/cpu/shape_ops.cc's rules (ops/cuda/launch.h LaunchCast); arange,
+// which stores its values by the same rules (LaunchArange).
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -90,7 +91,52 @@ int Visit(int code, Fn&& fn) {
   }
 }
 
+// A double rounded to float "to odd" (truncated, the last bit set when
+// anything was cut off), so one more rounding to a 16-bit float is the
+// double's own nearest even rounding (core/dtype.cc's RoundToOddF32).
+__device__ inline float RoundToOdd(double v) {
+  const float f = __double2float_rz(v);
+  if (static_cast<double>(f) == v) return f;
+  return __uint_as_float(__float_as_uint(f) | 1u);
+}
+
+// An arange value in T as the CPU's Arange stores it: floats rounded once
+// to nearest even, integers by llround.
+template <typename T>
+__device__ inline T StoreArange(double v) {
+  if constexpr (std::is_same_v<T, float>) {
+    return __double2float_rn(v);
+  } else if constexpr (std::is_same_v<T, __half>) {
+    return __float2half_rn(RoundToOdd(v));
+  } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    return __float2bfloat16_rn(RoundToOdd(v));
+  } else {
+    return static_cast<T>(llround(v));
+  }
+}
+
+template <typename T>
+__global__ void ArangeKernel(T* y, int64_t n, double start, double step, int64_t offset) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    y[i] = StoreArange<T>(fma(static_cast<double>(offset + i), step, start));
+  }
+}
+
 }  // namespace
+
+int LaunchArange(void* y, int dtype, int64_t n, double start, double step, int64_t offset) {
+  if (n == 0) return 0;
+  return Visit(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (std::is_same_v<T, bool>) {
+      return static_cast<int>(cudaErrorInvalidValue);  // arange has no bool dtype
+    } else {
+      ArangeKernel<T><<<Blocks(n), kThreads, 0, CurrentStream()>>>(static_cast<T*>(y), n, start, step, offset);
+      return Finish();
+    }
+  });
+}
 
 int LaunchCast(const void* x, int from, void* y, int to, int64_t n) {
   if (n == 0) return 0;

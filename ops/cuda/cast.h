@@ -1,7 +1,7 @@
 #pragma once
-// CUDA kernel of cast (ops/shape_ops.cc registers it for DeviceType::kCuda
-// when the build has CUDA): every pair of dtypes with the CPU's rules
-// (ops/cpu/shape_ops.cc Cast). Synchronous.
+// CUDA kernels of cast and arange (ops/shape_ops.cc registers them for
+// DeviceType::kCuda when the build has CUDA): every pair of dtypes with the
+// CPU's rules (ops/cpu/shape_ops.cc Cast), arange's values stored by them.
 
 #include "absl/status/status.h"
 #include "ops/kernel_context.h"
@@ -9,5 +9,6 @@
 namespace tessera::ops::cuda {
 
 absl::Status CastKernel(KernelContext& ctx);
+absl::Status ArangeKernel(KernelContext& ctx);
 
 }  // namespace tessera::ops::cuda

@@ -158,6 +158,9 @@ int LaunchReduceMaxGrad(const float* x, const float* y, const float* dy, float* 
 // y[o] (i64) = the reduced coordinate of the max of x (one reduced axis),
 // the lowest among ties; NaN is skipped, as the CPU's max; 0 for a row of NaN.
 int LaunchArgmax(const float* x, int64_t* y, const ReduceLayout& layout);
+// The k largest of each of `rows` contiguous rows of n, descending, ties by
+// lower index, NaN last: values (rows x k) and their indices (i64).
+int LaunchTopK(const float* x, float* values, int64_t* indices, int64_t rows, int64_t n, int64_t k);
 
 // dx = dy * gelu'(x + bias), bias over rows of C (tanh: the approximation).
 int LaunchBiasGeluGrad(const float* x, const float* bias, const float* dy, float* dx, int64_t rows, int64_t C,
@@ -182,18 +185,31 @@ int LaunchCrossEntropyPartialsGrad(const float* logits, const float* row_max, co
                                    const float* d_sumexp, const float* d_label_logit, float* dlogits, int64_t N,
                                    int64_t Vs, int64_t offset);
 
-// Dropout by global index (ops/cpu/random.cc's rule): element p of the
-// shard is element p % run_length of run p / run_length, whose global start
-// is base + Σ (run's coordinates over outer_local) · outer_strides; it keeps
-// x (times scale) when the 24 high bits of Philox word g % 4 of block g / 4
-// (key seed, counter high words tensor_id and step) reach threshold.
-struct DropoutRuns {
+// The random ops draw by global index (ops/cpu/random.cc's rule): element
+// p of the shard is element p % run_length of run p / run_length, whose
+// global start g0 is base + Σ (run's coordinates over outer_local) ·
+// outer_strides; element g takes Philox word g % 4 of block g / 4 (key
+// seed, counter high words tensor_id and step).
+struct RandomRuns {
   int outer_rank = 0;
   int64_t run_length = 1, base = 0;
   int64_t outer_local[kMaxRank] = {}, outer_strides[kMaxRank] = {};
 };
+// Dropout keeps x (times scale) where the word's 24 high bits reach
+// threshold.
 int LaunchDropout(const float* x, float* y, int64_t n, uint64_t seed, uint32_t tensor_id, uint32_t step,
-                  int32_t threshold, float scale, const DropoutRuns& runs);
+                  int32_t threshold, float scale, const RandomRuns& runs);
+// uniform: min(low + span · u, below_high), u = the 24 high bits / 2^24;
+// normal (when `normal`): Box–Muller on the block's word pairs (2j, 2j + 1):
+// mean + stddev · sqrt(-2 ln u1) · (cos, sin)(2π u2), u1 = (bits + 1) / 2^24,
+// lane 2j the cos branch and 2j + 1 the sin one. The Philox words are the
+// CPU's; the values agree to float rounding, not bit for bit (either
+// compiler may fuse a multiply-add; CUDA's logf and sincospif against the
+// CPU's polynomials).
+int LaunchUniform(float* y, int64_t n, uint64_t seed, uint32_t tensor_id, uint32_t step, float low, float span,
+                  float below_high, const RandomRuns& runs);
+int LaunchNormal(float* y, int64_t n, uint64_t seed, uint32_t tensor_id, uint32_t step, float mean, float stddev,
+                 const RandomRuns& runs);
 
 // y = x converted element by element, as ops/cpu/shape_ops.cc's Cast:
 // floats round to nearest even, integers to 16-bit floats in one rounding,
@@ -201,6 +217,9 @@ int LaunchDropout(const float* x, float* y, int64_t n, uint64_t seed, uint32_t t
 // wrapping, bool is x != 0. Type codes: 0 f32, 1 f16, 2 bf16, 3 i32, 4 i64,
 // 5 bool.
 int LaunchCast(const void* x, int from, void* y, int to, int64_t n);
+// y[i] = fma(offset + i, step, start) in double, stored in `dtype` (a
+// LaunchCast type code, not bool) as ops/cpu/shape_ops.cc's Arange stores it.
+int LaunchArange(void* y, int dtype, int64_t n, double start, double step, int64_t offset);
 
 // *flag (an f32 on the device) = 1 when any of the n elements of x (code 0
 // f32, 1 f16, 2 bf16) is NaN or infinite, else 0.

@@ -63,4 +63,11 @@ absl::Status Argmax(const KernelContext& ctx, const Tensor& x, int axis, const T
   return Done(LaunchArgmax(x.data<float>(), y.data<int64_t>(), layout), "argmax");
 }
 
+absl::Status TopK(const KernelContext& ctx, const Tensor& x, int64_t k, const Tensor& values, const Tensor& indices) {
+  RETURN_IF_ERROR(OnDevice(ctx));
+  const int64_t n = x.shape().rank() == 0 ? 1 : x.shape()[x.shape().rank() - 1];
+  const int64_t rows = n == 0 ? 0 : x.NumElements() / n;
+  return Done(LaunchTopK(x.data<float>(), values.data<float>(), indices.data<int64_t>(), rows, n, k), "topk");
+}
+
 }  // namespace tessera::ops::cuda

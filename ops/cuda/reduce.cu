@@ -1,5 +1,5 @@
 // CUDA reductions (ops/cuda/launch.h LaunchReduce, LaunchReduceMaxGrad,
-// LaunchArgmax): one block per output
+// LaunchArgmax, LaunchTopK): one block per output
 // element, its threads striding over the reduced coordinates, then a block
 // reduction in shared memory.
 
@@ -113,6 +113,62 @@ __global__ void ArgmaxKernel(const float* x, int64_t* y, int64_t outputs, int64_
   }
 }
 
+// Whether element (va, a) of a row comes before (vb, b) in topk's order:
+// descending by value, ties by lower index, NaN last (in index order), as
+// the CPU's TopK.
+__device__ inline bool Before(float va, int64_t a, float vb, int64_t b) {
+  const bool na = isnan(va), nb = isnan(vb);
+  if (na || nb) return na == nb ? a < b : nb;
+  return va > vb || (va == vb && a < b);
+}
+
+// One block per row: k rounds, each a block reduction for the first element
+// (in Before's order) after the previous round's, so O(k n) per row: made
+// for small k (sampling's top 40 of a vocabulary).
+__global__ void TopKKernel(const float* x, float* values, int64_t* indices, int64_t rows, int64_t n, int64_t k) {
+  __shared__ float best_values[kThreads];
+  __shared__ int64_t best_indices[kThreads];
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const float* in = x + row * n;
+    float last_value = 0.0f;
+    int64_t last_index = -1;  // none taken yet
+    for (int64_t j = 0; j < k; ++j) {
+      float value = 0.0f;
+      int64_t index = -1;
+      for (int64_t r = threadIdx.x; r < n; r += kThreads) {
+        const float v = in[r];
+        if (last_index >= 0 && !Before(last_value, last_index, v, r)) continue;  // taken already
+        if (index < 0 || Before(v, r, value, index)) {
+          value = v;
+          index = r;
+        }
+      }
+      best_values[threadIdx.x] = value;
+      best_indices[threadIdx.x] = index;
+      __syncthreads();
+      for (int half = kThreads / 2; half > 0; half /= 2) {
+        if (threadIdx.x < half) {
+          const float v = best_values[threadIdx.x + half];
+          const int64_t i = best_indices[threadIdx.x + half];
+          if (i >= 0 &&
+              (best_indices[threadIdx.x] < 0 || Before(v, i, best_values[threadIdx.x], best_indices[threadIdx.x]))) {
+            best_values[threadIdx.x] = v;
+            best_indices[threadIdx.x] = i;
+          }
+        }
+        __syncthreads();
+      }
+      last_value = best_values[0];
+      last_index = best_indices[0];
+      if (threadIdx.x == 0) {
+        values[row * k + j] = last_value;
+        indices[row * k + j] = last_index;
+      }
+      __syncthreads();  // before the next round overwrites the winner
+    }
+  }
+}
+
 // Outputs and reduced coordinates of a layout.
 void Counts(const ReduceLayout& layout, int64_t* outputs, int64_t* reduced) {
   *outputs = 1;
@@ -138,6 +194,12 @@ int LaunchArgmax(const float* x, int64_t* y, const ReduceLayout& layout) {
   Counts(layout, &outputs, &reduced);
   if (outputs == 0) return 0;
   ArgmaxKernel<<<GridOf(outputs), kThreads, 0, CurrentStream()>>>(x, y, outputs, reduced, layout);
+  return Finish();
+}
+
+int LaunchTopK(const float* x, float* values, int64_t* indices, int64_t rows, int64_t n, int64_t k) {
+  if (rows == 0 || k == 0) return 0;
+  TopKKernel<<<GridOf(rows), kThreads, 0, CurrentStream()>>>(x, values, indices, rows, n, k);
   return Finish();
 }
 

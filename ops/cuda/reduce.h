@@ -19,5 +19,8 @@ absl::Status ReduceMaxGrad(const KernelContext& ctx, const Tensor& x, const std:
 // The lowest index of the max along `axis`; NaN is skipped (a row of NaN
 // gives 0), as cpu::Argmax on last-axis rows.
 absl::Status Argmax(const KernelContext& ctx, const Tensor& x, int axis, const Tensor& y);
+// The k largest of each last-axis row, as cpu::TopK (k rounds of a block
+// reduction per row: O(k n), for small k).
+absl::Status TopK(const KernelContext& ctx, const Tensor& x, int64_t k, const Tensor& values, const Tensor& indices);
 
 }  // namespace tessera::ops::cuda

@@ -47,7 +47,7 @@ absl::Status Lowering::CheckDeviceType() const {
   const std::string type(DeviceTypeName(options_.parallel.device_type));
   for (const proto::Task& task : builder_.plan().tasks()) {
     if (task.op().empty()) continue;
-    const ops::OpSchema* schema = ops::BuiltinOps().Find(task.op());
+    const ops::OpSchema* schema = graph_.registry().Find(task.op());
     if (schema != nullptr && schema->FindKernel(options_.parallel.device_type) == nullptr) {
       return absl::UnimplementedError(
           StrCat("op '", task.op(), "' (task '", task.name(), "') has no ", type, " kernel"));

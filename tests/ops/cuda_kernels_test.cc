@@ -20,6 +20,7 @@
 #include <set>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "core/stream.h"
@@ -87,7 +88,9 @@ TEST(CudaKernels, RegisteredWhereTheBuildHasCuda) {
       // data movement
       "cast", "reshape", "broadcast_to", "transpose", "slice", "slice_grad", "concat", "split", "depend",
       // makers and selections
-      "fill", "zeros", "ones", "where", "masked_fill",
+      "fill", "zeros", "ones", "arange", "where", "masked_fill", "topk",
+      // random
+      "uniform", "normal",
       // fused attention
       "flash_attention", "flash_attention_grad", "flash_attention_masked", "flash_attention_masked_grad"};
   std::sort(expected.begin(), expected.end());
@@ -207,13 +210,15 @@ TEST(CudaKernels, MatchTheCpuKernels) {
           // are rounded once on both sides, so they agree exactly.
           const double r = ElementAsDouble(ref, i), g = ElementAsDouble(got, i);
           if (g == r) continue;  // infinities too (lse of a query without keys)
-          ASSERT_NEAR(g, r, 1e-5 * std::fabs(r) + 1e-6) << "output " << k << " element " << i;
+          // normal: CUDA's logf and sincospif times a radius (see below).
+          const double floor = name == "normal" ? 1e-5 : 1e-6;
+          ASSERT_NEAR(g, r, 1e-5 * std::fabs(r) + floor) << "output " << k << " element " << i;
         }
       }
       ++checked;
     }
   }
-  EXPECT_GE(checked, 56);
+  EXPECT_GE(checked, 60);
 }
 // matmul_bias_gelu beyond its example: f32 (the bias in cuBLASLt's
 // epilogue, the GELU kernel after) and bf16 (with the tanh GELU all in the
@@ -311,6 +316,100 @@ TEST(CudaKernels, ArgmaxAndReduceMaxGradMatchTheCpuWithTies) {
     const std::vector<Tensor> got = RunOnGpu("reduce_max_grad", {x, (*y)[0], dy}, attrs, &status);
     ASSERT_TRUE(status.ok()) << status;
     EXPECT_EQ(got[0].ToVector<float>(), (*want)[0].ToVector<float>());
+  }
+}
+
+// Op `name` (no inputs) producing the shard `slice` of its output, on the
+// CPU and on cuda:0 (ctx.step = step): both outputs, on the host.
+std::pair<Tensor, Tensor> MakeShardOnBoth(const std::string& name, const AttrMap& attrs, const TensorSlice& slice,
+                                          int64_t step) {
+  const OpSchema& schema = *BuiltinOps().Find(name);
+  auto canonical = schema.CanonicalizeAttrs(attrs);
+  EXPECT_TRUE(canonical.ok()) << canonical.status();
+  auto metas = schema.InferMeta({}, *canonical);
+  EXPECT_TRUE(metas.ok()) << metas.status();
+  std::vector<Tensor> outs;
+  for (const Device& device : {Device{}, Device{DeviceType::kCuda, 0}}) {
+    KernelContext ctx;
+    ctx.outputs.push_back(*Tensor::Empty(slice.local, (*metas)[0].dtype, device));
+    ctx.output_slices = {slice};
+    ctx.attrs = &*canonical;
+    ctx.device = device;
+    ctx.step = step;
+    const absl::Status status = RunKernel(schema, ctx);
+    EXPECT_TRUE(status.ok()) << device.ToString() << ": " << status;
+    outs.push_back(device.type == DeviceType::kCpu ? ctx.outputs[0] : ToHost(ctx.outputs[0]));
+  }
+  return {outs[0], outs[1]};
+}
+
+// The makers beyond their examples: arange in every dtype from a shard's
+// offset (exact: one rounding from the same fma); uniform and normal on
+// shards split along an inner axis (the Philox words by global index, so
+// the values agree to float rounding) at a nonzero step; topk with ties,
+// signed zeros and NaN, for k from 1 to the whole row (the same indices,
+// the same values).
+TEST(CudaKernels, MakersAndTopKMatchTheCpuOnShardsAndTies) {
+  if (const std::string why = NoGpu(); !why.empty()) GTEST_SKIP() << why;
+  for (const DType dtype : {DType::kF32, DType::kF16, DType::kBF16, DType::kI32, DType::kI64}) {
+    const bool integral = dtype == DType::kI32 || dtype == DType::kI64;
+    const AttrMap attrs = {
+        {"n", int64_t{1000}}, {"dtype", dtype}, {"start", integral ? -3.0 : -1.25}, {"step", integral ? 7.0 : 0.1}};
+    const TensorSlice shard{Shape{1000}, {400}, Shape{333}};
+    SCOPED_TRACE(StrCat("arange ", DTypeName(dtype)));
+    const auto [cpu, gpu] = MakeShardOnBoth("arange", attrs, shard, 0);
+    ASSERT_EQ(cpu.NumBytes(), gpu.NumBytes());
+    EXPECT_EQ(std::memcmp(cpu.raw_data(), gpu.raw_data(), cpu.NumBytes()), 0);
+  }
+  const TensorSlice inner{Shape{6, 50}, {2, 13}, Shape{3, 29}};
+  for (const std::string name : {"uniform", "normal"}) {
+    for (const TensorSlice& slice : {TensorSlice::Whole(Shape{1, 4097}), inner}) {
+      SCOPED_TRACE(StrCat(name, " ", slice.local.ToString(), " of ", slice.logical.ToString()));
+      AttrMap attrs = {{"shape", slice.logical.dims()}, {"seed", int64_t{1234}}, {"tensor_id", int64_t{7}}};
+      if (name == "uniform") {
+        attrs.Set("low", -2.0);
+        attrs.Set("high", 3.0);
+      } else {
+        attrs.Set("mean", 0.5);
+        attrs.Set("std", 2.0);
+      }
+      const auto [cpu, gpu] = MakeShardOnBoth(name, attrs, slice, 5);
+      const std::vector<float> want = cpu.ToVector<float>(), got = gpu.ToVector<float>();
+      ASSERT_EQ(want.size(), got.size());
+      // A wrong word or lane would be off by O(1); the roundings of log and
+      // sin/cos times a radius up to 2 sqrt(2 ln 2^24) stay within 1e-5.
+      const double tolerance = name == "uniform" ? 2e-6 : 1e-5;
+      for (size_t i = 0; i < want.size(); ++i) {
+        ASSERT_NEAR(got[i], want[i], tolerance * (1 + std::fabs(want[i]))) << "element " << i;
+        if (name == "uniform") {
+          EXPECT_GE(got[i], -2.0f);
+          EXPECT_LT(got[i], 3.0f);
+        }
+      }
+    }
+  }
+  std::mt19937 rng(5);
+  std::uniform_int_distribution<int> level(0, 3);
+  const Shape shape{7, 600};
+  std::vector<float> values(static_cast<size_t>(shape.NumElements()));
+  for (float& v : values) v = static_cast<float>(level(rng)) - 1.0f;
+  values[3] = std::numeric_limits<float>::quiet_NaN();
+  values[4] = -0.0f;
+  values[601] = std::numeric_limits<float>::infinity();
+  values[602] = -std::numeric_limits<float>::infinity();
+  values[1300] = std::numeric_limits<float>::quiet_NaN();
+  values[1301] = std::numeric_limits<float>::quiet_NaN();
+  const Tensor x = Tensor::FromVector(shape, values);
+  for (const int64_t k : {int64_t{1}, int64_t{40}, int64_t{599}, int64_t{600}}) {
+    SCOPED_TRACE(StrCat("topk k ", k));
+    const AttrMap attrs = {{"k", k}};
+    auto want = RunOp("topk", {x}, attrs);
+    ASSERT_TRUE(want.ok()) << want.status();
+    absl::Status status;
+    const std::vector<Tensor> got = RunOnGpu("topk", {x}, attrs, &status);
+    ASSERT_TRUE(status.ok()) << status;
+    EXPECT_EQ(got[1].ToVector<int64_t>(), (*want)[1].ToVector<int64_t>());
+    EXPECT_EQ(std::memcmp(got[0].raw_data(), (*want)[0].raw_data(), got[0].NumBytes()), 0);
   }
 }
 

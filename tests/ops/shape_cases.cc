@@ -430,6 +430,12 @@ void AddMakerCases(std::vector<OpTestCase>& cases) {
   cases.push_back(Case("arange", "i64_negative_start", {},
                        {{"start", -3.0}, {"step", 2.0}, {"n", int64_t{9}}, {"dtype", DType::kI64}}, ArangeRef));
   cases.push_back(Case("arange", "i32_default_start", {}, {{"n", int64_t{5}}, {"dtype", DType::kI32}}, ArangeRef));
+  // 16-bit floats: fractional values rounded once from the double, to
+  // nearest even (0.1 steps are inexact in every format).
+  for (const DType dtype : {DType::kBF16, DType::kF16}) {
+    cases.push_back(Case("arange", StrCat(DTypeName(dtype), "_fractional_step"), {},
+                         {{"start", -1.25}, {"step", 0.1}, {"n", int64_t{37}}, {"dtype", dtype}}, ArangeRef));
+  }
 }
 
 }  // namespace
