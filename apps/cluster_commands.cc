@@ -12,12 +12,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "apps/cli_errors.h"
 #include "cluster/client.h"
 #include "cluster/device_offer.h"
 #include "cluster/master.h"
-#include "apps/cli_errors.h"
 #include "cluster/worker.h"
 #include "core/config.h"
+#include "core/storage.h"
 
 namespace tessera {
 namespace {
@@ -224,6 +225,16 @@ void AddClusterCommands(CLI::App& app, ClusterCommandDeps deps) {
         *offer, visible == nullptr ? std::nullopt : std::optional<std::string_view>(visible));
     if (!cuda_visible.ok()) Fail(std::string(cuda_visible.status().message()));
     if (cuda_visible->has_value()) ::setenv("CUDA_VISIBLE_DEVICES", (*cuda_visible)->c_str(), 1);
+    // GPUs it offers must be there: a worker never offers what its jobs
+    // would only find missing when they load.
+    if (offer->type == DeviceType::kCuda) {
+      const absl::StatusOr<int> gpus = CudaDeviceCount();
+      if (!gpus.ok()) Fail(absl::StrCat("--devices '", worker_flags->devices, "': ", gpus.status().message()));
+      if (*gpus < offer->count) {
+        Fail(absl::StrCat("--devices '", worker_flags->devices, "' offers ", offer->count, " GPU(s), this machine has ",
+                          *gpus, " of them"));
+      }
+    }
     cluster::Worker::Options options;
     options.master = worker_flags->master;
     options.listen = worker_flags->listen;

@@ -9,6 +9,7 @@
 #include <iterator>
 #include <string>
 
+#include "core/storage.h"
 #include "nlohmann/json.hpp"
 #include "tests/cli_runner.h"
 
@@ -143,6 +144,18 @@ TEST(Cli, WorkerRefusesBadDevicesInOneLine) {
     EXPECT_NE(r.out.find("expected cpu:N, cuda:N or cuda:A-B"), std::string::npos) << r.out;
     EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
   }
+}
+
+// A worker offering GPUs this machine lacks stops before it registers.
+TEST(Cli, WorkerOfferingMissingGpusIsOneLine) {
+  const absl::StatusOr<int> gpus = tessera::CudaDeviceCount();
+  const int present = gpus.ok() ? *gpus : 0;
+  const std::string devices = "cuda:" + std::to_string(present + 1);
+  const Result r = RunTessera("worker --master 127.0.0.1:1 --devices " + devices + " 2>&1");
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_EQ(r.out.rfind("tessera: --devices '" + devices + "'", 0), 0u) << r.out;
+  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
+  EXPECT_EQ(r.out.find("worker serving"), std::string::npos) << r.out;
 }
 
 TEST(Cli, ConfigMissingFileIsOneLineError) {
