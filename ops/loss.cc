@@ -128,6 +128,22 @@ std::vector<SbpSignature> PartialsSignatures(const std::vector<TensorMeta>& in, 
 
 }  // namespace
 
+namespace {
+
+// On GPUs the kernels read i64 labels: i32 ones are widened into this
+// workspace (8 bytes a label), planned in the arena, so no act allocates
+// and frees device memory (a cudaFree waits for the whole device, NCCL's
+// kernels included).
+WorkspaceFn WidenedLabels(size_t labels) {
+  return [labels](const std::vector<TensorMeta>& in, const std::vector<TensorMeta>&, const AttrMap&,
+                  DeviceType device) -> int64_t {
+    if (device != DeviceType::kCuda || in.size() <= labels || in[labels].dtype != DType::kI32) return 0;
+    return 8 * in[labels].shape.NumElements();
+  };
+}
+
+}  // namespace
+
 void RegisterLossOps(OpRegistry& registry) {
   const TensorMeta logits{DType::kF32, Shape{4, 10}};
   const TensorMeta labels{DType::kI64, Shape{4}};
@@ -144,6 +160,7 @@ void RegisterLossOps(OpRegistry& registry) {
           .Output("loss")
           .Infer(InferSparseCrossEntropy)
           .Sbp(SparseCrossEntropySignatures)
+          .Workspace(WidenedLabels(1))
           .Grad([](GradBuilder& b) {
             b.SetInputGrad(0,
                            b.Op("sparse_softmax_cross_entropy_grad", {b.input(0), b.input(1), b.OutputGradOrZeros(0)}));
@@ -161,6 +178,7 @@ void RegisterLossOps(OpRegistry& registry) {
                             .Output("dlogits")
                             .Infer(InferSparseCrossEntropy)
                             .Sbp(SparseCrossEntropySignatures)
+                            .Workspace(WidenedLabels(1))
                             .Kernel(DeviceType::kCpu, cpu::SparseSoftmaxCrossEntropyGradKernel)
 #ifdef TESSERA_WITH_CUDA
                             .Kernel(DeviceType::kCuda, cuda::SparseSoftmaxCrossEntropyGradKernel)
@@ -182,6 +200,7 @@ void RegisterLossOps(OpRegistry& registry) {
           .Output("label_logit")
           .Infer(InferPartials)
           .Sbp(PartialsSignatures)
+          .Workspace(WidenedLabels(2))
           .Grad([](GradBuilder& b) {
             b.SetInputGrad(0, b.Op("cross_entropy_partials_grad", {b.input(0), b.input(1), b.input(2),
                                                                    b.OutputGradOrZeros(0), b.OutputGradOrZeros(1)}));
@@ -203,6 +222,7 @@ void RegisterLossOps(OpRegistry& registry) {
           .Output("dlogits")
           .Infer(InferPartials)
           .Sbp(PartialsSignatures)
+          .Workspace(WidenedLabels(2))
           .Kernel(DeviceType::kCpu, cpu::CrossEntropyPartialsGradKernel)
 #ifdef TESSERA_WITH_CUDA
           .Kernel(DeviceType::kCuda, cuda::CrossEntropyPartialsGradKernel)

@@ -13,13 +13,21 @@ namespace tessera::ops::cuda {
 namespace {
 
 // The labels (input `index`) checked against the logical vocabulary, as
-// i64 on the kernel's device (`storage` keeps a converted copy alive).
+// i64 on the kernel's device (i32 ones widened into the workspace, or into
+// `storage`, which keeps the copy alive, without one).
 absl::StatusOr<const int64_t*> DeviceLabels(const KernelContext& ctx, int index, int64_t vocab, Tensor& storage) {
   const Tensor& labels = ctx.input(index);
   ASSIGN_OR_RETURN(Tensor host, Tensor::Empty(labels.shape(), labels.dtype(), Device{}));
   RETURN_IF_ERROR(Done(Copy(host.raw_data(), labels.raw_data(), labels.NumBytes()), "labels read"));
   ASSIGN_OR_RETURN(const std::vector<int64_t> checked, cpu::ReadLabels(host, vocab));
   if (labels.dtype() == DType::kI64) return static_cast<const int64_t*>(labels.raw_data());
+  // i32: widened into the planned workspace (ops/loss.cc); an eager call
+  // without one allocates.
+  const auto bytes = static_cast<size_t>(labels.NumElements()) * sizeof(int64_t);
+  if (ctx.workspace.defined() && ctx.workspace.NumBytes() >= bytes) {
+    RETURN_IF_ERROR(Done(Copy(ctx.workspace.raw_data(), checked.data(), bytes), "labels write"));
+    return static_cast<const int64_t*>(ctx.workspace.raw_data());
+  }
   ASSIGN_OR_RETURN(storage, Tensor::Empty(labels.shape(), DType::kI64, ctx.device));
   RETURN_IF_ERROR(Done(Copy(storage.raw_data(), checked.data(), checked.size() * sizeof(int64_t)), "labels write"));
   return static_cast<const int64_t*>(storage.raw_data());

@@ -75,6 +75,26 @@ std::string ErrorOf(const std::string& op, const std::vector<Tensor>& inputs, co
 
 Tensor F32(const Shape& shape) { return *Tensor::Zeros(shape, DType::kF32); }
 
+// The cross-entropy ops ask for a workspace only on GPUs and only for i32
+// labels (widened there to the i64 their kernels read), 8 bytes a label.
+TEST(Registry, CrossEntropyWorkspaceWidensI32LabelsOnGpusOnly) {
+  const TensorMeta logits{DType::kF32, Shape{6, 10}}, column{DType::kF32, Shape{6, 1}}, loss{DType::kF32, Shape{6}};
+  for (const DType dtype : {DType::kI32, DType::kI64}) {
+    const TensorMeta labels{dtype, Shape{6}};
+    const std::vector<std::pair<std::string, std::vector<TensorMeta>>> ops = {
+        {"sparse_softmax_cross_entropy", {logits, labels}},
+        {"sparse_softmax_cross_entropy_grad", {logits, labels, loss}},
+        {"cross_entropy_partials", {logits, column, labels}},
+        {"cross_entropy_partials_grad", {logits, column, labels, column, column}}};
+    for (const auto& [name, inputs] : ops) {
+      SCOPED_TRACE(name + " " + std::string(DTypeName(dtype)));
+      const OpSchema& schema = *BuiltinOps().Find(name);
+      EXPECT_EQ(schema.WorkspaceBytes(inputs, {}, {}, DeviceType::kCpu), 0);
+      EXPECT_EQ(schema.WorkspaceBytes(inputs, {}, {}, DeviceType::kCuda), dtype == DType::kI32 ? 48 : 0);
+    }
+  }
+}
+
 TEST(BadInput, ShapeMismatchNamesOpAndShapes) {
   const std::string e = ErrorOf("add", {F32(Shape{2, 3}), F32(Shape{4})});
   EXPECT_NE(e.find("op 'add'"), std::string::npos) << e;
