@@ -302,8 +302,9 @@ absl::StatusOr<std::shared_ptr<Communicator>> MakeNcclCommunicator(const NcclOpt
   if (options.size > 1 && options.kv == nullptr) {
     return absl::InvalidArgumentError(StrCat(who, ": a group of several ranks needs a KvStore to meet"));
   }
-  ASSIGN_OR_RETURN(std::unique_ptr<Stream> stream,
-                   MakeCudaStream(options.device, StrCat("cuda:", options.device, " collective stream")));
+  absl::StatusOr<std::unique_ptr<Stream>> stream =
+      MakeCudaStream(options.device, StrCat("cuda:", options.device, " collective stream"));
+  if (!stream.ok()) return absl::Status(stream.status().code(), StrCat(who, ": ", stream.status().message()));
   // The unique id: made by rank 0, met through the KV.
   ncclUniqueId id;
   const std::string key = StrCat(options.kv_prefix, "/nccl/", options.group);
@@ -346,7 +347,7 @@ absl::StatusOr<std::shared_ptr<Communicator>> MakeNcclCommunicator(const NcclOpt
     if (comm != nullptr) ncclCommAbort(comm);
     return absl::InternalError(StrCat(who, ": ncclCommInitRankConfig: ", ncclGetErrorString(r)));
   }
-  return std::shared_ptr<Communicator>(std::make_shared<NcclCommunicator>(options, comm, std::move(stream)));
+  return std::shared_ptr<Communicator>(std::make_shared<NcclCommunicator>(options, comm, *std::move(stream)));
 }
 
 }  // namespace tessera::comm

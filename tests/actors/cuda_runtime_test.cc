@@ -4,12 +4,18 @@
 // device's CUDA stream, sources and sinks through page-locked staging, the
 // parameter initialised on the host and finalized back to it, and gives the
 // CPU plan's numbers. Without a GPU, loading the plan is a one-line error
-// naming the device.
+// naming the device. The communicators of a plan on GPUs are NCCL ones on
+// the GPUs the plan's ranks name, created together by ConnectAll: without
+// the GPUs that is one error naming the group, never a hang; with two an
+// all-reduce between them.
 
+#include <chrono>
 #include <cmath>
+#include <future>
 #include <string>
 #include <vector>
 
+#include "actors/node_communicators.h"
 #include "actors/plan.h"
 #include "actors/runtime.h"
 #include "comm/proto/memory_plan.h"
@@ -92,6 +98,70 @@ TEST(CudaRuntime, ATrainingLoopOnTheGpuGivesTheCpuNumbers) {
     ASSERT_NEAR(gpu.trained[i], cpu.trained[i], 1e-5f * (1 + std::abs(cpu.trained[i]))) << i;
   }
   EXPECT_NE(cpu.trained, cpu.watched.front());  // it trained
+}
+
+TEST(CudaRuntime, CommunicatorsOfAGpuPlanAreNcclOnTheRanksGpus) {
+  proto::Plan plan;
+  for (const uint32_t device : {0u, 1u, 0u}) {
+    proto::RankLocation* rank = plan.add_ranks();
+    rank->set_node(device == 0 && plan.ranks_size() == 3 ? 1 : 0);  // rank 2 on another node
+    rank->set_device_index(device);
+  }
+  comm::ShmHub hub;
+  NodeCommunicatorOptions options;
+  options.node = 0;
+  options.hub = &hub;
+  options.kv_prefix = "job";
+  options.timeout_s = 10;
+  options.gpus = true;
+  NodeCommunicators communicators(plan, options);
+  auto first = communicators.Join("g", {0, 1}, 0);
+  auto second = communicators.Join("g", {0, 1}, 1);
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ((*first)->Describe(), "nccl group 'g' rank 0/2 on cuda:0 (node 0)");
+  EXPECT_EQ((*second)->Describe(), "nccl group 'g' rank 1/2 on cuda:1 (node 0)");
+  // A member on another node is that node's to join.
+  const auto elsewhere = communicators.Join("h", {0, 2}, 1);
+  ASSERT_FALSE(elsewhere.ok());
+  EXPECT_NE(elsewhere.status().message().find("runs on node 1, not on this node 0"), std::string::npos)
+      << elsewhere.status();
+  const auto started = std::chrono::steady_clock::now();
+  const absl::Status connected = communicators.ConnectAll();
+  const absl::StatusOr<int> gpus = CudaDeviceCount();
+  if (!gpus.ok() || *gpus < 2) {
+    ASSERT_FALSE(connected.ok());
+    EXPECT_NE(connected.message().find("nccl group 'g'"), std::string::npos) << connected;
+    EXPECT_EQ(connected.message().find('\n'), std::string::npos) << connected;
+    // Without any GPU every member fails at once, not after the group's
+    // timeout (with one GPU, rank 0 waits that long for cuda:1's member).
+    if (!gpus.ok()) EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(9));
+    GTEST_SKIP() << "needs 2 GPUs: " << (gpus.ok() ? StrCat(*gpus, " present") : std::string(gpus.status().message()));
+  }
+  ASSERT_TRUE(connected.ok()) << connected;
+  std::vector<std::future<absl::Status>> done;
+  std::vector<Tensor> outputs;
+  for (int rank = 0; rank < 2; ++rank) {
+    const Device gpu{DeviceType::kCuda, rank};
+    auto host = Tensor::FromVector<float>(Shape{3}, {1.0f + rank, 2.0f, 3.0f * rank});
+    auto input = Tensor::Empty(Shape{3}, DType::kF32, gpu);
+    ASSERT_TRUE(input.ok() && input->CopyFrom(host).ok());
+    outputs.push_back(*Tensor::Empty(Shape{3}, DType::kF32, gpu));
+    auto promise = std::make_shared<std::promise<absl::Status>>();
+    done.push_back(promise->get_future());
+    (rank == 0 ? *first : *second)
+        ->AllReduce(*input, outputs.back(), comm::ReduceOp::kSum,
+                    [promise](absl::Status status) { promise->set_value(std::move(status)); });
+  }
+  for (auto& d : done) {
+    ASSERT_EQ(d.wait_for(std::chrono::seconds(30)), std::future_status::ready);
+    EXPECT_TRUE(d.get().ok());
+  }
+  for (const Tensor& out : outputs) {
+    auto back = Tensor::Empty(Shape{3}, DType::kF32, Device{});
+    ASSERT_TRUE(back.ok() && back->CopyFrom(out).ok());
+    EXPECT_EQ(back->ToVector<float>(), (std::vector<float>{3, 4, 3}));
+  }
 }
 
 }  // namespace
