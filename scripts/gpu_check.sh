@@ -10,7 +10,8 @@
 #      callback (tests/ops/cuda_kernels_test.cc); a training loop through the
 #      actor runtime on cuda:0 against the CPU (tests/actors/cuda_runtime_test.cc);
 #      the NCCL communicator (tests/comm/nccl_test.cc: one rank, a missing
-#      peer; two ranks where there are two GPUs);
+#      peer, boxing on the GPU; two ranks and boxing over NCCL where there
+#      are two GPUs);
 #   4. build `tessera` and train gpt2_nano (and bert_tiny and mlp_demo in
 #      f32) for 20 iterations on cuda:0 and
 #      on the CPU: the losses must agree (f32, TF32 off: rtol 1e-4; bf16 AMP:
@@ -87,14 +88,14 @@ start=$(date +%s)
 mark=$(wc -l < "$log")
 if "$build/bin/cuda_runtime_test" >> "$log" 2>&1; then status=passed; else status=FAILED; fi
 [[ $status == passed ]] && tail -n +"$((mark + 1))" "$log" | grep -q '^\[  SKIPPED \]' && status="skipped"
-echo "cuda_runtime_test (a training loop, async computes, staged feeds and fetches, against the CPU): **$status** in $(($(date +%s) - start)) s" >> "$report"
+echo "cuda_runtime_test (a training loop, async computes, staged feeds and fetches, against the CPU; a GPU plan's NCCL communicators): **$status** in $(($(date +%s) - start)) s" >> "$report"
 [[ $status == passed ]] || fail "cuda_runtime_test ($status)"
 
 section "The NCCL communicator"
 mark=$(wc -l < "$log")
 if "$build/bin/nccl_test" >> "$log" 2>&1; then status=passed; else status=FAILED; fi
 {
-  echo "nccl_test (one rank's ops and abort, a peer that never comes; two ranks' every op where there are 2 GPUs): **$status**"
+  echo "nccl_test (one rank's ops and abort, a peer that never comes, boxing's local steps on the GPU against the CPU; two ranks' every op and every 1-D boxing over NCCL where there are 2 GPUs): **$status**"
   echo
   echo '```'
   tail -n +"$((mark + 1))" "$log" | grep -E '^\[ +(OK|FAILED|SKIPPED) +\]|Failure|Expected|Which is' | head -20
