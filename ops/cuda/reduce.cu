@@ -78,6 +78,24 @@ __global__ void ReduceMaxGradKernel(const float* x, const float* y, const float*
   }
 }
 
+// A block's reduction of (value, index) pairs in shared memory to slot 0:
+// the pair `better` prefers (better(v, i, best_v, best_i): whether (v, i)
+// replaces the best so far). Every thread calls it; it ends synchronised.
+template <typename Better>
+__device__ void BlockBest(float* values, int64_t* indices, Better better) {
+  for (int half = kThreads / 2; half > 0; half /= 2) {
+    if (threadIdx.x < half) {
+      const float v = values[threadIdx.x + half];
+      const int64_t i = indices[threadIdx.x + half];
+      if (better(v, i, values[threadIdx.x], indices[threadIdx.x])) {
+        values[threadIdx.x] = v;
+        indices[threadIdx.x] = i;
+      }
+    }
+    __syncthreads();
+  }
+}
+
 __global__ void ArgmaxKernel(const float* x, int64_t* y, int64_t outputs, int64_t reduced, ReduceLayout l) {
   constexpr int64_t kNone = INT64_MAX;
   __shared__ float values[kThreads];
@@ -97,17 +115,9 @@ __global__ void ArgmaxKernel(const float* x, int64_t* y, int64_t outputs, int64_
     values[threadIdx.x] = best;
     indices[threadIdx.x] = index;
     __syncthreads();
-    for (int half = kThreads / 2; half > 0; half /= 2) {
-      if (threadIdx.x < half) {
-        const float v = values[threadIdx.x + half];
-        const int64_t i = indices[threadIdx.x + half];
-        if (v > values[threadIdx.x] || (v == values[threadIdx.x] && i < indices[threadIdx.x])) {
-          values[threadIdx.x] = v;
-          indices[threadIdx.x] = i;
-        }
-      }
-      __syncthreads();
-    }
+    BlockBest(values, indices, [](float v, int64_t i, float best_v, int64_t best_i) {
+      return v > best_v || (v == best_v && i < best_i);
+    });
     if (threadIdx.x == 0) y[o] = indices[0] == kNone ? 0 : indices[0];
     __syncthreads();
   }
@@ -146,18 +156,9 @@ __global__ void TopKKernel(const float* x, float* values, int64_t* indices, int6
       best_values[threadIdx.x] = value;
       best_indices[threadIdx.x] = index;
       __syncthreads();
-      for (int half = kThreads / 2; half > 0; half /= 2) {
-        if (threadIdx.x < half) {
-          const float v = best_values[threadIdx.x + half];
-          const int64_t i = best_indices[threadIdx.x + half];
-          if (i >= 0 &&
-              (best_indices[threadIdx.x] < 0 || Before(v, i, best_values[threadIdx.x], best_indices[threadIdx.x]))) {
-            best_values[threadIdx.x] = v;
-            best_indices[threadIdx.x] = i;
-          }
-        }
-        __syncthreads();
-      }
+      BlockBest(best_values, best_indices, [](float v, int64_t i, float best_v, int64_t best_i) {
+        return i >= 0 && (best_i < 0 || Before(v, i, best_v, best_i));
+      });
       last_value = best_values[0];
       last_index = best_indices[0];
       if (threadIdx.x == 0) {
