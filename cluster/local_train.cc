@@ -59,8 +59,8 @@ absl::Status TrainOnThisMachine(const nlohmann::json& config, std::FILE* progres
   // GPUs: this machine must have them before anything starts or is written.
   const bool gpus = spec.config.at("train").at("dist").at("device_type") == "cuda";
   if (gpus) {
-    // What the plan refuses (an op without a CUDA kernel, a layout over
-    // several GPUs) before what the machine lacks.
+    // What the plan refuses (an op without a CUDA kernel) before what the
+    // machine lacks.
     RETURN_IF_ERROR(TrainingPlan(spec.config).status());
     const absl::StatusOr<int> count = CudaDeviceCount();
     if (!count.ok()) return absl::FailedPreconditionError(StrCat("train.dist.device_type=cuda: ", count.status().message()));
