@@ -211,6 +211,13 @@ int Copy(void* dst, const void* src, size_t bytes) {
   return static_cast<int>(err);
 }
 
+int CopyReady(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return 0;
+  cudaError_t err = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, cudaStreamPerThread);
+  if (err == cudaSuccess) err = cudaStreamSynchronize(cudaStreamPerThread);
+  return static_cast<int>(err);
+}
+
 const char* ErrorString(int code) {
   if (code < 0) return cublasGetStatusString(static_cast<cublasStatus_t>(-code));
   return cudaGetErrorString(static_cast<cudaError_t>(code));

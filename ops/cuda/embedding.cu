@@ -30,24 +30,27 @@ __global__ void FindBadId(const void* ids, int id_bytes, int64_t N, int64_t voca
   }
 }
 
-// Checks the ids; *bad_out = first bad position or -1.
+// Checks the ids; *bad_out = first bad position or -1. The ids are an
+// input register, complete before the act: checked on the thread's default
+// stream, so the host waits for this check alone, not for the kernels
+// queued on the bound stream.
 int CheckIds(const void* ids, int id_bytes, int64_t N, int64_t vocab, int64_t* bad_out) {
   *bad_out = -1;
   if (N == 0) return 0;
   unsigned long long* bad = nullptr;
-  cudaError_t err = cudaMallocAsync(&bad, sizeof(*bad), CurrentStream());
+  cudaError_t err = cudaMallocAsync(&bad, sizeof(*bad), cudaStreamPerThread);
   if (err != cudaSuccess) return static_cast<int>(err);
   const unsigned long long none = static_cast<unsigned long long>(N);
-  err = cudaMemcpyAsync(bad, &none, sizeof(none), cudaMemcpyHostToDevice, CurrentStream());
+  err = cudaMemcpyAsync(bad, &none, sizeof(none), cudaMemcpyHostToDevice, cudaStreamPerThread);
   if (err == cudaSuccess) {
-    FindBadId<<<Blocks(N), kThreads, 0, CurrentStream()>>>(ids, id_bytes, N, vocab, bad);
+    FindBadId<<<Blocks(N), kThreads, 0, cudaStreamPerThread>>>(ids, id_bytes, N, vocab, bad);
     err = cudaGetLastError();
   }
   unsigned long long found = none;
   if (err == cudaSuccess)
-    err = cudaMemcpyAsync(&found, bad, sizeof(found), cudaMemcpyDeviceToHost, CurrentStream());
-  cudaFreeAsync(bad, CurrentStream());
-  if (err == cudaSuccess) err = cudaStreamSynchronize(CurrentStream());
+    err = cudaMemcpyAsync(&found, bad, sizeof(found), cudaMemcpyDeviceToHost, cudaStreamPerThread);
+  cudaFreeAsync(bad, cudaStreamPerThread);
+  if (err == cudaSuccess) err = cudaStreamSynchronize(cudaStreamPerThread);
   if (err != cudaSuccess) return static_cast<int>(err);
   if (found < none) *bad_out = static_cast<int64_t>(found);
   return 0;

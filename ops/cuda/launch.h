@@ -243,6 +243,11 @@ void BindStream(void* stream);
 // Copies `bytes` between any two pointers (host or device) on the bound
 // stream (behind the kernels launched on it), then waits.
 int Copy(void* dst, const void* src, size_t bytes);
+// Copies `bytes` of a buffer that is already complete (an input register:
+// its producer's kernels finished before it was handed on) on the calling
+// thread's default stream of the current device, waiting for that copy
+// alone: the host does not wait for the kernels queued on the bound stream.
+int CopyReady(void* dst, const void* src, size_t bytes);
 // Names a launcher's error: a cudaError_t, or -(cublasStatus_t).
 const char* ErrorString(int code);
 

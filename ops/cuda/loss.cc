@@ -18,7 +18,9 @@ namespace {
 absl::StatusOr<const int64_t*> DeviceLabels(const KernelContext& ctx, int index, int64_t vocab, Tensor& storage) {
   const Tensor& labels = ctx.input(index);
   ASSIGN_OR_RETURN(Tensor host, Tensor::Empty(labels.shape(), labels.dtype(), Device{}));
-  RETURN_IF_ERROR(Done(Copy(host.raw_data(), labels.raw_data(), labels.NumBytes()), "labels read"));
+  // An input register is complete: read without waiting for the stream's
+  // queue (the forward's kernels before this one).
+  RETURN_IF_ERROR(Done(CopyReady(host.raw_data(), labels.raw_data(), labels.NumBytes()), "labels read"));
   ASSIGN_OR_RETURN(const std::vector<int64_t> checked, cpu::ReadLabels(host, vocab));
   if (labels.dtype() == DType::kI64) return static_cast<const int64_t*>(labels.raw_data());
   // i32: widened into the planned workspace (ops/loss.cc); an eager call
