@@ -1,0 +1,108 @@
+// gpt2_nano on GPUs (ctest labels train, cuda): on one GPU the CPU's losses
+// (f32, TF32 off: rtol 1e-4), and under data, tensor and pipeline
+// parallelism over the GPUs this process sees (collectives and transfers on
+// NCCL, boxing on the GPUs) the one-GPU losses (rtol 1e-5: the GEMMs of a
+// shard may take other cuBLAS algorithms than the whole's). Each case skips
+// with the reason where the GPUs are missing.
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "core/storage.h"
+#include "core/text.h"
+#include "tests/cli_runner.h"
+#include "tests/deadline.h"
+#include "train/job_config.h"
+#include "train/trainer.h"
+
+namespace tessera {
+namespace {
+
+constexpr int kSteps = 10;
+
+// Why this process cannot run a case on `wanted` GPUs ("" when it can).
+std::string MissingGpus(int wanted) {
+  const absl::StatusOr<int> gpus = CudaDeviceCount();
+  if (!gpus.ok()) return std::string(gpus.status().message());
+  if (*gpus < wanted) return StrCat("needs ", wanted, " GPUs, ", *gpus, " present");
+  return "";
+}
+
+absl::StatusOr<std::vector<double>> TrainGpt2(std::vector<std::string> overrides) {
+  const auto dir = std::filesystem::temp_directory_path() / ("tessera_gpu_equivalence_" + std::to_string(::getpid()));
+  overrides.insert(overrides.end(), {"model.num_layers=4", "train.train_iter=" + std::to_string(kSteps),
+                                     "train.log_period=100", "train.output_dir=" + dir.string()});
+  auto config = LoadJobConfig(::tessera::testing::SourcePath("configs/gpt2_nano.json"), overrides);
+  if (!config.ok()) return config.status();
+  absl::StatusOr<TrainSummary> summary;
+  {
+    ::tessera::testing::Deadline deadline(std::chrono::seconds(180), "training gpt2_nano on GPUs");
+    summary = Train(*config);
+  }
+  std::filesystem::remove_all(dir);
+  if (!summary.ok()) return summary.status();
+  return summary->losses;
+}
+
+void ExpectClose(const std::string& what, const std::vector<double>& got, const std::vector<double>& want,
+                 double rtol) {
+  ASSERT_EQ(got.size(), static_cast<size_t>(kSteps)) << what;
+  ASSERT_EQ(want.size(), static_cast<size_t>(kSteps)) << what;
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_LE(std::abs(got[i] - want[i]), rtol * std::abs(want[i]))
+        << what << " step " << i << ": " << got[i] << " vs " << want[i];
+  }
+}
+
+const std::vector<std::string> kOneDevice = {"train.train_micro_batch_size=8", "train.num_accumulation_steps=1"};
+
+std::vector<std::string> OnGpus(std::vector<std::string> overrides) {
+  overrides.push_back("train.dist.device_type=cuda");
+  return overrides;
+}
+
+TEST(GpuEquivalence, OneGpuGivesTheCpuLosses) {
+  if (const std::string why = MissingGpus(1); !why.empty()) GTEST_SKIP() << why;
+  auto cpu = TrainGpt2(kOneDevice);
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  auto gpu = TrainGpt2(OnGpus(kOneDevice));
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  ExpectClose("cuda:0 against the CPU", *gpu, *cpu, 1e-4);
+}
+
+TEST(GpuEquivalence, LayoutsOverGpusGiveTheOneGpuLosses) {
+  if (const std::string why = MissingGpus(2); !why.empty()) GTEST_SKIP() << why;
+  auto one = TrainGpt2(OnGpus(kOneDevice));
+  ASSERT_TRUE(one.ok()) << one.status();
+  const auto dist = [](int dp, int tp, int pp, int micro, int acc) {
+    return OnGpus({StrCat("train.dist.data_parallel_size=", dp), StrCat("train.dist.tensor_parallel_size=", tp),
+                   StrCat("train.dist.pipeline_parallel_size=", pp), StrCat("train.train_micro_batch_size=", micro),
+                   StrCat("train.num_accumulation_steps=", acc)});
+  };
+  struct Layout {
+    const char* name;
+    int gpus;
+    std::vector<std::string> overrides;  // global batch 8 in every one
+  };
+  const std::vector<Layout> layouts = {{"DP 2", 2, dist(2, 1, 1, 4, 1)},
+                                       {"TP 2", 2, dist(1, 2, 1, 8, 1)},
+                                       {"PP 2, 4 micro-batches", 2, dist(1, 1, 2, 2, 4)},
+                                       {"2x2x1", 4, dist(2, 2, 1, 4, 1)},
+                                       {"2x2x2", 8, dist(2, 2, 2, 2, 2)}};
+  for (const Layout& layout : layouts) {
+    SCOPED_TRACE(layout.name);
+    if (!MissingGpus(layout.gpus).empty()) continue;
+    auto losses = TrainGpt2(layout.overrides);
+    ASSERT_TRUE(losses.ok()) << losses.status();
+    ExpectClose(layout.name, *losses, *one, 1e-5);
+  }
+}
+
+}  // namespace
+}  // namespace tessera
