@@ -1,6 +1,7 @@
 #include "actors/node_communicators.h"
 
 #include <algorithm>
+#include <atomic>
 #include <functional>
 #include <mutex>
 #include <set>
@@ -17,10 +18,12 @@
 namespace tessera::actors {
 namespace {
 
-// Connects a gloo communicator of `options` through the KV store it is given.
-std::function<absl::StatusOr<std::shared_ptr<comm::Communicator>>(comm::KvStore&)> GlooConnect(
-    comm::GlooOptions options) {
-  return [options = std::move(options)](comm::KvStore& kv) -> absl::StatusOr<std::shared_ptr<comm::Communicator>> {
+// Connects a gloo communicator of `options` through the KV store it is given
+// (gloo's rendezvous cannot be cancelled: it waits out its timeout).
+std::function<absl::StatusOr<std::shared_ptr<comm::Communicator>>(comm::KvStore&, const std::atomic<bool>&)>
+GlooConnect(comm::GlooOptions options) {
+  return [options = std::move(options)](
+             comm::KvStore& kv, const std::atomic<bool>&) -> absl::StatusOr<std::shared_ptr<comm::Communicator>> {
     ASSIGN_OR_RETURN(std::unique_ptr<comm::Communicator> connected, comm::ConnectGloo(kv, options));
     return std::shared_ptr<comm::Communicator>(std::move(connected));
   };
@@ -33,12 +36,14 @@ std::function<absl::StatusOr<std::shared_ptr<comm::Communicator>>(comm::KvStore&
 // before (which the runtime never does).
 class NodeCommunicators::Deferred final : public comm::Communicator {
  public:
-  using ConnectFn = std::function<absl::StatusOr<std::shared_ptr<comm::Communicator>>(comm::KvStore&)>;
+  // Connects through the KV store; may give up once `cancel` is set.
+  using ConnectFn =
+      std::function<absl::StatusOr<std::shared_ptr<comm::Communicator>>(comm::KvStore&, const std::atomic<bool>&)>;
   Deferred(ConnectFn connect, int rank, int size, std::string describe)
       : connect_(std::move(connect)), rank_(rank), size_(size), describe_(std::move(describe)) {}
 
-  absl::Status Connect(comm::KvStore& kv) {
-    auto connected = connect_(kv);
+  absl::Status Connect(comm::KvStore& kv, const std::atomic<bool>& cancel) {
+    auto connected = connect_(kv, cancel);
     std::lock_guard<std::mutex> lock(mu_);
     if (!connected.ok()) return connected.status();
     real_ = *std::move(connected);
@@ -166,8 +171,9 @@ absl::StatusOr<std::shared_ptr<comm::Communicator>> NodeCommunicators::JoinNccl(
   nccl.device = static_cast<int>(device);
   nccl.kv_prefix = options_.kv_prefix;
   nccl.timeout_s = options_.timeout_s;
-  auto connect = [nccl](comm::KvStore& kv) mutable {
+  auto connect = [nccl](comm::KvStore& kv, const std::atomic<bool>& cancel) mutable {
     nccl.kv = &kv;
+    nccl.cancel = &cancel;
     return comm::MakeNcclCommunicator(nccl);
   };
   auto deferred = std::make_shared<Deferred>(std::move(connect), rank, nccl.size,
@@ -225,11 +231,21 @@ absl::Status NodeCommunicators::ConnectAll() {
   std::vector<absl::Status> results(pending_.size());
   std::vector<std::thread> threads;
   threads.reserve(pending_.size());
+  // The first failure makes the others give up (NCCL's creations; gloo's
+  // rendezvous waits out its timeout): the load fails anyway.
+  std::atomic<bool> failed{false};
   for (size_t i = 0; i < pending_.size(); ++i) {
-    threads.emplace_back([this, i, &results, &kv]() { results[i] = pending_[i]->Connect(kv); });
+    threads.emplace_back([this, i, &results, &kv, &failed]() {
+      results[i] = pending_[i]->Connect(kv, failed);
+      if (!results[i].ok()) failed = true;
+    });
   }
   for (std::thread& t : threads) t.join();
   pending_.clear();
+  // The cause, not the members that gave up because of it.
+  for (const absl::Status& status : results) {
+    if (!status.ok() && status.code() != absl::StatusCode::kCancelled) return status;
+  }
   for (const absl::Status& status : results) RETURN_IF_ERROR(status);
   return absl::OkStatus();
 }

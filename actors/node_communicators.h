@@ -63,7 +63,9 @@ class NodeCommunicators {
   absl::StatusOr<std::shared_ptr<comm::Communicator>> Join(const std::string& group,
                                                            const std::vector<uint32_t>& members, int rank);
   // Connects every spanning communicator handed out (in parallel). Errors
-  // name the group and the ranks that never came.
+  // name the group and the ranks that never came. The first failure makes
+  // the NCCL members still forming give up (gloo's rendezvous waits out its
+  // timeout), and the error returned is that first cause.
   [[nodiscard]] absl::Status ConnectAll();
 
  private:

@@ -6,6 +6,7 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -17,6 +18,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/time/time.h"
 #include "core/status.h"
 #include "core/stream.h"
 #include "core/text.h"
@@ -43,6 +45,8 @@ absl::StatusOr<ncclDataType_t> NcclType(DType dtype) {
   }
   return absl::InvalidArgumentError(StrCat("NCCL moves no ", DTypeName(dtype), " tensors"));
 }
+
+bool Cancelled(const NcclOptions& options) { return options.cancel != nullptr && options.cancel->load(); }
 
 class NcclCommunicator final : public Communicator {
  public:
@@ -314,7 +318,16 @@ absl::StatusOr<std::shared_ptr<Communicator>> MakeNcclCommunicator(const NcclOpt
     }
     if (options.size > 1) RETURN_IF_ERROR(options.kv->Set(key, std::string(id.internal, sizeof(id.internal))));
   } else {
-    auto values = options.kv->Wait({key}, absl::Seconds(options.timeout_s));
+    // Waited for in slices, so a cancel is noticed.
+    const absl::Time give_up = absl::Now() + absl::Seconds(options.timeout_s);
+    absl::StatusOr<std::vector<std::string>> values;
+    while (true) {
+      values =
+          options.kv->Wait({key}, std::clamp(give_up - absl::Now(), absl::ZeroDuration(), absl::Milliseconds(100)));
+      if (values.ok() || values.status().code() != absl::StatusCode::kDeadlineExceeded) break;
+      if (Cancelled(options)) return absl::CancelledError(StrCat(who, ": given up, another member failed"));
+      if (absl::Now() >= give_up) break;
+    }
     if (!values.ok()) {
       return absl::DeadlineExceededError(
           StrCat(who, ": rank 0's unique id never came (", values.status().message(), ")"));
@@ -335,6 +348,10 @@ absl::StatusOr<std::shared_ptr<Communicator>> MakeNcclCommunicator(const NcclOpt
   ncclResult_t r = ncclCommInitRankConfig(&comm, options.size, id, options.rank, &config);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(options.timeout_s);
   while (r == ncclInProgress) {
+    if (Cancelled(options)) {
+      ncclCommAbort(comm);
+      return absl::CancelledError(StrCat(who, ": given up, another member failed"));
+    }
     if (std::chrono::steady_clock::now() > deadline) {
       ncclCommAbort(comm);
       return absl::DeadlineExceededError(

@@ -26,6 +26,7 @@
 // issuing different collectives. The runtime's static launch order
 // (actors/launch_order.h) is what keeps them in step.
 
+#include <atomic>
 #include <memory>
 #include <string>
 
@@ -43,6 +44,10 @@ struct NcclOptions {
   KvStore* kv = nullptr;  // borrowed; needed when size > 1
   std::string kv_prefix = "job";
   double timeout_s = 30;  // rendezvous and communicator creation
+  // Borrowed, optional: once true, a creation still waiting for its peers
+  // gives up with Cancelled (the runtime sets it when another member of the
+  // same load failed, so nobody waits out the timeout for it).
+  const std::atomic<bool>* cancel = nullptr;
 };
 
 // A communicator for `options` (an error naming the group and rank when the
