@@ -200,7 +200,7 @@ struct RandomRuns {
 int LaunchDropout(const float* x, float* y, int64_t n, uint64_t seed, uint32_t tensor_id, uint32_t step,
                   int32_t threshold, float scale, const RandomRuns& runs);
 // uniform: min(low + span · u, below_high), u = the 24 high bits / 2^24;
-// normal (when `normal`): Box–Muller on the block's word pairs (2j, 2j + 1):
+// normal: Box–Muller on the block's word pairs (2j, 2j + 1):
 // mean + stddev · sqrt(-2 ln u1) · (cos, sin)(2π u2), u1 = (bits + 1) / 2^24,
 // lane 2j the cos branch and 2j + 1 the sin one. The Philox words are the
 // CPU's; the values agree to float rounding, not bit for bit (either
