@@ -18,15 +18,17 @@
 namespace tessera::actors {
 namespace {
 
-// Connects a gloo communicator of `options` through the KV store it is given
-// (gloo's rendezvous cannot be cancelled: it waits out its timeout).
+// Connects a gloo communicator of `options` through the KV store it is given,
+// its rendezvous giving up once `cancel` is set.
 std::function<absl::StatusOr<std::shared_ptr<comm::Communicator>>(comm::KvStore&, const std::atomic<bool>&)>
 GlooConnect(comm::GlooOptions options) {
-  return [options = std::move(options)](
-             comm::KvStore& kv, const std::atomic<bool>&) -> absl::StatusOr<std::shared_ptr<comm::Communicator>> {
-    ASSIGN_OR_RETURN(std::unique_ptr<comm::Communicator> connected, comm::ConnectGloo(kv, options));
-    return std::shared_ptr<comm::Communicator>(std::move(connected));
-  };
+  return
+      [options = std::move(options)](
+          comm::KvStore& kv, const std::atomic<bool>& cancel) -> absl::StatusOr<std::shared_ptr<comm::Communicator>> {
+        comm::CancellableKvStore view(kv, cancel);  // used by the rendezvous only, inside ConnectGloo
+        ASSIGN_OR_RETURN(std::unique_ptr<comm::Communicator> connected, comm::ConnectGloo(view, options));
+        return std::shared_ptr<comm::Communicator>(std::move(connected));
+      };
 }
 
 }  // namespace
@@ -231,8 +233,8 @@ absl::Status NodeCommunicators::ConnectAll() {
   std::vector<absl::Status> results(pending_.size());
   std::vector<std::thread> threads;
   threads.reserve(pending_.size());
-  // The first failure makes the others give up (NCCL's creations; gloo's
-  // rendezvous waits out its timeout): the load fails anyway.
+  // The first failure makes the others give up waiting for their peers:
+  // the load fails anyway.
   std::atomic<bool> failed{false};
   for (size_t i = 0; i < pending_.size(); ++i) {
     threads.emplace_back([this, i, &results, &kv, &failed]() {

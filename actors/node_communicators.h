@@ -64,8 +64,8 @@ class NodeCommunicators {
                                                            const std::vector<uint32_t>& members, int rank);
   // Connects every spanning communicator handed out (in parallel). Errors
   // name the group and the ranks that never came. The first failure makes
-  // the NCCL members still forming give up (gloo's rendezvous waits out its
-  // timeout), and the error returned is that first cause.
+  // the members still waiting for their peers give up (gloo's rendezvous,
+  // NCCL's unique id and creation), and the error returned is that cause.
   [[nodiscard]] absl::Status ConnectAll();
 
  private:

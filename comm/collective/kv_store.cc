@@ -1,5 +1,6 @@
 #include "comm/collective/kv_store.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
@@ -48,6 +49,24 @@ absl::StatusOr<std::vector<std::string>> InProcessKvStore::Wait(const std::vecto
   values.reserve(keys.size());
   for (const std::string& key : keys) values.push_back(values_.at(key));
   return values;
+}
+
+absl::StatusOr<std::vector<std::string>> CancellableKvStore::Wait(const std::vector<std::string>& keys,
+                                                                  absl::Duration timeout) {
+  const absl::Time give_up = absl::Now() + timeout;
+  while (true) {
+    if (cancel_.load()) return absl::CancelledError("kv: the wait was cancelled (another member failed)");
+    const absl::Duration left = give_up - absl::Now();
+    auto values = inner_.Wait(keys, std::clamp(left, absl::ZeroDuration(), absl::Milliseconds(100)));
+    if (values.ok() || !absl::IsDeadlineExceeded(values.status())) return values;
+    if (left <= absl::Milliseconds(100)) break;
+  }
+  std::vector<std::string> missing;
+  for (const std::string& key : keys) {
+    if (!inner_.Get(key).ok()) missing.push_back(key);
+  }
+  return absl::DeadlineExceededError(absl::StrCat("kv: waited ", absl::FormatDuration(timeout), " for ",
+                                                  absl::StrJoin(missing, ", "), " (never set)"));
 }
 
 }  // namespace tessera::comm

@@ -16,10 +16,12 @@
 //
 // Thread-safety: implementations are thread-safe.
 
+#include <atomic>
 #include <condition_variable>
 #include <map>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -49,6 +51,22 @@ class InProcessKvStore final : public KvStore {
   std::mutex mu_;
   std::condition_variable changed_;
   std::map<std::string, std::string> values_ ABSL_GUARDED_BY(mu_);
+};
+
+// A view of `inner` whose Wait gives up with Cancelled once `cancel` is set
+// (looked at every 100 ms): a rendezvous that can no longer succeed (a
+// member of the same load failed) stops waiting for peers. Set and Get go
+// straight through. Both are borrowed.
+class CancellableKvStore final : public KvStore {
+ public:
+  CancellableKvStore(KvStore& inner, const std::atomic<bool>& cancel) : inner_(inner), cancel_(cancel) {}
+  absl::Status Set(const std::string& key, std::string value) override { return inner_.Set(key, std::move(value)); }
+  absl::StatusOr<std::string> Get(const std::string& key) override { return inner_.Get(key); }
+  absl::StatusOr<std::vector<std::string>> Wait(const std::vector<std::string>& keys, absl::Duration timeout) override;
+
+ private:
+  KvStore& inner_;
+  const std::atomic<bool>& cancel_;
 };
 
 }  // namespace tessera::comm

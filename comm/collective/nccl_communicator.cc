@@ -6,7 +6,6 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
-#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -18,7 +17,6 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/time/time.h"
 #include "core/status.h"
 #include "core/stream.h"
 #include "core/text.h"
@@ -318,15 +316,15 @@ absl::StatusOr<std::shared_ptr<Communicator>> MakeNcclCommunicator(const NcclOpt
     }
     if (options.size > 1) RETURN_IF_ERROR(options.kv->Set(key, std::string(id.internal, sizeof(id.internal))));
   } else {
-    // Waited for in slices, so a cancel is noticed.
-    const absl::Time give_up = absl::Now() + absl::Seconds(options.timeout_s);
     absl::StatusOr<std::vector<std::string>> values;
-    while (true) {
-      values =
-          options.kv->Wait({key}, std::clamp(give_up - absl::Now(), absl::ZeroDuration(), absl::Milliseconds(100)));
-      if (values.ok() || values.status().code() != absl::StatusCode::kDeadlineExceeded) break;
-      if (Cancelled(options)) return absl::CancelledError(StrCat(who, ": given up, another member failed"));
-      if (absl::Now() >= give_up) break;
+    if (options.cancel != nullptr) {
+      CancellableKvStore view(*options.kv, *options.cancel);
+      values = view.Wait({key}, absl::Seconds(options.timeout_s));
+    } else {
+      values = options.kv->Wait({key}, absl::Seconds(options.timeout_s));
+    }
+    if (absl::IsCancelled(values.status())) {
+      return absl::CancelledError(StrCat(who, ": given up, another member failed"));
     }
     if (!values.ok()) {
       return absl::DeadlineExceededError(

@@ -839,6 +839,42 @@ TEST(GlooStore, MapsGlooCallsOntoKvStoreWithPrefixAndTimeout) {
   EXPECT_THROW(store.get("missing"), gloo::IoException);
 }
 
+// A cancellable view waits like its store, and gives up within about 100 ms
+// of the cancel; a rank whose rendezvous runs through it stops waiting for
+// a peer that will not come once the load failed elsewhere.
+TEST(CancellableKvStore, WaitsLikeItsStoreAndGivesUpOnCancel) {
+  InProcessKvStore kv;
+  std::atomic<bool> cancel{false};
+  CancellableKvStore view(kv, cancel);
+  ASSERT_TRUE(view.Set("a", "1").ok());
+  EXPECT_EQ(*kv.Get("a"), "1");
+  EXPECT_EQ(*view.Wait({"a"}, absl::Seconds(1)), std::vector<std::string>{"1"});
+  std::thread late([&kv] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(250));
+    ASSERT_TRUE(kv.Set("b", "2").ok());
+  });
+  EXPECT_EQ(*view.Wait({"a", "b"}, absl::Seconds(5)), (std::vector<std::string>{"1", "2"}));  // across slices
+  late.join();
+  const auto timed_out = view.Wait({"a", "c"}, absl::Milliseconds(350));
+  EXPECT_TRUE(absl::IsDeadlineExceeded(timed_out.status())) << timed_out.status();
+  EXPECT_THAT(std::string(timed_out.status().message()), HasSubstr("waited 350ms for c"));
+  // Cancelled mid-wait: a gloo rank whose peer never comes.
+  std::thread canceller([&cancel] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    cancel = true;
+  });
+  GlooOptions options;
+  options.group = "lonely";
+  options.rank = 0;
+  options.size = 2;
+  options.timeout = absl::Seconds(20);
+  const auto started = std::chrono::steady_clock::now();
+  const auto connected = ConnectGloo(view, options);
+  canceller.join();
+  EXPECT_TRUE(absl::IsCancelled(connected.status())) << connected.status();
+  EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(3));
+}
+
 }  // namespace
 }  // namespace tessera::comm
 
