@@ -26,17 +26,24 @@
 #      in bf16 with fused attention and bias_gelu_fusion on cuda:0 (tokens/s,
 #      MFU against the GPU's data-sheet bf16 peak; without fusion if the
 #      fused run fails);
-#   5. write a short report, gpu_report.md, in $OUT when set (the device
-#      tool's output folder), else in the build folder.
 #   4b. where the machine has several GPUs: gpt2_nano under data, tensor
 #      and pipeline parallelism on them against the one-GPU losses;
 #   4c. where the machine has two GPUs: a worker process per GPU, one of
 #      them SIGKILLed while a data-parallel job trains: the job must fail
 #      within 10 s;
-# Not in it: the benchmarks against PyTorch (Debian's PyTorch has no
-# CUDA). The report says so rather than reporting them.
+#   4d. PyTorch on the same GPU (bench/torch_bench.py, where python3 has
+#      torch with CUDA, as on the device machines): GPT-2 124M eager and
+#      compiled, tokens/s against Tessera's; scaled_dot_product_attention
+#      at attention_bench's shapes.
+#   5. write a short report, gpu_report.md, in $OUT when set (the device
+#      tool's output folder), else in the build folder.
 #
 #   scripts/gpu_check.sh [BUILD_DIR]   (default build-gpu)
+# On a machine that cannot build Tessera (the device machines lent here have
+# CUDA and cmake but not the Debian libraries, and no registry): run
+# scripts/gpu_bundle.sh where it builds and carry gpu-bundle.tar.xz; with
+# that archive in the repository root the check uses its prebuilt binaries
+# and libraries instead of building.
 # Exit status: 0 when the CUDA tests pass, 1 otherwise (the report names the
 # failing step).
 set -uo pipefail
@@ -44,6 +51,9 @@ set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$root/build-gpu}
 report_dir=${OUT:-$build}
+# Runs and bench outputs: not in $OUT (the device tool returns only a few
+# files from it: the report and the log).
+work_dir=$(mktemp -d /tmp/tessera-gpu-check.XXXXXX)
 mkdir -p "$build" "$report_dir"
 report="$report_dir/gpu_report.md"
 log="$report_dir/gpu_check.log"
@@ -69,10 +79,41 @@ section "Machine"
 
 section "Build"
 start=$(date +%s)
-cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTESSERA_CUDA=ON -DTESSERA_BUILD_BENCH=ON \
-  -DTESSERA_BUILD_EXAMPLES=OFF >> "$log" 2>&1 || fail "cmake configure (are the Debian packages installed? scripts/install_deps.sh)"
-cmake --build "$build" --target cuda_kernels_test cuda_runtime_test nccl_test -j "$(nproc)" >> "$log" 2>&1 ||
-  fail "build of cuda_kernels_test, cuda_runtime_test and nccl_test"
+# build_targets T...: builds them, or, with a prebuilt bundle, checks they
+# are in it.
+if [[ -f "$root/gpu-bundle.tar.xz" ]]; then
+  # A machine that cannot build Tessera (scripts/gpu_bundle.sh, run where it
+  # builds, made the archive): its binaries and libraries, CUDA's own
+  # libraries found on this machine.
+  bundle=/tmp/tessera-gpu-bundle
+  rm -rf "$bundle"
+  mkdir -p "$bundle"
+  tar -C "$bundle" -xJf "$root/gpu-bundle.tar.xz" || fail "unpacking gpu-bundle.tar.xz"
+  build=$bundle/gpu-bundle
+  cuda_dirs=""
+  for lib in libcudart.so.13 libcublas.so.13 libcublasLt.so.13 libnccl.so.2; do
+    found=$(find /usr/local /opt /usr/lib /usr/lib64 -name "$lib" -print -quit 2>/dev/null)
+    [[ -n $found ]] || fail "the prebuilt bundle needs $lib, which this machine lacks"
+    [[ ":$cuda_dirs:" == *":$(dirname "$found"):"* ]] || cuda_dirs="$cuda_dirs:$(dirname "$found")"
+  done
+  export LD_LIBRARY_PATH="$build/lib$cuda_dirs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  # The tests read configs/ where they were built.
+  source_dir=$(cat "$build/source_dir")
+  if [[ ! -e $source_dir ]]; then
+    mkdir -p "$(dirname "$source_dir")" && ln -s "$root" "$source_dir" || fail "linking $source_dir to $root"
+  fi
+  build_targets() {
+    for t in "$@"; do [[ -x "$build/bin/$t" ]] || { echo "$t is not in the bundle" >> "$log"; return 1; }; done
+  }
+  "$build/bin/tessera" --help > /dev/null 2>> "$log" || fail "the prebuilt tessera does not start here (libraries?)"
+  echo "prebuilt bundle of commit $(cut -c1-7 "$build/commit") (this tree: $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)); CUDA libraries from${cuda_dirs//:/ }" >> "$report"
+else
+  build_targets() { cmake --build "$build" --target "$@" -j "$(nproc)" >> "$log" 2>&1; }
+  cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTESSERA_CUDA=ON -DTESSERA_BUILD_BENCH=ON \
+    -DTESSERA_BUILD_EXAMPLES=OFF >> "$log" 2>&1 ||
+    fail "cmake configure (are the Debian packages installed? scripts/install_deps.sh; else carry scripts/gpu_bundle.sh's archive)"
+fi
+build_targets cuda_kernels_test cuda_runtime_test nccl_test || fail "build of cuda_kernels_test, cuda_runtime_test and nccl_test"
 echo "configure and build: $(($(date +%s) - start)) s" >> "$report"
 
 section "CUDA kernels against the CPU's"
@@ -110,8 +151,7 @@ if "$build/bin/nccl_test" >> "$log" 2>&1; then status=passed; else status=FAILED
 
 section "Whole jobs on cuda:0 against the CPU"
 start=$(date +%s)
-cmake --build "$build" --target tessera gpu_equivalence_test -j "$(nproc)" >> "$log" 2>&1 ||
-  fail "build of tessera and gpu_equivalence_test"
+build_targets tessera gpu_equivalence_test || fail "build of tessera and gpu_equivalence_test"
 mark=$(wc -l < "$log")
 if "$build/bin/gpu_equivalence_test" >> "$log" 2>&1; then status=passed; else status=FAILED; fi
 {
@@ -131,9 +171,9 @@ tokens() { grep -o 'tokens/s [0-9]*' "$1" | tail -1 | cut -d' ' -f2; }
 compare() {  # name rtol extra-overrides... (CONFIG=file: another config than gpt2_nano)
   local name=$1 rtol=$2 config=${CONFIG:-$root/configs/gpt2_nano.json}
   shift 2
-  local dir="$report_dir/runs/$name"
+  local dir="$work_dir/runs/$name"
   rm -rf "$dir"
-  mkdir -p "$report_dir/runs"
+  mkdir -p "$work_dir/runs"
   for device in cpu cuda; do
     timeout 300 "$build/bin/tessera" train "$config" train.train_iter=20 train.log_period=1 \
       train.checkpointer.period=null "train.output_dir=$dir/$device" "train.dist.device_type=$device" "$@" \
@@ -166,7 +206,7 @@ if (( gpus < 2 )); then
   echo "- skipped: this machine has $gpus GPU(s)" >> "$report"
 else
   several() {  # name devices overrides...
-    local name=$1 needed=$2 dir="$report_dir/runs/several-$1"
+    local name=$1 needed=$2 dir="$work_dir/runs/several-$1"
     shift 2
     if (( gpus < needed )); then
       echo "- $name: skipped (needs $needed GPUs)" >> "$report"
@@ -176,7 +216,7 @@ else
     timeout 300 "$build/bin/tessera" train "$root/configs/gpt2_nano.json" train.train_iter=20 train.log_period=1 \
       train.checkpointer.period=null "train.output_dir=$dir" train.dist.device_type=cuda "$@" \
       > "$dir.out" 2>&1 < /dev/null || { cat "$dir.out" >> "$log"; fail "gpt2_nano $name on $needed GPUs"; }
-    paste <(losses "$report_dir/runs/f32/cuda") <(losses "$dir") | awk -v name="$name" '
+    paste <(losses "$work_dir/runs/f32/cuda") <(losses "$dir") | awk -v name="$name" '
       { n++; d = $2 - $4; if (d < 0) d = -d; r = d / ($2 < 0 ? -$2 : $2); if (r > worst) worst = r;
         if (r > 1e-4) bad++ }
       END { printf "- %s: %d iterations, worst relative loss difference %.2e (rtol 1e-4): %s\n", name, n, worst,
@@ -199,7 +239,7 @@ section "A killed rank of a job over two GPUs"
 if (( gpus < 2 )); then
   echo "- skipped: this machine has $gpus GPU(s)" >> "$report"
 else
-  kill_dir="$report_dir/runs/killed"
+  kill_dir="$work_dir/runs/killed"
   rm -rf "$kill_dir"
   mkdir -p "$kill_dir"
   "$build/bin/tessera" master --listen 127.0.0.1:0 > "$kill_dir/master.out" 2>&1 &
@@ -233,11 +273,11 @@ fi
 
 section "Fused attention on cuda:0 against the unfused ops"
 start=$(date +%s)
-if cmake --build "$build" --target attention_bench -j "$(nproc)" >> "$log" 2>&1 &&
-    timeout 120 "$build/bin/attention_bench" --quick --device cuda > "$report_dir/attention_bench.out" 2>&1; then
-  { echo '```'; cat "$report_dir/attention_bench.out"; echo '```'; } >> "$report"
+if build_targets attention_bench &&
+    timeout 120 "$build/bin/attention_bench" --quick --device cuda > "$work_dir/attention_bench.out" 2>&1; then
+  { echo '```'; cat "$work_dir/attention_bench.out"; echo '```'; } >> "$report"
 else
-  cat "$report_dir/attention_bench.out" >> "$log" 2>/dev/null
+  cat "$work_dir/attention_bench.out" >> "$log" 2>/dev/null
   echo "- **FAILED** (the last lines of $(basename "$log") say why)" >> "$report"
 fi
 echo "in $(($(date +%s) - start)) s" >> "$report"
@@ -250,17 +290,17 @@ case "$gpu" in
   *A100*) peak=312e12 ;;
   *) peak=0 ;;
 esac
-if cmake --build "$build" --target linear_gelu_bench -j "$(nproc)" >> "$log" 2>&1 &&
-    timeout 120 "$build/bin/linear_gelu_bench" --device cuda --dtype bf16 > "$report_dir/linear_gelu_bench.out" 2>&1 &&
-    timeout 120 "$build/bin/linear_gelu_bench" --device cuda --dtype f32 >> "$report_dir/linear_gelu_bench.out" 2>&1; then
-  { echo '```'; cat "$report_dir/linear_gelu_bench.out"; echo '```'; } >> "$report"
+if build_targets linear_gelu_bench &&
+    timeout 120 "$build/bin/linear_gelu_bench" --device cuda --dtype bf16 > "$work_dir/linear_gelu_bench.out" 2>&1 &&
+    timeout 120 "$build/bin/linear_gelu_bench" --device cuda --dtype f32 >> "$work_dir/linear_gelu_bench.out" 2>&1; then
+  { echo '```'; cat "$work_dir/linear_gelu_bench.out"; echo '```'; } >> "$report"
   # The bf16 4096^3 row's TFLOP/s as a fraction of the data-sheet bf16 peak (target >= 0.8).
   awk -v peak="$peak" '/bf16/ { bf16 = 1 } /f32/ && !/bf16/ { bf16 = 0 }
     bf16 && /^4096\^3/ { for (i = 1; i <= NF; ++i) if ($i == "TFLOP/s") t = $(i - 1) }
     END { if (t != "" && peak > 0) printf "- bf16 4096^3 GEMM with the GELU epilogue: %.1f TFLOP/s, %.2f of the data-sheet peak (target >= 0.8)\n", t, t * 1e12 / peak }' \
-    "$report_dir/linear_gelu_bench.out" >> "$report"
+    "$work_dir/linear_gelu_bench.out" >> "$report"
 else
-  cat "$report_dir/linear_gelu_bench.out" >> "$log" 2>/dev/null
+  cat "$work_dir/linear_gelu_bench.out" >> "$log" 2>/dev/null
   echo "- **FAILED** (the last lines of $(basename "$log") say why)" >> "$report"
 fi
 echo "in $(($(date +%s) - start)) s" >> "$report"
@@ -269,11 +309,11 @@ section "GPT-2 124M, bf16, on cuda:0"
 # GPT-2 124M's shapes on gpt2_nano's synthetic data (no corpus needed),
 # micro-batch 8, seq 1024: tokens/s of the last logged iterations and MFU
 # against the GPU's dense bf16 peak from its data sheet (a spec figure, not
-# measured here). PyTorch is not compared here: Debian's torch has no CUDA.
+# measured here). PyTorch's own run of the same step follows.
 start=$(date +%s)
-big="$report_dir/runs/gpt2_124m"
+big="$work_dir/runs/gpt2_124m"
 rm -rf "$big"
-mkdir -p "$report_dir/runs"
+mkdir -p "$work_dir/runs"
 L=12 H=768 T=1024 V=50257 B=8
 train_124m() {  # extra overrides...
   rm -rf "$big"
@@ -306,10 +346,40 @@ else
 fi
 echo "in $(($(date +%s) - start)) s" >> "$report"
 
-section "Not checked here"
-cat >> "$report" <<'EOF'
-- PyTorch on the GPU (Debian's PyTorch has no CUDA: no GPT-2 124M or scaled_dot_product_attention comparison).
-EOF
+section "PyTorch on the same GPU"
+# bench/torch_bench.py: the same GPT-2 124M step (bf16 autocast, AdamW,
+# dropout 0.1, micro-batch $B, seq $T) eager and with torch.compile, and
+# scaled_dot_product_attention at attention_bench's shapes. The device
+# machines' python3 holds PyTorch with CUDA.
+start=$(date +%s)
+if python3 -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' >> "$log" 2>&1; then
+  ours=$(tokens "$big.out")
+  for mode in eager compile; do
+    flag=""
+    [[ $mode == compile ]] && flag="--compile"
+    if timeout 240 python3 "$root/bench/torch_bench.py" gpt2 --batch $B --seq $T $flag > "$work_dir/torch_$mode.out" 2>&1; then
+      line=$(grep '^torch gpt2' "$work_dir/torch_$mode.out" | tail -1)
+      theirs=$(echo "$line" | grep -o 'tokens/s [0-9]*' | cut -d' ' -f2)
+      echo "- $line" >> "$report"
+      if [[ -n $ours && -n $theirs ]]; then
+        awk -v a="$ours" -v b="$theirs" -v m="$mode" \
+          'BEGIN { printf "  Tessera (%s tokens/s) / PyTorch %s: %.2fx (target: faster than eager)\n", a, m, a / b }' >> "$report"
+      fi
+    else
+      cat "$work_dir/torch_$mode.out" >> "$log"
+      echo "- PyTorch $mode: **FAILED** (the log says why)" >> "$report"
+    fi
+  done
+  if timeout 120 python3 "$root/bench/torch_bench.py" sdpa > "$work_dir/torch_sdpa.out" 2>&1; then
+    { echo '```'; cat "$work_dir/torch_sdpa.out"; echo '```'; } >> "$report"
+  else
+    cat "$work_dir/torch_sdpa.out" >> "$log"
+    echo "- scaled_dot_product_attention: **FAILED** (the log says why)" >> "$report"
+  fi
+else
+  echo "- skipped: this machine's python3 has no PyTorch that sees a GPU" >> "$report"
+fi
+echo "in $(($(date +%s) - start)) s" >> "$report"
 if (( ${#late_failures[@]} > 0 )); then
   printf '\n**FAILED: %s** (see %s)\n' "${late_failures[*]}" "$(basename "$log")" >> "$report"
   echo "gpu_check: ${late_failures[*]} failed; see $report" >&2
