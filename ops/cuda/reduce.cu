@@ -102,12 +102,16 @@ __global__ void ArgmaxKernel(const float* x, int64_t* y, int64_t outputs, int64_
   __shared__ int64_t indices[kThreads];
   for (int64_t o = blockIdx.x; o < outputs; o += gridDim.x) {
     const int64_t base = Offset(o, l.kept_rank, l.kept_dims, l.kept_strides);
+    // The first of the greatest (NaN compares false: skipped); kNone loses
+    // every tie, so -inf is a value.
+    const auto better = [](float v, int64_t i, float best_v, int64_t best_i) {
+      return v > best_v || (v == best_v && i < best_i);
+    };
     float best = -INFINITY;
     int64_t index = kNone;
     for (int64_t r = threadIdx.x; r < reduced; r += kThreads) {
       const float v = x[base + r * l.reduced_strides[0]];
-      // The first of the greatest (NaN compares false: skipped).
-      if (v > best || (v == best && index == kNone)) {
+      if (better(v, r, best, index)) {
         best = v;
         index = r;
       }
@@ -115,9 +119,7 @@ __global__ void ArgmaxKernel(const float* x, int64_t* y, int64_t outputs, int64_
     values[threadIdx.x] = best;
     indices[threadIdx.x] = index;
     __syncthreads();
-    BlockBest(values, indices, [](float v, int64_t i, float best_v, int64_t best_i) {
-      return v > best_v || (v == best_v && i < best_i);
-    });
+    BlockBest(values, indices, better);
     if (threadIdx.x == 0) y[o] = indices[0] == kNone ? 0 : indices[0];
     __syncthreads();
   }
@@ -142,13 +144,17 @@ __global__ void TopKKernel(const float* x, float* values, int64_t* indices, int6
     const float* in = x + row * n;
     float last_value = 0.0f;
     int64_t last_index = -1;  // none taken yet
+    // Index -1: nothing found (yet).
+    const auto better = [](float v, int64_t i, float best_v, int64_t best_i) {
+      return i >= 0 && (best_i < 0 || Before(v, i, best_v, best_i));
+    };
     for (int64_t j = 0; j < k; ++j) {
       float value = 0.0f;
       int64_t index = -1;
       for (int64_t r = threadIdx.x; r < n; r += kThreads) {
         const float v = in[r];
         if (last_index >= 0 && !Before(last_value, last_index, v, r)) continue;  // taken already
-        if (index < 0 || Before(v, r, value, index)) {
+        if (better(v, r, value, index)) {
           value = v;
           index = r;
         }
@@ -156,9 +162,7 @@ __global__ void TopKKernel(const float* x, float* values, int64_t* indices, int6
       best_values[threadIdx.x] = value;
       best_indices[threadIdx.x] = index;
       __syncthreads();
-      BlockBest(best_values, best_indices, [](float v, int64_t i, float best_v, int64_t best_i) {
-        return i >= 0 && (best_i < 0 || Before(v, i, best_v, best_i));
-      });
+      BlockBest(best_values, best_indices, better);
       last_value = best_values[0];
       last_index = best_indices[0];
       if (threadIdx.x == 0) {

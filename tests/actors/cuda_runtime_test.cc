@@ -13,6 +13,7 @@
 #include <cmath>
 #include <future>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "actors/node_communicators.h"
@@ -102,9 +103,10 @@ TEST(CudaRuntime, ATrainingLoopOnTheGpuGivesTheCpuNumbers) {
 
 TEST(CudaRuntime, CommunicatorsOfAGpuPlanAreNcclOnTheRanksGpus) {
   proto::Plan plan;
-  for (const uint32_t device : {0u, 1u, 0u}) {
+  // Ranks 0 and 1 on this node's cuda:0 and cuda:1, rank 2 on node 1's cuda:0.
+  for (const auto& [node, device] : std::vector<std::pair<uint32_t, uint32_t>>{{0, 0}, {0, 1}, {1, 0}}) {
     proto::RankLocation* rank = plan.add_ranks();
-    rank->set_node(device == 0 && plan.ranks_size() == 3 ? 1 : 0);  // rank 2 on another node
+    rank->set_node(node);
     rank->set_device_index(device);
   }
   comm::ShmHub hub;

@@ -25,16 +25,12 @@
 #include "comm/collective/shm_communicator.h"
 #include "core/storage.h"
 #include "core/text.h"
+#include "tests/gpus.h"
 
 namespace tessera::comm {
 namespace {
 
-std::string NoGpus(int wanted) {
-  const absl::StatusOr<int> count = CudaDeviceCount();
-  if (!count.ok()) return std::string(count.status().message());
-  if (*count < wanted) return StrCat("needs ", wanted, " GPUs, ", *count, " present");
-  return "";
-}
+using testing::MissingGpus;
 
 Tensor OnGpu(const std::vector<float>& values, int device) {
   auto host = Tensor::Empty(Shape{static_cast<int64_t>(values.size())}, DType::kF32, Device{});
@@ -79,7 +75,7 @@ TEST(Nccl, BadArgumentsAreNamedErrors) {
 }
 
 TEST(Nccl, WithoutAGpuCreationSaysWhy) {
-  if (NoGpus(1).empty()) GTEST_SKIP() << "this machine has a GPU";
+  if (MissingGpus(1).empty()) GTEST_SKIP() << "this machine has a GPU";
   NcclOptions options;
   options.group = "g";
   auto comm = MakeNcclCommunicator(options);
@@ -90,7 +86,7 @@ TEST(Nccl, WithoutAGpuCreationSaysWhy) {
 }
 
 TEST(Nccl, OneRankGroupRunsItsOpsAndAborts) {
-  if (const std::string why = NoGpus(1); !why.empty()) GTEST_SKIP() << why;
+  if (const std::string why = MissingGpus(1); !why.empty()) GTEST_SKIP() << why;
   NcclOptions options;
   options.group = "solo";
   auto comm = MakeNcclCommunicator(options);
@@ -115,7 +111,7 @@ TEST(Nccl, OneRankGroupRunsItsOpsAndAborts) {
 }
 
 TEST(Nccl, TwoRanksRunEveryOp) {
-  if (const std::string why = NoGpus(2); !why.empty()) GTEST_SKIP() << why;
+  if (const std::string why = MissingGpus(2); !why.empty()) GTEST_SKIP() << why;
   InProcessKvStore kv;
   std::vector<std::string> errors(2);
   std::vector<std::vector<std::vector<float>>> results(2);
@@ -223,8 +219,8 @@ std::vector<std::vector<float>> BoxOnRanks(const BoxingSpec& spec, const std::ve
 }
 
 TEST(Nccl, BoxingOnGpusGivesTheCpuBits) {
-  if (const std::string why = NoGpus(1); !why.empty()) GTEST_SKIP() << why;
-  const bool two = NoGpus(2).empty();
+  if (const std::string why = MissingGpus(1); !why.empty()) GTEST_SKIP() << why;
+  const bool two = MissingGpus(2).empty();
   struct Case {
     const char* from;
     const char* to;
@@ -286,7 +282,7 @@ TEST(Nccl, BoxingOnGpusGivesTheCpuBits) {
 }
 
 TEST(Nccl, ARankWhosePeerNeverComesFailsWithinItsTimeout) {
-  if (const std::string why = NoGpus(1); !why.empty()) GTEST_SKIP() << why;
+  if (const std::string why = MissingGpus(1); !why.empty()) GTEST_SKIP() << why;
   InProcessKvStore kv;
   NcclOptions options;
   options.group = "lonely";

@@ -6,48 +6,28 @@
 // with the reason where the GPUs are missing.
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 
-#include <chrono>
 #include <cmath>
-#include <filesystem>
 #include <string>
 #include <vector>
 
-#include "core/storage.h"
+#include "core/status.h"
 #include "core/text.h"
-#include "tests/cli_runner.h"
-#include "tests/deadline.h"
-#include "train/job_config.h"
-#include "train/trainer.h"
+#include "tests/gpus.h"
+#include "tests/train/train_runs.h"
 
 namespace tessera {
 namespace {
 
 constexpr int kSteps = 10;
 
-// Why this process cannot run a case on `wanted` GPUs ("" when it can).
-std::string MissingGpus(int wanted) {
-  const absl::StatusOr<int> gpus = CudaDeviceCount();
-  if (!gpus.ok()) return std::string(gpus.status().message());
-  if (*gpus < wanted) return StrCat("needs ", wanted, " GPUs, ", *gpus, " present");
-  return "";
-}
+using testing::MissingGpus;
 
+// gpt2_nano (4 layers) trained kSteps with `overrides`: its losses.
 absl::StatusOr<std::vector<double>> TrainGpt2(std::vector<std::string> overrides) {
-  const auto dir = std::filesystem::temp_directory_path() / ("tessera_gpu_equivalence_" + std::to_string(::getpid()));
-  overrides.insert(overrides.end(), {"model.num_layers=4", "train.train_iter=" + std::to_string(kSteps),
-                                     "train.log_period=100", "train.output_dir=" + dir.string()});
-  auto config = LoadJobConfig(::tessera::testing::SourcePath("configs/gpt2_nano.json"), overrides);
-  if (!config.ok()) return config.status();
-  absl::StatusOr<TrainSummary> summary;
-  {
-    ::tessera::testing::Deadline deadline(std::chrono::seconds(180), "training gpt2_nano on GPUs");
-    summary = Train(*config);
-  }
-  std::filesystem::remove_all(dir);
-  if (!summary.ok()) return summary.status();
-  return summary->losses;
+  overrides.push_back("model.num_layers=4");
+  ASSIGN_OR_RETURN(testing::PlannedRun run, testing::PlanAndTrain("configs/gpt2_nano.json", overrides, kSteps));
+  return run.summary.losses;
 }
 
 void ExpectClose(const std::string& what, const std::vector<double>& got, const std::vector<double>& want,
