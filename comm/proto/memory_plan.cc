@@ -94,6 +94,7 @@ class ProtocolModel {
     if (!error_.empty()) {
       edges_.clear();
       order_.clear();
+      task_of_event_.clear();
       position_.clear();
       position_edge_start_.clear();
       position_edges_.clear();
@@ -157,6 +158,105 @@ class ProtocolModel {
   struct OrderBits {
     std::vector<std::vector<uint64_t>> last, wrap, same, step;
   };
+  // The periodic band of rate r: layers [first, last] (empty when last <
+  // first) of iteration 0 that are copies of one another, so that use p's
+  // tests give use p''s bits for p, p + 1, p', p' + 1 all in the band, and
+  // only one use of the band need be walked. The layer of an event (rate r):
+  // act a of a task of r acts an iteration is layer a (a global index:
+  // iteration i's layer k is i r + k); a Repeat of r pieces from a
+  // per-iteration input has its piece acts as layers and its ack act outside
+  // them, as every other task's acts are. The band is found, not assumed:
+  //  - every edge into a layer event comes from events of no later layer
+  //    (an event outside the layers counts as the latest layer it follows),
+  //    so a path from layer p to layer p + 1 runs through layers p and
+  //    p + 1 only, and once a path leaves the layers it never comes back
+  //    below the layer it left;
+  //  - no event of a band layer has an edge out of the layers, so such a
+  //    path never leaves them;
+  //  - the edges out of each task's events at layer k, as (task, start or
+  //    end, layer - k), are those at layer k + 1, across the band.
+  // So shifting a path by p' - p maps it onto a path, both ways.
+  struct Band {
+    int64_t first = 0, last = -1;
+  };
+  int64_t Layer(int64_t event, int64_t r) const {
+    const Task& t = tasks_[static_cast<size_t>(task_of_event_[static_cast<size_t>(event)])];
+    const int64_t act = (event - t.base) / 2;
+    if (t.acts == r) return act;
+    if (t.kind == proto::ACTOR_KIND_REPEAT && t.m == r && t.acts == r + 1 && act % (r + 1) < r) {
+      return act / (r + 1) * r + act % (r + 1);
+    }
+    return -1;
+  }
+  Band PeriodicBand(int64_t r) const {
+    const size_t n = position_.size();
+    constexpr int32_t kNone = INT32_MIN;  // an event outside the layers that follows none
+    std::vector<int32_t> layer(n);        // by position: the layer, or (outside) the latest layer it follows
+    std::vector<bool> in_layers(n);
+    for (size_t p = 0; p < n; ++p) {
+      const int64_t g = Layer(order_[p], r);
+      in_layers[p] = g >= 0;
+      layer[p] = g >= 0 ? static_cast<int32_t>(g) : kNone;
+    }
+    std::vector<bool> regular(static_cast<size_t>(r), true);  // iteration 0's layers with no edge out of the layers
+    for (size_t p = 0; p < n; ++p) {
+      for (int64_t k = position_edge_start_[p]; k < position_edge_start_[p + 1]; ++k) {
+        const size_t q = static_cast<size_t>(position_edges_[static_cast<size_t>(k)]);
+        if (in_layers[q]) {
+          if (layer[p] > layer[q]) return {};  // an edge back to an earlier layer
+        } else {
+          layer[q] = std::max(layer[q], layer[p]);
+          if (in_layers[p] && layer[p] < r) regular[static_cast<size_t>(layer[p])] = false;
+        }
+      }
+    }
+    // The edges out of an event, as (task, end?, layer difference), sorted.
+    using Edges = std::vector<std::tuple<int32_t, int32_t, int32_t>>;
+    const auto edges_out = [&](int64_t event, Edges& out) {
+      out.clear();
+      const size_t p = static_cast<size_t>(position_[static_cast<size_t>(event)]);
+      for (int64_t k = position_edge_start_[p]; k < position_edge_start_[p + 1]; ++k) {
+        const size_t q = static_cast<size_t>(position_edges_[static_cast<size_t>(k)]);
+        const int32_t to = order_[q];
+        const Task& t = tasks_[static_cast<size_t>(task_of_event_[static_cast<size_t>(to)])];
+        out.emplace_back(task_of_event_[static_cast<size_t>(to)], static_cast<int32_t>((to - t.base) % 2),
+                         in_layers[q] ? layer[q] - layer[p] : INT32_MAX);
+      }
+      std::sort(out.begin(), out.end());
+    };
+    // shifts[k]: layer k + 1's edges are layer k's, shifted.
+    std::vector<bool> shifts(static_cast<size_t>(std::max<int64_t>(0, r - 1)), true);
+    Edges here, next;
+    bool any_layers = false;
+    for (const Task& t : tasks_) {
+      const bool piece_acts = t.kind == proto::ACTOR_KIND_REPEAT && t.m == r && t.acts == r + 1;
+      if (t.acts != r && !piece_acts) continue;
+      any_layers = true;
+      // Iteration 0's layer k is act k of either kind of task.
+      for (int64_t k = 0; k + 1 < r; ++k) {
+        for (int64_t end = 0; end < 2 && shifts[static_cast<size_t>(k)]; ++end) {
+          edges_out(t.base + 2 * k + end, here);
+          edges_out(t.base + 2 * (k + 1) + end, next);
+          if (here != next) shifts[static_cast<size_t>(k)] = false;
+        }
+      }
+    }
+    // The longest run of regular layers, each a shift of the one before.
+    Band best;
+    if (!any_layers) return best;
+    for (int64_t first = 0; first < r;) {
+      if (!regular[static_cast<size_t>(first)]) {
+        ++first;
+        continue;
+      }
+      int64_t last = first;
+      while (last + 1 < r && regular[static_cast<size_t>(last) + 1] && shifts[static_cast<size_t>(last)]) ++last;
+      if (last - first > best.last - best.first) best = {first, last};
+      first = last + 1;
+    }
+    return best;
+  }
+
   // Sources: one bit per (block, use, release event), by device. A source
   // is tested against writes up to its horizon (the topological position
   // past which none of its tests look): a last use against every peer's
@@ -164,8 +264,10 @@ class ProtocolModel {
   // uses p and p + 1 of the peers of equal uses alone. So the sources of a
   // chunk need the reachability walked only from the first of them to the
   // furthest horizon: most uses of many-use blocks (micro-batches under
-  // accumulation) look a little ahead, and the work grows linearly with the
-  // micro-batches rather than with their square.
+  // accumulation) look a little ahead. And of the uses that lie in the
+  // periodic band (PeriodicBand), only the first is walked: the others'
+  // tests are shifts of its tests. What still grows with the micro-batches
+  // is the last uses' walk, across the iteration's end.
   struct Source {
     uint64_t key;      // the sort order: last uses first, then by uses, then by position
     int64_t position;  // of its release event
@@ -201,6 +303,7 @@ class ProtocolModel {
     const auto position = [&](int64_t event) { return static_cast<int64_t>(position_[static_cast<size_t>(event)]); };
     const int64_t max_words = std::max<int64_t>(1, kReachBytes / 8 / std::max<int64_t>(1, EventCount()));
     std::vector<DeviceSources> out;
+    std::map<int64_t, Band> bands;  // by number of uses
     for (const auto& [device, members] : on_device) {
       DeviceSources& d = out.emplace_back();
       d.all_peers = members;
@@ -219,9 +322,27 @@ class ProtocolModel {
                                                 position(b.writes[static_cast<size_t>(p) + 1])});
         }
       }
+      // Uses whose tests are those of an earlier use (PeriodicBand), per
+      // number of uses: [first, last], for blocks whose peers of as many
+      // uses are all regular over the band.
+      std::map<int64_t, std::pair<int64_t, int64_t>> repeated;
+      for (const auto& [uses, peers] : d.peers_by_uses) {
+        if (exhaustive || uses < 4) continue;
+        auto band = bands.find(uses);
+        if (band == bands.end()) band = bands.emplace(uses, PeriodicBand(uses)).first;
+        // Uses p in [first, last] are tested within band layers p and p + 1;
+        // the last use is tested apart.
+        const int64_t first = band->second.first, last = std::min(band->second.last - 1, int64_t{uses} - 2);
+        if (last <= first) continue;
+        bool regular = true;
+        for (size_t j : peers) regular = regular && Regular(blocks[j], first, last);
+        if (regular) repeated[uses] = {first + 1, last};
+      }
       for (size_t i : members) {
         const Block& b = blocks[i];
+        const auto skip = repeated.find(b.uses);
         for (int64_t p = 0; p < b.uses; ++p) {
+          if (skip != repeated.end() && p >= skip->second.first && p <= skip->second.second) continue;
           const int64_t horizon = p + 1 == b.uses ? last_horizon : horizon_of_use[b.uses][static_cast<size_t>(p)];
           for (int64_t e : b.releases[static_cast<size_t>(p)]) {
             // (uses and positions are below kMaxEvents = 2^24)
@@ -253,11 +374,16 @@ class ProtocolModel {
           c.first = first;
           c.peer_uses = is_last(head) ? 0 : head.uses;
           c.words = words;
-          c.count = std::min(group_end - first, static_cast<size_t>(words) * 64);
+          const size_t most = std::min(group_end - first, static_cast<size_t>(words) * 64);
           c.lo = d.sources[first].position;
           // (A source's own position too: its horizon may lie before it.)
-          for (size_t s = first; s < first + c.count; ++s) {
-            c.hi = std::max({c.hi, d.sources[s].horizon, d.sources[s].position});
+          // A source past what the chunk walks so far starts a chunk of its
+          // own: a chunk never walks a gap between its sources' windows
+          // (the uses PeriodicBand leaves out make such gaps).
+          for (c.count = 0; c.count < most; ++c.count) {
+            const Source& source = d.sources[first + c.count];
+            if (c.count > 0 && source.position > c.hi) break;
+            c.hi = std::max({c.hi, source.horizon, source.position});
           }
           if (exhaustive) {
             c.lo = 0;
@@ -271,6 +397,31 @@ class ProtocolModel {
     }
     return out;
   }
+  // Whether block b's uses p in [first, last] are shifts of use `first`:
+  // each release of use p, and the writes of uses p and p + 1, at layer p
+  // (p + 1) of the same task and kind as use `first`'s (rate b.uses).
+  bool Regular(const Block& b, int64_t first, int64_t last) const {
+    const auto same_kind = [&](int64_t event, int64_t model, int64_t layer, int64_t model_layer) {
+      return Layer(event, b.uses) == layer && Layer(model, b.uses) == model_layer &&
+             task_of_event_[static_cast<size_t>(event)] == task_of_event_[static_cast<size_t>(model)] &&
+             (event - model) % 2 == 0;
+    };
+    const auto& base_releases = b.releases[static_cast<size_t>(first)];
+    for (int64_t p = first; p <= last; ++p) {
+      const auto& releases = b.releases[static_cast<size_t>(p)];
+      if (releases.size() != base_releases.size()) return false;
+      for (size_t k = 0; k < releases.size(); ++k) {
+        if (!same_kind(releases[k], base_releases[k], p, first)) return false;
+      }
+      if (!same_kind(b.writes[static_cast<size_t>(p)], b.writes[static_cast<size_t>(first)], p, first) ||
+          !same_kind(b.writes[static_cast<size_t>(p) + 1], b.writes[static_cast<size_t>(first) + 1], p + 1,
+                     first + 1)) {
+        return false;
+      }
+    }
+    return true;
+  }
+
   // About how many word operations Orders(blocks, analysis) takes (the
   // events its chunks walk, times their words, and the bit tests).
   int64_t Work(const std::vector<DeviceSources>& analysis) const {
@@ -718,8 +869,13 @@ class ProtocolModel {
       }
       position_edge_start_[p + 1] = k;
     }
-    for (auto* v : {&edges_, &order_}) std::vector<int32_t>().swap(*v);
+    std::vector<int32_t>().swap(edges_);
     std::vector<int64_t>().swap(edge_start_);
+    task_of_event_.resize(static_cast<size_t>(events));
+    for (size_t t = 0; t < tasks_.size(); ++t) {
+      const int64_t end = tasks_[t].base + 2 * kUnrolled * tasks_[t].acts;
+      for (int64_t e = tasks_[t].base; e < end; ++e) task_of_event_[static_cast<size_t>(e)] = static_cast<int32_t>(t);
+    }
     return "";
   }
 
@@ -728,12 +884,13 @@ class ProtocolModel {
   std::vector<Task> tasks_;
   std::vector<Desc> descs_;
   // Events are below kMaxEvents (int32). While building: the edges, as
-  // pairs, then by event (CSR), and a topological order; kept after: each
-  // event's position in that order, and the edges by position.
+  // pairs, then by event (CSR); kept after: a topological order, each
+  // event's position in it and its task, and the edges by position.
   std::vector<std::pair<int32_t, int32_t>> pairs_;
   std::vector<int64_t> edge_start_;
   std::vector<int32_t> edges_;
-  std::vector<int32_t> order_;
+  std::vector<int32_t> order_;                      // [position]: the event there
+  std::vector<int32_t> task_of_event_;              // [event]: its task (index into tasks_)
   std::vector<int32_t> position_;                   // [event]: its index in order_
   std::vector<int64_t> position_edge_start_;        // CSR by position: edges from order_[p] ...
   std::vector<int32_t> position_edges_;             // ... to these positions
@@ -1119,6 +1276,13 @@ absl::StatusOr<std::vector<std::vector<uint64_t>>> LifetimeOrders(const proto::P
     rows.insert(rows.end(), kind->begin(), kind->end());
   }
   return rows;
+}
+
+absl::StatusOr<std::pair<int64_t, int64_t>> PeriodicBand(const proto::Plan& plan, int64_t uses) {
+  ProtocolModel model(plan);
+  if (!model.unsupported().empty()) return absl::FailedPreconditionError(model.unsupported());
+  const auto band = model.PeriodicBand(uses);
+  return std::pair<int64_t, int64_t>{band.first, band.last};
 }
 
 }  // namespace internal

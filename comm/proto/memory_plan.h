@@ -29,6 +29,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -60,9 +61,10 @@ struct MemoryPlanResult {
 };
 
 // The most word operations the lifetime analysis takes by default (a few
-// seconds). Its cost grows with the micro-batches of an iteration (each
-// register written once per micro-batch is a source per micro-batch, tested
-// a little ahead): beyond the budget, the blocks used most often per
+// seconds). Its cost grows with the micro-batches of an iteration, though
+// micro-batches that are copies of one another are walked once (only the
+// last use's walk, across the iteration's end, still grows with them):
+// beyond the budget, the blocks used most often per
 // iteration are left out of the analysis (they get bytes of their own) until
 // it fits; if even those used once do not fit, nothing is shared.
 inline constexpr int64_t kDefaultMaxAnalysisWork = int64_t{1} << 30;
@@ -90,6 +92,10 @@ namespace internal {
 // (exhaustive = false, what PlanMemory does) or across every event (the
 // reference). Errors: a plan the protocol model does not describe.
 absl::StatusOr<std::vector<std::vector<uint64_t>>> LifetimeOrders(const proto::Plan& plan, bool exhaustive);
+// For tests: the layers [first, last] of the micro-batches (blocks of
+// `uses` uses an iteration) that are copies of one another, whose uses the
+// planner walks once (first > last: none).
+absl::StatusOr<std::pair<int64_t, int64_t>> PeriodicBand(const proto::Plan& plan, int64_t uses);
 }  // namespace internal
 
 // Only the structural part of CheckMemoryPlan (offsets, alignment, bounds):

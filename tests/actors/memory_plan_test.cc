@@ -214,7 +214,7 @@ TEST(MemoryPlan, PoisoningHandedBackRegistersChangesNoResult) {
 // Gradient accumulation over 3 micro-batches with a micro-batch window of 1
 // (the source starts micro-batch k + 1 once the Acc added micro-batch k), as
 // the scheduler lowers it: w -> repeat -> grad = w * x -> acc -> sgd_update.
-proto::Plan WindowedAccumulationPlan(bool async) {
+proto::Plan WindowedAccumulationPlan(bool async, int32_t m = 3, int32_t window = 1) {
   PlanBuilder b(4);
   const uint64_t param = b.AddTask(proto::ACTOR_KIND_PARAMETER, "w");
   const uint64_t rep = b.AddTask(proto::ACTOR_KIND_REPEAT, "repeat");
@@ -226,8 +226,7 @@ proto::Plan WindowedAccumulationPlan(bool async) {
   const int64_t x = b.AddRegisterDesc(src, {grad}, 1, {kVec});
   const int64_t g = b.AddRegisterDesc(grad, {acc}, 1, {kVec});
   const int64_t sum = b.AddRegisterDesc(acc, {param}, 1, {kVec});
-  b.AddWindowDesc(acc, {src}, 1);
-  constexpr int32_t m = 3;
+  b.AddWindowDesc(acc, {src}, window);
   b.task(rep).set_repeat_num(m);
   b.task(rep).set_pieces_per_iteration(m);
   b.task(acc).set_repeat_num(m);
@@ -391,7 +390,10 @@ TEST(MemoryPlan, WindowedLifetimeAnalysisMatchesTheExhaustiveWalk) {
            {"loop", LoopPlan()},
            {"chain", ChainPlan()},
            {"windowed accumulation", WindowedAccumulationPlan(false)},
-           {"windowed accumulation, asynchronous", WindowedAccumulationPlan(true)}}) {
+           {"windowed accumulation, asynchronous", WindowedAccumulationPlan(true)},
+           {"windowed accumulation, 12 micro-batches, window 1", WindowedAccumulationPlan(false, 12, 1)},
+           {"windowed accumulation, 12 micro-batches, window 3, asynchronous",
+            WindowedAccumulationPlan(true, 12, 3)}}) {
     SCOPED_TRACE(name);
     auto windowed = comm::internal::LifetimeOrders(plan, false);
     auto exhaustive = comm::internal::LifetimeOrders(plan, true);
@@ -401,5 +403,30 @@ TEST(MemoryPlan, WindowedLifetimeAnalysisMatchesTheExhaustiveWalk) {
   }
 }
 
+// The micro-batches whose uses the planner walks once are found from the
+// plan: with a window of w micro-batches (M = 8), the Acc's acts M - w ..
+// M - 1 write no window register and the Source's first w read none, and a
+// Source's reads of iteration 0's last registers hand them back to the next
+// iteration's Acc acts; the band is the longest run of layers between.
+TEST(MemoryPlan, ThePeriodicBandIsFoundFromThePlan) {
+  for (bool async : {false, true}) {
+    SCOPED_TRACE(async);
+    const std::vector<std::pair<int32_t, std::pair<int64_t, int64_t>>> expected = {
+        {1, {1, 6}},  // Source acts 1 .. 6 hand back within the iteration, Acc acts 0 .. 6 write
+        {2, {2, 5}},  // 2 .. 5 and 0 .. 5
+        {3, {0, 2}},  // 3 .. 4 and 0 .. 4: acts 0 .. 2 (Acc writes, Source reads none) are the longest run
+    };
+    for (const auto& [window, band] : expected) {
+      SCOPED_TRACE(window);
+      auto found = comm::internal::PeriodicBand(WindowedAccumulationPlan(async, 8, window), 8);
+      ASSERT_TRUE(found.ok()) << found.status();
+      EXPECT_EQ(*found, band);
+    }
+  }
+  // No task acts 8 times an iteration: no band.
+  auto none = comm::internal::PeriodicBand(LoopPlan(), 8);
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_GT(none->first, none->second);
+}
 }  // namespace
 }  // namespace tessera::actors
