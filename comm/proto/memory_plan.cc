@@ -29,6 +29,9 @@ constexpr int64_t kUnrolled = 2;
 constexpr int64_t kMaxEvents = int64_t{1} << 24;
 static_assert(kMaxEvents <= (int64_t{1} << 30), "ProtocolModel holds positions as int32 and in 30-bit sort keys");
 constexpr int64_t kReachBytes = int64_t{96} << 20;
+// A source this many positions (plus its chunk's span) past what its chunk
+// walks starts a chunk of its own.
+constexpr int64_t kChunkGap = 1024;
 // On a device of more than kManyBlocks registers, those smaller than
 // kMinSharedBytes get bytes of their own: the pairwise lifetime analysis
 // grows with the square of the blocks it covers, and a deep model has
@@ -38,6 +41,8 @@ constexpr size_t kManyBlocks = 4096;
 constexpr int64_t kMinSharedBytes = 4096;
 
 int64_t AlignUp(int64_t bytes) { return (bytes + kArenaAlignment - 1) / kArenaAlignment * kArenaAlignment; }
+
+bool Bit(const std::vector<uint64_t>& row, size_t j) { return (row[j / 64] >> (j % 64)) & 1; }
 
 struct DeviceKey {
   uint32_t node = 0;
@@ -266,8 +271,8 @@ class ProtocolModel {
   // furthest horizon: most uses of many-use blocks (micro-batches under
   // accumulation) look a little ahead. And of the uses that lie in the
   // periodic band (PeriodicBand), only the first is walked: the others'
-  // tests are shifts of its tests. What still grows with the micro-batches
-  // is the last uses' walk, across the iteration's end.
+  // tests are shifts of its tests. A last use's tests against the next
+  // iteration's first writes (which may lie at its end) are WrapSources'.
   struct Source {
     uint64_t key;      // the sort order: last uses first, then by uses, then by position
     int64_t position;  // of its release event
@@ -275,46 +280,75 @@ class ProtocolModel {
     uint32_t local;  // the block's index on its device
     uint32_t use;
     uint32_t uses;
+    uint32_t block;  // index into blocks
   };
   struct Chunk {
     size_t first = 0, count = 0;  // sources[first, first + count)
     int64_t words = 1;
     int64_t lo = 0, hi = -1;  // topological positions walked
     uint32_t peer_uses = 0;   // the peers tested against: those of this many uses (0: all)
+    int peer_list = -1;       // ... or these (DeviceSources::peer_lists)
+    bool wrap = false;        // a WrapSources chunk: wrap tests only
+    bool with_wrap = false;   // a last uses' chunk that does the wrap tests too
   };
   struct DeviceSources {
     std::vector<Source> sources;
     std::vector<size_t> all_peers;                          // analysed blocks
     std::map<uint32_t, std::vector<size_t>> peers_by_uses;  // ... by their uses
+    std::vector<std::vector<size_t>> peer_lists;
     std::vector<Chunk> chunks;
+    bool with_wrap = false;  // the last uses' chunks do the wrap tests
     const std::vector<size_t>& Peers(const Chunk& c) const {
+      if (c.peer_list >= 0) return peer_lists[static_cast<size_t>(c.peer_list)];
       return c.peer_uses == 0 ? all_peers : peers_by_uses.at(c.peer_uses);
     }
   };
+  // The `analysed` blocks (null: all) by device.
+  static std::map<DeviceKey, std::vector<size_t>> AnalysedByDevice(const std::vector<Block>& blocks,
+                                                                   const std::vector<bool>* analysed) {
+    std::map<DeviceKey, std::vector<size_t>> on_device;
+    for (size_t j = 0; j < blocks.size(); ++j) {
+      if (analysed == nullptr || (*analysed)[j]) on_device[blocks[j].device].push_back(j);
+    }
+    return on_device;
+  }
+  // Whether some of `members` are used several times an iteration.
+  static bool MicroBatches(const std::vector<Block>& blocks, const std::vector<size_t>& members) {
+    return std::any_of(members.begin(), members.end(), [&](size_t j) { return blocks[j].uses >= 2; });
+  }
+  // Words of source bits a chunk may take: the reach buffer's bytes over the events.
+  int64_t MaxWords() const { return std::max<int64_t>(1, kReachBytes / 8 / std::max<int64_t>(1, EventCount())); }
+
   // The sources of the `analysed` blocks (null: all) and their chunks.
   // `exhaustive`: every chunk walks every event (the reference the windows
   // are tested against).
   std::vector<DeviceSources> Sources(const std::vector<Block>& blocks, const std::vector<bool>* analysed,
                                      bool exhaustive = false) const {
-    std::map<DeviceKey, std::vector<size_t>> on_device;
-    for (size_t j = 0; j < blocks.size(); ++j) {
-      if (analysed == nullptr || (*analysed)[j]) on_device[blocks[j].device].push_back(j);
-    }
     const auto position = [&](int64_t event) { return static_cast<int64_t>(position_[static_cast<size_t>(event)]); };
-    const int64_t max_words = std::max<int64_t>(1, kReachBytes / 8 / std::max<int64_t>(1, EventCount()));
+    const int64_t max_words = MaxWords();
     std::vector<DeviceSources> out;
     std::map<int64_t, Band> bands;  // by number of uses
-    for (const auto& [device, members] : on_device) {
+    for (const auto& [device, members] : AnalysedByDevice(blocks, analysed)) {
       DeviceSources& d = out.emplace_back();
       d.all_peers = members;
-      // Horizons: of a last use, the latest write of any peer; of use p of
-      // r, the latest write of use p + 1 among the peers of r uses.
+      // Horizons: of a last use, the latest first write (iteration 0's) of
+      // any peer, and with r >= 2 uses that of use p + 1 below; of use p of
+      // r, the latest write of use p + 1 among the peers of r uses. (A last
+      // use's wrap tests, against iteration 1's first writes, are
+      // WrapSources'.)
       int64_t last_horizon = -1;
       std::map<int64_t, std::vector<int64_t>> horizon_of_use;  // uses r -> [p]
+      // A device whose blocks are all used once an iteration (no
+      // micro-batches) walks its last uses' wrap tests with them, as far
+      // as every peer's write of iteration 1: splitting them off
+      // (WrapSources) saves walks across micro-batches, and without any it
+      // only walks twice.
+      d.with_wrap = !MicroBatches(blocks, members);
       for (size_t j : members) {
         const Block& b = blocks[j];
         d.peers_by_uses[static_cast<uint32_t>(b.uses)].push_back(j);
-        for (int64_t w : b.writes) last_horizon = std::max(last_horizon, position(w));
+        last_horizon = std::max(last_horizon, position(b.writes.front()));
+        if (d.with_wrap) last_horizon = std::max(last_horizon, position(b.writes.back()));
         std::vector<int64_t>& h = horizon_of_use[b.uses];
         h.resize(static_cast<size_t>(b.uses), -1);
         for (int64_t p = 0; p < b.uses; ++p) {
@@ -343,14 +377,17 @@ class ProtocolModel {
         const auto skip = repeated.find(b.uses);
         for (int64_t p = 0; p < b.uses; ++p) {
           if (skip != repeated.end() && p >= skip->second.first && p <= skip->second.second) continue;
-          const int64_t horizon = p + 1 == b.uses ? last_horizon : horizon_of_use[b.uses][static_cast<size_t>(p)];
+          const int64_t use_horizon = horizon_of_use[b.uses][static_cast<size_t>(p)];
+          const int64_t horizon = p + 1 < b.uses ? use_horizon
+                                  : b.uses >= 2  ? std::max(last_horizon, use_horizon)
+                                                 : last_horizon;
           for (int64_t e : b.releases[static_cast<size_t>(p)]) {
             // (uses and positions are below kMaxEvents = 2^24)
             const bool last = p + 1 == b.uses;
             const uint64_t key = (uint64_t{!last} << 60) | (static_cast<uint64_t>(last ? 0 : b.uses) << 30) |
                                  static_cast<uint64_t>(position(e));
             d.sources.push_back({key, position(e), horizon, static_cast<uint32_t>(b.local), static_cast<uint32_t>(p),
-                                 static_cast<uint32_t>(b.uses)});
+                                 static_cast<uint32_t>(b.uses), static_cast<uint32_t>(i)});
           }
         }
       }
@@ -369,34 +406,100 @@ class ProtocolModel {
         }
         const int64_t words =
             is_last(head) ? std::min<int64_t>(max_words, static_cast<int64_t>((group_end - group + 63) / 64)) : 1;
-        for (size_t first = group; first < group_end;) {
-          Chunk c;
-          c.first = first;
-          c.peer_uses = is_last(head) ? 0 : head.uses;
-          c.words = words;
-          const size_t most = std::min(group_end - first, static_cast<size_t>(words) * 64);
-          c.lo = d.sources[first].position;
-          // (A source's own position too: its horizon may lie before it.)
-          // A source past what the chunk walks so far starts a chunk of its
-          // own: a chunk never walks a gap between its sources' windows
-          // (the uses PeriodicBand leaves out make such gaps).
-          for (c.count = 0; c.count < most; ++c.count) {
-            const Source& source = d.sources[first + c.count];
-            if (c.count > 0 && source.position > c.hi) break;
-            c.hi = std::max({c.hi, source.horizon, source.position});
-          }
-          if (exhaustive) {
-            c.lo = 0;
-            c.hi = EventCount() - 1;
-          }
-          d.chunks.push_back(c);
-          first += c.count;
-        }
+        Chunk kind;
+        kind.peer_uses = is_last(head) ? 0 : head.uses;
+        kind.with_wrap = d.with_wrap && is_last(head);
+        Chunks(d, group, group_end, words, kind, exhaustive);
         group = group_end;
       }
     }
     return out;
   }
+  // Cuts d.sources[begin, end) (by position) into chunks like `kind`, of
+  // at most `words` x 64 sources each, walking from their first source's
+  // position to their furthest horizon. A source well past what the chunk
+  // walks so far starts a chunk of its own, so no chunk walks a long gap
+  // between its sources' windows (the uses PeriodicBand leaves out make
+  // such gaps).
+  void Chunks(DeviceSources& d, size_t begin, size_t end, int64_t words, const Chunk& kind, bool exhaustive) const {
+    for (size_t first = begin; first < end;) {
+      Chunk c = kind;
+      c.first = first;
+      c.words = words;
+      const size_t most = std::min(end - first, static_cast<size_t>(words) * 64);
+      c.lo = d.sources[first].position;
+      // (A source's own position too: its horizon may lie before it.)
+      for (c.count = 0; c.count < most; ++c.count) {
+        const Source& source = d.sources[first + c.count];
+        if (c.count > 0 && source.position > c.hi + kChunkGap + (c.hi - c.lo)) break;
+        c.hi = std::max({c.hi, source.horizon, source.position});
+      }
+      if (exhaustive) {
+        c.lo = 0;
+        c.hi = EventCount() - 1;
+      }
+      d.chunks.push_back(c);
+      first += c.count;
+    }
+  }
+
+  // The wrap tests of every analysed block's last use (a release of
+  // iteration 0 against a peer's first write of iteration 1), given the
+  // last bits `bits` (Orders of Sources). A wrap bit wrap(i, j) counts only
+  // together with last(j, i) (MayShare), so a release is tested against
+  // the peers j with last(j, i) alone (every peer when exhaustive), and
+  // MaskWraps clears the others. Iteration 1's first write of a block
+  // written once an iteration may lie at that iteration's end (gradient
+  // sums, optimizer buffers), a walk across all its micro-batches; such
+  // blocks are rarely finished before another's first write of iteration
+  // 0, so most releases need no such walk.
+  std::vector<DeviceSources> WrapSources(const std::vector<Block>& blocks, const std::vector<bool>* analysed,
+                                         const OrderBits& bits, bool exhaustive) const {
+    const auto position = [&](int64_t event) { return static_cast<int64_t>(position_[static_cast<size_t>(event)]); };
+    const int64_t max_words = MaxWords();
+    std::vector<DeviceSources> out;
+    for (const auto& [device, members] : AnalysedByDevice(blocks, analysed)) {
+      if (!MicroBatches(blocks, members)) continue;  // (Sources' chunks did the wrap tests)
+      DeviceSources& d = out.emplace_back();
+      d.all_peers = members;
+      for (size_t i : members) {
+        const Block& b = blocks[i];
+        int64_t horizon = -1;
+        for (size_t j : members) {
+          if (exhaustive || Bit(bits.last[i], blocks[j].local)) {
+            horizon = std::max(horizon, position(blocks[j].writes.back()));
+          }
+        }
+        if (horizon < 0) continue;  // no peer needs its wrap bit
+        const int64_t p = b.uses - 1;
+        for (int64_t e : b.releases[static_cast<size_t>(p)]) {
+          d.sources.push_back({static_cast<uint64_t>(position(e)), position(e), horizon, static_cast<uint32_t>(b.local),
+                               static_cast<uint32_t>(p), static_cast<uint32_t>(b.uses), static_cast<uint32_t>(i)});
+        }
+      }
+      std::sort(d.sources.begin(), d.sources.end(), [](const Source& a, const Source& b) { return a.key < b.key; });
+      Chunk kind;
+      kind.wrap = true;
+      Chunks(d, 0, d.sources.size(), std::min<int64_t>(max_words, static_cast<int64_t>((d.sources.size() + 63) / 64)),
+             kind, exhaustive);
+      // Each chunk's peers: those some source of it needs.
+      std::vector<bool> needed(blocks.size());
+      for (Chunk& c : d.chunks) {
+        std::fill(needed.begin(), needed.end(), false);
+        for (size_t k = c.first; k < c.first + c.count; ++k) {
+          const size_t i = d.sources[k].block;
+          for (size_t j : members) needed[j] = needed[j] || exhaustive || Bit(bits.last[i], blocks[j].local);
+        }
+        std::vector<size_t>& peers = d.peer_lists.emplace_back();
+        for (size_t j : members) {
+          if (needed[j]) peers.push_back(j);
+        }
+        c.peer_list = static_cast<int>(d.peer_lists.size()) - 1;
+      }
+    }
+    return out;
+  }
+
   // Whether block b's uses p in [first, last] are shifts of use `first`:
   // each release of use p, and the writes of uses p and p + 1, at layer p
   // (p + 1) of the same task and kind as use `first`'s (rate b.uses).
@@ -450,6 +553,11 @@ class ProtocolModel {
       rows->assign(n, {});
       for (size_t j = 0; j < n; ++j) (*rows)[j].assign((per_device[blocks[j].device] + 63) / 64, ~uint64_t{0});
     }
+    Walk(blocks, analysis, bits);
+    return bits;
+  }
+  // Clears in `bits` what the chunks of `analysis` find unordered.
+  void Walk(const std::vector<Block>& blocks, const std::vector<DeviceSources>& analysis, OrderBits& bits) const {
     std::vector<uint64_t> reach;
     for (const DeviceSources& device : analysis) {
       for (const Chunk& chunk : device.chunks) {
@@ -498,36 +606,42 @@ class ProtocolModel {
           uint64_t* wrap = bits.wrap[j].data();
           uint64_t* same = bits.same[j].data();
           uint64_t* step = bits.step[j].data();
+          const auto unless = [](uint64_t bit, bool r) { return ~(bit & (uint64_t{r} - 1)); };
+          if (chunk.wrap) {
+            for (size_t s = 0; s < chunk.count; ++s) {
+              const Source& source = device.sources[chunk.first + s];
+              wrap[source.local / 64] &= unless(uint64_t{1} << (source.local % 64), reached(back, s));
+            }
+            continue;
+          }
           // Branch-free: half the tests fail, unpredictably. `unless(r)`
           // is the mask that clears the source's bit when r is false.
+          // (Wrap bits are the wrap chunks' where the device has
+          // micro-batches; same and step of blocks used once an iteration
+          // mean nothing, MayShare alternating only blocks of several uses.)
           for (size_t s = 0; s < chunk.count; ++s) {
             const Source& source = device.sources[chunk.first + s];
             const uint64_t bit = uint64_t{1} << (source.local % 64);
             const size_t word = source.local / 64;
-            const auto unless = [bit](bool r) { return ~(bit & (uint64_t{r} - 1)); };
-            if (source.uses == 1 && b.uses == 1) {  // the common case: same = last, step = wrap
-              const uint64_t keep_front = unless(reached(front, s)), keep_back = unless(reached(back, s));
-              last[word] &= keep_front;
-              same[word] &= keep_front;
-              wrap[word] &= keep_back;
-              step[word] &= keep_back;
+            if (source.uses == 1 && b.uses == 1) {  // the common case
+              last[word] &= unless(bit, reached(front, s));
+              if (chunk.with_wrap) wrap[word] &= unless(bit, reached(back, s));
               continue;
             }
             if (source.use + 1 == source.uses) {
-              last[word] &= unless(reached(front, s));
-              wrap[word] &= unless(reached(back, s));
+              last[word] &= unless(bit, reached(front, s));
+              if (chunk.with_wrap) wrap[word] &= unless(bit, reached(back, s));
             }
             // (Once both bits are clear, as for most pairs after a few
             // uses, the lookups of the writes are skipped.)
             if (static_cast<int64_t>(source.uses) == b.uses && ((same[word] | step[word]) & bit) != 0) {
-              same[word] &= unless(reached(write_row(b.writes[source.use]), s));
-              step[word] &= unless(reached(write_row(b.writes[source.use + 1]), s));
+              same[word] &= unless(bit, reached(write_row(b.writes[source.use]), s));
+              step[word] &= unless(bit, reached(write_row(b.writes[source.use + 1]), s));
             }
           }
         }
       }
     }
-    return bits;
   }
 
  private:
@@ -896,8 +1010,6 @@ class ProtocolModel {
   std::vector<int32_t> position_edges_;             // ... to these positions
 };
 
-bool Bit(const std::vector<uint64_t>& row, size_t j) { return (row[j / 64] >> (j % 64)) & 1; }
-
 // Whether blocks i and j (one device) may share bytes: within each iteration
 // all of one's uses end before the other's begin, and the other's before the
 // one's next iteration; or, with as many uses each, the two alternate use by
@@ -1016,6 +1128,36 @@ std::vector<std::vector<uint64_t>> TransposedWithinDevices(const std::vector<std
   return out;
 }
 
+// Clears wrap(i, j) where last(j, i) is clear (the only wrap bits MayShare
+// reads are those whose last bit is set; WrapSources tests only those).
+void MaskWraps(const std::vector<ProtocolModel::Block>& blocks, ProtocolModel::OrderBits& bits) {
+  const std::vector<std::vector<uint64_t>> last_by_earlier =
+      TransposedWithinDevices(bits.last, ProtocolModel::AnalysedByDevice(blocks, nullptr));
+  for (size_t j = 0; j < blocks.size(); ++j) {
+    for (size_t w = 0; w < bits.wrap[j].size(); ++w) bits.wrap[j][w] &= last_by_earlier[j][w];
+  }
+}
+
+// The lifetime order bits of the `analysed` blocks (null: all): Orders of
+// Sources, then the wrap walks WrapSources asks for given those. Nothing
+// (and `work` the estimate that is over) when the walks would take more
+// than `max_work` word operations.
+std::optional<ProtocolModel::OrderBits> Analyse(const ProtocolModel& model,
+                                                const std::vector<ProtocolModel::Block>& blocks,
+                                                const std::vector<bool>* analysed, bool exhaustive, int64_t max_work,
+                                                int64_t& work) {
+  const auto first = model.Sources(blocks, analysed, exhaustive);
+  work = model.Work(first);
+  if (work > max_work) return std::nullopt;
+  ProtocolModel::OrderBits bits = model.Orders(blocks, first);
+  const auto wraps = model.WrapSources(blocks, analysed, bits, exhaustive);
+  work = std::min(work + model.Work(wraps), INT64_MAX / 2);  // (each saturates at INT64_MAX / 2)
+  if (work > max_work) return std::nullopt;
+  model.Walk(blocks, wraps, bits);
+  MaskWraps(blocks, bits);
+  return bits;
+}
+
 absl::StatusOr<MemoryPlanResult> PlanMemory(proto::Plan& plan, const PlanMemoryOptions& options) {
   const int64_t max_work = options.max_analysis_work;
   for (auto& desc : *plan.mutable_register_descs()) desc.clear_arena_offset();
@@ -1044,8 +1186,13 @@ absl::StatusOr<MemoryPlanResult> PlanMemory(proto::Plan& plan, const PlanMemoryO
       // Over budget: leave out the blocks of the most uses per iteration,
       // one use count at a time, until the analysis fits (or none is left).
       int64_t left_out = 0;
-      auto analysis = model.Sources(blocks, &analysed);
-      for (int64_t work = model.Work(analysis); work > max_work; work = model.Work(analysis)) {
+      for (;;) {
+        int64_t work = 0;
+        std::optional<ProtocolModel::OrderBits> found = Analyse(model, blocks, &analysed, false, max_work, work);
+        if (found) {
+          bits = std::move(*found);
+          break;
+        }
         int64_t most = 0;
         for (size_t i = 0; i < blocks.size(); ++i) {
           if (analysed[i]) most = std::max(most, blocks[i].uses);
@@ -1064,9 +1211,7 @@ absl::StatusOr<MemoryPlanResult> PlanMemory(proto::Plan& plan, const PlanMemoryO
         result.partly_unshared_reason =
             StrCat(left_out, " blocks used ", most, " or more times an iteration got bytes of their own: ",
                    "analysing their lifetimes would take more than ", max_work, " word operations");
-        analysis = model.Sources(blocks, &analysed);
       }
-      if (result.unshared_reason.empty()) bits = model.Orders(blocks, analysis);
     }
   }
   const bool share = result.unshared_reason.empty();
@@ -1245,14 +1390,16 @@ absl::Status CheckMemoryPlan(const proto::Plan& plan) {
   // bounds the analysis of those it lets share).
   std::vector<bool> overlapping(blocks.size(), false);
   for (const auto& [a, b] : overlaps) overlapping[a] = overlapping[b] = true;
-  const auto analysis = model.Sources(blocks, &overlapping);
-  if (const int64_t work = model.Work(analysis); work > kDefaultMaxAnalysisWork) {
+  int64_t work = 0;
+  const std::optional<ProtocolModel::OrderBits> found =
+      Analyse(model, blocks, &overlapping, false, kDefaultMaxAnalysisWork, work);
+  if (!found) {
     return absl::FailedPreconditionError(
         StrCat(name(overlaps[0].first), " and ", name(overlaps[0].second),
                " share arena bytes, but checking the lifetimes of the plan's overlapping blocks would take about ",
                work, " word operations, more than the budget of ", kDefaultMaxAnalysisWork));
   }
-  const ProtocolModel::OrderBits bits = model.Orders(blocks, analysis);
+  const ProtocolModel::OrderBits& bits = *found;
   for (const auto& [a, b] : overlaps) {
     if (!MayShare(blocks, bits, a, b)) {
       return absl::FailedPreconditionError(
@@ -1270,9 +1417,10 @@ absl::StatusOr<std::vector<std::vector<uint64_t>>> LifetimeOrders(const proto::P
   ProtocolModel model(plan);
   if (!model.unsupported().empty()) return absl::FailedPreconditionError(model.unsupported());
   model.Events(blocks);
-  const ProtocolModel::OrderBits bits = model.Orders(blocks, model.Sources(blocks, nullptr, exhaustive));
+  int64_t work = 0;
+  const std::optional<ProtocolModel::OrderBits> bits = Analyse(model, blocks, nullptr, exhaustive, INT64_MAX, work);
   std::vector<std::vector<uint64_t>> rows;
-  for (const auto* kind : {&bits.last, &bits.wrap, &bits.same, &bits.step}) {
+  for (const auto* kind : {&bits->last, &bits->wrap, &bits->same, &bits->step}) {
     rows.insert(rows.end(), kind->begin(), kind->end());
   }
   return rows;

@@ -61,9 +61,9 @@ struct MemoryPlanResult {
 };
 
 // The most word operations the lifetime analysis takes by default (a few
-// seconds). Its cost grows with the micro-batches of an iteration, though
-// micro-batches that are copies of one another are walked once (only the
-// last use's walk, across the iteration's end, still grows with them):
+// seconds). Micro-batches that are copies of one another are walked once,
+// and a last use's walk into the next iteration only where an order needs
+// it, so the cost hardly grows with the micro-batches of an iteration:
 // beyond the budget, the blocks used most often per
 // iteration are left out of the analysis (they get bytes of their own) until
 // it fits; if even those used once do not fit, nothing is shared.
