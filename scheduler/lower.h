@@ -92,6 +92,11 @@ struct LowerOptions {
   // asynchronously, as with async_compute, and every compute's op must have
   // a CUDA kernel, else an error naming it.)
   bool async_compute = false;
+  // Sources and Sinks on a thread of their own per device (the copy stream,
+  // lowering.h kCopyStream), as CUDA plans always have them; CPU plans keep
+  // them on the compute thread unless this is set (the stress test runs the
+  // copy stream's messages across threads on CPUs this way).
+  bool feeds_on_copy_stream = false;
 };
 
 struct LoweredPlan {

@@ -11,7 +11,7 @@ absl::Status Lowering::LowerInput(const Node& node) {
   const std::string& name = graph_.value(node.outputs[0]).name;
   for (int64_t i = 0; i < placement(stage).size(); ++i) {
     const std::string callback = StrCat("input:", name, Suffix(stage, i));
-    ASSIGN_OR_RETURN(const uint64_t task, NewTask(proto::ACTOR_KIND_SOURCE, callback, kComputeStream, Device(stage, i)));
+    ASSIGN_OR_RETURN(const uint64_t task, NewTask(proto::ACTOR_KIND_SOURCE, callback, HostStream(), Device(stage, i)));
     builder_.task(task).set_callback(callback);
     SetRate(task, MicroRate(node));
     ASSIGN_OR_RETURN(TensorSlice slice, SliceOf(node.outputs[0], layout.outputs[0], i));

@@ -37,6 +37,12 @@ namespace tessera::scheduler::lowering {
 // Boxing and pipeline transfers run on their own thread per device, so a
 // compute stream never waits on a collective.
 inline constexpr uint32_t kTransferStream = 1;
+// On GPUs, the feeds' and fetches' host work (a Source's fill callback and
+// its copy up through a pinned buffer, a Sink's copy down and its callback)
+// runs on a thread of its own per device: the copies go on that thread's
+// CUDA stream, and the compute thread only launches kernels. (On CPUs,
+// which copy nothing, they stay on the compute thread.)
+inline constexpr uint32_t kCopyStream = 2;
 
 // One rank's piece of a value in some layout: tensor `tensor` of the
 // registers of desc `desc` (produced by a task on that rank's device).
@@ -130,6 +136,11 @@ class Lowering {
   int64_t Rank(int64_t stage, int64_t parallel_id) const { return placement(stage).rank(parallel_id); }
   const proto::RankLocation& Device(int64_t stage, int64_t parallel_id) const {
     return locations_[static_cast<size_t>(Rank(stage, parallel_id))];
+  }
+  // The stream of Sources and Sinks (kCopyStream).
+  uint32_t HostStream() const {
+    return options_.feeds_on_copy_stream || options_.parallel.device_type == DeviceType::kCuda ? kCopyStream
+                                                                                               : kComputeStream;
   }
   // Local slice of value v on parallel id `i` of `stage` in layout `sbp`.
   absl::StatusOr<TensorSlice> SliceOf(ValueId v, const NdSbp& sbp, int64_t i) const {

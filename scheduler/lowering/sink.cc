@@ -11,8 +11,7 @@ namespace tessera::scheduler::lowering {
 // as (B, B) there.
 absl::Status Lowering::LowerSink() {
   const int64_t stage = mesh_.num_stages() - 1;
-  ASSIGN_OR_RETURN(const uint64_t sink,
-                   NewTask(proto::ACTOR_KIND_SINK, "sink:fetch", kComputeStream, Device(stage, 0)));
+  ASSIGN_OR_RETURN(const uint64_t sink, NewTask(proto::ACTOR_KIND_SINK, "sink:fetch", HostStream(), Device(stage, 0)));
   builder_.task(sink).set_callback(kSinkCallback);
   NdSbp all_b(mesh_.hierarchy().size(), Sbp::Broadcast());
   std::vector<Shard> read;

@@ -60,11 +60,15 @@ struct Trial {
   int64_t world_size = 1;           // data x tensor x pipeline unless the fault says otherwise
   Fault fault = Fault::kNone;
   std::string expected_error;  // a substring of the fault's error
+  // Sources and the Sink on a thread of their own (LowerOptions), as on
+  // GPUs; drawn from graph_seed's bits, leaving the draws of later trials
+  // as they were.
+  bool feeds_on_copy_stream = false;
 
   std::string ToString() const {
     return StrCat("graph seed ", graph_seed, ", data ", data, " tensor ", tensor, " pipeline ", pipeline, " (world ",
                   world_size, "), ", micro_batches, " micro-batches, ", layers, " layers (pipeline_num_layers ",
-                  pipeline_num_layers, ")",
+                  pipeline_num_layers, ")", feeds_on_copy_stream ? ", feeds on the copy stream" : "",
                   fault == Fault::kNone ? "" : StrCat(", fault expecting '", expected_error, "'"));
   }
 };
@@ -75,6 +79,7 @@ Trial Draw(std::mt19937& rng, Fault fault) {
   const auto draw = [&rng](uint32_t n) { return static_cast<int64_t>(1 + rng() % n); };
   Trial t;
   t.graph_seed = static_cast<uint32_t>(rng());
+  t.feeds_on_copy_stream = ((t.graph_seed >> 7) & 1) != 0;
   do {
     t.data = draw(3);
     t.tensor = draw(3);
@@ -206,6 +211,7 @@ absl::StatusOr<std::vector<double>> Train(const Trial& t, bool parallel) {
     options.lower.parallel.pipeline = t.pipeline;
     options.lower.parallel.world_size = t.world_size;
     options.lower.parallel.pipeline_num_layers = t.pipeline_num_layers;
+    options.lower.feeds_on_copy_stream = t.feeds_on_copy_stream;
   }
   ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Compile(std::move(graph), options));
   std::vector<double> losses(kIterations, NAN);

@@ -293,14 +293,29 @@ TEST(CudaPlan, SeveralGpusPlanTheCpuLayoutsCollectivesAndTransfers) {
   auto cpu_plan = TrainingPlan(*cpu_job);
   ASSERT_TRUE(cpu_plan.ok()) << cpu_plan.status();
   std::map<proto::ActorKind, int> kinds, cpu_kinds;
+  std::map<proto::ActorKind, std::set<uint32_t>> streams, cpu_streams;
   std::set<uint32_t> gpus;
   for (const auto& task : plan->tasks()) {
-    const Device device = comm::DecodeActorId(task.actor_id()).device();
-    EXPECT_EQ(device.type, DeviceType::kCuda) << task.name();
-    gpus.insert(device.index);
+    const comm::ActorId id = comm::DecodeActorId(task.actor_id());
+    EXPECT_EQ(id.device().type, DeviceType::kCuda) << task.name();
+    gpus.insert(id.device().index);
     ++kinds[task.kind()];
+    streams[task.kind()].insert(id.stream);
   }
-  for (const auto& task : cpu_plan->tasks()) ++cpu_kinds[task.kind()];
+  for (const auto& task : cpu_plan->tasks()) {
+    ++cpu_kinds[task.kind()];
+    cpu_streams[task.kind()].insert(comm::DecodeActorId(task.actor_id()).stream);
+  }
+  // Feeds and fetches on a copy stream of their own on GPUs; the rest as on
+  // CPUs: kernels on stream 0, collectives and transfers on stream 1.
+  for (auto& [kind, used] : cpu_streams) {
+    SCOPED_TRACE(proto::ActorKind_Name(kind));
+    const bool host = kind == proto::ACTOR_KIND_SOURCE || kind == proto::ACTOR_KIND_SINK;
+    EXPECT_EQ(streams[kind], host ? std::set<uint32_t>{2} : used);
+    if (host) {
+      EXPECT_EQ(used, std::set<uint32_t>{0});
+    }
+  }
   EXPECT_EQ(gpus.size(), 8u);
   EXPECT_EQ(kinds, cpu_kinds);
   EXPECT_GT(kinds[proto::ACTOR_KIND_COLLECTIVE], 0);
