@@ -5,10 +5,8 @@
 #include "ops/cuda/launch.h"
 
 namespace tessera::ops::cuda {
-namespace {
 
-// LaunchCast's type code of `dtype` (-1: none; f64 has no kernels).
-int Code(DType dtype) {
+int CastCode(DType dtype) {
   switch (dtype) {
     case DType::kF32:
       return 0;
@@ -28,8 +26,6 @@ int Code(DType dtype) {
   return -1;
 }
 
-}  // namespace
-
 absl::Status CastKernel(KernelContext& ctx) {
   RETURN_IF_ERROR(OnDevice(ctx));
   const Tensor& x = ctx.input(0);
@@ -38,7 +34,7 @@ absl::Status CastKernel(KernelContext& ctx) {
     if (x.raw_data() == y.raw_data()) return absl::OkStatus();
     return Done(CopyOnStream(y.raw_data(), x.raw_data(), y.NumBytes()), "cast");
   }
-  const int from = Code(x.dtype()), to = Code(y.dtype());
+  const int from = CastCode(x.dtype()), to = CastCode(y.dtype());
   if (from < 0 || to < 0) {
     return absl::InvalidArgumentError(
         StrCat("cast from ", DTypeName(x.dtype()), " to ", DTypeName(y.dtype()), ": no kernel handles these dtypes"));
@@ -49,7 +45,7 @@ absl::Status CastKernel(KernelContext& ctx) {
 absl::Status ArangeKernel(KernelContext& ctx) {
   RETURN_IF_ERROR(OnDevice(ctx));
   const Tensor& y = ctx.output(0);
-  const int code = Code(y.dtype());
+  const int code = CastCode(y.dtype());
   if (code < 0 || y.dtype() == DType::kBool) {
     return absl::InvalidArgumentError(StrCat("arange in ", DTypeName(y.dtype()), ": no kernel handles this dtype"));
   }

@@ -11,4 +11,7 @@ namespace tessera::ops::cuda {
 absl::Status CastKernel(KernelContext& ctx);
 absl::Status ArangeKernel(KernelContext& ctx);
 
+// LaunchCast's type code of `dtype` (-1: none; f64 has no kernels).
+int CastCode(DType dtype);
+
 }  // namespace tessera::ops::cuda

@@ -6,6 +6,7 @@
 
 #include "core/text.h"
 #include "ops/cpu/loss.h"
+#include "ops/cuda/cast.h"
 #include "ops/cuda/kernel_util.h"
 #include "ops/cuda/launch.h"
 
@@ -23,11 +24,15 @@ absl::StatusOr<const int64_t*> DeviceLabels(const KernelContext& ctx, int index,
   RETURN_IF_ERROR(Done(CopyReady(host.raw_data(), labels.raw_data(), labels.NumBytes()), "labels read"));
   ASSIGN_OR_RETURN(const std::vector<int64_t> checked, cpu::ReadLabels(host, vocab));
   if (labels.dtype() == DType::kI64) return static_cast<const int64_t*>(labels.raw_data());
-  // i32: widened into the planned workspace (ops/loss.cc); an eager call
-  // without one allocates.
+  // i32: widened into the planned workspace (ops/loss.cc) by a cast kernel
+  // on the stream, behind the kernels that may still read the workspace
+  // (the host waits for none of them); an eager call without one allocates
+  // and copies the checked labels, waiting.
   const auto bytes = static_cast<size_t>(labels.NumElements()) * sizeof(int64_t);
   if (ctx.workspace.defined() && ctx.workspace.NumBytes() >= bytes) {
-    RETURN_IF_ERROR(Done(Copy(ctx.workspace.raw_data(), checked.data(), bytes), "labels write"));
+    RETURN_IF_ERROR(Done(LaunchCast(labels.raw_data(), CastCode(DType::kI32), ctx.workspace.raw_data(),
+                                    CastCode(DType::kI64), labels.NumElements()),
+                         "labels widening"));
     return static_cast<const int64_t*>(ctx.workspace.raw_data());
   }
   ASSIGN_OR_RETURN(storage, Tensor::Empty(labels.shape(), DType::kI64, ctx.device));

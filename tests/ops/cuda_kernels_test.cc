@@ -150,9 +150,11 @@ Tensor ToHost(const Tensor& on_device) {
 }
 
 // Runs op `name` on cuda:0 with `inputs` copied there; the outputs copied
-// back, none when *status is an error.
+// back, none when *status is an error. `with_workspace`: the workspace its
+// schema asks for, as the actor runtime gives it (filled with ones first,
+// so a kernel reading bytes it did not write shows).
 std::vector<Tensor> RunOnGpu(const std::string& name, const std::vector<Tensor>& inputs, const AttrMap& attrs,
-                             absl::Status* status) {
+                             absl::Status* status, bool with_workspace = false) {
   const Device gpu{DeviceType::kCuda, 0};
   const OpSchema& schema = *BuiltinOps().Find(name);
   auto canonical = schema.CanonicalizeAttrs(attrs);
@@ -164,6 +166,13 @@ std::vector<Tensor> RunOnGpu(const std::string& name, const std::vector<Tensor>&
   for (const TensorMeta& m : *out) ctx.outputs.push_back(*Tensor::Empty(m.shape, m.dtype, gpu));
   ctx.attrs = &*canonical;
   ctx.device = gpu;
+  if (const int64_t bytes = schema.WorkspaceBytes(metas, *out, *canonical, DeviceType::kCuda);
+      with_workspace && bytes > 0) {
+    auto ones = Tensor::Empty(Shape{(bytes + 7) / 8}, DType::kI64, Device{});
+    EXPECT_TRUE(ones.ok()) << ones.status();
+    for (int64_t i = 0; i < ones->NumElements(); ++i) ones->data<int64_t>()[i] = -1;
+    ctx.workspace = ToDevice(*ones, gpu);
+  }
   *status = RunKernel(schema, ctx);
   std::vector<Tensor> host;
   if (status->ok()) {
@@ -220,6 +229,45 @@ TEST(CudaKernels, MatchTheCpuKernels) {
   }
   EXPECT_GE(checked, 60);
 }
+// i32 labels: the cross-entropy kernels widen them on the device into the
+// workspace the plan gives them (a cast kernel on the stream, no wait), or,
+// called eagerly without one, into memory of their own; both ways give the
+// CPU's results.
+TEST(CudaKernels, CrossEntropyTakesI32LabelsWithAndWithoutItsWorkspace) {
+  if (const std::string why = NoGpu(); !why.empty()) GTEST_SKIP() << why;
+  for (const std::string name : {"sparse_softmax_cross_entropy", "sparse_softmax_cross_entropy_grad",
+                                 "cross_entropy_partials", "cross_entropy_partials_grad"}) {
+    SCOPED_TRACE(name);
+    const OpSchema& schema = *BuiltinOps().Find(name);
+    std::mt19937 rng(11);
+    std::vector<Tensor> inputs;
+    std::vector<TensorMeta> metas;
+    for (TensorMeta meta : schema.example().inputs) {
+      if (meta.dtype == DType::kI64) meta.dtype = DType::kI32;  // the labels
+      inputs.push_back(RandomInput(meta, false, rng));
+      metas.push_back(meta);
+    }
+    auto want = RunOp(name, inputs, schema.example().attrs);
+    ASSERT_TRUE(want.ok()) << want.status();
+    std::vector<TensorMeta> out_metas;
+    for (const Tensor& t : *want) out_metas.push_back(t.meta());
+    ASSERT_GT(schema.WorkspaceBytes(metas, out_metas, schema.example().attrs, DeviceType::kCuda), 0);
+    for (const bool workspace : {true, false}) {
+      SCOPED_TRACE(workspace ? "planned workspace" : "eager");
+      absl::Status status;
+      const std::vector<Tensor> got = RunOnGpu(name, inputs, schema.example().attrs, &status, workspace);
+      ASSERT_TRUE(status.ok()) << status;
+      ASSERT_EQ(got.size(), want->size());
+      for (size_t k = 0; k < got.size(); ++k) {
+        for (int64_t i = 0; i < got[k].NumElements(); ++i) {
+          const double r = ElementAsDouble((*want)[k], i), g = ElementAsDouble(got[k], i);
+          ASSERT_NEAR(g, r, 1e-5 * std::fabs(r) + 1e-6) << "output " << k << " element " << i;
+        }
+      }
+    }
+  }
+}
+
 // matmul_bias_gelu beyond its example: f32 (the bias in cuBLASLt's
 // epilogue, the GELU kernel after) and bf16 (with the tanh GELU all in the
 // GELU_AUX_BIAS epilogue when N is a multiple of 8), N a multiple of 8 and
