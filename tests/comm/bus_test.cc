@@ -19,6 +19,7 @@
 #include <functional>
 #include <optional>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -57,8 +58,12 @@ std::unique_ptr<Bus> StartBus(uint32_t node, const std::function<void(BusOptions
   options.token = "secret";
   if (tweak) tweak(options);
   absl::StatusOr<std::unique_ptr<Bus>> bus = Bus::Start(options);
-  EXPECT_TRUE(bus.ok()) << bus.status();
-  return bus.ok() ? std::move(*bus) : nullptr;
+  // Thrown, not returned null: gtest fails the test with the message and
+  // goes on to the next, where a null bus would crash the whole binary.
+  if (!bus.ok()) {
+    throw std::runtime_error("bus node " + std::to_string(node) + " did not start: " + bus.status().ToString());
+  }
+  return *std::move(bus);
 }
 
 // A connection made from raw bytes: `bytes` written, our side shut for
@@ -74,7 +79,8 @@ bool RawStreamIsClosed(const std::string& address, const std::string& bytes, boo
   return closed;
 }
 
-// Two connected buses, each with session kSession subscribed.
+// Two connected buses, each with session kSession subscribed (callers wrap it
+// in ASSERT_NO_FATAL_FAILURE: a bus that failed to start is null).
 constexpr uint64_t kSession = 7;
 // The recorders outlive the buses: handlers may run until a bus is gone.
 struct Pair {
@@ -125,7 +131,7 @@ TEST(BusTest, ExchangesManyFramesBothWaysInOrder) {
   constexpr int kFrames = 100000;
   Recorder quiet_a(false), quiet_b(false);
   Pair p;
-  Link(p);
+  ASSERT_NO_FATAL_FAILURE(Link(p));
   ASSERT_TRUE(quiet_a.Subscribe(*p.a, 8).ok());
   ASSERT_TRUE(quiet_b.Subscribe(*p.b, 8).ok());
   tessera::testing::Deadline deadline(std::chrono::seconds(30), "100,000 frames each way");
@@ -151,7 +157,7 @@ TEST(BusTest, ExchangesManyFramesBothWaysInOrder) {
 TEST(BusTest, CarriesPayloadsFromEmptyToMaxFrameBytes) {
   constexpr uint32_t kMax = (3u << 20) + 5;
   Pair p;
-  Link(p, 1, 2, [](BusOptions& o) { o.max_frame_bytes = kMax; });
+  ASSERT_NO_FATAL_FAILURE(Link(p, 1, 2, [](BusOptions& o) { o.max_frame_bytes = kMax; }));
   std::vector<std::string> payloads;
   for (size_t size : {size_t{0}, size_t{1}, size_t{1} << 20, size_t{kMax}}) {
     std::string payload(size, '\0');
@@ -175,7 +181,7 @@ TEST(BusTest, CarriesPayloadsFromEmptyToMaxFrameBytes) {
 TEST(BusTest, HoldsFramesUntilSubscribeThenDeliversInOrder) {
   Recorder later;
   Pair p;
-  Link(p);
+  ASSERT_NO_FATAL_FAILURE(Link(p));
   constexpr uint64_t kLater = 42;
   tessera::testing::Deadline deadline(std::chrono::seconds(10), "held frames");
   for (int i = 0; i < 10; ++i) ASSERT_TRUE(p.a->Send(2, kLater, i, "early " + std::to_string(i)).ok());
@@ -193,7 +199,7 @@ TEST(BusTest, HoldsFramesUntilSubscribeThenDeliversInOrder) {
 TEST(BusTest, PendingBytesBeyondTheLimitFailTheLink) {
   Recorder late;
   Pair p;
-  Link(p, 1, 2, [](BusOptions& o) { o.max_pending_bytes = 1000; });
+  ASSERT_NO_FATAL_FAILURE(Link(p, 1, 2, [](BusOptions& o) { o.max_pending_bytes = 1000; }));
   tessera::testing::Deadline deadline(std::chrono::seconds(10), "pending limit");
   // Once b has closed the link, a's later sends fail: only the limit's
   // worth must have gone.
@@ -215,7 +221,7 @@ TEST(BusTest, UnsubscribeDiscardsHeldFramesAndDropsLaterOnes) {
   Recorder again;
   std::atomic<int> calls{0};
   Pair p;
-  Link(p);
+  ASSERT_NO_FATAL_FAILURE(Link(p));
   tessera::testing::Deadline deadline(std::chrono::seconds(10), "unsubscribe");
   ASSERT_TRUE(p.a->Send(2, kSession, 0, "seen").ok());
   ASSERT_TRUE(p.on_b.WaitFrames(1));
@@ -269,7 +275,7 @@ TEST(BusTest, RefusedHelloClaimingALinkedNodeIsNotThatLinksFailure) {
   // Anyone can claim to be node 1: a refused stranger must not make the
   // subscribers of node 2 believe that its healthy link to node 1 failed.
   Pair p;
-  Link(p);
+  ASSERT_NO_FATAL_FAILURE(Link(p));
   tessera::testing::Deadline deadline(std::chrono::seconds(10), "spoofed Hellos");
   std::string reply;
   EXPECT_TRUE(RawStreamIsClosed(p.b->address(), Frame(kHello, 0, 0, HelloPayload(1, 2, "guess")), false, &reply));
@@ -322,7 +328,7 @@ TEST(BusTest, ConnectorChecksTheAcceptorsToken) {
 
 TEST(BusTest, BadStreamsCloseOnlyTheirConnection) {
   Pair p;
-  Link(p);
+  ASSERT_NO_FATAL_FAILURE(Link(p));
   const std::string at = p.b->address();
   const std::string good_hello = Frame(kHello, 0, 0, HelloPayload(50, 2, "secret"));
   struct Case {
@@ -372,7 +378,7 @@ TEST(BusTest, BadStreamsCloseOnlyTheirConnection) {
 
 TEST(BusTest, ConnectionWithoutHandshakeIsClosedAfterTheTimeout) {
   Pair p;
-  Link(p, 1, 2, [](BusOptions& o) { o.connect_timeout_s = 0.3; });
+  ASSERT_NO_FATAL_FAILURE(Link(p, 1, 2, [](BusOptions& o) { o.connect_timeout_s = 0.3; }));
   tessera::testing::Deadline deadline(std::chrono::seconds(10), "silent connection");
   const int fd = RawConnect(p.b->address());
   ASSERT_GE(fd, 0);
@@ -394,7 +400,7 @@ TEST(BusTest, FuzzedStreamsLeaveTheBusServing) {
     return s;
   };
   Pair p;
-  Link(p);
+  ASSERT_NO_FATAL_FAILURE(Link(p));
   const std::string at = p.b->address();
   constexpr int kStreams = 320;
   tessera::testing::Deadline deadline(std::chrono::seconds(60), "fuzz loop");
@@ -465,7 +471,7 @@ TEST(BusTest, SendWithoutALinkIsAnError) {
 
 TEST(BusTest, LostLinkIsReportedWithinOneSecond) {
   Pair p;
-  Link(p);
+  ASSERT_NO_FATAL_FAILURE(Link(p));
   tessera::testing::Deadline deadline(std::chrono::seconds(10), "lost links");
   // The peer bus destroyed.
   const auto destroyed = Clock::now();
@@ -494,7 +500,7 @@ TEST(BusTest, LostLinkIsReportedWithinOneSecond) {
 
   // The peer's Disconnect: reported there, not here.
   Pair q;
-  Link(q, 4, 5);
+  ASSERT_NO_FATAL_FAILURE(Link(q, 4, 5));
   q.b->Disconnect(4);
   EXPECT_EQ(q.b->Send(4, kSession, 0, "x").code(), absl::StatusCode::kFailedPrecondition);
   ASSERT_TRUE(q.on_a.WaitError(5, std::chrono::seconds(1)).has_value());
@@ -504,7 +510,7 @@ TEST(BusTest, LostLinkIsReportedWithinOneSecond) {
 TEST(BusTest, ReconnectsAfterThePeerRestarts) {
   std::vector<std::unique_ptr<Recorder>> restarted;  // one per incarnation of node 2, outliving it
   Pair p;
-  Link(p);
+  ASSERT_NO_FATAL_FAILURE(Link(p));
   tessera::testing::Deadline deadline(std::chrono::seconds(20), "restarts");
   for (int round = 0; round < 4; ++round) {
     SCOPED_TRACE(round);
@@ -527,7 +533,7 @@ TEST(BusTest, ReconnectsAfterThePeerRestarts) {
 
 TEST(BusTest, ConnectRightAfterDisconnectOpensANewLink) {
   Pair p;
-  Link(p);
+  ASSERT_NO_FATAL_FAILURE(Link(p));
   tessera::testing::Deadline deadline(std::chrono::seconds(20), "disconnect and reconnect");
   for (int round = 0; round < 20; ++round) {
     SCOPED_TRACE(round);
@@ -576,7 +582,11 @@ TEST(BusTest, SimultaneousConnectsShareOneLink) {
 
 TEST(BusTest, FiftyStartStopCyclesLeakNoDescriptorsOrThreads) {
   // Warm up whatever the first bus sets up once per process.
-  { Pair warm; Link(warm); ExpectLinkWorks(warm); }
+  {
+    Pair warm;
+    ASSERT_NO_FATAL_FAILURE(Link(warm));
+    ExpectLinkWorks(warm);
+  }
   // The warm-up's joined threads leave /proc/self/task a moment after join
   // returns: the baseline is taken once the counts have held still for 200 ms
   // (CI once caught one of them there and saw "threads 2 -> 1").
@@ -595,7 +605,7 @@ TEST(BusTest, FiftyStartStopCyclesLeakNoDescriptorsOrThreads) {
     tessera::testing::Deadline deadline(std::chrono::seconds(40), "50 cycles");
     for (int i = 0; i < 50; ++i) {
       Pair p;
-      Link(p);
+      ASSERT_NO_FATAL_FAILURE(Link(p));
       ExpectLinkWorks(p);
     }
   }
