@@ -74,6 +74,29 @@ fail() {
   exit 1
 }
 
+# Runs test binary $1 (output to the log) and reports "$2: **status** in N
+# s", then the lines of its output matching $3 (none when $3 is empty).
+# status: passed or FAILED, or $4 when given and a case skipped (the tests
+# whose skips mean no usable GPU); what a failure means is the caller's.
+run_test() {
+  local bin=$1 what=$2 lines=$3 on_skip=${4:-} t0 mark
+  t0=$(date +%s)
+  mark=$(wc -l < "$log")
+  if "$build/bin/$bin" >> "$log" 2>&1; then status=passed; else status=FAILED; fi
+  if [[ $status == passed && -n $on_skip ]] && tail -n +"$((mark + 1))" "$log" | grep -q '^\[  SKIPPED \]'; then
+    status=$on_skip
+  fi
+  {
+    echo "$what: **$status** in $(($(date +%s) - t0)) s"
+    if [[ -n $lines ]]; then
+      echo
+      echo '```'
+      tail -n +"$((mark + 1))" "$log" | grep -E "$lines" | head -40
+      echo '```'
+    fi
+  } >> "$report"
+}
+
 printf '# Tessera GPU check, %s\n' "$(date -u '+%Y-%m-%d %H:%M UTC')" > "$report"
 section "Machine"
 {
@@ -124,50 +147,24 @@ build_targets cuda_kernels_test cuda_runtime_test nccl_test || fail "build of cu
 echo "configure and build: $(($(date +%s) - start)) s" >> "$report"
 
 section "CUDA kernels against the CPU's"
-start=$(date +%s)
-if "$build/bin/cuda_kernels_test" >> "$log" 2>&1; then status=passed; else status=FAILED; fi
-[[ $status == passed ]] && grep -q '^\[  SKIPPED \]' "$log" && status="skipped its GPU cases"
-{
-  echo "cuda_kernels_test: **$status** in $(($(date +%s) - start)) s"
-  echo
-  echo '```'
-  grep -E '^\[ +(OK|FAILED|SKIPPED) +\]|Skipped|Failure|Expected|Which is|output [0-9]+ element' "$log" | head -40
-  echo '```'
-} >> "$report"
+run_test cuda_kernels_test "cuda_kernels_test" \
+  '^\[ +(OK|FAILED|SKIPPED) +\]|Skipped|Failure|Expected|Which is|output [0-9]+ element' "skipped its GPU cases"
 [[ $status == passed ]] || fail "cuda_kernels_test ($status; no usable GPU?)"
 
 section "The actor runtime on cuda:0"
-start=$(date +%s)
-mark=$(wc -l < "$log")
-if "$build/bin/cuda_runtime_test" >> "$log" 2>&1; then status=passed; else status=FAILED; fi
-[[ $status == passed ]] && tail -n +"$((mark + 1))" "$log" | grep -q '^\[  SKIPPED \]' && status="skipped"
-echo "cuda_runtime_test (a training loop, async computes, staged feeds and fetches, against the CPU; a GPU plan's NCCL communicators): **$status** in $(($(date +%s) - start)) s" >> "$report"
+run_test cuda_runtime_test "cuda_runtime_test (a training loop, async computes, staged feeds and fetches, against the CPU; a GPU plan's NCCL communicators)" "" skipped
 [[ $status == passed ]] || fail "cuda_runtime_test ($status)"
 
 section "The NCCL communicator"
-mark=$(wc -l < "$log")
-if "$build/bin/nccl_test" >> "$log" 2>&1; then status=passed; else status=FAILED; fi
-{
-  echo "nccl_test (one rank's ops and abort, a peer that never comes, boxing's local steps on the GPU against the CPU; two ranks' every op and every 1-D boxing over NCCL where there are 2 GPUs): **$status**"
-  echo
-  echo '```'
-  tail -n +"$((mark + 1))" "$log" | grep -E '^\[ +(OK|FAILED|SKIPPED) +\]|Failure|Expected|Which is' | head -20
-  echo '```'
-} >> "$report"
+run_test nccl_test "nccl_test (one rank's ops and abort, a peer that never comes, boxing's local steps on the GPU against the CPU; two ranks' every op and every 1-D boxing over NCCL where there are 2 GPUs)" \
+  '^\[ +(OK|FAILED|SKIPPED) +\]|Failure|Expected|Which is'
 [[ $status == passed ]] || fail "nccl_test"
 
 section "Whole jobs on cuda:0 against the CPU"
 start=$(date +%s)
 build_targets tessera gpu_equivalence_test || fail "build of tessera and gpu_equivalence_test"
-mark=$(wc -l < "$log")
-if "$build/bin/gpu_equivalence_test" >> "$log" 2>&1; then status=passed; else status=FAILED; fi
-{
-  echo "gpu_equivalence_test (gpt2_nano: one GPU against the CPU, rtol 1e-4; layouts over the GPUs present against one GPU, rtol 1e-5): **$status**"
-  echo
-  echo '```'
-  tail -n +"$((mark + 1))" "$log" | grep -E '^\[ +(OK|FAILED|SKIPPED) +\]|Failure|step [0-9]+:' | head -20
-  echo '```'
-} >> "$report"
+run_test gpu_equivalence_test "gpu_equivalence_test (gpt2_nano: one GPU against the CPU, rtol 1e-4; layouts over the GPUs present against one GPU, rtol 1e-5)" \
+  '^\[ +(OK|FAILED|SKIPPED) +\]|Failure|step [0-9]+:'
 # Not fatal: the jobs and benchmarks below still say what they measure.
 [[ $status == passed ]] || late_failures+=("gpu_equivalence_test")
 echo "build of tessera: $(($(date +%s) - start)) s" >> "$report"

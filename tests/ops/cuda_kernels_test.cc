@@ -181,6 +181,18 @@ std::vector<Tensor> RunOnGpu(const std::string& name, const std::vector<Tensor>&
   return host;
 }
 
+// Op `name` on the CPU (`want`) and on cuda:0 (`got`, RunOnGpu); both must
+// succeed (call it in ASSERT_NO_FATAL_FAILURE).
+void RunOnBoth(const std::string& name, const std::vector<Tensor>& inputs, const AttrMap& attrs,
+               std::vector<Tensor>& want, std::vector<Tensor>& got, bool with_workspace = false) {
+  auto cpu = RunOp(name, inputs, attrs);
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  want = *std::move(cpu);
+  absl::Status status;
+  got = RunOnGpu(name, inputs, attrs, &status, with_workspace);
+  ASSERT_TRUE(status.ok()) << name << " on cuda:0: " << status;
+}
+
 TEST(CudaKernels, MatchTheCpuKernels) {
   if (const std::string why = NoGpu(); !why.empty()) GTEST_SKIP() << why;
   const Device gpu{DeviceType::kCuda, 0};
@@ -247,20 +259,17 @@ TEST(CudaKernels, CrossEntropyTakesI32LabelsWithAndWithoutItsWorkspace) {
       inputs.push_back(RandomInput(meta, false, rng));
       metas.push_back(meta);
     }
-    auto want = RunOp(name, inputs, schema.example().attrs);
-    ASSERT_TRUE(want.ok()) << want.status();
-    std::vector<TensorMeta> out_metas;
-    for (const Tensor& t : *want) out_metas.push_back(t.meta());
-    ASSERT_GT(schema.WorkspaceBytes(metas, out_metas, schema.example().attrs, DeviceType::kCuda), 0);
     for (const bool workspace : {true, false}) {
       SCOPED_TRACE(workspace ? "planned workspace" : "eager");
-      absl::Status status;
-      const std::vector<Tensor> got = RunOnGpu(name, inputs, schema.example().attrs, &status, workspace);
-      ASSERT_TRUE(status.ok()) << status;
-      ASSERT_EQ(got.size(), want->size());
+      std::vector<Tensor> want, got;
+      ASSERT_NO_FATAL_FAILURE(RunOnBoth(name, inputs, schema.example().attrs, want, got, workspace));
+      std::vector<TensorMeta> out_metas;
+      for (const Tensor& t : want) out_metas.push_back(t.meta());
+      ASSERT_GT(schema.WorkspaceBytes(metas, out_metas, schema.example().attrs, DeviceType::kCuda), 0);
+      ASSERT_EQ(got.size(), want.size());
       for (size_t k = 0; k < got.size(); ++k) {
         for (int64_t i = 0; i < got[k].NumElements(); ++i) {
-          const double r = ElementAsDouble((*want)[k], i), g = ElementAsDouble(got[k], i);
+          const double r = ElementAsDouble(want[k], i), g = ElementAsDouble(got[k], i);
           ASSERT_NEAR(g, r, 1e-5 * std::fabs(r) + 1e-6) << "output " << k << " element " << i;
         }
       }
@@ -295,15 +304,12 @@ TEST(CudaKernels, MatmulBiasGeluMatchesTheCpu) {
           }
         }
         const AttrMap attrs = {{"approximate", approximate}};
-        auto want = RunOp("matmul_bias_gelu", in, attrs);
-        ASSERT_TRUE(want.ok()) << want.status();
-        absl::Status status;
-        const std::vector<Tensor> got = RunOnGpu("matmul_bias_gelu", in, attrs, &status);
-        ASSERT_TRUE(status.ok()) << status;
+        std::vector<Tensor> want, got;
+        ASSERT_NO_FATAL_FAILURE(RunOnBoth("matmul_bias_gelu", in, attrs, want, got));
         const bool lt_gelu = dtype != DType::kF32 && approximate == "tanh" && N % 8 == 0;
         double worst = 0, largest = 0;
         for (size_t k = 0; k < 2; ++k) {
-          const std::vector<double> g = got[k].ToDoubleVector(), r = (*want)[k].ToDoubleVector();
+          const std::vector<double> g = got[k].ToDoubleVector(), r = want[k].ToDoubleVector();
           for (size_t i = 0; i < r.size(); ++i) {
             if (k == 0 && lt_gelu) {
               worst = std::max(worst, std::fabs(g[i] - r[i]));
@@ -344,12 +350,9 @@ TEST(CudaKernels, ArgmaxAndReduceMaxGradMatchTheCpuWithTies) {
     for (const bool keepdim : {false, true}) {
       SCOPED_TRACE(StrCat("argmax axis ", axis, keepdim ? " keepdim" : ""));
       const AttrMap attrs = {{"axis", axis}, {"keepdim", keepdim}};
-      auto want = RunOp("argmax", {x}, attrs);
-      ASSERT_TRUE(want.ok()) << want.status();
-      absl::Status status;
-      const std::vector<Tensor> got = RunOnGpu("argmax", {x}, attrs, &status);
-      ASSERT_TRUE(status.ok()) << status;
-      EXPECT_EQ(got[0].ToVector<int64_t>(), (*want)[0].ToVector<int64_t>());
+      std::vector<Tensor> want, got;
+      ASSERT_NO_FATAL_FAILURE(RunOnBoth("argmax", {x}, attrs, want, got));
+      EXPECT_EQ(got[0].ToVector<int64_t>(), want[0].ToVector<int64_t>());
     }
   }
   for (const std::vector<int64_t>& axes : std::vector<std::vector<int64_t>>{{0}, {1}, {2}, {0, 2}, {}}) {
@@ -358,12 +361,9 @@ TEST(CudaKernels, ArgmaxAndReduceMaxGradMatchTheCpuWithTies) {
     auto y = RunOp("reduce_max", {x}, attrs);
     ASSERT_TRUE(y.ok()) << y.status();
     const Tensor dy = RandomInput((*y)[0].meta(), false, rng);
-    auto want = RunOp("reduce_max_grad", {x, (*y)[0], dy}, attrs);
-    ASSERT_TRUE(want.ok()) << want.status();
-    absl::Status status;
-    const std::vector<Tensor> got = RunOnGpu("reduce_max_grad", {x, (*y)[0], dy}, attrs, &status);
-    ASSERT_TRUE(status.ok()) << status;
-    EXPECT_EQ(got[0].ToVector<float>(), (*want)[0].ToVector<float>());
+    std::vector<Tensor> want, got;
+    ASSERT_NO_FATAL_FAILURE(RunOnBoth("reduce_max_grad", {x, (*y)[0], dy}, attrs, want, got));
+    EXPECT_EQ(got[0].ToVector<float>(), want[0].ToVector<float>());
   }
 }
 
@@ -451,13 +451,10 @@ TEST(CudaKernels, MakersAndTopKMatchTheCpuOnShardsAndTies) {
   for (const int64_t k : {int64_t{1}, int64_t{40}, int64_t{599}, int64_t{600}}) {
     SCOPED_TRACE(StrCat("topk k ", k));
     const AttrMap attrs = {{"k", k}};
-    auto want = RunOp("topk", {x}, attrs);
-    ASSERT_TRUE(want.ok()) << want.status();
-    absl::Status status;
-    const std::vector<Tensor> got = RunOnGpu("topk", {x}, attrs, &status);
-    ASSERT_TRUE(status.ok()) << status;
-    EXPECT_EQ(got[1].ToVector<int64_t>(), (*want)[1].ToVector<int64_t>());
-    EXPECT_EQ(std::memcmp(got[0].raw_data(), (*want)[0].raw_data(), got[0].NumBytes()), 0);
+    std::vector<Tensor> want, got;
+    ASSERT_NO_FATAL_FAILURE(RunOnBoth("topk", {x}, attrs, want, got));
+    EXPECT_EQ(got[1].ToVector<int64_t>(), want[1].ToVector<int64_t>());
+    EXPECT_EQ(std::memcmp(got[0].raw_data(), want[0].raw_data(), got[0].NumBytes()), 0);
   }
 }
 
