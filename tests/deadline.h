@@ -33,12 +33,23 @@
 
 namespace tessera::testing {
 
+// TESSERA_TEST_DEADLINE_SCALE (a number >= 1; default 1) multiplies every
+// deadline: for slow builds (sanitizers, the CUDA emulator).
+inline double Scale() {
+  const char* env = std::getenv("TESSERA_TEST_DEADLINE_SCALE");
+  if (env == nullptr) return 1.0;
+  char* end = nullptr;
+  const double scale = std::strtod(env, &end);
+  return end != env && *end == '\0' && scale >= 1.0 && scale <= 1000.0 ? scale : 1.0;
+}
+
 // What timeout(1) exits with.
 inline constexpr int kDeadlineExitCode = 124;
 
 class Deadline {
  public:
   Deadline(std::chrono::duration<double> limit, std::string what) {
+    limit *= Scale();
     const ::testing::TestInfo* test = ::testing::UnitTest::GetInstance()->current_test_info();
     std::string message = "DEADLINE EXCEEDED in ";
     message += test == nullptr ? std::string("(no test)") : std::string(test->test_suite_name()) + "." + test->name();

@@ -1,14 +1,12 @@
 // CUDA embedding and its gradient (ops/cuda/launch.h). The gradient sums in
-// id order without atomics: ids are stably sorted by row (thrust), then each
-// (row, channel) adds its row's occurrences in order, as the CPU does.
+// id order without atomics: ids are stably sorted by row (CUB's radix sort),
+// then each (row, channel) adds its row's occurrences in order, as the CPU
+// does.
 
 #include <cuda_runtime.h>
-#include <thrust/device_vector.h>
-#include <thrust/execution_policy.h>
-#include <thrust/sequence.h>
-#include <thrust/sort.h>
 
 #include <cstdint>
+#include <cub/device/device_radix_sort.cuh>
 
 #include "ops/cuda/launch.h"
 #include "ops/cuda/launch_util.cuh"
@@ -73,6 +71,13 @@ __global__ void RowsOfIds(const void* ids, int id_bytes, int64_t N, int64_t row_
   }
 }
 
+__global__ void Iota(int64_t* y, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    y[i] = i;
+  }
+}
+
 // Thread (k, c) with k the first of its row's run in the sorted order sums
 // the run's dy rows, in id order, into dweight[row, c].
 __global__ void SumRuns(const float* dy, const int64_t* rows, const int64_t* order, float* dweight, int64_t N,
@@ -106,20 +111,38 @@ int LaunchEmbeddingGrad(const float* dy, const void* ids, int id_bytes, float* d
     if (err != cudaSuccess) return static_cast<int>(err);
   }
   if (N * C == 0) return Finish();
-  try {
-    thrust::device_vector<int64_t> rows(N), order(N);
-    const auto policy = thrust::cuda::par.on(CurrentStream());
-    RowsOfIds<<<Blocks(N), kThreads, 0, CurrentStream()>>>(ids, id_bytes, N, row_begin,
-                                                               thrust::raw_pointer_cast(rows.data()));
-    thrust::sequence(policy, order.begin(), order.end());
-    thrust::stable_sort_by_key(policy, rows.begin(), rows.end(), order.begin());
-    SumRuns<<<Blocks(N * C), kThreads, 0, CurrentStream()>>>(
-        dy, thrust::raw_pointer_cast(rows.data()), thrust::raw_pointer_cast(order.data()), dweight, N, V, C);
-    return Finish();
-  } catch (const std::exception&) {  // thrust reports CUDA failures as exceptions
-    const cudaError_t err = cudaGetLastError();
-    return static_cast<int>(err != cudaSuccess ? err : cudaErrorUnknown);
+  // Buffers ordered on the stream: cudaMalloc and cudaFree (Thrust's
+  // device_vector, its sort's temporaries) wait for the whole device, NCCL's
+  // kernels on the collective stream included, which may wait for a peer
+  // that needs this rank's next kernels: a hang (found on the CUDA
+  // emulator under tensor parallelism).
+  const cudaStream_t stream = CurrentStream();
+  size_t sort_bytes = 0;
+  cudaError_t err = cub::DeviceRadixSort::SortPairs(
+      nullptr, sort_bytes, static_cast<const int64_t*>(nullptr), static_cast<int64_t*>(nullptr),
+      static_cast<const int64_t*>(nullptr), static_cast<int64_t*>(nullptr), N, 0, 64, stream);
+  // The sort's temporaries, then rows, order, the sorted rows and order.
+  const size_t temp_bytes = (sort_bytes + 255) / 256 * 256;
+  char* buffer = nullptr;
+  if (err == cudaSuccess) err = cudaMallocAsync(&buffer, temp_bytes + 4 * N * sizeof(int64_t), stream);
+  if (err != cudaSuccess) return static_cast<int>(err);
+  int64_t* rows = reinterpret_cast<int64_t*>(buffer + temp_bytes);
+  int64_t* order = rows + N;
+  int64_t* sorted_rows = order + N;
+  int64_t* sorted_order = sorted_rows + N;
+  RowsOfIds<<<Blocks(N), kThreads, 0, stream>>>(ids, id_bytes, N, row_begin, rows);
+  Iota<<<Blocks(N), kThreads, 0, stream>>>(order, N);
+  err = cudaGetLastError();
+  if (err == cudaSuccess) {
+    err = cub::DeviceRadixSort::SortPairs(buffer, sort_bytes, rows, sorted_rows, order, sorted_order, N, 0, 64, stream);
   }
+  if (err == cudaSuccess) {
+    SumRuns<<<Blocks(N * C), kThreads, 0, stream>>>(dy, sorted_rows, sorted_order, dweight, N, V, C);
+    err = cudaGetLastError();
+  }
+  cudaFreeAsync(buffer, stream);
+  if (err != cudaSuccess) return static_cast<int>(err);
+  return Finish();
 }
 
 }  // namespace tessera::ops::cuda

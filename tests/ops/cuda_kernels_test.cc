@@ -226,13 +226,24 @@ TEST(CudaKernels, MatchTheCpuKernels) {
       for (size_t k = 0; k < want->size(); ++k) {
         const Tensor got = ToHost(ctx.outputs[k]);
         const Tensor& ref = (*want)[k];
+        // Sums of large terms round at the terms' scale: the flash
+        // attention gradients of random (inconsistent) lse and y reach 1e5,
+        // and an element near 0 made from them differs by float rounding.
+        double scale = 0;
+        for (int64_t i = 0; i < ref.NumElements(); ++i) {
+          const double r = std::fabs(ElementAsDouble(ref, i));
+          if (std::isfinite(r)) scale = std::max(scale, r);
+        }
         for (int64_t i = 0; i < ref.NumElements(); ++i) {
           // Any dtype (cast's outputs): compared as doubles; 16-bit results
           // are rounded once on both sides, so they agree exactly.
           const double r = ElementAsDouble(ref, i), g = ElementAsDouble(got, i);
           if (g == r) continue;  // infinities too (lse of a query without keys)
+          // NaN on both sides: the same formula's (adamw_update's random
+          // second moments may be negative, and their square roots NaN).
+          if (std::isnan(g) && std::isnan(r)) continue;
           // normal: CUDA's logf and sincospif times a radius (see below).
-          const double floor = name == "normal" ? 1e-5 : 1e-6;
+          const double floor = (name == "normal" ? 1e-5 : 1e-6) + 1e-7 * scale;
           ASSERT_NEAR(g, r, 1e-5 * std::fabs(r) + floor) << "output " << k << " element " << i;
         }
       }

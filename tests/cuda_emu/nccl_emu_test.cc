@@ -1,0 +1,781 @@
+// The CUDA emulator's NCCL (cmake/cuda_emu/nccl.cc): ranks of one process,
+// each driven by its own thread and stream on an emulated GPU, as Tessera's
+// NCCL communicator drives them.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+#include <nccl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include "cuda_emu/internal.h"
+
+namespace {
+
+using std::chrono::steady_clock;
+
+int DeviceCount() {
+  int count = 0;
+  EXPECT_EQ(cudaGetDeviceCount(&count), cudaSuccess);
+  return count > 0 ? count : 1;
+}
+
+// The stream's state once it ran dry, or cudaErrorNotReady after `seconds`.
+cudaError_t Finish(cudaStream_t stream, double seconds = 20) {
+  const auto deadline = steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (true) {
+    const cudaError_t err = cudaStreamQuery(stream);
+    if (err != cudaErrorNotReady || steady_clock::now() > deadline) return err;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+cudaStream_t NewStream() {
+  cudaStream_t stream = nullptr;
+  EXPECT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  return stream;
+}
+
+void* DeviceBytes(const void* host, size_t bytes) {
+  void* p = nullptr;
+  EXPECT_EQ(cudaMalloc(&p, bytes), cudaSuccess);
+  if (bytes > 0) {
+    EXPECT_EQ(cudaMemcpy(p, host, bytes, cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  return p;
+}
+template <class T>
+T* Device(const std::vector<T>& v) {
+  return static_cast<T*>(DeviceBytes(v.data(), v.size() * sizeof(T)));
+}
+template <class T>
+std::vector<T> Host(const void* p, size_t n) {
+  std::vector<T> v(n);
+  if (n > 0) {
+    EXPECT_EQ(cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+  }
+  return v;
+}
+
+std::string LastError(ncclComm_t comm) { return ncclGetLastError(comm); }
+
+// bf16: the top half of a float, rounded to nearest even.
+uint16_t ToBf16(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof(bits));
+  bits += 0x7fff + ((bits >> 16) & 1);
+  return static_cast<uint16_t>(bits >> 16);
+}
+float FromBf16(uint16_t b) {
+  const uint32_t bits = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+// f16 of a value it holds exactly.
+uint16_t ExactHalf(double v) {
+  if (v == 0) return std::signbit(v) ? 0x8000 : 0;
+  const uint16_t sign = v < 0 ? 0x8000 : 0;
+  int e = 0;
+  std::frexp(std::fabs(v), &e);
+  if (e - 1 < -14) return sign | static_cast<uint16_t>(std::ldexp(std::fabs(v), 24));
+  return sign | static_cast<uint16_t>((e - 1 + 15) << 10) |
+         static_cast<uint16_t>(std::ldexp(std::fabs(v), -(e - 1)) * 1024 - 1024);
+}
+
+// One rank as a test body sees it.
+struct Rank {
+  int rank;
+  int nranks;
+  ncclComm_t comm;
+  cudaStream_t stream;
+};
+
+// Runs `body` for ranks 0 .. n-1, each on its own thread with its own
+// stream on cuda:(rank % devices) and a communicator it created (blocking),
+// then destroys them. Bodies free buffers with cudaFreeAsync on their
+// stream: cudaFree waits for the whole device, as a GPU's does, and so for
+// the ops of peers on the same device that wait for this rank.
+void RunRanks(int n, const std::function<void(Rank&)>& body) {
+  ncclUniqueId id;
+  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  const int devices = DeviceCount();
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      ASSERT_EQ(cudaSetDevice(r % devices), cudaSuccess);
+      Rank rank{r, n, nullptr, NewStream()};
+      ASSERT_EQ(ncclCommInitRank(&rank.comm, n, id, r), ncclSuccess) << LastError(nullptr);
+      int device = -1;
+      EXPECT_EQ(ncclCommCuDevice(rank.comm, &device), ncclSuccess);
+      EXPECT_EQ(device, r % devices);
+      body(rank);
+      EXPECT_EQ(ncclCommDestroy(rank.comm), ncclSuccess);
+      EXPECT_EQ(cudaStreamDestroy(rank.stream), cudaSuccess);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+}
+
+// ---------------------------------------------------------------------------
+// All-reduce over ranks, types, reductions, in place or not.
+
+enum class Type { kF32, kI64, kBf16 };
+
+class AllReduceTest : public ::testing::TestWithParam<std::tuple<int, Type, ncclRedOp_t, bool>> {};
+
+// Rank r's element i, exact in every type.
+double Input(Type type, int r, size_t i) {
+  switch (type) {
+    case Type::kF32:
+      return (r + 1) * 0.25 + static_cast<double>(i) * (r % 2 != 0 ? -1 : 1);
+    case Type::kI64:
+      return static_cast<double>((r + 1) * 1000003LL * (static_cast<int64_t>(i % 5) - 2) + r);
+    case Type::kBf16:
+      return i == 0 ? 1.0078125 : (r + 1) + static_cast<double>(i % 8);  // element 0: a tie when summed by 3
+  }
+  return 0;
+}
+
+TEST_P(AllReduceTest, MatchesTheReductionInRankOrder) {
+  // Not a structured binding: lambdas capture those from C++20 / clang 16 only.
+  const int n = std::get<0>(GetParam());
+  const Type type = std::get<1>(GetParam());
+  const ncclRedOp_t op = std::get<2>(GetParam());
+  const bool in_place = std::get<3>(GetParam());
+  const size_t count = 37;
+  RunRanks(n, [&](Rank& me) {
+    std::vector<double> expected(count);
+    for (size_t i = 0; i < count; ++i) {
+      double acc = Input(type, 0, i);
+      for (int r = 1; r < n; ++r) {
+        const double x = Input(type, r, i);
+        acc = op == ncclMax ? std::max(acc, x) : acc + x;
+      }
+      if (op == ncclAvg) acc = type == Type::kI64 ? std::trunc(acc / n) : acc / n;
+      expected[i] = acc;
+    }
+    void* send = nullptr;
+    ncclDataType_t nccl_type = ncclFloat32;
+    size_t size = 4;
+    if (type == Type::kF32) {
+      std::vector<float> v(count);
+      for (size_t i = 0; i < count; ++i) v[i] = static_cast<float>(Input(type, me.rank, i));
+      send = Device(v);
+    } else if (type == Type::kI64) {
+      std::vector<int64_t> v(count);
+      for (size_t i = 0; i < count; ++i) v[i] = static_cast<int64_t>(Input(type, me.rank, i));
+      send = Device(v), nccl_type = ncclInt64, size = 8;
+    } else {
+      std::vector<uint16_t> v(count);
+      for (size_t i = 0; i < count; ++i) v[i] = ToBf16(static_cast<float>(Input(type, me.rank, i)));
+      send = Device(v), nccl_type = ncclBfloat16, size = 2;
+    }
+    void* recv = send;
+    if (!in_place) {
+      ASSERT_EQ(cudaMalloc(&recv, count * size), cudaSuccess);
+    }
+    ASSERT_EQ(ncclAllReduce(send, recv, count, nccl_type, op, me.comm, me.stream), ncclSuccess) << LastError(me.comm);
+    ASSERT_EQ(Finish(me.stream), cudaSuccess);
+    for (size_t i = 0; i < count; ++i) {
+      if (type == Type::kF32) {
+        EXPECT_EQ(Host<float>(recv, count)[i], static_cast<float>(expected[i])) << "element " << i;
+      } else if (type == Type::kI64) {
+        EXPECT_EQ(Host<int64_t>(recv, count)[i], static_cast<int64_t>(expected[i])) << "element " << i;
+      } else {
+        EXPECT_EQ(Host<uint16_t>(recv, count)[i], ToBf16(static_cast<float>(expected[i])))
+            << "element " << i << ": " << FromBf16(Host<uint16_t>(recv, count)[i]) << " vs " << expected[i];
+      }
+    }
+    if (!in_place) cudaFreeAsync(recv, me.stream);
+    cudaFreeAsync(send, me.stream);
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(RanksTypesOps, AllReduceTest,
+                         ::testing::Combine(::testing::Values(2, 3, 4),
+                                            ::testing::Values(Type::kF32, Type::kI64, Type::kBf16),
+                                            ::testing::Values(ncclSum, ncclMax, ncclAvg), ::testing::Bool()));
+
+// Every type with every reduction: 4 ranks add 1, 2, 3, 6 to a base, so
+// sums, averages and products are exact (integers wrap as NCCL's do).
+TEST(NcclEmuTest, AllReduceEveryTypeAndReduction) {
+  const std::vector<ncclDataType_t> types = {ncclInt8,   ncclUint8,   ncclInt32,   ncclUint32,  ncclInt64,
+                                             ncclUint64, ncclFloat16, ncclFloat32, ncclFloat64, ncclBfloat16};
+  const std::vector<ncclRedOp_t> ops = {ncclSum, ncclProd, ncclMax, ncclMin, ncclAvg};
+  const int kAdd[] = {1, 2, 3, 6};
+  const size_t count = 8;
+  auto encode = [](ncclDataType_t type, const std::vector<int64_t>& values) {
+    std::vector<unsigned char> bytes;
+    for (int64_t v : values) {
+      unsigned char b[8] = {};
+      size_t size = 0;
+      auto put = [&](auto x) {
+        std::memcpy(b, &x, sizeof(x));
+        size = sizeof(x);
+      };
+      switch (type) {
+        case ncclInt8:
+        case ncclUint8:
+          put(static_cast<uint8_t>(v));
+          break;
+        case ncclInt32:
+        case ncclUint32:
+          put(static_cast<uint32_t>(v));
+          break;
+        case ncclFloat16:
+          put(ExactHalf(static_cast<double>(v)));
+          break;
+        case ncclBfloat16:
+          put(ToBf16(static_cast<float>(v)));
+          break;
+        case ncclFloat32:
+          put(static_cast<float>(v));
+          break;
+        case ncclFloat64:
+          put(static_cast<double>(v));
+          break;
+        default:
+          put(static_cast<uint64_t>(v));
+          break;
+      }
+      bytes.insert(bytes.end(), b, b + size);
+    }
+    return bytes;
+  };
+  RunRanks(4, [&](Rank& me) {
+    for (ncclDataType_t type : types) {
+      const bool is_unsigned = type == ncclUint8 || type == ncclUint32 || type == ncclUint64;
+      for (ncclRedOp_t op : ops) {
+        std::vector<int64_t> mine(count), expected(count);
+        for (size_t i = 0; i < count; ++i) {
+          // No factor is 0: a product -0.0 would differ from the integers' 0.
+          const int64_t kSigned[] = {-5, -4, 0, 1};
+          const int64_t base = is_unsigned ? static_cast<int64_t>(i % 2) : kSigned[i % 4];
+          mine[i] = base + kAdd[me.rank];
+          int64_t acc = op == ncclProd ? 1 : op == ncclMax ? INT64_MIN : op == ncclMin ? INT64_MAX : 0;
+          for (int a : kAdd) {
+            const int64_t x = base + a;
+            acc = op == ncclProd  ? acc * x
+                  : op == ncclMax ? std::max(acc, x)
+                  : op == ncclMin ? std::min(acc, x)
+                                  : acc + x;
+          }
+          expected[i] = op == ncclAvg ? acc / 4 : acc;
+        }
+        const std::vector<unsigned char> in = encode(type, mine);
+        void* buffer = DeviceBytes(in.data(), in.size());
+        ASSERT_EQ(ncclAllReduce(buffer, buffer, count, type, op, me.comm, me.stream), ncclSuccess);
+        ASSERT_EQ(Finish(me.stream), cudaSuccess);
+        EXPECT_EQ(Host<unsigned char>(buffer, in.size()), encode(type, expected)) << "type " << type << " op " << op;
+        cudaFreeAsync(buffer, me.stream);
+      }
+    }
+  });
+}
+
+// f16 / bf16 results are rounded once, to nearest even, from the exact sum.
+TEST(NcclEmuTest, HalfPrecisionSumsRoundToNearestEven) {
+  RunRanks(3, [](Rank& me) {
+    // 3 * (1 + 2^-10) = 3 + 3 * 2^-10 lies halfway between 3 and 3 + 2^-8
+    // (f16's spacing there is 2^-9): even is 3 + 2^-8. 40000 * 3 overflows.
+    std::vector<uint16_t> half = {0x3c01, 0x78e2};
+    std::vector<uint16_t> bf16 = {ToBf16(1.0078125f)};  // 3 * (1 + 2^-7): a tie too
+    uint16_t* h = Device(half);
+    uint16_t* b = Device(bf16);
+    ASSERT_EQ(ncclAllReduce(h, h, 2, ncclFloat16, ncclSum, me.comm, me.stream), ncclSuccess);
+    ASSERT_EQ(ncclAllReduce(b, b, 1, ncclBfloat16, ncclSum, me.comm, me.stream), ncclSuccess);
+    ASSERT_EQ(Finish(me.stream), cudaSuccess);
+    EXPECT_EQ(Host<uint16_t>(h, 2), (std::vector<uint16_t>{ExactHalf(3.00390625), 0x7c00}));
+    EXPECT_EQ(FromBf16(Host<uint16_t>(b, 1)[0]), 3.03125f);
+    cudaFreeAsync(h, me.stream);
+    cudaFreeAsync(b, me.stream);
+  });
+}
+
+// ---------------------------------------------------------------------------
+// Broadcast and reduce, grouped or not.
+
+TEST(NcclEmuTest, BroadcastAndReduceFromEachRoot) {
+  for (int n : {2, 3, 4}) {
+    RunRanks(n, [n](Rank& me) {
+      for (int root = 0; root < n; ++root) {
+        for (bool in_place : {true, false}) {
+          std::vector<float> mine(5);
+          for (size_t i = 0; i < mine.size(); ++i) mine[i] = static_cast<float>(me.rank * 10 + i);
+          float* send = Device(mine);
+          float* recv = in_place ? send : Device(std::vector<float>(5, -1));
+          ASSERT_EQ(ncclBroadcast(send, recv, 5, ncclFloat32, root, me.comm, me.stream), ncclSuccess);
+          ASSERT_EQ(Finish(me.stream), cudaSuccess);
+          for (size_t i = 0; i < 5; ++i) EXPECT_EQ(Host<float>(recv, 5)[i], static_cast<float>(root * 10 + i));
+          if (!in_place) cudaFreeAsync(recv, me.stream);
+          cudaFreeAsync(send, me.stream);
+
+          std::vector<int32_t> values = {me.rank + 1, -me.rank, 7};
+          int32_t* input = Device(values);
+          // Only the root's output is written: the others pass none.
+          int32_t* output = me.rank != root ? nullptr : in_place ? input : Device(std::vector<int32_t>(3, 0));
+          ASSERT_EQ(ncclReduce(input, output, 3, ncclInt32, ncclSum, root, me.comm, me.stream), ncclSuccess);
+          ASSERT_EQ(Finish(me.stream), cudaSuccess);
+          if (me.rank == root) {
+            EXPECT_EQ(Host<int32_t>(output, 3), (std::vector<int32_t>{n * (n + 1) / 2, -n * (n - 1) / 2, 7 * n}));
+            if (!in_place) cudaFreeAsync(output, me.stream);
+          } else {
+            EXPECT_EQ(Host<int32_t>(input, 3), values);  // untouched
+          }
+          cudaFreeAsync(input, me.stream);
+        }
+      }
+    });
+  }
+}
+
+// Tessera's uneven all-gather: one broadcast per root, grouped; and its
+// reduce-scatter: one reduce per root. Zero-element chunks included.
+TEST(NcclEmuTest, GroupedBroadcastsAndReducesWithDifferentRoots) {
+  const std::vector<size_t> counts = {3, 0, 5, 2};
+  const size_t total = 10;
+  RunRanks(4, [&](Rank& me) {
+    const size_t own = counts[static_cast<size_t>(me.rank)];
+    std::vector<float> input(own);
+    for (size_t i = 0; i < own; ++i) input[i] = static_cast<float>(100 * me.rank + i);
+    float* in = Device(input);
+    float* out = Device(std::vector<float>(total, -1));
+    ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+    size_t offset = 0;
+    for (int root = 0; root < me.nranks; ++root) {
+      float* chunk = out + offset;
+      ASSERT_EQ(ncclBroadcast(root == me.rank ? in : chunk, chunk, counts[static_cast<size_t>(root)], ncclFloat32, root,
+                              me.comm, me.stream),
+                ncclSuccess);
+      offset += counts[static_cast<size_t>(root)];
+    }
+    ASSERT_EQ(ncclGroupEnd(), ncclSuccess) << LastError(me.comm);
+    ASSERT_EQ(Finish(me.stream), cudaSuccess);
+    std::vector<float> gathered;
+    for (int r = 0; r < me.nranks; ++r) {
+      for (size_t i = 0; i < counts[static_cast<size_t>(r)]; ++i) gathered.push_back(static_cast<float>(100 * r + i));
+    }
+    EXPECT_EQ(Host<float>(out, total), gathered);
+
+    // Reduce-scatter: element j of everyone's input is j + rank.
+    std::vector<float> chunks(total);
+    for (size_t j = 0; j < total; ++j) chunks[j] = static_cast<float>(j + static_cast<size_t>(me.rank));
+    float* all = Device(chunks);
+    float* mine = Device(std::vector<float>(own, -1));
+    ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+    offset = 0;
+    for (int root = 0; root < me.nranks; ++root) {
+      ASSERT_EQ(ncclReduce(all + offset, root == me.rank ? mine : nullptr, counts[static_cast<size_t>(root)],
+                           ncclFloat32, ncclSum, root, me.comm, me.stream),
+                ncclSuccess);
+      offset += counts[static_cast<size_t>(root)];
+    }
+    ASSERT_EQ(ncclGroupEnd(), ncclSuccess);
+    ASSERT_EQ(Finish(me.stream), cudaSuccess);
+    size_t start = 0;
+    for (int r = 0; r < me.rank; ++r) start += counts[static_cast<size_t>(r)];
+    std::vector<float> expected(own);
+    for (size_t i = 0; i < own; ++i) expected[i] = static_cast<float>(4 * (start + i) + 6);  // + 0 + 1 + 2 + 3
+    EXPECT_EQ(Host<float>(mine, own), expected);
+    for (float* p : {in, out, all, mine}) cudaFreeAsync(p, me.stream);
+  });
+}
+
+// ---------------------------------------------------------------------------
+// Point-to-point.
+
+// Tessera's all-to-all: grouped sends and receives with every peer (itself
+// included), uneven counts, zeros among them.
+TEST(NcclEmuTest, GroupedAllToAllWithUnevenCounts) {
+  const int n = 3;
+  auto send_count = [](int from, int to) { return static_cast<size_t>((from + 2 * to) % 4); };
+  RunRanks(n, [&](Rank& me) {
+    std::vector<int64_t> input;
+    for (int to = 0; to < n; ++to) {
+      for (size_t j = 0; j < send_count(me.rank, to); ++j) input.push_back(me.rank * 100 + to * 10 + j);
+    }
+    std::vector<int64_t> expected;
+    for (int from = 0; from < n; ++from) {
+      for (size_t j = 0; j < send_count(from, me.rank); ++j) expected.push_back(from * 100 + me.rank * 10 + j);
+    }
+    int64_t* in = Device(input);
+    int64_t* out = Device(std::vector<int64_t>(expected.size(), -1));
+    ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+    size_t sent = 0, received = 0;
+    for (int peer = 0; peer < n; ++peer) {
+      ASSERT_EQ(ncclSend(in + sent, send_count(me.rank, peer), ncclInt64, peer, me.comm, me.stream), ncclSuccess);
+      ASSERT_EQ(ncclRecv(out + received, send_count(peer, me.rank), ncclInt64, peer, me.comm, me.stream), ncclSuccess);
+      sent += send_count(me.rank, peer);
+      received += send_count(peer, me.rank);
+    }
+    ASSERT_EQ(ncclGroupEnd(), ncclSuccess) << LastError(me.comm);
+    ASSERT_EQ(Finish(me.stream), cudaSuccess);
+    EXPECT_EQ(Host<int64_t>(out, expected.size()), expected);
+    cudaFreeAsync(in, me.stream);
+    cudaFreeAsync(out, me.stream);
+  });
+}
+
+// Ungrouped: the k-th send pairs with the k-th receive.
+TEST(NcclEmuTest, SendsPairWithReceivesInOrder) {
+  RunRanks(2, [](Rank& me) {
+    if (me.rank == 0) {
+      int32_t* a = Device(std::vector<int32_t>{1, 2, 3});
+      int32_t* b = Device(std::vector<int32_t>{4, 5});
+      ASSERT_EQ(ncclSend(a, 3, ncclInt32, 1, me.comm, me.stream), ncclSuccess);
+      ASSERT_EQ(ncclSend(b, 2, ncclInt32, 1, me.comm, me.stream), ncclSuccess);
+      ASSERT_EQ(Finish(me.stream), cudaSuccess);
+      cudaFreeAsync(a, me.stream);
+      cudaFreeAsync(b, me.stream);
+    } else {
+      int32_t* a = Device(std::vector<int32_t>(3, 0));
+      int32_t* b = Device(std::vector<int32_t>(2, 0));
+      ASSERT_EQ(ncclRecv(a, 3, ncclInt32, 0, me.comm, me.stream), ncclSuccess);
+      ASSERT_EQ(ncclRecv(b, 2, ncclInt32, 0, me.comm, me.stream), ncclSuccess);
+      ASSERT_EQ(Finish(me.stream), cudaSuccess);
+      EXPECT_EQ(Host<int32_t>(a, 3), (std::vector<int32_t>{1, 2, 3}));
+      EXPECT_EQ(Host<int32_t>(b, 2), (std::vector<int32_t>{4, 5}));
+      cudaFreeAsync(a, me.stream);
+      cudaFreeAsync(b, me.stream);
+    }
+  });
+}
+
+// NCCL's single-thread pattern: one thread creates every rank in a group and
+// drives them all in groups.
+TEST(NcclEmuTest, OneThreadDrivesEveryRankInGroups) {
+  const int n = 3;
+  ncclUniqueId id;
+  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  std::vector<ncclComm_t> comms(n);
+  std::vector<cudaStream_t> streams(n);
+  std::vector<float*> buffers(n);
+  ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+  for (int r = 0; r < n; ++r) {
+    ASSERT_EQ(cudaSetDevice(r % DeviceCount()), cudaSuccess);
+    ASSERT_EQ(ncclCommInitRank(&comms[r], n, id, r), ncclSuccess);
+  }
+  ASSERT_EQ(ncclGroupEnd(), ncclSuccess);
+  for (int r = 0; r < n; ++r) {
+    ASSERT_EQ(cudaSetDevice(r % DeviceCount()), cudaSuccess);
+    streams[r] = NewStream();
+    buffers[r] = Device(std::vector<float>{1.0f * r, 2.0f});
+  }
+  ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+  for (int r = 0; r < n; ++r) {
+    ASSERT_EQ(ncclAllReduce(buffers[r], buffers[r], 2, ncclFloat32, ncclSum, comms[r], streams[r]), ncclSuccess);
+  }
+  ASSERT_EQ(ncclGroupEnd(), ncclSuccess);
+  for (int r = 0; r < n; ++r) {
+    ASSERT_EQ(Finish(streams[r]), cudaSuccess);
+    EXPECT_EQ(Host<float>(buffers[r], 2), (std::vector<float>{3.0f, 6.0f}));
+    EXPECT_EQ(ncclCommDestroy(comms[r]), ncclSuccess);
+    cudaFree(buffers[r]);
+    cudaStreamDestroy(streams[r]);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Creation.
+
+TEST(NcclEmuTest, NonBlockingInitIsInProgressUntilEveryRankJoined) {
+  ncclUniqueId id;
+  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  std::vector<ncclComm_t> comms(3);
+  for (int r = 0; r < 2; ++r) {
+    const ncclResult_t got = ncclCommInitRankConfig(&comms[r], 3, id, r, &config);
+    EXPECT_EQ(got, ncclInProgress);
+    ncclResult_t state = ncclSuccess;
+    ASSERT_EQ(ncclCommGetAsyncError(comms[r], &state), ncclSuccess);
+    EXPECT_EQ(state, ncclInProgress);
+  }
+  // A collective on a communicator still forming is refused.
+  float x = 0;
+  EXPECT_EQ(ncclAllReduce(&x, &x, 1, ncclFloat32, ncclSum, comms[0], nullptr), ncclInvalidUsage);
+  EXPECT_NE(LastError(comms[0]).find("initialising"), std::string::npos) << LastError(comms[0]);
+  // The last rank joins from another thread; the others poll, as Tessera does.
+  std::thread last([&] { EXPECT_EQ(ncclCommInitRankConfig(&comms[2], 3, id, 2, &config), ncclSuccess); });
+  const auto deadline = steady_clock::now() + std::chrono::seconds(10);
+  for (int r = 0; r < 2; ++r) {
+    ncclResult_t state = ncclInProgress;
+    while (state == ncclInProgress && steady_clock::now() < deadline) {
+      ASSERT_EQ(ncclCommGetAsyncError(comms[r], &state), ncclSuccess);
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    EXPECT_EQ(state, ncclSuccess);
+  }
+  last.join();
+  for (ncclComm_t c : comms) {
+    int count = 0;
+    EXPECT_EQ(ncclCommCount(c, &count), ncclSuccess);
+    EXPECT_EQ(count, 3);
+    EXPECT_EQ(ncclCommDestroy(c), ncclSuccess);
+  }
+}
+
+TEST(NcclEmuTest, InitRejectsBadArguments) {
+  ncclUniqueId id;
+  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  ncclComm_t comm = nullptr;
+  EXPECT_EQ(ncclCommInitRank(&comm, 0, id, 0), ncclInvalidArgument);
+  EXPECT_EQ(ncclCommInitRank(&comm, 2, id, 2), ncclInvalidArgument);
+  EXPECT_EQ(ncclCommInitRank(&comm, 2, id, -1), ncclInvalidArgument);
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  ASSERT_EQ(ncclCommInitRankConfig(&comm, 2, id, 0, &config), ncclInProgress);
+  ncclComm_t twice = nullptr;
+  EXPECT_EQ(ncclCommInitRankConfig(&twice, 2, id, 0, &config), ncclInvalidUsage);
+  EXPECT_EQ(twice, nullptr);
+  ncclComm_t other_size = nullptr;
+  EXPECT_EQ(ncclCommInitRankConfig(&other_size, 3, id, 1, &config), ncclInvalidUsage);
+  EXPECT_EQ(ncclCommAbort(comm), ncclSuccess);
+
+  ncclUniqueId junk;
+  std::memset(&junk, 7, sizeof(junk));
+  EXPECT_EQ(ncclCommInitRank(&comm, 1, junk, 0), ncclInvalidArgument);
+}
+
+TEST(NcclEmuTest, InitRefusesAnIdFromAnotherProcess) {
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ncclUniqueId id;
+    const bool ok = ncclGetUniqueId(&id) == ncclSuccess && write(fds[1], &id, sizeof(id)) == sizeof(id);
+    _exit(ok ? 0 : 1);
+  }
+  ncclUniqueId id;
+  ASSERT_EQ(read(fds[0], &id, sizeof(id)), static_cast<ssize_t>(sizeof(id)));
+  int status = 0;
+  waitpid(child, &status, 0);
+  close(fds[0]);
+  close(fds[1]);
+  ncclComm_t comm = nullptr;
+  EXPECT_EQ(ncclCommInitRank(&comm, 1, id, 0), ncclInvalidUsage);
+  EXPECT_EQ(comm, nullptr);
+  EXPECT_NE(LastError(nullptr).find("one process"), std::string::npos) << LastError(nullptr);
+}
+
+// A rank aborting before the group formed: the others fail instead of
+// waiting, and so does a rank joining later.
+TEST(NcclEmuTest, AbortWhileFormingFailsTheOtherRanks) {
+  ncclUniqueId id;
+  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  ncclComm_t a = nullptr, b = nullptr, c = nullptr;
+  ASSERT_EQ(ncclCommInitRankConfig(&a, 3, id, 0, &config), ncclInProgress);
+  ASSERT_EQ(ncclCommInitRankConfig(&b, 3, id, 1, &config), ncclInProgress);
+  ASSERT_EQ(ncclCommAbort(a), ncclSuccess);
+  ncclResult_t state = ncclSuccess;
+  ASSERT_EQ(ncclCommGetAsyncError(b, &state), ncclSuccess);
+  EXPECT_EQ(state, ncclRemoteError);
+  EXPECT_EQ(ncclCommInitRank(&c, 3, id, 2), ncclRemoteError);  // blocking: would wait forever otherwise
+  EXPECT_EQ(c, nullptr);
+  EXPECT_EQ(ncclCommAbort(b), ncclSuccess);
+  EXPECT_EQ(ncclCommGetAsyncError(b, &state), ncclInvalidUsage);  // gone
+}
+
+// ---------------------------------------------------------------------------
+// Errors.
+
+TEST(NcclEmuTest, CallsCheckTheirArguments) {
+  ncclUniqueId id;
+  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  ncclComm_t comm = nullptr;
+  ASSERT_EQ(ncclCommInitRank(&comm, 1, id, 0), ncclSuccess);
+  cudaStream_t stream = NewStream();
+  float* buffer = Device(std::vector<float>{1, 2});
+  EXPECT_EQ(ncclAllReduce(buffer, buffer, 2, ncclFloat32, ncclSum, nullptr, stream), ncclInvalidArgument);
+  EXPECT_EQ(ncclAllReduce(buffer, nullptr, 2, ncclFloat32, ncclSum, comm, stream), ncclInvalidArgument);
+  EXPECT_NE(LastError(comm).find("null recvbuff"), std::string::npos) << LastError(comm);
+  EXPECT_EQ(ncclAllReduce(nullptr, buffer, 2, ncclFloat32, ncclSum, comm, stream), ncclInvalidArgument);
+  EXPECT_EQ(ncclAllReduce(buffer, buffer, 2, static_cast<ncclDataType_t>(12), ncclSum, comm, stream),
+            ncclInvalidArgument);
+  EXPECT_EQ(ncclAllReduce(buffer, buffer, 2, ncclFloat32, static_cast<ncclRedOp_t>(9), comm, stream),
+            ncclInvalidArgument);
+  EXPECT_EQ(ncclBroadcast(buffer, buffer, 2, ncclFloat32, 1, comm, stream), ncclInvalidArgument);
+  EXPECT_EQ(ncclReduce(buffer, buffer, 2, ncclFloat32, ncclSum, -1, comm, stream), ncclInvalidArgument);
+  EXPECT_EQ(ncclSend(buffer, 2, ncclFloat32, 1, comm, stream), ncclInvalidArgument);
+  EXPECT_EQ(ncclRecv(buffer, 2, ncclFloat32, -1, comm, stream), ncclInvalidArgument);
+  EXPECT_EQ(ncclSend(buffer, 2, ncclFloat32, 0, comm, stream), ncclInvalidUsage);  // to itself, ungrouped
+  EXPECT_EQ(ncclGroupEnd(), ncclInvalidUsage);
+  // A group reports its first error, and none of it runs.
+  ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+  EXPECT_EQ(ncclAllReduce(buffer, buffer, 2, ncclFloat32, ncclSum, comm, stream), ncclSuccess);
+  EXPECT_EQ(ncclBroadcast(buffer, nullptr, 2, ncclFloat32, 0, comm, stream), ncclInvalidArgument);
+  EXPECT_EQ(ncclGroupEnd(), ncclInvalidArgument);
+  // The rejected calls kept every rank (here, the only one) in step.
+  ASSERT_EQ(ncclAllReduce(buffer, buffer, 2, ncclFloat32, ncclProd, comm, stream), ncclSuccess) << LastError(comm);
+  ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+  ASSERT_EQ(ncclSend(buffer, 2, ncclFloat32, 0, comm, stream), ncclSuccess);
+  ASSERT_EQ(ncclRecv(buffer, 2, ncclFloat32, 0, comm, stream), ncclSuccess);
+  ASSERT_EQ(ncclGroupEnd(), ncclSuccess);
+  EXPECT_EQ(Finish(stream), cudaSuccess);
+  EXPECT_EQ(Host<float>(buffer, 2), (std::vector<float>{1, 2}));
+  ncclResult_t state = ncclInternalError;
+  EXPECT_EQ(ncclCommGetAsyncError(comm, &state), ncclSuccess);
+  EXPECT_EQ(state, ncclSuccess);
+  EXPECT_STREQ(ncclGetErrorString(ncclInvalidUsage), "invalid usage");
+  EXPECT_EQ(ncclCommDestroy(comm), ncclSuccess);
+  EXPECT_EQ(ncclCommDestroy(comm), ncclInvalidUsage);  // stale handle
+  cudaFree(buffer);
+  cudaStreamDestroy(stream);
+}
+
+// Ranks issuing different collectives: every rank's op fails (real NCCL
+// would hang) and says why.
+TEST(NcclEmuTest, MismatchedCollectivesFailOnEveryRank) {
+  for (int variant = 0; variant < 3; ++variant) {
+    RunRanks(2, [variant](Rank& me) {
+      float* buffer = Device(std::vector<float>(8, 1.0f));
+      ncclResult_t issued = ncclSuccess;
+      if (me.rank == 0 || variant == 2) {
+        issued = ncclAllReduce(buffer, buffer, 4, ncclFloat32, ncclSum, me.comm, me.stream);
+      } else if (variant == 0) {
+        issued = ncclBroadcast(buffer, buffer, 4, ncclFloat32, 0, me.comm, me.stream);
+      } else {
+        issued = ncclAllReduce(buffer, buffer, 8, ncclFloat32, ncclSum, me.comm, me.stream);
+      }
+      if (variant == 2 && me.rank == 1) {
+        // A send whose receive expects another count.
+        issued = ncclSend(buffer, 3, ncclFloat32, 0, me.comm, me.stream);
+      } else if (variant == 2) {
+        issued = ncclRecv(buffer, 2, ncclFloat32, 1, me.comm, me.stream);
+      }
+      ASSERT_EQ(issued, ncclSuccess) << LastError(me.comm);
+      EXPECT_EQ(Finish(me.stream, 5), cudaErrorLaunchFailure);
+      ncclResult_t state = ncclSuccess;
+      ASSERT_EQ(ncclCommGetAsyncError(me.comm, &state), ncclSuccess);
+      EXPECT_EQ(state, ncclInvalidUsage);
+      EXPECT_NE(LastError(me.comm).find("does not match"), std::string::npos) << LastError(me.comm);
+      // Later calls are refused with the communicator's error.
+      EXPECT_EQ(ncclAllReduce(buffer, buffer, 1, ncclFloat32, ncclSum, me.comm, me.stream), ncclInvalidUsage);
+      cudaFreeAsync(buffer, me.stream);
+    });
+  }
+}
+
+// A call that fails its checks on one rank fails the matching op of the
+// others instead of leaving them waiting.
+TEST(NcclEmuTest, ACallRejectedOnOneRankFailsItsPeers) {
+  RunRanks(2, [](Rank& me) {
+    float* buffer = Device(std::vector<float>(4, 1.0f));
+    if (me.rank == 0) {
+      EXPECT_EQ(ncclAllReduce(buffer, nullptr, 4, ncclFloat32, ncclSum, me.comm, me.stream), ncclInvalidArgument);
+    } else {
+      ASSERT_EQ(ncclAllReduce(buffer, buffer, 4, ncclFloat32, ncclSum, me.comm, me.stream), ncclSuccess);
+      EXPECT_EQ(Finish(me.stream, 5), cudaErrorLaunchFailure);
+      EXPECT_NE(LastError(me.comm).find("null recvbuff"), std::string::npos) << LastError(me.comm);
+    }
+    const auto deadline = steady_clock::now() + std::chrono::seconds(5);
+    ncclResult_t state = ncclSuccess;
+    while (state == ncclSuccess && steady_clock::now() < deadline) {
+      ASSERT_EQ(ncclCommGetAsyncError(me.comm, &state), ncclSuccess);
+    }
+    EXPECT_EQ(state, ncclInvalidUsage);
+    cudaFreeAsync(buffer, me.stream);
+  });
+}
+
+// What Tessera relies on when a peer dies: rank 1 waits in an all-reduce,
+// rank 0 aborts; rank 1's stream ends at once and its communicator reports
+// the error, so its watchdog can abort it too.
+TEST(NcclEmuTest, AbortEndsThePeersWaitingOps) {
+  ncclUniqueId id;
+  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  const int n = 3;
+  std::vector<ncclComm_t> comms(n);
+  std::vector<std::thread> init;
+  for (int r = 0; r < n; ++r) {
+    init.emplace_back([&, r] {
+      ASSERT_EQ(cudaSetDevice(r % DeviceCount()), cudaSuccess);
+      ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+      config.blocking = 0;
+      ncclResult_t state = ncclCommInitRankConfig(&comms[r], n, id, r, &config);
+      while (state == ncclInProgress) ASSERT_EQ(ncclCommGetAsyncError(comms[r], &state), ncclSuccess);
+      EXPECT_EQ(state, ncclSuccess);
+    });
+  }
+  for (std::thread& t : init) t.join();
+  // Ranks 0 and 1 enter an all-reduce that rank 2 never joins.
+  std::vector<cudaStream_t> streams(n);
+  std::vector<float*> buffers(n);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 2; ++r) {
+    ranks.emplace_back([&, r] {
+      ASSERT_EQ(cudaSetDevice(r % DeviceCount()), cudaSuccess);
+      streams[r] = NewStream();
+      buffers[r] = Device(std::vector<float>(16, 1.0f));
+      ASSERT_EQ(ncclAllReduce(buffers[r], buffers[r], 16, ncclFloat32, ncclSum, comms[r], streams[r]), ncclSuccess);
+    });
+  }
+  for (std::thread& t : ranks) t.join();
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_EQ(cudaStreamQuery(streams[1]), cudaErrorNotReady);
+  ASSERT_EQ(ncclCommAbort(comms[0]), ncclSuccess);
+  const auto start = steady_clock::now();
+  EXPECT_EQ(Finish(streams[1], 1.0), cudaErrorLaunchFailure);
+  EXPECT_LT(steady_clock::now() - start, std::chrono::seconds(1));
+  EXPECT_EQ(Finish(streams[0], 1.0), cudaSuccess);  // the aborting rank's op just ends
+  for (int r = 1; r < n; ++r) {
+    ncclResult_t state = ncclSuccess;
+    ASSERT_EQ(ncclCommGetAsyncError(comms[r], &state), ncclSuccess);
+    EXPECT_EQ(state, ncclRemoteError);
+    EXPECT_NE(LastError(comms[r]).find("rank 0/3 aborted"), std::string::npos) << LastError(comms[r]);
+  }
+  float x = 0;
+  EXPECT_EQ(ncclAllReduce(&x, &x, 1, ncclFloat32, ncclSum, comms[2], nullptr), ncclRemoteError);
+  EXPECT_EQ(ncclCommAbort(comms[1]), ncclSuccess);
+  EXPECT_EQ(ncclCommDestroy(comms[2]), ncclSuccess);
+  for (int r = 0; r < 2; ++r) {
+    cudaFree(buffers[r]);
+    cudaStreamDestroy(streams[r]);
+  }
+}
+
+// A rank whose stream skips its op (an earlier error there) fails its peers
+// instead of leaving them waiting.
+TEST(NcclEmuTest, AnOpItsStreamSkipsFailsThePeers) {
+  std::atomic<int> issued{0};
+  RunRanks(2, [&](Rank& me) {
+    float* buffer = Device(std::vector<float>(4, 1.0f));
+    if (me.rank == 1) {
+      // Fails once both ranks issued their all-reduce (else the failure
+      // could refuse rank 0's call instead).
+      ASSERT_EQ(cuda_emu::Enqueue(me.stream,
+                                  [&issued] {
+                                    while (issued.load() < 2) std::this_thread::yield();
+                                    return cudaErrorIllegalAddress;
+                                  }),
+                cudaSuccess);
+    }
+    ASSERT_EQ(ncclAllReduce(buffer, buffer, 4, ncclFloat32, ncclSum, me.comm, me.stream), ncclSuccess);
+    ++issued;
+    EXPECT_EQ(Finish(me.stream, 5), me.rank == 1 ? cudaErrorIllegalAddress : cudaErrorLaunchFailure);
+    const auto deadline = steady_clock::now() + std::chrono::seconds(5);
+    ncclResult_t state = ncclSuccess;
+    while (state == ncclSuccess && steady_clock::now() < deadline) {
+      ASSERT_EQ(ncclCommGetAsyncError(me.comm, &state), ncclSuccess);
+    }
+    EXPECT_EQ(state, me.rank == 1 ? ncclUnhandledCudaError : ncclRemoteError);
+    EXPECT_NE(LastError(me.comm).find("never ran"), std::string::npos) << LastError(me.comm);
+    cudaFreeAsync(buffer, me.stream);
+  });
+}
+
+}  // namespace
