@@ -5,15 +5,17 @@
 # block, CUDA threads as fibers) and runs the tests of label cuda on
 # emulated GPUs: every CUDA kernel against its CPU kernel, the actor runtime
 # on cuda:0, the NCCL communicator, and gpt2_nano on one emulated GPU
-# against the CPU and under DP / TP / PP / 2x2x1 / 2x2x2 against one GPU.
-# It checks the logic of the GPU path (indexing, launches, streams, events,
+# against the CPU and under DP / TP / PP / 2x2x1 / 2x2x2 against one GPU;
+# then whole jobs through the binary on emulated cuda:0 against the CPU
+# (gpt2_nano in bf16 and fp16 AMP, with fused attention and bias_gelu
+# fusion; bert_tiny; mlp_demo). It checks the logic of the GPU path (indexing, launches, streams, events,
 # cuBLAS's column-major mapping, collectives), not its speed nor anything
 # of a real GPU's hardware; scripts/gpu_check.sh is the check on a GPU.
 #
 #   scripts/cuda_emu_check.sh [BUILD_DIR] [--quick]   (default build-emu)
 # --quick: what CI runs (the emulator's own tests, the kernels, the runtime
-# and NCCL tests, not the gpt2_nano trainings: those take several minutes).
-# Exit status: ctest's.
+# and NCCL tests, not the trainings: those take about ten minutes more).
+# Exit status: 0 when every test and comparison passed.
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -22,7 +24,7 @@ quick=0
 for arg in "$@"; do
   case "$arg" in
     --quick) quick=1 ;;
-    -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "cuda_emu_check.sh: unknown option $arg (see --help)" >&2; exit 2 ;;
     *) build=$arg ;;
   esac
@@ -42,5 +44,29 @@ cmake --build "$build" --target "${targets[@]}"
 regex="^($(IFS='|'; echo "${tests[*]}"))\$"
 # Eight emulated GPUs (the 2x2x2 layout); deadlines scaled for emulated
 # kernels.
-TESSERA_CUDA_EMU_DEVICES=8 TESSERA_TEST_DEADLINE_SCALE=10 \
-  ctest --test-dir "$build" -R "$regex" --output-on-failure
+export TESSERA_CUDA_EMU_DEVICES=8
+TESSERA_TEST_DEADLINE_SCALE=10 ctest --test-dir "$build" -R "$regex" --output-on-failure
+[ "$quick" = 1 ] && exit 0
+
+# Whole jobs through the binary, on emulated cuda:0 against the CPU (the
+# jobs of scripts/gpu_check.sh, 6 iterations each instead of 20).
+runs=$(mktemp -d /tmp/tessera-cuda-emu.XXXXXX)
+failed=0
+job() {  # name rtol config overrides...
+  local name=$1 rtol=$2 config=$3
+  shift 3
+  for device in cpu cuda; do
+    "$build/bin/tessera" train "$root/configs/$config" train.train_iter=6 train.log_period=1 \
+      train.checkpointer.period=null "train.output_dir=$runs/$name/$device" "train.dist.device_type=$device" "$@" \
+      > "$runs/$name.$device.out" 2>&1 < /dev/null || { echo "- $name on $device: **FAILED**"; tail -3 "$runs/$name.$device.out"; }
+  done
+  "$root/scripts/compare_losses.sh" "$name" "$rtol" 6 "$runs/$name/cuda" "$runs/$name/cpu" || failed=1
+}
+job bf16 2e-2 gpt2_nano.json train.amp.enabled=true train.amp.dtype=bf16
+job fp16 2e-2 gpt2_nano.json train.amp.enabled=true train.amp.dtype=fp16
+job f32-fused 1e-4 gpt2_nano.json model.fused_attention=true model.bias_gelu_fusion=true
+job bf16-fused 2e-2 gpt2_nano.json train.amp.enabled=true train.amp.dtype=bf16 model.bias_gelu_fusion=true
+job bert_tiny-f32 1e-4 bert_tiny.json
+job mlp_demo-f32 1e-4 mlp_demo.json
+rm -rf "$runs"
+exit $failed

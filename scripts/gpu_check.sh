@@ -168,8 +168,6 @@ run_test gpu_equivalence_test "gpu_equivalence_test (gpt2_nano: one GPU against 
 # Not fatal: the jobs and benchmarks below still say what they measure.
 [[ $status == passed ]] || late_failures+=("gpu_equivalence_test")
 echo "build of tessera: $(($(date +%s) - start)) s" >> "$report"
-# Losses of one run, "iter loss" per line, from its metrics.jsonl.
-losses() { sed -n 's/.*"iter":\([0-9]*\).*"loss":\([-0-9.eE+]*\).*/\1 \2/p' "$1/metrics.jsonl"; }
 # tokens/s of the last logged line of a run's output.
 tokens() { grep -o 'tokens/s [0-9]*' "$1" | tail -1 | cut -d' ' -f2; }
 compare() {  # name rtol extra-overrides... (CONFIG=file: another config than gpt2_nano)
@@ -183,11 +181,7 @@ compare() {  # name rtol extra-overrides... (CONFIG=file: another config than gp
       train.checkpointer.period=null "train.output_dir=$dir/$device" "train.dist.device_type=$device" "$@" \
       > "$dir.$device.out" 2>&1 < /dev/null || { cat "$dir.$device.out" >> "$log"; fail "gpt2_nano $name on $device"; }
   done
-  paste <(losses "$dir/cpu") <(losses "$dir/cuda") | awk -v rtol="$rtol" -v name="$name" '
-    { n++; d = $2 - $4; if (d < 0) d = -d; r = d / ($2 < 0 ? -$2 : $2); if (r > worst) worst = r;
-      if (r > rtol) bad++ }
-    END { printf "- %s: %d iterations, worst relative loss difference %.2e (rtol %s): %s\n", name, n, worst, rtol,
-          (n == 20 && bad == 0) ? "**passed**" : "**FAILED**"; exit !(n == 20 && bad == 0) }' >> "$report"
+  "$root/scripts/compare_losses.sh" "$name" "$rtol" 20 "$dir/cuda" "$dir/cpu" >> "$report"
   local ok=$?
   echo "  tokens/s: CPU $(tokens "$dir.cpu.out"), GPU $(tokens "$dir.cuda.out")" >> "$report"
   [[ $ok == 0 ]] || fail "gpt2_nano $name: GPU losses differ from the CPU's"
@@ -220,11 +214,7 @@ else
     timeout 300 "$build/bin/tessera" train "$root/configs/gpt2_nano.json" train.train_iter=20 train.log_period=1 \
       train.checkpointer.period=null "train.output_dir=$dir" train.dist.device_type=cuda "$@" \
       > "$dir.out" 2>&1 < /dev/null || { cat "$dir.out" >> "$log"; fail "gpt2_nano $name on $needed GPUs"; }
-    paste <(losses "$work_dir/runs/f32/cuda") <(losses "$dir") | awk -v name="$name" '
-      { n++; d = $2 - $4; if (d < 0) d = -d; r = d / ($2 < 0 ? -$2 : $2); if (r > worst) worst = r;
-        if (r > 1e-4) bad++ }
-      END { printf "- %s: %d iterations, worst relative loss difference %.2e (rtol 1e-4): %s\n", name, n, worst,
-            (n == 20 && bad == 0) ? "**passed**" : "**FAILED**"; exit !(n == 20 && bad == 0) }' >> "$report" ||
+    "$root/scripts/compare_losses.sh" "$name" 1e-4 20 "$dir" "$work_dir/runs/f32/cuda" >> "$report" ||
       fail "gpt2_nano $name: losses differ from one GPU's"
     echo "  tokens/s: $(tokens "$dir.out")" >> "$report"
   }
