@@ -57,6 +57,7 @@
 #include <utility>
 #include <vector>
 
+#include "cuda_emu/float16.h"
 #include "cuda_emu/internal.h"
 
 namespace {
@@ -117,18 +118,7 @@ double RoundToFormat(double x, int precision, int min_exp, int max_exp) {
 
 struct HalfCodec {
   using Storage = uint16_t;
-  static double Decode(uint16_t h) {
-    const int exponent = (h >> 10) & 31, mantissa = h & 1023;
-    double v;
-    if (exponent == 0) {
-      v = std::ldexp(mantissa, -24);
-    } else if (exponent == 31) {
-      v = mantissa != 0 ? std::numeric_limits<double>::quiet_NaN() : std::numeric_limits<double>::infinity();
-    } else {
-      v = std::ldexp(mantissa + 1024, exponent - 25);
-    }
-    return (h & 0x8000) != 0 ? -v : v;
-  }
+  static double Decode(uint16_t h) { return cuda_emu::HalfToFloat(h); }
   static uint16_t Encode(double x) {
     const uint16_t sign = std::signbit(x) ? 0x8000 : 0;
     if (std::isnan(x)) return sign | 0x7e00;
@@ -145,12 +135,7 @@ struct HalfCodec {
 
 struct Bfloat16Codec {
   using Storage = uint16_t;
-  static double Decode(uint16_t b) {
-    const uint32_t bits = static_cast<uint32_t>(b) << 16;
-    float f;
-    std::memcpy(&f, &bits, sizeof(f));
-    return f;
-  }
+  static double Decode(uint16_t b) { return cuda_emu::Bf16ToFloat(b); }
   static uint16_t Encode(double x) {
     if (std::isnan(x)) return std::signbit(x) ? 0xffc0 : 0x7fc0;
     // Rounded to bf16 first, the value is exact as a float.

@@ -147,15 +147,12 @@ TEST(CudaEmu, AFailedKernelIsTheStreamsErrorAndSkipsItsLaterWork) {
 }
 
 TEST(CudaEmu, PageableCopiesWaitForTheStream) {
-  float* d = nullptr;
-  ASSERT_EQ(cudaMalloc(&d, sizeof(float)), cudaSuccess);
   int* flag = nullptr;
   ASSERT_EQ(cudaMalloc(&flag, sizeof(int)), cudaSuccess);
   Sleepy<<<1, 1, 0, cudaStreamPerThread>>>(flag);
   int got = 0;
   ASSERT_EQ(cudaMemcpyAsync(&got, flag, sizeof(int), cudaMemcpyDeviceToHost, cudaStreamPerThread), cudaSuccess);
   EXPECT_EQ(got, 1) << "a copy into pageable memory returns once done";
-  cudaFree(d);
   cudaFree(flag);
 }
 

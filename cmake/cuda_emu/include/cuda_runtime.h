@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <numbers>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -193,8 +194,8 @@ inline float __logf(float x) { return std::log(x); }
 inline float __fdividef(float a, float b) { return a / b; }
 inline float __saturatef(float x) { return x < 0.0f ? 0.0f : (x > 1.0f ? 1.0f : x); }
 inline void sincospif(float x, float* s, float* c) {
-  *s = static_cast<float>(std::sin(M_PI * static_cast<double>(x)));
-  *c = static_cast<float>(std::cos(M_PI * static_cast<double>(x)));
+  *s = static_cast<float>(std::sin(std::numbers::pi * static_cast<double>(x)));
+  *c = static_cast<float>(std::cos(std::numbers::pi * static_cast<double>(x)));
 }
 inline void sincosf(float x, float* s, float* c) {
   *s = std::sin(x);
