@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <functional>
 #include <mutex>
 #include <set>
@@ -234,16 +235,29 @@ absl::Status NodeCommunicators::ConnectAll() {
   std::vector<std::thread> threads;
   threads.reserve(pending_.size());
   // The first failure makes the others give up waiting for their peers:
-  // the load fails anyway.
+  // the load fails anyway. So does the job's stop (options_.cancel).
   std::atomic<bool> failed{false};
+  std::atomic<int> running{static_cast<int>(pending_.size())};
   for (size_t i = 0; i < pending_.size(); ++i) {
-    threads.emplace_back([this, i, &results, &kv, &failed]() {
+    threads.emplace_back([this, i, &results, &kv, &failed, &running]() {
       results[i] = pending_[i]->Connect(kv, failed);
       if (!results[i].ok()) failed = true;
+      --running;
     });
+  }
+  bool stopped = false;
+  if (options_.cancel != nullptr) {
+    while (running.load() > 0 && !failed.load()) {
+      if (options_.cancel->load()) {
+        stopped = failed = true;
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
   }
   for (std::thread& t : threads) t.join();
   pending_.clear();
+  if (stopped) return absl::CancelledError("the job was stopped while its communicators met their peers");
   // The cause, not the members that gave up because of it.
   for (const absl::Status& status : results) {
     if (!status.ok() && status.code() != absl::StatusCode::kCancelled) return status;

@@ -25,6 +25,7 @@
 // Thread-safety: Join and ConnectAll from one thread (the loader); the
 // communicators handed out are thread-safe.
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -47,6 +48,9 @@ struct NodeCommunicatorOptions {
   std::string hostname = "127.0.0.1";  // where this node's gloo transport listens
   double timeout_s = 30;               // rendezvous and per-op timeout of gloo communicators
   bool gpus = false;                   // the plan's devices are GPUs: NCCL communicators
+  // ConnectAll gives up once this is set (borrowed; null: never): the job
+  // was stopped while its groups met.
+  const std::atomic<bool>* cancel = nullptr;
 };
 
 class NodeCommunicators {

@@ -10,6 +10,7 @@
 #include <condition_variable>
 #include <mutex>
 #include <new>
+#include <optional>
 #include <stdexcept>
 #include <thread>
 #include <unordered_map>
@@ -20,10 +21,10 @@
 #include "actors/node_communicators.h"
 #include "actors/plan.h"
 #include "comm/bus/bus.h"
-#include "comm/proto/memory_plan.h"
 #include "comm/collective/shm_communicator.h"
-#include "core/logging.h"
+#include "comm/proto/memory_plan.h"
 #include "core/checked.h"
+#include "core/logging.h"
 #include "core/status.h"
 #include "core/storage.h"
 #include "core/stream.h"
@@ -187,6 +188,7 @@ class LoadedJob {
     node_options.kv_prefix = options.kv_prefix;
     node_options.hostname = options.hostname;
     node_options.timeout_s = options.connect_timeout_s;
+    node_options.cancel = options.load_cancel;
     node_options.gpus = std::any_of(job->plan.tasks().begin(), job->plan.tasks().end(), [](const proto::Task& task) {
       return DecodeActorId(task.actor_id()).device_type == DeviceType::kCuda;
     });
@@ -580,7 +582,10 @@ absl::StatusOr<std::unique_ptr<comm::bus::Bus>> LinkPeers(uint32_t node, const s
   RETURN_IF_ERROR(options.kv->Set(key(node), bus->address()));
   std::vector<std::string> keys;
   for (uint32_t peer : peers) keys.push_back(key(peer));
-  auto addresses = options.kv->Wait(keys, absl::Seconds(options.connect_timeout_s));
+  std::optional<comm::CancellableKvStore> cancellable;
+  if (options.load_cancel != nullptr) cancellable.emplace(*options.kv, *options.load_cancel);
+  comm::KvStore& kv = cancellable ? static_cast<comm::KvStore&>(*cancellable) : *options.kv;
+  auto addresses = kv.Wait(keys, absl::Seconds(options.connect_timeout_s));
   if (!addresses.ok()) {
     return absl::Status(addresses.status().code(), StrCat("node ", node, ": the actor bus addresses of its peers: ",
                                                           addresses.status().message()));

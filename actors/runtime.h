@@ -25,10 +25,11 @@
 // Neither class is thread-safe; Run uses its own threads internally. Host
 // callbacks run on actor threads. Abort may be called from any thread.
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
-#include <map>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -68,6 +69,11 @@ struct RuntimeOptions {
   std::string kv_prefix = "job";
   std::string hostname = "127.0.0.1";
   double connect_timeout_s = 30;
+  // Once set (borrowed; null: never), a Load still waiting for peers gives
+  // up: its communicators' rendezvous and its actor bus's wait for the peer
+  // nodes' addresses end, and Load returns Cancelled. For a host that stops
+  // a job while it loads (Abort needs the Runtime Load returns).
+  const std::atomic<bool>* load_cancel = nullptr;
   // A NodePlan with peer nodes also links to them over the actor bus
   // (comm/bus, on `hostname`, meeting under "<kv_prefix>/bus/<node>"), with
   // this token in the handshake (the cluster's; empty: none). The job's stop

@@ -1,6 +1,7 @@
 #include "cluster/engine_job.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
@@ -15,12 +16,12 @@
 #include "absl/strings/numbers.h"
 #include "actors/plan.h"
 #include "actors/runtime.h"
-#include "ops/registry.h"
 #include "core/config.h"
 #include "core/logging.h"
 #include "core/status.h"
 #include "core/text.h"
 #include "core/thread_pool.h"
+#include "ops/registry.h"
 #include "train/checkpoint.h"
 #include "train/feeds.h"
 #include "train/job_config.h"
@@ -136,6 +137,7 @@ class EnginePlanRunner final : public PlanRunner {
   void Cancel(const absl::Status& reason) override {
     std::lock_guard<std::mutex> lock(mu_);
     if (cancelled_.ok()) cancelled_ = reason.ok() ? absl::CancelledError("the job was cancelled") : reason;
+    load_cancel_ = true;  // a segment still loading stops waiting for its peers
     if (runtime_ != nullptr) runtime_->Abort(cancelled_);
     if (gate_ != nullptr) gate_->Release();
     stop_cv_.notify_all();
@@ -329,6 +331,7 @@ class EnginePlanRunner final : public PlanRunner {
     }
     options.connect_timeout_s = options_.connect_timeout_s;
     options.stall_timeout_s = options_.stall_timeout_s;
+    options.load_cancel = &load_cancel_;
     return options;
   }
 
@@ -357,7 +360,10 @@ class EnginePlanRunner final : public PlanRunner {
     }
     last_report_ = std::chrono::steady_clock::now();
     auto runtime = actors::Runtime::LoadNodePlan(bytes, std::move(options));
-    if (!runtime.ok()) return runtime.status();
+    if (!runtime.ok()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      return cancelled_.ok() ? runtime.status() : cancelled_;  // a stop ends the load: its reason
+    }
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (!cancelled_.ok()) return cancelled_;
@@ -505,6 +511,7 @@ class EnginePlanRunner final : public PlanRunner {
   int64_t skipped_steps_ = 0;  // fp16 loss scaling: steps skipped so far
   std::mutex mu_;
   absl::Status cancelled_ ABSL_GUARDED_BY(mu_);
+  std::atomic<bool> load_cancel_{false};  // set with cancelled_; read by loading runtimes
   actors::Runtime* runtime_ ABSL_GUARDED_BY(mu_) = nullptr;
   // The graceful stop (AgreeStop).
   std::condition_variable stop_cv_;

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <mutex>
 #include <numeric>
+#include <string>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -42,6 +43,15 @@ absl::StatusOr<ncclDataType_t> NcclType(DType dtype) {
       break;
   }
   return absl::InvalidArgumentError(StrCat("NCCL moves no ", DTypeName(dtype), " tensors"));
+}
+
+// "invalid usage (what NCCL said last)": NCCL's own words name the cause
+// (a peer's abort, a mismatch, a missing GPU) where the code alone does not.
+// Taken before the communicator is aborted: after that it is gone.
+std::string Explain(ncclResult_t r, ncclComm_t comm) {
+  const char* last = ncclGetLastError(comm);
+  if (last == nullptr || *last == '\0') return ncclGetErrorString(r);
+  return StrCat(ncclGetErrorString(r), " (", last, ")");
 }
 
 bool Cancelled(const NcclOptions& options) { return options.cancel != nullptr && options.cancel->load(); }
@@ -244,7 +254,7 @@ class NcclCommunicator final : public Communicator {
         if (ncclCommGetAsyncError(self->comm_, &r) != ncclSuccess) break;
       }
       if (r != ncclSuccess) {
-        return absl::InternalError(StrCat(what, ": ", ncclGetErrorString(r), " (", ncclGetLastError(self->comm_), ")"));
+        return absl::InternalError(StrCat(what, ": ", Explain(r, self->comm_)));
       }
       return absl::OkStatus();
     });
@@ -274,8 +284,8 @@ class NcclCommunicator final : public Communicator {
       if (got == ncclSuccess && (state == ncclSuccess || state == ncclInProgress)) continue;
       const ncclResult_t error = got != ncclSuccess ? got : state;
       if (abort_reason_.ok()) {
-        abort_reason_ = absl::UnavailableError(StrCat(Describe(), ": ", ncclGetErrorString(error), " (",
-                                                      ncclGetLastError(comm_), "); the communicator is aborted"));
+        abort_reason_ =
+            absl::UnavailableError(StrCat(Describe(), ": ", Explain(error, comm_), "; the communicator is aborted"));
       }
       comm_aborted_ = true;
       ncclCommAbort(comm_);
@@ -312,7 +322,7 @@ absl::StatusOr<std::shared_ptr<Communicator>> MakeNcclCommunicator(const NcclOpt
   const std::string key = StrCat(options.kv_prefix, "/nccl/", options.group);
   if (options.rank == 0) {
     if (const ncclResult_t r = ncclGetUniqueId(&id); r != ncclSuccess) {
-      return absl::InternalError(StrCat(who, ": ncclGetUniqueId: ", ncclGetErrorString(r)));
+      return absl::InternalError(StrCat(who, ": ncclGetUniqueId: ", Explain(r, nullptr)));
     }
     if (options.size > 1) RETURN_IF_ERROR(options.kv->Set(key, std::string(id.internal, sizeof(id.internal))));
   } else {
@@ -359,8 +369,9 @@ absl::StatusOr<std::shared_ptr<Communicator>> MakeNcclCommunicator(const NcclOpt
     if (ncclCommGetAsyncError(comm, &r) != ncclSuccess) break;
   }
   if (r != ncclSuccess) {
+    const std::string why = Explain(r, comm);
     if (comm != nullptr) ncclCommAbort(comm);
-    return absl::InternalError(StrCat(who, ": ncclCommInitRankConfig: ", ncclGetErrorString(r)));
+    return absl::InternalError(StrCat(who, ": ncclCommInitRankConfig: ", why));
   }
   return std::shared_ptr<Communicator>(std::make_shared<NcclCommunicator>(options, comm, *std::move(stream)));
 }

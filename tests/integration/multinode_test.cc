@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -20,6 +21,7 @@
 #include <iterator>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "actors/plan.h"
@@ -272,6 +274,37 @@ TEST(MultiNode, SpanningGroupWithoutKvIsRefused) {
   auto runtime = actors::Runtime::LoadNodePlan(actors::SerializeNodePlan(parts->at(0)), std::move(options));
   ASSERT_FALSE(runtime.ok());
   EXPECT_NE(runtime.status().message().find("spans nodes"), std::string::npos) << runtime.status();
+}
+
+// A node whose peer never comes waits in its load (the gloo rendezvous of
+// its spanning groups) for connect_timeout_s; its host's stop ends the wait
+// at once, and the load returns Cancelled.
+TEST(MultiNode, AStopEndsALoadWaitingForItsPeers) {
+  auto parts = NodeParts("train.dist.data_parallel_size=2", {1, 1});
+  ASSERT_TRUE(parts.ok()) << parts.status();
+  comm::InProcessKvStore kv;
+  std::atomic<bool> stop{false};
+  actors::RuntimeOptions options;
+  options.kv = &kv;
+  options.kv_prefix = "stopped-load";
+  options.connect_timeout_s = 60;
+  options.load_cancel = &stop;
+  const FeedFn feed;
+  const FetchFn fetch;
+  ASSERT_TRUE(BindFeeds(parts->at(0).plan(), feed, options.callbacks).ok());
+  ASSERT_TRUE(BindFetch(parts->at(0).plan(), fetch, options.callbacks).ok());
+  std::thread stopper([&stop] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    stop = true;
+  });
+  const auto start = std::chrono::steady_clock::now();
+  auto runtime = actors::Runtime::LoadNodePlan(actors::SerializeNodePlan(parts->at(0)), std::move(options));
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  stopper.join();
+  ASSERT_FALSE(runtime.ok());
+  EXPECT_TRUE(absl::IsCancelled(runtime.status())) << runtime.status();
+  EXPECT_GE(took, 0.4);  // it did wait for the peer until the stop
+  EXPECT_LT(took, 5.0) << "the load kept waiting for its peer after the stop";
 }
 
 // Node 1's part given to a runtime for node 0 is refused.
