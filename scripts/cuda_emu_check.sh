@@ -8,9 +8,12 @@
 # against the CPU and under DP / TP / PP / 2x2x1 / 2x2x2 against one GPU;
 # then whole jobs through the binary on emulated cuda:0 against the CPU
 # (gpt2_nano in bf16 and fp16 AMP, with fused attention and bias_gelu
-# fusion; bert_tiny; mlp_demo). It checks the logic of the GPU path (indexing, launches, streams, events,
-# cuBLAS's column-major mapping, collectives), not its speed nor anything
-# of a real GPU's hardware; scripts/gpu_check.sh is the check on a GPU.
+# fusion; bert_tiny; mlp_demo); then across processes, a worker process
+# per emulated GPU: gpt2_nano data-parallel against one GPU, and a rank
+# SIGKILLed mid-job failing the job within 10 s. It checks the logic of
+# the GPU path (indexing, launches, streams, events, cuBLAS's column-major
+# mapping, collectives), not its speed nor anything of a real GPU's
+# hardware; scripts/gpu_check.sh is the check on a GPU.
 #
 #   scripts/cuda_emu_check.sh [BUILD_DIR] [--quick]   (default build-emu)
 # --quick: what CI runs (the emulator's own tests, the kernels, the runtime
@@ -24,7 +27,7 @@ quick=0
 for arg in "$@"; do
   case "$arg" in
     --quick) quick=1 ;;
-    -h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "cuda_emu_check.sh: unknown option $arg (see --help)" >&2; exit 2 ;;
     *) build=$arg ;;
   esac
@@ -68,5 +71,33 @@ job f32-fused 1e-4 gpt2_nano.json model.fused_attention=true model.bias_gelu_fus
 job bf16-fused 2e-2 gpt2_nano.json train.amp.enabled=true train.amp.dtype=bf16 model.bias_gelu_fusion=true
 job bert_tiny-f32 1e-4 bert_tiny.json
 job mlp_demo-f32 1e-4 mlp_demo.json
+
+# Across processes: a master and a worker process per emulated GPU, their
+# NCCL groups meeting through the master's KV (the emulator's NCCL joins
+# ranks of different processes over 127.0.0.1). gpt2_nano data-parallel over
+# the two (8 samples each) must give the one-GPU losses (16 samples); then a rank SIGKILLed mid-job must
+# fail the job within 10 s (the emulated NCCL leaves the survivor's
+# collective waiting, as NVLink or shared memory would: Tessera's own
+# failure handling has to end it).
+"$build/bin/tessera" train "$root/configs/gpt2_nano.json" train.train_iter=6 train.log_period=1 \
+  train.checkpointer.period=null "train.output_dir=$runs/dp2/one" train.dist.device_type=cuda train.train_micro_batch_size=16 \
+  > "$runs/dp2.one.out" 2>&1 < /dev/null || { echo "- dp2 on one GPU: **FAILED**"; tail -3 "$runs/dp2.one.out"; }
+"$build/bin/tessera" master --listen 127.0.0.1:0 > "$runs/master.out" 2>&1 &
+master=$!
+for _ in $(seq 100); do grep -q 'listening on' "$runs/master.out" && break; sleep 0.1; done
+address=$(grep -o '127.0.0.1:[0-9]*' "$runs/master.out" | head -1)
+"$build/bin/tessera" worker --master "$address" --devices cuda:0-0 --id emu-a > "$runs/a.out" 2>&1 &
+worker_a=$!
+"$build/bin/tessera" worker --master "$address" --devices cuda:1-1 --id emu-b > "$runs/b.out" 2>&1 &
+worker_b=$!
+timeout 600 "$build/bin/tessera" submit --master "$address" "$root/configs/gpt2_nano.json" train.train_iter=6 \
+  train.log_period=1 train.checkpointer.period=null "train.output_dir=$runs/dp2/two" train.dist.device_type=cuda \
+  train.dist.data_parallel_size=2 train.train_micro_batch_size=8 --follow > "$runs/dp2.two.out" 2>&1 ||
+  { echo "- dp2 over two worker processes: **FAILED**"; tail -3 "$runs/dp2.two.out"; }
+kill "$worker_a" "$worker_b" "$master" 2> /dev/null || true
+wait "$worker_a" "$worker_b" "$master" 2> /dev/null || true
+"$root/scripts/compare_losses.sh" dp2-two-processes 1e-5 6 "$runs/dp2/two" "$runs/dp2/one" || failed=1
+TRAIN_WAIT_S=300 "$root/scripts/killed_rank_check.sh" "$build" "$runs/killed" "$root/configs/gpt2_nano.json" \
+  train.train_micro_batch_size=8 || failed=1
 rm -rf "$runs"
 exit $failed

@@ -233,36 +233,8 @@ section "A killed rank of a job over two GPUs"
 if (( gpus < 2 )); then
   echo "- skipped: this machine has $gpus GPU(s)" >> "$report"
 else
-  kill_dir="$work_dir/runs/killed"
-  rm -rf "$kill_dir"
-  mkdir -p "$kill_dir"
-  "$build/bin/tessera" master --listen 127.0.0.1:0 > "$kill_dir/master.out" 2>&1 &
-  master_pid=$!
-  for _ in $(seq 50); do grep -q 'listening on' "$kill_dir/master.out" && break; sleep 0.1; done
-  address=$(grep -o '127.0.0.1:[0-9]*' "$kill_dir/master.out" | head -1)
-  "$build/bin/tessera" worker --master "$address" --devices cuda:0-0 --id gpu-a > "$kill_dir/a.out" 2>&1 &
-  worker_a=$!
-  "$build/bin/tessera" worker --master "$address" --devices cuda:1-1 --id gpu-b > "$kill_dir/b.out" 2>&1 &
-  worker_b=$!
-  timeout 180 "$build/bin/tessera" submit --master "$address" "$root/configs/gpt2_nano.json" train.train_iter=1000000 \
-    train.dist.device_type=cuda train.dist.data_parallel_size=2 train.train_micro_batch_size=8 \
-    train.checkpointer.period=null "train.output_dir=$kill_dir/out" --follow > "$kill_dir/submit.out" 2>&1 &
-  submit_pid=$!
-  for _ in $(seq 600); do grep -q '^iter ' "$kill_dir/submit.out" && break; sleep 0.1; done
-  if ! grep -q '^iter ' "$kill_dir/submit.out"; then
-    echo "- **FAILED**: the job never trained (submit's output: $(tail -1 "$kill_dir/submit.out"))" >> "$report"
-  else
-    kill -9 "$worker_b"
-    killed=$(date +%s.%N)
-    wait "$submit_pid"
-    submit_status=$?
-    took=$(awk -v a="$killed" -v b="$(date +%s.%N)" 'BEGIN { printf "%.2f", b - a }')
-    verdict=$(awk -v t="$took" -v s="$submit_status" 'BEGIN { print (s == 1 && t < 10) ? "**passed**" : "**FAILED**" }')
-    echo "- the job failed $took s after the kill (submit exit $submit_status; bound 10 s): $verdict" >> "$report"
-    echo "  reason: $(tail -1 "$kill_dir/submit.out" | cut -c1-300)" >> "$report"
-  fi
-  kill "$worker_a" "$worker_b" "$master_pid" 2>/dev/null
-  wait 2>/dev/null
+  "$root/scripts/killed_rank_check.sh" "$build" "$work_dir/runs/killed" "$root/configs/gpt2_nano.json" \
+    train.train_micro_batch_size=8 >> "$report" 2>> "$log" || late_failures+=("killed rank")
 fi
 
 section "Fused attention on cuda:0 against the unfused ops"

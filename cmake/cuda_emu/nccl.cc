@@ -1,10 +1,11 @@
-// The CUDA emulator's NCCL (include/nccl.h): the ranks of one process, each
-// on an emulated GPU, exchanging data through host memory.
+// The CUDA emulator's NCCL (include/nccl.h): ranks on emulated GPUs,
+// exchanging data through host memory within a process and over 127.0.0.1
+// TCP between the processes of one machine.
 //
 // Model:
 // - A unique id names a clique of nranks ranks; each ncclCommInitRank* joins
-//   it. The id records its process's pid: ranks of other processes cannot
-//   be reached, so their ids are refused (ncclInvalidUsage).
+//   it. The clique lives in the process that made the id (its hub, below);
+//   ranks of other processes of the machine join it from there.
 // - A call checks its arguments and posts its part of an op at once: the
 //   k-th collective of a comm is op k of the clique on every rank, the k-th
 //   send from a to b pairs with the k-th receive on b from a. The parts must
@@ -30,27 +31,83 @@
 //   for its part (ncclInvalidUsage). Tasks of failed ops return
 //   cudaErrorLaunchFailure (the stream's sticky error), except on the rank
 //   that aborted: there they just end, as NCCL's kernels do on an abort.
+// - Across processes (one machine, 127.0.0.1 only), as real NCCL's bootstrap
+//   root: ncclGetUniqueId starts the process's hub once, a listener on an
+//   ephemeral port of 127.0.0.1 with detached threads and state never
+//   destroyed. The id holds a magic string (bytes 0-31), the maker's pid
+//   (int64 at byte 32), a nonce (16 bytes at 40) and the hub's port (uint16
+//   at 56, 0: no hub). A rank given an id of another process connects to
+//   that hub, one connection per rank, and joins: the hub makes it a member
+//   of the clique, which may mix its own ranks and remote ones. The remote
+//   rank's ncclComm is a stand-in whose clique is a cache of its state
+//   (formed; failed, with code and message) that the hub pushes on every
+//   change, so ncclCommGetAsyncError, ncclGetLastError and the calls' checks
+//   answer locally and see every failure cause above. Its calls check their
+//   arguments where they are made (the stream and device are there) and post
+//   in call order, failed checks too; the hub takes the posts in arrival
+//   order, in the op order as a local rank's. Its task sends its parts' send
+//   bytes; a hub thread arrives and waits for them as a local rank's task
+//   would and sends back the outcome and the receive bytes, which the task
+//   copies into its buffers before it ends with a local rank's result.
+//   ncclCommAbort on a remote rank ends its waiting tasks at once (hub
+//   reachable or not), tells the hub (the clique fails as for a local abort)
+//   and closes the connection; ncclCommDestroy waits for its tasks, then the
+//   hub destroys the rank. A forked child cannot use its parent's
+//   communicators (refused as not live) and does not hold their sockets
+//   (closed at the fork); it gets a hub of its own.
+// - A process that goes away, its connection ending without an abort or a
+//   destroy (a remote rank's process, or the hub's): by default nothing
+//   fails, the peers' ops wait until ncclCommAbort ends them, as NCCL over
+//   NVLink or shared memory hangs when a peer process dies. With
+//   TESSERA_CUDA_EMU_NCCL_PEER_LOSS=error (read once per process; hang is
+//   the default) the loss fails the clique: a remote rank's process gone
+//   fails it on the hub with ncclRemoteError on every rank, naming that
+//   rank; the hub's process gone sets ncclRemoteError in the remote rank's
+//   cache and ends its waiting tasks with cudaErrorLaunchFailure. Any other
+//   value aborts the process with a one-line message saying what is allowed.
+// - The hub survives whatever reaches its port: a wrong magic, an unknown
+//   frame or id, a length over its bound (16 MiB for a control frame, 1 GiB
+//   for a data frame; a call's buffer 1 TiB) or a frame out of order ends
+//   that connection only.
 // - Locks: one mutex per clique (its condition variable is what tasks wait
-//   on) and a global one for the id registry and the live handles, never
-//   held while waiting; order global, then clique. The emulator's streams
-//   are never called with a clique lock held.
+//   on; a remote rank's cache has one too, which also guards its tasks'
+//   results) and a global one for the id registry and the live handles,
+//   never held while waiting; order global, then clique, then a hub link's
+//   outbox lock (a leaf: a clique's lock holder queues frames for the link's
+//   writer thread and never touches a socket). A connection's write lock
+//   (frames never interleave) and the per-process locks (the hub's start)
+//   are taken with no other lock held. The emulator's streams are never
+//   called with a clique lock held.
 
 #include "nccl.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <pthread.h>
+#include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <random>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <type_traits>
 #include <unordered_map>
@@ -286,6 +343,18 @@ bool Matches(const Call& a, const Call& b) {
   return a.kind == Kind::kAllReduce || a.root == b.root;
 }
 
+// Whether `rank`'s part of `c` reads its send buffer, and writes its receive
+// buffer once the op is done.
+bool NeedsSend(const Call& c, int rank) {
+  if (c.kind == Kind::kBroadcast) return c.root == rank;
+  return c.kind != Kind::kRecv;
+}
+bool WritesRecv(const Call& c, int rank) {
+  if (c.kind == Kind::kReduce) return c.root == rank;
+  return c.kind != Kind::kSend;
+}
+size_t Bytes(const Call& c) { return c.count * TypeSize(c.type); }
+
 // (-1, -1, k): collective k; (from, to, k): the k-th send from `from` to `to`.
 using OpKey = std::tuple<int, int, uint64_t>;
 
@@ -324,8 +393,10 @@ struct RankState {
   std::vector<uint64_t> sends, recvs;  // per peer
 };
 
+struct HubLink;
+
 struct Clique {
-  explicit Clique(int n) : nranks(n), ranks(static_cast<size_t>(n)) {
+  explicit Clique(int n) : nranks(n), ranks(static_cast<size_t>(n)), links(static_cast<size_t>(n)) {
     for (RankState& r : ranks) r.sends.assign(static_cast<size_t>(n), 0), r.recvs.assign(static_cast<size_t>(n), 0);
   }
   const int nranks;
@@ -336,7 +407,12 @@ struct Clique {
   bool failed = false;
   std::vector<RankState> ranks;
   std::map<OpKey, std::shared_ptr<Op>> ops;  // posted and not finished
+  // The connections of its ranks in other processes (null: a rank of this
+  // process, or one whose connection ended).
+  std::vector<std::shared_ptr<HubLink>> links;
 };
+
+struct Proxy;
 
 }  // namespace
 
@@ -346,6 +422,11 @@ struct ncclComm {
   std::shared_ptr<Clique> clique;
   int rank = 0;
   int device = 0;
+  pid_t pid = 0;  // the process that made it: a forked child's copy is no live one
+  // A rank of another process's clique: its stand-in there; `clique` is
+  // then the cache of its state.
+  std::shared_ptr<Proxy> proxy;
+  int64_t remote_pid = 0;  // on a hub, a remote rank's member: the process it lives in
 };
 
 namespace {
@@ -363,7 +444,7 @@ std::unordered_map<const ncclComm*, std::shared_ptr<ncclComm>>& Live() {
 std::shared_ptr<ncclComm> Resolve(const ncclComm* comm) {
   std::lock_guard<std::mutex> lock(g_mu);
   auto it = Live().find(comm);
-  return it == Live().end() ? nullptr : it->second;
+  return it == Live().end() || it->second->pid != getpid() ? nullptr : it->second;
 }
 
 thread_local std::string t_last_error;
@@ -389,8 +470,304 @@ ncclResult_t CallError(const ncclComm* comm, ncclResult_t result, const std::str
 
 std::string Who(const ncclComm& comm) { return "rank " + to_string(comm.rank) + "/" + to_string(comm.clique->nranks); }
 
+// ---------------------------------------------------------------------------
+// Across processes: the wire. Frames of a 16-byte header (magic, type,
+// payload length) and a payload of fixed-size fields in host order (both
+// ends are on one machine) and strings (uint32 length, bytes).
+
+constexpr uint32_t kWireMagic = 0x554d4554;            // "TEMU"
+constexpr uint64_t kMaxControl = uint64_t{16} << 20;   // a frame's payload, but data's
+constexpr uint64_t kMaxData = uint64_t{1} << 30;       // a data frame's
+constexpr uint64_t kChunk = uint64_t{64} << 20;        // data frames as sent
+constexpr uint64_t kMaxCallBytes = uint64_t{1} << 40;  // one call's buffer
+constexpr uint64_t kMaxTaskBytes = uint64_t{1} << 46;  // one task's receive bytes
+constexpr uint32_t kMaxString = 64 * 1024;
+
+enum Msg : uint32_t {
+  // A remote rank to its hub.
+  kJoin = 1,  // id, nranks, rank, device, pid
+  kPost,      // seq, call, bad, reason: the rank's next call, in call order
+  kBad,       // seq, reason: a posted call's group failed
+  kRun,       // task, seqs, bytes: a stream task's parts start; their send bytes follow
+  kSkip,      // seqs: a task its stream never ran
+  kAbort,
+  kDestroy,
+  // A hub to a remote rank.
+  kJoinReply = 16,  // result, formed, message
+  kState,           // error, formed, message: the rank's async state changed
+  kResult,          // task, result, per part whether it has data, bytes; the receive bytes follow
+  // Both ways: the bytes after kRun and kResult.
+  kData = 32,
+};
+
+struct Header {
+  uint32_t magic;
+  uint32_t type;
+  uint64_t length;
+};
+static_assert(sizeof(Header) == 16);
+
+std::string FrameHeader(uint32_t type, uint64_t length) {
+  const Header h{kWireMagic, type, length};
+  return std::string(reinterpret_cast<const char*>(&h), sizeof(h));
+}
+
+class Writer {
+ public:
+  template <class T>
+  Writer& Put(T v) {
+    static_assert(std::is_trivially_copyable_v<T>);
+    bytes_.append(reinterpret_cast<const char*>(&v), sizeof(v));
+    return *this;
+  }
+  Writer& PutString(const std::string& s) {
+    const size_t n = std::min<size_t>(s.size(), kMaxString);
+    Put(static_cast<uint32_t>(n));
+    bytes_.append(s, 0, n);
+    return *this;
+  }
+  // The frame of `type` carrying what was put.
+  std::string Frame(uint32_t type) const { return FrameHeader(type, bytes_.size()) + bytes_; }
+
+ private:
+  std::string bytes_;
+};
+
+// Reads a payload; a field beyond its end reads as zero and fails Done().
+class Reader {
+ public:
+  explicit Reader(const std::string& bytes) : bytes_(bytes) {}
+  template <class T>
+  T Get() {
+    T v{};
+    if (!ok_ || bytes_.size() - at_ < sizeof(T)) {
+      ok_ = false;
+      return v;
+    }
+    std::memcpy(&v, bytes_.data() + at_, sizeof(T));
+    at_ += sizeof(T);
+    return v;
+  }
+  std::string GetString() {
+    const auto n = Get<uint32_t>();
+    if (!ok_ || n > kMaxString || bytes_.size() - at_ < n) {
+      ok_ = false;
+      return {};
+    }
+    std::string s = bytes_.substr(at_, n);
+    at_ += n;
+    return s;
+  }
+  // Whether a count of 8-byte fields can be there at all.
+  bool Fits(uint64_t n) const { return n <= (bytes_.size() - at_) / 8; }
+  // Every field read, nothing left over.
+  bool Done() const { return ok_ && at_ == bytes_.size(); }
+
+ private:
+  const std::string& bytes_;
+  size_t at_ = 0;
+  bool ok_ = true;
+};
+
+// Sends every byte. MSG_NOSIGNAL: a peer gone is an error here, never a
+// SIGPIPE.
+bool SendAll(int fd, const void* data, size_t n, int flags = 0) {
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    const ssize_t sent = send(fd, p, n, MSG_NOSIGNAL | flags);
+    if (sent < 0 && errno == EINTR) continue;
+    if (sent <= 0) return false;
+    p += sent;
+    n -= static_cast<size_t>(sent);
+  }
+  return true;
+}
+bool SendAll(int fd, const std::string& bytes, int flags = 0) { return SendAll(fd, bytes.data(), bytes.size(), flags); }
+
+// Receives exactly n bytes: false at the stream's end, on an error or a
+// timeout.
+bool RecvAll(int fd, void* data, size_t n) {
+  char* p = static_cast<char*>(data);
+  while (n > 0) {
+    const ssize_t got = recv(fd, p, n, 0);
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) return false;
+    p += got;
+    n -= static_cast<size_t>(got);
+  }
+  return true;
+}
+
+// A frame's header, refused for a wrong magic or a length beyond its bound.
+bool ReadHeader(int fd, Header* h) {
+  if (!RecvAll(fd, h, sizeof(*h)) || h->magic != kWireMagic) return false;
+  return h->length <= (h->type == kData ? kMaxData : kMaxControl);
+}
+
+// The next frame, which must not be data.
+bool ReadControl(int fd, uint32_t* type, std::string* payload) {
+  Header h;
+  if (!ReadHeader(fd, &h) || h.type == kData) return false;
+  *type = h.type;
+  payload->assign(h.length, '\0');
+  return RecvAll(fd, payload->data(), payload->size());
+}
+
+// The n bytes of data frames after a kRun or kResult.
+bool ReadData(int fd, char* out, uint64_t n) {
+  while (n > 0) {
+    Header h;
+    if (!ReadHeader(fd, &h) || h.type != kData || h.length == 0 || h.length > n) return false;
+    if (!RecvAll(fd, out, h.length)) return false;
+    out += h.length;
+    n -= h.length;
+  }
+  return true;
+}
+
+bool SendData(int fd, const void* data, uint64_t n) {
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    const uint64_t chunk = std::min(n, kChunk);
+    if (!SendAll(fd, FrameHeader(kData, chunk)) || !SendAll(fd, p, chunk)) return false;
+    p += chunk;
+    n -= chunk;
+  }
+  return true;
+}
+void AppendData(std::string* frames, const char* data, uint64_t n) {
+  while (n > 0) {
+    const uint64_t chunk = std::min(n, kChunk);
+    *frames += FrameHeader(kData, chunk);
+    frames->append(data, chunk);
+    data += chunk;
+    n -= chunk;
+  }
+}
+
+void SetNoDelay(int fd) {
+  const int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+}
+// 0: none.
+void SetRecvTimeout(int fd, int seconds) {
+  timeval tv{};
+  tv.tv_sec = seconds;
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+}
+
+// The emulator's sockets (fd + 1; 0: a free slot). A forked child closes
+// its copies (pthread_atfork): holding them, it would keep its parent's
+// connections open after the parent died, and the peers could not see it go.
+std::atomic<int> g_fds[1024];
+void RememberFd(int fd) {
+  for (std::atomic<int>& slot : g_fds) {
+    int free = 0;
+    if (slot.compare_exchange_strong(free, fd + 1)) return;
+  }
+}
+void ForgetFd(int fd) {
+  for (std::atomic<int>& slot : g_fds) {
+    int mine = fd + 1;
+    if (slot.compare_exchange_strong(mine, 0)) return;
+  }
+}
+void CloseInheritedFds() {
+  for (std::atomic<int>& slot : g_fds) {
+    const int v = slot.exchange(0);
+    if (v > 0) close(v - 1);
+  }
+}
+
+// A connection between a remote rank and its hub. Its fd is closed only
+// when the last user lets go, so no thread writes to a reused fd; shutdown()
+// ends the connection before.
+struct Conn {
+  explicit Conn(int f) : fd(f) { RememberFd(fd); }
+  ~Conn() {
+    if (owner != getpid()) return;  // a forked child's copy: closed at the fork
+    ForgetFd(fd);
+    close(fd);
+  }
+  Conn(const Conn&) = delete;
+  Conn& operator=(const Conn&) = delete;
+  const int fd;
+  const pid_t owner = getpid();
+  std::mutex write_mu;  // one writer at a time: frames never interleave
+};
+
+// On a hub, a remote rank's connection. What goes to it is queued in its
+// outbox and written by the link's own thread: a clique's lock holder never
+// waits on a socket.
+struct HubLink {
+  explicit HubLink(std::shared_ptr<Conn> c) : conn(std::move(c)) {}
+  void Push(std::string frames) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (closed) return;
+    outbox.push_back(std::move(frames));
+    cv.notify_all();
+  }
+  // The writer ends once the outbox is drained.
+  void Close() {
+    std::lock_guard<std::mutex> lock(mu);
+    closed = true;
+    cv.notify_all();
+  }
+  const std::shared_ptr<Conn> conn;
+  std::mutex mu;  // guards the two below
+  std::condition_variable cv;
+  std::deque<std::string> outbox;
+  bool closed = false;
+};
+
+std::string StateFrame(ncclResult_t error, bool formed, const std::string& message) {
+  return Writer().Put<int32_t>(error).Put<uint8_t>(formed ? 1 : 0).PutString(message).Frame(kState);
+}
+
+enum class PeerLoss { kHang, kError };
+
+PeerLoss ReadPeerLoss() {
+  const char* value = std::getenv("TESSERA_CUDA_EMU_NCCL_PEER_LOSS");
+  if (value == nullptr || *value == '\0' || std::strcmp(value, "hang") == 0) return PeerLoss::kHang;
+  if (std::strcmp(value, "error") == 0) return PeerLoss::kError;
+  std::fprintf(stderr,
+               "NCCL emulator: TESSERA_CUDA_EMU_NCCL_PEER_LOSS=%s: not a choice; hang (the default: a peer process "
+               "gone leaves the ops waiting) or error (they fail with ncclRemoteError)\n",
+               value);
+  std::abort();
+}
+
+// This process's part of the cross-process machinery, made anew in a forked
+// child (its parent's threads do not run there) and never destroyed:
+// detached threads may outlive static destruction.
+struct Process {
+  pid_t pid = 0;
+  PeerLoss peer_loss = PeerLoss::kHang;
+  std::mutex mu;  // guards the two below
+  bool hub_tried = false;
+  uint16_t port = 0;  // the hub's, 0: none
+};
+Process& Proc() {
+  static std::once_flag at_fork;
+  std::call_once(at_fork, [] { pthread_atfork(nullptr, nullptr, CloseInheritedFds); });
+  static std::mutex mu;
+  static Process* current = nullptr;
+  std::lock_guard<std::mutex> lock(mu);
+  if (current == nullptr || current->pid != getpid()) {
+    auto* p = new Process;
+    p->pid = getpid();
+    p->peer_loss = ReadPeerLoss();
+    current = p;
+  }
+  return *current;
+}
+
+// ---------------------------------------------------------------------------
+// Ops of a clique.
+
 // Fails the clique: every rank's async error (culprit_code for `culprit`,
 // others_code for the rest), every op not moving data, every waiting task.
+// Remote ranks learn their state at once.
 void FailCliqueLocked(Clique& q, int culprit, ncclResult_t culprit_code, ncclResult_t others_code,
                       const std::string& message) {
   if (q.failed) return;
@@ -400,6 +777,8 @@ void FailCliqueLocked(Clique& q, int culprit, ncclResult_t culprit_code, ncclRes
     if (rank.error != ncclSuccess) continue;
     rank.error = r == culprit ? culprit_code : others_code;
     rank.last_error = kPrefix + message;
+    const std::shared_ptr<HubLink>& link = q.links[static_cast<size_t>(r)];
+    if (link != nullptr) link->Push(StateFrame(rank.error, q.formed, rank.last_error));
   }
   for (auto it = q.ops.begin(); it != q.ops.end();) {
     if (it->second->state == Op::kMoving) {
@@ -410,6 +789,22 @@ void FailCliqueLocked(Clique& q, int culprit, ncclResult_t culprit_code, ncclRes
     }
   }
   q.cv.notify_all();
+}
+
+// Every rank joined (lock held): remote ranks learn it, but `joiner`, whose
+// join's reply says so.
+void FormedLocked(Clique& q, int joiner) {
+  q.formed = true;
+  q.cv.notify_all();
+  for (int r = 0; r < q.nranks; ++r) {
+    const std::shared_ptr<HubLink>& link = q.links[static_cast<size_t>(r)];
+    if (r != joiner && link != nullptr) link->Push(StateFrame(ncclSuccess, true, ""));
+  }
+}
+
+std::string NeverRan(int rank, const std::string& title) {
+  return "rank " + to_string(rank) + "'s stream never ran its part of " + title +
+         " (an earlier error on that stream, or the stream was destroyed)";
 }
 
 // After a side was posted or marked bad: a mix of bad and good sides fails
@@ -497,12 +892,57 @@ std::shared_ptr<Op> PostLocked(Clique& q, int rank, const Call& call, bool bad, 
   return op;
 }
 
-// One rank's part of an op, as a task carries it.
+// A rank destroyed once its tasks finished (lock held): peers waiting for a
+// part it never posted would wait forever, so the clique fails.
+void DestroyedLocked(Clique& q, const ncclComm& comm) {
+  q.ranks[static_cast<size_t>(comm.rank)].destroyed = true;
+  for (const auto& [key, op] : q.ops) {
+    for (const Op::Side& s : op->sides) {
+      if (s.rank != comm.rank || s.posted) continue;
+      FailCliqueLocked(q, -1, ncclInvalidUsage, ncclInvalidUsage,
+                       OpTitle(*op) + ": " + Who(comm) + " destroyed its communicator before posting its part");
+      return;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Remote ranks: a rank whose clique lives in another process's hub. Its
+// ncclComm's clique is a cache: its own state (formed, failed, the async
+// error and last error, as the hub pushes them), its pending tasks and
+// whether it aborted.
+
+struct Proxy {
+  std::shared_ptr<Conn> conn;
+  std::shared_ptr<Clique> cache;
+  int rank = 0;
+  int64_t hub_pid = 0;
+  PeerLoss peer_loss = PeerLoss::kHang;
+  uint64_t next_seq = 0;  // guarded by conn->write_mu
+  std::atomic<uint64_t> next_task{0};
+  std::atomic<bool> closing{false};  // an abort or destroy ends the connection: its end is no loss
+  // Guarded by cache->mu.
+  struct Result {
+    bool ready = false;
+    cudaError_t code = cudaSuccess;
+    std::vector<uint8_t> has_data;  // per part
+    std::vector<char> bytes;        // the receive bytes of the parts with data, in part order
+  };
+  std::map<uint64_t, Result> results;  // per task, while it waits
+  bool lost = false;                   // the hub's process went away, with PEER_LOSS=error
+};
+
+// One rank's part of an op, as a task carries it. A remote rank's part has
+// no op here (its hub has it) but its proxy, its post's number and the call,
+// whose buffers its task reads and writes.
 struct Part {
   std::shared_ptr<Clique> clique;
   std::shared_ptr<Op> op;
   int side = 0;
   int rank = 0;
+  std::shared_ptr<Proxy> proxy;
+  uint64_t seq = 0;
+  Call call;
 };
 
 // The data movement of an op, once every side arrived (no lock: nothing
@@ -553,7 +993,10 @@ void Arrive(const Part& part) {
   q.cv.notify_all();
 }
 
-cudaError_t Wait(const Part& part) {
+// Waits for a part's op: whether it is done (its data moved); `*result` its
+// task's result (a failed op's cudaErrorLaunchFailure, unless the rank
+// aborted).
+bool WaitDone(const Part& part, cudaError_t* result) {
   Clique& q = *part.clique;
   const Op& op = *part.op;
   const RankState& me = q.ranks[static_cast<size_t>(part.rank)];
@@ -561,8 +1004,119 @@ cudaError_t Wait(const Part& part) {
   q.cv.wait(lock, [&] {
     return op.state == Op::kDone || op.state == Op::kFailed || (me.aborted && op.state != Op::kMoving);
   });
-  if (op.state == Op::kDone || me.aborted) return cudaSuccess;
-  return cudaErrorLaunchFailure;
+  const bool done = op.state == Op::kDone;
+  *result = done || me.aborted ? cudaSuccess : cudaErrorLaunchFailure;
+  return done;
+}
+
+cudaError_t Wait(const Part& part) {
+  cudaError_t result = cudaSuccess;
+  WaitDone(part, &result);
+  return result;
+}
+
+// A remote rank's post: its call's place in the op order. Frames go out in
+// call order on the rank's one connection; a hub gone leaves it an op that
+// never completes, as a dead peer's would.
+uint64_t ProxyPost(Proxy& p, const Call& c, bool bad, const std::string& reason) {
+  std::lock_guard<std::mutex> lock(p.conn->write_mu);
+  const uint64_t seq = p.next_seq++;
+  SendAll(p.conn->fd, Writer()
+                          .Put(seq)
+                          .Put(static_cast<int32_t>(c.kind))
+                          .Put(static_cast<uint64_t>(c.count))
+                          .Put(static_cast<int32_t>(c.type))
+                          .Put(static_cast<int32_t>(c.op))
+                          .Put(static_cast<int32_t>(c.root))
+                          .Put(static_cast<uint8_t>(bad ? 1 : 0))
+                          .PutString(reason)
+                          .Frame(kPost));
+  return seq;
+}
+
+void ProxySend(Proxy& p, const std::string& frame) {
+  std::lock_guard<std::mutex> lock(p.conn->write_mu);
+  SendAll(p.conn->fd, frame);
+}
+
+// A remote task starts its parts of `p`: their posts' numbers and send bytes
+// go to the hub, which arrives for them. Returns the task's number.
+uint64_t ProxyRun(Proxy& p, const std::vector<const Part*>& parts) {
+  const uint64_t task = p.next_task++;
+  {
+    std::lock_guard<std::mutex> lock(p.cache->mu);
+    if (p.cache->ranks[static_cast<size_t>(p.rank)].aborted) return task;  // it just ends
+    p.results[task];                                                       // where its result lands
+  }
+  Writer w;
+  w.Put(task).Put(static_cast<uint32_t>(parts.size()));
+  uint64_t bytes = 0;
+  for (const Part* part : parts) {
+    w.Put(part->seq);
+    if (NeedsSend(part->call, part->rank)) bytes += Bytes(part->call);
+  }
+  w.Put(bytes);
+  std::lock_guard<std::mutex> lock(p.conn->write_mu);
+  if (!SendAll(p.conn->fd, w.Frame(kRun))) return task;
+  for (const Part* part : parts) {
+    if (NeedsSend(part->call, part->rank) && !SendData(p.conn->fd, part->call.send, Bytes(part->call))) break;
+  }
+  return task;
+}
+
+// Waits for a remote task's result and copies its receive bytes in (under
+// the cache's lock: once an abort returned, nothing writes the buffers).
+cudaError_t ProxyWait(Proxy& p, uint64_t task, const std::vector<const Part*>& parts) {
+  Clique& q = *p.cache;
+  const RankState& me = q.ranks[static_cast<size_t>(p.rank)];
+  std::unique_lock<std::mutex> lock(q.mu);
+  const auto it = p.results.find(task);
+  q.cv.wait(lock, [&] { return me.aborted || p.lost || (it != p.results.end() && it->second.ready); });
+  cudaError_t result = cudaErrorLaunchFailure;  // the hub's process went away
+  if (me.aborted) {
+    result = cudaSuccess;
+  } else if (it != p.results.end() && it->second.ready) {
+    // The parts whose ops are done have data, whatever became of the
+    // task's other ops (as a local rank's buffers are written).
+    const Proxy::Result& r = it->second;
+    bool garbled = r.has_data.size() != parts.size();
+    size_t offset = 0;
+    for (size_t i = 0; i < parts.size() && !garbled; ++i) {
+      if (r.has_data[i] == 0) continue;
+      const size_t bytes = Bytes(parts[i]->call);
+      garbled = r.bytes.size() - offset < bytes;
+      if (garbled) break;
+      std::memcpy(parts[i]->call.recv, r.bytes.data() + offset, bytes);
+      offset += bytes;
+    }
+    result = garbled ? cudaErrorLaunchFailure : r.code;
+  }
+  if (it != p.results.end()) p.results.erase(it);
+  return result;
+}
+
+// Ends a remote rank's connection after telling the hub `why` (kAbort or
+// kDestroy). An abort waits neither for a hub that does not read nor for a
+// writer stuck on it.
+void ProxyClose(Proxy& p, Msg why) {
+  p.closing = true;
+  std::unique_lock<std::mutex> lock(p.conn->write_mu, std::defer_lock);
+  if (why == kAbort) {  // a second at most
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+    while (!lock.try_lock() && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  } else {
+    lock.lock();
+  }
+  if (lock.owns_lock()) {
+    const bool told = SendAll(p.conn->fd, Writer().Frame(why), why == kAbort ? MSG_DONTWAIT : 0);
+    // Half-closed: the hub reads the frame, then the end, and closes its
+    // side, which ends the reader.
+    shutdown(p.conn->fd, told ? SHUT_WR : SHUT_RDWR);
+  } else {
+    shutdown(p.conn->fd, SHUT_RDWR);  // the stuck writer fails
+  }
 }
 
 // A stream task's parts. Destroyed without running (its stream skipped it,
@@ -572,25 +1126,53 @@ struct TaskParts {
   std::vector<Part> parts;
   bool ran = false;
 
+  using RemoteParts = std::vector<std::pair<Proxy*, std::vector<const Part*>>>;
+  // The remote parts, by proxy (a task may hold parts of several).
+  RemoteParts Remote() const {
+    RemoteParts out;
+    for (const Part& p : parts) {
+      if (p.proxy == nullptr) continue;
+      auto it = std::find_if(out.begin(), out.end(), [&](const auto& e) { return e.first == p.proxy.get(); });
+      if (it == out.end()) it = out.insert(out.end(), {p.proxy.get(), {}});
+      it->second.push_back(&p);
+    }
+    return out;
+  }
+
   ~TaskParts() {
     if (ran) return;
     for (const Part& p : parts) {
       Clique& q = *p.clique;
       std::lock_guard<std::mutex> lock(q.mu);
       --q.ranks[static_cast<size_t>(p.rank)].pending;
-      q.cv.notify_all();  // ncclCommDestroy may wait for it
-      FailCliqueLocked(q, p.rank, ncclUnhandledCudaError, ncclRemoteError,
-                       "rank " + to_string(p.rank) + "'s stream never ran its part of " + OpTitle(*p.op) +
-                           " (an earlier error on that stream, or the stream was destroyed)");
+      q.cv.notify_all();                 // ncclCommDestroy may wait for it
+      if (p.proxy != nullptr) continue;  // its hub fails the clique (below)
+      FailCliqueLocked(q, p.rank, ncclUnhandledCudaError, ncclRemoteError, NeverRan(p.rank, OpTitle(*p.op)));
+    }
+    for (const auto& [proxy, remote] : Remote()) {
+      Writer w;
+      w.Put(static_cast<uint32_t>(remote.size()));
+      for (const Part* p : remote) w.Put(p->seq);
+      ProxySend(*proxy, w.Frame(kSkip));
     }
   }
 
   cudaError_t Run() {
     ran = true;
-    for (const Part& p : parts) Arrive(p);
+    const RemoteParts remote = Remote();
+    for (const Part& p : parts) {
+      if (p.proxy == nullptr) Arrive(p);
+    }
+    std::vector<uint64_t> tasks;
+    for (const auto& [proxy, mine] : remote) tasks.push_back(ProxyRun(*proxy, mine));
     cudaError_t result = cudaSuccess;
     for (const Part& p : parts) {
+      if (p.proxy != nullptr) continue;
       const cudaError_t waited = Wait(p);
+      if (result == cudaSuccess) result = waited;
+    }
+    for (size_t i = 0; i < remote.size(); ++i) {
+      const cudaError_t waited = ProxyWait(*remote[i].first, tasks[i], remote[i].second);
       if (result == cudaSuccess) result = waited;
     }
     for (const Part& p : parts) {
@@ -677,14 +1259,9 @@ ncclResult_t Issue(const Call& call, ncclComm_t handle, cudaStream_t stream) {
   check(p2p || call.kind == Kind::kBroadcast || ValidOp(call.op), ncclInvalidArgument, "invalid " + OpName(call.op));
   check(!rooted || (call.root >= 0 && call.root < q.nranks), ncclInvalidArgument,
         "root " + to_string(call.root) + " outside [0, " + to_string(q.nranks) + ")");
-  const bool is_root = !rooted || call.root == comm->rank;
-  const bool needs_send = call.kind == Kind::kAllReduce || call.kind == Kind::kReduce || call.kind == Kind::kSend ||
-                          (call.kind == Kind::kBroadcast && is_root);
-  const bool needs_recv = call.kind == Kind::kAllReduce || call.kind == Kind::kBroadcast || call.kind == Kind::kRecv ||
-                          (call.kind == Kind::kReduce && is_root);
-  check(call.count == 0 || !needs_send || call.send != nullptr, ncclInvalidArgument,
+  check(call.count == 0 || !NeedsSend(call, comm->rank) || call.send != nullptr, ncclInvalidArgument,
         "null sendbuff with count " + to_string(call.count));
-  check(call.count == 0 || !needs_recv || call.recv != nullptr, ncclInvalidArgument,
+  check(call.count == 0 || !WritesRecv(call, comm->rank) || call.recv != nullptr, ncclInvalidArgument,
         "null recvbuff with count " + to_string(call.count));
   if (!SpecialStream(stream)) {
     const int device = cuda_emu::StreamDevice(stream);
@@ -693,7 +1270,9 @@ ncclResult_t Issue(const Call& call, ncclComm_t handle, cudaStream_t stream) {
           "a stream on cuda:" + to_string(device) + ", the communicator is on cuda:" + to_string(comm->device));
   }
 
-  Part part{comm->clique, nullptr, 0, comm->rank};
+  Part part;
+  part.clique = comm->clique;
+  part.rank = comm->rank;
   {
     std::lock_guard<std::mutex> lock(q.mu);
     RankState& me = q.ranks[static_cast<size_t>(comm->rank)];
@@ -717,8 +1296,16 @@ ncclResult_t Issue(const Call& call, ncclComm_t handle, cudaStream_t stream) {
           CallErrorLocked(&me, ncclInvalidUsage,
                           what + ": a send to or receive from its own rank outside a group would wait for itself"));
     }
-    part.op = PostLocked(q, comm->rank, call, bad != ncclSuccess, reason, &part.side);
-    if (bad != ncclSuccess) return group_error(CallErrorLocked(&me, bad, what + ": " + reason));
+    if (comm->proxy == nullptr) {
+      part.op = PostLocked(q, comm->rank, call, bad != ncclSuccess, reason, &part.side);
+      if (bad != ncclSuccess) return group_error(CallErrorLocked(&me, bad, what + ": " + reason));
+    }
+  }
+  if (comm->proxy != nullptr) {  // posted with no lock held; its hub takes it in call order
+    part.proxy = comm->proxy;
+    part.call = call;
+    part.seq = ProxyPost(*comm->proxy, call, bad != ncclSuccess, reason);
+    if (bad != ncclSuccess) return group_error(CallError(comm.get(), bad, what + ": " + reason));
   }
   if (t_group.depth > 0) {
     t_group.ops.push_back({std::move(comm), stream, std::move(part)});
@@ -748,10 +1335,34 @@ void AbortRank(const std::shared_ptr<ncclComm>& comm) {
   });
 }
 
+// A remote rank's abort: its waiting tasks end at once, whatever its hub
+// does; the hub aborts it in the clique.
+void ProxyAbort(const ncclComm& comm) {
+  Clique& q = *comm.clique;
+  {
+    std::lock_guard<std::mutex> lock(q.mu);
+    q.ranks[static_cast<size_t>(comm.rank)].aborted = true;
+    q.cv.notify_all();
+  }
+  ProxyClose(*comm.proxy, kAbort);
+}
+
+// A remote rank's destroy: once its tasks finished, the hub destroys it.
+void ProxyDestroy(const ncclComm& comm) {
+  Clique& q = *comm.clique;
+  {
+    std::unique_lock<std::mutex> lock(q.mu);
+    RankState& me = q.ranks[static_cast<size_t>(comm.rank)];
+    q.cv.wait(lock, [&] { return me.pending == 0; });
+    me.destroyed = true;
+  }
+  ProxyClose(*comm.proxy, kDestroy);
+}
+
 std::shared_ptr<ncclComm> Unregister(ncclComm_t handle) {
   std::lock_guard<std::mutex> lock(g_mu);
   auto it = Live().find(handle);
-  if (it == Live().end()) return nullptr;
+  if (it == Live().end() || it->second->pid != getpid()) return nullptr;
   std::shared_ptr<ncclComm> comm = std::move(it->second);
   Live().erase(it);
   return comm;
@@ -761,8 +1372,11 @@ struct IdLayout {
   char magic[32];
   int64_t pid;
   uint64_t nonce[2];
+  uint16_t port;  // the maker's hub on 127.0.0.1; 0: none
 };
 static_assert(sizeof(IdLayout) <= NCCL_UNIQUE_ID_BYTES);
+static_assert(offsetof(IdLayout, pid) == 32 && offsetof(IdLayout, nonce) == 40 && offsetof(IdLayout, port) == 56,
+              "the layout the header comment documents");
 constexpr char kIdMagic[] = "tessera cuda_emu nccl id";
 
 uint64_t Mix(uint64_t x) {  // splitmix64's finaliser
@@ -770,6 +1384,570 @@ uint64_t Mix(uint64_t x) {  // splitmix64's finaliser
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
   x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
   return x ^ (x >> 31);
+}
+
+// Marks `rank` joined to the clique of `key` (g_mu held; the clique is made
+// at its first rank's join): the clique, locked through `lock`, or why the
+// rank cannot join.
+ncclResult_t JoinLocked(const std::string& key, int nranks, int rank, const std::string& who,
+                        std::shared_ptr<Clique>* out, std::unique_lock<std::mutex>* lock, std::string* message) {
+  std::shared_ptr<Clique>& slot = Forming()[key];
+  if (slot == nullptr) slot = std::make_shared<Clique>(nranks);
+  std::shared_ptr<Clique> q = slot;
+  std::unique_lock<std::mutex> held(q->mu);
+  if (q->nranks != nranks) {
+    *message = who + ": the other ranks of this id said nranks " + to_string(q->nranks);
+    return ncclInvalidUsage;
+  }
+  if (q->failed) {
+    *message = who + ": " + Unprefixed(q->ranks[static_cast<size_t>(rank)].last_error);
+    return ncclRemoteError;
+  }
+  RankState& me = q->ranks[static_cast<size_t>(rank)];
+  if (me.joined) {
+    *message = who + ": this rank already joined with this id";
+    return ncclInvalidUsage;
+  }
+  me.joined = true;
+  *out = std::move(q);
+  *lock = std::move(held);
+  return ncclSuccess;
+}
+
+// ---------------------------------------------------------------------------
+// The hub: this process's listener; a reader thread per connection takes a
+// remote rank's frames in order, a writer thread per connection sends what
+// the rank's link queued, and a thread per remote task arrives and waits for
+// its parts.
+
+// What a hub connection's reader knows of its remote rank.
+struct HubSession {
+  std::shared_ptr<HubLink> link;
+  uint16_t port = 0;
+  PeerLoss peer_loss = PeerLoss::kHang;
+  std::shared_ptr<ncclComm> comm;  // the rank's member of the clique once joined (no live handle)
+  uint64_t next_seq = 0;
+  struct Posted {
+    std::shared_ptr<Op> op;  // null: posted after the clique failed
+    int side = 0;
+    Call call;
+  };
+  std::map<uint64_t, Posted> posted;  // good posts whose task has not started
+  bool ended = false;                 // aborted or destroyed: the connection's end is no loss
+};
+
+// A remote rank's task on the hub: stand-ins for its buffers, its parts.
+struct HubTask {
+  std::shared_ptr<HubLink> link;
+  std::shared_ptr<Clique> clique;
+  int rank = 0;
+  uint64_t task = 0;
+  std::vector<HubSession::Posted> parts;
+  std::vector<char> send, recv;  // the parts' bytes, in part order
+};
+
+// Arrives and waits for a remote task's parts as the rank's own task would,
+// then sends back the outcome and the receive bytes.
+void HubRunTask(const std::shared_ptr<HubTask>& t) {
+  Clique& q = *t->clique;
+  std::vector<Part> parts(t->parts.size());
+  {
+    std::lock_guard<std::mutex> lock(q.mu);
+    size_t sent = 0, received = 0;
+    for (size_t i = 0; i < parts.size(); ++i) {
+      const HubSession::Posted& posted = t->parts[i];
+      const size_t bytes = Bytes(posted.call);
+      Part& part = parts[i];
+      part.clique = t->clique;
+      part.op = posted.op;
+      part.side = posted.side;
+      part.rank = t->rank;
+      Call* call = posted.op == nullptr ? nullptr : &posted.op->sides[static_cast<size_t>(posted.side)].call;
+      if (NeedsSend(posted.call, t->rank)) {
+        if (call != nullptr) call->send = t->send.data() + sent;
+        sent += bytes;
+      }
+      if (WritesRecv(posted.call, t->rank)) {
+        if (call != nullptr) call->recv = t->recv.data() + received;
+        received += bytes;
+      }
+    }
+  }
+  for (const Part& part : parts) {
+    if (part.op != nullptr) Arrive(part);
+  }
+  cudaError_t result = cudaSuccess;
+  std::vector<uint8_t> has_data(parts.size(), 0);
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    cudaError_t waited = cudaErrorLaunchFailure;  // no op: posted after the clique failed
+    if (parts[i].op != nullptr && WaitDone(parts[i], &waited) && WritesRecv(t->parts[i].call, t->rank) &&
+        Bytes(t->parts[i].call) > 0) {
+      has_data[i] = 1;
+      bytes += Bytes(t->parts[i].call);
+    }
+    if (result == cudaSuccess) result = waited;
+  }
+  Writer w;
+  w.Put(t->task).Put(static_cast<int32_t>(result)).Put(static_cast<uint32_t>(parts.size()));
+  for (uint8_t h : has_data) w.Put(h);
+  w.Put(bytes);
+  std::string frames = w.Frame(kResult);
+  size_t offset = 0;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    if (!WritesRecv(t->parts[i].call, t->rank)) continue;
+    const size_t n = Bytes(t->parts[i].call);
+    if (has_data[i] != 0) AppendData(&frames, t->recv.data() + offset, n);
+    offset += n;
+  }
+  t->link->Push(std::move(frames));
+}
+
+bool HubJoin(HubSession& s, const std::string& payload) {
+  Reader in(payload);
+  ncclUniqueId id;
+  for (char& c : id.internal) c = in.Get<char>();
+  const auto nranks = in.Get<int32_t>();
+  const auto rank = in.Get<int32_t>();
+  const auto device = in.Get<int32_t>();
+  const auto pid = in.Get<int64_t>();
+  if (!in.Done()) return false;
+  IdLayout layout;
+  std::memcpy(&layout, id.internal, sizeof(layout));
+  if (std::memcmp(layout.magic, kIdMagic, sizeof(kIdMagic)) != 0) return false;  // not an emulator's rank
+  const std::string who = "ncclCommInitRank: rank " + to_string(rank) + "/" + to_string(nranks);
+  auto refuse = [&](ncclResult_t r, const std::string& message) {
+    s.link->Push(Writer().Put<int32_t>(r).Put<uint8_t>(0).PutString(kPrefix + message).Frame(kJoinReply));
+    return false;
+  };
+  if (layout.pid != static_cast<int64_t>(getpid()) || layout.port != s.port) {
+    return refuse(ncclInvalidUsage, who + ": the unique id names process " + to_string(layout.pid) + " (port " +
+                                        to_string(layout.port) + "), this is process " + to_string(getpid()) +
+                                        " (port " + to_string(s.port) + ")");
+  }
+  if (nranks < 1 || rank < 0 || rank >= nranks) return refuse(ncclInvalidArgument, who + ": no such rank");
+  auto comm = std::make_shared<ncclComm>();
+  comm->rank = rank;
+  comm->device = device;
+  comm->pid = getpid();
+  comm->remote_pid = pid;
+  const std::string key(id.internal, sizeof(id.internal));
+  std::lock_guard<std::mutex> global(g_mu);
+  std::shared_ptr<Clique> q;
+  std::unique_lock<std::mutex> lock;
+  std::string message;
+  if (const ncclResult_t r = JoinLocked(key, nranks, rank, who, &q, &lock, &message); r != ncclSuccess) {
+    return refuse(r, message);
+  }
+  comm->clique = q;
+  s.comm = comm;
+  // Under the clique's lock: the reply goes out before any state push.
+  s.link->Push(
+      Writer().Put<int32_t>(ncclSuccess).Put<uint8_t>(q->joined + 1 == nranks).PutString("").Frame(kJoinReply));
+  q->links[static_cast<size_t>(rank)] = s.link;
+  if (++q->joined == nranks) {
+    FormedLocked(*q, rank);
+    Forming().erase(key);  // the id is spent
+  }
+  return true;
+}
+
+bool HubPost(HubSession& s, const std::string& payload) {
+  Reader in(payload);
+  const auto seq = in.Get<uint64_t>();
+  const auto kind = in.Get<int32_t>();
+  Call call;
+  call.count = in.Get<uint64_t>();
+  call.type = static_cast<ncclDataType_t>(in.Get<int32_t>());
+  call.op = static_cast<ncclRedOp_t>(in.Get<int32_t>());
+  call.root = in.Get<int32_t>();
+  const bool bad = in.Get<uint8_t>() != 0;
+  const std::string reason = in.GetString();
+  if (!in.Done() || seq != s.next_seq++ || kind < 0 || kind > static_cast<int>(Kind::kRecv)) return false;
+  call.kind = static_cast<Kind>(kind);
+  Clique& q = *s.comm->clique;
+  const bool p2p = call.kind == Kind::kSend || call.kind == Kind::kRecv;
+  const bool rooted = call.kind == Kind::kBroadcast || call.kind == Kind::kReduce;
+  const bool root_ok = call.root >= 0 && call.root < q.nranks;
+  if (p2p && !root_ok) return false;  // refused where it was called, never posted
+  if (!bad && (!ValidType(call.type) || call.count > kMaxCallBytes / TypeSize(call.type) || (rooted && !root_ok) ||
+               (!p2p && call.kind != Kind::kBroadcast && !ValidOp(call.op)))) {
+    return false;  // its checks passed where it was called: not an emulator's post
+  }
+  HubSession::Posted posted{nullptr, 0, call};
+  {
+    std::lock_guard<std::mutex> lock(q.mu);
+    // A post racing the clique's failure (the rank's cache did not know
+    // yet): its task fails.
+    if (q.formed && !q.failed) posted.op = PostLocked(q, s.comm->rank, call, bad, reason, &posted.side);
+  }
+  if (!bad) s.posted[seq] = std::move(posted);
+  return true;
+}
+
+// A posted call's group failed: its side is bad after all.
+bool HubBad(HubSession& s, const std::string& payload) {
+  Reader in(payload);
+  const auto seq = in.Get<uint64_t>();
+  const std::string reason = in.GetString();
+  auto it = s.posted.find(seq);
+  if (!in.Done() || it == s.posted.end()) return false;
+  const std::shared_ptr<Op> op = it->second.op;
+  const int side = it->second.side;
+  s.posted.erase(it);
+  if (op == nullptr) return true;
+  Clique& q = *s.comm->clique;
+  std::lock_guard<std::mutex> lock(q.mu);
+  Op::Side& bad = op->sides[static_cast<size_t>(side)];
+  bad.bad = true;
+  bad.bad_reason = reason;
+  CheckSidesLocked(q, *op);
+  return true;
+}
+
+// A remote task its stream never ran.
+bool HubSkip(HubSession& s, const std::string& payload) {
+  Reader in(payload);
+  const auto n = in.Get<uint32_t>();
+  if (!in.Fits(n)) return false;
+  std::vector<uint64_t> seqs(n);
+  for (uint64_t& seq : seqs) seq = in.Get<uint64_t>();
+  if (!in.Done()) return false;
+  Clique& q = *s.comm->clique;
+  for (uint64_t seq : seqs) {
+    auto it = s.posted.find(seq);
+    if (it == s.posted.end()) return false;
+    const std::shared_ptr<Op> op = it->second.op;
+    s.posted.erase(it);
+    std::lock_guard<std::mutex> lock(q.mu);
+    FailCliqueLocked(q, s.comm->rank, ncclUnhandledCudaError, ncclRemoteError,
+                     NeverRan(s.comm->rank, op == nullptr ? std::string("an op") : OpTitle(*op)));
+  }
+  return true;
+}
+
+// A remote task starts: its parts' send bytes staged, a thread of its own
+// arrives and waits for them, never blocking the reader.
+bool HubRun(HubSession& s, const std::string& payload) {
+  Reader in(payload);
+  auto t = std::make_shared<HubTask>();
+  t->task = in.Get<uint64_t>();
+  const auto n = in.Get<uint32_t>();
+  if (!in.Fits(n)) return false;
+  for (uint32_t i = 0; i < n; ++i) {
+    auto it = s.posted.find(in.Get<uint64_t>());
+    if (it == s.posted.end()) return false;
+    t->parts.push_back(std::move(it->second));
+    s.posted.erase(it);
+  }
+  const auto bytes = in.Get<uint64_t>();
+  if (!in.Done()) return false;
+  uint64_t sent = 0, received = 0;
+  for (const HubSession::Posted& p : t->parts) {
+    if (NeedsSend(p.call, s.comm->rank)) sent += Bytes(p.call);
+    if (WritesRecv(p.call, s.comm->rank)) received += Bytes(p.call);
+  }
+  if (bytes != sent) return false;
+  t->send.resize(sent);
+  t->recv.resize(received);
+  if (!ReadData(s.link->conn->fd, t->send.data(), sent)) return false;
+  t->link = s.link;
+  t->clique = s.comm->clique;
+  t->rank = s.comm->rank;
+  std::thread([t] { HubRunTask(t); }).detach();
+  return true;
+}
+
+void HubDestroy(const std::shared_ptr<ncclComm>& comm) {
+  Clique& q = *comm->clique;
+  std::unique_lock<std::mutex> lock(q.mu);
+  if (!q.formed) {  // the ranks waiting to form must not hang
+    lock.unlock();
+    AbortRank(comm);
+    return;
+  }
+  DestroyedLocked(q, *comm);
+}
+
+// Takes a connection's frames in order until it ends or breaks the rules.
+void HubLoop(HubSession& s) {
+  const int fd = s.link->conn->fd;
+  SetRecvTimeout(fd, 30);  // until it joined: a silent connection ends
+  while (true) {
+    uint32_t type = 0;
+    std::string payload;
+    if (!ReadControl(fd, &type, &payload)) return;
+    if (s.comm == nullptr) {
+      if (type != kJoin || !HubJoin(s, payload)) return;
+      SetRecvTimeout(fd, 0);
+      continue;
+    }
+    if (s.ended) return;  // nothing follows an abort or a destroy
+    bool ok = false;
+    switch (type) {
+      case kPost:
+        ok = HubPost(s, payload);
+        break;
+      case kBad:
+        ok = HubBad(s, payload);
+        break;
+      case kRun:
+        ok = HubRun(s, payload);
+        break;
+      case kSkip:
+        ok = HubSkip(s, payload);
+        break;
+      case kAbort:
+      case kDestroy:
+        ok = payload.empty();
+        if (!ok) break;
+        s.ended = true;
+        if (type == kAbort) {
+          AbortRank(s.comm);
+        } else {
+          HubDestroy(s.comm);
+        }
+        break;
+      default:
+        break;
+    }
+    if (!ok) return;
+  }
+}
+
+// Writes a link's outbox until it is closed and drained, then ends the
+// connection.
+void HubWrite(const std::shared_ptr<HubLink>& link) {
+  while (true) {
+    std::string frames;
+    {
+      std::unique_lock<std::mutex> lock(link->mu);
+      link->cv.wait(lock, [&] { return !link->outbox.empty() || link->closed; });
+      if (link->outbox.empty()) break;
+      frames = std::move(link->outbox.front());
+      link->outbox.pop_front();
+    }
+    if (!SendAll(link->conn->fd, frames)) break;
+  }
+  {
+    std::lock_guard<std::mutex> lock(link->mu);
+    link->closed = true;
+    link->outbox.clear();
+  }
+  shutdown(link->conn->fd, SHUT_RDWR);
+}
+
+// One connection to the hub. Bad bytes (not an emulator's rank) end it,
+// never the hub.
+void HubServe(const std::shared_ptr<Conn>& conn, uint16_t port, PeerLoss peer_loss) {
+  HubSession s;
+  s.link = std::make_shared<HubLink>(conn);
+  s.port = port;
+  s.peer_loss = peer_loss;
+  try {
+    std::thread([link = s.link] { HubWrite(link); }).detach();
+    HubLoop(s);
+  } catch (...) {  // absurd sizes (bad_alloc), no thread to be had
+  }
+  if (s.comm != nullptr) {
+    Clique& q = *s.comm->clique;
+    const int rank = s.comm->rank;
+    std::lock_guard<std::mutex> lock(q.mu);
+    if (q.links[static_cast<size_t>(rank)] == s.link) q.links[static_cast<size_t>(rank)] = nullptr;
+    if (!s.ended && peer_loss == PeerLoss::kError) {
+      FailCliqueLocked(q, rank, ncclRemoteError, ncclRemoteError,
+                       Who(*s.comm) + "'s process (pid " + to_string(s.comm->remote_pid) +
+                           ") went away: its connection to the hub ended without ncclCommAbort or ncclCommDestroy "
+                           "(TESSERA_CUDA_EMU_NCCL_PEER_LOSS=error)");
+    }
+  }
+  s.link->Close();
+}
+
+void HubAccept(int listener, uint16_t port, PeerLoss peer_loss) {
+  while (true) {
+    const int fd = accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EINTR || errno == ECONNABORTED || errno == EPROTO) continue;
+      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        continue;
+      }
+      return;  // the listener is gone
+    }
+    auto conn = std::make_shared<Conn>(fd);
+    SetNoDelay(fd);
+    try {
+      std::thread([conn, port, peer_loss] { HubServe(conn, port, peer_loss); }).detach();
+    } catch (...) {  // no thread: the connection closes
+    }
+  }
+}
+
+// This process's hub: a listener on an ephemeral port of 127.0.0.1 and its
+// thread, started once; its port, 0 when it cannot listen.
+uint16_t HubPort() {
+  Process& p = Proc();
+  std::lock_guard<std::mutex> lock(p.mu);
+  if (p.hub_tried) return p.port;
+  p.hub_tried = true;
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return 0;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof(addr);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || listen(fd, SOMAXCONN) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &length) != 0) {
+    close(fd);
+    return 0;
+  }
+  const uint16_t port = ntohs(addr.sin_port);
+  RememberFd(fd);
+  try {
+    std::thread([fd, port, peer_loss = p.peer_loss] { HubAccept(fd, port, peer_loss); }).detach();
+  } catch (...) {
+    ForgetFd(fd);
+    close(fd);
+    return 0;
+  }
+  p.port = port;
+  return port;
+}
+
+// ---------------------------------------------------------------------------
+// A remote rank's side.
+
+// Takes the hub's pushes into the cache and results to the tasks waiting for
+// them; then, unless an abort or destroy ended it, the connection's end is
+// the hub's process gone.
+void ProxyRead(const std::shared_ptr<Proxy>& p) {
+  Clique& q = *p->cache;
+  RankState& me = q.ranks[static_cast<size_t>(p->rank)];
+  const int fd = p->conn->fd;
+  try {
+    while (true) {
+      uint32_t type = 0;
+      std::string payload;
+      if (!ReadControl(fd, &type, &payload)) break;
+      Reader in(payload);
+      if (type == kState) {
+        const auto error = static_cast<ncclResult_t>(in.Get<int32_t>());
+        const bool formed = in.Get<uint8_t>() != 0;
+        const std::string message = in.GetString();
+        if (!in.Done()) break;
+        std::lock_guard<std::mutex> lock(q.mu);
+        if (formed) q.formed = true;
+        if (error != ncclSuccess && me.error == ncclSuccess) {
+          me.error = error;
+          me.last_error = message;
+          q.failed = true;
+        }
+        q.cv.notify_all();
+      } else if (type == kResult) {
+        Proxy::Result r;
+        const auto task = in.Get<uint64_t>();
+        r.code = static_cast<cudaError_t>(in.Get<int32_t>());
+        const auto n = in.Get<uint32_t>();
+        if (n > payload.size()) break;
+        r.has_data.resize(n);
+        for (uint8_t& h : r.has_data) h = in.Get<uint8_t>();
+        const auto bytes = in.Get<uint64_t>();
+        if (!in.Done() || bytes > kMaxTaskBytes) break;
+        r.bytes.resize(bytes);
+        if (!ReadData(fd, r.bytes.data(), bytes)) break;
+        r.ready = true;
+        std::lock_guard<std::mutex> lock(q.mu);
+        auto it = p->results.find(task);
+        if (it != p->results.end()) it->second = std::move(r);
+        q.cv.notify_all();
+      } else {
+        break;
+      }
+    }
+  } catch (...) {  // absurd sizes (bad_alloc)
+  }
+  if (!p->closing && p->peer_loss == PeerLoss::kError) {
+    std::lock_guard<std::mutex> lock(q.mu);
+    p->lost = true;
+    if (me.error == ncclSuccess) {
+      me.error = ncclRemoteError;
+      me.last_error = kPrefix + std::string("rank ") + to_string(p->rank) + "/" + to_string(q.nranks) +
+                      ": the process holding its clique (pid " + to_string(p->hub_pid) +
+                      ", the unique id's maker) went away: its connection ended without ncclCommAbort or "
+                      "ncclCommDestroy (TESSERA_CUDA_EMU_NCCL_PEER_LOSS=error)";
+    }
+    q.failed = true;
+    q.cv.notify_all();
+  }
+  shutdown(fd, SHUT_RDWR);
+}
+
+// Joins a clique of another process through its hub: the rank's stand-in.
+ncclResult_t JoinRemote(const IdLayout& layout, const ncclUniqueId& id, int nranks, int rank, const std::string& who,
+                        std::shared_ptr<ncclComm>* out) {
+  const PeerLoss peer_loss = Proc().peer_loss;
+  const std::string hub = "process " + to_string(layout.pid) + "'s hub at 127.0.0.1:" + to_string(layout.port);
+  if (layout.port == 0) {
+    return CallError(nullptr, ncclSystemError,
+                     who + ": the unique id was made by process " + to_string(layout.pid) +
+                         ", which has no hub to join (it could not listen on 127.0.0.1)");
+  }
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return CallError(nullptr, ncclSystemError, who + ": socket: " + std::strerror(errno));
+  auto conn = std::make_shared<Conn>(fd);
+  SetNoDelay(fd);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(layout.port);
+  if (connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) {
+    return CallError(nullptr, ncclSystemError,
+                     who + ": cannot reach " + hub + " (" + std::strerror(errno) + "): has that process exited?");
+  }
+  SetRecvTimeout(fd, 60);
+  Writer join;
+  for (char c : id.internal) join.Put(c);
+  join.Put<int32_t>(nranks).Put<int32_t>(rank).Put<int32_t>(cuda_emu::CurrentDevice()).Put<int64_t>(getpid());
+  uint32_t type = 0;
+  std::string payload;
+  if (!SendAll(fd, join.Frame(kJoin)) || !ReadControl(fd, &type, &payload) || type != kJoinReply) {
+    return CallError(nullptr, ncclSystemError, who + ": no answer from " + hub);
+  }
+  Reader in(payload);
+  const auto result = static_cast<ncclResult_t>(in.Get<int32_t>());
+  const bool formed = in.Get<uint8_t>() != 0;
+  const std::string message = in.GetString();
+  if (!in.Done()) return CallError(nullptr, ncclSystemError, who + ": a garbled answer from " + hub);
+  if (result != ncclSuccess) return CallError(nullptr, result, Unprefixed(message));
+  SetRecvTimeout(fd, 0);
+  auto cache = std::make_shared<Clique>(nranks);
+  cache->ranks[static_cast<size_t>(rank)].joined = true;
+  cache->formed = formed;
+  auto proxy = std::make_shared<Proxy>();
+  proxy->conn = conn;
+  proxy->cache = cache;
+  proxy->rank = rank;
+  proxy->hub_pid = layout.pid;
+  proxy->peer_loss = peer_loss;
+  auto comm = std::make_shared<ncclComm>();
+  comm->clique = cache;
+  comm->rank = rank;
+  comm->device = cuda_emu::CurrentDevice();
+  comm->pid = getpid();
+  comm->proxy = proxy;
+  try {
+    std::thread([proxy] { ProxyRead(proxy); }).detach();
+  } catch (...) {
+    shutdown(fd, SHUT_RDWR);
+    return CallError(nullptr, ncclSystemError, who + ": no thread to read " + hub);
+  }
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    Live()[comm.get()] = comm;
+  }
+  *out = std::move(comm);
+  return ncclSuccess;
 }
 
 ncclResult_t InitRank(ncclComm_t* out, int nranks, const ncclUniqueId& id, int rank, bool blocking) {
@@ -785,40 +1963,28 @@ ncclResult_t InitRank(ncclComm_t* out, int nranks, const ncclUniqueId& id, int r
   if (std::memcmp(layout.magic, kIdMagic, sizeof(kIdMagic)) != 0) {
     return CallError(nullptr, ncclInvalidArgument, "ncclCommInitRank: the id is not one from ncclGetUniqueId");
   }
-  if (layout.pid != static_cast<int64_t>(getpid())) {
-    return CallError(nullptr, ncclInvalidUsage,
-                     "ncclCommInitRank: the unique id was made by process " + to_string(layout.pid) + ", this is " +
-                         to_string(getpid()) + "; the CUDA emulator's NCCL joins the ranks of one process only");
-  }
   const std::string key(id.internal, sizeof(id.internal));
   const std::string who = "ncclCommInitRank: rank " + to_string(rank) + "/" + to_string(nranks);
   std::shared_ptr<ncclComm> comm;
-  {
+  if (layout.pid != static_cast<int64_t>(getpid())) {
+    if (const ncclResult_t r = JoinRemote(layout, id, nranks, rank, who, &comm); r != ncclSuccess) return r;
+  } else {
     std::lock_guard<std::mutex> global(g_mu);
-    std::shared_ptr<Clique>& slot = Forming()[key];
-    if (slot == nullptr) slot = std::make_shared<Clique>(nranks);
-    std::shared_ptr<Clique> q = slot;
-    std::lock_guard<std::mutex> lock(q->mu);
-    if (q->nranks != nranks) {
-      return CallError(nullptr, ncclInvalidUsage,
-                       who + ": the other ranks of this id said nranks " + to_string(q->nranks));
+    std::shared_ptr<Clique> q;
+    std::unique_lock<std::mutex> lock;
+    std::string message;
+    if (const ncclResult_t r = JoinLocked(key, nranks, rank, who, &q, &lock, &message); r != ncclSuccess) {
+      return CallError(nullptr, r, message);
     }
-    if (q->failed) {
-      return CallError(nullptr, ncclRemoteError,
-                       who + ": " + Unprefixed(q->ranks[static_cast<size_t>(rank)].last_error));
-    }
-    RankState& me = q->ranks[static_cast<size_t>(rank)];
-    if (me.joined) return CallError(nullptr, ncclInvalidUsage, who + ": this rank already joined with this id");
-    me.joined = true;
     comm = std::make_shared<ncclComm>();
     comm->clique = q;
     comm->rank = rank;
     comm->device = cuda_emu::CurrentDevice();
+    comm->pid = getpid();
     Live()[comm.get()] = comm;
     if (++q->joined == nranks) {
-      q->formed = true;
+      FormedLocked(*q, -1);
       Forming().erase(key);  // the id is spent
-      q->cv.notify_all();
     }
   }
   *out = comm.get();
@@ -834,6 +2000,7 @@ ncclResult_t InitRank(ncclComm_t* out, int nranks, const ncclUniqueId& id, int r
   const std::string message = q.ranks[static_cast<size_t>(rank)].last_error;
   lock.unlock();
   Unregister(*out);
+  if (comm->proxy != nullptr) ProxyClose(*comm->proxy, kAbort);
   *out = nullptr;
   t_last_error = message;
   return ncclRemoteError;
@@ -895,6 +2062,7 @@ ncclResult_t ncclGetUniqueId(ncclUniqueId* unique_id) {
   const uint64_t n = counter.fetch_add(1);
   layout.nonce[0] = Mix(seed ^ Mix(n));
   layout.nonce[1] = Mix(layout.nonce[0] + n);
+  layout.port = HubPort();
   std::memset(unique_id->internal, 0, sizeof(unique_id->internal));
   std::memcpy(unique_id->internal, &layout, sizeof(layout));
   return ncclSuccess;
@@ -943,7 +2111,11 @@ ncclResult_t ncclCommAbort(ncclComm_t handle) {
   if (comm == nullptr) {
     return CallError(nullptr, ncclInvalidUsage, "ncclCommAbort: not a live communicator (aborted or destroyed?)");
   }
-  AbortRank(comm);
+  if (comm->proxy != nullptr) {
+    ProxyAbort(*comm);
+  } else {
+    AbortRank(comm);
+  }
   return ncclSuccess;
 }
 
@@ -952,6 +2124,10 @@ ncclResult_t ncclCommDestroy(ncclComm_t handle) {
   std::shared_ptr<ncclComm> comm = Unregister(handle);
   if (comm == nullptr) {
     return CallError(nullptr, ncclInvalidUsage, "ncclCommDestroy: not a live communicator (aborted or destroyed?)");
+  }
+  if (comm->proxy != nullptr) {
+    ProxyDestroy(*comm);
+    return ncclSuccess;
   }
   Clique& q = *comm->clique;
   std::unique_lock<std::mutex> lock(q.mu);
@@ -962,16 +2138,7 @@ ncclResult_t ncclCommDestroy(ncclComm_t handle) {
   }
   RankState& me = q.ranks[static_cast<size_t>(comm->rank)];
   q.cv.wait(lock, [&] { return me.pending == 0; });
-  me.destroyed = true;
-  // Peers waiting for a part this rank never posted would wait forever.
-  for (const auto& [key, op] : q.ops) {
-    for (const Op::Side& s : op->sides) {
-      if (s.rank != comm->rank || s.posted) continue;
-      FailCliqueLocked(q, -1, ncclInvalidUsage, ncclInvalidUsage,
-                       OpTitle(*op) + ": " + Who(*comm) + " destroyed its communicator before posting its part");
-      return ncclSuccess;
-    }
-  }
+  DestroyedLocked(q, *comm);
   return ncclSuccess;
 }
 
@@ -1049,6 +2216,10 @@ ncclResult_t ncclGroupEnd() {
   if (result != ncclSuccess) {
     // Nothing of the group runs; peers that posted the same ops fail.
     for (GroupOp& g : group.ops) {
+      if (g.part.proxy != nullptr) {  // its hub marks it
+        ProxySend(*g.part.proxy, Writer().Put(g.part.seq).PutString("its group failed: " + group.message).Frame(kBad));
+        continue;
+      }
       Clique& q = *g.part.clique;
       std::lock_guard<std::mutex> lock(q.mu);
       Op::Side& s = g.part.op->sides[static_cast<size_t>(g.part.side)];

@@ -1,16 +1,24 @@
-// The CUDA emulator's NCCL (cmake/cuda_emu/nccl.cc): ranks of one process,
-// each driven by its own thread and stream on an emulated GPU, as Tessera's
-// NCCL communicator drives them.
+// The CUDA emulator's NCCL (cmake/cuda_emu/nccl.cc): ranks each driven by
+// its own thread and stream on an emulated GPU, as Tessera's NCCL
+// communicator drives them, in one process or in several (forked, joined
+// over 127.0.0.1).
+#include <arpa/inet.h>
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 #include <nccl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <string>
@@ -548,28 +556,6 @@ TEST(NcclEmuTest, InitRejectsBadArguments) {
   EXPECT_EQ(ncclCommInitRank(&comm, 1, junk, 0), ncclInvalidArgument);
 }
 
-TEST(NcclEmuTest, InitRefusesAnIdFromAnotherProcess) {
-  int fds[2];
-  ASSERT_EQ(pipe(fds), 0);
-  const pid_t child = fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
-    ncclUniqueId id;
-    const bool ok = ncclGetUniqueId(&id) == ncclSuccess && write(fds[1], &id, sizeof(id)) == sizeof(id);
-    _exit(ok ? 0 : 1);
-  }
-  ncclUniqueId id;
-  ASSERT_EQ(read(fds[0], &id, sizeof(id)), static_cast<ssize_t>(sizeof(id)));
-  int status = 0;
-  waitpid(child, &status, 0);
-  close(fds[0]);
-  close(fds[1]);
-  ncclComm_t comm = nullptr;
-  EXPECT_EQ(ncclCommInitRank(&comm, 1, id, 0), ncclInvalidUsage);
-  EXPECT_EQ(comm, nullptr);
-  EXPECT_NE(LastError(nullptr).find("one process"), std::string::npos) << LastError(nullptr);
-}
-
 // A rank aborting before the group formed: the others fail instead of
 // waiting, and so does a rank joining later.
 TEST(NcclEmuTest, AbortWhileFormingFailsTheOtherRanks) {
@@ -776,6 +762,789 @@ TEST(NcclEmuTest, AnOpItsStreamSkipsFailsThePeers) {
     EXPECT_NE(LastError(me.comm).find("never ran"), std::string::npos) << LastError(me.comm);
     cudaFreeAsync(buffer, me.stream);
   });
+}
+
+// ---------------------------------------------------------------------------
+// Ranks in different processes: the test forks them (127.0.0.1 only). A
+// child runs its part on a thread of its own (the parent's threads, its
+// streams' among them, do not exist in the child), checks with REQUIRE
+// (never gtest) and exits with 0 when everything held; the parent reaps it
+// within a deadline.
+
+// A check that works in a forked child too: prints what failed and makes
+// the enclosing function return 1.
+#define REQUIRE(cond)                                                                                              \
+  do {                                                                                                             \
+    if (!(cond)) {                                                                                                 \
+      std::fprintf(stderr, "[pid %d] %s:%d: failed: %s\n", static_cast<int>(getpid()), __FILE__, __LINE__, #cond); \
+      return 1;                                                                                                    \
+    }                                                                                                              \
+  } while (0)
+
+// A forked child running `body` on a thread of its own (the parent's
+// threads do not exist in it), exiting with body's result; SIGALRM ends it
+// after `seconds`. Killed and reaped if the test leaves before reaping it.
+class Child {
+ public:
+  explicit Child(const std::function<int()>& body, unsigned seconds = 60) {
+    std::fflush(nullptr);
+    pid_ = fork();
+    if (pid_ != 0) return;
+    alarm(seconds);
+    int code = 100;
+    std::thread([&] { code = body(); }).join();
+    _exit(code);
+  }
+  ~Child() {
+    if (pid_ <= 0) return;
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+  }
+  Child(const Child&) = delete;
+  Child& operator=(const Child&) = delete;
+  pid_t pid() const { return pid_; }
+  void Kill() const { kill(pid_, SIGKILL); }
+  // Its exit status (128 + the signal that ended it), or -1 when it did not
+  // end within `seconds` (it is killed then).
+  int Reap(double seconds = 60) {
+    if (pid_ <= 0) return -2;  // no fork, or reaped already
+    const auto deadline = steady_clock::now() + std::chrono::duration<double>(seconds);
+    int status = 0;
+    while (true) {
+      const pid_t got = waitpid(pid_, &status, WNOHANG);
+      if (got == pid_) break;
+      if (got < 0) return -2;
+      if (steady_clock::now() > deadline) {
+        kill(pid_, SIGKILL);
+        waitpid(pid_, &status, 0);
+        pid_ = -1;
+        return -1;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    pid_ = -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
+
+ private:
+  pid_t pid_ = -1;
+};
+
+// A pipe between a test and its children, made before the fork.
+class Pipe {
+ public:
+  Pipe() {
+    if (pipe(fds_) != 0) fds_[0] = fds_[1] = -1;
+  }
+  ~Pipe() {
+    close(fds_[0]);
+    close(fds_[1]);
+  }
+  Pipe(const Pipe&) = delete;
+  Pipe& operator=(const Pipe&) = delete;
+  bool Put(const void* data, size_t n) const { return write(fds_[1], data, n) == static_cast<ssize_t>(n); }
+  bool Signal() const { return Put("!", 1); }
+  // n bytes within `seconds`.
+  bool Get(void* data, size_t n, double seconds = 30) const {
+    char* p = static_cast<char*>(data);
+    const auto deadline = steady_clock::now() + std::chrono::duration<double>(seconds);
+    while (n > 0) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - steady_clock::now()).count();
+      if (left <= 0) return false;
+      pollfd pfd{fds_[0], POLLIN, 0};
+      if (poll(&pfd, 1, static_cast<int>(left)) <= 0) continue;
+      const ssize_t got = read(fds_[0], p, n);
+      if (got <= 0) return false;
+      p += got;
+      n -= static_cast<size_t>(got);
+    }
+    return true;
+  }
+  bool Wait(double seconds = 30) const {
+    char c = 0;
+    return Get(&c, 1, seconds);
+  }
+  int write_fd() const { return fds_[1]; }
+  int read_fd() const { return fds_[0]; }
+
+ private:
+  int fds_[2];
+};
+
+// The unique id's documented layout (nccl.cc): the maker's pid (int64 at
+// byte 32) and its hub's port (uint16 at byte 56).
+int64_t IdPid(const ncclUniqueId& id) {
+  int64_t pid = 0;
+  std::memcpy(&pid, id.internal + 32, sizeof(pid));
+  return pid;
+}
+uint16_t IdPort(const ncclUniqueId& id) {
+  uint16_t port = 0;
+  std::memcpy(&port, id.internal + 56, sizeof(port));
+  return port;
+}
+
+int Devices() {
+  int count = 0;
+  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0 ? count : 1;
+}
+
+// Polls a communicator until its state is no longer `from` (or `seconds`
+// passed): ncclInProgress for an init, ncclSuccess for an error to come.
+ncclResult_t PollState(ncclComm_t comm, ncclResult_t from, double seconds = 20) {
+  const auto deadline = steady_clock::now() + std::chrono::duration<double>(seconds);
+  ncclResult_t state = from;
+  while (state == from && steady_clock::now() < deadline) {
+    if (ncclCommGetAsyncError(comm, &state) != ncclSuccess) return ncclInternalError;
+    if (state == from) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return state;
+}
+
+bool Has(ncclComm_t comm, const char* what) {
+  const std::string message = ncclGetLastError(comm);
+  if (message.find(what) != std::string::npos) return true;
+  std::fprintf(stderr, "[pid %d] no '%s' in: %s\n", static_cast<int>(getpid()), what, message.c_str());
+  return false;
+}
+
+// Joins rank `rank` of `id` on cuda:(rank % devices) with a stream of its
+// own: non-blocking and polled, as Tessera does, or blocking. comm is null
+// when that failed.
+Rank Join(const ncclUniqueId& id, int rank, int nranks, bool blocking = false) {
+  cudaSetDevice(rank % Devices());
+  Rank me{rank, nranks, nullptr, nullptr};
+  cudaStreamCreateWithFlags(&me.stream, cudaStreamNonBlocking);
+  ncclResult_t r = ncclSuccess;
+  if (blocking) {
+    r = ncclCommInitRank(&me.comm, nranks, id, rank);
+  } else {
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    r = ncclCommInitRankConfig(&me.comm, nranks, id, rank, &config);
+    if (r == ncclInProgress) r = PollState(me.comm, ncclInProgress);
+  }
+  if (r != ncclSuccess) {
+    std::fprintf(stderr, "[pid %d] rank %d/%d: %s (%s)\n", static_cast<int>(getpid()), rank, nranks,
+                 ncclGetErrorString(r), ncclGetLastError(me.comm));
+    if (me.comm != nullptr) ncclCommAbort(me.comm);
+    me.comm = nullptr;
+  }
+  return me;
+}
+
+// Ends a rank: destroys (or aborts) its communicator and its stream.
+int Leave(Rank& me, bool abort = false) {
+  const ncclResult_t r = abort ? ncclCommAbort(me.comm) : ncclCommDestroy(me.comm);
+  cudaStreamDestroy(me.stream);
+  REQUIRE(r == ncclSuccess);
+  return 0;
+}
+
+// Rank r's inputs: float sums of them round, int32 sums wrap.
+float FloatInput(int r, size_t i) {
+  return static_cast<float>(std::sin(0.37 * static_cast<double>(i) + r) * (1 + r) / 3.0);
+}
+int32_t Int32Input(int r, size_t i) { return INT32_MAX - static_cast<int32_t>(i) * 1000 - r; }
+int64_t Int64Input(int r, size_t i) { return static_cast<int64_t>((r * 7919 + i * 31) % 101) - 50; }
+
+// The ops Tessera runs, on host buffers (the emulated GPUs' memory is the
+// host's), by every rank of a clique wherever it lives; results bit-exact
+// against the model (and `model`'s float sums, when given).
+int Exchange(const Rank& me, const std::vector<float>* model = nullptr) {
+  const int n = me.nranks, r = me.rank;
+  {  // Float sums: the exact sum in rank order, rounded once.
+    const size_t count = 1001;
+    std::vector<float> in(count), out(count, -1), expected(count);
+    for (size_t i = 0; i < count; ++i) {
+      in[i] = FloatInput(r, i);
+      double acc = FloatInput(0, i);
+      for (int k = 1; k < n; ++k) acc += FloatInput(k, i);
+      expected[i] = static_cast<float>(acc);
+    }
+    REQUIRE(ncclAllReduce(in.data(), out.data(), count, ncclFloat32, ncclSum, me.comm, me.stream) == ncclSuccess);
+    REQUIRE(Finish(me.stream) == cudaSuccess);
+    REQUIRE(std::memcmp(out.data(), expected.data(), count * sizeof(float)) == 0);
+    if (model != nullptr) {
+      REQUIRE(model->size() == count && std::memcmp(out.data(), model->data(), count * sizeof(float)) == 0);
+    }
+  }
+  {  // int32 sums wrap; in place.
+    const size_t count = 33;
+    std::vector<int32_t> buffer(count), expected(count);
+    for (size_t i = 0; i < count; ++i) {
+      buffer[i] = Int32Input(r, i);
+      uint32_t acc = 0;
+      for (int k = 0; k < n; ++k) acc += static_cast<uint32_t>(Int32Input(k, i));
+      expected[i] = static_cast<int32_t>(acc);
+    }
+    REQUIRE(ncclAllReduce(buffer.data(), buffer.data(), count, ncclInt32, ncclSum, me.comm, me.stream) == ncclSuccess);
+    REQUIRE(Finish(me.stream) == cudaSuccess);
+    REQUIRE(buffer == expected);
+  }
+  {  // int64 max.
+    const size_t count = 17;
+    std::vector<int64_t> in(count), out(count, 0), expected(count, INT64_MIN);
+    for (size_t i = 0; i < count; ++i) {
+      in[i] = Int64Input(r, i);
+      for (int k = 0; k < n; ++k) expected[i] = std::max(expected[i], Int64Input(k, i));
+    }
+    REQUIRE(ncclAllReduce(in.data(), out.data(), count, ncclInt64, ncclMax, me.comm, me.stream) == ncclSuccess);
+    REQUIRE(Finish(me.stream) == cudaSuccess);
+    REQUIRE(out == expected);
+  }
+  for (int root = 0; root < n; ++root) {  // a broadcast and a reduce from each root
+    const size_t count = 13;
+    std::vector<float> mine(count), out(count, -1), expected(count);
+    for (size_t i = 0; i < count; ++i) mine[i] = FloatInput(r + 10, i), expected[i] = FloatInput(root + 10, i);
+    REQUIRE(ncclBroadcast(root == r ? mine.data() : out.data(), out.data(), count, ncclFloat32, root, me.comm,
+                          me.stream) == ncclSuccess);
+    REQUIRE(Finish(me.stream) == cudaSuccess);
+    REQUIRE(out == expected);
+
+    std::vector<int32_t> values = {r + 1, -r, 7, Int32Input(r, 0)};
+    std::vector<int32_t> sum(values.size(), 0), reduced(values.size(), 0);
+    for (int k = 0; k < n; ++k) {
+      const std::vector<int32_t> theirs = {k + 1, -k, 7, Int32Input(k, 0)};
+      for (size_t i = 0; i < sum.size(); ++i) {
+        sum[i] = static_cast<int32_t>(static_cast<uint32_t>(sum[i]) + static_cast<uint32_t>(theirs[i]));
+      }
+    }
+    REQUIRE(ncclReduce(values.data(), root == r ? reduced.data() : nullptr, values.size(), ncclInt32, ncclSum, root,
+                       me.comm, me.stream) == ncclSuccess);
+    REQUIRE(Finish(me.stream) == cudaSuccess);
+    REQUIRE(reduced == (root == r ? sum : std::vector<int32_t>(values.size(), 0)));
+  }
+  {  // Tessera's all-to-all: grouped sends and receives with every peer, itself included; uneven, zeros among them.
+    auto send_count = [](int from, int to) { return static_cast<size_t>((from + 2 * to) % 4); };
+    std::vector<int64_t> in, expected;
+    for (int to = 0; to < n; ++to) {
+      for (size_t j = 0; j < send_count(r, to); ++j) in.push_back(r * 100 + to * 10 + static_cast<int64_t>(j));
+    }
+    for (int from = 0; from < n; ++from) {
+      for (size_t j = 0; j < send_count(from, r); ++j)
+        expected.push_back(from * 100 + r * 10 + static_cast<int64_t>(j));
+    }
+    std::vector<int64_t> out(expected.size(), -1);
+    // A group always ends, after a failed call too: the thread may drive
+    // other tests' ranks afterwards.
+    REQUIRE(ncclGroupStart() == ncclSuccess);
+    bool issued = true;
+    size_t sent = 0, received = 0;
+    for (int peer = 0; peer < n; ++peer) {
+      issued &= ncclSend(in.data() + sent, send_count(r, peer), ncclInt64, peer, me.comm, me.stream) == ncclSuccess;
+      issued &=
+          ncclRecv(out.data() + received, send_count(peer, r), ncclInt64, peer, me.comm, me.stream) == ncclSuccess;
+      sent += send_count(r, peer);
+      received += send_count(peer, r);
+    }
+    REQUIRE(ncclGroupEnd() == ncclSuccess && issued);
+    REQUIRE(Finish(me.stream) == cudaSuccess);
+    REQUIRE(out == expected);
+  }
+  {  // Tessera's uneven all-gather: grouped broadcasts, one chunk empty.
+    auto count = [](int k) { return static_cast<size_t>(k == 1 ? 0 : k + 2); };
+    std::vector<float> mine(count(r)), out, expected;
+    for (size_t i = 0; i < mine.size(); ++i) mine[i] = FloatInput(r + 20, i);
+    for (int k = 0; k < n; ++k) {
+      for (size_t i = 0; i < count(k); ++i) expected.push_back(FloatInput(k + 20, i));
+    }
+    out.assign(expected.size(), -1);
+    REQUIRE(ncclGroupStart() == ncclSuccess);
+    bool issued = true;
+    size_t offset = 0;
+    for (int root = 0; root < n; ++root) {
+      float* chunk = out.data() + offset;
+      issued &= ncclBroadcast(root == r ? mine.data() : chunk, chunk, count(root), ncclFloat32, root, me.comm,
+                              me.stream) == ncclSuccess;
+      offset += count(root);
+    }
+    REQUIRE(ncclGroupEnd() == ncclSuccess && issued);
+    REQUIRE(Finish(me.stream) == cudaSuccess);
+    REQUIRE(out == expected);
+  }
+  ncclResult_t state = ncclInternalError;
+  REQUIRE(ncclCommGetAsyncError(me.comm, &state) == ncclSuccess && state == ncclSuccess);
+  return 0;
+}
+
+// Two processes, a rank each; the remote rank joins first, polling until the
+// hub's own rank joins; every op's result equals the in-process model's.
+TEST(NcclEmuTest, TwoProcessesOneRankEach) {
+  std::vector<float> model;  // the float sums of two ranks in one process
+  RunRanks(2, [&](Rank& me) {
+    std::vector<float> in(1001), out(1001, -1);
+    for (size_t i = 0; i < in.size(); ++i) in[i] = FloatInput(me.rank, i);
+    ASSERT_EQ(ncclAllReduce(in.data(), out.data(), in.size(), ncclFloat32, ncclSum, me.comm, me.stream), ncclSuccess);
+    ASSERT_EQ(Finish(me.stream), cudaSuccess);
+    if (me.rank == 0) model = out;
+  });
+  ncclUniqueId id;
+  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  EXPECT_EQ(IdPid(id), getpid());
+  EXPECT_NE(IdPort(id), 0);
+  Pipe joined;
+  Child child([&] {
+    cudaSetDevice(1 % Devices());
+    Rank me{1, 2, nullptr, nullptr};
+    REQUIRE(cudaStreamCreateWithFlags(&me.stream, cudaStreamNonBlocking) == cudaSuccess);
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    REQUIRE(ncclCommInitRankConfig(&me.comm, 2, id, 1, &config) == ncclInProgress);
+    ncclResult_t state = ncclSuccess;
+    REQUIRE(ncclCommGetAsyncError(me.comm, &state) == ncclSuccess && state == ncclInProgress);
+    float x = 0;
+    REQUIRE(ncclAllReduce(&x, &x, 1, ncclFloat32, ncclSum, me.comm, me.stream) == ncclInvalidUsage);
+    REQUIRE(Has(me.comm, "initialising"));
+    REQUIRE(joined.Signal());
+    REQUIRE(PollState(me.comm, ncclInProgress) == ncclSuccess);
+    int count = 0, rank = -1, device = -1;
+    REQUIRE(ncclCommCount(me.comm, &count) == ncclSuccess && count == 2);
+    REQUIRE(ncclCommUserRank(me.comm, &rank) == ncclSuccess && rank == 1);
+    REQUIRE(ncclCommCuDevice(me.comm, &device) == ncclSuccess && device == 1 % Devices());
+    REQUIRE(Exchange(me, &model) == 0);
+    return Leave(me);
+  });
+  ASSERT_TRUE(joined.Wait());
+  Rank me = Join(id, 0, 2);
+  ASSERT_NE(me.comm, nullptr);
+  EXPECT_EQ(Exchange(me, &model), 0);
+  EXPECT_EQ(Leave(me, /*abort=*/HasFailure()), 0);
+  EXPECT_EQ(child.Reap(), 0);
+}
+
+// A clique of four: ranks 0 and 2 on threads of the hub's process, ranks 1
+// and 3 on threads of another (each its own connection, joined blocking).
+TEST(NcclEmuTest, ACliqueMixesLocalAndRemoteRanks) {
+  ncclUniqueId id;
+  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  Child child([&] {
+    std::atomic<int> failed{0};
+    std::vector<std::thread> threads;
+    for (int r : {1, 3}) {
+      threads.emplace_back([&, r] {
+        Rank me = Join(id, r, 4, /*blocking=*/true);
+        const bool ok = me.comm != nullptr && Exchange(me) == 0;
+        if (!ok) ++failed;
+        if (me.comm != nullptr && Leave(me, /*abort=*/!ok) != 0) ++failed;
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    return failed.load();
+  });
+  std::vector<std::thread> threads;
+  for (int r : {0, 2}) {
+    threads.emplace_back([&, r] {
+      Rank me = Join(id, r, 4);
+      ASSERT_NE(me.comm, nullptr);
+      EXPECT_EQ(Exchange(me), 0);
+      EXPECT_EQ(Leave(me, /*abort=*/HasFailure()), 0);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(child.Reap(), 0);
+}
+
+// Mismatches and failed calls across processes fail both sides, as within
+// one. Variants: 0 counts differ; 1 the remote rank's call fails its checks
+// (it still takes its place); 2 a call of the remote rank's group is refused
+// (the group's posted calls fail); 3 the hub's rank's call fails its checks;
+// 4 the remote rank's stream never runs its op (an error ahead of it, once
+// the hub's rank waits). The hub's rank calls first (else the failure could
+// refuse its call instead).
+TEST(NcclEmuTest, FailuresAcrossProcessesFailBothSides) {
+  const char* const kWhy[] = {"does not match", "null recvbuff", "its group failed", "null recvbuff", "never ran"};
+  for (int variant = 0; variant < 5; ++variant) {
+    SCOPED_TRACE("variant " + std::to_string(variant));
+    ncclUniqueId id;
+    ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+    Pipe issued;
+    Child child([&] {
+      Rank me = Join(id, 1, 2);
+      REQUIRE(me.comm != nullptr);
+      std::vector<float> buffer(8, 1.0f);
+      float* b = buffer.data();
+      if (variant != 4) REQUIRE(issued.Wait());
+      if (variant == 0) {
+        REQUIRE(ncclAllReduce(b, b, 8, ncclFloat32, ncclSum, me.comm, me.stream) == ncclSuccess);
+      } else if (variant == 1) {
+        REQUIRE(ncclAllReduce(b, nullptr, 4, ncclFloat32, ncclSum, me.comm, me.stream) == ncclInvalidArgument);
+      } else if (variant == 2) {
+        REQUIRE(ncclGroupStart() == ncclSuccess);
+        REQUIRE(ncclAllReduce(b, b, 4, ncclFloat32, ncclSum, me.comm, me.stream) == ncclSuccess);
+        REQUIRE(ncclSend(b, 4, ncclFloat32, 5, me.comm, me.stream) == ncclInvalidArgument);  // no such peer
+        REQUIRE(ncclGroupEnd() == ncclInvalidArgument);
+      } else if (variant == 3) {
+        REQUIRE(ncclAllReduce(b, b, 4, ncclFloat32, ncclSum, me.comm, me.stream) == ncclSuccess);
+      } else {
+        REQUIRE(cuda_emu::Enqueue(me.stream, [&] {
+                  issued.Wait();
+                  return cudaErrorIllegalAddress;
+                }) == cudaSuccess);
+        REQUIRE(ncclAllReduce(b, b, 4, ncclFloat32, ncclSum, me.comm, me.stream) == ncclSuccess);
+      }
+      if (variant == 0 || variant >= 3) {
+        REQUIRE(Finish(me.stream, 5) == (variant == 4 ? cudaErrorIllegalAddress : cudaErrorLaunchFailure));
+      }
+      const ncclResult_t state = PollState(me.comm, ncclSuccess, 5);
+      REQUIRE(state == (variant == 4 ? ncclUnhandledCudaError : ncclInvalidUsage));
+      REQUIRE(Has(me.comm, kWhy[variant]));
+      REQUIRE(ncclAllReduce(b, b, 1, ncclFloat32, ncclSum, me.comm, me.stream) == state);  // refused
+      REQUIRE(Finish(me.stream, 5) == (variant == 4                   ? cudaErrorIllegalAddress
+                                       : variant == 0 || variant == 3 ? cudaErrorLaunchFailure
+                                                                      : cudaSuccess));
+      return Leave(me);
+    });
+    Rank me = Join(id, 0, 2);
+    ASSERT_NE(me.comm, nullptr);
+    std::vector<float> buffer(8, 1.0f);
+    float* b = buffer.data();
+    if (variant == 3) {
+      EXPECT_EQ(ncclAllReduce(b, nullptr, 4, ncclFloat32, ncclSum, me.comm, me.stream), ncclInvalidArgument);
+    } else {
+      EXPECT_EQ(ncclAllReduce(b, b, 4, ncclFloat32, ncclSum, me.comm, me.stream), ncclSuccess);
+    }
+    EXPECT_TRUE(issued.Signal());
+    if (variant != 3) {
+      EXPECT_EQ(Finish(me.stream, 5), cudaErrorLaunchFailure);
+    }
+    EXPECT_EQ(PollState(me.comm, ncclSuccess, 5), variant == 4 ? ncclRemoteError : ncclInvalidUsage);
+    EXPECT_TRUE(Has(me.comm, kWhy[variant]));
+    EXPECT_EQ(Leave(me, /*abort=*/HasFailure()), 0);
+    EXPECT_EQ(child.Reap(), 0);
+  }
+}
+
+// An abort in one process ends the waiting ops of the other's rank at once,
+// which reports ncclRemoteError: the remote rank aborts (0), or the hub's
+// (1).
+TEST(NcclEmuTest, AnAbortInOneProcessEndsThePeersOps) {
+  for (int remote_aborts : {1, 0}) {
+    SCOPED_TRACE(remote_aborts ? "the remote rank aborts" : "the hub's rank aborts");
+    ncclUniqueId id;
+    ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+    Pipe issued;
+    Child child([&] {
+      Rank me = Join(id, 1, 2);
+      REQUIRE(me.comm != nullptr);
+      std::vector<float> buffer(16, 1.0f);
+      if (remote_aborts) {
+        REQUIRE(issued.Wait());
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        return Leave(me, /*abort=*/true);
+      }
+      REQUIRE(ncclAllReduce(buffer.data(), buffer.data(), 16, ncclFloat32, ncclSum, me.comm, me.stream) == ncclSuccess);
+      REQUIRE(issued.Signal());
+      const auto start = steady_clock::now();
+      REQUIRE(Finish(me.stream, 5) == cudaErrorLaunchFailure);
+      REQUIRE(steady_clock::now() - start < std::chrono::seconds(2));
+      REQUIRE(PollState(me.comm, ncclSuccess, 2) == ncclRemoteError);
+      REQUIRE(Has(me.comm, "rank 0/2 aborted"));
+      return Leave(me, /*abort=*/true);
+    });
+    Rank me = Join(id, 0, 2);
+    ASSERT_NE(me.comm, nullptr);
+    std::vector<float> buffer(16, 1.0f);
+    if (remote_aborts) {
+      ASSERT_EQ(ncclAllReduce(buffer.data(), buffer.data(), 16, ncclFloat32, ncclSum, me.comm, me.stream), ncclSuccess);
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      EXPECT_EQ(cudaStreamQuery(me.stream), cudaErrorNotReady);
+      ASSERT_TRUE(issued.Signal());
+      const auto start = steady_clock::now();
+      EXPECT_EQ(Finish(me.stream, 5), cudaErrorLaunchFailure);
+      EXPECT_LT(steady_clock::now() - start, std::chrono::seconds(2));
+      EXPECT_EQ(PollState(me.comm, ncclSuccess, 2), ncclRemoteError);
+      EXPECT_TRUE(Has(me.comm, "rank 1/2 aborted"));
+      float x = 0;
+      EXPECT_EQ(ncclAllReduce(&x, &x, 1, ncclFloat32, ncclSum, me.comm, me.stream), ncclRemoteError);
+    } else {
+      ASSERT_TRUE(issued.Wait());
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    EXPECT_EQ(Leave(me, /*abort=*/true), 0);
+    EXPECT_EQ(child.Reap(), 0);
+  }
+}
+
+// A remote rank's process killed while the hub's rank waits in an
+// `me` (rank 0 or 1 of 2) all-reduces while `peer`'s process, holding the
+// other rank, is SIGKILLed: by default nothing fails, the op still waits a
+// second later (and, with `call_again`, a later call still takes its
+// place), the state stays ncclSuccess; the abort then ends the op at once.
+void ExpectAllReduceWaitsPastPeersDeath(Rank& me, Child& peer, bool call_again = false) {
+  std::vector<float> buffer(16, 1.0f);
+  ASSERT_EQ(ncclAllReduce(buffer.data(), buffer.data(), 16, ncclFloat32, ncclSum, me.comm, me.stream), ncclSuccess);
+  peer.Kill();
+  EXPECT_EQ(peer.Reap(10), 128 + SIGKILL);
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  EXPECT_EQ(cudaStreamQuery(me.stream), cudaErrorNotReady);
+  ncclResult_t state = ncclInternalError;
+  EXPECT_EQ(ncclCommGetAsyncError(me.comm, &state), ncclSuccess);
+  EXPECT_EQ(state, ncclSuccess);
+  float x = 0;
+  if (call_again) {
+    EXPECT_EQ(ncclAllReduce(&x, &x, 1, ncclFloat32, ncclSum, me.comm, me.stream), ncclSuccess);
+  }
+  ASSERT_EQ(ncclCommAbort(me.comm), ncclSuccess);
+  const auto start = steady_clock::now();
+  EXPECT_EQ(Finish(me.stream, 2), cudaSuccess);  // the aborting rank's ops just end
+  EXPECT_LT(steady_clock::now() - start, std::chrono::seconds(1));
+  cudaStreamDestroy(me.stream);
+}
+
+// all-reduce: by default nothing fails (as NCCL over NVLink hangs); only the
+// abort ends the op.
+TEST(NcclEmuTest, AKilledRemoteProcessLeavesThePeersWaiting) {
+  ncclUniqueId id;
+  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  Pipe ready;
+  Child child([&] {
+    Rank me = Join(id, 1, 2);
+    REQUIRE(me.comm != nullptr);
+    REQUIRE(ready.Signal());
+    while (true) std::this_thread::sleep_for(std::chrono::seconds(1));  // until killed
+    return 0;
+  });
+  Rank me = Join(id, 0, 2);
+  ASSERT_NE(me.comm, nullptr);
+  ASSERT_TRUE(ready.Wait());
+  ExpectAllReduceWaitsPastPeersDeath(me, child);
+}
+
+// The same with TESSERA_CUDA_EMU_NCCL_PEER_LOSS=error in the hub's process
+// (a child: the variable is read once per process): the clique fails.
+TEST(NcclEmuTest, WithPeerLossErrorAKilledRemoteProcessFailsTheClique) {
+  Pipe id_pipe, ready, issued;
+  Child hub([&] {
+    setenv("TESSERA_CUDA_EMU_NCCL_PEER_LOSS", "error", 1);
+    ncclUniqueId id;
+    REQUIRE(ncclGetUniqueId(&id) == ncclSuccess);
+    REQUIRE(id_pipe.Put(&id, sizeof(id)));
+    Rank me = Join(id, 0, 2);
+    REQUIRE(me.comm != nullptr);
+    std::vector<float> buffer(16, 1.0f);
+    REQUIRE(ncclAllReduce(buffer.data(), buffer.data(), 16, ncclFloat32, ncclSum, me.comm, me.stream) == ncclSuccess);
+    REQUIRE(issued.Signal());
+    const auto start = steady_clock::now();  // the peer is killed now
+    REQUIRE(PollState(me.comm, ncclSuccess, 5) == ncclRemoteError);
+    REQUIRE(steady_clock::now() - start < std::chrono::seconds(2));
+    REQUIRE(Has(me.comm, "rank 1/2's process"));
+    REQUIRE(Has(me.comm, "went away"));
+    REQUIRE(Finish(me.stream, 2) == cudaErrorLaunchFailure);
+    return Leave(me, /*abort=*/true);
+  });
+  ncclUniqueId id;
+  ASSERT_TRUE(id_pipe.Get(&id, sizeof(id)));
+  Child remote([&] {
+    Rank me = Join(id, 1, 2, /*blocking=*/true);
+    REQUIRE(me.comm != nullptr);
+    REQUIRE(ready.Signal());
+    while (true) std::this_thread::sleep_for(std::chrono::seconds(1));  // until killed
+    return 0;
+  });
+  EXPECT_TRUE(ready.Wait());
+  EXPECT_TRUE(issued.Wait());
+  remote.Kill();
+  EXPECT_EQ(remote.Reap(10), 128 + SIGKILL);
+  EXPECT_EQ(hub.Reap(30), 0);
+}
+
+// A child's life as rank 0 of 2 and the clique's hub: it makes the id,
+// sends it, joins, says so, and waits to be killed.
+int HubRankUntilKilled(Pipe& id_pipe, Pipe& ready) {
+  ncclUniqueId id;
+  REQUIRE(ncclGetUniqueId(&id) == ncclSuccess);
+  REQUIRE(id_pipe.Put(&id, sizeof(id)));
+  Rank me = Join(id, 0, 2);
+  REQUIRE(me.comm != nullptr);
+  REQUIRE(ready.Signal());
+  while (true) std::this_thread::sleep_for(std::chrono::seconds(1));
+}
+
+// The hub's process killed while a remote rank waits: by default it waits
+// on, until its own abort ends it.
+TEST(NcclEmuTest, AKilledHubProcessLeavesTheRemoteRankWaiting) {
+  Pipe id_pipe, ready;
+  Child hub([&] { return HubRankUntilKilled(id_pipe, ready); });
+  ncclUniqueId id;
+  ASSERT_TRUE(id_pipe.Get(&id, sizeof(id)));
+  EXPECT_EQ(IdPid(id), hub.pid());
+  Rank me = Join(id, 1, 2);
+  ASSERT_NE(me.comm, nullptr);
+  ASSERT_TRUE(ready.Wait());
+  ExpectAllReduceWaitsPastPeersDeath(me, hub, /*call_again=*/true);
+}
+
+// The same with TESSERA_CUDA_EMU_NCCL_PEER_LOSS=error in the remote rank's
+// process: its state becomes ncclRemoteError and its op fails.
+TEST(NcclEmuTest, WithPeerLossErrorAKilledHubProcessFailsTheRemoteRank) {
+  Pipe id_pipe, ready, issued;
+  Child hub([&] { return HubRankUntilKilled(id_pipe, ready); });
+  ncclUniqueId id;
+  ASSERT_TRUE(id_pipe.Get(&id, sizeof(id)));
+  Child remote([&] {
+    setenv("TESSERA_CUDA_EMU_NCCL_PEER_LOSS", "error", 1);
+    Rank me = Join(id, 1, 2);
+    REQUIRE(me.comm != nullptr);
+    std::vector<float> buffer(16, 1.0f);
+    REQUIRE(ncclAllReduce(buffer.data(), buffer.data(), 16, ncclFloat32, ncclSum, me.comm, me.stream) == ncclSuccess);
+    REQUIRE(issued.Signal());
+    const auto start = steady_clock::now();  // the hub is killed now
+    REQUIRE(Finish(me.stream, 5) == cudaErrorLaunchFailure);
+    REQUIRE(steady_clock::now() - start < std::chrono::seconds(2));
+    REQUIRE(PollState(me.comm, ncclSuccess, 1) == ncclRemoteError);
+    REQUIRE(Has(me.comm, "went away"));
+    float x = 0;
+    REQUIRE(ncclAllReduce(&x, &x, 1, ncclFloat32, ncclSum, me.comm, me.stream) == ncclRemoteError);
+    return Leave(me, /*abort=*/true);
+  });
+  EXPECT_TRUE(ready.Wait());
+  EXPECT_TRUE(issued.Wait());
+  hub.Kill();
+  EXPECT_EQ(hub.Reap(10), 128 + SIGKILL);
+  EXPECT_EQ(remote.Reap(30), 0);
+}
+
+// The wire's frame header (nccl.cc): magic "TEMU", type, payload length.
+std::string Frame(uint32_t type, uint64_t length, const std::string& payload = "", uint32_t magic = 0x554d4554) {
+  std::string frame(16, '\0');
+  std::memcpy(frame.data(), &magic, 4);
+  std::memcpy(frame.data() + 4, &type, 4);
+  std::memcpy(frame.data() + 8, &length, 8);
+  return frame + payload;
+}
+// A join's payload: the id, nranks, rank, device, pid.
+std::string JoinPayload(const ncclUniqueId& id, int32_t nranks, int32_t rank) {
+  std::string payload(id.internal, sizeof(id.internal));
+  const int32_t device = 0;
+  const int64_t pid = getpid();
+  payload.append(reinterpret_cast<const char*>(&nranks), 4).append(reinterpret_cast<const char*>(&rank), 4);
+  payload.append(reinterpret_cast<const char*>(&device), 4).append(reinterpret_cast<const char*>(&pid), 8);
+  return payload;
+}
+
+int ConnectTo(uint16_t port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(port);
+  EXPECT_EQ(connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)), 0);
+  return fd;
+}
+
+// Whether the other end closed the connection within `seconds` (what it
+// sent before is read and dropped).
+bool ClosedByPeer(int fd, double seconds = 5) {
+  const auto deadline = steady_clock::now() + std::chrono::duration<double>(seconds);
+  char buffer[4096];
+  while (steady_clock::now() < deadline) {
+    pollfd pfd{fd, POLLIN, 0};
+    if (poll(&pfd, 1, 10) <= 0) continue;
+    const ssize_t got = recv(fd, buffer, sizeof(buffer), 0);
+    if (got == 0 || (got < 0 && errno != EINTR && errno != EAGAIN)) return true;
+  }
+  return false;
+}
+
+// Bytes on the hub's port from anything but an emulator's rank end that
+// connection, never the hub: a cross-process all-reduce works afterwards,
+// with silent and half-sent connections still open.
+TEST(NcclEmuTest, GarbageOnTheHubsPortEndsOnlyThatConnection) {
+  ncclUniqueId id, other;
+  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  ASSERT_EQ(ncclGetUniqueId(&other), ncclSuccess);
+  const uint16_t port = IdPort(id);
+  ASSERT_NE(port, 0);
+  ASSERT_EQ(IdPort(other), port);  // one hub per process
+  ncclUniqueId foreign = other;    // another process's id
+  const int64_t pid = IdPid(other) + 1;
+  std::memcpy(foreign.internal + 32, &pid, sizeof(pid));
+  ncclUniqueId junk;
+  std::memset(junk.internal, 0x5a, sizeof(junk.internal));
+  std::string random(1000, '\0');
+  for (size_t i = 0; i < random.size(); ++i) random[i] = static_cast<char>((i * 2654435761u) >> 13);
+  const std::vector<std::pair<std::string, std::string>> garbage = {
+      {"http", "GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"},
+      {"random bytes", random},
+      {"a wrong magic", Frame(1, 0, "", 0x12345678)},
+      {"an absurd length", Frame(1, uint64_t{1} << 40)},
+      {"a data frame's length beyond its bound", Frame(32, (uint64_t{1} << 30) + 1)},
+      {"an unknown frame", Frame(999, 0)},
+      {"a post before a join", Frame(2, 8, std::string(8, '\0'))},
+      {"a join too short", Frame(1, 10, std::string(10, '\1'))},
+      {"a join with a junk id", Frame(1, 148, JoinPayload(junk, 2, 0))},
+      {"a join with another process's id", Frame(1, 148, JoinPayload(foreign, 2, 0))},
+      {"a join of no such rank", Frame(1, 148, JoinPayload(other, 2, 5))},
+  };
+  for (const auto& [what, bytes] : garbage) {
+    SCOPED_TRACE(what);
+    const int fd = ConnectTo(port);
+    EXPECT_EQ(send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL), static_cast<ssize_t>(bytes.size()));
+    EXPECT_TRUE(ClosedByPeer(fd));
+    close(fd);
+  }
+  close(ConnectTo(port));  // connects and goes
+  const int half = ConnectTo(port);
+  const std::string head = Frame(1, 148, JoinPayload(other, 2, 0)).substr(0, 40);
+  EXPECT_EQ(send(half, head.data(), head.size(), MSG_NOSIGNAL), static_cast<ssize_t>(head.size()));
+  const int silent = ConnectTo(port);
+
+  Child child([&] {
+    Rank me = Join(id, 1, 2);
+    REQUIRE(me.comm != nullptr);
+    REQUIRE(Exchange(me) == 0);
+    return Leave(me);
+  });
+  Rank me = Join(id, 0, 2);
+  ASSERT_NE(me.comm, nullptr);
+  EXPECT_EQ(Exchange(me), 0);
+  EXPECT_EQ(Leave(me, /*abort=*/HasFailure()), 0);
+  EXPECT_EQ(child.Reap(), 0);
+  close(half);
+  close(silent);
+}
+
+// An id whose process is gone: the join fails at once.
+TEST(NcclEmuTest, InitFailsWhenTheIdsProcessIsGone) {
+  Pipe id_pipe;
+  Child child([&] {
+    ncclUniqueId id;
+    REQUIRE(ncclGetUniqueId(&id) == ncclSuccess);
+    REQUIRE(id_pipe.Put(&id, sizeof(id)));
+    return 0;
+  });
+  ncclUniqueId id;
+  ASSERT_TRUE(id_pipe.Get(&id, sizeof(id)));
+  EXPECT_EQ(IdPid(id), child.pid());
+  ASSERT_EQ(child.Reap(), 0);
+  ncclComm_t comm = nullptr;
+  const auto start = steady_clock::now();
+  EXPECT_EQ(ncclCommInitRank(&comm, 2, id, 1), ncclSystemError);
+  EXPECT_LT(steady_clock::now() - start, std::chrono::seconds(2));
+  EXPECT_EQ(comm, nullptr);
+  EXPECT_NE(LastError(nullptr).find("cannot reach"), std::string::npos) << LastError(nullptr);
+}
+
+// TESSERA_CUDA_EMU_NCCL_PEER_LOSS other than hang or error: the process
+// aborts with one line saying what is allowed.
+TEST(NcclEmuTest, ABadPeerLossSettingAbortsWithAMessage) {
+  Pipe err;
+  Child child([&] {
+    dup2(err.write_fd(), STDERR_FILENO);
+    setenv("TESSERA_CUDA_EMU_NCCL_PEER_LOSS", "sometimes", 1);
+    ncclUniqueId id;
+    ncclGetUniqueId(&id);
+    return 0;
+  });
+  EXPECT_EQ(child.Reap(), 128 + SIGABRT);
+  std::string message(512, '\0');
+  pollfd pfd{err.read_fd(), POLLIN, 0};
+  ASSERT_EQ(poll(&pfd, 1, 1000), 1);
+  message.resize(static_cast<size_t>(std::max<ssize_t>(0, read(err.read_fd(), message.data(), message.size()))));
+  EXPECT_NE(message.find("TESSERA_CUDA_EMU_NCCL_PEER_LOSS=sometimes"), std::string::npos) << message;
+  EXPECT_NE(message.find("hang"), std::string::npos) << message;
+  EXPECT_NE(message.find("error"), std::string::npos) << message;
 }
 
 }  // namespace

@@ -1,8 +1,9 @@
 #pragma once
 // Tessera's CUDA emulator (cmake/cuda_emu/): the part of NCCL that Tessera
-// calls, for ranks living in one process (each on an emulated GPU, several
-// may share one). Names and values are NCCL's; the behaviour is documented
-// in nccl.cc. For tests on machines without a GPU only.
+// calls, for ranks each on an emulated GPU (several may share one), in one
+// process or in several of one machine (joined over 127.0.0.1). Names and
+// values are NCCL's; the behaviour is documented in nccl.cc. For tests on
+// machines without a GPU only.
 
 #include <climits>
 #include <cstddef>
