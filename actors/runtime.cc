@@ -11,6 +11,7 @@
 #include <mutex>
 #include <new>
 #include <optional>
+#include <set>
 #include <stdexcept>
 #include <thread>
 #include <unordered_map>
@@ -34,11 +35,14 @@ namespace tessera::actors {
 namespace internal {
 namespace {
 
-// What loading `plan` allocates on the host: the arenas, register_num
-// registers of each desc outside them whose producer is a CPU actor (views
-// excepted) and each CPU Parameter's state, every tensor counted at least
-// one allocator block (an empty tensor still takes one). ValidatePlan
-// bounded each number, so the sums are checked only against overflow.
+// What loading `plan` allocates on the host: the arenas of CPU devices,
+// register_num registers of each desc outside them whose producer is a CPU
+// actor (views excepted) and each CPU Parameter's state, every tensor
+// counted at least one allocator block (an empty tensor still takes one).
+// A GPU's arena, registers and state are device memory: not counted (its
+// arena too large for the GPU fails its allocation, naming the device).
+// ValidatePlan bounded each number, so the sums are checked only against
+// overflow.
 absl::Status CheckHostMemory(const proto::Plan& plan, const std::map<uint64_t, const proto::Task*>& tasks,
                              int64_t limit) {
   if (limit <= 0) limit = static_cast<int64_t>(std::min<size_t>(PhysicalMemoryBytes(), kMaxTensorBytes));
@@ -57,7 +61,17 @@ absl::Status CheckHostMemory(const proto::Plan& plan, const std::map<uint64_t, c
       RETURN_IF_ERROR(add(*CheckedByteSize(meta), desc.register_num()));
     }
   }
-  for (const auto& arena : plan.arenas()) RETURN_IF_ERROR(add(arena.bytes(), 1));
+  // An arena is on the device of the descs placed in it (ArenaMonitor).
+  std::set<std::pair<uint32_t, uint32_t>> host_arenas;  // (node, device index)
+  for (const auto& desc : plan.register_descs()) {
+    const ActorId producer = DecodeActorId(desc.producer());
+    if (desc.has_arena_offset() && producer.device_type == DeviceType::kCpu) {
+      host_arenas.insert({producer.node, producer.device_index});
+    }
+  }
+  for (const auto& arena : plan.arenas()) {
+    if (host_arenas.contains({arena.node(), arena.device_index()})) RETURN_IF_ERROR(add(arena.bytes(), 1));
+  }
   for (const auto& task : plan.tasks()) {
     if (DecodeActorId(task.actor_id()).device_type != DeviceType::kCpu) continue;
     for (const auto& state : task.state()) {

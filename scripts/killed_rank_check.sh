@@ -49,7 +49,7 @@ pids+=($!)
 worker_b=$!
 pids+=("$worker_b")
 wait_s=${TRAIN_WAIT_S:-120}
-timeout $((wait_s + 60)) "$tessera" submit --master "$address" "$config" train.train_iter=1000000 \
+timeout -k 10 $((wait_s + 60)) "$tessera" submit --master "$address" "$config" train.train_iter=1000000 \
   train.dist.device_type=cuda train.dist.data_parallel_size=2 train.log_period=1 train.checkpointer.period=null \
   "train.output_dir=$dir/out" "$@" --follow > "$dir/submit.out" 2>&1 &
 submit=$!
@@ -87,7 +87,7 @@ else
   passed=0
 fi
 if [ "$free" = 1 ]; then
-  if timeout $((wait_s + 60)) "$tessera" submit --master "$address" "$config" train.train_iter=2 \
+  if timeout -k 10 $((wait_s + 60)) "$tessera" submit --master "$address" "$config" train.train_iter=2 \
     train.dist.device_type=cuda train.checkpointer.period=null "train.output_dir=$dir/next" "$@" --follow \
     > "$dir/next.out" 2>&1; then
     echo "- the next job on the survivor's GPU: **passed**"

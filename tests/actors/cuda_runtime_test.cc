@@ -7,7 +7,8 @@
 // naming the device. The communicators of a plan on GPUs are NCCL ones on
 // the GPUs the plan's ranks name, created together by ConnectAll: without
 // the GPUs that is one error naming the group, never a hang; with two an
-// all-reduce between them.
+// all-reduce between them. The host memory limit counts none of a GPU
+// plan's memory.
 
 #include <chrono>
 #include <cmath>
@@ -34,7 +35,7 @@ struct Outcome {
   std::vector<float> trained;
 };
 
-Outcome Train(DeviceType type) {
+Outcome Train(DeviceType type, int64_t host_memory_limit = 0) {
   PlanBuilder b(6);
   b.set_device_type(type);
   const testing::TrainingLoop t = testing::AddTrainingLoop(b, TensorMeta{DType::kF32, Shape{1000}}, {2, 2, 2, 1});
@@ -45,6 +46,7 @@ Outcome Train(DeviceType type) {
   EXPECT_TRUE(b.status().ok()) << b.status();
   Outcome out;
   RuntimeOptions options;
+  options.memory_limit_bytes = host_memory_limit;
   options.callbacks.sources["x"] = [](int64_t piece, const std::vector<Tensor>& x) {
     for (int64_t i = 0; i < x[0].NumElements(); ++i) x[0].data<float>()[i] = 0.001f * static_cast<float>(piece + i % 7);
     return absl::OkStatus();
@@ -99,6 +101,20 @@ TEST(CudaRuntime, ATrainingLoopOnTheGpuGivesTheCpuNumbers) {
     ASSERT_NEAR(gpu.trained[i], cpu.trained[i], 1e-5f * (1 + std::abs(cpu.trained[i]))) << i;
   }
   EXPECT_NE(cpu.trained, cpu.watched.front());  // it trained
+}
+
+// The host memory limit counts host memory only: a GPU plan's arena and
+// registers are the GPU's. (It once counted every arena: a GPU plan larger
+// than the host's RAM was refused, though the host held none of it.)
+TEST(CudaRuntime, TheHostMemoryLimitCountsNoDeviceMemory) {
+  constexpr int64_t kLimit = 16 * 1024;  // below the loop's registers: 4000-byte tensors, several each
+  const Outcome cpu = Train(DeviceType::kCpu, kLimit);
+  ASSERT_EQ(cpu.status.code(), absl::StatusCode::kResourceExhausted) << cpu.status;
+  EXPECT_NE(cpu.status.message().find("bytes of host memory"), std::string_view::npos) << cpu.status;
+  if (const absl::StatusOr<int> gpus = CudaDeviceCount(); !gpus.ok()) GTEST_SKIP() << gpus.status().message();
+  const Outcome gpu = Train(DeviceType::kCuda, kLimit);
+  ASSERT_TRUE(gpu.status.ok()) << gpu.status;
+  EXPECT_EQ(gpu.watched.size(), 6u);
 }
 
 TEST(CudaRuntime, CommunicatorsOfAGpuPlanAreNcclOnTheRanksGpus) {
