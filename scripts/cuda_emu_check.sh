@@ -17,7 +17,7 @@
 #
 #   scripts/cuda_emu_check.sh [BUILD_DIR] [--quick]   (default build-emu)
 # --quick: what CI runs (the emulator's own tests, the kernels, the runtime
-# and NCCL tests, not the trainings: those take about ten minutes more).
+# and NCCL tests, not the trainings: those take about six minutes more).
 # Exit status: 0 when every test and comparison passed.
 set -euo pipefail
 

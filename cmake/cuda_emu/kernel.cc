@@ -8,6 +8,9 @@
 // as on a GPU. Threads that wait at different barriers with none left to
 // run (a __syncthreads some threads skip) fail the launch instead of
 // hanging. A kernel without barriers thus costs one fiber per block.
+// Within a pass, a fiber whose thread waits switches straight to the next
+// fiber to run (one whose barrier opened, else a new one for the threads
+// not started), not through the scheduler: one switch per wait, not two.
 //
 // Fibers switch by a few instructions of our own (x86-64 System V: the
 // callee-saved registers and the stack pointer), not ucontext, whose every
@@ -32,6 +35,7 @@
 #include "cuda_runtime.h"
 
 #if defined(__SANITIZE_ADDRESS__)
+#include <pthread.h>
 #include <sanitizer/common_interface_defs.h>
 #define TESSERA_EMU_ASAN 1
 #endif
@@ -125,6 +129,12 @@ struct Block {
   void* scheduler_sp = nullptr;
   Fiber* current = nullptr;
   bool trapped = false;
+  // The pass: fibers to resume (their barrier opened), in order.
+  std::vector<Fiber*> queue;
+  size_t queued = 0;  // queue[queued] runs next
+  // This block's fibers and the stacks they took.
+  std::vector<std::unique_ptr<Fiber>> fibers;
+  std::vector<std::unique_ptr<Stack>> used;
 #ifdef TESSERA_EMU_ASAN
   const void* scheduler_stack = nullptr;
   size_t scheduler_stack_size = 0;
@@ -134,22 +144,53 @@ struct Block {
 thread_local Block* current_block = nullptr;
 thread_local std::vector<std::unique_ptr<Stack>> free_stacks;
 
+void* NewFiberStack(Stack& stack);
+
+// A fiber for the threads not started yet, on a free stack.
+Fiber* NewFiber(Block& b) {
+  if (free_stacks.empty()) free_stacks.push_back(std::make_unique<Stack>());
+  b.used.push_back(std::move(free_stacks.back()));
+  free_stacks.pop_back();
+  auto f = std::make_unique<Fiber>();
+  f->stack = b.used.back().get();
+  f->sp = NewFiberStack(*f->stack);
+  b.fibers.push_back(std::move(f));
+  return b.fibers.back().get();
+}
+
 void SetThread(Block& b, int t) {
   b.current->thread = t;
   threadIdx = b.coords[static_cast<size_t>(t)];
 }
 
-// From a fiber back to the scheduler; returns when resumed (never once
-// `finished`).
-void ToScheduler(Block& b, Fiber* f, bool finished) {
+// From fiber f to what runs next in the pass: the next queued fiber, else a
+// new fiber while threads are not started (never for a `finished` fiber:
+// it ends only once every thread started), else the scheduler. Returns when
+// f is resumed (never once `finished`).
+void Onward(Block& b, Fiber* f, bool finished) {
+  Fiber* next = nullptr;
+  if (b.queued < b.queue.size()) {
+    next = b.queue[b.queued++];
+  } else if (b.next < b.order.size()) {
+    next = NewFiber(b);
+  }
+  void* to = b.scheduler_sp;
+  if (next != nullptr) {
+    b.current = next;
+    to = next->sp;
+  }
 #ifdef TESSERA_EMU_ASAN
   void* fake = nullptr;
-  __sanitizer_start_switch_fiber(finished ? nullptr : &fake, b.scheduler_stack, b.scheduler_stack_size);
-  cuda_emu_switch(&f->sp, b.scheduler_sp);
-  __sanitizer_finish_switch_fiber(fake, &b.scheduler_stack, &b.scheduler_stack_size);
+  if (next != nullptr) {
+    __sanitizer_start_switch_fiber(finished ? nullptr : &fake, next->stack->bottom(), kStackBytes);
+  } else {
+    __sanitizer_start_switch_fiber(finished ? nullptr : &fake, b.scheduler_stack, b.scheduler_stack_size);
+  }
+  cuda_emu_switch(&f->sp, to);
+  __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
 #else
   (void)finished;
-  cuda_emu_switch(&f->sp, b.scheduler_sp);
+  cuda_emu_switch(&f->sp, to);
 #endif
 }
 
@@ -157,7 +198,7 @@ void ToScheduler(Block& b, Fiber* f, bool finished) {
 [[noreturn]] void FiberMain() {
   Block& b = *current_block;
 #ifdef TESSERA_EMU_ASAN
-  __sanitizer_finish_switch_fiber(nullptr, &b.scheduler_stack, &b.scheduler_stack_size);
+  __sanitizer_finish_switch_fiber(nullptr, nullptr, nullptr);
 #endif
   Fiber* f = b.current;
   while (b.next < b.order.size()) {
@@ -172,7 +213,7 @@ void ToScheduler(Block& b, Fiber* f, bool finished) {
     b.states[static_cast<size_t>(t)] = State::kDone;
   }
   f->done = true;
-  ToScheduler(b, f, /*finished=*/true);
+  Onward(b, f, /*finished=*/true);
   __builtin_unreachable();
 }
 
@@ -203,8 +244,9 @@ void Wait(State at) {
   Fiber* f = b.current;
   const int t = f->thread;
   b.states[static_cast<size_t>(t)] = at;
-  ToScheduler(b, f, /*finished=*/false);
-  SetThread(b, t);  // the scheduler ran other threads meanwhile
+  Onward(b, f, /*finished=*/false);
+  b.current = f;
+  SetThread(b, t);  // other threads ran meanwhile
 }
 
 // Runs one block; false when its threads wait at barriers that can never
@@ -214,30 +256,24 @@ bool RunBlock(Block& b, std::minstd_rand& rng) {
   std::fill(b.states.begin(), b.states.end(), State::kPending);
   std::shuffle(b.order.begin(), b.order.end(), rng);
   b.next = 0;
-  std::vector<std::unique_ptr<Fiber>> fibers;
-  std::vector<std::unique_ptr<Stack>> used;
-  auto start_fiber = [&] {
-    if (free_stacks.empty()) free_stacks.push_back(std::make_unique<Stack>());
-    used.push_back(std::move(free_stacks.back()));
-    free_stacks.pop_back();
-    auto f = std::make_unique<Fiber>();
-    f->stack = used.back().get();
-    f->sp = NewFiberStack(*f->stack);
-    fibers.push_back(std::move(f));
-    Resume(b, *fibers.back());
-  };
+  b.fibers.clear();
+  b.used.clear();
   const size_t warps = (n + 31) / 32;
   bool ok = true;
   while (true) {
-    // The waiting threads whose barrier opened, then the threads not
-    // started yet.
-    std::vector<Fiber*> ready;
-    for (auto& f : fibers) {
-      if (!f->done && b.states[static_cast<size_t>(f->thread)] == State::kReady) ready.push_back(f.get());
+    // A pass: the waiting threads whose barrier opened, then the threads
+    // not started yet, each fiber switching on to the next (Onward).
+    b.queue.clear();
+    b.queued = 0;
+    for (auto& f : b.fibers) {
+      if (!f->done && b.states[static_cast<size_t>(f->thread)] == State::kReady) b.queue.push_back(f.get());
     }
-    std::shuffle(ready.begin(), ready.end(), rng);
-    for (Fiber* f : ready) Resume(b, *f);
-    while (b.next < n) start_fiber();
+    std::shuffle(b.queue.begin(), b.queue.end(), rng);
+    if (!b.queue.empty()) {
+      Resume(b, *b.queue[b.queued++]);
+    } else if (b.next < n) {
+      Resume(b, *NewFiber(b));
+    }
     bool opened = false;
     for (size_t w = 0; w < warps; ++w) {
       bool all = true, any = false;
@@ -271,11 +307,13 @@ bool RunBlock(Block& b, std::minstd_rand& rng) {
       break;
     }
   }
-  for (auto& s : used) {
+  for (auto& s : b.used) {
     if (ok) {
       free_stacks.push_back(std::move(s));
     }
   }
+  b.used.clear();
+  b.fibers.clear();
   return ok;
 }
 
@@ -309,6 +347,18 @@ cudaError_t RunGrid(const LaunchShape& shape, const std::function<void()>& body)
   blockDim = shape.block;
   gridDim = shape.grid;
   current_block = &block;
+#ifdef TESSERA_EMU_ASAN
+  // The scheduler's stack (this thread's), for the switches back to it.
+  pthread_attr_t attr;
+  if (pthread_getattr_np(pthread_self(), &attr) == 0) {
+    void* base = nullptr;
+    size_t size = 0;
+    pthread_attr_getstack(&attr, &base, &size);
+    block.scheduler_stack = base;
+    block.scheduler_stack_size = size;
+    pthread_attr_destroy(&attr);
+  }
+#endif
   cudaError_t result = cudaSuccess;
   for (unsigned int bz = 0; bz < shape.grid.z && result == cudaSuccess; ++bz) {
     for (unsigned int by = 0; by < shape.grid.y && result == cudaSuccess; ++by) {
