@@ -6,17 +6,22 @@
 //   backward  unfused: batch_matmul(dy, vᵀ) -> dP, batch_matmul(Pᵀ, dy) -> dv,
 //             softmax_grad(P, dP) · scale -> dS, batch_matmul(dS, k) -> dq,
 //             batch_matmul(dSᵀ, q) -> dk
-// Every op runs through RunOp (outputs allocated per call on both sides).
-// With --device cuda the same on cuda:0's kernels (each call waits for its
-// kernels), where the threads column means nothing and is 1.
+// Every op runs through RunKernel on tensors allocated once, before the
+// timing (outputs, intermediates and workspaces, as the actor runtime's
+// arena holds them). With --device cuda the same on cuda:0's kernels (each
+// call waits for its kernels), where the threads column means nothing and
+// is 1.
 // Prints median milliseconds of 7 repeats and fused / unfused ratios (< 1:
 // the fused op is faster), and the bytes of scores the unfused path holds
 // (B·H·T·S floats, twice: scores and probabilities) that the fused one never
 // allocates.
 //
-//   attention_bench [--quick] [--tsv] [--dropout RATE] [--device cpu|cuda]
+//   attention_bench [--quick] [--tsv] [--amp] [--dropout RATE] [--device cpu|cuda]
 // --dropout RATE: attention dropout on both sides (the fused op's
 // dropout_rate; a dropout op on the probabilities, and on dP backward).
+// --amp: the unfused products as train.amp.enabled=true runs them, each
+// batch_matmul's inputs cast to bf16 first (graph/passes/amp.cc), the
+// casts timed with them; the fused op stays f32, as under AMP.
 // --tsv prints, per case and thread count, label, threads and the median ms
 // of fused forward, fused backward, unfused forward, unfused backward
 // (bench/attention_compare.sh reads it).
@@ -28,9 +33,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "bench/kernel_call.h"
 #include "core/thread_pool.h"
 #include "ops/eager.h"
 #include "ops/registry.h"
@@ -43,6 +50,7 @@ double Seconds() { return std::chrono::duration<double>(std::chrono::steady_cloc
 Device g_device;       // where the tensors and kernels are
 bool g_tsv = false;    // --tsv: one tab-separated line per case
 double g_dropout = 0;  // --dropout RATE: attention dropout on both sides
+bool g_amp = false;    // --amp: the unfused products in bf16, as under AMP
 
 Tensor Filled(const Shape& shape, uint64_t seed) {
   auto t = Tensor::Empty(shape, DType::kF32);
@@ -63,15 +71,25 @@ Tensor Filled(const Shape& shape, uint64_t seed) {
   return *on_device;
 }
 
-std::vector<Tensor> Run(const std::string& op, const std::vector<Tensor>& in, const ops::AttrMap& attrs,
-                        ThreadPool* pool) {
-  ops::EagerOptions options;
-  options.pool = pool;
-  options.device = g_device;
-  auto out = ops::RunOp(op, in, attrs, options);
-  TESSERA_CHECK(out.ok(), out.status().ToString());
-  return *std::move(out);
-}
+// A sequence of calls, each reading earlier ones' outputs.
+class Sequence {
+ public:
+  explicit Sequence(ThreadPool* pool) : pool_(pool) {}
+  // Appends `op` on `inputs`; returns its first output.
+  Tensor Add(const std::string& op, std::vector<Tensor> inputs, const ops::AttrMap& attrs = {}) {
+    calls_.push_back(bench::MakeKernelCall(op, std::move(inputs), attrs, pool_, g_device));
+    return calls_.back()->ctx.outputs[0];
+  }
+  // A product's input as the products take it: cast to bf16 under --amp.
+  Tensor ProductInput(const Tensor& t) { return g_amp ? Add("cast", {t}, {{"dtype", DType::kBF16}}) : t; }
+  void Run() {
+    for (auto& call : calls_) bench::Run(*call);
+  }
+
+ private:
+  ThreadPool* pool_;
+  std::vector<std::unique_ptr<bench::KernelCall>> calls_;
+};
 
 double MedianMs(const std::function<void()>& fn, int repeats) {
   fn();  // warm-up
@@ -103,32 +121,26 @@ void Measure(const Case& c, int threads, int repeats) {
     attrs.Set("seed", int64_t{1});
     attrs.Set("tensor_id", int64_t{2});
   }
-  std::vector<Tensor> fused = Run("flash_attention", {q, k, v}, attrs, p);
-  const double fused_fwd = MedianMs([&] { fused = Run("flash_attention", {q, k, v}, attrs, p); }, repeats);
-  const double fused_bwd = MedianMs(
-      [&] {
-        Run("flash_attention_grad", {q, k, v, fused[0], fused[1], dy}, attrs, p);
-      },
-      repeats);
-  Tensor probs, dropped;
-  const double unfused_fwd = MedianMs(
-      [&] {
-        const Tensor scores = Run("batch_matmul", {q, k}, {{"transpose_b", true}}, p)[0];
-        probs = Run("fused_scale_causal_softmax", {scores}, {{"scale", scale}}, p)[0];
-        dropped = g_dropout > 0 ? Run("dropout", {probs}, dropout, p)[0] : probs;
-        Run("batch_matmul", {dropped, v}, {}, p);
-      },
-      repeats);
-  const double unfused_bwd = MedianMs(
-      [&] {
-        Tensor dp = Run("batch_matmul", {dy, v}, {{"transpose_b", true}}, p)[0];
-        Run("batch_matmul", {dropped, dy}, {{"transpose_a", true}}, p);
-        if (g_dropout > 0) dp = Run("dropout", {dp}, dropout, p)[0];  // the dropout's backward
-        const Tensor ds = Run("scalar_mul", {Run("softmax_grad", {probs, dp}, {}, p)[0]}, {{"value", scale}}, p)[0];
-        Run("batch_matmul", {ds, k}, {}, p);
-        Run("batch_matmul", {ds, q}, {{"transpose_a", true}}, p);
-      },
-      repeats);
+  auto forward = bench::MakeKernelCall("flash_attention", {q, k, v}, attrs, p, g_device);
+  auto backward = bench::MakeKernelCall(
+      "flash_attention_grad", {q, k, v, forward->ctx.outputs[0], forward->ctx.outputs[1], dy}, attrs, p, g_device);
+  const double fused_fwd = MedianMs([&] { bench::Run(*forward); }, repeats);
+  const double fused_bwd = MedianMs([&] { bench::Run(*backward); }, repeats);
+  Sequence unfused_forward(p), unfused_backward(p);
+  Sequence& f = unfused_forward;
+  const Tensor scores = f.Add("batch_matmul", {f.ProductInput(q), f.ProductInput(k)}, {{"transpose_b", true}});
+  const Tensor probs = f.Add("fused_scale_causal_softmax", {scores}, {{"scale", scale}});
+  const Tensor dropped = g_dropout > 0 ? f.Add("dropout", {probs}, dropout) : probs;
+  f.Add("batch_matmul", {f.ProductInput(dropped), f.ProductInput(v)});
+  Sequence& b = unfused_backward;
+  Tensor dp = b.Add("batch_matmul", {b.ProductInput(dy), b.ProductInput(v)}, {{"transpose_b", true}});
+  b.Add("batch_matmul", {b.ProductInput(dropped), b.ProductInput(dy)}, {{"transpose_a", true}});
+  if (g_dropout > 0) dp = b.Add("dropout", {dp}, dropout);  // the dropout's backward
+  const Tensor ds = b.Add("scalar_mul", {b.Add("softmax_grad", {probs, dp})}, {{"value", scale}});
+  b.Add("batch_matmul", {b.ProductInput(ds), b.ProductInput(k)});
+  b.Add("batch_matmul", {b.ProductInput(ds), b.ProductInput(q)}, {{"transpose_a", true}});
+  const double unfused_fwd = MedianMs([&] { unfused_forward.Run(); }, repeats);
+  const double unfused_bwd = MedianMs([&] { unfused_backward.Run(); }, repeats);
   const double scores_mib = 2.0 * static_cast<double>(c.B * c.H * c.T * c.T) * 4 / (1 << 20);
   if (g_tsv) {
     std::printf("%s\t%d\t%.3f\t%.3f\t%.3f\t%.3f\n", c.label, threads, fused_fwd, fused_bwd, unfused_fwd, unfused_bwd);
@@ -152,6 +164,8 @@ int main(int argc, char** argv) {
       quick = true;
     } else if (std::strcmp(argv[i], "--tsv") == 0) {
       tessera::g_tsv = true;
+    } else if (std::strcmp(argv[i], "--amp") == 0) {
+      tessera::g_amp = true;
     } else if (std::strcmp(argv[i], "--dropout") == 0 && i + 1 < argc) {
       char* end = nullptr;
       tessera::g_dropout = std::strtod(argv[++i], &end);
@@ -165,10 +179,11 @@ int main(int argc, char** argv) {
     } else if (std::strcmp(argv[i], "--device") == 0 && i + 1 < argc && std::strcmp(argv[i + 1], "cpu") == 0) {
       ++i;
     } else {
-      std::fprintf(stderr,
-                   "attention_bench: unknown argument '%s' (usage: attention_bench [--quick] [--tsv] [--dropout RATE] "
-                   "[--device cpu|cuda])\n",
-                   argv[i]);
+      std::fprintf(
+          stderr,
+          "attention_bench: unknown argument '%s' (usage: attention_bench [--quick] [--tsv] [--amp] [--dropout RATE] "
+          "[--device cpu|cuda])\n",
+          argv[i]);
       return 2;
     }
   }
@@ -180,9 +195,9 @@ int main(int argc, char** argv) {
   };
   if (!tessera::g_tsv) {
     std::printf(
-        "fused (flash_attention) vs unfused ops, causal, attention dropout %g, %s kernels; median ms; ratio "
+        "fused (flash_attention) vs unfused ops%s, causal, attention dropout %g, %s kernels; median ms; ratio "
         "fused/unfused\n",
-        tessera::g_dropout, gpu ? "cuda:0" : "CPU");
+        tessera::g_amp ? " (products in bf16, as under AMP)" : "", tessera::g_dropout, gpu ? "cuda:0" : "CPU");
   }
   for (const tessera::Case& c : cases) {
     for (int threads : {1, 2}) {

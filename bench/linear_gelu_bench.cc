@@ -1,8 +1,8 @@
 // The fused Linear + bias + GELU (matmul_bias_gelu: the bias and GELU as the
 // GEMM's epilogue) against what runs without model.bias_gelu_fusion (matmul,
 // then bias_gelu), measured in the same run, on the registered kernels
-// through RunKernel with preallocated inputs and outputs (what the actor
-// runtime does): the CPU's on intra-op pools of 1 and 2 threads, or with
+// through RunKernel with preallocated inputs, outputs and workspaces (what
+// the actor runtime does): the CPU's on intra-op pools of 1 and 2 threads, or with
 // --device cuda cuda:0's (each call waits for its kernels; cuBLASLt's
 // epilogue). Prints the median milliseconds of each side, fused / unfused
 // (< 1: the fused op is faster) and the fused op's TFLOP/s (2·M·N·K per
@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/kernel_call.h"
 #include "core/thread_pool.h"
 #include "ops/eager.h"
 #include "ops/registry.h"
@@ -58,33 +59,6 @@ Tensor Filled(const Shape& shape, uint64_t seed, DType dtype) {
   return *on_device;
 }
 
-// One op's kernel on preallocated tensors.
-struct Call {
-  const ops::OpSchema* schema = nullptr;
-  ops::AttrMap attrs;
-  ops::KernelContext ctx;
-};
-
-std::unique_ptr<Call> MakeCall(const std::string& op, std::vector<Tensor> inputs, const ops::AttrMap& attrs,
-                               const std::vector<Shape>& outputs, ThreadPool* pool) {
-  auto call = std::make_unique<Call>();
-  call->schema = ops::BuiltinOps().Find(op);
-  auto canonical = call->schema->CanonicalizeAttrs(attrs);
-  TESSERA_CHECK(canonical.ok(), canonical.status().ToString());
-  call->attrs = *canonical;
-  call->ctx.inputs = std::move(inputs);
-  for (const Shape& s : outputs) call->ctx.outputs.push_back(Filled(s, 0, DType::kF32));
-  call->ctx.attrs = &call->attrs;
-  call->ctx.pool = pool;
-  call->ctx.device = g_device;
-  return call;
-}
-
-void Run(Call& call) {
-  const absl::Status status = ops::RunKernel(*call.schema, call.ctx);
-  TESSERA_CHECK(status.ok(), call.schema->name(), ": ", status.ToString());
-}
-
 double MedianMs(const std::function<void()>& fn, int repeats) {
   fn();  // warm-up (oneDNN's packing buffers, cuBLASLt's heuristics)
   std::vector<double> ms;
@@ -107,14 +81,14 @@ void Measure(const Case& c, ThreadPool* pool, int threads, int repeats) {
   const Tensor x = Filled(Shape{c.m, c.k}, 1, g_dtype), w = Filled(Shape{c.k, c.n}, 2, g_dtype);
   const Tensor bias = Filled(Shape{c.n}, 3, DType::kF32);
   const ops::AttrMap gelu = {{"approximate", std::string(c.approximate)}};
-  auto fused = MakeCall("matmul_bias_gelu", {x, w, bias}, gelu, {Shape{c.m, c.n}, Shape{c.m, c.n}}, pool);
-  auto matmul = MakeCall("matmul", {x, w}, {}, {Shape{c.m, c.n}}, pool);
-  auto bias_gelu = MakeCall("bias_gelu", {matmul->ctx.outputs[0], bias}, gelu, {Shape{c.m, c.n}}, pool);
-  const double fused_ms = MedianMs([&] { Run(*fused); }, repeats);
+  auto fused = bench::MakeKernelCall("matmul_bias_gelu", {x, w, bias}, gelu, pool, g_device);
+  auto matmul = bench::MakeKernelCall("matmul", {x, w}, {}, pool, g_device);
+  auto bias_gelu = bench::MakeKernelCall("bias_gelu", {matmul->ctx.outputs[0], bias}, gelu, pool, g_device);
+  const double fused_ms = MedianMs([&] { bench::Run(*fused); }, repeats);
   const double unfused_ms = MedianMs(
       [&] {
-        Run(*matmul);
-        Run(*bias_gelu);
+        bench::Run(*matmul);
+        bench::Run(*bias_gelu);
       },
       repeats);
   const double tflops = 2.0 * static_cast<double>(c.m * c.n * c.k) / (fused_ms * 1e-3) / 1e12;

@@ -268,6 +268,13 @@ void RegisterMatmulOps(OpRegistry& registry) {
       .Infer(InferMatmulBiasGelu)
       .Sbp(MatmulBiasGeluSignatures)
       .Grad(MatmulBiasGeluGrad)
+      .Workspace([](const std::vector<TensorMeta>&, const std::vector<TensorMeta>&, const AttrMap&,
+                    DeviceType device) -> int64_t {
+        // cuBLASLt's workspace on GPUs: the 32 MiB the cuBLAS documentation
+        // recommends for Hopper (cuBLAS's own handles default to it; a
+        // cuBLASLt call gets what it is given), 256 more to align it.
+        return device == DeviceType::kCuda ? (int64_t{32} << 20) + 256 : 0;
+      })
       .Kernel(DeviceType::kCpu, cpu::MatmulBiasGeluKernel)
 #ifdef TESSERA_WITH_CUDA
       .Kernel(DeviceType::kCuda, cuda::MatmulBiasGeluKernel)

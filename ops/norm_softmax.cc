@@ -16,6 +16,7 @@
 #include "ops/cuda/norm_softmax.h"
 #endif
 #include "ops/op_util.h"
+#include "ops/reduce_chunks.h"
 #include "ops/registry.h"
 
 namespace tessera::ops {
@@ -300,6 +301,17 @@ absl::StatusOr<std::vector<TensorMeta>> InferRmsNormGrad(const std::vector<Tenso
   return std::vector<TensorMeta>{in[1], in[3]};
 }
 
+// The CUDA kernels' partials of the parameter gradients (input 1 is x:
+// rows of its last axis).
+WorkspaceFn NormParamGradWorkspace(bool with_bias) {
+  return [with_bias](const std::vector<TensorMeta>& in, const std::vector<TensorMeta>&, const AttrMap&,
+                     DeviceType device) -> int64_t {
+    if (device != DeviceType::kCuda || in.size() < 2 || in[1].shape.rank() < 1) return 0;
+    const int64_t C = in[1].shape[in[1].shape.rank() - 1];
+    return C == 0 ? 0 : NormParamGradWorkspaceBytes(in[1].shape.NumElements() / C, C, with_bias);
+  };
+}
+
 void RegisterNorms(OpRegistry& r) {
   const TensorMeta x{DType::kF32, Shape{4, 6}};
   const TensorMeta channel{DType::kF32, Shape{6}};
@@ -352,6 +364,7 @@ void RegisterNorms(OpRegistry& r) {
                        AddPartialDy(5, 3, sigs);
                        return sigs;
                      })
+                     .Workspace(NormParamGradWorkspace(/*with_bias=*/true))
                      .Kernel(DeviceType::kCpu, cpu::LayerNormGradKernel)
 #ifdef TESSERA_WITH_CUDA
                      .Kernel(DeviceType::kCuda, cuda::LayerNormGradKernel)
@@ -398,6 +411,7 @@ void RegisterNorms(OpRegistry& r) {
             AddPartialDy(4, 2, sigs);
             return sigs;
           })
+          .Workspace(NormParamGradWorkspace(/*with_bias=*/false))
           .Kernel(DeviceType::kCpu, cpu::RmsNormGradKernel)
 #ifdef TESSERA_WITH_CUDA
           .Kernel(DeviceType::kCuda, cuda::RmsNormGradKernel)

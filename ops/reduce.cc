@@ -12,6 +12,7 @@
 #include "core/status.h"
 #include "core/text.h"
 #include "ops/op_util.h"
+#include "ops/reduce_chunks.h"
 #include "ops/registry.h"
 #ifdef TESSERA_WITH_CUDA
 #include "ops/cuda/reduce.h"
@@ -160,6 +161,14 @@ absl::Status ArgmaxKernel(KernelContext& ctx) {
   return absl::OkStatus();
 }
 
+// The CUDA kernel's partials (ops/reduce_chunks.h) for x reduced over
+// `mask`: a long reduction is cut into ranges summed apart.
+int64_t CudaReduceWorkspace(const Shape& x, const std::vector<bool>& mask, DeviceType device) {
+  if (device != DeviceType::kCuda) return 0;
+  const int64_t reduced = ReducedCount(x, mask);
+  return ReducePartialBytes(reduced == 0 ? 0 : x.NumElements() / reduced, reduced);
+}
+
 OpSchema ReduceSchema(const std::string& name, const std::string& doc) {
   return OpSchema(name)
       .Doc(doc)
@@ -168,6 +177,12 @@ OpSchema ReduceSchema(const std::string& name, const std::string& doc) {
       .Attr("axes", AttrType::kInts, std::vector<int64_t>{})
       .Attr("keepdim", AttrType::kBool, false)
       .Infer(InferReduce)
+      .Workspace([](const std::vector<TensorMeta>& in, const std::vector<TensorMeta>&, const AttrMap& attrs,
+                    DeviceType device) -> int64_t {
+        if (in.empty()) return 0;
+        auto mask = ReducedMask(in[0].shape.rank(), attrs.Has("axes") ? attrs.Ints("axes") : std::vector<int64_t>{});
+        return mask.ok() ? CudaReduceWorkspace(in[0].shape, *mask, device) : 0;
+      })
       .Example({kExample}, {{"axes", std::vector<int64_t>{1}}});
 }
 
@@ -368,6 +383,12 @@ void RegisterIndexReductions(OpRegistry& r) {
             for (int a = 0; a < in[0].shape.rank(); ++a) sigs.push_back({{Sbp::Split(a)}, {Sbp::PartialSum()}});
             sigs.push_back({{Sbp::Broadcast()}, {Sbp::Broadcast()}});
             return sigs;
+          })
+          .Workspace([](const std::vector<TensorMeta>& in, const std::vector<TensorMeta>&, const AttrMap&,
+                        DeviceType device) -> int64_t {
+            if (in.empty()) return 0;
+            return CudaReduceWorkspace(in[0].shape, std::vector<bool>(static_cast<size_t>(in[0].shape.rank()), true),
+                                       device);
           })
           .Grad([](GradBuilder& b) {
             // dx = 2 · x · dy, dy a scalar broadcast over x.

@@ -22,7 +22,8 @@ set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$root/build-bundle}
-targets=(tessera cuda_kernels_test cuda_runtime_test nccl_test gpu_equivalence_test attention_bench linear_gelu_bench)
+targets=(tessera cuda_kernels_test cuda_runtime_test nccl_test gpu_equivalence_test attention_bench linear_gelu_bench
+  kernel_bench)
 command -v nvcc > /dev/null || [[ -x /usr/local/cuda/bin/nvcc ]] ||
   { echo "gpu_bundle: no nvcc: the GPU binaries cannot be built here" >&2; exit 1; }
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTESSERA_CUDA=ON -DTESSERA_BUILD_BENCH=ON \

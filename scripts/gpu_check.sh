@@ -23,8 +23,11 @@
 #      of both; the fused attention op against the unfused ops on cuda:0
 #      (bench/attention_bench.cc); matmul_bias_gelu (cuBLASLt's epilogues)
 #      against matmul + bias_gelu, and its bf16 4096^3 TFLOP/s against the
-#      data-sheet peak (bench/linear_gelu_bench.cc); then GPT-2 124M's shapes
-#      in bf16 with fused attention and bias_gelu_fusion on cuda:0 at the
+#      data-sheet peak (bench/linear_gelu_bench.cc); memory-bound kernels
+#      at GPT-2 124M's shapes against a device-to-device copy
+#      (bench/kernel_bench.cc); then GPT-2 124M's shapes
+#      in bf16 with bias_gelu_fusion, and fused attention unless the bench
+#      found it slower there than the unfused ops, on cuda:0 at the
 #      largest micro-batch whose planned memory fits (tokens/s, MFU against
 #      the GPU's data-sheet bf16 peak; at micro-batch 8, then without
 #      fusion, if that fails);
@@ -245,8 +248,15 @@ fi
 section "Fused attention on cuda:0 against the unfused ops"
 start=$(date +%s)
 if build_targets attention_bench &&
-    timeout -k 10 120 "$build/bin/attention_bench" --quick --device cuda > "$work_dir/attention_bench.out" 2>&1; then
+    timeout -k 10 120 "$build/bin/attention_bench" --quick --device cuda > "$work_dir/attention_bench.out" 2>&1 &&
+    timeout -k 10 120 "$build/bin/attention_bench" --quick --device cuda --amp >> "$work_dir/attention_bench.out" 2>&1; then
   { echo '```'; cat "$work_dir/attention_bench.out"; echo '```'; } >> "$report"
+  # GPT-2 124M's case under AMP (the second run), fused / unfused forward
+  # and backward together: the 124M run below takes the faster (the fused
+  # kernels are plain f32 code, the unfused products cuBLAS's in bf16).
+  attention_ratio=$(awk '/^GPT-2 124M mb 8/ { for (i = 1; i < NF; ++i) if ($i == "fwd+bwd") r = $(i + 1) }
+    END { print r }' "$work_dir/attention_bench.out" | tr -d x)
+  [[ -n $attention_ratio ]] && echo "- GPT-2 124M's attention under AMP, fused / unfused: ${attention_ratio}x" >> "$report"
 else
   cat "$work_dir/attention_bench.out" >> "$log" 2>/dev/null
   echo "- **FAILED** (the last lines of $(basename "$log") say why)" >> "$report"
@@ -276,6 +286,19 @@ else
 fi
 echo "in $(($(date +%s) - start)) s" >> "$report"
 
+section "Memory-bound kernels on cuda:0 against a device-to-device copy"
+# GPT-2 124M's shapes at micro-batch 64 (bench/kernel_bench.cc): GB/s of
+# each kernel over the copy's, in the same run (1: as fast as a copy).
+start=$(date +%s)
+if build_targets kernel_bench &&
+    timeout -k 10 "$(budget 120)" "$build/bin/kernel_bench" --device cuda > "$work_dir/kernel_bench.out" 2>&1; then
+  { echo '```'; cat "$work_dir/kernel_bench.out"; echo '```'; } >> "$report"
+else
+  cat "$work_dir/kernel_bench.out" >> "$log" 2>/dev/null
+  echo "- **FAILED** (the last lines of $(basename "$log") say why)" >> "$report"
+fi
+echo "in $(($(date +%s) - start)) s" >> "$report"
+
 section "GPT-2 124M, bf16, on cuda:0"
 # GPT-2 124M's shapes on gpt2_nano's synthetic data (no corpus needed), seq
 # 1024, the largest micro-batch that fits (the issue's): the largest of 128,
@@ -293,7 +316,14 @@ L=12 H=768 T=1024 V=50257 B=8
 shape=(train.dist.device_type=cuda train.amp.enabled=true model.num_layers=$L model.hidden_size=$H
   model.num_attention_heads=12 model.ffn_hidden_size=$((4 * H)) model.max_seq_length=$T model.seq_length=$T
   model.vocab_size=$V)
-fused=(model.fused_attention=true model.bias_gelu_fusion=true)
+# Fused attention unless the bench above found it slower than the unfused
+# ops at these shapes.
+fused=(model.bias_gelu_fusion=true)
+attention="bias_gelu_fusion and unfused attention (fused / unfused ${attention_ratio:-}x in the bench above)"
+if [[ -z ${attention_ratio:-} ]] || awk -v r="$attention_ratio" 'BEGIN { exit !(r <= 1) }'; then
+  fused+=(model.fused_attention=true)
+  attention="fused attention and bias_gelu_fusion"
+fi
 memory=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1 | tr -d ' ')
 if [[ $memory =~ ^[0-9]+$ ]]; then
   for b in 128 64 32 16; do
@@ -314,20 +344,20 @@ train_124m() {  # micro-batch, extra overrides...
     train.checkpointer.period=null "train.output_dir=$big" "${shape[@]}" train.train_micro_batch_size=$b "$@" \
     > "$big.out" 2>&1 < /dev/null
 }
-# Fused at the micro-batch chosen; failing that, fused at 8; then unfused at 8.
-attention="fused attention and bias_gelu_fusion"
+# As chosen above at the micro-batch chosen; failing that, at 8; then with
+# neither fusion at 8.
 trained=0
 train_124m $B "${fused[@]}" || trained=$?
 if [[ $trained != 0 && $B != 8 ]]; then
   cat "$big.out" >> "$log"
-  echo "- micro-batch $B with fused attention and bias_gelu_fusion: **FAILED** (the log says why); micro-batch 8:" >> "$report"
+  echo "- micro-batch $B with $attention: **FAILED** (the log says why); micro-batch 8:" >> "$report"
   B=8
   trained=0
   train_124m $B "${fused[@]}" || trained=$?
 fi
 if [[ $trained != 0 ]]; then
   cat "$big.out" >> "$log"
-  echo "- with fused attention and bias_gelu_fusion: **FAILED** (the log says why); unfused:" >> "$report"
+  echo "- with $attention: **FAILED** (the log says why); unfused:" >> "$report"
   attention="unfused attention and MLP"
   trained=0
   train_124m $B || trained=$?

@@ -51,8 +51,13 @@ int LaunchScaleMaskSoftmax(const float* x, float* y, const uint8_t* mask, const 
                            int64_t t_offset, int64_t diagonal, float scale);
 int LaunchLayerNorm(const float* x, const float* gamma, const float* beta, float* y, float* mean, float* rstd,
                     int64_t rows, int64_t C, float eps);
+// Layer norm's gradient: dx per row; dgamma and dbeta are column sums
+// over ranges of rows (ops/reduce_chunks.h) whose double partials go to
+// `workspace` when it holds NormParamGradWorkspaceBytes, else to memory of
+// the call's own.
 int LaunchLayerNormGrad(const float* dy, const float* x, const float* mean, const float* rstd, const float* gamma,
-                        float* dx, float* dgamma, float* dbeta, int64_t rows, int64_t C);
+                        float* dx, float* dgamma, float* dbeta, int64_t rows, int64_t C, void* workspace,
+                        size_t workspace_bytes);
 
 // Optimizer steps over n elements; outputs may alias inputs (each element
 // is read before it is written). lr, skip and skipped (null: absent) are
@@ -80,8 +85,10 @@ int LaunchGemm(int a_dtype, bool ta, bool tb, int64_t batch, int64_t M, int64_t 
 // approximation. Sets *fused when it ran; when cuBLASLt has no kernel for it
 // (an empty extent; N not a multiple of 8 with GELU; no algorithm for these
 // types and alignments) it returns 0 with *fused false and writes nothing.
+// cuBLASLt may use `workspace_bytes` at `workspace` (null: none; aligned
+// up to 256 bytes here).
 int LaunchGemmBiasLt(int x_dtype, int64_t M, int64_t N, int64_t K, const void* x, const void* w, const float* bias,
-                     float* z, float* y, bool* fused);
+                     float* z, float* y, void* workspace, size_t workspace_bytes, bool* fused);
 
 // Every element of dst (n elements of `elem` bytes: 1, 2, 4 or 8) set to
 // the low `elem` bytes of `bits` (fill, zeros, ones).
@@ -102,10 +109,10 @@ int LaunchSelect(const uint8_t* cond, const void* a, uint64_t a_bits, const void
 // RMS norm over rows of C (ops/cpu/norm_softmax.cc's formulas): y = x ·
 // rstd · gamma, rstd = 1 / sqrt(mean(x²) + eps); the gradient dx = rstd ·
 // (dy·gamma - xhat · mean(dy·gamma·xhat)) and dgamma = Σ_rows dy · xhat
-// (per column in row order).
+// (per column, over ranges of rows as LaunchLayerNormGrad's).
 int LaunchRmsNorm(const float* x, const float* gamma, float* y, float* rstd, int64_t rows, int64_t C, float eps);
-int LaunchRmsNormGrad(const float* dy, const float* x, const float* rstd, const float* gamma, float* dx,
-                      float* dgamma, int64_t rows, int64_t C);
+int LaunchRmsNormGrad(const float* dy, const float* x, const float* rstd, const float* gamma, float* dx, float* dgamma,
+                      int64_t rows, int64_t C, void* workspace, size_t workspace_bytes);
 // Cross-entropy per row of (N, V) logits against checked i64 labels:
 // loss = logsumexp - logit[label]; dlogits = (softmax - onehot) · dloss.
 int LaunchSparseCrossEntropy(const float* logits, const int64_t* labels, float* loss, int64_t N, int64_t V);
@@ -145,13 +152,16 @@ int Zero(void* dst, size_t bytes);
 // coordinates r of x[Σ kept_o · kept_strides + Σ r · reduced_strides], one
 // output per kept coordinate (row-major). kind: 0 sum, 1 max, 2 sum of
 // squares (accumulated in double). An empty reduction gives 0 · scale or
-// -inf.
+// -inf. A long reduction is cut into ranges (ops/reduce_chunks.h) whose
+// double partials go to `workspace` when it holds ReducePartialBytes, else
+// to memory of the call's own.
 struct ReduceLayout {
   int kept_rank = 0, reduced_rank = 0;
   int64_t kept_dims[kMaxRank] = {}, kept_strides[kMaxRank] = {};
   int64_t reduced_dims[kMaxRank] = {}, reduced_strides[kMaxRank] = {};
 };
-int LaunchReduce(int kind, const float* x, float* y, const ReduceLayout& layout, float scale);
+int LaunchReduce(int kind, const float* x, float* y, const ReduceLayout& layout, float scale, void* workspace,
+                 size_t workspace_bytes);
 // reduce_max's gradient over the same layout: dx at each coordinate is
 // dy[o] / ties[o] where x equals y[o] (ties[o]: how many do), else 0.
 int LaunchReduceMaxGrad(const float* x, const float* y, const float* dy, float* dx, const ReduceLayout& layout);

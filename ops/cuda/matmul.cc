@@ -57,11 +57,13 @@ absl::Status MatmulBiasGeluKernel(KernelContext& ctx) {
   // are compared at rtol 2e-2 anyway). f32: the bias in the epilogue and
   // GELU by the formula the CPU uses, so f32 runs agree to rounding.
   if (tanh_approx && dtype != 0) {
-    RETURN_IF_ERROR(Done(LaunchGemmBiasLt(dtype, M, N, K, x.raw_data(), w.raw_data(), bias, z, y, &fused),
+    RETURN_IF_ERROR(Done(LaunchGemmBiasLt(dtype, M, N, K, x.raw_data(), w.raw_data(), bias, z, y, WorkspaceOf(ctx),
+                                          WorkspaceBytesOf(ctx), &fused),
                          "matmul_bias_gelu (cuBLASLt, GELU epilogue)"));
     if (fused) return absl::OkStatus();
   }
-  RETURN_IF_ERROR(Done(LaunchGemmBiasLt(dtype, M, N, K, x.raw_data(), w.raw_data(), bias, z, nullptr, &fused),
+  RETURN_IF_ERROR(Done(LaunchGemmBiasLt(dtype, M, N, K, x.raw_data(), w.raw_data(), bias, z, nullptr, WorkspaceOf(ctx),
+                                        WorkspaceBytesOf(ctx), &fused),
                        "matmul_bias_gelu (cuBLASLt, bias epilogue)"));
   if (!fused) {  // no cuBLASLt kernel: z = x @ w, then z += bias in place
     RETURN_IF_ERROR(Done(LaunchGemm(dtype, false, false, 1, M, N, K, 1.0f, x.raw_data(), w.raw_data(), z),

@@ -103,7 +103,7 @@ struct LtDescriptors {
 }  // namespace
 
 int LaunchGemmBiasLt(int x_dtype, int64_t M, int64_t N, int64_t K, const void* x, const void* w, const float* bias,
-                     float* z, float* y, bool* fused) {
+                     float* z, float* y, void* workspace, size_t workspace_bytes, bool* fused) {
   *fused = false;
   // GELU's auxiliary output needs a leading dimension divisible by 8.
   if (M == 0 || N == 0 || K == 0 || (y != nullptr && N % 8 != 0)) return 0;
@@ -133,9 +133,19 @@ int LaunchGemmBiasLt(int x_dtype, int64_t M, int64_t N, int64_t K, const void* x
   TESSERA_LT_TRY(
       cublasLtMatrixLayoutCreate(&desc.d, CUDA_R_32F, static_cast<uint64_t>(N), static_cast<uint64_t>(M), N));
   TESSERA_LT_TRY(cublasLtMatmulPreferenceCreate(&desc.preference));
-  const uint64_t workspace = 0;
+  // The workspace from its first 256-byte boundary on.
+  uint64_t workspace_size = 0;
+  if (workspace != nullptr) {
+    const auto address = reinterpret_cast<uintptr_t>(workspace);
+    const uintptr_t skip = (256 - address % 256) % 256;
+    if (workspace_bytes > skip) {
+      workspace = reinterpret_cast<void*>(address + skip);
+      workspace_size = workspace_bytes - skip;
+    }
+  }
+  if (workspace_size == 0) workspace = nullptr;
   TESSERA_LT_TRY(cublasLtMatmulPreferenceSetAttribute(desc.preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                      &workspace, sizeof(workspace)));
+                                                      &workspace_size, sizeof(workspace_size)));
   for (const auto& [attribute, pointer] :
        {std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, w},
         std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, x},
@@ -153,7 +163,7 @@ int LaunchGemmBiasLt(int x_dtype, int64_t M, int64_t N, int64_t K, const void* x
   TESSERA_LT_TRY(heuristic);
   const float alpha = 1.0f, beta = 0.0f;
   TESSERA_LT_TRY(cublasLtMatmul(handle, desc.op, &alpha, w, desc.a, x, desc.b, &beta, d, desc.d, d, desc.d,
-                                &result.algo, nullptr, 0, CurrentStream()));
+                                &result.algo, workspace, workspace_size, CurrentStream()));
   *fused = true;
   return Finish();
 }

@@ -93,7 +93,8 @@ absl::Status LayerNormGradKernel(KernelContext& ctx) {
   const Rows v = RowsOf(ctx.input(1));
   return Done(LaunchLayerNormGrad(ctx.input(0).data<float>(), ctx.input(1).data<float>(), ctx.input(2).data<float>(),
                                   ctx.input(3).data<float>(), ctx.input(4).data<float>(), ctx.output(0).data<float>(),
-                                  ctx.output(1).data<float>(), ctx.output(2).data<float>(), v.rows, v.cols),
+                                  ctx.output(1).data<float>(), ctx.output(2).data<float>(), v.rows, v.cols,
+                                  WorkspaceOf(ctx), WorkspaceBytesOf(ctx)),
               "layer_norm_grad");
 }
 
@@ -110,7 +111,7 @@ absl::Status RmsNormGradKernel(KernelContext& ctx) {
   const Rows v = RowsOf(ctx.input(1));
   return Done(LaunchRmsNormGrad(ctx.input(0).data<float>(), ctx.input(1).data<float>(), ctx.input(2).data<float>(),
                                 ctx.input(3).data<float>(), ctx.output(0).data<float>(), ctx.output(1).data<float>(),
-                                v.rows, v.cols),
+                                v.rows, v.cols, WorkspaceOf(ctx), WorkspaceBytesOf(ctx)),
               "rms_norm_grad");
 }
 

@@ -1,6 +1,7 @@
 // CUDA row kernels (softmax family, causal attention softmax, layer norm):
 // the math of ops/cpu/norm_softmax.cc, one block per row (grid-stride over
-// rows), block-wide reductions in shared memory. Launchers: launch.h.
+// rows), block-wide reductions in shared memory; the norms' parameter
+// gradients as column sums cut into ranges of rows. Launchers: launch.h.
 
 #include <cuda_runtime.h>
 
@@ -8,6 +9,7 @@
 
 #include "ops/cuda/launch.h"
 #include "ops/cuda/launch_util.cuh"
+#include "ops/reduce_chunks.h"
 
 namespace tessera::ops::cuda {
 namespace {
@@ -168,23 +170,6 @@ __global__ void LayerNormGradRows(const float* dy, const float* x, const float* 
   }
 }
 
-// dgamma[j] = Σ_r dy·xhat, dbeta[j] = Σ_r dy: one thread per column, rows in
-// order (deterministic).
-__global__ void LayerNormParamGrads(const float* dy, const float* x, const float* mean, const float* rstd,
-                                    float* dgamma, float* dbeta, int64_t rows, int64_t C) {
-  for (int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; j < C;
-       j += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    float dg = 0.0f, db = 0.0f;
-    for (int64_t r = 0; r < rows; ++r) {
-      const float d = dy[r * C + j];
-      dg += d * (x[r * C + j] - mean[r]) * rstd[r];
-      db += d;
-    }
-    dgamma[j] = dg;
-    dbeta[j] = db;
-  }
-}
-
 __global__ void RmsNormRows(const float* x, const float* gamma, float* y, float* rstd, int64_t rows, int64_t C,
                             float eps) {
   __shared__ float scratch[kThreads];
@@ -217,15 +202,67 @@ __global__ void RmsNormGradRows(const float* dy, const float* x, const float* rs
   }
 }
 
-// dgamma[j] = Σ_r dy · x · rstd, one thread per column, rows in order.
-__global__ void RmsNormParamGrad(const float* dy, const float* x, const float* rstd, float* dgamma, int64_t rows,
-                                 int64_t C) {
-  for (int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; j < C;
-       j += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    float dg = 0.0f;
-    for (int64_t r = 0; r < rows; ++r) dg += dy[r * C + j] * x[r * C + j] * rstd[r];
-    dgamma[j] = dg;
+// A norm's parameter gradients over rows of C: dgamma[j] = Σ_r dy · xhat
+// (xhat = (x - mean) · rstd; mean null: RMS norm, xhat = x · rstd) and,
+// when dbeta is not null, dbeta[j] = Σ_r dy. The rows are cut into
+// `chunks` ranges (ops/reduce_chunks.h: one thread per column over every
+// row would leave a GPU nearly idle, 3 blocks for 768 columns). Block (tile,
+// range c) takes columns tile * 32 + lane (threadIdx.x % 32), its row lanes
+// (threadIdx.x / 32) every kRowLanes-th row of the range, then adds the row
+// lanes' sums in lane order: the result when there is one range, else
+// double partials [j * chunks + c], dbeta's as columns C + j, for
+// CombineChunks. Deterministic: the cut depends on the shape alone.
+constexpr int kRowLanes = kThreads / 32;
+__global__ void NormParamGrads(const float* dy, const float* x, const float* mean, const float* rstd, float* dgamma,
+                               float* dbeta, double* partials, int64_t rows, int64_t C, int64_t chunks) {
+  __shared__ float scratch[2][kRowLanes][32];
+  const int lane = static_cast<int>(threadIdx.x % 32), row = static_cast<int>(threadIdx.x / 32);
+  const int64_t tiles = (C + 31) / 32, length = (rows + chunks - 1) / chunks;
+  for (int64_t item = blockIdx.x; item < tiles * chunks; item += gridDim.x) {
+    const int64_t j = item / chunks * 32 + lane, c = item % chunks, begin = c * length;
+    const int64_t end = begin + length < rows ? begin + length : rows;
+    float dg = 0.0f, db = 0.0f;
+    if (j < C) {
+      for (int64_t r = begin + row; r < end; r += kRowLanes) {
+        const float d = dy[r * C + j];
+        dg += d * (x[r * C + j] - (mean != nullptr ? mean[r] : 0.0f)) * rstd[r];
+        db += d;
+      }
+    }
+    scratch[0][row][lane] = dg;
+    scratch[1][row][lane] = db;
+    __syncthreads();
+    if (row == 0 && j < C) {
+      double g = dg, bsum = db;
+      for (int i = 1; i < kRowLanes; ++i) {
+        g += scratch[0][i][lane];
+        bsum += scratch[1][i][lane];
+      }
+      if (chunks == 1) {
+        dgamma[j] = static_cast<float>(g);
+        if (dbeta != nullptr) dbeta[j] = static_cast<float>(bsum);
+      } else {
+        partials[j * chunks + c] = g;
+        if (dbeta != nullptr) partials[(C + j) * chunks + c] = bsum;
+      }
+    }
+    __syncthreads();
   }
+}
+
+// NormParamGrads, then CombineChunks where the rows took several ranges.
+int LaunchNormParamGrads(const float* dy, const float* x, const float* mean, const float* rstd, float* dgamma,
+                         float* dbeta, int64_t rows, int64_t C, void* workspace, size_t workspace_bytes) {
+  const int64_t chunks = ReduceChunks(rows), outputs = dbeta != nullptr ? 2 * C : C;
+  const cudaStream_t stream = CurrentStream();
+  PartialsBuffer partials(workspace, workspace_bytes, NormParamGradWorkspaceBytes(rows, C, dbeta != nullptr), stream);
+  if (partials.error() != 0) return partials.error();
+  const int64_t items = (C + 31) / 32 * chunks;
+  NormParamGrads<<<static_cast<unsigned>(items < (1 << 20) ? items : (1 << 20)), kThreads, 0, stream>>>(
+      dy, x, mean, rstd, dgamma, dbeta, partials.get(), rows, C, chunks);
+  int err = static_cast<int>(cudaGetLastError());
+  if (err == 0 && chunks > 1) err = CombineChunks(0, partials.get(), outputs, chunks, 1.0f, dgamma, C, dbeta, stream);
+  return err;
 }
 
 __global__ void SparseCrossEntropyRows(const float* logits, const int64_t* labels, float* loss, int64_t N,
@@ -310,11 +347,14 @@ int LaunchRmsNorm(const float* x, const float* gamma, float* y, float* rstd, int
   return Finish();
 }
 
-int LaunchRmsNormGrad(const float* dy, const float* x, const float* rstd, const float* gamma, float* dx,
-                      float* dgamma, int64_t rows, int64_t C) {
+int LaunchRmsNormGrad(const float* dy, const float* x, const float* rstd, const float* gamma, float* dx, float* dgamma,
+                      int64_t rows, int64_t C, void* workspace, size_t workspace_bytes) {
   if (C == 0) return 0;
   if (rows > 0) RmsNormGradRows<<<RowBlocks(rows), kThreads, 0, CurrentStream()>>>(dy, x, rstd, gamma, dx, rows, C);
-  RmsNormParamGrad<<<Blocks(C), kThreads, 0, CurrentStream()>>>(dy, x, rstd, dgamma, rows, C);
+  if (const int err = LaunchNormParamGrads(dy, x, nullptr, rstd, dgamma, nullptr, rows, C, workspace, workspace_bytes);
+      err != 0) {
+    return err;
+  }
   return Finish();
 }
 
@@ -363,14 +403,16 @@ int LaunchLayerNorm(const float* x, const float* gamma, const float* beta, float
 }
 
 int LaunchLayerNormGrad(const float* dy, const float* x, const float* mean, const float* rstd, const float* gamma,
-                        float* dx, float* dgamma, float* dbeta, int64_t rows, int64_t C) {
+                        float* dx, float* dgamma, float* dbeta, int64_t rows, int64_t C, void* workspace,
+                        size_t workspace_bytes) {
   if (C == 0) return 0;
   if (rows > 0) {
     LayerNormGradRows<<<RowBlocks(rows), kThreads, 0, CurrentStream()>>>(dy, x, mean, rstd, gamma, dx, rows, C);
   }
-  const int64_t blocks = (C + kThreads - 1) / kThreads;
-  LayerNormParamGrads<<<static_cast<unsigned>(blocks < 65535 ? blocks : 65535), kThreads, 0, CurrentStream()>>>(
-      dy, x, mean, rstd, dgamma, dbeta, rows, C);
+  if (const int err = LaunchNormParamGrads(dy, x, mean, rstd, dgamma, dbeta, rows, C, workspace, workspace_bytes);
+      err != 0) {
+    return err;
+  }
   return Finish();
 }
 

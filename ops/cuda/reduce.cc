@@ -10,21 +10,32 @@
 namespace tessera::ops::cuda {
 namespace {
 
-// x's axes split into kept and reduced ones, with their strides.
-absl::StatusOr<ReduceLayout> LayoutOf(const Shape& shape, const std::vector<bool>& reduced) {
+// x's axes split into kept and reduced ones, with their strides. With
+// `merge`, axes of size 1 are left out and each run of adjacent axes of one
+// kind becomes one axis (the same coordinates in the same order), so the
+// kernels index with fewer divisions (a bias gradient's (B, T) is one axis).
+absl::StatusOr<ReduceLayout> LayoutOf(const Shape& shape, const std::vector<bool>& reduced, bool merge = false) {
   if (shape.rank() > kMaxRank) {
     return absl::UnimplementedError(StrCat("CUDA reductions up to rank ", kMaxRank, ", got ", shape.rank()));
   }
   const std::vector<int64_t> strides = shape.Strides();
   ReduceLayout layout;
+  int last = -1;  // the kind of the axis appended last: 0 kept, 1 reduced
   for (int a = 0; a < shape.rank(); ++a) {
-    if (reduced[static_cast<size_t>(a)]) {
-      layout.reduced_dims[layout.reduced_rank] = shape[a];
-      layout.reduced_strides[layout.reduced_rank++] = strides[static_cast<size_t>(a)];
+    if (merge && shape[a] == 1) continue;
+    const bool r = reduced[static_cast<size_t>(a)];
+    int& rank = r ? layout.reduced_rank : layout.kept_rank;
+    int64_t* dims = r ? layout.reduced_dims : layout.kept_dims;
+    int64_t* axis_strides = r ? layout.reduced_strides : layout.kept_strides;
+    const int64_t stride = strides[static_cast<size_t>(a)];
+    if (merge && last == static_cast<int>(r) && axis_strides[rank - 1] == shape[a] * stride) {
+      dims[rank - 1] *= shape[a];
+      axis_strides[rank - 1] = stride;
     } else {
-      layout.kept_dims[layout.kept_rank] = shape[a];
-      layout.kept_strides[layout.kept_rank++] = strides[static_cast<size_t>(a)];
+      dims[rank] = shape[a];
+      axis_strides[rank++] = stride;
     }
+    last = static_cast<int>(r);
   }
   return layout;
 }
@@ -32,8 +43,10 @@ absl::StatusOr<ReduceLayout> LayoutOf(const Shape& shape, const std::vector<bool
 absl::Status Run(const KernelContext& ctx, int kind, const Tensor& x, const std::vector<bool>& reduced, float scale,
                  const Tensor& y) {
   RETURN_IF_ERROR(OnDevice(ctx));
-  ASSIGN_OR_RETURN(const ReduceLayout layout, LayoutOf(x.shape(), reduced));
-  return Done(LaunchReduce(kind, x.data<float>(), y.data<float>(), layout, scale), "reduction");
+  ASSIGN_OR_RETURN(const ReduceLayout layout, LayoutOf(x.shape(), reduced, /*merge=*/true));
+  return Done(
+      LaunchReduce(kind, x.data<float>(), y.data<float>(), layout, scale, WorkspaceOf(ctx), WorkspaceBytesOf(ctx)),
+      "reduction");
 }
 
 }  // namespace

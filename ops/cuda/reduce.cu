@@ -1,7 +1,12 @@
 // CUDA reductions (ops/cuda/launch.h LaunchReduce, LaunchReduceMaxGrad,
-// LaunchArgmax, LaunchTopK): one block per output
-// element, its threads striding over the reduced coordinates, then a block
-// reduction in shared memory.
+// LaunchArgmax, LaunchTopK). LaunchReduce cuts each output's reduced
+// coordinates into ReduceChunks ranges (ops/reduce_chunks.h): a block per
+// (output, range), its threads striding over the range, then a block
+// reduction in shared memory; or, where consecutive outputs are adjacent in
+// memory (a bias gradient's columns), a block per (32 outputs, range) whose
+// warps read 32 adjacent floats per reduced coordinate. With more than one
+// range the blocks write double partials, combined in range order by
+// CombineChunks. The other kernels take one block per output element.
 
 #include <cuda_runtime.h>
 
@@ -10,11 +15,13 @@
 
 #include "ops/cuda/launch.h"
 #include "ops/cuda/launch_util.cuh"
+#include "ops/reduce_chunks.h"
 
 namespace tessera::ops::cuda {
 namespace {
 
 __device__ int64_t Offset(int64_t index, int rank, const int64_t* dims, const int64_t* strides) {
+  if (rank == 1) return index * strides[0];  // index < dims[0]: no division
   int64_t offset = 0;
   for (int a = rank - 1; a >= 0; --a) {
     offset += (index % dims[a]) * strides[a];
@@ -23,33 +30,102 @@ __device__ int64_t Offset(int64_t index, int rank, const int64_t* dims, const in
   return offset;
 }
 
-__global__ void ReduceKernel(int kind, const float* x, float* y, int64_t outputs, int64_t reduced, ReduceLayout l,
-                             float scale) {
+// kind: 0 sum, 1 max, 2 sum of squares (ops/cuda/launch.h).
+__device__ double Identity(int kind) { return kind == 1 ? -INFINITY : 0.0; }
+// acc with one element taken in.
+__device__ double Take(int kind, double acc, float v) {
+  if (kind == 1) return fmax(acc, static_cast<double>(v));  // fmax skips NaN, as the CPU's max
+  return acc + (kind == 2 ? static_cast<double>(v) * v : static_cast<double>(v));
+}
+// Two partial results combined.
+__device__ double Join(int kind, double a, double b) { return kind == 1 ? fmax(a, b) : a + b; }
+__device__ float Result(int kind, double acc, float scale) {
+  return kind == 1 ? static_cast<float>(acc) : static_cast<float>(acc) * scale;
+}
+
+// Block (output o, range c) of items o * chunks + c: y[o] when chunks is 1,
+// else partials[o * chunks + c].
+__global__ void ReduceKernel(int kind, const float* x, float* y, double* partials, int64_t outputs, int64_t reduced,
+                             int64_t chunks, ReduceLayout l, float scale) {
   __shared__ double scratch[kThreads];
-  for (int64_t o = blockIdx.x; o < outputs; o += gridDim.x) {
+  const int64_t length = (reduced + chunks - 1) / chunks;
+  for (int64_t item = blockIdx.x; item < outputs * chunks; item += gridDim.x) {
+    const int64_t o = item / chunks, begin = item % chunks * length;
+    const int64_t end = begin + length < reduced ? begin + length : reduced;
     const int64_t base = Offset(o, l.kept_rank, l.kept_dims, l.kept_strides);
-    double acc = kind == 1 ? -INFINITY : 0.0;
-    for (int64_t r = threadIdx.x; r < reduced; r += kThreads) {
-      const float v = x[base + Offset(r, l.reduced_rank, l.reduced_dims, l.reduced_strides)];
-      if (kind == 1) {
-        acc = fmax(acc, static_cast<double>(v));  // fmax skips NaN, as the CPU's max
-      } else {
-        acc += kind == 2 ? static_cast<double>(v) * v : static_cast<double>(v);
-      }
+    double acc = Identity(kind);
+    for (int64_t r = begin + threadIdx.x; r < end; r += kThreads) {
+      acc = Take(kind, acc, x[base + Offset(r, l.reduced_rank, l.reduced_dims, l.reduced_strides)]);
     }
     scratch[threadIdx.x] = acc;
     __syncthreads();
     for (int half = kThreads / 2; half > 0; half /= 2) {
-      if (threadIdx.x < half) {
-        scratch[threadIdx.x] = kind == 1 ? fmax(scratch[threadIdx.x], scratch[threadIdx.x + half])
-                                         : scratch[threadIdx.x] + scratch[threadIdx.x + half];
-      }
+      if (threadIdx.x < half) scratch[threadIdx.x] = Join(kind, scratch[threadIdx.x], scratch[threadIdx.x + half]);
       __syncthreads();
     }
     if (threadIdx.x == 0) {
-      y[o] = kind == 1 ? static_cast<float>(scratch[0]) : static_cast<float>(scratch[0]) * scale;
+      if (chunks == 1) {
+        y[o] = Result(kind, scratch[0], scale);
+      } else {
+        partials[item] = scratch[0];
+      }
     }
     __syncthreads();
+  }
+}
+
+// Outputs whose last kept axis has stride 1: block (tile, range c) takes
+// outputs tile * 32 + lane (threadIdx.x % 32) over reduced coordinates
+// begin + row, begin + row + kRowLanes, ... of range c (row: threadIdx.x /
+// 32), then adds the row lanes' sums in lane order. Writes as ReduceKernel.
+constexpr int kRowLanes = kThreads / 32;
+__global__ void ReduceColumnsKernel(int kind, const float* x, float* y, double* partials, int64_t outputs,
+                                    int64_t reduced, int64_t chunks, ReduceLayout l, float scale) {
+  __shared__ double scratch[kRowLanes][32];
+  const int lane = static_cast<int>(threadIdx.x % 32), row = static_cast<int>(threadIdx.x / 32);
+  const int64_t tiles = (outputs + 31) / 32, length = (reduced + chunks - 1) / chunks;
+  for (int64_t item = blockIdx.x; item < tiles * chunks; item += gridDim.x) {
+    const int64_t o = item / chunks * 32 + lane, c = item % chunks, begin = c * length;
+    const int64_t end = begin + length < reduced ? begin + length : reduced;
+    double acc = Identity(kind);
+    if (o < outputs) {
+      const int64_t base = Offset(o, l.kept_rank, l.kept_dims, l.kept_strides);
+      for (int64_t r = begin + row; r < end; r += kRowLanes) {
+        acc = Take(kind, acc, x[base + Offset(r, l.reduced_rank, l.reduced_dims, l.reduced_strides)]);
+      }
+    }
+    scratch[row][lane] = acc;
+    __syncthreads();
+    if (row == 0 && o < outputs) {
+      for (int i = 1; i < kRowLanes; ++i) acc = Join(kind, acc, scratch[i][lane]);
+      if (chunks == 1) {
+        y[o] = Result(kind, acc, scale);
+      } else {
+        partials[o * chunks + c] = acc;
+      }
+    }
+    __syncthreads();
+  }
+}
+
+// A warp per output o: lane i joins partials o * chunks + i, + i + 32, ...
+// in order, then the lanes' results in a fixed tree; output o < split goes
+// to y0[o], the rest to y1[o - split].
+__global__ void CombineChunksKernel(int kind, const double* partials, int64_t outputs, int64_t chunks, float scale,
+                                    float* y0, int64_t split, float* y1) {
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
+  for (int64_t o = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32; o < outputs; o += warps) {
+    double acc = Identity(kind);
+    for (int64_t c = lane; c < chunks; c += 32) acc = Join(kind, acc, partials[o * chunks + c]);
+    for (int offset = 16; offset > 0; offset /= 2) acc = Join(kind, acc, __shfl_xor_sync(0xffffffffu, acc, offset));
+    if (lane == 0) {
+      if (o < split) {
+        y0[o] = Result(kind, acc, scale);
+      } else {
+        y1[o - split] = Result(kind, acc, scale);
+      }
+    }
   }
 }
 
@@ -208,11 +284,36 @@ int LaunchTopK(const float* x, float* values, int64_t* indices, int64_t rows, in
   return Finish();
 }
 
-int LaunchReduce(int kind, const float* x, float* y, const ReduceLayout& layout, float scale) {
+int CombineChunks(int kind, const double* partials, int64_t outputs, int64_t chunks, float scale, float* y0,
+                  int64_t split, float* y1, cudaStream_t stream) {
+  const int64_t blocks = (outputs + kThreads / 32 - 1) / (kThreads / 32);
+  CombineChunksKernel<<<static_cast<unsigned>(blocks < 65535 ? blocks : 65535), kThreads, 0, stream>>>(
+      kind, partials, outputs, chunks, scale, y0, split, y1);
+  return static_cast<int>(cudaGetLastError());
+}
+
+int LaunchReduce(int kind, const float* x, float* y, const ReduceLayout& layout, float scale, void* workspace,
+                 size_t workspace_bytes) {
   int64_t outputs = 0, reduced = 0;
   Counts(layout, &outputs, &reduced);
   if (outputs == 0) return 0;
-  ReduceKernel<<<GridOf(outputs), kThreads, 0, CurrentStream()>>>(kind, x, y, outputs, reduced, layout, scale);
+  const int64_t chunks = ReduceChunks(reduced);
+  const cudaStream_t stream = CurrentStream();
+  PartialsBuffer partials(workspace, workspace_bytes, chunks == 1 ? 0 : ReducePartialBytes(outputs, reduced), stream);
+  if (partials.error() != 0) return partials.error();
+  const bool columns = layout.kept_rank > 0 && layout.kept_strides[layout.kept_rank - 1] == 1 && reduced > 1;
+  const int64_t items = (columns ? (outputs + 31) / 32 : outputs) * chunks;
+  const auto grid = static_cast<unsigned>(items < (1 << 20) ? items : (1 << 20));
+  if (columns) {
+    ReduceColumnsKernel<<<grid, kThreads, 0, stream>>>(kind, x, y, partials.get(), outputs, reduced, chunks, layout,
+                                                       scale);
+  } else {
+    ReduceKernel<<<grid, kThreads, 0, stream>>>(kind, x, y, partials.get(), outputs, reduced, chunks, layout, scale);
+  }
+  int err = static_cast<int>(cudaGetLastError());
+  if (err == 0 && chunks > 1)
+    err = CombineChunks(kind, partials.get(), outputs, chunks, scale, y, outputs, nullptr, stream);
+  if (err != 0) return err;
   return Finish();
 }
 

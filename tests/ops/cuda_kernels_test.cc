@@ -316,7 +316,8 @@ TEST(CudaKernels, MatmulBiasGeluMatchesTheCpu) {
         }
         const AttrMap attrs = {{"approximate", approximate}};
         std::vector<Tensor> want, got;
-        ASSERT_NO_FATAL_FAILURE(RunOnBoth("matmul_bias_gelu", in, attrs, want, got));
+        // cuBLASLt with the planned workspace, and (33 rows) without one.
+        ASSERT_NO_FATAL_FAILURE(RunOnBoth("matmul_bias_gelu", in, attrs, want, got, /*with_workspace=*/M != 33));
         const bool lt_gelu = dtype != DType::kF32 && approximate == "tanh" && N % 8 == 0;
         double worst = 0, largest = 0;
         for (size_t k = 0; k < 2; ++k) {
@@ -466,6 +467,72 @@ TEST(CudaKernels, MakersAndTopKMatchTheCpuOnShardsAndTies) {
     ASSERT_NO_FATAL_FAILURE(RunOnBoth("topk", {x}, attrs, want, got));
     EXPECT_EQ(got[1].ToVector<int64_t>(), want[1].ToVector<int64_t>());
     EXPECT_EQ(std::memcmp(got[0].raw_data(), want[0].raw_data(), got[0].NumBytes()), 0);
+  }
+}
+
+// Reductions long enough to be cut into ranges of reduced coordinates
+// (ops/reduce_chunks.h: more than one range from 2,048 on), through both
+// kernels (columns: the last kept axis contiguous, a bias gradient's shape;
+// per output otherwise, a full reduction among them), and the norms'
+// parameter gradients over thousands of rows, columns not a multiple of 32:
+// with the planned workspace (filled with NaN bytes first, so a partial
+// read before it is written shows) and without one (the launcher's own),
+// against the CPU kernels. A cut that loses or repeats a range of rows is
+// off by whole rows' sums.
+TEST(CudaKernels, LongReductionsMatchTheCpuAcrossRanges) {
+  if (const std::string why = NoGpu(); !why.empty()) GTEST_SKIP() << why;
+  struct Case {
+    std::string op;
+    Shape x;
+    AttrMap attrs;
+  };
+  const std::vector<Case> cases = {
+      {"reduce_sum", Shape{5, 700, 40}, {{"axes", std::vector<int64_t>{0, 1}}}},  // columns, 3 ranges
+      {"reduce_sum", Shape{3, 2500, 3}, {{"axes", std::vector<int64_t>{1}}}},     // columns, kept axes apart
+      {"reduce_mean", Shape{2, 3, 2100}, {{"axes", std::vector<int64_t>{2}}, {"keepdim", true}}},  // per output
+      {"reduce_max", Shape{4100, 5}, {{"axes", std::vector<int64_t>{0}}}},
+      {"reduce_sum", Shape{1, 6, 1, 4100}, {{"axes", std::vector<int64_t>{1, 3}}}},  // size-1 axes left out
+      {"square_sum", Shape{300000}, {}},                                             // 292 ranges
+      {"layer_norm_grad", Shape{3, 1500, 70}, {}},
+      {"rms_norm_grad", Shape{4500, 70}, {}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(StrCat(c.op, " ", c.x.ToString(), " ", c.attrs.ToString()));
+    const OpSchema& schema = *BuiltinOps().Find(c.op);
+    const int64_t C = c.x[c.x.rank() - 1];
+    std::vector<int64_t> row_dims;
+    for (int a = 0; a + 1 < c.x.rank(); ++a) row_dims.push_back(c.x[a]);
+    const TensorMeta x{DType::kF32, c.x}, rows{DType::kF32, Shape(row_dims)}, column{DType::kF32, Shape{C}};
+    std::vector<TensorMeta> metas = {x};
+    if (c.op == "layer_norm_grad") metas = {x, x, rows, rows, column};
+    if (c.op == "rms_norm_grad") metas = {x, x, rows, column};
+    std::mt19937 rng(5);
+    std::vector<Tensor> inputs;
+    for (const TensorMeta& meta : metas) inputs.push_back(RandomInput(meta, false, rng));
+    auto canonical = schema.CanonicalizeAttrs(c.attrs);
+    ASSERT_TRUE(canonical.ok()) << canonical.status();
+    auto out = schema.InferMeta(metas, *canonical);
+    ASSERT_TRUE(out.ok()) << out.status();
+    ASSERT_GT(schema.WorkspaceBytes(metas, *out, *canonical, DeviceType::kCuda), 0) << "one range only";
+    EXPECT_EQ(schema.WorkspaceBytes(metas, *out, *canonical, DeviceType::kCpu), 0);
+    for (const bool workspace : {true, false}) {
+      SCOPED_TRACE(workspace ? "planned workspace" : "eager");
+      std::vector<Tensor> want, got;
+      ASSERT_NO_FATAL_FAILURE(RunOnBoth(c.op, inputs, c.attrs, want, got, workspace));
+      ASSERT_EQ(got.size(), want.size());
+      for (size_t k = 0; k < got.size(); ++k) {
+        ASSERT_EQ(got[k].shape(), want[k].shape());
+        // Terms up to ~50 in magnitude (dy (x - mean) rstd), summed in float
+        // by the CPU: its rounding grows with the count of terms, while a
+        // range lost or counted twice is off by ~1,000 terms' sum.
+        const int64_t terms = k == 0 && c.op.ends_with("norm_grad") ? C : c.x.NumElements() / got[k].NumElements();
+        for (int64_t i = 0; i < got[k].NumElements(); ++i) {
+          const double r = ElementAsDouble(want[k], i), g = ElementAsDouble(got[k], i);
+          ASSERT_NEAR(g, r, 1e-5 * std::fabs(r) + 1e-5 * static_cast<double>(terms))
+              << "output " << k << " element " << i;
+        }
+      }
+    }
   }
 }
 
