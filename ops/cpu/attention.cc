@@ -22,6 +22,7 @@
 
 #include "ops/cpu/cpu_util.h"
 #include "ops/cpu/matmul.h"
+#include "ops/cpu/norm_softmax.h"
 #include "ops/cpu/random.h"
 #include "ops/cpu/vec_math.h"
 
@@ -71,9 +72,19 @@ int64_t KeyEnd(const AttentionShape& a, int64_t t0, int64_t rows) {
   return std::clamp<int64_t>(t0 + rows + a.causal_shift, 0, a.keys);
 }
 
-bool KeyVisible(const AttentionShape& a, int64_t b, int64_t t, int64_t s) {
-  if (a.causal && s > t + a.causal_shift) return false;
-  return a.mask == nullptr || a.mask[b * a.keys + s] != 0;
+// Row `sr` of scores of query t (local) of batch b against keys [s0, s0 +
+// cols): those the query does not see (past the causal limit, masked) set
+// to -inf. Branch-free over the row, so the loops vectorise.
+void HideKeys(const AttentionShape& a, int64_t b, int64_t t, int64_t s0, int64_t cols, float* sr) {
+  int64_t seen = cols;
+  if (a.causal) {  // key s is visible when s <= t + causal_shift
+    seen = std::clamp<int64_t>(t + a.causal_shift + 1 - s0, 0, cols);
+    std::fill(sr + seen, sr + cols, kNegInf);
+  }
+  if (a.mask != nullptr) {
+    const uint8_t* keep = a.mask + b * a.keys + s0;
+    for (int64_t j = 0; j < seen; ++j) sr[j] = keep[j] != 0 ? sr[j] : kNegInf;
+  }
 }
 
 // The dropout mask values of row t (local) of (batch, head) bh for keys
@@ -117,20 +128,14 @@ absl::Status FlashAttentionKernel(KernelContext& ctx) {
         if (!status.ok()) return error.Note(status);
         for (int64_t i = 0; i < rows; ++i) {
           float* sr = scores.data() + i * kCols;
-          float m = kNegInf;
-          for (int64_t j = 0; j < cols; ++j) {
-            if (!KeyVisible(a, b, t0 + i, s0 + j)) sr[j] = kNegInf;
-            m = std::max(m, sr[j]);
-          }
-          const float m_new = std::max(row_max[i], m);
+          HideKeys(a, b, t0 + i, s0, cols, sr);
+          const float m_new = std::max(row_max[i], RowMax(sr, cols));
           if (m_new == kNegInf) {  // no visible key yet: this block adds nothing
             std::fill(sr, sr + cols, 0.0f);
             continue;
           }
           const float correction = ExpF(row_max[i] - m_new);  // 0 when the old max is -inf
-          for (int64_t j = 0; j < cols; ++j) sr[j] = ExpF(sr[j] - m_new);
-          float sum = 0;
-          for (int64_t j = 0; j < cols; ++j) sum += sr[j];
+          const float sum = ExpShiftedRow(sr, m_new, sr, cols);
           if (a.dropout_rate > 0) {  // dropped after the normaliser took them
             DropoutRow(a, bh, t0 + i, s0, cols, keep.data());
             for (int64_t j = 0; j < cols; ++j) sr[j] *= keep[static_cast<size_t>(j)];
@@ -186,9 +191,7 @@ absl::Status FlashAttentionGradKernel(KernelContext& ctx) {
         const float* dyb = dy + row0 * D;
         float* dqb = dq + row0 * D;
         for (int64_t i = 0; i < rows; ++i) {  // D_t = Σ dy ⊙ y
-          float sum = 0;
-          for (int64_t d = 0; d < D; ++d) sum += dyb[i * D + d] * y[(row0 + i) * D + d];
-          delta[static_cast<size_t>(i)] = sum;
+          delta[static_cast<size_t>(i)] = RowDot(dyb + i * D, y + (row0 + i) * D, D);
         }
         const int64_t key_end = KeyEnd(a, t0, rows);
         for (int64_t s0 = 0; s0 < key_end; s0 += kCols) {
@@ -205,10 +208,12 @@ absl::Status FlashAttentionGradKernel(KernelContext& ctx) {
             const float l = lse[row0 + i];
             float* pr = p.data() + i * kCols;
             float* dpr = dp.data() + i * kCols;
-            for (int64_t j = 0; j < cols; ++j) {
-              pr[j] = l == kNegInf || !KeyVisible(a, b, t0 + i, s0 + j) ? kNegInf : pr[j] - l;
+            if (l == kNegInf) {  // a query without keys: no probability
+              std::fill(pr, pr + cols, 0.0f);
+            } else {
+              HideKeys(a, b, t0 + i, s0, cols, pr);
+              for (int64_t j = 0; j < cols; ++j) pr[j] = ExpF(pr[j] - l);
             }
-            for (int64_t j = 0; j < cols; ++j) pr[j] = ExpF(pr[j]);
             if (a.dropout_rate > 0) {
               DropoutRow(a, bh, t0 + i, s0, cols, keep.data());
               for (int64_t j = 0; j < cols; ++j) {
