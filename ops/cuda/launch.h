@@ -73,11 +73,13 @@ int LaunchAdamw(const float* param, const float* grad, const float* m, const flo
 
 // y = alpha * op(a) @ op(b) for `batch` row-major matrices one after
 // another (a: M x K, or K x M when ta; b: K x N, or N x K when tb; y: M x N
-// f32), through cuBLAS on the calling thread's handle for the current
-// device, summed in f32 (no TF32). a_dtype: 0 f32, 1 bf16, 2 f16 (a and b
-// alike). A cuBLAS failure returns -(cublasStatus_t).
+// f32), through cuBLASLt (with up to `workspace_bytes` at `workspace`;
+// null: none) on the calling thread's handle for the current device, or
+// cuBLAS where cuBLASLt has no algorithm for the types and alignments,
+// summed in f32 (no TF32). a_dtype: 0 f32, 1 bf16, 2 f16 (a and b alike).
+// A cuBLAS(Lt) failure returns -(cublasStatus_t).
 int LaunchGemm(int a_dtype, bool ta, bool tb, int64_t batch, int64_t M, int64_t N, int64_t K, float alpha,
-               const void* a, const void* b, float* y);
+               const void* a, const void* b, float* y, void* workspace, size_t workspace_bytes);
 // z = x @ w + bias for row-major x (M x K) and w (K x N) of x_dtype (as
 // LaunchGemm's), f32 bias (N), z (M x N): one cublasLtMatmul with the bias
 // as its epilogue; with y non-null also y = GELU(z) in the epilogue

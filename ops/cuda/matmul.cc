@@ -1,5 +1,5 @@
 // Host side of matmul / batch_matmul / matmul_bias_gelu on CUDA: the shapes
-// and dtypes InferMeta checked, as cuBLAS's and cuBLASLt's arguments
+// and dtypes InferMeta checked, as cuBLASLt's (and cuBLAS's) arguments
 // (ops/cuda/matmul.cu).
 
 #include "ops/cuda/matmul.h"
@@ -30,7 +30,7 @@ absl::Status Gemm(KernelContext& ctx, bool batched) {
   }
   const int dtype = a.dtype() == DType::kBF16 ? 1 : a.dtype() == DType::kF16 ? 2 : 0;
   return Done(LaunchGemm(dtype, ta, tb, batch, M, N, K, static_cast<float>(ctx.attr().Float("alpha")), a.raw_data(),
-                         ctx.input(1).raw_data(), ctx.output(0).data<float>()),
+                         ctx.input(1).raw_data(), ctx.output(0).data<float>(), WorkspaceOf(ctx), WorkspaceBytesOf(ctx)),
               batched ? "batch_matmul" : "matmul");
 }
 
@@ -66,7 +66,8 @@ absl::Status MatmulBiasGeluKernel(KernelContext& ctx) {
                                         WorkspaceBytesOf(ctx), &fused),
                        "matmul_bias_gelu (cuBLASLt, bias epilogue)"));
   if (!fused) {  // no cuBLASLt kernel: z = x @ w, then z += bias in place
-    RETURN_IF_ERROR(Done(LaunchGemm(dtype, false, false, 1, M, N, K, 1.0f, x.raw_data(), w.raw_data(), z),
+    RETURN_IF_ERROR(Done(LaunchGemm(dtype, false, false, 1, M, N, K, 1.0f, x.raw_data(), w.raw_data(), z,
+                                    WorkspaceOf(ctx), WorkspaceBytesOf(ctx)),
                          "matmul_bias_gelu (GEMM)"));
     RETURN_IF_ERROR(Done(LaunchBiasAdd(z, bias, z, M, N, 0), "matmul_bias_gelu (bias)"));
   }

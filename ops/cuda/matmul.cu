@@ -1,7 +1,8 @@
-// matmul / batch_matmul through cuBLAS (cublasGemmStridedBatchedEx), and
-// matmul_bias_gelu's GEMM with its bias + GELU epilogue through cuBLASLt:
-// the row-major product computed as its column-major transpose, y^T =
-// op(b)^T op(a)^T, so no data moves. f32 compute without TF32, as the CPU.
+// matmul / batch_matmul and matmul_bias_gelu's GEMM with its bias + GELU
+// epilogue through cuBLASLt (cuBLAS's cublasGemmStridedBatchedEx where
+// cuBLASLt has no algorithm for a plain product): the row-major product
+// computed as its column-major transpose, y^T = op(b)^T op(a)^T, so no data
+// moves. f32 compute without TF32, as the CPU.
 
 #include <cublasLt.h>
 #include <cublas_v2.h>
@@ -72,12 +73,13 @@ cublasLtHandle_t LtHandle(int* error) {
   return handles[device];
 }
 
-// The largest power of two (up to 256) dividing the address: what the
+// The largest power of two (up to 256) dividing the address and, for a
+// batch, each matrix's offset (stride_bytes; 0: one matrix): what the
 // heuristic may assume of a buffer's alignment (it assumes 256 otherwise).
-uint32_t AlignmentOf(const void* p) {
+uint32_t AlignmentOf(const void* p, uint64_t stride_bytes = 0) {
   const auto address = reinterpret_cast<uintptr_t>(p);
   uint32_t alignment = 256;
-  while (alignment > 1 && address % alignment != 0) alignment /= 2;
+  while (alignment > 1 && (address % alignment != 0 || stride_bytes % alignment != 0)) alignment /= 2;
   return alignment;
 }
 
@@ -100,38 +102,76 @@ struct LtDescriptors {
     if (const cublasStatus_t st_ = (call); st_ != CUBLAS_STATUS_SUCCESS) return -static_cast<int>(st_); \
   } while (0)
 
-}  // namespace
+// One row-major product for cublasLtMatmul: d (batch x M x N, f32) = alpha
+// · op(a) op(b), a (M x K, or K x M when ta) and b (K x N, or N x K when
+// tb) per batch of `dtype` (0 f32, 1 bf16, 2 f16), with an optional
+// epilogue: the bias (N) along d's rows, GELU with z = the product + bias
+// as its auxiliary output (ld N). Computed as its column-major transpose,
+// d^T (N x M, ld N) = op(b)^T op(a)^T, so no data moves; f32 compute, no
+// TF32.
+struct LtProduct {
+  int dtype = 0;
+  bool ta = false, tb = false;
+  int64_t batch = 1, M = 0, N = 0, K = 0;
+  float alpha = 1.0f;
+  const void* a = nullptr;
+  const void* b = nullptr;
+  float* d = nullptr;
+  cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+  const float* bias = nullptr;
+  float* aux = nullptr;
+};
 
-int LaunchGemmBiasLt(int x_dtype, int64_t M, int64_t N, int64_t K, const void* x, const void* w, const float* bias,
-                     float* z, float* y, void* workspace, size_t workspace_bytes, bool* fused) {
-  *fused = false;
-  // GELU's auxiliary output needs a leading dimension divisible by 8.
-  if (M == 0 || N == 0 || K == 0 || (y != nullptr && N % 8 != 0)) return 0;
+// Runs `p` (every extent > 0) on the calling thread's stream with up to
+// `workspace_bytes` at `workspace` (null: none; aligned up to 256 bytes
+// here). *ran is false, and nothing written, when cuBLASLt has no
+// algorithm for it (types, epilogue, alignments); a cuBLASLt error returns
+// -(cublasStatus_t).
+int RunLt(const LtProduct& p, void* workspace, size_t workspace_bytes, bool* ran) {
+  *ran = false;
   int error = 0;
   cublasLtHandle_t handle = LtHandle(&error);
   if (handle == nullptr) return error;
-  const cudaDataType_t type = DataType(x_dtype);
+  const cudaDataType_t type = DataType(p.dtype);
+  const uint64_t element = p.dtype == 0 ? 4 : 2;
   LtDescriptors desc;
-  TESSERA_LT_TRY(cublasLtMatmulDescCreate(&desc.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));  // no TF32, as matmul
-  const bool gelu = y != nullptr;
-  const cublasLtEpilogue_t epilogue = gelu ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_BIAS;
-  TESSERA_LT_TRY(cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
-  // The bias and the auxiliary output take D's type, f32 (their defaults).
-  TESSERA_LT_TRY(cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
-  float* d = z;  // the matmul's output: z, or y with z as GELU's auxiliary output
-  if (gelu) {
-    const int64_t aux_ld = N;
-    TESSERA_LT_TRY(cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &z, sizeof(z)));
+  TESSERA_LT_TRY(cublasLtMatmulDescCreate(&desc.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  // cuBLASLt's A is b, its B is a (the transposed product).
+  const cublasOperation_t op_a = p.tb ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = p.ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+  TESSERA_LT_TRY(cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
+  TESSERA_LT_TRY(cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
+  if (p.epilogue != CUBLASLT_EPILOGUE_DEFAULT) {
     TESSERA_LT_TRY(
-        cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld)));
-    d = y;
+        cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &p.epilogue, sizeof(p.epilogue)));
+    // The bias and the auxiliary output take D's type, f32 (their defaults).
+    TESSERA_LT_TRY(cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &p.bias, sizeof(p.bias)));
+    if (p.aux != nullptr) {
+      const int64_t aux_ld = p.N;
+      TESSERA_LT_TRY(
+          cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &p.aux, sizeof(p.aux)));
+      TESSERA_LT_TRY(
+          cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld)));
+    }
   }
-  // Column-major: y^T (N x M, ld N) = w^T (N x K, ld N) x^T (K x M, ld K);
-  // the bias runs along y^T's rows, its N.
-  TESSERA_LT_TRY(cublasLtMatrixLayoutCreate(&desc.a, type, static_cast<uint64_t>(N), static_cast<uint64_t>(K), N));
-  TESSERA_LT_TRY(cublasLtMatrixLayoutCreate(&desc.b, type, static_cast<uint64_t>(K), static_cast<uint64_t>(M), K));
-  TESSERA_LT_TRY(
-      cublasLtMatrixLayoutCreate(&desc.d, CUDA_R_32F, static_cast<uint64_t>(N), static_cast<uint64_t>(M), N));
+  const auto rows = [](int64_t n) { return static_cast<uint64_t>(n); };
+  // Stored (before op): b is N x K (ld N), or K x N (ld K) when tb; a is
+  // K x M (ld K), or M x K (ld M) when ta; d is N x M (ld N).
+  TESSERA_LT_TRY(p.tb ? cublasLtMatrixLayoutCreate(&desc.a, type, rows(p.K), rows(p.N), p.K)
+                      : cublasLtMatrixLayoutCreate(&desc.a, type, rows(p.N), rows(p.K), p.N));
+  TESSERA_LT_TRY(p.ta ? cublasLtMatrixLayoutCreate(&desc.b, type, rows(p.M), rows(p.K), p.M)
+                      : cublasLtMatrixLayoutCreate(&desc.b, type, rows(p.K), rows(p.M), p.K));
+  TESSERA_LT_TRY(cublasLtMatrixLayoutCreate(&desc.d, CUDA_R_32F, rows(p.N), rows(p.M), p.N));
+  const int64_t stride_a = p.K * p.N, stride_b = p.M * p.K, stride_d = p.M * p.N;
+  if (p.batch > 1) {
+    const auto count = static_cast<int32_t>(p.batch);
+    for (const auto& [layout, stride] :
+         {std::pair{desc.a, stride_a}, std::pair{desc.b, stride_b}, std::pair{desc.d, stride_d}}) {
+      TESSERA_LT_TRY(
+          cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)));
+      TESSERA_LT_TRY(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride,
+                                                      sizeof(stride)));
+    }
+  }
   TESSERA_LT_TRY(cublasLtMatmulPreferenceCreate(&desc.preference));
   // The workspace from its first 256-byte boundary on.
   uint64_t workspace_size = 0;
@@ -146,35 +186,73 @@ int LaunchGemmBiasLt(int x_dtype, int64_t M, int64_t N, int64_t K, const void* x
   if (workspace_size == 0) workspace = nullptr;
   TESSERA_LT_TRY(cublasLtMatmulPreferenceSetAttribute(desc.preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                       &workspace_size, sizeof(workspace_size)));
-  for (const auto& [attribute, pointer] :
-       {std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, w},
-        std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, x},
-        std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, static_cast<const void*>(d)},
-        std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, static_cast<const void*>(d)}}) {
-    const uint32_t alignment = AlignmentOf(pointer);
+  const bool batched = p.batch > 1;
+  for (const auto& [attribute, alignment] :
+       {std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, AlignmentOf(p.b, batched ? stride_a * element : 0)},
+        std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, AlignmentOf(p.a, batched ? stride_b * element : 0)},
+        std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, AlignmentOf(p.d, batched ? stride_d * 4 : 0)},
+        std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, AlignmentOf(p.d, batched ? stride_d * 4 : 0)}}) {
     TESSERA_LT_TRY(cublasLtMatmulPreferenceSetAttribute(desc.preference, attribute, &alignment, sizeof(alignment)));
   }
   cublasLtMatmulHeuristicResult_t result = {};
   int found = 0;
   const cublasStatus_t heuristic = cublasLtMatmulAlgoGetHeuristic(handle, desc.op, desc.a, desc.b, desc.d, desc.d,
                                                                   desc.preference, 1, &result, &found);
-  // No kernel for this epilogue, type and alignment: the caller composes it.
   if (heuristic == CUBLAS_STATUS_NOT_SUPPORTED || (heuristic == CUBLAS_STATUS_SUCCESS && found == 0)) return 0;
   TESSERA_LT_TRY(heuristic);
-  const float alpha = 1.0f, beta = 0.0f;
-  TESSERA_LT_TRY(cublasLtMatmul(handle, desc.op, &alpha, w, desc.a, x, desc.b, &beta, d, desc.d, d, desc.d,
+  const float beta = 0.0f;
+  TESSERA_LT_TRY(cublasLtMatmul(handle, desc.op, &p.alpha, p.b, desc.a, p.a, desc.b, &beta, p.d, desc.d, p.d, desc.d,
                                 &result.algo, workspace, workspace_size, CurrentStream()));
-  *fused = true;
+  *ran = true;
+  return 0;
+}
+
+}  // namespace
+
+int LaunchGemmBiasLt(int x_dtype, int64_t M, int64_t N, int64_t K, const void* x, const void* w, const float* bias,
+                     float* z, float* y, void* workspace, size_t workspace_bytes, bool* fused) {
+  *fused = false;
+  // GELU's auxiliary output needs a leading dimension divisible by 8.
+  if (M == 0 || N == 0 || K == 0 || (y != nullptr && N % 8 != 0)) return 0;
+  // With GELU: y = GELU(z) in the epilogue, z its auxiliary output.
+  const bool gelu = y != nullptr;
+  const LtProduct p{.dtype = x_dtype,
+                    .M = M,
+                    .N = N,
+                    .K = K,
+                    .a = x,
+                    .b = w,
+                    .d = gelu ? y : z,
+                    .epilogue = gelu ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_BIAS,
+                    .bias = bias,
+                    .aux = gelu ? z : nullptr};
+  if (const int err = RunLt(p, workspace, workspace_bytes, fused); err != 0 || !*fused) return err;
   return Finish();
 }
 
 int LaunchGemm(int a_dtype, bool ta, bool tb, int64_t batch, int64_t M, int64_t N, int64_t K, float alpha,
-               const void* a, const void* b, float* y) {
+               const void* a, const void* b, float* y, void* workspace, size_t workspace_bytes) {
   if (batch == 0 || M == 0 || N == 0) return 0;
   if (K == 0) {  // an empty sum: zeros
     const cudaError_t err = cudaMemsetAsync(y, 0, sizeof(float) * batch * M * N, CurrentStream());
     return err != cudaSuccess ? static_cast<int>(err) : Finish();
   }
+  // cuBLASLt first; cuBLAS where it has no algorithm for these types and
+  // alignments.
+  const LtProduct p{.dtype = a_dtype,
+                    .ta = ta,
+                    .tb = tb,
+                    .batch = batch,
+                    .M = M,
+                    .N = N,
+                    .K = K,
+                    .alpha = alpha,
+                    .a = a,
+                    .b = b,
+                    .d = y};
+  bool ran = false;
+  if (const int err = RunLt(p, workspace, workspace_bytes, &ran); err != 0) return err;
+  if (ran) return Finish();
   int error = 0;
   cublasHandle_t handle = Handle(&error);
   if (handle == nullptr) return error;

@@ -470,6 +470,50 @@ TEST(CudaKernels, MakersAndTopKMatchTheCpuOnShardsAndTies) {
   }
 }
 
+// matmul and batch_matmul through cuBLASLt (cuBLAS where it has no
+// algorithm) beyond their examples: every transpose, f32 and bf16, sizes
+// not multiples of 8 (less aligned rows), a batch, with the planned
+// workspace and without one, against the CPU kernel.
+TEST(CudaKernels, GemmsMatchTheCpuForEveryTranspose) {
+  if (const std::string why = NoGpu(); !why.empty()) GTEST_SKIP() << why;
+  std::mt19937 rng(3);
+  for (const std::string op : {"matmul", "batch_matmul"}) {
+    for (const DType dtype : {DType::kF32, DType::kBF16}) {
+      for (const auto& [M, K, N] : {std::tuple{64, 96, 128}, std::tuple{33, 70, 50}}) {
+        for (const bool ta : {false, true}) {
+          for (const bool tb : {false, true}) {
+            SCOPED_TRACE(StrCat(op, " ", DTypeName(dtype), " ", M, "x", K, "x", N, ta ? " ta" : "", tb ? " tb" : ""));
+            std::vector<int64_t> a_dims = {ta ? K : M, ta ? M : K}, b_dims = {tb ? N : K, tb ? K : N};
+            if (op == "batch_matmul") {
+              a_dims.insert(a_dims.begin(), 3);
+              b_dims.insert(b_dims.begin(), 3);
+            }
+            std::vector<Tensor> in = {RandomInput({DType::kF32, Shape(a_dims)}, false, rng),
+                                      RandomInput({DType::kF32, Shape(b_dims)}, false, rng)};
+            if (dtype != DType::kF32) {
+              for (Tensor& t : in) {
+                auto cast = RunOp("cast", {t}, {{"dtype", dtype}});
+                ASSERT_TRUE(cast.ok()) << cast.status();
+                t = (*cast)[0];
+              }
+            }
+            const AttrMap attrs = {{"transpose_a", ta}, {"transpose_b", tb}, {"alpha", 0.5}};
+            for (const bool workspace : {true, false}) {
+              std::vector<Tensor> want, got;
+              ASSERT_NO_FATAL_FAILURE(RunOnBoth(op, in, attrs, want, got, workspace));
+              const std::vector<float> g = got[0].ToVector<float>(), r = want[0].ToVector<float>();
+              ASSERT_EQ(g.size(), r.size());
+              // Products of values in [-3, 3] summed over K in f32 (bf16
+              // inputs are exact in f32): rounding of sums up to ~9 K.
+              for (size_t i = 0; i < r.size(); ++i) ASSERT_NEAR(g[i], r[i], 1e-5 * (std::fabs(r[i]) + 9.0 * K));
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 // Reductions long enough to be cut into ranges of reduced coordinates
 // (ops/reduce_chunks.h: more than one range from 2,048 on), through both
 // kernels (columns: the last kept axis contiguous, a bias gradient's shape;
