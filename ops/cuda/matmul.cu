@@ -8,7 +8,10 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <array>
 #include <cstdint>
+#include <map>
+#include <optional>
 #include <utility>
 
 #include "ops/cuda/launch.h"
@@ -122,6 +125,12 @@ struct LtProduct {
   float* aux = nullptr;
 };
 
+// What the heuristic's answer for a product depends on: the handle (a
+// thread's, per device), the types, transposes, extents, epilogue, the
+// alignments of A, B, C/D and the workspace.
+using LtKey = std::array<int64_t, 14>;
+constexpr size_t kMaxKnownProducts = 4096;  // per thread; forgotten all at once past it
+
 // Runs `p` (every extent > 0) on the calling thread's stream with up to
 // `workspace_bytes` at `workspace` (null: none; aligned up to 256 bytes
 // here). *ran is false, and nothing written, when cuBLASLt has no
@@ -172,7 +181,6 @@ int RunLt(const LtProduct& p, void* workspace, size_t workspace_bytes, bool* ran
                                                       sizeof(stride)));
     }
   }
-  TESSERA_LT_TRY(cublasLtMatmulPreferenceCreate(&desc.preference));
   // The workspace from its first 256-byte boundary on.
   uint64_t workspace_size = 0;
   if (workspace != nullptr) {
@@ -184,25 +192,53 @@ int RunLt(const LtProduct& p, void* workspace, size_t workspace_bytes, bool* ran
     }
   }
   if (workspace_size == 0) workspace = nullptr;
-  TESSERA_LT_TRY(cublasLtMatmulPreferenceSetAttribute(desc.preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                      &workspace_size, sizeof(workspace_size)));
   const bool batched = p.batch > 1;
-  for (const auto& [attribute, alignment] :
-       {std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, AlignmentOf(p.b, batched ? stride_a * element : 0)},
-        std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, AlignmentOf(p.a, batched ? stride_b * element : 0)},
-        std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, AlignmentOf(p.d, batched ? stride_d * 4 : 0)},
-        std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, AlignmentOf(p.d, batched ? stride_d * 4 : 0)}}) {
-    TESSERA_LT_TRY(cublasLtMatmulPreferenceSetAttribute(desc.preference, attribute, &alignment, sizeof(alignment)));
+  const uint32_t alignments[4] = {
+      AlignmentOf(p.b, batched ? stride_a * element : 0), AlignmentOf(p.a, batched ? stride_b * element : 0),
+      AlignmentOf(p.d, batched ? stride_d * 4 : 0), AlignmentOf(p.d, batched ? stride_d * 4 : 0)};
+  // The heuristic's answer for everything it is asked about, so each act
+  // of a job asks once per shape, not once per call (a training step
+  // repeats the same few hundred products).
+  const LtKey key = {reinterpret_cast<int64_t>(handle),
+                     p.dtype,
+                     p.ta,
+                     p.tb,
+                     p.batch,
+                     p.M,
+                     p.N,
+                     p.K,
+                     static_cast<int64_t>(p.epilogue),
+                     p.aux != nullptr,
+                     alignments[0],
+                     alignments[1],
+                     alignments[2],
+                     static_cast<int64_t>(workspace_size)};
+  thread_local std::map<LtKey, std::optional<cublasLtMatmulAlgo_t>> algorithms;
+  auto known = algorithms.find(key);
+  if (known == algorithms.end()) {
+    TESSERA_LT_TRY(cublasLtMatmulPreferenceCreate(&desc.preference));
+    TESSERA_LT_TRY(cublasLtMatmulPreferenceSetAttribute(desc.preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                        &workspace_size, sizeof(workspace_size)));
+    const cublasLtMatmulPreferenceAttributes_t attributes[4] = {
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+    for (int i = 0; i < 4; ++i) {
+      TESSERA_LT_TRY(
+          cublasLtMatmulPreferenceSetAttribute(desc.preference, attributes[i], &alignments[i], sizeof(alignments[i])));
+    }
+    cublasLtMatmulHeuristicResult_t result = {};
+    int found = 0;
+    const cublasStatus_t heuristic = cublasLtMatmulAlgoGetHeuristic(handle, desc.op, desc.a, desc.b, desc.d, desc.d,
+                                                                    desc.preference, 1, &result, &found);
+    const bool none = heuristic == CUBLAS_STATUS_NOT_SUPPORTED || (heuristic == CUBLAS_STATUS_SUCCESS && found == 0);
+    if (!none) TESSERA_LT_TRY(heuristic);
+    if (algorithms.size() >= kMaxKnownProducts) algorithms.clear();
+    known = algorithms.emplace(key, none ? std::nullopt : std::optional(result.algo)).first;
   }
-  cublasLtMatmulHeuristicResult_t result = {};
-  int found = 0;
-  const cublasStatus_t heuristic = cublasLtMatmulAlgoGetHeuristic(handle, desc.op, desc.a, desc.b, desc.d, desc.d,
-                                                                  desc.preference, 1, &result, &found);
-  if (heuristic == CUBLAS_STATUS_NOT_SUPPORTED || (heuristic == CUBLAS_STATUS_SUCCESS && found == 0)) return 0;
-  TESSERA_LT_TRY(heuristic);
+  if (!known->second.has_value()) return 0;  // no algorithm: the caller composes it
   const float beta = 0.0f;
   TESSERA_LT_TRY(cublasLtMatmul(handle, desc.op, &p.alpha, p.b, desc.a, p.a, desc.b, &beta, p.d, desc.d, p.d, desc.d,
-                                &result.algo, workspace, workspace_size, CurrentStream()));
+                                &*known->second, workspace, workspace_size, CurrentStream()));
   *ran = true;
   return 0;
 }
