@@ -19,9 +19,10 @@
 //   attention_bench [--quick] [--tsv] [--amp] [--dropout RATE] [--device cpu|cuda]
 // --dropout RATE: attention dropout on both sides (the fused op's
 // dropout_rate; a dropout op on the probabilities, and on dP backward).
-// --amp: the unfused products as train.amp.enabled=true runs them, each
-// batch_matmul's inputs cast to bf16 first (graph/passes/amp.cc), the
-// casts timed with them; the fused op stays f32, as under AMP.
+// --amp: both sides as train.amp.enabled=true runs them (graph/passes/amp.cc):
+// each batch_matmul's inputs cast to bf16 first; the fused op's q, k, v
+// cast to bf16 (on GPUs its tensor-core kernels), its bf16 dq, dk, dv cast
+// back to f32; the casts timed with them.
 // --tsv prints, per case and thread count, label, threads and the median ms
 // of fused forward, fused backward, unfused forward, unfused backward
 // (bench/attention_compare.sh reads it).
@@ -50,7 +51,7 @@ double Seconds() { return std::chrono::duration<double>(std::chrono::steady_cloc
 Device g_device;       // where the tensors and kernels are
 bool g_tsv = false;    // --tsv: one tab-separated line per case
 double g_dropout = 0;  // --dropout RATE: attention dropout on both sides
-bool g_amp = false;    // --amp: the unfused products in bf16, as under AMP
+bool g_amp = false;    // --amp: products and the fused op in bf16, as under AMP
 
 Tensor Filled(const Shape& shape, uint64_t seed) {
   auto t = Tensor::Empty(shape, DType::kF32);
@@ -75,9 +76,12 @@ Tensor Filled(const Shape& shape, uint64_t seed) {
 class Sequence {
  public:
   explicit Sequence(ThreadPool* pool) : pool_(pool) {}
-  // Appends `op` on `inputs`; returns its first output.
-  Tensor Add(const std::string& op, std::vector<Tensor> inputs, const ops::AttrMap& attrs = {}) {
+  // Appends `op` on `inputs`; returns its first output (all of them in
+  // `outputs` when given).
+  Tensor Add(const std::string& op, std::vector<Tensor> inputs, const ops::AttrMap& attrs = {},
+             std::vector<Tensor>* outputs = nullptr) {
     calls_.push_back(bench::MakeKernelCall(op, std::move(inputs), attrs, pool_, g_device));
+    if (outputs != nullptr) *outputs = calls_.back()->ctx.outputs;
     return calls_.back()->ctx.outputs[0];
   }
   // A product's input as the products take it: cast to bf16 under --amp.
@@ -121,11 +125,21 @@ void Measure(const Case& c, int threads, int repeats) {
     attrs.Set("seed", int64_t{1});
     attrs.Set("tensor_id", int64_t{2});
   }
-  auto forward = bench::MakeKernelCall("flash_attention", {q, k, v}, attrs, p, g_device);
-  auto backward = bench::MakeKernelCall(
-      "flash_attention_grad", {q, k, v, forward->ctx.outputs[0], forward->ctx.outputs[1], dy}, attrs, p, g_device);
-  const double fused_fwd = MedianMs([&] { bench::Run(*forward); }, repeats);
-  const double fused_bwd = MedianMs([&] { bench::Run(*backward); }, repeats);
+  // Fused: under --amp q, k, v cast to bf16 first (the op then runs on
+  // tensor cores on GPUs), and dq, dk, dv (bf16) cast back to f32 after, as
+  // the casts' gradients do.
+  Sequence fused_forward(p), fused_backward(p);
+  const Tensor q16 = fused_forward.ProductInput(q), k16 = fused_forward.ProductInput(k),
+               v16 = fused_forward.ProductInput(v);
+  std::vector<Tensor> fused_out;
+  fused_forward.Add("flash_attention", {q16, k16, v16}, attrs, &fused_out);
+  std::vector<Tensor> fused_grads;
+  fused_backward.Add("flash_attention_grad", {q16, k16, v16, fused_out[0], fused_out[1], dy}, attrs, &fused_grads);
+  if (g_amp) {
+    for (const Tensor& grad : fused_grads) fused_backward.Add("cast", {grad}, {{"dtype", DType::kF32}});
+  }
+  const double fused_fwd = MedianMs([&] { fused_forward.Run(); }, repeats);
+  const double fused_bwd = MedianMs([&] { fused_backward.Run(); }, repeats);
   Sequence unfused_forward(p), unfused_backward(p);
   Sequence& f = unfused_forward;
   const Tensor scores = f.Add("batch_matmul", {f.ProductInput(q), f.ProductInput(k)}, {{"transpose_b", true}});
@@ -197,7 +211,8 @@ int main(int argc, char** argv) {
     std::printf(
         "fused (flash_attention) vs unfused ops%s, causal, attention dropout %g, %s kernels; median ms; ratio "
         "fused/unfused\n",
-        tessera::g_amp ? " (products in bf16, as under AMP)" : "", tessera::g_dropout, gpu ? "cuda:0" : "CPU");
+        tessera::g_amp ? " (products and fused op in bf16, as under AMP)" : "", tessera::g_dropout,
+        gpu ? "cuda:0" : "CPU");
   }
   for (const tessera::Case& c : cases) {
     for (int threads : {1, 2}) {

@@ -107,8 +107,9 @@ struct MixedPrecisionResult {
 
 // Automatic mixed precision (graph/passes/amp.cc), on the forward graph
 // before autodiff: every matmul and batch_matmul (attention's products
-// included) reads each f32 input through its own cast to `low` (bf16 or
-// f16) and still yields f32; every other op (softmax, norms, losses,
+// included), matmul_bias_gelu and the fused attention (q, k, v; not its
+// mask) reads each f32 input through its own cast to `low` (bf16 or f16)
+// and still yields f32; every other op (softmax, norms, losses,
 // reductions, the optimizer) stays f32, and so do the variables (the f32
 // master weights the optimizer updates): their gradients come back through
 // the casts as f32.

@@ -5,8 +5,11 @@
 //   flash_attention_masked(q, k, v, mask) -> (y, lse)    plus a key padding mask
 //   flash_attention_grad(q, k, v, y, lse, dy) -> (dq, dk, dv)
 //   flash_attention_masked_grad(q, k, v, y, lse, dy, mask) -> (dq, dk, dv)
-// q (B, H, T, D), k and v (B, H, S, D), mask bool (B, S) (true = keep);
-// y (B, H, T, D), lse f32 (B, H, T). With causal, query t sees keys
+// q (B, H, T, D), k and v (B, H, S, D), f32, bf16 or f16 alike; mask bool
+// (B, S) (true = keep); y f32 (B, H, T, D), lse f32 (B, H, T). 16-bit q, k,
+// v are what mixed precision gives the op (graph/passes/amp.cc; products on
+// tensor cores on GPUs); the gradient then takes y, lse, dy f32 and gives
+// dq, dk, dv in q's type (autocast's rule, as matmul's). With causal, query t sees keys
 // s <= t + S - T (the fused softmaxes' alignment); a query that sees no key
 // gets y = 0 and lse = -inf. Attributes dropout_rate, seed and tensor_id
 // drop probabilities exactly as the dropout op with those attributes drops
@@ -43,11 +46,18 @@ absl::Status ExpectShape(const TensorMeta& meta, const Shape& shape, std::string
 // q, k, v (and the mask, when `masked`, at `mask_index`) checked; the
 // forward outputs' metas.
 absl::StatusOr<std::vector<TensorMeta>> InferQkv(const std::vector<TensorMeta>& in, bool masked, size_t mask_index) {
-  RETURN_IF_ERROR(ExpectDType(in[0], DType::kF32, "q"));
+  const DType dtype = in[0].dtype;
+  if (dtype != DType::kF32 && dtype != DType::kBF16 && dtype != DType::kF16) {
+    return absl::InvalidArgumentError(StrCat("input 'q' must be f32, bf16 or f16, got ", DTypeName(dtype)));
+  }
   RETURN_IF_ERROR(ExpectRank(in[0], 4, "q"));
-  RETURN_IF_ERROR(ExpectDType(in[1], DType::kF32, "k"));
+  for (size_t i : {size_t{1}, size_t{2}}) {
+    if (in[i].dtype != dtype) {
+      return absl::InvalidArgumentError(StrCat("input '", i == 1 ? "k" : "v", "' must be ", DTypeName(dtype),
+                                               " like q, got ", DTypeName(in[i].dtype)));
+    }
+  }
   RETURN_IF_ERROR(ExpectRank(in[1], 4, "k"));
-  RETURN_IF_ERROR(ExpectDType(in[2], DType::kF32, "v"));
   const Shape& q = in[0].shape;
   const Shape& k = in[1].shape;
   if (k[0] != q[0] || k[1] != q[1] || k[3] != q[3]) {
@@ -59,7 +69,14 @@ absl::StatusOr<std::vector<TensorMeta>> InferQkv(const std::vector<TensorMeta>& 
     RETURN_IF_ERROR(ExpectDType(in[mask_index], DType::kBool, "mask"));
     RETURN_IF_ERROR(ExpectShape(in[mask_index], Shape{q[0], k[2]}, "mask", "(B, S): one flag per key"));
   }
-  return std::vector<TensorMeta>{in[0], {DType::kF32, Shape{q[0], q[1], q[2]}}};
+  return std::vector<TensorMeta>{{DType::kF32, q}, {DType::kF32, Shape{q[0], q[1], q[2]}}};
+}
+
+// The CPU kernels' scratch with 16-bit q, k, v (ops/cpu/attention.cc):
+// `copies` times q, k and v in f32; none for f32 inputs.
+int64_t WidenedBytes(const std::vector<TensorMeta>& in, int64_t copies) {
+  if (in.size() < 3 || in[0].dtype == DType::kF32) return 0;
+  return 4 * copies * (in[0].shape.NumElements() + in[1].shape.NumElements() + in[2].shape.NumElements());
 }
 
 absl::Status ExpectValidAttrs(const AttrMap& attrs) {
@@ -120,6 +137,10 @@ void RegisterFlashAttention(OpRegistry& r, bool masked) {
   if (masked) forward.NonDifferentiableInput("mask");
   forward.Output("y").Output("lse");
   DeclareAttrs(forward);
+  forward.Workspace([](const std::vector<TensorMeta>& in, const std::vector<TensorMeta>&, const AttrMap&,
+                       DeviceType device) -> int64_t {
+    return device == DeviceType::kCpu ? WidenedBytes(in, 1) : 0;  // the CPU's q, k, v in f32
+  });
   forward
       .Infer(
           [masked](const std::vector<TensorMeta>& in, const AttrMap& attrs) -> absl::StatusOr<std::vector<TensorMeta>> {
@@ -171,9 +192,10 @@ void RegisterFlashAttention(OpRegistry& r, bool masked) {
   DeclareAttrs(backward);
   backward.Workspace([](const std::vector<TensorMeta>& in, const std::vector<TensorMeta>&, const AttrMap&,
                         DeviceType device) -> int64_t {
+    if (in.size() < 3 || in[0].shape.rank() != 4) return 0;
     // The CUDA kernels' Σ dy ⊙ y per query row (B·H·T floats).
-    if (device != DeviceType::kCuda || in.empty() || in[0].shape.rank() != 4) return 0;
-    return 4 * in[0].shape[0] * in[0].shape[1] * in[0].shape[2];
+    if (device == DeviceType::kCuda) return 4 * in[0].shape[0] * in[0].shape[1] * in[0].shape[2];
+    return WidenedBytes(in, 2);  // the CPU's: q, k, v and dq, dk, dv in f32
   });
   backward
       .Infer(

@@ -68,7 +68,7 @@ job() {  # name rtol config overrides...
 job bf16 2e-2 gpt2_nano.json train.amp.enabled=true train.amp.dtype=bf16
 job fp16 2e-2 gpt2_nano.json train.amp.enabled=true train.amp.dtype=fp16
 job f32-fused 1e-4 gpt2_nano.json model.fused_attention=true model.bias_gelu_fusion=true
-job bf16-fused 2e-2 gpt2_nano.json train.amp.enabled=true train.amp.dtype=bf16 model.bias_gelu_fusion=true
+job bf16-fused 2e-2 gpt2_nano.json train.amp.enabled=true train.amp.dtype=bf16 model.fused_attention=true model.bias_gelu_fusion=true
 job bert_tiny-f32 1e-4 bert_tiny.json
 job mlp_demo-f32 1e-4 mlp_demo.json
 

@@ -21,6 +21,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -31,6 +32,7 @@
 #include <random>
 #include <vector>
 
+#include "cuda_emu/float16.h"
 #include "cuda_emu/internal.h"
 #include "cuda_runtime.h"
 
@@ -122,6 +124,7 @@ struct Block {
   std::vector<State> states;    // per CUDA thread
   std::vector<uint3> coords;    // per CUDA thread: its threadIdx
   std::vector<uint64_t> slots;  // the warps' shuffle values
+  std::vector<std::array<uint32_t, 6>> mma;  // the warps' mma fragments (a, b)
   std::vector<int> order;       // the CUDA threads in the order they start
   size_t next = 0;              // order[next] starts next
   void* shared = nullptr;
@@ -338,6 +341,7 @@ cudaError_t RunGrid(const LaunchShape& shape, const std::function<void()>& body)
   block.body = &body;
   block.states.resize(static_cast<size_t>(threads));
   block.slots.resize(static_cast<size_t>(threads));
+  block.mma.resize(static_cast<size_t>(threads));
   block.order.resize(static_cast<size_t>(threads));
   block.coords.resize(static_cast<size_t>(threads));
   for (int t = 0; t < threads; ++t) {
@@ -414,6 +418,35 @@ uint64_t WarpExchange(uint64_t bits, int src) {
   const uint64_t out = from < b.slots.size() ? b.slots[from] : bits;
   Wait(State::kAtWarpBarrier);
   return out;
+}
+
+void WarpMma16816(float* c, const uint32_t* a, const uint32_t* b, bool bf16) {
+  Block& blk = *current_block;
+  const int t = blk.current->thread, base = t - t % 32, lane = t % 32;
+  if (base + 32 > static_cast<int>(blk.mma.size())) Trap();  // needs a whole warp
+  blk.mma[static_cast<size_t>(t)] = {a[0], a[1], a[2], a[3], b[0], b[1]};
+  Wait(State::kAtWarpBarrier);
+  // Element (row, k) of a and (k, n) of b, from the lane PTX places it in.
+  auto half = [bf16](uint32_t word, int high) {
+    const auto bits = static_cast<uint16_t>(high ? word >> 16 : word & 0xffffu);
+    return bf16 ? Bf16ToFloat(bits) : HalfToFloat(bits);
+  };
+  auto a_at = [&](int row, int k) {
+    const auto& f = blk.mma[static_cast<size_t>(base + (row % 8) * 4 + (k % 8) / 2)];
+    return half(f[static_cast<size_t>((row >= 8 ? 1 : 0) + (k >= 8 ? 2 : 0))], k % 2);
+  };
+  auto b_at = [&](int k, int n) {
+    const auto& f = blk.mma[static_cast<size_t>(base + n * 4 + (k % 8) / 2)];
+    return half(f[static_cast<size_t>(4 + (k >= 8 ? 1 : 0))], k % 2);
+  };
+  const int g = lane / 4, tig = lane % 4;
+  for (int i = 0; i < 4; ++i) {
+    const int row = g + (i >= 2 ? 8 : 0), n = tig * 2 + i % 2;
+    float sum = 0;
+    for (int k = 0; k < 16; ++k) sum += a_at(row, k) * b_at(k, n);
+    c[i] += sum;
+  }
+  Wait(State::kAtWarpBarrier);  // every lane read the fragments before any writes its next
 }
 
 void* DynamicShared() { return current_block->shared; }

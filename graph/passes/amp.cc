@@ -1,5 +1,6 @@
-// Automatic mixed precision: matmuls (and matmul_bias_gelu's x and weight)
-// read their f32 inputs cast to bf16 or f16; everything else stays f32.
+// Automatic mixed precision: matmuls (and matmul_bias_gelu's x and weight,
+// the fused attention's q, k, v) read their f32 inputs cast to bf16 or f16;
+// everything else stays f32.
 
 #include <map>
 
@@ -20,8 +21,12 @@ absl::StatusOr<MixedPrecisionResult> AutoMixedPrecision(Graph& graph, DType low)
     }
   }
   // The ops that read low precision, and how many of their leading inputs
-  // (matmul_bias_gelu's bias stays f32).
-  const std::map<std::string, size_t> allow = {{"matmul", 2}, {"batch_matmul", 2}, {"matmul_bias_gelu", 2}};
+  // (matmul_bias_gelu's bias and the attention's mask stay as they are).
+  const std::map<std::string, size_t> allow = {{"matmul", 2},
+                                               {"batch_matmul", 2},
+                                               {"matmul_bias_gelu", 2},
+                                               {"flash_attention", 3},
+                                               {"flash_attention_masked", 3}};
   MixedPrecisionResult result;
   Graph out(&graph.registry());
   std::vector<ValueId>& remap = result.remap;
@@ -29,12 +34,15 @@ absl::StatusOr<MixedPrecisionResult> AutoMixedPrecision(Graph& graph, DType low)
   for (const Node& n : graph.nodes()) {
     std::vector<ValueId> inputs;
     for (ValueId in : n.inputs) inputs.push_back(remap[static_cast<size_t>(in)]);
-    bool all_f32 = !n.inputs.empty();
-    for (ValueId in : n.inputs) all_f32 = all_f32 && graph.value(in).meta.dtype == DType::kF32;
-    if (n.kind == NodeKind::kOp && allow.contains(n.op) && all_f32) {
+    const auto allowed = n.kind == NodeKind::kOp ? allow.find(n.op) : allow.end();
+    bool to_low = allowed != allow.end() && n.inputs.size() >= allowed->second;
+    for (size_t i = 0; to_low && i < allowed->second; ++i) {
+      to_low = graph.value(n.inputs[i]).meta.dtype == DType::kF32;
+    }
+    if (to_low) {
       // A cast per reader: each cast's gradient then comes from one op,
       // and the gradients of a value read by several matmuls meet in f32.
-      for (size_t i = 0; i < allow.at(n.op); ++i) {
+      for (size_t i = 0; i < allowed->second; ++i) {
         ValueId& in = inputs[i];
         ASSIGN_OR_RETURN(
             std::vector<ValueId> cast,

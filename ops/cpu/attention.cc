@@ -18,12 +18,14 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <vector>
 
 #include "ops/cpu/cpu_util.h"
 #include "ops/cpu/matmul.h"
 #include "ops/cpu/norm_softmax.h"
 #include "ops/cpu/random.h"
+#include "ops/cpu/shape_ops.h"
 #include "ops/cpu/vec_math.h"
 
 namespace tessera::ops {
@@ -95,16 +97,9 @@ void DropoutRow(const AttentionShape& a, int64_t bh, int64_t t, int64_t s0, int6
                  static_cast<uint64_t>(a.ProbabilityIndex(b, h, t, s0)), cols, z);
 }
 
-}  // namespace
-
-absl::Status FlashAttentionKernel(KernelContext& ctx) {
-  const AttentionShape a = AttentionShapeOf(ctx, ctx.num_inputs() == 4);
+absl::Status Forward(KernelContext& ctx, const AttentionShape& a, const float* q, const float* k, const float* v,
+                     float* y, float* lse) {
   const int64_t T = a.queries, S = a.keys, D = a.head_dim;
-  const float* q = ctx.input(0).data<float>();
-  const float* k = ctx.input(1).data<float>();
-  const float* v = ctx.input(2).data<float>();
-  float* y = ctx.output(0).data<float>();
-  float* lse = ctx.output(1).data<float>();
   const int64_t blocks = (T + kRows - 1) / kRows;
   FirstError error;
   ParallelFor(ctx, a.batch * a.heads * blocks, 1, [&](int64_t begin, int64_t end) {
@@ -161,18 +156,9 @@ absl::Status FlashAttentionKernel(KernelContext& ctx) {
   return error.Take();
 }
 
-absl::Status FlashAttentionGradKernel(KernelContext& ctx) {
-  const AttentionShape a = AttentionShapeOf(ctx, ctx.num_inputs() == 7);
+absl::Status Backward(KernelContext& ctx, const AttentionShape& a, const float* q, const float* k, const float* v,
+                      const float* y, const float* lse, const float* dy, float* dq, float* dk, float* dv) {
   const int64_t T = a.queries, S = a.keys, D = a.head_dim;
-  const float* q = ctx.input(0).data<float>();
-  const float* k = ctx.input(1).data<float>();
-  const float* v = ctx.input(2).data<float>();
-  const float* y = ctx.input(3).data<float>();
-  const float* lse = ctx.input(4).data<float>();
-  const float* dy = ctx.input(5).data<float>();
-  float* dq = ctx.output(0).data<float>();
-  float* dk = ctx.output(1).data<float>();
-  float* dv = ctx.output(2).data<float>();
   FirstError error;
   // One (batch, head) per piece: its dk and dv gather over every query
   // block, in block order.
@@ -240,6 +226,65 @@ absl::Status FlashAttentionGradKernel(KernelContext& ctx) {
     }
   });
   return error.Take();
+}
+
+// Room for `n` floats: the planned workspace when it holds them (the
+// schema asks for it with 16-bit inputs, ops/attention.cc), else `own`.
+float* Scratch(const KernelContext& ctx, int64_t n, std::unique_ptr<float[]>& own) {
+  if (ctx.workspace.defined() && static_cast<int64_t>(ctx.workspace.NumBytes()) >= n * 4) {
+    return static_cast<float*>(ctx.workspace.raw_data());
+  }
+  own.reset(new float[static_cast<size_t>(n)]);  // not zeroed: all written
+  return own.get();
+}
+
+}  // namespace
+
+// With bf16 / f16 q, k, v the kernels compute in f32 on their values
+// (exact), widened into scratch; the gradients are rounded into q's type.
+absl::Status FlashAttentionKernel(KernelContext& ctx) {
+  const AttentionShape a = AttentionShapeOf(ctx, ctx.num_inputs() == 4);
+  float* y = ctx.output(0).data<float>();
+  float* lse = ctx.output(1).data<float>();
+  if (ctx.input(0).dtype() == DType::kF32) {
+    return Forward(ctx, a, ctx.input(0).data<float>(), ctx.input(1).data<float>(), ctx.input(2).data<float>(), y, lse);
+  }
+  const int64_t nq = ctx.input(0).NumElements(), nk = ctx.input(1).NumElements();
+  std::unique_ptr<float[]> own;
+  float* q = Scratch(ctx, nq + 2 * nk, own);
+  float* k = q + nq;
+  float* v = k + nk;
+  WidenTo(ctx, ctx.input(0), q);
+  WidenTo(ctx, ctx.input(1), k);
+  WidenTo(ctx, ctx.input(2), v);
+  return Forward(ctx, a, q, k, v, y, lse);
+}
+
+absl::Status FlashAttentionGradKernel(KernelContext& ctx) {
+  const AttentionShape a = AttentionShapeOf(ctx, ctx.num_inputs() == 7);
+  const float* y = ctx.input(3).data<float>();
+  const float* lse = ctx.input(4).data<float>();
+  const float* dy = ctx.input(5).data<float>();
+  if (ctx.input(0).dtype() == DType::kF32) {
+    return Backward(ctx, a, ctx.input(0).data<float>(), ctx.input(1).data<float>(), ctx.input(2).data<float>(), y, lse,
+                    dy, ctx.output(0).data<float>(), ctx.output(1).data<float>(), ctx.output(2).data<float>());
+  }
+  const int64_t nq = ctx.input(0).NumElements(), nk = ctx.input(1).NumElements();
+  std::unique_ptr<float[]> own;
+  float* q = Scratch(ctx, 2 * (nq + 2 * nk), own);
+  float* k = q + nq;
+  float* v = k + nk;
+  float* dq = v + nk;
+  float* dk = dq + nq;
+  float* dv = dk + nk;
+  WidenTo(ctx, ctx.input(0), q);
+  WidenTo(ctx, ctx.input(1), k);
+  WidenTo(ctx, ctx.input(2), v);
+  RETURN_IF_ERROR(Backward(ctx, a, q, k, v, y, lse, dy, dq, dk, dv));
+  NarrowFrom(ctx, dq, ctx.output(0));
+  NarrowFrom(ctx, dk, ctx.output(1));
+  NarrowFrom(ctx, dv, ctx.output(2));
+  return absl::OkStatus();
 }
 
 }  // namespace cpu

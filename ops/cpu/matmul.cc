@@ -36,6 +36,7 @@
 #include "core/status.h"
 #include "core/text.h"
 #include "ops/cpu/cpu_util.h"
+#include "ops/cpu/shape_ops.h"
 #include "ops/cpu/vec_math.h"
 
 namespace tessera::ops::cpu {
@@ -306,26 +307,7 @@ absl::StatusOr<GemmArgs> LocalGemm(const KernelContext& ctx, bool batched) {
 // A bf16 / f16 tensor's values as f32 (exact), on the intra-op pool.
 std::unique_ptr<float[]> Widened(const KernelContext& ctx, const Tensor& t) {
   std::unique_ptr<float[]> out(new float[static_cast<size_t>(t.NumElements())]);  // not zeroed: all written
-  const auto* bits = static_cast<const uint16_t*>(t.raw_data());
-  const bool bf16 = t.dtype() == DType::kBF16;
-  ParallelFor(ctx, t.NumElements(), 1 << 16, [&](int64_t begin, int64_t end) {
-    if (bf16) {
-      for (int64_t i = begin; i < end; ++i) out[i] = BFloat16ToFloat(bits[i]);
-      return;
-    }
-    int64_t i = begin;
-#if defined(__AVX512F__)
-// GCC 12 warns of an uninitialised pass-through operand inside its own
-// _mm512_cvtph_ps (a false positive: the conversion is unmasked).
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-    for (; i + 16 <= end; i += 16) {  // vcvtph2ps: exact, subnormals and specials included
-      _mm512_storeu_ps(out.get() + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(bits + i))));
-    }
-#pragma GCC diagnostic pop
-#endif
-    for (; i < end; ++i) out[i] = HalfToFloat(bits[i]);
-  });
+  WidenTo(ctx, t, out.get());
   return out;
 }
 

@@ -453,44 +453,66 @@ void CopyBlockParallel(const KernelContext& ctx, const Tensor& src, const std::v
   });
 }
 
+void WidenTo(const KernelContext& ctx, const Tensor& t, float* out) {
+  const auto* bits = static_cast<const uint16_t*>(t.raw_data());
+  const bool bf16 = t.dtype() == DType::kBF16;
+  ParallelFor(ctx, t.NumElements(), kElementwiseGrain, [&](int64_t begin, int64_t end) {
+    if (bf16) {
+      for (int64_t i = begin; i < end; ++i) out[i] = BFloat16ToFloat(bits[i]);
+      return;
+    }
+    int64_t i = begin;
+#if defined(__AVX512F__)
+// GCC 12 warns of an uninitialised pass-through operand inside its own
+// _mm512_cvtph_ps (a false positive: the conversion is unmasked).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+    for (; i + 16 <= end; i += 16) {  // vcvtph2ps: exact, subnormals and specials included
+      _mm512_storeu_ps(out + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(bits + i))));
+    }
+#pragma GCC diagnostic pop
+#endif
+    for (; i < end; ++i) out[i] = HalfToFloat(bits[i]);
+  });
+}
+
+void NarrowFrom(const KernelContext& ctx, const float* x, const Tensor& out) {
+  auto* bits = static_cast<uint16_t*>(out.raw_data());
+  const bool bf16 = out.dtype() == DType::kBF16;
+  ParallelFor(ctx, out.NumElements(), kElementwiseGrain, [&](int64_t begin, int64_t end) {
+    if (bf16) {
+      for (int64_t i = begin; i < end; ++i) bits[i] = FloatToBFloat16(x[i]);
+      return;
+    }
+    int64_t i = begin;
+#if defined(__AVX512F__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+    for (; i + 16 <= end; i += 16) {  // vcvtps2ph rounds to nearest even, as FloatToHalf
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(bits + i),
+                          _mm512_cvtps_ph(_mm512_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    }
+#pragma GCC diagnostic pop
+#endif
+    for (; i < end; ++i) bits[i] = FloatToHalf(x[i]);
+  });
+}
+
 void Cast(const KernelContext& ctx, const Tensor& x, const Tensor& y) {
   if (x.dtype() == y.dtype()) {
     CopyElements(ctx, x, y);
     return;
   }
-#if defined(__AVX512F__)
-  // f32 <-> f16, mixed precision's casts: the CPU's own conversions
-  // (vcvtps2ph rounds to nearest even, as the scalar path; vcvtph2ps is
-  // exact), 16 elements at a time. GCC 12 warns of an uninitialised
-  // pass-through operand inside its own unmasked intrinsics: a false positive.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-  if ((x.dtype() == DType::kF32 && y.dtype() == DType::kF16) ||
-      (x.dtype() == DType::kF16 && y.dtype() == DType::kF32)) {
-    const bool narrow = x.dtype() == DType::kF32;
-    ParallelFor(ctx, y.NumElements(), kElementwiseGrain, [&](int64_t begin, int64_t end) {
-      int64_t i = begin;
-      if (narrow) {
-        const float* src = x.data<float>();
-        auto* dst = static_cast<uint16_t*>(y.raw_data());
-        for (; i + 16 <= end; i += 16) {
-          _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i),
-                              _mm512_cvtps_ph(_mm512_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-        }
-        for (; i < end; ++i) dst[i] = FloatToHalf(src[i]);
-      } else {
-        const auto* src = static_cast<const uint16_t*>(x.raw_data());
-        float* dst = y.data<float>();
-        for (; i + 16 <= end; i += 16) {
-          _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i))));
-        }
-        for (; i < end; ++i) dst[i] = HalfToFloat(src[i]);
-      }
-    });
+  // f32 <-> f16, mixed precision's casts: the CPU's own conversions where it
+  // has AVX-512 (WidenTo, NarrowFrom).
+  if (x.dtype() == DType::kF32 && y.dtype() == DType::kF16) {
+    NarrowFrom(ctx, x.data<float>(), y);
     return;
   }
-#pragma GCC diagnostic pop
-#endif
+  if (x.dtype() == DType::kF16 && y.dtype() == DType::kF32) {
+    WidenTo(ctx, x, y.data<float>());
+    return;
+  }
   VisitDType(x.dtype(), [&](auto from_tag) {
     using From = decltype(from_tag);
     VisitDType(y.dtype(), [&](auto to_tag) {

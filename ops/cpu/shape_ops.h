@@ -43,6 +43,13 @@ void ZeroFill(const KernelContext& ctx, const Tensor& y);
 // saturate, NaN gives 0; to bool: x != 0; integers to narrower integers wrap.
 void Cast(const KernelContext& ctx, const Tensor& x, const Tensor& y);
 
+// The values of a bf16 or f16 tensor `t` as f32 (exact) into `out`
+// (t.NumElements() floats); f32 results `x` rounded (to nearest even) into
+// the bf16 or f16 tensor `out`. What the 16-bit paths of kernels computing
+// in f32 are made of (matmul without native 16-bit products, attention).
+void WidenTo(const KernelContext& ctx, const Tensor& t, float* out);
+void NarrowFrom(const KernelContext& ctx, const float* x, const Tensor& out);
+
 // out = cond ? x : y, all three broadcast to out's shape; cond is bool.
 void Where(const KernelContext& ctx, const Tensor& cond, const Tensor& x, const Tensor& y, const Tensor& out);
 

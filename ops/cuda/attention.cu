@@ -18,50 +18,22 @@
 
 #include <cmath>
 
-#include "core/philox.h"
+#include "ops/cuda/attention_common.cuh"
 #include "ops/cuda/launch.h"
 #include "ops/cuda/launch_util.cuh"
 
 namespace tessera::ops::cuda {
 namespace {
 
+using attention::Keep;
+using attention::KeyEnd;
+using attention::Visible;
+using attention::WarpMax;
+using attention::WarpSum;
+
 constexpr int kWarps = 4;
 constexpr int kTile = 32;
 constexpr int kPerLane = static_cast<int>(kMaxAttentionHeadDim / 32);
-
-__device__ float WarpMax(float x) {
-  for (int o = 16; o > 0; o /= 2) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
-  return x;
-}
-__device__ float WarpSum(float x) {
-  for (int o = 16; o > 0; o /= 2) x += __shfl_xor_sync(0xffffffffu, x, o);
-  return x;
-}
-
-__device__ bool Visible(const AttentionShape& a, int64_t b, int64_t t, int64_t s) {
-  if (s >= a.keys) return false;
-  if (a.causal && s > t + a.causal_shift) return false;
-  return a.mask == nullptr || a.mask[b * a.keys + s] != 0;
-}
-
-// The dropout mask value of probability (b, h, t, s) (local): the dropout
-// op's for that global index (ops/attention_shape.h); 1 without dropout.
-__device__ float Keep(const AttentionShape& a, int64_t b, int64_t h, int64_t t, int64_t s) {
-  if (a.dropout_rate <= 0.0f) return 1.0f;
-  const auto g = static_cast<uint64_t>(a.ProbabilityIndex(b, h, t, s));
-  const uint64_t block = g / 4;
-  const PhiloxKey key{static_cast<uint32_t>(a.dropout_seed),
-                      static_cast<uint32_t>(a.dropout_seed >> 32)};  // MakePhiloxKey's
-  const auto w = Philox4x32(key, static_cast<uint32_t>(block), static_cast<uint32_t>(block >> 32), a.tensor_id, a.step);
-  return static_cast<int32_t>(w[g % 4] >> 8) >= a.dropout_threshold ? a.dropout_scale : 0.0f;
-}
-
-// The keys [0, end) some query of [t0, t0 + rows) may see.
-__device__ int64_t KeyEnd(const AttentionShape& a, int64_t t0, int64_t rows) {
-  if (!a.causal) return a.keys;
-  const int64_t end = t0 + rows + a.causal_shift;
-  return end < 0 ? 0 : (end > a.keys ? a.keys : end);
-}
 
 // Rows [r0, r0 + kTile) of a (rows x D) matrix into a shared tile of stride
 // D + 1 (zeros past `rows`), by the whole block.
@@ -271,33 +243,19 @@ int LaunchFlashAttention(const float* q, const float* k, const float* v, float* 
 int LaunchFlashAttentionGrad(const float* q, const float* k, const float* v, const float* y, const float* lse,
                              const float* dy, float* dq, float* dk, float* dv, float* delta,
                              const AttentionShape& shape) {
-  const int64_t BH = shape.batch * shape.heads;
-  const cudaStream_t stream = CurrentStream();
-  if (BH * shape.keys > 0 && shape.queries == 0) {  // no query: dk, dv are zero
-    const size_t bytes = static_cast<size_t>(BH * shape.keys * shape.head_dim) * sizeof(float);
-    cudaMemsetAsync(dk, 0, bytes, stream);
-    cudaMemsetAsync(dv, 0, bytes, stream);
-    return Finish();
-  }
-  if (BH * shape.queries == 0) return 0;
-  const bool own = delta == nullptr;
-  if (own) {
-    const cudaError_t err = cudaMallocAsync(reinterpret_cast<void**>(&delta),
-                                            static_cast<size_t>(BH * shape.queries) * sizeof(float), stream);
-    if (err != cudaSuccess) return static_cast<int>(err);
-  }
-  const int64_t query_blocks = (shape.queries + kWarps - 1) / kWarps;
-  FlashBackwardQueries<<<static_cast<unsigned>(BH * query_blocks), kWarps * 32, TileBytes(shape.head_dim), stream>>>(
-      q, k, v, y, lse, dy, dq, delta, shape, query_blocks);
-  const int64_t key_blocks = (shape.keys + kWarps - 1) / kWarps;
-  if (key_blocks > 0) {
-    FlashBackwardKeys<<<static_cast<unsigned>(BH * key_blocks), kWarps * 32, TileBytes(shape.head_dim), stream>>>(
-        q, k, v, lse, dy, delta, dk, dv, shape, key_blocks);
-  }
-  const cudaError_t err = cudaGetLastError();
-  if (own) cudaFreeAsync(delta, stream);
-  if (err != cudaSuccess) return static_cast<int>(err);
-  return Finish();
+  return attention::WithDelta(shape, sizeof(float), dk, dv, delta, [&](float* d) {
+    const int64_t BH = shape.batch * shape.heads;
+    const cudaStream_t stream = CurrentStream();
+    const int64_t query_blocks = (shape.queries + kWarps - 1) / kWarps;
+    FlashBackwardQueries<<<static_cast<unsigned>(BH * query_blocks), kWarps * 32, TileBytes(shape.head_dim), stream>>>(
+        q, k, v, y, lse, dy, dq, d, shape, query_blocks);
+    const int64_t key_blocks = (shape.keys + kWarps - 1) / kWarps;
+    if (key_blocks > 0) {
+      FlashBackwardKeys<<<static_cast<unsigned>(BH * key_blocks), kWarps * 32, TileBytes(shape.head_dim), stream>>>(
+          q, k, v, lse, dy, d, dk, dv, shape, key_blocks);
+    }
+    return static_cast<int>(cudaGetLastError());
+  });
 }
 
 }  // namespace tessera::ops::cuda

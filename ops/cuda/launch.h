@@ -124,8 +124,8 @@ int LaunchSparseCrossEntropyGrad(const float* logits, const int64_t* labels, con
 // Fused attention (ops/attention.cc) on contiguous q (B, H, T, D), k, v
 // (B, H, S, D): y and lse (B, H, T) forward; dq, dk, dv backward from the
 // saved lse (B·H·T floats of workspace hold Σ dy ⊙ y).
-// One warp per query (forward, dq) or key (dk, dv) row, key or query tiles
-// of 32 rows in shared memory; every sum has one order (no atomics). Head
+// f32 (attention.cu): one warp per query (forward, dq) or key (dk, dv) row,
+// key or query tiles of 32 rows in shared memory; every sum has one order (no atomics). Head
 // dims up to kMaxAttentionHeadDim (the host side refuses more).
 inline constexpr int64_t kMaxAttentionHeadDim = 128;
 int LaunchFlashAttention(const float* q, const float* k, const float* v, float* y, float* lse,
@@ -134,6 +134,15 @@ int LaunchFlashAttention(const float* q, const float* k, const float* v, float* 
 int LaunchFlashAttentionGrad(const float* q, const float* k, const float* v, const float* y, const float* lse,
                              const float* dy, float* dq, float* dk, float* dv, float* delta,
                              const AttentionShape& shape);
+// The same for bf16 (`bf16`) or f16 q, k, v on tensor cores
+// (attention_tc.cu): y, lse, dy f32; dq, dk, dv in q's type. Blocks of 64
+// query (forward, dq) or key (dk, dv) rows, a warp per 16; products
+// through mma.sync (sm_80 and up) with f32 accumulators.
+int LaunchFlashAttention16(bool bf16, const void* q, const void* k, const void* v, float* y, float* lse,
+                           const AttentionShape& shape);
+int LaunchFlashAttentionGrad16(bool bf16, const void* q, const void* k, const void* v, const float* y, const float* lse,
+                               const float* dy, void* dq, void* dk, void* dv, float* delta,
+                               const AttentionShape& shape);
 
 // dst[dst_base + Σ c_d dst_strides[d]] = src[src_base + Σ c_d src_strides[d]]
 // for every coordinate c of `dims` (in elements of `elem` bytes: 1, 2, 4 or

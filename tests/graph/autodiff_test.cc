@@ -1,10 +1,12 @@
 // Autodiff: gradients of the symbolic backward graph, run by the reference
 // interpreter, against central finite differences of the loss.
 
-#include <cmath>
-
 #include <gtest/gtest.h>
 
+#include <cmath>
+
+#include "core/status.h"
+#include "core/text.h"
 #include "graph/builder.h"
 #include "graph/passes.h"
 #include "ops/eager.h"
@@ -120,6 +122,75 @@ TEST(AutodiffTest, HintedActivationGradientGetsTheHint) {
   }
   EXPECT_EQ(hinted, 1);
   EXPECT_FALSE(graph.value(gradients->at(w.id())).sbp_hint.has_value());
+}
+
+// Mixed precision casts the fused attention's q, k, v (not its mask) to
+// bf16: its gradient op then gives bf16 dq, dk, dv, which the casts'
+// gradients bring back to f32 for the variables, and the gradients are the
+// f32 graph's to bf16's rounding.
+TEST(AutodiffTest, MixedPrecisionCastsTheFusedAttentionsInputs) {
+  auto build = [](bool amp) -> absl::StatusOr<std::pair<Graph, GradientMap>> {
+    GraphBuilder b;
+    Sym mask = b.Input("mask", {DType::kBool, Shape{2, 6}});
+    Sym q = b.Variable("q", {2, 2, 6, 8}, InitRule::Normal(0, 1, 5, 0));
+    Sym k = b.Variable("k", {2, 2, 6, 8}, InitRule::Normal(0, 1, 5, 1));
+    Sym v = b.Variable("v", {2, 2, 6, 8}, InitRule::Normal(0, 1, 5, 2));
+    Sym y = b.Apply("flash_attention_masked", {q, k, v, mask}, {{"scale", 0.35}});
+    Sym loss = ReduceMean(Tanh(y) * y);
+    b.MarkLoss(loss);
+    ASSIGN_OR_RETURN(Graph graph, b.Finish());
+    if (amp) {
+      ASSIGN_OR_RETURN(MixedPrecisionResult mixed, AutoMixedPrecision(graph, DType::kBF16));
+      if (mixed.ops != 1) return absl::InternalError(StrCat("cast ", mixed.ops, " ops"));
+    }
+    ASSIGN_OR_RETURN(GradientMap gradients, Autodiff(graph));
+    return std::pair{std::move(graph), std::move(gradients)};
+  };
+  auto mixed = build(true);
+  ASSERT_TRUE(mixed.ok()) << mixed.status();
+  auto plain = build(false);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  const Graph& graph = mixed->first;
+  int attention = 0, grads = 0;
+  for (const Node& n : graph.nodes()) {
+    if (n.op == "flash_attention_masked") {
+      ++attention;
+      for (size_t i = 0; i < 3; ++i) EXPECT_EQ(graph.value(n.inputs[i]).meta.dtype, DType::kBF16) << i;
+      EXPECT_EQ(graph.value(n.inputs[3]).meta.dtype, DType::kBool);
+      EXPECT_EQ(graph.value(n.outputs[0]).meta.dtype, DType::kF32);
+    } else if (n.op == "flash_attention_masked_grad") {
+      ++grads;
+      for (ValueId out : n.outputs) EXPECT_EQ(graph.value(out).meta.dtype, DType::kBF16);
+    }
+  }
+  EXPECT_EQ(attention, 1);
+  EXPECT_EQ(grads, 1);
+  Tensor mask = *Tensor::Empty(Shape{2, 6}, DType::kBool, Device{});
+  for (int64_t i = 0; i < mask.NumElements(); ++i) mask.data<bool>()[i] = i % 4 != 2;
+  auto gradient_values = [&mask](const Graph& g, const GradientMap& gradients) {
+    GraphInterpreter interpreter(g);
+    EXPECT_TRUE(interpreter.InitVariables().ok());
+    auto values = interpreter.Run({{"mask", mask}});
+    EXPECT_TRUE(values.ok()) << values.status();
+    std::map<std::string, std::vector<double>> out;
+    for (const auto& [var, grad] : gradients) {
+      EXPECT_EQ(g.value(grad).meta.dtype, DType::kF32);
+      out[g.value(var).name] = (*values)[static_cast<size_t>(grad)].ToDoubleVector();
+    }
+    return out;
+  };
+  const auto low = gradient_values(graph, mixed->second), f32 = gradient_values(plain->first, plain->second);
+  ASSERT_EQ(low.size(), 3u);
+  for (const auto& [name, want] : f32) {
+    const std::vector<double>& got = low.at(name);
+    double largest = 0, worst = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      largest = std::max(largest, std::fabs(want[i]));
+      worst = std::max(worst, std::fabs(got[i] - want[i]));
+    }
+    EXPECT_GT(worst, 0) << name << ": nothing was rounded";
+    EXPECT_LT(worst, 3e-2 * largest) << name;
+  }
 }
 
 TEST(AutodiffTest, ValueUsedTwiceSumsContributions) {

@@ -10,6 +10,7 @@
 #include <limits>
 #include <string>
 
+#include "core/text.h"
 #include "core/thread_pool.h"
 #include "ops/eager.h"
 #include "tests/ops/op_test_util.h"
@@ -269,6 +270,54 @@ TEST(AttentionOps, ThreadCountDoesNotChangeTheBits) {
   }
 }
 
+// bf16 and f16 q, k, v (mixed precision's): y and lse are the f32 op's on
+// the same values, and the gradient's dq, dk, dv the f32 gradient's rounded
+// to q's type (the CPU widens and computes in f32; the GPU's tensor-core
+// kernels are compared with this in cuda_kernels_test).
+TEST(AttentionOps, SixteenBitInputsGiveTheF32ResultsOfTheirValues) {
+  for (const DType dtype : {DType::kBF16, DType::kF16}) {
+    for (const bool masked : {false, true}) {
+      SCOPED_TRACE(StrCat(DTypeName(dtype), masked ? " masked" : ""));
+      std::vector<Tensor> narrow, wide;
+      for (uint64_t seed : {1, 2, 3}) {
+        narrow.push_back(Run1("cast", {RandomUniform({2, 2, 37, 24}, seed, -2.0f, 2.0f)}, {{"dtype", dtype}}, 0));
+        wide.push_back(Run1("cast", {narrow.back()}, {{"dtype", DType::kF32}}, 0));
+      }
+      if (masked) {
+        narrow.push_back(RandomBools({2, 37}, 4, 0.8));
+        wide.push_back(narrow.back());
+      }
+      const std::string name = masked ? "flash_attention_masked" : "flash_attention";
+      const AttrMap attrs = {{"scale", 0.3}, {"causal", !masked}, {"dropout_rate", 0.2}, {"seed", int64_t{7}}};
+      auto got = RunOp(name, narrow, attrs);
+      auto want = RunOp(name, wide, attrs);
+      ASSERT_TRUE(got.ok()) << got.status();
+      ASSERT_TRUE(want.ok()) << want.status();
+      for (size_t i = 0; i < 2; ++i) {
+        ASSERT_EQ((*got)[i].dtype(), DType::kF32);
+        EXPECT_EQ((*got)[i].ToDoubleVector(), (*want)[i].ToDoubleVector()) << "output " << i;
+      }
+      const Tensor dy = RandomUniform({2, 2, 37, 24}, 5);
+      std::vector<Tensor> grad_narrow = {narrow[0], narrow[1], narrow[2], (*want)[0], (*want)[1], dy};
+      std::vector<Tensor> grad_wide = {wide[0], wide[1], wide[2], (*want)[0], (*want)[1], dy};
+      if (masked) {
+        grad_narrow.push_back(narrow[3]);
+        grad_wide.push_back(wide[3]);
+      }
+      auto grads = RunOp(name + "_grad", grad_narrow, attrs);
+      auto wide_grads = RunOp(name + "_grad", grad_wide, attrs);
+      ASSERT_TRUE(grads.ok()) << grads.status();
+      ASSERT_TRUE(wide_grads.ok()) << wide_grads.status();
+      for (size_t i = 0; i < 3; ++i) {
+        ASSERT_EQ((*grads)[i].dtype(), dtype);
+        EXPECT_EQ((*grads)[i].ToDoubleVector(),
+                  Run1("cast", {(*wide_grads)[i]}, {{"dtype", dtype}}, 0).ToDoubleVector())
+            << "gradient " << i;
+      }
+    }
+  }
+}
+
 TEST(AttentionOps, BadInputsNameWhatIsWrong) {
   const Tensor q = RandomUniform({2, 2, 4, 8}, 1);
   struct Bad {
@@ -281,7 +330,12 @@ TEST(AttentionOps, BadInputsNameWhatIsWrong) {
       {"flash_attention", {RandomUniform({2, 4, 8}, 1), q, q}, {}, "'q'"},
       {"flash_attention", {q, RandomUniform({2, 2, 4, 6}, 2), q}, {}, "input 'k' must be (B, H, S, D)"},
       {"flash_attention", {q, q, RandomUniform({2, 2, 5, 8}, 3)}, {}, "input 'v' must have shape"},
-      {"flash_attention", {q, q, RandomInts({2, 2, 4, 8}, 4, 0, 3)}, {}, "'v' must be f32"},
+      {"flash_attention", {q, q, RandomInts({2, 2, 4, 8}, 4, 0, 3)}, {}, "input 'v' must be f32 like q, got i64"},
+      {"flash_attention", {RandomInts({2, 2, 4, 8}, 4, 0, 3), q, q}, {}, "input 'q' must be f32, bf16 or f16, got i64"},
+      {"flash_attention",
+       {q, Run1("cast", {q}, {{"dtype", DType::kBF16}}, 0), q},
+       {},
+       "'k' must be f32 like q, got bf16"},
       {"flash_attention", {q, q, q}, {{"scale", std::nan("")}}, "'scale' must be finite"},
       {"flash_attention", {q, q, q}, {{"dropout_rate", 1.0}}, "'dropout_rate' must be in [0, 1), got 1"},
       {"flash_attention_masked", {q, q, q, RandomBools({2, 5}, 5)}, {}, "'mask' must have shape (2, 4)"},

@@ -631,6 +631,78 @@ TEST(CudaKernels, FlashAttentionMatchesTheCpuAcrossTiles) {
   EXPECT_NE(status.message().find("head dim 160 is over the kernel's 128"), std::string::npos) << status;
 }
 
+// bf16 and f16 q, k, v (what mixed precision gives the op) run on tensor
+// cores: the CPU computes the same op in f32 from the same 16-bit values,
+// the GPU rounds the probabilities (and dy, dS) to the 16-bit type before
+// their products, as flash attention does. So the two agree to the 16-bit
+// type's rounding, relative to each output's largest value; a fragment in
+// the wrong place, a tile lost or a mask missed is off by far more. Head
+// dims 5 to 128 cover the three padded tile widths, shapes cut tiles
+// unevenly, and the planned workspace and the eager path both run.
+TEST(CudaKernels, FlashAttentionOnTensorCoresMatchesTheCpu) {
+  if (const std::string why = NoGpu(); !why.empty()) GTEST_SKIP() << why;
+  struct Case {
+    int64_t B, H, T, S, D;
+    bool causal, masked;
+    double dropout;
+    DType dtype;
+  };
+  for (const Case& c :
+       {Case{1, 2, 100, 105, 64, true, false, 0.0, DType::kBF16},
+        Case{2, 1, 70, 150, 32, false, true, 0.1, DType::kBF16}, Case{1, 1, 33, 65, 5, false, false, 0.0, DType::kF16},
+        Case{1, 2, 80, 80, 128, true, false, 0.2, DType::kF16}, Case{1, 1, 130, 50, 48, true, true, 0.0, DType::kBF16},
+        Case{1, 1, 20, 90, 96, false, false, 0.0, DType::kBF16}}) {
+    SCOPED_TRACE(StrCat("B H T S D = ", c.B, " ", c.H, " ", c.T, " ", c.S, " ", c.D, c.causal ? " causal" : "",
+                        c.masked ? " masked" : "", " dropout ", c.dropout, " ", DTypeName(c.dtype)));
+    std::mt19937 rng(5);
+    auto narrow = [&](const TensorMeta& meta) {
+      auto cast = RunOp("cast", {RandomInput(meta, false, rng)}, {{"dtype", c.dtype}});
+      EXPECT_TRUE(cast.ok()) << cast.status();
+      return (*cast)[0];
+    };
+    std::vector<Tensor> in = {narrow({DType::kF32, Shape{c.B, c.H, c.T, c.D}}),
+                              narrow({DType::kF32, Shape{c.B, c.H, c.S, c.D}}),
+                              narrow({DType::kF32, Shape{c.B, c.H, c.S, c.D}})};
+    if (c.masked) in.push_back(RandomInput({DType::kBool, Shape{c.B, c.S}}, false, rng));
+    const std::string name = c.masked ? "flash_attention_masked" : "flash_attention";
+    const AttrMap attrs = {{"scale", 1.0 / std::sqrt(static_cast<double>(c.D))},
+                           {"causal", c.causal},
+                           {"dropout_rate", c.dropout},
+                           {"seed", int64_t{9}},
+                           {"tensor_id", int64_t{4}}};
+    auto want = RunOp(name, in, attrs);
+    ASSERT_TRUE(want.ok()) << want.status();
+    ASSERT_EQ((*want)[0].dtype(), DType::kF32);
+    std::vector<Tensor> grad_in = {
+        in[0], in[1], in[2], (*want)[0], (*want)[1], RandomInput({DType::kF32, Shape{c.B, c.H, c.T, c.D}}, false, rng)};
+    if (c.masked) grad_in.push_back(in[3]);
+    auto want_grad = RunOp(name + "_grad", grad_in, attrs);
+    ASSERT_TRUE(want_grad.ok()) << want_grad.status();
+    for (const bool workspace : {true, false}) {
+      for (const auto& [op, inputs, expected] :
+           {std::tuple{name, in, *want}, std::tuple{name + "_grad", grad_in, *want_grad}}) {
+        absl::Status status;
+        const std::vector<Tensor> got = RunOnGpu(op, inputs, attrs, &status, workspace);
+        ASSERT_TRUE(status.ok()) << op << ": " << status;
+        for (size_t k = 0; k < expected.size(); ++k) {
+          ASSERT_EQ(got[k].dtype(), expected[k].dtype());
+          const std::vector<double> g = got[k].ToDoubleVector(), r = expected[k].ToDoubleVector();
+          double largest = 0;
+          for (double x : r) largest = std::isfinite(x) ? std::max(largest, std::fabs(x)) : largest;
+          const double tol = (c.dtype == DType::kBF16 ? 2e-2 : 4e-3) * largest;
+          double worst = 0;
+          for (size_t i = 0; i < r.size(); ++i) {
+            if (g[i] == r[i]) continue;  // -inf lse of a row without keys
+            worst = std::max(worst, std::fabs(g[i] - r[i]));
+            ASSERT_NEAR(g[i], r[i], tol) << op << " output " << k << " element " << i << " (largest " << largest << ")";
+          }
+          std::printf("%s output %zu: worst %.3g of largest %.3g\n", op.c_str(), k, worst, largest);
+        }
+      }
+    }
+  }
+}
+
 // cast between every pair of dtypes (the example covers only f32 -> bf16),
 // values spread over a wide range so integer saturation and 16-bit rounding
 // are exercised: the GPU's results equal the CPU's.

@@ -15,3 +15,4 @@ inline __nv_bfloat16 __float2bfloat16(float f) { return __nv_bfloat16(f); }
 inline float __bfloat162float(__nv_bfloat16 h) { return cuda_emu::Bf16ToFloat(h.__x); }
 inline __nv_bfloat16 __ll2bfloat16_rn(long long v) { return __nv_bfloat16(cuda_emu::RoundIntegerTo(v, 8)); }
 inline __nv_bfloat16 __int2bfloat16_rn(int v) { return __ll2bfloat16_rn(v); }
+inline unsigned short __bfloat16_as_ushort(__nv_bfloat16 h) { return h.__x; }

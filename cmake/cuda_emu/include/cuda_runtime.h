@@ -25,6 +25,10 @@
 
 #include "cuda_runtime_api.h"
 
+// Device code that has an emulated form (ops/cuda/attention_tc.cu's mma)
+// tests this.
+#define TESSERA_CUDA_EMU 1
+
 #define __global__
 #define __device__
 #define __host__
@@ -38,6 +42,12 @@
 struct uint3 {
   unsigned int x = 0, y = 0, z = 0;
 };
+
+// 16 bytes, aligned as CUDA's (vector loads and stores).
+struct alignas(16) uint4 {
+  unsigned int x, y, z, w;
+};
+inline uint4 make_uint4(unsigned int x, unsigned int y, unsigned int z, unsigned int w) { return uint4{x, y, z, w}; }
 
 struct dim3 {
   unsigned int x = 1, y = 1, z = 1;
@@ -71,6 +81,12 @@ void SyncWarp();
 int Lane();
 // Lane `src` of the calling thread's warp's values `bits` (8 bytes each).
 uint64_t WarpExchange(uint64_t bits, int src);
+// The tensor cores' mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16} as the
+// warp's 32 lanes run it together: c (16 x 8, f32) += a (16 x 16) b (16 x 8),
+// each lane holding the fragments PTX's "Matrix Fragments for mma.m16n8k16"
+// assigns it (a: four registers of two 16-bit values, b: two, c: four
+// floats). Products and sums in f32, k in order.
+void WarpMma16816(float* c, const uint32_t* a, const uint32_t* b, bool bf16);
 // The launch's dynamic shared memory.
 void* DynamicShared();
 // Ends the calling CUDA thread's kernel with an error (a device assert).
