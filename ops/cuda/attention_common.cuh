@@ -5,6 +5,7 @@
 
 #include <cuda_runtime.h>
 
+#include <array>
 #include <cmath>
 
 #include "core/philox.h"
@@ -38,6 +39,19 @@ __device__ inline float Keep(const AttentionShape& a, int64_t b, int64_t h, int6
                       static_cast<uint32_t>(a.dropout_seed >> 32)};  // MakePhiloxKey's
   const auto w = Philox4x32(key, static_cast<uint32_t>(block), static_cast<uint32_t>(block >> 32), a.tensor_id, a.step);
   return static_cast<int32_t>(w[g % 4] >> 8) >= a.dropout_threshold ? a.dropout_scale : 0.0f;
+}
+
+// The Philox words of the block of four probabilities that starts at local
+// (b, h, t, s) (its global index a multiple of 4), and a word's dropout
+// multiplier: what Keep draws for each of the four, one draw for all.
+__device__ inline std::array<uint32_t, 4> KeepWords(const AttentionShape& a, int64_t b, int64_t h, int64_t t,
+                                                    int64_t s) {
+  const uint64_t block = static_cast<uint64_t>(a.ProbabilityIndex(b, h, t, s)) / 4;
+  const PhiloxKey key{static_cast<uint32_t>(a.dropout_seed), static_cast<uint32_t>(a.dropout_seed >> 32)};
+  return Philox4x32(key, static_cast<uint32_t>(block), static_cast<uint32_t>(block >> 32), a.tensor_id, a.step);
+}
+__device__ inline float KeepOf(const AttentionShape& a, uint32_t word) {
+  return static_cast<int32_t>(word >> 8) >= a.dropout_threshold ? a.dropout_scale : 0.0f;
 }
 
 // The keys [0, end) some query of [t0, t0 + rows) may see.

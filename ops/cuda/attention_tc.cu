@@ -176,6 +176,59 @@ __device__ __forceinline__ float QuadSum(float x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
+// The dropout multipliers z[e] of a lane's four elements of a 16 x 8 tile
+// (e as the accumulators: rows g, g, g + 8, g + 8; columns 2c, 2c + 1).
+// Keep draws a Philox block of four words for each element; when the keys
+// are a multiple of 4 (a block is then 4 aligned keys of one query) the
+// lanes holding a block's four elements draw it once between them and pass
+// the words by shuffles: a quarter of the draws, which would otherwise
+// cost more than the tile's products. Every lane of the warp calls it.
+// Rows queries, columns keys (forward, dq): the block of row g's keys
+// 4 floor(c / 2) .. + 3 is in lanes c and c ^ 1; the even lane draws row
+// g's, the odd one row g + 8's.
+__device__ __forceinline__ void KeepQueryRows(const AttentionShape& a, int64_t b, int64_t h, int64_t t_g, int64_t s_2c,
+                                              int c, float (&z)[4]) {
+  if (a.keys % 4 != 0) {
+    for (int e = 0; e < 4; ++e) z[e] = Keep(a, b, h, t_g + 8 * (e / 2), s_2c + e % 2);
+    return;
+  }
+  const bool odd = (c & 1) != 0;
+  const auto w = attention::KeepWords(a, b, h, odd ? t_g + 8 : t_g, s_2c - (odd ? 2 : 0));
+  // Even lane: row g's words 0, 1 are its own, row g + 8's the odd lane's
+  // 0, 1; odd lane: row g's are the even lane's 2, 3, row g + 8's its own.
+  const uint32_t x0 = __shfl_xor_sync(0xffffffffu, odd ? w[0] : w[2], 1);
+  const uint32_t x1 = __shfl_xor_sync(0xffffffffu, odd ? w[1] : w[3], 1);
+  z[0] = attention::KeepOf(a, odd ? x0 : w[0]);
+  z[1] = attention::KeepOf(a, odd ? x1 : w[1]);
+  z[2] = attention::KeepOf(a, odd ? w[2] : x0);
+  z[3] = attention::KeepOf(a, odd ? w[3] : x1);
+}
+// Rows keys, columns queries (dk, dv): the block of query column q's keys
+// 4 floor(g / 4) .. + 3 (and + 8) is in the lanes j = g % 4 = 0..3 of one
+// c (lanes 4 g + c); lane j draws the block of element j (query 2c + j % 2,
+// the keys of row g's group for j < 2, of row g + 8's for j >= 2) and the
+// four pass the words to each other, a 4 x 4 transpose by shuffles.
+__device__ __forceinline__ void KeepKeyRows(const AttentionShape& a, int64_t b, int64_t h, int64_t s_g, int64_t t_2c,
+                                            int g, float (&z)[4]) {
+  if (a.keys % 4 != 0) {
+    for (int e = 0; e < 4; ++e) z[e] = Keep(a, b, h, t_2c + e % 2, s_g + 8 * (e / 2));
+    return;
+  }
+  const int j = g % 4;
+  const auto w = attention::KeepWords(a, b, h, t_2c + j % 2, s_g - j + 8 * (j / 2));
+  uint32_t word[4];  // word[e]: element e's, from the lane that drew it
+  for (int e = 0; e < 4; ++e) word[e] = w[static_cast<size_t>(j)];
+  for (int r = 1; r < 4; ++r) {
+    // Lane j ^ r drew element (j ^ r)'s block: send it word j ^ r of this
+    // lane's block (its element j), receive word j of its block.
+    const int other = j ^ r;
+    const uint32_t sent = other == 0 ? w[0] : other == 1 ? w[1] : other == 2 ? w[2] : w[3];
+    const uint32_t got = __shfl_xor_sync(0xffffffffu, sent, 4 * r);
+    for (int e = 0; e < 4; ++e) word[e] = e == other ? got : word[e];
+  }
+  for (int e = 0; e < 4; ++e) z[e] = attention::KeepOf(a, word[e]);
+}
+
 template <class E, int kD>
 __global__ void __launch_bounds__(kWarps * 32) TcForward(const uint16_t* q, const uint16_t* k, const uint16_t* v,
                                                          float* y, float* lse, AttentionShape a, int64_t query_blocks) {
@@ -232,12 +285,13 @@ __global__ void __launch_bounds__(kWarps * 32) TcForward(const uint16_t* q, cons
       m[r] = m_new;
     }
     for (int n = 0; n < kScores; ++n) {
+      float z[4] = {1.0f, 1.0f, 1.0f, 1.0f};
+      if (a.dropout_rate > 0.0f) KeepQueryRows(a, b, h, tw + g, s0 + ColumnOf(n, 0, c), c, z);
       for (int e = 0; e < 4; ++e) {
         const int r = RowOf(e);
-        float p = s[n][e] == -INFINITY ? 0.0f : exp2f(s[n][e] - m[r]);
+        const float p = s[n][e] == -INFINITY ? 0.0f : exp2f(s[n][e] - m[r]);
         row_sum[r] += p;  // the normaliser takes the undropped p
-        if (a.dropout_rate > 0.0f && p != 0.0f) p *= Keep(a, b, h, tw + g + 8 * r, s0 + ColumnOf(n, e, c));
-        s[n][e] = p;
+        s[n][e] = p * z[e];
       }
     }
     for (int r = 0; r < 2; ++r) l[r] = l[r] * correction[r] + QuadSum(row_sum[r]);
@@ -334,14 +388,15 @@ __global__ void __launch_bounds__(kWarps * 32)
     const bool whole =
         a.mask == nullptr && s0 + kGradTile <= S && (!a.causal || s0 + kGradTile - 1 <= tw + a.causal_shift);
     for (int n = 0; n < kScores; ++n) {
+      float z[4] = {1.0f, 1.0f, 1.0f, 1.0f};
+      if (a.dropout_rate > 0.0f) KeepQueryRows(a, b, h, tw + g, s0 + ColumnOf(n, 0, c), c, z);
       for (int e = 0; e < 4; ++e) {
         const int r = RowOf(e);
         const int64_t t = tw + g + 8 * r, key = s0 + ColumnOf(n, e, c);
         float ds = 0.0f;
         if (row_lse[r] != -INFINITY && (whole || Visible(a, b, t, key))) {
           const float p = exp2f(s[n][e] * scale2 - row_lse[r]);
-          const float z = a.dropout_rate > 0.0f ? Keep(a, b, h, t, key) : 1.0f;
-          ds = p * (dp[n][e] * z - row_delta[r]);
+          ds = p * (dp[n][e] * z[e] - row_delta[r]);
         }
         s[n][e] = ds;
       }
@@ -421,15 +476,16 @@ __global__ void __launch_bounds__(kWarps * 32)
     const bool whole =
         a.mask == nullptr && sw + kWarpRows <= S && (!a.causal || sw + kWarpRows - 1 <= t0 + a.causal_shift);
     for (int n = 0; n < kScores; ++n) {
+      float z[4] = {1.0f, 1.0f, 1.0f, 1.0f};
+      if (a.dropout_rate > 0.0f) KeepKeyRows(a, b, h, sw + g, t0 + ColumnOf(n, 0, c), g, z);
       for (int e = 0; e < 4; ++e) {
         const int col = ColumnOf(n, e, c);
         const int64_t t = t0 + col, key = sw + g + 8 * RowOf(e);
         float pz = 0.0f, ds = 0.0f;
         if (lses[col] != -INFINITY && (whole || Visible(a, b, t, key))) {
           const float p = exp2f(st[n][e] * scale2 - lses[col]);
-          const float z = a.dropout_rate > 0.0f ? Keep(a, b, h, t, key) : 1.0f;
-          pz = p * z;
-          ds = p * (dpt[n][e] * z - deltas[col]);
+          pz = p * z[e];
+          ds = p * (dpt[n][e] * z[e] - deltas[col]);
         }
         st[n][e] = pz;
         dpt[n][e] = ds;

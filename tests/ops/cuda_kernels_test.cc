@@ -650,7 +650,7 @@ TEST(CudaKernels, FlashAttentionOnTensorCoresMatchesTheCpu) {
   for (const Case& c :
        {Case{1, 2, 100, 105, 64, true, false, 0.0, DType::kBF16},
         Case{2, 1, 70, 150, 32, false, true, 0.1, DType::kBF16}, Case{1, 1, 33, 65, 5, false, false, 0.0, DType::kF16},
-        Case{1, 2, 80, 80, 128, true, false, 0.2, DType::kF16}, Case{1, 1, 130, 50, 48, true, true, 0.0, DType::kBF16},
+        Case{1, 2, 80, 80, 128, true, false, 0.2, DType::kF16}, Case{1, 1, 130, 52, 48, true, true, 0.15, DType::kBF16},
         Case{1, 1, 20, 90, 96, false, false, 0.0, DType::kBF16}}) {
     SCOPED_TRACE(StrCat("B H T S D = ", c.B, " ", c.H, " ", c.T, " ", c.S, " ", c.D, c.causal ? " causal" : "",
                         c.masked ? " masked" : "", " dropout ", c.dropout, " ", DTypeName(c.dtype)));
