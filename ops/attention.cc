@@ -9,13 +9,14 @@
 // (B, S) (true = keep); y f32 (B, H, T, D), lse f32 (B, H, T). 16-bit q, k,
 // v are what mixed precision gives the op (graph/passes/amp.cc; products on
 // tensor cores on GPUs); the gradient then takes y, lse, dy f32 and gives
-// dq, dk, dv in q's type (autocast's rule, as matmul's). With causal, query t sees keys
-// s <= t + S - T (the fused softmaxes' alignment); a query that sees no key
-// gets y = 0 and lse = -inf. Attributes dropout_rate, seed and tensor_id
-// drop probabilities exactly as the dropout op with those attributes drops
-// the (B, H, T, S) probabilities tensor (ops/attention_shape.h): the op
-// draws by global index like it, so the masks do not depend on the layout
-// or the micro-batching, and fused and unfused attention agree.
+// dq, dk, dv in q's type (autocast's rule, as matmul's). With causal, query
+// t sees keys s <= t + S - T (the fused softmaxes' alignment); a query that
+// sees no key gets y = 0 and lse = -inf. Attributes dropout_rate, seed and
+// tensor_id drop probabilities exactly as the dropout op with those
+// attributes drops the (B, H, T, S) probabilities tensor
+// (ops/attention_shape.h): the op draws by global index like it, so the
+// masks do not depend on the layout or the micro-batching, and fused and
+// unfused attention agree.
 //
 // SBP: batch or heads split alike in q, k, v, y, lse (the mask split with
 // the batch, broadcast with the heads), or the queries split along T with
