@@ -39,6 +39,8 @@
 
 namespace tessera::actors {
 
+class OpProfile;
+
 // Host functions named by tasks' `callback`. They run on actor threads, one
 // call at a time per actor (different actors may call concurrently).
 struct HostCallbacks {
@@ -103,6 +105,8 @@ struct ActorEnvironment {
   // The stream of the actor's device and stream (core/stream.h) for a task
   // that acts asynchronously (Task.async_acts); null for the others.
   Stream* stream = nullptr;
+  // Gets each act's kernel time (actors/op_profile.h); null: none.
+  OpProfile* profile = nullptr;
 };
 
 class Actor {

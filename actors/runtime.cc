@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <fstream>
 #include <mutex>
 #include <new>
 #include <optional>
@@ -174,6 +175,15 @@ class LoadedJob {
     job->env.start_iteration = job->plan.start_iteration();
     job->env.gate = options.gate;
     job->env.arena = job->arena.get();
+    if (!options.profile_path.empty()) {
+      // The file must take the table: refused now, not after the run.
+      if (!std::ofstream(options.profile_path, std::ios::app)) {
+        return absl::InvalidArgumentError(
+            StrCat("TESSERA_PROFILE_OPS: cannot write the op profile to '", options.profile_path, "'"));
+      }
+      job->profile = std::make_unique<OpProfile>();
+      job->env.profile = job->profile.get();
+    }
     comm::ShmHub* hub = options.hub;
     if (hub == nullptr) {
       job->own_hub = std::make_unique<comm::ShmHub>();
@@ -280,6 +290,7 @@ class LoadedJob {
   std::map<std::pair<std::string, int>, Joined> joined;  // (group, rank)
   std::unique_ptr<CollectiveCoordinator> coordinator;
   std::unique_ptr<ArenaMonitor> arena;
+  std::unique_ptr<OpProfile> profile;  // RuntimeOptions::profile_path set
   // Per device stream (StreamOf an actor id) with asynchronous tasks.
   std::map<uint64_t, std::unique_ptr<Stream>> streams;
   ActorEnvironment env;
@@ -740,6 +751,14 @@ absl::Status Runtime::Run() {
   }
   if (first_error.ok()) {
     if (!unfinished.empty()) return absl::InternalError(StrCat(unfinished[0], " did not finish"));
+    if (core.job->profile != nullptr) {
+      const proto::Plan& plan = core.job->plan;
+      const std::string title =
+          StrCat("node ", core.options.node, ", iterations ", plan.start_iteration(), " to ",
+                 plan.start_iteration() + plan.iterations(), plan.iterations() > 1 ? " (the first not timed)" : "",
+                 ", run ", stats_.seconds, " s");
+      RETURN_IF_ERROR(core.job->profile->AppendTo(core.options.profile_path, title));
+    }
     return absl::OkStatus();
   }
   std::sort(unfinished.begin(), unfinished.end());
@@ -849,6 +868,9 @@ class SteppedExecutor::ManualStream final : public Stream {
   void OnComplete(Callback done) override { items_.emplace_back(std::move(done)); }
   const std::string& name() const override { return name_; }
   int64_t busy_since_ns() const override { return 0; }
+  absl::StatusOr<std::unique_ptr<Timer>> StartTimer() override {
+    return absl::UnimplementedError("the stepped executor's streams time nothing (RuntimeOptions::profile)");
+  }
   bool Shutdown(double) override {
     items_.clear();
     return true;

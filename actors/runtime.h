@@ -40,6 +40,7 @@
 #include "absl/status/statusor.h"
 #include "actors/actor.h"
 #include "actors/message.h"
+#include "actors/op_profile.h"
 #include "comm/collective/kv_store.h"
 #include "comm/collective/shm_communicator.h"
 #include "comm/proto/plan.pb.h"
@@ -126,6 +127,10 @@ struct RuntimeOptions {
   // with peer nodes the host agrees the limit with theirs); borrowed. An
   // abort releases it. null: the plan's iterations.
   IterationGate* gate = nullptr;
+  // When set, Run times each act's kernel (actors/op_profile.h)
+  // and, once it ends well, appends the per-op table to this file. For
+  // finding where a step's time goes; from TESSERA_PROFILE_OPS by default.
+  std::string profile_path = ProfilePathFromEnvironment();
 };
 
 namespace internal {

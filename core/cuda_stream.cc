@@ -18,6 +18,7 @@
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
+#include "core/status.h"
 #include "core/stream.h"
 #include "core/text.h"
 
@@ -66,6 +67,47 @@ class CudaStream final : public Stream {
     if (state_->queue.empty()) state_->busy_since_ns = SteadyNowNs();
     state_->queue.push_back({event, std::move(status), std::move(done)});
     state_->cv.notify_all();
+  }
+
+  // Events with timing around the work.
+  class CudaTimer final : public Timer {
+   public:
+    CudaTimer(int device, cudaStream_t stream, cudaEvent_t start, cudaEvent_t stop)
+        : device_(device), stream_(stream), start_(start), stop_(stop) {}
+    ~CudaTimer() override {
+      cudaSetDevice(device_);
+      cudaEventDestroy(start_);
+      cudaEventDestroy(stop_);
+    }
+    void Stop() override {
+      cudaSetDevice(device_);
+      stopped_ = cudaEventRecord(stop_, stream_) == cudaSuccess;
+    }
+    absl::StatusOr<int64_t> ElapsedNs() const override {
+      if (!stopped_) return absl::FailedPreconditionError("timer not stopped");
+      cudaSetDevice(device_);
+      float ms = 0;
+      RETURN_IF_ERROR(CudaStatus(cudaEventElapsedTime(&ms, start_, stop_), "cudaEventElapsedTime"));
+      return static_cast<int64_t>(static_cast<double>(ms) * 1e6);
+    }
+
+   private:
+    int device_;
+    cudaStream_t stream_;
+    cudaEvent_t start_, stop_;
+    bool stopped_ = false;
+  };
+  absl::StatusOr<std::unique_ptr<Timer>> StartTimer() override {
+    RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device_), StrCat(name_, ": cudaSetDevice")));
+    cudaEvent_t start = nullptr, stop = nullptr;
+    RETURN_IF_ERROR(CudaStatus(cudaEventCreate(&start), StrCat(name_, ": cudaEventCreate")));
+    if (cudaError_t err = cudaEventCreate(&stop); err != cudaSuccess) {
+      cudaEventDestroy(start);
+      return CudaStatus(err, StrCat(name_, ": cudaEventCreate"));
+    }
+    auto timer = std::make_unique<CudaTimer>(device_, stream_, start, stop);
+    RETURN_IF_ERROR(CudaStatus(cudaEventRecord(start, stream_), StrCat(name_, ": cudaEventRecord")));
+    return timer;
   }
 
   void* native() const override { return stream_; }

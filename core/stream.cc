@@ -31,6 +31,35 @@ class CpuStream final : public Stream {
 
   void Enqueue(Work work) override { Push(Item(std::move(work))); }
   void OnComplete(Callback done) override { Push(Item(std::move(done))); }
+
+  // The worker's clock when it reaches the start and the stop.
+  class CpuTimer final : public Timer {
+   public:
+    explicit CpuTimer(CpuStream* stream) : stream_(stream), times_(std::make_shared<Times>()) {
+      stream_->Enqueue([times = times_] {
+        times->start = SteadyNowNs();
+        return absl::OkStatus();
+      });
+    }
+    void Stop() override {
+      stream_->Enqueue([times = times_] {
+        times->stop = SteadyNowNs();
+        return absl::OkStatus();
+      });
+    }
+    absl::StatusOr<int64_t> ElapsedNs() const override {
+      if (times_->start == 0 || times_->stop == 0) return absl::FailedPreconditionError("timer not stopped");
+      return times_->stop - times_->start;
+    }
+
+   private:
+    struct Times {
+      int64_t start = 0, stop = 0;  // written by the worker, read after a later callback
+    };
+    CpuStream* stream_;
+    std::shared_ptr<Times> times_;
+  };
+  absl::StatusOr<std::unique_ptr<Timer>> StartTimer() override { return std::make_unique<CpuTimer>(this); }
   const std::string& name() const override { return name_; }
   int64_t busy_since_ns() const override {
     std::lock_guard<std::mutex> lock(state_->mu);

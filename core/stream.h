@@ -48,6 +48,17 @@ class Stream {
   // What kernels launch on: the cudaStream_t of a CUDA stream; null on CPU
   // (the kernel runs on the calling thread, which is the stream's).
   virtual void* native() const { return nullptr; }
+  // Profiling: the time the stream spends on the work enqueued between
+  // StartTimer and the timer's Stop (a CUDA stream's device time, between
+  // events recorded around it; a CPU stream's worker time). ElapsedNs is
+  // valid once the stop completed: in a callback queued after it.
+  class Timer {
+   public:
+    virtual ~Timer() = default;
+    virtual void Stop() = 0;
+    virtual absl::StatusOr<int64_t> ElapsedNs() const = 0;
+  };
+  virtual absl::StatusOr<std::unique_ptr<Timer>> StartTimer() = 0;
   // "cpu:0 stream 0"
   virtual const std::string& name() const = 0;
   // For the watchdog: since when (steady clock, ns) the stream has had work

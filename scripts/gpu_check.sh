@@ -41,7 +41,10 @@
 #   4d. PyTorch on the same GPU (bench/torch_bench.py, where python3 has
 #      torch with CUDA, as on the device machines): GPT-2 124M eager and
 #      compiled, tokens/s against Tessera's; scaled_dot_product_attention
-#      at attention_bench's shapes.
+#      at attention_bench's shapes;
+#   4e. with time left, the 124M job for 4 iterations with
+#      TESSERA_PROFILE_OPS (actors/op_profile.h): the ops taking the most
+#      device time per step, and the kernels' share of the step.
 #   5. write a short report, gpu_report.md, in $OUT when set (the device
 #      tool's output folder), else in the build folder.
 #
@@ -418,6 +421,40 @@ if python3 -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1
   fi
 else
   echo "- skipped: this machine's python3 has no PyTorch that sees a GPU" >> "$report"
+fi
+echo "in $(($(date +%s) - start)) s" >> "$report"
+
+section "Where GPT-2 124M's step goes"
+# The 124M job again, 4 iterations at the same micro-batch, with
+# TESSERA_PROFILE_OPS (actors/op_profile.h): each kernel's device time
+# between CUDA events, the first iteration left out; the ops taking the most
+# time per step. Last, and only with time left: the events and callbacks
+# cost some speed, so the run above is not profiled.
+start=$(date +%s)
+if [[ ${trained:-1} != 0 ]]; then
+  echo "- skipped: the 124M run above failed" >> "$report"
+elif (($(seconds_left) < 90)); then
+  echo "- skipped (out of time: $(seconds_left) s of the check's budget left)" >> "$report"
+else
+  profile="$work_dir/op_profile.tsv"
+  rm -f "$profile"
+  if TESSERA_PROFILE_OPS="$profile" timeout -k 10 "$(budget 200)" "$build/bin/tessera" train "$root/configs/gpt2_nano.json"       train.train_iter=4 train.log_period=4 train.checkpointer.period=null "train.output_dir=$big-profile" "${shape[@]}"       train.train_micro_batch_size=$B "${fused[@]}" > "$big-profile.out" 2>&1 < /dev/null && [[ -s $profile ]]; then
+    echo "- $attention, micro-batch $B; ms per step (3 timed steps) and share of the kernels' time:" >> "$report"
+    { echo '```'
+      awk -F'\t' '/^# / || $1 == "op" { next } { total += $4; rows[++n] = $0 }
+        END { printf "%-36s %8s %10s %7s\n", "op", "acts", "ms/step", "share"
+              for (i = 1; i <= n && i <= 15; ++i) { split(rows[i], f, "\t"); printf "%-36s %8.1f %10.2f %6.1f%%\n", f[1], f[3] / 3, f[4] / 3, 100 * f[6] }
+              printf "%-36s %8s %10.2f\n", "all kernels", "", total / 3 }' "$profile"
+      echo '```'; } >> "$report"
+    # Against the step time of the unprofiled run: what the kernels leave
+    # is the host's launches, gaps between kernels and waits.
+    awk -F'\t' -v r="$(tokens "$big.out")" -v b=$B -v t=$T '/^# / || $1 == "op" { next } { total += $4 }
+      END { if (r > 0) printf "- kernels %.1f ms of the run above'"'"'s %.1f ms step (%.0f%%)\n", total / 3, 1000 * b * t / r, 100 * total / 3 / (1000 * b * t / r) }' \
+      "$profile" >> "$report"
+  else
+    cat "$big-profile.out" >> "$log"
+    echo "- **FAILED** (the log says why)" >> "$report"
+  fi
 fi
 echo "in $(($(date +%s) - start)) s" >> "$report"
 if (( ${#late_failures[@]} > 0 )); then

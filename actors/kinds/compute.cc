@@ -40,6 +40,8 @@ class ComputeActor final : public Actor {
     taken_.resize(produced_.size());
     RETURN_IF_ERROR(runner_.Init(task_, *env_.registry, DescIds(task_.consumed_register_desc_ids()),
                                  DescIds(task_.produced_register_desc_ids())));
+    if (env_.profile != nullptr)
+      runner_.set_profile(env_.profile, DecodeActorId(id()).device().ToString(), env_.iterations);
     if (task_.scratch_bytes() <= 0 || !runner_.has_op()) return absl::OkStatus();
     // The kernel's workspace: the plan's, in the arena; else allocated here, once.
     Tensor workspace;

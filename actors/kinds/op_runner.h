@@ -4,12 +4,15 @@
 // produced desc, or one of the actor's own state tensors (Parameter). Used
 // by the Compute and Parameter kinds, on the actor's thread only.
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "actors/op_profile.h"
 #include "comm/proto/plan.pb.h"
 #include "core/status.h"
 #include "core/stream.h"
@@ -36,6 +39,14 @@ class OpRunner {
                     const std::vector<int64_t>& produced_ids);
 
   bool has_op() const { return schema_ != nullptr; }
+  // Times each act's kernel into `profile` (actors/op_profile.h) under the
+  // op's name and `device`, except in the first iteration of a run of
+  // several (`iterations`, ActorEnvironment::iterations).
+  void set_profile(OpProfile* profile, std::string device, int64_t iterations) {
+    profile_ = profile;
+    profile_device_ = std::move(device);
+    profile_iterations_ = iterations;
+  }
   // The kernel's workspace for every act (KernelContext::workspace).
   void set_workspace(Tensor workspace) { ctx_.workspace = std::move(workspace); }
 
@@ -48,7 +59,11 @@ class OpRunner {
     for (size_t i = 0; i < inputs_.size(); ++i) ctx_.inputs[i] = lookup(inputs_[i]);
     for (size_t i = 0; i < outputs_.size(); ++i) ctx_.outputs[i] = lookup(outputs_[i]);
     RETURN_IF_ERROR(Prepare(task, act, start_iteration, pool, device));
-    return ops::RunKernel(*schema_, ctx_);
+    if (!Timed(task, act)) return ops::RunKernel(*schema_, ctx_);
+    const int64_t started = SteadyNowNs();
+    RETURN_IF_ERROR(ops::RunKernel(*schema_, ctx_));
+    profile_->Add(schema_->name(), profile_device_, SteadyNowNs() - started);
+    return absl::OkStatus();
   }
 
   // As Run, but enqueues the kernel on `stream` (core/stream.h) with a copy
@@ -63,7 +78,19 @@ class OpRunner {
     RETURN_IF_ERROR(Prepare(task, act, start_iteration, pool, device));
     ops::KernelContext ctx = ctx_;
     ctx.stream = &stream;
+    std::shared_ptr<Stream::Timer> timer;  // the kernel's time on the stream, when profiled
+    if (Timed(task, act)) {
+      ASSIGN_OR_RETURN(timer, stream.StartTimer());
+    }
     stream.Enqueue([schema = schema_, attrs = attrs_, ctx = std::move(ctx)]() mutable { return ops::RunKernel(*schema, ctx); });
+    if (timer != nullptr) {
+      timer->Stop();
+      stream.OnComplete(
+          [timer, profile = profile_, op = schema_->name(), device = profile_device_](absl::Status status) {
+            if (!status.ok()) return;
+            if (absl::StatusOr<int64_t> ns = timer->ElapsedNs(); ns.ok()) profile->Add(op, device, *ns);
+          });
+    }
     return absl::OkStatus();
   }
 
@@ -72,12 +99,18 @@ class OpRunner {
   // micro-batch's offsets), step, threads, device.
   absl::Status Prepare(const proto::Task& task, int64_t act, int64_t start_iteration, ThreadPool* pool,
                        const Device& device);
+  bool Timed(const proto::Task& task, int64_t act) const {
+    return profile_ != nullptr && (profile_iterations_ <= 1 || act / std::max<int64_t>(1, task.acts_per_step()) > 0);
+  }
 
   const ops::OpSchema* schema_ = nullptr;
   // Shared with the kernels a Launch enqueued: one left running after the
   // job is gone (a hung kernel) still reads them.
   std::shared_ptr<const ops::AttrMap> attrs_;
   std::vector<Ref> inputs_, outputs_;
+  OpProfile* profile_ = nullptr;  // set_profile
+  std::string profile_device_;
+  int64_t profile_iterations_ = 0;
   bool any_slice_ = false;
   std::vector<int64_t> base_input_offsets_, base_output_offsets_;  // offset[0] of micro-batch 0
   ops::KernelContext ctx_;

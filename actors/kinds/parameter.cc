@@ -62,8 +62,11 @@ class ParameterActor final : public Actor {
       return absl::NotFoundError(StrCat("no initializer callback '", task_.callback(), "' and no init rules"));
     }
     if (on_gpu) RETURN_IF_ERROR(CopyAll(all, host_all));
-    return runner_.Init(task_, *env_.registry, DescIds(task_.consumed_register_desc_ids()),
-                        DescIds(task_.produced_register_desc_ids()));
+    RETURN_IF_ERROR(runner_.Init(task_, *env_.registry, DescIds(task_.consumed_register_desc_ids()),
+                                 DescIds(task_.produced_register_desc_ids())));
+    if (env_.profile != nullptr)
+      runner_.set_profile(env_.profile, DecodeActorId(id()).device().ToString(), env_.iterations);
+    return absl::OkStatus();
   }
 
  private:

@@ -2,6 +2,7 @@
 // streams as host threads with ordered queues, events.
 
 #include <algorithm>
+#include <chrono>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
@@ -124,6 +125,8 @@ struct CUevent_st {
   std::condition_variable cv;
   uint64_t recorded = 0, completed = 0;
   cudaError_t error = cudaSuccess;
+  bool timing = true;                                    // not cudaEventDisableTiming
+  std::chrono::steady_clock::time_point completed_at{};  // when the stream reached it
 };
 
 namespace cuda_emu {
@@ -528,6 +531,7 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int flags) {
     return SetLastError(cudaErrorInvalidValue);
   }
   auto* e = new CUevent_st;
+  e->timing = (flags & cudaEventDisableTiming) == 0;
   std::lock_guard<std::mutex> lock(Reg().mu);
   Reg().events.insert(e);
   *event = e;
@@ -553,6 +557,7 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
         }
         std::lock_guard<std::mutex> lock(event->mu);
         event->completed = std::max(event->completed, generation);
+        event->completed_at = std::chrono::steady_clock::now();
         event->error = stream_error;
         event->cv.notify_all();
         return cudaSuccess;
@@ -567,6 +572,23 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   const uint64_t target = event->recorded;
   event->cv.wait(lock, [&] { return event->completed >= target; });
   return SetLastError(event->error);
+}
+
+// The host time between the streams reaching the two events (as a GPU's:
+// both recorded, completed and made without cudaEventDisableTiming).
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
+  if (ms == nullptr) return SetLastError(cudaErrorInvalidValue);
+  if (!KnownEvent(start) || !KnownEvent(end)) return SetLastError(cudaErrorInvalidResourceHandle);
+  std::chrono::steady_clock::time_point times[2];
+  cudaEvent_t events[2] = {start, end};
+  for (int i = 0; i < 2; ++i) {
+    std::lock_guard<std::mutex> lock(events[i]->mu);
+    if (!events[i]->timing || events[i]->recorded == 0) return SetLastError(cudaErrorInvalidResourceHandle);
+    if (events[i]->completed < events[i]->recorded) return cudaErrorNotReady;
+    times[i] = events[i]->completed_at;
+  }
+  *ms = std::chrono::duration<float, std::milli>(times[1] - times[0]).count();
+  return cudaSuccess;
 }
 
 cudaError_t cudaEventQuery(cudaEvent_t event) {

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <future>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -83,6 +84,36 @@ TEST(CpuStream, RunsWorkInOrderAndCallsBackAfterIt) {
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
   std::lock_guard<std::mutex> lock(mu);
   EXPECT_EQ(log.size(), 5u);
+}
+
+// The profile's timer (actors/op_profile.h): the worker's time between the
+// start and the stop, readable once a later callback came; a stop behind an
+// error never ran, and the timer says so.
+TEST(CpuStream, TimersMeasureTheWorkBetweenStartAndStop) {
+  std::unique_ptr<Stream> stream = MakeCpuStream("s");
+  std::promise<absl::Status> first, second;
+  auto timer = stream->StartTimer();
+  ASSERT_TRUE(timer.ok()) << timer.status();
+  stream->Enqueue([] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    return absl::OkStatus();
+  });
+  (*timer)->Stop();
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // not timed: after the stop
+  stream->OnComplete([&](absl::Status status) { first.set_value(std::move(status)); });
+  ASSERT_TRUE(first.get_future().get().ok());
+  const absl::StatusOr<int64_t> elapsed = (*timer)->ElapsedNs();
+  ASSERT_TRUE(elapsed.ok()) << elapsed.status();
+  EXPECT_GE(*elapsed, 30'000'000);
+  EXPECT_LT(*elapsed, 5'000'000'000);
+  auto failed = stream->StartTimer();
+  ASSERT_TRUE(failed.ok());
+  stream->Enqueue([] { return absl::InternalError("kernel failed"); });
+  (*failed)->Stop();
+  stream->OnComplete([&](absl::Status status) { second.set_value(std::move(status)); });
+  EXPECT_FALSE(second.get_future().get().ok());
+  EXPECT_FALSE((*failed)->ElapsedNs().ok());
+  EXPECT_TRUE(stream->Shutdown(5));
 }
 
 TEST(CpuStream, ShutdownSkipsQueuedWorkAndWaitsForTheRunningOne) {

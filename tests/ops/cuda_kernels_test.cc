@@ -770,13 +770,22 @@ TEST(CudaStream, RunsKernelsAsynchronouslyAndCallsBackAfterThem) {
     done.push_back(std::move(status));
     cv.notify_all();
   };
+  // The profile's timer (actors/op_profile.h) around them: device time
+  // between its events, readable once a later callback came.
+  auto timer = (*stream)->StartTimer();
+  ASSERT_TRUE(timer.ok()) << timer.status();
   for (int i = 0; i < 8; ++i) (*stream)->Enqueue([&] { return RunKernel(matmul, ctx); });
+  (*timer)->Stop();
   (*stream)->OnComplete(callback);
   {
     std::unique_lock<std::mutex> lock(mu);
     ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(30), [&] { return done.size() == 1; }));
     EXPECT_TRUE(done[0].ok()) << done[0];
   }
+  const absl::StatusOr<int64_t> elapsed = (*timer)->ElapsedNs();
+  ASSERT_TRUE(elapsed.ok()) << elapsed.status();
+  EXPECT_GT(*elapsed, 0);
+  EXPECT_LT(*elapsed, int64_t{30'000'000'000});
   const std::vector<float> got = ToHost(ctx.outputs[0]).ToVector<float>(), expected = (*want)[0].ToVector<float>();
   for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], expected[i], 1e-3f * (1 + std::fabs(expected[i]))) << i;
   KernelContext bad = ctx;
