@@ -132,6 +132,22 @@ __device__ __forceinline__ void AccumulatorsAsA(uint32_t (&a)[4], const float (&
   a[2] = Pack<E>(x[2 * j + 1][0], x[2 * j + 1][1]);
   a[3] = Pack<E>(x[2 * j + 1][2], x[2 * j + 1][3]);
 }
+// out (16 x kD, tiles of 8 columns) += x (16 x 8 kTiles accumulators, each
+// k-slice rounded to the operand type) times rows [0, 8 kTiles) of the
+// row-major shared tile s (P v, dS k, Pᵀ dy, dSᵀ q).
+template <class E, int kLd, int kTiles, int kOut>
+__device__ __forceinline__ void MmaAccumulators(float (&out)[kOut][4], const float (&x)[kTiles][4], const uint16_t* s,
+                                                int g, int c) {
+  for (int j = 0; j < kTiles / 2; ++j) {
+    uint32_t xa[4];
+    AccumulatorsAsA<E>(xa, x, j);
+    for (int n = 0; n < kOut; ++n) {
+      uint32_t b0, b1;
+      LoadB<kLd>(b0, b1, s, j * 16, n * 8, g, c);
+      Mma<E>(out[n], xa, b0, b1);
+    }
+  }
+}
 
 // Rows [r0, r0 + R) of a (rows x D) matrix into a shared tile of kD columns
 // (zeros past `rows` and past D), by the whole block.
@@ -298,15 +314,7 @@ __global__ void __launch_bounds__(kWarps * 32) TcForward(const uint16_t* q, cons
     for (int n = 0; n < kOut; ++n) {
       for (int e = 0; e < 4; ++e) o[n][e] *= correction[RowOf(e)];
     }
-    for (int j = 0; j < kForwardKeys / 16; ++j) {
-      uint32_t pa[4];
-      AccumulatorsAsA<E>(pa, s, j);
-      for (int n = 0; n < kOut; ++n) {
-        uint32_t b0, b1;
-        LoadB<kLd>(b0, b1, vs, j * 16, n * 8, g, c);
-        Mma<E>(o[n], pa, b0, b1);
-      }
-    }
+    MmaAccumulators<E, kLd>(o, s, vs, g, c);
   }
   for (int r = 0; r < 2; ++r) {
     const int64_t t = tw + g + 8 * r;
@@ -401,15 +409,7 @@ __global__ void __launch_bounds__(kWarps * 32)
         s[n][e] = ds;
       }
     }
-    for (int j = 0; j < kGradTile / 16; ++j) {
-      uint32_t da[4];
-      AccumulatorsAsA<E>(da, s, j);
-      for (int n = 0; n < kOut; ++n) {
-        uint32_t b0, b1;
-        LoadB<kLd>(b0, b1, ks, j * 16, n * 8, g, c);
-        Mma<E>(dq_acc[n], da, b0, b1);
-      }
-    }
+    MmaAccumulators<E, kLd>(dq_acc, s, ks, g, c);
   }
   for (int r = 0; r < 2; ++r) {
     const int64_t t = tw + g + 8 * r;
@@ -491,18 +491,8 @@ __global__ void __launch_bounds__(kWarps * 32)
         dpt[n][e] = ds;
       }
     }
-    for (int j = 0; j < kGradTile / 16; ++j) {
-      uint32_t pa[4], da[4];
-      AccumulatorsAsA<E>(pa, st, j);
-      AccumulatorsAsA<E>(da, dpt, j);
-      for (int n = 0; n < kOut; ++n) {
-        uint32_t b0, b1;
-        LoadB<kLd>(b0, b1, dys, j * 16, n * 8, g, c);
-        Mma<E>(dv_acc[n], pa, b0, b1);
-        LoadB<kLd>(b0, b1, qs, j * 16, n * 8, g, c);
-        Mma<E>(dk_acc[n], da, b0, b1);
-      }
-    }
+    MmaAccumulators<E, kLd>(dv_acc, st, dys, g, c);
+    MmaAccumulators<E, kLd>(dk_acc, dpt, qs, g, c);
   }
   for (int r = 0; r < 2; ++r) {
     const int64_t key = sw + g + 8 * r;

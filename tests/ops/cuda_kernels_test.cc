@@ -580,40 +580,63 @@ TEST(CudaKernels, LongReductionsMatchTheCpuAcrossRanges) {
   }
 }
 
+// A fused attention case for the GPU comparisons below.
+struct AttentionCase {
+  int64_t B, H, T, S, D;
+  bool causal, masked;
+  double dropout;
+  DType dtype = DType::kF32;  // q, k, v's
+};
+// The case's ops on the CPU: (op, inputs, outputs) for the forward and the
+// gradient, q, k, v random (16-bit ones rounded from random f32), a random
+// mask when masked, dy random; and their attributes.
+struct AttentionOnCpu {
+  std::string label;
+  AttrMap attrs;
+  std::vector<std::tuple<std::string, std::vector<Tensor>, std::vector<Tensor>>> ops;
+};
+void RunAttentionOnCpu(const AttentionCase& c, std::mt19937& rng, AttentionOnCpu& out) {
+  out.label = StrCat("B H T S D = ", c.B, " ", c.H, " ", c.T, " ", c.S, " ", c.D, c.causal ? " causal" : "",
+                     c.masked ? " masked" : "", " dropout ", c.dropout, " ", DTypeName(c.dtype));
+  auto qkv = [&](int64_t rows) {
+    const Tensor x = RandomInput({DType::kF32, Shape{c.B, c.H, rows, c.D}}, false, rng);
+    if (c.dtype == DType::kF32) return x;
+    auto cast = RunOp("cast", {x}, {{"dtype", c.dtype}});
+    EXPECT_TRUE(cast.ok()) << cast.status();
+    return (*cast)[0];
+  };
+  std::vector<Tensor> in = {qkv(c.T), qkv(c.S), qkv(c.S)};
+  if (c.masked) in.push_back(RandomInput({DType::kBool, Shape{c.B, c.S}}, false, rng));
+  const std::string name = c.masked ? "flash_attention_masked" : "flash_attention";
+  out.attrs = {{"scale", 1.0 / std::sqrt(static_cast<double>(c.D))},
+               {"causal", c.causal},
+               {"dropout_rate", c.dropout},
+               {"seed", int64_t{9}},
+               {"tensor_id", int64_t{4}}};
+  auto want = RunOp(name, in, out.attrs);
+  ASSERT_TRUE(want.ok()) << want.status();
+  ASSERT_EQ((*want)[0].dtype(), DType::kF32);
+  std::vector<Tensor> grad_in = {
+      in[0], in[1], in[2], (*want)[0], (*want)[1], RandomInput({DType::kF32, Shape{c.B, c.H, c.T, c.D}}, false, rng)};
+  if (c.masked) grad_in.push_back(in[3]);
+  auto want_grad = RunOp(name + "_grad", grad_in, out.attrs);
+  ASSERT_TRUE(want_grad.ok()) << want_grad.status();
+  out.ops = {{name, in, *want}, {name + "_grad", grad_in, *want_grad}};
+}
+
 TEST(CudaKernels, FlashAttentionMatchesTheCpuAcrossTiles) {
   if (const std::string why = NoGpu(); !why.empty()) GTEST_SKIP() << why;
-  struct Shape5 {
-    int64_t B, H, T, S, D;
-    bool causal, masked;
-    double dropout;
-  };
-  for (const Shape5& c :
-       {Shape5{2, 3, 200, 200, 64, true, false, 0.0}, Shape5{1, 2, 97, 40, 128, true, true, 0.0},
-        Shape5{2, 2, 70, 150, 64, false, true, 0.1}, Shape5{1, 1, 33, 65, 5, false, false, 0.0},
-        Shape5{2, 2, 130, 130, 32, true, false, 0.3}}) {
-    SCOPED_TRACE(StrCat("B H T S D = ", c.B, " ", c.H, " ", c.T, " ", c.S, " ", c.D, c.causal ? " causal" : "",
-                        c.masked ? " masked" : "", " dropout ", c.dropout));
+  for (const AttentionCase& c :
+       {AttentionCase{2, 3, 200, 200, 64, true, false, 0.0}, AttentionCase{1, 2, 97, 40, 128, true, true, 0.0},
+        AttentionCase{2, 2, 70, 150, 64, false, true, 0.1}, AttentionCase{1, 1, 33, 65, 5, false, false, 0.0},
+        AttentionCase{2, 2, 130, 130, 32, true, false, 0.3}}) {
     std::mt19937 rng(3);
-    std::vector<Tensor> in = {RandomInput({DType::kF32, Shape{c.B, c.H, c.T, c.D}}, false, rng),
-                              RandomInput({DType::kF32, Shape{c.B, c.H, c.S, c.D}}, false, rng),
-                              RandomInput({DType::kF32, Shape{c.B, c.H, c.S, c.D}}, false, rng)};
-    if (c.masked) in.push_back(RandomInput({DType::kBool, Shape{c.B, c.S}}, false, rng));
-    const std::string name = c.masked ? "flash_attention_masked" : "flash_attention";
-    const AttrMap attrs = {{"scale", 1.0 / std::sqrt(static_cast<double>(c.D))},
-                           {"causal", c.causal},
-                           {"dropout_rate", c.dropout},
-                           {"seed", int64_t{9}},
-                           {"tensor_id", int64_t{4}}};
-    auto want = RunOp(name, in, attrs);
-    ASSERT_TRUE(want.ok()) << want.status();
-    std::vector<Tensor> grad_in = {in[0], in[1], in[2], (*want)[0], (*want)[1],
-                                   RandomInput({DType::kF32, Shape{c.B, c.H, c.T, c.D}}, false, rng)};
-    if (c.masked) grad_in.push_back(in[3]);
-    auto want_grad = RunOp(name + "_grad", grad_in, attrs);
-    ASSERT_TRUE(want_grad.ok()) << want_grad.status();
-    for (const auto& [op, inputs, expected] : {std::tuple{name, in, *want}, std::tuple{name + "_grad", grad_in, *want_grad}}) {
+    AttentionOnCpu cpu;
+    ASSERT_NO_FATAL_FAILURE(RunAttentionOnCpu(c, rng, cpu));
+    SCOPED_TRACE(cpu.label);
+    for (const auto& [op, inputs, expected] : cpu.ops) {
       absl::Status status;
-      const std::vector<Tensor> got = RunOnGpu(op, inputs, attrs, &status);
+      const std::vector<Tensor> got = RunOnGpu(op, inputs, cpu.attrs, &status);
       ASSERT_TRUE(status.ok()) << op << ": " << status;
       for (size_t k = 0; k < expected.size(); ++k) {
         const std::vector<double> g = got[k].ToDoubleVector(), r = expected[k].ToDoubleVector();
@@ -641,48 +664,20 @@ TEST(CudaKernels, FlashAttentionMatchesTheCpuAcrossTiles) {
 // unevenly, and the planned workspace and the eager path both run.
 TEST(CudaKernels, FlashAttentionOnTensorCoresMatchesTheCpu) {
   if (const std::string why = NoGpu(); !why.empty()) GTEST_SKIP() << why;
-  struct Case {
-    int64_t B, H, T, S, D;
-    bool causal, masked;
-    double dropout;
-    DType dtype;
-  };
-  for (const Case& c :
-       {Case{1, 2, 100, 105, 64, true, false, 0.0, DType::kBF16},
-        Case{2, 1, 70, 150, 32, false, true, 0.1, DType::kBF16}, Case{1, 1, 33, 65, 5, false, false, 0.0, DType::kF16},
-        Case{1, 2, 80, 80, 128, true, false, 0.2, DType::kF16}, Case{1, 1, 130, 52, 48, true, true, 0.15, DType::kBF16},
-        Case{1, 1, 20, 90, 96, false, false, 0.0, DType::kBF16}}) {
-    SCOPED_TRACE(StrCat("B H T S D = ", c.B, " ", c.H, " ", c.T, " ", c.S, " ", c.D, c.causal ? " causal" : "",
-                        c.masked ? " masked" : "", " dropout ", c.dropout, " ", DTypeName(c.dtype)));
+  for (const AttentionCase& c : {AttentionCase{1, 2, 100, 105, 64, true, false, 0.0, DType::kBF16},
+                                 AttentionCase{2, 1, 70, 150, 32, false, true, 0.1, DType::kBF16},
+                                 AttentionCase{1, 1, 33, 65, 5, false, false, 0.0, DType::kF16},
+                                 AttentionCase{1, 2, 80, 80, 128, true, false, 0.2, DType::kF16},
+                                 AttentionCase{1, 1, 130, 52, 48, true, true, 0.15, DType::kBF16},
+                                 AttentionCase{1, 1, 20, 90, 96, false, false, 0.0, DType::kBF16}}) {
     std::mt19937 rng(5);
-    auto narrow = [&](const TensorMeta& meta) {
-      auto cast = RunOp("cast", {RandomInput(meta, false, rng)}, {{"dtype", c.dtype}});
-      EXPECT_TRUE(cast.ok()) << cast.status();
-      return (*cast)[0];
-    };
-    std::vector<Tensor> in = {narrow({DType::kF32, Shape{c.B, c.H, c.T, c.D}}),
-                              narrow({DType::kF32, Shape{c.B, c.H, c.S, c.D}}),
-                              narrow({DType::kF32, Shape{c.B, c.H, c.S, c.D}})};
-    if (c.masked) in.push_back(RandomInput({DType::kBool, Shape{c.B, c.S}}, false, rng));
-    const std::string name = c.masked ? "flash_attention_masked" : "flash_attention";
-    const AttrMap attrs = {{"scale", 1.0 / std::sqrt(static_cast<double>(c.D))},
-                           {"causal", c.causal},
-                           {"dropout_rate", c.dropout},
-                           {"seed", int64_t{9}},
-                           {"tensor_id", int64_t{4}}};
-    auto want = RunOp(name, in, attrs);
-    ASSERT_TRUE(want.ok()) << want.status();
-    ASSERT_EQ((*want)[0].dtype(), DType::kF32);
-    std::vector<Tensor> grad_in = {
-        in[0], in[1], in[2], (*want)[0], (*want)[1], RandomInput({DType::kF32, Shape{c.B, c.H, c.T, c.D}}, false, rng)};
-    if (c.masked) grad_in.push_back(in[3]);
-    auto want_grad = RunOp(name + "_grad", grad_in, attrs);
-    ASSERT_TRUE(want_grad.ok()) << want_grad.status();
+    AttentionOnCpu cpu;
+    ASSERT_NO_FATAL_FAILURE(RunAttentionOnCpu(c, rng, cpu));
+    SCOPED_TRACE(cpu.label);
     for (const bool workspace : {true, false}) {
-      for (const auto& [op, inputs, expected] :
-           {std::tuple{name, in, *want}, std::tuple{name + "_grad", grad_in, *want_grad}}) {
+      for (const auto& [op, inputs, expected] : cpu.ops) {
         absl::Status status;
-        const std::vector<Tensor> got = RunOnGpu(op, inputs, attrs, &status, workspace);
+        const std::vector<Tensor> got = RunOnGpu(op, inputs, cpu.attrs, &status, workspace);
         ASSERT_TRUE(status.ok()) << op << ": " << status;
         for (size_t k = 0; k < expected.size(); ++k) {
           ASSERT_EQ(got[k].dtype(), expected[k].dtype());

@@ -31,6 +31,21 @@ absl::StatusOr<std::vector<double>> NanoLosses(std::vector<std::string> override
   return run->summary.losses;
 }
 
+// Each layout's losses (over `overrides` too) against the one-device ones
+// `one`, relatively within `rtol`.
+void ExpectOneDeviceLosses(const std::vector<std::vector<std::string>>& layouts,
+                           const std::vector<std::string>& overrides, const std::vector<double>& one, double rtol) {
+  for (std::vector<std::string> layout : layouts) {
+    SCOPED_TRACE(absl::StrJoin(layout, " "));
+    layout.insert(layout.end(), overrides.begin(), overrides.end());
+    auto losses = NanoLosses(layout, 4);
+    ASSERT_TRUE(losses.ok()) << losses.status();
+    ASSERT_EQ(losses->size(), one.size());
+    for (size_t i = 0; i < one.size(); ++i)
+      EXPECT_NEAR((*losses)[i], one[i], rtol * std::abs(one[i])) << "iteration " << i;
+  }
+}
+
 class AmpDType : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(AmpDType, GivesTheOneDeviceLossesUnderEveryLayout) {
@@ -53,16 +68,8 @@ TEST_P(AmpDType, GivesTheOneDeviceLossesUnderEveryLayout) {
       {"train.dist.data_parallel_size=2", "train.train_micro_batch_size=4", "train.zero_optimization.enabled=true",
        "train.zero_optimization.stage=3", "train.activation_checkpoint.enabled=true"},
   };
-  for (const auto& layout : layouts) {
-    SCOPED_TRACE(absl::StrJoin(layout, " "));
-    auto losses = NanoLosses(with(layout), 4);
-    ASSERT_TRUE(losses.ok()) << losses.status();
-    ASSERT_EQ(losses->size(), one->size());
-    for (size_t i = 0; i < one->size(); ++i) {
-      EXPECT_NEAR((*losses)[i], (*one)[i], 2e-2 * std::abs((*one)[i])) << "iteration " << i;
-      EXPECT_NEAR((*losses)[i], (*one)[i], 1e-3 * std::abs((*one)[i])) << "iteration " << i << " (looser than seen)";
-    }
-  }
+  // rtol 2e-2 is the issue's; 1e-3 is looser than seen.
+  ExpectOneDeviceLosses(layouts, amp, *one, 1e-3);
 }
 
 TEST_P(AmpDType, FollowsTheF32LossCurve) {
@@ -111,15 +118,7 @@ TEST_P(AmpDType, FusedAttentionGivesTheOneDeviceLossesUnderLayouts) {
       {"train.dist.data_parallel_size=2", "train.dist.tensor_parallel_size=2", "train.dist.pipeline_parallel_size=2",
        "train.train_micro_batch_size=2", "train.num_accumulation_steps=2"},
   };
-  for (const auto& layout : layouts) {
-    SCOPED_TRACE(absl::StrJoin(layout, " "));
-    auto losses = NanoLosses(with(layout), 4);
-    ASSERT_TRUE(losses.ok()) << losses.status();
-    ASSERT_EQ(losses->size(), one->size());
-    for (size_t i = 0; i < one->size(); ++i) {
-      EXPECT_NEAR((*losses)[i], (*one)[i], 1e-3 * std::abs((*one)[i])) << "iteration " << i;
-    }
-  }
+  ExpectOneDeviceLosses(layouts, with({}), *one, 1e-3);
 }
 
 INSTANTIATE_TEST_SUITE_P(Amp, AmpDType, ::testing::Values("bf16", "fp16"));
