@@ -66,6 +66,21 @@ Allocator* PinnedHostAllocator() {
 absl::StatusOr<int> CudaDevices() {
   int count = 0;
   const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err == cudaErrorInsufficientDriver || err == cudaErrorNoDevice) {
+    // The runtime says "driver version is insufficient" also when there is
+    // no driver at all, as on a machine without a GPU.
+    int driver = 0;
+    cudaDriverGetVersion(&driver);
+    if (driver == 0) {
+      return absl::FailedPreconditionError(
+          StrCat("no CUDA device: no NVIDIA driver on this machine (", cudaGetErrorString(err), ")"));
+    }
+    if (err == cudaErrorInsufficientDriver) {
+      return absl::FailedPreconditionError(StrCat("no CUDA device: the NVIDIA driver supports CUDA ", driver / 1000,
+                                                  ".", driver % 1000 / 10, ", older than this build's CUDA ",
+                                                  CUDART_VERSION / 1000, ".", CUDART_VERSION % 1000 / 10));
+    }
+  }
   if (err != cudaSuccess) return absl::FailedPreconditionError(StrCat("no CUDA device: ", cudaGetErrorString(err)));
   if (count == 0) return absl::FailedPreconditionError("no CUDA device: the driver sees no GPU");
   return count;

@@ -19,6 +19,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "core/status.h"
+#include "core/storage.h"
 #include "core/stream.h"
 #include "core/text.h"
 
@@ -183,10 +184,9 @@ class CudaStream final : public Stream {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Stream>> MakeCudaStream(int device, std::string name) {
-  int count = 0;
-  if (cudaError_t err = cudaGetDeviceCount(&count); err != cudaSuccess) {
-    return absl::FailedPreconditionError(StrCat("no CUDA device for ", name, ": ", cudaGetErrorString(err)));
-  }
+  absl::StatusOr<int> devices = CudaDeviceCount();
+  if (!devices.ok()) return absl::FailedPreconditionError(StrCat(name, ": ", devices.status().message()));
+  const int count = *devices;
   if (device < 0 || device >= count) {
     return absl::FailedPreconditionError(StrCat(name, ": no GPU cuda:", device, " (", count, " present)"));
   }

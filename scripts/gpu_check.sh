@@ -54,8 +54,10 @@
 # scripts/gpu_bundle.sh where it builds and carry gpu-bundle.tar.xz; with
 # that archive in the repository root the check uses its prebuilt binaries
 # and libraries instead of building.
-# Exit status: 0 when the CUDA tests pass, 1 otherwise (the report names the
-# failing step).
+# Exit status: 0 when every check passes, 1 otherwise (the report names the
+# failing steps). Only a build, an unusable GPU or a broken bundle stops the
+# check early: a failed test or job is reported and the rest still runs, as
+# a lent machine gives one run.
 set -uo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -92,7 +94,7 @@ run_test() {
   t0=$(date +%s)
   mark=$(wc -l < "$log")
   # Bounded: a hung test must not take the device call's whole time.
-  if timeout -k 10 300 "$build/bin/$bin" >> "$log" 2>&1; then status=passed; else status=FAILED; fi
+  if timeout -k 10 "$(budget 180)" "$build/bin/$bin" >> "$log" 2>&1; then status=passed; else status=FAILED; fi
   if [[ $status == passed && -n $on_skip ]] && tail -n +"$((mark + 1))" "$log" | grep -q '^\[  SKIPPED \]'; then
     status=$on_skip
   fi
@@ -159,16 +161,23 @@ echo "configure and build: $(($(date +%s) - start)) s" >> "$report"
 section "CUDA kernels against the CPU's"
 run_test cuda_kernels_test "cuda_kernels_test" \
   '^\[ +(OK|FAILED|SKIPPED) +\]|Skipped|Failure|Expected|Which is|output [0-9]+ element' "skipped its GPU cases"
-[[ $status == passed ]] || fail "cuda_kernels_test ($status; no usable GPU?)"
+# A kernel that disagrees with the CPU stops nothing else: one run on the
+# lent machine is all there is, so the jobs and benchmarks below still report
+# what they measure. Skipped GPU cases (no usable GPU) end the check.
+case $status in
+  passed) ;;
+  FAILED) late_failures+=("cuda_kernels_test") ;;
+  *) fail "cuda_kernels_test ($status; no usable GPU?)" ;;
+esac
 
 section "The actor runtime on cuda:0"
 run_test cuda_runtime_test "cuda_runtime_test (a training loop, async computes, staged feeds and fetches, against the CPU; a GPU plan's NCCL communicators)" "" skipped
-[[ $status == passed ]] || fail "cuda_runtime_test ($status)"
+[[ $status == passed ]] || late_failures+=("cuda_runtime_test ($status)")
 
 section "The NCCL communicator"
 run_test nccl_test "nccl_test (one rank's ops and abort, a peer that never comes, boxing's local steps on the GPU against the CPU; two ranks' every op and every 1-D boxing over NCCL where there are 2 GPUs)" \
   '^\[ +(OK|FAILED|SKIPPED) +\]|Failure|Expected|Which is'
-[[ $status == passed ]] || fail "nccl_test"
+[[ $status == passed ]] || late_failures+=("nccl_test")
 
 section "Whole jobs on cuda:0 against the CPU"
 start=$(date +%s)
@@ -189,14 +198,18 @@ compare() {  # name rtol extra-overrides... (CONFIG=file: another config than gp
   rm -rf "$dir"
   mkdir -p "$work_dir/runs"
   for device in cpu cuda; do
-    timeout -k 10 300 "$build/bin/tessera" train "$config" train.train_iter=20 train.log_period=1 \
+    timeout -k 10 "$(budget 120)" "$build/bin/tessera" train "$config" train.train_iter=20 train.log_period=1 \
       train.checkpointer.period=null "train.output_dir=$dir/$device" "train.dist.device_type=$device" "$@" \
-      > "$dir.$device.out" 2>&1 < /dev/null || { cat "$dir.$device.out" >> "$log"; fail "gpt2_nano $name on $device"; }
+      > "$dir.$device.out" 2>&1 < /dev/null || {
+      cat "$dir.$device.out" >> "$log"
+      echo "- $name on $device: **FAILED** (the log says why)" >> "$report"
+      late_failures+=("$name on $device")
+      return
+    }
   done
-  "$root/scripts/compare_losses.sh" "$name" "$rtol" 20 "$dir/cuda" "$dir/cpu" >> "$report"
-  local ok=$?
+  "$root/scripts/compare_losses.sh" "$name" "$rtol" 20 "$dir/cuda" "$dir/cpu" >> "$report" ||
+    late_failures+=("$name: GPU losses differ from the CPU's")
   echo "  CPU $(speed "$dir.cpu.out"), GPU $(speed "$dir.cuda.out")" >> "$report"
-  [[ $ok == 0 ]] || fail "gpt2_nano $name: GPU losses differ from the CPU's"
 }
 compare f32 1e-4
 compare bf16 2e-2 train.amp.enabled=true train.amp.dtype=bf16
@@ -223,11 +236,16 @@ else
       return
     fi
     rm -rf "$dir"
-    timeout -k 10 300 "$build/bin/tessera" train "$root/configs/gpt2_nano.json" train.train_iter=20 train.log_period=1 \
+    timeout -k 10 "$(budget 120)" "$build/bin/tessera" train "$root/configs/gpt2_nano.json" train.train_iter=20 train.log_period=1 \
       train.checkpointer.period=null "train.output_dir=$dir" train.dist.device_type=cuda "$@" \
-      > "$dir.out" 2>&1 < /dev/null || { cat "$dir.out" >> "$log"; fail "gpt2_nano $name on $needed GPUs"; }
+      > "$dir.out" 2>&1 < /dev/null || {
+      cat "$dir.out" >> "$log"
+      echo "- $name on $needed GPUs: **FAILED** (the log says why)" >> "$report"
+      late_failures+=("$name on $needed GPUs")
+      return
+    }
     "$root/scripts/compare_losses.sh" "$name" 1e-4 20 "$dir" "$work_dir/runs/f32/cuda" >> "$report" ||
-      fail "gpt2_nano $name: losses differ from one GPU's"
+      late_failures+=("$name: losses differ from one GPU's")
     echo "  tokens/s: $(tokens "$dir.out")" >> "$report"
   }
   several dp2 2 train.dist.data_parallel_size=2 train.train_micro_batch_size=8 train.num_accumulation_steps=1
@@ -252,8 +270,8 @@ fi
 section "Fused attention on cuda:0 against the unfused ops"
 start=$(date +%s)
 if build_targets attention_bench &&
-    timeout -k 10 120 "$build/bin/attention_bench" --quick --device cuda > "$work_dir/attention_bench.out" 2>&1 &&
-    timeout -k 10 120 "$build/bin/attention_bench" --quick --device cuda --amp --dropout 0.1 \
+    timeout -k 10 "$(budget 120)" "$build/bin/attention_bench" --quick --device cuda > "$work_dir/attention_bench.out" 2>&1 &&
+    timeout -k 10 "$(budget 120)" "$build/bin/attention_bench" --quick --device cuda --amp --dropout 0.1 \
       >> "$work_dir/attention_bench.out" 2>&1; then
   { echo '```'; cat "$work_dir/attention_bench.out"; echo '```'; } >> "$report"
   # GPT-2 124M's case under AMP with attention dropout 0.1, as the 124M run
@@ -267,6 +285,7 @@ if build_targets attention_bench &&
 else
   cat "$work_dir/attention_bench.out" >> "$log" 2>/dev/null
   echo "- **FAILED** (the last lines of $(basename "$log") say why)" >> "$report"
+  late_failures+=("attention_bench")
 fi
 echo "in $(($(date +%s) - start)) s" >> "$report"
 
@@ -279,8 +298,8 @@ case "$gpu" in
   *) peak=0 ;;
 esac
 if build_targets linear_gelu_bench &&
-    timeout -k 10 120 "$build/bin/linear_gelu_bench" --device cuda --dtype bf16 > "$work_dir/linear_gelu_bench.out" 2>&1 &&
-    timeout -k 10 120 "$build/bin/linear_gelu_bench" --device cuda --dtype f32 >> "$work_dir/linear_gelu_bench.out" 2>&1; then
+    timeout -k 10 "$(budget 120)" "$build/bin/linear_gelu_bench" --device cuda --dtype bf16 > "$work_dir/linear_gelu_bench.out" 2>&1 &&
+    timeout -k 10 "$(budget 120)" "$build/bin/linear_gelu_bench" --device cuda --dtype f32 >> "$work_dir/linear_gelu_bench.out" 2>&1; then
   { echo '```'; cat "$work_dir/linear_gelu_bench.out"; echo '```'; } >> "$report"
   # The bf16 4096^3 row's TFLOP/s as a fraction of the data-sheet bf16 peak (target >= 0.8).
   awk -v peak="$peak" '/bf16/ { bf16 = 1 } /f32/ && !/bf16/ { bf16 = 0 }
@@ -290,6 +309,7 @@ if build_targets linear_gelu_bench &&
 else
   cat "$work_dir/linear_gelu_bench.out" >> "$log" 2>/dev/null
   echo "- **FAILED** (the last lines of $(basename "$log") say why)" >> "$report"
+  late_failures+=("linear_gelu_bench")
 fi
 echo "in $(($(date +%s) - start)) s" >> "$report"
 
@@ -303,6 +323,7 @@ if build_targets kernel_bench &&
 else
   cat "$work_dir/kernel_bench.out" >> "$log" 2>/dev/null
   echo "- **FAILED** (the last lines of $(basename "$log") say why)" >> "$report"
+  late_failures+=("kernel_bench")
 fi
 echo "in $(($(date +%s) - start)) s" >> "$report"
 
@@ -458,8 +479,9 @@ else
 fi
 echo "in $(($(date +%s) - start)) s" >> "$report"
 if (( ${#late_failures[@]} > 0 )); then
-  printf '\n**FAILED: %s** (see %s)\n' "${late_failures[*]}" "$(basename "$log")" >> "$report"
-  echo "gpu_check: ${late_failures[*]} failed; see $report" >&2
+  failed=$(printf '%s; ' "${late_failures[@]}")
+  printf '\n**FAILED: %s** (see %s)\n' "${failed%; }" "$(basename "$log")" >> "$report"
+  echo "gpu_check: ${failed%; } failed; see $report" >&2
   exit 1
 fi
 echo "gpu_check: passed; report in $report"

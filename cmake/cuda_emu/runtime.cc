@@ -303,6 +303,8 @@ const char* cudaGetErrorName(cudaError_t error) {
       return "cudaErrorInvalidDevicePointer";
     case cudaErrorInvalidMemcpyDirection:
       return "cudaErrorInvalidMemcpyDirection";
+    case cudaErrorInsufficientDriver:
+      return "cudaErrorInsufficientDriver";
     case cudaErrorNoDevice:
       return "cudaErrorNoDevice";
     case cudaErrorInvalidDevice:
@@ -370,6 +372,13 @@ cudaError_t cudaGetDeviceCount(int* count) {
   if (count == nullptr) return SetLastError(cudaErrorInvalidValue);
   *count = DeviceCount();
   return *count == 0 ? SetLastError(cudaErrorNoDevice) : cudaSuccess;
+}
+
+// The emulator stands in for a driver of its own CUDA version.
+cudaError_t cudaDriverGetVersion(int* version) {
+  if (version == nullptr) return SetLastError(cudaErrorInvalidValue);
+  *version = CUDART_VERSION;
+  return cudaSuccess;
 }
 
 cudaError_t cudaSetDevice(int device) {

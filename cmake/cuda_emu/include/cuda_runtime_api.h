@@ -9,6 +9,9 @@
 #include <cstddef>
 #include <cstdint>
 
+// The toolkit the emulator stands in for.
+#define CUDART_VERSION 13000
+
 enum cudaError_t {
   cudaSuccess = 0,
   cudaErrorInvalidValue = 1,
@@ -17,6 +20,7 @@ enum cudaError_t {
   cudaErrorInvalidConfiguration = 9,
   cudaErrorInvalidDevicePointer = 17,
   cudaErrorInvalidMemcpyDirection = 21,
+  cudaErrorInsufficientDriver = 35,
   cudaErrorNoDevice = 100,
   cudaErrorInvalidDevice = 101,
   cudaErrorInvalidResourceHandle = 400,
@@ -67,6 +71,7 @@ cudaError_t cudaPeekAtLastError();
 
 // TESSERA_CUDA_EMU_DEVICES GPUs (default 2, at most 64).
 cudaError_t cudaGetDeviceCount(int* count);
+cudaError_t cudaDriverGetVersion(int* version);
 cudaError_t cudaSetDevice(int device);
 cudaError_t cudaGetDevice(int* device);
 cudaError_t cudaDeviceSynchronize();
