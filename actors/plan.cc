@@ -1,12 +1,12 @@
 #include "actors/plan.h"
 
-#include "actors/init_rules.h"
-
 #include <algorithm>
 #include <map>
 #include <vector>
 
+#include "absl/strings/str_join.h"
 #include "actors/actor_id.h"
+#include "actors/init_rules.h"
 #include "comm/collective/boxing.h"
 #include "core/checked.h"
 #include "core/status.h"
@@ -167,6 +167,19 @@ absl::Status ValidateTask(const TaskIndex& index, const std::map<int64_t, DescIn
                                                " which holds ", desc.tensors_size()));
     }
     ASSIGN_OR_RETURN(TensorMeta meta, TensorMetaFromProto(desc.tensors(ref.tensor_index())));
+    if (ref.view_shape_size() > 0) {
+      // A folded reshape: the op reads the tensor as another shape of its elements.
+      proto::TensorDesc viewed = desc.tensors(ref.tensor_index());
+      *viewed.mutable_shape() = ref.view_shape();
+      const absl::StatusOr<TensorMeta> view = TensorMetaFromProto(viewed);
+      if (output || !view.ok() || view->shape.NumElements() != meta.shape.NumElements()) {
+        return absl::InvalidArgumentError(StrCat(name(), (output ? " output" : " input"), " views tensor ",
+                                                 ref.tensor_index(), " of desc ", id, " ", meta.shape.ToString(),
+                                                 " as (", absl::StrJoin(ref.view_shape(), ", "), ")",
+                                                 output ? ": only inputs may" : ", not the same number of elements"));
+      }
+      meta.shape = view->shape;
+    }
     auto slice = TensorSliceFromProto(ref.slice(), meta.shape);
     if (!slice.ok()) return absl::InvalidArgumentError(StrCat(name(), ": ", slice.status().message()));
     RETURN_IF_ERROR(CheckMicroBatchStride(task, ref, *slice, pieces));

@@ -70,6 +70,8 @@ NodeOptions ReplayOptions(const Graph& from, const Node& n);
 // Marks in `out` the losses, fetches and variable updates of `from`, through
 // `remap` (old value id -> id in `out`).
 absl::Status ReplayMarks(const Graph& from, const std::vector<ValueId>& remap, Graph& out);
+// `gradients` (variable -> gradient) through `remap`, both sides.
+GradientMap RemapGradients(const GradientMap& gradients, const std::vector<ValueId>& remap);
 // Adds node `n` of `from` (any kind) to `out` as it was, reading `inputs`
 // (ids in `out`), with its outputs' hints; records its outputs' new ids in
 // `remap` (old value id -> id in `out`).
@@ -99,6 +101,22 @@ struct AccumulationResult {
 // `remap`. m = 1 changes nothing.
 absl::StatusOr<AccumulationResult> AccumulateGradients(Graph& graph, const GradientMap& gradients,
                                                        int64_t num_micro_batches);
+
+struct CastRoundTripResult {
+  int64_t folded = 0;          // round trips taken out
+  GradientMap gradients;       // the gradients, through remap
+  std::vector<ValueId> remap;  // old value id -> new value id (the graph is rebuilt)
+};
+
+// After autodiff under mixed precision (graph/passes/cast_round_trips.cc):
+// a cast whose input is a cast from its own dtype, f32 -> bf16/f16 -> f32
+// (the rounding skipped) or 16-bit -> f32 -> 16-bit (exact), is taken out
+// and its readers read the first cast's input, when nothing else reads the
+// value between (nor marks it). Autodiff makes such a pair for every
+// matmul's input gradient: the product in f32, cast to the input's type,
+// and the AMP cast's gradient back to f32. Gradients keep f32 there. The
+// graph is rebuilt: use `remap`.
+absl::StatusOr<CastRoundTripResult> FoldCastRoundTrips(Graph& graph, const GradientMap& gradients);
 
 struct MixedPrecisionResult {
   int64_t ops = 0;             // ops that now read low-precision inputs

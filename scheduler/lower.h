@@ -97,6 +97,13 @@ struct LowerOptions {
   // them on the compute thread unless this is set (the stress test runs the
   // copy stream's messages across threads on CPUs this way).
   bool feeds_on_copy_stream = false;
+  // Reshapes cost no copy: a reshape task whose readers are all computes
+  // is taken out of the plan, and its readers read its input register
+  // through a view of the reshaped local shape (TensorRef.view_shape); that
+  // register then keeps as many registers as either had (FoldReshapes in
+  // scheduler/lowering/fold_reshapes.cc). Off: every reshape copies (tests
+  // compare the two).
+  bool fold_reshapes = true;
 };
 
 struct LoweredPlan {

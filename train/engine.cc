@@ -56,6 +56,11 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Compile(graph::Graph graph, cons
       differentiated = scaled->scaled_loss;
     }
     ASSIGN_OR_RETURN(graph::GradientMap gradients, graph::Autodiff(graph, differentiated));
+    if (options.amp != DType::kF32) {
+      ASSIGN_OR_RETURN(graph::CastRoundTripResult folded, graph::FoldCastRoundTrips(graph, gradients));
+      gradients = std::move(folded.gradients);
+      remap_scaled(folded.remap);
+    }
     ASSIGN_OR_RETURN(const scheduler::DeviceMesh mesh, scheduler::DeviceMesh::Make(options.lower.parallel));
     const auto same_stage = [&mesh](int64_t a, int64_t b) {
       const absl::StatusOr<int64_t> sa = mesh.StageOfLayer(a), sb = mesh.StageOfLayer(b);

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "actors/plan.h"
+#include "core/checked.h"
 #include "core/status.h"
 #include "core/text.h"
 
@@ -30,7 +31,12 @@ absl::Status OpRunner::Init(const proto::Task& task, const ops::OpRegistry& regi
   for (const auto& ref : task.outputs()) any_slice |= ref.slice().logical_shape_size() > 0;
   for (const auto& ref : task.inputs()) {
     ASSIGN_OR_RETURN(Ref r, resolve(ref));
-    inputs_.push_back(r);
+    if (ref.view_shape_size() > 0) {
+      // (ValidatePlan checked it: the tensor's element count, in rank.)
+      if (ref.view_shape_size() > kMaxTensorRank) return absl::InvalidArgumentError("a view of too many dimensions");
+      r.view = Shape(std::vector<int64_t>(ref.view_shape().begin(), ref.view_shape().end()));
+    }
+    inputs_.push_back(std::move(r));
   }
   for (const auto& ref : task.outputs()) {
     ASSIGN_OR_RETURN(Ref r, resolve(ref));

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -31,6 +32,7 @@ class OpRunner {
     Where where;
     int slot;    // index into consumed / produced / state
     int tensor;  // tensor index within the register
+    std::optional<Shape> view = std::nullopt;  // an input read as this shape (TensorRef.view_shape)
   };
 
   // Resolves the task's refs against its consumed and produced desc ids. A
@@ -56,8 +58,7 @@ class OpRunner {
   template <typename Lookup>
   absl::Status Run(const proto::Task& task, Lookup&& lookup, int64_t act, int64_t start_iteration, ThreadPool* pool,
                    const Device& device) {
-    for (size_t i = 0; i < inputs_.size(); ++i) ctx_.inputs[i] = lookup(inputs_[i]);
-    for (size_t i = 0; i < outputs_.size(); ++i) ctx_.outputs[i] = lookup(outputs_[i]);
+    RETURN_IF_ERROR(Bind(lookup));
     RETURN_IF_ERROR(Prepare(task, act, start_iteration, pool, device));
     if (!Timed(task, act)) return ops::RunKernel(*schema_, ctx_);
     const int64_t started = SteadyNowNs();
@@ -73,8 +74,7 @@ class OpRunner {
   template <typename Lookup>
   absl::Status Launch(const proto::Task& task, Lookup&& lookup, int64_t act, int64_t start_iteration, ThreadPool* pool,
                       const Device& device, Stream& stream) {
-    for (size_t i = 0; i < inputs_.size(); ++i) ctx_.inputs[i] = lookup(inputs_[i]);
-    for (size_t i = 0; i < outputs_.size(); ++i) ctx_.outputs[i] = lookup(outputs_[i]);
+    RETURN_IF_ERROR(Bind(lookup));
     RETURN_IF_ERROR(Prepare(task, act, start_iteration, pool, device));
     ops::KernelContext ctx = ctx_;
     ctx.stream = &stream;
@@ -95,6 +95,21 @@ class OpRunner {
   }
 
  private:
+  // The act's tensors into the context: each ref's, an input with a view
+  // read as its shape (no copy).
+  template <typename Lookup>
+  absl::Status Bind(Lookup& lookup) {
+    for (size_t i = 0; i < inputs_.size(); ++i) {
+      const Tensor& t = lookup(inputs_[i]);
+      if (!inputs_[i].view) {
+        ctx_.inputs[i] = t;
+        continue;
+      }
+      ASSIGN_OR_RETURN(ctx_.inputs[i], t.Reshape(*inputs_[i].view));
+    }
+    for (size_t i = 0; i < outputs_.size(); ++i) ctx_.outputs[i] = lookup(outputs_[i]);
+    return absl::OkStatus();
+  }
   // Completes the context once it holds this act's tensors: slices (the
   // micro-batch's offsets), step, threads, device.
   absl::Status Prepare(const proto::Task& task, int64_t act, int64_t start_iteration, ThreadPool* pool,

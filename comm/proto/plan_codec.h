@@ -105,6 +105,13 @@ class PlanBuilder {
   uint64_t AddTask(proto::ActorKind kind, std::string name, uint32_t stream = 0, uint32_t device_index = 0,
                    uint32_t node = 0);
   proto::Task& task(uint64_t actor_id);
+  // The plan so far, for rewrites of the whole plan before Build (the
+  // lowering's reshape folding); call Reindex after one that moved tasks.
+  proto::Plan& mutable_plan() { return plan_; }
+  void Reindex() {
+    index_.clear();
+    for (int i = 0; i < plan_.tasks_size(); ++i) index_[plan_.tasks(i).actor_id()] = i;
+  }
 
   // A register desc produced by `producer`, read by `consumers`, holding
   // `tensors` (dtype, local shape); registers the ids on both sides.

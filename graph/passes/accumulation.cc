@@ -148,6 +148,12 @@ absl::Status ReplayMarks(const Graph& from, const std::vector<ValueId>& remap, G
   return absl::OkStatus();
 }
 
+GradientMap RemapGradients(const GradientMap& gradients, const std::vector<ValueId>& remap) {
+  GradientMap out;
+  for (const auto& [var, grad] : gradients) out[remap[static_cast<size_t>(var)]] = remap[static_cast<size_t>(grad)];
+  return out;
+}
+
 absl::Status ReplayNode(const Graph& from, const Node& n, const std::vector<ValueId>& inputs, Graph& out,
                         std::vector<ValueId>& remap) {
   std::vector<ValueId> outputs;

@@ -271,8 +271,8 @@ absl::StatusOr<RecomputeResult> RecomputeSegments(Graph& graph, const GradientMa
       return absl::InvalidArgumentError(
           StrCat("activation checkpointing: bad pair ", ValueRef(var), " -> ", ValueRef(grad)));
     }
-    result.gradients[remap[static_cast<size_t>(var)]] = remap[static_cast<size_t>(grad)];
   }
+  result.gradients = RemapGradients(gradients, remap);
   graph = std::move(out);
   return result;
 }

@@ -57,9 +57,7 @@ absl::StatusOr<GatherPerReaderResult> GatherPerReader(Graph& graph, const Gradie
     RETURN_IF_ERROR(ReplayNode(graph, n, inputs, out, remap));
   }
   RETURN_IF_ERROR(ReplayMarks(graph, remap, out));
-  for (const auto& [var, grad] : gradients) {
-    result.gradients[remap[static_cast<size_t>(var)]] = remap[static_cast<size_t>(grad)];
-  }
+  result.gradients = RemapGradients(gradients, remap);
   graph = std::move(out);
   return result;
 }

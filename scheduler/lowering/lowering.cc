@@ -23,6 +23,21 @@ absl::StatusOr<LoweredPlan> Lowering::Run() {
     }
     for (uint64_t id : kernels) builder_.task(id).set_async_acts(true);
   }
+  // Name the tensors for `tessera plan` by the values they hold (before the
+  // fold renumbers the descs).
+  for (const auto& [key, shards] : shards_) {
+    const graph::Value& value = graph_.value(key.value);
+    const std::string name = value.name.empty() ? graph::ValueRef(value.id) : value.name;
+    for (const Shard& shard : shards) {
+      auto* tensor =
+          builder_.mutable_plan().mutable_register_descs(static_cast<int>(shard.desc))->mutable_tensors(shard.tensor);
+      if (tensor->name().empty() || tensor->name().starts_with("t")) tensor->set_name(StrCat(name, " ", key.sbp));
+    }
+  }
+  if (options_.fold_reshapes && builder_.status().ok()) {
+    RETURN_IF_ERROR(FoldReshapes(builder_.mutable_plan()));
+    builder_.Reindex();
+  }
   out_.plan = builder_.Build();
   for (const proto::RankLocation& location : locations_) *out_.plan.add_ranks() = location;
   RETURN_IF_ERROR(builder_.status());
@@ -30,15 +45,6 @@ absl::StatusOr<LoweredPlan> Lowering::Run() {
   out_.plan.set_mesh(mesh_.ToString());
   out_.plan.set_start_iteration(options_.start_iteration);
   out_.sbp_text = sbp_.ToText(graph_);
-  // Name the tensors for `tessera plan` by the values they hold.
-  for (const auto& [key, shards] : shards_) {
-    const graph::Value& value = graph_.value(key.value);
-    const std::string name = value.name.empty() ? graph::ValueRef(value.id) : value.name;
-    for (const Shard& shard : shards) {
-      auto* tensor = out_.plan.mutable_register_descs(static_cast<int>(shard.desc))->mutable_tensors(shard.tensor);
-      if (tensor->name().empty() || tensor->name().starts_with("t")) tensor->set_name(StrCat(name, " ", key.sbp));
-    }
-  }
   return std::move(out_);
 }
 

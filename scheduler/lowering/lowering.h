@@ -212,4 +212,9 @@ class Lowering {
   std::vector<graph::NodeId> conversion_producer_;
 };
 
+// Takes out of `plan` each reshape task whose readers are all computes; they
+// read its input register through a view instead (LowerOptions::fold_reshapes,
+// fold_reshapes.cc).
+absl::Status FoldReshapes(proto::Plan& plan);
+
 }  // namespace tessera::scheduler::lowering

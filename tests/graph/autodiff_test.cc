@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 
 #include "core/status.h"
 #include "core/text.h"
@@ -191,6 +192,87 @@ TEST(AutodiffTest, MixedPrecisionCastsTheFusedAttentionsInputs) {
     EXPECT_GT(worst, 0) << name << ": nothing was rounded";
     EXPECT_LT(worst, 3e-2 * largest) << name;
   }
+}
+
+// f rounded to the nearest bf16 (ties to even), as a float.
+float RoundToBf16(float f) {
+  uint32_t u = 0;
+  std::memcpy(&u, &f, sizeof(u));
+  u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+  std::memcpy(&f, &u, sizeof(f));
+  return f;
+}
+
+// Under mixed precision each matmul's input gradient is its f32 product
+// cast to the input's bf16 and back to f32 by the AMP cast's gradient;
+// FoldCastRoundTrips has the readers take the product itself: the same
+// values unrounded (each old gradient is exactly the new one rounded to
+// bf16), and no cast left that undoes the cast before it.
+TEST(AutodiffTest, MixedPrecisionGradientsSkipTheirCastRoundTrips) {
+  GraphBuilder b;
+  Sym x = b.Input("x", {DType::kF32, Shape{4, 6}});
+  Sym w1 = b.Variable("w1", {6, 5}, InitRule::Normal(0, 1, 5, 0));
+  Sym w2 = b.Variable("w2", {5, 3}, InitRule::Normal(0, 1, 5, 1));
+  Sym y = Matmul(Tanh(Matmul(x, w1)), w2);
+  b.MarkLoss(ReduceMean(y * y));
+  auto built = b.Finish();
+  ASSERT_TRUE(built.ok()) << built.status();
+  Graph graph = *std::move(built);
+  ASSERT_TRUE(AutoMixedPrecision(graph, DType::kBF16).ok());
+  auto gradients = Autodiff(graph);
+  ASSERT_TRUE(gradients.ok()) << gradients.status();
+  Graph folded_graph = graph;
+  auto folded = FoldCastRoundTrips(folded_graph, *gradients);
+  ASSERT_TRUE(folded.ok()) << folded.status();
+  EXPECT_EQ(folded->folded, 3);  // w1's, w2's and the tanh's gradients
+  for (const Node& n : folded_graph.nodes()) {
+    if (n.op != "cast") continue;
+    const Node& before = folded_graph.producer(n.inputs[0]);
+    if (before.op != "cast") continue;
+    const bool undone = folded_graph.value(before.inputs[0]).meta.dtype == folded_graph.value(n.outputs[0]).meta.dtype;
+    bool read_once = true;  // a middle value read elsewhere keeps its pair
+    for (const Node& other : folded_graph.nodes()) {
+      for (ValueId in : other.inputs) read_once = read_once && (in != n.inputs[0] || other.id == n.id);
+    }
+    EXPECT_FALSE(undone && read_once) << n.scope;
+  }
+  const Tensor feed = Tensor::FromVector(Shape{4, 6}, [] {
+    std::vector<float> v(24);
+    for (size_t i = 0; i < v.size(); ++i) v[i] = std::sin(0.7f * static_cast<float>(i));
+    return v;
+  }());
+  const auto run = [&feed](const Graph& g, const GradientMap& grads) {
+    GraphInterpreter interpreter(g);
+    EXPECT_TRUE(interpreter.InitVariables().ok());
+    auto values = interpreter.Run({{"x", feed}});
+    EXPECT_TRUE(values.ok()) << values.status();
+    std::map<std::string, std::vector<float>> out;
+    for (const auto& [var, grad] : grads) {
+      EXPECT_EQ(g.value(grad).meta.dtype, DType::kF32);
+      out[g.value(var).name] = (*values)[static_cast<size_t>(grad)].ToVector<float>();
+    }
+    return out;
+  };
+  const auto rounded = run(graph, *gradients), kept = run(folded_graph, folded->gradients);
+  ASSERT_EQ(kept.size(), 2u);
+  // w2's gradient is the first product of the backward: exactly the old one
+  // unrounded. w1's also reads the tanh's gradient, which was rounded too.
+  int unrounded = 0;
+  for (const auto& [name, want] : rounded) {
+    const std::vector<float>& got = kept.at(name);
+    ASSERT_EQ(got.size(), want.size());
+    float largest = 0;
+    for (float w : want) largest = std::max(largest, std::fabs(w));
+    for (size_t i = 0; i < want.size(); ++i) {
+      if (name == "w2") {
+        EXPECT_EQ(RoundToBf16(got[i]), want[i]) << name << "[" << i << "]";
+      } else {
+        EXPECT_NEAR(got[i], want[i], 2e-2f * largest) << name << "[" << i << "]";
+      }
+      unrounded += got[i] != want[i];
+    }
+  }
+  EXPECT_GT(unrounded, 0) << "no gradient kept a bit bf16 drops";
 }
 
 TEST(AutodiffTest, ValueUsedTwiceSumsContributions) {

@@ -423,6 +423,95 @@ TEST(LowerTest, RandomOpsMoveAlongTheValuesBatchAxis) {
   EXPECT_EQ(forward[2], (std::pair<int32_t, int64_t>{1, kRows}));
 }
 
+// Reshapes cost no copy: the lowering folds each reshape whose readers are
+// all computes into them (LowerOptions::fold_reshapes), a chain into one
+// view of its first input; one a Send reads stays a copy. The losses are
+// those of the plan that copies every reshape.
+TEST(LowerTest, ReshapesFoldIntoTheirReadersAsViews) {
+  graph::GraphBuilder b;
+  graph::Sym h = b.Input("x", {DType::kF32, Shape{4, 6}});
+  {
+    auto scope = b.Scope("l0", 0);
+    h = graph::Tanh(graph::Matmul(h, b.Variable("w0", Shape{6, 6}, graph::InitRule::Normal(0, 0.3, 1, 0))));
+    h = graph::Reshape(graph::Reshape(h, Shape{4, 2, 3}), Shape{4, 6});
+    // Reads the view in the forward, its gradient in the backward: the
+    // tanh's register is kept for this stage's micro-batches in flight.
+    h = graph::Matmul(h, b.Variable("w0b", Shape{6, 6}, graph::InitRule::Normal(0, 0.3, 1, 2)));
+    h = graph::Reshape(h, Shape{24});  // read by the Send to stage 1: a copy
+  }
+  {
+    auto scope = b.Scope("l1", 1);
+    h = graph::Matmul(graph::Reshape(h, Shape{4, 6}),  // reads the Recv's register
+                      b.Variable("w1", Shape{6, 3}, graph::InitRule::Normal(0, 0.3, 1, 1)));
+    b.MarkLoss(graph::ReduceMean(graph::Reshape(h * h, Shape{12})));
+  }
+  auto graph = b.Finish();
+  ASSERT_TRUE(graph.ok()) << graph.status();
+  std::vector<double> losses[2];
+  for (const bool fold : {false, true}) {
+    SCOPED_TRACE(fold ? "folded" : "copied");
+    CompileOptions options;
+    options.optimizer.kind = graph::OptimizerKind::kSgd;
+    options.num_micro_batches = 2;
+    options.stall_timeout_s = 20;
+    options.lower.fold_reshapes = fold;
+    options.lower.parallel = {.pipeline = 2, .world_size = 2, .pipeline_num_layers = 2};
+    auto engine = Engine::Compile(*graph, options);
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    auto plan = (*engine)->Plan(1);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    ASSERT_TRUE(actors::ValidatePlan(*plan, ops::BuiltinOps()).ok());
+    std::map<uint64_t, const proto::Task*> tasks;
+    for (const proto::Task& task : plan->tasks()) tasks[task.actor_id()] = &task;
+    for (int i = 0; i < plan->register_descs_size(); ++i) EXPECT_EQ(plan->register_descs(i).id(), i);
+    int reshapes = 0, views = 0, chain = 0;
+    for (const proto::Task& task : plan->tasks()) {
+      if (task.op() == "reshape") {
+        ++reshapes;
+        const proto::RegisterDesc& out = plan->register_descs(static_cast<int>(task.produced_register_desc_ids(0)));
+        bool sent = false;
+        for (uint64_t reader : out.consumers()) sent |= tasks.at(reader)->kind() == proto::ACTOR_KIND_SEND;
+        EXPECT_TRUE(sent || !fold) << task.name() << " stayed a copy, but no Send reads it";
+      }
+      for (const proto::TensorRef& ref : task.inputs()) {
+        if (ref.view_shape_size() == 0) continue;
+        ++views;
+        const proto::RegisterDesc& desc = plan->register_descs(static_cast<int>(ref.register_desc_id()));
+        EXPECT_NE(tasks.at(desc.producer())->op(), "reshape") << task.name();
+        if (task.op() == "matmul" && task.name().starts_with("l0/matmul") &&
+            tasks.at(desc.producer())->op() == "tanh") {
+          ++chain;  // the chain's one view, of the tanh's register
+          EXPECT_EQ(std::vector<int64_t>(ref.view_shape().begin(), ref.view_shape().end()),
+                    (std::vector<int64_t>{4, 6}));
+          EXPECT_GE(desc.register_num(), 2);
+        }
+      }
+    }
+    if (fold) {
+      EXPECT_EQ(reshapes, 2);  // the forward's and the backward's into a Send
+      EXPECT_EQ(chain, 1);
+      EXPECT_GE(views, 6);  // forward, gradient and the loss's readers
+    } else {
+      EXPECT_GE(reshapes, 8);
+      EXPECT_EQ(views, 0);
+    }
+    const auto feed = [](int64_t it, int64_t micro, std::string_view input, const Tensor& out) -> absl::Status {
+      for (int64_t i = 0; i < out.NumElements(); ++i) {
+        out.data<float>()[i] =
+            input == "lr" ? 0.1f : std::sin(0.3f * static_cast<float>(i + 24 * micro) + static_cast<float>(it));
+      }
+      return absl::OkStatus();
+    };
+    const auto fetch = [&losses, fold](int64_t, const std::map<std::string, Tensor>& values) {
+      losses[fold].push_back(values.at("loss").ToVector<float>().at(0));
+      return absl::OkStatus();
+    };
+    ASSERT_TRUE((*engine)->Run(4, feed, fetch).ok());
+  }
+  ASSERT_EQ(losses[1].size(), 4u);
+  EXPECT_EQ(losses[1], losses[0]);  // the same arithmetic: bit for bit
+}
+
 // On GPUs an op without a CUDA kernel is a plan error naming the op and its
 // task, never a host fallback. Every built-in op has one, so the op is a
 // registry's own (CPU only), and the check asks the graph's registry.

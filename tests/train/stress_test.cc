@@ -1,6 +1,8 @@
 // Random graphs (linear layers with split weights, GELU, residual scales,
-// transposes, dropout) with random SBP hints on random device meshes (data,
-// tensor and pipeline parallel, with and without micro-batches). The
+// transposes, dropout, reshapes) with random SBP hints on random device
+// meshes (data, tensor and pipeline parallel, with and without
+// micro-batches), their reshapes folded into views (LowerOptions::
+// fold_reshapes) against a one-device run that copies them. The
 // generator knows which trials are valid: every valid one must train with
 // the one-device losses. A quarter of the trials carry a fault the generator
 // planted (a hint outside the value's rank, a hint of the wrong length, more
@@ -140,9 +142,11 @@ absl::StatusOr<graph::Graph> BuildRandom(const Trial& t, int64_t batch, bool par
   for (int64_t layer = 0; layer < t.layers; ++layer) {
     auto scope = b.Scope(StrCat("l", layer), layer);
     for (int op = 0; op < 2; ++op) {
-      switch (pick(8)) {
+      const int kind = pick(9);
+      switch (kind) {
         case 0:
-        case 1: {  // linear with a randomly split weight
+        case 1:
+        case 8: {  // linear with a randomly split weight
           const int64_t out = 3 + pick(5);
           graph::VariableOptions options;
           const Sbp split = choices[pick(3)];  // drawn either way: the same graph hinted or not
@@ -150,6 +154,16 @@ absl::StatusOr<graph::Graph> BuildRandom(const Trial& t, int64_t batch, bool par
           graph::Sym w = b.Variable(
               StrCat("w", op), Shape{width, out},
               graph::InitRule::Normal(0, 0.3, static_cast<int64_t>(t.graph_seed % 100000), layer * 10 + op), options);
+          if (kind == 8) {
+            // Through reshapes, which the parallel run folds into their
+            // readers (views of the input register, no copy; the one-device
+            // run copies): a dropout reads a view (its draws by the view's
+            // positions), a chain of two folds into one, and the matmul's
+            // gradient reads its view in the backward.
+            h = graph::Reshape(dropout(graph::Reshape(h, Shape{batch, width, 1}), layer * 10 + op),
+                               Shape{batch, 1, width});
+            h = graph::Reshape(h, Shape{batch, width});
+          }
           h = graph::Matmul(h, w);
           width = out;
           break;
@@ -212,6 +226,8 @@ absl::StatusOr<std::vector<double>> Train(const Trial& t, bool parallel) {
     options.lower.parallel.world_size = t.world_size;
     options.lower.parallel.pipeline_num_layers = t.pipeline_num_layers;
     options.lower.feeds_on_copy_stream = t.feeds_on_copy_stream;
+  } else {
+    options.lower.fold_reshapes = false;  // the reference copies every reshape
   }
   ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Compile(std::move(graph), options));
   std::vector<double> losses(kIterations, NAN);

@@ -1,0 +1,70 @@
+// Cast round trips (passes.h FoldCastRoundTrips): after autodiff under mixed
+// precision, each matmul's input gradient is its f32 product cast to the
+// input's low type (a gradient has its value's dtype) and then, by the
+// AMP cast's gradient rule, straight back to f32. The pair rounds the
+// gradient to bf16 or f16 and moves it three times; the pass has the reader
+// take the f32 product instead. Only pairs whose middle value nothing else
+// reads (nor marks as a loss, fetch or update) fold.
+
+#include "core/status.h"
+#include "graph/passes.h"
+
+namespace tessera::graph {
+namespace {
+
+bool IsCast(const Node& n) {
+  return n.kind == NodeKind::kOp && n.op == "cast" && n.inputs.size() == 1 && n.outputs.size() == 1;
+}
+
+// `from` -> `via` -> `from` loses nothing worth keeping: f32 through a
+// 16-bit float (the rounding skipped), or a 16-bit float through f32 (exact).
+bool Foldable(DType from, DType via) {
+  const bool low = via == DType::kBF16 || via == DType::kF16;
+  return (from == DType::kF32 && low) || ((from == DType::kBF16 || from == DType::kF16) && via == DType::kF32);
+}
+
+}  // namespace
+
+absl::StatusOr<CastRoundTripResult> FoldCastRoundTrips(Graph& graph, const GradientMap& gradients) {
+  const auto values = static_cast<size_t>(graph.num_values());
+  std::vector<int64_t> readers(values, 0);
+  std::vector<NodeId> producer(values, -1);
+  for (const Node& n : graph.nodes()) {
+    for (ValueId in : n.inputs) ++readers[static_cast<size_t>(in)];
+    for (ValueId out : n.outputs) producer[static_cast<size_t>(out)] = n.id;
+  }
+  std::vector<bool> marked(values, false);
+  for (ValueId v : graph.losses()) marked[static_cast<size_t>(v)] = true;
+  for (const auto& [name, v] : graph.fetches()) marked[static_cast<size_t>(v)] = true;
+  for (const auto& [var, update] : graph.variable_updates()) marked[static_cast<size_t>(update)] = true;
+
+  CastRoundTripResult result;
+  Graph out(&graph.registry());
+  std::vector<ValueId>& remap = result.remap;
+  remap.assign(values, kNoValue);
+  for (const Node& n : graph.nodes()) {
+    if (IsCast(n)) {
+      const ValueId middle = n.inputs[0];
+      const NodeId first = producer[static_cast<size_t>(middle)];
+      if (first >= 0 && IsCast(graph.node(first)) && readers[static_cast<size_t>(middle)] == 1 &&
+          !marked[static_cast<size_t>(middle)]) {
+        const ValueId source = graph.node(first).inputs[0];
+        const DType from = graph.value(source).meta.dtype;
+        if (graph.value(n.outputs[0]).meta.dtype == from && Foldable(from, graph.value(middle).meta.dtype)) {
+          remap[static_cast<size_t>(n.outputs[0])] = remap[static_cast<size_t>(source)];
+          ++result.folded;
+          continue;  // (the first cast, read by no one now, is dead code)
+        }
+      }
+    }
+    std::vector<ValueId> inputs;
+    for (ValueId in : n.inputs) inputs.push_back(remap[static_cast<size_t>(in)]);
+    RETURN_IF_ERROR(ReplayNode(graph, n, inputs, out, remap));
+  }
+  RETURN_IF_ERROR(ReplayMarks(graph, remap, out));
+  result.gradients = RemapGradients(gradients, remap);
+  graph = std::move(out);
+  return result;
+}
+
+}  // namespace tessera::graph
