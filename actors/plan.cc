@@ -172,11 +172,13 @@ absl::Status ValidateTask(const TaskIndex& index, const std::map<int64_t, DescIn
       proto::TensorDesc viewed = desc.tensors(ref.tensor_index());
       *viewed.mutable_shape() = ref.view_shape();
       const absl::StatusOr<TensorMeta> view = TensorMetaFromProto(viewed);
-      if (output || !view.ok() || view->shape.NumElements() != meta.shape.NumElements()) {
-        return absl::InvalidArgumentError(StrCat(name(), (output ? " output" : " input"), " views tensor ",
-                                                 ref.tensor_index(), " of desc ", id, " ", meta.shape.ToString(),
-                                                 " as (", absl::StrJoin(ref.view_shape(), ", "), ")",
-                                                 output ? ": only inputs may" : ", not the same number of elements"));
+      const std::string what =
+          StrCat(name(), (output ? " output" : " input"), " views tensor ", ref.tensor_index(), " of desc ", id, " ",
+                 meta.shape.ToString(), " as (", absl::StrJoin(ref.view_shape(), ", "), ")");
+      if (output) return absl::InvalidArgumentError(StrCat(what, ": only inputs may"));
+      if (!view.ok()) return absl::InvalidArgumentError(StrCat(what, ": ", view.status().message()));
+      if (view->shape.NumElements() != meta.shape.NumElements()) {
+        return absl::InvalidArgumentError(StrCat(what, ", not the same number of elements"));
       }
       meta.shape = view->shape;
     }

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <map>
 #include <vector>
 
@@ -491,6 +492,25 @@ TEST(LowerTest, ReshapesFoldIntoTheirReadersAsViews) {
       EXPECT_EQ(reshapes, 2);  // the forward's and the backward's into a Send
       EXPECT_EQ(chain, 1);
       EXPECT_GE(views, 6);  // forward, gradient and the loss's readers
+      // A plan from elsewhere with a bad view is a one-line error.
+      int reader = 0;
+      while (plan->tasks(reader).inputs_size() == 0 || plan->tasks(reader).inputs(0).view_shape_size() == 0) ++reader;
+      const auto refused = [&](const std::function<void(proto::Task&)>& spoil, const std::string& what) {
+        proto::Plan bad = *plan;
+        spoil(*bad.mutable_tasks(reader));
+        const absl::Status status = actors::ValidatePlan(bad, ops::BuiltinOps());
+        EXPECT_FALSE(status.ok()) << what;
+        EXPECT_NE(status.message().find(what), std::string::npos) << status;
+        EXPECT_EQ(status.message().find('\n'), std::string::npos) << status;
+      };
+      refused([](proto::Task& t) { t.mutable_inputs(0)->add_view_shape(2); }, "not the same number of elements");
+      refused([](proto::Task& t) { t.mutable_inputs(0)->set_view_shape(0, -4); }, "negative");
+      refused([](proto::Task& t) { t.mutable_outputs(0)->add_view_shape(1); }, "only inputs may");
+      refused(
+          [](proto::Task& t) {
+            for (int i = 0; i < 70; ++i) t.mutable_inputs(0)->add_view_shape(1);
+          },
+          "dimensions");
     } else {
       EXPECT_GE(reshapes, 8);
       EXPECT_EQ(views, 0);
