@@ -28,6 +28,11 @@ bool Contains(const google::protobuf::RepeatedField<int64_t>& ids, int64_t id) {
   return std::find(ids.begin(), ids.end(), id) != ids.end();
 }
 
+absl::Status Inconsistent(const proto::Task& task, int64_t desc) {
+  return absl::InternalError(
+      StrCat("folding reshapes: task '", task.name(), "' and register desc ", desc, " disagree on reading it"));
+}
+
 bool ReadsDesc(const proto::TensorRef& ref, int64_t desc) {
   return ref.location_case() == proto::TensorRef::kRegisterDescId && ref.register_desc_id() == desc;
 }
@@ -86,15 +91,19 @@ absl::Status FoldReshapes(proto::Plan& plan) {
         if (ref.view_shape_size() == 0) ref.mutable_view_shape()->Assign(shape.begin(), shape.end());
       }
       auto* ids = reader->mutable_consumed_register_desc_ids();
+      const auto read = std::find(ids->begin(), ids->end(), out->id());
+      if (read == ids->end()) return Inconsistent(*reader, out->id());
       if (Contains(*ids, from->id())) {
-        ids->erase(std::find(ids->begin(), ids->end(), out->id()));
+        ids->erase(read);
       } else {
-        *std::find(ids->begin(), ids->end(), out->id()) = from->id();
+        *read = from->id();
         from->add_consumers(c);
       }
     }
     auto* readers = from->mutable_consumers();
-    readers->erase(std::find(readers->begin(), readers->end(), reshape.actor_id()));
+    const auto reading = std::find(readers->begin(), readers->end(), reshape.actor_id());
+    if (reading == readers->end()) return Inconsistent(reshape, from->id());
+    readers->erase(reading);
     from->set_register_num(std::max(from->register_num(), out->register_num()));
     task_gone[static_cast<size_t>(r)] = true;
     desc_gone[static_cast<size_t>(desc_at.at(out->id()))] = true;
