@@ -1,6 +1,8 @@
 // The fused Linear + bias + GELU (matmul_bias_gelu: the bias and GELU as the
 // GEMM's epilogue) against what runs without model.bias_gelu_fusion (matmul,
-// then bias_gelu), measured in the same run, on the registered kernels
+// then bias_gelu), and a Linear's GEMM with its bias (matmul_bias, what
+// every column-parallel Linear runs) against matmul then bias_add (what
+// ran before), measured in the same run, on the registered kernels
 // through RunKernel with preallocated inputs, outputs and workspaces (what
 // the actor runtime does): the CPU's on intra-op pools of 1 and 2 threads, or with
 // --device cuda cuda:0's (each call waits for its kernels; cuBLASLt's
@@ -74,26 +76,28 @@ double MedianMs(const std::function<void()>& fn, int repeats) {
 struct Case {
   const char* label;
   int64_t m, k, n;
-  const char* approximate;
+  const char* approximate;  // the GELU's; nullptr: matmul_bias, no GELU
 };
 
 void Measure(const Case& c, ThreadPool* pool, int threads, int repeats) {
   const Tensor x = Filled(Shape{c.m, c.k}, 1, g_dtype), w = Filled(Shape{c.k, c.n}, 2, g_dtype);
   const Tensor bias = Filled(Shape{c.n}, 3, DType::kF32);
-  const ops::AttrMap gelu = {{"approximate", std::string(c.approximate)}};
-  auto fused = bench::MakeKernelCall("matmul_bias_gelu", {x, w, bias}, gelu, pool, g_device);
+  const bool gelu = c.approximate != nullptr;
+  const ops::AttrMap attrs = gelu ? ops::AttrMap{{"approximate", std::string(c.approximate)}} : ops::AttrMap{};
+  auto fused = bench::MakeKernelCall(gelu ? "matmul_bias_gelu" : "matmul_bias", {x, w, bias}, attrs, pool, g_device);
   auto matmul = bench::MakeKernelCall("matmul", {x, w}, {}, pool, g_device);
-  auto bias_gelu = bench::MakeKernelCall("bias_gelu", {matmul->ctx.outputs[0], bias}, gelu, pool, g_device);
+  auto epilogue =
+      bench::MakeKernelCall(gelu ? "bias_gelu" : "bias_add", {matmul->ctx.outputs[0], bias}, attrs, pool, g_device);
   const double fused_ms = MedianMs([&] { bench::Run(*fused); }, repeats);
   const double unfused_ms = MedianMs(
       [&] {
         bench::Run(*matmul);
-        bench::Run(*bias_gelu);
+        bench::Run(*epilogue);
       },
       repeats);
   const double tflops = 2.0 * static_cast<double>(c.m * c.n * c.k) / (fused_ms * 1e-3) / 1e12;
-  std::printf("%-34s %d thr  fused %8.3f ms  matmul+bias_gelu %8.3f ms  (%.3fx)  fused %.2f TFLOP/s\n", c.label,
-              threads, fused_ms, unfused_ms, fused_ms / unfused_ms, tflops);
+  std::printf("%-34s %d thr  fused %8.3f ms  matmul+%-9s %8.3f ms  (%.3fx)  fused %.2f TFLOP/s\n", c.label, threads,
+              fused_ms, gelu ? "bias_gelu" : "bias_add", unfused_ms, fused_ms / unfused_ms, tflops);
   std::fflush(stdout);
 }
 
@@ -127,12 +131,14 @@ int main(int argc, char** argv) {
   std::vector<tessera::Case> cases = {
       {"GPT-2 c_fc (tanh), 768 -> 3072", rows, 768, 3072, "tanh"},
       {"BERT-base dense (erf), 768 -> 3072", rows, 768, 3072, "none"},
+      {"GPT-2 q, k or v (bias), 768 -> 768", rows, 768, 768, nullptr},
   };
   if (gpu) cases.push_back({"4096^3 (tanh)", 4096, 4096, 4096, "tanh"});
   const int repeats = quick ? 3 : 7;
-  std::printf("matmul_bias_gelu vs matmul + bias_gelu on %s, x and weight %s, %s rows; median of %d\n",
-              gpu ? "cuda:0" : "the CPU", std::string(tessera::DTypeName(tessera::g_dtype)).c_str(),
-              std::to_string(rows).c_str(), repeats);
+  std::printf(
+      "matmul_bias_gelu / matmul_bias vs matmul + bias_gelu / bias_add on %s, x and weight %s, %s rows; median of %d\n",
+      gpu ? "cuda:0" : "the CPU", std::string(tessera::DTypeName(tessera::g_dtype)).c_str(),
+      std::to_string(rows).c_str(), repeats);
   for (const tessera::Case& c : cases) {
     if (gpu) {
       tessera::Measure(c, nullptr, 1, repeats);

@@ -160,6 +160,10 @@ Sym BatchMatmul(const Sym& a, const Sym& b, const MatmulOptions& options) {
                 {{"transpose_a", options.transpose_a}, {"transpose_b", options.transpose_b}, {"alpha", options.alpha}});
 }
 Sym BiasAdd(const Sym& x, const Sym& bias) { return Binary("bias_add", x, bias); }
+Sym MatmulBias(const Sym& x, const Sym& weight, const Sym& bias) {
+  GraphBuilder* b = BuilderOf({&x, &weight, &bias});
+  return b ? b->Apply("matmul_bias", {x, weight, bias}) : Sym();
+}
 Sym Gelu(const Sym& x, std::string_view approximate) {
   return Unary("gelu", x, {{"approximate", std::string(approximate)}});
 }

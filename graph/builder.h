@@ -154,6 +154,9 @@ struct MatmulOptions {
 Sym Matmul(const Sym& a, const Sym& b, const MatmulOptions& options = {});
 Sym BatchMatmul(const Sym& a, const Sym& b, const MatmulOptions& options = {});
 Sym BiasAdd(const Sym& x, const Sym& bias);
+// x (M, K) @ weight (K, N) + bias (N,) as one op (the GEMM's epilogue adds
+// the bias): the bits of BiasAdd(Matmul(x, weight), bias).
+Sym MatmulBias(const Sym& x, const Sym& weight, const Sym& bias);
 Sym Gelu(const Sym& x, std::string_view approximate = "none");
 Sym Relu(const Sym& x);
 Sym Silu(const Sym& x);

@@ -60,8 +60,16 @@ Sym Linear::Apply(const Sym& x, Epilogue epilogue, const std::string& approximat
   if (epilogue == Epilogue::kBiasGelu) {
     y = b->Apply("matmul_bias_gelu", {x2, weight(), bias()}, {{"approximate", approximate}});
   } else {
-    y = graph::Matmul(x2, weight());
-    if (epilogue == Epilogue::kBias && options_.bias) y = graph::BiasAdd(y, bias());
+    // A row-parallel layer's product is a partial sum over tp: its bias is
+    // added once the sum is whole (as Megatron's RowParallelLinear does), not
+    // to every piece, so it stays a bias_add after the GEMM.
+    const bool with_bias = epilogue == Epilogue::kBias && options_.bias;
+    if (with_bias && options_.parallel != Parallel::kRow) {
+      y = graph::MatmulBias(x2, weight(), bias());
+    } else {
+      y = graph::Matmul(x2, weight());
+      if (with_bias) y = graph::BiasAdd(y, bias());
+    }
   }
   if (!flatten) return y;
   std::vector<int64_t> out_dims = shape.dims();

@@ -80,7 +80,7 @@ FusedQKV::Output FusedQKV::Forward(const Sym& x) {
   for (size_t i = 0; i < 3; ++i) {
     const Sym wi = graph::Reshape(w[i], Shape{C, C});     // (C, 1, C) S(2) -> (C, C) S(1)
     const Sym bi = graph::Reshape(bias[i], Shape{C});     // (1, C) S(1) -> (C,) S(0)
-    out[i] = graph::BiasAdd(graph::Matmul(x, wi), bi);    // (N, C), S(1) over tp
+    out[i] = graph::MatmulBias(x, wi, bi);                // (N, C), S(1) over tp
   }
   return {out[0], out[1], out[2]};
 }

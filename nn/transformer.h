@@ -15,8 +15,8 @@
 // S(2) passes through, and its gradient is one `concat`, also S(2) -> S(2)),
 // rather than three slices (whose gradients are three zero-filled full-size
 // slice_grads summed): then per part a reshape (C, 1, C) -> (C, C)
-// (S(2) -> S(1), exact for any split), a column-parallel matmul and bias_add
-// (B, S(1)) -> S(1), reshape (B·T, C) -> (B, T, H, D) (S(1) -> S(2): exact
+// (S(2) -> S(1), exact for any split), a column-parallel matmul_bias
+// (B, S(1), S(0)) -> S(1), reshape (B·T, C) -> (B, T, H, D) (S(1) -> S(2): exact
 // when H % tp == 0) and a transpose to heads (B, H, T, D) (S(2) -> S(1)).
 // Scores and the context are batch_matmuls split on the head axis (S(1));
 // c_proj is row-parallel (its matmul S(1) x S(0) -> P over tp).

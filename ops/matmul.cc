@@ -1,8 +1,8 @@
 // The matmul family: matmul (2-D) and batch_matmul (equal leading batch
 // dimensions), both y = alpha * op(a) @ op(b) with op = optional transpose of
-// the last two axes, and matmul_bias_gelu, a Linear layer's GEMM with its
-// bias and GELU as the GEMM's epilogue. Kernels in ops/cpu/matmul.cc and
-// ops/cuda/matmul.cc.
+// the last two axes, and matmul_bias / matmul_bias_gelu, a Linear layer's
+// GEMM with its bias (and GELU) as the GEMM's epilogue. Kernels in
+// ops/cpu/matmul.cc and ops/cuda/matmul.cc.
 
 #include "ops/cpu/matmul.h"
 
@@ -159,14 +159,9 @@ void GemmGrad(GradBuilder& g, std::string_view op) {
                  g.attrs().Float("alpha"));
 }
 
-// matmul_bias_gelu: x (M, K) and weight (K, N) f32, bf16 or f16 alike,
-// bias (N,) f32; y and z (M, N) f32.
-absl::StatusOr<std::vector<TensorMeta>> InferMatmulBiasGelu(const std::vector<TensorMeta>& in, const AttrMap& attrs) {
-  const std::string& approximate = attrs.String("approximate");
-  if (approximate != "none" && approximate != "tanh") {
-    return absl::InvalidArgumentError(
-        StrCat("attribute 'approximate' must be \"none\" or \"tanh\", got \"", approximate, "\""));
-  }
+// matmul_bias and matmul_bias_gelu: x (M, K) and weight (K, N) f32, bf16 or
+// f16 alike, bias (N,) f32; their outputs (M, N) f32.
+absl::StatusOr<TensorMeta> InferLinear(const std::vector<TensorMeta>& in) {
   RETURN_IF_ERROR(ExpectGemmDTypes(in[0], in[1]));
   RETURN_IF_ERROR(ExpectRank(in[0], 2, "x"));
   RETURN_IF_ERROR(ExpectRank(in[1], 2, "weight"));
@@ -180,8 +175,39 @@ absl::StatusOr<std::vector<TensorMeta>> InferMatmulBiasGelu(const std::vector<Te
     return absl::InvalidArgumentError(StrCat("bias must have shape (", n, ",) to match the columns of weight ",
                                              in[1].shape.ToString(), ", got ", in[2].shape.ToString()));
   }
-  const TensorMeta out{DType::kF32, Shape{m, n}};
+  return TensorMeta{DType::kF32, Shape{m, n}};
+}
+
+absl::StatusOr<std::vector<TensorMeta>> InferMatmulBiasGelu(const std::vector<TensorMeta>& in, const AttrMap& attrs) {
+  const std::string& approximate = attrs.String("approximate");
+  if (approximate != "none" && approximate != "tanh") {
+    return absl::InvalidArgumentError(
+        StrCat("attribute 'approximate' must be \"none\" or \"tanh\", got \"", approximate, "\""));
+  }
+  ASSIGN_OR_RETURN(const TensorMeta out, InferLinear(in));
   return std::vector<TensorMeta>{out, out};
+}
+
+// matmul_bias: matmul's signatures with the bias laid out as y's columns:
+// rows split (bias whole), columns split (bias split with them), and the
+// partial sums (K split, or x or weight partial) with a partial bias, whose
+// pieces sum to it as y's do.
+std::vector<SbpSignature> MatmulBiasSignatures(const std::vector<TensorMeta>&, const AttrMap&, int64_t) {
+  const Sbp kB = Sbp::Broadcast(), kP = Sbp::PartialSum();
+  return {{{Sbp::Split(0), kB, kB}, {Sbp::Split(0)}},
+          {{kB, Sbp::Split(1), Sbp::Split(0)}, {Sbp::Split(1)}},
+          {{Sbp::Split(1), Sbp::Split(0), kP}, {kP}},
+          {{kP, kB, kP}, {kP}},
+          {{kB, kP, kP}, {kP}},
+          {{kB, kB, kB}, {kB}}};
+}
+
+// The GEMM's gradients (GemmInputGrads, so mixed precision casts as
+// matmul's do) and the bias's as dy summed over rows.
+void MatmulBiasGrad(GradBuilder& g) {
+  const ValueId dy = g.OutputGradOrZeros(0);
+  g.SetInputGrad(2, g.SumToShape(dy, g.meta(g.input(2)).shape));
+  GemmInputGrads(g, "matmul", dy, false, false, 1.0);
 }
 
 // Rows split, columns split with the bias, or all whole; never a partial
@@ -215,7 +241,8 @@ OpSchema& GemmAttrs(OpSchema& schema) {
 // cuBLASLt's workspace on GPUs (a cuBLASLt call gets what it is given),
 // 256 bytes more to align it; none on CPUs. matmul_bias_gelu (one per
 // layer) takes the 32 MiB the cuBLAS documentation recommends for a Hopper
-// handle; matmul and batch_matmul, several of which are in flight at once
+// handle; matmul, matmul_bias and batch_matmul, several of which are in
+// flight at once
 // (each act holds its own from launch to completion), the 4 MiB it
 // recommends for earlier GPUs: 32 MiB each added 468 MiB (4.3 %) to GPT-2
 // 124M's planned arena at micro-batch 8.
@@ -266,6 +293,30 @@ void RegisterMatmulOps(OpRegistry& registry) {
 #endif
       .Example({{DType::kF32, Shape{2, 4, 8}}, {DType::kF32, Shape{2, 8, 16}}});
   registry.MustRegister(std::move(batch_matmul));
+
+  OpSchema linear("matmul_bias");
+  linear
+      .Doc(
+          "y = x @ weight + bias: a Linear layer's GEMM with its bias as the GEMM's epilogue (cuBLASLt's BIAS on "
+          "CUDA), the bits of matmul then bias_add. x (M, K) and weight (K, N) both f32, bf16 or f16, bias (N,) "
+          "f32; y f32")
+      .Input("x")
+      .Input("weight")
+      .Input("bias")
+      .Output("y")
+      .Infer([](const std::vector<TensorMeta>& in, const AttrMap&) -> absl::StatusOr<std::vector<TensorMeta>> {
+        ASSIGN_OR_RETURN(const TensorMeta out, InferLinear(in));
+        return std::vector<TensorMeta>{out};
+      })
+      .Sbp(MatmulBiasSignatures)
+      .Grad(MatmulBiasGrad)
+      .Workspace(CublasLtWorkspace(4))
+      .Kernel(DeviceType::kCpu, cpu::MatmulBiasKernel)
+#ifdef TESSERA_WITH_CUDA
+      .Kernel(DeviceType::kCuda, cuda::MatmulBiasKernel)
+#endif
+      .Example({{DType::kF32, Shape{4, 8}}, {DType::kF32, Shape{8, 6}}, {DType::kF32, Shape{6}}});
+  registry.MustRegister(std::move(linear));
 
   OpSchema fused("matmul_bias_gelu");
   fused

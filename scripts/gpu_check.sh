@@ -22,8 +22,9 @@
 #      rtol 1e-4; bf16 with both, the attention on tensor cores: rtol
 #      2e-2), with tokens/s
 #      of both; the fused attention op against the unfused ops on cuda:0
-#      (bench/attention_bench.cc); matmul_bias_gelu (cuBLASLt's epilogues)
-#      against matmul + bias_gelu, and its bf16 4096^3 TFLOP/s against the
+#      (bench/attention_bench.cc); matmul_bias_gelu and matmul_bias
+#      (cuBLASLt's epilogues) against matmul + bias_gelu / bias_add, and the
+#      bf16 4096^3 TFLOP/s against the
 #      data-sheet peak (bench/linear_gelu_bench.cc); memory-bound kernels
 #      at GPT-2 124M's shapes against a device-to-device copy
 #      (bench/kernel_bench.cc); then GPT-2 124M's shapes
@@ -289,7 +290,7 @@ else
 fi
 echo "in $(($(date +%s) - start)) s" >> "$report"
 
-section "matmul_bias_gelu (cuBLASLt epilogues) on cuda:0 against matmul + bias_gelu"
+section "matmul_bias_gelu and matmul_bias (cuBLASLt epilogues) on cuda:0 against matmul + bias_gelu / bias_add"
 start=$(date +%s)
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
 case "$gpu" in

@@ -1,6 +1,6 @@
-// Automatic mixed precision: matmuls (and matmul_bias_gelu's x and weight,
-// the fused attention's q, k, v) read their f32 inputs cast to bf16 or f16;
-// everything else stays f32.
+// Automatic mixed precision: matmuls (and matmul_bias's and
+// matmul_bias_gelu's x and weight, the fused attention's q, k, v) read their
+// f32 inputs cast to bf16 or f16; everything else stays f32.
 
 #include <map>
 
@@ -21,12 +21,10 @@ absl::StatusOr<MixedPrecisionResult> AutoMixedPrecision(Graph& graph, DType low)
     }
   }
   // The ops that read low precision, and how many of their leading inputs
-  // (matmul_bias_gelu's bias and the attention's mask stay as they are).
-  const std::map<std::string, size_t> allow = {{"matmul", 2},
-                                               {"batch_matmul", 2},
-                                               {"matmul_bias_gelu", 2},
-                                               {"flash_attention", 3},
-                                               {"flash_attention_masked", 3}};
+  // (the Linear ops' bias and the attention's mask stay as they are).
+  const std::map<std::string, size_t> allow = {{"matmul", 2},          {"batch_matmul", 2},
+                                               {"matmul_bias", 2},     {"matmul_bias_gelu", 2},
+                                               {"flash_attention", 3}, {"flash_attention_masked", 3}};
   MixedPrecisionResult result;
   Graph out(&graph.registry());
   std::vector<ValueId>& remap = result.remap;

@@ -393,33 +393,47 @@ absl::Status MatmulKernel(KernelContext& ctx) { return GemmKernel(ctx, /*batched
 
 absl::Status BatchMatmulKernel(KernelContext& ctx) { return GemmKernel(ctx, /*batched=*/true); }
 
-absl::Status MatmulBiasGeluKernel(KernelContext& ctx) {
+namespace {
+
+// matmul_bias (gelu false: y = x @ weight + bias) and matmul_bias_gelu (z =
+// that, y = GELU(z)): one RunGemm with the bias (+ GELU) epilogue.
+absl::Status LinearKernel(KernelContext& ctx, bool gelu) {
   const Tensor &x = ctx.input(0), &w = ctx.input(1), &bias = ctx.input(2);
-  const Tensor &y = ctx.output(0), &z = ctx.output(1);
+  const Tensor& y = ctx.output(0);
+  const Tensor& z = gelu ? ctx.output(1) : y;
   const bool low = x.dtype() == DType::kBF16 || x.dtype() == DType::kF16;
   if (!(x.dtype() == DType::kF32 || low) || w.dtype() != x.dtype() || bias.dtype() != DType::kF32 ||
       y.dtype() != DType::kF32 || z.dtype() != DType::kF32) {
-    return absl::InvalidArgumentError(StrCat(
-        "x, weight f32, bf16 or f16 alike and bias, y, z f32, got ", DTypeName(x.dtype()), ", ", DTypeName(w.dtype()),
-        ", ", DTypeName(bias.dtype()), ", ", DTypeName(y.dtype()), ", ", DTypeName(z.dtype())));
+    return absl::InvalidArgumentError(StrCat("x, weight f32, bf16 or f16 alike and bias, ", gelu ? "y, z" : "y",
+                                             " f32, got ", DTypeName(x.dtype()), ", ", DTypeName(w.dtype()), ", ",
+                                             DTypeName(bias.dtype()), ", ", DTypeName(y.dtype()),
+                                             gelu ? StrCat(", ", DTypeName(z.dtype())) : ""));
   }
   const bool shapes_ok = x.shape().rank() == 2 && w.shape().rank() == 2 && w.shape()[0] == x.shape()[1] &&
                          bias.shape() == Shape{w.shape()[1]} && y.shape() == Shape{x.shape()[0], w.shape()[1]} &&
                          z.shape() == y.shape();
   if (!shapes_ok) {
     return absl::InvalidArgumentError(StrCat("local shapes x ", x.shape().ToString(), ", weight ", w.shape().ToString(),
-                                             ", bias ", bias.shape().ToString(), ", y ", y.shape().ToString(), ", z ",
-                                             z.shape().ToString(), " do not match"));
+                                             ", bias ", bias.shape().ToString(), ", y ", y.shape().ToString(),
+                                             gelu ? StrCat(", z ", z.shape().ToString()) : "", " do not match"));
   }
   GemmArgs g;
   g.m = x.shape()[0];
   g.k = x.shape()[1];
   g.n = w.shape()[1];
   g.y = y.data<float>();
-  g.aux = z.data<float>();
   g.bias = bias.data<float>();
-  g.gelu = ctx.attr().String("approximate") == "tanh" ? 2 : 1;
+  if (gelu) {
+    g.aux = z.data<float>();
+    g.gelu = ctx.attr().String("approximate") == "tanh" ? 2 : 1;
+  }
   return RunGemmOn(ctx, g, x, w);
 }
+
+}  // namespace
+
+absl::Status MatmulBiasKernel(KernelContext& ctx) { return LinearKernel(ctx, /*gelu=*/false); }
+
+absl::Status MatmulBiasGeluKernel(KernelContext& ctx) { return LinearKernel(ctx, /*gelu=*/true); }
 
 }  // namespace tessera::ops::cpu

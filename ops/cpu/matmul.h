@@ -16,6 +16,8 @@ namespace tessera::ops::cpu {
 absl::Status MatmulKernel(KernelContext& ctx);
 // The same for every item of equal leading (batch) dimensions.
 absl::Status BatchMatmulKernel(KernelContext& ctx);
+// y = x @ weight + bias (matmul_bias): one RunGemm with the bias epilogue.
+absl::Status MatmulBiasKernel(KernelContext& ctx);
 // z = x @ weight + bias and y = GELU(z) (matmul_bias_gelu): one RunGemm with
 // the bias + GELU epilogue.
 absl::Status MatmulBiasGeluKernel(KernelContext& ctx);

@@ -1,4 +1,4 @@
-// Host side of matmul / batch_matmul / matmul_bias_gelu on CUDA: the shapes
+// Host side of matmul / batch_matmul / matmul_bias / matmul_bias_gelu on CUDA: the shapes
 // and dtypes InferMeta checked, as cuBLASLt's (and cuBLAS's) arguments
 // (ops/cuda/matmul.cu).
 
@@ -34,44 +34,67 @@ absl::Status Gemm(KernelContext& ctx, bool batched) {
               batched ? "batch_matmul" : "matmul");
 }
 
-}  // namespace
+// matmul_bias and matmul_bias_gelu: the local x (M, K), weight (K, N) and
+// bias (N) as cuBLASLt's; `name` for errors.
+struct Linear {
+  int64_t M, N, K;
+  int dtype;
+  const void *x, *w;
+  const float* bias;
+};
 
-absl::Status MatmulBiasGeluKernel(KernelContext& ctx) {
+absl::StatusOr<Linear> LinearOf(KernelContext& ctx, std::string_view name) {
   RETURN_IF_ERROR(OnDevice(ctx));
   const Tensor &x = ctx.input(0), &w = ctx.input(1);
   const int64_t M = x.shape()[0], K = x.shape()[1], N = w.shape()[1];
   constexpr int64_t kMaxInt = std::numeric_limits<int>::max();
   if (M > kMaxInt || N > kMaxInt || K > kMaxInt) {
-    return absl::UnimplementedError(
-        StrCat("CUDA matmul_bias_gelu: dimensions past 2^31 (", M, " x ", N, " x ", K, ")"));
+    return absl::UnimplementedError(StrCat("CUDA ", name, ": dimensions past 2^31 (", M, " x ", N, " x ", K, ")"));
   }
   const int dtype = x.dtype() == DType::kBF16 ? 1 : x.dtype() == DType::kF16 ? 2 : 0;
+  return Linear{M, N, K, dtype, x.raw_data(), w.raw_data(), ctx.input(2).data<float>()};
+}
+
+// z = x @ w + bias: cuBLASLt's BIAS epilogue, or where it has no kernel the
+// GEMM and then the bias added in place.
+absl::Status BiasProduct(KernelContext& ctx, const Linear& l, float* z, std::string_view name) {
+  bool fused = false;
+  RETURN_IF_ERROR(Done(LaunchGemmBiasLt(l.dtype, l.M, l.N, l.K, l.x, l.w, l.bias, z, nullptr, WorkspaceOf(ctx),
+                                        WorkspaceBytesOf(ctx), &fused),
+                       StrCat(name, " (cuBLASLt, bias epilogue)")));
+  if (fused) return absl::OkStatus();
+  RETURN_IF_ERROR(Done(
+      LaunchGemm(l.dtype, false, false, 1, l.M, l.N, l.K, 1.0f, l.x, l.w, z, WorkspaceOf(ctx), WorkspaceBytesOf(ctx)),
+      StrCat(name, " (GEMM)")));
+  return Done(LaunchBiasAdd(z, l.bias, z, l.M, l.N, 0), StrCat(name, " (bias)"));
+}
+
+}  // namespace
+
+absl::Status MatmulBiasKernel(KernelContext& ctx) {
+  ASSIGN_OR_RETURN(const Linear l, LinearOf(ctx, "matmul_bias"));
+  return BiasProduct(ctx, l, ctx.output(0).data<float>(), "matmul_bias");
+}
+
+absl::Status MatmulBiasGeluKernel(KernelContext& ctx) {
+  ASSIGN_OR_RETURN(const Linear l, LinearOf(ctx, "matmul_bias_gelu"));
   const bool tanh_approx = ctx.attr().String("approximate") == "tanh";
-  const float* bias = ctx.input(2).data<float>();
   float* y = ctx.output(0).data<float>();
   float* z = ctx.output(1).data<float>();
   const cpu::UnaryKind gelu = tanh_approx ? cpu::UnaryKind::kGeluTanh : cpu::UnaryKind::kGelu;
-  bool fused = false;
   // bf16 / f16 inputs with the tanh GELU: all of it in cuBLASLt's epilogue
   // (its GELU's rounding differs from the CPU's formula; low-precision runs
   // are compared at rtol 2e-2 anyway). f32: the bias in the epilogue and
   // GELU by the formula the CPU uses, so f32 runs agree to rounding.
-  if (tanh_approx && dtype != 0) {
-    RETURN_IF_ERROR(Done(LaunchGemmBiasLt(dtype, M, N, K, x.raw_data(), w.raw_data(), bias, z, y, WorkspaceOf(ctx),
+  if (tanh_approx && l.dtype != 0) {
+    bool fused = false;
+    RETURN_IF_ERROR(Done(LaunchGemmBiasLt(l.dtype, l.M, l.N, l.K, l.x, l.w, l.bias, z, y, WorkspaceOf(ctx),
                                           WorkspaceBytesOf(ctx), &fused),
                          "matmul_bias_gelu (cuBLASLt, GELU epilogue)"));
     if (fused) return absl::OkStatus();
   }
-  RETURN_IF_ERROR(Done(LaunchGemmBiasLt(dtype, M, N, K, x.raw_data(), w.raw_data(), bias, z, nullptr, WorkspaceOf(ctx),
-                                        WorkspaceBytesOf(ctx), &fused),
-                       "matmul_bias_gelu (cuBLASLt, bias epilogue)"));
-  if (!fused) {  // no cuBLASLt kernel: z = x @ w, then z += bias in place
-    RETURN_IF_ERROR(Done(LaunchGemm(dtype, false, false, 1, M, N, K, 1.0f, x.raw_data(), w.raw_data(), z,
-                                    WorkspaceOf(ctx), WorkspaceBytesOf(ctx)),
-                         "matmul_bias_gelu (GEMM)"));
-    RETURN_IF_ERROR(Done(LaunchBiasAdd(z, bias, z, M, N, 0), "matmul_bias_gelu (bias)"));
-  }
-  return Done(LaunchUnary(static_cast<int>(gelu), z, y, M * N), "matmul_bias_gelu (GELU)");
+  RETURN_IF_ERROR(BiasProduct(ctx, l, z, "matmul_bias_gelu"));
+  return Done(LaunchUnary(static_cast<int>(gelu), z, y, l.M * l.N), "matmul_bias_gelu (GELU)");
 }
 
 absl::Status MatmulKernel(KernelContext& ctx) { return Gemm(ctx, false); }

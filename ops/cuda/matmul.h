@@ -11,6 +11,9 @@ namespace tessera::ops::cuda {
 
 absl::Status MatmulKernel(KernelContext& ctx);
 absl::Status BatchMatmulKernel(KernelContext& ctx);
+// matmul_bias through cuBLASLt's BIAS epilogue (the GEMM, then the bias,
+// where cuBLASLt has no kernel).
+absl::Status MatmulBiasKernel(KernelContext& ctx);
 // matmul_bias_gelu through cuBLASLt: bf16 / f16 with the tanh GELU all in
 // its GELU_AUX_BIAS epilogue (N a multiple of 8); otherwise the bias in its
 // epilogue and the GELU kernel after (the GEMM, the bias and the GELU where

@@ -166,13 +166,19 @@ void ExpectMegatronForward(bool fusion) {
   const int64_t batch = 4, T = 32, C = 64;
   auto graph = model->BuildGraph(batch);
   ASSERT_TRUE(graph.ok()) << graph.status();
-  int fused_ops = 0, bias_gelus = 0;
+  int fused_ops = 0, bias_gelus = 0, linears = 0, bias_adds = 0;
   for (const graph::Node& n : graph->nodes()) {
     fused_ops += n.op == "matmul_bias_gelu";
     bias_gelus += n.op == "bias_gelu";
+    linears += n.op == "matmul_bias";
+    bias_adds += n.op == "bias_add";
   }
   EXPECT_EQ(fused_ops, fusion ? 2 : 0);  // gpt2_nano's 2 layers
   EXPECT_EQ(bias_gelus, fusion ? 0 : 2);
+  // Per layer: q, k and v (column-parallel) add their bias in the GEMM;
+  // the two row-parallel c_proj add theirs to the whole sum.
+  EXPECT_EQ(linears, 2 * 3);
+  EXPECT_EQ(bias_adds, 2 * 2);
   for (int64_t dp : {1, 2}) {
     auto mesh = scheduler::DeviceMesh::Make({.data = dp, .tensor = 2, .world_size = 2 * dp});
     ASSERT_TRUE(mesh.ok()) << mesh.status();
@@ -183,7 +189,7 @@ void ExpectMegatronForward(bool fusion) {
       EXPECT_EQ(e.cost, 0) << graph->value(e.value).name << ": " << e.description;
     }
     for (const graph::Node& n : graph->nodes()) {
-      if (n.op != "matmul" && n.op != "matmul_bias_gelu") continue;
+      if (n.op != "matmul" && n.op != "matmul_bias" && n.op != "matmul_bias_gelu") continue;
       const Sbp tp_out = sbp->nodes[static_cast<size_t>(n.id)].outputs[0][1];
       if (n.scope.ends_with("c_attn") || n.scope.ends_with("c_fc")) {
         EXPECT_EQ(tp_out, Sbp::Split(1)) << n.scope;

@@ -79,7 +79,8 @@ TEST(CudaKernels, RegisteredWhereTheBuildHasCuda) {
       "softmax", "softmax_grad", "log_softmax", "log_softmax_grad", "fused_scale_causal_softmax",
       "fused_scale_mask_softmax", "layer_norm", "layer_norm_grad", "rms_norm", "rms_norm_grad",
       // optimizers and products
-      "sgd_update", "adamw_update", "nonfinite", "loss_scale_update", "matmul", "batch_matmul", "matmul_bias_gelu",
+      "sgd_update", "adamw_update", "nonfinite", "loss_scale_update", "matmul", "batch_matmul", "matmul_bias",
+      "matmul_bias_gelu",
       // embeddings, loss
       "embedding", "embedding_grad", "bias_gelu_grad", "cross_entropy_partials", "cross_entropy_partials_grad",
       "sparse_softmax_cross_entropy", "sparse_softmax_cross_entropy_grad", "dropout",
@@ -288,13 +289,14 @@ TEST(CudaKernels, CrossEntropyTakesI32LabelsWithAndWithoutItsWorkspace) {
   }
 }
 
-// matmul_bias_gelu beyond its example: f32 (the bias in cuBLASLt's
+// matmul_bias and matmul_bias_gelu beyond their examples. matmul_bias:
+// cuBLASLt's BIAS epilogue, y to the GEMM's rounding. matmul_bias_gelu: f32 (the bias in cuBLASLt's
 // epilogue, the GELU kernel after) and bf16 (with the tanh GELU all in the
 // GELU_AUX_BIAS epilogue when N is a multiple of 8), N a multiple of 8 and
 // not, both GELUs, against the CPU kernel on the same inputs. z must agree
 // to the GEMM's rounding; y too in f32; cuBLASLt's own GELU (bf16, tanh) is
 // held to 1e-3 of the largest |y| and its worst difference printed.
-TEST(CudaKernels, MatmulBiasGeluMatchesTheCpu) {
+TEST(CudaKernels, MatmulBiasAndMatmulBiasGeluMatchTheCpu) {
   if (const std::string why = NoGpu(); !why.empty()) GTEST_SKIP() << why;
   for (const DType dtype : {DType::kF32, DType::kBF16}) {
     for (const auto& [M, K, N] : {std::tuple{64, 96, 128}, std::tuple{33, 70, 50}, std::tuple{256, 768, 3072}}) {
@@ -312,6 +314,14 @@ TEST(CudaKernels, MatmulBiasGeluMatchesTheCpu) {
             auto low = RunOp("cast", {in[i]}, {{"dtype", dtype}});
             ASSERT_TRUE(low.ok()) << low.status();
             in[i] = (*low)[0];
+          }
+        }
+        if (approximate == "none") {
+          std::vector<Tensor> want, got;
+          ASSERT_NO_FATAL_FAILURE(RunOnBoth("matmul_bias", in, {}, want, got, /*with_workspace=*/M != 33));
+          const std::vector<double> g = got[0].ToDoubleVector(), r = want[0].ToDoubleVector();
+          for (size_t i = 0; i < r.size(); ++i) {
+            ASSERT_NEAR(g[i], r[i], 1e-5 * std::fabs(r[i]) + 1e-5) << "matmul_bias element " << i;
           }
         }
         const AttrMap attrs = {{"approximate", approximate}};

@@ -1,7 +1,7 @@
 // Cases for matmul and batch_matmul: every transpose combination, alpha != 1,
 // extents (5, 7, 3) that split unevenly over 2, 3 and 4 shards, extents
 // smaller than the shard count (empty shards, K = 0 pieces), and batch ranks
-// 3 and 4; matmul_bias_gelu with both GELUs.
+// 3 and 4; matmul_bias; matmul_bias_gelu with both GELUs.
 
 #include <string>
 #include <tuple>
@@ -70,9 +70,10 @@ OpTestCase Gemm(std::string op, std::string label, const std::vector<int64_t>& b
                   ReferenceGemm, {{"transpose_a", ta}, {"transpose_b", tb}, {"alpha", alpha}});
 }
 
-// matmul_bias_gelu: z = x @ w + bias, y = GELU(z), in double.
-std::vector<Tensor> ReferenceMatmulBiasGelu(const std::vector<Tensor>& in, const AttrMap& attrs) {
-  const bool tanh_approx = attrs.String("approximate") == "tanh";
+// matmul_bias_gelu: z = x @ w + bias, y = GELU(z), in double (matmul_bias:
+// z alone, `gelu` false).
+std::vector<Tensor> ReferenceLinear(const std::vector<Tensor>& in, const AttrMap& attrs, bool gelu) {
+  const bool tanh_approx = gelu && attrs.String("approximate") == "tanh";
   const int64_t m = in[0].shape()[0], k = in[0].shape()[1], n = in[1].shape()[1];
   const std::vector<double> x = in[0].ToDoubleVector(), w = in[1].ToDoubleVector(), bias = in[2].ToDoubleVector();
   std::vector<double> y(static_cast<size_t>(m * n)), z(y.size());
@@ -85,7 +86,16 @@ std::vector<Tensor> ReferenceMatmulBiasGelu(const std::vector<Tensor>& in, const
     }
   }
   const DType dtype = RefFloatDType(in);
+  if (!gelu) return {FromDoubles(Shape{m, n}, dtype, z)};
   return {FromDoubles(Shape{m, n}, dtype, y), FromDoubles(Shape{m, n}, dtype, z)};
+}
+
+std::vector<Tensor> ReferenceMatmulBiasGelu(const std::vector<Tensor>& in, const AttrMap& attrs) {
+  return ReferenceLinear(in, attrs, true);
+}
+
+std::vector<Tensor> ReferenceMatmulBias(const std::vector<Tensor>& in, const AttrMap& attrs) {
+  return ReferenceLinear(in, attrs, false);
 }
 
 OpTestCase MatmulBiasGelu(std::string label, int64_t m, int64_t k, int64_t n, const std::string& approximate,
@@ -94,6 +104,13 @@ OpTestCase MatmulBiasGelu(std::string label, int64_t m, int64_t k, int64_t n, co
       "matmul_bias_gelu", std::move(label),
       {RandomUniform(Shape{m, k}, seed), RandomUniform(Shape{k, n}, seed + 1), RandomUniform(Shape{n}, seed + 2)},
       ReferenceMatmulBiasGelu, {{"approximate", approximate}});
+}
+
+OpTestCase MatmulBias(std::string label, int64_t m, int64_t k, int64_t n, uint64_t seed) {
+  return MakeCase(
+      "matmul_bias", std::move(label),
+      {RandomUniform(Shape{m, k}, seed), RandomUniform(Shape{k, n}, seed + 1), RandomUniform(Shape{n}, seed + 2)},
+      ReferenceMatmulBias, {});
 }
 
 }  // namespace
@@ -162,6 +179,18 @@ std::vector<OpTestCase> MatmulCases() {
     t.rtol = t.atol = 1e-4;
     cases.push_back(t);
   }
+
+  // matmul_bias: the same extents (M, N and K split unevenly: K's pieces
+  // take a partial bias), empty shards, K = 0 (y = bias) and a size whose
+  // epilogue runs on each thread's own block.
+  cases.push_back(MatmulBias("5x7x3", 5, 7, 3, 61));
+  cases.push_back(MatmulBias("6x5x9", 6, 5, 9, 64));
+  cases.push_back(MatmulBias("tiny_2x3x1_empty_shards", 2, 3, 1, 67));
+  cases.push_back(MatmulBias("k0_3x0x4", 3, 0, 4, 70));
+  OpTestCase big_linear = MatmulBias("large_67x129x131", 67, 129, 131, 73);
+  big_linear.check_grad = false;
+  big_linear.rtol = big_linear.atol = 1e-4;
+  cases.push_back(big_linear);
   return cases;
 }
 

@@ -211,6 +211,9 @@ TEST(Threading, PooledKernelsMatchSerial) {
       {"reduce_max", {x}, {{"axes", std::vector<int64_t>{1}}}},
       {"transpose", {x}, {{"perm", std::vector<int64_t>{1, 0}}}},
       {"matmul", {RandomUniform(Shape{130, 70}, 4), RandomUniform(Shape{70, 90}, 5)}, {}},
+      {"matmul_bias",
+       {RandomUniform(Shape{150, 200}, 9), RandomUniform(Shape{200, 131}, 10), RandomUniform(Shape{131}, 11)},
+       {}},
       {"matmul_bias_gelu",
        {RandomUniform(Shape{150, 200}, 9), RandomUniform(Shape{200, 131}, 10), RandomUniform(Shape{131}, 11)},
        {{"approximate", std::string("tanh")}}},
@@ -237,10 +240,11 @@ TEST(Threading, PooledKernelsMatchSerial) {
   }
 }
 
-// The fused GEMM + bias + GELU gives the bits of matmul then bias_gelu: the
-// GEMM is cut into the same pieces and z = sum + bias, GELU(z) formed the
-// same way, whatever the pool (pieces of rows and columns at 2 and 3
-// threads), for f32 and bf16 inputs and both GELUs.
+// The fused GEMM + bias + GELU gives the bits of matmul then bias_gelu (and
+// matmul_bias those of matmul then bias_add): the GEMM is cut into the same
+// pieces and z = sum + bias, GELU(z) formed the same way, whatever the pool
+// (pieces of rows and columns at 2 and 3 threads), for f32 and bf16 inputs
+// and both GELUs.
 TEST(Kernels, MatmulBiasGeluGivesTheBitsOfMatmulThenBiasGelu) {
   using testing::RandomUniform;
   const Tensor bias = RandomUniform(Shape{131}, 14);
@@ -265,6 +269,9 @@ TEST(Kernels, MatmulBiasGeluGivesTheBitsOfMatmulThenBiasGelu) {
         ASSERT_TRUE(y.ok() && z.ok());
         EXPECT_EQ((*fused)[0].ToVector<float>(), (*y)[0].ToVector<float>());
         EXPECT_EQ((*fused)[1].ToVector<float>(), (*z)[0].ToVector<float>());
+        auto linear = RunOp("matmul_bias", {xw[0], xw[1], bias}, {}, options);
+        ASSERT_TRUE(linear.ok()) << linear.status();
+        EXPECT_EQ((*linear)[0].ToVector<float>(), (*z)[0].ToVector<float>());
       }
     }
   }
