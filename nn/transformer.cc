@@ -125,13 +125,12 @@ Sym MultiheadAttention::Forward(const Sym& x, const Sym& padding_mask) {
     return Sym();
   }
   const FusedQKV::Output qkv = c_attn_.Forward(graph::Reshape(x, Shape{B * T, C}));  // each (B·T, C)
-  auto heads = [&](const Sym& t) {                                                   // -> (B, H, T, D)
-    return graph::Transpose(graph::Reshape(t, Shape{B, T, H, D}), {0, 2, 1, 3});
-  };
-  const Sym q = heads(qkv.q), k = heads(qkv.k), v = heads(qkv.v);
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
-  Sym context;
+  Sym context;  // (B·T, C), S(1) over tp
   if (options_.fused) {
+    // The fused op reads the heads of (B·T, C) in place as (B, T, H, D)
+    // (layout "bthd", a reshape the lowering folds into a view) and writes
+    // the context so: no transposes either way.
     if (!(options_.attention_dropout_prob >= 0 && options_.attention_dropout_prob < 1)) {
       b->Fail(absl::InvalidArgumentError(StrCat("MultiheadAttention '", full_name(),
                                                 "': attention_dropout_prob must be in [0, 1), got ",
@@ -142,15 +141,21 @@ Sym MultiheadAttention::Forward(const Sym& x, const Sym& padding_mask) {
     ops::AttrMap attrs = attn_dropout_.NextDrawAttrs();
     attrs.Set("scale", scale);
     attrs.Set("causal", options_.causal);
+    attrs.Set("layout", std::string("bthd"));
+    auto heads = [&](const Sym& t) { return graph::Reshape(t, Shape{B, T, H, D}); };
+    const Sym q = heads(qkv.q), k = heads(qkv.k), v = heads(qkv.v);
     const std::vector<Sym> out = padding_mask.valid()
                                      ? b->Op("flash_attention_masked", {q, k, v, padding_mask}, attrs)
                                      : b->Op("flash_attention", {q, k, v}, attrs);
     if (out.size() != 2) return Sym();  // the builder holds the error
-    context = out[0];
+    context = graph::Reshape(out[0], Shape{B * T, C});
   } else {
-    context = UnfusedAttention(*b, q, k, v, padding_mask, scale);
+    auto heads = [&](const Sym& t) {  // -> (B, H, T, D)
+      return graph::Transpose(graph::Reshape(t, Shape{B, T, H, D}), {0, 2, 1, 3});
+    };
+    context = UnfusedAttention(*b, heads(qkv.q), heads(qkv.k), heads(qkv.v), padding_mask, scale);
+    context = graph::Reshape(graph::Transpose(context, {0, 2, 1, 3}), Shape{B * T, C});
   }
-  context = graph::Reshape(graph::Transpose(context, {0, 2, 1, 3}), Shape{B * T, C});  // (B·T, C), S(1) over tp
   const Sym y = resid_dropout_(c_proj_(context));                                       // (B·T, C)
   return graph::Reshape(y, Shape{B, T, C});
 }

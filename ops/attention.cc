@@ -6,7 +6,10 @@
 //   flash_attention_grad(q, k, v, y, lse, dy) -> (dq, dk, dv)
 //   flash_attention_masked_grad(q, k, v, y, lse, dy, mask) -> (dq, dk, dv)
 // q (B, H, T, D), k and v (B, H, S, D), f32, bf16 or f16 alike; mask bool
-// (B, S) (true = keep); y f32 (B, H, T, D), lse f32 (B, H, T). 16-bit q, k,
+// (B, S) (true = keep); y f32 (B, H, T, D), lse f32 (B, H, T). With
+// layout = "bthd" q, y (and dy, dq) are (B, T, H, D) and k, v (dk, dv)
+// (B, S, H, D): a (B·T, H·D) projection's heads read and written in place,
+// with no transposes around the op; lse stays (B, H, T). 16-bit q, k,
 // v are what mixed precision gives the op (graph/passes/amp.cc; products on
 // tensor cores on GPUs); the gradient then takes y, lse, dy f32 and gives
 // dq, dk, dv in q's type (autocast's rule, as matmul's). With causal, query
@@ -21,7 +24,8 @@
 // SBP: batch or heads split alike in q, k, v, y, lse (the mask split with
 // the batch, broadcast with the heads), or the queries split along T with
 // k, v whole (the causal limit follows the query block's offset); then the
-// gradient's dk and dv are partial sums over query blocks.
+// gradient's dk and dv are partial sums over query blocks. The heads and
+// T axes are the layout's.
 
 #include "ops/cpu/attention.h"
 
@@ -44,9 +48,12 @@ absl::Status ExpectShape(const TensorMeta& meta, const Shape& shape, std::string
       StrCat("input '", name, "' must have shape ", shape.ToString(), " (", like, "), got ", meta.shape.ToString()));
 }
 
+bool Bthd(const AttrMap& attrs) { return attrs.String("layout") == "bthd"; }
+
 // q, k, v (and the mask, when `masked`, at `mask_index`) checked; the
 // forward outputs' metas.
-absl::StatusOr<std::vector<TensorMeta>> InferQkv(const std::vector<TensorMeta>& in, bool masked, size_t mask_index) {
+absl::StatusOr<std::vector<TensorMeta>> InferQkv(const std::vector<TensorMeta>& in, const AttrMap& attrs, bool masked,
+                                                 size_t mask_index) {
   const DType dtype = in[0].dtype;
   if (dtype != DType::kF32 && dtype != DType::kBF16 && dtype != DType::kF16) {
     return absl::InvalidArgumentError(StrCat("input 'q' must be f32, bf16 or f16, got ", DTypeName(dtype)));
@@ -61,16 +68,18 @@ absl::StatusOr<std::vector<TensorMeta>> InferQkv(const std::vector<TensorMeta>& 
   RETURN_IF_ERROR(ExpectRank(in[1], 4, "k"));
   const Shape& q = in[0].shape;
   const Shape& k = in[1].shape;
-  if (k[0] != q[0] || k[1] != q[1] || k[3] != q[3]) {
-    return absl::InvalidArgumentError(
-        StrCat("input 'k' must be (B, H, S, D) with q's B, H and D ", q.ToString(), ", got ", k.ToString()));
+  const bool bthd = Bthd(attrs);
+  const int heads = bthd ? 2 : 1, rows = bthd ? 1 : 2;
+  if (k[0] != q[0] || k[heads] != q[heads] || k[3] != q[3]) {
+    return absl::InvalidArgumentError(StrCat("input 'k' must be ", bthd ? "(B, S, H, D)" : "(B, H, S, D)",
+                                             " with q's B, H and D ", q.ToString(), ", got ", k.ToString()));
   }
   RETURN_IF_ERROR(ExpectShape(in[2], k, "v", "like k"));
   if (masked) {
     RETURN_IF_ERROR(ExpectDType(in[mask_index], DType::kBool, "mask"));
-    RETURN_IF_ERROR(ExpectShape(in[mask_index], Shape{q[0], k[2]}, "mask", "(B, S): one flag per key"));
+    RETURN_IF_ERROR(ExpectShape(in[mask_index], Shape{q[0], k[rows]}, "mask", "(B, S): one flag per key"));
   }
-  return std::vector<TensorMeta>{{DType::kF32, q}, {DType::kF32, Shape{q[0], q[1], q[2]}}};
+  return std::vector<TensorMeta>{{DType::kF32, q}, {DType::kF32, Shape{q[0], q[heads], q[rows]}}};
 }
 
 // The CPU kernels' scratch with 16-bit q, k, v (ops/cpu/attention.cc):
@@ -87,6 +96,11 @@ absl::Status ExpectValidAttrs(const AttrMap& attrs) {
   if (!(rate >= 0 && rate < 1)) {
     return absl::InvalidArgumentError(StrCat("attribute 'dropout_rate' must be in [0, 1), got ", rate));
   }
+  const std::string& layout = attrs.String("layout");
+  if (layout != "bhtd" && layout != "bthd") {
+    return absl::InvalidArgumentError(
+        StrCat("attribute 'layout' must be \"bhtd\" ((B, H, T, D)) or \"bthd\" ((B, T, H, D)), got \"", layout, "\""));
+  }
   return absl::OkStatus();
 }
 
@@ -97,25 +111,31 @@ void DeclareAttrs(OpSchema& schema) {
       .Attr("dropout_rate", AttrType::kFloat, 0.0)
       .Attr("seed", AttrType::kInt, int64_t{0})
       .Attr("tensor_id", AttrType::kInt, int64_t{0})
+      .Attr("layout", AttrType::kString, std::string("bhtd"))
       .DrawsByGlobalIndex();
 }
 
 // Signatures over inputs laid out as `roles`: 'q' (a query tensor: q, y,
-// dy, or lse without the last axis), 'k' (k, v), 'm' (the mask). Outputs as
-// `outputs` (forward: y, lse; gradient: dq, dk, dv).
-std::vector<SbpSignature> AttentionSignatures(const std::string& roles, const std::string& outputs) {
+// dy), 'l' (lse, (B, H, T) in either layout), 'k' (k, v), 'm' (the mask).
+// Outputs as `outputs` (forward: y, lse; gradient: dq, dk, dv), 'k' there
+// for dk and dv.
+std::vector<SbpSignature> AttentionSignatures(const AttrMap& attrs, const std::string& roles,
+                                              const std::string& outputs) {
+  const bool bthd = Bthd(attrs);
+  const int heads = bthd ? 2 : 1, rows = bthd ? 1 : 2;
   std::vector<SbpSignature> sigs;
-  auto sig = [&](Sbp query, Sbp key, Sbp mask, Sbp key_grad) {
+  auto sig = [&](Sbp query, Sbp key, Sbp mask, Sbp stat, Sbp key_grad) {
     SbpSignature s;
-    for (char r : roles) s.inputs.push_back(r == 'q' ? query : r == 'k' ? key : mask);
-    for (char r : outputs) s.outputs.push_back(r == 'q' ? query : key_grad);
+    for (char r : roles) s.inputs.push_back(r == 'q' ? query : r == 'k' ? key : r == 'l' ? stat : mask);
+    for (char r : outputs) s.outputs.push_back(r == 'q' ? query : r == 'l' ? stat : key_grad);
     sigs.push_back(std::move(s));
   };
-  sig(Sbp::Split(0), Sbp::Split(0), Sbp::Split(0), Sbp::Split(0));     // batch
-  sig(Sbp::Split(1), Sbp::Split(1), Sbp::Broadcast(), Sbp::Split(1));  // heads
+  const Sbp kB = Sbp::Broadcast();
+  sig(Sbp::Split(0), Sbp::Split(0), Sbp::Split(0), Sbp::Split(0), Sbp::Split(0));   // batch
+  sig(Sbp::Split(heads), Sbp::Split(heads), kB, Sbp::Split(1), Sbp::Split(heads));  // heads
   // Queries along T, keys whole: each query block's dk, dv are its share.
-  sig(Sbp::Split(2), Sbp::Broadcast(), Sbp::Broadcast(), Sbp::PartialSum());
-  sig(Sbp::Broadcast(), Sbp::Broadcast(), Sbp::Broadcast(), Sbp::Broadcast());
+  sig(Sbp::Split(rows), kB, kB, Sbp::Split(2), Sbp::PartialSum());
+  sig(kB, kB, kB, kB, kB);
   return sigs;
 }
 
@@ -128,7 +148,8 @@ void RegisterFlashAttention(OpRegistry& r, bool masked) {
       .Doc(StrCat("Fused attention: y = softmax(scale · q kᵀ) v over the keys, for q (B, H, T, D), k and v (B, H, S, "
                   "D)",
                   masked ? ", keys dropped where the bool mask (B, S) is false" : "",
-                  "; with causal, query t sees keys s <= t + S - T. With dropout_rate > 0 the probabilities are "
+                  "; with causal, query t sees keys s <= t + S - T. layout = \"bthd\": q, y (B, T, H, D) and k, "
+                  "v (B, S, H, D) instead, lse still (B, H, T). With dropout_rate > 0 the probabilities are "
                   "dropped as the dropout op (seed, tensor_id) would drop the (B, H, T, S) probabilities tensor. lse "
                   "(B, H, T) is each row's log-sum-exp of the scaled, masked scores (-inf for a query that sees no "
                   "key, whose y is 0), saved for the gradient. Never forms the (T, S) scores."))
@@ -146,10 +167,10 @@ void RegisterFlashAttention(OpRegistry& r, bool masked) {
       .Infer(
           [masked](const std::vector<TensorMeta>& in, const AttrMap& attrs) -> absl::StatusOr<std::vector<TensorMeta>> {
             RETURN_IF_ERROR(ExpectValidAttrs(attrs));
-            return InferQkv(in, masked, 3);
+            return InferQkv(in, attrs, masked, 3);
           })
-      .Sbp([masked](const std::vector<TensorMeta>&, const AttrMap&, int64_t) {
-        return AttentionSignatures(masked ? "qkkm" : "qkk", "qq");
+      .Sbp([masked](const std::vector<TensorMeta>&, const AttrMap& attrs, int64_t) {
+        return AttentionSignatures(attrs, masked ? "qkkm" : "qkk", "ql");
       })
       .Grad([grad_name, masked](GradBuilder& b) {
         // lse is a saved statistic: its gradient is not propagated (as
@@ -202,7 +223,7 @@ void RegisterFlashAttention(OpRegistry& r, bool masked) {
       .Infer(
           [masked](const std::vector<TensorMeta>& in, const AttrMap& attrs) -> absl::StatusOr<std::vector<TensorMeta>> {
             RETURN_IF_ERROR(ExpectValidAttrs(attrs));
-            ASSIGN_OR_RETURN(std::vector<TensorMeta> forward, InferQkv(in, masked, 6));
+            ASSIGN_OR_RETURN(std::vector<TensorMeta> forward, InferQkv(in, attrs, masked, 6));
             RETURN_IF_ERROR(ExpectDType(in[3], DType::kF32, "y"));
             RETURN_IF_ERROR(ExpectShape(in[3], forward[0].shape, "y", "like q"));
             RETURN_IF_ERROR(ExpectDType(in[4], DType::kF32, "lse"));
@@ -211,8 +232,8 @@ void RegisterFlashAttention(OpRegistry& r, bool masked) {
             RETURN_IF_ERROR(ExpectShape(in[5], forward[0].shape, "dy", "like q"));
             return std::vector<TensorMeta>{in[0], in[1], in[2]};
           })
-      .Sbp([masked](const std::vector<TensorMeta>&, const AttrMap&, int64_t) {
-        return AttentionSignatures(masked ? "qkkqqqm" : "qkkqqq", "qkk");
+      .Sbp([masked](const std::vector<TensorMeta>&, const AttrMap& attrs, int64_t) {
+        return AttentionSignatures(attrs, masked ? "qkkqlqm" : "qkkqlq", "qkk");
       })
       .Kernel(DeviceType::kCpu, cpu::FlashAttentionGradKernel)
 #ifdef TESSERA_WITH_CUDA

@@ -3,7 +3,10 @@
 // by the CPU kernels and the CUDA launchers (plain C++: nvcc includes it).
 //
 // q (B, H, T, D) may be a block of the logical queries along T (its slice),
-// k and v (B, H, S, D) are whole along S. With `causal`, local query t sees
+// k and v (B, H, S, D) are whole along S. With `bthd` q, y, dy, dq are
+// (B, T, H, D) and k, v, dk, dv (B, S, H, D): a head's rows are then
+// H · D apart (RowStride), which the kernels follow; lse and the per-row
+// scratch are (B, H, T) either way. With `causal`, local query t sees
 // keys s <= t + causal_shift, causal_shift = the query block's offset +
 // S - T_logical (keys aligned to the end of the queries, as the fused
 // softmaxes align them). The mask, when present, is (B, S) bytes, 1 = keep.
@@ -41,6 +44,18 @@ struct AttentionShape {
   uint32_t tensor_id = 0, step = 0;
   int64_t batch_offset = 0, head_offset = 0, query_offset = 0;
   int64_t logical_heads = 0, logical_queries = 0;
+  bool bthd = false;
+
+  // Where row t of (batch · head) bh starts in a tensor with `rows` rows a
+  // head (queries T or keys S), in elements; the head's next row is
+  // RowStride() further.
+  TESSERA_ATTENTION_HD int64_t RowOffset(int64_t bh, int64_t t, int64_t rows) const {
+    if (!bthd) return (bh * rows + t) * head_dim;
+    return ((bh / heads * rows + t) * heads + bh % heads) * head_dim;
+  }
+  TESSERA_ATTENTION_HD int64_t QueryRow(int64_t bh, int64_t t) const { return RowOffset(bh, t, queries); }
+  TESSERA_ATTENTION_HD int64_t KeyRow(int64_t bh, int64_t s) const { return RowOffset(bh, s, keys); }
+  TESSERA_ATTENTION_HD int64_t RowStride() const { return bthd ? heads * head_dim : head_dim; }
 
   // The global index of local element (b, h, t, s) of the probabilities.
   TESSERA_ATTENTION_HD int64_t ProbabilityIndex(int64_t b, int64_t h, int64_t t, int64_t s) const {

@@ -1,4 +1,5 @@
-// Fused attention on the CPU (ops/cpu/attention.h). Per (batch·head):
+// Fused attention on the CPU (ops/cpu/attention.h). Per (batch·head), its
+// rows RowStride() apart in either layout (ops/attention_shape.h):
 //   forward, per block of kRows queries: for each block of kCols keys up to
 //     the causal limit, S = scale · q kᵀ (one GEMM), masked keys -inf, the
 //     running row max m and sum l rescaled (online softmax), O = O · e^(m_old
@@ -34,15 +35,17 @@ AttentionShape AttentionShapeOf(const KernelContext& ctx, bool masked) {
   AttentionShape a;
   const Shape& q = ctx.input(0).shape();
   const Shape& k = ctx.input(1).shape();
+  a.bthd = ctx.attr().String("layout") == "bthd";
+  const int heads = a.bthd ? 2 : 1, rows = a.bthd ? 1 : 2;  // the axes of H and of T (S)
   a.batch = q[0];
-  a.heads = q[1];
-  a.queries = q[2];
+  a.heads = q[heads];
+  a.queries = q[rows];
   a.head_dim = q[3];
-  a.keys = k[2];
+  a.keys = k[rows];
   a.causal = ctx.attr().Bool("causal");
   a.scale = static_cast<float>(ctx.attr().Float("scale"));
   const TensorSlice slice = ctx.input_slice(0);
-  a.causal_shift = slice.offset[2] + a.keys - slice.logical[2];
+  a.causal_shift = slice.offset[rows] + a.keys - slice.logical[rows];
   if (masked) a.mask = static_cast<const uint8_t*>(ctx.input(ctx.num_inputs() - 1).raw_data());
   const double rate = ctx.attr().Float("dropout_rate");
   if (rate > 0) {
@@ -53,10 +56,10 @@ AttentionShape AttentionShapeOf(const KernelContext& ctx, bool masked) {
     a.tensor_id = static_cast<uint32_t>(ctx.attr().Int("tensor_id"));
     a.step = static_cast<uint32_t>(ctx.step);
     a.batch_offset = slice.offset[0];
-    a.head_offset = slice.offset[1];
-    a.query_offset = slice.offset[2];
-    a.logical_heads = slice.logical[1];
-    a.logical_queries = slice.logical[2];
+    a.head_offset = slice.offset[heads];
+    a.query_offset = slice.offset[rows];
+    a.logical_heads = slice.logical[heads];
+    a.logical_queries = slice.logical[rows];
   }
   return a;
 }
@@ -99,7 +102,7 @@ void DropoutRow(const AttentionShape& a, int64_t bh, int64_t t, int64_t s0, int6
 
 absl::Status Forward(KernelContext& ctx, const AttentionShape& a, const float* q, const float* k, const float* v,
                      float* y, float* lse) {
-  const int64_t T = a.queries, S = a.keys, D = a.head_dim;
+  const int64_t T = a.queries, D = a.head_dim, ld = a.RowStride();
   const int64_t blocks = (T + kRows - 1) / kRows;
   FirstError error;
   ParallelFor(ctx, a.batch * a.heads * blocks, 1, [&](int64_t begin, int64_t end) {
@@ -109,17 +112,17 @@ absl::Status Forward(KernelContext& ctx, const AttentionShape& a, const float* q
     for (int64_t task = begin; task < end; ++task) {
       const int64_t bh = task / blocks, t0 = task % blocks * kRows, rows = std::min(kRows, T - t0);
       const int64_t b = bh / a.heads;
-      const float* qb = q + (bh * T + t0) * D;
-      const float* kh = k + bh * S * D;
-      const float* vh = v + bh * S * D;
+      const float* qb = q + a.QueryRow(bh, t0);
+      const float* kh = k + a.KeyRow(bh, 0);
+      const float* vh = v + a.KeyRow(bh, 0);
       std::fill(out.begin(), out.end(), 0.0f);
       std::fill(row_max.begin(), row_max.end(), kNegInf);
       std::fill(row_sum.begin(), row_sum.end(), 0.0f);
       const int64_t key_end = KeyEnd(a, t0, rows);
       for (int64_t s0 = 0; s0 < key_end; s0 += kCols) {
         const int64_t cols = std::min(kCols, key_end - s0);
-        absl::Status status =
-            SgemmOnThisThread(false, true, rows, cols, D, a.scale, qb, D, kh + s0 * D, D, 0.0f, scores.data(), kCols);
+        absl::Status status = SgemmOnThisThread(false, true, rows, cols, D, a.scale, qb, ld, kh + s0 * ld, ld, 0.0f,
+                                                scores.data(), kCols);
         if (!status.ok()) return error.Note(status);
         for (int64_t i = 0; i < rows; ++i) {
           float* sr = scores.data() + i * kCols;
@@ -140,12 +143,12 @@ absl::Status Forward(KernelContext& ctx, const AttentionShape& a, const float* q
           float* orow = out.data() + i * D;
           for (int64_t d = 0; d < D; ++d) orow[d] *= correction;
         }
-        status = SgemmOnThisThread(false, false, rows, D, cols, 1.0f, scores.data(), kCols, vh + s0 * D, D, 1.0f,
+        status = SgemmOnThisThread(false, false, rows, D, cols, 1.0f, scores.data(), kCols, vh + s0 * ld, ld, 1.0f,
                                    out.data(), D);
         if (!status.ok()) return error.Note(status);
       }
       for (int64_t i = 0; i < rows; ++i) {
-        float* yr = y + (bh * T + t0 + i) * D;
+        float* yr = y + a.QueryRow(bh, t0 + i);
         const float l = row_sum[i];
         const float inv = l > 0 ? 1.0f / l : 0.0f;
         for (int64_t d = 0; d < D; ++d) yr[d] = out[static_cast<size_t>(i * D + d)] * inv;
@@ -158,7 +161,7 @@ absl::Status Forward(KernelContext& ctx, const AttentionShape& a, const float* q
 
 absl::Status Backward(KernelContext& ctx, const AttentionShape& a, const float* q, const float* k, const float* v,
                       const float* y, const float* lse, const float* dy, float* dq, float* dk, float* dv) {
-  const int64_t T = a.queries, S = a.keys, D = a.head_dim;
+  const int64_t T = a.queries, S = a.keys, D = a.head_dim, ld = a.RowStride();
   FirstError error;
   // One (batch, head) per piece: its dk and dv gather over every query
   // block, in block order.
@@ -167,27 +170,30 @@ absl::Status Backward(KernelContext& ctx, const AttentionShape& a, const float* 
     std::vector<float> delta(kRows), keep(kCols);
     for (int64_t bh = begin; bh < end; ++bh) {
       const int64_t b = bh / a.heads;
-      std::fill(dq + bh * T * D, dq + (bh + 1) * T * D, 0.0f);
-      std::fill(dk + bh * S * D, dk + (bh + 1) * S * D, 0.0f);
-      std::fill(dv + bh * S * D, dv + (bh + 1) * S * D, 0.0f);
+      for (int64_t t = 0; t < T; ++t) std::fill_n(dq + a.QueryRow(bh, t), D, 0.0f);
+      for (int64_t s = 0; s < S; ++s) {
+        std::fill_n(dk + a.KeyRow(bh, s), D, 0.0f);
+        std::fill_n(dv + a.KeyRow(bh, s), D, 0.0f);
+      }
       for (int64_t t0 = 0; t0 < T; t0 += kRows) {
         const int64_t rows = std::min(kRows, T - t0);
-        const int64_t row0 = bh * T + t0;
-        const float* qb = q + row0 * D;
-        const float* dyb = dy + row0 * D;
-        float* dqb = dq + row0 * D;
+        const int64_t row0 = bh * T + t0;  // in lse
+        const float* qb = q + a.QueryRow(bh, t0);
+        const float* dyb = dy + a.QueryRow(bh, t0);
+        const float* yb = y + a.QueryRow(bh, t0);
+        float* dqb = dq + a.QueryRow(bh, t0);
         for (int64_t i = 0; i < rows; ++i) {  // D_t = Σ dy ⊙ y
-          delta[static_cast<size_t>(i)] = RowDot(dyb + i * D, y + (row0 + i) * D, D);
+          delta[static_cast<size_t>(i)] = RowDot(dyb + i * ld, yb + i * ld, D);
         }
         const int64_t key_end = KeyEnd(a, t0, rows);
         for (int64_t s0 = 0; s0 < key_end; s0 += kCols) {
           const int64_t cols = std::min(kCols, key_end - s0);
-          const float* kb = k + (bh * S + s0) * D;
-          const float* vb = v + (bh * S + s0) * D;
+          const float* kb = k + a.KeyRow(bh, s0);
+          const float* vb = v + a.KeyRow(bh, s0);
           absl::Status status =
-              SgemmOnThisThread(false, true, rows, cols, D, a.scale, qb, D, kb, D, 0.0f, p.data(), kCols);
+              SgemmOnThisThread(false, true, rows, cols, D, a.scale, qb, ld, kb, ld, 0.0f, p.data(), kCols);
           if (status.ok()) {
-            status = SgemmOnThisThread(false, true, rows, cols, D, 1.0f, dyb, D, vb, D, 0.0f, dp.data(), kCols);
+            status = SgemmOnThisThread(false, true, rows, cols, D, 1.0f, dyb, ld, vb, ld, 0.0f, dp.data(), kCols);
           }
           if (!status.ok()) return error.Note(status);
           for (int64_t i = 0; i < rows; ++i) {  // P, then dS = P ⊙ (dP ⊙ Z - D) in dp, P ⊙ Z in p
@@ -211,14 +217,14 @@ absl::Status Backward(KernelContext& ctx, const AttentionShape& a, const float* 
               for (int64_t j = 0; j < cols; ++j) dpr[j] = pr[j] * (dpr[j] - delta[static_cast<size_t>(i)]);
             }
           }
-          status = SgemmOnThisThread(true, false, cols, D, rows, 1.0f, p.data(), kCols, dyb, D, 1.0f,
-                                     dv + (bh * S + s0) * D, D);
+          status = SgemmOnThisThread(true, false, cols, D, rows, 1.0f, p.data(), kCols, dyb, ld, 1.0f,
+                                     dv + a.KeyRow(bh, s0), ld);
           if (status.ok()) {
-            status = SgemmOnThisThread(false, false, rows, D, cols, a.scale, dp.data(), kCols, kb, D, 1.0f, dqb, D);
+            status = SgemmOnThisThread(false, false, rows, D, cols, a.scale, dp.data(), kCols, kb, ld, 1.0f, dqb, ld);
           }
           if (status.ok()) {
-            status = SgemmOnThisThread(true, false, cols, D, rows, a.scale, dp.data(), kCols, qb, D, 1.0f,
-                                       dk + (bh * S + s0) * D, D);
+            status = SgemmOnThisThread(true, false, cols, D, rows, a.scale, dp.data(), kCols, qb, ld, 1.0f,
+                                       dk + a.KeyRow(bh, s0), ld);
           }
           if (!status.ok()) return error.Note(status);
         }

@@ -12,7 +12,8 @@
 // Z is the dropout mask (ops/attention_shape.h; 1 without dropout): each
 // lane draws its element's Philox block, as the dropout op's kernel does.
 // Shared tiles are rows of D + 1 floats, so lanes reading one column of
-// different rows hit different banks.
+// different rows hit different banks. Rows of q, k, v, y and their
+// gradients are RowStride() apart in global memory (either layout).
 
 #include <cuda_runtime.h>
 
@@ -35,13 +36,14 @@ constexpr int kWarps = 4;
 constexpr int kTile = 32;
 constexpr int kPerLane = static_cast<int>(kMaxAttentionHeadDim / 32);
 
-// Rows [r0, r0 + kTile) of a (rows x D) matrix into a shared tile of stride
-// D + 1 (zeros past `rows`), by the whole block.
-__device__ void LoadTile(float* tile, const float* m, int64_t r0, int64_t rows, int64_t D) {
+// Rows [r0, r0 + kTile) of a (rows x D) matrix whose rows are `stride`
+// apart into a shared tile of stride D + 1 (zeros past `rows`), by the
+// whole block.
+__device__ void LoadTile(float* tile, const float* m, int64_t r0, int64_t rows, int64_t D, int64_t stride) {
   const int64_t ld = D + 1;
   for (int64_t idx = threadIdx.x; idx < kTile * D; idx += blockDim.x) {
     const int64_t j = idx / D, d = idx % D;
-    tile[j * ld + d] = r0 + j < rows ? m[(r0 + j) * D + d] : 0.0f;
+    tile[j * ld + d] = r0 + j < rows ? m[(r0 + j) * stride + d] : 0.0f;
   }
 }
 
@@ -82,16 +84,16 @@ __global__ void FlashForward(const float* q, const float* k, const float* v, flo
   const bool active = t < T;
   float* qrow = qs + warp * D;
   if (active) {
-    for (int64_t d = lane; d < D; d += 32) qrow[d] = q[(bh * T + t) * D + d];
+    for (int64_t d = lane; d < D; d += 32) qrow[d] = q[a.QueryRow(bh, t) + d];
   }
-  const float* kh = k + bh * S * D;
-  const float* vh = v + bh * S * D;
+  const float* kh = k + a.KeyRow(bh, 0);
+  const float* vh = v + a.KeyRow(bh, 0);
   float m = -INFINITY, l = 0, acc[kPerLane] = {};
   const int64_t key_end = KeyEnd(a, t0, kWarps < T - t0 ? kWarps : T - t0);
   for (int64_t s0 = 0; s0 < key_end; s0 += kTile) {
     __syncthreads();
-    LoadTile(ks, kh, s0, S, D);
-    LoadTile(vs, vh, s0, S, D);
+    LoadTile(ks, kh, s0, S, D, a.RowStride());
+    LoadTile(vs, vh, s0, S, D, a.RowStride());
     __syncthreads();
     if (!active) continue;
     const int64_t s = s0 + lane;
@@ -110,7 +112,7 @@ __global__ void FlashForward(const float* q, const float* k, const float* v, flo
     m = m_new;
   }
   if (!active) return;
-  StoreRow(y + (bh * T + t) * D, acc, l > 0 ? 1.0f / l : 0.0f, lane, D);
+  StoreRow(y + a.QueryRow(bh, t), acc, l > 0 ? 1.0f / l : 0.0f, lane, D);
   if (lane == 0) lse[bh * T + t] = l > 0 ? m + logf(l) : -INFINITY;
 }
 
@@ -133,7 +135,7 @@ __global__ void FlashBackwardQueries(const float* q, const float* k, const float
   if (active) {
     float part = 0;
     for (int64_t d = lane; d < D; d += 32) {
-      const int64_t i = (bh * T + t) * D + d;
+      const int64_t i = a.QueryRow(bh, t) + d;
       qrow[d] = q[i];
       dyrow[d] = dy[i];
       part += dy[i] * y[i];
@@ -142,14 +144,14 @@ __global__ void FlashBackwardQueries(const float* q, const float* k, const float
     row_lse = lse[bh * T + t];
     if (lane == 0) delta[bh * T + t] = row_delta;
   }
-  const float* kh = k + bh * S * D;
-  const float* vh = v + bh * S * D;
+  const float* kh = k + a.KeyRow(bh, 0);
+  const float* vh = v + a.KeyRow(bh, 0);
   float acc[kPerLane] = {};
   const int64_t key_end = KeyEnd(a, t0, kWarps < T - t0 ? kWarps : T - t0);
   for (int64_t s0 = 0; s0 < key_end; s0 += kTile) {
     __syncthreads();
-    LoadTile(ks, kh, s0, S, D);
-    LoadTile(vs, vh, s0, S, D);
+    LoadTile(ks, kh, s0, S, D, a.RowStride());
+    LoadTile(vs, vh, s0, S, D, a.RowStride());
     __syncthreads();
     if (!active || row_lse == -INFINITY) continue;
     const int64_t s = s0 + lane;
@@ -164,7 +166,7 @@ __global__ void FlashBackwardQueries(const float* q, const float* k, const float
     }
   }
   if (!active) return;
-  StoreRow(dq + (bh * T + t) * D, acc, a.scale, lane, D);
+  StoreRow(dq + a.QueryRow(bh, t), acc, a.scale, lane, D);
 }
 
 __global__ void FlashBackwardKeys(const float* q, const float* k, const float* v, const float* lse, const float* dy,
@@ -186,20 +188,20 @@ __global__ void FlashBackwardKeys(const float* q, const float* k, const float* v
   float* vrow = vrows + warp * D;
   if (active) {
     for (int64_t d = lane; d < D; d += 32) {
-      krow[d] = k[(bh * S + s) * D + d];
-      vrow[d] = v[(bh * S + s) * D + d];
+      krow[d] = k[a.KeyRow(bh, s) + d];
+      vrow[d] = v[a.KeyRow(bh, s) + d];
     }
   }
-  const float* qh = q + bh * T * D;
-  const float* dyh = dy + bh * T * D;
+  const float* qh = q + a.QueryRow(bh, 0);
+  const float* dyh = dy + a.QueryRow(bh, 0);
   float dk_acc[kPerLane] = {}, dv_acc[kPerLane] = {};
   // The first query that may see key s0 (the block's first key).
   int64_t first = a.causal ? s0 - a.causal_shift : 0;
   first = first < 0 ? 0 : first;
   for (int64_t t0 = first / kTile * kTile; t0 < T; t0 += kTile) {
     __syncthreads();
-    LoadTile(qs, qh, t0, T, D);
-    LoadTile(dys, dyh, t0, T, D);
+    LoadTile(qs, qh, t0, T, D, a.RowStride());
+    LoadTile(dys, dyh, t0, T, D, a.RowStride());
     for (int64_t i = threadIdx.x; i < kTile; i += blockDim.x) {
       lses[i] = t0 + i < T ? lse[bh * T + t0 + i] : -INFINITY;
       deltas[i] = t0 + i < T ? delta[bh * T + t0 + i] : 0.0f;
@@ -222,8 +224,8 @@ __global__ void FlashBackwardKeys(const float* q, const float* k, const float* v
     }
   }
   if (!active) return;
-  StoreRow(dk + (bh * S + s) * D, dk_acc, a.scale, lane, D);
-  StoreRow(dv + (bh * S + s) * D, dv_acc, 1.0f, lane, D);
+  StoreRow(dk + a.KeyRow(bh, s), dk_acc, a.scale, lane, D);
+  StoreRow(dv + a.KeyRow(bh, s), dv_acc, 1.0f, lane, D);
 }
 
 size_t TileBytes(int64_t D) { return static_cast<size_t>(2 * kTile * (D + 1) + 2 * kWarps * D + 2 * kTile) * 4; }

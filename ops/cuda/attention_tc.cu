@@ -149,33 +149,35 @@ __device__ __forceinline__ void MmaAccumulators(float (&out)[kOut][4], const flo
   }
 }
 
-// Rows [r0, r0 + R) of a (rows x D) matrix into a shared tile of kD columns
-// (zeros past `rows` and past D), by the whole block.
+// Rows [r0, r0 + R) of a (rows x D) matrix whose rows are `stride` apart
+// into a shared tile of kD columns (zeros past `rows` and past D), by the
+// whole block.
 template <int R, int kD>
-__device__ void LoadTile(uint16_t* tile, const uint16_t* m, int64_t r0, int64_t rows, int64_t D) {
+__device__ void LoadTile(uint16_t* tile, const uint16_t* m, int64_t r0, int64_t rows, int64_t D, int64_t stride) {
   constexpr int kLd = kD + 8;
-  if (D == kD && (reinterpret_cast<uintptr_t>(m) & 15) == 0) {  // 8 values (16 bytes) at a time
+  // 8 values (16 bytes) at a time when every row starts 16-byte aligned.
+  if (D == kD && stride % 8 == 0 && (reinterpret_cast<uintptr_t>(m) & 15) == 0) {
     constexpr int kChunks = kD / 8;
     for (int idx = static_cast<int>(threadIdx.x); idx < R * kChunks; idx += static_cast<int>(blockDim.x)) {
       const int r = idx / kChunks, d = idx % kChunks * 8;
       uint4 x = make_uint4(0, 0, 0, 0);
-      if (r0 + r < rows) x = *reinterpret_cast<const uint4*>(m + (r0 + r) * kD + d);
+      if (r0 + r < rows) x = *reinterpret_cast<const uint4*>(m + (r0 + r) * stride + d);
       *reinterpret_cast<uint4*>(tile + r * kLd + d) = x;
     }
     return;
   }
   for (int idx = static_cast<int>(threadIdx.x); idx < R * kD; idx += static_cast<int>(blockDim.x)) {
     const int r = idx / kD, d = idx % kD;
-    tile[r * kLd + d] = r0 + r < rows && d < D ? m[(r0 + r) * D + d] : uint16_t{0};
+    tile[r * kLd + d] = r0 + r < rows && d < D ? m[(r0 + r) * stride + d] : uint16_t{0};
   }
 }
 // The same from f32, rounded to the operand type.
 template <class E, int R, int kD>
-__device__ void LoadTileRounded(uint16_t* tile, const float* m, int64_t r0, int64_t rows, int64_t D) {
+__device__ void LoadTileRounded(uint16_t* tile, const float* m, int64_t r0, int64_t rows, int64_t D, int64_t stride) {
   constexpr int kLd = kD + 8;
   for (int idx = static_cast<int>(threadIdx.x); idx < R * kD; idx += static_cast<int>(blockDim.x)) {
     const int r = idx / kD, d = idx % kD;
-    tile[r * kLd + d] = static_cast<uint16_t>(r0 + r < rows && d < D ? Bits<E>(m[(r0 + r) * D + d]) : 0u);
+    tile[r * kLd + d] = static_cast<uint16_t>(r0 + r < rows && d < D ? Bits<E>(m[(r0 + r) * stride + d]) : 0u);
   }
 }
 
@@ -259,7 +261,7 @@ __global__ void __launch_bounds__(kWarps * 32) TcForward(const uint16_t* q, cons
   const int g = lane / 4, c = lane % 4;
   const int64_t tw = t0 + warp * kWarpRows;  // the warp's first query
   static_assert(kBlockRows == kForwardKeys, "q is staged in the key tile");
-  LoadTile<kBlockRows, kD>(ks, q + bh * T * D, t0, T, D);
+  LoadTile<kBlockRows, kD>(ks, q + a.QueryRow(bh, 0), t0, T, D, a.RowStride());
   __syncthreads();
   uint32_t qa[kSlices][4];
   for (int j = 0; j < kSlices; ++j) LoadA<kLd>(qa[j], ks, warp * kWarpRows, j * 16, g, c);
@@ -269,8 +271,8 @@ __global__ void __launch_bounds__(kWarps * 32) TcForward(const uint16_t* q, cons
   const int64_t key_end = KeyEnd(a, t0, T - t0 < kBlockRows ? T - t0 : kBlockRows);
   for (int64_t s0 = 0; s0 < key_end; s0 += kForwardKeys) {
     __syncthreads();
-    LoadTile<kForwardKeys, kD>(ks, k + bh * S * D, s0, S, D);
-    LoadTile<kForwardKeys, kD>(vs, v + bh * S * D, s0, S, D);
+    LoadTile<kForwardKeys, kD>(ks, k + a.KeyRow(bh, 0), s0, S, D, a.RowStride());
+    LoadTile<kForwardKeys, kD>(vs, v + a.KeyRow(bh, 0), s0, S, D, a.RowStride());
     __syncthreads();
     // No row of the warp's sees a key of the tile.
     if (tw >= T || (a.causal && s0 > tw + kWarpRows - 1 + a.causal_shift)) continue;
@@ -320,7 +322,7 @@ __global__ void __launch_bounds__(kWarps * 32) TcForward(const uint16_t* q, cons
     const int64_t t = tw + g + 8 * r;
     if (t >= T) continue;
     const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
-    float* yr = y + (bh * T + t) * D;
+    float* yr = y + a.QueryRow(bh, t);
     for (int n = 0; n < kOut; ++n) {
       for (int e = 2 * r; e < 2 * r + 2; ++e) {
         const int d = ColumnOf(n, e, c);
@@ -348,13 +350,13 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int warp = static_cast<int>(threadIdx.x / 32), lane = static_cast<int>(threadIdx.x % 32);
   const int g = lane / 4, c = lane % 4;
   const int64_t tw = t0 + warp * kWarpRows;
-  LoadTile<kBlockRows, kD>(tiles, q + bh * T * D, t0, T, D);
-  LoadTileRounded<E, kBlockRows, kD>(tiles + kBlockRows * kLd, dy + bh * T * D, t0, T, D);
+  LoadTile<kBlockRows, kD>(tiles, q + a.QueryRow(bh, 0), t0, T, D, a.RowStride());
+  LoadTileRounded<E, kBlockRows, kD>(tiles + kBlockRows * kLd, dy + a.QueryRow(bh, 0), t0, T, D, a.RowStride());
   for (int r = 0; r < kWarpRows; ++r) {  // delta = Σ dy ⊙ y in f32, a warp a row
     const int64_t t = tw + r;
     float part = 0.0f;
     if (t < T) {
-      for (int64_t d = lane; d < D; d += 32) part += dy[(bh * T + t) * D + d] * y[(bh * T + t) * D + d];
+      for (int64_t d = lane; d < D; d += 32) part += dy[a.QueryRow(bh, t) + d] * y[a.QueryRow(bh, t) + d];
     }
     part = WarpSum(part);
     if (lane == 0) {
@@ -379,8 +381,8 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int64_t key_end = KeyEnd(a, t0, T - t0 < kBlockRows ? T - t0 : kBlockRows);
   for (int64_t s0 = 0; s0 < key_end; s0 += kGradTile) {
     __syncthreads();
-    LoadTile<kGradTile, kD>(ks, k + bh * S * D, s0, S, D);
-    LoadTile<kGradTile, kD>(vs, v + bh * S * D, s0, S, D);
+    LoadTile<kGradTile, kD>(ks, k + a.KeyRow(bh, 0), s0, S, D, a.RowStride());
+    LoadTile<kGradTile, kD>(vs, v + a.KeyRow(bh, 0), s0, S, D, a.RowStride());
     __syncthreads();
     if (tw >= T || (a.causal && s0 > tw + kWarpRows - 1 + a.causal_shift)) continue;
     float s[kScores][4] = {}, dp[kScores][4] = {};
@@ -414,7 +416,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   for (int r = 0; r < 2; ++r) {
     const int64_t t = tw + g + 8 * r;
     if (t >= T) continue;
-    uint16_t* row = dq + (bh * T + t) * D;
+    uint16_t* row = dq + a.QueryRow(bh, t);
     for (int n = 0; n < kOut; ++n) {
       for (int e = 2 * r; e < 2 * r + 2; ++e) {
         const int d = ColumnOf(n, e, c);
@@ -442,8 +444,8 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int warp = static_cast<int>(threadIdx.x / 32), lane = static_cast<int>(threadIdx.x % 32);
   const int g = lane / 4, c = lane % 4;
   const int64_t sw = s0 + warp * kWarpRows;  // the warp's first key
-  LoadTile<kBlockRows, kD>(ks, k + bh * S * D, s0, S, D);
-  LoadTile<kBlockRows, kD>(vs, v + bh * S * D, s0, S, D);
+  LoadTile<kBlockRows, kD>(ks, k + a.KeyRow(bh, 0), s0, S, D, a.RowStride());
+  LoadTile<kBlockRows, kD>(vs, v + a.KeyRow(bh, 0), s0, S, D, a.RowStride());
   float dk_acc[kOut][4] = {}, dv_acc[kOut][4] = {};
   const float scale2 = a.scale * kLog2e;
   // The first query that may see the block's first key.
@@ -451,8 +453,8 @@ __global__ void __launch_bounds__(kWarps * 32)
   first = first < 0 ? 0 : first;
   for (int64_t t0 = first / kGradTile * kGradTile; t0 < T; t0 += kGradTile) {
     __syncthreads();
-    LoadTile<kGradTile, kD>(qs, q + bh * T * D, t0, T, D);
-    LoadTileRounded<E, kGradTile, kD>(dys, dy + bh * T * D, t0, T, D);
+    LoadTile<kGradTile, kD>(qs, q + a.QueryRow(bh, 0), t0, T, D, a.RowStride());
+    LoadTileRounded<E, kGradTile, kD>(dys, dy + a.QueryRow(bh, 0), t0, T, D, a.RowStride());
     for (int i = static_cast<int>(threadIdx.x); i < kGradTile; i += static_cast<int>(blockDim.x)) {
       lses[i] = t0 + i < T ? lse[bh * T + t0 + i] * kLog2e : -INFINITY;
       deltas[i] = t0 + i < T ? delta[bh * T + t0 + i] : 0.0f;
@@ -497,8 +499,8 @@ __global__ void __launch_bounds__(kWarps * 32)
   for (int r = 0; r < 2; ++r) {
     const int64_t key = sw + g + 8 * r;
     if (key >= S) continue;
-    uint16_t* dk_row = dk + (bh * S + key) * D;
-    uint16_t* dv_row = dv + (bh * S + key) * D;
+    uint16_t* dk_row = dk + a.KeyRow(bh, key);
+    uint16_t* dv_row = dv + a.KeyRow(bh, key);
     for (int n = 0; n < kOut; ++n) {
       for (int e = 2 * r; e < 2 * r + 2; ++e) {
         const int d = ColumnOf(n, e, c);

@@ -99,19 +99,53 @@ Forward AttentionForward(const std::vector<Tensor>& in, const AttrMap& attrs, bo
   return f;
 }
 
+// Axes 1 and 2 of a 4-D tensor swapped: (B, T, H, D) <-> (B, H, T, D), in
+// its dtype (the gradient check's references run in f64).
+Tensor SwapHeads(const Tensor& t) {
+  const Shape& s = t.shape();
+  const std::vector<double> in = t.ToDoubleVector();
+  std::vector<double> out(in.size());
+  for (int64_t a = 0; a < s[0]; ++a) {
+    for (int64_t i = 0; i < s[1]; ++i) {
+      for (int64_t j = 0; j < s[2]; ++j) {
+        for (int64_t d = 0; d < s[3]; ++d) {
+          out[static_cast<size_t>(((a * s[2] + j) * s[1] + i) * s[3] + d)] =
+              in[static_cast<size_t>(((a * s[1] + i) * s[2] + j) * s[3] + d)];
+        }
+      }
+    }
+  }
+  return FromDoubles(Shape{s[0], s[2], s[1], s[3]}, t.dtype(), out);
+}
+
+// A reference over (B, H, T, D) inputs made to take layout "bthd" ones:
+// their 4-D inputs and outputs swapped to and from (B, H, T, D).
+ReferenceFn InLayout(ReferenceFn bhtd) {
+  return [bhtd](const std::vector<Tensor>& in, const AttrMap& attrs) {
+    if (attrs.String("layout") != "bthd") return bhtd(in, attrs);
+    std::vector<Tensor> swapped;
+    for (const Tensor& t : in) swapped.push_back(t.shape().rank() == 4 ? SwapHeads(t) : t);
+    std::vector<Tensor> out = bhtd(swapped, attrs);
+    for (Tensor& t : out) {
+      if (t.shape().rank() == 4) t = SwapHeads(t);
+    }
+    return out;
+  };
+}
+
 ReferenceFn AttentionRef(bool masked) {
-  return [masked](const std::vector<Tensor>& in, const AttrMap& attrs) {
+  return InLayout([masked](const std::vector<Tensor>& in, const AttrMap& attrs) {
     const Forward f = AttentionForward(in, attrs, masked);
     const DType dtype = RefFloatDType(in);
     const Shape& q = in[0].shape();
     return std::vector<Tensor>{FromDoubles(q, dtype, f.y), FromDoubles(Shape{q[0], q[1], q[2]}, dtype, f.lse)};
-  };
+  });
 }
 
 // The backward from its inputs (q, k, v, y, lse, dy[, mask]) as the op
 // defines it: P from lse, D = Σ dy ⊙ y from the given y.
 ReferenceFn AttentionGradRef(bool masked) {
-  return [masked](const std::vector<Tensor>& in, const AttrMap& attrs) {
+  return InLayout([masked](const std::vector<Tensor>& in, const AttrMap& attrs) {
     const Dims d = DimsOf(in);
     const std::vector<double> q = in[0].ToDoubleVector(), k = in[1].ToDoubleVector(), v = in[2].ToDoubleVector();
     const std::vector<double> y = in[3].ToDoubleVector(), lse = in[4].ToDoubleVector(), dy = in[5].ToDoubleVector();
@@ -152,7 +186,7 @@ ReferenceFn AttentionGradRef(bool masked) {
     const DType dtype = RefFloatDType(in);
     return std::vector<Tensor>{FromDoubles(in[0].shape(), dtype, dq), FromDoubles(in[1].shape(), dtype, dk),
                                FromDoubles(in[2].shape(), dtype, dv)};
-  };
+  });
 }
 
 struct Geometry {
@@ -161,15 +195,17 @@ struct Geometry {
   bool causal;
   double scale;
   double dropout_rate = 0;
+  bool bthd = false;  // layout "bthd": q (B, T, H, D), k, v (B, S, H, D)
 };
 
 // A forward case, and a gradient case whose y and lse come from the
 // reference forward (as the backward sees them in training).
 void AddCases(std::vector<OpTestCase>& cases, const Geometry& g, bool masked, uint64_t seed, bool check_grad) {
   const Dims& d = g.d;
-  std::vector<Tensor> in = {RandomUniform({d.B, d.H, d.T, d.D}, seed, -1.5, 1.5),
-                            RandomUniform({d.B, d.H, d.S, d.D}, seed + 1, -1.5, 1.5),
-                            RandomUniform({d.B, d.H, d.S, d.D}, seed + 2)};
+  const Shape queries = g.bthd ? Shape{d.B, d.T, d.H, d.D} : Shape{d.B, d.H, d.T, d.D};
+  const Shape keys = g.bthd ? Shape{d.B, d.S, d.H, d.D} : Shape{d.B, d.H, d.S, d.D};
+  std::vector<Tensor> in = {RandomUniform(queries, seed, -1.5, 1.5), RandomUniform(keys, seed + 1, -1.5, 1.5),
+                            RandomUniform(keys, seed + 2)};
   if (masked) {
     Tensor mask = RandomBools({d.B, d.S}, seed + 3, 0.7);
     if (d.B > 1) {  // batch row 1 drops every key: its outputs are zeros
@@ -179,6 +215,7 @@ void AddCases(std::vector<OpTestCase>& cases, const Geometry& g, bool masked, ui
   }
   const std::string name = masked ? "flash_attention_masked" : "flash_attention";
   AttrMap attrs = {{"scale", g.scale}, {"causal", g.causal}};
+  if (g.bthd) attrs.Set("layout", std::string("bthd"));
   if (g.dropout_rate > 0) {
     attrs.Set("dropout_rate", g.dropout_rate);
     attrs.Set("seed", static_cast<int64_t>(seed));
@@ -192,7 +229,7 @@ void AddCases(std::vector<OpTestCase>& cases, const Geometry& g, bool masked, ui
   auto canonical = BuiltinOps().Find(name)->CanonicalizeAttrs(attrs);
   EXPECT_TRUE(canonical.ok()) << canonical.status();
   const std::vector<Tensor> fwd = AttentionRef(masked)(in, *canonical);
-  std::vector<Tensor> grad_in = {in[0], in[1], in[2], fwd[0], fwd[1], RandomUniform({d.B, d.H, d.T, d.D}, seed + 4)};
+  std::vector<Tensor> grad_in = {in[0], in[1], in[2], fwd[0], fwd[1], RandomUniform(queries, seed + 4)};
   if (masked) grad_in.push_back(in[3]);
   cases.push_back(MakeCase(name + "_grad", g.label, grad_in, AttentionGradRef(masked), attrs));
 }
@@ -221,6 +258,19 @@ std::vector<OpTestCase> AttentionCases() {
   AddCases(cases, {"blocks, causal", {1, 2, 131, 131, 16}, true, 0.25}, false, 300, false);
   AddCases(cases, {"blocks, full T < S", {2, 1, 70, 150, 8}, false, 0.35}, true, 310, false);
   AddCases(cases, {"blocks, causal, dropout 0.2", {1, 2, 100, 100, 8}, true, 0.3, 0.2}, true, 320, false);
+  // Layout "bthd" (the heads of a (B·T, H·D) projection in place): its
+  // splits are of axis 2 (heads) and 1 (queries), lse's still of 1 and 2.
+  const std::vector<Geometry> bthd = {
+      {"bthd causal square", {2, 3, 5, 5, 4}, true, 0.5, 0, true},
+      {"bthd full T < S", {2, 2, 3, 6, 3}, false, 0.7, 0, true},
+      {"bthd causal T > S, dropout 0.3", {1, 3, 6, 4, 3}, true, 1.0, 0.3, true},
+  };
+  for (const Geometry& g : bthd) {
+    AddCases(cases, g, /*masked=*/false, seed, /*check_grad=*/true);
+    AddCases(cases, g, /*masked=*/true, seed + 10, /*check_grad=*/true);
+    seed += 20;
+  }
+  AddCases(cases, {"bthd blocks, causal, dropout 0.2", {2, 3, 131, 131, 16}, true, 0.25, 0.2, true}, true, 400, false);
   return cases;
 }
 
@@ -338,6 +388,15 @@ TEST(AttentionOps, BadInputsNameWhatIsWrong) {
        "'k' must be f32 like q, got bf16"},
       {"flash_attention", {q, q, q}, {{"scale", std::nan("")}}, "'scale' must be finite"},
       {"flash_attention", {q, q, q}, {{"dropout_rate", 1.0}}, "'dropout_rate' must be in [0, 1), got 1"},
+      {"flash_attention", {q, q, q}, {{"layout", std::string("bhdt")}}, "'layout' must be \"bhtd\""},
+      {"flash_attention",
+       {q, RandomUniform({2, 4, 3, 8}, 2), q},
+       {{"layout", std::string("bthd")}},
+       "input 'k' must be (B, S, H, D)"},
+      {"flash_attention_masked",
+       {q, q, q, RandomBools({2, 4}, 5)},
+       {{"layout", std::string("bthd")}},
+       "'mask' must have shape (2, 2)"},
       {"flash_attention_masked", {q, q, q, RandomBools({2, 5}, 5)}, {}, "'mask' must have shape (2, 4)"},
       {"flash_attention_masked", {q, q, q, RandomUniform({2, 4}, 6)}, {}, "'mask' must be bool"},
       {"flash_attention_grad", {q, q, q, q, RandomUniform({2, 2, 5}, 7), q}, {}, "'lse' must have shape (2, 2, 4)"},

@@ -596,6 +596,7 @@ struct AttentionCase {
   bool causal, masked;
   double dropout;
   DType dtype = DType::kF32;  // q, k, v's
+  bool bthd = false;          // layout "bthd": q (B, T, H, D), k, v (B, S, H, D)
 };
 // The case's ops on the CPU: (op, inputs, outputs) for the forward and the
 // gradient, q, k, v random (16-bit ones rounded from random f32), a random
@@ -607,9 +608,10 @@ struct AttentionOnCpu {
 };
 void RunAttentionOnCpu(const AttentionCase& c, std::mt19937& rng, AttentionOnCpu& out) {
   out.label = StrCat("B H T S D = ", c.B, " ", c.H, " ", c.T, " ", c.S, " ", c.D, c.causal ? " causal" : "",
-                     c.masked ? " masked" : "", " dropout ", c.dropout, " ", DTypeName(c.dtype));
+                     c.masked ? " masked" : "", " dropout ", c.dropout, " ", DTypeName(c.dtype), c.bthd ? " bthd" : "");
+  auto shape = [&](int64_t rows) { return c.bthd ? Shape{c.B, rows, c.H, c.D} : Shape{c.B, c.H, rows, c.D}; };
   auto qkv = [&](int64_t rows) {
-    const Tensor x = RandomInput({DType::kF32, Shape{c.B, c.H, rows, c.D}}, false, rng);
+    const Tensor x = RandomInput({DType::kF32, shape(rows)}, false, rng);
     if (c.dtype == DType::kF32) return x;
     auto cast = RunOp("cast", {x}, {{"dtype", c.dtype}});
     EXPECT_TRUE(cast.ok()) << cast.status();
@@ -623,11 +625,12 @@ void RunAttentionOnCpu(const AttentionCase& c, std::mt19937& rng, AttentionOnCpu
                {"dropout_rate", c.dropout},
                {"seed", int64_t{9}},
                {"tensor_id", int64_t{4}}};
+  if (c.bthd) out.attrs.Set("layout", std::string("bthd"));
   auto want = RunOp(name, in, out.attrs);
   ASSERT_TRUE(want.ok()) << want.status();
   ASSERT_EQ((*want)[0].dtype(), DType::kF32);
-  std::vector<Tensor> grad_in = {
-      in[0], in[1], in[2], (*want)[0], (*want)[1], RandomInput({DType::kF32, Shape{c.B, c.H, c.T, c.D}}, false, rng)};
+  std::vector<Tensor> grad_in = {in[0],      in[1],      in[2],
+                                 (*want)[0], (*want)[1], RandomInput({DType::kF32, shape(c.T)}, false, rng)};
   if (c.masked) grad_in.push_back(in[3]);
   auto want_grad = RunOp(name + "_grad", grad_in, out.attrs);
   ASSERT_TRUE(want_grad.ok()) << want_grad.status();
@@ -639,7 +642,10 @@ TEST(CudaKernels, FlashAttentionMatchesTheCpuAcrossTiles) {
   for (const AttentionCase& c :
        {AttentionCase{2, 3, 200, 200, 64, true, false, 0.0}, AttentionCase{1, 2, 97, 40, 128, true, true, 0.0},
         AttentionCase{2, 2, 70, 150, 64, false, true, 0.1}, AttentionCase{1, 1, 33, 65, 5, false, false, 0.0},
-        AttentionCase{2, 2, 130, 130, 32, true, false, 0.3}}) {
+        AttentionCase{2, 2, 130, 130, 32, true, false, 0.3},
+        // Layout "bthd": rows H · D apart.
+        AttentionCase{2, 3, 200, 200, 64, true, false, 0.0, DType::kF32, true},
+        AttentionCase{2, 2, 70, 150, 40, false, true, 0.1, DType::kF32, true}}) {
     std::mt19937 rng(3);
     AttentionOnCpu cpu;
     ASSERT_NO_FATAL_FAILURE(RunAttentionOnCpu(c, rng, cpu));
@@ -679,7 +685,12 @@ TEST(CudaKernels, FlashAttentionOnTensorCoresMatchesTheCpu) {
                                  AttentionCase{1, 1, 33, 65, 5, false, false, 0.0, DType::kF16},
                                  AttentionCase{1, 2, 80, 80, 128, true, false, 0.2, DType::kF16},
                                  AttentionCase{1, 1, 130, 52, 48, true, true, 0.15, DType::kBF16},
-                                 AttentionCase{1, 1, 20, 90, 96, false, false, 0.0, DType::kBF16}}) {
+                                 AttentionCase{1, 1, 20, 90, 96, false, false, 0.0, DType::kBF16},
+                                 // Layout "bthd": rows H · D apart (16-byte
+                                 // loads where H · D is a multiple of 8).
+                                 AttentionCase{1, 3, 100, 105, 64, true, false, 0.0, DType::kBF16, true},
+                                 AttentionCase{2, 3, 130, 52, 48, true, true, 0.15, DType::kBF16, true},
+                                 AttentionCase{1, 3, 33, 65, 5, false, false, 0.0, DType::kF16, true}}) {
     std::mt19937 rng(5);
     AttentionOnCpu cpu;
     ASSERT_NO_FATAL_FAILURE(RunAttentionOnCpu(c, rng, cpu));
