@@ -115,7 +115,10 @@ struct CastRoundTripResult {
 // value between (nor marks it). Autodiff makes such a pair for every
 // matmul's input gradient: the product in f32, cast to the input's type,
 // and the AMP cast's gradient back to f32. Gradients keep f32 there. The
-// graph is rebuilt: use `remap`.
+// exact direction may have reshapes between and other readers of the f32
+// value (the fused attention's 16-bit dq, dk, dv, cast to f32, reshaped,
+// and cast back for the projection's GEMMs): the last cast's readers read
+// the reshapes of the 16-bit value. The graph is rebuilt: use `remap`.
 absl::StatusOr<CastRoundTripResult> FoldCastRoundTrips(Graph& graph, const GradientMap& gradients);
 
 struct MixedPrecisionResult {

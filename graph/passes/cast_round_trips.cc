@@ -5,6 +5,17 @@
 // gradient to bf16 or f16 and moves it three times; the pass has the reader
 // take the f32 product instead. Only pairs whose middle value nothing else
 // reads (nor marks as a loss, fetch or update) fold.
+//
+// The other direction is exact: a 16-bit gradient (the fused attention's
+// dq, dk, dv) cast to f32 by the AMP cast's rule, reshaped back to the
+// projection's shape, and cast to 16 bits again for that projection's
+// GEMMs. The last cast's readers then read reshapes of the 16-bit value
+// (views once lowered); the f32 copy stays for its other readers (the
+// bias's gradient).
+
+#include <algorithm>
+#include <utility>
+#include <vector>
 
 #include "core/status.h"
 #include "graph/passes.h"
@@ -21,6 +32,31 @@ bool IsCast(const Node& n) {
 bool Foldable(DType from, DType via) {
   const bool low = via == DType::kBF16 || via == DType::kF16;
   return (from == DType::kF32 && low) || ((from == DType::kBF16 || from == DType::kF16) && via == DType::kF32);
+}
+
+bool IsLow(DType t) { return t == DType::kBF16 || t == DType::kF16; }
+
+// When `value` is a cast's output behind zero or more reshapes: that cast
+// and the reshapes, the one reading the cast first.
+struct CastChain {
+  NodeId cast = -1;
+  std::vector<NodeId> reshapes;
+};
+CastChain CastBehindReshapes(const Graph& graph, const std::vector<NodeId>& producer, ValueId value) {
+  CastChain chain;
+  for (;;) {
+    const NodeId p = producer[static_cast<size_t>(value)];
+    if (p < 0) return {};
+    const Node& n = graph.node(p);
+    if (IsCast(n)) {
+      chain.cast = p;
+      std::reverse(chain.reshapes.begin(), chain.reshapes.end());
+      return chain;
+    }
+    if (n.kind != NodeKind::kOp || n.op != "reshape" || n.inputs.size() != 1 || n.outputs.size() != 1) return {};
+    chain.reshapes.push_back(p);
+    value = n.inputs[0];
+  }
 }
 
 }  // namespace
@@ -44,6 +80,27 @@ absl::StatusOr<CastRoundTripResult> FoldCastRoundTrips(Graph& graph, const Gradi
   remap.assign(values, kNoValue);
   for (const Node& n : graph.nodes()) {
     if (IsCast(n)) {
+      // 16-bit -> f32 -> (reshapes) -> the same 16-bit type: the reshapes
+      // again, of the 16-bit value.
+      const CastChain chain = CastBehindReshapes(graph, producer, n.inputs[0]);
+      if (chain.cast >= 0) {
+        const ValueId source = graph.node(chain.cast).inputs[0];
+        const DType from = graph.value(source).meta.dtype;
+        if (IsLow(from) && graph.value(graph.node(chain.cast).outputs[0]).meta.dtype == DType::kF32 &&
+            graph.value(n.outputs[0]).meta.dtype == from) {
+          ValueId value = remap[static_cast<size_t>(source)];
+          for (NodeId r : chain.reshapes) {
+            // A second copy of reshape r, reading the 16-bit value; r itself
+            // stays for the f32 value's other readers.
+            const ValueId kept = remap[static_cast<size_t>(graph.node(r).outputs[0])];
+            RETURN_IF_ERROR(ReplayNode(graph, graph.node(r), {value}, out, remap));
+            value = std::exchange(remap[static_cast<size_t>(graph.node(r).outputs[0])], kept);
+          }
+          remap[static_cast<size_t>(n.outputs[0])] = value;
+          ++result.folded;
+          continue;
+        }
+      }
       const ValueId middle = n.inputs[0];
       const NodeId first = producer[static_cast<size_t>(middle)];
       if (first >= 0 && IsCast(graph.node(first)) && readers[static_cast<size_t>(middle)] == 1 &&

@@ -203,6 +203,27 @@ float RoundToBf16(float f) {
   return f;
 }
 
+// `b`'s graph under bf16 mixed precision with its gradients, and a copy
+// with the cast round trips folded.
+struct AmpFolded {
+  Graph graph, folded_graph;
+  GradientMap gradients;
+  CastRoundTripResult folded;
+};
+void BuildAmpFolded(GraphBuilder& b, AmpFolded& out) {
+  auto built = b.Finish();
+  ASSERT_TRUE(built.ok()) << built.status();
+  out.graph = *std::move(built);
+  ASSERT_TRUE(AutoMixedPrecision(out.graph, DType::kBF16).ok());
+  auto gradients = Autodiff(out.graph);
+  ASSERT_TRUE(gradients.ok()) << gradients.status();
+  out.gradients = *gradients;
+  out.folded_graph = out.graph;
+  auto folded = FoldCastRoundTrips(out.folded_graph, out.gradients);
+  ASSERT_TRUE(folded.ok()) << folded.status();
+  out.folded = *std::move(folded);
+}
+
 // Under mixed precision each matmul's input gradient is its f32 product
 // cast to the input's bf16 and back to f32 by the AMP cast's gradient;
 // FoldCastRoundTrips has the readers take the product itself: the same
@@ -215,15 +236,11 @@ TEST(AutodiffTest, MixedPrecisionGradientsSkipTheirCastRoundTrips) {
   Sym w2 = b.Variable("w2", {5, 3}, InitRule::Normal(0, 1, 5, 1));
   Sym y = Matmul(Tanh(Matmul(x, w1)), w2);
   b.MarkLoss(ReduceMean(y * y));
-  auto built = b.Finish();
-  ASSERT_TRUE(built.ok()) << built.status();
-  Graph graph = *std::move(built);
-  ASSERT_TRUE(AutoMixedPrecision(graph, DType::kBF16).ok());
-  auto gradients = Autodiff(graph);
-  ASSERT_TRUE(gradients.ok()) << gradients.status();
-  Graph folded_graph = graph;
-  auto folded = FoldCastRoundTrips(folded_graph, *gradients);
-  ASSERT_TRUE(folded.ok()) << folded.status();
+  AmpFolded amp;
+  ASSERT_NO_FATAL_FAILURE(BuildAmpFolded(b, amp));
+  const Graph &graph = amp.graph, &folded_graph = amp.folded_graph;
+  const GradientMap& gradients = amp.gradients;
+  const CastRoundTripResult* folded = &amp.folded;
   EXPECT_EQ(folded->folded, 3);  // w1's, w2's and the tanh's gradients
   for (const Node& n : folded_graph.nodes()) {
     if (n.op != "cast") continue;
@@ -253,7 +270,7 @@ TEST(AutodiffTest, MixedPrecisionGradientsSkipTheirCastRoundTrips) {
     }
     return out;
   };
-  const auto rounded = run(graph, *gradients), kept = run(folded_graph, folded->gradients);
+  const auto rounded = run(graph, gradients), kept = run(folded_graph, folded->gradients);
   ASSERT_EQ(kept.size(), 2u);
   // w2's gradient is the first product of the backward: exactly the old one
   // unrounded. w1's also reads the tanh's gradient, which was rounded too.
@@ -273,6 +290,67 @@ TEST(AutodiffTest, MixedPrecisionGradientsSkipTheirCastRoundTrips) {
     }
   }
   EXPECT_GT(unrounded, 0) << "no gradient kept a bit bf16 drops";
+}
+
+// The exact direction through reshapes: the fused attention's 16-bit dq
+// is cast to f32 (the AMP cast's rule), reshaped back to the projection's
+// (B·T, C) and cast to bf16 again for the projection's GEMMs. The fold has
+// those GEMMs read the reshaped bf16 dq; the f32 copy stays for the bias's
+// gradient. Nothing rounds differently: the bias's gradient keeps its bits
+// and the weight's is the old one before its (folded) rounding.
+TEST(AutodiffTest, SixteenBitGradientsSkipTheExactRoundTripThroughReshapes) {
+  GraphBuilder b;
+  const int64_t B = 2, T = 5, H = 2, D = 4, C = H * D;
+  Sym x = b.Input("x", {DType::kF32, Shape{B * T, C}});
+  Sym k = b.Input("k", {DType::kF32, Shape{B, T, H, D}});
+  Sym v = b.Input("v", {DType::kF32, Shape{B, T, H, D}});
+  Sym w = b.Variable("w", {C, C}, InitRule::Normal(0, 1, 5, 2));
+  Sym bias = b.Variable("bias", {C}, InitRule::Normal(0, 1, 5, 3));
+  Sym q = Reshape(MatmulBias(x, w, bias), Shape{B, T, H, D});
+  const std::vector<Sym> attention =
+      b.Op("flash_attention", {q, k, v}, {{"scale", 0.5}, {"causal", true}, {"layout", std::string("bthd")}});
+  ASSERT_EQ(attention.size(), 2u);
+  b.MarkLoss(ReduceMean(attention[0] * attention[0]));
+  AmpFolded amp;
+  ASSERT_NO_FATAL_FAILURE(BuildAmpFolded(b, amp));
+  const Graph &graph = amp.graph, &folded_graph = amp.folded_graph;
+  const GradientMap& gradients = amp.gradients;
+  const CastRoundTripResult* folded = &amp.folded;
+  EXPECT_EQ(folded->folded, 2);  // dq's exact trip, w's rounding
+  // No cast is left that undoes a cast through reshapes.
+  for (const Node& n : folded_graph.nodes()) {
+    if (n.op != "cast") continue;
+    ValueId in = n.inputs[0];
+    while (folded_graph.producer(in).op == "reshape") in = folded_graph.producer(in).inputs[0];
+    const Node& before = folded_graph.producer(in);
+    if (before.op != "cast") continue;
+    EXPECT_NE(folded_graph.value(before.inputs[0]).meta.dtype, folded_graph.value(n.outputs[0]).meta.dtype) << n.scope;
+  }
+  std::map<std::string, Tensor> feeds;
+  uint64_t seed = 1;
+  for (const auto& [name, shape] :
+       {std::pair{"x", Shape{B * T, C}}, std::pair{"k", Shape{B, T, H, D}}, std::pair{"v", Shape{B, T, H, D}}}) {
+    std::vector<float> values(static_cast<size_t>(shape.NumElements()));
+    for (size_t i = 0; i < values.size(); ++i) values[i] = std::sin(0.37f * static_cast<float>(i + 11 * seed));
+    feeds[name] = Tensor::FromVector(shape, values);
+    ++seed;
+  }
+  const auto run = [&feeds](const Graph& g, const GradientMap& grads) {
+    GraphInterpreter interpreter(g);
+    EXPECT_TRUE(interpreter.InitVariables().ok());
+    auto values = interpreter.Run(feeds);
+    EXPECT_TRUE(values.ok()) << values.status();
+    std::map<std::string, std::vector<float>> out;
+    for (const auto& [var, grad] : grads)
+      out[g.value(var).name] = (*values)[static_cast<size_t>(grad)].ToVector<float>();
+    return out;
+  };
+  const auto before = run(graph, gradients), after = run(folded_graph, folded->gradients);
+  ASSERT_EQ(after.size(), 2u);
+  EXPECT_EQ(after.at("bias"), before.at("bias"));
+  const std::vector<float>& dw = after.at("w");
+  ASSERT_EQ(dw.size(), before.at("w").size());
+  for (size_t i = 0; i < dw.size(); ++i) EXPECT_EQ(RoundToBf16(dw[i]), before.at("w")[i]) << "w[" << i << "]";
 }
 
 TEST(AutodiffTest, ValueUsedTwiceSumsContributions) {
