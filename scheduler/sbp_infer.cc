@@ -340,6 +340,7 @@ class Inferrer {
       const NdSbp sharded = Sharded(layout, graph_.value(variable).meta);
       if (sharded == layout) continue;
       use_layout_[variable] = layout;
+      zero_variable_[variable] = variable;
       layout = sharded;
     }
     for (const auto& [variable, update] : graph_.variable_updates()) {
@@ -375,7 +376,9 @@ class Inferrer {
     for (size_t i = 0; i < node.inputs.size(); ++i) {
       auto use = use_layout_.find(node.inputs[i]);
       if (use == use_layout_.end()) continue;
-      const std::string& name = graph_.value(node.inputs[i]).name;
+      // The variable's own name: stage 3's repeat and depend of it have none.
+      const auto variable = zero_variable_.find(node.inputs[i]);
+      const std::string& name = graph_.value(variable != zero_variable_.end() ? variable->second : node.inputs[i]).name;
       if (node.op == "depend" && i == 0 && options_.zero_stage == 3) {
         const NdSbp& shard = out_.values[static_cast<size_t>(node.inputs[i])].nd_sbp;
         out[i] = Constraint{shard, StrCat("holds back ZeRO-3 shard '", name, "' ", NdSbpToString(shard))};
@@ -409,6 +412,7 @@ class Inferrer {
           layout = use->second;
         } else {
           use_layout_[output] = use->second;
+          zero_variable_[output] = zero_variable_.at(input);
         }
       }
       if (auto acc = sharded_accumulators_.find(output); acc != sharded_accumulators_.end()) {
@@ -486,6 +490,7 @@ class Inferrer {
     if (node.op == "depend" && options_.zero_stage == 3) {
       if (auto use = use_layout_.find(node.inputs[0]); use != use_layout_.end()) {
         use_layout_[node.outputs[0]] = use->second;
+        zero_variable_[node.outputs[0]] = zero_variable_.at(node.inputs[0]);
       }
     }
 
@@ -590,6 +595,7 @@ class Inferrer {
   // ZeRO: a value holding a sharded variable (the variable, stage 3's repeat
   // and depend of it) -> the layout its readers get it in.
   std::map<ValueId, NdSbp> use_layout_;
+  std::map<ValueId, ValueId> zero_variable_;         // each key of use_layout_ -> the variable it holds
   std::map<ValueId, ValueId> sharded_accumulators_;  // stage 2: accumulator output -> its parameter
   std::set<NodeId> update_nodes_;                    // nodes producing a variable's update
   std::set<std::tuple<ValueId, int64_t, std::string>> converted_;  // (value, stage, nd-SBP) some edge makes

@@ -605,6 +605,38 @@ TEST(SbpInferTest, ZeroShardsVariablesAndStateOverDataParallel) {
   }
 }
 
+// ZeRO-3: a reader that cannot take a sharded variable gathered is an error
+// naming the variable, which it reads through a repeat and a depend of its
+// own (without a name). (In stages 1 and 2 only the repeat reads the
+// variable, gathered once; its readers may convert it further.)
+TEST(SbpInferTest, ZeroConstraintErrorsNameTheVariable) {
+  graph::GraphBuilder b;
+  graph::Sym x = b.Input("x", {DType::kF32, Shape{8, 4}});
+  graph::Sym w = b.Variable("proj.weight", {4, 8}, graph::InitRule::Normal(0, 1, 4, 0));
+  graph::Sym y = graph::Matmul(x, w);
+  // Columns split over data parallelism: only w split by columns gives
+  // that, and ZeRO-3 hands the matmul w whole.
+  b.SetHints(y, std::nullopt, NdSbp{Sbp::Split(1), kB});
+  b.MarkLoss(graph::ReduceMean(y * y));
+  auto built = b.Finish();
+  ASSERT_TRUE(built.ok()) << built.status();
+  Graph graph = *std::move(built);
+  auto gradients = graph::Autodiff(graph);
+  ASSERT_TRUE(gradients.ok()) << gradients.status();
+  auto accumulated = graph::AccumulateGradients(graph, *gradients, 2);
+  ASSERT_TRUE(accumulated.ok()) << accumulated.status();
+  auto gathered = graph::GatherPerReader(graph, accumulated->gradients);
+  ASSERT_TRUE(gathered.ok()) << gathered.status();
+  ASSERT_TRUE(graph::ApplyOptimizer(graph, gathered->gradients, {}).ok());
+  ASSERT_TRUE(graph::EliminateDeadCode(graph).ok());
+  SbpInferOptions options;
+  options.zero_stage = 3;
+  auto a = InferSbp(graph, MakeMesh(4, 1), options);
+  ASSERT_FALSE(a.ok()) << a->ToText(graph);
+  EXPECT_CONTAINS(a.status().message(), "no SBP signature of op 'matmul'");
+  EXPECT_CONTAINS(a.status().message(), "reads ZeRO-sharded 'proj.weight' gathered as (B, B)");
+}
+
 TEST(SbpInferTest, ConflictingHintsNameTheOpTheHintsAndTheNearestSignatures) {
   ColRow cr = BuildColRow();
   // gelu has no partial-sum signature.
