@@ -245,6 +245,11 @@ ChainRun RunChain(const proto::Plan& plan, const std::shared_ptr<KernelLog>& log
   ChainRun run;
   options.registry = &TestOps();
   options.callbacks.sources["src"] = [&run, log](int64_t piece, const std::vector<Tensor>& out) {
+    // A fill takes a little while (as real host work does), so that a
+    // kernel queued just before it has started on its stream by the time it
+    // looks: without this a loaded machine could have every fill fall in
+    // the gap between a kernel's end and the next one's start.
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
     if (log->running.load() > 0) ++run.fills_during_kernels;
     for (int64_t i = 0; i < 3; ++i) out[0].data<float>()[i] = static_cast<float>(piece * 10 + i);
     return absl::OkStatus();
