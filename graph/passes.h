@@ -118,7 +118,10 @@ struct CastRoundTripResult {
 // exact direction may have reshapes between and other readers of the f32
 // value (the fused attention's 16-bit dq, dk, dv, cast to f32, reshaped,
 // and cast back for the projection's GEMMs): the last cast's readers read
-// the reshapes of the 16-bit value. The graph is rebuilt: use `remap`.
+// the reshapes of the 16-bit value. A cast to a 16-bit type that is the
+// only reader of an f32 output its op can give in that type
+// (cross_entropy_partials_grad's dlogits) folds into the op. The graph is
+// rebuilt: use `remap`.
 absl::StatusOr<CastRoundTripResult> FoldCastRoundTrips(Graph& graph, const GradientMap& gradients);
 
 struct MixedPrecisionResult {

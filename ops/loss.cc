@@ -89,7 +89,7 @@ std::vector<SbpSignature> SparseCrossEntropySignatures(const std::vector<TensorM
 
 // ---- cross_entropy_partials
 
-absl::StatusOr<std::vector<TensorMeta>> InferPartials(const std::vector<TensorMeta>& in, const AttrMap&) {
+absl::StatusOr<std::vector<TensorMeta>> InferPartials(const std::vector<TensorMeta>& in, const AttrMap& attrs) {
   RETURN_IF_ERROR(ExpectLogits(in[0]));
   const int64_t N = in[0].shape[0];
   const Shape column{N, 1};
@@ -98,7 +98,13 @@ absl::StatusOr<std::vector<TensorMeta>> InferPartials(const std::vector<TensorMe
   if (in.size() == 5) {
     RETURN_IF_ERROR(ExpectF32Shaped(in[3], column, "d_sumexp"));
     RETURN_IF_ERROR(ExpectF32Shaped(in[4], column, "d_label_logit"));
-    return std::vector<TensorMeta>{in[0]};
+    const DType dtype = attrs.GetDType("dtype");
+    // (f64 goes on to the registry's refusal of f64 everywhere.)
+    if (!IsFloatingPoint(dtype)) {
+      return absl::InvalidArgumentError(
+          StrCat("attribute 'dtype' (of dlogits) must be f32, bf16 or f16, got ", DTypeName(dtype)));
+    }
+    return std::vector<TensorMeta>{{dtype, in[0].shape}};
   }
   const TensorMeta out{DType::kF32, column};
   return std::vector<TensorMeta>{out, out};
@@ -213,13 +219,16 @@ void RegisterLossOps(OpRegistry& registry) {
   registry.MustRegister(
       OpSchema("cross_entropy_partials_grad")
           .Doc("Backward of cross_entropy_partials for logits: dlogits = d_sumexp * exp(logits - row_max) + "
-               "d_label_logit * onehot(labels), the onehot only inside this shard's vocabulary columns.")
+               "d_label_logit * onehot(labels), the onehot only inside this shard's vocabulary columns. dtype: "
+               "dlogits' type, f32 or bf16 / f16 (the f32 values rounded to nearest even, as cast rounds them: "
+               "mixed precision sets it when a cast for the head's GEMMs is dlogits' only reader)")
           .Input("logits")
           .Input("row_max")
           .Input("labels")
           .Input("d_sumexp")
           .Input("d_label_logit")
           .Output("dlogits")
+          .Attr("dtype", AttrType::kDType, DType::kF32)
           .Infer(InferPartials)
           .Sbp(PartialsSignatures)
           .Workspace(WidenedLabels(2))

@@ -12,8 +12,14 @@
 // GEMMs. The last cast's readers then read reshapes of the 16-bit value
 // (views once lowered); the f32 copy stays for its other readers (the
 // bias's gradient).
+//
+// And a cast to bf16 / f16 that is the only reader of an op's f32 output
+// which the op can give in that type itself (cross_entropy_partials_grad's
+// `dtype`: the logits' gradient, cast for the head's GEMMs) folds into the
+// op: the same rounding, with no f32 copy written and read again.
 
 #include <algorithm>
+#include <map>
 #include <utility>
 #include <vector>
 
@@ -35,6 +41,13 @@ bool Foldable(DType from, DType via) {
 }
 
 bool IsLow(DType t) { return t == DType::kBF16 || t == DType::kF16; }
+
+// The ops whose output 0 can be given in a 16-bit type, and the attribute
+// that asks for it.
+const char* OutputDTypeAttr(const Node& n) {
+  if (n.kind == NodeKind::kOp && n.op == "cross_entropy_partials_grad") return "dtype";
+  return nullptr;
+}
 
 // When `value` is a cast's output behind zero or more reshapes: that cast
 // and the reshapes, the one reading the cast first.
@@ -74,11 +87,41 @@ absl::StatusOr<CastRoundTripResult> FoldCastRoundTrips(Graph& graph, const Gradi
   for (const auto& [name, v] : graph.fetches()) marked[static_cast<size_t>(v)] = true;
   for (const auto& [var, update] : graph.variable_updates()) marked[static_cast<size_t>(update)] = true;
 
+  std::vector<bool> gradient(values, false);
+  for (const auto& [var, grad] : gradients) gradient[static_cast<size_t>(grad)] = true;
+  // Producers that give their output in their one reader's (a cast's) type.
+  std::map<NodeId, DType> narrowed;
+  for (const Node& n : graph.nodes()) {
+    if (!IsCast(n)) continue;
+    const auto v = static_cast<size_t>(n.inputs[0]);
+    const DType to = graph.value(n.outputs[0]).meta.dtype;
+    if (producer[v] < 0 || readers[v] != 1 || marked[v] || gradient[v] || !IsLow(to) ||
+        graph.value(n.inputs[0]).meta.dtype != DType::kF32) {
+      continue;
+    }
+    const Node& p = graph.node(producer[v]);
+    if (OutputDTypeAttr(p) != nullptr && p.outputs[0] == n.inputs[0]) narrowed[p.id] = to;
+  }
+
   CastRoundTripResult result;
   Graph out(&graph.registry());
   std::vector<ValueId>& remap = result.remap;
   remap.assign(values, kNoValue);
   for (const Node& n : graph.nodes()) {
+    if (auto it = narrowed.find(n.id); it != narrowed.end()) {
+      Node narrow = n;
+      narrow.attrs.Set(OutputDTypeAttr(n), it->second);
+      std::vector<ValueId> inputs;
+      for (ValueId in : n.inputs) inputs.push_back(remap[static_cast<size_t>(in)]);
+      RETURN_IF_ERROR(ReplayNode(graph, narrow, inputs, out, remap));
+      continue;
+    }
+    if (IsCast(n) && producer[static_cast<size_t>(n.inputs[0])] >= 0 &&
+        narrowed.contains(producer[static_cast<size_t>(n.inputs[0])])) {
+      remap[static_cast<size_t>(n.outputs[0])] = remap[static_cast<size_t>(n.inputs[0])];  // given narrowed
+      ++result.folded;
+      continue;
+    }
     if (IsCast(n)) {
       // 16-bit -> f32 -> (reshapes) -> the same 16-bit type: the reshapes
       // again, of the 16-bit value.

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/dtype.h"
 #include "core/text.h"
 #include "ops/cpu/cpu_util.h"
 #include "ops/cpu/norm_softmax.h"
@@ -122,16 +123,29 @@ absl::Status CrossEntropyPartialsGradKernel(KernelContext& ctx) {
   const float* row_max = ctx.input(1).data<float>();        // (N, 1)
   const float* d_sumexp = ctx.input(3).data<float>();       // (N, 1)
   const float* d_label_logit = ctx.input(4).data<float>();  // (N, 1)
-  float* dlogits = ctx.output(0).data<float>();             // (N, Vs)
-  // dlogits = d_sumexp * exp(x - row_max) + d_label_logit * onehot(label).
+  const Tensor& out = ctx.output(0);                        // (N, Vs)
+  const DType dtype = out.dtype();
+  if (dtype != DType::kF32 && dtype != DType::kBF16 && dtype != DType::kF16) {
+    return absl::InvalidArgumentError(StrCat("dlogits must be f32, bf16 or f16, got ", DTypeName(dtype)));
+  }
+  // dlogits = d_sumexp * exp(x - row_max) + d_label_logit * onehot(label),
+  // in f32; a 16-bit dlogits gets each row rounded as cast rounds it.
   ParallelFor(ctx, N, RowGrain(Vs), [&](int64_t n0, int64_t n1) {
+    std::vector<float> row(dtype == DType::kF32 ? 0 : static_cast<size_t>(Vs));
     for (int64_t n = n0; n < n1; ++n) {
       const float* xr = logits + n * Vs;
-      float* dr = dlogits + n * Vs;
+      float* dr = dtype == DType::kF32 ? out.data<float>() + n * Vs : row.data();
       const float m = row_max[n], ds = d_sumexp[n];
       for (int64_t j = 0; j < Vs; ++j) dr[j] = ds * ExpF(xr[j] - m);
       const int64_t local = labels[static_cast<size_t>(n)] - vocab.offset;
       if (local >= 0 && local < Vs) dr[local] += d_label_logit[n];
+      if (dtype == DType::kF32) continue;
+      auto* bits = static_cast<uint16_t*>(out.raw_data()) + n * Vs;
+      if (dtype == DType::kBF16) {
+        for (int64_t j = 0; j < Vs; ++j) bits[j] = FloatToBFloat16(dr[j]);
+      } else {
+        for (int64_t j = 0; j < Vs; ++j) bits[j] = FloatToHalf(dr[j]);
+      }
     }
   });
   return absl::OkStatus();

@@ -202,9 +202,11 @@ int LaunchEmbeddingGrad(const float* dy, const void* ids, int id_bytes, float* d
 // column is global id `offset`; labels are device i64, already checked.
 int LaunchCrossEntropyPartials(const float* logits, const float* row_max, const int64_t* labels, float* sumexp,
                                float* label_logit, int64_t N, int64_t Vs, int64_t offset);
+// dlogits of `dlogits_dtype` (0: f32, 1: bf16, 2: f16; rounded to nearest
+// even as cast rounds).
 int LaunchCrossEntropyPartialsGrad(const float* logits, const float* row_max, const int64_t* labels,
-                                   const float* d_sumexp, const float* d_label_logit, float* dlogits, int64_t N,
-                                   int64_t Vs, int64_t offset);
+                                   const float* d_sumexp, const float* d_label_logit, void* dlogits, int dlogits_dtype,
+                                   int64_t N, int64_t Vs, int64_t offset);
 
 // The random ops draw by global index (ops/cpu/random.cc's rule): element
 // p of the shard is element p % run_length of run p / run_length, whose

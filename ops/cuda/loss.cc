@@ -60,11 +60,15 @@ absl::Status CrossEntropyPartialsGradKernel(KernelContext& ctx) {
   Tensor storage;
   ASSIGN_OR_RETURN(const int64_t* labels, DeviceLabels(ctx, 2, slice.logical[1], storage));
   const Tensor& logits = ctx.input(0);
-  return Done(LaunchCrossEntropyPartialsGrad(logits.data<float>(), ctx.input(1).data<float>(), labels,
-                                             ctx.input(3).data<float>(), ctx.input(4).data<float>(),
-                                             ctx.output(0).data<float>(), logits.shape()[0], logits.shape()[1],
-                                             slice.offset[1]),
-              "cross_entropy_partials_grad");
+  const DType dtype = ctx.output(0).dtype();
+  return Done(
+      LaunchCrossEntropyPartialsGrad(logits.data<float>(), ctx.input(1).data<float>(), labels,
+                                     ctx.input(3).data<float>(), ctx.input(4).data<float>(), ctx.output(0).raw_data(),
+                                     dtype == DType::kBF16  ? 1
+                                     : dtype == DType::kF16 ? 2
+                                                            : 0,
+                                     logits.shape()[0], logits.shape()[1], slice.offset[1]),
+      "cross_entropy_partials_grad");
 }
 
 absl::Status SparseSoftmaxCrossEntropyKernel(KernelContext& ctx) {

@@ -3,9 +3,12 @@
 // rows), block-wide reductions in shared memory; the norms' parameter
 // gradients as column sums cut into ranges of rows. Launchers: launch.h.
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cmath>
+#include <type_traits>
 
 #include "ops/cuda/launch.h"
 #include "ops/cuda/launch_util.cuh"
@@ -310,15 +313,28 @@ __global__ void CrossEntropyPartialsRows(const float* logits, const float* row_m
   }
 }
 
+// f32 `v` as T: itself, or rounded to nearest even (cast's rounding).
+template <class T>
+__device__ __forceinline__ T FromFloat(float v) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    return __float2bfloat16_rn(v);
+  } else if constexpr (std::is_same_v<T, __half>) {
+    return __float2half_rn(v);
+  } else {
+    return v;
+  }
+}
+
+template <class T>
 __global__ void CrossEntropyPartialsGradKernel(const float* logits, const float* row_max, const int64_t* labels,
-                                               const float* d_sumexp, const float* d_label_logit, float* dlogits,
-                                               int64_t N, int64_t Vs, int64_t offset) {
+                                               const float* d_sumexp, const float* d_label_logit, T* dlogits, int64_t N,
+                                               int64_t Vs, int64_t offset) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < N * Vs;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t n = i / Vs, j = i % Vs;
     float d = d_sumexp[n] * expf(logits[i] - row_max[n]);
     if (labels[n] - offset == j) d += d_label_logit[n];
-    dlogits[i] = d;
+    dlogits[i] = FromFloat<T>(d);
   }
 }
 
@@ -332,13 +348,33 @@ int LaunchCrossEntropyPartials(const float* logits, const float* row_max, const 
   return Finish();
 }
 
-int LaunchCrossEntropyPartialsGrad(const float* logits, const float* row_max, const int64_t* labels,
-                                   const float* d_sumexp, const float* d_label_logit, float* dlogits, int64_t N,
-                                   int64_t Vs, int64_t offset) {
-  if (N * Vs == 0) return 0;
-  CrossEntropyPartialsGradKernel<<<Blocks(N * Vs), kThreads, 0, CurrentStream()>>>(
+namespace {
+
+template <class T>
+int LaunchCrossEntropyPartialsGradAs(const float* logits, const float* row_max, const int64_t* labels,
+                                     const float* d_sumexp, const float* d_label_logit, T* dlogits, int64_t N,
+                                     int64_t Vs, int64_t offset) {
+  CrossEntropyPartialsGradKernel<T><<<Blocks(N * Vs), kThreads, 0, CurrentStream()>>>(
       logits, row_max, labels, d_sumexp, d_label_logit, dlogits, N, Vs, offset);
   return Finish();
+}
+
+}  // namespace
+
+int LaunchCrossEntropyPartialsGrad(const float* logits, const float* row_max, const int64_t* labels,
+                                   const float* d_sumexp, const float* d_label_logit, void* dlogits, int dlogits_dtype,
+                                   int64_t N, int64_t Vs, int64_t offset) {
+  if (N * Vs == 0) return 0;
+  if (dlogits_dtype == 1) {
+    return LaunchCrossEntropyPartialsGradAs(logits, row_max, labels, d_sumexp, d_label_logit,
+                                            static_cast<__nv_bfloat16*>(dlogits), N, Vs, offset);
+  }
+  if (dlogits_dtype == 2) {
+    return LaunchCrossEntropyPartialsGradAs(logits, row_max, labels, d_sumexp, d_label_logit,
+                                            static_cast<__half*>(dlogits), N, Vs, offset);
+  }
+  return LaunchCrossEntropyPartialsGradAs(logits, row_max, labels, d_sumexp, d_label_logit,
+                                          static_cast<float*>(dlogits), N, Vs, offset);
 }
 
 int LaunchRmsNorm(const float* x, const float* gamma, float* y, float* rstd, int64_t rows, int64_t C, float eps) {

@@ -353,6 +353,52 @@ TEST(AutodiffTest, SixteenBitGradientsSkipTheExactRoundTripThroughReshapes) {
   for (size_t i = 0; i < dw.size(); ++i) EXPECT_EQ(RoundToBf16(dw[i]), before.at("w")[i]) << "w[" << i << "]";
 }
 
+// The logits' gradient (cross_entropy_partials_grad), read only by the
+// head's cast to bf16 for its GEMMs, is given in bf16 by the op itself: no
+// cast left after it, and the head's weight gradient is the old one before
+// its (folded) rounding, so the op rounded dlogits exactly as the cast did.
+TEST(AutodiffTest, MixedPrecisionLogitGradientsComeOutInBf16) {
+  GraphBuilder b;
+  const int64_t N = 6, C = 5, V = 11;
+  Sym x = b.Input("x", {DType::kF32, Shape{N, C}});
+  Sym labels = b.Input("labels", {DType::kI64, Shape{N}});
+  Sym w = b.Variable("head", {C, V}, InitRule::Normal(0, 1, 5, 4));
+  Sym logits = Matmul(x, w);
+  Sym row_max = b.Apply("reduce_max", {logits}, {{"axes", std::vector<int64_t>{1}}, {"keepdim", true}});
+  const std::vector<Sym> parts = b.Op("cross_entropy_partials", {logits, row_max, labels});
+  ASSERT_EQ(parts.size(), 2u);
+  b.MarkLoss(ReduceMean(Log(parts[0]) - parts[1]));
+  AmpFolded amp;
+  ASSERT_NO_FATAL_FAILURE(BuildAmpFolded(b, amp));
+  EXPECT_EQ(amp.folded.folded, 2);  // dlogits' cast, the head's rounding
+  int narrowed = 0;
+  for (const Node& n : amp.folded_graph.nodes()) {
+    if (n.op != "cross_entropy_partials_grad") continue;
+    ++narrowed;
+    EXPECT_EQ(amp.folded_graph.value(n.outputs[0]).meta.dtype, DType::kBF16);
+    for (const Node& reader : amp.folded_graph.nodes()) {
+      for (ValueId in : reader.inputs) EXPECT_FALSE(in == n.outputs[0] && reader.op == "cast");
+    }
+  }
+  EXPECT_EQ(narrowed, 1);
+  std::vector<float> xs(static_cast<size_t>(N * C));
+  for (size_t i = 0; i < xs.size(); ++i) xs[i] = std::cos(1.3f * static_cast<float>(i));
+  const std::map<std::string, Tensor> feeds = {{"x", Tensor::FromVector(Shape{N, C}, xs)},
+                                               {"labels", Tensor::FromVector<int64_t>(Shape{N}, {0, 3, 10, 7, 3, 5})}};
+  const auto head_gradient = [&feeds](const Graph& g, const GradientMap& grads) {
+    GraphInterpreter interpreter(g);
+    EXPECT_TRUE(interpreter.InitVariables().ok());
+    auto values = interpreter.Run(feeds);
+    EXPECT_TRUE(values.ok()) << values.status();
+    return values.ok() ? (*values)[static_cast<size_t>(grads.begin()->second)].ToVector<float>() : std::vector<float>{};
+  };
+  const std::vector<float> before = head_gradient(amp.graph, amp.gradients);
+  const std::vector<float> after = head_gradient(amp.folded_graph, amp.folded.gradients);
+  ASSERT_EQ(after.size(), static_cast<size_t>(C * V));
+  ASSERT_EQ(before.size(), after.size());
+  for (size_t i = 0; i < after.size(); ++i) EXPECT_EQ(RoundToBf16(after[i]), before[i]) << "head[" << i << "]";
+}
+
 TEST(AutodiffTest, ValueUsedTwiceSumsContributions) {
   GraphBuilder b;
   Sym w = b.Variable("w", {4}, InitRule::Normal(0, 1, 3, 0));

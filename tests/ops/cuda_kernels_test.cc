@@ -253,6 +253,29 @@ TEST(CudaKernels, MatchTheCpuKernels) {
   }
   EXPECT_GE(checked, 60);
 }
+// cross_entropy_partials_grad with a 16-bit dlogits (mixed precision's):
+// the GPU's rounding of its f32 values against the CPU's, within one unit
+// in the last place of the 16-bit type (expf and the CPU's exp may differ
+// in the last f32 bit, which can move a rounding).
+TEST(CudaKernels, CrossEntropyPartialsGradIn16BitsMatchesTheCpu) {
+  if (const std::string why = NoGpu(); !why.empty()) GTEST_SKIP() << why;
+  const OpSchema& schema = *BuiltinOps().Find("cross_entropy_partials_grad");
+  std::mt19937 rng(13);
+  std::vector<Tensor> inputs;
+  for (const TensorMeta& meta : schema.example().inputs) inputs.push_back(RandomInput(meta, false, rng));
+  for (const DType dtype : {DType::kBF16, DType::kF16}) {
+    SCOPED_TRACE(DTypeName(dtype));
+    std::vector<Tensor> want, got;
+    ASSERT_NO_FATAL_FAILURE(RunOnBoth("cross_entropy_partials_grad", inputs, {{"dtype", dtype}}, want, got, true));
+    ASSERT_EQ(got[0].dtype(), dtype);
+    const double ulp = dtype == DType::kBF16 ? 1.0 / 128 : 1.0 / 1024;
+    for (int64_t i = 0; i < got[0].NumElements(); ++i) {
+      const double r = ElementAsDouble(want[0], i), g = ElementAsDouble(got[0], i);
+      ASSERT_NEAR(g, r, ulp * std::fabs(r) + 1e-7) << "element " << i;
+    }
+  }
+}
+
 // i32 labels: the cross-entropy kernels widen them on the device into the
 // workspace the plan gives them (a cast kernel on the stream, no wait), or,
 // called eagerly without one, into memory of their own; both ways give the

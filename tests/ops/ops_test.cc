@@ -4,12 +4,13 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 
 #include "core/thread_pool.h"
 #include "ops/cpu/vec_math.h"
-#include "tests/ops/op_test_util.h"
 #include "ops/eager.h"
 #include "ops/registry.h"
+#include "tests/ops/op_test_util.h"
 
 namespace tessera::ops {
 namespace {
@@ -93,6 +94,42 @@ TEST(Registry, CrossEntropyWorkspaceWidensI32LabelsOnGpusOnly) {
       EXPECT_EQ(schema.WorkspaceBytes(inputs, {}, {}, DeviceType::kCuda), dtype == DType::kI32 ? 48 : 0);
     }
   }
+}
+
+// cross_entropy_partials_grad with dtype bf16 / f16 (what mixed precision
+// asks of it) gives the f32 dlogits rounded as cast rounds them, bit for
+// bit, on any pool; other dtypes are refused.
+TEST(Kernels, CrossEntropyPartialsGradGivesCastBitsIn16Bits) {
+  using testing::RandomUniform;
+  const int64_t N = 37, V = 1030;
+  const Tensor logits = RandomUniform(Shape{N, V}, 21, -4.0f, 4.0f);
+  auto row_max = RunOp("reduce_max", {logits}, {{"axes", std::vector<int64_t>{1}}, {"keepdim", true}});
+  ASSERT_TRUE(row_max.ok()) << row_max.status();
+  std::vector<int64_t> label_values;
+  for (int64_t n = 0; n < N; ++n) label_values.push_back((n * 131) % V);
+  const std::vector<Tensor> inputs = {logits, (*row_max)[0], Tensor::FromVector<int64_t>(Shape{N}, label_values),
+                                      RandomUniform(Shape{N, 1}, 22, 0.0f, 1e-3f), RandomUniform(Shape{N, 1}, 23)};
+  auto f32 = RunOp("cross_entropy_partials_grad", inputs);
+  ASSERT_TRUE(f32.ok()) << f32.status();
+  ThreadPool pool(3);
+  for (const DType dtype : {DType::kBF16, DType::kF16}) {
+    SCOPED_TRACE(DTypeName(dtype));
+    auto want = RunOp("cast", {(*f32)[0]}, {{"dtype", dtype}});
+    ASSERT_TRUE(want.ok()) << want.status();
+    for (ThreadPool* p : {static_cast<ThreadPool*>(nullptr), &pool}) {
+      EagerOptions options;
+      options.pool = p;
+      auto got = RunOp("cross_entropy_partials_grad", inputs, {{"dtype", dtype}}, options);
+      ASSERT_TRUE(got.ok()) << got.status();
+      ASSERT_EQ((*got)[0].dtype(), dtype);
+      EXPECT_EQ(std::memcmp((*got)[0].raw_data(), (*want)[0].raw_data(), (*want)[0].NumBytes()), 0);
+    }
+  }
+  auto bad = RunOp("cross_entropy_partials_grad", inputs, {{"dtype", DType::kI32}});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("attribute 'dtype' (of dlogits) must be f32, bf16 or f16, got i32"),
+            std::string::npos)
+      << bad.status();
 }
 
 TEST(BadInput, ShapeMismatchNamesOpAndShapes) {
