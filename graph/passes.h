@@ -103,7 +103,8 @@ absl::StatusOr<AccumulationResult> AccumulateGradients(Graph& graph, const Gradi
                                                        int64_t num_micro_batches);
 
 struct CastRoundTripResult {
-  int64_t folded = 0;          // round trips taken out
+  int64_t folded = 0;          // round trips taken out (and casts folded into their producer)
+  int64_t merged = 0;          // casts that repeated an earlier one
   GradientMap gradients;       // the gradients, through remap
   std::vector<ValueId> remap;  // old value id -> new value id (the graph is rebuilt)
 };
@@ -120,8 +121,9 @@ struct CastRoundTripResult {
 // and cast back for the projection's GEMMs): the last cast's readers read
 // the reshapes of the 16-bit value. A cast to a 16-bit type that is the
 // only reader of an f32 output its op can give in that type
-// (cross_entropy_partials_grad's dlogits) folds into the op. The graph is
-// rebuilt: use `remap`.
+// (cross_entropy_partials_grad's dlogits) folds into the op. Casts of one
+// value to one type on the same layer (and pass, and checkpoint segment)
+// become one. The graph is rebuilt: use `remap`.
 absl::StatusOr<CastRoundTripResult> FoldCastRoundTrips(Graph& graph, const GradientMap& gradients);
 
 struct MixedPrecisionResult {

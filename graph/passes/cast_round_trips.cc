@@ -17,9 +17,15 @@
 // which the op can give in that type itself (cross_entropy_partials_grad's
 // `dtype`: the logits' gradient, cast for the head's GEMMs) folds into the
 // op: the same rounding, with no f32 copy written and read again.
+//
+// Last, casts that repeat one another (the same value to the same type, on
+// the same layer, both forward or both backward, in the same checkpoint
+// segment: each of q, k and v's GEMMs casts the layer norm's output for
+// itself) become one.
 
 #include <algorithm>
 #include <map>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -103,6 +109,10 @@ absl::StatusOr<CastRoundTripResult> FoldCastRoundTrips(Graph& graph, const Gradi
     if (OutputDTypeAttr(p) != nullptr && p.outputs[0] == n.inputs[0]) narrowed[p.id] = to;
   }
 
+  // Casts emitted so far: (input in `out`, dtype, layer, backward, segment)
+  // -> (the old output, its id in `out`).
+  using CastKey = std::tuple<ValueId, DType, int64_t, bool, int64_t>;
+  std::map<CastKey, std::pair<ValueId, ValueId>> emitted;
   CastRoundTripResult result;
   Graph out(&graph.registry());
   std::vector<ValueId>& remap = result.remap;
@@ -159,6 +169,23 @@ absl::StatusOr<CastRoundTripResult> FoldCastRoundTrips(Graph& graph, const Gradi
     }
     std::vector<ValueId> inputs;
     for (ValueId in : n.inputs) inputs.push_back(remap[static_cast<size_t>(in)]);
+    if (IsCast(n)) {
+      // The same cast of the same value, emitted again (each matmul reading
+      // a layer norm's output casts it for itself): the first one's output.
+      const Value& v = graph.value(n.outputs[0]);
+      const CastKey key{inputs[0], v.meta.dtype, n.layer_idx, n.backward, n.checkpoint_segment};
+      if (auto same = emitted.find(key); same != emitted.end()) {
+        const Value& first = graph.value(same->second.first);
+        if (first.placement_hint == v.placement_hint && first.sbp_hint == v.sbp_hint) {
+          remap[static_cast<size_t>(n.outputs[0])] = same->second.second;
+          ++result.merged;
+          continue;
+        }
+      }
+      RETURN_IF_ERROR(ReplayNode(graph, n, inputs, out, remap));
+      emitted.emplace(key, std::pair{n.outputs[0], remap[static_cast<size_t>(n.outputs[0])]});
+      continue;
+    }
     RETURN_IF_ERROR(ReplayNode(graph, n, inputs, out, remap));
   }
   RETURN_IF_ERROR(ReplayMarks(graph, remap, out));

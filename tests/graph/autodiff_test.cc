@@ -203,6 +203,19 @@ float RoundToBf16(float f) {
   return f;
 }
 
+// The f32 gradients of `g` (by variable name) on `feeds`.
+std::map<std::string, std::vector<float>> GradientsOf(const Graph& g, const GradientMap& grads,
+                                                      const std::map<std::string, Tensor>& feeds) {
+  GraphInterpreter interpreter(g);
+  EXPECT_TRUE(interpreter.InitVariables().ok());
+  auto values = interpreter.Run(feeds);
+  EXPECT_TRUE(values.ok()) << values.status();
+  std::map<std::string, std::vector<float>> out;
+  if (!values.ok()) return out;
+  for (const auto& [var, grad] : grads) out[g.value(var).name] = (*values)[static_cast<size_t>(grad)].ToVector<float>();
+  return out;
+}
+
 // `b`'s graph under bf16 mixed precision with its gradients, and a copy
 // with the cast round trips folded.
 struct AmpFolded {
@@ -335,16 +348,7 @@ TEST(AutodiffTest, SixteenBitGradientsSkipTheExactRoundTripThroughReshapes) {
     feeds[name] = Tensor::FromVector(shape, values);
     ++seed;
   }
-  const auto run = [&feeds](const Graph& g, const GradientMap& grads) {
-    GraphInterpreter interpreter(g);
-    EXPECT_TRUE(interpreter.InitVariables().ok());
-    auto values = interpreter.Run(feeds);
-    EXPECT_TRUE(values.ok()) << values.status();
-    std::map<std::string, std::vector<float>> out;
-    for (const auto& [var, grad] : grads)
-      out[g.value(var).name] = (*values)[static_cast<size_t>(grad)].ToVector<float>();
-    return out;
-  };
+  const auto run = [&feeds](const Graph& g, const GradientMap& grads) { return GradientsOf(g, grads, feeds); };
   const auto before = run(graph, gradients), after = run(folded_graph, folded->gradients);
   ASSERT_EQ(after.size(), 2u);
   EXPECT_EQ(after.at("bias"), before.at("bias"));
@@ -397,6 +401,39 @@ TEST(AutodiffTest, MixedPrecisionLogitGradientsComeOutInBf16) {
   ASSERT_EQ(after.size(), static_cast<size_t>(C * V));
   ASSERT_EQ(before.size(), after.size());
   for (size_t i = 0; i < after.size(); ++i) EXPECT_EQ(RoundToBf16(after[i]), before[i]) << "head[" << i << "]";
+}
+
+// Three GEMMs reading one value (q, k and v's reading the layer norm's
+// output) each had it cast to bf16: one cast is left for all three, and the
+// gradients are what they were (before their folded rounding).
+TEST(AutodiffTest, MixedPrecisionCastsOneValueOnceForItsGemms) {
+  GraphBuilder b;
+  Sym x = b.Input("x", {DType::kF32, Shape{4, 6}});
+  std::vector<Sym> w;
+  for (int i = 0; i < 3; ++i) w.push_back(b.Variable(StrCat("w", i), {6, 5}, InitRule::Normal(0, 1, 5, 10 + i)));
+  Sym y = Matmul(x, w[0]) * Matmul(x, w[1]) + Matmul(x, w[2]);
+  b.MarkLoss(ReduceMean(y * y));
+  AmpFolded amp;
+  ASSERT_NO_FATAL_FAILURE(BuildAmpFolded(b, amp));
+  EXPECT_EQ(amp.folded.merged, 2);
+  const auto casts_of_x = [](const Graph& g) {
+    int n = 0;
+    for (const Node& node : g.nodes()) n += node.op == "cast" && g.value(node.inputs[0]).name == "x";
+    return n;
+  };
+  EXPECT_EQ(casts_of_x(amp.graph), 3);
+  EXPECT_EQ(casts_of_x(amp.folded_graph), 1);
+  std::vector<float> xs(24);
+  for (size_t i = 0; i < xs.size(); ++i) xs[i] = std::sin(0.9f * static_cast<float>(i) + 0.2f);
+  const std::map<std::string, Tensor> feeds = {{"x", Tensor::FromVector(Shape{4, 6}, xs)}};
+  const auto run = [&feeds](const Graph& g, const GradientMap& grads) { return GradientsOf(g, grads, feeds); };
+  const auto before = run(amp.graph, amp.gradients), after = run(amp.folded_graph, amp.folded.gradients);
+  ASSERT_EQ(after.size(), 3u);
+  for (const auto& [name, want] : before) {
+    const std::vector<float>& got = after.at(name);
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(RoundToBf16(got[i]), want[i]) << name << "[" << i << "]";
+  }
 }
 
 TEST(AutodiffTest, ValueUsedTwiceSumsContributions) {
