@@ -17,8 +17,9 @@
 // slice_grads summed): then per part a reshape (C, 1, C) -> (C, C)
 // (S(2) -> S(1), exact for any split), a column-parallel matmul_bias
 // (B, S(1), S(0)) -> S(1), reshape (B·T, C) -> (B, T, H, D) (S(1) -> S(2): exact
-// when H % tp == 0) and a transpose to heads (B, H, T, D) (S(2) -> S(1)).
-// Scores and the context are batch_matmuls split on the head axis (S(1));
+// when H % tp == 0); unfused, a transpose to heads (B, H, T, D) (S(2) ->
+// S(1)), scores and the context then batch_matmuls split on the head axis
+// (S(1)); fused, one flash_attention reading (B, T, H, D) as it is (S(2));
 // c_proj is row-parallel (its matmul S(1) x S(0) -> P over tp).
 //
 // Not thread-safe. Shapes: B batch, T sequence, C hidden, H heads, D = C / H.
@@ -85,7 +86,9 @@ struct AttentionOptions {
   double output_init_std = 0.02;  // c_proj.weight
   // One flash_attention op (ops/attention.cc) instead of q kᵀ, the fused
   // softmax, attention dropout and the product with v: the (T, T) scores
-  // are never stored; the op draws attn_dropout's masks.
+  // are never stored; the op draws attn_dropout's masks. It reads q, k, v
+  // as (B, T, H, D) views of the projections (layout "bthd"), so the heads
+  // are never transposed.
   bool fused = false;
 };
 
