@@ -1,7 +1,7 @@
 // The fused Linear + bias + GELU (matmul_bias_gelu: the bias and GELU as the
 // GEMM's epilogue) against what runs without model.bias_gelu_fusion (matmul,
 // then bias_gelu), and a Linear's GEMM with its bias (matmul_bias, what
-// every column-parallel Linear runs) against matmul then bias_add (what
+// every Linear but a row-parallel one runs) against matmul then bias_add (what
 // ran before), measured in the same run, on the registered kernels
 // through RunKernel with preallocated inputs, outputs and workspaces (what
 // the actor runtime does): the CPU's on intra-op pools of 1 and 2 threads, or with
