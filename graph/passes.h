@@ -105,6 +105,7 @@ absl::StatusOr<AccumulationResult> AccumulateGradients(Graph& graph, const Gradi
 struct CastRoundTripResult {
   int64_t folded = 0;          // round trips taken out (and casts folded into their producer)
   int64_t merged = 0;          // casts that repeated an earlier one
+  int64_t widened = 0;         // readers that now widen a 16-bit value themselves
   GradientMap gradients;       // the gradients, through remap
   std::vector<ValueId> remap;  // old value id -> new value id (the graph is rebuilt)
 };
@@ -121,7 +122,10 @@ struct CastRoundTripResult {
 // and cast back for the projection's GEMMs): the last cast's readers read
 // the reshapes of the 16-bit value. A cast to a 16-bit type that is the
 // only reader of an f32 output its op can give in that type
-// (cross_entropy_partials_grad's dlogits) folds into the op. Casts of one
+// (cross_entropy_partials_grad's dlogits) folds into the op. A reduce_sum
+// of a 16-bit value cast to f32 (behind reshapes) sums the 16-bit value,
+// widening it itself: the same bits (the bias's gradient of the fused
+// attention's dq, dk, dv). Casts of one
 // value to one type on the same layer (and pass, and checkpoint segment)
 // become one. The graph is rebuilt: use `remap`.
 absl::StatusOr<CastRoundTripResult> FoldCastRoundTrips(Graph& graph, const GradientMap& gradients);

@@ -1,6 +1,9 @@
 // Reductions: reduce_sum / reduce_mean / reduce_max over a set of axes (and
 // reduce_max's gradient op), argmax, topk over the last axis, and square_sum
-// (Σ x², for global-norm clipping). All f32. Kernels: ops/cpu/reduce.cc.
+// (Σ x², for global-norm clipping). All f32, except that reduce_sum also
+// sums bf16 and f16 (widened exactly, summed and given in f32: a 16-bit
+// gradient's bias gradient, with no f32 copy of it). Kernels:
+// ops/cpu/reduce.cc.
 
 #include "ops/cpu/reduce.h"
 
@@ -63,10 +66,24 @@ Shape ReducedShape(const Shape& shape, const std::vector<bool>& mask, bool keepd
   return Shape(std::move(dims));
 }
 
+// y f32: x with the axes reduced (or kept as size 1).
+absl::StatusOr<std::vector<TensorMeta>> InferReduceOf(const TensorMeta& x, const AttrMap& attrs) {
+  ASSIGN_OR_RETURN(std::vector<bool> mask, ReducedMask(x.shape.rank(), attrs.Ints("axes")));
+  return std::vector<TensorMeta>{{DType::kF32, ReducedShape(x.shape, mask, attrs.Bool("keepdim"))}};
+}
+
 absl::StatusOr<std::vector<TensorMeta>> InferReduce(const std::vector<TensorMeta>& in, const AttrMap& attrs) {
   RETURN_IF_ERROR(ExpectDType(in[0], DType::kF32, "x"));
-  ASSIGN_OR_RETURN(std::vector<bool> mask, ReducedMask(in[0].shape.rank(), attrs.Ints("axes")));
-  return std::vector<TensorMeta>{{DType::kF32, ReducedShape(in[0].shape, mask, attrs.Bool("keepdim"))}};
+  return InferReduceOf(in[0], attrs);
+}
+
+// reduce_sum's: x f32, bf16 or f16; y f32.
+absl::StatusOr<std::vector<TensorMeta>> InferReduceSum(const std::vector<TensorMeta>& in, const AttrMap& attrs) {
+  const DType t = in[0].dtype;
+  if (t != DType::kF32 && t != DType::kBF16 && t != DType::kF16) {
+    return absl::InvalidArgumentError(StrCat("input 'x' must be f32, bf16 or f16, got ", DTypeName(t)));
+  }
+  return InferReduceOf(in[0], attrs);
 }
 
 // S on a kept axis → S on its output axis; S on a reduced axis → `reduced`
@@ -187,20 +204,26 @@ OpSchema ReduceSchema(const std::string& name, const std::string& doc) {
 }
 
 void RegisterReductions(OpRegistry& r) {
-  r.MustRegister(ReduceSchema("reduce_sum", "y = Σ x over `axes` (empty = all); keepdim keeps them as size 1")
+  r.MustRegister(ReduceSchema("reduce_sum",
+                              "y = Σ x over `axes` (empty = all); keepdim keeps them as size 1. x may be bf16 or "
+                              "f16: each element is widened exactly and y is the f32 sum")
+                     .Infer(InferReduceSum)
                      .Sbp([](const std::vector<TensorMeta>& in, const AttrMap& attrs, int64_t) {
                        return ReduceSignatures(in[0].shape, MaskOf(in[0].shape, attrs), attrs.Bool("keepdim"),
                                                Sbp::PartialSum(), Sbp::PartialSum());
                      })
                      .Grad([](GradBuilder& b) {
-                       const Shape x_shape = b.meta(b.input(0)).shape;
-                       b.SetInputGrad(0, BroadcastBack(b, b.output_grad(0), x_shape, MaskOf(x_shape, b.attrs())));
+                       const TensorMeta& x = b.meta(b.input(0));
+                       ValueId dx = BroadcastBack(b, b.output_grad(0), x.shape, MaskOf(x.shape, b.attrs()));
+                       // A gradient has its value's dtype.
+                       if (x.dtype != DType::kF32) dx = b.Op("cast", {dx}, {{"dtype", x.dtype}});
+                       b.SetInputGrad(0, dx);
                      })
                      .Kernel(DeviceType::kCpu, ReduceSumKernel)
 #ifdef TESSERA_WITH_CUDA
                      .Kernel(DeviceType::kCuda, ReduceSumKernel)
 #endif
-                     );
+  );
 
   r.MustRegister(
       ReduceSchema("reduce_mean",

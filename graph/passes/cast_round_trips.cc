@@ -18,6 +18,11 @@
 // `dtype`: the logits' gradient, cast for the head's GEMMs) folds into the
 // op: the same rounding, with no f32 copy written and read again.
 //
+// A reader that widens a 16-bit input exactly itself (reduce_sum: the
+// bias's gradient of the fused attention's dq, dk, dv) reads the 16-bit
+// value behind a cast to f32 and its reshapes: the same sum, with no f32
+// copy written and read.
+//
 // Last, casts that repeat one another (the same value to the same type, on
 // the same layer, both forward or both backward, in the same checkpoint
 // segment: each of q, k and v's GEMMs casts the layer norm's output for
@@ -54,6 +59,10 @@ const char* OutputDTypeAttr(const Node& n) {
   if (n.kind == NodeKind::kOp && n.op == "cross_entropy_partials_grad") return "dtype";
   return nullptr;
 }
+
+// Whether input `i` of `n` may be bf16 or f16 with the same result as the
+// f32 value it widens to.
+bool WidensItself(const Node& n, size_t i) { return n.kind == NodeKind::kOp && n.op == "reduce_sum" && i == 0; }
 
 // When `value` is a cast's output behind zero or more reshapes: that cast
 // and the reshapes, the one reading the cast first.
@@ -117,6 +126,38 @@ absl::StatusOr<CastRoundTripResult> FoldCastRoundTrips(Graph& graph, const Gradi
   Graph out(&graph.registry());
   std::vector<ValueId>& remap = result.remap;
   remap.assign(values, kNoValue);
+  // A 16-bit value widened to f32 behind `value`'s reshapes (16-bit ->
+  // f32 -> reshapes), or no cast.
+  const auto widened_low = [&](ValueId value) {
+    CastChain chain = CastBehindReshapes(graph, producer, value);
+    if (chain.cast >= 0) {
+      const Node& cast = graph.node(chain.cast);
+      if (!IsLow(graph.value(cast.inputs[0]).meta.dtype) || graph.value(cast.outputs[0]).meta.dtype != DType::kF32) {
+        chain = {};
+      }
+    }
+    return chain;
+  };
+  const auto low_source = [&](const CastChain& chain) {
+    return graph.value(graph.node(chain.cast).inputs[0]).meta.dtype;
+  };
+  // The chain's reshapes again, of the 16-bit value (in `out`), each copy
+  // made once; the originals stay for the f32 value's other readers.
+  std::map<NodeId, ValueId> low_reshapes;
+  const auto replay_on_low = [&](const CastChain& chain) -> absl::StatusOr<ValueId> {
+    ValueId value = remap[static_cast<size_t>(graph.node(chain.cast).inputs[0])];
+    for (NodeId r : chain.reshapes) {
+      if (auto done = low_reshapes.find(r); done != low_reshapes.end()) {
+        value = done->second;
+        continue;
+      }
+      const ValueId kept = remap[static_cast<size_t>(graph.node(r).outputs[0])];
+      RETURN_IF_ERROR(ReplayNode(graph, graph.node(r), {value}, out, remap));
+      value = std::exchange(remap[static_cast<size_t>(graph.node(r).outputs[0])], kept);
+      low_reshapes.emplace(r, value);
+    }
+    return value;
+  };
   for (const Node& n : graph.nodes()) {
     if (auto it = narrowed.find(n.id); it != narrowed.end()) {
       Node narrow = n;
@@ -135,24 +176,11 @@ absl::StatusOr<CastRoundTripResult> FoldCastRoundTrips(Graph& graph, const Gradi
     if (IsCast(n)) {
       // 16-bit -> f32 -> (reshapes) -> the same 16-bit type: the reshapes
       // again, of the 16-bit value.
-      const CastChain chain = CastBehindReshapes(graph, producer, n.inputs[0]);
-      if (chain.cast >= 0) {
-        const ValueId source = graph.node(chain.cast).inputs[0];
-        const DType from = graph.value(source).meta.dtype;
-        if (IsLow(from) && graph.value(graph.node(chain.cast).outputs[0]).meta.dtype == DType::kF32 &&
-            graph.value(n.outputs[0]).meta.dtype == from) {
-          ValueId value = remap[static_cast<size_t>(source)];
-          for (NodeId r : chain.reshapes) {
-            // A second copy of reshape r, reading the 16-bit value; r itself
-            // stays for the f32 value's other readers.
-            const ValueId kept = remap[static_cast<size_t>(graph.node(r).outputs[0])];
-            RETURN_IF_ERROR(ReplayNode(graph, graph.node(r), {value}, out, remap));
-            value = std::exchange(remap[static_cast<size_t>(graph.node(r).outputs[0])], kept);
-          }
-          remap[static_cast<size_t>(n.outputs[0])] = value;
-          ++result.folded;
-          continue;
-        }
+      const CastChain chain = widened_low(n.inputs[0]);
+      if (chain.cast >= 0 && graph.value(n.outputs[0]).meta.dtype == low_source(chain)) {
+        ASSIGN_OR_RETURN(remap[static_cast<size_t>(n.outputs[0])], replay_on_low(chain));
+        ++result.folded;
+        continue;
       }
       const ValueId middle = n.inputs[0];
       const NodeId first = producer[static_cast<size_t>(middle)];
@@ -169,6 +197,19 @@ absl::StatusOr<CastRoundTripResult> FoldCastRoundTrips(Graph& graph, const Gradi
     }
     std::vector<ValueId> inputs;
     for (ValueId in : n.inputs) inputs.push_back(remap[static_cast<size_t>(in)]);
+    bool widened = false;
+    for (size_t i = 0; i < n.inputs.size(); ++i) {
+      if (!WidensItself(n, i)) continue;
+      const CastChain chain = widened_low(n.inputs[i]);
+      if (chain.cast < 0) continue;
+      ASSIGN_OR_RETURN(inputs[i], replay_on_low(chain));
+      widened = true;
+    }
+    if (widened) {
+      ++result.widened;
+      RETURN_IF_ERROR(ReplayNode(graph, n, inputs, out, remap));
+      continue;
+    }
     if (IsCast(n)) {
       // The same cast of the same value, emitted again (each matmul reading
       // a layer norm's output casts it for itself): the first one's output.

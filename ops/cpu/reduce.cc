@@ -28,35 +28,42 @@ constexpr int64_t kColumnBlock = 2048;
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-float SumRow(const float* x, int64_t n) {
+// An input element as f32 (exact for every input type).
+inline float Widen(float v) { return v; }
+inline float Widen(BFloat16 v) { return BFloat16ToFloat(v.bits); }
+inline float Widen(Half v) { return HalfToFloat(v.bits); }
+
+template <typename S>
+float SumRow(const S* x, int64_t n) {
   float lanes[kLanes] = {};
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes) {
-    for (int j = 0; j < kLanes; ++j) lanes[j] += x[i + j];
+    for (int j = 0; j < kLanes; ++j) lanes[j] += Widen(x[i + j]);
   }
   float total = 0.0f;
-  for (; i < n; ++i) total += x[i];
+  for (; i < n; ++i) total += Widen(x[i]);
   for (int j = 0; j < kLanes; ++j) total += lanes[j];
   return total;
 }
 
-float MaxRow(const float* x, int64_t n) {
+template <typename S>
+float MaxRow(const S* x, int64_t n) {
   float lanes[kLanes];
   std::fill(lanes, lanes + kLanes, kNegInf);
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes) {
-    for (int j = 0; j < kLanes; ++j) lanes[j] = std::max(lanes[j], x[i + j]);
+    for (int j = 0; j < kLanes; ++j) lanes[j] = std::max(lanes[j], Widen(x[i + j]));
   }
   float best = kNegInf;
-  for (; i < n; ++i) best = std::max(best, x[i]);
+  for (; i < n; ++i) best = std::max(best, Widen(x[i]));
   for (int j = 0; j < kLanes; ++j) best = std::max(best, lanes[j]);
   return best;
 }
 
 // out[0, i1 - i0) = reduction over rows [r0, r1) of the (R, I) block at src,
 // columns [i0, i1).
-void ReduceBlock(ReduceKind kind, const float* src, int64_t I, int64_t r0, int64_t r1, int64_t i0, int64_t i1,
-                 float* out) {
+template <typename S>
+void ReduceBlock(ReduceKind kind, const S* src, int64_t I, int64_t r0, int64_t r1, int64_t i0, int64_t i1, float* out) {
   if (I == 1) {
     out[0] = kind == ReduceKind::kSum ? SumRow(src + r0, r1 - r0) : MaxRow(src + r0, r1 - r0);
     return;
@@ -66,27 +73,29 @@ void ReduceBlock(ReduceKind kind, const float* src, int64_t I, int64_t r0, int64
     std::fill(out, out + n, kind == ReduceKind::kSum ? 0.0f : kNegInf);
     return;
   }
-  std::copy(src + r0 * I + i0, src + r0 * I + i1, out);
+  std::transform(src + r0 * I + i0, src + r0 * I + i1, out, [](S v) { return Widen(v); });
   int64_t r = r0 + 1;
   // Four rows per pass over the accumulators: a quarter of the load/store
   // traffic on them, four input streams for the prefetcher.
   for (; r + 4 <= r1; r += 4) {
-    const float* a = src + r * I + i0;
-    const float* b = a + I;
-    const float* c = b + I;
-    const float* d = c + I;
+    const S* a = src + r * I + i0;
+    const S* b = a + I;
+    const S* c = b + I;
+    const S* d = c + I;
     if (kind == ReduceKind::kSum) {
-      for (int64_t i = 0; i < n; ++i) out[i] += (a[i] + b[i]) + (c[i] + d[i]);
+      for (int64_t i = 0; i < n; ++i) out[i] += (Widen(a[i]) + Widen(b[i])) + (Widen(c[i]) + Widen(d[i]));
     } else {
-      for (int64_t i = 0; i < n; ++i) out[i] = std::max(out[i], std::max(std::max(a[i], b[i]), std::max(c[i], d[i])));
+      for (int64_t i = 0; i < n; ++i) {
+        out[i] = std::max(out[i], std::max(std::max(Widen(a[i]), Widen(b[i])), std::max(Widen(c[i]), Widen(d[i]))));
+      }
     }
   }
   for (; r < r1; ++r) {
-    const float* row = src + r * I + i0;
+    const S* row = src + r * I + i0;
     if (kind == ReduceKind::kSum) {
-      for (int64_t i = 0; i < n; ++i) out[i] += row[i];
+      for (int64_t i = 0; i < n; ++i) out[i] += Widen(row[i]);
     } else {
-      for (int64_t i = 0; i < n; ++i) out[i] = std::max(out[i], row[i]);
+      for (int64_t i = 0; i < n; ++i) out[i] = std::max(out[i], Widen(row[i]));
     }
   }
 }
@@ -97,7 +106,8 @@ void Scale(float* p, int64_t n, float scale) {
 }
 
 // dst (O, I) = scale · reduce over R of src (O, R, I).
-void ReduceOri(const KernelContext& ctx, ReduceKind kind, const float* src, int64_t O, int64_t R, int64_t I, float* dst,
+template <typename S>
+void ReduceOri(const KernelContext& ctx, ReduceKind kind, const S* src, int64_t O, int64_t R, int64_t I, float* dst,
                float scale) {
   const int64_t column_blocks = CeilDiv(I, kColumnBlock);
   const int64_t tasks = O * column_blocks;
@@ -169,6 +179,41 @@ std::vector<Group> Coalesce(const Shape& shape, const std::vector<bool>& reduced
   return groups;
 }
 
+// y = scale · reduce of src (x's shape coalesced into `groups`): reduced
+// groups go innermost first, the first step reading src (f32, bf16 or
+// f16, widened exactly as it is read), the later ones its f32 result.
+template <typename S>
+void ReduceGroups(const KernelContext& ctx, ReduceKind kind, const S* src, std::vector<Group> groups, float scale,
+                  float* out, int64_t n_out) {
+  const int j = [&] {
+    int g = static_cast<int>(groups.size()) - 1;
+    while (g >= 0 && !groups[static_cast<size_t>(g)].reduced) --g;
+    return g;
+  }();
+  if (j < 0) {  // nothing (left) to reduce over: a scaled copy
+    ParallelFor(ctx, n_out, kElementwiseGrain, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) out[i] = Widen(src[i]) * scale;
+    });
+    return;
+  }
+  int64_t O = 1, I = 1;
+  bool last = true;
+  for (int g = 0; g < j; ++g) {
+    O *= groups[static_cast<size_t>(g)].extent;
+    if (groups[static_cast<size_t>(g)].reduced) last = false;
+  }
+  for (size_t g = static_cast<size_t>(j) + 1; g < groups.size(); ++g) I *= groups[g].extent;
+  const int64_t R = groups[static_cast<size_t>(j)].extent;
+  if (last) {
+    ReduceOri(ctx, kind, src, O, R, I, out, scale);
+    return;
+  }
+  std::vector<float> step(static_cast<size_t>(O * I));
+  ReduceOri(ctx, kind, src, O, R, I, step.data(), 1.0f);
+  groups.erase(groups.begin() + j);
+  ReduceGroups(ctx, kind, step.data(), std::move(groups), scale, out, n_out);
+}
+
 }  // namespace
 
 void Reduce(const KernelContext& ctx, ReduceKind kind, const Tensor& x, const std::vector<bool>& reduced, float scale,
@@ -182,38 +227,15 @@ void Reduce(const KernelContext& ctx, ReduceKind kind, const Tensor& x, const st
     return;
   }
   std::vector<Group> groups = Coalesce(x.shape(), reduced);
-  const float* src = x.data<float>();
-  // Reduced groups go innermost first; intermediate results ping-pong
-  // between two scratch buffers.
-  std::vector<float> scratch[2];
-  int next_scratch = 0;
-  while (true) {
-    int j = static_cast<int>(groups.size()) - 1;
-    while (j >= 0 && !groups[static_cast<size_t>(j)].reduced) --j;
-    if (j < 0) {  // nothing (left) to reduce over: a scaled copy
-      ParallelFor(ctx, n_out, kElementwiseGrain, [&](int64_t begin, int64_t end) {
-        for (int64_t i = begin; i < end; ++i) out[i] = src[i] * scale;
-      });
+  switch (x.dtype()) {
+    case DType::kBF16:
+      ReduceGroups(ctx, kind, x.data<BFloat16>(), std::move(groups), scale, out, n_out);
       return;
-    }
-    int64_t O = 1, I = 1;
-    bool last = true;
-    for (int g = 0; g < j; ++g) {
-      O *= groups[static_cast<size_t>(g)].extent;
-      if (groups[static_cast<size_t>(g)].reduced) last = false;
-    }
-    for (size_t g = static_cast<size_t>(j) + 1; g < groups.size(); ++g) I *= groups[g].extent;
-    const int64_t R = groups[static_cast<size_t>(j)].extent;
-    float* dst = out;
-    if (!last) {
-      scratch[next_scratch].resize(static_cast<size_t>(O * I));
-      dst = scratch[next_scratch].data();
-      next_scratch ^= 1;
-    }
-    ReduceOri(ctx, kind, src, O, R, I, dst, last ? scale : 1.0f);
-    if (last) return;
-    src = dst;
-    groups.erase(groups.begin() + j);
+    case DType::kF16:
+      ReduceGroups(ctx, kind, x.data<Half>(), std::move(groups), scale, out, n_out);
+      return;
+    default:
+      ReduceGroups(ctx, kind, x.data<float>(), std::move(groups), scale, out, n_out);
   }
 }
 

@@ -1,8 +1,8 @@
 #pragma once
 // CPU kernels of the reduction family (schemas in ops/reduce.cc). All work on
-// contiguous f32 tensors; the schema side validates shapes and attributes and
-// passes each kernel what it needs in plain form (a per-axis "reduced" mask,
-// a scale), so these functions never read attributes.
+// contiguous f32 tensors (Reduce also reads bf16 and f16, widened exactly); the schema side validates shapes and
+// attributes and passes each kernel what it needs in plain form (a per-axis "reduced" mask, a scale), so these
+// functions never read attributes.
 
 #include <cstdint>
 #include <vector>
@@ -14,7 +14,7 @@ namespace tessera::ops::cpu {
 
 enum class ReduceKind : uint8_t { kSum, kMax };
 
-// y = scale · Σ x (kSum) or max x (kMax) over the axes of x where
+// y (f32) = scale · Σ x (kSum) or max x (kMax) over the axes of x where
 // reduced[axis]; y holds the kept axes in order (with or without the size-1
 // reduced axes: only its element count and order matter). An empty reduction
 // gives 0 (sum) or -inf (max). NaNs are not propagated by kMax.

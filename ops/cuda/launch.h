@@ -162,7 +162,8 @@ int Zero(void* dst, size_t bytes);
 // Reductions: y[o] = scale * Σ (or max, or Σ of squares) over the reduced
 // coordinates r of x[Σ kept_o · kept_strides + Σ r · reduced_strides], one
 // output per kept coordinate (row-major). kind: 0 sum, 1 max, 2 sum of
-// squares (accumulated in double). An empty reduction gives 0 · scale or
+// squares (accumulated in double). x is f32 (x_dtype 0), or bf16 (1) or
+// f16 (2), each element widened exactly. An empty reduction gives 0 · scale or
 // -inf. A long reduction is cut into ranges (ops/reduce_chunks.h) whose
 // double partials go to `workspace` when it holds ReducePartialBytes, else
 // to memory of the call's own.
@@ -171,8 +172,8 @@ struct ReduceLayout {
   int64_t kept_dims[kMaxRank] = {}, kept_strides[kMaxRank] = {};
   int64_t reduced_dims[kMaxRank] = {}, reduced_strides[kMaxRank] = {};
 };
-int LaunchReduce(int kind, const float* x, float* y, const ReduceLayout& layout, float scale, void* workspace,
-                 size_t workspace_bytes);
+int LaunchReduce(int kind, int x_dtype, const void* x, float* y, const ReduceLayout& layout, float scale,
+                 void* workspace, size_t workspace_bytes);
 // reduce_max's gradient over the same layout: dx at each coordinate is
 // dy[o] / ties[o] where x equals y[o] (ties[o]: how many do), else 0.
 int LaunchReduceMaxGrad(const float* x, const float* y, const float* dy, float* dx, const ReduceLayout& layout);

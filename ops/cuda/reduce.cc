@@ -44,9 +44,12 @@ absl::Status Run(const KernelContext& ctx, int kind, const Tensor& x, const std:
                  const Tensor& y) {
   RETURN_IF_ERROR(OnDevice(ctx));
   ASSIGN_OR_RETURN(const ReduceLayout layout, LayoutOf(x.shape(), reduced, /*merge=*/true));
-  return Done(
-      LaunchReduce(kind, x.data<float>(), y.data<float>(), layout, scale, WorkspaceOf(ctx), WorkspaceBytesOf(ctx)),
-      "reduction");
+  // reduce_sum reads bf16 and f16 too (1, 2); the rest f32 (0).
+  const int x_dtype = x.dtype() == DType::kBF16 ? 1 : x.dtype() == DType::kF16 ? 2 : 0;
+  if (x_dtype == 0) (void)x.data<float>();  // CHECKs the dtype
+  return Done(LaunchReduce(kind, x_dtype, x.raw_data(), y.data<float>(), layout, scale, WorkspaceOf(ctx),
+                           WorkspaceBytesOf(ctx)),
+              "reduction");
 }
 
 }  // namespace

@@ -8,6 +8,8 @@
 // range the blocks write double partials, combined in range order by
 // CombineChunks. The other kernels take one block per output element.
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -32,6 +34,11 @@ __device__ int64_t Offset(int64_t index, int rank, const int64_t* dims, const in
 
 // kind: 0 sum, 1 max, 2 sum of squares (ops/cuda/launch.h).
 __device__ double Identity(int kind) { return kind == 1 ? -INFINITY : 0.0; }
+// An input element as f32 (exact).
+__device__ __forceinline__ float Widen(float v) { return v; }
+__device__ __forceinline__ float Widen(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float Widen(__half v) { return __half2float(v); }
+
 // acc with one element taken in.
 __device__ double Take(int kind, double acc, float v) {
   if (kind == 1) return fmax(acc, static_cast<double>(v));  // fmax skips NaN, as the CPU's max
@@ -45,7 +52,8 @@ __device__ float Result(int kind, double acc, float scale) {
 
 // Block (output o, range c) of items o * chunks + c: y[o] when chunks is 1,
 // else partials[o * chunks + c].
-__global__ void ReduceKernel(int kind, const float* x, float* y, double* partials, int64_t outputs, int64_t reduced,
+template <class T>
+__global__ void ReduceKernel(int kind, const T* x, float* y, double* partials, int64_t outputs, int64_t reduced,
                              int64_t chunks, ReduceLayout l, float scale) {
   __shared__ double scratch[kThreads];
   const int64_t length = (reduced + chunks - 1) / chunks;
@@ -55,7 +63,7 @@ __global__ void ReduceKernel(int kind, const float* x, float* y, double* partial
     const int64_t base = Offset(o, l.kept_rank, l.kept_dims, l.kept_strides);
     double acc = Identity(kind);
     for (int64_t r = begin + threadIdx.x; r < end; r += kThreads) {
-      acc = Take(kind, acc, x[base + Offset(r, l.reduced_rank, l.reduced_dims, l.reduced_strides)]);
+      acc = Take(kind, acc, Widen(x[base + Offset(r, l.reduced_rank, l.reduced_dims, l.reduced_strides)]));
     }
     scratch[threadIdx.x] = acc;
     __syncthreads();
@@ -79,8 +87,9 @@ __global__ void ReduceKernel(int kind, const float* x, float* y, double* partial
 // begin + row, begin + row + kRowLanes, ... of range c (row: threadIdx.x /
 // 32), then adds the row lanes' sums in lane order. Writes as ReduceKernel.
 constexpr int kRowLanes = kThreads / 32;
-__global__ void ReduceColumnsKernel(int kind, const float* x, float* y, double* partials, int64_t outputs,
-                                    int64_t reduced, int64_t chunks, ReduceLayout l, float scale) {
+template <class T>
+__global__ void ReduceColumnsKernel(int kind, const T* x, float* y, double* partials, int64_t outputs, int64_t reduced,
+                                    int64_t chunks, ReduceLayout l, float scale) {
   __shared__ double scratch[kRowLanes][32];
   const int lane = static_cast<int>(threadIdx.x % 32), row = static_cast<int>(threadIdx.x / 32);
   const int64_t tiles = (outputs + 31) / 32, length = (reduced + chunks - 1) / chunks;
@@ -91,7 +100,7 @@ __global__ void ReduceColumnsKernel(int kind, const float* x, float* y, double* 
     if (o < outputs) {
       const int64_t base = Offset(o, l.kept_rank, l.kept_dims, l.kept_strides);
       for (int64_t r = begin + row; r < end; r += kRowLanes) {
-        acc = Take(kind, acc, x[base + Offset(r, l.reduced_rank, l.reduced_dims, l.reduced_strides)]);
+        acc = Take(kind, acc, Widen(x[base + Offset(r, l.reduced_rank, l.reduced_dims, l.reduced_strides)]));
       }
     }
     scratch[row][lane] = acc;
@@ -292,8 +301,11 @@ int CombineChunks(int kind, const double* partials, int64_t outputs, int64_t chu
   return static_cast<int>(cudaGetLastError());
 }
 
-int LaunchReduce(int kind, const float* x, float* y, const ReduceLayout& layout, float scale, void* workspace,
-                 size_t workspace_bytes) {
+namespace {
+
+template <class T>
+int LaunchReduceAs(int kind, const T* x, float* y, const ReduceLayout& layout, float scale, void* workspace,
+                   size_t workspace_bytes) {
   int64_t outputs = 0, reduced = 0;
   Counts(layout, &outputs, &reduced);
   if (outputs == 0) return 0;
@@ -305,16 +317,29 @@ int LaunchReduce(int kind, const float* x, float* y, const ReduceLayout& layout,
   const int64_t items = (columns ? (outputs + 31) / 32 : outputs) * chunks;
   const auto grid = static_cast<unsigned>(items < (1 << 20) ? items : (1 << 20));
   if (columns) {
-    ReduceColumnsKernel<<<grid, kThreads, 0, stream>>>(kind, x, y, partials.get(), outputs, reduced, chunks, layout,
-                                                       scale);
+    ReduceColumnsKernel<T>
+        <<<grid, kThreads, 0, stream>>>(kind, x, y, partials.get(), outputs, reduced, chunks, layout, scale);
   } else {
-    ReduceKernel<<<grid, kThreads, 0, stream>>>(kind, x, y, partials.get(), outputs, reduced, chunks, layout, scale);
+    ReduceKernel<T><<<grid, kThreads, 0, stream>>>(kind, x, y, partials.get(), outputs, reduced, chunks, layout, scale);
   }
   int err = static_cast<int>(cudaGetLastError());
   if (err == 0 && chunks > 1)
     err = CombineChunks(kind, partials.get(), outputs, chunks, scale, y, outputs, nullptr, stream);
   if (err != 0) return err;
   return Finish();
+}
+
+}  // namespace
+
+int LaunchReduce(int kind, int x_dtype, const void* x, float* y, const ReduceLayout& layout, float scale,
+                 void* workspace, size_t workspace_bytes) {
+  if (x_dtype == 1) {
+    return LaunchReduceAs(kind, static_cast<const __nv_bfloat16*>(x), y, layout, scale, workspace, workspace_bytes);
+  }
+  if (x_dtype == 2) {
+    return LaunchReduceAs(kind, static_cast<const __half*>(x), y, layout, scale, workspace, workspace_bytes);
+  }
+  return LaunchReduceAs(kind, static_cast<const float*>(x), y, layout, scale, workspace, workspace_bytes);
 }
 
 }  // namespace tessera::ops::cuda

@@ -308,9 +308,10 @@ TEST(AutodiffTest, MixedPrecisionGradientsSkipTheirCastRoundTrips) {
 // The exact direction through reshapes: the fused attention's 16-bit dq
 // is cast to f32 (the AMP cast's rule), reshaped back to the projection's
 // (B·T, C) and cast to bf16 again for the projection's GEMMs. The fold has
-// those GEMMs read the reshaped bf16 dq; the f32 copy stays for the bias's
-// gradient. Nothing rounds differently: the bias's gradient keeps its bits
-// and the weight's is the old one before its (folded) rounding.
+// those GEMMs read the reshaped bf16 dq, and the bias's gradient (a
+// reduce_sum) sum it, widening it itself, so no f32 copy of dq is left.
+// Nothing rounds differently: the bias's gradient keeps its bits and the
+// weight's is the old one before its (folded) rounding.
 TEST(AutodiffTest, SixteenBitGradientsSkipTheExactRoundTripThroughReshapes) {
   GraphBuilder b;
   const int64_t B = 2, T = 5, H = 2, D = 4, C = H * D;
@@ -329,9 +330,19 @@ TEST(AutodiffTest, SixteenBitGradientsSkipTheExactRoundTripThroughReshapes) {
   const Graph &graph = amp.graph, &folded_graph = amp.folded_graph;
   const GradientMap& gradients = amp.gradients;
   const CastRoundTripResult* folded = &amp.folded;
-  EXPECT_EQ(folded->folded, 2);  // dq's exact trip, w's rounding
-  // No cast is left that undoes a cast through reshapes.
+  EXPECT_EQ(folded->folded, 2);   // dq's exact trip, w's rounding
+  EXPECT_EQ(folded->widened, 1);  // the bias's reduce_sum
+  // No cast is left that undoes a cast through reshapes, and no reduce_sum
+  // reads a 16-bit value's f32 copy.
+  int sums = 0;
   for (const Node& n : folded_graph.nodes()) {
+    if (n.op == "reduce_sum") {
+      ValueId in = n.inputs[0];
+      while (folded_graph.producer(in).op == "reshape") in = folded_graph.producer(in).inputs[0];
+      EXPECT_EQ(folded_graph.value(in).meta.dtype, DType::kBF16) << n.scope;
+      EXPECT_NE(folded_graph.producer(in).op, "cast") << n.scope;
+      ++sums;
+    }
     if (n.op != "cast") continue;
     ValueId in = n.inputs[0];
     while (folded_graph.producer(in).op == "reshape") in = folded_graph.producer(in).inputs[0];
@@ -339,6 +350,7 @@ TEST(AutodiffTest, SixteenBitGradientsSkipTheExactRoundTripThroughReshapes) {
     if (before.op != "cast") continue;
     EXPECT_NE(folded_graph.value(before.inputs[0]).meta.dtype, folded_graph.value(n.outputs[0]).meta.dtype) << n.scope;
   }
+  EXPECT_EQ(sums, 1);
   std::map<std::string, Tensor> feeds;
   uint64_t seed = 1;
   for (const auto& [name, shape] :

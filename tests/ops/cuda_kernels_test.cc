@@ -51,6 +51,8 @@ Tensor RandomInput(const TensorMeta& meta, bool positive, std::mt19937& rng) {
       t->data<int32_t>()[i] = static_cast<int32_t>(rng() % 4);
     } else if (meta.dtype == DType::kBool) {
       t->data<bool>()[i] = rng() % 4 != 0;  // masks: mostly kept
+    } else if (meta.dtype == DType::kBF16 || meta.dtype == DType::kF16) {
+      SetElementFromDouble(*t, i, dist(rng));
     } else {
       t->data<float>()[i] = dist(rng);
     }
@@ -554,18 +556,22 @@ TEST(CudaKernels, GemmsMatchTheCpuForEveryTranspose) {
 // parameter gradients over thousands of rows, columns not a multiple of 32:
 // with the planned workspace (filled with NaN bytes first, so a partial
 // read before it is written shows) and without one (the launcher's own),
-// against the CPU kernels. A cut that loses or repeats a range of rows is
-// off by whole rows' sums.
+// against the CPU kernels; reduce_sum on bf16 and f16 inputs too. A cut
+// that loses or repeats a range of rows is off by whole rows' sums.
 TEST(CudaKernels, LongReductionsMatchTheCpuAcrossRanges) {
   if (const std::string why = NoGpu(); !why.empty()) GTEST_SKIP() << why;
   struct Case {
     std::string op;
     Shape x;
     AttrMap attrs;
+    DType dtype = DType::kF32;
   };
   const std::vector<Case> cases = {
       {"reduce_sum", Shape{5, 700, 40}, {{"axes", std::vector<int64_t>{0, 1}}}},  // columns, 3 ranges
-      {"reduce_sum", Shape{3, 2500, 3}, {{"axes", std::vector<int64_t>{1}}}},     // columns, kept axes apart
+      // A 16-bit gradient's bias gradient (mixed precision's fused attention).
+      {"reduce_sum", Shape{5, 700, 40}, {{"axes", std::vector<int64_t>{0, 1}}}, DType::kBF16},
+      {"reduce_sum", Shape{2, 3, 2100}, {{"axes", std::vector<int64_t>{2}}}, DType::kF16},  // per output
+      {"reduce_sum", Shape{3, 2500, 3}, {{"axes", std::vector<int64_t>{1}}}},               // columns, kept axes apart
       {"reduce_mean", Shape{2, 3, 2100}, {{"axes", std::vector<int64_t>{2}}, {"keepdim", true}}},  // per output
       {"reduce_max", Shape{4100, 5}, {{"axes", std::vector<int64_t>{0}}}},
       {"reduce_sum", Shape{1, 6, 1, 4100}, {{"axes", std::vector<int64_t>{1, 3}}}},  // size-1 axes left out
@@ -574,12 +580,12 @@ TEST(CudaKernels, LongReductionsMatchTheCpuAcrossRanges) {
       {"rms_norm_grad", Shape{4500, 70}, {}},
   };
   for (const Case& c : cases) {
-    SCOPED_TRACE(StrCat(c.op, " ", c.x.ToString(), " ", c.attrs.ToString()));
+    SCOPED_TRACE(StrCat(c.op, " ", DTypeName(c.dtype), c.x.ToString(), " ", c.attrs.ToString()));
     const OpSchema& schema = *BuiltinOps().Find(c.op);
     const int64_t C = c.x[c.x.rank() - 1];
     std::vector<int64_t> row_dims;
     for (int a = 0; a + 1 < c.x.rank(); ++a) row_dims.push_back(c.x[a]);
-    const TensorMeta x{DType::kF32, c.x}, rows{DType::kF32, Shape(row_dims)}, column{DType::kF32, Shape{C}};
+    const TensorMeta x{c.dtype, c.x}, rows{DType::kF32, Shape(row_dims)}, column{DType::kF32, Shape{C}};
     std::vector<TensorMeta> metas = {x};
     if (c.op == "layer_norm_grad") metas = {x, x, rows, rows, column};
     if (c.op == "rms_norm_grad") metas = {x, x, rows, column};

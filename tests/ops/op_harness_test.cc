@@ -114,7 +114,15 @@ std::vector<Tensor> SplitInput(const Tensor& full, const Sbp& sbp, int64_t p, ui
   for (int64_t r = 0; r < p; ++r) shards.push_back(full.Clone());
   for (int64_t i = 0; i < full.NumElements(); ++i) {
     const double x = ElementAsDouble(full, i);
-    if (sbp.is_partial_sum()) {
+    if (sbp.is_partial_sum() && (full.dtype() == DType::kBF16 || full.dtype() == DType::kF16)) {
+      // Random parts would round in 16 bits and no longer sum to x; halves
+      // do not: x/2, x/4, ..., and the last part again the one before it.
+      double part = x;
+      for (int64_t r = 0; r < p; ++r) {
+        if (r + 1 < p) part /= 2;
+        SetElementFromDouble(shards[static_cast<size_t>(r)], i, part);
+      }
+    } else if (sbp.is_partial_sum()) {
       double rest = x;
       for (int64_t r = 0; r + 1 < p; ++r) {
         const double part = dist(rng);

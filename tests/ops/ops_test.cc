@@ -132,6 +132,52 @@ TEST(Kernels, CrossEntropyPartialsGradGivesCastBitsIn16Bits) {
       << bad.status();
 }
 
+// reduce_sum of a bf16 / f16 tensor (the cast pass's fold of a 16-bit
+// gradient's bias gradient) gives the bits of reduce_sum of its f32 cast,
+// for every way the kernel cuts the work (rows, columns, several groups,
+// chunks over a pool); reduce_mean and reduce_max stay f32-only.
+TEST(Kernels, ReduceSumOf16BitsGivesTheBitsOfItsF32Cast) {
+  using testing::RandomUniform;
+  using Ints = std::vector<int64_t>;
+  ThreadPool pool(3);
+  const std::vector<std::pair<Shape, Ints>> cases = {
+      {Shape{64, 33, 96}, Ints{0, 1}},   // a bias gradient: columns
+      {Shape{7, 5000}, Ints{1}},         // long rows
+      {Shape{4, 9, 3, 50}, Ints{0, 2}},  // two reduced groups
+      {Shape{20000}, Ints{}},            // all, chunked over the pool
+      {Shape{3, 1, 5}, Ints{1}},         // nothing left to reduce: a copy
+      {Shape{6000, 3}, Ints{0}},         // few outputs, long columns
+  };
+  for (const DType dtype : {DType::kBF16, DType::kF16}) {
+    for (const auto& [shape, axes] : cases) {
+      SCOPED_TRACE(StrCat(DTypeName(dtype), " ", shape.ToString()));
+      auto low = RunOp("cast", {RandomUniform(shape, 31, -3.0f, 3.0f)}, {{"dtype", dtype}});
+      ASSERT_TRUE(low.ok()) << low.status();
+      auto wide = RunOp("cast", {(*low)[0]}, {{"dtype", DType::kF32}});
+      ASSERT_TRUE(wide.ok()) << wide.status();
+      for (ThreadPool* p : {static_cast<ThreadPool*>(nullptr), &pool}) {
+        EagerOptions options;
+        options.pool = p;
+        const AttrMap attrs = {{"axes", axes}};
+        auto want = RunOp("reduce_sum", {(*wide)[0]}, attrs, options);
+        auto got = RunOp("reduce_sum", {(*low)[0]}, attrs, options);
+        ASSERT_TRUE(want.ok()) << want.status();
+        ASSERT_TRUE(got.ok()) << got.status();
+        ASSERT_EQ((*got)[0].dtype(), DType::kF32);
+        ASSERT_EQ((*got)[0].shape(), (*want)[0].shape());
+        EXPECT_EQ(std::memcmp((*got)[0].raw_data(), (*want)[0].raw_data(), (*want)[0].NumBytes()), 0);
+      }
+    }
+  }
+  const Tensor bf16 = *Tensor::Zeros(Shape{2, 3}, DType::kBF16);
+  for (const std::string op : {"reduce_mean", "reduce_max"}) {
+    const std::string e = ErrorOf(op, {bf16});
+    EXPECT_NE(e.find("input 'x' must be f32, got bf16"), std::string::npos) << e;
+  }
+  const std::string e = ErrorOf("reduce_sum", {*Tensor::Zeros(Shape{2, 3}, DType::kI32)});
+  EXPECT_NE(e.find("input 'x' must be f32, bf16 or f16, got i32"), std::string::npos) << e;
+}
+
 TEST(BadInput, ShapeMismatchNamesOpAndShapes) {
   const std::string e = ErrorOf("add", {F32(Shape{2, 3}), F32(Shape{4})});
   EXPECT_NE(e.find("op 'add'"), std::string::npos) << e;

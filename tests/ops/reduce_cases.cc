@@ -193,6 +193,28 @@ void AddSumMeanCases(std::vector<OpTestCase>& cases) {
   cases.push_back(ReduceCase("reduce_sum", Kind::kSum, "unit_axis", RandomUniform({4, 1, 5}, 9), {1}, false));
   cases.push_back(ReduceCase("reduce_sum", Kind::kSum, "scalar", RandomUniform({}, 10), {}, false));
   cases.push_back(ReduceCase("reduce_sum", Kind::kSum, "empty_axis", RandomUniform({0, 3}, 11), {0}, false));
+  // bf16 and f16 inputs give the f32 sum of their values; the gradient is
+  // the upstream one in x's type (rounded once: the tolerance).
+  for (const DType dtype : {DType::kBF16, DType::kF16}) {
+    const auto low = [dtype](const Shape& shape, uint64_t seed) {
+      const Tensor x = RandomUniform(shape, seed, -2.0f, 2.0f);
+      std::vector<double> values;
+      for (int64_t i = 0; i < x.NumElements(); ++i) values.push_back(x.data<float>()[i]);
+      return FromDoubles(shape, dtype, values);
+    };
+    const std::string name(DTypeName(dtype));
+    for (OpTestCase c : {
+             // A bias's gradient: (B, T, C) summed over B and T.
+             ReduceCase("reduce_sum", Kind::kSum, name + "_bias_gradient", low({3, 7, 40}, 12), {0, 1}, false),
+             ReduceCase("reduce_sum", Kind::kSum, name + "_long_rows", low({3, 41}, 13), {1}, false),
+             ReduceCase("reduce_sum", Kind::kSum, name + "_two_groups", low({2, 19, 3, 5}, 14), {0, 2}, true),
+             ReduceCase("reduce_sum", Kind::kSum, name + "_all", low({3, 5, 2}, 15), {}, false),
+             ReduceCase("reduce_sum", Kind::kSum, name + "_no_axis_left", low({1, 6}, 16), {0}, false),
+         }) {
+      c.grad_rtol = dtype == DType::kBF16 ? 4e-3 : 5e-4;
+      cases.push_back(std::move(c));
+    }
+  }
 }
 
 void AddMaxCases(std::vector<OpTestCase>& cases) {
