@@ -130,6 +130,21 @@ struct CastRoundTripResult {
 // become one. The graph is rebuilt: use `remap`.
 absl::StatusOr<CastRoundTripResult> FoldCastRoundTrips(Graph& graph, const GradientMap& gradients);
 
+struct BiasDropoutAddResult {
+  int64_t fused = 0;           // bias_add (-> dropout) -> add chains made one bias_dropout_add
+  std::vector<ValueId> remap;  // old value id -> new value id (empty when nothing fused)
+};
+
+// On the forward graph, before autodiff (graph/passes/bias_dropout_add.cc):
+// add(residual, dropout(bias_add(x, bias))), or without the dropout, whose
+// intermediate values nothing else reads (nor marks, nor hints), on one
+// layer and checkpoint segment, becomes bias_dropout_add(x, bias, residual)
+// with the dropout's attributes (rate 0 without one): the same operations in
+// the same order, so the same bits, in one pass over the tensor instead of
+// three. The add's output keeps its id's hints; the graph is rebuilt when
+// anything fused: use `remap`.
+absl::StatusOr<BiasDropoutAddResult> FuseBiasDropoutAdd(Graph& graph);
+
 struct MixedPrecisionResult {
   int64_t ops = 0;             // ops that now read low-precision inputs
   std::vector<ValueId> remap;  // old value id -> new value id (the graph is rebuilt)

@@ -76,25 +76,6 @@ std::vector<SbpSignature> ActivationGradSignatures(const std::vector<TensorMeta>
   return sigs;
 }
 
-// Bias ops: rows split with the bias broadcast, or the channel axis split
-// together with the bias.
-std::vector<SbpSignature> BiasSignatures(const std::vector<TensorMeta>& in, bool linear) {
-  const int rank = in[0].shape.rank();
-  const size_t n = in.size();
-  std::vector<SbpSignature> sigs;
-  for (int axis = 0; axis + 1 < rank; ++axis) {
-    std::vector<Sbp> ins(n, Sbp::Split(axis));
-    ins[1] = Sbp::Broadcast();
-    sigs.push_back({ins, {Sbp::Split(axis)}});
-  }
-  std::vector<Sbp> channel(n, Sbp::Split(rank - 1));
-  channel[1] = Sbp::Split(0);
-  sigs.push_back({channel, {Sbp::Split(rank - 1)}});
-  sigs.push_back({std::vector<Sbp>(n, Sbp::Broadcast()), {Sbp::Broadcast()}});
-  if (linear) sigs.push_back({{Sbp::PartialSum(), Sbp::PartialSum()}, {Sbp::PartialSum()}});
-  return sigs;
-}
-
 void RegisterBinary(OpRegistry& r, const std::string& name, BinaryKind kind, PartialRules partial, GradFn grad,
                     const std::string& doc) {
   OpSchema schema(name);

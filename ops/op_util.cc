@@ -51,4 +51,21 @@ std::vector<SbpSignature> BroadcastBinarySignatures(const Shape& a, const Shape&
   return sigs;
 }
 
+std::vector<SbpSignature> BiasSignatures(const std::vector<TensorMeta>& in, bool linear) {
+  const int rank = in[0].shape.rank();
+  const size_t n = in.size();
+  std::vector<SbpSignature> sigs;
+  for (int axis = 0; axis + 1 < rank; ++axis) {
+    std::vector<Sbp> ins(n, Sbp::Split(axis));
+    ins[1] = Sbp::Broadcast();
+    sigs.push_back({ins, {Sbp::Split(axis)}});
+  }
+  std::vector<Sbp> channel(n, Sbp::Split(rank - 1));
+  channel[1] = Sbp::Split(0);
+  sigs.push_back({channel, {Sbp::Split(rank - 1)}});
+  sigs.push_back({std::vector<Sbp>(n, Sbp::Broadcast()), {Sbp::Broadcast()}});
+  if (linear) sigs.push_back({{Sbp::PartialSum(), Sbp::PartialSum()}, {Sbp::PartialSum()}});
+  return sigs;
+}
+
 }  // namespace tessera::ops

@@ -24,6 +24,11 @@ absl::Status ExpectRank(const TensorMeta& meta, int rank, std::string_view input
 // like add), P...→P.
 std::vector<SbpSignature> ElementwiseSignatures(int num_inputs, int num_outputs, int rank, bool linear_in_all);
 
+// Signatures of a bias op (x (..., C), bias (C,), then inputs shaped as x):
+// rows split with the bias broadcast, or the channel axis split together
+// with the bias; all broadcast; and, when `linear`, all partial.
+std::vector<SbpSignature> BiasSignatures(const std::vector<TensorMeta>& in, bool linear);
+
 // Signatures of a broadcasting binary op with inputs a, b and output y:
 // for every output axis, S on that axis in each input that has a non-1
 // extent there (B for inputs that broadcast along it), plus B,B→B, and the

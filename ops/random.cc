@@ -1,4 +1,5 @@
-// Random ops: normal, uniform, dropout.
+// Random ops: normal, uniform, dropout, and bias_dropout_add (a row-parallel
+// projection's bias, its dropout and the residual add in one pass).
 //
 // Layout-invariant randomness (DESIGN §4): every number is a pure function of
 // (seed, tensor_id, step, the element's index in the logical tensor), drawn
@@ -25,6 +26,7 @@ namespace cpu {
 absl::Status NormalKernel(KernelContext& ctx);
 absl::Status UniformKernel(KernelContext& ctx);
 absl::Status DropoutKernel(KernelContext& ctx);
+absl::Status BiasDropoutAddKernel(KernelContext& ctx);
 }  // namespace cpu
 
 namespace {
@@ -85,6 +87,22 @@ absl::StatusOr<std::vector<TensorMeta>> InferDropout(const std::vector<TensorMet
   const double rate = attrs.Float("rate");
   if (!(rate >= 0 && rate < 1)) return absl::InvalidArgumentError(StrCat("rate must be in [0, 1), got ", rate));
   return std::vector<TensorMeta>{in[0]};
+}
+
+// x (..., C) f32, bias (C,) f32, residual as x.
+absl::StatusOr<std::vector<TensorMeta>> InferBiasDropoutAdd(const std::vector<TensorMeta>& in, const AttrMap& attrs) {
+  RETURN_IF_ERROR(ExpectDType(in[0], DType::kF32, "x"));
+  RETURN_IF_ERROR(ExpectDType(in[1], DType::kF32, "bias"));
+  RETURN_IF_ERROR(ExpectRank(in[0], 1, "x", /*at_least=*/true));
+  const int64_t C = in[0].shape[in[0].shape.rank() - 1];
+  if (in[1].shape != Shape{C}) {
+    return absl::InvalidArgumentError(
+        StrCat("bias must have shape (", C, ",) to match the last axis of x, got ", in[1].shape.ToString()));
+  }
+  if (in[2] != in[0]) {
+    return absl::InvalidArgumentError(StrCat("residual must match x ", in[0].ToString(), ", got ", in[2].ToString()));
+  }
+  return InferDropout({in[0]}, attrs);
 }
 
 }  // namespace
@@ -154,6 +172,46 @@ void RegisterRandomOps(OpRegistry& registry) {
           .Kernel(DeviceType::kCuda, cuda::DropoutKernel)
 #endif
           .Example({{DType::kF32, Shape{4, 6}}}, {{"rate", 0.1}, {"seed", int64_t{1}}, {"tensor_id", int64_t{0}}}));
+
+  registry.MustRegister(
+      OpSchema("bias_dropout_add")
+          .Doc("y = residual + dropout(x + bias): bias over the last axis of x, the dropout op's mask for (rate, "
+               "seed, tensor_id) on x's shape, the same operations in the same order as bias_add, dropout and add "
+               "(so the same bits). What the graph's fusion pass makes of a row-parallel projection's bias, its "
+               "dropout and the residual add.")
+          .Input("x")
+          .Input("bias")
+          .Input("residual")
+          .Output("y")
+          .Attr("rate", AttrType::kFloat)
+          .Attr("seed", AttrType::kInt)
+          .Attr("tensor_id", AttrType::kInt)
+          .DrawsByGlobalIndex()
+          .Infer(InferBiasDropoutAdd)
+          .Sbp([](const std::vector<TensorMeta>& in, const AttrMap&, int64_t) {
+            // bias_add's, with the residual laid out as x; no partial sums:
+            // the bias would be added once per part.
+            return BiasSignatures(in, /*linear=*/false);
+          })
+          .Grad([](GradBuilder& b) {
+            // dresidual = dy; dx = dropout(dy) with the forward's mask (the
+            // dropout op's own gradient); dbias = dx summed over the rows.
+            const ValueId dy = b.OutputGradOrZeros(0);
+            const ValueId dx = b.attrs().Float("rate") == 0.0 ? dy
+                                                              : b.Op("dropout", {dy},
+                                                                     {{"rate", b.attrs().Float("rate")},
+                                                                      {"seed", b.attrs().Int("seed")},
+                                                                      {"tensor_id", b.attrs().Int("tensor_id")}});
+            b.SetInputGrad(0, dx);
+            b.SetInputGrad(1, b.SumToShape(dx, b.meta(b.input(1)).shape));
+            b.SetInputGrad(2, dy);
+          })
+          .Kernel(DeviceType::kCpu, cpu::BiasDropoutAddKernel)
+#ifdef TESSERA_WITH_CUDA
+          .Kernel(DeviceType::kCuda, cuda::BiasDropoutAddKernel)
+#endif
+          .Example({{DType::kF32, Shape{4, 6}}, {DType::kF32, Shape{6}}, {DType::kF32, Shape{4, 6}}},
+                   {{"rate", 0.1}, {"seed", int64_t{1}}, {"tensor_id", int64_t{0}}}));
 }
 
 }  // namespace tessera::ops

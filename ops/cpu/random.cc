@@ -120,6 +120,41 @@ struct DropoutMaker {
   }
 };
 
+// The dropout op's mask (rate > 0) over the n elements of input 0's shard,
+// a piece at a time: fn(local offset of the piece, its mask values, count).
+template <typename Fn>
+void ForEachMaskPiece(const KernelContext& ctx, double rate, int64_t n, const Fn& fn) {
+  const Stream stream = StreamOf(ctx);
+  const DropoutMaker make{DropoutThreshold(rate), static_cast<float>(1.0 / (1.0 - rate))};
+  constexpr int64_t kPiece = 1024;
+  ForEachLocalRun(ctx, ctx.input_slice(0), n, [&](int64_t local, int64_t global, int64_t length) {
+    float mask[kPiece];
+    for (int64_t start = 0; start < length; start += kPiece) {
+      const int64_t count = std::min(kPiece, length - start);
+      FillRun(stream, static_cast<uint64_t>(global + start), count, make, mask);
+      fn(local + start, mask, count);
+    }
+  });
+}
+
+// y[i] = residual[i] + (x[i] + bias[(c0 + i) % C]) · mask[i] (mask null: 1)
+// for i < count: bias_add's, dropout's and add's operations, each rounded on
+// its own as the three ops round them. GCC contracts a product and a sum
+// into one FMA even across statements under -std=c++20; not here.
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=off")
+void BiasDropoutAddRun(const float* x, const float* bias, const float* residual, const float* mask, float* y,
+                       int64_t count, int64_t c0, int64_t C) {
+  int64_t c = c0;
+  for (int64_t i = 0; i < count; ++i) {
+    float t = x[i] + bias[c];
+    if (mask != nullptr) t = t * mask[i];
+    y[i] = residual[i] + t;
+    if (++c == C) c = 0;
+  }
+}
+#pragma GCC pop_options
+
 }  // namespace
 
 int32_t DropoutThreshold(double rate) { return static_cast<int32_t>(std::ceil(rate * 16777216.0)); }
@@ -188,19 +223,33 @@ absl::Status DropoutKernel(KernelContext& ctx) {
     if (y != x) std::memcpy(y, x, static_cast<size_t>(n) * sizeof(float));
     return absl::OkStatus();
   }
-  const Stream stream = StreamOf(ctx);
-  const DropoutMaker make{DropoutThreshold(rate), static_cast<float>(1.0 / (1.0 - rate))};
   // The mask goes through a small buffer rather than y, so y may alias x.
-  constexpr int64_t kPiece = 1024;
-  ForEachLocalRun(ctx, ctx.input_slice(0), n, [&](int64_t local, int64_t global, int64_t length) {
-    float mask[kPiece];
-    for (int64_t start = 0; start < length; start += kPiece) {
-      const int64_t count = std::min(kPiece, length - start);
-      FillRun(stream, static_cast<uint64_t>(global + start), count, make, mask);
-      const float* in = x + local + start;
-      float* out = y + local + start;
-      for (int64_t i = 0; i < count; ++i) out[i] = in[i] * mask[i];
-    }
+  ForEachMaskPiece(ctx, rate, n, [&](int64_t at, const float* mask, int64_t count) {
+    const float* in = x + at;
+    float* out = y + at;
+    for (int64_t i = 0; i < count; ++i) out[i] = in[i] * mask[i];
+  });
+  return absl::OkStatus();
+}
+
+absl::Status BiasDropoutAddKernel(KernelContext& ctx) {
+  const double rate = ctx.attr().Float("rate");
+  const Tensor& xt = ctx.input(0);  // (..., C)
+  const float* x = xt.data<float>();
+  const float* bias = ctx.input(1).data<float>();  // (C,)
+  const float* residual = ctx.input(2).data<float>();
+  float* y = ctx.output(0).data<float>();
+  const int64_t n = xt.NumElements();
+  const int64_t C = xt.shape()[xt.shape().rank() - 1];
+  if (n == 0) return absl::OkStatus();
+  if (rate == 0.0) {
+    ParallelFor(ctx, n, kElementwiseGrain, [&](int64_t begin, int64_t end) {
+      BiasDropoutAddRun(x + begin, bias, residual + begin, nullptr, y + begin, end - begin, begin % C, C);
+    });
+    return absl::OkStatus();
+  }
+  ForEachMaskPiece(ctx, rate, n, [&](int64_t at, const float* mask, int64_t count) {
+    BiasDropoutAddRun(x + at, bias, residual + at, mask, y + at, count, at % C, C);
   });
   return absl::OkStatus();
 }

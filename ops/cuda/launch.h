@@ -223,6 +223,12 @@ struct RandomRuns {
 // threshold.
 int LaunchDropout(const float* x, float* y, int64_t n, uint64_t seed, uint32_t tensor_id, uint32_t step,
                   int32_t threshold, float scale, const RandomRuns& runs);
+// bias_dropout_add: y = residual + (x + bias[p % C]) · mask, the mask as
+// LaunchDropout's (none when drop is false), each operation rounded on its
+// own (no FMA), as the three unfused ops.
+int LaunchBiasDropoutAdd(const float* x, const float* bias, const float* residual, float* y, int64_t n, int64_t C,
+                         bool drop, uint64_t seed, uint32_t tensor_id, uint32_t step, int32_t threshold, float scale,
+                         const RandomRuns& runs);
 // uniform: min(low + span · u, below_high), u = the 24 high bits / 2^24;
 // normal: Box–Muller on the block's word pairs (2j, 2j + 1):
 // mean + stddev · sqrt(-2 ln u1) · (cos, sin)(2π u2), u1 = (bits + 1) / 2^24,

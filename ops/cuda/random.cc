@@ -49,6 +49,20 @@ absl::Status DropoutKernel(KernelContext& ctx) {
               "dropout");
 }
 
+absl::Status BiasDropoutAddKernel(KernelContext& ctx) {
+  RETURN_IF_ERROR(OnDevice(ctx));
+  const double rate = ctx.attr().Float("rate");
+  ASSIGN_OR_RETURN(const RandomRuns runs, RunsOf(ctx.input_slice(0), "bias_dropout_add"));
+  const Tensor& x = ctx.input(0);
+  const int64_t C = x.shape()[x.shape().rank() - 1];
+  const float scale = rate == 0.0 ? 1.0f : static_cast<float>(1.0 / (1.0 - rate));
+  return Done(
+      LaunchBiasDropoutAdd(x.data<float>(), ctx.input(1).data<float>(), ctx.input(2).data<float>(),
+                           ctx.output(0).data<float>(), x.NumElements(), C, rate != 0.0, Seed(ctx), TensorId(ctx),
+                           static_cast<uint32_t>(ctx.step), cpu::DropoutThreshold(rate), scale, runs),
+      "bias_dropout_add");
+}
+
 absl::Status UniformKernel(KernelContext& ctx) {
   RETURN_IF_ERROR(OnDevice(ctx));
   ASSIGN_OR_RETURN(const RandomRuns runs, RunsOf(ctx.output_slice(0), "uniform"));

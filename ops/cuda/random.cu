@@ -47,6 +47,22 @@ __global__ void DropoutKernel(const float* x, float* y, int64_t n, PhiloxKey key
   }
 }
 
+__global__ void BiasDropoutAddKernel(const float* x, const float* bias, const float* residual, float* y, int64_t n,
+                                     int64_t C, bool drop, PhiloxKey key, uint32_t tensor_id, uint32_t step,
+                                     int32_t threshold, float scale, RandomRuns runs) {
+  for (int64_t p = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; p < n;
+       p += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float t = __fadd_rn(x[p], bias[p % C]);
+    if (drop) {
+      const int64_t g = GlobalIndex(p, runs);
+      const auto words = BlockOf(g, key, tensor_id, step);
+      const bool keep = static_cast<int32_t>(words[static_cast<size_t>(g % 4)] >> 8) >= threshold;
+      t = __fmul_rn(t, keep ? scale : 0.0f);
+    }
+    y[p] = __fadd_rn(residual[p], t);
+  }
+}
+
 __global__ void UniformKernel(float* y, int64_t n, PhiloxKey key, uint32_t tensor_id, uint32_t step, float low,
                               float span, float below_high, RandomRuns runs) {
   for (int64_t p = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; p < n;
@@ -82,6 +98,15 @@ int LaunchDropout(const float* x, float* y, int64_t n, uint64_t seed, uint32_t t
   if (n == 0) return 0;
   DropoutKernel<<<Blocks(n), kThreads, 0, CurrentStream()>>>(x, y, n, MakePhiloxKey(seed), tensor_id, step,
                                                                  threshold, scale, runs);
+  return Finish();
+}
+
+int LaunchBiasDropoutAdd(const float* x, const float* bias, const float* residual, float* y, int64_t n, int64_t C,
+                         bool drop, uint64_t seed, uint32_t tensor_id, uint32_t step, int32_t threshold, float scale,
+                         const RandomRuns& runs) {
+  if (n == 0) return 0;
+  BiasDropoutAddKernel<<<Blocks(n), kThreads, 0, CurrentStream()>>>(
+      x, bias, residual, y, n, C, drop, MakePhiloxKey(seed), tensor_id, step, threshold, scale, runs);
   return Finish();
 }
 

@@ -1,5 +1,5 @@
 #pragma once
-// CUDA dropout, uniform and normal (ops/random.cc registers them for
+// CUDA dropout (and bias_dropout_add), uniform and normal (ops/random.cc registers them for
 // DeviceType::kCuda when the build has CUDA): each element's Philox numbers
 // drawn by its global index, as on the CPU, so dropout's masks are the
 // CPU's bit for bit and uniform's and normal's values agree with the CPU's
@@ -11,6 +11,7 @@
 namespace tessera::ops::cuda {
 
 absl::Status DropoutKernel(KernelContext& ctx);
+absl::Status BiasDropoutAddKernel(KernelContext& ctx);
 absl::Status UniformKernel(KernelContext& ctx);
 absl::Status NormalKernel(KernelContext& ctx);
 

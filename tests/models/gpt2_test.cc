@@ -157,28 +157,37 @@ TEST(Gpt2, HintsAndLayerIdxFollowTheConvention) {
 // (scheduler/sbp_infer.h) keeps every parameter in its hinted layout, runs
 // the column matmuls B x S(1) -> S(1) and attention split by heads, the row
 // matmuls S(1) x S(0) -> P, and pays exactly two all-reduces of the hidden
-// state per block (after attn.c_proj and mlp.c_proj).
-void ExpectMegatronForward(bool fusion) {
-  SCOPED_TRACE(fusion ? "model.bias_gelu_fusion=true" : "unfused");
+// state per block (after attn.c_proj and mlp.c_proj). The same after the
+// engine's bias-dropout-add fusion (`dropout_fusion`), which makes each
+// row-parallel bias, its dropout and the residual add one op.
+void ExpectMegatronForward(bool fusion, bool dropout_fusion) {
+  SCOPED_TRACE(StrCat(fusion ? "model.bias_gelu_fusion=true" : "unfused", dropout_fusion ? ", bias_dropout_add" : ""));
   std::unique_ptr<Model> model =
       MakeModel(NanoConfig({StrCat("model.bias_gelu_fusion=", fusion ? "true" : "false")})["model"]);
   ASSERT_NE(model, nullptr);
   const int64_t batch = 4, T = 32, C = 64;
   auto graph = model->BuildGraph(batch);
   ASSERT_TRUE(graph.ok()) << graph.status();
-  int fused_ops = 0, bias_gelus = 0, linears = 0, bias_adds = 0;
+  if (dropout_fusion) {
+    auto fused = graph::FuseBiasDropoutAdd(*graph);
+    ASSERT_TRUE(fused.ok()) << fused.status();
+    EXPECT_EQ(fused->fused, 2 * 2);
+  }
+  int fused_ops = 0, bias_gelus = 0, linears = 0, bias_adds = 0, bias_dropout_adds = 0;
   for (const graph::Node& n : graph->nodes()) {
     fused_ops += n.op == "matmul_bias_gelu";
     bias_gelus += n.op == "bias_gelu";
     linears += n.op == "matmul_bias";
     bias_adds += n.op == "bias_add";
+    bias_dropout_adds += n.op == "bias_dropout_add";
   }
   EXPECT_EQ(fused_ops, fusion ? 2 : 0);  // gpt2_nano's 2 layers
   EXPECT_EQ(bias_gelus, fusion ? 0 : 2);
   // Per layer: q, k and v (column-parallel) add their bias in the GEMM;
   // the two row-parallel c_proj add theirs to the whole sum.
   EXPECT_EQ(linears, 2 * 3);
-  EXPECT_EQ(bias_adds, 2 * 2);
+  EXPECT_EQ(bias_adds, dropout_fusion ? 0 : 2 * 2);
+  EXPECT_EQ(bias_dropout_adds, dropout_fusion ? 2 * 2 : 0);
   for (int64_t dp : {1, 2}) {
     auto mesh = scheduler::DeviceMesh::Make({.data = dp, .tensor = 2, .world_size = 2 * dp});
     ASSERT_TRUE(mesh.ok()) << mesh.status();
@@ -224,8 +233,9 @@ void ExpectMegatronForward(bool fusion) {
 // With model.bias_gelu_fusion each MLP's c_fc, bias and GELU are one
 // matmul_bias_gelu op, column-split as c_fc's matmul is, at the same cost.
 TEST(Gpt2, TensorParallelForwardIsMegatrons) {
-  ExpectMegatronForward(false);
-  ExpectMegatronForward(true);
+  ExpectMegatronForward(false, false);
+  ExpectMegatronForward(true, false);
+  ExpectMegatronForward(true, true);
 }
 
 // Backward mirrors forward (autodiff gives a hinted activation's gradient

@@ -85,7 +85,7 @@ TEST(CudaKernels, RegisteredWhereTheBuildHasCuda) {
       "matmul_bias_gelu",
       // embeddings, loss
       "embedding", "embedding_grad", "bias_gelu_grad", "cross_entropy_partials", "cross_entropy_partials_grad",
-      "sparse_softmax_cross_entropy", "sparse_softmax_cross_entropy_grad", "dropout",
+      "sparse_softmax_cross_entropy", "sparse_softmax_cross_entropy_grad", "dropout", "bias_dropout_add",
       // reductions
       "reduce_sum", "reduce_mean", "reduce_max", "reduce_max_grad", "argmax", "square_sum",
       // data movement
@@ -275,6 +275,26 @@ TEST(CudaKernels, CrossEntropyPartialsGradIn16BitsMatchesTheCpu) {
       const double r = ElementAsDouble(want[0], i), g = ElementAsDouble(got[0], i);
       ASSERT_NEAR(g, r, ulp * std::fabs(r) + 1e-7) << "element " << i;
     }
+  }
+}
+
+// bias_dropout_add on the GPU: the CPU's mask (Philox by global index) and
+// each operation rounded on its own (no FMA), so the CPU's bits, with and
+// without dropout, over a tensor whose rows do not fill whole blocks.
+TEST(CudaKernels, BiasDropoutAddGivesTheCpuBits) {
+  if (const std::string why = NoGpu(); !why.empty()) GTEST_SKIP() << why;
+  std::mt19937 rng(17);
+  const Shape shape{7, 45, 67};
+  const std::vector<Tensor> inputs = {RandomInput({DType::kF32, shape}, false, rng),
+                                      RandomInput({DType::kF32, Shape{67}}, false, rng),
+                                      RandomInput({DType::kF32, shape}, false, rng)};
+  for (const double rate : {0.0, 0.2}) {
+    SCOPED_TRACE(StrCat("rate ", rate));
+    std::vector<Tensor> want, got;
+    ASSERT_NO_FATAL_FAILURE(RunOnBoth("bias_dropout_add", inputs,
+                                      {{"rate", rate}, {"seed", int64_t{9}}, {"tensor_id", int64_t{4}}}, want, got));
+    ASSERT_EQ(got.size(), 1u);
+    EXPECT_EQ(std::memcmp(got[0].raw_data(), want[0].raw_data(), want[0].NumBytes()), 0);
   }
 }
 

@@ -162,6 +162,22 @@ ReferenceFn DropoutReference(int64_t step) {
   };
 }
 
+// y = residual + dropout(x + bias): the dropout reference's mask on x's shape.
+ReferenceFn BiasDropoutAddReference(int64_t step) {
+  return [step](const std::vector<Tensor>& in, const AttrMap& attrs) {
+    const StreamAttrs s = StreamOf(attrs, step);
+    const double rate = attrs.Float("rate");
+    const int64_t C = in[0].shape()[in[0].shape().rank() - 1];
+    std::vector<double> y;
+    for (int64_t i = 0; i < in[0].NumElements(); ++i) {
+      const bool keep = rate == 0.0 || static_cast<double>(UnitFloat(WordOf(s, i))) >= rate;
+      const double t = ElementAsDouble(in[0], i) + ElementAsDouble(in[1], i % C);
+      y.push_back(ElementAsDouble(in[2], i) + (keep ? t / (1.0 - rate) : 0.0));
+    }
+    return std::vector<Tensor>{FromDoubles(in[0].shape(), RefFloatDType(in), y)};
+  };
+}
+
 std::vector<OpTestCase> RandomCases() {
   std::vector<OpTestCase> cases;
   // Uneven extents so splits cut Philox blocks of four in the middle, and
@@ -195,6 +211,19 @@ std::vector<OpTestCase> RandomCases() {
                        {{"rate", 0.5}, {"seed", int64_t{6}}, {"tensor_id", int64_t{4}}}, DropoutReference(3), 3));
   cases.push_back(Case("dropout", "rate_0_copies", {RandomUniform(Shape{6}, 23)},
                        {{"rate", 0.0}, {"seed", int64_t{6}}, {"tensor_id", int64_t{4}}}, DropoutReference(0)));
+  // Uneven extents (splits cut Philox blocks), the bias split with the
+  // channel axis, a step, and rate 0 (bias_add then add).
+  cases.push_back(
+      Case("bias_dropout_add", "3d_rate_0_3",
+           {RandomUniform(Shape{3, 5, 7}, 24), RandomUniform(Shape{7}, 25), RandomUniform(Shape{3, 5, 7}, 26)},
+           {{"rate", 0.3}, {"seed", int64_t{8}}, {"tensor_id", int64_t{2}}}, BiasDropoutAddReference(0)));
+  cases.push_back(Case("bias_dropout_add", "2d_rate_0_5_step",
+                       {RandomUniform(Shape{6, 9}, 27), RandomUniform(Shape{9}, 28), RandomUniform(Shape{6, 9}, 29)},
+                       {{"rate", 0.5}, {"seed", int64_t{3}}, {"tensor_id", int64_t{5}}}, BiasDropoutAddReference(4),
+                       4));
+  cases.push_back(Case("bias_dropout_add", "rate_0",
+                       {RandomUniform(Shape{4, 6}, 30), RandomUniform(Shape{6}, 31), RandomUniform(Shape{4, 6}, 32)},
+                       {{"rate", 0.0}, {"seed", int64_t{0}}, {"tensor_id", int64_t{0}}}, BiasDropoutAddReference(0)));
   return cases;
 }
 

@@ -42,14 +42,14 @@ TEST(Registry, HasManyOpsEachWithCpuKernel) {
 
 // The scheduler gives these ops their micro-batch's place in the global
 // batch (the equivalence tests check the masks through training): dropout,
-// and the fused attention ops, which drop as dropout does.
-TEST(Registry, OnlyDropoutAndFusedAttentionDrawByGlobalIndexFromTheirInputs) {
+// and the fused ops that drop as dropout does (attention, bias_dropout_add).
+TEST(Registry, OnlyDropoutAndTheOpsFusingItDrawByGlobalIndexFromTheirInputs) {
   const OpRegistry& r = BuiltinOps();
   std::vector<std::string> drawing;
   for (const std::string& name : r.Names()) {
     if (r.Find(name)->draws_by_global_index()) drawing.push_back(name);
   }
-  EXPECT_EQ(drawing, (std::vector<std::string>{"dropout", "flash_attention", "flash_attention_grad",
+  EXPECT_EQ(drawing, (std::vector<std::string>{"bias_dropout_add", "dropout", "flash_attention", "flash_attention_grad",
                                                "flash_attention_masked", "flash_attention_masked_grad"}));
 }
 
@@ -176,6 +176,44 @@ TEST(Kernels, ReduceSumOf16BitsGivesTheBitsOfItsF32Cast) {
   }
   const std::string e = ErrorOf("reduce_sum", {*Tensor::Zeros(Shape{2, 3}, DType::kI32)});
   EXPECT_NE(e.find("input 'x' must be f32, bf16 or f16, got i32"), std::string::npos) << e;
+}
+
+// bias_dropout_add gives the bits of bias_add, dropout (same attributes)
+// and add, on any pool, at any step, dropout or not; bad shapes are named.
+TEST(Kernels, BiasDropoutAddGivesTheBitsOfItsThreeOps) {
+  using testing::RandomUniform;
+  ThreadPool pool(3);
+  for (const Shape& shape : {Shape{64, 33, 96}, Shape{5, 1031}, Shape{7}}) {
+    const int64_t C = shape[shape.rank() - 1];
+    const Tensor x = RandomUniform(shape, 41, -3.0f, 3.0f), bias = RandomUniform(Shape{C}, 42),
+                 residual = RandomUniform(shape, 43);
+    for (const double rate : {0.0, 0.1, 0.5}) {
+      for (ThreadPool* p : {static_cast<ThreadPool*>(nullptr), &pool}) {
+        SCOPED_TRACE(StrCat(shape.ToString(), " rate ", rate, p != nullptr ? " pool" : ""));
+        EagerOptions options;
+        options.pool = p;
+        options.step = 5;
+        const AttrMap attrs = {{"rate", rate}, {"seed", int64_t{17}}, {"tensor_id", int64_t{3}}};
+        auto biased = RunOp("bias_add", {x, bias}, {}, options);
+        ASSERT_TRUE(biased.ok()) << biased.status();
+        auto dropped = RunOp("dropout", {(*biased)[0]}, attrs, options);
+        ASSERT_TRUE(dropped.ok()) << dropped.status();
+        auto want = RunOp("add", {residual, (*dropped)[0]}, {}, options);
+        auto got = RunOp("bias_dropout_add", {x, bias, residual}, attrs, options);
+        ASSERT_TRUE(want.ok()) << want.status();
+        ASSERT_TRUE(got.ok()) << got.status();
+        EXPECT_EQ(std::memcmp((*got)[0].raw_data(), (*want)[0].raw_data(), (*want)[0].NumBytes()), 0);
+      }
+    }
+  }
+  const AttrMap attrs = {{"rate", 0.1}, {"seed", int64_t{1}}, {"tensor_id", int64_t{0}}};
+  std::string e = ErrorOf("bias_dropout_add", {F32(Shape{2, 3}), F32(Shape{2}), F32(Shape{2, 3})}, attrs);
+  EXPECT_NE(e.find("bias must have shape (3,)"), std::string::npos) << e;
+  e = ErrorOf("bias_dropout_add", {F32(Shape{2, 3}), F32(Shape{3}), F32(Shape{3, 2})}, attrs);
+  EXPECT_NE(e.find("residual must match x f32(2, 3), got f32(3, 2)"), std::string::npos) << e;
+  e = ErrorOf("bias_dropout_add", {F32(Shape{2, 3}), F32(Shape{3}), F32(Shape{2, 3})},
+              {{"rate", 1.0}, {"seed", int64_t{1}}, {"tensor_id", int64_t{0}}});
+  EXPECT_NE(e.find("rate must be in [0, 1), got 1"), std::string::npos) << e;
 }
 
 TEST(BadInput, ShapeMismatchNamesOpAndShapes) {

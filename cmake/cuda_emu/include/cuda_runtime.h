@@ -208,6 +208,9 @@ inline double rsqrt(double x) { return 1.0 / std::sqrt(x); }
 inline float __expf(float x) { return std::exp(x); }
 inline float __logf(float x) { return std::log(x); }
 inline float __fdividef(float a, float b) { return a / b; }
+// Round-to-nearest products and sums that are never contracted into an FMA.
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fadd_rn(float a, float b) { return a + b; }
 inline float __saturatef(float x) { return x < 0.0f ? 0.0f : (x > 1.0f ? 1.0f : x); }
 inline void sincospif(float x, float* s, float* c) {
   *s = static_cast<float>(std::sin(std::numbers::pi * static_cast<double>(x)));
