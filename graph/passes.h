@@ -145,6 +145,21 @@ struct BiasDropoutAddResult {
 // anything fused: use `remap`.
 absl::StatusOr<BiasDropoutAddResult> FuseBiasDropoutAdd(Graph& graph);
 
+struct GemmAddResult {
+  int64_t folded = 0;          // adds now done in a matmul's epilogue
+  GradientMap gradients;       // the gradients, through remap
+  std::vector<ValueId> remap;  // old value id -> new value id
+};
+
+// After autodiff (graph/passes/gemm_add.cc): add(matmul(a, b), c) whose
+// product nothing else reads (nor marks, hints, or holds as a gradient), on
+// the add's layer, pass and checkpoint segment, becomes matmul_add(a, b, c)
+// with the matmul's attributes: the GEMM adds c in its epilogue, the same
+// bits as the add. Chains of sums fold term by term (q, k and v's input
+// gradients: two matmul_adds after the first product). The graph is rebuilt
+// when anything folds: use `remap`.
+absl::StatusOr<GemmAddResult> FoldAddsIntoGemms(Graph& graph, const GradientMap& gradients);
+
 struct MixedPrecisionResult {
   int64_t ops = 0;             // ops that now read low-precision inputs
   std::vector<ValueId> remap;  // old value id -> new value id (the graph is rebuilt)

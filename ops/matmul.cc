@@ -1,6 +1,7 @@
 // The matmul family: matmul (2-D) and batch_matmul (equal leading batch
 // dimensions), both y = alpha * op(a) @ op(b) with op = optional transpose of
-// the last two axes, and matmul_bias / matmul_bias_gelu, a Linear layer's
+// the last two axes, matmul_add (matmul + an addend in its epilogue), and
+// matmul_bias / matmul_bias_gelu, a Linear layer's
 // GEMM with its bias (and GELU) as the GEMM's epilogue. Kernels in
 // ops/cpu/matmul.cc and ops/cuda/matmul.cc.
 
@@ -230,6 +231,14 @@ void MatmulBiasGeluGrad(GradBuilder& g) {
   GemmInputGrads(g, "matmul", dz, false, false, 1.0);
 }
 
+// matmul_add: matmul's signatures with c laid out as y (a partial y takes
+// a partial c, whose pieces sum to it as y's do).
+std::vector<SbpSignature> MatmulAddSignatures(const std::vector<TensorMeta>& in, const AttrMap& attrs, int64_t p) {
+  std::vector<SbpSignature> sigs = GemmSignatures(in, attrs, p);
+  for (SbpSignature& sig : sigs) sig.inputs.push_back(sig.outputs[0]);
+  return sigs;
+}
+
 OpSchema& GemmAttrs(OpSchema& schema) {
   return schema.Attr("transpose_a", AttrType::kBool, false)
       .Attr("transpose_b", AttrType::kBool, false)
@@ -293,6 +302,38 @@ void RegisterMatmulOps(OpRegistry& registry) {
 #endif
       .Example({{DType::kF32, Shape{2, 4, 8}}, {DType::kF32, Shape{2, 8, 16}}});
   registry.MustRegister(std::move(batch_matmul));
+
+  OpSchema matmul_add("matmul_add");
+  matmul_add
+      .Doc(
+          "y = alpha * op(a) @ op(b) + c: matmul (a, b and their attributes as matmul's) with c (f32, y's shape) "
+          "added in the GEMM's epilogue (cuBLASLt's C on CUDA), the bits of matmul then add. What the engine makes "
+          "of a gradient's sum with a GEMM's output (q, k and v's input gradients)")
+      .Input("a")
+      .Input("b")
+      .Input("c")
+      .Output("y");
+  GemmAttrs(matmul_add)
+      .Infer([](const std::vector<TensorMeta>& in, const AttrMap& attrs) -> absl::StatusOr<std::vector<TensorMeta>> {
+        ASSIGN_OR_RETURN(std::vector<TensorMeta> out, InferGemm({in[0], in[1]}, attrs, false));
+        if (in[2] != out[0]) {
+          return absl::InvalidArgumentError(
+              StrCat("c must be ", out[0].ToString(), " (the product's), got ", in[2].ToString()));
+        }
+        return out;
+      })
+      .Sbp(MatmulAddSignatures)
+      .Grad([](GradBuilder& g) {
+        GemmGrad(g, "matmul");
+        g.SetInputGrad(2, g.OutputGradOrZeros(0));
+      })
+      .Workspace(CublasLtWorkspace(4))
+      .Kernel(DeviceType::kCpu, cpu::MatmulAddKernel)
+#ifdef TESSERA_WITH_CUDA
+      .Kernel(DeviceType::kCuda, cuda::MatmulAddKernel)
+#endif
+      .Example({{DType::kF32, Shape{4, 8}}, {DType::kF32, Shape{8, 16}}, {DType::kF32, Shape{4, 16}}});
+  registry.MustRegister(std::move(matmul_add));
 
   OpSchema linear("matmul_bias");
   linear

@@ -63,6 +63,11 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Compile(graph::Graph graph, cons
       gradients = std::move(folded.gradients);
       remap_scaled(folded.remap);
     }
+    {
+      ASSIGN_OR_RETURN(graph::GemmAddResult summed, graph::FoldAddsIntoGemms(graph, gradients));
+      gradients = std::move(summed.gradients);
+      remap_scaled(summed.remap);
+    }
     ASSIGN_OR_RETURN(const scheduler::DeviceMesh mesh, scheduler::DeviceMesh::Make(options.lower.parallel));
     const auto same_stage = [&mesh](int64_t a, int64_t b) {
       const absl::StatusOr<int64_t> sa = mesh.StageOfLayer(a), sb = mesh.StageOfLayer(b);

@@ -238,6 +238,14 @@ absl::Status RunPiece(const GemmArgs& args, int64_t item, int64_t row_begin, int
   if (g.bias != nullptr && g.gelu != 0) g.y = g.aux;  // the GEMM writes the sums into aux
   RETURN_IF_ERROR(GemmPiece(g, item, row_begin, row_end, col_begin, col_end));
   if (g.bias != nullptr) Epilogue(args, g.y, item, row_begin, row_end, col_begin, col_end);
+  if (g.addend != nullptr) {
+    for (int64_t r = row_begin; r < row_end; ++r) {
+      const int64_t offset = (item * g.m + r) * g.n + col_begin;
+      float* y = g.y + offset;
+      const float* c = g.addend + offset;
+      for (int64_t j = 0; j < col_end - col_begin; ++j) y[j] += c[j];
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -392,6 +400,17 @@ absl::Status SgemmOnThisThread(bool transpose_a, bool transpose_b, int64_t m, in
 absl::Status MatmulKernel(KernelContext& ctx) { return GemmKernel(ctx, /*batched=*/false); }
 
 absl::Status BatchMatmulKernel(KernelContext& ctx) { return GemmKernel(ctx, /*batched=*/true); }
+
+absl::Status MatmulAddKernel(KernelContext& ctx) {
+  ASSIGN_OR_RETURN(GemmArgs g, LocalGemm(ctx, /*batched=*/false));
+  const Tensor& c = ctx.input(2);
+  if (c.dtype() != DType::kF32 || c.shape() != ctx.output(0).shape()) {
+    return absl::InvalidArgumentError(
+        StrCat("local addend c ", c.meta().ToString(), " does not match y ", ctx.output(0).meta().ToString()));
+  }
+  g.addend = c.data<float>();
+  return RunGemmOn(ctx, g, ctx.input(0), ctx.input(1));
+}
 
 namespace {
 

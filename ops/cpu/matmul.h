@@ -16,6 +16,9 @@ namespace tessera::ops::cpu {
 absl::Status MatmulKernel(KernelContext& ctx);
 // The same for every item of equal leading (batch) dimensions.
 absl::Status BatchMatmulKernel(KernelContext& ctx);
+// y = alpha * op(a) @ op(b) + c (matmul_add): one RunGemm with the addend
+// epilogue.
+absl::Status MatmulAddKernel(KernelContext& ctx);
 // y = x @ weight + bias (matmul_bias): one RunGemm with the bias epilogue.
 absl::Status MatmulBiasKernel(KernelContext& ctx);
 // z = x @ weight + bias and y = GELU(z) (matmul_bias_gelu): one RunGemm with
@@ -47,6 +50,9 @@ struct GemmArgs {
   const float* bias = nullptr;
   float* aux = nullptr;
   int gelu = 0;
+  // Or with `addend` (laid out as y; not with bias): y = the sums + addend,
+  // the bits of the GEMM and then add.
+  const float* addend = nullptr;
 };
 
 // Whether this CPU multiplies bf16 natively (AVX512-BF16), so that RunGemm's

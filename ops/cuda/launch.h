@@ -78,8 +78,11 @@ int LaunchAdamw(const float* param, const float* grad, const float* m, const flo
 // cuBLAS where cuBLASLt has no algorithm for the types and alignments,
 // summed in f32 (no TF32). a_dtype: 0 f32, 1 bf16, 2 f16 (a and b alike).
 // A cuBLAS(Lt) failure returns -(cublasStatus_t).
+// With `addend` (laid out as y; may be y itself) y = alpha · op(a) op(b) +
+// addend: cuBLASLt's C with beta 1 (cuBLAS's, in place, after a copy).
 int LaunchGemm(int a_dtype, bool ta, bool tb, int64_t batch, int64_t M, int64_t N, int64_t K, float alpha,
-               const void* a, const void* b, float* y, void* workspace, size_t workspace_bytes);
+               const void* a, const void* b, float* y, void* workspace, size_t workspace_bytes,
+               const float* addend = nullptr);
 // z = x @ w + bias for row-major x (M x K) and w (K x N) of x_dtype (as
 // LaunchGemm's), f32 bias (N), z (M x N): one cublasLtMatmul with the bias
 // as its epilogue; with y non-null also y = GELU(z) in the epilogue

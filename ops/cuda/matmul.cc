@@ -1,4 +1,4 @@
-// Host side of matmul / batch_matmul / matmul_bias / matmul_bias_gelu on CUDA: the shapes
+// Host side of matmul / batch_matmul / matmul_add / matmul_bias / matmul_bias_gelu on CUDA: the shapes
 // and dtypes InferMeta checked, as cuBLASLt's (and cuBLAS's) arguments
 // (ops/cuda/matmul.cu).
 
@@ -14,7 +14,9 @@
 namespace tessera::ops::cuda {
 namespace {
 
-absl::Status Gemm(KernelContext& ctx, bool batched) {
+// matmul (addend false: y = alpha op(a) op(b)), batch_matmul, and matmul_add
+// (+ input 2).
+absl::Status Gemm(KernelContext& ctx, bool batched, bool addend = false) {
   RETURN_IF_ERROR(OnDevice(ctx));
   const Tensor& a = ctx.input(0);
   const Shape& as = a.shape();
@@ -30,8 +32,9 @@ absl::Status Gemm(KernelContext& ctx, bool batched) {
   }
   const int dtype = a.dtype() == DType::kBF16 ? 1 : a.dtype() == DType::kF16 ? 2 : 0;
   return Done(LaunchGemm(dtype, ta, tb, batch, M, N, K, static_cast<float>(ctx.attr().Float("alpha")), a.raw_data(),
-                         ctx.input(1).raw_data(), ctx.output(0).data<float>(), WorkspaceOf(ctx), WorkspaceBytesOf(ctx)),
-              batched ? "batch_matmul" : "matmul");
+                         ctx.input(1).raw_data(), ctx.output(0).data<float>(), WorkspaceOf(ctx), WorkspaceBytesOf(ctx),
+                         addend ? ctx.input(2).data<float>() : nullptr),
+              batched ? "batch_matmul" : (addend ? "matmul_add" : "matmul"));
 }
 
 // matmul_bias and matmul_bias_gelu: the local x (M, K), weight (K, N) and
@@ -99,5 +102,6 @@ absl::Status MatmulBiasGeluKernel(KernelContext& ctx) {
 
 absl::Status MatmulKernel(KernelContext& ctx) { return Gemm(ctx, false); }
 absl::Status BatchMatmulKernel(KernelContext& ctx) { return Gemm(ctx, true); }
+absl::Status MatmulAddKernel(KernelContext& ctx) { return Gemm(ctx, false, /*addend=*/true); }
 
 }  // namespace tessera::ops::cuda

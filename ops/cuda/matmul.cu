@@ -123,12 +123,13 @@ struct LtProduct {
   cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
   const float* bias = nullptr;
   float* aux = nullptr;
+  const float* c = nullptr;  // added to the product (beta 1), laid out as d; null: none
 };
 
 // What the heuristic's answer for a product depends on: the handle (a
-// thread's, per device), the types, transposes, extents, epilogue, the
-// alignments of A, B, C/D and the workspace.
-using LtKey = std::array<int64_t, 14>;
+// thread's, per device), the types, transposes, extents, epilogue, whether
+// C is added, the alignments of A, B, C, D and the workspace.
+using LtKey = std::array<int64_t, 16>;
 constexpr size_t kMaxKnownProducts = 4096;  // per thread; forgotten all at once past it
 
 // Runs `p` (every extent > 0) on the calling thread's stream with up to
@@ -193,9 +194,10 @@ int RunLt(const LtProduct& p, void* workspace, size_t workspace_bytes, bool* ran
   }
   if (workspace_size == 0) workspace = nullptr;
   const bool batched = p.batch > 1;
+  const float* c = p.c != nullptr ? p.c : p.d;
   const uint32_t alignments[4] = {
       AlignmentOf(p.b, batched ? stride_a * element : 0), AlignmentOf(p.a, batched ? stride_b * element : 0),
-      AlignmentOf(p.d, batched ? stride_d * 4 : 0), AlignmentOf(p.d, batched ? stride_d * 4 : 0)};
+      AlignmentOf(c, batched ? stride_d * 4 : 0), AlignmentOf(p.d, batched ? stride_d * 4 : 0)};
   // The heuristic's answer for everything it is asked about, so each act
   // of a job asks once per shape, not once per call (a training step
   // repeats the same few hundred products).
@@ -209,9 +211,11 @@ int RunLt(const LtProduct& p, void* workspace, size_t workspace_bytes, bool* ran
                      p.K,
                      static_cast<int64_t>(p.epilogue),
                      p.aux != nullptr,
+                     p.c != nullptr,
                      alignments[0],
                      alignments[1],
                      alignments[2],
+                     alignments[3],
                      static_cast<int64_t>(workspace_size)};
   thread_local std::map<LtKey, std::optional<cublasLtMatmulAlgo_t>> algorithms;
   auto known = algorithms.find(key);
@@ -236,8 +240,8 @@ int RunLt(const LtProduct& p, void* workspace, size_t workspace_bytes, bool* ran
     known = algorithms.emplace(key, none ? std::nullopt : std::optional(result.algo)).first;
   }
   if (!known->second.has_value()) return 0;  // no algorithm: the caller composes it
-  const float beta = 0.0f;
-  TESSERA_LT_TRY(cublasLtMatmul(handle, desc.op, &p.alpha, p.b, desc.a, p.a, desc.b, &beta, p.d, desc.d, p.d, desc.d,
+  const float beta = p.c != nullptr ? 1.0f : 0.0f;
+  TESSERA_LT_TRY(cublasLtMatmul(handle, desc.op, &p.alpha, p.b, desc.a, p.a, desc.b, &beta, c, desc.d, p.d, desc.d,
                                 &*known->second, workspace, workspace_size, CurrentStream()));
   *ran = true;
   return 0;
@@ -267,10 +271,14 @@ int LaunchGemmBiasLt(int x_dtype, int64_t M, int64_t N, int64_t K, const void* x
 }
 
 int LaunchGemm(int a_dtype, bool ta, bool tb, int64_t batch, int64_t M, int64_t N, int64_t K, float alpha,
-               const void* a, const void* b, float* y, void* workspace, size_t workspace_bytes) {
+               const void* a, const void* b, float* y, void* workspace, size_t workspace_bytes, const float* addend) {
   if (batch == 0 || M == 0 || N == 0) return 0;
-  if (K == 0) {  // an empty sum: zeros
-    const cudaError_t err = cudaMemsetAsync(y, 0, sizeof(float) * batch * M * N, CurrentStream());
+  const size_t y_bytes = sizeof(float) * batch * M * N;
+  if (K == 0) {  // an empty sum: zeros (plus the addend)
+    const cudaError_t err = addend == nullptr ? cudaMemsetAsync(y, 0, y_bytes, CurrentStream())
+                            : addend == y
+                                ? cudaSuccess
+                                : cudaMemcpyAsync(y, addend, y_bytes, cudaMemcpyDeviceToDevice, CurrentStream());
     return err != cudaSuccess ? static_cast<int>(err) : Finish();
   }
   // cuBLASLt first; cuBLAS where it has no algorithm for these types and
@@ -285,14 +293,22 @@ int LaunchGemm(int a_dtype, bool ta, bool tb, int64_t batch, int64_t M, int64_t 
                     .alpha = alpha,
                     .a = a,
                     .b = b,
-                    .d = y};
+                    .d = y,
+                    .c = addend};
   bool ran = false;
   if (const int err = RunLt(p, workspace, workspace_bytes, &ran); err != 0) return err;
   if (ran) return Finish();
   int error = 0;
   cublasHandle_t handle = Handle(&error);
   if (handle == nullptr) return error;
-  const float beta = 0.0f;
+  // cuBLAS adds C in place: the addend copied into y first.
+  if (addend != nullptr && addend != y) {
+    if (const cudaError_t err = cudaMemcpyAsync(y, addend, y_bytes, cudaMemcpyDeviceToDevice, CurrentStream());
+        err != cudaSuccess) {
+      return static_cast<int>(err);
+    }
+  }
+  const float beta = addend != nullptr ? 1.0f : 0.0f;
   const cudaDataType_t type = DataType(a_dtype);
   // Column-major: y^T (N x M, ld N) = op(b)^T (N x K) op(a)^T (K x M).
   const cublasStatus_t st = cublasGemmStridedBatchedEx(

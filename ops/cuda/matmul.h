@@ -11,6 +11,8 @@ namespace tessera::ops::cuda {
 
 absl::Status MatmulKernel(KernelContext& ctx);
 absl::Status BatchMatmulKernel(KernelContext& ctx);
+// matmul_add: matmul with the addend as cuBLASLt's C (beta 1).
+absl::Status MatmulAddKernel(KernelContext& ctx);
 // matmul_bias through cuBLASLt's BIAS epilogue (the GEMM, then the bias,
 // where cuBLASLt has no kernel).
 absl::Status MatmulBiasKernel(KernelContext& ctx);

@@ -81,8 +81,8 @@ TEST(CudaKernels, RegisteredWhereTheBuildHasCuda) {
       "softmax", "softmax_grad", "log_softmax", "log_softmax_grad", "fused_scale_causal_softmax",
       "fused_scale_mask_softmax", "layer_norm", "layer_norm_grad", "rms_norm", "rms_norm_grad",
       // optimizers and products
-      "sgd_update", "adamw_update", "nonfinite", "loss_scale_update", "matmul", "batch_matmul", "matmul_bias",
-      "matmul_bias_gelu",
+      "sgd_update", "adamw_update", "nonfinite", "loss_scale_update", "matmul", "batch_matmul", "matmul_add",
+      "matmul_bias", "matmul_bias_gelu",
       // embeddings, loss
       "embedding", "embedding_grad", "bias_gelu_grad", "cross_entropy_partials", "cross_entropy_partials_grad",
       "sparse_softmax_cross_entropy", "sparse_softmax_cross_entropy_grad", "dropout", "bias_dropout_add",
@@ -525,14 +525,14 @@ TEST(CudaKernels, MakersAndTopKMatchTheCpuOnShardsAndTies) {
   }
 }
 
-// matmul and batch_matmul through cuBLASLt (cuBLAS where it has no
-// algorithm) beyond their examples: every transpose, f32 and bf16, sizes
-// not multiples of 8 (less aligned rows), a batch, with the planned
-// workspace and without one, against the CPU kernel.
+// matmul, batch_matmul and matmul_add (its addend as cuBLASLt's C) through
+// cuBLASLt (cuBLAS where it has no algorithm) beyond their examples: every
+// transpose, f32 and bf16, sizes not multiples of 8 (less aligned rows), a
+// batch, with the planned workspace and without one, against the CPU kernel.
 TEST(CudaKernels, GemmsMatchTheCpuForEveryTranspose) {
   if (const std::string why = NoGpu(); !why.empty()) GTEST_SKIP() << why;
   std::mt19937 rng(3);
-  for (const std::string op : {"matmul", "batch_matmul"}) {
+  for (const std::string op : {"matmul", "batch_matmul", "matmul_add"}) {
     for (const DType dtype : {DType::kF32, DType::kBF16}) {
       for (const auto& [M, K, N] : {std::tuple{64, 96, 128}, std::tuple{33, 70, 50}}) {
         for (const bool ta : {false, true}) {
@@ -552,6 +552,7 @@ TEST(CudaKernels, GemmsMatchTheCpuForEveryTranspose) {
                 t = (*cast)[0];
               }
             }
+            if (op == "matmul_add") in.push_back(RandomInput({DType::kF32, Shape{M, N}}, false, rng));
             const AttrMap attrs = {{"transpose_a", ta}, {"transpose_b", tb}, {"alpha", 0.5}};
             for (const bool workspace : {true, false}) {
               std::vector<Tensor> want, got;

@@ -1,7 +1,7 @@
 // Cases for matmul and batch_matmul: every transpose combination, alpha != 1,
 // extents (5, 7, 3) that split unevenly over 2, 3 and 4 shards, extents
 // smaller than the shard count (empty shards, K = 0 pieces), and batch ranks
-// 3 and 4; matmul_bias; matmul_bias_gelu with both GELUs.
+// 3 and 4; matmul_bias; matmul_bias_gelu with both GELUs; matmul_add.
 
 #include <string>
 #include <tuple>
@@ -191,6 +191,33 @@ std::vector<OpTestCase> MatmulCases() {
   big_linear.check_grad = false;
   big_linear.rtol = big_linear.atol = 1e-4;
   cases.push_back(big_linear);
+
+  // matmul_add: every transpose, alpha, uneven splits (a partial y takes a
+  // partial c), empty shards, K = 0 (y = c), and a large one cut over the
+  // pool (the addend added on each thread's own block).
+  const auto matmul_add = [](std::string label, int64_t m, int64_t k, int64_t n, bool ta, bool tb, double alpha,
+                             uint64_t seed) {
+    OpTestCase c = Gemm("matmul_add", std::move(label), {}, m, k, n, ta, tb, alpha, seed);
+    c.inputs.push_back(RandomUniform(Shape{m, n}, seed + 2));
+    c.reference = [](const std::vector<Tensor>& in, const AttrMap& attrs) {
+      const Tensor product = ReferenceGemm(in, attrs)[0];
+      std::vector<double> y = product.ToDoubleVector();
+      const std::vector<double> addend = in[2].ToDoubleVector();
+      for (size_t i = 0; i < y.size(); ++i) y[i] += addend[i];
+      return std::vector<Tensor>{FromDoubles(product.shape(), RefFloatDType(in), y)};
+    };
+    return c;
+  };
+  cases.push_back(matmul_add("nn_5x7x3", 5, 7, 3, false, false, 1.0, 81));
+  cases.push_back(matmul_add("nt_alpha", 4, 6, 7, false, true, -0.5, 84));
+  cases.push_back(matmul_add("tn", 7, 3, 4, true, false, 1.0, 87));
+  cases.push_back(matmul_add("tt_alpha", 3, 8, 5, true, true, 0.25, 90));
+  cases.push_back(matmul_add("tiny_2x3x1_empty_shards", 2, 3, 1, false, false, 1.0, 93));
+  cases.push_back(matmul_add("k0_3x0x4", 3, 0, 4, false, false, 1.0, 96));
+  OpTestCase big_add = matmul_add("large_67x129x131", 67, 129, 131, false, true, 1.0, 99);
+  big_add.check_grad = false;
+  big_add.rtol = big_add.atol = 1e-4;
+  cases.push_back(big_add);
   return cases;
 }
 

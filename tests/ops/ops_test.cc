@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <tuple>
 
 #include "core/thread_pool.h"
 #include "ops/cpu/vec_math.h"
@@ -214,6 +215,43 @@ TEST(Kernels, BiasDropoutAddGivesTheBitsOfItsThreeOps) {
   e = ErrorOf("bias_dropout_add", {F32(Shape{2, 3}), F32(Shape{3}), F32(Shape{2, 3})},
               {{"rate", 1.0}, {"seed", int64_t{1}}, {"tensor_id", int64_t{0}}});
   EXPECT_NE(e.find("rate must be in [0, 1), got 1"), std::string::npos) << e;
+}
+
+// matmul_add gives the bits of matmul then add, for every transpose, f32
+// and bf16 inputs, K = 0, on one thread and on a pool; a c that is not the
+// product's shape is named.
+TEST(Kernels, MatmulAddGivesTheBitsOfMatmulThenAdd) {
+  using testing::RandomUniform;
+  ThreadPool pool(3);
+  for (const auto& [m, k, n] : {std::tuple{96, 130, 70}, std::tuple{5, 0, 3}, std::tuple{1, 7, 1}}) {
+    for (const bool ta : {false, true}) {
+      for (const bool tb : {false, true}) {
+        for (const DType dtype : {DType::kF32, DType::kBF16}) {
+          const Shape sa = ta ? Shape{k, m} : Shape{m, k}, sb = tb ? Shape{n, k} : Shape{k, n};
+          std::vector<Tensor> inputs = {RandomUniform(sa, 51), RandomUniform(sb, 52)};
+          if (dtype != DType::kF32) {
+            for (Tensor& t : inputs) t = (*RunOp("cast", {t}, {{"dtype", dtype}}))[0];
+          }
+          const Tensor c = RandomUniform(Shape{m, n}, 53);
+          for (ThreadPool* p : {static_cast<ThreadPool*>(nullptr), &pool}) {
+            SCOPED_TRACE(StrCat(m, "x", k, "x", n, " ta ", ta, " tb ", tb, " ", DTypeName(dtype), p ? " pool" : ""));
+            EagerOptions options;
+            options.pool = p;
+            const AttrMap attrs = {{"transpose_a", ta}, {"transpose_b", tb}, {"alpha", 0.75}};
+            auto product = RunOp("matmul", inputs, attrs, options);
+            ASSERT_TRUE(product.ok()) << product.status();
+            auto want = RunOp("add", {c, (*product)[0]}, {}, options);
+            auto got = RunOp("matmul_add", {inputs[0], inputs[1], c}, attrs, options);
+            ASSERT_TRUE(want.ok()) << want.status();
+            ASSERT_TRUE(got.ok()) << got.status();
+            EXPECT_EQ(std::memcmp((*got)[0].raw_data(), (*want)[0].raw_data(), (*want)[0].NumBytes()), 0);
+          }
+        }
+      }
+    }
+  }
+  const std::string e = ErrorOf("matmul_add", {F32(Shape{2, 3}), F32(Shape{3, 4}), F32(Shape{4, 2})});
+  EXPECT_NE(e.find("c must be f32(2, 4) (the product's), got f32(4, 2)"), std::string::npos) << e;
 }
 
 TEST(BadInput, ShapeMismatchNamesOpAndShapes) {

@@ -1,11 +1,13 @@
-// FuseBiasDropoutAdd (graph/passes/bias_dropout_add.cc): which chains fuse,
-// and that a fused graph gives the unfused one's loss and gradients bit for
-// bit, in f32 and under mixed precision.
+// The fusion passes: FuseBiasDropoutAdd (graph/passes/bias_dropout_add.cc)
+// and FoldAddsIntoGemms (graph/passes/gemm_add.cc): which chains fuse, and
+// that a fused graph gives the unfused one's loss and gradients bit for bit,
+// in f32 and under mixed precision.
 
 #include <gtest/gtest.h>
 
 #include <cmath>
 
+#include "core/text.h"
 #include "graph/builder.h"
 #include "graph/passes.h"
 #include "tests/graph/graph_interpreter.h"
@@ -50,7 +52,7 @@ int Count(const Graph& g, const std::string& op) {
 
 // The loss and every gradient (by variable name) of `g` after `amp` (f32:
 // none), autodiff and, under AMP, the cast pass, as the engine runs them.
-std::map<std::string, std::vector<float>> LossAndGradients(Graph g, DType amp) {
+std::map<std::string, std::vector<float>> LossAndGradients(Graph g, DType amp, bool fold_gemm_adds = false) {
   if (amp != DType::kF32) {
     EXPECT_TRUE(AutoMixedPrecision(g, amp).ok());
   }
@@ -61,6 +63,12 @@ std::map<std::string, std::vector<float>> LossAndGradients(Graph g, DType amp) {
     auto folded = FoldCastRoundTrips(g, grads);
     EXPECT_TRUE(folded.ok()) << folded.status();
     grads = folded->gradients;
+  }
+  if (fold_gemm_adds) {
+    auto summed = FoldAddsIntoGemms(g, grads);
+    EXPECT_TRUE(summed.ok()) << summed.status();
+    EXPECT_GT(summed->folded, 0);
+    grads = summed->gradients;
   }
   std::vector<float> xs(static_cast<size_t>(B * T * C));
   for (size_t i = 0; i < xs.size(); ++i) xs[i] = std::sin(0.61f * static_cast<float>(i) + 0.3f);
@@ -113,6 +121,90 @@ TEST(BiasDropoutAddTest, RunsBeforeAutodiffOnly) {
   auto result = FuseBiasDropoutAdd(g);
   ASSERT_FALSE(result.ok());
   EXPECT_NE(result.status().message().find("before autodiff"), std::string::npos) << result.status();
+}
+
+// Three projections of one value (q, k and v's), whose input gradients
+// autodiff sums with two adds: both fold into matmul_adds, and the loss and
+// every gradient keep their bits, in f32 and under mixed precision.
+Graph BuildProjections(bool fetch_product) {
+  GraphBuilder b;
+  Sym x = b.Input("x", {DType::kF32, Shape{B, T, C}});
+  Sym w0 = b.Variable("w0", {C, C}, InitRule::Normal(0, 0.5, 5, 5));
+  Sym h = Tanh(Matmul(Reshape(x, Shape{N, C}), w0));
+  std::vector<Sym> p;
+  for (int i = 0; i < 3; ++i) {
+    p.push_back(Matmul(h, b.Variable(StrCat("w", i + 1), {C, C}, InitRule::Normal(0, 0.5, 5, 6 + i))));
+  }
+  Sym y = Tanh(p[0]) * p[1] + Tanh(p[2]);  // no forward sum of a product
+  b.MarkLoss(ReduceMean(y * y));
+  if (fetch_product) b.MarkFetch("q", p[0]);
+  auto built = b.Finish();
+  EXPECT_TRUE(built.ok()) << built.status();
+  return built.ok() ? *std::move(built) : Graph();
+}
+
+// Autodiff, then FoldAddsIntoGemms on `g`; how many sums folded (-1: an
+// error, reported).
+int64_t FoldAfterAutodiff(Graph& g) {
+  auto gradients = Autodiff(g);
+  EXPECT_TRUE(gradients.ok()) << gradients.status();
+  if (!gradients.ok()) return -1;
+  auto summed = FoldAddsIntoGemms(g, *gradients);
+  EXPECT_TRUE(summed.ok()) << summed.status();
+  return summed.ok() ? summed->folded : -1;
+}
+
+TEST(GemmAddTest, FoldsTheProjectionsInputGradientSumsAndKeepsEveryBit) {
+  {
+    Graph g = BuildProjections(false);
+    EXPECT_EQ(FoldAfterAutodiff(g), 2);
+    EXPECT_EQ(Count(g, "matmul_add"), 2);
+    for (const Node& n : g.nodes()) {  // no add of a product read only by it is left
+      if (n.op != "add") continue;
+      for (ValueId in : n.inputs) {
+        int readers = 0;
+        for (const Node& m : g.nodes()) {
+          for (ValueId v : m.inputs) readers += v == in;
+        }
+        EXPECT_FALSE(g.producer(in).op == "matmul" && readers == 1) << n.scope;
+      }
+    }
+  }
+  const Graph g = BuildProjections(false);
+  for (const DType amp : {DType::kF32, DType::kBF16, DType::kF16}) {
+    SCOPED_TRACE(DTypeName(amp));
+    const auto want = LossAndGradients(g, amp), got = LossAndGradients(g, amp, /*fold_gemm_adds=*/true);
+    ASSERT_EQ(want.size(), 5u);  // the loss and four weights' gradients
+    for (const auto& [name, values] : want) EXPECT_EQ(got.at(name), values) << name;
+  }
+}
+
+// s = x w1 + x w2 with the products fetched or not: the add folds the later
+// product, the earlier one when the later is fetched, neither when both
+// are. (The weights' gradients are kept for the optimizer and x's is dead:
+// nothing folds backward.)
+TEST(GemmAddTest, LeavesAProductReadElsewhere) {
+  for (int fetched = 0; fetched < 3; ++fetched) {
+    SCOPED_TRACE(StrCat(fetched, " fetched"));
+    GraphBuilder b;
+    Sym x = b.Input("x", {DType::kF32, Shape{N, C}});
+    Sym p1 = Matmul(x, b.Variable("w1", {C, C}, InitRule::Normal(0, 0.5, 5, 20)));
+    Sym p2 = Matmul(x, b.Variable("w2", {C, C}, InitRule::Normal(0, 0.5, 5, 21)));
+    Sym s = p1 + p2;
+    b.MarkLoss(ReduceMean(s * s));
+    if (fetched >= 1) b.MarkFetch("p2", p2);
+    if (fetched >= 2) b.MarkFetch("p1", p1);
+    auto built = b.Finish();
+    ASSERT_TRUE(built.ok()) << built.status();
+    Graph g = *std::move(built);
+    EXPECT_EQ(FoldAfterAutodiff(g), fetched < 2 ? 1 : 0);
+    for (const auto& [name, v] : g.fetches()) EXPECT_EQ(g.producer(v).op, "matmul") << name;
+    for (const Node& n : g.nodes()) {
+      if (n.op != "matmul_add") continue;
+      // Its addend is the other product, fetched or not.
+      EXPECT_EQ(g.producer(n.inputs[2]).op, "matmul");
+    }
+  }
 }
 
 }  // namespace
