@@ -145,20 +145,21 @@ struct BiasDropoutAddResult {
 // anything fused: use `remap`.
 absl::StatusOr<BiasDropoutAddResult> FuseBiasDropoutAdd(Graph& graph);
 
-struct GemmAddResult {
-  int64_t folded = 0;          // adds now done in a matmul's epilogue
+struct AddFoldResult {
+  int64_t folded = 0;          // adds now done by the op that makes one of their terms
   GradientMap gradients;       // the gradients, through remap
   std::vector<ValueId> remap;  // old value id -> new value id
 };
 
-// After autodiff (graph/passes/gemm_add.cc): add(matmul(a, b), c) whose
-// product nothing else reads (nor marks, hints, or holds as a gradient), on
-// the add's layer, pass and checkpoint segment, becomes matmul_add(a, b, c)
-// with the matmul's attributes: the GEMM adds c in its epilogue, the same
-// bits as the add. Chains of sums fold term by term (q, k and v's input
-// gradients: two matmul_adds after the first product). The graph is rebuilt
-// when anything folds: use `remap`.
-absl::StatusOr<GemmAddResult> FoldAddsIntoGemms(Graph& graph, const GradientMap& gradients);
+// After autodiff (graph/passes/add_folds.cc): add(t, c) where the term t
+// has no other live reader (nor is marked, hinted or a gradient) and its op
+// sits on the add's layer, pass and checkpoint segment becomes that op
+// adding c itself, the same bits as the add: a matmul's product becomes
+// matmul_add(a, b, c) (the GEMM's epilogue; q, k and v's input gradients,
+// summed term by term), a layer_norm_grad's dx becomes
+// layer_norm_grad_add(..., c) when c exists before it (the residual
+// stream's gradient). The graph is rebuilt when anything folds: use `remap`.
+absl::StatusOr<AddFoldResult> FoldAddsIntoProducers(Graph& graph, const GradientMap& gradients);
 
 struct MixedPrecisionResult {
   int64_t ops = 0;             // ops that now read low-precision inputs

@@ -347,6 +347,17 @@ void RegisterNorms(OpRegistry& r) {
                      .Kernel(DeviceType::kCuda, cuda::LayerNormKernel)
 #endif
                      .Example({x, channel, channel}));
+  // layer_norm_grad's signatures; with the addend, it laid out as dx.
+  const auto layer_norm_grad_sbp = [=](bool with_addend) {
+    return [=](const std::vector<TensorMeta>& in, const AttrMap&, int64_t) {
+      auto sigs = RowSplitSignatures(in[1].shape.rank(), {kRows, kRows, kRows, kRows, kParam}, {kRows, kParam, kParam});
+      AddPartialDy(5, 3, sigs);
+      if (with_addend) {
+        for (SbpSignature& sig : sigs) sig.inputs.push_back(sig.outputs[0]);
+      }
+      return sigs;
+    };
+  };
   r.MustRegister(OpSchema("layer_norm_grad")
                      .Doc("Backward of layer_norm: (dy, x, mean, rstd, gamma) -> (dx, dgamma, dbeta).")
                      .Input("dy")
@@ -358,18 +369,43 @@ void RegisterNorms(OpRegistry& r) {
                      .Output("dgamma")
                      .Output("dbeta")
                      .Infer(InferLayerNormGrad)
-                     .Sbp([=](const std::vector<TensorMeta>& in, const AttrMap&, int64_t) {
-                       auto sigs = RowSplitSignatures(in[1].shape.rank(), {kRows, kRows, kRows, kRows, kParam},
-                                                      {kRows, kParam, kParam});
-                       AddPartialDy(5, 3, sigs);
-                       return sigs;
-                     })
+                     .Sbp(layer_norm_grad_sbp(/*with_addend=*/false))
                      .Workspace(NormParamGradWorkspace(/*with_bias=*/true))
                      .Kernel(DeviceType::kCpu, cpu::LayerNormGradKernel)
 #ifdef TESSERA_WITH_CUDA
                      .Kernel(DeviceType::kCuda, cuda::LayerNormGradKernel)
 #endif
                      .Example({x, x, stats, stats, channel}));
+  r.MustRegister(OpSchema("layer_norm_grad_add")
+                     .Doc("layer_norm_grad with dx + addend in place of dx (addend x's shape, f32): the bits of "
+                          "layer_norm_grad then add. What the engine makes of the residual stream's gradient sum "
+                          "with a layer norm's input gradient.")
+                     .Input("dy")
+                     .Input("x")
+                     .Input("mean")
+                     .Input("rstd")
+                     .Input("gamma")
+                     .Input("addend")
+                     .Output("dx")
+                     .Output("dgamma")
+                     .Output("dbeta")
+                     .Infer([](const std::vector<TensorMeta>& in,
+                               const AttrMap& attrs) -> absl::StatusOr<std::vector<TensorMeta>> {
+                       ASSIGN_OR_RETURN(std::vector<TensorMeta> out,
+                                        InferLayerNormGrad({in[0], in[1], in[2], in[3], in[4]}, attrs));
+                       if (in[5] != out[0]) {
+                         return absl::InvalidArgumentError(
+                             StrCat("addend must be ", out[0].ToString(), " (dx's), got ", in[5].ToString()));
+                       }
+                       return out;
+                     })
+                     .Sbp(layer_norm_grad_sbp(/*with_addend=*/true))
+                     .Workspace(NormParamGradWorkspace(/*with_bias=*/true))
+                     .Kernel(DeviceType::kCpu, cpu::LayerNormGradKernel)
+#ifdef TESSERA_WITH_CUDA
+                     .Kernel(DeviceType::kCuda, cuda::LayerNormGradKernel)
+#endif
+                     .Example({x, x, stats, stats, channel, x}));
   r.MustRegister(
       OpSchema("rms_norm")
           .Doc("RMS normalisation over the last axis: y = x * rstd * gamma, rstd = 1 / sqrt(mean(x²) + eps); "

@@ -64,7 +64,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Compile(graph::Graph graph, cons
       remap_scaled(folded.remap);
     }
     {
-      ASSIGN_OR_RETURN(graph::GemmAddResult summed, graph::FoldAddsIntoGemms(graph, gradients));
+      ASSIGN_OR_RETURN(graph::AddFoldResult summed, graph::FoldAddsIntoProducers(graph, gradients));
       gradients = std::move(summed.gradients);
       remap_scaled(summed.remap);
     }

@@ -269,6 +269,8 @@ absl::Status LayerNormGradKernel(KernelContext& ctx) {
   float* dx = ctx.output(0).data<float>();          // (R, C)
   float* dgamma = ctx.output(1).data<float>();      // (C)
   float* dbeta = ctx.output(2).data<float>();       // (C)
+  // layer_norm_grad_add: dx + addend, added once dx's row is stored.
+  const float* addend = ctx.num_inputs() > 5 ? ctx.input(5).data<float>() : nullptr;  // (R, C)
   const int64_t blocks = NumRowBlocks(ctx, R, C);
   std::vector<float> partial(static_cast<size_t>(blocks * 2 * C), 0.0f);  // (blocks, 2, C): dgamma, dbeta
   // With g = dy * gamma and xhat = (x - mean) * rstd:
@@ -286,6 +288,10 @@ absl::Status LayerNormGradKernel(KernelContext& ctx) {
         const float mean_gx =
             LaneSum(C, [dyr, xr, gamma, mu](int64_t j) { return dyr[j] * gamma[j] * (xr[j] - mu); }) * rs * inv_c;
         LayerNormGradRow(dyr, xr, gamma, mu, rs, mean_g, mean_gx, dxr, dgamma_part, dbeta_part, C);
+        if (addend != nullptr) {
+          const float* ar = addend + r * C;
+          for (int64_t j = 0; j < C; ++j) dxr[j] += ar[j];
+        }
       }
     }
   });

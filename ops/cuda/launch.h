@@ -55,9 +55,10 @@ int LaunchLayerNorm(const float* x, const float* gamma, const float* beta, float
 // over ranges of rows (ops/reduce_chunks.h) whose double partials go to
 // `workspace` when it holds NormParamGradWorkspaceBytes, else to memory of
 // the call's own.
+// With `addend` (null: none) dx + addend, the sum rounded on its own.
 int LaunchLayerNormGrad(const float* dy, const float* x, const float* mean, const float* rstd, const float* gamma,
                         float* dx, float* dgamma, float* dbeta, int64_t rows, int64_t C, void* workspace,
-                        size_t workspace_bytes);
+                        size_t workspace_bytes, const float* addend = nullptr);
 
 // Optimizer steps over n elements; outputs may alias inputs (each element
 // is read before it is written). lr, skip and skipped (null: absent) are

@@ -91,11 +91,12 @@ absl::Status LayerNormKernel(KernelContext& ctx) {
 absl::Status LayerNormGradKernel(KernelContext& ctx) {
   RETURN_IF_ERROR(OnDevice(ctx));
   const Rows v = RowsOf(ctx.input(1));
-  return Done(LaunchLayerNormGrad(ctx.input(0).data<float>(), ctx.input(1).data<float>(), ctx.input(2).data<float>(),
-                                  ctx.input(3).data<float>(), ctx.input(4).data<float>(), ctx.output(0).data<float>(),
-                                  ctx.output(1).data<float>(), ctx.output(2).data<float>(), v.rows, v.cols,
-                                  WorkspaceOf(ctx), WorkspaceBytesOf(ctx)),
-              "layer_norm_grad");
+  return Done(
+      LaunchLayerNormGrad(ctx.input(0).data<float>(), ctx.input(1).data<float>(), ctx.input(2).data<float>(),
+                          ctx.input(3).data<float>(), ctx.input(4).data<float>(), ctx.output(0).data<float>(),
+                          ctx.output(1).data<float>(), ctx.output(2).data<float>(), v.rows, v.cols, WorkspaceOf(ctx),
+                          WorkspaceBytesOf(ctx), ctx.num_inputs() > 5 ? ctx.input(5).data<float>() : nullptr),
+      ctx.num_inputs() > 5 ? "layer_norm_grad_add" : "layer_norm_grad");
 }
 
 absl::Status RmsNormKernel(KernelContext& ctx) {

@@ -152,7 +152,7 @@ __global__ void LayerNormRows(const float* x, const float* gamma, const float* b
 
 // dx = rstd * (g - mean_j(g) - xhat * mean_j(g * xhat)), g = dy * gamma.
 __global__ void LayerNormGradRows(const float* dy, const float* x, const float* mean, const float* rstd,
-                                  const float* gamma, float* dx, int64_t rows, int64_t C) {
+                                  const float* gamma, const float* addend, float* dx, int64_t rows, int64_t C) {
   __shared__ float scratch[kThreads];
   const float inv_c = 1.0f / static_cast<float>(C);
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
@@ -168,7 +168,8 @@ __global__ void LayerNormGradRows(const float* dy, const float* x, const float* 
     const float mean_gx = BlockSum(gx, scratch) * rs * inv_c;
     for (int64_t j = threadIdx.x; j < C; j += kThreads) {
       const float xhat = (xr[j] - mu) * rs;
-      dx[r * C + j] = rs * (dyr[j] * gamma[j] - mean_g - xhat * mean_gx);
+      const float d = rs * (dyr[j] * gamma[j] - mean_g - xhat * mean_gx);
+      dx[r * C + j] = addend == nullptr ? d : __fadd_rn(d, addend[r * C + j]);  // no FMA with the product
     }
   }
 }
@@ -440,10 +441,10 @@ int LaunchLayerNorm(const float* x, const float* gamma, const float* beta, float
 
 int LaunchLayerNormGrad(const float* dy, const float* x, const float* mean, const float* rstd, const float* gamma,
                         float* dx, float* dgamma, float* dbeta, int64_t rows, int64_t C, void* workspace,
-                        size_t workspace_bytes) {
+                        size_t workspace_bytes, const float* addend) {
   if (C == 0) return 0;
   if (rows > 0) {
-    LayerNormGradRows<<<RowBlocks(rows), kThreads, 0, CurrentStream()>>>(dy, x, mean, rstd, gamma, dx, rows, C);
+    LayerNormGradRows<<<RowBlocks(rows), kThreads, 0, CurrentStream()>>>(dy, x, mean, rstd, gamma, addend, dx, rows, C);
   }
   if (const int err = LaunchNormParamGrads(dy, x, mean, rstd, dgamma, dbeta, rows, C, workspace, workspace_bytes);
       err != 0) {

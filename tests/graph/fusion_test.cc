@@ -1,5 +1,5 @@
 // The fusion passes: FuseBiasDropoutAdd (graph/passes/bias_dropout_add.cc)
-// and FoldAddsIntoGemms (graph/passes/gemm_add.cc): which chains fuse, and
+// and FoldAddsIntoProducers (graph/passes/add_folds.cc): which chains fuse, and
 // that a fused graph gives the unfused one's loss and gradients bit for bit,
 // in f32 and under mixed precision.
 
@@ -52,7 +52,7 @@ int Count(const Graph& g, const std::string& op) {
 
 // The loss and every gradient (by variable name) of `g` after `amp` (f32:
 // none), autodiff and, under AMP, the cast pass, as the engine runs them.
-std::map<std::string, std::vector<float>> LossAndGradients(Graph g, DType amp, bool fold_gemm_adds = false) {
+std::map<std::string, std::vector<float>> LossAndGradients(Graph g, DType amp, bool fold_adds = false) {
   if (amp != DType::kF32) {
     EXPECT_TRUE(AutoMixedPrecision(g, amp).ok());
   }
@@ -64,8 +64,8 @@ std::map<std::string, std::vector<float>> LossAndGradients(Graph g, DType amp, b
     EXPECT_TRUE(folded.ok()) << folded.status();
     grads = folded->gradients;
   }
-  if (fold_gemm_adds) {
-    auto summed = FoldAddsIntoGemms(g, grads);
+  if (fold_adds) {
+    auto summed = FoldAddsIntoProducers(g, grads);
     EXPECT_TRUE(summed.ok()) << summed.status();
     EXPECT_GT(summed->folded, 0);
     grads = summed->gradients;
@@ -143,18 +143,18 @@ Graph BuildProjections(bool fetch_product) {
   return built.ok() ? *std::move(built) : Graph();
 }
 
-// Autodiff, then FoldAddsIntoGemms on `g`; how many sums folded (-1: an
+// Autodiff, then FoldAddsIntoProducers on `g`; how many sums folded (-1: an
 // error, reported).
 int64_t FoldAfterAutodiff(Graph& g) {
   auto gradients = Autodiff(g);
   EXPECT_TRUE(gradients.ok()) << gradients.status();
   if (!gradients.ok()) return -1;
-  auto summed = FoldAddsIntoGemms(g, *gradients);
+  auto summed = FoldAddsIntoProducers(g, *gradients);
   EXPECT_TRUE(summed.ok()) << summed.status();
   return summed.ok() ? summed->folded : -1;
 }
 
-TEST(GemmAddTest, FoldsTheProjectionsInputGradientSumsAndKeepsEveryBit) {
+TEST(AddFoldTest, FoldsTheProjectionsInputGradientSumsAndKeepsEveryBit) {
   {
     Graph g = BuildProjections(false);
     EXPECT_EQ(FoldAfterAutodiff(g), 2);
@@ -173,7 +173,7 @@ TEST(GemmAddTest, FoldsTheProjectionsInputGradientSumsAndKeepsEveryBit) {
   const Graph g = BuildProjections(false);
   for (const DType amp : {DType::kF32, DType::kBF16, DType::kF16}) {
     SCOPED_TRACE(DTypeName(amp));
-    const auto want = LossAndGradients(g, amp), got = LossAndGradients(g, amp, /*fold_gemm_adds=*/true);
+    const auto want = LossAndGradients(g, amp), got = LossAndGradients(g, amp, /*fold_adds=*/true);
     ASSERT_EQ(want.size(), 5u);  // the loss and four weights' gradients
     for (const auto& [name, values] : want) EXPECT_EQ(got.at(name), values) << name;
   }
@@ -183,7 +183,7 @@ TEST(GemmAddTest, FoldsTheProjectionsInputGradientSumsAndKeepsEveryBit) {
 // product, the earlier one when the later is fetched, neither when both
 // are. (The weights' gradients are kept for the optimizer and x's is dead:
 // nothing folds backward.)
-TEST(GemmAddTest, LeavesAProductReadElsewhere) {
+TEST(AddFoldTest, LeavesAProductReadElsewhere) {
   for (int fetched = 0; fetched < 3; ++fetched) {
     SCOPED_TRACE(StrCat(fetched, " fetched"));
     GraphBuilder b;
@@ -204,6 +204,35 @@ TEST(GemmAddTest, LeavesAProductReadElsewhere) {
       // Its addend is the other product, fetched or not.
       EXPECT_EQ(g.producer(n.inputs[2]).op, "matmul");
     }
+  }
+}
+
+// A pre-norm residual block, y = h + layer_norm(h) w: h's gradient is the
+// residual's plus the layer norm's dx, which layer_norm_grad_add sums
+// itself; the loss and every gradient keep their bits.
+TEST(AddFoldTest, FoldsTheResidualSumIntoTheLayerNormGradient) {
+  GraphBuilder b;
+  Sym x = b.Input("x", {DType::kF32, Shape{B, T, C}});
+  Sym w0 = b.Variable("w0", {C, C}, InitRule::Normal(0, 0.5, 5, 30));
+  Sym w1 = b.Variable("w1", {C, C}, InitRule::Normal(0, 0.5, 5, 31));
+  Sym gamma = b.Variable("gamma", {C}, InitRule::Normal(1, 0.2, 5, 32));
+  Sym beta = b.Variable("beta", {C}, InitRule::Normal(0, 0.2, 5, 33));
+  Sym h = Tanh(Matmul(Reshape(x, Shape{N, C}), w0));
+  const std::vector<Sym> norm = b.Op("layer_norm", {h, gamma, beta});
+  ASSERT_EQ(norm.size(), 3u);
+  Sym y = h + Tanh(Matmul(norm[0], w1));
+  b.MarkLoss(ReduceMean(y * y));
+  auto built = b.Finish();
+  ASSERT_TRUE(built.ok()) << built.status();
+  Graph folded = *built;
+  EXPECT_GE(FoldAfterAutodiff(folded), 1);
+  EXPECT_EQ(Count(folded, "layer_norm_grad_add"), 1);
+  EXPECT_EQ(Count(folded, "layer_norm_grad"), 0);
+  for (const DType amp : {DType::kF32, DType::kBF16}) {
+    SCOPED_TRACE(DTypeName(amp));
+    const auto want = LossAndGradients(*built, amp), got = LossAndGradients(*built, amp, /*fold_adds=*/true);
+    ASSERT_EQ(want.size(), 5u);  // the loss and four variables' gradients
+    for (const auto& [name, values] : want) EXPECT_EQ(got.at(name), values) << name;
   }
 }
 

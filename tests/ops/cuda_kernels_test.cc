@@ -79,7 +79,7 @@ TEST(CudaKernels, RegisteredWhereTheBuildHasCuda) {
       "tanh_grad", "silu_grad", "gelu_grad", "scalar_add", "scalar_mul", "scalar_pow", "bias_add", "bias_gelu",
       // softmax and normalisation
       "softmax", "softmax_grad", "log_softmax", "log_softmax_grad", "fused_scale_causal_softmax",
-      "fused_scale_mask_softmax", "layer_norm", "layer_norm_grad", "rms_norm", "rms_norm_grad",
+      "fused_scale_mask_softmax", "layer_norm", "layer_norm_grad", "layer_norm_grad_add", "rms_norm", "rms_norm_grad",
       // optimizers and products
       "sgd_update", "adamw_update", "nonfinite", "loss_scale_update", "matmul", "batch_matmul", "matmul_add",
       "matmul_bias", "matmul_bias_gelu",
@@ -295,6 +295,36 @@ TEST(CudaKernels, BiasDropoutAddGivesTheCpuBits) {
                                       {{"rate", rate}, {"seed", int64_t{9}}, {"tensor_id", int64_t{4}}}, want, got));
     ASSERT_EQ(got.size(), 1u);
     EXPECT_EQ(std::memcmp(got[0].raw_data(), want[0].raw_data(), want[0].NumBytes()), 0);
+  }
+}
+
+// layer_norm_grad_add on the GPU: the GPU's layer_norm_grad then add, bit
+// for bit (dx + addend rounded on its own, no FMA), dgamma and dbeta
+// unchanged.
+TEST(CudaKernels, LayerNormGradAddIsTheGradientThenAdd) {
+  if (const std::string why = NoGpu(); !why.empty()) GTEST_SKIP() << why;
+  std::mt19937 rng(19);
+  const Shape shape{37, 300};
+  auto forward = RunOp(
+      "layer_norm", {RandomInput({DType::kF32, shape}, false, rng), RandomInput({DType::kF32, Shape{300}}, false, rng),
+                     RandomInput({DType::kF32, Shape{300}}, false, rng)});
+  ASSERT_TRUE(forward.ok()) << forward.status();
+  std::vector<Tensor> in = {RandomInput({DType::kF32, shape}, false, rng),
+                            RandomInput({DType::kF32, shape}, false, rng), (*forward)[1], (*forward)[2],
+                            RandomInput({DType::kF32, Shape{300}}, false, rng)};
+  const Tensor addend = RandomInput({DType::kF32, shape}, false, rng);
+  absl::Status status;
+  const std::vector<Tensor> grads = RunOnGpu("layer_norm_grad", in, {}, &status);
+  ASSERT_TRUE(status.ok()) << status;
+  const std::vector<Tensor> want = RunOnGpu("add", {grads[0], addend}, {}, &status);
+  ASSERT_TRUE(status.ok()) << status;
+  in.push_back(addend);
+  const std::vector<Tensor> got = RunOnGpu("layer_norm_grad_add", in, {}, &status);
+  ASSERT_TRUE(status.ok()) << status;
+  ASSERT_EQ(got.size(), 3u);
+  EXPECT_EQ(std::memcmp(got[0].raw_data(), want[0].raw_data(), want[0].NumBytes()), 0);
+  for (size_t k = 1; k < 3; ++k) {
+    EXPECT_EQ(std::memcmp(got[k].raw_data(), grads[k].raw_data(), grads[k].NumBytes()), 0) << k;
   }
 }
 

@@ -382,6 +382,18 @@ void AddNormCases(std::vector<OpTestCase>& cases) {
                          NormGradRef(false)));
     cases.push_back(Case("rms_norm_grad", in.label, {dy, in.x, FromDoubles(stats, DType::kF32, rs.rstd), gamma},
                          NormGradRef(true)));
+    // layer_norm_grad_add: dx + addend.
+    cases.push_back(Case("layer_norm_grad_add", in.label,
+                         {dy, in.x, FromDoubles(stats, DType::kF32, ls.mean), FromDoubles(stats, DType::kF32, ls.rstd),
+                          gamma, RandomUniform(in.x.shape(), 31)},
+                         [](const std::vector<Tensor>& in, const AttrMap& attrs) {
+                           std::vector<Tensor> out = NormGradRef(false)({in[0], in[1], in[2], in[3], in[4]}, attrs);
+                           std::vector<double> dx = out[0].ToDoubleVector();
+                           const std::vector<double> addend = in[5].ToDoubleVector();
+                           for (size_t i = 0; i < dx.size(); ++i) dx[i] += addend[i];
+                           out[0] = FromDoubles(out[0].shape(), RefFloatDType(in), dx);
+                           return out;
+                         }));
   }
   OpTestCase eps =
       Case("layer_norm", "eps 0.1 rank 1", {RandomUniform({8}, 26), RandomUniform({8}, 27), RandomUniform({8}, 28)},

@@ -254,6 +254,37 @@ TEST(Kernels, MatmulAddGivesTheBitsOfMatmulThenAdd) {
   EXPECT_NE(e.find("c must be f32(2, 4) (the product's), got f32(4, 2)"), std::string::npos) << e;
 }
 
+// layer_norm_grad_add gives layer_norm_grad's dgamma and dbeta and the bits
+// of its dx then add, on one thread and on a pool.
+TEST(Kernels, LayerNormGradAddGivesTheBitsOfLayerNormGradThenAdd) {
+  using testing::RandomUniform;
+  ThreadPool pool(3);
+  for (const Shape& shape : {Shape{64, 33, 96}, Shape{5, 1031}}) {
+    const int64_t C = shape[shape.rank() - 1];
+    const Tensor x = RandomUniform(shape, 61, -2.0f, 2.0f), gamma = RandomUniform(Shape{C}, 62),
+                 beta = RandomUniform(Shape{C}, 63), dy = RandomUniform(shape, 64), addend = RandomUniform(shape, 65);
+    auto forward = RunOp("layer_norm", {x, gamma, beta});
+    ASSERT_TRUE(forward.ok()) << forward.status();
+    for (ThreadPool* p : {static_cast<ThreadPool*>(nullptr), &pool}) {
+      SCOPED_TRACE(StrCat(shape.ToString(), p != nullptr ? " pool" : ""));
+      EagerOptions options;
+      options.pool = p;
+      std::vector<Tensor> in = {dy, x, (*forward)[1], (*forward)[2], gamma};
+      auto grads = RunOp("layer_norm_grad", in, {}, options);
+      ASSERT_TRUE(grads.ok()) << grads.status();
+      auto want = RunOp("add", {(*grads)[0], addend}, {}, options);
+      ASSERT_TRUE(want.ok()) << want.status();
+      in.push_back(addend);
+      auto got = RunOp("layer_norm_grad_add", in, {}, options);
+      ASSERT_TRUE(got.ok()) << got.status();
+      EXPECT_EQ(std::memcmp((*got)[0].raw_data(), (*want)[0].raw_data(), (*want)[0].NumBytes()), 0);
+      for (int k = 1; k < 3; ++k) {
+        EXPECT_EQ(std::memcmp((*got)[k].raw_data(), (*grads)[k].raw_data(), (*grads)[k].NumBytes()), 0) << k;
+      }
+    }
+  }
+}
+
 TEST(BadInput, ShapeMismatchNamesOpAndShapes) {
   const std::string e = ErrorOf("add", {F32(Shape{2, 3}), F32(Shape{4})});
   EXPECT_NE(e.find("op 'add'"), std::string::npos) << e;
