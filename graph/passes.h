@@ -153,12 +153,13 @@ struct AddFoldResult {
 
 // After autodiff (graph/passes/add_folds.cc): add(t, c) where the term t
 // has no other live reader (nor is marked, hinted or a gradient) and its op
-// sits on the add's layer, pass and checkpoint segment becomes that op
-// adding c itself, the same bits as the add: a matmul's product becomes
-// matmul_add(a, b, c) (the GEMM's epilogue; q, k and v's input gradients,
-// summed term by term), a layer_norm_grad's dx becomes
-// layer_norm_grad_add(..., c) when c exists before it (the residual
-// stream's gradient). The graph is rebuilt when anything folds: use `remap`.
+// is in the add's pass and checkpoint segment becomes that op adding c
+// itself, the same bits as the add: a matmul's product on the add's layer
+// becomes matmul_add(a, b, c) there (the GEMM's epilogue; q, k and v's
+// input gradients, summed term by term), a layer_norm_grad's dx becomes
+// layer_norm_grad_add(..., c) on the layer norm's layer when c exists
+// before it (the residual stream's gradient). The graph is rebuilt when
+// anything folds: use `remap`.
 absl::StatusOr<AddFoldResult> FoldAddsIntoProducers(Graph& graph, const GradientMap& gradients);
 
 struct MixedPrecisionResult {

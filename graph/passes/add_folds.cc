@@ -73,11 +73,15 @@ absl::StatusOr<AddFoldResult> FoldAddsIntoProducers(Graph& graph, const Gradient
       const Value& value = graph.value(v);
       const Node& p = graph.producer(v);
       if (folded_away[static_cast<size_t>(p.id)] || readers[static_cast<size_t>(v)] != 1 ||
-          kept[static_cast<size_t>(v)] || value.sbp_hint || value.placement_hint || p.layer_idx != add.layer_idx ||
-          p.backward != add.backward || p.checkpoint_segment != add.checkpoint_segment) {
+          kept[static_cast<size_t>(v)] || value.sbp_hint || value.placement_hint || p.backward != add.backward ||
+          p.checkpoint_segment != add.checkpoint_segment) {
         continue;
       }
-      const bool product = IsOp(p, "matmul", 2, 1);
+      // A product folds where the add is, on its layer (the GEMM's inputs
+      // are there). A layer norm's gradient folds where it is, on its own
+      // layer: the sum of a layer's input gradient is the previous layer's
+      // node, and at a stage boundary one term crosses either way.
+      const bool product = IsOp(p, "matmul", 2, 1) && p.layer_idx == add.layer_idx;
       const bool norm_grad =
           IsOp(p, "layer_norm_grad", 5, 3) && p.outputs[0] == v && graph.value(other).producer < p.id;
       if ((product || norm_grad) && p.id > best) {
