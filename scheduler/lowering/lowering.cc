@@ -106,11 +106,14 @@ absl::Status Lowering::SetRef(proto::TensorRef* ref, ValueId v, const TensorSlic
   if (draws && MicroRate(v) && rates_.num_micro_batches > 1 && logical.rank() > 0) {
     const std::optional<Sbp>& layout = facts_.micro_layout[static_cast<size_t>(v)];
     if (!layout) {
-      return absl::UnimplementedError(StrCat(
-          "scheduler: '", graph_.value(v).name.empty() ? graph::ValueRef(v) : graph_.value(v).name, "' (",
-          graph_.value(v).meta.ToString(), ") feeds a random op under gradient accumulation, but no op's SBP "
-          "signature says along which axis its micro-batches lie, so its random numbers would depend on "
-          "num_accumulation_steps"));
+      const Node& producer = graph_.producer(v);
+      return absl::UnimplementedError(
+          StrCat("scheduler: '", graph_.value(v).name.empty() ? graph::ValueRef(v) : graph_.value(v).name, "' (",
+                 graph_.value(v).meta.ToString(), ", made by ", producer.op.empty() ? "a node" : producer.op,
+                 producer.scope.empty() ? "" : StrCat(" in '", producer.scope, "'"),
+                 ") feeds a random op under gradient accumulation, but no op's SBP "
+                 "signature says along which axis its micro-batches lie, so its random numbers would depend on "
+                 "num_accumulation_steps"));
     }
     // Split: the micro-batches lie along that axis. Broadcast or partial:
     // every micro-batch draws at the same indices, as one iteration would.
