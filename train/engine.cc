@@ -32,8 +32,12 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Compile(graph::Graph graph, cons
   if (options.num_micro_batches > 1 && !options.train) {
     return absl::InvalidArgumentError("engine: micro-batches (gradient accumulation) need train = true");
   }
-  // The same bits in one pass instead of three (graph/passes.h).
-  RETURN_IF_ERROR(graph::FuseBiasDropoutAdd(graph).status());
+  // The same bits in one pass instead of three (graph/passes.h); on a
+  // forward graph only (a caller may hand in one it differentiated itself).
+  const bool forward_only = std::none_of(graph.nodes().begin(), graph.nodes().end(), [](const graph::Node& n) {
+    return n.backward || n.kind == graph::NodeKind::kRepeat || n.kind == graph::NodeKind::kAcc;
+  });
+  if (forward_only) RETURN_IF_ERROR(graph::FuseBiasDropoutAdd(graph).status());
   if (options.amp != DType::kF32) {
     ASSIGN_OR_RETURN(graph::MixedPrecisionResult mixed, graph::AutoMixedPrecision(graph, options.amp));
     if (mixed.ops == 0) return absl::InvalidArgumentError("train.amp.enabled: the model has no f32 matmuls to cast");

@@ -45,8 +45,11 @@ absl::Status Run(const KernelContext& ctx, int kind, const Tensor& x, const std:
   RETURN_IF_ERROR(OnDevice(ctx));
   ASSIGN_OR_RETURN(const ReduceLayout layout, LayoutOf(x.shape(), reduced, /*merge=*/true));
   // reduce_sum reads bf16 and f16 too (1, 2); the rest f32 (0).
-  const int x_dtype = x.dtype() == DType::kBF16 ? 1 : x.dtype() == DType::kF16 ? 2 : 0;
-  if (x_dtype == 0) (void)x.data<float>();  // CHECKs the dtype
+  const DType t = x.dtype();
+  if (t != DType::kF32 && t != DType::kBF16 && t != DType::kF16) {
+    return absl::InvalidArgumentError(StrCat("CUDA reduction of ", DTypeName(t), ": no kernel handles this dtype"));
+  }
+  const int x_dtype = t == DType::kBF16 ? 1 : t == DType::kF16 ? 2 : 0;
   return Done(LaunchReduce(kind, x_dtype, x.raw_data(), y.data<float>(), layout, scale, WorkspaceOf(ctx),
                            WorkspaceBytesOf(ctx)),
               "reduction");

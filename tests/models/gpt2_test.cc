@@ -376,6 +376,22 @@ TEST(Gpt2, FirstLossMatchesPlainLoopReference) {
   EXPECT_NEAR((*first)[static_cast<size_t>(graph->losses().at(0))].ToDoubleVector().at(0), std::log(double(V)), 0.05);
 }
 
+// An embedder may hand the engine a graph it differentiated itself (train
+// off): the engine's forward-graph fusion leaves it as it is and compiles.
+TEST(Gpt2, TheEngineCompilesAGraphDifferentiatedByItsCaller) {
+  std::unique_ptr<Model> model = MakeModel(SmallModel(0.1));
+  ASSERT_NE(model, nullptr);
+  auto graph = model->BuildGraph(2);
+  ASSERT_TRUE(graph.ok()) << graph.status();
+  auto gradients = graph::Autodiff(*graph);
+  ASSERT_TRUE(gradients.ok()) << gradients.status();
+  for (const auto& [var, grad] : *gradients) ASSERT_TRUE(graph->MarkFetch(graph->value(var).name, grad).ok());
+  CompileOptions options;
+  options.train = false;
+  auto engine = Engine::Compile(*std::move(graph), options);
+  EXPECT_TRUE(engine.ok()) << engine.status();
+}
+
 // Losses of `iterations` training steps through the engine (AdamW, constant lr).
 std::vector<double> TrainThroughEngine(const Model& model, int64_t batch, int64_t iterations, double lr) {
   auto graph = model.BuildGraph(batch);
