@@ -1,6 +1,7 @@
 #include "scheduler/lowering/graph_facts.h"
 
 #include <algorithm>
+#include <map>
 #include <variant>
 
 #include "core/status.h"
@@ -31,11 +32,36 @@ const char* RateName(Rate rate) {
 // iteration-level shapes) whose inputs match its inputs' layouts, so a
 // transpose moves S(0) to S(1) and a reduction over the batch gives P.
 // nullopt where no signature matches (the layout is unknown).
+//
+// A random op's draws are keyed by (seed, tensor_id); a backward op with
+// the key of a forward one (dropout's gradient, attention's) draws the
+// forward's numbers on a gradient of the forward's shape. A gradient lies
+// over the micro-batches as its primal does (micro-batch k's gradient is
+// the iteration's gradient's part k), so where inference leaves such an
+// input unknown (a loss normalised per micro-batch, e.g. by its own count of
+// masked tokens, has no S/B/P layout, nor has anything downstream of it)
+// it takes the layout the same-keyed op's values of its shape have, when
+// they agree on one.
 std::vector<std::optional<Sbp>> InferMicroLayouts(const Graph& graph, const Rates& rates) {
   std::vector<std::optional<Sbp>> layout(static_cast<size_t>(graph.num_values()));
   const int64_t m = rates.num_micro_batches;
   if (m <= 1) return layout;
   const auto micro = [&](ValueId v) { return rates.value[static_cast<size_t>(v)] == Rate::kMicroBatch; };
+  // (seed, tensor_id) -> the layouts of the micro-batch values of each shape
+  // that random ops with that key read or write (several: ambiguous).
+  std::map<std::pair<int64_t, int64_t>, std::map<std::vector<int64_t>, std::vector<Sbp>>> drawn;
+  const auto draw_key = [&](const Node& node) -> std::optional<std::pair<int64_t, int64_t>> {
+    const ops::OpSchema* schema = node.kind == NodeKind::kOp ? graph.schema(node) : nullptr;
+    if (schema == nullptr || !schema->draws_by_global_index()) return std::nullopt;
+    const ops::AttrValue* seed = node.attrs.Find("seed");
+    const ops::AttrValue* tensor_id = node.attrs.Find("tensor_id");
+    if (seed == nullptr || tensor_id == nullptr || !std::holds_alternative<int64_t>(*seed) ||
+        !std::holds_alternative<int64_t>(*tensor_id)) {
+      return std::nullopt;
+    }
+    return std::pair{std::get<int64_t>(*seed), std::get<int64_t>(*tensor_id)};
+  };
+  const auto dims = [&](ValueId v) { return graph.value(v).meta.shape.dims(); };
   for (const Node& node : graph.nodes()) {
     const auto set_all = [&](const std::optional<Sbp>& sbp) {
       for (ValueId out : node.outputs) layout[static_cast<size_t>(out)] = micro(out) ? sbp : std::optional<Sbp>(Sbp::Broadcast());
@@ -53,6 +79,15 @@ std::vector<std::optional<Sbp>> InferMicroLayouts(const Graph& graph, const Rate
         continue;
       case NodeKind::kOp:
         break;
+    }
+    const std::optional<std::pair<int64_t, int64_t>> key = draw_key(node);
+    if (key && drawn.contains(*key)) {
+      for (ValueId in : node.inputs) {
+        if (layout[static_cast<size_t>(in)] || !micro(in)) continue;
+        const auto& by_shape = drawn.at(*key);
+        const auto it = by_shape.find(dims(in));
+        if (it != by_shape.end() && it->second.size() == 1) layout[static_cast<size_t>(in)] = it->second[0];
+      }
     }
     std::vector<Sbp> inputs;
     std::vector<TensorMeta> metas;
@@ -108,6 +143,16 @@ std::vector<std::optional<Sbp>> InferMicroLayouts(const Graph& graph, const Rate
         layout[static_cast<size_t>(out)] = Sbp::Broadcast();
       } else if (outputs) {
         layout[static_cast<size_t>(out)] = (*outputs)[k];
+      }
+    }
+    if (key && outputs) {
+      for (const std::vector<ValueId>* values : {&node.inputs, &node.outputs}) {
+        for (ValueId v : *values) {
+          const std::optional<Sbp>& sbp = layout[static_cast<size_t>(v)];
+          if (!micro(v) || !sbp) continue;
+          std::vector<Sbp>& seen = drawn[*key][dims(v)];
+          if (std::find(seen.begin(), seen.end(), *sbp) == seen.end()) seen.push_back(*sbp);
+        }
       }
     }
   }

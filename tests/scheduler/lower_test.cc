@@ -424,6 +424,76 @@ TEST(LowerTest, RandomOpsMoveAlongTheValuesBatchAxis) {
   EXPECT_EQ(forward[2], (std::pair<int32_t, int64_t>{1, kRows}));
 }
 
+// A loss normalised per micro-batch (BERT's masked-LM loss divides by its
+// micro-batch's count of masked tokens) has no S/B/P layout over the
+// micro-batches, nor has any gradient downstream of it; the dropout's
+// gradient still draws its forward's numbers (its dy lies as the forward's
+// x). With each micro-batch holding the same count, the losses are those of
+// one batch; a mask drawn at the wrong micro-batch offset would change them
+// from the second iteration on.
+TEST(LowerTest, DropoutGradientsDrawTheForwardsMasksUnderAPerMicroBatchLoss) {
+  constexpr int64_t kRows = 8, kFeatures = 5, kIterations = 4;
+  std::vector<double> losses[2];
+  for (const int64_t m : {1, 2}) {
+    SCOPED_TRACE(StrCat(m, " micro-batches"));
+    const int64_t rows = kRows / m;
+    graph::GraphBuilder b;
+    const graph::Sym x = b.Input("x", {DType::kF32, Shape{rows, kFeatures}});
+    const graph::Sym weights = b.Input("weights", {DType::kF32, Shape{rows, 1}});
+    const graph::Sym w = b.Variable("w", Shape{kFeatures, kFeatures}, graph::InitRule::Normal(0, 0.5, 1, 0));
+    graph::Sym h =
+        b.Apply("dropout", {graph::Matmul(x, w)}, {{"rate", 0.4}, {"seed", int64_t{7}}, {"tensor_id", int64_t{1}}});
+    h = graph::Tanh(h);
+    b.MarkLoss(graph::ReduceSum(h * h * weights) / graph::ReduceSum(weights));
+    auto graph = b.Finish();
+    ASSERT_TRUE(graph.ok()) << graph.status();
+    CompileOptions options;
+    options.optimizer.kind = graph::OptimizerKind::kSgd;
+    options.num_micro_batches = m;
+    options.stall_timeout_s = 20;
+    auto engine = Engine::Compile(*std::move(graph), options);
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    if (m > 1) {
+      auto plan = (*engine)->Plan(1);
+      ASSERT_TRUE(plan.ok()) << plan.status();
+      int gradients = 0;
+      for (const proto::Task& task : plan->tasks()) {
+        if (task.op() != "dropout" || task.name().find("grad") == std::string::npos) continue;
+        ++gradients;
+        EXPECT_EQ(task.inputs(0).micro_batch_axis(), 0);
+        EXPECT_EQ(task.inputs(0).micro_batch_stride(), rows);
+      }
+      EXPECT_EQ(gradients, 1);
+    }
+    losses[m - 1].assign(kIterations, NAN);
+    const auto feed = [rows](int64_t it, int64_t micro, std::string_view input, const Tensor& out) -> absl::Status {
+      if (out.shape().rank() != 2) {  // the learning rate
+        out.data<float>()[0] = 0.5f;
+        return absl::OkStatus();
+      }
+      const int64_t columns = out.shape()[1];
+      for (int64_t i = 0; i < out.NumElements(); ++i) {
+        const int64_t row = micro * rows + i / columns;
+        // Every micro-batch of 4 rows weighs 3 of them (1, 1, 0, 1).
+        out.data<float>()[i] = input == "weights"
+                                   ? (row % 4 == 2 ? 0.0f : 1.0f)
+                                   : std::sin(0.9f * static_cast<float>(row) + 0.4f * static_cast<float>(i % columns) +
+                                              static_cast<float>(it));
+      }
+      return absl::OkStatus();
+    };
+    const auto fetch = [&, m](int64_t it, const std::map<std::string, Tensor>& values) {
+      losses[m - 1][static_cast<size_t>(it)] = values.at("loss").ToVector<float>().at(0);
+      return absl::OkStatus();
+    };
+    ASSERT_TRUE((*engine)->Run(kIterations, feed, fetch).ok());
+  }
+  for (int64_t it = 0; it < kIterations; ++it) {
+    EXPECT_NEAR(losses[1][static_cast<size_t>(it)], losses[0][static_cast<size_t>(it)], 1e-6) << "iteration " << it;
+  }
+  EXPECT_GT(std::abs(losses[0][kIterations - 1] - losses[0][0]), 1e-3);  // it trains
+}
+
 // Reshapes cost no copy: the lowering folds each reshape whose readers are
 // all computes into them (LowerOptions::fold_reshapes), a chain into one
 // view of its first input; one a Send reads stays a copy. The losses are
