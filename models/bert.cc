@@ -140,7 +140,7 @@ class BertNetwork : public nn::Module {
   }
 
   struct Inputs {
-    nn::Sym input_ids, token_type_ids, attention_mask, positions, labels, weights, next_sentence;
+    nn::Sym input_ids, token_type_ids, attention_mask, positions, labels, weights, mean_count, next_sentence;
   };
 
   // The loss; fetches mlm_loss / nsp_loss, and with `eval` the accuracy counts.
@@ -162,7 +162,10 @@ class BertNetwork : public nn::Module {
     if (!mlm.ce.valid()) return nn::Sym();
     const nn::Sym weights = graph::Reshape(in.weights, Shape{B * P, 1});
     const nn::Sym count = graph::ReduceSum(weights);
-    const nn::Sym mlm_loss = graph::ReduceSum(mlm.ce * weights) / count;
+    // Divided by the micro-batch's rows' share of the iteration's count, not
+    // by its own count: the mean over the micro-batches is then the whole
+    // batch's Σ w·ce / Σ w, whatever the micro-batching.
+    const nn::Sym mlm_loss = graph::ReduceSum(mlm.ce * weights) / graph::ReduceSum(in.mean_count);
     b.MarkFetch("mlm_loss", mlm_loss);
     if (eval) {
       b.MarkFetch("mlm_correct", graph::ReduceSum(Correct(mlm.label_logit) * weights));
@@ -318,6 +321,7 @@ absl::StatusOr<graph::Graph> Bert::Build(int64_t batch, bool eval) const {
   in.positions = input("masked_lm_positions", DType::kF32, Shape{batch, P, T});
   in.labels = input("masked_lm_labels", DType::kI64, Shape{batch, P});
   in.weights = input("masked_lm_weights", DType::kF32, Shape{batch, P});
+  in.mean_count = input("masked_lm_mean_count", DType::kF32, Shape{batch});
   if (config_.add_binary_head) in.next_sentence = input("next_sentence_labels", DType::kI64, Shape{batch});
   BertConfig c = config_;
   if (eval) c.hidden_dropout_prob = c.attention_dropout_prob = 0;

@@ -11,6 +11,9 @@
 //                                          all zero for an unused slot
 //     masked_lm_labels     (B, P) i64      the original token of slot p (0 when unused)
 //     masked_lm_weights    (B, P) f32      1 for a used slot, 0 otherwise
+//     masked_lm_mean_count (B) f32         in every row, the used slots of the
+//                                          iteration's whole batch (all its
+//                                          micro-batches) over its rows
 //     next_sentence_labels (B) i64         0: B follows A; 1: B is random (add_binary_head)
 //   h = drop(LN(word(ids) + position(arange(T)) + token_type(types)))      layer 0
 //   h = encoder.layer.{i}(h, mask) for i < num_layers   post-LN TransformerLayer,
@@ -18,7 +21,10 @@
 //   MLM (layer -1): g = masked_lm_positions @ h (B, P, C), the masked rows only
 //     (as BERT's gather_indexes: the head and its V-wide logits run on P rows per
 //     sample, not T); t = LN(gelu(dense(g))); logits = t @ wordᵀ + bias (tied
-//     decoder, vocabulary parallel); mlm_loss = Σ w·ce / Σ w over the batch.
+//     decoder, vocabulary parallel); mlm_loss = Σ w·ce / Σ mean_count over the
+//     batch: Σ w·ce / Σ w of one batch, and under gradient accumulation the
+//     mean over the micro-batches is still the whole batch's Σ w·ce / Σ w
+//     (Megatron-LM and LiBai divide each micro-batch by its own Σ w).
 //   NSP (layer -1): pooled = tanh(pooler.dense(h[:, 0])); logits = seq_relationship
 //     (pooled) (B, 2); nsp_loss = mean cross-entropy.
 //   loss = mlm_loss + nsp_loss (mlm_loss alone without add_binary_head); both

@@ -202,10 +202,10 @@ absl::Status TextData::FillBert(const data::BertDataset& split, const std::funct
     DType dtype;
     std::vector<int64_t> dims;
   };
-  const Layout layouts[] = {{"input_ids", DType::kI64, {T}},          {"token_type_ids", DType::kI64, {T}},
-                            {"attention_mask", DType::kI64, {T}},     {"masked_lm_positions", DType::kF32, {P, T}},
-                            {"masked_lm_labels", DType::kI64, {P}},   {"masked_lm_weights", DType::kF32, {P}},
-                            {"next_sentence_labels", DType::kI64, {}}};
+  const Layout layouts[] = {{"input_ids", DType::kI64, {T}},           {"token_type_ids", DType::kI64, {T}},
+                            {"attention_mask", DType::kI64, {T}},      {"masked_lm_positions", DType::kF32, {P, T}},
+                            {"masked_lm_labels", DType::kI64, {P}},    {"masked_lm_weights", DType::kF32, {P}},
+                            {"masked_lm_mean_count", DType::kF32, {}}, {"next_sentence_labels", DType::kI64, {}}};
   const Layout* layout = nullptr;
   for (const Layout& l : layouts) {
     if (l.name == input) layout = &l;
@@ -225,7 +225,25 @@ absl::Status TextData::FillBert(const data::BertDataset& split, const std::funct
   } else {
     std::fill_n(out.data<int64_t>(), rows * row_size, int64_t{0});
   }
+  // The used slots of a sample: its masked positions, at most P (the
+  // dataset was told max_predictions_per_seq = P).
+  const auto slots = [&](const data::BertSample& sample) {
+    int64_t used = 0;
+    for (int64_t t = 0; t < T && used < P; ++t) used += sample.labels[static_cast<size_t>(t)] != data::kBertIgnoreLabel;
+    return used;
+  };
   data::BertSample sample;
+  if (input == "masked_lm_mean_count") {
+    // `out` holds the whole batch (every micro-batch's rows): each row gets
+    // the batch's used slots over its rows.
+    int64_t used = 0;
+    for (int64_t row = 0; row < rows; ++row) {
+      RETURN_IF_ERROR(split.Sample(sample_of_row(row), &sample));
+      used += slots(sample);
+    }
+    std::fill_n(out.data<float>(), rows, static_cast<float>(static_cast<double>(used) / static_cast<double>(rows)));
+    return absl::OkStatus();
+  }
   for (int64_t row = 0; row < rows; ++row) {
     RETURN_IF_ERROR(split.Sample(sample_of_row(row), &sample));
     const size_t first = static_cast<size_t>(row * row_size);

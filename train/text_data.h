@@ -10,7 +10,9 @@
 // model's masking options and the tokenizer's special ids; each sample
 // fills input_ids, token_type_ids, attention_mask, masked_lm_positions (a
 // one-hot row per masked position, in position order), masked_lm_labels,
-// masked_lm_weights and next_sentence_labels (models/bert.h).
+// masked_lm_weights and next_sentence_labels (models/bert.h);
+// masked_lm_mean_count is, in every row, the used masked-LM slots of all
+// the rows filled at once (the iteration's whole batch) over their number.
 //
 // Either way, global position p = iteration × global_batch + row picks the
 // sample through a seeded permutation per epoch (data/sampler.h), so the
