@@ -302,9 +302,10 @@ class FileLoader {
       std::error_code error;
       if (!fs::exists(resolved, error)) {
         const std::string looked_for =
-            resolved.string() == base ? "" : absl::StrCat(" (looked for '", resolved.string(), "')");
-        return absl::NotFoundError(absl::StrCat("config file '", path.string(), "' names base '",
-                                                base, "', which does not exist", looked_for));
+            resolved.string() == base ? ""
+                                      : absl::StrCat(" (looked for '", EscapeControlChars(resolved.string()), "')");
+        return absl::NotFoundError(absl::StrCat("config file '", EscapeControlChars(path.string()), "' names base '",
+                                                EscapeControlChars(base), "', which does not exist", looked_for));
       }
       ChainEntry entry{Canonical(resolved), resolved.string()};
       for (const ChainEntry& ancestor : chain_) {

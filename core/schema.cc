@@ -173,7 +173,7 @@ class Resolver {
         if (section.FindTarget(target) == nullptr) {
           const std::vector<std::string> names = section.TargetNames();
           const std::optional<std::string> closest = ClosestMatch(target, names);
-          return Error(target_path, StrCat("unknown ", path, " _target_ '", target, "'",
+          return Error(target_path, StrCat("unknown ", path, " _target_ '", EscapeControlChars(target), "'",
                                            closest ? StrCat("; did you mean '", *closest, "'?") : std::string(),
                                            " (one of: ", Join(names, ", "), ")"));
         }
@@ -191,8 +191,8 @@ class Resolver {
         if (section.targeted() && name == "_target_") continue;
         if (keys->FindKey(name) != nullptr || keys->FindSub(name) != nullptr) continue;
         const std::string key_path = Join2(path, name);
-        return absl::InvalidArgumentError(StrCat("unknown config key '", key_path, "'", OriginOf(origins_, key_path),
-                                                 DidYouMean(key_path)));
+        return absl::InvalidArgumentError(StrCat("unknown config key '", EscapeControlChars(key_path), "'",
+                                                 OriginOf(origins_, key_path), DidYouMean(key_path)));
       }
     }
     for (const auto& [name, spec] : keys->keys()) {

@@ -28,4 +28,9 @@ namespace tessera {
 // U+10FFFF), or nullopt when all of `text` is valid.
 [[nodiscard]] std::optional<std::size_t> FirstInvalidUtf8(std::string_view text);
 
+// `text` with each ASCII control character (and DEL) written as a C escape
+// (\n, \t, \r, \xNN), the rest (UTF-8 included) as is: for quoting a name
+// the user gave (a path, a key) inside a one-line error message.
+[[nodiscard]] std::string EscapeControlChars(std::string_view text);
+
 }  // namespace tessera

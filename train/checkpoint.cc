@@ -12,6 +12,7 @@
 #include "actors/plan.h"
 #include "core/file_util.h"
 #include "core/status.h"
+#include "core/strings.h"
 
 namespace tessera {
 namespace fs = std::filesystem;
@@ -564,7 +565,7 @@ absl::StatusOr<std::shared_ptr<const CheckpointReader>> CheckpointReader::Open(c
   if (!in) {
     std::error_code ec;
     if (!fs::is_directory(dir, ec))
-      return absl::NotFoundError(StrCat("checkpoint ", dir.string(), ": no such directory"));
+      return absl::NotFoundError(StrCat("checkpoint ", EscapeControlChars(dir.string()), ": no such directory"));
     return absl::NotFoundError(StrCat("checkpoint ", dir.string(), ": no index.json (not a complete checkpoint)"));
   }
   std::stringstream text;

@@ -205,6 +205,15 @@ TEST_F(ConfigTest, MissingBaseNamesTheIncludingFileAndThePath) {
   EXPECT_THAT(config.status().message(), HasSubstr((dir_ / "common/trian.json").string()));
 }
 
+// A name with control characters is quoted escaped: the error stays one line.
+TEST_F(ConfigTest, MissingBaseWithANewlineInItsNameIsOneLine) {
+  const fs::path job = Write("jobs/job.json", R"({"_base_": ["a\nb\u0001.json"]})");
+  absl::StatusOr<json> config = LoadConfigFiles(job);
+  ASSERT_FALSE(config.ok());
+  EXPECT_EQ(std::string(config.status().message()).find('\n'), std::string::npos) << config.status();
+  EXPECT_THAT(config.status().message(), HasSubstr("names base 'a\\nb\\x01.json'"));
+}
+
 TEST_F(ConfigTest, MissingFileAndBadBaseValueAreErrors) {
   absl::StatusOr<json> config = LoadConfigFiles(dir_ / "nope.json");
   ASSERT_FALSE(config.ok());
@@ -588,6 +597,13 @@ TEST(StringsTest, EditDistanceAndClosestMatch) {
   EXPECT_EQ(ClosestMatch("tp_sise", {"dp_size", "tp_size", "pp_size"}), "tp_size");
   EXPECT_EQ(ClosestMatch("xyz", {}), std::nullopt);
   EXPECT_EQ(ClosestMatch("learning_rate", {"seed"}), std::nullopt);
+}
+
+TEST(StringsTest, EscapeControlCharsKeepsUtf8AndEscapesTheRest) {
+  EXPECT_EQ(EscapeControlChars("plain/path.json"), "plain/path.json");
+  EXPECT_EQ(EscapeControlChars("a\nb\tc\rd"), "a\\nb\\tc\\rd");
+  EXPECT_EQ(EscapeControlChars(std::string("x\0y\x7f", 4)), "x\\x00y\\x7f");
+  EXPECT_EQ(EscapeControlChars("\xc3\xa9t\xc3\xa9"), "\xc3\xa9t\xc3\xa9");
 }
 
 }  // namespace

@@ -176,6 +176,16 @@ TEST(Checkpoint, ReadsAnySliceFromShardsOfAnotherLayout) {
   fs::remove_all(dir);
 }
 
+// A path that names nothing is a one-line error, control characters
+// escaped.
+TEST(Checkpoint, AMissingPathIsAOneLineError) {
+  auto reader = CheckpointReader::Open(TempDir("missing") / "a\nb");
+  ASSERT_FALSE(reader.ok());
+  EXPECT_EQ(reader.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(std::string(reader.status().message()).find('\n'), std::string::npos) << reader.status();
+  EXPECT_NE(reader.status().message().find("a\\nb: no such directory"), std::string::npos) << reader.status();
+}
+
 // Hugging Face weights open as a checkpoint: "transformer." dropped, a
 // stored shape filling a model shape whose trailing axes merge to it (and
 // no other), f64 converted to f32, a slice read as from a shard; an lm_head
