@@ -129,25 +129,6 @@ Json ParseLimited(const std::string& text, bool allow_exceptions, bool* deep) {
   return Json::parse(text, limit, allow_exceptions, /*ignore_comments=*/true);
 }
 
-// `text` with every byte outside printable ASCII written as \xNN, for
-// quoting input that is not valid UTF-8.
-std::string EscapeBytes(std::string_view text) {
-  std::string out;
-  for (const char c : text) {
-    const auto byte = static_cast<unsigned char>(c);
-    if (byte >= 0x20 && byte < 0x7F) {
-      out += c;
-    } else {
-      constexpr char kHex[] = "0123456789abcdef";
-      out += "\\x";
-      out += kHex[byte >> 4];
-      out += kHex[byte & 15];
-    }
-  }
-  return out;
-}
-
-
 // ------------------------------------------------------------------ loading
 
 // "file:line:column" for the byte offset nlohmann reports, which counts the
@@ -348,7 +329,8 @@ absl::Status ExpectedType(std::string_view dotted_path, std::string_view expecte
 
 absl::StatusOr<Override> ParseOverride(std::string_view text) {
   if (const std::optional<std::size_t> bad = FirstInvalidUtf8(text)) {
-    return absl::InvalidArgumentError(absl::StrCat("malformed override '", ShortText(EscapeBytes(text)),
+    return absl::InvalidArgumentError(absl::StrCat("malformed override '",
+                                                   ShortText(EscapeControlChars(text, /*non_ascii=*/true)),
                                                    "': not valid UTF-8 (byte ", *bad, ")"));
   }
   const std::size_t equals = text.find('=');

@@ -78,12 +78,12 @@ std::optional<std::size_t> FirstInvalidUtf8(std::string_view text) {
   return std::nullopt;
 }
 
-std::string EscapeControlChars(std::string_view text) {
+std::string EscapeControlChars(std::string_view text, bool non_ascii) {
   std::string out;
   out.reserve(text.size());
   for (const char c : text) {
     const auto byte = static_cast<unsigned char>(c);
-    if (byte >= 0x20 && byte != 0x7F) {
+    if (byte >= 0x20 && byte != 0x7F && (byte < 0x80 || !non_ascii)) {
       out += c;
     } else if (c == '\n') {
       out += "\\n";

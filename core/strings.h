@@ -30,7 +30,9 @@ namespace tessera {
 
 // `text` with each ASCII control character (and DEL) written as a C escape
 // (\n, \t, \r, \xNN), the rest (UTF-8 included) as is: for quoting a name
-// the user gave (a path, a key) inside a one-line error message.
-[[nodiscard]] std::string EscapeControlChars(std::string_view text);
+// the user gave (a path, a key) inside a one-line error message. With
+// `non_ascii`, every byte past ASCII is written \xNN too (for input that
+// is not valid UTF-8).
+[[nodiscard]] std::string EscapeControlChars(std::string_view text, bool non_ascii = false);
 
 }  // namespace tessera

@@ -604,6 +604,7 @@ TEST(StringsTest, EscapeControlCharsKeepsUtf8AndEscapesTheRest) {
   EXPECT_EQ(EscapeControlChars("a\nb\tc\rd"), "a\\nb\\tc\\rd");
   EXPECT_EQ(EscapeControlChars(std::string("x\0y\x7f", 4)), "x\\x00y\\x7f");
   EXPECT_EQ(EscapeControlChars("\xc3\xa9t\xc3\xa9"), "\xc3\xa9t\xc3\xa9");
+  EXPECT_EQ(EscapeControlChars("\xc3\xa9\n", /*non_ascii=*/true), "\\xc3\\xa9\\n");
 }
 
 }  // namespace
