@@ -1,7 +1,9 @@
 #include "train/feeds.h"
 
+#include <algorithm>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <utility>
 #include <vector>
 
@@ -82,12 +84,35 @@ absl::Status BindFetch(const proto::Plan& plan, const FetchFn& fetch, actors::Ho
   for (const auto& task : plan.tasks()) {
     if (task.kind() != proto::ACTOR_KIND_SINK || task.callback().empty()) continue;
     const std::vector<std::string> names(task.fetch_names().begin(), task.fetch_names().end());
-    callbacks.sinks[task.callback()] = [&fetch, names](int64_t iteration,
-                                                        const std::vector<Tensor>& inputs) -> absl::Status {
+    // Each alias -> the position of the tensor it names.
+    std::vector<std::pair<std::string, size_t>> aliases;
+    std::set<std::string> taken;
+    for (const std::string& name : names) {
+      if (!name.empty() && !taken.insert(name).second) {
+        return absl::InvalidArgumentError(StrCat("sink task '", task.name(), "' names two tensors '", name, "'"));
+      }
+    }
+    for (const proto::FetchAlias& alias : task.fetch_aliases()) {
+      const auto of = std::find(names.begin(), names.end(), alias.of());
+      if (alias.of().empty() || of == names.end()) {
+        return absl::InvalidArgumentError(StrCat("sink task '", task.name(), "': fetch alias '", alias.name(),
+                                                 "' is of '", alias.of(), "', which the sink does not fetch"));
+      }
+      if (alias.name().empty() || !taken.insert(alias.name()).second) {
+        return absl::InvalidArgumentError(
+            StrCat("sink task '", task.name(), "': fetch alias '", alias.name(), "' is empty or names another fetch"));
+      }
+      aliases.emplace_back(alias.name(), static_cast<size_t>(of - names.begin()));
+    }
+    callbacks.sinks[task.callback()] = [&fetch, names, aliases](int64_t iteration,
+                                                                const std::vector<Tensor>& inputs) -> absl::Status {
       if (!fetch) return absl::OkStatus();
       std::map<std::string, Tensor> values;
       for (size_t i = 0; i < inputs.size() && i < names.size(); ++i) {
         if (!names[i].empty()) values[names[i]] = inputs[i];
+      }
+      for (const auto& [alias, at] : aliases) {
+        if (at < inputs.size()) values[alias] = inputs[at];
       }
       return fetch(iteration, values);
     };

@@ -31,7 +31,9 @@ using FetchFn = std::function<absl::Status(int64_t iteration, const std::map<std
 // must outlive the run.
 absl::Status BindFeeds(const proto::Plan& plan, const FeedFn& feed, actors::HostCallbacks& callbacks);
 // Registers the sink callback: fetch receives the sink's tensors by their
-// fetch_names. An empty fetch accepts and drops them. `fetch` must outlive the run.
+// fetch_names (and fetch_aliases: one tensor under several names). A sink
+// naming two tensors alike, or an alias of nothing it fetches, is an error.
+// An empty fetch accepts and drops them. `fetch` must outlive the run.
 absl::Status BindFetch(const proto::Plan& plan, const FetchFn& fetch, actors::HostCallbacks& callbacks);
 
 }  // namespace tessera

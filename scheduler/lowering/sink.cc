@@ -32,7 +32,12 @@ absl::Status Lowering::LowerSink() {
   }
   for (size_t s = 0; s < facts_.sinks.size(); ++s) {
     const size_t at = position.at({read[s].desc, read[s].tensor});
-    if (!flat[at].empty()) return absl::UnimplementedError(StrCat("scheduler: '", facts_.sinks[s].first, "' and '", flat[at], "' are the same value"));
+    if (!flat[at].empty()) {  // one value fetched under two names
+      proto::FetchAlias* alias = builder_.task(sink).add_fetch_aliases();
+      alias->set_name(facts_.sinks[s].first);
+      alias->set_of(flat[at]);
+      continue;
+    }
     flat[at] = facts_.sinks[s].first;
   }
   for (const std::string& name : flat) builder_.task(sink).add_fetch_names(name);

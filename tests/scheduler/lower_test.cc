@@ -16,6 +16,7 @@
 #include "tests/graph/graph_interpreter.h"
 #include "tests/graph/test_mlp.h"
 #include "train/engine.h"
+#include "train/feeds.h"
 
 namespace tessera {
 namespace {
@@ -492,6 +493,77 @@ TEST(LowerTest, DropoutGradientsDrawTheForwardsMasksUnderAPerMicroBatchLoss) {
     EXPECT_NEAR(losses[1][static_cast<size_t>(it)], losses[0][static_cast<size_t>(it)], 1e-6) << "iteration " << it;
   }
   EXPECT_GT(std::abs(losses[0][kIterations - 1] - losses[0][0]), 1e-3);  // it trains
+}
+
+// A value fetched under several names (BERT without its next-sentence head
+// fetches its loss as mlm_loss too) reaches the fetch under each, averaged
+// over the micro-batches as the loss is; a sink's alias of nothing it
+// fetches, or of a name taken, is an error when the fetch is bound.
+TEST(LowerTest, AValueFetchedUnderSeveralNamesArrivesUnderEach) {
+  for (const int64_t m : {1, 2}) {
+    SCOPED_TRACE(StrCat(m, " micro-batches"));
+    graph::GraphBuilder b;
+    const graph::Sym x = b.Input("x", {DType::kF32, Shape{4, 3}});
+    const graph::Sym w = b.Variable("w", Shape{3, 2}, graph::InitRule::Normal(0, 0.5, 1, 0));
+    const graph::Sym h = graph::Matmul(x, w);
+    const graph::Sym loss = graph::ReduceMean(h * h);
+    b.MarkLoss(loss);
+    b.MarkFetch("also_loss", loss);
+    b.MarkFetch("h_sum", graph::ReduceSum(h));
+    auto graph = b.Finish();
+    ASSERT_TRUE(graph.ok()) << graph.status();
+    ASSERT_TRUE(graph->MarkFetch("loss_twice", graph->losses()[0]).ok());
+    CompileOptions options;
+    options.optimizer.kind = graph::OptimizerKind::kSgd;
+    options.num_micro_batches = m;
+    options.stall_timeout_s = 20;
+    auto engine = Engine::Compile(*std::move(graph), options);
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    std::vector<std::map<std::string, float>> fetched;
+    const auto feed = [](int64_t it, int64_t micro, std::string_view input, const Tensor& out) -> absl::Status {
+      for (int64_t i = 0; i < out.NumElements(); ++i) {
+        out.data<float>()[i] =
+            input == "lr" ? 0.1f : std::cos(0.3f * static_cast<float>(i + 12 * micro) + static_cast<float>(it));
+      }
+      return absl::OkStatus();
+    };
+    const auto fetch = [&fetched](int64_t, const std::map<std::string, Tensor>& values) {
+      std::map<std::string, float>& row = fetched.emplace_back();
+      for (const auto& [name, tensor] : values) row[name] = tensor.ToVector<float>().at(0);
+      return absl::OkStatus();
+    };
+    ASSERT_TRUE((*engine)->Run(2, feed, fetch).ok());
+    ASSERT_EQ(fetched.size(), 2u);
+    for (const auto& row : fetched) {
+      EXPECT_EQ(row.size(), 4u);
+      EXPECT_EQ(row.at("also_loss"), row.at("loss"));
+      EXPECT_EQ(row.at("loss_twice"), row.at("loss"));
+    }
+    EXPECT_NE(fetched[0].at("loss"), fetched[1].at("loss"));
+    if (m > 1) continue;  // each fetch is its own mean over the micro-batches
+
+    auto plan = (*engine)->Plan(1);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    proto::Task* sink = nullptr;
+    for (proto::Task& task : *plan->mutable_tasks()) {
+      if (task.kind() == proto::ACTOR_KIND_SINK) sink = &task;
+    }
+    ASSERT_NE(sink, nullptr);
+    EXPECT_EQ(sink->fetch_aliases_size(), 2);
+    actors::HostCallbacks callbacks;
+    ASSERT_TRUE(BindFetch(*plan, fetch, callbacks).ok());
+    proto::FetchAlias* bad = sink->add_fetch_aliases();
+    bad->set_name("nowhere");
+    bad->set_of("no_such_fetch");
+    absl::Status status = BindFetch(*plan, fetch, callbacks);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(status.message().find("'no_such_fetch', which the sink does not fetch"), std::string::npos) << status;
+    bad->set_name("h_sum");
+    bad->set_of("loss");
+    status = BindFetch(*plan, fetch, callbacks);
+    EXPECT_NE(status.message().find("fetch alias 'h_sum' is empty or names another fetch"), std::string::npos)
+        << status;
+  }
 }
 
 // Reshapes cost no copy: the lowering folds each reshape whose readers are
