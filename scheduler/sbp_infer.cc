@@ -65,7 +65,11 @@ int CountDiffering(const NdSbp& a, const NdSbp& b) {
   return n;
 }
 
-bool NearlyEqual(double a, double b) { return std::fabs(a - b) <= 1e-9 * std::max({1.0, std::fabs(a), std::fabs(b)}); }
+// An infinite cost (no boxing route) equals only itself.
+bool NearlyEqual(double a, double b) {
+  if (!std::isfinite(a) || !std::isfinite(b)) return a == b;
+  return std::fabs(a - b) <= 1e-9 * std::max({1.0, std::fabs(a), std::fabs(b)});
+}
 
 std::string NodeContext(const Node& node) {
   return StrCat("op '", node.op, "' (node ", node.id, node.scope.empty() ? "" : StrCat(", scope '", node.scope, "'"),
@@ -468,9 +472,11 @@ class Inferrer {
 
     std::optional<Candidate> best;
     std::vector<Candidate> rejected;  // kept only to explain a failure
+    int64_t unreachable = 0, candidates = 0;
     std::vector<size_t> index(num_axes, 0);
     do {
       Candidate c = Evaluate(node, per_axis, index, metas, stage);
+      ++candidates;
       bool allowed = true;
       for (size_t j = 0; j < constraints.size(); ++j) {
         if (constraints[j].has_value() && c.outputs[j] != constraints[j]->nd_sbp) allowed = false;
@@ -478,12 +484,24 @@ class Inferrer {
       for (size_t i = 0; i < input_constraints.size(); ++i) {
         if (input_constraints[i].has_value() && c.inputs[i] != input_constraints[i]->nd_sbp) allowed = false;
       }
+      // A candidate reading an input in a layout no boxing route reaches
+      // from the produced one (P -> P(max)) is no candidate: it once won a
+      // tie (depend reading a gradient as P(max)) and failed at run time.
+      if (!std::isfinite(c.cost)) {
+        allowed = false;
+        ++unreachable;
+      }
       if (allowed) {
         if (!best.has_value() || Better(c, *best)) best = std::move(c);
       } else if (!best.has_value()) {
         rejected.push_back(std::move(c));
       }
     } while (NextCandidate(per_axis, index));
+    if (!best.has_value() && unreachable == candidates) {
+      return absl::InvalidArgumentError(StrCat("sbp inference: every SBP signature of ", NodeContext(node),
+                                               " reads an input in a layout no boxing reaches from the layout it "
+                                               "is produced in"));
+    }
     if (!best.has_value()) return NoCandidateError(node, constraints, input_constraints, rejected);
     // Stage 3: a depend that holds back a sharded variable hands on the shard,
     // which its readers read gathered.
