@@ -425,6 +425,15 @@ TEST(LowerTest, RandomOpsMoveAlongTheValuesBatchAxis) {
   EXPECT_EQ(forward[2], (std::pair<int32_t, int64_t>{1, kRows}));
 }
 
+// `graph` compiled for one device with SGD over `m` micro-batches.
+absl::StatusOr<std::unique_ptr<Engine>> CompileWithSgd(graph::Graph graph, int64_t m) {
+  CompileOptions options;
+  options.optimizer.kind = graph::OptimizerKind::kSgd;
+  options.num_micro_batches = m;
+  options.stall_timeout_s = 20;
+  return Engine::Compile(std::move(graph), options);
+}
+
 // A loss normalised per micro-batch (BERT's masked-LM loss divides by its
 // micro-batch's count of masked tokens) has no S/B/P layout over the
 // micro-batches, nor has any gradient downstream of it; the dropout's
@@ -448,11 +457,7 @@ TEST(LowerTest, DropoutGradientsDrawTheForwardsMasksUnderAPerMicroBatchLoss) {
     b.MarkLoss(graph::ReduceSum(h * h * weights) / graph::ReduceSum(weights));
     auto graph = b.Finish();
     ASSERT_TRUE(graph.ok()) << graph.status();
-    CompileOptions options;
-    options.optimizer.kind = graph::OptimizerKind::kSgd;
-    options.num_micro_batches = m;
-    options.stall_timeout_s = 20;
-    auto engine = Engine::Compile(*std::move(graph), options);
+    auto engine = CompileWithSgd(*std::move(graph), m);
     ASSERT_TRUE(engine.ok()) << engine.status();
     if (m > 1) {
       auto plan = (*engine)->Plan(1);
@@ -513,11 +518,7 @@ TEST(LowerTest, AValueFetchedUnderSeveralNamesArrivesUnderEach) {
     auto graph = b.Finish();
     ASSERT_TRUE(graph.ok()) << graph.status();
     ASSERT_TRUE(graph->MarkFetch("loss_twice", graph->losses()[0]).ok());
-    CompileOptions options;
-    options.optimizer.kind = graph::OptimizerKind::kSgd;
-    options.num_micro_batches = m;
-    options.stall_timeout_s = 20;
-    auto engine = Engine::Compile(*std::move(graph), options);
+    auto engine = CompileWithSgd(*std::move(graph), m);
     ASSERT_TRUE(engine.ok()) << engine.status();
     std::vector<std::map<std::string, float>> fetched;
     const auto feed = [](int64_t it, int64_t micro, std::string_view input, const Tensor& out) -> absl::Status {

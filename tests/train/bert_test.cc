@@ -12,6 +12,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <set>
@@ -141,6 +142,23 @@ class BertTest : public ::testing::Test {
     return batch;
   }
 
+  // Trains `common` plus each of `layouts` in turn and expects `reference`'s
+  // training losses; `check` (if set) sees each layout's rows too.
+  void ExpectLayoutsGive(const testing::MetricsRows& reference, const std::string& common,
+                         const std::vector<std::string>& layouts,
+                         const std::function<void(const testing::MetricsRows&)>& check = nullptr) const {
+    const fs::path dir = root_ / "layout";
+    for (const std::string& layout : layouts) {
+      SCOPED_TRACE(layout);
+      fs::remove_all(dir);
+      const auto run = RunTessera(Train(dir, common + " " + layout));
+      ASSERT_EQ(run.exit_code, 0) << run.out;
+      const testing::MetricsRows rows = ReadMetricsRows(dir);
+      ExpectTheLosses(rows, reference);
+      if (check) check(rows);
+    }
+  }
+
   fs::path root_;
 };
 
@@ -159,26 +177,19 @@ TEST_F(BertTest, EveryLayoutGivesTheOneDeviceLosses) {
   const testing::MetricsRows reference = ReadMetricsRows(one);
   ASSERT_EQ(reference.train.size(), 5u);
   ASSERT_EQ(reference.eval.size(), 1u);
-  for (const std::string layout :
-       {"train.dist.tensor_parallel_size=2", "train.dist.pipeline_parallel_size=2",
-        "train.dist.data_parallel_size=2 train.train_micro_batch_size=4",
-        "train.dist.data_parallel_size=2 train.dist.tensor_parallel_size=2 "
-        "train.train_micro_batch_size=4",
-        "model.bias_gelu_fusion=true", "model.bias_gelu_fusion=true train.dist.tensor_parallel_size=2"}) {
-    SCOPED_TRACE(layout);
-    const fs::path dir = root_ / "layout";
-    fs::remove_all(dir);
-    run = RunTessera(Train(dir, common + " " + layout));
-    ASSERT_EQ(run.exit_code, 0) << run.out;
-    const testing::MetricsRows rows = ReadMetricsRows(dir);
-    ASSERT_EQ(rows.train.size(), 5u);
-    ExpectTheLosses(rows, reference);
-    const nlohmann::json& eval = rows.eval.at(5);
-    for (const char* key : {"eval_loss", "eval_mlm_accuracy", "eval_nsp_accuracy"}) {
-      const double x = reference.eval.at(5).at(key).get<double>(), y = eval.at(key).get<double>();
-      EXPECT_NEAR(x, y, 1e-5 * std::abs(x) + 1e-12) << key;
-    }
-  }
+  ExpectLayoutsGive(reference, common,
+                    {"train.dist.tensor_parallel_size=2", "train.dist.pipeline_parallel_size=2",
+                     "train.dist.data_parallel_size=2 train.train_micro_batch_size=4",
+                     "train.dist.data_parallel_size=2 train.dist.tensor_parallel_size=2 "
+                     "train.train_micro_batch_size=4",
+                     "model.bias_gelu_fusion=true", "model.bias_gelu_fusion=true train.dist.tensor_parallel_size=2"},
+                    [&](const testing::MetricsRows& rows) {
+                      const nlohmann::json& eval = rows.eval.at(5);
+                      for (const char* key : {"eval_loss", "eval_mlm_accuracy", "eval_nsp_accuracy"}) {
+                        const double x = reference.eval.at(5).at(key).get<double>(), y = eval.at(key).get<double>();
+                        EXPECT_NEAR(x, y, 1e-5 * std::abs(x) + 1e-12) << key;
+                      }
+                    });
 }
 
 // Gradient accumulation and pipelines of several micro-batches give the
@@ -197,19 +208,13 @@ TEST_F(BertTest, GradientAccumulationGivesTheOneBatchLosses) {
   ASSERT_EQ(run.exit_code, 0) << run.out;
   const testing::MetricsRows batch = ReadMetricsRows(one);
   ASSERT_EQ(batch.train.size(), 4u);
-  for (const std::string layout :
-       {"train.num_accumulation_steps=2 train.train_micro_batch_size=4",
-        "train.num_accumulation_steps=4 train.train_micro_batch_size=2 train.dist.pipeline_parallel_size=2",
-        "train.num_accumulation_steps=2 train.train_micro_batch_size=4 train.dist.tensor_parallel_size=2 "
-        "train.dist.pipeline_parallel_size=2",
-        "train.num_accumulation_steps=2 train.train_micro_batch_size=2 train.dist.data_parallel_size=2"}) {
-    SCOPED_TRACE(layout);
-    const fs::path dir = root_ / "layout";
-    fs::remove_all(dir);
-    run = RunTessera(Train(dir, common + " " + layout));
-    ASSERT_EQ(run.exit_code, 0) << run.out;
-    ExpectTheLosses(ReadMetricsRows(dir), batch);
-  }
+  ExpectLayoutsGive(
+      batch, common,
+      {"train.num_accumulation_steps=2 train.train_micro_batch_size=4",
+       "train.num_accumulation_steps=4 train.train_micro_batch_size=2 train.dist.pipeline_parallel_size=2",
+       "train.num_accumulation_steps=2 train.train_micro_batch_size=4 train.dist.tensor_parallel_size=2 "
+       "train.dist.pipeline_parallel_size=2",
+       "train.num_accumulation_steps=2 train.train_micro_batch_size=2 train.dist.data_parallel_size=2"});
 }
 
 // Without the next-sentence head (model.add_binary_head=false) the loss is
@@ -233,17 +238,10 @@ TEST_F(BertTest, WithoutTheNextSentenceHeadTheLossIsTheMaskedLm) {
   ASSERT_EQ(batch.eval.size(), 1u);
   EXPECT_TRUE(batch.eval.at(3).contains("eval_mlm_accuracy"));
   EXPECT_FALSE(batch.eval.at(3).contains("eval_nsp_accuracy"));
-  const fs::path acc = root_ / "acc";
-  for (const std::string layout :
-       {"train.num_accumulation_steps=2 train.dist.tensor_parallel_size=2",
-        "train.dist.data_parallel_size=2 train.dist.tensor_parallel_size=2 train.dist.pipeline_parallel_size=2 "
-        "train.activation_checkpoint.enabled=true"}) {
-    SCOPED_TRACE(layout);
-    fs::remove_all(acc);
-    run = RunTessera(Train(acc, common + " train.train_micro_batch_size=4 " + layout));
-    ASSERT_EQ(run.exit_code, 0) << run.out;
-    ExpectTheLosses(ReadMetricsRows(acc), batch);
-  }
+  ExpectLayoutsGive(batch, common + " train.train_micro_batch_size=4",
+                    {"train.num_accumulation_steps=2 train.dist.tensor_parallel_size=2",
+                     "train.dist.data_parallel_size=2 train.dist.tensor_parallel_size=2 "
+                     "train.dist.pipeline_parallel_size=2 train.activation_checkpoint.enabled=true"});
 }
 
 // The batch of the data path, checked against BERT's recipe sample by
