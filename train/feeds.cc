@@ -9,6 +9,7 @@
 
 #include "actors/plan.h"
 #include "core/status.h"
+#include "core/strings.h"
 #include "core/tensor_util.h"
 
 namespace tessera {
@@ -89,18 +90,21 @@ absl::Status BindFetch(const proto::Plan& plan, const FetchFn& fetch, actors::Ho
     std::set<std::string> taken;
     for (const std::string& name : names) {
       if (!name.empty() && !taken.insert(name).second) {
-        return absl::InvalidArgumentError(StrCat("sink task '", task.name(), "' names two tensors '", name, "'"));
+        return absl::InvalidArgumentError(StrCat("sink task '", EscapeControlChars(task.name()),
+                                                 "' names two tensors '", EscapeControlChars(name), "'"));
       }
     }
     for (const proto::FetchAlias& alias : task.fetch_aliases()) {
       const auto of = std::find(names.begin(), names.end(), alias.of());
       if (alias.of().empty() || of == names.end()) {
-        return absl::InvalidArgumentError(StrCat("sink task '", task.name(), "': fetch alias '", alias.name(),
-                                                 "' is of '", alias.of(), "', which the sink does not fetch"));
+        return absl::InvalidArgumentError(StrCat("sink task '", EscapeControlChars(task.name()), "': fetch alias '",
+                                                 EscapeControlChars(alias.name()), "' is of '",
+                                                 EscapeControlChars(alias.of()), "', which the sink does not fetch"));
       }
       if (alias.name().empty() || !taken.insert(alias.name()).second) {
-        return absl::InvalidArgumentError(
-            StrCat("sink task '", task.name(), "': fetch alias '", alias.name(), "' is empty or names another fetch"));
+        return absl::InvalidArgumentError(StrCat("sink task '", EscapeControlChars(task.name()), "': fetch alias '",
+                                                 EscapeControlChars(alias.name()),
+                                                 "' is empty or names another fetch"));
       }
       aliases.emplace_back(alias.name(), static_cast<size_t>(of - names.begin()));
     }

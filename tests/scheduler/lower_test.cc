@@ -564,6 +564,10 @@ TEST(LowerTest, AValueFetchedUnderSeveralNamesArrivesUnderEach) {
     status = BindFetch(*plan, fetch, callbacks);
     EXPECT_NE(status.message().find("fetch alias 'h_sum' is empty or names another fetch"), std::string::npos)
         << status;
+    bad->set_name("a\nb");  // a plan from the wire: still a one-line error
+    bad->set_of("nothing");
+    status = BindFetch(*plan, fetch, callbacks);
+    EXPECT_NE(status.message().find("fetch alias 'a\\nb' is of 'nothing'"), std::string::npos) << status;
   }
 }
 
