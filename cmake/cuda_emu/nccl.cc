@@ -31,6 +31,8 @@
 //   for its part (ncclInvalidUsage). Tasks of failed ops return
 //   cudaErrorLaunchFailure (the stream's sticky error), except on the rank
 //   that aborted: there they just end, as NCCL's kernels do on an abort.
+//   The aborting rank's handle is gone, as real NCCL frees it: any call
+//   with it afterwards stops the process with a message naming the call.
 // - Across processes (one machine, 127.0.0.1 only), as real NCCL's bootstrap
 //   root: ncclGetUniqueId starts the process's hub once, a listener on an
 //   ephemeral port of 127.0.0.1 with detached threads and state never
@@ -417,7 +419,8 @@ struct Proxy;
 }  // namespace
 
 // What an ncclComm_t points to. Handles are looked up in the live table
-// before use, so a stale one is refused rather than dereferenced.
+// before use: one this process aborted or destroyed stops it (Freed(), a use
+// after free on real NCCL), any other unknown one is refused.
 struct ncclComm {
   std::shared_ptr<Clique> clique;
   int rank = 0;
@@ -441,8 +444,29 @@ std::unordered_map<const ncclComm*, std::shared_ptr<ncclComm>>& Live() {
   return *table;
 }
 
-std::shared_ptr<ncclComm> Resolve(const ncclComm* comm) {
+// Handles this process aborted or destroyed. Real NCCL frees the
+// communicator then, so a later call with its handle reads freed memory (and
+// may crash or hang far from the cause); the emulator keeps the object, so
+// its address is never handed out again, and stops the process with a
+// message naming the call.
+std::unordered_map<const ncclComm*, std::shared_ptr<ncclComm>>& Freed() {
+  static auto* table = new std::unordered_map<const ncclComm*, std::shared_ptr<ncclComm>>;
+  return *table;
+}
+
+[[noreturn]] void UseAfterFree(const char* call) {
+  std::fprintf(stderr,
+               "NCCL emulator: %s with a communicator this process already aborted or destroyed (real NCCL has "
+               "freed it: a use after free)\n",
+               call);
+  std::fflush(stderr);
+  std::abort();
+}
+
+// `call` names the NCCL function for the use-after-free message.
+std::shared_ptr<ncclComm> Resolve(const ncclComm* comm, const char* call) {
   std::lock_guard<std::mutex> lock(g_mu);
+  if (Freed().count(comm) != 0) UseAfterFree(call);
   auto it = Live().find(comm);
   return it == Live().end() || it->second->pid != getpid() ? nullptr : it->second;
 }
@@ -1239,7 +1263,7 @@ ncclResult_t Issue(const Call& call, ncclComm_t handle, cudaStream_t stream) {
     return r;
   };
   if (handle == nullptr) return group_error(CallError(nullptr, ncclInvalidArgument, std::string(name) + ": null comm"));
-  std::shared_ptr<ncclComm> comm = Resolve(handle);
+  std::shared_ptr<ncclComm> comm = Resolve(handle, name);
   if (comm == nullptr) {
     return group_error(
         CallError(nullptr, ncclInvalidUsage, std::string(name) + ": not a live communicator (aborted or destroyed?)"));
@@ -1359,12 +1383,17 @@ void ProxyDestroy(const ncclComm& comm) {
   ProxyClose(*comm.proxy, kDestroy);
 }
 
-std::shared_ptr<ncclComm> Unregister(ncclComm_t handle) {
+// Takes a handle out of the live table; `call` (ncclCommAbort,
+// ncclCommDestroy) frees it as real NCCL does, null: a failed init whose
+// handle the caller never sees.
+std::shared_ptr<ncclComm> Unregister(ncclComm_t handle, const char* call) {
   std::lock_guard<std::mutex> lock(g_mu);
+  if (call != nullptr && Freed().count(handle) != 0) UseAfterFree(call);
   auto it = Live().find(handle);
   if (it == Live().end() || it->second->pid != getpid()) return nullptr;
   std::shared_ptr<ncclComm> comm = std::move(it->second);
   Live().erase(it);
+  if (call != nullptr) Freed()[handle] = comm;
   return comm;
 }
 
@@ -1999,7 +2028,7 @@ ncclResult_t InitRank(ncclComm_t* out, int nranks, const ncclUniqueId& id, int r
   if (q.formed) return ncclSuccess;
   const std::string message = q.ranks[static_cast<size_t>(rank)].last_error;
   lock.unlock();
-  Unregister(*out);
+  Unregister(*out, nullptr);
   if (comm->proxy != nullptr) ProxyClose(*comm->proxy, kAbort);
   *out = nullptr;
   t_last_error = message;
@@ -2039,7 +2068,7 @@ const char* ncclGetErrorString(ncclResult_t result) {
 
 const char* ncclGetLastError(ncclComm_t handle) {
   thread_local std::string returned;
-  std::shared_ptr<ncclComm> comm = handle == nullptr ? nullptr : Resolve(handle);
+  std::shared_ptr<ncclComm> comm = handle == nullptr ? nullptr : Resolve(handle, "ncclGetLastError");
   if (comm == nullptr) {
     returned = t_last_error;
   } else {
@@ -2095,7 +2124,7 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t handle, ncclResult_t* async_error)
   if (handle == nullptr || async_error == nullptr) {
     return CallError(nullptr, ncclInvalidArgument, "ncclCommGetAsyncError: null argument");
   }
-  std::shared_ptr<ncclComm> comm = Resolve(handle);
+  std::shared_ptr<ncclComm> comm = Resolve(handle, "ncclCommGetAsyncError");
   if (comm == nullptr) {
     return CallError(nullptr, ncclInvalidUsage,
                      "ncclCommGetAsyncError: not a live communicator (aborted or destroyed?)");
@@ -2107,7 +2136,7 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t handle, ncclResult_t* async_error)
 
 ncclResult_t ncclCommAbort(ncclComm_t handle) {
   if (handle == nullptr) return ncclSuccess;
-  std::shared_ptr<ncclComm> comm = Unregister(handle);
+  std::shared_ptr<ncclComm> comm = Unregister(handle, "ncclCommAbort");
   if (comm == nullptr) {
     return CallError(nullptr, ncclInvalidUsage, "ncclCommAbort: not a live communicator (aborted or destroyed?)");
   }
@@ -2121,7 +2150,7 @@ ncclResult_t ncclCommAbort(ncclComm_t handle) {
 
 ncclResult_t ncclCommDestroy(ncclComm_t handle) {
   if (handle == nullptr) return ncclSuccess;
-  std::shared_ptr<ncclComm> comm = Unregister(handle);
+  std::shared_ptr<ncclComm> comm = Unregister(handle, "ncclCommDestroy");
   if (comm == nullptr) {
     return CallError(nullptr, ncclInvalidUsage, "ncclCommDestroy: not a live communicator (aborted or destroyed?)");
   }
@@ -2143,7 +2172,7 @@ ncclResult_t ncclCommDestroy(ncclComm_t handle) {
 }
 
 ncclResult_t ncclCommCount(const ncclComm_t handle, int* count) {
-  std::shared_ptr<ncclComm> comm = handle == nullptr ? nullptr : Resolve(handle);
+  std::shared_ptr<ncclComm> comm = handle == nullptr ? nullptr : Resolve(handle, "ncclCommCount");
   if (comm == nullptr || count == nullptr)
     return CallError(nullptr, ncclInvalidArgument, "ncclCommCount: bad argument");
   *count = comm->clique->nranks;
@@ -2151,7 +2180,7 @@ ncclResult_t ncclCommCount(const ncclComm_t handle, int* count) {
 }
 
 ncclResult_t ncclCommCuDevice(const ncclComm_t handle, int* device) {
-  std::shared_ptr<ncclComm> comm = handle == nullptr ? nullptr : Resolve(handle);
+  std::shared_ptr<ncclComm> comm = handle == nullptr ? nullptr : Resolve(handle, "ncclCommCuDevice");
   if (comm == nullptr || device == nullptr) {
     return CallError(nullptr, ncclInvalidArgument, "ncclCommCuDevice: bad argument");
   }
@@ -2160,7 +2189,7 @@ ncclResult_t ncclCommCuDevice(const ncclComm_t handle, int* device) {
 }
 
 ncclResult_t ncclCommUserRank(const ncclComm_t handle, int* rank) {
-  std::shared_ptr<ncclComm> comm = handle == nullptr ? nullptr : Resolve(handle);
+  std::shared_ptr<ncclComm> comm = handle == nullptr ? nullptr : Resolve(handle, "ncclCommUserRank");
   if (comm == nullptr || rank == nullptr) {
     return CallError(nullptr, ncclInvalidArgument, "ncclCommUserRank: bad argument");
   }

@@ -228,6 +228,11 @@ class NcclCommunicator final : public Communicator {
     std::lock_guard<std::mutex> lock(mu_);
     return abort_reason_;
   }
+  // Why the communicator is gone (comm_aborted_): the abort's reason, or,
+  // for the destructor's abort of ops that did not finish, that.
+  absl::Status AbortReasonLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return abort_reason_.ok() ? absl::CancelledError(StrCat(Describe(), ": aborted")) : abort_reason_;
+  }
 
   // Runs `enqueue` on the stream after checking the tensors, and `done`
   // once the GPU finished it (or with the abort's reason).
@@ -246,16 +251,25 @@ class NcclCommunicator final : public Communicator {
     NcclCommunicator* self = this;
     const std::string what = StrCat(Describe(), ": ", op);
     stream_->Enqueue([self, what, tensors, enqueue = std::move(enqueue), type = *type]() -> absl::Status {
-      std::lock_guard<std::mutex> calls(self->calls_mu_);  // one NCCL call at a time on a communicator
+      std::lock_guard<std::mutex> op(self->calls_mu_);  // one op (its calls and their polling) at a time
+      // Every call with the handle holds mu_ and first checks the abort:
+      // ncclCommAbort (the watcher's, Abort's) frees the communicator, so a
+      // call after it, or during it, would read freed memory. A
+      // non-blocking communicator's calls return at once, so holding mu_
+      // across one never holds up an abort for long.
+      std::unique_lock<std::mutex> lock(self->mu_);
+      if (self->comm_aborted_) return self->AbortReasonLocked();
       ncclResult_t r = enqueue(static_cast<cudaStream_t>(self->stream_->native()), type);
-      // A non-blocking communicator may still be enqueuing: wait for it.
+      // Still enqueuing (connecting to peers, say): wait for it, letting an
+      // abort in between polls.
       while (r == ncclInProgress) {
+        lock.unlock();
         std::this_thread::sleep_for(std::chrono::microseconds(50));
+        lock.lock();
+        if (self->comm_aborted_) return self->AbortReasonLocked();
         if (ncclCommGetAsyncError(self->comm_, &r) != ncclSuccess) break;
       }
-      if (r != ncclSuccess) {
-        return absl::InternalError(StrCat(what, ": ", Explain(r, self->comm_)));
-      }
+      if (r != ncclSuccess) return absl::InternalError(StrCat(what, ": ", Explain(r, self->comm_)));
       return absl::OkStatus();
     });
     stream_->OnComplete([self, tensors = std::move(tensors), done = std::move(done)](absl::Status status) {
@@ -295,7 +309,10 @@ class NcclCommunicator final : public Communicator {
   const NcclOptions options_;
   ncclComm_t comm_;
   std::unique_ptr<Stream> stream_;
-  std::mutex calls_mu_;
+  std::mutex calls_mu_;  // held for a whole op, taken before mu_
+  // Guards the handle: every NCCL call with comm_ holds it (the watcher's
+  // polls, the aborts, the destroy, the ops' calls), so none runs during or
+  // after ncclCommAbort, which frees the communicator.
   std::mutex mu_;
   std::condition_variable cv_;
   absl::Status abort_reason_ ABSL_GUARDED_BY(mu_);

@@ -1,6 +1,7 @@
 // The NCCL communicator (ctest label cuda). Everywhere: bad arguments are
 // one-line errors before any GPU is touched, and without a GPU creation
-// says why. With a GPU: a one-rank group's ops and its abort; with two,
+// says why. With a GPU: a one-rank group's ops and its abort, an abort from
+// another thread while ops are launched (no call with the freed handle); with two,
 // every op between two ranks (threads of this process) against the
 // expected values, and a rank whose peer never comes fails within its
 // timeout instead of waiting. Boxing on GPUs against the CPU's: with one
@@ -10,6 +11,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <future>
@@ -108,6 +110,46 @@ TEST(Nccl, OneRankGroupRunsItsOpsAndAborts) {
   c.Abort(absl::AbortedError("the job failed"));
   const absl::Status after = Wait([&](DoneFn done) { c.AllReduce(x, y, ReduceOp::kSum, std::move(done)); });
   EXPECT_EQ(after.code(), absl::StatusCode::kAborted) << after;
+}
+
+// ncclCommAbort frees the communicator: an abort from another thread (the
+// watcher's, a failing job's) while ops are being launched must never let a
+// launch call NCCL with the freed handle (the emulator stops the process on
+// such a call; on a GPU it reads freed memory). Every op either ran or
+// fails with the abort's reason.
+TEST(Nccl, AnAbortWhileOpsAreLaunchedLeavesNoCallOnTheFreedHandle) {
+  if (const std::string why = MissingGpus(1); !why.empty()) GTEST_SKIP() << why;
+  for (int round = 0; round < 40; ++round) {
+    NcclOptions options;
+    options.group = StrCat("race", round);
+    auto comm = MakeNcclCommunicator(options);
+    ASSERT_TRUE(comm.ok()) << comm.status();
+    std::shared_ptr<Communicator> c = *comm;
+    const Tensor x = OnGpu({1, 2, 3}, 0);
+    Tensor y = OnGpu({0, 0, 0}, 0);
+    std::atomic<int> started{0};
+    std::atomic<int> aborted{0};
+    std::atomic<int> other{0};
+    std::thread launcher([&] {
+      // Launches without waiting, as a collective actor does, until one fails.
+      for (int i = 0; i < 2000 && aborted.load() == 0; ++i) {
+        started.fetch_add(1);
+        c->AllReduce(x, y, ReduceOp::kSum, [&](absl::Status status) {
+          if (status.ok()) return;
+          if (status.code() == absl::StatusCode::kAborted && status.message() == "stop") {
+            aborted.fetch_add(1);
+          } else {
+            other.fetch_add(1);
+          }
+        });
+      }
+    });
+    while (started.load() < 1 + round) std::this_thread::yield();
+    c->Abort(absl::AbortedError("stop"));
+    launcher.join();
+    c.reset();  // the destructor waits for what is still on the stream
+    EXPECT_EQ(other.load(), 0) << "round " << round;
+  }
 }
 
 TEST(Nccl, TwoRanksRunEveryOp) {

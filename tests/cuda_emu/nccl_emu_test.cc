@@ -572,8 +572,7 @@ TEST(NcclEmuTest, AbortWhileFormingFailsTheOtherRanks) {
   EXPECT_EQ(state, ncclRemoteError);
   EXPECT_EQ(ncclCommInitRank(&c, 3, id, 2), ncclRemoteError);  // blocking: would wait forever otherwise
   EXPECT_EQ(c, nullptr);
-  EXPECT_EQ(ncclCommAbort(b), ncclSuccess);
-  EXPECT_EQ(ncclCommGetAsyncError(b, &state), ncclInvalidUsage);  // gone
+  EXPECT_EQ(ncclCommAbort(b), ncclSuccess);  // gone: a later call with b is a use after free (below)
 }
 
 // ---------------------------------------------------------------------------
@@ -618,9 +617,27 @@ TEST(NcclEmuTest, CallsCheckTheirArguments) {
   EXPECT_EQ(state, ncclSuccess);
   EXPECT_STREQ(ncclGetErrorString(ncclInvalidUsage), "invalid usage");
   EXPECT_EQ(ncclCommDestroy(comm), ncclSuccess);
-  EXPECT_EQ(ncclCommDestroy(comm), ncclInvalidUsage);  // stale handle
+  // A freed handle: real NCCL would read freed memory; the emulator stops the
+  // process naming the call.
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(ncclCommDestroy(comm), "ncclCommDestroy with a communicator this process already aborted or destroyed");
   cudaFree(buffer);
   cudaStreamDestroy(stream);
+}
+
+// Any call with an aborted communicator's handle is a use after free.
+TEST(NcclEmuDeathTest, ACallAfterAbortStopsTheProcess) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  ncclUniqueId id;
+  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  ncclComm_t comm = nullptr;
+  ASSERT_EQ(ncclCommInitRank(&comm, 1, id, 0), ncclSuccess);
+  ASSERT_EQ(ncclCommAbort(comm), ncclSuccess);
+  ncclResult_t state = ncclSuccess;
+  EXPECT_DEATH(ncclCommGetAsyncError(comm, &state), "ncclCommGetAsyncError with a communicator this process already");
+  EXPECT_DEATH(ncclAllReduce(nullptr, nullptr, 0, ncclFloat32, ncclSum, comm, nullptr), "ncclAllReduce with a comm");
+  EXPECT_DEATH(ncclGetLastError(comm), "ncclGetLastError with a comm");
+  EXPECT_DEATH(ncclCommAbort(comm), "ncclCommAbort with a comm");
 }
 
 // Ranks issuing different collectives: every rank's op fails (real NCCL
