@@ -43,6 +43,37 @@ struct LayerRuns {
   }
 };
 
+// A custom stage list: one stage per layer, in [0, pipeline), never going
+// back (activations flow from a stage to the next), every stage holding a
+// layer (a stage without one would run nothing of the model's layers).
+absl::Status CheckCustomStages(const ParallelConfig& config) {
+  const std::vector<int64_t>& stages = config.custom_stage_of_layer;
+  const std::string what = "train.dist.custom_pipeline_stage_id";
+  const int64_t layers = config.pipeline_num_layers;
+  if (layers <= 0) return absl::InvalidArgumentError(StrCat(what, " needs pipeline_num_layers (the model's layers)"));
+  if (static_cast<int64_t>(stages.size()) != layers) {
+    return absl::InvalidArgumentError(
+        StrCat(what, " has ", stages.size(), " entries, one per layer is needed: the model has ", layers, " layers"));
+  }
+  for (size_t i = 0; i < stages.size(); ++i) {
+    if (stages[i] < 0 || stages[i] >= config.pipeline) {
+      return absl::InvalidArgumentError(StrCat(what, "[", i, "] = ", stages[i], " is outside the ", config.pipeline,
+                                               " pipeline stages (valid: 0..", config.pipeline - 1, ")"));
+    }
+    if (i > 0 && stages[i] < stages[i - 1]) {
+      return absl::InvalidArgumentError(StrCat(what, "[", i, "] = ", stages[i], " comes after stage ", stages[i - 1],
+                                               ": stages must not decrease from one layer to the next"));
+    }
+  }
+  for (int64_t s = 0; s < config.pipeline; ++s) {
+    if (std::find(stages.begin(), stages.end(), s) == stages.end()) {
+      return absl::InvalidArgumentError(StrCat(what, " gives stage ", s, " no layer (every one of the ",
+                                               config.pipeline, " stages needs at least one)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<DeviceMesh> DeviceMesh::Make(const ParallelConfig& config) {
@@ -92,6 +123,10 @@ absl::StatusOr<DeviceMesh> DeviceMesh::Make(const ParallelConfig& config) {
     }
     mesh.num_layers_ = config.pipeline_num_layers;
   }
+  if (!config.custom_stage_of_layer.empty()) {
+    RETURN_IF_ERROR(CheckCustomStages(config));
+    if (config.pipeline > 1) mesh.custom_stage_of_layer_ = config.custom_stage_of_layer;
+  }
   const int64_t per_stage = mesh.ranks_per_stage();
   for (int64_t s = 0; s < mesh.num_stages_; ++s) {
     std::vector<int64_t> ranks(static_cast<size_t>(per_stage));
@@ -112,13 +147,19 @@ absl::StatusOr<int64_t> DeviceMesh::StageOfLayer(int64_t layer_idx) const {
                                              " pipeline layers (valid: 0..", pipeline_num_layers() - 1,
                                              ", or -1 for the last stage)"));
   }
+  if (!custom_stage_of_layer_.empty()) return custom_stage_of_layer_[static_cast<size_t>(layer_idx)];
   return LayerRuns(num_layers_, num_stages_).StageOf(layer_idx);
 }
 
 std::vector<int64_t> DeviceMesh::LayersPerStage() const {
   if (num_layers_ == 0) return {};
-  const LayerRuns runs(num_layers_, num_stages_);
   std::vector<int64_t> counts;
+  if (!custom_stage_of_layer_.empty()) {
+    counts.assign(static_cast<size_t>(num_stages_), 0);
+    for (int64_t s : custom_stage_of_layer_) ++counts[static_cast<size_t>(s)];
+    return counts;
+  }
+  const LayerRuns runs(num_layers_, num_stages_);
   for (int64_t s = 0; s < num_stages_; ++s) counts.push_back(runs.CountOf(s));
   return counts;
 }

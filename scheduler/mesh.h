@@ -41,8 +41,13 @@ struct ParallelConfig {
   int64_t pipeline = 1;
   int64_t world_size = 1;
   // Number of layers the model's layer_idx values range over; required (and
-  // >= pipeline) when pipeline > 1, ignored otherwise.
+  // >= pipeline) when pipeline > 1 or a custom stage list is given, ignored
+  // otherwise.
   int64_t pipeline_num_layers = 0;
+  // The stage of each layer (`train.dist.custom_pipeline_stage_id`); empty:
+  // LiBai's balancing rule. Else one entry per layer, each in
+  // [0, pipeline), never decreasing, every stage holding a layer.
+  std::vector<int64_t> custom_stage_of_layer = {};
 };
 
 // Where a rank sits in the mesh.
@@ -59,7 +64,9 @@ class DeviceMesh {
   // kMaxWorldSize; a non-positive size; a
   // world size not divisible by tensor x pipeline; an explicit data size
   // whose product with the others is not the world size; pipeline > 1
-  // without pipeline_num_layers; more stages than layers.
+  // without pipeline_num_layers; more stages than layers; a custom stage
+  // list of another length than the layers, with a stage outside the
+  // pipeline, going back a stage or leaving one without layers.
   static absl::StatusOr<DeviceMesh> Make(const ParallelConfig& config);
 
   DeviceType device_type() const { return device_type_; }
@@ -74,8 +81,9 @@ class DeviceMesh {
   std::vector<int64_t> hierarchy() const { return {data_, tensor_}; }
 
   // The stage of a layer. With one stage every index is stage 0. With several: 0 <= layer_idx <
-  // pipeline_num_layers by the balancing rule, -1 = the last stage, anything
-  // else an error naming the index and the layer count.
+  // pipeline_num_layers by the custom list or else the balancing rule, -1 =
+  // the last stage, anything else an error naming the index and the layer
+  // count.
   absl::StatusOr<int64_t> StageOfLayer(int64_t layer_idx) const;
   // How many of the pipeline_num_layers layers each stage holds ({} with one
   // stage).
@@ -99,6 +107,7 @@ class DeviceMesh {
   int64_t tensor_ = 1;
   int64_t num_stages_ = 1;
   int64_t num_layers_ = 0;  // pipeline_num_layers (0 with one stage); stages follow by formula
+  std::vector<int64_t> custom_stage_of_layer_;  // or, when not empty, from this list
   std::vector<Placement> stage_placements_;
 };
 

@@ -54,11 +54,13 @@ Binding<DistConfig> MakeDistKeys() {
           {.min = 1, .max = 1 << 20,
            .doc = "the model's layer count, for LiBai's stage assignment; must equal the model's layers; `null`: "
                   "taken from the model"});
-  b.Unbound("custom_pipeline_stage_id",
-            KeySpec{.type = KeyType::kIntList,
-                    .nullable = true,
-                    .not_implemented = "explicit stage per layer",
-                    .doc = "explicit pipeline stage of each layer; `null`: LiBai's automatic assignment"});
+  b.Field("custom_pipeline_stage_id", &DistConfig::custom_pipeline_stage_id,
+          {.min = 0,
+           .max = static_cast<double>(kMaxDevicesPerNode - 1),
+           .doc = "the pipeline stage of each layer, one entry per layer (e.g. `[0, 0, 0, 1]`: three layers on "
+                  "stage 0, one on stage 1), never decreasing, every stage holding a layer; the embeddings go "
+                  "with the first layer, the head and the loss with the last stage; `null`: LiBai's automatic "
+                  "assignment"});
   return b;
 }
 

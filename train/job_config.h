@@ -41,6 +41,7 @@ struct DistConfig {
   bool async_compute = false;
   double gradient_bucket_mb = 25;
   std::optional<int64_t> pipeline_num_layers;
+  std::optional<std::vector<int64_t>> custom_pipeline_stage_id;  // a stage per layer; unset: LiBai's rule
 };
 
 // LiBai's `train.checkpointer`: when checkpoints are written (one is always

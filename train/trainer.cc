@@ -94,6 +94,7 @@ absl::StatusOr<scheduler::ParallelConfig> ParallelFromConfig(const DistConfig& d
                                              " != the model's ", layers, " layers (leave it null to use the model's)"));
   }
   parallel.pipeline_num_layers = layers;
+  if (dist.custom_pipeline_stage_id) parallel.custom_stage_of_layer = *dist.custom_pipeline_stage_id;
   return parallel;
 }
 

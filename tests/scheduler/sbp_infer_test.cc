@@ -114,6 +114,43 @@ TEST(DeviceMeshTest, LayersMapToStagesByLibaiRule) {
   EXPECT_FALSE(gpt.StageOfLayer(-2).ok());
 }
 
+TEST(DeviceMeshTest, ACustomStageListPlacesEachLayer) {
+  ParallelConfig config{.pipeline = 2, .world_size = 2, .pipeline_num_layers = 4};
+  config.custom_stage_of_layer = {0, 0, 0, 1};  // LiBai's rule would give [2, 2]
+  auto mesh = DeviceMesh::Make(config);
+  ASSERT_TRUE(mesh.ok()) << mesh.status();
+  EXPECT_EQ(mesh->LayersPerStage(), (std::vector<int64_t>{3, 1}));
+  const std::vector<std::pair<int64_t, int64_t>> expected = {{0, 0}, {1, 0}, {2, 0}, {3, 1}, {-1, 1}};
+  for (const auto& [layer, stage] : expected) EXPECT_EQ(*mesh->StageOfLayer(layer), stage) << "layer " << layer;
+  EXPECT_EQ(mesh->ToString(), "cpu, 2 ranks: pipeline 2 x data 1 x tensor 1; layers per stage [3, 1]");
+  EXPECT_FALSE(mesh->StageOfLayer(4).ok());
+  config.pipeline = 3;
+  config.world_size = 3;
+  config.custom_stage_of_layer = {0, 1, 1, 2};
+  EXPECT_EQ(DeviceMesh::Make(config)->LayersPerStage(), (std::vector<int64_t>{1, 2, 1}));
+  // One stage: a list of zeros is accepted and changes nothing.
+  ParallelConfig flat{.world_size = 2, .pipeline_num_layers = 2};
+  flat.custom_stage_of_layer = {0, 0};
+  EXPECT_EQ(*DeviceMesh::Make(flat)->StageOfLayer(1), 0);
+}
+
+TEST(DeviceMeshTest, BadCustomStageListsAreOneLineErrors) {
+  const auto error = [](std::vector<int64_t> stages, int64_t pipeline = 2, int64_t layers = 4) {
+    ParallelConfig config{.pipeline = pipeline, .world_size = pipeline, .pipeline_num_layers = layers};
+    config.custom_stage_of_layer = std::move(stages);
+    return MeshError(config);
+  };
+  EXPECT_CONTAINS(error({0, 0, 1}), "custom_pipeline_stage_id has 3 entries, one per layer is needed: the model has 4");
+  EXPECT_CONTAINS(error({0, 0, 1, 2}),
+                  "custom_pipeline_stage_id[3] = 2 is outside the 2 pipeline stages (valid: 0..1)");
+  EXPECT_CONTAINS(error({0, -1, 1, 1}), "custom_pipeline_stage_id[1] = -1 is outside");
+  EXPECT_CONTAINS(error({0, 1, 0, 1}), "custom_pipeline_stage_id[2] = 0 comes after stage 1");
+  EXPECT_CONTAINS(error({0, 0, 0, 0}), "custom_pipeline_stage_id gives stage 1 no layer");
+  EXPECT_CONTAINS(error({0, 0, 2, 2}, 3), "gives stage 1 no layer");
+  EXPECT_CONTAINS(error({0, 1}, 1, 2), "custom_pipeline_stage_id[1] = 1 is outside the 1 pipeline stages");
+  EXPECT_CONTAINS(error({0, 0}, 1, 0), "custom_pipeline_stage_id needs pipeline_num_layers");
+}
+
 TEST(DeviceMeshTest, BadConfigsFailWithOneLineReasons) {
   EXPECT_CONTAINS(MeshError({.tensor = 4, .world_size = 6}),
                   "world size 6 is not divisible by tensor parallel size 4 x pipeline parallel size 1");

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "core/config.h"
+#include "core/status.h"
 #include "core/text.h"
 #include "nlohmann/json.hpp"
 #include "tests/cli_runner.h"
@@ -34,7 +35,7 @@ constexpr int kSteps = 10;
 // 0.1, checked below) or a wrong normalisation is far beyond it.
 constexpr double kRtol = 1e-6;
 
-absl::StatusOr<std::vector<double>> TrainGpt2(std::vector<std::string> overrides) {
+absl::StatusOr<TrainSummary> TrainGpt2Summary(std::vector<std::string> overrides) {
   const auto dir = std::filesystem::temp_directory_path() / ("tessera_equivalence_" + std::to_string(::getpid()));
   overrides.insert(overrides.end(), {"model.num_layers=4", "train.train_iter=" + std::to_string(kSteps),
                                      "train.log_period=100", "train.output_dir=" + dir.string()});
@@ -46,8 +47,12 @@ absl::StatusOr<std::vector<double>> TrainGpt2(std::vector<std::string> overrides
     summary = Train(*config);
   }
   std::filesystem::remove_all(dir);
-  if (!summary.ok()) return summary.status();
-  return summary->losses;
+  return summary;
+}
+
+absl::StatusOr<std::vector<double>> TrainGpt2(std::vector<std::string> overrides) {
+  ASSIGN_OR_RETURN(TrainSummary summary, TrainGpt2Summary(std::move(overrides)));
+  return summary.losses;
 }
 
 // |a[i] - b[i]| / |b[i]| per step.
@@ -110,6 +115,42 @@ TEST(Equivalence, Gpt2NanoLossesMatchOneDeviceUnderEveryLayout) {
       {"2x2x2", with(dist(2, 2, 2), {"train.train_micro_batch_size=2", "train.num_accumulation_steps=2"})},
   };
   ExpectLayoutsGive(layouts, {}, *one);
+}
+
+// train.dist.custom_pipeline_stage_id places each layer on the stage it
+// names instead of LiBai's balanced cut: the losses stay one device's, and
+// the parameters follow the layers (stage 0 of [0, 0, 0, 1] holds three
+// layers' weights and the embeddings, more than the balanced [2, 2] puts
+// there; the last stage holds less).
+TEST(Equivalence, CustomPipelineStagesGiveTheOneDeviceLossesWithTheirLayers) {
+  auto one = TrainGpt2(kOneDevice);
+  ASSERT_TRUE(one.ok()) << one.status();
+  const std::vector<std::string> pp2 = {"train.dist.pipeline_parallel_size=2", "train.train_micro_batch_size=4",
+                                        "train.num_accumulation_steps=2"};
+  auto balanced = TrainGpt2Summary(pp2);
+  ASSERT_TRUE(balanced.ok()) << balanced.status();
+  std::vector<std::string> custom = pp2;
+  custom.push_back("train.dist.custom_pipeline_stage_id=[0,0,0,1]");
+  auto skewed = TrainGpt2Summary(custom);
+  ASSERT_TRUE(skewed.ok()) << skewed.status();
+  ExpectSameLosses("PP 2, stages [0,0,0,1]", skewed->losses, *one);
+  const auto parameter_bytes = [](const TrainSummary& summary, uint32_t device) {
+    for (const actors::ArenaMonitor::Use& use : summary.arenas) {
+      if (use.device_index == device) return use.parameter_bytes;
+    }
+    ADD_FAILURE() << "no arena of device " << device;
+    return int64_t{0};
+  };
+  EXPECT_GT(parameter_bytes(*skewed, 0), parameter_bytes(*balanced, 0));
+  EXPECT_LT(parameter_bytes(*skewed, 1), parameter_bytes(*balanced, 1));
+  ExpectLayoutsGive({{"PP 3, stages [0,1,1,2]",
+                      {"train.dist.pipeline_parallel_size=3", "train.train_micro_batch_size=2",
+                       "train.num_accumulation_steps=4", "train.dist.custom_pipeline_stage_id=[0,1,1,2]"}},
+                     {"DP 2 x TP 2 x PP 2, stages [0,1,1,1]",
+                      {"train.dist.data_parallel_size=2", "train.dist.tensor_parallel_size=2",
+                       "train.dist.pipeline_parallel_size=2", "train.train_micro_batch_size=2",
+                       "train.num_accumulation_steps=2", "train.dist.custom_pipeline_stage_id=[0,1,1,1]"}}},
+                    {}, *one);
 }
 
 // model.fused_attention (one flash_attention op per layer) gives the unfused
