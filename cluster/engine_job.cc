@@ -46,6 +46,9 @@ class EngineJobCompiler final : public JobCompiler {
     // Building the job checks what the schema cannot (the mesh, the model's
     // layers, batch arithmetic) before it is queued.
     ASSIGN_OR_RETURN(std::unique_ptr<JobFeed> feed, JobFeed::Make(resolved));
+    // What building it derived (train.train_epoch's iterations) goes with
+    // the config: into config.json, the plan, the nodes.
+    resolved["train"]["train_iter"] = feed->iterations();
     // Where it starts (a resume's checkpoint, load_weight's) is checked at
     // submit too, so a missing or finished checkpoint is a submit error.
     ASSIGN_OR_RETURN(const RunStart start, ResolveRunStart(feed->train(), feed->global_batch()));

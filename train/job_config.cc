@@ -153,10 +153,12 @@ Binding<TrainConfig> MakeTrainKeys() {
                   "else 1. Any two of micro, global and accumulation give the third; a contradiction is an error"});
   b.Field("train_iter", &TrainConfig::train_iter,
           {.min = 1, .max = kMaxIterations, .doc = "iterations to train (at most 2^32 - 1: the random streams count them in 32 bits)"});
-  b.Unbound("train_epoch", KeySpec{.type = KeyType::kInt,
-                                   .default_value = 0,
-                                   .not_implemented = "epochs need a dataset; set train.train_iter",
-                                   .doc = "epochs to train"});
+  b.Field("train_epoch", &TrainConfig::train_epoch,
+          {.min = 0,
+           .max = kMaxIterations,
+           .doc = "passes over the text data's training split (`dataloader`): `train_iter` becomes the larger of "
+                  "itself and ceil(epochs × training samples / global batch), as LiBai does (warmup and the "
+                  "schedule follow it); 0: `train_iter` alone"});
   b.Unbound("start_iter", KeySpec{.type = KeyType::kInt,
                                   .default_value = 0,
                                   .not_implemented = "set train.resume to continue from a checkpoint",

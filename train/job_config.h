@@ -83,6 +83,10 @@ struct TrainConfig {
   std::optional<int64_t> global_batch_size;
   std::optional<int64_t> num_accumulation_steps;
   int64_t train_iter = 10000;
+  // Passes over the training split: when the text data's training samples
+  // need more iterations, train_iter is raised to them (LiBai's rule,
+  // applied where a job is prepared); 0: train_iter alone.
+  int64_t train_epoch = 0;
   double warmup_ratio = 0.0;
   int64_t log_period = 20;
   int64_t seed = 1234;

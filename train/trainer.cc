@@ -112,6 +112,47 @@ struct Job {
   int64_t global_batch() const { return batch * data_parallel * options.num_micro_batches; }
 };
 
+// train.train_epoch: LiBai's train_iter = max(train_iter, ceil(epochs ×
+// training samples / global batch)), the samples those of the text data's
+// training split (opened, and built from dataloader.text_file if missing,
+// as the run would). The resolved config gets the result, so config.json,
+// the schedule and a cluster's nodes see it; applying it again changes
+// nothing.
+absl::Status ApplyEpochs(bool has_text, Job& job) {
+  const int64_t epochs = job.train.train_epoch;
+  if (!has_text) {
+    return absl::InvalidArgumentError(
+        StrCat("train.train_epoch ", epochs,
+               " needs text data (dataloader.data_prefix): an epoch is a pass over its training split; without "
+               "it set train.train_iter"));
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<TextData> data, TextData::Open(job.config, *job.model->text_inputs()));
+  const int64_t samples = data->train_samples(), global = job.global_batch();
+  const auto needed = (static_cast<unsigned __int128>(epochs) * static_cast<uint64_t>(samples) + global - 1) /
+                      static_cast<uint64_t>(global);
+  constexpr int64_t kMaxIterations = (int64_t{1} << 32) - 1;
+  if (needed > static_cast<unsigned __int128>(kMaxIterations)) {
+    return absl::InvalidArgumentError(StrCat("train.train_epoch ", epochs, " over ", samples,
+                                             " training samples at a global batch of ", global,
+                                             " needs more than the 2^32 - 1 iterations train.train_iter allows"));
+  }
+  const auto iterations = static_cast<int64_t>(needed);
+  if (iterations <= job.train.train_iter) {
+    TLOG_DEBUG(
+        "train.train_epoch {}: {} training samples at a global batch of {} take {} iterations; "
+        "train.train_iter stays {}",
+        epochs, samples, global, iterations, job.train.train_iter);
+    return absl::OkStatus();
+  }
+  TLOG_INFO(
+      "train.train_epoch {}: {} training samples at a global batch of {} take {} iterations; train.train_iter "
+      "raised to {}",
+      epochs, samples, global, iterations, iterations);
+  job.train.train_iter = iterations;
+  job.config["train"]["train_iter"] = iterations;
+  return absl::OkStatus();
+}
+
 // Resolves the config and builds the model, the mesh, the batch arithmetic,
 // the optimizer and the schedule; with `compile`, also the graph and the
 // engine (job.engine is null without).
@@ -181,6 +222,7 @@ absl::StatusOr<Job> Prepare(const nlohmann::json& raw_config, PlanExecutor execu
     job.options.loss_scale = {.initial_scale = train.amp.initial_loss_scale,
                               .growth_interval = train.amp.loss_scale_growth_interval};
   }
+  if (train.train_epoch > 0) RETURN_IF_ERROR(ApplyEpochs(has_text, job));
   // The graph is built for the logical micro-batch: every data-parallel
   // rank's samples (the scheduler splits it).
   double base_lr = 0;

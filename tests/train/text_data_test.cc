@@ -8,10 +8,12 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "nlohmann/json.hpp"
@@ -143,6 +145,53 @@ TEST_F(TextDataTest, TheDataOrderIsTheSameUnderEveryLayout) {
   }
 }
 
+// train.train_epoch (LiBai's rule): train_iter becomes the larger of itself
+// and ceil(epochs × training samples / global batch); the run trains that
+// many iterations and config.json records them. A train_iter above the
+// epochs' stays.
+TEST_F(TextDataTest, TrainEpochsRaiseTrainIterToPassesOverTheTrainingSplit) {
+  const auto run_epochs = [&](const std::string& name, const std::string& extra) {
+    const fs::path out = root_ / name;
+    const auto run =
+        RunTessera("--log-level debug " + Train(out, "train.train_epoch=2 train.log_period=1000 " + extra));
+    EXPECT_EQ(run.exit_code, 0) << run.out;
+    // "train.train_epoch 2: N training samples at a global batch of G take K iterations; ..."
+    const size_t at = run.out.find("train.train_epoch 2: ");
+    EXPECT_NE(at, std::string::npos) << run.out;
+    int64_t samples = 0, global = 0, iterations = 0;
+    if (at != std::string::npos) {
+      EXPECT_EQ(std::sscanf(run.out.c_str() + at,
+                            "train.train_epoch 2: %ld training samples at a global batch of %ld take %ld", &samples,
+                            &global, &iterations),
+                3)
+          << run.out.substr(at, 200);
+    }
+    std::ifstream in(out / "config.json");
+    const nlohmann::json config = nlohmann::json::parse(in, nullptr, false, /*ignore_comments=*/true);
+    const int64_t trained = static_cast<int64_t>(ReadMetricsRows(out).train.rbegin()->first);
+    return std::tuple{samples, global, iterations, config["train"]["train_iter"].get<int64_t>(), trained};
+  };
+  const auto [samples, global, iterations, recorded, trained] =
+      run_epochs("epochs", "train.train_iter=1 train.train_micro_batch_size=64");
+  ASSERT_GT(samples, 64);
+  EXPECT_EQ(global, 64);
+  EXPECT_EQ(iterations, (2 * samples + 63) / 64);
+  EXPECT_EQ(recorded, iterations);
+  EXPECT_EQ(trained, iterations);
+  // Half the batch, twice the iterations (rounded up); over the same samples.
+  const auto [samples2, global2, iterations2, recorded2, trained2] =
+      run_epochs("epochs_half", "train.train_iter=1 train.train_micro_batch_size=32");
+  EXPECT_EQ(samples2, samples);
+  EXPECT_EQ(iterations2, (2 * samples + 31) / 32);
+  EXPECT_EQ(trained2, iterations2);
+  // train_iter already larger: it stays.
+  const int64_t more = iterations + 3;
+  const auto [samples3, global3, iterations3, recorded3, trained3] =
+      run_epochs("epochs_fewer", "train.train_micro_batch_size=64 train.train_iter=" + std::to_string(more));
+  EXPECT_EQ(recorded3, more);
+  EXPECT_EQ(trained3, more);
+}
+
 TEST_F(TextDataTest, BadDataConfigsAreOneLineErrors) {
   const fs::path out = root_ / "bad";
   // A dataset that does not exist, with no text to build it from.
@@ -161,6 +210,12 @@ TEST_F(TextDataTest, BadDataConfigsAreOneLineErrors) {
   ExpectOneLineError(
       RunTessera("train " + SourcePath("configs/mlp_demo.json") + " dataloader.data_prefix=" + (root_ / "x").string()),
       "reads no text");
+  // Epochs without text data to count them in.
+  ExpectOneLineError(RunTessera("train " + SourcePath("configs/mlp_demo.json") + " train.train_epoch=2"),
+                     "train.train_epoch 2 needs text data (dataloader.data_prefix)");
+  // Epochs beyond the iterations' limit.
+  ExpectOneLineError(RunTessera(Train(out, "train.train_epoch=4294967295 train.train_micro_batch_size=1")),
+                     "needs more than the 2^32 - 1 iterations train.train_iter allows");
   EXPECT_FALSE(fs::exists(out));
 }
 
