@@ -107,6 +107,9 @@ struct Job {
   CompileOptions options;
   std::optional<LrSchedule> schedule;  // set by Prepare
   std::unique_ptr<Engine> engine;
+  // The text data, when preparing the job opened it (train.train_epoch
+  // counts its samples); JobFeed takes it rather than opening it again.
+  std::unique_ptr<TextData> text;
 
   // Samples per iteration: micro-batch × data-parallel ranks × micro-batches.
   int64_t global_batch() const { return batch * data_parallel * options.num_micro_batches; }
@@ -126,8 +129,8 @@ absl::Status ApplyEpochs(bool has_text, Job& job) {
                " needs text data (dataloader.data_prefix): an epoch is a pass over its training split; without "
                "it set train.train_iter"));
   }
-  ASSIGN_OR_RETURN(std::unique_ptr<TextData> data, TextData::Open(job.config, *job.model->text_inputs()));
-  const int64_t samples = data->train_samples(), global = job.global_batch();
+  ASSIGN_OR_RETURN(job.text, TextData::Open(job.config, *job.model->text_inputs()));
+  const int64_t samples = job.text->train_samples(), global = job.global_batch();
   const auto needed = (static_cast<unsigned __int128>(epochs) * static_cast<uint64_t>(samples) + global - 1) /
                       static_cast<uint64_t>(global);
   constexpr int64_t kMaxIterations = (int64_t{1} << 32) - 1;
@@ -292,7 +295,11 @@ absl::StatusOr<std::unique_ptr<JobFeed>> JobFeed::Make(const nlohmann::json& con
   if (text_inputs) {
     out->tokens_per_sample_ = text_inputs->seq_length;
     out->reports_perplexity_ = text_inputs->kind == models::Model::TextInputs::Kind::kGpt;
-    ASSIGN_OR_RETURN(out->text_, TextData::Open(job.config, *text_inputs));
+    if (job.text != nullptr) {
+      out->text_ = std::move(job.text);
+    } else {
+      ASSIGN_OR_RETURN(out->text_, TextData::Open(job.config, *text_inputs));
+    }
   }
   if (job.train.evaluation.enabled) {
     if (out->text_->valid_samples() == 0) {
