@@ -4,7 +4,9 @@
 # cuBLASLt, NCCL and CUB's sort run on host threads; kernels run block by
 # block, CUDA threads as fibers) and runs the tests of label cuda on
 # emulated GPUs: every CUDA kernel against its CPU kernel, the actor runtime
-# on cuda:0, the NCCL communicator, and gpt2_nano on one emulated GPU
+# on cuda:0, the NCCL communicator (also with every op on a non-blocking
+# communicator answering ncclInProgress first, as real NCCL may), and
+# gpt2_nano on one emulated GPU
 # against the CPU and under DP / TP / PP / 2x2x1 / 2x2x2 against one GPU;
 # then whole jobs through the binary on emulated cuda:0 against the CPU
 # (gpt2_nano in bf16 and fp16 AMP, with fused attention and bias_gelu
@@ -27,19 +29,20 @@ quick=0
 for arg in "$@"; do
   case "$arg" in
     --quick) quick=1 ;;
-    -h|--help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "cuda_emu_check.sh: unknown option $arg (see --help)" >&2; exit 2 ;;
     *) build=$arg ;;
   esac
 done
 
-tests=(cuda_emu_test cublas_emu_test nccl_emu_test cuda_kernels_test cuda_runtime_test nccl_test)
+tests=(cuda_emu_test cublas_emu_test nccl_emu_test cuda_kernels_test cuda_runtime_test nccl_test nccl_test_enqueuing)
 if [ "$quick" = 0 ]; then
   tests+=(gpu_equivalence_test)
 fi
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTESSERA_CUDA_EMULATOR=ON \
   -DTESSERA_BUILD_BENCH=OFF -DTESSERA_BUILD_EXAMPLES=OFF
-targets=("${tests[@]}")
+targets=()  # nccl_test_enqueuing is nccl_test run again with the emulator's ncclInProgress ops
+for t in "${tests[@]}"; do [[ $t == nccl_test_enqueuing ]] || targets+=("$t"); done
 if [ "$quick" = 0 ]; then
   targets+=(tessera)  # gpu_equivalence_test runs the binary
 fi

@@ -33,6 +33,15 @@
 //   that aborted: there they just end, as NCCL's kernels do on an abort.
 //   The aborting rank's handle is gone, as real NCCL frees it: any call
 //   with it afterwards stops the process with a message naming the call.
+// - Non-blocking communicators (config.blocking = 0): initialisation is
+//   ncclInProgress until every rank joined. With
+//   TESSERA_CUDA_EMU_NCCL_ENQUEUE_POLLS=N (read once per process; 0, the
+//   default, for none) every op call outside a group, and every
+//   ncclGroupEnd holding ops, on such a communicator also returns
+//   ncclInProgress, as real NCCL may while it connects to peers: the op is
+//   queued on its stream, and the communicator stays ncclInProgress for the
+//   next N ncclCommGetAsyncError polls; an op call before then is
+//   ncclInvalidUsage. This runs the callers' polling loops.
 // - Across processes (one machine, 127.0.0.1 only), as real NCCL's bootstrap
 //   root: ncclGetUniqueId starts the process's hub once, a listener on an
 //   ephemeral port of 127.0.0.1 with detached threads and state never
@@ -391,6 +400,7 @@ struct RankState {
   ncclResult_t error = ncclSuccess;  // the async error once formed
   std::string last_error;
   int pending = 0;  // tasks queued and not finished
+  int enqueuing = 0;  // ncclCommGetAsyncError polls left that answer ncclInProgress (ENQUEUE_POLLS)
   uint64_t collectives = 0;
   std::vector<uint64_t> sends, recvs;  // per peer
 };
@@ -425,6 +435,7 @@ struct ncclComm {
   std::shared_ptr<Clique> clique;
   int rank = 0;
   int device = 0;
+  bool blocking = true;  // config.blocking
   pid_t pid = 0;  // the process that made it: a forked child's copy is no live one
   // A rank of another process's clique: its stand-in there; `clique` is
   // then the cache of its state.
@@ -1242,9 +1253,36 @@ thread_local Group t_group;
 
 // The async state of a comm's rank (lock held).
 ncclResult_t StateLocked(const Clique& q, int rank) {
-  const ncclResult_t error = q.ranks[static_cast<size_t>(rank)].error;
-  if (error != ncclSuccess) return error;
-  return q.formed ? ncclSuccess : ncclInProgress;
+  const RankState& me = q.ranks[static_cast<size_t>(rank)];
+  if (me.error != ncclSuccess) return me.error;
+  return q.formed && me.enqueuing == 0 ? ncclSuccess : ncclInProgress;
+}
+
+// TESSERA_CUDA_EMU_NCCL_ENQUEUE_POLLS, read once.
+int EnqueuePolls() {
+  static const int polls = [] {
+    const char* value = std::getenv("TESSERA_CUDA_EMU_NCCL_ENQUEUE_POLLS");
+    if (value == nullptr || *value == '\0') return 0;
+    char* end = nullptr;
+    const long n = std::strtol(value, &end, 10);
+    if (*end != '\0' || n < 0 || n > 1000000) {
+      std::fprintf(stderr,
+                   "NCCL emulator: TESSERA_CUDA_EMU_NCCL_ENQUEUE_POLLS=%s: not a count of polls in [0, 1000000]\n",
+                   value);
+      std::abort();
+    }
+    return static_cast<int>(n);
+  }();
+  return polls;
+}
+
+// An op call (or a group of them) was queued on a non-blocking communicator:
+// with ENQUEUE_POLLS, it is still "enqueuing" for that many polls.
+ncclResult_t Enqueued(const ncclComm& comm) {
+  if (comm.blocking || EnqueuePolls() == 0) return ncclSuccess;
+  std::lock_guard<std::mutex> lock(comm.clique->mu);
+  comm.clique->ranks[static_cast<size_t>(comm.rank)].enqueuing = EnqueuePolls();
+  return ncclInProgress;
 }
 
 bool SpecialStream(cudaStream_t stream) {
@@ -1303,7 +1341,9 @@ ncclResult_t Issue(const Call& call, ncclComm_t handle, cudaStream_t stream) {
     const ncclResult_t state = StateLocked(q, comm->rank);
     if (state == ncclInProgress) {
       return group_error(CallErrorLocked(
-          &me, ncclInvalidUsage, what + ": the communicator is still initialising (poll ncclCommGetAsyncError)"));
+          &me, ncclInvalidUsage,
+          what + (q.formed ? ": an earlier call is still in progress (poll ncclCommGetAsyncError until ncclSuccess)"
+                           : ": the communicator is still initialising (poll ncclCommGetAsyncError)")));
     }
     if (state != ncclSuccess) {
       return group_error(
@@ -1335,7 +1375,8 @@ ncclResult_t Issue(const Call& call, ncclComm_t handle, cudaStream_t stream) {
     t_group.ops.push_back({std::move(comm), stream, std::move(part)});
     return ncclSuccess;
   }
-  return Submit({std::move(part)}, stream, comm.get());
+  const ncclResult_t submitted = Submit({std::move(part)}, stream, comm.get());
+  return submitted == ncclSuccess ? Enqueued(*comm) : submitted;
 }
 
 // Tears a rank out of its clique: the other ranks fail with ncclRemoteError.
@@ -2016,6 +2057,7 @@ ncclResult_t InitRank(ncclComm_t* out, int nranks, const ncclUniqueId& id, int r
       Forming().erase(key);  // the id is spent
     }
   }
+  comm->blocking = blocking;
   *out = comm.get();
   Clique& q = *comm->clique;
   std::unique_lock<std::mutex> lock(q.mu);
@@ -2131,6 +2173,8 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t handle, ncclResult_t* async_error)
   }
   std::lock_guard<std::mutex> lock(comm->clique->mu);
   *async_error = StateLocked(*comm->clique, comm->rank);
+  RankState& me = comm->clique->ranks[static_cast<size_t>(comm->rank)];
+  if (*async_error == ncclInProgress && me.enqueuing > 0) --me.enqueuing;
   return ncclSuccess;
 }
 
@@ -2274,6 +2318,14 @@ ncclResult_t ncclGroupEnd() {
   for (size_t i = 0; i < tasks.size(); ++i) {
     const ncclResult_t r = Submit(std::move(tasks[i].second), tasks[i].first, comms[i]);
     if (result == ncclSuccess) result = r;
+  }
+  if (result != ncclSuccess) return result;
+  // Each non-blocking communicator of the group is enqueuing (ENQUEUE_POLLS).
+  std::vector<const ncclComm*> enqueued;
+  for (const GroupOp& g : group.ops) {
+    if (std::find(enqueued.begin(), enqueued.end(), g.comm.get()) != enqueued.end()) continue;
+    enqueued.push_back(g.comm.get());
+    if (Enqueued(*g.comm) == ncclInProgress) result = ncclInProgress;
   }
   return result;
 }
