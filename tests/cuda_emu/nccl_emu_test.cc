@@ -625,6 +625,58 @@ TEST(NcclEmuTest, CallsCheckTheirArguments) {
   cudaStreamDestroy(stream);
 }
 
+// TESSERA_CUDA_EMU_NCCL_ENQUEUE_POLLS=2 (ctest nccl_emu_test_enqueuing; the
+// emulator reads it once per process, so other runs skip this): an op on a
+// non-blocking communicator, alone or in a group, answers ncclInProgress,
+// the communicator stays in progress for two polls, an op call meanwhile is
+// refused, and the ops still run; a blocking communicator is not affected.
+TEST(NcclEmuEnqueuing, NonBlockingOpsAnswerInProgressForThePolls) {
+  const char* polls = std::getenv("TESSERA_CUDA_EMU_NCCL_ENQUEUE_POLLS");
+  if (polls == nullptr || std::string(polls) != "2") GTEST_SKIP() << "runs with TESSERA_CUDA_EMU_NCCL_ENQUEUE_POLLS=2";
+  ncclUniqueId id;
+  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  ncclComm_t comm = nullptr;
+  ncclResult_t state = ncclCommInitRankConfig(&comm, 1, id, 0, &config);
+  while (state == ncclInProgress) ASSERT_EQ(ncclCommGetAsyncError(comm, &state), ncclSuccess);
+  ASSERT_EQ(state, ncclSuccess);
+  cudaStream_t stream = NewStream();
+  float* x = Device(std::vector<float>{1, 2});
+  float* y = Device(std::vector<float>{0, 0});
+  ASSERT_EQ(ncclAllReduce(x, y, 2, ncclFloat32, ncclSum, comm, stream), ncclInProgress);
+  EXPECT_EQ(ncclAllReduce(x, y, 2, ncclFloat32, ncclSum, comm, stream), ncclInvalidUsage);
+  EXPECT_NE(LastError(comm).find("an earlier call is still in progress"), std::string::npos) << LastError(comm);
+  for (int poll = 0; poll < 2; ++poll) {
+    ASSERT_EQ(ncclCommGetAsyncError(comm, &state), ncclSuccess);
+    EXPECT_EQ(state, ncclInProgress) << "poll " << poll;
+  }
+  ASSERT_EQ(ncclCommGetAsyncError(comm, &state), ncclSuccess);
+  EXPECT_EQ(state, ncclSuccess);
+  EXPECT_EQ(Finish(stream), cudaSuccess);
+  EXPECT_EQ(Host<float>(y, 2), (std::vector<float>{1, 2}));
+  // A group: ncclGroupEnd answers for it.
+  ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+  ASSERT_EQ(ncclSend(x, 2, ncclFloat32, 0, comm, stream), ncclSuccess);
+  ASSERT_EQ(ncclRecv(y, 2, ncclFloat32, 0, comm, stream), ncclSuccess);
+  ASSERT_EQ(ncclGroupEnd(), ncclInProgress);
+  do {
+    ASSERT_EQ(ncclCommGetAsyncError(comm, &state), ncclSuccess);
+  } while (state == ncclInProgress);
+  EXPECT_EQ(state, ncclSuccess);
+  EXPECT_EQ(Finish(stream), cudaSuccess);
+  EXPECT_EQ(ncclCommDestroy(comm), ncclSuccess);
+  // Blocking: as ever.
+  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  ASSERT_EQ(ncclCommInitRank(&comm, 1, id, 0), ncclSuccess);
+  EXPECT_EQ(ncclAllReduce(x, y, 2, ncclFloat32, ncclSum, comm, stream), ncclSuccess);
+  EXPECT_EQ(Finish(stream), cudaSuccess);
+  EXPECT_EQ(ncclCommDestroy(comm), ncclSuccess);
+  cudaFree(x);
+  cudaFree(y);
+  cudaStreamDestroy(stream);
+}
+
 // Any call with an aborted communicator's handle is a use after free.
 TEST(NcclEmuDeathTest, ACallAfterAbortStopsTheProcess) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
