@@ -142,6 +142,16 @@ class BertTest : public ::testing::Test {
     return batch;
   }
 
+  // Trains `common` on one device for `iterations` into *rows (the
+  // reference the layouts are compared with).
+  void TrainOneDevice(const std::string& common, size_t iterations, testing::MetricsRows* rows) const {
+    const fs::path one = root_ / "one";
+    const auto run = RunTessera(Train(one, common));
+    ASSERT_EQ(run.exit_code, 0) << run.out;
+    *rows = ReadMetricsRows(one);
+    ASSERT_EQ(rows->train.size(), iterations);
+  }
+
   // Trains `common` plus each of `layouts` in turn and expects `reference`'s
   // training losses; `check` (if set) sees each layout's rows too.
   void ExpectLayoutsGive(const testing::MetricsRows& reference, const std::string& common,
@@ -171,11 +181,8 @@ TEST_F(BertTest, EveryLayoutGivesTheOneDeviceLosses) {
   const std::string common =
       "train.train_iter=5 train.evaluation.eval_period=5 model.hidden_dropout_prob=0.1"
       " model.attention_dropout_prob=0.1";
-  const fs::path one = root_ / "one";
-  auto run = RunTessera(Train(one, common));
-  ASSERT_EQ(run.exit_code, 0) << run.out;
-  const testing::MetricsRows reference = ReadMetricsRows(one);
-  ASSERT_EQ(reference.train.size(), 5u);
+  testing::MetricsRows reference;
+  ASSERT_NO_FATAL_FAILURE(TrainOneDevice(common, 5, &reference));
   ASSERT_EQ(reference.eval.size(), 1u);
   ExpectLayoutsGive(reference, common,
                     {"train.dist.tensor_parallel_size=2", "train.dist.pipeline_parallel_size=2",
@@ -203,11 +210,8 @@ TEST_F(BertTest, GradientAccumulationGivesTheOneBatchLosses) {
   const std::string common =
       "train.train_iter=4 train.evaluation.enabled=false model.hidden_dropout_prob=0.1"
       " model.attention_dropout_prob=0.1";
-  const fs::path one = root_ / "one";
-  auto run = RunTessera(Train(one, common));
-  ASSERT_EQ(run.exit_code, 0) << run.out;
-  const testing::MetricsRows batch = ReadMetricsRows(one);
-  ASSERT_EQ(batch.train.size(), 4u);
+  testing::MetricsRows batch;
+  ASSERT_NO_FATAL_FAILURE(TrainOneDevice(common, 4, &batch));
   ExpectLayoutsGive(
       batch, common,
       {"train.num_accumulation_steps=2 train.train_micro_batch_size=4",
@@ -226,11 +230,8 @@ TEST_F(BertTest, GradientAccumulationGivesTheOneBatchLosses) {
 TEST_F(BertTest, WithoutTheNextSentenceHeadTheLossIsTheMaskedLm) {
   const std::string common =
       "train.train_iter=3 train.evaluation.eval_period=3 model.add_binary_head=false model.hidden_dropout_prob=0.1";
-  const fs::path one = root_ / "one";
-  auto run = RunTessera(Train(one, common));
-  ASSERT_EQ(run.exit_code, 0) << run.out;
-  const testing::MetricsRows batch = ReadMetricsRows(one);
-  ASSERT_EQ(batch.train.size(), 3u);
+  testing::MetricsRows batch;
+  ASSERT_NO_FATAL_FAILURE(TrainOneDevice(common, 3, &batch));
   for (const auto& [iteration, row] : batch.train) {
     EXPECT_EQ(row.at("loss").get<double>(), row.at("mlm_loss").get<double>()) << "iteration " << iteration;
     EXPECT_FALSE(row.contains("nsp_loss"));

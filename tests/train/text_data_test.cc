@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cinttypes>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -161,8 +162,9 @@ TEST_F(TextDataTest, TrainEpochsRaiseTrainIterToPassesOverTheTrainingSplit) {
     int64_t samples = 0, global = 0, iterations = 0;
     if (at != std::string::npos) {
       EXPECT_EQ(std::sscanf(run.out.c_str() + at,
-                            "train.train_epoch 2: %ld training samples at a global batch of %ld take %ld", &samples,
-                            &global, &iterations),
+                            "train.train_epoch 2: %" SCNd64 " training samples at a global batch of %" SCNd64
+                            " take %" SCNd64,
+                            &samples, &global, &iterations),
                 3)
           << run.out.substr(at, 200);
     }
