@@ -219,6 +219,7 @@ class Resolver {
     const std::string range = RangeText(spec);
     if (!range.empty()) text += StrCat(spec.type == KeyType::kIntList || spec.type == KeyType::kNumberList ? ", each " : " ", range);
     if (!spec.choices.empty()) text += StrCat(" (one of ", Join(spec.choices, ", "), ")");
+    if (spec.allow_inf) text += StrCat(" or \"", kInfinity, "\"");
     if (spec.nullable) text += " or null";
     return text;
   }
@@ -252,6 +253,12 @@ class Resolver {
         return Json(v);
       }
       case KeyType::kNumber: {
+        if (spec.allow_inf && value.is_string() && value.get_ref<const std::string&>() == kInfinity) {
+          if (spec.max)
+            return Error(path,
+                         StrCat("config key '", path, "' must be ", RangeText(spec), ", got \"", kInfinity, "\""));
+          return value;
+        }
         if (!value.is_number()) return mismatch();
         const double v = value.get<double>();
         if (!std::isfinite(v)) return Error(path, StrCat("config key '", path, "' must be a finite number, got ", QuoteJson(value)));
@@ -355,6 +362,7 @@ std::string AllowedText(const KeySpec& spec) {
     if (spec.min_length) parts.push_back(StrCat("at least ", *spec.min_length, " elements"));
     if (spec.max_length) parts.push_back(StrCat("at most ", *spec.max_length, " elements"));
   }
+  if (spec.allow_inf) parts.push_back(StrCat("`\"", kInfinity, "\"`"));
   if (spec.nullable) parts.push_back("`null`");
   if (parts.empty()) {
     if (spec.type == KeyType::kBool) return "`true`, `false`";

@@ -30,6 +30,7 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -64,6 +65,10 @@ struct KeySpec {
   bool exclusive_max = false;
   // kString: the allowed values (empty: any non-empty string).
   std::vector<std::string> choices = {};
+  // kNumber: the string "inf" is a value too, +infinity (JSON has no
+  // literal for it); the resolved config keeps it as "inf", and a Binding's
+  // double member reads it as infinity.
+  bool allow_inf = false;
   // Lists: bounds on the number of elements.
   std::optional<int64_t> min_length = {};
   std::optional<int64_t> max_length = {};
@@ -163,6 +168,9 @@ int64_t DeriveSeed(int64_t seed, std::string_view path);
 
 // ---------------------------------------------------------------- Binding<T>
 
+// How a KeySpec::allow_inf key writes +infinity.
+inline constexpr std::string_view kInfinity = "inf";
+
 namespace internal {
 template <typename V>
 struct FieldTraits;
@@ -179,7 +187,11 @@ struct FieldTraits<int64_t> {
 template <>
 struct FieldTraits<double> {
   static constexpr KeyType kType = KeyType::kNumber;
-  static double Get(const nlohmann::json& j) { return j.get<double>(); }
+  // "inf" only where the key's spec allows it (Resolve checked).
+  static double Get(const nlohmann::json& j) {
+    if (j.is_string() && j.get_ref<const std::string&>() == kInfinity) return std::numeric_limits<double>::infinity();
+    return j.get<double>();
+  }
 };
 template <>
 struct FieldTraits<std::string> {

@@ -230,6 +230,9 @@ struct OptimizerOptions {
   bool bias_correction = true;
   // Global-norm clipping: unset = none. grad *= min(1, max_norm / (norm + 1e-6)).
   std::optional<double> clip_grad_max_norm = std::nullopt;
+  // p of the norm: (Σ |g|^p)^(1/p) over every gradient element, p > 0, or
+  // +infinity for max |g| (torch's norm_type).
+  double clip_grad_norm_type = 2.0;
   // Variables whose name contains one of these get no weight decay, unless
   // their VariableInfo::weight_decay says otherwise (LiBai excludes biases
   // and norm parameters; "ln_" matches Hugging Face GPT-2's ln_1 / ln_f).
@@ -241,7 +244,7 @@ struct OptimizerOptions {
 
 struct OptimizerResult {
   ValueId lr = kNoValue;         // the learning-rate graph input
-  ValueId grad_norm = kNoValue;  // global gradient norm (before clipping) when clipping; fetched as "grad_norm"
+  ValueId grad_norm = kNoValue;  // global gradient p-norm (before clipping) when clipping; fetched as "grad_norm"
   // variable -> its state variables (SGD: momentum buffer; AdamW: m, v).
   std::map<ValueId, std::vector<ValueId>> state;
 };

@@ -227,6 +227,12 @@ void RegisterElementwiseOps(OpRegistry& r) {
     const ValueId d = b.Op("scalar_mul", {b.Op("scalar_pow", {b.output(0)}, {{"exponent", 3.0}})}, {{"value", -0.5}});
     b.SetInputGrad(0, b.Op("mul", {b.output_grad(0), d}));
   }, "y = 1 / sqrt(x)");
+  RegisterUnary(
+      r, "abs", UnaryKind::kAbs, false,
+      [](GradBuilder& b) {
+        b.SetInputGrad(0, b.Op("abs_grad", {b.input(0), b.output_grad(0)}));
+      },
+      "y = |x| (the p-norms of gradient clipping)");
 
   // ---- Activations and their gradient ops.
   RegisterUnary(r, "tanh", UnaryKind::kTanh, false, [](GradBuilder& b) {
@@ -246,6 +252,7 @@ void RegisterElementwiseOps(OpRegistry& r) {
   RegisterActivationGrad(r, "relu_grad", "y", ActivationGradKind::kReluFromY, "dx = dy * (y > 0)");
   RegisterActivationGrad(r, "silu_grad", "x", ActivationGradKind::kSiluFromX, "dx = dy * silu'(x)");
   RegisterActivationGrad(r, "gelu_grad", "x", ActivationGradKind::kGeluFromX, "dx = dy * gelu'(x)");
+  RegisterActivationGrad(r, "abs_grad", "x", ActivationGradKind::kAbsFromX, "dx = dy * sign(x) (0 at x = 0, as torch)");
 
   // ---- Bias family.
   r.MustRegister(OpSchema("bias_add")

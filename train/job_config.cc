@@ -194,7 +194,11 @@ void CommonOptimizerKeys(Binding<T>& b) {
   b.Field("clip_grad_max_norm", &T::clip_grad_max_norm,
           {.min = 0, .exclusive_min = true, .doc = "clip gradients to this global norm; `null`: no clipping"});
   b.Field("clip_grad_norm_type", &T::clip_grad_norm_type,
-          {.not_implemented = "norms other than the 2-norm", .doc = "p of the p-norm used for clipping"});
+          {.min = 0,
+           .exclusive_min = true,
+           .allow_inf = true,
+           .doc = "p of the global norm that `clip_grad_max_norm` bounds (and that `grad_norm` reports), as "
+                  "torch.nn.utils.clip_grad_norm_: (Σ |g|^p)^(1/p) over every gradient element; \"inf\": max |g|"});
   b.Field("no_decay_norm_and_bias", &T::no_decay_norm_and_bias,
           {.doc = "no weight decay on biases and normalisation weights, as LiBai"});
 }

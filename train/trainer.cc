@@ -30,6 +30,7 @@ template <typename T>
 void CommonOptimizerOptions(const T& c, graph::OptimizerOptions& o) {
   o.weight_decay = c.weight_decay;
   o.clip_grad_max_norm = c.clip_grad_max_norm;
+  o.clip_grad_norm_type = c.clip_grad_norm_type;
   if (!c.no_decay_norm_and_bias) o.no_weight_decay_patterns.clear();
 }
 

@@ -1,5 +1,7 @@
 // The optimizer pass: gradient clipping and one update op per variable.
 
+#include <cmath>
+
 #include "core/status.h"
 #include "core/text.h"
 #include "graph/passes.h"
@@ -27,23 +29,55 @@ absl::StatusOr<ValueId> AddState(Graph& graph, ValueId variable, std::string_vie
   return graph.AddVariable(StrCat(v.name, ".", suffix), v.meta.shape, InitRule::Zeros(), options);
 }
 
-// Scales every gradient by min(1, max_norm / (norm + 1e-6)), norm the global
-// L2 norm of all of them (torch.nn.utils.clip_grad_norm_). Returns the norm.
-absl::StatusOr<ValueId> ClipByGlobalNorm(Graph& graph, GradientMap& gradients, double max_norm) {
-  const NodeOptions at{.layer_idx = kUnassignedLayer, .scope = "optimizer/clip", .name = ""};  // after its inputs
+// The global p-norm of every gradient, as torch.nn.utils.clip_grad_norm_
+// computes it: (Σ |g|^p)^(1/p) (for p = 2 the square_sum of each, as ever),
+// or max |g| for p = infinity. An f32 scalar.
+absl::StatusOr<ValueId> GlobalNorm(Graph& graph, const GradientMap& gradients, double p, const NodeOptions& at) {
+  const bool inf = std::isinf(p);
   ValueId total = kNoValue;
+  std::vector<ValueId> maxima;  // p = inf: each gradient's max |g|, as (1,)
   for (const auto& [var, grad] : gradients) {
-    ASSIGN_OR_RETURN(ValueId squares, First(graph.AddOp("square_sum", {grad}, {}, at)));
-    if (graph.value(squares).meta.dtype != DType::kF32) {
-      ASSIGN_OR_RETURN(squares, First(graph.AddOp("cast", {squares}, {{"dtype", DType::kF32}}, at)));
+    ValueId g = grad;
+    if (graph.value(g).meta.dtype != DType::kF32) {
+      ASSIGN_OR_RETURN(g, First(graph.AddOp("cast", {g}, {{"dtype", DType::kF32}}, at)));
+    }
+    if (p == 2.0) {
+      ASSIGN_OR_RETURN(g, First(graph.AddOp("square_sum", {g}, {}, at)));
+    } else {
+      ASSIGN_OR_RETURN(g, First(graph.AddOp("abs", {g}, {}, at)));
+      if (inf) {
+        // A split gradient's max is a partial max, combined by the boxing.
+        ASSIGN_OR_RETURN(g, First(graph.AddOp("reduce_max", {g}, {}, at)));
+        ASSIGN_OR_RETURN(g, First(graph.AddOp("reshape", {g}, {{"shape", std::vector<int64_t>{1}}}, at)));
+        maxima.push_back(g);
+        continue;
+      }
+      if (p != 1.0) {
+        ASSIGN_OR_RETURN(g, First(graph.AddOp("scalar_pow", {g}, {{"exponent", p}}, at)));
+      }
+      ASSIGN_OR_RETURN(g, First(graph.AddOp("reduce_sum", {g}, {}, at)));
     }
     if (total == kNoValue) {
-      total = squares;
+      total = g;
     } else {
-      ASSIGN_OR_RETURN(total, First(graph.AddOp("add", {total, squares}, {}, at)));
+      ASSIGN_OR_RETURN(total, First(graph.AddOp("add", {total, g}, {}, at)));
     }
   }
-  ASSIGN_OR_RETURN(ValueId norm, First(graph.AddOp("sqrt", {total}, {}, at)));
+  if (inf) {
+    // The largest of the maxima, exactly (the op set has no element-wise max).
+    ASSIGN_OR_RETURN(ValueId all, First(graph.AddOp("concat", maxima, {{"axis", int64_t{0}}}, at)));
+    return First(graph.AddOp("reduce_max", {all}, {}, at));
+  }
+  if (p == 2.0) return First(graph.AddOp("sqrt", {total}, {}, at));
+  if (p == 1.0) return total;
+  return First(graph.AddOp("scalar_pow", {total}, {{"exponent", 1.0 / p}}, at));
+}
+
+// Scales every gradient by min(1, max_norm / (norm + 1e-6)), norm the global
+// p-norm of all of them (torch.nn.utils.clip_grad_norm_). Returns the norm.
+absl::StatusOr<ValueId> ClipByGlobalNorm(Graph& graph, GradientMap& gradients, double max_norm, double norm_type) {
+  const NodeOptions at{.layer_idx = kUnassignedLayer, .scope = "optimizer/clip", .name = ""};  // after its inputs
+  ASSIGN_OR_RETURN(ValueId norm, GlobalNorm(graph, gradients, norm_type, at));
   ASSIGN_OR_RETURN(ValueId denominator, First(graph.AddOp("scalar_add", {norm}, {{"value", 1e-6}}, at)));
   ASSIGN_OR_RETURN(ValueId max_value, First(graph.AddOp(
       "fill", {}, {{"shape", std::vector<int64_t>{}}, {"dtype", DType::kF32}, {"value", max_norm}}, at)));
@@ -126,7 +160,12 @@ absl::StatusOr<OptimizerResult> ApplyOptimizer(Graph& graph, const GradientMap& 
       return absl::InvalidArgumentError(StrCat("optimizer: clip_grad_max_norm must be positive, got ",
                                                *options.clip_grad_max_norm));
     }
-    ASSIGN_OR_RETURN(result.grad_norm, ClipByGlobalNorm(graph, grads, *options.clip_grad_max_norm));
+    const double p = options.clip_grad_norm_type;
+    if (!(p > 0)) {  // NaN too
+      return absl::InvalidArgumentError(
+          StrCat("optimizer: clip_grad_norm_type must be positive (or infinity), got ", p));
+    }
+    ASSIGN_OR_RETURN(result.grad_norm, ClipByGlobalNorm(graph, grads, *options.clip_grad_max_norm, p));
     if (!graph.FindFetch("grad_norm").ok()) RETURN_IF_ERROR(graph.MarkFetch("grad_norm", result.grad_norm));
   }
 

@@ -103,6 +103,7 @@ inline float ApplyUnary(float x) {
   if constexpr (kKind == UnaryKind::kRelu) return x > 0.0f ? x : 0.0f;
   if constexpr (kKind == UnaryKind::kSilu) return x * SigmoidF(x);
   if constexpr (kKind == UnaryKind::kGelu) return GeluF(x, false);
+  if constexpr (kKind == UnaryKind::kAbs) return std::fabs(x);
   return GeluF(x, true);
 }
 
@@ -124,6 +125,7 @@ inline float ApplyActivationGrad(float z, float dy) {
     return dy * s * (1.0f + z * (1.0f - s));
   }
   if constexpr (kKind == ActivationGradKind::kGeluFromX) return dy * GeluGradF(z, false);
+  if constexpr (kKind == ActivationGradKind::kAbsFromX) return z > 0.0f ? dy : z < 0.0f ? -dy : 0.0f;
   return dy * GeluGradF(z, true);
 }
 
@@ -206,6 +208,9 @@ absl::Status UnaryKernel(KernelContext& ctx, UnaryKind kind) {
     case UnaryKind::kGeluTanh:
       UnaryImpl<UnaryKind::kGeluTanh>(ctx);
       break;
+    case UnaryKind::kAbs:
+      UnaryImpl<UnaryKind::kAbs>(ctx);
+      break;
   }
   return absl::OkStatus();
 }
@@ -241,6 +246,9 @@ absl::Status ActivationGradKernel(KernelContext& ctx, ActivationGradKind kind) {
       break;
     case ActivationGradKind::kGeluTanhFromX:
       ActivationGradImpl<ActivationGradKind::kGeluTanhFromX>(ctx);
+      break;
+    case ActivationGradKind::kAbsFromX:
+      ActivationGradImpl<ActivationGradKind::kAbsFromX>(ctx);
       break;
   }
   return absl::OkStatus();

@@ -7,10 +7,10 @@
 namespace tessera::ops::cpu {
 
 enum class BinaryKind { kAdd, kSub, kMul, kDiv };
-enum class UnaryKind { kNeg, kExp, kLog, kSqrt, kRsqrt, kTanh, kRelu, kSilu, kGelu, kGeluTanh };
+enum class UnaryKind { kNeg, kExp, kLog, kSqrt, kRsqrt, kTanh, kRelu, kSilu, kGelu, kGeluTanh, kAbs };
 enum class ScalarKind { kAdd, kMul, kPow };
 // Gradients of activations, given the forward input x or output y and dy.
-enum class ActivationGradKind { kReluFromY, kTanhFromY, kSiluFromX, kGeluFromX, kGeluTanhFromX };
+enum class ActivationGradKind { kReluFromY, kTanhFromY, kSiluFromX, kGeluFromX, kGeluTanhFromX, kAbsFromX };
 
 absl::Status BinaryKernel(KernelContext& ctx, BinaryKind kind);
 absl::Status UnaryKernel(KernelContext& ctx, UnaryKind kind);

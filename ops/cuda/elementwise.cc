@@ -10,9 +10,9 @@
 namespace tessera::ops::cuda {
 // The launchers take the CPU enums by value (elementwise.cu lists them).
 static_assert(static_cast<int>(cpu::BinaryKind::kDiv) == 3);
-static_assert(static_cast<int>(cpu::UnaryKind::kGeluTanh) == 9);
+static_assert(static_cast<int>(cpu::UnaryKind::kAbs) == 10);
 static_assert(static_cast<int>(cpu::ScalarKind::kPow) == 2);
-static_assert(static_cast<int>(cpu::ActivationGradKind::kGeluTanhFromX) == 4);
+static_assert(static_cast<int>(cpu::ActivationGradKind::kAbsFromX) == 5);
 
 absl::Status BinaryKernel(KernelContext& ctx, cpu::BinaryKind kind) {
   RETURN_IF_ERROR(OnDevice(ctx));

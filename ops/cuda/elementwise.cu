@@ -14,9 +14,9 @@ namespace {
 
 // The CPU kernels' enums, by value (ops/cpu/elementwise.h).
 enum Binary { kAdd, kSub, kMul, kDiv };
-enum Unary { kNeg, kExp, kLog, kSqrt, kRsqrt, kTanh, kRelu, kSilu, kGelu, kGeluTanh };
+enum Unary { kNeg, kExp, kLog, kSqrt, kRsqrt, kTanh, kRelu, kSilu, kGelu, kGeluTanh, kAbs };
 enum Scalar { kScalarAdd, kScalarMul, kScalarPow };
-enum ActivationGrad { kReluFromY, kTanhFromY, kSiluFromX, kGeluFromX, kGeluTanhFromX };
+enum ActivationGrad { kReluFromY, kTanhFromY, kSiluFromX, kGeluFromX, kGeluTanhFromX, kAbsFromX };
 
 __device__ inline float Sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 
@@ -62,6 +62,8 @@ __device__ inline float ApplyUnary(int kind, float x) {
       return x * Sigmoid(x);
     case kGelu:
       return Gelu(x, false);
+    case kAbs:
+      return fabsf(x);
     default:
       return Gelu(x, true);
   }
@@ -79,6 +81,8 @@ __device__ inline float ApplyActivationGrad(int kind, float z, float dy) {
     }
     case kGeluFromX:
       return dy * GeluGrad(z, false);
+    case kAbsFromX:
+      return z > 0.0f ? dy : z < 0.0f ? -dy : 0.0f;
     default:
       return dy * GeluGrad(z, true);
   }

@@ -6,6 +6,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -24,6 +25,7 @@ struct Settings {
   int64_t count = 3;
   std::optional<int64_t> limit;
   double rate = 0.5;
+  double norm = 2.0;
   bool on = true;
   std::string mode = "fast";
   std::vector<int64_t> sizes = {1, 2};
@@ -40,12 +42,15 @@ const Binding<Settings>& SettingsKeys() {
     b->Field("count", &Settings::count, {.min = 1, .max = 10, .doc = "a count"})
         .Field("limit", &Settings::limit, {.min = 0, .doc = "a limit; null: none"})
         .Field("rate", &Settings::rate, {.min = 0, .max = 1, .exclusive_max = true, .doc = "a rate | with a bar"})
+        .Field("norm", &Settings::norm, {.min = 0, .exclusive_min = true, .allow_inf = true, .doc = "a p-norm"})
         .Field("on", &Settings::on, {.doc = "a switch"})
         .Field("mode", &Settings::mode, {.choices = {"fast", "slow"}, .doc = "a mode"})
         .Field("sizes", &Settings::sizes, {.min = 1, .max_length = 3, .doc = "sizes"})
         .Field("pair", &Settings::pair, {.min_length = 2, .max_length = 2, .doc = "two numbers"})
         .Field("seed", &Settings::seed, {.min = 0, .derive_seed_from = "root_seed", .doc = "a derived seed"})
-        .Unbound("future", KeySpec{.type = KeyType::kBool, .default_value = false, .not_implemented = "the future", .doc = "later"})
+        .Unbound(
+            "future",
+            KeySpec{.type = KeyType::kBool, .default_value = false, .not_implemented = "the future", .doc = "later"})
         .Sub("inner", &Settings::inner, inner);
     return b;
   }();
@@ -134,6 +139,30 @@ TEST(SchemaTest, EveryKindOfBadValueIsNamed) {
             "unknown config key 'settings.coutn'; did you mean 'settings.count'?");
   EXPECT_EQ(Error(R"({"_base_": "x", )" + m + "}"), "unknown config key '_base_'");
   EXPECT_EQ(Error("[1]"), "a config must be a JSON object, got array [1]");
+}
+
+// JSON has no infinity: a key that allows it takes the string "inf", keeps
+// it as such when resolved, and a Binding reads it as +infinity.
+TEST(SchemaTest, AnInfinityKeyTakesTheStringInf) {
+  const std::string m = R"("model": {"_target_": "A"})";
+  absl::StatusOr<json> r = R(R"({"settings": {"norm": "inf"}, )" + m + "}");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ((*r)["settings"]["norm"], "inf");
+  EXPECT_EQ(*Resolve(RootSchema(), *r), *r);
+  absl::StatusOr<Settings> s = SettingsKeys().Read((*r)["settings"]);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->norm, std::numeric_limits<double>::infinity());
+  EXPECT_EQ(SettingsKeys().Read((*R(R"({"settings": {"norm": 3}, )" + m + "}"))["settings"])->norm, 3.0);
+  EXPECT_EQ(Error(R"({"settings": {"norm": "Infinity"}, )" + m + "}"),
+            "config key 'settings.norm' expects a number > 0 or \"inf\", got string \"Infinity\"");
+  EXPECT_EQ(Error(R"({"settings": {"norm": "-inf"}, )" + m + "}"),
+            "config key 'settings.norm' expects a number > 0 or \"inf\", got string \"-inf\"");
+  EXPECT_EQ(Error(R"({"settings": {"norm": 0}, )" + m + "}"), "config key 'settings.norm' must be > 0, got 0");
+  // Elsewhere "inf" is a string like any other.
+  EXPECT_EQ(Error(R"({"settings": {"rate": "inf"}, )" + m + "}"),
+            "config key 'settings.rate' expects a number in [0, 1), got string \"inf\"");
+  EXPECT_THAT(SchemaMarkdown(RootSchema()),
+              HasSubstr("| `settings.norm` | number | `2.0` | > 0; `\"inf\"` | a p-norm |"));
 }
 
 TEST(SchemaTest, TargetsSelectTheirKeys) {

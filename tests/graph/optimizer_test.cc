@@ -2,9 +2,11 @@
 // against updates computed here from the gradients (PyTorch semantics:
 // torch.optim.SGD, torch.optim.AdamW, torch.nn.utils.clip_grad_norm_).
 
-#include <cmath>
-
 #include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <map>
 
 #include "graph/builder.h"
 #include "graph/passes.h"
@@ -154,10 +156,13 @@ TEST(OptimizerTest, WeightDecayMaskExcludesBiasesAndNorms) {
   EXPECT_TRUE(applies("flagged_on.bias"));  // the per-variable flag wins
 }
 
-// One plain SGD step (lr 1, no momentum, no decay) with clipping at max_norm:
-// checks the new parameters and the fetched norm; returns the norm.
-double CheckClippedStep(double max_norm) {
-  OptimizedMlp m = BuildOptimizedMlp({.kind = OptimizerKind::kSgd, .clip_grad_max_norm = max_norm});
+// One plain SGD step (lr 1, no momentum, no decay) with clipping at max_norm
+// in the norm_type-norm: checks the new parameters and the fetched norm
+// against torch.nn.utils.clip_grad_norm_'s arithmetic in double; returns the
+// norm.
+double CheckClippedStep(double max_norm, double norm_type = 2.0) {
+  OptimizedMlp m = BuildOptimizedMlp(
+      {.kind = OptimizerKind::kSgd, .clip_grad_max_norm = max_norm, .clip_grad_norm_type = norm_type});
   const Graph& graph = m.mlp.graph;
   GraphInterpreter interpreter(graph);
   EXPECT_TRUE(interpreter.InitVariables().ok());
@@ -165,11 +170,17 @@ double CheckClippedStep(double max_norm) {
   for (ValueId var : m.variables()) before[var] = interpreter.variable(var).ToDoubleVector();
   auto values = interpreter.Run(Feeds(1.0f));
   EXPECT_TRUE(values.ok()) << values.status();
-  double squares = 0;
+  double sum = 0, largest = 0;
+  int64_t count = 0;
   for (ValueId var : m.variables()) {
-    for (double g : ValueOf(*values, m.gradients.at(var))) squares += g * g;
+    for (double g : ValueOf(*values, m.gradients.at(var))) {
+      sum += std::pow(std::fabs(g), norm_type);
+      largest = std::max(largest, std::fabs(g));
+      ++count;
+    }
   }
-  const double norm = std::sqrt(squares);
+  EXPECT_GT(count, 50);
+  const double norm = std::isinf(norm_type) ? largest : std::pow(sum, 1.0 / norm_type);
   EXPECT_EQ(*graph.FindFetch("grad_norm"), m.result.grad_norm);
   EXPECT_NEAR(ValueOf(*values, m.result.grad_norm)[0], norm, 1e-5 * norm);
   const double scale = std::min(1.0, max_norm / (norm + 1e-6));
@@ -193,6 +204,23 @@ TEST(OptimizerTest, ClippingLeavesSmallNormsAlone) {
   EXPECT_LT(norm, 100.0);
 }
 
+// Other p-norms (p = 1, 3, 0.5, infinity): each norm differs from the
+// others, so the one computed is the one asked for.
+TEST(OptimizerTest, ClippingInOtherNorms) {
+  std::map<double, double> norms;
+  for (double p : {1.0, 3.0, 0.5, std::numeric_limits<double>::infinity()}) {
+    SCOPED_TRACE(p);
+    norms[p] = CheckClippedStep(1e-3, p);
+    EXPECT_GT(norms[p], 2e-3);  // so each step really clipped
+  }
+  norms[2.0] = CheckClippedStep(1e-3);
+  // ‖g‖∞ <= ‖g‖3 <= ‖g‖2 <= ‖g‖1 <= ‖g‖0.5, strictly for these gradients.
+  EXPECT_LT(norms[std::numeric_limits<double>::infinity()], norms[3.0]);
+  EXPECT_LT(norms[3.0], norms[2.0]);
+  EXPECT_LT(norms[2.0], norms[1.0]);
+  EXPECT_LT(norms[1.0], norms[0.5]);
+}
+
 TEST(OptimizerTest, RejectsBadInputs) {
   testing::TestMlp mlp = testing::BuildTestMlp();
   auto gradients = Autodiff(mlp.graph);
@@ -203,6 +231,11 @@ TEST(OptimizerTest, RejectsBadInputs) {
   ASSERT_FALSE(result.ok());
   EXPECT_CONTAINS(result.status().message(), "fc1.weight");
   EXPECT_FALSE(ApplyOptimizer(mlp.graph, *gradients, {.clip_grad_max_norm = -1.0}).ok());
+  for (double p : {0.0, -1.0, std::nan(""), -std::numeric_limits<double>::infinity()}) {
+    auto bad = ApplyOptimizer(mlp.graph, *gradients, {.clip_grad_max_norm = 1.0, .clip_grad_norm_type = p});
+    ASSERT_FALSE(bad.ok()) << p;
+    EXPECT_CONTAINS(bad.status().message(), "clip_grad_norm_type must be positive");
+  }
 }
 
 TEST(TrainingTest, SgdLossGoesDownOver20Steps) {

@@ -75,8 +75,9 @@ TEST(CudaKernels, RegisteredWhereTheBuildHasCuda) {
 #ifdef TESSERA_WITH_CUDA
   std::vector<std::string> expected = {
       // element-wise
-      "add", "sub", "mul", "div", "neg", "exp", "log", "sqrt", "rsqrt", "tanh", "relu", "silu", "gelu", "relu_grad",
-      "tanh_grad", "silu_grad", "gelu_grad", "scalar_add", "scalar_mul", "scalar_pow", "bias_add", "bias_gelu",
+      "add", "sub", "mul", "div", "neg", "exp", "log", "sqrt", "rsqrt", "tanh", "relu", "silu", "gelu", "abs",
+      "relu_grad", "tanh_grad", "silu_grad", "gelu_grad", "abs_grad", "scalar_add", "scalar_mul", "scalar_pow",
+      "bias_add", "bias_gelu",
       // softmax and normalisation
       "softmax", "softmax_grad", "log_softmax", "log_softmax_grad", "fused_scale_causal_softmax",
       "fused_scale_mask_softmax", "layer_norm", "layer_norm_grad", "layer_norm_grad_add", "rms_norm", "rms_norm_grad",

@@ -106,6 +106,7 @@ std::vector<OpTestCase> ElementwiseCases() {
   cases.push_back(Case("sqrt", "basic", {RandomUniform(s, 17, 0.3f, 5)}, UnaryRef([](double x) { return std::sqrt(x); })));
   cases.push_back(Case("rsqrt", "basic", {RandomUniform(s, 18, 0.3f, 5)},
                        UnaryRef([](double x) { return 1 / std::sqrt(x); })));
+  cases.push_back(Case("abs", "basic", {AwayFromZero(s, 46)}, UnaryRef([](double x) { return std::fabs(x); })));
   cases.push_back(Case("tanh", "basic", {RandomUniform(s, 19, -3, 3)}, UnaryRef([](double x) { return std::tanh(x); })));
   cases.push_back(Case("relu", "basic", {AwayFromZero(s, 20)}, UnaryRef([](double x) { return x > 0 ? x : 0; })));
   cases.push_back(Case("silu", "basic", {RandomUniform(s, 21, -4, 4)}, UnaryRef([](double x) { return x * Sigmoid(x); })));
@@ -125,6 +126,17 @@ std::vector<OpTestCase> ElementwiseCases() {
                        grad_ref([](double y) { return 1 - y * y; })));
   cases.push_back(Case("relu_grad", "basic", {AwayFromZero(s, 26), RandomUniform(s, 27)},
                        grad_ref([](double y) { return y > 0 ? 1.0 : 0.0; })));
+  cases.push_back(Case("abs_grad", "basic", {AwayFromZero(s, 47), RandomUniform(s, 48)}, grad_ref([](double x) {
+                         return x > 0 ? 1.0 : x < 0 ? -1.0 : 0.0;
+                       })));
+  {
+    // sign(0) = 0, as torch: exact zeros among x get no gradient.
+    Tensor x = AwayFromZero(s, 49);
+    for (int64_t i = 0; i < x.NumElements(); i += 3) x.data<float>()[i] = 0.0f;
+    cases.push_back(Case("abs_grad", "zeros", {x, RandomUniform(s, 50)}, grad_ref([](double x) {
+                           return x > 0 ? 1.0 : x < 0 ? -1.0 : 0.0;
+                         })));
+  }
   cases.push_back(Case("silu_grad", "basic", {RandomUniform(s, 28, -4, 4), RandomUniform(s, 29)},
                        grad_ref([](double x) { return Sigmoid(x) * (1 + x * (1 - Sigmoid(x))); })));
   cases.push_back(Case("gelu_grad", "exact", {RandomUniform(s, 30, -4, 4), RandomUniform(s, 31)}, grad_ref(GeluGrad)));

@@ -35,16 +35,30 @@ constexpr int kSteps = 10;
 // 0.1, checked below) or a wrong normalisation is far beyond it.
 constexpr double kRtol = 1e-6;
 
-absl::StatusOr<TrainSummary> TrainGpt2Summary(std::vector<std::string> overrides) {
+// With `grad_norms`, every iteration is logged and its grad_norm read from
+// metrics.jsonl into it.
+absl::StatusOr<TrainSummary> TrainGpt2Summary(std::vector<std::string> overrides,
+                                              std::vector<double>* grad_norms = nullptr) {
   const auto dir = std::filesystem::temp_directory_path() / ("tessera_equivalence_" + std::to_string(::getpid()));
   overrides.insert(overrides.end(), {"model.num_layers=4", "train.train_iter=" + std::to_string(kSteps),
-                                     "train.log_period=100", "train.output_dir=" + dir.string()});
+                                     grad_norms != nullptr ? "train.log_period=1" : "train.log_period=100",
+                                     "train.output_dir=" + dir.string()});
   auto config = LoadJobConfig(::tessera::testing::SourcePath("configs/gpt2_nano.json"), overrides);
   if (!config.ok()) return config.status();
   absl::StatusOr<TrainSummary> summary;
   {
     ::tessera::testing::Deadline deadline(std::chrono::seconds(120), "training gpt2_nano");
     summary = Train(*config);
+  }
+  if (grad_norms != nullptr) {
+    grad_norms->clear();
+    std::ifstream in(dir / "metrics.jsonl");
+    for (std::string line; std::getline(in, line);) {
+      const nlohmann::json row = nlohmann::json::parse(line, nullptr, false);
+      if (row.is_object() && row.contains("grad_norm") && row["grad_norm"].is_number()) {
+        grad_norms->push_back(row["grad_norm"].get<double>());
+      }
+    }
   }
   std::filesystem::remove_all(dir);
   return summary;
@@ -151,6 +165,47 @@ TEST(Equivalence, CustomPipelineStagesGiveTheOneDeviceLossesWithTheirLayers) {
                        "train.dist.pipeline_parallel_size=2", "train.train_micro_batch_size=2",
                        "train.num_accumulation_steps=2", "train.dist.custom_pipeline_stage_id=[0,1,1,1]"}}},
                     {}, *one);
+}
+
+// optim.clip_grad_norm_type: clipping in the max-norm and the 1-norm (at a
+// max_norm every step exceeds) under layouts that split the gradients —
+// tensor parallelism, ZeRO's shards, pipeline stages — gives one device's
+// grad_norm at every iteration and its losses: each shard's max or sum is
+// a partial, combined over the devices.
+TEST(Equivalence, ClippingInOtherNormsGivesTheOneDeviceNormsAndLosses) {
+  const auto with = [](std::vector<std::string> a, const std::vector<std::string>& b) {
+    a.insert(a.end(), b.begin(), b.end());
+    return a;
+  };
+  const std::vector<Layout> layouts = {
+      {"TP 4",
+       {"train.dist.tensor_parallel_size=4", "train.train_micro_batch_size=8", "train.num_accumulation_steps=1"}},
+      {"DP 2 x TP 2, ZeRO 2",
+       {"train.dist.data_parallel_size=2", "train.dist.tensor_parallel_size=2", "train.train_micro_batch_size=4",
+        "train.num_accumulation_steps=1", "train.zero_optimization.enabled=true", "train.zero_optimization.stage=2"}},
+      {"1x2x2",
+       {"train.dist.tensor_parallel_size=2", "train.dist.pipeline_parallel_size=2", "train.train_micro_batch_size=4",
+        "train.num_accumulation_steps=2"}},
+  };
+  for (const std::string p : {"inf", "1"}) {
+    SCOPED_TRACE("clip_grad_norm_type " + p);
+    const std::vector<std::string> clip = {"optim.clip_grad_max_norm=0.05", "optim.clip_grad_norm_type=" + p};
+    std::vector<double> norms;
+    auto one = TrainGpt2Summary(with(kOneDevice, clip), &norms);
+    ASSERT_TRUE(one.ok()) << one.status();
+    ASSERT_EQ(norms.size(), static_cast<size_t>(kSteps));
+    for (double norm : norms) EXPECT_GT(norm, 0.1);  // so every step clips
+    for (const Layout& layout : layouts) {
+      std::vector<double> layout_norms;
+      auto run = TrainGpt2Summary(with(layout.overrides, clip), &layout_norms);
+      ASSERT_TRUE(run.ok()) << layout.name << ": " << run.status();
+      ExpectSameLosses(StrCat(layout.name, ", ", p, "-norm"), run->losses, one->losses);
+      ASSERT_EQ(layout_norms.size(), norms.size()) << layout.name;
+      for (size_t i = 0; i < norms.size(); ++i) {
+        EXPECT_NEAR(layout_norms[i], norms[i], 1e-5 * norms[i]) << layout.name << " iteration " << i + 1;
+      }
+    }
+  }
 }
 
 // model.fused_attention (one flash_attention op per layer) gives the unfused
