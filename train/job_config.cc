@@ -133,8 +133,10 @@ Binding<EvaluationConfig> MakeEvaluationKeys() {
   b.Field("eval_period", &EvaluationConfig::eval_period,
           {.min = 1, .max = kMaxIterations, .doc = "iterations between evaluations; `null`: only at the end"});
   b.Field("eval_iter", &EvaluationConfig::eval_iter,
-          {.min = 1, .max = kMaxIterations,
-           .doc = "batches (of the training's global micro-batch) per evaluation; `null`: the whole valid split"});
+          {.min = 1,
+           .max = kMaxIterations,
+           .doc = "global batches (`global_batch_size` samples of the valid split each, in order) per evaluation; "
+                  "`null`: the whole valid split (the last batch wraps around to its start)"});
   return b;
 }
 

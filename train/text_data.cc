@@ -281,13 +281,12 @@ absl::Status TextData::FillTrain(int64_t iteration, std::string_view input, cons
       /*train=*/true, [&](int64_t row) { return sampler_->SampleAt(iteration * rows + row); }, input, out);
 }
 
-absl::Status TextData::FillEval(int64_t index, std::string_view input, const Tensor& out) const {
+absl::Status TextData::FillEval(int64_t first, std::string_view input, const Tensor& out) const {
   const int64_t n = valid_samples();
   if (n == 0)
     return absl::FailedPreconditionError("evaluation: the valid split of dataloader.splits holds no whole sample");
-  const int64_t rows = out.shape().rank() > 0 ? out.shape()[0] : 0;
   return Fill(
-      /*train=*/false, [&](int64_t row) { return (index * rows + row) % n; }, input, out);
+      /*train=*/false, [&](int64_t row) { return (first % n + row) % n; }, input, out);
 }
 
 }  // namespace tessera

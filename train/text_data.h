@@ -62,10 +62,10 @@ class TextData {
   // The rows of iteration `iteration`'s global batch (`out`'s first axis:
   // rows = the global batch) for input `input`.
   [[nodiscard]] absl::Status FillTrain(int64_t iteration, std::string_view input, const Tensor& out) const;
-  // Evaluation batch `index` (rows = out's rows) from the valid split, in
-  // order, wrapping around. FailedPrecondition when the valid split has no
-  // sample.
-  [[nodiscard]] absl::Status FillEval(int64_t index, std::string_view input, const Tensor& out) const;
+  // Rows of the valid split, in order from sample `first` (out's row r is
+  // sample (first + r) mod the split's samples: the last batch wraps
+  // around). FailedPrecondition when the valid split has no sample.
+  [[nodiscard]] absl::Status FillEval(int64_t first, std::string_view input, const Tensor& out) const;
 
   int64_t train_samples() const;
   // 0 when the valid split is too small for a sample.

@@ -26,6 +26,10 @@
 namespace tessera {
 namespace {
 
+// train.train_iter's bound (the random streams count iterations in 32 bits),
+// also the most runs of the evaluation plan.
+constexpr int64_t kMaxIterations = (int64_t{1} << 32) - 1;
+
 template <typename T>
 void CommonOptimizerOptions(const T& c, graph::OptimizerOptions& o) {
   o.weight_decay = c.weight_decay;
@@ -134,7 +138,6 @@ absl::Status ApplyEpochs(bool has_text, Job& job) {
   const int64_t samples = job.text->train_samples(), global = job.global_batch();
   const auto needed = (static_cast<unsigned __int128>(epochs) * static_cast<uint64_t>(samples) + global - 1) /
                       static_cast<uint64_t>(global);
-  constexpr int64_t kMaxIterations = (int64_t{1} << 32) - 1;
   if (needed > static_cast<unsigned __int128>(kMaxIterations)) {
     return absl::InvalidArgumentError(StrCat("train.train_epoch ", epochs, " over ", samples,
                                              " training samples at a global batch of ", global,
@@ -309,8 +312,19 @@ absl::StatusOr<std::unique_ptr<JobFeed>> JobFeed::Make(const nlohmann::json& con
                                                "' holds no whole sample (GPT: a window of model.seq_length + 1 "
                                                "tokens; BERT: two documents with sentences)"));
     }
-    const int64_t rows = job.batch * job.data_parallel;
-    out->eval_batches_ = job.train.evaluation.eval_iter.value_or((out->text_->valid_samples() + rows - 1) / rows);
+    // Evaluation batches are global batches, so every layout of the same
+    // global batch evaluates the same samples: each is fed as its
+    // accumulation steps' micro-batches (every data-parallel rank's rows),
+    // one run of the evaluation plan each.
+    const int64_t rows = out->global_batch_;
+    const int64_t batches = job.train.evaluation.eval_iter.value_or((out->text_->valid_samples() + rows - 1) / rows);
+    if (batches > kMaxIterations / out->micro_batches_) {
+      return absl::InvalidArgumentError(
+          StrCat(job.train.evaluation.eval_iter ? "train.evaluation.eval_iter " : "train.evaluation: ", batches,
+                 " global batches × ", out->micro_batches_,
+                 " micro-batches each is more than the 2^32 - 1 runs of the evaluation plan allowed"));
+    }
+    out->eval_batches_ = batches * out->micro_batches_;
   }
   return out;
 }
@@ -382,7 +396,18 @@ absl::StatusOr<RunStart> ResolveRunStart(const TrainConfig& train, int64_t globa
 
 absl::Status JobFeed::FillEval(int64_t batch, std::string_view input, const Tensor& out) const {
   if (text_ == nullptr) return absl::FailedPreconditionError("evaluation needs text data");
-  return text_->FillEval(batch, input, out);
+  const int64_t rows = out.shape().rank() > 0 ? out.shape()[0] : 0;
+  if (input == "masked_lm_mean_count" && micro_batches_ > 1) {
+    // BERT's per-row share of the used slots is that of the whole global
+    // batch this micro-batch belongs to, as in training: the evaluation
+    // batch's masked-LM loss is then Σ w·ce / Σ w over the global batch
+    // whatever the accumulation.
+    ASSIGN_OR_RETURN(const Tensor whole, Tensor::Zeros(Shape{rows * micro_batches_}, out.dtype()));
+    RETURN_IF_ERROR(text_->FillEval(batch / micro_batches_ * rows * micro_batches_, input, whole));
+    std::fill_n(out.data<float>(), rows, whole.data<float>()[0]);
+    return absl::OkStatus();
+  }
+  return text_->FillEval(batch * rows, input, out);
 }
 
 absl::StatusOr<std::vector<proto::NodePlan>> CompileForNodes(const nlohmann::json& config,

@@ -169,6 +169,18 @@ class BertTest : public ::testing::Test {
     }
   }
 
+  // `rows`' evaluation at `iteration` is `reference`'s.
+  static void ExpectTheEvaluation(const testing::MetricsRows& reference, const testing::MetricsRows& rows,
+                                  int64_t iteration) {
+    ASSERT_TRUE(rows.eval.contains(iteration) && reference.eval.contains(iteration))
+        << "no evaluation at " << iteration;
+    for (const char* key : {"eval_loss", "eval_mlm_loss", "eval_mlm_accuracy", "eval_nsp_accuracy"}) {
+      const double x = reference.eval.at(iteration).at(key).get<double>();
+      const double y = rows.eval.at(iteration).at(key).get<double>();
+      EXPECT_NEAR(x, y, 1e-5 * std::abs(x) + 1e-12) << key;
+    }
+  }
+
   fs::path root_;
 };
 
@@ -190,13 +202,7 @@ TEST_F(BertTest, EveryLayoutGivesTheOneDeviceLosses) {
                      "train.dist.data_parallel_size=2 train.dist.tensor_parallel_size=2 "
                      "train.train_micro_batch_size=4",
                      "model.bias_gelu_fusion=true", "model.bias_gelu_fusion=true train.dist.tensor_parallel_size=2"},
-                    [&](const testing::MetricsRows& rows) {
-                      const nlohmann::json& eval = rows.eval.at(5);
-                      for (const char* key : {"eval_loss", "eval_mlm_accuracy", "eval_nsp_accuracy"}) {
-                        const double x = reference.eval.at(5).at(key).get<double>(), y = eval.at(key).get<double>();
-                        EXPECT_NEAR(x, y, 1e-5 * std::abs(x) + 1e-12) << key;
-                      }
-                    });
+                    [&](const testing::MetricsRows& rows) { ExpectTheEvaluation(reference, rows, 5); });
 }
 
 // Gradient accumulation and pipelines of several micro-batches give the
@@ -205,10 +211,12 @@ TEST_F(BertTest, EveryLayoutGivesTheOneDeviceLosses) {
 // tokens (masked_lm_mean_count; Megatron-LM and LiBai divide by the
 // micro-batch's own count, which differs), and the dropout gradients draw
 // their forwards' masks although that loss gives them no layout over the
-// micro-batches (scheduler/lowering/graph_facts.cc).
+// micro-batches (scheduler/lowering/graph_facts.cc). The evaluations are
+// one batch's too: their batches are global batches, fed as micro-batches
+// with the global batch's masked-LM normaliser.
 TEST_F(BertTest, GradientAccumulationGivesTheOneBatchLosses) {
   const std::string common =
-      "train.train_iter=4 train.evaluation.enabled=false model.hidden_dropout_prob=0.1"
+      "train.train_iter=4 train.evaluation.eval_period=4 train.evaluation.eval_iter=3 model.hidden_dropout_prob=0.1"
       " model.attention_dropout_prob=0.1";
   testing::MetricsRows batch;
   ASSERT_NO_FATAL_FAILURE(TrainOneDevice(common, 4, &batch));
@@ -218,7 +226,9 @@ TEST_F(BertTest, GradientAccumulationGivesTheOneBatchLosses) {
        "train.num_accumulation_steps=4 train.train_micro_batch_size=2 train.dist.pipeline_parallel_size=2",
        "train.num_accumulation_steps=2 train.train_micro_batch_size=4 train.dist.tensor_parallel_size=2 "
        "train.dist.pipeline_parallel_size=2",
-       "train.num_accumulation_steps=2 train.train_micro_batch_size=2 train.dist.data_parallel_size=2"});
+       "train.num_accumulation_steps=2 train.train_micro_batch_size=2 train.dist.data_parallel_size=2",
+       "train.num_accumulation_steps=8 train.train_micro_batch_size=1"},
+      [&](const testing::MetricsRows& rows) { ExpectTheEvaluation(batch, rows, 4); });
 }
 
 // Without the next-sentence head (model.add_binary_head=false) the loss is

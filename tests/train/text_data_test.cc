@@ -146,6 +146,35 @@ TEST_F(TextDataTest, TheDataOrderIsTheSameUnderEveryLayout) {
   }
 }
 
+// Evaluation batches are global batches: however the global batch is cut
+// (micro-batches, accumulation, data-parallel ranks) the same samples are
+// evaluated, here the whole valid split, whose last batch wraps around, and
+// the held-out losses agree.
+TEST_F(TextDataTest, EvaluationIsTheSameWhateverTheMicroBatches) {
+  const std::string common = "train.train_iter=4 train.evaluation.enabled=true train.evaluation.eval_period=2 ";
+  const auto eval_losses = [&](const std::string& name, const std::string& layout) {
+    const auto run = RunTessera(Train(root_ / name, common + layout));
+    EXPECT_EQ(run.exit_code, 0) << run.out;
+    std::vector<double> losses;
+    for (const auto& [iteration, row] : ReadMetricsRows(root_ / name).eval) {
+      losses.push_back(row["eval_loss"].get<double>());
+    }
+    return losses;
+  };
+  const std::vector<double> one = eval_losses("one", "train.train_micro_batch_size=16");
+  ASSERT_EQ(one.size(), 2u);
+  for (const auto& [name, layout] : std::vector<std::pair<std::string, std::string>>{
+           {"acc4", "train.train_micro_batch_size=4 train.num_accumulation_steps=4"},
+           {"dp2acc2", "train.train_micro_batch_size=4 train.num_accumulation_steps=2 train.dist.data_parallel_size=2"},
+           {"pp2acc8",
+            "train.train_micro_batch_size=2 train.num_accumulation_steps=8 "
+            "train.dist.pipeline_parallel_size=2"}}) {
+    const std::vector<double> losses = eval_losses(name, layout);
+    ASSERT_EQ(losses.size(), 2u) << name;
+    for (size_t i = 0; i < 2; ++i) EXPECT_NEAR(losses[i], one[i], 1e-5 * one[i]) << name << " evaluation " << i;
+  }
+}
+
 // train.train_epoch (LiBai's rule): train_iter becomes the larger of itself
 // and ceil(epochs × training samples / global batch); the run trains that
 // many iterations and config.json records them. A train_iter above the
@@ -218,6 +247,12 @@ TEST_F(TextDataTest, BadDataConfigsAreOneLineErrors) {
   // Epochs beyond the iterations' limit.
   ExpectOneLineError(RunTessera(Train(out, "train.train_epoch=4294967295 train.train_micro_batch_size=1")),
                      "needs more than the 2^32 - 1 iterations train.train_iter allows");
+  // Evaluation batches beyond the plan runs' limit: each global batch is
+  // run as its micro-batches.
+  ExpectOneLineError(RunTessera(Train(out,
+                                      "train.evaluation.enabled=true train.evaluation.eval_iter=4294967295 "
+                                      "train.num_accumulation_steps=2 train.train_micro_batch_size=8")),
+                     "train.evaluation.eval_iter 4294967295 global batches × 2 micro-batches each is more than");
   EXPECT_FALSE(fs::exists(out));
 }
 
