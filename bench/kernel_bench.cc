@@ -1,8 +1,8 @@
 // Memory-bandwidth efficiency of memory-bound kernels against a plain copy
 // measured in the same run (DESIGN §12: compare, don't quote absolutes).
 //
-// CPU (default): gelu (tanh approximation and exact), layer_norm and softmax
-// forward on (8192, 1024) f32 tensors (8M elements, 32 MiB each: input and
+// CPU (default): gelu (tanh approximation and exact), layer_norm, softmax
+// forward and square_sum (global-norm clipping's) on (8192, 1024) f32 tensors (8M elements, 32 MiB each: input and
 // output together exceed a core's caches, so every kernel streams), on an
 // intra-op ThreadPool of 1 and 2 threads; the copy is std::memcpy of a
 // buffer of x's size, split into equal halves across the threads (same
@@ -150,6 +150,7 @@ int Main() {
                      {Filled(Shape{8192, 50257}, 3.0f), Filled(Shape{8192}, 0.0f, DType::kI64)}});
   } else {
     specs.push_back({"softmax", "softmax", {}, {x}});
+    specs.push_back({"square_sum", "square_sum", {}, {x}});
   }
   const double copy_bytes = 2.0 * static_cast<double>(x.NumBytes());
 

@@ -33,17 +33,27 @@ inline float Widen(float v) { return v; }
 inline float Widen(BFloat16 v) { return BFloat16ToFloat(v.bits); }
 inline float Widen(Half v) { return HalfToFloat(v.bits); }
 
+// Elements a row sum adds in float lanes before adding them to a double:
+// each lane then sums at most 256 terms, so a long row (a full reduction of a
+// large tensor, e.g. clipping's Σ |g|^p) loses no more than a short one.
+constexpr int64_t kSumBlock = 4096;
+
 template <typename S>
 float SumRow(const S* x, int64_t n) {
-  float lanes[kLanes] = {};
+  double total = 0.0;
   int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    for (int j = 0; j < kLanes; ++j) lanes[j] += Widen(x[i + j]);
+  while (i < n) {
+    const int64_t end = std::min(n, i + kSumBlock);
+    float lanes[kLanes] = {};
+    for (; i + kLanes <= end; i += kLanes) {
+      for (int j = 0; j < kLanes; ++j) lanes[j] += Widen(x[i + j]);
+    }
+    float rest = 0.0f;
+    for (; i < end; ++i) rest += Widen(x[i]);
+    for (int j = 0; j < kLanes; ++j) rest += lanes[j];
+    total += rest;
   }
-  float total = 0.0f;
-  for (; i < n; ++i) total += Widen(x[i]);
-  for (int j = 0; j < kLanes; ++j) total += lanes[j];
-  return total;
+  return static_cast<float>(total);
 }
 
 template <typename S>
@@ -391,10 +401,14 @@ void SquareSum(const KernelContext& ctx, const Tensor& x, const Tensor& y) {
     for (int64_t c = begin; c < end; ++c) {
       const Range range = BalancedSplit(n, chunks, c);
       const float* p = src + range.offset;
-      float lanes[kLanes] = {};
+      // Double lanes, as the CUDA kernel's double accumulator: float lanes
+      // summing a large gradient's ~10^5 squares each lost 1e-4 of its
+      // square sum (the 2-norm clipping scales by and reports), and the loss
+      // changed with the chunking, so with the threads of a device.
+      double lanes[kLanes] = {};
       int64_t i = 0;
       for (; i + kLanes <= range.size; i += kLanes) {
-        for (int j = 0; j < kLanes; ++j) lanes[j] += p[i + j] * p[i + j];
+        for (int j = 0; j < kLanes; ++j) lanes[j] += static_cast<double>(p[i + j]) * p[i + j];
       }
       double total = 0.0;
       for (; i < range.size; ++i) total += static_cast<double>(p[i]) * p[i];

@@ -179,6 +179,34 @@ TEST(Kernels, ReduceSumOf16BitsGivesTheBitsOfItsF32Cast) {
   EXPECT_NE(e.find("input 'x' must be f32, bf16 or f16, got i32"), std::string::npos) << e;
 }
 
+// Long full reductions keep small terms beside large ones: 16 ones then
+// 4M values of 1e-4. Summed in float lanes, each lane's 1 swallows every
+// 1e-8 square (and 1e-4 addend) after it in its chunk; square_sum (global-norm
+// clipping) adds squares in double lanes and reduce_sum (clipping's other
+// p-norms) adds float lanes block by block into a double. Alone and on a
+// pool, whose chunks start fresh lanes.
+TEST(Kernels, LongSumsKeepSmallTermsBesideLargeOnes) {
+  constexpr int64_t kSmall = int64_t{1} << 22;
+  std::vector<float> values(16, 1.0f);
+  values.resize(16 + kSmall, 1e-4f);
+  const Tensor x = Tensor::FromVector<float>(Shape{static_cast<int64_t>(values.size())}, values);
+  const double small = static_cast<double>(1e-4f);
+  const double squares = 16.0 + static_cast<double>(kSmall) * small * small;
+  const double sum = 16.0 + static_cast<double>(kSmall) * small;
+  ThreadPool pool(3);
+  for (ThreadPool* p : {static_cast<ThreadPool*>(nullptr), &pool}) {
+    SCOPED_TRACE(p == nullptr ? "alone" : "pool of 3");
+    EagerOptions options;
+    options.pool = p;
+    auto got = RunOp("square_sum", {x}, {}, options);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_NEAR((*got)[0].ToVector<float>().at(0), squares, 1e-6 * squares);
+    got = RunOp("reduce_sum", {x}, {}, options);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_NEAR((*got)[0].ToVector<float>().at(0), sum, 1e-5 * sum);
+  }
+}
+
 // bias_dropout_add gives the bits of bias_add, dropout (same attributes)
 // and add, on any pool, at any step, dropout or not; bad shapes are named.
 TEST(Kernels, BiasDropoutAddGivesTheBitsOfItsThreeOps) {
