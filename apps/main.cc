@@ -8,6 +8,7 @@
 #include <csignal>
 #include <cstdio>
 #include <exception>
+#include <filesystem>
 #include <memory>
 #include <new>
 #include <string>
@@ -21,6 +22,7 @@
 #include "cluster/local_train.h"
 #include "core/logging.h"
 #include "core/schema.h"
+#include "core/status.h"
 #include "core/text.h"
 #include "ops/describe.h"
 #include "ops/registry.h"
@@ -71,9 +73,33 @@ extern "C" void OnStopSignal(int signal) {
   std::signal(signal, SIG_DFL);
 }
 
-int RunTrain(const std::string& path, const std::vector<std::string>& overrides) {
-  auto config = tessera::LoadJobConfig(path, overrides);
+// --fast-dev-run (LiBai's): the job's whole pipeline, briefly, to check a
+// config: 20 iterations from scratch, a progress line each, evaluations
+// (when on, over 2 batches) and checkpoints at 10 and 20, written under
+// train.output_dir/fast_dev_run so that a real run's outputs and
+// checkpoints there are never touched (or pruned).
+absl::StatusOr<nlohmann::json> FastDevRunConfig(const std::string& path, std::vector<std::string> overrides) {
+  ASSIGN_OR_RETURN(const nlohmann::json config, tessera::LoadJobConfig(path, overrides));
+  if (config.at("train").at("resume").get<bool>()) {
+    return absl::InvalidArgumentError("--fast-dev-run starts from scratch: it takes no --resume (train.resume)");
+  }
+  const std::string output_dir = config.at("train").at("output_dir").get<std::string>();
+  overrides.insert(overrides.end(),
+                   {"train.train_epoch=0", "train.train_iter=20", "train.log_period=1", "train.checkpointer.period=10",
+                    "train.evaluation.eval_period=10", "train.evaluation.eval_iter=2"});
+  if (!output_dir.empty()) {
+    overrides.push_back("train.output_dir=" + (std::filesystem::path(output_dir) / "fast_dev_run").string());
+  }
+  return tessera::LoadJobConfig(path, overrides);
+}
+
+int RunTrain(const std::string& path, const std::vector<std::string>& overrides, bool fast_dev_run) {
+  auto config = fast_dev_run ? FastDevRunConfig(path, overrides) : tessera::LoadJobConfig(path, overrides);
   if (!config.ok()) return Fail(std::string(config.status().message()));
+  if (fast_dev_run) {
+    const std::string dir = config->at("train").at("output_dir").get<std::string>();
+    std::printf("fast dev run: 20 iterations%s\n", dir.empty() ? "" : (" into " + dir).c_str());
+  }
   // Ctrl-C / SIGTERM: finish the iteration in flight, write a checkpoint
   // there, exit 130 / 143 (128 + the signal).
   auto stop = std::make_shared<tessera::cluster::GracefulStop>();
@@ -145,6 +171,10 @@ int Main(int argc, char** argv) {
   bool train_resume = false;
   train->add_flag("--resume", train_resume,
                   "Continue from the latest checkpoint in train.output_dir/checkpoints (sets train.resume=true)");
+  bool train_fast_dev_run = false;
+  train->add_flag("--fast-dev-run", train_fast_dev_run,
+                  "Check a config end to end: 20 iterations from scratch with evaluations (2 batches) and "
+                  "checkpoints at 10 and 20, into train.output_dir/fast_dev_run");
 
   std::string plan_config;
   std::vector<std::string> plan_overrides;
@@ -180,7 +210,7 @@ int Main(int argc, char** argv) {
   if (*config) return RunConfig(config_path, overrides, schema);
   if (*train) {
     if (train_resume) train_overrides.push_back("train.resume=true");
-    return RunTrain(train_config, train_overrides);
+    return RunTrain(train_config, train_overrides, train_fast_dev_run);
   }
   if (*plan) return RunPlan(plan_config, plan_overrides, plan_format);
   return Fail("no command given (see --help)");

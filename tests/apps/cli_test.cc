@@ -134,6 +134,37 @@ TEST(Cli, TrainRunsThroughAnEmbeddedMasterAndWorker) {
   std::filesystem::remove_all(dir + "_nan");
 }
 
+// --fast-dev-run: 20 iterations from scratch, checkpoints at 10 and 20,
+// every output under train.output_dir/fast_dev_run and nothing beside it;
+// with --resume it is a one-line error.
+TEST(Cli, FastDevRunChecksTheWholeJobInASubdirectory) {
+  const std::string dir = ::testing::TempDir() + "/tessera_cli_fast_dev_run";
+  std::filesystem::remove_all(dir);
+  const std::string job = "train " + Source("configs/gpt2_nano.json") +
+                          " model.num_layers=1 train.train_iter=500 "
+                          "train.checkpointer.period=200 train.output_dir=" +
+                          dir + " --fast-dev-run";
+  const Result ok = RunTessera(job);
+  ASSERT_EQ(ok.exit_code, 0) << ok.out;
+  EXPECT_EQ(ok.out.rfind("fast dev run: 20 iterations into " + dir + "/fast_dev_run\n", 0), 0u) << ok.out;
+  EXPECT_NE(ok.out.find("\niter 20/20  loss "), std::string::npos) << ok.out;
+  std::vector<std::string> entries;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) entries.push_back(entry.path().filename());
+  EXPECT_EQ(entries, std::vector<std::string>{"fast_dev_run"});
+  for (const char* output : {"/metrics.jsonl", "/config.json", "/checkpoints/iter_0000010/index.json",
+                             "/checkpoints/iter_0000020/index.json"}) {
+    EXPECT_TRUE(std::filesystem::exists(dir + "/fast_dev_run" + output)) << output;
+  }
+  std::ifstream metrics(dir + "/fast_dev_run/metrics.jsonl");
+  int lines = 0;
+  for (std::string line; std::getline(metrics, line);) ++lines;
+  EXPECT_EQ(lines, 20);
+  const Result resumed = RunTessera(job + " --resume");
+  EXPECT_EQ(resumed.exit_code, 1);
+  EXPECT_EQ(resumed.out, "tessera: --fast-dev-run starts from scratch: it takes no --resume (train.resume)\n");
+  std::filesystem::remove_all(dir);
+}
+
 // A worker's --devices is checked before it starts: one line, exit 1.
 TEST(Cli, WorkerRefusesBadDevicesInOneLine) {
   for (const std::string devices : {"bogus", "tpu:2", "cpu:0", "cpu:0-3", "cuda:3-1", "cuda:x"}) {
