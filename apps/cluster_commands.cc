@@ -260,6 +260,7 @@ void AddClusterCommands(CLI::App& app, ClusterCommandDeps deps) {
     std::vector<std::string> overrides;
     bool follow = false;
     bool resume = false;
+    bool eval_only = false;
   };
   auto submit_flags = std::make_shared<SubmitFlags>();
   CLI::App* submit = app.add_subcommand("submit", "Submit a job to the master; prints its id");
@@ -270,8 +271,12 @@ void AddClusterCommands(CLI::App& app, ClusterCommandDeps deps) {
   submit->add_flag("--follow", submit_flags->follow, "Print the job's progress until it ends; exit 1 unless it succeeds");
   submit->add_flag("--resume", submit_flags->resume,
                    "Continue from the latest checkpoint in train.output_dir/checkpoints (sets train.resume=true)");
+  submit->add_flag("--eval-only", submit_flags->eval_only,
+                   "Train nothing: evaluate train.load_weight's weights, or else the latest checkpoint's in "
+                   "train.output_dir/checkpoints (sets train.eval_only=true)");
   submit->callback([submit_flags] {
     if (submit_flags->resume) submit_flags->overrides.push_back("train.resume=true");
+    if (submit_flags->eval_only) submit_flags->overrides.push_back("train.eval_only=true");
     auto config = config::LoadConfigFiles(submit_flags->config);
     if (!config.ok()) Fail(std::string(config.status().message()));
     auto client = submit_flags->client.Connect();

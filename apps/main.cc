@@ -83,6 +83,9 @@ absl::StatusOr<nlohmann::json> FastDevRunConfig(const std::string& path, std::ve
   if (config.at("train").at("resume").get<bool>()) {
     return absl::InvalidArgumentError("--fast-dev-run starts from scratch: it takes no --resume (train.resume)");
   }
+  if (config.at("train").at("eval_only").get<bool>()) {
+    return absl::InvalidArgumentError("--fast-dev-run trains: it takes no --eval-only (train.eval_only)");
+  }
   const std::string output_dir = config.at("train").at("output_dir").get<std::string>();
   overrides.insert(overrides.end(),
                    {"train.train_epoch=0", "train.train_iter=20", "train.log_period=1", "train.checkpointer.period=10",
@@ -171,6 +174,10 @@ int Main(int argc, char** argv) {
   bool train_resume = false;
   train->add_flag("--resume", train_resume,
                   "Continue from the latest checkpoint in train.output_dir/checkpoints (sets train.resume=true)");
+  bool train_eval_only = false;
+  train->add_flag("--eval-only", train_eval_only,
+                  "Train nothing: evaluate train.load_weight's weights, or else the latest checkpoint's in "
+                  "train.output_dir/checkpoints, once, writing nothing (sets train.eval_only=true)");
   bool train_fast_dev_run = false;
   train->add_flag("--fast-dev-run", train_fast_dev_run,
                   "Check a config end to end: 20 iterations from scratch with evaluations (2 batches) and "
@@ -210,6 +217,7 @@ int Main(int argc, char** argv) {
   if (*config) return RunConfig(config_path, overrides, schema);
   if (*train) {
     if (train_resume) train_overrides.push_back("train.resume=true");
+    if (train_eval_only) train_overrides.push_back("train.eval_only=true");
     return RunTrain(train_config, train_overrides, train_fast_dev_run);
   }
   if (*plan) return RunPlan(plan_config, plan_overrides, plan_format);

@@ -57,7 +57,9 @@ class EngineJobCompiler final : public JobCompiler {
     spec.device_type = resolved.at("train").at("dist").at("device_type").get<std::string>();
     spec.iterations = feed->iterations();
     spec.start_iteration = start.iteration;
-    spec.output_dir = resolved.at("train").value("output_dir", "");
+    // An evaluation-only job writes nothing: output_dir holds the run whose
+    // weights it evaluates.
+    spec.output_dir = feed->train().eval_only ? "" : resolved.at("train").value("output_dir", "");
     // The master writes the outputs: the directory must be writable here.
     if (!spec.output_dir.empty()) RETURN_IF_ERROR(CheckOutputDir(spec.output_dir));
     spec.config = std::move(resolved);
@@ -131,7 +133,7 @@ class EnginePlanRunner final : public PlanRunner {
     if (options_.graceful_stop != nullptr) {
       watch = options_.graceful_stop->Watch([this] { RequestStop(absl::CancelledError("interrupted")); });
     }
-    absl::Status status = RunSegments(first, end);
+    absl::Status status = feed_->train().eval_only ? EvaluateOnly(first) : RunSegments(first, end);
     if (watch >= 0) options_.graceful_stop->Unwatch(watch);
     JoinStopper();
     return status;
@@ -380,11 +382,23 @@ class EnginePlanRunner final : public PlanRunner {
     return status;
   }
 
+  // train.eval_only: one evaluation of the start checkpoint's weights
+  // (ResolveRunStart's), trained to `iteration`; no training segment.
+  absl::Status EvaluateOnly(int64_t iteration) {
+    if (node_plan_.init_checkpoint().empty()) {
+      return absl::FailedPreconditionError("train.eval_only: the plan names no checkpoint to evaluate");
+    }
+    ASSIGN_OR_RETURN(std::shared_ptr<const CheckpointReader> weights,
+                     CheckpointReader::Open(node_plan_.init_checkpoint()));
+    return Evaluate(iteration, 0, weights);
+  }
+
   // The held-out loss after the segment ending at `iteration`: the node's
   // part of the evaluation plan over eval_batches() batches, its variables
-  // copied from the trained values; the node holding the sink reports
-  // eval_loss, eval_ppl and the unigram baseline's unigram_ppl.
-  absl::Status Evaluate(int64_t iteration, int segment) {
+  // copied from the trained values (or read from `weights`); the node
+  // holding the sink reports eval_loss, eval_ppl and the unigram baseline's
+  // unigram_ppl.
+  absl::Status Evaluate(int64_t iteration, int segment, std::shared_ptr<const CheckpointReader> weights = nullptr) {
     if (!node_plan_.has_eval() || feed_->eval_batches() == 0) return absl::OkStatus();
     proto::NodePlan part = node_plan_.eval();
     part.mutable_plan()->set_start_iteration(0);
@@ -392,7 +406,12 @@ class EnginePlanRunner final : public PlanRunner {
     actors::RuntimeOptions options = RuntimeOptionsFor(StrCat("e", segment));
     RETURN_IF_ERROR(BindFeeds(part.plan(), eval_fill_, options.callbacks));
     RETURN_IF_ERROR(BindFetch(part.plan(), eval_fetch_, options.callbacks));
-    RETURN_IF_ERROR(kept_.BindVariables(part.plan(), options.callbacks));
+    if (weights != nullptr) {
+      RETURN_IF_ERROR(BindCheckpointInitializers(part.plan(), weights, /*weights_only=*/true, ops::BuiltinOps(),
+                                                 options.callbacks));
+    } else {
+      RETURN_IF_ERROR(kept_.BindVariables(part.plan(), options.callbacks));
+    }
     eval_sums_.clear();
     eval_batches_seen_ = 0;
     RETURN_IF_ERROR(RunSegment(actors::SerializeNodePlan(part), std::move(options)));

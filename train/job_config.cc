@@ -183,6 +183,10 @@ Binding<TrainConfig> MakeTrainKeys() {
           {.doc = "a checkpoint directory (`output_dir`/checkpoints/iter_N) or Hugging Face GPT-2 weights (a "
                   "model.safetensors file or its directory) whose weights start this run, resharded to its layout; "
                   "optimizer state and the iteration start fresh; `null`: the model's init"});
+  b.Field("eval_only", &TrainConfig::eval_only,
+          {.doc = "train nothing: evaluate once (`evaluation`, which must be enabled) the weights of `load_weight`, "
+                  "or else of the latest checkpoint in `output_dir`/checkpoints, and write no outputs "
+                  "(`tessera train --eval-only` sets it)"});
   b.Sub("evaluation", &TrainConfig::evaluation, MakeEvaluationKeys());
   b.Sub("dist", &TrainConfig::dist, MakeDistKeys());
   return b;

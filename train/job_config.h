@@ -94,6 +94,9 @@ struct TrainConfig {
   bool resume = false;
   // A checkpoint directory whose weights (not optimizer state) start the run.
   std::optional<std::string> load_weight;
+  // Train nothing: evaluate load_weight's weights, or else the latest
+  // checkpoint's in output_dir/checkpoints, once (LiBai's --eval-only).
+  bool eval_only = false;
   CheckpointerConfig checkpointer;
   EvaluationConfig evaluation;
   AmpConfig amp;

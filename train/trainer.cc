@@ -194,6 +194,10 @@ absl::StatusOr<Job> Prepare(const nlohmann::json& raw_config, PlanExecutor execu
   if (!has_text && train.evaluation.enabled) {
     return absl::InvalidArgumentError("train.evaluation.enabled needs text data (dataloader.data_prefix)");
   }
+  if (train.eval_only && !train.evaluation.enabled) {
+    return absl::InvalidArgumentError(
+        "train.eval_only evaluates, so it needs train.evaluation.enabled=true (and text data: dataloader.data_prefix)");
+  }
   ASSIGN_OR_RETURN(job.options.lower.parallel, ParallelFromConfig(train.dist, *job.model));
   job.options.lower.parallel.device_type = train.dist.device_type == "cuda" ? DeviceType::kCuda : DeviceType::kCpu;
   if (train.dist.intra_op_threads) job.options.intra_op_threads = static_cast<int>(*train.dist.intra_op_threads);
@@ -363,6 +367,29 @@ absl::Status JobFeed::Fill(int64_t iteration, int64_t micro_batch, std::string_v
 
 absl::StatusOr<RunStart> ResolveRunStart(const TrainConfig& train, int64_t global_batch) {
   RunStart start;
+  if (train.eval_only) {
+    // The weights alone, at the iteration they were trained to.
+    std::string source = train.load_weight.value_or("");
+    if (source.empty()) {
+      ASSIGN_OR_RETURN(const std::optional<std::filesystem::path> latest, LatestCheckpoint(train.output_dir));
+      if (!latest) {
+        return absl::InvalidArgumentError(StrCat("train.eval_only evaluates saved weights: train.output_dir '",
+                                                 train.output_dir,
+                                                 "' holds no checkpoint, and train.load_weight is not set"));
+      }
+      source = latest->string();
+    }
+    auto reader = CheckpointReader::Open(source);
+    if (!reader.ok()) {
+      return absl::Status(
+          reader.status().code(),
+          StrCat(train.load_weight ? "train.load_weight: " : "train.eval_only: ", reader.status().message()));
+    }
+    start.iteration = (*reader)->iteration();
+    start.checkpoint = source;
+    start.weights_only = true;
+    return start;
+  }
   if (train.resume) {
     ASSIGN_OR_RETURN(const std::optional<std::filesystem::path> latest, LatestCheckpoint(train.output_dir));
     if (latest) {
@@ -423,7 +450,9 @@ absl::StatusOr<std::vector<proto::NodePlan>> CompileForNodes(const nlohmann::jso
   scheduler::LowerOptions lower = job.options.lower;
   lower.devices_per_node = devices_per_node;
   lower.start_iteration = start.iteration;
-  lower.iterations = job.train.train_iter - start.iteration;
+  // An evaluation-only job runs no training iteration; its plan is lowered
+  // for one (the checks and the node split are the training plan's).
+  lower.iterations = job.train.eval_only ? 1 : job.train.train_iter - start.iteration;
   ASSIGN_OR_RETURN(scheduler::LoweredPlan lowered, scheduler::LowerToPlan(job.engine->graph(), lower));
   if (!start.checkpoint.empty()) {
     // Every tensor the plan keeps must be in the checkpoint with its shape:

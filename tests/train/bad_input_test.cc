@@ -190,6 +190,8 @@ std::vector<BadInput> Cases() {
       {"missing weights", kMlp, {"train.load_weight=/nonexistent/iter_0000001"}, "train.load_weight: checkpoint /nonexistent"},
       {"evaluation without text", kMlp, {"train.evaluation.enabled=true"}, "train.evaluation.enabled needs text data"},
       {"eval period", kMlp, {"train.evaluation.eval_period=0"}, "train.evaluation.eval_period"},
+      {"evaluation only, evaluation off", kMlp, {"train.eval_only=true"}, "train.eval_only evaluates, so it needs train.evaluation.enabled=true"},
+      {"evaluation only, a string", kMlp, {"train.eval_only=yes"}, "config key 'train.eval_only' expects a boolean"},
       {"epochs without text", kMlp, {"train.train_epoch=2"}, "train.train_epoch 2 needs text data"},
       {"negative epochs", kMlp, {"train.train_epoch=-1"}, "train.train_epoch"},
       {"start iteration", kMlp, {"train.start_iter=7"}, "is not implemented yet (set train.resume to continue from a checkpoint)"},

@@ -175,6 +175,52 @@ TEST_F(TextDataTest, EvaluationIsTheSameWhateverTheMicroBatches) {
   }
 }
 
+// train.eval_only (--eval-only, LiBai's): one evaluation of saved weights
+// (the latest checkpoint in output_dir, or train.load_weight's), training
+// nothing and writing nothing there; the held-out loss is the one training
+// reported at that checkpoint, under another layout too. Nothing to
+// evaluate, or evaluation off, is a one-line error.
+TEST_F(TextDataTest, EvalOnlyEvaluatesSavedWeightsAndWritesNothing) {
+  const fs::path dir = root_ / "trained";
+  const std::string eval = "train.evaluation.enabled=true train.evaluation.eval_period=2 train.evaluation.eval_iter=3 ";
+  auto run = RunTessera(Train(dir, eval + "train.train_iter=4 train.checkpointer.period=2"));
+  ASSERT_EQ(run.exit_code, 0) << run.out;
+  const testing::MetricsRows trained = ReadMetricsRows(dir);
+  ASSERT_EQ(trained.eval.size(), 2u);
+  const auto file = [](const fs::path& path) {
+    std::ifstream in(path);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  const std::string metrics = file(dir / "metrics.jsonl"), config = file(dir / "config.json");
+  // The printed loss ("eval iter 4/4  loss 5.123456 ...").
+  const auto printed_loss = [](const std::string& out, const std::string& head) {
+    const size_t at = out.find(head + "  loss ");
+    EXPECT_NE(at, std::string::npos) << out;
+    return at == std::string::npos ? 0.0 : std::stod(out.substr(at + head.size() + 7));
+  };
+  run = RunTessera(Train(dir, eval + "train.train_iter=4 --eval-only"));
+  ASSERT_EQ(run.exit_code, 0) << run.out;
+  EXPECT_EQ(run.out.find("\niter "), std::string::npos) << "it trained: " << run.out;
+  const double latest = trained.eval.at(4)["eval_loss"].get<double>();
+  EXPECT_NEAR(printed_loss(run.out, "eval iter 4/4"), latest, 2e-6 * latest + 1e-6);
+  EXPECT_EQ(file(dir / "metrics.jsonl"), metrics);
+  EXPECT_EQ(file(dir / "config.json"), config);
+  EXPECT_FALSE(fs::exists(dir / "checkpoints" / "iter_0000005"));
+  run = RunTessera(Train(root_ / "elsewhere", eval +
+                                                  "train.train_iter=4 train.dist.data_parallel_size=2 "
+                                                  "train.train_micro_batch_size=8 --eval-only train.load_weight=" +
+                                                  (dir / "checkpoints" / "iter_0000002").string()));
+  ASSERT_EQ(run.exit_code, 0) << run.out;
+  const double second = trained.eval.at(2)["eval_loss"].get<double>();
+  EXPECT_NEAR(printed_loss(run.out, "eval iter 2/4"), second, 2e-6 * second + 1e-6);
+  EXPECT_FALSE(fs::exists(root_ / "elsewhere"));
+  ExpectOneLineError(RunTessera(Train(root_ / "empty", eval + "--eval-only")),
+                     "train.eval_only evaluates saved weights: train.output_dir '" + (root_ / "empty").string() +
+                         "' holds no checkpoint, and train.load_weight is not set");
+  ExpectOneLineError(RunTessera(Train(dir, "--eval-only")),
+                     "train.eval_only evaluates, so it needs train.evaluation.enabled=true");
+}
+
 // train.train_epoch (LiBai's rule): train_iter becomes the larger of itself
 // and ceil(epochs × training samples / global batch); the run trains that
 // many iterations and config.json records them. A train_iter above the
