@@ -55,7 +55,9 @@ class EngineJobCompiler final : public JobCompiler {
     JobSpec spec;
     spec.devices_needed = feed->devices();
     spec.device_type = resolved.at("train").at("dist").at("device_type").get<std::string>();
-    spec.iterations = feed->iterations();
+    // An evaluation-only job's weights may be trained past train_iter: its
+    // progress shows their iteration out of at least that many.
+    spec.iterations = feed->train().eval_only ? std::max(feed->iterations(), start.iteration) : feed->iterations();
     spec.start_iteration = start.iteration;
     // An evaluation-only job writes nothing: output_dir holds the run whose
     // weights it evaluates.
