@@ -190,7 +190,7 @@ class Generator {
   std::string ValueText(const json& near) {
     switch (benign_ ? 2 : Pick(16)) {
       case 0: {
-        static const char* const kRaw[] = {"NaN", "Infinity", "-inf", "1e400", "-1e400", "0x10", "1_000", "[1,", "{\"a\":",
+        static const char* const kRaw[] = {"NaN", "Infinity", "-inf", "inf", "1e400", "-1e400", "0x10", "1_000", "[1,", "{\"a\":",
                                            "\xff\xfe", "caf\xc3", "\xed\xa0\x80", "\xc0\xaf", "'single'", "=", ""};
         return kRaw[Pick(static_cast<int>(std::size(kRaw)))];
       }
