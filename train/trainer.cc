@@ -41,8 +41,19 @@ void CommonOptimizerOptions(const T& c, graph::OptimizerOptions& o) {
 absl::StatusOr<graph::OptimizerOptions> OptimizerFromConfig(const nlohmann::json& optim, double* lr) {
   graph::OptimizerOptions o;
   const std::string target = optim.at("_target_").get<std::string>();
+  const auto clips = [](const auto& c) -> absl::Status {
+    // A norm for no clipping would be a key nothing reads.
+    if (!c.clip_grad_max_norm && c.clip_grad_norm_type != 2.0) {
+      return absl::InvalidArgumentError(
+          StrCat("optim.clip_grad_norm_type ", c.clip_grad_norm_type,
+                 " chooses the norm clipping bounds, but optim.clip_grad_max_norm is null (no clipping): set it, or "
+                 "leave the norm type at 2.0"));
+    }
+    return absl::OkStatus();
+  };
   if (target == "AdamW") {
     ASSIGN_OR_RETURN(const AdamWConfig c, AdamWKeys().Read(optim));
+    RETURN_IF_ERROR(clips(c));
     o.kind = graph::OptimizerKind::kAdamW;
     o.beta1 = c.betas.at(0);
     o.beta2 = c.betas.at(1);
@@ -51,6 +62,7 @@ absl::StatusOr<graph::OptimizerOptions> OptimizerFromConfig(const nlohmann::json
     *lr = c.lr;
   } else if (target == "SGD") {
     ASSIGN_OR_RETURN(const SgdConfig c, SgdKeys().Read(optim));
+    RETURN_IF_ERROR(clips(c));
     o.kind = graph::OptimizerKind::kSgd;
     o.momentum = c.momentum;
     o.nesterov = c.nesterov;

@@ -205,6 +205,7 @@ std::vector<BadInput> Cases() {
       {"clipping's negative norm", kMlp, {"optim.clip_grad_norm_type=-2"}, "config key 'optim.clip_grad_norm_type' must be > 0, got -2"},
       {"clipping's norm spelled Infinity", kMlp, {"optim.clip_grad_norm_type=Infinity"}, "config key 'optim.clip_grad_norm_type' expects a number > 0 or \"inf\", got string \"Infinity\""},
       {"clipping's minus infinity", kMlp, {"optim.clip_grad_norm_type=-inf"}, "expects a number > 0 or \"inf\", got string \"-inf\""},
+      {"a clipping norm without clipping", kMlp, {"optim.clip_grad_max_norm=null", "optim.clip_grad_norm_type=inf"}, "optim.clip_grad_norm_type inf chooses the norm clipping bounds, but optim.clip_grad_max_norm is null (no clipping)"},
       {"clipping's norm null", kMlp, {"optim.clip_grad_norm_type=null"}, "config key 'optim.clip_grad_norm_type' must not be null"},
       {"dataloader", kMlp, {"dataloader.train=x"}, "unknown config key 'dataloader.train'"},
       {"text data for the MLP", kMlp, {"dataloader.data_prefix=/tmp/x"}, "reads no text data"},
