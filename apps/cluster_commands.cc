@@ -261,6 +261,7 @@ void AddClusterCommands(CLI::App& app, ClusterCommandDeps deps) {
     bool follow = false;
     bool resume = false;
     bool eval_only = false;
+    bool fast_dev_run = false;
   };
   auto submit_flags = std::make_shared<SubmitFlags>();
   CLI::App* submit = app.add_subcommand("submit", "Submit a job to the master; prints its id");
@@ -274,9 +275,20 @@ void AddClusterCommands(CLI::App& app, ClusterCommandDeps deps) {
   submit->add_flag("--eval-only", submit_flags->eval_only,
                    "Train nothing: evaluate train.load_weight's weights, or else the latest checkpoint's in "
                    "train.output_dir/checkpoints (sets train.eval_only=true)");
-  submit->callback([submit_flags] {
+  submit->add_flag("--fast-dev-run", submit_flags->fast_dev_run,
+                   "Check a config end to end: 20 iterations from scratch with evaluations (2 batches) and "
+                   "checkpoints at 10 and 20, into train.output_dir/fast_dev_run");
+  submit->callback([submit_flags, shared_deps] {
     if (submit_flags->resume) submit_flags->overrides.push_back("train.resume=true");
     if (submit_flags->eval_only) submit_flags->overrides.push_back("train.eval_only=true");
+    if (submit_flags->fast_dev_run) {
+      // Resolved here with this machine's schema, so the master gets plain
+      // overrides (output_dir stays as the config writes it: the master's).
+      if (!shared_deps->fast_dev_run_overrides) Fail("--fast-dev-run: this build's submit cannot resolve job configs");
+      auto all = shared_deps->fast_dev_run_overrides(submit_flags->config, submit_flags->overrides);
+      if (!all.ok()) Fail(std::string(all.status().message()));
+      submit_flags->overrides = *std::move(all);
+    }
     auto config = config::LoadConfigFiles(submit_flags->config);
     if (!config.ok()) Fail(std::string(config.status().message()));
     auto client = submit_flags->client.Connect();

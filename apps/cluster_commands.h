@@ -11,8 +11,11 @@
 
 #include <functional>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "CLI/CLI.hpp"
+#include "absl/status/statusor.h"
 #include "cluster/job_interfaces.h"
 
 namespace tessera {
@@ -22,6 +25,12 @@ struct ClusterCommandDeps {
   std::function<std::unique_ptr<cluster::JobCompiler>()> make_compiler;
   // The worker's runners (one per job).
   cluster::PlanRunnerFactory make_runner;
+  // `submit --fast-dev-run`: the overrides that make the config's job a
+  // fast dev run (train/job_config.h's FastDevRunOverrides); unset: the
+  // flag is refused.
+  std::function<absl::StatusOr<std::vector<std::string>>(const std::string& config,
+                                                         const std::vector<std::string>& overrides)>
+      fast_dev_run_overrides = {};
 };
 
 void AddClusterCommands(CLI::App& app, ClusterCommandDeps deps);

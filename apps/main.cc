@@ -8,7 +8,6 @@
 #include <csignal>
 #include <cstdio>
 #include <exception>
-#include <filesystem>
 #include <memory>
 #include <new>
 #include <string>
@@ -22,7 +21,6 @@
 #include "cluster/local_train.h"
 #include "core/logging.h"
 #include "core/schema.h"
-#include "core/status.h"
 #include "core/text.h"
 #include "ops/describe.h"
 #include "ops/registry.h"
@@ -73,35 +71,15 @@ extern "C" void OnStopSignal(int signal) {
   std::signal(signal, SIG_DFL);
 }
 
-// --fast-dev-run (LiBai's): the job's whole pipeline, briefly, to check a
-// config: 20 iterations from scratch, a progress line each, evaluations
-// (when on, over 2 batches) and checkpoints at 10 and 20, written under
-// train.output_dir/fast_dev_run so that a real run's outputs and
-// checkpoints there are never touched (or pruned).
-absl::StatusOr<nlohmann::json> FastDevRunConfig(const std::string& path, std::vector<std::string> overrides) {
-  ASSIGN_OR_RETURN(const nlohmann::json config, tessera::LoadJobConfig(path, overrides));
-  if (config.at("train").at("resume").get<bool>()) {
-    return absl::InvalidArgumentError("--fast-dev-run starts from scratch: it takes no --resume (train.resume)");
-  }
-  if (config.at("train").at("eval_only").get<bool>()) {
-    return absl::InvalidArgumentError("--fast-dev-run trains: it takes no --eval-only (train.eval_only)");
-  }
-  const std::string output_dir = config.at("train").at("output_dir").get<std::string>();
-  overrides.insert(overrides.end(),
-                   {"train.train_epoch=0", "train.train_iter=20", "train.log_period=1", "train.checkpointer.period=10",
-                    "train.evaluation.eval_period=10", "train.evaluation.eval_iter=2"});
-  if (!output_dir.empty()) {
-    overrides.push_back("train.output_dir=" + (std::filesystem::path(output_dir) / "fast_dev_run").string());
-  }
-  return tessera::LoadJobConfig(path, overrides);
-}
-
 int RunTrain(const std::string& path, const std::vector<std::string>& overrides, bool fast_dev_run) {
-  auto config = fast_dev_run ? FastDevRunConfig(path, overrides) : tessera::LoadJobConfig(path, overrides);
+  absl::StatusOr<std::vector<std::string>> all = overrides;
+  if (fast_dev_run) all = tessera::FastDevRunOverrides(path, overrides);
+  if (!all.ok()) return Fail(std::string(all.status().message()));
+  auto config = tessera::LoadJobConfig(path, *all);
   if (!config.ok()) return Fail(std::string(config.status().message()));
   if (fast_dev_run) {
-    const std::string dir = config->at("train").at("output_dir").get<std::string>();
-    std::printf("fast dev run: 20 iterations%s\n", dir.empty() ? "" : (" into " + dir).c_str());
+    std::printf("fast dev run: 20 iterations into %s\n",
+                config->at("train").at("output_dir").get<std::string>().c_str());
   }
   // Ctrl-C / SIGTERM: finish the iteration in flight, write a checkpoint
   // there, exit 130 / 143 (128 + the signal).
@@ -198,8 +176,12 @@ int Main(int argc, char** argv) {
   // preprocess, tokenize: text into datasets, and the tool to check a vocabulary.
   tessera::AddDataCommands(app);
 
-  tessera::AddClusterCommands(app, {.make_compiler = tessera::cluster::MakeEngineJobCompiler,
-                                    .make_runner = tessera::cluster::MakeEnginePlanRunnerFactory()});
+  tessera::AddClusterCommands(
+      app, {.make_compiler = tessera::cluster::MakeEngineJobCompiler,
+            .make_runner = tessera::cluster::MakeEnginePlanRunnerFactory(),
+            .fast_dev_run_overrides = [](const std::string& config, const std::vector<std::string>& overrides) {
+              return tessera::FastDevRunOverrides(config, overrides);
+            }});
 
   try {
     app.parse(argc, argv);

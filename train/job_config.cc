@@ -313,6 +313,24 @@ absl::StatusOr<nlohmann::json> LoadJobConfig(const std::filesystem::path& path, 
   return config::LoadConfig(path, overrides, JobSchema());
 }
 
+absl::StatusOr<std::vector<std::string>> FastDevRunOverrides(const std::filesystem::path& path,
+                                                             std::vector<std::string> overrides) {
+  ASSIGN_OR_RETURN(const nlohmann::json config, LoadJobConfig(path, overrides));
+  const nlohmann::json& train = config.at("train");
+  if (train.at("resume").get<bool>()) {
+    return absl::InvalidArgumentError("--fast-dev-run starts from scratch: it takes no --resume (train.resume)");
+  }
+  if (train.at("eval_only").get<bool>()) {
+    return absl::InvalidArgumentError("--fast-dev-run trains: it takes no --eval-only (train.eval_only)");
+  }
+  overrides.insert(overrides.end(),
+                   {"train.train_epoch=0", "train.train_iter=20", "train.log_period=1", "train.checkpointer.period=10",
+                    "train.evaluation.eval_period=10", "train.evaluation.eval_iter=2",
+                    "train.output_dir=" +
+                        (std::filesystem::path(train.at("output_dir").get<std::string>()) / "fast_dev_run").string()});
+  return overrides;
+}
+
 absl::StatusOr<nlohmann::json> ResolveJobConfig(const nlohmann::json& config, const std::string& origin) {
   config::Origins origins;
   if (!origin.empty()) origins[""] = origin;

@@ -156,6 +156,14 @@ const config::Section& JobSchema();
 // override that set the offending key).
 absl::StatusOr<nlohmann::json> LoadJobConfig(const std::filesystem::path& path,
                                              const std::vector<std::string>& overrides = {});
+// --fast-dev-run (LiBai's): `overrides` plus those that make the job of
+// `path` a brief check of its whole pipeline: 20 iterations from scratch, a
+// progress line each, evaluations (when on, over 2 batches) and checkpoints
+// at 10 and 20, written under train.output_dir/fast_dev_run so that a real
+// run's outputs and checkpoints there are never touched (or pruned). Errors
+// for a resume or an evaluation-only job.
+absl::StatusOr<std::vector<std::string>> FastDevRunOverrides(const std::filesystem::path& path,
+                                                             std::vector<std::string> overrides);
 // A config from anywhere else; `origin` says where in messages
 // ("from RPC SubmitJob"); empty: no origin.
 absl::StatusOr<nlohmann::json> ResolveJobConfig(const nlohmann::json& config, const std::string& origin = "");

@@ -252,6 +252,42 @@ TEST_F(ClusterFailureTest, CancelFromTheCliCheckpointsWhereTheNodesAgree) {
   ASSERT_TRUE(WaitFreeWorkers(2, absl::Seconds(5)));
 }
 
+// `tessera submit --fast-dev-run` resolves the config where it runs and
+// sends the master a 20-iteration job whose outputs go under
+// train.output_dir/fast_dev_run; with --resume it is refused before
+// anything is sent.
+TEST_F(ClusterFailureTest, FastDevRunFromTheCliWritesUnderItsSubdirectory) {
+  Deadline deadline(seconds(120), "a fast dev run submitted from the CLI");
+  StartWorker("w-a");
+  ASSERT_TRUE(WaitFreeWorkers(1));
+  const fs::path out = dir_ / "run";
+  const auto run = [&](const std::string& flags) {
+    const std::string cmd =
+        absl::StrCat("timeout 90 ", TESSERA_BINARY, " submit --master ", address_, " ", TESSERA_SOURCE_DIR,
+                     "/configs/gpt2_nano.json model.num_layers=1 train.dist.data_parallel_size=2 "
+                     "train.train_micro_batch_size=8 train.output_dir=",
+                     out.string(), " ", flags, " 2>&1");
+    FILE* pipe = popen(cmd.c_str(), "r");
+    std::string printed;
+    char buf[4096];
+    for (size_t n; pipe != nullptr && (n = fread(buf, 1, sizeof buf, pipe)) > 0;) printed.append(buf, n);
+    const int status = pipe == nullptr ? -1 : pclose(pipe);
+    return std::make_pair(status, printed);
+  };
+  const auto [status, printed] = run("--fast-dev-run --follow");
+  ASSERT_EQ(status, 0) << printed;
+  EXPECT_NE(printed.find("SUCCEEDED"), std::string::npos) << printed;
+  for (const char* name : {"iter_0000010", "iter_0000020"}) {
+    EXPECT_TRUE(fs::exists(out / "fast_dev_run" / "checkpoints" / name / "index.json")) << name << "\n" << printed;
+  }
+  std::vector<std::string> entries;
+  for (const auto& entry : fs::directory_iterator(out)) entries.push_back(entry.path().filename());
+  EXPECT_EQ(entries, std::vector<std::string>{"fast_dev_run"});
+  const auto [refused, line] = run("--fast-dev-run --resume");
+  EXPECT_NE(refused, 0);
+  EXPECT_EQ(line, "tessera: --fast-dev-run starts from scratch: it takes no --resume (train.resume)\n");
+}
+
 // A graceful cancel while a node hangs (SIGSTOP: it never answers where it
 // is): the job still ends CANCELLED once the master's grace period is over,
 // the node that answered is not left blocked, and after the hung node comes
