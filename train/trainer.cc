@@ -441,9 +441,14 @@ absl::Status JobFeed::FillEval(int64_t batch, std::string_view input, const Tens
     // batch this micro-batch belongs to, as in training: the evaluation
     // batch's masked-LM loss is then Σ w·ce / Σ w over the global batch
     // whatever the accumulation.
-    ASSIGN_OR_RETURN(const Tensor whole, Tensor::Zeros(Shape{rows * micro_batches_}, out.dtype()));
-    RETURN_IF_ERROR(text_->FillEval(batch / micro_batches_ * rows * micro_batches_, input, whole));
-    std::fill_n(out.data<float>(), rows, whole.data<float>()[0]);
+    const int64_t global = batch / micro_batches_;
+    std::lock_guard<std::mutex> lock(eval_mu_);
+    if (eval_mean_count_.first != global) {
+      ASSIGN_OR_RETURN(const Tensor whole, Tensor::Zeros(Shape{rows * micro_batches_}, out.dtype()));
+      RETURN_IF_ERROR(text_->FillEval(global * rows * micro_batches_, input, whole));
+      eval_mean_count_ = {global, whole.data<float>()[0]};
+    }
+    std::fill_n(out.data<float>(), rows, eval_mean_count_.second);
     return absl::OkStatus();
   }
   return text_->FillEval(batch * rows, input, out);

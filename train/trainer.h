@@ -24,14 +24,14 @@
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-
 #include "absl/status/statusor.h"
 #include "comm/proto/plan.pb.h"
-#include "nlohmann/json.hpp"
 #include "models/model.h"
+#include "nlohmann/json.hpp"
 #include "train/engine.h"
 #include "train/job_config.h"
 #include "train/lr_schedule.h"
@@ -117,6 +117,10 @@ class JobFeed {
   TrainConfig train_;
   std::mutex mu_;
   std::map<std::string, GlobalBatch, std::less<>> global_batches_ ABSL_GUARDED_BY(mu_);
+  // BERT's masked_lm_mean_count of the evaluation's current global batch
+  // (its index, -1: none yet), computed once for its micro-batches.
+  mutable std::mutex eval_mu_;
+  mutable std::pair<int64_t, float> eval_mean_count_ ABSL_GUARDED_BY(eval_mu_) = {-1, 0.0f};
 };
 
 // Where a run starts: from scratch (iteration 0, the init rules), from the

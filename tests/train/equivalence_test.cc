@@ -105,6 +105,12 @@ void ExpectLayoutsGive(const std::vector<Layout>& layouts, const std::vector<std
   }
 }
 
+// `a` followed by `b`.
+std::vector<std::string> With(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
 const std::vector<std::string> kOneDevice = {"train.train_micro_batch_size=8", "train.num_accumulation_steps=1"};
 
 TEST(Equivalence, Gpt2NanoLossesMatchOneDeviceUnderEveryLayout) {
@@ -115,18 +121,15 @@ TEST(Equivalence, Gpt2NanoLossesMatchOneDeviceUnderEveryLayout) {
                                     "train.dist.tensor_parallel_size=" + std::to_string(tp),
                                     "train.dist.pipeline_parallel_size=" + std::to_string(pp)};
   };
-  const auto with = [](std::vector<std::string> a, std::vector<std::string> b) {
-    a.insert(a.end(), b.begin(), b.end());
-    return a;
-  };
   const std::vector<Layout> layouts = {
-      {"DP 4", with(dist(4, 1, 1), {"train.train_micro_batch_size=2", "train.num_accumulation_steps=1"})},
-      {"TP 4", with(dist(1, 4, 1), {"train.train_micro_batch_size=8", "train.num_accumulation_steps=1"})},
-      {"PP 4, 4 micro-batches", with(dist(1, 1, 4), {"train.train_micro_batch_size=2", "train.num_accumulation_steps=4"})},
-      {"2x2x1", with(dist(2, 2, 1), {"train.train_micro_batch_size=4", "train.num_accumulation_steps=1"})},
-      {"2x1x2", with(dist(2, 1, 2), {"train.train_micro_batch_size=2", "train.num_accumulation_steps=2"})},
-      {"1x2x2", with(dist(1, 2, 2), {"train.train_micro_batch_size=4", "train.num_accumulation_steps=2"})},
-      {"2x2x2", with(dist(2, 2, 2), {"train.train_micro_batch_size=2", "train.num_accumulation_steps=2"})},
+      {"DP 4", With(dist(4, 1, 1), {"train.train_micro_batch_size=2", "train.num_accumulation_steps=1"})},
+      {"TP 4", With(dist(1, 4, 1), {"train.train_micro_batch_size=8", "train.num_accumulation_steps=1"})},
+      {"PP 4, 4 micro-batches",
+       With(dist(1, 1, 4), {"train.train_micro_batch_size=2", "train.num_accumulation_steps=4"})},
+      {"2x2x1", With(dist(2, 2, 1), {"train.train_micro_batch_size=4", "train.num_accumulation_steps=1"})},
+      {"2x1x2", With(dist(2, 1, 2), {"train.train_micro_batch_size=2", "train.num_accumulation_steps=2"})},
+      {"1x2x2", With(dist(1, 2, 2), {"train.train_micro_batch_size=4", "train.num_accumulation_steps=2"})},
+      {"2x2x2", With(dist(2, 2, 2), {"train.train_micro_batch_size=2", "train.num_accumulation_steps=2"})},
   };
   ExpectLayoutsGive(layouts, {}, *one);
 }
@@ -173,10 +176,6 @@ TEST(Equivalence, CustomPipelineStagesGiveTheOneDeviceLossesWithTheirLayers) {
 // grad_norm at every iteration and its losses: each shard's max or sum is
 // a partial, combined over the devices.
 TEST(Equivalence, ClippingInOtherNormsGivesTheOneDeviceNormsAndLosses) {
-  const auto with = [](std::vector<std::string> a, const std::vector<std::string>& b) {
-    a.insert(a.end(), b.begin(), b.end());
-    return a;
-  };
   const std::vector<Layout> layouts = {
       {"TP 4",
        {"train.dist.tensor_parallel_size=4", "train.train_micro_batch_size=8", "train.num_accumulation_steps=1"}},
@@ -191,13 +190,13 @@ TEST(Equivalence, ClippingInOtherNormsGivesTheOneDeviceNormsAndLosses) {
     SCOPED_TRACE("clip_grad_norm_type " + p);
     const std::vector<std::string> clip = {"optim.clip_grad_max_norm=0.05", "optim.clip_grad_norm_type=" + p};
     std::vector<double> norms;
-    auto one = TrainGpt2Summary(with(kOneDevice, clip), &norms);
+    auto one = TrainGpt2Summary(With(kOneDevice, clip), &norms);
     ASSERT_TRUE(one.ok()) << one.status();
     ASSERT_EQ(norms.size(), static_cast<size_t>(kSteps));
     for (double norm : norms) EXPECT_GT(norm, 0.1);  // so every step clips
     for (const Layout& layout : layouts) {
       std::vector<double> layout_norms;
-      auto run = TrainGpt2Summary(with(layout.overrides, clip), &layout_norms);
+      auto run = TrainGpt2Summary(With(layout.overrides, clip), &layout_norms);
       ASSERT_TRUE(run.ok()) << layout.name << ": " << run.status();
       ExpectSameLosses(StrCat(layout.name, ", ", p, "-norm"), run->losses, one->losses);
       ASSERT_EQ(layout_norms.size(), norms.size()) << layout.name;

@@ -58,6 +58,17 @@ class TextDataTest : public ::testing::Test {
            out.string() + " " + extra;
   }
 
+  // Trains with `extra` into root_/name; the eval_loss of each evaluation.
+  std::vector<double> EvalLosses(const std::string& name, const std::string& extra) const {
+    const auto run = RunTessera(Train(root_ / name, extra));
+    EXPECT_EQ(run.exit_code, 0) << run.out;
+    std::vector<double> losses;
+    for (const auto& [iteration, row] : ReadMetricsRows(root_ / name).eval) {
+      losses.push_back(row["eval_loss"].get<double>());
+    }
+    return losses;
+  }
+
   fs::path root_, vocab_;
 };
 
@@ -109,13 +120,7 @@ TEST_F(TextDataTest, EvaluatesUnderZeroAndMixedPrecision) {
       "train.train_iter=4 train.dist.data_parallel_size=2 train.train_micro_batch_size=4 "
       "train.evaluation.enabled=true train.evaluation.eval_period=2 train.evaluation.eval_iter=2";
   const auto eval_losses = [&](const std::string& name, const std::string& extra) {
-    const auto run = RunTessera(Train(root_ / name, common + " " + extra));
-    EXPECT_EQ(run.exit_code, 0) << run.out;
-    std::vector<double> losses;
-    for (const auto& [iteration, row] : ReadMetricsRows(root_ / name).eval) {
-      losses.push_back(row["eval_loss"].get<double>());
-    }
-    return losses;
+    return EvalLosses(name, common + " " + extra);
   };
   const std::vector<double> plain = eval_losses("plain", "");
   const std::vector<double> zero = eval_losses("zero3", "train.zero_optimization.enabled=true "
@@ -153,13 +158,7 @@ TEST_F(TextDataTest, TheDataOrderIsTheSameUnderEveryLayout) {
 TEST_F(TextDataTest, EvaluationIsTheSameWhateverTheMicroBatches) {
   const std::string common = "train.train_iter=4 train.evaluation.enabled=true train.evaluation.eval_period=2 ";
   const auto eval_losses = [&](const std::string& name, const std::string& layout) {
-    const auto run = RunTessera(Train(root_ / name, common + layout));
-    EXPECT_EQ(run.exit_code, 0) << run.out;
-    std::vector<double> losses;
-    for (const auto& [iteration, row] : ReadMetricsRows(root_ / name).eval) {
-      losses.push_back(row["eval_loss"].get<double>());
-    }
-    return losses;
+    return EvalLosses(name, common + layout);
   };
   const std::vector<double> one = eval_losses("one", "train.train_micro_batch_size=16");
   ASSERT_EQ(one.size(), 2u);
