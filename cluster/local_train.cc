@@ -127,10 +127,15 @@ absl::Status TrainOnThisMachine(const nlohmann::json& config, std::FILE* progres
       if (display == nullptr) return true;
       std::vector<std::pair<std::string, double>> eval = {{"loss", *value("eval_loss")}};
       if (value("eval_ppl")) eval.emplace_back("ppl", *value("eval_ppl"));
-      std::map<std::string, double> accuracies;  // BERT's eval_mlm_accuracy, eval_nsp_accuracy, by name
+      // BERT's parts of the loss (eval_mlm_loss, eval_nsp_loss), then its
+      // accuracies (eval_mlm_accuracy, eval_nsp_accuracy), each by name.
+      std::map<std::string, double> parts, accuracies;
       for (const auto& [name, v] : values) {
-        if (name.starts_with("eval_") && name.ends_with("_accuracy")) accuracies[name.substr(5)] = v;
+        if (!name.starts_with("eval_") || name == "eval_loss") continue;
+        if (name.ends_with("_loss")) parts[name.substr(5)] = v;
+        if (name.ends_with("_accuracy")) accuracies[name.substr(5)] = v;
       }
+      eval.insert(eval.end(), parts.begin(), parts.end());
       eval.insert(eval.end(), accuracies.begin(), accuracies.end());
       if (value("unigram_ppl")) eval.emplace_back("unigram_ppl", *value("unigram_ppl"));
       display->Eval(event.metrics().iteration(), eval);

@@ -141,10 +141,13 @@ class BertNetwork : public nn::Module {
 
   struct Inputs {
     nn::Sym input_ids, token_type_ids, attention_mask, positions, labels, weights, mean_count, next_sentence;
+    nn::Sym sample_weights;  // evaluation only (models/model.h)
   };
 
-  // The loss; fetches mlm_loss / nsp_loss, and with `eval` the accuracy counts.
-  nn::Sym Forward(nn::GraphBuilder& b, const Inputs& in, bool eval) {
+  // The loss; fetches mlm_loss / nsp_loss, and in evaluation (with
+  // sample_weights) the weighted loss pairs and the accuracy counts.
+  nn::Sym Forward(nn::GraphBuilder& b, const Inputs& in) {
+    const bool eval = in.sample_weights.valid();
     const int64_t B = in.input_ids.shape()[0], C = config_.hidden_size, P = config_.max_predictions_per_seq;
     nn::Sym h = embeddings_.Forward(in.input_ids, in.token_type_ids);
     nn::Sym mask;
@@ -161,15 +164,19 @@ class BertNetwork : public nn::Module {
     const RowLoss mlm = CrossEntropyRows(b, logits, graph::Reshape(in.labels, Shape{B * P}));
     if (!mlm.ce.valid()) return nn::Sym();
     const nn::Sym weights = graph::Reshape(in.weights, Shape{B * P, 1});
-    const nn::Sym count = graph::ReduceSum(weights);
     // Divided by the micro-batch's rows' share of the iteration's count, not
     // by its own count: the mean over the micro-batches is then the whole
     // batch's Σ w·ce / Σ w, whatever the micro-batching.
     const nn::Sym mlm_loss = graph::ReduceSum(mlm.ce * weights) / graph::ReduceSum(in.mean_count);
     b.MarkFetch("mlm_loss", mlm_loss);
+    // Evaluation: sums over the samples evaluated (sample weight 1).
+    const nn::Sym sample_weights = eval ? graph::Reshape(in.sample_weights, Shape{B, 1}) : nn::Sym();
     if (eval) {
-      b.MarkFetch("mlm_correct", graph::ReduceSum(Correct(mlm.label_logit) * weights));
-      b.MarkFetch("mlm_count", count);
+      const nn::Sym used = graph::Reshape(in.weights * sample_weights, Shape{B * P, 1});
+      b.MarkFetch("mlm_loss_sum", graph::ReduceSum(mlm.ce * used));
+      b.MarkFetch("mlm_loss_weight", graph::ReduceSum(used));
+      b.MarkFetch("mlm_correct", graph::ReduceSum(Correct(mlm.label_logit) * used));
+      b.MarkFetch("mlm_count", graph::ReduceSum(used));
     }
     if (!config_.add_binary_head) return mlm_loss;
     // Next-sentence prediction from [CLS].
@@ -182,9 +189,10 @@ class BertNetwork : public nn::Module {
     const nn::Sym nsp_loss = graph::ReduceMean(nsp.ce);
     b.MarkFetch("nsp_loss", nsp_loss);
     if (eval) {
-      b.MarkFetch("nsp_correct", graph::ReduceSum(Correct(nsp.label_logit)));
-      b.MarkFetch("nsp_count",
-                  b.Apply("fill", {}, {{"shape", std::vector<int64_t>{}}, {"value", static_cast<double>(B)}}));
+      b.MarkFetch("nsp_loss_sum", graph::ReduceSum(nsp.ce * sample_weights));
+      b.MarkFetch("nsp_loss_weight", graph::ReduceSum(sample_weights));
+      b.MarkFetch("nsp_correct", graph::ReduceSum(Correct(nsp.label_logit) * sample_weights));
+      b.MarkFetch("nsp_count", graph::ReduceSum(sample_weights));
     }
     return mlm_loss + nsp_loss;
   }
@@ -323,15 +331,21 @@ absl::StatusOr<graph::Graph> Bert::Build(int64_t batch, bool eval) const {
   in.weights = input("masked_lm_weights", DType::kF32, Shape{batch, P});
   in.mean_count = input("masked_lm_mean_count", DType::kF32, Shape{batch});
   if (config_.add_binary_head) in.next_sentence = input("next_sentence_labels", DType::kI64, Shape{batch});
+  if (eval) in.sample_weights = input(kSampleWeights, DType::kF32, Shape{batch});
   BertConfig c = config_;
   if (eval) c.hidden_dropout_prob = c.attention_dropout_prob = 0;
   BertNetwork network(c);
-  b.MarkLoss(network.Forward(b, in, eval));
+  b.MarkLoss(network.Forward(b, in));
   return b.Finish();
 }
 
 absl::StatusOr<graph::Graph> Bert::BuildGraph(int64_t batch) const { return Build(batch, /*eval=*/false); }
 absl::StatusOr<graph::Graph> Bert::BuildEvalGraph(int64_t batch) const { return Build(batch, /*eval=*/true); }
+
+std::vector<std::string> Bert::eval_loss_terms() const {
+  if (config_.add_binary_head) return {"mlm_loss", "nsp_loss"};
+  return {"mlm_loss"};
+}
 
 absl::Status Bert::FillBatch(int64_t, std::string_view, const Tensor&) const {
   return absl::FailedPreconditionError(

@@ -94,8 +94,13 @@ class Bert final : public Model {
   static const config::Binding<BertConfig>& Keys();
 
   absl::StatusOr<graph::Graph> BuildGraph(int64_t batch) const override;
-  // Dropout off; the accuracy counts fetched too.
+  // Dropout off; input sample_weights (batch,); fetches the weighted pairs
+  // mlm_loss_sum / _weight and nsp_loss_sum / _weight, and the accuracy
+  // counts (models/model.h).
   absl::StatusOr<graph::Graph> BuildEvalGraph(int64_t batch) const override;
+  // eval_loss = eval_mlm_loss + eval_nsp_loss (without the binary head, the
+  // former alone), as the training loss.
+  std::vector<std::string> eval_loss_terms() const override;
   // BERT reads text only: FailedPrecondition.
   absl::Status FillBatch(int64_t iteration, std::string_view input, const Tensor& out) const override;
   int64_t num_layers() const override { return config_.num_layers; }

@@ -55,8 +55,10 @@ class Gpt2Network : public nn::Module {
     RegisterModule("loss", loss_);
   }
 
-  // input_ids, labels (B, T) i64 -> the mean loss (scalar).
-  nn::Sym Forward(const nn::Sym& input_ids, const nn::Sym& labels) {
+  // input_ids, labels (B, T) i64 -> the mean loss (scalar). With
+  // sample_weights (B,) f32 (evaluation), also fetches loss_sum = Σ w·loss
+  // and loss_weight = Σ w over the tokens (models/model.h).
+  nn::Sym Forward(const nn::Sym& input_ids, const nn::Sym& labels, const nn::Sym& sample_weights = nn::Sym()) {
     nn::GraphBuilder* b = Prepare(input_ids);
     if (b == nullptr) return nn::Sym();
     const int64_t B = input_ids.shape()[0], T = input_ids.shape()[1];
@@ -74,7 +76,13 @@ class Gpt2Network : public nn::Module {
     if (!h.valid()) return nn::Sym();  // the builder holds the error (e.g. a parameter too large)
     const int64_t C = h.shape()[2];
     const nn::Sym logits = head_(graph::Reshape(h, Shape{B * T, C}), wte_.weight());  // (B·T, V)
-    return loss_(logits, graph::Reshape(labels, Shape{B * T}));
+    if (!sample_weights.valid()) return loss_(logits, graph::Reshape(labels, Shape{B * T}));
+    const nn::ParallelCrossEntropyLoss::Weighted loss =
+        loss_.Forward(logits, labels, graph::Reshape(sample_weights, Shape{B, 1}));
+    if (!loss.mean.valid()) return nn::Sym();
+    b->MarkFetch("loss_sum", loss.weighted_sum);
+    b->MarkFetch("loss_weight", loss.weight);
+    return loss.mean;
   }
 
  private:
@@ -181,7 +189,7 @@ absl::StatusOr<std::unique_ptr<Model>> Gpt2::FromJson(const nlohmann::json& node
   return std::make_unique<Gpt2>(c);
 }
 
-absl::StatusOr<graph::Graph> Gpt2::BuildGraph(int64_t batch) const {
+absl::StatusOr<graph::Graph> Gpt2::Build(int64_t batch, bool eval) const {
   if (batch < 1) return absl::InvalidArgumentError(StrCat("models.GPT2: batch size ", batch, " must be >= 1"));
   graph::GraphBuilder b;
   const TensorMeta tokens{DType::kI64, Shape{batch, config_.seq()}};
@@ -189,16 +197,20 @@ absl::StatusOr<graph::Graph> Gpt2::BuildGraph(int64_t batch) const {
   const graph::Sym labels = b.Input("labels", tokens);
   b.SetHints(input_ids, std::nullopt, nn::BatchSplit());
   b.SetHints(labels, std::nullopt, nn::BatchSplit());
-  Gpt2Network network(config_);
-  b.MarkLoss(network.Forward(input_ids, labels));
+  graph::Sym sample_weights;
+  if (eval) {
+    sample_weights = b.Input(kSampleWeights, TensorMeta{DType::kF32, Shape{batch}});
+    b.SetHints(sample_weights, std::nullopt, nn::BatchSplit());
+  }
+  Gpt2Config c = config_;
+  if (eval) c.embedding_dropout_prob = c.attention_dropout_prob = c.output_dropout_prob = 0;
+  Gpt2Network network(c);
+  b.MarkLoss(network.Forward(input_ids, labels, sample_weights));
   return b.Finish();
 }
 
-absl::StatusOr<graph::Graph> Gpt2::BuildEvalGraph(int64_t batch) const {
-  Gpt2Config eval = config_;
-  eval.embedding_dropout_prob = eval.attention_dropout_prob = eval.output_dropout_prob = 0;
-  return Gpt2(eval).BuildGraph(batch);
-}
+absl::StatusOr<graph::Graph> Gpt2::BuildGraph(int64_t batch) const { return Build(batch, /*eval=*/false); }
+absl::StatusOr<graph::Graph> Gpt2::BuildEvalGraph(int64_t batch) const { return Build(batch, /*eval=*/true); }
 
 absl::Status Gpt2::FillBatch(int64_t iteration, std::string_view input, const Tensor& out) const {
   const int64_t T = config_.seq();

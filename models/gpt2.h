@@ -79,7 +79,8 @@ class Gpt2 final : public Model {
   static const config::Binding<Gpt2Config>& Keys();
 
   absl::StatusOr<graph::Graph> BuildGraph(int64_t batch) const override;
-  // Dropout off.
+  // Dropout off; input sample_weights (batch,), fetches loss_sum and
+  // loss_weight (models/model.h).
   absl::StatusOr<graph::Graph> BuildEvalGraph(int64_t batch) const override;
   // Inputs "input_ids" and "labels", i64 (batch, seq_length).
   absl::Status FillBatch(int64_t iteration, std::string_view input, const Tensor& out) const override;
@@ -96,6 +97,7 @@ class Gpt2 final : public Model {
   const MarkovChain& chain() const { return chain_; }
 
  private:
+  absl::StatusOr<graph::Graph> Build(int64_t batch, bool eval) const;
   Gpt2Config config_;
   MarkovChain chain_;
 };

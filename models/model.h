@@ -5,11 +5,15 @@
 //
 // Fetches the trainer reads: "loss" (the marked loss) and "grad_norm"; any
 // other scalar fetch of the training graph is logged under its name
-// (metrics.jsonl). Of the evaluation graph: "loss", averaged over the
-// evaluation batches (eval_loss; eval_ppl = exp of it for GPT-style
-// models), other scalars averaged likewise (eval_<name>), and pairs
-// "<m>_correct" / "<m>_count", summed over all batches and reported as
-// eval_<m>_accuracy. Models are built from the config node
+// (metrics.jsonl). Of the evaluation graph, summed over all its batches:
+// pairs "<m>_sum" / "<m>_weight", reported as eval_<m> = Σ sum / Σ weight,
+// and pairs "<m>_correct" / "<m>_count", reported as eval_<m>_accuracy;
+// other scalars are averaged over the batches (eval_<name>). eval_loss is
+// the sum of the eval values of eval_loss_terms() (eval_ppl = exp of it for
+// GPT-style models). The evaluation graph may declare the input
+// kSampleWeights, f32 (batch,): 1 for each sample evaluated, 0 for the rows
+// that only pad the last batch of a whole-split evaluation, which the
+// weighted pairs then leave out. Models are built from the config node
 // `model` by `_target_` (e.g. "models.MLP") through a Registry<Model> that the
 // caller owns and fills with RegisterBuiltinModels. Model methods are const
 // and may be called from any thread.
@@ -28,6 +32,9 @@
 
 namespace tessera::models {
 
+// The evaluation graph's per-sample weights (see above).
+inline constexpr char kSampleWeights[] = "sample_weights";
+
 class Model {
  public:
   virtual ~Model() = default;
@@ -36,6 +43,8 @@ class Model {
   // The graph evaluation runs: the same inputs, variables (names, shapes,
   // layouts) and loss, without training-only randomness (dropout off).
   virtual absl::StatusOr<graph::Graph> BuildEvalGraph(int64_t batch) const { return BuildGraph(batch); }
+  // The evaluation metrics whose sum is eval_loss (see above).
+  virtual std::vector<std::string> eval_loss_terms() const { return {"loss"}; }
   // Writes the data of graph input `input` for `iteration` into `out`
   // (preallocated with the input's meta). Deterministic in (seed, iteration).
   virtual absl::Status FillBatch(int64_t iteration, std::string_view input, const Tensor& out) const = 0;

@@ -39,6 +39,17 @@ class ParallelCrossEntropyLoss : public Module {
   explicit ParallelCrossEntropyLoss(int64_t layer_idx = -1) : Module(layer_idx) {}
   Sym Forward(const Sym& logits, const Sym& labels);
   Sym operator()(const Sym& logits, const Sym& labels) { return Forward(logits, labels); }
+  // Forward's mean, with Σ w·loss and Σ w over the tokens, the weights
+  // broadcast (numpy rules) to the labels' shape, e.g. (B, 1) per-sample
+  // weights of (B, T) labels: a weighted mean that adds up across batches.
+  // Labels may also be of any shape with N elements for 2-D logits (N, V).
+  struct Weighted {
+    Sym mean, weighted_sum, weight;
+  };
+  Weighted Forward(const Sym& logits, const Sym& labels, const Sym& weights);
+
+ private:
+  Sym Losses(GraphBuilder& b, const Sym& logits, const Sym& labels);
 };
 
 }  // namespace tessera::nn

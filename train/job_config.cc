@@ -136,7 +136,8 @@ Binding<EvaluationConfig> MakeEvaluationKeys() {
           {.min = 1,
            .max = kMaxIterations,
            .doc = "global batches (`global_batch_size` samples of the valid split each, in order) per evaluation; "
-                  "`null`: the whole valid split (the last batch wraps around to its start)"});
+                  "`null`: the whole valid split, each sample counted once (the last batch padded with rows that "
+                  "count for nothing)"});
   return b;
 }
 

@@ -331,9 +331,12 @@ absl::StatusOr<std::unique_ptr<JobFeed>> JobFeed::Make(const nlohmann::json& con
     // Evaluation batches are global batches, so every layout of the same
     // global batch evaluates the same samples: each is fed as its
     // accumulation steps' micro-batches (every data-parallel rank's rows),
-    // one run of the evaluation plan each.
+    // one run of the evaluation plan each. The whole split's last batch is
+    // padded with samples of weight 0, so each sample counts once and the
+    // result does not depend on the global batch either.
     const int64_t rows = out->global_batch_;
-    const int64_t batches = job.train.evaluation.eval_iter.value_or((out->text_->valid_samples() + rows - 1) / rows);
+    const int64_t n = out->text_->valid_samples();
+    const int64_t batches = job.train.evaluation.eval_iter.value_or((n + rows - 1) / rows);
     if (batches > kMaxIterations / out->micro_batches_) {
       return absl::InvalidArgumentError(
           StrCat(job.train.evaluation.eval_iter ? "train.evaluation.eval_iter " : "train.evaluation: ", batches,
@@ -341,6 +344,8 @@ absl::StatusOr<std::unique_ptr<JobFeed>> JobFeed::Make(const nlohmann::json& con
                  " micro-batches each is more than the 2^32 - 1 runs of the evaluation plan allowed"));
     }
     out->eval_batches_ = batches * out->micro_batches_;
+    out->eval_samples_ = job.train.evaluation.eval_iter ? batches * rows : n;
+    out->eval_loss_terms_ = out->model_->eval_loss_terms();
   }
   return out;
 }
@@ -436,19 +441,12 @@ absl::StatusOr<RunStart> ResolveRunStart(const TrainConfig& train, int64_t globa
 absl::Status JobFeed::FillEval(int64_t batch, std::string_view input, const Tensor& out) const {
   if (text_ == nullptr) return absl::FailedPreconditionError("evaluation needs text data");
   const int64_t rows = out.shape().rank() > 0 ? out.shape()[0] : 0;
-  if (input == "masked_lm_mean_count" && micro_batches_ > 1) {
-    // BERT's per-row share of the used slots is that of the whole global
-    // batch this micro-batch belongs to, as in training: the evaluation
-    // batch's masked-LM loss is then Σ w·ce / Σ w over the global batch
-    // whatever the accumulation.
-    const int64_t global = batch / micro_batches_;
-    std::lock_guard<std::mutex> lock(eval_mu_);
-    if (eval_mean_count_.first != global) {
-      ASSIGN_OR_RETURN(const Tensor whole, Tensor::Zeros(Shape{rows * micro_batches_}, out.dtype()));
-      RETURN_IF_ERROR(text_->FillEval(global * rows * micro_batches_, input, whole));
-      eval_mean_count_ = {global, whole.data<float>()[0]};
+  if (input == models::kSampleWeights) {
+    if (out.dtype() != DType::kF32 || out.shape().rank() != 1) {
+      return absl::InvalidArgumentError(
+          StrCat("evaluation input '", input, "' must be f32 (batch,), got ", out.meta().ToString()));
     }
-    std::fill_n(out.data<float>(), rows, eval_mean_count_.second);
+    for (int64_t r = 0; r < rows; ++r) out.data<float>()[r] = batch * rows + r < eval_samples_ ? 1.0f : 0.0f;
     return absl::OkStatus();
   }
   return text_->FillEval(batch * rows, input, out);

@@ -67,11 +67,19 @@ class JobFeed {
     };
   }
   absl::Status Fill(int64_t iteration, int64_t micro_batch, std::string_view input, const Tensor& out);
-  // Evaluation batch `batch` (train.evaluation): rows of the valid split.
+  // Evaluation batch `batch` (train.evaluation): rows of the valid split,
+  // and the evaluation graph's sample weights (models/model.h): 0 for the
+  // rows past the samples evaluated, which pad the last batch.
   absl::Status FillEval(int64_t batch, std::string_view input, const Tensor& out) const;
-  // Batches per evaluation (train.evaluation.eval_iter, else the whole valid
-  // split); 0 when evaluation is off.
+  // Runs of the evaluation plan per evaluation: micro-batches of
+  // train.evaluation.eval_iter global batches, else of as many as cover
+  // the whole valid split; 0 when evaluation is off.
   int64_t eval_batches() const { return eval_batches_; }
+  // Samples per evaluation: eval_iter global batches (the valid split
+  // repeated as needed), else the valid split's samples, each once.
+  int64_t eval_samples() const { return eval_samples_; }
+  // The evaluation metrics whose sum is eval_loss (models/model.h).
+  const std::vector<std::string>& eval_loss_terms() const { return eval_loss_terms_; }
   // Tokens per sample of a language model (its sequence length); 0 for
   // models that read no text.
   int64_t tokens_per_sample() const { return tokens_per_sample_; }
@@ -110,6 +118,8 @@ class JobFeed {
   int64_t devices_ = 1;
   int intra_op_threads_ = 0;
   int64_t eval_batches_ = 0;
+  int64_t eval_samples_ = 0;
+  std::vector<std::string> eval_loss_terms_;
   int64_t tokens_per_sample_ = 0;
   bool reports_perplexity_ = false;
   std::string lr_input_;
@@ -117,10 +127,6 @@ class JobFeed {
   TrainConfig train_;
   std::mutex mu_;
   std::map<std::string, GlobalBatch, std::less<>> global_batches_ ABSL_GUARDED_BY(mu_);
-  // BERT's masked_lm_mean_count of the evaluation's current global batch
-  // (its index, -1: none yet), computed once for its micro-batches.
-  mutable std::mutex eval_mu_;
-  mutable std::pair<int64_t, float> eval_mean_count_ ABSL_GUARDED_BY(eval_mu_) = {-1, 0.0f};
 };
 
 // Where a run starts: from scratch (iteration 0, the init rules), from the

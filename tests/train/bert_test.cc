@@ -231,6 +231,51 @@ TEST_F(BertTest, GradientAccumulationGivesTheOneBatchLosses) {
       [&](const testing::MetricsRows& rows) { ExpectTheEvaluation(batch, rows, 4); });
 }
 
+// An evaluation of the whole valid split counts each sample once (its last
+// global batch padded with rows of weight 0): the same weights evaluated
+// (--eval-only) under any global batch give what one sample at a time gives,
+// the losses as per-token (masked LM) and per-sample (NSP) means over the
+// split, and the accuracies.
+TEST_F(BertTest, WholeSplitEvaluationIsTheSameWhateverTheGlobalBatch) {
+  const fs::path dir = root_ / "trained";
+  const std::string whole = "train.evaluation.eval_iter=null train.train_iter=1 ";
+  auto run = RunTessera(Train(dir, whole + "train.checkpointer.period=1"));
+  ASSERT_EQ(run.exit_code, 0) << run.out;
+  // The evaluation's printed metrics, "eval iter 1/1  loss 9.877 mlm_loss ...".
+  const auto evaluate = [&](const std::string& layout) {
+    run = RunTessera(Train(dir, whole + layout + " --eval-only"));
+    EXPECT_EQ(run.exit_code, 0) << run.out;
+    std::map<std::string, double> printed;
+    const size_t at = run.out.find("eval iter 1/1");
+    EXPECT_NE(at, std::string::npos) << run.out;
+    if (at == std::string::npos) return printed;
+    std::istringstream line(run.out.substr(at + 13, run.out.find('\n', at) - at - 13));
+    std::string name;
+    for (double value; line >> name >> value;) printed[name] = value;
+    return printed;
+  };
+  const std::map<std::string, double> one = evaluate("train.train_micro_batch_size=1");
+  for (const char* key : {"loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy"}) {
+    EXPECT_TRUE(one.contains(key)) << key << " not printed: " << run.out;
+  }
+  if (one.contains("mlm_loss") && one.contains("nsp_loss")) {
+    EXPECT_NEAR(one.at("loss"), one.at("mlm_loss") + one.at("nsp_loss"), 2e-6);
+  }
+  for (const std::string layout :
+       {"train.train_micro_batch_size=7", "train.train_micro_batch_size=3 train.dist.data_parallel_size=2",
+        "train.train_micro_batch_size=2 train.num_accumulation_steps=3 "
+        "train.dist.pipeline_parallel_size=2 train.dist.tensor_parallel_size=2"}) {
+    SCOPED_TRACE(layout);
+    const std::map<std::string, double> printed = evaluate(layout);
+    EXPECT_EQ(printed.size(), one.size());
+    for (const auto& [key, value] : one) {
+      ASSERT_TRUE(printed.contains(key)) << key;
+      // printed to 6 decimals
+      EXPECT_NEAR(printed.at(key), value, 2e-6 + 2e-6 * value) << key;
+    }
+  }
+}
+
 // Without the next-sentence head (model.add_binary_head=false) the loss is
 // the masked LM's, fetched also as mlm_loss; no NSP metrics. Under
 // accumulation and tensor parallelism the losses are one batch's, and on

@@ -69,6 +69,13 @@ class TextDataTest : public ::testing::Test {
     return losses;
   }
 
+  // The loss an evaluation printed ("eval iter 4/4  loss 5.123456 ...").
+  static double PrintedLoss(const std::string& out, const std::string& head) {
+    const size_t at = out.find(head + "  loss ");
+    EXPECT_NE(at, std::string::npos) << out;
+    return at == std::string::npos ? 0.0 : std::stod(out.substr(at + head.size() + 7));
+  }
+
   fs::path root_, vocab_;
 };
 
@@ -174,6 +181,30 @@ TEST_F(TextDataTest, EvaluationIsTheSameWhateverTheMicroBatches) {
   }
 }
 
+// An evaluation of the whole valid split counts each sample once: the last
+// global batch is padded with rows of weight 0 (models/model.h), so the
+// held-out loss of the same weights is the same whatever the global batch,
+// and is that of one sample at a time.
+TEST_F(TextDataTest, WholeSplitEvaluationCountsEachSampleOnceWhateverTheGlobalBatch) {
+  const fs::path dir = root_ / "trained";
+  const std::string eval = "train.evaluation.enabled=true train.evaluation.eval_period=2 ";
+  auto run = RunTessera(Train(dir, eval + "train.train_iter=2 train.checkpointer.period=2"));
+  ASSERT_EQ(run.exit_code, 0) << run.out;
+  const double trained = ReadMetricsRows(dir).eval.at(2)["eval_loss"].get<double>();
+  run = RunTessera(Train(dir, eval + "train.train_iter=2 train.train_micro_batch_size=1 --eval-only"));
+  ASSERT_EQ(run.exit_code, 0) << run.out;
+  const double one = PrintedLoss(run.out, "eval iter 2/2");
+  EXPECT_NEAR(trained, one, 2e-6 * one);
+  for (const std::string layout :
+       {"train.train_micro_batch_size=7", "train.train_micro_batch_size=5 train.dist.data_parallel_size=2",
+        "train.train_micro_batch_size=3 train.num_accumulation_steps=3 "
+        "train.dist.pipeline_parallel_size=2"}) {
+    run = RunTessera(Train(dir, eval + "train.train_iter=2 " + layout + " --eval-only"));
+    ASSERT_EQ(run.exit_code, 0) << layout << "\n" << run.out;
+    EXPECT_NEAR(PrintedLoss(run.out, "eval iter 2/2"), one, 2e-6 * one) << layout;
+  }
+}
+
 // train.eval_only (--eval-only, LiBai's): one evaluation of saved weights
 // (the latest checkpoint in output_dir, or train.load_weight's), training
 // nothing and writing nothing there; the held-out loss is the one training
@@ -191,18 +222,12 @@ TEST_F(TextDataTest, EvalOnlyEvaluatesSavedWeightsAndWritesNothing) {
     return std::string(std::istreambuf_iterator<char>(in), {});
   };
   const std::string metrics = file(dir / "metrics.jsonl"), config = file(dir / "config.json");
-  // The printed loss ("eval iter 4/4  loss 5.123456 ...").
-  const auto printed_loss = [](const std::string& out, const std::string& head) {
-    const size_t at = out.find(head + "  loss ");
-    EXPECT_NE(at, std::string::npos) << out;
-    return at == std::string::npos ? 0.0 : std::stod(out.substr(at + head.size() + 7));
-  };
   // (train_iter below the checkpoint's iteration: the weights are what counts.)
   run = RunTessera(Train(dir, eval + "train.train_iter=2 --eval-only"));
   ASSERT_EQ(run.exit_code, 0) << run.out;
   EXPECT_EQ(run.out.find("\niter "), std::string::npos) << "it trained: " << run.out;
   const double latest = trained.eval.at(4)["eval_loss"].get<double>();
-  EXPECT_NEAR(printed_loss(run.out, "eval iter 4/4"), latest, 2e-6 * latest + 1e-6);
+  EXPECT_NEAR(PrintedLoss(run.out, "eval iter 4/4"), latest, 2e-6 * latest + 1e-6);
   EXPECT_EQ(file(dir / "metrics.jsonl"), metrics);
   EXPECT_EQ(file(dir / "config.json"), config);
   EXPECT_FALSE(fs::exists(dir / "checkpoints" / "iter_0000005"));
@@ -212,7 +237,7 @@ TEST_F(TextDataTest, EvalOnlyEvaluatesSavedWeightsAndWritesNothing) {
                                                   (dir / "checkpoints" / "iter_0000002").string()));
   ASSERT_EQ(run.exit_code, 0) << run.out;
   const double second = trained.eval.at(2)["eval_loss"].get<double>();
-  EXPECT_NEAR(printed_loss(run.out, "eval iter 2/4"), second, 2e-6 * second + 1e-6);
+  EXPECT_NEAR(PrintedLoss(run.out, "eval iter 2/4"), second, 2e-6 * second + 1e-6);
   EXPECT_FALSE(fs::exists(root_ / "elsewhere"));
   ExpectOneLineError(RunTessera(Train(root_ / "empty", eval + "--eval-only")),
                      "train.eval_only evaluates saved weights: train.output_dir '" + (root_ / "empty").string() +
