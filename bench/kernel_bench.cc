@@ -1,7 +1,8 @@
 // Memory-bandwidth efficiency of memory-bound kernels against a plain copy
 // measured in the same run (DESIGN §12: compare, don't quote absolutes).
 //
-// CPU (default): gelu (tanh approximation and exact), layer_norm, softmax
+// CPU (default): gelu (tanh approximation and exact), layer_norm,
+// layer_norm_grad, a bias gradient (reduce_sum over the rows), softmax
 // forward and square_sum (global-norm clipping's) on (8192, 1024) f32 tensors (8M elements, 32 MiB each: input and
 // output together exceed a core's caches, so every kernel streams), on an
 // intra-op ThreadPool of 1 and 2 threads; the copy is std::memcpy of a
@@ -138,10 +139,10 @@ int Main() {
       {"gelu (exact, erf)", "gelu", {{"approximate", std::string("none")}}, {x}},
       {"layer_norm", "layer_norm", {}, {x, gamma, beta}},
   };
+  const Tensor stats = Filled(Shape{rows}, 1.0f);
+  specs.push_back({"layer_norm_grad", "layer_norm_grad", {}, {x, x, stats, stats, gamma}});
+  specs.push_back({"bias grad (reduce_sum)", "reduce_sum", {{"axes", std::vector<int64_t>{0}}}, {x}});
   if (gpu) {
-    const Tensor stats = Filled(Shape{rows}, 1.0f);
-    specs.push_back({"layer_norm_grad", "layer_norm_grad", {}, {x, x, stats, stats, gamma}});
-    specs.push_back({"bias grad (reduce_sum)", "reduce_sum", {{"axes", std::vector<int64_t>{0}}}, {x}});
     specs.push_back({"cast to bf16", "cast", {{"dtype", DType::kBF16}}, {x}});
     specs.push_back({"square_sum (50257x768)", "square_sum", {}, {Filled(Shape{50257, 768}, 1.0f)}});
     specs.push_back({"cross entropy (8192x50257)",

@@ -306,9 +306,12 @@ absl::StatusOr<std::vector<TensorMeta>> InferRmsNormGrad(const std::vector<Tenso
 WorkspaceFn NormParamGradWorkspace(bool with_bias) {
   return [with_bias](const std::vector<TensorMeta>& in, const std::vector<TensorMeta>&, const AttrMap&,
                      DeviceType device) -> int64_t {
-    if (device != DeviceType::kCuda || in.size() < 2 || in[1].shape.rank() < 1) return 0;
+    if (in.size() < 2 || in[1].shape.rank() < 1) return 0;
     const int64_t C = in[1].shape[in[1].shape.rank() - 1];
-    return C == 0 ? 0 : NormParamGradWorkspaceBytes(in[1].shape.NumElements() / C, C, with_bias);
+    if (C == 0) return 0;
+    const int64_t rows = in[1].shape.NumElements() / C;
+    return device == DeviceType::kCuda ? NormParamGradWorkspaceBytes(rows, C, with_bias)
+                                       : cpu::NormParamGradScratchBytes(rows, C, with_bias);
   };
 }
 

@@ -24,24 +24,48 @@ RowView RowsOf(const Tensor& t) {
   return {cols == 0 ? 0 : t.NumElements() / cols, cols};
 }
 
-// Parameter gradients (dgamma, dbeta) sum over every row. Rows are cut into
-// blocks, one per thread at most, and each block accumulates into its own
-// scratch row, so no two threads write the same floats; the blocks are added
-// at the end. Few or short rows get one block (a thread wake-up costs more).
-int64_t NumRowBlocks(const KernelContext& ctx, int64_t rows, int64_t cols) {
-  const int64_t by_work = std::max<int64_t>(1, rows * cols / kElementwiseGrain);
-  return std::max<int64_t>(1, std::min<int64_t>({static_cast<int64_t>(ctx.num_threads()), rows, by_work}));
+// Parameter gradients (dgamma, dbeta) sum over every row, in blocks of
+// kNormRowBlock rows (ops/cpu/norm_softmax.h): a number fixed by the rows
+// alone, each accumulating into its own scratch row (so no two threads
+// write the same floats), added at the end in double in block order. The
+// sums are then the same bits whatever the thread count (so whatever the
+// threads a layout gives each device), and a long sum over B·T rows loses no
+// more than one of kNormRowBlock.
+
+// The scratch rows (blocks, width), each zeroed by its block: the workspace
+// when the plan gave one, else `own`.
+float* ScratchRows(const KernelContext& ctx, int64_t blocks, int64_t width, std::vector<float>& own) {
+  const int64_t n = blocks * width;
+  if (ctx.workspace.defined() && static_cast<int64_t>(ctx.workspace.NumBytes()) >= n * 4) {
+    return static_cast<float*>(ctx.workspace.raw_data());
+  }
+  own.resize(static_cast<size_t>(n));
+  return own.data();
 }
 
-// out[j] = Σ_b partial[b * stride + j] for j < cols.
+// Rows [first, end) of block b.
+Range BlockRows(int64_t rows, int64_t b) {
+  const int64_t first = b * kNormRowBlock;
+  return {first, std::min(rows, first + kNormRowBlock) - first};
+}
+
+// Blocks per task: about kElementwiseGrain elements of work each, so few or
+// short rows stay on one thread (a wake-up costs more).
+int64_t BlockGrain(int64_t cols) {
+  return std::max<int64_t>(1, kElementwiseGrain / (kNormRowBlock * std::max<int64_t>(1, cols)));
+}
+
+// out[j] = Σ_b partial[b * stride + j] for j < cols, added in double in
+// block order.
 void SumBlocks(const KernelContext& ctx, const float* partial, int64_t blocks, int64_t stride, int64_t cols,
                float* out) {
   ParallelFor(ctx, cols, kElementwiseGrain, [&](int64_t begin, int64_t end) {
-    for (int64_t j = begin; j < end; ++j) out[j] = 0.0f;
+    std::vector<double> total(static_cast<size_t>(end - begin), 0.0);
     for (int64_t b = 0; b < blocks; ++b) {
-      const float* p = partial + b * stride;
-      for (int64_t j = begin; j < end; ++j) out[j] += p[j];
+      const float* p = partial + b * stride + begin;
+      for (int64_t j = 0; j < end - begin; ++j) total[static_cast<size_t>(j)] += p[j];
     }
+    for (int64_t j = begin; j < end; ++j) out[j] = static_cast<float>(total[static_cast<size_t>(j - begin)]);
   });
 }
 
@@ -271,15 +295,18 @@ absl::Status LayerNormGradKernel(KernelContext& ctx) {
   float* dbeta = ctx.output(2).data<float>();       // (C)
   // layer_norm_grad_add: dx + addend, added once dx's row is stored.
   const float* addend = ctx.num_inputs() > 5 ? ctx.input(5).data<float>() : nullptr;  // (R, C)
-  const int64_t blocks = NumRowBlocks(ctx, R, C);
-  std::vector<float> partial(static_cast<size_t>(blocks * 2 * C), 0.0f);  // (blocks, 2, C): dgamma, dbeta
+  const int64_t blocks = NormRowBlocks(R);
+  std::vector<float> own;
+  float* const partial = ScratchRows(ctx, blocks, 2 * C, own);  // (blocks, 2, C): dgamma, dbeta
   // With g = dy * gamma and xhat = (x - mean) * rstd:
   //   dx = rstd * (g - mean_j(g) - xhat * mean_j(g * xhat)).
-  ParallelFor(ctx, blocks, 1, [&](int64_t b0, int64_t b1) {
+  ParallelFor(ctx, blocks, BlockGrain(C), [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
-      float* dgamma_part = partial.data() + b * 2 * C;
+      float* dgamma_part = partial + b * 2 * C;
       float* dbeta_part = dgamma_part + C;
-      for (int64_t r = b * R / blocks; r < (b + 1) * R / blocks; ++r) {
+      std::fill(dgamma_part, dgamma_part + 2 * C, 0.0f);
+      const Range rows = BlockRows(R, b);
+      for (int64_t r = rows.offset; r < rows.offset + rows.size; ++r) {
         const float* dyr = dy + r * C;
         const float* xr = x + r * C;
         float* dxr = dx + r * C;
@@ -295,8 +322,8 @@ absl::Status LayerNormGradKernel(KernelContext& ctx) {
       }
     }
   });
-  SumBlocks(ctx, partial.data(), blocks, 2 * C, C, dgamma);
-  SumBlocks(ctx, partial.data() + C, blocks, 2 * C, C, dbeta);
+  SumBlocks(ctx, partial, blocks, 2 * C, C, dgamma);
+  SumBlocks(ctx, partial + C, blocks, 2 * C, C, dbeta);
   return absl::OkStatus();
 }
 
@@ -331,13 +358,16 @@ absl::Status RmsNormGradKernel(KernelContext& ctx) {
   const float* gamma = ctx.input(3).data<float>();  // (C)
   float* dx = ctx.output(0).data<float>();          // (R, C)
   float* dgamma = ctx.output(1).data<float>();      // (C)
-  const int64_t blocks = NumRowBlocks(ctx, R, C);
-  std::vector<float> partial(static_cast<size_t>(blocks * C), 0.0f);  // (blocks, C)
+  const int64_t blocks = NormRowBlocks(R);
+  std::vector<float> own;
+  float* const partial = ScratchRows(ctx, blocks, C, own);  // (blocks, C)
   // With g = dy * gamma and xhat = x * rstd: dx = rstd * (g - xhat * mean_j(g * xhat)).
-  ParallelFor(ctx, blocks, 1, [&](int64_t b0, int64_t b1) {
+  ParallelFor(ctx, blocks, BlockGrain(C), [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
-      float* dgamma_part = partial.data() + b * C;
-      for (int64_t r = b * R / blocks; r < (b + 1) * R / blocks; ++r) {
+      float* dgamma_part = partial + b * C;
+      std::fill(dgamma_part, dgamma_part + C, 0.0f);
+      const Range rows = BlockRows(R, b);
+      for (int64_t r = rows.offset; r < rows.offset + rows.size; ++r) {
         const float* dyr = dy + r * C;
         const float* xr = x + r * C;
         float* dxr = dx + r * C;
@@ -348,7 +378,7 @@ absl::Status RmsNormGradKernel(KernelContext& ctx) {
       }
     }
   });
-  SumBlocks(ctx, partial.data(), blocks, C, C, dgamma);
+  SumBlocks(ctx, partial, blocks, C, C, dgamma);
   return absl::OkStatus();
 }
 

@@ -89,6 +89,19 @@ absl::Status FusedScaleMaskSoftmaxKernel(KernelContext& ctx);
 absl::Status FusedScaleCausalSoftmaxKernel(KernelContext& ctx);
 // (x, gamma, beta) -> (y, mean, rstd) and (dy, x, mean, rstd, gamma) -> (dx, dgamma, dbeta).
 absl::Status LayerNormKernel(KernelContext& ctx);
+// Rows of each block of a norm's parameter-gradient sums (dgamma, dbeta):
+// each block sums its rows in float into a scratch row of its own, then the
+// blocks are added in double, in block order, so the sums do not depend on
+// the thread count.
+inline constexpr int64_t kNormRowBlock = 64;
+inline int64_t NormRowBlocks(int64_t rows) {
+  return rows <= kNormRowBlock ? 1 : (rows + kNormRowBlock - 1) / kNormRowBlock;
+}
+// Bytes of those scratch rows over `rows` rows of C columns (dgamma's, and
+// dbeta's `with_bias`): the kernels' workspace.
+inline int64_t NormParamGradScratchBytes(int64_t rows, int64_t C, bool with_bias) {
+  return NormRowBlocks(rows) * (with_bias ? 2 : 1) * C * static_cast<int64_t>(sizeof(float));
+}
 absl::Status LayerNormGradKernel(KernelContext& ctx);
 // (x, gamma) -> (y, rstd) and (dy, x, rstd, gamma) -> (dx, dgamma).
 absl::Status RmsNormKernel(KernelContext& ctx);

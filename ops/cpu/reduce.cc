@@ -33,27 +33,30 @@ inline float Widen(float v) { return v; }
 inline float Widen(BFloat16 v) { return BFloat16ToFloat(v.bits); }
 inline float Widen(Half v) { return HalfToFloat(v.bits); }
 
-// Elements a row sum adds in float lanes before adding them to a double:
-// each lane then sums at most 256 terms, so a long row (a full reduction of a
-// large tensor, e.g. clipping's Σ |g|^p) loses no more than a short one.
+// Sums add a block of terms in float, then the blocks' sums in double, in
+// block order; the blocks are fixed by the shape alone. Each float sum then
+// has few terms, so a long sum (a full reduction of a large tensor, e.g.
+// clipping's Σ |g|^p, or a bias gradient over B·T rows) loses no more than a
+// short one, and the result is the same bits whatever the thread count
+// (so whatever the threads a layout gives each device).
+// Row sums (reduced elements contiguous) block kSumBlock elements: each of
+// the kLanes float lanes sums at most 256 of them.
 constexpr int64_t kSumBlock = 4096;
+// Column sums (reduced axis outside kept ones) block kSumRows rows.
+constexpr int64_t kSumRows = 256;
 
+// Σ x[0, n), n <= kSumBlock, in float lanes.
 template <typename S>
-float SumRow(const S* x, int64_t n) {
-  double total = 0.0;
+float SumBlock(const S* x, int64_t n) {
+  float lanes[kLanes] = {};
   int64_t i = 0;
-  while (i < n) {
-    const int64_t end = std::min(n, i + kSumBlock);
-    float lanes[kLanes] = {};
-    for (; i + kLanes <= end; i += kLanes) {
-      for (int j = 0; j < kLanes; ++j) lanes[j] += Widen(x[i + j]);
-    }
-    float rest = 0.0f;
-    for (; i < end; ++i) rest += Widen(x[i]);
-    for (int j = 0; j < kLanes; ++j) rest += lanes[j];
-    total += rest;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int j = 0; j < kLanes; ++j) lanes[j] += Widen(x[i + j]);
   }
-  return static_cast<float>(total);
+  float rest = 0.0f;
+  for (; i < n; ++i) rest += Widen(x[i]);
+  for (int j = 0; j < kLanes; ++j) rest += lanes[j];
+  return rest;
 }
 
 template <typename S>
@@ -75,7 +78,7 @@ float MaxRow(const S* x, int64_t n) {
 template <typename S>
 void ReduceBlock(ReduceKind kind, const S* src, int64_t I, int64_t r0, int64_t r1, int64_t i0, int64_t i1, float* out) {
   if (I == 1) {
-    out[0] = kind == ReduceKind::kSum ? SumRow(src + r0, r1 - r0) : MaxRow(src + r0, r1 - r0);
+    out[0] = kind == ReduceKind::kSum ? SumBlock(src + r0, r1 - r0) : MaxRow(src + r0, r1 - r0);
     return;
   }
   const int64_t n = i1 - i0;
@@ -115,10 +118,47 @@ void Scale(float* p, int64_t n, float scale) {
   for (int64_t i = 0; i < n; ++i) p[i] *= scale;
 }
 
-// dst (O, I) = scale · reduce over R of src (O, R, I).
+// dst (O, I) = scale · Σ over R of src (O, R, I), R in blocks (above): each
+// block's float sum into `partial` (blocks, O, I), then the blocks added in
+// double in block order.
 template <typename S>
-void ReduceOri(const KernelContext& ctx, ReduceKind kind, const S* src, int64_t O, int64_t R, int64_t I, float* dst,
-               float scale) {
+void SumOri(const KernelContext& ctx, const S* src, int64_t O, int64_t R, int64_t I, float* dst, float scale) {
+  const int64_t rows_per_block = I == 1 ? kSumBlock : kSumRows;
+  const int64_t blocks = CeilDiv(R, rows_per_block);
+  const int64_t column_blocks = CeilDiv(I, kColumnBlock);
+  const int64_t n = O * I;
+  const int64_t tasks = blocks * O * column_blocks;
+  const int64_t task_elements = std::min(R, rows_per_block) * std::min(I, kColumnBlock);
+  // One block: its float sums are the result.
+  std::vector<float> partial(blocks > 1 ? static_cast<size_t>(blocks * n) : 0);
+  float* const sums = blocks > 1 ? partial.data() : dst;
+  ParallelFor(ctx, tasks, std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(1, task_elements)),
+              [&](int64_t begin, int64_t end) {
+                for (int64_t t = begin; t < end; ++t) {
+                  const int64_t b = t / (O * column_blocks), rest = t % (O * column_blocks);
+                  const int64_t o = rest / column_blocks;
+                  const int64_t i0 = (rest % column_blocks) * kColumnBlock, i1 = std::min(I, i0 + kColumnBlock);
+                  const int64_t r0 = b * rows_per_block, r1 = std::min(R, r0 + rows_per_block);
+                  float* out = sums + b * n + o * I + i0;
+                  ReduceBlock(ReduceKind::kSum, src + o * R * I, I, r0, r1, i0, i1, out);
+                  if (blocks == 1) Scale(out, i1 - i0, scale);
+                }
+              });
+  if (blocks == 1) return;
+  ParallelFor(ctx, n, kElementwiseGrain, [&](int64_t begin, int64_t end) {
+    std::vector<double> total(static_cast<size_t>(end - begin), 0.0);
+    for (int64_t b = 0; b < blocks; ++b) {
+      const float* p = partial.data() + b * n + begin;
+      for (int64_t j = 0; j < end - begin; ++j) total[static_cast<size_t>(j)] += p[j];
+    }
+    for (int64_t j = begin; j < end; ++j) dst[j] = static_cast<float>(total[static_cast<size_t>(j - begin)]) * scale;
+  });
+}
+
+// dst (O, I) = scale · max over R of src (O, R, I). The max is exact, so
+// any cut of R gives the same result.
+template <typename S>
+void MaxOri(const KernelContext& ctx, const S* src, int64_t O, int64_t R, int64_t I, float* dst, float scale) {
   const int64_t column_blocks = CeilDiv(I, kColumnBlock);
   const int64_t tasks = O * column_blocks;
   const int64_t task_elements = R * std::min(I, kColumnBlock);
@@ -135,7 +175,7 @@ void ReduceOri(const KernelContext& ctx, ReduceKind kind, const S* src, int64_t 
                     const int64_t o = t / column_blocks;
                     const int64_t i0 = (t % column_blocks) * kColumnBlock, i1 = std::min(I, i0 + kColumnBlock);
                     float* out = dst + o * I + i0;
-                    ReduceBlock(kind, src + o * R * I, I, 0, R, i0, i1, out);
+                    ReduceBlock(ReduceKind::kMax, src + o * R * I, I, 0, R, i0, i1, out);
                     Scale(out, i1 - i0, scale);
                   }
                 });
@@ -148,7 +188,7 @@ void ReduceOri(const KernelContext& ctx, ReduceKind kind, const S* src, int64_t 
       const int64_t o = rest / column_blocks;
       const int64_t i0 = (rest % column_blocks) * kColumnBlock, i1 = std::min(I, i0 + kColumnBlock);
       const Range rows = BalancedSplit(R, chunks, c);
-      ReduceBlock(kind, src + o * R * I, I, rows.offset, rows.offset + rows.size, i0, i1,
+      ReduceBlock(ReduceKind::kMax, src + o * R * I, I, rows.offset, rows.offset + rows.size, i0, i1,
                   partial.data() + (c * O + o) * I + i0);
     }
   });
@@ -157,14 +197,21 @@ void ReduceOri(const KernelContext& ctx, ReduceKind kind, const S* src, int64_t 
     std::copy(partial.data() + begin, partial.data() + end, dst + begin);
     for (int64_t c = 1; c < chunks; ++c) {
       const float* part = partial.data() + c * n;
-      if (kind == ReduceKind::kSum) {
-        for (int64_t j = begin; j < end; ++j) dst[j] += part[j];
-      } else {
-        for (int64_t j = begin; j < end; ++j) dst[j] = std::max(dst[j], part[j]);
-      }
+      for (int64_t j = begin; j < end; ++j) dst[j] = std::max(dst[j], part[j]);
     }
     Scale(dst + begin, end - begin, scale);
   });
+}
+
+// dst (O, I) = scale · reduce over R (> 0) of src (O, R, I).
+template <typename S>
+void ReduceOri(const KernelContext& ctx, ReduceKind kind, const S* src, int64_t O, int64_t R, int64_t I, float* dst,
+               float scale) {
+  if (kind == ReduceKind::kSum) {
+    SumOri(ctx, src, O, R, I, dst, scale);
+  } else {
+    MaxOri(ctx, src, O, R, I, dst, scale);
+  }
 }
 
 // Runs of axes with the same reduced/kept status merge into one group, and

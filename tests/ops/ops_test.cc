@@ -207,6 +207,59 @@ TEST(Kernels, LongSumsKeepSmallTermsBesideLargeOnes) {
   }
 }
 
+// Parameter gradients sum over every row (B·T of them): a bias's is
+// reduce_sum over the leading axis, layer_norm_grad's dgamma and dbeta its
+// own. Rows are summed in fixed blocks, then the blocks in double, so the
+// sums are the same bits on every pool (the threads a layout gives a device
+// change nothing) and keep small terms beside large ones: 16 rows of ones,
+// then 40,000 rows of 1e-4, whose running float sum per column drifted by
+// 2e-4 of it.
+TEST(Kernels, ParameterGradientSumsAreTheSameOnEveryPoolAndKeepSmallTerms) {
+  using testing::RandomUniform;
+  constexpr int64_t kRows = 40016, kCols = 37;
+  std::vector<float> values(16 * kCols, 1.0f);
+  values.resize(kRows * kCols, 1e-4f);
+  const Tensor ones_then_small = Tensor::FromVector<float>(Shape{kRows, kCols}, values);
+  const double sum = 16.0 + static_cast<double>(kRows - 16) * static_cast<double>(1e-4f);
+  const Tensor x = RandomUniform(Shape{3000, 48}, 61, -2.0f, 2.0f), dy = RandomUniform(Shape{3000, 48}, 62);
+  const Tensor gamma = RandomUniform(Shape{48}, 63), beta = RandomUniform(Shape{48}, 64);
+  const Tensor wide = RandomUniform(Shape{700, 5000}, 65);
+  std::vector<std::vector<float>> first;  // the outputs alone, for the pools to match
+  ThreadPool two(2), three(3), seven(7);
+  for (ThreadPool* p : {static_cast<ThreadPool*>(nullptr), &two, &three, &seven}) {
+    SCOPED_TRACE(p == nullptr ? "alone" : StrCat("pool of ", p->num_threads()));
+    EagerOptions options;
+    options.pool = p;
+    std::vector<std::vector<float>> outputs;
+    auto got = RunOp("reduce_sum", {ones_then_small}, {{"axes", std::vector<int64_t>{0}}}, options);
+    ASSERT_TRUE(got.ok()) << got.status();
+    for (float column : (*got)[0].ToVector<float>()) EXPECT_NEAR(column, sum, 5e-6 * sum);
+    outputs.push_back((*got)[0].ToVector<float>());
+    got = RunOp("reduce_sum", {wide}, {{"axes", std::vector<int64_t>{0}}}, options);
+    ASSERT_TRUE(got.ok()) << got.status();
+    outputs.push_back((*got)[0].ToVector<float>());
+    got = RunOp("reduce_sum", {wide}, {}, options);
+    ASSERT_TRUE(got.ok()) << got.status();
+    outputs.push_back((*got)[0].ToVector<float>());
+    auto forward = RunOp("layer_norm", {x, gamma, beta}, {}, options);
+    ASSERT_TRUE(forward.ok()) << forward.status();
+    got = RunOp("layer_norm_grad", {dy, x, (*forward)[1], (*forward)[2], gamma}, {}, options);
+    ASSERT_TRUE(got.ok()) << got.status();
+    for (const Tensor& t : *got) outputs.push_back(t.ToVector<float>());
+    auto rms = RunOp("rms_norm", {x, gamma}, {}, options);
+    ASSERT_TRUE(rms.ok()) << rms.status();
+    got = RunOp("rms_norm_grad", {dy, x, (*rms)[1], gamma}, {}, options);
+    ASSERT_TRUE(got.ok()) << got.status();
+    for (const Tensor& t : *got) outputs.push_back(t.ToVector<float>());
+    if (first.empty()) {
+      first = outputs;
+      continue;
+    }
+    ASSERT_EQ(outputs.size(), first.size());
+    for (size_t i = 0; i < outputs.size(); ++i) EXPECT_EQ(outputs[i], first[i]) << "output " << i;
+  }
+}
+
 // bias_dropout_add gives the bits of bias_add, dropout (same attributes)
 // and add, on any pool, at any step, dropout or not; bad shapes are named.
 TEST(Kernels, BiasDropoutAddGivesTheBitsOfItsThreeOps) {
