@@ -310,7 +310,9 @@ void AddExport(CLI::App& app) {
   };
   auto flags = std::make_shared<Flags>();
   CLI::App* verb = app.add_subcommand(
-      "export", "Write a trained GPT-2's weights as Hugging Face's model.safetensors (GPT2Model's names and layout)");
+      "export",
+      "Write a trained GPT-2's or BERT's weights as Hugging Face's model.safetensors (GPT2Model's, or "
+      "BertForPreTraining's, names and layout)");
   verb->add_option("CHECKPOINT_OR_OUTPUT_DIR", flags->path,
                    "A checkpoint (output_dir/checkpoints/iter_N) or a training output directory (its latest one)")
       ->required();

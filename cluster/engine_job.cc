@@ -52,7 +52,7 @@ class EngineJobCompiler final : public JobCompiler {
     resolved["train"]["train_iter"] = feed->iterations();
     // Where it starts (a resume's checkpoint, load_weight's) is checked at
     // submit too, so a missing or finished checkpoint is a submit error.
-    ASSIGN_OR_RETURN(const RunStart start, ResolveRunStart(feed->train(), feed->global_batch()));
+    ASSIGN_OR_RETURN(const RunStart start, ResolveRunStart(feed->train(), feed->global_batch(), feed->hf_layout()));
     JobSpec spec;
     spec.devices_needed = feed->devices();
     spec.device_type = resolved.at("train").at("dist").at("device_type").get<std::string>();
@@ -263,7 +263,7 @@ class EnginePlanRunner final : public PlanRunner {
     const TrainConfig& train = feed_->train();
     std::shared_ptr<const CheckpointReader> init;
     if (!node_plan_.init_checkpoint().empty()) {
-      ASSIGN_OR_RETURN(init, CheckpointReader::Open(node_plan_.init_checkpoint()));
+      ASSIGN_OR_RETURN(init, CheckpointReader::Open(node_plan_.init_checkpoint(), feed_->hf_layout()));
     }
     // Segments end where a checkpoint or an evaluation is due.
     const int64_t checkpoint_period = train.checkpointer.period.value_or(end);
@@ -392,7 +392,7 @@ class EnginePlanRunner final : public PlanRunner {
       return absl::FailedPreconditionError("train.eval_only: the plan names no checkpoint to evaluate");
     }
     ASSIGN_OR_RETURN(std::shared_ptr<const CheckpointReader> weights,
-                     CheckpointReader::Open(node_plan_.init_checkpoint()));
+                     CheckpointReader::Open(node_plan_.init_checkpoint(), feed_->hf_layout()));
     return Evaluate(iteration, 0, weights);
   }
 

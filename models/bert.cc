@@ -342,6 +342,54 @@ absl::StatusOr<graph::Graph> Bert::Build(int64_t batch, bool eval) const {
 absl::StatusOr<graph::Graph> Bert::BuildGraph(int64_t batch) const { return Build(batch, /*eval=*/false); }
 absl::StatusOr<graph::Graph> Bert::BuildEvalGraph(int64_t batch) const { return Build(batch, /*eval=*/true); }
 
+std::vector<Model::HfTensor> Bert::HuggingFaceTensors() const {
+  const int64_t V = config_.vocab_size, C = config_.hidden_size, F = config_.ffn();
+  std::vector<HfTensor> out;
+  // "bert." + name, the same shape
+  const auto same = [&](const std::string& name, Shape shape) {
+    out.push_back(HfTensor::Of(name, "bert." + name, std::move(shape)));
+  };
+  // A Linear: Hugging Face's (out, in) weight, Tessera's (in, out).
+  const auto linear = [&](const std::string& name, const std::string& hf, int64_t in, int64_t out_features) {
+    out.push_back(HfTensor::Of(name + ".weight", hf + ".weight", Shape{out_features, in}));
+    out.back().transposed = true;
+    out.push_back(HfTensor::Of(name + ".bias", hf + ".bias", Shape{out_features}));
+  };
+  const auto layer_norm = [&](const std::string& name, const std::string& hf) {
+    out.push_back(HfTensor::Of(name + ".weight", hf + ".weight", Shape{C}));
+    out.push_back(HfTensor::Of(name + ".bias", hf + ".bias", Shape{C}));
+  };
+  out.push_back(
+      HfTensor::Of("embeddings.word_embeddings.weight", "bert.embeddings.word_embeddings.weight", Shape{V, C}));
+  out.back().tied = {"cls.predictions.decoder.weight"};
+  same("embeddings.position_embeddings.weight", Shape{config_.max_seq_length, C});
+  same("embeddings.token_type_embeddings.weight", Shape{config_.num_tokentypes, C});
+  layer_norm("embeddings.LayerNorm", "bert.embeddings.LayerNorm");
+  for (int64_t i = 0; i < config_.num_layers; ++i) {
+    const std::string t = StrCat("encoder.layer.", i, "."), hf = StrCat("bert.encoder.layer.", i, ".");
+    const std::string self = hf + "attention.self.";
+    // c_attn (C, 3, C) and (3, C): query, key, value stacked on axis 1 / 0.
+    out.push_back(HfTensor::Of(t + "attn.c_attn.weight", self + "query.weight", Shape{C, C}));
+    out.back().transposed = true;
+    out.back().more_parts = {self + "key.weight", self + "value.weight"};
+    out.back().stack_axis = 1;
+    out.push_back(HfTensor::Of(t + "attn.c_attn.bias", self + "query.bias", Shape{C}));
+    out.back().more_parts = {self + "key.bias", self + "value.bias"};
+    linear(t + "attn.c_proj", hf + "attention.output.dense", C, C);
+    layer_norm(t + "ln_1", hf + "attention.output.LayerNorm");
+    linear(t + "mlp.c_fc", hf + "intermediate.dense", C, F);
+    linear(t + "mlp.c_proj", hf + "output.dense", F, C);
+    layer_norm(t + "ln_2", hf + "output.LayerNorm");
+  }
+  if (config_.add_binary_head) linear("pooler.dense", "bert.pooler.dense", C, C);
+  linear("cls.predictions.transform.dense", "cls.predictions.transform.dense", C, C);
+  layer_norm("cls.predictions.transform.LayerNorm", "cls.predictions.transform.LayerNorm");
+  out.push_back(HfTensor::Of("cls.predictions.bias", "cls.predictions.bias", Shape{V}));
+  out.back().tied = {"cls.predictions.decoder.bias"};
+  if (config_.add_binary_head) linear("cls.seq_relationship", "cls.seq_relationship", C, 2);
+  return out;
+}
+
 std::vector<std::string> Bert::eval_loss_terms() const {
   if (config_.add_binary_head) return {"mlm_loss", "nsp_loss"};
   return {"mlm_loss"};

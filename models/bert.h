@@ -28,9 +28,12 @@
 //   NSP (layer -1): pooled = tanh(pooler.dense(h[:, 0])); logits = seq_relationship
 //     (pooled) (B, 2); nsp_loss = mean cross-entropy.
 //   loss = mlm_loss + nsp_loss (mlm_loss alone without add_binary_head); both
-//   parts are fetched. The evaluation graph also fetches mlm_correct /
-//   mlm_count (and nsp_correct / nsp_count): a prediction is correct when
-//   the label's logit is the row's maximum (a tie counts as correct).
+//   parts are fetched. The evaluation graph also takes sample_weights (B)
+//   f32 (models/model.h) and fetches, weighted by them, mlm_loss_sum /
+//   mlm_loss_weight (per masked slot), nsp_loss_sum / nsp_loss_weight (per
+//   sample), mlm_correct / mlm_count and nsp_correct / nsp_count: a
+//   prediction is correct when the label's logit is the row's maximum (a
+//   tie counts as correct).
 //
 // Parameter names: Hugging Face's outside the layers (embeddings.word_embeddings,
 // embeddings.position_embeddings, embeddings.token_type_embeddings,
@@ -38,8 +41,9 @@
 // cls.predictions.transform.LayerNorm, cls.predictions.bias,
 // cls.seq_relationship); inside encoder.layer.{i} Tessera's TransformerLayer
 // names (attn.c_attn (C, 3, C), attn.c_proj, ln_1, mlp.c_fc, mlp.c_proj,
-// ln_2), whose weights are stored (in, out). Importing Hugging Face BERT
-// weights is not built. Init as Hugging Face: weights N(0,
+// ln_2), whose weights are stored (in, out). Hugging Face's
+// BertForPreTraining weights load (train.load_weight) and export (`tessera
+// export`) through HuggingFaceTensors(). Init as Hugging Face: weights N(0,
 // initializer_range²), biases 0, LayerNorm weights 1.
 //
 // Data: text only (dataloader.data_prefix with tokenization.tokenizer
@@ -105,6 +109,11 @@ class Bert final : public Model {
   absl::Status FillBatch(int64_t iteration, std::string_view input, const Tensor& out) const override;
   int64_t num_layers() const override { return config_.num_layers; }
   std::optional<TextInputs> text_inputs() const override;
+  // BertForPreTraining's names ("bert." inside the encoder): torch Linear
+  // weights transposed, query, key and value stacked as c_attn (C, 3, C);
+  // the MLM decoder (weight and bias) tied to the word embedding and
+  // cls.predictions.bias.
+  std::vector<HfTensor> HuggingFaceTensors() const override;
 
   const BertConfig& config() const { return config_; }
 

@@ -230,8 +230,12 @@ absl::Status Gpt2::FillBatch(int64_t iteration, std::string_view input, const Te
 
 std::vector<Model::HfTensor> Gpt2::HuggingFaceTensors() const {
   const int64_t V = config_.vocab_size, C = config_.hidden_size, F = config_.ffn(), P = config_.max_seq_length;
-  std::vector<HfTensor> out = {{"wte.weight", "wte.weight", Shape{V, C}}, {"wpe.weight", "wpe.weight", Shape{P, C}}};
-  const auto same = [&](const std::string& name, Shape shape) { out.push_back({name, name, std::move(shape)}); };
+  // GPT2LMHeadModel's files prefix these with "transformer." and hold the
+  // head, lm_head.weight, tied to wte.
+  std::vector<HfTensor> out = {HfTensor::Of("wte.weight", "wte.weight", Shape{V, C}),
+                               HfTensor::Of("wpe.weight", "wpe.weight", Shape{P, C})};
+  out[0].tied = {"lm_head.weight"};
+  const auto same = [&](const std::string& name, Shape shape) { out.push_back(HfTensor::Of(name, name, shape)); };
   for (int64_t i = 0; i < config_.num_layers; ++i) {
     const std::string h = StrCat("h.", i, ".");
     same(h + "ln_1.weight", Shape{C});

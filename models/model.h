@@ -18,6 +18,7 @@
 // caller owns and fills with RegisterBuiltinModels. Model methods are const
 // and may be called from any thread.
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -72,14 +73,41 @@ class Model {
   };
   virtual std::optional<TextInputs> text_inputs() const { return std::nullopt; }
 
-  // The model's variables in Hugging Face's layout (`tessera export`): each
-  // variable's graph name, its name in Hugging Face's model.safetensors and
-  // its shape there (the same element count, row-major bytes). Empty: the
+  // The model's variables in Hugging Face's layout (`train.load_weight` of a
+  // model.safetensors, `tessera export`): each variable's graph name, its
+  // name in Hugging Face's model.safetensors and its shape there. Plain: the
+  // same element count and row-major bytes (trailing axes may be joined).
+  // Converted: Hugging Face holds the transpose (a torch Linear's (out, in)
+  // weight of Tessera's (in, out)), and/or several tensors stacked on one
+  // of Tessera's axes (BERT's query, key and value as c_attn). Empty: the
   // model has no Hugging Face counterpart.
   struct HfTensor {
-    std::string name;
-    std::string hf_name;
-    Shape hf_shape;
+    std::string name;                     // the variable's graph name
+    std::string hf_name;                  // its Hugging Face name (the first part's, with more_parts)
+    Shape hf_shape;                       // its shape there (each part's)
+    bool transposed = false;              // each part is the 2-D transpose of Tessera's
+    std::vector<std::string> more_parts;  // stacked after hf_name on Tessera's axis stack_axis
+    int64_t stack_axis = 0;
+    // Hugging Face tensors with the same values where a file holds them (a
+    // head tied to this embedding); a file where they differ is refused.
+    std::vector<std::string> tied;
+
+    // A plain entry; set the other members for a converted one.
+    static HfTensor Of(std::string name, std::string hf_name, Shape hf_shape) {
+      HfTensor t;
+      t.name = std::move(name);
+      t.hf_name = std::move(hf_name);
+      t.hf_shape = std::move(hf_shape);
+      return t;
+    }
+    bool converted() const { return transposed || !more_parts.empty(); }
+    // Tessera's shape of a converted tensor.
+    Shape ModelShape() const {
+      std::vector<int64_t> dims = hf_shape.dims();
+      if (transposed) std::reverse(dims.begin(), dims.end());
+      if (!more_parts.empty()) dims.insert(dims.begin() + stack_axis, static_cast<int64_t>(1 + more_parts.size()));
+      return Shape(dims);
+    }
   };
   virtual std::vector<HfTensor> HuggingFaceTensors() const { return {}; }
 };

@@ -511,9 +511,80 @@ std::vector<float> ToF32(const char* src, DType dtype, size_t count) {
   }
   return out;
 }
+
+// Part k of the converted Hugging Face tensor `t`, moved between Tessera's
+// whole tensor (t.ModelShape(), row-major) and the part's own row-major
+// elements (t.hf_shape), `element` bytes each: to the model from `src` (the
+// part) into `dst` (the whole), or back.
+void MovePart(const models::Model::HfTensor& t, int64_t k, size_t element, bool to_model, const char* src, char* dst) {
+  const Shape model = t.ModelShape();
+  const int64_t n = 1 + static_cast<int64_t>(t.more_parts.size());
+  // The whole is (outer, n, inner) around the stacking axis; a part is one
+  // (outer, inner) block of it, in Tessera's orientation.
+  int64_t outer = 1, inner = 1;
+  const int64_t axis = n > 1 ? t.stack_axis : -1;
+  for (int64_t a = 0; a < model.rank(); ++a) {
+    if (a < axis) outer *= model[a];
+    if (a > axis) inner *= model[a];
+  }
+  // A transposed part: Tessera's (in, out) element e = (i, o) is Hugging
+  // Face's (out, in) element (o, i).
+  const int64_t hf_rows = t.transposed ? t.hf_shape[0] : 0, hf_cols = t.transposed ? t.hf_shape[1] : 0;
+  for (int64_t e = 0; e < outer * inner; ++e) {
+    const int64_t w = (e / inner * n + k) * inner + e % inner;
+    const int64_t h = t.transposed ? (e % hf_rows) * hf_cols + e / hf_rows : e;
+    if (to_model) {
+      std::memcpy(dst + w * element, src + h * element, element);
+    } else {
+      std::memcpy(dst + h * element, src + w * element, element);
+    }
+  }
+}
+
+// LayerNorm's "gamma" / "beta" (old BERT files) as "weight" / "bias".
+std::string CanonicalHfName(const std::string& name) {
+  for (const auto& [old_suffix, suffix] : {std::pair{std::string_view("LayerNorm.gamma"), "LayerNorm.weight"},
+                                           std::pair{std::string_view("LayerNorm.beta"), "LayerNorm.bias"}}) {
+    if (name.ends_with(old_suffix)) return StrCat(name.substr(0, name.size() - old_suffix.size()), suffix);
+  }
+  return name;
+}
+
+// The tensors of a Hugging Face file by the names a layout asks for: the
+// same name, one with a leading component more (GPT2LMHeadModel's
+// "transformer.") or one less (BertModel's files lack BertForPreTraining's
+// "bert."), old LayerNorm names read as the new.
+class HfNames {
+ public:
+  explicit HfNames(const SafetensorsFile& file) {
+    for (const auto& [key, entry] : file.tensors()) {
+      const std::string name = CanonicalHfName(key);
+      exact_.emplace(name, key);
+      if (const size_t dot = name.find('.'); dot != std::string::npos) {
+        auto [it, added] = less_.emplace(name.substr(dot + 1), key);
+        if (!added && it->second != key) it->second.clear();  // ambiguous
+      }
+    }
+  }
+  // The file's key for `name`; nullopt when it has none.
+  std::optional<std::string> Find(const std::string& name) const {
+    if (auto it = exact_.find(name); it != exact_.end()) return it->second;
+    if (auto it = less_.find(name); it != less_.end() && !it->second.empty()) return it->second;
+    if (const size_t dot = name.find('.'); dot != std::string::npos) {
+      if (auto it = exact_.find(name.substr(dot + 1)); it != exact_.end()) return it->second;
+    }
+    return std::nullopt;
+  }
+
+ private:
+  std::map<std::string, std::string> exact_;  // canonical name -> key
+  std::map<std::string, std::string> less_;   // canonical name less its first component -> key ("": ambiguous)
+};
+
 }  // namespace
 
-absl::StatusOr<std::shared_ptr<const CheckpointReader>> CheckpointReader::OpenHuggingFace(const fs::path& file) {
+absl::StatusOr<std::shared_ptr<const CheckpointReader>> CheckpointReader::OpenHuggingFace(
+    const fs::path& file, const std::vector<models::Model::HfTensor>& hf_layout) {
   const auto fail = [&](auto&&... parts) {
     return absl::InvalidArgumentError(StrCat("Hugging Face weights ", file.string(), ": ", parts...));
   };
@@ -524,6 +595,52 @@ absl::StatusOr<std::shared_ptr<const CheckpointReader>> CheckpointReader::OpenHu
   reader->huggingface_ = true;
   reader->config_ = nlohmann::json::object();
   const std::string file_name = file.filename().string();
+  if (!hf_layout.empty()) {
+    const HfNames names(*weights);
+    for (const models::Model::HfTensor& t : hf_layout) {
+      std::vector<std::string> parts = {t.hf_name};
+      parts.insert(parts.end(), t.more_parts.begin(), t.more_parts.end());
+      std::vector<const SafetensorsFile::Entry*> entries;
+      for (std::string& part : parts) {
+        const std::optional<std::string> key = names.Find(part);
+        if (!key) return fail("no tensor '", part, "' (the model's ", t.name, ")");
+        part = *key;
+        entries.push_back(weights->Find(part));
+        if (!ConvertsToF32(entries.back()->dtype)) {
+          return fail("'", part, "' is ", DTypeName(entries.back()->dtype), ", not a floating-point type");
+        }
+        if (t.converted() && entries.back()->shape != t.hf_shape) {
+          return fail("'", part, "' is ", entries.back()->shape.ToString(), ", the model's ", t.name, " needs ",
+                      t.hf_shape.ToString(), t.transposed ? " (its transpose)" : "");
+        }
+      }
+      for (const std::string& tied : t.tied) {
+        const std::optional<std::string> key = names.Find(tied);
+        if (!key) continue;
+        const SafetensorsFile::Entry* other = weights->Find(*key);
+        if (other->dtype != entries[0]->dtype || other->shape != entries[0]->shape ||
+            std::memcmp(other->data, entries[0]->data, other->bytes) != 0) {
+          return fail("'", *key, "' is not '", parts[0], "' (Tessera's model ties them: one tensor, ", t.name, ")");
+        }
+      }
+      Entry e;
+      e.shards.push_back(Shard{.file = file_name, .source = parts[0], .offset = {}, .shape = entries[0]->shape});
+      if (t.converted()) {
+        e.meta = TensorMeta{DType::kF32, t.ModelShape()};
+        e.converted = static_cast<int>(reader->converted_.size());
+        models::Model::HfTensor resolved = t;
+        resolved.hf_name = parts[0];
+        resolved.more_parts.assign(parts.begin() + 1, parts.end());
+        reader->converted_.push_back(std::move(resolved));
+      } else {
+        e.meta = TensorMeta{entries[0]->dtype, entries[0]->shape};
+        e.shards[0].offset.assign(static_cast<size_t>(entries[0]->shape.rank()), 0);
+      }
+      reader->tensors_[t.name] = std::move(e);
+    }
+    reader->files_.emplace(file_name, std::move(weights));
+    return std::shared_ptr<const CheckpointReader>(std::move(reader));
+  }
   for (const auto& [source, entry] : weights->tensors()) {
     std::string name = source;
     if (name.starts_with(kHfPrefix)) name.erase(0, kHfPrefix.size());
@@ -551,11 +668,12 @@ absl::StatusOr<std::shared_ptr<const CheckpointReader>> CheckpointReader::OpenHu
   return std::shared_ptr<const CheckpointReader>(std::move(reader));
 }
 
-absl::StatusOr<std::shared_ptr<const CheckpointReader>> CheckpointReader::Open(const fs::path& dir) {
+absl::StatusOr<std::shared_ptr<const CheckpointReader>> CheckpointReader::Open(
+    const fs::path& dir, const std::vector<models::Model::HfTensor>& hf_layout) {
   std::error_code ec;
-  if (fs::is_regular_file(dir, ec)) return OpenHuggingFace(dir);
+  if (fs::is_regular_file(dir, ec)) return OpenHuggingFace(dir, hf_layout);
   if (fs::is_directory(dir, ec) && !fs::exists(dir / "index.json", ec) && fs::is_regular_file(dir / kHfFileName, ec)) {
-    return OpenHuggingFace(dir / kHfFileName);
+    return OpenHuggingFace(dir / kHfFileName, hf_layout);
   }
   const fs::path index_path = dir / "index.json";
   const auto fail = [&](auto&&... parts) {
@@ -683,6 +801,14 @@ absl::Status CheckpointReader::Read(const std::string& name, const TensorSlice& 
                             slice.offset, slice.local.dims(), element);
       continue;
     }
+    if (stored.converted >= 0) {
+      std::vector<float> whole;
+      RETURN_IF_ERROR(ReadConverted(converted_[static_cast<size_t>(stored.converted)], shard.file, whole));
+      copied += CopyOverlap(reinterpret_cast<const char*>(whole.data()),
+                            std::vector<int64_t>(static_cast<size_t>(slice.logical.rank()), 0), slice.logical.dims(),
+                            static_cast<char*>(out.raw_data()), slice.offset, slice.local.dims(), element);
+      continue;
+    }
     // Hugging Face weights: one whole tensor, in the model's shape (the same
     // row-major bytes), converted to the model's dtype.
     std::vector<float> converted;
@@ -698,6 +824,24 @@ absl::Status CheckpointReader::Read(const std::string& name, const TensorSlice& 
   if (copied != out.NumElements()) {
     return absl::InvalidArgumentError(StrCat("checkpoint ", path_.string(), ": the shards of '", name, "' cover ",
                                              copied, " of the ", out.NumElements(), " elements asked for"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckpointReader::ReadConverted(const models::Model::HfTensor& t, const std::string& file,
+                                             std::vector<float>& out) const {
+  ASSIGN_OR_RETURN(const SafetensorsFile* weights, File(file));
+  out.assign(static_cast<size_t>(t.ModelShape().NumElements()), 0.0f);
+  std::vector<std::string> parts = {t.hf_name};
+  parts.insert(parts.end(), t.more_parts.begin(), t.more_parts.end());
+  for (size_t k = 0; k < parts.size(); ++k) {
+    const SafetensorsFile::Entry* entry = weights->Find(parts[k]);
+    if (entry == nullptr || entry->shape != t.hf_shape) {
+      return absl::InternalError(StrCat("Hugging Face weights ", path_.string(), ": '", parts[k], "' changed"));
+    }
+    const std::vector<float> part = ToF32(entry->data, entry->dtype, static_cast<size_t>(entry->shape.NumElements()));
+    MovePart(t, static_cast<int64_t>(k), sizeof(float), /*to_model=*/true, reinterpret_cast<const char*>(part.data()),
+             reinterpret_cast<char*>(out.data()));
   }
   return absl::OkStatus();
 }
@@ -742,6 +886,23 @@ absl::Status ExportSafetensors(const CheckpointReader& reader, const std::vector
   out.reserve(tensors.size());
   for (const models::Model::HfTensor& t : tensors) {
     ASSIGN_OR_RETURN(const TensorMeta meta, reader.Meta(t.name));
+    if (t.converted()) {
+      if (meta.shape != t.ModelShape()) {
+        return absl::InternalError(
+            StrCat("export: '", t.name, "' is ", meta.shape.ToString(), ", not ", t.ModelShape().ToString()));
+      }
+      ASSIGN_OR_RETURN(Tensor whole, Tensor::Empty(meta.shape, meta.dtype));
+      RETURN_IF_ERROR(reader.Read(t.name, TensorSlice::Whole(meta.shape), whole));
+      std::vector<std::string> parts = {t.hf_name};
+      parts.insert(parts.end(), t.more_parts.begin(), t.more_parts.end());
+      for (size_t k = 0; k < parts.size(); ++k) {
+        ASSIGN_OR_RETURN(Tensor part, Tensor::Empty(t.hf_shape, meta.dtype));
+        MovePart(t, static_cast<int64_t>(k), DTypeSize(meta.dtype), /*to_model=*/false,
+                 static_cast<const char*>(whole.raw_data()), static_cast<char*>(part.raw_data()));
+        out.emplace_back(parts[k], std::move(part));
+      }
+      continue;
+    }
     if (t.hf_shape.NumElements() != meta.shape.NumElements()) {
       return absl::InternalError(StrCat("export: '", t.name, "' is ", meta.shape.ToString(), ", not ",
                                         t.hf_shape.NumElements(), " elements as ", t.hf_shape.ToString()));

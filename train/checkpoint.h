@@ -136,8 +136,16 @@ class CheckpointReader {
  public:
   // `path`: a checkpoint directory (index.json), or Hugging Face weights (a
   // .safetensors file, or a directory holding model.safetensors and no
-  // index.json).
-  [[nodiscard]] static absl::StatusOr<std::shared_ptr<const CheckpointReader>> Open(const std::filesystem::path& path);
+  // index.json). Hugging Face weights are read through `hf_layout`, the
+  // model's Model::HuggingFaceTensors(), when given: each variable from its
+  // Hugging Face tensors (converted ones transposed and stacked; a name
+  // found with one leading component more or less than asked, e.g.
+  // GPT2LMHeadModel's "transformer.", and old files' LayerNorm "gamma" /
+  // "beta" for "weight" / "bias"); a missing tensor, a converted one of
+  // another shape, or a tied one that differs is an error naming it here.
+  // Without a layout, by their own names less "transformer.".
+  [[nodiscard]] static absl::StatusOr<std::shared_ptr<const CheckpointReader>> Open(
+      const std::filesystem::path& path, const std::vector<models::Model::HfTensor>& hf_layout = {});
 
   // What was opened (the directory, or the Hugging Face file).
   const std::filesystem::path& dir() const { return path_; }
@@ -170,10 +178,15 @@ class CheckpointReader {
   struct Entry {
     TensorMeta meta;
     std::vector<Shard> shards;
+    int converted = -1;  // Hugging Face weights: index in converted_ of a converted tensor
   };
   CheckpointReader() = default;
   [[nodiscard]] static absl::StatusOr<std::shared_ptr<const CheckpointReader>> OpenHuggingFace(
-      const std::filesystem::path& file);
+      const std::filesystem::path& file, const std::vector<models::Model::HfTensor>& hf_layout);
+  // Fills `out` with the converted tensor `t` (its parts' names the file's),
+  // whole, in the model's shape, as f32.
+  [[nodiscard]] absl::Status ReadConverted(const models::Model::HfTensor& t, const std::string& file,
+                                           std::vector<float>& out) const;
   absl::StatusOr<const SafetensorsFile*> File(const std::string& name) const;
 
   std::filesystem::path path_;
@@ -183,6 +196,7 @@ class CheckpointReader {
   int64_t consumed_samples_ = 0;
   nlohmann::json config_;
   std::map<std::string, Entry> tensors_;
+  std::vector<models::Model::HfTensor> converted_;
   mutable std::mutex mu_;
   mutable std::map<std::string, std::unique_ptr<SafetensorsFile>> files_ ABSL_GUARDED_BY(mu_);
 };

@@ -29,14 +29,14 @@ absl::StatusOr<ExportSummary> ExportHuggingFace(const std::filesystem::path& pat
   if (tensors.empty()) {
     return absl::FailedPreconditionError(StrCat("checkpoint ", dir.string(), ": ",
                                                 config["model"].value("_target_", std::string("its model")),
-                                                " has no Hugging Face layout (only models.GPT2 does)"));
+                                                " has no Hugging Face layout (models.GPT2 and models.BERT have)"));
   }
   ExportSummary summary{.checkpoint = dir};
   for (const auto& t : tensors) {
     ASSIGN_OR_RETURN(const TensorMeta meta, reader->Meta(t.name));
     summary.bytes += meta.shape.NumElements() * static_cast<int64_t>(DTypeSize(meta.dtype));
   }
-  summary.tensors = static_cast<int64_t>(tensors.size());
+  for (const auto& t : tensors) summary.tensors += 1 + static_cast<int64_t>(t.more_parts.size());
   RETURN_IF_ERROR(ExportSafetensors(*reader, tensors, output));
   return summary;
 }

@@ -1,8 +1,11 @@
 #pragma once
 // `tessera export`: a trained model's weights in Hugging Face's layout, one
-// model.safetensors that transformers' GPT2Model / GPT2LMHeadModel (and
-// train.load_weight) read: GPT2Model's tensor names, c_attn as Conv1D's
-// (C, 3C), f32, metadata {"format": "pt"}. Optimizer state is not exported.
+// model.safetensors that transformers (and train.load_weight) read, the
+// model's Model::HuggingFaceTensors(): GPT-2's as GPT2Model's tensor names,
+// c_attn as Conv1D's (C, 3C); BERT's as BertForPreTraining's, Linear
+// weights (out, in), query, key and value apart, the tied decoder left out
+// (transformers ties it on load). In the checkpoint's dtype, metadata
+// {"format": "pt"}. Optimizer state is not exported.
 
 #include <filesystem>
 
@@ -14,7 +17,7 @@ namespace tessera {
 
 struct ExportSummary {
   std::filesystem::path checkpoint;  // the checkpoint read
-  int64_t tensors = 0;
+  int64_t tensors = 0;               // Hugging Face tensors written
   int64_t bytes = 0;  // of tensor data
 };
 

@@ -181,7 +181,7 @@ Binding<TrainConfig> MakeTrainKeys() {
                   "state, data position, learning-rate step and random streams), under any parallel layout; with "
                   "none there, start from scratch (`tessera train --resume` sets it)"});
   b.Field("load_weight", &TrainConfig::load_weight,
-          {.doc = "a checkpoint directory (`output_dir`/checkpoints/iter_N) or Hugging Face GPT-2 weights (a "
+          {.doc = "a checkpoint directory (`output_dir`/checkpoints/iter_N) or Hugging Face GPT-2 or BERT weights (a "
                   "model.safetensors file or its directory) whose weights start this run, resharded to its layout; "
                   "optimizer state and the iteration start fresh; `null`: the model's init"});
   b.Field("eval_only", &TrainConfig::eval_only,

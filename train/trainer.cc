@@ -267,7 +267,7 @@ absl::StatusOr<proto::Plan> TrainingPlan(const nlohmann::json& config) {
   ASSIGN_OR_RETURN(Job job, Prepare(config));
   // Where a run would start (a resume's or load_weight's checkpoint) is
   // checked as a run checks it.
-  RETURN_IF_ERROR(ResolveRunStart(job.train, job.global_batch()).status());
+  RETURN_IF_ERROR(ResolveRunStart(job.train, job.global_batch(), job.model->HuggingFaceTensors()).status());
   return job.engine->Plan(job.train.train_iter);
 }
 
@@ -311,6 +311,7 @@ absl::StatusOr<std::unique_ptr<JobFeed>> JobFeed::Make(const nlohmann::json& con
   out->intra_op_threads_ = job.options.intra_op_threads;
   out->config_ = job.config;
   out->train_ = job.train;
+  out->hf_layout_ = out->model_->HuggingFaceTensors();
   const std::optional<models::Model::TextInputs> text_inputs = out->model_->text_inputs();
   if (text_inputs) {
     out->tokens_per_sample_ = text_inputs->seq_length;
@@ -382,7 +383,8 @@ absl::Status JobFeed::Fill(int64_t iteration, int64_t micro_batch, std::string_v
   return t.CopyFrom(rows_of_micro_batch);
 }
 
-absl::StatusOr<RunStart> ResolveRunStart(const TrainConfig& train, int64_t global_batch) {
+absl::StatusOr<RunStart> ResolveRunStart(const TrainConfig& train, int64_t global_batch,
+                                         const std::vector<models::Model::HfTensor>& hf_layout) {
   RunStart start;
   if (train.eval_only) {
     // The weights alone, at the iteration they were trained to.
@@ -396,7 +398,7 @@ absl::StatusOr<RunStart> ResolveRunStart(const TrainConfig& train, int64_t globa
       }
       source = latest->string();
     }
-    auto reader = CheckpointReader::Open(source);
+    auto reader = CheckpointReader::Open(source, hf_layout);
     if (!reader.ok()) {
       return absl::Status(
           reader.status().code(),
@@ -429,7 +431,7 @@ absl::StatusOr<RunStart> ResolveRunStart(const TrainConfig& train, int64_t globa
     }
   }
   if (train.load_weight) {
-    auto reader = CheckpointReader::Open(*train.load_weight);
+    auto reader = CheckpointReader::Open(*train.load_weight, hf_layout);
     if (!reader.ok())
       return absl::Status(reader.status().code(), StrCat("train.load_weight: ", reader.status().message()));
     start.checkpoint = *train.load_weight;
@@ -461,7 +463,8 @@ absl::StatusOr<std::vector<proto::NodePlan>> CompileForNodes(const nlohmann::jso
     return absl::InvalidArgumentError(StrCat("the job needs ", job.options.lower.parallel.world_size,
                                              " devices (train.dist), the nodes give ", devices));
   }
-  ASSIGN_OR_RETURN(const RunStart start, ResolveRunStart(job.train, job.global_batch()));
+  ASSIGN_OR_RETURN(const RunStart start,
+                   ResolveRunStart(job.train, job.global_batch(), job.model->HuggingFaceTensors()));
   scheduler::LowerOptions lower = job.options.lower;
   lower.devices_per_node = devices_per_node;
   lower.start_iteration = start.iteration;
@@ -472,7 +475,7 @@ absl::StatusOr<std::vector<proto::NodePlan>> CompileForNodes(const nlohmann::jso
   if (!start.checkpoint.empty()) {
     // Every tensor the plan keeps must be in the checkpoint with its shape:
     // checked here, before any worker starts.
-    ASSIGN_OR_RETURN(auto reader, CheckpointReader::Open(start.checkpoint));
+    ASSIGN_OR_RETURN(auto reader, CheckpointReader::Open(start.checkpoint, job.model->HuggingFaceTensors()));
     actors::HostCallbacks probe;
     RETURN_IF_ERROR(
         BindCheckpointInitializers(lowered.plan, reader, start.weights_only, job.engine->graph().registry(), probe));

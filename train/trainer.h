@@ -80,6 +80,9 @@ class JobFeed {
   int64_t eval_samples() const { return eval_samples_; }
   // The evaluation metrics whose sum is eval_loss (models/model.h).
   const std::vector<std::string>& eval_loss_terms() const { return eval_loss_terms_; }
+  // The model's Hugging Face layout (Model::HuggingFaceTensors()), for
+  // reading Hugging Face weights.
+  const std::vector<models::Model::HfTensor>& hf_layout() const { return hf_layout_; }
   // Tokens per sample of a language model (its sequence length); 0 for
   // models that read no text.
   int64_t tokens_per_sample() const { return tokens_per_sample_; }
@@ -120,6 +123,7 @@ class JobFeed {
   int64_t eval_batches_ = 0;
   int64_t eval_samples_ = 0;
   std::vector<std::string> eval_loss_terms_;
+  std::vector<models::Model::HfTensor> hf_layout_;
   int64_t tokens_per_sample_ = 0;
   bool reports_perplexity_ = false;
   std::string lr_input_;
@@ -141,7 +145,10 @@ struct RunStart {
   std::string checkpoint;  // empty: the init rules
   bool weights_only = false;
 };
-absl::StatusOr<RunStart> ResolveRunStart(const TrainConfig& train, int64_t global_batch);
+// `hf_layout`: the model's Hugging Face layout, to read Hugging Face weights
+// in train.load_weight (CheckpointReader::Open).
+absl::StatusOr<RunStart> ResolveRunStart(const TrainConfig& train, int64_t global_batch,
+                                         const std::vector<models::Model::HfTensor>& hf_layout);
 
 // The job's plan for a cluster: global ranks fill the nodes in order
 // (devices_per_node, which must sum to the job's devices), one NodePlan per

@@ -13,15 +13,25 @@ straight from the checkpoint's files (index.json + safetensors rank files,
 shards assembled here; no `safetensors` package). Weights are (in, out):
 y = x @ W + b; c_attn is (C, 3, C) = [q | k | v].
 
-  bert_reference.py CHECKPOINT BATCH.safetensors
+  bert_reference.py CHECKPOINT BATCH.safetensors [--model JSON]
       prints one JSON object: "loss" (mlm_loss + nsp_loss), "mlm_loss"
       (Σ w·ce / Σ w over the masked-LM slots), "nsp_loss" (the mean over the
       batch; only with the model's binary head), "mlm_correct" (Σ w over the
       slots whose label's logit is the row's maximum, ties counting as
       correct), "mlm_count" (Σ w), "nsp_correct", "nsp_count" (B).
 
-CHECKPOINT is a checkpoint directory (holding index.json) or an output
-directory (its latest checkpoints/iter_*). BATCH.safetensors holds one batch's
+CHECKPOINT is a checkpoint directory (holding index.json), an output
+directory (its latest checkpoints/iter_*), or Hugging Face BertForPreTraining
+weights (a .safetensors file: "bert."-prefixed names or none, torch Linear
+weights (out, in), query / key / value apart, LayerNorm weight / bias or
+gamma / beta; --model gives the model config, which the file lacks).
+
+  bert_reference.py OUT.safetensors make-hf --model JSON [--seed S] [--legacy]
+      writes random Hugging Face BertForPreTraining weights of that config
+      (the MLM decoder tied: a copy of the word embedding and of
+      cls.predictions.bias); --legacy: old files' names, no "bert." prefix,
+      LayerNorm gamma / beta, and an int64 embeddings.position_ids buffer.
+ BATCH.safetensors holds one batch's
 graph inputs: input_ids, token_type_ids, attention_mask I64 (B, T);
 masked_lm_positions F32 (B, P, T) one-hot rows (all zero in an unused slot);
 masked_lm_labels I64 (B, P); masked_lm_weights F32 (B, P);
@@ -29,6 +39,7 @@ next_sentence_labels I64 (B) with the binary head. Runs on one thread with
 OMP_WAIT_POLICY=PASSIVE (set here before torch loads if unset).
 """
 
+import argparse
 import json
 import math
 import os
@@ -43,7 +54,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from gpt2_reference import _SAFETENSORS_DTYPES, _read_safetensors_header  # noqa: E402
+from gpt2_reference import _SAFETENSORS_DTYPES, _read_safetensors_header, write_safetensors  # noqa: E402
 
 BATCH_INPUTS = {"input_ids": ("I64", 2), "token_type_ids": ("I64", 2), "attention_mask": ("I64", 2),
                 "masked_lm_positions": ("F32", 3), "masked_lm_labels": ("I64", 2),
@@ -118,6 +129,103 @@ def load_checkpoint(path):
             whole[region] = data.reshape(shard["shape"])
         tensors[name] = torch.from_numpy(whole)
     return tensors, model_config
+
+
+def hf_linears(c):
+    """(Tessera's Linear prefix, Hugging Face's) of a BERT config."""
+    pairs = []
+    for i in range(c["num_layers"]):
+        t, h = f"encoder.layer.{i}.", f"bert.encoder.layer.{i}."
+        pairs += [(t + "attn.c_proj", h + "attention.output.dense"), (t + "mlp.c_fc", h + "intermediate.dense"),
+                  (t + "mlp.c_proj", h + "output.dense")]
+    pairs.append(("cls.predictions.transform.dense", "cls.predictions.transform.dense"))
+    if c.get("add_binary_head"):
+        pairs += [("pooler.dense", "bert.pooler.dense"), ("cls.seq_relationship", "cls.seq_relationship")]
+    return pairs
+
+
+def hf_layer_norms(c):
+    pairs = [("embeddings.LayerNorm", "bert.embeddings.LayerNorm"),
+             ("cls.predictions.transform.LayerNorm", "cls.predictions.transform.LayerNorm")]
+    for i in range(c["num_layers"]):
+        t, h = f"encoder.layer.{i}.", f"bert.encoder.layer.{i}."
+        pairs += [(t + "ln_1", h + "attention.output.LayerNorm"), (t + "ln_2", h + "output.LayerNorm")]
+    return pairs
+
+
+def load_huggingface(path, c):
+    """BertForPreTraining weights as the reference's tensors (see the docstring)."""
+    header, base = _read_safetensors_header(path)
+    names = {n for n in header if n != "__metadata__"}
+
+    def get(name):
+        for candidate in (name, name[len("bert."):] if name.startswith("bert.") else name):
+            for spelled in (candidate, candidate.replace("LayerNorm.weight", "LayerNorm.gamma").replace(
+                    "LayerNorm.bias", "LayerNorm.beta")):
+                if spelled in names:
+                    _, data = read_tensor(path, header, base, spelled)
+                    return torch.from_numpy(data.astype(np.float32))
+        fail(f"{path}: no {name}")
+
+    t = {}
+    for name in ("embeddings.word_embeddings.weight", "embeddings.position_embeddings.weight",
+                 "embeddings.token_type_embeddings.weight"):
+        t[name] = get("bert." + name)
+    t["cls.predictions.bias"] = get("cls.predictions.bias")
+    for ours, theirs in hf_linears(c):
+        t[ours + ".weight"] = get(theirs + ".weight").t().contiguous()  # (out, in) -> (in, out)
+        t[ours + ".bias"] = get(theirs + ".bias")
+    for ours, theirs in hf_layer_norms(c):
+        t[ours + ".weight"], t[ours + ".bias"] = get(theirs + ".weight"), get(theirs + ".bias")
+    for i in range(c["num_layers"]):
+        h = f"bert.encoder.layer.{i}.attention.self."
+        t[f"encoder.layer.{i}.attn.c_attn.weight"] = torch.stack(
+            [get(h + part + ".weight").t() for part in ("query", "key", "value")], dim=1)  # (C, 3, C)
+        t[f"encoder.layer.{i}.attn.c_attn.bias"] = torch.stack(
+            [get(h + part + ".bias") for part in ("query", "key", "value")])  # (3, C)
+    return t
+
+
+def make_huggingface(path, c, seed, legacy):
+    """Random BertForPreTraining weights of config `c` (see the docstring)."""
+    rng = np.random.default_rng(seed)
+    V, C, P, types = c["vocab_size"], c["hidden_size"], c["max_seq_length"], c.get("num_tokentypes", 2)
+    Fw = c.get("ffn_hidden_size") or 4 * C
+
+    def normal(*shape, mean=0.0, std=0.3):
+        return (mean + std * rng.standard_normal(shape)).astype(np.float32)
+
+    def layer_norm(prefix):
+        suffixes = ("gamma", "beta") if legacy else ("weight", "bias")
+        t[f"{prefix}.{suffixes[0]}"], t[f"{prefix}.{suffixes[1]}"] = normal(C, mean=1.0, std=0.1), normal(C, std=0.1)
+
+    def linear(prefix, n_in, n_out):
+        t[prefix + ".weight"], t[prefix + ".bias"] = normal(n_out, n_in), normal(n_out, std=0.1)
+
+    t = {"bert.embeddings.word_embeddings.weight": normal(V, C),
+         "bert.embeddings.position_embeddings.weight": normal(P, C),
+         "bert.embeddings.token_type_embeddings.weight": normal(types, C)}
+    layer_norm("bert.embeddings.LayerNorm")
+    for i in range(c["num_layers"]):
+        h = f"bert.encoder.layer.{i}."
+        for part in ("query", "key", "value"):
+            linear(h + "attention.self." + part, C, C)
+        linear(h + "attention.output.dense", C, C)
+        layer_norm(h + "attention.output.LayerNorm")
+        linear(h + "intermediate.dense", C, Fw)
+        linear(h + "output.dense", Fw, C)
+        layer_norm(h + "output.LayerNorm")
+    linear("bert.pooler.dense", C, C)
+    linear("cls.predictions.transform.dense", C, C)
+    layer_norm("cls.predictions.transform.LayerNorm")
+    t["cls.predictions.bias"] = normal(V, std=0.1)
+    t["cls.predictions.decoder.weight"] = t["bert.embeddings.word_embeddings.weight"].copy()
+    t["cls.predictions.decoder.bias"] = t["cls.predictions.bias"].copy()
+    linear("cls.seq_relationship", C, 2)
+    if legacy:
+        t = {"embeddings.position_ids": np.arange(P, dtype=np.int64).reshape(1, P),
+             **{(n[len("bert."):] if n.startswith("bert.") else n): v for n, v in t.items()}}
+    write_safetensors(path, t, {"format": "pt"})
 
 
 def load_batch(path, binary_head):
@@ -210,11 +318,25 @@ def bert_forward(t, c, batch):
 
 
 def main():
-    if len(sys.argv) != 3:
-        fail("usage: bert_reference.py CHECKPOINT BATCH.safetensors")
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("checkpoint")
+    parser.add_argument("batch", help="BATCH.safetensors, or make-hf")
+    parser.add_argument("--model", default="", help="the model config (JSON) of a Hugging Face file")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--legacy", action="store_true")
+    args = parser.parse_args()
     torch.set_num_threads(1)
-    tensors, model_config = load_checkpoint(sys.argv[1])
-    batch = load_batch(sys.argv[2], bool(model_config.get("add_binary_head")))
+    if args.batch == "make-hf":
+        make_huggingface(args.checkpoint, json.loads(args.model), args.seed, args.legacy)
+        return
+    if os.path.isfile(args.checkpoint):
+        if not args.model:
+            fail("Hugging Face weights need --model")
+        model_config = json.loads(args.model)
+        tensors = load_huggingface(args.checkpoint, model_config)
+    else:
+        tensors, model_config = load_checkpoint(args.checkpoint)
+    batch = load_batch(args.batch, bool(model_config.get("add_binary_head")))
     check_ranges(batch, model_config)
     with torch.inference_mode():
         result = bert_forward(tensors, model_config, batch)

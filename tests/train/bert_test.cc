@@ -231,6 +231,112 @@ TEST_F(BertTest, GradientAccumulationGivesTheOneBatchLosses) {
       [&](const testing::MetricsRows& rows) { ExpectTheEvaluation(batch, rows, 4); });
 }
 
+// Hugging Face BertForPreTraining weights (random ones from the reference
+// script: torch Linear weights (out, in), query / key / value apart, the MLM
+// decoder tied) load through train.load_weight, on one device and under
+// tensor parallelism (the converted c_attn (C, 3, C) cut on its heads): the
+// first iteration's losses are PyTorch's on those weights. Old files' names
+// (no "bert.", LayerNorm gamma / beta, an int64 buffer) load too. `tessera
+// export` writes BertForPreTraining's layout back, which PyTorch reads as
+// the checkpoint it came from. A file lacking a tensor, with an untied
+// decoder, or of other sizes is a one-line error naming the tensor.
+TEST_F(BertTest, HuggingFaceWeightsLoadAndExport) {
+  const std::string sizes = "model.num_layers=2 model.num_tokentypes=2 model.layernorm_epsilon=1e-12";
+  const std::string model_json =
+      R"({"vocab_size": 64, "hidden_size": 32, "num_layers": 2, "num_attention_heads": 4, "ffn_hidden_size": 64,)"
+      R"( "max_seq_length": 40, "num_tokentypes": 2, "layernorm_epsilon": 1e-12, "add_binary_head": true})";
+  const std::string script = "timeout 120 /usr/bin/python3 " + SourcePath("tests/train/bert_reference.py") + " ";
+  const auto python = [&](const std::string& args) {
+    const testing::CliResult result = testing::RunCommand(script + args + " 2>&1");
+    EXPECT_EQ(result.exit_code, 0) << args << "\n" << result.out;
+    return result.out;
+  };
+  const fs::path hf = root_ / "hf", legacy = root_ / "legacy";
+  fs::create_directories(hf);
+  fs::create_directories(legacy);
+  python((hf / "model.safetensors").string() + " make-hf --seed 11 --model '" + model_json + "'");
+  python((legacy / "model.safetensors").string() + " make-hf --seed 11 --legacy --model '" + model_json + "'");
+  const Batch batch = FillBatch(/*iteration=*/0, /*rows=*/8);
+  ASSERT_NE(batch.text, nullptr);
+  const fs::path batch_file = root_ / "batch.safetensors";
+  ASSERT_TRUE(WriteSafetensors(batch_file, batch.ordered).ok());
+  const auto reference = [&](const fs::path& weights, bool hf_file) {
+    const std::string out = python(weights.string() + " " + batch_file.string() +
+                                   (hf_file ? " --model '" + model_json + "'" : std::string()));
+    const nlohmann::json json = nlohmann::json::parse(out, nullptr, false);
+    EXPECT_TRUE(json.is_object()) << out;
+    return json;
+  };
+  const nlohmann::json torch = reference(hf / "model.safetensors", true);
+  ASSERT_TRUE(torch.is_object());
+  const std::string probe =
+      "train.train_iter=1 train.evaluation.enabled=false model.hidden_dropout_prob=0 "
+      "model.attention_dropout_prob=0 " +
+      sizes + " ";
+  const auto expect_losses = [&](const fs::path& out, const nlohmann::json& want) {
+    const nlohmann::json got = ReadMetricsRows(out).train.at(1);
+    for (const char* key : {"loss", "mlm_loss", "nsp_loss"}) {
+      const double x = want.at(key).get<double>(), y = got.at(key).get<double>();
+      EXPECT_NEAR(y, x, 1e-4 * std::abs(x)) << key;
+    }
+  };
+  for (const auto& [name, extra] : std::vector<std::pair<std::string, std::string>>{
+           {"one", "train.load_weight=" + hf.string()},
+           {"tp2", "train.dist.tensor_parallel_size=2 train.load_weight=" + (hf / "model.safetensors").string()},
+           {"legacy", "train.load_weight=" + legacy.string()}}) {
+    SCOPED_TRACE(name);
+    const auto run = RunTessera(Train(root_ / name, probe + extra));
+    ASSERT_EQ(run.exit_code, 0) << run.out;
+    expect_losses(root_ / name, torch);
+  }
+  // Export: BertForPreTraining's names and layout.
+  const fs::path exported = root_ / "exported.safetensors";
+  const auto run = RunTessera("export " + (root_ / "one").string() + " --output " + exported.string());
+  ASSERT_EQ(run.exit_code, 0) << run.out;
+  {
+    auto file = SafetensorsFile::Open(exported);
+    ASSERT_TRUE(file.ok()) << file.status();
+    const SafetensorsFile::Entry* query = (*file)->Find("bert.encoder.layer.1.attention.self.query.weight");
+    ASSERT_NE(query, nullptr);
+    EXPECT_EQ(query->shape, (Shape{32, 32}));
+    const SafetensorsFile::Entry* fc = (*file)->Find("bert.encoder.layer.0.intermediate.dense.weight");
+    ASSERT_NE(fc, nullptr);
+    EXPECT_EQ(fc->shape, (Shape{64, 32}));  // (out, in)
+  }
+  const nlohmann::json from_checkpoint = reference(root_ / "one", false);
+  const nlohmann::json from_export = reference(exported, true);
+  for (const char* key : {"loss", "mlm_loss", "nsp_loss"}) {
+    EXPECT_EQ(from_export.at(key).get<double>(), from_checkpoint.at(key).get<double>()) << key;
+  }
+  // Bad files: a tensor missing, the decoder untied, other sizes.
+  const auto rewrite = [&](const fs::path& out, const std::string& drop, const std::string& perturb) {
+    auto file = SafetensorsFile::Open(hf / "model.safetensors");
+    ASSERT_TRUE(file.ok()) << file.status();
+    std::vector<std::pair<std::string, Tensor>> tensors;
+    for (const auto& [name, entry] : (*file)->tensors()) {
+      if (name == drop) continue;
+      auto t = (*file)->Load(name);
+      ASSERT_TRUE(t.ok()) << t.status();
+      if (name == perturb) t->data<float>()[0] += 1.0f;
+      tensors.emplace_back(name, *t);
+    }
+    ASSERT_TRUE(WriteSafetensors(out, tensors).ok());
+  };
+  const fs::path missing = root_ / "missing.safetensors", untied = root_ / "untied.safetensors";
+  ASSERT_NO_FATAL_FAILURE(rewrite(missing, "bert.encoder.layer.1.attention.self.value.weight", ""));
+  ASSERT_NO_FATAL_FAILURE(rewrite(untied, "", "cls.predictions.decoder.weight"));
+  ExpectOneLineError(RunTessera(Train(root_ / "bad", probe + "train.load_weight=" + missing.string())),
+                     "no tensor 'bert.encoder.layer.1.attention.self.value.weight' (the model's "
+                     "encoder.layer.1.attn.c_attn.weight)");
+  ExpectOneLineError(RunTessera(Train(root_ / "bad", probe + "train.load_weight=" + untied.string())),
+                     "'cls.predictions.decoder.weight' is not 'bert.embeddings.word_embeddings.weight'");
+  ExpectOneLineError(
+      RunTessera(Train(root_ / "bad",
+                       probe + "model.hidden_size=16 model.num_attention_heads=2 train.load_weight=" + hf.string())),
+      "'bert.encoder.layer.0.attention.self.query.weight' is (32, 32), the model's "
+      "encoder.layer.0.attn.c_attn.weight needs (16, 16) (its transpose)");
+}
+
 // An evaluation of the whole valid split counts each sample once (its last
 // global batch padded with rows of weight 0): the same weights evaluated
 // (--eval-only) under any global batch give what one sample at a time gives,

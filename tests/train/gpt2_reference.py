@@ -159,11 +159,13 @@ def load_huggingface(path, model_config):
 
 
 def write_safetensors(path, tensors, metadata):
-    """`tensors` (name -> float32 numpy array, in order) as safetensors."""
+    """`tensors` (name -> float32 or int64 numpy array, in order) as safetensors."""
+    names = {np.dtype("float32"): ("F32", "<f4"), np.dtype("int64"): ("I64", "<i8")}
     header = {"__metadata__": metadata}
     offset = 0
     for name, value in tensors.items():
-        header[name] = {"dtype": "F32", "shape": list(value.shape), "data_offsets": [offset, offset + value.nbytes]}
+        header[name] = {"dtype": names[value.dtype][0], "shape": list(value.shape),
+                        "data_offsets": [offset, offset + value.nbytes]}
         offset += value.nbytes
     text = json.dumps(header).encode()
     text += b" " * (-len(text) % 8)
@@ -171,7 +173,7 @@ def write_safetensors(path, tensors, metadata):
         f.write(struct.pack("<Q", len(text)))
         f.write(text)
         for value in tensors.values():
-            f.write(np.ascontiguousarray(value, dtype="<f4").tobytes())
+            f.write(np.ascontiguousarray(value, dtype=names[value.dtype][1]).tobytes())
 
 
 def make_huggingface(path, c, seed):
