@@ -61,6 +61,20 @@ Binding<WarmupMultiStepLRConfig> MakeWarmupMultiStepLRKeys() {
   return b;
 }
 
+Binding<WarmupPolynomialLRConfig> MakeWarmupPolynomialLRKeys() {
+  Binding<WarmupPolynomialLRConfig> b(
+      "LiBai's WarmupPolynomialLR: warmup over `train.warmup_ratio` of the iterations, then polynomial decay "
+      "(lr - end_learning_rate) × (1 - p)^power + end_learning_rate, p from 0 at the end of the warmup to 1 at "
+      "`train.train_iter`. LiBai's `cycle` is not a key: it acts only past `train.train_iter`.");
+  b.Field("warmup_factor", &WarmupPolynomialLRConfig::warmup_factor, WarmupFactorSpec());
+  b.Field("end_learning_rate", &WarmupPolynomialLRConfig::end_learning_rate,
+          {.min = 0, .doc = "learning rate at `train.train_iter` (absolute, not a fraction of lr); at most lr"});
+  b.Field("power", &WarmupPolynomialLRConfig::power,
+          {.min = 0, .max = 1e6, .exclusive_min = true, .doc = "exponent of the decay: 1 is linear"});
+  b.Field("warmup_method", &WarmupPolynomialLRConfig::warmup_method, WarmupMethodSpec());
+  return b;
+}
+
 // The milestone checks the schema cannot make: they relate elements to each
 // other and to train.train_iter.
 absl::Status CheckMilestones(const std::vector<int64_t>& milestones, int64_t train_iter) {
@@ -91,12 +105,17 @@ const Binding<WarmupMultiStepLRConfig>& WarmupMultiStepLRKeys() {
   static const auto* const keys = new Binding<WarmupMultiStepLRConfig>(MakeWarmupMultiStepLRKeys());
   return *keys;
 }
+const Binding<WarmupPolynomialLRConfig>& WarmupPolynomialLRKeys() {
+  static const auto* const keys = new Binding<WarmupPolynomialLRConfig>(MakeWarmupPolynomialLRKeys());
+  return *keys;
+}
 
 Section LrSchedulerSection() {
   return Section("The learning-rate schedule, by `_target_`.")
       .Target("WarmupCosineLR", WarmupCosineLRKeys().section())
       .Target("WarmupLinearLR", WarmupLinearLRKeys().section())
       .Target("WarmupMultiStepLR", WarmupMultiStepLRKeys().section())
+      .Target("WarmupPolynomialLR", WarmupPolynomialLRKeys().section())
       .Target("ConstantLR", Section("The peak learning rate throughout, without warmup."))
       .DefaultTarget("WarmupCosineLR");
 }
@@ -125,6 +144,7 @@ double LrSchedule::At(int64_t iteration) const {
   // division finite and the decay already complete.
   const int64_t span = std::max<int64_t>(1, train_iter_ - warmup_iters_);
   const double progress = std::min(1.0, static_cast<double>(iteration - warmup_iters_) / static_cast<double>(span));
+  if (kind_ == Kind::kWarmupPolynomial) return (base_lr_ - end_lr_) * std::pow(1 - progress, power_) + end_lr_;
   const double decay = kind_ == Kind::kWarmupCosine ? 0.5 * (1 + std::cos(std::numbers::pi * progress)) : 1 - progress;
   return base_lr_ * ((1 - alpha_) * decay + alpha_);
 }
@@ -171,10 +191,20 @@ absl::StatusOr<LrSchedule> MakeLrSchedule(const nlohmann::json& resolved_lr_sche
     set_warmup(c.warmup_factor, c.warmup_method);
     s.milestones_ = std::move(c.milestones);
     s.gamma_ = c.gamma;
+  } else if (target == "WarmupPolynomialLR") {
+    ASSIGN_OR_RETURN(const WarmupPolynomialLRConfig c, WarmupPolynomialLRKeys().Read(node));
+    if (c.end_learning_rate > base_lr) {
+      return absl::InvalidArgumentError(StrCat("lr_scheduler.end_learning_rate ", c.end_learning_rate,
+                                               " is above the learning rate ", base_lr, " it decays from"));
+    }
+    s.kind_ = LrSchedule::Kind::kWarmupPolynomial;
+    set_warmup(c.warmup_factor, c.warmup_method);
+    s.end_lr_ = c.end_learning_rate;
+    s.power_ = c.power;
   } else {
-    return absl::InvalidArgumentError(
-        StrCat("lr_scheduler._target_ '", target,
-               "' is not a schedule (WarmupCosineLR, WarmupLinearLR, WarmupMultiStepLR, ConstantLR)"));
+    return absl::InvalidArgumentError(StrCat(
+        "lr_scheduler._target_ '", target,
+        "' is not a schedule (WarmupCosineLR, WarmupLinearLR, WarmupMultiStepLR, WarmupPolynomialLR, ConstantLR)"));
   }
   return s;
 }

@@ -12,12 +12,14 @@
 //   WarmupCosineLR     base × ((1 − alpha) × (1 + cos(π p)) / 2 + alpha)
 //   WarmupLinearLR     base × ((1 − alpha) × (1 − p) + alpha)
 //   WarmupMultiStepLR  base × gamma^k, k = the milestones m with m ≤ i
+//   WarmupPolynomialLR (base − end) × (1 − p)^power + end, end =
+//                      end_learning_rate (absolute, as LiBai's)
 //   ConstantLR         base for every i (no warmup)
 // WarmupMultiStepLR's milestones are absolute iterations, so they count
 // during the warmup too: there lr(i) = warmup multiplier × base × gamma^k.
 // Past T the cosine and linear schedules stay at base × alpha.
 //
-// The cosine and linear decays run from the end of the warmup to T (not
+// The cosine, linear and polynomial decays run from the end of the warmup to T (not
 // from iteration 0 as OneFlow's CosineDecayLR inside LiBai's warmup wrapper
 // does), so the schedule reaches its peak, base, exactly when the warmup
 // ends and alpha exactly at T whatever the warmup length.
@@ -59,20 +61,32 @@ struct WarmupMultiStepLRConfig {
   double gamma = 0.1;
 };
 
+// LiBai's WarmupPolynomialLR (OneFlow's PolynomialLR after the warmup;
+// its `cycle` only acts past train_iter, where every schedule here holds
+// its last value, so it is not a key).
+struct WarmupPolynomialLRConfig {
+  double warmup_factor = 0.001;
+  std::string warmup_method = "linear";
+  double end_learning_rate = 1e-4;
+  double power = 1.0;
+};
+
 // The bindings (schema + reader) of each target.
 const config::Binding<WarmupCosineLRConfig>& WarmupCosineLRKeys();
 const config::Binding<WarmupLinearLRConfig>& WarmupLinearLRKeys();
 const config::Binding<WarmupMultiStepLRConfig>& WarmupMultiStepLRKeys();
+const config::Binding<WarmupPolynomialLRConfig>& WarmupPolynomialLRKeys();
 
 // The `lr_scheduler` section: targets WarmupCosineLR (the default, as
-// LiBai's configs/common), WarmupLinearLR, WarmupMultiStepLR and ConstantLR.
+// LiBai's configs/common), WarmupLinearLR, WarmupMultiStepLR,
+// WarmupPolynomialLR and ConstantLR.
 config::Section LrSchedulerSection();
 
 // The learning rate of every iteration of one job. An immutable value,
 // safe to share between threads; made by MakeLrSchedule.
 class LrSchedule {
  public:
-  enum class Kind { kConstant, kWarmupCosine, kWarmupLinear, kWarmupMultiStep };
+  enum class Kind { kConstant, kWarmupCosine, kWarmupLinear, kWarmupMultiStep, kWarmupPolynomial };
 
   // The learning rate of `iteration` (from 0; TESSERA_CHECKed ≥ 0). Any
   // iteration is allowed: past train_iter the schedule holds its last value
@@ -101,6 +115,8 @@ class LrSchedule {
   double alpha_ = 1;                 // cosine, linear
   std::vector<int64_t> milestones_;  // multi-step: strictly increasing
   double gamma_ = 1;                 // multi-step
+  double end_lr_ = 0;                // polynomial
+  double power_ = 1;                 // polynomial
 };
 
 // The schedule of a resolved `lr_scheduler` node (Resolve(LrSchedulerSection)

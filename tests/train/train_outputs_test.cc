@@ -709,8 +709,8 @@ double WarmupMultiplier(int64_t i, int64_t warmup, double factor, bool linear) {
 TEST(LrSchedule, SectionMatchesTheJobSchema) {
   const config::Section section = LrSchedulerSection();
   EXPECT_EQ(section.default_target(), "WarmupCosineLR");
-  EXPECT_EQ(section.TargetNames(),
-            (std::vector<std::string>{"WarmupCosineLR", "WarmupLinearLR", "WarmupMultiStepLR", "ConstantLR"}));
+  EXPECT_EQ(section.TargetNames(), (std::vector<std::string>{"WarmupCosineLR", "WarmupLinearLR", "WarmupMultiStepLR",
+                                                             "WarmupPolynomialLR", "ConstantLR"}));
   // Configs saved with the job schema's lr_scheduler resolve the same.
   const config::Section* job = JobSchema().FindSub("lr_scheduler");
   ASSERT_NE(job, nullptr);
@@ -786,6 +786,35 @@ TEST(LrSchedule, MultiStep) {
   const LrSchedule flat = Schedule({{"_target_", "WarmupMultiStepLR"}}, base, 10, 0.0);
   EXPECT_EQ(flat.At(0), base);
   EXPECT_EQ(flat.At(9), base);
+}
+
+// LiBai's WarmupPolynomialLR: (lr - end) (1 - p)^power + end after the
+// warmup, p over the iterations after it; the defaults are LiBai's (end
+// 1e-4, power 1: linear to end). An end above lr is a one-line error.
+TEST(LrSchedule, PolynomialDecay) {
+  const double base = 0.01, end = 0.001;
+  const LrSchedule s =
+      Schedule({{"_target_", "WarmupPolynomialLR"}, {"end_learning_rate", end}, {"power", 2.0}, {"warmup_factor", 0.1}},
+               base, 100, 0.2);
+  EXPECT_EQ(s.kind(), LrSchedule::Kind::kWarmupPolynomial);
+  EXPECT_EQ(s.warmup_iters(), 20);
+  for (int64_t i = 0; i <= 150; ++i) {
+    const double p = i < 20 ? 0.0 : std::min(1.0, (i - 20) / 80.0);
+    const double expected = i < 20 ? base * WarmupMultiplier(i, 20, 0.1, true) : end + (base - end) * (1 - p) * (1 - p);
+    ASSERT_NEAR(s.At(i), expected, 1e-15) << i;
+  }
+  EXPECT_DOUBLE_EQ(s.At(20), base);
+  EXPECT_DOUBLE_EQ(s.At(60), end + (base - end) * 0.25);
+  EXPECT_DOUBLE_EQ(s.At(100), end);
+  EXPECT_DOUBLE_EQ(s.At(1000), end);
+  const LrSchedule linear = Schedule({{"_target_", "WarmupPolynomialLR"}}, 1e-3, 11, 0.0);
+  EXPECT_DOUBLE_EQ(linear.At(0), 1e-3);
+  EXPECT_NEAR(linear.At(1), 1e-4 + 9e-4 * 10 / 11.0, 1e-18);
+  EXPECT_DOUBLE_EQ(linear.At(11), 1e-4);
+  const absl::Status above =
+      MakeLrSchedule(ResolveSchedule({{"_target_", "WarmupPolynomialLR"}, {"end_learning_rate", 0.5}}), 0.1, 10, 0.0)
+          .status();
+  EXPECT_EQ(above.message(), "lr_scheduler.end_learning_rate 0.5 is above the learning rate 0.1 it decays from");
 }
 
 TEST(LrSchedule, ConstantIgnoresWarmup) {
