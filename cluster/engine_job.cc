@@ -261,6 +261,7 @@ class EnginePlanRunner final : public PlanRunner {
 
   absl::Status RunSegments(int64_t first, int64_t end) {
     const TrainConfig& train = feed_->train();
+    LoadBest();
     std::shared_ptr<const CheckpointReader> init;
     if (!node_plan_.init_checkpoint().empty()) {
       ASSIGN_OR_RETURN(init, CheckpointReader::Open(node_plan_.init_checkpoint(), feed_->hf_layout()));
@@ -311,7 +312,10 @@ class EnginePlanRunner final : public PlanRunner {
         return Interrupted(start + *gate.limit(), first, /*saved=*/saved == start + *gate.limit());
       }
       const bool last = stop == end;
-      if (last || stop % eval_period == 0) RETURN_IF_ERROR(Evaluate(stop, segment));
+      if (last || stop % eval_period == 0) {
+        RETURN_IF_ERROR(Evaluate(stop, segment));
+        RETURN_IF_ERROR(SaveBest(stop));
+      }
       if (last || stop % checkpoint_period == 0) {
         RETURN_IF_ERROR(SaveCheckpoint(stop));
         saved = stop;
@@ -462,6 +466,7 @@ class EnginePlanRunner final : public PlanRunner {
     if (const auto* text = feed_->text(); text != nullptr && text->unigram_valid_loss()) {
       metrics.values["unigram_ppl"] = std::exp(*text->unigram_valid_loss());
     }
+    last_eval_ = metrics.values;
     if (context_.report_metrics) context_.report_metrics(metrics);
     return absl::OkStatus();
   }
@@ -477,32 +482,114 @@ class EnginePlanRunner final : public PlanRunner {
                      (train.checkpointer.period && iteration % *train.checkpointer.period == 0);
     if (!due || train.output_dir.empty()) return absl::OkStatus();
     const std::string tag = StrCat(context_.job_id, "-", context_.session);
-    const std::filesystem::path temp = CheckpointTempPath(train.output_dir, iteration, tag);
-    RETURN_IF_ERROR(WriteCheckpointShards(temp, node_plan_.plan(), kept_.values()));
-    const std::string done_key = StrCat(JobPrefix(), "/checkpoint/", iteration, "/");
-    const size_t nodes = std::max<size_t>(1, context_.slots.size());
-    if (context_.kv != nullptr && nodes > 1) RETURN_IF_ERROR(context_.kv->Set(StrCat(done_key, context_.node), "written"));
-    if (context_.node != 0) return absl::OkStatus();
-    if (context_.kv != nullptr && nodes > 1) {
-      std::vector<std::string> keys;
-      for (size_t n = 0; n < nodes; ++n) keys.push_back(StrCat(done_key, n));
-      // Short waits, so that a cancel is noticed while a peer still writes.
-      while (true) {
-        {
-          std::lock_guard<std::mutex> lock(mu_);
-          if (!cancelled_.ok()) return cancelled_;
-        }
-        auto waited = context_.kv->Wait(keys, absl::Seconds(1));
-        if (waited.ok()) break;
-        if (waited.status().code() != absl::StatusCode::kDeadlineExceeded) return waited.status();
-      }
-    }
-    CheckpointState state{.iteration = iteration, .global_batch = feed_->global_batch(), .config = feed_->config()};
     const std::filesystem::path final_dir = CheckpointPath(train.output_dir, iteration);
-    RETURN_IF_ERROR(CommitCheckpoint(temp, final_dir, state));
+    CheckpointState state{
+        .iteration = iteration, .global_batch = feed_->global_batch(), .config = feed_->config(), .best = nullptr};
+    ASSIGN_OR_RETURN(const bool committed,
+                     WriteAndCommit(CheckpointTempPath(train.output_dir, iteration, tag), final_dir, state,
+                                    StrCat(JobPrefix(), "/checkpoint/", iteration, "/")));
+    if (!committed) return absl::OkStatus();
     RETURN_IF_ERROR(PruneCheckpoints(train.output_dir, train.checkpointer.max_to_keep, tag));
     if (context_.report_log) context_.report_log(StrCat("saved checkpoint ", final_dir.string()));
     return absl::OkStatus();
+  }
+
+  // After the evaluation at `iteration`, with train.checkpointer.save_best:
+  // when its eval_metric improves on every earlier one of the run (a resumed
+  // run's included: the best checkpoint's), every node writes its shards
+  // and node 0 commits them as output_dir/checkpoints/best. The node holding
+  // the evaluation's sink decides and posts the decision in the KV.
+  absl::Status SaveBest(int64_t iteration) {
+    const TrainConfig& train = feed_->train();
+    if (!train.checkpointer.save_best || train.output_dir.empty()) return absl::OkStatus();
+    const EvaluationConfig& eval = train.evaluation;
+    const size_t nodes = std::max<size_t>(1, context_.slots.size());
+    const bool shared = context_.kv != nullptr && nodes > 1;
+    const std::string decision_key = StrCat(JobPrefix(), "/best/", iteration);
+    std::string decision;  // the improved value as JSON; empty: no improvement
+    if (eval_batches_seen_ > 0) {
+      const auto it = last_eval_.find(eval.eval_metric);
+      if (it == last_eval_.end()) {
+        return absl::InternalError(StrCat("the evaluation reported no ", eval.eval_metric));
+      }
+      const double value = it->second;
+      if (std::isfinite(value) && (!best_ || (eval.eval_mode == "min" ? value < *best_ : value > *best_))) {
+        best_ = value;
+        decision = nlohmann::json(value).dump();
+      }
+      if (shared) RETURN_IF_ERROR(context_.kv->Set(decision_key, decision.empty() ? "-" : decision));
+    } else if (shared) {
+      ASSIGN_OR_RETURN(const std::vector<std::string> values, WaitForKeys({decision_key}));
+      if (values.at(0) != "-") decision = values.at(0);
+    }
+    if (decision.empty()) return absl::OkStatus();
+    const nlohmann::json value = nlohmann::json::parse(decision, nullptr, false);
+    if (!value.is_number()) return absl::InternalError(StrCat("save_best: the decision '", decision, "' is no number"));
+    CheckpointState state{.iteration = iteration,
+                          .global_batch = feed_->global_batch(),
+                          .config = feed_->config(),
+                          .best = {{"metric", eval.eval_metric}, {"mode", eval.eval_mode}, {"value", value}}};
+    const std::string tag = StrCat(context_.job_id, "-", context_.session, "-best");
+    const std::filesystem::path final_dir = BestCheckpointPath(train.output_dir);
+    ASSIGN_OR_RETURN(const bool committed,
+                     WriteAndCommit(CheckpointTempPath(train.output_dir, iteration, tag), final_dir, state,
+                                    StrCat(JobPrefix(), "/best/", iteration, "/")));
+    if (committed && context_.report_log) {
+      context_.report_log(StrCat("saved best checkpoint ", final_dir.string(), " (iteration ", iteration, ", ",
+                                 eval.eval_metric, " ", decision, ")"));
+    }
+    return absl::OkStatus();
+  }
+
+  // The best eval_metric so far of the run this one resumes: its best
+  // checkpoint's, when that one compared the same metric the same way.
+  void LoadBest() {
+    const TrainConfig& train = feed_->train();
+    if (!train.checkpointer.save_best || train.output_dir.empty()) return;
+    if (node_plan_.plan().start_iteration() == 0 || node_plan_.init_weights_only()) return;  // not a resume
+    const std::filesystem::path dir = BestCheckpointPath(train.output_dir);
+    std::error_code ec;
+    if (!std::filesystem::exists(dir / "index.json", ec)) return;
+    auto reader = CheckpointReader::Open(dir);
+    if (!reader.ok()) return;  // a damaged best checkpoint is replaced by the next best one
+    const nlohmann::json& best = (*reader)->best();
+    if (best.is_object() && best.value("metric", "") == train.evaluation.eval_metric &&
+        best.value("mode", "") == train.evaluation.eval_mode && best.contains("value") && best["value"].is_number()) {
+      best_ = best["value"].get<double>();
+    }
+  }
+
+  // Every node writes its ranks' shards of the kept values into `temp` and
+  // says so under `done_key` in the KV; node 0 waits for every node, then
+  // commits `temp` as `final_dir` with `state`. Whether this node committed.
+  absl::StatusOr<bool> WriteAndCommit(const std::filesystem::path& temp, const std::filesystem::path& final_dir,
+                                      const CheckpointState& state, const std::string& done_key) {
+    RETURN_IF_ERROR(WriteCheckpointShards(temp, node_plan_.plan(), kept_.values()));
+    const size_t nodes = std::max<size_t>(1, context_.slots.size());
+    const bool shared = context_.kv != nullptr && nodes > 1;
+    if (shared) RETURN_IF_ERROR(context_.kv->Set(StrCat(done_key, context_.node), "written"));
+    if (context_.node != 0) return false;
+    if (shared) {
+      std::vector<std::string> keys;
+      for (size_t n = 0; n < nodes; ++n) keys.push_back(StrCat(done_key, n));
+      RETURN_IF_ERROR(WaitForKeys(keys).status());
+    }
+    RETURN_IF_ERROR(CommitCheckpoint(temp, final_dir, state));
+    return true;
+  }
+
+  // `keys`' values in the KV once all are set; short waits, so that a cancel
+  // is noticed while a peer still works.
+  absl::StatusOr<std::vector<std::string>> WaitForKeys(const std::vector<std::string>& keys) {
+    while (true) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (!cancelled_.ok()) return cancelled_;
+      }
+      auto waited = context_.kv->Wait(keys, absl::Seconds(1));
+      if (waited.ok()) return waited;
+      if (waited.status().code() != absl::StatusCode::kDeadlineExceeded) return waited.status();
+    }
   }
 
   // The sink's node reports what `tessera train` writes to metrics.jsonl,
@@ -550,6 +637,8 @@ class EnginePlanRunner final : public PlanRunner {
   FetchFn eval_fetch_;
   std::map<std::string, double> eval_sums_;  // written by the sink's thread during an evaluation, read after it
   int64_t eval_batches_seen_ = 0;
+  std::map<std::string, double> last_eval_;  // the sink's node: the last evaluation's metrics
+  std::optional<double> best_;               // the sink's node: the best eval_metric so far (save_best)
   actors::HostCallbacks callbacks_;
   KeptStore kept_;
   std::map<uint32_t, std::unique_ptr<ThreadPool>> pools_;  // per device, made by the first segment

@@ -115,7 +115,10 @@ absl::Status TrainOnThisMachine(const nlohmann::json& config, std::FILE* progres
       const std::string& line = event.log_line();
       // The runner's own notes (a checkpoint saved); the master's and
       // errors reach the user through the job's result.
-      if (line.find("saved checkpoint") != std::string::npos) display->Line(line);
+      if (line.find("saved checkpoint") != std::string::npos ||
+          line.find("saved best checkpoint") != std::string::npos) {
+        display->Line(line);
+      }
     }
     if (!event.has_metrics()) return true;
     const auto& values = event.metrics().values();

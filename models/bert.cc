@@ -390,6 +390,13 @@ std::vector<Model::HfTensor> Bert::HuggingFaceTensors() const {
   return out;
 }
 
+std::vector<std::string> Bert::eval_metrics() const {
+  if (config_.add_binary_head) {
+    return {"eval_loss", "eval_mlm_loss", "eval_nsp_loss", "eval_mlm_accuracy", "eval_nsp_accuracy"};
+  }
+  return {"eval_loss", "eval_mlm_loss", "eval_mlm_accuracy"};
+}
+
 std::vector<std::string> Bert::eval_loss_terms() const {
   if (config_.add_binary_head) return {"mlm_loss", "nsp_loss"};
   return {"mlm_loss"};

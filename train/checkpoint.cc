@@ -199,6 +199,8 @@ fs::path CheckpointPath(const fs::path& output_dir, int64_t iteration) {
   return CheckpointsDir(output_dir) / name;
 }
 
+fs::path BestCheckpointPath(const fs::path& output_dir) { return CheckpointsDir(output_dir) / "best"; }
+
 fs::path CheckpointTempPath(const fs::path& output_dir, int64_t iteration, const std::string& tag) {
   return CheckpointsDir(output_dir) /
          StrCat(".", CheckpointPath(output_dir, iteration).filename().string(), ".tmp-", tag);
@@ -383,6 +385,7 @@ absl::Status CommitCheckpoint(const fs::path& temp_dir, const fs::path& final_di
       {"train_state", {{"iteration", state.iteration}, {"consumed_samples", state.iteration * state.global_batch}}},
       {"config", state.config},
       {"tensors", nlohmann::json::object()}};
+  if (!state.best.is_null()) index["train_state"]["best"] = state.best;
   for (auto& [name, t] : tensors) {
     int64_t covered = 0;
     for (const auto& box : t.boxes) covered += box.second.NumElements();
@@ -708,6 +711,7 @@ absl::StatusOr<std::shared_ptr<const CheckpointReader>> CheckpointReader::Open(
     return fail("index.json has no train_state.consumed_samples");
   }
   reader->consumed_samples_ = state["consumed_samples"].get<int64_t>();
+  reader->best_ = state.value("best", nlohmann::json());
   reader->config_ = index.value("config", nlohmann::json::object());
   for (const auto& [name, value] : index["tensors"].items()) {
     if (!value.is_object() || !value.contains("dtype") || !value["dtype"].is_string() || !value.contains("shards") ||

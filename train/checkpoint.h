@@ -63,6 +63,9 @@ namespace tessera {
 // output_dir/checkpoints, and the checkpoint of `iteration` in it.
 std::filesystem::path CheckpointsDir(const std::filesystem::path& output_dir);
 std::filesystem::path CheckpointPath(const std::filesystem::path& output_dir, int64_t iteration);
+// output_dir/checkpoints/best: the best evaluation's weights
+// (train.checkpointer.save_best); never pruned, not a resume's.
+std::filesystem::path BestCheckpointPath(const std::filesystem::path& output_dir);
 // Where a checkpoint is written before its commit; `tag` tells runs apart.
 std::filesystem::path CheckpointTempPath(const std::filesystem::path& output_dir, int64_t iteration,
                                          const std::string& tag);
@@ -107,6 +110,9 @@ struct CheckpointState {
   int64_t iteration = 0;     // iterations trained: the next one to run
   int64_t global_batch = 0;  // samples per iteration (consumed_samples = iteration × global_batch)
   nlohmann::json config;     // the run's resolved config
+  // The best checkpoint's evaluation, {"metric", "mode", "value"}, written
+  // as train_state.best; null for other checkpoints.
+  nlohmann::json best;
 };
 
 // Reads every rank file's header in `temp_dir`, checks that the shards of
@@ -155,6 +161,8 @@ class CheckpointReader {
   // Samples trained (index.json's train_state; iteration × global batch).
   int64_t consumed_samples() const { return consumed_samples_; }
   const nlohmann::json& config() const { return config_; }
+  // index.json's train_state.best (CheckpointState::best); null when absent.
+  const nlohmann::json& best() const { return best_; }
   bool Has(const std::string& name) const { return tensors_.contains(name); }
   // The logical shape and dtype of a tensor as stored; NotFound naming the
   // checkpoint.
@@ -195,6 +203,7 @@ class CheckpointReader {
   int64_t iteration_ = 0;
   int64_t consumed_samples_ = 0;
   nlohmann::json config_;
+  nlohmann::json best_;
   std::map<std::string, Entry> tensors_;
   std::vector<models::Model::HfTensor> converted_;
   mutable std::mutex mu_;

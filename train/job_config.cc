@@ -72,6 +72,10 @@ Binding<CheckpointerConfig> MakeCheckpointerKeys() {
           {.min = 1, .max = kMaxIterations, .doc = "iterations between checkpoints; `null`: only at the end"});
   b.Field("max_to_keep", &CheckpointerConfig::max_to_keep,
           {.min = 1, .max = 1 << 20, .doc = "checkpoints kept (the newest); older ones are removed"});
+  b.Field("save_best", &CheckpointerConfig::save_best,
+          {.doc = "after each evaluation that improves on every earlier one of the run (`evaluation.eval_metric`, "
+                  "`eval_mode`), write its weights to `output_dir`/checkpoints/best (LiBai's BestCheckpointer; "
+                  "never pruned; a resume compares with it); needs `evaluation.enabled`"});
   return b;
 }
 
@@ -138,6 +142,11 @@ Binding<EvaluationConfig> MakeEvaluationKeys() {
            .doc = "global batches (`global_batch_size` samples of the valid split each, in order) per evaluation; "
                   "`null`: the whole valid split, each sample counted once (the last batch padded with rows that "
                   "count for nothing)"});
+  b.Field("eval_metric", &EvaluationConfig::eval_metric,
+          {.doc = "the metric `checkpointer.save_best` keeps the best of, as metrics.jsonl names it (GPT: eval_loss, "
+                  "eval_ppl; BERT: eval_loss, eval_mlm_loss, eval_nsp_loss, eval_mlm_accuracy, eval_nsp_accuracy)"});
+  b.Field("eval_mode", &EvaluationConfig::eval_mode,
+          {.choices = {"min", "max"}, .doc = "whether a lower (`min`) or higher (`max`) `eval_metric` is better"});
   return b;
 }
 

@@ -49,6 +49,9 @@ struct DistConfig {
 struct CheckpointerConfig {
   std::optional<int64_t> period;  // iterations between checkpoints; unset: only at the end
   int64_t max_to_keep = 3;
+  // Keep the weights of the best evaluation (train.evaluation.eval_metric,
+  // eval_mode) in output_dir/checkpoints/best (LiBai's BestCheckpointer).
+  bool save_best = false;
 };
 
 // LiBai's `train.evaluation`: the loss on the held-out (valid) split.
@@ -75,6 +78,10 @@ struct EvaluationConfig {
   bool enabled = false;
   std::optional<int64_t> eval_period;  // iterations between evaluations; unset: only at the end
   std::optional<int64_t> eval_iter;    // batches per evaluation; unset: the whole valid split
+  // What checkpointer.save_best compares: a metric evaluation reports
+  // (Model::eval_metrics()), lower ("min") or higher ("max") being better.
+  std::string eval_metric = "eval_loss";
+  std::string eval_mode = "min";
 };
 
 struct TrainConfig {

@@ -1,5 +1,8 @@
 #include "train/trainer.h"
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -9,14 +12,12 @@
 #include <numbers>
 #include <optional>
 
-#include <unistd.h>
-
-#include "fmt/format.h"
-
 #include "comm/proto/plan_codec.h"
 #include "core/config.h"
 #include "core/logging.h"
 #include "core/status.h"
+#include "core/text.h"
+#include "fmt/format.h"
 #include "models/model.h"
 #include "scheduler/mesh.h"
 #include "train/checkpoint.h"
@@ -209,6 +210,25 @@ absl::StatusOr<Job> Prepare(const nlohmann::json& raw_config, PlanExecutor execu
   if (train.eval_only && !train.evaluation.enabled) {
     return absl::InvalidArgumentError(
         "train.eval_only evaluates, so it needs train.evaluation.enabled=true (and text data: dataloader.data_prefix)");
+  }
+  if (train.checkpointer.save_best && !train.evaluation.enabled) {
+    return absl::InvalidArgumentError(
+        "train.checkpointer.save_best keeps the best evaluation's weights, so it needs train.evaluation.enabled=true");
+  }
+  const EvaluationConfig defaults;
+  if (!train.checkpointer.save_best &&
+      (train.evaluation.eval_metric != defaults.eval_metric || train.evaluation.eval_mode != defaults.eval_mode)) {
+    return absl::InvalidArgumentError(
+        "train.evaluation.eval_metric and eval_mode choose the best checkpoint: set "
+        "train.checkpointer.save_best=true, or leave them at eval_loss and min");
+  }
+  if (train.checkpointer.save_best) {
+    const std::vector<std::string> metrics = job.model->eval_metrics();
+    if (std::find(metrics.begin(), metrics.end(), train.evaluation.eval_metric) == metrics.end()) {
+      return absl::InvalidArgumentError(StrCat(
+          "train.evaluation.eval_metric '", train.evaluation.eval_metric, "' is not a metric of ",
+          job.config.at("model").at("_target_").get<std::string>(), "'s evaluation (", Join(metrics, ", "), ")"));
+    }
   }
   ASSIGN_OR_RETURN(job.options.lower.parallel, ParallelFromConfig(train.dist, *job.model));
   job.options.lower.parallel.device_type = train.dist.device_type == "cuda" ? DeviceType::kCuda : DeviceType::kCpu;

@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -24,6 +25,7 @@
 #include "tests/child_process.h"
 #include "tests/cluster/cluster_fixture.h"
 #include "tests/deadline.h"
+#include "tests/train/sentence_corpus.h"
 
 namespace tessera::cluster {
 namespace {
@@ -286,6 +288,56 @@ TEST_F(ClusterFailureTest, FastDevRunFromTheCliWritesUnderItsSubdirectory) {
   const auto [refused, line] = run("--fast-dev-run --resume");
   EXPECT_NE(refused, 0);
   EXPECT_EQ(line, "tessera: --fast-dev-run starts from scratch: it takes no --resume (train.resume)\n");
+}
+
+// train.checkpointer.save_best across worker processes: the evaluation's
+// sink is on the second worker (the last pipeline stage), which decides and
+// posts the decision; the first commits checkpoints/best from both workers'
+// shards. eval_mode max keeps the first evaluation (the losses fall).
+TEST_F(ClusterFailureTest, SaveBestAcrossWorkersKeepsTheBestEvaluation) {
+  Deadline deadline(seconds(120), "save_best across workers");
+  StartWorker("w-a");
+  StartWorker("w-b");
+  ASSERT_TRUE(WaitFreeWorkers(2));
+  const fs::path corpus = dir_ / "corpus.txt", out = dir_ / "best_run";
+  tessera::testing::WriteSentenceCorpus(corpus, 240, 12345);
+  const auto shell = [](const std::string& cmd) {
+    FILE* pipe = popen((cmd + " 2>&1").c_str(), "r");
+    std::string printed;
+    char buf[4096];
+    for (size_t n; pipe != nullptr && (n = fread(buf, 1, sizeof buf, pipe)) > 0;) printed.append(buf, n);
+    const int status = pipe == nullptr ? -1 : pclose(pipe);
+    return std::make_pair(status, printed);
+  };
+  const fs::path vocab = dir_ / "warmup-vocab";
+  const auto made = shell(absl::StrCat("timeout 60 ", TESSERA_BINARY, " preprocess --input ", corpus.string(),
+                                       " --tokenizer bpe:320 --output ", (dir_ / "warmup").string()));
+  ASSERT_EQ(made.first, 0) << made.second;
+  const auto [status, printed] = shell(
+      absl::StrCat("timeout 90 ", TESSERA_BINARY, " submit --master ", address_, " ", TESSERA_SOURCE_DIR,
+                   "/configs/gpt2_nano.json model.vocab_size=320 model.num_layers=2 tokenization.tokenizer=gpt2 "
+                   "tokenization.vocab_file=",
+                   (vocab / "encoder.json").string(), " tokenization.merges_file=", (vocab / "vocab.bpe").string(),
+                   " dataloader.data_prefix=", (dir_ / "data").string(), " dataloader.text_file=", corpus.string(),
+                   " dataloader.splits=80,20,0 train.dist.pipeline_parallel_size=2 train.dist.data_parallel_size=2 "
+                   "train.train_micro_batch_size=8 train.train_iter=3 train.evaluation.enabled=true "
+                   "train.evaluation.eval_period=1 train.evaluation.eval_iter=1 train.checkpointer.save_best=true "
+                   "train.evaluation.eval_mode=max train.output_dir=",
+                   out.string(), " --follow"));
+  ASSERT_EQ(status, 0) << printed;
+  EXPECT_NE(printed.find("SUCCEEDED"), std::string::npos) << printed;
+  EXPECT_NE(printed.find("saved best checkpoint"), std::string::npos) << printed;
+  std::ifstream in(out / "checkpoints" / "best" / "index.json");
+  const nlohmann::json index = nlohmann::json::parse(in, nullptr, false);
+  ASSERT_TRUE(index.is_object()) << printed;
+  EXPECT_EQ(index["iteration"], 1);
+  std::ifstream metrics(out / "metrics.jsonl");
+  double first_eval = 0;
+  for (std::string line; std::getline(metrics, line);) {
+    const nlohmann::json row = nlohmann::json::parse(line, nullptr, false);
+    if (row.is_object() && row.contains("eval_loss") && row["iter"] == 1) first_eval = row["eval_loss"].get<double>();
+  }
+  EXPECT_EQ(index["train_state"]["best"]["value"].get<double>(), first_eval);
 }
 
 // A graceful cancel while a node hangs (SIGSTOP: it never answers where it

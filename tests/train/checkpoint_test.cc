@@ -137,7 +137,8 @@ fs::path WriteRowSplitCheckpoint(const fs::path& root, const Tensor& whole) {
                     .ok());
   }
   const fs::path final_dir = root / "iter_0000005";
-  const absl::Status committed = CommitCheckpoint(temp, final_dir, {.iteration = 5, .global_batch = 8, .config = {}});
+  const absl::Status committed =
+      CommitCheckpoint(temp, final_dir, {.iteration = 5, .global_batch = 8, .config = {}, .best = {}});
   EXPECT_TRUE(committed.ok()) << committed;
   return final_dir;
 }
@@ -240,7 +241,7 @@ TEST(Checkpoint, CommitRefusesShardsThatDoNotTileTheTensor) {
       WriteSafetensors(temp / "rank_00000.safetensors", {{"w", Iota(Shape{2, 6})}}, {{"tessera.slices", slices.dump()}})
           .ok());
   const absl::Status missing =
-      CommitCheckpoint(temp, dir / "iter_0000001", {.iteration = 1, .global_batch = 1, .config = {}});
+      CommitCheckpoint(temp, dir / "iter_0000001", {.iteration = 1, .global_batch = 1, .config = {}, .best = {}});
   EXPECT_FALSE(missing.ok());
   EXPECT_NE(missing.message().find("cover"), std::string::npos) << missing;
   EXPECT_FALSE(fs::exists(dir / "iter_0000001"));
@@ -249,7 +250,8 @@ TEST(Checkpoint, CommitRefusesShardsThatDoNotTileTheTensor) {
                   temp / "rank_00001.safetensors", {{"w", Iota(Shape{3, 6})}},
                   {{"tessera.slices", nlohmann::json({{"w", {{"logical_shape", {4, 6}}, {"offset", {1, 0}}}}}).dump()}})
                   .ok());
-  EXPECT_FALSE(CommitCheckpoint(temp, dir / "iter_0000001", {.iteration = 1, .global_batch = 1, .config = {}}).ok());
+  EXPECT_FALSE(
+      CommitCheckpoint(temp, dir / "iter_0000001", {.iteration = 1, .global_batch = 1, .config = {}, .best = {}}).ok());
   fs::remove_all(dir);
 }
 

@@ -205,6 +205,74 @@ TEST_F(TextDataTest, WholeSplitEvaluationCountsEachSampleOnceWhateverTheGlobalBa
   }
 }
 
+// train.checkpointer.save_best (LiBai's BestCheckpointer): after each
+// evaluation whose eval_metric beats every earlier one, its weights go to
+// checkpoints/best, with the metric in index.json's train_state.best; the
+// regular checkpoints' pruning leaves it. eval_mode max on eval_loss keeps
+// the worst evaluation (the first here), min the best (the last), so the
+// choice is the mode's and not the latest; --eval-only of checkpoints/best
+// evaluates those weights again. A resumed run compares with the best
+// checkpoint, so later, lower evaluations do not replace the kept maximum.
+// Asked for without evaluation, for an unknown metric, or eval_metric /
+// eval_mode without save_best: one-line errors.
+TEST_F(TextDataTest, SaveBestKeepsTheBestEvaluationsWeights) {
+  const std::string eval =
+      "train.evaluation.enabled=true train.evaluation.eval_period=1 train.evaluation.eval_iter=2 "
+      "train.checkpointer.period=2 train.checkpointer.max_to_keep=1 train.checkpointer.save_best=true ";
+  const auto best_of = [](const fs::path& dir) {
+    std::ifstream in(dir / "checkpoints" / "best" / "index.json");
+    const nlohmann::json index = nlohmann::json::parse(in, nullptr, false);
+    EXPECT_TRUE(index.is_object()) << dir;
+    return index.is_object() ? index : nlohmann::json::object();
+  };
+  for (const std::string mode : {"min", "max"}) {
+    SCOPED_TRACE(mode);
+    const fs::path dir = root_ / mode;
+    const auto run = RunTessera(Train(dir, eval + "train.train_iter=4 train.evaluation.eval_mode=" + mode));
+    ASSERT_EQ(run.exit_code, 0) << run.out;
+    const testing::MetricsRows rows = ReadMetricsRows(dir);
+    ASSERT_EQ(rows.eval.size(), 4u);
+    int64_t want = 0;
+    double want_loss = 0;
+    for (const auto& [iteration, row] : rows.eval) {
+      const double loss = row["eval_loss"].get<double>();
+      if (want == 0 || (mode == "min" ? loss < want_loss : loss > want_loss)) {
+        want = iteration;
+        want_loss = loss;
+      }
+    }
+    EXPECT_EQ(want, mode == "min" ? 4 : 1) << "the losses did not fall: the test shows nothing";
+    const nlohmann::json index = best_of(dir);
+    EXPECT_EQ(index.value("iteration", int64_t{-1}), want);
+    EXPECT_EQ(index["train_state"]["best"],
+              (nlohmann::json{{"metric", "eval_loss"}, {"mode", mode}, {"value", want_loss}}));
+    EXPECT_TRUE(fs::exists(dir / "checkpoints" / "iter_0000004"));
+    EXPECT_FALSE(fs::exists(dir / "checkpoints" / "iter_0000002"));  // pruned: max_to_keep 1
+    EXPECT_NE(run.out.find("saved best checkpoint"), std::string::npos) << run.out;
+    const auto again = RunTessera(
+        Train(root_ / "elsewhere", eval +
+                                       "train.train_iter=4 --eval-only "
+                                       "train.evaluation.eval_mode=" +
+                                       mode + " train.load_weight=" + (dir / "checkpoints" / "best").string()));
+    ASSERT_EQ(again.exit_code, 0) << again.out;
+    EXPECT_NEAR(PrintedLoss(again.out, "eval iter " + std::to_string(want) + "/4"), want_loss, 2e-6 * want_loss + 1e-6);
+  }
+  // Resumed: the kept maximum (iteration 1) stays.
+  const auto resumed =
+      RunTessera(Train(root_ / "max", eval + "train.train_iter=6 train.evaluation.eval_mode=max --resume"));
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.out;
+  EXPECT_EQ(ReadMetricsRows(root_ / "max").eval.size(), 6u);
+  EXPECT_EQ(best_of(root_ / "max").value("iteration", int64_t{-1}), 1);
+  ExpectOneLineError(RunTessera(Train(root_ / "bad", "train.checkpointer.save_best=true")),
+                     "train.checkpointer.save_best keeps the best evaluation's weights, so it needs "
+                     "train.evaluation.enabled=true");
+  ExpectOneLineError(RunTessera(Train(root_ / "bad", eval + "train.evaluation.eval_metric=eval_mlm_accuracy")),
+                     "train.evaluation.eval_metric 'eval_mlm_accuracy' is not a metric of models.GPT2's evaluation "
+                     "(eval_loss, eval_ppl)");
+  ExpectOneLineError(RunTessera(Train(root_ / "bad", "train.evaluation.enabled=true train.evaluation.eval_mode=max")),
+                     "train.evaluation.eval_metric and eval_mode choose the best checkpoint");
+}
+
 // train.eval_only (--eval-only, LiBai's): one evaluation of saved weights
 // (the latest checkpoint in output_dir, or train.load_weight's), training
 // nothing and writing nothing there; the held-out loss is the one training
