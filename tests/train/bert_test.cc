@@ -236,7 +236,8 @@ TEST_F(BertTest, GradientAccumulationGivesTheOneBatchLosses) {
 // script: torch Linear weights (out, in), query / key / value apart, the MLM
 // decoder tied) load through train.load_weight, on one device and under
 // tensor parallelism (the converted c_attn (C, 3, C) cut on its heads): the
-// first iteration's losses are PyTorch's on those weights. Old files' names
+// first iteration's losses are PyTorch's on those weights, with the fused
+// attention and bias-GELU options and on two pipeline stages too. Old files' names
 // (no "bert.", LayerNorm gamma / beta, an int64 buffer) load too. `tessera
 // export` writes BertForPreTraining's layout back, which PyTorch reads as
 // the checkpoint it came from. A file lacking a tensor, with an untied
@@ -284,7 +285,11 @@ TEST_F(BertTest, HuggingFaceWeightsLoadAndExport) {
   for (const auto& [name, extra] : std::vector<std::pair<std::string, std::string>>{
            {"one", "train.load_weight=" + hf.string()},
            {"tp2", "train.dist.tensor_parallel_size=2 train.load_weight=" + (hf / "model.safetensors").string()},
-           {"legacy", "train.load_weight=" + legacy.string()}}) {
+           {"legacy", "train.load_weight=" + legacy.string()},
+           {"fused_pp2",
+            "model.fused_attention=true model.bias_gelu_fusion=true train.dist.pipeline_parallel_size=2 "
+            "train.load_weight=" +
+                hf.string()}}) {
     SCOPED_TRACE(name);
     const auto run = RunTessera(Train(root_ / name, probe + extra));
     ASSERT_EQ(run.exit_code, 0) << run.out;
