@@ -316,12 +316,17 @@ void AddExport(CLI::App& app) {
   verb->add_option("CHECKPOINT_OR_OUTPUT_DIR", flags->path,
                    "A checkpoint (output_dir/checkpoints/iter_N) or a training output directory (its latest one)")
       ->required();
-  verb->add_option("--output", flags->output, "The safetensors file to write (replaced if it exists)")->required();
+  verb->add_option("--output", flags->output,
+                   "A .safetensors file to write the weights to, or a directory (made if missing) to write "
+                   "model.safetensors and transformers' config.json into, as save_pretrained does; replaced if they "
+                   "exist")
+      ->required();
   verb->callback([flags] {
     auto summary = ExportHuggingFace(ExpandPath(flags->path), ExpandPath(flags->output));
     if (!summary.ok()) Fail(std::string(summary.status().message()));
-    std::printf("exported %lld tensors (%.1f MB) of %s to %s\n", static_cast<long long>(summary->tensors),
-                static_cast<double>(summary->bytes) / 1e6, summary->checkpoint.c_str(), flags->output.c_str());
+    std::printf("exported %lld tensors (%.1f MB) of %s to %s%s%s\n", static_cast<long long>(summary->tensors),
+                static_cast<double>(summary->bytes) / 1e6, summary->checkpoint.c_str(), summary->weights.c_str(),
+                summary->config.empty() ? "" : " and ", summary->config.c_str());
     std::fflush(stdout);
     Succeed();
   });

@@ -342,6 +342,28 @@ absl::StatusOr<graph::Graph> Bert::Build(int64_t batch, bool eval) const {
 absl::StatusOr<graph::Graph> Bert::BuildGraph(int64_t batch) const { return Build(batch, /*eval=*/false); }
 absl::StatusOr<graph::Graph> Bert::BuildEvalGraph(int64_t batch) const { return Build(batch, /*eval=*/true); }
 
+std::optional<nlohmann::json> Bert::HuggingFaceConfig() const {
+  const BertConfig& c = config_;
+  return nlohmann::json{{"architectures", {"BertForPreTraining"}},
+                        {"model_type", "bert"},
+                        {"vocab_size", c.vocab_size},
+                        {"hidden_size", c.hidden_size},
+                        {"num_hidden_layers", c.num_layers},
+                        {"num_attention_heads", c.num_attention_heads},
+                        {"intermediate_size", c.ffn()},
+                        {"hidden_act", "gelu"},
+                        {"hidden_dropout_prob", c.hidden_dropout_prob},
+                        {"attention_probs_dropout_prob", c.attention_dropout_prob},
+                        {"max_position_embeddings", c.max_seq_length},
+                        {"type_vocab_size", c.num_tokentypes},
+                        {"initializer_range", c.initializer_range},
+                        {"layer_norm_eps", c.layernorm_epsilon},
+                        {"pad_token_id", 0},
+                        {"position_embedding_type", "absolute"},
+                        {"tie_word_embeddings", true},
+                        {"torch_dtype", "float32"}};
+}
+
 std::vector<Model::HfTensor> Bert::HuggingFaceTensors() const {
   const int64_t V = config_.vocab_size, C = config_.hidden_size, F = config_.ffn();
   std::vector<HfTensor> out;

@@ -117,6 +117,8 @@ class Bert final : public Model {
   // the MLM decoder (weight and bias) tied to the word embedding and
   // cls.predictions.bias.
   std::vector<HfTensor> HuggingFaceTensors() const override;
+  // BertForPreTraining's (exact GELU, absolute positions, [PAD] = 0).
+  std::optional<nlohmann::json> HuggingFaceConfig() const override;
 
   const BertConfig& config() const { return config_; }
 

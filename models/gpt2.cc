@@ -228,6 +228,27 @@ absl::Status Gpt2::FillBatch(int64_t iteration, std::string_view input, const Te
   return absl::OkStatus();
 }
 
+std::optional<nlohmann::json> Gpt2::HuggingFaceConfig() const {
+  const Gpt2Config& c = config_;
+  return nlohmann::json{{"architectures", {"GPT2LMHeadModel"}},
+                        {"model_type", "gpt2"},
+                        {"vocab_size", c.vocab_size},
+                        {"n_positions", c.max_seq_length},
+                        {"n_ctx", c.max_seq_length},
+                        {"n_embd", c.hidden_size},
+                        {"n_layer", c.num_layers},
+                        {"n_head", c.num_attention_heads},
+                        {"n_inner", c.ffn()},
+                        {"activation_function", "gelu_new"},
+                        {"embd_pdrop", c.embedding_dropout_prob},
+                        {"attn_pdrop", c.attention_dropout_prob},
+                        {"resid_pdrop", c.output_dropout_prob},
+                        {"layer_norm_epsilon", c.layernorm_epsilon},
+                        {"initializer_range", c.initializer_range},
+                        {"tie_word_embeddings", true},
+                        {"torch_dtype", "float32"}};
+}
+
 std::vector<Model::HfTensor> Gpt2::HuggingFaceTensors() const {
   const int64_t V = config_.vocab_size, C = config_.hidden_size, F = config_.ffn(), P = config_.max_seq_length;
   // GPT2LMHeadModel's files prefix these with "transformer." and hold the

@@ -89,6 +89,8 @@ class Gpt2 final : public Model {
   int64_t num_layers() const override { return config_.num_layers; }
   // GPT2Model's names; c_attn as Hugging Face's Conv1D: (C, 3C) and (3C).
   std::vector<HfTensor> HuggingFaceTensors() const override;
+  // GPT2LMHeadModel's (GELU "gelu_new", the tanh approximation, as here).
+  std::optional<nlohmann::json> HuggingFaceConfig() const override;
   std::optional<TextInputs> text_inputs() const override {
     return TextInputs{.seq_length = config_.seq(), .vocab_size = config_.vocab_size};
   }

@@ -30,6 +30,7 @@
 #include "core/schema.h"
 #include "core/tensor.h"
 #include "graph/graph.h"
+#include "nlohmann/json.hpp"
 
 namespace tessera::models {
 
@@ -113,6 +114,9 @@ class Model {
     }
   };
   virtual std::vector<HfTensor> HuggingFaceTensors() const { return {}; }
+  // transformers' config.json of the same model (`tessera export` to a
+  // directory); nullopt without a Hugging Face counterpart.
+  virtual std::optional<nlohmann::json> HuggingFaceConfig() const { return std::nullopt; }
 };
 
 // A model kind: its `_target_` name, its keys under `model` (declared once,

@@ -1,5 +1,6 @@
 #include "train/export.h"
 
+#include "core/file_util.h"
 #include "core/registry.h"
 #include "core/status.h"
 #include "core/strings.h"
@@ -31,13 +32,34 @@ absl::StatusOr<ExportSummary> ExportHuggingFace(const std::filesystem::path& pat
                                                 config["model"].value("_target_", std::string("its model")),
                                                 " has no Hugging Face layout (models.GPT2 and models.BERT have)"));
   }
-  ExportSummary summary{.checkpoint = dir};
+  ExportSummary summary;
+  summary.checkpoint = dir;
   for (const auto& t : tensors) {
     ASSIGN_OR_RETURN(const TensorMeta meta, reader->Meta(t.name));
     summary.bytes += meta.shape.NumElements() * static_cast<int64_t>(DTypeSize(meta.dtype));
   }
   for (const auto& t : tensors) summary.tensors += 1 + static_cast<int64_t>(t.more_parts.size());
-  RETURN_IF_ERROR(ExportSafetensors(*reader, tensors, output));
+  if (output.extension() == ".safetensors") {
+    RETURN_IF_ERROR(ExportSafetensors(*reader, tensors, output));
+    summary.weights = output;
+    return summary;
+  }
+  // A directory transformers' from_pretrained reads: the weights and the
+  // model's config.json.
+  const std::optional<nlohmann::json> hf_config = (*model)->HuggingFaceConfig();
+  if (!hf_config) return absl::InternalError("export: the model has Hugging Face tensors but no config");
+  std::error_code ec;
+  std::filesystem::create_directories(output, ec);
+  if (ec || !std::filesystem::is_directory(output)) {
+    return absl::InvalidArgumentError(StrCat("--output ", output.string(), ": not a directory that can be made (",
+                                             ec ? ec.message() : "a file is there",
+                                             "; a .safetensors path writes "
+                                             "the weights alone)"));
+  }
+  summary.weights = output / "model.safetensors";
+  RETURN_IF_ERROR(ExportSafetensors(*reader, tensors, summary.weights));
+  summary.config = output / "config.json";
+  RETURN_IF_ERROR(WriteFileDurably(summary.config, hf_config->dump(2) + "\n"));
   return summary;
 }
 

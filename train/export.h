@@ -18,13 +18,19 @@ namespace tessera {
 struct ExportSummary {
   std::filesystem::path checkpoint;  // the checkpoint read
   int64_t tensors = 0;               // Hugging Face tensors written
-  int64_t bytes = 0;  // of tensor data
+  int64_t bytes = 0;                 // of tensor data
+  std::filesystem::path weights;     // the safetensors file written
+  std::filesystem::path config;      // config.json, when exported to a directory
 };
 
 // `path`: a checkpoint or a training output directory (its latest
 // checkpoint). The model is built from the checkpoint's config; a model
 // without a Hugging Face counterpart (models.MLP) is FailedPrecondition.
-// `output` is written durably (a temporary name, fsync, rename).
+// `output`: a path ending in .safetensors is the weights file; any other is
+// a directory (made if missing) that gets model.safetensors and the model's
+// transformers config.json (Model::HuggingFaceConfig()), as
+// save_pretrained writes them. Files are written durably (a temporary name,
+// fsync, rename).
 [[nodiscard]] absl::StatusOr<ExportSummary> ExportHuggingFace(const std::filesystem::path& path,
                                                               const std::filesystem::path& output);
 

@@ -15,6 +15,7 @@
 #include <fstream>
 #include <functional>
 #include <iostream>
+#include <iterator>
 #include <map>
 #include <set>
 #include <sstream>
@@ -308,6 +309,29 @@ TEST_F(BertTest, HuggingFaceWeightsLoadAndExport) {
     const SafetensorsFile::Entry* fc = (*file)->Find("bert.encoder.layer.0.intermediate.dense.weight");
     ASSERT_NE(fc, nullptr);
     EXPECT_EQ(fc->shape, (Shape{64, 32}));  // (out, in)
+  }
+  // To a directory: the same weights beside BertForPreTraining's config.json.
+  const fs::path directory = root_ / "exported_dir";
+  const auto to_dir = RunTessera("export " + (root_ / "one").string() + " --output " + directory.string());
+  ASSERT_EQ(to_dir.exit_code, 0) << to_dir.out;
+  {
+    std::ifstream in(directory / "config.json");
+    const nlohmann::json config = nlohmann::json::parse(in, nullptr, false);
+    ASSERT_TRUE(config.is_object()) << to_dir.out;
+    const nlohmann::json want = nlohmann::json::parse(model_json);
+    EXPECT_EQ(config["model_type"], "bert");
+    EXPECT_EQ(config["architectures"], nlohmann::json::array({"BertForPreTraining"}));
+    EXPECT_EQ(config["hidden_size"], want["hidden_size"]);
+    EXPECT_EQ(config["num_hidden_layers"], want["num_layers"]);
+    EXPECT_EQ(config["num_attention_heads"], want["num_attention_heads"]);
+    EXPECT_EQ(config["intermediate_size"], want["ffn_hidden_size"]);
+    EXPECT_EQ(config["max_position_embeddings"], want["max_seq_length"]);
+    EXPECT_EQ(config["type_vocab_size"], want["num_tokentypes"]);
+    EXPECT_EQ(config["vocab_size"], want["vocab_size"]);
+    EXPECT_EQ(config["layer_norm_eps"], want["layernorm_epsilon"]);
+    EXPECT_EQ(config["hidden_act"], "gelu");
+    std::ifstream a(exported, std::ios::binary), b(directory / "model.safetensors", std::ios::binary);
+    EXPECT_TRUE(std::equal(std::istreambuf_iterator<char>(a), {}, std::istreambuf_iterator<char>(b), {}));
   }
   const nlohmann::json from_checkpoint = reference(root_ / "one", false);
   const nlohmann::json from_export = reference(exported, true);

@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <memory>
 #include <numeric>
 #include <set>
@@ -529,6 +530,26 @@ TEST(HuggingFace, Gpt2WeightsLoadThroughLoadWeightAndExportBack) {
   // And back in through load_weight (a directory holding model.safetensors).
   const auto reloaded = OpenOrDie(exported.parent_path(), {.run_config = *config});
   EXPECT_EQ(*reloaded->Logits(kPrompt), *logits);
+  // To a directory: model.safetensors and transformers' config.json, as
+  // save_pretrained writes them.
+  const fs::path directory = TempRoot() / "hf_export_dir";
+  const auto to_dir = RunTessera("export " + run.string() + " --output " + directory.string());
+  ASSERT_EQ(to_dir.exit_code, 0) << to_dir.out;
+  std::ifstream config_file(directory / "config.json");
+  const nlohmann::json hf_config = nlohmann::json::parse(config_file, nullptr, false);
+  ASSERT_TRUE(hf_config.is_object()) << to_dir.out;
+  const nlohmann::json& model = (*config)["model"];
+  EXPECT_EQ(hf_config["model_type"], "gpt2");
+  EXPECT_EQ(hf_config["architectures"], nlohmann::json::array({"GPT2LMHeadModel"}));
+  EXPECT_EQ(hf_config["n_embd"], model["hidden_size"]);
+  EXPECT_EQ(hf_config["n_layer"], model["num_layers"]);
+  EXPECT_EQ(hf_config["n_head"], model["num_attention_heads"]);
+  EXPECT_EQ(hf_config["n_positions"], model["max_seq_length"]);
+  EXPECT_EQ(hf_config["vocab_size"], model["vocab_size"]);
+  EXPECT_EQ(hf_config["activation_function"], "gelu_new");
+  std::ifstream a(exported, std::ios::binary), b(directory / "model.safetensors", std::ios::binary);
+  EXPECT_TRUE(std::equal(std::istreambuf_iterator<char>(a), {}, std::istreambuf_iterator<char>(b), {}))
+      << "the directory's weights differ from the file's";
 }
 
 TEST(HuggingFace, MismatchedWeightsAreOneLineErrors) {
