@@ -352,10 +352,12 @@ absl::StatusOr<std::unique_ptr<JobFeed>> JobFeed::Make(const nlohmann::json& con
     // Evaluation batches are global batches, so every layout of the same
     // global batch evaluates the same samples: each is fed as its
     // accumulation steps' micro-batches (every data-parallel rank's rows),
-    // one run of the evaluation plan each. The whole split's last batch is
-    // padded with samples of weight 0, so each sample counts once and the
-    // result does not depend on the global batch either.
+    // one run of the evaluation plan each. The whole split is covered by
+    // as many micro-batches as it takes, the last one padded with samples of
+    // weight 0, so each sample counts once and the result does not depend
+    // on the global batch either.
     const int64_t rows = out->global_batch_;
+    const int64_t micro_rows = rows / out->micro_batches_;
     const int64_t n = out->text_->valid_samples();
     const int64_t batches = job.train.evaluation.eval_iter.value_or((n + rows - 1) / rows);
     if (batches > kMaxIterations / out->micro_batches_) {
@@ -364,7 +366,8 @@ absl::StatusOr<std::unique_ptr<JobFeed>> JobFeed::Make(const nlohmann::json& con
                  " global batches × ", out->micro_batches_,
                  " micro-batches each is more than the 2^32 - 1 runs of the evaluation plan allowed"));
     }
-    out->eval_batches_ = batches * out->micro_batches_;
+    out->eval_batches_ =
+        job.train.evaluation.eval_iter ? batches * out->micro_batches_ : (n + micro_rows - 1) / micro_rows;
     out->eval_samples_ = job.train.evaluation.eval_iter ? batches * rows : n;
     out->eval_loss_terms_ = out->model_->eval_loss_terms();
   }
