@@ -9,7 +9,6 @@
 #include <map>
 #include <mutex>
 #include <optional>
-#include <set>
 #include <thread>
 #include <utility>
 
@@ -423,46 +422,10 @@ class EnginePlanRunner final : public PlanRunner {
     eval_batches_seen_ = 0;
     RETURN_IF_ERROR(RunSegment(actors::SerializeNodePlan(part), std::move(options)));
     if (eval_batches_seen_ == 0) return absl::OkStatus();  // another node holds the sink
-    // models/model.h: "<m>_sum" / "<m>_weight" pairs make eval_<m>,
-    // "<m>_correct" / "<m>_count" pairs eval_<m>_accuracy, other scalars are
-    // averaged over the batches; eval_loss sums the model's loss terms.
     JobMetrics metrics;
     metrics.iteration = iteration;
-    const auto ends_with = [](const std::string& name, std::string_view suffix) {
-      return name.size() > suffix.size() && name.ends_with(suffix);
-    };
-    const auto stem = [](const std::string& name, std::string_view suffix) {
-      return name.substr(0, name.size() - suffix.size());
-    };
-    std::set<std::string> paired;  // names taken by a pair
-    for (const auto& [name, sum] : eval_sums_) {
-      if (ends_with(name, "_sum")) {
-        const std::string m = stem(name, "_sum");
-        const auto weight = eval_sums_.find(m + "_weight");
-        if (weight == eval_sums_.end()) continue;
-        paired.insert({m, name, weight->first});
-        if (weight->second > 0) metrics.values["eval_" + m] = sum / weight->second;
-      } else if (ends_with(name, "_correct")) {
-        const std::string m = stem(name, "_correct");
-        const auto count = eval_sums_.find(m + "_count");
-        if (count == eval_sums_.end()) continue;
-        paired.insert({name, count->first});
-        if (count->second > 0) metrics.values["eval_" + m + "_accuracy"] = sum / count->second;
-      }
-    }
-    for (const auto& [name, sum] : eval_sums_) {
-      if (!paired.contains(name)) metrics.values["eval_" + name] = sum / static_cast<double>(eval_batches_seen_);
-    }
-    double loss = 0;
-    for (const std::string& term : feed_->eval_loss_terms()) {
-      const auto value = metrics.values.find("eval_" + term);
-      if (value == metrics.values.end()) {
-        return absl::InternalError(StrCat("evaluation: the model's loss term '", term, "' was not fetched"));
-      }
-      loss += value->second;
-    }
-    metrics.values["eval_loss"] = loss;
-    if (feed_->reports_perplexity()) metrics.values["eval_ppl"] = std::exp(metrics.values.at("eval_loss"));
+    ASSIGN_OR_RETURN(metrics.values, EvalMetrics(eval_sums_, eval_batches_seen_, feed_->eval_loss_terms(),
+                                                 feed_->reports_perplexity()));
     if (const auto* text = feed_->text(); text != nullptr && text->unigram_valid_loss()) {
       metrics.values["unigram_ppl"] = std::exp(*text->unigram_valid_loss());
     }

@@ -173,10 +173,11 @@ class BertNetwork : public nn::Module {
     const nn::Sym sample_weights = eval ? graph::Reshape(in.sample_weights, Shape{B, 1}) : nn::Sym();
     if (eval) {
       const nn::Sym used = graph::Reshape(in.weights * sample_weights, Shape{B * P, 1});
+      const nn::Sym slots = graph::ReduceSum(used);  // both pairs' denominator, one value
       b.MarkFetch("mlm_loss_sum", graph::ReduceSum(mlm.ce * used));
-      b.MarkFetch("mlm_loss_weight", graph::ReduceSum(used));
+      b.MarkFetch("mlm_loss_weight", slots);
       b.MarkFetch("mlm_correct", graph::ReduceSum(Correct(mlm.label_logit) * used));
-      b.MarkFetch("mlm_count", graph::ReduceSum(used));
+      b.MarkFetch("mlm_count", slots);
     }
     if (!config_.add_binary_head) return mlm_loss;
     // Next-sentence prediction from [CLS].
@@ -189,10 +190,11 @@ class BertNetwork : public nn::Module {
     const nn::Sym nsp_loss = graph::ReduceMean(nsp.ce);
     b.MarkFetch("nsp_loss", nsp_loss);
     if (eval) {
+      const nn::Sym samples = graph::ReduceSum(sample_weights);
       b.MarkFetch("nsp_loss_sum", graph::ReduceSum(nsp.ce * sample_weights));
-      b.MarkFetch("nsp_loss_weight", graph::ReduceSum(sample_weights));
+      b.MarkFetch("nsp_loss_weight", samples);
       b.MarkFetch("nsp_correct", graph::ReduceSum(Correct(nsp.label_logit) * sample_weights));
-      b.MarkFetch("nsp_count", graph::ReduceSum(sample_weights));
+      b.MarkFetch("nsp_count", samples);
     }
     return mlm_loss + nsp_loss;
   }
@@ -410,13 +412,6 @@ std::vector<Model::HfTensor> Bert::HuggingFaceTensors() const {
   out.back().tied = {"cls.predictions.decoder.bias"};
   if (config_.add_binary_head) linear("cls.seq_relationship", "cls.seq_relationship", C, 2);
   return out;
-}
-
-std::vector<std::string> Bert::eval_metrics() const {
-  if (config_.add_binary_head) {
-    return {"eval_loss", "eval_mlm_loss", "eval_nsp_loss", "eval_mlm_accuracy", "eval_nsp_accuracy"};
-  }
-  return {"eval_loss", "eval_mlm_loss", "eval_mlm_accuracy"};
 }
 
 std::vector<std::string> Bert::eval_loss_terms() const {

@@ -105,9 +105,6 @@ class Bert final : public Model {
   // eval_loss = eval_mlm_loss + eval_nsp_loss (without the binary head, the
   // former alone), as the training loss.
   std::vector<std::string> eval_loss_terms() const override;
-  // eval_loss, eval_mlm_loss, eval_mlm_accuracy, and with the binary head
-  // eval_nsp_loss, eval_nsp_accuracy.
-  std::vector<std::string> eval_metrics() const override;
   // BERT reads text only: FailedPrecondition.
   absl::Status FillBatch(int64_t iteration, std::string_view input, const Tensor& out) const override;
   int64_t num_layers() const override { return config_.num_layers; }

@@ -82,7 +82,6 @@ class Gpt2 final : public Model {
   // Dropout off; input sample_weights (batch,), fetches loss_sum and
   // loss_weight (models/model.h).
   absl::StatusOr<graph::Graph> BuildEvalGraph(int64_t batch) const override;
-  std::vector<std::string> eval_metrics() const override { return {"eval_loss", "eval_ppl"}; }
   // Inputs "input_ids" and "labels", i64 (batch, seq_length).
   absl::Status FillBatch(int64_t iteration, std::string_view input, const Tensor& out) const override;
 

@@ -47,9 +47,6 @@ class Model {
   virtual absl::StatusOr<graph::Graph> BuildEvalGraph(int64_t batch) const { return BuildGraph(batch); }
   // The evaluation metrics whose sum is eval_loss (see above).
   virtual std::vector<std::string> eval_loss_terms() const { return {"loss"}; }
-  // The names of the metrics an evaluation reports (eval_loss, ...), but
-  // the unigram baseline's unigram_ppl.
-  virtual std::vector<std::string> eval_metrics() const { return {"eval_loss"}; }
   // Writes the data of graph input `input` for `iteration` into `out`
   // (preallocated with the input's meta). Deterministic in (seed, iteration).
   virtual absl::Status FillBatch(int64_t iteration, std::string_view input, const Tensor& out) const = 0;

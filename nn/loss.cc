@@ -46,12 +46,8 @@ ParallelCrossEntropyLoss::Weighted ParallelCrossEntropyLoss::Forward(const Sym& 
   if (!losses.valid() || !weights.valid()) return {};
   const Shape& l = labels.shape();
   const Shape& w = weights.shape();
-  // numpy broadcasting of weights to the labels' shape, extents 1 or equal
-  bool broadcasts = w.rank() <= l.rank();
-  for (int64_t i = 1; broadcasts && i <= w.rank(); ++i) {
-    broadcasts = w[w.rank() - i] == 1 || w[w.rank() - i] == l[l.rank() - i];
-  }
-  if (!broadcasts) {
+  const absl::StatusOr<Shape> broadcast = BroadcastShapes(l, w);
+  if (!broadcast.ok() || *broadcast != l) {
     b->Fail(absl::InvalidArgumentError(StrCat("ParallelCrossEntropyLoss '", full_name(), "': weights ", w.ToString(),
                                               " do not broadcast to the labels' shape ", l.ToString())));
     return {};

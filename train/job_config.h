@@ -79,7 +79,7 @@ struct EvaluationConfig {
   std::optional<int64_t> eval_period;  // iterations between evaluations; unset: only at the end
   std::optional<int64_t> eval_iter;    // batches per evaluation; unset: the whole valid split
   // What checkpointer.save_best compares: a metric evaluation reports
-  // (Model::eval_metrics()), lower ("min") or higher ("max") being better.
+  // (EvalMetrics' names), lower ("min") or higher ("max") being better.
   std::string eval_metric = "eval_loss";
   std::string eval_mode = "min";
 };

@@ -11,6 +11,8 @@
 #include <mutex>
 #include <numbers>
 #include <optional>
+#include <set>
+#include <tuple>
 
 #include "comm/proto/plan_codec.h"
 #include "core/config.h"
@@ -223,7 +225,15 @@ absl::StatusOr<Job> Prepare(const nlohmann::json& raw_config, PlanExecutor execu
         "train.checkpointer.save_best=true, or leave them at eval_loss and min");
   }
   if (train.checkpointer.save_best) {
-    const std::vector<std::string> metrics = job.model->eval_metrics();
+    // The metrics its evaluation reports: those of its graph's fetches.
+    ASSIGN_OR_RETURN(const graph::Graph eval_graph, job.model->BuildEvalGraph(1));
+    std::map<std::string, double> sums = {{"loss", 1.0}};
+    for (const auto& [name, value] : eval_graph.fetches()) sums[name] = 1.0;
+    const std::optional<models::Model::TextInputs> text = job.model->text_inputs();
+    ASSIGN_OR_RETURN(const auto reported, EvalMetrics(sums, 1, job.model->eval_loss_terms(),
+                                                      text && text->kind == models::Model::TextInputs::Kind::kGpt));
+    std::vector<std::string> metrics;
+    for (const auto& [name, value] : reported) metrics.push_back(name);
     if (std::find(metrics.begin(), metrics.end(), train.evaluation.eval_metric) == metrics.end()) {
       return absl::InvalidArgumentError(StrCat(
           "train.evaluation.eval_metric '", train.evaluation.eval_metric, "' is not a metric of ",
@@ -404,6 +414,42 @@ absl::Status JobFeed::Fill(int64_t iteration, int64_t micro_batch, std::string_v
   ASSIGN_OR_RETURN(Tensor rows_of_micro_batch, global.tensor.SliceRows(micro_batch * rows, rows));
   Tensor t = out;
   return t.CopyFrom(rows_of_micro_batch);
+}
+
+absl::StatusOr<std::map<std::string, double>> EvalMetrics(const std::map<std::string, double>& sums, int64_t runs,
+                                                          const std::vector<std::string>& loss_terms, bool perplexity) {
+  std::map<std::string, double> metrics;
+  const auto stem = [](const std::string& name, std::string_view suffix) -> std::optional<std::string> {
+    if (name.size() <= suffix.size() || !name.ends_with(suffix)) return std::nullopt;
+    return name.substr(0, name.size() - suffix.size());
+  };
+  std::set<std::string> paired;  // names taken by a pair
+  for (const auto& [name, sum] : sums) {
+    for (const auto& [numerator, denominator, prefix_suffix] :
+         {std::tuple{"_sum", "_weight", ""}, std::tuple{"_correct", "_count", "_accuracy"}}) {
+      const std::optional<std::string> m = stem(name, numerator);
+      if (!m) continue;
+      const auto weight = sums.find(*m + denominator);
+      if (weight == sums.end()) continue;
+      // A loss pair stands for its plain fetch too (the unweighted mean).
+      paired.insert({name, weight->first, std::string(prefix_suffix).empty() ? *m : name});
+      if (weight->second > 0) metrics[StrCat("eval_", *m, prefix_suffix)] = sum / weight->second;
+    }
+  }
+  for (const auto& [name, sum] : sums) {
+    if (!paired.contains(name) && runs > 0) metrics["eval_" + name] = sum / static_cast<double>(runs);
+  }
+  double loss = 0;
+  for (const std::string& term : loss_terms) {
+    const auto value = metrics.find("eval_" + term);
+    if (value == metrics.end()) {
+      return absl::InternalError(StrCat("evaluation: the model's loss term '", term, "' was not fetched"));
+    }
+    loss += value->second;
+  }
+  metrics["eval_loss"] = loss;
+  if (perplexity) metrics["eval_ppl"] = std::exp(loss);
+  return metrics;
 }
 
 absl::StatusOr<RunStart> ResolveRunStart(const TrainConfig& train, int64_t global_batch,

@@ -150,6 +150,17 @@ struct RunStart {
 absl::StatusOr<RunStart> ResolveRunStart(const TrainConfig& train, int64_t global_batch,
                                          const std::vector<models::Model::HfTensor>& hf_layout);
 
+// The metrics an evaluation reports (metrics.jsonl's eval_* fields, but the
+// unigram baseline's), from the sums over its `runs` runs of the evaluation
+// graph's scalar fetches, by name (models/model.h's rules): pairs
+// <m>_sum / <m>_weight give eval_<m>, <m>_correct / <m>_count
+// eval_<m>_accuracy, other fetches their mean; eval_loss sums the eval
+// values of `loss_terms`, and with `perplexity` eval_ppl = exp(eval_loss).
+// A pair whose weight is 0 reports nothing; a loss term missing is
+// InternalError.
+absl::StatusOr<std::map<std::string, double>> EvalMetrics(const std::map<std::string, double>& sums, int64_t runs,
+                                                          const std::vector<std::string>& loss_terms, bool perplexity);
+
 // The job's plan for a cluster: global ranks fill the nodes in order
 // (devices_per_node, which must sum to the job's devices), one NodePlan per
 // node, each carrying the resolved config (NodePlan.job_config: what its

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "core/text.h"
 #include "nlohmann/json.hpp"
 #include "tests/cli_runner.h"
 #include "tests/train/sentence_corpus.h"
@@ -368,7 +369,7 @@ TEST_F(BertTest, HuggingFaceWeightsLoadAndExport) {
 }
 
 // An evaluation of the whole valid split counts each sample once (its last
-// global batch padded with rows of weight 0): the same weights evaluated
+// micro-batch padded with rows of weight 0): the same weights evaluated
 // (--eval-only) under any global batch give what one sample at a time gives,
 // the losses as per-token (masked LM) and per-sample (NSP) means over the
 // split, and the accuracies.
@@ -428,8 +429,9 @@ TEST_F(BertTest, WithoutTheNextSentenceHeadTheLossIsTheMaskedLm) {
     EXPECT_FALSE(row.contains("nsp_loss"));
   }
   ASSERT_EQ(batch.eval.size(), 1u);
-  // The metrics evaluation reports are those the model declares
-  // (Model::eval_metrics(), what train.evaluation.eval_metric may name).
+  // The metrics an evaluation reports (metrics.jsonl's eval_* fields), with
+  // and without the next-sentence head, are those train.evaluation.eval_metric
+  // may name for save_best (the refusal lists them).
   const auto eval_keys = [](const nlohmann::json& row) {
     std::vector<std::string> keys;
     for (const auto& [key, value] : row.items()) {
@@ -437,19 +439,20 @@ TEST_F(BertTest, WithoutTheNextSentenceHeadTheLossIsTheMaskedLm) {
     }
     return keys;
   };
-  const auto declared = [&](const std::string& overrides) {
-    absl::StatusOr<nlohmann::json> config = LoadJobConfig(SourcePath("configs/bert_tiny.json"), {overrides});
-    EXPECT_TRUE(config.ok()) << config.status();
-    absl::StatusOr<std::unique_ptr<models::Model>> model = models::Bert::FromJson((*config)["model"]);
-    EXPECT_TRUE(model.ok()) << model.status();
-    std::vector<std::string> names = (*model)->eval_metrics();
-    std::sort(names.begin(), names.end());
-    return names;
-  };
-  EXPECT_EQ(eval_keys(batch.eval.at(3)), declared("model.add_binary_head=false"));
+  const std::vector<std::string> mlm_only = {"eval_loss", "eval_mlm_accuracy", "eval_mlm_loss"};
+  const std::vector<std::string> both = {"eval_loss", "eval_mlm_accuracy", "eval_mlm_loss", "eval_nsp_accuracy",
+                                         "eval_nsp_loss"};
+  EXPECT_EQ(eval_keys(batch.eval.at(3)), mlm_only);
   testing::MetricsRows with_head;
   ASSERT_NO_FATAL_FAILURE(TrainOneDevice("train.train_iter=1 train.evaluation.eval_period=1", 1, &with_head));
-  EXPECT_EQ(eval_keys(with_head.eval.at(1)), declared("model.add_binary_head=true"));
+  EXPECT_EQ(eval_keys(with_head.eval.at(1)), both);
+  const std::string best_ppl = " train.checkpointer.save_best=true train.evaluation.eval_metric=eval_ppl";
+  ExpectOneLineError(RunTessera(Train(root_ / "bad", common + best_ppl)),
+                     "train.evaluation.eval_metric 'eval_ppl' is not a metric of models.BERT's evaluation (" +
+                         Join(mlm_only, ", ") + ")");
+  ExpectOneLineError(
+      RunTessera(Train(root_ / "bad", "model.add_binary_head=true" + best_ppl)),
+      "train.evaluation.eval_metric 'eval_ppl' is not a metric of models.BERT's evaluation (" + Join(both, ", ") + ")");
   ExpectLayoutsGive(batch, common + " train.train_micro_batch_size=4",
                     {"train.num_accumulation_steps=2 train.dist.tensor_parallel_size=2",
                      "train.dist.data_parallel_size=2 train.dist.tensor_parallel_size=2 "

@@ -182,7 +182,7 @@ TEST_F(TextDataTest, EvaluationIsTheSameWhateverTheMicroBatches) {
 }
 
 // An evaluation of the whole valid split counts each sample once: the last
-// global batch is padded with rows of weight 0 (models/model.h), so the
+// micro-batch is padded with rows of weight 0 (models/model.h), so the
 // held-out loss of the same weights is the same whatever the global batch,
 // and is that of one sample at a time.
 TEST_F(TextDataTest, WholeSplitEvaluationCountsEachSampleOnceWhateverTheGlobalBatch) {
