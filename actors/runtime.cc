@@ -31,6 +31,9 @@
 #include "core/storage.h"
 #include "core/stream.h"
 #include "core/text.h"
+#ifdef TESSERA_WITH_CUDA
+#include "ops/cuda/launch.h"
+#endif
 
 namespace tessera::actors {
 namespace internal {
@@ -104,6 +107,21 @@ absl::Status CheckGpus(const proto::Plan& plan) {
     return absl::FailedPreconditionError(
         StrCat("the plan runs on cuda:", highest, ", but this process sees ", *count, " GPU(s)"));
   }
+#ifdef TESSERA_WITH_CUDA
+  // cuBLAS and cuBLASLt start on each GPU now, before any collective is
+  // queued there (ops/cuda/launch.h PrepareLibraries).
+  std::set<int> gpus;
+  for (const auto& task : plan.tasks()) {
+    const ActorId id = DecodeActorId(task.actor_id());
+    if (id.device_type == DeviceType::kCuda) gpus.insert(static_cast<int>(id.device_index));
+  }
+  for (const int gpu : gpus) {
+    if (const int err = ops::cuda::PrepareLibraries(gpu); err != 0) {
+      return absl::FailedPreconditionError(
+          StrCat("the plan runs on cuda:", gpu, ", but cuBLAS did not start there: ", ops::cuda::ErrorString(err)));
+    }
+  }
+#endif
   return absl::OkStatus();
 }
 

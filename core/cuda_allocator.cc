@@ -5,14 +5,32 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstdlib>
 #include <memory>
 #include <mutex>
 #include <vector>
 
-#include "core/text.h"
 #include "core/storage.h"
+#include "core/text.h"
 
 namespace tessera {
+
+// Eager module loading for every process with Tessera's CUDA code. Under
+// lazy loading (CUDA_MODULE_LOADING=LAZY, CUDA's default since 12.2) the
+// first launch of a kernel on a GPU loads it there, and the load may wait
+// for everything queued on that GPU, on any stream. An NCCL collective
+// queued on a collective stream waits for its peers, and the peers may be
+// waiting for work this GPU has not launched yet: its compute thread is
+// held by the load, and every other thread's call for the GPU waits behind
+// the load. The job hangs in its first iteration (the CUDA emulator, which
+// synchronises on each first launch, hangs gpt2_nano's pipeline layout
+// over two GPUs so). EAGER loads every kernel when the CUDA runtime starts,
+// before any collective: it costs start-up time and GPU memory for kernels
+// never launched. The runtime reads the variable once, at its start, which
+// comes after this initialiser; a value the user set is kept
+// (comm/collective/nccl_communicator.cc warns when it is not EAGER).
+const bool kEagerCudaModuleLoading = [] { return setenv("CUDA_MODULE_LOADING", "EAGER", /*overwrite=*/0) == 0; }();
+
 namespace {
 
 class CudaAllocator final : public Allocator {

@@ -8,7 +8,9 @@
 #      (cuda_kernels_test: tessera_ops and tessera_core, a few minutes);
 #   3. run them: every op with a CUDA kernel against its CPU kernel on
 #      cuda:0, and kernels enqueued on a CUDA stream completing through its
-#      callback (tests/ops/cuda_kernels_test.cc); a training loop through the
+#      callback (tests/ops/cuda_kernels_test.cc); what eager module
+#      loading (CUDA_MODULE_LOADING=EAGER, Tessera's default) costs a
+#      process against lazy (one GEMM case, twice each); a training loop through the
 #      actor runtime on cuda:0 against the CPU (tests/actors/cuda_runtime_test.cc);
 #      the NCCL communicator (tests/comm/nccl_test.cc: one rank, a missing
 #      peer, boxing on the GPU; two ranks and boxing over NCCL where there
@@ -170,6 +172,20 @@ case $status in
   FAILED) late_failures+=("cuda_kernels_test") ;;
   *) fail "cuda_kernels_test ($status; no usable GPU?)" ;;
 esac
+
+section "Module loading: EAGER against LAZY"
+# Tessera sets CUDA_MODULE_LOADING=EAGER when it is unset (core/cuda_allocator.cc:
+# under lazy loading a kernel's first launch may wait for a collective
+# waiting for peers). What that costs a process: one GEMM case of
+# cuda_kernels_test (cuBLAS, cuBLASLt and Tessera's modules) under each.
+{
+  for mode in EAGER LAZY EAGER LAZY; do
+    t0=$(date +%s%N)
+    if CUDA_MODULE_LOADING=$mode timeout -k 5 "$(budget 60)" "$build/bin/cuda_kernels_test" \
+      --gtest_filter=CudaKernels.GemmsMatchTheCpuForEveryTranspose >> "$log" 2>&1; then r=ok; else r=FAILED; fi
+    echo "- $mode: $(( ($(date +%s%N) - t0) / 1000000 )) ms ($r)"
+  done
+} >> "$report"
 
 section "The actor runtime on cuda:0"
 run_test cuda_runtime_test "cuda_runtime_test (a training loop, async computes, staged feeds and fetches, against the CPU; a GPU plan's NCCL communicators)" "" skipped

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstring>
 #include <new>
+#include <string>
 #include <system_error>
 #include <thread>
 #include <vector>
@@ -307,6 +308,20 @@ cudaError_t Run(Gemm g) {
   return cudaSuccess;
 }
 
+// The GEMM's function for lazy loading: cuBLAS picks its kernels by the
+// types, the epilogue and the shape, so each new combination counts as a
+// new function (the worst case).
+std::string GemmFunction(const Gemm& g) {
+  std::string name = "gemm";
+  for (const Operand* o : {&g.a, &g.b, &g.c, &g.d}) {
+    name += ":" + std::to_string(static_cast<int>(o->type)) + (o->transposed ? "t" : "n") + (o->row_major ? "r" : "c");
+  }
+  for (const int64_t v : {g.m, g.n, g.k, g.batch}) name += ":" + std::to_string(v);
+  name += std::string(":") + (g.f64 ? "d" : "") + (g.bias ? "b" : "") + (g.aux ? "a" : "") + (g.relu ? "r" : "") +
+          (g.gelu ? "g" : "");
+  return name;
+}
+
 // Queues the product on `stream` for a handle of `device`. A thread whose
 // current device is not the handle's, or a stream of another device, is
 // refused with CUBLAS_STATUS_EXECUTION_FAILED: real cuBLAS would launch on
@@ -314,6 +329,7 @@ cudaError_t Run(Gemm g) {
 // has lost track of its device.
 cublasStatus_t Launch(int device, cudaStream_t stream, const Gemm& g) {
   if (CurrentDevice() != device || StreamDevice(stream) != device) return CUBLAS_STATUS_EXECUTION_FAILED;
+  LoadFunction(device, GemmFunction(g));
   if (Enqueue(stream, [g] { return Run(g); }) != cudaSuccess) return CUBLAS_STATUS_EXECUTION_FAILED;
   return CUBLAS_STATUS_SUCCESS;
 }
@@ -695,10 +711,22 @@ const char* StatusString(cublasStatus_t status) {
 using cuda_emu::Describe;
 using cuda_emu::Gemm;
 
+namespace {
+
+// The library's start on a device: under eager loading its modules load
+// then, every kernel of them, which may wait for the device (lazily, each
+// GEMM's kernels load at their first use instead: Launch).
+void StartOnDevice() {
+  if (!cuda_emu::LazyLoading()) cuda_emu::LoadModule(cuda_emu::CurrentDevice(), "cublas");
+}
+
+}  // namespace
+
 extern "C" {
 
 cublasStatus_t cublasCreate(cublasHandle_t* handle) {
   if (handle == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
+  StartOnDevice();
   *handle = new (std::nothrow) cublasContext;
   if (*handle == nullptr) return CUBLAS_STATUS_ALLOC_FAILED;
   (*handle)->device = cuda_emu::CurrentDevice();
@@ -800,6 +828,7 @@ cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t handle, cublasOperation_
 
 cublasStatus_t cublasLtCreate(cublasLtHandle_t* lightHandle) {
   if (lightHandle == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
+  StartOnDevice();
   *lightHandle = new (std::nothrow) cublasLtContext;
   if (*lightHandle == nullptr) return CUBLAS_STATUS_ALLOC_FAILED;
   (*lightHandle)->device = cuda_emu::CurrentDevice();

@@ -398,6 +398,7 @@ void LaunchGrid(const LaunchShape& shape, std::function<void()> body) {
     SetLastError(cudaErrorInvalidValue);
     return;
   }
+  LoadFunction(StreamDevice(shape.stream), FunctionName(shape.kernel));
   const cudaError_t err =
       Enqueue(shape.stream, [shape, body = std::move(body)]() -> cudaError_t { return RunGrid(shape, body); });
   if (err != cudaSuccess) SetLastError(err);

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -144,10 +145,24 @@ struct Registry {
   std::map<const char*, Allocation> allocations;
   std::set<CUevent_st*> events;
   std::map<const void*, int> shared_limits;
+  std::set<std::pair<int, std::string>> loaded;  // (device, function) under lazy loading
 };
 Registry& Reg() {
   static Registry* registry = new Registry;
   return *registry;
+}
+
+// A device's context lock: loading a function holds it while it waits for
+// the device, and every call that queues work for the device waits for it,
+// as the real runtime's calls wait behind a module load in the context.
+std::mutex& ContextLock(int device) {
+  static std::mutex* locks = new std::mutex[64];
+  return locks[static_cast<size_t>(device) % 64];
+}
+
+void Submit(CUstream_st* s, Task task, bool always) {
+  std::lock_guard<std::mutex> context(ContextLock(s->device));
+  s->Push(std::move(task), always);
 }
 
 // The calling thread's default streams, one per device; retired when the
@@ -257,7 +272,7 @@ cudaError_t Copy2D(void* dst, size_t dpitch, const void* src, size_t spitch, siz
     if (const cudaError_t err = s->Sync(); err != cudaSuccess) return SetLastError(err);
     return copy();
   }
-  s->Push(copy, false);
+  Submit(s, copy, false);
   return cudaSuccess;
 }
 
@@ -266,7 +281,7 @@ cudaError_t Copy2D(void* dst, size_t dpitch, const void* src, size_t spitch, siz
 cudaError_t Enqueue(cudaStream_t stream, Task task) {
   CUstream_st* s = Resolve(stream);
   if (s == nullptr) return cudaErrorInvalidResourceHandle;
-  s->Push(std::move(task), false);
+  Submit(s, std::move(task), false);
   return cudaSuccess;
 }
 
@@ -275,6 +290,37 @@ int StreamDevice(cudaStream_t stream) {
   std::lock_guard<std::mutex> lock(Reg().mu);
   return Reg().streams.count(stream) != 0 ? stream->device : -1;
 }
+
+bool LazyLoading() {
+  static const bool lazy = [] {
+    const char* env = std::getenv("CUDA_MODULE_LOADING");
+    return env == nullptr || std::strcmp(env, "EAGER") != 0;
+  }();
+  return lazy;
+}
+
+void LoadFunction(int device, const std::string& function) {
+  if (LazyLoading()) LoadModule(device, function);
+}
+
+void LoadModule(int device, const std::string& function) {
+  if (device < 0) return;
+  const std::pair<int, std::string> key{device, function};
+  {
+    std::lock_guard<std::mutex> lock(Reg().mu);
+    if (Reg().loaded.count(key) != 0) return;
+  }
+  std::lock_guard<std::mutex> context(ContextLock(device));
+  {
+    std::lock_guard<std::mutex> lock(Reg().mu);
+    if (Reg().loaded.count(key) != 0) return;  // another thread loaded it meanwhile
+  }
+  SyncAll(StreamsOf(device, true));  // the streams keep their errors; the load itself succeeds
+  std::lock_guard<std::mutex> lock(Reg().mu);
+  Reg().loaded.insert(key);
+}
+
+std::string FunctionName(const void* kernel) { return "kernel@" + std::to_string(reinterpret_cast<uintptr_t>(kernel)); }
 
 // kernel.cc reads a kernel's dynamic shared memory limit.
 int SharedMemoryLimit(const void* kernel) {
@@ -414,7 +460,8 @@ cudaError_t cudaFreeAsync(void* ptr, cudaStream_t stream) {
   CUstream_st* s = Resolve(stream);
   if (s == nullptr) return SetLastError(cudaErrorInvalidResourceHandle);
   if (ptr != nullptr && KindOf(ptr) != 1) return SetLastError(cudaErrorInvalidValue);
-  s->Push([ptr] { return Release(ptr, true); }, true);
+  Submit(
+      s, [ptr] { return Release(ptr, true); }, true);
   return cudaSuccess;
 }
 
@@ -452,7 +499,8 @@ cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t str
   if (dst == nullptr || KindOf(dst) != 1) return SetLastError(cudaErrorInvalidValue);
   CUstream_st* s = Resolve(stream);
   if (s == nullptr) return SetLastError(cudaErrorInvalidResourceHandle);
-  s->Push(
+  Submit(
+      s,
       [=] {
         std::memset(dst, value, bytes);
         return cudaSuccess;
@@ -510,7 +558,8 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned
     std::lock_guard<std::mutex> lock(event->mu);
     target = event->recorded;
   }
-  s->Push(
+  Submit(
+      s,
       [event, target] {
         std::unique_lock<std::mutex> lock(event->mu);
         event->cv.wait(lock, [&] { return event->completed >= target; });
@@ -524,7 +573,8 @@ cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, void* user_
   if (fn == nullptr) return SetLastError(cudaErrorInvalidValue);
   CUstream_st* s = Resolve(stream);
   if (s == nullptr) return SetLastError(cudaErrorInvalidResourceHandle);
-  s->Push(
+  Submit(
+      s,
       [fn, user_data] {
         fn(user_data);
         return cudaSuccess;
@@ -557,7 +607,8 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
     std::lock_guard<std::mutex> lock(event->mu);
     generation = ++event->recorded;
   }
-  s->Push(
+  Submit(
+      s,
       [event, generation, s] {
         cudaError_t stream_error;
         {
@@ -625,6 +676,7 @@ cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int v
   if (func == nullptr || attr != cudaFuncAttributeMaxDynamicSharedMemorySize || value < 0 || value > 227 * 1024) {
     return SetLastError(cudaErrorInvalidValue);
   }
+  LoadFunction(current_device, FunctionName(func));  // setting an attribute loads the function
   std::lock_guard<std::mutex> lock(Reg().mu);
   Reg().shared_limits[func] = value;
   return cudaSuccess;

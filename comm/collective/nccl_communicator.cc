@@ -1,6 +1,21 @@
 // The NCCL communicator (comm/collective/nccl_communicator.h).
 #include "comm/collective/nccl_communicator.h"
 
+#include <cstring>
+#include <string>
+
+namespace tessera::comm {
+
+std::string LazyModuleLoadingWarning(const char* mode) {
+  if (mode != nullptr && std::strcmp(mode, "EAGER") == 0) return "";
+  return std::string("CUDA_MODULE_LOADING=") + (mode == nullptr ? "(unset)" : mode) +
+         ": CUDA loads kernels lazily, and a kernel's first launch may wait for the GPU's queued NCCL collectives, "
+         "which wait for peers that may wait for this process: a multi-GPU job can hang in its first iteration "
+         "(unset the variable, Tessera then sets EAGER, or set EAGER)";
+}
+
+}  // namespace tessera::comm
+
 #ifdef TESSERA_WITH_CUDA
 
 #include <cuda_runtime_api.h>
@@ -9,15 +24,15 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
-#include <cstring>
+#include <cstdlib>
 #include <mutex>
 #include <numeric>
-#include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "core/logging.h"
 #include "core/status.h"
 #include "core/stream.h"
 #include "core/text.h"
@@ -362,6 +377,12 @@ absl::StatusOr<std::shared_ptr<Communicator>> MakeNcclCommunicator(const NcclOpt
           StrCat(who, ": a unique id of ", values->at(0).size(), " bytes under '", key, "'"));
     }
     std::memcpy(id.internal, values->at(0).data(), sizeof(id.internal));
+  }
+  if (options.size > 1) {
+    static std::once_flag warned;
+    if (const std::string warning = LazyModuleLoadingWarning(std::getenv("CUDA_MODULE_LOADING")); !warning.empty()) {
+      std::call_once(warned, [&] { TLOG_WARN("{}", warning); });
+    }
   }
   // Non-blocking creation, polled: peers that never come are a timeout.
   if (const cudaError_t err = cudaSetDevice(options.device); err != cudaSuccess) {

@@ -54,4 +54,12 @@ struct NcclOptions {
 // GPU, the rendezvous or NCCL fails; Unimplemented on builds without CUDA).
 absl::StatusOr<std::shared_ptr<Communicator>> MakeNcclCommunicator(const NcclOptions& options);
 
+// What MakeNcclCommunicator warns (once per process) for a group of several
+// ranks when CUDA loads kernels lazily: `mode` is CUDA_MODULE_LOADING's
+// value (null: unset). "" for EAGER, which Tessera sets when the variable is
+// unset (core/cuda_allocator.cc): under lazy loading a kernel's first launch
+// may wait for an NCCL collective that waits for this process, and the job
+// hangs.
+std::string LazyModuleLoadingWarning(const char* mode);
+
 }  // namespace tessera::comm

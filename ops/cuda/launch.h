@@ -284,5 +284,12 @@ int Copy(void* dst, const void* src, size_t bytes);
 int CopyReady(void* dst, const void* src, size_t bytes);
 // Names a launcher's error: a cudaError_t, or -(cublasStatus_t).
 const char* ErrorString(int code);
+// Starts cuBLAS and cuBLASLt on `device` (the calling thread's handles for
+// it, which it keeps; its current device is left as it was). The runtime
+// calls it when it loads a plan, before any collective is queued: a
+// library's start loads its modules into the GPU's context (all of them
+// under eager module loading), which may wait for everything queued on the
+// GPU, an NCCL collective waiting for its peers included.
+int PrepareLibraries(int device);
 
 }  // namespace tessera::ops::cuda

@@ -249,6 +249,16 @@ int RunLt(const LtProduct& p, void* workspace, size_t workspace_bytes, bool* ran
 
 }  // namespace
 
+int PrepareLibraries(int device) {
+  int previous = 0;
+  if (const cudaError_t err = cudaGetDevice(&previous); err != cudaSuccess) return static_cast<int>(err);
+  if (const cudaError_t err = cudaSetDevice(device); err != cudaSuccess) return static_cast<int>(err);
+  int error = 0;
+  if (Handle(&error) != nullptr) LtHandle(&error);
+  cudaSetDevice(previous);
+  return error;
+}
+
 int LaunchGemmBiasLt(int x_dtype, int64_t M, int64_t N, int64_t K, const void* x, const void* w, const float* bias,
                      float* z, float* y, void* workspace, size_t workspace_bytes, bool* fused) {
   *fused = false;

@@ -13,6 +13,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <functional>
 #include <future>
 #include <memory>
@@ -74,6 +75,28 @@ TEST(Nccl, BadArgumentsAreNamedErrors) {
   bad = MakeNcclCommunicator(options);
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("needs a KvStore"), std::string::npos) << bad.status();
+}
+
+// Tessera sets CUDA_MODULE_LOADING=EAGER before the CUDA runtime starts
+// (core/cuda_allocator.cc) unless the user set it: under lazy loading a
+// kernel's first launch may wait for an NCCL collective waiting for peers
+// (the emulator, which waits so, hangs gpu_equivalence_test's pipeline
+// layout). A group of several ranks warns when the variable says otherwise.
+TEST(Nccl, KernelsLoadEagerlyUnlessTheUserSaidOtherwise) {
+#ifdef TESSERA_WITH_CUDA
+  const char* mode = std::getenv("CUDA_MODULE_LOADING");
+  ASSERT_NE(mode, nullptr) << "nothing set CUDA_MODULE_LOADING before the CUDA runtime started";
+  EXPECT_STREQ(mode, "EAGER");
+#endif
+  EXPECT_EQ(LazyModuleLoadingWarning("EAGER"), "");
+  for (const char* lazy : {"LAZY", "DEFAULT", static_cast<const char*>(nullptr)}) {
+    const std::string warning = LazyModuleLoadingWarning(lazy);
+    EXPECT_NE(
+        warning.find(lazy == nullptr ? "CUDA_MODULE_LOADING=(unset)" : std::string("CUDA_MODULE_LOADING=") + lazy),
+        std::string::npos)
+        << warning;
+    EXPECT_NE(warning.find("can hang"), std::string::npos) << warning;
+  }
 }
 
 TEST(Nccl, WithoutAGpuCreationSaysWhy) {

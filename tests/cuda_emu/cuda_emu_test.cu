@@ -9,6 +9,8 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -57,6 +59,13 @@ __global__ void Sleepy(int* flag) {
 }
 
 __global__ void Trapping() { __trap(); }
+
+__global__ void SetOne(int* flag) { *flag = 1; }
+
+// Blocks a stream until `open` is set.
+void HoldUntilOpen(void* open) {
+  while (!static_cast<std::atomic<bool>*>(open)->load()) std::this_thread::sleep_for(1ms);
+}
 
 TEST(CudaEmu, BlocksSynchroniseAndWarpsShuffle) {
   const int n = 5000;
@@ -170,6 +179,85 @@ TEST(CudaEmu, DeviceMemoryStartsAsNaNAndDevicesAreChecked) {
   EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidDevice);
   EXPECT_EQ(cudaFree(reinterpret_cast<void*>(0x1000)), cudaErrorInvalidDevicePointer);
   cudaGetLastError();
+}
+
+// Lazy loading (CUDA_MODULE_LOADING unset or LAZY): a kernel's first launch
+// on a device waits for everything queued on the device, on any stream, and
+// other threads' work for the device waits behind it; its later launches do
+// not wait. Under EAGER (ctest cuda_emu_test_eager) nothing waits. A stream
+// held by a host function stands for an NCCL kernel waiting for its peers.
+TEST(CudaEmu, AKernelsFirstLaunchWaitsForTheDeviceUnderLazyLoading) {
+  const bool lazy = cuda_emu::LazyLoading();
+  const char* mode = std::getenv("CUDA_MODULE_LOADING");
+  EXPECT_EQ(lazy, mode == nullptr || std::string(mode) != "EAGER");
+  cudaStream_t held = nullptr, other = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&held, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking), cudaSuccess);
+  int* flag = nullptr;
+  ASSERT_EQ(cudaMallocHost(&flag, sizeof(int)), cudaSuccess);
+  // Sleepy is loaded already (an earlier test, or here); SetOne is not.
+  Sleepy<<<1, 1, 0, other>>>(flag);
+  ASSERT_EQ(cudaStreamSynchronize(other), cudaSuccess);
+  std::atomic<bool> open{false};
+  ASSERT_EQ(cudaLaunchHostFunc(held, HoldUntilOpen, &open), cudaSuccess);
+  std::atomic<bool> first_returned{false}, loaded_returned{false};
+  std::thread first([&] {
+    SetOne<<<1, 1, 0, other>>>(flag);
+    first_returned = true;
+  });
+  std::this_thread::sleep_for(100ms);
+  // Another thread's launch of a loaded kernel: behind the load, if any.
+  std::thread loaded([&] {
+    Sleepy<<<1, 1, 0, other>>>(flag);
+    loaded_returned = true;
+  });
+  std::this_thread::sleep_for(100ms);
+  EXPECT_EQ(first_returned.load(), !lazy) << "a first launch under lazy loading waits for the held stream";
+  EXPECT_EQ(loaded_returned.load(), !lazy) << "other work for the device waits behind a load";
+  open = true;
+  first.join();
+  loaded.join();
+  ASSERT_EQ(cudaStreamSynchronize(other), cudaSuccess);
+  // Loaded now: the next launch behind a held stream returns at once.
+  std::atomic<bool> open_again{false};
+  ASSERT_EQ(cudaLaunchHostFunc(held, HoldUntilOpen, &open_again), cudaSuccess);
+  std::atomic<bool> again_returned{false};
+  std::thread again([&] {
+    SetOne<<<1, 1, 0, other>>>(flag);
+    again_returned = true;
+  });
+  std::this_thread::sleep_for(100ms);
+  EXPECT_TRUE(again_returned.load()) << "a loaded kernel's launch does not wait";
+  open_again = true;
+  again.join();
+  // A function's load is per device: another device has not loaded SetOne.
+  int devices = 0;
+  ASSERT_EQ(cudaGetDeviceCount(&devices), cudaSuccess);
+  if (devices > 1) {
+    std::atomic<bool> open_third{false}, third_returned{false};
+    std::thread third([&] {
+      ASSERT_EQ(cudaSetDevice(1), cudaSuccess);
+      cudaStream_t held1 = nullptr;
+      ASSERT_EQ(cudaStreamCreateWithFlags(&held1, cudaStreamNonBlocking), cudaSuccess);
+      ASSERT_EQ(cudaLaunchHostFunc(held1, HoldUntilOpen, &open_third), cudaSuccess);
+      std::thread launcher([&] {
+        ASSERT_EQ(cudaSetDevice(1), cudaSuccess);
+        SetOne<<<1, 1, 0, cudaStreamPerThread>>>(flag);
+        third_returned = true;
+        cudaStreamSynchronize(cudaStreamPerThread);
+      });
+      std::this_thread::sleep_for(100ms);
+      EXPECT_EQ(third_returned.load(), !lazy) << "device 1 loads SetOne on its own first launch";
+      open_third = true;
+      launcher.join();
+      cudaStreamDestroy(held1);
+    });
+    third.join();
+  }
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  cudaStreamDestroy(held);
+  cudaStreamDestroy(other);
+  cudaFreeHost(flag);
 }
 
 TEST(CudaEmu, SixteenBitFloatsRoundToNearestEven) {

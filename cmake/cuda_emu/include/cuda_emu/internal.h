@@ -22,6 +22,23 @@ using Task = std::function<cudaError_t()>;
 // cudaSuccess (the task's own error comes later, as above).
 cudaError_t Enqueue(cudaStream_t stream, Task task);
 
+// Lazy loading (CUDA_MODULE_LOADING: LAZY, the default since CUDA 12.2, or
+// EAGER): the first use of a function (a kernel; for cuBLAS, a GEMM of new
+// types, epilogue or shape) on a device loads it there, and a load may
+// synchronise the device's context: it waits for every stream of the
+// device, and every other call that queues work for the device waits
+// behind it. The emulator always synchronises, the worst case the CUDA
+// documentation warns of: a kernel that spins until one launched later
+// runs (NCCL's, waiting for its peers) may then never finish. Under EAGER
+// (or once loaded) LoadFunction returns at once.
+bool LazyLoading();
+void LoadFunction(int device, const std::string& function);
+// Loads `module` on `device` once, whatever the mode, as above: a library's
+// modules when it starts on a device (all its kernels under EAGER).
+void LoadModule(int device, const std::string& module);
+// A kernel's function name for LoadFunction.
+std::string FunctionName(const void* kernel);
+
 // The device a stream belongs to (special streams: the calling thread's
 // current device); -1 for an unknown stream.
 int StreamDevice(cudaStream_t stream);
