@@ -35,15 +35,17 @@ for arg in "$@"; do
   esac
 done
 
-tests=(cuda_emu_test cublas_emu_test nccl_emu_test nccl_emu_test_enqueuing cuda_kernels_test cuda_runtime_test nccl_test
+tests=(cuda_emu_test cuda_emu_test_eager cublas_emu_test nccl_emu_test nccl_emu_test_enqueuing cuda_kernels_test cuda_runtime_test nccl_test
   nccl_test_enqueuing)
 if [ "$quick" = 0 ]; then
   tests+=(gpu_equivalence_test)
 fi
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTESSERA_CUDA_EMULATOR=ON \
   -DTESSERA_BUILD_BENCH=OFF -DTESSERA_BUILD_EXAMPLES=OFF
-targets=()  # the *_enqueuing tests run those binaries again with the emulator's ncclInProgress ops
-for t in "${tests[@]}"; do [[ $t == *_enqueuing ]] || targets+=("$t"); done
+# The *_enqueuing tests run those binaries again with the emulator's
+# ncclInProgress ops, cuda_emu_test_eager with eager module loading.
+targets=()
+for t in "${tests[@]}"; do [[ $t == *_enqueuing || $t == *_eager ]] || targets+=("$t"); done
 if [ "$quick" = 0 ]; then
   targets+=(tessera)  # gpu_equivalence_test runs the binary
 fi

@@ -162,8 +162,14 @@ class ParameterActor final : public Actor {
     std::vector<Tensor> all = Variable();
     all.insert(all.end(), state_.begin(), state_.end());
     if (DecodeActorId(id()).device_type != DeviceType::kCpu) {
-      // The host keeps what it gets: fresh host copies.
-      ASSIGN_OR_RETURN(std::vector<Tensor> host, PinnedLike(all));
+      // The host keeps what it gets: fresh host copies, in pageable memory:
+      // other actors' collectives may still be queued on the GPU, and a
+      // page-locked allocation would wait for them (sink.cc).
+      std::vector<Tensor> host;
+      for (const Tensor& t : all) {
+        ASSIGN_OR_RETURN(Tensor h, Tensor::Empty(t.shape(), t.dtype(), Device{DeviceType::kCpu, 0}));
+        host.push_back(std::move(h));
+      }
       RETURN_IF_ERROR(CopyAll(host, all));
       return it->second(host);
     }

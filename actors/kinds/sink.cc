@@ -27,6 +27,16 @@ class SinkActor final : public Actor {
         return absl::NotFoundError(StrCat("no sink callback '", task_.callback(), "'"));
       }
       sink_ = &it->second;
+      if (DecodeActorId(id()).device_type != DeviceType::kCpu) {
+        // A GPU's registers are read on the host through page-locked
+        // copies, made now: a page-locked allocation during the run would
+        // wait for the GPU's queued work (CUDA's implicit synchronisation),
+        // an NCCL collective waiting for its peers included.
+        std::vector<Tensor> metas;
+        for (Consumed& c : consumed_)
+          metas.insert(metas.end(), c.registers->registers[0].begin(), c.registers->registers[0].end());
+        ASSIGN_OR_RETURN(staging_, PinnedLike(metas));
+      }
     }
     return absl::OkStatus();
   }
@@ -42,9 +52,6 @@ class SinkActor final : public Actor {
       }
       if (DecodeActorId(id()).device_type != DeviceType::kCpu) {
         // A GPU's registers: read on the host, copied over first.
-        if (staging_.empty()) {
-          ASSIGN_OR_RETURN(staging_, PinnedLike(inputs_));
-        }
         RETURN_IF_ERROR(CopyAll(staging_, inputs_));
         inputs_ = staging_;
       }
@@ -57,7 +64,7 @@ class SinkActor final : public Actor {
 
   const HostCallbacks::SinkFn* sink_ = nullptr;
   std::vector<Tensor> inputs_;   // the call's tensors, reused
-  std::vector<Tensor> staging_;  // on a GPU: their host copies
+  std::vector<Tensor> staging_;  // on a GPU: their host copies (made at load)
 };
 
 }  // namespace

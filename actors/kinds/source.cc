@@ -33,6 +33,14 @@ class SourceActor final : public Actor {
         return absl::NotFoundError(StrCat("no source callback '", task_.callback(), "'"));
       }
       fill_ = &it->second;
+      if (DecodeActorId(id()).device_type != DeviceType::kCpu) {
+        // A GPU's registers are filled on the host in page-locked copies,
+        // made now, not during the run (sink.cc says why).
+        std::vector<Tensor> metas;
+        for (Produced& p : produced_)
+          metas.insert(metas.end(), p.registers->registers[0].begin(), p.registers->registers[0].end());
+        ASSIGN_OR_RETURN(staging_, PinnedLike(metas));
+      }
     }
     return absl::OkStatus();
   }
@@ -56,9 +64,6 @@ class SourceActor final : public Actor {
         RETURN_IF_ERROR((*fill_)(piece, outputs));
       } else {
         // A GPU's registers: filled on the host, then copied over.
-        if (staging_.empty()) {
-          ASSIGN_OR_RETURN(staging_, PinnedLike(outputs));
-        }
         RETURN_IF_ERROR((*fill_)(piece, staging_));
         RETURN_IF_ERROR(CopyAll(outputs, staging_));
       }

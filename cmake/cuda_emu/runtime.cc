@@ -465,9 +465,20 @@ cudaError_t cudaFreeAsync(void* ptr, cudaStream_t stream) {
   return cudaSuccess;
 }
 
-cudaError_t cudaHostAlloc(void** ptr, size_t bytes, unsigned int) { return Allocate(ptr, bytes, -1); }
-cudaError_t cudaMallocHost(void** ptr, size_t bytes) { return Allocate(ptr, bytes, -1); }
-cudaError_t cudaFreeHost(void* ptr) { return Release(ptr, false); }
+// Page-locked allocations wait for the current device's work, as cudaFree:
+// cudaFreeHost synchronises the device, and a page-locked allocation keeps
+// the device's later work from overlapping its earlier work (CUDA's
+// implicit synchronisation), which the emulator cannot order otherwise.
+cudaError_t cudaHostAlloc(void** ptr, size_t bytes, unsigned int) {
+  SyncAll(StreamsOf(current_device, true));
+  return Allocate(ptr, bytes, -1);
+}
+cudaError_t cudaMallocHost(void** ptr, size_t bytes) { return cudaHostAlloc(ptr, bytes, 0); }
+cudaError_t cudaFreeHost(void* ptr) {
+  if (ptr == nullptr) return cudaSuccess;
+  SyncAll(StreamsOf(current_device, true));
+  return Release(ptr, false);
+}
 
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind) {
   if (bytes == 0) return cudaSuccess;
