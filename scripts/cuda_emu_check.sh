@@ -7,7 +7,8 @@
 # on cuda:0, the NCCL communicator (also with every op on a non-blocking
 # communicator answering ncclInProgress first, as real NCCL may), and
 # gpt2_nano on one emulated GPU
-# against the CPU and under DP / TP / PP / 2x2x1 / 2x2x2 against one GPU;
+# against the CPU and under DP / TP / PP / 2x2x1 / 2x2x2 against one GPU
+# (those layouts again with at most two NCCL ops running per GPU);
 # then whole jobs through the binary on emulated cuda:0 against the CPU
 # (gpt2_nano in bf16 and fp16 AMP, with fused attention and bias_gelu
 # fusion; bert_tiny; mlp_demo); then across processes, a worker process
@@ -35,17 +36,18 @@ for arg in "$@"; do
   esac
 done
 
-tests=(cuda_emu_test cuda_emu_test_eager cublas_emu_test nccl_emu_test nccl_emu_test_enqueuing cuda_kernels_test cuda_runtime_test nccl_test
-  nccl_test_enqueuing)
+tests=(cuda_emu_test cuda_emu_test_eager cublas_emu_test nccl_emu_test nccl_emu_test_enqueuing nccl_emu_test_concurrent
+  cuda_kernels_test cuda_runtime_test nccl_test nccl_test_enqueuing)
 if [ "$quick" = 0 ]; then
   tests+=(gpu_equivalence_test)
 fi
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTESSERA_CUDA_EMULATOR=ON \
   -DTESSERA_BUILD_BENCH=OFF -DTESSERA_BUILD_EXAMPLES=OFF
 # The *_enqueuing tests run those binaries again with the emulator's
-# ncclInProgress ops, cuda_emu_test_eager with eager module loading.
+# ncclInProgress ops, cuda_emu_test_eager with eager module loading,
+# nccl_emu_test_concurrent with one NCCL op at a time per device.
 targets=()
-for t in "${tests[@]}"; do [[ $t == *_enqueuing || $t == *_eager ]] || targets+=("$t"); done
+for t in "${tests[@]}"; do [[ $t == *_enqueuing || $t == *_eager || $t == *_concurrent ]] || targets+=("$t"); done
 if [ "$quick" = 0 ]; then
   targets+=(tessera)  # gpu_equivalence_test runs the binary
 fi
@@ -56,6 +58,16 @@ regex="^($(IFS='|'; echo "${tests[*]}"))\$"
 export TESSERA_CUDA_EMU_DEVICES=8
 TESSERA_TEST_DEADLINE_SCALE=10 ctest --test-dir "$build" -R "$regex" --output-on-failure
 [ "$quick" = 1 ] && exit 0
+
+# The layouts again with at most two NCCL ops running per emulated GPU
+# (TESSERA_CUDA_EMU_NCCL_CONCURRENT=2): a GPU runs a collective's kernel
+# only where it finds free SMs. With one at a time the pipeline layout
+# deadlocks (a stage's receive waits for its peer's send, queued on the
+# peer's GPU behind that GPU's own waiting receive): Tessera needs a GPU to
+# run two NCCL kernels at once, as sends and receives on communicators of
+# their own do elsewhere.
+TESSERA_CUDA_EMU_NCCL_CONCURRENT=2 TESSERA_TEST_DEADLINE_SCALE=10 \
+  "$build/bin/gpu_equivalence_test" --gtest_filter='GpuEquivalence.LayoutsOverGpusGiveTheOneGpuLosses'
 
 # Whole jobs through the binary, on emulated cuda:0 against the CPU (the
 # jobs of scripts/gpu_check.sh, 6 iterations each instead of 20).

@@ -1219,6 +1219,55 @@ struct TaskParts {
   }
 };
 
+// The count in environment variable `name` (0 when unset or empty); a
+// value that is not a count in [0, max] stops the process with a message.
+int CountFromEnv(const char* name, long max) {
+  const char* value = std::getenv(name);
+  if (value == nullptr || *value == '\0') return 0;
+  char* end = nullptr;
+  const long n = std::strtol(value, &end, 10);
+  if (*end != '\0' || n < 0 || n > max) {
+    std::fprintf(stderr, "NCCL emulator: %s=%s: not a count in [0, %ld]\n", name, value, max);
+    std::abort();
+  }
+  return static_cast<int>(n);
+}
+
+// TESSERA_CUDA_EMU_NCCL_CONCURRENT, read once: how many NCCL ops may run on
+// one device at a time (0, the default: any number). A real GPU runs a
+// collective's kernel only where it finds free SMs, so NCCL asks that ops
+// on several communicators of a GPU be issued in one order on every rank;
+// 1 holds every device to that: an op that waits for its peers keeps the
+// device's other NCCL ops from starting.
+int ConcurrentOps() {
+  static const int limit = CountFromEnv("TESSERA_CUDA_EMU_NCCL_CONCURRENT", 1024);
+  return limit;
+}
+
+// A device's running NCCL ops, under ConcurrentOps.
+class DeviceSlots {
+ public:
+  static DeviceSlots& Of(int device) {
+    static DeviceSlots* slots = new DeviceSlots[64];
+    return slots[static_cast<size_t>(device) % 64];
+  }
+  void Take() {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return running_ < ConcurrentOps(); });
+    ++running_;
+  }
+  void Give() {
+    std::lock_guard<std::mutex> lock(mu_);
+    --running_;
+    cv_.notify_all();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int running_ = 0;
+};
+
 // Queues one task on `stream` for `parts`.
 ncclResult_t Submit(std::vector<Part> parts, cudaStream_t stream, const ncclComm* comm) {
   auto task = std::make_shared<TaskParts>();
@@ -1227,7 +1276,15 @@ ncclResult_t Submit(std::vector<Part> parts, cudaStream_t stream, const ncclComm
     std::lock_guard<std::mutex> lock(p.clique->mu);
     ++p.clique->ranks[static_cast<size_t>(p.rank)].pending;
   }
-  const cudaError_t err = cuda_emu::Enqueue(stream, [task] { return task->Run(); });
+  const int device = cuda_emu::StreamDevice(stream);
+  const cudaError_t err = cuda_emu::Enqueue(stream, [task, device] {
+    if (ConcurrentOps() == 0 || device < 0) return task->Run();
+    DeviceSlots& slots = DeviceSlots::Of(device);
+    slots.Take();
+    const cudaError_t result = task->Run();
+    slots.Give();
+    return result;
+  });
   if (err == cudaSuccess) return ncclSuccess;
   return CallError(comm, ncclUnhandledCudaError,
                    std::string("queueing on the stream: ") + cudaGetErrorName(err) + " (the ops fail on every rank)");
@@ -1260,19 +1317,7 @@ ncclResult_t StateLocked(const Clique& q, int rank) {
 
 // TESSERA_CUDA_EMU_NCCL_ENQUEUE_POLLS, read once.
 int EnqueuePolls() {
-  static const int polls = [] {
-    const char* value = std::getenv("TESSERA_CUDA_EMU_NCCL_ENQUEUE_POLLS");
-    if (value == nullptr || *value == '\0') return 0;
-    char* end = nullptr;
-    const long n = std::strtol(value, &end, 10);
-    if (*end != '\0' || n < 0 || n > 1000000) {
-      std::fprintf(stderr,
-                   "NCCL emulator: TESSERA_CUDA_EMU_NCCL_ENQUEUE_POLLS=%s: not a count of polls in [0, 1000000]\n",
-                   value);
-      std::abort();
-    }
-    return static_cast<int>(n);
-  }();
+  static const int polls = CountFromEnv("TESSERA_CUDA_EMU_NCCL_ENQUEUE_POLLS", 1000000);
   return polls;
 }
 

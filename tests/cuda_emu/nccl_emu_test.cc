@@ -677,6 +677,62 @@ TEST(NcclEmuEnqueuing, NonBlockingOpsAnswerInProgressForThePolls) {
   cudaStreamDestroy(stream);
 }
 
+// With TESSERA_CUDA_EMU_NCCL_CONCURRENT=1 (ctest nccl_emu_test_concurrent)
+// an op waiting for its peers keeps the other NCCL ops of its device from
+// starting, as on a GPU whose SMs it holds; another device's ops go on.
+TEST(NcclEmuConcurrent, AnOpWaitingForPeersHoldsItsDevicesOtherOps) {
+  const char* limit = std::getenv("TESSERA_CUDA_EMU_NCCL_CONCURRENT");
+  if (limit == nullptr || std::string(limit) != "1") GTEST_SKIP() << "runs with TESSERA_CUDA_EMU_NCCL_CONCURRENT=1";
+  ASSERT_GE(DeviceCount(), 2);
+  // Two ranks on cuda:0 and cuda:1, and a one-rank communicator on cuda:0.
+  ncclUniqueId id;
+  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  ncclComm_t pair[2] = {nullptr, nullptr};
+  ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(cudaSetDevice(r), cudaSuccess);
+    ASSERT_EQ(ncclCommInitRank(&pair[r], 2, id, r), ncclSuccess);
+  }
+  ASSERT_EQ(ncclGroupEnd(), ncclSuccess);
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  ncclComm_t alone = nullptr;
+  ASSERT_EQ(ncclCommInitRank(&alone, 1, id, 0), ncclSuccess);
+  cudaStream_t waiting = NewStream(), other = NewStream();
+  float* x = Device(std::vector<float>{1, 2});
+  float* y = Device(std::vector<float>{5});
+  ASSERT_EQ(ncclAllReduce(x, x, 2, ncclFloat32, ncclSum, pair[0], waiting), ncclSuccess);  // rank 1 not yet
+  ASSERT_EQ(ncclAllReduce(y, y, 1, ncclFloat32, ncclSum, alone, other), ncclSuccess);
+  cudaEvent_t done = nullptr;
+  ASSERT_EQ(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), cudaSuccess);
+  ASSERT_EQ(cudaEventRecord(done, other), cudaSuccess);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_EQ(cudaEventQuery(done), cudaErrorNotReady) << "cuda:0's second op ran beside the one holding the device";
+  // Rank 1 on cuda:1 runs at once; the pair completes, then the held op.
+  ASSERT_EQ(cudaSetDevice(1), cudaSuccess);
+  cudaStream_t peer = NewStream();
+  float* x1 = Device(std::vector<float>{10, 20});
+  ASSERT_EQ(ncclAllReduce(x1, x1, 2, ncclFloat32, ncclSum, pair[1], peer), ncclSuccess);
+  ASSERT_EQ(Finish(peer), cudaSuccess);
+  EXPECT_EQ(Host<float>(x1, 2), (std::vector<float>{11, 22}));
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  ASSERT_EQ(cudaEventSynchronize(done), cudaSuccess);
+  ASSERT_EQ(Finish(waiting), cudaSuccess);
+  EXPECT_EQ(Host<float>(x, 2), (std::vector<float>{11, 22}));
+  EXPECT_EQ(Host<float>(y, 1), (std::vector<float>{5}));
+  cudaEventDestroy(done);
+  EXPECT_EQ(ncclCommDestroy(alone), ncclSuccess);
+  for (ncclComm_t c : pair) EXPECT_EQ(ncclCommDestroy(c), ncclSuccess);
+  cudaFree(x);
+  cudaFree(y);
+  ASSERT_EQ(cudaSetDevice(1), cudaSuccess);
+  cudaFree(x1);
+  cudaStreamDestroy(peer);
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  cudaStreamDestroy(waiting);
+  cudaStreamDestroy(other);
+}
+
 // Any call with an aborted communicator's handle is a use after free.
 TEST(NcclEmuDeathTest, ACallAfterAbortStopsTheProcess) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
