@@ -1261,12 +1261,24 @@ class DeviceSlots {
     --running_;
     cv_.notify_all();
   }
+  int running() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return running_;
+  }
 
  private:
   std::mutex mu_;
   std::condition_variable cv_;
   int running_ = 0;
 };
+
+}  // namespace
+
+int cuda_emu::RunningNcclOps(int device) {
+  return ConcurrentOps() == 0 || device < 0 ? 0 : DeviceSlots::Of(device).running();
+}
+
+namespace {
 
 // Queues one task on `stream` for `parts`.
 ncclResult_t Submit(std::vector<Part> parts, cudaStream_t stream, const ncclComm* comm) {

@@ -702,6 +702,11 @@ TEST(NcclEmuConcurrent, AnOpWaitingForPeersHoldsItsDevicesOtherOps) {
   float* x = Device(std::vector<float>{1, 2});
   float* y = Device(std::vector<float>{5});
   ASSERT_EQ(ncclAllReduce(x, x, 2, ncclFloat32, ncclSum, pair[0], waiting), ncclSuccess);  // rank 1 not yet
+  // Once it runs (holding cuda:0), the one-rank op comes.
+  for (int i = 0; i < 10000 && cuda_emu::RunningNcclOps(0) == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_EQ(cuda_emu::RunningNcclOps(0), 1);
   ASSERT_EQ(ncclAllReduce(y, y, 1, ncclFloat32, ncclSum, alone, other), ncclSuccess);
   cudaEvent_t done = nullptr;
   ASSERT_EQ(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), cudaSuccess);

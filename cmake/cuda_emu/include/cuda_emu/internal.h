@@ -39,6 +39,10 @@ void LoadModule(int device, const std::string& module);
 // A kernel's function name for LoadFunction.
 std::string FunctionName(const void* kernel);
 
+// Under TESSERA_CUDA_EMU_NCCL_CONCURRENT (nccl.cc): the NCCL ops running on
+// `device` now (0 without the bound).
+int RunningNcclOps(int device);
+
 // The device a stream belongs to (special streams: the calling thread's
 // current device); -1 for an unknown stream.
 int StreamDevice(cudaStream_t stream);
