@@ -112,6 +112,12 @@ run_test() {
   } >> "$report"
 }
 
+# The check runs Tessera's default module loading (its processes set
+# CUDA_MODULE_LOADING=EAGER when it is unset; nccl_test checks that): a value
+# the machine's environment sets (some containers set LAZY) is reported and
+# dropped.
+inherited_module_loading=${CUDA_MODULE_LOADING-(unset)}
+unset CUDA_MODULE_LOADING
 printf '# Tessera GPU check, %s\n' "$(date -u '+%Y-%m-%d %H:%M UTC')" > "$report"
 section "Machine"
 {
@@ -119,6 +125,7 @@ section "Machine"
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo "nvidia-smi: not available"
   (command -v nvcc || echo /usr/local/cuda/bin/nvcc) | xargs -I{} sh -c '{} --version 2>&1 | tail -1'
   echo "cores: $(nproc)"
+  echo "CUDA_MODULE_LOADING in the environment: $inherited_module_loading (unset for the check)"
   echo '```'
 } >> "$report"
 
