@@ -291,5 +291,9 @@ const char* ErrorString(int code);
 // under eager module loading), which may wait for everything queued on the
 // GPU, an NCCL collective waiting for its peers included.
 int PrepareLibraries(int device);
+// How many cuBLAS and cuBLASLt handles the process has made for `device`:
+// threads take them from a pool and give them back when they exit, so a
+// long-lived process makes no more than it has threads using the GPU at once.
+int CublasHandlesMade(int device);
 
 }  // namespace tessera::ops::cuda

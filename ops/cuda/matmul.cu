@@ -11,8 +11,10 @@
 #include <array>
 #include <cstdint>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <utility>
+#include <vector>
 
 #include "ops/cuda/launch.h"
 #include "ops/cuda/launch_util.cuh"
@@ -36,44 +38,110 @@ int CurrentDevice(int* error) {
   return device;
 }
 
-// One handle per thread and device, set to the thread's current stream
-// (launch_util.cuh CurrentStream) at each use.
+// cuBLAS and cuBLASLt handles: one per thread and device, taken from a
+// per-device pool at the thread's first use and given back when the thread
+// exits. A process that runs job after job on fresh threads (a worker
+// daemon) so holds as many handles as it ever had threads using a GPU at
+// once, not one per thread it ever ran (each holds device workspace), and
+// never destroys one (cublasDestroy waits for the whole device, a
+// collective waiting for its peers included).
+template <class H>
+class HandlePool {
+ public:
+  H Take(int device) {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<H>& free = free_[static_cast<size_t>(device)];
+    if (free.empty()) return nullptr;
+    const H h = free.back();
+    free.pop_back();
+    return h;
+  }
+  void Give(int device, H h) {
+    std::lock_guard<std::mutex> lock(mu_);
+    free_[static_cast<size_t>(device)].push_back(h);
+  }
+  void Made(int device) {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++made_[static_cast<size_t>(device)];
+  }
+  int made(int device) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return made_[static_cast<size_t>(device)];
+  }
+
+ private:
+  std::mutex mu_;
+  std::array<std::vector<H>, kMaxDevices> free_;
+  std::array<int, kMaxDevices> made_ = {};
+};
+
+// Never destroyed: threads may give their handles back during static
+// destruction.
+HandlePool<cublasHandle_t>& BlasPool() {
+  static auto* pool = new HandlePool<cublasHandle_t>;
+  return *pool;
+}
+HandlePool<cublasLtHandle_t>& LtPool() {
+  static auto* pool = new HandlePool<cublasLtHandle_t>;
+  return *pool;
+}
+
+struct ThreadHandles {
+  std::array<cublasHandle_t, kMaxDevices> blas = {};
+  std::array<cublasLtHandle_t, kMaxDevices> lt = {};
+  ~ThreadHandles() {
+    for (int d = 0; d < kMaxDevices; ++d) {
+      if (blas[static_cast<size_t>(d)] != nullptr) BlasPool().Give(d, blas[static_cast<size_t>(d)]);
+      if (lt[static_cast<size_t>(d)] != nullptr) LtPool().Give(d, lt[static_cast<size_t>(d)]);
+    }
+  }
+};
+thread_local ThreadHandles thread_handles;
+
+// The calling thread's cuBLAS handle for its current device, set to the
+// thread's current stream (launch_util.cuh CurrentStream) at each use.
 cublasHandle_t Handle(int* error) {
-  thread_local cublasHandle_t handles[kMaxDevices] = {};
   const int device = CurrentDevice(error);
   if (device < 0) return nullptr;
-  if (handles[device] == nullptr) {
-    cublasHandle_t handle = nullptr;
-    if (const cublasStatus_t st = cublasCreate(&handle); st != CUBLAS_STATUS_SUCCESS) {
+  cublasHandle_t& handle = thread_handles.blas[static_cast<size_t>(device)];
+  if (handle == nullptr) handle = BlasPool().Take(device);
+  if (handle == nullptr) {
+    cublasHandle_t made = nullptr;
+    if (const cublasStatus_t st = cublasCreate(&made); st != CUBLAS_STATUS_SUCCESS) {
       *error = -static_cast<int>(st);
       return nullptr;
     }
-    cublasSetMathMode(handle, CUBLAS_PEDANTIC_MATH);  // no TF32: f32 products as the CPU's
-    handles[device] = handle;
+    cublasSetMathMode(made, CUBLAS_PEDANTIC_MATH);  // no TF32: f32 products as the CPU's
+    BlasPool().Made(device);
+    handle = made;
   }
-  if (const cublasStatus_t st = cublasSetStream(handles[device], CurrentStream()); st != CUBLAS_STATUS_SUCCESS) {
+  if (const cublasStatus_t st = cublasSetStream(handle, CurrentStream()); st != CUBLAS_STATUS_SUCCESS) {
     *error = -static_cast<int>(st);
     return nullptr;
   }
-  return handles[device];
+  return handle;
 }
 
 cudaDataType_t DataType(int code) { return code == 1 ? CUDA_R_16BF : code == 2 ? CUDA_R_16F : CUDA_R_32F; }
 
-// One cuBLASLt handle per thread and device (cuBLASLt handles carry no
-// stream: the stream is an argument of each cublasLtMatmul).
+// The calling thread's cuBLASLt handle for its current device (cuBLASLt
+// handles carry no stream: the stream is an argument of each
+// cublasLtMatmul).
 cublasLtHandle_t LtHandle(int* error) {
-  thread_local cublasLtHandle_t handles[kMaxDevices] = {};
   const int device = CurrentDevice(error);
   if (device < 0) return nullptr;
-  if (handles[device] == nullptr) {
-    if (const cublasStatus_t st = cublasLtCreate(&handles[device]); st != CUBLAS_STATUS_SUCCESS) {
-      handles[device] = nullptr;
+  cublasLtHandle_t& handle = thread_handles.lt[static_cast<size_t>(device)];
+  if (handle == nullptr) handle = LtPool().Take(device);
+  if (handle == nullptr) {
+    cublasLtHandle_t made = nullptr;
+    if (const cublasStatus_t st = cublasLtCreate(&made); st != CUBLAS_STATUS_SUCCESS) {
       *error = -static_cast<int>(st);
       return nullptr;
     }
+    LtPool().Made(device);
+    handle = made;
   }
-  return handles[device];
+  return handle;
 }
 
 // The largest power of two (up to 256) dividing the address and, for a
@@ -248,6 +316,11 @@ int RunLt(const LtProduct& p, void* workspace, size_t workspace_bytes, bool* ran
 }
 
 }  // namespace
+
+int CublasHandlesMade(int device) {
+  if (device < 0 || device >= kMaxDevices) return 0;
+  return BlasPool().made(device) + LtPool().made(device);
+}
 
 int PrepareLibraries(int device) {
   int previous = 0;

@@ -19,6 +19,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -561,6 +562,28 @@ TEST(CudaKernels, MakersAndTopKMatchTheCpuOnShardsAndTies) {
 // cuBLASLt (cuBLAS where it has no algorithm) beyond their examples: every
 // transpose, f32 and bf16, sizes not multiples of 8 (less aligned rows), a
 // batch, with the planned workspace and without one, against the CPU kernel.
+// A thread's cuBLAS handles go back to a pool when it exits: GEMMs on fresh
+// threads one after another (a worker's jobs, each on threads of its own)
+// make no handle past the first thread's.
+TEST(CudaKernels, ThreadsReuseTheCublasHandlesOfThreadsThatExited) {
+  if (const std::string why = NoGpu(); !why.empty()) GTEST_SKIP() << why;
+  std::mt19937 rng(5);
+  const std::vector<Tensor> in = {RandomInput({DType::kF32, Shape{16, 24}}, false, rng),
+                                  RandomInput({DType::kF32, Shape{24, 8}}, false, rng)};
+  const auto gemm_on_a_new_thread = [&] {
+    std::thread t([&] {
+      std::vector<Tensor> want, got;
+      ASSERT_NO_FATAL_FAILURE(RunOnBoth("matmul", in, {}, want, got));
+    });
+    t.join();
+  };
+  gemm_on_a_new_thread();
+  const int made = cuda::CublasHandlesMade(0);
+  EXPECT_GE(made, 1);
+  for (int i = 0; i < 8; ++i) gemm_on_a_new_thread();
+  EXPECT_EQ(cuda::CublasHandlesMade(0), made) << "each new thread made handles of its own";
+}
+
 TEST(CudaKernels, GemmsMatchTheCpuForEveryTranspose) {
   if (const std::string why = NoGpu(); !why.empty()) GTEST_SKIP() << why;
   std::mt19937 rng(3);
