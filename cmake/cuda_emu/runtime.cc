@@ -145,7 +145,7 @@ struct Registry {
   std::map<const char*, Allocation> allocations;
   std::set<CUevent_st*> events;
   std::map<const void*, int> shared_limits;
-  std::set<std::pair<int, std::string>> loaded;  // (device, function) under lazy loading
+  std::set<std::pair<int, std::string>> loaded;  // (device, function or module) loaded there
 };
 Registry& Reg() {
   static Registry* registry = new Registry;
