@@ -365,9 +365,9 @@ big="$work_dir/runs/gpt2_124m"
 rm -rf "$big"
 mkdir -p "$work_dir/runs"
 L=12 H=768 T=1024 V=50257 B=8
-shape=(train.dist.device_type=cuda train.amp.enabled=true model.num_layers=$L model.hidden_size=$H
-  model.num_attention_heads=12 model.ffn_hidden_size=$((4 * H)) model.max_seq_length=$T model.seq_length=$T
-  model.vocab_size=$V)
+shape=(train.dist.device_type=cuda train.amp.enabled=true "model.num_layers=$L" "model.hidden_size=$H"
+  model.num_attention_heads=12 "model.ffn_hidden_size=$((4 * H))" "model.max_seq_length=$T" "model.seq_length=$T"
+  "model.vocab_size=$V")
 # Fused attention unless the bench above found it slower than the unfused
 # ops at these shapes.
 fused=(model.bias_gelu_fusion=true)
