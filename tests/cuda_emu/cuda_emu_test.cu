@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "cublas_v2.h"
 #include "cuda_bf16.h"
 #include "cuda_emu/internal.h"
 #include "cuda_fp16.h"
@@ -74,10 +75,10 @@ bool SetSoon(const std::atomic<bool>& flag) {
   return flag.load();
 }
 
-// That `flag` stays unset for 100 ms under lazy loading (its thread waits
-// for a held stream), else that it is set soon.
-void ExpectWaitsOnlyIfLazy(bool lazy, const std::atomic<bool>& flag, const char* what) {
-  if (lazy) {
+// With `waits`, that `flag` stays unset for 100 ms (its thread waits for a
+// held stream), else that it is set soon.
+void ExpectWaits(bool waits, const std::atomic<bool>& flag, const char* what) {
+  if (waits) {
     std::this_thread::sleep_for(100ms);
     EXPECT_FALSE(flag.load()) << what;
   } else {
@@ -202,8 +203,10 @@ TEST(CudaEmu, DeviceMemoryStartsAsNaNAndDevicesAreChecked) {
 // Lazy loading (CUDA_MODULE_LOADING unset or LAZY): a kernel's first launch
 // on a device waits for everything queued on the device, on any stream, and
 // other threads' work for the device waits behind it; its later launches do
-// not wait. Under EAGER (ctest cuda_emu_test_eager) nothing waits. A stream
-// held by a host function stands for an NCCL kernel waiting for its peers.
+// not wait; so does a cuBLAS GEMM of new types, epilogue or shape. Under
+// EAGER (ctest cuda_emu_test_eager) only cuBLAS's start on a device (its
+// first handle there) waits. A stream held by a host function stands for an
+// NCCL kernel waiting for its peers.
 TEST(CudaEmu, AKernelsFirstLaunchWaitsForTheDeviceUnderLazyLoading) {
   const bool lazy = cuda_emu::LazyLoading();
   const char* mode = std::getenv("CUDA_MODULE_LOADING");
@@ -223,13 +226,13 @@ TEST(CudaEmu, AKernelsFirstLaunchWaitsForTheDeviceUnderLazyLoading) {
     SetOne<<<1, 1, 0, other>>>(flag);
     first_returned = true;
   });
-  ExpectWaitsOnlyIfLazy(lazy, first_returned, "a first launch under lazy loading waits for the held stream");
+  ExpectWaits(lazy, first_returned, "a first launch under lazy loading waits for the held stream");
   // Another thread's launch of a loaded kernel: behind the load, if any.
   std::thread loaded([&] {
     Sleepy<<<1, 1, 0, other>>>(flag);
     loaded_returned = true;
   });
-  ExpectWaitsOnlyIfLazy(lazy, loaded_returned, "other work for the device waits behind a load");
+  ExpectWaits(lazy, loaded_returned, "other work for the device waits behind a load");
   EXPECT_EQ(first_returned.load(), !lazy);
   open = true;
   first.join();
@@ -262,14 +265,38 @@ TEST(CudaEmu, AKernelsFirstLaunchWaitsForTheDeviceUnderLazyLoading) {
         third_returned = true;
         cudaStreamSynchronize(cudaStreamPerThread);
       });
-      ExpectWaitsOnlyIfLazy(lazy, third_returned, "device 1 loads SetOne on its own first launch");
+      ExpectWaits(lazy, third_returned, "device 1 loads SetOne on its own first launch");
       open_third = true;
       launcher.join();
       cudaStreamDestroy(held1);
     });
     third.join();
   }
+  // cuBLAS: under EAGER its start on a device (the first handle there) loads
+  // its modules, waiting for the device; under LAZY the start does not wait,
+  // a GEMM of new types, epilogue or shape does.
+  float* m = nullptr;
+  ASSERT_EQ(cudaMalloc(&m, 8 * sizeof(float)), cudaSuccess);
+  std::atomic<bool> open_blas{false}, created{false}, multiplied{false};
+  ASSERT_EQ(cudaLaunchHostFunc(held, HoldUntilOpen, &open_blas), cudaSuccess);
+  cublasHandle_t blas = nullptr;
+  std::thread gemm([&] {
+    ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+    ASSERT_EQ(cublasCreate(&blas), CUBLAS_STATUS_SUCCESS);
+    created = true;
+    ASSERT_EQ(cublasSetStream(blas, other), CUBLAS_STATUS_SUCCESS);
+    const float alpha = 1, beta = 0;
+    EXPECT_EQ(cublasSgemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, 2, 2, 2, &alpha, m, 2, m, 2, &beta, m + 4, 2),
+              CUBLAS_STATUS_SUCCESS);
+    multiplied = true;
+  });
+  ExpectWaits(!lazy, created, "cuBLAS's start under eager loading waits for the held stream");
+  if (lazy) ExpectWaits(true, multiplied, "a new GEMM under lazy loading waits for the held stream");
+  open_blas = true;
+  gemm.join();
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(cublasDestroy(blas), CUBLAS_STATUS_SUCCESS);
+  cudaFree(m);
   cudaStreamDestroy(held);
   cudaStreamDestroy(other);
   cudaFreeHost(flag);
