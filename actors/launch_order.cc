@@ -23,27 +23,11 @@ int64_t OrderOf(const proto::Task& task) { return IsTransfer(task) ? task.transf
 
 }  // namespace
 
-int64_t OneFOneBSlot(int64_t stage, int64_t num_stages, int64_t num_micro_batches, bool backward, int64_t k) {
-  const int64_t m = num_micro_batches;
-  const int64_t warmup = std::clamp<int64_t>(num_stages - stage - 1, 0, m);
-  if (!backward) return k < warmup ? k : warmup + 2 * (k - warmup);
-  return k < m - warmup ? warmup + 2 * k + 1 : m + k;
-}
-
-LaunchKey LaunchKeyOf(const proto::Plan& plan, const proto::Task& task, int64_t act) {
-  const proto::LaunchOrder& launch = LaunchOf(task);
-  const int64_t m = PiecesPerIteration(task);
-  const int64_t iteration = plan.start_iteration() + act / m;
-  const int64_t slot = m > 1 ? OneFOneBSlot(launch.stage(), std::max(1, launch.num_stages()), m, launch.backward(), act % m) : 0;
-  return {iteration, launch.epoch(), m > 1 ? 1 : 0, slot, OrderOf(task)};
-}
-
-absl::StatusOr<std::unique_ptr<CollectiveCoordinator>> CollectiveCoordinator::Build(const proto::Plan& plan) {
+absl::StatusOr<std::unique_ptr<CollectiveCoordinator>> CollectiveCoordinator::Build(const proto::Plan& plan,
+                                                                                    LaneScope scope) {
   std::unique_ptr<CollectiveCoordinator> out(new CollectiveCoordinator);
   out->plan_ = &plan;
-  // (device, pair group, epoch) -> the directions of its per-micro-batch
-  // transfers, and one task of each (for the error).
-  std::map<std::tuple<std::string, std::string, int32_t>, std::map<bool, const proto::Task*>> directions;
+  out->scope_ = scope;
   std::lock_guard<std::mutex> lock(out->mu_);
   for (const auto& task : plan.tasks()) {
     if (!IsOrdered(task)) continue;
@@ -53,21 +37,42 @@ absl::StatusOr<std::unique_ptr<CollectiveCoordinator>> CollectiveCoordinator::Bu
       return absl::InvalidArgumentError(StrCat("task '", task.name(), "': launch order at stage ", launch.stage(), " of ",
                                                stages, ", epoch ", launch.epoch()));
     }
-    if (IsTransfer(task) && PiecesPerIteration(task) > 1) {
-      auto& seen = directions[{DecodeActorId(task.actor_id()).device().ToString(), task.transfer().group(), launch.epoch()}];
-      seen.emplace(launch.backward(), &task);
-      if (seen.size() > 1) {
-        return absl::InvalidArgumentError(StrCat(
-            "transfers '", seen.at(false)->name(), "' (forward) and '", seen.at(true)->name(), "' (backward) share communicator ",
-            task.transfer().group(), " per micro-batch in epoch ", launch.epoch(),
-            ": their order would differ between the pair's two stages"));
-      }
-    }
     Launcher& l = out->launchers_[task.actor_id()];
     l.task = &task;
-    l.acts = plan.iterations() * PiecesPerIteration(task);
+    l.pieces = PiecesPerIteration(task);
+    l.acts = plan.iterations() * l.pieces;
+    l.key_stage = launch.stage();
+    if (task.kind() == proto::ACTOR_KIND_SEND) {
+      if (task.transfer().peer_stage() < 0 || task.transfer().peer_stage() >= stages) {
+        return absl::InvalidArgumentError(
+            StrCat("task '", task.name(), "': peer stage ", task.transfer().peer_stage(), " of ", stages));
+      }
+      l.key_stage = task.transfer().peer_stage();
+    }
+    if (l.pieces <= 1) continue;
+    if (IsTransfer(task)) {
+      const bool send = task.kind() == proto::ACTOR_KIND_SEND;
+      const int32_t from = send ? launch.stage() : task.transfer().peer_stage();
+      const int32_t to = send ? task.transfer().peer_stage() : launch.stage();
+      if (launch.backward() ? to >= from : to <= from) {
+        return absl::InvalidArgumentError(StrCat("task '", task.name(), "': a ",
+                                                 launch.backward() ? "backward" : "forward",
+                                                 " value per micro-batch from stage ", from, " to stage ", to,
+                                                 ", against the pipeline's flow (the launch order cannot place it)"));
+      }
+    }
+    std::unique_ptr<OneFOneBClock>& clock = out->clocks_[{stages, l.pieces}];
+    if (clock == nullptr) clock = std::make_unique<OneFOneBClock>(stages, l.pieces);
+    l.clock = clock.get();
   }
   return out;
+}
+
+LaunchKey CollectiveCoordinator::Key(const Launcher& l, int64_t act) const {
+  const int64_t iteration = plan_->start_iteration() + act / l.pieces;
+  const int64_t time =
+      l.clock == nullptr ? 0 : l.clock->Time(l.key_stage, LaunchOf(*l.task).backward(), act % l.pieces);
+  return {iteration, LaunchOf(*l.task).epoch(), l.clock == nullptr ? 0 : 1, time, OrderOf(*l.task)};
 }
 
 absl::Status CollectiveCoordinator::Use(uint64_t actor_id, const std::vector<std::string>& lanes) {
@@ -79,13 +84,23 @@ absl::Status CollectiveCoordinator::Use(uint64_t actor_id, const std::vector<std
   Launcher& l = it->second;
   if (!l.lanes.empty()) return absl::InternalError(StrCat("task '", l.task->name(), "' registered its communicators twice"));
   const std::string device = DecodeActorId(actor_id).device().ToString();
-  for (const std::string& name : lanes) {
-    Lane* lane = &lanes_[StrCat(device, " ", name)];
-    if (std::find(l.lanes.begin(), l.lanes.end(), lane) != l.lanes.end()) {
+  for (size_t step = 0; step < lanes.size(); ++step) {
+    const std::string& name = lanes[step];
+    if (std::find(lanes.begin(), lanes.begin() + static_cast<std::ptrdiff_t>(step), name) !=
+        lanes.begin() + static_cast<std::ptrdiff_t>(step)) {
       return absl::InternalError(StrCat("task '", l.task->name(), "' has two steps on communicator ", name));
     }
+    Lane* lane = &lanes_[scope_ == LaneScope::kDevice ? device : StrCat(device, " ", name)];
+    if (scope_ == LaneScope::kDevice && step == 0) {
+      auto [other, fresh] = lane->orders.emplace(OrderOf(*l.task), actor_id);
+      if (!fresh) {
+        return absl::InternalError(StrCat("tasks '", launchers_.at(other->second).task->name(), "' and '",
+                                          l.task->name(), "' of one conversion (order ", OrderOf(*l.task),
+                                          ") share device ", device, "'s launch lane"));
+      }
+    }
     l.lanes.push_back(lane);
-    if (l.acts > 0) lane->heads.push({LaunchKeyOf(*plan_, *l.task, 0), actor_id});
+    if (l.acts > 0) lane->heads.push({Key(l, 0), static_cast<int>(step), actor_id});
   }
   l.next_act.assign(l.lanes.size(), 0);
   return absl::OkStatus();
@@ -100,10 +115,13 @@ bool CollectiveCoordinator::TryLaunch(uint64_t actor_id, int64_t act, int step) 
   Launcher& l = it->second;
   Lane& lane = *l.lanes[static_cast<size_t>(step)];
   int64_t& next = l.next_act[static_cast<size_t>(step)];
-  if (next != act || lane.issuing || lane.heads.empty() || lane.heads.top().actor_id != actor_id) return false;
+  if (next != act || lane.issuing || lane.heads.empty() || lane.heads.top().actor_id != actor_id ||
+      lane.heads.top().step != step) {
+    return false;
+  }
   lane.heads.pop();
   lane.issuing = true;
-  if (++next < l.acts) lane.heads.push({LaunchKeyOf(*plan_, *l.task, next), actor_id});
+  if (++next < l.acts) lane.heads.push({Key(l, next), step, actor_id});
   return true;
 }
 
@@ -113,13 +131,13 @@ std::vector<uint64_t> CollectiveCoordinator::Issued(uint64_t actor_id, int step)
   if (it == launchers_.end() || step < 0 || static_cast<size_t>(step) >= it->second.lanes.size()) return {};
   Lane& lane = *it->second.lanes[static_cast<size_t>(step)];
   lane.issuing = false;
-  if (lane.heads.empty() || lane.heads.top().actor_id == actor_id) return {};
+  if (lane.heads.empty() || (lane.heads.top().actor_id == actor_id && lane.heads.top().step == step)) return {};
   return {lane.heads.top().actor_id};
 }
 
 std::string CollectiveCoordinator::DescribeHead(const std::string& name, const Lane& lane) const {
   const Launcher& head = launchers_.at(lane.heads.top().actor_id);
-  const auto step = static_cast<size_t>(std::find(head.lanes.begin(), head.lanes.end(), &lane) - head.lanes.begin());
+  const auto step = static_cast<size_t>(lane.heads.top().step);
   return StrCat(name, ": '", head.task->name(), "' act ", head.next_act[step], step > 0 ? StrCat(" step ", step) : "", " next",
                 lane.issuing ? " (after the one issuing)" : "");
 }

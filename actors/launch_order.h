@@ -7,68 +7,74 @@
 // A collective's act n (piece k = n mod m of iteration i = start + n / m, m
 // its pieces per iteration) has the key
 //
-//   (i, epoch, per-micro-batch, slot, order)
+//   (i, epoch, per-micro-batch, time, order)
 //
 // epoch counts the gradient-accumulation boundaries upstream (a gradient
 // all-reduce after acc comes after every micro-batch); once-per-iteration
-// collectives come before the per-micro-batch ones of their epoch; slot is
-// the place of (forward or backward, k) in the one-forward-one-backward
-// sequence of the collective's stage (OneFOneBSlot); order is the
-// conversion's place in the plan's global order (topological). The keys of
-// one collective's acts increase, and the collectives over a communicator
-// share a stage, so each communicator gets one sequence on all its members.
-// 1F1B is also the order the register quotas let the actors run in (DESIGN
-// §7), and the keys are consistent with the data: the collective with the
-// least key not yet done can always go once its inputs exist, which they
-// can without any collective of a larger key. Hence no deadlock.
+// collectives come before the per-micro-batch ones of their epoch (time 0);
+// order is the conversion's place in the plan's global order (topological).
+// time is when the collective's stage runs (forward or backward, k) in one
+// global one-forward-one-backward schedule, OneFOneBClock: every stage runs
+// its 1F1B sequence (OneFOneBSlot) as early as its data allows, each
+// forward and backward taking one step. The keys of one collective's acts
+// increase, and every member of a collective computes the same key, so each
+// communicator gets one sequence on all its members. 1F1B is also the order
+// the register quotas let the actors run in (DESIGN §7).
 //
-// Each (device, communicator) is a lane. Collective step i of a routine is
+// A transfer (Send / Recv, TransferDesc.launch and .order) of a value of
+// micro-batch k gets the time of the step that reads it on the receiving
+// stage (TransferDesc.peer_stage for the Send), on both sides: the value
+// arrives just before its reader runs. Every transfer from global rank a
+// to rank b goes over the pair's one communicator "p2p/a->b", whose k-th
+// Send pairs with its k-th Recv (comm/collective/communicator.h). In
+// gpt2_nano over p stages the tied token embedding lives on stage 0 and the
+// head on stage p-1 reads it: stage 0's repeat hands it out per micro-batch,
+// so it crosses 0 -> p-1 per micro-batch as a forward value, read by
+// stage p-1's forward of k; the head's gradient of it crosses back p-1 -> 0
+// per micro-batch as a backward value, read by stage 0's backward of k. The
+// learning rate crosses once per iteration in epoch 0, the clipping's norms
+// and factors in epoch 1. Build refuses a per-micro-batch transfer the
+// schedule cannot place: a forward value to an earlier stage, a backward
+// value to a later one.
+//
+// Lanes. A lane issues its launches one at a time in key order: a launch is
+// admitted when it is the lane's head and the lane's previous launch has
+// been issued. With LaneScope::kCommunicator each (device, communicator) is
+// a lane, as suits communicators that run concurrently (CPU: shared memory
+// and gloo, each on threads of its own). Collective step i of a routine is
 // admitted on its lane when it is the lane's head and the lane's previous
 // step has been issued; the first step when the actor launches, a later one
 // when the previous step completed (BoxingRoutine's StepGate). Step i >= 1
 // of a multi-step n-D routine has a communicator of its own ("<group>#i"),
 // shared only with other routines' step i over the same ranks, so a routine
 // waiting for its first step's peers holds up no single-step collective.
+// With LaneScope::kDevice (GPUs) a device's collectives and transfers on all
+// its communicators form one lane, steps ordered after their act: NCCL asks
+// that a GPU's operations on different communicators be issued in one order
+// on every rank, since a GPU may run only one of its NCCL kernels at a time,
+// and the GPU's NcclSequence runs them one at a time in the order they were
+// issued (comm/collective/nccl_communicator.h). The keys give that order:
+// two ranks that share several communicators issue what they share in the
+// same sequence.
 // Conversions that communicate nothing use no lane.
 //
-// Transfers (Send / Recv, TransferDesc.launch and .order) get keys the same
-// way, with `stage` the task's own stage. Every transfer from global rank a
-// to rank b goes over the pair's one communicator "p2p/a->b", whose k-th Send
-// pairs with its k-th Recv (comm/collective/communicator.h); a's sends and
-// b's receives are each a lane (a transfer admitted on it counts as issued
-// once Send or Recv returned). Both lanes get one sequence although the two
-// sides sit on different stages, and the slot is the only part of the key
-// that depends on the stage:
-// - iteration, epoch, per-micro-batch and order are the value's own;
-// - the stages of a and b differ, and one direction carries only forward
-//   values (activations and weights read by a later stage) or only backward
-//   values (gradients, to an earlier stage); Build refuses a lane whose
-//   per-micro-batch transfers of one epoch mix both;
-// - among forwards alone (or backwards alone) the slot grows with the
-//   micro-batch on every stage, so the per-micro-batch transfers of an
-//   epoch are in (micro-batch, order) sequence on both sides, and the
-//   iteration-rate ones (slot 0) precede them, by order.
-// In gpt2_nano over p stages the tied token embedding lives on stage 0 and
-// the head on stage p-1 reads it: stage 0's repeat hands it out per
-// micro-batch, so it crosses 0 -> p-1 per micro-batch as a forward value, in
-// (micro-batch, order) sequence with the activations; the head's gradient of
-// it crosses back p-1 -> 0 per micro-batch as a backward value and is added
-// to the embedding's on stage 0 before the accumulation. Had the weight
-// crossed once per iteration it would lead its epoch on 0 -> p-1 (it exists
-// from the iteration's start), and a gradient accumulated on p-1 would cross
-// in epoch 1, after every activation gradient. The learning rate crosses once
-// per iteration in epoch 0, the clipping's norms and factors in epoch 1.
-// Neither direction mixes.
-// No deadlock: a lane's head waits only for its data (a send for its input
-// register, a recv for a free register of its desc), and that never needs a
-// transfer behind it on the same lane. The value of micro-batch k is made
-// from values of micro-batches <= k of its iteration and epoch, from
-// iteration-rate values before them, and from earlier epochs and
-// iterations, all ahead of it on any lane they share; a value of the same
-// micro-batch it is made from was produced by an earlier node, so it has a
-// lower (topological) order. A recv's registers (quota >= 2) come back once
-// their consumers read them, which needs only micro-batches before k and
-// the backward of values kept for it, whose quota fits 1F1B (DESIGN §7).
+// No deadlock: the global schedule with every collective and transfer at its
+// key's time is an execution that respects the data (a forward of k reads
+// values of earlier steps; a transfer's value was made before its reader's
+// step; a collective's input comes from its step's earlier nodes, of lower
+// order) and the register quotas: a receive holds its register from its
+// reader's step on, like the reader's own outputs (p - s per stage for
+// values kept for backward); a sender keeps its register until the reader's
+// step, which for a neighbour comes no later than the sender's next write
+// of it, and for a stage further on (the tied embedding's weight and
+// gradient) may come later: GPU plans give such senders the registers it
+// takes (comm::SenderRegisters, scheduler/lowering/transfers.cc). So the
+// launch with the least key not yet done can always go once its inputs
+// exist, which they can without any launch of a larger key, whatever the
+// actors ran ahead. CPU plans keep their quotas: their lanes are per
+// communicator, each in the sequence it had with the stage's own 1F1B slots
+// (one direction of a pair is one reading stage's, in micro-batch order),
+// so a send waits only behind transfers of its own pair.
 //
 // Thread-safe: actors may run on any thread.
 
@@ -84,41 +90,42 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "comm/proto/pipeline_schedule.h"
 #include "comm/proto/plan.pb.h"
 
 namespace tessera::actors {
 
-// The place of (forward or backward, micro-batch k) in the 1F1B sequence of
-// stage s of p with m micro-batches: min(p - s - 1, m) warm-up forwards, then
-// forward and backward alternating, then the remaining backwards.
-int64_t OneFOneBSlot(int64_t stage, int64_t num_stages, int64_t num_micro_batches, bool backward, int64_t k);
+using comm::OneFOneBClock;
+using comm::OneFOneBSlot;
 
-// (iteration, epoch, per-micro-batch, slot, order).
+// (iteration, epoch, per-micro-batch, time, order).
 using LaunchKey = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t>;
 
-// The key of act `act` of `task` in `plan`: a collective (from its
-// BoxingDesc) or a send or recv (from its TransferDesc).
-LaunchKey LaunchKeyOf(const proto::Plan& plan, const proto::Task& task, int64_t act);
+// Which launches share a lane (see above).
+enum class LaneScope { kCommunicator, kDevice };
 
 class CollectiveCoordinator {
  public:
   // Orders the plan's collectives, sends and receives. Errors: a launch
   // order that does not fit the plan (stage outside [0, num_stages),
-  // negative epoch); transfers over one pair communicator whose order would
-  // differ between its two sides (see above).
-  static absl::StatusOr<std::unique_ptr<CollectiveCoordinator>> Build(const proto::Plan& plan);
+  // negative epoch); a per-micro-batch transfer against the schedule (see
+  // above).
+  static absl::StatusOr<std::unique_ptr<CollectiveCoordinator>> Build(const proto::Plan& plan,
+                                                                      LaneScope scope = LaneScope::kCommunicator);
 
   // Task `actor_id` (a collective, send or recv) issues its collective step
   // i on the communicator named lanes[i] (names distinct per device; a
   // transfer has one step, on its pair's group); call once per task before
-  // the run starts. Tasks that never call it go whenever ready.
+  // the run starts. Tasks that never call it go whenever ready. Errors
+  // (internal): two steps on one communicator; with LaneScope::kDevice, two
+  // tasks of one conversion on a device (their keys would tie).
   absl::Status Use(uint64_t actor_id, const std::vector<std::string>& lanes);
   // Whether `actor_id` may issue step `step` of its act `act` now: it heads
   // that step's lane and the lane is not issuing. On true the lane waits for
   // Issued.
   bool TryLaunch(uint64_t actor_id, int64_t act, int step = 0);
   // `actor_id` has issued step `step`; returns the lane's new head (to
-  // wake), unless it is `actor_id` itself.
+  // wake), unless it is that same step of `actor_id`.
   std::vector<uint64_t> Issued(uint64_t actor_id, int step = 0);
   // "cpu:1 <lane>: 'boxing:x:3@1' act 2 next" for every lane with work left.
   std::string Describe() const;
@@ -129,26 +136,34 @@ class CollectiveCoordinator {
  private:
   struct Entry {
     LaunchKey key;
+    int step = 0;
     uint64_t actor_id = 0;
-    bool operator>(const Entry& other) const { return key > other.key; }
+    bool operator>(const Entry& other) const { return std::tie(key, step) > std::tie(other.key, other.step); }
   };
   struct Lane {
-    std::priority_queue<Entry, std::vector<Entry>, std::greater<>> heads;  // each collective's next act
+    std::priority_queue<Entry, std::vector<Entry>, std::greater<>> heads;  // each step's next act
     bool issuing = false;  // an admitted launch has not issued all its collectives yet
+    std::map<int64_t, uint64_t> orders;  // LaneScope::kDevice: conversion order -> task using the lane
   };
   // A collective, send or recv task.
   struct Launcher {
     const proto::Task* task = nullptr;
     int64_t acts = 0;
-    std::vector<Lane*> lanes;       // per collective step
-    std::vector<int64_t> next_act;  // per collective step
+    int64_t pieces = 1;                    // per iteration
+    const OneFOneBClock* clock = nullptr;  // per-micro-batch tasks
+    int32_t key_stage = 0;                 // the stage whose schedule times its acts
+    std::vector<Lane*> lanes;              // per collective step
+    std::vector<int64_t> next_act;         // per collective step
   };
 
+  LaunchKey Key(const Launcher& l, int64_t act) const;
   std::string DescribeHead(const std::string& name, const Lane& lane) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const proto::Plan* plan_ = nullptr;
+  LaneScope scope_ = LaneScope::kCommunicator;
+  std::map<std::pair<int64_t, int64_t>, std::unique_ptr<OneFOneBClock>> clocks_;  // (stages, micro-batches)
   mutable std::mutex mu_;
-  std::map<std::string, Lane> lanes_ ABSL_GUARDED_BY(mu_);  // "cpu:0 <communicator>"
+  std::map<std::string, Lane> lanes_ ABSL_GUARDED_BY(mu_);  // "cpu:0 <communicator>", or "cpu:0"
   std::map<uint64_t, Launcher> launchers_ ABSL_GUARDED_BY(mu_);
 };
 

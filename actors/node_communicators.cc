@@ -167,6 +167,8 @@ absl::StatusOr<std::shared_ptr<comm::Communicator>> NodeCommunicators::JoinNccl(
     }
     device = where.device_index();
   }
+  std::shared_ptr<GpuSequence>& sequence = sequences_[device];
+  if (sequence == nullptr) sequence = std::make_shared<GpuSequence>();
   comm::NcclOptions nccl;
   nccl.group = group;
   nccl.rank = rank;
@@ -174,9 +176,25 @@ absl::StatusOr<std::shared_ptr<comm::Communicator>> NodeCommunicators::JoinNccl(
   nccl.device = static_cast<int>(device);
   nccl.kv_prefix = options_.kv_prefix;
   nccl.timeout_s = options_.timeout_s;
-  auto connect = [nccl](comm::KvStore& kv, const std::atomic<bool>& cancel) mutable {
+  auto connect = [nccl, sequence](
+                     comm::KvStore& kv,
+                     const std::atomic<bool>& cancel) mutable -> absl::StatusOr<std::shared_ptr<comm::Communicator>> {
     nccl.kv = &kv;
     nccl.cancel = &cancel;
+    {
+      // Made by the GPU's first member to connect (ConnectAll connects in
+      // parallel).
+      std::lock_guard<std::mutex> lock(sequence->mu);
+      if (sequence->sequence == nullptr) {
+        absl::StatusOr<std::shared_ptr<comm::NcclSequence>> made = comm::MakeNcclSequence(nccl.device);
+        if (!made.ok()) {
+          return absl::Status(made.status().code(), StrCat("nccl group '", nccl.group, "' rank ", nccl.rank, "/",
+                                                           nccl.size, ": ", made.status().message()));
+        }
+        sequence->sequence = *std::move(made);
+      }
+      nccl.sequence = sequence->sequence;
+    }
     return comm::MakeNcclCommunicator(nccl);
   };
   auto deferred = std::make_shared<Deferred>(std::move(connect), rank, nccl.size,

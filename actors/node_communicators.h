@@ -11,7 +11,8 @@
 // local or spanning (comm/collective/nccl_communicator.h): rank r's on the
 // GPU its Plan.ranks entry names (its index when the plan has none), meeting
 // through `kv` — or, without one (a one-process runtime), a KV store of
-// this object's own.
+// this object's own. The communicators of one GPU share its NcclSequence:
+// their ops run one at a time, in the order they were issued.
 //
 // Joining is two-phase because a gloo rendezvous (and an NCCL group's
 // creation) blocks until every member
@@ -29,12 +30,14 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "comm/collective/communicator.h"
 #include "comm/collective/kv_store.h"
+#include "comm/collective/nccl_communicator.h"
 #include "comm/collective/shm_communicator.h"
 #include "comm/proto/plan.pb.h"
 
@@ -85,6 +88,13 @@ class NodeCommunicators {
   NodeCommunicatorOptions options_;
   std::unique_ptr<comm::KvStore> own_kv_;  // NCCL's rendezvous when the options bring no KV store
   std::vector<std::shared_ptr<Deferred>> pending_;
+  // Per GPU: the issue order its NCCL communicators share
+  // (comm/collective/nccl_communicator.h), made when the first connects.
+  struct GpuSequence {
+    std::mutex mu;
+    std::shared_ptr<comm::NcclSequence> sequence;  // under mu
+  };
+  std::map<uint32_t, std::shared_ptr<GpuSequence>> sequences_;
   std::map<std::string, std::vector<std::shared_ptr<comm::Communicator>>> hierarchical_;  // group -> local members
 };
 

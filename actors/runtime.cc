@@ -251,7 +251,10 @@ class LoadedJob {
       }
       return joined.communicator;
     };
-    ASSIGN_OR_RETURN(job->coordinator, CollectiveCoordinator::Build(job->plan));
+    // A GPU issues all its NCCL operations in one order (launch_order.h).
+    ASSIGN_OR_RETURN(
+        job->coordinator,
+        CollectiveCoordinator::Build(job->plan, node_options.gpus ? LaneScope::kDevice : LaneScope::kCommunicator));
     if (options.ordered_launches) job->env.coordinator = job->coordinator.get();
     for (const auto& task : job->plan.tasks()) {
       ActorEnvironment env = job->env;

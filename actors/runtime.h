@@ -103,7 +103,8 @@ struct RuntimeOptions {
   // forever.
   double hung_kernel_timeout_s = 600;
   // Collectives and transfers launch in the plan's static order
-  // (actors/launch_order.h). false: each launches as soon as it is ready,
+  // (actors/launch_order.h): on GPUs in one lane per device, on CPUs in one
+  // per communicator. false: each launches as soon as it is ready,
   // which mismatches ops over a shared communicator; only for tests that
   // show what the order prevents.
   bool ordered_launches = true;

@@ -8,7 +8,7 @@
 # communicator answering ncclInProgress first, as real NCCL may), and
 # gpt2_nano on one emulated GPU
 # against the CPU and under DP / TP / PP / 2x2x1 / 2x2x2 against one GPU
-# (those layouts again with at most two NCCL ops running per GPU);
+# (those layouts again with one NCCL op at a time per GPU);
 # then whole jobs through the binary on emulated cuda:0 against the CPU
 # (gpt2_nano in bf16 and fp16 AMP, with fused attention and bias_gelu
 # fusion; bert_tiny; mlp_demo); then across processes, a worker process
@@ -59,14 +59,12 @@ export TESSERA_CUDA_EMU_DEVICES=8
 TESSERA_TEST_DEADLINE_SCALE=10 ctest --test-dir "$build" -R "$regex" --output-on-failure
 [ "$quick" = 1 ] && exit 0
 
-# The layouts again with at most two NCCL ops running per emulated GPU
-# (TESSERA_CUDA_EMU_NCCL_CONCURRENT=2): a GPU runs a collective's kernel
-# only where it finds free SMs. With one at a time the pipeline layout
-# deadlocks (a stage's receive waits for its peer's send, queued on the
-# peer's GPU behind that GPU's own waiting receive): Tessera needs a GPU to
-# run two NCCL kernels at once, as sends and receives on communicators of
-# their own do elsewhere.
-TESSERA_CUDA_EMU_NCCL_CONCURRENT=2 TESSERA_TEST_DEADLINE_SCALE=10 \
+# The layouts again with one NCCL op at a time per emulated GPU
+# (TESSERA_CUDA_EMU_NCCL_CONCURRENT=1): a GPU may run only one of its NCCL
+# kernels at a time, so its ops on all communicators must run in one order
+# on every rank (the launch order's one lane per GPU, and the GPU's
+# NcclSequence: docs/architecture.md, the NCCL communicator).
+TESSERA_CUDA_EMU_NCCL_CONCURRENT=1 TESSERA_TEST_DEADLINE_SCALE=10 \
   "$build/bin/gpu_equivalence_test" --gtest_filter='GpuEquivalence.LayoutsOverGpusGiveTheOneGpuLosses'
 
 # Whole jobs through the binary, on emulated cuda:0 against the CPU (the

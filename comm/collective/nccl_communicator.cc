@@ -38,6 +38,48 @@ std::string LazyModuleLoadingWarning(const char* mode) {
 #include "core/text.h"
 
 namespace tessera::comm {
+
+// One event, re-recorded behind each op: an op's stream waits for the
+// event's latest record (the op issued before it), then records it behind
+// itself. Held from the wait to the record, so the order of the records is
+// the order of the ops.
+class NcclSequence {
+ public:
+  explicit NcclSequence(cudaEvent_t event) : event_(event) {}
+  ~NcclSequence() {
+    // Every communicator holding the sequence is gone, its stream drained
+    // or its kernels aborted.
+    cudaEventDestroy(event_);
+  }
+  NcclSequence(const NcclSequence&) = delete;
+  NcclSequence& operator=(const NcclSequence&) = delete;
+
+  std::unique_lock<std::mutex> Lock() { return std::unique_lock<std::mutex>(mu_); }
+  // With Lock held: `stream` waits for the previous op's record.
+  cudaError_t After(cudaStream_t stream) { return recorded_ ? cudaStreamWaitEvent(stream, event_, 0) : cudaSuccess; }
+  // With Lock held: the next op waits for what is on `stream` now.
+  cudaError_t Behind(cudaStream_t stream) {
+    const cudaError_t e = cudaEventRecord(event_, stream);
+    if (e == cudaSuccess) recorded_ = true;
+    return e;
+  }
+
+ private:
+  cudaEvent_t event_;
+  std::mutex mu_;
+  bool recorded_ = false;  // under mu_
+};
+
+absl::StatusOr<std::shared_ptr<NcclSequence>> MakeNcclSequence(int device) {
+  cudaEvent_t event = nullptr;
+  cudaError_t e = cudaSetDevice(device);
+  if (e == cudaSuccess) e = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
+  if (e != cudaSuccess) {
+    return absl::InternalError(StrCat("cuda:", device, ": the NCCL issue order's event: ", cudaGetErrorString(e)));
+  }
+  return std::make_shared<NcclSequence>(event);
+}
+
 namespace {
 
 absl::StatusOr<ncclDataType_t> NcclType(DType dtype) {
@@ -267,6 +309,17 @@ class NcclCommunicator final : public Communicator {
     const std::string what = StrCat(Describe(), ": ", op);
     stream_->Enqueue([self, what, tensors, enqueue = std::move(enqueue), type = *type]() -> absl::Status {
       std::lock_guard<std::mutex> op(self->calls_mu_);  // one op (its calls and their polling) at a time
+      // The GPU's issue order (NcclOptions.sequence), held from the wait
+      // for the op issued before this one to the record behind it.
+      NcclSequence* sequence = self->options_.sequence.get();
+      std::unique_lock<std::mutex> order;
+      if (sequence != nullptr) order = sequence->Lock();
+      const auto stream = static_cast<cudaStream_t>(self->stream_->native());
+      if (sequence != nullptr) {
+        if (const cudaError_t e = sequence->After(stream); e != cudaSuccess) {
+          return absl::InternalError(StrCat(what, ": waiting for the GPU's previous NCCL op: ", cudaGetErrorString(e)));
+        }
+      }
       // Every call with the handle holds mu_ and first checks the abort:
       // ncclCommAbort (the watcher's, Abort's) frees the communicator, so a
       // call after it, or during it, would read freed memory. A
@@ -274,7 +327,7 @@ class NcclCommunicator final : public Communicator {
       // across one never holds up an abort for long.
       std::unique_lock<std::mutex> lock(self->mu_);
       if (self->comm_aborted_) return self->AbortReasonLocked();
-      ncclResult_t r = enqueue(static_cast<cudaStream_t>(self->stream_->native()), type);
+      ncclResult_t r = enqueue(stream, type);
       // Still enqueuing (connecting to peers, say): wait for it, letting an
       // abort in between polls.
       while (r == ncclInProgress) {
@@ -285,6 +338,11 @@ class NcclCommunicator final : public Communicator {
         if (ncclCommGetAsyncError(self->comm_, &r) != ncclSuccess) break;
       }
       if (r != ncclSuccess) return absl::InternalError(StrCat(what, ": ", Explain(r, self->comm_)));
+      if (sequence != nullptr) {
+        if (const cudaError_t e = sequence->Behind(stream); e != cudaSuccess) {
+          return absl::InternalError(StrCat(what, ": recording the GPU's NCCL order: ", cudaGetErrorString(e)));
+        }
+      }
       return absl::OkStatus();
     });
     stream_->OnComplete([self, tensors = std::move(tensors), done = std::move(done)](absl::Status status) {
@@ -419,6 +477,12 @@ absl::StatusOr<std::shared_ptr<Communicator>> MakeNcclCommunicator(const NcclOpt
 #else  // no CUDA
 
 namespace tessera::comm {
+
+class NcclSequence {};
+
+absl::StatusOr<std::shared_ptr<NcclSequence>> MakeNcclSequence(int device) {
+  return absl::UnimplementedError("cuda:" + std::to_string(device) + ": this build of Tessera has no CUDA support");
+}
 
 absl::StatusOr<std::shared_ptr<Communicator>> MakeNcclCommunicator(const NcclOptions& options) {
   return absl::UnimplementedError("nccl group '" + options.group + "': this build of Tessera has no CUDA support");

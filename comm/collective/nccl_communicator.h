@@ -22,6 +22,16 @@
 // runtime's, on a job failure or cancel) does the same, so no rank stays
 // blocked in a collective when another one is gone.
 //
+// One order per GPU: the communicators of one GPU given one NcclSequence
+// (NcclOptions.sequence) run their ops one at a time, in the order they
+// were issued, whatever communicator each is on: each op's stream first
+// waits, on the GPU, for the op issued before it. NCCL asks for that when
+// a GPU uses several communicators: a GPU may run only one of its NCCL
+// kernels at a time, and one that waits for peers stuck behind another of
+// them hangs the job. With the runtime's one launch lane per GPU
+// (actors/launch_order.h) every rank issues what it shares with another in
+// the same order, so no op waits for one behind it.
+//
 // Not detected (unlike the shared-memory and gloo communicators): ranks
 // issuing different collectives. The runtime's static launch order
 // (actors/launch_order.h) is what keeps them in step.
@@ -36,6 +46,13 @@
 
 namespace tessera::comm {
 
+// The issue order of one GPU's NCCL ops, shared by its communicators
+// (defined with CUDA only).
+class NcclSequence;
+// A sequence for the communicators of cuda:`device` (an error when CUDA
+// fails to make its event; Unimplemented without CUDA).
+absl::StatusOr<std::shared_ptr<NcclSequence>> MakeNcclSequence(int device);
+
 struct NcclOptions {
   std::string group;  // names the rendezvous key and Describe()
   int rank = 0;
@@ -48,6 +65,9 @@ struct NcclOptions {
   // gives up with Cancelled (the runtime sets it when another member of the
   // same load failed, so nobody waits out the timeout for it).
   const std::atomic<bool>* cancel = nullptr;
+  // Optional, from MakeNcclSequence(device): the ops of every communicator
+  // sharing it run one at a time in issue order (see above).
+  std::shared_ptr<NcclSequence> sequence;
 };
 
 // A communicator for `options` (an error naming the group and rank when the

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "comm/proto/pipeline_schedule.h"
 #include "scheduler/lowering/lowering.h"
 
 namespace tessera::scheduler::lowering {
@@ -20,6 +21,24 @@ absl::Status Lowering::LowerTransfer(ValueId v, int64_t stage, const NdSbp& sbp)
   // both sides (actors/launch_order.h).
   RETURN_IF_ERROR(Ensure(v, from.stage, sbp));
   const std::vector<Shard>& source = shards_.at({v, from.stage, NdSbpToString(sbp)});
+  // On GPUs each device launches its collectives and transfers in one lane
+  // (actors/launch_order.h), a transfer at its reader's step: the sender
+  // keeps each micro-batch's register until then, so it gets the registers
+  // that takes (comm::SenderRegisters; a tied weight read on the last stage
+  // needs more than a neighbour's activation).
+  if (micro && rates_.num_micro_batches > 1 && options_.parallel.device_type == DeviceType::kCuda) {
+    const comm::OneFOneBClock clock(mesh_.num_stages(), rates_.num_micro_batches);
+    for (const Shard& shard : source) {
+      proto::RegisterDesc& desc = builder_.mutable_plan().mutable_register_descs()->at(static_cast<int>(shard.desc));
+      if (desc.id() != shard.desc) {
+        return absl::InternalError(StrCat("register desc ", shard.desc, " is not at its index"));
+      }
+      const bool collective = builder_.task(desc.producer()).kind() == proto::ACTOR_KIND_COLLECTIVE;
+      const int32_t needed =
+          comm::SenderRegisters(clock, from.stage, stage, facts_.backward[static_cast<size_t>(v)], collective);
+      if (desc.register_num() < needed) desc.set_register_num(needed);
+    }
+  }
   std::vector<Shard>& target = shards_[{v, stage, NdSbpToString(sbp)}];
   const int64_t order = NewConversion(v);
   for (int64_t i = 0; i < placement(stage).size(); ++i) {
@@ -39,6 +58,7 @@ absl::Status Lowering::LowerTransfer(ValueId v, int64_t stage, const NdSbp& sbp)
       launch->set_epoch(facts_.epoch[static_cast<size_t>(v)]);
       launch->set_backward(facts_.backward[static_cast<size_t>(v)]);
       launch->set_stage(static_cast<int32_t>(task == send ? from.stage : stage));
+      t->set_peer_stage(static_cast<int32_t>(task == send ? stage : from.stage));
       launch->set_num_stages(static_cast<int32_t>(mesh_.num_stages()));
       SetRate(task, micro);
     }

@@ -1,5 +1,6 @@
-// The static coordinator: the 1F1B launch slots, the per-device launch
-// sequence, the sequence of a pair's transfers on both sides, and runs in
+// The static coordinator: the 1F1B launch slots and the global clock, the
+// per-device launch sequence, the sequence of a pair's transfers on both
+// sides, one lane per device (GPUs) over all its communicators, and runs in
 // which two devices' collectives, or two transfers over one pair
 // communicator, become ready in the wrong order.
 #include "actors/launch_order.h"
@@ -9,6 +10,7 @@
 #include <condition_variable>
 #include <map>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -299,6 +301,7 @@ TransferPair AddTransfer(comm::PlanBuilder& b, const TransferSpec& spec, uint32_
     t->mutable_launch()->set_backward(spec.backward);
     t->mutable_launch()->set_stage(send ? from_stage : to_stage);
     t->mutable_launch()->set_num_stages(num_stages);
+    t->set_peer_stage(send ? to_stage : from_stage);
     if (spec.pieces > 1) {
       b.task(id).set_pieces_per_iteration(spec.pieces);
       b.task(id).set_acts_per_step(spec.pieces);
@@ -377,20 +380,257 @@ TEST(LaunchOrder, BothSidesOfAPairIssueItsTransfersInOneSequence) {
   EXPECT_TRUE(c.Describe().empty()) << c.Describe();
 }
 
-TEST(LaunchOrder, APairMixingForwardAndBackwardMicroBatchesIsRefused) {
+TEST(LaunchOrder, TransfersAgainstThePipelineAreRefused) {
+  struct Case {
+    TransferSpec spec;
+    int32_t from_stage, to_stage;
+    std::string error;  // "" = accepted
+  };
+  const std::vector<Case> cases = {
+      {{"act", 0, false, 0, 2}, 0, 1, ""},
+      {{"grad", 0, true, 0, 2}, 1, 0, ""},
+      {{"act", 0, false, 0, 2}, 1, 0, "a forward value per micro-batch from stage 1 to stage 0"},
+      {{"grad", 0, true, 0, 2}, 0, 1, "a backward value per micro-batch from stage 0 to stage 1"},
+      {{"lr", 0, false, 0, 1}, 1, 0, ""},  // once per iteration: ordered before the micro-batches
+  };
+  for (const Case& c : cases) {
+    comm::PlanBuilder b(1);
+    AddTransfer(b, c.spec, 0, 1, c.from_stage, c.to_stage, 2);
+    auto coordinator = CollectiveCoordinator::Build(b.plan());
+    if (c.error.empty()) {
+      EXPECT_TRUE(coordinator.ok()) << coordinator.status();
+    } else {
+      ASSERT_FALSE(coordinator.ok()) << c.error;
+      EXPECT_NE(coordinator.status().message().find("task 'send:" + c.spec.name + "': " + c.error), std::string::npos)
+          << coordinator.status();
+    }
+  }
   comm::PlanBuilder b(1);
-  AddTransfer(b, TransferSpec{"act", 0, false, 0, 2}, 0, 1, 0, 1, 2);
-  AddTransfer(b, TransferSpec{"grad", 1, true, 0, 2}, 0, 1, 0, 1, 2);
+  const TransferPair pair = AddTransfer(b, TransferSpec{"act", 0, false, 0, 2}, 0, 1, 0, 1, 2);
+  b.task(pair.send).mutable_transfer()->set_peer_stage(2);
   auto coordinator = CollectiveCoordinator::Build(b.plan());
   ASSERT_FALSE(coordinator.ok());
-  EXPECT_NE(coordinator.status().message().find("'send:act' (forward) and 'send:grad' (backward)"), std::string::npos)
+  EXPECT_NE(coordinator.status().message().find("task 'send:act': peer stage 2 of 2"), std::string::npos)
       << coordinator.status();
-  // After accumulation (another epoch) or once per iteration, they may share.
-  comm::PlanBuilder ok(1);
-  AddTransfer(ok, TransferSpec{"act", 0, false, 0, 2}, 0, 1, 0, 1, 2);
-  AddTransfer(ok, TransferSpec{"grad", 1, true, 1, 2}, 0, 1, 0, 1, 2);
-  AddTransfer(ok, TransferSpec{"other", 2, true, 0, 1}, 0, 1, 0, 1, 2);
-  EXPECT_TRUE(CollectiveCoordinator::Build(ok.plan()).ok());
+}
+
+TEST(LaunchOrder, TheClockRunsEachStageAsEarlyAsItsDataAllows) {
+  // p = 2, m = 3, by hand. Stage 0: F0 F1 B0 F2 B1 B2; stage 1: F0 B0 F1 B1
+  // F2 B2. Stage 1's F0 waits for stage 0's (step 2); stage 0's B0 for
+  // stage 1's (step 4), and so on.
+  const OneFOneBClock clock(2, 3);
+  const std::vector<std::vector<int64_t>> forward = {{1, 2, 5}, {2, 4, 6}}, backward = {{4, 6, 8}, {3, 5, 7}};
+  for (int64_t s = 0; s < 2; ++s) {
+    for (int64_t k = 0; k < 3; ++k) {
+      EXPECT_EQ(clock.Time(s, false, k), forward[static_cast<size_t>(s)][static_cast<size_t>(k)]) << s << " F" << k;
+      EXPECT_EQ(clock.Time(s, true, k), backward[static_cast<size_t>(s)][static_cast<size_t>(k)]) << s << " B" << k;
+    }
+  }
+  // What the no-deadlock argument of launch_order.h rests on, for every p
+  // and m: each stage runs its 1F1B sequence in order, one step at a time;
+  // a forward after the previous stage's, a backward after the next
+  // stage's; a value sent on is read on the next stage no later than the
+  // step in which the sender writes its next one (so one register
+  // suffices); and a stage holds at most p - s micro-batches in flight.
+  for (int64_t p = 1; p <= 8; ++p) {
+    for (int64_t m = 1; m <= 16; ++m) {
+      const OneFOneBClock c(p, m);
+      for (int64_t s = 0; s < p; ++s) {
+        const auto seq = Sequence(s, p, m);
+        for (size_t i = 1; i < seq.size(); ++i) {
+          ASSERT_LT(c.Time(s, seq[i - 1].first, seq[i - 1].second), c.Time(s, seq[i].first, seq[i].second))
+              << "p " << p << " m " << m << " stage " << s << " slot " << i;
+        }
+        ASSERT_GE(c.Time(s, seq[0].first, seq[0].second), 1);
+        for (int64_t k = 0; k < m; ++k) {
+          if (s > 0) {
+            ASSERT_GT(c.Time(s, false, k), c.Time(s - 1, false, k)) << p << " " << m << " " << s << " " << k;
+          }
+          if (s + 1 < p) {
+            ASSERT_GT(c.Time(s, true, k), c.Time(s + 1, true, k)) << p << " " << m << " " << s << " " << k;
+          }
+          if (s + 1 < p && k + 1 < m) {
+            ASSERT_LE(c.Time(s + 1, false, k), c.Time(s, false, k + 1)) << p << " " << m << " " << s << " " << k;
+            ASSERT_LE(c.Time(s, true, k), c.Time(s + 1, true, k + 1)) << p << " " << m << " " << s << " " << k;
+          }
+        }
+        for (int64_t k = 0; k < m; ++k) {
+          int64_t in_flight = 0;
+          for (int64_t j = 0; j < m; ++j) {
+            in_flight += c.Time(s, false, j) <= c.Time(s, false, k) && c.Time(s, true, j) > c.Time(s, false, k) ? 1 : 0;
+          }
+          ASSERT_LE(in_flight, p - s) << "p " << p << " m " << m << " stage " << s << " F" << k;
+        }
+      }
+    }
+  }
+}
+
+// A COLLECTIVE task of a pipeline stage's collective (one per micro-batch
+// when pieces > 1).
+uint64_t AddStageCollective(comm::PlanBuilder& b, const std::string& name, uint32_t device, int64_t order,
+                            bool backward, int32_t epoch, int32_t stage, int32_t stages, int32_t pieces) {
+  const uint64_t id = b.AddTask(proto::ACTOR_KIND_COLLECTIVE, name, 1, device);
+  proto::BoxingDesc* box = b.task(id).mutable_boxing();
+  box->set_order(order);
+  box->mutable_launch()->set_backward(backward);
+  box->mutable_launch()->set_epoch(epoch);
+  box->mutable_launch()->set_stage(stage);
+  box->mutable_launch()->set_num_stages(stages);
+  if (pieces > 1) {
+    b.task(id).set_pieces_per_iteration(pieces);
+    b.task(id).set_acts_per_step(pieces);
+  }
+  return id;
+}
+
+// Three stages of two tensor-parallel ranks each (devices 2s and 2s+1), m =
+// 4, two iterations, with LaneScope::kDevice. Per micro-batch: a forward
+// and a backward all-reduce in each stage; activations s -> s+1 and
+// gradients s+1 -> s on each rank's pair; a tied weight 0 -> 2 and its
+// gradient 2 -> 0. Per iteration: the learning rate 0 -> 1 and 1 -> 2, and a
+// gradient all-reduce per stage after accumulation. Each device issues all
+// of it in one lane, and a GPU may run one NCCL operation at a time in that
+// order: then every operation must find all its members at it, with no
+// device holding up another (the lanes drain one operation at a time).
+// Each stage's own 1F1B slots instead of the global clock would deadlock
+// here: stage 0 sends F2 before it receives B0, stage 1 sends B0 before it
+// receives F2 (OneFOneBSlot).
+TEST(LaunchOrder, OneLanePerDeviceGivesEveryGpuOneConsistentSequence) {
+  constexpr int32_t kStages = 3, kPieces = 4;
+  constexpr int64_t kIterations = 2;
+  comm::PlanBuilder b(kIterations);
+  // op name -> devices; device -> (task, op name, communicator).
+  std::map<std::string, std::set<uint32_t>> members;
+  std::map<uint32_t, std::vector<std::tuple<uint64_t, std::string, std::string>>> tasks;
+  int64_t order = 0;
+  auto collective = [&](const std::string& name, int32_t stage, bool backward, int32_t epoch, int32_t pieces) {
+    const int64_t o = order++;
+    for (uint32_t rank = 0; rank < 2; ++rank) {
+      const auto device = static_cast<uint32_t>(2 * stage) + rank;
+      const uint64_t id =
+          AddStageCollective(b, StrCat(name, "@", device), device, o, backward, epoch, stage, kStages, pieces);
+      tasks[device].push_back({id, name, StrCat(name[0] == 't' ? "tp/" : "dp/", stage)});
+      members[name].insert(device);
+    }
+  };
+  auto transfer = [&](const std::string& name, int32_t from, int32_t to, bool backward, int32_t pieces) {
+    const int64_t o = order++;
+    for (uint32_t rank = 0; rank < 2; ++rank) {
+      const auto a = static_cast<uint32_t>(2 * from) + rank, z = static_cast<uint32_t>(2 * to) + rank;
+      const TransferPair pair =
+          AddTransfer(b, TransferSpec{StrCat(name, rank), o, backward, backward && pieces == 1 ? 1 : 0, pieces}, a, z,
+                      from, to, kStages);
+      const std::string op = StrCat(name, rank);
+      tasks[a].push_back({pair.send, op, StrCat("p2p/", a, "->", z)});
+      tasks[z].push_back({pair.recv, op, StrCat("p2p/", a, "->", z)});
+      members[op] = {a, z};
+    }
+  };
+  transfer("lr01.", 0, 1, false, 1);
+  transfer("lr12.", 1, 2, false, 1);
+  transfer("tied02.", 0, 2, false, kPieces);
+  for (int32_t s = 0; s < kStages; ++s) {
+    collective(StrCat("tp_fwd", s), s, false, 0, kPieces);
+    if (s + 1 < kStages) transfer(StrCat("act", s, s + 1, "."), s, s + 1, false, kPieces);
+  }
+  transfer("tiedgrad20.", 2, 0, true, kPieces);
+  for (int32_t s = kStages - 1; s >= 0; --s) {
+    collective(StrCat("tp_bwd", s), s, true, 0, kPieces);
+    if (s > 0) transfer(StrCat("grad", s, s - 1, "."), s, s - 1, true, kPieces);
+  }
+  for (int32_t s = 0; s < kStages; ++s) collective(StrCat("dp_grads", s), s, false, 1, 1);
+
+  const proto::Plan plan = b.plan();
+  auto coordinator = CollectiveCoordinator::Build(plan, LaneScope::kDevice);
+  ASSERT_TRUE(coordinator.ok()) << coordinator.status();
+  CollectiveCoordinator& c = **coordinator;
+  for (const auto& [device, list] : tasks) {
+    for (const auto& [id, op, communicator] : list) ASSERT_TRUE(c.Use(id, {communicator}).ok()) << op;
+  }
+  // Each device's sequence, "<op> <act>", with every task always ready.
+  std::map<uint32_t, std::vector<std::string>> sequence;
+  for (const auto& [device, list] : tasks) {
+    std::vector<std::pair<uint64_t, std::string>> named;
+    for (const auto& [id, op, communicator] : list) named.push_back({id, op});
+    sequence[device] = LaneSequence(c, named);
+  }
+  EXPECT_TRUE(c.Describe().empty()) << c.Describe();
+  // Run them one operation at a time per device: an operation goes once it
+  // heads the sequence of every member.
+  std::map<uint32_t, size_t> at;
+  size_t done = 0, total = 0;
+  for (const auto& [device, seq] : sequence) total += seq.size();
+  for (bool moved = true; moved;) {
+    moved = false;
+    for (const auto& [device, seq] : sequence) {
+      if (at[device] >= seq.size()) continue;
+      const std::string& head = seq[at[device]];
+      const std::string op = head.substr(0, head.find(' '));
+      const bool all = std::all_of(members[op].begin(), members[op].end(), [&](uint32_t d) {
+        return at[d] < sequence[d].size() && sequence[d][at[d]] == head;
+      });
+      if (!all) continue;
+      for (uint32_t d : members[op]) ++at[d];
+      done += members[op].size();
+      moved = true;
+    }
+  }
+  std::string stuck;
+  for (const auto& [device, seq] : sequence) {
+    if (at[device] < seq.size()) stuck += StrCat(" device ", device, " at '", seq[at[device]], "';");
+  }
+  EXPECT_EQ(done, total) << "stuck:" << stuck;
+  // Every micro-batch of every operation ran: 2 iterations.
+  EXPECT_EQ(sequence[2].size(),
+            static_cast<size_t>(kIterations * (1 + 1 + 2 * kPieces + 4 * kPieces + 1)))  // lr in, lr out, tp, p2p, dp
+      << Join(sequence[2], ", ");
+}
+
+TEST(LaunchOrder, OneLanePerDeviceRefusesTwoTasksOfOneConversion) {
+  comm::PlanBuilder b(1);
+  const uint64_t x = AddStageCollective(b, "x", 0, 7, false, 0, 0, 1, 1);
+  const uint64_t y = AddStageCollective(b, "y", 0, 7, false, 0, 0, 1, 1);
+  const proto::Plan plan = b.plan();
+  auto coordinator = CollectiveCoordinator::Build(plan, LaneScope::kDevice);
+  ASSERT_TRUE(coordinator.ok()) << coordinator.status();
+  ASSERT_TRUE((*coordinator)->Use(x, {"a"}).ok());
+  const absl::Status status = (*coordinator)->Use(y, {"b"});
+  EXPECT_NE(status.message().find("tasks 'x' and 'y' of one conversion (order 7) share device cpu:0's launch lane"),
+            std::string::npos)
+      << status;
+  // Per communicator they are apart.
+  auto apart = CollectiveCoordinator::Build(plan);
+  ASSERT_TRUE(apart.ok());
+  EXPECT_TRUE((*apart)->Use(x, {"a"}).ok());
+  EXPECT_TRUE((*apart)->Use(y, {"b"}).ok());
+}
+
+// A two-step collective on one device lane: its second step follows its
+// first, before anything of a later key, and a step admitted while the
+// lane issues is woken when it is free.
+TEST(LaunchOrder, OneLanePerDeviceOrdersAStepAfterItsAct) {
+  comm::PlanBuilder b(1);
+  const uint64_t two = AddStageCollective(b, "two", 0, 1, false, 0, 0, 1, 1);
+  const uint64_t later = AddStageCollective(b, "later", 0, 2, false, 0, 0, 1, 1);
+  const proto::Plan plan = b.plan();
+  auto coordinator = CollectiveCoordinator::Build(plan, LaneScope::kDevice);
+  ASSERT_TRUE(coordinator.ok()) << coordinator.status();
+  CollectiveCoordinator& c = **coordinator;
+  ASSERT_TRUE(c.Use(two, {"t", "d#1"}).ok());
+  ASSERT_TRUE(c.Use(later, {"t"}).ok());
+  EXPECT_FALSE(c.TryLaunch(later, 0));
+  EXPECT_FALSE(c.TryLaunch(two, 0, 1));
+  ASSERT_TRUE(c.TryLaunch(two, 0));
+  EXPECT_FALSE(c.TryLaunch(two, 0, 1));                     // the lane is issuing step 0
+  EXPECT_EQ(c.Issued(two, 0), std::vector<uint64_t>{two});  // wake it: its step 1 heads the lane
+  EXPECT_FALSE(c.TryLaunch(later, 0));
+  EXPECT_NE(c.Describe().find("cpu:0: 'two' act 0 step 1 next"), std::string::npos) << c.Describe();
+  ASSERT_TRUE(c.TryLaunch(two, 0, 1));
+  EXPECT_EQ(c.Issued(two, 1), std::vector<uint64_t>{later});
+  EXPECT_TRUE(c.TryLaunch(later, 0));
+  EXPECT_TRUE(c.Issued(later).empty());
+  EXPECT_TRUE(c.Describe().empty()) << c.Describe();
 }
 
 // Device 0 sends a (3 floats) then b (5 floats) to device 1 every iteration

@@ -3,8 +3,9 @@
 // says why. With a GPU: a one-rank group's ops and its abort, an abort from
 // another thread while ops are launched (no call with the freed handle); with two,
 // every op between two ranks (threads of this process) against the
-// expected values, and a rank whose peer never comes fails within its
-// timeout instead of waiting. Boxing on GPUs against the CPU's: with one
+// expected values, a rank whose peer never comes fails within its timeout
+// instead of waiting, and the communicators of one NcclSequence running
+// their ops in issue order. Boxing on GPUs against the CPU's: with one
 // GPU the conversions without a collective (slices, zero fills, copies)
 // for each rank on cuda:0; with two every 1-D conversion of two ranks,
 // its collectives on NCCL.
@@ -28,12 +29,13 @@
 #include "comm/collective/shm_communicator.h"
 #include "core/storage.h"
 #include "core/text.h"
+#include "tests/comm/completion.h"
 #include "tests/gpus.h"
 
 namespace tessera::comm {
 namespace {
 
-using testing::MissingGpus;
+using ::tessera::testing::MissingGpus;
 
 Tensor OnGpu(const std::vector<float>& values, int device) {
   auto host = Tensor::Empty(Shape{static_cast<int64_t>(values.size())}, DType::kF32, Device{});
@@ -230,6 +232,76 @@ TEST(Nccl, TwoRanksRunEveryOp) {
     EXPECT_EQ(got[3], (std::vector<float>{42}));
     EXPECT_EQ(got[4], rank == 0 ? (std::vector<float>{100, 101}) : (std::vector<float>{200, 201}));
   }
+}
+
+// Two communicators A and B over GPUs 0 and 1. GPU 0's share an
+// NcclSequence and issue an all-reduce on A, then one on B; GPU 1's have
+// none and issue B's at once, A's only 300 ms later. So GPU 0's B could
+// run at once, but the sequence holds it behind A, which completes only
+// once GPU 1 issued its A: B completes no sooner than that.
+TEST(Nccl, TheCommunicatorsOfOneSequenceRunTheirOpsInIssueOrder) {
+  if (const std::string why = MissingGpus(2); !why.empty()) GTEST_SKIP() << why;
+  InProcessKvStore kv;
+  auto sequence = MakeNcclSequence(0);
+  ASSERT_TRUE(sequence.ok()) << sequence.status();
+  constexpr auto kLate = std::chrono::milliseconds(300);
+  std::vector<std::string> errors(2);
+  std::vector<std::vector<float>> sums(2);
+  std::chrono::steady_clock::duration a_done{}, b_done{};
+  std::chrono::steady_clock::time_point start;
+  const auto rank_main = [&](int rank) {
+    std::vector<std::shared_ptr<Communicator>> comms;
+    for (const std::string group : {"A", "B"}) {
+      NcclOptions options;
+      options.group = group;
+      options.rank = rank;
+      options.size = 2;
+      options.device = rank;
+      options.kv = &kv;
+      if (rank == 0) options.sequence = *sequence;
+      auto comm = MakeNcclCommunicator(options);
+      if (!comm.ok()) {
+        errors[static_cast<size_t>(rank)] = std::string(comm.status().message());
+        return;
+      }
+      comms.push_back(*comm);
+    }
+    const auto r = static_cast<float>(rank);
+    const Tensor a = OnGpu({1 + r}, rank), b = OnGpu({10 + r}, rank);
+    Tensor a_out = OnGpu({0}, rank), b_out = OnGpu({0}, rank);
+    testing::Completion a_completion, b_completion;
+    if (rank == 0) {
+      start = std::chrono::steady_clock::now();
+      comms[0]->AllReduce(a, a_out, ReduceOp::kSum, [&, fn = a_completion.Fn()](absl::Status status) {
+        a_done = std::chrono::steady_clock::now() - start;
+        fn(std::move(status));
+      });
+      comms[1]->AllReduce(b, b_out, ReduceOp::kSum, [&, fn = b_completion.Fn()](absl::Status status) {
+        b_done = std::chrono::steady_clock::now() - start;
+        fn(std::move(status));
+      });
+    } else {
+      comms[1]->AllReduce(b, b_out, ReduceOp::kSum, b_completion.Fn());
+      std::this_thread::sleep_for(kLate);
+      comms[0]->AllReduce(a, a_out, ReduceOp::kSum, a_completion.Fn());
+    }
+    for (const auto* c : {&a_completion, &b_completion}) {
+      if (absl::Status status = c->Wait(); !status.ok()) errors[static_cast<size_t>(rank)] = status.ToString();
+    }
+    sums[static_cast<size_t>(rank)] = {Back(a_out)[0], Back(b_out)[0]};
+  };
+  // Both groups meet before GPU 0 starts issuing: rank 1 waits for them too.
+  std::thread one(rank_main, 1);
+  rank_main(0);
+  one.join();
+  ASSERT_EQ(errors, (std::vector<std::string>{"", ""}));
+  EXPECT_EQ(sums[0], (std::vector<float>{3, 21}));
+  EXPECT_EQ(sums[1], (std::vector<float>{3, 21}));
+  // B waited for A on GPU 0, and A for GPU 1's late issue.
+  EXPECT_GE(b_done, kLate - std::chrono::milliseconds(50))
+      << "GPU 0's B completed " << std::chrono::duration_cast<std::chrono::milliseconds>(b_done).count()
+      << " ms after it was issued, before the A issued before it could";
+  EXPECT_GE(a_done, kLate - std::chrono::milliseconds(50));
 }
 
 // Rank r's output of `spec` (hierarchy [2]) at coordinate r, its input

@@ -7,10 +7,13 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <map>
 #include <string>
 #include <vector>
 
+#include "comm/proto/pipeline_schedule.h"
 #include "core/status.h"
 #include "core/text.h"
 #include "tests/gpus.h"
@@ -45,6 +48,62 @@ const std::vector<std::string> kOneDevice = {"train.train_micro_batch_size=8", "
 std::vector<std::string> OnGpus(std::vector<std::string> overrides) {
   overrides.push_back("train.dist.device_type=cuda");
   return overrides;
+}
+
+// On GPUs a device launches its collectives and transfers in one lane, a
+// transfer at the step of its reader on the receiving stage
+// (actors/launch_order.h): the sender keeps each micro-batch's register
+// until then, and a GPU plan gives it the registers that takes
+// (comm::SenderRegisters), CPU plans (a lane per communicator) keep theirs.
+// A neighbour's activation needs one; the tied embedding's gradient, made
+// on the last of four stages and read by stage 0's backward, needs two
+// where the CPU plan keeps one. Planning only: no GPU needed.
+TEST(GpuEquivalence, PipelineSendersOnGpusKeepEveryValueUntilItsReaderRuns) {
+  const std::vector<std::vector<std::string>> layouts = {
+      {"train.dist.pipeline_parallel_size=2", "train.train_micro_batch_size=2", "train.num_accumulation_steps=4"},
+      {"train.dist.pipeline_parallel_size=4", "train.train_micro_batch_size=1", "train.num_accumulation_steps=8"},
+      {"train.dist.tensor_parallel_size=2", "train.dist.pipeline_parallel_size=4", "train.train_micro_batch_size=2",
+       "train.num_accumulation_steps=4"}};
+  for (const auto& layout : layouts) {
+    SCOPED_TRACE(Join(layout, " "));
+    std::map<std::string, int32_t> registers_on_cpu;  // send -> its input's registers in the CPU plan
+    for (const std::string device : {"cpu", "cuda"}) {
+      std::vector<std::string> overrides = layout;
+      overrides.push_back("model.num_layers=4");
+      overrides.push_back("train.dist.device_type=" + device);
+      auto job = LoadJobConfig(testing::SourcePath("configs/gpt2_nano.json"), overrides);
+      ASSERT_TRUE(job.ok()) << job.status();
+      auto plan = TrainingPlan(*job);
+      ASSERT_TRUE(plan.ok()) << plan.status();
+      std::map<uint64_t, const proto::Task*> tasks;
+      for (const proto::Task& task : plan->tasks()) tasks[task.actor_id()] = &task;
+      int raised_after_collective = 0;
+      for (const proto::Task& task : plan->tasks()) {
+        if (task.kind() != proto::ACTOR_KIND_SEND || task.pieces_per_iteration() <= 1) continue;
+        const proto::RegisterDesc& input = plan->register_descs(static_cast<int>(task.consumed_register_desc_ids(0)));
+        if (device == "cpu") {
+          registers_on_cpu[task.name()] = input.register_num();
+          continue;
+        }
+        const proto::LaunchOrder& launch = task.transfer().launch();
+        const comm::OneFOneBClock clock(launch.num_stages(), task.pieces_per_iteration());
+        const int32_t needed =
+            comm::SenderRegisters(clock, launch.stage(), task.transfer().peer_stage(), launch.backward(),
+                                  tasks.at(input.producer())->kind() == proto::ACTOR_KIND_COLLECTIVE);
+        EXPECT_GE(input.register_num(), needed) << task.name();
+        auto cpu = registers_on_cpu.find(task.name());
+        ASSERT_NE(cpu, registers_on_cpu.end()) << task.name() << " is in the GPU plan only";
+        EXPECT_EQ(input.register_num(), std::max(needed, cpu->second)) << task.name();
+        if (tasks.at(input.producer())->kind() == proto::ACTOR_KIND_COLLECTIVE && needed > cpu->second) {
+          ++raised_after_collective;
+        }
+      }
+      if (device == "cuda" && layout.size() == 4) {
+        // The tied gradient's two senders (one per tensor-parallel rank).
+        EXPECT_EQ(raised_after_collective, 2);
+      }
+    }
+  }
 }
 
 TEST(GpuEquivalence, OneGpuGivesTheCpuLosses) {
