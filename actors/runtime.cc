@@ -353,6 +353,7 @@ class ActorThread {
 
   // From any thread.
   void Post(const Message& message) {
+    posted_.fetch_add(1, std::memory_order_relaxed);  // before it can be handled
     {
       std::lock_guard<std::mutex> lock(mu_);
       remote_.push_back(message);
@@ -360,7 +361,10 @@ class ActorThread {
     cv_.notify_one();
   }
   // From this thread only.
-  void PostLocal(const Message& message) { local_.push_back(message); }
+  void PostLocal(const Message& message) {
+    posted_.fetch_add(1, std::memory_order_relaxed);
+    local_.push_back(message);
+  }
 
   void Stop() {
     {
@@ -381,6 +385,11 @@ class ActorThread {
 
   // Read by the watchdog from another thread.
   int64_t handled() const { return handled_.load(std::memory_order_relaxed); }
+  // Messages posted to the thread and not yet taken up: a thread with some
+  // is waiting for a CPU, not stuck.
+  bool has_pending() const {
+    return posted_.load(std::memory_order_relaxed) > handled_.load(std::memory_order_relaxed);
+  }
   // When the Handle running now began; 0 when the thread is not in one.
   int64_t busy_since_ns() const { return busy_since_ns_.load(std::memory_order_acquire); }
   // The actor of that Handle (valid while busy_since_ns() != 0).
@@ -402,6 +411,7 @@ class ActorThread {
   int live_ = 0;
   // Written by this thread only (a plain load + store, no locked add).
   std::atomic<int64_t> handled_{0};
+  std::atomic<int64_t> posted_{0};
   std::atomic<int64_t> busy_since_ns_{0};
   std::atomic<uint64_t> busy_actor_{0};
   std::atomic<bool> finished_{false};
@@ -800,8 +810,8 @@ absl::Status Runtime::Run() {
 // The watchdog, on Run's thread until every worker returned or only hung
 // ones are left. An actor inside Handle (a kernel, a host callback) is
 // running, however long it takes; the job is stuck when no thread is inside
-// a Handle and no unfinished actor made progress (handled a message) for
-// stall_timeout_s. An actor whose kernel or callback never returns is what
+// a Handle or has messages waiting, and no unfinished actor made progress
+// (handled a message) for stall_timeout_s. An actor whose kernel or callback never returns is what
 // hung_kernel_timeout_s is for: after that long in one Handle it fails the
 // job, and once every other thread stopped Run gives up on it. Returns the
 // actors given up on.
@@ -834,6 +844,9 @@ std::vector<std::string> Runtime::Watch() {
         }
       }
       only_hung_left = false;
+      // Messages waiting for the thread (it was not scheduled yet: a loaded
+      // machine) are progress to come, not a stall.
+      if (thread->has_pending()) any_busy = true;
       for (const auto& [id, watched] : thread->actors()) {
         if (!watched->done.load(std::memory_order_relaxed)) {
           last_progress = std::max(last_progress, watched->last_progress_ns.load(std::memory_order_relaxed));

@@ -85,13 +85,14 @@ struct RuntimeOptions {
   // Runtime::Run's watchdog tells a slow job from a stuck one by each
   // actor's progress (messages handled) and each thread's "inside Handle
   // since". An actor inside Handle (a long kernel, a slow host callback) is
-  // running, not stuck. When stall_timeout_s > 0, no thread is inside a
-  // Handle and no unfinished actor made progress for that long (a plan whose
-  // quotas deadlock, a peer that never answers), the job is stopped and Run
-  // returns DeadlineExceeded naming the unfinished actors and what each
-  // waits for: a consumed desc without a ready register, a produced desc
-  // without a free one, its collective or transfer in flight, its turn in
-  // the launch order. 0 = wait forever.
+  // running, not stuck, and a thread with messages waiting is waiting for a
+  // CPU. When stall_timeout_s > 0, no thread is inside a Handle or has
+  // messages waiting, and no unfinished actor made progress for that long
+  // (a plan whose quotas deadlock, a peer that never answers), the job is
+  // stopped and Run returns DeadlineExceeded naming the unfinished actors
+  // and what each waits for: a consumed desc without a ready register, a
+  // produced desc without a free one, its collective or transfer in
+  // flight, its turn in the launch order. 0 = wait forever.
   double stall_timeout_s = 0;
   // When > 0 and an actor stays inside one Handle for this long (a kernel
   // or callback that never returns), Run stops the job and, once every
