@@ -28,6 +28,14 @@ std::string TensorsText(const proto::RegisterDesc& desc) {
   return Join(parts, " ");
 }
 
+// When the coordinator launches a collective or transfer (actors/launch_order.h).
+nlohmann::json LaunchJson(const proto::LaunchOrder& launch) {
+  return {{"epoch", launch.epoch()},
+          {"backward", launch.backward()},
+          {"stage", launch.stage()},
+          {"num_stages", launch.num_stages()}};
+}
+
 }  // namespace
 
 nlohmann::json PlanToJson(const proto::Plan& plan) {
@@ -53,15 +61,14 @@ nlohmann::json PlanToJson(const proto::Plan& plan) {
                                                              {"conversion", task.boxing().description()},
                                                              {"group", task.boxing().group()},
                                                              {"order", task.boxing().order()},
-                                                             {"launch", {{"epoch", task.boxing().launch().epoch()},
-                                                                         {"backward", task.boxing().launch().backward()},
-                                                                         {"stage", task.boxing().launch().stage()},
-                                                                         {"num_stages", task.boxing().launch().num_stages()}}}}
+                                                             {"launch", LaunchJson(task.boxing().launch())}}
                                             : nlohmann::json(nullptr)},
                              {"transfer", task.kind() == proto::ACTOR_KIND_SEND || task.kind() == proto::ACTOR_KIND_RECV
                                               ? nlohmann::json{{"peer", task.transfer().peer()},
+                                                               {"peer_stage", task.transfer().peer_stage()},
                                                                {"group", task.transfer().group()},
-                                                               {"order", task.transfer().order()}}
+                                                               {"order", task.transfer().order()},
+                                                               {"launch", LaunchJson(task.transfer().launch())}}
                                               : nlohmann::json(nullptr)},
                              {"repeat_num", task.repeat_num()},
                              {"state_tensors", task.state_size()}});

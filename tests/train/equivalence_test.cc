@@ -329,8 +329,8 @@ TEST(Equivalence, AcceptanceCommandMatchesOneDeviceMetrics) {
   const std::vector<double> a = losses(base / "parallel" / "metrics.jsonl");
   const std::vector<double> b = losses(base / "single" / "metrics.jsonl");
   ExpectSameLosses("acceptance command", a, b);
-  // `tessera plan` names the conversion and collective of every boxing edge
-  // and the quota of every pipeline buffer.
+  // `tessera plan` names the conversion and collective of every boxing edge,
+  // the stages of every transfer and the quota of every pipeline buffer.
   const auto plan = RunTessera("plan " + SourcePath("configs/gpt2_nano.json") +
                                " train.dist.data_parallel_size=2 train.dist.tensor_parallel_size=2"
                                " train.dist.pipeline_parallel_size=2 train.train_micro_batch_size=2"
@@ -344,6 +344,15 @@ TEST(Equivalence, AcceptanceCommandMatchesOneDeviceMetrics) {
     if (actor["kind"] == "COLLECTIVE") {
       ++boxing;
       EXPECT_NE(actor["boxing"]["conversion"].get<std::string>().find("->"), std::string::npos) << actor.dump();
+    }
+    // A transfer names the other side's stage: its launch is timed by the
+    // reading stage (actors/launch_order.h).
+    if (actor["kind"] == "SEND" || actor["kind"] == "RECV") {
+      ASSERT_TRUE(actor["transfer"]["peer_stage"].is_number() && actor["transfer"]["launch"]["stage"].is_number())
+          << actor.dump();
+      EXPECT_EQ(actor["transfer"]["peer_stage"].get<int>(), 1 - actor["transfer"]["launch"]["stage"].get<int>())
+          << actor.dump();
+      EXPECT_EQ(actor["transfer"]["launch"]["num_stages"], 2) << actor.dump();
     }
   }
   for (const auto& desc : j["registers"]) {
