@@ -12,9 +12,9 @@
 # then whole jobs through the binary on emulated cuda:0 against the CPU
 # (gpt2_nano in bf16 and fp16 AMP, with fused attention and bias_gelu
 # fusion; bert_tiny; mlp_demo); then across processes, a worker process
-# per emulated GPU: gpt2_nano data-parallel against one GPU, and a rank
-# SIGKILLed mid-job failing the job within 10 s. It checks the logic of
-# the GPU path (indexing, launches, streams, events, cuBLAS's column-major
+# per emulated GPU: gpt2_nano data-parallel and pipelined against one
+# GPU, and a rank SIGKILLed mid-job failing the job within 10 s. It checks
+# the logic of the GPU path (indexing, launches, streams, events, cuBLAS's column-major
 # mapping, collectives), not its speed nor anything of a real GPU's
 # hardware; scripts/gpu_check.sh is the check on a GPU.
 #
@@ -90,8 +90,11 @@ job mlp_demo-f32 1e-4 mlp_demo.json
 
 # Across processes: a master and a worker process per emulated GPU, their
 # NCCL groups meeting through the master's KV (the emulator's NCCL joins
-# ranks of different processes over 127.0.0.1). gpt2_nano data-parallel over
-# the two (8 samples each) must give the one-GPU losses (16 samples); then a rank SIGKILLed mid-job must
+# ranks of different processes over 127.0.0.1), each GPU running one NCCL
+# op at a time. gpt2_nano data-parallel over the two (8 samples each), and
+# pipelined over them (2 stages, 4 micro-batches of 4: the split node
+# plans' transfers in one order), must give the one-GPU losses (16
+# samples); then a rank SIGKILLed mid-job must
 # fail the job within 10 s (the emulated NCCL leaves the survivor's
 # collective waiting, as NVLink or shared memory would: Tessera's own
 # failure handling has to end it).
@@ -102,17 +105,24 @@ job mlp_demo-f32 1e-4 mlp_demo.json
 master=$!
 for _ in $(seq 100); do grep -q 'listening on' "$runs/master.out" && break; sleep 0.1; done
 address=$(grep -o '127.0.0.1:[0-9]*' "$runs/master.out" | head -1)
-"$build/bin/tessera" worker --master "$address" --devices cuda:0-0 --id emu-a > "$runs/a.out" 2>&1 &
+TESSERA_CUDA_EMU_NCCL_CONCURRENT=1 "$build/bin/tessera" worker --master "$address" --devices cuda:0-0 --id emu-a \
+  > "$runs/a.out" 2>&1 &
 worker_a=$!
-"$build/bin/tessera" worker --master "$address" --devices cuda:1-1 --id emu-b > "$runs/b.out" 2>&1 &
+TESSERA_CUDA_EMU_NCCL_CONCURRENT=1 "$build/bin/tessera" worker --master "$address" --devices cuda:1-1 --id emu-b \
+  > "$runs/b.out" 2>&1 &
 worker_b=$!
 timeout 600 "$build/bin/tessera" submit --master "$address" "$root/configs/gpt2_nano.json" train.train_iter=6 \
   train.log_period=1 train.checkpointer.period=null "train.output_dir=$runs/dp2/two" train.dist.device_type=cuda \
   train.dist.data_parallel_size=2 train.train_micro_batch_size=8 --follow > "$runs/dp2.two.out" 2>&1 ||
   { echo "- dp2 over two worker processes: **FAILED**"; tail -3 "$runs/dp2.two.out"; }
+timeout 600 "$build/bin/tessera" submit --master "$address" "$root/configs/gpt2_nano.json" train.train_iter=6 \
+  train.log_period=1 train.checkpointer.period=null "train.output_dir=$runs/pp2/two" train.dist.device_type=cuda \
+  train.dist.pipeline_parallel_size=2 train.train_micro_batch_size=4 train.num_accumulation_steps=4 --follow \
+  > "$runs/pp2.two.out" 2>&1 || { echo "- pp2 over two worker processes: **FAILED**"; tail -3 "$runs/pp2.two.out"; }
 kill "$worker_a" "$worker_b" "$master" 2> /dev/null || true
 wait "$worker_a" "$worker_b" "$master" 2> /dev/null || true
 "$root/scripts/compare_losses.sh" dp2-two-processes 1e-5 6 "$runs/dp2/two" "$runs/dp2/one" || failed=1
+"$root/scripts/compare_losses.sh" pp2-two-processes 1e-5 6 "$runs/pp2/two" "$runs/dp2/one" || failed=1
 TRAIN_WAIT_S=300 "$root/scripts/killed_rank_check.sh" "$build" "$runs/killed" "$root/configs/gpt2_nano.json" \
   train.train_micro_batch_size=8 || failed=1
 rm -rf "$runs"
