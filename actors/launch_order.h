@@ -65,10 +65,12 @@
 // order) and the register quotas: a receive holds its register from its
 // reader's step on, like the reader's own outputs (p - s per stage for
 // values kept for backward); a sender keeps its register until the reader's
-// step, which for a neighbour comes no later than the sender's next write
-// of it, and for a stage further on (the tied embedding's weight and
-// gradient) may come later: GPU plans give such senders the registers it
-// takes (comm::SenderRegisters, scheduler/lowering/transfers.cc). So the
+// step, which for a neighbour comes no later than the step of the sender's
+// next write of it, and for a stage further on (the tied embedding's weight
+// and gradient) may come later: GPU plans give every sender the registers
+// that takes (comm::SenderRegisters, scheduler/lowering/transfers.cc), one
+// more where the writer is a collective, which must launch after the send,
+// not in the same step. So the
 // launch with the least key not yet done can always go once its inputs
 // exist, which they can without any launch of a larger key, whatever the
 // actors ran ahead. CPU plans keep their quotas: their lanes are per

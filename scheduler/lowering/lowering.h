@@ -15,11 +15,13 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "comm/proto/pipeline_schedule.h"
 #include "comm/proto/plan.pb.h"
 #include "comm/proto/plan_codec.h"
 #include "core/sbp.h"
@@ -210,6 +212,9 @@ class Lowering {
   // output it converts. Its id names groups and tasks; the plan's order is
   // by producer (see OrderConversions).
   std::vector<graph::NodeId> conversion_producer_;
+  // The pipeline schedule of the plan's stages and micro-batches, made by
+  // the first transfer that needs it (GPU plans' sender registers).
+  std::optional<comm::OneFOneBClock> clock_;
 };
 
 // Takes out of `plan` each reshape task whose readers are all computes; they

@@ -4,7 +4,6 @@
 
 #include <algorithm>
 
-#include "comm/proto/pipeline_schedule.h"
 #include "scheduler/lowering/lowering.h"
 
 namespace tessera::scheduler::lowering {
@@ -24,10 +23,10 @@ absl::Status Lowering::LowerTransfer(ValueId v, int64_t stage, const NdSbp& sbp)
   // On GPUs each device launches its collectives and transfers in one lane
   // (actors/launch_order.h), a transfer at its reader's step: the sender
   // keeps each micro-batch's register until then, so it gets the registers
-  // that takes (comm::SenderRegisters; a tied weight read on the last stage
-  // needs more than a neighbour's activation).
+  // that takes (comm::SenderRegisters: more than one for a tied weight or
+  // gradient crossing several stages, or where a collective writes them).
   if (micro && rates_.num_micro_batches > 1 && options_.parallel.device_type == DeviceType::kCuda) {
-    const comm::OneFOneBClock clock(mesh_.num_stages(), rates_.num_micro_batches);
+    if (!clock_) clock_.emplace(mesh_.num_stages(), rates_.num_micro_batches);
     for (const Shard& shard : source) {
       proto::RegisterDesc& desc = builder_.mutable_plan().mutable_register_descs()->at(static_cast<int>(shard.desc));
       if (desc.id() != shard.desc) {
@@ -35,7 +34,7 @@ absl::Status Lowering::LowerTransfer(ValueId v, int64_t stage, const NdSbp& sbp)
       }
       const bool collective = builder_.task(desc.producer()).kind() == proto::ACTOR_KIND_COLLECTIVE;
       const int32_t needed =
-          comm::SenderRegisters(clock, from.stage, stage, facts_.backward[static_cast<size_t>(v)], collective);
+          comm::SenderRegisters(*clock_, from.stage, stage, facts_.backward[static_cast<size_t>(v)], collective);
       if (desc.register_num() < needed) desc.set_register_num(needed);
     }
   }
