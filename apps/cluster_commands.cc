@@ -210,7 +210,10 @@ void AddClusterCommands(CLI::App& app, ClusterCommandDeps deps) {
   auto worker_flags = std::make_shared<WorkerFlags>();
   CLI::App* worker = app.add_subcommand("worker", "Run a worker: runs the master's node plans on its devices (until SIGINT/SIGTERM)");
   worker->add_option("--master", worker_flags->master, "The master's address")->capture_default_str();
-  worker->add_option("--devices", worker_flags->devices, "Devices to offer: cpu:N, cuda:N or cuda:A-B")->required();
+  worker
+      ->add_option("--devices", worker_flags->devices,
+                   "Devices to offer: cpu:N (N virtual CPU devices), or GPUs by index: cuda:I, cuda:A-B, cuda:0,2-3")
+      ->required();
   worker->add_option("--listen", worker_flags->listen, "Address of its Worker service")->capture_default_str();
   worker->add_option("--data-address", worker_flags->data_address, "Its data-plane host[:port], given to peers (gloo listens on the host; default 127.0.0.1)");
   worker->add_option("--id", worker_flags->id, "Its worker id (default: the master assigns one)");
@@ -219,20 +222,25 @@ void AddClusterCommands(CLI::App& app, ClusterCommandDeps deps) {
     if (!shared_deps->make_runner) Fail("worker: this build has no plan runner");
     const absl::StatusOr<cluster::DeviceOffer> offer = cluster::ParseDeviceOffer(worker_flags->devices);
     if (!offer.ok()) Fail(std::string(offer.status().message()));
-    // GPUs A .. B are the plans' cuda:0 .. B-A: narrowed before CUDA starts.
+    // The GPUs offered are the plans' cuda:0 .. count-1: narrowed before CUDA starts.
     const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
     const auto cuda_visible = cluster::CudaVisibleDevices(
         *offer, visible == nullptr ? std::nullopt : std::optional<std::string_view>(visible));
-    if (!cuda_visible.ok()) Fail(std::string(cuda_visible.status().message()));
+    if (!cuda_visible.ok()) {
+      Fail(absl::StrCat("--devices '", worker_flags->devices, "': ", cuda_visible.status().message()));
+    }
     if (cuda_visible->has_value()) ::setenv("CUDA_VISIBLE_DEVICES", (*cuda_visible)->c_str(), 1);
     // GPUs it offers must be there: a worker never offers what its jobs
     // would only find missing when they load.
     if (offer->type == DeviceType::kCuda) {
+      const std::string narrowed = absl::StrCat("(CUDA_VISIBLE_DEVICES=", cuda_visible->value_or(""), ")");
       const absl::StatusOr<int> gpus = CudaDeviceCount();
-      if (!gpus.ok()) Fail(absl::StrCat("--devices '", worker_flags->devices, "': ", gpus.status().message()));
+      if (!gpus.ok()) {
+        Fail(absl::StrCat("--devices '", worker_flags->devices, "': ", gpus.status().message(), " ", narrowed));
+      }
       if (*gpus < offer->count) {
-        Fail(absl::StrCat("--devices '", worker_flags->devices, "' offers ", offer->count, " GPU(s), this machine has ",
-                          *gpus, " of them"));
+        Fail(absl::StrCat("--devices '", worker_flags->devices, "' offers ", offer->count,
+                          " GPU(s), this machine shows ", *gpus, " of them ", narrowed));
       }
     }
     cluster::Worker::Options options;

@@ -19,14 +19,15 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
+#include "cluster/device_offer.h"
 #include "cluster/grpc_status.h"
 #include "cluster/metrics_http.h"
 #include "comm/proto/control.grpc.pb.h"
 #include "core/logging.h"
-#include "train/loss_plot.h"
-#include "train/tfevents.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
+#include "train/loss_plot.h"
+#include "train/tfevents.h"
 
 namespace tessera::cluster {
 namespace {
@@ -45,7 +46,6 @@ constexpr size_t kMaxKvValueBytes = 16 << 20;
 constexpr size_t kMaxKvKeysPerWait = 4096;
 constexpr size_t kMaxReportItems = 10000;
 constexpr size_t kMaxLogLineBytes = 64 << 10;
-constexpr int64_t kMaxDevicesPerWorker = 4096;
 constexpr int64_t kMaxDevicesPerJob = 1 << 20;
 
 int64_t NowMs() {
@@ -69,31 +69,6 @@ bool IsPlainId(const std::string& id) {
 grpc::Status Invalid(const std::string& message) { return {grpc::StatusCode::INVALID_ARGUMENT, message}; }
 grpc::Status NotFound(const std::string& message) { return {grpc::StatusCode::NOT_FOUND, message}; }
 grpc::Status Precondition(const std::string& message) { return {grpc::StatusCode::FAILED_PRECONDITION, message}; }
-
-// "cpu:2", "cuda:8", "cuda:0-7" -> the number of devices.
-absl::StatusOr<int> ParseDeviceCount(const std::string& devices) {
-  const size_t colon = devices.find(':');
-  if (colon == std::string::npos || colon == 0) {
-    return absl::InvalidArgumentError(absl::StrCat("devices '", devices.substr(0, 64), "': expected TYPE:N or TYPE:A-B"));
-  }
-  const std::string count = devices.substr(colon + 1);
-  int64_t n = 0;
-  if (const size_t dash = count.find('-'); dash != std::string::npos) {
-    int64_t first = 0, last = 0;
-    if (!absl::SimpleAtoi(count.substr(0, dash), &first) || !absl::SimpleAtoi(count.substr(dash + 1), &last) ||
-        first < 0 || last < first) {
-      return absl::InvalidArgumentError(absl::StrCat("devices '", devices.substr(0, 64), "': bad range"));
-    }
-    n = last - first + 1;
-  } else if (!absl::SimpleAtoi(count, &n)) {
-    return absl::InvalidArgumentError(absl::StrCat("devices '", devices.substr(0, 64), "': bad count"));
-  }
-  if (n < 1 || n > kMaxDevicesPerWorker) {
-    return absl::InvalidArgumentError(absl::StrCat("devices '", devices.substr(0, 64), "': count must be in [1, ",
-                                                   kMaxDevicesPerWorker, "]"));
-  }
-  return static_cast<int>(n);
-}
 
 std::string StateName(JobState state) { return control::JobState_Name(state); }
 
@@ -229,16 +204,17 @@ class Master::Impl final : public control::Master::Service {
     if (!request->worker_id().empty() && !IsPlainId(request->worker_id())) {
       return Invalid("worker_id must be 1-128 characters of [A-Za-z0-9._-]");
     }
-    auto devices = ParseDeviceCount(request->devices());
-    if (!devices.ok()) return ToGrpc(devices.status());
+    // The worker's --devices, parsed as the worker did (cluster/device_offer.h).
+    const absl::StatusOr<DeviceOffer> offer = ParseDeviceOffer(request->devices());
+    if (!offer.ok()) return ToGrpc(offer.status());
     if (request->worker_address().empty() || request->worker_address().size() > kMaxAddressBytes ||
         request->data_address().size() > kMaxAddressBytes) {
       return Invalid("worker_address must be set and addresses at most 256 bytes");
     }
     auto record = std::make_unique<WorkerRecord>();
     record->devices = request->devices();
-    record->device_type = request->devices().substr(0, request->devices().find(':'));
-    record->num_devices = *devices;
+    record->device_type = std::string(DeviceTypeName(offer->type));
+    record->num_devices = offer->count;
     record->data_address = request->data_address();
     record->address = request->worker_address();
     record->stub = control::Worker::NewStub(MakeChannel(record->address, options_.security));

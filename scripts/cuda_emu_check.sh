@@ -105,10 +105,10 @@ job mlp_demo-f32 1e-4 mlp_demo.json
 master=$!
 for _ in $(seq 100); do grep -q 'listening on' "$runs/master.out" && break; sleep 0.1; done
 address=$(grep -o '127.0.0.1:[0-9]*' "$runs/master.out" | head -1)
-TESSERA_CUDA_EMU_NCCL_CONCURRENT=1 "$build/bin/tessera" worker --master "$address" --devices cuda:0-0 --id emu-a \
+TESSERA_CUDA_EMU_NCCL_CONCURRENT=1 "$build/bin/tessera" worker --master "$address" --devices cuda:0 --id emu-a \
   > "$runs/a.out" 2>&1 &
 worker_a=$!
-TESSERA_CUDA_EMU_NCCL_CONCURRENT=1 "$build/bin/tessera" worker --master "$address" --devices cuda:1-1 --id emu-b \
+TESSERA_CUDA_EMU_NCCL_CONCURRENT=1 "$build/bin/tessera" worker --master "$address" --devices cuda:1 --id emu-b \
   > "$runs/b.out" 2>&1 &
 worker_b=$!
 timeout 600 "$build/bin/tessera" submit --master "$address" "$root/configs/gpt2_nano.json" train.train_iter=6 \

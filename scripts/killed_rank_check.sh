@@ -43,9 +43,9 @@ if [ -z "$address" ]; then
   echo "- **FAILED**: the master did not start: $(tail -1 "$dir/master.out")"
   exit 1
 fi
-"$tessera" worker --master "$address" --devices cuda:0-0 --id gpu-a > "$dir/a.out" 2>&1 &
+"$tessera" worker --master "$address" --devices cuda:0 --id gpu-a > "$dir/a.out" 2>&1 &
 pids+=($!)
-"$tessera" worker --master "$address" --devices cuda:1-1 --id gpu-b > "$dir/b.out" 2>&1 &
+"$tessera" worker --master "$address" --devices cuda:1 --id gpu-b > "$dir/b.out" 2>&1 &
 worker_b=$!
 pids+=("$worker_b")
 wait_s=${TRAIN_WAIT_S:-120}

@@ -26,13 +26,34 @@ thread_local cudaError_t last_error = cudaSuccess;
 
 }  // namespace
 
+// The machine's GPUs (TESSERA_CUDA_EMU_DEVICES, 2 by default), narrowed as
+// CUDA's runtime narrows them by CUDA_VISIBLE_DEVICES: the listed indices
+// up to the first that is not a distinct GPU of the machine (the emulator
+// knows no UUIDs).
 int DeviceCount() {
   static const int count = [] {
-    const char* env = std::getenv("TESSERA_CUDA_EMU_DEVICES");
-    if (env == nullptr || *env == '\0') return 2;
-    char* end = nullptr;
-    const long n = std::strtol(env, &end, 10);
-    return (*end == '\0' && n >= 0 && n <= 64) ? static_cast<int>(n) : 2;
+    int machine = 2;
+    if (const char* env = std::getenv("TESSERA_CUDA_EMU_DEVICES"); env != nullptr && *env != '\0') {
+      char* end = nullptr;
+      const long n = std::strtol(env, &end, 10);
+      if (*end == '\0' && n >= 0 && n <= 64) machine = static_cast<int>(n);
+    }
+    const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+    if (visible == nullptr) return machine;
+    std::vector<bool> seen(static_cast<size_t>(machine), false);
+    int shown = 0;
+    for (const char* p = visible; *p != '\0';) {
+      char* end = nullptr;
+      const long index = std::strtol(p, &end, 10);
+      if (end == p || (*end != ',' && *end != '\0') || index < 0 || index >= machine ||
+          seen[static_cast<size_t>(index)]) {
+        break;
+      }
+      seen[static_cast<size_t>(index)] = true;
+      ++shown;
+      p = *end == ',' ? end + 1 : end;
+    }
+    return shown;
   }();
   return count;
 }
@@ -388,7 +409,8 @@ const char* cudaGetErrorString(cudaError_t error) {
     case cudaErrorInvalidDevicePointer:
       return "invalid device pointer";
     case cudaErrorNoDevice:
-      return "no CUDA-capable device is detected (emulator: TESSERA_CUDA_EMU_DEVICES=0)";
+      return "no CUDA-capable device is detected (emulator: TESSERA_CUDA_EMU_DEVICES=0, or CUDA_VISIBLE_DEVICES shows "
+             "none)";
     case cudaErrorInvalidDevice:
       return "invalid device ordinal";
     case cudaErrorInvalidResourceHandle:

@@ -167,12 +167,12 @@ TEST(Cli, FastDevRunChecksTheWholeJobInASubdirectory) {
 
 // A worker's --devices is checked before it starts: one line, exit 1.
 TEST(Cli, WorkerRefusesBadDevicesInOneLine) {
-  for (const std::string devices : {"bogus", "tpu:2", "cpu:0", "cpu:0-3", "cuda:3-1", "cuda:x"}) {
+  for (const std::string devices : {"bogus", "tpu:2", "cpu:0", "cpu:0-3", "cuda:3-1", "cuda:x", "cuda:1,0"}) {
     SCOPED_TRACE(devices);
     const Result r = RunTessera("worker --master 127.0.0.1:1 --devices " + devices + " 2>&1");
     EXPECT_EQ(r.exit_code, 1) << r.out;
     EXPECT_NE(r.out.find("--devices '" + devices + "'"), std::string::npos) << r.out;
-    EXPECT_NE(r.out.find("expected cpu:N, cuda:N or cuda:A-B"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("expected cpu:N, cuda:I, cuda:A-B or a list"), std::string::npos) << r.out;
     EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
   }
 }
@@ -181,7 +181,8 @@ TEST(Cli, WorkerRefusesBadDevicesInOneLine) {
 TEST(Cli, WorkerOfferingMissingGpusIsOneLine) {
   const absl::StatusOr<int> gpus = tessera::CudaDeviceCount();
   const int present = gpus.ok() ? *gpus : 0;
-  const std::string devices = "cuda:" + std::to_string(present + 1);
+  // GPU `present` is one past the last (GPUs are named by index, cuda:I).
+  const std::string devices = "cuda:" + std::to_string(present);
   const Result r = RunTessera("worker --master 127.0.0.1:1 --devices " + devices + " 2>&1");
   EXPECT_EQ(r.exit_code, 1) << r.out;
   EXPECT_EQ(r.out.rfind("tessera: --devices '" + devices + "'", 0), 0u) << r.out;

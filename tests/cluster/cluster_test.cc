@@ -432,36 +432,56 @@ TEST(ClusterTest, PrometheusMetrics) {
   EXPECT_EQ(cluster.WaitEnd(*finite).state(), control::SUCCEEDED);
 }
 
-// A worker's offer, and the GPUs a cuda:A-B offer shows its plans as
-// cuda:0 .. B-A (CUDA_VISIBLE_DEVICES, composed with one already set).
+// A worker's offer: a count of virtual CPU devices, or GPUs by their indices
+// on the machine, which it shows its plans as cuda:0 .. count-1
+// (CUDA_VISIBLE_DEVICES, composed with one already set).
 TEST(DeviceOffer, ParsesOffersAndNarrowsTheVisibleGpus) {
   auto cpu = ParseDeviceOffer("cpu:4");
   ASSERT_TRUE(cpu.ok()) << cpu.status();
   EXPECT_EQ(cpu->type, DeviceType::kCpu);
   EXPECT_EQ(cpu->count, 4);
+  EXPECT_FALSE(CudaVisibleDevices(*cpu, std::nullopt)->has_value());
+  const auto gpus_of = [](std::string_view text) {
+    auto offer = ParseDeviceOffer(text);
+    EXPECT_TRUE(offer.ok()) << text << ": " << offer.status();
+    EXPECT_EQ(offer->type, DeviceType::kCuda);
+    EXPECT_EQ(offer->count, static_cast<int>(offer->gpus.size()));
+    return offer->gpus;
+  };
+  EXPECT_EQ(gpus_of("cuda:0"), std::vector<int>{0});
+  EXPECT_EQ(gpus_of("cuda:3"), std::vector<int>{3});
+  EXPECT_EQ(gpus_of("cuda:2-3"), (std::vector<int>{2, 3}));
+  EXPECT_EQ(gpus_of("cuda:0-7").size(), 8u);
+  EXPECT_EQ(gpus_of("cuda:0,2-3,7"), (std::vector<int>{0, 2, 3, 7}));
+  EXPECT_EQ(gpus_of("cuda:255"), std::vector<int>{255});
+
   auto range = ParseDeviceOffer("cuda:2-3");
-  ASSERT_TRUE(range.ok()) << range.status();
-  EXPECT_EQ(range->type, DeviceType::kCuda);
-  EXPECT_EQ(range->first, 2);
-  EXPECT_EQ(range->count, 2);
   auto visible = CudaVisibleDevices(*range, std::nullopt);
   ASSERT_TRUE(visible.ok());
   EXPECT_EQ(**visible, "2,3");
   visible = CudaVisibleDevices(*range, std::string_view("GPU-a,GPU-b,GPU-c,GPU-d"));
   ASSERT_TRUE(visible.ok());
   EXPECT_EQ(**visible, "GPU-c,GPU-d");
+  visible = CudaVisibleDevices(*ParseDeviceOffer("cuda:1"), std::string_view("GPU-a,GPU-b"));
+  ASSERT_TRUE(visible.ok());
+  EXPECT_EQ(**visible, "GPU-b");
+  visible = CudaVisibleDevices(*ParseDeviceOffer("cuda:0,3"), std::string_view("4,5,6,7"));
+  ASSERT_TRUE(visible.ok());
+  EXPECT_EQ(**visible, "4,7");
   visible = CudaVisibleDevices(*range, std::string_view("5,6"));
   ASSERT_FALSE(visible.ok());
-  EXPECT_NE(visible.status().message().find("shows 2 GPU(s)"), std::string::npos) << visible.status();
-  auto all = ParseDeviceOffer("cuda:8");
-  ASSERT_TRUE(all.ok());
-  EXPECT_EQ(**CudaVisibleDevices(*all, std::nullopt), "0,1,2,3,4,5,6,7");
-  EXPECT_FALSE(CudaVisibleDevices(*cpu, std::nullopt)->has_value());
-  for (const char* bad : {"", "cpu", "cpu:", "cpu:0", "cpu:257", "cpu:1-2", "cuda:-1", "cuda:4-2", "cuda:0-256",
-                          "gpu:2", "cuda:2x"}) {
+  EXPECT_NE(visible.status().message().find("GPU 2 is not among the 2 GPU(s) that CUDA_VISIBLE_DEVICES='5,6' shows"),
+            std::string::npos)
+      << visible.status();
+  for (const char* bad : {"",        "cpu",      "cpu:",       "cpu:0",      "cpu:257",   "cpu:1-2", "cuda:",
+                          "cuda:-1", "cuda:4-2", "cuda:0-256", "cuda:256",   "gpu:2",     "cuda:2x", "cuda:1,",
+                          "cuda:,1", "cuda:2,1", "cuda:1,1",   "cuda:0-3,2", "cuda:0--1", "cuda: 1"}) {
     const auto offer = ParseDeviceOffer(bad);
     ASSERT_FALSE(offer.ok()) << bad;
-    EXPECT_NE(offer.status().message().find("expected cpu:N, cuda:N or cuda:A-B"), std::string::npos) << offer.status();
+    EXPECT_EQ(offer.status().message().rfind(std::string("--devices '") + bad + "': ", 0), 0u) << offer.status();
+    EXPECT_NE(offer.status().message().find("(expected cpu:N, cuda:I, cuda:A-B or a list such as cuda:0,2-3)"),
+              std::string::npos)
+        << offer.status();
   }
 }
 
