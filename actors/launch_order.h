@@ -28,12 +28,13 @@
 // to rank b goes over the pair's one communicator "p2p/a->b", whose k-th
 // Send pairs with its k-th Recv (comm/collective/communicator.h). In
 // gpt2_nano over p stages the tied token embedding lives on stage 0 and the
-// head on stage p-1 reads it: stage 0's repeat hands it out per micro-batch,
-// so it crosses 0 -> p-1 per micro-batch as a forward value, read by
-// stage p-1's forward of k; the head's gradient of it crosses back p-1 -> 0
-// per micro-batch as a backward value, read by stage 0's backward of k. The
-// learning rate crosses once per iteration in epoch 0, the clipping's norms
-// and factors in epoch 1. Build refuses a per-micro-batch transfer the
+// head on stage p-1 reads it: it crosses 0 -> p-1 once per iteration in
+// epoch 0 (stage p-1 has a repeat of its own), and the head's gradient of
+// it, accumulated on stage p-1, crosses back once per iteration in epoch 1
+// (graph::AccumulateGradients). The learning rate crosses once per
+// iteration in epoch 0, the clipping's norms and factors in epoch 1.
+// Activations and their gradients cross per micro-batch between
+// neighbours. Build refuses a per-micro-batch transfer the
 // schedule cannot place: a forward value to an earlier stage, a backward
 // value to a later one.
 //
@@ -66,8 +67,8 @@
 // reader's step on, like the reader's own outputs (p - s per stage for
 // values kept for backward); a sender keeps its register until the reader's
 // step, which for a neighbour comes no later than the step of the sender's
-// next write of it, and for a stage further on (the tied embedding's weight
-// and gradient) may come later: GPU plans give every sender the registers
+// next write of it, and for a stage further on (a value that skips
+// stages) may come later: GPU plans give every sender the registers
 // that takes (comm::SenderRegisters, scheduler/lowering/transfers.cc), one
 // more where the writer is a collective, which must launch after the send,
 // not in the same step. So the

@@ -99,8 +99,13 @@ struct AccumulationResult {
 // and a 1/m scale), so they are iteration values again; remap maps them to
 // the micro-batch values. The graph is rebuilt, so every id changes: use
 // `remap`. m = 1 changes nothing.
+// Over pipeline stages (`same_stage` on layers; null: one stage), a variable
+// read on several stages gets one repeat per stage, on it (it crosses to a
+// stage once per iteration, not per micro-batch), and a gradient that the
+// autodiff summed across stages (a tied embedding's) is accumulated on each
+// stage, the stages' sums added once per iteration on the variable's stage.
 absl::StatusOr<AccumulationResult> AccumulateGradients(Graph& graph, const GradientMap& gradients,
-                                                       int64_t num_micro_batches);
+                                                       int64_t num_micro_batches, const SameStageFn& same_stage = {});
 
 struct CastRoundTripResult {
   int64_t folded = 0;          // round trips taken out (and casts folded into their producer)

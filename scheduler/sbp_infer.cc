@@ -354,19 +354,32 @@ class Inferrer {
           node.inputs.size() < 2) {
         continue;
       }
-      // The gradient (input 1) back through its scaling to the accumulator.
-      ValueId grad = node.inputs[1];
-      for (;;) {
+      // The gradient (input 1) back through its scaling to the accumulator,
+      // or to each stage's where it was accumulated per stage and the sums
+      // added (graph::AccumulateGradients: a tied embedding's).
+      std::vector<ValueId> pending = {node.inputs[1]};
+      while (!pending.empty()) {
+        const ValueId grad = pending.back();
+        pending.pop_back();
         const Node& producer = graph_.producer(grad);
         if (producer.kind == NodeKind::kAcc) {
           if (graph_.value(grad).meta == graph_.value(variable).meta) sharded_accumulators_[grad] = variable;
-          break;
+          continue;
         }
-        if (producer.kind != NodeKind::kOp || (producer.op != "scalar_mul" && producer.op != "mul") ||
-            producer.inputs.empty()) {
-          break;
+        if (producer.kind != NodeKind::kOp || producer.inputs.empty()) continue;
+        if (producer.op == "scalar_mul" || producer.op == "mul") {
+          pending.push_back(producer.inputs[0]);
+        } else if (producer.op == "add" && producer.inputs.size() == 2) {
+          // Only a sum of accumulators (or of such sums).
+          const auto summed = [&](ValueId v) {
+            const Node& p = graph_.producer(v);
+            return p.kind == NodeKind::kAcc || (p.kind == NodeKind::kOp && p.op == "add");
+          };
+          if (summed(producer.inputs[0]) && summed(producer.inputs[1])) {
+            pending.push_back(producer.inputs[0]);
+            pending.push_back(producer.inputs[1]);
+          }
         }
-        grad = producer.inputs[0];
       }
     }
   }

@@ -88,7 +88,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Compile(graph::Graph graph, cons
     }
     if (options.num_micro_batches > 1) {
       ASSIGN_OR_RETURN(graph::AccumulationResult accumulated,
-                       graph::AccumulateGradients(graph, gradients, options.num_micro_batches));
+                       graph::AccumulateGradients(graph, gradients, options.num_micro_batches, same_stage));
       gradients = std::move(accumulated.gradients);
       remap_scaled(accumulated.remap);
     }

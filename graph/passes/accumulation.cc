@@ -1,13 +1,43 @@
 // Gradient accumulation: repeat after variables, acc before the optimizer.
 
+#include <algorithm>
+
 #include "core/status.h"
 #include "core/text.h"
 #include "graph/passes.h"
 
 namespace tessera::graph {
 
+namespace {
+
+// A value's pipeline layer: its producer's layer_idx.
+int64_t LayerOf(const Graph& graph, ValueId v) { return graph.producer(v).layer_idx; }
+
+// The terms of gradient `v` summed across pipeline stages: an `add` (the
+// autodiff's sum of contributions) whose two inputs are made on different
+// stages is split into the terms of each, recursively; anything else is a
+// term. Inputs of an unassigned layer are not split (their stage is the
+// scheduler's choice).
+void CrossStageTerms(const Graph& graph, ValueId v, const SameStageFn& same_stage, std::vector<ValueId>& terms) {
+  const Node& producer = graph.producer(v);
+  if (producer.kind == NodeKind::kOp && producer.op == "add" && producer.inputs.size() == 2) {
+    const ValueId a = producer.inputs[0], b = producer.inputs[1];
+    const int64_t la = LayerOf(graph, a), lb = LayerOf(graph, b);
+    const Value &va = graph.value(a), &vb = graph.value(b), &out = graph.value(v);
+    if (la != kUnassignedLayer && lb != kUnassignedLayer && !same_stage(la, lb) && va.meta == out.meta &&
+        vb.meta == out.meta) {
+      CrossStageTerms(graph, a, same_stage, terms);
+      CrossStageTerms(graph, b, same_stage, terms);
+      return;
+    }
+  }
+  terms.push_back(v);
+}
+
+}  // namespace
+
 absl::StatusOr<AccumulationResult> AccumulateGradients(Graph& graph, const GradientMap& gradients,
-                                                       int64_t num_micro_batches) {
+                                                       int64_t num_micro_batches, const SameStageFn& same_stage) {
   if (num_micro_batches < 1) {
     return absl::InvalidArgumentError(
         StrCat("gradient accumulation: num_micro_batches must be >= 1, got ", num_micro_batches));
@@ -32,7 +62,36 @@ absl::StatusOr<AccumulationResult> AccumulateGradients(Graph& graph, const Gradi
   Graph out(&graph.registry());
   std::vector<ValueId>& remap = result.remap;
   remap.assign(static_cast<size_t>(graph.num_values()), kNoValue);
-  std::vector<ValueId> read_as(static_cast<size_t>(graph.num_values()), kNoValue);  // what ops read instead
+  // What ops read instead of a variable: its repeats, one per pipeline stage
+  // that reads it (the variable's own first), each on that stage, so a
+  // variable read on another stage (a tied embedding) crosses once per
+  // iteration and is repeated there. Readers of an unassigned layer, and
+  // every reader of a variable of an unassigned layer or with one stage,
+  // read the variable's own repeat.
+  struct StageRepeat {
+    int64_t layer_idx;
+    ValueId repeated;
+  };
+  std::vector<std::vector<StageRepeat>> repeats_of(static_cast<size_t>(graph.num_values()));
+  const auto repeat_for = [&](ValueId variable, int64_t reader_layer) -> absl::StatusOr<ValueId> {
+    std::vector<StageRepeat>& repeats = repeats_of[static_cast<size_t>(variable)];
+    const Node& var_node = graph.producer(variable);
+    const bool own = !same_stage || var_node.layer_idx == kUnassignedLayer || reader_layer == kUnassignedLayer ||
+                     same_stage(reader_layer, var_node.layer_idx);
+    const int64_t layer = own ? var_node.layer_idx : reader_layer;
+    for (const StageRepeat& r : repeats) {
+      if (r.layer_idx == layer || (layer != kUnassignedLayer && r.layer_idx != kUnassignedLayer && same_stage &&
+                                   same_stage(r.layer_idx, layer))) {
+        return r.repeated;
+      }
+    }
+    ASSIGN_OR_RETURN(
+        ValueId repeated,
+        out.AddRepeat(remap[static_cast<size_t>(variable)], num_micro_batches,
+                      {.layer_idx = layer, .scope = var_node.scope, .name = "", .backward = var_node.backward}));
+    repeats.push_back({layer, repeated});
+    return repeated;
+  };
   for (const Node& n : graph.nodes()) {
     const NodeOptions at = ReplayOptions(graph, n);
     std::vector<ValueId> outputs;
@@ -41,21 +100,22 @@ absl::StatusOr<AccumulationResult> AccumulateGradients(Graph& graph, const Gradi
       case NodeKind::kVariable: {
         ASSIGN_OR_RETURN(ValueId id, ReplayLeaf(graph, n, out));
         outputs = {id};
-        const Value& v = graph.value(n.outputs[0]);
-        if (n.kind == NodeKind::kVariable && read_by_ops[static_cast<size_t>(v.id)]) {
-          ASSIGN_OR_RETURN(
-              ValueId repeated,
-              out.AddRepeat(id, num_micro_batches,
-                            {.layer_idx = n.layer_idx, .scope = n.scope, .name = "", .backward = n.backward}));
-          read_as[static_cast<size_t>(v.id)] = repeated;
+        remap[static_cast<size_t>(n.outputs[0])] = id;
+        // The variable's own repeat right after it, as the reads on its stage expect.
+        if (n.kind == NodeKind::kVariable && read_by_ops[static_cast<size_t>(n.outputs[0])]) {
+          RETURN_IF_ERROR(repeat_for(n.outputs[0], n.layer_idx).status());
         }
         break;
       }
       case NodeKind::kOp: {
         std::vector<ValueId> inputs;
         for (ValueId in : n.inputs) {
-          const ValueId repeated = read_as[static_cast<size_t>(in)];
-          inputs.push_back(repeated != kNoValue ? repeated : remap[static_cast<size_t>(in)]);
+          if (graph.IsVariable(in)) {
+            ASSIGN_OR_RETURN(ValueId repeated, repeat_for(in, n.layer_idx));
+            inputs.push_back(repeated);
+          } else {
+            inputs.push_back(remap[static_cast<size_t>(in)]);
+          }
         }
         ASSIGN_OR_RETURN(outputs, out.AddOp(n.op, inputs, n.attrs, at));
         break;
@@ -104,7 +164,44 @@ absl::StatusOr<AccumulationResult> AccumulateGradients(Graph& graph, const Gradi
     const Node& var_node = graph.producer(var);
     const NodeOptions at{
         .layer_idx = var_node.layer_idx, .scope = StrCat("accumulate/", graph.value(var).name), .name = ""};
-    ASSIGN_OR_RETURN(ValueId summed, out.AddAcc(remap[static_cast<size_t>(grad)], num_micro_batches, at));
+    // A gradient summed across stages (a tied embedding's: the embedding's
+    // on the first, the head's on the last) is accumulated per stage, and
+    // the stages' sums are added once per iteration on the variable's
+    // stage, rather than each micro-batch's term crossing.
+    std::vector<ValueId> terms;
+    if (same_stage) {
+      CrossStageTerms(out, remap[static_cast<size_t>(grad)], same_stage, terms);
+    } else {
+      terms.push_back(remap[static_cast<size_t>(grad)]);
+    }
+    std::vector<std::vector<ValueId>> groups;  // terms per stage, in the sum's order
+    for (ValueId term : terms) {
+      auto group = std::find_if(groups.begin(), groups.end(), [&](const std::vector<ValueId>& g) {
+        return same_stage(LayerOf(out, g.front()), LayerOf(out, term));
+      });
+      if (group == groups.end()) {
+        groups.push_back({term});
+      } else {
+        group->push_back(term);
+      }
+    }
+    ValueId summed = kNoValue;
+    for (const std::vector<ValueId>& group : groups) {
+      const NodeOptions group_at{
+          .layer_idx = groups.size() == 1 ? at.layer_idx : LayerOf(out, group.front()), .scope = at.scope, .name = ""};
+      ValueId partial = group.front();
+      for (size_t i = 1; i < group.size(); ++i) {
+        ASSIGN_OR_RETURN(std::vector<ValueId> sum, out.AddOp("add", {partial, group[i]}, {}, group_at));
+        partial = sum.front();
+      }
+      ASSIGN_OR_RETURN(ValueId accumulated, out.AddAcc(partial, num_micro_batches, group_at));
+      if (summed == kNoValue) {
+        summed = accumulated;
+      } else {
+        ASSIGN_OR_RETURN(std::vector<ValueId> sum, out.AddOp("add", {summed, accumulated}, {}, at));
+        summed = sum.front();
+      }
+    }
     ASSIGN_OR_RETURN(std::vector<ValueId> mean,
                      out.AddOp("scalar_mul", {summed}, {{"value", 1.0 / static_cast<double>(num_micro_batches)}}, at));
     result.gradients[remap[static_cast<size_t>(var)]] = mean.front();

@@ -23,8 +23,8 @@ absl::Status Lowering::LowerTransfer(ValueId v, int64_t stage, const NdSbp& sbp)
   // On GPUs each device launches its collectives and transfers in one lane
   // (actors/launch_order.h), a transfer at its reader's step: the sender
   // keeps each micro-batch's register until then, so it gets the registers
-  // that takes (comm::SenderRegisters: more than one for a tied weight or
-  // gradient crossing several stages, or where a collective writes them).
+  // that takes (comm::SenderRegisters: more than one for a value that
+  // skips stages per micro-batch, or where a collective writes them).
   if (micro && rates_.num_micro_batches > 1 && options_.parallel.device_type == DeviceType::kCuda) {
     if (!clock_) clock_.emplace(mesh_.num_stages(), rates_.num_micro_batches);
     for (const Shard& shard : source) {

@@ -55,9 +55,11 @@ std::vector<std::string> OnGpus(std::vector<std::string> overrides) {
 // (actors/launch_order.h): the sender keeps each micro-batch's register
 // until then, and a GPU plan gives it the registers that takes
 // (comm::SenderRegisters), CPU plans (a lane per communicator) keep theirs.
-// A neighbour's activation needs one; the tied embedding's gradient, made
-// on the last of four stages and read by stage 0's backward, needs two
-// where the CPU plan keeps one. Planning only: no GPU needed.
+// In GPT-2 every value crossing per micro-batch goes to a neighbour: the
+// tied embedding's weight crosses from the first stage to the last, and its
+// gradient back, once per iteration (graph::AccumulateGradients: a repeat
+// and an accumulator on each stage), so no sender waits for a reader
+// stages away. Planning only: no GPU needed.
 TEST(GpuEquivalence, PipelineSendersOnGpusKeepEveryValueUntilItsReaderRuns) {
   const std::vector<std::vector<std::string>> layouts = {
       {"train.dist.pipeline_parallel_size=2", "train.train_micro_batch_size=2", "train.num_accumulation_steps=4"},
@@ -77,9 +79,32 @@ TEST(GpuEquivalence, PipelineSendersOnGpusKeepEveryValueUntilItsReaderRuns) {
       ASSERT_TRUE(plan.ok()) << plan.status();
       std::map<uint64_t, const proto::Task*> tasks;
       for (const proto::Task& task : plan->tasks()) tasks[task.actor_id()] = &task;
-      int raised_after_collective = 0;
+      const int num_stages =
+          std::find(layout.begin(), layout.end(), "train.dist.pipeline_parallel_size=2") != layout.end() ? 2 : 4;
+      int tied_weight_sends = 0, tied_gradient_sends = 0, tied_accumulators = 0;
       for (const proto::Task& task : plan->tasks()) {
-        if (task.kind() != proto::ACTOR_KIND_SEND || task.pieces_per_iteration() <= 1) continue;
+        if (task.kind() == proto::ACTOR_KIND_ACC && task.name().rfind("acc:accumulate/wte.weight:", 0) == 0) {
+          ++tied_accumulators;
+        }
+        if (task.kind() != proto::ACTOR_KIND_SEND) continue;
+        const int64_t stage = task.transfer().launch().stage(), peer = task.transfer().peer_stage();
+        if (task.pieces_per_iteration() <= 1 && stage == 0 && peer == num_stages - 1 &&
+            task.name().rfind("send:wte.weight:", 0) == 0) {
+          ++tied_weight_sends;
+        }
+        // The head's accumulated gradient, or its tensor-parallel boxing.
+        const proto::Task* made_by = &task;
+        for (int up = 0; up < 3 && made_by->consumed_register_desc_ids_size() > 0; ++up) {
+          made_by = tasks.at(plan->register_descs(static_cast<int>(made_by->consumed_register_desc_ids(0))).producer());
+          if (made_by->kind() != proto::ACTOR_KIND_COLLECTIVE) break;
+        }
+        if (task.pieces_per_iteration() <= 1 && stage == num_stages - 1 && peer == 0 &&
+            made_by->name().rfind("acc:accumulate/wte.weight:", 0) == 0) {
+          ++tied_gradient_sends;
+        }
+        if (task.pieces_per_iteration() <= 1) continue;
+        EXPECT_EQ(std::abs(peer - stage), 1)
+            << task.name() << " crosses per micro-batch from stage " << stage << " to " << peer;
         const proto::RegisterDesc& input = plan->register_descs(static_cast<int>(task.consumed_register_desc_ids(0)));
         if (device == "cpu") {
           registers_on_cpu[task.name()] = input.register_num();
@@ -94,14 +119,13 @@ TEST(GpuEquivalence, PipelineSendersOnGpusKeepEveryValueUntilItsReaderRuns) {
         auto cpu = registers_on_cpu.find(task.name());
         ASSERT_NE(cpu, registers_on_cpu.end()) << task.name() << " is in the GPU plan only";
         EXPECT_EQ(input.register_num(), std::max(needed, cpu->second)) << task.name();
-        if (tasks.at(input.producer())->kind() == proto::ACTOR_KIND_COLLECTIVE && needed > cpu->second) {
-          ++raised_after_collective;
-        }
       }
-      if (device == "cuda" && layout.size() == 4) {
-        // The tied gradient's two senders (one per tensor-parallel rank).
-        EXPECT_EQ(raised_after_collective, 2);
-      }
+      // Once per iteration, from each tensor-parallel rank: the weight to the
+      // head, the head's accumulated gradient back; accumulated on both ends.
+      const int tp = layout.size() == 4 ? 2 : 1;
+      EXPECT_EQ(tied_weight_sends, tp);
+      EXPECT_EQ(tied_gradient_sends, tp);
+      EXPECT_EQ(tied_accumulators, 2 * tp);
     }
   }
 }
