@@ -1,11 +1,14 @@
 #pragma once
-// Graph passes (DESIGN §6): dead-code elimination, autodiff, gradient
-// accumulation and the optimizer. Each rewrites a Graph in place (appending
-// nodes, removing them, or rebuilding it); none keeps state between calls.
-// Pass order for training: Autodiff -> ApplyOptimizer -> EliminateDeadCode.
-// Pass order for training with gradient accumulation:
-//   Autodiff -> AccumulateGradients -> ApplyOptimizer -> EliminateDeadCode.
-// Not done yet (DESIGN §6): AMP, activation checkpointing, ZeRO.
+// Graph passes (DESIGN §6): dead-code elimination, autodiff, fusions,
+// mixed precision, loss scaling, activation checkpointing, gradient
+// accumulation, ZeRO 3's gathers, gradient buckets and the optimizer. Each
+// rewrites a Graph in place (appending nodes, removing them, or rebuilding
+// it); none keeps state between calls. train/engine.cc runs them for
+// training in this order, each where it applies: FuseBiasDropoutAdd ->
+// AutoMixedPrecision -> ScaleLoss -> Autodiff -> FoldCastRoundTrips ->
+// FoldAddsIntoProducers -> RecomputeSegments -> AccumulateGradients ->
+// GatherPerReader -> BucketGradients -> UnscaleGradients -> ApplyOptimizer
+// -> EliminateDeadCode.
 
 #include <functional>
 #include <map>
