@@ -13,6 +13,7 @@ namespace tessera::cluster {
 namespace {
 
 constexpr int kMaxDevices = 256;  // a node's devices (actor ids' 8 bits)
+constexpr size_t kMaxOfferBytes = 1024;
 
 // Plain decimal digits only (no sign, no spaces), as an index or count is written.
 bool ParseInt(std::string_view text, int* out) {
@@ -28,6 +29,8 @@ absl::StatusOr<DeviceOffer> ParseDeviceOffer(std::string_view devices) {
     return absl::InvalidArgumentError(
         StrCat("--devices '", shown, "': ", why, " (expected cpu:N, cuda:I, cuda:A-B or a list such as cuda:0,2-3)"));
   };
+  // Bounded before anything is split (the master parses what a registration sends).
+  if (devices.size() > kMaxOfferBytes) return bad(StrCat("longer than ", kMaxOfferBytes, " characters"));
   const size_t colon = devices.find(':');
   if (colon == std::string_view::npos) return bad("no device type");
   DeviceOffer offer;

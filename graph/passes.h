@@ -87,6 +87,14 @@ using SameStageFn = std::function<bool(int64_t layer_a, int64_t layer_b)>;
 absl::StatusOr<RecomputeResult> RecomputeSegments(Graph& graph, const GradientMap& gradients,
                                                   const SameStageFn& same_stage = {});
 
+// The terms of a sum `v`: the leaves of its tree of `add`s of one shape
+// and dtype (the autodiff sums a value's contributions with a chain of
+// adds), first input's first; {v} when v is no such add. Empty when there
+// would be more than kMaxSumTerms (adds form a DAG: y = x + x repeated
+// doubles the leaves).
+inline constexpr size_t kMaxSumTerms = 64;
+std::vector<ValueId> SumTerms(const Graph& graph, ValueId v);
+
 struct AccumulationResult {
   GradientMap gradients;       // variable -> mean of its m micro-batch gradients
   std::vector<ValueId> remap;  // old value id -> new value id (the graph is rebuilt)
@@ -166,9 +174,12 @@ struct AddFoldResult {
 // becomes matmul_add(a, b, c) there (the GEMM's epilogue; q, k and v's
 // input gradients, summed term by term), a layer_norm_grad's dx becomes
 // layer_norm_grad_add(..., c) on the layer norm's layer when c exists
-// before it (the residual stream's gradient). The graph is rebuilt when
-// anything folds: use `remap`.
-absl::StatusOr<AddFoldResult> FoldAddsIntoProducers(Graph& graph, const GradientMap& gradients);
+// before it (the residual stream's gradient). Over pipeline stages
+// (`same_stage`; null: one stage) a product does not fold a term made on
+// another stage (AccumulateGradients sums those per stage). The graph is
+// rebuilt when anything folds: use `remap`.
+absl::StatusOr<AddFoldResult> FoldAddsIntoProducers(Graph& graph, const GradientMap& gradients,
+                                                    const SameStageFn& same_stage = {});
 
 struct MixedPrecisionResult {
   int64_t ops = 0;             // ops that now read low-precision inputs

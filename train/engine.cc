@@ -67,16 +67,20 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Compile(graph::Graph graph, cons
       gradients = std::move(folded.gradients);
       remap_scaled(folded.remap);
     }
-    {
-      ASSIGN_OR_RETURN(graph::AddFoldResult summed, graph::FoldAddsIntoProducers(graph, gradients));
-      gradients = std::move(summed.gradients);
-      remap_scaled(summed.remap);
-    }
     ASSIGN_OR_RETURN(const scheduler::DeviceMesh mesh, scheduler::DeviceMesh::Make(options.lower.parallel));
-    const auto same_stage = [&mesh](int64_t a, int64_t b) {
+    const graph::SameStageFn same_stage = [&mesh](int64_t a, int64_t b) {
       const absl::StatusOr<int64_t> sa = mesh.StageOfLayer(a), sb = mesh.StageOfLayer(b);
       return sa.ok() && sb.ok() && *sa == *sb;
     };
+    {
+      // Under gradient accumulation a weight's gradient terms from other
+      // stages stay apart, to be accumulated on their stages.
+      ASSIGN_OR_RETURN(graph::AddFoldResult summed,
+                       graph::FoldAddsIntoProducers(graph, gradients,
+                                                    options.num_micro_batches > 1 ? same_stage : graph::SameStageFn()));
+      gradients = std::move(summed.gradients);
+      remap_scaled(summed.remap);
+    }
     if (options.activation_checkpoint) {
       ASSIGN_OR_RETURN(graph::RecomputeResult recomputed, graph::RecomputeSegments(graph, gradients, same_stage));
       if (recomputed.segments == 0) {

@@ -13,28 +13,41 @@ namespace {
 // A value's pipeline layer: its producer's layer_idx.
 int64_t LayerOf(const Graph& graph, ValueId v) { return graph.producer(v).layer_idx; }
 
-// The terms of gradient `v` summed across pipeline stages: an `add` (the
-// autodiff's sum of contributions) whose two inputs are made on different
-// stages is split into the terms of each, recursively; anything else is a
-// term. Inputs of an unassigned layer are not split (their stage is the
-// scheduler's choice).
-void CrossStageTerms(const Graph& graph, ValueId v, const SameStageFn& same_stage, std::vector<ValueId>& terms) {
-  const Node& producer = graph.producer(v);
-  if (producer.kind == NodeKind::kOp && producer.op == "add" && producer.inputs.size() == 2) {
-    const ValueId a = producer.inputs[0], b = producer.inputs[1];
-    const int64_t la = LayerOf(graph, a), lb = LayerOf(graph, b);
-    const Value &va = graph.value(a), &vb = graph.value(b), &out = graph.value(v);
-    if (la != kUnassignedLayer && lb != kUnassignedLayer && !same_stage(la, lb) && va.meta == out.meta &&
-        vb.meta == out.meta) {
-      CrossStageTerms(graph, a, same_stage, terms);
-      CrossStageTerms(graph, b, same_stage, terms);
-      return;
-    }
+// The terms of gradient `v` summed across pipeline stages: the leaves of
+// its tree of adds (SumTerms) when they are made on two or more stages,
+// else `v` is the one term. A leaf of an unassigned layer (its stage is the
+// scheduler's choice), or a tree too large, keeps `v` whole.
+std::vector<ValueId> CrossStageTerms(const Graph& graph, ValueId v, const SameStageFn& same_stage) {
+  const std::vector<ValueId> leaves = SumTerms(graph, v);
+  if (leaves.empty()) return {v};
+  bool spans_stages = false;
+  for (ValueId leaf : leaves) {
+    if (LayerOf(graph, leaf) == kUnassignedLayer) return {v};
+    spans_stages = spans_stages || !same_stage(LayerOf(graph, leaves.front()), LayerOf(graph, leaf));
   }
-  terms.push_back(v);
+  return spans_stages ? leaves : std::vector<ValueId>{v};
 }
 
 }  // namespace
+
+std::vector<ValueId> SumTerms(const Graph& graph, ValueId v) {
+  const TensorMeta& meta = graph.value(v).meta;
+  std::vector<ValueId> leaves, pending = {v};
+  while (!pending.empty()) {
+    if (leaves.size() + pending.size() > kMaxSumTerms) return {};
+    const ValueId t = pending.back();
+    pending.pop_back();
+    const Node& producer = graph.producer(t);
+    if (producer.kind == NodeKind::kOp && producer.op == "add" && producer.inputs.size() == 2 &&
+        graph.value(producer.inputs[0]).meta == meta && graph.value(producer.inputs[1]).meta == meta) {
+      pending.push_back(producer.inputs[1]);  // the first input's leaves first
+      pending.push_back(producer.inputs[0]);
+      continue;
+    }
+    leaves.push_back(t);
+  }
+  return leaves;
+}
 
 absl::StatusOr<AccumulationResult> AccumulateGradients(Graph& graph, const GradientMap& gradients,
                                                        int64_t num_micro_batches, const SameStageFn& same_stage) {
@@ -168,12 +181,8 @@ absl::StatusOr<AccumulationResult> AccumulateGradients(Graph& graph, const Gradi
     // on the first, the head's on the last) is accumulated per stage, and
     // the stages' sums are added once per iteration on the variable's
     // stage, rather than each micro-batch's term crossing.
-    std::vector<ValueId> terms;
-    if (same_stage) {
-      CrossStageTerms(out, remap[static_cast<size_t>(grad)], same_stage, terms);
-    } else {
-      terms.push_back(remap[static_cast<size_t>(grad)]);
-    }
+    const std::vector<ValueId> terms = same_stage ? CrossStageTerms(out, remap[static_cast<size_t>(grad)], same_stage)
+                                                  : std::vector<ValueId>{remap[static_cast<size_t>(grad)]};
     std::vector<std::vector<ValueId>> groups;  // terms per stage, in the sum's order
     for (ValueId term : terms) {
       auto group = std::find_if(groups.begin(), groups.end(), [&](const std::vector<ValueId>& g) {

@@ -25,7 +25,8 @@ bool IsOp(const Node& n, const char* op, size_t inputs, size_t outputs) {
 
 }  // namespace
 
-absl::StatusOr<AddFoldResult> FoldAddsIntoProducers(Graph& graph, const GradientMap& gradients) {
+absl::StatusOr<AddFoldResult> FoldAddsIntoProducers(Graph& graph, const GradientMap& gradients,
+                                                    const SameStageFn& same_stage) {
   const auto values = static_cast<size_t>(graph.num_values());
   const auto nodes = static_cast<size_t>(graph.num_nodes());
   std::vector<bool> kept(values, false);  // marked, or a gradient the optimizer will read
@@ -81,7 +82,20 @@ absl::StatusOr<AddFoldResult> FoldAddsIntoProducers(Graph& graph, const Gradient
       // are there). A layer norm's gradient folds where it is, on its own
       // layer: the sum of a layer's input gradient is the previous layer's
       // node, and at a stage boundary one term crosses either way.
-      const bool product = IsOp(p, "matmul", 2, 1) && p.layer_idx == add.layer_idx;
+      // Not with a term made on another pipeline stage: that sum is a
+      // weight's gradient over stages (a tied weight read by a matmul on its
+      // own stage), which gradient accumulation sums per stage
+      // (AccumulateGradients) rather than crossing each micro-batch's term.
+      bool across_stages = false;
+      if (same_stage && add.layer_idx != kUnassignedLayer) {
+        const std::vector<ValueId> terms = SumTerms(graph, other);
+        across_stages = terms.empty();  // too many to tell: leave the sum alone
+        for (ValueId term : terms) {
+          const int64_t layer = graph.producer(term).layer_idx;
+          across_stages = across_stages || (layer != kUnassignedLayer && !same_stage(layer, add.layer_idx));
+        }
+      }
+      const bool product = IsOp(p, "matmul", 2, 1) && p.layer_idx == add.layer_idx && !across_stages;
       const bool norm_grad =
           IsOp(p, "layer_norm_grad", 5, 3) && p.outputs[0] == v && graph.value(other).producer < p.id;
       if ((product || norm_grad) && p.id > best) {

@@ -473,6 +473,12 @@ TEST(DeviceOffer, ParsesOffersAndNarrowsTheVisibleGpus) {
   EXPECT_NE(visible.status().message().find("GPU 2 is not among the 2 GPU(s) that CUDA_VISIBLE_DEVICES='5,6' shows"),
             std::string::npos)
       << visible.status();
+  const auto long_offer = ParseDeviceOffer("cuda:" + std::string(4 << 20, ','));
+  ASSERT_FALSE(long_offer.ok());
+  EXPECT_NE(long_offer.status().message().find("longer than 1024 characters"), std::string::npos)
+      << long_offer.status();
+  // The master counts what a worker offers with the same parser.
+  EXPECT_EQ(ParseDeviceOffer("cuda:0,2-3")->count, 3);
   for (const char* bad : {"",        "cpu",      "cpu:",       "cpu:0",      "cpu:257",   "cpu:1-2", "cuda:",
                           "cuda:-1", "cuda:4-2", "cuda:0-256", "cuda:256",   "gpu:2",     "cuda:2x", "cuda:1,",
                           "cuda:,1", "cuda:2,1", "cuda:1,1",   "cuda:0-3,2", "cuda:0--1", "cuda: 1"}) {

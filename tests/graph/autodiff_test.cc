@@ -563,77 +563,80 @@ TEST(AutodiffTest, MarksTheNodesItEmitsBackward) {
   EXPECT_FALSE(graph.producer(accumulated->remap[static_cast<size_t>(h.id())]).backward);
 }
 
-// Over pipeline stages, a variable read on two stages (a tied embedding:
-// layer 0 and layer 1 here, each its own stage) gets a repeat on each, and
-// its gradient, summed across the stages by the autodiff, is accumulated on
-// each stage and added once per iteration on the variable's stage. The
-// result is the one-stage accumulation's gradient (up to rounding: the sum
-// is taken in another order).
+// Over pipeline stages (each layer its own stage here), a variable of
+// layer 0 that matmuls read on layers 0 .. n-1 (a tied weight) gets a repeat
+// on each stage, and its gradient, which the autodiff sums over the stages,
+// is accumulated on each stage and the sums added once per iteration on the
+// variable's stage. The add folds (FoldAddsIntoProducers, run before as the
+// engine runs it) leave the terms of other stages apart. The gradient is
+// the one-stage accumulation's (up to rounding: the sum is taken in another
+// order).
 TEST(AutodiffTest, AccumulationOverStagesRepeatsAndAccumulatesATiedVariableOnEachStage) {
-  const auto build = [] {
-    GraphBuilder b;
-    Sym x = b.Input("x", {DType::kF32, Shape{2, 5}});
-    Sym w, h;
-    {
-      auto scope = b.Scope("embed", 0);
-      w = b.Variable("w", {5, 5}, InitRule::Normal(0, 0.5, 5, 0));
-      h = Tanh(Matmul(x, w));
-    }
-    {
-      auto scope = b.Scope("head", 1);
-      b.MarkLoss(ReduceMean(Matmul(h, w) * h));
-    }
-    auto built = b.Finish();
-    EXPECT_TRUE(built.ok()) << built.status();
-    return *std::move(built);
-  };
-  const auto x_value = ops::RunOp(
-      "normal", {}, {{"shape", std::vector<int64_t>{4, 5}}, {"seed", int64_t{3}}, {"tensor_id", int64_t{0}}});
-  ASSERT_TRUE(x_value.ok());
-  std::vector<double> gradient[2];
-  for (const bool stages : {false, true}) {
-    SCOPED_TRACE(stages ? "two stages" : "one stage");
-    Graph graph = build();
-    const ValueId w = graph.Variables().front();
-    auto gradients = Autodiff(graph);
-    ASSERT_TRUE(gradients.ok()) << gradients.status();
-    const SameStageFn same_stage = [](int64_t a, int64_t b) { return a == b; };
-    auto accumulated = AccumulateGradients(graph, *gradients, 2, stages ? same_stage : SameStageFn());
-    ASSERT_TRUE(accumulated.ok()) << accumulated.status();
-    std::vector<int64_t> repeat_layers, acc_layers;
-    for (const Node& n : graph.nodes()) {
-      if (n.kind == NodeKind::kRepeat) repeat_layers.push_back(n.layer_idx);
-      if (n.kind == NodeKind::kAcc && n.scope.starts_with("accumulate/")) acc_layers.push_back(n.layer_idx);
-      if (n.kind != NodeKind::kOp || n.op != "matmul") continue;
-      for (ValueId in : n.inputs) {
-        const Node& producer = graph.producer(in);
-        if (producer.kind == NodeKind::kRepeat) {
-          EXPECT_EQ(producer.layer_idx, stages ? n.layer_idx : 0) << "a matmul of layer " << n.layer_idx;
-        }
+  for (const int64_t layers : {2, 3}) {
+    SCOPED_TRACE(StrCat(layers, " layers"));
+    const auto build = [layers] {
+      GraphBuilder b;
+      Sym h = b.Input("x", {DType::kF32, Shape{2, 5}});
+      Sym w;
+      for (int64_t l = 0; l < layers; ++l) {
+        auto scope = b.Scope(StrCat("layer", l), l);
+        if (l == 0) w = b.Variable("w", {5, 5}, InitRule::Normal(0, 0.5, 5, 0));
+        h = Tanh(Matmul(h, w));
+        if (l == layers - 1) b.MarkLoss(ReduceMean(h * h));
       }
+      auto built = b.Finish();
+      EXPECT_TRUE(built.ok()) << built.status();
+      return *std::move(built);
+    };
+    const auto x_value = ops::RunOp(
+        "normal", {}, {{"shape", std::vector<int64_t>{4, 5}}, {"seed", int64_t{3}}, {"tensor_id", int64_t{0}}});
+    ASSERT_TRUE(x_value.ok());
+    std::vector<double> gradient[2];
+    for (const bool stages : {false, true}) {
+      SCOPED_TRACE(stages ? "a stage per layer" : "one stage");
+      Graph graph = build();
+      const ValueId w = graph.Variables().front();
+      auto gradients = Autodiff(graph);
+      ASSERT_TRUE(gradients.ok()) << gradients.status();
+      const SameStageFn same_stage = stages ? SameStageFn([](int64_t a, int64_t b) { return a == b; }) : SameStageFn();
+      auto folded = FoldAddsIntoProducers(graph, *gradients, same_stage);
+      ASSERT_TRUE(folded.ok()) << folded.status();
+      auto accumulated = AccumulateGradients(graph, folded->gradients, 2, same_stage);
+      ASSERT_TRUE(accumulated.ok()) << accumulated.status();
+      std::vector<int64_t> repeat_layers, acc_layers;
+      for (const Node& n : graph.nodes()) {
+        if (n.kind == NodeKind::kRepeat) repeat_layers.push_back(n.layer_idx);
+        if (n.kind == NodeKind::kAcc && n.scope.starts_with("accumulate/")) acc_layers.push_back(n.layer_idx);
+        if (n.kind != NodeKind::kOp || (n.op != "matmul" && n.op != "matmul_add") || n.backward) continue;
+        ASSERT_EQ(graph.producer(n.inputs[1]).kind, NodeKind::kRepeat) << "a matmul of layer " << n.layer_idx;
+        EXPECT_EQ(graph.producer(n.inputs[1]).layer_idx, stages ? n.layer_idx : 0)
+            << "a matmul of layer " << n.layer_idx;
+      }
+      std::sort(acc_layers.begin(), acc_layers.end());  // in the autodiff's order of the terms
+      std::vector<int64_t> every_layer;
+      for (int64_t l = 0; l < layers; ++l) every_layer.push_back(l);
+      EXPECT_EQ(repeat_layers, stages ? every_layer : std::vector<int64_t>({0}));
+      EXPECT_EQ(acc_layers, stages ? every_layer : std::vector<int64_t>({0}));
+      const ValueId grad = accumulated->gradients.at(accumulated->remap[static_cast<size_t>(w)]);
+      // scalar_mul(acc) on one stage; scalar_mul(add(.., acc)) over stages, on the variable's layer.
+      const Node& mean = graph.producer(grad);
+      EXPECT_EQ(mean.op, "scalar_mul");
+      EXPECT_EQ(mean.layer_idx, 0);
+      EXPECT_EQ(graph.producer(mean.inputs[0]).kind, stages ? NodeKind::kOp : NodeKind::kAcc);
+      GraphInterpreter interpreter(graph);
+      ASSERT_TRUE(interpreter.InitVariables().ok());
+      auto values = interpreter.Run({{"x", x_value->front()}});
+      ASSERT_TRUE(values.ok()) << values.status();
+      gradient[stages ? 1 : 0] = (*values)[static_cast<size_t>(grad)].ToDoubleVector();
     }
-    EXPECT_EQ(repeat_layers, stages ? std::vector<int64_t>({0, 1}) : std::vector<int64_t>({0}));
-    std::sort(acc_layers.begin(), acc_layers.end());  // in the autodiff's order of the terms
-    EXPECT_EQ(acc_layers, stages ? std::vector<int64_t>({0, 1}) : std::vector<int64_t>({0}));
-    const ValueId grad = accumulated->gradients.at(accumulated->remap[static_cast<size_t>(w)]);
-    // scalar_mul(acc) on one stage; scalar_mul(add(acc, acc)) on two, on the variable's layer.
-    const Node& mean = graph.producer(grad);
-    EXPECT_EQ(mean.op, "scalar_mul");
-    EXPECT_EQ(mean.layer_idx, 0);
-    EXPECT_EQ(graph.producer(mean.inputs[0]).kind, stages ? NodeKind::kOp : NodeKind::kAcc);
-    GraphInterpreter interpreter(graph);
-    ASSERT_TRUE(interpreter.InitVariables().ok());
-    auto values = interpreter.Run({{"x", x_value->front()}});
-    ASSERT_TRUE(values.ok()) << values.status();
-    gradient[stages ? 1 : 0] = (*values)[static_cast<size_t>(grad)].ToDoubleVector();
+    ASSERT_EQ(gradient[0].size(), 25u);
+    double largest = 0;
+    for (size_t i = 0; i < gradient[0].size(); ++i) {
+      EXPECT_NEAR(gradient[1][i], gradient[0][i], 1e-6 * (1 + std::fabs(gradient[0][i]))) << i;
+      largest = std::max(largest, std::fabs(gradient[0][i]));
+    }
+    EXPECT_GT(largest, 1e-3);
   }
-  ASSERT_EQ(gradient[0].size(), 25u);
-  double largest = 0;
-  for (size_t i = 0; i < gradient[0].size(); ++i) {
-    EXPECT_NEAR(gradient[1][i], gradient[0][i], 1e-6 * (1 + std::fabs(gradient[0][i]))) << i;
-    largest = std::max(largest, std::fabs(gradient[0][i]));
-  }
-  EXPECT_GT(largest, 1e-3);
 }
 
 }  // namespace
