@@ -238,8 +238,8 @@ void AddClusterCommands(CLI::App& app, ClusterCommandDeps deps) {
       if (!gpus.ok()) {
         Fail(absl::StrCat("--devices '", worker_flags->devices, "': ", gpus.status().message(), " ", narrowed));
       }
-      if (*gpus < offer->count) {
-        Fail(absl::StrCat("--devices '", worker_flags->devices, "' offers ", offer->count,
+      if (*gpus < offer->count()) {
+        Fail(absl::StrCat("--devices '", worker_flags->devices, "' offers ", offer->count(),
                           " GPU(s), this machine shows ", *gpus, " of them ", narrowed));
       }
     }

@@ -41,7 +41,7 @@ absl::StatusOr<DeviceOffer> ParseDeviceOffer(std::string_view devices) {
       return bad(StrCat("cpu:N is a count of virtual devices in [1, ", kMaxDevices, "]"));
     }
     offer.type = DeviceType::kCpu;
-    offer.count = n;
+    offer.cpus = n;
     return offer;
   }
   if (type != "cuda") return bad(StrCat("unknown device type '", type.substr(0, 16), "'"));
@@ -65,7 +65,6 @@ absl::StatusOr<DeviceOffer> ParseDeviceOffer(std::string_view devices) {
     }
     for (int g = first; g <= last; ++g) offer.gpus.push_back(g);
   }
-  offer.count = static_cast<int>(offer.gpus.size());
   return offer;
 }
 

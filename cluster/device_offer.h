@@ -19,8 +19,11 @@ namespace tessera::cluster {
 
 struct DeviceOffer {
   DeviceType type = DeviceType::kCpu;
-  int count = 1;          // the devices offered
-  std::vector<int> gpus;  // cuda: the machine's GPU indices, ascending (count of them)
+  int cpus = 1;           // cpu: the virtual devices offered
+  std::vector<int> gpus;  // cuda: the machine's GPU indices offered, ascending
+
+  // The devices offered.
+  int count() const { return type == DeviceType::kCuda ? static_cast<int>(gpus.size()) : cpus; }
 };
 
 // Errors name the text and what is expected (one line).

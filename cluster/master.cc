@@ -214,7 +214,7 @@ class Master::Impl final : public control::Master::Service {
     auto record = std::make_unique<WorkerRecord>();
     record->devices = request->devices();
     record->device_type = std::string(DeviceTypeName(offer->type));
-    record->num_devices = offer->count;
+    record->num_devices = offer->count();
     record->data_address = request->data_address();
     record->address = request->worker_address();
     record->stub = control::Worker::NewStub(MakeChannel(record->address, options_.security));

@@ -439,13 +439,13 @@ TEST(DeviceOffer, ParsesOffersAndNarrowsTheVisibleGpus) {
   auto cpu = ParseDeviceOffer("cpu:4");
   ASSERT_TRUE(cpu.ok()) << cpu.status();
   EXPECT_EQ(cpu->type, DeviceType::kCpu);
-  EXPECT_EQ(cpu->count, 4);
+  EXPECT_EQ(cpu->count(), 4);
   EXPECT_FALSE(CudaVisibleDevices(*cpu, std::nullopt)->has_value());
   const auto gpus_of = [](std::string_view text) {
     auto offer = ParseDeviceOffer(text);
     EXPECT_TRUE(offer.ok()) << text << ": " << offer.status();
     EXPECT_EQ(offer->type, DeviceType::kCuda);
-    EXPECT_EQ(offer->count, static_cast<int>(offer->gpus.size()));
+    EXPECT_EQ(offer->count(), static_cast<int>(offer->gpus.size()));
     return offer->gpus;
   };
   EXPECT_EQ(gpus_of("cuda:0"), std::vector<int>{0});
@@ -478,7 +478,7 @@ TEST(DeviceOffer, ParsesOffersAndNarrowsTheVisibleGpus) {
   EXPECT_NE(long_offer.status().message().find("longer than 1024 characters"), std::string::npos)
       << long_offer.status();
   // The master counts what a worker offers with the same parser.
-  EXPECT_EQ(ParseDeviceOffer("cuda:0,2-3")->count, 3);
+  EXPECT_EQ(ParseDeviceOffer("cuda:0,2-3")->count(), 3);
   for (const char* bad : {"",        "cpu",      "cpu:",       "cpu:0",      "cpu:257",   "cpu:1-2", "cuda:",
                           "cuda:-1", "cuda:4-2", "cuda:0-256", "cuda:256",   "gpu:2",     "cuda:2x", "cuda:1,",
                           "cuda:,1", "cuda:2,1", "cuda:1,1",   "cuda:0-3,2", "cuda:0--1", "cuda: 1"}) {
