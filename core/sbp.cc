@@ -1,5 +1,8 @@
 #include "core/sbp.h"
 
+#include <utility>
+#include <vector>
+
 #include "core/text.h"
 
 namespace tessera {
@@ -106,6 +109,47 @@ absl::StatusOr<TensorSlice> LocalSlice(const Shape& logical, const NdSbp& nd_sbp
     slice.local[axis] = r.size;
   }
   return slice;
+}
+
+namespace {
+
+// A block's elements as a grid of flat indices: base + sum_j i_j * stride_j,
+// 0 <= i_j < extent_j, in row-major order of i. Canonical: axes of extent 1
+// dropped, and an axis merged into the next inner one whenever its stride is
+// that axis's extent times its stride (the inner axis is whole). Row-major
+// grids nest (an axis's stride covers the inner axes' whole span), so two
+// grids walk the same indices in the same order iff their canonical forms
+// are equal.
+struct Grid {
+  int64_t base = 0;
+  std::vector<std::pair<int64_t, int64_t>> axes;  // (extent, stride), outermost first
+};
+
+Grid CanonicalGrid(const TensorSlice& s) {
+  Grid g;
+  int64_t stride = 1;
+  for (int d = s.logical.rank() - 1; d >= 0; --d) {
+    g.base += s.offset[static_cast<size_t>(d)] * stride;
+    if (s.local[d] != 1) {
+      if (!g.axes.empty() && g.axes.back().first * g.axes.back().second == stride) {
+        g.axes.back().first *= s.local[d];
+      } else {
+        g.axes.emplace_back(s.local[d], stride);
+      }
+    }
+    stride *= s.logical[d];
+  }
+  return g;  // innermost first; the comparison does not mind
+}
+
+}  // namespace
+
+bool SameRowMajorElements(const TensorSlice& a, const TensorSlice& b) {
+  if (a.local.NumElements() == 0 || b.local.NumElements() == 0) {
+    return a.local.NumElements() == b.local.NumElements();
+  }
+  const Grid ga = CanonicalGrid(a), gb = CanonicalGrid(b);
+  return ga.base == gb.base && ga.axes == gb.axes;
 }
 
 absl::StatusOr<Shape> LocalShape(const Shape& logical, const Sbp& sbp, int64_t parts, int64_t index) {

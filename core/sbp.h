@@ -86,6 +86,11 @@ struct TensorSlice {
 // broadcast axes do not change the block. Errors name the SBP and the shape.
 absl::StatusOr<TensorSlice> LocalSlice(const Shape& logical, const NdSbp& nd_sbp,
                                        const std::vector<int64_t>& hierarchy, int64_t parallel_id);
+// Whether blocks `a` and `b` (of logical tensors with the same number of
+// elements, possibly of different shapes) hold the same elements of the
+// row-major flattening, in the same order: a reshape of `a`'s local tensor
+// to `b`'s local shape is then the reshape of the logical tensor, locally.
+bool SameRowMajorElements(const TensorSlice& a, const TensorSlice& b);
 // Convenience: LocalSlice(...).local for a one-axis layout over `parts` devices.
 absl::StatusOr<Shape> LocalShape(const Shape& logical, const Sbp& sbp, int64_t parts, int64_t index);
 

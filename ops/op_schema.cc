@@ -73,6 +73,10 @@ OpSchema& OpSchema::Attr(std::string name, AttrType type, std::optional<AttrValu
 }
 OpSchema& OpSchema::Infer(InferFn fn) { infer_ = std::move(fn); return *this; }
 OpSchema& OpSchema::Sbp(SbpFn fn) { sbp_ = std::move(fn); return *this; }
+OpSchema& OpSchema::NdSbpCheck(NdSbpCheckFn fn) {
+  nd_sbp_check_ = std::move(fn);
+  return *this;
+}
 OpSchema& OpSchema::Grad(GradFn fn) { grad_ = std::move(fn); return *this; }
 OpSchema& OpSchema::Kernel(DeviceType device, KernelFn fn) { kernels_[device] = std::move(fn); return *this; }
 OpSchema& OpSchema::Example(std::vector<TensorMeta> inputs, AttrMap attrs) {
@@ -184,6 +188,12 @@ std::vector<SbpSignature> OpSchema::SbpSignatures(const std::vector<TensorMeta>&
                                                   int64_t parallel_num) const {
   if (!sbp_) return {};
   return sbp_(inputs, attrs, parallel_num);
+}
+
+bool OpSchema::NdSbpValid(const std::vector<TensorMeta>& inputs, const std::vector<TensorMeta>& outputs,
+                          const std::vector<NdSbp>& input_layouts, const std::vector<NdSbp>& output_layouts,
+                          const std::vector<int64_t>& hierarchy) const {
+  return !nd_sbp_check_ || nd_sbp_check_(inputs, outputs, input_layouts, output_layouts, hierarchy);
 }
 
 absl::Status OpSchema::Validate() const {

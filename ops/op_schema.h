@@ -53,6 +53,18 @@ using InferFn = std::function<absl::StatusOr<std::vector<TensorMeta>>(const std:
 // this parallel_num (e.g. reshape across an uneven split) must be left out.
 using SbpFn = std::function<std::vector<SbpSignature>(const std::vector<TensorMeta>& inputs,
                                                       const AttrMap& attrs, int64_t parallel_num)>;
+// Whether an N-D combination of the per-axis signatures (the layouts of
+// each input and output over every axis of `hierarchy`) is right for these
+// logical inputs and outputs. Asked only over two or more axes: splits nest
+// (core/sbp.h LocalSlice: an axis splits the previous axes' piece), so a
+// combination of signatures each valid on its own axis can still be wrong
+// for an op whose local computation depends on where a shard begins (a
+// reshape across a split that the outer axis left uneven). Ops without one
+// accept every combination.
+using NdSbpCheckFn =
+    std::function<bool(const std::vector<TensorMeta>& inputs, const std::vector<TensorMeta>& outputs,
+                       const std::vector<NdSbp>& input_layouts, const std::vector<NdSbp>& output_layouts,
+                       const std::vector<int64_t>& hierarchy)>;
 using GradFn = std::function<void(GradBuilder& builder)>;
 using KernelFn = std::function<absl::Status(KernelContext& ctx)>;
 // Bytes of workspace one kernel call on `device` needs for these local
@@ -80,6 +92,7 @@ class OpSchema {
   OpSchema& Attr(std::string name, AttrType type, std::optional<AttrValue> default_value = std::nullopt);
   OpSchema& Infer(InferFn fn);
   OpSchema& Sbp(SbpFn fn);
+  OpSchema& NdSbpCheck(NdSbpCheckFn fn);
   OpSchema& Grad(GradFn fn);
   OpSchema& Kernel(DeviceType device, KernelFn fn);
   OpSchema& Example(std::vector<TensorMeta> inputs, AttrMap attrs = {});
@@ -127,6 +140,11 @@ class OpSchema {
   std::vector<SbpSignature> SbpSignatures(const std::vector<TensorMeta>& inputs, const AttrMap& attrs,
                                           int64_t parallel_num) const;
 
+  // NdSbpCheckFn's answer; true when the op declares none.
+  bool NdSbpValid(const std::vector<TensorMeta>& inputs, const std::vector<TensorMeta>& outputs,
+                  const std::vector<NdSbp>& input_layouts, const std::vector<NdSbp>& output_layouts,
+                  const std::vector<int64_t>& hierarchy) const;
+
   // Registration-time consistency check (infer and a kernel present, example
   // infers, signatures match arities).
   absl::Status Validate() const;
@@ -140,6 +158,7 @@ class OpSchema {
   std::vector<AttrDef> attrs_;
   InferFn infer_;
   SbpFn sbp_;
+  NdSbpCheckFn nd_sbp_check_;
   GradFn grad_;
   std::map<DeviceType, KernelFn> kernels_;
   OpExample example_;

@@ -127,6 +127,22 @@ Signatures ReshapeSignatures(const TensorMeta& in, const Shape& out, int64_t p) 
   return sigs;
 }
 
+// Over several axes: every device's block of x and of y hold the same
+// elements in the same order (SplitMapsThrough checks each axis alone, on
+// the logical shape; an inner axis splits the outer axis's piece, which
+// may split unevenly where the logical extent did not).
+bool ReshapeNdValid(const MetaList& in, const MetaList& out, const std::vector<NdSbp>& in_layouts,
+                    const std::vector<NdSbp>& out_layouts, const std::vector<int64_t>& hierarchy) {
+  int64_t devices = 1;
+  for (int64_t h : hierarchy) devices *= h;
+  for (int64_t id = 0; id < devices; ++id) {
+    const absl::StatusOr<TensorSlice> x = LocalSlice(in[0].shape, in_layouts[0], hierarchy, id);
+    const absl::StatusOr<TensorSlice> y = LocalSlice(out[0].shape, out_layouts[0], hierarchy, id);
+    if (!x.ok() || !y.ok() || !SameRowMajorElements(*x, *y)) return false;
+  }
+  return true;
+}
+
 absl::Status ReshapeKernel(KernelContext& ctx) {
   if (ctx.input(0).NumElements() != ctx.output(0).NumElements()) {
     return absl::InvalidArgumentError(StrCat("local input ", ctx.input(0).shape().ToString(), " and output ",
@@ -156,6 +172,7 @@ void RegisterReshape(OpRegistry& r) {
             const absl::StatusOr<Shape> out = ResolveReshape(in[0].shape, attrs.Ints("shape"));
             return out.ok() ? ReshapeSignatures(in[0], *out, p) : Signatures{};
           })
+          .NdSbpCheck(ReshapeNdValid)
           .Grad([](GradBuilder& b) {
             b.SetInputGrad(0, b.Op("reshape", {b.output_grad(0)}, {{"shape", b.meta(b.input(0)).shape.dims()}}));
           })

@@ -482,6 +482,8 @@ class Inferrer {
       constraints.push_back(std::move(constraint));
     }
     const std::vector<std::optional<Constraint>> input_constraints = ZeroInputConstraints(node);
+    std::vector<TensorMeta> output_metas;
+    for (ValueId output : node.outputs) output_metas.push_back(graph_.value(output).meta);
 
     std::optional<Candidate> best;
     std::vector<Candidate> rejected;  // kept only to explain a failure
@@ -497,6 +499,10 @@ class Inferrer {
       for (size_t i = 0; i < input_constraints.size(); ++i) {
         if (input_constraints[i].has_value() && c.inputs[i] != input_constraints[i]->nd_sbp) allowed = false;
       }
+      // Each axis's signature is valid alone; over several axes the splits
+      // nest, which an op whose local computation depends on where shards
+      // begin (reshape) checks for the whole combination.
+      if (num_axes > 1 && !schema->NdSbpValid(metas, output_metas, c.inputs, c.outputs, hierarchy_)) allowed = false;
       // A candidate reading an input in a layout no boxing route reaches
       // from the produced one (P -> P(max)) is no candidate: it once won a
       // tie (depend reading a gradient as P(max)) and failed at run time.

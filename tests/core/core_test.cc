@@ -388,6 +388,35 @@ TEST(Sbp, LocalSliceNdNests) {
   EXPECT_FALSE(LocalSlice(Shape{4}, {Sbp::Split(0)}, {2, 2}, 0).ok());
 }
 
+TEST(Sbp, SameRowMajorElementsComparesWhatEachBlockHolds) {
+  const auto slice = [](const Shape& logical, const char* nd, std::vector<int64_t> hierarchy, int64_t id) {
+    return LocalSlice(logical, *ParseNdSbp(nd), hierarchy, id).value();
+  };
+  // (B, T, C) -> (B*T, C) split twice on rows: 8 rows nest evenly (2 each),
+  // 10 do not (5 -> 3, 2), while 320 flattened rows split 80, 80.
+  for (int64_t id = 0; id < 4; ++id) {
+    EXPECT_TRUE(SameRowMajorElements(slice(Shape{8, 32, 64}, "(S(0), S(0))", {2, 2}, id),
+                                     slice(Shape{256, 64}, "(S(0), S(0))", {2, 2}, id)));
+    EXPECT_FALSE(SameRowMajorElements(slice(Shape{10, 32, 64}, "(S(0), S(0))", {2, 2}, id),
+                                      slice(Shape{320, 64}, "(S(0), S(0))", {2, 2}, id)))
+        << id;
+  }
+  // One axis splitting batch, the other the flattened rows, agree when each piece is whole rows.
+  EXPECT_TRUE(
+      SameRowMajorElements(slice(Shape{4, 6}, "(S(0), B)", {2, 3}, 4), slice(Shape{24}, "(S(0), B)", {2, 3}, 4)));
+  // Strided blocks: columns 0..2 of (4, 6) are the first halves of (4, 2, 3)'s rows...
+  EXPECT_TRUE(SameRowMajorElements(slice(Shape{4, 6}, "(S(1))", {2}, 0), slice(Shape{4, 2, 3}, "(S(1))", {2}, 0)));
+  // ... but not the first 12 elements.
+  EXPECT_FALSE(SameRowMajorElements(slice(Shape{4, 6}, "(S(1))", {2}, 0), slice(Shape{24}, "(S(0))", {2}, 0)));
+  // Whole tensors are the same elements whatever their shapes; a column of
+  // (6, 2) is not the first half of (12).
+  EXPECT_TRUE(SameRowMajorElements(slice(Shape{2, 3}, "(B)", {1}, 0), slice(Shape{3, 2}, "(B)", {1}, 0)));
+  EXPECT_FALSE(SameRowMajorElements(slice(Shape{6, 2}, "(S(1))", {2}, 0), slice(Shape{12}, "(S(0))", {2}, 0)));
+  // Empty pieces: equal only to empty pieces.
+  EXPECT_TRUE(SameRowMajorElements(slice(Shape{1, 4}, "(S(0))", {2}, 1), slice(Shape{4, 1}, "(S(1))", {2}, 1)));
+  EXPECT_FALSE(SameRowMajorElements(slice(Shape{1, 4}, "(S(0))", {2}, 1), slice(Shape{4}, "(S(0))", {2}, 1)));
+}
+
 TEST(Placement, CreateParseCoordinates) {
   auto p = ParsePlacement("cpu:0-7@[2,4]");
   ASSERT_TRUE(p.ok()) << p.status();

@@ -13,6 +13,7 @@
 #include "core/text.h"
 #include "graph/builder.h"
 #include "graph/passes.h"
+#include "ops/registry.h"
 #include "scheduler/mesh.h"
 
 #define EXPECT_CONTAINS(text, part) \
@@ -761,6 +762,51 @@ TEST(SbpInferTest, TieBreakKeepsLayoutsAndBroadcastsConstants) {
   EXPECT_EQ(into_add[0].value, zeros.id());
   EXPECT_EQ(into_add[0].description, "dp: B -> S(0) (local slice)");
   EXPECT_EQ(into_add[0].cost, 0);
+}
+
+TEST(SbpInferTest, AReshapeKeepsANestedSplitOnlyWhereEveryPieceLinesUp) {
+  // x (B, 8, 4) split on the batch over both axes of a 2 x 2 mesh, then
+  // flattened to (B*8, 4): each axis alone maps S(0) to S(0) when B splits
+  // evenly over 2, but the tensor axis splits the data axis's piece. B = 8
+  // nests evenly (8 -> 4 -> 2); B = 10 does not (10 -> 5 -> 3, 2, while 80
+  // rows split 40 -> 20, 20), so the reshape may not keep (S(0), S(0)) there.
+  for (const int64_t batch : {8, 10}) {
+    GraphBuilder b;
+    Sym x = b.Input("x", {DType::kF32, Shape{batch, 8, 4}});
+    Sym r = graph::Reshape(x, Shape{batch * 8, 4});
+    Sym y = graph::Relu(r);
+    b.MarkFetch("y", y);
+    auto graph = b.Finish();
+    ASSERT_TRUE(graph.ok()) << graph.status();
+    ASSERT_TRUE(graph->SetHints(x.id(), std::nullopt, NdSbp{kS0, kS0}).ok());
+    ASSERT_TRUE(graph->SetHints(y.id(), std::nullopt, NdSbp{kS0, kS0}).ok());
+    const SbpAssignment a = Infer(*graph, MakeMesh(4, 2));
+    const graph::NodeId reshape = graph->value(r.id()).producer;
+    const NdSbp out = a.values[static_cast<size_t>(r.id())].nd_sbp;
+    if (batch == 8) {
+      EXPECT_EQ(out, (NdSbp{kS0, kS0})) << a.ToText(*graph);
+      EXPECT_TRUE(EdgesInto(a, reshape).empty()) << a.ToText(*graph);
+    } else {
+      // Some boxing around the reshape now (before or after it).
+      EXPECT_NE(out, (NdSbp{kS0, kS0})) << a.ToText(*graph);
+      EXPECT_FALSE(EdgesInto(a, reshape).empty() && EdgesInto(a, graph->value(y.id()).producer).empty())
+          << a.ToText(*graph);
+    }
+  }
+  // The op's own check, device by device.
+  const ops::OpSchema* reshape = ops::BuiltinOps().Find("reshape");
+  ASSERT_NE(reshape, nullptr);
+  const auto valid = [&](int64_t batch, const NdSbp& in, const NdSbp& out, std::vector<int64_t> hierarchy) {
+    return reshape->NdSbpValid({{DType::kF32, Shape{batch, 8, 4}}}, {{DType::kF32, Shape{batch * 8, 4}}}, {in}, {out},
+                               hierarchy);
+  };
+  EXPECT_TRUE(valid(8, {kS0, kS0}, {kS0, kS0}, {2, 2}));
+  EXPECT_FALSE(valid(10, {kS0, kS0}, {kS0, kS0}, {2, 2}));
+  EXPECT_TRUE(valid(10, {kS0, kB}, {kS0, kB}, {2, 2}));
+  EXPECT_TRUE(valid(10, {kS0, kP}, {kS0, kP}, {2, 2}));
+  EXPECT_TRUE(valid(12, {kS0, kS0}, {kS0, kS0}, {2, 3}));   // 12 -> 6 -> 2, 2, 2
+  EXPECT_FALSE(valid(12, {kS0, kS0}, {kS0, kS0}, {3, 3}));  // 12 -> 4 -> 2, 1, 1
+  EXPECT_FALSE(valid(8, {kS0, kS1}, {kS0, kS0}, {2, 2}));   // different elements
 }
 
 TEST(SbpInferTest, ResultsAreDeterministic) {

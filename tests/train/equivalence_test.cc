@@ -134,6 +134,25 @@ TEST(Equivalence, Gpt2NanoLossesMatchOneDeviceUnderEveryLayout) {
   ExpectLayoutsGive(layouts, {}, *one);
 }
 
+// One attention head cannot be split over 2 tensor ranks, so the attention
+// runs on batch pieces; 3 samples per data-parallel rank split 2, 1 over the
+// tensor ranks, which the (B, T, C) -> (B·T, C) reshapes before the
+// projections may not read as an even split of the rows (it once failed at
+// the first act: "local input (1, 32, 1, 64) and output (48, 64) differ in
+// element count").
+TEST(Equivalence, UnevenNestedBatchSplitsGiveTheOneDeviceLosses) {
+  const std::vector<std::string> model = {"model.num_attention_heads=1", "train.num_accumulation_steps=1"};
+  auto one = TrainGpt2(With(model, {"train.train_micro_batch_size=6"}));
+  ASSERT_TRUE(one.ok()) << one.status();
+  ExpectLayoutsGive(
+      {{"2x2x1, 3 per rank",
+        {"train.dist.data_parallel_size=2", "train.dist.tensor_parallel_size=2", "train.train_micro_batch_size=3"}},
+       {"2x2x2, 3 per rank",
+        {"train.dist.data_parallel_size=2", "train.dist.tensor_parallel_size=2", "train.dist.pipeline_parallel_size=2",
+         "train.train_micro_batch_size=3"}}},
+      model, *one);
+}
+
 // train.dist.custom_pipeline_stage_id places each layer on the stage it
 // names instead of LiBai's balanced cut: the losses stay one device's, and
 // the parameters follow the layers (stage 0 of [0, 0, 0, 1] holds three
