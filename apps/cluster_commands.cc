@@ -3,6 +3,7 @@
 #include <pthread.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -16,6 +17,7 @@
 #include "cluster/client.h"
 #include "cluster/device_offer.h"
 #include "cluster/master.h"
+#include "cluster/transport.h"
 #include "cluster/worker.h"
 #include "core/config.h"
 #include "core/storage.h"
@@ -128,11 +130,21 @@ void Follow(Client& client, const std::string& job_id, bool print_everything) {
   }
 }
 
+// CLI11's check of an address flag (cluster::CheckAddress).
+CLI::Validator AddressCheck(bool port_required = true) {
+  return CLI::Validator(
+      [port_required](std::string& value) {
+        const absl::Status status = cluster::CheckAddress(value, port_required);
+        return status.ok() ? std::string() : std::string(status.message());
+      },
+      port_required ? "HOST:PORT" : "HOST[:PORT]");
+}
+
 struct ClientFlags {
   std::string master = "127.0.0.1:7070";
   SecurityFlags security;
   void Add(CLI::App* verb) {
-    verb->add_option("--master", master, "The master's address")->capture_default_str();
+    verb->add_option("--master", master, "The master's address")->capture_default_str()->check(AddressCheck());
     security.AddClientFlags(verb);
   }
   std::unique_ptr<Client> Connect() const {
@@ -160,7 +172,9 @@ void AddClusterCommands(CLI::App& app, ClusterCommandDeps deps) {
   };
   auto master_flags = std::make_shared<MasterFlags>();
   CLI::App* master = app.add_subcommand("master", "Run the master: queues, compiles and watches jobs (until SIGINT/SIGTERM)");
-  master->add_option("--listen", master_flags->listen, "Address to serve on (port 0: the OS picks)")->capture_default_str();
+  master->add_option("--listen", master_flags->listen, "Address to serve on (port 0: the OS picks)")
+      ->capture_default_str()
+      ->check(AddressCheck());
   master->add_option("--state-dir", master_flags->state_dir, "Directory of job records (the job history survives restarts)");
   master->add_option("--metrics-port", master_flags->metrics_port, "Serve Prometheus /metrics on PORT (of --metrics-host)")
       ->check(CLI::Range(0, 65535));
@@ -209,14 +223,31 @@ void AddClusterCommands(CLI::App& app, ClusterCommandDeps deps) {
   };
   auto worker_flags = std::make_shared<WorkerFlags>();
   CLI::App* worker = app.add_subcommand("worker", "Run a worker: runs the master's node plans on its devices (until SIGINT/SIGTERM)");
-  worker->add_option("--master", worker_flags->master, "The master's address")->capture_default_str();
+  worker->add_option("--master", worker_flags->master, "The master's address")
+      ->capture_default_str()
+      ->check(AddressCheck());
   worker
       ->add_option("--devices", worker_flags->devices,
                    "Devices to offer: cpu:N (N virtual CPU devices), or GPUs by index: cuda:I, cuda:A-B, cuda:0,2-3")
       ->required();
-  worker->add_option("--listen", worker_flags->listen, "Address of its Worker service")->capture_default_str();
-  worker->add_option("--data-address", worker_flags->data_address, "Its data-plane host[:port], given to peers (gloo listens on the host; default 127.0.0.1)");
-  worker->add_option("--id", worker_flags->id, "Its worker id (default: the master assigns one)");
+  worker->add_option("--listen", worker_flags->listen, "Address of its Worker service")
+      ->capture_default_str()
+      ->check(AddressCheck());
+  worker
+      ->add_option("--data-address", worker_flags->data_address,
+                   "Its data-plane host[:port], given to peers (gloo listens on the host; default 127.0.0.1)")
+      ->check(AddressCheck(/*port_required=*/false));
+  worker->add_option("--id", worker_flags->id, "Its worker id (default: the master assigns one)")
+      ->check(CLI::Validator(
+          [](std::string& value) {
+            const bool plain =
+                !value.empty() && value.size() <= 128 && std::all_of(value.begin(), value.end(), [](char c) {
+                  return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '.' ||
+                         c == '_' || c == '-';
+                });
+            return plain ? std::string() : absl::StrCat("'", value, "' is not 1-128 characters of [A-Za-z0-9._-]");
+          },
+          "ID"));
   worker_flags->security.AddServerFlags(worker);
   worker->callback([worker_flags, shared_deps] {
     if (!shared_deps->make_runner) Fail("worker: this build has no plan runner");
@@ -287,6 +318,14 @@ void AddClusterCommands(CLI::App& app, ClusterCommandDeps deps) {
                    "Check a config end to end: 20 iterations from scratch with evaluations (2 batches) and "
                    "checkpoints at 10 and 20, into train.output_dir/fast_dev_run");
   submit->callback([submit_flags, shared_deps] {
+    for (const std::string& override_text : submit_flags->overrides) {
+      const std::string key = override_text.substr(0, override_text.find('='));
+      if (submit_flags->resume && key == "train.resume")
+        Fail("--resume and " + override_text + " both given: keep one");
+      if (submit_flags->eval_only && key == "train.eval_only") {
+        Fail("--eval-only and " + override_text + " both given: keep one");
+      }
+    }
     if (submit_flags->resume) submit_flags->overrides.push_back("train.resume=true");
     if (submit_flags->eval_only) submit_flags->overrides.push_back("train.eval_only=true");
     if (submit_flags->fast_dev_run) {

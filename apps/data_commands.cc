@@ -50,6 +50,7 @@ struct VocabularyFlags {
     files.kind = tokenizer;
     files.lower_case = !keep_case;
     if (tokenizer == "gpt2") {
+      if (keep_case) Fail("--keep-case is for --tokenizer bert (GPT-2's byte-level BPE keeps case)");
       files.vocab_file = vocab_file.empty() ? CacheDir() / "gpt2" / "encoder.json" : ExpandPath(vocab_file);
       files.merges_file = merges_file.empty() ? CacheDir() / "gpt2" / "vocab.bpe" : ExpandPath(merges_file);
     } else if (tokenizer == "bert") {
@@ -138,12 +139,22 @@ void AddPreprocess(CLI::App& app) {
   verb->add_option("--threads", flags->threads, "Worker threads (0: all hardware threads)")
       ->check(CLI::Range(0, 1024))
       ->capture_default_str();
-  verb->callback([flags] {
+  verb->callback([flags, verb] {
     const std::filesystem::path prefix = ExpandPath(flags->output);
     std::vector<std::filesystem::path> inputs;
     for (const std::string& input : flags->inputs) inputs.push_back(ExpandPath(input));
+    if (verb->count("--json-key") > 0 && flags->format != "jsonl" &&
+        (flags->format != "auto" || std::none_of(flags->inputs.begin(), flags->inputs.end(),
+                                                 [](const std::string& in) { return in.ends_with(".jsonl"); }))) {
+      Fail("--json-key is for jsonl input (--format jsonl, or an input named *.jsonl)");
+    }
     data::TokenizerFiles files;
     if (const int64_t vocab_size = BpeVocabularySize(flags->vocabulary.tokenizer); vocab_size > 0) {
+      if (!flags->vocabulary.vocab_file.empty() || !flags->vocabulary.merges_file.empty()) {
+        Fail(StrCat("--vocab-file and --merges-file are for gpt2 and bert: --tokenizer ", flags->vocabulary.tokenizer,
+                    " learns its own into ", prefix.string(), "-vocab/"));
+      }
+      if (flags->vocabulary.keep_case) Fail("--keep-case is for --tokenizer bert (byte-level BPE keeps case)");
       auto trainer = data::BpeTrainer::Create();
       if (!trainer.ok()) Fail(std::string(trainer.status().message()));
       for (const auto& input : inputs) {
@@ -270,6 +281,16 @@ void AddGenerate(CLI::App& app) {
       ->check(CLI::Range(0.0, 1.0))
       ->capture_default_str();
   verb->add_option("--seed", flags->options.generate.seed, "Seed of the draws (the same seed, the same text)")
+      ->check(CLI::Validator(
+          [](std::string& value) {
+            // CLI11 would wrap -1 and saturate 2^64 into the same seed.
+            uint64_t seed = 0;
+            const auto [end, error] = std::from_chars(value.data(), value.data() + value.size(), seed);
+            return error == std::errc() && end == value.data() + value.size()
+                       ? std::string()
+                       : StrCat("'", value, "' is not an integer in [0, 2^64 - 1]");
+          },
+          "UINT64"))
       ->capture_default_str();
   verb->add_option("--threads", flags->threads, "Kernel threads (0: all hardware threads)")
       ->check(CLI::Range(0, 1024))

@@ -19,6 +19,7 @@
 #include "apps/data_commands.h"
 #include "cluster/engine_job.h"
 #include "cluster/local_train.h"
+#include "cluster/transport.h"
 #include "core/logging.h"
 #include "core/schema.h"
 #include "core/text.h"
@@ -198,6 +199,15 @@ int Main(int argc, char** argv) {
   if (*ops) return RunOps(ops_format);
   if (*config) return RunConfig(config_path, overrides, schema);
   if (*train) {
+    // A flag and an override of its key would contradict each other, or say
+    // the same twice: either way one is not read.
+    for (const std::string& override_text : train_overrides) {
+      const std::string key = override_text.substr(0, override_text.find('='));
+      if (train_resume && key == "train.resume") return Fail("--resume and " + override_text + " both given: keep one");
+      if (train_eval_only && key == "train.eval_only") {
+        return Fail("--eval-only and " + override_text + " both given: keep one");
+      }
+    }
     if (train_resume) train_overrides.push_back("train.resume=true");
     if (train_eval_only) train_overrides.push_back("train.eval_only=true");
     return RunTrain(train_config, train_overrides, train_fast_dev_run);
@@ -212,6 +222,7 @@ int main(int argc, char** argv) {
   // The libraries return errors as Status values; this is the last line of
   // defence for anything that throws anyway, so it ends in one line, not an
   // abort.
+  tessera::cluster::RouteGrpcLogs();
   try {
     return Main(argc, argv);
   } catch (const std::bad_alloc&) {

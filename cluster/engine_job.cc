@@ -63,7 +63,12 @@ class EngineJobCompiler final : public JobCompiler {
     // weights it evaluates.
     spec.output_dir = feed->train().eval_only ? "" : resolved.at("train").value("output_dir", "");
     // The master writes the outputs: the directory must be writable here.
-    if (!spec.output_dir.empty()) RETURN_IF_ERROR(CheckOutputDir(spec.output_dir));
+    // So must its checkpoints/ (a cancel writes a checkpoint too): a save
+    // that fails after the training is found out now instead.
+    if (!spec.output_dir.empty()) {
+      RETURN_IF_ERROR(CheckOutputDir(spec.output_dir));
+      RETURN_IF_ERROR(CheckOutputDir(CheckpointsDir(spec.output_dir)));
+    }
     spec.config = std::move(resolved);
     return spec;
   }
@@ -230,6 +235,9 @@ class EnginePlanRunner final : public PlanRunner {
     std::lock_guard<std::mutex> lock(mu_);
     agreed_limit_ = limit;
     if (gate_ != nullptr) gate_->SetLimit(limit - segment_start_);
+    // An evaluation changes nothing: one in progress stops here, and the
+    // run ends at the iteration it evaluated, with a checkpoint there.
+    if (evaluating_ && runtime_ != nullptr) runtime_->Abort(absl::CancelledError("stopped during the evaluation"));
     stop_cv_.notify_all();
   }
 
@@ -312,7 +320,9 @@ class EnginePlanRunner final : public PlanRunner {
       }
       const bool last = stop == end;
       if (last || stop % eval_period == 0) {
-        RETURN_IF_ERROR(Evaluate(stop, segment));
+        const absl::Status evaluated = Evaluate(stop, segment);
+        if (!evaluated.ok() && EvaluationStopped()) return Interrupted(stop, first, /*saved=*/saved == stop);
+        RETURN_IF_ERROR(evaluated);
         RETURN_IF_ERROR(SaveBest(stop));
       }
       if (last || stop % checkpoint_period == 0) {
@@ -378,6 +388,7 @@ class EnginePlanRunner final : public PlanRunner {
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (!cancelled_.ok()) return cancelled_;
+      if (evaluating_ && agreed_limit_) return absl::CancelledError("stopped before the evaluation");
       runtime_ = runtime->get();
     }
     absl::Status status = (*runtime)->Run();
@@ -396,7 +407,20 @@ class EnginePlanRunner final : public PlanRunner {
     }
     ASSIGN_OR_RETURN(std::shared_ptr<const CheckpointReader> weights,
                      CheckpointReader::Open(node_plan_.init_checkpoint(), feed_->hf_layout()));
-    return Evaluate(iteration, 0, weights);
+    const absl::Status evaluated = Evaluate(iteration, 0, weights);
+    if (!evaluated.ok() && EvaluationStopped()) return absl::CancelledError("interrupted during the evaluation");
+    return evaluated;
+  }
+
+  // Whether an evaluation that failed was stopped by the agreed stop (this
+  // node's abort, or a peer's, which this node's agreement follows).
+  bool EvaluationStopped() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!stop_requested_) return false;
+    }
+    const absl::StatusOr<std::optional<int64_t>> limit = StopLimit();
+    return limit.ok() && limit->has_value();
   }
 
   // The held-out loss after the segment ending at `iteration`: the node's
@@ -420,7 +444,16 @@ class EnginePlanRunner final : public PlanRunner {
     }
     eval_sums_.clear();
     eval_batches_seen_ = 0;
-    RETURN_IF_ERROR(RunSegment(actors::SerializeNodePlan(part), std::move(options)));
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      evaluating_ = true;
+    }
+    const absl::Status ran = RunSegment(actors::SerializeNodePlan(part), std::move(options));
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      evaluating_ = false;
+    }
+    RETURN_IF_ERROR(ran);
     if (eval_batches_seen_ == 0) return absl::OkStatus();  // another node holds the sink
     JobMetrics metrics;
     metrics.iteration = iteration;
@@ -615,6 +648,7 @@ class EnginePlanRunner final : public PlanRunner {
   // The graceful stop (AgreeStop).
   std::condition_variable stop_cv_;
   bool stop_requested_ ABSL_GUARDED_BY(mu_) = false;
+  bool evaluating_ ABSL_GUARDED_BY(mu_) = false;  // the runtime_ running is an evaluation's
   bool finished_ ABSL_GUARDED_BY(mu_) = false;  // Run returned (or the runner is going)
   std::thread stop_thread_ ABSL_GUARDED_BY(mu_);
   std::optional<int64_t> agreed_limit_ ABSL_GUARDED_BY(mu_);  // global: the run ends before this iteration

@@ -1,5 +1,9 @@
 #include "cluster/master.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cctype>
@@ -101,8 +105,12 @@ struct Job {
   int64_t end_ms = 0;
   std::deque<control::JobEvent> events;
   uint64_t events_base = 0;  // index of events.front() among all events
+  // The outputs in spec.output_dir, opened at the job's first report (a
+  // logged iteration, a checkpoint, an evaluation): a job that fails before
+  // it writes nothing there, and an earlier run's files stay as they were.
   std::unique_ptr<std::ofstream> metrics_file;
   std::unique_ptr<std::ofstream> log_file;
+  std::vector<std::string> early_log;  // the master's lines from before they open
   // TensorBoard scalars and the loss curve (loss.svg) beside metrics.jsonl.
   std::unique_ptr<EventFileWriter> tensorboard;
   std::vector<LossPoint> train_losses, eval_losses;
@@ -140,7 +148,10 @@ class Master::Impl final : public control::Master::Service {
   Impl(Options options, std::unique_ptr<JobCompiler> compiler)
       : options_(std::move(options)), compiler_(std::move(compiler)) {}
 
-  ~Impl() override { Shutdown(); }
+  ~Impl() override {
+    Shutdown();
+    if (state_lock_fd_ >= 0) ::close(state_lock_fd_);
+  }
 
   absl::StatusOr<std::string> Start() {
     if (started_) return absl::FailedPreconditionError("master already started");
@@ -220,8 +231,25 @@ class Master::Impl final : public control::Master::Service {
     record->stub = control::Worker::NewStub(MakeChannel(record->address, options_.security));
     absl::MutexLock lock(&mu_);
     if (shutting_down_) return {grpc::StatusCode::UNAVAILABLE, "master is shutting down"};
-    record->id = request->worker_id().empty() ? absl::StrCat("worker-", ++next_worker_number_) : request->worker_id();
-    if (workers_.contains(record->id)) {
+    if (request->worker_id().empty()) {
+      // A fresh id: one a worker registered with before a master restart
+      // may hold "worker-1" already.
+      do {
+        record->id = absl::StrCat("worker-", ++next_worker_number_);
+      } while (workers_.contains(record->id));
+    } else {
+      record->id = request->worker_id();
+    }
+    if (auto held = workers_.find(record->id); held != workers_.end()) {
+      // The same worker again (it restarted) replaces its record; another
+      // one, while the holder still heartbeats, is refused, or the two
+      // would evict each other turn by turn.
+      if (held->second->address != record->address &&
+          absl::Now() - held->second->last_heartbeat < options_.worker_timeout) {
+        return {grpc::StatusCode::ALREADY_EXISTS,
+                absl::StrCat("worker id '", record->id, "' is held by the live worker at ", held->second->address,
+                             " (give this one another --id)")};
+      }
       LoseWorkerLocked(record->id, "re-registered (it restarted)");
     }
     record->epoch = ++next_epoch_;
@@ -296,6 +324,13 @@ class Master::Impl final : public control::Master::Service {
       }
       return grpc::Status::OK;  // late news of an ended job
     }
+    if (!job.metrics_file && !job.spec.output_dir.empty() &&
+        (request->metrics_size() > 0 || request->log_lines_size() > 0)) {
+      if (absl::Status opened = OpenOutputsLocked(job); !opened.ok()) {
+        EndJobLocked(job, control::FAILED, std::string(opened.message()));
+        return grpc::Status::OK;
+      }
+    }
     // The node holding the job's sink (the last pipeline stage's first
     // rank) reports its metrics; the others report none.
     for (const control::Metrics& metrics : request->metrics()) {
@@ -315,10 +350,7 @@ class Master::Impl final : public control::Master::Service {
     }
     for (const std::string& line : request->log_lines()) {
       const std::string text = absl::StrCat("[node ", slot->node, "] ", line);
-      if (job.log_file) {
-        *job.log_file << text << "\n";
-        job.log_file->flush();
-      }
+      LogLocked(job, text);
       control::JobEvent event;
       event.set_log_line(text);
       AddEventLocked(job, std::move(event));
@@ -391,6 +423,18 @@ class Master::Impl final : public control::Master::Service {
     }
     absl::MutexLock lock(&mu_);
     if (shutting_down_) return {grpc::StatusCode::UNAVAILABLE, "master is shutting down"};
+    // Two jobs writing one output_dir would interleave their metrics and
+    // mix their checkpoints.
+    if (!spec->output_dir.empty()) {
+      const std::string dir = DirKey(spec->output_dir);
+      for (const auto& [id, other] : jobs_) {
+        if (!IsFinal(other->state) && !other->spec.output_dir.empty() && DirKey(other->spec.output_dir) == dir) {
+          return {grpc::StatusCode::FAILED_PRECONDITION,
+                  absl::StrCat("train.output_dir '", spec->output_dir, "' is written by job ", id, " (",
+                               StateName(other->state), "): one job at a time writes a directory")};
+        }
+      }
+    }
     auto job = std::make_unique<Job>();
     job->session = ++next_session_;
     job->id = absl::StrFormat("job-%06d", job->session);
@@ -628,7 +672,7 @@ class Master::Impl final : public control::Master::Service {
       if (it == workers_.end() || it->second->job_id != job.id) continue;
       pending_stops_.push_back({it->second->stub, job.id, reason, /*graceful=*/true});
     }
-    if (job.log_file) *job.log_file << "[master] " << job.reason << "\n";
+    LogLocked(job, absl::StrCat("[master] ", job.reason));
     control::JobEvent event;
     event.set_log_line(absl::StrCat("[master] ", job.reason));
     AddEventLocked(job, std::move(event));
@@ -652,10 +696,11 @@ class Master::Impl final : public control::Master::Service {
         pending_stops_.push_back({it->second->stub, job.id, reason});
       }
     }
-    if (job.log_file && !reason.empty()) *job.log_file << "[master] " << StateName(state) << ": " << reason << "\n";
+    if (!reason.empty()) LogLocked(job, absl::StrCat("[master] ", StateName(state), ": ", reason));
     if (job.metrics_file) WriteLossPlotLocked(job);
     job.metrics_file.reset();
     job.log_file.reset();
+    job.early_log.clear();
     job.tensorboard.reset();
     AddStateEventLocked(job);
     PersistLocked(job);
@@ -711,7 +756,7 @@ class Master::Impl final : public control::Master::Service {
     job.link_lost_report = report;
     job.link_lost_deadline = absl::Now() + options_.probe_timeout + options_.heartbeat_interval;
     suspect_jobs_.insert(job.id);
-    if (job.log_file) *job.log_file << "[master] " << report << " (probing its peers)\n";
+    LogLocked(job, absl::StrCat("[master] ", report, " (probing its peers)"));
     changed_.SignalAll();
     return true;
   }
@@ -845,10 +890,6 @@ class Master::Impl final : public control::Master::Service {
       absl::MutexLock lock(&mu_);
       Job& job = *jobs_.at(job_id);
       if (job.state != control::COMPILING) return;
-      if (absl::Status opened = OpenOutputsLocked(job); !opened.ok()) {
-        EndJobLocked(job, control::FAILED, std::string(opened.message()));
-        return;
-      }
       SetStateLocked(job, control::RUNNING);
     }
     for (size_t i = 0; i < slots.size(); ++i) {
@@ -896,9 +937,32 @@ class Master::Impl final : public control::Master::Service {
     EndJobLocked(*jobs_.at(job_id), control::FAILED, reason);
   }
 
-  // Creates train.output_dir with config.json, metrics.jsonl and log.txt;
-  // an error (the job fails) when it cannot: asked-for outputs are never
-  // dropped silently.
+  // A directory's path as one string however it is spelled (relative to
+  // the master's working directory, trailing '/', '..').
+  static std::string DirKey(const std::string& dir) {
+    std::error_code error;
+    fs::path path = fs::weakly_canonical(fs::absolute(dir, error), error);
+    if (error) return fs::path(dir).lexically_normal().string();
+    path = path.lexically_normal();
+    if (!path.has_filename() && path.has_parent_path()) path = path.parent_path();
+    return path.string();
+  }
+
+  // A line for the job's log.txt: written when the outputs are open, kept
+  // until they open before that (the first lines of a job the master
+  // stops), dropped when the job ends first.
+  void LogLocked(Job& job, std::string line) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (job.log_file) {
+      *job.log_file << line << "\n";
+      job.log_file->flush();
+    } else if (!job.spec.output_dir.empty() && !IsFinal(job.state) && job.early_log.size() < 1000) {
+      job.early_log.push_back(std::move(line));
+    }
+  }
+
+  // Creates train.output_dir with config.json, metrics.jsonl and log.txt
+  // (with the lines logged so far); an error (the job fails) when it
+  // cannot: asked-for outputs are never dropped silently.
   absl::Status OpenOutputsLocked(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (job.spec.output_dir.empty()) return absl::OkStatus();
     const fs::path dir(job.spec.output_dir);
@@ -930,6 +994,9 @@ class Master::Impl final : public control::Master::Service {
       job.log_file.reset();
       return absl::InternalError(absl::StrCat("cannot write metrics.jsonl and log.txt in '", dir.string(), "'"));
     }
+    for (const std::string& line : job.early_log) *job.log_file << line << "\n";
+    job.log_file->flush();
+    job.early_log.clear();
     return absl::OkStatus();
   }
 
@@ -1044,9 +1111,33 @@ class Master::Impl final : public control::Master::Service {
     if (error) {
       return absl::InternalError(absl::StrCat("cannot create --state-dir '", options_.state_dir, "': ", error.message()));
     }
+    // One master per state directory: two would overwrite each other's
+    // records. The lock goes with the process (flock), so a killed master's
+    // does not stay behind.
+    const std::string lock_path = (fs::path(options_.state_dir) / ".lock").string();
+    state_lock_fd_ = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (state_lock_fd_ < 0) {
+      return absl::PermissionDeniedError(absl::StrCat("cannot write into --state-dir '", options_.state_dir, "'"));
+    }
+    if (::flock(state_lock_fd_, LOCK_EX | LOCK_NB) != 0) {
+      return absl::FailedPreconditionError(absl::StrCat("--state-dir '", options_.state_dir,
+                                                        "' is in use by another master (it holds ", lock_path, ")"));
+    }
     absl::MutexLock lock(&mu_);
     for (const auto& entry : fs::directory_iterator(options_.state_dir, error)) {
       if (entry.path().extension() != ".json") continue;
+      // A record that cannot be read still keeps its job id from being
+      // given again (job-000007.json: session 7).
+      uint64_t numbered = 0;
+      if (const std::string stem = entry.path().stem().string();
+          stem.starts_with("job-") && absl::SimpleAtoi(stem.substr(4), &numbered)) {
+        next_session_ = std::max(next_session_, numbered);
+      }
+      std::error_code kind_error;
+      if (!entry.is_regular_file(kind_error)) {
+        TLOG_WARN("state dir: skipping {}: not a file", entry.path().string());
+        continue;
+      }
       std::ifstream in(entry.path());
       nlohmann::json record = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
       auto job = std::make_unique<Job>();
@@ -1291,6 +1382,7 @@ class Master::Impl final : public control::Master::Service {
   std::vector<std::shared_ptr<control::Worker::Stub>> retired_stubs_ ABSL_GUARDED_BY(mu_);
   int async_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t next_session_ ABSL_GUARDED_BY(mu_) = 0;
+  int state_lock_fd_ = -1;  // the --state-dir's .lock, held (flock) while this master lives
   uint64_t next_epoch_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t next_worker_number_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<std::string, int64_t> rpc_counts_ ABSL_GUARDED_BY(mu_);

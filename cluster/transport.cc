@@ -4,13 +4,26 @@
 #include <fstream>
 #include <sstream>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
-#include "absl/strings/ascii.h"
+#include "core/logging.h"
+#include "grpc/support/log.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/support/channel_arguments.h"
 
 namespace tessera::cluster {
+
+namespace {
+
+void GrpcLogToDebug(gpr_log_func_args* args) {
+  TLOG_DEBUG("grpc {}:{}: {}", args->file != nullptr ? args->file : "?", args->line,
+             args->message != nullptr ? args->message : "");
+}
+
+}  // namespace
+
+void RouteGrpcLogs() { gpr_set_log_function(GrpcLogToDebug); }
 
 absl::StatusOr<std::string> ReadSecretFile(const std::string& path, bool trim) {
   std::ifstream in(path, std::ios::binary);
@@ -20,7 +33,70 @@ absl::StatusOr<std::string> ReadSecretFile(const std::string& path, bool trim) {
   std::string contents = text.str();
   if (trim) contents = std::string(absl::StripAsciiWhitespace(contents));
   if (contents.empty()) return absl::InvalidArgumentError(absl::StrCat("'", path, "' is empty"));
+  if (trim) {
+    // It travels as an HTTP/2 header value ("Bearer <token>"), which gRPC
+    // aborts the process on unless it is printable ASCII.
+    for (size_t i = 0; i < contents.size(); ++i) {
+      const auto c = static_cast<unsigned char>(contents[i]);
+      if (c < 0x21 || c > 0x7e) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("'", path, "': a token must be printable ASCII without spaces (byte 0x",
+                         absl::Hex(c, absl::kZeroPad2), " at offset ", i, "); e.g. head -c 32 /dev/urandom | base64"));
+      }
+    }
+  } else if (contents.find("-----BEGIN ") == std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat("'", path, "' holds no PEM block (-----BEGIN ...)"));
+  }
   return contents;
+}
+
+absl::Status CheckAddress(const std::string& address, bool port_required) {
+  // gRPC's own schemes (unix:, dns:///, ipv4:, ...) are left to it.
+  if (address.find("://") != std::string::npos || address.starts_with("unix:") || address.starts_with("ipv4:") ||
+      address.starts_with("ipv6:")) {
+    return absl::OkStatus();
+  }
+  std::string_view host = address, port;
+  if (address.starts_with("[")) {
+    const size_t close = address.find(']');
+    if (close == std::string::npos)
+      return absl::InvalidArgumentError(absl::StrCat("'", address, "': no ']' after the IPv6 host"));
+    host = std::string_view(address).substr(0, close + 1);
+    const std::string_view rest = std::string_view(address).substr(close + 1);
+    if (!rest.empty() && (rest[0] != ':' || rest.size() == 1)) {
+      return absl::InvalidArgumentError(absl::StrCat("'", address, "': expected HOST:PORT"));
+    }
+    if (!rest.empty()) port = rest.substr(1);
+  } else if (const size_t colon = address.rfind(':'); colon != std::string::npos) {
+    host = std::string_view(address).substr(0, colon);
+    port = std::string_view(address).substr(colon + 1);
+    if (host.find(':') != std::string_view::npos) {
+      return absl::InvalidArgumentError(absl::StrCat("'", address, "': an IPv6 host goes in brackets, [::1]:PORT"));
+    }
+    if (port.empty()) return absl::InvalidArgumentError(absl::StrCat("'", address, "': no port after ':'"));
+  }
+  if (host.empty() || host == "[]") return absl::InvalidArgumentError(absl::StrCat("'", address, "': no host"));
+  for (char c : host) {
+    if (static_cast<unsigned char>(c) <= 0x20 || static_cast<unsigned char>(c) >= 0x7f) {
+      return absl::InvalidArgumentError(absl::StrCat("'", address, "': the host holds a space or a non-ASCII byte"));
+    }
+  }
+  if (port.empty()) {
+    if (port_required) return absl::InvalidArgumentError(absl::StrCat("'", address, "': no port (expected HOST:PORT)"));
+    return absl::OkStatus();
+  }
+  int value = 0;
+  for (char c : port) {
+    if (c < '0' || c > '9' || port.size() > 5) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("'", address, "': port '", std::string(port), "' is not a number in [0, 65535]"));
+    }
+    value = value * 10 + (c - '0');
+  }
+  if (value > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat("'", address, "': port ", value, " is not in [0, 65535]"));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<Served> Serve(const std::string& listen, const Security& security, grpc::Service* service,
@@ -30,11 +106,15 @@ absl::StatusOr<Served> Serve(const std::string& listen, const Security& security
   builder.AddListeningPort(listen, ServerCredentials(security), &port);
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
   builder.SetMaxSendMessageSize(kMaxMessageBytes);
+  // gRPC binds with SO_REUSEPORT by default: a second daemon on a port in
+  // use would start and share it, each call landing on either.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.RegisterService(service);
   Served served;
   served.server = builder.BuildAndStart();
   if (served.server == nullptr || port == 0) {
-    return absl::UnavailableError(absl::StrCat(what, ": cannot listen on '", listen, "'"));
+    return absl::UnavailableError(absl::StrCat(what, ": cannot listen on '", listen,
+                                               "' (the port is in use, or the host is not this machine's)"));
   }
   served.address = absl::StrCat(listen.substr(0, listen.rfind(':')), ":", port);
   return served;
@@ -52,9 +132,12 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, const Sec
   args.SetMaxReceiveMessageSize(kMaxMessageBytes);
   args.SetMaxSendMessageSize(kMaxMessageBytes);
   // Reconnect quickly after a daemon restarts (the default backoff grows to
-  // two minutes).
+  // two minutes). The "min reconnect backoff" is the time a connection
+  // attempt gets (gRPC's MIN_CONNECT_TIMEOUT): kept at gRPC's 20 s, as at
+  // 100 ms a busy machine's handshakes timed out ("timed out before
+  // receiving SETTINGS frame").
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 20000);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   std::shared_ptr<grpc::ChannelCredentials> credentials;
   if (security.tls_ca.empty()) {

@@ -36,9 +36,21 @@ struct Security {
   std::string tls_server_name;
 };
 
-// Reads a file's contents (for --token-file, --tls-*). The token loses its
-// surrounding whitespace. One-line errors naming the file.
+// gRPC's own log lines (it prints errors on stderr, several lines each) go
+// to Tessera's log at debug level instead: the CLI's errors stay one line.
+void RouteGrpcLogs();
+
+// Reads a file's contents (for --token-file, --tls-*). `trim`: a token,
+// which loses its surrounding whitespace and must then be printable ASCII
+// without spaces (it travels as a header value); else a PEM file, which
+// must hold a PEM block. One-line errors naming the file.
 [[nodiscard]] absl::StatusOr<std::string> ReadSecretFile(const std::string& path, bool trim);
+
+// Whether `address` is HOST:PORT (an IPv6 host in brackets) with a port in
+// [0, 65535] (gRPC would wrap 99999 to 34463, and dial 443 without one);
+// without `port_required`, HOST alone too. Addresses in gRPC's own schemes
+// (unix:, dns:///...) pass. The error quotes the address.
+[[nodiscard]] absl::Status CheckAddress(const std::string& address, bool port_required = true);
 
 [[nodiscard]] std::shared_ptr<grpc::ServerCredentials> ServerCredentials(const Security& security);
 [[nodiscard]] std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, const Security& security);

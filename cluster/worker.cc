@@ -409,6 +409,14 @@ class Worker::Impl final : public control::Worker::Service {
       TLOG_DEBUG("registering with {}: {}", options_.master, status.error_message());
       // Bad requests do not get better by retrying, but the master may be
       // replaced by one that accepts them; keep trying, loudly.
+      if (status.error_code() == grpc::StatusCode::ALREADY_EXISTS && options_.worker_id.empty()) {
+        // The id the master gave before it restarted is another worker's
+        // now: ask for a fresh one.
+        absl::MutexLock lock(&mu_);
+        TLOG_WARN("{}; registering for a new id", status.error_message());
+        worker_id_.clear();
+        return false;
+      }
       if (status.error_code() != grpc::StatusCode::UNAVAILABLE &&
           status.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {
         TLOG_WARN("the master refused registration: {}", status.error_message());

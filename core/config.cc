@@ -9,8 +9,11 @@
 #include <iterator>
 #include <limits>
 #include <optional>
+#include <set>
+#include <string>
 #include <system_error>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -115,14 +118,35 @@ void MergeInto(Json& base, const Json& overlay, const std::string& path, const s
 
 // Parses JSON text (comments allowed) with the nesting limit; `deep` is set
 // when the text nests deeper than kMaxNestingDepth (the deep parts are then
-// discarded, so the result stays small).
-Json ParseLimited(const std::string& text, bool allow_exceptions, bool* deep) {
+// discarded, so the result stays small). `duplicate` gets the dotted path of
+// the first key an object holds twice (nlohmann keeps the last silently;
+// a config saying train_iter twice is a mistake either way), else "".
+Json ParseLimited(const std::string& text, bool allow_exceptions, bool* deep, std::string* duplicate) {
   *deep = false;
-  const Json::parser_callback_t limit = [deep](int depth, Json::parse_event_t event, Json&) {
+  duplicate->clear();
+  // Per open object: its dotted path, the keys seen, the last key.
+  struct Open {
+    std::string path;
+    std::set<std::string> keys;
+    std::string last;
+  };
+  std::vector<Open> open;
+  const Json::parser_callback_t limit = [deep, duplicate, &open](int depth, Json::parse_event_t event, Json& parsed) {
     if ((event == Json::parse_event_t::object_start || event == Json::parse_event_t::array_start) &&
         depth >= kMaxNestingDepth) {
       *deep = true;
       return false;
+    }
+    if (event == Json::parse_event_t::object_start) {
+      open.push_back({open.empty() ? std::string() : JoinPath(open.back().path, open.back().last), {}, {}});
+    } else if (event == Json::parse_event_t::object_end && !open.empty()) {
+      open.pop_back();
+    } else if (event == Json::parse_event_t::key && !open.empty() && parsed.is_string()) {
+      Open& object = open.back();
+      object.last = parsed.get<std::string>();
+      if (!object.keys.insert(object.last).second && duplicate->empty()) {
+        *duplicate = JoinPath(object.path, object.last);
+      }
     }
     return true;
   };
@@ -196,8 +220,9 @@ absl::StatusOr<Json> ReadJsonFile(const fs::path& path) {
   }
   Json config;
   bool deep = false;
+  std::string duplicate;
   try {
-    config = ParseLimited(contents, /*allow_exceptions=*/true, &deep);
+    config = ParseLimited(contents, /*allow_exceptions=*/true, &deep, &duplicate);
   } catch (const Json::parse_error& e) {
     return absl::InvalidArgumentError(absl::StrCat(
         Location(path, contents, e.byte), ": JSON syntax error: ", ParseErrorReason(e.what())));
@@ -208,6 +233,10 @@ absl::StatusOr<Json> ReadJsonFile(const fs::path& path) {
   if (deep) {
     return absl::InvalidArgumentError(absl::StrCat("config file '", path.string(), "' nests objects or arrays deeper than ",
                                                    kMaxNestingDepth, " levels"));
+  }
+  if (!duplicate.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config file '", path.string(), "' gives key '", ShortText(duplicate), "' twice in one object"));
   }
   if (!config.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat("config file '", path.string(),
@@ -351,10 +380,15 @@ absl::StatusOr<Override> ParseOverride(std::string_view text) {
         "malformed override '", ShortText(text), "': empty path segment in key '", ShortText(result.key), "'"));
   }
   bool deep = false;
-  result.value = ParseLimited(result.raw_value, /*allow_exceptions=*/false, &deep);
+  std::string duplicate;
+  result.value = ParseLimited(result.raw_value, /*allow_exceptions=*/false, &deep, &duplicate);
   if (deep) {
     return absl::InvalidArgumentError(absl::StrCat("override '", ShortText(text), "': the value nests deeper than ",
                                                    kMaxNestingDepth, " levels"));
+  }
+  if (!duplicate.empty() && !result.value.is_discarded()) {
+    return absl::InvalidArgumentError(absl::StrCat("override '", ShortText(text), "': its value gives key '",
+                                                   ShortText(duplicate), "' twice in one object"));
   }
   if (result.value.is_discarded()) result.value = result.raw_value;
   return result;

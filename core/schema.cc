@@ -143,8 +143,8 @@ class Resolver {
   }
 
   absl::StatusOr<Json> ResolveSection(const Section& section, const Json* node, const std::string& path) {
-    if (node != nullptr && node->is_null()) node = nullptr;
     if (!section.not_implemented().empty()) {
+      if (node != nullptr && node->is_null()) node = nullptr;
       if (node != nullptr && !(node->is_object() && node->empty())) {
         return Error(path, StrCat("config section '", path, "' is not implemented yet (", section.not_implemented(), ")"));
       }

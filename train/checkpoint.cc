@@ -436,11 +436,18 @@ absl::StatusOr<std::optional<fs::path>> LatestCheckpoint(const fs::path& output_
   std::optional<std::pair<int64_t, fs::path>> best;
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
     const std::optional<int64_t> iteration = IterationOfName(entry.path().filename().string());
-    if (!iteration || !fs::exists(entry.path() / "index.json", ec)) continue;
-    if (!best || *iteration > best->first) best = {*iteration, entry.path()};
+    if (iteration && (!best || *iteration > best->first)) best = {*iteration, entry.path()};
   }
   if (ec) return absl::InternalError(StrCat("cannot list ", dir.string(), ": ", ec.message()));
   if (!best) return std::optional<fs::path>();
+  // A checkpoint appears whole (CommitCheckpoint renames it into place with
+  // its index.json): a newest iter_* without one was damaged, and resuming
+  // from an older one, or from scratch, would drop iterations unseen.
+  if (!fs::is_directory(best->second, ec) || !fs::exists(best->second / "index.json", ec)) {
+    return absl::DataLossError(StrCat(best->second.string(), " is the newest checkpoint but not a complete one (",
+                                      fs::is_directory(best->second, ec) ? "no index.json" : "not a directory",
+                                      "): move it away to start from the one before it"));
+  }
   return std::optional<fs::path>(best->second);
 }
 

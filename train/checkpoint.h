@@ -121,8 +121,9 @@ struct CheckpointState {
 [[nodiscard]] absl::Status CommitCheckpoint(const std::filesystem::path& temp_dir,
                                             const std::filesystem::path& final_dir, const CheckpointState& state);
 
-// The complete checkpoint of the highest iteration in output_dir/checkpoints,
-// nullopt when there is none.
+// The checkpoint of the highest iteration in output_dir/checkpoints, nullopt
+// when there is none; an error when that newest iter_* is not a complete
+// checkpoint (a directory with index.json), which only damage leaves.
 [[nodiscard]] absl::StatusOr<std::optional<std::filesystem::path>> LatestCheckpoint(
     const std::filesystem::path& output_dir);
 

@@ -139,8 +139,9 @@ Binding<EvaluationConfig> MakeEvaluationKeys() {
   b.Field("eval_iter", &EvaluationConfig::eval_iter,
           {.min = 1,
            .max = kMaxIterations,
-           .doc = "global batches (`global_batch_size` samples of the valid split each, in order) per evaluation; "
-                  "`null`: the whole valid split, each sample counted once (the last batch padded with rows that "
+           .doc = "global batches (`global_batch_size` samples of the valid split each, in order) per evaluation, "
+                  "at most as many as the split makes; `null`: the whole valid split, each sample counted once (the "
+                  "last batch padded with rows that "
                   "count for nothing)"});
   b.Field("eval_metric", &EvaluationConfig::eval_metric,
           {.doc = "the metric `checkpointer.save_best` keeps the best of, as metrics.jsonl names it (GPT: eval_loss, "

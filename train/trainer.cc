@@ -369,7 +369,13 @@ absl::StatusOr<std::unique_ptr<JobFeed>> JobFeed::Make(const nlohmann::json& con
     const int64_t rows = out->global_batch_;
     const int64_t micro_rows = rows / out->micro_batches_;
     const int64_t n = out->text_->valid_samples();
-    const int64_t batches = job.train.evaluation.eval_iter.value_or((n + rows - 1) / rows);
+    const int64_t whole = (n + rows - 1) / rows;
+    const int64_t batches = job.train.evaluation.eval_iter.value_or(whole);
+    if (batches > whole) {
+      return absl::InvalidArgumentError(StrCat("train.evaluation.eval_iter ", batches, " is more than the ", whole,
+                                               " global batches of ", rows, " that the valid split's ", n,
+                                               " samples make (null: the whole split)"));
+    }
     if (batches > kMaxIterations / out->micro_batches_) {
       return absl::InvalidArgumentError(
           StrCat(job.train.evaluation.eval_iter ? "train.evaluation.eval_iter " : "train.evaluation: ", batches,

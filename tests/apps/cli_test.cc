@@ -1,6 +1,7 @@
 // End-to-end tests of the `tessera` binary: runs it as a user would.
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -8,6 +9,8 @@
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "core/storage.h"
 #include "nlohmann/json.hpp"
@@ -188,6 +191,49 @@ TEST(Cli, WorkerOfferingMissingGpusIsOneLine) {
   EXPECT_EQ(r.out.rfind("tessera: --devices '" + devices + "'", 0), 0u) << r.out;
   EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
   EXPECT_EQ(r.out.find("worker serving"), std::string::npos) << r.out;
+}
+
+// Flags whose values no code could use, or that nothing reads with the
+// others given, are one-line errors (they used to be wrapped, dropped or
+// silently overruled).
+TEST(Cli, FlagsNothingReadsAndValuesOutOfRangeAreOneLineErrors) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("tessera_cli_flags_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string text = (dir / "in.txt").string(), token = (dir / "token").string();
+  std::ofstream(text) << "some text\n";
+  std::ofstream(token, std::ios::binary) << "abc\x01";
+  const std::string out = (dir / "out").string();
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"generate " + dir.string() + " --prompt x --seed -1", "--seed: '-1' is not an integer in [0, 2^64 - 1]"},
+      {"generate " + dir.string() + " --prompt x --seed 18446744073709551616", "is not an integer in [0, 2^64 - 1]"},
+      {"preprocess --tokenizer gpt2 --keep-case --input " + text + " --output " + out,
+       "--keep-case is for --tokenizer bert"},
+      {"tokenize --tokenizer gpt2 --keep-case hello", "--keep-case is for --tokenizer bert"},
+      {"preprocess --tokenizer bpe:300 --vocab-file v --input " + text + " --output " + out,
+       "--vocab-file and --merges-file are for gpt2 and bert"},
+      {"preprocess --tokenizer gpt2 --json-key body --input " + text + " --output " + out,
+       "--json-key is for jsonl input"},
+      {"train " + Source("configs/mlp_demo.json") + " --resume train.resume=false",
+       "--resume and train.resume=false both given"},
+      {"submit " + Source("configs/mlp_demo.json") + " --eval-only train.eval_only=true",
+       "--eval-only and train.eval_only=true both given"},
+      {"master --listen 127.0.0.1:99999", "port 99999 is not in [0, 65535]"},
+      {"status --master 127.0.0.1", "no port (expected HOST:PORT)"},
+      {"status --master ''", "no host"},
+      {"worker --master 127.0.0.1:1 --devices cpu:1 --id 'a b'", "is not 1-128 characters of [A-Za-z0-9._-]"},
+      {"status --master 127.0.0.1:1 --token-file " + token, "a token must be printable ASCII without spaces"},
+      {"status --master 127.0.0.1:1 --tls-ca " + text, "holds no PEM block"},
+  };
+  for (const auto& [args, error] : cases) {
+    SCOPED_TRACE(args);
+    const Result r = RunTessera(args + " 2>&1");
+    EXPECT_EQ(r.exit_code, 1) << r.out;
+    EXPECT_NE(r.out.find(error), std::string::npos) << r.out;
+    EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
+  }
+  EXPECT_FALSE(std::filesystem::exists(out + ".bin"));
+  std::filesystem::remove_all(dir);
 }
 
 TEST(Cli, ConfigMissingFileIsOneLineError) {

@@ -17,6 +17,8 @@
 #include "cluster/device_offer.h"
 #include "cluster/grpc_status.h"
 #include "cluster/kv_client.h"
+#include "cluster/transport.h"
+#include "comm/proto/control.grpc.pb.h"
 #include "tests/cluster/cluster_fixture.h"
 #include "tests/deadline.h"
 
@@ -102,6 +104,114 @@ TEST(ClusterTest, JobSucceedsWithMetricsStreamedAndWritten) {
   EXPECT_EQ(expected_iter, 7);
   EXPECT_NE(ReadFile(out / "log.txt").find("[node 0] node 0 done"), std::string::npos);
   fs::remove_all(out.parent_path());
+}
+
+// A registration claiming a live worker's id from another address is
+// refused (two workers given one --id used to evict each other turn by
+// turn, forever); ids the master gives skip ones held, as after a master
+// restart workers come back with the ids it gave before.
+TEST(ClusterTest, AnIdHeldByALiveWorkerIsRefusedAndFreshIdsSkipHeldOnes) {
+  Deadline deadline(seconds(20), "worker ids");
+  TestCluster cluster;
+  cluster.Start({"cpu:1"});
+  const std::string held = cluster.workers[0]->worker_id();
+  auto stub = control::Master::NewStub(MakeChannel(cluster.address, Security{}));
+  const auto reg = [&](const std::string& id, const std::string& address, control::RegisterWorkerResponse* out) {
+    control::RegisterWorkerRequest request;
+    request.set_worker_id(id);
+    request.set_devices("cpu:1");
+    request.set_worker_address(address);
+    grpc::ClientContext context;
+    return stub->RegisterWorker(&context, request, out);
+  };
+  control::RegisterWorkerResponse response;
+  const grpc::Status refused = reg(held, "127.0.0.1:1", &response);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::ALREADY_EXISTS);
+  EXPECT_NE(refused.error_message().find("is held by the live worker at " + cluster.worker_addresses[0]),
+            std::string::npos)
+      << refused.error_message();
+  auto workers = cluster.client->ListWorkers();
+  ASSERT_TRUE(workers.ok());
+  ASSERT_EQ(workers->size(), 1u);
+  EXPECT_EQ((*workers)[0].address(), cluster.worker_addresses[0]);
+  // "worker-2" taken by name, the next fresh id is worker-3.
+  ASSERT_EQ(held, "worker-1");
+  ASSERT_TRUE(reg("worker-2", "127.0.0.1:2", &response).ok());
+  ASSERT_TRUE(reg("", "127.0.0.1:3", &response).ok());
+  EXPECT_EQ(response.worker_id(), "worker-3");
+}
+
+// gRPC binds with SO_REUSEPORT unless told not to: a second master on a
+// port in use would start, and calls land on either.
+TEST(ClusterTest, ASecondDaemonOnAPortInUseDoesNotStart) {
+  Deadline deadline(seconds(20), "port in use");
+  TestCluster cluster;
+  cluster.Start({"cpu:1"});
+  Master::Options options = FastMasterOptions();
+  options.listen = cluster.address;
+  Master second(options, std::make_unique<FakeJobCompiler>());
+  auto bound = second.Start();
+  ASSERT_FALSE(bound.ok());
+  EXPECT_NE(bound.status().message().find("cannot listen on '" + cluster.address + "'"), std::string::npos)
+      << bound.status();
+  Worker::Options worker_options = FastWorkerOptions(cluster.address, "cpu:1");
+  worker_options.listen = cluster.worker_addresses[0];
+  Worker worker(worker_options, SleepyRunnerFactory(cluster.counters));
+  EXPECT_FALSE(worker.Start().ok());
+}
+
+// Two jobs writing one train.output_dir would interleave their metrics and
+// mix their checkpoints: the second is refused while the first has not
+// ended, however the path is spelled.
+TEST(ClusterTest, AJobMayNotShareTheOutputDirOfOneNotEnded) {
+  Deadline deadline(seconds(20), "output dirs");
+  const fs::path dir = TempDir("shared_output");
+  TestCluster cluster;
+  cluster.Start({"cpu:1"});
+  auto first = cluster.client->Submit(R"({"hang": true, "output_dir": ")" + dir.string() + R"("})", {});
+  ASSERT_TRUE(first.ok()) << first.status();
+  auto second = cluster.client->Submit(R"({"output_dir": ")" + (dir / ".." / dir.filename()).string() + R"(/"})", {});
+  ASSERT_FALSE(second.ok());
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(second.status().message().find("is written by job " + *first), std::string::npos) << second.status();
+  ASSERT_TRUE(cluster.client->Cancel(*first).ok());
+  EXPECT_EQ(cluster.WaitEnd(*first).state(), control::CANCELLED);
+  auto third = cluster.client->Submit(R"({"iterations": 1, "output_dir": ")" + dir.string() + R"("})", {});
+  ASSERT_TRUE(third.ok()) << third.status();
+  EXPECT_EQ(cluster.WaitEnd(*third).state(), control::SUCCEEDED);
+  fs::remove_all(dir);
+}
+
+// One master per state directory (a second would overwrite the first's
+// records); a record that cannot be read, or a directory in its place,
+// is skipped but keeps its job id from being given again.
+TEST(ClusterTest, AStateDirHasOneMasterAndUnreadableRecordsKeepTheirIds) {
+  Deadline deadline(seconds(20), "state dir");
+  const fs::path state = TempDir("state_lock");
+  Master::Options options = FastMasterOptions();
+  options.state_dir = state.string();
+  {
+    Master first(options, std::make_unique<FakeJobCompiler>());
+    ASSERT_TRUE(first.Start().ok());
+    Master second(options, std::make_unique<FakeJobCompiler>());
+    auto bound = second.Start();
+    ASSERT_FALSE(bound.ok());
+    EXPECT_NE(bound.status().message().find("is in use by another master"), std::string::npos) << bound.status();
+  }
+  std::ofstream(state / "job-000050.json") << "{not json";
+  fs::create_directories(state / "job-000060.json");
+  Master master(options, std::make_unique<FakeJobCompiler>());
+  auto bound = master.Start();
+  ASSERT_TRUE(bound.ok()) << bound.status();
+  Client::Options client_options;
+  client_options.master = *bound;
+  Client client(client_options);
+  auto next = client.Submit("{}", {});
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ(*next, "job-000061");
+  EXPECT_EQ(ReadFile(state / "job-000050.json"), "{not json");
+  master.Shutdown();
+  fs::remove_all(state);
 }
 
 TEST(ClusterTest, NodesMeetThroughTheMastersKv) {

@@ -1,10 +1,16 @@
 // The token on every RPC of both services, and TLS.
 
+#include <unistd.h>
+
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "cluster/grpc_status.h"
+#include "cluster/transport.h"
 #include "tests/cluster/cluster_fixture.h"
 #include "tests/deadline.h"
 
@@ -108,6 +114,61 @@ std::map<std::string, grpc::StatusCode> CallEverything(const std::string& master
     return worker_stub->Status(&c, control::WorkerStatusRequest(), &out);
   });
   return codes;
+}
+
+// A token travels as a header value, which gRPC aborts the process on
+// unless it is printable ASCII: such a file is a one-line error naming it
+// (raw random bytes, a space, a second line, UTF-8). PEM files must hold a
+// PEM block (gRPC logged several lines and failed later, elsewhere).
+TEST(SecurityTest, TokenAndPemFilesAreCheckedWhenRead) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / absl::StrCat("tessera_secrets_", getpid());
+  std::filesystem::create_directories(dir);
+  const auto read = [&](const std::string& contents, bool token) {
+    const std::filesystem::path path = dir / "secret";
+    std::ofstream(path, std::ios::binary) << contents;
+    return ReadSecretFile(path.string(), token);
+  };
+  auto good = read("  abc-DEF_123+/=\n\n", true);
+  ASSERT_TRUE(good.ok()) << good.status();
+  EXPECT_EQ(*good, "abc-DEF_123+/=");
+  for (const std::string& bad : {std::string("ab c"), std::string("abc\ndef"), std::string("p\xc3\xa9ss"),
+                                 std::string("x\x01y", 3), std::string("a\0b", 3)}) {
+    auto status = read(bad, true).status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(status.message().find("a token must be printable ASCII without spaces"), std::string::npos) << status;
+    EXPECT_NE(status.message().find((dir / "secret").string()), std::string::npos) << status;
+  }
+  EXPECT_NE(read("hello", false).status().message().find("holds no PEM block"), std::string::npos);
+  EXPECT_TRUE(read("-----BEGIN CERTIFICATE-----\nMII\n-----END CERTIFICATE-----\n", false).ok());
+  std::filesystem::remove_all(dir);
+}
+
+TEST(SecurityTest, AddressesAreHostAndPortInRange) {
+  for (const char* good :
+       {"127.0.0.1:7070", "127.0.0.1:0", "localhost:65535", "[::1]:7070", "unix:/tmp/sock", "dns:///example.com:443"}) {
+    EXPECT_TRUE(CheckAddress(good).ok()) << good << ": " << CheckAddress(good);
+  }
+  EXPECT_TRUE(CheckAddress("10.0.0.2", /*port_required=*/false).ok());
+  EXPECT_TRUE(CheckAddress("[::1]", /*port_required=*/false).ok());
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"127.0.0.1:99999", "port 99999 is not in [0, 65535]"},
+      {"127.0.0.1", "no port"},
+      {"[::1]", "no port"},
+      {"", "no host"},
+      {":7070", "no host"},
+      {"127.0.0.1:", "no port after ':'"},
+      {"127.0.0.1:70a", "is not a number"},
+      {"127.0.0.1:-1", "is not a number"},
+      {"::1:7070", "an IPv6 host goes in brackets"},
+      {"[::1:7070", "no ']'"},
+      {"[::1]x", "expected HOST:PORT"},
+      {"host name:1", "a space"},
+  };
+  for (const auto& [address, error] : bad) {
+    const absl::Status status = CheckAddress(address);
+    EXPECT_FALSE(status.ok()) << address;
+    EXPECT_NE(status.message().find(error), std::string::npos) << address << ": " << status;
+  }
 }
 
 TEST(SecurityTest, EveryMethodOfBothServicesNeedsTheToken) {

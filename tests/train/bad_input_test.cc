@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -60,6 +61,12 @@ std::vector<BadInput> Cases() {
       {"target not a string", kMlp, {"model._target_=3"}, "'model._target_' expects a string"},
       {"target null", kMlp, {"optim._target_=null"}, "'optim._target_' expects a string"},
       {"section replaced by a number", kMlp, {"train.dist=3"}, "'train.dist' expects an object, got integer 3"},
+      {"section nulled", kMlp, {"train.train_iter=2", "train=null"}, "'train' expects an object, got null"},
+      {"sub-section nulled", kMlp, {"train.dist=null"}, "'train.dist' expects an object, got null"},
+      {"section nulled in a file", OnMlp("\"optim\": null"), {}, "'optim' expects an object, got null"},
+      {"file with a key twice", OnMlp("\"train\": {\"train_iter\": 2, \"train_iter\": 5}"), {}, "gives key 'train.train_iter' twice in one object"},
+      {"file with a section twice", OnMlp("\"optim\": {}, \"optim\": {}"), {}, "gives key 'optim' twice in one object"},
+      {"override value with a key twice", kMlp, {R"(train.dist={"data_parallel_size":1,"data_parallel_size":2})"}, "gives key 'data_parallel_size' twice"},
       {"section replaced by a string", kMlp, {"optim=adam"}, "'optim' expects an object, got string \"adam\""},
       {"model replaced by an array", kMlp, {"model=[1]"}, "'model' expects an object, got array [1]"},
       {"key below a leaf", kMlp, {"train.train_iter.x=1"}, "'train.train_iter' is an integer, not an object"},
@@ -320,6 +327,42 @@ TEST(BadInput, TheCliExitsOneWithOneLineAndNoOutputDirectory) {
     ++sampled;
   }
   EXPECT_GE(sampled, 25);
+  fs::remove_all(CaseDir());
+}
+
+// A run that fails once running, before it reports anything (a loss that
+// is not finite at iteration 1), into the output_dir of an earlier run:
+// that run's config.json, metrics.jsonl and log.txt stay as they were (they
+// used to be replaced, the metrics emptied); into a new one: nothing.
+TEST(BadInput, ARunFailingBeforeItsFirstReportLeavesTheOutputDirAsItWas) {
+  const fs::path earlier = CaseDir() / "earlier";
+  const std::string nano = GptBase();
+  const Captured first = RunTrain(nano, {"train.train_iter=2", "train.output_dir=" + earlier.string()});
+  ASSERT_EQ(first.exit_code, 0) << first.err;
+  std::map<std::string, std::string> before;
+  for (const char* name : {"config.json", "metrics.jsonl", "log.txt"}) before[name] = Slurp(earlier / name);
+  ASSERT_FALSE(before["metrics.jsonl"].empty());
+  const size_t entries = std::distance(fs::directory_iterator(earlier), fs::directory_iterator());
+  const Captured failed =
+      RunTrain(nano, {"train.train_iter=2", "optim.lr=1e308", "train.output_dir=" + earlier.string()});
+  EXPECT_EQ(failed.exit_code, 1) << failed.err;
+  EXPECT_NE(failed.err.find("at iteration 1"), std::string::npos) << failed.err;
+  for (const auto& [name, text] : before) EXPECT_EQ(Slurp(earlier / name), text) << name;
+  EXPECT_EQ(std::distance(fs::directory_iterator(earlier), fs::directory_iterator()), entries);  // no events file
+  const fs::path fresh = CaseDir() / "fresh";
+  const Captured failed_fresh =
+      RunTrain(nano, {"train.train_iter=2", "optim.lr=1e308", "train.output_dir=" + fresh.string()});
+  EXPECT_EQ(failed_fresh.exit_code, 1) << failed_fresh.err;
+  EXPECT_FALSE(fs::exists(fresh));
+  // Its checkpoints/ unwritable (here: a file): refused before training,
+  // not after it.
+  const fs::path blocked = CaseDir() / "blocked";
+  fs::create_directories(blocked);
+  std::ofstream(blocked / "checkpoints") << "a file";
+  const Captured refused = RunTrain(nano, {"train.train_iter=2", "train.output_dir=" + blocked.string()});
+  EXPECT_EQ(refused.exit_code, 1) << refused.err;
+  EXPECT_NE(refused.err.find("is not a directory"), std::string::npos) << refused.err;
+  EXPECT_EQ(refused.out, "");  // no iteration trained
   fs::remove_all(CaseDir());
 }
 

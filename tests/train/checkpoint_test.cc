@@ -281,9 +281,24 @@ TEST(Checkpoint, LatestAndPrune) {
   const fs::path out = TempDir("prune");
   for (int64_t it : {3, 10, 7})
     fs::create_directories(CheckpointPath(out, it)), WriteFile(CheckpointPath(out, it) / "index.json", "{}");
-  fs::create_directories(CheckpointPath(out, 20));  // incomplete: no index.json
   fs::create_directories(CheckpointTempPath(out, 11, "other-run"));
   fs::create_directories(CheckpointTempPath(out, 12, "this-run"));
+  // A newest iter_* that is not a whole checkpoint (a commit renames one
+  // into place with its index.json) was damaged: an error naming it, not a
+  // silent start from an older one or from scratch.
+  fs::create_directories(CheckpointPath(out, 20));  // no index.json
+  auto damaged = LatestCheckpoint(out);
+  ASSERT_FALSE(damaged.ok());
+  EXPECT_NE(damaged.status().message().find(CheckpointPath(out, 20).string() + " is the newest checkpoint but not a "
+                                                                               "complete one (no index.json)"),
+            std::string::npos)
+      << damaged.status();
+  fs::remove_all(CheckpointPath(out, 20));
+  WriteFile(CheckpointPath(out, 30), "not a directory");
+  damaged = LatestCheckpoint(out);
+  ASSERT_FALSE(damaged.ok());
+  EXPECT_NE(damaged.status().message().find("(not a directory)"), std::string::npos) << damaged.status();
+  fs::remove(CheckpointPath(out, 30));
   auto latest = LatestCheckpoint(out);
   ASSERT_TRUE(latest.ok() && latest->has_value());
   EXPECT_EQ(**latest, CheckpointPath(out, 10));
