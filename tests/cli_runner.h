@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <array>
 #include <cstdint>
@@ -40,6 +41,18 @@ inline CliResult RunCommand(const std::string& cmd) {
 // instead of blocking it.
 inline CliResult RunTessera(const std::string& args) {
   return RunCommand("timeout 120 " + std::string(TESSERA_BINARY) + " " + args + " 2>&1");
+}
+
+// Starts `tessera ARGS` in the background, its stdout and stderr into
+// `log` (a process to signal: the caller waits for it); -1 if fork fails.
+inline pid_t SpawnTessera(const std::string& args, const std::filesystem::path& log) {
+  const pid_t child = ::fork();
+  if (child == 0) {
+    const std::string cmd = std::string(TESSERA_BINARY) + " " + args + " > " + log.string() + " 2>&1";
+    ::execl("/bin/sh", "sh", "-c", ("exec " + cmd).c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  return child;
 }
 
 // A failed command that said one line naming `needle`.

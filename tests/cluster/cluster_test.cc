@@ -36,6 +36,13 @@ fs::path TempDir(const std::string& name) {
   return dir;
 }
 
+// A client's options for the master at `address` (no security).
+Client::Options ClientOptionsFor(const std::string& address) {
+  Client::Options options;
+  options.master = address;
+  return options;
+}
+
 std::string ReadFile(const fs::path& path) {
   std::ifstream in(path);
   std::ostringstream text;
@@ -203,9 +210,7 @@ TEST(ClusterTest, AStateDirHasOneMasterAndUnreadableRecordsKeepTheirIds) {
   Master master(options, std::make_unique<FakeJobCompiler>());
   auto bound = master.Start();
   ASSERT_TRUE(bound.ok()) << bound.status();
-  Client::Options client_options;
-  client_options.master = *bound;
-  Client client(client_options);
+  Client client(ClientOptionsFor(*bound));
   auto next = client.Submit("{}", {});
   ASSERT_TRUE(next.ok()) << next.status();
   EXPECT_EQ(*next, "job-000061");
@@ -390,9 +395,7 @@ TEST(ClusterTest, MasterRestartKeepsTheHistory) {
   Master master(options, std::make_unique<FakeJobCompiler>());
   auto bound = master.Start();
   ASSERT_TRUE(bound.ok()) << bound.status();
-  Client::Options client_options;
-  client_options.master = *bound;
-  Client client(client_options);
+  Client client(ClientOptionsFor(*bound));
   auto jobs = client.List();
   ASSERT_TRUE(jobs.ok());
   ASSERT_EQ(jobs->size(), 2u);

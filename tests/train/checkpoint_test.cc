@@ -512,13 +512,8 @@ TEST(CheckpointEndToEnd, SignalSavesACheckpointAndTheResumeContinuesExactly) {
     const std::string layout =
         signal == SIGINT ? "" : " train.dist.pipeline_parallel_size=2 train.num_accumulation_steps=2";
     const std::string args = Nano(out, "train.train_iter=100000 train.checkpointer.period=null" + constant + layout);
-    const pid_t child = ::fork();
+    const pid_t child = ::tessera::testing::SpawnTessera(args, log);
     ASSERT_GE(child, 0);
-    if (child == 0) {
-      const std::string cmd = std::string(TESSERA_BINARY) + " " + args + " > " + log.string() + " 2>&1";
-      ::execl("/bin/sh", "sh", "-c", ("exec " + cmd).c_str(), static_cast<char*>(nullptr));
-      ::_exit(127);
-    }
     // Signal it once it has logged a few iterations.
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(90);
     while (std::chrono::steady_clock::now() < deadline && Losses(out).size() < 3) {

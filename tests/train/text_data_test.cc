@@ -378,13 +378,8 @@ TEST_F(TextDataTest, ASignalDuringTheEvaluationStopsItAndSavesTheTrainedIteratio
   const std::string args = Train(out,
                                  "train.train_iter=2 dataloader.splits=2,98,0 train.train_micro_batch_size=1 "
                                  "model.hidden_size=256 model.num_layers=4 train.evaluation.enabled=true");
-  const pid_t child = ::fork();
+  const pid_t child = ::tessera::testing::SpawnTessera(args, log);
   ASSERT_GE(child, 0);
-  if (child == 0) {
-    const std::string cmd = std::string(TESSERA_BINARY) + " " + args + " > " + log.string() + " 2>&1";
-    ::execl("/bin/sh", "sh", "-c", ("exec " + cmd).c_str(), static_cast<char*>(nullptr));
-    ::_exit(127);
-  }
   // Once iteration 2 is logged, the evaluation runs (the final checkpoint
   // comes after it).
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(90);
