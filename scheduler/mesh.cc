@@ -43,6 +43,10 @@ struct LayerRuns {
   }
 };
 
+// The config keys behind the sizes, for errors.
+constexpr const char* kSizeKeys =
+    " (train.dist.data_parallel_size, tensor_parallel_size, pipeline_parallel_size, num_devices)";
+
 // A custom stage list: one stage per layer, in [0, pipeline), never going
 // back (activations flow from a stage to the next), every stage holding a
 // layer (a stage without one would run nothing of the model's layers).
@@ -90,15 +94,15 @@ absl::StatusOr<DeviceMesh> DeviceMesh::Make(const ParallelConfig& config) {
   }
   // Each size divides the world, so none exceeds it (and products of two fit).
   if (config.tensor > config.world_size || config.pipeline > config.world_size || config.data > config.world_size) {
-    return absl::InvalidArgumentError(StrCat("parallel sizes data ", config.data, ", tensor ", config.tensor,
-                                             ", pipeline ", config.pipeline, " do not fit in the world size ",
-                                             config.world_size));
+    return absl::InvalidArgumentError(StrCat(
+        "parallel sizes data ", config.data == -1 ? std::string("(derived)") : StrCat(config.data), ", tensor ",
+        config.tensor, ", pipeline ", config.pipeline, " do not fit in the world size ", config.world_size, kSizeKeys));
   }
   const int64_t model = config.tensor * config.pipeline;
   if (config.world_size % model != 0) {
     return absl::InvalidArgumentError(StrCat("world size ", config.world_size,
                                              " is not divisible by tensor parallel size ", config.tensor,
-                                             " x pipeline parallel size ", config.pipeline));
+                                             " x pipeline parallel size ", config.pipeline, kSizeKeys));
   }
   const int64_t data = config.data == -1 ? config.world_size / model : config.data;
   if (data * model != config.world_size) {
@@ -118,8 +122,9 @@ absl::StatusOr<DeviceMesh> DeviceMesh::Make(const ParallelConfig& config) {
                                                "over the stages)"));
     }
     if (config.pipeline_num_layers < config.pipeline) {
-      return absl::InvalidArgumentError(
-          StrCat("more pipeline stages (", config.pipeline, ") than layers (", config.pipeline_num_layers, ")"));
+      return absl::InvalidArgumentError(StrCat("more pipeline stages (", config.pipeline, ") than layers (",
+                                               config.pipeline_num_layers,
+                                               "): lower train.dist.pipeline_parallel_size"));
     }
     mesh.num_layers_ = config.pipeline_num_layers;
   }

@@ -114,7 +114,15 @@ absl::StatusOr<scheduler::ParallelConfig> ParallelFromConfig(const DistConfig& d
                                              " != the model's ", layers, " layers (leave it null to use the model's)"));
   }
   parallel.pipeline_num_layers = layers;
-  if (dist.custom_pipeline_stage_id) parallel.custom_stage_of_layer = *dist.custom_pipeline_stage_id;
+  if (dist.custom_pipeline_stage_id) {
+    // An empty list would read as "automatic", which null says.
+    if (dist.custom_pipeline_stage_id->empty()) {
+      return absl::InvalidArgumentError(
+          StrCat("train.dist.custom_pipeline_stage_id is empty: give one stage per layer (", layers,
+                 "), or null for LiBai's automatic assignment"));
+    }
+    parallel.custom_stage_of_layer = *dist.custom_pipeline_stage_id;
+  }
   return parallel;
 }
 

@@ -231,6 +231,11 @@ std::vector<BadInput> Cases() {
       {"pipeline layers wrong, one stage", kMlp, {"train.dist.pipeline_num_layers=100"}, "!= the model's 3 layers"},
       {"num_devices contradicts", kMlp, {"train.dist.num_devices=3"}, "train.dist.num_devices 3 != data 1 x tensor 1 x pipeline 1"},
       {"no device count", kMlp, {"train.dist.data_parallel_size=null"}, "set it or train.dist.num_devices"},
+      {"sizes over the devices", kMlp, {"train.dist.data_parallel_size=null", "train.dist.num_devices=4", "train.dist.tensor_parallel_size=8"},
+       "parallel sizes data (derived), tensor 8, pipeline 1 do not fit in the world size 4 (train.dist.data_parallel_size, tensor_parallel_size, pipeline_parallel_size, num_devices)"},
+      {"more stages than layers", kMlp, {"train.dist.pipeline_parallel_size=4"}, "than layers (3): lower train.dist.pipeline_parallel_size"},
+      {"custom stages empty", kMlp, {"train.dist.pipeline_parallel_size=2", "train.dist.custom_pipeline_stage_id=[]"},
+       "train.dist.custom_pipeline_stage_id is empty: give one stage per layer (3), or null"},
       {"devices not divisible", kMlp, {"train.dist.data_parallel_size=null", "train.dist.num_devices=3", "train.dist.tensor_parallel_size=2"},
        "3"},
   };
