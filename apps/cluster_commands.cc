@@ -190,6 +190,12 @@ void AddClusterCommands(CLI::App& app, ClusterCommandDeps deps) {
   master_flags->security.AddServerFlags(master, "the workers' certificates");
   master->callback([master_flags, shared_deps] {
     if (!shared_deps->make_compiler) Fail("master: this build has no job compiler");
+    // A worker gets at least two heartbeats to show it lives, or every
+    // worker is lost and registers again, over and over.
+    if (master_flags->worker_timeout_ms < 2 * master_flags->heartbeat_ms) {
+      Fail(absl::StrCat("--worker-timeout-ms ", master_flags->worker_timeout_ms,
+                        " must be at least twice --heartbeat-ms ", master_flags->heartbeat_ms));
+    }
     cluster::Master::Options options;
     options.listen = master_flags->listen;
     options.state_dir = master_flags->state_dir;

@@ -783,6 +783,10 @@ class Master::Impl final : public control::Master::Service {
         if (job.reason != reason) {
           job.reason = reason;
           PersistLocked(job);
+          // Followers (submit --follow, logs -f) see why it waits, not only PENDING.
+          control::JobEvent event;
+          event.set_log_line(absl::StrCat("[master] ", reason));
+          AddEventLocked(job, std::move(event));
         }
         continue;  // cannot fit the cluster as it is: does not block the queue
       }

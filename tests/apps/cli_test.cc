@@ -219,6 +219,8 @@ TEST(Cli, FlagsNothingReadsAndValuesOutOfRangeAreOneLineErrors) {
       {"submit " + Source("configs/mlp_demo.json") + " --eval-only train.eval_only=true",
        "--eval-only and train.eval_only=true both given"},
       {"master --listen 127.0.0.1:99999", "port 99999 is not in [0, 65535]"},
+      {"master --listen 127.0.0.1:0 --heartbeat-ms 1000 --worker-timeout-ms 1500",
+       "--worker-timeout-ms 1500 must be at least twice --heartbeat-ms 1000"},
       {"status --master 127.0.0.1", "no port (expected HOST:PORT)"},
       {"status --master ''", "no host"},
       {"worker --master 127.0.0.1:1 --devices cpu:1 --id 'a b'", "is not 1-128 characters of [A-Za-z0-9._-]"},

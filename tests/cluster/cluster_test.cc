@@ -167,6 +167,20 @@ TEST(ClusterTest, ASecondDaemonOnAPortInUseDoesNotStart) {
   EXPECT_FALSE(worker.Start().ok());
 }
 
+// A client given a worker's address (a Worker serves no Master calls):
+// gRPC's answer has no text; the error still says what is wrong (it
+// printed "tessera: " alone).
+TEST(ClusterTest, AClientOfTheWrongDaemonSaysSo) {
+  Deadline deadline(seconds(20), "wrong daemon");
+  TestCluster cluster;
+  cluster.Start({"cpu:1"});
+  Client client(ClientOptionsFor(cluster.worker_addresses[0]));
+  const auto jobs = client.List();
+  ASSERT_FALSE(jobs.ok());
+  EXPECT_EQ(jobs.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_NE(jobs.status().message().find("the server does not serve this call"), std::string::npos) << jobs.status();
+}
+
 // Two jobs writing one train.output_dir would interleave their metrics and
 // mix their checkpoints: the second is refused while the first has not
 // ended, however the path is spelled.
@@ -265,6 +279,14 @@ TEST(ClusterTest, JobNeedingMoreDevicesThanExistStaysPendingWithoutBlocking) {
   ASSERT_TRUE(info.ok());
   EXPECT_EQ(info->state(), control::PENDING);
   EXPECT_EQ(info->reason(), "waiting: needs 100 cpu devices, the live workers have 2");
+  // Followers see why, not only PENDING.
+  std::string said;
+  (void)cluster.client->Watch(*big, [&](const control::JobEvent& event) {
+    if (!event.has_log_line()) return true;
+    said = event.log_line();
+    return false;
+  });
+  EXPECT_EQ(said, "[master] waiting: needs 100 cpu devices, the live workers have 2");
 }
 
 // Jobs go to workers offering their type of device: a GPU job waits for
