@@ -382,7 +382,10 @@ void AddClusterCommands(CLI::App& app, ClusterCommandDeps deps) {
     if (!jobs.ok()) Fail(std::string(jobs.status().message()));
     auto workers = client->ListWorkers();
     if (!workers.ok()) Fail(std::string(workers.status().message()));
+    // An empty cluster says so (nothing at all read as a hung or wrong command).
+    if (jobs->empty()) std::printf("no jobs\n");
     for (const auto& job : *jobs) PrintJob(job);
+    if (workers->empty()) std::printf("no workers registered\n");
     for (const auto& w : *workers) {
       std::printf("worker %s %s at %s %s\n", w.worker_id().c_str(), w.devices().c_str(), w.address().c_str(),
                   w.job_id().empty() ? "(free)" : w.job_id().c_str());

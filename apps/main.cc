@@ -184,6 +184,13 @@ int Main(int argc, char** argv) {
               return tessera::FastDevRunOverrides(config, overrides);
             }});
 
+  // CLI11 reads an unknown verb as a stray argument and says only "A
+  // subcommand is required".
+  if (argc > 1 && argv[1][0] != '-') {
+    bool known = false;
+    for (const CLI::App* sub : app.get_subcommands({})) known = known || sub->check_name(argv[1]);
+    if (!known) return Fail(tessera::StrCat("unknown command '", argv[1], "' (see tessera --help)"));
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {  // --help, --version

@@ -218,6 +218,7 @@ TEST(Cli, FlagsNothingReadsAndValuesOutOfRangeAreOneLineErrors) {
        "--resume and train.resume=false both given"},
       {"submit " + Source("configs/mlp_demo.json") + " --eval-only train.eval_only=true",
        "--eval-only and train.eval_only=true both given"},
+      {"bogus", "unknown command 'bogus' (see tessera --help)"},
       {"master --listen 127.0.0.1:99999", "port 99999 is not in [0, 65535]"},
       {"master --listen 127.0.0.1:0 --heartbeat-ms 1000 --worker-timeout-ms 1500",
        "--worker-timeout-ms 1500 must be at least twice --heartbeat-ms 1000"},
