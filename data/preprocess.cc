@@ -443,6 +443,12 @@ absl::StatusOr<PreprocessStats> Preprocess(const PreprocessOptions& options, con
     }
   }
   RETURN_IF_ERROR(write_all());
+  // An empty dataset would only fail later, at training ("shorter than one
+  // sample"); the builder's temporaries go, an earlier dataset stays.
+  if (stats.tokens == 0) {
+    return absl::InvalidArgumentError(
+        StrCat("the inputs hold no text to tokenise (", stats.documents, " documents, 0 tokens): nothing written"));
+  }
   RETURN_IF_ERROR(builder->Finalize());
   if (progress) progress(total_bytes, total_bytes);
   return stats;

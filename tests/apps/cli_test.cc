@@ -204,6 +204,9 @@ TEST(Cli, FlagsNothingReadsAndValuesOutOfRangeAreOneLineErrors) {
   std::ofstream(text) << "some text\n";
   std::ofstream(token, std::ios::binary) << "abc\x01";
   const std::string out = (dir / "out").string();
+  const std::string blank = (dir / "blank.txt").string(), vocab = (dir / "vocab.txt").string();
+  std::ofstream(blank) << "\n  \n\n";
+  std::ofstream(vocab) << "[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nsome\ntext\n";
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"generate " + dir.string() + " --prompt x --seed -1", "--seed: '-1' is not an integer in [0, 2^64 - 1]"},
       {"generate " + dir.string() + " --prompt x --seed 18446744073709551616", "is not an integer in [0, 2^64 - 1]"},
@@ -219,6 +222,8 @@ TEST(Cli, FlagsNothingReadsAndValuesOutOfRangeAreOneLineErrors) {
       {"submit " + Source("configs/mlp_demo.json") + " --eval-only train.eval_only=true",
        "--eval-only and train.eval_only=true both given"},
       {"bogus", "unknown command 'bogus' (see tessera --help)"},
+      {"preprocess --tokenizer bert --vocab-file " + vocab + " --input " + blank + " --output " + out,
+       "the inputs hold no text to tokenise (0 documents, 0 tokens): nothing written"},
       {"master --listen 127.0.0.1:99999", "port 99999 is not in [0, 65535]"},
       {"master --listen 127.0.0.1:0 --heartbeat-ms 1000 --worker-timeout-ms 1500",
        "--worker-timeout-ms 1500 must be at least twice --heartbeat-ms 1000"},
