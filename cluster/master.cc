@@ -542,6 +542,15 @@ class Master::Impl final : public control::Master::Service {
     if (auto s = CheckKey(request->key()); !s.ok()) return s;
     if (request->value().size() > kMaxKvValueBytes) return Invalid("kv values are at most 16 MiB");
     absl::MutexLock lock(&kv_mu_);
+    const auto held = kv_.find(request->key());
+    const size_t replaced = held == kv_.end() ? 0 : held->first.size() + held->second.size();
+    const size_t bytes = request->key().size() + request->value().size();
+    if (kv_bytes_ - replaced + bytes > options_.max_kv_bytes) {
+      return {grpc::StatusCode::RESOURCE_EXHAUSTED,
+              absl::StrCat("the master's kv holds at most ", options_.max_kv_bytes, " bytes of keys and values (",
+                           kv_bytes_, " now)")};
+    }
+    kv_bytes_ = kv_bytes_ - replaced + bytes;
     kv_[request->key()] = request->value();
     return grpc::Status::OK;
   }
@@ -707,7 +716,10 @@ class Master::Impl final : public control::Master::Service {
     {
       absl::MutexLock kv_lock(&kv_mu_);
       const std::string prefix = job.id + "/";
-      for (auto it = kv_.lower_bound(prefix); it != kv_.end() && it->first.starts_with(prefix);) it = kv_.erase(it);
+      for (auto it = kv_.lower_bound(prefix); it != kv_.end() && it->first.starts_with(prefix);) {
+        kv_bytes_ -= it->first.size() + it->second.size();
+        it = kv_.erase(it);
+      }
     }
     if (state == control::SUCCEEDED) {
       TLOG_INFO("job {} SUCCEEDED", job.id);
@@ -1394,6 +1406,7 @@ class Master::Impl final : public control::Master::Service {
   // The KV has its own lock: waits hold it (in AwaitWithDeadline) often.
   absl::Mutex kv_mu_ ABSL_ACQUIRED_AFTER(mu_);
   std::map<std::string, std::string> kv_ ABSL_GUARDED_BY(kv_mu_);
+  size_t kv_bytes_ ABSL_GUARDED_BY(kv_mu_) = 0;  // keys and values of kv_
   bool kv_shutting_down_ ABSL_GUARDED_BY(kv_mu_) = false;
 };
 

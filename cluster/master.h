@@ -80,6 +80,9 @@ class Master {
     int probe_failures = 3;
     absl::Duration rpc_timeout = absl::Seconds(10);  // LoadPlan, Start, Stop
     absl::Duration max_kv_wait = absl::Minutes(10);
+    // The KV's keys and values together (what jobs keep there is small; a
+    // client filling it would take the master's memory).
+    size_t max_kv_bytes = size_t{256} << 20;
     // A graceful cancel (CancelJobRequest.checkpoint) that has not ended the
     // job after this long stops it at once.
     absl::Duration stop_grace = absl::Minutes(5);

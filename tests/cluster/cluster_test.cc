@@ -490,6 +490,25 @@ TEST(ClusterTest, KvPutGetWait) {
   EXPECT_EQ(other.Get("a").status().code(), absl::StatusCode::kNotFound);
 }
 
+// The KV holds at most Options.max_kv_bytes of keys and values: a client
+// filling it gets RESOURCE_EXHAUSTED, not the master's memory; replacing a
+// value counts its new size only.
+TEST(ClusterTest, TheKvIsBounded) {
+  Deadline deadline(seconds(20), "kv bound");
+  Master::Options options = FastMasterOptions();
+  options.max_kv_bytes = 1000;
+  TestCluster cluster;
+  cluster.Start({"cpu:1"}, options);
+  KvClient kv(MakeChannel(cluster.address, {}), {}, "fill/");
+  ASSERT_TRUE(kv.Set("a", std::string(600, 'x')).ok());
+  ASSERT_TRUE(kv.Set("a", std::string(900, 'y')).ok());  // replaces: 900 + the key, not 1500
+  const absl::Status full = kv.Set("b", std::string(200, 'z'));
+  EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted) << full;
+  EXPECT_NE(full.message().find("holds at most 1000 bytes"), std::string::npos) << full;
+  ASSERT_TRUE(kv.Set("a", "small").ok());
+  EXPECT_TRUE(kv.Set("b", std::string(200, 'z')).ok());
+}
+
 int CountEntries(const char* dir) {
   int n = 0;
   DIR* d = opendir(dir);
