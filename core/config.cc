@@ -182,7 +182,9 @@ std::string ParseErrorReason(const std::string& what) {
   for (char& c : reason) {
     if (c == '\n' || c == '\r') c = ' ';
   }
-  return reason;
+  // The parser quotes the text it stopped at, which may hold bytes that are
+  // not text (an ill-formed UTF-8 byte): escaped, one printable line.
+  return EscapeControlChars(reason, /*non_ascii=*/true);
 }
 
 absl::StatusOr<Json> ReadJsonFile(const fs::path& path) {

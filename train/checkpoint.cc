@@ -599,6 +599,15 @@ absl::StatusOr<std::shared_ptr<const CheckpointReader>> CheckpointReader::OpenHu
     return absl::InvalidArgumentError(StrCat("Hugging Face weights ", file.string(), ": ", parts...));
   };
   ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> weights, SafetensorsFile::Open(file));
+  // A rank file of a Tessera checkpoint holds shards and optimizer state
+  // under Tessera's layout: read as Hugging Face's, it would load by
+  // accident or fail on a shape.
+  if (weights->metadata().contains(std::string(kSlicesKey))) {
+    return absl::InvalidArgumentError(StrCat(file.string(),
+                                             " is one rank's file of a Tessera checkpoint, not Hugging Face "
+                                             "weights: give the checkpoint's directory (",
+                                             file.parent_path().string(), ")"));
+  }
   std::shared_ptr<CheckpointReader> reader(new CheckpointReader);
   reader->path_ = file;
   reader->dir_ = file.parent_path().empty() ? fs::path(".") : file.parent_path();
@@ -703,9 +712,12 @@ absl::StatusOr<std::shared_ptr<const CheckpointReader>> CheckpointReader::Open(
   if (index.value("format", "") != kFormat || !index.contains("version") || index["version"] != kVersion) {
     return fail("index.json is not a ", kFormat, " version ", kVersion, " index");
   }
-  if (!index.contains("iteration") || !index["iteration"].is_number_integer() ||
-      index["iteration"].get<int64_t>() < 0) {
-    return fail("index.json has no iteration");
+  if (!index.contains("iteration")) return fail("index.json has no iteration");
+  const nlohmann::json& iteration = index["iteration"];
+  const bool in_range = iteration.is_number_unsigned() ? iteration.get<uint64_t>() <= static_cast<uint64_t>(INT64_MAX)
+                                                       : iteration.is_number_integer() && iteration.get<int64_t>() >= 0;
+  if (!in_range) {
+    return fail("index.json's iteration ", iteration.dump().substr(0, 40), " is not an integer in [0, 2^63)");
   }
   if (!index.contains("tensors") || !index["tensors"].is_object()) return fail("index.json has no tensors");
   std::shared_ptr<CheckpointReader> reader(new CheckpointReader);

@@ -71,7 +71,7 @@ std::vector<BadInput> Cases() {
       {"model replaced by an array", kMlp, {"model=[1]"}, "'model' expects an object, got array [1]"},
       {"key below a leaf", kMlp, {"train.train_iter.x=1"}, "'train.train_iter' is an integer, not an object"},
       {"key below a list", kMlp, {"optim.betas.0=0.5"}, "'optim.betas' is a list of numbers, not an object"},
-      {"file with invalid UTF-8", "file:{\"train\": {\"output_dir\": \"\xff\"}}", {}, "JSON syntax error"},
+      {"file with invalid UTF-8", "file:{\"train\": {\"output_dir\": \"\xff\"}}", {}, "ill-formed UTF-8 byte; last read: '\"\\xff'"},
       {"file nesting 10000 deep", "file:{\"a\": " + std::string(10000, '[') + std::string(10000, ']') + "}", {}, "deeper than 32 levels"},
       {"file not an object", "file:[1, 2, 3]", {}, "must hold a JSON object, not an array"},
       {"file empty", "file:", {}, "JSON syntax error"},

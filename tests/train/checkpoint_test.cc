@@ -272,6 +272,29 @@ TEST(Checkpoint, CorruptIndexIsAnErrorNamingTheCheckpoint) {
       EXPECT_NE(reader.status().message().find(checkpoint.string()), std::string::npos);
     }
   }
+  // An iteration out of range is named as such (it read "has no iteration").
+  for (const char* iteration : {"-1", "9223372036854775808", "\"2\"", "1.5"}) {
+    nlohmann::json index = nlohmann::json::parse(good);
+    index["iteration"] = nlohmann::json::parse(iteration);
+    WriteFile(checkpoint / "index.json", index.dump());
+    const absl::Status status = CheckpointReader::Open(checkpoint).status();
+    EXPECT_NE(
+        status.message().find(std::string("index.json's iteration ") + iteration + " is not an integer in [0, 2^63)"),
+        std::string::npos)
+        << status;
+  }
+  WriteFile(checkpoint / "index.json", good);
+  // One rank's file of it is not Hugging Face weights (it loaded as such).
+  int rank_files = 0;
+  for (const auto& entry : fs::directory_iterator(checkpoint)) {
+    if (entry.path().extension() != ".safetensors") continue;
+    ++rank_files;
+    const absl::Status status = CheckpointReader::Open(entry.path()).status();
+    EXPECT_NE(status.message().find("is one rank's file of a Tessera checkpoint, not Hugging Face weights"),
+              std::string::npos)
+        << status;
+  }
+  EXPECT_GE(rank_files, 2);
   fs::remove(checkpoint / "index.json");
   EXPECT_EQ(CheckpointReader::Open(checkpoint).status().code(), absl::StatusCode::kNotFound);
   fs::remove_all(dir);
