@@ -420,9 +420,19 @@ class Worker::Impl final : public control::Worker::Service {
       if (status.error_code() != grpc::StatusCode::UNAVAILABLE &&
           status.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {
         TLOG_WARN("the master refused registration: {}", status.error_message());
+      } else {
+        // No master there (yet): waiting is right, silently is not.
+        const absl::Time now = absl::Now();
+        if (unanswered_since_ == absl::InfiniteFuture()) unanswered_since_ = now;
+        if (now - unanswered_since_ >= absl::Seconds(10) && now - last_unanswered_warning_ >= absl::Seconds(60)) {
+          last_unanswered_warning_ = now;
+          TLOG_WARN("no answer from the master at {} for {:.0f} s ({}); still trying", options_.master,
+                    absl::ToDoubleSeconds(now - unanswered_since_), status.error_message());
+        }
       }
       return false;
     }
+    unanswered_since_ = absl::InfiniteFuture();
     if (response.heartbeat_interval_ms() > 0) interval = absl::Milliseconds(response.heartbeat_interval_ms());
     absl::MutexLock lock(&mu_);
     worker_id_ = response.worker_id();
@@ -446,6 +456,9 @@ class Worker::Impl final : public control::Worker::Service {
   bool registered_ ABSL_GUARDED_BY(mu_) = false;
   // A registration RPC is in flight (LoadPlan waits for its answer).
   bool registering_ ABSL_GUARDED_BY(mu_) = false;
+  // Registration attempts no master answered (the heartbeat thread's own).
+  absl::Time unanswered_since_ = absl::InfiniteFuture();
+  absl::Time last_unanswered_warning_ = absl::InfinitePast();
   bool reap_needed_ ABSL_GUARDED_BY(mu_) = false;
   std::string worker_id_ ABSL_GUARDED_BY(mu_);
   uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;

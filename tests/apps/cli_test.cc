@@ -19,6 +19,7 @@
 namespace {
 
 using Result = ::tessera::testing::CliResult;
+using ::tessera::testing::RunCommand;
 using ::tessera::testing::RunTessera;
 std::string Source(const std::string& rel) { return ::tessera::testing::SourcePath(rel); }
 
@@ -242,6 +243,15 @@ TEST(Cli, FlagsNothingReadsAndValuesOutOfRangeAreOneLineErrors) {
   }
   EXPECT_FALSE(std::filesystem::exists(out + ".bin"));
   std::filesystem::remove_all(dir);
+}
+
+// A worker whose master is not there waits for it, but says so after
+// 10 s (it waited silently, for minutes, in a sweep).
+TEST(Cli, AWorkerWithoutItsMasterSaysItIsStillTrying) {
+  const Result r = RunCommand("timeout 13 " + std::string(TESSERA_BINARY) +
+                              " worker --master 127.0.0.1:1 --devices cpu:1 --listen 127.0.0.1:0 2>&1");
+  EXPECT_NE(r.out.find("no answer from the master at 127.0.0.1:1 for 1"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("still trying"), std::string::npos) << r.out;
 }
 
 TEST(Cli, ConfigMissingFileIsOneLineError) {
