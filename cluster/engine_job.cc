@@ -43,6 +43,7 @@ class EngineJobCompiler final : public JobCompiler {
     }
     RETURN_IF_ERROR(config::ApplyOverrides(config, overrides, JobSchema()));
     ASSIGN_OR_RETURN(nlohmann::json resolved, ResolveJobConfig(config, "in the submitted config"));
+    RETURN_IF_ERROR(CheckOverridesAreRead(resolved, overrides));
     // Building the job checks what the schema cannot (the mesh, the model's
     // layers, batch arithmetic) before it is queued.
     ASSIGN_OR_RETURN(std::unique_ptr<JobFeed> feed, JobFeed::Make(resolved));

@@ -1,6 +1,12 @@
 #include "train/job_config.h"
 
+#include <string>
+#include <string_view>
+
 #include "core/config.h"
+#include "core/json_text.h"
+#include "core/status.h"
+#include "core/text.h"
 #include "models/model.h"
 #include "train/lr_schedule.h"
 
@@ -320,8 +326,61 @@ const Section& JobSchema() {
   return *schema;
 }
 
+absl::Status CheckOverridesAreRead(const nlohmann::json& resolved, const std::vector<std::string>& overrides) {
+  // A feature's keys and the switch that has them read. (eval_metric and
+  // eval_mode answer to checkpointer.save_best, which checks them itself.)
+  struct Gate {
+    std::string_view key;
+    std::string_view on;  // a boolean of the resolved config
+  };
+  static constexpr Gate kGates[] = {
+      {"train.amp.dtype", "train.amp.enabled"},
+      {"train.amp.initial_loss_scale", "train.amp.enabled"},
+      {"train.amp.loss_scale_growth_interval", "train.amp.enabled"},
+      {"train.zero_optimization.stage", "train.zero_optimization.enabled"},
+      {"train.evaluation.eval_period", "train.evaluation.enabled"},
+      {"train.evaluation.eval_iter", "train.evaluation.enabled"},
+  };
+  // The resolved value at a dotted key, or null.
+  const auto at = [&](std::string_view dotted) -> const nlohmann::json* {
+    const nlohmann::json* node = &resolved;
+    for (size_t begin = 0;;) {
+      const size_t dot = dotted.find('.', begin);
+      const std::string part(dotted.substr(begin, dot == std::string_view::npos ? dotted.size() - begin : dot - begin));
+      if (!node->is_object() || !node->contains(part)) return nullptr;
+      node = &node->at(part);
+      if (dot == std::string_view::npos) return node;
+      begin = dot + 1;
+    }
+  };
+  for (const std::string& text : overrides) {
+    const std::string key = text.substr(0, text.find('='));
+    for (const Gate& gate : kGates) {
+      if (key != gate.key) continue;
+      const nlohmann::json* on = at(gate.on);
+      if (on != nullptr && on->is_boolean() && !on->get<bool>()) {
+        return absl::InvalidArgumentError(StrCat("override '", config::ShortText(text),
+                                                 "' sets a key nothing reads while ", gate.on, " is false (add ",
+                                                 gate.on, "=true)"));
+      }
+    }
+    if (key == "train.amp.initial_loss_scale" || key == "train.amp.loss_scale_growth_interval") {
+      const nlohmann::json* dtype = at("train.amp.dtype");
+      if (dtype != nullptr && dtype->is_string() && dtype->get<std::string>() != "fp16") {
+        return absl::InvalidArgumentError(StrCat("override '", config::ShortText(text),
+                                                 "' sets a key read only with "
+                                                 "train.amp.dtype fp16 (loss scaling), not ",
+                                                 dtype->get<std::string>()));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<nlohmann::json> LoadJobConfig(const std::filesystem::path& path, const std::vector<std::string>& overrides) {
-  return config::LoadConfig(path, overrides, JobSchema());
+  ASSIGN_OR_RETURN(nlohmann::json config, config::LoadConfig(path, overrides, JobSchema()));
+  RETURN_IF_ERROR(CheckOverridesAreRead(config, overrides));
+  return config;
 }
 
 absl::StatusOr<std::vector<std::string>> FastDevRunOverrides(const std::filesystem::path& path,
@@ -336,9 +395,12 @@ absl::StatusOr<std::vector<std::string>> FastDevRunOverrides(const std::filesyst
   }
   overrides.insert(overrides.end(),
                    {"train.train_epoch=0", "train.train_iter=20", "train.log_period=1", "train.checkpointer.period=10",
-                    "train.evaluation.eval_period=10", "train.evaluation.eval_iter=2",
                     "train.output_dir=" +
                         (std::filesystem::path(train.at("output_dir").get<std::string>()) / "fast_dev_run").string()});
+  // Evaluations only where the job has them (the keys are read only then).
+  if (train.at("evaluation").at("enabled").get<bool>()) {
+    overrides.insert(overrides.end(), {"train.evaluation.eval_period=10", "train.evaluation.eval_iter=2"});
+  }
   return overrides;
 }
 

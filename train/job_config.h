@@ -163,6 +163,12 @@ const config::Section& JobSchema();
 // override that set the offending key).
 absl::StatusOr<nlohmann::json> LoadJobConfig(const std::filesystem::path& path,
                                              const std::vector<std::string>& overrides = {});
+// An override that sets a key of a feature `resolved` leaves off
+// (train.amp.dtype with amp off, train.zero_optimization.stage with ZeRO
+// off, eval_period / eval_iter with evaluation off, loss scaling without
+// fp16): nothing would read it, so it is an error naming the switch. Only
+// overrides: configs and their bases keep such keys ready for the switch.
+absl::Status CheckOverridesAreRead(const nlohmann::json& resolved, const std::vector<std::string>& overrides);
 // --fast-dev-run (LiBai's): `overrides` plus those that make the job of
 // `path` a brief check of its whole pipeline: 20 iterations from scratch, a
 // progress line each, evaluations (when on, over 2 batches) and checkpoints
