@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "core/logging.h"
+#include "core/strings.h"
 #include "grpc/support/log.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/support/channel_arguments.h"
@@ -56,45 +57,47 @@ absl::Status CheckAddress(const std::string& address, bool port_required) {
       address.starts_with("ipv6:")) {
     return absl::OkStatus();
   }
+  // Quoted escaped: it came from a command line.
+  const std::string shown = EscapeControlChars(address, /*non_ascii=*/true);
   std::string_view host = address, port;
   if (address.starts_with("[")) {
     const size_t close = address.find(']');
     if (close == std::string::npos)
-      return absl::InvalidArgumentError(absl::StrCat("'", address, "': no ']' after the IPv6 host"));
+      return absl::InvalidArgumentError(absl::StrCat("'", shown, "': no ']' after the IPv6 host"));
     host = std::string_view(address).substr(0, close + 1);
     const std::string_view rest = std::string_view(address).substr(close + 1);
     if (!rest.empty() && (rest[0] != ':' || rest.size() == 1)) {
-      return absl::InvalidArgumentError(absl::StrCat("'", address, "': expected HOST:PORT"));
+      return absl::InvalidArgumentError(absl::StrCat("'", shown, "': expected HOST:PORT"));
     }
     if (!rest.empty()) port = rest.substr(1);
   } else if (const size_t colon = address.rfind(':'); colon != std::string::npos) {
     host = std::string_view(address).substr(0, colon);
     port = std::string_view(address).substr(colon + 1);
     if (host.find(':') != std::string_view::npos) {
-      return absl::InvalidArgumentError(absl::StrCat("'", address, "': an IPv6 host goes in brackets, [::1]:PORT"));
+      return absl::InvalidArgumentError(absl::StrCat("'", shown, "': an IPv6 host goes in brackets, [::1]:PORT"));
     }
-    if (port.empty()) return absl::InvalidArgumentError(absl::StrCat("'", address, "': no port after ':'"));
+    if (port.empty()) return absl::InvalidArgumentError(absl::StrCat("'", shown, "': no port after ':'"));
   }
-  if (host.empty() || host == "[]") return absl::InvalidArgumentError(absl::StrCat("'", address, "': no host"));
+  if (host.empty() || host == "[]") return absl::InvalidArgumentError(absl::StrCat("'", shown, "': no host"));
   for (char c : host) {
     if (static_cast<unsigned char>(c) <= 0x20 || static_cast<unsigned char>(c) >= 0x7f) {
-      return absl::InvalidArgumentError(absl::StrCat("'", address, "': the host holds a space or a non-ASCII byte"));
+      return absl::InvalidArgumentError(absl::StrCat("'", shown, "': the host holds a space or a non-ASCII byte"));
     }
   }
   if (port.empty()) {
-    if (port_required) return absl::InvalidArgumentError(absl::StrCat("'", address, "': no port (expected HOST:PORT)"));
+    if (port_required) return absl::InvalidArgumentError(absl::StrCat("'", shown, "': no port (expected HOST:PORT)"));
     return absl::OkStatus();
   }
   int value = 0;
   for (char c : port) {
     if (c < '0' || c > '9' || port.size() > 5) {
       return absl::InvalidArgumentError(
-          absl::StrCat("'", address, "': port '", std::string(port), "' is not a number in [0, 65535]"));
+          absl::StrCat("'", shown, "': port '", std::string(port), "' is not a number in [0, 65535]"));
     }
     value = value * 10 + (c - '0');
   }
   if (value > 65535) {
-    return absl::InvalidArgumentError(absl::StrCat("'", address, "': port ", value, " is not in [0, 65535]"));
+    return absl::InvalidArgumentError(absl::StrCat("'", shown, "': port ", value, " is not in [0, 65535]"));
   }
   return absl::OkStatus();
 }
