@@ -324,16 +324,9 @@ void AddClusterCommands(CLI::App& app, ClusterCommandDeps deps) {
                    "Check a config end to end: 20 iterations from scratch with evaluations (2 batches) and "
                    "checkpoints at 10 and 20, into train.output_dir/fast_dev_run");
   submit->callback([submit_flags, shared_deps] {
-    for (const std::string& override_text : submit_flags->overrides) {
-      const std::string key = override_text.substr(0, override_text.find('='));
-      if (submit_flags->resume && key == "train.resume")
-        Fail("--resume and " + override_text + " both given: keep one");
-      if (submit_flags->eval_only && key == "train.eval_only") {
-        Fail("--eval-only and " + override_text + " both given: keep one");
-      }
+    if (auto error = AddFlagOverrides(submit_flags->overrides, submit_flags->resume, submit_flags->eval_only)) {
+      Fail(*error);
     }
-    if (submit_flags->resume) submit_flags->overrides.push_back("train.resume=true");
-    if (submit_flags->eval_only) submit_flags->overrides.push_back("train.eval_only=true");
     if (submit_flags->fast_dev_run) {
       // Resolved here with this machine's schema, so the master gets plain
       // overrides (output_dir stays as the config writes it: the master's).

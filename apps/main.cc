@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "apps/cli_errors.h"
 #include "apps/cluster_commands.h"
 #include "apps/data_commands.h"
 #include "cluster/engine_job.h"
@@ -206,17 +207,7 @@ int Main(int argc, char** argv) {
   if (*ops) return RunOps(ops_format);
   if (*config) return RunConfig(config_path, overrides, schema);
   if (*train) {
-    // A flag and an override of its key would contradict each other, or say
-    // the same twice: either way one is not read.
-    for (const std::string& override_text : train_overrides) {
-      const std::string key = override_text.substr(0, override_text.find('='));
-      if (train_resume && key == "train.resume") return Fail("--resume and " + override_text + " both given: keep one");
-      if (train_eval_only && key == "train.eval_only") {
-        return Fail("--eval-only and " + override_text + " both given: keep one");
-      }
-    }
-    if (train_resume) train_overrides.push_back("train.resume=true");
-    if (train_eval_only) train_overrides.push_back("train.eval_only=true");
+    if (auto error = tessera::AddFlagOverrides(train_overrides, train_resume, train_eval_only)) return Fail(*error);
     return RunTrain(train_config, train_overrides, train_fast_dev_run);
   }
   if (*plan) return RunPlan(plan_config, plan_overrides, plan_format);
