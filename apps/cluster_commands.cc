@@ -3,7 +3,6 @@
 #include <pthread.h>
 #include <signal.h>
 
-#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -246,12 +245,8 @@ void AddClusterCommands(CLI::App& app, ClusterCommandDeps deps) {
   worker->add_option("--id", worker_flags->id, "Its worker id (default: the master assigns one)")
       ->check(CLI::Validator(
           [](std::string& value) {
-            const bool plain =
-                !value.empty() && value.size() <= 128 && std::all_of(value.begin(), value.end(), [](char c) {
-                  return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '.' ||
-                         c == '_' || c == '-';
-                });
-            return plain ? std::string() : absl::StrCat("'", value, "' is not 1-128 characters of [A-Za-z0-9._-]");
+            return cluster::IsPlainId(value) ? std::string()
+                                             : absl::StrCat("'", value, "' is not 1-128 characters of [A-Za-z0-9._-]");
           },
           "ID"));
   worker_flags->security.AddServerFlags(worker);

@@ -26,6 +26,7 @@
 #include "cluster/device_offer.h"
 #include "cluster/grpc_status.h"
 #include "cluster/metrics_http.h"
+#include "cluster/transport.h"
 #include "comm/proto/control.grpc.pb.h"
 #include "core/logging.h"
 #include "grpcpp/server.h"
@@ -63,13 +64,6 @@ bool IsFinal(JobState state) {
 
 // Ids are the master's own (job-000001) or a worker's chosen name; either
 // way a plain word, so they are safe in file names and log lines.
-bool IsPlainId(const std::string& id) {
-  if (id.empty() || id.size() > kMaxIdBytes) return false;
-  return std::all_of(id.begin(), id.end(), [](char c) {
-    return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.';
-  });
-}
-
 grpc::Status Invalid(const std::string& message) { return {grpc::StatusCode::INVALID_ARGUMENT, message}; }
 grpc::Status NotFound(const std::string& message) { return {grpc::StatusCode::NOT_FOUND, message}; }
 grpc::Status Precondition(const std::string& message) { return {grpc::StatusCode::FAILED_PRECONDITION, message}; }

@@ -1,5 +1,7 @@
 #include "cluster/transport.h"
 
+#include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <fstream>
 #include <sstream>
@@ -25,6 +27,13 @@ void GrpcLogToDebug(gpr_log_func_args* args) {
 }  // namespace
 
 void RouteGrpcLogs() { gpr_set_log_function(GrpcLogToDebug); }
+
+bool IsPlainId(std::string_view id) {
+  if (id.empty() || id.size() > 128) return false;
+  return std::all_of(id.begin(), id.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.';
+  });
+}
 
 absl::StatusOr<std::string> ReadSecretFile(const std::string& path, bool trim) {
   std::ifstream in(path, std::ios::binary);

@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -35,6 +36,9 @@ struct Security {
   // not the host in the address.
   std::string tls_server_name;
 };
+
+// Whether `id` is a worker or job id: 1-128 characters of [A-Za-z0-9._-].
+[[nodiscard]] bool IsPlainId(std::string_view id);
 
 // gRPC's own log lines (it prints errors on stderr, several lines each) go
 // to Tessera's log at debug level instead: the CLI's errors stay one line.
