@@ -122,7 +122,7 @@ namespace {
 // are equal.
 struct Grid {
   int64_t base = 0;
-  std::vector<std::pair<int64_t, int64_t>> axes;  // (extent, stride), outermost first
+  std::vector<std::pair<int64_t, int64_t>> axes;  // (extent, stride), innermost first
 };
 
 Grid CanonicalGrid(const TensorSlice& s) {
@@ -139,7 +139,7 @@ Grid CanonicalGrid(const TensorSlice& s) {
     }
     stride *= s.logical[d];
   }
-  return g;  // innermost first; the comparison does not mind
+  return g;
 }
 
 }  // namespace

@@ -147,8 +147,7 @@ Binding<EvaluationConfig> MakeEvaluationKeys() {
            .max = kMaxIterations,
            .doc = "global batches (`global_batch_size` samples of the valid split each, in order) per evaluation, "
                   "at most as many as the split makes; `null`: the whole valid split, each sample counted once (the "
-                  "last batch padded with rows that "
-                  "count for nothing)"});
+                  "last batch padded with rows that count for nothing)"});
   b.Field("eval_metric", &EvaluationConfig::eval_metric,
           {.doc = "the metric `checkpointer.save_best` keeps the best of, as metrics.jsonl names it (GPT: eval_loss, "
                   "eval_ppl; BERT: eval_loss, eval_mlm_loss, eval_nsp_loss, eval_mlm_accuracy, eval_nsp_accuracy)"});
@@ -341,36 +340,23 @@ absl::Status CheckOverridesAreRead(const nlohmann::json& resolved, const std::ve
       {"train.evaluation.eval_period", "train.evaluation.enabled"},
       {"train.evaluation.eval_iter", "train.evaluation.enabled"},
   };
-  // The resolved value at a dotted key, or null.
-  const auto at = [&](std::string_view dotted) -> const nlohmann::json* {
-    const nlohmann::json* node = &resolved;
-    for (size_t begin = 0;;) {
-      const size_t dot = dotted.find('.', begin);
-      const std::string part(dotted.substr(begin, dot == std::string_view::npos ? dotted.size() - begin : dot - begin));
-      if (!node->is_object() || !node->contains(part)) return nullptr;
-      node = &node->at(part);
-      if (dot == std::string_view::npos) return node;
-      begin = dot + 1;
-    }
-  };
   for (const std::string& text : overrides) {
     const std::string key = text.substr(0, text.find('='));
     for (const Gate& gate : kGates) {
       if (key != gate.key) continue;
-      const nlohmann::json* on = at(gate.on);
-      if (on != nullptr && on->is_boolean() && !on->get<bool>()) {
+      const absl::StatusOr<bool> on = config::GetBool(resolved, gate.on);
+      if (on.ok() && !*on) {
         return absl::InvalidArgumentError(StrCat("override '", config::ShortText(text),
                                                  "' sets a key nothing reads while ", gate.on, " is false (add ",
                                                  gate.on, "=true)"));
       }
     }
     if (key == "train.amp.initial_loss_scale" || key == "train.amp.loss_scale_growth_interval") {
-      const nlohmann::json* dtype = at("train.amp.dtype");
-      if (dtype != nullptr && dtype->is_string() && dtype->get<std::string>() != "fp16") {
-        return absl::InvalidArgumentError(StrCat("override '", config::ShortText(text),
-                                                 "' sets a key read only with "
-                                                 "train.amp.dtype fp16 (loss scaling), not ",
-                                                 dtype->get<std::string>()));
+      const absl::StatusOr<std::string> dtype = config::GetString(resolved, "train.amp.dtype");
+      if (dtype.ok() && *dtype != "fp16") {
+        return absl::InvalidArgumentError(
+            StrCat("override '", config::ShortText(text),
+                   "' sets a key read only with train.amp.dtype fp16 (loss scaling), not ", *dtype));
       }
     }
   }
