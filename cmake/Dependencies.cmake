@@ -11,6 +11,9 @@ find_library(DNNL_LIBRARY dnnl REQUIRED)
 add_library(tessera_dnnl INTERFACE)
 target_include_directories(tessera_dnnl SYSTEM INTERFACE ${DNNL_INCLUDE_DIR})
 target_link_libraries(tessera_dnnl INTERFACE ${DNNL_LIBRARY})
+# xxHash (libxxhash-dev) for checkpoint checksums (core/checksum.h), inlined
+# from its header: nothing to link, no run-time package.
+find_path(XXHASH_INCLUDE_DIR xxhash.h REQUIRED)
 find_package(OpenMP REQUIRED)
 find_package(Threads REQUIRED)
 # Unicode for the tokenizers (data/): PCRE2 runs GPT-2's pre-tokenizer

@@ -7,7 +7,7 @@ packages=(
   build-essential cmake ninja-build pkg-config git lld
   libabsl-dev libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libboost-dev nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev
-  libdnnl-dev libopenblas-dev libgloo-dev libpcre2-dev libicu-dev
+  libdnnl-dev libopenblas-dev libgloo-dev libpcre2-dev libicu-dev libxxhash-dev
   libgtest-dev libgmock-dev libbenchmark-dev python3-yaml python3-numpy python3-torch python3-protobuf
   graphviz
   # The default corpus (scripts/setup_data.sh).

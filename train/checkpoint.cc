@@ -10,6 +10,7 @@
 #include "actors/actor_id.h"
 #include "actors/init_rules.h"
 #include "actors/plan.h"
+#include "core/checksum.h"
 #include "core/file_util.h"
 #include "core/status.h"
 #include "core/strings.h"
@@ -23,6 +24,10 @@ constexpr std::string_view kFormat = "tessera.checkpoint";
 constexpr int kVersion = 1;
 // The rank files' metadata key holding each tensor's place in its logical tensor.
 constexpr std::string_view kSlicesKey = "tessera.slices";
+// ... and each tensor's checksum (core/checksum.h), which a reader checks
+// before handing out a byte of the file, where index.json names the
+// algorithm (checkpoints written before it do not).
+constexpr std::string_view kChecksumsKey = "tessera.checksums";
 constexpr std::string_view kIterPrefix = "iter_";
 // Hugging Face: GPT2LMHeadModel's prefix of GPT2Model's names, and the file
 // name of a model directory's weights.
@@ -286,6 +291,7 @@ absl::Status WriteCheckpointShards(const fs::path& dir, const proto::Plan& plan,
   struct RankFile {
     std::vector<std::pair<std::string, Tensor>> tensors;
     nlohmann::json slices = nlohmann::json::object();
+    nlohmann::json checksums = nlohmann::json::object();
   };
   std::map<uint32_t, RankFile> files;
   for (const KeptTaskInfo& info : tasks) {
@@ -306,6 +312,9 @@ absl::Status WriteCheckpointShards(const fs::path& dir, const proto::Plan& plan,
       }
       file.tensors.emplace_back(t.name, it->second[k]);
       file.slices[t.name] = {{"logical_shape", t.slice.logical.dims()}, {"offset", t.slice.offset}};
+      const Tensor& value = it->second[k];
+      file.checksums[t.name] =
+          Checksum({static_cast<const char*>(value.raw_data()), static_cast<size_t>(value.NumBytes())});
     }
   }
   std::error_code ec;
@@ -313,7 +322,9 @@ absl::Status WriteCheckpointShards(const fs::path& dir, const proto::Plan& plan,
   if (ec) return absl::InternalError(StrCat("checkpoint: cannot create ", dir.string(), ": ", ec.message()));
   for (const auto& [rank, file] : files) {
     RETURN_IF_ERROR(WriteSafetensors(dir / RankFileName(rank), file.tensors,
-                                     {{std::string(kSlicesKey), file.slices.dump()}, {"format", "pt"}}));
+                                     {{std::string(kSlicesKey), file.slices.dump()},
+                                      {std::string(kChecksumsKey), file.checksums.dump()},
+                                      {"format", "pt"}}));
   }
   return absl::OkStatus();
 }
@@ -342,9 +353,16 @@ absl::Status CommitCheckpoint(const fs::path& temp_dir, const fs::path& final_di
     }
     const nlohmann::json slices = nlohmann::json::parse(slices_text->second, nullptr, false);
     if (!slices.is_object()) return absl::InvalidArgumentError(StrCat("checkpoint: ", name, ": bad ", kSlicesKey));
+    auto checksums_text = file->metadata().find(kChecksumsKey);
+    const nlohmann::json checksums = checksums_text == file->metadata().end()
+                                         ? nlohmann::json()
+                                         : nlohmann::json::parse(checksums_text->second, nullptr, false);
     for (const auto& [tensor_name, entry] : file->tensors()) {
       if (!slices.contains(tensor_name)) {
         return absl::InvalidArgumentError(StrCat("checkpoint: ", name, ": no slice for '", tensor_name, "'"));
+      }
+      if (!checksums.is_object() || !checksums.contains(tensor_name) || !checksums[tensor_name].is_string()) {
+        return absl::InvalidArgumentError(StrCat("checkpoint: ", name, ": no checksum for '", tensor_name, "'"));
       }
       const nlohmann::json& slice = slices.at(tensor_name);
       ASSIGN_OR_RETURN(std::vector<int64_t> logical,
@@ -384,6 +402,7 @@ absl::Status CommitCheckpoint(const fs::path& temp_dir, const fs::path& final_di
       {"iteration", state.iteration},
       {"train_state", {{"iteration", state.iteration}, {"consumed_samples", state.iteration * state.global_batch}}},
       {"config", state.config},
+      {"checksums", kChecksumAlgorithm},
       {"tensors", nlohmann::json::object()}};
   if (!state.best.is_null()) index["train_state"]["best"] = state.best;
   for (auto& [name, t] : tensors) {
@@ -721,6 +740,12 @@ absl::StatusOr<std::shared_ptr<const CheckpointReader>> CheckpointReader::Open(
   }
   if (!index.contains("tensors") || !index["tensors"].is_object()) return fail("index.json has no tensors");
   std::shared_ptr<CheckpointReader> reader(new CheckpointReader);
+  if (index.contains("checksums")) {
+    if (index["checksums"] != kChecksumAlgorithm) {
+      return fail("index.json's checksums ", index["checksums"].dump().substr(0, 40), " is not ", kChecksumAlgorithm);
+    }
+    reader->checksums_ = true;
+  }
   reader->path_ = dir;
   reader->dir_ = dir;
   reader->iteration_ = index["iteration"].get<int64_t>();
@@ -794,13 +819,37 @@ absl::Status CheckpointReader::CheckMeta(const std::string& name, const TensorMe
 }
 
 absl::StatusOr<const SafetensorsFile*> CheckpointReader::File(const std::string& name) const {
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = files_.find(name);
-  if (it == files_.end()) {
-    ASSIGN_OR_RETURN(auto file, SafetensorsFile::Open(dir_ / name));
-    it = files_.emplace(name, std::move(file)).first;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = files_.find(name);
+    if (it != files_.end()) return it->second.get();
   }
-  return it->second.get();
+  // Opened and checked outside the lock, so that the devices' threads check
+  // different rank files at once; a file two threads open together is kept
+  // once.
+  ASSIGN_OR_RETURN(auto file, SafetensorsFile::Open(dir_ / name));
+  if (checksums_) RETURN_IF_ERROR(VerifyChecksums(*file));
+  std::lock_guard<std::mutex> lock(mu_);
+  return files_.try_emplace(name, std::move(file)).first->second.get();
+}
+
+absl::Status CheckpointReader::VerifyChecksums(const SafetensorsFile& file) const {
+  const auto fail = [&](auto&&... parts) {
+    return absl::DataLossError(StrCat("checkpoint ", path_.string(), ": ", file.path().filename().string(), ": ",
+                                      parts..., " (the file is damaged)"));
+  };
+  auto text = file.metadata().find(kChecksumsKey);
+  if (text == file.metadata().end()) return fail("no ", kChecksumsKey, " though index.json lists checksums");
+  const nlohmann::json checksums = nlohmann::json::parse(text->second, nullptr, false);
+  if (!checksums.is_object()) return fail(kChecksumsKey, " is not a JSON object");
+  for (const auto& [name, entry] : file.tensors()) {
+    auto it = checksums.find(name);
+    if (it == checksums.end() || !it->is_string()) return fail("no checksum for '", name, "'");
+    if (it->get<std::string>() != Checksum({entry.data, entry.bytes})) {
+      return fail("the data of '", name, "' does not match its checksum");
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status CheckpointReader::Read(const std::string& name, const TensorSlice& slice, const Tensor& out) const {
@@ -813,6 +862,9 @@ absl::Status CheckpointReader::Read(const std::string& name, const TensorSlice& 
   const size_t element = DTypeSize(out.dtype());
   int64_t copied = 0;
   for (const Shard& shard : stored.shards) {
+    // A rank file none of whose shards this slice needs is neither mapped
+    // nor checked here (a tensor-parallel rank reads its own half).
+    if (!huggingface_ && !Overlaps(shard.offset, shard.shape, slice.offset, slice.local)) continue;
     ASSIGN_OR_RETURN(const SafetensorsFile* file, File(shard.file));
     const SafetensorsFile::Entry* entry = file->Find(shard.source);
     if (entry == nullptr || entry->dtype != stored.meta.dtype || entry->shape != shard.shape) {

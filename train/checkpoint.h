@@ -21,6 +21,13 @@
 // named iter_* is therefore always complete, and a kill -9 at any moment
 // leaves the previous checkpoint as it was.
 //
+// Each rank file records every tensor's checksum (core/checksum.h) in its
+// metadata, and index.json names the algorithm; a reader checks a file's
+// checksums when it first opens it, so a flipped bit on disk is an error
+// naming the file and the tensor, never silently different weights.
+// Checkpoints written before the checksums (no "checksums" in index.json)
+// load unchecked.
+//
 // Loading reshards: a Parameter task asks for its slice of each tensor and
 // gets it assembled from whichever shards overlap it, whatever layout (data,
 // tensor or pipeline parallel, world size) wrote them.
@@ -196,11 +203,17 @@ class CheckpointReader {
   // whole, in the model's shape, as f32.
   [[nodiscard]] absl::Status ReadConverted(const models::Model::HfTensor& t, const std::string& file,
                                            std::vector<float>& out) const;
+  // A rank file, opened (and checked, its checksums too where index.json
+  // has them) when first asked for.
   absl::StatusOr<const SafetensorsFile*> File(const std::string& name) const;
+  // DataLoss naming the file and the tensor whose bytes do not match the
+  // checksum the file's metadata records for them.
+  [[nodiscard]] absl::Status VerifyChecksums(const SafetensorsFile& file) const;
 
   std::filesystem::path path_;
   std::filesystem::path dir_;  // where shard files are
   bool huggingface_ = false;
+  bool checksums_ = false;  // index.json names the rank files' checksums
   int64_t iteration_ = 0;
   int64_t consumed_samples_ = 0;
   nlohmann::json config_;

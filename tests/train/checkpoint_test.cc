@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/checksum.h"
 #include "nlohmann/json.hpp"
 #include "tests/cli_runner.h"
 #include "train/safetensors.h"
@@ -118,6 +119,17 @@ TEST(Safetensors, CorruptFilesAreErrorsNamingTheFile) {
   fs::remove_all(dir);
 }
 
+// Writes a rank file as WriteCheckpointShards does: each tensor's slice and
+// checksum in the metadata.
+absl::Status WriteRankFile(const fs::path& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
+                           const nlohmann::json& slices) {
+  nlohmann::json checksums = nlohmann::json::object();
+  for (const auto& [name, t] : tensors) {
+    checksums[name] = Checksum({static_cast<const char*>(t.raw_data()), static_cast<size_t>(t.NumBytes())});
+  }
+  return WriteSafetensors(path, tensors, {{"tessera.slices", slices.dump()}, {"tessera.checksums", checksums.dump()}});
+}
+
 // Writes the shards of a (4, 6) tensor `w` split by rows over two rank files
 // and a replicated scalar `s`, then commits them.
 fs::path WriteRowSplitCheckpoint(const fs::path& root, const Tensor& whole) {
@@ -132,9 +144,7 @@ fs::path WriteRowSplitCheckpoint(const fs::path& root, const Tensor& whole) {
       tensors.emplace_back("s", Tensor::FromVector(Shape{}, std::vector<float>{3.0f}));
       slices["s"] = {{"logical_shape", nlohmann::json::array()}, {"offset", nlohmann::json::array()}};
     }
-    EXPECT_TRUE(WriteSafetensors(temp / ("rank_0000" + std::to_string(rank) + ".safetensors"), tensors,
-                                 {{"tessera.slices", slices.dump()}})
-                    .ok());
+    EXPECT_TRUE(WriteRankFile(temp / ("rank_0000" + std::to_string(rank) + ".safetensors"), tensors, slices).ok());
   }
   const fs::path final_dir = root / "iter_0000005";
   const absl::Status committed =
@@ -237,21 +247,79 @@ TEST(Checkpoint, CommitRefusesShardsThatDoNotTileTheTensor) {
   const fs::path temp = dir / ".iter_0000001.tmp-x";
   fs::create_directories(temp);
   nlohmann::json slices = {{"w", {{"logical_shape", {4, 6}}, {"offset", {0, 0}}}}};
-  ASSERT_TRUE(
-      WriteSafetensors(temp / "rank_00000.safetensors", {{"w", Iota(Shape{2, 6})}}, {{"tessera.slices", slices.dump()}})
-          .ok());
+  ASSERT_TRUE(WriteRankFile(temp / "rank_00000.safetensors", {{"w", Iota(Shape{2, 6})}}, slices).ok());
   const absl::Status missing =
       CommitCheckpoint(temp, dir / "iter_0000001", {.iteration = 1, .global_batch = 1, .config = {}, .best = {}});
   EXPECT_FALSE(missing.ok());
   EXPECT_NE(missing.message().find("cover"), std::string::npos) << missing;
   EXPECT_FALSE(fs::exists(dir / "iter_0000001"));
   // Overlapping shards.
-  ASSERT_TRUE(WriteSafetensors(
-                  temp / "rank_00001.safetensors", {{"w", Iota(Shape{3, 6})}},
-                  {{"tessera.slices", nlohmann::json({{"w", {{"logical_shape", {4, 6}}, {"offset", {1, 0}}}}}).dump()}})
+  ASSERT_TRUE(WriteRankFile(temp / "rank_00001.safetensors", {{"w", Iota(Shape{3, 6})}},
+                            {{"w", {{"logical_shape", {4, 6}}, {"offset", {1, 0}}}}})
                   .ok());
-  EXPECT_FALSE(
-      CommitCheckpoint(temp, dir / "iter_0000001", {.iteration = 1, .global_batch = 1, .config = {}, .best = {}}).ok());
+  const absl::Status overlap =
+      CommitCheckpoint(temp, dir / "iter_0000001", {.iteration = 1, .global_batch = 1, .config = {}, .best = {}});
+  EXPECT_NE(overlap.message().find("overlap"), std::string::npos) << overlap;
+  // A rank file without its tensors' checksums is not one this code wrote.
+  ASSERT_TRUE(WriteSafetensors(
+                  temp / "rank_00001.safetensors", {{"w", Iota(Shape{2, 6})}},
+                  {{"tessera.slices", nlohmann::json({{"w", {{"logical_shape", {4, 6}}, {"offset", {2, 0}}}}}).dump()}})
+                  .ok());
+  const absl::Status unchecked =
+      CommitCheckpoint(temp, dir / "iter_0000001", {.iteration = 1, .global_batch = 1, .config = {}, .best = {}});
+  EXPECT_NE(unchecked.message().find("rank_00001.safetensors: no checksum for 'w'"), std::string::npos) << unchecked;
+  EXPECT_FALSE(fs::exists(dir / "iter_0000001"));
+  fs::remove_all(dir);
+}
+
+// A flipped bit in a rank file's data is an error naming the file and the
+// tensor when the file is first read, never other weights loaded silently;
+// a checkpoint written before the checksums (none in index.json) loads
+// unchecked, and an index naming another algorithm is refused.
+TEST(Checkpoint, DamagedDataIsAnErrorNamingTheFileAndTheTensor) {
+  const fs::path dir = TempDir("checksum");
+  const Tensor whole = Iota(Shape{4, 6}, 1);
+  const fs::path checkpoint = WriteRowSplitCheckpoint(dir, whole);
+  const std::string index = ReadFile(checkpoint / "index.json");
+  EXPECT_EQ(nlohmann::json::parse(index).at("checksums"), "xxh3_64");
+  const fs::path rank1 = checkpoint / "rank_00001.safetensors";
+  const std::string good = ReadFile(rank1);
+  std::string damaged = good;
+  damaged[damaged.size() - 5] = static_cast<char>(damaged[damaged.size() - 5] ^ 0x01);  // one bit of w's last row
+  WriteFile(rank1, damaged);
+  const auto read_w = [&](const fs::path& path, const TensorSlice& slice) {
+    auto reader = CheckpointReader::Open(path);
+    if (!reader.ok()) return reader.status();
+    Tensor out = *Tensor::Zeros(slice.local, DType::kF32);
+    return (*reader)->Read("w", slice, out);
+  };
+  const absl::Status status = read_w(checkpoint, TensorSlice::Whole(Shape{4, 6}));
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
+  EXPECT_NE(status.message().find(checkpoint.string() +
+                                  ": rank_00001.safetensors: the data of 'w' does not match its checksum"),
+            std::string::npos)
+      << status;
+  EXPECT_EQ(status.message().find('\n'), std::string::npos);
+  // The rows held by the undamaged file still read.
+  EXPECT_TRUE(read_w(checkpoint, TensorSlice{Shape{4, 6}, {0, 0}, Shape{2, 6}}).ok());
+  // A rank file whose checksums were stripped, under an index that lists them.
+  ASSERT_TRUE(WriteSafetensors(
+                  rank1, {{"w", Iota(Shape{2, 6}, 13)}},
+                  {{"tessera.slices", nlohmann::json({{"w", {{"logical_shape", {4, 6}}, {"offset", {2, 0}}}}}).dump()}})
+                  .ok());
+  EXPECT_NE(read_w(checkpoint, TensorSlice::Whole(Shape{4, 6})).message().find("no tessera.checksums"),
+            std::string::npos);
+  // An older checkpoint (no checksums in its index) loads as it is.
+  WriteFile(rank1, damaged);
+  nlohmann::json old = nlohmann::json::parse(index);
+  old.erase("checksums");
+  WriteFile(checkpoint / "index.json", old.dump());
+  EXPECT_TRUE(read_w(checkpoint, TensorSlice::Whole(Shape{4, 6})).ok());
+  old["checksums"] = "md5";
+  WriteFile(checkpoint / "index.json", old.dump());
+  EXPECT_NE(
+      CheckpointReader::Open(checkpoint).status().message().find(R"(index.json's checksums "md5" is not xxh3_64)"),
+      std::string::npos);
   fs::remove_all(dir);
 }
 
@@ -448,6 +516,17 @@ TEST(CheckpointEndToEnd, ResumeErrorsAreOneLine) {
   run = RunTessera(Nano(root / "none", "train.load_weight=" + (root / "nowhere").string()));
   EXPECT_NE(run.exit_code, 0);
   EXPECT_NE(run.out.find("train.load_weight"), std::string::npos) << run.out;
+  // A bit flipped on disk: one line naming the file and the tensor.
+  const fs::path flipped = root / "flipped";
+  fs::copy(CheckpointPath(root / "done", 8), flipped);
+  std::string bytes = ReadFile(flipped / "rank_00000.safetensors");
+  bytes[bytes.size() - 3] = static_cast<char>(bytes[bytes.size() - 3] ^ 0x40);
+  WriteFile(flipped / "rank_00000.safetensors", bytes);
+  run = RunTessera(Nano(root / "from_flipped", "train.load_weight=" + flipped.string()));
+  EXPECT_NE(run.exit_code, 0);
+  EXPECT_NE(run.out.find("rank_00000.safetensors: the data of '"), std::string::npos) << run.out;
+  EXPECT_NE(run.out.find("' does not match its checksum (the file is damaged)"), std::string::npos) << run.out;
+  EXPECT_EQ(run.out.find('\n'), run.out.size() - 1) << run.out;
   // Weights only: starts at iteration 1 from the trained weights, so its
   // first loss is the finished run's level, not the init's.
   run = RunTessera(Nano(root / "warm", "train.load_weight=" + CheckpointPath(root / "done", 8).string()));
