@@ -137,13 +137,17 @@ def thread_times():
 
 
 def warmup_cosine(total, warmup_ratio=0.05, warmup_factor=0.001, alpha=0.01):
-    warmup = int(total * warmup_ratio)
+    # LiBai's WarmupCosineLR, as Tessera's: the cosine counts from iteration
+    # 0, the linear warmup ramps to its value at the warmup's end.
+    warmup = math.ceil(total * warmup_ratio)
+
+    def decayed(it):
+        return alpha + (1 - alpha) * 0.5 * (1 + math.cos(math.pi * min(it, total) / total))
 
     def factor(it):
         if it < warmup:
-            return warmup_factor + (1 - warmup_factor) * it / warmup
-        progress = (it - warmup) / max(1, total - warmup)
-        return alpha + (1 - alpha) * 0.5 * (1 + math.cos(math.pi * progress))
+            return warmup_factor + (decayed(warmup) - warmup_factor) * it / warmup
+        return decayed(it)
 
     return factor
 

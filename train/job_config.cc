@@ -146,8 +146,8 @@ Binding<EvaluationConfig> MakeEvaluationKeys() {
           {.min = 1,
            .max = kMaxIterations,
            .doc = "global batches (`global_batch_size` samples of the valid split each, in order) per evaluation, "
-                  "at most as many as the split makes; `null`: the whole valid split, each sample counted once (the "
-                  "last batch padded with rows that count for nothing)"});
+                  "at most as many as the split makes (the last one padded where the split ends inside it); `null`: "
+                  "the whole valid split; either way each sample counts once (padding rows count for nothing)"});
   b.Field("eval_metric", &EvaluationConfig::eval_metric,
           {.doc = "the metric `checkpointer.save_best` keeps the best of, as metrics.jsonl names it (GPT: eval_loss, "
                   "eval_ppl; BERT: eval_loss, eval_mlm_loss, eval_nsp_loss, eval_mlm_accuracy, eval_nsp_accuracy)"});
@@ -182,7 +182,10 @@ Binding<TrainConfig> MakeTrainKeys() {
                                   .not_implemented = "set train.resume to continue from a checkpoint",
                                   .doc = "iteration to resume from"});
   b.Field("warmup_ratio", &TrainConfig::warmup_ratio,
-          {.min = 0, .max = 1, .doc = "fraction of `train_iter` spent in the learning-rate warmup"});
+          {.min = 0,
+           .max = 1,
+           .doc = "fraction of `train_iter` spent in the learning-rate warmup (its iterations: "
+                  "ceil(warmup_ratio × train_iter), as LiBai's)"});
   b.Field("log_period", &TrainConfig::log_period,
           {.min = 1, .doc = "iterations between progress lines and metrics.jsonl records (the last one is always written)"});
   b.Field("seed", &TrainConfig::seed,
@@ -208,11 +211,11 @@ Binding<TrainConfig> MakeTrainKeys() {
   return b;
 }
 
-// Keys every optimizer has; `defaults` gives their default values.
+// Keys every optimizer has; `weight_decay_doc` says how it applies its decay.
 template <typename T>
-void CommonOptimizerKeys(Binding<T>& b) {
+void CommonOptimizerKeys(Binding<T>& b, std::string weight_decay_doc) {
   b.Field("lr", &T::lr, {.min = 0, .exclusive_min = true, .doc = "peak learning rate (the schedule scales it)"});
-  b.Field("weight_decay", &T::weight_decay, {.min = 0, .doc = "decoupled weight decay"});
+  b.Field("weight_decay", &T::weight_decay, {.min = 0, .doc = std::move(weight_decay_doc)});
   b.Field("clip_grad_max_norm", &T::clip_grad_max_norm,
           {.min = 0, .exclusive_min = true, .doc = "clip gradients to this global norm; `null`: no clipping"});
   b.Field("clip_grad_norm_type", &T::clip_grad_norm_type,
@@ -227,7 +230,9 @@ void CommonOptimizerKeys(Binding<T>& b) {
 
 Binding<AdamWConfig> MakeAdamWKeys() {
   Binding<AdamWConfig> b("AdamW with decoupled weight decay and bias correction.");
-  CommonOptimizerKeys(b);
+  CommonOptimizerKeys(b,
+                      "decoupled weight decay, as torch.optim.AdamW: each step first scales the weight by "
+                      "1 - lr × weight_decay");
   b.Field("betas", &AdamWConfig::betas,
           {.min = 0, .max = 1, .exclusive_max = true, .min_length = 2, .max_length = 2, .doc = "Adam's moment decay rates"});
   b.Field("eps", &AdamWConfig::eps, {.min = 0, .exclusive_min = true, .doc = "Adam's denominator epsilon"});
@@ -236,7 +241,9 @@ Binding<AdamWConfig> MakeAdamWKeys() {
 
 Binding<SgdConfig> MakeSgdKeys() {
   Binding<SgdConfig> b("SGD with optional (Nesterov) momentum.");
-  CommonOptimizerKeys(b);
+  CommonOptimizerKeys(b,
+                      "L2 weight decay, as torch.optim.SGD: weight_decay × weight is added to the gradient "
+                      "before the momentum");
   b.Field("momentum", &SgdConfig::momentum, {.min = 0, .max = 1, .exclusive_max = true, .doc = "momentum factor"});
   b.Field("nesterov", &SgdConfig::nesterov, {.doc = "Nesterov momentum"});
   return b;

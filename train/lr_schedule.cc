@@ -21,15 +21,16 @@ KeySpec WarmupFactorSpec() {
 KeySpec WarmupMethodSpec() {
   return {.choices = {"linear", "constant"},
           .doc =
-              "shape of the warmup: `linear` from `warmup_factor` × lr up to lr, or `constant` at "
-              "`warmup_factor` × lr"};
+              "shape of the warmup: `linear` from `warmup_factor` × lr up to the decayed learning rate at the "
+              "warmup's end, or `constant` at `warmup_factor` × lr"};
 }
 KeySpec AlphaSpec() { return {.min = 0, .max = 1, .doc = "final learning rate as a fraction of the peak"}; }
 
 Binding<WarmupCosineLRConfig> MakeWarmupCosineLRKeys() {
   Binding<WarmupCosineLRConfig> b(
-      "LiBai's WarmupCosineLR: warmup over `train.warmup_ratio` of the iterations, then cosine decay to `alpha` × lr "
-      "at `train.train_iter`.");
+      "LiBai's WarmupCosineLR: cosine decay from lr at iteration 0 to `alpha` × lr at `train.train_iter`, the first "
+      "ceil(`train.warmup_ratio` × `train.train_iter`) iterations of it replaced by the warmup (LiBai's curve: the "
+      "decay counts the warmup's iterations).");
   b.Field("warmup_factor", &WarmupCosineLRConfig::warmup_factor, WarmupFactorSpec());
   b.Field("alpha", &WarmupCosineLRConfig::alpha, AlphaSpec());
   b.Field("warmup_method", &WarmupCosineLRConfig::warmup_method, WarmupMethodSpec());
@@ -38,8 +39,8 @@ Binding<WarmupCosineLRConfig> MakeWarmupCosineLRKeys() {
 
 Binding<WarmupLinearLRConfig> MakeWarmupLinearLRKeys() {
   Binding<WarmupLinearLRConfig> b(
-      "Warmup over `train.warmup_ratio` of the iterations, then linear decay from lr to `alpha` × lr at "
-      "`train.train_iter`.");
+      "Linear decay from lr at iteration 0 to `alpha` × lr at `train.train_iter`, the first "
+      "ceil(`train.warmup_ratio` × `train.train_iter`) iterations of it replaced by the warmup, as LiBai's schedules.");
   b.Field("warmup_factor", &WarmupLinearLRConfig::warmup_factor, WarmupFactorSpec());
   b.Field("alpha", &WarmupLinearLRConfig::alpha, AlphaSpec());
   b.Field("warmup_method", &WarmupLinearLRConfig::warmup_method, WarmupMethodSpec());
@@ -48,8 +49,8 @@ Binding<WarmupLinearLRConfig> MakeWarmupLinearLRKeys() {
 
 Binding<WarmupMultiStepLRConfig> MakeWarmupMultiStepLRKeys() {
   Binding<WarmupMultiStepLRConfig> b(
-      "LiBai's WarmupMultiStepLR: warmup over `train.warmup_ratio` of the iterations; the learning rate is multiplied "
-      "by `gamma` at each milestone.");
+      "LiBai's WarmupMultiStepLR: the learning rate is multiplied by `gamma` at each milestone; the first "
+      "ceil(`train.warmup_ratio` × `train.train_iter`) iterations are the warmup.");
   b.Field("warmup_factor", &WarmupMultiStepLRConfig::warmup_factor, WarmupFactorSpec());
   b.Field("milestones", &WarmupMultiStepLRConfig::milestones,
           {.min = 1,
@@ -63,9 +64,9 @@ Binding<WarmupMultiStepLRConfig> MakeWarmupMultiStepLRKeys() {
 
 Binding<WarmupPolynomialLRConfig> MakeWarmupPolynomialLRKeys() {
   Binding<WarmupPolynomialLRConfig> b(
-      "LiBai's WarmupPolynomialLR: warmup over `train.warmup_ratio` of the iterations, then polynomial decay "
-      "(lr - end_learning_rate) × (1 - p)^power + end_learning_rate, p from 0 at the end of the warmup to 1 at "
-      "`train.train_iter`. LiBai's `cycle` is not a key: it acts only past `train.train_iter`.");
+      "LiBai's WarmupPolynomialLR: polynomial decay (lr - end_learning_rate) × (1 - p)^power + end_learning_rate, "
+      "p from 0 at iteration 0 to 1 at `train.train_iter`, the first ceil(`train.warmup_ratio` × `train.train_iter`) "
+      "iterations of it replaced by the warmup. LiBai's `cycle` is not a key: it acts only past `train.train_iter`.");
   b.Field("warmup_factor", &WarmupPolynomialLRConfig::warmup_factor, WarmupFactorSpec());
   b.Field("end_learning_rate", &WarmupPolynomialLRConfig::end_learning_rate,
           {.min = 0, .doc = "learning rate at `train.train_iter` (absolute, not a fraction of lr); at most lr"});
@@ -120,33 +121,42 @@ Section LrSchedulerSection() {
       .DefaultTarget("WarmupCosineLR");
 }
 
-double LrSchedule::Warmup(int64_t iteration, double base) const {
-  if (!linear_warmup_) return base * warmup_factor_;
-  // This expression, not base × (warmup_factor + (1 − warmup_factor) × a),
-  // which rounds differently: the trainer's schedule has always computed
-  // this one, and the losses of existing runs depend on every bit of it.
-  const double a = static_cast<double>(iteration) / static_cast<double>(warmup_iters_);
-  return base * (warmup_factor_ * (1 - a) + a);
+double LrSchedule::Decayed(int64_t iteration) const {
+  switch (kind_) {
+    case Kind::kConstant:
+      return base_lr_;
+    case Kind::kWarmupMultiStep: {
+      // The milestones are sorted: those passed are the ones up to the first
+      // milestone past `iteration`.
+      const auto passed = std::upper_bound(milestones_.begin(), milestones_.end(), iteration) - milestones_.begin();
+      return base_lr_ * std::pow(gamma_, static_cast<double>(passed));
+    }
+    case Kind::kWarmupPolynomial: {
+      const double progress = static_cast<double>(std::min(iteration, train_iter_)) / static_cast<double>(train_iter_);
+      return (base_lr_ - end_lr_) * std::pow(1 - progress, power_) + end_lr_;
+    }
+    case Kind::kWarmupCosine:
+    case Kind::kWarmupLinear: {
+      if (iteration >= train_iter_) return base_lr_ * alpha_;
+      const double progress = static_cast<double>(iteration) / static_cast<double>(train_iter_);
+      const double decay =
+          kind_ == Kind::kWarmupCosine ? 0.5 * (1 + std::cos(std::numbers::pi * progress)) : 1 - progress;
+      return base_lr_ * ((1 - alpha_) * decay + alpha_);
+    }
+  }
+  return base_lr_;
 }
 
 double LrSchedule::At(int64_t iteration) const {
   TESSERA_CHECK(iteration >= 0, "learning rate of iteration ", iteration);
-  if (kind_ == Kind::kConstant) return base_lr_;
-  if (kind_ == Kind::kWarmupMultiStep) {
-    // The milestones are sorted: those passed are the ones up to the first
-    // milestone past `iteration`.
-    const auto passed = std::upper_bound(milestones_.begin(), milestones_.end(), iteration) - milestones_.begin();
-    const double base = base_lr_ * std::pow(gamma_, static_cast<double>(passed));
-    return iteration < warmup_iters_ ? Warmup(iteration, base) : base;
-  }
-  if (iteration < warmup_iters_) return Warmup(iteration, base_lr_);
-  // A warmup of all train_iter iterations leaves a span of 0; 1 keeps the
-  // division finite and the decay already complete.
-  const int64_t span = std::max<int64_t>(1, train_iter_ - warmup_iters_);
-  const double progress = std::min(1.0, static_cast<double>(iteration - warmup_iters_) / static_cast<double>(span));
-  if (kind_ == Kind::kWarmupPolynomial) return (base_lr_ - end_lr_) * std::pow(1 - progress, power_) + end_lr_;
-  const double decay = kind_ == Kind::kWarmupCosine ? 0.5 * (1 + std::cos(std::numbers::pi * progress)) : 1 - progress;
-  return base_lr_ * ((1 - alpha_) * decay + alpha_);
+  if (iteration >= warmup_iters_) return Decayed(iteration);
+  if (!linear_warmup_) return base_lr_ * warmup_factor_;
+  // From warmup_factor × base to the decayed schedule's value at the end of
+  // the warmup, where the decay takes over (OneFlow's LinearLR inside its
+  // WarmUpLR).
+  const double end_factor = Decayed(warmup_iters_) / base_lr_;
+  const double a = static_cast<double>(iteration) / static_cast<double>(warmup_iters_);
+  return base_lr_ * (warmup_factor_ + (end_factor - warmup_factor_) * a);
 }
 
 absl::StatusOr<LrSchedule> MakeLrSchedule(const nlohmann::json& resolved_lr_scheduler_node, double base_lr,
@@ -169,7 +179,8 @@ absl::StatusOr<LrSchedule> MakeLrSchedule(const nlohmann::json& resolved_lr_sche
   s.base_lr_ = base_lr;
   s.train_iter_ = train_iter;
   if (target == "ConstantLR") return s;
-  s.warmup_iters_ = static_cast<int64_t>(std::llround(warmup_ratio * static_cast<double>(train_iter)));
+  // Rounded up, as LiBai's default trainer does (math.ceil).
+  s.warmup_iters_ = static_cast<int64_t>(std::ceil(warmup_ratio * static_cast<double>(train_iter)));
   const auto set_warmup = [&s](double warmup_factor, const std::string& method) {
     s.warmup_factor_ = warmup_factor;
     s.linear_warmup_ = method == "linear";

@@ -2,27 +2,28 @@
 // Learning-rate schedules, as LiBai's (`lr_scheduler` by `_target_`), and
 // the schema of their keys.
 //
-// Every schedule but ConstantLR starts with a warmup of
-//   W = round(train.warmup_ratio × train.train_iter)
-// iterations (iterations counted from 0):
-//   linear:   lr(i) = base × (warmup_factor × (1 − i/W) + i/W)   for i < W
-//   constant: lr(i) = base × warmup_factor                      for i < W
-// and after it (i ≥ W), with T = train.train_iter and
-// p = min(1, (i − W) / max(1, T − W)):
-//   WarmupCosineLR     base × ((1 − alpha) × (1 + cos(π p)) / 2 + alpha)
-//   WarmupLinearLR     base × ((1 − alpha) × (1 − p) + alpha)
-//   WarmupMultiStepLR  base × gamma^k, k = the milestones m with m ≤ i
-//   WarmupPolynomialLR (base − end) × (1 − p)^power + end, end =
-//                      end_learning_rate (absolute, as LiBai's)
+// LiBai's schedules, value for value: LiBai wraps OneFlow's decay schedule
+// in WarmUpLR (warmup_prefix false), so the decay runs on the iteration
+// counted from 0 to T = train.train_iter, warmup included, and the warmup
+// ramps up to the decay's value at its end. With
+//   W = ceil(train.warmup_ratio × T)      (LiBai's default trainer)
+// and the decay D(i) (p = min(i, T) / T):
+//   WarmupCosineLR     D(i) = base × ((1 − alpha) × (1 + cos(π p)) / 2 + alpha)
+//   WarmupLinearLR     D(i) = base × ((1 − alpha) × (1 − p) + alpha)   (Tessera's;
+//                      LiBai has none)
+//   WarmupMultiStepLR  D(i) = base × gamma^k, k = the milestones m with m ≤ i
+//   WarmupPolynomialLR D(i) = (base − end) × (1 − p)^power + end, end =
+//                      end_learning_rate (absolute; OneFlow's PolynomialLR
+//                      without cycle)
 //   ConstantLR         base for every i (no warmup)
-// WarmupMultiStepLR's milestones are absolute iterations, so they count
-// during the warmup too: there lr(i) = warmup multiplier × base × gamma^k.
-// Past T the cosine and linear schedules stay at base × alpha.
-//
-// The cosine, linear and polynomial decays run from the end of the warmup to T (not
-// from iteration 0 as OneFlow's CosineDecayLR inside LiBai's warmup wrapper
-// does), so the schedule reaches its peak, base, exactly when the warmup
-// ends and alpha exactly at T whatever the warmup length.
+// the learning rate of iteration i is
+//   i ≥ W:            D(i)
+//   i < W, linear:    base × (f + (D(W)/base − f) × i/W), f = warmup_factor
+//   i < W, constant:  base × f
+// so the peak, base, is reached only without warmup; with it the schedule
+// meets the decay at W (LiBai's curves: a warmup of 10 % of a cosine run
+// peaks at D(W) = base × 0.976 for alpha 0.01). Past T the schedules hold
+// their value at T.
 //
 // Each target's keys are declared once, with the struct they fill, through
 // config::Binding; LrSchedulerSection() is the `lr_scheduler` section of the
@@ -103,8 +104,9 @@ class LrSchedule {
   friend absl::StatusOr<LrSchedule> MakeLrSchedule(const nlohmann::json&, double, int64_t, double);
   LrSchedule() = default;
 
-  // base × the warmup multiplier of an iteration < warmup_iters_.
-  double Warmup(int64_t iteration, double base) const;
+  // The schedule without its warmup (OneFlow's decay schedule that
+  // LiBai's wraps), at `iteration` counted from 0.
+  double Decayed(int64_t iteration) const;
 
   Kind kind_ = Kind::kConstant;
   double base_lr_ = 0;

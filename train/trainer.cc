@@ -390,9 +390,11 @@ absl::StatusOr<std::unique_ptr<JobFeed>> JobFeed::Make(const nlohmann::json& con
                  " global batches × ", out->micro_batches_,
                  " micro-batches each is more than the 2^32 - 1 runs of the evaluation plan allowed"));
     }
-    out->eval_batches_ =
-        job.train.evaluation.eval_iter ? batches * out->micro_batches_ : (n + micro_rows - 1) / micro_rows;
-    out->eval_samples_ = job.train.evaluation.eval_iter ? batches * rows : n;
+    // eval_iter's last batch may reach past the split's end (the most it
+    // allows is the `whole` that null evaluates): padded too, never wrapped
+    // round to count samples twice.
+    out->eval_samples_ = std::min(batches * rows, n);
+    out->eval_batches_ = (out->eval_samples_ + micro_rows - 1) / micro_rows;
     out->eval_loss_terms_ = out->model_->eval_loss_terms();
   }
   return out;

@@ -71,12 +71,12 @@ class JobFeed {
   // and the evaluation graph's sample weights (models/model.h): 0 for the
   // rows past the samples evaluated, which pad the last batch.
   absl::Status FillEval(int64_t batch, std::string_view input, const Tensor& out) const;
-  // Runs of the evaluation plan per evaluation: the micro-batches of
-  // train.evaluation.eval_iter global batches, else as many micro-batches
-  // as cover the whole valid split; 0 when evaluation is off.
+  // Runs of the evaluation plan per evaluation: as many micro-batches as
+  // cover eval_samples(); 0 when evaluation is off.
   int64_t eval_batches() const { return eval_batches_; }
-  // Samples per evaluation: eval_iter global batches (the valid split
-  // repeated as needed), else the valid split's samples, each once.
+  // Samples per evaluation, each counted once: the first
+  // train.evaluation.eval_iter global batches' worth of the valid split (at
+  // most all of it), else the whole split.
   int64_t eval_samples() const { return eval_samples_; }
   // The evaluation metrics whose sum is eval_loss (models/model.h).
   const std::vector<std::string>& eval_loss_terms() const { return eval_loss_terms_; }

@@ -207,6 +207,20 @@ TEST_F(TextDataTest, WholeSplitEvaluationCountsEachSampleOnceWhateverTheGlobalBa
     ASSERT_EQ(run.exit_code, 0) << layout << "\n" << run.out;
     EXPECT_NEAR(PrintedLoss(run.out, "eval iter 2/2"), one, 2e-6 * one) << layout;
   }
+  // eval_iter at the most it allows, the batches the split makes (the last
+  // one reaching past the split's end): the whole split, each sample once,
+  // not the last batch wrapped round to the first samples again.
+  const std::string seven = eval + "train.train_iter=2 train.train_micro_batch_size=7 ";
+  run = RunTessera(Train(dir, seven + "train.evaluation.eval_iter=4294967295 --eval-only"));
+  const size_t at = run.out.find("is more than the ");
+  ASSERT_NE(at, std::string::npos) << run.out;
+  const int64_t whole = std::stoll(run.out.substr(at + 17));
+  const size_t samples_at = run.out.find("that the valid split's ");
+  ASSERT_NE(samples_at, std::string::npos) << run.out;
+  ASSERT_NE(std::stoll(run.out.substr(samples_at + 23)) % 7, 0) << "the split fills its last batch: " << run.out;
+  run = RunTessera(Train(dir, seven + "train.evaluation.eval_iter=" + std::to_string(whole) + " --eval-only"));
+  ASSERT_EQ(run.exit_code, 0) << run.out;
+  EXPECT_NEAR(PrintedLoss(run.out, "eval iter 2/2"), one, 2e-6 * one);
 }
 
 // train.checkpointer.save_best (LiBai's BestCheckpointer): after each

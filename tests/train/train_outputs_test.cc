@@ -699,11 +699,111 @@ LrSchedule Schedule(const json& node, double base, int64_t iters, double warmup_
   return *s;
 }
 
-// The warmup multiplier written out the other way round from the library's
-// expression: warmup_factor + (1 − warmup_factor) × i / W.
-double WarmupMultiplier(int64_t i, int64_t warmup, double factor, bool linear) {
-  if (!linear) return factor;
-  return factor + (1 - factor) * static_cast<double>(i) / static_cast<double>(warmup);
+// LiBai's warmup of iteration i < W written out from its definition:
+// `factor` × base, or for a linear one from there to `decayed_at_end` (the
+// decay's value at W) in W steps.
+double Warmup(int64_t i, int64_t warmup, double factor, bool linear, double base, double decayed_at_end) {
+  if (!linear) return base * factor;
+  return base * (factor + (decayed_at_end / base - factor) * static_cast<double>(i) / static_cast<double>(warmup));
+}
+
+// LiBai's schedules value for value: OneFlow's WarmUpLR (warmup_prefix
+// false) around its decay schedules, the decay counted from iteration 0 and
+// the linear warmup ramping to the decay's value at its end, over
+// ceil(warmup_ratio × train_iter) iterations. The expected values come from
+// a Python transcription of OneFlow's LinearLR / ConstantLR /
+// CosineDecayLR / PolynomialLR / MultiStepLR under WarmUpLR; the second
+// row is WarmUpLR's docstring example (0.000689 at 2, 0.000410 at 3).
+TEST(LrSchedule, FollowsLiBaisCurves) {
+  struct Case {
+    json node;
+    double base;
+    int64_t train_iter;
+    double warmup_ratio;
+    std::vector<std::pair<int64_t, double>> expected;
+  };
+  const auto linear = [](json node) {
+    node["warmup_method"] = "linear";
+    return node;
+  };
+  const std::vector<Case> cases = {
+      {linear({{"_target_", "WarmupCosineLR"}, {"warmup_factor", 0.001}, {"alpha", 0.01}}),
+       1.0,
+       110,
+       10.0 / 110,
+       {{0, 0.001},
+        {5, 0.4904745109695881},
+        {9, 0.8820541197452586},
+        {10, 0.9799490219391762},
+        {60, 0.4345541550547239},
+        {109, 0.010201864550046331},
+        {110, 0.01},
+        {200, 0.01}}},
+      {linear({{"_target_", "WarmupCosineLR"}, {"warmup_factor", 0.5}, {"alpha", 0.1}}),
+       0.001,
+       5,
+       0.4,
+       {{0, 0.0005},
+        {1, 0.0005945288237343631},
+        {2, 0.0006890576474687264},
+        {3, 0.0004109423525312738},
+        {4, 0.00018594235253127373},
+        {5, 0.0001}}},
+      {{{"_target_", "WarmupCosineLR"}, {"warmup_factor", 0.5}, {"alpha", 0.01}, {"warmup_method", "constant"}},
+       0.003,
+       20,
+       0.12,  // ceil(2.4): 3 iterations of warmup
+       {{0, 0.0015}, {2, 0.0015}, {3, 0.002838144688419726}, {9, 0.001747305180584743}}},
+      {linear({{"_target_", "WarmupCosineLR"}, {"warmup_factor", 0.001}, {"alpha", 0.01}}),
+       0.003,
+       3,
+       0.05,
+       {{0, 3e-06}, {1, 0.0022575}, {2, 0.0007725000000000004}}},  // ceil(0.15): one iteration
+      {linear(
+           {{"_target_", "WarmupPolynomialLR"}, {"warmup_factor", 0.001}, {"end_learning_rate", 1e-4}, {"power", 2.0}}),
+       0.003,
+       20,
+       0.2,
+       {{0, 3e-06},
+        {1, 0.00049125},
+        {3, 0.00146775},
+        {4, 0.0019560000000000003},
+        {10, 0.0008250000000000001},
+        {19, 0.00010725000000000002},
+        {20, 0.0001},
+        {30, 0.0001}}},
+      {linear({{"_target_", "WarmupMultiStepLR"}, {"warmup_factor", 0.001}, {"milestones", {2, 10}}, {"gamma", 0.5}}),
+       0.001,
+       20,
+       0.2,
+       {{0, 1e-06},
+        {1, 0.00012575},
+        {2, 0.0002505},
+        {3, 0.00037525},
+        {4, 0.0005},
+        {9, 0.0005},
+        {10, 0.00025},
+        {19, 0.00025}}},
+      {linear({{"_target_", "WarmupLinearLR"}, {"warmup_factor", 0.1}, {"alpha", 0.0}}),
+       1.0,
+       10,
+       0.3,
+       {{0, 0.1}, {1, 0.3}, {2, 0.5}, {3, 0.7}, {9, 0.09999999999999998}, {10, 0.0}, {11, 0.0}}},
+      {linear({{"_target_", "WarmupLinearLR"}, {"warmup_factor", 0.0}, {"alpha", 0.5}}),
+       1.0,
+       100,
+       0.07,
+       {{0, 0.0}, {7, 0.84}, {8, 0.96}, {50, 0.75}}},  // 0.07 × 100 = 7.000000000000001: 8 iterations
+      {{{"_target_", "ConstantLR"}}, 0.5, 10, 0.5, {{0, 0.5}, {9, 0.5}, {20, 0.5}}},
+  };
+  for (const Case& c : cases) {
+    auto made = MakeLrSchedule(c.node, c.base, c.train_iter, c.warmup_ratio);
+    ASSERT_TRUE(made.ok()) << made.status();
+    for (const auto& [iteration, lr] : c.expected) {
+      EXPECT_NEAR(made->At(iteration), lr, 1e-15 * std::max(1.0, std::abs(lr)))
+          << c.node.dump() << " train_iter " << c.train_iter << " iteration " << iteration;
+    }
+  }
 }
 
 TEST(LrSchedule, SectionMatchesTheJobSchema) {
@@ -727,17 +827,20 @@ TEST(LrSchedule, CosineAtKeyIterations) {
   const LrSchedule s =
       Schedule({{"_target_", "WarmupCosineLR"}, {"warmup_factor", 0.01}, {"alpha", 0.1}}, base, 1000, 0.1);
   EXPECT_EQ(s.warmup_iters(), 100);
+  // The decay runs from iteration 0, the warmup's iterations included.
+  const auto decayed = [&](int64_t i) {
+    return base * (0.1 + 0.9 * (1 + std::cos(std::numbers::pi * std::min(1.0, i / 1000.0))) / 2);
+  };
   EXPECT_DOUBLE_EQ(s.At(0), base * 0.01);
-  EXPECT_DOUBLE_EQ(s.At(50), base * (0.01 + 0.99 * 0.5));
-  EXPECT_DOUBLE_EQ(s.At(100), base);
-  EXPECT_DOUBLE_EQ(s.At(550), base * (0.1 + 0.9 * 0.5));  // half way: cos = 0
+  EXPECT_DOUBLE_EQ(s.At(50), base * 0.01 + (decayed(100) - base * 0.01) * 0.5);
+  EXPECT_DOUBLE_EQ(s.At(100), decayed(100));
+  EXPECT_LT(s.At(100), base);                             // a warmed-up schedule never reaches the peak
+  EXPECT_DOUBLE_EQ(s.At(500), base * (0.1 + 0.9 * 0.5));  // half way: cos = 0
   EXPECT_NEAR(s.At(999), base * 0.1, 1e-6);
   EXPECT_DOUBLE_EQ(s.At(1000), base * 0.1);
   EXPECT_DOUBLE_EQ(s.At(5000), base * 0.1);
   for (int64_t i = 0; i <= 1100; ++i) {
-    const double expected =
-        i < 100 ? base * WarmupMultiplier(i, 100, 0.01, true)
-                : base * (0.1 + 0.9 * (1 + std::cos(std::numbers::pi * std::min(1.0, (i - 100) / 900.0))) / 2);
+    const double expected = i < 100 ? Warmup(i, 100, 0.01, true, base, decayed(100)) : decayed(i);
     ASSERT_NEAR(s.At(i), expected, 1e-15) << i;
   }
 }
@@ -749,18 +852,18 @@ TEST(LrSchedule, LinearDecay) {
   EXPECT_EQ(s.warmup_iters(), 50);
   EXPECT_DOUBLE_EQ(s.At(0), base * 0.001);
   EXPECT_DOUBLE_EQ(s.At(49), base * 0.001);
-  EXPECT_DOUBLE_EQ(s.At(50), base);
-  EXPECT_DOUBLE_EQ(s.At(125), base * 0.6);
+  EXPECT_DOUBLE_EQ(s.At(50), base * 0.8);
+  EXPECT_DOUBLE_EQ(s.At(100), base * 0.6);
   EXPECT_DOUBLE_EQ(s.At(200), base * 0.2);
   EXPECT_DOUBLE_EQ(s.At(1000), base * 0.2);
   for (int64_t i = 50; i <= 200; ++i) {
-    ASSERT_NEAR(s.At(i), base * (1 - 0.8 * (i - 50) / 150.0), 1e-17) << i;
+    ASSERT_NEAR(s.At(i), base * (0.2 + 0.8 * (1 - i / 200.0)), 1e-17) << i;
   }
   // The default alpha decays to zero; linear warmup by default.
   const LrSchedule to_zero = Schedule({{"_target_", "WarmupLinearLR"}}, 1.0, 10, 0.2);
-  EXPECT_DOUBLE_EQ(to_zero.At(1), WarmupMultiplier(1, 2, 0.001, true));
-  EXPECT_DOUBLE_EQ(to_zero.At(2), 1.0);
-  EXPECT_DOUBLE_EQ(to_zero.At(6), 0.5);
+  EXPECT_DOUBLE_EQ(to_zero.At(1), Warmup(1, 2, 0.001, true, 1.0, 0.8));
+  EXPECT_DOUBLE_EQ(to_zero.At(2), 0.8);
+  EXPECT_DOUBLE_EQ(to_zero.At(6), 0.4);
   EXPECT_EQ(to_zero.At(10), 0.0);
 }
 
@@ -772,15 +875,16 @@ TEST(LrSchedule, MultiStep) {
   const std::vector<double> expected = {0.5, 0.5, 0.5, 0.25, 0.25, 0.25, 0.125, 0.125, 0.125, 0.125, 0.0625, 0.0625};
   for (size_t i = 0; i < expected.size(); ++i) EXPECT_DOUBLE_EQ(s.At(static_cast<int64_t>(i)), expected[i]) << i;
 
-  // Milestones count inside the warmup as well: multiplier × base × gamma^k.
+  // A milestone inside the warmup: the warmup ramps to the step's value at
+  // its end (base × gamma^k(W)), as OneFlow's WarmUpLR does.
   const LrSchedule warm =
       Schedule({{"_target_", "WarmupMultiStepLR"}, {"milestones", {2, 8}}, {"gamma", 0.1}, {"warmup_factor", 0.2}},
                base, 10, 0.4);
   EXPECT_EQ(warm.warmup_iters(), 4);
   for (int64_t i = 0; i < 12; ++i) {
     const int passed = (i >= 2) + (i >= 8);
-    const double multiplier = i < 4 ? WarmupMultiplier(i, 4, 0.2, true) : 1.0;
-    EXPECT_NEAR(warm.At(i), multiplier * base * std::pow(0.1, passed), 1e-15) << i;
+    const double expected = i < 4 ? Warmup(i, 4, 0.2, true, base, base * 0.1) : base * std::pow(0.1, passed);
+    EXPECT_NEAR(warm.At(i), expected, 1e-15) << i;
   }
   // No milestones (the default): base after the warmup.
   const LrSchedule flat = Schedule({{"_target_", "WarmupMultiStepLR"}}, base, 10, 0.0);
@@ -788,9 +892,10 @@ TEST(LrSchedule, MultiStep) {
   EXPECT_EQ(flat.At(9), base);
 }
 
-// LiBai's WarmupPolynomialLR: (lr - end) (1 - p)^power + end after the
-// warmup, p over the iterations after it; the defaults are LiBai's (end
-// 1e-4, power 1: linear to end). An end above lr is a one-line error.
+// LiBai's WarmupPolynomialLR: (lr - end) (1 - p)^power + end, p = i / T
+// from iteration 0, the warmup ramping to its value at W; the defaults are
+// LiBai's (end 1e-4, power 1: linear to end). An end above lr is a one-line
+// error.
 TEST(LrSchedule, PolynomialDecay) {
   const double base = 0.01, end = 0.001;
   const LrSchedule s =
@@ -798,13 +903,16 @@ TEST(LrSchedule, PolynomialDecay) {
                base, 100, 0.2);
   EXPECT_EQ(s.kind(), LrSchedule::Kind::kWarmupPolynomial);
   EXPECT_EQ(s.warmup_iters(), 20);
+  const auto decayed = [&](int64_t i) {
+    const double p = std::min(1.0, i / 100.0);
+    return end + (base - end) * (1 - p) * (1 - p);
+  };
   for (int64_t i = 0; i <= 150; ++i) {
-    const double p = i < 20 ? 0.0 : std::min(1.0, (i - 20) / 80.0);
-    const double expected = i < 20 ? base * WarmupMultiplier(i, 20, 0.1, true) : end + (base - end) * (1 - p) * (1 - p);
+    const double expected = i < 20 ? Warmup(i, 20, 0.1, true, base, decayed(20)) : decayed(i);
     ASSERT_NEAR(s.At(i), expected, 1e-15) << i;
   }
-  EXPECT_DOUBLE_EQ(s.At(20), base);
-  EXPECT_DOUBLE_EQ(s.At(60), end + (base - end) * 0.25);
+  EXPECT_DOUBLE_EQ(s.At(20), end + (base - end) * 0.64);
+  EXPECT_DOUBLE_EQ(s.At(60), end + (base - end) * 0.16);
   EXPECT_DOUBLE_EQ(s.At(100), end);
   EXPECT_DOUBLE_EQ(s.At(1000), end);
   const LrSchedule linear = Schedule({{"_target_", "WarmupPolynomialLR"}}, 1e-3, 11, 0.0);

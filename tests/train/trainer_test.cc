@@ -167,19 +167,6 @@ TEST(Trainer, BadAccumulationIsAnError) {
   EXPECT_NE(std::string(summary.status().message()).find("num_accumulation_steps"), std::string::npos) << summary.status();
 }
 
-TEST(WarmupCosineLR, WarmsUpThenDecays) {
-  auto made = MakeLrSchedule(
-      {{"_target_", "WarmupCosineLR"}, {"warmup_factor", 0.001}, {"alpha", 0.01}, {"warmup_method", "linear"}}, 1.0, 110,
-      10.0 / 110);
-  ASSERT_TRUE(made.ok()) << made.status();
-  const LrSchedule& s = *made;
-  EXPECT_NEAR(s.At(0), 0.001, 1e-12);
-  EXPECT_NEAR(s.At(5), 0.001 * 0.5 + 0.5, 1e-12);
-  EXPECT_NEAR(s.At(10), 1.0, 1e-12);
-  EXPECT_NEAR(s.At(60), 0.01 + 0.99 * 0.5, 1e-12);
-  EXPECT_NEAR(s.At(110), 0.01, 1e-12);
-}
-
 TEST(Models, MlpIsRegisteredAndDataIsSeeded) {
   Registry<models::Model> registry("model");
   ASSERT_TRUE(models::RegisterBuiltinModels(registry).ok());
