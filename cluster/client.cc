@@ -6,10 +6,35 @@
 
 namespace tessera::cluster {
 
-Client::Client(Options options)
-    : options_(std::move(options)), stub_(control::Master::NewStub(MakeChannel(options_.master, options_.security))) {}
+namespace {
+
+absl::Status CheckOptions(const Client::Options& options) {
+  const auto fail = [](const absl::Status& status, const std::string& what) {
+    return absl::InvalidArgumentError(absl::StrCat("client: ", what, std::string(status.message())));
+  };
+  if (absl::Status status = CheckAddress(options.master); !status.ok()) return fail(status, "master address ");
+  if (absl::Status status = CheckSecurity(options.security); !status.ok()) return fail(status, "");
+  if (options.timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("client: timeout ", absl::FormatDuration(options.timeout), " must be > 0"));
+  }
+  if (options.keepalive < absl::Seconds(1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("client: keepalive ", absl::FormatDuration(options.keepalive), " must be at least 1s"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+Client::Client(Options options) : options_(std::move(options)), invalid_(CheckOptions(options_)) {
+  if (invalid_.ok()) {
+    stub_ = control::Master::NewStub(MakeChannel(options_.master, options_.security, options_.keepalive));
+  }
+}
 
 absl::StatusOr<std::string> Client::Submit(const std::string& config_json, const std::vector<std::string>& overrides) {
+  if (!invalid_.ok()) return invalid_;
   control::SubmitJobRequest request;
   request.set_config_json(config_json);
   for (const std::string& o : overrides) request.add_overrides(o);
@@ -21,6 +46,7 @@ absl::StatusOr<std::string> Client::Submit(const std::string& config_json, const
 }
 
 absl::StatusOr<control::JobInfo> Client::Get(const std::string& job_id) {
+  if (!invalid_.ok()) return invalid_;
   control::GetJobRequest request;
   request.set_job_id(job_id);
   control::JobInfo response;
@@ -31,6 +57,7 @@ absl::StatusOr<control::JobInfo> Client::Get(const std::string& job_id) {
 }
 
 absl::StatusOr<std::vector<control::JobInfo>> Client::List() {
+  if (!invalid_.ok()) return invalid_;
   control::ListJobsResponse response;
   grpc::ClientContext context;
   PrepareContext(context, options_.security, options_.timeout);
@@ -41,6 +68,7 @@ absl::StatusOr<std::vector<control::JobInfo>> Client::List() {
 }
 
 absl::StatusOr<std::vector<control::WorkerInfo>> Client::ListWorkers() {
+  if (!invalid_.ok()) return invalid_;
   control::ListWorkersResponse response;
   grpc::ClientContext context;
   PrepareContext(context, options_.security, options_.timeout);
@@ -52,6 +80,7 @@ absl::StatusOr<std::vector<control::WorkerInfo>> Client::ListWorkers() {
 
 absl::StatusOr<control::JobInfo> Client::Cancel(const std::string& job_id, const std::string& reason,
                                                 bool checkpoint) {
+  if (!invalid_.ok()) return invalid_;
   control::CancelJobRequest request;
   request.set_job_id(job_id);
   request.set_reason(reason);
@@ -65,21 +94,50 @@ absl::StatusOr<control::JobInfo> Client::Cancel(const std::string& job_id, const
 
 absl::Status Client::Watch(const std::string& job_id, const std::function<bool(const control::JobEvent&)>& on_event,
                            bool follow) {
+  if (!invalid_.ok()) return invalid_;
   control::WatchJobRequest request;
   request.set_job_id(job_id);
   request.set_history_only(!follow);
   grpc::ClientContext context;
   PrepareContext(context, options_.security, absl::InfiniteDuration());
+  {
+    absl::MutexLock lock(&mu_);
+    watches_.insert(&context);
+  }
+  bool stopped = false;  // by StopWatches
+  const auto forget = [&] {
+    absl::MutexLock lock(&mu_);
+    stopped = watches_.erase(&context) == 0;
+  };
   std::unique_ptr<grpc::ClientReader<control::JobEvent>> reader = stub_->WatchJob(&context, request);
   control::JobEvent event;
   while (reader->Read(&event)) {
-    if (!on_event(event)) {
+    bool go_on = false;
+    try {
+      go_on = on_event(event);
+    } catch (...) {
+      forget();
+      context.TryCancel();
+      (void)reader->Finish();
+      throw;
+    }
+    if (!go_on) {
+      forget();
       context.TryCancel();
       (void)reader->Finish();
       return absl::CancelledError("watch stopped by the caller");
     }
   }
-  return ToAbsl(reader->Finish());
+  absl::Status status = ToAbsl(reader->Finish());
+  forget();
+  if (stopped) return absl::CancelledError("watch stopped by Client::StopWatches");
+  return status;
+}
+
+void Client::StopWatches() {
+  absl::MutexLock lock(&mu_);
+  for (grpc::ClientContext* context : watches_) context->TryCancel();
+  watches_.clear();
 }
 
 }  // namespace tessera::cluster

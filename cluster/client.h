@@ -4,16 +4,24 @@
 // one stream) with the token and TLS of `security`; errors are the master's
 // status (INVALID_ARGUMENT with the config error, NOT_FOUND for an unknown
 // job, UNAVAILABLE when no master answers, UNAUTHENTICATED without the right
-// token).
+// token). Options that cannot work (an address that is not HOST:PORT, a
+// token that cannot travel as a header, a timeout <= 0) make every method
+// return the INVALID_ARGUMENT that names them, before any connection.
+// gRPC prints its own errors on stderr, several lines each; call
+// RouteGrpcLogs() (cluster/transport.h) once to send them to Tessera's log
+// at debug level, as the CLI does.
 //
 // Thread-safety: thread-safe.
 
 #include <functional>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "cluster/transport.h"
 #include "comm/proto/control.grpc.pb.h"
@@ -26,6 +34,10 @@ class Client {
     std::string master = "127.0.0.1:7070";
     Security security;
     absl::Duration timeout = absl::Seconds(30);  // per unary call
+    // A master that stops answering (stopped, partitioned) ends a call in
+    // flight, a Watch too, UNAVAILABLE within about twice this
+    // (transport.h MakeChannel); at least 1 s.
+    absl::Duration keepalive = absl::Seconds(20);
   };
 
   explicit Client(Options options);
@@ -41,15 +53,23 @@ class Client {
   [[nodiscard]] absl::StatusOr<control::JobInfo> Cancel(const std::string& job_id, const std::string& reason = "",
                                                         bool checkpoint = false);
   // Calls `on_event` for every event of the job, from its first, until the
-  // job ends (OK) or `on_event` returns false (CANCELLED). No deadline.
-  // `follow` false: only the events so far, then OK.
+  // job ends (OK), `on_event` returns false or StopWatches is called
+  // (CANCELLED), or the master stops answering (UNAVAILABLE, see
+  // Options.keepalive). No deadline. `follow` false: only the events so
+  // far, then OK.
   [[nodiscard]] absl::Status Watch(const std::string& job_id,
                                    const std::function<bool(const control::JobEvent&)>& on_event,
                                    bool follow = true);
+  // Ends every Watch of this client in progress (from any thread; each
+  // returns CANCELLED); later Watches are not affected.
+  void StopWatches();
 
  private:
   const Options options_;
+  const absl::Status invalid_;  // OK, or why options_ cannot work
   std::unique_ptr<control::Master::Stub> stub_;
+  absl::Mutex mu_;
+  std::set<grpc::ClientContext*> watches_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace tessera::cluster

@@ -149,6 +149,7 @@ class Master::Impl final : public control::Master::Service {
 
   absl::StatusOr<std::string> Start() {
     if (started_) return absl::FailedPreconditionError("master already started");
+    if (auto status = CheckOptions(); !status.ok()) return status;
     if (auto status = LoadState(); !status.ok()) return status;
     auto served = Serve(options_.listen, options_.security, this, "master");
     if (!served.ok()) return served.status();
@@ -172,6 +173,35 @@ class Master::Impl final : public control::Master::Service {
   }
 
   int metrics_port() const { return metrics_port_; }
+
+  // What the CLI's flags check for `tessera master`, for a program that
+  // embeds the master.
+  absl::Status CheckOptions() const {
+    const auto fail = [](auto&&... parts) { return absl::InvalidArgumentError(absl::StrCat("master: ", parts...)); };
+    if (compiler_ == nullptr) return fail("no job compiler (Master was given a null JobCompiler)");
+    if (auto status = CheckSecurity(options_.security); !status.ok()) return fail(status.message());
+    if (options_.metrics_port < -1 || options_.metrics_port > 65535) {
+      return fail("metrics_port ", options_.metrics_port, " is not -1 (none) or a port in [0, 65535]");
+    }
+    for (const auto& [name, value] :
+         {std::pair<const char*, absl::Duration>{"heartbeat_interval", options_.heartbeat_interval},
+          {"worker_timeout", options_.worker_timeout},
+          {"probe_timeout", options_.probe_timeout},
+          {"rpc_timeout", options_.rpc_timeout},
+          {"max_kv_wait", options_.max_kv_wait},
+          {"stop_grace", options_.stop_grace}}) {
+      if (value <= absl::ZeroDuration() || value == absl::InfiniteDuration()) {
+        return fail(name, " ", absl::FormatDuration(value), " must be a finite duration > 0");
+      }
+    }
+    if (options_.worker_timeout < 2 * options_.heartbeat_interval) {
+      return fail("worker_timeout ", absl::FormatDuration(options_.worker_timeout),
+                  " must be at least twice heartbeat_interval ", absl::FormatDuration(options_.heartbeat_interval));
+    }
+    if (options_.probe_failures < 1) return fail("probe_failures ", options_.probe_failures, " must be >= 1");
+    if (options_.max_events_per_job < 1) return fail("max_events_per_job must be >= 1");
+    return absl::OkStatus();
+  }
 
   void Shutdown() {
     if (!started_) return;

@@ -35,6 +35,39 @@ bool IsPlainId(std::string_view id) {
   });
 }
 
+absl::Status CheckTokenText(std::string_view token) {
+  // It travels as an HTTP/2 header value ("Bearer <token>"), which gRPC
+  // aborts the process on unless it is printable ASCII.
+  for (size_t i = 0; i < token.size(); ++i) {
+    const auto c = static_cast<unsigned char>(token[i]);
+    if (c < 0x21 || c > 0x7e) {
+      return absl::InvalidArgumentError(absl::StrCat("a token must be printable ASCII without spaces (byte 0x",
+                                                     absl::Hex(c, absl::kZeroPad2), " at offset ", i,
+                                                     "); e.g. head -c 32 /dev/urandom | base64"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckSecurity(const Security& security) {
+  if (absl::Status status = CheckTokenText(security.token); !status.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("security.token: ", status.message()));
+  }
+  for (const auto& [name, pem] : {std::pair<const char*, const std::string*>{"tls_cert", &security.tls_cert},
+                                  {"tls_key", &security.tls_key},
+                                  {"tls_ca", &security.tls_ca}}) {
+    if (!pem->empty() && pem->find("-----BEGIN ") == std::string::npos) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("security.", name, " holds no PEM block (-----BEGIN ...): give the contents, not a path"));
+    }
+  }
+  if (security.tls_cert.empty() != security.tls_key.empty()) {
+    return absl::InvalidArgumentError(
+        "security.tls_cert and security.tls_key go together (one alone would serve without TLS)");
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::string> ReadSecretFile(const std::string& path, bool trim) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat("cannot read '", path, "'"));
@@ -44,15 +77,8 @@ absl::StatusOr<std::string> ReadSecretFile(const std::string& path, bool trim) {
   if (trim) contents = std::string(absl::StripAsciiWhitespace(contents));
   if (contents.empty()) return absl::InvalidArgumentError(absl::StrCat("'", path, "' is empty"));
   if (trim) {
-    // It travels as an HTTP/2 header value ("Bearer <token>"), which gRPC
-    // aborts the process on unless it is printable ASCII.
-    for (size_t i = 0; i < contents.size(); ++i) {
-      const auto c = static_cast<unsigned char>(contents[i]);
-      if (c < 0x21 || c > 0x7e) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("'", path, "': a token must be printable ASCII without spaces (byte 0x",
-                         absl::Hex(c, absl::kZeroPad2), " at offset ", i, "); e.g. head -c 32 /dev/urandom | base64"));
-      }
+    if (absl::Status status = CheckTokenText(contents); !status.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("'", path, "': ", status.message()));
     }
   } else if (contents.find("-----BEGIN ") == std::string::npos) {
     return absl::InvalidArgumentError(absl::StrCat("'", path, "' holds no PEM block (-----BEGIN ...)"));
@@ -113,6 +139,9 @@ absl::Status CheckAddress(const std::string& address, bool port_required) {
 
 absl::StatusOr<Served> Serve(const std::string& listen, const Security& security, grpc::Service* service,
                              const std::string& what) {
+  if (absl::Status status = CheckAddress(listen); !status.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": listen address ", status.message()));
+  }
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(listen, ServerCredentials(security), &port);
@@ -121,6 +150,9 @@ absl::StatusOr<Served> Serve(const std::string& listen, const Security& security
   // gRPC binds with SO_REUSEPORT by default: a second daemon on a port in
   // use would start and share it, each call landing on either.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  // Clients' keepalive pings (MakeChannel) are welcome down to one a
+  // second; gRPC's default (one per 5 minutes) would answer them GOAWAY.
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);
   builder.RegisterService(service);
   Served served;
   served.server = builder.BuildAndStart();
@@ -139,8 +171,15 @@ std::shared_ptr<grpc::ServerCredentials> ServerCredentials(const Security& secur
   return grpc::SslServerCredentials(options);
 }
 
-std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, const Security& security) {
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, const Security& security,
+                                           absl::Duration keepalive) {
   grpc::ChannelArguments args;
+  const int keepalive_ms = static_cast<int>(std::clamp<int64_t>(absl::ToInt64Milliseconds(keepalive), 1000, INT32_MAX));
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, keepalive_ms);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, keepalive_ms);
+  // Keep pinging through a long silent stream (a Watch of a quiet job):
+  // gRPC otherwise stops after two pings without data.
+  args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   args.SetMaxReceiveMessageSize(kMaxMessageBytes);
   args.SetMaxSendMessageSize(kMaxMessageBytes);
   // Reconnect quickly after a daemon restarts (the default backoff grows to

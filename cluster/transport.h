@@ -44,6 +44,15 @@ struct Security {
 // to Tessera's log at debug level instead: the CLI's errors stay one line.
 void RouteGrpcLogs();
 
+// Whether `token` can travel as the header value "Bearer <token>": printable
+// ASCII without spaces (gRPC aborts the process on any other byte). The
+// error names the first bad byte and its offset.
+[[nodiscard]] absl::Status CheckTokenText(std::string_view token);
+// `security` as the daemons and the client take it: a token CheckTokenText
+// accepts (or none), TLS material that is PEM, a certificate and its key
+// together. Errors name the field.
+[[nodiscard]] absl::Status CheckSecurity(const Security& security);
+
 // Reads a file's contents (for --token-file, --tls-*). `trim`: a token,
 // which loses its surrounding whitespace and must then be printable ASCII
 // without spaces (it travels as a header value); else a PEM file, which
@@ -57,11 +66,18 @@ void RouteGrpcLogs();
 [[nodiscard]] absl::Status CheckAddress(const std::string& address, bool port_required = true);
 
 [[nodiscard]] std::shared_ptr<grpc::ServerCredentials> ServerCredentials(const Security& security);
-[[nodiscard]] std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, const Security& security);
+// A channel to a daemon. Where a call is in flight, it pings the server
+// after `keepalive` without traffic and drops the connection when no answer
+// comes within `keepalive` more (a stopped or partitioned peer: the call
+// ends UNAVAILABLE instead of waiting for TCP's hours).
+[[nodiscard]] std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, const Security& security,
+                                                         absl::Duration keepalive = absl::Seconds(20));
 
 // A gRPC server bound to `listen` ("host:port"; port 0: the OS picks)
 // serving `service` with `security`'s credentials and kMaxMessageBytes, and
-// the address it bound ("host:<port>"). `what` names the daemon in the error.
+// the address it bound ("host:<port>"); it accepts keepalive pings every
+// second or slower. `what` names the daemon in the error; an address
+// CheckAddress refuses is INVALID_ARGUMENT.
 struct Served {
   std::unique_ptr<grpc::Server> server;
   std::string address;

@@ -14,10 +14,12 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "cluster/device_offer.h"
 #include "cluster/grpc_status.h"
 #include "cluster/kv_client.h"
 #include "comm/proto/control.grpc.pb.h"
 #include "core/logging.h"
+#include "core/strings.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
 
@@ -59,6 +61,7 @@ class Worker::Impl final : public control::Worker::Service {
 
   absl::StatusOr<std::string> Start() {
     if (started_) return absl::FailedPreconditionError("worker already started");
+    if (auto status = CheckOptions(); !status.ok()) return status;
     auto served = Serve(options_.listen, options_.security, this, "worker");
     if (!served.ok()) return served.status();
     server_ = std::move(served->server);
@@ -66,6 +69,33 @@ class Worker::Impl final : public control::Worker::Service {
     started_ = true;
     heartbeat_thread_ = std::thread([this] { HeartbeatLoop(); });
     return address_;
+  }
+
+  // What the CLI's flags check for `tessera worker`, for a program that
+  // embeds the worker.
+  absl::Status CheckOptions() const {
+    const auto fail = [](auto&&... parts) { return absl::InvalidArgumentError(absl::StrCat("worker: ", parts...)); };
+    if (auto status = CheckAddress(options_.master); !status.ok()) return fail("master address ", status.message());
+    if (!options_.data_address.empty()) {
+      if (auto status = CheckAddress(options_.data_address, /*port_required=*/false); !status.ok()) {
+        return fail("data_address ", status.message());
+      }
+    }
+    if (auto offer = ParseDeviceOffer(options_.devices); !offer.ok()) return fail(offer.status().message());
+    if (!options_.worker_id.empty() && !IsPlainId(options_.worker_id)) {
+      return fail("worker_id '", EscapeControlChars(options_.worker_id.substr(0, 128)),
+                  "' is not 1-128 characters of [A-Za-z0-9._-]");
+    }
+    if (auto status = CheckSecurity(options_.security); !status.ok()) return fail(status.message());
+    for (const auto& [name, value] :
+         {std::pair<const char*, absl::Duration>{"heartbeat_interval", options_.heartbeat_interval},
+          {"master_timeout", options_.master_timeout},
+          {"rpc_timeout", options_.rpc_timeout}}) {
+      if (value <= absl::ZeroDuration() || value == absl::InfiniteDuration()) {
+        return fail(name, " ", absl::FormatDuration(value), " must be a finite duration > 0");
+      }
+    }
+    return absl::OkStatus();
   }
 
   void Shutdown() {

@@ -91,7 +91,16 @@ absl::StatusOr<graph::Graph> Mlp::BuildGraph(int64_t batch) const {
 }
 
 absl::Status Mlp::FillBatch(int64_t iteration, std::string_view input, const Tensor& out) const {
-  const int64_t batch = out.meta().shape[0];
+  if (input != "x" && input != "labels") return absl::NotFoundError(StrCat("models.MLP has no input '", input, "'"));
+  const Shape& shape = out.meta().shape;
+  const bool is_x = input == "x";
+  if (out.dtype() != (is_x ? DType::kF32 : DType::kI64) || shape.rank() != (is_x ? 2 : 1) ||
+      (is_x && shape[1] != config_.in_features)) {
+    return absl::InvalidArgumentError(StrCat("models.MLP input '", input, "' is ",
+                                             is_x ? StrCat("f32 (batch, ", config_.in_features, ")") : "i64 (batch,)",
+                                             ", the tensor to fill is ", out.meta().ToString()));
+  }
+  const int64_t batch = shape[0];
   // Both inputs draw from the same stream, so x and labels agree.
   std::mt19937_64 rng(static_cast<uint64_t>(config_.data_seed) * 1000003 + static_cast<uint64_t>(iteration) * 7 + 1);
   std::uniform_int_distribution<int64_t> pick(0, config_.num_classes - 1);
@@ -107,9 +116,8 @@ absl::Status Mlp::FillBatch(int64_t iteration, std::string_view input, const Ten
     }
   }
   Tensor target = out;
-  if (input == "x") return target.CopyFrom(Tensor::FromVector(Shape{batch, config_.in_features}, xs));
-  if (input == "labels") return target.CopyFrom(Tensor::FromVector(Shape{batch}, labels));
-  return absl::NotFoundError(StrCat("models.MLP has no input '", input, "'"));
+  if (is_x) return target.CopyFrom(Tensor::FromVector(Shape{batch, config_.in_features}, xs));
+  return target.CopyFrom(Tensor::FromVector(Shape{batch}, labels));
 }
 
 }  // namespace tessera::models

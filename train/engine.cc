@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <climits>
+#include <cmath>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -13,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "actors/plan.h"
 #include "actors/runtime.h"
 #include "core/logging.h"
@@ -22,10 +24,38 @@
 
 namespace tessera {
 
-absl::StatusOr<std::unique_ptr<Engine>> Engine::Compile(graph::Graph graph, const CompileOptions& options) {
-  if (options.num_micro_batches < 1) {
-    return absl::InvalidArgumentError(StrCat("engine: num_micro_batches must be >= 1, got ", options.num_micro_batches));
+namespace {
+
+// What the passes and the runtime take on trust; the config path's schema
+// checks the same ranges for `tessera train`.
+absl::Status CheckCompileOptions(const CompileOptions& options) {
+  const auto fail = [](auto&&... parts) { return absl::InvalidArgumentError(StrCat("engine: ", parts...)); };
+  if (options.num_micro_batches < 1) return fail("num_micro_batches must be >= 1, got ", options.num_micro_batches);
+  if (options.intra_op_threads < 0 || options.intra_op_threads > 1024) {
+    return fail("intra_op_threads must be in [0, 1024] (0: the machine's threads shared out), got ",
+                options.intra_op_threads);
   }
+  if (!(options.stall_timeout_s >= 0) || std::isinf(options.stall_timeout_s)) {
+    return fail("stall_timeout_s must be a finite number of seconds >= 0 (0: no deadlock guard), got ",
+                options.stall_timeout_s);
+  }
+  if (options.gradient_bucket_bytes < 0) {
+    return fail("gradient_bucket_bytes must be >= 0 (0: no buckets), got ", options.gradient_bucket_bytes);
+  }
+  if (options.amp != DType::kF32 && options.amp != DType::kBF16 && options.amp != DType::kF16) {
+    return fail("amp must be f32 (off), bf16 or f16, got ", DTypeName(options.amp));
+  }
+  const graph::OptimizerOptions& o = options.optimizer;
+  if (o.kind != graph::OptimizerKind::kSgd && o.kind != graph::OptimizerKind::kAdamW) {
+    return fail("optimizer.kind ", static_cast<int>(o.kind), " is neither kSgd nor kAdamW");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Engine>> Engine::Compile(graph::Graph graph, const CompileOptions& options) {
+  RETURN_IF_ERROR(CheckCompileOptions(options));
   if (options.activation_checkpoint && !options.train) {
     return absl::InvalidArgumentError("engine: activation checkpointing needs train = true");
   }
@@ -116,7 +146,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Compile(graph::Graph graph, cons
   }
   ASSIGN_OR_RETURN(std::vector<graph::ValueId> remap, graph::EliminateDeadCode(graph));
   (void)remap;
-  return std::make_unique<Engine>(std::move(graph), options);
+  return std::make_unique<Engine>(Compiled(), std::move(graph), options);
 }
 
 absl::StatusOr<proto::Plan> Engine::Plan(int64_t iterations) const {
@@ -151,6 +181,12 @@ absl::Status CheckMemory(const proto::Plan& plan) {
 }  // namespace
 
 absl::Status Engine::Run(int64_t iterations, const FeedFn& feed, const FetchFn& fetch) {
+  if (running_.exchange(true)) {
+    return absl::FailedPreconditionError(
+        "Engine::Run: this engine is already running (a Run from another thread, or from a feed or fetch of the "
+        "Run in progress); an Engine runs one Run at a time");
+  }
+  const absl::Cleanup done = [this] { running_ = false; };
   scheduler::LowerOptions lower = options_.lower;
   lower.iterations = iterations;
   lower.start_iteration = iterations_done_;

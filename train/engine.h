@@ -25,6 +25,7 @@
 // Run(3) then Run(2) trains like Run(5) (a new Run with other layout
 // options is not supported: the kept values are per shard). Not thread-safe.
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -76,6 +77,12 @@ struct CompileOptions {
 };
 
 class Engine {
+  // Only Compile makes an Engine (its graph must have been through the
+  // passes: a training graph without them would run without an optimizer).
+  struct Compiled {
+    explicit Compiled() = default;
+  };
+
  public:
   // train/feeds.h: the feed fills an input's logical tensor (the engine hands
   // each rank its shard); the fetch receives the loss and fetches.
@@ -83,12 +90,15 @@ class Engine {
   using FetchFn = tessera::FetchFn;
 
   static absl::StatusOr<std::unique_ptr<Engine>> Compile(graph::Graph graph, const CompileOptions& options = {});
-  // Use Compile; takes a graph that already went through the passes.
-  Engine(graph::Graph graph, CompileOptions options)
+  Engine(Compiled, graph::Graph graph, CompileOptions options)
       : graph_(std::move(graph)), options_(std::move(options)), trained_(std::make_unique<Trained>()) {}
 
   // The plan of `iterations` iterations (what Run executes).
   absl::StatusOr<proto::Plan> Plan(int64_t iterations) const;
+  // Runs `iterations` iterations from where the last successful Run ended.
+  // One Run at a time: a Run started while another is in progress (from
+  // another thread, or from a feed or fetch of that Run) is
+  // FAILED_PRECONDITION and changes nothing.
   absl::Status Run(int64_t iterations, const FeedFn& feed, const FetchFn& fetch);
 
   // The compiled graph (after the training passes).
@@ -112,6 +122,7 @@ class Engine {
   std::unique_ptr<Trained> trained_;
   std::map<uint32_t, std::unique_ptr<ThreadPool>> pools_;  // per device, made by the first Run
   int64_t iterations_done_ = 0;  // by successful runs: the next run's first iteration
+  std::atomic<bool> running_ = false;
   int threads_per_device_ = 0;
   std::vector<actors::ArenaMonitor::Use> arena_uses_;
 };

@@ -7,11 +7,13 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "cluster/device_offer.h"
@@ -165,6 +167,90 @@ TEST(ClusterTest, ASecondDaemonOnAPortInUseDoesNotStart) {
   worker_options.listen = cluster.worker_addresses[0];
   Worker worker(worker_options, SleepyRunnerFactory(cluster.counters));
   EXPECT_FALSE(worker.Start().ok());
+}
+
+// Options an embedding program gets wrong are INVALID_ARGUMENT naming them,
+// before any connection: a token with a newline aborted the process inside
+// gRPC, port 99999 dialled 34463, a null job compiler crashed the master at
+// the first submit, a worker with devices nobody could parse started and
+// sat unregistered.
+TEST(ClusterTest, BadOptionsOfAnEmbeddedClientMasterOrWorkerAreNamed) {
+  Deadline deadline(seconds(20), "bad options");
+  const auto expect = [](const absl::Status& status, const std::string& text) {
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+    EXPECT_EQ(status.message(), text);
+  };
+  Client::Options wrapped = ClientOptionsFor("127.0.0.1:99999");
+  Client far(wrapped);
+  expect(far.List().status(), "client: master address '127.0.0.1:99999': port 99999 is not in [0, 65535]");
+  expect(far.Watch("job-1", [](const control::JobEvent&) { return true; }),
+         "client: master address '127.0.0.1:99999': port 99999 is not in [0, 65535]");
+  Client::Options newline = ClientOptionsFor("127.0.0.1:1");
+  newline.security.token = "bad\ntoken";
+  Client with_newline(newline);
+  expect(with_newline.Submit("{}", {}).status(),
+         "client: security.token: a token must be printable ASCII without spaces (byte 0x0a at offset 3); e.g. "
+         "head -c 32 /dev/urandom | base64");
+  Client::Options no_time = ClientOptionsFor("127.0.0.1:1");
+  no_time.timeout = absl::ZeroDuration();
+  expect(Client(no_time).Get("job-1").status(), "client: timeout 0 must be > 0");
+
+  Master no_compiler(FastMasterOptions(), nullptr);
+  expect(no_compiler.Start().status(), "master: no job compiler (Master was given a null JobCompiler)");
+  Master::Options listen = FastMasterOptions();
+  listen.listen = "127.0.0.1:99999";
+  expect(Master(listen, std::make_unique<FakeJobCompiler>()).Start().status(),
+         "master: listen address '127.0.0.1:99999': port 99999 is not in [0, 65535]");
+  Master::Options half_tls = FastMasterOptions();
+  half_tls.security.tls_cert = "-----BEGIN CERTIFICATE-----";
+  expect(Master(half_tls, std::make_unique<FakeJobCompiler>()).Start().status(),
+         "master: security.tls_cert and security.tls_key go together (one alone would serve without TLS)");
+  Master::Options fast_timeout = FastMasterOptions();
+  fast_timeout.worker_timeout = absl::Milliseconds(150);
+  expect(Master(fast_timeout, std::make_unique<FakeJobCompiler>()).Start().status(),
+         "master: worker_timeout 150ms must be at least twice heartbeat_interval 100ms");
+
+  Worker tpu(FastWorkerOptions("127.0.0.1:1", "tpu:1"), SleepyRunnerFactory(std::make_shared<RunnerCounters>()));
+  const absl::Status devices = tpu.Start().status();
+  EXPECT_EQ(devices.code(), absl::StatusCode::kInvalidArgument) << devices;
+  EXPECT_TRUE(std::string(devices.message()).starts_with("worker: --devices 'tpu:1': ")) << devices;
+  Worker nowhere(FastWorkerOptions("", "cpu:1"), SleepyRunnerFactory(std::make_shared<RunnerCounters>()));
+  EXPECT_TRUE(std::string(nowhere.Start().status().message()).starts_with("worker: master address ''"));
+}
+
+// Client::StopWatches ends every Watch in progress on that client, one that
+// no event would wake included (a job that waits for devices forever).
+TEST(ClusterTest, StopWatchesEndsTheWatchesInProgress) {
+  Deadline deadline(seconds(20), "stop watches");
+  TestCluster cluster;
+  cluster.Start({"cpu:1"});
+  auto big = cluster.client->Submit(R"({"devices_needed": 100})", {});
+  ASSERT_TRUE(big.ok()) << big.status();
+  std::atomic<int> events = 0;
+  absl::Status watched[2];
+  std::vector<std::thread> watchers;
+  for (absl::Status& status : watched) {
+    watchers.emplace_back([&] {
+      status = cluster.client->Watch(*big, [&](const control::JobEvent&) {
+        ++events;
+        return true;
+      });
+    });
+  }
+  ASSERT_TRUE(WaitUntil([&] { return events >= 2; }));  // both are following (each saw the history)
+  const absl::Time stopped = absl::Now();
+  cluster.client->StopWatches();
+  for (std::thread& t : watchers) t.join();
+  EXPECT_LT(absl::Now() - stopped, absl::Seconds(2));
+  for (const absl::Status& status : watched) {
+    EXPECT_EQ(status.code(), absl::StatusCode::kCancelled) << status;
+    EXPECT_EQ(status.message(), "watch stopped by Client::StopWatches");
+  }
+  // Later watches are not affected.
+  EXPECT_TRUE(cluster.client
+                  ->Watch(
+                      *big, [](const control::JobEvent&) { return true; }, /*follow=*/false)
+                  .ok());
 }
 
 // A client given a worker's address (a Worker serves no Master calls):

@@ -6,8 +6,10 @@
 
 #include <signal.h>
 
+#include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "tests/child_process.h"
@@ -175,6 +177,42 @@ TEST_F(MultiprocessTest, CliVerbsAndCleanStop) {
   worker.Signal(SIGTERM);
   EXPECT_EQ(worker.Wait(), 0) << worker.Output();
   EXPECT_TRUE(WaitWorkers(0));
+}
+
+// A master that stops answering (SIGSTOP: its socket still accepts, so
+// TCP alone would wait hours) ends a Watch UNAVAILABLE within about twice
+// the client's keepalive; a job that no event wakes (it waits for devices
+// forever) is the case that hung.
+TEST_F(MultiprocessTest, AWatchEndsWhenItsMasterStopsAnswering) {
+  Deadline deadline(seconds(30), "a stopped master");
+  auto master = RunCli({"master", "--listen", "127.0.0.1:0", "--state-dir", (dir_ / "state").string()}, "master");
+  const std::string listening = "master listening on ";
+  ASSERT_TRUE(WaitUntil([&] { return master->Output().find(listening) != std::string::npos; })) << master->Output();
+  const std::string output = master->Output();
+  const size_t at = output.find(listening) + listening.size();
+  Client::Options options;
+  options.master = output.substr(at, output.find_first_of(" \n", at) - at);
+  options.keepalive = absl::Seconds(1);
+  Client client(options);
+  auto job = client.Submit(R"({"devices_needed": 100})", {});
+  ASSERT_TRUE(job.ok()) << job.status() << " " << options.master;
+  std::atomic<int> events = 0;
+  absl::Status watched;
+  std::thread watcher([&] {
+    watched = client.Watch(*job, [&](const control::JobEvent&) {
+      ++events;
+      return true;
+    });
+  });
+  ASSERT_TRUE(WaitUntil([&] { return events > 0; }));
+  master->Signal(SIGSTOP);
+  const absl::Time stopped = absl::Now();
+  watcher.join();
+  EXPECT_LT(absl::Now() - stopped, absl::Seconds(6));
+  EXPECT_EQ(watched.code(), absl::StatusCode::kUnavailable) << watched;
+  master->Signal(SIGCONT);
+  master->Signal(SIGINT);
+  EXPECT_EQ(master->Wait(), 0) << master->Output();
 }
 
 TEST_F(MultiprocessTest, MasterDaemonStopsOnSigint) {

@@ -184,11 +184,77 @@ TEST(Models, MlpIsRegisteredAndDataIsSeeded) {
   ASSERT_TRUE((*model)->FillBatch(3, "x", *b).ok());
   EXPECT_EQ(a->ToVector<float>(), b->ToVector<float>());
   EXPECT_FALSE((*model)->FillBatch(3, "nope", *a).ok());
+  // An input it does not own (a feed that forgot the learning rate) or a
+  // tensor of another shape is an error, not a read past the shape (it
+  // crashed on the scalar lr).
+  auto lr = Tensor::Zeros(Shape{}, DType::kF32);
+  ASSERT_TRUE(lr.ok());
+  const absl::Status not_owned = (*model)->FillBatch(3, "lr", *lr);
+  EXPECT_EQ(not_owned.code(), absl::StatusCode::kNotFound) << not_owned;
+  EXPECT_EQ(not_owned.message(), "models.MLP has no input 'lr'");
+  EXPECT_EQ((*model)->FillBatch(3, "labels", *a).message(),
+            "models.MLP input 'labels' is i64 (batch,), the tensor to fill is f32(4, 3)");
+  EXPECT_FALSE((*model)->FillBatch(3, "x", *lr).ok());
   EXPECT_FALSE(registry.Create({{"_target_", "models.MLPX"}}).ok());
   // Unseeded outside a whole job config: the seeds derive from train.seed.
   auto unseeded = registry.Create({{"_target_", "models.MLP"}});
   ASSERT_FALSE(unseeded.ok());
   EXPECT_NE(std::string(unseeded.status().message()).find("derives from 'train.seed'"), std::string::npos);
+}
+
+// An Engine runs one Run at a time: a Run from a callback of the Run in
+// progress is FAILED_PRECONDITION and changes nothing (it returned OK and
+// made the next Run skip an iteration); options the passes would take on
+// trust are refused by Compile, naming them.
+TEST(Engine, RunsOneRunAtATimeAndRefusesBadOptions) {
+  Registry<models::Model> registry("model");
+  ASSERT_TRUE(models::RegisterBuiltinModels(registry).ok());
+  auto model = registry.Create({{"_target_", "models.MLP"},
+                                {"in_features", 3},
+                                {"hidden_sizes", {5}},
+                                {"num_classes", 2},
+                                {"data_seed", 1},
+                                {"init_seed", 2}});
+  ASSERT_TRUE(model.ok()) << model.status();
+  const auto compile = [&](const CompileOptions& options) {
+    auto graph = (*model)->BuildGraph(4);
+    EXPECT_TRUE(graph.ok()) << graph.status();
+    return Engine::Compile(std::move(*graph), options);
+  };
+  auto engine = compile({});
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  std::vector<int64_t> fed;  // the iterations fed x
+  const Engine::FeedFn feed = [&](int64_t iteration, int64_t, std::string_view input, const Tensor& out) {
+    if (input == "lr") {
+      Tensor t = out;
+      return t.CopyFrom(Tensor::FromVector(Shape{}, std::vector<float>{0.1f}));
+    }
+    if (input == "x") fed.push_back(iteration);
+    return (*model)->FillBatch(iteration, input, out);
+  };
+  absl::Status inner;
+  const Engine::FetchFn fetch = [&](int64_t iteration, const std::map<std::string, Tensor>&) {
+    if (iteration == 0) inner = (*engine)->Run(1, feed, [](int64_t, const auto&) { return absl::OkStatus(); });
+    return absl::OkStatus();
+  };
+  ASSERT_TRUE((*engine)->Run(2, feed, fetch).ok());
+  EXPECT_EQ(inner.code(), absl::StatusCode::kFailedPrecondition) << inner;
+  EXPECT_NE(inner.message().find("an Engine runs one Run at a time"), std::string::npos) << inner;
+  ASSERT_TRUE((*engine)->Run(1, feed, fetch).ok());
+  EXPECT_EQ(fed, (std::vector<int64_t>{0, 1, 2}));
+
+  const auto refused = [&](CompileOptions options, const std::string& text) {
+    const absl::Status status = compile(options).status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+    EXPECT_NE(status.message().find(text), std::string::npos) << status;
+  };
+  refused({.intra_op_threads = -7}, "engine: intra_op_threads must be in [0, 1024]");
+  refused({.intra_op_threads = 3000}, "engine: intra_op_threads must be in [0, 1024]");
+  refused({.stall_timeout_s = std::nan("")}, "engine: stall_timeout_s must be a finite number of seconds >= 0");
+  refused({.stall_timeout_s = -1}, "engine: stall_timeout_s must be a finite number of seconds >= 0");
+  refused({.gradient_bucket_bytes = -5}, "engine: gradient_bucket_bytes must be >= 0");
+  refused({.amp = DType::kI64}, "engine: amp must be f32 (off), bf16 or f16, got i64");
+  refused({.optimizer = {.kind = static_cast<graph::OptimizerKind>(77)}}, "engine: optimizer.kind 77");
 }
 
 // A kernel's workspace (OpSchema::Workspace) is planned into the arena:
