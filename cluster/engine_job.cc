@@ -269,6 +269,10 @@ class EnginePlanRunner final : public PlanRunner {
 
   absl::Status RunSegments(int64_t first, int64_t end) {
     const TrainConfig& train = feed_->train();
+    // Every job run of a `tessera train` has the same tag (job-000001-1):
+    // a temporary directory a killed run left would take this run's shards
+    // beside its own (wrong overlaps, a stale file committed).
+    if (context_.node == 0 && !train.output_dir.empty()) RETURN_IF_ERROR(RemoveCheckpointTemps(train.output_dir));
     LoadBest();
     std::shared_ptr<const CheckpointReader> init;
     if (!node_plan_.init_checkpoint().empty()) {

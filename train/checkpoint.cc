@@ -470,6 +470,23 @@ absl::StatusOr<std::optional<fs::path>> LatestCheckpoint(const fs::path& output_
   return std::optional<fs::path>(best->second);
 }
 
+absl::Status RemoveCheckpointTemps(const fs::path& output_dir) {
+  const fs::path dir = CheckpointsDir(output_dir);
+  std::error_code ec;
+  if (!fs::exists(dir, ec)) return absl::OkStatus();
+  std::vector<fs::path> temps;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.starts_with(".iter_") && name.find(".tmp-") != std::string::npos) temps.push_back(entry.path());
+  }
+  if (ec) return absl::InternalError(StrCat("cannot list ", dir.string(), ": ", ec.message()));
+  for (const fs::path& path : temps) {
+    fs::remove_all(path, ec);
+    if (ec) return absl::InternalError(StrCat("cannot remove ", path.string(), ": ", ec.message()));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status PruneCheckpoints(const fs::path& output_dir, int64_t keep, const std::string& tag) {
   const fs::path dir = CheckpointsDir(output_dir);
   std::error_code ec;
@@ -635,6 +652,7 @@ absl::StatusOr<std::shared_ptr<const CheckpointReader>> CheckpointReader::OpenHu
   const std::string file_name = file.filename().string();
   if (!hf_layout.empty()) {
     const HfNames names(*weights);
+    std::set<std::string> used;
     for (const models::Model::HfTensor& t : hf_layout) {
       std::vector<std::string> parts = {t.hf_name};
       parts.insert(parts.end(), t.more_parts.begin(), t.more_parts.end());
@@ -643,6 +661,7 @@ absl::StatusOr<std::shared_ptr<const CheckpointReader>> CheckpointReader::OpenHu
         const std::optional<std::string> key = names.Find(part);
         if (!key) return fail("no tensor '", part, "' (the model's ", t.name, ")");
         part = *key;
+        used.insert(part);
         entries.push_back(weights->Find(part));
         if (!ConvertsToF32(entries.back()->dtype)) {
           return fail("'", part, "' is ", DTypeName(entries.back()->dtype), ", not a floating-point type");
@@ -655,6 +674,7 @@ absl::StatusOr<std::shared_ptr<const CheckpointReader>> CheckpointReader::OpenHu
       for (const std::string& tied : t.tied) {
         const std::optional<std::string> key = names.Find(tied);
         if (!key) continue;
+        used.insert(*key);
         const SafetensorsFile::Entry* other = weights->Find(*key);
         if (other->dtype != entries[0]->dtype || other->shape != entries[0]->shape ||
             std::memcmp(other->data, entries[0]->data, other->bytes) != 0) {
@@ -675,6 +695,15 @@ absl::StatusOr<std::shared_ptr<const CheckpointReader>> CheckpointReader::OpenHu
         e.shards[0].offset.assign(static_cast<size_t>(entries[0]->shape.rank()), 0);
       }
       reader->tensors_[t.name] = std::move(e);
+    }
+    // What the model leaves unread, but for buffers transformers saves
+    // beside the weights (GPT-2's causal masks, BERT's position ids).
+    for (const auto& [name, entry] : weights->tensors()) {
+      if (used.contains(name) || name.ends_with(".attn.bias") || name.ends_with(".attn.masked_bias") ||
+          name.ends_with("position_ids")) {
+        continue;
+      }
+      reader->unused_.push_back(name);
     }
     reader->files_.emplace(file_name, std::move(weights));
     return std::shared_ptr<const CheckpointReader>(std::move(reader));
@@ -722,6 +751,12 @@ absl::StatusOr<std::shared_ptr<const CheckpointReader>> CheckpointReader::Open(
     std::error_code ec;
     if (!fs::is_directory(dir, ec))
       return absl::NotFoundError(StrCat("checkpoint ", EscapeControlChars(dir.string()), ": no such directory"));
+    if (auto latest = LatestCheckpoint(dir); latest.ok() && latest->has_value()) {
+      return absl::NotFoundError(StrCat("checkpoint ", dir.string(),
+                                        ": no index.json: it is an output directory; give one of its checkpoints, "
+                                        "e.g. its newest, ",
+                                        (*latest)->string()));
+    }
     return absl::NotFoundError(StrCat("checkpoint ", dir.string(), ": no index.json (not a complete checkpoint)"));
   }
   std::stringstream text;
@@ -799,6 +834,45 @@ absl::StatusOr<std::shared_ptr<const CheckpointReader>> CheckpointReader::Open(
     reader->tensors_[name] = std::move(entry);
   }
   return std::shared_ptr<const CheckpointReader>(std::move(reader));
+}
+
+std::vector<std::string> CheckpointReader::TensorNames() const {
+  std::vector<std::string> names;
+  names.reserve(tensors_.size());
+  for (const auto& [name, entry] : tensors_) names.push_back(name);
+  return names;
+}
+
+absl::Status CheckCheckpointHoldsNothingMore(const proto::Plan& plan, const CheckpointReader& reader,
+                                             bool weights_only) {
+  if (reader.huggingface()) {
+    if (reader.unused_tensors().empty()) return absl::OkStatus();
+    return absl::InvalidArgumentError(StrCat("Hugging Face weights ", reader.dir().string(), " hold ",
+                                             reader.unused_tensors().size(), " tensors this model does not read ('",
+                                             reader.unused_tensors()[0],
+                                             "' ...): the model config is smaller than the weights' (e.g. fewer "
+                                             "layers)"));
+  }
+  ASSIGN_OR_RETURN(const std::vector<KeptTaskInfo> tasks, KeptTasks(plan));
+  std::set<std::string> kept, variables;
+  for (const KeptTaskInfo& info : tasks) {
+    for (size_t k = 0; k < info.tensors.size(); ++k) {
+      kept.insert(info.tensors[k].name);
+      if (k == 0) variables.insert(info.tensors[k].name);
+    }
+  }
+  for (const std::string& name : reader.TensorNames()) {
+    if (kept.contains(name)) continue;
+    if (weights_only) {
+      const size_t dot = name.rfind('.');
+      if (name.starts_with("amp.") || (dot != std::string::npos && variables.contains(name.substr(0, dot)))) continue;
+    }
+    return absl::InvalidArgumentError(
+        StrCat("checkpoint ", reader.dir().string(), " holds '", name, "', which this model does not have (",
+               weights_only ? "" : "or not as this run's optimizer state: ",
+               "the model config differs from the checkpoint's, e.g. fewer layers; its config is in its index.json)"));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<TensorMeta> CheckpointReader::Meta(const std::string& name) const {

@@ -139,6 +139,14 @@ struct CheckpointState {
 // naming the path when it is neither.
 [[nodiscard]] absl::StatusOr<std::filesystem::path> ResolveCheckpoint(const std::filesystem::path& path);
 
+// Removes every checkpoint's temporary directory (".iter_N.tmp-<tag>") in
+// output_dir/checkpoints: what runs that died while writing left. Called by
+// a job's committing node before its first iteration, when no writer of
+// this job has started (every later write follows iterations that node
+// takes part in), and two live jobs never share an output_dir (the master
+// refuses it), so none of them is being written.
+[[nodiscard]] absl::Status RemoveCheckpointTemps(const std::filesystem::path& output_dir);
+
 // Keeps the `keep` checkpoints of the highest iterations and removes older
 // ones and temporary directories of other runs (tag != `tag`).
 [[nodiscard]] absl::Status PruneCheckpoints(const std::filesystem::path& output_dir, int64_t keep,
@@ -172,6 +180,11 @@ class CheckpointReader {
   // index.json's train_state.best (CheckpointState::best); null when absent.
   const nlohmann::json& best() const { return best_; }
   bool Has(const std::string& name) const { return tensors_.contains(name); }
+  // Every tensor's name, sorted.
+  std::vector<std::string> TensorNames() const;
+  // Hugging Face weights read through a layout: the file's tensors the
+  // layout does not read (transformers' buffers aside), in file order.
+  const std::vector<std::string>& unused_tensors() const { return unused_; }
   // The logical shape and dtype of a tensor as stored; NotFound naming the
   // checkpoint.
   [[nodiscard]] absl::StatusOr<TensorMeta> Meta(const std::string& name) const;
@@ -220,6 +233,7 @@ class CheckpointReader {
   nlohmann::json best_;
   std::map<std::string, Entry> tensors_;
   std::vector<models::Model::HfTensor> converted_;
+  std::vector<std::string> unused_;
   mutable std::mutex mu_;
   mutable std::map<std::string, std::unique_ptr<SafetensorsFile>> files_ ABSL_GUARDED_BY(mu_);
 };
@@ -233,6 +247,17 @@ class CheckpointReader {
                                                       std::shared_ptr<const CheckpointReader> reader, bool weights_only,
                                                       const ops::OpRegistry& registry,
                                                       actors::HostCallbacks& callbacks);
+
+// OK when every tensor of a Tessera checkpoint `reader` is one `plan` (a
+// whole job's plan, every node's part) keeps; with `weights_only`, the
+// optimizer state and mixed-precision bookkeeping of a variable it keeps
+// too (another optimizer's may differ); for Hugging Face weights, when the
+// model reads every tensor of the file (unused_tensors()). Else
+// InvalidArgument naming the first tensor left over: a model config
+// smaller than the checkpoint's (fewer layers) would load silently, the
+// rest dropped.
+[[nodiscard]] absl::Status CheckCheckpointHoldsNothingMore(const proto::Plan& plan, const CheckpointReader& reader,
+                                                           bool weights_only);
 
 // Writes the model variables of a checkpoint (`tensors`: each whole, under
 // its Hugging Face name and shape) to one safetensors file at `path`,

@@ -515,6 +515,22 @@ absl::StatusOr<RunStart> ResolveRunStart(const TrainConfig& train, int64_t globa
       return start;
     }
   }
+  // A run from scratch would write its checkpoints among an earlier run's,
+  // whose higher iterations would then be "the newest": pruning removed
+  // each of the new run's right after it was written, and --resume,
+  // generate and export took the earlier run's weights.
+  if (!train.output_dir.empty()) {
+    const absl::StatusOr<std::optional<std::filesystem::path>> earlier = LatestCheckpoint(train.output_dir);
+    // (Another error, an unreadable checkpoints/, is the writability
+    // check's to name.)
+    if (earlier.ok() ? earlier->has_value() : absl::IsDataLoss(earlier.status())) {
+      const std::filesystem::path dir = CheckpointsDir(train.output_dir);
+      return absl::FailedPreconditionError(StrCat(
+          "train.output_dir '", train.output_dir, "' holds the checkpoints of an earlier run (",
+          earlier.ok() ? StrCat("the newest: ", (*earlier)->filename().string()) : std::string("one damaged"),
+          "): --resume continues it; to start afresh, remove ", dir.string(), " or choose another train.output_dir"));
+    }
+  }
   if (train.load_weight) {
     auto reader = CheckpointReader::Open(*train.load_weight, hf_layout);
     if (!reader.ok())
@@ -564,6 +580,13 @@ absl::StatusOr<std::vector<proto::NodePlan>> CompileForNodes(const nlohmann::jso
     actors::HostCallbacks probe;
     RETURN_IF_ERROR(
         BindCheckpointInitializers(lowered.plan, reader, start.weights_only, job.engine->graph().registry(), probe));
+    // A resume or an evaluation claims the checkpoint's model: all of it.
+    // A new run from weights may start from part of them (transformers
+    // warns "some weights were not used", as here).
+    if (absl::Status whole = CheckCheckpointHoldsNothingMore(lowered.plan, *reader, start.weights_only); !whole.ok()) {
+      if (!start.weights_only || job.train.eval_only) return whole;
+      TLOG_WARN("train.load_weight: {}; the run starts from the rest", std::string(whole.message()));
+    }
   }
   ASSIGN_OR_RETURN(std::vector<proto::NodePlan> parts, comm::SplitPlan(lowered.plan));
   const std::string resolved = job.config.dump();

@@ -92,8 +92,13 @@ class ClusterFailureTest : public ::testing::Test {
         limit);
   }
 
-  // gpt2_nano (2 layers) on `layout`, `iterations` long, one log line each.
+  // gpt2_nano (2 layers) on `layout`, `iterations` long, one log line each,
+  // into an output directory of its own.
   absl::StatusOr<std::string> Submit(std::vector<std::string> layout, int64_t iterations) {
+    if (std::none_of(layout.begin(), layout.end(),
+                     [](const std::string& o) { return o.starts_with("train.output_dir="); })) {
+      layout.push_back(absl::StrCat("train.output_dir=", (dir_ / absl::StrCat("out", ++submitted_)).string()));
+    }
     layout.insert(layout.end(), {"model.num_layers=2", absl::StrCat("train.train_iter=", iterations),
                                  "train.log_period=1", "train.dist.intra_op_threads=1"});
     return client_->Submit(config_, layout);
@@ -126,6 +131,7 @@ class ClusterFailureTest : public ::testing::Test {
   }
 
   fs::path dir_;
+  int submitted_ = 0;
   std::unique_ptr<Master> master_;
   std::string address_;
   std::unique_ptr<Client> client_;

@@ -339,9 +339,11 @@ TEST(BadInput, TheCliExitsOneWithOneLineAndNoOutputDirectory) {
 }
 
 // A run that fails once running, before it reports anything (a loss that
-// is not finite at iteration 1), into the output_dir of an earlier run:
-// that run's config.json, metrics.jsonl and log.txt stay as they were (they
-// used to be replaced, the metrics emptied); into a new one: nothing.
+// is not finite at its first iteration), resuming in the output_dir of an
+// earlier run: that run's config.json, metrics.jsonl and log.txt stay as
+// they were (they used to be replaced, the metrics emptied); into a new
+// one: nothing. A run from scratch there is refused before it starts (its
+// checkpoints would be pruned as older than the earlier run's).
 TEST(BadInput, ARunFailingBeforeItsFirstReportLeavesTheOutputDirAsItWas) {
   const fs::path earlier = CaseDir() / "earlier";
   const std::string nano = GptBase();
@@ -351,10 +353,16 @@ TEST(BadInput, ARunFailingBeforeItsFirstReportLeavesTheOutputDirAsItWas) {
   for (const char* name : {"config.json", "metrics.jsonl", "log.txt"}) before[name] = Slurp(earlier / name);
   ASSERT_FALSE(before["metrics.jsonl"].empty());
   const size_t entries = std::distance(fs::directory_iterator(earlier), fs::directory_iterator());
-  const Captured failed =
-      RunTrain(nano, {"train.train_iter=2", "optim.lr=1e308", "train.output_dir=" + earlier.string()});
+  const Captured failed = RunTrain(
+      nano, {"train.train_iter=4", "train.resume=true", "optim.lr=1e308", "train.output_dir=" + earlier.string()});
   EXPECT_EQ(failed.exit_code, 1) << failed.err;
-  EXPECT_NE(failed.err.find("at iteration 1"), std::string::npos) << failed.err;
+  EXPECT_NE(failed.err.find("at iteration 3"), std::string::npos) << failed.err;
+  const Captured afresh = RunTrain(nano, {"train.train_iter=4", "train.output_dir=" + earlier.string()});
+  EXPECT_EQ(afresh.exit_code, 1) << afresh.err;
+  EXPECT_EQ(afresh.err, "tessera: train.output_dir '" + earlier.string() +
+                            "' holds the checkpoints of an earlier run (the newest: iter_0000002): --resume continues "
+                            "it; to start afresh, remove " +
+                            (earlier / "checkpoints").string() + " or choose another train.output_dir\n");
   for (const auto& [name, text] : before) EXPECT_EQ(Slurp(earlier / name), text) << name;
   EXPECT_EQ(std::distance(fs::directory_iterator(earlier), fs::directory_iterator()), entries);  // no events file
   const fs::path fresh = CaseDir() / "fresh";

@@ -152,6 +152,7 @@ class BertTest : public ::testing::Test {
   // reference the layouts are compared with).
   void TrainOneDevice(const std::string& common, size_t iterations, testing::MetricsRows* rows) const {
     const fs::path one = root_ / "one";
+    fs::remove_all(one);  // a reference of another config may be there
     const auto run = RunTessera(Train(one, common));
     ASSERT_EQ(run.exit_code, 0) << run.out;
     *rows = ReadMetricsRows(one);

@@ -230,6 +230,18 @@ TEST(Checkpoint, ReadsHuggingFaceWeights) {
   ASSERT_TRUE(r.Read("b", TensorSlice::Whole(Shape{2, 3}), bias).ok());
   EXPECT_EQ(bias.ToVector<float>(), (std::vector<float>{0.5f, 1.5f, 2.5f, 3.5f, 4.5f, 5.5f}));
 
+  // Read through a model's layout: the file's tensors the layout leaves
+  // unread are listed (a model config smaller than the weights'), but for
+  // transformers' buffers.
+  ASSERT_TRUE(WriteSafetensors(file, {{"transformer.w", w},
+                                      {"transformer.h.5.mlp.c_fc.weight", w},
+                                      {"transformer.h.0.attn.bias", w},
+                                      {"transformer.h.0.attn.masked_bias", w}})
+                  .ok());
+  auto through_layout = CheckpointReader::Open(file, {models::Model::HfTensor::Of("w", "w", Shape{2, 6})});
+  ASSERT_TRUE(through_layout.ok()) << through_layout.status();
+  EXPECT_EQ((*through_layout)->unused_tensors(), std::vector<std::string>{"transformer.h.5.mlp.c_fc.weight"});
+
   ASSERT_TRUE(WriteSafetensors(file, {{"wte.weight", w}, {"lm_head.weight", Iota(Shape{2, 6}, 2)}}).ok());
   auto untied = CheckpointReader::Open(file);
   ASSERT_FALSE(untied.ok());
@@ -527,6 +539,19 @@ TEST(CheckpointEndToEnd, ResumeErrorsAreOneLine) {
   EXPECT_NE(run.out.find("rank_00000.safetensors: the data of '"), std::string::npos) << run.out;
   EXPECT_NE(run.out.find("' does not match its checksum (the file is damaged)"), std::string::npos) << run.out;
   EXPECT_EQ(run.out.find('\n'), run.out.size() - 1) << run.out;
+  // A smaller model than the checkpoint's (one layer of its two): a resume
+  // is refused naming a tensor left over (the rest used to be dropped
+  // silently); a new run from its weights warns and starts from the rest.
+  run = RunTessera(Nano(root / "done", "model.num_layers=1 train.train_iter=12 --resume"));
+  EXPECT_NE(run.exit_code, 0);
+  EXPECT_NE(run.out.find("holds 'h.1."), std::string::npos) << run.out;
+  EXPECT_NE(run.out.find("which this model does not have"), std::string::npos) << run.out;
+  EXPECT_EQ(run.out.find('\n'), run.out.size() - 1) << run.out;
+  run = RunTessera(
+      Nano(root / "smaller", "model.num_layers=1 train.load_weight=" + CheckpointPath(root / "done", 8).string()));
+  EXPECT_EQ(run.exit_code, 0) << run.out;
+  EXPECT_NE(run.out.find("[warning] train.load_weight: checkpoint "), std::string::npos) << run.out;
+  EXPECT_NE(run.out.find("; the run starts from the rest"), std::string::npos) << run.out;
   // Weights only: starts at iteration 1 from the trained weights, so its
   // first loss is the finished run's level, not the init's.
   run = RunTessera(Nano(root / "warm", "train.load_weight=" + CheckpointPath(root / "done", 8).string()));
@@ -534,6 +559,32 @@ TEST(CheckpointEndToEnd, ResumeErrorsAreOneLine) {
   const auto cold = Losses(root / "done"), warm = Losses(root / "warm");
   ASSERT_EQ(warm.size(), 8u);
   EXPECT_LT(warm.at(1), cold.at(1) - 0.05);
+  fs::remove_all(root);
+}
+
+// Every `tessera train` names its checkpoints' temporary directories
+// alike (.iter_N.tmp-job-000001-1): one a killed run left must not take the
+// next run's shards beside its own (a tensor-parallel run's halves
+// "overlapped" a one-device run's whole tensors, and its files were
+// committed). The next run removes it before its first iteration.
+TEST(CheckpointEndToEnd, ATemporaryDirectoryAKilledRunLeftIsRemoved) {
+  const fs::path root = TempDir("stale_temp");
+  const fs::path out = root / "run";
+  const fs::path stale = CheckpointTempPath(out, 4, "job-000001-1");
+  fs::create_directories(stale);
+  ASSERT_TRUE(WriteRankFile(stale / "rank_00001.safetensors", {{"wte.weight", Iota(Shape{2, 2})}},
+                            {{"wte.weight", {{"logical_shape", {2, 2}}, {"offset", {0, 0}}}}})
+                  .ok());
+  const auto run = RunTessera(Nano(out));
+  ASSERT_EQ(run.exit_code, 0) << run.out;
+  for (const int64_t iteration : {4, 8}) {
+    const fs::path checkpoint = CheckpointPath(out, iteration);
+    EXPECT_TRUE(fs::exists(checkpoint / "index.json")) << checkpoint;
+    EXPECT_FALSE(fs::exists(checkpoint / "rank_00001.safetensors")) << "the killed run's file was committed";
+  }
+  for (const auto& entry : fs::directory_iterator(out / "checkpoints")) {
+    EXPECT_EQ(entry.path().filename().string().find(".tmp-"), std::string::npos) << entry.path();
+  }
   fs::remove_all(root);
 }
 
