@@ -75,8 +75,9 @@ int64_t BpeVocabularySize(const std::string& spec) {
   const char* first = spec.data() + 4;
   const char* last = spec.data() + spec.size();
   auto [ptr, ec] = std::from_chars(first, last, n);
-  if (ec != std::errc() || ptr != last || n < data::BpeTrainer::kMinVocabSize) {
-    Fail(StrCat("--tokenizer ", spec, ": N must be an integer >= ", data::BpeTrainer::kMinVocabSize));
+  if (ec != std::errc() || ptr != last || n < data::BpeTrainer::kMinVocabSize || n > INT32_MAX) {
+    Fail(StrCat("--tokenizer ", spec, ": N must be an integer in [", data::BpeTrainer::kMinVocabSize, ", ", INT32_MAX,
+                "]"));
   }
   return n;
 }
@@ -105,6 +106,43 @@ class ByteProgress {
   bool tty_;
   std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
 };
+
+// Removes what an earlier run writing `prefix` left when it was killed:
+// `prefix` + each of `infixes` + anything (PREFIX.bin.tmp-XXXXXX ...). A
+// run writing the same prefix at the same moment would lose its
+// temporaries: two such runs would overwrite each other's output anyway.
+void RemoveStaleTemporaries(const std::filesystem::path& prefix, std::initializer_list<std::string_view> infixes) {
+  const std::filesystem::path dir = prefix.has_parent_path() ? prefix.parent_path() : std::filesystem::path(".");
+  const std::string base = prefix.filename().string();
+  std::error_code ec;
+  std::vector<std::filesystem::path> stale;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    for (const std::string_view infix : infixes) {
+      if (name.size() > base.size() + infix.size() && name.starts_with(base) &&
+          std::string_view(name).substr(base.size(), infix.size()) == infix) {
+        stale.push_back(entry.path());
+      }
+    }
+  }
+  for (const auto& path : stale) std::filesystem::remove_all(path, ec);
+}
+
+// Puts directory `from` in place of `to` (which may exist): `to` moved aside
+// first, so a crash in between leaves one of the two whole.
+absl::Status ReplaceDirectory(const std::filesystem::path& from, const std::filesystem::path& to) {
+  std::error_code ec;
+  std::filesystem::path aside;
+  if (std::filesystem::exists(to, ec)) {
+    aside = StrCat(to.string(), ".old-", ::getpid());
+    std::filesystem::rename(to, aside, ec);
+    if (ec) return absl::InternalError(StrCat("cannot move ", to.string(), " aside: ", ec.message()));
+  }
+  std::filesystem::rename(from, to, ec);
+  if (ec) return absl::InternalError(StrCat("cannot rename ", from.string(), " to ", to.string(), ": ", ec.message()));
+  if (!aside.empty()) std::filesystem::remove_all(aside, ec);
+  return absl::OkStatus();
+}
 
 void AddPreprocess(CLI::App& app) {
   struct Flags {
@@ -140,7 +178,9 @@ void AddPreprocess(CLI::App& app) {
       ->check(CLI::Range(0, 1024))
       ->capture_default_str();
   verb->callback([flags, verb] {
+    RemoveTemporariesOnSignals();
     const std::filesystem::path prefix = ExpandPath(flags->output);
+    RemoveStaleTemporaries(prefix, {".bin.tmp-", ".idx.tmp-", "-vocab.tmp-"});
     std::vector<std::filesystem::path> inputs;
     for (const std::string& input : flags->inputs) inputs.push_back(ExpandPath(input));
     if (verb->count("--json-key") > 0 && flags->format != "jsonl" &&
@@ -148,29 +188,17 @@ void AddPreprocess(CLI::App& app) {
                                                  [](const std::string& in) { return in.ends_with(".jsonl"); }))) {
       Fail("--json-key is for jsonl input (--format jsonl, or an input named *.jsonl)");
     }
-    data::TokenizerFiles files;
-    if (const int64_t vocab_size = BpeVocabularySize(flags->vocabulary.tokenizer); vocab_size > 0) {
-      if (!flags->vocabulary.vocab_file.empty() || !flags->vocabulary.merges_file.empty()) {
-        Fail(StrCat("--vocab-file and --merges-file are for gpt2 and bert: --tokenizer ", flags->vocabulary.tokenizer,
-                    " learns its own into ", prefix.string(), "-vocab/"));
+    // An output that is one of the inputs would overwrite it.
+    for (const std::filesystem::path& input : inputs) {
+      for (const char* extension : {".bin", ".idx"}) {
+        const std::filesystem::path output = prefix.string() + extension;
+        std::error_code ec;
+        if (std::filesystem::equivalent(input, output, ec)) {
+          Fail(StrCat("--output ", flags->output, " would write ", output.string(), ", which is the input ",
+                      input.string()));
+        }
       }
-      if (flags->vocabulary.keep_case) Fail("--keep-case is for --tokenizer bert (byte-level BPE keeps case)");
-      auto trainer = data::BpeTrainer::Create();
-      if (!trainer.ok()) Fail(std::string(trainer.status().message()));
-      for (const auto& input : inputs) {
-        if (auto added = (*trainer)->AddFile(input); !added.ok()) Fail(std::string(added.message()));
-      }
-      const std::filesystem::path vocab_dir = prefix.string() + "-vocab";
-      if (auto trained = (*trainer)->Train(vocab_size, vocab_dir); !trained.ok()) Fail(std::string(trained.message()));
-      std::printf("vocabulary: %s/encoder.json, %s/vocab.bpe (%lld tokens)\n", vocab_dir.c_str(), vocab_dir.c_str(),
-                  static_cast<long long>(vocab_size));
-      files = {.kind = "gpt2", .vocab_file = vocab_dir / "encoder.json", .merges_file = vocab_dir / "vocab.bpe"};
-    } else if (flags->vocabulary.tokenizer == "gpt2" || flags->vocabulary.tokenizer == "bert") {
-      files = flags->vocabulary.Files();
-    } else {
-      Fail(StrCat("--tokenizer ", flags->vocabulary.tokenizer, ": expected gpt2, bert or bpe:N"));
     }
-    const std::unique_ptr<data::Tokenizer> tokenizer = Load(files);
     data::PreprocessOptions options;
     options.inputs = inputs;
     options.output_prefix = prefix;
@@ -181,11 +209,53 @@ void AddPreprocess(CLI::App& app) {
     if (flags->format == "paragraphs") options.format = data::InputFormat::kParagraphs;
     if (flags->format == "lines") options.format = data::InputFormat::kLines;
     if (flags->format == "jsonl") options.format = data::InputFormat::kJsonl;
+    data::TokenizerFiles files;
+    // bpe:N learns into a directory of its own, put in place of
+    // PREFIX-vocab/ only once the dataset is written: a failed run leaves
+    // neither a vocabulary without its dataset nor one that does not match
+    // the dataset beside it.
+    std::filesystem::path learnt, vocab_dir;
+    struct RemoveLearnt {
+      std::filesystem::path* dir;
+      ~RemoveLearnt() {
+        std::error_code ec;
+        if (!dir->empty()) std::filesystem::remove_all(*dir, ec);
+      }
+    } remove_learnt{&learnt};
+    if (const int64_t vocab_size = BpeVocabularySize(flags->vocabulary.tokenizer); vocab_size > 0) {
+      if (!flags->vocabulary.vocab_file.empty() || !flags->vocabulary.merges_file.empty()) {
+        Fail(StrCat("--vocab-file and --merges-file are for gpt2 and bert: --tokenizer ", flags->vocabulary.tokenizer,
+                    " learns its own into ", prefix.string(), "-vocab/"));
+      }
+      if (flags->vocabulary.keep_case) Fail("--keep-case is for --tokenizer bert (byte-level BPE keeps case)");
+      auto trainer = data::BpeTrainer::Create();
+      if (!trainer.ok()) Fail(std::string(trainer.status().message()));
+      // The documents the encoder reads (a .jsonl's field, not its JSON).
+      if (auto added = data::ForEachDocument(options, [&](std::string_view text) { return (*trainer)->AddText(text); });
+          !added.ok()) {
+        Fail(std::string(added.message()));
+      }
+      vocab_dir = prefix.string() + "-vocab";
+      learnt = StrCat(vocab_dir.string(), ".tmp-", ::getpid());
+      if (auto trained = (*trainer)->Train(vocab_size, learnt); !trained.ok()) Fail(std::string(trained.message()));
+      files = {.kind = "gpt2", .vocab_file = learnt / "encoder.json", .merges_file = learnt / "vocab.bpe"};
+    } else if (flags->vocabulary.tokenizer == "gpt2" || flags->vocabulary.tokenizer == "bert") {
+      files = flags->vocabulary.Files();
+    } else {
+      Fail(StrCat("--tokenizer ", flags->vocabulary.tokenizer, ": expected gpt2, bert or bpe:N"));
+    }
+    const std::unique_ptr<data::Tokenizer> tokenizer = Load(files);
     ByteProgress progress("preprocess");
     auto stats =
         data::Preprocess(options, *tokenizer, [&](int64_t done, int64_t total) { progress.Update(done, total); });
     progress.Finish();
     if (!stats.ok()) Fail(std::string(stats.status().message()));
+    if (!learnt.empty()) {
+      if (auto placed = ReplaceDirectory(learnt, vocab_dir); !placed.ok()) Fail(std::string(placed.message()));
+      learnt.clear();
+      std::printf("vocabulary: %s/encoder.json, %s/vocab.bpe (%lld tokens)\n", vocab_dir.c_str(), vocab_dir.c_str(),
+                  static_cast<long long>(tokenizer->vocab_size()));
+    }
     const double seconds = progress.Seconds();
     std::printf(
         "wrote %s.bin and %s.idx: %lld documents, %lld sequences, %lld tokens from %.1f MB in %.1f s (%.1f MB/s)\n",
@@ -277,8 +347,16 @@ void AddGenerate(CLI::App& app) {
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 31))
       ->capture_default_str();
   verb->add_option("--top-p", flags->options.generate.top_p,
-                   "Sample among the likeliest tokens holding this probability")
-      ->check(CLI::Range(0.0, 1.0))
+                   "Sample among the likeliest tokens holding this probability, in (0, 1]; 1: all")
+      ->check(CLI::Validator(
+          [](const std::string& text) -> std::string {
+            double value = 0;
+            if (!CLI::detail::lexical_cast(text, value) || !(value > 0 && value <= 1)) {
+              return "'" + text + "' is not a number in (0, 1]";
+            }
+            return "";
+          },
+          "FLOAT in (0, 1]"))
       ->capture_default_str();
   verb->add_option("--seed", flags->options.generate.seed, "Seed of the draws (the same seed, the same text)")
       ->check(CLI::Validator(
@@ -343,7 +421,14 @@ void AddExport(CLI::App& app) {
                    "exist")
       ->required();
   verb->callback([flags] {
-    auto summary = ExportHuggingFace(ExpandPath(flags->path), ExpandPath(flags->output));
+    RemoveTemporariesOnSignals();
+    const std::filesystem::path output = ExpandPath(flags->output);
+    for (const std::filesystem::path& written :
+         output.extension() == ".safetensors" ? std::vector<std::filesystem::path>{output}
+                                              : std::vector{output / "model.safetensors", output / "config.json"}) {
+      RemoveStaleTemporaries(written, {".tmp-"});
+    }
+    auto summary = ExportHuggingFace(ExpandPath(flags->path), output);
     if (!summary.ok()) Fail(std::string(summary.status().message()));
     std::printf("exported %lld tensors (%.1f MB) of %s to %s%s%s\n", static_cast<long long>(summary->tensors),
                 static_cast<double>(summary->bytes) / 1e6, summary->checkpoint.c_str(), summary->weights.c_str(),

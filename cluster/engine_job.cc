@@ -464,8 +464,10 @@ class EnginePlanRunner final : public PlanRunner {
     metrics.iteration = iteration;
     ASSIGN_OR_RETURN(metrics.values, EvalMetrics(eval_sums_, eval_batches_seen_, feed_->eval_loss_terms(),
                                                  feed_->reports_perplexity()));
-    if (const auto* text = feed_->text(); text != nullptr && text->unigram_valid_loss()) {
-      metrics.values["unigram_ppl"] = std::exp(*text->unigram_valid_loss());
+    if (const auto* text = feed_->text(); text != nullptr) {
+      if (const std::optional<double> unigram = text->unigram_valid_loss(feed_->eval_samples())) {
+        metrics.values["unigram_ppl"] = std::exp(*unigram);
+      }
     }
     last_eval_ = metrics.values;
     if (context_.report_metrics) context_.report_metrics(metrics);

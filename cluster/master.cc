@@ -1092,10 +1092,10 @@ class Master::Impl final : public control::Master::Service {
     std::string kept, line;
     while (std::getline(in, line)) {
       const nlohmann::json row = nlohmann::json::parse(line, nullptr, false);
-      if (row.is_object() && row.contains("iter") && row["iter"].is_number_integer() &&
-          row["iter"].get<int64_t>() > iteration) {
-        continue;
-      }
+      // A row cut short by a crash (the last one written) is no row: kept,
+      // it would sit among the resumed run's and break the JSONL.
+      if (!row.is_object()) continue;
+      if (row.contains("iter") && row["iter"].is_number_integer() && row["iter"].get<int64_t>() > iteration) continue;
       kept += line + "\n";
     }
     return WriteFileAtomically(path, kept);

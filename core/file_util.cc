@@ -1,11 +1,14 @@
 #include "core/file_util.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <string>
 
 #include "core/text.h"
@@ -18,6 +21,14 @@ absl::Status Errno(std::string_view what, const std::filesystem::path& path) {
 }
 
 }  // namespace
+
+mode_t CurrentUmask() {
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);) {
+    if (line.starts_with("Umask:")) return static_cast<mode_t>(std::strtoul(line.c_str() + 6, nullptr, 8));
+  }
+  return 022;
+}
 
 absl::Status SyncPath(const std::filesystem::path& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -35,8 +46,53 @@ absl::Status WriteFileDurably(const std::filesystem::path& path, std::string_vie
   return WriteFileDurably(path, parts);
 }
 
+namespace {
+
+constexpr int kTemporarySlots = 64;
+constexpr size_t kTemporaryPathBytes = 4096;
+// A slot is taken (1), written, then published (2) for the handler; freed
+// (0) once the path is forgotten.
+std::atomic<int> temporary_state[kTemporarySlots];
+char temporary_paths[kTemporarySlots][kTemporaryPathBytes];
+
+void RemoveTemporariesAndReraise(int signal) {
+  for (int k = 0; k < kTemporarySlots; ++k) {
+    if (temporary_state[k].load(std::memory_order_acquire) == 2) ::unlink(temporary_paths[k]);
+  }
+  ::signal(signal, SIG_DFL);
+  ::raise(signal);
+}
+
+}  // namespace
+
+TemporaryFile::TemporaryFile(const std::filesystem::path& path) {
+  const std::string& text = path.native();
+  if (text.size() >= kTemporaryPathBytes) return;
+  for (int k = 0; k < kTemporarySlots; ++k) {
+    int free_slot = 0;
+    if (temporary_state[k].compare_exchange_strong(free_slot, 1, std::memory_order_acq_rel)) {
+      std::memcpy(temporary_paths[k], text.c_str(), text.size() + 1);
+      temporary_state[k].store(2, std::memory_order_release);
+      slot_ = k;
+      return;
+    }
+  }
+}
+
+TemporaryFile::~TemporaryFile() {
+  if (slot_ >= 0) temporary_state[slot_].store(0, std::memory_order_release);
+}
+
+void RemoveTemporariesOnSignals() {
+  struct sigaction action {};
+  action.sa_handler = RemoveTemporariesAndReraise;
+  sigemptyset(&action.sa_mask);
+  for (const int signal : {SIGINT, SIGTERM, SIGHUP}) ::sigaction(signal, &action, nullptr);
+}
+
 absl::Status WriteFileDurably(const std::filesystem::path& path, std::span<const std::string_view> parts) {
   const std::filesystem::path temp = path.string() + StrCat(".tmp-", ::getpid());
+  const TemporaryFile registered(temp);
   const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return Errno("cannot create", temp);
   absl::Status status;

@@ -3,6 +3,8 @@
 // kill -9 at any moment leaves either the old file or the complete new one,
 // never a torn one (DESIGN §11).
 
+#include <sys/types.h>
+
 #include <filesystem>
 #include <span>
 #include <string_view>
@@ -18,6 +20,32 @@ namespace tessera {
 // The same for a file made of several parts written back to back (no copy
 // into one buffer: a checkpoint shard's header, then each tensor's bytes).
 [[nodiscard]] absl::Status WriteFileDurably(const std::filesystem::path& path, std::span<const std::string_view> parts);
+
+// Temporary files a Ctrl-C (SIGINT, SIGTERM, SIGHUP) should not leave
+// behind: WriteFileDurably's and the dataset builder's (data/) register
+// theirs while they exist. A command whose interruption has no other
+// meaning (`tessera preprocess`, `export`) calls
+// RemoveTemporariesOnSignals() first: the signal then unlinks every
+// registered file and ends the process as the signal would have.
+// Registration is a no-op for the other commands (a `tessera train`'s
+// Ctrl-C finishes its iteration and writes its checkpoint). At most 64 at
+// once; more go unregistered. Thread-safe and async-signal-safe on the
+// handler's side.
+class TemporaryFile {
+ public:
+  explicit TemporaryFile(const std::filesystem::path& path);
+  ~TemporaryFile();  // forgets it (it was renamed, or removed)
+  TemporaryFile(const TemporaryFile&) = delete;
+  TemporaryFile& operator=(const TemporaryFile&) = delete;
+
+ private:
+  int slot_ = -1;
+};
+void RemoveTemporariesOnSignals();
+
+// The process's umask, read without changing it (/proc/self/status; 022
+// where that is unreadable).
+mode_t CurrentUmask();
 
 // fsyncs a file or a directory (so a rename inside it is on disk).
 [[nodiscard]] absl::Status SyncPath(const std::filesystem::path& path);

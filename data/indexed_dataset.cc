@@ -15,6 +15,7 @@
 #include <limits>
 #include <utility>
 
+#include "core/file_util.h"
 #include "core/status.h"
 #include "core/text.h"
 
@@ -322,6 +323,11 @@ class IndexedDatasetBuilder::SpoolFile {
     const int fd = ::mkostemp(pattern.data(), O_CLOEXEC);
     if (fd < 0) return ErrnoError(errno, "create temporary file", pattern);
     std::unique_ptr<SpoolFile> file(new SpoolFile(fd, pattern));
+    if (!anonymous) file->registered_ = std::make_unique<TemporaryFile>(pattern);
+    // mkostemp makes it 0600; the dataset it becomes is read by whoever
+    // reads the directory (other users, the nodes of a cluster), as any
+    // file created under the umask.
+    if (!anonymous && ::fchmod(fd, 0666 & ~CurrentUmask()) != 0) return ErrnoError(errno, "chmod", pattern);
     if (anonymous) {
       if (::unlink(pattern.c_str()) != 0) return ErrnoError(errno, "unlink temporary file", pattern);
       file->path_.clear();
@@ -397,6 +403,7 @@ class IndexedDatasetBuilder::SpoolFile {
 
   int fd_;
   fs::path path_;
+  std::unique_ptr<TemporaryFile> registered_;  // a named one, for a Ctrl-C to remove
   std::vector<uint8_t> buffer_;
   int64_t size_ = 0;  // bytes written to the file (the buffer not included)
 };

@@ -55,6 +55,9 @@ struct EncodeContext {
   std::string json_key;
   std::optional<int64_t> end_of_document;
   bool split_sentences;
+  // ForEachDocument: each document's text goes here instead of the
+  // tokenizer (which is then null).
+  const std::function<absl::Status(std::string_view)>* visit = nullptr;
 };
 
 bool IsBlank(std::string_view line) {
@@ -89,6 +92,10 @@ absl::Status LineError(const EncodeContext& context, const Chunk& chunk, int64_t
 // Encodes one document (its text starts at `line`) into `result`.
 absl::Status EncodeDocument(const EncodeContext& context, const Chunk& chunk, int64_t line, std::string_view text,
                             ChunkResult& result) {
+  if (context.visit != nullptr) {
+    const absl::Status visited = (*context.visit)(text);
+    return visited.ok() ? visited : LineError(context, chunk, line, std::string(visited.message()));
+  }
   const size_t sequences_before = result.sequence_lengths.size();
   const auto encode = [&](std::string_view piece) -> absl::Status {
     absl::StatusOr<std::vector<int64_t>> ids = context.tokenizer->Encode(piece);
@@ -361,6 +368,25 @@ std::vector<std::string_view> SplitSentences(std::string_view text) {
   return sentences;
 }
 
+absl::Status ForEachDocument(const PreprocessOptions& options,
+                             const std::function<absl::Status(std::string_view text)>& visit) {
+  if (options.inputs.empty()) return absl::InvalidArgumentError("preprocess: no input files");
+  EncodeContext context{nullptr, {}, {}, options.json_key, std::nullopt, false, &visit};
+  for (const fs::path& input : options.inputs) {
+    context.names.push_back(input.string());
+    context.formats.push_back(ResolveFormat(options.format, input));
+  }
+  for (size_t k = 0; k < options.inputs.size(); ++k) {
+    RETURN_IF_ERROR(
+        ReadChunks(options.inputs[k], context.names[k], context.formats[k], std::max<int64_t>(1, options.chunk_bytes),
+                   [&](std::string bytes, int64_t first_line) -> absl::Status {
+                     const Chunk chunk{.ordinal = 0, .input = k, .first_line = first_line, .bytes = std::move(bytes)};
+                     return ProcessChunk(context, chunk).status;
+                   }));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<PreprocessStats> Preprocess(const PreprocessOptions& options, const Tokenizer& tokenizer,
                                            const PreprocessProgress& progress) {
   if (options.inputs.empty()) return absl::InvalidArgumentError("preprocess: no input files");
@@ -370,7 +396,7 @@ absl::StatusOr<PreprocessStats> Preprocess(const PreprocessOptions& options, con
   if (options.num_threads < 0) {
     return absl::InvalidArgumentError(StrCat("preprocess: num_threads must be >= 0, got ", options.num_threads));
   }
-  EncodeContext context{&tokenizer, {}, {}, options.json_key, std::nullopt, options.split_sentences};
+  EncodeContext context{&tokenizer, {}, {}, options.json_key, std::nullopt, options.split_sentences, nullptr};
   if (options.append_end_of_document) context.end_of_document = tokenizer.EndOfDocumentId();
   int64_t total_bytes = 0;
   for (const fs::path& input : options.inputs) {

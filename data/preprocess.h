@@ -77,6 +77,15 @@ using PreprocessProgress = std::function<void(int64_t bytes_done, int64_t bytes_
 [[nodiscard]] absl::StatusOr<PreprocessStats> Preprocess(const PreprocessOptions& options, const Tokenizer& tokenizer,
                                                          const PreprocessProgress& progress = nullptr);
 
+// Calls `visit` with the text of every document of options.inputs, in
+// order, as Preprocess reads them (format, json_key; the same errors for
+// bad UTF-8, JSON or fields, and for a `visit` error, naming the file and
+// line), on the calling thread. Reads only: what a vocabulary is learnt
+// from (`tessera preprocess --tokenizer bpe:N`), so it sees exactly the
+// documents the encoder does.
+[[nodiscard]] absl::Status ForEachDocument(const PreprocessOptions& options,
+                                           const std::function<absl::Status(std::string_view text)>& visit);
+
 // The rule-based sentence splitter of split_sentences. A sentence ends after
 // '.', '!' or '?' (and any closing quotes or brackets right after it) when
 // whitespace follows and the next non-whitespace character is not a

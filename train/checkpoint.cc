@@ -438,7 +438,12 @@ absl::StatusOr<fs::path> ResolveCheckpoint(const fs::path& path) {
       fs::is_regular_file(path / kHfFileName, ec)) {
     return path;  // a checkpoint, or Hugging Face weights
   }
-  if (!fs::is_directory(path, ec)) return absl::NotFoundError(StrCat(path.string(), ": no such file or directory"));
+  if (!fs::exists(path, ec)) return absl::NotFoundError(StrCat(path.string(), ": no such file or directory"));
+  if (!fs::is_directory(path, ec)) {
+    return absl::InvalidArgumentError(StrCat(path.string(),
+                                             " is not a checkpoint: give a checkpoint's directory, a training output "
+                                             "directory or Hugging Face weights (a .safetensors file)"));
+  }
   ASSIGN_OR_RETURN(const std::optional<fs::path> latest, LatestCheckpoint(path));
   if (!latest) {
     return absl::NotFoundError(StrCat(path.string(),

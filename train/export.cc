@@ -1,5 +1,7 @@
 #include "train/export.h"
 
+#include <algorithm>
+
 #include "core/file_util.h"
 #include "core/registry.h"
 #include "core/status.h"
@@ -31,6 +33,20 @@ absl::StatusOr<ExportSummary> ExportHuggingFace(const std::filesystem::path& pat
     return absl::FailedPreconditionError(StrCat("checkpoint ", dir.string(), ": ",
                                                 config["model"].value("_target_", std::string("its model")),
                                                 " has no Hugging Face layout (models.GPT2 and models.BERT have)"));
+  }
+  // Into the checkpoint it reads (over a rank file, or index.json's
+  // directory): the checkpoint would be broken by its own export.
+  {
+    std::error_code ec;
+    const std::filesystem::path within = std::filesystem::weakly_canonical(output, ec);
+    const std::filesystem::path source = std::filesystem::weakly_canonical(dir, ec);
+    if (!ec) {
+      const auto [end, rest] = std::mismatch(source.begin(), source.end(), within.begin(), within.end());
+      if (end == source.end()) {
+        return absl::InvalidArgumentError(StrCat("--output ", output.string(), " is inside the checkpoint it exports (",
+                                                 dir.string(), "): write it elsewhere"));
+      }
+    }
   }
   ExportSummary summary;
   summary.checkpoint = dir;

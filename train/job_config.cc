@@ -136,9 +136,11 @@ Binding<ZeroConfig> MakeZeroKeys() {
 }
 
 Binding<EvaluationConfig> MakeEvaluationKeys() {
-  Binding<EvaluationConfig> b("Evaluation on the held-out (valid) split of the text data: the mean loss and its "
-                              "perplexity, written to metrics.jsonl as `eval_loss` / `eval_ppl` beside the "
-                              "unigram baseline's `unigram_ppl`.");
+  Binding<EvaluationConfig> b(
+      "Evaluation on the held-out (valid) split of the text data: the mean loss and its "
+      "perplexity, written to metrics.jsonl as `eval_loss` / `eval_ppl` beside the "
+      "unigram baseline's `unigram_ppl` on the same samples (a unigram model of the train "
+      "split).");
   b.Field("enabled", &EvaluationConfig::enabled, {.doc = "evaluate during training (needs text data: `dataloader`)"});
   b.Field("eval_period", &EvaluationConfig::eval_period,
           {.min = 1, .max = kMaxIterations, .doc = "iterations between evaluations; `null`: only at the end"});
@@ -278,7 +280,8 @@ Binding<DataloaderConfig> MakeDataloaderKeys() {
                   "model's own synthetic data"});
   b.Field("text_file", &DataloaderConfig::text_file,
           {.doc = "a text file (paragraphs are documents; `.jsonl`: a \"text\" field per line) preprocessed into "
-                  "`data_prefix` with the job's tokenizer when that dataset does not exist yet; `null`: none"});
+                  "`data_prefix` with the job's tokenizer when that dataset does not exist yet (an existing one is "
+                  "used as it is, with a warning when the text file changed after it was built); `null`: none"});
   b.Field("splits", &DataloaderConfig::splits,
           {.doc = "train,valid,test weights over the documents, as Megatron's (evaluation reads the valid split)"});
   b.Field(

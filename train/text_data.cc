@@ -32,10 +32,10 @@ absl::StatusOr<std::unique_ptr<data::Tokenizer>> LoadConfiguredTokenizer(const T
   return std::move(*tokenizer);
 }
 
-// Mean -log p(token) over the valid windows' labels (tokens 1..T of each
-// window, what the model is scored on), p counted on the train windows.
-double UnigramLoss(const data::GptDataset& train, const data::GptDataset& valid, int64_t vocab_size) {
-  std::vector<double> counts(static_cast<size_t>(vocab_size), 1.0);  // add-one
+// Add-one counts of each label token (tokens 1..T of each window, what the
+// model is scored on) of the train windows, and their sum.
+std::pair<std::vector<double>, double> UnigramCounts(const data::GptDataset& train, int64_t vocab_size) {
+  std::vector<double> counts(static_cast<size_t>(vocab_size), 1.0);
   double total = static_cast<double>(vocab_size);
   std::vector<int64_t> window(static_cast<size_t>(train.sample_length()));
   for (int64_t s = 0; s < train.size(); ++s) {
@@ -44,17 +44,7 @@ double UnigramLoss(const data::GptDataset& train, const data::GptDataset& valid,
       if (window[i] >= 0 && window[i] < vocab_size) counts[static_cast<size_t>(window[i])] += 1, total += 1;
     }
   }
-  double loss = 0;
-  int64_t n = 0;
-  for (int64_t s = 0; s < valid.size(); ++s) {
-    if (!valid.Sample(s, window).ok()) continue;
-    for (size_t i = 1; i < window.size(); ++i) {
-      const double c = window[i] >= 0 && window[i] < vocab_size ? counts[static_cast<size_t>(window[i])] : 1.0;
-      loss -= std::log(c / total);
-      ++n;
-    }
-  }
-  return n > 0 ? loss / static_cast<double>(n) : 0.0;
+  return {std::move(counts), total};
 }
 
 }  // namespace
@@ -103,6 +93,19 @@ absl::StatusOr<std::unique_ptr<TextData>> TextData::Open(const nlohmann::json& c
     auto stats = data::Preprocess(options, *tokenizer, progress);
     if (!stats.ok())
       return absl::Status(stats.status().code(), StrCat("dataloader.text_file: ", stats.status().message()));
+  } else if (loader.text_file) {
+    // text_file only builds a missing dataset: one edited (or replaced)
+    // since is not read, which a user changing it would not expect unsaid.
+    const std::filesystem::path text = ExpandPath(*loader.text_file);
+    std::error_code text_ec, idx_ec;
+    const auto text_time = std::filesystem::last_write_time(text, text_ec);
+    const auto idx_time = std::filesystem::last_write_time(prefix.string() + ".idx", idx_ec);
+    if (!text_ec && !idx_ec && text_time > idx_time) {
+      TLOG_WARN(
+          "dataloader.text_file {} changed after the dataset {} was built from it: training on the dataset as it is "
+          "(remove {}.bin and {}.idx to rebuild it)",
+          text.string(), prefix.string(), prefix.string(), prefix.string());
+    }
   }
   auto dataset = data::IndexedDataset::Open(prefix);
   if (!dataset.ok()) {
@@ -150,12 +153,30 @@ absl::StatusOr<std::unique_ptr<TextData>> TextData::Open(const nlohmann::json& c
     if (auto made = data::GptDataset::Make(indexed, options); made.ok()) text->gpt_valid_ = *std::move(made);
     train_size = text->gpt_train_->size();
     if (text->gpt_valid_) {
-      text->unigram_valid_loss_ = UnigramLoss(*text->gpt_train_, *text->gpt_valid_, inputs.vocab_size);
+      std::tie(text->unigram_counts_, text->unigram_total_) = UnigramCounts(*text->gpt_train_, inputs.vocab_size);
     }
   }
   text->sampler_.emplace(train_size, static_cast<uint64_t>(loader.seed), /*shuffle=*/true);
   text->tokenizer_ = std::move(tokenizer);
   return text;
+}
+
+std::optional<double> TextData::unigram_valid_loss(int64_t samples) const {
+  if (!gpt_valid_ || unigram_counts_.empty()) return std::nullopt;
+  const int64_t vocab_size = static_cast<int64_t>(unigram_counts_.size());
+  std::vector<int64_t> window(static_cast<size_t>(gpt_valid_->sample_length()));
+  double loss = 0;
+  int64_t n = 0;
+  for (int64_t s = 0; s < std::min(samples, gpt_valid_->size()); ++s) {
+    if (!gpt_valid_->Sample(s, window).ok()) continue;
+    for (size_t i = 1; i < window.size(); ++i) {
+      const double c = window[i] >= 0 && window[i] < vocab_size ? unigram_counts_[static_cast<size_t>(window[i])] : 1.0;
+      loss -= std::log(c / unigram_total_);
+      ++n;
+    }
+  }
+  if (n == 0) return std::nullopt;
+  return loss / static_cast<double>(n);
 }
 
 int64_t TextData::train_samples() const { return gpt_train_ ? gpt_train_->size() : bert_train_->size(); }

@@ -70,11 +70,12 @@ class TextData {
   int64_t train_samples() const;
   // 0 when the valid split is too small for a sample.
   int64_t valid_samples() const;
-  // GPT: the mean cross-entropy (nats per token) on the valid split's
-  // windows of a unigram model counted on the train split (add-one smoothed
-  // over the model's vocabulary): the baseline an evaluation is compared
+  // GPT: the mean cross-entropy (nats per token) on the first `samples`
+  // windows of the valid split (all of it at most) of a unigram model
+  // counted on the train split (add-one smoothed over the model's
+  // vocabulary): the baseline an evaluation of those samples is compared
   // with. nullopt without a valid split, and for BERT.
-  std::optional<double> unigram_valid_loss() const { return unigram_valid_loss_; }
+  std::optional<double> unigram_valid_loss(int64_t samples) const;
   // The tokenizer (null when the config names none).
   const data::Tokenizer* tokenizer() const { return tokenizer_.get(); }
 
@@ -96,7 +97,9 @@ class TextData {
   std::optional<data::BertDataset> bert_train_, bert_valid_;
   std::optional<data::GlobalSampler> sampler_;
   std::unique_ptr<data::Tokenizer> tokenizer_;
-  std::optional<double> unigram_valid_loss_;
+  // The unigram model's add-one counts over the vocabulary, and their sum.
+  std::vector<double> unigram_counts_;
+  double unigram_total_ = 0;
 };
 
 }  // namespace tessera

@@ -1,6 +1,9 @@
 // End-to-end tests of the `tessera` binary: runs it as a user would.
 
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -243,6 +246,89 @@ TEST(Cli, FlagsNothingReadsAndValuesOutOfRangeAreOneLineErrors) {
   }
   EXPECT_FALSE(std::filesystem::exists(out + ".bin"));
   std::filesystem::remove_all(dir);
+}
+
+// preprocess and its outputs: a learnt vocabulary comes from the documents
+// the encoder reads (a .jsonl's field, not its JSON syntax) and replaces
+// PREFIX-vocab/ only with the dataset it belongs to (a failed run replaced
+// it, leaving the old dataset beside a new vocabulary); an output that is
+// an input is refused (it was overwritten); the dataset is readable as
+// the umask allows (it was 0600); what an interrupted run left is removed
+// by the next, and a Ctrl-C removes its own.
+TEST(Cli, PreprocessKeepsItsOutputsConsistent) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("tessera_cli_preprocess_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  {
+    std::ofstream jsonl(dir / "docs.jsonl");
+    for (int i = 0; i < 200; ++i) {
+      jsonl << R"({"text": "The )" << i << R"( sheep went over the hill, and the shepherd followed them.\n", "id": )"
+            << i << "}\n";
+    }
+  }
+  const std::string prefix = (dir / "docs").string();
+  Result r = RunTessera("preprocess --input " + (dir / "docs.jsonl").string() + " --tokenizer bpe:300 --output " +
+                        prefix + " 2>&1");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const nlohmann::json encoder = nlohmann::json::parse(std::ifstream(prefix + "-vocab/encoder.json"));
+  for (const auto& [token, id] : encoder.items()) {
+    if (token.size() < 2) continue;  // the bytes themselves
+    EXPECT_EQ(token.find_first_of("\"{}:"), std::string::npos) << "a merge of JSON syntax: " << token;
+  }
+  EXPECT_NE(encoder.find("Ġshe"), encoder.end());
+  // A failed run (a document that is not a string) changes nothing.
+  const auto slurp = [](const fs::path& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  const std::string vocabulary = slurp(prefix + "-vocab/vocab.bpe"), data = slurp(prefix + ".bin");
+  std::ofstream(dir / "bad.jsonl") << R"({"text": "fine"})"
+                                   << "\n"
+                                   << R"({"text": 5})"
+                                   << "\n";
+  r = RunTessera("preprocess --input " + (dir / "bad.jsonl").string() + " --tokenizer bpe:260 --output " + prefix +
+                 " 2>&1");
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_NE(r.out.find("bad.jsonl:2: field \"text\" is not a string"), std::string::npos) << r.out;
+  EXPECT_EQ(slurp(prefix + "-vocab/vocab.bpe"), vocabulary);
+  EXPECT_EQ(slurp(prefix + ".bin"), data);
+  // Permissions: the umask's (the test runs under 022 or stricter).
+  EXPECT_EQ(fs::status(prefix + ".bin").permissions() & fs::perms::owner_read, fs::perms::owner_read);
+  const mode_t mask = ::umask(022);
+  ::umask(mask);
+  EXPECT_EQ(static_cast<mode_t>(fs::status(prefix + ".idx").permissions()), 0666 & ~mask);
+  // An output that is an input.
+  fs::copy_file(dir / "docs.jsonl", dir / "same.bin");
+  r = RunTessera("preprocess --input " + (dir / "same.bin").string() + " --tokenizer gpt2 --format lines --output " +
+                 (dir / "same").string() + " 2>&1");
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_NE(r.out.find("which is the input"), std::string::npos) << r.out;
+  EXPECT_EQ(slurp(dir / "same.bin"), slurp(dir / "docs.jsonl"));
+  // What a killed run left goes; a Ctrl-C leaves nothing of its own.
+  std::ofstream(prefix + ".bin.tmp-Ab12Cd") << "stale";
+  fs::create_directories(prefix + "-vocab.tmp-999999");
+  r = RunTessera("preprocess --input " + (dir / "docs.jsonl").string() + " --tokenizer gpt2 --output " + prefix);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_FALSE(fs::exists(prefix + ".bin.tmp-Ab12Cd"));
+  EXPECT_FALSE(fs::exists(prefix + "-vocab.tmp-999999"));
+  {
+    std::ofstream big(dir / "big.txt");
+    const std::string paragraph(2000, 'a');
+    for (int i = 0; i < 12000; ++i) big << "word " << i << " " << paragraph << "\n\n";
+  }
+  const pid_t child = ::tessera::testing::SpawnTessera("preprocess --threads 1 --input " + (dir / "big.txt").string() +
+                                                           " --tokenizer gpt2 --output " + (dir / "big").string(),
+                                                       dir / "big.log");
+  ASSERT_GT(child, 0);
+  ::usleep(400 * 1000);
+  ::kill(child, SIGINT);
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    EXPECT_EQ(entry.path().filename().string().find(".tmp-"), std::string::npos) << entry.path();
+  }
+  fs::remove_all(dir);
 }
 
 // A worker whose master is not there waits for it, but says so after

@@ -455,13 +455,28 @@ TEST(CheckpointEndToEnd, ResumeContinuesBitExactlyUnderAnyLayout) {
   EXPECT_TRUE(fs::exists(CheckpointPath(straight, 4) / "rank_00001.safetensors"));
 
   // "4 + resume 4" under the same layout: the same losses, bit for bit.
+  // The earlier run's metrics.jsonl ends in a row a kill cut short: it goes
+  // (kept, it sat among the resumed rows), the rows up to 4 stay.
   const fs::path resumed = root / "resumed";
   CopyCheckpoint(straight, 4, resumed);
+  {
+    std::ifstream in(straight / "metrics.jsonl");
+    std::ofstream out(resumed / "metrics.jsonl");
+    std::string line;
+    for (int k = 0; k < 6 && std::getline(in, line); ++k) out << line << "\n";
+    out << R"({"grad_norm":0.9,"iter":7,"lo)";
+  }
   run = RunTessera(Nano(resumed, "train.dist.tensor_parallel_size=2 --resume"));
   ASSERT_EQ(run.exit_code, 0) << run.out;
   std::map<int64_t, double> losses = Losses(resumed);
-  ASSERT_EQ(losses.size(), 4u) << run.out;
-  for (int64_t it = 5; it <= 8; ++it) EXPECT_EQ(losses[it], reference.at(it)) << "iteration " << it;
+  ASSERT_EQ(losses.size(), 8u) << run.out;
+  for (int64_t it = 1; it <= 8; ++it) EXPECT_EQ(losses[it], reference.at(it)) << "iteration " << it;
+  {
+    std::ifstream in(resumed / "metrics.jsonl");
+    for (std::string line; std::getline(in, line);) {
+      EXPECT_TRUE(nlohmann::json::parse(line, nullptr, false).is_object()) << line;
+    }
+  }
 
   // The tensor-parallel checkpoint under data, pipeline and 2-D layouts:
   // the first iteration's loss (the loaded weights' forward) within 1e-5.
@@ -528,6 +543,13 @@ TEST(CheckpointEndToEnd, ResumeErrorsAreOneLine) {
   run = RunTessera(Nano(root / "none", "train.load_weight=" + (root / "nowhere").string()));
   EXPECT_NE(run.exit_code, 0);
   EXPECT_NE(run.out.find("train.load_weight"), std::string::npos) << run.out;
+  // An export into the checkpoint it reads would break it.
+  const fs::path rank0 = CheckpointPath(root / "done", 8) / "rank_00000.safetensors";
+  const std::string before = ReadFile(rank0);
+  run = RunTessera("export " + (root / "done").string() + " --output " + rank0.string());
+  EXPECT_EQ(run.exit_code, 1) << run.out;
+  EXPECT_NE(run.out.find("is inside the checkpoint it exports"), std::string::npos) << run.out;
+  EXPECT_EQ(ReadFile(rank0), before);
   // A bit flipped on disk: one line naming the file and the tensor.
   const fs::path flipped = root / "flipped";
   fs::copy(CheckpointPath(root / "done", 8), flipped);

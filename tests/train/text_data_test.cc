@@ -218,9 +218,23 @@ TEST_F(TextDataTest, WholeSplitEvaluationCountsEachSampleOnceWhateverTheGlobalBa
   const size_t samples_at = run.out.find("that the valid split's ");
   ASSERT_NE(samples_at, std::string::npos) << run.out;
   ASSERT_NE(std::stoll(run.out.substr(samples_at + 23)) % 7, 0) << "the split fills its last batch: " << run.out;
+  const auto unigram = [](const std::string& out) {
+    const size_t at = out.find("unigram_ppl ");
+    EXPECT_NE(at, std::string::npos) << out;
+    return at == std::string::npos ? 0.0 : std::stod(out.substr(at + 12));
+  };
+  run = RunTessera(Train(dir, seven + " --eval-only"));
+  ASSERT_EQ(run.exit_code, 0) << run.out;
+  const double unigram_whole = unigram(run.out);
   run = RunTessera(Train(dir, seven + "train.evaluation.eval_iter=" + std::to_string(whole) + " --eval-only"));
   ASSERT_EQ(run.exit_code, 0) << run.out;
   EXPECT_NEAR(PrintedLoss(run.out, "eval iter 2/2"), one, 2e-6 * one);
+  EXPECT_EQ(unigram(run.out), unigram_whole);
+  // The unigram baseline is scored on the samples evaluated (it was the
+  // whole split's beside an evaluation of one batch).
+  run = RunTessera(Train(dir, seven + "train.evaluation.eval_iter=1 --eval-only"));
+  ASSERT_EQ(run.exit_code, 0) << run.out;
+  EXPECT_NE(unigram(run.out), unigram_whole);
 }
 
 // train.checkpointer.save_best (LiBai's BestCheckpointer): after each
