@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -405,7 +406,13 @@ class Master::Impl final : public control::Master::Service {
         const absl::Status error(static_cast<absl::StatusCode>(std::clamp(request->code(), 1, 16)),
                                  request->message().substr(0, kMaxLogLineBytes));
         const std::string reason = absl::StrCat("worker ", worker->id, " (node ", slot->node, "): ", error.ToString());
-        if (error.code() == absl::StatusCode::kUnavailable) {
+        if (error.code() == absl::StatusCode::kCancelled &&
+            absl::StartsWith(error.message(), "interrupted at iteration ")) {
+          // A node stopped at an iteration boundary by its process's
+          // signal (a `tessera train` Ctrl-C): a resumable stop, not a
+          // failure.
+          EndJobLocked(job, control::CANCELLED, reason);
+        } else if (error.code() == absl::StatusCode::kUnavailable) {
           // A lost link is a symptom: the cause is usually a peer that died
           // or hangs. Probe the job's other workers now and name the one that
           // does not answer; a report of another kind meanwhile wins.

@@ -186,7 +186,12 @@ absl::Status Engine::Run(int64_t iterations, const FeedFn& feed, const FetchFn& 
         "Engine::Run: this engine is already running (a Run from another thread, or from a feed or fetch of the "
         "Run in progress); an Engine runs one Run at a time");
   }
-  const absl::Cleanup done = [this] { running_ = false; };
+  const absl::Cleanup done = [this] {
+    std::lock_guard<std::mutex> lock(cancel_mu_);
+    active_ = nullptr;
+    cancelled_.reset();
+    running_ = false;
+  };
   scheduler::LowerOptions lower = options_.lower;
   lower.iterations = iterations;
   lower.start_iteration = iterations_done_;
@@ -253,13 +258,31 @@ absl::Status Engine::Run(int64_t iterations, const FeedFn& feed, const FetchFn& 
     if (parts.size() != 1) return absl::InternalError(StrCat("an in-process plan on ", parts.size(), " nodes"));
     ASSIGN_OR_RETURN(std::unique_ptr<actors::Runtime> rt,
                      actors::Runtime::LoadNodePlan(actors::SerializeNodePlan(parts[0]), std::move(runtime)));
-    RETURN_IF_ERROR(rt->Run());
+    {
+      std::lock_guard<std::mutex> lock(cancel_mu_);
+      if (cancelled_) return *cancelled_;
+      active_ = rt.get();
+    }
+    absl::Status ran = rt->Run();
+    {
+      std::lock_guard<std::mutex> lock(cancel_mu_);
+      active_ = nullptr;
+    }
+    RETURN_IF_ERROR(ran);
     arena_uses_ = rt->stats().arenas;
   }
   TLOG_DEBUG("ran {} iterations ({} plan bytes) in {:.3f} s", iterations, bytes.size(),
              std::chrono::duration<double>(std::chrono::steady_clock::now() - run_started).count());
   iterations_done_ += iterations;
   return absl::OkStatus();
+}
+
+void Engine::Cancel(absl::Status reason) {
+  if (reason.ok()) reason = absl::CancelledError("the run was cancelled (Engine::Cancel)");
+  std::lock_guard<std::mutex> lock(cancel_mu_);
+  if (!running_) return;
+  cancelled_ = reason;
+  if (active_ != nullptr) active_->Abort(reason);
 }
 
 }  // namespace tessera

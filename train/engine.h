@@ -31,6 +31,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -100,6 +101,12 @@ class Engine {
   // another thread, or from a feed or fetch of that Run) is
   // FAILED_PRECONDITION and changes nothing.
   absl::Status Run(int64_t iterations, const FeedFn& feed, const FetchFn& fetch);
+  // Stops the Run in progress (from any thread, a callback of it included):
+  // every actor stops and that Run returns `reason`; the engine stays as
+  // after any failed Run (the next Run continues from the last successful
+  // one). Without a Run in progress, nothing happens. (A
+  // CompileOptions::executor's run is the executor's to stop.)
+  void Cancel(absl::Status reason = absl::CancelledError("the run was cancelled (Engine::Cancel)"));
 
   // The compiled graph (after the training passes).
   const graph::Graph& graph() const { return graph_; }
@@ -123,6 +130,11 @@ class Engine {
   std::map<uint32_t, std::unique_ptr<ThreadPool>> pools_;  // per device, made by the first Run
   int64_t iterations_done_ = 0;  // by successful runs: the next run's first iteration
   std::atomic<bool> running_ = false;
+  // The runtime of the Run in progress, and a Cancel that came before it
+  // was loaded.
+  std::mutex cancel_mu_;
+  actors::Runtime* active_ = nullptr;
+  std::optional<absl::Status> cancelled_;
   int threads_per_device_ = 0;
   std::vector<actors::ArenaMonitor::Use> arena_uses_;
 };

@@ -19,6 +19,13 @@ namespace tessera {
 // Writes micro-batch `micro_batch` of graph input `input` for `iteration`
 // into `tensor` (preallocated with the input's logical meta; micro_batch is
 // 0 without accumulation). May be called from several device threads at once.
+// It must write every element: the buffer holds whatever it held before.
+// Write through the tensor (data<T>(), or a copy of it: `Tensor t = tensor;
+// t.CopyFrom(values)`, copies share their storage); assigning another
+// tensor to a copy writes nothing. data<T>() and ToVector<T>() of the wrong
+// T, or FromVector with a count that is not the shape's, are TESSERA_CHECK
+// failures (a programming error ends the process); errors the feed can
+// meet (data it cannot read) are returned as a Status.
 using FeedFn = std::function<absl::Status(int64_t iteration, int64_t micro_batch, std::string_view input,
                                           const Tensor& tensor)>;
 // Called once per iteration with "loss" and the fetches (averaged over the

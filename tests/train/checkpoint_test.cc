@@ -704,6 +704,11 @@ TEST(CheckpointEndToEnd, SignalSavesACheckpointAndTheResumeContinuesExactly) {
     ASSERT_NE(at, std::string::npos) << text;
     const int64_t iteration = std::stoll(text.substr(at + std::string("interrupted at iteration ").size()));
     EXPECT_NE(text.find(CheckpointPath(out, iteration).string()), std::string::npos) << text;
+    // log.txt records a resumable stop, not a failure.
+    const std::string log_txt = ReadFile(out / "log.txt");
+    EXPECT_NE(log_txt.find("CANCELLED: worker local (node 0): CANCELLED: interrupted at iteration "), std::string::npos)
+        << log_txt;
+    EXPECT_EQ(log_txt.find("FAILED"), std::string::npos) << log_txt;
     auto latest = LatestCheckpoint(out);
     ASSERT_TRUE(latest.ok() && latest->has_value()) << text;
     EXPECT_EQ(**latest, CheckpointPath(out, iteration));

@@ -243,6 +243,27 @@ TEST(Engine, RunsOneRunAtATimeAndRefusesBadOptions) {
   ASSERT_TRUE((*engine)->Run(1, feed, fetch).ok());
   EXPECT_EQ(fed, (std::vector<int64_t>{0, 1, 2}));
 
+  // Engine::Cancel from a callback (a service shutting down would call it
+  // from another thread): the Run ends with the reason at once, and the
+  // next Run continues from the last successful one.
+  int64_t fetched = 0;
+  const Engine::FetchFn cancel_at_5 = [&](int64_t iteration, const std::map<std::string, Tensor>&) {
+    ++fetched;
+    if (iteration == 5) (*engine)->Cancel(absl::CancelledError("shutting down"));
+    return absl::OkStatus();
+  };
+  const absl::Status cancelled = (*engine)->Run(1000, feed, cancel_at_5);
+  EXPECT_EQ(cancelled.code(), absl::StatusCode::kCancelled) << cancelled;
+  EXPECT_NE(cancelled.message().find("shutting down"), std::string::npos) << cancelled;
+  EXPECT_LT(fetched, 100);
+  fed.clear();
+  ASSERT_TRUE((*engine)->Run(1, feed, fetch).ok());
+  EXPECT_EQ(fed, (std::vector<int64_t>{3}));
+  (*engine)->Cancel();  // no Run in progress: nothing happens
+  fed.clear();
+  ASSERT_TRUE((*engine)->Run(1, feed, fetch).ok());
+  EXPECT_EQ(fed, (std::vector<int64_t>{4}));
+
   const auto refused = [&](CompileOptions options, const std::string& text) {
     const absl::Status status = compile(options).status();
     EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
