@@ -272,7 +272,13 @@ class EnginePlanRunner final : public PlanRunner {
     // Every job run of a `tessera train` has the same tag (job-000001-1):
     // a temporary directory a killed run left would take this run's shards
     // beside its own (wrong overlaps, a stale file committed).
-    if (context_.node == 0 && !train.output_dir.empty()) RETURN_IF_ERROR(RemoveCheckpointTemps(train.output_dir));
+    if (context_.node == 0 && !train.output_dir.empty()) {
+      RETURN_IF_ERROR(RemoveCheckpointTemps(train.output_dir));
+      // A run from scratch told to overwrite an earlier run's checkpoints.
+      if (first == 0 && !train.resume && train.overwrite_output_dir) {
+        RETURN_IF_ERROR(RemoveCheckpoints(train.output_dir));
+      }
+    }
     LoadBest();
     std::shared_ptr<const CheckpointReader> init;
     if (!node_plan_.init_checkpoint().empty()) {

@@ -4,6 +4,7 @@
 #include <charconv>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <set>
 #include <sstream>
 
@@ -475,21 +476,38 @@ absl::StatusOr<std::optional<fs::path>> LatestCheckpoint(const fs::path& output_
   return std::optional<fs::path>(best->second);
 }
 
-absl::Status RemoveCheckpointTemps(const fs::path& output_dir) {
+namespace {
+
+// Removes the entries of output_dir/checkpoints whose names `matches`.
+absl::Status RemoveFromCheckpointsDir(const fs::path& output_dir,
+                                      const std::function<bool(const std::string& name)>& matches) {
   const fs::path dir = CheckpointsDir(output_dir);
   std::error_code ec;
   if (!fs::exists(dir, ec)) return absl::OkStatus();
-  std::vector<fs::path> temps;
+  std::vector<fs::path> doomed;
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
-    const std::string name = entry.path().filename().string();
-    if (name.starts_with(".iter_") && name.find(".tmp-") != std::string::npos) temps.push_back(entry.path());
+    if (matches(entry.path().filename().string())) doomed.push_back(entry.path());
   }
   if (ec) return absl::InternalError(StrCat("cannot list ", dir.string(), ": ", ec.message()));
-  for (const fs::path& path : temps) {
+  for (const fs::path& path : doomed) {
     fs::remove_all(path, ec);
     if (ec) return absl::InternalError(StrCat("cannot remove ", path.string(), ": ", ec.message()));
   }
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status RemoveCheckpointTemps(const fs::path& output_dir) {
+  return RemoveFromCheckpointsDir(output_dir, [](const std::string& name) {
+    return name.starts_with(".iter_") && name.find(".tmp-") != std::string::npos;
+  });
+}
+
+absl::Status RemoveCheckpoints(const fs::path& output_dir) {
+  const std::string best = BestCheckpointPath(output_dir).filename().string();
+  return RemoveFromCheckpointsDir(
+      output_dir, [&](const std::string& name) { return IterationOfName(name).has_value() || name == best; });
 }
 
 absl::Status PruneCheckpoints(const fs::path& output_dir, int64_t keep, const std::string& tag) {

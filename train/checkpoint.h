@@ -147,6 +147,10 @@ struct CheckpointState {
 // refuses it), so none of them is being written.
 [[nodiscard]] absl::Status RemoveCheckpointTemps(const std::filesystem::path& output_dir);
 
+// Removes every checkpoint (iter_N, best) in output_dir/checkpoints:
+// train.overwrite_output_dir's start from scratch.
+[[nodiscard]] absl::Status RemoveCheckpoints(const std::filesystem::path& output_dir);
+
 // Keeps the `keep` checkpoints of the highest iterations and removes older
 // ones and temporary directories of other runs (tag != `tag`).
 [[nodiscard]] absl::Status PruneCheckpoints(const std::filesystem::path& output_dir, int64_t keep,

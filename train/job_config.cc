@@ -208,6 +208,10 @@ Binding<TrainConfig> MakeTrainKeys() {
           {.doc = "train nothing: evaluate once (`evaluation`, which must be enabled) the weights of `load_weight`, "
                   "or else of the latest checkpoint in `output_dir`/checkpoints, and write no outputs "
                   "(`tessera train --eval-only` sets it)"});
+  b.Field("overwrite_output_dir", &TrainConfig::overwrite_output_dir,
+          {.doc = "a run from scratch (no `resume`) into an `output_dir` that holds an earlier run's checkpoints "
+                  "removes them before its first iteration; `false`: such a run is refused (its checkpoints would "
+                  "sit among the earlier ones). `tessera train --fast-dev-run` sets it for its own directory"});
   b.Sub("evaluation", &TrainConfig::evaluation, MakeEvaluationKeys());
   b.Sub("dist", &TrainConfig::dist, MakeDistKeys());
   return b;
@@ -391,6 +395,7 @@ absl::StatusOr<std::vector<std::string>> FastDevRunOverrides(const std::filesyst
   }
   overrides.insert(overrides.end(),
                    {"train.train_epoch=0", "train.train_iter=20", "train.log_period=1", "train.checkpointer.period=10",
+                    "train.overwrite_output_dir=true",
                     "train.output_dir=" +
                         (std::filesystem::path(train.at("output_dir").get<std::string>()) / "fast_dev_run").string()});
   // Evaluations only where the job has them (the keys are read only then).

@@ -104,6 +104,9 @@ struct TrainConfig {
   // Train nothing: evaluate load_weight's weights, or else the latest
   // checkpoint's in output_dir/checkpoints, once (LiBai's --eval-only).
   bool eval_only = false;
+  // A run from scratch into an output_dir holding an earlier run's
+  // checkpoints removes them (else it is refused).
+  bool overwrite_output_dir = false;
   CheckpointerConfig checkpointer;
   EvaluationConfig evaluation;
   AmpConfig amp;

@@ -519,16 +519,27 @@ absl::StatusOr<RunStart> ResolveRunStart(const TrainConfig& train, int64_t globa
   // whose higher iterations would then be "the newest": pruning removed
   // each of the new run's right after it was written, and --resume,
   // generate and export took the earlier run's weights.
-  if (!train.output_dir.empty()) {
+  if (train.overwrite_output_dir && train.load_weight && !train.output_dir.empty()) {
+    std::error_code ec;
+    const std::filesystem::path weights = std::filesystem::weakly_canonical(*train.load_weight, ec);
+    const std::filesystem::path removed = std::filesystem::weakly_canonical(CheckpointsDir(train.output_dir), ec);
+    if (!ec && std::mismatch(removed.begin(), removed.end(), weights.begin(), weights.end()).first == removed.end()) {
+      return absl::InvalidArgumentError(StrCat("train.load_weight '", *train.load_weight,
+                                               "' is among the checkpoints train.overwrite_output_dir removes: load "
+                                               "it from a copy elsewhere"));
+    }
+  }
+  if (!train.output_dir.empty() && !train.overwrite_output_dir) {
     const absl::StatusOr<std::optional<std::filesystem::path>> earlier = LatestCheckpoint(train.output_dir);
     // (Another error, an unreadable checkpoints/, is the writability
     // check's to name.)
     if (earlier.ok() ? earlier->has_value() : absl::IsDataLoss(earlier.status())) {
       const std::filesystem::path dir = CheckpointsDir(train.output_dir);
-      return absl::FailedPreconditionError(StrCat(
-          "train.output_dir '", train.output_dir, "' holds the checkpoints of an earlier run (",
-          earlier.ok() ? StrCat("the newest: ", (*earlier)->filename().string()) : std::string("one damaged"),
-          "): --resume continues it; to start afresh, remove ", dir.string(), " or choose another train.output_dir"));
+      return absl::FailedPreconditionError(
+          StrCat("train.output_dir '", train.output_dir, "' holds the checkpoints of an earlier run (",
+                 earlier.ok() ? StrCat("the newest: ", (*earlier)->filename().string()) : std::string("one damaged"),
+                 "): --resume continues it; to start afresh, set train.overwrite_output_dir=true (it removes them), or "
+                 "choose another train.output_dir"));
     }
   }
   if (train.load_weight) {

@@ -169,6 +169,11 @@ TEST(Cli, FastDevRunChecksTheWholeJobInASubdirectory) {
   const Result resumed = RunTessera(job + " --resume");
   EXPECT_EQ(resumed.exit_code, 1);
   EXPECT_EQ(resumed.out, "tessera: --fast-dev-run starts from scratch: it takes no --resume (train.resume)\n");
+  // Again: its own directory is overwritten (train.overwrite_output_dir),
+  // not refused as an earlier run's.
+  const Result again = RunTessera(job);
+  ASSERT_EQ(again.exit_code, 0) << again.out;
+  EXPECT_TRUE(std::filesystem::exists(dir + "/fast_dev_run/checkpoints/iter_0000020/index.json"));
   std::filesystem::remove_all(dir);
 }
 

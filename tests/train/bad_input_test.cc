@@ -361,10 +361,23 @@ TEST(BadInput, ARunFailingBeforeItsFirstReportLeavesTheOutputDirAsItWas) {
   EXPECT_EQ(afresh.exit_code, 1) << afresh.err;
   EXPECT_EQ(afresh.err, "tessera: train.output_dir '" + earlier.string() +
                             "' holds the checkpoints of an earlier run (the newest: iter_0000002): --resume continues "
-                            "it; to start afresh, remove " +
-                            (earlier / "checkpoints").string() + " or choose another train.output_dir\n");
+                            "it; to start afresh, set train.overwrite_output_dir=true (it removes them), or choose "
+                            "another train.output_dir\n");
   for (const auto& [name, text] : before) EXPECT_EQ(Slurp(earlier / name), text) << name;
   EXPECT_EQ(std::distance(fs::directory_iterator(earlier), fs::directory_iterator()), entries);  // no events file
+  // Told to: it removes them, and its own checkpoints are the ones left.
+  const Captured overwriting =
+      RunTrain(nano, {"train.train_iter=1", "train.overwrite_output_dir=true", "train.output_dir=" + earlier.string()});
+  EXPECT_EQ(overwriting.exit_code, 0) << overwriting.err;
+  EXPECT_FALSE(fs::exists(earlier / "checkpoints" / "iter_0000002"));
+  EXPECT_TRUE(fs::exists(earlier / "checkpoints" / "iter_0000001" / "index.json"));
+  const Captured from_itself =
+      RunTrain(nano, {"train.train_iter=1", "train.overwrite_output_dir=true", "train.output_dir=" + earlier.string(),
+                      "train.load_weight=" + (earlier / "checkpoints" / "iter_0000001").string()});
+  EXPECT_EQ(from_itself.exit_code, 1) << from_itself.err;
+  EXPECT_NE(from_itself.err.find("is among the checkpoints train.overwrite_output_dir removes"), std::string::npos)
+      << from_itself.err;
+
   const fs::path fresh = CaseDir() / "fresh";
   const Captured failed_fresh =
       RunTrain(nano, {"train.train_iter=2", "optim.lr=1e308", "train.output_dir=" + fresh.string()});
