@@ -180,7 +180,7 @@ void AddPreprocess(CLI::App& app) {
   verb->callback([flags, verb] {
     RemoveTemporariesOnSignals();
     const std::filesystem::path prefix = ExpandPath(flags->output);
-    RemoveStaleTemporaries(prefix, {".bin.tmp-", ".idx.tmp-", "-vocab.tmp-"});
+    RemoveStaleTemporaries(prefix, {".bin.tmp-", ".idx.tmp-", "-vocab.tmp-", "-vocab.old-"});
     std::vector<std::filesystem::path> inputs;
     for (const std::string& input : flags->inputs) inputs.push_back(ExpandPath(input));
     if (verb->count("--json-key") > 0 && flags->format != "jsonl" &&

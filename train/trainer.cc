@@ -471,6 +471,11 @@ absl::StatusOr<std::map<std::string, double>> EvalMetrics(const std::map<std::st
 absl::StatusOr<RunStart> ResolveRunStart(const TrainConfig& train, int64_t global_batch,
                                          const std::vector<models::Model::HfTensor>& hf_layout) {
   RunStart start;
+  if (train.overwrite_output_dir && (train.resume || train.eval_only)) {
+    return absl::InvalidArgumentError(
+        StrCat("train.overwrite_output_dir removes the checkpoints in train.output_dir that ",
+               train.resume ? "train.resume continues from" : "train.eval_only evaluates", ": set one of them"));
+  }
   if (train.eval_only) {
     // The weights alone, at the iteration they were trained to.
     std::string source = train.load_weight.value_or("");
@@ -515,10 +520,6 @@ absl::StatusOr<RunStart> ResolveRunStart(const TrainConfig& train, int64_t globa
       return start;
     }
   }
-  // A run from scratch would write its checkpoints among an earlier run's,
-  // whose higher iterations would then be "the newest": pruning removed
-  // each of the new run's right after it was written, and --resume,
-  // generate and export took the earlier run's weights.
   if (train.overwrite_output_dir && train.load_weight && !train.output_dir.empty()) {
     std::error_code ec;
     const std::filesystem::path weights = std::filesystem::weakly_canonical(*train.load_weight, ec);
@@ -529,6 +530,10 @@ absl::StatusOr<RunStart> ResolveRunStart(const TrainConfig& train, int64_t globa
                                                "it from a copy elsewhere"));
     }
   }
+  // A run from scratch would write its checkpoints among an earlier run's,
+  // whose higher iterations would then be "the newest": pruning removed
+  // each of the new run's right after it was written, and --resume,
+  // generate and export took the earlier run's weights.
   if (!train.output_dir.empty() && !train.overwrite_output_dir) {
     const absl::StatusOr<std::optional<std::filesystem::path>> earlier = LatestCheckpoint(train.output_dir);
     // (Another error, an unreadable checkpoints/, is the writability

@@ -377,6 +377,14 @@ TEST(BadInput, ARunFailingBeforeItsFirstReportLeavesTheOutputDirAsItWas) {
   EXPECT_EQ(from_itself.exit_code, 1) << from_itself.err;
   EXPECT_NE(from_itself.err.find("is among the checkpoints train.overwrite_output_dir removes"), std::string::npos)
       << from_itself.err;
+  const Captured contradiction = RunTrain(nano, {"train.train_iter=4", "train.overwrite_output_dir=true",
+                                                 "train.resume=true", "train.output_dir=" + earlier.string()});
+  EXPECT_EQ(contradiction.exit_code, 1) << contradiction.err;
+  EXPECT_NE(contradiction.err.find("train.overwrite_output_dir removes the checkpoints in train.output_dir that "
+                                   "train.resume continues from: set one of them"),
+            std::string::npos)
+      << contradiction.err;
+  EXPECT_TRUE(fs::exists(earlier / "checkpoints" / "iter_0000001" / "index.json"));
 
   const fs::path fresh = CaseDir() / "fresh";
   const Captured failed_fresh =
