@@ -187,10 +187,14 @@ int Main(int argc, char** argv) {
 
   // CLI11 reads an unknown verb as a stray argument and says only "A
   // subcommand is required".
-  if (argc > 1 && argv[1][0] != '-') {
+  // The verb is the first argument that is neither an option of tessera's
+  // own nor the value of --log-level.
+  int verb = 1;
+  while (verb < argc && argv[verb][0] == '-') verb += std::string_view(argv[verb]) == "--log-level" ? 2 : 1;
+  if (verb < argc) {
     bool known = false;
-    for (const CLI::App* sub : app.get_subcommands({})) known = known || sub->check_name(argv[1]);
-    if (!known) return Fail(tessera::StrCat("unknown command '", argv[1], "' (see tessera --help)"));
+    for (const CLI::App* sub : app.get_subcommands({})) known = known || sub->check_name(argv[verb]);
+    if (!known) return Fail(tessera::StrCat("unknown command '", argv[verb], "' (see tessera --help)"));
   }
   try {
     app.parse(argc, argv);

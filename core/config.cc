@@ -171,6 +171,28 @@ std::string Location(const fs::path& path, const std::string& contents, std::siz
   return absl::StrCat(path.string(), ":", line, ":", index - line_start + 1);
 }
 
+// Where the number a nlohmann out-of-range error quotes ("number overflow
+// parsing '1e400'") stands in `contents`: that error carries no position,
+// so the first place the quoted text stands as a whole token (not inside a
+// longer number or a string's letters) is taken; the path alone when the
+// error quotes nothing or the text is not found.
+std::string NumberLocation(const fs::path& path, const std::string& contents, const std::string& what) {
+  const std::size_t open = what.find('\'');
+  const std::size_t close = what.rfind('\'');
+  if (open == std::string::npos || close <= open + 1) return path.string();
+  const std::string number = what.substr(open + 1, close - open - 1);
+  const auto part_of_number = [](char c) {
+    return (c >= '0' && c <= '9') || c == '.' || c == 'e' || c == 'E' || c == '+' || c == '-';
+  };
+  for (std::size_t at = contents.find(number); at != std::string::npos; at = contents.find(number, at + 1)) {
+    const std::size_t end = at + number.size();
+    if ((at == 0 || !part_of_number(contents[at - 1])) && (end == contents.size() || !part_of_number(contents[end]))) {
+      return Location(path, contents, at + 1);
+    }
+  }
+  return path.string();
+}
+
 // The reason part of a nlohmann parse error, without its id and position.
 std::string ParseErrorReason(const std::string& what) {
   std::string reason = what;
@@ -178,6 +200,10 @@ std::string ParseErrorReason(const std::string& what) {
   if (column != std::string::npos) {
     const std::size_t colon = what.find(": ", column);
     if (colon != std::string::npos) reason = what.substr(colon + 2);
+  }
+  // "[json.exception.out_of_range.406] number overflow ...": the reason.
+  if (reason.starts_with("[json.exception.")) {
+    if (const std::size_t end = reason.find("] "); end != std::string::npos) reason.erase(0, end + 2);
   }
   for (char& c : reason) {
     if (c == '\n' || c == '\r') c = ' ';
@@ -230,7 +256,7 @@ absl::StatusOr<Json> ReadJsonFile(const fs::path& path) {
         Location(path, contents, e.byte), ": JSON syntax error: ", ParseErrorReason(e.what())));
   } catch (const Json::exception& e) {
     return absl::InvalidArgumentError(
-        absl::StrCat(path.string(), ": invalid JSON: ", ParseErrorReason(e.what())));
+        absl::StrCat(NumberLocation(path, contents, e.what()), ": invalid JSON: ", ParseErrorReason(e.what())));
   }
   if (deep) {
     return absl::InvalidArgumentError(absl::StrCat("config file '", path.string(), "' nests objects or arrays deeper than ",

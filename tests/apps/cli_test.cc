@@ -231,6 +231,7 @@ TEST(Cli, FlagsNothingReadsAndValuesOutOfRangeAreOneLineErrors) {
       {"submit " + Source("configs/mlp_demo.json") + " --eval-only train.eval_only=true",
        "--eval-only and train.eval_only=true both given"},
       {"bogus", "unknown command 'bogus' (see tessera --help)"},
+      {"--log-level info bogus", "unknown command 'bogus' (see tessera --help)"},
       {"preprocess --tokenizer bert --vocab-file " + vocab + " --input " + blank + " --output " + out,
        "the inputs hold no text to tokenise (0 documents, 0 tokens): nothing written"},
       {"master --listen 127.0.0.1:99999", "port 99999 is not in [0, 65535]"},

@@ -242,6 +242,16 @@ TEST_F(ConfigTest, SyntaxErrorNamesFileLineAndColumn) {
   EXPECT_EQ(message.find('\n'), std::string::npos) << message;
 }
 
+// A number past a double's range: the parser's error has no position, the
+// message still names the line and column of the number (not of a longer
+// one that contains its digits).
+TEST_F(ConfigTest, ANumberOutOfRangeNamesItsLineAndColumn) {
+  const fs::path file = Write("big.json", "{\n  \"a\": 11e400,\n  \"b\": 1e400\n}\n");
+  const absl::StatusOr<json> config = LoadConfigFiles(file);
+  ASSERT_FALSE(config.ok());
+  EXPECT_EQ(config.status().message(), file.string() + ":2:8: invalid JSON: number overflow parsing '11e400'");
+}
+
 TEST_F(ConfigTest, ErrorsNameTheFileThatSetTheKey) {
   Write("base.json", R"({"train": {"train_iter": "many", "lr": 0.1}})");
   const fs::path job = Write("job.json", R"({"_base_": "base.json", "train": {"trian_iter": 3}})");
