@@ -47,6 +47,8 @@ constexpr size_t kMaxAddressBytes = 256;
 constexpr size_t kMaxConfigBytes = 8 << 20;
 constexpr size_t kMaxOverrides = 1000;
 constexpr size_t kMaxOverrideBytes = 4096;
+// A running job's record takes its progress at most this often.
+constexpr int64_t kPersistProgressMs = 5000;
 constexpr size_t kMaxKvKeyBytes = 1024;
 constexpr size_t kMaxKvValueBytes = 16 << 20;
 constexpr size_t kMaxKvKeysPerWait = 4096;
@@ -95,6 +97,7 @@ struct Job {
   std::vector<WorkerSlot> slots;
   std::set<uint32_t> nodes_done;
   int64_t iteration = 0;
+  int64_t persisted_ms = 0;  // when the record last took the iteration reached
   std::map<std::string, double> last_metrics;
   int64_t submit_ms = 0;
   int64_t end_ms = 0;
@@ -362,6 +365,12 @@ class Master::Impl final : public control::Master::Service {
       job.iteration = metrics.iteration();
       job.last_metrics.clear();
       for (const auto& [name, value] : metrics.values()) job.last_metrics[name] = value;
+      // The record follows the progress (every few seconds at most), so a
+      // restarted master still knows how far the job got.
+      if (const int64_t now = NowMs(); now - job.persisted_ms >= kPersistProgressMs) {
+        job.persisted_ms = now;
+        PersistLocked(job);
+      }
       if (job.metrics_file) {
         nlohmann::json line = {{"iter", metrics.iteration()}};
         for (const auto& [name, value] : metrics.values()) line[name] = value;
@@ -1216,7 +1225,10 @@ class Master::Impl final : public control::Master::Service {
       next_session_ = std::max(next_session_, job->session);
       if (!IsFinal(state)) {
         job->state = control::FAILED;
-        job->reason = "master restarted";
+        job->reason = job->iteration > 0
+                          ? absl::StrCat("master restarted (the job had reached iteration ", job->iteration,
+                                         "; `tessera submit --resume` continues from its latest checkpoint)")
+                          : std::string("master restarted");
         job->end_ms = NowMs();
         PersistLocked(*job);
       }
