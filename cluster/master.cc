@@ -1244,6 +1244,7 @@ class Master::Impl final : public control::Master::Service {
   void MonitorLoop() {
     const absl::Duration tick = std::clamp(options_.heartbeat_interval / 4, absl::Milliseconds(10), absl::Milliseconds(250));
     absl::Time next_probe = absl::Now();
+    absl::Time last_pass = absl::Now();
     for (;;) {
       std::vector<PendingStop> stops;
       std::vector<UrgentProbe> urgent;
@@ -1280,6 +1281,16 @@ class Master::Impl final : public control::Master::Service {
         // Stubs of lost workers go once no call holds them any more.
         std::erase_if(retired_stubs_, [](const auto& stub) { return stub.use_count() == 1; });
         const absl::Time now = absl::Now();
+        // This loop passes every `tick`: a gap of a whole worker timeout is
+        // the master not running (a stopped process, a suspended machine),
+        // and the heartbeats it missed meanwhile say nothing of the
+        // workers: each gets a fresh deadline instead of being lost for it.
+        if (now - last_pass > options_.worker_timeout) {
+          TLOG_WARN("the master did not run for {} (stopped or suspended): the workers' heartbeat deadlines restart",
+                    absl::FormatDuration(absl::Trunc(now - last_pass, absl::Milliseconds(100))));
+          for (auto& [id, worker] : workers_) worker->last_heartbeat = now;
+        }
+        last_pass = now;
         std::vector<std::string> late;
         for (const auto& [id, worker] : workers_) {
           if (now - worker->last_heartbeat > options_.worker_timeout) late.push_back(id);

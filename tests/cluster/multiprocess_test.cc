@@ -215,6 +215,37 @@ TEST_F(MultiprocessTest, AWatchEndsWhenItsMasterStopsAnswering) {
   EXPECT_EQ(master->Wait(), 0) << master->Output();
 }
 
+// A master that was stopped longer than the worker timeout (SIGSTOP, a
+// suspended machine) does not count the heartbeats it could not receive
+// against its workers: it says it did not run, and the workers stay.
+TEST_F(MultiprocessTest, AMasterThatDidNotRunDoesNotLoseItsWorkers) {
+  Deadline deadline(seconds(40), "a stopped master");
+  auto master = RunCli({"master", "--listen", "127.0.0.1:0", "--worker-timeout-ms", "2000", "--heartbeat-ms", "200"},
+                       "paused_master");
+  const std::string listening = "master listening on ";
+  ASSERT_TRUE(WaitUntil([&] { return master->Output().find(listening) != std::string::npos; })) << master->Output();
+  const std::string output = master->Output();
+  const size_t at = output.find(listening) + listening.size();
+  Client::Options options;
+  options.master = output.substr(at, output.find_first_of(" \n", at) - at);
+  Client client(options);
+  Process worker({"worker", "--master", options.master, "--devices", "cpu:1", "--id", "w-p"}, dir_ / "w-p.out");
+  const auto registered = [&] {
+    auto workers = client.ListWorkers();
+    return workers.ok() && workers->size() == 1;
+  };
+  ASSERT_TRUE(WaitUntil(registered)) << worker.Output();
+  master->Signal(SIGSTOP);
+  std::this_thread::sleep_for(std::chrono::milliseconds(3500));
+  master->Signal(SIGCONT);
+  ASSERT_TRUE(WaitUntil([&] { return master->Output().find("the master did not run for") != std::string::npos; }))
+      << master->Output();
+  EXPECT_EQ(master->Output().find("lost"), std::string::npos) << master->Output();
+  EXPECT_TRUE(registered());
+  master->Signal(SIGINT);
+  EXPECT_EQ(master->Wait(), 0) << master->Output();
+}
+
 TEST_F(MultiprocessTest, MasterDaemonStopsOnSigint) {
   Deadline deadline(seconds(20), "the master verb");
   auto master = RunCli({"master", "--listen", "127.0.0.1:0", "--state-dir", (dir_ / "state").string()}, "master");
