@@ -1,8 +1,11 @@
 #include "apps/data_commands.h"
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
+#include <cerrno>
 #include <charconv>
 #include <chrono>
 #include <cstdio>
@@ -107,41 +110,64 @@ class ByteProgress {
   std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
 };
 
-// Removes what an earlier run writing `prefix` left when it was killed:
-// `prefix` + each of `infixes` + anything (PREFIX.bin.tmp-XXXXXX ...). A
-// run writing the same prefix at the same moment would lose its
-// temporaries: two such runs would overwrite each other's output anyway.
-void RemoveStaleTemporaries(const std::filesystem::path& prefix, std::initializer_list<std::string_view> infixes) {
+// The temporaries a killed run writing `prefix` left: `prefix` + an infix
+// + what the writer appends, mkstemp's six characters (`random`) or a
+// process id that no process has any more. Anything else of a like name
+// (a user's file, one of the inputs, a live writer's) stays.
+struct TemporaryName {
+  std::string_view infix;
+  bool random;  // mkstemp's XXXXXX; else a process id
+};
+void RemoveStaleTemporaries(const std::filesystem::path& prefix, std::initializer_list<TemporaryName> names,
+                            const std::vector<std::filesystem::path>& keep = {}) {
   const std::filesystem::path dir = prefix.has_parent_path() ? prefix.parent_path() : std::filesystem::path(".");
   const std::string base = prefix.filename().string();
   std::error_code ec;
   std::vector<std::filesystem::path> stale;
   for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
     const std::string name = entry.path().filename().string();
-    for (const std::string_view infix : infixes) {
-      if (name.size() > base.size() + infix.size() && name.starts_with(base) &&
-          std::string_view(name).substr(base.size(), infix.size()) == infix) {
-        stale.push_back(entry.path());
+    for (const TemporaryName& temporary : names) {
+      if (!name.starts_with(base) || std::string_view(name).substr(base.size()).find(temporary.infix) != 0) continue;
+      const std::string_view rest = std::string_view(name).substr(base.size() + temporary.infix.size());
+      const bool alnum = !rest.empty() && std::all_of(rest.begin(), rest.end(), [](char c) {
+        return std::isalnum(static_cast<unsigned char>(c)) != 0;
+      });
+      const bool digits = alnum && std::all_of(rest.begin(), rest.end(), [](char c) { return c >= '0' && c <= '9'; });
+      bool dead = false;
+      if (digits && rest.size() <= 9) {
+        const pid_t pid = static_cast<pid_t>(std::stol(std::string(rest)));
+        dead = ::kill(pid, 0) != 0 && errno == ESRCH;
       }
+      if (temporary.random ? alnum && rest.size() == 6 : dead) stale.push_back(entry.path());
     }
   }
-  for (const auto& path : stale) std::filesystem::remove_all(path, ec);
+  for (const auto& path : stale) {
+    const bool kept = std::any_of(keep.begin(), keep.end(), [&](const std::filesystem::path& k) {
+      return std::filesystem::equivalent(k, path, ec);
+    });
+    if (!kept) std::filesystem::remove_all(path, ec);
+  }
 }
 
-// Puts directory `from` in place of `to` (which may exist): `to` moved aside
-// first, so a crash in between leaves one of the two whole.
-absl::Status ReplaceDirectory(const std::filesystem::path& from, const std::filesystem::path& to) {
+// Moves the learnt vocabulary's two files from `from` into `to` (made if
+// missing), each replacing its namesake; whatever else `to` holds stays.
+absl::Status PlaceVocabulary(const std::filesystem::path& from, const std::filesystem::path& to) {
   std::error_code ec;
-  std::filesystem::path aside;
-  if (std::filesystem::exists(to, ec)) {
-    aside = StrCat(to.string(), ".old-", ::getpid());
-    std::filesystem::rename(to, aside, ec);
-    if (ec) return absl::InternalError(StrCat("cannot move ", to.string(), " aside: ", ec.message()));
+  std::filesystem::create_directories(to, ec);
+  if (ec || !std::filesystem::is_directory(to)) {
+    return absl::InvalidArgumentError(StrCat("cannot make the vocabulary directory ", to.string(),
+                                             ec ? ": " + ec.message() : std::string(": a file is there")));
   }
-  std::filesystem::rename(from, to, ec);
-  if (ec) return absl::InternalError(StrCat("cannot rename ", from.string(), " to ", to.string(), ": ", ec.message()));
-  if (!aside.empty()) std::filesystem::remove_all(aside, ec);
-  return absl::OkStatus();
+  // The merges first: a crash between the two renames leaves new merges
+  // beside the old encoder, which a rerun replaces (no id changes meaning
+  // without the encoder).
+  for (const char* name : {"vocab.bpe", "encoder.json"}) {
+    std::filesystem::rename(from / name, to / name, ec);
+    if (ec)
+      return absl::InternalError(
+          StrCat("cannot move ", (from / name).string(), " to ", to.string(), ": ", ec.message()));
+  }
+  return SyncPath(to);
 }
 
 void AddPreprocess(CLI::App& app) {
@@ -180,9 +206,9 @@ void AddPreprocess(CLI::App& app) {
   verb->callback([flags, verb] {
     RemoveTemporariesOnSignals();
     const std::filesystem::path prefix = ExpandPath(flags->output);
-    RemoveStaleTemporaries(prefix, {".bin.tmp-", ".idx.tmp-", "-vocab.tmp-", "-vocab.old-"});
     std::vector<std::filesystem::path> inputs;
     for (const std::string& input : flags->inputs) inputs.push_back(ExpandPath(input));
+    RemoveStaleTemporaries(prefix, {{".bin.tmp-", true}, {".idx.tmp-", true}, {"-vocab.tmp-", false}}, inputs);
     if (verb->count("--json-key") > 0 && flags->format != "jsonl" &&
         (flags->format != "auto" || std::none_of(flags->inputs.begin(), flags->inputs.end(),
                                                  [](const std::string& in) { return in.ends_with(".jsonl"); }))) {
@@ -236,6 +262,10 @@ void AddPreprocess(CLI::App& app) {
         Fail(std::string(added.message()));
       }
       vocab_dir = prefix.string() + "-vocab";
+      if (std::error_code ec; std::filesystem::exists(vocab_dir, ec) && !std::filesystem::is_directory(vocab_dir, ec)) {
+        Fail(StrCat("--tokenizer ", flags->vocabulary.tokenizer, " writes its vocabulary into ", vocab_dir.string(),
+                    "/, where a file is"));
+      }
       learnt = StrCat(vocab_dir.string(), ".tmp-", ::getpid());
       if (auto trained = (*trainer)->Train(vocab_size, learnt); !trained.ok()) Fail(std::string(trained.message()));
       files = {.kind = "gpt2", .vocab_file = learnt / "encoder.json", .merges_file = learnt / "vocab.bpe"};
@@ -251,7 +281,7 @@ void AddPreprocess(CLI::App& app) {
     progress.Finish();
     if (!stats.ok()) Fail(std::string(stats.status().message()));
     if (!learnt.empty()) {
-      if (auto placed = ReplaceDirectory(learnt, vocab_dir); !placed.ok()) Fail(std::string(placed.message()));
+      if (auto placed = PlaceVocabulary(learnt, vocab_dir); !placed.ok()) Fail(std::string(placed.message()));
       learnt.clear();
       std::printf("vocabulary: %s/encoder.json, %s/vocab.bpe (%lld tokens)\n", vocab_dir.c_str(), vocab_dir.c_str(),
                   static_cast<long long>(tokenizer->vocab_size()));
@@ -426,7 +456,7 @@ void AddExport(CLI::App& app) {
     for (const std::filesystem::path& written :
          output.extension() == ".safetensors" ? std::vector<std::filesystem::path>{output}
                                               : std::vector{output / "model.safetensors", output / "config.json"}) {
-      RemoveStaleTemporaries(written, {".tmp-"});
+      RemoveStaleTemporaries(written, {{".tmp-", false}});
     }
     auto summary = ExportHuggingFace(ExpandPath(flags->path), output);
     if (!summary.ok()) Fail(std::string(summary.status().message()));

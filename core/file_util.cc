@@ -93,7 +93,8 @@ void RemoveTemporariesOnSignals() {
 absl::Status WriteFileDurably(const std::filesystem::path& path, std::span<const std::string_view> parts) {
   const std::filesystem::path temp = path.string() + StrCat(".tmp-", ::getpid());
   const TemporaryFile registered(temp);
-  const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  // 0666 less the umask, as any file the user makes (0644 under 022).
+  const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
   if (fd < 0) return Errno("cannot create", temp);
   absl::Status status;
   for (const std::string_view bytes : parts) {

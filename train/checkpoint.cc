@@ -885,7 +885,9 @@ absl::Status CheckCheckpointHoldsNothingMore(const proto::Plan& plan, const Chec
     }
   }
   for (const std::string& name : reader.TensorNames()) {
-    if (kept.contains(name)) continue;
+    // Mixed precision's bookkeeping is no model state (a resume may turn
+    // fp16 off, BindCheckpointInitializers starts it afresh when missing).
+    if (kept.contains(name) || name.starts_with("amp.")) continue;
     if (weights_only) {
       const size_t dot = name.rfind('.');
       if (name.starts_with("amp.") || (dot != std::string::npos && variables.contains(name.substr(0, dot)))) continue;
@@ -925,7 +927,9 @@ absl::StatusOr<const SafetensorsFile*> CheckpointReader::File(const std::string&
   // different rank files at once; a file two threads open together is kept
   // once.
   ASSIGN_OR_RETURN(auto file, SafetensorsFile::Open(dir_ / name));
-  if (checksums_) RETURN_IF_ERROR(VerifyChecksums(*file));
+  // An index from before the checksums, with rank files that have them
+  // (or an index whose field was lost): the files' own are still checked.
+  if (checksums_ || file->metadata().contains(kChecksumsKey)) RETURN_IF_ERROR(VerifyChecksums(*file));
   std::lock_guard<std::mutex> lock(mu_);
   return files_.try_emplace(name, std::move(file)).first->second.get();
 }

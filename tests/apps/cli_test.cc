@@ -311,13 +311,35 @@ TEST(Cli, PreprocessKeepsItsOutputsConsistent) {
   EXPECT_EQ(r.exit_code, 1) << r.out;
   EXPECT_NE(r.out.find("which is the input"), std::string::npos) << r.out;
   EXPECT_EQ(slurp(dir / "same.bin"), slurp(dir / "docs.jsonl"));
-  // What a killed run left goes; a Ctrl-C leaves nothing of its own.
+  // The vocabulary goes into PREFIX-vocab/ beside what else is there; a
+  // file in its place is refused, not replaced.
+  std::ofstream(prefix + "-vocab/notes.txt") << "mine";
+  r = RunTessera("preprocess --input " + (dir / "docs.jsonl").string() + " --tokenizer bpe:290 --output " + prefix +
+                 " 2>&1");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_EQ(slurp(prefix + "-vocab/notes.txt"), "mine");
+  std::ofstream(dir / "other-vocab") << "an input";
+  r = RunTessera("preprocess --input " + (dir / "other-vocab").string() + " --tokenizer bpe:260 --output " +
+                 (dir / "other").string() + " 2>&1");
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_NE(r.out.find("other-vocab/, where a file is"), std::string::npos) << r.out;
+  EXPECT_EQ(slurp(dir / "other-vocab"), "an input");
+  // What a killed run left goes (mkstemp's names, a dead process's); a
+  // like-named input, or a name no writer makes, stays; a Ctrl-C leaves
+  // nothing of its own.
   std::ofstream(prefix + ".bin.tmp-Ab12Cd") << "stale";
   fs::create_directories(prefix + "-vocab.tmp-999999");
-  r = RunTessera("preprocess --input " + (dir / "docs.jsonl").string() + " --tokenizer gpt2 --output " + prefix);
+  std::ofstream(prefix + ".bin.tmp-notes") << "a name no writer makes";
+  std::ofstream(prefix + ".idx.tmp-Input1") << "some text\n";
+  r = RunTessera("preprocess --input " + (dir / "docs.jsonl").string() + " " + prefix +
+                 ".idx.tmp-Input1 --tokenizer gpt2 --format lines --output " + prefix);
   ASSERT_EQ(r.exit_code, 0) << r.out;
   EXPECT_FALSE(fs::exists(prefix + ".bin.tmp-Ab12Cd"));
   EXPECT_FALSE(fs::exists(prefix + "-vocab.tmp-999999"));
+  EXPECT_TRUE(fs::exists(prefix + ".bin.tmp-notes"));
+  EXPECT_TRUE(fs::exists(prefix + ".idx.tmp-Input1"));
+  fs::remove(prefix + ".bin.tmp-notes");
+  fs::remove(prefix + ".idx.tmp-Input1");
   {
     std::ofstream big(dir / "big.txt");
     const std::string paragraph(2000, 'a');

@@ -321,12 +321,14 @@ TEST(Checkpoint, DamagedDataIsAnErrorNamingTheFileAndTheTensor) {
                   .ok());
   EXPECT_NE(read_w(checkpoint, TensorSlice::Whole(Shape{4, 6})).message().find("no tessera.checksums"),
             std::string::npos);
-  // An older checkpoint (no checksums in its index) loads as it is.
-  WriteFile(rank1, damaged);
+  // An older checkpoint (no checksums in its index or its files) loads as
+  // it is; files that carry checksums are checked whatever the index says.
   nlohmann::json old = nlohmann::json::parse(index);
   old.erase("checksums");
   WriteFile(checkpoint / "index.json", old.dump());
   EXPECT_TRUE(read_w(checkpoint, TensorSlice::Whole(Shape{4, 6})).ok());
+  WriteFile(rank1, damaged);
+  EXPECT_EQ(read_w(checkpoint, TensorSlice::Whole(Shape{4, 6})).code(), absl::StatusCode::kDataLoss);
   old["checksums"] = "md5";
   WriteFile(checkpoint / "index.json", old.dump());
   EXPECT_NE(
@@ -606,6 +608,22 @@ TEST(CheckpointEndToEnd, ATemporaryDirectoryAKilledRunLeftIsRemoved) {
   }
   for (const auto& entry : fs::directory_iterator(out / "checkpoints")) {
     EXPECT_EQ(entry.path().filename().string().find(".tmp-"), std::string::npos) << entry.path();
+  }
+  fs::remove_all(root);
+}
+
+// Mixed precision's bookkeeping (fp16's loss scale and counts) is no
+// model state: a resume with fp16 turned off, or switched to bf16, is not
+// refused as a smaller model.
+TEST(CheckpointEndToEnd, AResumeMayChangeTheMixedPrecision) {
+  const fs::path root = TempDir("amp_resume");
+  auto run = RunTessera(Nano(root / "fp16", "train.amp.enabled=true train.amp.dtype=fp16 train.train_iter=4"));
+  ASSERT_EQ(run.exit_code, 0) << run.out;
+  for (const std::string amp : {"train.amp.enabled=false", "train.amp.enabled=true train.amp.dtype=bf16"}) {
+    const fs::path out = root / "resumed";
+    CopyCheckpoint(root / "fp16", 4, out);
+    run = RunTessera(Nano(out, amp + " --resume"));
+    EXPECT_EQ(run.exit_code, 0) << amp << ": " << run.out;
   }
   fs::remove_all(root);
 }
