@@ -17,6 +17,7 @@
 #include "actors/plan.h"
 #include "actors/runtime.h"
 #include "core/config.h"
+#include "core/file_util.h"
 #include "core/logging.h"
 #include "core/status.h"
 #include "core/text.h"
@@ -44,6 +45,16 @@ class EngineJobCompiler final : public JobCompiler {
     RETURN_IF_ERROR(config::ApplyOverrides(config, overrides, JobSchema()));
     ASSIGN_OR_RETURN(nlohmann::json resolved, ResolveJobConfig(config, "in the submitted config"));
     RETURN_IF_ERROR(CheckOverridesAreRead(resolved, overrides));
+    // A relative output_dir is the master's (docs/cluster.md): made absolute
+    // here, so the workers write where the master checks and resumes (from
+    // their own directories they wrote elsewhere, and a second run into it
+    // was neither refused nor found by --resume).
+    if (nlohmann::json& dir = resolved["train"]["output_dir"]; dir.is_string() && !dir.get<std::string>().empty()) {
+      const std::filesystem::path given = ExpandPath(dir.get<std::string>());
+      std::error_code ec;
+      const std::filesystem::path absolute = std::filesystem::absolute(given, ec);
+      if (!ec && given.is_relative()) dir = absolute.lexically_normal().string();
+    }
     // Building the job checks what the schema cannot (the mesh, the model's
     // layers, batch arithmetic) before it is queued.
     ASSIGN_OR_RETURN(std::unique_ptr<JobFeed> feed, JobFeed::Make(resolved));
@@ -274,10 +285,10 @@ class EnginePlanRunner final : public PlanRunner {
     // beside its own (wrong overlaps, a stale file committed).
     if (context_.node == 0 && !train.output_dir.empty()) {
       RETURN_IF_ERROR(RemoveCheckpointTemps(train.output_dir));
-      // A run from scratch told to overwrite an earlier run's checkpoints.
-      if (first == 0 && !train.resume && train.overwrite_output_dir) {
-        RETURN_IF_ERROR(RemoveCheckpoints(train.output_dir));
-      }
+      // A run from scratch told to overwrite an earlier run's checkpoints
+      // removes them once it has one of its own: a run that fails first
+      // leaves them as they were.
+      overwriting_ = first == 0 && !train.resume && train.overwrite_output_dir;
     }
     LoadBest();
     std::shared_ptr<const CheckpointReader> init;
@@ -498,6 +509,10 @@ class EnginePlanRunner final : public PlanRunner {
                      WriteAndCommit(CheckpointTempPath(train.output_dir, iteration, tag), final_dir, state,
                                     StrCat(JobPrefix(), "/checkpoint/", iteration, "/")));
     if (!committed) return absl::OkStatus();
+    if (overwriting_) {
+      RETURN_IF_ERROR(RemoveCheckpointsBut(train.output_dir, final_dir, /*keep_best=*/wrote_best_));
+      overwriting_ = false;
+    }
     RETURN_IF_ERROR(PruneCheckpoints(train.output_dir, train.checkpointer.max_to_keep, tag));
     if (context_.report_log) context_.report_log(StrCat("saved checkpoint ", final_dir.string()));
     return absl::OkStatus();
@@ -543,6 +558,7 @@ class EnginePlanRunner final : public PlanRunner {
     ASSIGN_OR_RETURN(const bool committed,
                      WriteAndCommit(CheckpointTempPath(train.output_dir, iteration, tag), final_dir, state,
                                     StrCat(JobPrefix(), "/best/", iteration, "/")));
+    if (committed) wrote_best_ = true;
     if (committed && context_.report_log) {
       context_.report_log(StrCat("saved best checkpoint ", final_dir.string(), " (iteration ", iteration, ", ",
                                  eval.eval_metric, " ", decision, ")"));
@@ -648,6 +664,11 @@ class EnginePlanRunner final : public PlanRunner {
   int64_t eval_batches_seen_ = 0;
   std::map<std::string, double> last_eval_;  // the sink's node: the last evaluation's metrics
   std::optional<double> best_;               // the sink's node: the best eval_metric so far (save_best)
+  // Node 0: train.overwrite_output_dir's earlier checkpoints are still
+  // there (removed at this run's first commit), and whether this run has
+  // written a best checkpoint since.
+  bool overwriting_ = false;
+  bool wrote_best_ = false;
   actors::HostCallbacks callbacks_;
   KeptStore kept_;
   std::map<uint32_t, std::unique_ptr<ThreadPool>> pools_;  // per device, made by the first segment

@@ -504,10 +504,13 @@ absl::Status RemoveCheckpointTemps(const fs::path& output_dir) {
   });
 }
 
-absl::Status RemoveCheckpoints(const fs::path& output_dir) {
+absl::Status RemoveCheckpointsBut(const fs::path& output_dir, const fs::path& keep, bool keep_best) {
   const std::string best = BestCheckpointPath(output_dir).filename().string();
-  return RemoveFromCheckpointsDir(
-      output_dir, [&](const std::string& name) { return IterationOfName(name).has_value() || name == best; });
+  const std::string kept = keep.filename().string();
+  return RemoveFromCheckpointsDir(output_dir, [&](const std::string& name) {
+    if (name == kept) return false;
+    return IterationOfName(name).has_value() || (name == best && !keep_best);
+  });
 }
 
 absl::Status PruneCheckpoints(const fs::path& output_dir, int64_t keep, const std::string& tag) {

@@ -147,9 +147,11 @@ struct CheckpointState {
 // refuses it), so none of them is being written.
 [[nodiscard]] absl::Status RemoveCheckpointTemps(const std::filesystem::path& output_dir);
 
-// Removes every checkpoint (iter_N, best) in output_dir/checkpoints:
-// train.overwrite_output_dir's start from scratch.
-[[nodiscard]] absl::Status RemoveCheckpoints(const std::filesystem::path& output_dir);
+// Removes every checkpoint (iter_N, and best unless `keep_best`) in
+// output_dir/checkpoints but `keep`: what train.overwrite_output_dir
+// removes of an earlier run once the new run has committed its first.
+[[nodiscard]] absl::Status RemoveCheckpointsBut(const std::filesystem::path& output_dir,
+                                                const std::filesystem::path& keep, bool keep_best);
 
 // Keeps the `keep` checkpoints of the highest iterations and removes older
 // ones and temporary directories of other runs (tag != `tag`).

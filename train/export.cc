@@ -34,18 +34,25 @@ absl::StatusOr<ExportSummary> ExportHuggingFace(const std::filesystem::path& pat
                                                 config["model"].value("_target_", std::string("its model")),
                                                 " has no Hugging Face layout (models.GPT2 and models.BERT have)"));
   }
-  // Into the checkpoint it reads (over a rank file, or index.json's
-  // directory): the checkpoint would be broken by its own export.
+  // Into the checkpoints it comes from (over a rank file or an index), or
+  // over its run's config.json (a directory export writes one): the run
+  // would be broken by its own export.
   {
     std::error_code ec;
-    const std::filesystem::path within = std::filesystem::weakly_canonical(output, ec);
-    const std::filesystem::path source = std::filesystem::weakly_canonical(dir, ec);
-    if (!ec) {
-      const auto [end, rest] = std::mismatch(source.begin(), source.end(), within.begin(), within.end());
-      if (end == source.end()) {
-        return absl::InvalidArgumentError(StrCat("--output ", output.string(), " is inside the checkpoint it exports (",
-                                                 dir.string(), "): write it elsewhere"));
-      }
+    const std::filesystem::path target = std::filesystem::weakly_canonical(output, ec);
+    std::filesystem::path source = std::filesystem::weakly_canonical(dir, ec);
+    const bool in_run = source.parent_path().filename() == "checkpoints";
+    if (in_run) source = source.parent_path();  // every checkpoint of the run
+    const auto inside = [&](const std::filesystem::path& base) {
+      return std::mismatch(base.begin(), base.end(), target.begin(), target.end()).first == base.end();
+    };
+    if (!ec && inside(source)) {
+      return absl::InvalidArgumentError(
+          StrCat("--output ", output.string(), " is inside the checkpoints of ", dir.string(), ": write it elsewhere"));
+    }
+    if (!ec && in_run && output.extension() != ".safetensors" && target == source.parent_path()) {
+      return absl::InvalidArgumentError(StrCat("--output ", output.string(), " is the training run's own directory (",
+                                               "its config.json would be replaced): write it elsewhere"));
     }
   }
   ExportSummary summary;

@@ -359,6 +359,24 @@ TEST(Cli, PreprocessKeepsItsOutputsConsistent) {
   fs::remove_all(dir);
 }
 
+// A relative train.output_dir is the master's working directory's (the
+// workers of a cluster write there too): the job's config records it
+// absolute.
+TEST(Cli, ARelativeOutputDirIsMadeAbsoluteAgainstTheMaster) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("tessera_cli_relative_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const Result r =
+      RunCommand("cd " + dir.string() + " && " + std::string(TESSERA_BINARY) + " train " +
+                 Source("configs/gpt2_nano.json") + " train.train_iter=1 train.output_dir=./runs/../out 2>&1");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const nlohmann::json config = nlohmann::json::parse(std::ifstream(dir / "out" / "config.json"));
+  EXPECT_EQ(config["train"]["output_dir"], (dir / "out").string());
+  EXPECT_TRUE(fs::exists(dir / "out" / "checkpoints" / "iter_0000001" / "index.json"));
+  fs::remove_all(dir);
+}
+
 // A worker whose master is not there waits for it, but says so after
 // 10 s (it waited silently, for minutes, in a sweep).
 TEST(Cli, AWorkerWithoutItsMasterSaysItIsStillTrying) {

@@ -371,6 +371,11 @@ TEST(BadInput, ARunFailingBeforeItsFirstReportLeavesTheOutputDirAsItWas) {
   EXPECT_EQ(overwriting.exit_code, 0) << overwriting.err;
   EXPECT_FALSE(fs::exists(earlier / "checkpoints" / "iter_0000002"));
   EXPECT_TRUE(fs::exists(earlier / "checkpoints" / "iter_0000001" / "index.json"));
+  // One that fails before its first checkpoint leaves the earlier ones.
+  const Captured failing = RunTrain(nano, {"train.train_iter=3", "train.overwrite_output_dir=true", "optim.lr=1e308",
+                                           "train.output_dir=" + earlier.string()});
+  EXPECT_EQ(failing.exit_code, 1) << failing.err;
+  EXPECT_TRUE(fs::exists(earlier / "checkpoints" / "iter_0000001" / "index.json"));
   const Captured from_itself =
       RunTrain(nano, {"train.train_iter=1", "train.overwrite_output_dir=true", "train.output_dir=" + earlier.string(),
                       "train.load_weight=" + (earlier / "checkpoints" / "iter_0000001").string()});

@@ -550,8 +550,13 @@ TEST(CheckpointEndToEnd, ResumeErrorsAreOneLine) {
   const std::string before = ReadFile(rank0);
   run = RunTessera("export " + (root / "done").string() + " --output " + rank0.string());
   EXPECT_EQ(run.exit_code, 1) << run.out;
-  EXPECT_NE(run.out.find("is inside the checkpoint it exports"), std::string::npos) << run.out;
+  EXPECT_NE(run.out.find("is inside the checkpoints of "), std::string::npos) << run.out;
   EXPECT_EQ(ReadFile(rank0), before);
+  const std::string config = ReadFile(root / "done" / "config.json");
+  run = RunTessera("export " + (root / "done").string() + " --output " + (root / "done").string());
+  EXPECT_EQ(run.exit_code, 1) << run.out;
+  EXPECT_NE(run.out.find("is the training run's own directory"), std::string::npos) << run.out;
+  EXPECT_EQ(ReadFile(root / "done" / "config.json"), config);
   // A bit flipped on disk: one line naming the file and the tensor.
   const fs::path flipped = root / "flipped";
   fs::copy(CheckpointPath(root / "done", 8), flipped);
