@@ -1,8 +1,10 @@
 #include "train/text_data.h"
 
 #include <cmath>
+#include <set>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
 #include "core/file_util.h"
 #include "core/logging.h"
 #include "core/status.h"
@@ -100,7 +102,15 @@ absl::StatusOr<std::unique_ptr<TextData>> TextData::Open(const nlohmann::json& c
     std::error_code text_ec, idx_ec;
     const auto text_time = std::filesystem::last_write_time(text, text_ec);
     const auto idx_time = std::filesystem::last_write_time(prefix.string() + ".idx", idx_ec);
-    if (!text_ec && !idx_ec && text_time > idx_time) {
+    // Once per process (a job opens its data for the master's checks, the
+    // training and the evaluation).
+    static absl::Mutex warned_mu;
+    static auto* warned = new std::set<std::string>();
+    const auto first_time = [&] {
+      absl::MutexLock lock(&warned_mu);
+      return warned->insert(prefix.string()).second;
+    };
+    if (!text_ec && !idx_ec && text_time > idx_time && first_time()) {
       TLOG_WARN(
           "dataloader.text_file {} changed after the dataset {} was built from it: training on the dataset as it is "
           "(remove {}.bin and {}.idx to rebuild it)",

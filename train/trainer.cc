@@ -596,6 +596,23 @@ absl::StatusOr<std::vector<proto::NodePlan>> CompileForNodes(const nlohmann::jso
     actors::HostCallbacks probe;
     RETURN_IF_ERROR(
         BindCheckpointInitializers(lowered.plan, reader, start.weights_only, job.engine->graph().registry(), probe));
+    // A resume or an evaluation claims the checkpoint's model: the same
+    // attention heads too (they change no tensor's shape, so the checks of
+    // the tensors below do not see them).
+    if (!start.weights_only || job.train.eval_only) {
+      const nlohmann::json& saved = reader->config();
+      if (saved.is_object() && saved.contains("model") && saved["model"].is_object()) {
+        for (const char* key : {"_target_", "num_attention_heads"}) {
+          const nlohmann::json& was = saved["model"].contains(key) ? saved["model"][key] : nlohmann::json();
+          const nlohmann::json& is =
+              job.config.at("model").contains(key) ? job.config.at("model")[key] : nlohmann::json();
+          if (!was.is_null() && was != is) {
+            return absl::InvalidArgumentError(StrCat("checkpoint ", start.checkpoint, " was trained with model.", key,
+                                                     " ", was.dump(), ", this run has ", is.dump()));
+          }
+        }
+      }
+    }
     // A resume or an evaluation claims the checkpoint's model: all of it.
     // A new run from weights may start from part of them (transformers
     // warns "some weights were not used", as here).
