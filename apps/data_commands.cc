@@ -428,6 +428,15 @@ void AddGenerate(CLI::App& app) {
     std::fwrite(generated->text.data(), 1, generated->text.size(), stdout);
     std::fputs("\n", stdout);
     std::fflush(stdout);
+    // Cut short by the model's context, not by the request: said, on stderr.
+    const int64_t made = static_cast<int64_t>(generated->generation.ids.size());
+    if (generated->generation.stop == StopReason::kContextFull && made < flags->options.generate.max_new_tokens) {
+      std::fprintf(stderr,
+                   "tessera: stopped after %lld of the %lld new tokens asked for: the model's %lld positions "
+                   "(model.max_seq_length) are full\n",
+                   static_cast<long long>(made), static_cast<long long>(flags->options.generate.max_new_tokens),
+                   static_cast<long long>(generated->prompt_tokens + made));
+    }
     Succeed();
   });
 }

@@ -463,6 +463,13 @@ TEST(Generate, GeneratesTextWithTheRunsTokenizer) {
     ASSERT_EQ(printed.exit_code, 0) << printed.out;
     EXPECT_EQ(printed.out, "Hello, world" + text->text + "\n") << ranks << " ranks";
   }
+  // More new tokens than the model's positions hold: it says so.
+  const auto full = RunTessera("generate " + bpe.string() +
+                               " --prompt 'Hello, world' --max-new-tokens 100000 "
+                               "--temperature 0 --top-k 1");
+  ASSERT_EQ(full.exit_code, 0) << full.out;
+  EXPECT_NE(full.out.find(" of the 100000 new tokens asked for: the model's "), std::string::npos) << full.out;
+  EXPECT_NE(full.out.find(" positions (model.max_seq_length) are full\n"), std::string::npos) << full.out;
   const auto both = RunTessera("generate " + bpe.string() + " --prompt x --tensor-parallel 2 --threads 2");
   EXPECT_NE(both.exit_code, 0);
   EXPECT_NE(both.out.find("--tensor-parallel"), std::string::npos) << both.out;
