@@ -266,13 +266,13 @@ class EnginePlanRunner final : public PlanRunner {
   // Ends an interrupted run at `iteration`: a checkpoint there (unless
   // nothing was trained, or `saved`: written already), then Cancelled
   // saying where.
-  absl::Status Interrupted(int64_t iteration, int64_t first, bool saved = false) {
+  absl::Status Interrupted(int64_t iteration, int64_t first, bool saved = false, bool evaluation_pending = false) {
     const TrainConfig& train = feed_->train();
     if (iteration == first || kept_.empty()) {
       return absl::CancelledError(StrCat("interrupted at iteration ", iteration, " before training; no checkpoint written"));
     }
     if (train.output_dir.empty()) return absl::CancelledError(StrCat("interrupted at iteration ", iteration));
-    if (!saved) RETURN_IF_ERROR(SaveCheckpoint(iteration, /*force=*/true));
+    if (!saved) RETURN_IF_ERROR(SaveCheckpoint(iteration, /*force=*/true, evaluation_pending));
     return absl::CancelledError(StrCat("interrupted at iteration ", iteration, "; checkpoint ",
                                        CheckpointPath(train.output_dir, iteration).string(),
                                        " (--resume continues from it)"));
@@ -294,6 +294,14 @@ class EnginePlanRunner final : public PlanRunner {
     std::shared_ptr<const CheckpointReader> init;
     if (!node_plan_.init_checkpoint().empty()) {
       ASSIGN_OR_RETURN(init, CheckpointReader::Open(node_plan_.init_checkpoint(), feed_->hf_layout()));
+    }
+    // A resume from a checkpoint whose evaluation a stop cut short runs it
+    // first (on the checkpoint's weights), so no evaluation goes missing.
+    if (init != nullptr && !node_plan_.init_weights_only() && init->evaluation_pending() && train.evaluation.enabled &&
+        init->iteration() == first) {
+      const absl::Status evaluated = Evaluate(first, /*segment=*/-1, init);
+      if (!evaluated.ok() && EvaluationStopped()) return Interrupted(first, first);
+      RETURN_IF_ERROR(evaluated);
     }
     // Segments end where a checkpoint or an evaluation is due.
     const int64_t checkpoint_period = train.checkpointer.period.value_or(end);
@@ -343,7 +351,9 @@ class EnginePlanRunner final : public PlanRunner {
       const bool last = stop == end;
       if (last || stop % eval_period == 0) {
         const absl::Status evaluated = Evaluate(stop, segment);
-        if (!evaluated.ok() && EvaluationStopped()) return Interrupted(stop, first, /*saved=*/saved == stop);
+        if (!evaluated.ok() && EvaluationStopped()) {
+          return Interrupted(stop, first, /*saved=*/saved == stop, /*evaluation_pending=*/true);
+        }
         RETURN_IF_ERROR(evaluated);
         RETURN_IF_ERROR(SaveBest(stop));
       }
@@ -495,7 +505,7 @@ class EnginePlanRunner final : public PlanRunner {
   // boundary, this node writes its ranks' shards into the checkpoint's
   // temporary directory and says so in the KV; node 0 waits for every
   // node, then commits (index.json, rename) and prunes old checkpoints.
-  absl::Status SaveCheckpoint(int64_t iteration, bool force = false) {
+  absl::Status SaveCheckpoint(int64_t iteration, bool force = false, bool evaluation_pending = false) {
     const TrainConfig& train = feed_->train();
     const int64_t end = node_plan_.plan().start_iteration() + node_plan_.plan().iterations();
     const bool due = force || iteration == end ||
@@ -503,8 +513,11 @@ class EnginePlanRunner final : public PlanRunner {
     if (!due || train.output_dir.empty()) return absl::OkStatus();
     const std::string tag = StrCat(context_.job_id, "-", context_.session);
     const std::filesystem::path final_dir = CheckpointPath(train.output_dir, iteration);
-    CheckpointState state{
-        .iteration = iteration, .global_batch = feed_->global_batch(), .config = feed_->config(), .best = nullptr};
+    CheckpointState state{.iteration = iteration,
+                          .global_batch = feed_->global_batch(),
+                          .config = feed_->config(),
+                          .best = nullptr,
+                          .evaluation_pending = evaluation_pending};
     ASSIGN_OR_RETURN(const bool committed,
                      WriteAndCommit(CheckpointTempPath(train.output_dir, iteration, tag), final_dir, state,
                                     StrCat(JobPrefix(), "/checkpoint/", iteration, "/")));

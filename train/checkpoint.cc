@@ -406,6 +406,7 @@ absl::Status CommitCheckpoint(const fs::path& temp_dir, const fs::path& final_di
       {"checksums", kChecksumAlgorithm},
       {"tensors", nlohmann::json::object()}};
   if (!state.best.is_null()) index["train_state"]["best"] = state.best;
+  if (state.evaluation_pending) index["train_state"]["evaluation_pending"] = true;
   for (auto& [name, t] : tensors) {
     int64_t covered = 0;
     for (const auto& box : t.boxes) covered += box.second.NumElements();
@@ -817,6 +818,7 @@ absl::StatusOr<std::shared_ptr<const CheckpointReader>> CheckpointReader::Open(
   }
   reader->consumed_samples_ = state["consumed_samples"].get<int64_t>();
   reader->best_ = state.value("best", nlohmann::json());
+  reader->evaluation_pending_ = state.contains("evaluation_pending") && state["evaluation_pending"] == true;
   reader->config_ = index.value("config", nlohmann::json::object());
   for (const auto& [name, value] : index["tensors"].items()) {
     if (!value.is_object() || !value.contains("dtype") || !value["dtype"].is_string() || !value.contains("shards") ||

@@ -120,6 +120,9 @@ struct CheckpointState {
   // The best checkpoint's evaluation, {"metric", "mode", "value"}, written
   // as train_state.best; null for other checkpoints.
   nlohmann::json best;
+  // The evaluation due at `iteration` was stopped (a Ctrl-C during it): a
+  // resume runs it first (train_state.evaluation_pending).
+  bool evaluation_pending = false;
 };
 
 // Reads every rank file's header in `temp_dir`, checks that the shards of
@@ -185,6 +188,8 @@ class CheckpointReader {
   const nlohmann::json& config() const { return config_; }
   // index.json's train_state.best (CheckpointState::best); null when absent.
   const nlohmann::json& best() const { return best_; }
+  // index.json's train_state.evaluation_pending (CheckpointState).
+  bool evaluation_pending() const { return evaluation_pending_; }
   bool Has(const std::string& name) const { return tensors_.contains(name); }
   // Every tensor's name, sorted.
   std::vector<std::string> TensorNames() const;
@@ -237,6 +242,7 @@ class CheckpointReader {
   int64_t consumed_samples_ = 0;
   nlohmann::json config_;
   nlohmann::json best_;
+  bool evaluation_pending_ = false;
   std::map<std::string, Entry> tensors_;
   std::vector<models::Model::HfTensor> converted_;
   std::vector<std::string> unused_;

@@ -443,6 +443,21 @@ TEST_F(TextDataTest, ASignalDuringTheEvaluationStopsItAndSavesTheTrainedIteratio
                                       "model.hidden_size=256 model.num_layers=4 train.evaluation.enabled=true"));
   ASSERT_EQ(whole.exit_code, 0) << whole.out;
   EXPECT_EQ(ReadMetricsRows(root_ / "whole").eval.size(), 1u);
+  // The checkpoint says its evaluation was cut short; a resume runs it first,
+  // on the checkpoint's weights: the unstopped run's held-out loss.
+  const nlohmann::json index =
+      nlohmann::json::parse(std::ifstream(out / "checkpoints" / "iter_0000002" / "index.json"));
+  EXPECT_EQ(index["train_state"].value("evaluation_pending", false), true) << index["train_state"];
+  const auto resumed = RunTessera(Train(out,
+                                        "train.train_iter=3 dataloader.splits=2,98,0 train.train_micro_batch_size=1 "
+                                        "model.hidden_size=256 model.num_layers=4 train.evaluation.enabled=true "
+                                        "train.evaluation.eval_period=10 --resume"));
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.out;
+  const testing::MetricsRows rows = ReadMetricsRows(out);
+  ASSERT_TRUE(rows.eval.contains(2)) << resumed.out;
+  const double expected = ReadMetricsRows(root_ / "whole").eval.at(2)["eval_loss"].get<double>();
+  EXPECT_NEAR(rows.eval.at(2)["eval_loss"].get<double>(), expected, 2e-6 * expected);
+  EXPECT_TRUE(rows.eval.contains(3)) << resumed.out;
   std::printf("stopped %.2f s after the signal; the whole run took %.2f s\n", seconds,
               std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
 }
