@@ -236,7 +236,7 @@ void AddPreprocess(CLI::App& app) {
     if (flags->format == "lines") options.format = data::InputFormat::kLines;
     if (flags->format == "jsonl") options.format = data::InputFormat::kJsonl;
     data::TokenizerFiles files;
-    // bpe:N learns into a directory of its own, put in place of
+    // bpe:N learns into a directory of its own, whose two files move into
     // PREFIX-vocab/ only once the dataset is written: a failed run leaves
     // neither a vocabulary without its dataset nor one that does not match
     // the dataset beside it.

@@ -65,8 +65,6 @@ bool IsFinal(JobState state) {
   return state == control::SUCCEEDED || state == control::FAILED || state == control::CANCELLED;
 }
 
-// Ids are the master's own (job-000001) or a worker's chosen name; either
-// way a plain word, so they are safe in file names and log lines.
 grpc::Status Invalid(const std::string& message) { return {grpc::StatusCode::INVALID_ARGUMENT, message}; }
 grpc::Status NotFound(const std::string& message) { return {grpc::StatusCode::NOT_FOUND, message}; }
 grpc::Status Precondition(const std::string& message) { return {grpc::StatusCode::FAILED_PRECONDITION, message}; }
@@ -187,16 +185,14 @@ class Master::Impl final : public control::Master::Service {
     if (options_.metrics_port < -1 || options_.metrics_port > 65535) {
       return fail("metrics_port ", options_.metrics_port, " is not -1 (none) or a port in [0, 65535]");
     }
-    for (const auto& [name, value] :
-         {std::pair<const char*, absl::Duration>{"heartbeat_interval", options_.heartbeat_interval},
-          {"worker_timeout", options_.worker_timeout},
-          {"probe_timeout", options_.probe_timeout},
-          {"rpc_timeout", options_.rpc_timeout},
-          {"max_kv_wait", options_.max_kv_wait},
-          {"stop_grace", options_.stop_grace}}) {
-      if (value <= absl::ZeroDuration() || value == absl::InfiniteDuration()) {
-        return fail(name, " ", absl::FormatDuration(value), " must be a finite duration > 0");
-      }
+    if (auto status = CheckDurations({{"heartbeat_interval", options_.heartbeat_interval},
+                                      {"worker_timeout", options_.worker_timeout},
+                                      {"probe_timeout", options_.probe_timeout},
+                                      {"rpc_timeout", options_.rpc_timeout},
+                                      {"max_kv_wait", options_.max_kv_wait},
+                                      {"stop_grace", options_.stop_grace}});
+        !status.ok()) {
+      return fail(status.message());
     }
     if (options_.worker_timeout < 2 * options_.heartbeat_interval) {
       return fail("worker_timeout ", absl::FormatDuration(options_.worker_timeout),

@@ -68,6 +68,16 @@ absl::Status CheckSecurity(const Security& security) {
   return absl::OkStatus();
 }
 
+absl::Status CheckDurations(std::initializer_list<std::pair<const char*, absl::Duration>> durations) {
+  for (const auto& [name, value] : durations) {
+    if (value <= absl::ZeroDuration() || value == absl::InfiniteDuration()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, " ", absl::FormatDuration(value), " must be a finite duration > 0"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::string> ReadSecretFile(const std::string& path, bool trim) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat("cannot read '", path, "'"));

@@ -6,9 +6,11 @@
 // Thread-safety: all functions are thread-safe; Security is a value.
 
 #include <cstddef>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -52,6 +54,10 @@ void RouteGrpcLogs();
 // accepts (or none), TLS material that is PEM, a certificate and its key
 // together. Errors name the field.
 [[nodiscard]] absl::Status CheckSecurity(const Security& security);
+
+// OK when every (name, value) of an embedding program's options is a finite
+// duration > 0; else InvalidArgument naming the first that is not.
+[[nodiscard]] absl::Status CheckDurations(std::initializer_list<std::pair<const char*, absl::Duration>> durations);
 
 // Reads a file's contents (for --token-file, --tls-*). `trim`: a token,
 // which loses its surrounding whitespace and must then be printable ASCII

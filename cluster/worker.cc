@@ -87,13 +87,11 @@ class Worker::Impl final : public control::Worker::Service {
                   "' is not 1-128 characters of [A-Za-z0-9._-]");
     }
     if (auto status = CheckSecurity(options_.security); !status.ok()) return fail(status.message());
-    for (const auto& [name, value] :
-         {std::pair<const char*, absl::Duration>{"heartbeat_interval", options_.heartbeat_interval},
-          {"master_timeout", options_.master_timeout},
-          {"rpc_timeout", options_.rpc_timeout}}) {
-      if (value <= absl::ZeroDuration() || value == absl::InfiniteDuration()) {
-        return fail(name, " ", absl::FormatDuration(value), " must be a finite duration > 0");
-      }
+    if (auto status = CheckDurations({{"heartbeat_interval", options_.heartbeat_interval},
+                                      {"master_timeout", options_.master_timeout},
+                                      {"rpc_timeout", options_.rpc_timeout}});
+        !status.ok()) {
+      return fail(status.message());
     }
     return absl::OkStatus();
   }

@@ -26,8 +26,8 @@ constexpr int kVersion = 1;
 // The rank files' metadata key holding each tensor's place in its logical tensor.
 constexpr std::string_view kSlicesKey = "tessera.slices";
 // ... and each tensor's checksum (core/checksum.h), which a reader checks
-// before handing out a byte of the file, where index.json names the
-// algorithm (checkpoints written before it do not).
+// before handing out a byte of the file (every file, where index.json
+// names the algorithm; a file of an older index that carries them too).
 constexpr std::string_view kChecksumsKey = "tessera.checksums";
 constexpr std::string_view kIterPrefix = "iter_";
 // Hugging Face: GPT2LMHeadModel's prefix of GPT2Model's names, and the file
@@ -895,7 +895,7 @@ absl::Status CheckCheckpointHoldsNothingMore(const proto::Plan& plan, const Chec
     if (kept.contains(name) || name.starts_with("amp.")) continue;
     if (weights_only) {
       const size_t dot = name.rfind('.');
-      if (name.starts_with("amp.") || (dot != std::string::npos && variables.contains(name.substr(0, dot)))) continue;
+      if (dot != std::string::npos && variables.contains(name.substr(0, dot))) continue;
     }
     return absl::InvalidArgumentError(
         StrCat("checkpoint ", reader.dir().string(), " holds '", name, "', which this model does not have (",

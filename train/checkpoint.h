@@ -261,9 +261,9 @@ class CheckpointReader {
                                                       actors::HostCallbacks& callbacks);
 
 // OK when every tensor of a Tessera checkpoint `reader` is one `plan` (a
-// whole job's plan, every node's part) keeps; with `weights_only`, the
-// optimizer state and mixed-precision bookkeeping of a variable it keeps
-// too (another optimizer's may differ); for Hugging Face weights, when the
+// whole job's plan, every node's part) keeps, mixed precision's bookkeeping
+// (amp.*) aside; with `weights_only`, the optimizer state of a variable it
+// keeps too (another optimizer's may differ); for Hugging Face weights, when the
 // model reads every tensor of the file (unused_tensors()). Else
 // InvalidArgument naming the first tensor left over: a model config
 // smaller than the checkpoint's (fewer layers) would load silently, the

@@ -173,6 +173,8 @@ absl::StatusOr<std::unique_ptr<TextData>> TextData::Open(const nlohmann::json& c
 
 std::optional<double> TextData::unigram_valid_loss(int64_t samples) const {
   if (!gpt_valid_ || unigram_counts_.empty()) return std::nullopt;
+  absl::MutexLock lock(&unigram_mu_);
+  if (auto known = unigram_losses_.find(samples); known != unigram_losses_.end()) return known->second;
   const int64_t vocab_size = static_cast<int64_t>(unigram_counts_.size());
   std::vector<int64_t> window(static_cast<size_t>(gpt_valid_->sample_length()));
   double loss = 0;
@@ -185,8 +187,7 @@ std::optional<double> TextData::unigram_valid_loss(int64_t samples) const {
       ++n;
     }
   }
-  if (n == 0) return std::nullopt;
-  return loss / static_cast<double>(n);
+  return unigram_losses_[samples] = n > 0 ? std::optional<double>(loss / static_cast<double>(n)) : std::nullopt;
 }
 
 int64_t TextData::train_samples() const { return gpt_train_ ? gpt_train_->size() : bert_train_->size(); }

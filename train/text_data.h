@@ -30,11 +30,15 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string_view>
+#include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "core/tensor.h"
 #include "data/bert_dataset.h"
 #include "data/gpt_dataset.h"
@@ -100,6 +104,10 @@ class TextData {
   // The unigram model's add-one counts over the vocabulary, and their sum.
   std::vector<double> unigram_counts_;
   double unigram_total_ = 0;
+  // unigram_valid_loss's answers by sample count (every evaluation of a
+  // job asks for the same one).
+  mutable absl::Mutex unigram_mu_;
+  mutable std::map<int64_t, std::optional<double>> unigram_losses_ ABSL_GUARDED_BY(unigram_mu_);
 };
 
 }  // namespace tessera

@@ -209,6 +209,10 @@ TEST(ClusterTest, BadOptionsOfAnEmbeddedClientMasterOrWorkerAreNamed) {
   fast_timeout.worker_timeout = absl::Milliseconds(150);
   expect(Master(fast_timeout, std::make_unique<FakeJobCompiler>()).Start().status(),
          "master: worker_timeout 150ms must be at least twice heartbeat_interval 100ms");
+  Master::Options no_rpc_time = FastMasterOptions();
+  no_rpc_time.rpc_timeout = absl::ZeroDuration();
+  expect(Master(no_rpc_time, std::make_unique<FakeJobCompiler>()).Start().status(),
+         "master: rpc_timeout 0 must be a finite duration > 0");
 
   Worker tpu(FastWorkerOptions("127.0.0.1:1", "tpu:1"), SleepyRunnerFactory(std::make_shared<RunnerCounters>()));
   const absl::Status devices = tpu.Start().status();

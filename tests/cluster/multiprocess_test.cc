@@ -70,6 +70,21 @@ class MultiprocessTest : public ::testing::Test {
     return process;
   }
 
+  // The CLI's master with `flags` on a port the OS picks, and the address
+  // it printed (empty when it printed none in time).
+  std::unique_ptr<Process> StartMasterProcess(std::vector<std::string> flags, const std::string& name,
+                                              std::string* address) {
+    flags.insert(flags.begin(), {"master", "--listen", "127.0.0.1:0"});
+    auto master = RunCli(flags, name);
+    const std::string listening = "master listening on ";
+    address->clear();
+    if (!WaitUntil([&] { return master->Output().find(listening) != std::string::npos; })) return master;
+    const std::string output = master->Output();
+    const size_t at = output.find(listening) + listening.size();
+    *address = output.substr(at, output.find_first_of(" \n", at) - at);
+    return master;
+  }
+
   control::JobInfo WaitEnd(const std::string& job, absl::Duration limit) {
     return testing::WaitJobEnd(*client_, job, limit);
   }
@@ -185,13 +200,9 @@ TEST_F(MultiprocessTest, CliVerbsAndCleanStop) {
 // forever) is the case that hung.
 TEST_F(MultiprocessTest, AWatchEndsWhenItsMasterStopsAnswering) {
   Deadline deadline(seconds(30), "a stopped master");
-  auto master = RunCli({"master", "--listen", "127.0.0.1:0", "--state-dir", (dir_ / "state").string()}, "master");
-  const std::string listening = "master listening on ";
-  ASSERT_TRUE(WaitUntil([&] { return master->Output().find(listening) != std::string::npos; })) << master->Output();
-  const std::string output = master->Output();
-  const size_t at = output.find(listening) + listening.size();
   Client::Options options;
-  options.master = output.substr(at, output.find_first_of(" \n", at) - at);
+  auto master = StartMasterProcess({"--state-dir", (dir_ / "state").string()}, "master", &options.master);
+  ASSERT_FALSE(options.master.empty()) << master->Output();
   options.keepalive = absl::Seconds(1);
   Client client(options);
   auto job = client.Submit(R"({"devices_needed": 100})", {});
@@ -220,14 +231,10 @@ TEST_F(MultiprocessTest, AWatchEndsWhenItsMasterStopsAnswering) {
 // against its workers: it says it did not run, and the workers stay.
 TEST_F(MultiprocessTest, AMasterThatDidNotRunDoesNotLoseItsWorkers) {
   Deadline deadline(seconds(40), "a stopped master");
-  auto master = RunCli({"master", "--listen", "127.0.0.1:0", "--worker-timeout-ms", "2000", "--heartbeat-ms", "200"},
-                       "paused_master");
-  const std::string listening = "master listening on ";
-  ASSERT_TRUE(WaitUntil([&] { return master->Output().find(listening) != std::string::npos; })) << master->Output();
-  const std::string output = master->Output();
-  const size_t at = output.find(listening) + listening.size();
   Client::Options options;
-  options.master = output.substr(at, output.find_first_of(" \n", at) - at);
+  auto master =
+      StartMasterProcess({"--worker-timeout-ms", "2000", "--heartbeat-ms", "200"}, "paused_master", &options.master);
+  ASSERT_FALSE(options.master.empty()) << master->Output();
   Client client(options);
   Process worker({"worker", "--master", options.master, "--devices", "cpu:1", "--id", "w-p"}, dir_ / "w-p.out");
   const auto registered = [&] {
