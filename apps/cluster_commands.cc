@@ -3,11 +3,13 @@
 #include <pthread.h>
 #include <signal.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -83,6 +85,12 @@ class StopSignals {
     int signal = 0;
     sigwait(&set_, &signal);
     return signal;
+  }
+  // The signal that arrived within `timeout_ms`; 0: none.
+  int WaitFor(int timeout_ms) {
+    const timespec timeout{timeout_ms / 1000, (timeout_ms % 1000) * 1000000L};
+    const int signal = sigtimedwait(&set_, nullptr, &timeout);
+    return signal < 0 ? 0 : signal;
   }
 
  private:
@@ -288,8 +296,28 @@ void AddClusterCommands(CLI::App& app, ClusterCommandDeps deps) {
     if (!address.ok()) Fail(std::string(address.status().message()));
     std::printf("worker serving on %s, registering with %s\n", address->c_str(), options.master.c_str());
     std::fflush(stdout);
-    signals.Wait();
+    const int signal = signals.Wait();
+    // A graceful shutdown: the jobs it holds stop at an iteration boundary
+    // with a checkpoint (Worker::Drain); a second signal stops them at once.
+    if (daemon.jobs_held() > 0) {
+      std::fprintf(stderr,
+                   "tessera worker: %s: stopping its jobs at an iteration boundary and writing a checkpoint "
+                   "(again to stop at once)\n",
+                   signal == SIGINT ? "interrupted" : "terminated");
+    }
+    std::atomic<bool> drained = false;
+    std::thread drainer([&] {
+      daemon.Drain();
+      drained = true;
+    });
+    while (!drained.load()) {
+      if (signals.WaitFor(100) != 0) {
+        std::fprintf(stderr, "tessera worker: stopping its jobs at once\n");
+        break;
+      }
+    }
     daemon.Shutdown();
+    drainer.join();
     Succeed();
   });
 
@@ -375,8 +403,8 @@ void AddClusterCommands(CLI::App& app, ClusterCommandDeps deps) {
     for (const auto& job : *jobs) PrintJob(job);
     if (workers->empty()) std::printf("no workers registered\n");
     for (const auto& w : *workers) {
-      std::printf("worker %s %s at %s %s\n", w.worker_id().c_str(), w.devices().c_str(), w.address().c_str(),
-                  w.job_id().empty() ? "(free)" : w.job_id().c_str());
+      std::printf("worker %s %s at %s %s%s\n", w.worker_id().c_str(), w.devices().c_str(), w.address().c_str(),
+                  w.job_id().empty() ? "(free)" : w.job_id().c_str(), w.draining() ? " (shutting down)" : "");
     }
     Succeed();
   });

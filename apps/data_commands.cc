@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_join.h"
 #include "apps/cli_errors.h"
 #include "core/file_util.h"
 #include "core/text.h"
@@ -208,7 +209,9 @@ void AddPreprocess(CLI::App& app) {
     const std::filesystem::path prefix = ExpandPath(flags->output);
     std::vector<std::filesystem::path> inputs;
     for (const std::string& input : flags->inputs) inputs.push_back(ExpandPath(input));
-    RemoveStaleTemporaries(prefix, {{".bin.tmp-", true}, {".idx.tmp-", true}, {"-vocab.tmp-", false}}, inputs);
+    RemoveStaleTemporaries(
+        prefix, {{".bin.tmp-", true}, {".idx.tmp-", true}, {".source.json.tmp-", false}, {"-vocab.tmp-", false}},
+        inputs);
     if (verb->count("--json-key") > 0 && flags->format != "jsonl" &&
         (flags->format != "auto" || std::none_of(flags->inputs.begin(), flags->inputs.end(),
                                                  [](const std::string& in) { return in.ends_with(".jsonl"); }))) {
@@ -216,7 +219,7 @@ void AddPreprocess(CLI::App& app) {
     }
     // An output that is one of the inputs would overwrite it.
     for (const std::filesystem::path& input : inputs) {
-      for (const char* extension : {".bin", ".idx"}) {
+      for (const char* extension : {".bin", ".idx", ".source.json"}) {
         const std::filesystem::path output = prefix.string() + extension;
         std::error_code ec;
         if (std::filesystem::equivalent(input, output, ec)) {
@@ -463,8 +466,10 @@ void AddExport(CLI::App& app) {
     RemoveTemporariesOnSignals();
     const std::filesystem::path output = ExpandPath(flags->output);
     for (const std::filesystem::path& written :
-         output.extension() == ".safetensors" ? std::vector<std::filesystem::path>{output}
-                                              : std::vector{output / "model.safetensors", output / "config.json"}) {
+         output.extension() == ".safetensors"
+             ? std::vector<std::filesystem::path>{output}
+             : std::vector{output / "model.safetensors", output / "config.json", output / "vocab.json",
+                           output / "merges.txt", output / "vocab.txt", output / "tokenizer_config.json"}) {
       RemoveStaleTemporaries(written, {{".tmp-", false}});
     }
     auto summary = ExportHuggingFace(ExpandPath(flags->path), output);
@@ -472,6 +477,13 @@ void AddExport(CLI::App& app) {
     std::printf("exported %lld tensors (%.1f MB) of %s to %s%s%s\n", static_cast<long long>(summary->tensors),
                 static_cast<double>(summary->bytes) / 1e6, summary->checkpoint.c_str(), summary->weights.c_str(),
                 summary->config.empty() ? "" : " and ", summary->config.c_str());
+    if (!summary->tokenizer_files.empty()) {
+      std::vector<std::string> names;
+      for (const auto& file : summary->tokenizer_files) names.push_back(file.filename().string());
+      std::printf("the run's tokenizer: %s\n", absl::StrJoin(names, ", ").c_str());
+    } else if (!summary->config.empty()) {
+      std::printf("%s\n", summary->tokenizer_note.c_str());
+    }
     std::fflush(stdout);
     Succeed();
   });

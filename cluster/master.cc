@@ -84,6 +84,7 @@ struct WorkerRecord {
   int failed_probes = 0;
   bool probe_in_flight = false;
   std::string job_id;  // the job holding its devices; empty: free
+  bool draining = false;  // shutting down (HeartbeatRequest.draining): placed on no more
 };
 
 struct Job {
@@ -297,6 +298,7 @@ class Master::Impl final : public control::Master::Service {
                                        "' or stale epoch (register first)"));
     }
     worker->last_heartbeat = absl::Now();
+    if (request->draining() && !worker->draining) DrainWorkerLocked(*worker);
     bool holds_own_job = false;
     for (const control::WorkerJob& held : request->jobs()) {
       if (held.job_id() == worker->job_id) {
@@ -568,6 +570,7 @@ class Master::Impl final : public control::Master::Service {
       info->set_address(worker->address);
       info->set_job_id(worker->job_id);
       info->set_last_heartbeat_ms_ago(absl::ToInt64Milliseconds(now - worker->last_heartbeat));
+      info->set_draining(worker->draining);
     }
     return grpc::Status::OK;
   }
@@ -725,6 +728,25 @@ class Master::Impl final : public control::Master::Service {
     changed_.SignalAll();
   }
 
+  // A worker shutting down: no job is placed on it any more, and the job it
+  // holds stops as a graceful cancel would (at an iteration boundary its
+  // nodes agree on, with a checkpoint there; ending CANCELLED, so
+  // `--resume` continues it), or at once if it is not running yet.
+  void DrainWorkerLocked(WorkerRecord& worker) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    worker.draining = true;
+    TLOG_INFO("worker {} is shutting down: it takes no new job", worker.id);
+    changed_.SignalAll();
+    auto it = worker.job_id.empty() ? jobs_.end() : jobs_.find(worker.job_id);
+    if (it == jobs_.end() || IsFinal(it->second->state)) return;
+    Job& job = *it->second;
+    const std::string reason = absl::StrCat("worker ", worker.id, " is shutting down");
+    if (job.state == control::RUNNING) {
+      if (!job.stopping) StartStoppingLocked(job, reason);
+    } else {
+      EndJobLocked(job, control::CANCELLED, reason);
+    }
+  }
+
   // Ends `job` (final `state`, `reason`); stops it on every worker that
   // holds it and drops its KV keys.
   void EndJobLocked(Job& job, JobState state, const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -775,7 +797,11 @@ class Master::Impl final : public control::Master::Service {
     // Its channel is released on the monitor thread, never inside a gRPC
     // callback (where this may run) — gRPC does not take that well.
     retired_stubs_.push_back(worker->stub);
-    TLOG_WARN("worker {} lost: {}", id, why);
+    if (worker->draining) {
+      TLOG_INFO("worker {} gone (it was shutting down): {}", id, why);
+    } else {
+      TLOG_WARN("worker {} lost: {}", id, why);
+    }
     if (worker->job_id.empty()) return;
     auto job = jobs_.find(worker->job_id);
     if (job == jobs_.end() || IsFinal(job->second->state)) return;
@@ -815,6 +841,7 @@ class Master::Impl final : public control::Master::Service {
     std::map<std::string, int64_t> total_of, free_of;
     std::vector<WorkerRecord*> free_workers;
     for (auto& [id, worker] : workers_) {
+      if (worker->draining) continue;  // leaving: neither counted nor placed on
       total_of[worker->device_type] += worker->num_devices;
       if (worker->job_id.empty()) free_workers.push_back(worker.get());
     }
@@ -1033,6 +1060,9 @@ class Master::Impl final : public control::Master::Service {
       // A resumed run continues the earlier one's outputs: the metrics up to
       // where it resumes, then its own.
       if (auto kept = KeepMetricsUpTo(dir / "metrics.jsonl", job.spec.start_iteration); !kept.ok()) return kept;
+      // And its TensorBoard events (the iterations after it would be a dead
+      // branch in the plots).
+      if (auto kept = KeepEventsUpTo(dir, job.spec.start_iteration); !kept.ok()) return kept;
       mode = std::ios::app;
     }
     job.metrics_file = std::make_unique<std::ofstream>(dir / "metrics.jsonl", mode);

@@ -118,6 +118,43 @@ class Worker::Impl final : public control::Worker::Service {
     server_.reset();
   }
 
+  void Drain() {
+    control::HeartbeatRequest beat;
+    bool registered = false;
+    std::vector<std::string> ids;
+    {
+      absl::MutexLock lock(&mu_);
+      if (!draining_) {
+        draining_ = true;
+        TLOG_INFO("shutting down: taking no new job; stopping {} job(s) at an iteration boundary", jobs_.size());
+      }
+      registered = registered_;
+      beat = NewBeatLocked();
+      for (const auto& [id, entry] : jobs_) ids.push_back(id);
+    }
+    // The master, told first, stops each job on all of its nodes (this one
+    // included) and places none here. A master that does not answer leaves
+    // it to this worker: a job on it alone still ends at an iteration
+    // boundary with a checkpoint.
+    control::HeartbeatResponse answer;
+    grpc::ClientContext context;
+    PrepareContext(context, options_.security, options_.rpc_timeout);
+    const bool told = registered && master_->Heartbeat(&context, beat, &answer).ok();
+    if (!told) {
+      TLOG_WARN("the master did not hear that this worker is shutting down; stopping its jobs here");
+      for (const std::string& id : ids) {
+        StopJob(id, absl::CancelledError("the worker is shutting down"), /*graceful=*/true);
+      }
+    }
+    for (const std::string& id : answer.drop_job_ids()) StopJob(id, absl::CancelledError("dropped by the master"));
+    absl::MutexLock lock(&mu_);
+    auto drained = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return stopping_ ||
+             std::all_of(jobs_.begin(), jobs_.end(), [](const auto& job) { return job.second->phase == Phase::kDone; });
+    };
+    mu_.Await(absl::Condition(&drained));
+  }
+
   std::string worker_id() const {
     absl::MutexLock lock(&mu_);
     return worker_id_;
@@ -147,13 +184,13 @@ class Worker::Impl final : public control::Worker::Service {
     auto entry = std::make_shared<JobEntry>();
     {
       absl::MutexLock lock(&mu_);
-      if (stopping_) return {grpc::StatusCode::UNAVAILABLE, "the worker is shutting down"};
+      if (stopping_ || draining_) return {grpc::StatusCode::UNAVAILABLE, "the worker is shutting down"};
       // The master places jobs on a worker as soon as it has registered it,
       // so a plan can arrive before the registration's answer: wait for it.
       if (!registered_ && registering_) {
         mu_.AwaitWithTimeout(absl::Condition(this, &Impl::RegistrationSettled), options_.rpc_timeout);
       }
-      if (stopping_) return {grpc::StatusCode::UNAVAILABLE, "the worker is shutting down"};
+      if (stopping_ || draining_) return {grpc::StatusCode::UNAVAILABLE, "the worker is shutting down"};
       if (!registered_) return Precondition("the worker is not registered with a master");
       if (request->slots(static_cast<int>(request->node())).worker_id() != worker_id_) {
         return {grpc::StatusCode::INVALID_ARGUMENT,
@@ -380,12 +417,11 @@ class Worker::Impl final : public control::Worker::Service {
       {
         absl::MutexLock lock(&mu_);
         registered = registered_;
-        beat.set_worker_id(worker_id_);
-        beat.set_epoch(epoch_);
-        FillJobsLocked(*beat.mutable_jobs());
+        beat = NewBeatLocked();
       }
       if (!registered) {
-        if (Register(interval)) last_answer = absl::Now();
+        // A worker shutting down does not come back.
+        if (!beat.draining() && Register(interval)) last_answer = absl::Now();
         continue;
       }
       control::HeartbeatResponse answer;
@@ -405,6 +441,15 @@ class Worker::Impl final : public control::Worker::Service {
         registered_ = false;
       }
     }
+  }
+
+  control::HeartbeatRequest NewBeatLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    control::HeartbeatRequest beat;
+    beat.set_worker_id(worker_id_);
+    beat.set_epoch(epoch_);
+    beat.set_draining(draining_);
+    FillJobsLocked(*beat.mutable_jobs());
+    return beat;
   }
 
   bool RegistrationSettled() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -481,6 +526,8 @@ class Worker::Impl final : public control::Worker::Service {
 
   mutable absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // Drain: shutting down once its jobs have stopped; takes no new one.
+  bool draining_ ABSL_GUARDED_BY(mu_) = false;
   bool registered_ ABSL_GUARDED_BY(mu_) = false;
   // A registration RPC is in flight (LoadPlan waits for its answer).
   bool registering_ ABSL_GUARDED_BY(mu_) = false;
@@ -498,6 +545,7 @@ Worker::Worker(Options options, PlanRunnerFactory factory)
 Worker::~Worker() = default;
 absl::StatusOr<std::string> Worker::Start() { return impl_->Start(); }
 void Worker::Shutdown() { impl_->Shutdown(); }
+void Worker::Drain() { impl_->Drain(); }
 std::string Worker::worker_id() const { return impl_->worker_id(); }
 bool Worker::registered() const { return impl_->registered(); }
 int Worker::jobs_held() const { return impl_->jobs_held(); }

@@ -57,6 +57,18 @@ class Worker {
   [[nodiscard]] absl::StatusOr<std::string> Start();
   // Cancels every job, joins their threads, stops serving.
   void Shutdown();
+  // The first step of a graceful shutdown (`tessera worker`'s SIGINT or
+  // SIGTERM): takes no new job (LoadPlan: UNAVAILABLE; the master, told at
+  // once by a heartbeat marked draining, places none here) and has each job
+  // it holds stopped as a graceful cancel stops it: at an iteration boundary
+  // its nodes agree on, with a checkpoint there, the job ending CANCELLED
+  // ("worker ID is shutting down; interrupted at iteration N; checkpoint
+  // ..."); a master that does not answer leaves the stop to this worker.
+  // Returns
+  // once every job has ended and been reported (or Shutdown was called);
+  // then call Shutdown. A job whose stop hangs is the master's to end
+  // (Master::Options::stop_grace), or Shutdown's.
+  void Drain();
 
   // The id the master gave (empty until registered) and whether it is
   // registered now.

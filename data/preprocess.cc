@@ -5,19 +5,24 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <fstream>
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <span>
+#include <sstream>
 #include <thread>
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
+#include "core/checksum.h"
+#include "core/file_util.h"
 #include "core/status.h"
 #include "core/strings.h"
 #include "core/text.h"
@@ -387,6 +392,36 @@ absl::Status ForEachDocument(const PreprocessOptions& options,
   return absl::OkStatus();
 }
 
+namespace {
+
+fs::path SourceFile(const fs::path& output_prefix) { return output_prefix.string() + ".source.json"; }
+
+absl::Status WriteDatasetSource(const PreprocessOptions& options, const Tokenizer& tokenizer, const fs::path& path) {
+  nlohmann::json inputs = nlohmann::json::array();
+  std::error_code ec;
+  for (const fs::path& input : options.inputs) {
+    const fs::path absolute = fs::weakly_canonical(fs::absolute(input, ec), ec);
+    inputs.push_back(
+        {{"path", (ec ? input : absolute).string()}, {"bytes", static_cast<int64_t>(fs::file_size(input, ec))}});
+  }
+  const auto index_bytes = fs::file_size(options.output_prefix.string() + ".idx", ec);
+  if (ec) return absl::InternalError(StrCat("the dataset written has no readable index: ", ec.message()));
+  const nlohmann::json source = {{"inputs", inputs},
+                                 {"tokenizer",
+                                  {{"fingerprint", TokenizerFingerprint(tokenizer)},
+                                   {"description", StrCat(tokenizer.kind(), ", ", tokenizer.vocab_size(), " tokens")}}},
+                                 {"index_bytes", static_cast<int64_t>(index_bytes)}};
+  const absl::Status written =
+      WriteFileDurably(path, source.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
+  if (!written.ok()) {
+    return absl::Status(written.code(),
+                        StrCat("the dataset is written, but not what it was built from: ", written.message()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<PreprocessStats> Preprocess(const PreprocessOptions& options, const Tokenizer& tokenizer,
                                            const PreprocessProgress& progress) {
   if (options.inputs.empty()) return absl::InvalidArgumentError("preprocess: no input files");
@@ -475,9 +510,81 @@ absl::StatusOr<PreprocessStats> Preprocess(const PreprocessOptions& options, con
     return absl::InvalidArgumentError(
         StrCat("the inputs hold no text to tokenise (", stats.documents, " documents, 0 tokens): nothing written"));
   }
+  // The old dataset's description goes first: a crash before the new one
+  // is written leaves none, never a wrong one.
+  const fs::path source_file = SourceFile(options.output_prefix);
+  std::error_code ec;
+  fs::remove(source_file, ec);
+  if (ec) return absl::InternalError(StrCat("cannot remove ", source_file.string(), ": ", ec.message()));
   RETURN_IF_ERROR(builder->Finalize());
+  RETURN_IF_ERROR(WriteDatasetSource(options, tokenizer, source_file));
   if (progress) progress(total_bytes, total_bytes);
   return stats;
+}
+
+std::string TokenizerFingerprint(const Tokenizer& tokenizer) {
+  constexpr std::string_view kProbe =
+      "The quick brown fox jumps over the lazy dog. THE QUICK Brown fOX!\n\n"
+      "  Numbers: 0 7 42 1999 3.14159 -273 1,000,000; code: x += y[i] * 2 // ok?\n"
+      "\tTabs,  double  spaces and \"quotes\" -- (brackets) [more] {braces} <tags> @#$%^&_~`|\\\n"
+      "Caf\u00e9 na\u00efve r\u00e9sum\u00e9 \u00dcber Stra\u00dfe \u00ce\u00f1t\u00ebrn\u00e2ti\u00f4n\u00e0l "
+      "\u4e2d\u6587\u5b57 \u65e5\u672c\u8a9e \ud55c\uad6d\uc5b4 \U0001f600 \u2014 \u2019 \u00bd";
+  std::string text = StrCat(tokenizer.kind(), "|", tokenizer.vocab_size(), "|");
+  for (const char* special : {"<|endoftext|>", "[CLS]", "[SEP]", "[MASK]", "[PAD]", "[UNK]"}) {
+    const std::optional<int64_t> id = tokenizer.SpecialId(special);
+    text += StrCat(id ? *id : -1, ",");
+  }
+  text += StrCat(tokenizer.EndOfDocumentId().value_or(-1), "|");
+  if (absl::StatusOr<std::vector<int64_t>> ids = tokenizer.Encode(kProbe); ids.ok()) {
+    for (const int64_t id : *ids) text += StrCat(id, ",");
+  }
+  text += StrCat("|");
+  // The texts of 512 ids spread over the vocabulary and of its last 32.
+  const int64_t size = tokenizer.vocab_size();
+  std::vector<int64_t> spread;
+  for (int64_t k = 0; k < 512 && size > 0; ++k) spread.push_back(k * size / 512);
+  for (int64_t id = std::max<int64_t>(0, size - 32); id < size; ++id) spread.push_back(id);
+  for (const int64_t id : spread) {
+    const std::array<int64_t, 1> one{id};
+    absl::StatusOr<std::string> piece = tokenizer.Decode(one);
+    text += StrCat(piece.ok() ? *piece : std::string("?"), "\x1f");
+  }
+  return Checksum(text);
+}
+
+absl::StatusOr<std::optional<DatasetSource>> ReadDatasetSource(const fs::path& output_prefix) {
+  const fs::path path = SourceFile(output_prefix);
+  std::error_code ec;
+  if (!fs::exists(path, ec)) return std::optional<DatasetSource>();
+  const auto bad = [&](std::string_view why) {
+    return absl::InvalidArgumentError(
+        StrCat(path.string(), ": ", why, " (it says what the dataset was built from; remove it to skip the check)"));
+  };
+  std::string text;
+  {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) return bad("cannot be read");
+    std::ostringstream bytes;
+    bytes << in.rdbuf();
+    text = bytes.str();
+  }
+  const nlohmann::json json = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!json.is_object()) return bad("not a JSON object");
+  DatasetSource source;
+  try {
+    source.index_bytes = json.at("index_bytes").get<int64_t>();
+    source.tokenizer = json.at("tokenizer").at("fingerprint").get<std::string>();
+    source.tokenizer_description = json.at("tokenizer").at("description").get<std::string>();
+    for (const nlohmann::json& input : json.at("inputs")) {
+      source.inputs.push_back(input.at("path").get<std::string>());
+      source.input_bytes.push_back(input.at("bytes").get<int64_t>());
+    }
+  } catch (const nlohmann::json::exception& e) {
+    return bad(StrCat("malformed: ", e.what()));
+  }
+  const auto index_bytes = fs::file_size(output_prefix.string() + ".idx", ec);
+  if (ec || static_cast<int64_t>(index_bytes) != source.index_bytes) return std::optional<DatasetSource>();
+  return std::optional<DatasetSource>(std::move(source));
 }
 
 }  // namespace tessera::data

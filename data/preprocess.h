@@ -31,11 +31,13 @@
 // a chunk is held whole: the tokenizer needs all of it).
 //
 // The output is written atomically (IndexedDatasetBuilder): on any error
-// nothing appears under PREFIX.bin / PREFIX.idx.
+// nothing appears under PREFIX.bin / PREFIX.idx. PREFIX.source.json
+// (DatasetSource) follows the pair.
 
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -76,6 +78,34 @@ using PreprocessProgress = std::function<void(int64_t bytes_done, int64_t bytes_
 // whatever the thread count.
 [[nodiscard]] absl::StatusOr<PreprocessStats> Preprocess(const PreprocessOptions& options, const Tokenizer& tokenizer,
                                                          const PreprocessProgress& progress = nullptr);
+
+// What tells two vocabularies apart (a dataset's ids mean tokens of the
+// vocabulary it was encoded with): the kind, the size, the special ids, the
+// ids of a fixed probe text (words, cases, digits, punctuation, spacing,
+// accents, CJK, emoji) and the texts of a spread of ids, hashed. Equal for
+// the same vocabulary loaded from anywhere; different, in practice, for
+// any two that encode text differently.
+std::string TokenizerFingerprint(const Tokenizer& tokenizer);
+
+// What a dataset was built from, written by Preprocess beside it as
+// PREFIX.source.json: the inputs (absolute paths and sizes), the tokenizer
+// (TokenizerFingerprint, and a description such as "gpt2, 50257 tokens")
+// and the size of the PREFIX.idx it describes. Datasets written by other
+// tools have none.
+struct DatasetSource {
+  std::vector<std::filesystem::path> inputs;
+  std::vector<int64_t> input_bytes;
+  std::string tokenizer;              // TokenizerFingerprint
+  std::string tokenizer_description;  // for messages
+  int64_t index_bytes = 0;
+};
+
+// PREFIX.source.json, where the dataset has one that describes the
+// PREFIX.idx there (one left by an earlier dataset, whose index size
+// differs, is ignored); nullopt: none. A malformed one is InvalidArgument
+// naming it.
+[[nodiscard]] absl::StatusOr<std::optional<DatasetSource>> ReadDatasetSource(
+    const std::filesystem::path& output_prefix);
 
 // Calls `visit` with the text of every document of options.inputs, in
 // order, as Preprocess reads them (format, json_key; the same errors for

@@ -1,15 +1,72 @@
 #include "train/export.h"
 
 #include <algorithm>
+#include <fstream>
+#include <optional>
+#include <sstream>
+#include <utility>
 
 #include "core/file_util.h"
 #include "core/registry.h"
 #include "core/status.h"
 #include "core/strings.h"
+#include "data/tokenizer.h"
 #include "models/model.h"
 #include "train/checkpoint.h"
+#include "train/job_config.h"
 
 namespace tessera {
+
+namespace {
+
+struct ExportedTokenizer {
+  std::unique_ptr<data::Tokenizer> tokenizer;
+  // Its files and the names save_pretrained gives them.
+  std::vector<std::pair<std::filesystem::path, std::string>> files;
+  bool lower_case = true;
+};
+
+// The run's tokenizer, loaded (so its files are checked); nullopt with
+// `note` saying why there is none to export. A malformed tokenization
+// section is an error.
+absl::StatusOr<std::optional<ExportedTokenizer>> ReadRunTokenizer(const nlohmann::json& config, std::string& note) {
+  if (!config.contains("tokenization") || !config["tokenization"].is_object() ||
+      config["tokenization"].value("tokenizer", nlohmann::json()).is_null()) {
+    note = "no tokenizer: the run named none (tokenization.tokenizer)";
+    return std::optional<ExportedTokenizer>();
+  }
+  absl::StatusOr<TokenizationConfig> t = TokenizationKeys().Read(config["tokenization"]);
+  if (!t.ok()) return absl::InvalidArgumentError(StrCat("the run's tokenization: ", t.status().message()));
+  data::TokenizerFiles files;
+  files.kind = *t->tokenizer;
+  files.lower_case = t->lower_case;
+  if (t->vocab_file) files.vocab_file = ExpandPath(*t->vocab_file);
+  if (t->merges_file) files.merges_file = ExpandPath(*t->merges_file);
+  absl::StatusOr<std::unique_ptr<data::Tokenizer>> loaded = data::LoadTokenizer(files);
+  if (!loaded.ok()) {
+    note = StrCat("no tokenizer: the run's cannot be read (", loaded.status().message(), ")");
+    return std::optional<ExportedTokenizer>();
+  }
+  ExportedTokenizer out;
+  out.tokenizer = *std::move(loaded);
+  out.lower_case = files.lower_case;
+  if (files.kind == "gpt2") {
+    out.files = {{files.vocab_file, "vocab.json"}, {files.merges_file, "merges.txt"}};
+  } else {
+    out.files = {{files.vocab_file, "vocab.txt"}};
+  }
+  return std::optional<ExportedTokenizer>(std::move(out));
+}
+
+absl::StatusOr<std::string> ReadWholeFile(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream bytes;
+  bytes << in.rdbuf();
+  if (!in.good() && !in.eof()) return absl::InternalError(StrCat("cannot read ", path.string()));
+  return bytes.str();
+}
+
+}  // namespace
 
 absl::StatusOr<ExportSummary> ExportHuggingFace(const std::filesystem::path& path,
                                                 const std::filesystem::path& output) {
@@ -81,8 +138,52 @@ absl::StatusOr<ExportSummary> ExportHuggingFace(const std::filesystem::path& pat
   }
   summary.weights = output / "model.safetensors";
   RETURN_IF_ERROR(ExportSafetensors(*reader, tensors, summary.weights));
+  nlohmann::json model_config = *hf_config;
+  ASSIGN_OR_RETURN(const std::optional<ExportedTokenizer> tokenizer, ReadRunTokenizer(config, summary.tokenizer_note));
+  const bool gpt2 = model_config.value("model_type", "") == "gpt2";
+  if (tokenizer) {
+    // The ids the model's generation config names.
+    if (gpt2) {
+      const std::optional<int64_t> end = tokenizer->tokenizer->EndOfDocumentId();
+      model_config["bos_token_id"] = end ? nlohmann::json(*end) : nlohmann::json();
+      model_config["eos_token_id"] = model_config["bos_token_id"];
+    } else if (const std::optional<int64_t> pad = tokenizer->tokenizer->SpecialId("[PAD]")) {
+      model_config["pad_token_id"] = *pad;
+    }
+    const int64_t max_length =
+        model_config.value(gpt2 ? "n_positions" : "max_position_embeddings", int64_t{gpt2 ? 1024 : 512});
+    nlohmann::json tokenizer_config;
+    if (tokenizer->tokenizer->kind() == "gpt2") {
+      tokenizer_config = {{"tokenizer_class", "GPT2Tokenizer"}, {"model_max_length", max_length},
+                          {"bos_token", "<|endoftext|>"},       {"eos_token", "<|endoftext|>"},
+                          {"unk_token", "<|endoftext|>"},       {"add_prefix_space", false}};
+    } else {
+      tokenizer_config = {{"tokenizer_class", "BertTokenizer"},
+                          {"do_lower_case", tokenizer->lower_case},
+                          {"model_max_length", max_length},
+                          {"unk_token", "[UNK]"},
+                          {"sep_token", "[SEP]"},
+                          {"pad_token", "[PAD]"},
+                          {"cls_token", "[CLS]"},
+                          {"mask_token", "[MASK]"}};
+    }
+    for (const auto& [from, to] : tokenizer->files) {
+      ASSIGN_OR_RETURN(const std::string bytes, ReadWholeFile(from));
+      RETURN_IF_ERROR(WriteFileDurably(output / to, bytes));
+      summary.tokenizer_files.push_back(output / to);
+    }
+    RETURN_IF_ERROR(WriteFileDurably(output / "tokenizer_config.json", tokenizer_config.dump(2) + "\n"));
+    summary.tokenizer_files.push_back(output / "tokenizer_config.json");
+  } else if (gpt2) {
+    // transformers' GPT-2 default (50256) names a token only in a
+    // vocabulary that has it.
+    const nlohmann::json end =
+        model_config.value("vocab_size", int64_t{0}) > 50256 ? nlohmann::json(50256) : nlohmann::json();
+    model_config["bos_token_id"] = end;
+    model_config["eos_token_id"] = end;
+  }
   summary.config = output / "config.json";
-  RETURN_IF_ERROR(WriteFileDurably(summary.config, hf_config->dump(2) + "\n"));
+  RETURN_IF_ERROR(WriteFileDurably(summary.config, model_config.dump(2) + "\n"));
   return summary;
 }
 

@@ -281,12 +281,14 @@ Binding<DataloaderConfig> MakeDataloaderKeys() {
       "dataset read in windows of `model.seq_length` + 1 tokens, in a seeded order that is "
       "the same under every parallel layout. Paths as in `tokenization`.");
   b.Field("data_prefix", &DataloaderConfig::data_prefix,
-          {.doc = "the indexed dataset PREFIX.bin + PREFIX.idx (`tessera preprocess` writes them); `null`: the "
-                  "model's own synthetic data"});
+          {.doc = "the indexed dataset PREFIX.bin + PREFIX.idx (`tessera preprocess` writes them, and "
+                  "PREFIX.source.json: one encoded with another vocabulary than the job's tokenizer is an error); "
+                  "`null`: the model's own synthetic data"});
   b.Field("text_file", &DataloaderConfig::text_file,
           {.doc = "a text file (paragraphs are documents; `.jsonl`: a \"text\" field per line) preprocessed into "
                   "`data_prefix` with the job's tokenizer when that dataset does not exist yet (an existing one is "
-                  "used as it is, with a warning when the text file changed after it was built); `null`: none"});
+                  "used as it is, with a warning when the text file changed after it was built, and is an error "
+                  "when its PREFIX.source.json names another file); `null`: none"});
   b.Field("splits", &DataloaderConfig::splits,
           {.doc = "train,valid,test weights over the documents, as Megatron's (evaluation reads the valid split)"});
   b.Field(

@@ -1,9 +1,11 @@
 #include "train/text_data.h"
 
+#include <algorithm>
 #include <cmath>
 #include <set>
 #include <vector>
 
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "core/file_util.h"
 #include "core/logging.h"
@@ -95,7 +97,34 @@ absl::StatusOr<std::unique_ptr<TextData>> TextData::Open(const nlohmann::json& c
     auto stats = data::Preprocess(options, *tokenizer, progress);
     if (!stats.ok())
       return absl::Status(stats.status().code(), StrCat("dataloader.text_file: ", stats.status().message()));
-  } else if (loader.text_file) {
+  }
+  // What the dataset was built from (Preprocess's PREFIX.source.json; other
+  // tools' datasets have none): ids of another vocabulary would be read as
+  // this one's tokens, and a text_file other than the dataset's would not
+  // be read at all, both without a word.
+  ASSIGN_OR_RETURN(const std::optional<data::DatasetSource> source, data::ReadDatasetSource(prefix));
+  if (source && tokenizer != nullptr && source->tokenizer != data::TokenizerFingerprint(*tokenizer)) {
+    return absl::InvalidArgumentError(
+        StrCat("dataloader.data_prefix ", prefix.string(), " was built with another vocabulary (",
+               source->tokenizer_description, ") than tokenization.tokenizer's (", tokenizer->kind(), ", ",
+               tokenizer->vocab_size(), " tokens): rebuild it with this tokenizer (`tessera preprocess`, or remove ",
+               prefix.string(), ".bin and ", prefix.string(),
+               ".idx and set dataloader.text_file), or set the data_prefix built with it"));
+  }
+  if (source && loader.text_file) {
+    std::error_code canonical_ec;
+    const std::filesystem::path wanted = std::filesystem::weakly_canonical(
+        std::filesystem::absolute(ExpandPath(*loader.text_file), canonical_ec), canonical_ec);
+    if (!canonical_ec && std::find(source->inputs.begin(), source->inputs.end(), wanted) == source->inputs.end()) {
+      std::vector<std::string> names;
+      for (const auto& input : source->inputs) names.push_back(input.string());
+      return absl::InvalidArgumentError(
+          StrCat("dataloader.text_file ", wanted.string(), " is not what the dataset ", prefix.string(),
+                 " was built from (", absl::StrJoin(names, ", "), "): remove ", prefix.string(), ".bin and ",
+                 prefix.string(), ".idx to rebuild it from the text_file, or set another dataloader.data_prefix"));
+    }
+  }
+  if (loader.text_file) {
     // text_file only builds a missing dataset: one edited (or replaced)
     // since is not read, which a user changing it would not expect unsaid.
     const std::filesystem::path text = ExpandPath(*loader.text_file);

@@ -3,14 +3,19 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <bit>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <fstream>
 #include <limits>
+#include <optional>
+#include <sstream>
 #include <system_error>
 
+#include "core/file_util.h"
 #include "core/status.h"
 #include "core/strings.h"
 
@@ -113,7 +118,98 @@ absl::Status CheckTag(std::string_view tag) {
   return absl::OkStatus();
 }
 
+// Reads a varint at `at` (advancing it); false when the bytes end first or
+// it runs past 10 bytes.
+bool GetVarint(std::string_view bytes, size_t& at, uint64_t& value) {
+  value = 0;
+  for (int shift = 0; shift < 70 && at < bytes.size(); shift += 7) {
+    const auto byte = static_cast<uint8_t>(bytes[at++]);
+    value |= static_cast<uint64_t>(byte & 0x7F) << shift;
+    if ((byte & 0x80) == 0) return true;
+  }
+  return false;
+}
+
+// An event's step (0 when it has none, as protobuf reads it); nullopt if
+// the bytes are not a well-formed message.
+std::optional<int64_t> EventStep(std::string_view event) {
+  int64_t step = 0;
+  for (size_t at = 0; at < event.size();) {
+    uint64_t key = 0, value = 0;
+    if (!GetVarint(event, at, key)) return std::nullopt;
+    switch (key & 7) {
+      case kVarint:
+        if (!GetVarint(event, at, value)) return std::nullopt;
+        if ((key >> 3) == kEventStep) step = static_cast<int64_t>(value);
+        break;
+      case kFixed64:
+        at += 8;
+        break;
+      case kLengthDelimited:
+        if (!GetVarint(event, at, value) || value > event.size() - at) return std::nullopt;
+        at += value;
+        break;
+      case kFixed32:
+        at += 4;
+        break;
+      default:
+        return std::nullopt;
+    }
+    if (at > event.size()) return std::nullopt;
+  }
+  return step;
+}
+
+uint64_t GetLittleEndian(std::string_view bytes, size_t at, int count) {
+  uint64_t value = 0;
+  for (int i = 0; i < count; ++i) value |= static_cast<uint64_t>(static_cast<uint8_t>(bytes[at + i])) << (8 * i);
+  return value;
+}
+
 }  // namespace
+
+absl::Status KeepEventsUpTo(const std::filesystem::path& dir, int64_t step) {
+  std::error_code ec;
+  std::vector<std::filesystem::path> files;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    if (entry.path().filename().string().starts_with("events.out.tfevents.") && entry.is_regular_file(ec)) {
+      files.push_back(entry.path());
+    }
+  }
+  for (const std::filesystem::path& path : files) {
+    std::string bytes;
+    {
+      std::ifstream in(path, std::ios::binary);
+      if (!in) return absl::InternalError(StrCat("cannot read TensorBoard event file '", path.string(), "'"));
+      std::ostringstream read;
+      read << in.rdbuf();
+      bytes = read.str();
+    }
+    std::string kept;
+    size_t at = 0;
+    bool dropped = false;
+    while (at < bytes.size()) {
+      // length (8) | its masked CRC (4) | data | the data's masked CRC (4)
+      if (bytes.size() - at < 12) break;
+      const uint64_t length = GetLittleEndian(bytes, at, 8);
+      if (GetLittleEndian(bytes, at + 8, 4) != MaskCrc32c(Crc32c(std::string_view(bytes).substr(at, 8)))) break;
+      if (length > bytes.size() - at - 12 || bytes.size() - at - 12 - length < 4) break;
+      const std::string_view data = std::string_view(bytes).substr(at + 12, length);
+      if (GetLittleEndian(bytes, at + 12 + length, 4) != MaskCrc32c(Crc32c(data))) break;
+      const size_t end = at + 16 + length;
+      const std::optional<int64_t> event_step = EventStep(data);
+      if (event_step && *event_step > step) {
+        dropped = true;
+      } else {
+        kept.append(bytes, at, end - at);
+      }
+      at = end;
+    }
+    if (!dropped && at == bytes.size()) continue;
+    RETURN_IF_ERROR(WriteFileDurably(path, kept));
+  }
+  return absl::OkStatus();
+}
 
 uint32_t Crc32c(std::string_view data, uint32_t crc) {
   crc = ~crc;

@@ -101,4 +101,15 @@ class EventFileWriter {
   absl::Status failure_;  // the first write error; sticky
 };
 
+// A resumed run's start: rewrites every events.out.tfevents.* file in `dir`
+// without the events of steps past `step` (the earlier run's iterations
+// the resume discards, which TensorBoard would otherwise plot as a dead
+// branch beside the new ones), keeping every other record as it is (the
+// file_version record too). A file's torn tail (a record cut short, or one
+// whose CRC does not match, as a killed writer leaves) goes as well, since
+// TensorBoard stops reading there anyway. Files with nothing to drop are
+// not touched; a rewritten one replaces the old atomically. Errors name
+// the file.
+[[nodiscard]] absl::Status KeepEventsUpTo(const std::filesystem::path& dir, int64_t step);
+
 }  // namespace tessera

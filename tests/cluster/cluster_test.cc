@@ -480,6 +480,48 @@ TEST(ClusterTest, WorkerShutdownFailsItsJobNamingIt) {
   EXPECT_EQ(cluster.WaitEnd(*next).state(), control::SUCCEEDED);
 }
 
+// Worker::Drain (`tessera worker`'s SIGINT/SIGTERM): the master, told at
+// once, stops the worker's job as a graceful cancel (both of its nodes, the
+// job CANCELLED naming the worker), lists the worker as shutting down and
+// places nothing more on it; Drain returns once the job has ended there.
+TEST(ClusterTest, ADrainingWorkerHasItsJobStoppedAndTakesNoNewOne) {
+  Deadline deadline(seconds(20), "a worker shutting down");
+  TestCluster cluster;
+  cluster.Start({"cpu:1", "cpu:1"});
+  auto job = cluster.client->Submit(R"({"devices_needed": 2, "hang": true})", {});
+  ASSERT_TRUE(job.ok());
+  ASSERT_TRUE(cluster.WaitState(*job, control::RUNNING));
+  ASSERT_TRUE(WaitUntil([&] { return cluster.counters->running.load() == 2; }));
+  const std::string leaving = cluster.workers[1]->worker_id();
+  cluster.workers[1]->Drain();
+  EXPECT_TRUE(WaitUntil([&] { return cluster.workers[1]->jobs_held() == 0; }, absl::Seconds(5)))
+      << "its job ended there and is reaped";
+  const control::JobInfo info = cluster.WaitEnd(*job, absl::Seconds(5));
+  EXPECT_EQ(info.state(), control::CANCELLED);
+  EXPECT_TRUE(info.reason().starts_with(absl::StrCat("worker ", leaving, " is shutting down; "))) << info.reason();
+  EXPECT_TRUE(WaitUntil([&] { return cluster.counters->running.load() == 0; }, absl::Seconds(5)))
+      << "the job's other node stopped too";
+  auto workers = cluster.client->ListWorkers();
+  ASSERT_TRUE(workers.ok());
+  int draining = 0;
+  for (const auto& w : *workers) draining += w.draining() ? (w.worker_id() == leaving ? 1 : 100) : 0;
+  EXPECT_EQ(draining, 1);
+  // Two devices are needed; only the worker staying counts.
+  auto next = cluster.client->Submit(R"({"devices_needed": 2})", {});
+  ASSERT_TRUE(next.ok());
+  EXPECT_TRUE(WaitUntil([&] {
+    auto got = cluster.client->Get(*next);
+    return got.ok() && got->reason() == "waiting: needs 2 cpu devices, the live workers have 1";
+  })) << "a job is not placed on a worker shutting down";
+  auto small = cluster.client->Submit(R"({"devices_needed": 1})", {});
+  ASSERT_TRUE(small.ok());
+  const control::JobInfo ran = cluster.WaitEnd(*small);
+  EXPECT_EQ(ran.state(), control::SUCCEEDED);
+  ASSERT_EQ(ran.slots_size(), 1);
+  EXPECT_NE(ran.slots(0).worker_id(), leaving);
+  cluster.workers[1]->Shutdown();
+}
+
 TEST(ClusterTest, MasterRestartKeepsTheHistory) {
   Deadline deadline(seconds(30), "master restart");
   const fs::path state = TempDir("state");

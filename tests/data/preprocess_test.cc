@@ -281,6 +281,42 @@ TEST_F(PreprocessTest, UnreadableInputsAreNamed) {
 
 // Throughput with the byte-level test double (run by hand:
 // --gtest_also_run_disabled_tests --gtest_filter='*Throughput*').
+// PREFIX.source.json: the inputs, their sizes and the vocabulary's
+// fingerprint, read back while it describes the index beside it; ignored
+// once another tool has replaced the dataset; a malformed one is named.
+TEST_F(PreprocessTest, TheDatasetSaysWhatItWasBuiltFrom) {
+  const std::string text = "Hello world.\n\nMore text.\n";
+  WriteFile(dir_ / "a.txt", text);
+  ASSERT_TRUE(Run({"a.txt"}).ok());
+  auto source = ReadDatasetSource(dir_ / "out");
+  ASSERT_TRUE(source.ok()) << source.status();
+  ASSERT_TRUE(source->has_value());
+  EXPECT_EQ((*source)->inputs, std::vector<std::filesystem::path>{std::filesystem::weakly_canonical(dir_ / "a.txt")});
+  EXPECT_EQ((*source)->input_bytes, std::vector<int64_t>{static_cast<int64_t>(text.size())});
+  EXPECT_EQ((*source)->tokenizer, TokenizerFingerprint(ByteTokenizer()));
+  EXPECT_EQ((*source)->tokenizer_description, "bytes, 261 tokens");
+  // The fingerprint tells vocabularies apart.
+  EXPECT_NE(TokenizerFingerprint(ByteTokenizer(262)), TokenizerFingerprint(ByteTokenizer()));
+  EXPECT_NE(TokenizerFingerprint(ByteTokenizer(261, /*has_end_of_document=*/false)),
+            TokenizerFingerprint(ByteTokenizer()));
+  // Another tool's dataset in its place: the description is of another index.
+  {
+    auto builder = IndexedDatasetBuilder::Create(dir_ / "out", TokenDtype::kUint16);
+    ASSERT_TRUE(builder.ok()) << builder.status();
+    const std::vector<int64_t> tokens = {1, 2, 3};
+    for (int k = 0; k < 9; ++k) ASSERT_TRUE((*builder)->AddSequence(tokens).ok());
+    ASSERT_TRUE((*builder)->EndDocument().ok());
+    ASSERT_TRUE((*builder)->Finalize().ok());
+  }
+  source = ReadDatasetSource(dir_ / "out");
+  ASSERT_TRUE(source.ok()) << source.status();
+  EXPECT_FALSE(source->has_value());
+  WriteFile(dir_ / "out.source.json", "{\"inputs\": 3}");
+  source = ReadDatasetSource(dir_ / "out");
+  ASSERT_FALSE(source.ok());
+  EXPECT_THAT(source.status().message(), HasSubstr("out.source.json: malformed"));
+}
+
 TEST_F(PreprocessTest, DISABLED_Throughput) {
   std::mt19937 random(3);
   constexpr size_t kBytes = size_t{64} << 20;

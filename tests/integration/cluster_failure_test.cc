@@ -6,6 +6,8 @@
 // - a SIGSTOPped worker (a hung node): the same within 15 s;
 // - a cancel stops every actor on every worker within 5 s (the workers are
 //   free and back to their idle thread count), and the next job runs;
+// - SIGINT to a worker mid-job: a checkpoint where the nodes agree, the job
+//   CANCELLED naming the worker, which then exits 0;
 // - 20 jobs in a row on the same workers: thread count and RSS stay flat.
 
 #include <signal.h>
@@ -258,6 +260,45 @@ TEST_F(ClusterFailureTest, CancelFromTheCliCheckpointsWhereTheNodesAgree) {
   }
   EXPECT_GE(rank_files, 2) << "a shard file from each worker";
   ASSERT_TRUE(WaitFreeWorkers(2, absl::Seconds(5)));
+}
+
+// SIGINT to a `tessera worker` holding a job that spans two worker
+// processes: the job stops where its nodes agree, with a checkpoint there
+// written by both, and ends CANCELLED naming the worker; the worker exits 0
+// once it has, and the other worker is free.
+TEST_F(ClusterFailureTest, SigintToAWorkerCheckpointsItsJobBeforeItExits) {
+  Deadline deadline(seconds(120), "a worker shut down mid-job");
+  StartWorker("w-a");
+  ChildProcess& leaving = StartWorker("w-b");
+  ASSERT_TRUE(WaitFreeWorkers(2));
+  const fs::path out = dir_ / "run";
+  auto job = Submit(
+      {"train.dist.pipeline_parallel_size=2", "train.dist.data_parallel_size=2", "train.output_dir=" + out.string()},
+      1000000);
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_TRUE(WaitIterating(*job));
+  leaving.Signal(SIGINT);
+  EXPECT_EQ(leaving.Wait(), 0) << leaving.Output();
+  EXPECT_NE(leaving.Output().find("tessera worker: interrupted: stopping its jobs at an iteration boundary"),
+            std::string::npos)
+      << leaving.Output();
+  const control::JobInfo info = WaitEnd(*job, absl::Seconds(5));
+  EXPECT_EQ(info.state(), control::CANCELLED);
+  const std::string said = "worker w-b is shutting down; interrupted at iteration ";
+  ASSERT_TRUE(info.reason().starts_with(said)) << info.reason();
+  const int64_t stopped = std::stoll(info.reason().substr(said.size()));
+  char name[32];
+  std::snprintf(name, sizeof name, "iter_%07lld", static_cast<long long>(stopped));
+  const fs::path checkpoint = out / "checkpoints" / name;
+  ASSERT_TRUE(fs::exists(checkpoint / "index.json")) << info.reason();
+  int rank_files = 0;
+  for (const auto& entry : fs::directory_iterator(checkpoint)) {
+    rank_files += entry.path().filename().string().starts_with("rank_");
+  }
+  EXPECT_GE(rank_files, 2) << "a shard file from each worker";
+  // The worker staying is free; the one that left goes from the list once
+  // its heartbeats stop.
+  EXPECT_TRUE(WaitFreeWorkers(1, absl::Seconds(15)));
 }
 
 // `tessera submit --fast-dev-run` resolves the config where it runs and

@@ -337,6 +337,22 @@ TEST_F(BertTest, HuggingFaceWeightsLoadAndExport) {
     EXPECT_EQ(config["hidden_act"], "gelu");
     std::ifstream a(exported, std::ios::binary), b(directory / "model.safetensors", std::ios::binary);
     EXPECT_TRUE(std::equal(std::istreambuf_iterator<char>(a), {}, std::istreambuf_iterator<char>(b), {}));
+    // The run's WordPiece vocabulary beside it, as BertTokenizer's
+    // save_pretrained writes it, and [PAD]'s id in config.json.
+    std::ifstream vocab(root_ / "vocab.txt"), copied(directory / "vocab.txt");
+    std::vector<std::string> lines, copied_lines;
+    for (std::string line; std::getline(vocab, line);) lines.push_back(line);
+    for (std::string line; std::getline(copied, line);) copied_lines.push_back(line);
+    EXPECT_EQ(copied_lines, lines);
+    const auto pad = std::find(lines.begin(), lines.end(), "[PAD]");
+    ASSERT_NE(pad, lines.end());
+    EXPECT_EQ(config["pad_token_id"], pad - lines.begin());
+    std::ifstream tokenizer_in(directory / "tokenizer_config.json");
+    const nlohmann::json tokenizer_config = nlohmann::json::parse(tokenizer_in, nullptr, false);
+    EXPECT_EQ(tokenizer_config["tokenizer_class"], "BertTokenizer");
+    EXPECT_EQ(tokenizer_config["do_lower_case"], true);
+    EXPECT_NE(to_dir.out.find("the run's tokenizer: vocab.txt, tokenizer_config.json\n"), std::string::npos)
+        << to_dir.out;
   }
   const nlohmann::json from_checkpoint = reference(root_ / "one", false);
   const nlohmann::json from_export = reference(exported, true);

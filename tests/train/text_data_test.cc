@@ -462,6 +462,30 @@ TEST_F(TextDataTest, ASignalDuringTheEvaluationStopsItAndSavesTheTrainedIteratio
               std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
 }
 
+// A dataset is read only with the vocabulary it was encoded with and, where
+// the job names a text_file, only if it was built from that file
+// (PREFIX.source.json): anything else would train on misread tokens, or
+// not on the text named.
+TEST_F(TextDataTest, ADatasetIsReadOnlyWithItsOwnVocabularyAndText) {
+  const fs::path out = root_ / "mismatch";
+  const auto other = RunTessera("preprocess --input " + (root_ / "corpus.txt").string() +
+                                " --tokenizer bpe:300 --output " + (root_ / "other").string());
+  ASSERT_EQ(other.exit_code, 0) << other.out;
+  ExpectOneLineError(RunTessera(Train(out, "train.train_iter=2 dataloader.text_file=null dataloader.data_prefix=" +
+                                               (root_ / "other").string())),
+                     "was built with another vocabulary (gpt2, 300 tokens) than tokenization.tokenizer's (gpt2, "
+                     "320 tokens)");
+  fs::copy_file(root_ / "corpus.txt", root_ / "copy.txt");
+  ExpectOneLineError(RunTessera(Train(out, "train.train_iter=2 dataloader.data_prefix=" + (root_ / "warmup").string() +
+                                               " dataloader.text_file=" + (root_ / "copy.txt").string())),
+                     "copy.txt is not what the dataset " + (root_ / "warmup").string() + " was built from (" +
+                         fs::weakly_canonical(root_ / "corpus.txt").string() + ")");
+  EXPECT_FALSE(fs::exists(out));
+  // Its own vocabulary and text: it trains.
+  const auto run = RunTessera(Train(out, "train.train_iter=1 dataloader.data_prefix=" + (root_ / "warmup").string()));
+  EXPECT_EQ(run.exit_code, 0) << run.out;
+}
+
 TEST_F(TextDataTest, BadDataConfigsAreOneLineErrors) {
   const fs::path out = root_ / "bad";
   // A dataset that does not exist, with no text to build it from.

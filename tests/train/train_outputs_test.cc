@@ -235,6 +235,50 @@ TEST(EventFileWriter, BufferedUntilFlush) {
   fs::remove_all(dir);
 }
 
+// A resume drops the earlier run's events past the iteration it resumes
+// from (read back independently): the rest stay, a torn tail goes, a file
+// with nothing to drop is left as it was, and a second pass changes nothing.
+TEST(EventFileWriter, KeepEventsUpToDropsLaterStepsAndATornTail) {
+  SKIP_WITHOUT_PYTHON_PROTOBUF();
+  const fs::path dir = TempDir("tfevents_keep");
+  fs::path first, second;
+  {
+    auto writer = EventFileWriter::Create(dir);
+    ASSERT_TRUE(writer.ok()) << writer.status();
+    first = (*writer)->path();
+    for (int step = 1; step <= 10; ++step) {
+      ASSERT_TRUE((*writer)->AddScalars(step, {{"loss", static_cast<float>(step)}, {"lr", 0.5f}}).ok());
+    }
+    ASSERT_TRUE((*writer)->Close().ok());
+  }
+  {
+    auto writer = EventFileWriter::Create(dir);
+    ASSERT_TRUE(writer.ok()) << writer.status();
+    second = (*writer)->path();
+    ASSERT_TRUE((*writer)->AddScalar("loss", 2, 2.0f).ok());
+    ASSERT_TRUE((*writer)->Close().ok());
+  }
+  {
+    std::ofstream torn(first, std::ios::binary | std::ios::app);
+    torn << std::string("\x05\x00\x00", 3);
+  }
+  const auto untouched = fs::last_write_time(second);
+  ASSERT_TRUE(KeepEventsUpTo(dir, 4).ok());
+  const DecodedFile kept = Decode(first);
+  EXPECT_EQ(kept.versions, std::vector<std::string>{"brain.Event:2"});
+  std::vector<std::pair<int64_t, std::string>> steps;
+  for (const DecodedScalar& s : kept.scalars) steps.emplace_back(s.step, s.tag);
+  EXPECT_EQ(steps,
+            (std::vector<std::pair<int64_t, std::string>>{
+                {1, "loss"}, {1, "lr"}, {2, "loss"}, {2, "lr"}, {3, "loss"}, {3, "lr"}, {4, "loss"}, {4, "lr"}}));
+  EXPECT_EQ(fs::last_write_time(second), untouched);
+  EXPECT_EQ(Decode(second).scalars.size(), 1u);
+  const uintmax_t size = fs::file_size(first);
+  ASSERT_TRUE(KeepEventsUpTo(dir, 4).ok());
+  EXPECT_EQ(fs::file_size(first), size);
+  fs::remove_all(dir);
+}
+
 TEST(EventFileWriter, NeverReusesAFile) {
   const fs::path dir = TempDir("tfevents_twice");
   // Created within the same second, so under the same base name.
