@@ -86,6 +86,9 @@ class StopSignals {
     sigwait(&set_, &signal);
     return signal;
   }
+  // Stops blocking them: the next one has its default action (ends the
+  // process).
+  void Release() { pthread_sigmask(SIG_SETMASK, &previous_, nullptr); }
   // The signal that arrived within `timeout_ms`; 0: none.
   int WaitFor(int timeout_ms) {
     const timespec timeout{timeout_ms / 1000, (timeout_ms % 1000) * 1000000L};
@@ -312,7 +315,9 @@ void AddClusterCommands(CLI::App& app, ClusterCommandDeps deps) {
     });
     while (!drained.load()) {
       if (signals.WaitFor(100) != 0) {
-        std::fprintf(stderr, "tessera worker: stopping its jobs at once\n");
+        std::fprintf(stderr, "tessera worker: stopping its jobs at once, without a checkpoint (again to kill it)\n");
+        // A third signal ends the process whatever it waits on.
+        signals.Release();
         break;
       }
     }

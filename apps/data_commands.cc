@@ -285,6 +285,8 @@ void AddPreprocess(CLI::App& app) {
     if (!stats.ok()) Fail(std::string(stats.status().message()));
     if (!learnt.empty()) {
       if (auto placed = PlaceVocabulary(learnt, vocab_dir); !placed.ok()) Fail(std::string(placed.message()));
+      std::error_code ec;
+      std::filesystem::remove(learnt, ec);  // empty now
       learnt.clear();
       std::printf("vocabulary: %s/encoder.json, %s/vocab.bpe (%lld tokens)\n", vocab_dir.c_str(), vocab_dir.c_str(),
                   static_cast<long long>(tokenizer->vocab_size()));

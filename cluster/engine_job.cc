@@ -45,15 +45,22 @@ class EngineJobCompiler final : public JobCompiler {
     RETURN_IF_ERROR(config::ApplyOverrides(config, overrides, JobSchema()));
     ASSIGN_OR_RETURN(nlohmann::json resolved, ResolveJobConfig(config, "in the submitted config"));
     RETURN_IF_ERROR(CheckOverridesAreRead(resolved, overrides));
-    // A relative output_dir is the master's (docs/cluster.md): made absolute
-    // here, so the workers write where the master checks and resumes (from
-    // their own directories they wrote elsewhere, and a second run into it
-    // was neither refused nor found by --resume).
-    if (nlohmann::json& dir = resolved["train"]["output_dir"]; dir.is_string() && !dir.get<std::string>().empty()) {
-      const std::filesystem::path given = ExpandPath(dir.get<std::string>());
+    // A relative path is the master's (docs/cluster.md): made absolute here,
+    // so the workers write where the master checks and resumes (from their
+    // own directories they wrote elsewhere, and a second run into it was
+    // neither refused nor found by --resume), and the run's config.json
+    // names the files it read wherever `generate` or `export` runs later.
+    for (const auto& [section, key] :
+         {std::pair{"train", "output_dir"}, std::pair{"train", "load_weight"}, std::pair{"tokenization", "vocab_file"},
+          std::pair{"tokenization", "merges_file"}, std::pair{"dataloader", "data_prefix"},
+          std::pair{"dataloader", "text_file"}}) {
+      if (!resolved.contains(section) || !resolved[section].is_object() || !resolved[section].contains(key)) continue;
+      nlohmann::json& path = resolved[section][key];
+      if (!path.is_string() || path.get<std::string>().empty()) continue;
+      const std::filesystem::path given = ExpandPath(path.get<std::string>());
       std::error_code ec;
       const std::filesystem::path absolute = std::filesystem::absolute(given, ec);
-      if (!ec && given.is_relative()) dir = absolute.lexically_normal().string();
+      if (!ec && given.is_relative()) path = absolute.lexically_normal().string();
     }
     // Building the job checks what the schema cannot (the mesh, the model's
     // layers, batch arithmetic) before it is queued.

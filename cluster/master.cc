@@ -30,6 +30,7 @@
 #include "cluster/transport.h"
 #include "comm/proto/control.grpc.pb.h"
 #include "core/logging.h"
+#include "core/strings.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
 #include "train/loss_plot.h"
@@ -333,7 +334,8 @@ class Master::Impl final : public control::Master::Service {
     auto* worker = FindWorkerLocked(request->worker_id(), request->epoch());
     if (worker == nullptr) return Precondition("unknown worker or stale epoch (register first)");
     auto it = jobs_.find(request->job_id());
-    if (it == jobs_.end()) return NotFound(absl::StrCat("no job '", request->job_id().substr(0, kMaxIdBytes), "'"));
+    if (it == jobs_.end())
+      return NotFound(absl::StrCat("no job '", EscapeControlChars(request->job_id().substr(0, kMaxIdBytes)), "'"));
     Job& job = *it->second;
     const WorkerSlot* slot = nullptr;
     for (const WorkerSlot& s : job.slots) {
@@ -494,7 +496,8 @@ class Master::Impl final : public control::Master::Service {
     if (auto s = Enter(*context, "GetJob"); !s.ok()) return s;
     absl::MutexLock lock(&mu_);
     auto it = jobs_.find(request->job_id());
-    if (it == jobs_.end()) return NotFound(absl::StrCat("no job '", request->job_id().substr(0, kMaxIdBytes), "'"));
+    if (it == jobs_.end())
+      return NotFound(absl::StrCat("no job '", EscapeControlChars(request->job_id().substr(0, kMaxIdBytes)), "'"));
     FillInfoLocked(*it->second, *response);
     return grpc::Status::OK;
   }
@@ -513,7 +516,8 @@ class Master::Impl final : public control::Master::Service {
     if (request->reason().size() > kMaxLogLineBytes) return Invalid("reason is longer than 64 KiB");
     absl::MutexLock lock(&mu_);
     auto it = jobs_.find(request->job_id());
-    if (it == jobs_.end()) return NotFound(absl::StrCat("no job '", request->job_id().substr(0, kMaxIdBytes), "'"));
+    if (it == jobs_.end())
+      return NotFound(absl::StrCat("no job '", EscapeControlChars(request->job_id().substr(0, kMaxIdBytes)), "'"));
     Job& job = *it->second;
     if (IsFinal(job.state)) return Precondition(absl::StrCat("job ", job.id, " already ended: ", StateName(job.state)));
     const std::string reason =
@@ -537,7 +541,8 @@ class Master::Impl final : public control::Master::Service {
       {
         absl::MutexLock lock(&mu_);
         auto it = jobs_.find(request->job_id());
-        if (it == jobs_.end()) return NotFound(absl::StrCat("no job '", request->job_id().substr(0, kMaxIdBytes), "'"));
+        if (it == jobs_.end())
+          return NotFound(absl::StrCat("no job '", EscapeControlChars(request->job_id().substr(0, kMaxIdBytes)), "'"));
         const Job* job = it->second.get();
         auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
           return shutting_down_ || IsFinal(job->state) || job->events_base + job->events.size() > cursor;
@@ -1064,6 +1069,11 @@ class Master::Impl final : public control::Master::Service {
       // branch in the plots).
       if (auto kept = KeepEventsUpTo(dir, job.spec.start_iteration); !kept.ok()) return kept;
       mode = std::ios::app;
+    }
+    // A run from scratch replaces an earlier run's curves (its
+    // metrics.jsonl is truncated below; its event files go).
+    if (job.spec.start_iteration == 0) {
+      if (auto removed = KeepEventsUpTo(dir, -1); !removed.ok()) return removed;
     }
     job.metrics_file = std::make_unique<std::ofstream>(dir / "metrics.jsonl", mode);
     job.log_file = std::make_unique<std::ofstream>(dir / "log.txt", mode);

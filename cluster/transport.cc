@@ -1,8 +1,15 @@
 #include "cluster/transport.h"
 
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -36,6 +43,11 @@ bool IsPlainId(std::string_view id) {
 }
 
 absl::Status CheckTokenText(std::string_view token) {
+  // gRPC's metadata limit is 8 KiB per call, the token's header among them.
+  if (token.size() > kMaxTokenBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("a token is at most ", kMaxTokenBytes, " bytes, this one has ",
+                                                   token.size(), "; e.g. head -c 32 /dev/urandom | base64"));
+  }
   // It travels as an HTTP/2 header value ("Bearer <token>"), which gRPC
   // aborts the process on unless it is printable ASCII.
   for (size_t i = 0; i < token.size(); ++i) {
@@ -79,6 +91,9 @@ absl::Status CheckDurations(std::initializer_list<std::pair<const char*, absl::D
 }
 
 absl::StatusOr<std::string> ReadSecretFile(const std::string& path, bool trim) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    return absl::InvalidArgumentError(absl::StrCat("'", path, "' is a directory"));
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat("cannot read '", path, "'"));
   std::ostringstream text;
@@ -94,6 +109,47 @@ absl::StatusOr<std::string> ReadSecretFile(const std::string& path, bool trim) {
     return absl::InvalidArgumentError(absl::StrCat("'", path, "' holds no PEM block (-----BEGIN ...)"));
   }
   return contents;
+}
+
+absl::Status CheckListenable(const std::string& address) {
+  std::string host = address, port = "0";
+  if (address.starts_with("[")) {
+    const size_t close = address.find(']');
+    host = address.substr(1, close == std::string::npos ? std::string::npos : close - 1);
+    if (close != std::string::npos && close + 1 < address.size()) port = address.substr(close + 2);
+  } else if (const size_t colon = address.rfind(':'); colon != std::string::npos) {
+    host = address.substr(0, colon);
+    port = address.substr(colon + 1);
+  }
+  const std::string shown = EscapeControlChars(address, /*non_ascii=*/true);
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  addrinfo* found = nullptr;
+  if (const int error = ::getaddrinfo(host.c_str(), port.c_str(), &hints, &found); error != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("'", shown, "': cannot resolve its host (", ::gai_strerror(error), ")"));
+  }
+  std::string why = "no address";
+  bool bound = false;
+  for (const addrinfo* a = found; a != nullptr && !bound; a = a->ai_next) {
+    const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) {
+      why = std::strerror(errno);
+      continue;
+    }
+    const int on = 1;
+    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on);
+    bound = ::bind(fd, a->ai_addr, a->ai_addrlen) == 0;
+    if (!bound) why = std::strerror(errno);
+    ::close(fd);
+  }
+  ::freeaddrinfo(found);
+  if (!bound) {
+    return absl::FailedPreconditionError(absl::StrCat("'", shown, "': this machine cannot listen there (", why, ")"));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status CheckAddress(const std::string& address, bool port_required) {

@@ -47,8 +47,10 @@ struct Security {
 void RouteGrpcLogs();
 
 // Whether `token` can travel as the header value "Bearer <token>": printable
-// ASCII without spaces (gRPC aborts the process on any other byte). The
-// error names the first bad byte and its offset.
+// ASCII without spaces (gRPC aborts the process on any other byte), at most
+// kMaxTokenBytes (gRPC's 8 KiB of metadata per call hold it). The error
+// names the first bad byte and its offset.
+inline constexpr size_t kMaxTokenBytes = 4096;
 [[nodiscard]] absl::Status CheckTokenText(std::string_view token);
 // `security` as the daemons and the client take it: a token CheckTokenText
 // accepts (or none), TLS material that is PEM, a certificate and its key
@@ -70,6 +72,11 @@ void RouteGrpcLogs();
 // without `port_required`, HOST alone too. Addresses in gRPC's own schemes
 // (unix:, dns:///...) pass. The error quotes the address.
 [[nodiscard]] absl::Status CheckAddress(const std::string& address, bool port_required = true);
+// Whether this machine can listen on HOST[:PORT]'s host (a worker's data
+// plane: gloo and the actor bus listen there): it resolves and a TCP socket
+// binds to it (on the port, or any). FAILED_PRECONDITION naming the address
+// and why not (a host of another machine, one that does not resolve).
+[[nodiscard]] absl::Status CheckListenable(const std::string& address);
 
 [[nodiscard]] std::shared_ptr<grpc::ServerCredentials> ServerCredentials(const Security& security);
 // A channel to a daemon. Where a call is in flight, it pings the server

@@ -62,6 +62,13 @@ class Worker::Impl final : public control::Worker::Service {
   absl::StatusOr<std::string> Start() {
     if (started_) return absl::FailedPreconditionError("worker already started");
     if (auto status = CheckOptions(); !status.ok()) return status;
+    // Its peers will dial the data-plane address: one this machine cannot
+    // listen on would fail every job placed here, not the worker.
+    if (!options_.data_address.empty()) {
+      if (auto status = CheckListenable(options_.data_address); !status.ok()) {
+        return absl::Status(status.code(), absl::StrCat("worker: data_address ", status.message()));
+      }
+    }
     auto served = Serve(options_.listen, options_.security, this, "worker");
     if (!served.ok()) return served.status();
     server_ = std::move(served->server);
@@ -104,7 +111,7 @@ class Worker::Impl final : public control::Worker::Service {
       stopping_ = true;
     }
     heartbeat_thread_.join();
-    CancelAll(absl::CancelledError("the worker is shutting down"));
+    StopAll(absl::CancelledError("stopped at once (the worker is shutting down): no checkpoint"));
     server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
     {
       absl::MutexLock lock(&mu_);
@@ -126,7 +133,11 @@ class Worker::Impl final : public control::Worker::Service {
       absl::MutexLock lock(&mu_);
       if (!draining_) {
         draining_ = true;
-        TLOG_INFO("shutting down: taking no new job; stopping {} job(s) at an iteration boundary", jobs_.size());
+        if (jobs_.empty()) {
+          TLOG_INFO("shutting down: taking no new job");
+        } else {
+          TLOG_INFO("shutting down: taking no new job; stopping {} job(s) at an iteration boundary", jobs_.size());
+        }
       }
       registered = registered_;
       beat = NewBeatLocked();
@@ -138,13 +149,15 @@ class Worker::Impl final : public control::Worker::Service {
     // boundary with a checkpoint.
     control::HeartbeatResponse answer;
     grpc::ClientContext context;
-    PrepareContext(context, options_.security, options_.rpc_timeout);
+    PrepareContext(context, options_.security, QuickRpcTimeout());
     const bool told = registered && master_->Heartbeat(&context, beat, &answer).ok();
     if (!told) {
+      absl::MutexLock lock(&mu_);
+      master_silent_ = true;
+    }
+    if (!told && !ids.empty()) {
       TLOG_WARN("the master did not hear that this worker is shutting down; stopping its jobs here");
-      for (const std::string& id : ids) {
-        StopJob(id, absl::CancelledError("the worker is shutting down"), /*graceful=*/true);
-      }
+      StopAll(absl::CancelledError("the worker is shutting down"), /*graceful=*/true);
     }
     for (const std::string& id : answer.drop_job_ids()) StopJob(id, absl::CancelledError("dropped by the master"));
     absl::MutexLock lock(&mu_);
@@ -331,13 +344,19 @@ class Worker::Impl final : public control::Worker::Service {
     return true;
   }
 
-  void CancelAll(const absl::Status& reason) {
+  // StopJob on every job held.
+  void StopAll(const absl::Status& reason, bool graceful = false) {
     std::vector<std::string> ids;
     {
       absl::MutexLock lock(&mu_);
       for (const auto& [id, entry] : jobs_) ids.push_back(id);
     }
-    for (const std::string& id : ids) StopJob(id, reason);
+    for (const std::string& id : ids) StopJob(id, reason, graceful);
+  }
+
+  // The deadline of the RPCs of a worker on its way out.
+  absl::Duration QuickRpcTimeout() const {
+    return std::min(options_.rpc_timeout, std::max(options_.heartbeat_interval * 2, absl::Seconds(1)));
   }
 
   void RunJob(const std::shared_ptr<JobEntry>& entry) {
@@ -364,9 +383,25 @@ class Worker::Impl final : public control::Worker::Service {
   void SendReport(const control::ReportRequest& report) {
     control::ReportResponse response;
     grpc::ClientContext context;
-    PrepareContext(context, options_.security, options_.rpc_timeout);
+    bool leaving = false;
+    {
+      absl::MutexLock lock(&mu_);
+      leaving = draining_ || stopping_;
+      // On its way out, with a master that has stopped answering: what it
+      // would report waits on nothing (its jobs' checkpoints do not wait
+      // for a report each).
+      if (leaving && master_silent_) return;
+    }
+    PrepareContext(context, options_.security, leaving ? QuickRpcTimeout() : options_.rpc_timeout);
     const grpc::Status status = master_->Report(&context, report, &response);
-    if (!status.ok()) TLOG_DEBUG("report of job {} failed: {}", report.job_id(), status.error_message());
+    if (!status.ok()) {
+      TLOG_DEBUG("report of job {} failed: {}", report.job_id(), status.error_message());
+      if (leaving && (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
+                      status.error_code() == grpc::StatusCode::UNAVAILABLE)) {
+        absl::MutexLock lock(&mu_);
+        master_silent_ = true;
+      }
+    }
   }
 
   // Joins the threads of finished jobs and drops them (all: every job, for
@@ -435,8 +470,20 @@ class Worker::Impl final : public control::Worker::Service {
       }
       const bool forgotten = status.error_code() == grpc::StatusCode::FAILED_PRECONDITION;
       if (forgotten || absl::Now() - last_answer > options_.master_timeout) {
-        TLOG_WARN("lost the master ({}); cancelling jobs and registering again", status.error_message());
-        CancelAll(absl::UnavailableError(absl::StrCat("lost the master: ", status.error_message())));
+        bool draining = false;
+        {
+          absl::MutexLock lock(&mu_);
+          draining = draining_;
+        }
+        if (draining) {
+          // Shutting down anyway: its jobs stop at an iteration boundary, a
+          // job on this worker alone with its checkpoint (Drain).
+          TLOG_WARN("lost the master ({}) while shutting down; stopping its jobs here", status.error_message());
+          StopAll(absl::CancelledError("the worker is shutting down"), /*graceful=*/true);
+        } else {
+          TLOG_WARN("lost the master ({}); cancelling jobs and registering again", status.error_message());
+          StopAll(absl::UnavailableError(absl::StrCat("lost the master: ", status.error_message())));
+        }
         absl::MutexLock lock(&mu_);
         registered_ = false;
       }
@@ -528,6 +575,8 @@ class Worker::Impl final : public control::Worker::Service {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   // Drain: shutting down once its jobs have stopped; takes no new one.
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
+  // Draining or stopping, the master did not answer: no more reports.
+  bool master_silent_ ABSL_GUARDED_BY(mu_) = false;
   bool registered_ ABSL_GUARDED_BY(mu_) = false;
   // A registration RPC is in flight (LoadPlan waits for its answer).
   bool registering_ ABSL_GUARDED_BY(mu_) = false;

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <array>
 #include <cerrno>
+#include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -396,6 +397,15 @@ namespace {
 
 fs::path SourceFile(const fs::path& output_prefix) { return output_prefix.string() + ".source.json"; }
 
+// PREFIX.idx's modification time in ns: with its size, what tells the index
+// a description was written for from one put there later.
+int64_t IndexTime(const fs::path& index, std::error_code& ec) {
+  const auto time = fs::last_write_time(index, ec);
+  return ec ? 0
+            : static_cast<int64_t>(
+                  std::chrono::duration_cast<std::chrono::nanoseconds>(time.time_since_epoch()).count());
+}
+
 absl::Status WriteDatasetSource(const PreprocessOptions& options, const Tokenizer& tokenizer, const fs::path& path) {
   nlohmann::json inputs = nlohmann::json::array();
   std::error_code ec;
@@ -404,13 +414,22 @@ absl::Status WriteDatasetSource(const PreprocessOptions& options, const Tokenize
     inputs.push_back(
         {{"path", (ec ? input : absolute).string()}, {"bytes", static_cast<int64_t>(fs::file_size(input, ec))}});
   }
-  const auto index_bytes = fs::file_size(options.output_prefix.string() + ".idx", ec);
-  if (ec) return absl::InternalError(StrCat("the dataset written has no readable index: ", ec.message()));
-  const nlohmann::json source = {{"inputs", inputs},
-                                 {"tokenizer",
-                                  {{"fingerprint", TokenizerFingerprint(tokenizer)},
-                                   {"description", StrCat(tokenizer.kind(), ", ", tokenizer.vocab_size(), " tokens")}}},
-                                 {"index_bytes", static_cast<int64_t>(index_bytes)}};
+  const fs::path index = options.output_prefix.string() + ".idx";
+  const auto index_bytes = fs::file_size(index, ec);
+  const int64_t index_time = ec ? 0 : IndexTime(index, ec);
+  const auto data_bytes = ec ? 0 : fs::file_size(options.output_prefix.string() + ".bin", ec);
+  if (ec) return absl::InternalError(StrCat("the dataset written cannot be read back: ", ec.message()));
+  const nlohmann::json source = {
+      {"inputs", inputs},
+      {"tokenizer",
+       {{"fingerprint", TokenizerFingerprint(tokenizer)},
+        {"description", TokenizerDescription(tokenizer)},
+        {"vocab_size", tokenizer.vocab_size()}}},
+      {"split_sentences", options.split_sentences},
+      {"end_of_document", options.append_end_of_document && tokenizer.EndOfDocumentId().has_value()},
+      {"index_bytes", static_cast<int64_t>(index_bytes)},
+      {"index_mtime_ns", index_time},
+      {"data_bytes", static_cast<int64_t>(data_bytes)}};
   const absl::Status written =
       WriteFileDurably(path, source.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
   if (!written.ok()) {
@@ -539,17 +558,21 @@ std::string TokenizerFingerprint(const Tokenizer& tokenizer) {
     for (const int64_t id : *ids) text += StrCat(id, ",");
   }
   text += StrCat("|");
-  // The texts of 512 ids spread over the vocabulary and of its last 32.
-  const int64_t size = tokenizer.vocab_size();
-  std::vector<int64_t> spread;
-  for (int64_t k = 0; k < 512 && size > 0; ++k) spread.push_back(k * size / 512);
-  for (int64_t id = std::max<int64_t>(0, size - 32); id < size; ++id) spread.push_back(id);
-  for (const int64_t id : spread) {
+  // The text of every id: the whole table (a few ms for GPT-2's 50,257).
+  for (int64_t id = 0; id < tokenizer.vocab_size(); ++id) {
     const std::array<int64_t, 1> one{id};
     absl::StatusOr<std::string> piece = tokenizer.Decode(one);
     text += StrCat(piece.ok() ? *piece : std::string("?"), "\x1f");
   }
   return Checksum(text);
+}
+
+std::string TokenizerDescription(const Tokenizer& tokenizer) {
+  std::string description = StrCat(tokenizer.kind(), ", ", tokenizer.vocab_size(), " tokens");
+  const absl::StatusOr<std::vector<int64_t>> upper = tokenizer.Encode("Hello World");
+  const absl::StatusOr<std::vector<int64_t>> lower = tokenizer.Encode("hello world");
+  if (upper.ok() && lower.ok() && *upper == *lower) description += ", uncased";
+  return description;
 }
 
 absl::StatusOr<std::optional<DatasetSource>> ReadDatasetSource(const fs::path& output_prefix) {
@@ -573,8 +596,13 @@ absl::StatusOr<std::optional<DatasetSource>> ReadDatasetSource(const fs::path& o
   DatasetSource source;
   try {
     source.index_bytes = json.at("index_bytes").get<int64_t>();
+    source.index_mtime_ns = json.at("index_mtime_ns").get<int64_t>();
+    source.data_bytes = json.at("data_bytes").get<int64_t>();
     source.tokenizer = json.at("tokenizer").at("fingerprint").get<std::string>();
     source.tokenizer_description = json.at("tokenizer").at("description").get<std::string>();
+    source.vocab_size = json.at("tokenizer").at("vocab_size").get<int64_t>();
+    source.split_sentences = json.at("split_sentences").get<bool>();
+    source.end_of_document = json.at("end_of_document").get<bool>();
     for (const nlohmann::json& input : json.at("inputs")) {
       source.inputs.push_back(input.at("path").get<std::string>());
       source.input_bytes.push_back(input.at("bytes").get<int64_t>());
@@ -582,8 +610,14 @@ absl::StatusOr<std::optional<DatasetSource>> ReadDatasetSource(const fs::path& o
   } catch (const nlohmann::json::exception& e) {
     return bad(StrCat("malformed: ", e.what()));
   }
-  const auto index_bytes = fs::file_size(output_prefix.string() + ".idx", ec);
-  if (ec || static_cast<int64_t>(index_bytes) != source.index_bytes) return std::optional<DatasetSource>();
+  const fs::path index = output_prefix.string() + ".idx";
+  const auto index_bytes = fs::file_size(index, ec);
+  const int64_t index_time = ec ? 0 : IndexTime(index, ec);
+  const auto data_bytes = ec ? 0 : fs::file_size(output_prefix.string() + ".bin", ec);
+  if (ec || static_cast<int64_t>(index_bytes) != source.index_bytes || index_time != source.index_mtime_ns ||
+      static_cast<int64_t>(data_bytes) != source.data_bytes) {
+    return std::optional<DatasetSource>();
+  }
   return std::optional<DatasetSource>(std::move(source));
 }
 

@@ -82,27 +82,36 @@ using PreprocessProgress = std::function<void(int64_t bytes_done, int64_t bytes_
 // What tells two vocabularies apart (a dataset's ids mean tokens of the
 // vocabulary it was encoded with): the kind, the size, the special ids, the
 // ids of a fixed probe text (words, cases, digits, punctuation, spacing,
-// accents, CJK, emoji) and the texts of a spread of ids, hashed. Equal for
+// accents, CJK, emoji) and the text of every id, hashed. Equal for
 // the same vocabulary loaded from anywhere; different, in practice, for
 // any two that encode text differently.
 std::string TokenizerFingerprint(const Tokenizer& tokenizer);
+// For messages: "gpt2, 50257 tokens", "bert, 30522 tokens, uncased".
+std::string TokenizerDescription(const Tokenizer& tokenizer);
 
 // What a dataset was built from, written by Preprocess beside it as
 // PREFIX.source.json: the inputs (absolute paths and sizes), the tokenizer
 // (TokenizerFingerprint, and a description such as "gpt2, 50257 tokens")
-// and the size of the PREFIX.idx it describes. Datasets written by other
-// tools have none.
+// the form (split_sentences, end-of-document ids) and the sizes of the
+// PREFIX.bin and PREFIX.idx it describes and the index's modification time.
+// Datasets written by other tools have none.
 struct DatasetSource {
   std::vector<std::filesystem::path> inputs;
   std::vector<int64_t> input_bytes;
   std::string tokenizer;              // TokenizerFingerprint
   std::string tokenizer_description;  // for messages
+  int64_t vocab_size = 0;
+  bool split_sentences = false;  // one sequence per sentence (BERT's form)
+  bool end_of_document = false;  // each document ends with the end-of-document id
   int64_t index_bytes = 0;
+  int64_t index_mtime_ns = 0;
+  int64_t data_bytes = 0;  // PREFIX.bin's
 };
 
 // PREFIX.source.json, where the dataset has one that describes the
-// PREFIX.idx there (one left by an earlier dataset, whose index size
-// differs, is ignored); nullopt: none. A malformed one is InvalidArgument
+// PREFIX.idx there (one left by an earlier dataset, whose index has
+// another size or time, is ignored, as is one a copy that did not keep
+// the times carried along); nullopt: none. A malformed one is InvalidArgument
 // naming it.
 [[nodiscard]] absl::StatusOr<std::optional<DatasetSource>> ReadDatasetSource(
     const std::filesystem::path& output_prefix);

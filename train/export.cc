@@ -112,6 +112,16 @@ absl::StatusOr<ExportSummary> ExportHuggingFace(const std::filesystem::path& pat
                                                "its config.json would be replaced): write it elsewhere"));
     }
   }
+  // Another training run's directory: its config.json would be replaced by
+  // a transformers one, which neither --resume nor generate reads.
+  if (output.extension() != ".safetensors") {
+    std::error_code run_ec;
+    if (std::filesystem::is_directory(output / "checkpoints", run_ec)) {
+      return absl::InvalidArgumentError(StrCat("--output ", output.string(),
+                                               " is a training run's directory (it holds checkpoints/): its "
+                                               "config.json would be replaced; write the export elsewhere"));
+    }
+  }
   ExportSummary summary;
   summary.checkpoint = dir;
   for (const auto& t : tensors) {
@@ -125,9 +135,11 @@ absl::StatusOr<ExportSummary> ExportHuggingFace(const std::filesystem::path& pat
     return summary;
   }
   // A directory transformers' from_pretrained reads: the weights and the
-  // model's config.json.
+  // model's config.json, and the run's tokenizer (read first: a run whose
+  // tokenization section is malformed writes nothing).
   const std::optional<nlohmann::json> hf_config = (*model)->HuggingFaceConfig();
   if (!hf_config) return absl::InternalError("export: the model has Hugging Face tensors but no config");
+  ASSIGN_OR_RETURN(const std::optional<ExportedTokenizer> tokenizer, ReadRunTokenizer(config, summary.tokenizer_note));
   std::error_code ec;
   std::filesystem::create_directories(output, ec);
   if (ec || !std::filesystem::is_directory(output)) {
@@ -139,7 +151,6 @@ absl::StatusOr<ExportSummary> ExportHuggingFace(const std::filesystem::path& pat
   summary.weights = output / "model.safetensors";
   RETURN_IF_ERROR(ExportSafetensors(*reader, tensors, summary.weights));
   nlohmann::json model_config = *hf_config;
-  ASSIGN_OR_RETURN(const std::optional<ExportedTokenizer> tokenizer, ReadRunTokenizer(config, summary.tokenizer_note));
   const bool gpt2 = model_config.value("model_type", "") == "gpt2";
   if (tokenizer) {
     // The ids the model's generation config names.
@@ -174,7 +185,24 @@ absl::StatusOr<ExportSummary> ExportHuggingFace(const std::filesystem::path& pat
     }
     RETURN_IF_ERROR(WriteFileDurably(output / "tokenizer_config.json", tokenizer_config.dump(2) + "\n"));
     summary.tokenizer_files.push_back(output / "tokenizer_config.json");
-  } else if (gpt2) {
+  }
+  // An earlier export's (or save_pretrained's) tokenizer files this one does
+  // not replace would be read as this model's.
+  for (const char* name : {"vocab.json", "merges.txt", "vocab.txt", "tokenizer_config.json", "tokenizer.json",
+                           "special_tokens_map.json", "added_tokens.json"}) {
+    const std::filesystem::path stale = output / name;
+    if (std::find(summary.tokenizer_files.begin(), summary.tokenizer_files.end(), stale) !=
+        summary.tokenizer_files.end()) {
+      continue;
+    }
+    std::error_code remove_ec;
+    if (std::filesystem::is_regular_file(std::filesystem::symlink_status(stale, remove_ec))) {
+      std::filesystem::remove(stale, remove_ec);
+      if (remove_ec)
+        return absl::InternalError(StrCat("cannot remove the stale ", stale.string(), ": ", remove_ec.message()));
+    }
+  }
+  if (!tokenizer && gpt2) {
     // transformers' GPT-2 default (50256) names a token only in a
     // vocabulary that has it.
     const nlohmann::json end =

@@ -168,9 +168,11 @@ Binding<TrainConfig> MakeTrainKeys() {
           {.min = 1, .max = kMaxInt32,
            .doc = "samples per iteration over all ranks: micro × accumulation × data_parallel_size; `null`: derived"});
   b.Field("num_accumulation_steps", &TrainConfig::num_accumulation_steps,
-          {.min = 1, .max = 1 << 20,
+          {.min = 1,
+           .max = 1 << 20,
            .doc = "micro-batches per iteration (gradient accumulation); `null`: derived from `global_batch_size`, "
-                  "else 1. Any two of micro, global and accumulation give the third; a contradiction is an error"});
+                  "else 1 (the micro batch is always given); a global batch that contradicts the other two is an "
+                  "error"});
   b.Field("train_iter", &TrainConfig::train_iter,
           {.min = 1, .max = kMaxIterations, .doc = "iterations to train (at most 2^32 - 1: the random streams count them in 32 bits)"});
   b.Field("train_epoch", &TrainConfig::train_epoch,
@@ -367,6 +369,22 @@ absl::Status CheckOverridesAreRead(const nlohmann::json& resolved, const std::ve
                                                  "' sets a key nothing reads while ", gate.on, " is false (add ",
                                                  gate.on, "=true)"));
       }
+    }
+    // Keys of the text data, and the synthetic data's own.
+    const auto data_prefix = nlohmann::json::json_pointer("/dataloader/data_prefix");
+    const bool text_data = resolved.contains(data_prefix) && !resolved.at(data_prefix).is_null();
+    // (BERT has no synthetic data: its own check says it needs text.)
+    const auto target = nlohmann::json::json_pointer("/model/_target_");
+    const bool synthetic_data = !resolved.contains(target) || resolved.at(target) != "models.BERT";
+    if ((key == "dataloader.seed" || key == "dataloader.splits") && !text_data && synthetic_data) {
+      return absl::InvalidArgumentError(StrCat("override '", config::ShortText(text),
+                                               "' sets a key nothing reads without dataloader.data_prefix (the "
+                                               "model's synthetic data has no splits or order to set)"));
+    }
+    if (key == "model.markov_successors" && text_data) {
+      return absl::InvalidArgumentError(StrCat("override '", config::ShortText(text),
+                                               "' sets a key of the synthetic data, which a run on "
+                                               "dataloader.data_prefix does not read"));
     }
     if (key == "train.amp.initial_loss_scale" || key == "train.amp.loss_scale_growth_interval") {
       const absl::StatusOr<std::string> dtype = config::GetString(resolved, "train.amp.dtype");

@@ -104,18 +104,21 @@ absl::StatusOr<std::unique_ptr<TextData>> TextData::Open(const nlohmann::json& c
   // be read at all, both without a word.
   ASSIGN_OR_RETURN(const std::optional<data::DatasetSource> source, data::ReadDatasetSource(prefix));
   if (source && tokenizer != nullptr && source->tokenizer != data::TokenizerFingerprint(*tokenizer)) {
-    return absl::InvalidArgumentError(
-        StrCat("dataloader.data_prefix ", prefix.string(), " was built with another vocabulary (",
-               source->tokenizer_description, ") than tokenization.tokenizer's (", tokenizer->kind(), ", ",
-               tokenizer->vocab_size(), " tokens): rebuild it with this tokenizer (`tessera preprocess`, or remove ",
-               prefix.string(), ".bin and ", prefix.string(),
-               ".idx and set dataloader.text_file), or set the data_prefix built with it"));
+    return absl::InvalidArgumentError(StrCat(
+        "dataloader.data_prefix ", prefix.string(), " was built with another vocabulary (",
+        source->tokenizer_description, ") than tokenization.tokenizer's (", data::TokenizerDescription(*tokenizer),
+        "): rebuild it with this tokenizer (`tessera preprocess`, or remove ", prefix.string(), ".bin and ",
+        prefix.string(), ".idx and set dataloader.text_file), or set the data_prefix built with it"));
   }
   if (source && loader.text_file) {
     std::error_code canonical_ec;
     const std::filesystem::path wanted = std::filesystem::weakly_canonical(
         std::filesystem::absolute(ExpandPath(*loader.text_file), canonical_ec), canonical_ec);
-    if (!canonical_ec && std::find(source->inputs.begin(), source->inputs.end(), wanted) == source->inputs.end()) {
+    const bool built_from = std::any_of(source->inputs.begin(), source->inputs.end(), [&](const auto& input) {
+      std::error_code same_ec;
+      return input == wanted || std::filesystem::equivalent(input, wanted, same_ec);
+    });
+    if (!canonical_ec && !built_from) {
       std::vector<std::string> names;
       for (const auto& input : source->inputs) names.push_back(input.string());
       return absl::InvalidArgumentError(
@@ -123,6 +126,26 @@ absl::StatusOr<std::unique_ptr<TextData>> TextData::Open(const nlohmann::json& c
                  " was built from (", absl::StrJoin(names, ", "), "): remove ", prefix.string(), ".bin and ",
                  prefix.string(), ".idx to rebuild it from the text_file, or set another dataloader.data_prefix"));
     }
+  }
+  if (source && tokenizer == nullptr && source->vocab_size > inputs.vocab_size) {
+    return absl::InvalidArgumentError(StrCat("dataloader.data_prefix ", prefix.string(), " holds ids of a ",
+                                             source->tokenizer_description, " vocabulary; model.vocab_size is only ",
+                                             inputs.vocab_size));
+  }
+  if (source && bert && !source->split_sentences) {
+    return absl::InvalidArgumentError(
+        StrCat("dataloader.data_prefix ", prefix.string(),
+               " holds whole documents as one sequence: models.BERT pairs sentences (build it with `tessera preprocess "
+               "--split-sentences --no-eod`, or from dataloader.text_file under another data_prefix)"));
+  }
+  // append_eod only shapes a dataset being built: one that says otherwise
+  // of an existing dataset would be a key doing nothing.
+  if (source && tokenization.append_eod && *tokenization.append_eod != source->end_of_document) {
+    return absl::InvalidArgumentError(StrCat("tokenization.append_eod is ", *tokenization.append_eod ? "true" : "false",
+                                             ", but the dataset ", prefix.string(), " was built ",
+                                             source->end_of_document ? "with" : "without",
+                                             " end-of-document tokens (it only applies when a dataset is built: "
+                                             "rebuild it, or leave the key null)"));
   }
   if (loader.text_file) {
     // text_file only builds a missing dataset: one edited (or replaced)

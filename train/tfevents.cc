@@ -172,7 +172,9 @@ absl::Status KeepEventsUpTo(const std::filesystem::path& dir, int64_t step) {
   std::error_code ec;
   std::vector<std::filesystem::path> files;
   for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
-    if (entry.path().filename().string().starts_with("events.out.tfevents.") && entry.is_regular_file(ec)) {
+    // A link is left alone (its target may be anything).
+    if (entry.path().filename().string().starts_with("events.out.tfevents.") &&
+        std::filesystem::is_regular_file(entry.symlink_status(ec))) {
       files.push_back(entry.path());
     }
   }
@@ -206,6 +208,17 @@ absl::Status KeepEventsUpTo(const std::filesystem::path& dir, int64_t step) {
       at = end;
     }
     if (!dropped && at == bytes.size()) continue;
+    // Not an event file (its first record does not read as one): not ours
+    // to cut.
+    if (kept.empty() && !dropped) continue;
+    if (step < 0 && kept.empty()) {
+      // Nothing of it stays: it goes.
+      std::filesystem::remove(path, ec);
+      if (ec)
+        return absl::InternalError(
+            StrCat("cannot remove TensorBoard event file '", path.string(), "': ", ec.message()));
+      continue;
+    }
     RETURN_IF_ERROR(WriteFileDurably(path, kept));
   }
   return absl::OkStatus();

@@ -108,8 +108,10 @@ class EventFileWriter {
 // file_version record too). A file's torn tail (a record cut short, or one
 // whose CRC does not match, as a killed writer leaves) goes as well, since
 // TensorBoard stops reading there anyway. Files with nothing to drop are
-// not touched; a rewritten one replaces the old atomically. Errors name
-// the file.
+// not touched, nor are links and files whose first record is not a valid
+// TFRecord; a rewritten one replaces the old atomically. A negative `step`
+// (a run starting afresh) drops every event, the version records too, and
+// removes the files. Errors name the file.
 [[nodiscard]] absl::Status KeepEventsUpTo(const std::filesystem::path& dir, int64_t step);
 
 }  // namespace tessera

@@ -212,6 +212,8 @@ TEST(Cli, FlagsNothingReadsAndValuesOutOfRangeAreOneLineErrors) {
   const std::string text = (dir / "in.txt").string(), token = (dir / "token").string();
   std::ofstream(text) << "some text\n";
   std::ofstream(token, std::ios::binary) << "abc\x01";
+  const std::string big_token = (dir / "big_token").string();
+  std::ofstream(big_token) << std::string(5000, 'a');
   const std::string out = (dir / "out").string();
   const std::string blank = (dir / "blank.txt").string(), vocab = (dir / "vocab.txt").string();
   std::ofstream(blank) << "\n  \n\n";
@@ -242,6 +244,11 @@ TEST(Cli, FlagsNothingReadsAndValuesOutOfRangeAreOneLineErrors) {
       {"worker --master 127.0.0.1:1 --devices cpu:1 --id 'a b'", "is not 1-128 characters of [A-Za-z0-9._-]"},
       {"status --master 127.0.0.1:1 --token-file " + token, "a token must be printable ASCII without spaces"},
       {"status --master 127.0.0.1:1 --tls-ca " + text, "holds no PEM block"},
+      {"status --master 127.0.0.1:1 --token-file " + dir.string(), "' is a directory"},
+      {"status --master 127.0.0.1:1 --token-file " + big_token, "a token is at most 4096 bytes, this one has 5000"},
+      // (A numeric address: nothing is looked up, nothing sent.)
+      {"worker --master 127.0.0.1:1 --devices cpu:1 --data-address 10.9.9.9",
+       "worker: data_address '10.9.9.9': this machine cannot listen there"},
   };
   for (const auto& [args, error] : cases) {
     SCOPED_TRACE(args);
@@ -283,6 +290,13 @@ TEST(Cli, PreprocessKeepsItsOutputsConsistent) {
     EXPECT_EQ(token.find_first_of("\"{}:"), std::string::npos) << "a merge of JSON syntax: " << token;
   }
   EXPECT_NE(encoder.find("Ġshe"), encoder.end());
+  // What it wrote, and nothing else (the vocabulary's working directory
+  // is gone).
+  std::vector<std::string> written;
+  for (const auto& entry : fs::directory_iterator(dir)) written.push_back(entry.path().filename());
+  std::sort(written.begin(), written.end());
+  EXPECT_EQ(written,
+            (std::vector<std::string>{"docs-vocab", "docs.bin", "docs.idx", "docs.jsonl", "docs.source.json"}));
   // A failed run (a document that is not a string) changes nothing.
   const auto slurp = [](const fs::path& path) {
     std::ifstream in(path, std::ios::binary);
@@ -359,10 +373,10 @@ TEST(Cli, PreprocessKeepsItsOutputsConsistent) {
   fs::remove_all(dir);
 }
 
-// A relative train.output_dir is the master's working directory's (the
-// workers of a cluster write there too): the job's config records it
-// absolute.
-TEST(Cli, ARelativeOutputDirIsMadeAbsoluteAgainstTheMaster) {
+// A relative train.output_dir (or data or tokenizer path) is the master's
+// working directory's (the workers of a cluster write and read there too):
+// the job's config records it absolute.
+TEST(Cli, RelativePathsAreMadeAbsoluteAgainstTheMaster) {
   namespace fs = std::filesystem;
   const fs::path dir = fs::temp_directory_path() / ("tessera_cli_relative_" + std::to_string(::getpid()));
   fs::remove_all(dir);
@@ -374,6 +388,31 @@ TEST(Cli, ARelativeOutputDirIsMadeAbsoluteAgainstTheMaster) {
   const nlohmann::json config = nlohmann::json::parse(std::ifstream(dir / "out" / "config.json"));
   EXPECT_EQ(config["train"]["output_dir"], (dir / "out").string());
   EXPECT_TRUE(fs::exists(dir / "out" / "checkpoints" / "iter_0000001" / "index.json"));
+  // So are the tokenizer's and the data's paths: an export from elsewhere
+  // finds the run's vocabulary.
+  {
+    std::ofstream text(dir / "text.txt");
+    for (int i = 0; i < 300; ++i) text << "the quick brown fox " << i % 17 << " jumps over the lazy dog.\n\n";
+  }
+  const Result made = RunCommand("cd " + dir.string() + " && " + std::string(TESSERA_BINARY) +
+                                 " preprocess --input text.txt --tokenizer bpe:300 --output data/text 2>&1");
+  ASSERT_EQ(made.exit_code, 0) << made.out;
+  const Result trained = RunCommand(
+      "cd " + dir.string() + " && " + std::string(TESSERA_BINARY) + " train " + Source("configs/gpt2_nano.json") +
+      " train.train_iter=1 model.vocab_size=300 tokenization.tokenizer=gpt2"
+      " tokenization.vocab_file=data/text-vocab/encoder.json tokenization.merges_file=data/text-vocab/vocab.bpe"
+      " dataloader.data_prefix=data/text dataloader.text_file=text.txt train.output_dir=bpe 2>&1");
+  ASSERT_EQ(trained.exit_code, 0) << trained.out;
+  const nlohmann::json bpe = nlohmann::json::parse(std::ifstream(dir / "bpe" / "config.json"));
+  EXPECT_EQ(bpe["tokenization"]["vocab_file"], (dir / "data" / "text-vocab" / "encoder.json").string());
+  EXPECT_EQ(bpe["tokenization"]["merges_file"], (dir / "data" / "text-vocab" / "vocab.bpe").string());
+  EXPECT_EQ(bpe["dataloader"]["data_prefix"], (dir / "data" / "text").string());
+  EXPECT_EQ(bpe["dataloader"]["text_file"], (dir / "text.txt").string());
+  const Result exported = RunCommand("cd / && " + std::string(TESSERA_BINARY) + " export " + (dir / "bpe").string() +
+                                     " --output " + (dir / "hf").string() + " 2>&1");
+  ASSERT_EQ(exported.exit_code, 0) << exported.out;
+  EXPECT_NE(exported.out.find("the run's tokenizer: vocab.json, merges.txt, tokenizer_config.json"), std::string::npos)
+      << exported.out;
   fs::remove_all(dir);
 }
 

@@ -7,7 +7,8 @@
 // - a cancel stops every actor on every worker within 5 s (the workers are
 //   free and back to their idle thread count), and the next job runs;
 // - SIGINT to a worker mid-job: a checkpoint where the nodes agree, the job
-//   CANCELLED naming the worker, which then exits 0;
+//   CANCELLED naming the worker, which then exits 0; with its master hung,
+//   it still checkpoints its job and exits within seconds;
 // - 20 jobs in a row on the same workers: thread count and RSS stay flat.
 
 #include <signal.h>
@@ -299,6 +300,61 @@ TEST_F(ClusterFailureTest, SigintToAWorkerCheckpointsItsJobBeforeItExits) {
   // The worker staying is free; the one that left goes from the list once
   // its heartbeats stop.
   EXPECT_TRUE(WaitFreeWorkers(1, absl::Seconds(15)));
+}
+
+// SIGINT to a worker while its master is hung (SIGSTOP: connected, never
+// answering): the worker does not wait on the master. It stops its job
+// (on it alone) at an iteration boundary with the checkpoint there, and
+// exits 0 within seconds.
+TEST_F(ClusterFailureTest, SigintToAWorkerWhoseMasterHangsStillCheckpoints) {
+  Deadline deadline(seconds(120), "a worker shut down while its master hangs");
+  ChildProcess master(TESSERA_BINARY, {"master", "--listen", "127.0.0.1:0", "--state-dir", (dir_ / "state").string()},
+                      dir_ / "master.out");
+  std::string address;
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        const std::string out = master.Output();
+        const size_t at = out.find("master listening on ");
+        if (at == std::string::npos || out.find('\n', at) == std::string::npos) return false;
+        address = out.substr(at + 20, out.find('\n', at) - at - 20);
+        return true;
+      },
+      absl::Seconds(20)))
+      << master.Output();
+  Client::Options options;
+  options.master = address;
+  Client client(options);
+  ChildProcess worker(TESSERA_BINARY, {"worker", "--master", address, "--devices", "cpu:2", "--id", "w-h"},
+                      dir_ / "w-h.out");
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        auto workers = client.ListWorkers();
+        return workers.ok() && workers->size() == 1;
+      },
+      absl::Seconds(20)));
+  const fs::path out = dir_ / "run";
+  auto job = client.Submit(config_,
+                           {"train.dist.data_parallel_size=2", "train.output_dir=" + out.string(), "model.num_layers=2",
+                            "train.train_iter=1000000", "train.log_period=1", "train.dist.intra_op_threads=1"});
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        auto info = client.Get(*job);
+        return info.ok() && info->iteration() >= 1;
+      },
+      absl::Seconds(60)));
+  master.Signal(SIGSTOP);
+  const absl::Time signalled = absl::Now();
+  worker.Signal(SIGINT);
+  EXPECT_EQ(worker.Wait(), 0) << worker.Output();
+  // About 5 s: a 2 s heartbeat unanswered, the iteration, the checkpoint.
+  EXPECT_LT(absl::Now() - signalled, absl::Seconds(12)) << worker.Output();
+  master.Signal(SIGCONT);
+  bool checkpointed = false;
+  for (const auto& entry : fs::directory_iterator(out / "checkpoints")) {
+    checkpointed |= fs::exists(entry.path() / "index.json");
+  }
+  EXPECT_TRUE(checkpointed) << worker.Output();
 }
 
 // `tessera submit --fast-dev-run` resolves the config where it runs and

@@ -101,6 +101,9 @@ std::vector<BadInput> Cases() {
       {"fused attention not a bool", kGpt, {"model.fused_attention=1"}, "'model.fused_attention' expects a boolean"},
       {"layers 10^6", kGpt, {"model.num_layers=1000000"}, "'model.num_layers' must be in [1, 1024]"},
       {"successors past vocab", kGpt, {"model.vocab_size=3", "model.markov_successors=4"}, "markov_successors must be in [1, min(vocab_size, 30)]"},
+      {"data order without text", kGpt, {"dataloader.seed=5"}, "override 'dataloader.seed=5' sets a key nothing reads without dataloader.data_prefix"},
+      {"splits without text", kGpt, {"dataloader.splits=1,1,1"}, "override 'dataloader.splits=1,1,1' sets a key nothing reads without dataloader.data_prefix"},
+      {"synthetic data on text", kGpt, {"dataloader.data_prefix=/tmp/x", "model.markov_successors=2"}, "sets a key of the synthetic data, which a run on dataloader.data_prefix does not read"},
       {"huge MLP centres", kMlp, {"model.num_classes=16777216", "model.in_features=16777216"}, "cluster-centre coordinates"},
       {"MLP width 2^40", kMlp, {"model.hidden_sizes=[1099511627776]"}, "'model.hidden_sizes[0]' must be in [1, 16777216]"},
       {"MLP 1000 layers", kMlp, {"model.hidden_sizes=[" + [] {

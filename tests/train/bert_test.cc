@@ -654,6 +654,14 @@ TEST_F(BertTest, BadBertConfigsAreOneLineErrors) {
       RunTessera(Train(out, "train.train_iter=2 tokenization.vocab_file=" + (root_ / "no.txt").string())), "no.txt");
   // Heads that do not divide the hidden size.
   ExpectOneLineError(RunTessera(Train(out, "train.train_iter=2 model.num_attention_heads=3")), "num_attention_heads");
+  // A dataset of whole documents (no sentence splitting): nothing to pair.
+  const auto whole =
+      RunTessera("preprocess --input " + (root_ / "corpus.txt").string() + " --tokenizer bert --no-eod --vocab-file " +
+                 (root_ / "vocab.txt").string() + " --output " + (root_ / "whole").string());
+  ASSERT_EQ(whole.exit_code, 0) << whole.out;
+  ExpectOneLineError(RunTessera(Train(out, "train.train_iter=2 dataloader.text_file=null dataloader.data_prefix=" +
+                                               (root_ / "whole").string())),
+                     "holds whole documents as one sequence: models.BERT pairs sentences");
   EXPECT_FALSE(fs::exists(out));
 }
 

@@ -501,6 +501,18 @@ TEST(Generate, GeneratesTextWithTheRunsTokenizer) {
   const nlohmann::json model_config = nlohmann::json::parse(slurp(exported / "config.json"));
   EXPECT_EQ(model_config["eos_token_id"], 50256);
   EXPECT_EQ(model_config["bos_token_id"], 50256);
+  // A model without a tokenizer exported over it: the earlier tokenizer
+  // files go (they would be read as this model's).
+  const auto over = RunTessera("export " + Nano().string() + " --output " + exported.string());
+  ASSERT_EQ(over.exit_code, 0) << over.out;
+  for (const char* name : {"vocab.json", "merges.txt", "tokenizer_config.json"}) {
+    EXPECT_FALSE(fs::exists(exported / name)) << name;
+  }
+  // Another training run's directory is no place for an export.
+  const auto into_run = RunTessera("export " + Nano().string() + " --output " + bpe.string() + " 2>&1");
+  EXPECT_EQ(into_run.exit_code, 1);
+  EXPECT_NE(into_run.out.find("is a training run's directory (it holds checkpoints/)"), std::string::npos)
+      << into_run.out;
 }
 
 // Hugging Face GPT-2 weights, written by PyTorch (gpt2_reference.py make-hf:

@@ -480,9 +480,23 @@ TEST_F(TextDataTest, ADatasetIsReadOnlyWithItsOwnVocabularyAndText) {
                                                " dataloader.text_file=" + (root_ / "copy.txt").string())),
                      "copy.txt is not what the dataset " + (root_ / "warmup").string() + " was built from (" +
                          fs::weakly_canonical(root_ / "corpus.txt").string() + ")");
+  // The same file by another name (a hard link) is the same text.
+  fs::create_hard_link(root_ / "corpus.txt", root_ / "linked.txt");
+  // Without a tokenizer, a model vocabulary smaller than the dataset's.
+  ExpectOneLineError(RunTessera(Train(out,
+                                      "train.train_iter=2 tokenization.tokenizer=null dataloader.text_file=null "
+                                      "model.vocab_size=300 dataloader.data_prefix=" +
+                                          (root_ / "warmup").string())),
+                     "holds ids of a gpt2, 320 tokens vocabulary; model.vocab_size is only 300");
+  // append_eod contradicting the dataset (it only shapes one being built).
+  ExpectOneLineError(RunTessera(Train(out, "train.train_iter=2 tokenization.append_eod=false dataloader.data_prefix=" +
+                                               (root_ / "warmup").string())),
+                     "tokenization.append_eod is false, but the dataset " + (root_ / "warmup").string() +
+                         " was built with end-of-document tokens");
   EXPECT_FALSE(fs::exists(out));
-  // Its own vocabulary and text: it trains.
-  const auto run = RunTessera(Train(out, "train.train_iter=1 dataloader.data_prefix=" + (root_ / "warmup").string()));
+  // Its own vocabulary and text (by a hard link): it trains.
+  const auto run = RunTessera(Train(out, "train.train_iter=1 dataloader.data_prefix=" + (root_ / "warmup").string() +
+                                             " dataloader.text_file=" + (root_ / "linked.txt").string()));
   EXPECT_EQ(run.exit_code, 0) << run.out;
 }
 

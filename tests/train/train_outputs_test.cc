@@ -237,7 +237,9 @@ TEST(EventFileWriter, BufferedUntilFlush) {
 
 // A resume drops the earlier run's events past the iteration it resumes
 // from (read back independently): the rest stay, a torn tail goes, a file
-// with nothing to drop is left as it was, and a second pass changes nothing.
+// with nothing to drop is left as it was, and a second pass changes nothing;
+// a run from scratch removes the event files; files of that name that are
+// not event files, and links, are never touched.
 TEST(EventFileWriter, KeepEventsUpToDropsLaterStepsAndATornTail) {
   SKIP_WITHOUT_PYTHON_PROTOBUF();
   const fs::path dir = TempDir("tfevents_keep");
@@ -276,6 +278,16 @@ TEST(EventFileWriter, KeepEventsUpToDropsLaterStepsAndATornTail) {
   const uintmax_t size = fs::file_size(first);
   ASSERT_TRUE(KeepEventsUpTo(dir, 4).ok());
   EXPECT_EQ(fs::file_size(first), size);
+  // Not ours to cut: a file of that name that is no event file, and a link.
+  const std::string garbage(1000, '\x7f');
+  std::ofstream(dir / "events.out.tfevents.garbage", std::ios::binary) << garbage;
+  fs::create_symlink(first, dir / "events.out.tfevents.link");
+  // A run from scratch: every event file goes, the others stay as they were.
+  ASSERT_TRUE(KeepEventsUpTo(dir, -1).ok());
+  EXPECT_FALSE(fs::exists(first));
+  EXPECT_FALSE(fs::exists(second));
+  EXPECT_EQ(fs::file_size(dir / "events.out.tfevents.garbage"), garbage.size());
+  EXPECT_TRUE(fs::is_symlink(dir / "events.out.tfevents.link"));
   fs::remove_all(dir);
 }
 
