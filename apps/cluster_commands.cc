@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -101,6 +102,35 @@ class StopSignals {
   sigset_t previous_;
 };
 
+// A daemon's stop: the first signal runs `drain` (its graceful stop: jobs
+// end at an iteration boundary with a checkpoint), then `shutdown`; a
+// second runs `shutdown` at once (the jobs stop without a checkpoint, and
+// `drain` returns); a third, no longer blocked, ends the process.
+void StopOnSignals(StopSignals& signals, const char* daemon, const std::function<bool()>& busy,
+                   const std::function<void()>& drain, const std::function<void()>& shutdown) {
+  const int signal = signals.Wait();
+  if (busy()) {
+    std::fprintf(stderr,
+                 "tessera %s: %s: stopping its jobs at an iteration boundary and writing a checkpoint "
+                 "(again to stop at once)\n",
+                 daemon, signal == SIGINT ? "interrupted" : "terminated");
+  }
+  std::atomic<bool> drained = false;
+  std::thread drainer([&] {
+    drain();
+    drained = true;
+  });
+  while (!drained.load()) {
+    if (signals.WaitFor(100) != 0) {
+      std::fprintf(stderr, "tessera %s: stopping its jobs at once, without a checkpoint (again to kill it)\n", daemon);
+      signals.Release();
+      break;
+    }
+  }
+  shutdown();
+  drainer.join();
+}
+
 void PrintJob(const control::JobInfo& job) {
   std::string progress = absl::StrCat(job.iteration(), "/", job.iterations());
   std::printf("%-12s %-10s %9s  %s\n", job.job_id().c_str(), control::JobState_Name(job.state()).c_str(),
@@ -181,7 +211,10 @@ void AddClusterCommands(CLI::App& app, ClusterCommandDeps deps) {
     SecurityFlags security;
   };
   auto master_flags = std::make_shared<MasterFlags>();
-  CLI::App* master = app.add_subcommand("master", "Run the master: queues, compiles and watches jobs (until SIGINT/SIGTERM)");
+  CLI::App* master = app.add_subcommand(
+      "master",
+      "Run the master: queues, compiles and watches jobs (until SIGINT/SIGTERM: running jobs stop with a "
+      "checkpoint, queued ones wait for the next master; again to stop at once)");
   master->add_option("--listen", master_flags->listen, "Address to serve on (port 0: the OS picks)")
       ->capture_default_str()
       ->check(AddressCheck());
@@ -223,8 +256,12 @@ void AddClusterCommands(CLI::App& app, ClusterCommandDeps deps) {
       std::printf("metrics on http://%s:%d/metrics\n", options.metrics_host.c_str(), daemon.metrics_port());
     }
     std::fflush(stdout);
-    signals.Wait();
-    daemon.Shutdown();
+    // A graceful shutdown: running jobs stop at an iteration boundary with
+    // a checkpoint, queued ones stay queued for the next master
+    // (Master::Drain).
+    StopOnSignals(
+        signals, "master", [&] { return daemon.jobs_running() > 0; }, [&] { daemon.Drain(); },
+        [&] { daemon.Shutdown(); });
     Succeed();
   });
 
@@ -238,7 +275,10 @@ void AddClusterCommands(CLI::App& app, ClusterCommandDeps deps) {
     SecurityFlags security;
   };
   auto worker_flags = std::make_shared<WorkerFlags>();
-  CLI::App* worker = app.add_subcommand("worker", "Run a worker: runs the master's node plans on its devices (until SIGINT/SIGTERM)");
+  CLI::App* worker = app.add_subcommand(
+      "worker",
+      "Run a worker: runs the master's node plans on its devices (until SIGINT/SIGTERM: its jobs stop with a "
+      "checkpoint; again to stop at once)");
   worker->add_option("--master", worker_flags->master, "The master's address")
       ->capture_default_str()
       ->check(AddressCheck());
@@ -299,30 +339,10 @@ void AddClusterCommands(CLI::App& app, ClusterCommandDeps deps) {
     if (!address.ok()) Fail(std::string(address.status().message()));
     std::printf("worker serving on %s, registering with %s\n", address->c_str(), options.master.c_str());
     std::fflush(stdout);
-    const int signal = signals.Wait();
     // A graceful shutdown: the jobs it holds stop at an iteration boundary
-    // with a checkpoint (Worker::Drain); a second signal stops them at once.
-    if (daemon.jobs_held() > 0) {
-      std::fprintf(stderr,
-                   "tessera worker: %s: stopping its jobs at an iteration boundary and writing a checkpoint "
-                   "(again to stop at once)\n",
-                   signal == SIGINT ? "interrupted" : "terminated");
-    }
-    std::atomic<bool> drained = false;
-    std::thread drainer([&] {
-      daemon.Drain();
-      drained = true;
-    });
-    while (!drained.load()) {
-      if (signals.WaitFor(100) != 0) {
-        std::fprintf(stderr, "tessera worker: stopping its jobs at once, without a checkpoint (again to kill it)\n");
-        // A third signal ends the process whatever it waits on.
-        signals.Release();
-        break;
-      }
-    }
-    daemon.Shutdown();
-    drainer.join();
+    // with a checkpoint (Worker::Drain).
+    StopOnSignals(
+        signals, "worker", [&] { return daemon.jobs_held() > 0; }, [&] { daemon.Drain(); }, [&] { daemon.Shutdown(); });
     Succeed();
   });
 

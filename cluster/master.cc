@@ -205,6 +205,33 @@ class Master::Impl final : public control::Master::Service {
     return absl::OkStatus();
   }
 
+  int jobs_running() const {
+    absl::MutexLock lock(&mu_);
+    return static_cast<int>(
+        std::count_if(jobs_.begin(), jobs_.end(), [](const auto& job) { return IsActive(*job.second); }));
+  }
+
+  void Drain() {
+    absl::MutexLock lock(&mu_);
+    if (!draining_) {
+      draining_ = true;
+      TLOG_INFO("shutting down: stopping the running jobs at an iteration boundary; the queued ones stay queued");
+      for (auto& [id, job] : jobs_) {
+        if (job->state == control::RUNNING) {
+          if (!job->stopping) StartStoppingLocked(*job, "the master is shutting down");
+        } else if (job->state == control::COMPILING) {
+          EndJobLocked(*job, control::CANCELLED, "the master is shutting down (the job had not started)");
+        }
+      }
+      changed_.SignalAll();
+    }
+    auto ended = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return shutting_down_ ||
+             std::none_of(jobs_.begin(), jobs_.end(), [](const auto& job) { return IsActive(*job.second); });
+    };
+    mu_.Await(absl::Condition(&ended));
+  }
+
   void Shutdown() {
     if (!started_) return;
     started_ = false;
@@ -462,7 +489,7 @@ class Master::Impl final : public control::Master::Service {
                                   kMaxDevicesPerJob, "])"));
     }
     absl::MutexLock lock(&mu_);
-    if (shutting_down_) return {grpc::StatusCode::UNAVAILABLE, "master is shutting down"};
+    if (shutting_down_ || draining_) return {grpc::StatusCode::UNAVAILABLE, "master is shutting down"};
     // Two jobs writing one output_dir would interleave their metrics and
     // mix their checkpoints.
     if (!spec->output_dir.empty()) {
@@ -842,6 +869,7 @@ class Master::Impl final : public control::Master::Service {
 
   // The next job that can start now, with its slots; nullptr if none.
   Job* PlaceNextLocked(std::vector<WorkerSlot>& slots) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (draining_) return nullptr;  // the queue waits for the next master
     // Per device type: the live workers' devices and the free ones.
     std::map<std::string, int64_t> total_of, free_of;
     std::vector<WorkerRecord*> free_workers;
@@ -1179,6 +1207,7 @@ class Master::Impl final : public control::Master::Service {
                              {"devices_needed", job.spec.devices_needed},
                              {"device_type", job.spec.device_type},
                              {"iterations", job.spec.iterations},
+                             {"start_iteration", job.spec.start_iteration},
                              {"output_dir", job.spec.output_dir},
                              {"iteration", job.iteration},
                              {"last_metrics", job.last_metrics},
@@ -1216,6 +1245,7 @@ class Master::Impl final : public control::Master::Service {
                                                         "' is in use by another master (it holds ", lock_path, ")"));
     }
     absl::MutexLock lock(&mu_);
+    std::vector<std::pair<uint64_t, std::string>> requeued;  // (session, id): submit order
     for (const auto& entry : fs::directory_iterator(options_.state_dir, error)) {
       if (entry.path().extension() != ".json") continue;
       // A record that cannot be read still keeps its job id from being
@@ -1243,6 +1273,7 @@ class Master::Impl final : public control::Master::Service {
         job->spec.devices_needed = record.at("devices_needed").get<int64_t>();
         job->spec.device_type = record.value("device_type", std::string("cpu"));  // records before it: CPU jobs
         job->spec.iterations = record.at("iterations").get<int64_t>();
+        job->spec.start_iteration = record.value("start_iteration", int64_t{0});
         job->spec.output_dir = record.at("output_dir").get<std::string>();
         job->iteration = record.at("iteration").get<int64_t>();
         job->last_metrics = record.at("last_metrics").get<std::map<std::string, double>>();
@@ -1259,7 +1290,12 @@ class Master::Impl final : public control::Master::Service {
       if (!IsPlainId(job->id) || jobs_.contains(job->id)) continue;
       job->state = state;
       next_session_ = std::max(next_session_, job->session);
-      if (!IsFinal(state)) {
+      if (state == control::PENDING) {
+        // Never started: it waits in the queue again, in its turn.
+        job->reason = "queued again after a master restart";
+        requeued.emplace_back(job->session, job->id);
+        PersistLocked(*job);
+      } else if (!IsFinal(state)) {
         job->state = control::FAILED;
         job->reason = job->iteration > 0
                           ? absl::StrCat("master restarted (the job had reached iteration ", job->iteration,
@@ -1271,6 +1307,8 @@ class Master::Impl final : public control::Master::Service {
       AddStateEventLocked(*job);
       jobs_[job->id] = std::move(job);
     }
+    std::sort(requeued.begin(), requeued.end());
+    for (const auto& [session, id] : requeued) queue_.push_back(id);
     if (error) return absl::InternalError(absl::StrCat("cannot read --state-dir '", options_.state_dir, "': ", error.message()));
     return absl::OkStatus();
   }
@@ -1476,9 +1514,11 @@ class Master::Impl final : public control::Master::Service {
   std::thread scheduler_;
   std::thread monitor_;
 
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
   absl::CondVar changed_;  // a job or worker changed: the scheduler looks again
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+  // Drain: no job is submitted or placed any more.
+  bool draining_ ABSL_GUARDED_BY(mu_) = false;
   std::map<std::string, std::unique_ptr<WorkerRecord>> workers_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::unique_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> queue_ ABSL_GUARDED_BY(mu_);  // PENDING jobs, oldest first
@@ -1506,5 +1546,7 @@ Master::~Master() = default;
 absl::StatusOr<std::string> Master::Start() { return impl_->Start(); }
 int Master::metrics_port() const { return impl_->metrics_port(); }
 void Master::Shutdown() { impl_->Shutdown(); }
+void Master::Drain() { impl_->Drain(); }
+int Master::jobs_running() const { return impl_->jobs_running(); }
 
 }  // namespace tessera::cluster

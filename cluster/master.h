@@ -106,6 +106,18 @@ class Master {
   // Ends watches and waits, stops the server and the threads. Jobs still
   // running are left to the workers (they drop them when the master goes).
   void Shutdown();
+  // The first step of a graceful shutdown (`tessera master`'s SIGINT or
+  // SIGTERM): takes no new job (SubmitJob: UNAVAILABLE) and places none;
+  // each running job stops as a graceful cancel stops it (at an iteration
+  // boundary its nodes agree on, with a checkpoint there, ending CANCELLED
+  // "the master is shutting down; interrupted at iteration N; checkpoint
+  // ..."), one still compiling is cancelled; queued jobs stay queued (their
+  // records keep them PENDING, and the next master on the state directory
+  // queues them again). Returns once no job runs (or Shutdown was called);
+  // then call Shutdown. A stop that hangs ends at the grace period.
+  void Drain();
+  // Jobs compiling or running now.
+  int jobs_running() const;
 
  private:
   class Impl;

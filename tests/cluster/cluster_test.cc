@@ -575,6 +575,52 @@ TEST(ClusterTest, MasterRestartKeepsTheHistory) {
   fs::remove_all(state);
 }
 
+// Master::Drain (`tessera master`'s SIGINT/SIGTERM): the running job stops
+// as a graceful cancel (CANCELLED, naming the master's shutdown), nothing
+// is submitted or placed meanwhile, and the queued job waits in its turn
+// for the next master on the state directory, which runs it.
+TEST(ClusterTest, ADrainingMasterStopsRunningJobsAndTheNextOneRunsTheQueue) {
+  Deadline deadline(seconds(30), "a master shutting down");
+  const fs::path state = TempDir("drain_state");
+  std::string running_id, queued_id;
+  {
+    Master::Options options = FastMasterOptions();
+    options.state_dir = state.string();
+    TestCluster cluster;
+    cluster.Start({"cpu:1"}, options);
+    auto running = cluster.client->Submit(R"({"hang": true})", {});
+    ASSERT_TRUE(running.ok());
+    ASSERT_TRUE(cluster.WaitState(*running, control::RUNNING));
+    auto queued = cluster.client->Submit(R"({"iterations": 2})", {});
+    ASSERT_TRUE(queued.ok());
+    running_id = *running;
+    queued_id = *queued;
+    cluster.master->Drain();
+    auto info = cluster.client->Get(running_id);
+    ASSERT_TRUE(info.ok());
+    EXPECT_EQ(info->state(), control::CANCELLED);
+    EXPECT_TRUE(info->reason().starts_with("the master is shutting down; ")) << info->reason();
+    // The worker was free, yet the queued job was not placed.
+    info = cluster.client->Get(queued_id);
+    ASSERT_TRUE(info.ok());
+    EXPECT_EQ(info->state(), control::PENDING);
+    EXPECT_EQ(cluster.client->Submit("{}", {}).status().code(), absl::StatusCode::kUnavailable);
+    cluster.master->Shutdown();
+  }
+  Master::Options options = FastMasterOptions();
+  options.state_dir = state.string();
+  TestCluster cluster;
+  cluster.Start({"cpu:1"}, options);
+  auto info = cluster.client->Get(queued_id);
+  ASSERT_TRUE(info.ok());
+  const control::JobInfo ended = cluster.WaitEnd(queued_id);
+  EXPECT_EQ(ended.state(), control::SUCCEEDED) << ended.reason();
+  info = cluster.client->Get(running_id);
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->state(), control::CANCELLED);
+  fs::remove_all(state);
+}
+
 // A master restarted on the same address: the worker that outlived it
 // registers again on its own and runs the next job.
 TEST(ClusterTest, WorkersRegisterAgainWithARestartedMaster) {

@@ -9,6 +9,7 @@
 // - SIGINT to a worker mid-job: a checkpoint where the nodes agree, the job
 //   CANCELLED naming the worker, which then exits 0; with its master hung,
 //   it still checkpoints its job and exits within seconds;
+// - SIGINT to the master mid-job: a checkpoint, the job CANCELLED saying so;
 // - 20 jobs in a row on the same workers: thread count and RSS stay flat.
 
 #include <signal.h>
@@ -302,47 +303,103 @@ TEST_F(ClusterFailureTest, SigintToAWorkerCheckpointsItsJobBeforeItExits) {
   EXPECT_TRUE(WaitFreeWorkers(1, absl::Seconds(15)));
 }
 
+// A `tessera master` process and a `tessera worker` process (cpu:2) on it,
+// running gpt2_nano data-parallel into `out` (one worker: every node is
+// its).
+struct ProcessCluster {
+  ProcessCluster(fs::path dir, std::string config) : dir(std::move(dir)), config(std::move(config)) {}
+  void StartAndSubmit() {
+    ASSERT_NO_FATAL_FAILURE(StartMaster());
+    worker = std::make_unique<ChildProcess>(
+        TESSERA_BINARY, std::vector<std::string>{"worker", "--master", address, "--devices", "cpu:2", "--id", "w-p"},
+        dir / "w-p.out");
+    ASSERT_TRUE(WaitUntil(
+        [&] {
+          auto workers = client->ListWorkers();
+          return workers.ok() && workers->size() == 1;
+        },
+        absl::Seconds(20)));
+    auto submitted = client->Submit(
+        config, {"train.dist.data_parallel_size=2", "train.output_dir=" + out.string(), "model.num_layers=2",
+                 "train.train_iter=1000000", "train.log_period=1", "train.dist.intra_op_threads=1"});
+    ASSERT_TRUE(submitted.ok()) << submitted.status();
+    job = *submitted;
+    ASSERT_TRUE(WaitUntil(
+        [&] {
+          auto info = client->Get(job);
+          return info.ok() && info->iteration() >= 1;
+        },
+        absl::Seconds(60)));
+  }
+  // A master on the state directory (again, after one exited).
+  void StartMaster() {
+    master = std::make_unique<ChildProcess>(
+        TESSERA_BINARY,
+        std::vector<std::string>{"master", "--listen", "127.0.0.1:0", "--state-dir", (dir / "state").string()},
+        dir / absl::StrCat("master", ++masters, ".out"));  // a file of its own: the last one's says another port
+    ASSERT_TRUE(WaitUntil(
+        [&] {
+          const std::string printed = master->Output();
+          const size_t at = printed.find("master listening on ");
+          if (at == std::string::npos || printed.find('\n', at) == std::string::npos) return false;
+          address = printed.substr(at + 20, printed.find('\n', at) - at - 20);
+          return true;
+        },
+        absl::Seconds(20)))
+        << master->Output();
+    Client::Options options;
+    options.master = address;
+    client = std::make_unique<Client>(options);
+  }
+  const fs::path dir;
+  const std::string config;
+  const fs::path out = dir / "run";
+  std::unique_ptr<ChildProcess> master, worker;
+  std::string address, job;
+  std::unique_ptr<Client> client;
+  int masters = 0;
+};
+
+// The newest complete checkpoint in `out`; empty if none.
+fs::path NewestCheckpoint(const fs::path& out) {
+  fs::path newest;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(out / "checkpoints", ec)) {
+    if (fs::exists(entry.path() / "index.json") && entry.path() > newest) newest = entry.path();
+  }
+  return newest;
+}
+
+// SIGINT to a `tessera master` process mid-job: the job stops at an
+// iteration boundary with its checkpoint, ends CANCELLED saying so, and the
+// master exits 0; the next master on its state directory lists it so.
+TEST_F(ClusterFailureTest, SigintToTheMasterCheckpointsItsRunningJob) {
+  Deadline deadline(seconds(120), "a master shut down mid-job");
+  ProcessCluster cluster(dir_, config_);
+  ASSERT_NO_FATAL_FAILURE(cluster.StartAndSubmit());
+  cluster.master->Signal(SIGINT);
+  EXPECT_EQ(cluster.master->Wait(), 0) << cluster.master->Output();
+  const fs::path checkpoint = NewestCheckpoint(cluster.out);
+  ASSERT_FALSE(checkpoint.empty()) << cluster.master->Output();
+  ASSERT_NO_FATAL_FAILURE(cluster.StartMaster());
+  auto info = cluster.client->Get(cluster.job);
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->state(), control::CANCELLED);
+  EXPECT_TRUE(info->reason().starts_with("the master is shutting down; interrupted at iteration ")) << info->reason();
+  EXPECT_NE(info->reason().find(checkpoint.string()), std::string::npos) << info->reason();
+}
+
 // SIGINT to a worker while its master is hung (SIGSTOP: connected, never
 // answering): the worker does not wait on the master. It stops its job
 // (on it alone) at an iteration boundary with the checkpoint there, and
 // exits 0 within seconds.
 TEST_F(ClusterFailureTest, SigintToAWorkerWhoseMasterHangsStillCheckpoints) {
   Deadline deadline(seconds(120), "a worker shut down while its master hangs");
-  ChildProcess master(TESSERA_BINARY, {"master", "--listen", "127.0.0.1:0", "--state-dir", (dir_ / "state").string()},
-                      dir_ / "master.out");
-  std::string address;
-  ASSERT_TRUE(WaitUntil(
-      [&] {
-        const std::string out = master.Output();
-        const size_t at = out.find("master listening on ");
-        if (at == std::string::npos || out.find('\n', at) == std::string::npos) return false;
-        address = out.substr(at + 20, out.find('\n', at) - at - 20);
-        return true;
-      },
-      absl::Seconds(20)))
-      << master.Output();
-  Client::Options options;
-  options.master = address;
-  Client client(options);
-  ChildProcess worker(TESSERA_BINARY, {"worker", "--master", address, "--devices", "cpu:2", "--id", "w-h"},
-                      dir_ / "w-h.out");
-  ASSERT_TRUE(WaitUntil(
-      [&] {
-        auto workers = client.ListWorkers();
-        return workers.ok() && workers->size() == 1;
-      },
-      absl::Seconds(20)));
-  const fs::path out = dir_ / "run";
-  auto job = client.Submit(config_,
-                           {"train.dist.data_parallel_size=2", "train.output_dir=" + out.string(), "model.num_layers=2",
-                            "train.train_iter=1000000", "train.log_period=1", "train.dist.intra_op_threads=1"});
-  ASSERT_TRUE(job.ok()) << job.status();
-  ASSERT_TRUE(WaitUntil(
-      [&] {
-        auto info = client.Get(*job);
-        return info.ok() && info->iteration() >= 1;
-      },
-      absl::Seconds(60)));
+  ProcessCluster cluster(dir_, config_);
+  ASSERT_NO_FATAL_FAILURE(cluster.StartAndSubmit());
+  ChildProcess& master = *cluster.master;
+  ChildProcess& worker = *cluster.worker;
+  const fs::path out = cluster.out;
   master.Signal(SIGSTOP);
   const absl::Time signalled = absl::Now();
   worker.Signal(SIGINT);
@@ -350,11 +407,7 @@ TEST_F(ClusterFailureTest, SigintToAWorkerWhoseMasterHangsStillCheckpoints) {
   // About 5 s: a 2 s heartbeat unanswered, the iteration, the checkpoint.
   EXPECT_LT(absl::Now() - signalled, absl::Seconds(12)) << worker.Output();
   master.Signal(SIGCONT);
-  bool checkpointed = false;
-  for (const auto& entry : fs::directory_iterator(out / "checkpoints")) {
-    checkpointed |= fs::exists(entry.path() / "index.json");
-  }
-  EXPECT_TRUE(checkpointed) << worker.Output();
+  EXPECT_FALSE(NewestCheckpoint(out).empty()) << worker.Output();
 }
 
 // `tessera submit --fast-dev-run` resolves the config where it runs and
