@@ -763,7 +763,8 @@ class Master::Impl final : public control::Master::Service {
   // A worker shutting down: no job is placed on it any more, and the job it
   // holds stops as a graceful cancel would (at an iteration boundary its
   // nodes agree on, with a checkpoint there; ending CANCELLED, so
-  // `--resume` continues it), or at once if it is not running yet.
+  // `--resume` continues it), or, not started yet, goes back to the head of
+  // the queue.
   void DrainWorkerLocked(WorkerRecord& worker) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     worker.draining = true;
     TLOG_INFO("worker {} is shutting down: it takes no new job", worker.id);
@@ -774,8 +775,10 @@ class Master::Impl final : public control::Master::Service {
     const std::string reason = absl::StrCat("worker ", worker.id, " is shutting down");
     if (job.state == control::RUNNING) {
       if (!job.stopping) StartStoppingLocked(job, reason);
-    } else {
-      EndJobLocked(job, control::CANCELLED, reason);
+    } else if (job.state == control::COMPILING) {
+      // Nothing ran yet: it waits for other workers, first in the queue.
+      LogLocked(job, absl::StrCat("[master] ", reason, " before the job started: queued again"));
+      RequeueLocked(job, "");
     }
   }
 
@@ -1032,6 +1035,14 @@ class Master::Impl final : public control::Master::Service {
     absl::MutexLock lock(&mu_);
     Job& job = *jobs_.at(job_id);
     if (job.state != control::COMPILING) return;
+    RequeueLocked(job, lost_worker);
+    LoseWorkerLocked(lost_worker, why);
+  }
+
+  // COMPILING -> PENDING (at the head of the queue): frees the job's
+  // workers and stops it where it was loaded already (but on
+  // `lost_worker`, if any).
+  void RequeueLocked(Job& job, const std::string& lost_worker) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     for (const WorkerSlot& slot : job.slots) {
       auto it = workers_.find(slot.worker_id);
       if (it == workers_.end() || it->second->job_id != job.id) continue;
@@ -1039,14 +1050,17 @@ class Master::Impl final : public control::Master::Service {
       if (slot.worker_id != lost_worker) pending_stops_.push_back({it->second->stub, job.id, "requeued"});
     }
     job.slots.clear();
-    LoseWorkerLocked(lost_worker, why);
     queue_.insert(queue_.begin(), job.id);
     SetStateLocked(job, control::PENDING);
   }
 
   void FailLaunch(const std::string& job_id, const std::string& reason) {
     absl::MutexLock lock(&mu_);
-    EndJobLocked(*jobs_.at(job_id), control::FAILED, reason);
+    Job& job = *jobs_.at(job_id);
+    // Cancelled, or queued again (a worker shutting down), meanwhile: the
+    // failure is of the launch that was stopped.
+    if (job.state != control::COMPILING && job.state != control::RUNNING) return;
+    EndJobLocked(job, control::FAILED, reason);
   }
 
   // A directory's path as one string however it is spelled (relative to

@@ -522,6 +522,27 @@ TEST(ClusterTest, ADrainingWorkerHasItsJobStoppedAndTakesNoNewOne) {
   cluster.workers[1]->Shutdown();
 }
 
+// A worker shutting down while the job placed on it still loads: nothing
+// of it ran, so it goes back to the head of the queue and runs on the
+// workers that stay.
+TEST(ClusterTest, AJobStillLoadingOnADrainingWorkerWaitsForOthers) {
+  Deadline deadline(seconds(20), "a worker shutting down as its job loads");
+  TestCluster cluster;
+  cluster.Start({"cpu:1"});
+  auto job = cluster.client->Submit(R"({"load_ms": 1000, "iterations": 2})", {});
+  ASSERT_TRUE(job.ok());
+  ASSERT_TRUE(cluster.WaitState(*job, control::COMPILING));
+  cluster.workers[0]->Drain();
+  auto info = cluster.client->Get(*job);
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->state(), control::PENDING);
+  cluster.AddWorker("cpu:1");
+  const control::JobInfo ended = cluster.WaitEnd(*job);
+  EXPECT_EQ(ended.state(), control::SUCCEEDED) << ended.reason();
+  ASSERT_EQ(ended.slots_size(), 1);
+  EXPECT_NE(ended.slots(0).worker_id(), cluster.workers[0]->worker_id());
+}
+
 TEST(ClusterTest, MasterRestartKeepsTheHistory) {
   Deadline deadline(seconds(30), "master restart");
   const fs::path state = TempDir("state");

@@ -48,7 +48,8 @@ absl::StatusOr<std::vector<std::string>> FakeJobCompiler::Compile(const JobSpec&
                            {"step_ms", spec.config.value("step_ms", int64_t{2})},
                            {"fail_at", fails ? spec.config.value("fail_at", int64_t{0}) : int64_t{-1}},
                            {"hang", spec.config.value("hang", false)},
-                           {"rendezvous", spec.config.value("rendezvous", false)}};
+                           {"rendezvous", spec.config.value("rendezvous", false)},
+                           {"load_ms", spec.config.value("load_ms", int64_t{0})}};
     plans.push_back(plan.dump());
   }
   return plans;
@@ -69,6 +70,7 @@ absl::Status SleepyTestRunner::Load(const RunContext& context, std::string_view 
   fail_at_ = plan.value("fail_at", int64_t{-1});
   hang_ = plan.value("hang", false);
   rendezvous_ = plan.value("rendezvous", false);
+  std::this_thread::sleep_for(std::chrono::milliseconds(plan.value("load_ms", int64_t{0})));
   return absl::OkStatus();
 }
 

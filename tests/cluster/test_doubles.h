@@ -5,7 +5,8 @@
 //   devices_needed (default 1), iterations (default 5), output_dir,
 //   step_ms (default 2), fail_node + fail_at (node fail_node fails at that
 //   iteration), hang (every node waits until cancelled), rendezvous (nodes
-//   meet through the KV before training).
+//   meet through the KV before training), load_ms (each node's Load takes
+//   that long).
 // Overrides are "key=value" on those top-level keys (value as JSON, else a
 // string). A "compile_error" key makes Compile fail with its text.
 //
