@@ -123,10 +123,11 @@ void StopOnSignals(StopSignals& signals, const char* daemon, const std::function
   while (!drained.load()) {
     if (signals.WaitFor(100) != 0) {
       std::fprintf(stderr, "tessera %s: stopping its jobs at once, without a checkpoint (again to kill it)\n", daemon);
-      signals.Release();
       break;
     }
   }
+  // From here on a signal ends the process, whatever the shutdown waits on.
+  signals.Release();
   shutdown();
   drainer.join();
 }

@@ -220,7 +220,7 @@ class Master::Impl final : public control::Master::Service {
         if (job->state == control::RUNNING) {
           if (!job->stopping) StartStoppingLocked(*job, "the master is shutting down");
         } else if (job->state == control::COMPILING) {
-          EndJobLocked(*job, control::CANCELLED, "the master is shutting down (the job had not started)");
+          RequeueLocked(*job, "");  // nothing of it ran: queued for the next master
         }
       }
       changed_.SignalAll();
@@ -972,7 +972,27 @@ class Master::Impl final : public control::Master::Service {
         stubs.push_back(it->second->stub);
       }
     }
+    // Queued again (a worker of it shutting down) while it loads: the
+    // workers that loaded it drop it now, before the scheduler places it
+    // anew (a stray loaded plan would refuse the next one).
+    const auto still_launching = [&](size_t loaded) {
+      {
+        absl::MutexLock lock(&mu_);
+        if (jobs_.at(job_id)->state == control::COMPILING) return true;
+      }
+      for (size_t k = 0; k < loaded; ++k) {
+        control::StopRequest request;
+        request.set_job_id(job_id);
+        request.set_reason("queued again");
+        control::StopResponse response;
+        grpc::ClientContext context;
+        PrepareContext(context, options_.security, options_.rpc_timeout);
+        (void)stubs[k]->Stop(&context, request, &response);
+      }
+      return false;
+    };
     for (size_t i = 0; i < slots.size(); ++i) {
+      if (!still_launching(i)) return;
       control::LoadPlanRequest request;
       request.set_job_id(job_id);
       request.set_session(session);
@@ -989,6 +1009,8 @@ class Master::Impl final : public control::Master::Service {
       grpc::ClientContext context;
       PrepareContext(context, options_.security, options_.rpc_timeout);
       const absl::Status status = ToAbsl(stubs[i]->LoadPlan(&context, request, &response));
+      // A failure of a launch queued again meanwhile is that launch's end.
+      if (!status.ok() && !still_launching(i)) return;
       if (absl::IsUnavailable(status)) {
         // The worker went away before the master noticed: not the job's
         // fault. Lose the worker, queue the job again.
@@ -1001,6 +1023,7 @@ class Master::Impl final : public control::Master::Service {
         return;
       }
     }
+    if (!still_launching(slots.size())) return;
     {
       absl::MutexLock lock(&mu_);
       Job& job = *jobs_.at(job_id);
@@ -1060,6 +1083,12 @@ class Master::Impl final : public control::Master::Service {
     // Cancelled, or queued again (a worker shutting down), meanwhile: the
     // failure is of the launch that was stopped.
     if (job.state != control::COMPILING && job.state != control::RUNNING) return;
+    // Asked to stop (a cancel, a daemon shutting down) before every node
+    // started: it ends as that stop says, before its first iteration.
+    if (job.stopping) {
+      EndJobLocked(job, control::CANCELLED, absl::StrCat(job.stop_reason, "; stopped before it started"));
+      return;
+    }
     EndJobLocked(job, control::FAILED, reason);
   }
 
@@ -1304,10 +1333,22 @@ class Master::Impl final : public control::Master::Service {
       if (!IsPlainId(job->id) || jobs_.contains(job->id)) continue;
       job->state = state;
       next_session_ = std::max(next_session_, job->session);
+      absl::StatusOr<JobSpec> again = absl::UnknownError("");
       if (state == control::PENDING) {
-        // Never started: it waits in the queue again, in its turn.
+        // Never started: it waits in the queue again, in its turn, resolved
+        // anew (where it starts from is what the disk says now).
+        absl::MutexLock compiler_lock(&compiler_mu_);
+        again = compiler_->Resolve(job->spec.config.dump(), {});
+      }
+      if (state == control::PENDING && again.ok()) {
+        job->spec = *std::move(again);
         job->reason = "queued again after a master restart";
         requeued.emplace_back(job->session, job->id);
+        PersistLocked(*job);
+      } else if (state == control::PENDING) {
+        job->state = control::FAILED;
+        job->reason = absl::StrCat("master restarted; the queued job no longer resolves: ", again.status().message());
+        job->end_ms = NowMs();
         PersistLocked(*job);
       } else if (!IsFinal(state)) {
         job->state = control::FAILED;

@@ -111,7 +111,7 @@ class Master {
   // each running job stops as a graceful cancel stops it (at an iteration
   // boundary its nodes agree on, with a checkpoint there, ending CANCELLED
   // "the master is shutting down; interrupted at iteration N; checkpoint
-  // ..."), one still compiling is cancelled; queued jobs stay queued (their
+  // ..."), one still compiling goes back to the queue; queued jobs stay queued (their
   // records keep them PENDING, and the next master on the state directory
   // queues them again). Returns once no job runs (or Shutdown was called);
   // then call Shutdown. A stop that hangs ends at the grace period.

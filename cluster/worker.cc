@@ -143,22 +143,23 @@ class Worker::Impl final : public control::Worker::Service {
       beat = NewBeatLocked();
       for (const auto& [id, entry] : jobs_) ids.push_back(id);
     }
-    // The master, told first, stops each job on all of its nodes (this one
-    // included) and places none here. A master that does not answer leaves
-    // it to this worker: a job on it alone still ends at an iteration
-    // boundary with a checkpoint.
+    // The master, told first, stops each job on all of its nodes and places
+    // none here; this node asks its jobs to stop too (the same request
+    // twice is one), so no lost message of the master's keeps them going.
+    // A master that does not answer leaves it to this worker alone: a job on
+    // it alone still ends at an iteration boundary with a checkpoint.
     control::HeartbeatResponse answer;
     grpc::ClientContext context;
     PrepareContext(context, options_.security, QuickRpcTimeout());
     const bool told = registered && master_->Heartbeat(&context, beat, &answer).ok();
-    if (!told) {
+    {
       absl::MutexLock lock(&mu_);
-      master_silent_ = true;
+      master_silent_ = !told;
     }
     if (!told && !ids.empty()) {
       TLOG_WARN("the master did not hear that this worker is shutting down; stopping its jobs here");
-      StopAll(absl::CancelledError("the worker is shutting down"), /*graceful=*/true);
     }
+    StopAll(absl::CancelledError("the worker is shutting down"), /*graceful=*/true);
     for (const std::string& id : answer.drop_job_ids()) StopJob(id, absl::CancelledError("dropped by the master"));
     absl::MutexLock lock(&mu_);
     auto drained = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -211,8 +212,13 @@ class Worker::Impl final : public control::Worker::Service {
                              request->slots(static_cast<int>(request->node())).worker_id().substr(0, kMaxIdBytes),
                              "', this is '", worker_id_, "'")};
       }
-      if (jobs_.contains(request->job_id())) {
-        return Precondition(absl::StrCat("job ", request->job_id(), " is already loaded on this worker"));
+      if (auto held = jobs_.find(request->job_id()); held != jobs_.end()) {
+        // Loaded by a launch the master gave up (the job was queued again)
+        // and not started: this launch's plan replaces it.
+        if (held->second->phase != Phase::kLoaded) {
+          return Precondition(absl::StrCat("job ", request->job_id(), " is already loaded on this worker"));
+        }
+        jobs_.erase(held);
       }
       entry->worker_id = worker_id_;
       entry->epoch = epoch_;
@@ -387,18 +393,21 @@ class Worker::Impl final : public control::Worker::Service {
     {
       absl::MutexLock lock(&mu_);
       leaving = draining_ || stopping_;
-      // On its way out, with a master that has stopped answering: what it
-      // would report waits on nothing (its jobs' checkpoints do not wait
-      // for a report each).
-      if (leaving && master_silent_) return;
+      // On its way out, with a master that has stopped answering: the
+      // metrics and log lines it would report wait on nothing (its jobs'
+      // checkpoints do not wait for a report each); a job's end is still
+      // tried.
+      if (leaving && master_silent_ && !report.finished()) return;
     }
     PrepareContext(context, options_.security, leaving ? QuickRpcTimeout() : options_.rpc_timeout);
     const grpc::Status status = master_->Report(&context, report, &response);
-    if (!status.ok()) {
+    absl::MutexLock lock(&mu_);
+    if (status.ok()) {
+      master_silent_ = false;
+    } else {
       TLOG_DEBUG("report of job {} failed: {}", report.job_id(), status.error_message());
       if (leaving && (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
                       status.error_code() == grpc::StatusCode::UNAVAILABLE)) {
-        absl::MutexLock lock(&mu_);
         master_silent_ = true;
       }
     }
@@ -465,6 +474,10 @@ class Worker::Impl final : public control::Worker::Service {
       const grpc::Status status = master_->Heartbeat(&context, beat, &answer);
       if (status.ok()) {
         last_answer = absl::Now();
+        {
+          absl::MutexLock lock(&mu_);
+          master_silent_ = false;
+        }
         for (const std::string& id : answer.drop_job_ids()) StopJob(id, absl::CancelledError("dropped by the master"));
         continue;
       }
@@ -575,7 +588,8 @@ class Worker::Impl final : public control::Worker::Service {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   // Drain: shutting down once its jobs have stopped; takes no new one.
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
-  // Draining or stopping, the master did not answer: no more reports.
+  // Draining or stopping, the master did not answer its last call: reports
+  // other than a job's end are skipped until it answers again.
   bool master_silent_ ABSL_GUARDED_BY(mu_) = false;
   bool registered_ ABSL_GUARDED_BY(mu_) = false;
   // A registration RPC is in flight (LoadPlan waits for its answer).

@@ -164,19 +164,24 @@ absl::StatusOr<ExportSummary> ExportHuggingFace(const std::filesystem::path& pat
     const int64_t max_length =
         model_config.value(gpt2 ? "n_positions" : "max_position_embeddings", int64_t{gpt2 ? 1024 : 512});
     nlohmann::json tokenizer_config;
+    // Special tokens named only where the vocabulary has them (transformers
+    // would add a missing one past the model's embedding).
+    const auto special = [&](const char* key, const char* token) {
+      if (tokenizer->tokenizer->SpecialId(token)) tokenizer_config[key] = token;
+    };
     if (tokenizer->tokenizer->kind() == "gpt2") {
-      tokenizer_config = {{"tokenizer_class", "GPT2Tokenizer"}, {"model_max_length", max_length},
-                          {"bos_token", "<|endoftext|>"},       {"eos_token", "<|endoftext|>"},
-                          {"unk_token", "<|endoftext|>"},       {"add_prefix_space", false}};
+      tokenizer_config = {
+          {"tokenizer_class", "GPT2Tokenizer"}, {"model_max_length", max_length}, {"add_prefix_space", false}};
+      for (const char* key : {"bos_token", "eos_token", "unk_token"}) special(key, "<|endoftext|>");
     } else {
       tokenizer_config = {{"tokenizer_class", "BertTokenizer"},
                           {"do_lower_case", tokenizer->lower_case},
-                          {"model_max_length", max_length},
-                          {"unk_token", "[UNK]"},
-                          {"sep_token", "[SEP]"},
-                          {"pad_token", "[PAD]"},
-                          {"cls_token", "[CLS]"},
-                          {"mask_token", "[MASK]"}};
+                          {"model_max_length", max_length}};
+      special("unk_token", "[UNK]");
+      special("sep_token", "[SEP]");
+      special("pad_token", "[PAD]");
+      special("cls_token", "[CLS]");
+      special("mask_token", "[MASK]");
     }
     for (const auto& [from, to] : tokenizer->files) {
       ASSIGN_OR_RETURN(const std::string bytes, ReadWholeFile(from));

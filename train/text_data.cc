@@ -80,6 +80,10 @@ absl::StatusOr<std::unique_ptr<TextData>> TextData::Open(const nlohmann::json& c
                                              tokenizer->vocab_size(), " tokens, model.vocab_size is only ",
                                              inputs.vocab_size));
   }
+  if (tokenizer != nullptr && tokenization.append_eod.value_or(false) && !tokenizer->EndOfDocumentId()) {
+    return absl::InvalidArgumentError(StrCat("tokenization.append_eod is true, but the ", tokenizer->kind(),
+                                             " vocabulary has no end-of-document token"));
+  }
   const std::filesystem::path prefix = ExpandPath(*loader.data_prefix);
   std::error_code ec;
   if (!std::filesystem::exists(prefix.string() + ".idx", ec) && loader.text_file) {
@@ -104,11 +108,13 @@ absl::StatusOr<std::unique_ptr<TextData>> TextData::Open(const nlohmann::json& c
   // be read at all, both without a word.
   ASSIGN_OR_RETURN(const std::optional<data::DatasetSource> source, data::ReadDatasetSource(prefix));
   if (source && tokenizer != nullptr && source->tokenizer != data::TokenizerFingerprint(*tokenizer)) {
-    return absl::InvalidArgumentError(StrCat(
-        "dataloader.data_prefix ", prefix.string(), " was built with another vocabulary (",
-        source->tokenizer_description, ") than tokenization.tokenizer's (", data::TokenizerDescription(*tokenizer),
-        "): rebuild it with this tokenizer (`tessera preprocess`, or remove ", prefix.string(), ".bin and ",
-        prefix.string(), ".idx and set dataloader.text_file), or set the data_prefix built with it"));
+    const std::string ours = data::TokenizerDescription(*tokenizer);
+    return absl::InvalidArgumentError(
+        StrCat("dataloader.data_prefix ", prefix.string(), " was built with another vocabulary (",
+               source->tokenizer_description, ") than tokenization.tokenizer's (", ours,
+               ours == source->tokenizer_description ? ": the same size, but its tokens, merges or casing differ" : "",
+               "): rebuild it with this tokenizer (`tessera preprocess`, or remove ", prefix.string(), ".bin and ",
+               prefix.string(), ".idx and set dataloader.text_file), or set the data_prefix built with it"));
   }
   if (source && loader.text_file) {
     std::error_code canonical_ec;

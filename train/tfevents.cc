@@ -171,13 +171,16 @@ uint64_t GetLittleEndian(std::string_view bytes, size_t at, int count) {
 absl::Status KeepEventsUpTo(const std::filesystem::path& dir, int64_t step) {
   std::error_code ec;
   std::vector<std::filesystem::path> files;
-  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+  if (!std::filesystem::is_directory(dir, ec)) return absl::OkStatus();  // no run there yet
+  for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
     // A link is left alone (its target may be anything).
-    if (entry.path().filename().string().starts_with("events.out.tfevents.") &&
-        std::filesystem::is_regular_file(entry.symlink_status(ec))) {
-      files.push_back(entry.path());
+    std::error_code kind_ec;
+    if (it->path().filename().string().starts_with("events.out.tfevents.") &&
+        std::filesystem::is_regular_file(it->symlink_status(kind_ec))) {
+      files.push_back(it->path());
     }
   }
+  if (ec) return absl::InternalError(StrCat("cannot list '", dir.string(), "': ", ec.message()));
   for (const std::filesystem::path& path : files) {
     std::string bytes;
     {

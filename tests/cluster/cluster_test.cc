@@ -543,6 +543,28 @@ TEST(ClusterTest, AJobStillLoadingOnADrainingWorkerWaitsForOthers) {
   EXPECT_NE(ended.slots(0).worker_id(), cluster.workers[0]->worker_id());
 }
 
+// The same with a job over two workers, one of which shuts down while the
+// job loads: the other drops what it loaded, and the job runs on it and a
+// newcomer (no stray plan refuses the new launch).
+TEST(ClusterTest, AJobLoadingOnTwoWorkersOneDrainingRunsOnTheOtherAndANewcomer) {
+  Deadline deadline(seconds(30), "a two-worker job whose worker shuts down as it loads");
+  TestCluster cluster;
+  cluster.Start({"cpu:1", "cpu:1"});
+  auto job = cluster.client->Submit(R"({"devices_needed": 2, "load_ms": 700, "iterations": 2})", {});
+  ASSERT_TRUE(job.ok());
+  ASSERT_TRUE(cluster.WaitState(*job, control::COMPILING));
+  std::this_thread::sleep_for(std::chrono::milliseconds(900));  // the first worker has loaded, the second loads
+  cluster.workers[1]->Drain();
+  EXPECT_TRUE(WaitUntil([&] {
+    auto info = cluster.client->Get(*job);
+    return info.ok() && info->state() == control::PENDING;
+  }));
+  cluster.AddWorker("cpu:1");
+  const control::JobInfo ended = cluster.WaitEnd(*job);
+  EXPECT_EQ(ended.state(), control::SUCCEEDED) << ended.reason();
+  for (const auto& slot : ended.slots()) EXPECT_NE(slot.worker_id(), cluster.workers[1]->worker_id());
+}
+
 TEST(ClusterTest, MasterRestartKeepsTheHistory) {
   Deadline deadline(seconds(30), "master restart");
   const fs::path state = TempDir("state");

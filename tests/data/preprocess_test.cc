@@ -279,8 +279,6 @@ TEST_F(PreprocessTest, UnreadableInputsAreNamed) {
   ExpectNoOutput();
 }
 
-// Throughput with the byte-level test double (run by hand:
-// --gtest_also_run_disabled_tests --gtest_filter='*Throughput*').
 // PREFIX.source.json: the inputs, their sizes and the vocabulary's
 // fingerprint, read back while it describes the index beside it; ignored
 // once another tool has replaced the dataset; a malformed one is named.
@@ -317,6 +315,8 @@ TEST_F(PreprocessTest, TheDatasetSaysWhatItWasBuiltFrom) {
   EXPECT_THAT(source.status().message(), HasSubstr("out.source.json: malformed"));
 }
 
+// Throughput with the byte-level test double (run by hand:
+// --gtest_also_run_disabled_tests --gtest_filter='*Throughput*').
 TEST_F(PreprocessTest, DISABLED_Throughput) {
   std::mt19937 random(3);
   constexpr size_t kBytes = size_t{64} << 20;
