@@ -155,6 +155,9 @@ class EnginePlanRunner final : public PlanRunner {
       std::lock_guard<std::mutex> lock(mu_);
       next_start_ = first;
     }
+    // The first report's rate counts from here (a resumed run's too: not
+    // from iteration 0).
+    last_reported_ = first - 1;
     int watch = -1;
     if (options_.graceful_stop != nullptr) {
       watch = options_.graceful_stop->Watch([this] { RequestStop(absl::CancelledError("interrupted")); });

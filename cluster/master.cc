@@ -326,6 +326,11 @@ class Master::Impl final : public control::Master::Service {
                                        "' or stale epoch (register first)"));
     }
     worker->last_heartbeat = absl::Now();
+    if (request->leaving()) {
+      worker->draining = true;  // an orderly exit, logged as such
+      LoseWorkerLocked(worker->id, "it shut down");
+      return grpc::Status::OK;
+    }
     if (request->draining() && !worker->draining) DrainWorkerLocked(*worker);
     bool holds_own_job = false;
     for (const control::WorkerJob& held : request->jobs()) {
@@ -1331,6 +1336,10 @@ class Master::Impl final : public control::Master::Service {
         continue;
       }
       if (!IsPlainId(job->id) || jobs_.contains(job->id)) continue;
+      if (job->id != entry.path().stem().string()) {
+        TLOG_WARN("state dir: skipping {}: it holds the record of {}", entry.path().string(), job->id);
+        continue;
+      }
       job->state = state;
       next_session_ = std::max(next_session_, job->session);
       absl::StatusOr<JobSpec> again = absl::UnknownError("");
@@ -1345,6 +1354,10 @@ class Master::Impl final : public control::Master::Service {
         job->reason = "queued again after a master restart";
         requeued.emplace_back(job->session, job->id);
         PersistLocked(*job);
+        control::JobEvent event;
+        event.set_log_line(absl::StrCat("[master] ", job->reason));
+        AddEventLocked(*job, std::move(event));
+        TLOG_INFO("job {}: {}", job->id, job->reason);
       } else if (state == control::PENDING) {
         job->state = control::FAILED;
         job->reason = absl::StrCat("master restarted; the queued job no longer resolves: ", again.status().message());

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <map>
+#include <set>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -106,12 +107,27 @@ class Worker::Impl final : public control::Worker::Service {
   void Shutdown() {
     if (!started_) return;
     started_ = false;
+    control::HeartbeatRequest farewell;
+    bool say_farewell = false;
     {
       absl::MutexLock lock(&mu_);
       stopping_ = true;
+      // A drained worker (its jobs ended and reported) tells the master it
+      // is gone, so a worker started in its place may take its id at once.
+      say_farewell =
+          draining_ && registered_ && !master_silent_ &&
+          std::all_of(jobs_.begin(), jobs_.end(), [](const auto& job) { return job.second->phase == Phase::kDone; });
+      farewell = NewBeatLocked();
     }
     heartbeat_thread_.join();
     StopAll(absl::CancelledError("stopped at once (the worker is shutting down): no checkpoint"));
+    if (say_farewell) {
+      farewell.set_leaving(true);
+      control::HeartbeatResponse answer;
+      grpc::ClientContext context;
+      PrepareContext(context, options_.security, QuickRpcTimeout());
+      (void)master_->Heartbeat(&context, farewell, &answer);
+    }
     server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
     {
       absl::MutexLock lock(&mu_);
@@ -155,6 +171,12 @@ class Worker::Impl final : public control::Worker::Service {
     {
       absl::MutexLock lock(&mu_);
       master_silent_ = !told;
+      // A report begun before, waiting out its full deadline on a master
+      // that does not answer, would hold its job's iteration (and so the
+      // stop and its checkpoint) that long.
+      if (!told) {
+        for (grpc::ClientContext* report : reports_in_flight_) report->TryCancel();
+      }
     }
     if (!told && !ids.empty()) {
       TLOG_WARN("the master did not hear that this worker is shutting down; stopping its jobs here");
@@ -400,8 +422,13 @@ class Worker::Impl final : public control::Worker::Service {
       if (leaving && master_silent_ && !report.finished()) return;
     }
     PrepareContext(context, options_.security, leaving ? QuickRpcTimeout() : options_.rpc_timeout);
+    {
+      absl::MutexLock lock(&mu_);
+      reports_in_flight_.insert(&context);
+    }
     const grpc::Status status = master_->Report(&context, report, &response);
     absl::MutexLock lock(&mu_);
+    reports_in_flight_.erase(&context);
     if (status.ok()) {
       master_silent_ = false;
     } else {
@@ -591,6 +618,7 @@ class Worker::Impl final : public control::Worker::Service {
   // Draining or stopping, the master did not answer its last call: reports
   // other than a job's end are skipped until it answers again.
   bool master_silent_ ABSL_GUARDED_BY(mu_) = false;
+  std::set<grpc::ClientContext*> reports_in_flight_ ABSL_GUARDED_BY(mu_);  // SendReport's calls
   bool registered_ ABSL_GUARDED_BY(mu_) = false;
   // A registration RPC is in flight (LoadPlan waits for its answer).
   bool registering_ ABSL_GUARDED_BY(mu_) = false;

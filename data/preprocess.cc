@@ -558,7 +558,7 @@ std::string TokenizerFingerprint(const Tokenizer& tokenizer) {
     for (const int64_t id : *ids) text += StrCat(id, ",");
   }
   text += StrCat("|");
-  // The text of every id: the whole table (a few ms for GPT-2's 50,257).
+  // The text of every id: the whole table (one decode per id).
   for (int64_t id = 0; id < tokenizer.vocab_size(); ++id) {
     const std::array<int64_t, 1> one{id};
     absl::StatusOr<std::string> piece = tokenizer.Decode(one);

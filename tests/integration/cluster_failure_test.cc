@@ -404,8 +404,9 @@ TEST_F(ClusterFailureTest, SigintToAWorkerWhoseMasterHangsStillCheckpoints) {
   const absl::Time signalled = absl::Now();
   worker.Signal(SIGINT);
   EXPECT_EQ(worker.Wait(), 0) << worker.Output();
-  // 5-8 s: a 2 s heartbeat unanswered, the iteration, the checkpoint, a 2 s try of the final report.
-  EXPECT_LT(absl::Now() - signalled, absl::Seconds(12)) << worker.Output();
+  // 5-8 s: a 2 s heartbeat unanswered, the iteration, the checkpoint, a 2 s try of the final report,
+  // the heartbeat thread's last call.
+  EXPECT_LT(absl::Now() - signalled, absl::Seconds(15)) << worker.Output();  // (loaded CI machines: more)
   master.Signal(SIGCONT);
   EXPECT_FALSE(NewestCheckpoint(out).empty()) << worker.Output();
 }
