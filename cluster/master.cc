@@ -238,6 +238,9 @@ class Master::Impl final : public control::Master::Service {
     {
       absl::MutexLock lock(&mu_);
       shutting_down_ = true;
+      // Calls to workers still in flight (a Stop, a LoadPlan) end now, not
+      // at their deadline: a hung worker does not hold the master's exit.
+      for (grpc::ClientContext* call : cancelable_calls_) call->TryCancel();
     }
     {
       absl::MutexLock lock(&kv_mu_);
@@ -992,6 +995,7 @@ class Master::Impl final : public control::Master::Service {
         control::StopResponse response;
         grpc::ClientContext context;
         PrepareContext(context, options_.security, options_.rpc_timeout);
+        const CancelableCall cancelable(this, &context);
         (void)stubs[k]->Stop(&context, request, &response);
       }
       return false;
@@ -1013,6 +1017,7 @@ class Master::Impl final : public control::Master::Service {
       control::LoadPlanResponse response;
       grpc::ClientContext context;
       PrepareContext(context, options_.security, options_.rpc_timeout);
+      const CancelableCall cancelable(this, &context);
       const absl::Status status = ToAbsl(stubs[i]->LoadPlan(&context, request, &response));
       // A failure of a launch queued again meanwhile is that launch's end.
       if (!status.ok() && !still_launching(i)) return;
@@ -1041,6 +1046,7 @@ class Master::Impl final : public control::Master::Service {
       control::StartResponse response;
       grpc::ClientContext context;
       PrepareContext(context, options_.security, options_.rpc_timeout);
+      const CancelableCall cancelable(this, &context);
       const absl::Status status = ToAbsl(stubs[i]->Start(&context, request, &response));
       if (absl::IsUnavailable(status)) {
         // It went away between LoadPlan and Start: the job fails as with
@@ -1086,8 +1092,9 @@ class Master::Impl final : public control::Master::Service {
     absl::MutexLock lock(&mu_);
     Job& job = *jobs_.at(job_id);
     // Cancelled, or queued again (a worker shutting down), meanwhile: the
-    // failure is of the launch that was stopped.
-    if (job.state != control::COMPILING && job.state != control::RUNNING) return;
+    // failure is of the launch that was stopped. (Shutting down: the call
+    // was cancelled; the record stays for the next master.)
+    if (shutting_down_ || (job.state != control::COMPILING && job.state != control::RUNNING)) return;
     // Asked to stop (a cancel, a daemon shutting down) before every node
     // started: it ends as that stop says, before its first iteration.
     if (job.stopping) {
@@ -1381,6 +1388,27 @@ class Master::Impl final : public control::Master::Service {
     return absl::OkStatus();
   }
 
+  // A synchronous call to a worker that Shutdown may cancel, for its scope
+  // (one begun after Shutdown started is cancelled at once).
+  class CancelableCall {
+   public:
+    CancelableCall(Impl* impl, grpc::ClientContext* context) : impl_(impl), context_(context) {
+      absl::MutexLock lock(&impl_->mu_);
+      impl_->cancelable_calls_.insert(context_);
+      if (impl_->shutting_down_) context_->TryCancel();
+    }
+    ~CancelableCall() {
+      absl::MutexLock lock(&impl_->mu_);
+      impl_->cancelable_calls_.erase(context_);
+    }
+    CancelableCall(const CancelableCall&) = delete;
+    CancelableCall& operator=(const CancelableCall&) = delete;
+
+   private:
+    Impl* impl_;
+    grpc::ClientContext* context_;
+  };
+
   // ---- liveness ----
 
   void MonitorLoop() {
@@ -1483,7 +1511,15 @@ class Master::Impl final : public control::Master::Service {
     call->request.set_graceful(stop.graceful);
     PrepareContext(call->context, options_.security, options_.rpc_timeout);
     Call* raw = call.get();
-    raw->stub->async()->Stop(&raw->context, &raw->request, &raw->response, [call](const grpc::Status& status) {
+    {
+      absl::MutexLock lock(&mu_);
+      cancelable_calls_.insert(&raw->context);
+    }
+    raw->stub->async()->Stop(&raw->context, &raw->request, &raw->response, [this, call](const grpc::Status& status) {
+      {
+        absl::MutexLock lock(&mu_);
+        cancelable_calls_.erase(&call->context);
+      }
       if (!status.ok()) TLOG_DEBUG("Stop of {} failed: {}", call->request.job_id(), status.error_message());
     });
   }
@@ -1595,6 +1631,8 @@ class Master::Impl final : public control::Master::Service {
   std::set<std::string> suspect_jobs_ ABSL_GUARDED_BY(mu_);  // jobs with a link_lost_report
   std::vector<std::shared_ptr<control::Worker::Stub>> retired_stubs_ ABSL_GUARDED_BY(mu_);
   int async_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  // Calls to workers Shutdown cancels (registered for their duration).
+  std::set<grpc::ClientContext*> cancelable_calls_ ABSL_GUARDED_BY(mu_);
   uint64_t next_session_ ABSL_GUARDED_BY(mu_) = 0;
   int state_lock_fd_ = -1;  // the --state-dir's .lock, held (flock) while this master lives
   uint64_t next_epoch_ ABSL_GUARDED_BY(mu_) = 0;

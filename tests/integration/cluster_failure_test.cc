@@ -10,6 +10,7 @@
 //   CANCELLED naming the worker, which then exits 0; with its master hung,
 //   it still checkpoints its job and exits within seconds;
 // - SIGINT to the master mid-job: a checkpoint, the job CANCELLED saying so;
+//   a second one exits at once even while a worker hangs;
 // - 20 jobs in a row on the same workers: thread count and RSS stay flat.
 
 #include <signal.h>
@@ -19,6 +20,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -387,6 +389,22 @@ TEST_F(ClusterFailureTest, SigintToTheMasterCheckpointsItsRunningJob) {
   EXPECT_EQ(info->state(), control::CANCELLED);
   EXPECT_TRUE(info->reason().starts_with("the master is shutting down; interrupted at iteration ")) << info->reason();
   EXPECT_NE(info->reason().find(checkpoint.string()), std::string::npos) << info->reason();
+}
+
+// A second SIGINT to a master whose drain waits on a hung worker (SIGSTOP):
+// it exits at once, not when its calls to that worker time out.
+TEST_F(ClusterFailureTest, ASecondSigintToTheMasterExitsAtOnceWhateverItWaitsOn) {
+  Deadline deadline(seconds(120), "a master stopped twice while a worker hangs");
+  ProcessCluster cluster(dir_, config_);
+  ASSERT_NO_FATAL_FAILURE(cluster.StartAndSubmit());
+  cluster.worker->Signal(SIGSTOP);
+  cluster.master->Signal(SIGINT);
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // its Stop to the worker is in flight
+  const absl::Time second = absl::Now();
+  cluster.master->Signal(SIGINT);
+  EXPECT_EQ(cluster.master->Wait(), 0) << cluster.master->Output();
+  EXPECT_LT(absl::Now() - second, absl::Seconds(5)) << cluster.master->Output();
+  cluster.worker->Signal(SIGCONT);
 }
 
 // SIGINT to a worker while its master is hung (SIGSTOP: connected, never
