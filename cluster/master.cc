@@ -68,6 +68,10 @@ bool IsFinal(JobState state) {
 
 grpc::Status Invalid(const std::string& message) { return {grpc::StatusCode::INVALID_ARGUMENT, message}; }
 grpc::Status NotFound(const std::string& message) { return {grpc::StatusCode::NOT_FOUND, message}; }
+// An id no job has, quoted as far as an id goes, control bytes escaped.
+grpc::Status NoSuchJob(const std::string& job_id) {
+  return NotFound(absl::StrCat("no job '", EscapeControlChars(job_id.substr(0, kMaxIdBytes)), "'"));
+}
 grpc::Status Precondition(const std::string& message) { return {grpc::StatusCode::FAILED_PRECONDITION, message}; }
 
 std::string StateName(JobState state) { return control::JobState_Name(state); }
@@ -369,8 +373,7 @@ class Master::Impl final : public control::Master::Service {
     auto* worker = FindWorkerLocked(request->worker_id(), request->epoch());
     if (worker == nullptr) return Precondition("unknown worker or stale epoch (register first)");
     auto it = jobs_.find(request->job_id());
-    if (it == jobs_.end())
-      return NotFound(absl::StrCat("no job '", EscapeControlChars(request->job_id().substr(0, kMaxIdBytes)), "'"));
+    if (it == jobs_.end()) return NoSuchJob(request->job_id());
     Job& job = *it->second;
     const WorkerSlot* slot = nullptr;
     for (const WorkerSlot& s : job.slots) {
@@ -531,8 +534,7 @@ class Master::Impl final : public control::Master::Service {
     if (auto s = Enter(*context, "GetJob"); !s.ok()) return s;
     absl::MutexLock lock(&mu_);
     auto it = jobs_.find(request->job_id());
-    if (it == jobs_.end())
-      return NotFound(absl::StrCat("no job '", EscapeControlChars(request->job_id().substr(0, kMaxIdBytes)), "'"));
+    if (it == jobs_.end()) return NoSuchJob(request->job_id());
     FillInfoLocked(*it->second, *response);
     return grpc::Status::OK;
   }
@@ -551,8 +553,7 @@ class Master::Impl final : public control::Master::Service {
     if (request->reason().size() > kMaxLogLineBytes) return Invalid("reason is longer than 64 KiB");
     absl::MutexLock lock(&mu_);
     auto it = jobs_.find(request->job_id());
-    if (it == jobs_.end())
-      return NotFound(absl::StrCat("no job '", EscapeControlChars(request->job_id().substr(0, kMaxIdBytes)), "'"));
+    if (it == jobs_.end()) return NoSuchJob(request->job_id());
     Job& job = *it->second;
     if (IsFinal(job.state)) return Precondition(absl::StrCat("job ", job.id, " already ended: ", StateName(job.state)));
     const std::string reason =
@@ -576,8 +577,7 @@ class Master::Impl final : public control::Master::Service {
       {
         absl::MutexLock lock(&mu_);
         auto it = jobs_.find(request->job_id());
-        if (it == jobs_.end())
-          return NotFound(absl::StrCat("no job '", EscapeControlChars(request->job_id().substr(0, kMaxIdBytes)), "'"));
+        if (it == jobs_.end()) return NoSuchJob(request->job_id());
         const Job* job = it->second.get();
         auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
           return shutting_down_ || IsFinal(job->state) || job->events_base + job->events.size() > cursor;

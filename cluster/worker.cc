@@ -420,12 +420,9 @@ class Worker::Impl final : public control::Worker::Service {
       // checkpoints do not wait for a report each); a job's end is still
       // tried.
       if (leaving && master_silent_ && !report.finished()) return;
+      reports_in_flight_.insert(&context);  // (a TryCancel before the call starts cancels it when it does)
     }
     PrepareContext(context, options_.security, leaving ? QuickRpcTimeout() : options_.rpc_timeout);
-    {
-      absl::MutexLock lock(&mu_);
-      reports_in_flight_.insert(&context);
-    }
     const grpc::Status status = master_->Report(&context, report, &response);
     absl::MutexLock lock(&mu_);
     reports_in_flight_.erase(&context);

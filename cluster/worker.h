@@ -63,11 +63,12 @@ class Worker {
   // it holds stopped as a graceful cancel stops it: at an iteration boundary
   // its nodes agree on, with a checkpoint there, the job ending CANCELLED
   // ("worker ID is shutting down; interrupted at iteration N; checkpoint
-  // ..."); a master that does not answer leaves the stop to this worker.
-  // Returns
-  // once every job has ended and been reported (or Shutdown was called);
-  // then call Shutdown. A job whose stop hangs is the master's to end
-  // (Master::Options::stop_grace), or Shutdown's.
+  // ..."; the master stops the job's other nodes, this worker its own; a
+  // master that does not answer is not waited on). Returns once every job
+  // has ended and been reported (or Shutdown was called); then call
+  // Shutdown, which tells the master the worker is gone. A job whose stop
+  // hangs is the master's to end (Master::Options::stop_grace), or
+  // Shutdown's.
   void Drain();
 
   // The id the master gave (empty until registered) and whether it is

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <sstream>
 #include <string>
 
 #include "core/text.h"
@@ -39,6 +40,21 @@ absl::Status SyncPath(const std::filesystem::path& path) {
   errno = saved;
   if (synced != 0) return Errno("cannot fsync", path);
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> ReadWholeFile(const std::filesystem::path& path) {
+  std::error_code error;
+  const auto status = std::filesystem::status(path, error);
+  if (!std::filesystem::exists(status)) return absl::NotFoundError(StrCat(path.string(), ": no such file"));
+  if (std::filesystem::is_directory(status)) {
+    return absl::InvalidArgumentError(StrCat(path.string(), ": is a directory, not a file"));
+  }
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::InvalidArgumentError(StrCat(path.string(), ": cannot open for reading"));
+  std::ostringstream contents;
+  contents << in.rdbuf();
+  if (in.bad()) return absl::InvalidArgumentError(StrCat(path.string(), ": read error"));
+  return std::move(contents).str();
 }
 
 absl::Status WriteFileDurably(const std::filesystem::path& path, std::string_view bytes) {

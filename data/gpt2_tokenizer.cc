@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/hash/hash.h"
+#include "core/file_util.h"
 #include "core/json_text.h"
 #include "core/status.h"
 #include "core/strings.h"
@@ -110,7 +111,7 @@ absl::StatusOr<std::unique_ptr<Gpt2Tokenizer>> Gpt2Tokenizer::Load(const std::fi
 }
 
 absl::Status Gpt2Tokenizer::LoadEncoder(const std::filesystem::path& file) {
-  ASSIGN_OR_RETURN(const std::string json, internal::ReadWholeFile(file));
+  ASSIGN_OR_RETURN(const std::string json, ReadWholeFile(file));
   EncoderJsonReader reader(file.string());
   const bool parsed = nlohmann::json::sax_parse(json, &reader);
   RETURN_IF_ERROR(reader.status());
@@ -160,7 +161,7 @@ absl::Status Gpt2Tokenizer::LoadEncoder(const std::filesystem::path& file) {
 }
 
 absl::Status Gpt2Tokenizer::LoadMerges(const std::filesystem::path& file) {
-  ASSIGN_OR_RETURN(const std::string text, internal::ReadWholeFile(file));
+  ASSIGN_OR_RETURN(const std::string text, ReadWholeFile(file));
   std::vector<std::string_view> lines = Split(text, '\n');
   // A final newline leaves an empty last piece, which is not a line.
   if (!lines.empty() && lines.back().empty()) lines.pop_back();

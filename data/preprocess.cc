@@ -11,13 +11,11 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
-#include <fstream>
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <span>
-#include <sstream>
 #include <thread>
 #include <utility>
 
@@ -583,15 +581,9 @@ absl::StatusOr<std::optional<DatasetSource>> ReadDatasetSource(const fs::path& o
     return absl::InvalidArgumentError(
         StrCat(path.string(), ": ", why, " (it says what the dataset was built from; remove it to skip the check)"));
   };
-  std::string text;
-  {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) return bad("cannot be read");
-    std::ostringstream bytes;
-    bytes << in.rdbuf();
-    text = bytes.str();
-  }
-  const nlohmann::json json = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  const absl::StatusOr<std::string> text = ReadWholeFile(path);
+  if (!text.ok()) return bad("cannot be read");
+  const nlohmann::json json = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
   if (!json.is_object()) return bad("not a JSON object");
   DatasetSource source;
   try {

@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/file_util.h"
 #include "core/json_text.h"
 #include "core/status.h"
 #include "core/strings.h"
@@ -107,7 +108,7 @@ absl::StatusOr<std::string> LowerAndStripAccents(std::string_view word) {
 
 absl::StatusOr<std::unique_ptr<WordPieceTokenizer>> WordPieceTokenizer::Load(const std::filesystem::path& vocab_file,
                                                                              bool lower_case) {
-  ASSIGN_OR_RETURN(const std::string text, internal::ReadWholeFile(vocab_file));
+  ASSIGN_OR_RETURN(const std::string text, ReadWholeFile(vocab_file));
   std::unique_ptr<WordPieceTokenizer> tokenizer(new WordPieceTokenizer(lower_case));
   std::vector<std::string_view> lines = Split(text, '\n');
   // A final newline leaves an empty last piece, which is not a line.

@@ -1,9 +1,7 @@
 #include "train/export.h"
 
 #include <algorithm>
-#include <fstream>
 #include <optional>
-#include <sstream>
 #include <utility>
 
 #include "core/file_util.h"
@@ -37,11 +35,9 @@ absl::StatusOr<std::optional<ExportedTokenizer>> ReadRunTokenizer(const nlohmann
   }
   absl::StatusOr<TokenizationConfig> t = TokenizationKeys().Read(config["tokenization"]);
   if (!t.ok()) return absl::InvalidArgumentError(StrCat("the run's tokenization: ", t.status().message()));
-  data::TokenizerFiles files;
-  files.kind = *t->tokenizer;
-  files.lower_case = t->lower_case;
-  if (t->vocab_file) files.vocab_file = ExpandPath(*t->vocab_file);
-  if (t->merges_file) files.merges_file = ExpandPath(*t->merges_file);
+  absl::StatusOr<data::TokenizerFiles> configured = ConfiguredTokenizerFiles(*t);
+  if (!configured.ok()) return absl::InvalidArgumentError(StrCat("the run's ", configured.status().message()));
+  const data::TokenizerFiles& files = *configured;
   absl::StatusOr<std::unique_ptr<data::Tokenizer>> loaded = data::LoadTokenizer(files);
   if (!loaded.ok()) {
     note = StrCat("no tokenizer: the run's cannot be read (", loaded.status().message(), ")");
@@ -56,14 +52,6 @@ absl::StatusOr<std::optional<ExportedTokenizer>> ReadRunTokenizer(const nlohmann
     out.files = {{files.vocab_file, "vocab.txt"}};
   }
   return std::optional<ExportedTokenizer>(std::move(out));
-}
-
-absl::StatusOr<std::string> ReadWholeFile(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream bytes;
-  bytes << in.rdbuf();
-  if (!in.good() && !in.eof()) return absl::InternalError(StrCat("cannot read ", path.string()));
-  return bytes.str();
 }
 
 }  // namespace

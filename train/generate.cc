@@ -771,16 +771,9 @@ absl::StatusOr<std::unique_ptr<data::Tokenizer>> LoadRunTokenizer(const nlohmann
   }
   absl::StatusOr<TokenizationConfig> t = TokenizationKeys().Read(run_config["tokenization"]);
   if (!t.ok()) return absl::InvalidArgumentError(StrCat("the run's tokenization: ", t.status().message()));
-  data::TokenizerFiles files;
-  files.kind = *t->tokenizer;
-  if (!t->vocab_file) {
-    return absl::InvalidArgumentError(
-        StrCat("the run's tokenization.vocab_file is null (tokenizer '", files.kind, "')"));
-  }
-  files.vocab_file = ExpandPath(*t->vocab_file);
-  if (t->merges_file) files.merges_file = ExpandPath(*t->merges_file);
-  files.lower_case = t->lower_case;
-  absl::StatusOr<std::unique_ptr<data::Tokenizer>> tokenizer = data::LoadTokenizer(files);
+  absl::StatusOr<data::TokenizerFiles> files = ConfiguredTokenizerFiles(*t);
+  if (!files.ok()) return absl::InvalidArgumentError(StrCat("the run's ", files.status().message()));
+  absl::StatusOr<std::unique_ptr<data::Tokenizer>> tokenizer = data::LoadTokenizer(*files);
   if (!tokenizer.ok()) {
     return absl::Status(tokenizer.status().code(), StrCat("the run's tokenization: ", tokenizer.status().message()));
   }

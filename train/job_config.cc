@@ -4,6 +4,7 @@
 #include <string_view>
 
 #include "core/config.h"
+#include "core/file_util.h"
 #include "core/json_text.h"
 #include "core/status.h"
 #include "core/text.h"
@@ -344,6 +345,22 @@ const Section& JobSchema() {
   return *schema;
 }
 
+absl::StatusOr<data::TokenizerFiles> ConfiguredTokenizerFiles(const TokenizationConfig& t) {
+  if (!t.tokenizer) return absl::InvalidArgumentError("tokenization.tokenizer is null");
+  data::TokenizerFiles files;
+  files.kind = *t.tokenizer;
+  if (!t.vocab_file) {
+    return absl::InvalidArgumentError(StrCat("tokenization.vocab_file must be set for tokenizer '", files.kind, "'"));
+  }
+  files.vocab_file = ExpandPath(*t.vocab_file);
+  if (files.kind == "gpt2") {
+    if (!t.merges_file) return absl::InvalidArgumentError("tokenization.merges_file must be set for tokenizer 'gpt2'");
+    files.merges_file = ExpandPath(*t.merges_file);
+  }
+  files.lower_case = t.lower_case;
+  return files;
+}
+
 absl::Status CheckOverridesAreRead(const nlohmann::json& resolved, const std::vector<std::string>& overrides) {
   // A feature's keys and the switch that has them read. (eval_metric and
   // eval_mode answer to checkpointer.save_best, which checks them itself.)
@@ -359,6 +376,11 @@ absl::Status CheckOverridesAreRead(const nlohmann::json& resolved, const std::ve
       {"train.evaluation.eval_period", "train.evaluation.enabled"},
       {"train.evaluation.eval_iter", "train.evaluation.enabled"},
   };
+  const auto data_prefix = nlohmann::json::json_pointer("/dataloader/data_prefix");
+  const bool text_data = resolved.contains(data_prefix) && !resolved.at(data_prefix).is_null();
+  // (BERT has no synthetic data: its own check says it needs text.)
+  const auto target = nlohmann::json::json_pointer("/model/_target_");
+  const bool synthetic_data = !resolved.contains(target) || resolved.at(target) != "models.BERT";
   for (const std::string& text : overrides) {
     const std::string key = text.substr(0, text.find('='));
     for (const Gate& gate : kGates) {
@@ -371,11 +393,6 @@ absl::Status CheckOverridesAreRead(const nlohmann::json& resolved, const std::ve
       }
     }
     // Keys of the text data, and the synthetic data's own.
-    const auto data_prefix = nlohmann::json::json_pointer("/dataloader/data_prefix");
-    const bool text_data = resolved.contains(data_prefix) && !resolved.at(data_prefix).is_null();
-    // (BERT has no synthetic data: its own check says it needs text.)
-    const auto target = nlohmann::json::json_pointer("/model/_target_");
-    const bool synthetic_data = !resolved.contains(target) || resolved.at(target) != "models.BERT";
     if ((key == "dataloader.seed" || key == "dataloader.splits") && !text_data && synthetic_data) {
       return absl::InvalidArgumentError(StrCat("override '", config::ShortText(text),
                                                "' sets a key nothing reads without dataloader.data_prefix (the "

@@ -23,6 +23,7 @@
 
 #include "absl/status/statusor.h"
 #include "core/schema.h"
+#include "data/tokenizer.h"
 #include "nlohmann/json.hpp"
 
 namespace tessera {
@@ -123,6 +124,11 @@ struct TokenizationConfig {
   bool lower_case = true;                  // bert
   std::optional<bool> append_eod;          // end each document with the end-of-document token; unset: GPT yes, BERT no
 };
+
+// The files of the tokenizer `tokenization` names (paths expanded); the
+// key it needs and lacks is an InvalidArgument naming it. What training,
+// `generate` and `export` load the tokenizer from.
+[[nodiscard]] absl::StatusOr<data::TokenizerFiles> ConfiguredTokenizerFiles(const TokenizationConfig& tokenization);
 
 // LiBai's `dataloader`: where the training text comes from.
 struct DataloaderConfig {

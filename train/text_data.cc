@@ -19,16 +19,7 @@ namespace {
 // The tokenizer the config names, or null.
 absl::StatusOr<std::unique_ptr<data::Tokenizer>> LoadConfiguredTokenizer(const TokenizationConfig& t) {
   if (!t.tokenizer) return std::unique_ptr<data::Tokenizer>();
-  data::TokenizerFiles files;
-  files.kind = *t.tokenizer;
-  if (!t.vocab_file)
-    return absl::InvalidArgumentError(StrCat("tokenization.vocab_file must be set for tokenizer '", files.kind, "'"));
-  files.vocab_file = ExpandPath(*t.vocab_file);
-  if (files.kind == "gpt2") {
-    if (!t.merges_file) return absl::InvalidArgumentError("tokenization.merges_file must be set for tokenizer 'gpt2'");
-    files.merges_file = ExpandPath(*t.merges_file);
-  }
-  files.lower_case = t.lower_case;
+  ASSIGN_OR_RETURN(const data::TokenizerFiles files, ConfiguredTokenizerFiles(t));
   auto tokenizer = data::LoadTokenizer(files);
   if (!tokenizer.ok()) {
     return absl::Status(tokenizer.status().code(), StrCat("tokenization: ", tokenizer.status().message()));

@@ -181,21 +181,6 @@ absl::Status Gpt2PreTokenizer::Split(std::string_view text, absl::FunctionRef<vo
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::string> ReadWholeFile(const std::filesystem::path& path) {
-  std::error_code error;
-  const auto status = std::filesystem::status(path, error);
-  if (!std::filesystem::exists(status)) return absl::NotFoundError(StrCat(path.string(), ": no such file"));
-  if (std::filesystem::is_directory(status)) {
-    return absl::InvalidArgumentError(StrCat(path.string(), ": is a directory, not a file"));
-  }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::InvalidArgumentError(StrCat(path.string(), ": cannot open for reading"));
-  std::ostringstream contents;
-  contents << in.rdbuf();
-  if (in.bad()) return absl::InvalidArgumentError(StrCat(path.string(), ": read error"));
-  return std::move(contents).str();
-}
-
 std::string FileLine(const std::filesystem::path& path, int64_t line) { return StrCat(path.string(), " line ", line); }
 
 }  // namespace tessera::data::internal

@@ -58,10 +58,6 @@ class Gpt2PreTokenizer {
   std::unique_ptr<Compiled> compiled_;
 };
 
-// The whole of a file: NotFound naming it when it does not exist,
-// InvalidArgument when it cannot be read (a directory, no permission).
-[[nodiscard]] absl::StatusOr<std::string> ReadWholeFile(const std::filesystem::path& path);
-
 // "<path> line <n>" for error messages about line `line` (1-based).
 std::string FileLine(const std::filesystem::path& path, int64_t line);
 
