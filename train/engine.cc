@@ -88,7 +88,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Compile(graph::Graph graph, cons
     };
     graph::ValueId differentiated = graph.losses()[0];
     if (options.amp == DType::kF16) {
-      ASSIGN_OR_RETURN(scaled, graph::ScaleLoss(graph, differentiated, options.loss_scale));
+      ASSIGN_OR_RETURN(scaled, graph::ScaleLoss(graph, differentiated, options.loss_scale, options.num_micro_batches));
       differentiated = scaled->scaled_loss;
     }
     ASSIGN_OR_RETURN(graph::GradientMap gradients, graph::Autodiff(graph, differentiated));

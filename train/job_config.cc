@@ -255,7 +255,7 @@ Binding<SgdConfig> MakeSgdKeys() {
                       "L2 weight decay, as torch.optim.SGD: weight_decay × weight is added to the gradient "
                       "before the momentum");
   b.Field("momentum", &SgdConfig::momentum, {.min = 0, .max = 1, .exclusive_max = true, .doc = "momentum factor"});
-  b.Field("nesterov", &SgdConfig::nesterov, {.doc = "Nesterov momentum"});
+  b.Field("nesterov", &SgdConfig::nesterov, {.doc = "Nesterov momentum (needs momentum > 0)"});
   return b;
 }
 
@@ -402,6 +402,40 @@ absl::Status CheckOverridesAreRead(const nlohmann::json& resolved, const std::ve
       return absl::InvalidArgumentError(StrCat("override '", config::ShortText(text),
                                                "' sets a key of the synthetic data, which a run on "
                                                "dataloader.data_prefix does not read"));
+    }
+    if (key == "train.warmup_ratio") {
+      // (0, no warmup, is what ConstantLR does.)
+      const absl::StatusOr<std::string> schedule = config::GetString(resolved, "lr_scheduler._target_");
+      const absl::StatusOr<double> ratio = config::GetDouble(resolved, "train.warmup_ratio");
+      if (schedule.ok() && *schedule == "ConstantLR" && ratio.ok() && *ratio > 0) {
+        return absl::InvalidArgumentError(StrCat("override '", config::ShortText(text),
+                                                 "' sets a key nothing reads with lr_scheduler._target_ ConstantLR "
+                                                 "(it has no warmup; the Warmup* schedules read it)"));
+      }
+    }
+    if (key == "train.dist.gradient_bucket_mb") {
+      // Read by plain data parallelism only: several data-parallel ranks,
+      // no tensor parallelism, no ZeRO (whose gradients are reduce-scattered).
+      const absl::StatusOr<int64_t> tensor = config::GetInt(resolved, "train.dist.tensor_parallel_size");
+      const absl::StatusOr<int64_t> pipeline = config::GetInt(resolved, "train.dist.pipeline_parallel_size");
+      absl::StatusOr<int64_t> data = config::GetInt(resolved, "train.dist.data_parallel_size");
+      if (!data.ok() && tensor.ok() && pipeline.ok() && *tensor > 0 && *pipeline > 0) {
+        const absl::StatusOr<int64_t> devices = config::GetInt(resolved, "train.dist.num_devices");
+        if (devices.ok()) data = *devices / (*tensor * *pipeline);
+      }
+      const absl::StatusOr<bool> zero = config::GetBool(resolved, "train.zero_optimization.enabled");
+      std::string why;
+      if (zero.ok() && *zero) {
+        why = "with train.zero_optimization.enabled (ZeRO reduce-scatters each gradient)";
+      } else if (tensor.ok() && *tensor > 1) {
+        why = "with train.dist.tensor_parallel_size > 1";
+      } else if (data.ok() && *data == 1) {
+        why = "with one data-parallel rank (nothing is all-reduced)";
+      }
+      if (!why.empty()) {
+        return absl::InvalidArgumentError(StrCat("override '", config::ShortText(text), "' sets a key nothing reads ",
+                                                 why, ": gradients are bucketed under plain data parallelism only"));
+      }
     }
     if (key == "train.amp.initial_loss_scale" || key == "train.amp.loss_scale_growth_interval") {
       const absl::StatusOr<std::string> dtype = config::GetString(resolved, "train.amp.dtype");

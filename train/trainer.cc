@@ -66,6 +66,10 @@ absl::StatusOr<graph::OptimizerOptions> OptimizerFromConfig(const nlohmann::json
   } else if (target == "SGD") {
     ASSIGN_OR_RETURN(const SgdConfig c, SgdKeys().Read(optim));
     RETURN_IF_ERROR(clips(c));
+    if (c.nesterov && !(c.momentum > 0)) {
+      return absl::InvalidArgumentError(
+          "optim.nesterov is true but optim.momentum is 0: Nesterov momentum needs momentum > 0 (as torch.optim.SGD)");
+    }
     o.kind = graph::OptimizerKind::kSgd;
     o.momentum = c.momentum;
     o.nesterov = c.nesterov;

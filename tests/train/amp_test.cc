@@ -13,6 +13,7 @@
 #include <fstream>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_join.h"
@@ -172,6 +173,50 @@ TEST(Amp, Fp16OverflowSkipsTheStepAndHalvesTheScale) {
     for (std::string line; std::getline(in, line);) scales.push_back(nlohmann::json::parse(line)["loss_scale"]);
   }
   EXPECT_EQ(scales, (std::vector<double>{65536, 65536, 131072, 131072, 262144}));
+  std::filesystem::remove_all(root);
+}
+
+// fp16 under gradient accumulation (one device, and a pipeline's
+// micro-batches): the scale grows each clean step until the gradients
+// overflow, and the same steps overflow as in one pass over the whole
+// batch, so the scales, the skips and the losses follow the one-pass run
+// (each micro-batch's loss is divided by their number before scaling; it
+// overflowed at a scale N times smaller).
+TEST(Amp, Fp16SkipsTheSameStepsWhateverTheMicroBatches) {
+  const auto root = std::filesystem::temp_directory_path() / StrCat("tessera_amp_micro_", ::getpid());
+  std::filesystem::remove_all(root);
+  const auto rows = [&root](const std::string& name, const std::string& overrides) {
+    const auto result = ::tessera::testing::RunTessera(
+        "train " + ::tessera::testing::SourcePath("configs/gpt2_nano.json") +
+        " model.num_layers=2 train.train_iter=12 lr_scheduler._target_=ConstantLR train.global_batch_size=16"
+        " train.num_accumulation_steps=null train.amp.enabled=true train.amp.dtype=fp16"
+        " train.amp.loss_scale_growth_interval=1 train.log_period=1 train.output_dir=" +
+        (root / name).string() + " " + overrides);
+    EXPECT_EQ(result.exit_code, 0) << result.out;
+    std::vector<nlohmann::json> read;
+    std::ifstream in(root / name / "metrics.jsonl");
+    for (std::string line; std::getline(in, line);) read.push_back(nlohmann::json::parse(line));
+    return read;
+  };
+  const std::vector<nlohmann::json> one = rows("one", "train.train_micro_batch_size=16");
+  ASSERT_EQ(one.size(), 12u);
+  double skipped = 0;
+  for (const nlohmann::json& row : one) skipped += row["skipped"].get<double>();
+  ASSERT_GT(skipped, 0) << "no step overflowed: the test sees nothing";
+  const std::vector<std::pair<std::string, std::string>> layouts = {
+      {"micro", "train.train_micro_batch_size=4"},
+      {"pipeline", "train.train_micro_batch_size=4 train.dist.pipeline_parallel_size=2"}};
+  for (const auto& [name, layout] : layouts) {
+    SCOPED_TRACE(layout);
+    const std::vector<nlohmann::json> micro = rows(name, layout);
+    ASSERT_EQ(micro.size(), one.size());
+    for (size_t i = 0; i < one.size(); ++i) {
+      EXPECT_EQ(micro[i]["loss_scale"].get<double>(), one[i]["loss_scale"].get<double>()) << "iteration " << i + 1;
+      EXPECT_EQ(micro[i]["skipped"].get<double>(), one[i]["skipped"].get<double>()) << "iteration " << i + 1;
+      EXPECT_NEAR(micro[i]["loss"].get<double>(), one[i]["loss"].get<double>(), 1e-3 * one[i]["loss"].get<double>())
+          << "iteration " << i + 1;
+    }
+  }
   std::filesystem::remove_all(root);
 }
 
