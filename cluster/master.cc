@@ -29,6 +29,7 @@
 #include "cluster/metrics_http.h"
 #include "cluster/transport.h"
 #include "comm/proto/control.grpc.pb.h"
+#include "core/file_util.h"
 #include "core/logging.h"
 #include "core/strings.h"
 #include "grpcpp/server.h"
@@ -116,6 +117,11 @@ struct Job {
   // TensorBoard scalars and the loss curve (loss.svg) beside metrics.jsonl.
   std::unique_ptr<EventFileWriter> tensorboard;
   std::vector<LossPoint> train_losses, eval_losses;
+  // spec.output_dir, claimed from submission to the job's end: no other
+  // process's run (a `tessera train`, another master's job) writes it
+  // meanwhile. Made at submission if missing, and removed at the end if
+  // the job left it empty.
+  DirectoryClaim output_claim;
   // A worker said it lost its link to a peer (UNAVAILABLE): the job ends
   // with the lost peer's name if a probe finds one dead before the
   // deadline, else with this report.
@@ -513,7 +519,18 @@ class Master::Impl final : public control::Master::Service {
         }
       }
     }
+    DirectoryClaim claim;
+    if (!spec->output_dir.empty()) {
+      absl::StatusOr<DirectoryClaim> claimed = DirectoryClaim::Acquire(spec->output_dir);
+      if (!claimed.ok()) {
+        return {claimed.status().code() == absl::StatusCode::kFailedPrecondition ? grpc::StatusCode::FAILED_PRECONDITION
+                                                                                 : grpc::StatusCode::INVALID_ARGUMENT,
+                absl::StrCat("train.output_dir: ", claimed.status().message())};
+      }
+      claim = *std::move(claimed);
+    }
     auto job = std::make_unique<Job>();
+    job->output_claim = std::move(claim);
     job->session = ++next_session_;
     job->id = absl::StrFormat("job-%06d", job->session);
     job->spec = *std::move(spec);
@@ -812,6 +829,7 @@ class Master::Impl final : public control::Master::Service {
     job.log_file.reset();
     job.early_log.clear();
     job.tensorboard.reset();
+    job.output_claim.Release();
     AddStateEventLocked(job);
     PersistLocked(job);
     {
@@ -1355,6 +1373,14 @@ class Master::Impl final : public control::Master::Service {
         // anew (where it starts from is what the disk says now).
         absl::MutexLock compiler_lock(&compiler_mu_);
         again = compiler_->Resolve(job->spec.config.dump(), {});
+      }
+      if (state == control::PENDING && again.ok() && !again->output_dir.empty()) {
+        absl::StatusOr<DirectoryClaim> claimed = DirectoryClaim::Acquire(again->output_dir);
+        if (claimed.ok()) {
+          job->output_claim = *std::move(claimed);
+        } else {
+          again = absl::Status(claimed.status().code(), absl::StrCat("train.output_dir: ", claimed.status().message()));
+        }
       }
       if (state == control::PENDING && again.ok()) {
         job->spec = *std::move(again);

@@ -2,6 +2,8 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -156,6 +158,77 @@ std::filesystem::path ExpandPath(std::string_view path) {
   if (path.starts_with("~/")) return Home() / std::string(path.substr(2));
   if (path.starts_with(kCache)) return CacheDir() / std::string(path.substr(kCache.size()));
   return std::filesystem::path(std::string(path));
+}
+
+absl::StatusOr<DirectoryClaim> DirectoryClaim::Acquire(const std::filesystem::path& dir) {
+  // A claim whose holder removed the (empty) directory it created just as
+  // this one locked it is retried on the directory made anew.
+  for (int attempt = 0;; ++attempt) {
+    DirectoryClaim claim;
+    std::error_code ec;
+    claim.created_ = std::filesystem::create_directories(dir, ec);
+    if (ec) return absl::InvalidArgumentError(StrCat("cannot create directory '", dir.string(), "': ", ec.message()));
+    claim.dir_ = dir;
+    claim.fd_ = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (claim.fd_ < 0) {
+      const int error = errno;
+      claim.Release();
+      const std::string message = StrCat("cannot open directory '", dir.string(), "': ", std::strerror(error));
+      return error == EACCES ? absl::PermissionDeniedError(message) : absl::InvalidArgumentError(message);
+    }
+    if (::flock(claim.fd_, LOCK_EX | LOCK_NB) != 0) {
+      if (errno == EWOULDBLOCK) {
+        claim.created_ = false;
+        return absl::FailedPreconditionError(
+            StrCat("directory '", dir.string(), "' is in use by another run (a `tessera train`, or a master's job)"));
+      }
+      return claim;  // a file system without flock: the claim stands unlocked
+    }
+    claim.locked_ = true;
+    struct stat held {
+    }, named{};
+    if (::fstat(claim.fd_, &held) == 0 && ::stat(dir.c_str(), &named) == 0 && held.st_dev == named.st_dev &&
+        held.st_ino == named.st_ino) {
+      return claim;
+    }
+    claim.created_ = false;
+    if (attempt == 10) {
+      return absl::FailedPreconditionError(StrCat("directory '", dir.string(), "' keeps being removed and made anew"));
+    }
+  }
+}
+
+DirectoryClaim::DirectoryClaim(DirectoryClaim&& other) noexcept
+    : fd_(std::exchange(other.fd_, -1)),
+      locked_(std::exchange(other.locked_, false)),
+      created_(std::exchange(other.created_, false)),
+      dir_(std::move(other.dir_)) {}
+
+DirectoryClaim& DirectoryClaim::operator=(DirectoryClaim&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = std::exchange(other.fd_, -1);
+    locked_ = std::exchange(other.locked_, false);
+    created_ = std::exchange(other.created_, false);
+    dir_ = std::move(other.dir_);
+  }
+  return *this;
+}
+
+DirectoryClaim::~DirectoryClaim() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void DirectoryClaim::Release() {
+  // Removed while still locked, so no other claim sees it half gone.
+  if (created_) {
+    std::error_code ec;
+    if (std::filesystem::is_empty(dir_, ec) && !ec) std::filesystem::remove(dir_, ec);
+  }
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+  locked_ = false;
+  created_ = false;
 }
 
 }  // namespace tessera

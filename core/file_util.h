@@ -9,6 +9,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -64,5 +65,38 @@ std::filesystem::path CacheDir();
 // A path from a config: a leading "~/" is the home directory, a leading
 // "$TESSERA_CACHE/" is CacheDir(); anything else is taken as it is.
 std::filesystem::path ExpandPath(std::string_view path);
+
+// An exclusive claim on a directory for as long as the object lives: an
+// advisory lock (flock) on the directory itself, so a second process, or a
+// second claim in this one, on the same directory (however its path is
+// spelled) is refused while the first holds it; a process that dies frees
+// it. Two runs writing one train.output_dir would mix their checkpoints
+// and metrics.
+class DirectoryClaim {
+ public:
+  // Creates the directory (and its parents) when missing. FailedPrecondition
+  // when another claim holds it; InvalidArgument/PermissionDenied when it
+  // cannot be made or opened. Where the file system has no such locks (some
+  // network mounts), the claim is granted unlocked and `locked()` is false.
+  [[nodiscard]] static absl::StatusOr<DirectoryClaim> Acquire(const std::filesystem::path& dir);
+  DirectoryClaim() = default;
+  DirectoryClaim(DirectoryClaim&& other) noexcept;
+  DirectoryClaim& operator=(DirectoryClaim&& other) noexcept;
+  DirectoryClaim(const DirectoryClaim&) = delete;
+  DirectoryClaim& operator=(const DirectoryClaim&) = delete;
+  ~DirectoryClaim();  // frees the lock, leaves the directory
+
+  // Frees the lock, and removes the directory when Acquire created it and
+  // it is still empty (a job that never wrote leaves nothing behind).
+  void Release();
+  bool held() const { return fd_ >= 0; }
+  bool locked() const { return locked_; }
+
+ private:
+  int fd_ = -1;
+  bool locked_ = false;
+  bool created_ = false;
+  std::filesystem::path dir_;
+};
 
 }  // namespace tessera

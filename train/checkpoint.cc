@@ -773,11 +773,18 @@ absl::StatusOr<std::shared_ptr<const CheckpointReader>> CheckpointReader::Open(
   const auto fail = [&](auto&&... parts) {
     return absl::InvalidArgumentError(StrCat("checkpoint ", dir.string(), ": ", parts...));
   };
+  if (fs::exists(index_path, ec) && !fs::is_regular_file(index_path, ec))
+    return fail("index.json is not a regular file");
   std::ifstream in(index_path, std::ios::binary);
   if (!in) {
     std::error_code ec;
-    if (!fs::is_directory(dir, ec))
+    if (!fs::is_directory(dir, ec)) {
+      if (fs::exists(dir, ec)) {
+        return absl::InvalidArgumentError(StrCat("checkpoint ", EscapeControlChars(dir.string()),
+                                                 ": neither a checkpoint directory nor a regular file of weights"));
+      }
       return absl::NotFoundError(StrCat("checkpoint ", EscapeControlChars(dir.string()), ": no such directory"));
+    }
     if (auto latest = LatestCheckpoint(dir); latest.ok() && latest->has_value()) {
       return absl::NotFoundError(StrCat("checkpoint ", dir.string(),
                                         ": no index.json: it is an output directory; give one of its checkpoints, "

@@ -183,23 +183,42 @@ absl::StatusOr<Tensor> LoadTransposed(const CheckpointReader& reader, const Rank
   return transposed[0];
 }
 
-// The run's models.GPT2 config, from the checkpoint's resolved config.
-absl::StatusOr<models::Gpt2Config> ReadGpt2Config(const CheckpointReader& reader, const nlohmann::json& config) {
-  const std::string where = StrCat("checkpoint ", reader.dir().string(), ": ");
+// The run's models.GPT2 config, from the checkpoint's resolved config or
+// (`given`) the caller's run config.
+absl::StatusOr<models::Gpt2Config> ReadGpt2Config(const CheckpointReader& reader, const nlohmann::json& config,
+                                                  bool given) {
+  const std::string where =
+      given ? std::string("the given run config (--config): ") : StrCat("checkpoint ", reader.dir().string(), ": ");
   if (!config.is_object() || !config.contains("model") || !config["model"].is_object()) {
-    return absl::InvalidArgumentError(StrCat(where, "its config has no model section"));
+    return absl::InvalidArgumentError(StrCat(where, given ? "it" : "its config", " has no model section"));
   }
   const nlohmann::json& model = config["model"];
   const std::string target =
       model.contains("_target_") && model["_target_"].is_string() ? model["_target_"].get<std::string>() : "";
   if (target != "models.GPT2") {
-    return absl::InvalidArgumentError(
-        StrCat(where, "the run trained '", target.empty() ? "no model._target_" : target, "', not models.GPT2"));
+    return absl::InvalidArgumentError(StrCat(where, given ? "its model is '" : "the run trained '",
+                                             target.empty() ? "no model._target_" : target, "', not models.GPT2"));
   }
   absl::StatusOr<models::Gpt2Config> gpt2 = models::ReadModelKeys(models::Gpt2::Keys(), model);
   if (!gpt2.ok()) return absl::InvalidArgumentError(StrCat(where, gpt2.status().message()));
   const absl::Status valid = models::Gpt2::Validate(*gpt2);
   if (!valid.ok()) return absl::InvalidArgumentError(StrCat(where, valid.message()));
+  // A run config given for a Tessera checkpoint must describe its model:
+  // the keys that shape no tensor (which the reads check) but change what
+  // the weights compute.
+  const nlohmann::json& saved = reader.config();
+  if (given && !reader.huggingface() && saved.is_object() && saved.contains("model") && saved["model"].is_object()) {
+    const nlohmann::json& trained = saved["model"];
+    const std::pair<const char*, nlohmann::json> keys[] = {{"_target_", target},
+                                                           {"num_attention_heads", gpt2->num_attention_heads},
+                                                           {"layernorm_epsilon", gpt2->layernorm_epsilon}};
+    for (const auto& [key, is] : keys) {
+      if (trained.contains(key) && !trained[key].is_null() && trained[key] != is) {
+        return absl::InvalidArgumentError(StrCat(where, "model.", key, " is ", is.dump(), ", but checkpoint ",
+                                                 reader.dir().string(), " was trained with ", trained[key].dump()));
+      }
+    }
+  }
   return *gpt2;
 }
 
@@ -630,7 +649,8 @@ absl::StatusOr<std::unique_ptr<Generator>> Generator::Open(const fs::path& path,
                                              "(--config)"));
   }
   const nlohmann::json run_config = options.run_config ? *options.run_config : reader->config();
-  ASSIGN_OR_RETURN(const models::Gpt2Config config, ReadGpt2Config(*reader, run_config));
+  ASSIGN_OR_RETURN(const models::Gpt2Config config,
+                   ReadGpt2Config(*reader, run_config, options.run_config.has_value()));
 
   auto s = std::make_unique<State>();
   s->dir = dir;

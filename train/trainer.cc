@@ -16,6 +16,7 @@
 
 #include "comm/proto/plan_codec.h"
 #include "core/config.h"
+#include "core/file_util.h"
 #include "core/logging.h"
 #include "core/status.h"
 #include "core/text.h"
@@ -543,12 +544,21 @@ absl::StatusOr<RunStart> ResolveRunStart(const TrainConfig& train, int64_t globa
     // (Another error, an unreadable checkpoints/, is the writability
     // check's to name.)
     if (earlier.ok() ? earlier->has_value() : absl::IsDataLoss(earlier.status())) {
-      const std::filesystem::path dir = CheckpointsDir(train.output_dir);
       return absl::FailedPreconditionError(
           StrCat("train.output_dir '", train.output_dir, "' holds the checkpoints of an earlier run (",
                  earlier.ok() ? StrCat("the newest: ", (*earlier)->filename().string()) : std::string("one damaged"),
                  "): --resume continues it; to start afresh, set train.overwrite_output_dir=true (it removes them), or "
                  "choose another train.output_dir"));
+    }
+    // Its best checkpoint alone (the periodic ones removed) is as much an
+    // earlier run's: this run's first evaluation would replace it.
+    std::error_code ec;
+    if (earlier.ok() && std::filesystem::exists(BestCheckpointPath(train.output_dir), ec)) {
+      return absl::FailedPreconditionError(
+          StrCat("train.output_dir '", train.output_dir, "' holds the best checkpoint of an earlier run (",
+                 BestCheckpointPath(train.output_dir).string(),
+                 "): move it elsewhere, set train.overwrite_output_dir=true (it removes it), or choose another "
+                 "train.output_dir"));
     }
   }
   if (train.load_weight) {
@@ -672,6 +682,15 @@ absl::StatusOr<TrainSummary> Train(const nlohmann::json& config, std::FILE* prog
   const int64_t iters = job.train.train_iter, log_period = job.train.log_period, batch = job.batch * job.data_parallel;
   const std::filesystem::path dir(job.train.output_dir);
   RETURN_IF_ERROR(CheckOutputDir(dir));
+  // No other run writes the directory meanwhile (made now if missing,
+  // removed again if this run fails before its first output).
+  DirectoryClaim claim;
+  if (!dir.empty()) {
+    absl::StatusOr<DirectoryClaim> claimed = DirectoryClaim::Acquire(dir);
+    if (!claimed.ok())
+      return absl::Status(claimed.status().code(), StrCat("train.output_dir: ", claimed.status().message()));
+    claim = *std::move(claimed);
+  }
   const CompileOptions& options = job.options;
   const LrSchedule& schedule = *job.schedule;
   Engine* engine = job.engine.get();
@@ -727,7 +746,10 @@ absl::StatusOr<TrainSummary> Train(const nlohmann::json& config, std::FILE* prog
     return absl::OkStatus();
   };
   const auto started = std::chrono::steady_clock::now();
-  RETURN_IF_ERROR(engine->Run(iters, feed, fetch));
+  const absl::Status ran = engine->Run(iters, feed, fetch);
+  if (metrics.is_open()) metrics.close();
+  claim.Release();
+  RETURN_IF_ERROR(ran);
   if (!metrics) return absl::InternalError("writing metrics.jsonl failed");
   summary.threads_per_device = engine->threads_per_device();
   summary.arenas = engine->arena_uses();

@@ -1,14 +1,19 @@
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <random>
 #include <set>
+#include <string>
 #include <utility>
 
 #include "core/device.h"
 #include "core/dtype.h"
+#include "core/file_util.h"
 #include "core/philox.h"
 #include "core/placement.h"
 #include "core/sbp.h"
@@ -469,6 +474,47 @@ TEST(ThreadPool, CoversRangeExactlyOnce) {
   int calls = 0;
   ParallelFor(nullptr, 10, 1, [&](int64_t b, int64_t e) { calls += static_cast<int>(e - b); });
   EXPECT_EQ(calls, 10);
+}
+
+// A directory claim: exclusive while held (a second claim on the same
+// directory, however spelled, is FailedPrecondition), free once released;
+// the directory it made is removed when left empty, never one it found or
+// one holding files.
+TEST(DirectoryClaim, IsExclusiveAndRemovesOnlyTheEmptyDirectoryItMade) {
+  namespace fs = std::filesystem;
+  const fs::path root = fs::temp_directory_path() / ("tessera_claim_" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  const fs::path made = root / "a" / "b";
+  absl::StatusOr<DirectoryClaim> first = DirectoryClaim::Acquire(made);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_TRUE(first->held());
+  EXPECT_TRUE(first->locked());
+  EXPECT_TRUE(fs::is_directory(made));
+  const absl::StatusOr<DirectoryClaim> second = DirectoryClaim::Acquire(root / "a" / "." / "b" / "");
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition) << second.status();
+  EXPECT_NE(second.status().message().find("is in use by another run"), std::string::npos) << second.status();
+  DirectoryClaim moved = *std::move(first);
+  EXPECT_FALSE(DirectoryClaim::Acquire(made).ok());  // the moved claim still holds it
+  moved.Release();
+  EXPECT_FALSE(moved.held());
+  EXPECT_FALSE(fs::exists(made));  // made by the claim and left empty
+  EXPECT_TRUE(fs::exists(root / "a"));
+  {
+    absl::StatusOr<DirectoryClaim> again = DirectoryClaim::Acquire(made);
+    ASSERT_TRUE(again.ok()) << again.status();
+    std::ofstream(made / "metrics.jsonl") << "{}\n";
+    again->Release();
+    EXPECT_TRUE(fs::exists(made / "metrics.jsonl"));  // written into: kept
+  }
+  {
+    absl::StatusOr<DirectoryClaim> found = DirectoryClaim::Acquire(root / "a");
+    ASSERT_TRUE(found.ok()) << found.status();
+  }  // destroyed: freed, and nothing removed
+  EXPECT_TRUE(fs::exists(root / "a"));
+  EXPECT_TRUE(DirectoryClaim::Acquire(root / "a").ok());
+  std::ofstream(root / "file") << "x";
+  EXPECT_FALSE(DirectoryClaim::Acquire(root / "file").ok());
+  fs::remove_all(root);
 }
 
 }  // namespace

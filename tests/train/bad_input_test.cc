@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "core/file_util.h"
 #include "core/storage.h"
 #include "core/text.h"
 #include "tests/cli_runner.h"
@@ -198,6 +199,9 @@ std::vector<BadInput> Cases() {
       {"checkpoint period", kMlp, {"train.checkpointer.period=0"}, "train.checkpointer.period"},
       {"checkpoints kept", kMlp, {"train.checkpointer.max_to_keep=0"}, "train.checkpointer.max_to_keep"},
       {"missing weights", kMlp, {"train.load_weight=/nonexistent/iter_0000001"}, "train.load_weight: checkpoint /nonexistent"},
+      {"weights from a device", kMlp, {"train.load_weight=/dev/null"},
+       "train.load_weight: checkpoint /dev/null: neither a checkpoint directory nor a regular file of weights"},
+      {"weights from the root", kMlp, {"train.load_weight=/"}, "train.load_weight: checkpoint /: no index.json"},
       {"evaluation without text", kMlp, {"train.evaluation.enabled=true"}, "train.evaluation.enabled needs text data"},
       {"eval period", kMlp, {"train.evaluation.eval_period=0"}, "train.evaluation.eval_period"},
       {"evaluation only, evaluation off", kMlp, {"train.eval_only=true"}, "train.eval_only evaluates, so it needs train.evaluation.enabled=true"},
@@ -419,6 +423,39 @@ TEST(BadInput, ARunFailingBeforeItsFirstReportLeavesTheOutputDirAsItWas) {
   EXPECT_EQ(refused.exit_code, 1) << refused.err;
   EXPECT_NE(refused.err.find("is not a directory"), std::string::npos) << refused.err;
   EXPECT_EQ(refused.out, "");  // no iteration trained
+  // An earlier run's best checkpoint alone is as much an earlier run's.
+  const fs::path best_only = CaseDir() / "best_only";
+  fs::create_directories(best_only / "checkpoints");
+  fs::copy(earlier / "checkpoints" / "iter_0000001", best_only / "checkpoints" / "best", fs::copy_options::recursive);
+  const Captured over_best = RunTrain(nano, {"train.train_iter=1", "train.output_dir=" + best_only.string()});
+  EXPECT_EQ(over_best.exit_code, 1) << over_best.err;
+  EXPECT_NE(over_best.err.find("holds the best checkpoint of an earlier run"), std::string::npos) << over_best.err;
+  EXPECT_TRUE(fs::exists(best_only / "checkpoints" / "best" / "index.json"));
+  fs::remove_all(CaseDir());
+}
+
+// A directory another run writes (here: claimed by this process, as a
+// running `tessera train` or master claims its job's) is refused, whatever
+// the run would do there, and left as it was; once free, it is used.
+TEST(BadInput, AnOutputDirInUseByAnotherRunIsRefused) {
+  const std::string nano = ::tessera::testing::SourcePath("configs/gpt2_nano.json");
+  const fs::path busy = CaseDir() / "busy";
+  {
+    absl::StatusOr<DirectoryClaim> claim = DirectoryClaim::Acquire(busy);
+    ASSERT_TRUE(claim.ok()) << claim.status();
+    for (const std::vector<std::string>& extra :
+         {std::vector<std::string>{}, {"train.resume=true"}, {"train.overwrite_output_dir=true"}}) {
+      std::vector<std::string> overrides = {"train.train_iter=1", "train.output_dir=" + busy.string()};
+      overrides.insert(overrides.end(), extra.begin(), extra.end());
+      const Captured r = RunTrain(nano, overrides);
+      EXPECT_EQ(r.exit_code, 1) << r.err;
+      EXPECT_EQ(r.err, "tessera: train.output_dir: directory '" + busy.string() +
+                           "' is in use by another run (a `tessera train`, or a master's job)\n");
+      EXPECT_TRUE(fs::is_empty(busy));
+    }
+  }
+  const Captured free = RunTrain(nano, {"train.train_iter=1", "train.output_dir=" + busy.string()});
+  EXPECT_EQ(free.exit_code, 0) << free.err;
   fs::remove_all(CaseDir());
 }
 

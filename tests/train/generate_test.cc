@@ -22,9 +22,11 @@
 #include <numeric>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/file_util.h"
+#include "core/text.h"
 #include "core/thread_pool.h"
 #include "nlohmann/json.hpp"
 #include "tests/cli_runner.h"
@@ -397,6 +399,21 @@ TEST(Generate, CheckpointsThatAreNotAGpt2AreOneLineErrors) {
   ASSERT_EQ(run.exit_code, 0) << run.out;
   ExpectError(Generator::Open(mlp).status(), StatusCode::kInvalidArgument,
               "the run trained 'models.MLP', not models.GPT2");
+  // A run config given for the checkpoint must be its model's: another
+  // model is the given config's fault, and so are other attention heads
+  // (no tensor shape shows them; the text would silently differ).
+  const nlohmann::json nano_config = nlohmann::json::parse(ReadFile(Nano() / "config.json"));
+  ExpectError(Generator::Open(Nano(), {.run_config = nlohmann::json::parse(ReadFile(mlp / "config.json"))}).status(),
+              StatusCode::kInvalidArgument,
+              "the given run config (--config): its model is 'models.MLP', not models.GPT2");
+  for (const auto& [key, value] : {std::pair<std::string, nlohmann::json>{"num_attention_heads", 8},
+                                   std::pair<std::string, nlohmann::json>{"layernorm_epsilon", 1e-6}}) {
+    nlohmann::json other = nano_config;
+    other["model"][key] = value;
+    ExpectError(Generator::Open(Nano(), {.run_config = other}).status(), StatusCode::kInvalidArgument,
+                StrCat("the given run config (--config): model.", key, " is ", value.dump(), ", but checkpoint "));
+  }
+  EXPECT_TRUE(Generator::Open(Nano(), {.run_config = nano_config}).ok());
 
   // Copies of the nano checkpoint with one thing wrong in index.json.
   const auto edited = [&](const std::string& name, auto edit) {
