@@ -136,6 +136,22 @@ absl::StatusOr<ExportSummary> ExportHuggingFace(const std::filesystem::path& pat
                                              "; a .safetensors path writes "
                                              "the weights alone)"));
   }
+  // Every file it writes must be writable there before the first is: a
+  // failure half-way would leave new weights beside an old config.
+  std::vector<std::string> targets = {"model.safetensors", "config.json"};
+  if (tokenizer) {
+    for (const auto& file : tokenizer->files) targets.push_back(file.second);
+    targets.push_back("tokenizer_config.json");
+  }
+  for (const std::string& name : targets) {
+    std::error_code target_ec;
+    const std::filesystem::file_status status = std::filesystem::symlink_status(output / name, target_ec);
+    if (std::filesystem::exists(status) && !std::filesystem::is_regular_file(status) &&
+        !std::filesystem::is_symlink(status)) {
+      return absl::InvalidArgumentError(
+          StrCat("--output ", output.string(), ": ", name, " there is not a file (a directory?): nothing was written"));
+    }
+  }
   summary.weights = output / "model.safetensors";
   RETURN_IF_ERROR(ExportSafetensors(*reader, tensors, summary.weights));
   nlohmann::json model_config = *hf_config;

@@ -530,6 +530,15 @@ TEST(Generate, GeneratesTextWithTheRunsTokenizer) {
   EXPECT_EQ(into_run.exit_code, 1);
   EXPECT_NE(into_run.out.find("is a training run's directory (it holds checkpoints/)"), std::string::npos)
       << into_run.out;
+  // A directory where one of its files goes: refused before any is written.
+  const fs::path blocked = TempRoot() / "blocked_export";
+  fs::create_directories(blocked / "config.json");
+  const auto into_blocked = RunTessera("export " + Nano().string() + " --output " + blocked.string() + " 2>&1");
+  EXPECT_EQ(into_blocked.exit_code, 1);
+  EXPECT_NE(into_blocked.out.find("config.json there is not a file (a directory?): nothing was written"),
+            std::string::npos)
+      << into_blocked.out;
+  EXPECT_FALSE(fs::exists(blocked / "model.safetensors"));
 }
 
 // Hugging Face GPT-2 weights, written by PyTorch (gpt2_reference.py make-hf:
