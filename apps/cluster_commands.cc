@@ -437,7 +437,8 @@ void AddClusterCommands(CLI::App& app, ClusterCommandDeps deps) {
 
   // ---- logs ----
   auto logs_flags = std::make_shared<JobFlags>();
-  CLI::App* logs = app.add_subcommand("logs", "Print a job's log lines (-f: until it ends)");
+  CLI::App* logs = app.add_subcommand(
+      "logs", "Print a job's log lines (its nodes' and the master's) and, once it ended, how (-f: until it ends)");
   logs_flags->client.Add(logs);
   logs->add_option("JOB", logs_flags->job, "A job id")->required();
   logs->add_flag("-f,--follow", logs_flags->follow, "Keep printing until the job ends");
@@ -446,7 +447,11 @@ void AddClusterCommands(CLI::App& app, ClusterCommandDeps deps) {
     const absl::Status watched = client->Watch(
         logs_flags->job,
         [](const control::JobEvent& event) {
-          if (event.has_log_line()) PrintEvent(event);
+          // The log lines, and how the job ended (the master's last word).
+          const bool ended = event.has_state() &&
+                             (event.state().state() == control::SUCCEEDED || event.state().state() == control::FAILED ||
+                              event.state().state() == control::CANCELLED);
+          if (event.has_log_line() || ended) PrintEvent(event);
           return true;
         },
         logs_flags->follow);

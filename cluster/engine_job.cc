@@ -57,10 +57,17 @@ class EngineJobCompiler final : public JobCompiler {
       if (!resolved.contains(section) || !resolved[section].is_object() || !resolved[section].contains(key)) continue;
       nlohmann::json& path = resolved[section][key];
       if (!path.is_string() || path.get<std::string>().empty()) continue;
+      if (path.get<std::string>().find('\0') != std::string::npos) {
+        return absl::InvalidArgumentError(StrCat("config key '", section, ".", key, "' holds a NUL character"));
+      }
+      // "~/" and "$TESSERA_CACHE/" expanded here too: the master's and the
+      // workers' would be the same only by chance (and literal otherwise).
       const std::filesystem::path given = ExpandPath(path.get<std::string>());
       std::error_code ec;
       const std::filesystem::path absolute = std::filesystem::absolute(given, ec);
-      if (!ec && given.is_relative()) path = absolute.lexically_normal().string();
+      if (!ec && (given.is_relative() || given.string() != path.get<std::string>())) {
+        path = absolute.lexically_normal().string();
+      }
     }
     // Building the job checks what the schema cannot (the mesh, the model's
     // layers, batch arithmetic) before it is queued.
@@ -68,6 +75,14 @@ class EngineJobCompiler final : public JobCompiler {
     // What building it derived (train.train_epoch's iterations) goes with
     // the config: into config.json, the plan, the nodes.
     resolved["train"]["train_iter"] = feed->iterations();
+    // A directory another run writes now is refused as such first (its
+    // checkpoints are that run's, not an earlier one's to resume or replace).
+    const std::string output_dir = resolved.at("train").value("output_dir", "");
+    if (!feed->train().eval_only && !output_dir.empty()) {
+      if (absl::Status free = DirectoryClaim::CheckFree(output_dir); !free.ok()) {
+        return absl::Status(free.code(), StrCat("train.output_dir: ", free.message()));
+      }
+    }
     // Where it starts (a resume's checkpoint, load_weight's) is checked at
     // submit too, so a missing or finished checkpoint is a submit error.
     ASSIGN_OR_RETURN(const RunStart start, ResolveRunStart(feed->train(), feed->global_batch(), feed->hf_layout()));

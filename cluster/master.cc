@@ -316,7 +316,7 @@ class Master::Impl final : public control::Master::Service {
                 absl::StrCat("worker id '", record->id, "' is held by the live worker at ", held->second->address,
                              " (give this one another --id)")};
       }
-      LoseWorkerLocked(record->id, "re-registered (it restarted)");
+      LoseWorkerLocked(record->id, "re-registered (it restarted, or lost this master for its heartbeat timeout)");
     }
     record->epoch = ++next_epoch_;
     record->last_heartbeat = absl::Now();
@@ -777,10 +777,7 @@ class Master::Impl final : public control::Master::Service {
       if (it == workers_.end() || it->second->job_id != job.id) continue;
       pending_stops_.push_back({it->second->stub, job.id, reason, /*graceful=*/true});
     }
-    LogLocked(job, absl::StrCat("[master] ", job.reason));
-    control::JobEvent event;
-    event.set_log_line(absl::StrCat("[master] ", job.reason));
-    AddEventLocked(job, std::move(event));
+    MasterLineLocked(job, job.reason);
     TLOG_INFO("job {}: {}", job.id, job.reason);
     changed_.SignalAll();
   }
@@ -802,7 +799,7 @@ class Master::Impl final : public control::Master::Service {
       if (!job.stopping) StartStoppingLocked(job, reason);
     } else if (job.state == control::COMPILING) {
       // Nothing ran yet: it waits for other workers, first in the queue.
-      LogLocked(job, absl::StrCat("[master] ", reason, " before the job started: queued again"));
+      MasterLineLocked(job, absl::StrCat(reason, " before the job started: queued again"));
       RequeueLocked(job, "");
     }
   }
@@ -891,7 +888,7 @@ class Master::Impl final : public control::Master::Service {
     job.link_lost_report = report;
     job.link_lost_deadline = absl::Now() + options_.probe_timeout + options_.heartbeat_interval;
     suspect_jobs_.insert(job.id);
-    LogLocked(job, absl::StrCat("[master] ", report, " (probing its peers)"));
+    MasterLineLocked(job, absl::StrCat(report, " (probing its peers)"));
     changed_.SignalAll();
     return true;
   }
@@ -1143,6 +1140,16 @@ class Master::Impl final : public control::Master::Service {
     } else if (!job.spec.output_dir.empty() && !IsFinal(job.state) && job.early_log.size() < 1000) {
       job.early_log.push_back(std::move(line));
     }
+  }
+
+  // A line of the master's own about the job: in log.txt and among the
+  // job's events (`tessera logs`). (Its end is in its final state event.)
+  void MasterLineLocked(Job& job, const std::string& text) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const std::string line = absl::StrCat("[master] ", text);
+    LogLocked(job, line);
+    control::JobEvent event;
+    event.set_log_line(line);
+    AddEventLocked(job, std::move(event));
   }
 
   // Creates train.output_dir with config.json, metrics.jsonl and log.txt

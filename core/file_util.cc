@@ -160,6 +160,15 @@ std::filesystem::path ExpandPath(std::string_view path) {
   return std::filesystem::path(std::string(path));
 }
 
+namespace {
+
+absl::Status InUseError(const std::filesystem::path& dir) {
+  return absl::FailedPreconditionError(
+      StrCat("directory '", dir.string(), "' is in use by another run (a `tessera train`, or a master's job)"));
+}
+
+}  // namespace
+
 absl::StatusOr<DirectoryClaim> DirectoryClaim::Acquire(const std::filesystem::path& dir) {
   // A claim whose holder removed the (empty) directory it created just as
   // this one locked it is retried on the directory made anew.
@@ -176,11 +185,16 @@ absl::StatusOr<DirectoryClaim> DirectoryClaim::Acquire(const std::filesystem::pa
       const std::string message = StrCat("cannot open directory '", dir.string(), "': ", std::strerror(error));
       return error == EACCES ? absl::PermissionDeniedError(message) : absl::InvalidArgumentError(message);
     }
-    if (::flock(claim.fd_, LOCK_EX | LOCK_NB) != 0) {
+    // (A few tries: an InUse probe holds it for an instant.)
+    int locked = ::flock(claim.fd_, LOCK_EX | LOCK_NB);
+    for (int retry = 0; locked != 0 && errno == EWOULDBLOCK && retry < 3; ++retry) {
+      ::usleep(20'000);
+      locked = ::flock(claim.fd_, LOCK_EX | LOCK_NB);
+    }
+    if (locked != 0) {
       if (errno == EWOULDBLOCK) {
         claim.created_ = false;
-        return absl::FailedPreconditionError(
-            StrCat("directory '", dir.string(), "' is in use by another run (a `tessera train`, or a master's job)"));
+        return InUseError(dir);
       }
       return claim;  // a file system without flock: the claim stands unlocked
     }
@@ -196,6 +210,14 @@ absl::StatusOr<DirectoryClaim> DirectoryClaim::Acquire(const std::filesystem::pa
       return absl::FailedPreconditionError(StrCat("directory '", dir.string(), "' keeps being removed and made anew"));
     }
   }
+}
+
+absl::Status DirectoryClaim::CheckFree(const std::filesystem::path& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return absl::OkStatus();
+  const bool held = ::flock(fd, LOCK_SH | LOCK_NB) != 0 && errno == EWOULDBLOCK;
+  ::close(fd);  // (frees the shared lock it took)
+  return held ? InUseError(dir) : absl::OkStatus();
 }
 
 DirectoryClaim::DirectoryClaim(DirectoryClaim&& other) noexcept

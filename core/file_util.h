@@ -79,6 +79,10 @@ class DirectoryClaim {
   // cannot be made or opened. Where the file system has no such locks (some
   // network mounts), the claim is granted unlocked and `locked()` is false.
   [[nodiscard]] static absl::StatusOr<DirectoryClaim> Acquire(const std::filesystem::path& dir);
+  // FailedPrecondition (Acquire's) when a claim holds `dir` now (OK when it
+  // does not exist): to name that first among a run's other objections to
+  // a directory.
+  [[nodiscard]] static absl::Status CheckFree(const std::filesystem::path& dir);
   DirectoryClaim() = default;
   DirectoryClaim(DirectoryClaim&& other) noexcept;
   DirectoryClaim& operator=(DirectoryClaim&& other) noexcept;

@@ -388,6 +388,21 @@ TEST(Cli, RelativePathsAreMadeAbsoluteAgainstTheMaster) {
   const nlohmann::json config = nlohmann::json::parse(std::ifstream(dir / "out" / "config.json"));
   EXPECT_EQ(config["train"]["output_dir"], (dir / "out").string());
   EXPECT_TRUE(fs::exists(dir / "out" / "checkpoints" / "iter_0000001" / "index.json"));
+  // "~/" is the home directory, expanded once for the master and every
+  // worker (a literal "~" directory in each working directory before).
+  const Result home =
+      RunCommand("cd " + dir.string() + " && HOME=" + (dir / "home").string() + " " + std::string(TESSERA_BINARY) +
+                 " train " + Source("configs/gpt2_nano.json") + " train.train_iter=1 'train.output_dir=~/out' 2>&1");
+  ASSERT_EQ(home.exit_code, 0) << home.out;
+  EXPECT_FALSE(fs::exists(dir / "~"));
+  EXPECT_TRUE(fs::exists(dir / "home" / "out" / "checkpoints" / "iter_0000001" / "index.json"));
+  EXPECT_EQ(nlohmann::json::parse(std::ifstream(dir / "home" / "out" / "config.json"))["train"]["output_dir"],
+            (dir / "home" / "out").string());
+  // A NUL inside a path is no path.
+  const Result nul = RunCommand("cd " + dir.string() + " && " + std::string(TESSERA_BINARY) + " train " +
+                                Source("configs/gpt2_nano.json") + " 'train.output_dir=\"a\\u0000b\"' 2>&1");
+  EXPECT_EQ(nul.exit_code, 1);
+  EXPECT_EQ(nul.out, "tessera: config key 'train.output_dir' holds a NUL character\n");
   // So are the tokenizer's and the data's paths: an export from elsewhere
   // finds the run's vocabulary.
   {

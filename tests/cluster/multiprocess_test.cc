@@ -162,6 +162,8 @@ TEST_F(MultiprocessTest, CliVerbsAndCleanStop) {
   auto logs = RunCli({"logs", "--master", address_, job_id}, "logs");
   EXPECT_EQ(logs->Wait(), 0);
   EXPECT_NE(logs->Output().find("[node 0] node 0 done"), std::string::npos) << logs->Output();
+  // And how the job ended, last.
+  EXPECT_NE(logs->Output().find("] SUCCEEDED\n"), std::string::npos) << logs->Output();
 
   // Failures: one line, exit 1.
   for (const auto& [name, args] : std::vector<std::pair<std::string, std::vector<std::string>>>{

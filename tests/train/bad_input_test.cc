@@ -456,6 +456,16 @@ TEST(BadInput, AnOutputDirInUseByAnotherRunIsRefused) {
   }
   const Captured free = RunTrain(nano, {"train.train_iter=1", "train.output_dir=" + busy.string()});
   EXPECT_EQ(free.exit_code, 0) << free.err;
+  // Its checkpoints are the running run's: that is what is said (not "an
+  // earlier run's", to resume or replace).
+  absl::StatusOr<DirectoryClaim> claim = DirectoryClaim::Acquire(busy);
+  ASSERT_TRUE(claim.ok()) << claim.status();
+  for (const char* extra : {"train.train_iter=1", "train.resume=true"}) {
+    const Captured r = RunTrain(nano, {extra, "train.output_dir=" + busy.string()});
+    EXPECT_EQ(r.exit_code, 1) << r.err;
+    EXPECT_NE(r.err.find("is in use by another run"), std::string::npos) << r.err;
+  }
+  claim->Release();
   fs::remove_all(CaseDir());
 }
 
