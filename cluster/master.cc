@@ -441,6 +441,7 @@ class Master::Impl final : public control::Master::Service {
         // or at the end (the agreed iteration was the last).
         job.nodes_done.insert(slot->node);
         if (request->code() != 0) {
+          NoteInterruptedIteration(job, request->message());
           job.nodes_interrupted.insert(slot->node);
           if (job.interrupted_at.empty() || slot->node == 0) {
             job.interrupted_at = request->message().substr(0, kMaxLogLineBytes);
@@ -464,6 +465,7 @@ class Master::Impl final : public control::Master::Service {
           // A node stopped at an iteration boundary by its process's
           // signal (a `tessera train` Ctrl-C): a resumable stop, not a
           // failure.
+          NoteInterruptedIteration(job, std::string(error.message()));
           EndJobLocked(job, control::CANCELLED, reason);
         } else if (error.code() == absl::StatusCode::kUnavailable) {
           // A lost link is a symptom: the cause is usually a peer that died
@@ -1139,6 +1141,20 @@ class Master::Impl final : public control::Master::Service {
       job.log_file->flush();
     } else if (!job.spec.output_dir.empty() && !IsFinal(job.state) && job.early_log.size() < 1000) {
       job.early_log.push_back(std::move(line));
+    }
+  }
+
+  // A node's "interrupted at iteration N[; ...]": the job's progress is N
+  // (its last logged iteration may be earlier).
+  static void NoteInterruptedIteration(Job& job, const std::string& text) {
+    constexpr std::string_view kPrefix = "interrupted at iteration ";
+    std::string_view message = text;
+    if (!message.starts_with(kPrefix)) return;
+    message.remove_prefix(kPrefix.size());
+    int64_t iteration = 0;
+    if (absl::SimpleAtoi(std::string(message.substr(0, message.find_first_of("; "))), &iteration) &&
+        iteration > job.iteration && iteration <= job.spec.iterations) {
+      job.iteration = iteration;
     }
   }
 

@@ -225,6 +225,7 @@ TEST(ClusterEngineCheckpoints, GracefulCancelOfAJobSpanningWorkersCheckpointsWhe
   const int64_t stopped = std::stoll(reason.substr(at + std::string("interrupted at iteration ").size()));
   EXPECT_GE(stopped, 3);
   EXPECT_LT(stopped, 100000);
+  EXPECT_EQ(info.iteration(), stopped) << "the job's progress is where it stopped";
   char name[32];
   std::snprintf(name, sizeof(name), "iter_%07lld", static_cast<long long>(stopped));
   ASSERT_TRUE(std::filesystem::exists(cancelled / "checkpoints" / name / "index.json")) << reason;
