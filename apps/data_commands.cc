@@ -112,9 +112,10 @@ class ByteProgress {
 };
 
 // The temporaries a killed run writing `prefix` left: `prefix` + an infix
-// + what the writer appends, mkstemp's six characters (`random`) or a
-// process id that no process has any more. Anything else of a like name
-// (a user's file, one of the inputs, a live writer's) stays.
+// + what the writer appends, mkstemp's six characters (`random`: of a file
+// untouched for 10 minutes, as a live writer appends to its own all along)
+// or a process id that no process has any more. Anything else of a like
+// name (a user's file, one of the inputs, a live writer's) stays.
 struct TemporaryName {
   std::string_view infix;
   bool random;  // mkstemp's XXXXXX; else a process id
@@ -139,7 +140,13 @@ void RemoveStaleTemporaries(const std::filesystem::path& prefix, std::initialize
         const pid_t pid = static_cast<pid_t>(std::stol(std::string(rest)));
         dead = ::kill(pid, 0) != 0 && errno == ESRCH;
       }
-      if (temporary.random ? alnum && rest.size() == 6 : dead) stale.push_back(entry.path());
+      bool untouched = false;
+      if (temporary.random && alnum && rest.size() == 6) {
+        std::error_code time_ec;
+        const auto written = std::filesystem::last_write_time(entry.path(), time_ec);
+        untouched = !time_ec && std::filesystem::file_time_type::clock::now() - written > std::chrono::minutes(10);
+      }
+      if (temporary.random ? untouched : dead) stale.push_back(entry.path());
     }
   }
   for (const auto& path : stale) {
@@ -218,15 +225,10 @@ void AddPreprocess(CLI::App& app) {
       Fail("--json-key is for jsonl input (--format jsonl, or an input named *.jsonl)");
     }
     // An output that is one of the inputs would overwrite it.
-    for (const std::filesystem::path& input : inputs) {
-      for (const char* extension : {".bin", ".idx", ".source.json"}) {
-        const std::filesystem::path output = prefix.string() + extension;
-        std::error_code ec;
-        if (std::filesystem::equivalent(input, output, ec)) {
-          Fail(StrCat("--output ", flags->output, " would write ", output.string(), ", which is the input ",
-                      input.string()));
-        }
-      }
+    if (absl::Status distinct =
+            data::CheckInputsAreNotOutputs(inputs, prefix, BpeVocabularySize(flags->vocabulary.tokenizer) > 0);
+        !distinct.ok()) {
+      Fail(StrCat("--output ", flags->output, ": ", distinct.message()));
     }
     data::PreprocessOptions options;
     options.inputs = inputs;

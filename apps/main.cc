@@ -4,9 +4,11 @@
 // allocation sized by the user) escapes as a crash.
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 #include <memory>
 #include <new>
@@ -226,7 +228,16 @@ int main(int argc, char** argv) {
   // abort.
   tessera::cluster::RouteGrpcLogs();
   try {
-    return Main(argc, argv);
+    const int code = Main(argc, argv);
+    // What a command printed must have reached its stdout (a full disk, a
+    // closed pipe): `tessera config x.json > resolved.json` is not a
+    // success when resolved.json came out short.
+    errno = 0;
+    if ((std::fflush(stdout) != 0 || std::ferror(stdout)) && code == 0) {
+      return Fail(tessera::StrCat("cannot write to standard output", errno != 0 ? ": " : "",
+                                  errno != 0 ? std::strerror(errno) : ""));
+    }
+    return code;
   } catch (const std::bad_alloc&) {
     return Fail("out of memory (an allocation failed; see `tessera plan` for what the job needs)");
   } catch (const std::exception& e) {

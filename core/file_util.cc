@@ -44,12 +44,21 @@ absl::Status SyncPath(const std::filesystem::path& path) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::string> ReadWholeFile(const std::filesystem::path& path) {
+absl::StatusOr<std::string> ReadWholeFile(const std::filesystem::path& path, std::uintmax_t max_bytes) {
   std::error_code error;
   const auto status = std::filesystem::status(path, error);
   if (!std::filesystem::exists(status)) return absl::NotFoundError(StrCat(path.string(), ": no such file"));
   if (std::filesystem::is_directory(status)) {
     return absl::InvalidArgumentError(StrCat(path.string(), ": is a directory, not a file"));
+  }
+  // (A device or a FIFO never ends, or blocks.)
+  if (!std::filesystem::is_regular_file(status)) {
+    return absl::InvalidArgumentError(StrCat(path.string(), ": not a regular file"));
+  }
+  const std::uintmax_t size = std::filesystem::file_size(path, error);
+  if (!error && size > max_bytes) {
+    return absl::InvalidArgumentError(
+        StrCat(path.string(), ": ", size, " bytes, more than the ", max_bytes, " this file may have"));
   }
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::InvalidArgumentError(StrCat(path.string(), ": cannot open for reading"));

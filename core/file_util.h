@@ -5,6 +5,7 @@
 
 #include <sys/types.h>
 
+#include <cstdint>
 #include <filesystem>
 #include <span>
 #include <string>
@@ -20,8 +21,10 @@ namespace tessera {
 // fsyncs it, renames it over `path` and fsyncs the directory. Errors name
 // the file and the failing step; the temporary file is removed on error.
 // The whole of a file: NotFound naming it when it does not exist,
-// InvalidArgument when it cannot be read (a directory, no permission).
-[[nodiscard]] absl::StatusOr<std::string> ReadWholeFile(const std::filesystem::path& path);
+// InvalidArgument when it cannot be read (a directory, a device, a FIFO, no
+// permission) or holds more than `max_bytes`.
+[[nodiscard]] absl::StatusOr<std::string> ReadWholeFile(const std::filesystem::path& path,
+                                                        std::uintmax_t max_bytes = std::uintmax_t{1} << 30);
 
 [[nodiscard]] absl::Status WriteFileDurably(const std::filesystem::path& path, std::string_view bytes);
 // The same for a file made of several parts written back to back (no copy

@@ -363,11 +363,14 @@ std::string AllowedText(const KeySpec& spec) {
     if (spec.max_length) parts.push_back(StrCat("at most ", *spec.max_length, " elements"));
   }
   if (spec.allow_inf) parts.push_back(StrCat("`\"", kInfinity, "\"`"));
-  if (spec.nullable) parts.push_back("`null`");
   if (parts.empty()) {
-    if (spec.type == KeyType::kBool) return "`true`, `false`";
-    return spec.type == KeyType::kString ? "any non-empty string" : "any";
+    if (spec.type == KeyType::kBool) {
+      parts.push_back("`true`, `false`");
+    } else {
+      parts.push_back(spec.type == KeyType::kString ? "any non-empty string" : "any");
+    }
   }
+  if (spec.nullable) parts.push_back("`null`");
   return Join(parts, "; ");
 }
 

@@ -147,7 +147,8 @@ struct IndexedDataset::Mapping {
   }
 
   static absl::StatusOr<std::unique_ptr<Mapping>> Map(const fs::path& path) {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    // O_NONBLOCK: a FIFO would block the open (it is refused below).
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) return ErrnoError(errno, "open indexed dataset file", path);
     auto mapping = std::make_unique<Mapping>();
     struct stat info {};
@@ -588,6 +589,7 @@ absl::StatusOr<DocumentRange> SplitDocuments(std::string_view splits, int64_t nu
     sum += weight;  // left to right, as Python's sum()
   }
   if (!(sum > 0)) return invalid("the weights sum to 0");
+  if (!std::isfinite(sum)) return invalid("the weights' sum overflows (scale them down)");
 
   // Megatron's arithmetic, in doubles like Python's floats; nearbyint in the
   // default rounding mode rounds half to even, as Python's round().

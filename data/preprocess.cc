@@ -439,9 +439,31 @@ absl::Status WriteDatasetSource(const PreprocessOptions& options, const Tokenize
 
 }  // namespace
 
+absl::Status CheckInputsAreNotOutputs(const std::vector<fs::path>& inputs, const fs::path& output_prefix,
+                                      bool learnt_vocabulary) {
+  std::vector<fs::path> outputs;
+  for (const char* extension : {".bin", ".idx", ".source.json"})
+    outputs.emplace_back(output_prefix.string() + extension);
+  if (learnt_vocabulary) {
+    const fs::path vocab_dir = output_prefix.string() + "-vocab";
+    outputs.insert(outputs.end(), {vocab_dir / "encoder.json", vocab_dir / "vocab.bpe"});
+  }
+  for (const fs::path& input : inputs) {
+    for (const fs::path& output : outputs) {
+      std::error_code ec;
+      if (fs::equivalent(input, output, ec)) {
+        return absl::InvalidArgumentError(StrCat("the dataset ", output_prefix.string(), " would write ",
+                                                 output.string(), ", which is the input ", input.string()));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<PreprocessStats> Preprocess(const PreprocessOptions& options, const Tokenizer& tokenizer,
                                            const PreprocessProgress& progress) {
   if (options.inputs.empty()) return absl::InvalidArgumentError("preprocess: no input files");
+  RETURN_IF_ERROR(CheckInputsAreNotOutputs(options.inputs, options.output_prefix));
   if (options.chunk_bytes < 1) {
     return absl::InvalidArgumentError(StrCat("preprocess: chunk_bytes must be >= 1, got ", options.chunk_bytes));
   }

@@ -76,6 +76,14 @@ using PreprocessProgress = std::function<void(int64_t bytes_done, int64_t bytes_
 // byte's column), invalid JSON or a missing / non-string field on a .jsonl
 // line, a tokenizer error. The first error in input order is returned
 // whatever the thread count.
+// InvalidArgument naming both when a file the dataset PREFIX writes
+// (PREFIX.bin, .idx, .source.json; with `learnt_vocabulary`, bpe:N's
+// PREFIX-vocab/encoder.json and vocab.bpe) is one of the inputs (through
+// links too): it would overwrite it. Preprocess checks its own outputs.
+[[nodiscard]] absl::Status CheckInputsAreNotOutputs(const std::vector<std::filesystem::path>& inputs,
+                                                    const std::filesystem::path& output_prefix,
+                                                    bool learnt_vocabulary = false);
+
 [[nodiscard]] absl::StatusOr<PreprocessStats> Preprocess(const PreprocessOptions& options, const Tokenizer& tokenizer,
                                                          const PreprocessProgress& progress = nullptr);
 

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -342,6 +343,8 @@ TEST(Cli, PreprocessKeepsItsOutputsConsistent) {
   // like-named input, or a name no writer makes, stays; a Ctrl-C leaves
   // nothing of its own.
   std::ofstream(prefix + ".bin.tmp-Ab12Cd") << "stale";
+  fs::last_write_time(prefix + ".bin.tmp-Ab12Cd", fs::file_time_type::clock::now() - std::chrono::hours(1));
+  std::ofstream(prefix + ".bin.tmp-Ef34Gh") << "a live writer's (written to just now)";
   fs::create_directories(prefix + "-vocab.tmp-999999");
   std::ofstream(prefix + ".bin.tmp-notes") << "a name no writer makes";
   std::ofstream(prefix + ".idx.tmp-Input1") << "some text\n";
@@ -349,6 +352,8 @@ TEST(Cli, PreprocessKeepsItsOutputsConsistent) {
                  ".idx.tmp-Input1 --tokenizer gpt2 --format lines --output " + prefix);
   ASSERT_EQ(r.exit_code, 0) << r.out;
   EXPECT_FALSE(fs::exists(prefix + ".bin.tmp-Ab12Cd"));
+  EXPECT_TRUE(fs::exists(prefix + ".bin.tmp-Ef34Gh"));
+  fs::remove(prefix + ".bin.tmp-Ef34Gh");
   EXPECT_FALSE(fs::exists(prefix + "-vocab.tmp-999999"));
   EXPECT_TRUE(fs::exists(prefix + ".bin.tmp-notes"));
   EXPECT_TRUE(fs::exists(prefix + ".idx.tmp-Input1"));
@@ -428,6 +433,71 @@ TEST(Cli, RelativePathsAreMadeAbsoluteAgainstTheMaster) {
   ASSERT_EQ(exported.exit_code, 0) << exported.out;
   EXPECT_NE(exported.out.find("the run's tokenizer: vocab.json, merges.txt, tokenizer_config.json"), std::string::npos)
       << exported.out;
+  fs::remove_all(dir);
+}
+
+// What a command reads is never what it writes, a device or a FIFO where a
+// file should be is refused rather than read forever (or waited on), and
+// output that did not reach stdout is a failure.
+TEST(Cli, InputsAreNeverOverwrittenOrWaitedOn) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("tessera_cli_inputs_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string text = [] {
+    std::string t;
+    for (int i = 0; i < 300; ++i)
+      t += "the quick brown fox " + std::to_string(i % 17) + " jumps over the lazy dog.\n\n";
+    return t;
+  }();
+  const auto slurp = [](const fs::path& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  std::ofstream(dir / "text.txt") << text;
+  const std::string tessera = "cd " + dir.string() + " && timeout 60 " + std::string(TESSERA_BINARY);
+  Result r = RunCommand(tessera + " preprocess --input text.txt --tokenizer bpe:300 --output data/text 2>&1");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const std::string train = tessera + " train " + Source("configs/gpt2_nano.json") +
+                            " train.train_iter=1 model.vocab_size=300 tokenization.tokenizer=gpt2"
+                            " tokenization.vocab_file=data/text-vocab/encoder.json"
+                            " tokenization.merges_file=data/text-vocab/vocab.bpe train.output_dir=out ";
+  // The text to build a dataset from, named as the dataset's own file.
+  for (const char* name : {"tb.bin", "tb.source.json"}) {
+    SCOPED_TRACE(name);
+    std::ofstream(dir / name) << text;
+    r = RunCommand(train + "dataloader.data_prefix=tb dataloader.text_file=" + name + " 2>&1");
+    EXPECT_EQ(r.exit_code, 1) << r.out;
+    EXPECT_NE(r.out.find("which is the input " + (dir / name).string()), std::string::npos) << r.out;
+    EXPECT_EQ(slurp(dir / name), text);
+    fs::remove(dir / name);
+  }
+  // bpe:N's vocabulary written over its own input.
+  fs::create_directories(dir / "pv-vocab");
+  std::ofstream(dir / "pv-vocab" / "vocab.bpe") << text;
+  r = RunCommand(tessera + " preprocess --input pv-vocab/vocab.bpe --tokenizer bpe:300 --output pv 2>&1");
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_NE(r.out.find("which is the input pv-vocab/vocab.bpe"), std::string::npos) << r.out;
+  EXPECT_EQ(slurp(dir / "pv-vocab" / "vocab.bpe"), text);
+  // A device as a vocabulary; a FIFO as a dataset's index or description.
+  r = RunCommand(tessera + " tokenize --tokenizer bert --vocab-file /dev/zero hi 2>&1");
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_EQ(r.out, "tessera: /dev/zero: not a regular file\n");
+  for (const char* fifo : {"fq.idx", "fq.source.json"}) {
+    SCOPED_TRACE(fifo);
+    fs::copy_file(dir / "data" / "text.bin", dir / "fq.bin", fs::copy_options::overwrite_existing);
+    fs::copy_file(dir / "data" / "text.idx", dir / "fq.idx", fs::copy_options::overwrite_existing);
+    fs::remove(dir / fifo);
+    ASSERT_EQ(::mkfifo((dir / fifo).c_str(), 0600), 0);
+    r = RunCommand(train + "dataloader.data_prefix=fq 2>&1");
+    EXPECT_EQ(r.exit_code, 1) << r.out;  // not 124: the timeout
+    EXPECT_NE(r.out.find((dir / fifo).string()), std::string::npos) << r.out;
+    fs::remove(dir / fifo);
+  }
+  // Output that could not be written.
+  r = RunCommand(tessera + " config " + Source("configs/gpt2_nano.json") + " 2>&1 >/dev/full");
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_NE(r.out.find("tessera: cannot write to standard output"), std::string::npos) << r.out;
   fs::remove_all(dir);
 }
 

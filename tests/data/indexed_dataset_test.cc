@@ -321,7 +321,7 @@ TEST(SplitDocumentsTest, MegatronBoundaries) {
   // Weights 0, 0.5, 0.5 of 3: Megatron's boundaries 0, -1, 1, 3 are clamped.
   EXPECT_EQ(range("0,1,1", 3, DatasetSplit::kTrain), Range(0, 0));
   EXPECT_EQ(range("0,1,1", 3, DatasetSplit::kValid), Range(0, 1));
-  for (const std::string_view bad : {"", "1,x", "1,2,3,4", "0,0,0", "-1,2", "inf", "1,,2"}) {
+  for (const std::string_view bad : {"", "1,x", "1,2,3,4", "0,0,0", "-1,2", "inf", "1,,2", "1e308,1e308,0"}) {
     const auto result = SplitDocuments(bad, 10, DatasetSplit::kTrain);
     EXPECT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument) << bad;
     EXPECT_THAT(result.status().message(), HasSubstr(StrCat("splits '", bad, "'")));
