@@ -82,7 +82,15 @@ constexpr size_t kTemporaryPathBytes = 4096;
 std::atomic<int> temporary_state[kTemporarySlots];
 char temporary_paths[kTemporarySlots][kTemporaryPathBytes];
 
+// DeferTemporarySignals: how many are alive, and the signal one held back.
+std::atomic<int> deferring{0};
+std::atomic<int> deferred_signal{0};
+
 void RemoveTemporariesAndReraise(int signal) {
+  if (deferring.load(std::memory_order_acquire) > 0) {
+    deferred_signal.store(signal, std::memory_order_release);
+    return;
+  }
   for (int k = 0; k < kTemporarySlots; ++k) {
     if (temporary_state[k].load(std::memory_order_acquire) == 2) ::unlink(temporary_paths[k]);
   }
@@ -110,9 +118,19 @@ TemporaryFile::~TemporaryFile() {
   if (slot_ >= 0) temporary_state[slot_].store(0, std::memory_order_release);
 }
 
+DeferTemporarySignals::DeferTemporarySignals() { deferring.fetch_add(1, std::memory_order_acq_rel); }
+
+DeferTemporarySignals::~DeferTemporarySignals() {
+  if (deferring.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+  if (const int signal = deferred_signal.exchange(0, std::memory_order_acq_rel); signal != 0) {
+    RemoveTemporariesAndReraise(signal);
+  }
+}
+
 void RemoveTemporariesOnSignals() {
   struct sigaction action {};
   action.sa_handler = RemoveTemporariesAndReraise;
+  action.sa_flags = SA_RESTART;  // (a deferred signal returns to the commit)
   sigemptyset(&action.sa_mask);
   for (const int signal : {SIGINT, SIGTERM, SIGHUP}) ::sigaction(signal, &action, nullptr);
 }

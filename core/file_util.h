@@ -52,6 +52,16 @@ class TemporaryFile {
   int slot_ = -1;
 };
 void RemoveTemporariesOnSignals();
+// While one lives, RemoveTemporariesOnSignals' handler holds a signal back
+// and acts on it when the last one goes: a commit of several renames (a
+// dataset's .bin, .idx and description) ends whole, never half done.
+class DeferTemporarySignals {
+ public:
+  DeferTemporarySignals();
+  ~DeferTemporarySignals();
+  DeferTemporarySignals(const DeferTemporarySignals&) = delete;
+  DeferTemporarySignals& operator=(const DeferTemporarySignals&) = delete;
+};
 
 // The process's umask, read without changing it (/proc/self/status; 022
 // where that is unreadable).

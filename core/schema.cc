@@ -235,7 +235,11 @@ class Resolver {
       case KeyType::kInt: {
         int64_t v = 0;
         if (value.is_number_unsigned()) {
-          if (value.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) return mismatch();
+          if (value.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+            return Error(path, StrCat("config key '", path, "' expects ", WithArticle(Expected(spec)), ", got ",
+                                      DescribeJson(value), ", above the largest integer a key holds (",
+                                      std::numeric_limits<int64_t>::max(), ")"));
+          }
           v = static_cast<int64_t>(value.get<uint64_t>());
         } else if (value.is_number_integer()) {
           v = value.get<int64_t>();

@@ -550,9 +550,15 @@ absl::StatusOr<PreprocessStats> Preprocess(const PreprocessOptions& options, con
         StrCat("the inputs hold no text to tokenise (", stats.documents, " documents, 0 tokens): nothing written"));
   }
   // The old dataset's description goes first: a crash before the new one
-  // is written leaves none, never a wrong one.
+  // is written leaves none, never a wrong one. A Ctrl-C waits for the
+  // commit (an old dataset without its description, read as a new one's,
+  // or a new .bin without its .idx, otherwise).
+  const DeferTemporarySignals commit;
   const fs::path source_file = SourceFile(options.output_prefix);
   std::error_code ec;
+  if (fs::is_directory(fs::symlink_status(source_file, ec))) {
+    return absl::InvalidArgumentError(StrCat("cannot write ", source_file.string(), ": a directory is there"));
+  }
   fs::remove(source_file, ec);
   if (ec) return absl::InternalError(StrCat("cannot remove ", source_file.string(), ": ", ec.message()));
   RETURN_IF_ERROR(builder->Finalize());

@@ -1,8 +1,10 @@
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <bit>
 #include <cmath>
+#include <csignal>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -514,6 +516,36 @@ TEST(DirectoryClaim, IsExclusiveAndRemovesOnlyTheEmptyDirectoryItMade) {
   EXPECT_TRUE(DirectoryClaim::Acquire(root / "a").ok());
   std::ofstream(root / "file") << "x";
   EXPECT_FALSE(DirectoryClaim::Acquire(root / "file").ok());
+  fs::remove_all(root);
+}
+
+// A Ctrl-C during a commit (DeferTemporarySignals) waits for its end: the
+// process goes on, then removes its temporaries and dies of the signal.
+TEST(TemporaryFiles, ASignalDuringACommitActsAfterIt) {
+  namespace fs = std::filesystem;
+  const fs::path root = fs::temp_directory_path() / ("tessera_defer_" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  fs::create_directories(root);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    RemoveTemporariesOnSignals();
+    std::ofstream(root / "temp") << "x";
+    const TemporaryFile temp(root / "temp");
+    {
+      const DeferTemporarySignals commit;
+      ::raise(SIGINT);
+      std::ofstream(root / "committed") << "the commit went on";
+    }
+    std::ofstream(root / "after") << "never reached";
+    ::_exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGINT) << status;
+  EXPECT_TRUE(fs::exists(root / "committed"));
+  EXPECT_FALSE(fs::exists(root / "after"));
+  EXPECT_FALSE(fs::exists(root / "temp"));
   fs::remove_all(root);
 }
 

@@ -113,7 +113,8 @@ TEST(SchemaTest, EveryKindOfBadValueIsNamed) {
   EXPECT_EQ(Error(R"({"settings": {"count": 2.5}, )" + m + "}"),
             "config key 'settings.count' expects an integer in [1, 10], got number 2.5");
   EXPECT_EQ(Error(R"({"settings": {"count": 18446744073709551615}, )" + m + "}"),
-            "config key 'settings.count' expects an integer in [1, 10], got integer 18446744073709551615");
+            "config key 'settings.count' expects an integer in [1, 10], got integer 18446744073709551615, above the "
+            "largest integer a key holds (9223372036854775807)");
   EXPECT_THAT(Error(R"({"settings": {"count": 1e300}, )" + m + "}"), HasSubstr("expects an integer"));
   EXPECT_EQ(Error(R"({"settings": {"rate": 1}, )" + m + "}"), "config key 'settings.rate' must be in [0, 1), got 1");
   EXPECT_EQ(Error(R"({"settings": {"on": 1}, )" + m + "}"), "config key 'settings.on' expects a boolean, got integer 1");
