@@ -105,7 +105,9 @@ Binding<AmpConfig> MakeAmpKeys() {
   b.Field("dtype", &AmpConfig::dtype,
           {.choices = {"bf16", "fp16"},
            .doc = "the low-precision type. fp16 adds dynamic loss scaling (torch.cuda.amp.GradScaler's rule): the "
-                  "loss times a scale is differentiated, the gradients divided by it; a step whose gradients hold "
+                  "loss times a scale is differentiated (each micro-batch's over the micro-batches, so the same steps "
+                  "overflow whatever the accumulation or pipeline), the gradients divided by it; a step whose "
+                  "gradients hold "
                   "a NaN or an infinity is skipped (weights and optimizer state unchanged) and halves the scale, "
                   "`loss_scale_growth_interval` clean steps in a row double it; metrics.jsonl gets `loss_scale`, "
                   "`skipped` (1 for a skipped step) and `skipped_steps` (since this process started the run). fp16 "

@@ -682,15 +682,6 @@ absl::StatusOr<TrainSummary> Train(const nlohmann::json& config, std::FILE* prog
   const int64_t iters = job.train.train_iter, log_period = job.train.log_period, batch = job.batch * job.data_parallel;
   const std::filesystem::path dir(job.train.output_dir);
   RETURN_IF_ERROR(CheckOutputDir(dir));
-  // No other run writes the directory meanwhile (made now if missing,
-  // removed again if this run fails before its first output).
-  DirectoryClaim claim;
-  if (!dir.empty()) {
-    absl::StatusOr<DirectoryClaim> claimed = DirectoryClaim::Acquire(dir);
-    if (!claimed.ok())
-      return absl::Status(claimed.status().code(), StrCat("train.output_dir: ", claimed.status().message()));
-    claim = *std::move(claimed);
-  }
   const CompileOptions& options = job.options;
   const LrSchedule& schedule = *job.schedule;
   Engine* engine = job.engine.get();
@@ -745,6 +736,15 @@ absl::StatusOr<TrainSummary> Train(const nlohmann::json& config, std::FILE* prog
     }
     return absl::OkStatus();
   };
+  // No other run writes the directory meanwhile (made now if missing,
+  // removed again if this run fails before its first output).
+  DirectoryClaim claim;
+  if (!dir.empty()) {
+    absl::StatusOr<DirectoryClaim> claimed = DirectoryClaim::Acquire(dir);
+    if (!claimed.ok())
+      return absl::Status(claimed.status().code(), StrCat("train.output_dir: ", claimed.status().message()));
+    claim = *std::move(claimed);
+  }
   const auto started = std::chrono::steady_clock::now();
   const absl::Status ran = engine->Run(iters, feed, fetch);
   if (metrics.is_open()) metrics.close();
