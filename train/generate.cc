@@ -204,14 +204,22 @@ absl::StatusOr<models::Gpt2Config> ReadGpt2Config(const CheckpointReader& reader
   const absl::Status valid = models::Gpt2::Validate(*gpt2);
   if (!valid.ok()) return absl::InvalidArgumentError(StrCat(where, valid.message()));
   // A run config given for a Tessera checkpoint must describe its model:
-  // the keys that shape no tensor (which the reads check) but change what
+  // the shapes (a model of fewer layers would read the first ones and
+  // generate other text silently; other sizes are the config's fault, not
+  // the checkpoint's) and the keys that shape no tensor but change what
   // the weights compute.
   const nlohmann::json& saved = reader.config();
   if (given && !reader.huggingface() && saved.is_object() && saved.contains("model") && saved["model"].is_object()) {
     const nlohmann::json& trained = saved["model"];
-    const std::pair<const char*, nlohmann::json> keys[] = {{"_target_", target},
-                                                           {"num_attention_heads", gpt2->num_attention_heads},
-                                                           {"layernorm_epsilon", gpt2->layernorm_epsilon}};
+    const std::pair<const char*, nlohmann::json> keys[] = {
+        {"_target_", target},
+        {"num_layers", gpt2->num_layers},
+        {"hidden_size", gpt2->hidden_size},
+        {"ffn_hidden_size", gpt2->ffn_hidden_size.value_or(4 * gpt2->hidden_size)},
+        {"vocab_size", gpt2->vocab_size},
+        {"max_seq_length", gpt2->max_seq_length},
+        {"num_attention_heads", gpt2->num_attention_heads},
+        {"layernorm_epsilon", gpt2->layernorm_epsilon}};
     for (const auto& [key, is] : keys) {
       if (trained.contains(key) && !trained[key].is_null() && trained[key] != is) {
         return absl::InvalidArgumentError(StrCat(where, "model.", key, " is ", is.dump(), ", but checkpoint ",

@@ -107,6 +107,14 @@ absl::StatusOr<std::unique_ptr<TextData>> TextData::Open(const nlohmann::json& c
                "): rebuild it with this tokenizer (`tessera preprocess`, or remove ", prefix.string(), ".bin and ",
                prefix.string(), ".idx and set dataloader.text_file), or set the data_prefix built with it"));
   }
+  if (loader.text_file) {
+    // A dataset's own file named as its text: never a text to rebuild from.
+    if (absl::Status distinct = data::CheckInputsAreNotOutputs({ExpandPath(*loader.text_file)}, prefix);
+        !distinct.ok()) {
+      return absl::InvalidArgumentError(
+          StrCat("dataloader.text_file: ", distinct.message(), ": name the text the dataset is built from"));
+    }
+  }
   if (source && loader.text_file) {
     std::error_code canonical_ec;
     const std::filesystem::path wanted = std::filesystem::weakly_canonical(

@@ -472,6 +472,11 @@ TEST(Cli, InputsAreNeverOverwrittenOrWaitedOn) {
     EXPECT_EQ(slurp(dir / name), text);
     fs::remove(dir / name);
   }
+  // ... and an existing dataset's own file as its text: no advice to remove it.
+  r = RunCommand(train + "dataloader.data_prefix=data/text dataloader.text_file=data/text.bin 2>&1");
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_NE(r.out.find("name the text the dataset is built from"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("remove"), std::string::npos) << r.out;
   // bpe:N's vocabulary written over its own input.
   fs::create_directories(dir / "pv-vocab");
   std::ofstream(dir / "pv-vocab" / "vocab.bpe") << text;

@@ -407,7 +407,9 @@ TEST(Generate, CheckpointsThatAreNotAGpt2AreOneLineErrors) {
               StatusCode::kInvalidArgument,
               "the given run config (--config): its model is 'models.MLP', not models.GPT2");
   for (const auto& [key, value] : {std::pair<std::string, nlohmann::json>{"num_attention_heads", 8},
-                                   std::pair<std::string, nlohmann::json>{"layernorm_epsilon", 1e-6}}) {
+                                   std::pair<std::string, nlohmann::json>{"layernorm_epsilon", 1e-6},
+                                   std::pair<std::string, nlohmann::json>{"num_layers", 1},
+                                   std::pair<std::string, nlohmann::json>{"hidden_size", 32}}) {
     nlohmann::json other = nano_config;
     other["model"][key] = value;
     ExpectError(Generator::Open(Nano(), {.run_config = other}).status(), StatusCode::kInvalidArgument,
