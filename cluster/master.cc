@@ -1305,6 +1305,7 @@ class Master::Impl final : public control::Master::Service {
                              {"iterations", job.spec.iterations},
                              {"start_iteration", job.spec.start_iteration},
                              {"output_dir", job.spec.output_dir},
+                             {"output_dir_made", job.output_claim.made()},
                              {"iteration", job.iteration},
                              {"last_metrics", job.last_metrics},
                              {"submit_time_ms", job.submit_ms},
@@ -1398,7 +1399,9 @@ class Master::Impl final : public control::Master::Service {
         again = compiler_->Resolve(job->spec.config.dump(), {});
       }
       if (state == control::PENDING && again.ok() && !again->output_dir.empty()) {
-        absl::StatusOr<DirectoryClaim> claimed = DirectoryClaim::Acquire(again->output_dir);
+        // (Made at its submission: it goes again if the job leaves it empty.)
+        absl::StatusOr<DirectoryClaim> claimed =
+            DirectoryClaim::Acquire(again->output_dir, record.value("output_dir_made", false));
         if (claimed.ok()) {
           job->output_claim = *std::move(claimed);
         } else {

@@ -196,13 +196,13 @@ absl::Status InUseError(const std::filesystem::path& dir) {
 
 }  // namespace
 
-absl::StatusOr<DirectoryClaim> DirectoryClaim::Acquire(const std::filesystem::path& dir) {
+absl::StatusOr<DirectoryClaim> DirectoryClaim::Acquire(const std::filesystem::path& dir, bool made_before) {
   // A claim whose holder removed the (empty) directory it created just as
   // this one locked it is retried on the directory made anew.
   for (int attempt = 0;; ++attempt) {
     DirectoryClaim claim;
     std::error_code ec;
-    claim.created_ = std::filesystem::create_directories(dir, ec);
+    claim.created_ = std::filesystem::create_directories(dir, ec) || made_before;
     if (ec) return absl::InvalidArgumentError(StrCat("cannot create directory '", dir.string(), "': ", ec.message()));
     claim.dir_ = dir;
     claim.fd_ = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -212,7 +212,7 @@ absl::StatusOr<DirectoryClaim> DirectoryClaim::Acquire(const std::filesystem::pa
       const std::string message = StrCat("cannot open directory '", dir.string(), "': ", std::strerror(error));
       return error == EACCES ? absl::PermissionDeniedError(message) : absl::InvalidArgumentError(message);
     }
-    // (A few tries: an InUse probe holds it for an instant.)
+    // (A few tries: a CheckFree probe holds it for an instant.)
     int locked = ::flock(claim.fd_, LOCK_EX | LOCK_NB);
     for (int retry = 0; locked != 0 && errno == EWOULDBLOCK && retry < 3; ++retry) {
       ::usleep(20'000);

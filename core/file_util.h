@@ -91,7 +91,10 @@ class DirectoryClaim {
   // when another claim holds it; InvalidArgument/PermissionDenied when it
   // cannot be made or opened. Where the file system has no such locks (some
   // network mounts), the claim is granted unlocked and `locked()` is false.
-  [[nodiscard]] static absl::StatusOr<DirectoryClaim> Acquire(const std::filesystem::path& dir);
+  // `made_before`: an earlier claim of the same run made it (a job claimed
+  // again by a restarted master), so it goes when left empty.
+  [[nodiscard]] static absl::StatusOr<DirectoryClaim> Acquire(const std::filesystem::path& dir,
+                                                              bool made_before = false);
   // FailedPrecondition (Acquire's) when a claim holds `dir` now (OK when it
   // does not exist): to name that first among a run's other objections to
   // a directory.
@@ -108,6 +111,7 @@ class DirectoryClaim {
   void Release();
   bool held() const { return fd_ >= 0; }
   bool locked() const { return locked_; }
+  bool made() const { return created_; }  // made by this claim (or made_before)
 
  private:
   int fd_ = -1;

@@ -681,6 +681,40 @@ TEST(ClusterTest, ADrainingMasterStopsRunningJobsAndTheNextOneRunsTheQueue) {
   fs::remove_all(state);
 }
 
+// A queued job's output_dir, made at its submission and claimed again by
+// the next master: cancelled having written nothing, the job leaves no
+// directory behind (the claim remembers through the record who made it).
+TEST(ClusterTest, AQueuedJobsMadeDirectoryGoesWhenItEndsAfterARestart) {
+  Deadline deadline(seconds(30), "a queued job's directory over a restart");
+  const fs::path state = TempDir("made_dir_state");
+  const fs::path out = TempDir("made_dir_out") / "job";
+  const std::string config = nlohmann::json{{"devices_needed", 4}, {"output_dir", out.string()}}.dump();
+  std::string id;
+  {
+    Master::Options options = FastMasterOptions();
+    options.state_dir = state.string();
+    TestCluster cluster;
+    cluster.Start({"cpu:1"}, options);
+    auto queued = cluster.client->Submit(config, {});  // more devices than the worker has: it waits
+    ASSERT_TRUE(queued.ok()) << queued.status();
+    id = *queued;
+    EXPECT_TRUE(fs::is_directory(out));
+    cluster.master->Shutdown();
+  }
+  Master::Options options = FastMasterOptions();
+  options.state_dir = state.string();
+  TestCluster cluster;
+  cluster.Start({"cpu:1"}, options);
+  auto info = cluster.client->Get(id);
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->state(), control::PENDING) << info->reason();
+  ASSERT_TRUE(cluster.client->Cancel(id, "enough", /*checkpoint=*/false).ok());
+  EXPECT_FALSE(fs::exists(out));
+  EXPECT_TRUE(fs::exists(out.parent_path()));  // not one the claim made
+  fs::remove_all(state);
+  fs::remove_all(out.parent_path());
+}
+
 // A master restarted on the same address: the worker that outlived it
 // registers again on its own and runs the next job.
 TEST(ClusterTest, WorkersRegisterAgainWithARestartedMaster) {
