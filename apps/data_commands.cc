@@ -253,6 +253,7 @@ void AddPreprocess(CLI::App& app) {
         if (!dir->empty()) std::filesystem::remove_all(*dir, ec);
       }
     } remove_learnt{&learnt};
+    std::vector<std::unique_ptr<TemporaryFile>> learnt_registered;
     if (const int64_t vocab_size = BpeVocabularySize(flags->vocabulary.tokenizer); vocab_size > 0) {
       if (!flags->vocabulary.vocab_file.empty() || !flags->vocabulary.merges_file.empty()) {
         Fail(StrCat("--vocab-file and --merges-file are for gpt2 and bert: --tokenizer ", flags->vocabulary.tokenizer,
@@ -272,6 +273,12 @@ void AddPreprocess(CLI::App& app) {
                     "/, where a file is"));
       }
       learnt = StrCat(vocab_dir.string(), ".tmp-", ::getpid());
+      // A Ctrl-C while the vocabulary is written or the corpus encoded
+      // leaves no vocabulary of a dataset never written (registered before
+      // they exist: the next run's clean-up would find them otherwise).
+      learnt_registered.emplace_back(std::make_unique<TemporaryFile>(learnt / "encoder.json"));
+      learnt_registered.emplace_back(std::make_unique<TemporaryFile>(learnt / "vocab.bpe"));
+      learnt_registered.emplace_back(std::make_unique<TemporaryFile>(learnt, /*directory=*/true));
       if (auto trained = (*trainer)->Train(vocab_size, learnt); !trained.ok()) Fail(std::string(trained.message()));
       files = {.kind = "gpt2", .vocab_file = learnt / "encoder.json", .merges_file = learnt / "vocab.bpe"};
     } else if (flags->vocabulary.tokenizer == "gpt2" || flags->vocabulary.tokenizer == "bert") {

@@ -77,8 +77,8 @@ namespace {
 
 constexpr int kTemporarySlots = 64;
 constexpr size_t kTemporaryPathBytes = 4096;
-// A slot is taken (1), written, then published (2) for the handler; freed
-// (0) once the path is forgotten.
+// A slot is taken (1), written, then published (2: a file, 3: a directory)
+// for the handler; freed (0) once the path is forgotten.
 std::atomic<int> temporary_state[kTemporarySlots];
 char temporary_paths[kTemporarySlots][kTemporaryPathBytes];
 
@@ -94,20 +94,23 @@ void RemoveTemporariesAndReraise(int signal) {
   for (int k = 0; k < kTemporarySlots; ++k) {
     if (temporary_state[k].load(std::memory_order_acquire) == 2) ::unlink(temporary_paths[k]);
   }
+  for (int k = 0; k < kTemporarySlots; ++k) {
+    if (temporary_state[k].load(std::memory_order_acquire) == 3) ::rmdir(temporary_paths[k]);
+  }
   ::signal(signal, SIG_DFL);
   ::raise(signal);
 }
 
 }  // namespace
 
-TemporaryFile::TemporaryFile(const std::filesystem::path& path) {
+TemporaryFile::TemporaryFile(const std::filesystem::path& path, bool directory) {
   const std::string& text = path.native();
   if (text.size() >= kTemporaryPathBytes) return;
   for (int k = 0; k < kTemporarySlots; ++k) {
     int free_slot = 0;
     if (temporary_state[k].compare_exchange_strong(free_slot, 1, std::memory_order_acq_rel)) {
       std::memcpy(temporary_paths[k], text.c_str(), text.size() + 1);
-      temporary_state[k].store(2, std::memory_order_release);
+      temporary_state[k].store(directory ? 3 : 2, std::memory_order_release);
       slot_ = k;
       return;
     }

@@ -36,14 +36,16 @@ namespace tessera {
 // theirs while they exist. A command whose interruption has no other
 // meaning (`tessera preprocess`, `export`) calls
 // RemoveTemporariesOnSignals() first: the signal then unlinks every
-// registered file and ends the process as the signal would have.
+// registered file (then removes every registered directory, empty by
+// then) and ends the process as the signal would have.
 // Registration is a no-op for the other commands (a `tessera train`'s
 // Ctrl-C finishes its iteration and writes its checkpoint). At most 64 at
 // once; more go unregistered. Thread-safe and async-signal-safe on the
 // handler's side.
 class TemporaryFile {
  public:
-  explicit TemporaryFile(const std::filesystem::path& path);
+  // `directory`: an (emptied) directory, removed after the files.
+  explicit TemporaryFile(const std::filesystem::path& path, bool directory = false);
   ~TemporaryFile();  // forgets it (it was renamed, or removed)
   TemporaryFile(const TemporaryFile&) = delete;
   TemporaryFile& operator=(const TemporaryFile&) = delete;

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <random>
 #include <string>
 #include <utility>
 #include <vector>
@@ -372,6 +373,31 @@ TEST(Cli, PreprocessKeepsItsOutputsConsistent) {
   ::kill(child, SIGINT);
   int status = 0;
   ASSERT_EQ(::waitpid(child, &status, 0), child);
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    EXPECT_EQ(entry.path().filename().string().find(".tmp-"), std::string::npos) << entry.path();
+  }
+  // bpe:N's learnt vocabulary too: a Ctrl-C once it is learnt, while the
+  // corpus is encoded, leaves no PREFIX-vocab.tmp-PID/.
+  {
+    std::ofstream corpus(dir / "corpus.txt");
+    const char* syllables[] = {"al", "be", "ga", "de", "qu", "bro", "fo", "la", "zy", "ton"};
+    std::mt19937 random(7);
+    for (int i = 0; i < 400000; ++i) {
+      for (int k = 0; k < 10; ++k) {
+        for (int n = 1 + static_cast<int>(random() % 3); n > 0; --n) corpus << syllables[random() % 10];
+        corpus << (k < 9 ? " " : ".\n\n");
+      }
+    }
+  }
+  const pid_t learning =
+      ::tessera::testing::SpawnTessera("preprocess --threads 1 --input " + (dir / "corpus.txt").string() +
+                                           " --tokenizer bpe:300 --output " + (dir / "c").string(),
+                                       dir / "c.log");
+  ASSERT_GT(learning, 0);
+  const std::string learnt = (dir / ("c-vocab.tmp-" + std::to_string(learning)) / "vocab.bpe").string();
+  for (int i = 0; i < 6000 && !fs::exists(learnt); ++i) ::usleep(5 * 1000);
+  ::kill(learning, SIGINT);
+  ASSERT_EQ(::waitpid(learning, &status, 0), learning);
   for (const auto& entry : fs::directory_iterator(dir)) {
     EXPECT_EQ(entry.path().filename().string().find(".tmp-"), std::string::npos) << entry.path();
   }
