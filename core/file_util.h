@@ -17,15 +17,15 @@
 
 namespace tessera {
 
-// Writes `bytes` to a temporary file beside `path` ("<path>.tmp-<pid>"),
-// fsyncs it, renames it over `path` and fsyncs the directory. Errors name
-// the file and the failing step; the temporary file is removed on error.
 // The whole of a file: NotFound naming it when it does not exist,
 // InvalidArgument when it cannot be read (a directory, a device, a FIFO, no
 // permission) or holds more than `max_bytes`.
 [[nodiscard]] absl::StatusOr<std::string> ReadWholeFile(const std::filesystem::path& path,
                                                         std::uintmax_t max_bytes = std::uintmax_t{1} << 30);
 
+// Writes `bytes` to a temporary file beside `path` ("<path>.tmp-<pid>"),
+// fsyncs it, renames it over `path` and fsyncs the directory. Errors name
+// the file and the failing step; the temporary file is removed on error.
 [[nodiscard]] absl::Status WriteFileDurably(const std::filesystem::path& path, std::string_view bytes);
 // The same for a file made of several parts written back to back (no copy
 // into one buffer: a checkpoint shard's header, then each tensor's bytes).

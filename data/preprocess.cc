@@ -610,7 +610,7 @@ absl::StatusOr<std::optional<DatasetSource>> ReadDatasetSource(const fs::path& o
         StrCat(path.string(), ": ", why, " (it says what the dataset was built from; remove it to skip the check)"));
   };
   const absl::StatusOr<std::string> text = ReadWholeFile(path);
-  if (!text.ok()) return bad("cannot be read");
+  if (!text.ok()) return bad(StrCat("cannot be read (", text.status().message(), ")"));
   const nlohmann::json json = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
   if (!json.is_object()) return bad("not a JSON object");
   DatasetSource source;

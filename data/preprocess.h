@@ -71,11 +71,6 @@ struct PreprocessStats {
 // end with bytes_done == bytes_total (the inputs' sizes summed at the start).
 using PreprocessProgress = std::function<void(int64_t bytes_done, int64_t bytes_total)>;
 
-// Errors name the input file and, where one applies, the 1-based line (for a
-// paragraph, its first line): an unreadable file, invalid UTF-8 (with the
-// byte's column), invalid JSON or a missing / non-string field on a .jsonl
-// line, a tokenizer error. The first error in input order is returned
-// whatever the thread count.
 // InvalidArgument naming both when a file the dataset PREFIX writes
 // (PREFIX.bin, .idx, .source.json; with `learnt_vocabulary`, bpe:N's
 // PREFIX-vocab/encoder.json and vocab.bpe) is one of the inputs (through
@@ -84,6 +79,11 @@ using PreprocessProgress = std::function<void(int64_t bytes_done, int64_t bytes_
                                                     const std::filesystem::path& output_prefix,
                                                     bool learnt_vocabulary = false);
 
+// Errors name the input file and, where one applies, the 1-based line (for a
+// paragraph, its first line): an unreadable file, invalid UTF-8 (with the
+// byte's column), invalid JSON or a missing / non-string field on a .jsonl
+// line, a tokenizer error. The first error in input order is returned
+// whatever the thread count.
 [[nodiscard]] absl::StatusOr<PreprocessStats> Preprocess(const PreprocessOptions& options, const Tokenizer& tokenizer,
                                                          const PreprocessProgress& progress = nullptr);
 

@@ -681,6 +681,20 @@ TEST(ClusterTest, ADrainingMasterStopsRunningJobsAndTheNextOneRunsTheQueue) {
   fs::remove_all(state);
 }
 
+// A job whose nodes stopped at an iteration boundary (a signalled
+// process) shows that iteration as its progress, not its last logged one.
+TEST(ClusterTest, AJobStoppedAtABoundaryShowsThatIterationAsItsProgress) {
+  Deadline deadline(seconds(30), "a job interrupted between logged iterations");
+  TestCluster cluster;
+  cluster.Start({"cpu:1"});
+  auto job = cluster.client->Submit(R"({"iterations": 100, "interrupt_at": 7, "log_every": 5})", {});
+  ASSERT_TRUE(job.ok()) << job.status();
+  const control::JobInfo ended = cluster.WaitEnd(*job);
+  EXPECT_EQ(ended.state(), control::CANCELLED) << ended.reason();
+  EXPECT_NE(ended.reason().find("interrupted at iteration 7"), std::string::npos) << ended.reason();
+  EXPECT_EQ(ended.iteration(), 7) << "the last logged iteration was 5";
+}
+
 // A queued job's output_dir, made at its submission and claimed again by
 // the next master: cancelled having written nothing, the job leaves no
 // directory behind (the claim remembers through the record who made it).

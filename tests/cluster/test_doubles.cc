@@ -1,5 +1,6 @@
 #include "tests/cluster/test_doubles.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
@@ -49,7 +50,9 @@ absl::StatusOr<std::vector<std::string>> FakeJobCompiler::Compile(const JobSpec&
                            {"fail_at", fails ? spec.config.value("fail_at", int64_t{0}) : int64_t{-1}},
                            {"hang", spec.config.value("hang", false)},
                            {"rendezvous", spec.config.value("rendezvous", false)},
-                           {"load_ms", spec.config.value("load_ms", int64_t{0})}};
+                           {"load_ms", spec.config.value("load_ms", int64_t{0})},
+                           {"interrupt_at", spec.config.value("interrupt_at", int64_t{-1})},
+                           {"log_every", spec.config.value("log_every", int64_t{1})}};
     plans.push_back(plan.dump());
   }
   return plans;
@@ -70,6 +73,8 @@ absl::Status SleepyTestRunner::Load(const RunContext& context, std::string_view 
   fail_at_ = plan.value("fail_at", int64_t{-1});
   hang_ = plan.value("hang", false);
   rendezvous_ = plan.value("rendezvous", false);
+  interrupt_at_ = plan.value("interrupt_at", int64_t{-1});
+  log_every_ = std::max<int64_t>(1, plan.value("log_every", int64_t{1}));
   std::this_thread::sleep_for(std::chrono::milliseconds(plan.value("load_ms", int64_t{0})));
   return absl::OkStatus();
 }
@@ -97,10 +102,13 @@ absl::Status SleepyTestRunner::Run() {
       return cancel_reason_;
     }
     if (i == fail_at_) return absl::InternalError(absl::StrCat("test runner: failing at iteration ", i, " as told"));
+    // Stopped at this boundary by its process's signal, as the engine says it.
+    if (i == interrupt_at_) return absl::CancelledError(absl::StrCat("interrupted at iteration ", i));
     if (hang_) continue;
     lock.unlock();
     // Like the engine, one node (here node 0) speaks for the job.
-    if (context_.node == 0) context_.report_metrics({i + 1, {{"loss", 10.0 / static_cast<double>(i + 1)}, {"tokens_per_s", 1000.0}}});
+    if (context_.node == 0 && (i + 1) % log_every_ == 0)
+      context_.report_metrics({i + 1, {{"loss", 10.0 / static_cast<double>(i + 1)}, {"tokens_per_s", 1000.0}}});
     lock.lock();
   }
   lock.unlock();

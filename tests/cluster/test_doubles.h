@@ -6,7 +6,9 @@
 //   step_ms (default 2), fail_node + fail_at (node fail_node fails at that
 //   iteration), hang (every node waits until cancelled), rendezvous (nodes
 //   meet through the KV before training), load_ms (each node's Load takes
-//   that long).
+//   that long), interrupt_at (every node stops at that iteration as a
+//   signalled process does: "interrupted at iteration N"), log_every (node
+//   0 reports metrics every that many iterations; default 1).
 // Overrides are "key=value" on those top-level keys (value as JSON, else a
 // string). A "compile_error" key makes Compile fail with its text.
 //
@@ -51,6 +53,8 @@ class SleepyTestRunner final : public PlanRunner {
   int64_t iterations_ = 0;
   int64_t step_ms_ = 0;
   int64_t fail_at_ = -1;
+  int64_t interrupt_at_ = -1;
+  int64_t log_every_ = 1;
   bool hang_ = false;
   bool rendezvous_ = false;
   std::mutex mu_;
