@@ -124,9 +124,10 @@ struct Kernels {
 // the weight (the checkpoint's (in, out) would give strided column blocks,
 // which the GEMM driver does not take).
 // Under tensor parallelism a rank holds its slice, as training lays the
-// parameters out over tp (nn/transformer.h): Hl = H / T heads, so Cl = Hl·D
-// columns of each of q, k, v and rows of attn.c_proj, and Fl of the MLP's
-// F (balanced); the shapes below are a rank's (T = 1: Hl = H, Cl = C, Fl = F).
+// parameters out over tp (nn/transformer.h): Hl of the H heads (balanced:
+// T need not divide H), so Cl = Hl·D columns of each of q, k, v and rows of
+// attn.c_proj, and Fl of the MLP's F (balanced); the shapes below are a
+// rank's (T = 1: Hl = H, Cl = C, Fl = F).
 struct Layer {
   Tensor ln_1_weight, ln_1_bias;  // (C)
   Tensor c_attn_weight_t;         // (3Cl, C): the checkpoint's (C, 3, C) = HF's (C, 3C), sliced, transposed
@@ -146,11 +147,19 @@ struct Layer {
 struct RankSlicer {
   int64_t rank = 0;
   int64_t ranks = 1;
-  // The rank's block of `shape` split on `axis` (balanced, as training's
-  // S(axis) over tp); axis < 0: the whole tensor.
+  // > 1: `axis` is cut between blocks of `unit` elements (an attention
+  // head's D columns), the blocks balanced over the ranks; 1: as training's
+  // S(axis) over tp.
+  int64_t unit = 1;
+  // The rank's block of `shape` split on `axis`; axis < 0: the whole tensor.
   absl::StatusOr<TensorSlice> Slice(const Shape& shape, int axis) const {
     if (axis < 0 || ranks == 1) return TensorSlice::Whole(shape);
-    return LocalSlice(shape, NdSbp{Sbp::Split(axis)}, {ranks}, rank);
+    if (unit == 1) return LocalSlice(shape, NdSbp{Sbp::Split(axis)}, {ranks}, rank);
+    TensorSlice slice = TensorSlice::Whole(shape);
+    const Range blocks = BalancedSplit(shape[axis] / unit, ranks, rank);
+    slice.offset[static_cast<size_t>(axis)] = blocks.offset * unit;
+    slice.local[axis] = blocks.size * unit;
+    return slice;
   }
 };
 
@@ -670,9 +679,9 @@ absl::StatusOr<std::unique_ptr<Generator>> Generator::Open(const fs::path& path,
   const int64_t F = s->F = config.ffn(), P = s->P = config.max_seq_length;
   const int64_t chunk = s->chunk = std::min(options.prefill_chunk, P);
   const int64_t T = options.tensor_parallel_size;
-  if (H % T != 0 || F < T || V < T) {
-    return absl::InvalidArgumentError(StrCat("tensor_parallel_size ", T, " must divide the model's ", H,
-                                             " attention heads (and be at most its MLP width and vocabulary)"));
+  if (H < T || F < T || V < T) {
+    return absl::InvalidArgumentError(StrCat("tensor_parallel_size ", T, " is more than the model's ", H,
+                                             " attention heads (or its MLP width or vocabulary)"));
   }
 
   const RankSlicer whole;
@@ -686,9 +695,10 @@ absl::StatusOr<std::unique_ptr<Generator>> Generator::Open(const fs::path& path,
   comm::ShmHub hub;
   for (int64_t r = 0; r < T; ++r) {
     const RankSlicer slicer{.rank = r, .ranks = T};
+    const RankSlicer heads{.rank = r, .ranks = T, .unit = D};
     Shard shard;
     shard.rank = r;
-    shard.Hl = H / T;
+    shard.Hl = BalancedSplit(H, T, r).size;
     shard.Cl = shard.Hl * D;
     // With several ranks each runs on its own thread, its kernels on it alone.
     shard.pool = T == 1 ? options.pool : nullptr;
@@ -705,11 +715,11 @@ absl::StatusOr<std::unique_ptr<Generator>> Generator::Open(const fs::path& path,
       ASSIGN_OR_RETURN(l.ln_1_weight, LoadTensor(*reader, whole, h + "ln_1.weight", Shape{C}));
       ASSIGN_OR_RETURN(l.ln_1_bias, LoadTensor(*reader, whole, h + "ln_1.bias", Shape{C}));
       ASSIGN_OR_RETURN(l.c_attn_weight_t,
-                       LoadTransposed(*reader, slicer, h + "attn.c_attn.weight", Shape{C, 3, C}, 2, C));
+                       LoadTransposed(*reader, heads, h + "attn.c_attn.weight", Shape{C, 3, C}, 2, C));
       ASSIGN_OR_RETURN(l.c_attn_bias,
-                       LoadTensor(*reader, slicer, h + "attn.c_attn.bias", Shape{3, C}, 1, Shape{3 * shard.Cl}));
+                       LoadTensor(*reader, heads, h + "attn.c_attn.bias", Shape{3, C}, 1, Shape{3 * shard.Cl}));
       ASSIGN_OR_RETURN(l.attn_proj_weight_t,
-                       LoadTransposed(*reader, slicer, h + "attn.c_proj.weight", Shape{C, C}, 0, shard.Cl));
+                       LoadTransposed(*reader, heads, h + "attn.c_proj.weight", Shape{C, C}, 0, shard.Cl));
       ASSIGN_OR_RETURN(l.attn_proj_bias, LoadTensor(*reader, whole, h + "attn.c_proj.bias", Shape{C}));
       ASSIGN_OR_RETURN(l.ln_2_weight, LoadTensor(*reader, whole, h + "ln_2.weight", Shape{C}));
       ASSIGN_OR_RETURN(l.ln_2_bias, LoadTensor(*reader, whole, h + "ln_2.bias", Shape{C}));
