@@ -80,11 +80,18 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Compile(graph::Graph graph, cons
     // gradients are divided by it before the optimizer, which skips the step
     // when they overflowed.
     std::optional<graph::LossScaleResult> scaled;
-    const auto remap_scaled = [&scaled](const std::vector<graph::ValueId>& remap) {
-      if (!scaled) return;
-      for (graph::ValueId* id : {&scaled->scaled_loss, &scaled->scale, &scaled->good_steps, &scaled->skipped_steps}) {
-        *id = remap[static_cast<size_t>(*id)];
+    // The loss scale's state variables through a pass's remap (they live
+    // on: the optimizer reads them).
+    const auto remap_scaled = [&scaled](const std::vector<graph::ValueId>& remap) -> absl::Status {
+      if (!scaled) return absl::OkStatus();
+      for (graph::ValueId* id : {&scaled->scale, &scaled->good_steps, &scaled->skipped_steps}) {
+        const auto old = static_cast<size_t>(*id);
+        if (*id < 0 || old >= remap.size() || remap[old] == graph::kNoValue) {
+          return absl::InternalError(StrCat("engine: a graph pass removed the fp16 loss scale's value ", *id));
+        }
+        *id = remap[old];
       }
+      return absl::OkStatus();
     };
     graph::ValueId differentiated = graph.losses()[0];
     if (options.amp == DType::kF16) {
@@ -92,10 +99,13 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Compile(graph::Graph graph, cons
       differentiated = scaled->scaled_loss;
     }
     ASSIGN_OR_RETURN(graph::GradientMap gradients, graph::Autodiff(graph, differentiated));
+    // The scaled loss was autodiff's root only: nothing reads it, and the
+    // passes below may drop it.
+    if (scaled) scaled->scaled_loss = graph::kNoValue;
     if (options.amp != DType::kF32) {
       ASSIGN_OR_RETURN(graph::CastRoundTripResult folded, graph::FoldCastRoundTrips(graph, gradients));
       gradients = std::move(folded.gradients);
-      remap_scaled(folded.remap);
+      RETURN_IF_ERROR(remap_scaled(folded.remap));
     }
     ASSIGN_OR_RETURN(const scheduler::DeviceMesh mesh, scheduler::DeviceMesh::Make(options.lower.parallel));
     const graph::SameStageFn same_stage = [&mesh](int64_t a, int64_t b) {
@@ -109,7 +119,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Compile(graph::Graph graph, cons
                        graph::FoldAddsIntoProducers(graph, gradients,
                                                     options.num_micro_batches > 1 ? same_stage : graph::SameStageFn()));
       gradients = std::move(summed.gradients);
-      remap_scaled(summed.remap);
+      RETURN_IF_ERROR(remap_scaled(summed.remap));
     }
     if (options.activation_checkpoint) {
       ASSIGN_OR_RETURN(graph::RecomputeResult recomputed, graph::RecomputeSegments(graph, gradients, same_stage));
@@ -118,18 +128,18 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Compile(graph::Graph graph, cons
             "train.activation_checkpoint.enabled: the model has no recomputable layers (nn/ marks transformer layers)");
       }
       gradients = std::move(recomputed.gradients);
-      remap_scaled(recomputed.remap);
+      RETURN_IF_ERROR(remap_scaled(recomputed.remap));
     }
     if (options.num_micro_batches > 1) {
       ASSIGN_OR_RETURN(graph::AccumulationResult accumulated,
                        graph::AccumulateGradients(graph, gradients, options.num_micro_batches, same_stage));
       gradients = std::move(accumulated.gradients);
-      remap_scaled(accumulated.remap);
+      RETURN_IF_ERROR(remap_scaled(accumulated.remap));
     }
     if (options.lower.zero_stage == 3) {
       ASSIGN_OR_RETURN(graph::GatherPerReaderResult gathered, graph::GatherPerReader(graph, gradients));
       gradients = std::move(gathered.gradients);
-      remap_scaled(gathered.remap);
+      RETURN_IF_ERROR(remap_scaled(gathered.remap));
     }
     if (options.lower.zero_stage == 0 && mesh.hierarchy()[0] > 1 && mesh.hierarchy()[1] == 1) {
       RETURN_IF_ERROR(graph::BucketGradients(graph, gradients, options.gradient_bucket_bytes,

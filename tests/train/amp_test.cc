@@ -68,6 +68,11 @@ TEST_P(AmpDType, GivesTheOneDeviceLossesUnderEveryLayout) {
        "train.train_micro_batch_size=2", "train.num_accumulation_steps=2"},
       {"train.dist.data_parallel_size=2", "train.train_micro_batch_size=4", "train.zero_optimization.enabled=true",
        "train.zero_optimization.stage=3", "train.activation_checkpoint.enabled=true"},
+      // The passes after autodiff drop fp16's scaled loss here (read out of
+      // bounds until the engine stopped remapping it: a crash in Compile).
+      {"train.dist.data_parallel_size=2", "train.dist.pipeline_parallel_size=2", "train.train_micro_batch_size=2",
+       "train.num_accumulation_steps=2", "train.zero_optimization.enabled=true", "train.zero_optimization.stage=3",
+       "train.activation_checkpoint.enabled=true"},
   };
   // rtol 2e-2 is the issue's; 1e-3 is looser than seen.
   ExpectOneDeviceLosses(layouts, amp, *one, 1e-3);
