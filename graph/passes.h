@@ -70,6 +70,9 @@ absl::StatusOr<ValueId> ReplayLeaf(const Graph& from, const Node& n, Graph& out)
 // The options that give a replayed node `n`'s layer, scope, name of its first
 // output, backward flag and checkpoint segment.
 NodeOptions ReplayOptions(const Graph& from, const Node& n);
+// `at` on the pipeline layer of variable `var` (where its update runs), for
+// the per-variable ops on its gradient between backward and the update.
+NodeOptions OnVariablesStage(const Graph& graph, ValueId var, NodeOptions at);
 // Marks in `out` the losses, fetches and variable updates of `from`, through
 // `remap` (old value id -> id in `out`).
 absl::Status ReplayMarks(const Graph& from, const std::vector<ValueId>& remap, Graph& out);

@@ -76,8 +76,11 @@ absl::StatusOr<UnscaleResult> UnscaleGradients(Graph& graph, GradientMap& gradie
       return absl::InvalidArgumentError(StrCat("loss scaling: the gradient of '", graph.value(var).name, "' is ",
                                                DTypeName(graph.value(grad).meta.dtype), ", not f32"));
     }
-    ASSIGN_OR_RETURN(grad, First(graph.AddOp("mul", {grad, inverse}, {}, at)));
-    ASSIGN_OR_RETURN(ValueId flag, First(graph.AddOp("nonfinite", {grad}, {}, at)));
+    // On the variable's stage, where its update reads it: the scalars cross
+    // the pipeline, not the gradient (twice).
+    const NodeOptions on_stage = OnVariablesStage(graph, var, at);
+    ASSIGN_OR_RETURN(grad, First(graph.AddOp("mul", {grad, inverse}, {}, on_stage)));
+    ASSIGN_OR_RETURN(ValueId flag, First(graph.AddOp("nonfinite", {grad}, {}, on_stage)));
     if (total == kNoValue) {
       total = flag;
     } else {

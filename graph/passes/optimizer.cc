@@ -89,16 +89,25 @@ absl::StatusOr<ValueId> ClipByGlobalNorm(Graph& graph, GradientMap& gradients, d
   ASSIGN_OR_RETURN(ValueId scale, First(graph.AddOp("scalar_mul", {excess}, {{"value", -1.0}}, at)));
   ASSIGN_OR_RETURN(scale, First(graph.AddOp("scalar_add", {scale}, {{"value", 1.0}}, at)));
   for (auto& [var, grad] : gradients) {
+    // On the variable's stage, where its update reads it: the scalar crosses
+    // the pipeline, not the gradient (twice).
+    const NodeOptions on_stage = OnVariablesStage(graph, var, at);
     ValueId factor = scale;
     if (graph.value(grad).meta.dtype != DType::kF32) {
-      ASSIGN_OR_RETURN(factor, First(graph.AddOp("cast", {scale}, {{"dtype", graph.value(grad).meta.dtype}}, at)));
+      ASSIGN_OR_RETURN(factor,
+                       First(graph.AddOp("cast", {scale}, {{"dtype", graph.value(grad).meta.dtype}}, on_stage)));
     }
-    ASSIGN_OR_RETURN(grad, First(graph.AddOp("mul", {grad, factor}, {}, at)));
+    ASSIGN_OR_RETURN(grad, First(graph.AddOp("mul", {grad, factor}, {}, on_stage)));
   }
   return norm;
 }
 
 }  // namespace
+
+NodeOptions OnVariablesStage(const Graph& graph, ValueId var, NodeOptions at) {
+  at.layer_idx = graph.producer(var).layer_idx;
+  return at;
+}
 
 bool WeightDecayApplies(const Graph& graph, ValueId variable, const OptimizerOptions& options) {
   const VariableInfo& info = graph.variable_info(variable);

@@ -334,6 +334,45 @@ TEST(MemoryPlan, WindowedLifetimeAnalysisMatchesTheExhaustiveWalk) {
   }
 }
 
+// Between backward and a variable's update, its gradient stays on the
+// variable's pipeline stage: clipping's and fp16's unscaling multiply it
+// there by a scalar that crosses the pipeline. (They ran on the last stage,
+// where the global norm and the scale meet: every earlier stage's gradients
+// crossed the pipeline twice an iteration and were held on both stages.)
+TEST(MemoryPlan, GradientsStayOnTheirVariablesStage) {
+  for (const std::vector<std::string>& amp :
+       std::vector<std::vector<std::string>>{{},
+                                             {"train.amp.enabled=true", "train.amp.dtype=fp16"},
+                                             {"train.amp.enabled=true", "train.amp.dtype=bf16"}}) {
+    SCOPED_TRACE(absl::StrJoin(amp, " "));
+    std::vector<std::string> overrides = {
+        "train.dist.pipeline_parallel_size=2", "train.dist.data_parallel_size=2",
+        "train.train_micro_batch_size=4",      "train.num_accumulation_steps=2",
+        "optim.clip_grad_max_norm=1.0",        "train.output_dir=/nonexistent/plan-only"};
+    overrides.insert(overrides.end(), amp.begin(), amp.end());
+    auto job = LoadJobConfig(::tessera::testing::SourcePath("configs/gpt2_nano.json"), overrides);
+    ASSERT_TRUE(job.ok()) << job.status();
+    auto plan = TrainingPlan(*job);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    std::map<uint64_t, const proto::Task*> tasks;
+    for (const proto::Task& task : plan->tasks()) tasks[task.actor_id()] = &task;
+    int64_t updates = 0, received = 0;
+    for (const proto::RegisterDesc& desc : plan->register_descs()) {
+      const proto::Task& producer = *tasks.at(desc.producer());
+      for (uint64_t consumer : desc.consumers()) {
+        const proto::Task& task = *tasks.at(consumer);
+        if (task.kind() != proto::ACTOR_KIND_PARAMETER || task.op().empty()) continue;
+        ++updates;
+        if (producer.kind() != proto::ACTOR_KIND_RECV) continue;
+        ++received;  // the clip factor or fp16's skip flag: one element
+        EXPECT_LE(desc.bytes_per_register(), 8) << producer.name() << " -> " << task.name();
+      }
+    }
+    EXPECT_GT(updates, 0);
+    EXPECT_GT(received, 0);  // stage 0's updates read the last stage's scalars
+  }
+}
+
 // Thousands of micro-batches plan in seconds (the analysis grows linearly
 // with them; it once grew with their square: 160 s for the MLP at 16384),
 // and still share bytes.
