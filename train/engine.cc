@@ -201,6 +201,9 @@ absl::Status Engine::Run(int64_t iterations, const FeedFn& feed, const FetchFn& 
     active_ = nullptr;
     cancelled_.reset();
     running_ = false;
+    // Under the lock: a destructor waiting for this Run cannot go on (and
+    // destroy the variable) before the notification is done.
+    run_ended_.notify_all();
   };
   scheduler::LowerOptions lower = options_.lower;
   lower.iterations = iterations;
@@ -285,6 +288,12 @@ absl::Status Engine::Run(int64_t iterations, const FeedFn& feed, const FetchFn& 
              std::chrono::duration<double>(std::chrono::steady_clock::now() - run_started).count());
   iterations_done_ += iterations;
   return absl::OkStatus();
+}
+
+Engine::~Engine() {
+  Cancel(absl::CancelledError("the engine was destroyed during this Run"));
+  std::unique_lock<std::mutex> lock(cancel_mu_);
+  run_ended_.wait(lock, [this] { return !running_; });
 }
 
 void Engine::Cancel(absl::Status reason) {

@@ -26,6 +26,7 @@
 // options is not supported: the kept values are per shard). Not thread-safe.
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -93,6 +94,12 @@ class Engine {
   static absl::StatusOr<std::unique_ptr<Engine>> Compile(graph::Graph graph, const CompileOptions& options = {});
   Engine(Compiled, graph::Graph graph, CompileOptions options)
       : graph_(std::move(graph)), options_(std::move(options)), trained_(std::make_unique<Trained>()) {}
+  // Destroying an Engine while another thread runs it cancels that Run (as
+  // Cancel) and waits for it to return; not from one of that Run's own
+  // feeds or fetches.
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
 
   // The plan of `iterations` iterations (what Run executes).
   absl::StatusOr<proto::Plan> Plan(int64_t iterations) const;
@@ -133,6 +140,7 @@ class Engine {
   // The runtime of the Run in progress, and a Cancel that came before it
   // was loaded.
   std::mutex cancel_mu_;
+  std::condition_variable run_ended_;  // under cancel_mu_, when running_ turns false
   actors::Runtime* active_ = nullptr;
   std::optional<absl::Status> cancelled_;
   int threads_per_device_ = 0;

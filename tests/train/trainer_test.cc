@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -12,6 +14,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "comm/proto/actor_id.h"
@@ -22,6 +25,7 @@
 #include "ops/registry.h"
 #include "tests/actors/sequential_plan.h"
 #include "tests/cli_runner.h"
+#include "tests/deadline.h"
 #include "train/job_config.h"
 
 namespace tessera {
@@ -263,6 +267,30 @@ TEST(Engine, RunsOneRunAtATimeAndRefusesBadOptions) {
   fed.clear();
   ASSERT_TRUE((*engine)->Run(1, feed, fetch).ok());
   EXPECT_EQ(fed, (std::vector<int64_t>{4}));
+
+  // Destroying the engine while another thread runs it cancels that Run
+  // and waits for it (it hung: the Run's parameters kept finalizers into
+  // the destroyed engine).
+  {
+    auto doomed = compile({});
+    ASSERT_TRUE(doomed.ok()) << doomed.status();
+    std::atomic<int64_t> fetches = 0;
+    absl::Status ended;
+    std::thread runner([&] {
+      ended = (*doomed)->Run(1000000, feed, [&](int64_t, const std::map<std::string, Tensor>&) {
+        ++fetches;
+        return absl::OkStatus();
+      });
+    });
+    while (fetches < 3) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    {
+      testing::Deadline deadline(std::chrono::seconds(30), "destroying an engine during a Run");
+      doomed->reset();
+      runner.join();
+    }
+    EXPECT_EQ(ended.code(), absl::StatusCode::kCancelled) << ended;
+    EXPECT_NE(ended.message().find("the engine was destroyed during this Run"), std::string::npos) << ended;
+  }
 
   const auto refused = [&](CompileOptions options, const std::string& text) {
     const absl::Status status = compile(options).status();
