@@ -1,5 +1,6 @@
 #include "train/job_config.h"
 
+#include <algorithm>
 #include <string>
 #include <string_view>
 
@@ -400,10 +401,73 @@ absl::Status CheckOverridesAreRead(const nlohmann::json& resolved, const std::ve
                                                "' sets a key nothing reads without dataloader.data_prefix (the "
                                                "model's synthetic data has no splits or order to set)"));
     }
-    if (key == "model.markov_successors" && text_data) {
+    if ((key == "model.markov_successors" || key == "model.data_seed") && text_data) {
       return absl::InvalidArgumentError(StrCat("override '", config::ShortText(text),
                                                "' sets a key of the synthetic data, which a run on "
                                                "dataloader.data_prefix does not read"));
+    }
+    if (key == "model.dropout_seed" && resolved.contains("model") && resolved.at("model").is_object()) {
+      bool dropout = false;
+      for (const auto& [name, value] : resolved.at("model").items()) {
+        dropout |= name.ends_with("dropout_prob") && value.is_number() && value.get<double>() > 0;
+      }
+      if (!dropout) {
+        return absl::InvalidArgumentError(StrCat("override '", config::ShortText(text),
+                                                 "' sets a key nothing reads: every model.*dropout_prob is 0 (no "
+                                                 "dropout masks to seed)"));
+      }
+    }
+    if (key == "optim.no_decay_norm_and_bias") {
+      const absl::StatusOr<double> decay = config::GetDouble(resolved, "optim.weight_decay");
+      if (decay.ok() && *decay == 0) {
+        return absl::InvalidArgumentError(StrCat("override '", config::ShortText(text),
+                                                 "' sets a key nothing reads while optim.weight_decay is 0 (no "
+                                                 "decay to exempt norms and biases from)"));
+      }
+    }
+    if (key.starts_with("tokenization.") && key != "tokenization.tokenizer") {
+      const auto tokenizer = nlohmann::json::json_pointer("/tokenization/tokenizer");
+      const std::string kind = resolved.contains(tokenizer) && resolved.at(tokenizer).is_string()
+                                   ? resolved.at(tokenizer).get<std::string>()
+                                   : "";
+      std::string why;
+      if (kind.empty()) {
+        why = "while tokenization.tokenizer is null";
+      } else if ((key == "tokenization.lower_case" && kind != "bert") ||
+                 (key == "tokenization.merges_file" && kind != "gpt2")) {
+        why = StrCat("with tokenization.tokenizer ", kind, " (", key, " is ",
+                     key == "tokenization.lower_case" ? "bert's" : "gpt2's", ")");
+      }
+      if (!why.empty()) {
+        return absl::InvalidArgumentError(
+            StrCat("override '", config::ShortText(text), "' sets a key nothing reads ", why));
+      }
+    }
+    if (key == "lr_scheduler.warmup_factor" || key == "lr_scheduler.warmup_method") {
+      const absl::StatusOr<double> ratio = config::GetDouble(resolved, "train.warmup_ratio");
+      if (ratio.ok() && *ratio == 0) {
+        return absl::InvalidArgumentError(StrCat("override '", config::ShortText(text),
+                                                 "' sets a key nothing reads while train.warmup_ratio is 0 (no "
+                                                 "warmup)"));
+      }
+    }
+    if (key == "lr_scheduler.gamma") {
+      const auto milestones = nlohmann::json::json_pointer("/lr_scheduler/milestones");
+      if (resolved.contains(milestones) && resolved.at(milestones).is_array() && resolved.at(milestones).empty()) {
+        return absl::InvalidArgumentError(StrCat("override '", config::ShortText(text),
+                                                 "' sets a key nothing reads while lr_scheduler.milestones is empty "
+                                                 "(gamma multiplies the learning rate at each milestone)"));
+      }
+    }
+    // train.eval_only evaluates saved weights: the optimizer, its schedule,
+    // checkpoints and training logs are not read.
+    const absl::StatusOr<bool> eval_only = config::GetBool(resolved, "train.eval_only");
+    if (eval_only.ok() && *eval_only &&
+        (key.starts_with("optim.") || key.starts_with("lr_scheduler.") || key == "train.warmup_ratio" ||
+         key.starts_with("train.checkpointer.") || key == "train.log_period")) {
+      return absl::InvalidArgumentError(StrCat("override '", config::ShortText(text),
+                                               "' sets a key nothing reads with train.eval_only (--eval-only "
+                                               "evaluates saved weights once: no training, checkpoints or logs)"));
     }
     if (key == "train.warmup_ratio") {
       // (0, no warmup, is what ConstantLR does.)
@@ -466,6 +530,19 @@ absl::StatusOr<std::vector<std::string>> FastDevRunOverrides(const std::filesyst
   }
   if (train.at("eval_only").get<bool>()) {
     return absl::InvalidArgumentError("--fast-dev-run trains: it takes no --eval-only (train.eval_only)");
+  }
+  // The keys it sets itself: an override of one would be dropped.
+  static constexpr std::string_view kSet[] = {"train.train_epoch",          "train.train_iter",
+                                              "train.log_period",           "train.checkpointer.period",
+                                              "train.overwrite_output_dir", "train.evaluation.eval_period",
+                                              "train.evaluation.eval_iter"};
+  for (const std::string& text : overrides) {
+    const std::string key = text.substr(0, text.find('='));
+    if (std::find(std::begin(kSet), std::end(kSet), key) != std::end(kSet)) {
+      return absl::InvalidArgumentError(StrCat("override '", config::ShortText(text), "': --fast-dev-run sets ", key,
+                                               " itself (20 iterations, a line each, checkpoints and evaluations at 10 "
+                                               "and 20, into train.output_dir/fast_dev_run)"));
+    }
   }
   overrides.insert(overrides.end(),
                    {"train.train_epoch=0", "train.train_iter=20", "train.log_period=1", "train.checkpointer.period=10",

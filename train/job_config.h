@@ -175,8 +175,12 @@ absl::StatusOr<nlohmann::json> LoadJobConfig(const std::filesystem::path& path,
 // An override that sets a key of a feature `resolved` leaves off
 // (train.amp.dtype with amp off, train.zero_optimization.stage with ZeRO
 // off, eval_period / eval_iter with evaluation off, loss scaling without
-// fp16): nothing would read it, so it is an error naming the switch. Only
-// overrides: configs and their bases keep such keys ready for the switch.
+// fp16, the synthetic data's keys on text data, dropout_seed without
+// dropout, tokenizer files without a tokenizer or of the other one, warmup
+// keys without warmup, gamma without milestones, the optimizer, schedule,
+// checkpoints and log period under train.eval_only): nothing would read it,
+// so it is an error naming the switch. Only overrides: configs and their
+// bases keep such keys ready for the switch.
 absl::Status CheckOverridesAreRead(const nlohmann::json& resolved, const std::vector<std::string>& overrides);
 // --fast-dev-run (LiBai's): `overrides` plus those that make the job of
 // `path` a brief check of its whole pipeline: 20 iterations from scratch, a

@@ -54,7 +54,7 @@ Binding<WarmupMultiStepLRConfig> MakeWarmupMultiStepLRKeys() {
   b.Field("warmup_factor", &WarmupMultiStepLRConfig::warmup_factor, WarmupFactorSpec());
   b.Field("milestones", &WarmupMultiStepLRConfig::milestones,
           {.min = 1,
-           .doc = "iterations (from 0, strictly increasing, at most `train.train_iter`) from which the learning rate "
+           .doc = "iterations (from 0, strictly increasing, below `train.train_iter`) from which the learning rate "
                   "is multiplied by one more `gamma`; empty: none"});
   b.Field("gamma", &WarmupMultiStepLRConfig::gamma,
           {.min = 0, .max = 1, .exclusive_min = true, .doc = "factor applied at each milestone"});
@@ -84,9 +84,10 @@ absl::Status CheckMilestones(const std::vector<int64_t>& milestones, int64_t tra
       return absl::InvalidArgumentError(StrCat("lr_scheduler.milestones must be strictly increasing: milestones[", i,
                                                "] = ", milestones[i], " follows ", milestones[i - 1]));
     }
-    if (milestones[i] > train_iter) {
+    if (milestones[i] >= train_iter) {
       return absl::InvalidArgumentError(
-          StrCat("lr_scheduler.milestones[", i, "] = ", milestones[i], " is past train.train_iter = ", train_iter));
+          StrCat("lr_scheduler.milestones[", i, "] = ", milestones[i],
+                 " is never reached: the run's iterations are 0 to train.train_iter - 1 = ", train_iter - 1));
     }
   }
   return absl::OkStatus();

@@ -144,15 +144,14 @@ TEST(Cli, TrainRunsThroughAnEmbeddedMasterAndWorker) {
 }
 
 // --fast-dev-run: 20 iterations from scratch, checkpoints at 10 and 20,
-// every output under train.output_dir/fast_dev_run and nothing beside it;
-// with --resume it is a one-line error.
+// every output under train.output_dir/fast_dev_run and nothing beside it
+// (whatever the config's own train_iter and checkpoint period); with
+// --resume, or an override of a key it sets, it is a one-line error.
 TEST(Cli, FastDevRunChecksTheWholeJobInASubdirectory) {
   const std::string dir = ::testing::TempDir() + "/tessera_cli_fast_dev_run";
   std::filesystem::remove_all(dir);
-  const std::string job = "train " + Source("configs/gpt2_nano.json") +
-                          " model.num_layers=1 train.train_iter=500 "
-                          "train.checkpointer.period=200 train.output_dir=" +
-                          dir + " --fast-dev-run";
+  const std::string job =
+      "train " + Source("configs/gpt2_nano.json") + " model.num_layers=1 train.output_dir=" + dir + " --fast-dev-run";
   const Result ok = RunTessera(job);
   ASSERT_EQ(ok.exit_code, 0) << ok.out;
   EXPECT_EQ(ok.out.rfind("fast dev run: 20 iterations into " + dir + "/fast_dev_run\n", 0), 0u) << ok.out;
@@ -171,6 +170,12 @@ TEST(Cli, FastDevRunChecksTheWholeJobInASubdirectory) {
   const Result resumed = RunTessera(job + " --resume");
   EXPECT_EQ(resumed.exit_code, 1);
   EXPECT_EQ(resumed.out, "tessera: --fast-dev-run starts from scratch: it takes no --resume (train.resume)\n");
+  // Keys it sets itself are refused, not dropped.
+  const Result iterations = RunTessera(job + " train.train_iter=5");
+  EXPECT_EQ(iterations.exit_code, 1);
+  EXPECT_EQ(iterations.out,
+            "tessera: override 'train.train_iter=5': --fast-dev-run sets train.train_iter itself (20 iterations, a "
+            "line each, checkpoints and evaluations at 10 and 20, into train.output_dir/fast_dev_run)\n");
   // Again: its own directory is overwritten (train.overwrite_output_dir),
   // not refused as an earlier run's.
   const Result again = RunTessera(job);

@@ -88,16 +88,21 @@ class BertTest : public ::testing::Test {
   // A small BERT (2 layers, hidden 32, 4 heads, 32 tokens, 5 masked slots)
   // from configs/bert_tiny.json on the corpus, built on first use; its
   // evaluations over 2 batches unless `extra` turns them off (eval_iter is
-  // then a key nothing reads, refused).
+  // then a key nothing reads, refused), the test vocabulary unless `extra`
+  // nulls the tokenizer; a line each iteration and checkpoints at the end
+  // when it trains (--eval-only refuses those keys).
   std::string Train(const fs::path& out, const std::string& extra) const {
     const bool evaluates = extra.find("train.evaluation.enabled=false") == std::string::npos;
+    const bool trains = extra.find("--eval-only") == std::string::npos;
     return "train " + SourcePath("configs/bert_tiny.json") +
            " model.vocab_size=64 model.hidden_size=32 model.num_attention_heads=4 model.ffn_hidden_size=64"
-           " model.max_seq_length=40 model.seq_length=32 model.max_predictions_per_seq=5"
-           " tokenization.vocab_file=" +
-           (root_ / "vocab.txt").string() + " dataloader.data_prefix=" + (root_ / "data" / "corpus").string() +
-           " dataloader.text_file=" + (root_ / "corpus.txt").string() +
-           " dataloader.splits=80,20,0 train.log_period=1 train.checkpointer.period=null" +
+           " model.max_seq_length=40 model.seq_length=32 model.max_predictions_per_seq=5" +
+           (extra.find("tokenization.tokenizer=null") == std::string::npos
+                ? " tokenization.vocab_file=" + (root_ / "vocab.txt").string()
+                : std::string()) +
+           " dataloader.data_prefix=" + (root_ / "data" / "corpus").string() +
+           " dataloader.text_file=" + (root_ / "corpus.txt").string() + " dataloader.splits=80,20,0" +
+           (trains ? " train.log_period=1 train.checkpointer.period=null" : "") +
            (evaluates ? " train.evaluation.eval_iter=2" : "") +
            " train.train_micro_batch_size=8 train.output_dir=" + out.string() + " " + extra;
   }

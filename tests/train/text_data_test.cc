@@ -50,16 +50,22 @@ class TextDataTest : public ::testing::Test {
   }
   void TearDown() override { fs::remove_all(root_); }
 
-  // gpt2_nano on the corpus (the dataset built from it on first use).
+  // gpt2_nano on the corpus (the dataset built from it on first use), with
+  // the test vocabulary unless `extra` nulls the tokenizer; a line each
+  // iteration when it trains (--eval-only refuses the key).
   std::string Train(const fs::path& out, const std::string& extra) const {
-    return "train " + SourcePath("configs/gpt2_nano.json") +
-           " model.vocab_size=320 tokenization.tokenizer=gpt2 tokenization.vocab_file=" +
-           (vocab_ / "encoder.json").string() + " tokenization.merges_file=" + (vocab_ / "vocab.bpe").string() +
+    const bool trains = extra.find("--eval-only") == std::string::npos;
+    const std::string tokenizer =
+        extra.find("tokenization.tokenizer=null") != std::string::npos
+            ? ""
+            : " tokenization.tokenizer=gpt2 tokenization.vocab_file=" + (vocab_ / "encoder.json").string() +
+                  " tokenization.merges_file=" + (vocab_ / "vocab.bpe").string();
+    return "train " + SourcePath("configs/gpt2_nano.json") + " model.vocab_size=320" + tokenizer +
            " dataloader.data_prefix=" + (root_ / "data" / "corpus").string() +
            " dataloader.text_file=" + (root_ / "corpus.txt").string() +
            " dataloader.splits=80,20,0 model.embedding_dropout_prob=0 model.attention_dropout_prob=0"
-           " model.output_dropout_prob=0 train.log_period=1 train.output_dir=" +
-           out.string() + " " + extra;
+           " model.output_dropout_prob=0" +
+           (trains ? " train.log_period=1" : "") + " train.output_dir=" + out.string() + " " + extra;
   }
 
   // Trains with `extra` into root_/name; the eval_loss of each evaluation.
@@ -281,11 +287,10 @@ TEST_F(TextDataTest, SaveBestKeepsTheBestEvaluationsWeights) {
     EXPECT_TRUE(fs::exists(dir / "checkpoints" / "iter_0000004"));
     EXPECT_FALSE(fs::exists(dir / "checkpoints" / "iter_0000002"));  // pruned: max_to_keep 1
     EXPECT_NE(run.out.find("saved best checkpoint"), std::string::npos) << run.out;
-    const auto again = RunTessera(
-        Train(root_ / "elsewhere", eval +
-                                       "train.train_iter=4 --eval-only "
-                                       "train.evaluation.eval_mode=" +
-                                       mode + " train.load_weight=" + (dir / "checkpoints" / "best").string()));
+    const auto again = RunTessera(Train(root_ / "elsewhere",
+                                        "train.evaluation.enabled=true train.evaluation.eval_iter=2 "
+                                        "train.train_iter=4 --eval-only train.load_weight=" +
+                                            (dir / "checkpoints" / "best").string()));
     ASSERT_EQ(again.exit_code, 0) << again.out;
     EXPECT_NEAR(PrintedLoss(again.out, "eval iter " + std::to_string(want) + "/4"), want_loss, 2e-6 * want_loss + 1e-6);
   }

@@ -926,7 +926,7 @@ TEST(LrSchedule, LinearDecay) {
 TEST(LrSchedule, MultiStep) {
   const double base = 0.5;
   const LrSchedule s =
-      Schedule({{"_target_", "WarmupMultiStepLR"}, {"milestones", {3, 6, 10}}, {"gamma", 0.5}}, base, 10, 0.0);
+      Schedule({{"_target_", "WarmupMultiStepLR"}, {"milestones", {3, 6, 10}}, {"gamma", 0.5}}, base, 11, 0.0);
   EXPECT_EQ(s.warmup_iters(), 0);
   const std::vector<double> expected = {0.5, 0.5, 0.5, 0.25, 0.25, 0.25, 0.125, 0.125, 0.125, 0.125, 0.0625, 0.0625};
   for (size_t i = 0; i < expected.size(); ++i) EXPECT_DOUBLE_EQ(s.At(static_cast<int64_t>(i)), expected[i]) << i;
@@ -1011,8 +1011,11 @@ TEST(LrSchedule, BadMilestonesAreNamed) {
   };
   ExpectError(make({5, 3}, 100), "lr_scheduler.milestones");
   ExpectError(make({5, 5}, 100), "lr_scheduler.milestones");
-  ExpectError(make({5, 101}, 100), "lr_scheduler.milestones[1] = 101 is past train.train_iter = 100");
-  EXPECT_TRUE(make({5, 100}, 100).ok());
+  ExpectError(make({5, 101}, 100), "lr_scheduler.milestones[1] = 101 is never reached");
+  ExpectError(
+      make({5, 100}, 100),
+      "lr_scheduler.milestones[1] = 100 is never reached: the run's iterations are 0 to train.train_iter - 1 = 99");
+  EXPECT_TRUE(make({5, 99}, 100).ok());
 }
 
 TEST(LrSchedule, SchemaRefusesBadKeys) {
