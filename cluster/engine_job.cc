@@ -107,6 +107,14 @@ class EngineJobCompiler final : public JobCompiler {
     return spec;
   }
 
+  absl::StatusOr<std::optional<int64_t>> LatestCheckpoint(const JobSpec& spec) override {
+    if (spec.output_dir.empty()) return std::optional<int64_t>();
+    ASSIGN_OR_RETURN(const std::optional<std::filesystem::path> latest, tessera::LatestCheckpoint(spec.output_dir));
+    if (!latest) return std::optional<int64_t>();
+    ASSIGN_OR_RETURN(const std::shared_ptr<const CheckpointReader> reader, CheckpointReader::Open(*latest));
+    return std::optional<int64_t>(reader->iteration());
+  }
+
   absl::StatusOr<std::vector<std::string>> Compile(const JobSpec& spec, const std::vector<WorkerSlot>& slots) override {
     std::vector<uint32_t> devices_per_node;
     for (const WorkerSlot& slot : slots) {

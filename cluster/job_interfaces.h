@@ -14,6 +14,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -59,6 +60,13 @@ class JobCompiler {
   // One serialised node plan per slot, in slot order; slot i is node i of the job.
   [[nodiscard]] virtual absl::StatusOr<std::vector<std::string>> Compile(const JobSpec& spec,
                                                                          const std::vector<WorkerSlot>& slots) = 0;
+  // The iteration of the latest complete checkpoint in spec.output_dir
+  // (nullopt: none), for the master to say where `--resume` would continue;
+  // an error where the compiler cannot tell.
+  [[nodiscard]] virtual absl::StatusOr<std::optional<int64_t>> LatestCheckpoint(const JobSpec& spec) {
+    (void)spec;
+    return absl::UnimplementedError("this job compiler does not read checkpoints");
+  }
 };
 
 // One report of a node's progress. Values are free-form (loss, lr,

@@ -1244,6 +1244,53 @@ class Master::Impl final : public control::Master::Service {
     if (!status.ok()) TLOG_WARN("job {}: loss.svg not written: {}", job.id, std::string(status.message()));
   }
 
+  // Why a job that was running when the master stopped has failed: how far
+  // it got (the record may lag its metrics.jsonl by the persist period) and
+  // where `--resume` continues (the compiler reads the checkpoints).
+  std::string RestartedReasonLocked(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!job.spec.output_dir.empty()) {
+      job.iteration = std::max(job.iteration, LastLoggedIteration(fs::path(job.spec.output_dir) / "metrics.jsonl"));
+    }
+    absl::StatusOr<std::optional<int64_t>> checkpoint = absl::UnknownError("");
+    {
+      absl::MutexLock compiler_lock(&compiler_mu_);
+      checkpoint = compiler_->LatestCheckpoint(job.spec);
+    }
+    const std::string reached =
+        job.iteration > 0 ? absl::StrCat("the job had reached iteration ", job.iteration) : "the job had just started";
+    if (!checkpoint.ok()) {
+      return job.iteration > 0 ? absl::StrCat("master restarted (", reached,
+                                              "; `tessera submit --resume` continues from its latest checkpoint)")
+                               : std::string("master restarted");
+    }
+    if (!checkpoint->has_value()) {
+      return absl::StrCat("master restarted (", reached,
+                          " and written no checkpoint: `tessera submit --resume` starts it afresh)");
+    }
+    return absl::StrCat("master restarted (", reached, "; its latest checkpoint is iteration ", **checkpoint,
+                        ": `tessera submit --resume` continues from it)");
+  }
+
+  // The highest "iter" among the last rows of a metrics.jsonl (0: none),
+  // read from its last 64 KiB only.
+  static int64_t LastLoggedIteration(const fs::path& path) {
+    std::ifstream in(path, std::ios::binary | std::ios::ate);
+    if (!in) return 0;
+    constexpr std::streamoff kTail = 64 << 10;
+    const std::streamoff size = in.tellg();
+    in.seekg(std::max<std::streamoff>(0, size - kTail));
+    std::string line;
+    if (size > kTail) std::getline(in, line);  // a row cut by the seek
+    int64_t last = 0;
+    while (std::getline(in, line)) {
+      const nlohmann::json row = nlohmann::json::parse(line, nullptr, false);
+      if (row.is_object() && row.contains("iter") && row["iter"].is_number_integer()) {
+        last = std::max(last, row["iter"].get<int64_t>());
+      }
+    }
+    return last;
+  }
+
   // Rewrites metrics.jsonl without its rows past `iteration` (a missing
   // file is fine; lines that are not JSON objects with an "iter" are kept).
   // The loss curves of an earlier run's metrics.jsonl (a resumed job's plot
@@ -1424,10 +1471,7 @@ class Master::Impl final : public control::Master::Service {
         PersistLocked(*job);
       } else if (!IsFinal(state)) {
         job->state = control::FAILED;
-        job->reason = job->iteration > 0
-                          ? absl::StrCat("master restarted (the job had reached iteration ", job->iteration,
-                                         "; `tessera submit --resume` continues from its latest checkpoint)")
-                          : std::string("master restarted");
+        job->reason = RestartedReasonLocked(*job);
         job->end_ms = NowMs();
         PersistLocked(*job);
       }

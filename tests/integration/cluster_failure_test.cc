@@ -391,6 +391,36 @@ TEST_F(ClusterFailureTest, SigintToTheMasterCheckpointsItsRunningJob) {
   EXPECT_NE(info->reason().find(checkpoint.string()), std::string::npos) << info->reason();
 }
 
+// A master killed mid-job (SIGKILL: its record of the job's progress is
+// seconds old) and started again fails the job saying how far it got, from
+// metrics.jsonl, and what `--resume` would do: this job wrote no checkpoint.
+TEST_F(ClusterFailureTest, AJobOfAKilledMasterFailsSayingHowFarItGot) {
+  Deadline deadline(seconds(120), "a master killed mid-job");
+  ProcessCluster cluster(dir_, config_);
+  ASSERT_NO_FATAL_FAILURE(cluster.StartAndSubmit());
+  const auto logged = [&] {
+    int64_t last = 0;
+    std::ifstream in(cluster.out / "metrics.jsonl");
+    for (std::string line; std::getline(in, line);) {
+      const nlohmann::json row = nlohmann::json::parse(line, nullptr, false);
+      if (row.is_object() && row.contains("iter")) last = std::max(last, row["iter"].get<int64_t>());
+    }
+    return last;
+  };
+  ASSERT_TRUE(WaitUntil([&] { return logged() >= 5; }, absl::Seconds(60)));
+  cluster.master->Signal(SIGKILL);
+  cluster.master->Wait();
+  const int64_t reached = logged();
+  ASSERT_NO_FATAL_FAILURE(cluster.StartMaster());
+  auto info = cluster.client->Get(cluster.job);
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->state(), control::FAILED);
+  EXPECT_GE(info->iteration(), reached);
+  EXPECT_EQ(info->reason(), absl::StrCat("master restarted (the job had reached iteration ", info->iteration(),
+                                         " and written no checkpoint: `tessera submit --resume` starts it afresh)"));
+  EXPECT_TRUE(NewestCheckpoint(cluster.out).empty());
+}
+
 // A second SIGINT to a master whose drain waits on a hung worker (SIGSTOP):
 // it exits at once, not when its calls to that worker time out.
 TEST_F(ClusterFailureTest, ASecondSigintToTheMasterExitsAtOnceWhateverItWaitsOn) {
