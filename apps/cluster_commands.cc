@@ -157,18 +157,33 @@ void PrintEvent(const control::JobEvent& event) {
 }
 
 // Follows the job to its end; fails unless it SUCCEEDED.
-void Follow(Client& client, const std::string& job_id, bool print_everything) {
+// A Watch of `job_id` on the master at `master` that ended in `status`:
+// one line, saying the master was lost when the connection was.
+[[noreturn]] void FailWatch(const absl::Status& status, const std::string& master, const std::string& job_id) {
+  if (status.code() == absl::StatusCode::kUnavailable) {
+    Fail(absl::StrCat("lost the master at ", master, " while following job ", job_id, " (", status.message(),
+                      "): `tessera status ", job_id, "` tells how it ends"));
+  }
+  Fail(std::string(status.message()));
+}
+
+// Fails (exit 1) unless `job` ended as `wanted`, naming how it ended.
+void ExpectEnd(const control::JobInfo& job, control::JobState wanted) {
+  if (job.state() == wanted) return;
+  Fail(absl::StrCat("job ", job.job_id(), " ", control::JobState_Name(job.state()), job.reason().empty() ? "" : ": ",
+                    job.reason()));
+}
+
+void Follow(Client& client, const std::string& master, const std::string& job_id, bool print_everything) {
   control::JobInfo last;
   const absl::Status watched = client.Watch(job_id, [&](const control::JobEvent& event) {
     if (event.has_state()) last = event.state();
     if (print_everything || event.has_log_line()) PrintEvent(event);
     return true;
   });
-  if (!watched.ok()) Fail(std::string(watched.message()));
-  if (last.state() != control::SUCCEEDED) {
-    Fail(absl::StrCat("job ", job_id, " ", control::JobState_Name(last.state()),
-                      last.reason().empty() ? "" : ": ", last.reason()));
-  }
+  if (!watched.ok()) FailWatch(watched, master, job_id);
+  last.set_job_id(job_id);
+  ExpectEnd(last, control::SUCCEEDED);
 }
 
 // CLI11's check of an address flag (cluster::CheckAddress).
@@ -392,7 +407,7 @@ void AddClusterCommands(CLI::App& app, ClusterCommandDeps deps) {
     if (!job.ok()) Fail(std::string(job.status().message()));
     std::printf("%s\n", job->c_str());
     std::fflush(stdout);
-    if (submit_flags->follow) Follow(*client, *job, /*print_everything=*/true);
+    if (submit_flags->follow) Follow(*client, submit_flags->client.master, *job, /*print_everything=*/true);
     Succeed();
   });
 
@@ -441,21 +456,27 @@ void AddClusterCommands(CLI::App& app, ClusterCommandDeps deps) {
       "logs", "Print a job's log lines (its nodes' and the master's) and, once it ended, how (-f: until it ends)");
   logs_flags->client.Add(logs);
   logs->add_option("JOB", logs_flags->job, "A job id")->required();
-  logs->add_flag("-f,--follow", logs_flags->follow, "Keep printing until the job ends");
+  logs->add_flag("-f,--follow", logs_flags->follow, "Keep printing until the job ends; exit 1 unless it succeeds");
   logs->callback([logs_flags] {
     auto client = logs_flags->client.Connect();
+    std::optional<control::JobInfo> ended;
     const absl::Status watched = client->Watch(
         logs_flags->job,
-        [](const control::JobEvent& event) {
+        [&ended](const control::JobEvent& event) {
           // The log lines, and how the job ended (the master's last word).
-          const bool ended = event.has_state() &&
-                             (event.state().state() == control::SUCCEEDED || event.state().state() == control::FAILED ||
-                              event.state().state() == control::CANCELLED);
-          if (event.has_log_line() || ended) PrintEvent(event);
+          const bool end = event.has_state() &&
+                           (event.state().state() == control::SUCCEEDED || event.state().state() == control::FAILED ||
+                            event.state().state() == control::CANCELLED);
+          if (end) ended = event.state();
+          if (event.has_log_line() || end) PrintEvent(event);
           return true;
         },
         logs_flags->follow);
-    if (!watched.ok()) Fail(std::string(watched.message()));
+    if (!watched.ok()) FailWatch(watched, logs_flags->client.master, logs_flags->job);
+    if (logs_flags->follow && ended) {
+      ended->set_job_id(logs_flags->job);
+      ExpectEnd(*ended, control::SUCCEEDED);
+    }
     Succeed();
   });
 
@@ -464,7 +485,8 @@ void AddClusterCommands(CLI::App& app, ClusterCommandDeps deps) {
   CLI::App* cancel = app.add_subcommand(
       "cancel",
       "Cancel a job: its nodes finish the iteration in flight, write a checkpoint there (`tessera submit --resume` "
-      "continues from it) and the job ends CANCELLED; waits for that, then prints the job");
+      "continues from it) and the job ends CANCELLED; waits for that, then prints the job (exit 1 if it ended "
+      "otherwise)");
   cancel_flags->client.Add(cancel);
   cancel->add_option("JOB", cancel_flags->job, "A job id")->required();
   cancel->add_flag("--now", cancel_flags->now, "Stop every node at once, without a checkpoint");
@@ -477,9 +499,12 @@ void AddClusterCommands(CLI::App& app, ClusterCommandDeps deps) {
         if (event.has_state()) *job = event.state();
         return true;
       });
-      if (!watched.ok()) Fail(std::string(watched.message()));
+      if (!watched.ok()) FailWatch(watched, cancel_flags->client.master, cancel_flags->job);
     }
     PrintJob(*job);
+    // It may have ended otherwise meanwhile (a node lost while stopping).
+    job->set_job_id(cancel_flags->job);
+    ExpectEnd(*job, control::CANCELLED);
     Succeed();
   });
 }

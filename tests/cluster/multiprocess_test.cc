@@ -128,10 +128,15 @@ TEST_F(MultiprocessTest, StoppedWorkerFailsTheJobWithin15s) {
   ASSERT_TRUE(WaitUntil([&] { return client_->Get(*job)->state() == control::RUNNING; }));
   hung.Signal(SIGSTOP);
   const absl::Time stopped = absl::Now();
+  // A cancel meanwhile cannot stop the hung node: the job ends FAILED, and
+  // `tessera cancel` says so and exits 1.
+  auto cancel = RunCli({"cancel", "--master", address_, *job}, "cancel-hung");
   const control::JobInfo info = WaitEnd(*job, absl::Seconds(15));
   EXPECT_LT(absl::Now() - stopped, absl::Seconds(15));
   EXPECT_EQ(info.state(), control::FAILED);
   EXPECT_NE(info.reason().find("worker w-c"), std::string::npos) << info.reason();
+  EXPECT_EQ(cancel->Wait(), 1) << cancel->Output();
+  EXPECT_NE(cancel->Output().find("tessera: job " + *job + " FAILED: "), std::string::npos) << cancel->Output();
   // The other worker was stopped and takes the next job.
   auto next = client_->Submit(R"({"iterations": 3})", {});
   ASSERT_TRUE(next.ok());
@@ -189,6 +194,14 @@ TEST_F(MultiprocessTest, CliVerbsAndCleanStop) {
   EXPECT_NE(failed->Output().find("FAILED: worker w-cli (node 0): INTERNAL: test runner: failing at iteration 1"),
             std::string::npos)
       << failed->Output();
+  // logs -f of it exits 1 too, after its lines; plain logs (a query) 0.
+  const std::string failed_id = failed->Output().substr(0, failed->Output().find('\n'));
+  auto followed = RunCli({"logs", "--master", address_, failed_id, "-f"}, "logs-f");
+  EXPECT_EQ(followed->Wait(), 1) << followed->Output();
+  EXPECT_NE(followed->Output().find("tessera: job " + failed_id + " FAILED: worker w-cli (node 0)"), std::string::npos)
+      << followed->Output();
+  auto queried = RunCli({"logs", "--master", address_, failed_id}, "logs-q");
+  EXPECT_EQ(queried->Wait(), 0) << queried->Output();
 
   // SIGTERM: the worker stops cleanly (exit 0), and the master notices.
   worker.Signal(SIGTERM);

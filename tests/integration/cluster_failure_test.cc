@@ -394,6 +394,7 @@ TEST_F(ClusterFailureTest, SigintToTheMasterCheckpointsItsRunningJob) {
 // A master killed mid-job (SIGKILL: its record of the job's progress is
 // seconds old) and started again fails the job saying how far it got, from
 // metrics.jsonl, and what `--resume` would do: this job wrote no checkpoint.
+// `tessera logs -f` of it says the master was lost.
 TEST_F(ClusterFailureTest, AJobOfAKilledMasterFailsSayingHowFarItGot) {
   Deadline deadline(seconds(120), "a master killed mid-job");
   ProcessCluster cluster(dir_, config_);
@@ -408,8 +409,17 @@ TEST_F(ClusterFailureTest, AJobOfAKilledMasterFailsSayingHowFarItGot) {
     return last;
   };
   ASSERT_TRUE(WaitUntil([&] { return logged() >= 5; }, absl::Seconds(60)));
+  // A follower of its logs is told the master was lost.
+  ChildProcess follower(TESSERA_BINARY, {"logs", "--master", cluster.address, cluster.job, "-f"},
+                        dir_ / "follower.out");
+  std::this_thread::sleep_for(std::chrono::seconds(1));  // it is watching
   cluster.master->Signal(SIGKILL);
   cluster.master->Wait();
+  EXPECT_EQ(follower.Wait(), 1);
+  EXPECT_NE(
+      follower.Output().find("tessera: lost the master at " + cluster.address + " while following job " + cluster.job),
+      std::string::npos)
+      << follower.Output();
   const int64_t reached = logged();
   ASSERT_NO_FATAL_FAILURE(cluster.StartMaster());
   auto info = cluster.client->Get(cluster.job);
