@@ -895,6 +895,17 @@ class Master::Impl final : public control::Master::Service {
     return true;
   }
 
+  // A queued job's reason for waiting, told to its followers when it changes.
+  void SetWaitingReasonLocked(Job& job, std::string reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (job.reason == reason) return;
+    job.reason = std::move(reason);
+    PersistLocked(job);
+    // Followers (submit --follow, logs -f) see why it waits, not only PENDING.
+    control::JobEvent event;
+    event.set_log_line(absl::StrCat("[master] ", job.reason));
+    AddEventLocked(job, std::move(event));
+  }
+
   // The next job that can start now, with its slots; nullptr if none.
   Job* PlaceNextLocked(std::vector<WorkerSlot>& slots) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (draining_) return nullptr;  // the queue waits for the next master
@@ -914,19 +925,28 @@ class Master::Impl final : public control::Master::Service {
       const std::string& type = job.spec.device_type;
       const int64_t total = total_of[type], free = free_of[type];
       if (job.spec.devices_needed > total) {
-        const std::string reason = absl::StrCat("waiting: needs ", job.spec.devices_needed, " ", type,
-                                                " devices, the live workers have ", total);
-        if (job.reason != reason) {
-          job.reason = reason;
-          PersistLocked(job);
-          // Followers (submit --follow, logs -f) see why it waits, not only PENDING.
-          control::JobEvent event;
-          event.set_log_line(absl::StrCat("[master] ", reason));
-          AddEventLocked(job, std::move(event));
-        }
+        SetWaitingReasonLocked(job, absl::StrCat("waiting: needs ", job.spec.devices_needed, " ", type,
+                                                 " devices, the live workers have ", total));
         continue;  // cannot fit the cluster as it is: does not block the queue
       }
-      if (job.spec.devices_needed > free) return nullptr;  // FIFO: wait for the head
+      if (job.spec.devices_needed > free) {
+        // FIFO: the head waits for busy devices, and the jobs behind it that
+        // could run on the cluster wait for the head.
+        SetWaitingReasonLocked(job, absl::StrCat("waiting: needs ", job.spec.devices_needed, " ", type, " devices, ",
+                                                 free, " of the live workers' ", total, " are free"));
+        bool behind = false;
+        for (const std::string& other : queue_) {
+          if (other == id) {
+            behind = true;
+            continue;
+          }
+          Job& next = *jobs_.at(other);
+          if (behind && next.spec.devices_needed <= total_of[next.spec.device_type]) {
+            SetWaitingReasonLocked(next, absl::StrCat("waiting: queued behind ", id));
+          }
+        }
+        return nullptr;
+      }
       int64_t needed = job.spec.devices_needed;
       slots.clear();
       for (WorkerRecord* worker : free_workers) {

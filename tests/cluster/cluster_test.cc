@@ -348,13 +348,18 @@ TEST(ClusterTest, TwoJobsOnDisjointWorkersRunAtOnce) {
   const auto info_a = cluster.client->Get(*a), info_b = cluster.client->Get(*b);
   ASSERT_TRUE(info_a.ok() && info_b.ok());
   EXPECT_NE(info_a->slots(0).worker_id(), info_b->slots(0).worker_id());
-  // A third waits (FIFO) until one of them ends.
+  // A third waits (FIFO) until one of them ends, saying why, and a fourth
+  // behind it says it waits for it.
   auto c = cluster.client->Submit(R"({"devices_needed": 1})", {});
-  ASSERT_TRUE(c.ok());
+  auto d = cluster.client->Submit(R"({"devices_needed": 1})", {});
+  ASSERT_TRUE(c.ok() && d.ok());
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   EXPECT_EQ(cluster.client->Get(*c)->state(), control::PENDING);
+  EXPECT_EQ(cluster.client->Get(*c)->reason(), "waiting: needs 1 cpu devices, 0 of the live workers' 4 are free");
+  EXPECT_EQ(cluster.client->Get(*d)->reason(), "waiting: queued behind " + *c);
   ASSERT_TRUE(cluster.client->Cancel(*a).ok());
   EXPECT_EQ(cluster.WaitEnd(*c).state(), control::SUCCEEDED);
+  EXPECT_EQ(cluster.WaitEnd(*d).state(), control::SUCCEEDED);
   ASSERT_TRUE(cluster.client->Cancel(*b).ok());
 }
 
