@@ -34,9 +34,10 @@ class Client {
     std::string master = "127.0.0.1:7070";
     Security security;
     absl::Duration timeout = absl::Seconds(30);  // per unary call
-    // A master that stops answering (stopped, partitioned) ends a call in
-    // flight, a Watch too, UNAVAILABLE within about twice this
-    // (transport.h MakeChannel); at least 1 s.
+    // A master that stops answering (stopped, partitioned) ends a Watch
+    // UNAVAILABLE within about twice this (transport.h MakeChannel); a
+    // unary call made meanwhile ends at `timeout` (DEADLINE_EXCEEDED) or
+    // UNAVAILABLE, whichever comes first. At least 1 s.
     absl::Duration keepalive = absl::Seconds(20);
   };
 

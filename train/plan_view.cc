@@ -109,6 +109,8 @@ std::string MemoryText(const proto::Plan& plan) {
   std::string out = fmt::format(
       "memory per device (MiB): total = parameters + optimizer state + arena + unplanned + feed buffers; the arena\n"
       "holds the gradients, activations and collectives' scratch, sharing bytes between uses that never overlap\n"
+      "(gradients: what the updates read, under ZeRO their shards; buffers summing micro-batches count as "
+      "activations)\n"
       "  {:<16} {:>10} {:>10} {:>10} {:>10} {:>10} {:>11} {:>10} {:>10} {:>10}\n",
       "device", "total", "params", "optimizer", "arena", "gradients", "activations", "scratch", "unplanned", "feeds");
   for (const auto& m : plan.memory_estimate()) {
