@@ -274,6 +274,10 @@ class Resolver {
         const std::string& s = value.get_ref<const std::string&>();
         if (spec.choices.empty()) {
           if (s.empty()) return Error(path, StrCat("config key '", path, "' must not be an empty string"));
+          // (Paths and names: the OS would read a NUL as the string's end.)
+          if (s.find('\0') != std::string::npos) {
+            return Error(path, StrCat("config key '", path, "' holds a NUL character"));
+          }
           return value;
         }
         if (std::find(spec.choices.begin(), spec.choices.end(), s) == spec.choices.end()) {

@@ -168,8 +168,11 @@ const config::Binding<DataloaderConfig>& DataloaderKeys();
 // The whole job's schema (models included).
 const config::Section& JobSchema();
 
-// Files + overrides -> the complete, checked config (errors name the file or
-// override that set the offending key).
+// Files + overrides -> the complete config, each key checked against the
+// schema and overrides nothing reads refused (errors name the file or
+// override that set the offending key). What ties keys to each other and to
+// the model (batch arithmetic, the mesh, the model's layers) is checked when
+// the job is built: Train, TrainingPlan.
 absl::StatusOr<nlohmann::json> LoadJobConfig(const std::filesystem::path& path,
                                              const std::vector<std::string>& overrides = {});
 // An override that sets a key of a feature `resolved` leaves off

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <numbers>
@@ -278,6 +279,15 @@ absl::StatusOr<Job> Prepare(const nlohmann::json& raw_config, PlanExecutor execu
     return absl::InvalidArgumentError(StrCat("train.global_batch_size ", *global, " != train.train_micro_batch_size ",
                                              job.batch, " x train.num_accumulation_steps ", *accumulation, " x ",
                                              job.data_parallel, " data-parallel ranks"));
+  }
+  // The samples of an iteration, however given, within global_batch_size's
+  // range (the scheduler's arithmetic on them stays far from overflow).
+  constexpr int64_t kMaxGlobalBatch = std::numeric_limits<int32_t>::max();
+  if (int64_t samples = 0; __builtin_mul_overflow(per_step, *accumulation, &samples) || samples > kMaxGlobalBatch) {
+    return absl::InvalidArgumentError(StrCat("train.train_micro_batch_size ", job.batch,
+                                             " x train.num_accumulation_steps ", *accumulation, " x ",
+                                             job.data_parallel, " data-parallel ranks is more than ", kMaxGlobalBatch,
+                                             " samples an iteration (train.global_batch_size's bound)"));
   }
   job.options.num_micro_batches = *accumulation;
   job.options.activation_checkpoint = train.activation_checkpoint.enabled;

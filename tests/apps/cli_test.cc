@@ -438,7 +438,14 @@ TEST(Cli, RelativePathsAreMadeAbsoluteAgainstTheMaster) {
   const Result nul = RunCommand("cd " + dir.string() + " && " + std::string(TESSERA_BINARY) + " train " +
                                 Source("configs/gpt2_nano.json") + " 'train.output_dir=\"a\\u0000b\"' 2>&1");
   EXPECT_EQ(nul.exit_code, 1);
-  EXPECT_EQ(nul.out, "tessera: config key 'train.output_dir' holds a NUL character\n");
+  EXPECT_EQ(nul.out,
+            "tessera: config key 'train.output_dir' holds a NUL character (from override "
+            "'train.output_dir=\"a\\u0000b\"')\n");
+  // `tessera config` checks it the same way.
+  const Result nul_config = RunCommand(std::string(TESSERA_BINARY) + " config " + Source("configs/gpt2_nano.json") +
+                                       " 'train.output_dir=\"a\\u0000b\"' 2>&1");
+  EXPECT_EQ(nul_config.exit_code, 1);
+  EXPECT_EQ(nul_config.out, nul.out);
   // So are the tokenizer's and the data's paths: an export from elsewhere
   // finds the run's vocabulary.
   {

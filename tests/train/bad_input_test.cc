@@ -230,6 +230,8 @@ std::vector<BadInput> Cases() {
       {"global != micro x acc x dp", kMlp,
        {"train.dist.data_parallel_size=2", "train.train_micro_batch_size=16", "train.global_batch_size=32", "train.num_accumulation_steps=2"},
        "train.global_batch_size 32 != train.train_micro_batch_size 16 x train.num_accumulation_steps 2 x 2 data-parallel ranks"},
+      {"global batch past 2^31", kGpt, {"train.train_micro_batch_size=100000", "train.num_accumulation_steps=1048576"},
+       "train.train_micro_batch_size 100000 x train.num_accumulation_steps 1048576 x 1 data-parallel ranks is more than 2147483647 samples an iteration"},
       {"global not a multiple", kMlp,
        {"train.dist.data_parallel_size=2", "train.train_micro_batch_size=16", "train.global_batch_size=40", "train.num_accumulation_steps=null"},
        "train.global_batch_size 40 is not a multiple of train.train_micro_batch_size 16 x 2 data-parallel ranks"},
