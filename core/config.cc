@@ -216,7 +216,12 @@ std::string ParseErrorReason(const std::string& what) {
 absl::StatusOr<Json> ReadJsonFile(const fs::path& path) {
   std::error_code error;
   if (!fs::exists(path, error)) {
-    return absl::NotFoundError(absl::StrCat("config file '", path.string(), "' not found"));
+    // (An error other than "no such file": a symlink loop, a permission.)
+    if (error && error != std::errc::no_such_file_or_directory) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("config file '", EscapeControlChars(path.string()), "' cannot be read: ", error.message()));
+    }
+    return absl::NotFoundError(absl::StrCat("config file '", EscapeControlChars(path.string()), "' not found"));
   }
   if (!fs::is_regular_file(path, error)) {
     return absl::InvalidArgumentError(
@@ -344,6 +349,11 @@ class FileLoader {
                                       : absl::StrCat(" (looked for '", EscapeControlChars(resolved.string()), "')");
         return absl::NotFoundError(absl::StrCat("config file '", EscapeControlChars(path.string()), "' names base '",
                                                 EscapeControlChars(base), "', which does not exist", looked_for));
+      }
+      if (!fs::is_regular_file(resolved, error)) {
+        return absl::InvalidArgumentError(absl::StrCat("config file '", EscapeControlChars(path.string()),
+                                                       "' names base '", EscapeControlChars(base),
+                                                       "', which is not a regular file"));
       }
       ChainEntry entry{Canonical(resolved), resolved.string()};
       for (const ChainEntry& ancestor : chain_) {

@@ -304,8 +304,16 @@ TEST_F(ConfigTest, LimitsKeepHostileFilesCheap) {
   const auto started = std::chrono::steady_clock::now();
   EXPECT_THAT(LoadConfigFiles(dir_ / "lattice0.json").status().message(), HasSubstr("reads more than"));
   EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(2));
-  // Not a regular file.
+  // Not a regular file, also as a base (the including file named).
   EXPECT_THAT(LoadConfigFiles(dir_).status().message(), HasSubstr("is not a regular file"));
+  const fs::path includes_dir = Write("includes_dir.json", "{\"_base_\": \".\"}");
+  EXPECT_EQ(LoadConfigFiles(includes_dir).status().message(),
+            "config file '" + includes_dir.string() + "' names base '.', which is not a regular file");
+  // A symlink loop is said to be one, not "not found".
+  fs::create_symlink(dir_ / "loop_b.json", dir_ / "loop_a.json");
+  fs::create_symlink(dir_ / "loop_a.json", dir_ / "loop_b.json");
+  EXPECT_THAT(LoadConfigFiles(dir_ / "loop_a.json").status().message(),
+              HasSubstr("cannot be read: Too many levels of symbolic links"));
   // Invalid UTF-8 inside a string.
   const fs::path bad_utf8 = Write("utf8.json", "{\"a\": \"\xff\"}");
   EXPECT_THAT(LoadConfigFiles(bad_utf8).status().message(), HasSubstr("JSON syntax error"));
