@@ -99,6 +99,10 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Compile(graph::Graph graph, cons
       differentiated = scaled->scaled_loss;
     }
     ASSIGN_OR_RETURN(graph::GradientMap gradients, graph::Autodiff(graph, differentiated));
+    if (gradients.empty()) {
+      return absl::InvalidArgumentError(
+          "engine: the loss depends on no trainable variable: training would change nothing");
+    }
     // The scaled loss was autodiff's root only: nothing reads it, and the
     // passes below may drop it.
     if (scaled) scaled->scaled_loss = graph::kNoValue;

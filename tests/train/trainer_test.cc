@@ -20,6 +20,7 @@
 #include "comm/proto/actor_id.h"
 #include "core/config.h"
 #include "core/text.h"
+#include "graph/builder.h"
 #include "models/model.h"
 #include "nlohmann/json.hpp"
 #include "ops/registry.h"
@@ -297,6 +298,19 @@ TEST(Engine, RunsOneRunAtATimeAndRefusesBadOptions) {
     EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
     EXPECT_NE(status.message().find(text), std::string::npos) << status;
   };
+  // A training graph whose loss reads no trainable variable would train
+  // nothing: refused (it ran, returning OK).
+  {
+    graph::GraphBuilder b;
+    const graph::Sym x = b.Input("x", {DType::kF32, Shape{2, 3}});
+    const graph::Sym frozen = b.Variable("frozen", Shape{3}, graph::InitRule::Ones(), {.trainable = false});
+    b.MarkLoss(graph::ReduceSum(x * frozen));
+    auto graph = b.Finish();
+    ASSERT_TRUE(graph.ok()) << graph.status();
+    const absl::Status status = Engine::Compile(std::move(*graph), {}).status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+    EXPECT_EQ(status.message(), "engine: the loss depends on no trainable variable: training would change nothing");
+  }
   refused({.intra_op_threads = -7}, "engine: intra_op_threads must be in [0, 1024]");
   refused({.intra_op_threads = 3000}, "engine: intra_op_threads must be in [0, 1024]");
   refused({.stall_timeout_s = std::nan("")}, "engine: stall_timeout_s must be a finite number of seconds >= 0");
