@@ -303,6 +303,7 @@ class Master::Impl final : public control::Master::Service {
       do {
         record->id = absl::StrCat("worker-", ++next_worker_number_);
       } while (workers_.contains(record->id));
+      PersistWorkerNumberLocked();
     } else {
       record->id = request->worker_id();
     }
@@ -1389,6 +1390,17 @@ class Master::Impl final : public control::Master::Service {
     if (!status.ok()) TLOG_WARN("job {}: not persisted: {}", job.id, std::string(status.message()));
   }
 
+  // The last "worker-N" given, kept in --state-dir so that the next master
+  // never gives a number again: its jobs' records name the workers that ran
+  // them, and a worker of before the restart comes back with its number.
+  static constexpr std::string_view kWorkerNumberFile = "last_worker_number";
+  void PersistWorkerNumberLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (options_.state_dir.empty()) return;
+    const auto status =
+        WriteFileAtomically(fs::path(options_.state_dir) / kWorkerNumberFile, absl::StrCat(next_worker_number_, "\n"));
+    if (!status.ok()) TLOG_WARN("worker numbers: not persisted: {}", std::string(status.message()));
+  }
+
   absl::Status LoadState() {
     if (options_.state_dir.empty()) return absl::OkStatus();
     std::error_code error;
@@ -1409,6 +1421,12 @@ class Master::Impl final : public control::Master::Service {
                                                         "' is in use by another master (it holds ", lock_path, ")"));
     }
     absl::MutexLock lock(&mu_);
+    {
+      std::ifstream in(fs::path(options_.state_dir) / kWorkerNumberFile);
+      std::string line;
+      uint64_t number = 0;
+      if (std::getline(in, line) && absl::SimpleAtoi(line, &number)) next_worker_number_ = number;
+    }
     std::vector<std::pair<uint64_t, std::string>> requeued;  // (session, id): submit order
     for (const auto& entry : fs::directory_iterator(options_.state_dir, error)) {
       if (entry.path().extension() != ".json") continue;
@@ -1446,6 +1464,12 @@ class Master::Impl final : public control::Master::Service {
         for (const auto& slot : record.at("slots")) {
           job->slots.push_back({slot.at("worker_id").get<std::string>(), slot.at("node").get<uint32_t>(),
                                 slot.at("num_devices").get<int>(), slot.at("data_address").get<std::string>()});
+          // (A state directory from before the number was kept.)
+          uint64_t number = 0;
+          if (const std::string& worker = job->slots.back().worker_id;
+              worker.starts_with("worker-") && absl::SimpleAtoi(worker.substr(7), &number)) {
+            next_worker_number_ = std::max(next_worker_number_, number);
+          }
         }
       } catch (const std::exception& e) {
         TLOG_WARN("state dir: skipping {}: not a job record ({})", entry.path().string(), e.what());

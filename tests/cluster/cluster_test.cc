@@ -738,14 +738,18 @@ TEST(ClusterTest, AQueuedJobsMadeDirectoryGoesWhenItEndsAfterARestart) {
 // registers again on its own and runs the next job.
 TEST(ClusterTest, WorkersRegisterAgainWithARestartedMaster) {
   Deadline deadline(seconds(30), "worker re-registration");
+  const fs::path state = TempDir("workers-state");
+  Master::Options first = FastMasterOptions();
+  first.state_dir = state.string();
   TestCluster cluster;
-  cluster.Start({"cpu:1"});
+  cluster.Start({"cpu:1"}, first);
   const std::string address = cluster.address;
   const std::string id = cluster.workers[0]->worker_id();
   cluster.master->Shutdown();
   EXPECT_TRUE(WaitUntil([&] { return !cluster.workers[0]->registered(); }, absl::Seconds(5)))
       << "the worker did not notice the master go";
   Master::Options options = FastMasterOptions();
+  options.state_dir = state.string();
   options.listen = address;
   cluster.master = std::make_unique<Master>(options, std::make_unique<FakeJobCompiler>());
   auto bound = cluster.master->Start();
@@ -760,6 +764,20 @@ TEST(ClusterTest, WorkersRegisterAgainWithARestartedMaster) {
   auto job = cluster.client->Submit(R"({"iterations": 2})", {});
   ASSERT_TRUE(job.ok()) << job.status();
   EXPECT_EQ(cluster.WaitEnd(*job).state(), control::SUCCEEDED);
+  // The worker leaves, the master restarts again: a new worker gets a number
+  // no master of this state directory gave (it keeps the last one), so the
+  // job records name workers unambiguously.
+  cluster.workers.clear();
+  cluster.master->Shutdown();
+  cluster.master = std::make_unique<Master>(options, std::make_unique<FakeJobCompiler>());
+  ASSERT_TRUE(cluster.master->Start().ok());
+  Worker* fresh = cluster.AddWorker("cpu:1");
+  ASSERT_TRUE(WaitUntil([&] { return fresh->registered(); }));
+  EXPECT_EQ(fresh->worker_id(), "worker-2");
+  auto history = cluster.client->Get(*job);
+  ASSERT_TRUE(history.ok()) << history.status();
+  ASSERT_EQ(history->slots_size(), 1);
+  EXPECT_EQ(history->slots(0).worker_id(), id);
 }
 
 TEST(ClusterTest, KvPutGetWait) {
