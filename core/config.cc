@@ -455,9 +455,12 @@ absl::Status ApplyOverrides(Json& config, const std::vector<std::string>& overri
     absl::StatusOr<SchemaEntry> entry = Lookup(schema, updated, parsed.key);
     if (!entry.ok()) {
       if (absl::IsNotFound(entry.status())) {
+        const std::string hint = OtherTargetsHint(schema, parsed.key);
         const std::optional<std::string> closest = ClosestMatch(parsed.key, DeclaredPaths(schema, updated));
         return absl::InvalidArgumentError(absl::StrCat("unknown config key '", ShortText(parsed.key), "'", from,
-                                                       closest ? absl::StrCat("; did you mean '", *closest, "'?") : ""));
+                                                       !hint.empty() ? hint
+                                                       : closest     ? absl::StrCat("; did you mean '", *closest, "'?")
+                                                                     : ""));
       }
       return absl::InvalidArgumentError(absl::StrCat(entry.status().message(), from));
     }

@@ -191,8 +191,14 @@ class Resolver {
         if (section.targeted() && name == "_target_") continue;
         if (keys->FindKey(name) != nullptr || keys->FindSub(name) != nullptr) continue;
         const std::string key_path = Join2(path, name);
+        // (key_path is the full path: the prefix's part of it is above schema_.)
+        const std::string_view relative =
+            prefix_.empty() ? std::string_view(key_path) : std::string_view(key_path).substr(prefix_.size() + 1);
+        std::string hint = OtherTargetsHint(schema_, relative);
+        if (!hint.empty() && !prefix_.empty()) hint.insert(hint.find(" (a key of ") + 11, StrCat(prefix_, "."));
         return absl::InvalidArgumentError(StrCat("unknown config key '", EscapeControlChars(key_path), "'",
-                                                 OriginOf(origins_, key_path), DidYouMean(key_path)));
+                                                 OriginOf(origins_, key_path),
+                                                 hint.empty() ? DidYouMean(key_path) : hint));
       }
     }
     for (const auto& [name, spec] : keys->keys()) {
@@ -517,6 +523,35 @@ std::vector<std::string> DeclaredPaths(const Section& schema, const Json& config
   std::vector<std::string> paths;
   CollectPaths(schema, &config, "", paths);
   return paths;
+}
+
+std::string OtherTargetsHint(const Section& schema, std::string_view dotted_path) {
+  std::vector<std::string> segments;
+  for (std::size_t start = 0; start <= dotted_path.size();) {
+    const std::size_t dot = std::min(dotted_path.find('.', start), dotted_path.size());
+    segments.emplace_back(dotted_path.substr(start, dot - start));
+    start = dot + 1;
+  }
+  // Whether `section` declares segments [i, end) as a key.
+  const auto declares = [&segments](const Section* section, std::size_t i) {
+    for (; section != nullptr && i + 1 < segments.size(); ++i) section = section->FindSub(segments[i]);
+    return section != nullptr && section->FindKey(segments.back()) != nullptr;
+  };
+  const Section* section = &schema;
+  for (std::size_t i = 0; i < segments.size() && section != nullptr; ++i) {
+    if (section->targeted()) {
+      std::vector<std::string> having;
+      for (const auto& [name, target] : section->targets()) {
+        if (declares(&target, i)) having.push_back(name);
+      }
+      if (having.empty()) return "";
+      std::string at;
+      for (std::size_t j = 0; j < i; ++j) at += segments[j] + ".";
+      return StrCat(" (a key of ", at, "_target_ ", Join(having, " or "), ")");
+    }
+    section = section->FindSub(segments[i]);
+  }
+  return "";
 }
 
 absl::StatusOr<SchemaEntry> Lookup(const Section& schema, const Json& config, std::string_view dotted_path) {

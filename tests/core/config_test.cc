@@ -437,9 +437,13 @@ TEST(ApplyOverridesTest, ChangingTheTargetDropsTheOldTargetsKeys) {
   absl::StatusOr<json> resolved = Resolve(TestSchema(), config, origins);
   ASSERT_TRUE(resolved.ok()) << resolved.status();
   EXPECT_EQ((*resolved)["optim"], json::parse(R"({"_target_": "SGD", "lr": 0.1, "momentum": 0.9})"));
-  // Keys of another target are unknown under this one.
-  EXPECT_THAT(Overridden({"optim.momentum=0.9"}).status().message(),
-              HasSubstr("unknown config key 'optim.momentum' (from override 'optim.momentum=0.9')"));
+  // Keys of another target are unknown under this one, and say whose they are.
+  EXPECT_EQ(Overridden({"optim.momentum=0.9"}).status().message(),
+            "unknown config key 'optim.momentum' (from override 'optim.momentum=0.9') (a key of optim._target_ SGD)");
+  json in_file = TypedConfig();
+  in_file["optim"]["momentum"] = 0.9;
+  EXPECT_EQ(Resolve(TestSchema(), in_file, {{"optim.momentum", "in job.json"}}).status().message(),
+            "unknown config key 'optim.momentum' (in job.json) (a key of optim._target_ SGD)");
 }
 
 TEST(ApplyOverridesTest, UnknownKeySuggestsTheClosestFullPath) {

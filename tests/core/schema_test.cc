@@ -171,7 +171,11 @@ TEST(SchemaTest, TargetsSelectTheirKeys) {
   EXPECT_EQ(Error(R"({"model": {"a": 1}})"), "config key 'model._target_' is missing: set it to one of A, B");
   EXPECT_EQ(Error(R"({"model": {"_target_": "C"}})"), "unknown model _target_ 'C'; did you mean 'A'? (one of: A, B)");
   EXPECT_EQ(Error(R"({"model": {"_target_": 3}})"), "config key 'model._target_' expects a string (one of A, B), got integer 3");
-  EXPECT_EQ(Error(R"({"model": {"_target_": "B", "a": 1}})"), "unknown config key 'model.a'; did you mean 'model.b'?");
+  // A key of another target says whose it is; one of none, the closest.
+  EXPECT_EQ(Error(R"({"model": {"_target_": "B", "a": 1}})"),
+            "unknown config key 'model.a' (a key of model._target_ A)");
+  EXPECT_EQ(Error(R"({"model": {"_target_": "B", "bb": 1}})"),
+            "unknown config key 'model.bb'; did you mean 'model.b'?");
   absl::StatusOr<json> b = R(R"({"model": {"_target_": "B"}})");
   ASSERT_TRUE(b.ok());
   EXPECT_EQ((*b)["model"], json::parse(R"({"_target_": "B", "b": "x"})"));
