@@ -493,6 +493,13 @@ void AddClusterCommands(CLI::App& app, ClusterCommandDeps deps) {
   cancel->callback([cancel_flags] {
     auto client = cancel_flags->client.Connect();
     auto job = client->Cancel(cancel_flags->job, "cancelled from the command line", /*checkpoint=*/!cancel_flags->now);
+    if (absl::IsFailedPrecondition(job.status())) {
+      // Ended already: what was asked for if it was cancelled.
+      if (auto ended = client->Get(cancel_flags->job); ended.ok() && ended->state() == control::CANCELLED) {
+        PrintJob(*ended);
+        Succeed();
+      }
+    }
     if (!job.ok()) Fail(std::string(job.status().message()));
     if (job->state() == control::RUNNING) {  // stopping: wait for its end
       const absl::Status watched = client->Watch(cancel_flags->job, [&](const control::JobEvent& event) {

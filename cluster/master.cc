@@ -925,11 +925,16 @@ class Master::Impl final : public control::Master::Service {
       Job& job = *jobs_.at(id);
       const std::string& type = job.spec.device_type;
       const int64_t total = total_of[type], free = free_of[type];
-      if (job.spec.devices_needed > total) {
-        SetWaitingReasonLocked(job, absl::StrCat("waiting: needs ", job.spec.devices_needed, " ", type,
-                                                 " devices, the live workers have ", total));
-        continue;  // cannot fit the cluster as it is: does not block the queue
-      }
+      // A job the cluster as it is cannot hold waits without blocking the queue.
+      const auto too_big = [this, &total_of](Job& waiting) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        const int64_t have = total_of[waiting.spec.device_type];
+        if (waiting.spec.devices_needed <= have) return false;
+        SetWaitingReasonLocked(
+            waiting, absl::StrCat("waiting: needs ", waiting.spec.devices_needed, " ", waiting.spec.device_type,
+                                  " devices, the live workers have ", have));
+        return true;
+      };
+      if (too_big(job)) continue;
       if (job.spec.devices_needed > free) {
         // FIFO: the head waits for busy devices, and the jobs behind it that
         // could run on the cluster wait for the head.
@@ -942,9 +947,7 @@ class Master::Impl final : public control::Master::Service {
             continue;
           }
           Job& next = *jobs_.at(other);
-          if (behind && next.spec.devices_needed <= total_of[next.spec.device_type]) {
-            SetWaitingReasonLocked(next, absl::StrCat("waiting: queued behind ", id));
-          }
+          if (behind && !too_big(next)) SetWaitingReasonLocked(next, absl::StrCat("waiting: queued behind ", id));
         }
         return nullptr;
       }
@@ -1277,6 +1280,9 @@ class Master::Impl final : public control::Master::Service {
       absl::MutexLock compiler_lock(&compiler_mu_);
       checkpoint = compiler_->LatestCheckpoint(job.spec);
     }
+    // (A worker that outlived the master trains on until it notices, and
+    // may checkpoint past what reached metrics.jsonl.)
+    if (checkpoint.ok() && checkpoint->has_value()) job.iteration = std::max(job.iteration, **checkpoint);
     const std::string reached =
         job.iteration > 0 ? absl::StrCat("the job had reached iteration ", job.iteration) : "the job had just started";
     if (!checkpoint.ok()) {

@@ -314,6 +314,12 @@ absl::StatusOr<std::vector<std::string>> BaseList(const Json& config, const fs::
   }
   for (const std::string& base : bases) {
     if (base.empty()) return bad();
+    // (The OS would read the path only up to it: another file.)
+    if (base.find('\0') != std::string::npos) {
+      return absl::InvalidArgumentError(absl::StrCat("config file '", EscapeControlChars(path.string()),
+                                                     "': ", AbslView(kBaseKey), " '", EscapeControlChars(base),
+                                                     "' holds a NUL character"));
+    }
   }
   return bases;
 }
@@ -343,6 +349,11 @@ class FileLoader {
     for (const std::string& base : bases) {
       const fs::path resolved = (path.parent_path() / base).lexically_normal();
       std::error_code error;
+      if (!fs::exists(resolved, error) && error && error != std::errc::no_such_file_or_directory) {
+        return absl::InvalidArgumentError(absl::StrCat("config file '", EscapeControlChars(path.string()),
+                                                       "' names base '", EscapeControlChars(base),
+                                                       "', which cannot be read: ", error.message()));
+      }
       if (!fs::exists(resolved, error)) {
         const std::string looked_for =
             resolved.string() == base ? ""

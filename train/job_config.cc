@@ -1,6 +1,7 @@
 #include "train/job_config.h"
 
 #include <algorithm>
+#include <functional>
 #include <string>
 #include <string_view>
 
@@ -364,6 +365,28 @@ absl::StatusOr<data::TokenizerFiles> ConfiguredTokenizerFiles(const Tokenization
   return files;
 }
 
+namespace {
+
+// The dotted keys an override sets: its key, or each leaf under it when its
+// value is an object (`train={"train_iter": 5}` sets train.train_iter).
+std::vector<std::string> KeysSetBy(const std::string& text) {
+  const absl::StatusOr<config::Override> parsed = config::ParseOverride(text);
+  if (!parsed.ok()) return {text.substr(0, text.find('='))};
+  std::vector<std::string> keys;
+  const std::function<void(const std::string&, const nlohmann::json&)> walk = [&](const std::string& key,
+                                                                                  const nlohmann::json& value) {
+    if (!value.is_object() || value.empty()) {
+      keys.push_back(key);
+      return;
+    }
+    for (const auto& [name, inner] : value.items()) walk(StrCat(key, ".", name), inner);
+  };
+  walk(parsed->key, parsed->value);
+  return keys;
+}
+
+}  // namespace
+
 absl::Status CheckOverridesAreRead(const nlohmann::json& resolved, const std::vector<std::string>& overrides) {
   // A feature's keys and the switch that has them read. (eval_metric and
   // eval_mode answer to checkpointer.save_best, which checks them itself.)
@@ -385,130 +408,131 @@ absl::Status CheckOverridesAreRead(const nlohmann::json& resolved, const std::ve
   const auto target = nlohmann::json::json_pointer("/model/_target_");
   const bool synthetic_data = !resolved.contains(target) || resolved.at(target) != "models.BERT";
   for (const std::string& text : overrides) {
-    const std::string key = text.substr(0, text.find('='));
-    for (const Gate& gate : kGates) {
-      if (key != gate.key) continue;
-      const absl::StatusOr<bool> on = config::GetBool(resolved, gate.on);
-      if (on.ok() && !*on) {
+    for (const std::string& key : KeysSetBy(text)) {
+      for (const Gate& gate : kGates) {
+        if (key != gate.key) continue;
+        const absl::StatusOr<bool> on = config::GetBool(resolved, gate.on);
+        if (on.ok() && !*on) {
+          return absl::InvalidArgumentError(StrCat("override '", config::ShortText(text),
+                                                   "' sets a key nothing reads while ", gate.on, " is false (add ",
+                                                   gate.on, "=true)"));
+        }
+      }
+      // Keys of the text data, and the synthetic data's own.
+      if ((key == "dataloader.seed" || key == "dataloader.splits") && !text_data && synthetic_data) {
         return absl::InvalidArgumentError(StrCat("override '", config::ShortText(text),
-                                                 "' sets a key nothing reads while ", gate.on, " is false (add ",
-                                                 gate.on, "=true)"));
+                                                 "' sets a key nothing reads without dataloader.data_prefix (the "
+                                                 "model's synthetic data has no splits or order to set)"));
       }
-    }
-    // Keys of the text data, and the synthetic data's own.
-    if ((key == "dataloader.seed" || key == "dataloader.splits") && !text_data && synthetic_data) {
-      return absl::InvalidArgumentError(StrCat("override '", config::ShortText(text),
-                                               "' sets a key nothing reads without dataloader.data_prefix (the "
-                                               "model's synthetic data has no splits or order to set)"));
-    }
-    if ((key == "model.markov_successors" || key == "model.data_seed") && text_data) {
-      return absl::InvalidArgumentError(StrCat("override '", config::ShortText(text),
-                                               "' sets a key of the synthetic data, which a run on "
-                                               "dataloader.data_prefix does not read"));
-    }
-    if (key == "model.dropout_seed" && resolved.contains("model") && resolved.at("model").is_object()) {
-      bool dropout = false;
-      for (const auto& [name, value] : resolved.at("model").items()) {
-        dropout |= name.ends_with("dropout_prob") && value.is_number() && value.get<double>() > 0;
-      }
-      if (!dropout) {
+      if ((key == "model.markov_successors" || key == "model.data_seed") && text_data) {
         return absl::InvalidArgumentError(StrCat("override '", config::ShortText(text),
-                                                 "' sets a key nothing reads: every model.*dropout_prob is 0 (no "
-                                                 "dropout masks to seed)"));
+                                                 "' sets a key of the synthetic data, which a run on "
+                                                 "dataloader.data_prefix does not read"));
       }
-    }
-    if (key == "optim.no_decay_norm_and_bias") {
-      const absl::StatusOr<double> decay = config::GetDouble(resolved, "optim.weight_decay");
-      if (decay.ok() && *decay == 0) {
+      if (key == "model.dropout_seed" && resolved.contains("model") && resolved.at("model").is_object()) {
+        bool dropout = false;
+        for (const auto& [name, value] : resolved.at("model").items()) {
+          dropout |= name.ends_with("dropout_prob") && value.is_number() && value.get<double>() > 0;
+        }
+        if (!dropout) {
+          return absl::InvalidArgumentError(StrCat("override '", config::ShortText(text),
+                                                   "' sets a key nothing reads: every model.*dropout_prob is 0 (no "
+                                                   "dropout masks to seed)"));
+        }
+      }
+      if (key == "optim.no_decay_norm_and_bias") {
+        const absl::StatusOr<double> decay = config::GetDouble(resolved, "optim.weight_decay");
+        if (decay.ok() && *decay == 0) {
+          return absl::InvalidArgumentError(StrCat("override '", config::ShortText(text),
+                                                   "' sets a key nothing reads while optim.weight_decay is 0 (no "
+                                                   "decay to exempt norms and biases from)"));
+        }
+      }
+      if (key.starts_with("tokenization.") && key != "tokenization.tokenizer") {
+        const auto tokenizer = nlohmann::json::json_pointer("/tokenization/tokenizer");
+        const std::string kind = resolved.contains(tokenizer) && resolved.at(tokenizer).is_string()
+                                     ? resolved.at(tokenizer).get<std::string>()
+                                     : "";
+        std::string why;
+        if (kind.empty()) {
+          why = "while tokenization.tokenizer is null";
+        } else if ((key == "tokenization.lower_case" && kind != "bert") ||
+                   (key == "tokenization.merges_file" && kind != "gpt2")) {
+          why = StrCat("with tokenization.tokenizer ", kind, " (", key, " is ",
+                       key == "tokenization.lower_case" ? "bert's" : "gpt2's", ")");
+        }
+        if (!why.empty()) {
+          return absl::InvalidArgumentError(
+              StrCat("override '", config::ShortText(text), "' sets a key nothing reads ", why));
+        }
+      }
+      if (key == "lr_scheduler.warmup_factor" || key == "lr_scheduler.warmup_method") {
+        const absl::StatusOr<double> ratio = config::GetDouble(resolved, "train.warmup_ratio");
+        if (ratio.ok() && *ratio == 0) {
+          return absl::InvalidArgumentError(StrCat("override '", config::ShortText(text),
+                                                   "' sets a key nothing reads while train.warmup_ratio is 0 (no "
+                                                   "warmup)"));
+        }
+      }
+      if (key == "lr_scheduler.gamma") {
+        const auto milestones = nlohmann::json::json_pointer("/lr_scheduler/milestones");
+        if (resolved.contains(milestones) && resolved.at(milestones).is_array() && resolved.at(milestones).empty()) {
+          return absl::InvalidArgumentError(StrCat("override '", config::ShortText(text),
+                                                   "' sets a key nothing reads while lr_scheduler.milestones is empty "
+                                                   "(gamma multiplies the learning rate at each milestone)"));
+        }
+      }
+      // train.eval_only evaluates saved weights: the optimizer, its schedule,
+      // checkpoints and training logs are not read.
+      const absl::StatusOr<bool> eval_only = config::GetBool(resolved, "train.eval_only");
+      if (eval_only.ok() && *eval_only &&
+          (key.starts_with("optim.") || key.starts_with("lr_scheduler.") || key == "train.warmup_ratio" ||
+           key.starts_with("train.checkpointer.") || key == "train.log_period")) {
         return absl::InvalidArgumentError(StrCat("override '", config::ShortText(text),
-                                                 "' sets a key nothing reads while optim.weight_decay is 0 (no "
-                                                 "decay to exempt norms and biases from)"));
+                                                 "' sets a key nothing reads with train.eval_only (--eval-only "
+                                                 "evaluates saved weights once: no training, checkpoints or logs)"));
       }
-    }
-    if (key.starts_with("tokenization.") && key != "tokenization.tokenizer") {
-      const auto tokenizer = nlohmann::json::json_pointer("/tokenization/tokenizer");
-      const std::string kind = resolved.contains(tokenizer) && resolved.at(tokenizer).is_string()
-                                   ? resolved.at(tokenizer).get<std::string>()
-                                   : "";
-      std::string why;
-      if (kind.empty()) {
-        why = "while tokenization.tokenizer is null";
-      } else if ((key == "tokenization.lower_case" && kind != "bert") ||
-                 (key == "tokenization.merges_file" && kind != "gpt2")) {
-        why = StrCat("with tokenization.tokenizer ", kind, " (", key, " is ",
-                     key == "tokenization.lower_case" ? "bert's" : "gpt2's", ")");
+      if (key == "train.warmup_ratio") {
+        // (0, no warmup, is what ConstantLR does.)
+        const absl::StatusOr<std::string> schedule = config::GetString(resolved, "lr_scheduler._target_");
+        const absl::StatusOr<double> ratio = config::GetDouble(resolved, "train.warmup_ratio");
+        if (schedule.ok() && *schedule == "ConstantLR" && ratio.ok() && *ratio > 0) {
+          return absl::InvalidArgumentError(StrCat("override '", config::ShortText(text),
+                                                   "' sets a key nothing reads with lr_scheduler._target_ ConstantLR "
+                                                   "(it has no warmup; the Warmup* schedules read it)"));
+        }
       }
-      if (!why.empty()) {
-        return absl::InvalidArgumentError(
-            StrCat("override '", config::ShortText(text), "' sets a key nothing reads ", why));
+      if (key == "train.dist.gradient_bucket_mb") {
+        // Read by plain data parallelism only: several data-parallel ranks,
+        // no tensor parallelism, no ZeRO (whose gradients are reduce-scattered).
+        const absl::StatusOr<int64_t> tensor = config::GetInt(resolved, "train.dist.tensor_parallel_size");
+        const absl::StatusOr<int64_t> pipeline = config::GetInt(resolved, "train.dist.pipeline_parallel_size");
+        absl::StatusOr<int64_t> data = config::GetInt(resolved, "train.dist.data_parallel_size");
+        if (!data.ok() && tensor.ok() && pipeline.ok() && *tensor > 0 && *pipeline > 0) {
+          const absl::StatusOr<int64_t> devices = config::GetInt(resolved, "train.dist.num_devices");
+          if (devices.ok()) data = *devices / (*tensor * *pipeline);
+        }
+        const absl::StatusOr<bool> zero = config::GetBool(resolved, "train.zero_optimization.enabled");
+        std::string why;
+        if (zero.ok() && *zero) {
+          why = "with train.zero_optimization.enabled (ZeRO reduce-scatters each gradient)";
+        } else if (tensor.ok() && *tensor > 1) {
+          why = "with train.dist.tensor_parallel_size > 1";
+        } else if (data.ok() && *data == 1) {
+          why = "with one data-parallel rank (nothing is all-reduced)";
+        }
+        if (!why.empty()) {
+          return absl::InvalidArgumentError(StrCat("override '", config::ShortText(text), "' sets a key nothing reads ",
+                                                   why, ": gradients are bucketed under plain data parallelism only"));
+        }
       }
-    }
-    if (key == "lr_scheduler.warmup_factor" || key == "lr_scheduler.warmup_method") {
-      const absl::StatusOr<double> ratio = config::GetDouble(resolved, "train.warmup_ratio");
-      if (ratio.ok() && *ratio == 0) {
-        return absl::InvalidArgumentError(StrCat("override '", config::ShortText(text),
-                                                 "' sets a key nothing reads while train.warmup_ratio is 0 (no "
-                                                 "warmup)"));
-      }
-    }
-    if (key == "lr_scheduler.gamma") {
-      const auto milestones = nlohmann::json::json_pointer("/lr_scheduler/milestones");
-      if (resolved.contains(milestones) && resolved.at(milestones).is_array() && resolved.at(milestones).empty()) {
-        return absl::InvalidArgumentError(StrCat("override '", config::ShortText(text),
-                                                 "' sets a key nothing reads while lr_scheduler.milestones is empty "
-                                                 "(gamma multiplies the learning rate at each milestone)"));
-      }
-    }
-    // train.eval_only evaluates saved weights: the optimizer, its schedule,
-    // checkpoints and training logs are not read.
-    const absl::StatusOr<bool> eval_only = config::GetBool(resolved, "train.eval_only");
-    if (eval_only.ok() && *eval_only &&
-        (key.starts_with("optim.") || key.starts_with("lr_scheduler.") || key == "train.warmup_ratio" ||
-         key.starts_with("train.checkpointer.") || key == "train.log_period")) {
-      return absl::InvalidArgumentError(StrCat("override '", config::ShortText(text),
-                                               "' sets a key nothing reads with train.eval_only (--eval-only "
-                                               "evaluates saved weights once: no training, checkpoints or logs)"));
-    }
-    if (key == "train.warmup_ratio") {
-      // (0, no warmup, is what ConstantLR does.)
-      const absl::StatusOr<std::string> schedule = config::GetString(resolved, "lr_scheduler._target_");
-      const absl::StatusOr<double> ratio = config::GetDouble(resolved, "train.warmup_ratio");
-      if (schedule.ok() && *schedule == "ConstantLR" && ratio.ok() && *ratio > 0) {
-        return absl::InvalidArgumentError(StrCat("override '", config::ShortText(text),
-                                                 "' sets a key nothing reads with lr_scheduler._target_ ConstantLR "
-                                                 "(it has no warmup; the Warmup* schedules read it)"));
-      }
-    }
-    if (key == "train.dist.gradient_bucket_mb") {
-      // Read by plain data parallelism only: several data-parallel ranks,
-      // no tensor parallelism, no ZeRO (whose gradients are reduce-scattered).
-      const absl::StatusOr<int64_t> tensor = config::GetInt(resolved, "train.dist.tensor_parallel_size");
-      const absl::StatusOr<int64_t> pipeline = config::GetInt(resolved, "train.dist.pipeline_parallel_size");
-      absl::StatusOr<int64_t> data = config::GetInt(resolved, "train.dist.data_parallel_size");
-      if (!data.ok() && tensor.ok() && pipeline.ok() && *tensor > 0 && *pipeline > 0) {
-        const absl::StatusOr<int64_t> devices = config::GetInt(resolved, "train.dist.num_devices");
-        if (devices.ok()) data = *devices / (*tensor * *pipeline);
-      }
-      const absl::StatusOr<bool> zero = config::GetBool(resolved, "train.zero_optimization.enabled");
-      std::string why;
-      if (zero.ok() && *zero) {
-        why = "with train.zero_optimization.enabled (ZeRO reduce-scatters each gradient)";
-      } else if (tensor.ok() && *tensor > 1) {
-        why = "with train.dist.tensor_parallel_size > 1";
-      } else if (data.ok() && *data == 1) {
-        why = "with one data-parallel rank (nothing is all-reduced)";
-      }
-      if (!why.empty()) {
-        return absl::InvalidArgumentError(StrCat("override '", config::ShortText(text), "' sets a key nothing reads ",
-                                                 why, ": gradients are bucketed under plain data parallelism only"));
-      }
-    }
-    if (key == "train.amp.initial_loss_scale" || key == "train.amp.loss_scale_growth_interval") {
-      const absl::StatusOr<std::string> dtype = config::GetString(resolved, "train.amp.dtype");
-      if (dtype.ok() && *dtype != "fp16") {
-        return absl::InvalidArgumentError(
-            StrCat("override '", config::ShortText(text),
-                   "' sets a key read only with train.amp.dtype fp16 (loss scaling), not ", *dtype));
+      if (key == "train.amp.initial_loss_scale" || key == "train.amp.loss_scale_growth_interval") {
+        const absl::StatusOr<std::string> dtype = config::GetString(resolved, "train.amp.dtype");
+        if (dtype.ok() && *dtype != "fp16") {
+          return absl::InvalidArgumentError(
+              StrCat("override '", config::ShortText(text),
+                     "' sets a key read only with train.amp.dtype fp16 (loss scaling), not ", *dtype));
+        }
       }
     }
   }
@@ -537,11 +561,13 @@ absl::StatusOr<std::vector<std::string>> FastDevRunOverrides(const std::filesyst
                                               "train.overwrite_output_dir", "train.evaluation.eval_period",
                                               "train.evaluation.eval_iter"};
   for (const std::string& text : overrides) {
-    const std::string key = text.substr(0, text.find('='));
-    if (std::find(std::begin(kSet), std::end(kSet), key) != std::end(kSet)) {
-      return absl::InvalidArgumentError(StrCat("override '", config::ShortText(text), "': --fast-dev-run sets ", key,
-                                               " itself (20 iterations, a line each, checkpoints and evaluations at 10 "
-                                               "and 20, into train.output_dir/fast_dev_run)"));
+    for (const std::string& key : KeysSetBy(text)) {
+      if (std::find(std::begin(kSet), std::end(kSet), key) != std::end(kSet)) {
+        return absl::InvalidArgumentError(
+            StrCat("override '", config::ShortText(text), "': --fast-dev-run sets ", key,
+                   " itself (20 iterations, a line each, checkpoints and evaluations at 10 "
+                   "and 20, into train.output_dir/fast_dev_run)"));
+      }
     }
   }
   overrides.insert(overrides.end(),

@@ -176,6 +176,10 @@ TEST(Cli, FastDevRunChecksTheWholeJobInASubdirectory) {
   EXPECT_EQ(iterations.out,
             "tessera: override 'train.train_iter=5': --fast-dev-run sets train.train_iter itself (20 iterations, a "
             "line each, checkpoints and evaluations at 10 and 20, into train.output_dir/fast_dev_run)\n");
+  // Also inside an object.
+  const Result nested = RunTessera(job + " 'train.checkpointer={\"period\": 5}'");
+  EXPECT_EQ(nested.exit_code, 1);
+  EXPECT_NE(nested.out.find("--fast-dev-run sets train.checkpointer.period itself"), std::string::npos) << nested.out;
   // Again: its own directory is overwritten (train.overwrite_output_dir),
   // not refused as an earlier run's.
   const Result again = RunTessera(job);

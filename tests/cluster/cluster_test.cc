@@ -352,15 +352,18 @@ TEST(ClusterTest, TwoJobsOnDisjointWorkersRunAtOnce) {
   // behind it says it waits for it.
   auto c = cluster.client->Submit(R"({"devices_needed": 1})", {});
   auto d = cluster.client->Submit(R"({"devices_needed": 1})", {});
-  ASSERT_TRUE(c.ok() && d.ok());
+  auto e = cluster.client->Submit(R"({"devices_needed": 100})", {});  // behind them too, but too big anyway
+  ASSERT_TRUE(c.ok() && d.ok() && e.ok());
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   EXPECT_EQ(cluster.client->Get(*c)->state(), control::PENDING);
   EXPECT_EQ(cluster.client->Get(*c)->reason(), "waiting: needs 1 cpu devices, 0 of the live workers' 4 are free");
   EXPECT_EQ(cluster.client->Get(*d)->reason(), "waiting: queued behind " + *c);
+  EXPECT_EQ(cluster.client->Get(*e)->reason(), "waiting: needs 100 cpu devices, the live workers have 4");
   ASSERT_TRUE(cluster.client->Cancel(*a).ok());
   EXPECT_EQ(cluster.WaitEnd(*c).state(), control::SUCCEEDED);
   EXPECT_EQ(cluster.WaitEnd(*d).state(), control::SUCCEEDED);
   ASSERT_TRUE(cluster.client->Cancel(*b).ok());
+  ASSERT_TRUE(cluster.client->Cancel(*e).ok());
 }
 
 TEST(ClusterTest, JobNeedingMoreDevicesThanExistStaysPendingWithoutBlocking) {

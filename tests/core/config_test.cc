@@ -314,6 +314,13 @@ TEST_F(ConfigTest, LimitsKeepHostileFilesCheap) {
   fs::create_symlink(dir_ / "loop_a.json", dir_ / "loop_b.json");
   EXPECT_THAT(LoadConfigFiles(dir_ / "loop_a.json").status().message(),
               HasSubstr("cannot be read: Too many levels of symbolic links"));
+  const fs::path includes_loop = Write("includes_loop.json", "{\"_base_\": \"loop_a.json\"}");
+  EXPECT_EQ(LoadConfigFiles(includes_loop).status().message(),
+            "config file '" + includes_loop.string() +
+                "' names base 'loop_a.json', which cannot be read: Too many levels of symbolic links");
+  // A NUL in a base's path (the OS would read another file) is refused.
+  const fs::path nul_base = Write("nul_base.json", "{\"_base_\": \"chain1.json\\u0000zz\"}");
+  EXPECT_THAT(LoadConfigFiles(nul_base).status().message(), HasSubstr("holds a NUL character"));
   // Invalid UTF-8 inside a string.
   const fs::path bad_utf8 = Write("utf8.json", "{\"a\": \"\xff\"}");
   EXPECT_THAT(LoadConfigFiles(bad_utf8).status().message(), HasSubstr("JSON syntax error"));

@@ -264,6 +264,13 @@ TEST_F(ClusterFailureTest, CancelFromTheCliCheckpointsWhereTheNodesAgree) {
   }
   EXPECT_GE(rank_files, 2) << "a shard file from each worker";
   ASSERT_TRUE(WaitFreeWorkers(2, absl::Seconds(5)));
+  // Cancelling it again: it is cancelled, as asked (exit 0, the job printed).
+  FILE* again = popen(cmd.c_str(), "r");
+  ASSERT_NE(again, nullptr);
+  std::string reprinted;
+  for (size_t n; (n = fread(buf, 1, sizeof buf, again)) > 0;) reprinted.append(buf, n);
+  EXPECT_EQ(pclose(again), 0) << reprinted;
+  EXPECT_NE(reprinted.find("CANCELLED"), std::string::npos) << reprinted;
 }
 
 // SIGINT to a `tessera worker` holding a job that spans two worker

@@ -257,6 +257,8 @@ std::vector<BadInput> Cases() {
       {"warmup shape without warmup", kMlp, {"train.warmup_ratio=0", "lr_scheduler.warmup_factor=0.5"}, "sets a key nothing reads while train.warmup_ratio is 0"},
       {"gamma without milestones", kMlp, {"lr_scheduler._target_=WarmupMultiStepLR", "lr_scheduler.gamma=0.5"}, "sets a key nothing reads while lr_scheduler.milestones is empty"},
       {"optimizer key when evaluating", kGpt, {"train.eval_only=true", "optim.lr=5"}, "override 'optim.lr=5' sets a key nothing reads with train.eval_only"},
+      {"optimizer object when evaluating", kGpt, {"train.eval_only=true", R"(optim={"lr": 5})"}, "sets a key nothing reads with train.eval_only"},
+      {"amp object with amp off", kMlp, {R"(train.amp={"dtype": "fp16"})"}, "sets a key nothing reads while train.amp.enabled is false"},
       {"buckets on one rank", kMlp, {"train.dist.gradient_bucket_mb=5"}, "nothing reads with one data-parallel rank"},
       {"buckets with tensor parallelism", kGpt, {"train.dist.data_parallel_size=2", "train.dist.tensor_parallel_size=2", "train.dist.gradient_bucket_mb=5"},
        "nothing reads with train.dist.tensor_parallel_size > 1"},

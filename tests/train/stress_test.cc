@@ -136,6 +136,7 @@ absl::StatusOr<graph::Graph> BuildRandom(const Trial& t, int64_t batch, bool par
   graph::GraphBuilder b;
   graph::Sym h = b.Input("x", {DType::kF32, Shape{batch, kFeatures}});
   int64_t width = kFeatures;
+  bool trains = false;  // a variable drawn
   const auto dropout = [&](const graph::Sym& x, int64_t tensor_id) {
     return b.Apply("dropout", {x}, {{"rate", 0.1 * (1 + pick(3))}, {"seed", int64_t{7}}, {"tensor_id", tensor_id}});
   };
@@ -151,6 +152,7 @@ absl::StatusOr<graph::Graph> BuildRandom(const Trial& t, int64_t batch, bool par
           graph::VariableOptions options;
           const Sbp split = choices[pick(3)];  // drawn either way: the same graph hinted or not
           if (parallel) options.sbp = NdSbp{Sbp::Broadcast(), split};
+          trains = true;
           graph::Sym w = b.Variable(
               StrCat("w", op), Shape{width, out},
               graph::InitRule::Normal(0, 0.3, static_cast<int64_t>(t.graph_seed % 100000), layer * 10 + op), options);
@@ -172,6 +174,7 @@ absl::StatusOr<graph::Graph> BuildRandom(const Trial& t, int64_t batch, bool par
           h = graph::Gelu(h, "tanh");
           break;
         case 3: {  // residual through a scale
+          trains = true;
           graph::Sym s = b.Variable(StrCat("s", op), Shape{width}, graph::InitRule::Constant(0.1));
           h = h + h * s;
           break;
@@ -202,6 +205,9 @@ absl::StatusOr<graph::Graph> BuildRandom(const Trial& t, int64_t batch, bool par
   }
   {
     auto scope = b.Scope("loss", t.layers - 1);
+    // A graph that drew no weight trains one here (a loss of no trainable
+    // variable is refused: it would train nothing).
+    if (!trains) h = h * b.Variable("gain", Shape{width}, graph::InitRule::Constant(1.0));
     b.MarkLoss(graph::ReduceMean(h * h));
   }
   return b.Finish();
