@@ -143,7 +143,9 @@ int Main(int argc, char** argv) {
   std::vector<std::string> overrides;
   bool schema = false;
   CLI::App* config = app.add_subcommand(
-      "config", "Print the resolved config (after _base_ merges, overrides and defaults), or the schema of every key");
+      "config",
+      "Print the resolved config (after _base_ merges, overrides and defaults; every key checked, the job as a whole "
+      "by `tessera plan`), or the schema of every key");
   config->add_option("CONFIG", config_path, "Config file (JSON, comments allowed)");
   config->add_option("overrides", overrides, "key.path=value overrides");
   config->add_flag("--schema", schema, "Print the reference of every config key (Markdown, as docs/config.md)");

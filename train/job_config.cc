@@ -297,7 +297,8 @@ Binding<DataloaderConfig> MakeDataloaderKeys() {
                   "used as it is, with a warning when the text file changed after it was built, and is an error "
                   "when its PREFIX.source.json names another file); `null`: none"});
   b.Field("splits", &DataloaderConfig::splits,
-          {.doc = "train,valid,test weights over the documents, as Megatron's (evaluation reads the valid split)"});
+          {.doc = "train,valid,test weights over the documents, as Megatron's (up to three, missing ones 0; "
+                  "evaluation reads the valid split)"});
   b.Field(
       "seed", &DataloaderConfig::seed,
       {.min = 0, .derive_seed_from = "train.seed", .doc = "seed of the data order; `null`: derived from train.seed"});

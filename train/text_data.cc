@@ -100,12 +100,15 @@ absl::StatusOr<std::unique_ptr<TextData>> TextData::Open(const nlohmann::json& c
   ASSIGN_OR_RETURN(const std::optional<data::DatasetSource> source, data::ReadDatasetSource(prefix));
   if (source && tokenizer != nullptr && source->tokenizer != data::TokenizerFingerprint(*tokenizer)) {
     const std::string ours = data::TokenizerDescription(*tokenizer);
-    return absl::InvalidArgumentError(
-        StrCat("dataloader.data_prefix ", prefix.string(), " was built with another vocabulary (",
-               source->tokenizer_description, ") than tokenization.tokenizer's (", ours,
-               ours == source->tokenizer_description ? ": the same size, but its tokens, merges or casing differ" : "",
-               "): rebuild it with this tokenizer (`tessera preprocess`, or remove ", prefix.string(), ".bin and ",
-               prefix.string(), ".idx and set dataloader.text_file), or set the data_prefix built with it"));
+    return absl::InvalidArgumentError(StrCat(
+        "dataloader.data_prefix ", prefix.string(), " was built with another vocabulary (",
+        source->tokenizer_description, ") than tokenization.tokenizer's (", ours,
+        ours == source->tokenizer_description ? ": the same size, but its tokens, merges or casing differ"
+        : ours + ", uncased" == source->tokenizer_description || source->tokenizer_description + ", uncased" == ours
+            ? ": only the casing differs, tokenization.lower_case"
+            : "",
+        "): rebuild it with this tokenizer (`tessera preprocess`, or remove ", prefix.string(), ".bin and ",
+        prefix.string(), ".idx and set dataloader.text_file), or set the data_prefix built with it"));
   }
   if (loader.text_file) {
     // A dataset's own file named as its text: never a text to rebuild from.
