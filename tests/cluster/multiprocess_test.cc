@@ -247,8 +247,11 @@ TEST_F(MultiprocessTest, AWatchEndsWhenItsMasterStopsAnswering) {
 TEST_F(MultiprocessTest, AMasterThatDidNotRunDoesNotLoseItsWorkers) {
   Deadline deadline(seconds(40), "a stopped master");
   Client::Options options;
+  // Stopped 2.5 s: past the master's worker timeout (1 s), well inside the
+  // worker's own 5 s for its master (3.5 s against 2 s left too little room
+  // on a loaded machine: the worker gave the master up).
   auto master =
-      StartMasterProcess({"--worker-timeout-ms", "2000", "--heartbeat-ms", "200"}, "paused_master", &options.master);
+      StartMasterProcess({"--worker-timeout-ms", "1000", "--heartbeat-ms", "200"}, "paused_master", &options.master);
   ASSERT_FALSE(options.master.empty()) << master->Output();
   Client client(options);
   Process worker({"worker", "--master", options.master, "--devices", "cpu:1", "--id", "w-p"}, dir_ / "w-p.out");
@@ -258,7 +261,7 @@ TEST_F(MultiprocessTest, AMasterThatDidNotRunDoesNotLoseItsWorkers) {
   };
   ASSERT_TRUE(WaitUntil(registered)) << worker.Output();
   master->Signal(SIGSTOP);
-  std::this_thread::sleep_for(std::chrono::milliseconds(3500));
+  std::this_thread::sleep_for(std::chrono::milliseconds(2500));
   master->Signal(SIGCONT);
   ASSERT_TRUE(WaitUntil([&] { return master->Output().find("the master did not run for") != std::string::npos; }))
       << master->Output();
