@@ -617,6 +617,19 @@ absl::StatusOr<std::vector<proto::NodePlan>> CompileForNodes(const nlohmann::jso
     // Every tensor the plan keeps must be in the checkpoint with its shape:
     // checked here, before any worker starts.
     ASSIGN_OR_RETURN(auto reader, CheckpointReader::Open(start.checkpoint, job.model->HuggingFaceTensors()));
+    // A resume continues the optimizer's state: another optimizer has none
+    // of it (its tensors' names would be all the error said).
+    if (!start.weights_only && !job.train.eval_only && reader->config().is_object() &&
+        reader->config().contains("optim") && reader->config()["optim"].is_object()) {
+      const nlohmann::json was = reader->config()["optim"].value("_target_", nlohmann::json());
+      const nlohmann::json is = job.config.at("optim").value("_target_", nlohmann::json());
+      if (!was.is_null() && was != is) {
+        return absl::InvalidArgumentError(StrCat("checkpoint ", start.checkpoint, " was trained with optim._target_ ",
+                                                 was.dump(), ", this run has ", is.dump(),
+                                                 ": a resume continues the optimizer's state (start a new run from "
+                                                 "its weights with train.load_weight instead)"));
+      }
+    }
     actors::HostCallbacks probe;
     RETURN_IF_ERROR(
         BindCheckpointInitializers(lowered.plan, reader, start.weights_only, job.engine->graph().registry(), probe));

@@ -587,6 +587,15 @@ TEST(CheckpointEndToEnd, ResumeErrorsAreOneLine) {
   run = RunTessera(Nano(root / "done", "model.num_attention_heads=2 train.train_iter=12 --resume"));
   EXPECT_NE(run.exit_code, 0);
   EXPECT_NE(run.out.find("was trained with model.num_attention_heads 4, this run has 2"), std::string::npos) << run.out;
+  // Another optimizer: its state is not in the checkpoint, and the error
+  // says so (it named a missing tensor).
+  run = RunTessera(Nano(root / "done", "optim._target_=SGD train.train_iter=12 --resume"));
+  EXPECT_NE(run.exit_code, 0);
+  EXPECT_NE(run.out.find("was trained with optim._target_ \"AdamW\", this run has \"SGD\": a resume continues the "
+                         "optimizer's state"),
+            std::string::npos)
+      << run.out;
+  EXPECT_EQ(run.out.find('\n'), run.out.size() - 1) << run.out;
   run = RunTessera(
       Nano(root / "smaller", "model.num_layers=1 train.load_weight=" + CheckpointPath(root / "done", 8).string()));
   EXPECT_EQ(run.exit_code, 0) << run.out;
