@@ -156,7 +156,6 @@ void PrintEvent(const control::JobEvent& event) {
   std::fflush(stdout);
 }
 
-// Follows the job to its end; fails unless it SUCCEEDED.
 // A Watch of `job_id` on the master at `master` that ended in `status`:
 // one line, saying the master was lost when the connection was.
 [[noreturn]] void FailWatch(const absl::Status& status, const std::string& master, const std::string& job_id) {
@@ -174,6 +173,7 @@ void ExpectEnd(const control::JobInfo& job, control::JobState wanted) {
                     job.reason()));
 }
 
+// Follows the job to its end; fails unless it SUCCEEDED.
 void Follow(Client& client, const std::string& master, const std::string& job_id, bool print_everything) {
   control::JobInfo last;
   const absl::Status watched = client.Watch(job_id, [&](const control::JobEvent& event) {

@@ -349,12 +349,13 @@ class FileLoader {
     for (const std::string& base : bases) {
       const fs::path resolved = (path.parent_path() / base).lexically_normal();
       std::error_code error;
-      if (!fs::exists(resolved, error) && error && error != std::errc::no_such_file_or_directory) {
+      const bool exists = fs::exists(resolved, error);
+      if (!exists && error && error != std::errc::no_such_file_or_directory) {
         return absl::InvalidArgumentError(absl::StrCat("config file '", EscapeControlChars(path.string()),
                                                        "' names base '", EscapeControlChars(base),
                                                        "', which cannot be read: ", error.message()));
       }
-      if (!fs::exists(resolved, error)) {
+      if (!exists) {
         const std::string looked_for =
             resolved.string() == base ? ""
                                       : absl::StrCat(" (looked for '", EscapeControlChars(resolved.string()), "')");

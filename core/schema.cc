@@ -194,8 +194,7 @@ class Resolver {
         // (key_path is the full path: the prefix's part of it is above schema_.)
         const std::string_view relative =
             prefix_.empty() ? std::string_view(key_path) : std::string_view(key_path).substr(prefix_.size() + 1);
-        std::string hint = OtherTargetsHint(schema_, relative);
-        if (!hint.empty() && !prefix_.empty()) hint.insert(hint.find(" (a key of ") + 11, StrCat(prefix_, "."));
+        const std::string hint = OtherTargetsHint(schema_, relative, prefix_);
         return absl::InvalidArgumentError(StrCat("unknown config key '", EscapeControlChars(key_path), "'",
                                                  OriginOf(origins_, key_path),
                                                  hint.empty() ? DidYouMean(key_path) : hint));
@@ -525,7 +524,7 @@ std::vector<std::string> DeclaredPaths(const Section& schema, const Json& config
   return paths;
 }
 
-std::string OtherTargetsHint(const Section& schema, std::string_view dotted_path) {
+std::string OtherTargetsHint(const Section& schema, std::string_view dotted_path, std::string_view prefix) {
   std::vector<std::string> segments;
   for (std::size_t start = 0; start <= dotted_path.size();) {
     const std::size_t dot = std::min(dotted_path.find('.', start), dotted_path.size());
@@ -545,7 +544,7 @@ std::string OtherTargetsHint(const Section& schema, std::string_view dotted_path
         if (declares(&target, i)) having.push_back(name);
       }
       if (having.empty()) return "";
-      std::string at;
+      std::string at = prefix.empty() ? std::string() : StrCat(prefix, ".");
       for (std::size_t j = 0; j < i; ++j) at += segments[j] + ".";
       return StrCat(" (a key of ", at, "_target_ ", Join(having, " or "), ")");
     }

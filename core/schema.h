@@ -147,10 +147,11 @@ using Origins = std::map<std::string, std::string, std::less<>>;
 // when it selects none or an unknown one). The candidates for "did you mean".
 std::vector<std::string> DeclaredPaths(const Section& schema, const nlohmann::json& config);
 
-// For an unknown `dotted_path`: where the targeted section on its way has
-// targets that declare the rest of it, " (a key of optim._target_ SGD)"
-// naming them; else "".
-std::string OtherTargetsHint(const Section& schema, std::string_view dotted_path);
+// For an unknown `dotted_path` (below `prefix`, where `schema` sits in a
+// larger config): where the targeted section on its way has targets that
+// declare the rest of it, " (a key of optim._target_ SGD)" naming them;
+// else "".
+std::string OtherTargetsHint(const Section& schema, std::string_view dotted_path, std::string_view prefix = "");
 
 // What `dotted_path` names in `schema`, under the targets `config` selects.
 struct SchemaEntry {

@@ -408,6 +408,8 @@ absl::Status CheckOverridesAreRead(const nlohmann::json& resolved, const std::ve
   // (BERT has no synthetic data: its own check says it needs text.)
   const auto target = nlohmann::json::json_pointer("/model/_target_");
   const bool synthetic_data = !resolved.contains(target) || resolved.at(target) != "models.BERT";
+  const absl::StatusOr<bool> eval_only_key = config::GetBool(resolved, "train.eval_only");
+  const bool eval_only = eval_only_key.ok() && *eval_only_key;
   for (const std::string& text : overrides) {
     for (const std::string& key : KeysSetBy(text)) {
       for (const Gate& gate : kGates) {
@@ -485,10 +487,8 @@ absl::Status CheckOverridesAreRead(const nlohmann::json& resolved, const std::ve
       }
       // train.eval_only evaluates saved weights: the optimizer, its schedule,
       // checkpoints and training logs are not read.
-      const absl::StatusOr<bool> eval_only = config::GetBool(resolved, "train.eval_only");
-      if (eval_only.ok() && *eval_only &&
-          (key.starts_with("optim.") || key.starts_with("lr_scheduler.") || key == "train.warmup_ratio" ||
-           key.starts_with("train.checkpointer.") || key == "train.log_period")) {
+      if (eval_only && (key.starts_with("optim.") || key.starts_with("lr_scheduler.") || key == "train.warmup_ratio" ||
+                        key.starts_with("train.checkpointer.") || key == "train.log_period")) {
         return absl::InvalidArgumentError(StrCat("override '", config::ShortText(text),
                                                  "' sets a key nothing reads with train.eval_only (--eval-only "
                                                  "evaluates saved weights once: no training, checkpoints or logs)"));
