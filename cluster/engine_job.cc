@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/numbers.h"
 #include "actors/plan.h"
 #include "actors/runtime.h"
@@ -79,6 +80,7 @@ class EngineJobCompiler final : public JobCompiler {
       if (absl::Status free = DirectoryClaim::CheckFree(output_dir); !free.ok()) {
         return absl::Status(free.code(), StrCat("train.output_dir: ", free.message()));
       }
+      RETURN_IF_ERROR(CheckNoCheckpointWriters(output_dir));
     }
     // Where it starts (a resume's checkpoint, load_weight's) is checked at
     // submit too, so a missing or finished checkpoint is a submit error.
@@ -310,6 +312,12 @@ class EnginePlanRunner final : public PlanRunner {
 
   absl::Status RunSegments(int64_t first, int64_t end) {
     const TrainConfig& train = feed_->train();
+    // Held until this node's part of the run has ended, checkpoint included.
+    DirectoryClaim writing;
+    if (!train.output_dir.empty()) {
+      ASSIGN_OR_RETURN(writing, ClaimCheckpointsDir(train.output_dir));
+    }
+    absl::Cleanup release = [&writing] { writing.Release(); };
     // Every job run of a `tessera train` has the same tag (job-000001-1):
     // a temporary directory a killed run left would take this run's shards
     // beside its own (wrong overlaps, a stale file committed).

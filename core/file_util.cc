@@ -200,6 +200,15 @@ absl::Status InUseError(const std::filesystem::path& dir) {
 }  // namespace
 
 absl::StatusOr<DirectoryClaim> DirectoryClaim::Acquire(const std::filesystem::path& dir, bool made_before) {
+  return AcquireLocked(dir, made_before, LOCK_EX);
+}
+
+absl::StatusOr<DirectoryClaim> DirectoryClaim::AcquireShared(const std::filesystem::path& dir) {
+  return AcquireLocked(dir, /*made_before=*/false, LOCK_SH);
+}
+
+absl::StatusOr<DirectoryClaim> DirectoryClaim::AcquireLocked(const std::filesystem::path& dir, bool made_before,
+                                                             int operation) {
   // A claim whose holder removed the (empty) directory it created just as
   // this one locked it is retried on the directory made anew.
   for (int attempt = 0;; ++attempt) {
@@ -215,11 +224,11 @@ absl::StatusOr<DirectoryClaim> DirectoryClaim::Acquire(const std::filesystem::pa
       const std::string message = StrCat("cannot open directory '", dir.string(), "': ", std::strerror(error));
       return error == EACCES ? absl::PermissionDeniedError(message) : absl::InvalidArgumentError(message);
     }
-    // (A few tries: a CheckFree probe holds it for an instant.)
-    int locked = ::flock(claim.fd_, LOCK_EX | LOCK_NB);
+    // (A few tries: a probe holds it for an instant.)
+    int locked = ::flock(claim.fd_, operation | LOCK_NB);
     for (int retry = 0; locked != 0 && errno == EWOULDBLOCK && retry < 3; ++retry) {
       ::usleep(20'000);
-      locked = ::flock(claim.fd_, LOCK_EX | LOCK_NB);
+      locked = ::flock(claim.fd_, operation | LOCK_NB);
     }
     if (locked != 0) {
       if (errno == EWOULDBLOCK) {
@@ -242,11 +251,15 @@ absl::StatusOr<DirectoryClaim> DirectoryClaim::Acquire(const std::filesystem::pa
   }
 }
 
-absl::Status DirectoryClaim::CheckFree(const std::filesystem::path& dir) {
+absl::Status DirectoryClaim::CheckFree(const std::filesystem::path& dir) { return Probe(dir, LOCK_SH); }
+
+absl::Status DirectoryClaim::CheckUnclaimed(const std::filesystem::path& dir) { return Probe(dir, LOCK_EX); }
+
+absl::Status DirectoryClaim::Probe(const std::filesystem::path& dir, int operation) {
   const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) return absl::OkStatus();
-  const bool held = ::flock(fd, LOCK_SH | LOCK_NB) != 0 && errno == EWOULDBLOCK;
-  ::close(fd);  // (frees the shared lock it took)
+  const bool held = ::flock(fd, operation | LOCK_NB) != 0 && errno == EWOULDBLOCK;
+  ::close(fd);  // (frees the lock it took)
   return held ? InUseError(dir) : absl::OkStatus();
 }
 
@@ -272,8 +285,9 @@ DirectoryClaim::~DirectoryClaim() {
 }
 
 void DirectoryClaim::Release() {
-  // Removed while still locked, so no other claim sees it half gone.
-  if (created_) {
+  // Removed while still locked, so no other claim sees it half gone; not
+  // while another shared claim holds it (taking it exclusively fails).
+  if (created_ && (!locked_ || ::flock(fd_, LOCK_EX | LOCK_NB) == 0)) {
     std::error_code ec;
     if (std::filesystem::is_empty(dir_, ec) && !ec) std::filesystem::remove(dir_, ec);
   }

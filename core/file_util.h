@@ -86,7 +86,7 @@ std::filesystem::path ExpandPath(std::string_view path);
 // second claim in this one, on the same directory (however its path is
 // spelled) is refused while the first holds it; a process that dies frees
 // it. Two runs writing one train.output_dir would mix their checkpoints
-// and metrics.
+// and metrics. (Or a shared claim: AcquireShared.)
 class DirectoryClaim {
  public:
   // Creates the directory (and its parents) when missing. FailedPrecondition
@@ -97,10 +97,16 @@ class DirectoryClaim {
   // again by a restarted master), so it goes when left empty.
   [[nodiscard]] static absl::StatusOr<DirectoryClaim> Acquire(const std::filesystem::path& dir,
                                                               bool made_before = false);
-  // FailedPrecondition (Acquire's) when a claim holds `dir` now (OK when it
-  // does not exist): to name that first among a run's other objections to
-  // a directory.
+  // A shared claim: any number of them hold `dir` at once (a job's nodes,
+  // each writing its part), none beside an exclusive one. Made when
+  // missing, as Acquire's.
+  [[nodiscard]] static absl::StatusOr<DirectoryClaim> AcquireShared(const std::filesystem::path& dir);
+  // FailedPrecondition (Acquire's) when an exclusive claim holds `dir` now
+  // (OK when it does not exist): to name that first among a run's other
+  // objections to a directory.
   [[nodiscard]] static absl::Status CheckFree(const std::filesystem::path& dir);
+  // FailedPrecondition when any claim, shared or exclusive, holds `dir`.
+  [[nodiscard]] static absl::Status CheckUnclaimed(const std::filesystem::path& dir);
   DirectoryClaim() = default;
   DirectoryClaim(DirectoryClaim&& other) noexcept;
   DirectoryClaim& operator=(DirectoryClaim&& other) noexcept;
@@ -109,13 +115,17 @@ class DirectoryClaim {
   ~DirectoryClaim();  // frees the lock, leaves the directory
 
   // Frees the lock, and removes the directory when Acquire created it and
-  // it is still empty (a job that never wrote leaves nothing behind).
+  // it is still empty (a job that never wrote leaves nothing behind), and
+  // no other claim holds it (a shared one).
   void Release();
   bool held() const { return fd_ >= 0; }
   bool locked() const { return locked_; }
   bool made() const { return created_; }  // made by this claim (or made_before)
 
  private:
+  static absl::StatusOr<DirectoryClaim> AcquireLocked(const std::filesystem::path& dir, bool made_before,
+                                                      int operation);
+  static absl::Status Probe(const std::filesystem::path& dir, int operation);
   int fd_ = -1;
   bool locked_ = false;
   bool created_ = false;

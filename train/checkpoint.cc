@@ -205,6 +205,22 @@ fs::path CheckpointPath(const fs::path& output_dir, int64_t iteration) {
   return CheckpointsDir(output_dir) / name;
 }
 
+absl::StatusOr<DirectoryClaim> ClaimCheckpointsDir(const fs::path& output_dir) {
+  absl::StatusOr<DirectoryClaim> claimed = DirectoryClaim::AcquireShared(CheckpointsDir(output_dir));
+  if (!claimed.ok()) {
+    return absl::Status(claimed.status().code(), StrCat("train.output_dir: ", claimed.status().message()));
+  }
+  return claimed;
+}
+
+absl::Status CheckNoCheckpointWriters(const fs::path& output_dir) {
+  if (DirectoryClaim::CheckUnclaimed(CheckpointsDir(output_dir)).ok()) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      StrCat("train.output_dir: '", CheckpointsDir(output_dir).string(),
+             "' is still written by a node of an earlier run (a worker that lost its master stops its job within "
+             "seconds): try again once it has stopped"));
+}
+
 fs::path BestCheckpointPath(const fs::path& output_dir) { return CheckpointsDir(output_dir) / "best"; }
 
 fs::path CheckpointTempPath(const fs::path& output_dir, int64_t iteration, const std::string& tag) {

@@ -58,6 +58,7 @@
 #include "absl/status/statusor.h"
 #include "actors/actor.h"
 #include "comm/proto/plan.pb.h"
+#include "core/file_util.h"
 #include "core/sbp.h"
 #include "core/tensor.h"
 #include "models/model.h"
@@ -70,6 +71,15 @@ namespace tessera {
 // output_dir/checkpoints, and the checkpoint of `iteration` in it.
 std::filesystem::path CheckpointsDir(const std::filesystem::path& output_dir);
 std::filesystem::path CheckpointPath(const std::filesystem::path& output_dir, int64_t iteration);
+// The claim each node of a job holds on output_dir/checkpoints while the
+// job runs (shared: the job's nodes hold it together), made when missing
+// and removed again if left empty. A worker that lost its master is still
+// writing there until it notices: a new run on the same output_dir checks
+// CheckNoCheckpointWriters first, so neither removes the other's temporary
+// checkpoints nor prunes what the other resumes from.
+absl::StatusOr<DirectoryClaim> ClaimCheckpointsDir(const std::filesystem::path& output_dir);
+// FailedPrecondition when a node of another run holds output_dir/checkpoints.
+absl::Status CheckNoCheckpointWriters(const std::filesystem::path& output_dir);
 // output_dir/checkpoints/best: the best evaluation's weights
 // (train.checkpointer.save_best); never pruned, not a resume's.
 std::filesystem::path BestCheckpointPath(const std::filesystem::path& output_dir);

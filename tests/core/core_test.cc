@@ -519,6 +519,45 @@ TEST(DirectoryClaim, IsExclusiveAndRemovesOnlyTheEmptyDirectoryItMade) {
   fs::remove_all(root);
 }
 
+// Shared claims (a job's nodes on its checkpoints/) hold a directory
+// together; an exclusive claim is refused beside them and they beside it.
+// CheckFree names only an exclusive holder, CheckUnclaimed any.
+TEST(DirectoryClaim, SharedClaimsHoldTogetherAndKeepOutAnExclusiveOne) {
+  namespace fs = std::filesystem;
+  const fs::path root = fs::temp_directory_path() / ("tessera_shared_claim_" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  const fs::path dir = root / "checkpoints";
+  absl::StatusOr<DirectoryClaim> first = DirectoryClaim::AcquireShared(dir);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_TRUE(first->made());
+  absl::StatusOr<DirectoryClaim> second = DirectoryClaim::AcquireShared(dir);
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_FALSE(second->made());
+  EXPECT_EQ(DirectoryClaim::Acquire(dir).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(DirectoryClaim::CheckFree(dir).ok());
+  EXPECT_EQ(DirectoryClaim::CheckUnclaimed(dir).code(), absl::StatusCode::kFailedPrecondition);
+  first->Release();  // the other still holds it (and it is not removed under it)
+  EXPECT_TRUE(fs::is_directory(dir));
+  EXPECT_EQ(DirectoryClaim::CheckUnclaimed(dir).code(), absl::StatusCode::kFailedPrecondition);
+  second->Release();
+  EXPECT_TRUE(DirectoryClaim::CheckUnclaimed(dir).ok());
+  {
+    absl::StatusOr<DirectoryClaim> exclusive = DirectoryClaim::Acquire(dir);
+    ASSERT_TRUE(exclusive.ok()) << exclusive.status();
+    EXPECT_EQ(DirectoryClaim::AcquireShared(dir).status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_FALSE(DirectoryClaim::CheckFree(dir).ok());
+    EXPECT_FALSE(DirectoryClaim::CheckUnclaimed(dir).ok());
+  }
+  // The one that made it removes it, left empty, once no claim is left.
+  fs::remove_all(dir);
+  absl::StatusOr<DirectoryClaim> maker = DirectoryClaim::AcquireShared(dir);
+  ASSERT_TRUE(maker.ok()) << maker.status();
+  maker->Release();
+  EXPECT_FALSE(fs::exists(dir));
+  EXPECT_TRUE(DirectoryClaim::CheckUnclaimed(dir).ok());  // (none there: free)
+  fs::remove_all(root);
+}
+
 // A Ctrl-C during a commit (DeferTemporarySignals) waits for its end: the
 // process goes on, then removes its temporaries and dies of the signal.
 TEST(TemporaryFiles, ASignalDuringACommitActsAfterIt) {

@@ -20,6 +20,7 @@
 #include "core/storage.h"
 #include "core/text.h"
 #include "tests/cli_runner.h"
+#include "train/checkpoint.h"
 #include "train/job_config.h"
 #include "train/trainer.h"
 
@@ -480,6 +481,39 @@ TEST(BadInput, AnOutputDirInUseByAnotherRunIsRefused) {
     EXPECT_NE(r.err.find("is in use by another run"), std::string::npos) << r.err;
   }
   claim->Release();
+  fs::remove_all(CaseDir());
+}
+
+// A node of an earlier run still writing output_dir/checkpoints (a worker
+// that lost its master, here: its claim taken by this process) keeps a new
+// run out, which would remove its temporary checkpoints or have its own
+// pruned; once it has stopped, the run resumes.
+TEST(BadInput, CheckpointsANodeOfAnEarlierRunStillWritesAreLeftAlone) {
+  const std::string nano = ::tessera::testing::SourcePath("configs/gpt2_nano.json");
+  const fs::path out = CaseDir() / "orphaned";
+  const Captured earlier = RunTrain(nano, {"train.train_iter=1", "train.output_dir=" + out.string()});
+  ASSERT_EQ(earlier.exit_code, 0) << earlier.err;
+  const fs::path temp = CheckpointTempPath(out, 2, "job-000007-1");
+  {
+    absl::StatusOr<DirectoryClaim> node = ClaimCheckpointsDir(out);
+    ASSERT_TRUE(node.ok()) << node.status();
+    fs::create_directories(temp);
+    for (const char* more : {"train.train_iter=2", "train.train_iter=3"}) {
+      const Captured r = RunTrain(nano, {more, "train.resume=true", "train.output_dir=" + out.string()});
+      EXPECT_EQ(r.exit_code, 1) << r.err;
+      EXPECT_EQ(r.err, "tessera: train.output_dir: '" + CheckpointsDir(out).string() +
+                           "' is still written by a node of an earlier run (a worker that lost its master stops its "
+                           "job within seconds): try again once it has stopped\n");
+      EXPECT_TRUE(fs::is_directory(temp));
+    }
+    fs::remove_all(temp);
+  }
+  const Captured resumed =
+      RunTrain(nano, {"train.train_iter=2", "train.resume=true", "train.output_dir=" + out.string()});
+  EXPECT_EQ(resumed.exit_code, 0) << resumed.err;
+  EXPECT_TRUE(fs::exists(CheckpointPath(out, 2) / "index.json"));
+  // Its nodes' claims went with it.
+  EXPECT_TRUE(DirectoryClaim::CheckUnclaimed(CheckpointsDir(out)).ok());
   fs::remove_all(CaseDir());
 }
 
