@@ -58,12 +58,14 @@ absl::Status SparseSoftmaxCrossEntropyKernel(KernelContext& ctx) {
   ASSIGN_OR_RETURN(const std::vector<int64_t> labels, ReadLabels(ctx.input(1), V));
   const float* logits = logits_tensor.data<float>();  // (N, V)
   float* loss = ctx.output(0).data<float>();          // (N)
-  // loss = logsumexp(x) - x[label], with the max subtracted before exp.
+  // loss = logsumexp(x) - x[label], with the max subtracted before exp
+  // (and from x[label]: m + log Σ, rounded first, would lose the low bits
+  // of the sum's log when m is large).
   ParallelFor(ctx, N, RowGrain(V), [&](int64_t n0, int64_t n1) {
     for (int64_t n = n0; n < n1; ++n) {
       const float* xr = logits + n * V;
       const float m = RowMax(xr, V);
-      loss[n] = m + LogF(RowSumExp(xr, m, V)) - xr[labels[static_cast<size_t>(n)]];
+      loss[n] = LogF(RowSumExp(xr, m, V)) - (xr[labels[static_cast<size_t>(n)]] - m);
     }
   });
   return absl::OkStatus();

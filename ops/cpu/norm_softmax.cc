@@ -202,8 +202,10 @@ absl::Status LogSoftmaxKernel(KernelContext& ctx) {
       const float* xr = x + r * C;
       float* yr = y + r * C;
       const float m = RowMax(xr, C);
-      const float log_sum_exp = m + LogF(RowSumExp(xr, m, C));
-      for (int64_t j = 0; j < C; ++j) yr[j] = xr[j] - log_sum_exp;
+      // (x - m) - log Σ exp(x - m): m + log Σ, rounded first, would lose
+      // the low bits of the sum's log when m is large.
+      const float log_sum = LogF(RowSumExp(xr, m, C));
+      for (int64_t j = 0; j < C; ++j) yr[j] = (xr[j] - m) - log_sum;
     }
   });
   return absl::OkStatus();

@@ -16,6 +16,12 @@ namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
+// The larger, NaN winning (PyTorch's amax; the collectives' partial max):
+// std::max keeps its first argument against a NaN, so a NaN would count
+// where it came first and be dropped elsewhere, the result depending on
+// how the rows were cut.
+inline float MaxNan(float a, float b) { return (a > b || a != a) ? a : b; }
+
 // Independent accumulators: float addition is not associative, so GCC only
 // vectorises a reduction written as this many separate sums (which also
 // halves the rounding error growth of one long running sum).
@@ -59,17 +65,21 @@ float SumBlock(const S* x, int64_t n) {
   return rest;
 }
 
-template <typename S>
+// The larger, a NaN skipped (argmax's: the index of the largest number).
+inline float MaxSkippingNan(float a, float b) { return b > a ? b : a; }
+
+// The max of x[0, n): NaN winning (reduce_max) or skipped (argmax).
+template <typename S, float (*kMax)(float, float) = MaxNan>
 float MaxRow(const S* x, int64_t n) {
   float lanes[kLanes];
   std::fill(lanes, lanes + kLanes, kNegInf);
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes) {
-    for (int j = 0; j < kLanes; ++j) lanes[j] = std::max(lanes[j], Widen(x[i + j]));
+    for (int j = 0; j < kLanes; ++j) lanes[j] = kMax(lanes[j], Widen(x[i + j]));
   }
   float best = kNegInf;
-  for (; i < n; ++i) best = std::max(best, Widen(x[i]));
-  for (int j = 0; j < kLanes; ++j) best = std::max(best, lanes[j]);
+  for (; i < n; ++i) best = kMax(best, Widen(x[i]));
+  for (int j = 0; j < kLanes; ++j) best = kMax(best, lanes[j]);
   return best;
 }
 
@@ -99,7 +109,7 @@ void ReduceBlock(ReduceKind kind, const S* src, int64_t I, int64_t r0, int64_t r
       for (int64_t i = 0; i < n; ++i) out[i] += (Widen(a[i]) + Widen(b[i])) + (Widen(c[i]) + Widen(d[i]));
     } else {
       for (int64_t i = 0; i < n; ++i) {
-        out[i] = std::max(out[i], std::max(std::max(Widen(a[i]), Widen(b[i])), std::max(Widen(c[i]), Widen(d[i]))));
+        out[i] = MaxNan(out[i], MaxNan(MaxNan(Widen(a[i]), Widen(b[i])), MaxNan(Widen(c[i]), Widen(d[i]))));
       }
     }
   }
@@ -108,7 +118,7 @@ void ReduceBlock(ReduceKind kind, const S* src, int64_t I, int64_t r0, int64_t r
     if (kind == ReduceKind::kSum) {
       for (int64_t i = 0; i < n; ++i) out[i] += Widen(row[i]);
     } else {
-      for (int64_t i = 0; i < n; ++i) out[i] = std::max(out[i], Widen(row[i]));
+      for (int64_t i = 0; i < n; ++i) out[i] = MaxNan(out[i], Widen(row[i]));
     }
   }
 }
@@ -197,7 +207,7 @@ void MaxOri(const KernelContext& ctx, const S* src, int64_t O, int64_t R, int64_
     std::copy(partial.data() + begin, partial.data() + end, dst + begin);
     for (int64_t c = 1; c < chunks; ++c) {
       const float* part = partial.data() + c * n;
-      for (int64_t j = begin; j < end; ++j) dst[j] = std::max(dst[j], part[j]);
+      for (int64_t j = begin; j < end; ++j) dst[j] = MaxNan(dst[j], part[j]);
     }
     Scale(dst + begin, end - begin, scale);
   });
@@ -379,7 +389,7 @@ void Argmax(const KernelContext& ctx, const Tensor& x, int axis, const Tensor& y
     ParallelFor(ctx, O, RowGrain(N), [&](int64_t begin, int64_t end) {
       for (int64_t o = begin; o < end; ++o) {
         const float* row = src + o * N;
-        const float best = MaxRow(row, N);
+        const float best = MaxRow<float, MaxSkippingNan>(row, N);
         int64_t n = 0;
         while (n < N && row[n] != best) ++n;
         out[o] = n == N ? 0 : n;  // no match: an all-NaN row

@@ -64,8 +64,8 @@ __global__ void SoftmaxRows(const float* x, float* y, int64_t rows, int64_t C, b
     const RowStats st = MaxSumExp(xr, C, scratch);
     const float m = st.max, sum = st.sumexp;
     if (log) {
-      const float lse = m + logf(sum);
-      for (int64_t j = threadIdx.x; j < C; j += kThreads) yr[j] = xr[j] - lse;
+      const float log_sum = logf(sum);  // (x - m) - log Σ, as the CPU kernel
+      for (int64_t j = threadIdx.x; j < C; j += kThreads) yr[j] = (xr[j] - m) - log_sum;
     } else {
       const float inv = 1.0f / sum;
       for (int64_t j = threadIdx.x; j < C; j += kThreads) yr[j] = expf(xr[j] - m) * inv;
@@ -275,7 +275,7 @@ __global__ void SparseCrossEntropyRows(const float* logits, const int64_t* label
   for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
     const float* xr = logits + n * V;
     const RowStats st = MaxSumExp(xr, V, scratch);
-    if (threadIdx.x == 0) loss[n] = st.max + logf(st.sumexp) - xr[labels[n]];
+    if (threadIdx.x == 0) loss[n] = logf(st.sumexp) - (xr[labels[n]] - st.max);
   }
 }
 

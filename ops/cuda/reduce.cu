@@ -39,13 +39,15 @@ __device__ __forceinline__ float Widen(float v) { return v; }
 __device__ __forceinline__ float Widen(__nv_bfloat16 v) { return __bfloat162float(v); }
 __device__ __forceinline__ float Widen(__half v) { return __half2float(v); }
 
+// The larger, NaN winning, as the CPU's max (fmax would skip it).
+__device__ __forceinline__ double MaxNan(double a, double b) { return (a > b || isnan(a)) ? a : b; }
 // acc with one element taken in.
 __device__ double Take(int kind, double acc, float v) {
-  if (kind == 1) return fmax(acc, static_cast<double>(v));  // fmax skips NaN, as the CPU's max
+  if (kind == 1) return MaxNan(acc, static_cast<double>(v));
   return acc + (kind == 2 ? static_cast<double>(v) * v : static_cast<double>(v));
 }
 // Two partial results combined.
-__device__ double Join(int kind, double a, double b) { return kind == 1 ? fmax(a, b) : a + b; }
+__device__ double Join(int kind, double a, double b) { return kind == 1 ? MaxNan(a, b) : a + b; }
 __device__ float Result(int kind, double acc, float scale) {
   return kind == 1 ? static_cast<float>(acc) : static_cast<float>(acc) * scale;
 }

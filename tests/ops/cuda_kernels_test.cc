@@ -467,6 +467,54 @@ TEST(CudaKernels, ArgmaxAndReduceMaxGradMatchTheCpuWithTies) {
   }
 }
 
+// reduce_max lets a NaN win wherever it lies, as the CPU's; log_softmax
+// and the sparse cross-entropy keep logits near 1e4 exact (x - max first,
+// not max + log Σ rounded), as the CPU's.
+TEST(CudaKernels, ReduceMaxNanAndLargeLogitsMatchTheCpu) {
+  if (const std::string why = NoGpu(); !why.empty()) GTEST_SKIP() << why;
+  std::mt19937 rng(12);
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  const Shape shape{5, 300, 3};
+  std::vector<float> values(static_cast<size_t>(shape.NumElements()));
+  for (float& v : values) v = uniform(rng);
+  for (const size_t at : {size_t{0}, size_t{17}, size_t{2000}, values.size() - 1}) {
+    values[at] = std::numeric_limits<float>::quiet_NaN();
+  }
+  const Tensor x = Tensor::FromVector(shape, values);
+  for (const std::vector<int64_t>& axes : std::vector<std::vector<int64_t>>{{0}, {1}, {2}, {0, 2}, {}}) {
+    SCOPED_TRACE(StrCat("reduce_max axes ", axes.size(), axes.empty() ? -1 : axes[0]));
+    std::vector<Tensor> want, got;
+    ASSERT_NO_FATAL_FAILURE(RunOnBoth("reduce_max", {x}, {{"axes", axes}, {"keepdim", false}}, want, got));
+    const std::vector<float> w = want[0].ToVector<float>(), g = got[0].ToVector<float>();
+    ASSERT_EQ(w.size(), g.size());
+    int nans = 0;
+    for (size_t i = 0; i < w.size(); ++i) {
+      nans += std::isnan(w[i]);
+      if (std::isnan(w[i]) || std::isnan(g[i])) {
+        EXPECT_TRUE(std::isnan(w[i]) && std::isnan(g[i])) << i << ": " << g[i] << " vs " << w[i];
+      } else {
+        EXPECT_EQ(g[i], w[i]) << i;
+      }
+    }
+    EXPECT_GT(nans, 0);
+  }
+  std::uniform_real_distribution<float> large(9990.0f, 10010.0f);
+  std::vector<float> logits(8 * 50);
+  for (float& v : logits) v = large(rng);
+  const Tensor wide = Tensor::FromVector(Shape{8, 50}, logits);
+  std::vector<Tensor> want, got;
+  const Tensor labels = Tensor::FromVector(Shape{8}, std::vector<int64_t>{0, 49, 3, 17, 25, 8, 40, 11});
+  for (const auto& [name, inputs] : std::vector<std::pair<std::string, std::vector<Tensor>>>{
+           {"log_softmax", {wide}}, {"sparse_softmax_cross_entropy", {wide, labels}}}) {
+    SCOPED_TRACE(name);
+    ASSERT_NO_FATAL_FAILURE(RunOnBoth(name, inputs, {}, want, got));
+    const std::vector<float> w = want[0].ToVector<float>(), g = got[0].ToVector<float>();
+    ASSERT_EQ(w.size(), g.size());
+    // (Values of a few units: max + log Σ rounded at ulp(1e4) was 1e-3 off.)
+    for (size_t i = 0; i < w.size(); ++i) EXPECT_NEAR(g[i], w[i], 1e-5) << i;
+  }
+}
+
 // Op `name` (no inputs) producing the shard `slice` of its output, on the
 // CPU and on cuda:0 (ctx.step = step): both outputs, on the host.
 std::pair<Tensor, Tensor> MakeShardOnBoth(const std::string& name, const AttrMap& attrs, const TensorSlice& slice,

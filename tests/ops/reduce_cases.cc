@@ -66,7 +66,10 @@ ReferenceFn ReduceRef(Kind kind) {
     for (int64_t i = 0; i < in[0].NumElements(); ++i) {
       double& a = acc[static_cast<size_t>(r.target[static_cast<size_t>(i)])];
       const double v = ElementAsDouble(in[0], i);
-      a = kind == Kind::kMax ? std::max(a, v) : a + v;
+      // (max: NaN wins, as PyTorch's amax.)
+      a = kind != Kind::kMax               ? a + v
+          : std::isnan(a) || std::isnan(v) ? std::numeric_limits<double>::quiet_NaN()
+                                           : std::max(a, v);
     }
     Tensor y = Zeros(r.out, RefFloatDType(in));
     for (size_t o = 0; o < acc.size(); ++o) {
@@ -223,6 +226,20 @@ void AddMaxCases(std::vector<OpTestCase>& cases) {
   cases.push_back(ReduceCase("reduce_max", Kind::kMax, "two_groups", Distinct({3, 4, 2, 5}, 22), {1, 3}, false));
   cases.push_back(ReduceCase("reduce_max", Kind::kMax, "all", Distinct({3, 5, 4}, 23), {}, false));
   cases.push_back(ReduceCase("reduce_max", Kind::kMax, "long_rows", Distinct({3, 37}, 24), {1}, false));
+  // A NaN wins wherever it is: in the first row, in a later one, past the
+  // vector lanes. (It was kept only where it came first, so a split of the
+  // rows changed the result.)
+  for (const Ints& axes : {Ints{0}, Ints{1}, Ints{}}) {
+    Tensor x = Distinct({6, 37}, 25);
+    for (const int64_t at : {1, 3 * 37 + 4, 5 * 37 + 36, 2 * 37, 40 + 37 * 4}) {
+      SetElementFromDouble(x, at, std::numeric_limits<double>::quiet_NaN());
+    }
+    OpTestCase c =
+        ReduceCase("reduce_max", Kind::kMax,
+                   "nan_axes_" + (axes.empty() ? std::string("all") : std::to_string(axes[0])), x, axes, false);
+    c.check_grad = false;
+    cases.push_back(std::move(c));
+  }
 
   // The gradient op on its own, with ties (split evenly) and every layout
   // of the reduced axes.
