@@ -82,6 +82,7 @@ std::string Actor::DescribeWait(const std::function<std::string(uint64_t)>& name
 }
 
 absl::Status Actor::Annotate(const absl::Status& status) const {
+  if (IsSelfDescribed(status)) return status;
   return absl::Status(status.code(), StrCat(Describe(), ": ", status.message()));
 }
 

@@ -134,6 +134,9 @@ class Actor {
   bool done() const { return done_; }
   // "actor 'mul' (node 0 cpu:0 stream 0 task 2)"
   std::string Describe() const;
+  // Prefixes `status` with Describe() (and keeps its code), unless its
+  // message names its source already (IsSelfDescribed).
+  absl::Status Annotate(const absl::Status& status) const;
   // What the actor waits for, for the watchdog's report: "a ready register
   // of desc 3 from 'mul', a free register of desc 5 (2 of 2 held by 'add')",
   // and per kind its collective or transfer in flight or its turn in the
@@ -186,9 +189,9 @@ class Actor {
   // the arena monitor sees all of them handed back before any ack leaves,
   // as the memory plan assumes of an act.
   void AckAll();
-  std::vector<Tensor>& FrontTensors(Consumed& c) { return c.registers->registers[static_cast<size_t>(c.ready.front())]; }
-  // Prefixes `status` with Describe() (and keeps its code).
-  absl::Status Annotate(const absl::Status& status) const;
+  std::vector<Tensor>& FrontTensors(Consumed& c) {
+    return c.registers->registers[static_cast<size_t>(c.ready.front())];
+  }
 
   // Asynchronous acts (Task.async_acts, core/stream.h): once an act enqueued
   // its kernels on env_.stream, Defer asks the stream to call back when they

@@ -329,6 +329,12 @@ class EnginePlanRunner final : public PlanRunner {
       overwriting_ = first == 0 && !train.resume && train.overwrite_output_dir;
     }
     LoadBest();
+    if (context_.node == 0 && train.load_weight && !node_plan_.init_checkpoint().empty() &&
+        !node_plan_.init_weights_only() && context_.report_log) {
+      // (It starts the run where there is no checkpoint to continue yet.)
+      context_.report_log(StrCat("train.load_weight ", *train.load_weight, " is not read: --resume continues ",
+                                 node_plan_.init_checkpoint()));
+    }
     std::shared_ptr<const CheckpointReader> init;
     if (!node_plan_.init_checkpoint().empty()) {
       ASSIGN_OR_RETURN(init, CheckpointReader::Open(node_plan_.init_checkpoint(), feed_->hf_layout()));

@@ -7,9 +7,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <string_view>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/cord.h"
 #include "core/text.h"
 
 namespace tessera::internal {
@@ -47,3 +49,18 @@ namespace tessera::internal {
                                        ::tessera::StrCat("" __VA_OPT__(, ) __VA_ARGS__)); \
     }                                                                       \
   } while (0)
+
+namespace tessera {
+
+inline constexpr char kSelfDescribedPayload[] = "tessera/self-described";
+
+// A status whose message names its whole source already (a checkpoint's
+// file and tensor): an actor passing it on adds no "actor '...'" prefix,
+// which would name whichever actor happened to open the file first.
+inline absl::Status SelfDescribed(absl::Status status) {
+  if (!status.ok()) status.SetPayload(kSelfDescribedPayload, absl::Cord("1"));
+  return status;
+}
+inline bool IsSelfDescribed(const absl::Status& status) { return status.GetPayload(kSelfDescribedPayload).has_value(); }
+
+}  // namespace tessera

@@ -410,7 +410,10 @@ absl::Status CommitCheckpoint(const fs::path& temp_dir, const fs::path& final_di
         }
       }
       t.boxes.emplace_back(offset, entry.shape);
-      t.shards.push_back({{"file", name}, {"offset", offset}, {"shape", entry.shape.dims()}});
+      t.shards.push_back({{"file", name},
+                          {"offset", offset},
+                          {"shape", entry.shape.dims()},
+                          {"checksum", checksums[tensor_name].get<std::string>()}});
     }
   }
   nlohmann::json index = {
@@ -781,7 +784,15 @@ absl::StatusOr<std::shared_ptr<const CheckpointReader>> CheckpointReader::OpenHu
 absl::StatusOr<std::shared_ptr<const CheckpointReader>> CheckpointReader::Open(
     const fs::path& dir, const std::vector<models::Model::HfTensor>& hf_layout) {
   std::error_code ec;
-  if (fs::is_regular_file(dir, ec)) return OpenHuggingFace(dir, hf_layout);
+  if (fs::is_regular_file(dir, ec)) {
+    // A checkpoint's index given for the checkpoint: its directory is meant.
+    if (dir.filename() == "index.json") {
+      return absl::InvalidArgumentError(StrCat("checkpoint ", dir.string(),
+                                               ": the index of a checkpoint; give its directory, ",
+                                               dir.parent_path().string()));
+    }
+    return OpenHuggingFace(dir, hf_layout);
+  }
   if (fs::is_directory(dir, ec) && !fs::exists(dir / "index.json", ec) && fs::is_regular_file(dir / kHfFileName, ec)) {
     return OpenHuggingFace(dir / kHfFileName, hf_layout);
   }
@@ -834,12 +845,26 @@ absl::StatusOr<std::shared_ptr<const CheckpointReader>> CheckpointReader::Open(
   reader->path_ = dir;
   reader->dir_ = dir;
   reader->iteration_ = index["iteration"].get<int64_t>();
+  // A checkpoint's directory is named after its iteration: an index.json of
+  // another checkpoint copied in would start the run at its iteration with
+  // this one's weights.
+  std::string dir_name = fs::path(dir).lexically_normal().filename().string();
+  if (dir_name.empty()) dir_name = fs::path(dir).lexically_normal().parent_path().filename().string();
+  if (const std::optional<int64_t> named = IterationOfName(dir_name); named && *named != reader->iteration_) {
+    return fail("index.json is iteration ", reader->iteration_, "'s, the directory ", dir_name,
+                "'s name another's (files of two checkpoints mixed?)");
+  }
   const nlohmann::json state = index.value("train_state", nlohmann::json::object());
   if (!state.is_object() || !state.contains("consumed_samples") || !state["consumed_samples"].is_number_integer() ||
       state["consumed_samples"].get<int64_t>() < 0) {
     return fail("index.json has no train_state.consumed_samples");
   }
   reader->consumed_samples_ = state["consumed_samples"].get<int64_t>();
+  // (Every iteration takes the same global batch.)
+  if (reader->iteration_ > 0 ? reader->consumed_samples_ % reader->iteration_ != 0 : reader->consumed_samples_ != 0) {
+    return fail("index.json's train_state is inconsistent: ", reader->consumed_samples_, " samples in ",
+                reader->iteration_, " iterations");
+  }
   reader->best_ = state.value("best", nlohmann::json());
   reader->evaluation_pending_ = state.contains("evaluation_pending") && state["evaluation_pending"] == true;
   reader->config_ = index.value("config", nlohmann::json::object());
@@ -880,6 +905,14 @@ absl::StatusOr<std::shared_ptr<const CheckpointReader>> CheckpointReader::Open(
       }
       s.offset = *offset;
       s.shape = Shape(*extent);
+      if (shard.contains("checksum")) {
+        if (!shard["checksum"].is_string())
+          return fail("index.json: tensor '", name, "': a shard's checksum is no string");
+        // (Under an index of the algorithm's: an older one lists none.)
+        if (reader->checksums_) {
+          reader->committed_checksums_[s.file].emplace_back(s.source, shard["checksum"].get<std::string>());
+        }
+      }
       entry.shards.push_back(std::move(s));
     }
     reader->tensors_[name] = std::move(entry);
@@ -958,8 +991,27 @@ absl::StatusOr<const SafetensorsFile*> CheckpointReader::File(const std::string&
   // An index from before the checksums, with rank files that have them
   // (or an index whose field was lost): the files' own are still checked.
   if (checksums_ || file->metadata().contains(kChecksumsKey)) RETURN_IF_ERROR(VerifyChecksums(*file));
+  RETURN_IF_ERROR(CheckFileIsTheIndexs(name, *file));
   std::lock_guard<std::mutex> lock(mu_);
   return files_.try_emplace(name, std::move(file)).first->second.get();
+}
+
+absl::Status CheckpointReader::CheckFileIsTheIndexs(const std::string& name, const SafetensorsFile& file) const {
+  auto committed = committed_checksums_.find(name);
+  if (committed == committed_checksums_.end()) return absl::OkStatus();
+  auto text = file.metadata().find(kChecksumsKey);
+  nlohmann::json checksums =
+      text == file.metadata().end() ? nlohmann::json() : nlohmann::json::parse(text->second, nullptr, false);
+  if (!checksums.is_object()) checksums = nlohmann::json::object();
+  for (const auto& [tensor, checksum] : committed->second) {
+    auto it = checksums.find(tensor);
+    if (it == checksums.end() || *it != checksum) {
+      return absl::DataLossError(StrCat("checkpoint ", path_.string(), ": ", name,
+                                        " is not the rank file its index.json was written with ('", tensor,
+                                        "' differs): files of two checkpoints mixed?"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status CheckpointReader::VerifyChecksums(const SafetensorsFile& file) const {
@@ -1076,7 +1128,9 @@ absl::Status BindCheckpointInitializers(const proto::Plan& plan, std::shared_ptr
       if (weights_only) RETURN_IF_ERROR(actors::RunInitRules(task, registry, tensors));
       for (size_t k = 0; k < tensors.size() && k < info.tensors.size(); ++k) {
         if (weights_only && k > 0) break;
-        RETURN_IF_ERROR(reader->Read(info.tensors[k].name, info.tensors[k].slice, tensors[k]));
+        // (Its message names the file and the tensor; a rank file is
+        // checked whole by the first actor that opens it, whichever.)
+        RETURN_IF_ERROR(SelfDescribed(reader->Read(info.tensors[k].name, info.tensors[k].slice, tensors[k])));
       }
       return absl::OkStatus();
     };

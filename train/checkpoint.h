@@ -243,6 +243,13 @@ class CheckpointReader {
   // DataLoss naming the file and the tensor whose bytes do not match the
   // checksum the file's metadata records for them.
   [[nodiscard]] absl::Status VerifyChecksums(const SafetensorsFile& file) const;
+  // DataLoss when rank file `name` is not the one index.json lists (its
+  // checksums differ from the index's).
+  [[nodiscard]] absl::Status CheckFileIsTheIndexs(const std::string& name, const SafetensorsFile& file) const;
+  // Per rank file, its tensors' checksums as it was committed with (none in
+  // indexes from before): a rank file of another checkpoint put in its
+  // place is refused, though it checks out by itself.
+  std::map<std::string, std::vector<std::pair<std::string, std::string>>> committed_checksums_;
 
   std::filesystem::path path_;
   std::filesystem::path dir_;  // where shard files are

@@ -11,6 +11,7 @@
 #include <thread>
 #include <utility>
 
+#include "absl/strings/numbers.h"
 #include "comm/collective/shm_communicator.h"
 #include "core/file_util.h"
 #include "core/philox.h"
@@ -668,6 +669,25 @@ absl::StatusOr<std::unique_ptr<Generator>> Generator::Open(const fs::path& path,
   const nlohmann::json run_config = options.run_config ? *options.run_config : reader->config();
   ASSIGN_OR_RETURN(const models::Gpt2Config config,
                    ReadGpt2Config(*reader, run_config, options.run_config.has_value()));
+  if (reader->huggingface()) {
+    // Weights of more layers than the config's would be read in part, and
+    // generate other text silently (a Tessera checkpoint's own config is
+    // compared instead, ReadGpt2Config).
+    int64_t layers = 0;
+    for (std::string_view name : reader->TensorNames()) {
+      if (name.starts_with("transformer.")) name.remove_prefix(std::string_view("transformer.").size());
+      const std::string_view number = name.substr(2, name.find('.', 2) - 2);
+      int64_t layer = 0;
+      if (name.starts_with("h.") && absl::SimpleAtoi(absl::string_view(number.data(), number.size()), &layer)) {
+        layers = std::max(layers, layer + 1);
+      }
+    }
+    if (layers > config.num_layers) {
+      return absl::InvalidArgumentError(StrCat("model.num_layers is ", config.num_layers, ", but the weights ",
+                                               dir.string(), " hold ", layers, " layers (h.0 to h.", layers - 1,
+                                               "): give the config they were trained with"));
+    }
+  }
 
   auto s = std::make_unique<State>();
   s->dir = dir;
@@ -827,7 +847,9 @@ absl::StatusOr<TextGeneration> GenerateText(const fs::path& path, std::string_vi
                                                 tokenizer->vocab_size(), " tokens, more than the model's ",
                                                 generator->vocab_size(), " (model.vocab_size)"));
   }
-  ASSIGN_OR_RETURN(std::vector<int64_t> ids, tokenizer->Encode(prompt));
+  absl::StatusOr<std::vector<int64_t>> encoded = tokenizer->Encode(prompt);
+  if (!encoded.ok()) return absl::Status(encoded.status().code(), StrCat("the prompt: ", encoded.status().message()));
+  std::vector<int64_t> ids = *std::move(encoded);
   const std::optional<int64_t> end_of_text = tokenizer->EndOfDocumentId();
   // An empty prompt starts a new document, as GPT-2's unconditional samples do.
   if (ids.empty() && end_of_text) ids.push_back(*end_of_text);

@@ -87,8 +87,8 @@ struct GeneratorOptions {
   // projections all-reduced, the vocabulary split for the embedding and
   // the head). Each rank holds only its slices of the weights and its heads'
   // KV cache, and runs on a thread of its own (with T > 1 the pool is not
-  // used); the ranks meet in a shared-memory group. Must divide the number
-  // of heads.
+  // used); the ranks meet in a shared-memory group. At most the number of
+  // heads, which it need not divide (ranks hold whole heads, some one more).
   int64_t tensor_parallel_size = 1;
   int64_t prefill_chunk = 64;  // >= 1: prompt tokens per forward
   // The run's resolved config (its model and tokenization sections) in

@@ -63,7 +63,9 @@ absl::StatusOr<Tensor> SafetensorsFile::Load(std::string_view name) const {
 
 absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::filesystem::path& path) {
   const auto fail = [&](auto&&... parts) { return absl::InvalidArgumentError(StrCat(path.string(), ": ", parts...)); };
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // (O_NONBLOCK: a FIFO in a file's place would block the open; it is
+  // refused below instead.)
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
     const int error = errno;
     if (error == ENOENT) return absl::NotFoundError(StrCat(path.string(), ": no such file"));

@@ -36,7 +36,7 @@ absl::StatusOr<std::unique_ptr<Actor>> MakeActor(const proto::Task& task, const 
   auto actor = std::make_unique<Kind>(task, env);
   absl::Status status = actor->Init();
   if (status.ok()) status = actor->InitKind();
-  if (!status.ok()) return absl::Status(status.code(), StrCat(actor->Describe(), ": ", status.message()));
+  if (!status.ok()) return actor->Annotate(status);
   return std::unique_ptr<Actor>(std::move(actor));
 }
 

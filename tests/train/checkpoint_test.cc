@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -383,6 +384,57 @@ TEST(Checkpoint, CorruptIndexIsAnErrorNamingTheCheckpoint) {
   fs::remove_all(dir);
 }
 
+// Files of two checkpoints put together: each checks out by itself, so
+// the index binds its rank files (their checksums), its directory's name
+// (the iteration) and its own train_state; a FIFO in a rank file's place
+// is refused, not waited on; an index.json given for its checkpoint names
+// the directory.
+TEST(Checkpoint, FilesOfTwoCheckpointsTogetherAreRefused) {
+  const fs::path dir = TempDir("mixed");
+  const fs::path a = WriteRowSplitCheckpoint(dir / "a", Iota(Shape{4, 6}, 1));
+  const fs::path b = WriteRowSplitCheckpoint(dir / "b", Iota(Shape{4, 6}, 100));
+  const auto read_w = [&](const fs::path& path) {
+    auto reader = CheckpointReader::Open(path);
+    if (!reader.ok()) return reader.status();
+    Tensor out = *Tensor::Zeros(Shape{4, 6}, DType::kF32);
+    return (*reader)->Read("w", TensorSlice::Whole(Shape{4, 6}), out);
+  };
+  ASSERT_TRUE(read_w(a).ok());
+  fs::copy_file(b / "rank_00001.safetensors", a / "rank_00001.safetensors", fs::copy_options::overwrite_existing);
+  absl::Status status = read_w(a);
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
+  EXPECT_EQ(status.message(), "checkpoint " + a.string() +
+                                  ": rank_00001.safetensors is not the rank file its index.json was written with ('w' "
+                                  "differs): files of two checkpoints mixed?");
+  // An index of iteration 5 in a directory named for iteration 7.
+  fs::copy(b, dir / "iter_0000007");
+  status = CheckpointReader::Open(dir / "iter_0000007").status();
+  EXPECT_NE(status.message().find("index.json is iteration 5's, the directory iter_0000007's name another's"),
+            std::string::npos)
+      << status;
+  EXPECT_NE(CheckpointReader::Open(dir / "iter_0000007" / "").status().message().find("iter_0000007's name"),
+            std::string::npos);
+  // 41 samples in 5 iterations.
+  nlohmann::json index = nlohmann::json::parse(ReadFile(b / "index.json"));
+  index["train_state"]["consumed_samples"] = 41;
+  WriteFile(b / "index.json", index.dump());
+  EXPECT_NE(CheckpointReader::Open(b).status().message().find(
+                "index.json's train_state is inconsistent: 41 samples in 5 iterations"),
+            std::string::npos);
+  index["train_state"]["consumed_samples"] = 40;
+  WriteFile(b / "index.json", index.dump());
+  ASSERT_TRUE(read_w(b).ok());
+  // A FIFO for a rank file: refused at once (opening it blocked).
+  fs::remove(b / "rank_00000.safetensors");
+  ASSERT_EQ(::mkfifo((b / "rank_00000.safetensors").c_str(), 0600), 0);
+  status = read_w(b);
+  EXPECT_NE(status.message().find("rank_00000.safetensors: not a regular file"), std::string::npos) << status;
+  status = CheckpointReader::Open(b / "index.json").status();
+  EXPECT_EQ(status.message(), "checkpoint " + (b / "index.json").string() +
+                                  ": the index of a checkpoint; give its directory, " + b.string());
+  fs::remove_all(dir);
+}
+
 TEST(Checkpoint, LatestAndPrune) {
   const fs::path out = TempDir("prune");
   for (int64_t it : {3, 10, 7})
@@ -576,6 +628,8 @@ TEST(CheckpointEndToEnd, ResumeErrorsAreOneLine) {
   EXPECT_NE(run.out.find("rank_00000.safetensors: the data of '"), std::string::npos) << run.out;
   EXPECT_NE(run.out.find("' does not match its checksum (the file is damaged)"), std::string::npos) << run.out;
   EXPECT_EQ(run.out.find('\n'), run.out.size() - 1) << run.out;
+  // (Not "actor 'param:...' (op ...)": whichever actor opened the file first.)
+  EXPECT_EQ(run.out.rfind("tessera: checkpoint " + flipped.string() + ": ", 0), 0u) << run.out;
   // A smaller model than the checkpoint's (one layer of its two): a resume
   // is refused naming a tensor left over (the rest used to be dropped
   // silently); a new run from its weights warns and starts from the rest.
