@@ -1,6 +1,7 @@
 #include "apps/data_commands.h"
 
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -330,8 +331,13 @@ void AddTokenize(CLI::App& app) {
     }
     const std::unique_ptr<data::Tokenizer> tokenizer = Load(flags->vocabulary.Files());
     std::string text;
-    if (flags->text.empty() || (flags->text.size() == 1 && flags->text[0] == "-")) {
+    const bool from_stdin = flags->text.empty() || (flags->text.size() == 1 && flags->text[0] == "-");
+    const std::string source = from_stdin ? "standard input" : "TEXT";
+    if (from_stdin) {
+      struct stat st {};
+      if (::fstat(STDIN_FILENO, &st) == 0 && S_ISDIR(st.st_mode)) Fail("standard input is a directory, not text");
       text.assign(std::istreambuf_iterator<char>(std::cin), {});
+      if (std::cin.bad()) Fail("cannot read standard input");
     } else {
       for (size_t i = 0; i < flags->text.size(); ++i) text += (i > 0 ? " " : "") + flags->text[i];
     }
@@ -352,7 +358,7 @@ void AddTokenize(CLI::App& app) {
       std::fputs("\n", stdout);
     } else {
       auto ids = tokenizer->Encode(text);
-      if (!ids.ok()) Fail(std::string(ids.status().message()));
+      if (!ids.ok()) Fail(StrCat(source, ": ", ids.status().message()));
       std::string line;
       for (size_t i = 0; i < ids->size(); ++i) line += StrCat(i > 0 ? " " : "", (*ids)[i]);
       std::printf("%s\n", line.c_str());
@@ -388,7 +394,7 @@ void AddGenerate(CLI::App& app) {
       ->check(CLI::Range(0.0, 1e6))
       ->capture_default_str();
   verb->add_option("--top-k", flags->options.generate.top_k, "Sample among the k likeliest tokens; 0: all")
-      ->check(CLI::Range(int64_t{0}, int64_t{1} << 31))
+      ->check(CLI::Range(int64_t{0}, int64_t{2147483647}))
       ->capture_default_str();
   verb->add_option("--top-p", flags->options.generate.top_p,
                    "Sample among the likeliest tokens holding this probability, in (0, 1]; 1: all")

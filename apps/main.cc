@@ -3,16 +3,20 @@
 // input; nothing an input can trigger (an exception from a library, an
 // allocation sized by the user) escapes as a crash.
 
+#include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <memory>
 #include <new>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -23,6 +27,7 @@
 #include "cluster/engine_job.h"
 #include "cluster/local_train.h"
 #include "cluster/transport.h"
+#include "core/file_util.h"
 #include "core/logging.h"
 #include "core/schema.h"
 #include "core/text.h"
@@ -72,7 +77,10 @@ volatile std::sig_atomic_t g_stop_signal = 0;
 
 extern "C" void OnStopSignal(int signal) {
   g_stop_signal = signal;
-  std::signal(signal, SIG_DFL);
+  // The next one ends the process at once, as `tessera preprocess`'s does:
+  // the temporaries of a file being written (a dataset built from text, a
+  // checkpoint's shard) removed first.
+  tessera::RemoveTemporariesOnSignals();
 }
 
 int RunTrain(const std::string& path, const std::vector<std::string>& overrides, bool fast_dev_run) {
@@ -97,6 +105,7 @@ int RunTrain(const std::string& path, const std::vector<std::string>& overrides,
         std::fprintf(stderr, "\ntessera: %s: stopping after this iteration and writing a checkpoint "
                      "(again to stop at once)\n", g_stop_signal == SIGINT ? "interrupted" : "terminated");
         stop->Request();
+        tessera::RequestInterrupt();  // (a dataset being built stops too)
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
@@ -122,6 +131,47 @@ int RunPlan(const std::string& path, const std::vector<std::string>& overrides, 
   if (!text.ok()) return Fail(std::string(text.status().message()));
   std::printf("%s", text->c_str());
   return 0;
+}
+
+// Numbers on the command line are decimal, as in configs: CLI11 reads
+// "010" as octal and "0x10" as hex (strtoll's base 0), and "-1" for an
+// unsigned option as 2^64 - 1. A check ahead of every other on each integer
+// and float option (so "abc" is "not a number", not "not in range").
+void RequireDecimalNumbers(CLI::App& app) {
+  for (CLI::Option* option : app.get_options()) {
+    const std::string type = option->get_type_name();
+    const bool is_unsigned = type.starts_with("UINT");
+    const bool is_integer = is_unsigned || type.starts_with("INT");
+    if (!is_integer && !type.starts_with("FLOAT")) continue;
+    option->transform(CLI::Validator(
+        [is_integer, is_unsigned](std::string& value) -> std::string {
+          const std::string_view digits =
+              std::string_view(value).substr(!value.empty() && (value[0] == '-' || value[0] == '+') ? 1 : 0);
+          if (is_integer) {
+            const bool decimal = !digits.empty() &&
+                                 std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; });
+            if (!decimal || (is_unsigned && value[0] == '-' && digits.find_first_not_of('0') != std::string::npos)) {
+              return tessera::StrCat("'", value, "' is not a", is_unsigned ? " non-negative" : "n",
+                                     " integer (decimal digits)");
+            }
+            // (Leading zeros are decimal too: "010" is 10.)
+            const size_t nonzero = std::min(digits.find_first_not_of('0'), digits.size() - 1);
+            value = tessera::StrCat(value.size() > digits.size() && value[0] == '-' ? "-" : "", digits.substr(nonzero));
+            return std::string();
+          }
+          // strtod's numbers, less its hexadecimal ones.
+          char* end = nullptr;
+          (void)std::strtod(value.c_str(), &end);
+          if (value.empty() || end != value.c_str() + value.size() ||
+              std::isspace(static_cast<unsigned char>(value[0])) || digits.starts_with("0x") ||
+              digits.starts_with("0X")) {
+            return tessera::StrCat("'", value, "' is not a number");
+          }
+          return std::string();
+        },
+        "", "decimal"));
+  }
+  for (CLI::App* sub : app.get_subcommands({})) RequireDecimalNumbers(*sub);
 }
 
 int Main(int argc, char** argv) {
@@ -188,6 +238,30 @@ int Main(int argc, char** argv) {
             .fast_dev_run_overrides = [](const std::string& config, const std::vector<std::string>& overrides) {
               return tessera::FastDevRunOverrides(config, overrides);
             }});
+
+  RequireDecimalNumbers(app);
+
+  // "--output=" is an empty value, passed on as "--output" "": CLI11 would
+  // take the next argument as its value ("--output= --no-eod" wrote
+  // "--no-eod.bin"). Arguments after "--" are left as they are.
+  std::vector<std::string> args;
+  for (int i = 0; i < argc; ++i) {
+    const std::string_view arg = argv[i];
+    if (arg == "--") {
+      for (; i < argc; ++i) args.emplace_back(argv[i]);
+      break;
+    }
+    if (i > 0 && arg.size() > 3 && arg.starts_with("--") && arg.find('=') == arg.size() - 1) {
+      args.emplace_back(arg.substr(0, arg.size() - 1));
+      args.emplace_back();
+      continue;
+    }
+    args.emplace_back(arg);
+  }
+  std::vector<char*> pointers;
+  for (std::string& arg : args) pointers.push_back(arg.data());
+  argc = static_cast<int>(pointers.size());
+  argv = pointers.data();
 
   // CLI11 reads an unknown verb as a stray argument and says only "A
   // subcommand is required".

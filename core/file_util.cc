@@ -130,6 +130,13 @@ DeferTemporarySignals::~DeferTemporarySignals() {
   }
 }
 
+namespace {
+std::atomic<bool> interrupt_requested{false};
+}  // namespace
+
+void RequestInterrupt() { interrupt_requested.store(true, std::memory_order_release); }
+bool InterruptRequested() { return interrupt_requested.load(std::memory_order_acquire); }
+
 void RemoveTemporariesOnSignals() {
   struct sigaction action {};
   action.sa_handler = RemoveTemporariesAndReraise;

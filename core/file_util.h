@@ -65,6 +65,12 @@ class DeferTemporarySignals {
   DeferTemporarySignals& operator=(const DeferTemporarySignals&) = delete;
 };
 
+// A process-wide request to stop what is being prepared: a `tessera
+// train`'s Ctrl-C before its first iteration stops a dataset being built
+// from text at its next chunk (there is no iteration to finish yet).
+void RequestInterrupt();
+bool InterruptRequested();
+
 // The process's umask, read without changing it (/proc/self/status; 022
 // where that is unreadable).
 mode_t CurrentUmask();

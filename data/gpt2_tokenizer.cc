@@ -79,7 +79,10 @@ class EncoderJsonReader : public nlohmann::json_sax<nlohmann::json> {
  private:
   bool BadValue(std::string_view what) {
     status_ = depth_ == 0
-                  ? absl::InvalidArgumentError(StrCat(file_, ": expected a JSON object from token to id, got ", what))
+                  ? absl::InvalidArgumentError(StrCat(file_,
+                                                      ": not a GPT-2 vocabulary (vocab.json: a JSON object from token "
+                                                      "to id); it begins with ",
+                                                      what))
                   : absl::InvalidArgumentError(
                         StrCat(file_, ": key ", Quote(key_), ": the id must be a non-negative integer, got ", what));
     return false;

@@ -322,7 +322,17 @@ class IndexedDatasetBuilder::SpoolFile {
   static absl::StatusOr<std::unique_ptr<SpoolFile>> Create(const fs::path& name_prefix, bool anonymous) {
     std::string pattern = name_prefix.string() + "XXXXXX";
     const int fd = ::mkostemp(pattern.data(), O_CLOEXEC);
-    if (fd < 0) return ErrnoError(errno, "create temporary file", pattern);
+    if (fd < 0) {
+      const int error = errno;
+      // The usual cause named: the dataset's directory.
+      std::error_code ec;
+      const fs::path dir = name_prefix.parent_path().empty() ? fs::path(".") : name_prefix.parent_path();
+      if (error == ENOENT && !fs::exists(dir, ec)) {
+        return absl::NotFoundError(
+            StrCat("cannot create '", pattern, "': its directory '", dir.string(), "' does not exist"));
+      }
+      return ErrnoError(error, "create temporary file", pattern);
+    }
     std::unique_ptr<SpoolFile> file(new SpoolFile(fd, pattern));
     if (!anonymous) file->registered_ = std::make_unique<TemporaryFile>(pattern);
     // mkostemp makes it 0600; the dataset it becomes is read by whoever
@@ -411,6 +421,7 @@ class IndexedDatasetBuilder::SpoolFile {
 
 absl::StatusOr<std::unique_ptr<IndexedDatasetBuilder>> IndexedDatasetBuilder::Create(const fs::path& prefix,
                                                                                      TokenDtype dtype) {
+  if (prefix.empty()) return absl::InvalidArgumentError("the output prefix is empty (PREFIX.bin and PREFIX.idx)");
   if (!prefix.has_filename()) {
     return absl::InvalidArgumentError(StrCat("output prefix '", prefix.string(), "' names a directory, not files"));
   }

@@ -130,7 +130,17 @@ absl::Status EncodeJsonLine(const EncodeContext& context, const Chunk& chunk, in
   try {
     value = nlohmann::json::parse(line.begin(), line.end());
   } catch (const nlohmann::json::exception& e) {
-    return LineError(context, chunk, line_number, StrCat("invalid JSON: ", e.what()));
+    // nlohmann's "[json.exception.parse_error.101] parse error at line 1,
+    // column 10: ...": its line is always 1 (the line alone is parsed).
+    std::string_view what = e.what();
+    if (const size_t column = what.find("column "); column != std::string_view::npos) {
+      what.remove_prefix(column);
+      return LineError(context, chunk, line_number, StrCat("invalid JSON at ", what));
+    }
+    if (const size_t id = what.find("] "); what.starts_with("[json.exception.") && id != std::string_view::npos) {
+      what.remove_prefix(id + 2);
+    }
+    return LineError(context, chunk, line_number, StrCat("invalid JSON: ", what));
   }
   if (!value.is_object()) return LineError(context, chunk, line_number, "expected a JSON object");
   const auto field = value.find(context.json_key);
@@ -528,6 +538,9 @@ absl::StatusOr<PreprocessStats> Preprocess(const PreprocessOptions& options, con
     const absl::Status read =
         ReadChunks(options.inputs[input], context.names[input], context.formats[input], options.chunk_bytes,
                    [&](std::string bytes, int64_t first_line) -> absl::Status {
+                     if (options.cancelled && options.cancelled()) {
+                       return absl::CancelledError("interrupted: the dataset was not written");
+                     }
                      while (next_ordinal - next_to_write >= max_in_flight) {
                        write_error = write_next();
                        RETURN_IF_ERROR(write_error);

@@ -58,6 +58,9 @@ struct PreprocessOptions {
   bool split_sentences = false;
   int num_threads = 0;                     // workers; 0: all hardware threads
   int64_t chunk_bytes = int64_t{4} << 20;  // work unit, cut at document boundaries
+  // Asked before each chunk: true stops the build (Cancelled, nothing
+  // written, an earlier dataset kept).
+  std::function<bool()> cancelled = {};
 };
 
 struct PreprocessStats {

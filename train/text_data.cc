@@ -87,6 +87,7 @@ absl::StatusOr<std::unique_ptr<TextData>> TextData::Open(const nlohmann::json& c
     options.output_prefix = prefix;
     options.append_end_of_document = tokenization.append_eod.value_or(!bert);
     options.split_sentences = bert;
+    options.cancelled = [] { return InterruptRequested(); };
     std::filesystem::create_directories(prefix.parent_path(), ec);
     TLOG_INFO("building the dataset {} from {}", prefix.string(), options.inputs[0].string());
     auto stats = data::Preprocess(options, *tokenizer, progress);

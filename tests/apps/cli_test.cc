@@ -230,7 +230,22 @@ TEST(Cli, FlagsNothingReadsAndValuesOutOfRangeAreOneLineErrors) {
   std::ofstream(blank) << "\n  \n\n";
   std::ofstream(vocab) << "[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nsome\ntext\n";
   const std::vector<std::pair<std::string, std::string>> cases = {
-      {"generate " + dir.string() + " --prompt x --seed -1", "--seed: '-1' is not an integer in [0, 2^64 - 1]"},
+      {"generate " + dir.string() + " --prompt x --seed -1", "--seed: '-1' is not a non-negative integer"},
+      // Numbers are decimal (CLI11 alone read 010 as 8, 0x10 as 16).
+      {"generate " + dir.string() + " --prompt x --max-new-tokens 0x10",
+       "--max-new-tokens: '0x10' is not an integer (decimal digits)"},
+      {"generate " + dir.string() + " --prompt x --temperature abc", "--temperature: 'abc' is not a number"},
+      {"generate " + dir.string() + " --prompt x --top-p 0x1p-1", "--top-p: '0x1p-1' is not a number"},
+      // "--output=" is an empty value: the next flag is not taken for it.
+      {"preprocess --tokenizer bert --vocab-file " + vocab + " --input " + text + " --output= --no-eod",
+       "the output prefix is empty (PREFIX.bin and PREFIX.idx)"},
+      {"tokenize --tokenizer bert --vocab-file " + vocab + " < " + dir.string(),
+       "standard input is a directory, not text"},
+      {"tokenize --tokenizer bert --vocab-file " + vocab + " \"$(printf '\\377')\"",
+       "TEXT: invalid UTF-8 at byte offset 0"},
+      {"preprocess --tokenizer bert --vocab-file " + vocab + " --input " + text + " --output " +
+           (dir / "missing" / "x").string(),
+       "': its directory '" + (dir / "missing").string() + "' does not exist"},
       {"generate " + dir.string() + " --prompt x --seed 18446744073709551616", "is not an integer in [0, 2^64 - 1]"},
       {"preprocess --tokenizer gpt2 --keep-case --input " + text + " --output " + out,
        "--keep-case is for --tokenizer bert"},

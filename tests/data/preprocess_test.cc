@@ -21,6 +21,7 @@ namespace {
 using testing::ByteTokenizer;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::Not;
 using testing::ReadFile;
 using testing::ScratchDir;
 using testing::WriteFile;
@@ -251,7 +252,7 @@ TEST_F(PreprocessTest, FirstErrorInInputOrderWins) {
 TEST_F(PreprocessTest, JsonErrorsNameFileAndLine) {
   const std::string name = (dir_ / "a.jsonl").string();
   const std::vector<std::pair<std::string, std::string>> cases = {
-      {"{\"text\": \"a\"}\n{\"text\": \n", name + ":2: invalid JSON: "},
+      {"{\"text\": \"a\"}\n{\"text\": \n", name + ":2: invalid JSON at column "},
       {"\n[1, 2]\n", name + ":2: expected a JSON object"},
       {"{\"body\": \"a\"}\n", name + ":1: no field \"text\""},
       {"{\"text\": [\"a\"]}\n", name + ":1: field \"text\" is not a string"},
@@ -261,8 +262,25 @@ TEST_F(PreprocessTest, JsonErrorsNameFileAndLine) {
     const auto stats = Run({"a.jsonl"});
     ASSERT_FALSE(stats.ok()) << content;
     EXPECT_THAT(stats.status().message(), HasSubstr(message));
+    EXPECT_THAT(stats.status().message(), Not(HasSubstr("json.exception")));
     ExpectNoOutput();
   }
+}
+
+// Cancelled (a `tessera train`'s Ctrl-C while it builds its dataset): it
+// stops at the next chunk and writes nothing; an earlier dataset stays.
+TEST_F(PreprocessTest, ACancelledBuildWritesNothing) {
+  std::string text;
+  for (int i = 0; i < 2000; ++i) text += "paragraph " + std::to_string(i) + "\n\n";
+  WriteFile(dir_ / "a.txt", text);
+  PreprocessOptions options;
+  options.chunk_bytes = 256;
+  int asked = 0;
+  options.cancelled = [&] { return ++asked > 3; };
+  const auto stats = Run({"a.txt"}, options);
+  EXPECT_EQ(stats.status().code(), absl::StatusCode::kCancelled) << stats.status();
+  EXPECT_EQ(asked, 4);
+  ExpectNoOutput();
 }
 
 TEST_F(PreprocessTest, UnreadableInputsAreNamed) {
