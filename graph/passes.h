@@ -255,9 +255,10 @@ struct OptimizerOptions {
   // p of the norm: (Σ |g|^p)^(1/p) over every gradient element, p > 0, or
   // +infinity for max |g| (torch's norm_type).
   double clip_grad_norm_type = 2.0;
-  // Variables whose name contains one of these get no weight decay, unless
-  // their VariableInfo::weight_decay says otherwise (LiBai excludes biases
-  // and norm parameters; "ln_" matches Hugging Face GPT-2's ln_1 / ln_f).
+  // Variables whose name contains one of these (case-insensitively) get no
+  // weight decay, unless their VariableInfo::weight_decay says otherwise
+  // (LiBai excludes biases and norm parameters; "norm" matches BERT's
+  // LayerNorm, "ln_" Hugging Face GPT-2's ln_1 / ln_f).
   std::vector<std::string> no_weight_decay_patterns = {"bias", "norm", "ln_"};
   // The graph input that feeds the learning rate (f32 scalar) per iteration;
   // created when absent.

@@ -443,6 +443,17 @@ absl::Status CheckOverridesAreRead(const nlohmann::json& resolved, const std::ve
                                                    "dropout masks to seed)"));
         }
       }
+      if (key == "model.init_seed") {
+        // (Every weight comes from the checkpoint: BindCheckpointInitializers
+        // refuses one that lacks a tensor of the model.)
+        const auto load_weight = nlohmann::json::json_pointer("/train/load_weight");
+        const bool loads = resolved.contains(load_weight) && !resolved.at(load_weight).is_null();
+        if (loads || eval_only) {
+          return absl::InvalidArgumentError(StrCat("override '", config::ShortText(text), "' sets a key nothing reads ",
+                                                   loads ? "with train.load_weight" : "with train.eval_only",
+                                                   " (every weight comes from the checkpoint)"));
+        }
+      }
       if (key == "optim.no_decay_norm_and_bias") {
         const absl::StatusOr<double> decay = config::GetDouble(resolved, "optim.weight_decay");
         if (decay.ok() && *decay == 0) {

@@ -7,8 +7,8 @@
 // fails to start leaves nothing behind):
 //   - config.json: the resolved config (atomic SaveConfig);
 //   - metrics.jsonl: one JSON object per logged iteration (every
-//     train.log_period and the last): iter, loss, lr, grad_norm (null without
-//     clipping), samples_per_s.
+//     train.log_period and the last): iter, loss, lr, grad_norm (absent
+//     without clipping), samples_per_s.
 // The learning rate follows `lr_scheduler` (train/lr_schedule.h).
 // global batch = train_micro_batch_size × num_accumulation_steps ×
 // data-parallel size (any two set give the third).

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "absl/strings/ascii.h"
 #include "core/status.h"
 #include "core/text.h"
 #include "graph/passes.h"
@@ -112,9 +113,10 @@ NodeOptions OnVariablesStage(const Graph& graph, ValueId var, NodeOptions at) {
 bool WeightDecayApplies(const Graph& graph, ValueId variable, const OptimizerOptions& options) {
   const VariableInfo& info = graph.variable_info(variable);
   if (info.weight_decay.has_value()) return *info.weight_decay;
-  const std::string& name = graph.value(variable).name;
+  // Case-insensitive: Hugging Face BERT's "LayerNorm" is a norm.
+  const std::string name = absl::AsciiStrToLower(graph.value(variable).name);
   for (const std::string& pattern : options.no_weight_decay_patterns) {
-    if (name.find(pattern) != std::string::npos) return false;
+    if (name.find(absl::AsciiStrToLower(pattern)) != std::string::npos) return false;
   }
   return true;
 }

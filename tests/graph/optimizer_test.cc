@@ -136,8 +136,9 @@ TEST(OptimizerTest, AdamWMatchesTorch) {
 
 TEST(OptimizerTest, WeightDecayMaskExcludesBiasesAndNorms) {
   GraphBuilder b;
-  for (const char* name : {"h.0.attn.c_attn.weight", "h.0.attn.c_attn.bias", "h.0.ln_1.weight", "ln_f.bias",
-                           "encoder.layernorm.gamma", "lm_head.weight"}) {
+  for (const char* name :
+       {"h.0.attn.c_attn.weight", "h.0.attn.c_attn.bias", "h.0.ln_1.weight", "ln_f.bias", "encoder.layernorm.gamma",
+        "lm_head.weight", "embeddings.LayerNorm.weight", "cls.predictions.transform.LayerNorm.weight"}) {
     b.Variable(name, {2}, InitRule::Zeros());
   }
   b.Variable("flagged_off", {2}, InitRule::Zeros(), {.weight_decay = false});
@@ -152,6 +153,9 @@ TEST(OptimizerTest, WeightDecayMaskExcludesBiasesAndNorms) {
   EXPECT_FALSE(applies("h.0.ln_1.weight"));
   EXPECT_FALSE(applies("ln_f.bias"));
   EXPECT_FALSE(applies("encoder.layernorm.gamma"));
+  // Hugging Face BERT's names (the match is case-insensitive).
+  EXPECT_FALSE(applies("embeddings.LayerNorm.weight"));
+  EXPECT_FALSE(applies("cls.predictions.transform.LayerNorm.weight"));
   EXPECT_FALSE(applies("flagged_off"));
   EXPECT_TRUE(applies("flagged_on.bias"));  // the per-variable flag wins
 }

@@ -259,6 +259,8 @@ std::vector<BadInput> Cases() {
       {"gamma without milestones", kMlp, {"lr_scheduler._target_=WarmupMultiStepLR", "lr_scheduler.gamma=0.5"}, "sets a key nothing reads while lr_scheduler.milestones is empty"},
       {"optimizer key when evaluating", kGpt, {"train.eval_only=true", "optim.lr=5"}, "override 'optim.lr=5' sets a key nothing reads with train.eval_only"},
       {"optimizer object when evaluating", kGpt, {"train.eval_only=true", R"(optim={"lr": 5})"}, "sets a key nothing reads with train.eval_only"},
+      {"init seed with loaded weights", kGpt, {"train.load_weight=/tmp/x", "model.init_seed=5"},
+       "override 'model.init_seed=5' sets a key nothing reads with train.load_weight (every weight comes from the checkpoint)"},
       {"amp object with amp off", kMlp, {R"(train.amp={"dtype": "fp16"})"}, "sets a key nothing reads while train.amp.enabled is false"},
       {"buckets on one rank", kMlp, {"train.dist.gradient_bucket_mb=5"}, "nothing reads with one data-parallel rank"},
       {"buckets with tensor parallelism", kGpt, {"train.dist.data_parallel_size=2", "train.dist.tensor_parallel_size=2", "train.dist.gradient_bucket_mb=5"},
