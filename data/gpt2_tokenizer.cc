@@ -207,6 +207,17 @@ absl::Status Gpt2Tokenizer::LoadMerges(const std::filesystem::path& file) {
     }
     merges_.emplace(key, Merge{rank++, result->second});
   }
+  if (merges_.empty()) {
+    // (Byte-level ids alone would come out, silently.)
+    int64_t longer = 0;
+    for (const auto& [bytes, id] : id_of_bytes_) {
+      longer += bytes.size() > 1 && !(bytes.starts_with("<|") && bytes.ends_with("|>"));
+    }
+    if (longer > 0) {
+      return absl::InvalidArgumentError(StrCat(file.string(), ": no merges, though the encoder has ", longer,
+                                               " tokens of several bytes (an empty or cut merges file?)"));
+    }
+  }
   return absl::OkStatus();
 }
 

@@ -550,6 +550,13 @@ TEST(Gpt2Tokenizer, MalformedMergesAreErrorsNamingTheLine) {
       Gpt2Tokenizer::Load(dir / "encoder.json", dir / "vocab.bpe");
   ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
   EXPECT_EQ(*(*tokenizer)->Encode(" the"), std::vector<int64_t>{262});
+  // No merges at all for an encoder of longer tokens: refused (byte-level
+  // ids alone came out).
+  for (const std::string empty : {"", "#version: 0.2\n"}) {
+    WriteFile(dir / "vocab.bpe", empty);
+    ExpectLoadError(Gpt2Tokenizer::Load(dir / "encoder.json", dir / "vocab.bpe").status(),
+                    absl::StatusCode::kInvalidArgument, {"vocab.bpe: no merges, though the encoder has"});
+  }
 }
 
 TEST(Tokenizer, UnknownKindListsTheKinds) {
