@@ -178,6 +178,8 @@ int Main(int argc, char** argv) {
   CLI::App app{"Tessera: train large neural networks on many devices from a program written for one."};
   app.set_version_flag("--version", "tessera 0.1.0");
   app.require_subcommand(1);
+  // --log-level after the verb too (`tessera train --log-level info ...`).
+  app.fallthrough();
   std::string log_level = "warn";
   app.add_option("--log-level", log_level,
                  "Log lines on stderr: trace, debug, info (compile, plan and run timings), warn, error or off")

@@ -260,6 +260,8 @@ TEST(Cli, FlagsNothingReadsAndValuesOutOfRangeAreOneLineErrors) {
        "--eval-only and train.eval_only=true both given"},
       {"bogus", "unknown command 'bogus' (see tessera --help)"},
       {"--log-level info bogus", "unknown command 'bogus' (see tessera --help)"},
+      // --log-level after the verb is tessera's too.
+      {"ops --log-level bogus", "unknown log level 'bogus'"},
       {"preprocess --tokenizer bert --vocab-file " + vocab + " --input " + blank + " --output " + out,
        "the inputs hold no text to tokenise (0 documents, 0 tokens): nothing written"},
       {"master --listen 127.0.0.1:99999", "port 99999 is not in [0, 65535]"},
