@@ -3,6 +3,8 @@
 // input; nothing an input can trigger (an exception from a library, an
 // allocation sized by the user) escapes as a crash.
 
+#include <time.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cctype>
@@ -71,16 +73,29 @@ int RunConfig(const std::string& path, const std::vector<std::string>& overrides
 }
 
 // The signal that asked `tessera train` to stop (0: none yet). The handler
-// only records it and restores the default action, so a second Ctrl-C
-// ends the process at once; a watcher thread turns it into a graceful stop.
+// only records it, so a watcher thread turns it into a graceful stop; a
+// second one ends the process at once. The same interrupt delivered twice
+// within 100 ms (GNU timeout signals the child, then its process group;
+// so may a batch system) counts once.
 volatile std::sig_atomic_t g_stop_signal = 0;
+std::atomic<int64_t> g_first_stop_ns{0};
+static_assert(std::atomic<int64_t>::is_always_lock_free);
 
 extern "C" void OnStopSignal(int signal) {
-  g_stop_signal = signal;
-  // The next one ends the process at once, as `tessera preprocess`'s does:
-  // the temporaries of a file being written (a dataset built from text, a
-  // checkpoint's shard) removed first.
+  timespec now{};
+  ::clock_gettime(CLOCK_MONOTONIC, &now);
+  const int64_t ns = int64_t{now.tv_sec} * 1'000'000'000 + now.tv_nsec;
+  int64_t first = 0;
+  if (g_first_stop_ns.compare_exchange_strong(first, ns)) {
+    g_stop_signal = signal;
+    return;
+  }
+  if (ns - first < 100'000'000) return;
+  // Ended at once, as `tessera preprocess` is: the temporaries of a file
+  // being written (a dataset built from text, a checkpoint's shard)
+  // removed first.
   tessera::RemoveTemporariesOnSignals();
+  ::raise(signal);
 }
 
 int RunTrain(const std::string& path, const std::vector<std::string>& overrides, bool fast_dev_run) {
@@ -133,13 +148,28 @@ int RunPlan(const std::string& path, const std::vector<std::string>& overrides, 
   return 0;
 }
 
-// Numbers on the command line are decimal, as in configs: CLI11 reads
-// "010" as octal and "0x10" as hex (strtoll's base 0), and "-1" for an
-// unsigned option as 2^64 - 1. A check ahead of every other on each integer
-// and float option (so "abc" is "not a number", not "not in range").
-void RequireDecimalNumbers(CLI::App& app) {
+// The flags that take an empty value as a value: an empty prompt starts
+// a new document. Any other flag given "" (a path, an address, a token
+// file: `--tls-ca=$CA` with CA unset) would silently act as not given.
+bool TakesEmptyValue(const std::string_view flag) { return flag == "--prompt"; }
+
+// Numbers on the command line are decimal: CLI11 reads "010" as octal and
+// "0x10" as hex (strtoll's base 0), and "-1" for an unsigned option as
+// 2^64 - 1. A check ahead of every other on each integer and float option
+// (so "abc" is "not a number", not "not in range"); and no empty value for
+// a flag that does not take one.
+void CheckOptionValues(CLI::App& app) {
   for (CLI::Option* option : app.get_options()) {
     const std::string type = option->get_type_name();
+    if (type.starts_with("TEXT") && !option->get_lnames().empty() &&
+        !TakesEmptyValue("--" + option->get_lnames().front())) {
+      option->transform(CLI::Validator(
+          [](std::string& value) -> std::string {
+            return value.empty() ? "an empty value: give one, or leave the flag out" : std::string();
+          },
+          "", "non-empty"));
+      continue;
+    }
     const bool is_unsigned = type.starts_with("UINT");
     const bool is_integer = is_unsigned || type.starts_with("INT");
     if (!is_integer && !type.starts_with("FLOAT")) continue;
@@ -171,7 +201,7 @@ void RequireDecimalNumbers(CLI::App& app) {
         },
         "", "decimal"));
   }
-  for (CLI::App* sub : app.get_subcommands({})) RequireDecimalNumbers(*sub);
+  for (CLI::App* sub : app.get_subcommands({})) CheckOptionValues(*sub);
 }
 
 int Main(int argc, char** argv) {
@@ -241,11 +271,12 @@ int Main(int argc, char** argv) {
               return tessera::FastDevRunOverrides(config, overrides);
             }});
 
-  RequireDecimalNumbers(app);
+  CheckOptionValues(app);
 
-  // "--output=" is an empty value, passed on as "--output" "": CLI11 would
+  // "--prompt=" is an empty value, passed on as "--prompt" "": CLI11 would
   // take the next argument as its value ("--output= --no-eod" wrote
-  // "--no-eod.bin"). Arguments after "--" are left as they are.
+  // "--no-eod.bin"); for any other flag it is refused (TakesEmptyValue).
+  // Arguments after "--" are left as they are.
   std::vector<std::string> args;
   for (int i = 0; i < argc; ++i) {
     const std::string_view arg = argv[i];
@@ -254,7 +285,11 @@ int Main(int argc, char** argv) {
       break;
     }
     if (i > 0 && arg.size() > 3 && arg.starts_with("--") && arg.find('=') == arg.size() - 1) {
-      args.emplace_back(arg.substr(0, arg.size() - 1));
+      const std::string_view flag = arg.substr(0, arg.size() - 1);
+      if (!TakesEmptyValue(flag)) {
+        return Fail(tessera::StrCat(flag, "=: an empty value: give one, or leave ", flag, " out"));
+      }
+      args.emplace_back(flag);
       args.emplace_back();
       continue;
     }

@@ -855,19 +855,29 @@ absl::StatusOr<std::shared_ptr<const CheckpointReader>> CheckpointReader::Open(
                 "'s name another's (files of two checkpoints mixed?)");
   }
   const nlohmann::json state = index.value("train_state", nlohmann::json::object());
-  if (!state.is_object() || !state.contains("consumed_samples") || !state["consumed_samples"].is_number_integer() ||
-      state["consumed_samples"].get<int64_t>() < 0) {
+  if (!state.is_object() || !state.contains("consumed_samples")) {
     return fail("index.json has no train_state.consumed_samples");
   }
+  if (!state["consumed_samples"].is_number_integer() || state["consumed_samples"].get<int64_t>() < 0) {
+    return fail("index.json's train_state.consumed_samples ", state["consumed_samples"].dump().substr(0, 40),
+                " is not a non-negative integer");
+  }
   reader->consumed_samples_ = state["consumed_samples"].get<int64_t>();
-  // (Every iteration takes the same global batch.)
-  if (reader->iteration_ > 0 ? reader->consumed_samples_ % reader->iteration_ != 0 : reader->consumed_samples_ != 0) {
+  // (Every iteration takes the same global batch, of at least one sample.)
+  if (reader->iteration_ > 0
+          ? reader->consumed_samples_ % reader->iteration_ != 0 || reader->consumed_samples_ < reader->iteration_
+          : reader->consumed_samples_ != 0) {
     return fail("index.json's train_state is inconsistent: ", reader->consumed_samples_, " samples in ",
                 reader->iteration_, " iterations");
+  }
+  if (state.contains("iteration") && state["iteration"] != index["iteration"]) {
+    return fail("index.json's train_state is inconsistent: iteration ", state["iteration"].dump().substr(0, 40),
+                " beside iteration ", reader->iteration_);
   }
   reader->best_ = state.value("best", nlohmann::json());
   reader->evaluation_pending_ = state.contains("evaluation_pending") && state["evaluation_pending"] == true;
   reader->config_ = index.value("config", nlohmann::json::object());
+  int64_t shards = 0, bound_shards = 0;  // (all of them, or none: an older index)
   for (const auto& [name, value] : index["tensors"].items()) {
     if (!value.is_object() || !value.contains("dtype") || !value["dtype"].is_string() || !value.contains("shards") ||
         !value["shards"].is_array()) {
@@ -912,10 +922,15 @@ absl::StatusOr<std::shared_ptr<const CheckpointReader>> CheckpointReader::Open(
         if (reader->checksums_) {
           reader->committed_checksums_[s.file].emplace_back(s.source, shard["checksum"].get<std::string>());
         }
+        ++bound_shards;
       }
+      ++shards;
       entry.shards.push_back(std::move(s));
     }
     reader->tensors_[name] = std::move(entry);
+  }
+  if (bound_shards > 0 && bound_shards < shards) {
+    return fail("index.json lists the checksums of ", bound_shards, " of its ", shards, " shards");
   }
   return std::shared_ptr<const CheckpointReader>(std::move(reader));
 }

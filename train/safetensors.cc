@@ -91,7 +91,8 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
   uint64_t header_bytes = 0;
   for (int i = 7; i >= 0; --i) header_bytes = (header_bytes << 8) | static_cast<unsigned char>(bytes[i]);
   if (header_bytes > kMaxHeaderBytes || header_bytes > file->map_bytes_ - 8) {
-    return fail("header size ", header_bytes, " does not fit in the file (", file->map_bytes_, " bytes)");
+    return fail("not a safetensors file: its first 8 bytes give a header of ", header_bytes,
+                " bytes, more than the file's ", file->map_bytes_);
   }
   const nlohmann::json header =
       nlohmann::json::parse(bytes + 8, bytes + 8 + header_bytes, nullptr, /*allow_exceptions=*/false);

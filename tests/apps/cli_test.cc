@@ -236,9 +236,12 @@ TEST(Cli, FlagsNothingReadsAndValuesOutOfRangeAreOneLineErrors) {
        "--max-new-tokens: '0x10' is not an integer (decimal digits)"},
       {"generate " + dir.string() + " --prompt x --temperature abc", "--temperature: 'abc' is not a number"},
       {"generate " + dir.string() + " --prompt x --top-p 0x1p-1", "--top-p: '0x1p-1' is not a number"},
-      // "--output=" is an empty value: the next flag is not taken for it.
+      // "--output=" does not take the next flag for its value (it wrote
+      // --no-eod.bin), and an empty value is refused where it would act as
+      // no flag (TLS dropped for --tls-ca=$UNSET).
       {"preprocess --tokenizer bert --vocab-file " + vocab + " --input " + text + " --output= --no-eod",
-       "the output prefix is empty (PREFIX.bin and PREFIX.idx)"},
+       "--output=: an empty value: give one, or leave --output out"},
+      {"status --master 127.0.0.1:1 --tls-ca ''", "--tls-ca: an empty value: give one, or leave the flag out"},
       {"tokenize --tokenizer bert --vocab-file " + vocab + " < " + dir.string(),
        "standard input is a directory, not text"},
       {"tokenize --tokenizer bert --vocab-file " + vocab + " \"$(printf '\\377')\"",
@@ -268,7 +271,7 @@ TEST(Cli, FlagsNothingReadsAndValuesOutOfRangeAreOneLineErrors) {
       {"master --listen 127.0.0.1:0 --heartbeat-ms 1000 --worker-timeout-ms 1500",
        "--worker-timeout-ms 1500 must be at least twice --heartbeat-ms 1000"},
       {"status --master 127.0.0.1", "no port (expected HOST:PORT)"},
-      {"status --master ''", "no host"},
+      {"status --master ''", "--master: an empty value: give one, or leave the flag out"},
       {"worker --master 127.0.0.1:1 --devices cpu:1 --id 'a b'", "is not 1-128 characters of [A-Za-z0-9._-]"},
       {"status --master 127.0.0.1:1 --token-file " + token, "a token must be printable ASCII without spaces"},
       {"status --master 127.0.0.1:1 --tls-ca " + text, "holds no PEM block"},

@@ -421,7 +421,21 @@ TEST(Checkpoint, FilesOfTwoCheckpointsTogetherAreRefused) {
   EXPECT_NE(CheckpointReader::Open(b).status().message().find(
                 "index.json's train_state is inconsistent: 41 samples in 5 iterations"),
             std::string::npos);
+  index["train_state"]["consumed_samples"] = 0;  // (a global batch of 0)
+  WriteFile(b / "index.json", index.dump());
+  EXPECT_NE(CheckpointReader::Open(b).status().message().find("inconsistent: 0 samples in 5 iterations"),
+            std::string::npos);
   index["train_state"]["consumed_samples"] = 40;
+  index["train_state"]["iteration"] = 4;
+  WriteFile(b / "index.json", index.dump());
+  EXPECT_NE(CheckpointReader::Open(b).status().message().find("inconsistent: iteration 4 beside iteration 5"),
+            std::string::npos);
+  index["train_state"]["iteration"] = 5;
+  nlohmann::json unbound = index;
+  unbound["tensors"]["w"]["shards"][1].erase("checksum");
+  WriteFile(b / "index.json", unbound.dump());
+  EXPECT_NE(CheckpointReader::Open(b).status().message().find("lists the checksums of 2 of its 3 shards"),
+            std::string::npos);
   WriteFile(b / "index.json", index.dump());
   ASSERT_TRUE(read_w(b).ok());
   // A FIFO for a rank file: refused at once (opening it blocked).
