@@ -588,6 +588,12 @@ TEST(HuggingFace, Gpt2WeightsLoadThroughLoadWeightAndExportBack) {
   const auto direct = OpenOrDie(hf, {.run_config = *config});
   EXPECT_EQ(*direct->Logits(kPrompt), *logits);
   ExpectError(Generator::Open(hf).status(), absl::StatusCode::kInvalidArgument, "give the run's config (--config)");
+  // A config of fewer layers than the weights: refused (it generated from
+  // the first layers alone, silently).
+  nlohmann::json one_layer = *config;
+  one_layer["model"]["num_layers"] = 1;
+  ExpectError(Generator::Open(hf, {.run_config = one_layer}).status(), absl::StatusCode::kInvalidArgument,
+              "model.num_layers is 1, but the weights " + hf.string() + " hold 2 layers (h.0 to h.1)");
 
   // Export: Hugging Face's layout (the script checks the shapes and the
   // metadata), the same logits in PyTorch.
