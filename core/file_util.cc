@@ -150,7 +150,18 @@ absl::Status WriteFileDurably(const std::filesystem::path& path, std::span<const
   const TemporaryFile registered(temp);
   // 0666 less the umask, as any file the user makes (0644 under 022).
   const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
-  if (fd < 0) return Errno("cannot create", temp);
+  if (fd < 0) {
+    // The usual cause named: the file's directory (not the temporary's name).
+    const int error = errno;
+    std::error_code ec;
+    const std::filesystem::path dir = path.parent_path().empty() ? std::filesystem::path(".") : path.parent_path();
+    if (error == ENOENT && !std::filesystem::exists(dir, ec)) {
+      return absl::NotFoundError(
+          StrCat("cannot write ", path.string(), ": its directory '", dir.string(), "' does not exist"));
+    }
+    errno = error;
+    return Errno("cannot create", temp);
+  }
   absl::Status status;
   for (const std::string_view bytes : parts) {
     for (size_t done = 0; done < bytes.size() && status.ok();) {

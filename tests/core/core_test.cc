@@ -558,6 +558,21 @@ TEST(DirectoryClaim, SharedClaimsHoldTogetherAndKeepOutAnExclusiveOne) {
   fs::remove_all(root);
 }
 
+// A durable write into a directory that does not exist names the
+// directory, not the temporary file it would have made there.
+TEST(WriteFileDurably, AMissingDirectoryIsNamed) {
+  namespace fs = std::filesystem;
+  const fs::path root = fs::temp_directory_path() / ("tessera_durable_" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  const absl::Status status = WriteFileDurably(root / "sub" / "x.safetensors", "data");
+  EXPECT_EQ(status.code(), absl::StatusCode::kNotFound) << status;
+  EXPECT_EQ(status.message(), "cannot write " + (root / "sub" / "x.safetensors").string() + ": its directory '" +
+                                  (root / "sub").string() + "' does not exist");
+  fs::create_directories(root);
+  EXPECT_TRUE(WriteFileDurably(root / "x", "data").ok());
+  fs::remove_all(root);
+}
+
 // A Ctrl-C during a commit (DeferTemporarySignals) waits for its end: the
 // process goes on, then removes its temporaries and dies of the signal.
 TEST(TemporaryFiles, ASignalDuringACommitActsAfterIt) {
