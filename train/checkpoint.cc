@@ -1006,12 +1006,12 @@ absl::StatusOr<const SafetensorsFile*> CheckpointReader::File(const std::string&
   // An index from before the checksums, with rank files that have them
   // (or an index whose field was lost): the files' own are still checked.
   if (checksums_ || file->metadata().contains(kChecksumsKey)) RETURN_IF_ERROR(VerifyChecksums(*file));
-  RETURN_IF_ERROR(CheckFileIsTheIndexs(name, *file));
+  RETURN_IF_ERROR(CheckFileMatchesIndex(name, *file));
   std::lock_guard<std::mutex> lock(mu_);
   return files_.try_emplace(name, std::move(file)).first->second.get();
 }
 
-absl::Status CheckpointReader::CheckFileIsTheIndexs(const std::string& name, const SafetensorsFile& file) const {
+absl::Status CheckpointReader::CheckFileMatchesIndex(const std::string& name, const SafetensorsFile& file) const {
   auto committed = committed_checksums_.find(name);
   if (committed == committed_checksums_.end()) return absl::OkStatus();
   auto text = file.metadata().find(kChecksumsKey);

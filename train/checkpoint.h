@@ -245,7 +245,7 @@ class CheckpointReader {
   [[nodiscard]] absl::Status VerifyChecksums(const SafetensorsFile& file) const;
   // DataLoss when rank file `name` is not the one index.json lists (its
   // checksums differ from the index's).
-  [[nodiscard]] absl::Status CheckFileIsTheIndexs(const std::string& name, const SafetensorsFile& file) const;
+  [[nodiscard]] absl::Status CheckFileMatchesIndex(const std::string& name, const SafetensorsFile& file) const;
   // Per rank file, its tensors' checksums as it was committed with (none in
   // indexes from before): a rank file of another checkpoint put in its
   // place is refused, though it checks out by itself.

@@ -676,9 +676,10 @@ absl::StatusOr<std::unique_ptr<Generator>> Generator::Open(const fs::path& path,
     int64_t layers = 0;
     for (std::string_view name : reader->TensorNames()) {
       if (name.starts_with("transformer.")) name.remove_prefix(std::string_view("transformer.").size());
-      const std::string_view number = name.substr(2, name.find('.', 2) - 2);
+      if (!name.starts_with("h.")) continue;
+      const std::string_view number = name.substr(2, name.find('.', 2) - 2);  // (substr past the end throws)
       int64_t layer = 0;
-      if (name.starts_with("h.") && absl::SimpleAtoi(absl::string_view(number.data(), number.size()), &layer)) {
+      if (absl::SimpleAtoi(absl::string_view(number.data(), number.size()), &layer)) {
         layers = std::max(layers, layer + 1);
       }
     }
