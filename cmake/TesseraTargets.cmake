@@ -44,6 +44,22 @@ function(tessera_target_options target)
   endif()
 endfunction()
 
+# tessera_checkout_paths(TARGET): the target knows the checkout's path
+# (TESSERA_SOURCE_DIR; the tests add TESSERA_BINARY and the like). GCC 12
+# warns falsely about std::string concatenations of a string literal (its
+# bugs 105329, 105651), and whether it does depends on the literal's
+# length: a test that built in /work/main failed to build in
+# /check/work/main. So a target with the checkout's paths in literals is
+# built without those three warnings; the library's literals do not depend
+# on where it is built, and keep them.
+function(tessera_checkout_paths target)
+  target_compile_definitions(${target} PRIVATE TESSERA_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
+  if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU" AND CMAKE_CXX_COMPILER_VERSION VERSION_LESS 13)
+    target_compile_options(${target} PRIVATE
+      $<$<COMPILE_LANGUAGE:CXX>:-Wno-array-bounds -Wno-stringop-overflow -Wno-stringop-overread -Wno-restrict>)
+  endif()
+endfunction()
+
 # tessera_library(NAME SOURCES a.cc b.cc DEPS x y PUBLIC_DEPS z [PCH ...] [HOT])
 # HOT: the library's loops are what a run spends its time in (kernels,
 # reductions): built at the build type's level (-O3 in Release). Others are
