@@ -184,9 +184,10 @@ void CheckOptionValues(CLI::App& app) {
               return tessera::StrCat("'", value, "' is not a", is_unsigned ? " non-negative" : "n",
                                      " integer (decimal digits)");
             }
-            // (Leading zeros are decimal too: "010" is 10.)
+            // (Leading zeros are decimal too: "010" is 10; "-0" is 0.)
             const size_t nonzero = std::min(digits.find_first_not_of('0'), digits.size() - 1);
-            value = tessera::StrCat(value.size() > digits.size() && value[0] == '-' ? "-" : "", digits.substr(nonzero));
+            const std::string_view magnitude = digits.substr(nonzero);
+            value = tessera::StrCat(value[0] == '-' && magnitude != "0" ? "-" : "", magnitude);
             return std::string();
           }
           // strtod's numbers, less its hexadecimal ones.

@@ -189,9 +189,12 @@ absl::Status CheckAddress(const std::string& address, bool port_required) {
     if (port_required) return absl::InvalidArgumentError(absl::StrCat("'", shown, "': no port (expected HOST:PORT)"));
     return absl::OkStatus();
   }
+  // Decimal, as gRPC reads it: leading zeros do not count ("017170" is
+  // 17170).
+  const size_t first = std::min(port.find_first_not_of('0'), port.size() - 1);
   int value = 0;
   for (char c : port) {
-    if (c < '0' || c > '9' || port.size() > 5) {
+    if (c < '0' || c > '9' || port.size() - first > 5) {
       return absl::InvalidArgumentError(
           absl::StrCat("'", shown, "': port '", std::string(port), "' is not a number in [0, 65535]"));
     }

@@ -268,7 +268,7 @@ void RegisterReductions(OpRegistry& r) {
   r.MustRegister(
       OpSchema("reduce_max_grad")
           .Doc("dx = dy at the positions where x equals y = reduce_max(x), divided by the number of such ties; "
-               "0 elsewhere")
+               "0 elsewhere; NaN over a slice whose maximum is NaN (as PyTorch's amax)")
           .Input("x")
           .Input("y")
           .Input("dy")

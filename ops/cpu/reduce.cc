@@ -357,7 +357,11 @@ void ReduceMaxGrad(const KernelContext& ctx, const Tensor& x, const std::vector<
     for_each_run(begin, end, [&](int64_t in, int64_t out, int64_t step, int64_t n) {
       for (int64_t i = 0; i < n; ++i) {
         const int64_t o = out + i * step;
-        grad[in + i] = xs[in + i] == ys[o] ? dys[o] / ties[static_cast<size_t>(o)] : 0.0f;
+        // A NaN maximum ties with nothing: its whole slice's gradient is
+        // NaN, as PyTorch's amax's (mask * dy / 0).
+        grad[in + i] = xs[in + i] == ys[o] ? dys[o] / ties[static_cast<size_t>(o)]
+                       : std::isnan(ys[o]) ? std::numeric_limits<float>::quiet_NaN()
+                                           : 0.0f;
       }
     });
   };

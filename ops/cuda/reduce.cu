@@ -159,7 +159,7 @@ __global__ void ReduceMaxGradKernel(const float* x, const float* y, const float*
     const float share = dy[o] / scratch[0];  // as the CPU's: dy / ties
     for (int64_t r = threadIdx.x; r < reduced; r += kThreads) {
       const int64_t at = base + Offset(r, l.reduced_rank, l.reduced_dims, l.reduced_strides);
-      dx[at] = x[at] == best ? share : 0.0f;
+      dx[at] = x[at] == best ? share : isnan(best) ? best : 0.0f;  // a NaN maximum: NaN, as the CPU's
     }
     __syncthreads();
   }

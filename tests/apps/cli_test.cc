@@ -231,6 +231,8 @@ TEST(Cli, FlagsNothingReadsAndValuesOutOfRangeAreOneLineErrors) {
   std::ofstream(vocab) << "[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nsome\ntext\n";
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"generate " + dir.string() + " --prompt x --seed -1", "--seed: '-1' is not a non-negative integer"},
+      // (-0 is 0: the seed passes, the directory is what is wrong.)
+      {"generate " + dir.string() + " --prompt x --seed -0", "is neither a checkpoint (no index.json)"},
       // Numbers are decimal (CLI11 alone read 010 as 8, 0x10 as 16).
       {"generate " + dir.string() + " --prompt x --max-new-tokens 0x10",
        "--max-new-tokens: '0x10' is not an integer (decimal digits)"},

@@ -145,13 +145,16 @@ TEST(SecurityTest, TokenAndPemFilesAreCheckedWhenRead) {
 
 TEST(SecurityTest, AddressesAreHostAndPortInRange) {
   for (const char* good :
-       {"127.0.0.1:7070", "127.0.0.1:0", "localhost:65535", "[::1]:7070", "unix:/tmp/sock", "dns:///example.com:443"}) {
+       {"127.0.0.1:7070", "127.0.0.1:0", "localhost:65535", "[::1]:7070", "unix:/tmp/sock", "dns:///example.com:443",
+        "127.0.0.1:07070", "127.0.0.1:017170", "127.0.0.1:00000000"}) {  // (leading zeros: decimal, as gRPC)
     EXPECT_TRUE(CheckAddress(good).ok()) << good << ": " << CheckAddress(good);
   }
   EXPECT_TRUE(CheckAddress("10.0.0.2", /*port_required=*/false).ok());
   EXPECT_TRUE(CheckAddress("[::1]", /*port_required=*/false).ok());
   const std::vector<std::pair<std::string, std::string>> bad = {
       {"127.0.0.1:99999", "port 99999 is not in [0, 65535]"},
+      {"127.0.0.1:065536", "port 65536 is not in [0, 65535]"},
+      {"127.0.0.1:1000000", "is not a number in [0, 65535]"},
       {"127.0.0.1", "no port"},
       {"[::1]", "no port"},
       {"", "no host"},

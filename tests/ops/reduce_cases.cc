@@ -93,6 +93,9 @@ std::vector<Tensor> ReduceMaxGradRef(const std::vector<Tensor>& in, const AttrMa
   for (int64_t i = 0; i < shape.NumElements(); ++i) {
     const int64_t o = r.target[static_cast<size_t>(i)];
     if (is_max(i)) SetElementFromDouble(dx, i, ElementAsDouble(in[2], o) / ties[static_cast<size_t>(o)]);
+    // A NaN maximum: every element of its slice gets NaN (PyTorch's amax:
+    // mask * dy / count, with count 0).
+    if (std::isnan(ElementAsDouble(in[1], o))) SetElementFromDouble(dx, i, std::numeric_limits<double>::quiet_NaN());
   }
   return {dx};
 }
@@ -255,6 +258,17 @@ void AddMaxCases(std::vector<OpTestCase>& cases) {
   max_grad_case("two_groups_ties", {3, 4, 2, 5}, {0, 2}, false, 34);
   max_grad_case("middle_axis_ties", {3, 6, 4}, {1}, false, 36);
   max_grad_case("all_ties", {4, 5}, {}, false, 38);
+  // A NaN in some slices: their gradient is NaN throughout, the others'
+  // as without it.
+  for (const Ints& axes : {Ints{0}, Ints{1}}) {
+    Tensor x = Tied({5, 6}, 39);
+    SetElementFromDouble(x, 2 * 6 + 3, std::numeric_limits<double>::quiet_NaN());
+    const AttrMap attrs{{"axes", axes}, {"keepdim", false}};
+    Tensor y = ReduceRef(Kind::kMax)({x}, attrs)[0];
+    Tensor dy = RandomUniform(y.shape(), 40);
+    cases.push_back(
+        Case("reduce_max_grad", "nan_axis_" + std::to_string(axes[0]), {x, y, dy}, attrs, ReduceMaxGradRef));
+  }
 }
 
 void AddIndexCases(std::vector<OpTestCase>& cases) {
