@@ -2,6 +2,7 @@
 
 #include <map>
 #include <set>
+#include <tuple>
 #include <unordered_map>
 #include <utility>
 
@@ -293,10 +294,12 @@ absl::StatusOr<std::vector<proto::NodePlan>> SplitPlan(const proto::Plan& plan) 
 }
 
 absl::StatusOr<std::vector<proto::DeviceMemory>> EstimateMemory(const proto::Plan& plan) {
-  std::map<std::pair<uint32_t, std::string>, proto::DeviceMemory> devices;
+  // By node, then device type and index as numbers (cpu:2 before cpu:10).
+  std::map<std::tuple<uint32_t, int, int>, proto::DeviceMemory> devices;
   const auto entry = [&devices](uint64_t actor_id) -> proto::DeviceMemory& {
     const ActorId id = DecodeActorId(actor_id);
-    proto::DeviceMemory& m = devices[{id.node, id.device().ToString()}];
+    const Device device = id.device();
+    proto::DeviceMemory& m = devices[{id.node, static_cast<int>(device.type), device.index}];
     m.set_node(id.node);
     m.set_device(id.device().ToString());
     return m;

@@ -88,6 +88,13 @@ TEST(Cli, PlanListsActorsRegistersAndMemory) {
   EXPECT_GT(j["registers"].size(), 10u);
   ASSERT_EQ(j["memory"].size(), 1u);
   EXPECT_GT(j["memory"][0]["bytes"].get<int64_t>(), 0);
+  // Devices in numeric order (cpu:10 came before cpu:2).
+  const Result twelve =
+      RunTessera("plan " + Source("configs/mlp_demo.json") + " train.dist.data_parallel_size=12 --format json");
+  ASSERT_EQ(twelve.exit_code, 0) << twelve.out;
+  const nlohmann::json memory = nlohmann::json::parse(twelve.out)["memory"];
+  ASSERT_EQ(memory.size(), 12u);
+  for (size_t i = 0; i < memory.size(); ++i) EXPECT_EQ(memory[i]["device"], "cpu:" + std::to_string(i));
   const Result dot = RunTessera("plan " + Source("configs/mlp_demo.json") + " --format dot");
   ASSERT_EQ(dot.exit_code, 0) << dot.out;
   EXPECT_EQ(dot.out.rfind("digraph plan {", 0), 0u);
