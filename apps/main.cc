@@ -10,6 +10,7 @@
 #include <cctype>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -190,14 +191,16 @@ void CheckOptionValues(CLI::App& app) {
             value = tessera::StrCat(value[0] == '-' && magnitude != "0" ? "-" : "", magnitude);
             return std::string();
           }
-          // strtod's numbers, less its hexadecimal ones.
+          // strtod's numbers, less its hexadecimal ones, NaN and the
+          // infinities (a range check lets NaN through).
           char* end = nullptr;
-          (void)std::strtod(value.c_str(), &end);
+          const double number = std::strtod(value.c_str(), &end);
           if (value.empty() || end != value.c_str() + value.size() ||
               std::isspace(static_cast<unsigned char>(value[0])) || digits.starts_with("0x") ||
               digits.starts_with("0X")) {
             return tessera::StrCat("'", value, "' is not a number");
           }
+          if (!std::isfinite(number)) return tessera::StrCat("'", value, "' is not a finite number");
           return std::string();
         },
         "", "decimal"));

@@ -238,6 +238,8 @@ TEST(Cli, FlagsNothingReadsAndValuesOutOfRangeAreOneLineErrors) {
        "--max-new-tokens: '0x10' is not an integer (decimal digits)"},
       {"generate " + dir.string() + " --prompt x --temperature abc", "--temperature: 'abc' is not a number"},
       {"generate " + dir.string() + " --prompt x --top-p 0x1p-1", "--top-p: '0x1p-1' is not a number"},
+      {"generate " + dir.string() + " --prompt x --temperature nan", "--temperature: 'nan' is not a finite number"},
+      {"generate " + dir.string() + " --prompt x --temperature -inf", "--temperature: '-inf' is not a finite number"},
       // "--output=" does not take the next flag for its value (it wrote
       // --no-eod.bin), and an empty value is refused where it would act as
       // no flag (TLS dropped for --tls-ca=$UNSET).
