@@ -1285,6 +1285,16 @@ class Master::Impl final : public control::Master::Service {
     if (checkpoint.ok() && checkpoint->has_value()) job.iteration = std::max(job.iteration, **checkpoint);
     const std::string reached =
         job.iteration > 0 ? absl::StrCat("the job had reached iteration ", job.iteration) : "the job had just started";
+    // A node of it still holding its checkpoints (a worker that outlived the
+    // master): what it writes before it notices is what a resume takes.
+    const bool still_written = !job.spec.output_dir.empty() &&
+                               !DirectoryClaim::CheckUnclaimed(fs::path(job.spec.output_dir) / "checkpoints").ok();
+    if (still_written && checkpoint.ok()) {
+      return absl::StrCat(
+          "master restarted (", reached, "; a node of it is still writing its checkpoints (",
+          checkpoint->has_value() ? absl::StrCat("the latest so far: iteration ", **checkpoint) : "none so far",
+          "): once it has stopped, `tessera submit --resume` continues from the latest)");
+    }
     if (!checkpoint.ok()) {
       return job.iteration > 0 ? absl::StrCat("master restarted (", reached,
                                               "; `tessera submit --resume` continues from its latest checkpoint)")

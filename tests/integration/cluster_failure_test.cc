@@ -27,6 +27,7 @@
 #include "absl/strings/str_cat.h"
 #include "cluster/engine_job.h"
 #include "core/config.h"
+#include "core/file_util.h"
 #include "gtest/gtest.h"
 #include "tests/child_process.h"
 #include "tests/cluster/cluster_fixture.h"
@@ -428,13 +429,21 @@ TEST_F(ClusterFailureTest, AJobOfAKilledMasterFailsSayingHowFarItGot) {
       std::string::npos)
       << follower.Output();
   const int64_t reached = logged();
+  // The worker trains on until it notices the master is gone (and may
+  // checkpoint meanwhile): the reason says so while a node holds the
+  // checkpoints. (Held here too, so the message does not depend on when
+  // the worker notices.)
+  auto writer = DirectoryClaim::AcquireShared(cluster.out / "checkpoints");
+  ASSERT_TRUE(writer.ok()) << writer.status();
   ASSERT_NO_FATAL_FAILURE(cluster.StartMaster());
   auto info = cluster.client->Get(cluster.job);
   ASSERT_TRUE(info.ok()) << info.status();
   EXPECT_EQ(info->state(), control::FAILED);
   EXPECT_GE(info->iteration(), reached);
   EXPECT_EQ(info->reason(), absl::StrCat("master restarted (the job had reached iteration ", info->iteration(),
-                                         " and written no checkpoint: `tessera submit --resume` starts it afresh)"));
+                                         "; a node of it is still writing its checkpoints (none so far): once it "
+                                         "has stopped, `tessera submit --resume` continues from the latest)"));
+  writer->Release();
   EXPECT_TRUE(NewestCheckpoint(cluster.out).empty());
 }
 
