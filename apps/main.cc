@@ -36,6 +36,7 @@
 #include "core/text.h"
 #include "ops/describe.h"
 #include "ops/registry.h"
+#include "train/dataset_build.h"
 #include "train/job_config.h"
 #include "train/plan_view.h"
 #include "train/trainer.h"
@@ -118,8 +119,10 @@ int RunTrain(const std::string& path, const std::vector<std::string>& overrides,
   std::thread watcher([&] {
     while (!done.load()) {
       if (g_stop_signal != 0 && !stop->requested()) {
-        std::fprintf(stderr, "\ntessera: %s: stopping after this iteration and writing a checkpoint "
-                     "(again to stop at once)\n", g_stop_signal == SIGINT ? "interrupted" : "terminated");
+        std::fprintf(stderr, "\ntessera: %s: %s (again to stop at once)\n",
+                     g_stop_signal == SIGINT ? "interrupted" : "terminated",
+                     tessera::BuildingDatasetFromText() ? "stopping the dataset being built from dataloader.text_file"
+                                                        : "stopping after this iteration and writing a checkpoint");
         stop->Request();
         tessera::RequestInterrupt();  // (a dataset being built stops too)
       }

@@ -1,6 +1,7 @@
 #include "train/text_data.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <set>
 #include <vector>
@@ -11,10 +12,14 @@
 #include "core/logging.h"
 #include "core/status.h"
 #include "data/preprocess.h"
+#include "train/dataset_build.h"
 #include "train/job_config.h"
 
 namespace tessera {
 namespace {
+
+// Datasets being built from text now (BuildingDatasetFromText).
+std::atomic<int> building_from_text{0};
 
 // The tokenizer the config names, or null.
 absl::StatusOr<std::unique_ptr<data::Tokenizer>> LoadConfiguredTokenizer(const TokenizationConfig& t) {
@@ -43,6 +48,8 @@ std::pair<std::vector<double>, double> UnigramCounts(const data::GptDataset& tra
 }
 
 }  // namespace
+
+bool BuildingDatasetFromText() { return building_from_text.load() > 0; }
 
 absl::StatusOr<std::unique_ptr<TextData>> TextData::Open(const nlohmann::json& config,
                                                          const models::Model::TextInputs& inputs,
@@ -90,7 +97,9 @@ absl::StatusOr<std::unique_ptr<TextData>> TextData::Open(const nlohmann::json& c
     options.cancelled = [] { return InterruptRequested(); };
     std::filesystem::create_directories(prefix.parent_path(), ec);
     TLOG_INFO("building the dataset {} from {}", prefix.string(), options.inputs[0].string());
+    building_from_text.fetch_add(1);
     auto stats = data::Preprocess(options, *tokenizer, progress);
+    building_from_text.fetch_sub(1);
     if (!stats.ok())
       return absl::Status(stats.status().code(), StrCat("dataloader.text_file: ", stats.status().message()));
   }

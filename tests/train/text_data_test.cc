@@ -467,6 +467,61 @@ TEST_F(TextDataTest, ASignalDuringTheEvaluationStopsItAndSavesTheTrainedIteratio
               std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
 }
 
+// A Ctrl-C while the job's dataset is built from dataloader.text_file
+// stops the build at its next chunk (it used to tokenise the whole corpus
+// first), says that is what it stops (it said "after this iteration and
+// writing a checkpoint"), and leaves no dataset and no temporary file.
+TEST_F(TextDataTest, ACtrlCWhileTheDatasetIsBuiltStopsTheBuild) {
+  {
+    std::ofstream big(root_ / "big.txt");
+    const std::string sentence = "the quick brown fox jumps over the lazy dog and runs far away. ";
+    // (50 MB: a second or more to tokenise, where the signal comes within
+    // milliseconds of the build's start.)
+    for (int i = 0; i < 80000; ++i) {
+      big << "paragraph " << i << ": ";
+      for (int k = 0; k < 10; ++k) big << sentence;
+      big << "\n\n";
+    }
+  }
+  const fs::path data = root_ / "big";
+  const std::string args =
+      Train(root_ / "big_out", "train.train_iter=2 dataloader.text_file=" + (root_ / "big.txt").string() +
+                                   " dataloader.data_prefix=" + (data / "big").string());
+  const fs::path log = root_ / "big.log";
+  const pid_t child = ::tessera::testing::SpawnTessera(args, log);
+  ASSERT_GT(child, 0);
+  // The build has started once its temporary file is there.
+  const auto building = [&] {
+    std::error_code ec;
+    for (const auto& entry : fs::directory_iterator(data, ec)) {
+      if (entry.path().filename().string().find(".tmp-") != std::string::npos) return true;
+    }
+    return false;
+  };
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (std::chrono::steady_clock::now() < deadline && !building()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_TRUE(building()) << "no dataset build seen";
+  ::kill(child, SIGINT);
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  std::ifstream in(log);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  ASSERT_TRUE(WIFEXITED(status)) << text;
+  EXPECT_EQ(WEXITSTATUS(status), 128 + SIGINT) << text;
+  EXPECT_NE(text.find("tessera: interrupted: stopping the dataset being built from dataloader.text_file (again to "
+                      "stop at once)"),
+            std::string::npos)
+      << text;
+  EXPECT_EQ(text.find("writing a checkpoint"), std::string::npos) << text;
+  for (const auto& entry : fs::directory_iterator(data)) {
+    EXPECT_EQ(entry.path().filename().string().find(".tmp-"), std::string::npos) << entry.path();
+  }
+  EXPECT_FALSE(fs::exists(data / "big.bin"));
+  EXPECT_FALSE(fs::exists(data / "big.idx"));
+}
+
 // A dataset is read only with the vocabulary it was encoded with and, where
 // the job names a text_file, only if it was built from that file
 // (PREFIX.source.json): anything else would train on misread tokens, or
