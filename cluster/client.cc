@@ -95,6 +95,7 @@ absl::StatusOr<control::JobInfo> Client::Cancel(const std::string& job_id, const
 absl::Status Client::Watch(const std::string& job_id, const std::function<bool(const control::JobEvent&)>& on_event,
                            bool follow) {
   if (!invalid_.ok()) return invalid_;
+  if (!on_event) return absl::InvalidArgumentError("Client::Watch: on_event is empty (give a callback)");
   control::WatchJobRequest request;
   request.set_job_id(job_id);
   request.set_history_only(!follow);

@@ -153,13 +153,18 @@ absl::Status CheckListenable(const std::string& address) {
 }
 
 absl::Status CheckAddress(const std::string& address, bool port_required) {
-  // gRPC's own schemes (unix:, dns:///, ipv4:, ...) are left to it.
-  if (address.find("://") != std::string::npos || address.starts_with("unix:") || address.starts_with("ipv4:") ||
-      address.starts_with("ipv6:")) {
-    return absl::OkStatus();
+  // gRPC's own schemes (unix:, dns:///, ipv4:, ...) are left to it; another
+  // scheme (http://, grpc://) it would look up as a host name.
+  for (const char* scheme : {"dns:", "unix:", "unix-abstract:", "ipv4:", "ipv6:", "vsock:"}) {
+    if (address.starts_with(scheme)) return absl::OkStatus();
   }
   // Quoted escaped: it came from a command line.
   const std::string shown = EscapeControlChars(address, /*non_ascii=*/true);
+  if (const size_t scheme = address.find("://"); scheme != std::string::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", shown, "': expected HOST:PORT, or a gRPC target (dns:///, unix:, ipv4:, ipv6:), not a '",
+                     EscapeControlChars(address.substr(0, scheme), /*non_ascii=*/true), "://' URL"));
+  }
   std::string_view host = address, port;
   if (address.starts_with("[")) {
     const size_t close = address.find(']');

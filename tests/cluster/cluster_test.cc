@@ -192,6 +192,13 @@ TEST(ClusterTest, BadOptionsOfAnEmbeddedClientMasterOrWorkerAreNamed) {
   expect(with_newline.Submit("{}", {}).status(),
          "client: security.token: a token must be printable ASCII without spaces (byte 0x0a at offset 3); e.g. "
          "head -c 32 /dev/urandom | base64");
+  // An empty callback is an error, not std::bad_function_call (SIGABRT).
+  expect(Client(ClientOptionsFor("127.0.0.1:1")).Watch("job-1", nullptr),
+         "Client::Watch: on_event is empty (give a callback)");
+  // A URL is no gRPC address (it was looked up as a host name).
+  expect(Client(ClientOptionsFor("http://127.0.0.1:1")).List().status(),
+         "client: master address 'http://127.0.0.1:1': expected HOST:PORT, or a gRPC target (dns:///, unix:, ipv4:, "
+         "ipv6:), not a 'http://' URL");
   Client::Options no_time = ClientOptionsFor("127.0.0.1:1");
   no_time.timeout = absl::ZeroDuration();
   expect(Client(no_time).Get("job-1").status(), "client: timeout 0 must be > 0");

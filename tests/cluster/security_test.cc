@@ -166,6 +166,10 @@ TEST(SecurityTest, AddressesAreHostAndPortInRange) {
       {"[::1:7070", "no ']'"},
       {"[::1]x", "expected HOST:PORT"},
       {"host name:1", "a space"},
+      // (gRPC looked "http://127.0.0.1:1" up as a host name.)
+      {"http://127.0.0.1:7070",
+       "expected HOST:PORT, or a gRPC target (dns:///, unix:, ipv4:, ipv6:), not a 'http://' URL"},
+      {"grpc://127.0.0.1:7070", "not a 'grpc://' URL"},
   };
   for (const auto& [address, error] : bad) {
     const absl::Status status = CheckAddress(address);
