@@ -680,7 +680,8 @@ class EnginePlanRunner final : public PlanRunner {
     auto loss = values.find("loss");
     if (loss == values.end()) return absl::OkStatus();
     const double value = loss->second.ToVector<float>().at(0);
-    if (!std::isfinite(value)) return absl::InternalError(StrCat("loss is ", value, " at iteration ", iteration));
+    // (Iterations counted from 1, as the progress lines and metrics.jsonl.)
+    if (!std::isfinite(value)) return absl::InternalError(StrCat("loss is ", value, " at iteration ", iteration + 1));
     // fp16 loss scaling: the steps skipped so far, beside each record's flag.
     if (auto it = values.find("skipped"); it != values.end()) skipped_steps_ += it->second.ToVector<float>().at(0) != 0;
     if ((iteration + 1) % feed_->log_period() != 0 && iteration + 1 != feed_->iterations()) return absl::OkStatus();

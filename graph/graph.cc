@@ -188,6 +188,7 @@ absl::Status Graph::MarkLoss(ValueId id) {
 
 absl::Status Graph::MarkFetch(std::string name, ValueId id) {
   RETURN_IF_ERROR(CheckValue(id, StrCat("fetch '", name, "'")));
+  if (name.empty()) return absl::InvalidArgumentError("a fetch needs a name (its callback's key)");
   if (FindFetch(name).ok()) return absl::AlreadyExistsError(StrCat("fetch '", name, "' already exists"));
   fetches_.emplace_back(std::move(name), id);
   return absl::OkStatus();

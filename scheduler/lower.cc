@@ -61,6 +61,34 @@ absl::StatusOr<std::vector<proto::RankLocation>> RankLocations(const LowerOption
 
 }  // namespace
 
+absl::Status CheckLowerOptions(const graph::Graph& graph, const LowerOptions& options) {
+  if (options.default_quota < 1 || options.source_quota < 1 || options.default_quota > comm::kMaxRegisterNum ||
+      options.source_quota > comm::kMaxRegisterNum) {
+    return absl::InvalidArgumentError(StrCat("scheduler: quotas must be in [1, ", comm::kMaxRegisterNum, "], got ",
+                                             options.default_quota, " and source ", options.source_quota));
+  }
+  if (options.zero_stage < 0 || options.zero_stage > 3) {
+    return absl::InvalidArgumentError(StrCat("scheduler: zero_stage must be 0 to 3, got ", options.zero_stage));
+  }
+  ASSIGN_OR_RETURN(const DeviceMesh mesh, DeviceMesh::Make(options.parallel));
+  // (Without devices_per_node, not yet the device count: a job compiled
+  // before its nodes are known may span more devices than one node holds.)
+  if (!options.devices_per_node.empty()) RETURN_IF_ERROR(RankLocations(options, mesh.world_size()).status());
+  if (const auto max_devices = static_cast<int64_t>(comm::FieldMax(comm::kDeviceIndexBits)) + 1;
+      int64_t{options.device_index} >= max_devices) {
+    return absl::InvalidArgumentError(StrCat("scheduler: device_index ", options.device_index,
+                                             " is past a node's devices (actor ids hold ", max_devices, ")"));
+  }
+  for (const graph::Node& node : graph.nodes()) {
+    if (node.layer_idx == graph::kUnassignedLayer) continue;
+    if (absl::Status stage = mesh.StageOfLayer(node.layer_idx).status(); !stage.ok()) {
+      return absl::InvalidArgumentError(
+          StrCat("scheduler: node ", node.id, " (scope '", node.scope, "'): ", stage.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<LoweredPlan> LowerToPlan(const graph::Graph& graph, const LowerOptions& options) {
   if (options.iterations < 1) return absl::InvalidArgumentError(StrCat("scheduler: iterations must be >= 1, got ", options.iterations));
   if (options.start_iteration < 0) return absl::InvalidArgumentError(StrCat("scheduler: start_iteration must be >= 0, got ", options.start_iteration));
@@ -68,11 +96,7 @@ absl::StatusOr<LoweredPlan> LowerToPlan(const graph::Graph& graph, const LowerOp
     return absl::InvalidArgumentError(StrCat("scheduler: iterations ", options.iterations, " from ",
                                              options.start_iteration, ": each must be at most 2^62"));
   }
-  if (options.default_quota < 1 || options.source_quota < 1 || options.default_quota > comm::kMaxRegisterNum ||
-      options.source_quota > comm::kMaxRegisterNum) {
-    return absl::InvalidArgumentError(StrCat("scheduler: quotas must be in [1, ", comm::kMaxRegisterNum, "], got ",
-                                             options.default_quota, " and source ", options.source_quota));
-  }
+  RETURN_IF_ERROR(CheckLowerOptions(graph, options));
   if (graph.losses().empty() && graph.fetches().empty()) {
     return absl::InvalidArgumentError("scheduler: the graph has no loss and no fetch");
   }
@@ -85,12 +109,25 @@ absl::StatusOr<LoweredPlan> LowerToPlan(const graph::Graph& graph, const LowerOp
       CheckedMul(last_iteration, rates.num_micro_batches, "scheduler: iterations x micro-batches").status());
   ASSIGN_OR_RETURN(const DeviceMesh mesh, DeviceMesh::Make(options.parallel));
   ASSIGN_OR_RETURN(std::vector<proto::RankLocation> locations, RankLocations(options, mesh.world_size()));
-  if (options.zero_stage < 0 || options.zero_stage > 3) {
-    return absl::InvalidArgumentError(StrCat("scheduler: zero_stage must be 0 to 3, got ", options.zero_stage));
-  }
   SbpInferOptions sbp_options;
   sbp_options.zero_stage = options.zero_stage;
-  ASSIGN_OR_RETURN(const SbpAssignment sbp, InferSbp(graph, mesh, sbp_options));
+  absl::StatusOr<SbpAssignment> inferred = InferSbp(graph, mesh, sbp_options);
+  if (!inferred.ok()) {
+    // The usual cause where the config's batch checks do not run (a C++
+    // program's graph): a batch the data-parallel ranks cannot split evenly.
+    const int64_t data = mesh.data_parallel_size();
+    for (const graph::ValueId input : graph.Inputs()) {
+      const graph::Value& value = graph.value(input);
+      if (data > 1 && value.meta.shape.rank() >= 1 && value.meta.shape[0] % data != 0) {
+        return absl::Status(inferred.status().code(),
+                            StrCat(inferred.status().message(), " (input '", value.name, "' has batch ",
+                                   value.meta.shape[0], ", which the ", data,
+                                   " data-parallel ranks cannot split evenly: make it a multiple of ", data, ")"));
+      }
+    }
+    return inferred.status();
+  }
+  const SbpAssignment& sbp = *inferred;
   for (const BoxingEdge& edge : sbp.edges) {
     if (edge.kind == BoxingEdgeKind::kVariableUpdate) {
       return absl::InternalError(StrCat("scheduler: the update of '", graph.value(edge.value).name, "' needs boxing"));

@@ -118,4 +118,10 @@ struct LoweredPlan {
 
 absl::StatusOr<LoweredPlan> LowerToPlan(const graph::Graph& graph, const LowerOptions& options = {});
 
+// What LowerToPlan refuses in `options` before it reads a graph (and
+// without iterations): the quotas, the ZeRO stage, the mesh, its devices'
+// placement, and `graph`'s layer indices against the pipeline's layers.
+// Engine::Compile runs it, so a bad option fails there, not at each Run.
+absl::Status CheckLowerOptions(const graph::Graph& graph, const LowerOptions& options);
+
 }  // namespace tessera::scheduler

@@ -56,6 +56,19 @@ absl::Status CheckCompileOptions(const CompileOptions& options) {
 
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Compile(graph::Graph graph, const CompileOptions& options) {
   RETURN_IF_ERROR(CheckCompileOptions(options));
+  // (Here, not at each Run: the lowering's own checks of its options.)
+  RETURN_IF_ERROR(scheduler::CheckLowerOptions(graph, options.lower));
+  // A fetch named as one the engine makes would stand in for it (a fetch
+  // "grad_norm" replaced the optimizer's gradient norm) or collide with it.
+  for (const auto& [name, value] : graph.fetches()) {
+    const bool loss_name = name.starts_with("loss") &&
+                           std::all_of(name.begin() + 4, name.end(), [](char c) { return c >= '0' && c <= '9'; });
+    if (loss_name || name == "grad_norm" || name == "loss_scale" || name == "skipped") {
+      return absl::InvalidArgumentError(StrCat("engine: fetch '", name,
+                                               "' is named as one the engine makes ('loss', 'loss1', ..., "
+                                               "'grad_norm', 'loss_scale', 'skipped'): name it otherwise"));
+    }
+  }
   if (options.activation_checkpoint && !options.train) {
     return absl::InvalidArgumentError("engine: activation checkpointing needs train = true");
   }

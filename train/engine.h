@@ -109,7 +109,8 @@ class Engine {
   // FAILED_PRECONDITION and changes nothing.
   absl::Status Run(int64_t iterations, const FeedFn& feed, const FetchFn& fetch);
   // Stops the Run in progress (from any thread, a callback of it included):
-  // every actor stops and that Run returns `reason`; the engine stays as
+  // every actor stops and that Run returns `reason` (an OK `reason`: the
+  // default's CANCELLED, a stopped Run never returns OK); the engine stays as
   // after any failed Run (the next Run continues from the last successful
   // one). Without a Run in progress, nothing happens. (A
   // CompileOptions::executor's run is the executor's to stop.)

@@ -327,9 +327,13 @@ absl::StatusOr<proto::Plan> TrainingPlan(const nlohmann::json& config) {
 
 std::string FormatProgressLine(int64_t iteration, int64_t iterations, const nlohmann::json& metrics) {
   const auto number = [&](const char* key) { return metrics.contains(key) ? metrics.at(key).get<double>() : 0.0; };
-  const std::string grad_norm = metrics.contains("grad_norm") ? metrics.at("grad_norm").dump() : "null";
-  return fmt::format("iter {}/{}  loss {:.6f}  lr {:.3g}  grad_norm {}  samples/s {:.0f}\n", iteration, iterations,
-                     number("loss"), number("lr"), grad_norm, number("samples_per_s"));
+  // (As `tessera train`'s lines, train/progress.h: grad_norm only where
+  // clipping fetches it.)
+  const std::string grad_norm = metrics.contains("grad_norm") && metrics.at("grad_norm").is_number()
+                                    ? fmt::format("  grad_norm {:.4g}", metrics.at("grad_norm").get<double>())
+                                    : std::string();
+  return fmt::format("iter {}/{}  loss {:.6f}  lr {:.4g}{}  samples/s {:.0f}\n", iteration, iterations, number("loss"),
+                     number("lr"), grad_norm, number("samples_per_s"));
 }
 
 absl::Status CheckOutputDir(const std::filesystem::path& dir) {
@@ -450,6 +454,7 @@ absl::Status JobFeed::Fill(int64_t iteration, int64_t micro_batch, std::string_v
 
 absl::StatusOr<std::map<std::string, double>> EvalMetrics(const std::map<std::string, double>& sums, int64_t runs,
                                                           const std::vector<std::string>& loss_terms, bool perplexity) {
+  if (runs < 1) return absl::InvalidArgumentError(StrCat("evaluation: runs must be >= 1, got ", runs));
   std::map<std::string, double> metrics;
   const auto stem = [](const std::string& name, std::string_view suffix) -> std::optional<std::string> {
     if (name.size() <= suffix.size() || !name.ends_with(suffix)) return std::nullopt;
@@ -755,7 +760,8 @@ absl::StatusOr<TrainSummary> Train(const nlohmann::json& config, std::FILE* prog
     if (summary.losses.size() < static_cast<size_t>(TrainSummary::kMaxRecordedLosses)) summary.losses.push_back(loss);
     summary.iterations = iteration + 1;
     summary.final_loss = loss;
-    if (!std::isfinite(loss)) return absl::InternalError(StrCat("loss is ", loss, " at iteration ", iteration));
+    // (Iterations counted from 1, as the progress lines and metrics.jsonl.)
+    if (!std::isfinite(loss)) return absl::InternalError(StrCat("loss is ", loss, " at iteration ", iteration + 1));
     if (auto it = values.find("skipped"); it != values.end()) skipped_steps += it->second.ToVector<float>().at(0) != 0;
     if ((iteration + 1) % log_period != 0 && iteration + 1 != iters) return absl::OkStatus();
     const auto now = std::chrono::steady_clock::now();

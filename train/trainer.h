@@ -91,6 +91,7 @@ class JobFeed {
   bool reports_perplexity() const { return reports_perplexity_; }
 
   // What a node reports of the job (the trainer's metrics.jsonl fields).
+  // lr: `iteration` >= 0 (counted from 0; a negative one is a CHECK failure).
   double lr(int64_t iteration) const { return schedule_->At(iteration); }
   int64_t global_batch() const { return global_batch_; }  // samples per iteration
   int64_t iterations() const { return iterations_; }      // train.train_iter
@@ -157,7 +158,7 @@ absl::StatusOr<RunStart> ResolveRunStart(const TrainConfig& train, int64_t globa
 // eval_<m>_accuracy, other fetches their mean; eval_loss sums the eval
 // values of `loss_terms`, and with `perplexity` eval_ppl = exp(eval_loss).
 // A pair whose weight is 0 reports nothing; a loss term missing is
-// InternalError.
+// InternalError; `runs` < 1 InvalidArgument.
 absl::StatusOr<std::map<std::string, double>> EvalMetrics(const std::map<std::string, double>& sums, int64_t runs,
                                                           const std::vector<std::string>& loss_terms, bool perplexity);
 
@@ -169,9 +170,10 @@ absl::StatusOr<std::map<std::string, double>> EvalMetrics(const std::map<std::st
 absl::StatusOr<std::vector<proto::NodePlan>> CompileForNodes(const nlohmann::json& config,
                                                              const std::vector<uint32_t>& devices_per_node);
 
-// The progress line `tessera train` prints for a logged iteration, from its
-// metrics.jsonl fields (loss, lr, grad_norm if fetched, samples_per_s):
-// "iter 3/10  loss 5.123456  lr 0.0003  grad_norm 0.87  samples/s 160\n".
+// The progress line Train prints for a logged iteration, from its
+// metrics.jsonl fields (loss, lr, grad_norm where clipping fetches it,
+// samples_per_s): "iter 3/10  loss 5.123456  lr 0.0003  grad_norm 0.87
+// samples/s 160\n" (the fields of `tessera train`'s lines, train/progress.h).
 std::string FormatProgressLine(int64_t iteration, int64_t iterations, const nlohmann::json& metrics);
 
 // Fails (INVALID_ARGUMENT or PERMISSION_DENIED, naming train.output_dir)

@@ -392,6 +392,25 @@ TEST(Gpt2, TheEngineCompilesAGraphDifferentiatedByItsCaller) {
   EXPECT_TRUE(engine.ok()) << engine.status();
 }
 
+// A batch the data-parallel ranks cannot split evenly: the plan's error
+// says so (it named only a reshape's SBP signatures).
+TEST(Gpt2, ABatchDataParallelRanksCannotSplitIsNamed) {
+  std::unique_ptr<Model> model = MakeModel(SmallModel(0.0));
+  ASSERT_NE(model, nullptr);
+  auto graph = model->BuildGraph(6);
+  ASSERT_TRUE(graph.ok()) << graph.status();
+  CompileOptions options;
+  options.lower.parallel.world_size = 4;
+  auto engine = Engine::Compile(*std::move(graph), options);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  const absl::Status plan = (*engine)->Plan(1).status();
+  EXPECT_FALSE(plan.ok());
+  EXPECT_NE(plan.message().find("has batch 6, which the 4 data-parallel ranks cannot split evenly: make it a "
+                                "multiple of 4)"),
+            std::string::npos)
+      << plan;
+}
+
 // Losses of `iterations` training steps through the engine (AdamW, constant lr).
 std::vector<double> TrainThroughEngine(const Model& model, int64_t batch, int64_t iterations, double lr) {
   auto graph = model.BuildGraph(batch);

@@ -374,7 +374,7 @@ TEST(BadInput, TheCliExitsOneWithOneLineAndNoOutputDirectory) {
 }
 
 // A run that fails once running, before it reports anything (a loss that
-// is not finite at its first iteration), resuming in the output_dir of an
+// is not finite at its second iteration, 4), resuming in the output_dir of an
 // earlier run: that run's config.json, metrics.jsonl and log.txt stay as
 // they were (they used to be replaced, the metrics emptied); into a new
 // one: nothing. A run from scratch there is refused before it starts (its
@@ -391,7 +391,8 @@ TEST(BadInput, ARunFailingBeforeItsFirstReportLeavesTheOutputDirAsItWas) {
   const Captured failed = RunTrain(
       nano, {"train.train_iter=4", "train.resume=true", "optim.lr=1e308", "train.output_dir=" + earlier.string()});
   EXPECT_EQ(failed.exit_code, 1) << failed.err;
-  EXPECT_NE(failed.err.find("at iteration 3"), std::string::npos) << failed.err;
+  // (Counted from 1, as the progress lines: it said 3.)
+  EXPECT_NE(failed.err.find("nan at iteration 4"), std::string::npos) << failed.err;
   const Captured afresh = RunTrain(nano, {"train.train_iter=4", "train.output_dir=" + earlier.string()});
   EXPECT_EQ(afresh.exit_code, 1) << afresh.err;
   EXPECT_EQ(afresh.err, "tessera: train.output_dir '" + earlier.string() +

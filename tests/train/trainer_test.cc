@@ -325,6 +325,93 @@ TEST(Engine, RunsOneRunAtATimeAndRefusesBadOptions) {
   refused({.gradient_bucket_bytes = -5}, "engine: gradient_bucket_bytes must be >= 0");
   refused({.amp = DType::kI64}, "engine: amp must be f32 (off), bf16 or f16, got i64");
   refused({.optimizer = {.kind = static_cast<graph::OptimizerKind>(77)}}, "engine: optimizer.kind 77");
+  // The lowering's options fail at Compile, not at each Run (they compiled).
+  {
+    CompileOptions options;
+    options.lower.default_quota = 0;
+    refused(options, "scheduler: quotas must be in [1, ");
+    options = {};
+    options.lower.zero_stage = 7;
+    refused(options, "scheduler: zero_stage must be 0 to 3, got 7");
+    options = {};
+    options.lower.device_index = 300;
+    refused(options, "scheduler: device_index 300 is past a node's devices (actor ids hold 256)");
+  }
+  // A graph's fetch named as one the engine makes is refused (a "grad_norm"
+  // silently replaced the optimizer's under clipping; "loss" failed every
+  // Run), and so is a scope's layer index outside the pipeline's layers.
+  const auto with_fetch = [](const std::string& name, int64_t layer) {
+    graph::GraphBuilder b;
+    const graph::Sym x = b.Input("x", {DType::kF32, Shape{2, 3}});
+    graph::Sym y;
+    {
+      auto scope = b.Scope("layer", layer);
+      y = x * b.Variable("w", Shape{3}, graph::InitRule::Ones());
+    }
+    b.MarkLoss(graph::ReduceSum(y));
+    b.MarkFetch(name, graph::ReduceSum(x));
+    return b.Finish();
+  };
+  for (const std::string name : {"loss", "loss2", "grad_norm", "loss_scale", "skipped"}) {
+    auto graph = with_fetch(name, 0);
+    ASSERT_TRUE(graph.ok()) << graph.status();
+    CompileOptions options;
+    options.optimizer.clip_grad_max_norm = 1.0;
+    const absl::Status status = Engine::Compile(std::move(*graph), options).status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << name << ": " << status;
+    EXPECT_NE(status.message().find("engine: fetch '" + name + "' is named as one the engine makes"), std::string::npos)
+        << status;
+  }
+  EXPECT_TRUE(with_fetch("loss_sum", 0).ok());
+  {
+    auto graph = with_fetch("loss_sum", 0);
+    EXPECT_TRUE(Engine::Compile(std::move(*graph), {}).ok());
+  }
+  EXPECT_NE(with_fetch("", 0).status().message().find("a fetch needs a name"), std::string::npos);
+  {
+    auto graph = with_fetch("sum", 999);
+    ASSERT_TRUE(graph.ok()) << graph.status();
+    CompileOptions options;
+    options.lower.parallel.pipeline = 2;
+    options.lower.parallel.world_size = 2;
+    options.lower.parallel.pipeline_num_layers = 2;
+    const absl::Status status = Engine::Compile(std::move(*graph), options).status();
+    EXPECT_NE(status.message().find("layer_idx 999 is outside the 2 pipeline layers"), std::string::npos) << status;
+  }
+}
+
+// Train's progress line: the fields of `tessera train`'s (grad_norm to 4
+// digits, printed with all 17 before; none without clipping, "null" before).
+TEST(Trainer, ProgressLineFormatsItsNumbers) {
+  EXPECT_EQ(
+      FormatProgressLine(
+          3, 10, {{"loss", 5.1234564}, {"lr", 3e-4}, {"grad_norm", 1.0558278560638428}, {"samples_per_s", 160.2}}),
+      "iter 3/10  loss 5.123456  lr 0.0003  grad_norm 1.056  samples/s 160\n");
+  EXPECT_EQ(FormatProgressLine(3, 10, {{"loss", 5.1234564}, {"lr", 3e-4}, {"samples_per_s", 160.2}}),
+            "iter 3/10  loss 5.123456  lr 0.0003  samples/s 160\n");
+}
+
+// EvalMetrics of no runs names that, not a loss term it was given.
+TEST(Trainer, EvalMetricsOfNoRunsIsInvalid) {
+  const auto none = EvalMetrics({{"loss", 2.0}}, 0, {"loss"}, true);
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kInvalidArgument) << none.status();
+  EXPECT_EQ(none.status().message(), "evaluation: runs must be >= 1, got 0");
+  const auto two = EvalMetrics({{"loss", 3.0}}, 2, {"loss"}, true);
+  ASSERT_TRUE(two.ok()) << two.status();
+  EXPECT_DOUBLE_EQ(two->at("eval_loss"), 1.5);
+}
+
+// A loss that is not finite stops the run naming its iteration as the
+// progress lines and metrics.jsonl count them, from 1 (it said 1 for the
+// second).
+TEST(Cli, ANonFiniteLossNamesItsIterationFromOne) {
+  const Result r = RunTessera(
+      "train " + Source("configs/gpt2_nano.json") +
+      " optim.lr=1e308 train.train_iter=3 train.log_period=1 train.output_dir=" + TempDir("nonfinite").string());
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_NE(r.out.find("iter 1/3"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("at iteration 2"), std::string::npos) << r.out;
+  std::filesystem::remove_all(TempDir("nonfinite"));
 }
 
 // A kernel's workspace (OpSchema::Workspace) is planned into the arena:
