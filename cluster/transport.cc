@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "core/logging.h"
@@ -61,6 +62,56 @@ absl::Status CheckTokenText(std::string_view token) {
   return absl::OkStatus();
 }
 
+// Each PEM block of `pem`: its body base64, decoding to one DER element
+// (tag, length, contents) of exactly its size. A file cut short or
+// mangled otherwise reached gRPC, which failed every call with "empty
+// address list". Blocks with RFC 1421 headers (encrypted keys) are left
+// to gRPC.
+static absl::Status CheckPemBlocks(std::string_view pem) {
+  int index = 0;
+  for (size_t at = pem.find("-----BEGIN "); at != std::string_view::npos; at = pem.find("-----BEGIN ", at)) {
+    ++index;
+    const size_t label_end = pem.find("-----", at + 11);
+    if (label_end == std::string_view::npos) return absl::InvalidArgumentError("a PEM block's BEGIN line is cut short");
+    const std::string label(pem.substr(at + 11, label_end - at - 11));
+    const std::string end_line = absl::StrCat("-----END ", label, "-----");
+    const size_t end = pem.find(end_line, label_end + 5);
+    if (end == std::string_view::npos) {
+      return absl::InvalidArgumentError(absl::StrCat("PEM block ", index, " (", label, ") has no '", end_line, "'"));
+    }
+    const std::string_view body = pem.substr(label_end + 5, end - label_end - 5);
+    at = end + end_line.size();
+    if (body.find(':') != std::string_view::npos) continue;
+    std::string base64, der;
+    for (const char c : body) {
+      if (!absl::ascii_isspace(static_cast<unsigned char>(c))) base64 += c;
+    }
+    if (!absl::Base64Unescape(base64, &der)) {
+      return absl::InvalidArgumentError(absl::StrCat("PEM block ", index, " (", label, ") is not base64"));
+    }
+    // One DER element: a tag byte, a length (short or long form), contents.
+    bool whole = der.size() >= 2;
+    if (whole) {
+      const auto byte = [&der](size_t i) { return static_cast<uint8_t>(der[i]); };
+      uint64_t length = byte(1), header = 2;
+      if (length >= 0x80) {
+        const uint64_t bytes = length & 0x7f;
+        whole = bytes >= 1 && bytes <= 4 && der.size() >= 2 + bytes;
+        length = 0;
+        for (uint64_t i = 0; whole && i < bytes; ++i) length = length << 8 | byte(2 + i);
+        header = 2 + bytes;
+      }
+      whole = whole && header + length == der.size();
+    }
+    if (!whole) {
+      return absl::InvalidArgumentError(absl::StrCat("PEM block ", index, " (", label, ") does not decode to ",
+                                                     "one whole DER structure (", der.size(),
+                                                     " bytes): is the file cut short?"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckSecurity(const Security& security) {
   if (absl::Status status = CheckTokenText(security.token); !status.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("security.token: ", status.message()));
@@ -76,6 +127,20 @@ absl::Status CheckSecurity(const Security& security) {
   if (security.tls_cert.empty() != security.tls_key.empty()) {
     return absl::InvalidArgumentError(
         "security.tls_cert and security.tls_key go together (one alone would serve without TLS)");
+  }
+  for (const auto& [name, pem] : {std::pair<const char*, const std::string*>{"tls_cert", &security.tls_cert},
+                                  {"tls_key", &security.tls_key},
+                                  {"tls_ca", &security.tls_ca}}) {
+    if (absl::Status blocks = CheckPemBlocks(*pem); !blocks.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("security.", name, ": ", blocks.message()));
+    }
+    // (The other's file given: gRPC failed every call, "empty address list".)
+    const bool key = std::string_view(name) == "tls_key";
+    if (!pem->empty() && pem->find(key ? "PRIVATE KEY-----" : "-----BEGIN CERTIFICATE-----") == std::string::npos) {
+      return absl::InvalidArgumentError(absl::StrCat("security.", name, " holds no ",
+                                                     key ? "PRIVATE KEY" : "CERTIFICATE", " block (a ",
+                                                     key ? "certificate" : "key", "'s file given for it?)"));
+    }
   }
   return absl::OkStatus();
 }
@@ -107,6 +172,8 @@ absl::StatusOr<std::string> ReadSecretFile(const std::string& path, bool trim) {
     }
   } else if (contents.find("-----BEGIN ") == std::string::npos) {
     return absl::InvalidArgumentError(absl::StrCat("'", path, "' holds no PEM block (-----BEGIN ...)"));
+  } else if (absl::Status blocks = CheckPemBlocks(contents); !blocks.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("'", path, "': ", blocks.message()));
   }
   return contents;
 }

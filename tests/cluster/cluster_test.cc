@@ -213,6 +213,17 @@ TEST(ClusterTest, BadOptionsOfAnEmbeddedClientMasterOrWorkerAreNamed) {
   half_tls.security.tls_cert = "-----BEGIN CERTIFICATE-----";
   expect(Master(half_tls, std::make_unique<FakeJobCompiler>()).Start().status(),
          "master: security.tls_cert and security.tls_key go together (one alone would serve without TLS)");
+  // A key given as the CA, a certificate as the key: named (gRPC failed
+  // every call with "empty address list").
+  Client::Options key_as_ca = ClientOptionsFor("127.0.0.1:1");
+  key_as_ca.security.tls_ca = "-----BEGIN PRIVATE KEY-----\nMAA=\n-----END PRIVATE KEY-----\n";
+  expect(Client(key_as_ca).List().status(),
+         "client: security.tls_ca holds no CERTIFICATE block (a key's file given for it?)");
+  Master::Options cert_as_key = FastMasterOptions();
+  cert_as_key.security.tls_cert = "-----BEGIN CERTIFICATE-----\nMAA=\n-----END CERTIFICATE-----\n";
+  cert_as_key.security.tls_key = cert_as_key.security.tls_cert;
+  expect(Master(cert_as_key, std::make_unique<FakeJobCompiler>()).Start().status(),
+         "master: security.tls_key holds no PRIVATE KEY block (a certificate's file given for it?)");
   Master::Options fast_timeout = FastMasterOptions();
   fast_timeout.worker_timeout = absl::Milliseconds(150);
   expect(Master(fast_timeout, std::make_unique<FakeJobCompiler>()).Start().status(),

@@ -139,7 +139,25 @@ TEST(SecurityTest, TokenAndPemFilesAreCheckedWhenRead) {
     EXPECT_NE(status.message().find((dir / "secret").string()), std::string::npos) << status;
   }
   EXPECT_NE(read("hello", false).status().message().find("holds no PEM block"), std::string::npos);
-  EXPECT_TRUE(read("-----BEGIN CERTIFICATE-----\nMII\n-----END CERTIFICATE-----\n", false).ok());
+  // A block cut short or not base64 is named (gRPC failed every call with
+  // "empty address list"); real certificates pass (SecurityTest.Tls).
+  EXPECT_NE(read("-----BEGIN CERTIFICATE-----\nMII\n-----END CERTIFICATE-----\n", false)
+                .status()
+                .message()
+                .find("PEM block 1 (CERTIFICATE) does not decode to one whole DER structure (2 bytes): is the file "
+                      "cut short?"),
+            std::string::npos);
+  EXPECT_NE(read("-----BEGIN CERTIFICATE-----\nMIIB*x==\n-----END CERTIFICATE-----\n", false)
+                .status()
+                .message()
+                .find("PEM block 1 (CERTIFICATE) is not base64"),
+            std::string::npos);
+  EXPECT_NE(read("-----BEGIN CERTIFICATE-----\nMAA=\n", false)
+                .status()
+                .message()
+                .find("PEM block 1 (CERTIFICATE) has no '-----END CERTIFICATE-----'"),
+            std::string::npos);
+  EXPECT_TRUE(read("-----BEGIN CERTIFICATE-----\nMAA=\n-----END CERTIFICATE-----\n", false).ok());  // 30 00
   std::filesystem::remove_all(dir);
 }
 
