@@ -73,11 +73,14 @@ static absl::Status CheckPemBlocks(std::string_view pem) {
     ++index;
     const size_t label_end = pem.find("-----", at + 11);
     if (label_end == std::string_view::npos) return absl::InvalidArgumentError("a PEM block's BEGIN line is cut short");
-    const std::string label(pem.substr(at + 11, label_end - at - 11));
-    const std::string end_line = absl::StrCat("-----END ", label, "-----");
+    const std::string raw_label(pem.substr(at + 11, label_end - at - 11));
+    // (As shown in an error line: the file may hold anything.)
+    const std::string label = EscapeControlChars(raw_label.substr(0, 64), /*non_ascii=*/true);
+    const std::string end_line = absl::StrCat("-----END ", raw_label, "-----");
     const size_t end = pem.find(end_line, label_end + 5);
     if (end == std::string_view::npos) {
-      return absl::InvalidArgumentError(absl::StrCat("PEM block ", index, " (", label, ") has no '", end_line, "'"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("PEM block ", index, " (", label, ") has no '-----END ", label, "-----'"));
     }
     const std::string_view body = pem.substr(label_end + 5, end - label_end - 5);
     at = end + end_line.size();

@@ -158,6 +158,10 @@ TEST(SecurityTest, TokenAndPemFilesAreCheckedWhenRead) {
                 .find("PEM block 1 (CERTIFICATE) has no '-----END CERTIFICATE-----'"),
             std::string::npos);
   EXPECT_TRUE(read("-----BEGIN CERTIFICATE-----\nMAA=\n-----END CERTIFICATE-----\n", false).ok());  // 30 00
+  // (A BEGIN line without its dashes: the error stays one line.)
+  const std::string torn = std::string(read("-----BEGIN CERT\nMAA=\n-----\n", false).status().message());
+  EXPECT_NE(torn.find("PEM block 1 (CERT\\nMAA=\\n) has no '-----END CERT\\nMAA=\\n-----'"), std::string::npos) << torn;
+  EXPECT_EQ(torn.find('\n'), std::string::npos) << torn;
   std::filesystem::remove_all(dir);
 }
 
