@@ -19,7 +19,6 @@
 #include "core/config.h"
 #include "core/file_util.h"
 #include "core/logging.h"
-#include "core/schema.h"
 #include "core/status.h"
 #include "core/text.h"
 #include "fmt/format.h"
@@ -645,32 +644,13 @@ absl::StatusOr<std::vector<proto::NodePlan>> CompileForNodes(const nlohmann::jso
     if (!start.weights_only || job.train.eval_only) {
       const nlohmann::json& saved = reader->config();
       if (saved.is_object() && saved.contains("model") && saved["model"].is_object()) {
-        // (And, for a resume, a seed of the weights' initial values set
-        // for this run: nothing reads it, every weight comes from the
-        // checkpoint. One derived from train.seed is not set: another
-        // train.seed reseeds the dropout and the data order, which a
-        // resume reads.)
-        const nlohmann::json& train_seed =
-            job.config.at("train").contains("seed") ? job.config.at("train")["seed"] : nlohmann::json();
-        const nlohmann::json derived_init_seed =
-            train_seed.is_number_integer()
-                ? nlohmann::json(config::DeriveSeed(train_seed.get<int64_t>(), "model.init_seed"))
-                : nlohmann::json();
-        for (const char* key : {"_target_", "num_attention_heads", "init_seed"}) {
+        for (const char* key : {"_target_", "num_attention_heads"}) {
           const nlohmann::json& was = saved["model"].contains(key) ? saved["model"][key] : nlohmann::json();
           const nlohmann::json& is =
               job.config.at("model").contains(key) ? job.config.at("model")[key] : nlohmann::json();
-          // (An evaluation may take another run's weights under its own
-          // config.)
-          if (std::string_view(key) == "init_seed" && (is == derived_init_seed || job.train.eval_only)) continue;
           if (!was.is_null() && was != is) {
-            return absl::InvalidArgumentError(StrCat(
-                "checkpoint ", start.checkpoint, " was trained with model.", key, " ", was.dump(), ", this run has ",
-                is.dump(),
-                std::string_view(key) == "init_seed"
-                    ? ": nothing reads it, every weight comes from the checkpoint (leave it as it was, or start a "
-                      "new run from its weights with train.load_weight)"
-                    : ""));
+            return absl::InvalidArgumentError(StrCat("checkpoint ", start.checkpoint, " was trained with model.", key,
+                                                     " ", was.dump(), ", this run has ", is.dump()));
           }
         }
       }
