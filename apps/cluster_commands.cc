@@ -4,6 +4,7 @@
 #include <signal.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -105,10 +106,12 @@ class StopSignals {
 // A daemon's stop: the first signal runs `drain` (its graceful stop: jobs
 // end at an iteration boundary with a checkpoint), then `shutdown`; a
 // second runs `shutdown` at once (the jobs stop without a checkpoint, and
-// `drain` returns); a third, no longer blocked, ends the process.
+// `drain` returns); a third, no longer blocked, ends the process. One
+// within 100 ms of the first is taken for the same one delivered twice.
 void StopOnSignals(StopSignals& signals, const char* daemon, const std::function<bool()>& busy,
                    const std::function<void()>& drain, const std::function<void()>& shutdown) {
   const int signal = signals.Wait();
+  const auto first = std::chrono::steady_clock::now();
   if (busy()) {
     std::fprintf(stderr,
                  "tessera %s: %s: stopping its jobs at an iteration boundary and writing a checkpoint "
@@ -122,6 +125,9 @@ void StopOnSignals(StopSignals& signals, const char* daemon, const std::function
   });
   while (!drained.load()) {
     if (signals.WaitFor(100) != 0) {
+      // The same signal delivered twice (GNU timeout signals the child,
+      // then its process group) counts once, as for `tessera train`.
+      if (std::chrono::steady_clock::now() - first < std::chrono::milliseconds(100)) continue;
       std::fprintf(stderr, "tessera %s: stopping its jobs at once, without a checkpoint (again to kill it)\n", daemon);
       break;
     }

@@ -286,6 +286,13 @@ absl::StatusOr<Served> Serve(const std::string& listen, const Security& security
   if (absl::Status status = CheckAddress(listen); !status.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": listen address ", status.message()));
   }
+  // (gRPC's servers take these schemes for dialling only.)
+  for (const char* scheme : {"ipv4:", "ipv6:", "vsock:"}) {
+    if (listen.starts_with(scheme)) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": listen address '", listen, "': a server listens on ",
+                                                     "HOST:PORT, dns:///HOST:PORT or unix:PATH, not ", scheme));
+    }
+  }
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(listen, ServerCredentials(security), &port);
@@ -301,10 +308,14 @@ absl::StatusOr<Served> Serve(const std::string& listen, const Security& security
   Served served;
   served.server = builder.BuildAndStart();
   if (served.server == nullptr || port == 0) {
-    return absl::UnavailableError(absl::StrCat(what, ": cannot listen on '", listen,
-                                               "' (the port is in use, or the host is not this machine's)"));
+    return absl::UnavailableError(
+        absl::StrCat(what, ": cannot listen on '", listen, "' (the port is in use, or the host is not this machine's",
+                     security.tls_cert.empty() ? "" : ", or the TLS certificate and key do not match", ")"));
   }
-  served.address = absl::StrCat(listen.substr(0, listen.rfind(':')), ":", port);
+  // A socket's path is its address (gRPC reports port 1 for it).
+  served.address = listen.starts_with("unix:") || listen.starts_with("unix-abstract:")
+                       ? listen
+                       : absl::StrCat(listen.substr(0, listen.rfind(':')), ":", port);
   return served;
 }
 

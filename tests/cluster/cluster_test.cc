@@ -224,6 +224,26 @@ TEST(ClusterTest, BadOptionsOfAnEmbeddedClientMasterOrWorkerAreNamed) {
   cert_as_key.security.tls_key = cert_as_key.security.tls_cert;
   expect(Master(cert_as_key, std::make_unique<FakeJobCompiler>()).Start().status(),
          "master: security.tls_key holds no PRIVATE KEY block (a certificate's file given for it?)");
+  Master::Options ipv4 = FastMasterOptions();
+  ipv4.listen = "ipv4:127.0.0.1:0";
+  expect(Master(ipv4, std::make_unique<FakeJobCompiler>()).Start().status(),
+         "master: listen address 'ipv4:127.0.0.1:0': a server listens on HOST:PORT, dns:///HOST:PORT or unix:PATH, "
+         "not ipv4:");
+  {
+    // A socket's address is its path (it was reported as "unix:1").
+    Master::Options on_socket = FastMasterOptions();
+    const std::string socket =
+        absl::StrCat("unix:", fs::temp_directory_path().string(), "/tessera_master_", ::getpid(), ".sock");
+    on_socket.listen = socket;
+    Master master(on_socket, std::make_unique<FakeJobCompiler>());
+    auto bound = master.Start();
+    ASSERT_TRUE(bound.ok()) << bound.status();
+    EXPECT_EQ(*bound, socket);
+    auto listed = Client(ClientOptionsFor(*bound)).List();
+    EXPECT_TRUE(listed.ok()) << listed.status();
+    master.Shutdown();
+    fs::remove(socket.substr(5));
+  }
   Master::Options fast_timeout = FastMasterOptions();
   fast_timeout.worker_timeout = absl::Milliseconds(150);
   expect(Master(fast_timeout, std::make_unique<FakeJobCompiler>()).Start().status(),
