@@ -225,8 +225,15 @@ absl::Status CheckListenable(const std::string& address) {
 absl::Status CheckAddress(const std::string& address, bool port_required) {
   // gRPC's own schemes (unix:, dns:///, ipv4:, ...) are left to it; another
   // scheme (http://, grpc://) it would look up as a host name.
-  for (const char* scheme : {"dns:", "unix:", "unix-abstract:", "ipv4:", "ipv6:", "vsock:"}) {
-    if (address.starts_with(scheme)) return absl::OkStatus();
+  for (const std::string_view scheme : {"dns:", "unix:", "unix-abstract:", "ipv4:", "ipv6:", "vsock:"}) {
+    if (!address.starts_with(scheme)) continue;
+    // (gRPC said only "empty address list" of a scheme with nothing after.)
+    if (address.find_first_not_of('/', scheme.size()) == std::string::npos) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("'", EscapeControlChars(address, /*non_ascii=*/true), "': nothing after '", std::string(scheme),
+                       "' (a ", scheme.starts_with("unix") ? "socket path" : "host and port", ")"));
+    }
+    return absl::OkStatus();
   }
   // Quoted escaped: it came from a command line.
   const std::string shown = EscapeControlChars(address, /*non_ascii=*/true);

@@ -192,6 +192,8 @@ TEST(SecurityTest, AddressesAreHostAndPortInRange) {
       {"http://127.0.0.1:7070",
        "expected HOST:PORT, or a gRPC target (dns:///, unix:, ipv4:, ipv6:), not a 'http://' URL"},
       {"grpc://127.0.0.1:7070", "not a 'grpc://' URL"},
+      {"unix:", "'unix:': nothing after 'unix:' (a socket path)"},
+      {"dns:///", "'dns:///': nothing after 'dns:' (a host and port)"},
   };
   for (const auto& [address, error] : bad) {
     const absl::Status status = CheckAddress(address);
