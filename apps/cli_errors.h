@@ -21,6 +21,12 @@ namespace tessera {
 
 [[noreturn]] inline void Succeed() { throw CLI::Success(); }
 
+// A stop signal arriving within this many milliseconds of the first is the
+// same one delivered twice (GNU timeout signals the child, then its process
+// group; so may a batch system) and counts once: for `tessera train` and
+// the daemons alike.
+inline constexpr int kRepeatedSignalWindowMs = 100;
+
 // Appends the overrides --resume and --eval-only stand for (train and
 // submit). An override already setting the key would contradict the flag,
 // or say it twice: the error naming both, and nothing appended.

@@ -20,6 +20,7 @@
 #include "cluster/client.h"
 #include "cluster/device_offer.h"
 #include "cluster/master.h"
+#include "cluster/tls_material.h"
 #include "cluster/transport.h"
 #include "cluster/worker.h"
 #include "core/config.h"
@@ -56,17 +57,22 @@ struct SecurityFlags {
 
   Security Load() const {
     Security security;
-    auto read = [](const std::string& path, bool trim, std::string& out) {
+    auto read = [](const char* flag, const std::string& path, cluster::SecretKind kind, std::string& out) {
       if (path.empty()) return;
-      auto contents = cluster::ReadSecretFile(path, trim);
-      if (!contents.ok()) Fail(std::string(contents.status().message()));
+      auto contents = cluster::ReadSecretFile(path, kind);
+      if (!contents.ok()) Fail(absl::StrCat(flag, ": ", contents.status().message()));
       out = *contents;
     };
-    read(token_file, true, security.token);
-    read(tls_cert, false, security.tls_cert);
-    read(tls_key, false, security.tls_key);
-    read(tls_ca, false, security.tls_ca);
+    read("--token-file", token_file, cluster::SecretKind::kToken, security.token);
+    read("--tls-cert", tls_cert, cluster::SecretKind::kCertificates, security.tls_cert);
+    read("--tls-key", tls_key, cluster::SecretKind::kPrivateKey, security.tls_key);
+    read("--tls-ca", tls_ca, cluster::SecretKind::kCertificates, security.tls_ca);
     if (security.tls_cert.empty() != security.tls_key.empty()) Fail("--tls-cert and --tls-key go together");
+    if (!security.tls_cert.empty()) {
+      if (absl::Status pair = cluster::CheckServedPair(security.tls_cert, security.tls_key); !pair.ok()) {
+        Fail(absl::StrCat("--tls-cert '", tls_cert, "' and --tls-key '", tls_key, "': ", pair.message()));
+      }
+    }
     security.tls_server_name = tls_server_name;
     return security;
   }
@@ -107,7 +113,8 @@ class StopSignals {
 // end at an iteration boundary with a checkpoint), then `shutdown`; a
 // second runs `shutdown` at once (the jobs stop without a checkpoint, and
 // `drain` returns); a third, no longer blocked, ends the process. One
-// within 100 ms of the first is taken for the same one delivered twice.
+// within kRepeatedSignalWindowMs of the first is the same one delivered
+// twice.
 void StopOnSignals(StopSignals& signals, const char* daemon, const std::function<bool()>& busy,
                    const std::function<void()>& drain, const std::function<void()>& shutdown) {
   const int signal = signals.Wait();
@@ -127,7 +134,7 @@ void StopOnSignals(StopSignals& signals, const char* daemon, const std::function
     if (signals.WaitFor(100) != 0) {
       // The same signal delivered twice (GNU timeout signals the child,
       // then its process group) counts once, as for `tessera train`.
-      if (std::chrono::steady_clock::now() - first < std::chrono::milliseconds(100)) continue;
+      if (std::chrono::steady_clock::now() - first < std::chrono::milliseconds(kRepeatedSignalWindowMs)) continue;
       std::fprintf(stderr, "tessera %s: stopping its jobs at once, without a checkpoint (again to kill it)\n", daemon);
       break;
     }

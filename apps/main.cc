@@ -77,8 +77,7 @@ int RunConfig(const std::string& path, const std::vector<std::string>& overrides
 // The signal that asked `tessera train` to stop (0: none yet). The handler
 // only records it, so a watcher thread turns it into a graceful stop; a
 // second one ends the process at once. The same interrupt delivered twice
-// within 100 ms (GNU timeout signals the child, then its process group;
-// so may a batch system) counts once.
+// within kRepeatedSignalWindowMs counts once.
 volatile std::sig_atomic_t g_stop_signal = 0;
 std::atomic<int64_t> g_first_stop_ns{0};
 static_assert(std::atomic<int64_t>::is_always_lock_free);
@@ -92,7 +91,7 @@ extern "C" void OnStopSignal(int signal) {
     g_stop_signal = signal;
     return;
   }
-  if (ns - first < 100'000'000) return;
+  if (ns - first < int64_t{tessera::kRepeatedSignalWindowMs} * 1'000'000) return;
   // Ended at once, as `tessera preprocess` is: the temporaries of a file
   // being written (a dataset built from text, a checkpoint's shard)
   // removed first.

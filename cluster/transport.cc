@@ -14,9 +14,9 @@
 #include <sstream>
 
 #include "absl/strings/ascii.h"
-#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "cluster/tls_material.h"
 #include "core/logging.h"
 #include "core/strings.h"
 #include "grpc/support/log.h"
@@ -62,59 +62,6 @@ absl::Status CheckTokenText(std::string_view token) {
   return absl::OkStatus();
 }
 
-// Each PEM block of `pem`: its body base64, decoding to one DER element
-// (tag, length, contents) of exactly its size. A file cut short or
-// mangled otherwise reached gRPC, which failed every call with "empty
-// address list". Blocks with RFC 1421 headers (encrypted keys) are left
-// to gRPC.
-static absl::Status CheckPemBlocks(std::string_view pem) {
-  int index = 0;
-  for (size_t at = pem.find("-----BEGIN "); at != std::string_view::npos; at = pem.find("-----BEGIN ", at)) {
-    ++index;
-    const size_t label_end = pem.find("-----", at + 11);
-    if (label_end == std::string_view::npos) return absl::InvalidArgumentError("a PEM block's BEGIN line is cut short");
-    const std::string raw_label(pem.substr(at + 11, label_end - at - 11));
-    // (As shown in an error line: the file may hold anything.)
-    const std::string label = EscapeControlChars(raw_label.substr(0, 64), /*non_ascii=*/true);
-    const std::string end_line = absl::StrCat("-----END ", raw_label, "-----");
-    const size_t end = pem.find(end_line, label_end + 5);
-    if (end == std::string_view::npos) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("PEM block ", index, " (", label, ") has no '-----END ", label, "-----'"));
-    }
-    const std::string_view body = pem.substr(label_end + 5, end - label_end - 5);
-    at = end + end_line.size();
-    if (body.find(':') != std::string_view::npos) continue;
-    std::string base64, der;
-    for (const char c : body) {
-      if (!absl::ascii_isspace(static_cast<unsigned char>(c))) base64 += c;
-    }
-    if (!absl::Base64Unescape(base64, &der)) {
-      return absl::InvalidArgumentError(absl::StrCat("PEM block ", index, " (", label, ") is not base64"));
-    }
-    // One DER element: a tag byte, a length (short or long form), contents.
-    bool whole = der.size() >= 2;
-    if (whole) {
-      const auto byte = [&der](size_t i) { return static_cast<uint8_t>(der[i]); };
-      uint64_t length = byte(1), header = 2;
-      if (length >= 0x80) {
-        const uint64_t bytes = length & 0x7f;
-        whole = bytes >= 1 && bytes <= 4 && der.size() >= 2 + bytes;
-        length = 0;
-        for (uint64_t i = 0; whole && i < bytes; ++i) length = length << 8 | byte(2 + i);
-        header = 2 + bytes;
-      }
-      whole = whole && header + length == der.size();
-    }
-    if (!whole) {
-      return absl::InvalidArgumentError(absl::StrCat("PEM block ", index, " (", label, ") does not decode to ",
-                                                     "one whole DER structure (", der.size(),
-                                                     " bytes): is the file cut short?"));
-    }
-  }
-  return absl::OkStatus();
-}
-
 absl::Status CheckSecurity(const Security& security) {
   if (absl::Status status = CheckTokenText(security.token); !status.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("security.token: ", status.message()));
@@ -131,18 +78,21 @@ absl::Status CheckSecurity(const Security& security) {
     return absl::InvalidArgumentError(
         "security.tls_cert and security.tls_key go together (one alone would serve without TLS)");
   }
-  for (const auto& [name, pem] : {std::pair<const char*, const std::string*>{"tls_cert", &security.tls_cert},
-                                  {"tls_key", &security.tls_key},
-                                  {"tls_ca", &security.tls_ca}}) {
-    if (absl::Status blocks = CheckPemBlocks(*pem); !blocks.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("security.", name, ": ", blocks.message()));
+  // What gRPC cannot read failed every call with "empty address list".
+  if (!security.tls_cert.empty()) {
+    if (absl::Status status = CheckCertificatesPem(security.tls_cert); !status.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("security.tls_cert: ", status.message()));
     }
-    // (The other's file given: gRPC failed every call, "empty address list".)
-    const bool key = std::string_view(name) == "tls_key";
-    if (!pem->empty() && pem->find(key ? "PRIVATE KEY-----" : "-----BEGIN CERTIFICATE-----") == std::string::npos) {
-      return absl::InvalidArgumentError(absl::StrCat("security.", name, " holds no ",
-                                                     key ? "PRIVATE KEY" : "CERTIFICATE", " block (a ",
-                                                     key ? "certificate" : "key", "'s file given for it?)"));
+    if (absl::Status status = CheckPrivateKeyPem(security.tls_key); !status.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("security.tls_key: ", status.message()));
+    }
+    if (absl::Status status = CheckServedPair(security.tls_cert, security.tls_key); !status.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("security.tls_cert and security.tls_key: ", status.message()));
+    }
+  }
+  if (!security.tls_ca.empty()) {
+    if (absl::Status status = CheckCertificatesPem(security.tls_ca); !status.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("security.tls_ca: ", status.message()));
     }
   }
   return absl::OkStatus();
@@ -158,7 +108,8 @@ absl::Status CheckDurations(std::initializer_list<std::pair<const char*, absl::D
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::string> ReadSecretFile(const std::string& path, bool trim) {
+absl::StatusOr<std::string> ReadSecretFile(const std::string& path, SecretKind kind) {
+  const bool trim = kind == SecretKind::kToken;
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec))
     return absl::InvalidArgumentError(absl::StrCat("'", path, "' is a directory"));
@@ -175,8 +126,10 @@ absl::StatusOr<std::string> ReadSecretFile(const std::string& path, bool trim) {
     }
   } else if (contents.find("-----BEGIN ") == std::string::npos) {
     return absl::InvalidArgumentError(absl::StrCat("'", path, "' holds no PEM block (-----BEGIN ...)"));
-  } else if (absl::Status blocks = CheckPemBlocks(contents); !blocks.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("'", path, "': ", blocks.message()));
+  } else if (absl::Status status =
+                 kind == SecretKind::kPrivateKey ? CheckPrivateKeyPem(contents) : CheckCertificatesPem(contents);
+             !status.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("'", path, "': ", status.message()));
   }
   return contents;
 }
@@ -317,7 +270,7 @@ absl::StatusOr<Served> Serve(const std::string& listen, const Security& security
   if (served.server == nullptr || port == 0) {
     return absl::UnavailableError(
         absl::StrCat(what, ": cannot listen on '", listen, "' (the port is in use, or the host is not this machine's",
-                     security.tls_cert.empty() ? "" : ", or the TLS certificate and key do not match", ")"));
+                     security.tls_cert.empty() ? "" : ", or gRPC could not use the TLS certificate and key", ")"));
   }
   // A socket's path is its address (gRPC reports port 1 for it).
   served.address = listen.starts_with("unix:") || listen.starts_with("unix-abstract:")

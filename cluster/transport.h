@@ -53,19 +53,23 @@ void RouteGrpcLogs();
 inline constexpr size_t kMaxTokenBytes = 4096;
 [[nodiscard]] absl::Status CheckTokenText(std::string_view token);
 // `security` as the daemons and the client take it: a token CheckTokenText
-// accepts (or none), TLS material that is PEM, a certificate and its key
-// together. Errors name the field.
+// accepts (or none); TLS material OpenSSL reads as gRPC will
+// (cluster/tls_material.h): certificates, an unencrypted private key that is
+// the key of the certificate, which is valid now. Errors name the field.
 [[nodiscard]] absl::Status CheckSecurity(const Security& security);
 
 // OK when every (name, value) of an embedding program's options is a finite
 // duration > 0; else InvalidArgument naming the first that is not.
 [[nodiscard]] absl::Status CheckDurations(std::initializer_list<std::pair<const char*, absl::Duration>> durations);
 
-// Reads a file's contents (for --token-file, --tls-*). `trim`: a token,
-// which loses its surrounding whitespace and must then be printable ASCII
-// without spaces (it travels as a header value); else a PEM file, which
-// must hold a PEM block. One-line errors naming the file.
-[[nodiscard]] absl::StatusOr<std::string> ReadSecretFile(const std::string& path, bool trim);
+// What a secret file holds. A token loses its surrounding whitespace and
+// must then be printable ASCII without spaces (it travels as a header
+// value); certificates (a CA bundle, a certificate and its chain) and a
+// private key are PEM that OpenSSL reads (cluster/tls_material.h).
+enum class SecretKind { kToken, kCertificates, kPrivateKey };
+// Reads a file's contents (for --token-file, --tls-*), checked as `kind`.
+// One-line errors naming the file.
+[[nodiscard]] absl::StatusOr<std::string> ReadSecretFile(const std::string& path, SecretKind kind);
 
 // Whether `address` is HOST:PORT (an IPv6 host in brackets) with a port in
 // [0, 65535] (gRPC would wrap 99999 to 34463, and dial 443 without one);

@@ -27,6 +27,10 @@ find_package(ICU REQUIRED COMPONENTS uc i18n)
 find_package(Boost 1.74 REQUIRED)
 # The control plane (cluster/): gRPC's own CMake config.
 find_package(gRPC CONFIG REQUIRED)
+# OpenSSL's libcrypto (the one gRPC links on Debian) reads TLS material
+# before gRPC does, so what gRPC cannot use is a clear error
+# (cluster/tls_material.h).
+find_package(OpenSSL 3 REQUIRED)
 if(TESSERA_BUILD_TESTS)
   find_package(GTest REQUIRED)
 endif()

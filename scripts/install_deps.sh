@@ -5,7 +5,7 @@ set -euo pipefail
 
 packages=(
   build-essential cmake ninja-build pkg-config git lld
-  libabsl-dev libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  libabsl-dev libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libssl-dev openssl
   libboost-dev nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev
   libdnnl-dev libopenblas-dev libgloo-dev libpcre2-dev libicu-dev libxxhash-dev
   libgtest-dev libgmock-dev libbenchmark-dev python3-yaml python3-numpy python3-torch python3-protobuf

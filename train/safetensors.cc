@@ -13,6 +13,7 @@
 #include "core/checked.h"
 #include "core/file_util.h"
 #include "core/status.h"
+#include "core/strings.h"
 #include "nlohmann/json.hpp"
 
 namespace tessera {
@@ -91,6 +92,14 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
   uint64_t header_bytes = 0;
   for (int i = 7; i >= 0; --i) header_bytes = (header_bytes << 8) | static_cast<unsigned char>(bytes[i]);
   if (header_bytes > kMaxHeaderBytes || header_bytes > file->map_bytes_ - 8) {
+    // (A header size of 8 printable bytes is text: a config, a corpus.)
+    if (std::all_of(bytes, bytes + 8,
+                    [](char c) { return c == '\t' || c == '\n' || c == '\r' || (c >= 0x20 && c < 0x7f); })) {
+      return fail(
+          "not a safetensors file: it begins with text ('",
+          EscapeControlChars(std::string_view(bytes, std::min<size_t>(file->map_bytes_, 16)), /*non_ascii=*/true),
+          "'), where safetensors begins with its header's size in 8 bytes (a config file given?)");
+    }
     return fail("not a safetensors file: its first 8 bytes give a header of ", header_bytes,
                 " bytes, more than the file's ", file->map_bytes_);
   }

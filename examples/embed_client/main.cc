@@ -61,7 +61,7 @@ int Run(const std::string& master, const std::string& token_file, const std::str
   tessera::cluster::Client::Options options;
   options.master = master;
   if (!token_file.empty()) {
-    auto token = tessera::cluster::ReadSecretFile(token_file, /*trim=*/true);
+    auto token = tessera::cluster::ReadSecretFile(token_file, tessera::cluster::SecretKind::kToken);
     if (!token.ok()) return Fail(std::string(token.status().message()));
     options.security.token = *token;
   }

@@ -239,6 +239,10 @@ TEST(Cli, FlagsNothingReadsAndValuesOutOfRangeAreOneLineErrors) {
       {"generate " + dir.string() + " --prompt x --temperature abc", "--temperature: 'abc' is not a number"},
       {"generate " + dir.string() + " --prompt x --top-p 0x1p-1", "--top-p: '0x1p-1' is not a number"},
       {"generate " + dir.string() + " --prompt x --temperature nan", "--temperature: 'nan' is not a finite number"},
+      // (It said the first 8 bytes gave a header of 7953759501723643695 bytes.)
+      {"generate " + Source("configs/mlp_demo.json") + " --prompt x",
+       "not a safetensors file: it begins with text ('// A small MLP c'), where safetensors begins with its header's "
+       "size in 8 bytes (a config file given?)"},
       {"generate " + dir.string() + " --prompt x --temperature -inf", "--temperature: '-inf' is not a finite number"},
       // "--output=" does not take the next flag for its value (it wrote
       // --no-eod.bin), and an empty value is refused where it would act as
@@ -293,6 +297,41 @@ TEST(Cli, FlagsNothingReadsAndValuesOutOfRangeAreOneLineErrors) {
     EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
   }
   EXPECT_FALSE(std::filesystem::exists(out + ".bin"));
+  std::filesystem::remove_all(dir);
+}
+
+// TLS material that gRPC could not use is an error naming the flag and the
+// file (the daemon served, and every call failed "empty address list").
+TEST(Cli, TlsFlagsNameWhatIsWrong) {
+  if (std::system("openssl version > /dev/null 2>&1") != 0) GTEST_SKIP() << "openssl is not installed";
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("tessera_cli_tls_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string cert = (dir / "cert.pem").string(), key = (dir / "key.pem").string();
+  const std::string other_key = (dir / "other_key.pem").string();
+  const std::string make =
+      "openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj /CN=127.0.0.1 "
+      "-days 1 -keyout " +
+      key + " -out " + cert +
+      " > /dev/null 2>&1 && openssl genpkey -algorithm ec -pkeyopt ec_paramgen_curve:P-256 "
+      "-out " +
+      other_key + " > /dev/null 2>&1";
+  ASSERT_EQ(std::system(make.c_str()), 0) << make;
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"master --listen 127.0.0.1:0 --tls-cert " + cert + " --tls-key " + other_key,
+       "tessera: --tls-cert '" + cert + "' and --tls-key '" + other_key +
+           "': the private key is not the key of the (first) certificate"},
+      {"master --listen 127.0.0.1:0 --tls-cert " + cert + " --tls-key " + cert,
+       "tessera: --tls-key: '" + cert + "': holds no PRIVATE KEY block (a certificate's file given for it?)"},
+      {"status --master 127.0.0.1:1 --tls-ca " + key,
+       "tessera: --tls-ca: '" + key + "': holds no CERTIFICATE block (a private key's file given for it?)"},
+  };
+  for (const auto& [args, error] : cases) {
+    SCOPED_TRACE(args);
+    const Result r = RunTessera(args + " 2>&1");
+    EXPECT_EQ(r.exit_code, 1) << r.out;
+    EXPECT_EQ(r.out, error + "\n");
+  }
   std::filesystem::remove_all(dir);
 }
 

@@ -213,17 +213,17 @@ TEST(ClusterTest, BadOptionsOfAnEmbeddedClientMasterOrWorkerAreNamed) {
   half_tls.security.tls_cert = "-----BEGIN CERTIFICATE-----";
   expect(Master(half_tls, std::make_unique<FakeJobCompiler>()).Start().status(),
          "master: security.tls_cert and security.tls_key go together (one alone would serve without TLS)");
-  // A key given as the CA, a certificate as the key: named (gRPC failed
-  // every call with "empty address list").
+  // A key given as the CA or the certificate: named (gRPC failed every
+  // call with "empty address list"). The rest: security_test.
   Client::Options key_as_ca = ClientOptionsFor("127.0.0.1:1");
   key_as_ca.security.tls_ca = "-----BEGIN PRIVATE KEY-----\nMAA=\n-----END PRIVATE KEY-----\n";
   expect(Client(key_as_ca).List().status(),
-         "client: security.tls_ca holds no CERTIFICATE block (a key's file given for it?)");
-  Master::Options cert_as_key = FastMasterOptions();
-  cert_as_key.security.tls_cert = "-----BEGIN CERTIFICATE-----\nMAA=\n-----END CERTIFICATE-----\n";
-  cert_as_key.security.tls_key = cert_as_key.security.tls_cert;
-  expect(Master(cert_as_key, std::make_unique<FakeJobCompiler>()).Start().status(),
-         "master: security.tls_key holds no PRIVATE KEY block (a certificate's file given for it?)");
+         "client: security.tls_ca: holds no CERTIFICATE block (a private key's file given for it?)");
+  Master::Options key_as_cert = FastMasterOptions();
+  key_as_cert.security.tls_cert = key_as_ca.security.tls_ca;
+  key_as_cert.security.tls_key = key_as_ca.security.tls_ca;
+  expect(Master(key_as_cert, std::make_unique<FakeJobCompiler>()).Start().status(),
+         "master: security.tls_cert: holds no CERTIFICATE block (a private key's file given for it?)");
   Master::Options ipv4 = FastMasterOptions();
   ipv4.listen = "ipv4:127.0.0.1:0";
   expect(Master(ipv4, std::make_unique<FakeJobCompiler>()).Start().status(),

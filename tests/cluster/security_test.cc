@@ -1,10 +1,17 @@
 // The token on every RPC of both services, and TLS.
 
+#include <openssl/bio.h>
+#include <openssl/evp.h>
+#include <openssl/pem.h>
+#include <openssl/x509.h>
 #include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <memory>
+#include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -118,49 +125,39 @@ std::map<std::string, grpc::StatusCode> CallEverything(const std::string& master
 
 // A token travels as a header value, which gRPC aborts the process on
 // unless it is printable ASCII: such a file is a one-line error naming it
-// (raw random bytes, a space, a second line, UTF-8). PEM files must hold a
-// PEM block (gRPC logged several lines and failed later, elsewhere).
+// (raw random bytes, a space, a second line, UTF-8). PEM files must hold
+// what OpenSSL reads (gRPC logged several lines and failed later,
+// elsewhere).
 TEST(SecurityTest, TokenAndPemFilesAreCheckedWhenRead) {
   const std::filesystem::path dir = std::filesystem::temp_directory_path() / absl::StrCat("tessera_secrets_", getpid());
   std::filesystem::create_directories(dir);
-  const auto read = [&](const std::string& contents, bool token) {
+  const auto read = [&](const std::string& contents, SecretKind kind) {
     const std::filesystem::path path = dir / "secret";
     std::ofstream(path, std::ios::binary) << contents;
-    return ReadSecretFile(path.string(), token);
+    return ReadSecretFile(path.string(), kind);
   };
-  auto good = read("  abc-DEF_123+/=\n\n", true);
+  auto good = read("  abc-DEF_123+/=\n\n", SecretKind::kToken);
   ASSERT_TRUE(good.ok()) << good.status();
   EXPECT_EQ(*good, "abc-DEF_123+/=");
   for (const std::string& bad : {std::string("ab c"), std::string("abc\ndef"), std::string("p\xc3\xa9ss"),
                                  std::string("x\x01y", 3), std::string("a\0b", 3)}) {
-    auto status = read(bad, true).status();
+    auto status = read(bad, SecretKind::kToken).status();
     EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << bad;
     EXPECT_NE(status.message().find("a token must be printable ASCII without spaces"), std::string::npos) << status;
     EXPECT_NE(status.message().find((dir / "secret").string()), std::string::npos) << status;
   }
-  EXPECT_NE(read("hello", false).status().message().find("holds no PEM block"), std::string::npos);
-  // A block cut short or not base64 is named (gRPC failed every call with
-  // "empty address list"); real certificates pass (SecurityTest.Tls).
-  EXPECT_NE(read("-----BEGIN CERTIFICATE-----\nMII\n-----END CERTIFICATE-----\n", false)
-                .status()
-                .message()
-                .find("PEM block 1 (CERTIFICATE) does not decode to one whole DER structure (2 bytes): is the file "
-                      "cut short?"),
-            std::string::npos);
-  EXPECT_NE(read("-----BEGIN CERTIFICATE-----\nMIIB*x==\n-----END CERTIFICATE-----\n", false)
-                .status()
-                .message()
-                .find("PEM block 1 (CERTIFICATE) is not base64"),
-            std::string::npos);
-  EXPECT_NE(read("-----BEGIN CERTIFICATE-----\nMAA=\n", false)
-                .status()
-                .message()
-                .find("PEM block 1 (CERTIFICATE) has no '-----END CERTIFICATE-----'"),
-            std::string::npos);
-  EXPECT_TRUE(read("-----BEGIN CERTIFICATE-----\nMAA=\n-----END CERTIFICATE-----\n", false).ok());  // 30 00
+  EXPECT_NE(read("hello", SecretKind::kCertificates).status().message().find("holds no PEM block"), std::string::npos);
+  // What OpenSSL cannot read is named with the file (gRPC failed every
+  // call with "empty address list"); real material: TlsMaterialIsCheckedWithOpenSsl.
+  const std::string cut_short =
+      std::string(read("-----BEGIN CERTIFICATE-----\nMAA=\n", SecretKind::kCertificates).status().message());
+  EXPECT_NE(cut_short.find((dir / "secret").string() + "': certificate 1 cannot be read (OpenSSL: bad end line)"),
+            std::string::npos)
+      << cut_short;
   // (A BEGIN line without its dashes: the error stays one line.)
-  const std::string torn = std::string(read("-----BEGIN CERT\nMAA=\n-----\n", false).status().message());
-  EXPECT_NE(torn.find("PEM block 1 (CERT\\nMAA=\\n) has no '-----END CERT\\nMAA=\\n-----'"), std::string::npos) << torn;
+  const std::string torn =
+      std::string(read("-----BEGIN CERT\nMAA=\n-----\n", SecretKind::kCertificates).status().message());
+  EXPECT_NE(torn.find("holds no CERTIFICATE block"), std::string::npos) << torn;
   EXPECT_EQ(torn.find('\n'), std::string::npos) << torn;
   std::filesystem::remove_all(dir);
 }
@@ -249,8 +246,8 @@ TEST(SecurityTest, Tls) {
   ASSERT_EQ(std::system(command.c_str()), 0) << command;
   Master::Options options = FastMasterOptions();
   options.security.token = "tls-token";
-  options.security.tls_cert = *ReadSecretFile((dir / "cert.pem").string(), false);
-  options.security.tls_key = *ReadSecretFile((dir / "key.pem").string(), false);
+  options.security.tls_cert = *ReadSecretFile((dir / "cert.pem").string(), SecretKind::kCertificates);
+  options.security.tls_key = *ReadSecretFile((dir / "key.pem").string(), SecretKind::kPrivateKey);
   options.security.tls_ca = options.security.tls_cert;
   TestCluster cluster;
   cluster.Start({"cpu:1"}, options);
@@ -265,6 +262,103 @@ TEST(SecurityTest, Tls) {
   Client plain_client(plain);
   EXPECT_EQ(plain_client.List().status().code(), absl::StatusCode::kUnavailable);
   fs::remove_all(dir);
+}
+
+// Material made here with OpenSSL's API: keys, certificates of any
+// validity period, encrypted keys.
+struct OpenSslFree {
+  void operator()(EVP_PKEY* key) const { EVP_PKEY_free(key); }
+  void operator()(X509* cert) const { X509_free(cert); }
+  void operator()(BIO* bio) const { BIO_free(bio); }
+};
+using KeyPtr = std::unique_ptr<EVP_PKEY, OpenSslFree>;
+
+std::string BioText(BIO* bio) {
+  char* data = nullptr;
+  const long size = BIO_get_mem_data(bio, &data);
+  return std::string(data, static_cast<size_t>(size));
+}
+
+std::string KeyPem(EVP_PKEY* key, bool encrypted = false) {
+  std::unique_ptr<BIO, OpenSslFree> bio(BIO_new(BIO_s_mem()));
+  static unsigned char passphrase[] = "passphrase";
+  EXPECT_EQ(PEM_write_bio_PrivateKey(bio.get(), key, encrypted ? EVP_aes_256_cbc() : nullptr,
+                                     encrypted ? passphrase : nullptr, encrypted ? 10 : 0, nullptr, nullptr),
+            1);
+  return BioText(bio.get());
+}
+
+// A self-signed certificate of `key`, valid from now + `from_s` to now + `to_s`.
+std::string CertificatePem(EVP_PKEY* key, long from_s = -60, long to_s = 86400) {
+  std::unique_ptr<X509, OpenSslFree> cert(X509_new());
+  X509_set_version(cert.get(), 2);
+  ASN1_INTEGER_set(X509_get_serialNumber(cert.get()), 1);
+  X509_gmtime_adj(X509_getm_notBefore(cert.get()), from_s);
+  X509_gmtime_adj(X509_getm_notAfter(cert.get()), to_s);
+  X509_set_pubkey(cert.get(), key);
+  X509_NAME* name = X509_get_subject_name(cert.get());
+  X509_NAME_add_entry_by_txt(name, "CN", MBSTRING_ASC, reinterpret_cast<const unsigned char*>("127.0.0.1"), -1, -1, 0);
+  X509_set_issuer_name(cert.get(), name);
+  EXPECT_GT(X509_sign(cert.get(), key, EVP_sha256()), 0);
+  std::unique_ptr<BIO, OpenSslFree> bio(BIO_new(BIO_s_mem()));
+  EXPECT_EQ(PEM_write_bio_X509(bio.get(), cert.get()), 1);
+  return BioText(bio.get());
+}
+
+// gRPC failed every call ("empty address list") on TLS material it could
+// not use: it is refused up front, naming the field and what is wrong.
+TEST(SecurityTest, TlsMaterialIsCheckedWithOpenSsl) {
+  const KeyPtr rsa(EVP_RSA_gen(2048));
+  const KeyPtr ec(EVP_EC_gen("P-256"));
+  const KeyPtr other(EVP_EC_gen("P-256"));
+  ASSERT_TRUE(rsa && ec && other);
+  const std::string rsa_cert = CertificatePem(rsa.get()), ec_cert = CertificatePem(ec.get());
+  const auto served = [](const std::string& cert, const std::string& key) {
+    Security security;
+    security.tls_cert = cert;
+    security.tls_key = key;
+    security.tls_ca = cert;
+    return CheckSecurity(security);
+  };
+  EXPECT_TRUE(served(rsa_cert, KeyPem(rsa.get())).ok()) << served(rsa_cert, KeyPem(rsa.get()));
+  EXPECT_TRUE(served(ec_cert, KeyPem(ec.get())).ok());
+  // (`openssl ecparam -genkey` writes the curve's parameters first.)
+  EXPECT_TRUE(served(ec_cert, "-----BEGIN EC PARAMETERS-----\nBggqhkjOPQMBBw==\n-----END EC PARAMETERS-----\n" +
+                                  KeyPem(ec.get()))
+                  .ok());
+  // A certificate with its chain, and a CA bundle, hold several.
+  EXPECT_TRUE(served(ec_cert + rsa_cert, KeyPem(ec.get())).ok());
+  const std::string pem_cut = rsa_cert.substr(0, rsa_cert.size() / 2);
+  const std::vector<std::tuple<std::string, std::string, std::string>> bad = {
+      {ec_cert, KeyPem(other.get()),
+       "security.tls_cert and security.tls_key: the private key is not the key of the (first) certificate"},
+      {rsa_cert, KeyPem(rsa.get(), /*encrypted=*/true),
+       "security.tls_key: the private key is encrypted, and gRPC reads keys without a passphrase"},
+      {CertificatePem(ec.get(), -2 * 86400, -86400), KeyPem(ec.get()),
+       "security.tls_cert and security.tls_key: the certificate expired on 20"},
+      {CertificatePem(ec.get(), 86400, 2 * 86400), KeyPem(ec.get()), "the certificate is valid only from 20"},
+      {pem_cut, KeyPem(rsa.get()), "security.tls_cert: certificate 1 cannot be read (OpenSSL: bad end line)"},
+      {ec_cert + pem_cut, KeyPem(ec.get()), "security.tls_cert: certificate 2 cannot be read"},
+      // Well-formed DER that is no certificate (an empty SEQUENCE).
+      {"-----BEGIN CERTIFICATE-----\nMAA=\n-----END CERTIFICATE-----\n", KeyPem(ec.get()),
+       "security.tls_cert: certificate 1 cannot be read (OpenSSL: "},
+      {KeyPem(ec.get()), KeyPem(ec.get()),
+       "security.tls_cert: holds no CERTIFICATE block (a private key's file given for it?)"},
+      {ec_cert, ec_cert, "security.tls_key: holds no PRIVATE KEY block (a certificate's file given for it?)"},
+      {ec_cert, KeyPem(ec.get()).substr(0, 100), "security.tls_key: its PEM cannot be read (OpenSSL: "},
+      {ec_cert, "-----BEGIN PRIVATE KEY-----\nMAA=\n-----END PRIVATE KEY-----\n",
+       "security.tls_key: its PRIVATE KEY block is no key OpenSSL can read"},
+  };
+  for (const auto& [cert, key, error] : bad) {
+    const absl::Status status = served(cert, key);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << error;
+    EXPECT_NE(status.message().find(error), std::string::npos) << status;
+    EXPECT_EQ(status.message().find('\n'), std::string::npos) << status;
+  }
+  Security ca_only;
+  ca_only.tls_ca = ec_cert + pem_cut;
+  EXPECT_NE(CheckSecurity(ca_only).message().find("security.tls_ca: certificate 2 cannot be read"), std::string::npos)
+      << CheckSecurity(ca_only);
 }
 
 }  // namespace
