@@ -1,6 +1,7 @@
 #include "graph/graph.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "core/checked.h"
 #include "core/status.h"
@@ -106,6 +107,12 @@ absl::StatusOr<ValueId> Graph::AddVariable(std::string name, const Shape& shape,
   auto canonical = schema->CanonicalizeAttrs(attrs);
   if (!canonical.ok()) {
     return absl::InvalidArgumentError(StrCat("variable '", name, "': ", canonical.status().message()));
+  }
+  // (fill takes any value as an op, -inf for a mask; a variable starting
+  // at NaN or infinity could only make a NaN loss.)
+  if (schema->name() == "fill" && !std::isfinite(canonical->Float("value"))) {
+    return absl::InvalidArgumentError(
+        StrCat("variable '", name, "': init value ", canonical->Float("value"), " is not finite"));
   }
   auto metas = schema->InferMeta({}, *canonical);
   if (!metas.ok()) return absl::InvalidArgumentError(StrCat("variable '", name, "': ", metas.status().message()));

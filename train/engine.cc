@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <climits>
 #include <cmath>
@@ -19,6 +20,7 @@
 #include "actors/runtime.h"
 #include "core/logging.h"
 #include "core/status.h"
+#include "core/strings.h"
 #include "core/tensor_util.h"
 #include "train/feeds.h"
 
@@ -250,6 +252,18 @@ absl::Status Engine::Run(int64_t iterations, const FeedFn& feed, const FetchFn& 
   TLOG_INFO("{} devices x {} intra-op threads", devices, threads_per_device_);
   RETURN_IF_ERROR(BindFeeds(lowered.plan, feed, runtime.callbacks));
   RETURN_IF_ERROR(BindFetch(lowered.plan, fetch, runtime.callbacks));
+  // Each sink is called at least once per iteration: a run that returns OK
+  // otherwise (an executor that ran nothing) trained nothing, whatever it
+  // says.
+  std::vector<std::pair<std::string, std::shared_ptr<std::atomic<int64_t>>>> sink_calls;
+  for (auto& [name, sink] : runtime.callbacks.sinks) {
+    auto calls = std::make_shared<std::atomic<int64_t>>(0);
+    sink_calls.emplace_back(name, calls);
+    sink = [inner = std::move(sink), calls](int64_t iteration, const std::vector<Tensor>& inputs) {
+      calls->fetch_add(1, std::memory_order_relaxed);
+      return inner(iteration, inputs);
+    };
+  }
   // Parameters start from their init rules in the plan; a later run goes on
   // from the values (and state) the last one trained, kept per shard.
   Trained* keep = trained_.get();
@@ -300,6 +314,14 @@ absl::Status Engine::Run(int64_t iterations, const FeedFn& feed, const FetchFn& 
     }
     RETURN_IF_ERROR(ran);
     arena_uses_ = rt->stats().arenas;
+  }
+  for (const auto& [name, calls] : sink_calls) {
+    if (calls->load() < iterations) {
+      return absl::InternalError(StrCat("Engine::Run: the plan ", options_.executor ? "executor" : "runtime",
+                                        " returned OK without running every iteration (sink '",
+                                        EscapeControlChars(name), "' delivered ", calls->load(), " of ", iterations,
+                                        ")"));
+    }
   }
   TLOG_DEBUG("ran {} iterations ({} plan bytes) in {:.3f} s", iterations, bytes.size(),
              std::chrono::duration<double>(std::chrono::steady_clock::now() - run_started).count());

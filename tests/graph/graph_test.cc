@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "core/text.h"
 #include "graph/builder.h"
 #include "graph/passes.h"
@@ -56,6 +58,17 @@ TEST(GraphBuilderTest, ErrorsOnBadVariablesInputsAndHandles) {
   GraphBuilder c;
   c.Variable("w", {2}, InitRule{"relu", {}});
   EXPECT_CONTAINS(std::string(c.status().message()), "relu");
+
+  // (Normal and Uniform check theirs in the op; fill takes -inf as an op.)
+  for (const double value : {std::nan(""), -HUGE_VAL}) {
+    GraphBuilder nan;
+    nan.Variable("w", {2}, InitRule::Constant(value));
+    EXPECT_CONTAINS(std::string(nan.status().message()), "variable 'w': init value ");
+    EXPECT_CONTAINS(std::string(nan.status().message()), " is not finite");
+  }
+  GraphBuilder minus_inf_op;
+  minus_inf_op.Apply("fill", {}, {{"shape", std::vector<int64_t>{2}}, {"value", -HUGE_VAL}});
+  EXPECT_TRUE(minus_inf_op.status().ok()) << minus_inf_op.status();
 
   GraphBuilder d, e;
   Sym a = d.Input("a", {DType::kF32, Shape{2}});

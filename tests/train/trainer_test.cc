@@ -159,6 +159,20 @@ TEST(Trainer, ActorsMatchSequentialOracleBitForBit) {
   }
 }
 
+// An executor that returns OK without running the plan trained nothing: an
+// error, not "trained 3 iterations; final loss 0".
+TEST(Trainer, AnExecutorThatRunsNothingIsAnError) {
+  auto summary = TrainMlp("nothing", {"train.train_iter=3"},
+                          [](std::string_view, actors::RuntimeOptions) { return absl::OkStatus(); });
+  ASSERT_FALSE(summary.ok());
+  EXPECT_EQ(summary.status().code(), absl::StatusCode::kInternal);
+  EXPECT_NE(std::string(summary.status().message())
+                .find("Engine::Run: the plan executor returned OK without running every iteration (sink '"),
+            std::string::npos)
+      << summary.status();
+  EXPECT_NE(std::string(summary.status().message()).find("' delivered 0 of 3)"), std::string::npos) << summary.status();
+}
+
 // m micro-batches accumulated = one batch m times larger.
 TEST(Trainer, AccumulationEqualsOneLargerBatch) {
   auto whole = TrainMlp("whole", {"train.train_iter=6", "train.train_micro_batch_size=32", "train.num_accumulation_steps=1"});
