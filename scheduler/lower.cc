@@ -130,7 +130,17 @@ absl::StatusOr<LoweredPlan> LowerToPlan(const graph::Graph& graph, const LowerOp
   const SbpAssignment& sbp = *inferred;
   for (const BoxingEdge& edge : sbp.edges) {
     if (edge.kind == BoxingEdgeKind::kVariableUpdate) {
-      return absl::InternalError(StrCat("scheduler: the update of '", graph.value(edge.value).name, "' needs boxing"));
+      // (The variable's name: the update value is an op's, unnamed.)
+      const graph::Node& variable = graph.node(edge.consumer);
+      const std::string name = variable.outputs.empty() ? "?" : graph.value(variable.outputs[0]).name;
+      if (edge.from.stage != edge.to.stage) {
+        return absl::InvalidArgumentError(
+            StrCat("scheduler: variable '", name, "' is on pipeline stage ", edge.to.stage,
+                   " but its update is made on stage ", edge.from.stage,
+                   ": give the variable the layer of the stage that updates it (a Scope's layer_idx, or kLastLayer)"));
+      }
+      return absl::InternalError(
+          StrCat("scheduler: the update of variable '", name, "' needs boxing: ", edge.description));
     }
   }
   ASSIGN_OR_RETURN(const lowering::GraphFacts facts, lowering::CollectGraphFacts(graph, std::move(rates)));

@@ -31,7 +31,13 @@ absl::StatusOr<LossScaleResult> ScaleLoss(Graph& graph, ValueId loss, const Loss
   }
   LossScaleResult result;
   result.micro_batches = micro_batches;
-  const NodeOptions at{.layer_idx = graph.producer(loss).layer_idx, .scope = "amp/loss_scale", .name = ""};
+  // The scale's variables on the loss's stage; a loss of no given layer is
+  // on the last stage (the sink's), where the scale's update is made too
+  // (UnscaleGradients): left unassigned, a variable would follow its
+  // earliest reader to stage 0 and its update could not reach it.
+  const int64_t loss_layer = graph.producer(loss).layer_idx;
+  const NodeOptions at{
+      .layer_idx = loss_layer == kUnassignedLayer ? kLastLayer : loss_layer, .scope = "amp/loss_scale", .name = ""};
   VariableOptions variable;
   variable.trainable = false;
   variable.weight_decay = false;
@@ -94,14 +100,16 @@ absl::StatusOr<UnscaleResult> UnscaleGradients(Graph& graph, GradientMap& gradie
   ASSIGN_OR_RETURN(none, First(graph.AddOp("relu", {none}, {}, at)));
   ASSIGN_OR_RETURN(ValueId found_inf, First(graph.AddOp("scalar_mul", {none}, {{"value", -1.0}}, at)));
   ASSIGN_OR_RETURN(found_inf, First(graph.AddOp("scalar_add", {found_inf}, {{"value", 1.0}}, at)));
+  // On the scale variables' stage: an update is made where its variable is.
+  const NodeOptions on_scale_stage = OnVariablesStage(graph, scaled.scale, at);
   ASSIGN_OR_RETURN(std::vector<ValueId> updated,
                    graph.AddOp("loss_scale_update", {scaled.scale, found_inf, scaled.good_steps},
-                               {{"growth_interval", options.growth_interval}}, at));
+                               {{"growth_interval", options.growth_interval}}, on_scale_stage));
   RETURN_IF_ERROR(graph.SetVariableUpdate(scaled.scale, updated[0]));
   RETURN_IF_ERROR(graph.SetVariableUpdate(scaled.good_steps, updated[1]));
   RETURN_IF_ERROR(graph.MarkFetch("loss_scale", scaled.scale));
   RETURN_IF_ERROR(graph.MarkFetch("skipped", found_inf));
-  ASSIGN_OR_RETURN(ValueId skipped, First(graph.AddOp("add", {scaled.skipped_steps, found_inf}, {}, at)));
+  ASSIGN_OR_RETURN(ValueId skipped, First(graph.AddOp("add", {scaled.skipped_steps, found_inf}, {}, on_scale_stage)));
   RETURN_IF_ERROR(graph.SetVariableUpdate(scaled.skipped_steps, skipped));
   return UnscaleResult{.skip = found_inf, .skipped = scaled.skipped_steps};
 }

@@ -134,6 +134,23 @@ INSTANTIATE_TEST_SUITE_P(Amp, AmpDType, ::testing::Values("bf16", "fp16"));
 // metrics.jsonl records; a skipped step leaves the weights as they were (a
 // run loading the one-step checkpoint sees the same first loss), a taken
 // one does not.
+// A model whose loss has no pipeline layer (models.MLP's): fp16's scale
+// variables and their update are on the last stage. Its variables followed
+// their earliest reader to stage 0, and every pipeline was refused ("the
+// update of '' needs boxing").
+TEST(Amp, Fp16PipelinesAModelWhoseLossHasNoLayer) {
+  const std::vector<std::string> fp16 = {"train.amp.enabled=true", "train.amp.dtype=fp16"};
+  auto one = ::tessera::testing::PlanAndTrain("configs/mlp_demo.json", fp16, 4);
+  ASSERT_TRUE(one.ok()) << one.status();
+  for (const char* stages : {"2", "3"}) {
+    std::vector<std::string> pipeline = fp16;
+    pipeline.push_back(std::string("train.dist.pipeline_parallel_size=") + stages);
+    auto run = ::tessera::testing::PlanAndTrain("configs/mlp_demo.json", pipeline, 4);
+    ASSERT_TRUE(run.ok()) << stages << " stages: " << run.status();
+    EXPECT_EQ(run->summary.losses, one->summary.losses) << stages << " stages";
+  }
+}
+
 TEST(Amp, Fp16OverflowSkipsTheStepAndHalvesTheScale) {
   const auto root = std::filesystem::temp_directory_path() / StrCat("tessera_amp_", ::getpid());
   std::filesystem::remove_all(root);

@@ -394,6 +394,39 @@ TEST(Engine, RunsOneRunAtATimeAndRefusesBadOptions) {
   }
 }
 
+// A variable of no pipeline layer read on two stages sits on the earliest
+// and is updated where its gradients meet: the plan is refused naming it
+// and what to do (it was an internal error naming the update '').
+TEST(Engine, AVariableUpdatedOnAnotherStageIsNamed) {
+  graph::GraphBuilder b;
+  const graph::Sym x = b.Input("x", {DType::kF32, Shape{2, 3}});
+  const graph::Sym shared = b.Variable("shared", Shape{3}, graph::InitRule::Ones());
+  graph::Sym y;
+  {
+    auto scope = b.Scope("first", 0);
+    y = x * shared;
+  }
+  {
+    auto scope = b.Scope("second", 1);
+    y = y * shared;
+  }
+  b.MarkLoss(graph::ReduceSum(y));
+  auto graph = b.Finish();
+  ASSERT_TRUE(graph.ok()) << graph.status();
+  CompileOptions options;
+  options.lower.parallel.pipeline = 2;
+  options.lower.parallel.world_size = 2;
+  options.lower.parallel.pipeline_num_layers = 2;
+  auto engine = Engine::Compile(std::move(*graph), options);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  const absl::Status status = (*engine)->Plan(1).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_NE(status.message().find("variable 'shared' is on pipeline stage 0 but its update is made on stage 1: give "
+                                  "the variable the layer of the stage that updates it"),
+            std::string::npos)
+      << status;
+}
+
 // Train's progress line: the fields of `tessera train`'s (grad_norm to 4
 // digits, printed with all 17 before; none without clipping, "null" before).
 TEST(Trainer, ProgressLineFormatsItsNumbers) {
