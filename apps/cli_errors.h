@@ -27,7 +27,7 @@ namespace tessera {
 // the daemons alike.
 inline constexpr int kRepeatedSignalWindowMs = 100;
 
-// Appends the overrides --resume and --eval-only stand for (train and
+// Appends the overrides --resume and --eval-only stand for (train, plan and
 // submit). An override already setting the key would contradict the flag,
 // or say it twice: the error naming both, and nothing appended.
 inline std::optional<std::string> AddFlagOverrides(std::vector<std::string>& overrides, bool resume, bool eval_only) {

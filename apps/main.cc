@@ -264,6 +264,12 @@ int Main(int argc, char** argv) {
   plan->add_option("--format", plan_format, "Output format (memory: only the memory per device)")
       ->check(CLI::IsMember({"text", "memory", "dot", "json"}))
       ->capture_default_str();
+  // (The plan checks where a run would start as `tessera train` does: an
+  // output_dir holding checkpoints is refused without it.)
+  bool plan_resume = false;
+  plan->add_flag("--resume", plan_resume,
+                 "The plan of the run `tessera train --resume` would make: from the latest checkpoint in "
+                 "train.output_dir/checkpoints (sets train.resume=true)");
 
   // master, worker, submit, status, logs, cancel: the daemons and their
   // client, with the engine behind the master's compiler and the worker's runner.
@@ -335,7 +341,10 @@ int Main(int argc, char** argv) {
     if (auto error = tessera::AddFlagOverrides(train_overrides, train_resume, train_eval_only)) return Fail(*error);
     return RunTrain(train_config, train_overrides, train_fast_dev_run);
   }
-  if (*plan) return RunPlan(plan_config, plan_overrides, plan_format);
+  if (*plan) {
+    if (auto error = tessera::AddFlagOverrides(plan_overrides, plan_resume, false)) return Fail(*error);
+    return RunPlan(plan_config, plan_overrides, plan_format);
+  }
   return Fail("no command given (see --help)");
 }
 

@@ -132,6 +132,21 @@ TEST(Cli, TrainRunsThroughAnEmbeddedMasterAndWorker) {
   for (const char* output : {"/config.json", "/log.txt", "/loss.svg", "/checkpoints/iter_0000003/index.json"}) {
     EXPECT_TRUE(std::filesystem::exists(dir + output)) << output;
   }
+  // `plan` checks where the run would start as `train` does, and takes
+  // the --resume the refusal names.
+  const std::string plan = "plan " + Source("configs/gpt2_nano.json") +
+                           " model.num_layers=2 train.train_iter=5 train.dist.data_parallel_size=2 --format memory "
+                           "train.output_dir=" +
+                           dir;
+  const Result refused = RunTessera(plan + " 2>&1");
+  EXPECT_EQ(refused.exit_code, 1) << refused.out;
+  EXPECT_NE(refused.out.find("holds the checkpoints of an earlier run (the newest: iter_0000003): --resume continues"),
+            std::string::npos)
+      << refused.out;
+  const Result resumed = RunTessera(plan + " --resume");
+  EXPECT_EQ(resumed.exit_code, 0) << resumed.out;
+  EXPECT_NE(resumed.out.find("arena"), std::string::npos) << resumed.out;
+  EXPECT_EQ(RunTessera(plan + " train.dist.data_parallel_size=1 --resume 2>&1").exit_code, 1);  // another global batch
 
   const Result diverged = RunTessera(job + dir + "_nan optim.lr=1e30");
   EXPECT_EQ(diverged.exit_code, 1) << diverged.out;
