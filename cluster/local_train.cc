@@ -101,6 +101,8 @@ absl::Status TrainOnThisMachine(const nlohmann::json& config, std::FILE* progres
   const auto started = std::chrono::steady_clock::now();
   ASSIGN_OR_RETURN(const std::string job, client.Submit(config.dump(), {}));
   double final_loss = 0;
+  const bool eval_only = spec.config.at("train").value("eval_only", false);
+  int64_t evaluated = 0;  // the iteration of the last evaluation
   std::unique_ptr<ProgressDisplay> display;
   if (progress != nullptr) {
     ProgressDisplay::Options options;
@@ -108,6 +110,7 @@ absl::Status TrainOnThisMachine(const nlohmann::json& config, std::FILE* progres
     options.start_iteration = spec.start_iteration;
     options.log_period = config.at("train").value("log_period", int64_t{1});
     options.columns = TerminalColumns(progress);
+    options.eval_only = eval_only;
     display = std::make_unique<ProgressDisplay>(progress, ::isatty(::fileno(progress)) == 1, options);
   }
   RETURN_IF_ERROR(client.Watch(job, [&](const control::JobEvent& event) {
@@ -127,6 +130,7 @@ absl::Status TrainOnThisMachine(const nlohmann::json& config, std::FILE* progres
       return it == values.end() ? std::nullopt : std::optional<double>(it->second);
     };
     if (value("eval_loss")) {
+      evaluated = event.metrics().iteration();
       if (display == nullptr) return true;
       std::vector<std::pair<std::string, double>> eval = {{"loss", *value("eval_loss")}};
       if (value("eval_ppl")) eval.emplace_back("ppl", *value("eval_ppl"));
@@ -159,8 +163,12 @@ absl::Status TrainOnThisMachine(const nlohmann::json& config, std::FILE* progres
   if (display != nullptr) display->Finish();
   ASSIGN_OR_RETURN(const control::JobInfo info, client.Get(job));
   if (info.state() != control::SUCCEEDED) return JobError(info);
-  TLOG_INFO("trained {} iterations in {:.2f} s; final loss {:.6f}", spec.iterations,
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(), final_loss);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  if (eval_only) {
+    TLOG_INFO("evaluated the weights of iteration {} in {:.2f} s", evaluated, seconds);
+  } else {
+    TLOG_INFO("trained {} iterations in {:.2f} s; final loss {:.6f}", spec.iterations, seconds, final_loss);
+  }
   return absl::OkStatus();
 }
 

@@ -61,7 +61,8 @@ std::string FormatProgressBar(const IterationStats& stats, const ProgressTiming&
 
 std::string FormatEvalLine(int64_t iteration, int64_t total,
                            const std::vector<std::pair<std::string, double>>& metrics) {
-  std::string out = fmt::format("eval iter {}/{}", iteration, total);
+  std::string out = total > 0 ? fmt::format("eval iter {}/{}", iteration, total)
+                              : fmt::format("eval (weights of iteration {})", iteration);
   for (const auto& [name, value] : metrics) fmt::format_to(std::back_inserter(out), "  {} {:.6f}", name, value);
   return out;
 }
@@ -162,7 +163,7 @@ void ProgressDisplay::Line(std::string_view text) {
 }
 
 void ProgressDisplay::Eval(int64_t iteration, const std::vector<std::pair<std::string, double>>& metrics) {
-  Line(FormatEvalLine(iteration, options_.total_iterations, metrics));
+  Line(FormatEvalLine(iteration, options_.eval_only ? 0 : options_.total_iterations, metrics));
 }
 
 void ProgressDisplay::Finish() {

@@ -59,7 +59,8 @@ struct ProgressTiming {
                                             int bar_width = 20);
 
 // "eval iter 450/1000  loss 3.300000  accuracy 0.412000", without the
-// newline; metrics in the order given.
+// newline; metrics in the order given. `total` 0: an evaluation of saved
+// weights alone (--eval-only), "eval (weights of iteration 450)  loss ...".
 [[nodiscard]] std::string FormatEvalLine(int64_t iteration, int64_t total,
                                          const std::vector<std::pair<std::string, double>>& metrics);
 
@@ -111,6 +112,8 @@ class ProgressDisplay {
     int64_t start_iteration = 0;
     int64_t log_period = 1;
     int columns = 0;  // terminal width; 0: no limit
+    // --eval-only: the evaluation of saved weights, no training iterations.
+    bool eval_only = false;
     double min_redraw_interval_s = 0.1;
     // Monotonic seconds; empty: std::chrono::steady_clock. Tests pass a fake.
     std::function<double()> clock = {};

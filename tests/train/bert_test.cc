@@ -403,15 +403,16 @@ TEST_F(BertTest, WholeSplitEvaluationIsTheSameWhateverTheGlobalBatch) {
   const std::string whole = "train.evaluation.eval_iter=null train.train_iter=1 ";
   auto run = RunTessera(Train(dir, whole + "train.checkpointer.period=1"));
   ASSERT_EQ(run.exit_code, 0) << run.out;
-  // The evaluation's printed metrics, "eval iter 1/1  loss 9.877 mlm_loss ...".
+  // The evaluation's printed metrics, "eval (weights of iteration 1)  loss 9.877 mlm_loss ...".
   const auto evaluate = [&](const std::string& layout) {
     run = RunTessera(Train(dir, whole + layout + " --eval-only"));
     EXPECT_EQ(run.exit_code, 0) << run.out;
     std::map<std::string, double> printed;
-    const size_t at = run.out.find("eval iter 1/1");
+    const std::string head = "eval (weights of iteration 1)";
+    const size_t at = run.out.find(head);
     EXPECT_NE(at, std::string::npos) << run.out;
     if (at == std::string::npos) return printed;
-    std::istringstream line(run.out.substr(at + 13, run.out.find('\n', at) - at - 13));
+    std::istringstream line(run.out.substr(at + head.size(), run.out.find('\n', at) - at - head.size()));
     std::string name;
     for (double value; line >> name >> value;) printed[name] = value;
     return printed;

@@ -79,7 +79,8 @@ class TextDataTest : public ::testing::Test {
     return losses;
   }
 
-  // The loss an evaluation printed ("eval iter 4/4  loss 5.123456 ...").
+  // The loss an evaluation printed ("eval iter 4/4  loss 5.123456 ...";
+  // --eval-only's "eval (weights of iteration 4)  loss ...").
   static double PrintedLoss(const std::string& out, const std::string& head) {
     const size_t at = out.find(head + "  loss ");
     EXPECT_NE(at, std::string::npos) << out;
@@ -203,7 +204,7 @@ TEST_F(TextDataTest, WholeSplitEvaluationCountsEachSampleOnceWhateverTheGlobalBa
   const double trained = ReadMetricsRows(dir).eval.at(2)["eval_loss"].get<double>();
   run = RunTessera(Train(dir, eval + "train.train_iter=2 train.train_micro_batch_size=1 --eval-only"));
   ASSERT_EQ(run.exit_code, 0) << run.out;
-  const double one = PrintedLoss(run.out, "eval iter 2/2");
+  const double one = PrintedLoss(run.out, "eval (weights of iteration 2)");
   EXPECT_NEAR(trained, one, 2e-6 * one);
   for (const std::string layout :
        {"train.train_micro_batch_size=7", "train.train_micro_batch_size=5 train.dist.data_parallel_size=2",
@@ -211,7 +212,7 @@ TEST_F(TextDataTest, WholeSplitEvaluationCountsEachSampleOnceWhateverTheGlobalBa
         "train.dist.pipeline_parallel_size=2"}) {
     run = RunTessera(Train(dir, eval + "train.train_iter=2 " + layout + " --eval-only"));
     ASSERT_EQ(run.exit_code, 0) << layout << "\n" << run.out;
-    EXPECT_NEAR(PrintedLoss(run.out, "eval iter 2/2"), one, 2e-6 * one) << layout;
+    EXPECT_NEAR(PrintedLoss(run.out, "eval (weights of iteration 2)"), one, 2e-6 * one) << layout;
   }
   // eval_iter at the most it allows, the batches the split makes (the last
   // one reaching past the split's end): the whole split, each sample once,
@@ -234,7 +235,7 @@ TEST_F(TextDataTest, WholeSplitEvaluationCountsEachSampleOnceWhateverTheGlobalBa
   const double unigram_whole = unigram(run.out);
   run = RunTessera(Train(dir, seven + "train.evaluation.eval_iter=" + std::to_string(whole) + " --eval-only"));
   ASSERT_EQ(run.exit_code, 0) << run.out;
-  EXPECT_NEAR(PrintedLoss(run.out, "eval iter 2/2"), one, 2e-6 * one);
+  EXPECT_NEAR(PrintedLoss(run.out, "eval (weights of iteration 2)"), one, 2e-6 * one);
   EXPECT_EQ(unigram(run.out), unigram_whole);
   // The unigram baseline is scored on the samples evaluated (it was the
   // whole split's beside an evaluation of one batch).
@@ -292,7 +293,8 @@ TEST_F(TextDataTest, SaveBestKeepsTheBestEvaluationsWeights) {
                                         "train.train_iter=4 --eval-only train.load_weight=" +
                                             (dir / "checkpoints" / "best").string()));
     ASSERT_EQ(again.exit_code, 0) << again.out;
-    EXPECT_NEAR(PrintedLoss(again.out, "eval iter " + std::to_string(want) + "/4"), want_loss, 2e-6 * want_loss + 1e-6);
+    EXPECT_NEAR(PrintedLoss(again.out, "eval (weights of iteration " + std::to_string(want) + ")"), want_loss,
+                2e-6 * want_loss + 1e-6);
   }
   // Resumed: the kept maximum (iteration 1) stays.
   const auto resumed =
@@ -332,7 +334,7 @@ TEST_F(TextDataTest, EvalOnlyEvaluatesSavedWeightsAndWritesNothing) {
   ASSERT_EQ(run.exit_code, 0) << run.out;
   EXPECT_EQ(run.out.find("\niter "), std::string::npos) << "it trained: " << run.out;
   const double latest = trained.eval.at(4)["eval_loss"].get<double>();
-  EXPECT_NEAR(PrintedLoss(run.out, "eval iter 4/4"), latest, 2e-6 * latest + 1e-6);
+  EXPECT_NEAR(PrintedLoss(run.out, "eval (weights of iteration 4)"), latest, 2e-6 * latest + 1e-6);
   EXPECT_EQ(file(dir / "metrics.jsonl"), metrics);
   EXPECT_EQ(file(dir / "config.json"), config);
   EXPECT_FALSE(fs::exists(dir / "checkpoints" / "iter_0000005"));
@@ -342,7 +344,7 @@ TEST_F(TextDataTest, EvalOnlyEvaluatesSavedWeightsAndWritesNothing) {
                                                   (dir / "checkpoints" / "iter_0000002").string()));
   ASSERT_EQ(run.exit_code, 0) << run.out;
   const double second = trained.eval.at(2)["eval_loss"].get<double>();
-  EXPECT_NEAR(PrintedLoss(run.out, "eval iter 2/4"), second, 2e-6 * second + 1e-6);
+  EXPECT_NEAR(PrintedLoss(run.out, "eval (weights of iteration 2)"), second, 2e-6 * second + 1e-6);
   EXPECT_FALSE(fs::exists(root_ / "elsewhere"));
   ExpectOneLineError(RunTessera(Train(root_ / "empty", eval + "--eval-only")),
                      "train.eval_only evaluates saved weights: train.output_dir '" + (root_ / "empty").string() +

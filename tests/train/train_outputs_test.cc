@@ -618,6 +618,8 @@ TEST(Progress, Bar) {
 TEST(Progress, EvalLine) {
   EXPECT_EQ(FormatEvalLine(450, 1000, {{"loss", 3.3}, {"accuracy", 0.412}}),
             "eval iter 450/1000  loss 3.300000  accuracy 0.412000");
+  // --eval-only: saved weights evaluated, no training iterations to count.
+  EXPECT_EQ(FormatEvalLine(450, 0, {{"loss", 3.3}}), "eval (weights of iteration 450)  loss 3.300000");
 }
 
 TEST(Progress, EtaIsSmoothedAndIndependentOfUpdateGranularity) {
