@@ -5,9 +5,11 @@
 
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "fmt/format.h"
 
 namespace tessera {
 
@@ -26,6 +28,23 @@ namespace tessera {
 // group; so may a batch system) and counts once: for `tessera train` and
 // the daemons alike.
 inline constexpr int kRepeatedSignalWindowMs = 100;
+
+// CLI::Range in the words of the other flag checks: "'1e7' is not a number
+// in [0, 1000000]" (CLI11 said "Value 1e7 not in range 0.000000 to
+// 1000000.000000").
+template <typename T>
+CLI::Validator InRange(T lo, T hi) {
+  constexpr bool kInteger = std::is_integral_v<T>;
+  return CLI::Validator(
+      [lo, hi](const std::string& text) -> std::string {
+        T value{};
+        if (!CLI::detail::lexical_cast(text, value) || !(value >= lo && value <= hi)) {
+          return fmt::format("'{}' is not {} in [{}, {}]", text, kInteger ? "an integer" : "a number", lo, hi);
+        }
+        return "";
+      },
+      fmt::format("{} in [{}, {}]", kInteger ? "INT" : "FLOAT", lo, hi));
+}
 
 // Appends the overrides --resume and --eval-only stand for (train, plan and
 // submit). An override already setting the key would contradict the flag,

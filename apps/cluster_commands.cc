@@ -248,16 +248,18 @@ void AddClusterCommands(CLI::App& app, ClusterCommandDeps deps) {
       ->capture_default_str()
       ->check(AddressCheck());
   master->add_option("--state-dir", master_flags->state_dir, "Directory of job records (the job history survives restarts)");
-  master->add_option("--metrics-port", master_flags->metrics_port, "Serve Prometheus /metrics on PORT (of --metrics-host)")
-      ->check(CLI::Range(0, 65535));
+  master
+      ->add_option("--metrics-port", master_flags->metrics_port,
+                   "Serve Prometheus /metrics on PORT (of --metrics-host)")
+      ->check(InRange(0, 65535));
   master->add_option("--metrics-host", master_flags->metrics_host,
                      "Address /metrics binds (a routable one lets Prometheus scrape it)")
       ->capture_default_str();
   master->add_option("--heartbeat-ms", master_flags->heartbeat_ms, "Heartbeat interval of workers")
-      ->check(CLI::Range(10, 600000))
+      ->check(InRange(10, 600000))
       ->capture_default_str();
   master->add_option("--worker-timeout-ms", master_flags->worker_timeout_ms, "A worker silent this long is lost")
-      ->check(CLI::Range(10, 3600000))
+      ->check(InRange(10, 3600000))
       ->capture_default_str();
   master_flags->security.AddServerFlags(master, "the workers' certificates");
   master->callback([master_flags, shared_deps] {

@@ -210,7 +210,7 @@ void AddPreprocess(CLI::App& app) {
   verb->add_flag("--split-sentences", flags->split_sentences, "One sequence per sentence (what BERT's dataset reads)");
   verb->add_flag("--no-eod", flags->no_eod, "Do not end each document with the end-of-document token");
   verb->add_option("--threads", flags->threads, "Worker threads (0: all hardware threads)")
-      ->check(CLI::Range(0, 1024))
+      ->check(InRange(0, 1024))
       ->capture_default_str();
   verb->callback([flags, verb] {
     RemoveTemporariesOnSignals();
@@ -388,13 +388,13 @@ void AddGenerate(CLI::App& app) {
                    "A run config (model and tokenization sections) to use instead of the checkpoint's; required "
                    "for Hugging Face weights");
   verb->add_option("--max-new-tokens", flags->options.generate.max_new_tokens, "Tokens to generate at most")
-      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20))
+      ->check(InRange(int64_t{0}, int64_t{1} << 20))
       ->capture_default_str();
   verb->add_option("--temperature", flags->options.generate.temperature, "Sampling temperature; 0: greedy (the argmax)")
-      ->check(CLI::Range(0.0, 1e6))
+      ->check(InRange(0.0, 1e6))
       ->capture_default_str();
   verb->add_option("--top-k", flags->options.generate.top_k, "Sample among the k likeliest tokens; 0: all")
-      ->check(CLI::Range(int64_t{0}, int64_t{2147483647}))
+      ->check(InRange(int64_t{0}, int64_t{2147483647}))
       ->capture_default_str();
   verb->add_option("--top-p", flags->options.generate.top_p,
                    "Sample among the likeliest tokens holding this probability, in (0, 1]; 1: all")
@@ -421,13 +421,13 @@ void AddGenerate(CLI::App& app) {
           "UINT64"))
       ->capture_default_str();
   verb->add_option("--threads", flags->threads, "Kernel threads (0: all hardware threads)")
-      ->check(CLI::Range(0, 1024))
+      ->check(InRange(0, 1024))
       ->capture_default_str();
   verb->add_option("--tensor-parallel", flags->options.generator.tensor_parallel_size,
                    "Split the model over N ranks as training's tensor parallelism (heads, MLP columns and the "
                    "vocabulary), each holding only its slices and running on a thread of its own; N is at most "
                    "the heads (which it need not divide)")
-      ->check(CLI::Range(int64_t{1}, int64_t{1024}))
+      ->check(InRange(int64_t{1}, int64_t{1024}))
       ->capture_default_str();
   verb->callback([flags] {
     if (flags->options.generator.tensor_parallel_size > 1 && flags->threads > 0) {

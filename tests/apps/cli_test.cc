@@ -259,6 +259,10 @@ TEST(Cli, FlagsNothingReadsAndValuesOutOfRangeAreOneLineErrors) {
        "not a safetensors file: it begins with text ('// A small MLP c'), where safetensors begins with its header's "
        "size in 8 bytes (a config file given?)"},
       {"generate " + dir.string() + " --prompt x --temperature -inf", "--temperature: '-inf' is not a finite number"},
+      // (CLI11 said "Value 1.0000001e6 not in range 0.000000 to 1000000.000000".)
+      {"generate " + dir.string() + " --prompt x --temperature 1.0000001e6",
+       "--temperature: '1.0000001e6' is not a number in [0, 1000000]"},
+      {"master --listen 127.0.0.1:0 --metrics-port 70000", "--metrics-port: '70000' is not an integer in [0, 65535]"},
       // "--output=" does not take the next flag for its value (it wrote
       // --no-eod.bin), and an empty value is refused where it would act as
       // no flag (TLS dropped for --tls-ca=$UNSET).
