@@ -11,6 +11,7 @@
 #include "actors/actor_id.h"
 #include "actors/init_rules.h"
 #include "actors/plan.h"
+#include "core/checked.h"
 #include "core/checksum.h"
 #include "core/file_util.h"
 #include "core/status.h"
@@ -890,6 +891,10 @@ absl::StatusOr<std::shared_ptr<const CheckpointReader>> CheckpointReader::Open(
     auto shape = IntList(value.value("shape", nlohmann::json()), "shape");
     if (!shape.ok()) return fail("index.json: tensor '", name, "': ", shape.status().message());
     entry.meta.shape = Shape(*shape);
+    // (Every reader multiplies the extents: export, generate, a resume.)
+    if (absl::StatusOr<int64_t> bytes = CheckedByteSize(entry.meta); !bytes.ok()) {
+      return fail("index.json: tensor '", name, "': ", bytes.status().message());
+    }
     for (const auto& shard : value["shards"]) {
       if (!shard.is_object() || !shard.contains("file") || !shard["file"].is_string()) {
         return fail("index.json: tensor '", name, "': a shard without a file");
@@ -905,11 +910,11 @@ absl::StatusOr<std::shared_ptr<const CheckpointReader>> CheckpointReader::Open(
       auto offset = IntList(shard.value("offset", nlohmann::json()), "offset");
       auto extent = IntList(shard.value("shape", nlohmann::json()), "shape");
       if (!offset.ok() || !extent.ok() || offset->size() != shape->size() || extent->size() != shape->size()) {
-        return fail("index.json: tensor '", name, "': a shard's offset or shape is not a list of ", shape->size(),
-                    " sizes");
+        return fail("index.json: tensor '", name, "': a shard's offset and shape must each list ", shape->size(),
+                    " sizes (the tensor's rank)");
       }
       for (size_t a = 0; a < shape->size(); ++a) {
-        if ((*offset)[a] + (*extent)[a] > (*shape)[a]) {
+        if ((*offset)[a] > (*shape)[a] || (*extent)[a] > (*shape)[a] - (*offset)[a]) {
           return fail("index.json: tensor '", name, "': a shard lies outside the tensor");
         }
       }

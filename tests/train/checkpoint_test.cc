@@ -367,6 +367,20 @@ TEST(Checkpoint, CorruptIndexIsAnErrorNamingTheCheckpoint) {
         std::string::npos)
         << status;
   }
+  // A shape of more elements than an int64 holds (export aborted on it),
+  // and a shape of another rank than its shards'.
+  for (const auto& [shape, error] : std::vector<std::pair<nlohmann::json, std::string>>{
+           {{int64_t{1} << 62, int64_t{1} << 62},
+            "index.json: tensor 'w': f32 tensor: shape (4611686018427387904, 4611686018427387904) has more than 2^50 "
+            "elements"},
+           {nlohmann::json::array(),
+            "index.json: tensor 'w': a shard's offset and shape must each list 0 sizes (the tensor's rank)"}}) {
+    nlohmann::json index = nlohmann::json::parse(good);
+    index["tensors"]["w"]["shape"] = shape;
+    WriteFile(checkpoint / "index.json", index.dump());
+    const absl::Status status = CheckpointReader::Open(checkpoint).status();
+    EXPECT_NE(status.message().find(error), std::string::npos) << status;
+  }
   WriteFile(checkpoint / "index.json", good);
   // One rank's file of it is not Hugging Face weights (it loaded as such).
   int rank_files = 0;
