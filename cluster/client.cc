@@ -3,6 +3,8 @@
 #include <utility>
 
 #include "cluster/grpc_status.h"
+#include "core/status.h"
+#include "core/strings.h"
 
 namespace tessera::cluster {
 
@@ -23,6 +25,14 @@ absl::Status CheckOptions(const Client::Options& options) {
         absl::StrCat("client: keepalive ", absl::FormatDuration(options.keepalive), " must be at least 1s"));
   }
   return absl::OkStatus();
+}
+
+// What the master names its jobs by (protobuf refuses a request whose
+// string is not UTF-8, with lines of its own on stderr and "INTERNAL").
+absl::Status CheckJobId(const std::string& job_id) {
+  if (IsPlainId(job_id)) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("job id '", EscapeControlChars(job_id, /*non_ascii=*/true),
+                                                 "' is not 1-128 characters of [A-Za-z0-9._-] (as job-000001)"));
 }
 
 }  // namespace
@@ -47,6 +57,7 @@ absl::StatusOr<std::string> Client::Submit(const std::string& config_json, const
 
 absl::StatusOr<control::JobInfo> Client::Get(const std::string& job_id) {
   if (!invalid_.ok()) return invalid_;
+  RETURN_IF_ERROR(CheckJobId(job_id));
   control::GetJobRequest request;
   request.set_job_id(job_id);
   control::JobInfo response;
@@ -81,6 +92,10 @@ absl::StatusOr<std::vector<control::WorkerInfo>> Client::ListWorkers() {
 absl::StatusOr<control::JobInfo> Client::Cancel(const std::string& job_id, const std::string& reason,
                                                 bool checkpoint) {
   if (!invalid_.ok()) return invalid_;
+  RETURN_IF_ERROR(CheckJobId(job_id));
+  if (const std::optional<size_t> bad = FirstInvalidUtf8(reason)) {
+    return absl::InvalidArgumentError(absl::StrCat("the cancel reason is not valid UTF-8 (byte ", *bad, ")"));
+  }
   control::CancelJobRequest request;
   request.set_job_id(job_id);
   request.set_reason(reason);
@@ -96,6 +111,7 @@ absl::Status Client::Watch(const std::string& job_id, const std::function<bool(c
                            bool follow) {
   if (!invalid_.ok()) return invalid_;
   if (!on_event) return absl::InvalidArgumentError("Client::Watch: on_event is empty (give a callback)");
+  RETURN_IF_ERROR(CheckJobId(job_id));
   control::WatchJobRequest request;
   request.set_job_id(job_id);
   request.set_history_only(!follow);

@@ -6,7 +6,9 @@
 // job, UNAVAILABLE when no master answers, UNAUTHENTICATED without the right
 // token). Options that cannot work (an address that is not HOST:PORT, a
 // token that cannot travel as a header, a timeout <= 0) make every method
-// return the INVALID_ARGUMENT that names them, before any connection.
+// return the INVALID_ARGUMENT that names them, before any connection; so
+// does a job id that is not 1-128 characters of [A-Za-z0-9._-] (no job has
+// one), and a cancel reason that is not UTF-8.
 // gRPC prints its own errors on stderr, several lines each; call
 // RouteGrpcLogs() (cluster/transport.h) once to send them to Tessera's log
 // at debug level, as the CLI does.

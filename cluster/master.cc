@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -1438,10 +1439,14 @@ class Master::Impl final : public control::Master::Service {
     }
     absl::MutexLock lock(&mu_);
     {
-      std::ifstream in(fs::path(options_.state_dir) / kWorkerNumberFile);
-      std::string line;
+      // (A regular file of a number: /dev/zero in its place was read
+      // without end, a FIFO waited on, before any signal was handled.)
+      absl::StatusOr<std::string> text = ReadWholeFile(fs::path(options_.state_dir) / kWorkerNumberFile, 64);
+      if (!text.ok() && !absl::IsNotFound(text.status())) {
+        return absl::FailedPreconditionError(absl::StrCat("--state-dir: ", text.status().message()));
+      }
       uint64_t number = 0;
-      if (std::getline(in, line) && absl::SimpleAtoi(line, &number)) next_worker_number_ = number;
+      if (text.ok() && absl::SimpleAtoi(absl::StripAsciiWhitespace(*text), &number)) next_worker_number_ = number;
     }
     std::vector<std::pair<uint64_t, std::string>> requeued;  // (session, id): submit order
     for (const auto& entry : fs::directory_iterator(options_.state_dir, error)) {

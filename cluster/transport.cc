@@ -10,13 +10,12 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "cluster/tls_material.h"
+#include "core/file_util.h"
 #include "core/logging.h"
 #include "core/strings.h"
 #include "grpc/support/log.h"
@@ -108,16 +107,24 @@ absl::Status CheckDurations(std::initializer_list<std::pair<const char*, absl::D
   return absl::OkStatus();
 }
 
+namespace {
+// A token file (a token of at most kMaxTokenBytes, and whitespace), and a
+// PEM file (a CA bundle of a few hundred certificates is under 1 MiB).
+constexpr std::uintmax_t kMaxSecretFileBytes = 1 << 20;
+constexpr std::uintmax_t kMaxPemFileBytes = 16 << 20;
+}  // namespace
+
 absl::StatusOr<std::string> ReadSecretFile(const std::string& path, SecretKind kind) {
   const bool trim = kind == SecretKind::kToken;
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec))
     return absl::InvalidArgumentError(absl::StrCat("'", path, "' is a directory"));
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read '", path, "'"));
-  std::ostringstream text;
-  text << in.rdbuf();
-  std::string contents = text.str();
+  // Only a regular file, of a secret's size: /dev/zero was read without
+  // end (gigabytes), a FIFO waited on for ever.
+  if (!std::filesystem::exists(path, ec)) return absl::NotFoundError(absl::StrCat("cannot read '", path, "'"));
+  absl::StatusOr<std::string> read = ReadWholeFile(path, trim ? kMaxSecretFileBytes : kMaxPemFileBytes);
+  if (!read.ok()) return absl::Status(read.status().code(), read.status().message());
+  std::string contents = *std::move(read);
   if (trim) contents = std::string(absl::StripAsciiWhitespace(contents));
   if (contents.empty()) return absl::InvalidArgumentError(absl::StrCat("'", path, "' is empty"));
   if (trim) {

@@ -195,6 +195,18 @@ TEST(ClusterTest, BadOptionsOfAnEmbeddedClientMasterOrWorkerAreNamed) {
   // An empty callback is an error, not std::bad_function_call (SIGABRT).
   expect(Client(ClientOptionsFor("127.0.0.1:1")).Watch("job-1", nullptr),
          "Client::Watch: on_event is empty (give a callback)");
+  // A job id no job has, nor protobuf sends (it printed its own lines and
+  // the call failed INTERNAL).
+  Client any(ClientOptionsFor("127.0.0.1:1"));
+  const std::string not_utf8 =
+      "a\xff"
+      "b";
+  expect(any.Get(not_utf8).status(), "job id 'a\\xffb' is not 1-128 characters of [A-Za-z0-9._-] (as job-000001)");
+  expect(any.Cancel("job 1", "why", false).status(),
+         "job id 'job 1' is not 1-128 characters of [A-Za-z0-9._-] (as job-000001)");
+  expect(any.Watch("", [](const control::JobEvent&) { return true; }),
+         "job id '' is not 1-128 characters of [A-Za-z0-9._-] (as job-000001)");
+  expect(any.Cancel("job-1", not_utf8, false).status(), "the cancel reason is not valid UTF-8 (byte 1)");
   // A URL is no gRPC address (it was looked up as a host name).
   expect(Client(ClientOptionsFor("http://127.0.0.1:1")).List().status(),
          "client: master address 'http://127.0.0.1:1': expected HOST:PORT, or a gRPC target (dns:///, unix:, ipv4:, "
@@ -819,6 +831,24 @@ TEST(ClusterTest, WorkersRegisterAgainWithARestartedMaster) {
   ASSERT_TRUE(history.ok()) << history.status();
   ASSERT_EQ(history->slots_size(), 1);
   EXPECT_EQ(history->slots(0).worker_id(), id);
+}
+
+// A state directory's worker number file is read as a regular file of a
+// number: /dev/zero in its place was read without end (gigabytes) before
+// any signal could stop the master, and a FIFO was waited on.
+TEST(ClusterTest, AStateDirectoryFileThatIsNoFileIsRefused) {
+  Deadline deadline(seconds(20), "state dir");
+  const fs::path state = TempDir("zero-state");
+  fs::create_directories(state);
+  fs::create_symlink("/dev/zero", state / "last_worker_number");
+  Master::Options options = FastMasterOptions();
+  options.state_dir = state.string();
+  const absl::Status zero = Master(options, std::make_unique<FakeJobCompiler>()).Start().status();
+  EXPECT_EQ(zero.code(), absl::StatusCode::kFailedPrecondition) << zero;
+  EXPECT_NE(zero.message().find("--state-dir: " + (state / "last_worker_number").string() + ": not a regular file"),
+            std::string::npos)
+      << zero;
+  fs::remove_all(state);
 }
 
 TEST(ClusterTest, KvPutGetWait) {

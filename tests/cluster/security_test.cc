@@ -4,6 +4,7 @@
 #include <openssl/evp.h>
 #include <openssl/pem.h>
 #include <openssl/x509.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -147,6 +148,18 @@ TEST(SecurityTest, TokenAndPemFilesAreCheckedWhenRead) {
     EXPECT_NE(status.message().find((dir / "secret").string()), std::string::npos) << status;
   }
   EXPECT_NE(read("hello", SecretKind::kCertificates).status().message().find("holds no PEM block"), std::string::npos);
+  // Only regular files: /dev/zero was read without end, a FIFO waited on.
+  const fs::path fifo = dir / "fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  for (const SecretKind kind : {SecretKind::kToken, SecretKind::kCertificates, SecretKind::kPrivateKey}) {
+    for (const std::string& device : {std::string("/dev/zero"), fifo.string()}) {
+      const absl::Status status = ReadSecretFile(device, kind).status();
+      EXPECT_NE(status.message().find(device + ": not a regular file"), std::string::npos) << status;
+    }
+  }
+  std::ofstream(dir / "big") << std::string(2 << 20, 'a');
+  EXPECT_NE(ReadSecretFile((dir / "big").string(), SecretKind::kToken).status().message().find("more than the"),
+            std::string::npos);
   // What OpenSSL cannot read is named with the file (gRPC failed every
   // call with "empty address list"); real material: TlsMaterialIsCheckedWithOpenSsl.
   const std::string cut_short =
