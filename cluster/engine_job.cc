@@ -21,6 +21,7 @@
 #include "core/file_util.h"
 #include "core/logging.h"
 #include "core/status.h"
+#include "core/strings.h"
 #include "core/text.h"
 #include "core/thread_pool.h"
 #include "ops/registry.h"
@@ -64,7 +65,16 @@ class EngineJobCompiler final : public JobCompiler {
       std::error_code ec;
       const std::filesystem::path absolute = std::filesystem::absolute(given, ec);
       if (!ec && (given.is_relative() || given.string() != path.get<std::string>())) {
-        path = absolute.lexically_normal().string();
+        // A config is UTF-8 text (JSON, protobuf): a working directory or
+        // $HOME that is not would abort whatever writes it.
+        const std::string made = absolute.lexically_normal().string();
+        if (const std::optional<size_t> bad = FirstInvalidUtf8(made)) {
+          return absl::InvalidArgumentError(
+              StrCat(section, ".", key, ": '", EscapeControlChars(path.get<std::string>()), "' is '",
+                     EscapeControlChars(made, /*non_ascii=*/true), "' here, not valid UTF-8 at byte ", *bad,
+                     " (the working directory's or $HOME's): a config holds UTF-8 text, so give a path that is"));
+        }
+        path = made;
       }
     }
     // Building the job checks what the schema cannot (the mesh, the model's

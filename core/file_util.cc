@@ -1,6 +1,7 @@
 #include "core/file_util.h"
 
 #include <fcntl.h>
+#include <pwd.h>
 #include <signal.h>
 #include <sys/file.h>
 #include <sys/stat.h>
@@ -13,6 +14,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "core/text.h"
 
@@ -189,7 +191,17 @@ absl::Status WriteFileDurably(const std::filesystem::path& path, std::span<const
 namespace {
 std::filesystem::path Home() {
   const char* home = std::getenv("HOME");
-  return home != nullptr && *home != '\0' ? std::filesystem::path(home) : std::filesystem::path("/");
+  if (home != nullptr && *home != '\0') return home;
+  // Without $HOME (a service's environment), the user's own, as a shell
+  // takes it; "/" only where the system has none.
+  std::vector<char> buffer(16384);
+  passwd entry{};
+  passwd* found = nullptr;
+  if (::getpwuid_r(::getuid(), &entry, buffer.data(), buffer.size(), &found) == 0 && found != nullptr &&
+      found->pw_dir != nullptr && *found->pw_dir != '\0') {
+    return found->pw_dir;
+  }
+  return "/";
 }
 }  // namespace
 

@@ -493,6 +493,17 @@ absl::StatusOr<PreprocessStats> Preprocess(const PreprocessOptions& options, con
     if (!S_ISREG(info.st_mode)) {
       return absl::InvalidArgumentError(StrCat("cannot read input '", input.string(), "': not a regular file"));
     }
+    // The dataset's .source.json records where it came from, as UTF-8
+    // JSON: a path that is not would be recorded as another (and the
+    // dataset then refused as built from other text).
+    std::error_code ec;
+    const std::string absolute = fs::weakly_canonical(fs::absolute(input, ec), ec).string();
+    if (const std::optional<size_t> bad = FirstInvalidUtf8(absolute)) {
+      return absl::InvalidArgumentError(StrCat("input '", EscapeControlChars(input.string(), /*non_ascii=*/true),
+                                               "': its path '", EscapeControlChars(absolute, /*non_ascii=*/true),
+                                               "' is not valid UTF-8 (byte ", *bad,
+                                               "), which the dataset's .source.json cannot record"));
+    }
     total_bytes += info.st_size;
   }
   ASSIGN_OR_RETURN(

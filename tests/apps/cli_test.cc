@@ -319,6 +319,26 @@ TEST(Cli, FlagsNothingReadsAndValuesOutOfRangeAreOneLineErrors) {
   std::filesystem::remove_all(dir);
 }
 
+// A relative path in a working directory whose path is not UTF-8 makes a
+// path no config can hold (JSON and protobuf are UTF-8): refused naming the
+// key, nothing made (an uncaught exception aborted the run, leaving its
+// output directory).
+TEST(Cli, RelativePathsUnderADirectoryThatIsNotUtf8AreRefused) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("tessera_cli_\xff_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const Result r =
+      ::tessera::testing::RunCommand("cd '" + dir.string() + "' && timeout 120 " TESSERA_BINARY " train " +
+                                     Source("configs/mlp_demo.json") + " train.train_iter=2 train.output_dir=out 2>&1");
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_EQ(r.out.rfind("tessera: train.output_dir: 'out' is '", 0), 0u) << r.out;
+  EXPECT_NE(r.out.find("\\xff_"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("not valid UTF-8"), std::string::npos) << r.out;
+  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
+  EXPECT_TRUE(std::filesystem::is_empty(dir));
+  std::filesystem::remove_all(dir);
+}
+
 // TLS material that gRPC could not use is an error naming the flag and the
 // file (the daemon served, and every call failed "empty address list").
 TEST(Cli, TlsFlagsNameWhatIsWrong) {

@@ -1,4 +1,5 @@
 #include <gtest/gtest.h>
+#include <pwd.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -560,6 +561,21 @@ TEST(DirectoryClaim, SharedClaimsHoldTogetherAndKeepOutAnExclusiveOne) {
 
 // A durable write into a directory that does not exist names the
 // directory, not the temporary file it would have made there.
+// "~/" without $HOME (a service's environment) is the user's home, as a
+// shell takes it (it was "/": ~/x wrote /x).
+TEST(ExpandPath, TildeWithoutHomeIsTheUsersHome) {
+  const char* saved = std::getenv("HOME");
+  const std::string home = saved != nullptr ? saved : "";
+  ::setenv("HOME", "/some/home", 1);
+  EXPECT_EQ(ExpandPath("~/x"), std::filesystem::path("/some/home/x"));
+  ::unsetenv("HOME");
+  const passwd* entry = ::getpwuid(::getuid());
+  ASSERT_NE(entry, nullptr);
+  EXPECT_EQ(ExpandPath("~/x"), std::filesystem::path(entry->pw_dir) / "x");
+  EXPECT_EQ(ExpandPath("/a/~/x"), std::filesystem::path("/a/~/x"));
+  if (saved != nullptr) ::setenv("HOME", home.c_str(), 1);
+}
+
 TEST(WriteFileDurably, AMissingDirectoryIsNamed) {
   namespace fs = std::filesystem;
   const fs::path root = fs::temp_directory_path() / ("tessera_durable_" + std::to_string(::getpid()));
