@@ -217,9 +217,20 @@ int Main(int argc, char** argv) {
   // --log-level after the verb too (`tessera train --log-level info ...`).
   app.fallthrough();
   std::string log_level = "warn";
+  // Applied as it is parsed: the daemons (master, worker) run inside their
+  // verb's callback, which CLI11 calls before parse() returns (they logged
+  // at info, on stdout, whatever the flag said).
+  (void)tessera::SetLogLevel(log_level);
   app.add_option("--log-level", log_level,
                  "Log lines on stderr: trace, debug, info (compile, plan and run timings), warn, error or off")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->trigger_on_parse()
+      ->check(CLI::Validator(
+          [](const std::string& level) -> std::string {
+            const absl::Status status = tessera::SetLogLevel(level);
+            return status.ok() ? std::string() : std::string(status.message());
+          },
+          "LEVEL"));
 
   std::string ops_format = "text";
   CLI::App* ops = app.add_subcommand("ops", "List registered ops: kernels per device, gradient, SBP signatures");
@@ -333,7 +344,6 @@ int Main(int argc, char** argv) {
     // One line and exit code 1, like every other bad input.
     return Fail(tessera::StrCat(e.what(), " (see tessera --help)"));
   }
-  if (auto status = tessera::SetLogLevel(log_level); !status.ok()) return Fail(std::string(status.message()));
 
   if (*ops) return RunOps(ops_format);
   if (*config) return RunConfig(config_path, overrides, schema);

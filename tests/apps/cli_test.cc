@@ -652,6 +652,25 @@ TEST(Cli, InputsAreNeverOverwrittenOrWaitedOn) {
 
 // A worker whose master is not there waits for it, but says so after
 // 10 s (it waited silently, for minutes, in a sweep).
+// The daemons honour --log-level, before or after the verb, and log on
+// stderr: they logged at info on stdout whatever it said (their verb runs
+// inside CLI11's parse, which set the level only after it).
+TEST(Cli, DaemonsLogOnStderrAtTheLevelAsked) {
+  const auto run = [](const std::string& args) {
+    return RunCommand("timeout -s INT 2 " + std::string(TESSERA_BINARY) + " " + args + " 2>&1 >/dev/null");
+  };
+  const Result off = run("--log-level off master --listen 127.0.0.1:0");
+  EXPECT_EQ(off.out, "") << off.out;
+  const Result quiet = run("master --listen 127.0.0.1:0");  // warn
+  EXPECT_EQ(quiet.out.find("[info]"), std::string::npos) << quiet.out;
+  const Result info = run("master --listen 127.0.0.1:0 --log-level info");
+  EXPECT_NE(info.out.find("[info] master listening on 127.0.0.1:"), std::string::npos) << info.out;
+  const Result stdout_only =
+      RunCommand("timeout -s INT 2 " + std::string(TESSERA_BINARY) + " master --listen 127.0.0.1:0 2>/dev/null");
+  EXPECT_EQ(stdout_only.out.rfind("master listening on 127.0.0.1:", 0), 0u) << stdout_only.out;
+  EXPECT_EQ(stdout_only.out.find("[info]"), std::string::npos) << stdout_only.out;
+}
+
 TEST(Cli, AWorkerWithoutItsMasterSaysItIsStillTrying) {
   const Result r = RunCommand("timeout 13 " + std::string(TESSERA_BINARY) +
                               " worker --master 127.0.0.1:1 --devices cpu:1 --listen 127.0.0.1:0 2>&1");
