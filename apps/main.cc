@@ -275,12 +275,10 @@ int Main(int argc, char** argv) {
   plan->add_option("--format", plan_format, "Output format (memory: only the memory per device)")
       ->check(CLI::IsMember({"text", "memory", "dot", "json"}))
       ->capture_default_str();
-  // (The plan checks where a run would start as `tessera train` does: an
-  // output_dir holding checkpoints is refused without it.)
   bool plan_resume = false;
   plan->add_flag("--resume", plan_resume,
-                 "The plan of the run `tessera train --resume` would make: from the latest checkpoint in "
-                 "train.output_dir/checkpoints (sets train.resume=true)");
+                 "The plan of the run `tessera train --resume` would make, its checkpoint checked as train checks "
+                 "it (sets train.resume=true)");
 
   // master, worker, submit, status, logs, cancel: the daemons and their
   // client, with the engine behind the master's compiler and the worker's runner.

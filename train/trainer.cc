@@ -319,8 +319,10 @@ absl::StatusOr<Job> Prepare(const nlohmann::json& raw_config, PlanExecutor execu
 absl::StatusOr<proto::Plan> TrainingPlan(const nlohmann::json& config) {
   ASSIGN_OR_RETURN(Job job, Prepare(config));
   // Where a run would start (a resume's or load_weight's checkpoint) is
-  // checked as a run checks it.
-  RETURN_IF_ERROR(ResolveRunStart(job.train, job.global_batch(), job.model->HuggingFaceTensors()).status());
+  // checked as a run checks it; a plan writes nothing, so an earlier run's
+  // checkpoints in output_dir are no reason to refuse one.
+  RETURN_IF_ERROR(
+      ResolveRunStart(job.train, job.global_batch(), job.model->HuggingFaceTensors(), /*for_writing=*/false).status());
   return job.engine->Plan(job.train.train_iter);
 }
 
@@ -489,7 +491,7 @@ absl::StatusOr<std::map<std::string, double>> EvalMetrics(const std::map<std::st
 }
 
 absl::StatusOr<RunStart> ResolveRunStart(const TrainConfig& train, int64_t global_batch,
-                                         const std::vector<models::Model::HfTensor>& hf_layout) {
+                                         const std::vector<models::Model::HfTensor>& hf_layout, bool for_writing) {
   RunStart start;
   if (train.overwrite_output_dir && (train.resume || train.eval_only)) {
     return absl::InvalidArgumentError(
@@ -554,7 +556,7 @@ absl::StatusOr<RunStart> ResolveRunStart(const TrainConfig& train, int64_t globa
   // whose higher iterations would then be "the newest": pruning removed
   // each of the new run's right after it was written, and --resume,
   // generate and export took the earlier run's weights.
-  if (!train.output_dir.empty() && !train.overwrite_output_dir) {
+  if (for_writing && !train.output_dir.empty() && !train.overwrite_output_dir) {
     const absl::StatusOr<std::optional<std::filesystem::path>> earlier = LatestCheckpoint(train.output_dir);
     // (Another error, an unreadable checkpoints/, is the writability
     // check's to name.)

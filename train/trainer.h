@@ -147,9 +147,12 @@ struct RunStart {
   bool weights_only = false;
 };
 // `hf_layout`: the model's Hugging Face layout, to read Hugging Face weights
-// in train.load_weight (CheckpointReader::Open).
+// in train.load_weight (CheckpointReader::Open). A run that writes refuses an
+// output_dir holding an earlier run's checkpoints (without resume or
+// overwrite_output_dir); `for_writing` false (a plan) leaves them be.
 absl::StatusOr<RunStart> ResolveRunStart(const TrainConfig& train, int64_t global_batch,
-                                         const std::vector<models::Model::HfTensor>& hf_layout);
+                                         const std::vector<models::Model::HfTensor>& hf_layout,
+                                         bool for_writing = true);
 
 // The metrics an evaluation reports (metrics.jsonl's eval_* fields, but the
 // unigram baseline's), from the sums over its `runs` runs of the evaluation
