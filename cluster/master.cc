@@ -1750,18 +1750,27 @@ class Master::Impl final : public control::Master::Service {
     absl::StrAppend(&text, "# HELP tessera_workers_alive Registered, live workers.\n# TYPE tessera_workers_alive gauge\n",
                     "tessera_workers_alive ", workers_.size(), "\n");
     absl::StrAppend(&text, "# HELP tessera_job_loss Last reported loss of a running job.\n# TYPE tessera_job_loss gauge\n");
-    std::string tokens = "# HELP tessera_job_tokens_per_second Last reported throughput of a running job.\n"
-                         "# TYPE tessera_job_tokens_per_second gauge\n";
+    // Throughput in samples (every model) and tokens (language models).
+    std::string samples =
+        "# HELP tessera_job_samples_per_second Last reported samples/s of a running job.\n"
+        "# TYPE tessera_job_samples_per_second gauge\n";
+    std::string tokens =
+        "# HELP tessera_job_tokens_per_second Last reported tokens/s of a running job.\n"
+        "# TYPE tessera_job_tokens_per_second gauge\n";
     for (const auto& [id, job] : jobs_) {
       if (job->state != control::RUNNING) continue;
       if (auto it = job->last_metrics.find("loss"); it != job->last_metrics.end()) {
         absl::StrAppend(&text, "tessera_job_loss{job=\"", id, "\"} ", it->second, "\n");
       }
+      if (auto it = job->last_metrics.find("samples_per_s"); it != job->last_metrics.end()) {
+        absl::StrAppend(&samples, "tessera_job_samples_per_second{job=\"", id, "\"} ", it->second, "\n");
+      }
       if (auto it = job->last_metrics.find("tokens_per_s"); it != job->last_metrics.end()) {
         absl::StrAppend(&tokens, "tessera_job_tokens_per_second{job=\"", id, "\"} ", it->second, "\n");
       }
     }
-    absl::StrAppend(&text, tokens, "# HELP tessera_rpcs_total RPCs received, by method.\n# TYPE tessera_rpcs_total counter\n");
+    absl::StrAppend(&text, samples, tokens,
+                    "# HELP tessera_rpcs_total RPCs received, by method.\n# TYPE tessera_rpcs_total counter\n");
     for (const auto& [method, count] : rpc_counts_) {
       absl::StrAppend(&text, "tessera_rpcs_total{method=\"", method, "\"} ", count, "\n");
     }

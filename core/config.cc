@@ -340,8 +340,8 @@ class FileLoader {
   absl::StatusOr<Json> LoadWithBases(const fs::path& path) {
     if (++files_read_ > kMaxConfigFiles) {
       return absl::InvalidArgumentError(absl::StrCat("config '", chain_.front().display, "' reads more than ",
-                                                     kMaxConfigFiles, " files through ", AbslView(kBaseKey),
-                                                     " (at '", path.string(), "')"));
+                                                     kMaxConfigFiles, " files, itself and its ", AbslView(kBaseKey),
+                                                     " files (at '", path.string(), "')"));
     }
     ASSIGN_OR_RETURN(Json self, ReadJsonFile(path));
     ASSIGN_OR_RETURN(const std::vector<std::string> bases, BaseList(self, path));
@@ -378,7 +378,8 @@ class FileLoader {
       }
       if (static_cast<int>(chain_.size()) >= kMaxBaseDepth) {
         return absl::InvalidArgumentError(absl::StrCat("config ", AbslView(kBaseKey), " chain deeper than ",
-                                                       kMaxBaseDepth, " files (at '", entry.display, "')"));
+                                                       kMaxBaseDepth, " files, the config itself included (at '",
+                                                       entry.display, "')"));
       }
       chain_.push_back(std::move(entry));
       absl::StatusOr<Json> base_config = LoadWithBases(resolved);

@@ -178,11 +178,26 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Compile(graph::Graph graph, cons
   return std::make_unique<Engine>(Compiled(), std::move(graph), options);
 }
 
-absl::StatusOr<proto::Plan> Engine::Plan(int64_t iterations) const {
-  scheduler::LowerOptions lower = options_.lower;
+namespace {
+
+// The plan of `iterations` from `start`, its size and lowering time logged
+// (info): `tessera plan` and every Run.
+absl::StatusOr<scheduler::LoweredPlan> LowerLogged(const graph::Graph& graph, scheduler::LowerOptions lower,
+                                                   int64_t iterations, int64_t start) {
   lower.iterations = iterations;
-  lower.start_iteration = iterations_done_;
-  ASSIGN_OR_RETURN(scheduler::LoweredPlan lowered, scheduler::LowerToPlan(graph_, lower));
+  lower.start_iteration = start;
+  const auto started = std::chrono::steady_clock::now();
+  ASSIGN_OR_RETURN(scheduler::LoweredPlan lowered, scheduler::LowerToPlan(graph, lower));
+  TLOG_INFO("plan: {} actors and {} register descs on {} devices, lowered in {:.1f} ms", lowered.plan.tasks_size(),
+            lowered.plan.register_descs_size(), std::max<int64_t>(1, lower.parallel.world_size),
+            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count());
+  return lowered;
+}
+
+}  // namespace
+
+absl::StatusOr<proto::Plan> Engine::Plan(int64_t iterations) const {
+  ASSIGN_OR_RETURN(scheduler::LoweredPlan lowered, LowerLogged(graph_, options_.lower, iterations, iterations_done_));
   return lowered.plan;
 }
 
@@ -224,14 +239,7 @@ absl::Status Engine::Run(int64_t iterations, const FeedFn& feed, const FetchFn& 
     // destroy the variable) before the notification is done.
     run_ended_.notify_all();
   };
-  scheduler::LowerOptions lower = options_.lower;
-  lower.iterations = iterations;
-  lower.start_iteration = iterations_done_;
-  const auto lowering_started = std::chrono::steady_clock::now();
-  ASSIGN_OR_RETURN(scheduler::LoweredPlan lowered, scheduler::LowerToPlan(graph_, lower));
-  TLOG_INFO("plan: {} actors and {} register descs on {} devices, lowered in {:.1f} ms", lowered.plan.tasks_size(),
-            lowered.plan.register_descs_size(), std::max<int64_t>(1, options_.lower.parallel.world_size),
-            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - lowering_started).count());
+  ASSIGN_OR_RETURN(scheduler::LoweredPlan lowered, LowerLogged(graph_, options_.lower, iterations, iterations_done_));
   if (!options_.executor) RETURN_IF_ERROR(CheckMemory(lowered.plan));
 
   actors::RuntimeOptions runtime;

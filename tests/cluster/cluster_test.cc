@@ -968,11 +968,21 @@ TEST(ClusterTest, PrometheusMetrics) {
   EXPECT_NE(text.find("tessera_workers_alive 1"), std::string::npos) << text;
   EXPECT_NE(text.find("tessera_rpcs_total{method=\"SubmitJob\"} 1"), std::string::npos) << text;
   EXPECT_NE(HttpGet(cluster.master->metrics_port(), "/other").find("404"), std::string::npos);
-  // A running job's loss shows up once it reports.
-  auto finite = cluster.client->Submit(R"({"iterations": 3})", {});
+  // A running job's loss and throughput (samples/s, tokens/s) show up once
+  // it reports (the fake job: every step).
   ASSERT_TRUE(cluster.client->Cancel(*job).ok());
-  ASSERT_TRUE(finite.ok());
-  EXPECT_EQ(cluster.WaitEnd(*finite).state(), control::SUCCEEDED);
+  auto reporting = cluster.client->Submit(R"({"iterations": 100000, "step_ms": 5})", {});
+  ASSERT_TRUE(reporting.ok()) << reporting.status();
+  std::string reported;
+  EXPECT_TRUE(WaitUntil([&] {
+    reported = HttpGet(cluster.master->metrics_port(), "/metrics");
+    return reported.find("tessera_job_loss{job=\"" + *reporting + "\"}") != std::string::npos;
+  })) << reported;
+  EXPECT_NE(reported.find("tessera_job_samples_per_second{job=\"" + *reporting + "\"} 8\n"), std::string::npos)
+      << reported;
+  EXPECT_NE(reported.find("tessera_job_tokens_per_second{job=\"" + *reporting + "\"} 1000\n"), std::string::npos)
+      << reported;
+  ASSERT_TRUE(cluster.client->Cancel(*reporting).ok());
 }
 
 // A worker's offer: a count of virtual CPU devices, or GPUs by their indices

@@ -108,7 +108,8 @@ absl::Status SleepyTestRunner::Run() {
     lock.unlock();
     // Like the engine, one node (here node 0) speaks for the job.
     if (context_.node == 0 && (i + 1) % log_every_ == 0)
-      context_.report_metrics({i + 1, {{"loss", 10.0 / static_cast<double>(i + 1)}, {"tokens_per_s", 1000.0}}});
+      context_.report_metrics(
+          {i + 1, {{"loss", 10.0 / static_cast<double>(i + 1)}, {"samples_per_s", 8.0}, {"tokens_per_s", 1000.0}}});
     lock.lock();
   }
   lock.unlock();
