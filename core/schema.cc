@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <limits>
 
+#include "absl/strings/str_split.h"
 #include "core/json_text.h"
 #include "core/status.h"
 #include "core/strings.h"
@@ -194,10 +195,20 @@ class Resolver {
         // (key_path is the full path: the prefix's part of it is above schema_.)
         const std::string_view relative =
             prefix_.empty() ? std::string_view(key_path) : std::string_view(key_path).substr(prefix_.size() + 1);
-        const std::string hint = OtherTargetsHint(schema_, relative, prefix_);
-        return absl::InvalidArgumentError(StrCat("unknown config key '", EscapeControlChars(key_path), "'",
-                                                 OriginOf(origins_, key_path),
-                                                 hint.empty() ? DidYouMean(key_path) : hint));
+        std::string hint = OtherTargetsHint(schema_, relative, prefix_);
+        if (hint.empty()) hint = DidYouMean(key_path);
+        // A dotted name in a file is one key, not a path: "did you mean
+        // 'train.train_iter'?" named the key itself.
+        if (name.find('.') != std::string::npos && hint == StrCat("; did you mean '", key_path, "'?")) {
+          std::string nested = "...";
+          const std::vector<std::string> parts = absl::StrSplit(name, '.');
+          for (auto part = parts.rbegin(); part != parts.rend(); ++part) {
+            nested = StrCat("{\"", EscapeControlChars(*part), "\": ", nested, "}");
+          }
+          hint = StrCat("; a file nests keys: write ", nested, " (a dotted path is for overrides)");
+        }
+        return absl::InvalidArgumentError(
+            StrCat("unknown config key '", EscapeControlChars(key_path), "'", OriginOf(origins_, key_path), hint));
       }
     }
     for (const auto& [name, spec] : keys->keys()) {

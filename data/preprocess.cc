@@ -638,21 +638,48 @@ absl::StatusOr<std::optional<DatasetSource>> ReadDatasetSource(const fs::path& o
   const nlohmann::json json = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
   if (!json.is_object()) return bad("not a JSON object");
   DatasetSource source;
+  // The key being read, and what it must be, for the error.
+  std::string key, expected;
+  const auto field = [&](const nlohmann::json& node, const std::string& name, const std::string& shown,
+                         const char* kind) -> const nlohmann::json& {
+    key = shown;
+    expected = kind;
+    const nlohmann::json& value = node.at(name);
+    // (get<int64_t>() would take 1.5 as 1.)
+    const std::string_view want(kind);
+    if ((want == "an integer" && !value.is_number_integer()) || (want == "a string" && !value.is_string()) ||
+        (want == "true or false" && !value.is_boolean()) || (want == "an object" && !value.is_object()) ||
+        (want == "a list" && !value.is_array())) {
+      throw nlohmann::json::type_error::create(302, "of another type", nullptr);
+    }
+    return value;
+  };
   try {
-    source.index_bytes = json.at("index_bytes").get<int64_t>();
-    source.index_mtime_ns = json.at("index_mtime_ns").get<int64_t>();
-    source.data_bytes = json.at("data_bytes").get<int64_t>();
-    source.tokenizer = json.at("tokenizer").at("fingerprint").get<std::string>();
-    source.tokenizer_description = json.at("tokenizer").at("description").get<std::string>();
-    source.vocab_size = json.at("tokenizer").at("vocab_size").get<int64_t>();
-    source.split_sentences = json.at("split_sentences").get<bool>();
-    source.end_of_document = json.at("end_of_document").get<bool>();
-    for (const nlohmann::json& input : json.at("inputs")) {
-      source.inputs.push_back(input.at("path").get<std::string>());
-      source.input_bytes.push_back(input.at("bytes").get<int64_t>());
+    source.index_bytes = field(json, "index_bytes", "index_bytes", "an integer").get<int64_t>();
+    source.index_mtime_ns = field(json, "index_mtime_ns", "index_mtime_ns", "an integer").get<int64_t>();
+    source.data_bytes = field(json, "data_bytes", "data_bytes", "an integer").get<int64_t>();
+    const nlohmann::json& tokenizer = field(json, "tokenizer", "tokenizer", "an object");
+    source.tokenizer = field(tokenizer, "fingerprint", "tokenizer.fingerprint", "a string").get<std::string>();
+    source.tokenizer_description =
+        field(tokenizer, "description", "tokenizer.description", "a string").get<std::string>();
+    source.vocab_size = field(tokenizer, "vocab_size", "tokenizer.vocab_size", "an integer").get<int64_t>();
+    source.split_sentences = field(json, "split_sentences", "split_sentences", "true or false").get<bool>();
+    source.end_of_document = field(json, "end_of_document", "end_of_document", "true or false").get<bool>();
+    const nlohmann::json& inputs = field(json, "inputs", "inputs", "a list");
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      const std::string at = StrCat("inputs[", i, "]");
+      if (!inputs[i].is_object()) {
+        key = at;
+        expected = "an object";
+        throw nlohmann::json::type_error::create(302, "not an object", nullptr);
+      }
+      source.inputs.push_back(field(inputs[i], "path", at + ".path", "a string").get<std::string>());
+      source.input_bytes.push_back(field(inputs[i], "bytes", at + ".bytes", "an integer").get<int64_t>());
     }
   } catch (const nlohmann::json::exception& e) {
-    return bad(StrCat("malformed: ", e.what()));
+    // (at() of a missing key: out_of_range; get<T>() of another type: type_error.)
+    return bad(e.id / 100 == 4 ? StrCat("malformed: it has no '", key, "'")
+                               : StrCat("malformed: its '", key, "' is not ", expected));
   }
   const fs::path index = output_prefix.string() + ".idx";
   const auto index_bytes = fs::file_size(index, ec);

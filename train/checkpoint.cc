@@ -876,6 +876,20 @@ absl::StatusOr<std::shared_ptr<const CheckpointReader>> CheckpointReader::Open(
                 " beside iteration ", reader->iteration_);
   }
   reader->best_ = state.value("best", nlohmann::json());
+  // (A resume with save_best compares its evaluations with it: one it
+  // cannot read was taken for none, and the best checkpoint replaced.)
+  if (const nlohmann::json& best = reader->best_; !best.is_null()) {
+    if (!best.is_object() || !best.contains("metric") || !best["metric"].is_string() || !best.contains("mode") ||
+        (best["mode"] != "min" && best["mode"] != "max") || !best.contains("value") || !best["value"].is_number()) {
+      return fail("index.json's train_state.best ",
+                  best.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).substr(0, 80),
+                  " is not {\"metric\": NAME, \"mode\": \"min\" or \"max\", \"value\": NUMBER}");
+    }
+  }
+  if (state.contains("evaluation_pending") && !state["evaluation_pending"].is_boolean()) {
+    return fail("index.json's train_state.evaluation_pending ", state["evaluation_pending"].dump().substr(0, 40),
+                " is not true or false");
+  }
   reader->evaluation_pending_ = state.contains("evaluation_pending") && state["evaluation_pending"] == true;
   reader->config_ = index.value("config", nlohmann::json::object());
   int64_t shards = 0, bound_shards = 0;  // (all of them, or none: an older index)

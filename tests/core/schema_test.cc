@@ -139,6 +139,11 @@ TEST(SchemaTest, EveryKindOfBadValueIsNamed) {
   EXPECT_EQ(Error(R"({"settings": {"coutn": 1}, )" + m + "}"),
             "unknown config key 'settings.coutn'; did you mean 'settings.count'?");
   EXPECT_EQ(Error(R"({"_base_": "x", )" + m + "}"), "unknown config key '_base_'");
+  // A dotted name in a file (it said "did you mean 'settings.count'?", the
+  // key itself).
+  EXPECT_EQ(Error(R"({"settings.count": 1, )" + m + "}"),
+            "unknown config key 'settings.count'; a file nests keys: write {\"settings\": {\"count\": ...}} (a dotted "
+            "path is for overrides)");
   EXPECT_EQ(Error("[1]"), "a config must be a JSON object, got array [1]");
 }
 

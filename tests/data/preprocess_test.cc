@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 #include <thread>
+#include <tuple>
 
 #include "data/indexed_dataset.h"
 #include "tests/data/dataset_test_util.h"
@@ -304,6 +305,28 @@ TEST_F(PreprocessTest, TheDatasetSaysWhatItWasBuiltFrom) {
   const std::string text = "Hello world.\n\nMore text.\n";
   WriteFile(dir_ / "a.txt", text);
   ASSERT_TRUE(Run({"a.txt"}).ok());
+  // A field of another type or missing is named (it said nlohmann's
+  // "[json.exception.type_error.302] type must be number, but is string").
+  const std::string written = ReadFile(dir_ / "out.source.json");
+  for (const auto& [pointer, value, error] : std::vector<std::tuple<std::string, nlohmann::json, std::string>>{
+           {"/data_bytes", "x", "malformed: its 'data_bytes' is not an integer"},
+           {"/tokenizer/vocab_size", 1.5, "malformed: its 'tokenizer.vocab_size' is not an integer"},
+           {"/tokenizer", 5, "malformed: its 'tokenizer' is not an object"},
+           {"/inputs/0/path", 5, "malformed: its 'inputs[0].path' is not a string"},
+           {"/inputs/0", "x", "malformed: its 'inputs[0]' is not an object"}}) {
+    nlohmann::json bad = nlohmann::json::parse(written);
+    bad[nlohmann::json::json_pointer(pointer)] = value;
+    WriteFile(dir_ / "out.source.json", bad.dump());
+    EXPECT_THAT(ReadDatasetSource(dir_ / "out").status().message(), HasSubstr(error)) << pointer;
+  }
+  {
+    nlohmann::json bad = nlohmann::json::parse(written);
+    bad.erase("end_of_document");
+    WriteFile(dir_ / "out.source.json", bad.dump());
+    EXPECT_THAT(ReadDatasetSource(dir_ / "out").status().message(),
+                HasSubstr("malformed: it has no 'end_of_document'"));
+  }
+  WriteFile(dir_ / "out.source.json", written);
   auto source = ReadDatasetSource(dir_ / "out");
   ASSERT_TRUE(source.ok()) << source.status();
   ASSERT_TRUE(source->has_value());

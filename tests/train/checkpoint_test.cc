@@ -367,6 +367,26 @@ TEST(Checkpoint, CorruptIndexIsAnErrorNamingTheCheckpoint) {
         std::string::npos)
         << status;
   }
+  // A train_state.best or evaluation_pending it cannot read (a resume took
+  // it for none, and its save_best replaced the best checkpoint).
+  for (const auto& [key, value] : std::vector<std::pair<std::string, nlohmann::json>>{
+           {"best", {{"metric", "eval_loss"}, {"mode", "min"}, {"value", "1"}}},
+           {"best", {{"metric", "eval_loss"}, {"mode", "least"}, {"value", 1}}},
+           {"best", "x"},
+           {"evaluation_pending", "yes"}}) {
+    nlohmann::json index = nlohmann::json::parse(good);
+    index["train_state"][key] = value;
+    WriteFile(checkpoint / "index.json", index.dump());
+    const absl::Status status = CheckpointReader::Open(checkpoint).status();
+    EXPECT_NE(status.message().find("index.json's train_state." + key + " "), std::string::npos) << status;
+  }
+  {
+    nlohmann::json index = nlohmann::json::parse(good);
+    index["train_state"]["best"] = {{"metric", "eval_loss"}, {"mode", "max"}, {"value", 1.5}};
+    index["train_state"]["evaluation_pending"] = true;
+    WriteFile(checkpoint / "index.json", index.dump());
+    EXPECT_TRUE(CheckpointReader::Open(checkpoint).ok());
+  }
   // A shape of more elements than an int64 holds (export aborted on it),
   // and a shape of another rank than its shards'.
   for (const auto& [shape, error] : std::vector<std::pair<nlohmann::json, std::string>>{
