@@ -1,9 +1,14 @@
 #include "train/export.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <memory>
 #include <optional>
 #include <utility>
 
+#include "absl/cleanup/cleanup.h"
+#include "absl/strings/str_replace.h"
 #include "core/file_util.h"
 #include "core/registry.h"
 #include "core/status.h"
@@ -129,6 +134,7 @@ absl::StatusOr<ExportSummary> ExportHuggingFace(const std::filesystem::path& pat
   if (!hf_config) return absl::InternalError("export: the model has Hugging Face tensors but no config");
   ASSIGN_OR_RETURN(const std::optional<ExportedTokenizer> tokenizer, ReadRunTokenizer(config, summary.tokenizer_note));
   std::error_code ec;
+  const bool made = !std::filesystem::exists(output, ec);
   std::filesystem::create_directories(output, ec);
   if (ec || !std::filesystem::is_directory(output)) {
     return absl::InvalidArgumentError(StrCat("--output ", output.string(), ": not a directory that can be made (",
@@ -152,8 +158,39 @@ absl::StatusOr<ExportSummary> ExportHuggingFace(const std::filesystem::path& pat
           StrCat("--output ", output.string(), ": ", name, " there is not a file (a directory?): nothing was written"));
     }
   }
+  // The files are written into a directory of their own inside `output`,
+  // then renamed in: one that cannot be written (a full disk) leaves
+  // `output` as it was (it kept new weights beside no config), and a
+  // directory this export made goes again.
+  const std::filesystem::path staging = output / StrCat(".export.tmp-", ::getpid());
+  std::filesystem::remove_all(staging, ec);
+  if (!std::filesystem::create_directory(staging, ec) || ec) {
+    return absl::InvalidArgumentError(
+        StrCat("--output ", output.string(), ": cannot write into it (", ec ? ec.message() : "exists", ")"));
+  }
+  const TemporaryFile staging_registered(staging, /*directory=*/true);
+  bool committed = false;
+  const absl::Cleanup discard = [&] {
+    std::error_code cleanup_ec;
+    std::filesystem::remove_all(staging, cleanup_ec);
+    if (!committed && made) std::filesystem::remove(output, cleanup_ec);  // (only when empty)
+  };
+  std::vector<std::string> staged;  // file names, in staging
+  // (Each a temporary until renamed in: a Ctrl-C removes them, then the
+  // staging directory.)
+  std::vector<std::unique_ptr<TemporaryFile>> staged_files;
+  const auto stage = [&](const std::string& name) {
+    staged.push_back(name);
+    staged_files.push_back(std::make_unique<TemporaryFile>(staging / name));
+  };
+  // Errors name the file as it would have been, not its staging place.
+  const auto named = [&](const absl::Status& status) {
+    return absl::Status(status.code(),
+                        absl::StrReplaceAll(status.message(), {{(staging / "").string(), (output / "").string()}}));
+  };
+  RETURN_IF_ERROR(named(ExportSafetensors(*reader, tensors, staging / "model.safetensors")));
+  stage("model.safetensors");
   summary.weights = output / "model.safetensors";
-  RETURN_IF_ERROR(ExportSafetensors(*reader, tensors, summary.weights));
   nlohmann::json model_config = *hf_config;
   const bool gpt2 = model_config.value("model_type", "") == "gpt2";
   if (tokenizer) {
@@ -189,12 +226,36 @@ absl::StatusOr<ExportSummary> ExportHuggingFace(const std::filesystem::path& pat
     }
     for (const auto& [from, to] : tokenizer->files) {
       ASSIGN_OR_RETURN(const std::string bytes, ReadWholeFile(from));
-      RETURN_IF_ERROR(WriteFileDurably(output / to, bytes));
+      RETURN_IF_ERROR(named(WriteFileDurably(staging / to, bytes)));
+      stage(to);
       summary.tokenizer_files.push_back(output / to);
     }
-    RETURN_IF_ERROR(WriteFileDurably(output / "tokenizer_config.json", tokenizer_config.dump(2) + "\n"));
+    RETURN_IF_ERROR(named(WriteFileDurably(staging / "tokenizer_config.json", tokenizer_config.dump(2) + "\n")));
+    stage("tokenizer_config.json");
     summary.tokenizer_files.push_back(output / "tokenizer_config.json");
   }
+  if (!tokenizer && gpt2) {
+    // transformers' GPT-2 default (50256) names a token only in a
+    // vocabulary that has it.
+    const nlohmann::json end =
+        model_config.value("vocab_size", int64_t{0}) > 50256 ? nlohmann::json(50256) : nlohmann::json();
+    model_config["bos_token_id"] = end;
+    model_config["eos_token_id"] = end;
+  }
+  RETURN_IF_ERROR(named(WriteFileDurably(staging / "config.json", model_config.dump(2) + "\n")));
+  stage("config.json");
+  summary.config = output / "config.json";
+  {
+    // Every file written: renamed in as one (a signal waits for the last).
+    const DeferTemporarySignals whole;
+    for (const std::string& name : staged) {
+      std::filesystem::rename(staging / name, output / name, ec);
+      if (ec) return absl::InternalError(StrCat("cannot move ", name, " into ", output.string(), ": ", ec.message()));
+    }
+    committed = true;
+    staged_files.clear();
+  }
+  RETURN_IF_ERROR(SyncPath(output));
   // An earlier export's (or save_pretrained's) tokenizer files this one does
   // not replace would be read as this model's.
   for (const char* name : {"vocab.json", "merges.txt", "vocab.txt", "tokenizer_config.json", "tokenizer.json",
@@ -211,16 +272,6 @@ absl::StatusOr<ExportSummary> ExportHuggingFace(const std::filesystem::path& pat
         return absl::InternalError(StrCat("cannot remove the stale ", stale.string(), ": ", remove_ec.message()));
     }
   }
-  if (!tokenizer && gpt2) {
-    // transformers' GPT-2 default (50256) names a token only in a
-    // vocabulary that has it.
-    const nlohmann::json end =
-        model_config.value("vocab_size", int64_t{0}) > 50256 ? nlohmann::json(50256) : nlohmann::json();
-    model_config["bos_token_id"] = end;
-    model_config["eos_token_id"] = end;
-  }
-  summary.config = output / "config.json";
-  RETURN_IF_ERROR(WriteFileDurably(summary.config, model_config.dump(2) + "\n"));
   return summary;
 }
 

@@ -545,6 +545,26 @@ TEST(Generate, GeneratesTextWithTheRunsTokenizer) {
             std::string::npos)
       << into_blocked.out;
   EXPECT_FALSE(fs::exists(blocked / "model.safetensors"));
+  // A write that fails half way (a full disk; here a file size limit):
+  // the directory keeps the earlier export whole, and one the export made
+  // goes again (it kept new weights beside no config).
+  const std::string earlier_weights = slurp(exported / "model.safetensors");
+  const std::string earlier_config = slurp(exported / "config.json");
+  const auto limited = [&](const fs::path& output) {
+    return ::tessera::testing::RunCommand("bash -c \"trap '' XFSZ; ulimit -f 16; exec " TESSERA_BINARY " export " +
+                                          bpe.string() + " --output " + output.string() + "\" 2>&1");
+  };
+  const auto cut = limited(exported);
+  EXPECT_EQ(cut.exit_code, 1) << cut.out;
+  EXPECT_EQ(std::count(cut.out.begin(), cut.out.end(), '\n'), 1) << cut.out;
+  EXPECT_EQ(slurp(exported / "model.safetensors"), earlier_weights);
+  EXPECT_EQ(slurp(exported / "config.json"), earlier_config);
+  for (const auto& entry : fs::directory_iterator(exported)) {
+    EXPECT_EQ(entry.path().filename().string().find(".export.tmp"), std::string::npos) << entry.path();
+  }
+  const fs::path fresh = TempRoot() / "fresh_export";
+  EXPECT_EQ(limited(fresh).exit_code, 1);
+  EXPECT_FALSE(fs::exists(fresh));
 }
 
 // Hugging Face GPT-2 weights, written by PyTorch (gpt2_reference.py make-hf:
