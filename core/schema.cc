@@ -651,8 +651,10 @@ int64_t DeriveSeed(int64_t seed, std::string_view path) {
 
 namespace internal {
 absl::Status UnresolvedKey(std::string_view name, std::string_view kind, const nlohmann::json& node) {
-  return absl::InvalidArgumentError(StrCat("unresolved config node: key '", name, "' is ", kind, " in ", QuoteJson(node),
-                                           " (resolve the config against its schema first)"));
+  // (A config Resolve made has every key, valid: one read unresolved is a
+  // program's, or a saved config damaged since.)
+  return absl::InvalidArgumentError(StrCat("key '", name, "' is ", kind, " in ", QuoteJson(node),
+                                           " (not a config resolved against its schema: damaged?)"));
 }
 }  // namespace internal
 

@@ -257,7 +257,11 @@ class Binding {
       const auto it = node.find(name);
       if (it == node.end()) return internal::UnresolvedKey(name, "missing", node);
       if (!internal::kIsOptional<V> && it->is_null()) return internal::UnresolvedKey(name, "null", node);
-      out.*member = Traits::Get(*it);
+      try {
+        out.*member = Traits::Get(*it);
+      } catch (const nlohmann::json::exception&) {
+        return internal::UnresolvedKey(name, std::string("of the wrong type (") + it->type_name() + ")", node);
+      }
       return absl::OkStatus();
     });
     return *this;

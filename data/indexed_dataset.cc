@@ -342,6 +342,11 @@ class IndexedDatasetBuilder::SpoolFile {
     if (anonymous) {
       if (::unlink(pattern.c_str()) != 0) return ErrnoError(errno, "unlink temporary file", pattern);
       file->path_.clear();
+      // (Named in errors by the place it was made: "(unlinked spool)"
+      // told a full disk's user nothing.)
+      file->shown_ =
+          StrCat("a temporary file (deleted) beside ",
+                 name_prefix.parent_path().empty() ? fs::path(".").string() : name_prefix.parent_path().string(), "/");
     }
     file->buffer_.reserve(kBufferBytes);
     return file;
@@ -398,7 +403,7 @@ class IndexedDatasetBuilder::SpoolFile {
  private:
   SpoolFile(int fd, fs::path path) : fd_(fd), path_(std::move(path)) {}
 
-  fs::path Describe() const { return path_.empty() ? fs::path("(unlinked spool)") : path_; }
+  fs::path Describe() const { return path_.empty() ? fs::path(shown_) : path_; }
 
   absl::Status WriteAll(const uint8_t* data, size_t bytes) {
     while (bytes > 0) {
@@ -414,6 +419,7 @@ class IndexedDatasetBuilder::SpoolFile {
 
   int fd_;
   fs::path path_;
+  std::string shown_;                          // an unlinked one's name in errors
   std::unique_ptr<TemporaryFile> registered_;  // a named one, for a Ctrl-C to remove
   std::vector<uint8_t> buffer_;
   int64_t size_ = 0;  // bytes written to the file (the buffer not included)

@@ -132,7 +132,12 @@ absl::StatusOr<ExportSummary> ExportHuggingFace(const std::filesystem::path& pat
   // tokenization section is malformed writes nothing).
   const std::optional<nlohmann::json> hf_config = (*model)->HuggingFaceConfig();
   if (!hf_config) return absl::InternalError("export: the model has Hugging Face tensors but no config");
-  ASSIGN_OR_RETURN(const std::optional<ExportedTokenizer> tokenizer, ReadRunTokenizer(config, summary.tokenizer_note));
+  absl::StatusOr<std::optional<ExportedTokenizer>> read_tokenizer = ReadRunTokenizer(config, summary.tokenizer_note);
+  if (!read_tokenizer.ok()) {
+    return absl::Status(read_tokenizer.status().code(),
+                        StrCat("checkpoint ", dir.string(), ": ", read_tokenizer.status().message()));
+  }
+  const std::optional<ExportedTokenizer> tokenizer = *std::move(read_tokenizer);
   std::error_code ec;
   const bool made = !std::filesystem::exists(output, ec);
   std::filesystem::create_directories(output, ec);
