@@ -61,7 +61,10 @@ class EncoderJsonReader : public nlohmann::json_sax<nlohmann::json> {
     depth_ = 0;
     return true;
   }
-  bool start_array(std::size_t) override { return BadValue("an array"); }
+  // (At the top: a BERT vocab.txt's first line, "[PAD]", reads as one.)
+  bool start_array(std::size_t) override {
+    return BadValue(depth_ == 0 ? "'[' (a BERT vocab.txt, one token per line, given for it?)" : "an array");
+  }
   bool end_array() override { return true; }
   bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& error) override {
     // nlohmann's message reads "[json.exception.parse_error.101] parse error

@@ -463,8 +463,10 @@ TEST(Gpt2Tokenizer, MalformedEncoderJsonIsAnErrorNamingTheKeyOrLine) {
       {"", {"invalid JSON", "line 1"}},
       {truncated, {"invalid JSON"}},
       {second_line, {"invalid JSON", "line 2"}},
-      {"[1, 2]", {"not a GPT-2 vocabulary (vocab.json: a JSON object from token to id); it begins with an array"}},
-      {"[PAD]\n[UNK]\n", {"not a GPT-2 vocabulary", "array"}},  // BERT's vocab.txt
+      {"[1, 2]",
+       {"not a GPT-2 vocabulary (vocab.json: a JSON object from token to id); it begins with '[' (a BERT vocab.txt, "
+        "one token per line, given for it?)"}},
+      {"[PAD]\n[UNK]\n", {"not a GPT-2 vocabulary", "a BERT vocab.txt"}},  // BERT's vocab.txt
       {"{\"a\": \"x\"}", {"key \"a\"", "non-negative integer", "string"}},
       {"{\"a\": 1.5}", {"key \"a\"", "1.5"}},
       {"{\"a\": -3}", {"key \"a\"", "-3"}},
