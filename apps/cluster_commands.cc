@@ -437,9 +437,10 @@ void AddClusterCommands(CLI::App& app, ClusterCommandDeps deps) {
   CLI::App* status = app.add_subcommand("status", "List the master's jobs and workers, or show one job");
   status_flags->client.Add(status);
   status->add_option("JOB", status_flags->job, "A job id");
-  status->callback([status_flags] {
+  status->callback([status_flags, status] {
     auto client = status_flags->client.Connect();
-    if (!status_flags->job.empty()) {
+    // (An empty one, `status "$JOB"` with JOB unset, listed every job.)
+    if (status->count("JOB") > 0) {
       auto job = client->Get(status_flags->job);
       if (!job.ok()) Fail(std::string(job.status().message()));
       PrintJob(*job);

@@ -121,7 +121,9 @@ absl::StatusOr<std::string> ReadSecretFile(const std::string& path, SecretKind k
     return absl::InvalidArgumentError(absl::StrCat("'", path, "' is a directory"));
   // Only a regular file, of a secret's size: /dev/zero was read without
   // end (gigabytes), a FIFO waited on for ever.
-  if (!std::filesystem::exists(path, ec)) return absl::NotFoundError(absl::StrCat("cannot read '", path, "'"));
+  if (!std::filesystem::exists(path, ec)) {
+    return absl::NotFoundError(absl::StrCat("cannot read '", path, "': no such file"));
+  }
   absl::StatusOr<std::string> read = ReadWholeFile(path, trim ? kMaxSecretFileBytes : kMaxPemFileBytes);
   if (!read.ok()) return absl::Status(read.status().code(), read.status().message());
   std::string contents = *std::move(read);

@@ -824,6 +824,9 @@ absl::StatusOr<std::shared_ptr<const CheckpointReader>> CheckpointReader::Open(
   std::stringstream text;
   text << in.rdbuf();
   const nlohmann::json index = nlohmann::json::parse(text.str(), nullptr, false);
+  if (index.is_discarded()) {
+    return fail("index.json is not valid JSON (", text.str().empty() ? "empty" : "cut short or damaged", ")");
+  }
   if (!index.is_object()) return fail("index.json is not a JSON object");
   if (index.value("format", "") != kFormat || !index.contains("version") || index["version"] != kVersion) {
     return fail("index.json is not a ", kFormat, " version ", kVersion, " index");

@@ -1,13 +1,16 @@
 #include "train/export.h"
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <memory>
 #include <optional>
 #include <utility>
 
 #include "absl/cleanup/cleanup.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_replace.h"
 #include "core/file_util.h"
 #include "core/registry.h"
@@ -168,6 +171,17 @@ absl::StatusOr<ExportSummary> ExportHuggingFace(const std::filesystem::path& pat
   // `output` as it was (it kept new weights beside no config), and a
   // directory this export made goes again.
   const std::filesystem::path staging = output / StrCat(".export.tmp-", ::getpid());
+  // A killed export's staging (its process gone) is removed, not left
+  // beside the files.
+  for (const auto& entry : std::filesystem::directory_iterator(output, ec)) {
+    const std::string name = entry.path().filename().string();
+    int64_t pid = 0;
+    if (name.starts_with(".export.tmp-") && absl::SimpleAtoi(name.substr(12), &pid) && pid > 0 &&
+        ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) {
+      std::error_code stale_ec;
+      std::filesystem::remove_all(entry.path(), stale_ec);
+    }
+  }
   std::filesystem::remove_all(staging, ec);
   if (!std::filesystem::create_directory(staging, ec) || ec) {
     return absl::InvalidArgumentError(

@@ -300,6 +300,9 @@ TEST(Cli, FlagsNothingReadsAndValuesOutOfRangeAreOneLineErrors) {
       {"worker --master 127.0.0.1:1 --devices cpu:1 --id 'a b'", "is not 1-128 characters of [A-Za-z0-9._-]"},
       {"status --master 127.0.0.1:1 --token-file " + token, "a token must be printable ASCII without spaces"},
       {"status --master 127.0.0.1:1 --tls-ca " + text, "holds no PEM block"},
+      // (`status "$JOB"` with JOB unset listed every job.)
+      {"status --master 127.0.0.1:1 ''", "job id '' is not 1-128 characters of [A-Za-z0-9._-]"},
+      {"status --master 127.0.0.1:1 --token-file " + (dir / "missing").string(), "': no such file"},
       {"status --master 127.0.0.1:1 --token-file " + dir.string(), "' is a directory"},
       {"status --master 127.0.0.1:1 --token-file " + big_token, "a token is at most 4096 bytes, this one has 5000"},
       // (A numeric address: nothing is looked up, nothing sent.)

@@ -356,6 +356,11 @@ TEST(Checkpoint, CorruptIndexIsAnErrorNamingTheCheckpoint) {
       EXPECT_NE(reader.status().message().find(checkpoint.string()), std::string::npos);
     }
   }
+  // Cut short: not valid JSON (it said "not a JSON object").
+  WriteFile(checkpoint / "index.json", good.substr(0, good.size() / 2));
+  EXPECT_NE(
+      CheckpointReader::Open(checkpoint).status().message().find("index.json is not valid JSON (cut short or damaged)"),
+      std::string::npos);
   // An iteration out of range is named as such (it read "has no iteration").
   for (const char* iteration : {"-1", "9223372036854775808", "\"2\"", "1.5"}) {
     nlohmann::json index = nlohmann::json::parse(good);

@@ -562,6 +562,12 @@ TEST(Generate, GeneratesTextWithTheRunsTokenizer) {
   for (const auto& entry : fs::directory_iterator(exported)) {
     EXPECT_EQ(entry.path().filename().string().find(".export.tmp"), std::string::npos) << entry.path();
   }
+  // A killed export's staging directory (its process gone) goes with the
+  // next export into the directory (it stayed beside the files).
+  fs::create_directories(exported / ".export.tmp-2147483646" / "x");
+  const auto again = RunTessera("export " + bpe.string() + " --output " + exported.string());
+  EXPECT_EQ(again.exit_code, 0) << again.out;
+  EXPECT_FALSE(fs::exists(exported / ".export.tmp-2147483646"));
   const fs::path fresh = TempRoot() / "fresh_export";
   EXPECT_EQ(limited(fresh).exit_code, 1);
   EXPECT_FALSE(fs::exists(fresh));
