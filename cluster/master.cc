@@ -28,6 +28,7 @@
 #include "cluster/device_offer.h"
 #include "cluster/grpc_status.h"
 #include "cluster/metrics_http.h"
+#include "cluster/tls_material.h"
 #include "cluster/transport.h"
 #include "comm/proto/control.grpc.pb.h"
 #include "core/file_util.h"
@@ -195,6 +196,7 @@ class Master::Impl final : public control::Master::Service {
     const auto fail = [](auto&&... parts) { return absl::InvalidArgumentError(absl::StrCat("master: ", parts...)); };
     if (compiler_ == nullptr) return fail("no job compiler (Master was given a null JobCompiler)");
     if (auto status = CheckSecurity(options_.security); !status.ok()) return fail(status.message());
+    if (auto note = ServedCertificateNote(options_.security.tls_cert)) TLOG_WARN("master: {}", *note);
     if (options_.metrics_port < -1 || options_.metrics_port > 65535) {
       return fail("metrics_port ", options_.metrics_port, " is not -1 (none) or a port in [0, 65535]");
     }

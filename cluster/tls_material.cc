@@ -6,10 +6,12 @@
 #include <openssl/evp.h>
 #include <openssl/pem.h>
 #include <openssl/x509.h>
+#include <openssl/x509v3.h>
 
 #include <algorithm>
 #include <ctime>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -171,6 +173,21 @@ absl::Status CheckServedPair(std::string_view certificate_pem, std::string_view 
                                                    " (is this machine's clock right?)"));
   }
   return absl::OkStatus();
+}
+
+std::optional<std::string> ServedCertificateNote(std::string_view certificate_pem) {
+  if (CheckSize(certificate_pem).ok()) {
+    BioPtr bio = ReadOnlyBio(certificate_pem);
+    X509Ptr cert(PEM_read_bio_X509(bio.get(), nullptr, nullptr, nullptr));
+    const bool has_names = cert == nullptr || X509_get_ext_by_NID(cert.get(), NID_subject_alt_name, -1) >= 0;
+    TakeReasons();
+    if (!has_names) {
+      return "the TLS certificate has no subjectAltName: a gRPC client dialling this daemon by IP address "
+             "refuses it ('Peer name ... is not in peer certificate'; only a host name is matched against the "
+             "common name); make it with e.g. -addext subjectAltName=IP:ADDRESS,DNS:HOST";
+    }
+  }
+  return std::nullopt;
 }
 
 }  // namespace tessera::cluster

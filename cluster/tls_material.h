@@ -7,6 +7,8 @@
 // Thread-safety: all functions are thread-safe (OpenSSL's error queue is
 // per thread).
 
+#include <optional>
+#include <string>
 #include <string_view>
 
 #include "absl/status/status.h"
@@ -26,5 +28,13 @@ namespace tessera::cluster {
 // certificate of `certificate_pem`, and that certificate is valid now.
 // Both must pass the checks above.
 [[nodiscard]] absl::Status CheckServedPair(std::string_view certificate_pem, std::string_view key_pem);
+
+// What a server serving the first certificate of `certificate_pem` should
+// be told at start, though it may serve: a certificate without a
+// subjectAltName, which a gRPC client dialling by IP address refuses
+// ("Peer name ... is not in peer certificate": an address is matched only
+// against subjectAltName, a host name also against the common name).
+// nullopt when there is nothing to say (or it cannot be read).
+[[nodiscard]] std::optional<std::string> ServedCertificateNote(std::string_view certificate_pem);
 
 }  // namespace tessera::cluster

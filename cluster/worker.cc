@@ -18,6 +18,7 @@
 #include "cluster/device_offer.h"
 #include "cluster/grpc_status.h"
 #include "cluster/kv_client.h"
+#include "cluster/tls_material.h"
 #include "comm/proto/control.grpc.pb.h"
 #include "core/logging.h"
 #include "core/strings.h"
@@ -95,6 +96,7 @@ class Worker::Impl final : public control::Worker::Service {
                   "' is not 1-128 characters of [A-Za-z0-9._-]");
     }
     if (auto status = CheckSecurity(options_.security); !status.ok()) return fail(status.message());
+    if (auto note = ServedCertificateNote(options_.security.tls_cert)) TLOG_WARN("worker: {}", *note);
     if (auto status = CheckDurations({{"heartbeat_interval", options_.heartbeat_interval},
                                       {"master_timeout", options_.master_timeout},
                                       {"rpc_timeout", options_.rpc_timeout}});

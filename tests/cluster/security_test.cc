@@ -4,6 +4,7 @@
 #include <openssl/evp.h>
 #include <openssl/pem.h>
 #include <openssl/x509.h>
+#include <openssl/x509v3.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -18,6 +19,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "cluster/grpc_status.h"
+#include "cluster/tls_material.h"
 #include "cluster/transport.h"
 #include "tests/cluster/cluster_fixture.h"
 #include "tests/deadline.h"
@@ -301,8 +303,9 @@ std::string KeyPem(EVP_PKEY* key, bool encrypted = false) {
   return BioText(bio.get());
 }
 
-// A self-signed certificate of `key`, valid from now + `from_s` to now + `to_s`.
-std::string CertificatePem(EVP_PKEY* key, long from_s = -60, long to_s = 86400) {
+// A self-signed certificate of `key`, valid from now + `from_s` to now + `to_s`,
+// with the subjectAltName `names` ("IP:127.0.0.1"; none when empty).
+std::string CertificatePem(EVP_PKEY* key, long from_s = -60, long to_s = 86400, const std::string& names = "") {
   std::unique_ptr<X509, OpenSslFree> cert(X509_new());
   X509_set_version(cert.get(), 2);
   ASN1_INTEGER_set(X509_get_serialNumber(cert.get()), 1);
@@ -312,6 +315,12 @@ std::string CertificatePem(EVP_PKEY* key, long from_s = -60, long to_s = 86400) 
   X509_NAME* name = X509_get_subject_name(cert.get());
   X509_NAME_add_entry_by_txt(name, "CN", MBSTRING_ASC, reinterpret_cast<const unsigned char*>("127.0.0.1"), -1, -1, 0);
   X509_set_issuer_name(cert.get(), name);
+  if (!names.empty()) {
+    X509_EXTENSION* extension = X509V3_EXT_conf_nid(nullptr, nullptr, NID_subject_alt_name, names.c_str());
+    EXPECT_NE(extension, nullptr);
+    X509_add_ext(cert.get(), extension, -1);
+    X509_EXTENSION_free(extension);
+  }
   EXPECT_GT(X509_sign(cert.get(), key, EVP_sha256()), 0);
   std::unique_ptr<BIO, OpenSslFree> bio(BIO_new(BIO_s_mem()));
   EXPECT_EQ(PEM_write_bio_X509(bio.get(), cert.get()), 1);
@@ -368,6 +377,12 @@ TEST(SecurityTest, TlsMaterialIsCheckedWithOpenSsl) {
     EXPECT_NE(status.message().find(error), std::string::npos) << status;
     EXPECT_EQ(status.message().find('\n'), std::string::npos) << status;
   }
+  // A certificate without subjectAltName serves, with a note at start:
+  // gRPC clients match the address only against those.
+  EXPECT_NE(ServedCertificateNote(ec_cert).value_or("").find("the TLS certificate has no subjectAltName"),
+            std::string::npos);
+  EXPECT_FALSE(ServedCertificateNote(CertificatePem(ec.get(), -60, 86400, "IP:127.0.0.1")).has_value());
+  EXPECT_FALSE(ServedCertificateNote("").has_value());
   Security ca_only;
   ca_only.tls_ca = ec_cert + pem_cut;
   EXPECT_NE(CheckSecurity(ca_only).message().find("security.tls_ca: certificate 2 cannot be read"), std::string::npos)
