@@ -149,8 +149,10 @@ absl::Status CheckPrivateKeyPem(std::string_view pem) {
 }
 
 absl::Status CheckServedPair(std::string_view certificate_pem, std::string_view key_pem) {
-  RETURN_IF_ERROR(CheckCertificatesPem(certificate_pem));
-  RETURN_IF_ERROR(CheckPrivateKeyPem(key_pem));
+  // (Each was checked by itself already: the CLI reads, then the daemon
+  // starts; this reads them once more, not the whole check again.)
+  RETURN_IF_ERROR(CheckSize(certificate_pem));
+  RETURN_IF_ERROR(CheckSize(key_pem));
   BioPtr cert_bio = ReadOnlyBio(certificate_pem);
   X509Ptr cert(PEM_read_bio_X509(cert_bio.get(), nullptr, nullptr, nullptr));
   BioPtr key_bio = ReadOnlyBio(key_pem);
@@ -158,7 +160,8 @@ absl::Status CheckServedPair(std::string_view certificate_pem, std::string_view 
   KeyPtr key(PEM_read_bio_PrivateKey(key_bio.get(), nullptr, RefusePassphrase, &asked));
   if (cert == nullptr || key == nullptr) {
     TakeReasons();
-    return absl::InternalError("the certificate or key read once could not be read again");
+    return absl::InvalidArgumentError(
+        "the certificate or the private key cannot be read (CheckCertificatesPem and CheckPrivateKeyPem say why)");
   }
   const bool match = X509_check_private_key(cert.get(), key.get()) == 1;
   TakeReasons();

@@ -26,7 +26,7 @@ namespace tessera::cluster {
 
 // What a server serves with: `key_pem` is the private key of the first
 // certificate of `certificate_pem`, and that certificate is valid now.
-// Both must pass the checks above.
+// Run the checks above first: this one names no fault of either alone.
 [[nodiscard]] absl::Status CheckServedPair(std::string_view certificate_pem, std::string_view key_pem);
 
 // What a server serving the first certificate of `certificate_pem` should
