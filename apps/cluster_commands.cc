@@ -1,5 +1,6 @@
 #include "apps/cluster_commands.h"
 
+#include <arpa/inet.h>
 #include <pthread.h>
 #include <signal.h>
 
@@ -66,7 +67,7 @@ struct SecurityFlags {
     read("--token-file", token_file, cluster::SecretKind::kToken, security.token);
     read("--tls-cert", tls_cert, cluster::SecretKind::kCertificates, security.tls_cert);
     read("--tls-key", tls_key, cluster::SecretKind::kPrivateKey, security.tls_key);
-    read("--tls-ca", tls_ca, cluster::SecretKind::kCertificates, security.tls_ca);
+    read("--tls-ca", tls_ca, cluster::SecretKind::kCaCertificates, security.tls_ca);
     if (security.tls_cert.empty() != security.tls_key.empty()) Fail("--tls-cert and --tls-key go together");
     if (!security.tls_cert.empty()) {
       if (absl::Status pair = cluster::CheckServedPair(security.tls_cert, security.tls_key); !pair.ok()) {
@@ -209,6 +210,21 @@ CLI::Validator AddressCheck(bool port_required = true) {
       port_required ? "HOST:PORT" : "HOST[:PORT]");
 }
 
+// --metrics-host: the metrics server binds a numeric address (nothing is
+// looked up); the master said "metrics: bad address 'localhost': Invalid
+// argument".
+CLI::Validator NumericAddressCheck() {
+  return CLI::Validator(
+      [](const std::string& value) {
+        in6_addr parsed{};
+        if (::inet_pton(AF_INET, value.c_str(), &parsed) == 1 || ::inet_pton(AF_INET6, value.c_str(), &parsed) == 1) {
+          return std::string();
+        }
+        return absl::StrCat("'", value, "' is not a numeric IP address (127.0.0.1, 0.0.0.0, ::1, ...)");
+      },
+      "IP");
+}
+
 struct ClientFlags {
   std::string master = "127.0.0.1:7070";
   SecurityFlags security;
@@ -252,9 +268,11 @@ void AddClusterCommands(CLI::App& app, ClusterCommandDeps deps) {
       ->add_option("--metrics-port", master_flags->metrics_port,
                    "Serve Prometheus /metrics on PORT (of --metrics-host)")
       ->check(InRange(0, 65535));
-  master->add_option("--metrics-host", master_flags->metrics_host,
-                     "Address /metrics binds (a routable one lets Prometheus scrape it)")
-      ->capture_default_str();
+  master
+      ->add_option("--metrics-host", master_flags->metrics_host,
+                   "Address /metrics binds (a routable one lets Prometheus scrape it)")
+      ->capture_default_str()
+      ->check(NumericAddressCheck());
   master->add_option("--heartbeat-ms", master_flags->heartbeat_ms, "Heartbeat interval of workers")
       ->check(InRange(10, 600000))
       ->capture_default_str();
@@ -508,7 +526,7 @@ void AddClusterCommands(CLI::App& app, ClusterCommandDeps deps) {
   cancel->add_flag("--now", cancel_flags->now, "Stop every node at once, without a checkpoint");
   cancel->callback([cancel_flags] {
     auto client = cancel_flags->client.Connect();
-    auto job = client->Cancel(cancel_flags->job, "cancelled from the command line", /*checkpoint=*/!cancel_flags->now);
+    auto job = client->Cancel(cancel_flags->job, "by `tessera cancel`", /*checkpoint=*/!cancel_flags->now);
     if (absl::IsFailedPrecondition(job.status())) {
       // Ended already: what was asked for if it was cancelled.
       if (auto ended = client->Get(cancel_flags->job); ended.ok() && ended->state() == control::CANCELLED) {

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "absl/strings/str_join.h"
 #include "apps/cli_errors.h"
 #include "apps/cluster_commands.h"
 #include "apps/data_commands.h"
@@ -326,11 +327,26 @@ int Main(int argc, char** argv) {
   // The verb is the first argument that is neither an option of tessera's
   // own nor the value of --log-level.
   int verb = 1;
-  while (verb < argc && argv[verb][0] == '-') verb += std::string_view(argv[verb]) == "--log-level" ? 2 : 1;
+  while (verb < argc && argv[verb][0] == '-') {
+    const std::string_view option = argv[verb];
+    if (option == "--log-level") {
+      verb += 2;
+      continue;
+    }
+    if (option != "-h" && option != "--help" && option != "--version" && !option.starts_with("--log-level=")) {
+      return Fail(tessera::StrCat("unknown option '", option, "' (see tessera --help)"));
+    }
+    ++verb;
+  }
+  // Errors in a verb's arguments point at that verb's help.
+  std::string help = "tessera --help";
   if (verb < argc) {
-    bool known = false;
-    for (const CLI::App* sub : app.get_subcommands({})) known = known || sub->check_name(argv[verb]);
-    if (!known) return Fail(tessera::StrCat("unknown command '", argv[verb], "' (see tessera --help)"));
+    const CLI::App* known = nullptr;
+    for (const CLI::App* sub : app.get_subcommands({})) {
+      if (sub->check_name(argv[verb])) known = sub;
+    }
+    if (known == nullptr) return Fail(tessera::StrCat("unknown command '", argv[verb], "' (see tessera --help)"));
+    help = tessera::StrCat("tessera ", known->get_name(), " --help");
   }
   try {
     app.parse(argc, argv);
@@ -339,8 +355,26 @@ int Main(int argc, char** argv) {
   } catch (const CLI::RuntimeError& e) {  // a cluster verb that failed: its reason
     return Fail(e.what());
   } catch (const CLI::ParseError& e) {
-    // One line and exit code 1, like every other bad input.
-    return Fail(tessera::StrCat(e.what(), " (see tessera --help)"));
+    // One line and exit code 1, like every other bad input. An argument the
+    // verb does not take is named before a missing one (CLI11 checks the
+    // required ones first: `tessera logs -x` said only "JOB is required"),
+    // in the order given.
+    const std::vector<std::string> extras = app.remaining(true);
+    if (!extras.empty() && (dynamic_cast<const CLI::ExtrasError*>(&e) != nullptr ||
+                            dynamic_cast<const CLI::RequiredError*>(&e) != nullptr)) {
+      std::vector<std::string> options;
+      std::vector<std::string> others;
+      for (const std::string& extra : extras) {
+        (extra.starts_with("-") && extra.size() > 1 ? options : others).push_back(tessera::StrCat("'", extra, "'"));
+      }
+      const std::string what =
+          !options.empty() ? tessera::StrCat(options.size() > 1 ? "unknown options " : "unknown option ",
+                                             absl::StrJoin(options, ", "))
+                           : tessera::StrCat(others.size() > 1 ? "unexpected arguments " : "unexpected argument ",
+                                             absl::StrJoin(others, ", "));
+      return Fail(tessera::StrCat(what, " (see ", help, ")"));
+    }
+    return Fail(tessera::StrCat(e.what(), " (see ", help, ")"));
   }
 
   if (*ops) return RunOps(ops_format);

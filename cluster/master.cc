@@ -11,7 +11,9 @@
 #include <deque>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
+#include <optional>
 #include <set>
 #include <thread>
 #include <utility>
@@ -137,6 +139,115 @@ struct Job {
   std::set<uint32_t> nodes_interrupted;
   std::string interrupted_at;  // a node's "interrupted at iteration N; checkpoint ..."
 };
+
+// A job record of the state directory (PersistLocked writes it): every
+// field checked for its kind and range, an error naming the field (it
+// quoted nlohmann's "cannot use at() with discarded", and took an
+// iteration of -5).
+constexpr size_t kMaxJobRecordBytes = 64 << 20;
+
+class RecordReader {
+ public:
+  explicit RecordReader(const nlohmann::json& record, std::string prefix = "")
+      : record_(record), prefix_(std::move(prefix)) {}
+
+  const nlohmann::json* Find(const std::string& name, bool required = true) {
+    if (!ok()) return nullptr;
+    auto it = record_.find(name);
+    if (it == record_.end()) {
+      if (required) Fail(name, "is missing");
+      return nullptr;
+    }
+    return &*it;
+  }
+  std::string String(const std::string& name, const std::string& fallback = "", bool required = true) {
+    const nlohmann::json* value = Find(name, required);
+    if (value == nullptr) return fallback;
+    if (!value->is_string()) return Fail(name, "is not a string"), fallback;
+    return value->get<std::string>();
+  }
+  int64_t Integer(const std::string& name, int64_t lo, int64_t hi, std::optional<int64_t> fallback = std::nullopt) {
+    const nlohmann::json* value = Find(name, !fallback.has_value());
+    if (value == nullptr) return fallback.value_or(0);
+    if (!value->is_number_integer() || (value->is_number_unsigned() && value->get<uint64_t>() > uint64_t(INT64_MAX))) {
+      return Fail(name, "is not an integer"), 0;
+    }
+    const int64_t number = value->get<int64_t>();
+    if (number < lo || number > hi) return Fail(name, absl::StrCat(number, " is not in [", lo, ", ", hi, "]")), 0;
+    return number;
+  }
+  void Fail(const std::string& name, const std::string& what) {
+    if (ok()) status_ = absl::InvalidArgumentError(absl::StrCat("'", prefix_, name, "' ", what));
+  }
+  bool ok() const { return status_.ok(); }
+  const absl::Status& status() const { return status_; }
+
+ private:
+  const nlohmann::json& record_;
+  std::string prefix_;  // of a nested record's field names: "slots[0]."
+  absl::Status status_;
+};
+
+absl::Status ReadJobRecord(const nlohmann::json& record, Job& job, JobState& state) {
+  if (record.is_discarded()) return absl::InvalidArgumentError("not valid JSON (cut short or damaged)");
+  if (!record.is_object()) return absl::InvalidArgumentError("not a JSON object");
+  RecordReader r(record);
+  constexpr int64_t kMax = INT64_MAX;
+  job.id = r.String("job_id");
+  job.session = static_cast<uint64_t>(r.Integer("session", 1, kMax));
+  const std::string state_name = r.String("state");
+  if (r.ok() && !control::JobState_Parse(state_name, &state)) {
+    r.Fail("state", absl::StrCat("'", EscapeControlChars(state_name.substr(0, kMaxIdBytes)), "' is no job state"));
+  }
+  job.reason = r.String("reason");
+  if (const nlohmann::json* config = r.Find("config")) {
+    if (!config->is_object()) r.Fail("config", "is not a JSON object");
+    job.spec.config = *config;
+  }
+  job.spec.devices_needed = r.Integer("devices_needed", 1, kMaxDevicesPerJob);
+  job.spec.device_type = r.String("device_type", "cpu", /*required=*/false);  // records before it: CPU jobs
+  if (r.ok() && job.spec.device_type != "cpu" && job.spec.device_type != "cuda") {
+    r.Fail("device_type", absl::StrCat("'", EscapeControlChars(job.spec.device_type.substr(0, kMaxIdBytes)),
+                                       "' is neither cpu nor cuda"));
+  }
+  job.spec.iterations = r.Integer("iterations", 0, kMax);
+  job.spec.start_iteration = r.Integer("start_iteration", 0, kMax, int64_t{0});
+  job.spec.output_dir = r.String("output_dir");
+  job.iteration = r.Integer("iteration", 0, kMax);
+  if (const nlohmann::json* metrics = r.Find("last_metrics")) {
+    if (!metrics->is_object()) r.Fail("last_metrics", "is not a JSON object");
+    for (auto it = metrics->begin(); r.ok() && it != metrics->end(); ++it) {
+      const std::string& name = it.key();
+      const nlohmann::json& value = it.value();
+      // (JSON has no NaN: a diverged loss is written as null.)
+      if (value.is_null()) {
+        job.last_metrics[name] = std::numeric_limits<double>::quiet_NaN();
+      } else if (value.is_number()) {
+        job.last_metrics[name] = value.get<double>();
+      } else {
+        r.Fail(absl::StrCat("last_metrics.", name), "is not a number");
+      }
+    }
+  }
+  job.submit_ms = r.Integer("submit_time_ms", 0, kMax);
+  job.end_ms = r.Integer("end_time_ms", 0, kMax);
+  if (const nlohmann::json* slots = r.Find("slots")) {
+    if (!slots->is_array()) r.Fail("slots", "is not an array");
+    for (size_t i = 0; r.ok() && i < slots->size(); ++i) {
+      if (!(*slots)[i].is_object()) {
+        r.Fail(absl::StrCat("slots[", i, "]"), "is not a JSON object");
+        break;
+      }
+      RecordReader slot((*slots)[i], absl::StrCat("slots[", i, "]."));
+      WorkerSlot read{slot.String("worker_id"), static_cast<uint32_t>(slot.Integer("node", 0, UINT32_MAX)),
+                      static_cast<int>(slot.Integer("num_devices", 1, kMaxDevicesPerJob)), slot.String("data_address")};
+      if (slot.ok() && !IsPlainId(read.worker_id)) slot.Fail("worker_id", "is not a worker id");
+      if (!slot.ok()) return slot.status();
+      job.slots.push_back(std::move(read));
+    }
+  }
+  return r.status();
+}
 
 struct PendingStop {
   std::shared_ptr<control::Worker::Stub> stub;
@@ -579,8 +690,9 @@ class Master::Impl final : public control::Master::Service {
     if (it == jobs_.end()) return NoSuchJob(request->job_id());
     Job& job = *it->second;
     if (IsFinal(job.state)) return Precondition(absl::StrCat("job ", job.id, " already ended: ", StateName(job.state)));
-    const std::string reason =
-        request->reason().empty() ? "cancelled by a client" : absl::StrCat("cancelled: ", request->reason());
+    const std::string reason = request->reason().empty()              ? std::string("cancelled by a client")
+                               : request->reason().starts_with("by ") ? absl::StrCat("cancelled ", request->reason())
+                                                                      : absl::StrCat("cancelled: ", request->reason());
     if (request->checkpoint() && job.state == control::RUNNING) {
       if (!job.stopping) StartStoppingLocked(job, reason);
     } else {
@@ -1465,38 +1577,26 @@ class Master::Impl final : public control::Master::Service {
         TLOG_WARN("state dir: skipping {}: not a file", entry.path().string());
         continue;
       }
-      std::ifstream in(entry.path());
-      nlohmann::json record = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+      // (A record of a job is a few KiB and its config; a file far larger is
+      // no record.)
+      absl::StatusOr<std::string> text = ReadWholeFile(entry.path(), kMaxJobRecordBytes);
+      if (!text.ok()) {
+        TLOG_WARN("state dir: skipping {}: {}", entry.path().string(), std::string(text.status().message()));
+        continue;
+      }
+      const nlohmann::json record = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
       auto job = std::make_unique<Job>();
       JobState state = control::JOB_STATE_UNSPECIFIED;
-      try {
-        job->id = record.at("job_id").get<std::string>();
-        job->session = record.at("session").get<uint64_t>();
-        if (!control::JobState_Parse(record.at("state").get<std::string>(), &state)) throw std::runtime_error("state");
-        job->reason = record.at("reason").get<std::string>();
-        job->spec.config = record.at("config");
-        job->spec.devices_needed = record.at("devices_needed").get<int64_t>();
-        job->spec.device_type = record.value("device_type", std::string("cpu"));  // records before it: CPU jobs
-        job->spec.iterations = record.at("iterations").get<int64_t>();
-        job->spec.start_iteration = record.value("start_iteration", int64_t{0});
-        job->spec.output_dir = record.at("output_dir").get<std::string>();
-        job->iteration = record.at("iteration").get<int64_t>();
-        job->last_metrics = record.at("last_metrics").get<std::map<std::string, double>>();
-        job->submit_ms = record.at("submit_time_ms").get<int64_t>();
-        job->end_ms = record.at("end_time_ms").get<int64_t>();
-        for (const auto& slot : record.at("slots")) {
-          job->slots.push_back({slot.at("worker_id").get<std::string>(), slot.at("node").get<uint32_t>(),
-                                slot.at("num_devices").get<int>(), slot.at("data_address").get<std::string>()});
-          // (A state directory from before the number was kept.)
-          uint64_t number = 0;
-          if (const std::string& worker = job->slots.back().worker_id;
-              worker.starts_with("worker-") && absl::SimpleAtoi(worker.substr(7), &number)) {
-            next_worker_number_ = std::max(next_worker_number_, number);
-          }
-        }
-      } catch (const std::exception& e) {
-        TLOG_WARN("state dir: skipping {}: not a job record ({})", entry.path().string(), e.what());
+      if (absl::Status read = ReadJobRecord(record, *job, state); !read.ok()) {
+        TLOG_WARN("state dir: skipping {}: not a job record ({})", entry.path().string(), std::string(read.message()));
         continue;
+      }
+      for (const WorkerSlot& slot : job->slots) {
+        // (A state directory from before the number was kept.)
+        uint64_t number = 0;
+        if (slot.worker_id.starts_with("worker-") && absl::SimpleAtoi(slot.worker_id.substr(7), &number)) {
+          next_worker_number_ = std::max(next_worker_number_, number);
+        }
       }
       if (!IsPlainId(job->id) || jobs_.contains(job->id)) continue;
       if (job->id != entry.path().stem().string()) {

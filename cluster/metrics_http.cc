@@ -80,7 +80,9 @@ absl::StatusOr<int> MetricsHttpServer::Start(const std::string& host, int port) 
   auto state = std::make_unique<State>();
   boost::system::error_code error;
   const auto address = asio::ip::make_address(host, error);
-  if (error) return absl::InvalidArgumentError(absl::StrCat("metrics: bad address '", host, "': ", error.message()));
+  if (error)
+    return absl::InvalidArgumentError(
+        absl::StrCat("metrics_host '", host, "' is not a numeric IP address (127.0.0.1, 0.0.0.0, ::1, ...)"));
   if (port < 0 || port > 65535) return absl::InvalidArgumentError(absl::StrCat("metrics: bad port ", port));
   const tcp::endpoint endpoint(address, static_cast<unsigned short>(port));
   state->acceptor.open(endpoint.protocol(), error);

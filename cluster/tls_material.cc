@@ -91,7 +91,7 @@ absl::Status CheckCertificatesPem(std::string_view pem) {
   ERR_clear_error();
   BioPtr bio = ReadOnlyBio(pem);
   int count = 0;
-  while (X509Ptr(PEM_read_bio_X509(bio.get(), nullptr, nullptr, nullptr)) != nullptr) ++count;
+  while (X509Ptr(PEM_read_bio_X509_AUX(bio.get(), nullptr, nullptr, nullptr)) != nullptr) ++count;
   const Reasons reasons = TakeReasons();
   if (reasons.only_no_start_line) {
     if (count > 0) return absl::OkStatus();
@@ -102,6 +102,45 @@ absl::Status CheckCertificatesPem(std::string_view pem) {
   return absl::InvalidArgumentError(absl::StrCat("certificate ", count + 1,
                                                  " cannot be read (OpenSSL: ", absl::StrJoin(reasons.texts, ", "),
                                                  "): is the file cut short, or is that block no certificate?"));
+}
+
+absl::Status CheckCaCertificatesPem(std::string_view pem) {
+  RETURN_IF_ERROR(CheckCertificatesPem(pem));
+  BioPtr bio = ReadOnlyBio(pem);
+  int count = 0;
+  X509Ptr latest_expired, earliest_coming;
+  for (X509Ptr cert(PEM_read_bio_X509_AUX(bio.get(), nullptr, nullptr, nullptr)); cert != nullptr;
+       cert.reset(PEM_read_bio_X509_AUX(bio.get(), nullptr, nullptr, nullptr))) {
+    ++count;
+    const ASN1_TIME* not_after = X509_get0_notAfter(cert.get());
+    const ASN1_TIME* not_before = X509_get0_notBefore(cert.get());
+    if (X509_cmp_current_time(not_after) < 0) {
+      if (latest_expired == nullptr || ASN1_TIME_compare(not_after, X509_get0_notAfter(latest_expired.get())) > 0) {
+        latest_expired = std::move(cert);
+      }
+    } else if (X509_cmp_current_time(not_before) > 0) {
+      if (earliest_coming == nullptr || ASN1_TIME_compare(not_before, X509_get0_notBefore(earliest_coming.get())) < 0) {
+        earliest_coming = std::move(cert);
+      }
+    } else {
+      TakeReasons();
+      return absl::OkStatus();  // one valid now
+    }
+  }
+  TakeReasons();
+  std::vector<std::string> why;
+  if (latest_expired != nullptr) {
+    why.push_back(absl::StrCat(earliest_coming == nullptr && count > 1 ? "the last expired on " : "expired on ",
+                               ShownTime(X509_get0_notAfter(latest_expired.get()))));
+  }
+  if (earliest_coming != nullptr) {
+    why.push_back(absl::StrCat("valid only from ", ShownTime(X509_get0_notBefore(earliest_coming.get())),
+                               " (is this machine's clock right?)"));
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat(count == 1 ? "its certificate is not valid now: "
+                              : absl::StrCat("none of its ", count, " certificates is valid now: "),
+                   absl::StrJoin(why, "; "), "; no peer can be verified with it"));
 }
 
 absl::Status CheckPrivateKeyPem(std::string_view pem) {
@@ -154,7 +193,7 @@ absl::Status CheckServedPair(std::string_view certificate_pem, std::string_view 
   RETURN_IF_ERROR(CheckSize(certificate_pem));
   RETURN_IF_ERROR(CheckSize(key_pem));
   BioPtr cert_bio = ReadOnlyBio(certificate_pem);
-  X509Ptr cert(PEM_read_bio_X509(cert_bio.get(), nullptr, nullptr, nullptr));
+  X509Ptr cert(PEM_read_bio_X509_AUX(cert_bio.get(), nullptr, nullptr, nullptr));
   BioPtr key_bio = ReadOnlyBio(key_pem);
   bool asked = false;
   KeyPtr key(PEM_read_bio_PrivateKey(key_bio.get(), nullptr, RefusePassphrase, &asked));
@@ -181,7 +220,7 @@ absl::Status CheckServedPair(std::string_view certificate_pem, std::string_view 
 std::optional<std::string> ServedCertificateNote(std::string_view certificate_pem) {
   if (CheckSize(certificate_pem).ok()) {
     BioPtr bio = ReadOnlyBio(certificate_pem);
-    X509Ptr cert(PEM_read_bio_X509(bio.get(), nullptr, nullptr, nullptr));
+    X509Ptr cert(PEM_read_bio_X509_AUX(bio.get(), nullptr, nullptr, nullptr));
     const bool has_names = cert == nullptr || X509_get_ext_by_NID(cert.get(), NID_subject_alt_name, -1) >= 0;
     TakeReasons();
     if (!has_names) {

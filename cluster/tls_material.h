@@ -16,9 +16,16 @@
 namespace tessera::cluster {
 
 // One or more X.509 certificates (a CA bundle, or a certificate and its
-// chain); blocks of other kinds between them are skipped, as gRPC does.
+// chain; "TRUSTED CERTIFICATE" blocks too, which gRPC reads as
+// certificates); blocks of other kinds between them are skipped, as gRPC
+// does.
 // The error names the certificate (counted from 1) and OpenSSL's reasons.
 [[nodiscard]] absl::Status CheckCertificatesPem(std::string_view pem);
+
+// What a client or a server trusts (security.tls_ca): CheckCertificatesPem,
+// and at least one of them valid now (a bundle of only expired ones fails
+// every handshake).
+[[nodiscard]] absl::Status CheckCaCertificatesPem(std::string_view pem);
 
 // A private key (PKCS#8 or traditional RSA / EC), not encrypted: gRPC
 // reads keys without a passphrase.

@@ -90,7 +90,7 @@ absl::Status CheckSecurity(const Security& security) {
     }
   }
   if (!security.tls_ca.empty()) {
-    if (absl::Status status = CheckCertificatesPem(security.tls_ca); !status.ok()) {
+    if (absl::Status status = CheckCaCertificatesPem(security.tls_ca); !status.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("security.tls_ca: ", status.message()));
     }
   }
@@ -135,8 +135,9 @@ absl::StatusOr<std::string> ReadSecretFile(const std::string& path, SecretKind k
     }
   } else if (contents.find("-----BEGIN ") == std::string::npos) {
     return absl::InvalidArgumentError(absl::StrCat("'", path, "' holds no PEM block (-----BEGIN ...)"));
-  } else if (absl::Status status =
-                 kind == SecretKind::kPrivateKey ? CheckPrivateKeyPem(contents) : CheckCertificatesPem(contents);
+  } else if (absl::Status status = kind == SecretKind::kPrivateKey       ? CheckPrivateKeyPem(contents)
+                                   : kind == SecretKind::kCaCertificates ? CheckCaCertificatesPem(contents)
+                                                                         : CheckCertificatesPem(contents);
              !status.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("'", path, "': ", status.message()));
   }

@@ -64,9 +64,10 @@ inline constexpr size_t kMaxTokenBytes = 4096;
 
 // What a secret file holds. A token loses its surrounding whitespace and
 // must then be printable ASCII without spaces (it travels as a header
-// value); certificates (a CA bundle, a certificate and its chain) and a
-// private key are PEM that OpenSSL reads (cluster/tls_material.h).
-enum class SecretKind { kToken, kCertificates, kPrivateKey };
+// value); certificates (a certificate and its chain; a CA bundle, of which
+// one must be valid now) and a private key are PEM that OpenSSL reads
+// (cluster/tls_material.h).
+enum class SecretKind { kToken, kCertificates, kCaCertificates, kPrivateKey };
 // Reads a file's contents (for --token-file, --tls-*), checked as `kind`.
 // One-line errors naming the file.
 [[nodiscard]] absl::StatusOr<std::string> ReadSecretFile(const std::string& path, SecretKind kind);

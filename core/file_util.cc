@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -213,9 +214,36 @@ std::filesystem::path CacheDir() {
   return Home() / ".cache" / "tessera";
 }
 
+namespace {
+// The home directory of a named user from the password database, as a
+// shell expands "~user"; nullopt for no such user.
+std::optional<std::filesystem::path> HomeOf(const std::string& user) {
+  std::vector<char> buffer(16384);
+  passwd entry{};
+  passwd* found = nullptr;
+  if (::getpwnam_r(user.c_str(), &entry, buffer.data(), buffer.size(), &found) == 0 && found != nullptr &&
+      found->pw_dir != nullptr && *found->pw_dir != '\0') {
+    return std::filesystem::path(found->pw_dir);
+  }
+  return std::nullopt;
+}
+}  // namespace
+
 std::filesystem::path ExpandPath(std::string_view path) {
   constexpr std::string_view kCache = "$TESSERA_CACHE/";
+  if (path == "~") return Home();
   if (path.starts_with("~/")) return Home() / std::string(path.substr(2));
+  if (path.starts_with("~")) {
+    // "~user" or "~user/rest"; a user the system does not know leaves the
+    // path as it is (as a shell does).
+    const size_t slash = path.find('/');
+    const std::string user(path.substr(1, slash == std::string_view::npos ? std::string_view::npos : slash - 1));
+    if (!user.empty()) {
+      if (std::optional<std::filesystem::path> home = HomeOf(user)) {
+        return slash == std::string_view::npos ? *home : *home / std::string(path.substr(slash + 1));
+      }
+    }
+  }
   if (path.starts_with(kCache)) return CacheDir() / std::string(path.substr(kCache.size()));
   return std::filesystem::path(std::string(path));
 }

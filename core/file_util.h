@@ -83,7 +83,9 @@ mode_t CurrentUmask();
 // and the GPT-2 vocabulary).
 std::filesystem::path CacheDir();
 
-// A path from a config: a leading "~/" is the home directory, a leading
+// A path from a config: a leading "~" or "~/" is the home directory, "~user"
+// or "~user/" that user's (from the password database; a user the system
+// does not know leaves the path as it is, as a shell does), a leading
 // "$TESSERA_CACHE/" is CacheDir(); anything else is taken as it is.
 std::filesystem::path ExpandPath(std::string_view path);
 

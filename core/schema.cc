@@ -199,13 +199,17 @@ class Resolver {
         if (hint.empty()) hint = DidYouMean(key_path);
         // A dotted name in a file is one key, not a path: "did you mean
         // 'train.train_iter'?" named the key itself.
-        if (name.find('.') != std::string::npos && hint == StrCat("; did you mean '", key_path, "'?")) {
+        // One that is no key nested either is told both.
+        if (name.find('.') != std::string::npos) {
           std::string nested = "...";
           const std::vector<std::string> parts = absl::StrSplit(name, '.');
           for (auto part = parts.rbegin(); part != parts.rend(); ++part) {
             nested = StrCat("{\"", EscapeControlChars(*part), "\": ", nested, "}");
           }
-          hint = StrCat("; a file nests keys: write ", nested, " (a dotted path is for overrides)");
+          hint = hint == StrCat("; did you mean '", key_path, "'?")
+                     ? StrCat("; a file nests keys: write ", nested, " (a dotted path is for overrides)")
+                     : StrCat("; a file nests keys (", nested,
+                              "; a dotted path is for overrides), and nested it is no key either", hint);
         }
         return absl::InvalidArgumentError(
             StrCat("unknown config key '", EscapeControlChars(key_path), "'", OriginOf(origins_, key_path), hint));

@@ -267,7 +267,7 @@ Binding<SgdConfig> MakeSgdKeys() {
 Binding<TokenizationConfig> MakeTokenizationKeys() {
   Binding<TokenizationConfig> b(
       "The tokenizer of the job's text data (LiBai's `tokenization`). Paths may start with "
-      "`~/` (the home directory) or `$TESSERA_CACHE/` (default `~/.cache/tessera`, where "
+      "`~/` (the home directory), `~user/` (that user's) or `$TESSERA_CACHE/` (default `~/.cache/tessera`, where "
       "scripts/install_deps.sh puts the GPT-2 vocabulary).");
   b.Field("tokenizer", &TokenizationConfig::tokenizer,
           {.choices = {"gpt2", "bert"},

@@ -288,11 +288,19 @@ TEST(Cli, FlagsNothingReadsAndValuesOutOfRangeAreOneLineErrors) {
        "--eval-only and train.eval_only=true both given"},
       {"bogus", "unknown command 'bogus' (see tessera --help)"},
       {"--log-level info bogus", "unknown command 'bogus' (see tessera --help)"},
+      // An argument a verb does not take is named before a missing one, in
+      // the order given, and the verb's help is pointed at.
+      {"logs -x", "unknown option '-x' (see tessera logs --help)"},
+      {"--nosuch ops", "unknown option '--nosuch' (see tessera --help)"},
+      {"cancel --master 127.0.0.1:1 a b c d", "unexpected arguments 'b', 'c', 'd' (see tessera cancel --help)"},
+      {"train", "CONFIG is required (see tessera train --help)"},
       // --log-level after the verb is tessera's too.
       {"ops --log-level bogus", "unknown log level 'bogus'"},
       {"preprocess --tokenizer bert --vocab-file " + vocab + " --input " + blank + " --output " + out,
        "the inputs hold no text to tokenise (0 documents, 0 tokens): nothing written"},
       {"master --listen 127.0.0.1:99999", "port 99999 is not in [0, 65535]"},
+      {"master --listen 127.0.0.1:0 --metrics-port 0 --metrics-host 300.1.1.1",
+       "--metrics-host: '300.1.1.1' is not a numeric IP address"},
       {"master --listen 127.0.0.1:0 --heartbeat-ms 1000 --worker-timeout-ms 1500",
        "--worker-timeout-ms 1500 must be at least twice --heartbeat-ms 1000"},
       {"status --master 127.0.0.1", "no port (expected HOST:PORT)"},

@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -22,6 +23,9 @@
 #include "cluster/kv_client.h"
 #include "cluster/transport.h"
 #include "comm/proto/control.grpc.pb.h"
+#include "nlohmann/json.hpp"
+#include "spdlog/sinks/ostream_sink.h"
+#include "spdlog/spdlog.h"
 #include "tests/cluster/cluster_fixture.h"
 #include "tests/deadline.h"
 
@@ -520,6 +524,13 @@ TEST(ClusterTest, CancelStopsTheRunnerPromptly) {
   // Cancelling again: the job has ended.
   EXPECT_EQ(cluster.client->Cancel(*job).status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(cluster.client->Cancel("job-999999").status().code(), absl::StatusCode::kNotFound);
+  // The CLI's reason reads as one phrase (it was "cancelled: cancelled from
+  // the command line").
+  auto second = cluster.client->Submit(R"({"hang": true})", {});
+  ASSERT_TRUE(second.ok());
+  auto by_cli = cluster.client->Cancel(*second, "by `tessera cancel`");
+  ASSERT_TRUE(by_cli.ok()) << by_cli.status();
+  EXPECT_EQ(by_cli->reason(), "cancelled by `tessera cancel`");
 }
 
 TEST(ClusterTest, WorkerShutdownFailsItsJobNamingIt) {
@@ -678,6 +689,77 @@ TEST(ClusterTest, MasterRestartKeepsTheHistory) {
   ASSERT_TRUE(next.ok());
   EXPECT_NE(*next, done_id);
   EXPECT_NE(*next, running_id);
+  master.Shutdown();
+  fs::remove_all(state);
+}
+
+// A state directory's damaged job records are skipped, each named with
+// the field that is wrong (it quoted nlohmann's "cannot use at() with
+// discarded", and listed a job at iteration -5); a diverged job (its loss
+// NaN, written as null) is kept.
+TEST(ClusterTest, DamagedJobRecordsAreSkippedNamingTheField) {
+  Deadline deadline(seconds(30), "damaged job records");
+  const fs::path state = TempDir("damaged_state");
+  std::string done_id;
+  {
+    Master::Options options = FastMasterOptions();
+    options.state_dir = state.string();
+    TestCluster cluster;
+    cluster.Start({"cpu:1"}, options);
+    auto done = cluster.client->Submit(R"({"iterations": 2})", {});
+    ASSERT_TRUE(done.ok());
+    EXPECT_EQ(cluster.WaitEnd(*done).state(), control::SUCCEEDED);
+    done_id = *done;
+  }
+  const nlohmann::json record = nlohmann::json::parse(ReadFile(state / (done_id + ".json")));
+  int session = 100;
+  auto write = [&](const std::string& id, const std::function<void(nlohmann::json&)>& edit) {
+    nlohmann::json copy = record;
+    copy["job_id"] = id;
+    copy["session"] = ++session;
+    edit(copy);
+    std::ofstream(state / (id + ".json")) << copy.dump();
+  };
+  write("job-000101", [](nlohmann::json& r) { r["iteration"] = -5; });
+  write("job-000102", [](nlohmann::json& r) { r.erase("reason"); });
+  write("job-000103", [](nlohmann::json& r) { r["slots"] = 3; });
+  write("job-000104", [](nlohmann::json& r) { r["slots"][0]["num_devices"] = "2"; });
+  write("job-000105", [](nlohmann::json& r) { r["state"] = "DONE"; });
+  write("job-000106", [](nlohmann::json& r) { r["last_metrics"] = {{"loss", nullptr}}; });
+  std::ofstream(state / "job-000107.json") << "{\"job_id\": ";
+
+  std::ostringstream logged;
+  const auto saved = spdlog::default_logger();
+  spdlog::set_default_logger(std::make_shared<spdlog::logger>(
+      "capture", std::make_shared<spdlog::sinks::ostream_sink_mt>(logged, /*force_flush=*/true)));
+  Master::Options options = FastMasterOptions();
+  options.state_dir = state.string();
+  Master master(options, std::make_unique<FakeJobCompiler>());
+  auto bound = master.Start();
+  spdlog::set_default_logger(saved);
+  ASSERT_TRUE(bound.ok()) << bound.status();
+  Client client(ClientOptionsFor(*bound));
+  auto jobs = client.List();
+  ASSERT_TRUE(jobs.ok());
+  std::vector<std::string> ids;
+  for (const auto& job : *jobs) ids.push_back(job.job_id());
+  EXPECT_EQ(ids, (std::vector<std::string>{done_id, "job-000106"}));
+  const std::string log = logged.str();
+  for (const std::string expected : {
+           "job-000101.json: not a job record ('iteration' -5 is not in [0, ",
+           "job-000102.json: not a job record ('reason' is missing)",
+           "job-000103.json: not a job record ('slots' is not an array)",
+           "job-000104.json: not a job record ('slots[0].num_devices' is not an integer)",
+           "job-000105.json: not a job record ('state' 'DONE' is no job state)",
+           "job-000107.json: not a job record (not valid JSON (cut short or damaged))",
+       }) {
+    EXPECT_NE(log.find(expected), std::string::npos) << expected << "\n" << log;
+  }
+  EXPECT_EQ(log.find("json.exception"), std::string::npos) << log;
+  // A new job's id comes after every record's, read or not.
+  auto next = client.Submit("{}", {});
+  ASSERT_TRUE(next.ok());
+  EXPECT_EQ(*next, "job-000108");
   master.Shutdown();
   fs::remove_all(state);
 }

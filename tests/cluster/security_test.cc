@@ -276,6 +276,22 @@ TEST(SecurityTest, Tls) {
   plain.timeout = absl::Seconds(2);
   Client plain_client(plain);
   EXPECT_EQ(plain_client.List().status().code(), absl::StatusCode::kUnavailable);
+  // The CA as OpenSSL's "TRUSTED CERTIFICATE" (accepted by the check since
+  // gRPC reads it as a certificate): the handshake shows gRPC does.
+  const std::string trust =
+      absl::StrCat("openssl x509 -in ", (dir / "cert.pem").string(), " -trustout -addtrust serverAuth -out ",
+                   (dir / "trusted.pem").string(), " > /dev/null 2>&1");
+  ASSERT_EQ(std::system(trust.c_str()), 0) << trust;
+  Client::Options trusted;
+  trusted.master = cluster.address;
+  trusted.security.token = "tls-token";
+  auto ca = ReadSecretFile((dir / "trusted.pem").string(), SecretKind::kCaCertificates);
+  ASSERT_TRUE(ca.ok()) << ca.status();
+  ASSERT_NE(ca->find("BEGIN TRUSTED CERTIFICATE"), std::string::npos);
+  trusted.security.tls_ca = *ca;
+  trusted.timeout = absl::Seconds(5);
+  Client trusted_client(trusted);
+  EXPECT_TRUE(trusted_client.List().ok()) << trusted_client.List().status();
   fs::remove_all(dir);
 }
 
@@ -325,6 +341,18 @@ std::string CertificatePem(EVP_PKEY* key, long from_s = -60, long to_s = 86400, 
   std::unique_ptr<BIO, OpenSslFree> bio(BIO_new(BIO_s_mem()));
   EXPECT_EQ(PEM_write_bio_X509(bio.get(), cert.get()), 1);
   return BioText(bio.get());
+}
+
+// The same certificate as OpenSSL's "TRUSTED CERTIFICATE" (`openssl x509
+// -trustout`).
+std::string TrustedCertificatePem(const std::string& pem) {
+  std::unique_ptr<BIO, OpenSslFree> in(BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())));
+  std::unique_ptr<X509, OpenSslFree> cert(PEM_read_bio_X509(in.get(), nullptr, nullptr, nullptr));
+  EXPECT_NE(cert, nullptr);
+  X509_add1_trust_object(cert.get(), OBJ_nid2obj(NID_server_auth));
+  std::unique_ptr<BIO, OpenSslFree> out(BIO_new(BIO_s_mem()));
+  EXPECT_EQ(PEM_write_bio_X509_AUX(out.get(), cert.get()), 1);
+  return BioText(out.get());
 }
 
 // gRPC failed every call ("empty address list") on TLS material it could
@@ -387,6 +415,28 @@ TEST(SecurityTest, TlsMaterialIsCheckedWithOpenSsl) {
   ca_only.tls_ca = ec_cert + pem_cut;
   EXPECT_NE(CheckSecurity(ca_only).message().find("security.tls_ca: certificate 2 cannot be read"), std::string::npos)
       << CheckSecurity(ca_only);
+  // What a peer is verified with must hold one certificate valid now (an
+  // expired CA was taken, and every handshake failed later).
+  const std::string expired = CertificatePem(ec.get(), -2 * 86400, -86400);
+  const std::string coming = CertificatePem(ec.get(), 86400, 2 * 86400);
+  const std::vector<std::pair<std::string, std::string>> ca_errors = {
+      {expired, "security.tls_ca: its certificate is not valid now: expired on 20"},
+      {expired + CertificatePem(rsa.get(), -3 * 86400, -2 * 86400),
+       "security.tls_ca: none of its 2 certificates is valid now: the last expired on 20"},
+      {expired + coming, "none of its 2 certificates is valid now: expired on 20"},
+      {coming, "its certificate is not valid now: valid only from 20"},
+  };
+  for (const auto& [pem, error] : ca_errors) {
+    ca_only.tls_ca = pem;
+    EXPECT_NE(CheckSecurity(ca_only).message().find(error), std::string::npos) << CheckSecurity(ca_only);
+    EXPECT_EQ(CheckSecurity(ca_only).message().find('\n'), std::string::npos);
+  }
+  ca_only.tls_ca = expired + ec_cert;
+  EXPECT_TRUE(CheckSecurity(ca_only).ok()) << CheckSecurity(ca_only);
+  // An OpenSSL "TRUSTED CERTIFICATE" is a certificate to gRPC too.
+  ca_only.tls_ca = TrustedCertificatePem(ec_cert);
+  ASSERT_NE(ca_only.tls_ca.find("BEGIN TRUSTED CERTIFICATE"), std::string::npos);
+  EXPECT_TRUE(CheckSecurity(ca_only).ok()) << CheckSecurity(ca_only);
 }
 
 }  // namespace

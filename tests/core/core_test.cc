@@ -576,6 +576,22 @@ TEST(ExpandPath, TildeWithoutHomeIsTheUsersHome) {
   if (saved != nullptr) ::setenv("HOME", home.c_str(), 1);
 }
 
+TEST(ExpandPath, TildeUserIsThatUsersHome) {
+  const passwd* root = ::getpwuid(0);
+  ASSERT_NE(root, nullptr);
+  const std::string root_home = root->pw_dir;
+  const std::string root_name = root->pw_name;
+  EXPECT_EQ(ExpandPath("~" + root_name + "/data/x.bin"), std::filesystem::path(root_home) / "data" / "x.bin");
+  EXPECT_EQ(ExpandPath("~" + root_name), std::filesystem::path(root_home));
+  EXPECT_EQ(ExpandPath("~no_such_user_tessera/x"), std::filesystem::path("~no_such_user_tessera/x"));
+  const char* saved = std::getenv("HOME");
+  const std::string home = saved != nullptr ? saved : "";
+  ::setenv("HOME", "/some/home", 1);
+  EXPECT_EQ(ExpandPath("~"), std::filesystem::path("/some/home"));
+  EXPECT_EQ(ExpandPath("x~/y"), std::filesystem::path("x~/y"));
+  if (saved != nullptr) ::setenv("HOME", home.c_str(), 1);
+}
+
 TEST(WriteFileDurably, AMissingDirectoryIsNamed) {
   namespace fs = std::filesystem;
   const fs::path root = fs::temp_directory_path() / ("tessera_durable_" + std::to_string(::getpid()));

@@ -144,6 +144,10 @@ TEST(SchemaTest, EveryKindOfBadValueIsNamed) {
   EXPECT_EQ(Error(R"({"settings.count": 1, )" + m + "}"),
             "unknown config key 'settings.count'; a file nests keys: write {\"settings\": {\"count\": ...}} (a dotted "
             "path is for overrides)");
+  // (One that is no key nested either: it said only "did you mean".)
+  EXPECT_EQ(Error(R"({"settings.coutn": 1, )" + m + "}"),
+            "unknown config key 'settings.coutn'; a file nests keys ({\"settings\": {\"coutn\": ...}}; a dotted path "
+            "is for overrides), and nested it is no key either; did you mean 'settings.count'?");
   EXPECT_EQ(Error("[1]"), "a config must be a JSON object, got array [1]");
 }
 
