@@ -278,8 +278,9 @@ int Main(int argc, char** argv) {
       ->capture_default_str();
   bool plan_resume = false;
   plan->add_flag("--resume", plan_resume,
-                 "The plan of the run `tessera train --resume` would make: the latest checkpoint's index, iteration "
-                 "and global batch are checked (its tensors are read by train) (sets train.resume=true)");
+                 "The plan of the run `tessera train --resume` would make: the latest checkpoint's iteration, global "
+                 "batch and index (every tensor's name, type and shape against the plan) are checked (the tensors' "
+                 "data only train reads) (sets train.resume=true)");
 
   // master, worker, submit, status, logs, cancel: the daemons and their
   // client, with the engine behind the master's compiler and the worker's runner.

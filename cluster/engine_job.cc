@@ -44,8 +44,10 @@ class EngineJobCompiler final : public JobCompiler {
       return absl::InvalidArgumentError(
           "the submitted config has \"_base_\": the client resolves bases before submitting (tessera submit does)");
     }
-    RETURN_IF_ERROR(config::ApplyOverrides(config, overrides, JobSchema()));
-    ASSIGN_OR_RETURN(nlohmann::json resolved, ResolveJobConfig(config, "in the submitted config"));
+    // An override's error names it, as `tessera train`'s do.
+    config::Origins origins = {{"", "in the submitted config"}};
+    RETURN_IF_ERROR(config::ApplyOverrides(config, overrides, JobSchema(), &origins));
+    ASSIGN_OR_RETURN(nlohmann::json resolved, ResolveJobConfig(config, origins));
     RETURN_IF_ERROR(CheckOverridesAreRead(resolved, overrides));
     // A relative path is the master's (docs/cluster.md): made absolute here,
     // so the workers write where the master checks and resumes (from their

@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "core/file_util.h"
 #include "core/json_text.h"
 #include "core/status.h"
 #include "core/strings.h"
@@ -232,20 +233,20 @@ absl::StatusOr<Json> ReadJsonFile(const fs::path& path) {
     return absl::InvalidArgumentError(absl::StrCat("config file '", path.string(), "' is ", size,
                                                    " bytes; configs are limited to ", kMaxConfigFileBytes));
   }
-  std::ifstream in(path, std::ios::binary);
-  std::string contents;
-  // In chunks, stopping past the limit (the file may grow while it is read).
-  char chunk[1 << 16];
-  while (contents.size() <= kMaxConfigFileBytes && in.read(chunk, sizeof chunk).gcount() > 0) {
-    contents.append(chunk, static_cast<std::size_t>(in.gcount()));
+  // (Read with the reason of a failure; the file may grow while it is read.)
+  absl::StatusOr<std::string> read = ReadWholeFile(path, kMaxConfigFileBytes);
+  if (!read.ok()) {
+    const std::string message(read.status().message());
+    if (message.find(": more than the ") != std::string_view::npos) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("config file '", path.string(), "' is larger than ", kMaxConfigFileBytes, " bytes"));
+    }
+    // ReadWholeFile's "PATH: cannot read: REASON", as "config file 'PATH'".
+    const std::string prefix = path.string() + ": ";
+    return absl::InvalidArgumentError(absl::StrCat(
+        "config file '", path.string(), "': ", message.starts_with(prefix) ? message.substr(prefix.size()) : message));
   }
-  if (in.bad()) {
-    return absl::UnavailableError(absl::StrCat("cannot read config file '", path.string(), "'"));
-  }
-  if (contents.size() > kMaxConfigFileBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("config file '", path.string(), "' is larger than ",
-                                                   kMaxConfigFileBytes, " bytes"));
-  }
+  std::string contents = *std::move(read);
   // The parser would take a NUL for the end of the input and ignore the rest.
   if (const std::size_t nul = contents.find('\0'); nul != std::string::npos) {
     return absl::InvalidArgumentError(absl::StrCat("config file '", path.string(), "' contains a NUL byte at offset ", nul,

@@ -63,12 +63,31 @@ absl::StatusOr<std::string> ReadWholeFile(const std::filesystem::path& path, std
     return absl::InvalidArgumentError(
         StrCat(path.string(), ": ", size, " bytes, more than the ", max_bytes, " this file may have"));
   }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::InvalidArgumentError(StrCat(path.string(), ": cannot open for reading"));
-  std::ostringstream contents;
-  contents << in.rdbuf();
-  if (in.bad()) return absl::InvalidArgumentError(StrCat(path.string(), ": read error"));
-  return std::move(contents).str();
+  // (POSIX reads, for the reason of a failure: /proc/self/mem said only
+  // "cannot read".)
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return absl::InvalidArgumentError(StrCat(path.string(), ": cannot open: ", std::strerror(errno)));
+  std::string contents;
+  char chunk[1 << 16];
+  for (;;) {
+    const ssize_t got = ::read(fd, chunk, sizeof chunk);
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) {
+      const int error = errno;
+      ::close(fd);
+      return absl::InvalidArgumentError(StrCat(path.string(), ": cannot read: ", std::strerror(error)));
+    }
+    if (got == 0) break;
+    contents.append(chunk, static_cast<size_t>(got));
+    // (The file may grow while it is read.)
+    if (contents.size() > max_bytes) {
+      ::close(fd);
+      return absl::InvalidArgumentError(
+          StrCat(path.string(), ": more than the ", max_bytes, " bytes this file may have"));
+    }
+  }
+  ::close(fd);
+  return contents;
 }
 
 absl::Status WriteFileDurably(const std::filesystem::path& path, std::string_view bytes) {

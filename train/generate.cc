@@ -671,7 +671,7 @@ absl::StatusOr<std::unique_ptr<Generator>> Generator::Open(const fs::path& path,
                    ReadGpt2Config(*reader, run_config, options.run_config.has_value()));
   if (reader->huggingface()) {
     // Weights of more layers than the config's would be read in part, and
-    // generate other text silently (a Tessera checkpoint's own config is
+    // generate other text silently; of fewer, miss a layer (a Tessera checkpoint's own config is
     // compared instead, ReadGpt2Config).
     int64_t layers = 0;
     for (std::string_view name : reader->TensorNames()) {
@@ -683,7 +683,8 @@ absl::StatusOr<std::unique_ptr<Generator>> Generator::Open(const fs::path& path,
         layers = std::max(layers, layer + 1);
       }
     }
-    if (layers > config.num_layers) {
+    // (And of fewer: "no tensor 'h.2.ln_1.weight'" named no layer count.)
+    if (layers != config.num_layers && layers > 0) {
       return absl::InvalidArgumentError(StrCat("model.num_layers is ", config.num_layers, ", but the weights ",
                                                dir.string(), " hold ", layers, " layers (h.0 to h.", layers - 1,
                                                "): give the config they were trained with"));

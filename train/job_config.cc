@@ -597,6 +597,10 @@ absl::StatusOr<std::vector<std::string>> FastDevRunOverrides(const std::filesyst
 absl::StatusOr<nlohmann::json> ResolveJobConfig(const nlohmann::json& config, const std::string& origin) {
   config::Origins origins;
   if (!origin.empty()) origins[""] = origin;
+  return ResolveJobConfig(config, origins);
+}
+
+absl::StatusOr<nlohmann::json> ResolveJobConfig(const nlohmann::json& config, const config::Origins& origins) {
   return config::Resolve(JobSchema(), config, origins);
 }
 

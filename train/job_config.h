@@ -196,5 +196,8 @@ absl::StatusOr<std::vector<std::string>> FastDevRunOverrides(const std::filesyst
 // A config from anywhere else; `origin` says where in messages
 // ("from RPC SubmitJob"); empty: no origin.
 absl::StatusOr<nlohmann::json> ResolveJobConfig(const nlohmann::json& config, const std::string& origin = "");
+// The same, with where each key came from (config::ApplyOverrides records
+// the overrides').
+absl::StatusOr<nlohmann::json> ResolveJobConfig(const nlohmann::json& config, const config::Origins& origins);
 
 }  // namespace tessera

@@ -316,14 +316,71 @@ absl::StatusOr<Job> Prepare(const nlohmann::json& raw_config, PlanExecutor execu
 }
 }  // namespace
 
+// Every tensor `plan` keeps must be in the run start's checkpoint with its
+// shape (a resume's or an evaluation's: all of the checkpoint's, its
+// optimizer and model); checked before any worker starts, and by `tessera
+// plan --resume`. OK when the run starts from scratch.
+namespace {
+absl::Status CheckRunStartFitsPlan(Job& job, const proto::Plan& plan, const RunStart& start) {
+  if (start.checkpoint.empty()) return absl::OkStatus();
+  // Every tensor the plan keeps must be in the checkpoint with its shape:
+  // checked here, before any worker starts.
+  ASSIGN_OR_RETURN(auto reader, CheckpointReader::Open(start.checkpoint, job.model->HuggingFaceTensors()));
+  // A resume continues the optimizer's state: another optimizer has none
+  // of it (its tensors' names would be all the error said).
+  if (!start.weights_only && !job.train.eval_only && reader->config().is_object() &&
+      reader->config().contains("optim") && reader->config()["optim"].is_object()) {
+    const nlohmann::json was = reader->config()["optim"].value("_target_", nlohmann::json());
+    const nlohmann::json is = job.config.at("optim").value("_target_", nlohmann::json());
+    if (!was.is_null() && was != is) {
+      return absl::InvalidArgumentError(StrCat("checkpoint ", start.checkpoint, " was trained with optim._target_ ",
+                                               was.dump(), ", this run has ", is.dump(),
+                                               ": a resume continues the optimizer's state (start a new run from "
+                                               "its weights with train.load_weight instead)"));
+    }
+  }
+  actors::HostCallbacks probe;
+  RETURN_IF_ERROR(BindCheckpointInitializers(plan, reader, start.weights_only, job.engine->graph().registry(), probe));
+  // A resume or an evaluation claims the checkpoint's model: the same
+  // attention heads too (they change no tensor's shape, so the checks of
+  // the tensors below do not see them).
+  if (!start.weights_only || job.train.eval_only) {
+    const nlohmann::json& saved = reader->config();
+    if (saved.is_object() && saved.contains("model") && saved["model"].is_object()) {
+      for (const char* key : {"_target_", "num_attention_heads"}) {
+        const nlohmann::json& was = saved["model"].contains(key) ? saved["model"][key] : nlohmann::json();
+        const nlohmann::json& is =
+            job.config.at("model").contains(key) ? job.config.at("model")[key] : nlohmann::json();
+        if (!was.is_null() && was != is) {
+          return absl::InvalidArgumentError(StrCat("checkpoint ", start.checkpoint, " was trained with model.", key,
+                                                   " ", was.dump(), ", this run has ", is.dump()));
+        }
+      }
+    }
+  }
+  // A resume or an evaluation claims the checkpoint's model: all of it.
+  // A new run from weights may start from part of them (transformers
+  // warns "some weights were not used", as here).
+  if (absl::Status whole = CheckCheckpointHoldsNothingMore(plan, *reader, start.weights_only); !whole.ok()) {
+    if (!start.weights_only || job.train.eval_only) return whole;
+    TLOG_WARN("train.load_weight: {}; the run starts from the rest", std::string(whole.message()));
+  }
+  return absl::OkStatus();
+}
+}  // namespace
+
 absl::StatusOr<proto::Plan> TrainingPlan(const nlohmann::json& config) {
   ASSIGN_OR_RETURN(Job job, Prepare(config));
   // Where a run would start (a resume's or load_weight's checkpoint) is
   // checked as a run checks it; a plan writes nothing, so an earlier run's
   // checkpoints in output_dir are no reason to refuse one.
-  RETURN_IF_ERROR(
-      ResolveRunStart(job.train, job.global_batch(), job.model->HuggingFaceTensors(), /*for_writing=*/false).status());
-  return job.engine->Plan(job.train.train_iter);
+  ASSIGN_OR_RETURN(const RunStart start, ResolveRunStart(job.train, job.global_batch(), job.model->HuggingFaceTensors(),
+                                                         /*for_writing=*/false));
+  ASSIGN_OR_RETURN(proto::Plan plan, job.engine->Plan(job.train.train_iter));
+  // (Its tensors' names, shapes and types, from the index: the data only
+  // train reads.)
+  RETURN_IF_ERROR(CheckRunStartFitsPlan(job, plan, start));
+  return plan;
 }
 
 std::string FormatProgressLine(int64_t iteration, int64_t iterations, const nlohmann::json& metrics) {
@@ -620,51 +677,7 @@ absl::StatusOr<std::vector<proto::NodePlan>> CompileForNodes(const nlohmann::jso
   // for one (the checks and the node split are the training plan's).
   lower.iterations = job.train.eval_only ? 1 : job.train.train_iter - start.iteration;
   ASSIGN_OR_RETURN(scheduler::LoweredPlan lowered, scheduler::LowerToPlan(job.engine->graph(), lower));
-  if (!start.checkpoint.empty()) {
-    // Every tensor the plan keeps must be in the checkpoint with its shape:
-    // checked here, before any worker starts.
-    ASSIGN_OR_RETURN(auto reader, CheckpointReader::Open(start.checkpoint, job.model->HuggingFaceTensors()));
-    // A resume continues the optimizer's state: another optimizer has none
-    // of it (its tensors' names would be all the error said).
-    if (!start.weights_only && !job.train.eval_only && reader->config().is_object() &&
-        reader->config().contains("optim") && reader->config()["optim"].is_object()) {
-      const nlohmann::json was = reader->config()["optim"].value("_target_", nlohmann::json());
-      const nlohmann::json is = job.config.at("optim").value("_target_", nlohmann::json());
-      if (!was.is_null() && was != is) {
-        return absl::InvalidArgumentError(StrCat("checkpoint ", start.checkpoint, " was trained with optim._target_ ",
-                                                 was.dump(), ", this run has ", is.dump(),
-                                                 ": a resume continues the optimizer's state (start a new run from "
-                                                 "its weights with train.load_weight instead)"));
-      }
-    }
-    actors::HostCallbacks probe;
-    RETURN_IF_ERROR(
-        BindCheckpointInitializers(lowered.plan, reader, start.weights_only, job.engine->graph().registry(), probe));
-    // A resume or an evaluation claims the checkpoint's model: the same
-    // attention heads too (they change no tensor's shape, so the checks of
-    // the tensors below do not see them).
-    if (!start.weights_only || job.train.eval_only) {
-      const nlohmann::json& saved = reader->config();
-      if (saved.is_object() && saved.contains("model") && saved["model"].is_object()) {
-        for (const char* key : {"_target_", "num_attention_heads"}) {
-          const nlohmann::json& was = saved["model"].contains(key) ? saved["model"][key] : nlohmann::json();
-          const nlohmann::json& is =
-              job.config.at("model").contains(key) ? job.config.at("model")[key] : nlohmann::json();
-          if (!was.is_null() && was != is) {
-            return absl::InvalidArgumentError(StrCat("checkpoint ", start.checkpoint, " was trained with model.", key,
-                                                     " ", was.dump(), ", this run has ", is.dump()));
-          }
-        }
-      }
-    }
-    // A resume or an evaluation claims the checkpoint's model: all of it.
-    // A new run from weights may start from part of them (transformers
-    // warns "some weights were not used", as here).
-    if (absl::Status whole = CheckCheckpointHoldsNothingMore(lowered.plan, *reader, start.weights_only); !whole.ok()) {
-      if (!start.weights_only || job.train.eval_only) return whole;
-      TLOG_WARN("train.load_weight: {}; the run starts from the rest", std::string(whole.message()));
-    }
-  }
+  RETURN_IF_ERROR(CheckRunStartFitsPlan(job, lowered.plan, start));
   ASSIGN_OR_RETURN(std::vector<proto::NodePlan> parts, comm::SplitPlan(lowered.plan));
   const std::string resolved = job.config.dump();
   for (proto::NodePlan& part : parts) {

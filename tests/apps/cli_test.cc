@@ -145,6 +145,12 @@ TEST(Cli, TrainRunsThroughAnEmbeddedMasterAndWorker) {
   EXPECT_EQ(resumed.exit_code, 0) << resumed.out;
   EXPECT_NE(resumed.out.find("arena"), std::string::npos) << resumed.out;
   EXPECT_EQ(RunTessera(plan + " train.dist.data_parallel_size=1 --resume 2>&1").exit_code, 1);  // another global batch
+  // The checkpoint's tensors against the plan's (from its index): another
+  // width is refused by plan as by train (plan said nothing of it).
+  const Result wider = RunTessera(plan + " model.ffn_hidden_size=128 --resume 2>&1");
+  EXPECT_EQ(wider.exit_code, 1) << wider.out;
+  EXPECT_NE(wider.out.find("h.0.mlp.c_fc"), std::string::npos) << wider.out;
+  EXPECT_EQ(std::count(wider.out.begin(), wider.out.end(), '\n'), 1) << wider.out;
 
   const Result diverged = RunTessera(job + dir + "_nan optim.lr=1e30");
   EXPECT_EQ(diverged.exit_code, 1) << diverged.out;

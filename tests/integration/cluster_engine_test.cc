@@ -130,6 +130,11 @@ TEST(ClusterEngineErrors, MalformedConfigIsInvalidArgumentWithTheConfigError) {
   ASSERT_FALSE(job.ok());
   EXPECT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument) << job.status();
   EXPECT_NE(job.status().message().find("did you mean 'train.train_iter'"), std::string::npos) << job.status();
+  // An override's error names it (it said "(in the submitted config)").
+  auto typed = cluster.client->Submit(files->dump(), {"train.train_iter=abc"});
+  ASSERT_FALSE(typed.ok());
+  EXPECT_NE(typed.status().message().find("(from override 'train.train_iter=abc')"), std::string::npos)
+      << typed.status();
   auto bad = cluster.client->Submit("{\"model\": 3", {});
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument) << bad.status();

@@ -84,6 +84,9 @@ std::vector<BadInput> Cases() {
       {"base missing", "file:{\"_base_\": \"no_such_base.json\"}", {}, "names base 'no_such_base.json', which does not exist"},
       {"base is a directory", "file:{\"_base_\": \"/tmp\"}", {}, "is not a regular file"},
       {"base is itself", "file:{\"_base_\": \"self.json\"}", {}, "cycle"},
+      // (A file that cannot be read says why: it said only "cannot read".)
+      {"base unreadable", "file:{\"_base_\": \"/proc/self/mem\"}", {},
+       "config file '/proc/self/mem': cannot read: Input/output error"},
       {"base nested below the top", OnMlp(R"("train": {"_base_": "x.json"})"), {}, "unknown config key 'train._base_'"},
 
       // ---- sizes that overflow or exceed what one node can hold

@@ -620,6 +620,11 @@ TEST(HuggingFace, Gpt2WeightsLoadThroughLoadWeightAndExportBack) {
   one_layer["model"]["num_layers"] = 1;
   ExpectError(Generator::Open(hf, {.run_config = one_layer}).status(), absl::StatusCode::kInvalidArgument,
               "model.num_layers is 1, but the weights " + hf.string() + " hold 2 layers (h.0 to h.1)");
+  // And of more (it said "no tensor 'h.2.ln_1.weight': not a GPT-2 checkpoint").
+  nlohmann::json three_layers = *config;
+  three_layers["model"]["num_layers"] = 3;
+  ExpectError(Generator::Open(hf, {.run_config = three_layers}).status(), absl::StatusCode::kInvalidArgument,
+              "model.num_layers is 3, but the weights " + hf.string() + " hold 2 layers (h.0 to h.1)");
 
   // Export: Hugging Face's layout (the script checks the shapes and the
   // metadata), the same logits in PyTorch.
