@@ -1,6 +1,6 @@
 #pragma once
 // How a verb of the `tessera` binary ends from inside a CLI11 callback:
-// Fail throws the one-line reason (newlines flattened) that main() prints as
+// Fail throws the one-line reason (core/strings.h's OneLine) that main() prints as
 // "tessera: <reason>" with exit code 1; Succeed ends the callback with exit 0.
 
 #include <optional>
@@ -9,17 +9,12 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "core/strings.h"
 #include "fmt/format.h"
 
 namespace tessera {
 
-[[noreturn]] inline void Fail(const std::string& message) {
-  std::string line = message;
-  for (char& c : line) {
-    if (c == '\n' || c == '\r') c = ' ';
-  }
-  throw CLI::RuntimeError(line, 1);
-}
+[[noreturn]] inline void Fail(const std::string& message) { throw CLI::RuntimeError(OneLine(message), 1); }
 
 [[noreturn]] inline void Succeed() { throw CLI::Success(); }
 

@@ -44,11 +44,8 @@
 
 namespace {
 
-int Fail(std::string message) {
-  for (char& c : message) {
-    if (c == '\n' || c == '\r') c = ' ';
-  }
-  std::fprintf(stderr, "tessera: %s\n", message.c_str());
+int Fail(const std::string& message) {
+  std::fprintf(stderr, "tessera: %s\n", tessera::OneLine(message).c_str());
   return 1;
 }
 

@@ -101,4 +101,32 @@ std::string EscapeControlChars(std::string_view text, bool non_ascii) {
   return out;
 }
 
+std::string OneLine(std::string_view message) {
+  std::string out;
+  out.reserve(message.size());
+  constexpr char kHex[] = "0123456789abcdef";
+  const auto escape = [&](unsigned char byte) {
+    out += "\\x";
+    out += kHex[byte >> 4];
+    out += kHex[byte & 15];
+  };
+  while (!message.empty()) {
+    const size_t valid = FirstInvalidUtf8(message).value_or(message.size());
+    for (const char c : message.substr(0, valid)) {
+      const auto byte = static_cast<unsigned char>(c);
+      if (c == '\n' || c == '\r') {
+        out += ' ';
+      } else if ((byte < 0x20 && c != '\t') || byte == 0x7F) {
+        escape(byte);
+      } else {
+        out += c;
+      }
+    }
+    if (valid == message.size()) break;
+    escape(static_cast<unsigned char>(message[valid]));
+    message.remove_prefix(valid + 1);
+  }
+  return out;
+}
+
 }  // namespace tessera

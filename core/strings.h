@@ -35,4 +35,10 @@ namespace tessera {
 // is not valid UTF-8).
 [[nodiscard]] std::string EscapeControlChars(std::string_view text, bool non_ascii = false);
 
+// A message as one line a terminal shows as it is: newlines (\n, \r) as
+// spaces, other ASCII control characters (a tab kept) and each byte that is
+// not part of valid UTF-8 as \xNN (a path's raw bytes reached the
+// terminal in some messages, escaped in others); valid UTF-8 as it is.
+[[nodiscard]] std::string OneLine(std::string_view message);
+
 }  // namespace tessera

@@ -297,6 +297,9 @@ TEST(Cli, FlagsNothingReadsAndValuesOutOfRangeAreOneLineErrors) {
       // An argument a verb does not take is named before a missing one, in
       // the order given, and the verb's help is pointed at.
       {"logs -x", "unknown option '-x' (see tessera logs --help)"},
+      // A path's bytes that are not UTF-8, and control characters, are
+      // escaped in every message (some printed them raw).
+      {"tokenize --tokenizer gpt2 --vocab-file \"$(printf 'v\\377\\033[31m')\" hi", "v\\xff\\x1b[31m: no such file"},
       {"--nosuch ops", "unknown option '--nosuch' (see tessera --help)"},
       {"cancel --master 127.0.0.1:1 a b c d", "unexpected arguments 'b', 'c', 'd' (see tessera cancel --help)"},
       {"train", "CONFIG is required (see tessera train --help)"},

@@ -636,5 +636,14 @@ TEST(StringsTest, EscapeControlCharsKeepsUtf8AndEscapesTheRest) {
   EXPECT_EQ(EscapeControlChars("\xc3\xa9\n", /*non_ascii=*/true), "\\xc3\\xa9\\n");
 }
 
+TEST(StringsTest, OneLineEscapesWhatIsNotUtf8) {
+  EXPECT_EQ(OneLine("a\nb\r\tc"), "a b \tc");
+  EXPECT_EQ(OneLine("caf\xc3\xa9 \xc3\x97 2"), "caf\xc3\xa9 \xc3\x97 2");
+  EXPECT_EQ(OneLine("dir_\xff_/x \xc3"), "dir_\\xff_/x \\xc3");
+  EXPECT_EQ(OneLine(std::string("\x1b[31mred\0", 9)), "\\x1b[31mred\\x00");
+  EXPECT_EQ(OneLine("\xed\xa0\x80ok"), "\\xed\\xa0\\x80ok");  // a surrogate
+  EXPECT_EQ(OneLine(""), "");
+}
+
 }  // namespace
 }  // namespace tessera::config
