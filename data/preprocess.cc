@@ -334,6 +334,7 @@ std::vector<std::string_view> SplitSentences(std::string_view text) {
   std::vector<std::string_view> sentences;
   size_t start = 0;
   const auto emit = [&](size_t end) {
+    if (end <= start) return;
     const std::string_view sentence = StripWhitespace(text.substr(start, end - start));
     if (!sentence.empty()) sentences.push_back(sentence);
   };
@@ -361,7 +362,10 @@ std::vector<std::string_view> SplitSentences(std::string_view text) {
           k < text.size() && ((text[k] >= 'a' && text[k] <= 'z') || (text[k] >= '0' && text[k] <= '9'));
       if (k > j && !continues) {
         emit(j);
-        start = k;
+        // (Past the whitespace: a blank line in it, seen again from j,
+        // emitted the text from j as a sentence a second time.)
+        start = i = k;
+        continue;
       }
       i = std::max(j, i + 1);
       continue;

@@ -122,6 +122,11 @@ TEST_F(PreprocessTest, SentenceSplittingForBert) {
 TEST(SplitSentencesTest, Rules) {
   EXPECT_THAT(SplitSentences("Hello world. This is a test."), ElementsAre("Hello world.", "This is a test."));
   EXPECT_THAT(SplitSentences("Wait... what? Yes!"), ElementsAre("Wait... what?", "Yes!"));
+  // A sentence's end, then a blank line: each piece once (the text after
+  // the blank line was emitted twice, and the rest of the text with it).
+  EXPECT_THAT(SplitSentences(".\n\n."), ElementsAre(".", "."));
+  EXPECT_THAT(SplitSentences("Hi.\n\nYes?\n\nNo!"), ElementsAre("Hi.", "Yes?", "No!"));
+  EXPECT_THAT(SplitSentences("Hi. \n \n Yes. x\n\nNo"), ElementsAre("Hi.", "Yes. x", "No"));
   EXPECT_THAT(SplitSentences("He said \"Stop.\" Then (he left.) Done"),
               ElementsAre("He said \"Stop.\"", "Then (he left.)", "Done"));
   EXPECT_THAT(SplitSentences("It\xE2\x80\x99s \xE2\x80\x9CGo.\xE2\x80\x9D Now."),
@@ -132,6 +137,38 @@ TEST(SplitSentencesTest, Rules) {
   EXPECT_THAT(SplitSentences("Dr. Smith came."), ElementsAre("Dr.", "Smith came."));
   EXPECT_THAT(SplitSentences("  \n "), ::testing::IsEmpty());
   EXPECT_THAT(SplitSentences("End."), ElementsAre("End."));
+}
+
+// Every text of up to 6 characters over an alphabet of the splitter's
+// cases: the sentences are pieces of the text, in order, each once, and
+// only whitespace lies outside them.
+TEST(SplitSentencesTest, SentencesTileTheText) {
+  constexpr std::string_view kAlphabet = ".\n ?aA\"";
+  for (int length = 1; length <= 6; ++length) {
+    std::vector<size_t> digits(static_cast<size_t>(length), 0);
+    for (bool more = true; more;) {
+      std::string text;
+      for (size_t d : digits) text += kAlphabet[d];
+      size_t at = 0;
+      std::string outside;
+      for (std::string_view sentence : SplitSentences(text)) {
+        ASSERT_GE(sentence.data(), text.data() + at) << "overlap in " << ::testing::PrintToString(text);
+        ASSERT_LE(sentence.data() + sentence.size(), text.data() + text.size());
+        outside += text.substr(at, static_cast<size_t>(sentence.data() - text.data()) - at);
+        at = static_cast<size_t>(sentence.data() - text.data()) + sentence.size();
+      }
+      outside += text.substr(at);
+      EXPECT_EQ(outside.find_first_not_of(" \n"), std::string::npos) << ::testing::PrintToString(text);
+      more = false;
+      for (size_t& d : digits) {
+        if (++d < kAlphabet.size()) {
+          more = true;
+          break;
+        }
+        d = 0;
+      }
+    }
+  }
 }
 
 // Paragraph text with words, punctuation, CRLF lines and multi-byte UTF-8.
