@@ -3,9 +3,11 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <functional>
 #include <mutex>
 #include <set>
+#include <shared_mutex>
 #include <thread>
 #include <utility>
 
@@ -243,44 +245,116 @@ absl::StatusOr<std::shared_ptr<comm::Communicator>> NodeCommunicators::JoinHiera
   return absl::InternalError(StrCat("communicator '", group, "': no local member ", rank));
 }
 
+namespace {
+
+// The KV store as the connecting threads see it: once abandoned (ConnectAll
+// gave up on a member stuck in gloo's TCP connect to a peer that died), every
+// call fails without touching the store, which the job's end frees.
+class AbandonableKvStore final : public comm::KvStore {
+ public:
+  explicit AbandonableKvStore(comm::KvStore& inner) : inner_(&inner) {}
+  absl::Status Set(const std::string& key, std::string value) override {
+    std::shared_lock lock(mu_);
+    if (inner_ == nullptr) return Abandoned();
+    return inner_->Set(key, std::move(value));
+  }
+  absl::StatusOr<std::string> Get(const std::string& key) override {
+    std::shared_lock lock(mu_);
+    if (inner_ == nullptr) return Abandoned();
+    return inner_->Get(key);
+  }
+  absl::StatusOr<std::vector<std::string>> Wait(const std::vector<std::string>& keys, absl::Duration timeout) override {
+    std::shared_lock lock(mu_);
+    if (inner_ == nullptr) return Abandoned();
+    return inner_->Wait(keys, timeout);
+  }
+  // Waits for the calls in flight (the connecting threads' waits end once
+  // `failed` is set: CancellableKvStore), then fails every later one.
+  void Abandon() {
+    std::unique_lock lock(mu_);
+    inner_ = nullptr;
+  }
+
+ private:
+  static absl::Status Abandoned() { return absl::CancelledError("kv: the connection was given up"); }
+  std::shared_mutex mu_;
+  comm::KvStore* inner_;  // under mu_; null once abandoned
+};
+
+// What the connecting threads share with ConnectAll, and keep alive when it
+// no longer waits for them.
+struct ConnectState {
+  explicit ConnectState(comm::KvStore& store) : kv(store) {}
+  AbandonableKvStore kv;
+  std::atomic<bool> failed{false};
+  std::mutex mu;
+  std::condition_variable changed;
+  int running = 0;                    // under mu
+  std::vector<absl::Status> results;  // under mu
+};
+
+// How long the members still connecting get, once one failed or the job was
+// stopped, before ConnectAll returns without them: their rendezvous waits
+// end within 100 ms of `failed`; a TCP connect to a peer that died does not
+// (gloo retries it until its timeout).
+constexpr auto kGiveUpGrace = std::chrono::seconds(1);
+
+}  // namespace
+
 absl::Status NodeCommunicators::ConnectAll() {
   if (pending_.empty()) return absl::OkStatus();
   // NCCL groups of a one-process runtime meet in a store of their own
   // (gloo ones were refused by Join without a KV store).
   if (options_.kv == nullptr && own_kv_ == nullptr) own_kv_ = std::make_unique<comm::InProcessKvStore>();
   comm::KvStore& kv = options_.kv != nullptr ? *options_.kv : *own_kv_;
-  std::vector<absl::Status> results(pending_.size());
-  std::vector<std::thread> threads;
-  threads.reserve(pending_.size());
+  auto state = std::make_shared<ConnectState>(kv);
+  state->running = static_cast<int>(pending_.size());
+  state->results.assign(pending_.size(), absl::OkStatus());
   // The first failure makes the others give up waiting for their peers:
   // the load fails anyway. So does the job's stop (options_.cancel).
-  std::atomic<bool> failed{false};
-  std::atomic<int> running{static_cast<int>(pending_.size())};
+  std::vector<std::thread> threads;
+  threads.reserve(pending_.size());
   for (size_t i = 0; i < pending_.size(); ++i) {
-    threads.emplace_back([this, i, &results, &kv, &failed, &running]() {
-      results[i] = pending_[i]->Connect(kv, failed);
-      if (!results[i].ok()) failed = true;
-      --running;
+    threads.emplace_back([state, member = pending_[i], i]() {
+      const absl::Status result = member->Connect(state->kv, state->failed);
+      if (!result.ok()) state->failed = true;
+      std::lock_guard<std::mutex> lock(state->mu);
+      state->results[i] = result;
+      --state->running;
+      state->changed.notify_all();
     });
   }
-  bool stopped = false;
-  if (options_.cancel != nullptr) {
-    while (running.load() > 0 && !failed.load()) {
-      if (options_.cancel->load()) {
-        stopped = failed = true;
-        break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-  }
-  for (std::thread& t : threads) t.join();
   pending_.clear();
+  bool stopped = false;
+  std::unique_lock<std::mutex> lock(state->mu);
+  while (state->running > 0 && !state->failed.load()) {
+    if (options_.cancel != nullptr && options_.cancel->load()) {
+      stopped = true;
+      state->failed = true;
+      break;
+    }
+    state->changed.wait_for(lock, std::chrono::milliseconds(10));
+  }
+  // A member that failed or a stop: the others get kGiveUpGrace to notice;
+  // one stuck connecting to a dead peer is left behind (its thread ends at
+  // gloo's timeout, touching only `state`), so a stop is not held up by it.
+  const bool all_done = state->changed.wait_for(lock, kGiveUpGrace, [&state] { return state->running == 0; });
+  const std::vector<absl::Status> results = state->results;
+  const int left = state->running;
+  lock.unlock();
+  if (all_done) {
+    for (std::thread& t : threads) t.join();
+  } else {
+    state->kv.Abandon();
+    for (std::thread& t : threads) t.detach();
+  }
   if (stopped) return absl::CancelledError("the job was stopped while its communicators met their peers");
   // The cause, not the members that gave up because of it.
   for (const absl::Status& status : results) {
     if (!status.ok() && status.code() != absl::StatusCode::kCancelled) return status;
   }
   for (const absl::Status& status : results) RETURN_IF_ERROR(status);
+  if (left > 0) return absl::CancelledError("communicators gave up connecting");
   return absl::OkStatus();
 }
 

@@ -272,7 +272,8 @@ void AddClusterCommands(CLI::App& app, ClusterCommandDeps deps) {
       ->add_option("--metrics-host", master_flags->metrics_host,
                    "Address /metrics binds (a routable one lets Prometheus scrape it)")
       ->capture_default_str()
-      ->check(NumericAddressCheck());
+      ->check(NumericAddressCheck())
+      ->needs("--metrics-port");
   master->add_option("--heartbeat-ms", master_flags->heartbeat_ms, "Heartbeat interval of workers")
       ->check(InRange(10, 600000))
       ->capture_default_str();
@@ -340,8 +341,13 @@ void AddClusterCommands(CLI::App& app, ClusterCommandDeps deps) {
       ->check(AddressCheck());
   worker
       ->add_option("--data-address", worker_flags->data_address,
-                   "Its data-plane host[:port], given to peers (gloo listens on the host; default 127.0.0.1)")
-      ->check(AddressCheck(/*port_required=*/false));
+                   "Its data-plane host, given to peers (gloo listens there on ports it picks; default 127.0.0.1)")
+      ->check(CLI::Validator(
+          [](std::string& value) {
+            const absl::Status status = cluster::CheckDataHost(value);
+            return status.ok() ? std::string() : std::string(status.message());
+          },
+          "HOST"));
   worker->add_option("--id", worker_flags->id, "Its worker id (default: the master assigns one)")
       ->check(CLI::Validator(
           [](std::string& value) {

@@ -17,6 +17,7 @@
 #include "absl/strings/numbers.h"
 #include "actors/plan.h"
 #include "actors/runtime.h"
+#include "cluster/transport.h"
 #include "core/config.h"
 #include "core/file_util.h"
 #include "core/logging.h"
@@ -435,8 +436,7 @@ class EnginePlanRunner final : public PlanRunner {
     options.hostname = options_.hostname;
     for (const WorkerSlot& slot : context_.slots) {
       if (slot.node != context_.node || slot.data_address.empty()) continue;
-      const size_t colon = slot.data_address.rfind(':');
-      options.hostname = colon == std::string::npos ? slot.data_address : slot.data_address.substr(0, colon);
+      options.hostname = DataHostName(slot.data_address);
     }
     options.connect_timeout_s = options_.connect_timeout_s;
     options.stall_timeout_s = options_.stall_timeout_s;

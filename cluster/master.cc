@@ -609,7 +609,11 @@ class Master::Impl final : public control::Master::Service {
     if (static_cast<size_t>(request->overrides_size()) > kMaxOverrides) return Invalid("more than 1000 overrides");
     std::vector<std::string> overrides;
     for (const std::string& o : request->overrides()) {
-      if (o.size() > kMaxOverrideBytes) return Invalid("an override is longer than 4096 bytes");
+      if (o.size() > kMaxOverrideBytes) {
+        // (Named by its key, escaped and cut: it said only "an override".)
+        return Invalid(absl::StrCat("override '", EscapeControlChars(o.substr(0, std::min<size_t>(o.find('='), 64))),
+                                    "=...' is ", o.size(), " bytes, longer than 4096"));
+      }
       overrides.push_back(o);
     }
     absl::StatusOr<JobSpec> spec;

@@ -1,7 +1,9 @@
 #include "cluster/transport.h"
 
+#include <arpa/inet.h>
 #include <netdb.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -17,6 +19,7 @@
 #include "cluster/tls_material.h"
 #include "core/file_util.h"
 #include "core/logging.h"
+#include "core/status.h"
 #include "core/strings.h"
 #include "grpc/support/log.h"
 #include "grpcpp/create_channel.h"
@@ -185,6 +188,26 @@ absl::Status CheckListenable(const std::string& address) {
   return absl::OkStatus();
 }
 
+absl::Status CheckDataHost(const std::string& address) {
+  // (A bare IPv6 address is a host: its colons are no port.)
+  in6_addr v6{};
+  if (::inet_pton(AF_INET6, address.c_str(), &v6) == 1) return absl::OkStatus();
+  RETURN_IF_ERROR(CheckAddress(address, /*port_required=*/false));
+  const bool bracketed = address.starts_with("[");
+  const bool has_port = bracketed ? !address.ends_with("]") : address.find(':') != std::string::npos;
+  if (has_port) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", EscapeControlChars(address, /*non_ascii=*/true),
+                     "': a host only (gloo listens there on ports it picks; a port would not be used)"));
+  }
+  return absl::OkStatus();
+}
+
+std::string DataHostName(const std::string& address) {
+  if (address.starts_with("[") && address.ends_with("]")) return address.substr(1, address.size() - 2);
+  return address;
+}
+
 absl::Status CheckAddress(const std::string& address, bool port_required) {
   // gRPC's own schemes (unix:, dns:///, ipv4:, ...) are left to it; another
   // scheme (http://, grpc://) it would look up as a host name.
@@ -261,6 +284,25 @@ absl::StatusOr<Served> Serve(const std::string& listen, const Security& security
     if (listen.starts_with(scheme)) {
       return absl::InvalidArgumentError(absl::StrCat(what, ": listen address '", listen, "': a server listens on ",
                                                      "HOST:PORT, dns:///HOST:PORT or unix:PATH, not ", scheme));
+    }
+  }
+  // gRPC replaces a socket file that is there: a second daemon on a unix:
+  // path took it from the first, which nothing new could reach. One that
+  // answers is in use (a file left by a killed daemon answers no connect).
+  if (listen.starts_with("unix:")) {
+    std::string path = listen.substr(5);
+    if (path.starts_with("//")) path = path.substr(2);
+    sockaddr_un peer{};
+    if (path.size() < sizeof peer.sun_path && std::filesystem::exists(path)) {
+      const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      peer.sun_family = AF_UNIX;
+      std::memcpy(peer.sun_path, path.data(), path.size());
+      const bool answered = fd >= 0 && ::connect(fd, reinterpret_cast<const sockaddr*>(&peer), sizeof peer) == 0;
+      if (fd >= 0) ::close(fd);
+      if (answered) {
+        return absl::UnavailableError(
+            absl::StrCat(what, ": cannot listen on '", listen, "': another process serves that socket"));
+      }
     }
   }
   grpc::ServerBuilder builder;

@@ -77,6 +77,12 @@ enum class SecretKind { kToken, kCertificates, kCaCertificates, kPrivateKey };
 // without `port_required`, HOST alone too. Addresses in gRPC's own schemes
 // (unix:, dns:///...) pass. The error quotes the address.
 [[nodiscard]] absl::Status CheckAddress(const std::string& address, bool port_required = true);
+// A worker's data-plane host (`--data-address`): an address as above
+// without a port (gloo listens on ports it picks: a port given was checked,
+// then not used); an IPv6 host in brackets or not.
+[[nodiscard]] absl::Status CheckDataHost(const std::string& address);
+// The host of a data address for gloo to listen on: without brackets.
+std::string DataHostName(const std::string& address);
 // Whether this machine can listen on HOST[:PORT]'s host (a worker's data
 // plane: gloo and the actor bus listen there): it resolves and a TCP socket
 // binds to it (on the port, or any). FAILED_PRECONDITION naming the address

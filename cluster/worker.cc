@@ -67,7 +67,9 @@ class Worker::Impl final : public control::Worker::Service {
     // Its peers will dial the data-plane address: one this machine cannot
     // listen on would fail every job placed here, not the worker.
     if (!options_.data_address.empty()) {
-      if (auto status = CheckListenable(options_.data_address); !status.ok()) {
+      const std::string host = DataHostName(options_.data_address);
+      if (auto status = CheckListenable(host.find(':') != std::string::npos ? absl::StrCat("[", host, "]") : host);
+          !status.ok()) {
         return absl::Status(status.code(), absl::StrCat("worker: data_address ", status.message()));
       }
     }
@@ -86,7 +88,7 @@ class Worker::Impl final : public control::Worker::Service {
     const auto fail = [](auto&&... parts) { return absl::InvalidArgumentError(absl::StrCat("worker: ", parts...)); };
     if (auto status = CheckAddress(options_.master); !status.ok()) return fail("master address ", status.message());
     if (!options_.data_address.empty()) {
-      if (auto status = CheckAddress(options_.data_address, /*port_required=*/false); !status.ok()) {
+      if (auto status = CheckDataHost(options_.data_address); !status.ok()) {
         return fail("data_address ", status.message());
       }
     }
@@ -578,7 +580,9 @@ class Worker::Impl final : public control::Worker::Service {
       }
       if (status.error_code() != grpc::StatusCode::UNAVAILABLE &&
           status.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {
-        TLOG_WARN("the master refused registration: {}", status.error_message());
+        // (gRPC's own answers may carry no text: a worker's address given
+        // as the master's said "refused registration: " and nothing.)
+        TLOG_WARN("the master at {} refused registration: {}", options_.master, std::string(ToAbsl(status).message()));
       } else {
         // No master there (yet): waiting is right, silently is not.
         const absl::Time now = absl::Now();

@@ -5,6 +5,7 @@
 
 #include <cerrno>
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <iterator>
 #include <limits>
@@ -247,6 +248,10 @@ absl::StatusOr<Json> ReadJsonFile(const fs::path& path) {
         "config file '", path.string(), "': ", message.starts_with(prefix) ? message.substr(prefix.size()) : message));
   }
   std::string contents = *std::move(read);
+  // (The parser said "unexpected end of input; expected '[', '{', or a literal".)
+  if (contents.find_first_not_of(" \t\r\n") == std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat("config file '", path.string(), "' is empty"));
+  }
   // The parser would take a NUL for the end of the input and ignore the rest.
   if (const std::size_t nul = contents.find('\0'); nul != std::string::npos) {
     return absl::InvalidArgumentError(absl::StrCat("config file '", path.string(), "' contains a NUL byte at offset ", nul,
@@ -484,6 +489,20 @@ absl::Status ApplyOverrides(Json& config, const std::vector<std::string>& overri
     }
     ASSIGN_OR_RETURN(const std::vector<std::string> segments, SplitKey(parsed.key));
     Json value = parsed.value;
+    // A number past a double's range (JSON's parser refuses it, so it was
+    // taken as text): said as such, not as "got string".
+    if (entry->key != nullptr && value.is_string() &&
+        (entry->key->type == KeyType::kNumber || entry->key->type == KeyType::kInt)) {
+      const std::string& text = parsed.raw_value;
+      char* end = nullptr;
+      errno = 0;
+      (void)std::strtod(text.c_str(), &end);
+      const bool json_number = !text.empty() && text.find_first_not_of("0123456789+-.eE") == std::string::npos;
+      if (json_number && end == text.c_str() + text.size() && errno == ERANGE) {
+        return absl::InvalidArgumentError(absl::StrCat("config key '", ShortText(parsed.key), "'", from, ": ",
+                                                       ShortText(text), " is beyond the range of a number"));
+      }
+    }
     // `name=2024` on a string key means the text, not a type error.
     if (entry->key != nullptr && entry->key->type == KeyType::kString && (value.is_number() || value.is_boolean())) {
       value = parsed.raw_value;

@@ -323,6 +323,10 @@ TEST(Cli, FlagsNothingReadsAndValuesOutOfRangeAreOneLineErrors) {
       {"status --master 127.0.0.1:1 --token-file " + dir.string(), "' is a directory"},
       {"status --master 127.0.0.1:1 --token-file " + big_token, "a token is at most 4096 bytes, this one has 5000"},
       // (A numeric address: nothing is looked up, nothing sent.)
+      // (The port was checked, then not used: gloo picks its ports.)
+      {"worker --master 127.0.0.1:1 --devices cpu:1 --data-address 127.0.0.1:27160",
+       "--data-address: '127.0.0.1:27160': a host only"},
+      {"master --listen 127.0.0.1:0 --metrics-host 0.0.0.0", "--metrics-host requires --metrics-port"},
       {"worker --master 127.0.0.1:1 --devices cpu:1 --data-address 10.9.9.9",
        "worker: data_address '10.9.9.9': this machine cannot listen there"},
   };

@@ -257,7 +257,15 @@ TEST(ClusterTest, BadOptionsOfAnEmbeddedClientMasterOrWorkerAreNamed) {
     EXPECT_EQ(*bound, socket);
     auto listed = Client(ClientOptionsFor(*bound)).List();
     EXPECT_TRUE(listed.ok()) << listed.status();
+    // A second daemon on the socket is refused (gRPC replaced the file: the
+    // first master, still running, could be reached by nothing new).
+    Master second(on_socket, std::make_unique<FakeJobCompiler>());
+    EXPECT_NE(second.Start().status().message().find("another process serves that socket"), std::string::npos);
+    EXPECT_TRUE(Client(ClientOptionsFor(*bound)).List().ok());
     master.Shutdown();
+    // The file of one that is gone is taken over.
+    EXPECT_TRUE(second.Start().ok());
+    second.Shutdown();
     fs::remove(socket.substr(5));
   }
   Master::Options fast_timeout = FastMasterOptions();

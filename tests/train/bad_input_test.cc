@@ -76,7 +76,7 @@ std::vector<BadInput> Cases() {
       {"file with invalid UTF-8", "file:{\"train\": {\"output_dir\": \"\xff\"}}", {}, "ill-formed UTF-8 byte; last read: '\"\\xff'"},
       {"file nesting 10000 deep", "file:{\"a\": " + std::string(10000, '[') + std::string(10000, ']') + "}", {}, "deeper than 32 levels"},
       {"file not an object", "file:[1, 2, 3]", {}, "must hold a JSON object, not an array"},
-      {"file empty", "file:", {}, "JSON syntax error"},
+      {"file empty", "file:", {}, "' is empty"},
       {"file truncated", "file:{\"train\": {\"train_iter\": ", {}, "JSON syntax error"},
       {"file with a NUL", std::string("file:{\"a\": 1}\0{\"b\": 2}", 22), {}, "contains a NUL byte at offset 8"},
       {"base not a string", "file:{\"_base_\": 3}", {}, "_base_ must be a non-empty string or an array of non-empty strings"},
@@ -85,6 +85,8 @@ std::vector<BadInput> Cases() {
       {"base is a directory", "file:{\"_base_\": \"/tmp\"}", {}, "is not a regular file"},
       {"base is itself", "file:{\"_base_\": \"self.json\"}", {}, "cycle"},
       // (A file that cannot be read says why: it said only "cannot read".)
+      {"file of whitespace", "file:  \n", {}, "' is empty"},
+      {"number past a double", kGpt, {"optim.lr=1e309"}, "config key 'optim.lr' (from override 'optim.lr=1e309'): 1e309 is beyond the range of a number"},
       {"base unreadable", "file:{\"_base_\": \"/proc/self/mem\"}", {},
        "config file '/proc/self/mem': cannot read: Input/output error"},
       {"base nested below the top", OnMlp(R"("train": {"_base_": "x.json"})"), {}, "unknown config key 'train._base_'"},
