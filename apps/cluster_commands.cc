@@ -50,7 +50,10 @@ struct SecurityFlags {
     verb->add_option("--tls-server-name", tls_server_name,
                      "The name in " + peer_cert + ", if not the host dialled");
   }
+  bool serves = false;  // a daemon's: it serves and dials (AddServerFlags)
+
   void AddServerFlags(CLI::App* verb, const std::string& peer_cert = "the master's certificate") {
+    serves = true;
     AddClientFlags(verb, peer_cert);
     verb->add_option("--tls-cert", tls_cert, "PEM certificate this daemon serves with (with --tls-key: TLS on)");
     verb->add_option("--tls-key", tls_key, "PEM private key of --tls-cert");
@@ -73,6 +76,15 @@ struct SecurityFlags {
       if (absl::Status pair = cluster::CheckServedPair(security.tls_cert, security.tls_key); !pair.ok()) {
         Fail(absl::StrCat("--tls-cert '", tls_cert, "' and --tls-key '", tls_key, "': ", pair.message()));
       }
+    }
+    // A daemon with --tls-ca alone served plaintext and dialled TLS (its
+    // peers failed to call it); with a certificate and no CA it dialled
+    // plaintext peers that serve TLS.
+    if (serves && security.tls_cert.empty() != security.tls_ca.empty()) {
+      Fail(
+          absl::StrCat("TLS is all or nothing on a daemon (it serves and dials): give --tls-cert, --tls-key and "
+                       "--tls-ca together (",
+                       security.tls_ca.empty() ? "--tls-ca is missing" : "--tls-ca alone would serve plaintext", ")"));
     }
     security.tls_server_name = tls_server_name;
     return security;

@@ -409,6 +409,28 @@ class Master::Impl final : public control::Master::Service {
     record->data_address = request->data_address();
     record->address = request->worker_address();
     record->stub = control::Worker::NewStub(MakeChannel(record->address, options_.security));
+    // The master calls its workers too: one it cannot call with its token
+    // and TLS settings is refused now, naming why (it was taken, lost for
+    // its failed probes and taken again, for ever). A worker not reached
+    // at all is left to the heartbeat deadline, as before.
+    {
+      grpc::ClientContext probe;
+      PrepareContext(probe, options_.security, absl::Seconds(2));
+      control::WorkerStatusResponse ignored;
+      const grpc::Status answer = record->stub->Status(&probe, control::WorkerStatusRequest(), &ignored);
+      const bool handshake =
+          answer.error_code() == grpc::StatusCode::UNAVAILABLE &&
+          (absl::StrContains(answer.error_message(), "SSL") || absl::StrContains(answer.error_message(), "Ssl") ||
+           absl::StrContains(answer.error_message(), "handshake"));
+      if (answer.error_code() == grpc::StatusCode::UNAUTHENTICATED ||
+          answer.error_code() == grpc::StatusCode::PERMISSION_DENIED ||
+          answer.error_code() == grpc::StatusCode::UNIMPLEMENTED || handshake) {
+        return Precondition(absl::StrCat("the master cannot call this worker back at ", record->address, " (",
+                                         ToAbsl(answer).message(),
+                                         "): give the worker the master's --token-file, and TLS on both or neither "
+                                         "(--tls-cert, --tls-key, --tls-ca)"));
+      }
+    }
     absl::MutexLock lock(&mu_);
     if (shutting_down_) return {grpc::StatusCode::UNAVAILABLE, "master is shutting down"};
     if (request->worker_id().empty()) {

@@ -581,8 +581,21 @@ class Worker::Impl final : public control::Worker::Service {
       if (status.error_code() != grpc::StatusCode::UNAVAILABLE &&
           status.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {
         // (gRPC's own answers may carry no text: a worker's address given
-        // as the master's said "refused registration: " and nothing.)
-        TLOG_WARN("the master at {} refused registration: {}", options_.master, std::string(ToAbsl(status).message()));
+        // as the master's said "refused registration: " and nothing.) Once
+        // per minute while the answer stays the same: a wrong token was
+        // 86,400 lines a day.
+        const std::string why(ToAbsl(status).message());
+        const absl::Time now = absl::Now();
+        if (why != last_refusal_ || now - last_refusal_warning_ >= absl::Seconds(60)) {
+          TLOG_WARN("the master at {} refused registration: {}{}", options_.master, why,
+                    refusals_unlogged_ > 0 ? absl::StrCat(" (and ", refusals_unlogged_, " times since the last line)")
+                                           : std::string());
+          last_refusal_ = why;
+          last_refusal_warning_ = now;
+          refusals_unlogged_ = 0;
+        } else {
+          ++refusals_unlogged_;
+        }
       } else {
         // No master there (yet): waiting is right, silently is not.
         const absl::Time now = absl::Now();
@@ -628,6 +641,10 @@ class Worker::Impl final : public control::Worker::Service {
   // Registration attempts no master answered (the heartbeat thread's own).
   absl::Time unanswered_since_ = absl::InfiniteFuture();
   absl::Time last_unanswered_warning_ = absl::InfinitePast();
+  // The last refusal logged (Register's thread only).
+  std::string last_refusal_;
+  absl::Time last_refusal_warning_ = absl::InfinitePast();
+  int64_t refusals_unlogged_ = 0;
   bool reap_needed_ ABSL_GUARDED_BY(mu_) = false;
   std::string worker_id_ ABSL_GUARDED_BY(mu_);
   uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;

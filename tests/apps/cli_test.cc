@@ -386,6 +386,13 @@ TEST(Cli, TlsFlagsNameWhatIsWrong) {
        "tessera: --tls-key: '" + cert + "': holds no PRIVATE KEY block (a certificate's file given for it?)"},
       {"status --master 127.0.0.1:1 --tls-ca " + key,
        "tessera: --tls-ca: '" + key + "': holds no CERTIFICATE block (a private key's file given for it?)"},
+      // A daemon serves and dials: half of TLS served plaintext, or dialled it.
+      {"master --listen 127.0.0.1:0 --tls-ca " + cert,
+       "tessera: TLS is all or nothing on a daemon (it serves and dials): give --tls-cert, --tls-key and --tls-ca "
+       "together (--tls-ca alone would serve plaintext)"},
+      {"worker --master 127.0.0.1:1 --devices cpu:1 --tls-cert " + cert + " --tls-key " + key,
+       "tessera: TLS is all or nothing on a daemon (it serves and dials): give --tls-cert, --tls-key and --tls-ca "
+       "together (--tls-ca is missing)"},
   };
   for (const auto& [args, error] : cases) {
     SCOPED_TRACE(args);

@@ -8,11 +8,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <memory>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -293,6 +295,44 @@ TEST(SecurityTest, Tls) {
   Client trusted_client(trusted);
   EXPECT_TRUE(trusted_client.List().ok()) << trusted_client.List().status();
   fs::remove_all(dir);
+}
+
+// A worker the master cannot call back (a token on the worker only) is
+// refused at registration, naming why: it was taken, lost for failing the
+// master's probes and taken again, for ever, and the jobs placed on it
+// failed.
+TEST(SecurityTest, AWorkerTheMasterCannotCallBackIsRefusedNamingWhy) {
+  Deadline deadline(seconds(20), "a worker the master cannot call");
+  Master master(FastMasterOptions(), std::make_unique<FakeJobCompiler>());
+  auto bound = master.Start();
+  ASSERT_TRUE(bound.ok()) << bound.status();
+  Worker::Options options = FastWorkerOptions(*bound, "cpu:1");
+  options.security.token = "the-workers-only";
+  Worker worker(options, SleepyRunnerFactory(std::make_shared<RunnerCounters>()));
+  auto address = worker.Start();
+  ASSERT_TRUE(address.ok()) << address.status();
+  auto stub = control::Master::NewStub(MakeChannel(*bound, Security{}));
+  grpc::ClientContext context;
+  control::RegisterWorkerRequest request;
+  request.set_devices("cpu:1");
+  request.set_worker_address(*address);
+  control::RegisterWorkerResponse response;
+  const grpc::Status refused = stub->RegisterWorker(&context, request, &response);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << refused.error_message();
+  EXPECT_NE(refused.error_message().find("the master cannot call this worker back at " + *address +
+                                         " (missing or wrong token"),
+            std::string::npos)
+      << refused.error_message();
+  // Its own registrations are refused likewise: never listed.
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  Client::Options client_options;
+  client_options.master = *bound;
+  Client client(client_options);
+  auto workers = client.ListWorkers();
+  ASSERT_TRUE(workers.ok()) << workers.status();
+  EXPECT_TRUE(workers->empty());
+  worker.Shutdown();
+  master.Shutdown();
 }
 
 // Material made here with OpenSSL's API: keys, certificates of any
