@@ -51,7 +51,7 @@ absl::StatusOr<std::string> Client::Submit(const std::string& config_json, const
   control::SubmitJobResponse response;
   grpc::ClientContext context;
   PrepareContext(context, options_.security, options_.timeout);
-  if (auto status = ToAbsl(stub_->SubmitJob(&context, request, &response)); !status.ok()) return status;
+  if (auto status = Reached(stub_->SubmitJob(&context, request, &response)); !status.ok()) return status;
   return response.job_id();
 }
 
@@ -63,7 +63,7 @@ absl::StatusOr<control::JobInfo> Client::Get(const std::string& job_id) {
   control::JobInfo response;
   grpc::ClientContext context;
   PrepareContext(context, options_.security, options_.timeout);
-  if (auto status = ToAbsl(stub_->GetJob(&context, request, &response)); !status.ok()) return status;
+  if (auto status = Reached(stub_->GetJob(&context, request, &response)); !status.ok()) return status;
   return response;
 }
 
@@ -72,7 +72,7 @@ absl::StatusOr<std::vector<control::JobInfo>> Client::List() {
   control::ListJobsResponse response;
   grpc::ClientContext context;
   PrepareContext(context, options_.security, options_.timeout);
-  if (auto status = ToAbsl(stub_->ListJobs(&context, control::ListJobsRequest(), &response)); !status.ok()) {
+  if (auto status = Reached(stub_->ListJobs(&context, control::ListJobsRequest(), &response)); !status.ok()) {
     return status;
   }
   return std::vector<control::JobInfo>(response.jobs().begin(), response.jobs().end());
@@ -83,7 +83,7 @@ absl::StatusOr<std::vector<control::WorkerInfo>> Client::ListWorkers() {
   control::ListWorkersResponse response;
   grpc::ClientContext context;
   PrepareContext(context, options_.security, options_.timeout);
-  if (auto status = ToAbsl(stub_->ListWorkers(&context, control::ListWorkersRequest(), &response)); !status.ok()) {
+  if (auto status = Reached(stub_->ListWorkers(&context, control::ListWorkersRequest(), &response)); !status.ok()) {
     return status;
   }
   return std::vector<control::WorkerInfo>(response.workers().begin(), response.workers().end());
@@ -103,7 +103,7 @@ absl::StatusOr<control::JobInfo> Client::Cancel(const std::string& job_id, const
   control::JobInfo response;
   grpc::ClientContext context;
   PrepareContext(context, options_.security, options_.timeout);
-  if (auto status = ToAbsl(stub_->CancelJob(&context, request, &response)); !status.ok()) return status;
+  if (auto status = Reached(stub_->CancelJob(&context, request, &response)); !status.ok()) return status;
   return response;
 }
 
@@ -145,10 +145,40 @@ absl::Status Client::Watch(const std::string& job_id, const std::function<bool(c
       return absl::CancelledError("watch stopped by the caller");
     }
   }
-  absl::Status status = ToAbsl(reader->Finish());
+  absl::Status status = Reached(reader->Finish());
   forget();
   if (stopped) return absl::CancelledError("watch stopped by Client::StopWatches");
   return status;
+}
+
+absl::Status Client::Reached(const grpc::Status& status) const {
+  absl::Status converted = ToAbsl(status);
+  if (!absl::IsUnavailable(converted) && !absl::IsDeadlineExceeded(converted)) return converted;
+  // gRPC's transport text ("failed to connect to all addresses; last error:
+  // UNKNOWN: ipv4:...: Failed to connect to remote host: Connection
+  // refused", OpenSSL's error codes) in words; the master's own answers
+  // ("master is shutting down") as they are.
+  const std::string text(converted.message());
+  const auto has = [&](std::string_view part) { return text.find(part) != std::string::npos; };
+  std::string why;
+  if (has("Connection refused")) {
+    why = "nothing listens there (is `tessera master` running at that address?)";
+  } else if (has("wrong version number")) {
+    why = "the TLS handshake failed: it serves no TLS (leave out --tls-ca)";
+  } else if (has("certificate verify failed")) {
+    why = "the TLS handshake failed: its certificate is not one --tls-ca verifies";
+  } else if (has("http1.x server")) {
+    why = "an HTTP/1 server answers there, not the master (the metrics port?)";
+  } else if (has("Socket closed") && options_.security.tls_ca.empty()) {
+    why = "the connection was closed (a master serving TLS dialled without --tls-ca, or one that went away)";
+  } else if (has("SETTINGS frame") || (absl::IsDeadlineExceeded(converted) && has("Deadline Exceeded"))) {
+    why = "no answer in time (a master stopped or overloaded, or another kind of server)";
+  } else if (has("failed to connect to all addresses") || has("DNS resolution failed")) {
+    why = text;
+  } else {
+    return converted;
+  }
+  return absl::Status(converted.code(), absl::StrCat("cannot reach the master at ", options_.master, ": ", why));
 }
 
 void Client::StopWatches() {

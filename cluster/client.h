@@ -68,6 +68,9 @@ class Client {
   void StopWatches();
 
  private:
+  // A call's status, with the master's address and gRPC's transport errors
+  // (connection refused, TLS handshakes) in words.
+  absl::Status Reached(const grpc::Status& status) const;
   const Options options_;
   const absl::Status invalid_;  // OK, or why options_ cannot work
   std::unique_ptr<control::Master::Stub> stub_;

@@ -313,6 +313,9 @@ TEST(Cli, FlagsNothingReadsAndValuesOutOfRangeAreOneLineErrors) {
       {"master --listen 127.0.0.1:0 --heartbeat-ms 1000 --worker-timeout-ms 1500",
        "--worker-timeout-ms 1500 must be at least twice --heartbeat-ms 1000"},
       {"status --master 127.0.0.1", "no port (expected HOST:PORT)"},
+      // gRPC's transport text in words (it said "failed to connect to all
+      // addresses; last error: UNKNOWN: ipv4:127.0.0.1:1: ...").
+      {"status --master 127.0.0.1:1", "cannot reach the master at 127.0.0.1:1: nothing listens there"},
       {"status --master ''", "--master: an empty value: give one, or leave the flag out"},
       {"worker --master 127.0.0.1:1 --devices cpu:1 --id 'a b'", "is not 1-128 characters of [A-Za-z0-9._-]"},
       {"status --master 127.0.0.1:1 --token-file " + token, "a token must be printable ASCII without spaces"},
