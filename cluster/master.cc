@@ -277,9 +277,15 @@ class Master::Impl final : public control::Master::Service {
   absl::StatusOr<std::string> Start() {
     if (started_) return absl::FailedPreconditionError("master already started");
     if (auto status = CheckOptions(); !status.ok()) return status;
-    if (auto status = LoadState(); !status.ok()) return status;
+    if (auto status = LoadState(); !status.ok()) {
+      ForgetNewStateDir();
+      return status;
+    }
     auto served = Serve(options_.listen, options_.security, this, "master");
-    if (!served.ok()) return served.status();
+    if (!served.ok()) {
+      ForgetNewStateDir();
+      return served.status();
+    }
     server_ = std::move(served->server);
     address_ = std::move(served->address);
     if (options_.metrics_port >= 0) {
@@ -288,6 +294,7 @@ class Master::Impl final : public control::Master::Service {
       if (!bound.ok()) {
         server_->Shutdown();
         server_.reset();
+        ForgetNewStateDir();
         return bound.status();
       }
       metrics_port_ = *bound;
@@ -300,6 +307,18 @@ class Master::Impl final : public control::Master::Service {
   }
 
   int metrics_port() const { return metrics_port_; }
+
+  // A master that did not start leaves no --state-dir it made (with its
+  // .lock in it: "no output behind").
+  void ForgetNewStateDir() {
+    if (!state_dir_made_) return;
+    if (state_lock_fd_ >= 0) ::close(state_lock_fd_);
+    state_lock_fd_ = -1;
+    std::error_code ignored;
+    fs::remove(fs::path(options_.state_dir) / ".lock", ignored);
+    fs::remove(options_.state_dir, ignored);  // only if empty
+    state_dir_made_ = false;
+  }
 
   // What the CLI's flags check for `tessera master`, for a program that
   // embeds the master.
@@ -1561,7 +1580,7 @@ class Master::Impl final : public control::Master::Service {
   absl::Status LoadState() {
     if (options_.state_dir.empty()) return absl::OkStatus();
     std::error_code error;
-    fs::create_directories(options_.state_dir, error);
+    state_dir_made_ = fs::create_directories(options_.state_dir, error);
     if (error) {
       return absl::InternalError(absl::StrCat("cannot create --state-dir '", options_.state_dir, "': ", error.message()));
     }
@@ -1932,6 +1951,7 @@ class Master::Impl final : public control::Master::Service {
   // Calls to workers Shutdown cancels (registered for their duration).
   std::set<grpc::ClientContext*> cancelable_calls_ ABSL_GUARDED_BY(mu_);
   uint64_t next_session_ ABSL_GUARDED_BY(mu_) = 0;
+  bool state_dir_made_ = false;  // LoadState created --state-dir
   int state_lock_fd_ = -1;  // the --state-dir's .lock, held (flock) while this master lives
   uint64_t next_epoch_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t next_worker_number_ ABSL_GUARDED_BY(mu_) = 0;

@@ -291,7 +291,16 @@ absl::StatusOr<DirectoryClaim> DirectoryClaim::AcquireLocked(const std::filesyst
   for (int attempt = 0;; ++attempt) {
     DirectoryClaim claim;
     std::error_code ec;
+    // The outermost of the directories about to be made: they go with it
+    // (an output_dir of a/b/c left a/b behind).
+    std::filesystem::path outermost = dir;
+    for (std::filesystem::path up = dir.parent_path();
+         !up.empty() && up != up.root_path() && !std::filesystem::exists(up, ec) && !ec; up = up.parent_path()) {
+      outermost = up;
+    }
+    ec.clear();
     claim.created_ = std::filesystem::create_directories(dir, ec) || made_before;
+    claim.outermost_made_ = claim.created_ && !made_before ? outermost : dir;
     if (ec) return absl::InvalidArgumentError(StrCat("cannot create directory '", dir.string(), "': ", ec.message()));
     claim.dir_ = dir;
     claim.fd_ = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -344,7 +353,8 @@ DirectoryClaim::DirectoryClaim(DirectoryClaim&& other) noexcept
     : fd_(std::exchange(other.fd_, -1)),
       locked_(std::exchange(other.locked_, false)),
       created_(std::exchange(other.created_, false)),
-      dir_(std::move(other.dir_)) {}
+      dir_(std::move(other.dir_)),
+      outermost_made_(std::move(other.outermost_made_)) {}
 
 DirectoryClaim& DirectoryClaim::operator=(DirectoryClaim&& other) noexcept {
   if (this != &other) {
@@ -353,6 +363,7 @@ DirectoryClaim& DirectoryClaim::operator=(DirectoryClaim&& other) noexcept {
     locked_ = std::exchange(other.locked_, false);
     created_ = std::exchange(other.created_, false);
     dir_ = std::move(other.dir_);
+    outermost_made_ = std::move(other.outermost_made_);
   }
   return *this;
 }
@@ -366,7 +377,13 @@ void DirectoryClaim::Release() {
   // while another shared claim holds it (taking it exclusively fails).
   if (created_ && (!locked_ || ::flock(fd_, LOCK_EX | LOCK_NB) == 0)) {
     std::error_code ec;
-    if (std::filesystem::is_empty(dir_, ec) && !ec) std::filesystem::remove(dir_, ec);
+    if (std::filesystem::is_empty(dir_, ec) && !ec && std::filesystem::remove(dir_, ec) && dir_ != outermost_made_) {
+      // Its parents made with it, while they are empty.
+      for (std::filesystem::path up = dir_.parent_path(); !up.empty(); up = up.parent_path()) {
+        if (!std::filesystem::is_empty(up, ec) || ec || !std::filesystem::remove(up, ec)) break;
+        if (up == outermost_made_) break;
+      }
+    }
   }
   if (fd_ >= 0) ::close(fd_);
   fd_ = -1;

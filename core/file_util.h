@@ -124,7 +124,8 @@ class DirectoryClaim {
 
   // Frees the lock, and removes the directory when Acquire created it and
   // it is still empty (a job that never wrote leaves nothing behind), and
-  // no other claim holds it (a shared one).
+  // no other claim holds it (a shared one); so the parents Acquire made
+  // with it, while they are empty.
   void Release();
   bool held() const { return fd_ >= 0; }
   bool locked() const { return locked_; }
@@ -138,6 +139,7 @@ class DirectoryClaim {
   bool locked_ = false;
   bool created_ = false;
   std::filesystem::path dir_;
+  std::filesystem::path outermost_made_;  // dir_ or the outermost parent made with it
 };
 
 }  // namespace tessera

@@ -163,11 +163,16 @@ TEST(ClusterTest, ASecondDaemonOnAPortInUseDoesNotStart) {
   cluster.Start({"cpu:1"});
   Master::Options options = FastMasterOptions();
   options.listen = cluster.address;
+  // (The --state-dir it made goes again, its .lock with it.)
+  const fs::path parent = TempDir("unstarted");
+  options.state_dir = (parent / "state").string();
   Master second(options, std::make_unique<FakeJobCompiler>());
   auto bound = second.Start();
   ASSERT_FALSE(bound.ok());
   EXPECT_NE(bound.status().message().find("cannot listen on '" + cluster.address + "'"), std::string::npos)
       << bound.status();
+  EXPECT_FALSE(fs::exists(parent / "state"));
+  fs::remove_all(parent);
   Worker::Options worker_options = FastWorkerOptions(cluster.address, "cpu:1");
   worker_options.listen = cluster.worker_addresses[0];
   Worker worker(worker_options, SleepyRunnerFactory(cluster.counters));

@@ -501,7 +501,16 @@ TEST(DirectoryClaim, IsExclusiveAndRemovesOnlyTheEmptyDirectoryItMade) {
   moved.Release();
   EXPECT_FALSE(moved.held());
   EXPECT_FALSE(fs::exists(made));  // made by the claim and left empty
-  EXPECT_TRUE(fs::exists(root / "a"));
+  EXPECT_FALSE(fs::exists(root));  // and the parents made with it (a/b left a)
+  {
+    // A parent that was there stays.
+    fs::create_directories(root / "kept");
+    absl::StatusOr<DirectoryClaim> deep = DirectoryClaim::Acquire(root / "kept" / "x" / "y");
+    ASSERT_TRUE(deep.ok()) << deep.status();
+    deep->Release();
+    EXPECT_FALSE(fs::exists(root / "kept" / "x"));
+    EXPECT_TRUE(fs::exists(root / "kept"));
+  }
   {
     absl::StatusOr<DirectoryClaim> again = DirectoryClaim::Acquire(made);
     ASSERT_TRUE(again.ok()) << again.status();
