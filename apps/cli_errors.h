@@ -18,6 +18,10 @@ namespace tessera {
 
 [[noreturn]] inline void Succeed() { throw CLI::Success(); }
 
+// Appended by main() to a tokenize TEXT word "[...]" so that CLI11 does not
+// read it as a list; the verb takes it off again.
+inline constexpr char kBracketMarker = '\x1f';
+
 // A stop signal arriving within this many milliseconds of the first is the
 // same one delivered twice (GNU timeout signals the child, then its process
 // group; so may a batch system) and counts once: for `tessera train` and

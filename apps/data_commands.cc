@@ -339,7 +339,11 @@ void AddTokenize(CLI::App& app) {
       text.assign(std::istreambuf_iterator<char>(std::cin), {});
       if (std::cin.bad()) Fail("cannot read standard input");
     } else {
-      for (size_t i = 0; i < flags->text.size(); ++i) text += (i > 0 ? " " : "") + flags->text[i];
+      for (size_t i = 0; i < flags->text.size(); ++i) {
+        std::string word = flags->text[i];
+        if (word.size() >= 3 && word.back() == kBracketMarker && word[word.size() - 2] == ']') word.pop_back();
+        text += (i > 0 ? " " : "") + word;
+      }
     }
     if (flags->decode) {
       std::vector<int64_t> ids;
@@ -354,7 +358,36 @@ void AddTokenize(CLI::App& app) {
       }
       auto decoded = tokenizer->Decode(ids);
       if (!decoded.ok()) Fail(std::string(decoded.status().message()));
-      std::fwrite(decoded->data(), 1, decoded->size(), stdout);
+      // Ids that end inside a character decode to part of its bytes:
+      // written as U+FFFD, as GPT-2's encoder.py (errors="replace") does,
+      // so the output is text.
+      std::string shown;
+      for (std::string_view rest = *decoded; !rest.empty();) {
+        const size_t valid = FirstInvalidUtf8(rest).value_or(rest.size());
+        shown.append(rest.substr(0, valid));
+        if (valid == rest.size()) break;
+        shown.append("\xEF\xBF\xBD");
+        // One U+FFFD for the longest start of a character there (Python's
+        // "maximal subpart": a character cut short is one replacement).
+        const auto lead = static_cast<unsigned char>(rest[valid]);
+        const size_t length = lead >= 0xF0 && lead <= 0xF4   ? 4
+                              : lead >= 0xE0 && lead <= 0xEF ? 3
+                              : lead >= 0xC2 && lead <= 0xDF ? 2
+                                                             : 1;
+        size_t taken = 1;
+        while (taken < length && valid + taken < rest.size()) {
+          const auto next = static_cast<unsigned char>(rest[valid + taken]);
+          unsigned char lo = 0x80, hi = 0xBF;
+          if (taken == 1 && lead == 0xE0) lo = 0xA0;
+          if (taken == 1 && lead == 0xED) hi = 0x9F;
+          if (taken == 1 && lead == 0xF0) lo = 0x90;
+          if (taken == 1 && lead == 0xF4) hi = 0x8F;
+          if (next < lo || next > hi) break;
+          ++taken;
+        }
+        rest.remove_prefix(valid + taken);
+      }
+      std::fwrite(shown.data(), 1, shown.size(), stdout);
       std::fputs("\n", stdout);
     } else {
       auto ids = tokenizer->Encode(text);

@@ -315,6 +315,22 @@ int Main(int argc, char** argv) {
     }
     args.emplace_back(arg);
   }
+  // CLI11 reads an argument "[...]" given to a list as the list's elements
+  // (`tessera tokenize "[x]"` tokenised "x"): tokenize's TEXT words of that
+  // form carry a marker past the ']' that its callback takes off
+  // (tessera::kBracketMarker).
+  for (size_t i = 1; i < args.size(); ++i) {
+    if (args[i] != "tokenize") continue;
+    for (size_t k = i + 1; k < args.size(); ++k) {
+      const std::string& before = args[k - 1];
+      const bool value =
+          before == "--tokenizer" || before == "--vocab-file" || before == "--merges-file" || before == "--log-level";
+      if (!value && args[k].size() >= 2 && args[k].front() == '[' && args[k].back() == ']') {
+        args[k] += tessera::kBracketMarker;
+      }
+    }
+    break;
+  }
   std::vector<char*> pointers;
   for (std::string& arg : args) pointers.push_back(arg.data());
   argc = static_cast<int>(pointers.size());

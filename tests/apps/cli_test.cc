@@ -13,6 +13,7 @@
 #include <fstream>
 #include <iterator>
 #include <random>
+#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -435,6 +436,20 @@ TEST(Cli, PreprocessKeepsItsOutputsConsistent) {
     EXPECT_EQ(token.find_first_of("\"{}:"), std::string::npos) << "a merge of JSON syntax: " << token;
   }
   EXPECT_NE(encoder.find("Ġshe"), encoder.end());
+  // Ids ending inside a character decode to U+FFFD, one per cut character
+  // (Python's errors="replace"; its raw bytes were printed): "日" is three
+  // byte tokens in a vocabulary that never saw it.
+  const std::string gpt2 = "tokenize --tokenizer gpt2 --vocab-file " + prefix + "-vocab/encoder.json --merges-file " +
+                           prefix + "-vocab/vocab.bpe";
+  const Result ids = RunTessera(gpt2 + " '\xE6\x97\xA5'");
+  ASSERT_EQ(ids.exit_code, 0) << ids.out;
+  std::istringstream id_words(ids.out);
+  std::vector<std::string> id_list{std::istream_iterator<std::string>(id_words), {}};
+  ASSERT_EQ(id_list.size(), 3u) << ids.out;
+  EXPECT_EQ(RunTessera(gpt2 + " --decode " + id_list[0]).out, "\xEF\xBF\xBD\n");
+  EXPECT_EQ(RunTessera(gpt2 + " --decode " + id_list[0] + " " + id_list[1]).out, "\xEF\xBF\xBD\n");
+  EXPECT_EQ(RunTessera(gpt2 + " --decode " + id_list[1] + " " + id_list[0]).out, "\xEF\xBF\xBD\xEF\xBF\xBD\n");
+  EXPECT_EQ(RunTessera(gpt2 + " --decode " + ids.out).out, "\xE6\x97\xA5\n");
   // What it wrote, and nothing else (the vocabulary's working directory
   // is gone).
   std::vector<std::string> written;
@@ -708,6 +723,29 @@ TEST(Cli, AWorkerWithoutItsMasterSaysItIsStillTrying) {
                               " worker --master 127.0.0.1:1 --devices cpu:1 --listen 127.0.0.1:0 2>&1");
   EXPECT_NE(r.out.find("no answer from the master at 127.0.0.1:1 for 1"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("still trying"), std::string::npos) << r.out;
+}
+
+// A TEXT word "[...]" is text (CLI11 read it as a list: `tokenize "[x]"`
+// tokenised "x", "[a,b]" as "a b"): the same ids as from standard input.
+TEST(Cli, TokenizeTakesBracketedWordsAsText) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("tessera_cli_brackets_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string vocab = (dir / "vocab.txt").string();
+  std::ofstream(vocab) << "[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\n[\n]\n,\na\nb\nx\n";
+  const std::string tokenize = "tokenize --tokenizer bert --vocab-file " + vocab;
+  // (The arguments as given, and the text they make.)
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"'[x]'", "[x]"}, {"'[a,b]' x", "[a,b] x"}, {"'[]'", "[]"}, {"'[[x]]'", "[[x]]"}};
+  for (const auto& [args, text] : cases) {
+    SCOPED_TRACE(args);
+    const Result given = RunTessera(tokenize + " " + args);
+    const Result piped = RunCommand("printf '%s' '" + text + "' | " + std::string(TESSERA_BINARY) + " " + tokenize);
+    EXPECT_EQ(given.exit_code, 0) << given.out;
+    EXPECT_EQ(given.out, piped.out);
+  }
+  EXPECT_EQ(RunTessera(tokenize + " '[x]'").out, "5 10 6\n");
+  std::filesystem::remove_all(dir);
 }
 
 TEST(Cli, ConfigMissingFileIsOneLineError) {
