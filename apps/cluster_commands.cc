@@ -200,13 +200,52 @@ void ExpectEnd(const control::JobInfo& job, control::JobState wanted) {
 }
 
 // Follows the job to its end; fails unless it SUCCEEDED.
-void Follow(Client& client, const std::string& master, const std::string& job_id, bool print_everything) {
+// Ctrl-C while following a job (submit --follow, logs -f) stops the
+// following, saying the job runs on (it ended the process silently with
+// 130). Made before the client, so that gRPC's threads block the signals
+// too.
+class FollowInterrupt {
+ public:
+  FollowInterrupt() = default;
+  ~FollowInterrupt() {
+    done_ = true;
+    if (waiter_.joinable()) waiter_.join();
+  }
+  void Watch(Client& client) {
+    waiter_ = std::thread([this, &client] {
+      while (!done_) {
+        if (signals_.WaitFor(100) != 0) {
+          interrupted_ = true;
+          client.StopWatches();
+          return;
+        }
+      }
+    });
+  }
+  // Ends the verb with exit status 130 when the following was interrupted.
+  void ExitIfInterrupted(const std::string& job_id) {
+    if (!interrupted_) return;
+    throw CLI::RuntimeError(
+        absl::StrCat("stopped following job ", job_id, "; it runs on (`tessera cancel ", job_id, "` stops it)"), 130);
+  }
+
+ private:
+  StopSignals signals_;
+  std::atomic<bool> done_ = false;
+  std::atomic<bool> interrupted_ = false;
+  std::thread waiter_;
+};
+
+void Follow(Client& client, const std::string& master, const std::string& job_id, bool print_everything,
+            FollowInterrupt* interrupt = nullptr) {
   control::JobInfo last;
+  if (interrupt != nullptr) interrupt->Watch(client);
   const absl::Status watched = client.Watch(job_id, [&](const control::JobEvent& event) {
     if (event.has_state()) last = event.state();
     if (print_everything || event.has_log_line()) PrintEvent(event);
     return true;
   });
+  if (interrupt != nullptr) interrupt->ExitIfInterrupted(job_id);
   if (!watched.ok()) FailWatch(watched, master, job_id);
   last.set_job_id(job_id);
   ExpectEnd(last, control::SUCCEEDED);
@@ -452,13 +491,17 @@ void AddClusterCommands(CLI::App& app, ClusterCommandDeps deps) {
     }
     auto config = config::LoadConfigFiles(submit_flags->config);
     if (!config.ok()) Fail(std::string(config.status().message()));
+    std::optional<FollowInterrupt> interrupt;
+    if (submit_flags->follow) interrupt.emplace();
     auto client = submit_flags->client.Connect();
     auto job = client->Submit(config->dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
                               submit_flags->overrides);
     if (!job.ok()) Fail(std::string(job.status().message()));
     std::printf("%s\n", job->c_str());
     std::fflush(stdout);
-    if (submit_flags->follow) Follow(*client, submit_flags->client.master, *job, /*print_everything=*/true);
+    if (submit_flags->follow) {
+      Follow(*client, submit_flags->client.master, *job, /*print_everything=*/true, &*interrupt);
+    }
     Succeed();
   });
 
@@ -510,7 +553,10 @@ void AddClusterCommands(CLI::App& app, ClusterCommandDeps deps) {
   logs->add_option("JOB", logs_flags->job, "A job id")->required();
   logs->add_flag("-f,--follow", logs_flags->follow, "Keep printing until the job ends; exit 1 unless it succeeds");
   logs->callback([logs_flags] {
+    std::optional<FollowInterrupt> interrupt;
+    if (logs_flags->follow) interrupt.emplace();
     auto client = logs_flags->client.Connect();
+    if (interrupt) interrupt->Watch(*client);
     std::optional<control::JobInfo> ended;
     const absl::Status watched = client->Watch(
         logs_flags->job,
@@ -524,6 +570,7 @@ void AddClusterCommands(CLI::App& app, ClusterCommandDeps deps) {
           return true;
         },
         logs_flags->follow);
+    if (interrupt) interrupt->ExitIfInterrupted(logs_flags->job);
     if (!watched.ok()) FailWatch(watched, logs_flags->client.master, logs_flags->job);
     if (logs_flags->follow && ended) {
       ended->set_job_id(logs_flags->job);

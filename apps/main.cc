@@ -367,7 +367,8 @@ int Main(int argc, char** argv) {
   } catch (const CLI::Success& e) {  // --help, --version
     return app.exit(e);
   } catch (const CLI::RuntimeError& e) {  // a cluster verb that failed: its reason
-    return Fail(e.what());
+    Fail(e.what());
+    return e.get_exit_code() > 1 ? e.get_exit_code() : 1;  // (130: interrupted)
   } catch (const CLI::ParseError& e) {
     // One line and exit code 1, like every other bad input. An argument the
     // verb does not take is named before a missing one (CLI11 checks the

@@ -422,6 +422,19 @@ TEST_F(ClusterFailureTest, AJobOfAKilledMasterFailsSayingHowFarItGot) {
     return last;
   };
   ASSERT_TRUE(WaitUntil([&] { return logged() >= 5; }, absl::Seconds(60)));
+  // Ctrl-C stops following, saying the job runs on (it ended silently).
+  ChildProcess interrupted(TESSERA_BINARY, {"logs", "--master", cluster.address, cluster.job, "-f"},
+                           dir_ / "interrupted.out");
+  std::this_thread::sleep_for(std::chrono::seconds(1));  // it is watching
+  interrupted.Signal(SIGINT);
+  EXPECT_EQ(interrupted.Wait(), 130) << interrupted.Output();
+  EXPECT_NE(interrupted.Output().find("tessera: stopped following job " + cluster.job +
+                                      "; it runs on (`tessera cancel " + cluster.job + "` stops it)"),
+            std::string::npos)
+      << interrupted.Output();
+  auto still = cluster.client->Get(cluster.job);
+  ASSERT_TRUE(still.ok()) << still.status();
+  EXPECT_EQ(still->state(), control::RUNNING);
   // A follower of its logs is told the master was lost.
   ChildProcess follower(TESSERA_BINARY, {"logs", "--master", cluster.address, cluster.job, "-f"},
                         dir_ / "follower.out");
