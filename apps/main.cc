@@ -320,7 +320,8 @@ int Main(int argc, char** argv) {
   // form carry a marker past the ']' that its callback takes off
   // (tessera::kBracketMarker).
   for (size_t i = 1; i < args.size(); ++i) {
-    if (args[i] != "tokenize") continue;
+    if (args[i].starts_with("-") || args[i - 1] == "--log-level") continue;  // tessera's own options
+    if (args[i] != "tokenize") break;                                        // the verb is another
     for (size_t k = i + 1; k < args.size(); ++k) {
       const std::string& before = args[k - 1];
       const bool value =
