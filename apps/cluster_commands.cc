@@ -525,8 +525,9 @@ void AddClusterCommands(CLI::App& app, ClusterCommandDeps deps) {
       PrintJob(*job);
       std::vector<std::string> workers;
       for (const auto& slot : job->slots()) workers.push_back(absl::StrCat(slot.worker_id(), ":", slot.num_devices()));
-      std::printf("devices %lld on [%s]\n", static_cast<long long>(job->devices_needed()),
-                  absl::StrJoin(workers, ", ").c_str());
+      // (A job not placed yet said "devices 1 on []".)
+      std::printf("devices %lld %s\n", static_cast<long long>(job->devices_needed()),
+                  workers.empty() ? "(not placed)" : absl::StrCat("on [", absl::StrJoin(workers, ", "), "]").c_str());
       for (const auto& [name, value] : job->last_metrics()) std::printf("%s %g\n", name.c_str(), value);
       Succeed();
     }

@@ -718,6 +718,23 @@ TEST(Cli, DaemonsLogOnStderrAtTheLevelAsked) {
   EXPECT_EQ(stdout_only.out.find("[info]"), std::string::npos) << stdout_only.out;
 }
 
+// A job no worker took yet shows as not placed (it said "devices 1 on []").
+TEST(Cli, StatusOfAJobNotPlacedSaysSo) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("tessera_cli_unplaced_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string t = TESSERA_BINARY, m = (dir / "master.out").string();
+  const std::string script =
+      t + " master --listen 127.0.0.1:0 > " + m + " 2>&1 & M=$!; for i in $(seq 100); do grep -q listening " + m +
+      " && break; sleep 0.05; done; A=$(sed -n 's/.*listening on //p' " + m + " | head -1); J=$(" + t +
+      " submit --master $A " + Source("configs/mlp_demo.json") + " train.output_dir=" + (dir / "out").string() + "); " +
+      t + " status --master $A $J; kill $M; wait $M";
+  std::ofstream((dir / "run.sh").string()) << script << "\n";
+  const Result r = RunCommand("timeout 60 sh " + (dir / "run.sh").string() + " 2>&1");
+  EXPECT_NE(r.out.find("devices 1 (not placed)"), std::string::npos) << r.out;
+  std::filesystem::remove_all(dir);
+}
+
 TEST(Cli, AWorkerWithoutItsMasterSaysItIsStillTrying) {
   const Result r = RunCommand("timeout 13 " + std::string(TESSERA_BINARY) +
                               " worker --master 127.0.0.1:1 --devices cpu:1 --listen 127.0.0.1:0 2>&1");
