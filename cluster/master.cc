@@ -434,7 +434,9 @@ class Master::Impl final : public control::Master::Service {
     // at all is left to the heartbeat deadline, as before.
     {
       grpc::ClientContext probe;
-      PrepareContext(probe, options_.security, absl::Seconds(2));
+      // (Well inside the worker's own deadline for its registration, at
+      // least 1 s: a worker that does not answer at all is not held up.)
+      PrepareContext(probe, options_.security, absl::Milliseconds(500));
       control::WorkerStatusResponse ignored;
       const grpc::Status answer = record->stub->Status(&probe, control::WorkerStatusRequest(), &ignored);
       const bool handshake =

@@ -293,7 +293,8 @@ absl::StatusOr<Served> Serve(const std::string& listen, const Security& security
     std::string path = listen.substr(5);
     if (path.starts_with("//")) path = path.substr(2);
     sockaddr_un peer{};
-    if (path.size() < sizeof peer.sun_path && std::filesystem::exists(path)) {
+    std::error_code unreadable;  // (exists() without it throws on a path it may not look at)
+    if (path.size() < sizeof peer.sun_path && std::filesystem::exists(path, unreadable)) {
       const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
       peer.sun_family = AF_UNIX;
       std::memcpy(peer.sun_path, path.data(), path.size());
