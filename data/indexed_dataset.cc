@@ -320,6 +320,10 @@ std::vector<int64_t> IndexedDataset::Sequence(int64_t i) const {
 class IndexedDatasetBuilder::SpoolFile {
  public:
   static absl::StatusOr<std::unique_ptr<SpoolFile>> Create(const fs::path& name_prefix, bool anonymous) {
+    // mkostemp makes the file before its name is known: a Ctrl-C waits
+    // until it is registered (or unlinked), or it stayed behind (a
+    // "c.bin.tmp-ZVQm5K" after an interrupted preprocess, one run in many).
+    const DeferTemporarySignals creating;
     std::string pattern = name_prefix.string() + "XXXXXX";
     const int fd = ::mkostemp(pattern.data(), O_CLOEXEC);
     if (fd < 0) {
