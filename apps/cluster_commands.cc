@@ -192,11 +192,15 @@ void PrintEvent(const control::JobEvent& event) {
   Fail(std::string(status.message()));
 }
 
-// Fails (exit 1) unless `job` ended as `wanted`, naming how it ended.
-void ExpectEnd(const control::JobInfo& job, control::JobState wanted) {
+// Fails (exit 1) unless `job` ended as `wanted`, naming how it ended (its
+// reason too, unless the follower printed it as the job's last line).
+void ExpectEnd(const control::JobInfo& job, control::JobState wanted, bool reason_printed = false) {
   if (job.state() == wanted) return;
-  Fail(absl::StrCat("job ", job.job_id(), " ", control::JobState_Name(job.state()), job.reason().empty() ? "" : ": ",
-                    job.reason()));
+  if (reason_printed || job.reason().empty()) {
+    Fail(absl::StrCat("job ", job.job_id(), " ", control::JobState_Name(job.state()),
+                      reason_printed && !job.reason().empty() ? " (the line above says why)" : ""));
+  }
+  Fail(absl::StrCat("job ", job.job_id(), " ", control::JobState_Name(job.state()), ": ", job.reason()));
 }
 
 // Follows the job to its end; fails unless it SUCCEEDED.
@@ -248,7 +252,8 @@ void Follow(Client& client, const std::string& master, const std::string& job_id
   if (interrupt != nullptr) interrupt->ExitIfInterrupted(job_id);
   if (!watched.ok()) FailWatch(watched, master, job_id);
   last.set_job_id(job_id);
-  ExpectEnd(last, control::SUCCEEDED);
+  ExpectEnd(last, control::SUCCEEDED,
+            /*reason_printed=*/print_everything && last.state() != control::JOB_STATE_UNSPECIFIED);
 }
 
 // CLI11's check of an address flag (cluster::CheckAddress).
@@ -575,7 +580,7 @@ void AddClusterCommands(CLI::App& app, ClusterCommandDeps deps) {
     if (!watched.ok()) FailWatch(watched, logs_flags->client.master, logs_flags->job);
     if (logs_flags->follow && ended) {
       ended->set_job_id(logs_flags->job);
-      ExpectEnd(*ended, control::SUCCEEDED);
+      ExpectEnd(*ended, control::SUCCEEDED, /*reason_printed=*/true);
     }
     Succeed();
   });

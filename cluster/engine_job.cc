@@ -331,6 +331,7 @@ class EnginePlanRunner final : public PlanRunner {
       ASSIGN_OR_RETURN(writing, ClaimCheckpointsDir(train.output_dir));
     }
     absl::Cleanup release = [&writing] { writing.Release(); };
+    ReportProgress(first);  // a resumed run starts where its checkpoint is
     // Every job run of a `tessera train` has the same tag (job-000001-1):
     // a temporary directory a killed run left would take this run's shards
     // beside its own (wrong overlaps, a stale file committed).
@@ -405,6 +406,7 @@ class EnginePlanRunner final : public PlanRunner {
       if (gate.limit() && start + *gate.limit() < stop) {
         return Interrupted(start + *gate.limit(), first, /*saved=*/saved == start + *gate.limit());
       }
+      ReportProgress(stop);
       const bool last = stop == end;
       if (last || stop % eval_period == 0) {
         const absl::Status evaluated = Evaluate(stop, segment);
@@ -686,6 +688,11 @@ class EnginePlanRunner final : public PlanRunner {
     }
   }
 
+  // This node has completed `iteration` iterations (the heartbeats carry it).
+  void ReportProgress(int64_t iteration) const {
+    if (context_.report_progress) context_.report_progress(iteration);
+  }
+
   // The sink's node reports what `tessera train` writes to metrics.jsonl,
   // every log_period iterations and the last.
   absl::Status Fetched(int64_t iteration, const std::map<std::string, Tensor>& values) {
@@ -694,6 +701,7 @@ class EnginePlanRunner final : public PlanRunner {
     const double value = loss->second.ToVector<float>().at(0);
     // (Iterations counted from 1, as the progress lines and metrics.jsonl.)
     if (!std::isfinite(value)) return absl::InternalError(StrCat("loss is ", value, " at iteration ", iteration + 1));
+    ReportProgress(iteration + 1);
     // fp16 loss scaling: the steps skipped so far, beside each record's flag.
     if (auto it = values.find("skipped"); it != values.end()) skipped_steps_ += it->second.ToVector<float>().at(0) != 0;
     if ((iteration + 1) % feed_->log_period() != 0 && iteration + 1 != feed_->iterations()) return absl::OkStatus();

@@ -94,6 +94,10 @@ struct RunContext {
   // Forwarded to the master (blocking, a loopback RPC each; never throw).
   std::function<void(const JobMetrics&)> report_metrics;
   std::function<void(const std::string&)> report_log;
+  // The iterations this node has completed, after each one (cheap: no RPC;
+  // the worker's heartbeats carry the latest to the master, so a job's
+  // progress shows between its logged iterations). May be unset.
+  std::function<void(int64_t)> report_progress;
 };
 
 // Worker side: runs one node plan of one job.

@@ -508,7 +508,10 @@ class Master::Impl final : public control::Master::Service {
       if (held.job_id() == worker->job_id) {
         holds_own_job = true;
         auto it = jobs_.find(held.job_id());
-        if (it != jobs_.end() && IsActive(*it->second) && it->second->session == held.session()) continue;
+        if (it != jobs_.end() && IsActive(*it->second) && it->second->session == held.session()) {
+          NoteProgressLocked(*it->second, held.iteration());
+          continue;
+        }
       }
       response->add_drop_job_ids(held.job_id());
     }
@@ -521,6 +524,18 @@ class Master::Impl final : public control::Master::Service {
       }
     }
     return grpc::Status::OK;
+  }
+
+  // A node of `job` has completed `iteration` (its logged metrics, or its
+  // heartbeat between them). The record follows the progress (every few
+  // seconds at most), so a restarted master still knows how far the job got.
+  void NoteProgressLocked(Job& job, int64_t iteration) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (iteration <= job.iteration || iteration > job.spec.iterations) return;
+    job.iteration = iteration;
+    if (const int64_t now = NowMs(); now - job.persisted_ms >= kPersistProgressMs) {
+      job.persisted_ms = now;
+      PersistLocked(job);
+    }
   }
 
   grpc::Status Report(grpc::ServerContext* context, const control::ReportRequest* request,
@@ -564,15 +579,9 @@ class Master::Impl final : public control::Master::Service {
     // The node holding the job's sink (the last pipeline stage's first
     // rank) reports its metrics; the others report none.
     for (const control::Metrics& metrics : request->metrics()) {
-      job.iteration = metrics.iteration();
       job.last_metrics.clear();
       for (const auto& [name, value] : metrics.values()) job.last_metrics[name] = value;
-      // The record follows the progress (every few seconds at most), so a
-      // restarted master still knows how far the job got.
-      if (const int64_t now = NowMs(); now - job.persisted_ms >= kPersistProgressMs) {
-        job.persisted_ms = now;
-        PersistLocked(job);
-      }
+      NoteProgressLocked(job, metrics.iteration());
       if (job.metrics_file) {
         nlohmann::json line = {{"iter", metrics.iteration()}};
         for (const auto& [name, value] : metrics.values()) line[name] = value;

@@ -42,7 +42,12 @@ struct JobEntry {
   std::unique_ptr<KvClient> kv;
   std::unique_ptr<PlanRunner> runner;  // set once loaded; read-only then
   std::thread thread;
-  std::atomic<int64_t> iteration{0};
+  std::atomic<int64_t> iteration{0};  // completed, as far as this node knows
+  void RaiseIteration(int64_t reached) {
+    int64_t seen = iteration.load();
+    while (reached > seen && !iteration.compare_exchange_weak(seen, reached)) {
+    }
+  }
   // Guarded by the worker's mutex:
   Phase phase = Phase::kLoading;
   bool stop_requested = false;
@@ -111,27 +116,12 @@ class Worker::Impl final : public control::Worker::Service {
   void Shutdown() {
     if (!started_) return;
     started_ = false;
-    control::HeartbeatRequest farewell;
-    bool say_farewell = false;
     {
       absl::MutexLock lock(&mu_);
       stopping_ = true;
-      // A drained worker (its jobs ended and reported) tells the master it
-      // is gone, so a worker started in its place may take its id at once.
-      say_farewell =
-          draining_ && registered_ && !master_silent_ &&
-          std::all_of(jobs_.begin(), jobs_.end(), [](const auto& job) { return job.second->phase == Phase::kDone; });
-      farewell = NewBeatLocked();
     }
     heartbeat_thread_.join();
     StopAll(absl::CancelledError("stopped at once (the worker is shutting down): no checkpoint"));
-    if (say_farewell) {
-      farewell.set_leaving(true);
-      control::HeartbeatResponse answer;
-      grpc::ClientContext context;
-      PrepareContext(context, options_.security, QuickRpcTimeout());
-      (void)master_->Heartbeat(&context, farewell, &answer);
-    }
     server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
     {
       absl::MutexLock lock(&mu_);
@@ -141,7 +131,24 @@ class Worker::Impl final : public control::Worker::Service {
       };
       mu_.Await(absl::Condition(&ended));
     }
-    Reap(/*all=*/true);
+    Reap(/*all=*/true);  // (each job's end reported first)
+    // The worker tells the master it is gone, drained or stopped at once, so
+    // that it is no longer listed and a worker started in its place may
+    // take its id at once.
+    control::HeartbeatRequest farewell;
+    bool say_farewell = false;
+    {
+      absl::MutexLock lock(&mu_);
+      say_farewell = registered_ && !master_silent_;
+      farewell = NewBeatLocked();
+    }
+    if (say_farewell) {
+      farewell.set_leaving(true);
+      control::HeartbeatResponse answer;
+      grpc::ClientContext context;
+      PrepareContext(context, options_.security, QuickRpcTimeout());
+      (void)master_->Heartbeat(&context, farewell, &answer);
+    }
     server_.reset();
   }
 
@@ -263,13 +270,14 @@ class Worker::Impl final : public control::Worker::Service {
     run.token = options_.security.token;
     JobEntry* raw = entry.get();  // the entry outlives its runner, which owns these callbacks' uses
     run.report_metrics = [this, raw](const JobMetrics& metrics) {
-      raw->iteration.store(metrics.iteration);
+      raw->RaiseIteration(metrics.iteration);
       control::ReportRequest report = NewReport(*raw);
       control::Metrics* out = report.add_metrics();
       out->set_iteration(metrics.iteration);
       for (const auto& [name, value] : metrics.values) (*out->mutable_values())[name] = value;
       SendReport(report);
     };
+    run.report_progress = [raw](int64_t iteration) { raw->RaiseIteration(iteration); };
     run.report_log = [this, raw](const std::string& line) {
       control::ReportRequest report = NewReport(*raw);
       report.add_log_lines(line);

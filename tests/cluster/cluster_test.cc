@@ -558,6 +558,11 @@ TEST(ClusterTest, WorkerShutdownFailsItsJobNamingIt) {
   const control::JobInfo info = cluster.WaitEnd(*job, absl::Seconds(10));
   EXPECT_EQ(info.state(), control::FAILED);
   EXPECT_NE(info.reason().find(gone), std::string::npos) << info.reason();
+  // Stopped at once, it still says farewell: not listed any more (it was
+  // until its heartbeat timeout).
+  auto workers = cluster.client->ListWorkers();
+  ASSERT_TRUE(workers.ok());
+  for (const auto& w : *workers) EXPECT_NE(w.worker_id(), gone);
   auto next = cluster.client->Submit(R"({"devices_needed": 1})", {});
   ASSERT_TRUE(next.ok());
   EXPECT_EQ(cluster.WaitEnd(*next).state(), control::SUCCEEDED);
@@ -846,6 +851,31 @@ TEST(ClusterTest, AJobStoppedAtABoundaryShowsThatIterationAsItsProgress) {
   EXPECT_EQ(ended.state(), control::CANCELLED) << ended.reason();
   EXPECT_NE(ended.reason().find("interrupted at iteration 7"), std::string::npos) << ended.reason();
   EXPECT_EQ(ended.iteration(), 7) << "the last logged iteration was 5";
+}
+
+// A job's progress shows between its logged iterations: the workers'
+// heartbeats carry the iterations their nodes have completed (it stayed at
+// 0 for a job whose log period was longer than its run so far).
+TEST(ClusterTest, ProgressShowsBetweenLoggedIterations) {
+  Deadline deadline(seconds(30), "progress between logged iterations");
+  TestCluster cluster;
+  cluster.Start({"cpu:1", "cpu:1"});
+  auto job =
+      cluster.client->Submit(R"({"iterations": 1000000, "step_ms": 5, "log_every": 1000000, "devices_needed": 2})", {});
+  ASSERT_TRUE(job.ok()) << job.status();
+  int64_t seen = 0;
+  ASSERT_TRUE(WaitUntil([&] {
+    auto info = cluster.client->Get(*job);
+    if (info.ok()) seen = info->iteration();
+    return info.ok() && info->iteration() >= 20;
+  })) << "progress stayed at "
+      << seen;
+  auto info = cluster.client->Get(*job);
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->state(), control::RUNNING);
+  EXPECT_TRUE(info->last_metrics().empty()) << "nothing was logged";
+  ASSERT_TRUE(cluster.client->Cancel(*job).ok());
+  EXPECT_EQ(cluster.WaitEnd(*job).state(), control::CANCELLED);
 }
 
 // A queued job's output_dir, made at its submission and claimed again by

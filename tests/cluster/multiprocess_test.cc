@@ -194,11 +194,19 @@ TEST_F(MultiprocessTest, CliVerbsAndCleanStop) {
   EXPECT_NE(failed->Output().find("FAILED: worker w-cli (node 0): INTERNAL: test runner: failing at iteration 1"),
             std::string::npos)
       << failed->Output();
+  EXPECT_EQ(failed->Output().find("INTERNAL: test runner"), failed->Output().rfind("INTERNAL: test runner"))
+      << failed->Output();
   // logs -f of it exits 1 too, after its lines; plain logs (a query) 0.
   const std::string failed_id = failed->Output().substr(0, failed->Output().find('\n'));
   auto followed = RunCli({"logs", "--master", address_, failed_id, "-f"}, "logs-f");
   EXPECT_EQ(followed->Wait(), 1) << followed->Output();
-  EXPECT_NE(followed->Output().find("tessera: job " + failed_id + " FAILED: worker w-cli (node 0)"), std::string::npos)
+  EXPECT_NE(followed->Output().find("[" + failed_id + "] FAILED: worker w-cli (node 0)"), std::string::npos)
+      << followed->Output();
+  // The reason once: the error line points at it (it repeated it).
+  EXPECT_NE(followed->Output().find("tessera: job " + failed_id + " FAILED (the line above says why)\n"),
+            std::string::npos)
+      << followed->Output();
+  EXPECT_EQ(followed->Output().find("INTERNAL: test runner"), followed->Output().rfind("INTERNAL: test runner"))
       << followed->Output();
   auto queried = RunCli({"logs", "--master", address_, failed_id}, "logs-q");
   EXPECT_EQ(queried->Wait(), 0) << queried->Output();

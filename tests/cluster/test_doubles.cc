@@ -106,6 +106,7 @@ absl::Status SleepyTestRunner::Run() {
     if (i == interrupt_at_) return absl::CancelledError(absl::StrCat("interrupted at iteration ", i));
     if (hang_) continue;
     lock.unlock();
+    if (context_.report_progress) context_.report_progress(i + 1);
     // Like the engine, one node (here node 0) speaks for the job.
     if (context_.node == 0 && (i + 1) % log_every_ == 0)
       context_.report_metrics(
