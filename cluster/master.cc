@@ -978,6 +978,18 @@ class Master::Impl final : public control::Master::Service {
     }
   }
 
+  // A node killed before its first checkpoint leaves the job an empty
+  // checkpoints/ (its claim, which removes the directory it made, never
+  // ended): it goes with the job, unless a node of it still holds it.
+  static void RemoveEmptyCheckpointsDir(const Job& job) {
+    if (job.spec.output_dir.empty()) return;
+    const fs::path dir = fs::path(job.spec.output_dir) / "checkpoints";
+    std::error_code ec;
+    if (!fs::is_directory(fs::symlink_status(dir, ec)) || !fs::is_empty(dir, ec) || ec) return;
+    if (!DirectoryClaim::CheckUnclaimed(dir).ok()) return;
+    (void)::rmdir(dir.c_str());  // (fails, harmlessly, once something is in it)
+  }
+
   // Ends `job` (final `state`, `reason`); stops it on every worker that
   // holds it and drops its KV keys.
   void EndJobLocked(Job& job, JobState state, const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -1000,6 +1012,7 @@ class Master::Impl final : public control::Master::Service {
     job.log_file.reset();
     job.early_log.clear();
     job.tensorboard.reset();
+    RemoveEmptyCheckpointsDir(job);
     job.output_claim.Release();
     AddStateEventLocked(job);
     PersistLocked(job);

@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -23,6 +24,7 @@
 #include "cluster/kv_client.h"
 #include "cluster/transport.h"
 #include "comm/proto/control.grpc.pb.h"
+#include "core/file_util.h"
 #include "nlohmann/json.hpp"
 #include "spdlog/sinks/ostream_sink.h"
 #include "spdlog/spdlog.h"
@@ -876,6 +878,39 @@ TEST(ClusterTest, ProgressShowsBetweenLoggedIterations) {
   EXPECT_TRUE(info->last_metrics().empty()) << "nothing was logged";
   ASSERT_TRUE(cluster.client->Cancel(*job).ok());
   EXPECT_EQ(cluster.WaitEnd(*job).state(), control::CANCELLED);
+}
+
+// A node killed before its first checkpoint leaves an empty checkpoints/
+// (its claim never ended): the job's end removes it, and then the output
+// directory the master made, when nothing else is in them. A checkpoints/
+// with something in it, or one a node still holds, stays.
+TEST(ClusterTest, AnEmptyCheckpointsDirectoryGoesWithItsJob) {
+  Deadline deadline(seconds(30), "a killed node's empty checkpoints/");
+  TestCluster cluster;
+  cluster.Start({"cpu:1"});
+  const fs::path root = TempDir("empty_checkpoints");
+  const auto run = [&](const fs::path& out, const std::function<void()>& while_running) {
+    auto job = cluster.client->Submit(nlohmann::json{{"hang", true}, {"output_dir", out.string()}}.dump(), {});
+    ASSERT_TRUE(job.ok()) << job.status();
+    ASSERT_TRUE(cluster.WaitState(*job, control::RUNNING));
+    while_running();
+    ASSERT_TRUE(cluster.client->Cancel(*job, "test", /*checkpoint=*/false).ok());
+    EXPECT_EQ(cluster.WaitEnd(*job).state(), control::CANCELLED);
+  };
+  run(root / "killed", [&] { fs::create_directories(root / "killed" / "checkpoints"); });
+  EXPECT_FALSE(fs::exists(root / "killed" / "checkpoints"));
+  run(root / "written", [&] { fs::create_directories(root / "written" / "checkpoints" / "iter_0000001"); });
+  EXPECT_TRUE(fs::exists(root / "written" / "checkpoints" / "iter_0000001"));
+  std::optional<DirectoryClaim> node;
+  run(root / "held", [&] {
+    auto claimed = DirectoryClaim::AcquireShared(root / "held" / "checkpoints");
+    ASSERT_TRUE(claimed.ok()) << claimed.status();
+    node.emplace(*std::move(claimed));
+  });
+  EXPECT_TRUE(fs::exists(root / "held" / "checkpoints")) << "a node still holds it";
+  node->Release();
+  EXPECT_FALSE(fs::exists(root / "held" / "checkpoints")) << "the node's claim made it";
+  fs::remove_all(root);
 }
 
 // A queued job's output_dir, made at its submission and claimed again by
