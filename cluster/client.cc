@@ -153,32 +153,10 @@ absl::Status Client::Watch(const std::string& job_id, const std::function<bool(c
 
 absl::Status Client::Reached(const grpc::Status& status) const {
   absl::Status converted = ToAbsl(status);
-  if (!absl::IsUnavailable(converted) && !absl::IsDeadlineExceeded(converted)) return converted;
-  // gRPC's transport text ("failed to connect to all addresses; last error:
-  // UNKNOWN: ipv4:...: Failed to connect to remote host: Connection
-  // refused", OpenSSL's error codes) in words; the master's own answers
-  // ("master is shutting down") as they are.
-  const std::string text(converted.message());
-  const auto has = [&](std::string_view part) { return text.find(part) != std::string::npos; };
-  std::string why;
-  if (has("Connection refused")) {
-    why = "nothing listens there (is `tessera master` running at that address?)";
-  } else if (has("wrong version number")) {
-    why = "the TLS handshake failed: it serves no TLS (leave out --tls-ca)";
-  } else if (has("certificate verify failed")) {
-    why = "the TLS handshake failed: its certificate is not one --tls-ca verifies";
-  } else if (has("http1.x server")) {
-    why = "an HTTP/1 server answers there, not the master (the metrics port?)";
-  } else if (has("Socket closed") && options_.security.tls_ca.empty()) {
-    why = "the connection was closed (a master serving TLS dialled without --tls-ca, or one that went away)";
-  } else if (has("SETTINGS frame") || (absl::IsDeadlineExceeded(converted) && has("Deadline Exceeded"))) {
-    why = "no answer in time (a master stopped or overloaded, or another kind of server)";
-  } else if (has("failed to connect to all addresses") || has("DNS resolution failed")) {
-    why = text;
-  } else {
-    return converted;
-  }
-  return absl::Status(converted.code(), absl::StrCat("cannot reach the master at ", options_.master, ": ", why));
+  const std::optional<Unreachable> cause =
+      DescribeUnreachable(converted, !options_.security.tls_ca.empty(), "--tls-ca");
+  if (!cause) return converted;  // the master's own answers ("master is shutting down") as they are
+  return absl::Status(converted.code(), absl::StrCat("cannot reach the master at ", options_.master, ": ", cause->why));
 }
 
 void Client::StopWatches() {

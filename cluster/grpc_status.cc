@@ -22,4 +22,31 @@ grpc::Status ToGrpc(const absl::Status& status) {
   return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
 }
 
+std::optional<Unreachable> DescribeUnreachable(const absl::Status& status, bool dialled_with_tls,
+                                               std::string_view tls_flags) {
+  if (!absl::IsUnavailable(status) && !absl::IsDeadlineExceeded(status)) return std::nullopt;
+  const std::string text(status.message());
+  const auto has = [&](std::string_view part) { return text.find(part) != std::string::npos; };
+  if (has("Connection refused")) {
+    return Unreachable{"nothing listens there (is `tessera master` running at that address?)"};
+  }
+  if (has("wrong version number")) {
+    return Unreachable{"the TLS handshake failed: it serves no TLS (leave out " + std::string(tls_flags) + ")", true};
+  }
+  if (has("certificate verify failed")) {
+    return Unreachable{"the TLS handshake failed: its certificate is not one --tls-ca verifies", true};
+  }
+  if (has("http1.x server")) return Unreachable{"an HTTP/1 server answers there, not the master (the metrics port?)"};
+  if (has("Socket closed") && !dialled_with_tls) {
+    return Unreachable{"the connection was closed (a master serving TLS dialled without " + std::string(tls_flags) +
+                           ", or one that went away)",
+                       true};
+  }
+  if (has("SETTINGS frame") || (absl::IsDeadlineExceeded(status) && has("Deadline Exceeded"))) {
+    return Unreachable{"no answer in time (a master stopped or overloaded, or another kind of server)"};
+  }
+  if (has("failed to connect to all addresses") || has("DNS resolution failed")) return Unreachable{text};
+  return std::nullopt;
+}
+
 }  // namespace tessera::cluster

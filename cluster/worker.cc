@@ -586,16 +586,22 @@ class Worker::Impl final : public control::Worker::Service {
         worker_id_.clear();
         return false;
       }
-      if (status.error_code() != grpc::StatusCode::UNAVAILABLE &&
-          status.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {
+      // In words (the TLS handshake's OpenSSL codes, "Socket closed").
+      const std::optional<Unreachable> cause =
+          DescribeUnreachable(ToAbsl(status), !options_.security.tls_ca.empty(), "--tls-cert/--tls-key/--tls-ca");
+      if ((status.error_code() != grpc::StatusCode::UNAVAILABLE &&
+           status.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) ||
+          (cause && cause->tls_mismatch)) {
         // (gRPC's own answers may carry no text: a worker's address given
         // as the master's said "refused registration: " and nothing.) Once
         // per minute while the answer stays the same: a wrong token was
-        // 86,400 lines a day.
-        const std::string why(ToAbsl(status).message());
+        // 86,400 lines a day. A master whose TLS this worker's does not
+        // match is named at once too (it waited 10 s, then quoted OpenSSL).
+        const std::string why(cause ? cause->why : ToAbsl(status).message());
         const absl::Time now = absl::Now();
         if (why != last_refusal_ || now - last_refusal_warning_ >= absl::Seconds(60)) {
-          TLOG_WARN("the master at {} refused registration: {}{}", options_.master, why,
+          TLOG_WARN("the master at {} {}: {}{}", options_.master, cause ? "cannot be reached" : "refused registration",
+                    why,
                     refusals_unlogged_ > 0 ? absl::StrCat(" (and ", refusals_unlogged_, " times since the last line)")
                                            : std::string());
           last_refusal_ = why;
@@ -610,8 +616,9 @@ class Worker::Impl final : public control::Worker::Service {
         if (unanswered_since_ == absl::InfiniteFuture()) unanswered_since_ = now;
         if (now - unanswered_since_ >= absl::Seconds(10) && now - last_unanswered_warning_ >= absl::Seconds(60)) {
           last_unanswered_warning_ = now;
-          TLOG_WARN("no answer from the master at {} for {:.0f} s ({}); still trying", options_.master,
-                    absl::ToDoubleSeconds(now - unanswered_since_), status.error_message());
+          TLOG_WARN("no answer from the master at {} for {:.0f} s: {}; still trying", options_.master,
+                    absl::ToDoubleSeconds(now - unanswered_since_),
+                    cause ? cause->why : std::string(ToAbsl(status).message()));
         }
       }
       return false;

@@ -20,9 +20,12 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "cluster/grpc_status.h"
 #include "cluster/tls_material.h"
 #include "cluster/transport.h"
+#include "spdlog/sinks/ringbuffer_sink.h"
+#include "spdlog/spdlog.h"
 #include "tests/cluster/cluster_fixture.h"
 #include "tests/deadline.h"
 
@@ -294,7 +297,73 @@ TEST(SecurityTest, Tls) {
   trusted.timeout = absl::Seconds(5);
   Client trusted_client(trusted);
   EXPECT_TRUE(trusted_client.List().ok()) << trusted_client.List().status();
+
+  // Workers whose TLS does not match the master's say so at once (they
+  // waited 10 s, then quoted OpenSSL's codes, or "Socket closed").
+  const auto logged = std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(256);  // (read under its lock)
+  const auto saved = spdlog::default_logger();
+  spdlog::set_default_logger(std::make_shared<spdlog::logger>("capture", logged));
+  const auto text = [&] { return absl::StrJoin(logged->last_formatted(), ""); };
+  const auto said_within = [&](const std::string& line, absl::Duration limit) {
+    return WaitUntil([&] { return text().find(line) != std::string::npos; }, limit);
+  };
+  Worker::Options plain_worker = FastWorkerOptions(cluster.address, "cpu:1");
+  plain_worker.security.token = "tls-token";
+  {
+    Worker worker(plain_worker, SleepyRunnerFactory(std::make_shared<RunnerCounters>()));
+    ASSERT_TRUE(worker.Start().ok());
+    EXPECT_TRUE(said_within(absl::StrCat("the master at ", cluster.address,
+                                         " cannot be reached: the connection was closed (a master serving TLS "
+                                         "dialled without --tls-cert/--tls-key/--tls-ca, or one that went away)"),
+                            absl::Seconds(3)))
+        << text();
+    worker.Shutdown();
+  }
+  Master::Options plain_master = FastMasterOptions();
+  plain_master.security.token = "tls-token";
+  Master plaintext(plain_master, std::make_unique<FakeJobCompiler>());
+  auto plain_address = plaintext.Start();
+  ASSERT_TRUE(plain_address.ok()) << plain_address.status();
+  Worker::Options tls_worker = FastWorkerOptions(*plain_address, "cpu:1");
+  tls_worker.security = options.security;
+  {
+    Worker worker(tls_worker, SleepyRunnerFactory(std::make_shared<RunnerCounters>()));
+    ASSERT_TRUE(worker.Start().ok());
+    EXPECT_TRUE(said_within(absl::StrCat("the master at ", *plain_address,
+                                         " cannot be reached: the TLS handshake failed: it serves no TLS (leave out "
+                                         "--tls-cert/--tls-key/--tls-ca)"),
+                            absl::Seconds(3)))
+        << text();
+    worker.Shutdown();
+  }
+  spdlog::set_default_logger(saved);
+  plaintext.Shutdown();
   fs::remove_all(dir);
+}
+
+// gRPC's transport text in words, and which of its causes no retry mends.
+TEST(SecurityTest, UnreachableCausesInWords) {
+  const auto describe = [](absl::Status status, bool tls) { return DescribeUnreachable(status, tls, "--tls-ca"); };
+  auto refused =
+      describe(absl::UnavailableError("failed to connect to all addresses; last error: UNKNOWN: "
+                                      "ipv4:127.0.0.1:1: Failed to connect to remote host: Connection refused"),
+               false);
+  ASSERT_TRUE(refused);
+  EXPECT_EQ(refused->why, "nothing listens there (is `tessera master` running at that address?)");
+  EXPECT_FALSE(refused->tls_mismatch);
+  auto no_tls = describe(absl::UnavailableError("Ssl handshake failed: SSL_ERROR_SSL: error:0A00010B:SSL "
+                                                "routines::wrong version number"),
+                         true);
+  ASSERT_TRUE(no_tls);
+  EXPECT_EQ(no_tls->why, "the TLS handshake failed: it serves no TLS (leave out --tls-ca)");
+  EXPECT_TRUE(no_tls->tls_mismatch);
+  auto closed = describe(absl::UnavailableError("ipv4:127.0.0.1:1: Socket closed"), false);
+  ASSERT_TRUE(closed);
+  EXPECT_TRUE(closed->tls_mismatch);
+  EXPECT_FALSE(describe(absl::UnavailableError("ipv4:127.0.0.1:1: Socket closed"), true))
+      << "with TLS, a closed socket is no TLS mismatch";
+  EXPECT_FALSE(describe(absl::UnavailableError("master is shutting down"), false)) << "the master's own answer";
+  EXPECT_FALSE(describe(absl::InvalidArgumentError("Connection refused"), false)) << "not a transport failure";
 }
 
 // A worker the master cannot call back (a token on the worker only) is
