@@ -69,6 +69,7 @@ report_dir=${OUT:-$build}
 # Runs and bench outputs: not in $OUT (the device tool returns only a few
 # files from it: the report and the log).
 work_dir=$(mktemp -d /tmp/tessera-gpu-check.XXXXXX)
+trap 'rm -rf "$work_dir"' EXIT
 mkdir -p "$build" "$report_dir"
 report="$report_dir/gpu_report.md"
 log="$report_dir/gpu_check.log"
@@ -128,6 +129,10 @@ section "Machine"
   echo "CUDA_MODULE_LOADING in the environment: $inherited_module_loading (unset for the check)"
   echo '```'
 } >> "$report"
+# Without a GPU nothing here can pass: said at once, before minutes of build.
+if ! nvidia-smi -L > /dev/null 2>&1 && ! compgen -G '/dev/nvidia[0-9]*' > /dev/null; then
+  fail "finding a GPU: no NVIDIA GPU on this machine (nvidia-smi lists none, no /dev/nvidia*); this check is for a GPU machine (scripts/cuda_emu_check.sh runs the CUDA code paths on the CPU)"
+fi
 
 section "Build"
 start=$(date +%s)
