@@ -342,7 +342,11 @@ class IndexedDatasetBuilder::SpoolFile {
     // mkostemp makes it 0600; the dataset it becomes is read by whoever
     // reads the directory (other users, the nodes of a cluster), as any
     // file created under the umask.
-    if (!anonymous && ::fchmod(fd, 0666 & ~CurrentUmask()) != 0) return ErrnoError(errno, "chmod", pattern);
+    if (!anonymous && ::fchmod(fd, 0666 & ~CurrentUmask()) != 0) {
+      const int error = errno;
+      ::unlink(pattern.c_str());  // (returned to no one, who would remove it)
+      return ErrnoError(error, "chmod", pattern);
+    }
     if (anonymous) {
       if (::unlink(pattern.c_str()) != 0) return ErrnoError(errno, "unlink temporary file", pattern);
       file->path_.clear();
