@@ -413,6 +413,11 @@ int main(int argc, char** argv) {
   // defence for anything that throws anyway, so it ends in one line, not an
   // abort.
   tessera::cluster::RouteGrpcLogs();
+  // A write past the file-size limit (`ulimit -f`) fails with EFBIG, which
+  // every writer reports naming its file and cleans up after; SIGXFSZ's
+  // default action killed the process instead (exit 153, no word, its
+  // temporary files left).
+  std::signal(SIGXFSZ, SIG_IGN);
   try {
     const int code = Main(argc, argv);
     // What a command printed must have reached its stdout (a full disk, a

@@ -660,8 +660,15 @@ class EnginePlanRunner final : public PlanRunner {
   // commits `temp` as `final_dir` with `state`. Whether this node committed.
   absl::StatusOr<bool> WriteAndCommit(const std::filesystem::path& temp, const std::filesystem::path& final_dir,
                                       const CheckpointState& state, const std::string& done_key) {
-    RETURN_IF_ERROR(WriteCheckpointShards(temp, node_plan_.plan(), kept_.values()));
     const size_t nodes = std::max<size_t>(1, context_.slots.size());
+    if (absl::Status written = WriteCheckpointShards(temp, node_plan_.plan(), kept_.values()); !written.ok()) {
+      // A write that failed (a full disk) leaves no temporary directory
+      // behind where this node is the job's only one (others may still
+      // write theirs there: the next run's node 0 removes it).
+      std::error_code ec;
+      if (nodes == 1) std::filesystem::remove_all(temp, ec);
+      return written;
+    }
     const bool shared = context_.kv != nullptr && nodes > 1;
     if (shared) RETURN_IF_ERROR(context_.kv->Set(StrCat(done_key, context_.node), "written"));
     if (context_.node != 0) return false;

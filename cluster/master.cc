@@ -7,7 +7,9 @@
 #include <algorithm>
 #include <atomic>
 #include <cctype>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <deque>
 #include <filesystem>
 #include <fstream>
@@ -138,6 +140,10 @@ struct Job {
   absl::Time stop_deadline;
   std::set<uint32_t> nodes_interrupted;
   std::string interrupted_at;  // a node's "interrupted at iteration N; checkpoint ..."
+  // metrics.jsonl or log.txt could not be written (a full disk): the job
+  // stops as a graceful cancel does and ends FAILED; nothing is written to
+  // them any more (nor are they opened, and so truncated, again).
+  bool outputs_failed = false;
 };
 
 // A job record of the state directory (PersistLocked writes it): every
@@ -569,7 +575,7 @@ class Master::Impl final : public control::Master::Service {
       }
       return grpc::Status::OK;  // late news of an ended job
     }
-    if (!job.metrics_file && !job.spec.output_dir.empty() &&
+    if (!job.metrics_file && !job.outputs_failed && !job.spec.output_dir.empty() &&
         (request->metrics_size() > 0 || request->log_lines_size() > 0)) {
       if (absl::Status opened = OpenOutputsLocked(job); !opened.ok()) {
         EndJobLocked(job, control::FAILED, std::string(opened.message()));
@@ -585,9 +591,14 @@ class Master::Impl final : public control::Master::Service {
       if (job.metrics_file) {
         nlohmann::json line = {{"iter", metrics.iteration()}};
         for (const auto& [name, value] : metrics.values()) line[name] = value;
+        errno = 0;
         *job.metrics_file << line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
         job.metrics_file->flush();
-        RecordCurvesLocked(job, metrics);
+        if (!*job.metrics_file) {
+          OutputFailedLocked(job, "metrics.jsonl", errno);
+        } else {
+          RecordCurvesLocked(job, metrics);
+        }
       }
       control::JobEvent event;
       *event.mutable_metrics() = metrics;
@@ -618,7 +629,7 @@ class Master::Impl final : public control::Master::Service {
           if (job.nodes_interrupted.empty()) {
             EndJobLocked(job, control::SUCCEEDED, "");
           } else {
-            EndJobLocked(job, control::CANCELLED, absl::StrCat(job.stop_reason, "; ", job.interrupted_at));
+            EndJobLocked(job, StoppedStateOf(job), absl::StrCat(job.stop_reason, "; ", job.interrupted_at));
           }
         }
         return grpc::Status::OK;
@@ -1323,7 +1334,7 @@ class Master::Impl final : public control::Master::Service {
     // Asked to stop (a cancel, a daemon shutting down) before every node
     // started: it ends as that stop says, before its first iteration.
     if (job.stopping) {
-      EndJobLocked(job, control::CANCELLED, absl::StrCat(job.stop_reason, "; stopped before it started"));
+      EndJobLocked(job, StoppedStateOf(job), absl::StrCat(job.stop_reason, "; stopped before it started"));
       return;
     }
     EndJobLocked(job, control::FAILED, reason);
@@ -1345,10 +1356,40 @@ class Master::Impl final : public control::Master::Service {
   // stops), dropped when the job ends first.
   void LogLocked(Job& job, std::string line) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (job.log_file) {
+      errno = 0;
       *job.log_file << line << "\n";
       job.log_file->flush();
-    } else if (!job.spec.output_dir.empty() && !IsFinal(job.state) && job.early_log.size() < 1000) {
+      if (!*job.log_file) OutputFailedLocked(job, "log.txt", errno);
+    } else if (!job.spec.output_dir.empty() && !job.outputs_failed && !IsFinal(job.state) &&
+               job.early_log.size() < 1000) {
       job.early_log.push_back(std::move(line));
+    }
+  }
+
+  // How a graceful stop ends: CANCELLED, or FAILED when the job's outputs
+  // could not be written.
+  static JobState StoppedStateOf(const Job& job) { return job.outputs_failed ? control::FAILED : control::CANCELLED; }
+
+  // A write to the job's metrics.jsonl or log.txt failed (`error`: its
+  // errno): asked-for outputs are never dropped silently (the job trained
+  // on with them cut short, and succeeded). It stops at an iteration
+  // boundary as a graceful cancel would, with a checkpoint where one can
+  // still be written, and ends FAILED naming the file.
+  void OutputFailedLocked(Job& job, const std::string& file, int error) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    // (The other file goes on: log.txt tells how the job ended.)
+    (file == "log.txt" ? job.log_file : job.metrics_file).reset();
+    if (job.outputs_failed || IsFinal(job.state)) return;
+    job.outputs_failed = true;
+    const std::string reason =
+        absl::StrCat("cannot write ", (fs::path(job.spec.output_dir) / file).string(),
+                     error != 0 ? absl::StrCat(": ", std::strerror(error)) : std::string(": the write failed"));
+    TLOG_INFO("job {}: {}", job.id, reason);
+    if (job.state == control::RUNNING && !job.stopping) {
+      StartStoppingLocked(job, reason);
+    } else if (job.stopping) {
+      job.stop_reason = absl::StrCat(reason, "; ", job.stop_reason);
+    } else {
+      EndJobLocked(job, control::FAILED, reason);
     }
   }
 
@@ -1418,9 +1459,17 @@ class Master::Impl final : public control::Master::Service {
       job.log_file.reset();
       return absl::InternalError(absl::StrCat("cannot write metrics.jsonl and log.txt in '", dir.string(), "'"));
     }
+    errno = 0;
     for (const std::string& line : job.early_log) *job.log_file << line << "\n";
     job.log_file->flush();
     job.early_log.clear();
+    if (!*job.log_file) {
+      const int error = errno;
+      job.metrics_file.reset();
+      job.log_file.reset();
+      return absl::InternalError(absl::StrCat("cannot write ", (dir / "log.txt").string(), ": ",
+                                              error != 0 ? std::strerror(error) : "the write failed"));
+    }
     return absl::OkStatus();
   }
 
@@ -1545,18 +1594,10 @@ class Master::Impl final : public control::Master::Service {
     return WriteFileAtomically(path, kept);
   }
 
+  // (Errors name the file and why; the temporary file goes with them: a
+  // full disk left an empty config.json.tmp and said only "cannot write".)
   static absl::Status WriteFileAtomically(const fs::path& path, const std::string& text) {
-    const fs::path temp = path.string() + ".tmp";
-    {
-      std::ofstream out(temp, std::ios::trunc | std::ios::binary);
-      out << text;
-      out.flush();
-      if (!out) return absl::InternalError(absl::StrCat("cannot write ", temp.string()));
-    }
-    std::error_code error;
-    fs::rename(temp, path, error);
-    if (error) return absl::InternalError(absl::StrCat("cannot rename ", temp.string(), ": ", error.message()));
-    return absl::OkStatus();
+    return WriteFileDurably(path, text);
   }
 
   // ---- persistence ----
@@ -1774,7 +1815,7 @@ class Master::Impl final : public control::Master::Service {
         // Graceful cancels past their grace period stop at once.
         for (auto& [id, job] : jobs_) {
           if (job->stopping && !IsFinal(job->state) && absl::Now() >= job->stop_deadline) {
-            EndJobLocked(*job, control::CANCELLED,
+            EndJobLocked(*job, StoppedStateOf(*job),
                          absl::StrCat(job->stop_reason, "; the nodes did not stop within ",
                                       absl::FormatDuration(options_.stop_grace), ": stopped at once"));
           }

@@ -163,6 +163,44 @@ TEST(Cli, TrainRunsThroughAnEmbeddedMasterAndWorker) {
   std::filesystem::remove_all(dir + "_nan");
 }
 
+// Outputs that cannot be written end the run with one line naming the
+// file and why, exit 1: metrics.jsonl on a full disk (the run trained on
+// with it cut short and exited 0) stops at an iteration boundary with a
+// checkpoint; a write past the file-size limit (SIGXFSZ killed the
+// process, exit 153, its temporary files left) fails the checkpoint.
+TEST(Cli, OutputsThatCannotBeWrittenEndTheRunSayingWhy) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::path(::testing::TempDir()) / ("tessera_cli_full_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir / "full");
+  fs::create_symlink("/dev/full", dir / "full" / "metrics.jsonl");
+  const std::string job = "train " + Source("configs/gpt2_nano.json") +
+                          " model.num_layers=1 train.train_iter=8 train.log_period=1 train.dist.intra_op_threads=1 "
+                          "train.checkpointer.period=4 train.output_dir=";
+  const Result full = RunTessera(job + (dir / "full").string());
+  EXPECT_EQ(full.exit_code, 1) << full.out;
+  const std::string last = full.out.substr(full.out.rfind("tessera: "));
+  EXPECT_EQ(last.rfind("tessera: cannot write " + (dir / "full" / "metrics.jsonl").string() +
+                           ": No space left on device; interrupted at iteration ",
+                       0),
+            0u)
+      << full.out;
+  EXPECT_EQ(std::count(last.begin(), last.end(), '\n'), 1) << full.out;
+  std::ifstream log(dir / "full" / "log.txt");
+  const std::string logged{std::istreambuf_iterator<char>(log), {}};
+  EXPECT_NE(logged.find("[master] FAILED: cannot write "), std::string::npos)
+      << "log.txt says how it ended: " << logged;
+
+  const Result limited = RunCommand("ulimit -f 64; timeout 120 " + std::string(TESSERA_BINARY) + " " + job +
+                                    (dir / "limited").string() + " 2>&1");
+  EXPECT_EQ(limited.exit_code, 1) << limited.out;
+  EXPECT_NE(limited.out.find("File too large"), std::string::npos) << limited.out;
+  for (const auto& entry : fs::recursive_directory_iterator(dir / "limited")) {
+    EXPECT_EQ(entry.path().filename().string().find(".tmp"), std::string::npos) << "left behind: " << entry.path();
+  }
+  fs::remove_all(dir);
+}
+
 // --fast-dev-run: 20 iterations from scratch, checkpoints at 10 and 20,
 // every output under train.output_dir/fast_dev_run and nothing beside it
 // (whatever the config's own train_iter and checkpoint period); with
