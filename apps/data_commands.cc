@@ -288,13 +288,17 @@ void AddPreprocess(CLI::App& app) {
       Fail(StrCat("--tokenizer ", flags->vocabulary.tokenizer, ": expected gpt2, bert or bpe:N"));
     }
     const std::unique_ptr<data::Tokenizer> tokenizer = Load(files);
+    if (!learnt.empty()) {
+      // In the dataset's commit: a Ctrl-C there left the new dataset beside
+      // the old vocabulary, the new one deleted.
+      options.commit_also = [&] { return PlaceVocabulary(learnt, vocab_dir); };
+    }
     ByteProgress progress("preprocess");
     auto stats =
         data::Preprocess(options, *tokenizer, [&](int64_t done, int64_t total) { progress.Update(done, total); });
     progress.Finish();
     if (!stats.ok()) Fail(std::string(stats.status().message()));
     if (!learnt.empty()) {
-      if (auto placed = PlaceVocabulary(learnt, vocab_dir); !placed.ok()) Fail(std::string(placed.message()));
       std::error_code ec;
       std::filesystem::remove(learnt, ec);  // empty now
       learnt.clear();

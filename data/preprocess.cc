@@ -591,6 +591,7 @@ absl::StatusOr<PreprocessStats> Preprocess(const PreprocessOptions& options, con
   if (ec) return absl::InternalError(StrCat("cannot remove ", source_file.string(), ": ", ec.message()));
   RETURN_IF_ERROR(builder->Finalize());
   RETURN_IF_ERROR(WriteDatasetSource(options, tokenizer, source_file));
+  if (options.commit_also) RETURN_IF_ERROR(options.commit_also());
   if (progress) progress(total_bytes, total_bytes);
   return stats;
 }

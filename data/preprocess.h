@@ -61,6 +61,10 @@ struct PreprocessOptions {
   // Asked before each chunk: true stops the build (Cancelled, nothing
   // written, an earlier dataset kept).
   std::function<bool()> cancelled = {};
+  // Called at the end of the commit, the dataset's files in place and a
+  // Ctrl-C still held back: what belongs with the dataset (bpe:N's learnt
+  // vocabulary) is placed in the same commit, never half of it.
+  std::function<absl::Status()> commit_also = {};
 };
 
 struct PreprocessStats {

@@ -5,6 +5,9 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
@@ -13,6 +16,7 @@
 #include <thread>
 #include <tuple>
 
+#include "core/file_util.h"
 #include "data/indexed_dataset.h"
 #include "tests/data/dataset_test_util.h"
 
@@ -319,6 +323,34 @@ TEST_F(PreprocessTest, ACancelledBuildWritesNothing) {
   EXPECT_EQ(stats.status().code(), absl::StatusCode::kCancelled) << stats.status();
   EXPECT_EQ(asked, 4);
   ExpectNoOutput();
+}
+
+// What commit_also places (bpe:N's vocabulary) is in the dataset's commit:
+// a Ctrl-C there waits until it is placed too (it acted between the two:
+// the new dataset stayed beside the old vocabulary, the new one deleted).
+TEST_F(PreprocessTest, ASignalInTheCommitWaitsForWhatCommitsWithIt) {
+  WriteFile(dir_ / "a.txt", "one\n\ntwo\n\n");
+  const std::filesystem::path placed = dir_ / "placed";
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    RemoveTemporariesOnSignals();
+    PreprocessOptions options;
+    options.num_threads = 1;
+    options.commit_also = [&] {
+      ::kill(::getpid(), SIGINT);  // held back: the process ends once the commit is done
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      WriteFile(placed, "placed");
+      return absl::OkStatus();
+    };
+    (void)Run({"a.txt"}, options);
+    ::_exit(0);  // (not reached: the held signal ends the process)
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGINT) << status;
+  EXPECT_EQ(ReadFile(placed), "placed");
+  EXPECT_EQ(ReadBack(dir_ / "out"), (Documents{{"one<EOD>"}, {"two<EOD>"}}));
 }
 
 TEST_F(PreprocessTest, UnreadableInputsAreNamed) {
