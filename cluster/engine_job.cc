@@ -338,9 +338,10 @@ class EnginePlanRunner final : public PlanRunner {
     if (context_.node == 0 && !train.output_dir.empty()) {
       RETURN_IF_ERROR(RemoveCheckpointTemps(train.output_dir));
       // A run from scratch told to overwrite an earlier run's checkpoints
-      // removes them once it has one of its own: a run that fails first
-      // leaves them as they were.
+      // sets them aside now and removes them once it has one of its own: a
+      // run that fails first leaves them in checkpoints/.overwritten/.
       overwriting_ = first == 0 && !train.resume && train.overwrite_output_dir;
+      if (overwriting_) RETURN_IF_ERROR(SetAsideCheckpoints(train.output_dir));
     }
     LoadBest();
     if (context_.node == 0 && train.load_weight && !node_plan_.init_checkpoint().empty() &&
@@ -581,7 +582,7 @@ class EnginePlanRunner final : public PlanRunner {
                                     StrCat(JobPrefix(), "/checkpoint/", iteration, "/")));
     if (!committed) return absl::OkStatus();
     if (overwriting_) {
-      RETURN_IF_ERROR(RemoveCheckpointsBut(train.output_dir, final_dir, /*keep_best=*/wrote_best_));
+      RETURN_IF_ERROR(RemoveSetAsideCheckpoints(train.output_dir));
       overwriting_ = false;
     }
     RETURN_IF_ERROR(PruneCheckpoints(train.output_dir, train.checkpointer.max_to_keep, tag));
@@ -629,7 +630,6 @@ class EnginePlanRunner final : public PlanRunner {
     ASSIGN_OR_RETURN(const bool committed,
                      WriteAndCommit(CheckpointTempPath(train.output_dir, iteration, tag), final_dir, state,
                                     StrCat(JobPrefix(), "/best/", iteration, "/")));
-    if (committed) wrote_best_ = true;
     if (committed && context_.report_log) {
       context_.report_log(StrCat("saved best checkpoint ", final_dir.string(), " (iteration ", iteration, ", ",
                                  eval.eval_metric, " ", decision, ")"));
@@ -749,11 +749,9 @@ class EnginePlanRunner final : public PlanRunner {
   int64_t eval_batches_seen_ = 0;
   std::map<std::string, double> last_eval_;  // the sink's node: the last evaluation's metrics
   std::optional<double> best_;               // the sink's node: the best eval_metric so far (save_best)
-  // Node 0: train.overwrite_output_dir's earlier checkpoints are still
-  // there (removed at this run's first commit), and whether this run has
-  // written a best checkpoint since.
+  // Node 0: train.overwrite_output_dir's earlier checkpoints are still set
+  // aside (removed at this run's first commit).
   bool overwriting_ = false;
-  bool wrote_best_ = false;
   actors::HostCallbacks callbacks_;
   KeptStore kept_;
   std::map<uint32_t, std::unique_ptr<ThreadPool>> pools_;  // per device, made by the first segment

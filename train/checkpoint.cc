@@ -525,13 +525,40 @@ absl::Status RemoveCheckpointTemps(const fs::path& output_dir) {
   });
 }
 
-absl::Status RemoveCheckpointsBut(const fs::path& output_dir, const fs::path& keep, bool keep_best) {
+fs::path OverwrittenCheckpointsDir(const fs::path& output_dir) { return CheckpointsDir(output_dir) / ".overwritten"; }
+
+absl::Status SetAsideCheckpoints(const fs::path& output_dir) {
+  const fs::path dir = CheckpointsDir(output_dir), aside = OverwrittenCheckpointsDir(output_dir);
   const std::string best = BestCheckpointPath(output_dir).filename().string();
-  const std::string kept = keep.filename().string();
-  return RemoveFromCheckpointsDir(output_dir, [&](const std::string& name) {
-    if (name == kept) return false;
-    return IterationOfName(name).has_value() || (name == best && !keep_best);
-  });
+  std::error_code ec;
+  if (!fs::exists(dir, ec)) return absl::OkStatus();
+  std::vector<fs::path> earlier;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (IterationOfName(name).has_value() || name == best) earlier.push_back(entry.path());
+  }
+  if (ec) return absl::InternalError(StrCat("cannot list ", dir.string(), ": ", ec.message()));
+  if (earlier.empty()) return absl::OkStatus();
+  // What an earlier overwrite that failed set aside is older still.
+  fs::remove_all(aside, ec);
+  if (ec) return absl::InternalError(StrCat("cannot remove ", aside.string(), ": ", ec.message()));
+  fs::create_directory(aside, ec);
+  if (ec) return absl::InternalError(StrCat("cannot create ", aside.string(), ": ", ec.message()));
+  for (const fs::path& path : earlier) {
+    fs::rename(path, aside / path.filename(), ec);
+    if (ec) {
+      return absl::InternalError(StrCat("cannot move ", path.string(), " into ", aside.string(), ": ", ec.message()));
+    }
+  }
+  return SyncPath(dir);
+}
+
+absl::Status RemoveSetAsideCheckpoints(const fs::path& output_dir) {
+  const fs::path aside = OverwrittenCheckpointsDir(output_dir);
+  std::error_code ec;
+  fs::remove_all(aside, ec);
+  if (ec) return absl::InternalError(StrCat("cannot remove ", aside.string(), ": ", ec.message()));
+  return absl::OkStatus();
 }
 
 absl::Status PruneCheckpoints(const fs::path& output_dir, int64_t keep, const std::string& tag) {

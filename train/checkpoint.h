@@ -160,11 +160,17 @@ struct CheckpointState {
 // refuses it), so none of them is being written.
 [[nodiscard]] absl::Status RemoveCheckpointTemps(const std::filesystem::path& output_dir);
 
-// Removes every checkpoint (iter_N, and best unless `keep_best`) in
-// output_dir/checkpoints but `keep`: what train.overwrite_output_dir
-// removes of an earlier run once the new run has committed its first.
-[[nodiscard]] absl::Status RemoveCheckpointsBut(const std::filesystem::path& output_dir,
-                                                const std::filesystem::path& keep, bool keep_best);
+// train.overwrite_output_dir: as the run starts, the earlier run's
+// checkpoints (iter_N and best) move into output_dir/checkpoints/.overwritten/
+// (replacing what an overwrite that failed left there), out of sight of
+// --resume, generate, export and the pruning, so a run that fails before its
+// first checkpoint leaves no mix of the two runs (the earlier checkpoints
+// beside the new run's config.json and metrics.jsonl, a --resume continuing
+// the one with the other's); RemoveSetAsideCheckpoints removes them once the
+// run has committed its first.
+std::filesystem::path OverwrittenCheckpointsDir(const std::filesystem::path& output_dir);
+[[nodiscard]] absl::Status SetAsideCheckpoints(const std::filesystem::path& output_dir);
+[[nodiscard]] absl::Status RemoveSetAsideCheckpoints(const std::filesystem::path& output_dir);
 
 // Keeps the `keep` checkpoints of the highest iterations and removes older
 // ones and temporary directories of other runs (tag != `tag`).

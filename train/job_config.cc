@@ -217,7 +217,8 @@ Binding<TrainConfig> MakeTrainKeys() {
                   "(`tessera train --eval-only` sets it)"});
   b.Field("overwrite_output_dir", &TrainConfig::overwrite_output_dir,
           {.doc = "a run from scratch (no `resume`) into an `output_dir` that holds an earlier run's checkpoints "
-                  "removes them when it has written its first (a run that fails before leaves them); `false`: such "
+                  "moves them into `checkpoints/.overwritten/` as it starts and removes them when it has written its "
+                  "first (a run that fails before leaves them there, out of `--resume`'s sight); `false`: such "
                   "a run is refused (its checkpoints would sit among the earlier ones). `tessera train "
                   "--fast-dev-run` sets it for its own directory"});
   b.Sub("evaluation", &TrainConfig::evaluation, MakeEvaluationKeys());

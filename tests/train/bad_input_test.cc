@@ -13,12 +13,14 @@
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "core/file_util.h"
 #include "core/storage.h"
 #include "core/text.h"
+#include "nlohmann/json.hpp"
 #include "tests/cli_runner.h"
 #include "train/checkpoint.h"
 #include "train/job_config.h"
@@ -412,11 +414,28 @@ TEST(BadInput, ARunFailingBeforeItsFirstReportLeavesTheOutputDirAsItWas) {
   EXPECT_EQ(overwriting.exit_code, 0) << overwriting.err;
   EXPECT_FALSE(fs::exists(earlier / "checkpoints" / "iter_0000002"));
   EXPECT_TRUE(fs::exists(earlier / "checkpoints" / "iter_0000001" / "index.json"));
-  // One that fails before its first checkpoint leaves the earlier ones.
+  // One that fails before its first checkpoint leaves the earlier ones,
+  // set aside: a --resume finds none to mix with the new run's config and
+  // metrics (it continued the earlier checkpoint under them), and starts
+  // from scratch.
   const Captured failing = RunTrain(nano, {"train.train_iter=3", "train.overwrite_output_dir=true", "optim.lr=1e308",
                                            "train.output_dir=" + earlier.string()});
   EXPECT_EQ(failing.exit_code, 1) << failing.err;
-  EXPECT_TRUE(fs::exists(earlier / "checkpoints" / "iter_0000001" / "index.json"));
+  EXPECT_FALSE(fs::exists(earlier / "checkpoints" / "iter_0000001"));
+  EXPECT_TRUE(fs::exists(earlier / "checkpoints" / ".overwritten" / "iter_0000001" / "index.json"));
+  const Captured resumed = RunTrain(
+      nano, {"train.train_iter=2", "train.log_period=1", "train.resume=true", "train.output_dir=" + earlier.string()});
+  EXPECT_EQ(resumed.exit_code, 0) << resumed.err;
+  {
+    std::vector<int64_t> iterations;
+    std::istringstream rows(Slurp(earlier / "metrics.jsonl"));
+    for (std::string row; std::getline(rows, row);) {
+      iterations.push_back(nlohmann::json::parse(row).at("iter").get<int64_t>());
+    }
+    EXPECT_EQ(iterations, (std::vector<int64_t>{1, 2})) << "the resumed run's rows, from scratch";
+  }
+  // Moved back by hand, they are checkpoints again.
+  fs::rename(earlier / "checkpoints" / ".overwritten" / "iter_0000001", earlier / "checkpoints" / "iter_0000001");
   const Captured from_itself =
       RunTrain(nano, {"train.train_iter=1", "train.overwrite_output_dir=true", "train.output_dir=" + earlier.string(),
                       "train.load_weight=" + (earlier / "checkpoints" / "iter_0000001").string()});
