@@ -951,9 +951,12 @@ absl::StatusOr<std::shared_ptr<const CheckpointReader>> CheckpointReader::Open(
       if (s.file.empty() || s.file.find('/') != std::string::npos || s.file == "." || s.file == "..") {
         return fail("index.json: tensor '", name, "': shard file '", s.file, "' is not a file name in the checkpoint");
       }
-      auto offset = IntList(shard.value("offset", nlohmann::json()), "offset");
-      auto extent = IntList(shard.value("shape", nlohmann::json()), "shape");
-      if (!offset.ok() || !extent.ok() || offset->size() != shape->size() || extent->size() != shape->size()) {
+      auto offset = IntList(shard.value("offset", nlohmann::json()), "a shard's offset");
+      auto extent = IntList(shard.value("shape", nlohmann::json()), "a shard's shape");
+      // (What is wrong with the list named: [-1, 0] was told to list 2 sizes.)
+      if (!offset.ok()) return fail("index.json: tensor '", name, "': ", offset.status().message());
+      if (!extent.ok()) return fail("index.json: tensor '", name, "': ", extent.status().message());
+      if (offset->size() != shape->size() || extent->size() != shape->size()) {
         return fail("index.json: tensor '", name, "': a shard's offset and shape must each list ", shape->size(),
                     " sizes (the tensor's rank)");
       }

@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <memory>
 #include <optional>
+#include <set>
 #include <utility>
 
 #include "absl/cleanup/cleanup.h"
@@ -86,6 +87,24 @@ absl::StatusOr<ExportSummary> ExportHuggingFace(const std::filesystem::path& pat
     return absl::FailedPreconditionError(StrCat("checkpoint ", dir.string(), ": ",
                                                 config["model"].value("_target_", std::string("its model")),
                                                 " has no Hugging Face layout (models.GPT2 and models.BERT have)"));
+  }
+  // Every weight of the checkpoint is among them: an index whose config
+  // says fewer layers than its tensors hold exported a model cut short,
+  // silently. (Its optimizer's states are "<weight>.<state>", the fp16
+  // loss scale's "amp.*".)
+  {
+    std::set<std::string> exported;
+    for (const auto& t : tensors) exported.insert(t.name);
+    const std::vector<std::string> names = reader->TensorNames();
+    const std::set<std::string> all(names.begin(), names.end());
+    for (const std::string& name : names) {
+      if (exported.contains(name) || name.starts_with("amp.")) continue;
+      const size_t dot = name.rfind('.');
+      if (dot != std::string::npos && all.contains(name.substr(0, dot))) continue;
+      return absl::InvalidArgumentError(StrCat("checkpoint ", dir.string(), ": tensor '", name,
+                                               "' is no weight of the model that its index.json's config "
+                                               "describes (the two disagree: edited or damaged?)"));
+    }
   }
   // Into the checkpoints it comes from (over a rank file or an index), or
   // over its run's config.json (a directory export writes one): the run

@@ -669,10 +669,11 @@ absl::StatusOr<std::unique_ptr<Generator>> Generator::Open(const fs::path& path,
   const nlohmann::json run_config = options.run_config ? *options.run_config : reader->config();
   ASSIGN_OR_RETURN(const models::Gpt2Config config,
                    ReadGpt2Config(*reader, run_config, options.run_config.has_value()));
-  if (reader->huggingface()) {
+  {
     // Weights of more layers than the config's would be read in part, and
-    // generate other text silently; of fewer, miss a layer (a Tessera checkpoint's own config is
-    // compared instead, ReadGpt2Config).
+    // generate other text silently; of fewer, miss a layer (Hugging Face
+    // weights and a config given, or a checkpoint whose index.json's config
+    // was edited).
     int64_t layers = 0;
     for (std::string_view name : reader->TensorNames()) {
       if (name.starts_with("transformer.")) name.remove_prefix(std::string_view("transformer.").size());

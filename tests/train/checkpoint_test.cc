@@ -407,6 +407,19 @@ TEST(Checkpoint, CorruptIndexIsAnErrorNamingTheCheckpoint) {
     EXPECT_NE(status.message().find(error), std::string::npos) << status;
   }
   WriteFile(checkpoint / "index.json", good);
+  // A shard's list of a wrong value says so (it said the list must list 2
+  // sizes, which it did).
+  {
+    nlohmann::json index = nlohmann::json::parse(good);
+    for (auto& shard : index["tensors"]["w"]["shards"]) shard["offset"][0] = -1;
+    WriteFile(checkpoint / "index.json", index.dump());
+    const absl::Status status = CheckpointReader::Open(checkpoint).status();
+    EXPECT_NE(status.message().find("index.json: tensor 'w': a shard's offset is not a list of non-negative integers: "
+                                    "[-1,"),
+              std::string::npos)
+        << status;
+  }
+  WriteFile(checkpoint / "index.json", good);
   // One rank's file of it is not Hugging Face weights (it loaded as such).
   int rank_files = 0;
   for (const auto& entry : fs::directory_iterator(checkpoint)) {

@@ -440,6 +440,14 @@ TEST(Generate, CheckpointsThatAreNotAGpt2AreOneLineErrors) {
   const fs::path heads =
       edited("heads", [](nlohmann::json& index) { index["config"]["model"]["num_attention_heads"] = 3; });
   ExpectError(Generator::Open(heads).status(), StatusCode::kInvalidArgument, "not a multiple of num_attention_heads");
+  // Fewer layers than its tensors hold: generate and export used the
+  // first ones, silently.
+  const fs::path layers = edited("layers", [](nlohmann::json& index) { index["config"]["model"]["num_layers"] = 1; });
+  ExpectError(Generator::Open(layers).status(), StatusCode::kInvalidArgument,
+              StrCat("model.num_layers is 1, but the weights ", layers.string(), " hold 2 layers (h.0 to h.1)"));
+  ExpectError(ExportHuggingFace(layers, root / "layers.safetensors").status(), StatusCode::kInvalidArgument,
+              "' is no weight of the model that its index.json's config describes");
+  EXPECT_FALSE(fs::exists(root / "layers.safetensors"));
 }
 
 // The text path: the run's tokenizer from its config (GPT-2's BPE over a
