@@ -1428,6 +1428,14 @@ class Master::Impl final : public control::Master::Service {
     if (error) {
       return absl::InternalError(absl::StrCat("cannot create train.output_dir '", dir.string(), "': ", error.message()));
     }
+    // Each of the files is checked before the first is written: one that
+    // cannot be (a directory in its place) left the others half made.
+    for (const char* name : {"config.json", "metrics.jsonl", "log.txt"}) {
+      if (fs::is_directory(dir / name, error)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("cannot write ", (dir / name).string(), ": a directory is there"));
+      }
+    }
     if (auto status = WriteFileAtomically(dir / "config.json", job.spec.config.dump(2, ' ', false,
                                                                                  nlohmann::json::error_handler_t::replace) + "\n");
         !status.ok()) {

@@ -191,6 +191,17 @@ TEST(Cli, OutputsThatCannotBeWrittenEndTheRunSayingWhy) {
   EXPECT_NE(logged.find("[master] FAILED: cannot write "), std::string::npos)
       << "log.txt says how it ended: " << logged;
 
+  // A directory in place of one of them: refused before any is written
+  // (config.json, an events file and an empty log.txt were left).
+  fs::create_directories(dir / "blocked" / "log.txt");
+  const Result blocked = RunTessera(job + (dir / "blocked").string());
+  EXPECT_EQ(blocked.exit_code, 1) << blocked.out;
+  EXPECT_NE(
+      blocked.out.find("tessera: cannot write " + (dir / "blocked" / "log.txt").string() + ": a directory is there\n"),
+      std::string::npos)
+      << blocked.out;
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir / "blocked"), fs::directory_iterator()), 1);
+
   const Result limited = RunCommand("ulimit -f 64; timeout 120 " + std::string(TESSERA_BINARY) + " " + job +
                                     (dir / "limited").string() + " 2>&1");
   EXPECT_EQ(limited.exit_code, 1) << limited.out;
