@@ -301,7 +301,17 @@ absl::StatusOr<DirectoryClaim> DirectoryClaim::AcquireLocked(const std::filesyst
     ec.clear();
     claim.created_ = std::filesystem::create_directories(dir, ec) || made_before;
     claim.outermost_made_ = claim.created_ && !made_before ? outermost : dir;
-    if (ec) return absl::InvalidArgumentError(StrCat("cannot create directory '", dir.string(), "': ", ec.message()));
+    if (ec) {
+      // A symbolic link to nothing reads as "File exists": named as what it is.
+      std::error_code link_ec;
+      if (std::filesystem::is_symlink(std::filesystem::symlink_status(dir, link_ec)) &&
+          !std::filesystem::exists(dir, link_ec)) {
+        return absl::InvalidArgumentError(
+            StrCat("cannot create directory '", dir.string(), "': it is a symbolic link to '",
+                   std::filesystem::read_symlink(dir, link_ec).string(), "', which does not exist"));
+      }
+      return absl::InvalidArgumentError(StrCat("cannot create directory '", dir.string(), "': ", ec.message()));
+    }
     claim.dir_ = dir;
     claim.fd_ = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (claim.fd_ < 0) {

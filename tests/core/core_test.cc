@@ -526,6 +526,13 @@ TEST(DirectoryClaim, IsExclusiveAndRemovesOnlyTheEmptyDirectoryItMade) {
   EXPECT_TRUE(DirectoryClaim::Acquire(root / "a").ok());
   std::ofstream(root / "file") << "x";
   EXPECT_FALSE(DirectoryClaim::Acquire(root / "file").ok());
+  // A symbolic link to nothing is named as such (it said "File exists").
+  fs::create_symlink(root / "gone", root / "dangling");
+  const absl::StatusOr<DirectoryClaim> dangling = DirectoryClaim::Acquire(root / "dangling");
+  EXPECT_NE(dangling.status().message().find("it is a symbolic link to '" + (root / "gone").string() +
+                                             "', which does not exist"),
+            std::string::npos)
+      << dangling.status();
   fs::remove_all(root);
 }
 
