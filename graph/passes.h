@@ -118,8 +118,14 @@ struct AccumulationResult {
 // stage once per iteration, not per micro-batch), and a gradient that the
 // autodiff summed across stages (a tied embedding's) is accumulated on each
 // stage, the stages' sums added once per iteration on the variable's stage.
+// `root_scaled`: the autodiff's root was the loss times 1/m already
+// (ScaleMicroBatchLoss, or the fp16 loss scale's), so the gradients are
+// summed, not scaled after: each micro-batch's backward then sees the
+// upstream values a run of the whole batch sees, which under 16-bit
+// autocasting rounds alike.
 absl::StatusOr<AccumulationResult> AccumulateGradients(Graph& graph, const GradientMap& gradients,
-                                                       int64_t num_micro_batches, const SameStageFn& same_stage = {});
+                                                       int64_t num_micro_batches, const SameStageFn& same_stage = {},
+                                                       bool root_scaled = false);
 
 struct CastRoundTripResult {
   int64_t folded = 0;          // round trips taken out (and casts folded into their producer)

@@ -109,8 +109,23 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Compile(graph::Graph graph, cons
       return absl::OkStatus();
     };
     graph::ValueId differentiated = graph.losses()[0];
+    if (options.num_micro_batches > 1) {
+      // The loss of the global batch is the mean of the micro-batches':
+      // each micro-batch's backward starts from 1/m (AccumulateGradients
+      // then sums), so its upstream values are those of a run of the whole
+      // batch, and round alike under bf16/fp16 autocasting (the 1/m applied
+      // after the sum made them differ there by ~1e-4 where m is no power
+      // of 2; data parallelism, dividing by the global batch, agreed).
+      const graph::NodeOptions at{.layer_idx = graph.producer(differentiated).layer_idx,
+                                  .scope = graph.producer(differentiated).scope,
+                                  .name = ""};
+      ASSIGN_OR_RETURN(std::vector<graph::ValueId> mean,
+                       graph.AddOp("scalar_mul", {differentiated},
+                                   {{"value", 1.0 / static_cast<double>(options.num_micro_batches)}}, at));
+      differentiated = mean.front();
+    }
     if (options.amp == DType::kF16) {
-      ASSIGN_OR_RETURN(scaled, graph::ScaleLoss(graph, differentiated, options.loss_scale, options.num_micro_batches));
+      ASSIGN_OR_RETURN(scaled, graph::ScaleLoss(graph, differentiated, options.loss_scale));
       differentiated = scaled->scaled_loss;
     }
     ASSIGN_OR_RETURN(graph::GradientMap gradients, graph::Autodiff(graph, differentiated));
@@ -151,7 +166,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Compile(graph::Graph graph, cons
     }
     if (options.num_micro_batches > 1) {
       ASSIGN_OR_RETURN(graph::AccumulationResult accumulated,
-                       graph::AccumulateGradients(graph, gradients, options.num_micro_batches, same_stage));
+                       graph::AccumulateGradients(graph, gradients, options.num_micro_batches, same_stage,
+                                                  /*root_scaled=*/true));
       gradients = std::move(accumulated.gradients);
       RETURN_IF_ERROR(remap_scaled(accumulated.remap));
     }

@@ -50,7 +50,8 @@ std::vector<ValueId> SumTerms(const Graph& graph, ValueId v) {
 }
 
 absl::StatusOr<AccumulationResult> AccumulateGradients(Graph& graph, const GradientMap& gradients,
-                                                       int64_t num_micro_batches, const SameStageFn& same_stage) {
+                                                       int64_t num_micro_batches, const SameStageFn& same_stage,
+                                                       bool root_scaled) {
   if (num_micro_batches < 1) {
     return absl::InvalidArgumentError(
         StrCat("gradient accumulation: num_micro_batches must be >= 1, got ", num_micro_batches));
@@ -210,6 +211,10 @@ absl::StatusOr<AccumulationResult> AccumulateGradients(Graph& graph, const Gradi
         ASSIGN_OR_RETURN(std::vector<ValueId> sum, out.AddOp("add", {summed, accumulated}, {}, at));
         summed = sum.front();
       }
+    }
+    if (root_scaled) {
+      result.gradients[remap[static_cast<size_t>(var)]] = summed;
+      continue;
     }
     ASSIGN_OR_RETURN(std::vector<ValueId> mean,
                      out.AddOp("scalar_mul", {summed}, {{"value", 1.0 / static_cast<double>(num_micro_batches)}}, at));
