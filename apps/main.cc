@@ -92,7 +92,9 @@ extern "C" void OnStopSignal(int signal) {
   if (ns - first < int64_t{tessera::kRepeatedSignalWindowMs} * 1'000'000) return;
   // Ended at once, as `tessera preprocess` is: the temporaries of a file
   // being written (a dataset built from text, a checkpoint's shard)
-  // removed first.
+  // removed first; said on a line (it ended without a word).
+  static constexpr char kLine[] = "\ntessera: stopped at once: no checkpoint of the iteration in flight\n";
+  (void)!::write(STDERR_FILENO, kLine, sizeof kLine - 1);
   tessera::RemoveTemporariesOnSignals();
   ::raise(signal);
 }

@@ -902,5 +902,41 @@ TEST(CheckpointEndToEnd, SignalSavesACheckpointAndTheResumeContinuesExactly) {
   }
 }
 
+// A second signal (past the same-signal window) stops at once and says so
+// on a line (it ended without a word). Iterations of a wider model take
+// long enough, and the process is stopped between the two signals (once
+// the first is taken), so the first one's graceful stop cannot finish
+// before the second arrives.
+TEST(CheckpointEndToEnd, ASecondSignalStopsAtOnceSayingSo) {
+  const fs::path root = TempDir("second_signal");
+  const fs::path log = root / "log.txt";
+  const pid_t child = ::tessera::testing::SpawnTessera(
+      Nano(root / "run",
+           "train.train_iter=100000 train.checkpointer.period=null model.hidden_size=512 model.num_layers=6 "
+           "model.ffn_hidden_size=2048"),
+      log);
+  ASSERT_GE(child, 0);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(90);
+  while (std::chrono::steady_clock::now() < deadline && Losses(root / "run").empty()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ::kill(child, SIGINT);
+  while (std::chrono::steady_clock::now() < deadline &&
+         ReadFile(log).find("tessera: interrupted: stopping") == std::string::npos) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  ::kill(child, SIGSTOP);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  ::kill(child, SIGINT);
+  ::kill(child, SIGCONT);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  const std::string text = ReadFile(log);
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGINT) << status << "\n" << text;
+  EXPECT_NE(text.find("\ntessera: stopped at once: no checkpoint of the iteration in flight\n"), std::string::npos)
+      << text;
+  fs::remove_all(root);
+}
+
 }  // namespace
 }  // namespace tessera
