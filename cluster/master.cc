@@ -445,10 +445,16 @@ class Master::Impl final : public control::Master::Service {
       PrepareContext(probe, options_.security, absl::Milliseconds(500));
       control::WorkerStatusResponse ignored;
       const grpc::Status answer = record->stub->Status(&probe, control::WorkerStatusRequest(), &ignored);
+      // TLS that does not match: the clients' words for it (a plaintext
+      // master dialling a TLS worker reads "Socket closed"), or any other
+      // failed handshake.
+      const std::optional<Unreachable> cause =
+          DescribeUnreachable(ToAbsl(answer), !options_.security.tls_ca.empty(), "--tls-cert/--tls-key/--tls-ca");
       const bool handshake =
-          answer.error_code() == grpc::StatusCode::UNAVAILABLE &&
-          (absl::StrContains(answer.error_message(), "SSL") || absl::StrContains(answer.error_message(), "Ssl") ||
-           absl::StrContains(answer.error_message(), "handshake"));
+          (cause && cause->tls_mismatch) ||
+          (answer.error_code() == grpc::StatusCode::UNAVAILABLE &&
+           (absl::StrContains(answer.error_message(), "SSL") || absl::StrContains(answer.error_message(), "Ssl") ||
+            absl::StrContains(answer.error_message(), "handshake")));
       if (answer.error_code() == grpc::StatusCode::UNAUTHENTICATED ||
           answer.error_code() == grpc::StatusCode::PERMISSION_DENIED ||
           answer.error_code() == grpc::StatusCode::UNIMPLEMENTED || handshake) {
@@ -1436,8 +1442,8 @@ class Master::Impl final : public control::Master::Service {
             absl::StrCat("cannot write ", (dir / name).string(), ": a directory is there"));
       }
     }
-    if (auto status = WriteFileAtomically(dir / "config.json", job.spec.config.dump(2, ' ', false,
-                                                                                 nlohmann::json::error_handler_t::replace) + "\n");
+    if (auto status = WriteFileDurably(
+            dir / "config.json", job.spec.config.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
         !status.ok()) {
       return status;
     }
@@ -1599,13 +1605,7 @@ class Master::Impl final : public control::Master::Service {
       if (row.contains("iter") && row["iter"].is_number_integer() && row["iter"].get<int64_t>() > iteration) continue;
       kept += line + "\n";
     }
-    return WriteFileAtomically(path, kept);
-  }
-
-  // (Errors name the file and why; the temporary file goes with them: a
-  // full disk left an empty config.json.tmp and said only "cannot write".)
-  static absl::Status WriteFileAtomically(const fs::path& path, const std::string& text) {
-    return WriteFileDurably(path, text);
+    return WriteFileDurably(path, kept);
   }
 
   // ---- persistence ----
@@ -1634,8 +1634,8 @@ class Master::Impl final : public control::Master::Service {
                                  {"num_devices", slot.num_devices},
                                  {"data_address", slot.data_address}});
     }
-    const auto status = WriteFileAtomically(fs::path(options_.state_dir) / (job.id + ".json"),
-                                            record.dump(2, ' ', false, nlohmann::json::error_handler_t::replace));
+    const auto status = WriteFileDurably(fs::path(options_.state_dir) / (job.id + ".json"),
+                                         record.dump(2, ' ', false, nlohmann::json::error_handler_t::replace));
     if (!status.ok()) TLOG_WARN("job {}: not persisted: {}", job.id, std::string(status.message()));
   }
 
@@ -1646,7 +1646,7 @@ class Master::Impl final : public control::Master::Service {
   void PersistWorkerNumberLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (options_.state_dir.empty()) return;
     const auto status =
-        WriteFileAtomically(fs::path(options_.state_dir) / kWorkerNumberFile, absl::StrCat(next_worker_number_, "\n"));
+        WriteFileDurably(fs::path(options_.state_dir) / kWorkerNumberFile, absl::StrCat(next_worker_number_, "\n"));
     if (!status.ok()) TLOG_WARN("worker numbers: not persisted: {}", std::string(status.message()));
   }
 

@@ -252,6 +252,20 @@ TEST(SecurityTest, EveryMethodOfBothServicesNeedsTheToken) {
   EXPECT_EQ(cluster.WaitEnd(*job).state(), control::SUCCEEDED);
 }
 
+// A worker at `worker_address` registered with the master at `master` by
+// a call of this test's (as the worker would, with a device), the master's
+// answer.
+grpc::Status RegisterByHand(const std::string& master, const Security& security, const std::string& worker_address) {
+  auto stub = control::Master::NewStub(MakeChannel(master, security));
+  grpc::ClientContext context;
+  PrepareContext(context, security, absl::Seconds(5));
+  control::RegisterWorkerRequest request;
+  request.set_devices("cpu:1");
+  request.set_worker_address(worker_address);
+  control::RegisterWorkerResponse response;
+  return stub->RegisterWorker(&context, request, &response);
+}
+
 TEST(SecurityTest, Tls) {
   Deadline deadline(seconds(30), "TLS");
   if (std::system("openssl version > /dev/null 2>&1") != 0) GTEST_SKIP() << "openssl is not installed";
@@ -328,7 +342,15 @@ TEST(SecurityTest, Tls) {
   tls_worker.security = options.security;
   {
     Worker worker(tls_worker, SleepyRunnerFactory(std::make_shared<RunnerCounters>()));
-    ASSERT_TRUE(worker.Start().ok());
+    const auto served = worker.Start();
+    ASSERT_TRUE(served.ok()) << served.status();
+    // The plaintext master's probe of a TLS worker (registered by hand:
+    // the worker itself cannot reach it) reads "Socket closed", and is
+    // refused as a TLS mismatch (it was taken, and lost for its probes).
+    const grpc::Status refused = RegisterByHand(*plain_address, plain_master.security, *served);
+    EXPECT_EQ(refused.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << refused.error_message();
+    EXPECT_NE(refused.error_message().find("the master cannot call this worker back at " + *served), std::string::npos)
+        << refused.error_message();
     EXPECT_TRUE(said_within(absl::StrCat("the master at ", *plain_address,
                                          " cannot be reached: the TLS handshake failed: it serves no TLS (leave out "
                                          "--tls-cert/--tls-key/--tls-ca)"),
@@ -380,13 +402,7 @@ TEST(SecurityTest, AWorkerTheMasterCannotCallBackIsRefusedNamingWhy) {
   Worker worker(options, SleepyRunnerFactory(std::make_shared<RunnerCounters>()));
   auto address = worker.Start();
   ASSERT_TRUE(address.ok()) << address.status();
-  auto stub = control::Master::NewStub(MakeChannel(*bound, Security{}));
-  grpc::ClientContext context;
-  control::RegisterWorkerRequest request;
-  request.set_devices("cpu:1");
-  request.set_worker_address(*address);
-  control::RegisterWorkerResponse response;
-  const grpc::Status refused = stub->RegisterWorker(&context, request, &response);
+  const grpc::Status refused = RegisterByHand(*bound, Security{}, *address);
   EXPECT_EQ(refused.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << refused.error_message();
   EXPECT_NE(refused.error_message().find("the master cannot call this worker back at " + *address +
                                          " (missing or wrong token"),
