@@ -462,8 +462,8 @@ void AddGenerate(CLI::App& app) {
       ->capture_default_str();
   verb->add_option("--tensor-parallel", flags->options.generator.tensor_parallel_size,
                    "Split the model over N ranks as training's tensor parallelism (heads, MLP columns and the "
-                   "vocabulary), each holding only its slices and running on a thread of its own; N is at most "
-                   "the heads (which it need not divide)")
+                   "vocabulary), each holding only its slices and running on a thread of its own; N need not divide "
+                   "the heads (ranks beyond them hold none) and is at most the vocabulary")
       ->check(InRange(int64_t{1}, int64_t{1024}))
       ->capture_default_str();
   verb->callback([flags] {

@@ -187,7 +187,15 @@ absl::StatusOr<Tensor> LoadTensor(const CheckpointReader& reader, const RankSlic
 absl::StatusOr<Tensor> LoadTransposed(const CheckpointReader& reader, const RankSlicer& slicer, const std::string& name,
                                       const Shape& shape, int axis, int64_t in) {
   ASSIGN_OR_RETURN(Tensor weight, LoadTensor(reader, slicer, name, shape, axis));
-  ASSIGN_OR_RETURN(weight, weight.Reshape(Shape{in, weight.shape().NumElements() / in}));
+  // [in, out...] as [in, out]; a rank holding none of a split axis (more
+  // ranks than heads) has in or out 0.
+  int64_t out = 1;
+  for (int d = 1; d < weight.shape().rank(); ++d) out *= weight.shape()[d];
+  if (weight.shape()[0] != in) {
+    return absl::InternalError(
+        StrCat(name, ": slice of shape ", weight.shape().ToString(), " does not lead with ", in));
+  }
+  ASSIGN_OR_RETURN(weight, weight.Reshape(Shape{in, out}));
   ASSIGN_OR_RETURN(std::vector<Tensor> transposed,
                    ops::RunOp("transpose", {weight}, {{"perm", std::vector<int64_t>{1, 0}}}));
   return transposed[0];
@@ -702,9 +710,11 @@ absl::StatusOr<std::unique_ptr<Generator>> Generator::Open(const fs::path& path,
   const int64_t F = s->F = config.ffn(), P = s->P = config.max_seq_length;
   const int64_t chunk = s->chunk = std::min(options.prefill_chunk, P);
   const int64_t T = options.tensor_parallel_size;
-  if (H < T || F < T || V < T) {
-    return absl::InvalidArgumentError(StrCat("tensor_parallel_size ", T, " is more than the model's ", H,
-                                             " attention heads (or its MLP width or vocabulary)"));
+  // Ranks beyond the heads (or the MLP width) hold none of them and add
+  // nothing; every rank holds part of the vocabulary.
+  if (V < T) {
+    return absl::InvalidArgumentError(
+        StrCat("tensor_parallel_size ", T, " is more than the model's vocabulary of ", V, " tokens"));
   }
 
   const RankSlicer whole;

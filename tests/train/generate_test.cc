@@ -229,7 +229,7 @@ TEST(Generate, TensorParallelRanksGiveTheWholeModelsLogitsAndTokens) {
   const GenerateOptions sampled{.max_new_tokens = 20, .temperature = 0.9, .top_k = 50, .seed = 7};
   absl::StatusOr<Generation> one_sampled = one->Generate(kPrompt, sampled);
   ASSERT_TRUE(one_sampled.ok()) << one_sampled.status();
-  for (int64_t ranks : {int64_t{2}, int64_t{3}, int64_t{4}}) {
+  for (int64_t ranks : {int64_t{2}, int64_t{3}, kNanoHeads, kNanoHeads + 1, kNanoHeads + 2}) {
     const std::string what = std::to_string(ranks) + " ranks";
     const auto generator = OpenOrDie(Nano(), {.tensor_parallel_size = ranks});
     for (int64_t per_step : {int64_t{1}, int64_t{7}}) {
@@ -242,11 +242,12 @@ TEST(Generate, TensorParallelRanksGiveTheWholeModelsLogitsAndTokens) {
     ASSERT_TRUE(g.ok()) << g.status();
     EXPECT_EQ(g->ids, one_sampled->ids) << what;
   }
-  // More ranks than heads is an error naming the option.
+  // More ranks than heads (5, 6 above) hold no heads; more ranks than
+  // vocabulary entries is an error naming the option.
   absl::StatusOr<std::unique_ptr<Generator>> too_many =
-      Generator::Open(Nano(), {.tensor_parallel_size = kNanoHeads + 1});
+      Generator::Open(Nano(), {.tensor_parallel_size = kNanoVocab + 1});
   ASSERT_FALSE(too_many.ok());
-  EXPECT_NE(too_many.status().message().find("tensor_parallel_size " + std::to_string(kNanoHeads + 1)),
+  EXPECT_NE(too_many.status().message().find("tensor_parallel_size " + std::to_string(kNanoVocab + 1)),
             std::string::npos)
       << too_many.status();
 }
