@@ -154,9 +154,22 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
     ranges.emplace_back(begin, end);
     file->tensors_[name] = Entry{*parsed, Shape(std::move(dims)), data + begin, static_cast<size_t>(end - begin)};
   }
+  // The tensors' data fill the data bytes, in some order, without a gap
+  // (as the format requires): bytes no tensor holds are damage (a file
+  // appended to, or a header from another file).
   std::sort(ranges.begin(), ranges.end());
-  for (size_t i = 1; i < ranges.size(); ++i) {
-    if (ranges[i].first < ranges[i - 1].second) return fail("two tensors' data overlap");
+  uint64_t covered = 0;
+  for (const auto& [begin, end] : ranges) {
+    if (begin < covered) return fail("two tensors' data overlap");
+    if (begin > covered) {
+      return fail("data bytes ", covered, " to ", begin,
+                  " belong to no tensor (the tensors' data_offsets must fill the ", data_bytes, " data bytes)");
+    }
+    covered = end;
+  }
+  if (covered != data_bytes) {
+    return fail(data_bytes - covered, " bytes after the last tensor's data: the file is longer than its header says",
+                " (appended to, or damaged)");
   }
   return file;
 }

@@ -107,6 +107,11 @@ TEST(Safetensors, CorruptFilesAreErrorsNamingTheFile) {
            R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})") +
            std::string(12, '\0')},
       {"metadata not strings", header(R"({"__metadata__":{"k":1}})")},
+      {"bytes after the data", good + "tail"},
+      {"a gap between tensors",
+       header(
+           R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"b":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}})") +
+           std::string(12, '\0')},
   };
   for (const auto& [name, bytes] : cases) {
     const fs::path path = dir / "bad.safetensors";
@@ -118,6 +123,12 @@ TEST(Safetensors, CorruptFilesAreErrorsNamingTheFile) {
     }
   }
   EXPECT_EQ(SafetensorsFile::Open(dir / "missing.safetensors").status().code(), absl::StatusCode::kNotFound);
+  // Bytes no tensor holds are named (a rank file appended to loaded, its
+  // checksums passing).
+  WriteFile(dir / "bad.safetensors", good + "tail");
+  EXPECT_NE(
+      SafetensorsFile::Open(dir / "bad.safetensors").status().message().find("4 bytes after the last tensor's data"),
+      std::string::npos);
   fs::remove_all(dir);
 }
 
