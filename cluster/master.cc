@@ -1682,6 +1682,19 @@ class Master::Impl final : public control::Master::Service {
     }
     std::vector<std::pair<uint64_t, std::string>> requeued;  // (session, id): submit order
     for (const auto& entry : fs::directory_iterator(options_.state_dir, error)) {
+      // A master killed inside a record's write left its temporary
+      // (job-000007.json.tmp-PID): the lock says no master writes here now.
+      const std::string name = entry.path().filename().string();
+      if (const size_t tmp = name.rfind(".tmp-");
+          tmp != std::string::npos && tmp + 5 < name.size() &&
+          std::all_of(name.begin() + static_cast<std::ptrdiff_t>(tmp + 5), name.end(),
+                      [](char c) { return absl::ascii_isdigit(static_cast<unsigned char>(c)); })) {
+        std::error_code removed;
+        if (entry.is_regular_file(removed) && fs::remove(entry.path(), removed)) {
+          TLOG_INFO("state dir: removed {}, a write a killed master left unfinished", entry.path().string());
+        }
+        continue;
+      }
       if (entry.path().extension() != ".json") continue;
       // A record that cannot be read still keeps its job id from being
       // given again (job-000007.json: session 7).
