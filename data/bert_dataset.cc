@@ -195,8 +195,11 @@ absl::Status BertDataset::Sample(int64_t index, BertSample* out) const {
   const int64_t used = b_start + b.length + 1;
   tokens[0] = ids.cls;
   data.ReadTokens(a.first, tokens.subspan(1, static_cast<size_t>(a.length)));
+  RETURN_IF_ERROR(data.CheckIds(a.first, tokens.subspan(1, static_cast<size_t>(a.length)), options_.vocab_size));
   tokens[static_cast<size_t>(a.length + 1)] = ids.sep;
   data.ReadTokens(b.first, tokens.subspan(static_cast<size_t>(b_start), static_cast<size_t>(b.length)));
+  RETURN_IF_ERROR(data.CheckIds(b.first, tokens.subspan(static_cast<size_t>(b_start), static_cast<size_t>(b.length)),
+                                options_.vocab_size));
   tokens[static_cast<size_t>(used - 1)] = ids.sep;
   std::fill_n(out->token_types.begin() + b_start, b.length + 1, 1);
   std::fill_n(out->padding_mask.begin(), used, 1);

@@ -5,10 +5,11 @@
 
 namespace tessera::data {
 
-GptDataset::GptDataset(const IndexedDataset* dataset, int64_t seq_length, DocumentRange documents, int64_t first_token,
-                       int64_t num_tokens)
+GptDataset::GptDataset(const IndexedDataset* dataset, int64_t seq_length, int64_t vocab_size, DocumentRange documents,
+                       int64_t first_token, int64_t num_tokens)
     : dataset_(dataset),
       seq_length_(seq_length),
+      vocab_size_(vocab_size),
       documents_(documents),
       first_token_(first_token),
       num_tokens_(num_tokens),
@@ -22,7 +23,7 @@ absl::StatusOr<GptDataset> GptDataset::Make(const IndexedDataset& dataset, const
                    SplitDocuments(options.splits, dataset.num_documents(), options.split));
   const int64_t first_token = dataset.sequence_offset(dataset.document_begin(documents.begin));
   const int64_t end_token = dataset.sequence_offset(dataset.document_begin(documents.end));
-  GptDataset result(&dataset, options.seq_length, documents, first_token, end_token - first_token);
+  GptDataset result(&dataset, options.seq_length, options.vocab_size, documents, first_token, end_token - first_token);
   if (result.size() == 0) {
     return absl::FailedPreconditionError(
         StrCat("GPT dataset '", dataset.prefix().string(), "': split ", DatasetSplitName(options.split), " (splits '",
@@ -41,6 +42,7 @@ absl::Status GptDataset::Sample(int64_t index, std::span<int64_t> out) const {
         StrCat("GPT sample buffer holds ", out.size(), " tokens, not seq_length + 1 = ", sample_length()));
   }
   dataset_->ReadTokens(first_token_ + index * seq_length_, out);
+  if (vocab_size_ > 0) return dataset_->CheckIds(first_token_ + index * seq_length_, out, vocab_size_);
   return absl::OkStatus();
 }
 

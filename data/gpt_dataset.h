@@ -32,6 +32,7 @@ struct GptDatasetOptions {
   int64_t seq_length = 0;           // T >= 1; a sample holds T + 1 tokens
   std::string splits = "969,30,1";  // Megatron's train,valid,test weights
   DatasetSplit split = DatasetSplit::kTrain;
+  int64_t vocab_size = 0;  // > 0: Sample refuses ids outside [0, vocab_size)
 };
 
 class GptDataset {
@@ -52,15 +53,17 @@ class GptDataset {
   int64_t num_tokens() const { return num_tokens_; }
 
   // Writes sample `index` (T + 1 token ids) into `out`. OutOfRange for an
-  // index outside [0, size()), InvalidArgument when out.size() != T + 1.
+  // index outside [0, size()), InvalidArgument when out.size() != T + 1 or
+  // an id lies outside the options' vocabulary (IndexedDataset::CheckIds).
   [[nodiscard]] absl::Status Sample(int64_t index, std::span<int64_t> out) const;
 
  private:
-  GptDataset(const IndexedDataset* dataset, int64_t seq_length, DocumentRange documents, int64_t first_token,
-             int64_t num_tokens);
+  GptDataset(const IndexedDataset* dataset, int64_t seq_length, int64_t vocab_size, DocumentRange documents,
+             int64_t first_token, int64_t num_tokens);
 
   const IndexedDataset* dataset_;  // borrowed
   int64_t seq_length_;
+  int64_t vocab_size_;
   DocumentRange documents_;
   int64_t first_token_;  // where the split's stream starts in PREFIX.bin, in tokens
   int64_t num_tokens_;

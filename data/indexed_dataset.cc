@@ -305,6 +305,21 @@ void IndexedDataset::ReadTokens(int64_t first, std::span<int64_t> out) const {
   }
 }
 
+absl::Status IndexedDataset::CheckIds(int64_t first, std::span<const int64_t> ids, int64_t vocab_size) const {
+  const auto bad = std::find_if(ids.begin(), ids.end(), [&](int64_t id) { return id < 0 || id >= vocab_size; });
+  if (bad == ids.end()) return absl::OkStatus();
+  const int64_t token = first + (bad - ids.begin());
+  // The document holding it: the last whose first token is at or before it.
+  int64_t low = 0, high = num_documents_;  // document_begin(low) <= token
+  while (high - low > 1) {
+    const int64_t mid = low + (high - low) / 2;
+    (sequence_offset(document_begin(mid)) <= token ? low : high) = mid;
+  }
+  return absl::InvalidArgumentError(StrCat(prefix_.string(), ".bin: token ", token, " (document ", low, ") is id ",
+                                           *bad, ", outside the vocabulary [0, ", vocab_size,
+                                           ") (a dataset built with another tokenizer?)"));
+}
+
 std::vector<int64_t> IndexedDataset::Sequence(int64_t i) const {
   std::vector<int64_t> tokens(static_cast<size_t>(sequence_length(i)));
   ReadTokens(sequence_offset(i), tokens);

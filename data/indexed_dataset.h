@@ -99,6 +99,11 @@ class IndexedDataset {
   void ReadTokens(int64_t first, std::span<int64_t> out) const;
   // The tokens of sequence i.
   std::vector<int64_t> Sequence(int64_t i) const;
+  // OK when `ids`, tokens [first, first + ids.size()) as ReadTokens gave
+  // them, all lie in [0, vocab_size); else an error naming PREFIX.bin, the
+  // token, its document and the id (a dataset of another vocabulary: Open
+  // cannot tell, the ids are the dataset's business).
+  [[nodiscard]] absl::Status CheckIds(int64_t first, std::span<const int64_t> ids, int64_t vocab_size) const;
 
  private:
   struct Mapping;

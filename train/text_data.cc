@@ -33,18 +33,18 @@ absl::StatusOr<std::unique_ptr<data::Tokenizer>> LoadConfiguredTokenizer(const T
 }
 
 // Add-one counts of each label token (tokens 1..T of each window, what the
-// model is scored on) of the train windows, and their sum.
-std::pair<std::vector<double>, double> UnigramCounts(const data::GptDataset& train, int64_t vocab_size) {
+// model is scored on) of the train windows, and their sum. Reading every
+// window, it finds an id outside the vocabulary before training does.
+absl::StatusOr<std::pair<std::vector<double>, double>> UnigramCounts(const data::GptDataset& train,
+                                                                     int64_t vocab_size) {
   std::vector<double> counts(static_cast<size_t>(vocab_size), 1.0);
   double total = static_cast<double>(vocab_size);
   std::vector<int64_t> window(static_cast<size_t>(train.sample_length()));
   for (int64_t s = 0; s < train.size(); ++s) {
-    if (!train.Sample(s, window).ok()) continue;
-    for (size_t i = 1; i < window.size(); ++i) {
-      if (window[i] >= 0 && window[i] < vocab_size) counts[static_cast<size_t>(window[i])] += 1, total += 1;
-    }
+    RETURN_IF_ERROR(train.Sample(s, window));
+    for (size_t i = 1; i < window.size(); ++i) counts[static_cast<size_t>(window[i])] += 1, total += 1;
   }
-  return {std::move(counts), total};
+  return std::pair{std::move(counts), total};
 }
 
 }  // namespace
@@ -224,8 +224,10 @@ absl::StatusOr<std::unique_ptr<TextData>> TextData::Open(const nlohmann::json& c
     if (auto made = data::BertDataset::Make(indexed, options); made.ok()) text->bert_valid_ = *std::move(made);
     train_size = text->bert_train_->size();
   } else {
-    data::GptDatasetOptions options{
-        .seq_length = inputs.seq_length, .splits = loader.splits, .split = data::DatasetSplit::kTrain};
+    data::GptDatasetOptions options{.seq_length = inputs.seq_length,
+                                    .splits = loader.splits,
+                                    .split = data::DatasetSplit::kTrain,
+                                    .vocab_size = inputs.vocab_size};
     auto train = data::GptDataset::Make(indexed, options);
     if (!train.ok()) return in_dataloader(train.status());
     text->gpt_train_ = *std::move(train);
@@ -233,7 +235,9 @@ absl::StatusOr<std::unique_ptr<TextData>> TextData::Open(const nlohmann::json& c
     if (auto made = data::GptDataset::Make(indexed, options); made.ok()) text->gpt_valid_ = *std::move(made);
     train_size = text->gpt_train_->size();
     if (text->gpt_valid_) {
-      std::tie(text->unigram_counts_, text->unigram_total_) = UnigramCounts(*text->gpt_train_, inputs.vocab_size);
+      auto counts = UnigramCounts(*text->gpt_train_, inputs.vocab_size);
+      if (!counts.ok()) return in_dataloader(counts.status());
+      std::tie(text->unigram_counts_, text->unigram_total_) = *std::move(counts);
     }
   }
   text->sampler_.emplace(train_size, static_cast<uint64_t>(loader.seed), /*shuffle=*/true);

@@ -19,10 +19,11 @@ using ::testing::HasSubstr;
 using testing::ScratchDir;
 
 constexpr int64_t kPad = 0, kCls = 1, kSep = 2, kMask = 3;
-constexpr int64_t kVocab = 6000;
 // Token t of document d is kBase + d·kStride + (its position in d), so any
-// token says where it came from.
+// token says where it came from; the vocabulary holds every document's
+// (at most 300 here).
 constexpr int64_t kBase = 100, kStride = 500;
+constexpr int64_t kVocab = kBase + 300 * kStride;
 
 struct Origin {
   int64_t document;
@@ -283,7 +284,8 @@ TEST_F(BertDatasetTest, BadOptionsAndTooFewDocuments) {
   EXPECT_THAT(BertDataset::Make(*dataset_, options).status().message(), HasSubstr("masked_lm_prob"));
   options = Options(32);
   options.special_ids.mask = kVocab;
-  EXPECT_THAT(BertDataset::Make(*dataset_, options).status().message(), HasSubstr("[MASK] id 6000 is outside"));
+  EXPECT_THAT(BertDataset::Make(*dataset_, options).status().message(),
+              HasSubstr("[MASK] id " + std::to_string(kVocab) + " is outside"));
   options = Options(32);
   options.splits = "1,1,1";  // one document per split
   const auto single = BertDataset::Make(*dataset_, options);
@@ -294,6 +296,21 @@ TEST_F(BertDatasetTest, BadOptionsAndTooFewDocuments) {
   ASSERT_TRUE(bert.ok());
   BertSample sample;
   EXPECT_EQ(bert->Sample(bert->size(), &sample).code(), absl::StatusCode::kOutOfRange);
+  // Ids outside the vocabulary (document 1's are 600 and up) are named
+  // where a sample reads them.
+  options.vocab_size = 600;
+  bert = BertDataset::Make(*dataset_, options);
+  ASSERT_TRUE(bert.ok());
+  int refused = 0;
+  for (int64_t i = 0; i < bert->size(); ++i) {
+    const absl::Status status = bert->Sample(i, &sample);
+    if (status.ok()) continue;
+    ++refused;
+    EXPECT_THAT(std::string(status.message()),
+                ::testing::ContainsRegex("b.bin: token [0-9]+ \\(document [12]\\) is id [0-9]+, "
+                                         "outside the vocabulary \\[0, 600\\)"));
+  }
+  EXPECT_GT(refused, 0);
 }
 
 }  // namespace

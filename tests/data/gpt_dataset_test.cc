@@ -102,5 +102,17 @@ TEST_F(GptDatasetTest, BadArguments) {
   EXPECT_EQ(gpt->Sample(0, short_buffer).code(), absl::StatusCode::kInvalidArgument);
 }
 
+// Ids outside the model's vocabulary (a dataset of another tokenizer) are
+// named with their token and document when a sample holds them.
+TEST_F(GptDatasetTest, IdsOutsideTheVocabularyAreNamed) {
+  auto gpt = GptDataset::Make(*dataset_, {.seq_length = 4, .splits = "1", .vocab_size = 50});
+  ASSERT_TRUE(gpt.ok()) << gpt.status();
+  std::vector<int64_t> sample(5);
+  EXPECT_TRUE(gpt->Sample(11, sample).ok());         // tokens 44..48
+  const absl::Status bad = gpt->Sample(12, sample);  // tokens 48..52
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad.message(), HasSubstr("g.bin: token 50 (document 8) is id 50, outside the vocabulary [0, 50)"));
+}
+
 }  // namespace
 }  // namespace tessera::data
