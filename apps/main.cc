@@ -115,6 +115,12 @@ int RunTrain(const std::string& path, const std::vector<std::string>& overrides,
   std::atomic<bool> done = false;
   std::signal(SIGINT, OnStopSignal);
   std::signal(SIGTERM, OnStopSignal);
+  // The progress on stdout is a view of the run: a reader that goes (`|
+  // head`) must not end it without a checkpoint (SIGPIPE killed it, exit
+  // 141, no word). The writes fail instead, and the run ends as with a
+  // full stdout: trained, checkpointed, then "cannot write to standard
+  // output", exit 1.
+  std::signal(SIGPIPE, SIG_IGN);
   std::thread watcher([&] {
     while (!done.load()) {
       if (g_stop_signal != 0 && !stop->requested()) {

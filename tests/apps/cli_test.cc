@@ -209,6 +209,18 @@ TEST(Cli, OutputsThatCannotBeWrittenEndTheRunSayingWhy) {
   for (const auto& entry : fs::recursive_directory_iterator(dir / "limited")) {
     EXPECT_EQ(entry.path().filename().string().find(".tmp"), std::string::npos) << "left behind: " << entry.path();
   }
+
+  // A reader of the progress that goes (`| head`): the run goes on to its
+  // end and checkpoint, then says stdout failed (SIGPIPE ended it, exit
+  // 141, without a checkpoint or a word).
+  const Result piped =
+      RunCommand("(timeout 120 " + std::string(TESSERA_BINARY) + " " + job + (dir / "piped").string() + " 2>" +
+                 (dir / "piped.err").string() + "; echo $? > " + (dir / "piped.rc").string() + ") | head -c 1");
+  std::ifstream rc(dir / "piped.rc");
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(rc), {}), "1\n");
+  EXPECT_TRUE(fs::exists(dir / "piped" / "checkpoints" / "iter_0000008"));
+  std::ifstream err(dir / "piped.err");
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(err), {}), "tessera: cannot write to standard output\n");
   fs::remove_all(dir);
 }
 
