@@ -41,8 +41,9 @@ namespace {
 
 // What loading `plan` allocates on the host: the arenas of CPU devices,
 // register_num registers of each desc outside them whose producer is a CPU
-// actor (views excepted) and each CPU Parameter's state, every tensor
-// counted at least one allocator block (an empty tensor still takes one).
+// actor (views excepted), each CPU Parameter's state and the feed buffers
+// of the plan's estimate, every tensor counted at least one allocator
+// block (an empty tensor still takes one).
 // A GPU's arena, registers and state are device memory: not counted (its
 // arena too large for the GPU fails its allocation, naming the device).
 // ValidatePlan bounded each number, so the sums are checked only against
@@ -83,8 +84,14 @@ absl::Status CheckHostMemory(const proto::Plan& plan, const std::map<uint64_t, c
       RETURN_IF_ERROR(add(*CheckedByteSize(meta), 1));
     }
   }
+  // The feeds' host buffers (the plan's estimate: the batches of inputs
+  // read in shards, the whole batch of an input fed in micro-batches),
+  // whatever device reads them.
+  for (const auto& m : plan.memory_estimate()) {
+    if (m.feed_buffers() > 0) RETURN_IF_ERROR(add(m.feed_buffers(), 1));
+  }
   if (total > limit) {
-    return absl::ResourceExhaustedError(StrCat("the plan's registers and state take ", total,
+    return absl::ResourceExhaustedError(StrCat("the plan's registers, state and feed buffers take ", total,
                                                " bytes of host memory, more than the limit of ", limit, " bytes"));
   }
   return absl::OkStatus();

@@ -345,10 +345,11 @@ absl::StatusOr<std::vector<proto::DeviceMemory>> EstimateMemory(const proto::Pla
     }
   }
   // Collectives' scratch and kernels' workspace; each split input's host
-  // batches (train/feeds.h):
-  // its logical bytes per register its sources may hold, on the device of
-  // its first source.
+  // batches (train/feeds.h): its logical bytes per register its sources may
+  // hold, on the device of its first source; and each input fed in
+  // micro-batches, its whole batch.
   std::map<std::pair<uint32_t, std::string>, std::pair<uint64_t, int64_t>> feeds;  // (node, input) -> (task, bytes)
+  auto global_batches = feeds;  // inputs fed in micro-batches: the whole batch
   std::unordered_map<int64_t, const proto::RegisterDesc*> desc_of;
   for (const auto& desc : plan.register_descs()) desc_of[desc.id()] = &desc;
   for (const auto& task : plan.tasks()) {
@@ -369,18 +370,32 @@ absl::StatusOr<std::vector<proto::DeviceMemory>> EstimateMemory(const proto::Pla
     if (produced == desc_of.end() || produced->second->tensors_size() != 1) continue;
     auto logical = TensorMetaFromProto(task.source().logical());
     auto local = TensorMetaFromProto(produced->second->tensors(0));
-    if (!logical.ok() || !local.ok() || logical->shape == local->shape) continue;  // fed directly
+    if (!logical.ok() || !local.ok()) continue;
+    const uint32_t node = DecodeActorId(task.actor_id()).node;
+    if (const int64_t m = PiecesPerIteration(task); m > 1 && logical->shape.rank() > 0) {
+      // Fed in m micro-batches: the feed fills the iteration's whole batch
+      // once and hands out its rows (the trainer's JobFeed), m times the
+      // micro-batch's bytes, once per node.
+      ASSIGN_OR_RETURN(const int64_t micro_bytes, CheckedByteSize(*logical));
+      ASSIGN_OR_RETURN(const int64_t batch_bytes,
+                       CheckedMul(micro_bytes, m, StrCat("the global batch of input '", task.source().input(), "'")));
+      auto [it, fresh] = global_batches.try_emplace({node, task.source().input()}, task.actor_id(), batch_bytes);
+      if (!fresh) it->second.second = std::max(it->second.second, batch_bytes);
+    }
+    if (logical->shape == local->shape) continue;  // fed directly
     ASSIGN_OR_RETURN(const int64_t logical_bytes, CheckedByteSize(*logical));
     ASSIGN_OR_RETURN(const int64_t bytes, CheckedMul(logical_bytes, produced->second->register_num(),
                                                      StrCat("feed bytes of ", task.name())));
-    auto [it, fresh] = feeds.try_emplace({DecodeActorId(task.actor_id()).node, task.source().input()}, task.actor_id(), bytes);
+    auto [it, fresh] = feeds.try_emplace({node, task.source().input()}, task.actor_id(), bytes);
     if (!fresh) it->second.second = std::max(it->second.second, bytes);
   }
-  for (const auto& [key, feed] : feeds) {
-    proto::DeviceMemory& m = entry(feed.first);
-    int64_t field = m.feed_buffers();
-    RETURN_IF_ERROR(add(field, feed.second, feed.first));
-    m.set_feed_buffers(field);
+  for (const auto* held : {&feeds, &global_batches}) {
+    for (const auto& [key, feed] : *held) {
+      proto::DeviceMemory& m = entry(feed.first);
+      int64_t field = m.feed_buffers();
+      RETURN_IF_ERROR(add(field, feed.second, feed.first));
+      m.set_feed_buffers(field);
+    }
   }
   for (const auto& task : plan.tasks()) {
     for (const auto& state : task.state()) {

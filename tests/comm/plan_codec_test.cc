@@ -225,6 +225,24 @@ TEST(RuntimeLoadTest, RegistersBeyondTheMemoryLimitAreRefusedBeforeAllocating) {
   EXPECT_EQ(actors::Runtime::Load(empty.Build(), options).status().code(), absl::StatusCode::kResourceExhausted);
   // Bytes that are no plan.
   EXPECT_FALSE(actors::Runtime::LoadSerialized("\x0a\xff\xff\xff\xff\x0f", options).ok());
+  // An input fed in 1000 micro-batches of 4 MiB: the feed fills the whole
+  // batch at once, 4000 MiB of host memory the registers do not show (a
+  // run of 2^20 micro-batches mapped them mid-run, or swapped).
+  PlanBuilder fed(1);
+  const uint64_t source = fed.AddTask(proto::ACTOR_KIND_SOURCE, "input:x");
+  const TensorMeta micro_batch{DType::kF32, Shape{1 << 10, 1 << 10}};
+  fed.AddRegisterDesc(source, {}, 1, {micro_batch});
+  fed.SetSource(source, "x", micro_batch, TensorSlice::Whole(micro_batch.shape));
+  fed.task(source).set_callback("x");
+  fed.task(source).set_pieces_per_iteration(1000);
+  const proto::Plan fed_plan = fed.Build();
+  ASSERT_TRUE(fed.status().ok()) << fed.status();
+  ASSERT_EQ(fed_plan.memory_estimate_size(), 1);
+  EXPECT_EQ(fed_plan.memory_estimate(0).feed_buffers(), int64_t{1000} << 22);
+  options.memory_limit_bytes = int64_t{1} << 30;
+  runtime = actors::Runtime::Load(fed_plan, options);
+  EXPECT_EQ(runtime.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_CONTAINS(runtime.status().message(), "registers, state and feed buffers take");
 }
 
 }  // namespace
