@@ -497,13 +497,19 @@ absl::Status CheckOverridesAreRead(const nlohmann::json& resolved, const std::ve
                                                    "(gamma multiplies the learning rate at each milestone)"));
         }
       }
-      // train.eval_only evaluates saved weights: the optimizer, its schedule,
-      // checkpoints and training logs are not read.
-      if (eval_only && (key.starts_with("optim.") || key.starts_with("lr_scheduler.") || key == "train.warmup_ratio" ||
-                        key.starts_with("train.checkpointer.") || key == "train.log_period")) {
-        return absl::InvalidArgumentError(StrCat("override '", config::ShortText(text),
-                                                 "' sets a key nothing reads with train.eval_only (--eval-only "
-                                                 "evaluates saved weights once: no training, checkpoints or logs)"));
+      // train.eval_only evaluates saved weights once: the optimizer, its
+      // schedule, the iterations, backward's recomputation, checkpoints,
+      // training logs and resuming are not read.
+      if (eval_only &&
+          (key.starts_with("optim.") || key.starts_with("lr_scheduler.") || key == "train.warmup_ratio" ||
+           key.starts_with("train.checkpointer.") || key == "train.log_period" || key == "train.train_iter" ||
+           key == "train.train_epoch" || key == "train.evaluation.eval_period" ||
+           key.starts_with("train.activation_checkpoint.") || key == "train.resume")) {
+        return absl::InvalidArgumentError(
+            StrCat(key == "train.resume" ? std::string("--resume (train.resume) means nothing")
+                                         : StrCat("override '", config::ShortText(text), "' sets a key nothing reads"),
+                   " with train.eval_only (--eval-only evaluates saved weights once, the latest checkpoint's "
+                   "or train.load_weight's: no training, checkpoints or logs)"));
       }
       if (key == "train.warmup_ratio") {
         // (0, no warmup, is what ConstantLR does.)

@@ -216,6 +216,11 @@ absl::StatusOr<Job> Prepare(const nlohmann::json& raw_config, PlanExecutor execu
     return absl::InvalidArgumentError(
         "dataloader.data_prefix: models.BERT trains on text only (set it, with tokenization.tokenizer=bert)");
   }
+  if (!has_text && !job.config.at("dataloader").at("text_file").is_null()) {
+    // (Whatever the model: one without text read it nowhere.)
+    return absl::InvalidArgumentError(
+        "dataloader.text_file needs dataloader.data_prefix (where the dataset is written)");
+  }
   if (!has_text && !job.config.at("tokenization").at("tokenizer").is_null()) {
     return absl::InvalidArgumentError(
         "tokenization.tokenizer: the job has no text data to tokenize (dataloader.data_prefix is null)");
@@ -343,11 +348,17 @@ absl::Status CheckRunStartFitsPlan(Job& job, const proto::Plan& plan, const RunS
   RETURN_IF_ERROR(BindCheckpointInitializers(plan, reader, start.weights_only, job.engine->graph().registry(), probe));
   // A resume or an evaluation claims the checkpoint's model: the same
   // attention heads too (they change no tensor's shape, so the checks of
-  // the tensors below do not see them).
+  // the tensors below do not see them), and the same initialisation seed
+  // where train.seed is the same (nothing reads another: every weight
+  // comes from the checkpoint; another train.seed derives another one,
+  // reseeding dropout and the data order, which is read).
   if (!start.weights_only || job.train.eval_only) {
     const nlohmann::json& saved = reader->config();
     if (saved.is_object() && saved.contains("model") && saved["model"].is_object()) {
-      for (const char* key : {"_target_", "num_attention_heads"}) {
+      const bool same_train_seed = saved.contains("train") && saved["train"].is_object() &&
+                                   saved["train"].value("seed", nlohmann::json()) == job.config.at("train").at("seed");
+      for (const char* key : {"_target_", "num_attention_heads", "init_seed"}) {
+        if (std::string_view(key) == "init_seed" && !same_train_seed) continue;
         const nlohmann::json& was = saved["model"].contains(key) ? saved["model"][key] : nlohmann::json();
         const nlohmann::json& is =
             job.config.at("model").contains(key) ? job.config.at("model")[key] : nlohmann::json();

@@ -718,6 +718,12 @@ TEST(CheckpointEndToEnd, ResumeErrorsAreOneLine) {
   run = RunTessera(Nano(root / "done", "model.num_attention_heads=2 train.train_iter=12 --resume"));
   EXPECT_NE(run.exit_code, 0);
   EXPECT_NE(run.out.find("was trained with model.num_attention_heads 4, this run has 2"), std::string::npos) << run.out;
+  // Another initialisation seed: nothing reads it (every weight comes from
+  // the checkpoint), so it is refused as any key nothing reads.
+  run = RunTessera(Nano(root / "done", "model.init_seed=99 train.train_iter=12 --resume"));
+  EXPECT_NE(run.exit_code, 0);
+  EXPECT_NE(run.out.find("was trained with model.init_seed "), std::string::npos) << run.out;
+  EXPECT_NE(run.out.find(", this run has 99"), std::string::npos) << run.out;
   // Another optimizer: its state is not in the checkpoint, and the error
   // says so (it named a missing tensor).
   run = RunTessera(Nano(root / "done", "optim._target_=SGD train.train_iter=12 --resume"));
