@@ -498,13 +498,12 @@ absl::Status CheckOverridesAreRead(const nlohmann::json& resolved, const std::ve
         }
       }
       // train.eval_only evaluates saved weights once: the optimizer, its
-      // schedule, the iterations, backward's recomputation, checkpoints,
-      // training logs and resuming are not read.
-      if (eval_only &&
-          (key.starts_with("optim.") || key.starts_with("lr_scheduler.") || key == "train.warmup_ratio" ||
-           key.starts_with("train.checkpointer.") || key == "train.log_period" || key == "train.train_iter" ||
-           key == "train.train_epoch" || key == "train.evaluation.eval_period" ||
-           key.starts_with("train.activation_checkpoint.") || key == "train.resume")) {
+      // schedule, checkpoints, training logs and resuming are not read.
+      // (The run's length, train_iter or train_epoch, and its evaluation
+      // period stay accepted, unread: an evaluation is the training's
+      // command line with --eval-only.)
+      if (eval_only && (key.starts_with("optim.") || key.starts_with("lr_scheduler.") || key == "train.warmup_ratio" ||
+                        key.starts_with("train.checkpointer.") || key == "train.log_period" || key == "train.resume")) {
         return absl::InvalidArgumentError(
             StrCat(key == "train.resume" ? std::string("--resume (train.resume) means nothing")
                                          : StrCat("override '", config::ShortText(text), "' sets a key nothing reads"),
