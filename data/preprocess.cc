@@ -418,6 +418,14 @@ int64_t IndexTime(const fs::path& index, std::error_code& ec) {
                   std::chrono::duration_cast<std::chrono::nanoseconds>(time.time_since_epoch()).count());
 }
 
+// PREFIX.idx's checksum (XXH3-64 of its bytes), which a copy keeps when its
+// time is not kept (`cp`, a restore); "" for an index that cannot be read
+// or is over 1 GiB (then the time alone tells).
+std::string IndexChecksum(const fs::path& index) {
+  const absl::StatusOr<std::string> bytes = ReadWholeFile(index, std::uintmax_t{1} << 30);
+  return bytes.ok() ? Checksum(*bytes) : std::string();
+}
+
 absl::Status WriteDatasetSource(const PreprocessOptions& options, const Tokenizer& tokenizer, const fs::path& path) {
   nlohmann::json inputs = nlohmann::json::array();
   std::error_code ec;
@@ -441,6 +449,7 @@ absl::Status WriteDatasetSource(const PreprocessOptions& options, const Tokenize
       {"end_of_document", options.append_end_of_document && tokenizer.EndOfDocumentId().has_value()},
       {"index_bytes", static_cast<int64_t>(index_bytes)},
       {"index_mtime_ns", index_time},
+      {"index_checksum", IndexChecksum(index)},
       {"data_bytes", static_cast<int64_t>(data_bytes)}};
   const absl::Status written =
       WriteFileDurably(path, source.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
@@ -663,6 +672,10 @@ absl::StatusOr<std::optional<DatasetSource>> ReadDatasetSource(const fs::path& o
     source.index_bytes = field(json, "index_bytes", "index_bytes", "an integer").get<int64_t>();
     source.index_mtime_ns = field(json, "index_mtime_ns", "index_mtime_ns", "an integer").get<int64_t>();
     source.data_bytes = field(json, "data_bytes", "data_bytes", "an integer").get<int64_t>();
+    // (Absent from descriptions written before it was kept.)
+    if (json.contains("index_checksum")) {
+      source.index_checksum = field(json, "index_checksum", "index_checksum", "a string").get<std::string>();
+    }
     const nlohmann::json& tokenizer = field(json, "tokenizer", "tokenizer", "an object");
     source.tokenizer = field(tokenizer, "fingerprint", "tokenizer.fingerprint", "a string").get<std::string>();
     source.tokenizer_description =
@@ -690,8 +703,12 @@ absl::StatusOr<std::optional<DatasetSource>> ReadDatasetSource(const fs::path& o
   const auto index_bytes = fs::file_size(index, ec);
   const int64_t index_time = ec ? 0 : IndexTime(index, ec);
   const auto data_bytes = ec ? 0 : fs::file_size(output_prefix.string() + ".bin", ec);
-  if (ec || static_cast<int64_t>(index_bytes) != source.index_bytes || index_time != source.index_mtime_ns ||
-      static_cast<int64_t>(data_bytes) != source.data_bytes) {
+  // The same sizes, and the same index: its time, or (a copy that did not
+  // keep the time) its checksum.
+  if (ec || static_cast<int64_t>(index_bytes) != source.index_bytes ||
+      static_cast<int64_t>(data_bytes) != source.data_bytes ||
+      (index_time != source.index_mtime_ns &&
+       (source.index_checksum.empty() || IndexChecksum(index) != source.index_checksum))) {
     return std::optional<DatasetSource>();
   }
   return std::optional<DatasetSource>(std::move(source));

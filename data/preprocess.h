@@ -108,7 +108,8 @@ std::string TokenizerDescription(const Tokenizer& tokenizer);
 // PREFIX.source.json: the inputs (absolute paths and sizes), the tokenizer
 // (TokenizerFingerprint, and a description such as "gpt2, 50257 tokens")
 // the form (split_sentences, end-of-document ids) and the sizes of the
-// PREFIX.bin and PREFIX.idx it describes and the index's modification time.
+// PREFIX.bin and PREFIX.idx it describes, the index's modification time
+// and its checksum.
 // Datasets written by other tools have none.
 struct DatasetSource {
   std::vector<std::filesystem::path> inputs;
@@ -120,13 +121,14 @@ struct DatasetSource {
   bool end_of_document = false;  // each document ends with the end-of-document id
   int64_t index_bytes = 0;
   int64_t index_mtime_ns = 0;
-  int64_t data_bytes = 0;  // PREFIX.bin's
+  std::string index_checksum;  // XXH3-64 of PREFIX.idx ("": not kept)
+  int64_t data_bytes = 0;      // PREFIX.bin's
 };
 
 // PREFIX.source.json, where the dataset has one that describes the
 // PREFIX.idx there (one left by an earlier dataset, whose index has
-// another size or time, is ignored, as is one a copy that did not keep
-// the times carried along); nullopt: none. A malformed one is InvalidArgument
+// another size, or another time and checksum, is ignored; a copy that did
+// not keep the times is known by the index's checksum); nullopt: none. A malformed one is InvalidArgument
 // naming it.
 [[nodiscard]] absl::StatusOr<std::optional<DatasetSource>> ReadDatasetSource(
     const std::filesystem::path& output_prefix);

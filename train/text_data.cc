@@ -182,8 +182,8 @@ absl::StatusOr<std::unique_ptr<TextData>> TextData::Open(const nlohmann::json& c
     };
     if (!text_ec && !idx_ec && text_time > idx_time && first_time()) {
       TLOG_WARN(
-          "dataloader.text_file {} changed after the dataset {} was built from it: training on the dataset as it is "
-          "(remove {}.bin and {}.idx to rebuild it)",
+          "dataloader.text_file {} is newer than the dataset {}: training on the dataset as it is (if the text "
+          "changed since it was built, remove {}.bin and {}.idx to rebuild it)",
           text.string(), prefix.string(), prefix.string(), prefix.string());
     }
   }
