@@ -36,6 +36,7 @@
 #include "actors/message.h"
 #include "actors/plan.h"
 #include "actors/runtime.h"
+#include "bench/bench_args.h"
 #include "core/text.h"
 
 namespace tessera::actors {
@@ -138,8 +139,11 @@ void Report(const std::string& name, int actors, int64_t pieces, const Result& r
 }  // namespace
 }  // namespace tessera::actors
 
-int main() {
+int main(int argc, char** argv) {
   using namespace tessera::actors;
+  if (argc > 1) {
+    return tessera::bench::Usage("actor_bench", "(no arguments): the actor runtime's messages per second", argv[1]);
+  }
   const double reference = TransportReference(20'000'000);
   std::printf("target: >= %.1f M msgs/s/thread (DESIGN §13); ratio = measured / target\n", kTarget / 1e6);
   std::printf("reference: bare deque transport + lookup %.2f M msgs/s (one thread)\n", reference / 1e6);

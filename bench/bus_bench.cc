@@ -29,6 +29,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench/bench_args.h"
 #include "comm/bus/bus.h"
 #include "core/logging.h"
 
@@ -361,4 +362,9 @@ int Main() {
 }  // namespace
 }  // namespace tessera::comm::bus
 
-int main() { return tessera::comm::bus::Main(); }
+int main(int argc, char** argv) {
+  if (argc > 1) {
+    return tessera::bench::Usage("bus_bench", "(no arguments): the network bus against raw sockets", argv[1]);
+  }
+  return tessera::comm::bus::Main();
+}

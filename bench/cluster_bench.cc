@@ -17,11 +17,12 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <thread>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "bench/bench_args.h"
 #include "cluster/client.h"
 #include "cluster/engine_job.h"
 #include "cluster/master.h"
@@ -42,23 +43,30 @@ double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
 }
-void Check(const absl::Status& status, const char* what) {
-  if (!status.ok()) {
-    std::fprintf(stderr, "%s: %s\n", what, std::string(status.message()).c_str());
-    std::exit(1);
-  }
-}
-
-// Both runs write their outputs (metrics.jsonl, config.json) here.
+// The runs write their outputs (metrics.jsonl, config.json; a cluster job
+// its last checkpoint) under here, each job in a directory of its own (a
+// job refuses one holding an earlier run's checkpoints).
 const std::string& OutputDir() {
   static const std::string dir =
       (std::filesystem::temp_directory_path() / absl::StrCat("tessera_cluster_bench_", ::getpid())).string();
   return dir;
 }
 
-std::vector<std::string> Overrides() {
-  return {"model.num_layers=2", absl::StrCat("train.train_iter=", kIterations), "train.log_period=1",
-          "train.dist.data_parallel_size=4", "train.dist.intra_op_threads=1", "train.output_dir=" + OutputDir()};
+void Check(const absl::Status& status, const char* what) {
+  if (!status.ok()) {
+    std::fprintf(stderr, "%s: %s\n", what, std::string(status.message()).c_str());
+    std::filesystem::remove_all(OutputDir());
+    std::exit(1);
+  }
+}
+
+std::vector<std::string> Overrides(const std::string& output_dir) {
+  return {"model.num_layers=2",
+          absl::StrCat("train.train_iter=", kIterations),
+          "train.log_period=1",
+          "train.dist.data_parallel_size=4",
+          "train.dist.intra_op_threads=1",
+          "train.output_dir=" + output_dir};
 }
 
 struct JobTimes {
@@ -67,14 +75,23 @@ struct JobTimes {
 
 int Main(int argc, char** argv) {
   int jobs = 5;
-  for (int i = 1; i + 1 < argc; ++i) {
-    if (std::strcmp(argv[i], "--jobs") == 0) jobs = std::max(1, std::atoi(argv[i + 1]));
+  for (int i = 1; i < argc; ++i) {
+    const std::optional<long long> n =
+        std::strcmp(argv[i], "--jobs") == 0 && i + 1 < argc ? bench::PositiveInteger(argv[i + 1]) : std::nullopt;
+    if (!n || *n > 1000) {
+      return bench::Usage("cluster_bench",
+                          "[--jobs N]: N jobs (5) of gpt2_nano, data parallel 4, through a master and 2 workers "
+                          "in this process, against tessera::Train in one process",
+                          argv[i]);
+    }
+    jobs = static_cast<int>(*n);
+    ++i;
   }
   Check(SetLogLevel("error"), "SetLogLevel");
   const std::string path = std::string(TESSERA_SOURCE_DIR) + "/configs/gpt2_nano.json";
   auto files = config::LoadConfigFiles(path);
   Check(files.status(), "config");
-  auto resolved = LoadJobConfig(path, Overrides());
+  auto resolved = LoadJobConfig(path, Overrides(OutputDir() + "/in_process"));
   Check(resolved.status(), "config");
 
   // The reference: the same job in one process, no daemons.
@@ -113,7 +130,7 @@ int Main(int argc, char** argv) {
     }
     JobTimes t{};
     const auto start = Clock::now();
-    auto job = client.Submit(files->dump(), Overrides());
+    auto job = client.Submit(files->dump(), Overrides(absl::StrCat(OutputDir(), "/job-", j)));
     Check(job.status(), "Submit");
     t.submitted = Ms(Clock::now() - start);
     Check(client.Watch(*job, [&](const control::JobEvent& event) {

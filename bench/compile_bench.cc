@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "bench/bench_args.h"
 #include "comm/proto/plan_codec.h"
 #include "core/status.h"
 #include "core/text.h"
@@ -194,8 +195,9 @@ double Median(std::vector<double> values) {
 }  // namespace
 }  // namespace tessera
 
-int main() {
+int main(int argc, char** argv) {
   using namespace tessera;
+  if (argc > 1) return bench::Usage("compile_bench", "(no arguments): compile and lowering times", argv[1]);
   std::vector<Sample> samples;
   for (int rep = 0; rep < kRepetitions; ++rep) {
     absl::StatusOr<Sample> s = CompileOnce();

@@ -36,6 +36,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench/bench_args.h"
 #include "core/thread_pool.h"
 #include "ops/eager.h"
 #include "ops/registry.h"
@@ -231,8 +232,11 @@ struct Row {
 int Main(int argc, char** argv) {
   // `gemm_bench --peak THREADS`: the FMA peak alone (best of 5), one line
   // "peak_gflops X", for the comparison scripts.
-  if (argc == 3 && std::string_view(argv[1]) == "--peak") {
-    const int threads = std::max(1, std::atoi(argv[2]));
+  constexpr const char* kUsage = "[ROUNDS] | --peak THREADS";
+  if (argc > 1 && std::string_view(argv[1]) == "--peak") {
+    const std::optional<long long> given = argc == 3 ? bench::PositiveInteger(argv[2]) : std::nullopt;
+    if (!given || *given > 1024) return bench::Usage("gemm_bench", kUsage, argv[argc == 3 ? 2 : 1]);
+    const int threads = static_cast<int>(*given);
     double best = 0;
     for (int i = 0; i < 5; ++i) best = std::max(best, MeasurePeak(threads, 2));
     std::printf("peak_gflops %.1f\n", best);
@@ -240,7 +244,10 @@ int Main(int argc, char** argv) {
   }
   // Rounds over the whole table: the machines are shared and noisy, so each
   // row keeps its best over several passes spread in time.
-  const int rounds = argc > 1 ? std::max(1, std::atoi(argv[1])) : 3;
+  if (argc > 2 || (argc == 2 && !bench::PositiveInteger(argv[1]))) {
+    return bench::Usage("gemm_bench", kUsage, argv[argc > 2 && bench::PositiveInteger(argv[1]) ? 2 : 1]);
+  }
+  const int rounds = argc == 2 ? static_cast<int>(std::min<long long>(*bench::PositiveInteger(argv[1]), 1000)) : 3;
   const std::vector<Shape3> shapes = {
       {1, 1024, 1024, 1024},
       {1, 4096, 3072, 768},

@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_args.h"
 #include "comm/collective/gloo_communicator.h"
 #include "comm/collective/gloo_store.h"
 #include "gloo/allreduce_ring.h"
@@ -115,13 +116,17 @@ int RunRank(int rank, const std::string& dir, int64_t mb, int reps) {
 int main(int argc, char** argv) {
   int64_t mb = 64;
   int reps = 7;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    if (std::strcmp(argv[i], "--mb") == 0) mb = std::atoll(argv[i + 1]);
-    if (std::strcmp(argv[i], "--reps") == 0) reps = std::atoi(argv[i + 1]);
-  }
-  if (mb < 1 || reps < 1) {
-    std::fprintf(stderr, "usage: gloo_bench [--mb MB] [--reps N]\n");
-    return 2;
+  for (int i = 1; i < argc; ++i) {
+    const bool takes_value = std::strcmp(argv[i], "--mb") == 0 || std::strcmp(argv[i], "--reps") == 0;
+    const std::optional<long long> value =
+        takes_value && i + 1 < argc ? tessera::bench::PositiveInteger(argv[i + 1]) : std::nullopt;
+    if (!value || *value > (1 << 20)) return tessera::bench::Usage("gloo_bench", "[--mb MB] [--reps N]", argv[i]);
+    if (std::strcmp(argv[i], "--mb") == 0) {
+      mb = *value;
+    } else {
+      reps = static_cast<int>(*value);
+    }
+    ++i;
   }
   std::string dir = (std::filesystem::temp_directory_path() / "gloo_bench_XXXXXX").string();
   if (::mkdtemp(dir.data()) == nullptr) {

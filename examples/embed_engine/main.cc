@@ -10,6 +10,7 @@
 // printing what the engine fetches each iteration: the loss and, because the
 // optimizer clips gradients, their global norm.
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -88,6 +89,16 @@ absl::Status Train(int64_t iterations, int64_t batch, double lr, int64_t devices
   return absl::OkStatus();
 }
 
+// Integers as tessera takes them: decimal digits only (CLI11 alone read
+// "0x2" as 2 and "010" as 8).
+const CLI::Validator kDecimal(
+    [](std::string& text) {
+      const bool digits =
+          !text.empty() && std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; });
+      return digits && (text.size() == 1 || text[0] != '0') ? std::string() : "'" + text + "' is not a decimal integer";
+    },
+    "INT");
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -97,13 +108,15 @@ int main(int argc, char** argv) {
   double lr = 3e-3;
   int64_t devices = 1;
   std::string log_level = "warn";
-  app.add_option("--iterations", iterations, "Training iterations")->check(CLI::Range(1, 100000))->capture_default_str();
+  app.add_option("--iterations", iterations, "Training iterations")
+      ->check(kDecimal & CLI::Range(1, 100000))
+      ->capture_default_str();
   app.add_option("--batch", batch, "Sequences per iteration, all devices together (a multiple of --devices)")
-      ->check(CLI::Range(1, 4096))
+      ->check(kDecimal & CLI::Range(1, 4096))
       ->capture_default_str();
   app.add_option("--lr", lr, "AdamW learning rate")->check(CLI::Range(0.0, 1.0))->capture_default_str();
   app.add_option("--devices", devices, "Virtual CPU devices to spread the batch over (data parallel)")
-      ->check(CLI::Range(1, 64))
+      ->check(kDecimal & CLI::Range(1, 64))
       ->capture_default_str();
   app.add_option("--log-level", log_level, "Tessera's log lines on stderr: info shows compile and plan timings")
       ->capture_default_str();

@@ -60,6 +60,7 @@ expect_error() {
   grep -q "$pattern" <<<"$stderr" || fail "$*: '$stderr' does not match '$pattern'"
 }
 expect_error '^embed_engine: --iterations: ' --iterations 0
+expect_error "'0x2' is not a decimal integer" --devices 0x2
 expect_error '^embed_engine: --batch 3 is not a multiple of --devices 2$' --batch 3 --devices 2
 
 echo "PASS: $iterations finite losses, $first -> $last, the same on 2 devices"
