@@ -674,7 +674,10 @@ class Master::Impl final : public control::Master::Service {
   grpc::Status SubmitJob(grpc::ServerContext* context, const control::SubmitJobRequest* request,
                          control::SubmitJobResponse* response) override {
     if (auto s = Enter(*context, "SubmitJob"); !s.ok()) return s;
-    if (request->config_json().size() > kMaxConfigBytes) return Invalid("config_json is larger than 8 MiB");
+    if (request->config_json().size() > kMaxConfigBytes) {
+      return Invalid(absl::StrCat("the job's config is ", request->config_json().size(),
+                                  " bytes, more than the 8 MiB a job's config may hold"));
+    }
     if (static_cast<size_t>(request->overrides_size()) > kMaxOverrides) return Invalid("more than 1000 overrides");
     std::vector<std::string> overrides;
     for (const std::string& o : request->overrides()) {
@@ -1426,7 +1429,27 @@ class Master::Impl final : public control::Master::Service {
   // Creates train.output_dir with config.json, metrics.jsonl and log.txt
   // (with the lines logged so far); an error (the job fails) when it
   // cannot: asked-for outputs are never dropped silently.
+  // OpenOutputsLocked; a run from scratch whose outputs cannot all be
+  // opened (a full disk) leaves none of them behind: a config.json and
+  // empty logs of a run that never started.
   absl::Status OpenOutputsLocked(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    bool wrote = false;  // (a refusal before any write removes nothing)
+    const absl::Status opened = OpenOutputsOnceLocked(job, wrote);
+    if (!opened.ok() && wrote && job.spec.start_iteration == 0) {
+      job.metrics_file.reset();
+      job.log_file.reset();
+      job.tensorboard.reset();
+      const fs::path dir(job.spec.output_dir);
+      std::error_code ignored;
+      for (const char* name : {"config.json", "metrics.jsonl", "log.txt"}) {
+        if (fs::is_regular_file(dir / name, ignored)) fs::remove(dir / name, ignored);
+      }
+      (void)KeepEventsUpTo(dir, -1);
+    }
+    return opened;
+  }
+
+  absl::Status OpenOutputsOnceLocked(Job& job, bool& wrote) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (job.spec.output_dir.empty()) return absl::OkStatus();
     const fs::path dir(job.spec.output_dir);
     std::error_code error;
@@ -1442,6 +1465,7 @@ class Master::Impl final : public control::Master::Service {
             absl::StrCat("cannot write ", (dir / name).string(), ": a directory is there"));
       }
     }
+    wrote = true;
     if (auto status = WriteFileDurably(
             dir / "config.json", job.spec.config.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
         !status.ok()) {

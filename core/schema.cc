@@ -298,6 +298,12 @@ class Resolver {
           if (s.find('\0') != std::string::npos) {
             return Error(path, StrCat("config key '", path, "' holds a NUL character"));
           }
+          // (Paths and names: the OS refuses longer paths; a 9000-byte
+          // output_dir reached gRPC's metadata limit, which said only that.)
+          if (constexpr size_t kMaxString = 4096; s.size() > kMaxString) {
+            return Error(path, StrCat("config key '", path, "' is ", s.size(), " bytes long, more than ", kMaxString,
+                                      " (a path's limit)"));
+          }
           return value;
         }
         if (std::find(spec.choices.begin(), spec.choices.end(), s) == spec.choices.end()) {
