@@ -86,6 +86,11 @@ struct SecurityFlags {
                        "--tls-ca together (",
                        security.tls_ca.empty() ? "--tls-ca is missing" : "--tls-ca alone would serve plaintext", ")"));
     }
+    // The name is checked against a verified certificate: without TLS
+    // nothing reads it.
+    if (!tls_server_name.empty() && security.tls_ca.empty()) {
+      Fail("--tls-server-name names the peer's certificate, which only TLS checks: give --tls-ca too");
+    }
     security.tls_server_name = tls_server_name;
     return security;
   }

@@ -466,9 +466,19 @@ void AddGenerate(CLI::App& app) {
                    "the heads (ranks beyond them hold none) and is at most the vocabulary")
       ->check(InRange(int64_t{1}, int64_t{1024}))
       ->capture_default_str();
-  verb->callback([flags] {
+  verb->callback([flags, verb] {
     if (flags->options.generator.tensor_parallel_size > 1 && flags->threads > 0) {
       Fail("--threads and --tensor-parallel: with several ranks each runs its kernels on its own thread");
+    }
+    // Greedy decoding draws nothing: the flags of the draws are unread.
+    if (flags->options.generate.temperature == 0) {
+      for (const char* flag : {"--top-k", "--top-p", "--seed"}) {
+        if (verb->count(flag) > 0) {
+          Fail(StrCat(flag,
+                      " with --temperature 0: greedy decoding takes the likeliest token and draws nothing (give "
+                      "a temperature above 0 to sample)"));
+        }
+      }
     }
     const int threads = flags->threads > 0 ? flags->threads : std::max(1u, std::thread::hardware_concurrency());
     std::unique_ptr<ThreadPool> pool;

@@ -398,6 +398,9 @@ int Main(int argc, char** argv) {
                                              absl::StrJoin(others, ", "));
       return Fail(tessera::StrCat(what, " (see ", help, ")"));
     }
+    // (--log-level is tessera's, wherever it stands: its verb's help does
+    // not list it.)
+    if (std::string_view(e.what()).starts_with("--log-level")) help = "tessera --help";
     return Fail(tessera::StrCat(e.what(), " (see ", help, ")"));
   }
 

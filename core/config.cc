@@ -223,7 +223,11 @@ absl::StatusOr<Json> ReadJsonFile(const fs::path& path) {
       return absl::InvalidArgumentError(
           absl::StrCat("config file '", EscapeControlChars(path.string()), "' cannot be read: ", error.message()));
     }
-    return absl::NotFoundError(absl::StrCat("config file '", EscapeControlChars(path.string()), "' not found"));
+    // (An override given first: `tessera train key=value CONFIG`.)
+    const bool override_first = path.string().find('=') != std::string::npos;
+    return absl::NotFoundError(
+        absl::StrCat("config file '", EscapeControlChars(path.string()), "' not found",
+                     override_first ? " (the config file comes first, then its key=value overrides)" : ""));
   }
   if (!fs::is_regular_file(path, error)) {
     return absl::InvalidArgumentError(

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "core/strings.h"
 #include "core/text.h"
 
 namespace tessera::config {
@@ -27,8 +28,11 @@ std::string WithArticle(std::string_view noun) {
   return StrCat(c == 'a' || c == 'e' || c == 'i' || c == 'o' ? "an " : "a ", noun);
 }
 
-std::string ShortText(std::string_view text) {
-  if (text.size() <= kMaxQuotedChars) return std::string(text);
+std::string ShortText(std::string_view raw) {
+  // (A newline in an override's key was shown as a space: a key the user
+  // did not type.)
+  const std::string text = EscapeControlChars(raw);
+  if (text.size() <= kMaxQuotedChars) return text;
   std::size_t cut = kMaxQuotedChars;
   while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;
   return StrCat(text.substr(0, cut), "...");

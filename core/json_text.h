@@ -22,7 +22,8 @@ std::string WithArticle(std::string_view noun);
 std::string QuoteJson(const nlohmann::json& value);
 // "string \"abc\"", "integer 3", or "null".
 std::string DescribeJson(const nlohmann::json& value);
-// `text` cut to kMaxQuotedChars at a character boundary, "..." appended.
+// `text` with its control characters escaped (\n, \t, \xNN), cut to
+// kMaxQuotedChars at a character boundary, "..." appended.
 std::string ShortText(std::string_view text);
 // `number` as an int64 if it is finite, integral and in range (2.0, 1e5).
 std::optional<int64_t> AsIntegral(double number);

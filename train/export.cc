@@ -127,6 +127,21 @@ absl::StatusOr<ExportSummary> ExportHuggingFace(const std::filesystem::path& pat
                                                "its config.json would be replaced): write it elsewhere"));
     }
   }
+  // Inside another training run's checkpoints: files among its
+  // checkpoints, which resume, generate and pruning read as theirs.
+  {
+    std::error_code ec;
+    const std::filesystem::path target = std::filesystem::weakly_canonical(output, ec);
+    for (std::filesystem::path at = target; !ec && at.has_relative_path(); at = at.parent_path()) {
+      std::error_code run_ec;
+      if (at.filename() == "checkpoints" && std::filesystem::is_directory(at, run_ec) &&
+          std::filesystem::exists(at.parent_path() / "config.json", run_ec)) {
+        return absl::InvalidArgumentError(StrCat("--output ", output.string(),
+                                                 " is inside the checkpoints of the training run ",
+                                                 at.parent_path().string(), ": write the export elsewhere"));
+      }
+    }
+  }
   // Another training run's directory: its config.json would be replaced by
   // a transformers one, which neither --resume nor generate reads.
   if (output.extension() != ".safetensors") {

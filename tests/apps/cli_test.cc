@@ -365,8 +365,12 @@ TEST(Cli, FlagsNothingReadsAndValuesOutOfRangeAreOneLineErrors) {
       {"--nosuch ops", "unknown option '--nosuch' (see tessera --help)"},
       {"cancel --master 127.0.0.1:1 a b c d", "unexpected arguments 'b', 'c', 'd' (see tessera cancel --help)"},
       {"train", "CONFIG is required (see tessera train --help)"},
+      {"train train.train_iter=5 " + Source("configs/mlp_demo.json"),
+       "config file 'train.train_iter=5' not found (the config file comes first, then its key=value overrides)"},
       // --log-level after the verb is tessera's too.
       {"ops --log-level bogus", "unknown log level 'bogus'"},
+      // (Its help is tessera's: the verb's does not list it.)
+      {"--log-level verbose ops", "(see tessera --help)"},
       {"preprocess --tokenizer bert --vocab-file " + vocab + " --input " + blank + " --output " + out,
        "the inputs hold no text to tokenise (0 documents, 0 tokens): nothing written"},
       {"master --listen 127.0.0.1:99999", "port 99999 is not in [0, 65535]"},
@@ -382,6 +386,8 @@ TEST(Cli, FlagsNothingReadsAndValuesOutOfRangeAreOneLineErrors) {
       {"worker --master 127.0.0.1:1 --devices cpu:1 --id 'a b'", "is not 1-128 characters of [A-Za-z0-9._-]"},
       {"status --master 127.0.0.1:1 --token-file " + token, "a token must be printable ASCII without spaces"},
       {"status --master 127.0.0.1:1 --tls-ca " + text, "holds no PEM block"},
+      {"status --master 127.0.0.1:1 --tls-server-name master.example",
+       "--tls-server-name names the peer's certificate, which only TLS checks: give --tls-ca too"},
       // (`status "$JOB"` with JOB unset listed every job.)
       {"status --master 127.0.0.1:1 ''", "job id '' is not 1-128 characters of [A-Za-z0-9._-]"},
       {"status --master 127.0.0.1:1 --token-file " + (dir / "missing").string(), "': no such file"},

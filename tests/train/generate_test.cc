@@ -498,10 +498,16 @@ TEST(Generate, GeneratesTextWithTheRunsTokenizer) {
   // More new tokens than the model's positions hold: it says so.
   const auto full = RunTessera("generate " + bpe.string() +
                                " --prompt 'Hello, world' --max-new-tokens 100000 "
-                               "--temperature 0 --top-k 1");
+                               "--temperature 0");
   ASSERT_EQ(full.exit_code, 0) << full.out;
   EXPECT_NE(full.out.find(" of the 100000 new tokens asked for: the model's "), std::string::npos) << full.out;
   EXPECT_NE(full.out.find(" positions (model.max_seq_length) are full\n"), std::string::npos) << full.out;
+  // Greedy decoding draws nothing: a flag of the draws is refused.
+  const auto unread = RunTessera("generate " + bpe.string() + " --prompt x --temperature 0 --top-k 1");
+  EXPECT_EQ(unread.exit_code, 1);
+  EXPECT_EQ(unread.out,
+            "tessera: --top-k with --temperature 0: greedy decoding takes the likeliest token and draws nothing "
+            "(give a temperature above 0 to sample)\n");
   const auto both = RunTessera("generate " + bpe.string() + " --prompt x --tensor-parallel 2 --threads 2");
   EXPECT_NE(both.exit_code, 0);
   EXPECT_NE(both.out.find("--tensor-parallel"), std::string::npos) << both.out;
@@ -545,6 +551,15 @@ TEST(Generate, GeneratesTextWithTheRunsTokenizer) {
   EXPECT_EQ(into_run.exit_code, 1);
   EXPECT_NE(into_run.out.find("is a training run's directory (it holds checkpoints/)"), std::string::npos)
       << into_run.out;
+  // Nor its checkpoints, nor one of them (files among them were read as
+  // the run's).
+  for (const fs::path& inside : {bpe / "checkpoints", bpe / "checkpoints" / "iter_0000004" / "x.safetensors"}) {
+    const auto among = RunTessera("export " + Nano().string() + " --output " + inside.string() + " 2>&1");
+    EXPECT_EQ(among.exit_code, 1) << among.out;
+    EXPECT_NE(among.out.find(" is inside the checkpoints of the training run " + fs::weakly_canonical(bpe).string()),
+              std::string::npos)
+        << among.out;
+  }
   // A directory where one of its files goes: refused before any is written.
   const fs::path blocked = TempRoot() / "blocked_export";
   fs::create_directories(blocked / "config.json");
