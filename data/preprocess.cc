@@ -172,6 +172,9 @@ ChunkResult ProcessChunk(const EncodeContext& context, const Chunk& chunk) {
       const size_t newline = bytes.find('\n', start);
       const size_t end = newline == std::string_view::npos ? bytes.size() : newline;
       std::string_view line = bytes.substr(start, end - start);
+      // A file's byte-order mark (editors on Windows write one) is no
+      // text: it became three tokens at the start of the first document.
+      if (start == 0 && chunk.first_line == 1) ConsumePrefix(&line, "\xEF\xBB\xBF");
       start = end + 1;
       if (!IsAscii(line)) {
         if (const std::optional<size_t> bad = FirstInvalidUtf8(line)) {

@@ -85,6 +85,16 @@ TEST_F(PreprocessTest, ParagraphsAreDocuments) {
   EXPECT_EQ((*IndexedDataset::Open(dir_ / "out"))->dtype(), TokenDtype::kUint16);
 }
 
+// A byte-order mark at a file's start is no text (it was the first
+// document's first three tokens); one inside is kept, as any character.
+TEST_F(PreprocessTest, AByteOrderMarkIsNoText) {
+  WriteFile(dir_ / "a.txt", "\xEF\xBB\xBFHello.\n\nTwo \xEF\xBB\xBF.\n");
+  WriteFile(dir_ / "b.jsonl", "\xEF\xBB\xBF{\"text\": \"json\"}\n");
+  const auto stats = Run({"a.txt", "b.jsonl"});
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(ReadBack(dir_ / "out"), (Documents{{"Hello.<EOD>"}, {"Two \xEF\xBB\xBF.<EOD>"}, {"json<EOD>"}}));
+}
+
 TEST_F(PreprocessTest, LinesAreDocuments) {
   WriteFile(dir_ / "a.txt", "one\ntwo\r\n\n  \nthree\n");
   const auto stats = Run({"a.txt"}, {.format = InputFormat::kLines, .append_end_of_document = false});
