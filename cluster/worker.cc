@@ -43,6 +43,8 @@ struct JobEntry {
   std::unique_ptr<PlanRunner> runner;  // set once loaded; read-only then
   std::thread thread;
   std::atomic<int64_t> iteration{0};  // completed, as far as this node knows
+  // The runner returned (its end being reported): nothing left to stop.
+  std::atomic<bool> ran{false};
   void RaiseIteration(int64_t reached) {
     int64_t seen = iteration.load();
     while (reached > seen && !iteration.compare_exchange_weak(seen, reached)) {
@@ -371,6 +373,9 @@ class Worker::Impl final : public control::Worker::Service {
         case Phase::kDone:
           return true;
         case Phase::kRunning:
+          // (Ended, its report on the way: a worker shut down after its
+          // last job succeeded logged that it stopped it, with no checkpoint.)
+          if (entry->ran) return true;
           break;
       }
     }
@@ -401,6 +406,7 @@ class Worker::Impl final : public control::Worker::Service {
 
   void RunJob(const std::shared_ptr<JobEntry>& entry) {
     const absl::Status status = entry->runner->Run();
+    entry->ran = true;
     control::ReportRequest report = NewReport(*entry);
     report.set_finished(true);
     report.set_code(static_cast<int>(status.code()));

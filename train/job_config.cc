@@ -370,13 +370,16 @@ absl::StatusOr<data::TokenizerFiles> ConfiguredTokenizerFiles(const Tokenization
 namespace {
 
 // The dotted keys an override sets: its key, or each leaf under it when its
-// value is an object (`train={"train_iter": 5}` sets train.train_iter).
+// value is an object (`train={"train_iter": 5}` sets train.train_iter). A
+// null sets nothing (`tokenization.vocab_file=null` asks for the key's
+// absence, which no switch makes unread).
 std::vector<std::string> KeysSetBy(const std::string& text) {
   const absl::StatusOr<config::Override> parsed = config::ParseOverride(text);
   if (!parsed.ok()) return {text.substr(0, text.find('='))};
   std::vector<std::string> keys;
   const std::function<void(const std::string&, const nlohmann::json&)> walk = [&](const std::string& key,
                                                                                   const nlohmann::json& value) {
+    if (value.is_null()) return;
     if (!value.is_object() || value.empty()) {
       keys.push_back(key);
       return;

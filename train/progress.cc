@@ -61,8 +61,11 @@ std::string FormatProgressBar(const IterationStats& stats, const ProgressTiming&
 
 std::string FormatEvalLine(int64_t iteration, int64_t total,
                            const std::vector<std::pair<std::string, double>>& metrics) {
-  std::string out = total > 0 ? fmt::format("eval iter {}/{}", iteration, total)
-                              : fmt::format("eval (weights of iteration {})", iteration);
+  // (Weights of no training iteration: Hugging Face's, by train.load_weight;
+  // "iteration 0" read as untrained ones.)
+  std::string out = total > 0       ? fmt::format("eval iter {}/{}", iteration, total)
+                    : iteration > 0 ? fmt::format("eval (weights of iteration {})", iteration)
+                                    : std::string("eval (the weights of train.load_weight)");
   for (const auto& [name, value] : metrics) fmt::format_to(std::back_inserter(out), "  {} {:.6f}", name, value);
   return out;
 }

@@ -620,6 +620,8 @@ TEST(Progress, EvalLine) {
             "eval iter 450/1000  loss 3.300000  accuracy 0.412000");
   // --eval-only: saved weights evaluated, no training iterations to count.
   EXPECT_EQ(FormatEvalLine(450, 0, {{"loss", 3.3}}), "eval (weights of iteration 450)  loss 3.300000");
+  // Hugging Face weights (train.load_weight) are of no iteration.
+  EXPECT_EQ(FormatEvalLine(0, 0, {{"loss", 3.3}}), "eval (the weights of train.load_weight)  loss 3.300000");
 }
 
 TEST(Progress, EtaIsSmoothedAndIndependentOfUpdateGranularity) {
