@@ -1428,10 +1428,9 @@ class Master::Impl final : public control::Master::Service {
 
   // Creates train.output_dir with config.json, metrics.jsonl and log.txt
   // (with the lines logged so far); an error (the job fails) when it
-  // cannot: asked-for outputs are never dropped silently.
-  // OpenOutputsLocked; a run from scratch whose outputs cannot all be
-  // opened (a full disk) leaves none of them behind: a config.json and
-  // empty logs of a run that never started.
+  // cannot: asked-for outputs are never dropped silently. A run from
+  // scratch whose outputs cannot all be opened (a full disk) leaves none of
+  // them behind (a config.json and empty logs of a run that never started).
   absl::Status OpenOutputsLocked(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     bool wrote = false;  // (a refusal before any write removes nothing)
     const absl::Status opened = OpenOutputsOnceLocked(job, wrote);
