@@ -55,10 +55,12 @@ Binding<DistConfig> MakeDistKeys() {
                   "device's actor thread keeps scheduling (feeds, fetches, collectives) while kernels run; `false`: "
                   "kernels run on the actor thread. Same numbers either way; GPU jobs always run so"});
   b.Field("gradient_bucket_mb", &DistConfig::gradient_bucket_mb,
-          {.min = 0, .max = 4096,
+          {.min = 0,
+           .max = 4096,
            .doc = "data parallelism (without ZeRO or tensor parallelism): gradients smaller than this are "
                   "all-reduced together in buckets of at most this many MiB, each as soon as its last gradient "
-                  "exists (PyTorch DDP's bucket_cap_mb); 0: one all-reduce per gradient"});
+                  "exists (PyTorch DDP's bucket_cap_mb); 0: none, each gradient boxed on its own (P -> S(0) -> B: a "
+                  "reduce-scatter, then an all-gather)"});
   b.Field("pipeline_num_layers", &DistConfig::pipeline_num_layers,
           {.min = 1, .max = 1 << 20,
            .doc = "the model's layer count, for LiBai's stage assignment; must equal the model's layers; `null`: "
