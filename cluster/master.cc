@@ -1706,10 +1706,13 @@ class Master::Impl final : public control::Master::Service {
     std::vector<std::pair<uint64_t, std::string>> requeued;  // (session, id): submit order
     for (const auto& entry : fs::directory_iterator(options_.state_dir, error)) {
       // A master killed inside a record's write left its temporary
-      // (job-000007.json.tmp-PID): the lock says no master writes here now.
+      // (job-000007.json.tmp-PID, or the worker number's): the lock says no
+      // master writes here now. (Other files are the user's.)
       const std::string name = entry.path().filename().string();
       if (const size_t tmp = name.rfind(".tmp-");
           tmp != std::string::npos && tmp + 5 < name.size() &&
+          ((name.starts_with("job-") && std::string_view(name).substr(0, tmp).ends_with(".json")) ||
+           std::string_view(name).substr(0, tmp) == kWorkerNumberFile) &&
           std::all_of(name.begin() + static_cast<std::ptrdiff_t>(tmp + 5), name.end(),
                       [](char c) { return absl::ascii_isdigit(static_cast<unsigned char>(c)); })) {
         std::error_code removed;

@@ -387,6 +387,7 @@ TEST(ClusterTest, AStateDirHasOneMasterAndUnreadableRecordsKeepTheirIds) {
   std::ofstream(state / "job-000050.json.tmp-4242") << "{\"id\":";
   std::ofstream(state / "last_worker_number.tmp-17") << "3";
   std::ofstream(state / "notes.tmp-") << "mine";
+  std::ofstream(state / "other.tmp-5") << "mine";
   Master master(options, std::make_unique<FakeJobCompiler>());
   auto bound = master.Start();
   ASSERT_TRUE(bound.ok()) << bound.status();
@@ -398,6 +399,7 @@ TEST(ClusterTest, AStateDirHasOneMasterAndUnreadableRecordsKeepTheirIds) {
   EXPECT_FALSE(fs::exists(state / "job-000050.json.tmp-4242"));
   EXPECT_FALSE(fs::exists(state / "last_worker_number.tmp-17"));
   EXPECT_TRUE(fs::exists(state / "notes.tmp-"));
+  EXPECT_TRUE(fs::exists(state / "other.tmp-5"));
   master.Shutdown();
   fs::remove_all(state);
 }
