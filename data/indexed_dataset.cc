@@ -320,6 +320,17 @@ absl::Status IndexedDataset::CheckIds(int64_t first, std::span<const int64_t> id
                                            ") (a dataset built with another tokenizer?)"));
 }
 
+absl::Status IndexedDataset::CheckIdsIn(int64_t first, int64_t end, int64_t vocab_size) const {
+  std::vector<int64_t> block(static_cast<size_t>(std::min<int64_t>(std::max<int64_t>(end - first, 0), 1 << 20)));
+  for (int64_t at = first; at < end;) {
+    const std::span<int64_t> ids(block.data(), static_cast<size_t>(std::min<int64_t>(end - at, 1 << 20)));
+    ReadTokens(at, ids);
+    RETURN_IF_ERROR(CheckIds(at, ids, vocab_size));
+    at += static_cast<int64_t>(ids.size());
+  }
+  return absl::OkStatus();
+}
+
 std::vector<int64_t> IndexedDataset::Sequence(int64_t i) const {
   std::vector<int64_t> tokens(static_cast<size_t>(sequence_length(i)));
   ReadTokens(sequence_offset(i), tokens);

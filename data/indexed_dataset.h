@@ -104,6 +104,8 @@ class IndexedDataset {
   // token, its document and the id (a dataset of another vocabulary: Open
   // cannot tell, the ids are the dataset's business).
   [[nodiscard]] absl::Status CheckIds(int64_t first, std::span<const int64_t> ids, int64_t vocab_size) const;
+  // CheckIds over tokens [first, end) of the stream, read in blocks.
+  [[nodiscard]] absl::Status CheckIdsIn(int64_t first, int64_t end, int64_t vocab_size) const;
 
  private:
   struct Mapping;

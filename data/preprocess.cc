@@ -714,6 +714,18 @@ absl::StatusOr<std::optional<DatasetSource>> ReadDatasetSource(const fs::path& o
        (source.index_checksum.empty() || IndexChecksum(index) != source.index_checksum))) {
     return std::optional<DatasetSource>();
   }
+  if (source.index_checksum.empty()) {
+    // A description from before the checksum was kept, of this very index
+    // (its time says so): the checksum is added, so a copy of the dataset
+    // stays checked. Best effort: a dataset in a read-only place keeps
+    // the description it has.
+    source.index_checksum = IndexChecksum(index);
+    nlohmann::json upgraded = json;
+    upgraded["index_checksum"] = source.index_checksum;
+    if (!source.index_checksum.empty()) {
+      (void)WriteFileDurably(path, upgraded.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
+    }
+  }
   return std::optional<DatasetSource>(std::move(source));
 }
 

@@ -128,8 +128,9 @@ struct DatasetSource {
 // PREFIX.source.json, where the dataset has one that describes the
 // PREFIX.idx there (one left by an earlier dataset, whose index has
 // another size, or another time and checksum, is ignored; a copy that did
-// not keep the times is known by the index's checksum); nullopt: none. A
-// malformed one is InvalidArgument naming it.
+// not keep the times is known by the index's checksum, which is added to a
+// description written before it was kept); nullopt: none. A malformed one
+// is InvalidArgument naming it.
 [[nodiscard]] absl::StatusOr<std::optional<DatasetSource>> ReadDatasetSource(
     const std::filesystem::path& output_prefix);
 

@@ -223,6 +223,12 @@ absl::StatusOr<std::unique_ptr<TextData>> TextData::Open(const nlohmann::json& c
     options.split = data::DatasetSplit::kValid;
     if (auto made = data::BertDataset::Make(indexed, options); made.ok()) text->bert_valid_ = *std::move(made);
     train_size = text->bert_train_->size();
+    // Every id inside the tokenizer's vocabulary, checked once at the start
+    // (a sample reads a few sentences of the corpus, drawn at random: one
+    // bad sentence was met by chance, or never).
+    if (absl::Status ids = indexed.CheckIdsIn(0, indexed.num_tokens(), tokenizer->vocab_size()); !ids.ok()) {
+      return in_dataloader(ids);
+    }
   } else {
     data::GptDatasetOptions options{.seq_length = inputs.seq_length,
                                     .splits = loader.splits,
@@ -237,6 +243,14 @@ absl::StatusOr<std::unique_ptr<TextData>> TextData::Open(const nlohmann::json& c
     if (text->gpt_valid_) {
       auto counts = UnigramCounts(*text->gpt_train_, inputs.vocab_size);
       if (!counts.ok()) return in_dataloader(counts.status());
+      // And the valid split's (an evaluation met them after training).
+      const data::DocumentRange valid = text->gpt_valid_->documents();
+      if (absl::Status ids =
+              indexed.CheckIdsIn(indexed.sequence_offset(indexed.document_begin(valid.begin)),
+                                 indexed.sequence_offset(indexed.document_begin(valid.end)), inputs.vocab_size);
+          !ids.ok()) {
+        return in_dataloader(ids);
+      }
       std::tie(text->unigram_counts_, text->unigram_total_) = *std::move(counts);
     }
   }

@@ -435,6 +435,16 @@ TEST_F(PreprocessTest, TheDatasetSaysWhatItWasBuiltFrom) {
   source = ReadDatasetSource(dir_ / "copy");
   ASSERT_TRUE(source.ok()) << source.status();
   EXPECT_FALSE(source->has_value());
+  // A description written before the checksum was kept gains it when read
+  // beside its own index, and then knows that index's copies too.
+  {
+    nlohmann::json old = nlohmann::json::parse(ReadFile(dir_ / "out.source.json"));
+    old.erase("index_checksum");
+    WriteFile(dir_ / "out.source.json", old.dump());
+    source = ReadDatasetSource(dir_ / "out");
+    ASSERT_TRUE(source.ok() && source->has_value()) << source.status();
+    EXPECT_TRUE(nlohmann::json::parse(ReadFile(dir_ / "out.source.json")).contains("index_checksum"));
+  }
   // Another tool's dataset in its place: the description is of another index.
   {
     auto builder = IndexedDatasetBuilder::Create(dir_ / "out", TokenDtype::kUint16);
