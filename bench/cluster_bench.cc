@@ -78,7 +78,10 @@ int Main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::optional<long long> n =
         std::strcmp(argv[i], "--jobs") == 0 && i + 1 < argc ? bench::PositiveInteger(argv[i + 1]) : std::nullopt;
-    if (!n || *n > 1000) {
+    if (std::strcmp(argv[i], "--jobs") == 0 && (!n || *n > 1000)) {
+      return bench::BadValue("cluster_bench", "[--jobs N]", "--jobs", "an integer in [1, 1000]");
+    }
+    if (!n) {
       return bench::Usage("cluster_bench",
                           "[--jobs N]: N jobs (5) of gpt2_nano, data parallel 4, through a master and 2 workers "
                           "in this process, against tessera::Train in one process",

@@ -235,7 +235,8 @@ int Main(int argc, char** argv) {
   constexpr const char* kUsage = "[ROUNDS] | --peak THREADS";
   if (argc > 1 && std::string_view(argv[1]) == "--peak") {
     const std::optional<long long> given = argc == 3 ? bench::PositiveInteger(argv[2]) : std::nullopt;
-    if (!given || *given > 1024) return bench::Usage("gemm_bench", kUsage, argv[argc == 3 ? 2 : 1]);
+    if (argc > 3) return bench::Usage("gemm_bench", kUsage, argv[3]);
+    if (!given || *given > 1024) return bench::BadValue("gemm_bench", kUsage, "--peak", "a thread count in [1, 1024]");
     const int threads = static_cast<int>(*given);
     double best = 0;
     for (int i = 0; i < 5; ++i) best = std::max(best, MeasurePeak(threads, 2));

@@ -120,7 +120,10 @@ int main(int argc, char** argv) {
     const bool takes_value = std::strcmp(argv[i], "--mb") == 0 || std::strcmp(argv[i], "--reps") == 0;
     const std::optional<long long> value =
         takes_value && i + 1 < argc ? tessera::bench::PositiveInteger(argv[i + 1]) : std::nullopt;
-    if (!value || *value > (1 << 20)) return tessera::bench::Usage("gloo_bench", "[--mb MB] [--reps N]", argv[i]);
+    if (!takes_value) return tessera::bench::Usage("gloo_bench", "[--mb MB] [--reps N]", argv[i]);
+    if (!value || *value > (1 << 20)) {
+      return tessera::bench::BadValue("gloo_bench", "[--mb MB] [--reps N]", argv[i], "an integer in [1, 1048576]");
+    }
     if (std::strcmp(argv[i], "--mb") == 0) {
       mb = *value;
     } else {

@@ -168,8 +168,8 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
     covered = end;
   }
   if (covered != data_bytes) {
-    return fail(data_bytes - covered, " bytes after the last tensor's data: the file is longer than its header says",
-                " (appended to, or damaged)");
+    return fail(data_bytes - covered, data_bytes - covered == 1 ? " byte" : " bytes",
+                " after the last tensor's data: the file is longer than its header says (appended to, or damaged)");
   }
   return file;
 }

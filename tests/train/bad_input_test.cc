@@ -268,6 +268,8 @@ std::vector<BadInput> Cases() {
       {"optimizer object when evaluating", kGpt, {"train.eval_only=true", R"(optim={"lr": 5})"}, "sets a key nothing reads with train.eval_only"},
       {"resume when evaluating", kGpt, {"train.eval_only=true", "train.resume=true"}, "--resume (train.resume) means nothing with train.eval_only"},
       {"text file without a dataset", kMlp, {"dataloader.text_file=/nonexistent"}, "dataloader.text_file needs dataloader.data_prefix"},
+      {"derived accumulation past its bound", kMlp, {"train.num_accumulation_steps=null", "train.global_batch_size=1073741824", "train.train_micro_batch_size=16"},
+       "train.global_batch_size 1073741824 is 67108864 micro-batches of train.train_micro_batch_size 16 x 1 data-parallel ranks, more than the 1048576 train.num_accumulation_steps allows"},
       {"a path longer than any", kMlp, {"train.output_dir=/tmp/" + std::string(5000, 'a')}, "config key 'train.output_dir' is 5005 bytes long, more than 4096 (a path's limit)"},
       {"init seed with loaded weights", kGpt, {"train.load_weight=/tmp/x", "model.init_seed=5"},
        "override 'model.init_seed=5' sets a key nothing reads with train.load_weight (every weight comes from the checkpoint)"},
