@@ -20,6 +20,7 @@
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "core/checksum.h"
 #include "core/file_util.h"
 #include "core/status.h"
@@ -718,7 +719,10 @@ absl::StatusOr<std::optional<DatasetSource>> ReadDatasetSource(const fs::path& o
     // A description from before the checksum was kept, of this very index
     // (its time says so): the checksum is added, so a copy of the dataset
     // stays checked. Best effort: a dataset in a read-only place keeps
-    // the description it has.
+    // the description it has. (One writer at a time in this process: the
+    // temporary file's name is per process.)
+    static absl::Mutex upgrade_mu;
+    absl::MutexLock lock(&upgrade_mu);
     source.index_checksum = IndexChecksum(index);
     nlohmann::json upgraded = json;
     upgraded["index_checksum"] = source.index_checksum;
