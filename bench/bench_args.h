@@ -21,7 +21,7 @@ inline int Usage(const char* name, const char* usage, const char* arg) {
   return 2;
 }
 
-// The exit code (2) for flag `flag` given without a value it takes.
+// The exit code (2) for flag `flag` given without its value, or a bad one.
 inline int BadValue(const char* name, const char* usage, const char* flag, const char* wanted) {
   std::fprintf(stderr, "%s: %s takes %s (usage: %s %s)\n", name, flag, wanted, name, usage);
   return 2;

@@ -109,14 +109,17 @@ int main(int argc, char** argv) {
   int64_t devices = 1;
   std::string log_level = "warn";
   app.add_option("--iterations", iterations, "Training iterations")
-      ->check(kDecimal & CLI::Range(1, 100000))
+      ->check(kDecimal)
+      ->check(CLI::Range(1, 100000))
       ->capture_default_str();
   app.add_option("--batch", batch, "Sequences per iteration, all devices together (a multiple of --devices)")
-      ->check(kDecimal & CLI::Range(1, 4096))
+      ->check(kDecimal)
+      ->check(CLI::Range(1, 4096))
       ->capture_default_str();
   app.add_option("--lr", lr, "AdamW learning rate")->check(CLI::Range(0.0, 1.0))->capture_default_str();
   app.add_option("--devices", devices, "Virtual CPU devices to spread the batch over (data parallel)")
-      ->check(kDecimal & CLI::Range(1, 64))
+      ->check(kDecimal)
+      ->check(CLI::Range(1, 64))
       ->capture_default_str();
   app.add_option("--log-level", log_level, "Tessera's log lines on stderr: info shows compile and plan timings")
       ->capture_default_str();
