@@ -118,9 +118,9 @@ struct AccumulationResult {
 // stage once per iteration, not per micro-batch), and a gradient that the
 // autodiff summed across stages (a tied embedding's) is accumulated on each
 // stage, the stages' sums added once per iteration on the variable's stage.
-// `root_scaled`: the autodiff's root was the loss times 1/m already
-// (ScaleMicroBatchLoss, or the fp16 loss scale's), so the gradients are
-// summed, not scaled after: each micro-batch's backward then sees the
+// `root_scaled`: the autodiff's root was the loss times 1/m already (the
+// engine's scalar_mul, under fp16 before the loss scale), so the gradients
+// are summed, not scaled after: each micro-batch's backward then sees the
 // upstream values a run of the whole batch sees, which under 16-bit
 // autocasting rounds alike.
 absl::StatusOr<AccumulationResult> AccumulateGradients(Graph& graph, const GradientMap& gradients,
@@ -304,7 +304,6 @@ struct LossScaleResult {
   ValueId scale = kNoValue;        // the non-trainable variable "amp.loss_scale"
   ValueId good_steps = kNoValue;   // its state "amp.loss_scale_good_steps"
   ValueId skipped_steps = kNoValue;  // "amp.skipped_steps": steps skipped so far (AdamW's t leaves them out)
-  int64_t micro_batches = 1;         // the scaled loss's divisor, which UnscaleGradients multiplies back
 };
 
 struct UnscaleResult {
@@ -315,15 +314,13 @@ struct UnscaleResult {
 // Dynamic loss scaling for fp16 mixed precision (graph/passes/loss_scale.cc).
 // ScaleLoss, before autodiff: the loss times a scale variable, to
 // differentiate instead of the loss (which stays the reported loss). Under
-// gradient accumulation over `micro_batches` (AccumulateGradients, which
-// then averages the micro-batches' sums), each micro-batch's loss is also
-// divided by their number: its fp16 gradients are then as large as the
-// whole batch's in one pass, so a step overflows (and is skipped) at the
-// same scale whatever the micro-batching, pipelines included.
-absl::StatusOr<LossScaleResult> ScaleLoss(Graph& graph, ValueId loss, const LossScaleOptions& options,
-                                          int64_t micro_batches = 1);
+// gradient accumulation the loss given is already the micro-batch's times
+// 1/m (the engine's): its fp16 gradients are then as large as the whole
+// batch's in one pass, so a step overflows (and is skipped) at the same
+// scale whatever the micro-batching, pipelines included.
+absl::StatusOr<LossScaleResult> ScaleLoss(Graph& graph, ValueId loss, const LossScaleOptions& options);
 // UnscaleGradients, after accumulation and before ApplyOptimizer: every
-// gradient divided by the scale (and multiplied by ScaleLoss's divisor); returns found_inf (1 when any unscaled
+// gradient divided by the scale; returns found_inf (1 when any unscaled
 // gradient holds a NaN or an infinity, fetched as "skipped", the scale as
 // "loss_scale") for ApplyOptimizer's skip and the steps skipped so far for
 // its skipped, and sets the scale's update (loss_scale_update: halve on

@@ -185,16 +185,13 @@ absl::StatusOr<Tensor> LoadTensor(const CheckpointReader& reader, const RankSlic
 // rank's block (split on `axis`) viewed (in, out_local) and returned
 // (out_local, in) through the transpose op.
 absl::StatusOr<Tensor> LoadTransposed(const CheckpointReader& reader, const RankSlicer& slicer, const std::string& name,
-                                      const Shape& shape, int axis, int64_t in) {
+                                      const Shape& shape, int axis) {
   ASSIGN_OR_RETURN(Tensor weight, LoadTensor(reader, slicer, name, shape, axis));
   // [in, out...] as [in, out]; a rank holding none of a split axis (more
   // ranks than heads) has in or out 0.
+  const int64_t in = weight.shape()[0];
   int64_t out = 1;
   for (int d = 1; d < weight.shape().rank(); ++d) out *= weight.shape()[d];
-  if (weight.shape()[0] != in) {
-    return absl::InternalError(
-        StrCat(name, ": slice of shape ", weight.shape().ToString(), " does not lead with ", in));
-  }
   ASSIGN_OR_RETURN(weight, weight.Reshape(Shape{in, out}));
   ASSIGN_OR_RETURN(std::vector<Tensor> transposed,
                    ops::RunOp("transpose", {weight}, {{"perm", std::vector<int64_t>{1, 0}}}));
@@ -747,20 +744,17 @@ absl::StatusOr<std::unique_ptr<Generator>> Generator::Open(const fs::path& path,
       Layer l;
       ASSIGN_OR_RETURN(l.ln_1_weight, LoadTensor(*reader, whole, h + "ln_1.weight", Shape{C}));
       ASSIGN_OR_RETURN(l.ln_1_bias, LoadTensor(*reader, whole, h + "ln_1.bias", Shape{C}));
-      ASSIGN_OR_RETURN(l.c_attn_weight_t,
-                       LoadTransposed(*reader, heads, h + "attn.c_attn.weight", Shape{C, 3, C}, 2, C));
+      ASSIGN_OR_RETURN(l.c_attn_weight_t, LoadTransposed(*reader, heads, h + "attn.c_attn.weight", Shape{C, 3, C}, 2));
       ASSIGN_OR_RETURN(l.c_attn_bias,
                        LoadTensor(*reader, heads, h + "attn.c_attn.bias", Shape{3, C}, 1, Shape{3 * shard.Cl}));
-      ASSIGN_OR_RETURN(l.attn_proj_weight_t,
-                       LoadTransposed(*reader, heads, h + "attn.c_proj.weight", Shape{C, C}, 0, shard.Cl));
+      ASSIGN_OR_RETURN(l.attn_proj_weight_t, LoadTransposed(*reader, heads, h + "attn.c_proj.weight", Shape{C, C}, 0));
       ASSIGN_OR_RETURN(l.attn_proj_bias, LoadTensor(*reader, whole, h + "attn.c_proj.bias", Shape{C}));
       ASSIGN_OR_RETURN(l.ln_2_weight, LoadTensor(*reader, whole, h + "ln_2.weight", Shape{C}));
       ASSIGN_OR_RETURN(l.ln_2_bias, LoadTensor(*reader, whole, h + "ln_2.bias", Shape{C}));
-      ASSIGN_OR_RETURN(l.fc_weight_t, LoadTransposed(*reader, slicer, h + "mlp.c_fc.weight", Shape{C, F}, 1, C));
+      ASSIGN_OR_RETURN(l.fc_weight_t, LoadTransposed(*reader, slicer, h + "mlp.c_fc.weight", Shape{C, F}, 1));
       ASSIGN_OR_RETURN(l.fc_bias, LoadTensor(*reader, slicer, h + "mlp.c_fc.bias", Shape{F}, 0));
       shard.Fl = l.fc_bias.shape()[0];
-      ASSIGN_OR_RETURN(l.mlp_proj_weight_t,
-                       LoadTransposed(*reader, slicer, h + "mlp.c_proj.weight", Shape{F, C}, 0, shard.Fl));
+      ASSIGN_OR_RETURN(l.mlp_proj_weight_t, LoadTransposed(*reader, slicer, h + "mlp.c_proj.weight", Shape{F, C}, 0));
       ASSIGN_OR_RETURN(l.mlp_proj_bias, LoadTensor(*reader, whole, h + "mlp.c_proj.bias", Shape{C}));
       ASSIGN_OR_RETURN(l.k_cache, Tensor::Zeros(Shape{shard.Hl, P, D}, DType::kF32));
       ASSIGN_OR_RETURN(l.v_cache, Tensor::Zeros(Shape{shard.Hl, P, D}, DType::kF32));

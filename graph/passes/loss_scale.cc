@@ -16,8 +16,7 @@ absl::StatusOr<ValueId> First(absl::StatusOr<std::vector<ValueId>> outputs) {
 
 }  // namespace
 
-absl::StatusOr<LossScaleResult> ScaleLoss(Graph& graph, ValueId loss, const LossScaleOptions& options,
-                                          int64_t micro_batches) {
+absl::StatusOr<LossScaleResult> ScaleLoss(Graph& graph, ValueId loss, const LossScaleOptions& options) {
   if (!(options.initial_scale > 0) || !(options.initial_scale <= 3.0e38)) {
     return absl::InvalidArgumentError(
         StrCat("loss scaling: the initial scale must be in (0, 3e38], got ", options.initial_scale));
@@ -26,11 +25,7 @@ absl::StatusOr<LossScaleResult> ScaleLoss(Graph& graph, ValueId loss, const Loss
       graph.value(loss).meta.shape.NumElements() != 1) {
     return absl::InvalidArgumentError("loss scaling: the loss must be one f32 value");
   }
-  if (micro_batches < 1) {
-    return absl::InvalidArgumentError(StrCat("loss scaling: micro-batches must be >= 1, got ", micro_batches));
-  }
   LossScaleResult result;
-  result.micro_batches = micro_batches;
   // The scale's variables on the loss's stage; a loss of no given layer is
   // on the last stage (the sink's), where the scale's update is made too
   // (UnscaleGradients): left unassigned, a variable would follow its
@@ -54,10 +49,6 @@ absl::StatusOr<LossScaleResult> ScaleLoss(Graph& graph, ValueId loss, const Loss
     ASSIGN_OR_RETURN(scale,
                      First(graph.AddOp("reshape", {scale}, {{"shape", graph.value(loss).meta.shape.dims()}}, at)));
   }
-  if (micro_batches > 1) {
-    ASSIGN_OR_RETURN(
-        scale, First(graph.AddOp("scalar_mul", {scale}, {{"value", 1.0 / static_cast<double>(micro_batches)}}, at)));
-  }
   ASSIGN_OR_RETURN(result.scaled_loss, First(graph.AddOp("mul", {loss, scale}, {}, at)));
   return result;
 }
@@ -70,12 +61,10 @@ absl::StatusOr<UnscaleResult> UnscaleGradients(Graph& graph, GradientMap& gradie
   }
   if (gradients.empty()) return absl::InvalidArgumentError("loss scaling: no gradients");
   const NodeOptions at{.layer_idx = kUnassignedLayer, .scope = "amp/unscale", .name = ""};
-  ASSIGN_OR_RETURN(ValueId micro_batches, First(graph.AddOp("fill", {},
-                                                            {{"shape", std::vector<int64_t>{}},
-                                                             {"dtype", DType::kF32},
-                                                             {"value", static_cast<double>(scaled.micro_batches)}},
-                                                            at)));
-  ASSIGN_OR_RETURN(ValueId inverse, First(graph.AddOp("div", {micro_batches, scaled.scale}, {}, at)));
+  ASSIGN_OR_RETURN(
+      ValueId one,
+      First(graph.AddOp("fill", {}, {{"shape", std::vector<int64_t>{}}, {"dtype", DType::kF32}, {"value", 1.0}}, at)));
+  ASSIGN_OR_RETURN(ValueId inverse, First(graph.AddOp("div", {one, scaled.scale}, {}, at)));
   ValueId total = kNoValue;
   for (auto& [var, grad] : gradients) {
     if (graph.value(grad).meta.dtype != DType::kF32) {
