@@ -25,7 +25,11 @@ function(tessera_target_options target)
   target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-pthread>)
   target_compile_options(${target} PRIVATE
     $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Werror -Wno-unused-parameter>)
-  target_include_directories(${target} PUBLIC ${PROJECT_SOURCE_DIR})
+  # Headers are included from the checkout's root ("core/status.h"); an
+  # installed Tessera has them under PREFIX/include/tessera
+  # (cmake/TesseraInstall.cmake).
+  target_include_directories(${target} PUBLIC
+    $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}> $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}/tessera>)
   # errno is never read; without this GCC keeps sqrt scalar (a libm call on
   # negative inputs) and loops using it do not vectorise.
   target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-fno-math-errno>)
@@ -77,6 +81,17 @@ function(tessera_library name)
     target_compile_options(${name} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-O2>)
   endif()
   target_link_libraries(${name} PUBLIC ${ARG_PUBLIC_DEPS} PRIVATE ${ARG_DEPS})
+  tessera_exported_library(${name})
+endfunction()
+
+# tessera_exported_library(NAME): NAME (tessera_X) is part of the installed
+# package as Tessera::X, and has that name in this build too, so a program
+# links the same names in Tessera's tree and against an installed Tessera.
+function(tessera_exported_library name)
+  string(REGEX REPLACE "^tessera_" "" short ${name})
+  set_target_properties(${name} PROPERTIES EXPORT_NAME ${short})
+  add_library(Tessera::${short} ALIAS ${name})
+  set_property(GLOBAL APPEND PROPERTY TESSERA_EXPORTED_LIBRARIES ${name})
 endfunction()
 
 # Precompiled headers (TESSERA_PCH): the third-party and standard headers

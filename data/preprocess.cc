@@ -128,8 +128,16 @@ absl::Status EncodeDocument(const EncodeContext& context, const Chunk& chunk, in
 absl::Status EncodeJsonLine(const EncodeContext& context, const Chunk& chunk, int64_t line_number,
                             std::string_view line, ChunkResult& result) {
   nlohmann::json value;
+  // The field read is named once: with two, which one a reader takes is a
+  // choice of its own (nlohmann and Python take the last; RFC 8259 leaves
+  // it open), so such a line is refused.
+  int key_count = 0;
+  const auto count_key = [&](int depth, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+    if (event == nlohmann::json::parse_event_t::key && depth == 1 && parsed == context.json_key) ++key_count;
+    return true;
+  };
   try {
-    value = nlohmann::json::parse(line.begin(), line.end());
+    value = nlohmann::json::parse(line.begin(), line.end(), count_key);
   } catch (const nlohmann::json::exception& e) {
     // nlohmann's "[json.exception.parse_error.101] parse error at line 1,
     // column 10: ...": its line is always 1 (the line alone is parsed).
@@ -144,6 +152,10 @@ absl::Status EncodeJsonLine(const EncodeContext& context, const Chunk& chunk, in
     return LineError(context, chunk, line_number, StrCat("invalid JSON: ", what));
   }
   if (!value.is_object()) return LineError(context, chunk, line_number, "expected a JSON object");
+  if (key_count > 1) {
+    return LineError(context, chunk, line_number,
+                     StrCat("field \"", context.json_key, "\" appears ", key_count, " times (which one is meant?)"));
+  }
   const auto field = value.find(context.json_key);
   if (field == value.end()) {
     return LineError(context, chunk, line_number, StrCat("no field \"", context.json_key, "\""));

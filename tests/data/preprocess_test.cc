@@ -308,6 +308,8 @@ TEST_F(PreprocessTest, JsonErrorsNameFileAndLine) {
       {"\n[1, 2]\n", name + ":2: expected a JSON object"},
       {"{\"body\": \"a\"}\n", name + ":1: no field \"text\""},
       {"{\"text\": [\"a\"]}\n", name + ":1: field \"text\" is not a string"},
+      {"{\"text\": \"a\"}\n{\"text\": \"a\", \"id\": 2, \"text\": \"b\"}\n",
+       name + ":2: field \"text\" appears 2 times"},
   };
   for (const auto& [content, message] : cases) {
     WriteFile(dir_ / "a.jsonl", content);
@@ -317,6 +319,11 @@ TEST_F(PreprocessTest, JsonErrorsNameFileAndLine) {
     EXPECT_THAT(stats.status().message(), Not(HasSubstr("json.exception")));
     ExpectNoOutput();
   }
+  // The same name inside another object is another field.
+  WriteFile(dir_ / "a.jsonl", "{\"text\": \"a b\", \"meta\": {\"text\": \"c\"}}\n");
+  const auto stats = Run({"a.jsonl"});
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->documents, 1);
 }
 
 // Cancelled (a `tessera train`'s Ctrl-C while it builds its dataset): it
