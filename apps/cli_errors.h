@@ -3,6 +3,8 @@
 // Fail throws the one-line reason (core/strings.h's OneLine) that main() prints as
 // "tessera: <reason>" with exit code 1; Succeed ends the callback with exit 0.
 
+#include <signal.h>
+
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -27,6 +29,18 @@ inline constexpr char kBracketMarker = '\x1f';
 // group; so may a batch system) and counts once: for `tessera train` and
 // the daemons alike.
 inline constexpr int kRepeatedSignalWindowMs = 100;
+
+// Whether `signal` is ignored (SIG_IGN inherited: `nohup` does so for SIGHUP).
+inline bool SignalIgnored(int signal) {
+  struct sigaction current {};
+  return ::sigaction(signal, nullptr, &current) == 0 && current.sa_handler == SIG_IGN;
+}
+
+// How a stop signal is told: "interrupted" (SIGINT), "hung up" (SIGHUP),
+// "terminated".
+inline const char* StopSignalVerb(int signal) {
+  return signal == SIGINT ? "interrupted" : signal == SIGHUP ? "hung up" : "terminated";
+}
 
 // CLI::Range in the words of the other flag checks: "'1e7' is not a number
 // in [0, 1000000]" (CLI11 said "Value 1e7 not in range 0.000000 to

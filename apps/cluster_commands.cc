@@ -97,13 +97,17 @@ struct SecurityFlags {
 };
 
 // Blocks SIGINT/SIGTERM in this thread (and so in every thread it starts)
-// for its lifetime; Wait returns when one arrives.
+// for its lifetime; Wait returns when one arrives. `hangup`: SIGHUP too (a
+// daemon's terminal closed: a graceful stop, not the default's instant
+// death), unless the process was started ignoring it (`nohup`), which it
+// goes on doing.
 class StopSignals {
  public:
-  StopSignals() {
+  explicit StopSignals(bool hangup = false) {
     sigemptyset(&set_);
     sigaddset(&set_, SIGINT);
     sigaddset(&set_, SIGTERM);
+    if (hangup && !tessera::SignalIgnored(SIGHUP)) sigaddset(&set_, SIGHUP);
     pthread_sigmask(SIG_BLOCK, &set_, &previous_);
   }
   ~StopSignals() { pthread_sigmask(SIG_SETMASK, &previous_, nullptr); }
@@ -141,7 +145,7 @@ void StopOnSignals(StopSignals& signals, const char* daemon, const std::function
     std::fprintf(stderr,
                  "tessera %s: %s: stopping its jobs at an iteration boundary and writing a checkpoint "
                  "(again to stop at once)\n",
-                 daemon, signal == SIGINT ? "interrupted" : "terminated");
+                 daemon, tessera::StopSignalVerb(signal));
   }
   std::atomic<bool> drained = false;
   std::thread drainer([&] {
@@ -319,12 +323,15 @@ void AddClusterCommands(CLI::App& app, ClusterCommandDeps deps) {
   auto master_flags = std::make_shared<MasterFlags>();
   CLI::App* master = app.add_subcommand(
       "master",
-      "Run the master: queues, compiles and watches jobs (until SIGINT/SIGTERM: running jobs stop with a "
-      "checkpoint, queued ones wait for the next master; again to stop at once)");
+      "Run the master: queues, compiles and watches jobs (until SIGINT/SIGTERM/SIGHUP: running jobs stop "
+      "with a checkpoint, queued ones wait for the next master on --state-dir; again to stop at once)");
   master->add_option("--listen", master_flags->listen, "Address to serve on (port 0: the OS picks)")
       ->capture_default_str()
       ->check(AddressCheck());
-  master->add_option("--state-dir", master_flags->state_dir, "Directory of job records (the job history survives restarts)");
+  master->add_option(
+      "--state-dir", master_flags->state_dir,
+      "Directory of job records (the job history and queue survive restarts; without one, a shutdown cancels "
+      "the queued jobs)");
   master
       ->add_option("--metrics-port", master_flags->metrics_port,
                    "Serve Prometheus /metrics on PORT (of --metrics-host)")
@@ -358,7 +365,7 @@ void AddClusterCommands(CLI::App& app, ClusterCommandDeps deps) {
     options.heartbeat_interval = absl::Milliseconds(master_flags->heartbeat_ms);
     options.worker_timeout = absl::Milliseconds(master_flags->worker_timeout_ms);
     options.security = master_flags->security.Load();
-    StopSignals signals;
+    StopSignals signals(/*hangup=*/true);
     cluster::Master daemon(options, shared_deps->make_compiler());
     auto address = daemon.Start();
     if (!address.ok()) Fail(std::string(address.status().message()));
@@ -388,8 +395,8 @@ void AddClusterCommands(CLI::App& app, ClusterCommandDeps deps) {
   auto worker_flags = std::make_shared<WorkerFlags>();
   CLI::App* worker = app.add_subcommand(
       "worker",
-      "Run a worker: runs the master's node plans on its devices (until SIGINT/SIGTERM: its jobs stop with a "
-      "checkpoint; again to stop at once)");
+      "Run a worker: runs the master's node plans on its devices (until SIGINT/SIGTERM/SIGHUP: its jobs stop with "
+      "a checkpoint; again to stop at once)");
   worker->add_option("--master", worker_flags->master, "The master's address")
       ->capture_default_str()
       ->check(AddressCheck());
@@ -449,7 +456,7 @@ void AddClusterCommands(CLI::App& app, ClusterCommandDeps deps) {
     options.data_address = worker_flags->data_address;
     options.worker_id = worker_flags->id;
     options.security = worker_flags->security.Load();
-    StopSignals signals;
+    StopSignals signals(/*hangup=*/true);
     cluster::Worker daemon(options, shared_deps->make_runner);
     auto address = daemon.Start();
     if (!address.ok()) Fail(std::string(address.status().message()));

@@ -93,7 +93,7 @@ extern "C" void OnStopSignal(int signal) {
   // Ended at once, as `tessera preprocess` is: the temporaries of a file
   // being written (a dataset built from text, a checkpoint's shard)
   // removed first; said on a line (it ended without a word).
-  static constexpr char kLine[] = "\ntessera: stopped at once: no checkpoint of the iteration in flight\n";
+  static constexpr char kLine[] = "\ntessera: stopped at once: no further checkpoint is written\n";
   (void)!::write(STDERR_FILENO, kLine, sizeof kLine - 1);
   tessera::RemoveTemporariesOnSignals();
   ::raise(signal);
@@ -109,12 +109,16 @@ int RunTrain(const std::string& path, const std::vector<std::string>& overrides,
     std::printf("fast dev run: 20 iterations into %s\n",
                 config->at("train").at("output_dir").get<std::string>().c_str());
   }
-  // Ctrl-C / SIGTERM: finish the iteration in flight, write a checkpoint
-  // there, exit 130 / 143 (128 + the signal).
+  // Ctrl-C / SIGTERM / SIGHUP: finish the iteration in flight, write a
+  // checkpoint there, exit 130 / 143 / 129 (128 + the signal).
   auto stop = std::make_shared<tessera::cluster::GracefulStop>();
   std::atomic<bool> done = false;
   std::signal(SIGINT, OnStopSignal);
   std::signal(SIGTERM, OnStopSignal);
+  // The terminal closed: the same (it killed the run without a checkpoint),
+  // unless started ignoring it (`nohup`): the run goes on.
+  const bool hangup = !tessera::SignalIgnored(SIGHUP);
+  if (hangup) std::signal(SIGHUP, OnStopSignal);
   // The progress on stdout is a view of the run: a reader that goes (`|
   // head`) must not end it without a checkpoint (SIGPIPE killed it, exit
   // 141, no word). The writes fail instead, and the run ends as with a
@@ -124,8 +128,7 @@ int RunTrain(const std::string& path, const std::vector<std::string>& overrides,
   std::thread watcher([&] {
     while (!done.load()) {
       if (g_stop_signal != 0 && !stop->requested()) {
-        std::fprintf(stderr, "\ntessera: %s: %s (again to stop at once)\n",
-                     g_stop_signal == SIGINT ? "interrupted" : "terminated",
+        std::fprintf(stderr, "\ntessera: %s: %s (again to stop at once)\n", tessera::StopSignalVerb(g_stop_signal),
                      tessera::BuildingDatasetFromText() ? "stopping the dataset being built from dataloader.text_file"
                                                         : "stopping after this iteration and writing a checkpoint");
         stop->Request();
@@ -140,6 +143,7 @@ int RunTrain(const std::string& path, const std::vector<std::string>& overrides,
   watcher.join();
   std::signal(SIGINT, SIG_DFL);
   std::signal(SIGTERM, SIG_DFL);
+  if (hangup) std::signal(SIGHUP, SIG_DFL);
   if (!trained.ok()) {
     const int signal = g_stop_signal;
     Fail(std::string(trained.message()));

@@ -364,12 +364,21 @@ class Master::Impl final : public control::Master::Service {
     absl::MutexLock lock(&mu_);
     if (!draining_) {
       draining_ = true;
-      TLOG_INFO("shutting down: stopping the running jobs at an iteration boundary; the queued ones stay queued");
+      const bool kept = !options_.state_dir.empty();
+      TLOG_INFO("shutting down: stopping the running jobs at an iteration boundary; {}",
+                kept ? "the queued ones stay queued" : "the queued ones are cancelled (no --state-dir keeps them)");
       for (auto& [id, job] : jobs_) {
         if (job->state == control::RUNNING) {
           if (!job->stopping) StartStoppingLocked(*job, "the master is shutting down");
         } else if (job->state == control::COMPILING) {
           RequeueLocked(*job, "");  // nothing of it ran: queued for the next master
+        }
+        // Without a state directory no next master learns of them: they
+        // end, said so (and the output directories their submissions made
+        // go), not silently with the process.
+        if (!kept && job->state == control::PENDING) {
+          EndJobLocked(*job, control::CANCELLED,
+                       "the master shut down before the job started (it has no --state-dir to keep queued jobs in)");
         }
       }
       changed_.SignalAll();
@@ -1538,10 +1547,13 @@ class Master::Impl final : public control::Master::Service {
     if (!status.ok()) TLOG_WARN("job {}: loss.svg not written: {}", job.id, std::string(status.message()));
   }
 
-  // Why a job that was running when the master stopped has failed: how far
-  // it got (the record may lag its metrics.jsonl by the persist period) and
-  // where `--resume` continues (the compiler reads the checkpoints).
-  std::string RestartedReasonLocked(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  // How a job that was running when the master stopped ends: SUCCEEDED
+  // where its checkpoint of the last iteration is complete (it finished
+  // while the master was down), else FAILED with how far it got (the
+  // record may lag its metrics.jsonl by the persist period) and where
+  // `--resume` continues (the compiler reads the checkpoints). Sets
+  // job.reason.
+  JobState EndRestartedJobLocked(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (!job.spec.output_dir.empty()) {
       job.iteration = std::max(job.iteration, LastLoggedIteration(fs::path(job.spec.output_dir) / "metrics.jsonl"));
     }
@@ -1553,6 +1565,20 @@ class Master::Impl final : public control::Master::Service {
     // (A worker that outlived the master trains on until it notices, and
     // may checkpoint past what reached metrics.jsonl.)
     if (checkpoint.ok() && checkpoint->has_value()) job.iteration = std::max(job.iteration, **checkpoint);
+    if (checkpoint.ok() && checkpoint->has_value() && job.spec.iterations > 0 && **checkpoint >= job.spec.iterations) {
+      const int64_t logged = LastLoggedIteration(fs::path(job.spec.output_dir) / "metrics.jsonl");
+      job.reason = absl::StrCat(
+          "it finished while the master was down (its checkpoint of the last iteration, ", **checkpoint,
+          ", is complete",
+          logged < job.spec.iterations ? absl::StrCat("; metrics.jsonl ends at iteration ", logged) : std::string(),
+          ")");
+      return control::SUCCEEDED;
+    }
+    job.reason = FailedRestartReason(job, checkpoint);
+    return control::FAILED;
+  }
+
+  static std::string FailedRestartReason(const Job& job, const absl::StatusOr<std::optional<int64_t>>& checkpoint) {
     const std::string reached =
         job.iteration > 0 ? absl::StrCat("the job had reached iteration ", job.iteration) : "the job had just started";
     // A node of it still holding its checkpoints (a worker that outlived the
@@ -1794,9 +1820,14 @@ class Master::Impl final : public control::Master::Service {
         job->end_ms = NowMs();
         PersistLocked(*job);
       } else if (!IsFinal(state)) {
-        job->state = control::FAILED;
-        job->reason = RestartedReasonLocked(*job);
+        job->state = EndRestartedJobLocked(*job);
         job->end_ms = NowMs();
+        if (record.value("output_dir_made", false) && !job->spec.output_dir.empty()) {
+          // Made at its submission and left empty (it stopped while it
+          // compiled): it goes, as at any job's end.
+          absl::StatusOr<DirectoryClaim> claimed = DirectoryClaim::Acquire(job->spec.output_dir, /*made_before=*/true);
+          if (claimed.ok()) claimed->Release();
+        }
         PersistLocked(*job);
       }
       AddStateEventLocked(*job);

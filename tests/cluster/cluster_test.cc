@@ -795,6 +795,24 @@ TEST(ClusterTest, DamagedJobRecordsAreSkippedNamingTheField) {
   fs::remove_all(state);
 }
 
+// A master without a state directory: no next master learns of its queued
+// jobs, so its shutdown cancels them, saying why (they went silently).
+TEST(ClusterTest, ADrainingMasterWithoutAStateDirCancelsItsQueuedJobs) {
+  Deadline deadline(seconds(30), "a master without a state directory shutting down");
+  TestCluster cluster;
+  cluster.Start({"cpu:1"});
+  auto queued = cluster.client->Submit(R"({"devices_needed": 2})", {});  // never placed
+  ASSERT_TRUE(queued.ok());
+  ASSERT_TRUE(cluster.WaitState(*queued, control::PENDING));
+  cluster.master->Drain();
+  auto info = cluster.client->Get(*queued);
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->state(), control::CANCELLED);
+  EXPECT_EQ(info->reason(),
+            "the master shut down before the job started (it has no --state-dir to keep queued jobs in)");
+  cluster.master->Shutdown();
+}
+
 // Master::Drain (`tessera master`'s SIGINT/SIGTERM): the running job stops
 // as a graceful cancel (CANCELLED, naming the master's shutdown), nothing
 // is submitted or placed meanwhile, and the queued job waits in its turn

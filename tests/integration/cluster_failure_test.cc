@@ -29,6 +29,7 @@
 #include "core/config.h"
 #include "core/file_util.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 #include "tests/child_process.h"
 #include "tests/cluster/cluster_fixture.h"
 #include "tests/deadline.h"
@@ -463,6 +464,86 @@ TEST_F(ClusterFailureTest, AJobOfAKilledMasterFailsSayingHowFarItGot) {
                                          "has stopped, `tessera submit --resume` continues from the latest)"));
   writer->Release();
   EXPECT_TRUE(NewestCheckpoint(cluster.out).empty());
+}
+
+// Rewrites field `key` of `job`'s record in the state directory (what a
+// master killed before it recorded the job's end leaves).
+void EditRecord(const fs::path& state, const std::string& job, const std::string& key, const nlohmann::json& value) {
+  const fs::path path = state / (job + ".json");
+  std::ifstream in(path);
+  nlohmann::json record = nlohmann::json::parse(in);
+  in.close();
+  record[key] = value;
+  std::ofstream(path) << record.dump(2);
+}
+
+// A job that finished while its master was down (its record still says
+// RUNNING, its checkpoint of the last iteration complete, the rows of its
+// last iterations never reached metrics.jsonl) is listed SUCCEEDED by the
+// next master, not FAILED with advice to `--resume` a run that is over.
+// (The daemons are stopped by SIGHUP, gracefully: it killed them at once.)
+TEST_F(ClusterFailureTest, AJobThatFinishedWhileTheMasterWasDownSucceeded) {
+  Deadline deadline(seconds(120), "a job that finished while the master was down");
+  ProcessCluster cluster(dir_, config_);
+  ASSERT_NO_FATAL_FAILURE(cluster.StartMaster());
+  cluster.worker = std::make_unique<ChildProcess>(
+      TESSERA_BINARY, std::vector<std::string>{"worker", "--master", cluster.address, "--devices", "cpu:1"},
+      dir_ / "w.out");
+  auto submitted = cluster.client->Submit(config_, {"train.output_dir=" + cluster.out.string(), "model.num_layers=1",
+                                                    "train.train_iter=6", "train.log_period=1"});
+  ASSERT_TRUE(submitted.ok()) << submitted.status();
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        auto info = cluster.client->Get(*submitted);
+        return info.ok() && info->state() == control::SUCCEEDED;
+      },
+      absl::Seconds(60)));
+  // A hangup (its terminal closed) stops a daemon as SIGTERM does: exit 0.
+  cluster.master->Signal(SIGHUP);
+  ASSERT_EQ(cluster.master->Wait(), 0) << cluster.master->Output();
+  ASSERT_EQ(NewestCheckpoint(cluster.out).filename(), "iter_0000006");
+  EditRecord(dir_ / "state", *submitted, "state", "RUNNING");
+  EditRecord(dir_ / "state", *submitted, "reason", "");
+  {  // The master saw iterations 1-4 only.
+    std::ifstream in(cluster.out / "metrics.jsonl");
+    std::string rows, line;
+    for (int i = 0; i < 4 && std::getline(in, line); ++i) rows += line + "\n";
+    in.close();
+    std::ofstream(cluster.out / "metrics.jsonl") << rows;
+  }
+  ASSERT_NO_FATAL_FAILURE(cluster.StartMaster());
+  auto info = cluster.client->Get(*submitted);
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->state(), control::SUCCEEDED) << info->reason();
+  EXPECT_EQ(info->reason(),
+            "it finished while the master was down (its checkpoint of the last iteration, 6, is complete; "
+            "metrics.jsonl ends at iteration 4)");
+  EXPECT_EQ(info->iteration(), 6);
+  cluster.worker->Signal(SIGHUP);
+  EXPECT_EQ(cluster.worker->Wait(), 0) << cluster.worker->Output();
+}
+
+// A job the master had begun to compile when it was killed, into an
+// output directory its submission made: the next master fails it and
+// removes that directory, empty, as at any job's end (it stayed, and the
+// record forgot it had been made).
+TEST_F(ClusterFailureTest, AJobCompilingWhenTheMasterDiedLeavesNoEmptyOutputDirectory) {
+  Deadline deadline(seconds(120), "a job compiling when its master died");
+  ProcessCluster cluster(dir_, config_);
+  ASSERT_NO_FATAL_FAILURE(cluster.StartMaster());
+  const fs::path out = dir_ / "made_by_submit";
+  auto submitted = cluster.client->Submit(config_, {"train.output_dir=" + out.string()});  // no worker: PENDING
+  ASSERT_TRUE(submitted.ok()) << submitted.status();
+  ASSERT_TRUE(fs::is_directory(out));
+  cluster.master->Signal(SIGKILL);
+  cluster.master->Wait();
+  EditRecord(dir_ / "state", *submitted, "state", "COMPILING");
+  ASSERT_NO_FATAL_FAILURE(cluster.StartMaster());
+  auto info = cluster.client->Get(*submitted);
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->state(), control::FAILED);
+  EXPECT_TRUE(info->reason().starts_with("master restarted")) << info->reason();
+  EXPECT_FALSE(fs::exists(out));
 }
 
 // A second SIGINT to a master whose drain waits on a hung worker (SIGSTOP):

@@ -854,12 +854,13 @@ TEST(CheckpointEndToEnd, KillDuringAWriteLeavesThePreviousCheckpointLoadable) {
   fs::remove_all(root);
 }
 
-// Ctrl-C (SIGINT) and SIGTERM: the run finishes the iteration in flight,
-// writes a checkpoint there, says where on one line and exits 128 + the
-// signal; a resume from it continues the straight run's losses bit for bit.
+// Ctrl-C (SIGINT), SIGTERM and SIGHUP (its terminal closed): the run
+// finishes the iteration in flight, writes a checkpoint there, says where
+// on one line and exits 128 + the signal; a resume from it continues the
+// straight run's losses bit for bit.
 TEST(CheckpointEndToEnd, SignalSavesACheckpointAndTheResumeContinuesExactly) {
-  for (const int signal : {SIGINT, SIGTERM}) {
-    const fs::path root = TempDir(signal == SIGINT ? "sigint" : "sigterm");
+  for (const int signal : {SIGINT, SIGTERM, SIGHUP}) {
+    const fs::path root = TempDir(signal == SIGINT ? "sigint" : signal == SIGTERM ? "sigterm" : "sighup");
     const fs::path out = root / "run";
     const fs::path log = root / "log.txt";
     // No periodic checkpoints: the one on disk afterwards is the signal's. A
@@ -869,7 +870,7 @@ TEST(CheckpointEndToEnd, SignalSavesACheckpointAndTheResumeContinuesExactly) {
     // SIGTERM's round runs a pipeline with gradient accumulation: its
     // stages' Recv actors and Acc actors stop at the gate too.
     const std::string layout =
-        signal == SIGINT ? "" : " train.dist.pipeline_parallel_size=2 train.num_accumulation_steps=2";
+        signal != SIGTERM ? "" : " train.dist.pipeline_parallel_size=2 train.num_accumulation_steps=2";
     const std::string args = Nano(out, "train.train_iter=100000 train.checkpointer.period=null" + constant + layout);
     const pid_t child = ::tessera::testing::SpawnTessera(args, log);
     ASSERT_GE(child, 0);
@@ -919,6 +920,34 @@ TEST(CheckpointEndToEnd, SignalSavesACheckpointAndTheResumeContinuesExactly) {
   }
 }
 
+// Started ignoring SIGHUP (`nohup tessera train ...`): a hangup does not
+// stop the run, which trains on.
+TEST(CheckpointEndToEnd, ARunStartedUnderNohupIgnoresTheHangup) {
+  const fs::path root = TempDir("nohup");
+  const fs::path out = root / "run";
+  const fs::path log = root / "log.txt";
+  void (*previous)(int) = ::signal(SIGHUP, SIG_IGN);  // inherited by the child
+  const pid_t child = ::tessera::testing::SpawnTessera(Nano(out, "train.train_iter=100000"), log);
+  ::signal(SIGHUP, previous);
+  ASSERT_GE(child, 0);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(90);
+  while (std::chrono::steady_clock::now() < deadline && Losses(out).size() < 2) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ::kill(child, SIGHUP);
+  const size_t logged = Losses(out).size();
+  while (std::chrono::steady_clock::now() < deadline && Losses(out).size() < logged + 3) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_GE(Losses(out).size(), logged + 3) << ReadFile(log);
+  EXPECT_EQ(ReadFile(log).find("hung up"), std::string::npos) << ReadFile(log);
+  ::kill(child, SIGINT);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 128 + SIGINT) << status << "\n" << ReadFile(log);
+  fs::remove_all(root);
+}
+
 // A second signal (past the same-signal window) stops at once and says so
 // on a line (it ended without a word). Iterations of a wider model take
 // long enough, and the process is stopped between the two signals (once
@@ -950,8 +979,7 @@ TEST(CheckpointEndToEnd, ASecondSignalStopsAtOnceSayingSo) {
   ::waitpid(child, &status, 0);
   const std::string text = ReadFile(log);
   EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGINT) << status << "\n" << text;
-  EXPECT_NE(text.find("\ntessera: stopped at once: no checkpoint of the iteration in flight\n"), std::string::npos)
-      << text;
+  EXPECT_NE(text.find("\ntessera: stopped at once: no further checkpoint is written\n"), std::string::npos) << text;
   fs::remove_all(root);
 }
 
