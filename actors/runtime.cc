@@ -19,6 +19,7 @@
 #include <variant>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/strings/cord.h"
 #include "actors/actor_id.h"
 #include "actors/node_communicators.h"
 #include "actors/plan.h"
@@ -36,6 +37,20 @@
 #endif
 
 namespace tessera::actors {
+namespace {
+
+// Marks the runtime's own DEADLINE_EXCEEDED (the stall and hung-kernel
+// watchdog), which Run completes with what each actor waits for.
+constexpr char kWatchdogPayload[] = "tessera.actors/watchdog";
+
+absl::Status WatchdogError(const std::string& message) {
+  absl::Status status = absl::DeadlineExceededError(message);
+  status.SetPayload(kWatchdogPayload, absl::Cord("1"));
+  return status;
+}
+
+}  // namespace
+
 namespace internal {
 namespace {
 
@@ -767,7 +782,10 @@ absl::Status Runtime::Run() {
     stats_.messages += thread->handled();
   }
   stats_.seconds = std::chrono::duration<double>(Clock::now() - start).count();
-  if (!first_error.ok() && first_error.code() != absl::StatusCode::kDeadlineExceeded) return first_error;
+  // Only the watchdog's own stops (a stall, a hung kernel) gain the
+  // actors' states: a DEADLINE_EXCEEDED of a callback or an Abort (a
+  // service's request deadline) is returned as it came.
+  if (!first_error.ok() && !first_error.GetPayload(kWatchdogPayload).has_value()) return first_error;
   // The actors of joined threads can be read safely now; those of a thread
   // left inside a hung Handle are only named.
   const int64_t now = NowNs();
@@ -879,14 +897,14 @@ std::vector<std::string> Runtime::Watch() {
       }
     } else if (!hung.empty() && !reported) {
       reported = true;
-      core.StopAll(absl::DeadlineExceededError(
-          StrCat(Join(hung, "; "), ": a kernel or callback that does not return (hung_kernel_timeout_s ", hung_s, ")")));
+      core.StopAll(WatchdogError(StrCat(
+          Join(hung, "; "), ": a kernel or callback that does not return (hung_kernel_timeout_s ", hung_s, ")")));
       core.job->AbortCommunicators(absl::CancelledError("a kernel hung"));
     } else if (stalled_polls >= 2 && !reported) {
       // Seen on two polls in a row: one sample taken as a long Handle ends
       // can miss both its busy mark and its progress.
       reported = true;
-      core.StopAll(absl::DeadlineExceededError(
+      core.StopAll(WatchdogError(
           StrCat("no actor made progress for ", stall_s, " s and none is running a kernel (stall_timeout_s)")));
     }
     lock.lock();

@@ -20,6 +20,11 @@ function(tessera_target_options target)
   elseif(TESSERA_PCH AND NOT ARG_PCH STREQUAL "NONE")
     target_precompile_headers(${target} REUSE_FROM ${ARG_PCH})
   endif()
+  # -std=c++20, not gnu++20, whatever the project around Tessera sets (a
+  # program adding Tessera with add_subdirectory keeps CMake's default,
+  # extensions on): the precompiled header is only used under the dialect
+  # it was built with.
+  set_target_properties(${target} PROPERTIES CXX_EXTENSIONS OFF)
   # Every target compiles with -pthread (gRPC's targets ask for it): one
   # set of predefined macros (_REENTRANT), so the shared header stays valid.
   target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-pthread>)

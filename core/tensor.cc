@@ -70,6 +70,11 @@ Tensor Tensor::Clone() const {
 }
 
 absl::Status Tensor::CopyFrom(const Tensor& other) {
+  // (An empty Tensor() has a scalar f32's metadata and no storage.)
+  if (!defined() || !other.defined()) {
+    return absl::InvalidArgumentError(StrCat("CopyFrom: ", other.defined() ? other.meta_.ToString() : "an empty tensor",
+                                             " into ", defined() ? meta_.ToString() : "an empty tensor"));
+  }
   if (other.meta_ != meta_) {
     return absl::InvalidArgumentError(
         StrCat("CopyFrom: ", other.meta_.ToString(), " into ", meta_.ToString()));

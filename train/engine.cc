@@ -32,7 +32,9 @@ namespace {
 // checks the same ranges for `tessera train`.
 absl::Status CheckCompileOptions(const CompileOptions& options) {
   const auto fail = [](auto&&... parts) { return absl::InvalidArgumentError(StrCat("engine: ", parts...)); };
-  if (options.num_micro_batches < 1) return fail("num_micro_batches must be >= 1, got ", options.num_micro_batches);
+  if (options.num_micro_batches < 1 || options.num_micro_batches > kMaxMicroBatches) {
+    return fail("num_micro_batches must be in [1, ", kMaxMicroBatches, "], got ", options.num_micro_batches);
+  }
   if (options.intra_op_threads < 0 || options.intra_op_threads > 1024) {
     return fail("intra_op_threads must be in [0, 1024] (0: the machine's threads shared out), got ",
                 options.intra_op_threads);
@@ -289,17 +291,21 @@ absl::Status Engine::Run(int64_t iterations, const FeedFn& feed, const FetchFn& 
     };
   }
   // Parameters start from their init rules in the plan; a later run goes on
-  // from the values (and state) the last one trained, kept per shard.
+  // from the values (and state) the last successful one trained, kept per
+  // shard. A run's values are staged and kept only once it has succeeded:
+  // one that fails after some shards finished (a data-parallel replica
+  // done, another not) leaves the engine as before it, not half updated.
   Trained* keep = trained_.get();
+  auto staged = std::make_shared<Trained>();
   for (const auto& task : lowered.plan.tasks()) {
     if (task.kind() != proto::ACTOR_KIND_PARAMETER || task.callback().empty()) continue;
     const std::string callback = task.callback();
     // Called after the parameter's last update: the runtime writes its
     // tensors no more, so the host keeps the tensors themselves (a copy
     // would double the parameters and optimizer state at the end of a run).
-    runtime.callbacks.finalizers[callback] = [keep, callback](const std::vector<Tensor>& tensors) -> absl::Status {
-      std::lock_guard<std::mutex> lock(keep->mu);
-      keep->values[callback] = tensors;
+    runtime.callbacks.finalizers[callback] = [staged, callback](const std::vector<Tensor>& tensors) -> absl::Status {
+      std::lock_guard<std::mutex> lock(staged->mu);
+      staged->values[callback] = tensors;
       return absl::OkStatus();
     };
     if (!keep->values.contains(callback)) continue;
@@ -349,6 +355,10 @@ absl::Status Engine::Run(int64_t iterations, const FeedFn& feed, const FetchFn& 
   }
   TLOG_DEBUG("ran {} iterations ({} plan bytes) in {:.3f} s", iterations, bytes.size(),
              std::chrono::duration<double>(std::chrono::steady_clock::now() - run_started).count());
+  {
+    std::scoped_lock lock(keep->mu, staged->mu);
+    for (auto& [callback, tensors] : staged->values) keep->values[callback] = std::move(tensors);
+  }
   iterations_done_ += iterations;
   return absl::OkStatus();
 }

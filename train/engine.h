@@ -53,10 +53,15 @@ namespace tessera {
 // a cluster client would ship the plan to workers.)
 using PlanExecutor = std::function<absl::Status(std::string_view plan_bytes, actors::RuntimeOptions options)>;
 
+// The most micro-batches an iteration accumulates (the plan has m times
+// the actors' work per iteration to lower; train.num_accumulation_steps has
+// the same bound).
+inline constexpr int64_t kMaxMicroBatches = int64_t{1} << 20;
+
 struct CompileOptions {
   bool train = true;
   graph::OptimizerOptions optimizer = {};
-  int64_t num_micro_batches = 1;       // gradient accumulation steps (train only)
+  int64_t num_micro_batches = 1;  // gradient accumulation steps (train only), at most kMaxMicroBatches
   // Recompute each recomputable segment (transformer layer) in backward
   // instead of keeping its activations (graph/passes.h RecomputeSegments).
   bool activation_checkpoint = false;

@@ -281,11 +281,11 @@ absl::StatusOr<Job> Prepare(const nlohmann::json& raw_config, PlanExecutor execu
     accumulation = global ? *global / per_step : 1;
     // (Derived, it is held to the key's own bound: 67108864 micro-batches
     // planned for 43 s before anything said no.)
-    if (constexpr int64_t kMaxAccumulation = int64_t{1} << 20; *accumulation > kMaxAccumulation) {
+    if (*accumulation > kMaxMicroBatches) {
       return absl::InvalidArgumentError(StrCat("train.global_batch_size ", *global, " is ", *accumulation,
                                                " micro-batches of train.train_micro_batch_size ", job.batch, " x ",
                                                job.data_parallel, " data-parallel ranks, more than the ",
-                                               kMaxAccumulation, " train.num_accumulation_steps allows"));
+                                               kMaxMicroBatches, " train.num_accumulation_steps allows"));
     }
   }
   if (global && *global != per_step * *accumulation) {

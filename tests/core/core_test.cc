@@ -299,6 +299,17 @@ TEST(Tensor, ViewsShareStorageAndAreAligned) {
   EXPECT_EQ(t->data<float>()[3], 5.0f);
 }
 
+// CopyFrom an empty Tensor() (whose metadata is a scalar f32's) or into
+// one: an error, not a read or write through its missing storage.
+TEST(Tensor, CopyFromAnEmptyTensorIsAnError) {
+  auto scalar = Tensor::Zeros(Shape{}, DType::kF32);
+  ASSERT_TRUE(scalar.ok());
+  EXPECT_EQ(scalar->CopyFrom(Tensor()), absl::InvalidArgumentError("CopyFrom: an empty tensor into f32()"));
+  Tensor empty;
+  EXPECT_EQ(empty.CopyFrom(*scalar).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(scalar->CopyFrom(Tensor::FromVector(Shape{}, std::vector<float>{2.0f})).ok());
+}
+
 TEST(TensorDeathTest, WrongTypedAccessIsABug) {
   Tensor t = Tensor::FromVector<int64_t>(Shape{2}, {1, 2});
   EXPECT_DEATH(t.data<float>(), "accessed as f32");

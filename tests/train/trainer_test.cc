@@ -228,6 +228,77 @@ TEST(Models, MlpIsRegisteredAndDataIsSeeded) {
   EXPECT_NE(std::string(unseeded.status().message()).find("derives from 'train.seed'"), std::string::npos);
 }
 
+// A Run that fails after some data-parallel replicas finished their last
+// update (the fetch of its last iteration fails, late), or at once, leaves
+// the engine as it was before that Run: the next Run's losses are a fresh
+// engine's.
+// (Each replica's trained values were kept as it finished: the next Run
+// went on from updated weights at iteration 0, replicas possibly apart.)
+TEST(Engine, AFailedDataParallelRunLeavesNoUpdateBehind) {
+  Registry<models::Model> registry("model");
+  ASSERT_TRUE(models::RegisterBuiltinModels(registry).ok());
+  auto model = registry.Create({{"_target_", "models.MLP"},
+                                {"in_features", 3},
+                                {"hidden_sizes", {5}},
+                                {"num_classes", 2},
+                                {"data_seed", 1},
+                                {"init_seed", 2}});
+  ASSERT_TRUE(model.ok()) << model.status();
+  const auto compile = [&] {
+    auto graph = (*model)->BuildGraph(4);
+    EXPECT_TRUE(graph.ok()) << graph.status();
+    CompileOptions options;
+    options.lower.parallel.data = 2;
+    options.lower.parallel.world_size = 2;
+    return Engine::Compile(std::move(*graph), options);
+  };
+  const Engine::FeedFn feed = [&](int64_t iteration, int64_t, std::string_view input, const Tensor& out) {
+    if (input == "lr") {
+      Tensor t = out;
+      return t.CopyFrom(Tensor::FromVector(Shape{}, std::vector<float>{0.5f}));
+    }
+    return (*model)->FillBatch(iteration, input, out);
+  };
+  const auto losses_of = [](std::vector<float>& into) {
+    return [&into](int64_t, const std::map<std::string, Tensor>& values) {
+      into.push_back(values.at("loss").ToVector<float>().at(0));
+      return absl::OkStatus();
+    };
+  };
+  auto fresh = compile();
+  ASSERT_TRUE(fresh.ok()) << fresh.status();
+  std::vector<float> straight;
+  ASSERT_TRUE((*fresh)->Run(4, feed, losses_of(straight)).ok());
+
+  auto engine = compile();
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  const absl::Status failed =
+      (*engine)->Run(3, feed, [](int64_t iteration, const std::map<std::string, Tensor>&) -> absl::Status {
+        if (iteration < 2) return absl::OkStatus();
+        // Meanwhile every replica finishes its last update.
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));
+        return absl::UnavailableError("the client went away");
+      });
+  EXPECT_EQ(failed.code(), absl::StatusCode::kUnavailable) << failed;
+  // A service's own deadline comes back as it was given (the runtime
+  // appended its actors' states, as for its stall watchdog).
+  const absl::Status late =
+      (*engine)->Run(3, feed, [&](int64_t iteration, const std::map<std::string, Tensor>&) -> absl::Status {
+        (*engine)->Cancel(absl::DeadlineExceededError("request budget of 300ms spent"));
+        return absl::OkStatus();
+      });
+  EXPECT_EQ(late, absl::DeadlineExceededError("request budget of 300ms spent"));
+  const absl::Status returned =
+      (*engine)->Run(3, feed, [](int64_t iteration, const std::map<std::string, Tensor>&) -> absl::Status {
+        return absl::DeadlineExceededError("request budget of 300ms spent");
+      });
+  EXPECT_EQ(returned.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_TRUE(std::string(returned.message()).ends_with(": request budget of 300ms spent")) << returned;
+  std::vector<float> after;
+  ASSERT_TRUE((*engine)->Run(4, feed, losses_of(after)).ok());
+  EXPECT_EQ(after, straight);
+}
+
 // An Engine runs one Run at a time: a Run from a callback of the Run in
 // progress is FAILED_PRECONDITION and changes nothing (it returned OK and
 // made the next Run skip an iteration); options the passes would take on
@@ -332,6 +403,9 @@ TEST(Engine, RunsOneRunAtATimeAndRefusesBadOptions) {
     EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
     EXPECT_EQ(status.message(), "engine: the loss depends on no trainable variable: training would change nothing");
   }
+  refused({.num_micro_batches = 0}, "engine: num_micro_batches must be in [1, 1048576], got 0");
+  // (Lowering 2^40 micro-batches ran for hours, past any Cancel.)
+  refused({.num_micro_batches = int64_t{1} << 40}, "engine: num_micro_batches must be in [1, 1048576]");
   refused({.intra_op_threads = -7}, "engine: intra_op_threads must be in [0, 1024]");
   refused({.intra_op_threads = 3000}, "engine: intra_op_threads must be in [0, 1024]");
   refused({.stall_timeout_s = std::nan("")}, "engine: stall_timeout_s must be a finite number of seconds >= 0");
