@@ -228,6 +228,18 @@ TEST(Models, MlpIsRegisteredAndDataIsSeeded) {
   EXPECT_NE(std::string(unseeded.status().message()).find("derives from 'train.seed'"), std::string::npos);
 }
 
+// The MLP of the Engine tests: 3 features, one hidden layer of 5, 2 classes.
+absl::StatusOr<std::unique_ptr<models::Model>> SmallMlp() {
+  Registry<models::Model> registry("model");
+  RETURN_IF_ERROR(models::RegisterBuiltinModels(registry));
+  return registry.Create({{"_target_", "models.MLP"},
+                          {"in_features", 3},
+                          {"hidden_sizes", {5}},
+                          {"num_classes", 2},
+                          {"data_seed", 1},
+                          {"init_seed", 2}});
+}
+
 // A Run that fails after some data-parallel replicas finished their last
 // update (the fetch of its last iteration fails, late), or at once, leaves
 // the engine as it was before that Run: the next Run's losses are a fresh
@@ -235,14 +247,7 @@ TEST(Models, MlpIsRegisteredAndDataIsSeeded) {
 // (Each replica's trained values were kept as it finished: the next Run
 // went on from updated weights at iteration 0, replicas possibly apart.)
 TEST(Engine, AFailedDataParallelRunLeavesNoUpdateBehind) {
-  Registry<models::Model> registry("model");
-  ASSERT_TRUE(models::RegisterBuiltinModels(registry).ok());
-  auto model = registry.Create({{"_target_", "models.MLP"},
-                                {"in_features", 3},
-                                {"hidden_sizes", {5}},
-                                {"num_classes", 2},
-                                {"data_seed", 1},
-                                {"init_seed", 2}});
+  auto model = SmallMlp();
   ASSERT_TRUE(model.ok()) << model.status();
   const auto compile = [&] {
     auto graph = (*model)->BuildGraph(4);
@@ -304,14 +309,7 @@ TEST(Engine, AFailedDataParallelRunLeavesNoUpdateBehind) {
 // made the next Run skip an iteration); options the passes would take on
 // trust are refused by Compile, naming them.
 TEST(Engine, RunsOneRunAtATimeAndRefusesBadOptions) {
-  Registry<models::Model> registry("model");
-  ASSERT_TRUE(models::RegisterBuiltinModels(registry).ok());
-  auto model = registry.Create({{"_target_", "models.MLP"},
-                                {"in_features", 3},
-                                {"hidden_sizes", {5}},
-                                {"num_classes", 2},
-                                {"data_seed", 1},
-                                {"init_seed", 2}});
+  auto model = SmallMlp();
   ASSERT_TRUE(model.ok()) << model.status();
   const auto compile = [&](const CompileOptions& options) {
     auto graph = (*model)->BuildGraph(4);
