@@ -645,9 +645,18 @@ class EnginePlanRunner final : public PlanRunner {
     if (node_plan_.plan().start_iteration() == 0 || node_plan_.init_weights_only()) return;  // not a resume
     const std::filesystem::path dir = BestCheckpointPath(train.output_dir);
     std::error_code ec;
-    if (!std::filesystem::exists(dir / "index.json", ec)) return;
+    if (!std::filesystem::exists(dir, ec)) return;
     auto reader = CheckpointReader::Open(dir);
-    if (!reader.ok()) return;  // a damaged best checkpoint is replaced by the next best one
+    if (!reader.ok()) {
+      // Replaced by the next evaluation's, whatever its value: said (by node
+      // 0), as it went silently (a better model's weights overwritten by a
+      // worse one's).
+      if (context_.node == 0 && context_.report_log) {
+        context_.report_log(StrCat("the best checkpoint ", dir.string(), " is damaged (", reader.status().message(),
+                                   "): the next evaluation's checkpoint replaces it"));
+      }
+      return;
+    }
     const nlohmann::json& best = (*reader)->best();
     if (best.is_object() && best.value("metric", "") == train.evaluation.eval_metric &&
         best.value("mode", "") == train.evaluation.eval_mode && best.contains("value") && best["value"].is_number()) {

@@ -1467,11 +1467,28 @@ class Master::Impl final : public control::Master::Service {
     }
     // Each of the files is checked before the first is written: one that
     // cannot be (a directory in its place) left the others half made.
+    // A FIFO or a socket in the place of one is refused too (opening it
+    // waited for a reader forever, under the master's lock). A device is
+    // written to (/dev/null), and not read by a resume (/dev/zero's end
+    // never came).
+    bool metrics_regular = true;
     for (const char* name : {"config.json", "metrics.jsonl", "log.txt"}) {
-      if (fs::is_directory(dir / name, error)) {
+      const fs::file_status status = fs::status(dir / name, error);
+      if (error && error != std::errc::no_such_file_or_directory) {
+        return absl::InvalidArgumentError(absl::StrCat("cannot write ", (dir / name).string(), ": ", error.message()));
+      }
+      error.clear();
+      if (fs::is_directory(status)) {
         return absl::InvalidArgumentError(
             absl::StrCat("cannot write ", (dir / name).string(), ": a directory is there"));
       }
+      if (fs::is_fifo(status) || fs::is_socket(status)) {
+        return absl::InvalidArgumentError(absl::StrCat("cannot write ", (dir / name).string(),
+                                                       ": not a regular file (a ",
+                                                       fs::is_fifo(status) ? "FIFO" : "socket", ")"));
+      }
+      if (std::string_view(name) == "metrics.jsonl")
+        metrics_regular = !fs::exists(status) || fs::is_regular_file(status);
     }
     wrote = true;
     if (auto status = WriteFileDurably(
@@ -1483,7 +1500,9 @@ class Master::Impl final : public control::Master::Service {
     if (job.spec.start_iteration > 0) {
       // A resumed run continues the earlier one's outputs: the metrics up to
       // where it resumes, then its own.
-      if (auto kept = KeepMetricsUpTo(dir / "metrics.jsonl", job.spec.start_iteration); !kept.ok()) return kept;
+      if (metrics_regular) {
+        if (auto kept = KeepMetricsUpTo(dir / "metrics.jsonl", job.spec.start_iteration); !kept.ok()) return kept;
+      }
       // And its TensorBoard events (the iterations after it would be a dead
       // branch in the plots).
       if (auto kept = KeepEventsUpTo(dir, job.spec.start_iteration); !kept.ok()) return kept;
@@ -1496,7 +1515,9 @@ class Master::Impl final : public control::Master::Service {
     }
     job.metrics_file = std::make_unique<std::ofstream>(dir / "metrics.jsonl", mode);
     job.log_file = std::make_unique<std::ofstream>(dir / "log.txt", mode);
-    if (job.spec.start_iteration > 0) ReadCurves(dir / "metrics.jsonl", job.train_losses, job.eval_losses);
+    if (job.spec.start_iteration > 0 && metrics_regular) {
+      ReadCurves(dir / "metrics.jsonl", job.train_losses, job.eval_losses);
+    }
     auto tensorboard = EventFileWriter::Create(dir);
     if (!tensorboard.ok()) return tensorboard.status();
     job.tensorboard = *std::move(tensorboard);
@@ -1607,6 +1628,8 @@ class Master::Impl final : public control::Master::Service {
   // The highest "iter" among the last rows of a metrics.jsonl (0: none),
   // read from its last 64 KiB only.
   static int64_t LastLoggedIteration(const fs::path& path) {
+    std::error_code error;
+    if (!fs::is_regular_file(path, error)) return 0;  // (a FIFO's or /dev/zero's end never comes)
     std::ifstream in(path, std::ios::binary | std::ios::ate);
     if (!in) return 0;
     constexpr std::streamoff kTail = 64 << 10;

@@ -1,6 +1,10 @@
 #include "train/checkpoint.h"
 
+#include <fcntl.h>
+#include <stdio.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <charconv>
 #include <cstring>
 #include <fstream>
@@ -14,6 +18,7 @@
 #include "core/checked.h"
 #include "core/checksum.h"
 #include "core/file_util.h"
+#include "core/logging.h"
 #include "core/status.h"
 #include "core/strings.h"
 
@@ -438,8 +443,24 @@ absl::Status CommitCheckpoint(const fs::path& temp_dir, const fs::path& final_di
     index["tensors"][name] = {{"dtype", dtype}, {"shape", t.logical}, {"shards", std::move(t.shards)}};
   }
   RETURN_IF_ERROR(WriteFileDurably(temp_dir / "index.json", index.dump(1)));
-  // Replace an older checkpoint of the same iteration (a rerun): move it
-  // aside first, so that a crash in between leaves one of the two whole.
+  // Replace an older checkpoint of the same name (a rerun's iteration, the
+  // best one): the two swapped in one step, so that a crash leaves one of
+  // them in place, whole; then the old one, now at the temporary's name,
+  // goes (or the next run's RemoveCheckpointTemps removes it).
+  if (fs::exists(final_dir, ec)) {
+    if (::renameat2(AT_FDCWD, temp_dir.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_EXCHANGE) == 0) {
+      RETURN_IF_ERROR(SyncPath(final_dir.parent_path()));
+      fs::remove_all(temp_dir, ec);
+      return absl::OkStatus();
+    }
+    if (errno != EINVAL && errno != ENOSYS && errno != EOPNOTSUPP) {
+      return absl::InternalError(StrCat("checkpoint: cannot put ", temp_dir.string(), " in the place of ",
+                                        final_dir.string(), ": ", std::strerror(errno)));
+    }
+  }
+  // A file system without the swap: the old one is moved aside first, so
+  // that a crash in between leaves it whole, as .NAME.old-TEMP, which the
+  // next run's RemoveCheckpointTemps puts back.
   fs::path aside;
   if (fs::exists(final_dir, ec)) {
     aside = final_dir.parent_path() / StrCat(".", final_dir.filename().string(), ".old-", temp_dir.filename().string());
@@ -489,7 +510,14 @@ absl::StatusOr<std::optional<fs::path>> LatestCheckpoint(const fs::path& output_
   // A checkpoint appears whole (CommitCheckpoint renames it into place with
   // its index.json): a newest iter_* without one was damaged, and resuming
   // from an older one, or from scratch, would drop iterations unseen.
-  if (!fs::is_directory(best->second, ec) || !fs::exists(best->second / "index.json", ec)) {
+  // (One that cannot be read is not said to be incomplete: a resume
+  // would be told to move a good checkpoint away.)
+  const fs::file_status index = fs::status(best->second / "index.json", ec);
+  if (ec && ec != std::errc::no_such_file_or_directory && ec != std::errc::not_a_directory) {
+    return absl::PermissionDeniedError(
+        StrCat("cannot read ", (best->second / "index.json").string(), ": ", ec.message()));
+  }
+  if (!fs::is_directory(best->second, ec) || !fs::exists(index)) {
     return absl::DataLossError(StrCat(best->second.string(), " is the newest checkpoint but not a complete one (",
                                       fs::is_directory(best->second, ec) ? "no index.json" : "not a directory",
                                       "): move it away to start from the one before it"));
@@ -520,6 +548,29 @@ absl::Status RemoveFromCheckpointsDir(const fs::path& output_dir,
 }  // namespace
 
 absl::Status RemoveCheckpointTemps(const fs::path& output_dir) {
+  // A commit that replaced NAME and stopped between its two renames left
+  // the old one as .NAME.old-TEMP and NAME missing: it goes back (it went,
+  // and the best checkpoint with it); beside a NAME, it is a leftover.
+  const fs::path dir = CheckpointsDir(output_dir);
+  std::error_code ec;
+  std::vector<fs::path> aside;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.starts_with(".") && name.find(".old-") != std::string::npos) aside.push_back(entry.path());
+  }
+  for (const fs::path& path : aside) {
+    const std::string name = path.filename().string();
+    const fs::path original = dir / name.substr(1, name.find(".old-") - 1);
+    if (!fs::exists(original, ec) && !ec && original.filename() != "") {
+      fs::rename(path, original, ec);
+      if (ec) return absl::InternalError(StrCat("cannot put ", path.string(), " back: ", ec.message()));
+      TLOG_WARN("checkpoints: {} put back from {} (a replacement of it was interrupted)", original.string(),
+                path.filename().string());
+    } else {
+      fs::remove_all(path, ec);
+      if (ec) return absl::InternalError(StrCat("cannot remove ", path.string(), ": ", ec.message()));
+    }
+  }
   return RemoveFromCheckpointsDir(output_dir, [](const std::string& name) {
     return name.starts_with(".iter_") && name.find(".tmp-") != std::string::npos;
   });
@@ -828,9 +879,16 @@ absl::StatusOr<std::shared_ptr<const CheckpointReader>> CheckpointReader::Open(
   const auto fail = [&](auto&&... parts) {
     return absl::InvalidArgumentError(StrCat("checkpoint ", dir.string(), ": ", parts...));
   };
-  if (fs::exists(index_path, ec) && !fs::is_regular_file(index_path, ec))
-    return fail("index.json is not a regular file");
+  const fs::file_status index_status = fs::status(index_path, ec);
+  if (ec && ec != std::errc::no_such_file_or_directory && ec != std::errc::not_a_directory) {
+    return fail("cannot read index.json: ", ec.message());
+  }
+  if (fs::exists(index_status) && !fs::is_regular_file(index_status)) return fail("index.json is not a regular file");
+  errno = 0;
   std::ifstream in(index_path, std::ios::binary);
+  if (!in && fs::exists(index_status)) {
+    return fail("cannot read index.json: ", errno != 0 ? std::strerror(errno) : "it does not open");
+  }
   if (!in) {
     std::error_code ec;
     if (!fs::is_directory(dir, ec)) {

@@ -153,7 +153,10 @@ struct CheckpointState {
 [[nodiscard]] absl::StatusOr<std::filesystem::path> ResolveCheckpoint(const std::filesystem::path& path);
 
 // Removes every checkpoint's temporary directory (".iter_N.tmp-<tag>") in
-// output_dir/checkpoints: what runs that died while writing left. Called by
+// output_dir/checkpoints: what runs that died while writing left; and puts
+// back a checkpoint a replacement interrupted between its two renames left
+// aside (".NAME.old-<temporary>", NAME missing; file systems without
+// renameat2's swap). Called by
 // a job's committing node before its first iteration, when no writer of
 // this job has started (every later write follows iterations that node
 // takes part in), and two live jobs never share an output_dir (the master

@@ -201,6 +201,17 @@ TEST(Cli, OutputsThatCannotBeWrittenEndTheRunSayingWhy) {
       std::string::npos)
       << blocked.out;
   EXPECT_EQ(std::distance(fs::directory_iterator(dir / "blocked"), fs::directory_iterator()), 1);
+  // A FIFO in place of metrics.jsonl: refused at once (opening it waited
+  // for a reader forever, under the master's lock; a resume read it).
+  fs::create_directories(dir / "fifo");
+  ASSERT_EQ(::mkfifo((dir / "fifo" / "metrics.jsonl").c_str(), 0644), 0);
+  const Result fifo =
+      RunCommand("timeout 120 " + std::string(TESSERA_BINARY) + " " + job + (dir / "fifo").string() + " 2>&1");
+  EXPECT_EQ(fifo.exit_code, 1) << fifo.out;
+  EXPECT_NE(fifo.out.find("tessera: cannot write " + (dir / "fifo" / "metrics.jsonl").string() +
+                          ": not a regular file (a FIFO)\n"),
+            std::string::npos)
+      << fifo.out;
 
   const Result limited = RunCommand("ulimit -f 64; timeout 120 " + std::string(TESSERA_BINARY) + " " + job +
                                     (dir / "limited").string() + " 2>&1");

@@ -166,6 +166,45 @@ fs::path WriteRowSplitCheckpoint(const fs::path& root, const Tensor& whole) {
   return final_dir;
 }
 
+// A checkpoint committed under a name that exists (a rerun's iteration,
+// the best one) replaces it in one step: nothing else is left. A
+// replacement interrupted between its two renames (file systems without
+// the swap) left the old one aside and the name missing: the next run's
+// RemoveCheckpointTemps puts it back (the best checkpoint was lost so);
+// one aside beside its original is a leftover and goes.
+TEST(Checkpoint, AReplacementIsOneStepAndAnInterruptedOneIsUndone) {
+  const fs::path out = TempDir("replace");
+  const fs::path dir = CheckpointsDir(out);
+  const auto read_w = [&](const fs::path& checkpoint) {
+    auto reader = CheckpointReader::Open(checkpoint);
+    EXPECT_TRUE(reader.ok()) << reader.status();
+    Tensor w = *Tensor::Zeros(Shape{4, 6}, DType::kF32);
+    EXPECT_TRUE((*reader)->Read("w", TensorSlice::Whole(Shape{4, 6}), w).ok());
+    return w.ToVector<float>();
+  };
+  const auto entries = [&] {
+    std::set<std::string> names;
+    for (const auto& entry : fs::directory_iterator(dir)) names.insert(entry.path().filename().string());
+    return names;
+  };
+  WriteRowSplitCheckpoint(dir, Iota(Shape{4, 6}, 1));
+  const fs::path checkpoint = WriteRowSplitCheckpoint(dir, Iota(Shape{4, 6}, 100));
+  EXPECT_EQ(entries(), (std::set<std::string>{"iter_0000005"}));
+  EXPECT_EQ(read_w(checkpoint), Iota(Shape{4, 6}, 100).ToVector<float>());
+
+  fs::rename(checkpoint, dir / ".iter_0000005.old-.iter_0000005.tmp-test");
+  fs::create_directories(dir / ".iter_0000005.tmp-test");
+  ASSERT_TRUE(RemoveCheckpointTemps(out).ok());
+  EXPECT_EQ(entries(), (std::set<std::string>{"iter_0000005"}));
+  EXPECT_EQ(read_w(checkpoint), Iota(Shape{4, 6}, 100).ToVector<float>());
+
+  fs::create_directories(dir / "best");
+  fs::create_directories(dir / ".best.old-.iter_0000009.tmp-job-1-best");
+  ASSERT_TRUE(RemoveCheckpointTemps(out).ok());
+  EXPECT_EQ(entries(), (std::set<std::string>{"best", "iter_0000005"}));
+  fs::remove_all(out);
+}
+
 TEST(Checkpoint, ReadsAnySliceFromShardsOfAnotherLayout) {
   const fs::path dir = TempDir("reshard");
   const Tensor whole = Iota(Shape{4, 6}, 1);
@@ -534,6 +573,19 @@ TEST(Checkpoint, LatestAndPrune) {
   ASSERT_FALSE(damaged.ok());
   EXPECT_NE(damaged.status().message().find("(not a directory)"), std::string::npos) << damaged.status();
   fs::remove(CheckpointPath(out, 30));
+  // One whose index.json cannot be read (a symlink loop here; permissions
+  // elsewhere) is said so, not called incomplete (which advised moving a
+  // good checkpoint away).
+  fs::create_directories(CheckpointPath(out, 40));
+  fs::create_symlink("index.json", CheckpointPath(out, 40) / "index.json");
+  damaged = LatestCheckpoint(out);
+  EXPECT_EQ(damaged.status(),
+            absl::PermissionDeniedError("cannot read " + (CheckpointPath(out, 40) / "index.json").string() +
+                                        ": Too many levels of symbolic links"));
+  EXPECT_EQ(
+      CheckpointReader::Open(CheckpointPath(out, 40)).status().message(),
+      "checkpoint " + CheckpointPath(out, 40).string() + ": cannot read index.json: Too many levels of symbolic links");
+  fs::remove_all(CheckpointPath(out, 40));
   auto latest = LatestCheckpoint(out);
   ASSERT_TRUE(latest.ok() && latest->has_value());
   EXPECT_EQ(**latest, CheckpointPath(out, 10));
