@@ -21,13 +21,15 @@ import yaml
 
 EXPECTED_KINDS = {
     "namespace.yaml": ["Namespace"],
-    "master.yaml": ["PersistentVolumeClaim", "Deployment", "Service"],
+    "master.yaml": ["PersistentVolumeClaim", "PersistentVolumeClaim", "Deployment", "Service"],
     "worker.yaml": ["Service", "StatefulSet"],
     "secret.example.yaml": ["Secret"],
     "kustomization.yaml": ["Kustomization"],
 }
 
 problems = []
+# verb -> (workingDir, its volume's claim): the outputs every pod shares.
+working_dirs = {}
 
 
 def problem(message):
@@ -127,6 +129,21 @@ def check_workload(name, workload, objects, flags_out):
                 claim = volume.get("persistentVolumeClaim", {}).get("claimName")
                 if claim not in objects.get("PersistentVolumeClaim", {}):
                     problem(f"{where}: --state-dir {path} is not on the PersistentVolumeClaim")
+        # train.output_dir: the master resolves it under its workingDir and
+        # every worker writes its checkpoint shards there, so the directory
+        # is on one ReadWriteMany claim, mounted at the same path in both.
+        workdir = container.get("workingDir", "")
+        under = [p for p in mounts if workdir == p.rstrip("/") or workdir.startswith(p.rstrip("/") + "/")]
+        claim = None
+        if under:
+            claim = volumes.get(mounts[max(under, key=len)]["name"], {}).get("persistentVolumeClaim", {}).get("claimName")
+        if claim is None:
+            problem(f"{where}: workingDir {workdir!r} (where train.output_dir lands) is on no PersistentVolumeClaim")
+        else:
+            modes = objects.get("PersistentVolumeClaim", {}).get(claim, {}).get("spec", {}).get("accessModes", [])
+            if "ReadWriteMany" not in modes:
+                problem(f"{where}: the outputs claim {claim} is {modes}, not ReadWriteMany (master and workers write it)")
+        working_dirs[verb] = (workdir, claim)
         if verb == "worker":
             master = flag_value(args, "--master") or ""
             host, _, port = master.rpartition(":")
@@ -170,6 +187,8 @@ def main():
         for port in service["spec"]["ports"]:
             if port["targetPort"] not in names:
                 problem(f"Service {name}: targetPort {port['targetPort']} is no container port of its pods")
+    if working_dirs.get("master") != working_dirs.get("worker"):
+        problem(f"the master's and the workers' outputs differ: {working_dirs} (checkpoints would land elsewhere)")
     for sts in objects.get("StatefulSet", {}).values():
         if sts["spec"].get("serviceName") not in objects.get("Service", {}):
             problem(f"StatefulSet: serviceName {sts['spec'].get('serviceName')} is not a Service")
