@@ -203,6 +203,10 @@ void PrintEvent(const control::JobEvent& event) {
 
 // Fails (exit 1) unless `job` ended as `wanted`, naming how it ended (its
 // reason too, unless the follower printed it as the job's last line).
+bool IsFinalState(control::JobState state) {
+  return state == control::SUCCEEDED || state == control::FAILED || state == control::CANCELLED;
+}
+
 void ExpectEnd(const control::JobInfo& job, control::JobState wanted, bool reason_printed = false) {
   if (job.state() == wanted) return;
   if (reason_printed || job.reason().empty()) {
@@ -371,7 +375,10 @@ void AddClusterCommands(CLI::App& app, ClusterCommandDeps deps) {
     if (!address.ok()) Fail(std::string(address.status().message()));
     std::printf("master listening on %s\n", address->c_str());
     if (daemon.metrics_port() >= 0) {
-      std::printf("metrics on http://%s:%d/metrics\n", options.metrics_host.c_str(), daemon.metrics_port());
+      // (An IPv6 host is bracketed in a URL.)
+      const bool ipv6 = options.metrics_host.find(':') != std::string::npos;
+      std::printf("metrics on http://%s%s%s:%d/metrics\n", ipv6 ? "[" : "", options.metrics_host.c_str(),
+                  ipv6 ? "]" : "", daemon.metrics_port());
     }
     std::fflush(stdout);
     // A graceful shutdown: running jobs stop at an iteration boundary with
@@ -580,9 +587,7 @@ void AddClusterCommands(CLI::App& app, ClusterCommandDeps deps) {
         logs_flags->job,
         [&ended](const control::JobEvent& event) {
           // The log lines, and how the job ended (the master's last word).
-          const bool end = event.has_state() &&
-                           (event.state().state() == control::SUCCEEDED || event.state().state() == control::FAILED ||
-                            event.state().state() == control::CANCELLED);
+          const bool end = event.has_state() && IsFinalState(event.state().state());
           if (end) ended = event.state();
           if (event.has_log_line() || end) PrintEvent(event);
           return true;
@@ -611,10 +616,13 @@ void AddClusterCommands(CLI::App& app, ClusterCommandDeps deps) {
     auto client = cancel_flags->client.Connect();
     auto job = client->Cancel(cancel_flags->job, "by `tessera cancel`", /*checkpoint=*/!cancel_flags->now);
     if (absl::IsFailedPrecondition(job.status())) {
-      // Ended already: what was asked for if it was cancelled.
-      if (auto ended = client->Get(cancel_flags->job); ended.ok() && ended->state() == control::CANCELLED) {
+      // Ended already: its line, and what was asked for if it was
+      // cancelled; else its state and reason on stderr, exit 1.
+      if (auto ended = client->Get(cancel_flags->job); ended.ok() && IsFinalState(ended->state())) {
         PrintJob(*ended);
-        Succeed();
+        if (ended->state() == control::CANCELLED) Succeed();
+        Fail(absl::StrCat("job ", ended->job_id(), " had already ended ", control::JobState_Name(ended->state()),
+                          ended->reason().empty() ? "" : absl::StrCat(": ", ended->reason())));
       }
     }
     if (!job.ok()) Fail(std::string(job.status().message()));

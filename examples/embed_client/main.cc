@@ -77,6 +77,9 @@ int Run(const std::string& master, const std::string& token_file, const std::str
     if (job_id.status().code() == absl::StatusCode::kUnavailable) {
       return Fail(absl::StrCat("no master answers at ", master, ": ", job_id.status().message()));
     }
+    // The client's own checks of its options (an address it cannot use)
+    // say "client: ...": nothing reached a master.
+    if (std::string message(job_id.status().message()); message.starts_with("client: ")) return Fail(message);
     return Fail(absl::StrCat("the master at ", master, " refused the job: ", job_id.status().message()));
   }
   std::printf("submitted %s\n", job_id->c_str());

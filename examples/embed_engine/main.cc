@@ -134,6 +134,7 @@ int main(int argc, char** argv) {
   if (absl::Status level = tessera::SetLogLevel(log_level); !level.ok()) return Fail(std::string(level.message()));
   // Each device takes an equal share of the batch.
   if (batch % devices != 0) return Fail(absl::StrCat("--batch ", batch, " is not a multiple of --devices ", devices));
+  if (!(lr > 0)) return Fail(absl::StrCat("--lr ", lr, " is not a positive number"));  // (CLI::Range lets NaN by)
   if (absl::Status trained = Train(iterations, batch, lr, devices); !trained.ok()) {
     return Fail(std::string(trained.message()));
   }

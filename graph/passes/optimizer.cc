@@ -167,9 +167,10 @@ absl::StatusOr<OptimizerResult> ApplyOptimizer(Graph& graph, const GradientMap& 
 
   GradientMap grads = gradients;
   if (options.clip_grad_max_norm.has_value() && !grads.empty()) {
-    if (*options.clip_grad_max_norm <= 0) {
-      return absl::InvalidArgumentError(StrCat("optimizer: clip_grad_max_norm must be positive, got ",
-                                               *options.clip_grad_max_norm));
+    // (NaN compared false and ran as no clipping; infinity is no clipping.)
+    if (!(*options.clip_grad_max_norm > 0) || std::isinf(*options.clip_grad_max_norm)) {
+      return absl::InvalidArgumentError(
+          StrCat("optimizer: clip_grad_max_norm must be a positive finite number, got ", *options.clip_grad_max_norm));
     }
     const double p = options.clip_grad_norm_type;
     if (!(p > 0)) {  // NaN too

@@ -137,6 +137,12 @@ TEST_F(MultiprocessTest, StoppedWorkerFailsTheJobWithin15s) {
   EXPECT_NE(info.reason().find("worker w-c"), std::string::npos) << info.reason();
   EXPECT_EQ(cancel->Wait(), 1) << cancel->Output();
   EXPECT_NE(cancel->Output().find("tessera: job " + *job + " FAILED: "), std::string::npos) << cancel->Output();
+  // Cancelled again, ended: its line, and why it ended (it said only its state).
+  auto again = RunCli({"cancel", "--master", address_, *job}, "cancel-ended");
+  EXPECT_EQ(again->Wait(), 1) << again->Output();
+  EXPECT_NE(again->Output().find(*job + " "), std::string::npos) << again->Output();
+  EXPECT_NE(again->Output().find("tessera: job " + *job + " had already ended FAILED: worker w-c"), std::string::npos)
+      << again->Output();
   // The other worker was stopped and takes the next job.
   auto next = client_->Submit(R"({"iterations": 3})", {});
   ASSERT_TRUE(next.ok());

@@ -401,6 +401,11 @@ TEST(Engine, RunsOneRunAtATimeAndRefusesBadOptions) {
     EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
     EXPECT_EQ(status.message(), "engine: the loss depends on no trainable variable: training would change nothing");
   }
+  {
+    CompileOptions nan_clip;
+    nan_clip.optimizer.clip_grad_max_norm = std::nan("");  // (ran as no clipping)
+    refused(nan_clip, "optimizer: clip_grad_max_norm must be a positive finite number, got nan");
+  }
   refused({.num_micro_batches = 0}, "engine: num_micro_batches must be in [1, 1048576], got 0");
   // (Lowering 2^40 micro-batches ran for hours, past any Cancel.)
   refused({.num_micro_batches = int64_t{1} << 40}, "engine: num_micro_batches must be in [1, 1048576]");
