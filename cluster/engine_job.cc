@@ -97,7 +97,8 @@ class EngineJobCompiler final : public JobCompiler {
     }
     // Where it starts (a resume's checkpoint, load_weight's) is checked at
     // submit too, so a missing or finished checkpoint is a submit error.
-    ASSIGN_OR_RETURN(const RunStart start, ResolveRunStart(feed->train(), feed->global_batch(), feed->hf_layout()));
+    ASSIGN_OR_RETURN(const RunStart start,
+                     ResolveRunStart(feed->train(), feed->config(), feed->global_batch(), feed->hf_layout()));
     JobSpec spec;
     spec.devices_needed = feed->devices();
     spec.device_type = resolved.at("train").at("dist").at("device_type").get<std::string>();

@@ -393,8 +393,9 @@ absl::StatusOr<proto::Plan> TrainingPlan(const nlohmann::json& config) {
   // Where a run would start (a resume's or load_weight's checkpoint) is
   // checked as a run checks it; a plan writes nothing, so an earlier run's
   // checkpoints in output_dir are no reason to refuse one.
-  ASSIGN_OR_RETURN(const RunStart start, ResolveRunStart(job.train, job.global_batch(), job.model->HuggingFaceTensors(),
-                                                         /*for_writing=*/false));
+  ASSIGN_OR_RETURN(const RunStart start,
+                   ResolveRunStart(job.train, job.config, job.global_batch(), job.model->HuggingFaceTensors(),
+                                   /*for_writing=*/false));
   ASSIGN_OR_RETURN(proto::Plan plan, job.engine->Plan(job.train.train_iter));
   // (Its tensors' names, shapes and types, from the index: the data only
   // train reads.)
@@ -566,7 +567,7 @@ absl::StatusOr<std::map<std::string, double>> EvalMetrics(const std::map<std::st
   return metrics;
 }
 
-absl::StatusOr<RunStart> ResolveRunStart(const TrainConfig& train, int64_t global_batch,
+absl::StatusOr<RunStart> ResolveRunStart(const TrainConfig& train, const nlohmann::json& config, int64_t global_batch,
                                          const std::vector<models::Model::HfTensor>& hf_layout, bool for_writing) {
   RunStart start;
   if (train.overwrite_output_dir && (train.resume || train.eval_only)) {
@@ -612,6 +613,22 @@ absl::StatusOr<RunStart> ResolveRunStart(const TrainConfig& train, int64_t globa
             reader->iteration() > 0 ? reader->consumed_samples() / reader->iteration() : 0, ", this run's is ",
             global_batch, " (train_micro_batch_size × num_accumulation_steps × data_parallel_size): resume with the "
             "same global batch, or start from its weights with train.load_weight"));
+      }
+      // (Another sequence length cuts the documents into other samples:
+      // the position the checkpoint counted would be another text's.)
+      const auto seq_length = [](const nlohmann::json& resolved) {
+        const auto model = resolved.is_object() ? resolved.find("model") : resolved.end();
+        if (model == resolved.end() || !model->is_object()) return nlohmann::json();
+        const auto value = model->find("seq_length");
+        return value == model->end() ? nlohmann::json() : *value;
+      };
+      const nlohmann::json before = seq_length(reader->config()), now = seq_length(config);
+      if (before.is_number_integer() && now.is_number_integer() && before != now) {
+        return absl::InvalidArgumentError(StrCat(
+            "train.resume: the latest checkpoint, ", latest->string(), ", trained with model.seq_length ",
+            before.get<int64_t>(), ", this run's is ", now.get<int64_t>(),
+            " (its samples are windows of that many tokens): resume with the same, or start from its weights with "
+            "train.load_weight"));
       }
       start.iteration = reader->iteration();
       start.checkpoint = latest->string();
@@ -688,7 +705,7 @@ absl::StatusOr<std::vector<proto::NodePlan>> CompileForNodes(const nlohmann::jso
                                              " devices (train.dist), the nodes give ", devices));
   }
   ASSIGN_OR_RETURN(const RunStart start,
-                   ResolveRunStart(job.train, job.global_batch(), job.model->HuggingFaceTensors()));
+                   ResolveRunStart(job.train, job.config, job.global_batch(), job.model->HuggingFaceTensors()));
   scheduler::LowerOptions lower = job.options.lower;
   lower.devices_per_node = devices_per_node;
   lower.start_iteration = start.iteration;

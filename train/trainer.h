@@ -139,7 +139,9 @@ class JobFeed {
 // its iteration), or from a checkpoint's weights (train.load_weight: at
 // iteration 0, optimizer state fresh). A resume finding no checkpoint starts
 // from scratch. A resume must keep the checkpoint's global batch (the data
-// position is iteration × global batch); any layout and world size may
+// position is iteration × global batch) and, where the resolved `config`
+// and the checkpoint's both have one, its model.seq_length (the samples
+// counted are windows of that many tokens); any layout and world size may
 // change.
 struct RunStart {
   int64_t iteration = 0;
@@ -150,7 +152,7 @@ struct RunStart {
 // in train.load_weight (CheckpointReader::Open). A run that writes refuses an
 // output_dir holding an earlier run's checkpoints (without resume or
 // overwrite_output_dir); `for_writing` false (a plan) leaves them be.
-absl::StatusOr<RunStart> ResolveRunStart(const TrainConfig& train, int64_t global_batch,
+absl::StatusOr<RunStart> ResolveRunStart(const TrainConfig& train, const nlohmann::json& config, int64_t global_batch,
                                          const std::vector<models::Model::HfTensor>& hf_layout,
                                          bool for_writing = true);
 

@@ -759,6 +759,12 @@ TEST(CheckpointEndToEnd, ResumeErrorsAreOneLine) {
   EXPECT_EQ(run.out.find('\n'), run.out.size() - 1) << run.out;
   // (Not "actor 'param:...' (op ...)": whichever actor opened the file first.)
   EXPECT_EQ(run.out.rfind("tessera: checkpoint " + flipped.string() + ": ", 0), 0u) << run.out;
+  // Another sequence length: the samples the checkpoint counted were other
+  // windows of the data (it resumed silently).
+  run = RunTessera(Nano(root / "done", "model.seq_length=16 train.train_iter=12 --resume"));
+  EXPECT_EQ(run.exit_code, 1) << run.out;
+  EXPECT_NE(run.out.find("trained with model.seq_length 32, this run's is 16"), std::string::npos) << run.out;
+  EXPECT_EQ(run.out.find('\n'), run.out.size() - 1) << run.out;
   // A smaller model than the checkpoint's (one layer of its two): a resume
   // is refused naming a tensor left over (the rest used to be dropped
   // silently); a new run from its weights warns and starts from the rest.
