@@ -721,6 +721,15 @@ class Master::Impl final : public control::Master::Service {
         }
       }
     }
+    // Its config.json among the job records: each restart warned about it.
+    if (!spec->output_dir.empty() && !options_.state_dir.empty()) {
+      const std::string dir = DirKey(spec->output_dir), state = DirKey(options_.state_dir);
+      if (dir == state || dir.starts_with(state + "/")) {
+        return {grpc::StatusCode::INVALID_ARGUMENT,
+                absl::StrCat("train.output_dir '", spec->output_dir, "' is in the master's --state-dir '",
+                             options_.state_dir, "' (its job records): give the job a directory of its own")};
+      }
+    }
     DirectoryClaim claim;
     if (!spec->output_dir.empty()) {
       absl::StatusOr<DirectoryClaim> claimed = DirectoryClaim::Acquire(spec->output_dir);

@@ -42,11 +42,16 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void Answer(const boost::system::error_code& error) {
     timer_.cancel();
     if (error) return;
-    const bool metrics = request_.rfind("GET /metrics ", 0) == 0 || request_.rfind("GET /metrics?", 0) == 0;
+    // HEAD is GET without the body (its Content-Length the body's), as
+    // HTTP asks of every resource GET serves (a monitor's probe used it).
+    const bool head = request_.starts_with("HEAD ");
+    const std::string_view path = std::string_view(request_).substr(head ? 5 : 4);
+    const bool metrics =
+        (head || request_.starts_with("GET ")) && (path.starts_with("/metrics ") || path.starts_with("/metrics?"));
     const std::string body = metrics ? (*render_)() : "not found: try /metrics\n";
     response_ = absl::StrCat("HTTP/1.0 ", metrics ? "200 OK" : "404 Not Found",
                              "\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: ", body.size(),
-                             "\r\nConnection: close\r\n\r\n", body);
+                             "\r\nConnection: close\r\n\r\n", head ? std::string() : body);
     auto self = shared_from_this();
     asio::async_write(socket_, asio::buffer(response_), [self](const boost::system::error_code&, size_t) {
       boost::system::error_code ignored;

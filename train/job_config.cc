@@ -129,8 +129,9 @@ Binding<ZeroConfig> MakeZeroKeys() {
       "(ZeRO), expressed as SBP layouts: S(k) over the data-parallel axis.");
   b.Field("enabled", &ZeroConfig::enabled,
           {.doc = "shard each trained variable and its optimizer state over the data-parallel ranks: the update "
-                  "runs on the shard (gradients reduce-scattered, the new values all-gathered); same losses as "
-                  "plain data parallelism; a variable with no axis of at least data_parallel_size elements that "
+                  "runs on the shard (gradients reduce-scattered, the new values all-gathered); the losses of "
+                  "plain data parallelism up to floating-point rounding (the sums go another way); a variable with no "
+                  "axis of at least data_parallel_size elements that "
                   "tensor parallelism leaves unsplit stays whole. With data_parallel_size 1 nothing is sharded"});
   b.Field("stage", &ZeroConfig::stage,
           {.min = 1,

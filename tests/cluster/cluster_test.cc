@@ -365,6 +365,27 @@ TEST(ClusterTest, AJobMayNotShareTheOutputDirOfOneNotEnded) {
   fs::remove_all(dir);
 }
 
+// A job's output_dir in the master's state directory (its config.json
+// among the job records, warned about at every restart) is refused.
+TEST(ClusterTest, AJobMayNotWriteIntoTheStateDir) {
+  Deadline deadline(seconds(20), "output dir in the state dir");
+  const fs::path state = TempDir("state_outputs");
+  Master::Options options = FastMasterOptions();
+  options.state_dir = state.string();
+  TestCluster cluster;
+  cluster.Start({"cpu:1"}, options);
+  for (const fs::path& dir : {state, state / "run"}) {
+    auto job = cluster.client->Submit(R"({"output_dir": ")" + dir.string() + R"("})", {});
+    ASSERT_FALSE(job.ok()) << dir;
+    EXPECT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(job.status().message(), "train.output_dir '" + dir.string() + "' is in the master's --state-dir '" +
+                                          state.string() + "' (its job records): give the job a directory of its own");
+  }
+  EXPECT_FALSE(fs::exists(state / "run"));
+  cluster.master->Shutdown();
+  fs::remove_all(state);
+}
+
 // One master per state directory (a second would overwrite the first's
 // records); a record that cannot be read, or a directory in its place,
 // is skipped but keeps its job id from being given again.
@@ -1123,7 +1144,7 @@ TEST(ClusterTest, TwentyJobsInARowLeaveThreadsAndFdsFlat) {
       << CountEntries("/proc/self/fd") << " fds, " << fds << " after warm-up";
 }
 
-std::string HttpGet(int port, const std::string& path) {
+std::string HttpGet(int port, const std::string& path, const std::string& method = "GET") {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in address{};
   address.sin_family = AF_INET;
@@ -1133,7 +1154,7 @@ std::string HttpGet(int port, const std::string& path) {
     close(fd);
     return "";
   }
-  const std::string request = absl::StrCat("GET ", path, " HTTP/1.0\r\n\r\n");
+  const std::string request = absl::StrCat(method, " ", path, " HTTP/1.0\r\n\r\n");
   EXPECT_EQ(write(fd, request.data(), request.size()), static_cast<ssize_t>(request.size()));
   std::string response;
   char buffer[4096];
@@ -1157,6 +1178,11 @@ TEST(ClusterTest, PrometheusMetrics) {
   EXPECT_NE(text.find("tessera_workers_alive 1"), std::string::npos) << text;
   EXPECT_NE(text.find("tessera_rpcs_total{method=\"SubmitJob\"} 1"), std::string::npos) << text;
   EXPECT_NE(HttpGet(cluster.master->metrics_port(), "/other").find("404"), std::string::npos);
+  // HEAD: GET's status and headers, no body (it was a 404).
+  const std::string head = HttpGet(cluster.master->metrics_port(), "/metrics", "HEAD");
+  EXPECT_TRUE(head.starts_with("HTTP/1.0 200 OK")) << head;
+  EXPECT_TRUE(head.ends_with("\r\n\r\n")) << head;
+  EXPECT_NE(HttpGet(cluster.master->metrics_port(), "/other", "HEAD").find("404"), std::string::npos);
   // A running job's loss and throughput (samples/s, tokens/s) show up once
   // it reports (the fake job: every step).
   ASSERT_TRUE(cluster.client->Cancel(*job).ok());
