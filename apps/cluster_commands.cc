@@ -552,7 +552,9 @@ void AddClusterCommands(CLI::App& app, ClusterCommandDeps deps) {
       // (A job not placed yet said "devices 1 on []".)
       std::printf("devices %lld %s\n", static_cast<long long>(job->devices_needed()),
                   workers.empty() ? "(not placed)" : absl::StrCat("on [", absl::StrJoin(workers, ", "), "]").c_str());
-      for (const auto& [name, value] : job->last_metrics()) std::printf("%s %g\n", name.c_str(), value);
+      // In name order (a protobuf map's order is its own, another per call).
+      const std::map<std::string, double> metrics(job->last_metrics().begin(), job->last_metrics().end());
+      for (const auto& [name, value] : metrics) std::printf("%s %g\n", name.c_str(), value);
       Succeed();
     }
     auto jobs = client->List();
