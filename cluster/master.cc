@@ -1940,7 +1940,7 @@ class Master::Impl final : public control::Master::Service {
         // workers: each gets a fresh deadline instead of being lost for it.
         if (now - last_pass > options_.worker_timeout) {
           TLOG_WARN("the master did not run for {} (stopped or suspended): the workers' heartbeat deadlines restart",
-                    absl::FormatDuration(absl::Trunc(now - last_pass, absl::Milliseconds(100))));
+                    absl::FormatDuration(absl::Trunc(now - last_pass, absl::Milliseconds(1))));  // (0 at 100 ms)
           for (auto& [id, worker] : workers_) worker->last_heartbeat = now;
         }
         last_pass = now;
