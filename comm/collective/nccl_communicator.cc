@@ -129,8 +129,26 @@ class NcclCommunicator final : public Communicator {
     // Ops still on the GPU: a short wait, then the abort that ends kernels
     // waiting for peers.
     if (!stream_->Shutdown(10)) AbortComm();
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!comm_aborted_) ncclCommDestroy(comm_);
+    std::unique_lock<std::mutex> lock(mu_);
+    if (comm_aborted_) return;
+    // A non-blocking communicator is finalised first, polled (NCCL's guide:
+    // ncclCommFinalize returns at once and the state says when its flush is
+    // done), with a bound: a finalisation that fails or outlasts it ends in
+    // the abort rather than a destructor blocked on a peer.
+    ncclResult_t state = ncclCommFinalize(comm_);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (state == ncclInProgress && std::chrono::steady_clock::now() < deadline) {
+      lock.unlock();
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      lock.lock();
+      if (ncclCommGetAsyncError(comm_, &state) != ncclSuccess) break;
+    }
+    comm_aborted_ = true;
+    if (state == ncclSuccess) {
+      ncclCommDestroy(comm_);
+    } else {
+      ncclCommAbort(comm_);
+    }
   }
 
   int rank() const override { return options_.rank; }

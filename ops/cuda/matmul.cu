@@ -328,7 +328,8 @@ int PrepareLibraries(int device) {
   if (const cudaError_t err = cudaSetDevice(device); err != cudaSuccess) return static_cast<int>(err);
   int error = 0;
   if (Handle(&error) != nullptr) LtHandle(&error);
-  cudaSetDevice(previous);
+  // (Checked here: left unchecked, its error would be the next launch's.)
+  if (const cudaError_t err = cudaSetDevice(previous); err != cudaSuccess && error == 0) return static_cast<int>(err);
   return error;
 }
 
