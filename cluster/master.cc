@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -144,7 +145,16 @@ struct Job {
   // stops as a graceful cancel does and ends FAILED; nothing is written to
   // them any more (nor are they opened, and so truncated, again).
   bool outputs_failed = false;
+  // Where this job's lines start in its log.txt (a resumed job appends to
+  // the earlier one's): a master restarted while the job ran shows them
+  // again in `tessera logs` (-1: unknown, or log.txt is not a file).
+  int64_t log_offset = -1;
 };
+
+// An ended job's last log lines kept in its record (a restarted master's
+// `tessera logs` shows them): at most this many, of at most kLogTailBytes.
+constexpr size_t kLogTailLines = 200;
+constexpr size_t kLogTailBytes = 64 << 10;
 
 // A job record of the state directory (PersistLocked writes it): every
 // field checked for its kind and range, an error naming the field (it
@@ -233,6 +243,22 @@ absl::Status ReadJobRecord(const nlohmann::json& record, Job& job, JobState& sta
       } else {
         r.Fail(absl::StrCat("last_metrics.", name), "is not a number");
       }
+    }
+  }
+  job.log_offset = r.Integer("log_offset", -1, kMax, int64_t{-1});
+  if (const nlohmann::json* tail = r.Find("log_tail", /*required=*/false)) {
+    if (!tail->is_array() || tail->size() > kLogTailLines) {
+      r.Fail("log_tail", absl::StrCat("is not an array of at most ", kLogTailLines, " lines"));
+    }
+    for (size_t i = 0; r.ok() && i < tail->size(); ++i) {
+      const nlohmann::json& line = (*tail)[i];
+      if (!line.is_string() || line.get_ref<const std::string&>().size() > kLogTailBytes) {
+        r.Fail(absl::StrCat("log_tail[", i, "]"), "is not a log line");
+        break;
+      }
+      control::JobEvent event;
+      event.set_log_line(line.get_ref<const std::string&>());
+      job.events.push_back(std::move(event));
     }
   }
   job.submit_ms = r.Integer("submit_time_ms", 0, kMax);
@@ -596,6 +622,7 @@ class Master::Impl final : public control::Master::Service {
         EndJobLocked(job, control::FAILED, std::string(opened.message()));
         return grpc::Status::OK;
       }
+      PersistLocked(job);  // (its log_offset)
     }
     // The node holding the job's sink (the last pipeline stage's first
     // rank) reports its metrics; the others report none.
@@ -1522,8 +1549,17 @@ class Master::Impl final : public control::Master::Service {
     if (job.spec.start_iteration == 0) {
       if (auto removed = KeepEventsUpTo(dir, -1); !removed.ok()) return removed;
     }
+    // (Where this job's lines begin: the end of the earlier run's, resumed.)
+    std::error_code log_error;
+    const fs::file_status log_status = fs::status(dir / "log.txt", log_error);
+    int64_t log_offset = fs::exists(log_status) && !fs::is_regular_file(log_status) ? -1 : 0;
+    if (log_offset == 0 && mode == std::ios::app && fs::exists(log_status)) {
+      const uintmax_t size = fs::file_size(dir / "log.txt", log_error);
+      log_offset = log_error ? -1 : static_cast<int64_t>(size);
+    }
     job.metrics_file = std::make_unique<std::ofstream>(dir / "metrics.jsonl", mode);
     job.log_file = std::make_unique<std::ofstream>(dir / "log.txt", mode);
+    job.log_offset = log_offset;
     if (job.spec.start_iteration > 0 && metrics_regular) {
       ReadCurves(dir / "metrics.jsonl", job.train_losses, job.eval_losses);
     }
@@ -1634,6 +1670,36 @@ class Master::Impl final : public control::Master::Service {
                         ": `tessera submit --resume` continues from it)");
   }
 
+  // The last lines (at most kLogTailLines, from its last kLogTailBytes) of
+  // a log.txt from byte `offset` on; none when it is no regular file (a
+  // FIFO would block; a symbolic link is not followed) or is shorter than
+  // `offset` (another run's since).
+  static std::vector<std::string> ReadLogSince(const fs::path& path, int64_t offset) {
+    std::vector<std::string> lines;
+    const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) return lines;
+    struct stat st {};
+    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size < offset) {
+      ::close(fd);
+      return lines;
+    }
+    const int64_t start = std::max<int64_t>(offset, st.st_size - static_cast<int64_t>(kLogTailBytes));
+    std::string text(static_cast<size_t>(st.st_size - start), '\0');
+    const ssize_t got = ::pread(fd, text.data(), text.size(), start);
+    ::close(fd);
+    text.resize(got > 0 ? static_cast<size_t>(got) : 0);
+    size_t begin = 0;
+    if (start > offset) begin = text.find('\n') == std::string::npos ? text.size() : text.find('\n') + 1;
+    while (begin < text.size()) {
+      size_t end = text.find('\n', begin);
+      if (end == std::string::npos) end = text.size();  // (cut short by the kill)
+      lines.push_back(text.substr(begin, end - begin));
+      begin = end + 1;
+    }
+    if (lines.size() > kLogTailLines) lines.erase(lines.begin(), lines.end() - kLogTailLines);
+    return lines;
+  }
+
   // The highest "iter" among the last rows of a metrics.jsonl (0: none),
   // read from its last 64 KiB only.
   static int64_t LastLoggedIteration(const fs::path& path) {
@@ -1708,7 +1774,22 @@ class Master::Impl final : public control::Master::Service {
                              {"last_metrics", job.last_metrics},
                              {"submit_time_ms", job.submit_ms},
                              {"end_time_ms", job.end_ms},
+                             {"log_offset", job.log_offset},
                              {"slots", nlohmann::json::array()}};
+    if (IsFinal(job.state)) {
+      // Its last log lines, for `tessera logs` after a restart (log.txt may
+      // hold a later run's by then).
+      std::vector<const std::string*> tail;
+      size_t bytes = 0;
+      for (auto it = job.events.rbegin(); it != job.events.rend() && tail.size() < kLogTailLines; ++it) {
+        if (!it->has_log_line()) continue;
+        bytes += it->log_line().size();
+        if (bytes > kLogTailBytes) break;
+        tail.push_back(&it->log_line());
+      }
+      nlohmann::json& lines = record["log_tail"] = nlohmann::json::array();
+      for (auto it = tail.rbegin(); it != tail.rend(); ++it) lines.push_back(**it);
+    }
     for (const WorkerSlot& slot : job.slots) {
       record["slots"].push_back({{"worker_id", slot.worker_id},
                                  {"node", slot.node},
@@ -1852,6 +1933,14 @@ class Master::Impl final : public control::Master::Service {
         job->end_ms = NowMs();
         PersistLocked(*job);
       } else if (!IsFinal(state)) {
+        // Its lines so far, for `tessera logs` (they were in memory only).
+        if (job->log_offset >= 0 && !job->spec.output_dir.empty()) {
+          for (std::string& line : ReadLogSince(fs::path(job->spec.output_dir) / "log.txt", job->log_offset)) {
+            control::JobEvent event;
+            event.set_log_line(std::move(line));
+            AddEventLocked(*job, std::move(event));
+          }
+        }
         job->state = EndRestartedJobLocked(*job);
         job->end_ms = NowMs();
         if (record.value("output_dir_made", false) && !job->spec.output_dir.empty()) {

@@ -692,9 +692,12 @@ TEST(ClusterTest, AJobLoadingOnTwoWorkersOneDrainingRunsOnTheOtherAndANewcomer) 
   for (const auto& slot : ended.slots()) EXPECT_NE(slot.worker_id(), cluster.workers[1]->worker_id());
 }
 
+// Their log lines too (`tessera logs` after the restart): an ended job's
+// from its record, a running job's from its log.txt (it showed only the
+// final state).
 TEST(ClusterTest, MasterRestartKeepsTheHistory) {
   Deadline deadline(seconds(30), "master restart");
-  const fs::path state = TempDir("state");
+  const fs::path state = TempDir("state"), outputs = TempDir("restart_outputs");
   std::string done_id, running_id, address;
   auto counters = std::make_shared<RunnerCounters>();
   {
@@ -702,10 +705,15 @@ TEST(ClusterTest, MasterRestartKeepsTheHistory) {
     options.state_dir = state.string();
     TestCluster cluster;
     cluster.Start({"cpu:1"}, options);
-    auto done = cluster.client->Submit(R"({"iterations": 2})", {});
+    auto done = cluster.client->Submit(
+        nlohmann::json{{"iterations", 2}, {"output_dir", (outputs / "done").string()}}.dump(), {});
     ASSERT_TRUE(done.ok());
     EXPECT_EQ(cluster.WaitEnd(*done).state(), control::SUCCEEDED);
-    auto running = cluster.client->Submit(R"({"iterations": 1000000, "step_ms": 5})", {});
+    // (A later run in its directory: its log.txt is no longer the job's.)
+    std::ofstream(outputs / "done" / "log.txt") << "[node 0] another run's line\n";
+    auto running = cluster.client->Submit(
+        nlohmann::json{{"iterations", 1000000}, {"step_ms", 5}, {"output_dir", (outputs / "running").string()}}.dump(),
+        {});
     ASSERT_TRUE(running.ok());
     ASSERT_TRUE(WaitUntil([&] {
       auto info = cluster.client->Get(*running);
@@ -736,6 +744,24 @@ TEST(ClusterTest, MasterRestartKeepsTheHistory) {
   EXPECT_TRUE((*jobs)[1].reason().ends_with("; `tessera submit --resume` continues from its latest checkpoint)"))
       << (*jobs)[1].reason();
   EXPECT_GE((*jobs)[1].iteration(), 1);
+  auto lines_of = [&](const std::string& id) {
+    std::vector<std::string> lines;
+    EXPECT_TRUE(client
+                    .Watch(
+                        id,
+                        [&](const control::JobEvent& event) {
+                          if (event.has_log_line()) lines.push_back(event.log_line());
+                          return true;
+                        },
+                        /*follow=*/false)
+                    .ok());
+    return lines;
+  };
+  EXPECT_EQ(lines_of(done_id),
+            (std::vector<std::string>{"[node 0] node 0 starts 2 iterations", "[node 0] node 0 done"}));
+  const std::vector<std::string> running_lines = lines_of(running_id);
+  ASSERT_FALSE(running_lines.empty());
+  EXPECT_EQ(running_lines.front(), "[node 0] node 0 starts 1000000 iterations");
   // New jobs get new ids.
   auto next = client.Submit("{}", {});
   ASSERT_TRUE(next.ok());
@@ -743,6 +769,7 @@ TEST(ClusterTest, MasterRestartKeepsTheHistory) {
   EXPECT_NE(*next, running_id);
   master.Shutdown();
   fs::remove_all(state);
+  fs::remove_all(outputs);
 }
 
 // A state directory's damaged job records are skipped, each named with
