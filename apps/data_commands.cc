@@ -21,6 +21,7 @@
 #include "absl/strings/str_join.h"
 #include "apps/cli_errors.h"
 #include "core/file_util.h"
+#include "core/status.h"
 #include "core/text.h"
 #include "core/thread_pool.h"
 #include "data/bpe_trainer.h"
@@ -158,9 +159,26 @@ void RemoveStaleTemporaries(const std::filesystem::path& prefix, std::initialize
   }
 }
 
+// Whether the learnt vocabulary's two files can replace their namesakes in
+// `to`: each missing or a file (a directory there failed the second rename,
+// after the dataset and the other file were in place).
+absl::Status CheckVocabularyTargets(const std::filesystem::path& to) {
+  for (const char* name : {"vocab.bpe", "encoder.json"}) {
+    std::error_code ec;
+    const std::filesystem::file_status status = std::filesystem::symlink_status(to / name, ec);
+    if (std::filesystem::exists(status) && !std::filesystem::is_regular_file(status) &&
+        !std::filesystem::is_symlink(status)) {
+      return absl::InvalidArgumentError(
+          StrCat("the learnt vocabulary's ", name, " would replace ", (to / name).string(), ", which is not a file"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 // Moves the learnt vocabulary's two files from `from` into `to` (made if
 // missing), each replacing its namesake; whatever else `to` holds stays.
 absl::Status PlaceVocabulary(const std::filesystem::path& from, const std::filesystem::path& to) {
+  RETURN_IF_ERROR(CheckVocabularyTargets(to));
   std::error_code ec;
   std::filesystem::create_directories(to, ec);
   if (ec || !std::filesystem::is_directory(to)) {
@@ -222,7 +240,7 @@ void AddPreprocess(CLI::App& app) {
         inputs);
     if (verb->count("--json-key") > 0 && flags->format != "jsonl" &&
         (flags->format != "auto" || std::none_of(flags->inputs.begin(), flags->inputs.end(),
-                                                 [](const std::string& in) { return in.ends_with(".jsonl"); }))) {
+                                                 [](const std::string& in) { return data::IsJsonlName(in); }))) {
       Fail("--json-key is for jsonl input (--format jsonl, or an input named *.jsonl)");
     }
     // An output that is one of the inputs would overwrite it.
@@ -272,6 +290,9 @@ void AddPreprocess(CLI::App& app) {
       if (std::error_code ec; std::filesystem::exists(vocab_dir, ec) && !std::filesystem::is_directory(vocab_dir, ec)) {
         Fail(StrCat("--tokenizer ", flags->vocabulary.tokenizer, " writes its vocabulary into ", vocab_dir.string(),
                     "/, where a file is"));
+      }
+      if (absl::Status placeable = CheckVocabularyTargets(vocab_dir); !placeable.ok()) {
+        Fail(std::string(placeable.message()));
       }
       learnt = StrCat(vocab_dir.string(), ".tmp-", ::getpid());
       // A Ctrl-C while the vocabulary is written or the corpus encoded

@@ -463,13 +463,19 @@ absl::Status ApplyOverrides(Json& config, const std::vector<std::string>& overri
   Json updated = config;
   Origins updated_origins = origins != nullptr ? *origins : Origins{};
   // "_target_" overrides go first, so that `optim.momentum=0.9
-  // optim._target_=SGD` means what it says whatever the order.
+  // optim._target_=SGD` means what it says whatever the order; so do those
+  // of a whole section naming its _target_ (`optim={"_target_": "SGD"}`).
+  const auto sets_target = [](const std::string& text) {
+    if (text.substr(0, text.find('=')).ends_with(kTargetKey)) return true;
+    const absl::StatusOr<Override> parsed = ParseOverride(text);
+    return parsed.ok() && parsed->value.is_object() && parsed->value.contains(kTargetKey);
+  };
   std::vector<std::string> ordered;
   for (const std::string& text : overrides) {
-    if (text.substr(0, text.find('=')).ends_with(kTargetKey)) ordered.push_back(text);
+    if (sets_target(text)) ordered.push_back(text);
   }
   for (const std::string& text : overrides) {
-    if (!text.substr(0, text.find('=')).ends_with(kTargetKey)) ordered.push_back(text);
+    if (!sets_target(text)) ordered.push_back(text);
   }
   for (const std::string& text : ordered) {
     ASSIGN_OR_RETURN(const Override parsed, ParseOverride(text));

@@ -134,8 +134,17 @@ absl::Status Gpt2Tokenizer::LoadEncoder(const std::filesystem::path& file) {
   id_of_bytes_.reserve(n);
   for (const auto& [key, id] : entries) {
     if (id >= n) {
-      return absl::InvalidArgumentError(StrCat(file.string(), ": key ", Quote(key), ": id ", id,
-                                               " is out of range: with ", n, " tokens the ids must be 0..", n - 1));
+      // (A missing token shifts the count: name the id no key has.)
+      std::vector<bool> used(n, false);
+      for (const auto& entry : entries) {
+        if (entry.second < n) used[entry.second] = true;
+      }
+      const auto unused = std::find(used.begin(), used.end(), false);
+      return absl::InvalidArgumentError(
+          StrCat(file.string(), ": key ", Quote(key), ": id ", id, " is out of range: with ", n,
+                 " tokens the ids must be 0..", n - 1,
+                 unused == used.end() ? std::string()
+                                      : StrCat(" (no key has id ", unused - used.begin(), ": a token missing?)")));
     }
     std::optional<std::string> bytes = internal::TokenTextToBytes(key);
     if (!bytes.has_value() || bytes->empty()) {
@@ -210,16 +219,24 @@ absl::Status Gpt2Tokenizer::LoadMerges(const std::filesystem::path& file) {
     }
     merges_.emplace(key, Merge{rank++, result->second});
   }
-  if (merges_.empty()) {
-    // (Byte-level ids alone would come out, silently.)
-    int64_t longer = 0;
-    for (const auto& [bytes, id] : id_of_bytes_) {
-      longer += bytes.size() > 1 && !(bytes.starts_with("<|") && bytes.ends_with("|>"));
-    }
-    if (longer > 0) {
-      return absl::InvalidArgumentError(StrCat(file.string(), ": no merges, though the encoder has ", longer,
-                                               " tokens of several bytes (an empty or cut merges file?)"));
-    }
+  // Every token of several bytes but the special ones (<|endoftext|>, <s>,
+  // <pad>, ...) is some merge's result: one no merge makes never comes out,
+  // and the ids of text holding it are silently others (a cut merges file).
+  std::vector<bool> made(token_bytes_.size(), false);
+  for (const auto& [key, merge] : merges_) made[static_cast<size_t>(merge.token)] = true;
+  int64_t unmade = 0;
+  int32_t first = -1;
+  for (size_t id = 0; id < token_bytes_.size(); ++id) {
+    const std::string& bytes = token_bytes_[id];
+    if (made[id] || bytes.size() < 2 || (bytes.front() == '<' && bytes.back() == '>')) continue;
+    if (unmade++ == 0) first = static_cast<int32_t>(id);
+  }
+  if (unmade > 0) {
+    return absl::InvalidArgumentError(
+        StrCat(file.string(), ": ", merges_.empty() ? "no merges, though " : "", unmade, " of the encoder's ",
+               token_bytes_.size(), " tokens have several bytes and no merge makes them (the first: ",
+               Quote(internal::BytesToTokenText(token_bytes_[static_cast<size_t>(first)])), ", id ", first,
+               "): an empty or cut merges file, or one of another vocabulary?"));
   }
   return absl::OkStatus();
 }

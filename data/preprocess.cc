@@ -20,6 +20,7 @@
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/strings/match.h"
 #include "absl/synchronization/mutex.h"
 #include "core/checksum.h"
 #include "core/file_util.h"
@@ -87,7 +88,7 @@ bool IsSpace(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' ||
 
 InputFormat ResolveFormat(InputFormat format, const fs::path& input) {
   if (format != InputFormat::kAuto) return format;
-  return input.extension() == ".jsonl" ? InputFormat::kJsonl : InputFormat::kParagraphs;
+  return IsJsonlName(input) ? InputFormat::kJsonl : InputFormat::kParagraphs;
 }
 
 absl::Status LineError(const EncodeContext& context, const Chunk& chunk, int64_t line, std::string_view what) {
@@ -477,6 +478,8 @@ absl::Status WriteDatasetSource(const PreprocessOptions& options, const Tokenize
 }
 
 }  // namespace
+
+bool IsJsonlName(const fs::path& input) { return absl::EqualsIgnoreCase(input.extension().string(), ".jsonl"); }
 
 absl::Status CheckInputsAreNotOutputs(const std::vector<fs::path>& inputs, const fs::path& output_prefix,
                                       bool learnt_vocabulary) {

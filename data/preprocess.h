@@ -2,7 +2,7 @@
 // `tessera preprocess`: text files -> an indexed dataset (data/indexed_dataset.h).
 //
 // Input formats (PreprocessOptions::format; kAuto picks kJsonl for names
-// ending in ".jsonl", kParagraphs otherwise):
+// ending in ".jsonl" in any case, kParagraphs otherwise):
 //   - kParagraphs: a document is a paragraph, i.e. a run of non-blank lines
 //     (a blank line is empty or only spaces, tabs and '\r'); its text is its
 //     lines joined by '\n'.
@@ -48,6 +48,10 @@
 namespace tessera::data {
 
 enum class InputFormat { kAuto, kParagraphs, kLines, kJsonl };
+
+// Whether kAuto reads `input` as kJsonl: its name ends in ".jsonl", in any
+// case (".JSONL" too).
+bool IsJsonlName(const std::filesystem::path& input);
 
 struct PreprocessOptions {
   std::vector<std::filesystem::path> inputs = {};  // read in this order, one stream

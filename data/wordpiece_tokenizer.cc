@@ -32,11 +32,13 @@ bool IsBertWhitespace(UChar32 c) {
   return c == ' ' || c == '\t' || c == '\n' || c == '\r' || u_charType(c) == U_SPACE_SEPARATOR;
 }
 
-// BERT's _is_control.
+// BERT's _is_control as Hugging Face has it (transformers, tokenizers and
+// tokenizers.js alike): every "other" category, C* (Google's tokenization.py
+// dropped only Cc and Cf, keeping private-use and unassigned characters,
+// which then made words [UNK]).
 bool IsBertControl(UChar32 c) {
   if (c == '\t' || c == '\n' || c == '\r') return false;
-  const auto type = u_charType(c);
-  return type == U_CONTROL_CHAR || type == U_FORMAT_CHAR;
+  return (U_GET_GC_MASK(c) & U_GC_C_MASK) != 0;
 }
 
 // BERT's _is_punctuation: the ASCII non-alphanumeric symbols count even

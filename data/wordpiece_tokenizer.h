@@ -1,9 +1,11 @@
 #pragma once
 // BERT's WordPiece tokenizer ("bert" in data/tokenizer.h), as google-research
-// BERT's tokenization.py (BasicTokenizer, then WordpieceTokenizer):
-//   1. clean: drop U+0000, U+FFFD and control characters (Cc, Cf; not tab,
-//      newline, carriage return); whitespace (those three, space, Zs) becomes
-//      a space;
+// BERT's tokenization.py (BasicTokenizer, then WordpieceTokenizer) as
+// Hugging Face's transformers has it:
+//   1. clean: drop U+0000, U+FFFD and every "other" character (C*: control,
+//      format, private use, unassigned; not tab, newline, carriage return;
+//      Google's dropped only Cc and Cf); whitespace (those three, space, Zs)
+//      becomes a space;
 //   2. put spaces around each CJK ideograph, so that it is a word of its own;
 //   3. split on whitespace; with lower_case, lower-case each word (full
 //      Unicode mapping) and strip accents (NFD, then drop Mn);

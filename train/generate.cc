@@ -8,6 +8,7 @@
 #include <future>
 #include <mutex>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <utility>
 
@@ -548,8 +549,21 @@ absl::Status Generator::State::Forward(std::span<const int64_t> tokens, bool wan
   TESSERA_CHECK(M >= 1 && M <= chunk && length + M <= P, "forward of ", M, " tokens at ", length);
   std::vector<absl::Status> status(shards.size());
   std::vector<std::thread> others;
+  others.reserve(shards.size());
   for (size_t r = 1; r < shards.size(); ++r) {
-    others.emplace_back([&, r] { status[r] = ShardForward(shards[r], tokens, want_logits); });
+    try {
+      others.emplace_back([&, r] { status[r] = ShardForward(shards[r], tokens, want_logits); });
+    } catch (const std::system_error& e) {
+      // (No thread for rank r: the started ranks would wait for it in their
+      // first collective. Aborting the group ends them.)
+      status[r] = absl::ResourceExhaustedError(
+          StrCat("cannot start a thread for tensor-parallel rank ", r, " of ", shards.size(), ": ", e.what()));
+      for (Shard& shard : shards) {
+        if (shard.comm != nullptr) shard.comm->Abort(status[r]);
+      }
+      for (std::thread& t : others) t.join();
+      return status[r];
+    }
   }
   status[0] = ShardForward(shards[0], tokens, want_logits);
   for (std::thread& t : others) t.join();

@@ -2,7 +2,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
+#include <fstream>
 #include <set>
 #include <vector>
 
@@ -53,7 +56,7 @@ bool BuildingDatasetFromText() { return building_from_text.load() > 0; }
 
 absl::StatusOr<std::unique_ptr<TextData>> TextData::Open(const nlohmann::json& config,
                                                          const models::Model::TextInputs& inputs,
-                                                         const Progress& progress) {
+                                                         const Progress& progress, bool build_missing) {
   using Kind = models::Model::TextInputs::Kind;
   const bool bert = inputs.kind == Kind::kBert;
   ASSIGN_OR_RETURN(const DataloaderConfig loader, DataloaderKeys().Read(config.at("dataloader")));
@@ -88,6 +91,15 @@ absl::StatusOr<std::unique_ptr<TextData>> TextData::Open(const nlohmann::json& c
     if (tokenizer == nullptr) {
       return absl::InvalidArgumentError(
           "dataloader.text_file needs a tokenizer (tokenization.tokenizer) to be preprocessed");
+    }
+    if (!build_missing) {
+      const std::filesystem::path text = ExpandPath(*loader.text_file);
+      if (std::ifstream probe(text); !probe) {
+        return absl::InvalidArgumentError(StrCat("dataloader.text_file: cannot read ", text.string(), " (",
+                                                 std::strerror(errno), ") to build the missing dataset ",
+                                                 prefix.string()));
+      }
+      return std::unique_ptr<TextData>();
     }
     data::PreprocessOptions options;
     options.inputs = {ExpandPath(*loader.text_file)};
@@ -155,6 +167,14 @@ absl::StatusOr<std::unique_ptr<TextData>> TextData::Open(const nlohmann::json& c
         StrCat("dataloader.data_prefix ", prefix.string(),
                " holds whole documents as one sequence: models.BERT pairs sentences (build it with `tessera preprocess "
                "--split-sentences --no-eod`, or from dataloader.text_file under another data_prefix)"));
+  }
+  if (source && bert && source->end_of_document) {
+    // (Its samples would read the end-of-document [SEP] as text: "... [SEP] [SEP]".)
+    return absl::InvalidArgumentError(
+        StrCat("dataloader.data_prefix ", prefix.string(),
+               " ends each document with an end-of-document token: models.BERT pairs sentences without one (build it "
+               "with `tessera preprocess --split-sentences --no-eod`, or from dataloader.text_file under another "
+               "data_prefix)"));
   }
   // append_eod only shapes a dataset being built: one that says otherwise
   // of an existing dataset would be a key doing nothing.

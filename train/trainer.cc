@@ -400,6 +400,9 @@ absl::StatusOr<proto::Plan> TrainingPlan(const nlohmann::json& config) {
   // (Its tensors' names, shapes and types, from the index: the data only
   // train reads.)
   RETURN_IF_ERROR(CheckRunStartFitsPlan(job, plan, start));
+  // The data as a run opens it (the dataset and its splits, the tokenizer,
+  // eval_iter against the valid split), building nothing.
+  RETURN_IF_ERROR(JobFeed::Make(job.config, /*build_missing=*/false).status());
   return plan;
 }
 
@@ -432,7 +435,7 @@ absl::Status CheckOutputDir(const std::filesystem::path& dir) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<JobFeed>> JobFeed::Make(const nlohmann::json& config) {
+absl::StatusOr<std::unique_ptr<JobFeed>> JobFeed::Make(const nlohmann::json& config, bool build_missing) {
   std::unique_ptr<JobFeed> out(new JobFeed);
   // The data needs the model and the schedule, not the compiled graph.
   ASSIGN_OR_RETURN(Job job, Prepare(config, {}, /*compile=*/false));
@@ -455,9 +458,11 @@ absl::StatusOr<std::unique_ptr<JobFeed>> JobFeed::Make(const nlohmann::json& con
     if (job.text != nullptr) {
       out->text_ = std::move(job.text);
     } else {
-      ASSIGN_OR_RETURN(out->text_, TextData::Open(job.config, *text_inputs));
+      ASSIGN_OR_RETURN(out->text_, TextData::Open(job.config, *text_inputs, nullptr, build_missing));
     }
   }
+  // (Not built yet: what it holds is checked when the run builds it.)
+  if (text_inputs && out->text_ == nullptr && !build_missing) return out;
   if (job.train.evaluation.enabled) {
     if (out->text_->valid_samples() == 0) {
       return absl::InvalidArgumentError(StrCat("train.evaluation.enabled: the valid split of dataloader.splits '",

@@ -59,7 +59,10 @@ struct TrainSummary {
 // Thread-safe: the feed may be called from several device threads at once.
 class JobFeed {
  public:
-  static absl::StatusOr<std::unique_ptr<JobFeed>> Make(const nlohmann::json& config);
+  // `build_missing` false (`tessera plan`: it writes nothing): a dataset
+  // that dataloader.text_file would build is not built, and the checks of
+  // its contents wait for the run.
+  static absl::StatusOr<std::unique_ptr<JobFeed>> Make(const nlohmann::json& config, bool build_missing = true);
   // Borrows this object.
   FeedFn feed() {
     return [this](int64_t iteration, int64_t micro_batch, std::string_view input, const Tensor& out) {

@@ -576,6 +576,27 @@ TEST(Cli, PreprocessKeepsItsOutputsConsistent) {
   EXPECT_EQ(r.exit_code, 1) << r.out;
   EXPECT_NE(r.out.find("other-vocab/, where a file is"), std::string::npos) << r.out;
   EXPECT_EQ(slurp(dir / "other-vocab"), "an input");
+  // A directory where a vocabulary file goes: refused before anything is
+  // written (the dataset and vocab.bpe were replaced, encoder.json not).
+  fs::remove_all(prefix + "-vocab");
+  fs::create_directories(prefix + "-vocab/encoder.json");
+  const std::string before = slurp(prefix + ".bin");
+  r = RunTessera("preprocess --input " + (dir / "docs.jsonl").string() + " --tokenizer bpe:280 --output " + prefix +
+                 " 2>&1");
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_NE(r.out.find("-vocab/encoder.json, which is not a file"), std::string::npos) << r.out;
+  EXPECT_FALSE(fs::exists(prefix + "-vocab/vocab.bpe"));
+  EXPECT_EQ(slurp(prefix + ".bin"), before);
+  fs::remove_all(prefix + "-vocab");
+  // A .JSONL (any case) is read as jsonl: its field, not the JSON line.
+  fs::copy_file(dir / "docs.jsonl", dir / "upper.JSONL");
+  r = RunTessera("preprocess --input " + (dir / "upper.JSONL").string() + " --tokenizer gpt2 --output " +
+                 (dir / "upper").string() + " 2>&1");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  r = RunTessera("preprocess --input " + (dir / "docs.jsonl").string() + " --tokenizer gpt2 --output " +
+                 (dir / "lower").string() + " 2>&1");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_EQ(slurp(dir / "upper.bin"), slurp(dir / "lower.bin"));
   // What a killed run left goes (mkstemp's names, a dead process's); a
   // like-named input, or a name no writer makes, stays; a Ctrl-C leaves
   // nothing of its own.

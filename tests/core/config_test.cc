@@ -433,6 +433,13 @@ TEST(ApplyOverridesTest, KeysAbsentFromTheFileCanBeSetIfDeclared) {
   ASSERT_TRUE(resolved.ok()) << resolved.status();
   EXPECT_EQ((*resolved)["train"]["dist"]["data_parallel_size"], 4);
   EXPECT_EQ((*resolved)["optim"], json::parse(R"({"_target_": "SGD", "lr": 0.1, "momentum": 0.5})"));
+  // A whole section naming its _target_ goes first too (it was applied in
+  // its turn: optim.momentum before it was unknown under AdamW).
+  config = json::parse(R"({"train": {}})");
+  ASSERT_TRUE(ApplyOverrides(config, {"optim.momentum=0.5", R"(optim={"_target_": "SGD"})"}, TestSchema()).ok());
+  resolved = Resolve(TestSchema(), config);
+  ASSERT_TRUE(resolved.ok()) << resolved.status();
+  EXPECT_EQ((*resolved)["optim"], json::parse(R"({"_target_": "SGD", "lr": 0.1, "momentum": 0.5})"));
 }
 
 TEST(ApplyOverridesTest, ChangingTheTargetDropsTheOldTargetsKeys) {

@@ -557,8 +557,16 @@ TEST(Gpt2Tokenizer, MalformedMergesAreErrorsNamingTheLine) {
   for (const std::string empty : {"", "#version: 0.2\n"}) {
     WriteFile(dir / "vocab.bpe", empty);
     ExpectLoadError(Gpt2Tokenizer::Load(dir / "encoder.json", dir / "vocab.bpe").status(),
-                    absl::StatusCode::kInvalidArgument, {"vocab.bpe: no merges, though the encoder has"});
+                    absl::StatusCode::kInvalidArgument, {"vocab.bpe: no merges, though "});
   }
+  // A cut merges file: the tokens its lost lines made never came out (other
+  // ids did, silently: "hello world" as 258 297 78 995).
+  std::string cut;
+  for (size_t i = 0; i + 1 < merges.size(); ++i) cut += merges[i] + "\n";
+  WriteFile(dir / "vocab.bpe", cut);
+  ExpectLoadError(Gpt2Tokenizer::Load(dir / "encoder.json", dir / "vocab.bpe").status(),
+                  absl::StatusCode::kInvalidArgument,
+                  {"vocab.bpe: 1 of the encoder's", "have several bytes and no merge makes them", "cut merges file"});
 }
 
 TEST(Tokenizer, UnknownKindListsTheKinds) {
@@ -616,14 +624,27 @@ std::unique_ptr<Tokenizer> LoadBert(const ScratchDir& dir, bool lower_case) {
 
 std::vector<std::string> BertStrings() {
   std::vector<std::string> strings = StringSet();
-  for (const std::string_view s : std::initializer_list<std::string_view>{
-           "Hello, World!", "The quick brown fox jumped over the lazy dogs.", "unaffable playing",
-           "tokenization tokenizer's", "Café naïve Über résumé", "\u00bfQu\u00e9? \u00a1S\u00ed!",
-           "\u00abquoted\u00bb \u2014 dash\u2026", "\u4f60\u597d\u4e16\u754c", "x\u4e2dy\u6587z",
-           "\u3053\u3093\u306b\u3061\u306f \ud55c\uad6d", "\u039f\u0394\u039f\u03a3 \u03bf\u03b4\u03bf\u03c3",
-           "\u041f\u0420\u0418\u0412\u0415\u0422 \u043c\u0438\u0440", "a\0b\ufffdc\u200bd\u00ade"sv,
-           "tab\there\r\nnew line\u000bvt\u000cff", "[CLS] [SEP] [MASK]", "2024 20240 0", "\U0001F600\U0001F600 x",
-           "I\u0307 \u0130stanbul", "e\u0301 \u00e9 E\u0301"}) {
+  for (const std::string_view s :
+       std::initializer_list<std::string_view>{"Hello, World!",
+                                               "The quick brown fox jumped over the lazy dogs.",
+                                               "unaffable playing",
+                                               "tokenization tokenizer's",
+                                               "Café naïve Über résumé",
+                                               "\u00bfQu\u00e9? \u00a1S\u00ed!",
+                                               "\u00abquoted\u00bb \u2014 dash\u2026",
+                                               "\u4f60\u597d\u4e16\u754c",
+                                               "x\u4e2dy\u6587z",
+                                               "\u3053\u3093\u306b\u3061\u306f \ud55c\uad6d",
+                                               "\u039f\u0394\u039f\u03a3 \u03bf\u03b4\u03bf\u03c3",
+                                               "\u041f\u0420\u0418\u0412\u0415\u0422 \u043c\u0438\u0440",
+                                               "a\0b\ufffdc\u200bd\u00ade"sv,
+                                               "tab\there\r\nnew line\u000bvt\u000cff",
+                                               "[CLS] [SEP] [MASK]",
+                                               "2024 20240 0",
+                                               "\U0001F600\U0001F600 x",
+                                               "I\u0307 \u0130stanbul",
+                                               "e\u0301 \u00e9 E\u0301",
+                                               "a\ue000b x\U000f0000y"}) {
     strings.emplace_back(s);
   }
   std::string long_word(101, 'a');
@@ -672,8 +693,10 @@ std::vector<std::string> Pieces(const Tokenizer& tokenizer, std::string_view tex
 
 // Cases derived by hand from BERT's tokenization.py, including two where
 // tokenizers.js departs from it: it scans UTF-16 units, so CJK ideographs
-// past U+FFFF are not split off, and it drops private-use characters as if
-// they were control characters.
+// past U+FFFF are not split off, and it keeps unassigned characters (Cn),
+// which transformers' tokenization_bert.py drops as every C* category.
+// (Private-use characters are dropped as Hugging Face's BERT tokenizers drop
+// them, not kept as Google's tokenization.py did.)
 TEST(WordPieceTokenizer, HandDerivedCases) {
   ScratchDir dir;
   const std::unique_ptr<Tokenizer> lower = LoadBert(dir, true);
@@ -683,7 +706,8 @@ TEST(WordPieceTokenizer, HandDerivedCases) {
   EXPECT_EQ(Pieces(*lower, "unaffable"), (V{"un", "##aff", "##able"}));
   EXPECT_EQ(Pieces(*lower, "[SEP]"), (V{"[", "sep", "]"}));
   EXPECT_EQ(Pieces(*lower, "x\U00020000y"), (V{"x", "\U00020000", "y"}));
-  EXPECT_EQ(Pieces(*lower, "a\ue000b"), (V{"[UNK]"}));               // private use is kept, and has no piece
+  EXPECT_EQ(Pieces(*lower, "x\ue000x\U0010fffdx"), (V{"x", "##x", "##x"}));  // private use dropped
+  EXPECT_EQ(Pieces(*lower, "x\u0378x"), (V{"x", "##x"}));                    // unassigned dropped
   EXPECT_EQ(Pieces(*lower, "he\0l\u200blo\u00ad"sv), (V{"hello"}));  // NUL and Cf dropped
   EXPECT_EQ(Pieces(*lower, "\u0130"), (V{"i"}));                     // İ -> i + U+0307 -> i
   EXPECT_EQ(Pieces(*lower, "\u039f\u0394\u039f\u03a3"), (V{"\u03bf\u03b4\u03bf\u03c2"}));  // final sigma

@@ -668,6 +668,15 @@ TEST_F(BertTest, BadBertConfigsAreOneLineErrors) {
   ExpectOneLineError(RunTessera(Train(out, "train.train_iter=2 dataloader.text_file=null dataloader.data_prefix=" +
                                                (root_ / "whole").string())),
                      "holds whole documents as one sequence: models.BERT pairs sentences");
+  // Sentences with end-of-document tokens (preprocess's default): each
+  // document's last pair read "... [SEP] [SEP]".
+  const auto with_eod = RunTessera("preprocess --input " + (root_ / "corpus.txt").string() +
+                                   " --tokenizer bert --split-sentences --vocab-file " +
+                                   (root_ / "vocab.txt").string() + " --output " + (root_ / "with_eod").string());
+  ASSERT_EQ(with_eod.exit_code, 0) << with_eod.out;
+  ExpectOneLineError(RunTessera(Train(out, "train.train_iter=2 dataloader.text_file=null dataloader.data_prefix=" +
+                                               (root_ / "with_eod").string())),
+                     "ends each document with an end-of-document token: models.BERT pairs sentences without one");
   EXPECT_FALSE(fs::exists(out));
 }
 

@@ -90,6 +90,29 @@ class TextDataTest : public ::testing::Test {
   fs::path root_, vocab_;
 };
 
+// `tessera plan` checks the data as the run opens it (it planned jobs the
+// run then refused at once: a bad splits string, eval_iter past the valid
+// split, a vocabulary larger than the model's), and builds no dataset.
+TEST_F(TextDataTest, PlanChecksTheDataAsTheRunWouldAndBuildsNothing) {
+  const auto plan = [&](const std::string& extra) {
+    return RunTessera("plan" + Train(root_ / "plan", extra).substr(5));
+  };
+  auto run = plan("");
+  EXPECT_EQ(run.exit_code, 0) << run.out;
+  EXPECT_FALSE(fs::exists(root_ / "data" / "corpus.idx"));
+  ExpectOneLineError(plan("dataloader.text_file=" + (root_ / "none.txt").string()),
+                     "dataloader.text_file: cannot read");
+  run = RunTessera(Train(root_ / "built", "train.train_iter=1"));
+  ASSERT_EQ(run.exit_code, 0) << run.out;
+  ASSERT_TRUE(fs::exists(root_ / "data" / "corpus.idx"));
+  EXPECT_EQ(plan("").exit_code, 0);
+  ExpectOneLineError(plan("dataloader.splits=a,b"), "splits 'a,b'");
+  ExpectOneLineError(plan("train.evaluation.enabled=true train.evaluation.eval_iter=100000000"),
+                     "train.evaluation.eval_iter 100000000 is more than the ");
+  ExpectOneLineError(plan("model.vocab_size=100"), "vocabulary has 320 tokens, model.vocab_size is only 100");
+  EXPECT_FALSE(fs::exists(root_ / "plan"));
+}
+
 TEST_F(TextDataTest, TrainsWithEvaluationAndWritesEveryOutput) {
   const fs::path out = root_ / "run";
   const auto run = RunTessera(Train(out,
