@@ -15,6 +15,7 @@
 #include <set>
 #include <tuple>
 
+#include "absl/strings/str_join.h"
 #include "comm/proto/plan_codec.h"
 #include "core/config.h"
 #include "core/file_util.h"
@@ -619,21 +620,48 @@ absl::StatusOr<RunStart> ResolveRunStart(const TrainConfig& train, const nlohman
             global_batch, " (train_micro_batch_size × num_accumulation_steps × data_parallel_size): resume with the "
             "same global batch, or start from its weights with train.load_weight"));
       }
-      // (Another sequence length cuts the documents into other samples:
-      // the position the checkpoint counted would be another text's.)
-      const auto seq_length = [](const nlohmann::json& resolved) {
-        const auto model = resolved.is_object() ? resolved.find("model") : resolved.end();
-        if (model == resolved.end() || !model->is_object()) return nlohmann::json();
-        const auto value = model->find("seq_length");
-        return value == model->end() ? nlohmann::json() : *value;
+      // A key of a resolved config (null where it has none: another model's).
+      const auto key = [](const nlohmann::json& resolved, const char* section, const char* name) {
+        const auto part = resolved.is_object() ? resolved.find(section) : resolved.end();
+        if (part == resolved.end() || !part->is_object()) return nlohmann::json();
+        const auto value = part->find(name);
+        return value == part->end() ? nlohmann::json() : *value;
       };
-      const nlohmann::json before = seq_length(reader->config()), now = seq_length(config);
-      if (before.is_number_integer() && now.is_number_integer() && before != now) {
-        return absl::InvalidArgumentError(StrCat(
-            "train.resume: the latest checkpoint, ", latest->string(), ", trained with model.seq_length ",
-            before.get<int64_t>(), ", this run's is ", now.get<int64_t>(),
-            " (its samples are windows of that many tokens): resume with the same, or start from its weights with "
-            "train.load_weight"));
+      // (Another sequence length cuts the documents into other samples, and
+      // other splits put other documents in the training split: the
+      // position the checkpoint counted would be another text's.)
+      for (const auto& [section, name, why] :
+           {std::tuple{"model", "seq_length", "its samples are windows of that many tokens"},
+            std::tuple{"dataloader", "splits", "its samples are those of that training split"}}) {
+        const nlohmann::json before = key(reader->config(), section, name), now = key(config, section, name);
+        if (!before.is_null() && !now.is_null() && before != now) {
+          return absl::InvalidArgumentError(StrCat("train.resume: the latest checkpoint, ", latest->string(),
+                                                   ", trained with ", section, ".", name, " ", before.dump(),
+                                                   ", this run's is ", now.dump(), " (", why,
+                                                   "): resume with the same, or start from its weights with "
+                                                   "train.load_weight"));
+        }
+      }
+      // Seeds and the synthetic task may change on purpose (a run past a
+      // loss spike on other samples), but the run is then no longer the one
+      // the checkpoint's would have been: said, once.
+      std::vector<std::string> changed;
+      for (const auto& [section, name] :
+           {std::pair{"train", "seed"}, std::pair{"dataloader", "seed"}, std::pair{"model", "data_seed"},
+            std::pair{"model", "markov_successors"}, std::pair{"model", "masked_lm_prob"}}) {
+        const nlohmann::json before = key(reader->config(), section, name), now = key(config, section, name);
+        if (!before.is_null() && !now.is_null() && before != now) {
+          changed.push_back(StrCat(section, ".", name, " ", before.dump(), " -> ", now.dump()));
+        }
+      }
+      static std::once_flag warned;
+      if (!changed.empty() && for_writing) {
+        std::call_once(warned, [&] {
+          TLOG_WARN(
+              "train.resume: {} since the checkpoint {}: from iteration {} on the run draws other samples or "
+              "random numbers than the checkpoint's run would have",
+              absl::StrJoin(changed, ", "), latest->string(), reader->iteration());
+        });
       }
       start.iteration = reader->iteration();
       start.checkpoint = latest->string();

@@ -765,6 +765,15 @@ TEST(CheckpointEndToEnd, ResumeErrorsAreOneLine) {
   EXPECT_EQ(run.exit_code, 1) << run.out;
   EXPECT_NE(run.out.find("trained with model.seq_length 32, this run's is 16"), std::string::npos) << run.out;
   EXPECT_EQ(run.out.find('\n'), run.out.size() - 1) << run.out;
+  // Other seeds or another synthetic task: resumed (on purpose, say past a
+  // loss spike), but said (it went on silently).
+  fs::copy(root / "done", root / "reseeded", fs::copy_options::recursive);
+  run = RunTessera(Nano(root / "reseeded", "model.data_seed=9 train.seed=5 train.train_iter=9 --resume"));
+  EXPECT_EQ(run.exit_code, 0) << run.out;
+  EXPECT_NE(run.out.find("[warning] train.resume: train.seed 1234 -> 5, "), std::string::npos) << run.out;
+  EXPECT_NE(run.out.find("model.data_seed "), std::string::npos) << run.out;
+  EXPECT_NE(run.out.find("from iteration 8 on the run draws other samples or random numbers"), std::string::npos)
+      << run.out;
   // A smaller model than the checkpoint's (one layer of its two): a resume
   // is refused naming a tensor left over (the rest used to be dropped
   // silently); a new run from its weights warns and starts from the rest.

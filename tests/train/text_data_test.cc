@@ -113,6 +113,18 @@ TEST_F(TextDataTest, PlanChecksTheDataAsTheRunWouldAndBuildsNothing) {
   EXPECT_FALSE(fs::exists(root_ / "plan"));
 }
 
+// A resume with other splits is refused: the training split holds other
+// documents, so the position the checkpoint counted is another text's (it
+// went on silently).
+TEST_F(TextDataTest, AResumeWithOtherSplitsIsRefused) {
+  auto run = RunTessera(Train(root_ / "split", "train.train_iter=1"));
+  ASSERT_EQ(run.exit_code, 0) << run.out;
+  ExpectOneLineError(RunTessera(Train(root_ / "split", "train.train_iter=2 dataloader.splits=70,30,0 --resume")),
+                     "trained with dataloader.splits \"80,20,0\", this run's is \"70,30,0\"");
+  run = RunTessera(Train(root_ / "split", "train.train_iter=2 --resume"));
+  EXPECT_EQ(run.exit_code, 0) << run.out;
+}
+
 TEST_F(TextDataTest, TrainsWithEvaluationAndWritesEveryOutput) {
   const fs::path out = root_ / "run";
   const auto run = RunTessera(Train(out,
