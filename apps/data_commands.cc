@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cctype>
 #include <cerrno>
 #include <charconv>
@@ -361,7 +362,15 @@ void AddTokenize(CLI::App& app) {
     if (from_stdin) {
       struct stat st {};
       if (::fstat(STDIN_FILENO, &st) == 0 && S_ISDIR(st.st_mode)) Fail("standard input is a directory, not text");
-      text.assign(std::istreambuf_iterator<char>(std::cin), {});
+      // (Bounded: `< /dev/zero` grew without end. A corpus is preprocess's.)
+      constexpr size_t kMaxTokenizeBytes = size_t{1} << 30;
+      std::array<char, 1 << 16> chunk;
+      while (std::cin.read(chunk.data(), chunk.size()) || std::cin.gcount() > 0) {
+        if (text.size() + static_cast<size_t>(std::cin.gcount()) > kMaxTokenizeBytes) {
+          Fail("standard input is over 1 GiB: tokenize prints the ids of a text; a corpus is for `tessera preprocess`");
+        }
+        text.append(chunk.data(), static_cast<size_t>(std::cin.gcount()));
+      }
       if (std::cin.bad()) Fail("cannot read standard input");
     } else {
       for (size_t i = 0; i < flags->text.size(); ++i) {

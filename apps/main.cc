@@ -445,7 +445,18 @@ int main(int argc, char** argv) {
     }
     return code;
   } catch (const std::bad_alloc&) {
-    return Fail("out of memory (an allocation failed; see `tessera plan` for what the job needs)");
+    // (The hint is for the verbs that run or plan a job.)
+    std::string_view verb;
+    for (int i = 1; i < argc && verb.empty(); ++i) {
+      if (std::string_view(argv[i]) == "--log-level") {
+        ++i;  // (its value)
+      } else if (argv[i][0] != '-') {
+        verb = argv[i];
+      }
+    }
+    const bool job = verb == "train" || verb == "plan";
+    return Fail(job ? "out of memory (an allocation failed; see `tessera plan` for what the job needs)"
+                    : "out of memory (an allocation failed)");
   } catch (const std::exception& e) {
     return Fail(std::string("internal error: ") + e.what());
   }

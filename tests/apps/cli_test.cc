@@ -348,6 +348,9 @@ TEST(Cli, FlagsNothingReadsAndValuesOutOfRangeAreOneLineErrors) {
       {"status --master 127.0.0.1:1 --tls-ca ''", "--tls-ca: an empty value: give one, or leave the flag out"},
       {"tokenize --tokenizer bert --vocab-file " + vocab + " < " + dir.string(),
        "standard input is a directory, not text"},
+      // (`< /dev/zero` grew without end.)
+      {"tokenize --tokenizer bert --vocab-file " + vocab + " < /dev/zero",
+       "standard input is over 1 GiB: tokenize prints the ids of a text"},
       {"tokenize --tokenizer bert --vocab-file " + vocab + " \"$(printf '\\377')\"",
        "TEXT: invalid UTF-8 at byte offset 0"},
       {"preprocess --tokenizer bert --vocab-file " + vocab + " --input " + text + " --output " +
