@@ -26,6 +26,7 @@
 #include "cluster/worker.h"
 #include "core/config.h"
 #include "core/storage.h"
+#include "core/strings.h"
 
 namespace tessera {
 namespace {
@@ -186,7 +187,8 @@ void PrintEvent(const control::JobEvent& event) {
     for (const auto& [name, value] : sorted) absl::StrAppend(&values, "  ", name, " ", value);
     std::printf("iter %lld%s\n", static_cast<long long>(event.metrics().iteration()), values.c_str());
   } else if (event.has_log_line()) {
-    std::printf("%s\n", event.log_line().c_str());
+    // (A terminal's control sequences, a NUL, bytes not UTF-8: escaped.)
+    std::printf("%s\n", OneLine(event.log_line()).c_str());
   }
   std::fflush(stdout);
 }

@@ -226,8 +226,10 @@ void AddPreprocess(CLI::App& app) {
       ->check(CLI::IsMember({"auto", "paragraphs", "lines", "jsonl"}))
       ->capture_default_str();
   verb->add_option("--json-key", flags->json_key, "jsonl: the field holding each document")->capture_default_str();
-  verb->add_flag("--split-sentences", flags->split_sentences, "One sequence per sentence (what BERT's dataset reads)");
-  verb->add_flag("--no-eod", flags->no_eod, "Do not end each document with the end-of-document token");
+  verb->add_flag("--split-sentences", flags->split_sentences,
+                 "One sequence per sentence, no end-of-document token (what BERT's dataset reads)");
+  verb->add_flag("--no-eod", flags->no_eod,
+                 "Do not end each document with the end-of-document token (--split-sentences ends none)");
   verb->add_option("--threads", flags->threads, "Worker threads (0: all hardware threads)")
       ->check(InRange(0, 1024))
       ->capture_default_str();
@@ -254,7 +256,9 @@ void AddPreprocess(CLI::App& app) {
     options.inputs = inputs;
     options.output_prefix = prefix;
     options.json_key = flags->json_key;
-    options.append_end_of_document = !flags->no_eod;
+    // (Sentences are BERT's: its pairs take no end-of-document token, as
+    // Megatron's BERT datasets; one put [SEP] after every document.)
+    options.append_end_of_document = !flags->no_eod && !flags->split_sentences;
     options.split_sentences = flags->split_sentences;
     options.num_threads = flags->threads;
     if (flags->format == "paragraphs") options.format = data::InputFormat::kParagraphs;

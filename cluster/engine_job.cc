@@ -106,6 +106,7 @@ class EngineJobCompiler final : public JobCompiler {
     // progress shows their iteration out of at least that many.
     spec.iterations = feed->train().eval_only ? std::max(feed->iterations(), start.iteration) : feed->iterations();
     spec.start_iteration = start.iteration;
+    spec.warnings = start.warnings;
     // An evaluation-only job writes nothing: output_dir holds the run whose
     // weights it evaluates.
     spec.output_dir = feed->train().eval_only ? "" : resolved.at("train").value("output_dir", "");

@@ -48,6 +48,8 @@ struct JobSpec {
   // both files are appended to.
   int64_t start_iteration = 0;
   std::string output_dir;  // empty: the master writes no outputs
+  // Lines for the job's log, not errors (a resume with other seeds).
+  std::vector<std::string> warnings;
 };
 
 // Master side: resolves and compiles jobs. Errors are one line (the config

@@ -145,16 +145,23 @@ struct Job {
   // stops as a graceful cancel does and ends FAILED; nothing is written to
   // them any more (nor are they opened, and so truncated, again).
   bool outputs_failed = false;
-  // Where this job's lines start in its log.txt (a resumed job appends to
-  // the earlier one's): a master restarted while the job ran shows them
-  // again in `tessera logs` (-1: unknown, or log.txt is not a file).
+  // Where this job's lines are in its log.txt (a resumed job appends to
+  // the earlier one's): from log_offset to log_end, the file's inode then,
+  // and its last line: a master restarted while the job ran shows them
+  // again in `tessera logs`, once they are found there unchanged (-1:
+  // unknown, or log.txt is not a regular file).
   int64_t log_offset = -1;
+  int64_t log_end = -1;
+  uint64_t log_inode = 0;
+  std::string log_last_line;  // its first kLogCheckBytes
 };
 
 // An ended job's last log lines kept in its record (a restarted master's
 // `tessera logs` shows them): at most this many, of at most kLogTailBytes.
 constexpr size_t kLogTailLines = 200;
 constexpr size_t kLogTailBytes = 64 << 10;
+constexpr size_t kLogTailLineBytes = 8 << 10;
+constexpr size_t kLogCheckBytes = 256;
 
 // A job record of the state directory (PersistLocked writes it): every
 // field checked for its kind and range, an error naming the field (it
@@ -246,6 +253,9 @@ absl::Status ReadJobRecord(const nlohmann::json& record, Job& job, JobState& sta
     }
   }
   job.log_offset = r.Integer("log_offset", -1, kMax, int64_t{-1});
+  job.log_end = r.Integer("log_end", -1, kMax, int64_t{-1});
+  job.log_inode = static_cast<uint64_t>(r.Integer("log_inode", 0, kMax, int64_t{0}));
+  job.log_last_line = r.String("log_last_line", "", /*required=*/false);
   if (const nlohmann::json* tail = r.Find("log_tail", /*required=*/false)) {
     if (!tail->is_array() || tail->size() > kLogTailLines) {
       r.Fail("log_tail", absl::StrCat("is not an array of at most ", kLogTailLines, " lines"));
@@ -622,7 +632,7 @@ class Master::Impl final : public control::Master::Service {
         EndJobLocked(job, control::FAILED, std::string(opened.message()));
         return grpc::Status::OK;
       }
-      PersistLocked(job);  // (its log_offset)
+      job.persisted_ms = 0;  // (below: the record takes where its lines are)
     }
     // The node holding the job's sink (the last pipeline stage's first
     // rank) reports its metrics; the others report none.
@@ -652,6 +662,14 @@ class Master::Impl final : public control::Master::Service {
       control::JobEvent event;
       event.set_log_line(text);
       AddEventLocked(job, std::move(event));
+    }
+    // Where its lines end in log.txt follows them as its progress does
+    // (every few seconds at most): a restarted master shows those lines.
+    if (request->log_lines_size() > 0 && job.log_file) {
+      if (const int64_t now = NowMs(); now - job.persisted_ms >= kPersistProgressMs) {
+        job.persisted_ms = now;
+        PersistLocked(job);
+      }
     }
     if (request->finished()) {
       worker->job_id.clear();
@@ -777,6 +795,7 @@ class Master::Impl final : public control::Master::Service {
     jobs_[job->id] = std::move(job);
     queue_.push_back(ref.id);
     AddStateEventLocked(ref);
+    for (const std::string& warning : ref.spec.warnings) MasterLineLocked(ref, absl::StrCat("warning: ", warning));
     PersistLocked(ref);
     response->set_job_id(ref.id);
     TLOG_INFO("job {} submitted ({} devices)", ref.id, ref.spec.devices_needed);
@@ -816,6 +835,9 @@ class Master::Impl final : public control::Master::Service {
                                                                       : absl::StrCat("cancelled: ", request->reason());
     if (request->checkpoint() && job.state == control::RUNNING) {
       if (!job.stopping) StartStoppingLocked(job, reason);
+    } else if (job.state == control::RUNNING) {
+      // (`tessera cancel --now`: said as the worker's own stop says it.)
+      EndJobLocked(job, control::CANCELLED, absl::StrCat(reason, " (at once: no further checkpoint is written)"));
     } else {
       EndJobLocked(job, control::CANCELLED, reason);
     }
@@ -1411,12 +1433,21 @@ class Master::Impl final : public control::Master::Service {
   void LogLocked(Job& job, std::string line) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (job.log_file) {
       errno = 0;
-      *job.log_file << line << "\n";
+      WriteLogLineLocked(job, line);
       job.log_file->flush();
       if (!*job.log_file) OutputFailedLocked(job, "log.txt", errno);
     } else if (!job.spec.output_dir.empty() && !job.outputs_failed && !IsFinal(job.state) &&
                job.early_log.size() < 1000) {
       job.early_log.push_back(std::move(line));
+    }
+  }
+
+  // One line into the open log.txt, its end and last line noted.
+  static void WriteLogLineLocked(Job& job, const std::string& line) {
+    *job.log_file << line << "\n";
+    if (job.log_end >= 0) {
+      job.log_end += static_cast<int64_t>(line.size()) + 1;
+      job.log_last_line = line.substr(0, kLogCheckBytes);
     }
   }
 
@@ -1549,17 +1580,18 @@ class Master::Impl final : public control::Master::Service {
     if (job.spec.start_iteration == 0) {
       if (auto removed = KeepEventsUpTo(dir, -1); !removed.ok()) return removed;
     }
-    // (Where this job's lines begin: the end of the earlier run's, resumed.)
-    std::error_code log_error;
-    const fs::file_status log_status = fs::status(dir / "log.txt", log_error);
-    int64_t log_offset = fs::exists(log_status) && !fs::is_regular_file(log_status) ? -1 : 0;
-    if (log_offset == 0 && mode == std::ios::app && fs::exists(log_status)) {
-      const uintmax_t size = fs::file_size(dir / "log.txt", log_error);
-      log_offset = log_error ? -1 : static_cast<int64_t>(size);
-    }
     job.metrics_file = std::make_unique<std::ofstream>(dir / "metrics.jsonl", mode);
     job.log_file = std::make_unique<std::ofstream>(dir / "log.txt", mode);
-    job.log_offset = log_offset;
+    // (Where this job's lines begin: the end of the earlier run's, resumed.
+    // A symbolic link or a device is not read back after a restart.)
+    struct stat log_stat {};
+    std::error_code link_error;
+    const bool regular = !fs::is_symlink(fs::symlink_status(dir / "log.txt", link_error)) &&
+                         ::stat((dir / "log.txt").c_str(), &log_stat) == 0 && S_ISREG(log_stat.st_mode);
+    job.log_offset = regular ? static_cast<int64_t>(log_stat.st_size) : -1;
+    job.log_end = job.log_offset;
+    job.log_inode = regular ? static_cast<uint64_t>(log_stat.st_ino) : 0;
+    job.log_last_line.clear();
     if (job.spec.start_iteration > 0 && metrics_regular) {
       ReadCurves(dir / "metrics.jsonl", job.train_losses, job.eval_losses);
     }
@@ -1572,7 +1604,7 @@ class Master::Impl final : public control::Master::Service {
       return absl::InternalError(absl::StrCat("cannot write metrics.jsonl and log.txt in '", dir.string(), "'"));
     }
     errno = 0;
-    for (const std::string& line : job.early_log) *job.log_file << line << "\n";
+    for (const std::string& line : job.early_log) WriteLogLineLocked(job, line);
     job.log_file->flush();
     job.early_log.clear();
     if (!*job.log_file) {
@@ -1670,31 +1702,44 @@ class Master::Impl final : public control::Master::Service {
                         ": `tessera submit --resume` continues from it)");
   }
 
-  // The last lines (at most kLogTailLines, from its last kLogTailBytes) of
-  // a log.txt from byte `offset` on; none when it is no regular file (a
-  // FIFO would block; a symbolic link is not followed) or is shorter than
-  // `offset` (another run's since).
-  static std::vector<std::string> ReadLogSince(const fs::path& path, int64_t offset) {
+  // The job's last lines (at most kLogTailLines, from its last
+  // kLogTailBytes) in its log.txt: bytes [log_offset, log_end) as its record
+  // last noted them (the lines of its last few seconds may be missing), and
+  // none unless the file is the one written then (its inode), still holds
+  // them (long enough, its line before log_end the job's last) and is a
+  // regular file (a FIFO would block; a symbolic link is not followed): a
+  // run that wrote into the directory since, appending or replacing, must
+  // not pass its lines for the job's.
+  static std::vector<std::string> ReadOwnLogLines(const fs::path& path, const Job& job) {
     std::vector<std::string> lines;
+    const int64_t offset = job.log_offset, end = job.log_end;
+    if (offset < 0 || end <= offset || job.log_inode == 0) return lines;
     const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0) return lines;
     struct stat st {};
-    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size < offset) {
+    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || static_cast<uint64_t>(st.st_ino) != job.log_inode ||
+        st.st_size < end) {
       ::close(fd);
       return lines;
     }
-    const int64_t start = std::max<int64_t>(offset, st.st_size - static_cast<int64_t>(kLogTailBytes));
-    std::string text(static_cast<size_t>(st.st_size - start), '\0');
+    const int64_t start = std::max<int64_t>(offset, end - static_cast<int64_t>(kLogTailBytes));
+    std::string text(static_cast<size_t>(end - start), '\0');
     const ssize_t got = ::pread(fd, text.data(), text.size(), start);
     ::close(fd);
-    text.resize(got > 0 ? static_cast<size_t>(got) : 0);
+    if (got != static_cast<ssize_t>(text.size()) || text.back() != '\n') return lines;
+    text.pop_back();
+    const size_t last = text.rfind('\n');
+    const std::string_view last_line =
+        std::string_view(text).substr(last == std::string::npos ? 0 : last + 1).substr(0, kLogCheckBytes);
+    // (Its last line begins the kept text only when the tail holds it whole.)
+    if ((last != std::string::npos || start == offset) && last_line != job.log_last_line) return lines;
     size_t begin = 0;
     if (start > offset) begin = text.find('\n') == std::string::npos ? text.size() : text.find('\n') + 1;
-    while (begin < text.size()) {
-      size_t end = text.find('\n', begin);
-      if (end == std::string::npos) end = text.size();  // (cut short by the kill)
-      lines.push_back(text.substr(begin, end - begin));
-      begin = end + 1;
+    while (begin <= text.size()) {
+      size_t stop = text.find('\n', begin);
+      if (stop == std::string::npos) stop = text.size();
+      lines.push_back(text.substr(begin, stop - begin));
+      begin = stop + 1;
     }
     if (lines.size() > kLogTailLines) lines.erase(lines.begin(), lines.end() - kLogTailLines);
     return lines;
@@ -1775,20 +1820,28 @@ class Master::Impl final : public control::Master::Service {
                              {"submit_time_ms", job.submit_ms},
                              {"end_time_ms", job.end_ms},
                              {"log_offset", job.log_offset},
+                             {"log_end", job.log_end},
+                             {"log_inode", job.log_inode},
+                             {"log_last_line", job.log_last_line},
                              {"slots", nlohmann::json::array()}};
     if (IsFinal(job.state)) {
       // Its last log lines, for `tessera logs` after a restart (log.txt may
       // hold a later run's by then).
-      std::vector<const std::string*> tail;
+      // (A line longer than kLogTailLineBytes, a long traceback, is cut
+      // there: one such line would otherwise leave no room for the rest.)
+      std::vector<std::string> tail;
       size_t bytes = 0;
       for (auto it = job.events.rbegin(); it != job.events.rend() && tail.size() < kLogTailLines; ++it) {
         if (!it->has_log_line()) continue;
-        bytes += it->log_line().size();
+        std::string line = it->log_line().size() <= kLogTailLineBytes
+                               ? it->log_line()
+                               : absl::StrCat(it->log_line().substr(0, kLogTailLineBytes), " [cut]");
+        bytes += line.size();
         if (bytes > kLogTailBytes) break;
-        tail.push_back(&it->log_line());
+        tail.push_back(std::move(line));
       }
       nlohmann::json& lines = record["log_tail"] = nlohmann::json::array();
-      for (auto it = tail.rbegin(); it != tail.rend(); ++it) lines.push_back(**it);
+      for (auto it = tail.rbegin(); it != tail.rend(); ++it) lines.push_back(std::move(*it));
     }
     for (const WorkerSlot& slot : job.slots) {
       record["slots"].push_back({{"worker_id", slot.worker_id},
@@ -1887,6 +1940,11 @@ class Master::Impl final : public control::Master::Service {
         TLOG_WARN("state dir: skipping {}: not a job record ({})", entry.path().string(), std::string(read.message()));
         continue;
       }
+      // (Its log lines, read into its events: as many as a job keeps.)
+      while (job->events.size() > std::max<size_t>(options_.max_events_per_job, 1) - 1) {
+        job->events.pop_front();
+        ++job->events_base;
+      }
       for (const WorkerSlot& slot : job->slots) {
         // (A state directory from before the number was kept.)
         uint64_t number = 0;
@@ -1935,7 +1993,7 @@ class Master::Impl final : public control::Master::Service {
       } else if (!IsFinal(state)) {
         // Its lines so far, for `tessera logs` (they were in memory only).
         if (job->log_offset >= 0 && !job->spec.output_dir.empty()) {
-          for (std::string& line : ReadLogSince(fs::path(job->spec.output_dir) / "log.txt", job->log_offset)) {
+          for (std::string& line : ReadOwnLogLines(fs::path(job->spec.output_dir) / "log.txt", *job)) {
             control::JobEvent event;
             event.set_log_line(std::move(line));
             AddEventLocked(*job, std::move(event));

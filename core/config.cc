@@ -463,19 +463,21 @@ absl::Status ApplyOverrides(Json& config, const std::vector<std::string>& overri
   Json updated = config;
   Origins updated_origins = origins != nullptr ? *origins : Origins{};
   // "_target_" overrides go first, so that `optim.momentum=0.9
-  // optim._target_=SGD` means what it says whatever the order; so do those
-  // of a whole section naming its _target_ (`optim={"_target_": "SGD"}`).
-  const auto sets_target = [](const std::string& text) {
-    if (text.substr(0, text.find('=')).ends_with(kTargetKey)) return true;
-    const absl::StatusOr<Override> parsed = ParseOverride(text);
-    return parsed.ok() && parsed->value.is_object() && parsed->value.contains(kTargetKey);
-  };
+  // optim._target_=SGD` means what it says whatever the order. A whole
+  // section naming its _target_ (`optim={"_target_": "SGD", ...}`) sets that
+  // target first too, and the rest in its turn (a later override wins).
+  const auto is_target = [](const std::string& text) { return text.substr(0, text.find('=')).ends_with(kTargetKey); };
   std::vector<std::string> ordered;
   for (const std::string& text : overrides) {
-    if (sets_target(text)) ordered.push_back(text);
+    if (is_target(text)) {
+      ordered.push_back(text);
+    } else if (const absl::StatusOr<Override> parsed = ParseOverride(text);
+               parsed.ok() && parsed->value.is_object() && parsed->value.contains(kTargetKey)) {
+      ordered.push_back(absl::StrCat(parsed->key, ".", std::string(kTargetKey), "=", parsed->value[kTargetKey].dump()));
+    }
   }
   for (const std::string& text : overrides) {
-    if (!sets_target(text)) ordered.push_back(text);
+    if (!is_target(text)) ordered.push_back(text);
   }
   for (const std::string& text : ordered) {
     ASSIGN_OR_RETURN(const Override parsed, ParseOverride(text));

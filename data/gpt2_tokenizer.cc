@@ -219,16 +219,22 @@ absl::Status Gpt2Tokenizer::LoadMerges(const std::filesystem::path& file) {
     }
     merges_.emplace(key, Merge{rank++, result->second});
   }
-  // Every token of several bytes but the special ones (<|endoftext|>, <s>,
-  // <pad>, ...) is some merge's result: one no merge makes never comes out,
-  // and the ids of text holding it are silently others (a cut merges file).
+  // Every token of several bytes that the pre-tokenizer keeps whole is some
+  // merge's result: one no merge makes never comes out, and the ids of text
+  // holding it are silently others (a cut merges file). Tokens it splits
+  // (<|endoftext|>, <s>, [PAD]: added ones) are no merge's.
   std::vector<bool> made(token_bytes_.size(), false);
   for (const auto& [key, merge] : merges_) made[static_cast<size_t>(merge.token)] = true;
   int64_t unmade = 0;
   int32_t first = -1;
   for (size_t id = 0; id < token_bytes_.size(); ++id) {
     const std::string& bytes = token_bytes_[id];
-    if (made[id] || bytes.size() < 2 || (bytes.front() == '<' && bytes.back() == '>')) continue;
+    if (made[id] || bytes.size() < 2) continue;
+    if (!FirstInvalidUtf8(bytes).has_value()) {
+      int pieces = 0;
+      RETURN_IF_ERROR(pre_tokenizer_->Split(bytes, [&](std::string_view) { ++pieces; }));
+      if (pieces > 1) continue;
+    }
     if (unmade++ == 0) first = static_cast<int32_t>(id);
   }
   if (unmade > 0) {

@@ -625,7 +625,13 @@ absl::StatusOr<DocumentRange> SplitDocuments(std::string_view splits, int64_t nu
   };
   const char separator = splits.find(',') != std::string_view::npos ? ',' : '/';
   const std::vector<std::string_view> parts = Split(splits, separator);
-  if (parts.size() > 3) return invalid("more than three weights (train, valid, test)");
+  if (parts.size() > 3) {
+    // ("969,30,1," is three weights and an empty fourth: a trailing separator.)
+    return invalid(
+        parts.size() == 4 && StripWhitespace(parts[3]).empty()
+            ? StrCat("a trailing '", std::string(1, separator), "' (three weights at most: train, valid, test)")
+            : std::string("more than three weights (train, valid, test)"));
+  }
   std::array<double, 3> weights = {0.0, 0.0, 0.0};
   double sum = 0.0;
   for (size_t k = 0; k < parts.size(); ++k) {

@@ -56,7 +56,7 @@ bool BuildingDatasetFromText() { return building_from_text.load() > 0; }
 
 absl::StatusOr<std::unique_ptr<TextData>> TextData::Open(const nlohmann::json& config,
                                                          const models::Model::TextInputs& inputs,
-                                                         const Progress& progress, bool build_missing) {
+                                                         const Progress& progress, bool plan_only) {
   using Kind = models::Model::TextInputs::Kind;
   const bool bert = inputs.kind == Kind::kBert;
   ASSIGN_OR_RETURN(const DataloaderConfig loader, DataloaderKeys().Read(config.at("dataloader")));
@@ -92,12 +92,21 @@ absl::StatusOr<std::unique_ptr<TextData>> TextData::Open(const nlohmann::json& c
       return absl::InvalidArgumentError(
           "dataloader.text_file needs a tokenizer (tokenization.tokenizer) to be preprocessed");
     }
-    if (!build_missing) {
+    if (plan_only) {
+      // (A directory opens as a stream; a FIFO's open would wait.)
       const std::filesystem::path text = ExpandPath(*loader.text_file);
-      if (std::ifstream probe(text); !probe) {
-        return absl::InvalidArgumentError(StrCat("dataloader.text_file: cannot read ", text.string(), " (",
-                                                 std::strerror(errno), ") to build the missing dataset ",
-                                                 prefix.string()));
+      std::error_code kind_error;
+      std::string why;
+      if (!std::filesystem::exists(text, kind_error)) {
+        why = "no such file";
+      } else if (!std::filesystem::is_regular_file(text, kind_error)) {
+        why = "not a regular file";
+      } else if (std::ifstream probe(text); !probe) {
+        why = std::strerror(errno);
+      }
+      if (!why.empty()) {
+        return absl::InvalidArgumentError(StrCat("dataloader.text_file: cannot read ", text.string(), " (", why,
+                                                 ") to build the missing dataset ", prefix.string()));
       }
       return std::unique_ptr<TextData>();
     }
@@ -166,14 +175,14 @@ absl::StatusOr<std::unique_ptr<TextData>> TextData::Open(const nlohmann::json& c
     return absl::InvalidArgumentError(
         StrCat("dataloader.data_prefix ", prefix.string(),
                " holds whole documents as one sequence: models.BERT pairs sentences (build it with `tessera preprocess "
-               "--split-sentences --no-eod`, or from dataloader.text_file under another data_prefix)"));
+               "--split-sentences`, or from dataloader.text_file under another data_prefix)"));
   }
   if (source && bert && source->end_of_document) {
     // (Its samples would read the end-of-document [SEP] as text: "... [SEP] [SEP]".)
     return absl::InvalidArgumentError(
         StrCat("dataloader.data_prefix ", prefix.string(),
                " ends each document with an end-of-document token: models.BERT pairs sentences without one (build it "
-               "with `tessera preprocess --split-sentences --no-eod`, or from dataloader.text_file under another "
+               "again with `tessera preprocess --split-sentences`, or from dataloader.text_file under another "
                "data_prefix)"));
   }
   // append_eod only shapes a dataset being built: one that says otherwise
@@ -246,7 +255,9 @@ absl::StatusOr<std::unique_ptr<TextData>> TextData::Open(const nlohmann::json& c
     // Every id inside the tokenizer's vocabulary, checked once at the start
     // (a sample reads a few sentences of the corpus, drawn at random: one
     // bad sentence was met by chance, or never).
-    if (absl::Status ids = indexed.CheckIdsIn(0, indexed.num_tokens(), tokenizer->vocab_size()); !ids.ok()) {
+    if (absl::Status ids =
+            plan_only ? absl::OkStatus() : indexed.CheckIdsIn(0, indexed.num_tokens(), tokenizer->vocab_size());
+        !ids.ok()) {
       return in_dataloader(ids);
     }
   } else {
@@ -260,7 +271,7 @@ absl::StatusOr<std::unique_ptr<TextData>> TextData::Open(const nlohmann::json& c
     options.split = data::DatasetSplit::kValid;
     if (auto made = data::GptDataset::Make(indexed, options); made.ok()) text->gpt_valid_ = *std::move(made);
     train_size = text->gpt_train_->size();
-    if (text->gpt_valid_) {
+    if (text->gpt_valid_ && !plan_only) {
       auto counts = UnigramCounts(*text->gpt_train_, inputs.vocab_size);
       if (!counts.ok()) return in_dataloader(counts.status());
       // And the valid split's (an evaluation met them after training).

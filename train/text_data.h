@@ -59,12 +59,14 @@ class TextData {
   // `inputs` are the model's; errors name the config key or file at fault
   // (a missing dataset without text_file, a tokenizer larger than the
   // model's vocabulary, a split too small for one sample).
-  // `build_missing` false: a missing dataset dataloader.text_file would
-  // build is not (null, once the text file is found readable).
+  // `plan_only` (`tessera plan`): a missing dataset dataloader.text_file
+  // would build is not built (null, once the text file is found to be a
+  // readable file), and no token is read (the run's checks of every id and
+  // the unigram baseline's counts): its metadata, splits and sizes only.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<TextData>> Open(const nlohmann::json& resolved_config,
                                                                       const models::Model::TextInputs& inputs,
                                                                       const Progress& progress = nullptr,
-                                                                      bool build_missing = true);
+                                                                      bool plan_only = false);
 
   // The rows of iteration `iteration`'s global batch (`out`'s first axis:
   // rows = the global batch) for input `input`.

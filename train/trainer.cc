@@ -22,6 +22,7 @@
 #include "core/logging.h"
 #include "core/status.h"
 #include "core/text.h"
+#include "data/indexed_dataset.h"
 #include "fmt/format.h"
 #include "models/model.h"
 #include "scheduler/mesh.h"
@@ -402,8 +403,9 @@ absl::StatusOr<proto::Plan> TrainingPlan(const nlohmann::json& config) {
   // train reads.)
   RETURN_IF_ERROR(CheckRunStartFitsPlan(job, plan, start));
   // The data as a run opens it (the dataset and its splits, the tokenizer,
-  // eval_iter against the valid split), building nothing.
-  RETURN_IF_ERROR(JobFeed::Make(job.config, /*build_missing=*/false).status());
+  // eval_iter against the valid split), building nothing and reading no
+  // token (a run checks every id).
+  RETURN_IF_ERROR(JobFeed::Make(job.config, /*plan_only=*/true).status());
   return plan;
 }
 
@@ -436,7 +438,7 @@ absl::Status CheckOutputDir(const std::filesystem::path& dir) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<JobFeed>> JobFeed::Make(const nlohmann::json& config, bool build_missing) {
+absl::StatusOr<std::unique_ptr<JobFeed>> JobFeed::Make(const nlohmann::json& config, bool plan_only) {
   std::unique_ptr<JobFeed> out(new JobFeed);
   // The data needs the model and the schedule, not the compiled graph.
   ASSIGN_OR_RETURN(Job job, Prepare(config, {}, /*compile=*/false));
@@ -459,11 +461,11 @@ absl::StatusOr<std::unique_ptr<JobFeed>> JobFeed::Make(const nlohmann::json& con
     if (job.text != nullptr) {
       out->text_ = std::move(job.text);
     } else {
-      ASSIGN_OR_RETURN(out->text_, TextData::Open(job.config, *text_inputs, nullptr, build_missing));
+      ASSIGN_OR_RETURN(out->text_, TextData::Open(job.config, *text_inputs, nullptr, plan_only));
     }
   }
   // (Not built yet: what it holds is checked when the run builds it.)
-  if (text_inputs && out->text_ == nullptr && !build_missing) return out;
+  if (text_inputs && out->text_ == nullptr && plan_only) return out;
   if (job.train.evaluation.enabled) {
     if (out->text_->valid_samples() == 0) {
       return absl::InvalidArgumentError(StrCat("train.evaluation.enabled: the valid split of dataloader.splits '",
@@ -573,6 +575,40 @@ absl::StatusOr<std::map<std::string, double>> EvalMetrics(const std::map<std::st
   return metrics;
 }
 
+namespace {
+
+// A resume's dataloader.splits against its checkpoint's: refused when they
+// give the training split other documents of the dataset (the position the
+// checkpoint counted would be another text's); other weights that cut the
+// same training split (8,2,0 for 80,20,0; another valid/test cut) resume.
+absl::Status CheckResumedTrainingSplit(const nlohmann::json& checkpoint_config, const nlohmann::json& config,
+                                       const std::string& checkpoint) {
+  const auto loader_key = [](const nlohmann::json& resolved, const char* name) -> const nlohmann::json* {
+    const auto loader = resolved.is_object() ? resolved.find("dataloader") : resolved.end();
+    if (loader == resolved.end() || !loader->is_object()) return nullptr;
+    const auto value = loader->find(name);
+    return value == loader->end() || !value->is_string() ? nullptr : &*value;
+  };
+  const nlohmann::json* before = loader_key(checkpoint_config, "splits");
+  const nlohmann::json* now = loader_key(config, "splits");
+  const nlohmann::json* prefix = loader_key(config, "data_prefix");
+  if (before == nullptr || now == nullptr || prefix == nullptr || *before == *now) return absl::OkStatus();
+  // (A dataset that does not open is the data's own error to name.)
+  const auto dataset = data::IndexedDataset::Open(ExpandPath(prefix->get<std::string>()));
+  if (!dataset.ok()) return absl::OkStatus();
+  const int64_t documents = (*dataset)->num_documents();
+  const auto was = data::SplitDocuments(before->get<std::string>(), documents, data::DatasetSplit::kTrain);
+  const auto is = data::SplitDocuments(now->get<std::string>(), documents, data::DatasetSplit::kTrain);
+  if (!was.ok() || !is.ok() || (was->begin == is->begin && was->end == is->end)) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      StrCat("train.resume: the latest checkpoint, ", checkpoint, ", trained on documents [", was->begin, ", ",
+             was->end, ") of the dataset (dataloader.splits ", before->dump(), "), this run's splits ", now->dump(),
+             " make the training split [", is->begin, ", ", is->end,
+             "): resume with the same training split, or start from its weights with train.load_weight"));
+}
+
+}  // namespace
+
 absl::StatusOr<RunStart> ResolveRunStart(const TrainConfig& train, const nlohmann::json& config, int64_t global_batch,
                                          const std::vector<models::Model::HfTensor>& hf_layout, bool for_writing) {
   RunStart start;
@@ -627,24 +663,22 @@ absl::StatusOr<RunStart> ResolveRunStart(const TrainConfig& train, const nlohman
         const auto value = part->find(name);
         return value == part->end() ? nlohmann::json() : *value;
       };
-      // (Another sequence length cuts the documents into other samples, and
-      // other splits put other documents in the training split: the
+      // (Another sequence length cuts the documents into other samples: the
       // position the checkpoint counted would be another text's.)
-      for (const auto& [section, name, why] :
-           {std::tuple{"model", "seq_length", "its samples are windows of that many tokens"},
-            std::tuple{"dataloader", "splits", "its samples are those of that training split"}}) {
-        const nlohmann::json before = key(reader->config(), section, name), now = key(config, section, name);
-        if (!before.is_null() && !now.is_null() && before != now) {
-          return absl::InvalidArgumentError(StrCat("train.resume: the latest checkpoint, ", latest->string(),
-                                                   ", trained with ", section, ".", name, " ", before.dump(),
-                                                   ", this run's is ", now.dump(), " (", why,
-                                                   "): resume with the same, or start from its weights with "
-                                                   "train.load_weight"));
-        }
+      const nlohmann::json before = key(reader->config(), "model", "seq_length"),
+                           now = key(config, "model", "seq_length");
+      if (before.is_number_integer() && now.is_number_integer() && before != now) {
+        return absl::InvalidArgumentError(StrCat(
+            "train.resume: the latest checkpoint, ", latest->string(), ", trained with model.seq_length ",
+            before.get<int64_t>(), ", this run's is ", now.get<int64_t>(),
+            " (its samples are windows of that many tokens): resume with the same, or start from its weights with "
+            "train.load_weight"));
       }
+      // So do splits that give the training split other documents.
+      RETURN_IF_ERROR(CheckResumedTrainingSplit(reader->config(), config, latest->string()));
       // Seeds and the synthetic task may change on purpose (a run past a
       // loss spike on other samples), but the run is then no longer the one
-      // the checkpoint's would have been: said, once.
+      // the checkpoint's would have been: said.
       std::vector<std::string> changed;
       for (const auto& [section, name] :
            {std::pair{"train", "seed"}, std::pair{"dataloader", "seed"}, std::pair{"model", "data_seed"},
@@ -654,14 +688,11 @@ absl::StatusOr<RunStart> ResolveRunStart(const TrainConfig& train, const nlohman
           changed.push_back(StrCat(section, ".", name, " ", before.dump(), " -> ", now.dump()));
         }
       }
-      static std::once_flag warned;
-      if (!changed.empty() && for_writing) {
-        std::call_once(warned, [&] {
-          TLOG_WARN(
-              "train.resume: {} since the checkpoint {}: from iteration {} on the run draws other samples or "
-              "random numbers than the checkpoint's run would have",
-              absl::StrJoin(changed, ", "), latest->string(), reader->iteration());
-        });
+      if (!changed.empty()) {
+        start.warnings.push_back(
+            StrCat("train.resume: ", absl::StrJoin(changed, ", "), " since the checkpoint ", latest->string(),
+                   ": from iteration ", reader->iteration(),
+                   " on the run draws other samples or random numbers than the checkpoint's run would have"));
       }
       start.iteration = reader->iteration();
       start.checkpoint = latest->string();
@@ -739,6 +770,7 @@ absl::StatusOr<std::vector<proto::NodePlan>> CompileForNodes(const nlohmann::jso
   }
   ASSIGN_OR_RETURN(const RunStart start,
                    ResolveRunStart(job.train, job.config, job.global_batch(), job.model->HuggingFaceTensors()));
+  for (const std::string& warning : start.warnings) TLOG_WARN("{}", warning);
   scheduler::LowerOptions lower = job.options.lower;
   lower.devices_per_node = devices_per_node;
   lower.start_iteration = start.iteration;

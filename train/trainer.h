@@ -59,10 +59,10 @@ struct TrainSummary {
 // Thread-safe: the feed may be called from several device threads at once.
 class JobFeed {
  public:
-  // `build_missing` false (`tessera plan`: it writes nothing): a dataset
-  // that dataloader.text_file would build is not built, and the checks of
-  // its contents wait for the run.
-  static absl::StatusOr<std::unique_ptr<JobFeed>> Make(const nlohmann::json& config, bool build_missing = true);
+  // `plan_only` (`tessera plan`: it writes nothing, and takes no time of
+  // the corpus's size): the text data as TextData::Open's plan_only opens
+  // it; a feed of no use but for its checks.
+  static absl::StatusOr<std::unique_ptr<JobFeed>> Make(const nlohmann::json& config, bool plan_only = false);
   // Borrows this object.
   FeedFn feed() {
     return [this](int64_t iteration, int64_t micro_batch, std::string_view input, const Tensor& out) {
@@ -150,6 +150,8 @@ struct RunStart {
   int64_t iteration = 0;
   std::string checkpoint;  // empty: the init rules
   bool weights_only = false;
+  // Said, not refused (a resume with other seeds): for the run's log.
+  std::vector<std::string> warnings;
 };
 // `hf_layout`: the model's Hugging Face layout, to read Hugging Face weights
 // in train.load_weight (CheckpointReader::Open). A run that writes refuses an

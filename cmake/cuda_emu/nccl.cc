@@ -2249,6 +2249,26 @@ ncclResult_t ncclCommAbort(ncclComm_t handle) {
   return ncclSuccess;
 }
 
+// Waits for the rank's queued tasks (what real NCCL's finalisation flushes;
+// a non-blocking communicator's may answer ncclInProgress instead, which the
+// callers poll): ncclSuccess, or the clique's failure. A remote rank's
+// stand-in answers at once (its destroy waits for its tasks).
+ncclResult_t ncclCommFinalize(ncclComm_t handle) {
+  if (handle == nullptr) return CallError(nullptr, ncclInvalidArgument, "ncclCommFinalize: null communicator");
+  std::shared_ptr<ncclComm> comm = Resolve(handle, "ncclCommFinalize");
+  if (comm == nullptr) {
+    return CallError(nullptr, ncclInvalidUsage, "ncclCommFinalize: not a live communicator (aborted or destroyed?)");
+  }
+  if (comm->proxy != nullptr) return ncclSuccess;
+  Clique& q = *comm->clique;
+  std::unique_lock<std::mutex> lock(q.mu);
+  if (!q.formed) return ncclSuccess;
+  RankState& me = q.ranks[static_cast<size_t>(comm->rank)];
+  q.cv.wait(lock, [&] { return me.pending == 0; });
+  const ncclResult_t state = StateLocked(q, comm->rank);
+  return state == ncclInProgress ? ncclSuccess : state;
+}
+
 ncclResult_t ncclCommDestroy(ncclComm_t handle) {
   if (handle == nullptr) return ncclSuccess;
   std::shared_ptr<ncclComm> comm = Unregister(handle, "ncclCommDestroy");

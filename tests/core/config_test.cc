@@ -433,13 +433,24 @@ TEST(ApplyOverridesTest, KeysAbsentFromTheFileCanBeSetIfDeclared) {
   ASSERT_TRUE(resolved.ok()) << resolved.status();
   EXPECT_EQ((*resolved)["train"]["dist"]["data_parallel_size"], 4);
   EXPECT_EQ((*resolved)["optim"], json::parse(R"({"_target_": "SGD", "lr": 0.1, "momentum": 0.5})"));
-  // A whole section naming its _target_ goes first too (it was applied in
-  // its turn: optim.momentum before it was unknown under AdamW).
+  // A whole section naming its _target_ sets it first too (it was applied
+  // in its turn: optim.momentum before it was unknown under AdamW); its
+  // other keys keep their turn, so a later override still wins.
   config = json::parse(R"({"train": {}})");
   ASSERT_TRUE(ApplyOverrides(config, {"optim.momentum=0.5", R"(optim={"_target_": "SGD"})"}, TestSchema()).ok());
   resolved = Resolve(TestSchema(), config);
   ASSERT_TRUE(resolved.ok()) << resolved.status();
   EXPECT_EQ((*resolved)["optim"], json::parse(R"({"_target_": "SGD", "lr": 0.1, "momentum": 0.5})"));
+  config = json::parse(R"({"train": {}})");
+  ASSERT_TRUE(ApplyOverrides(config, {"optim.lr=0.5", R"(optim={"_target_": "SGD", "lr": 0.25})"}, TestSchema()).ok());
+  resolved = Resolve(TestSchema(), config);
+  ASSERT_TRUE(resolved.ok()) << resolved.status();
+  EXPECT_EQ((*resolved)["optim"]["lr"], 0.25);
+  config = json::parse(R"({"train": {}})");
+  ASSERT_TRUE(ApplyOverrides(config, {R"(optim={"_target_": "SGD", "lr": 0.25})", "optim.lr=0.5"}, TestSchema()).ok());
+  resolved = Resolve(TestSchema(), config);
+  ASSERT_TRUE(resolved.ok()) << resolved.status();
+  EXPECT_EQ((*resolved)["optim"]["lr"], 0.5);
 }
 
 TEST(ApplyOverridesTest, ChangingTheTargetDropsTheOldTargetsKeys) {

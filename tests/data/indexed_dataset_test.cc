@@ -326,6 +326,8 @@ TEST(SplitDocumentsTest, MegatronBoundaries) {
     EXPECT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument) << bad;
     EXPECT_THAT(result.status().message(), HasSubstr(StrCat("splits '", bad, "'")));
   }
+  // (A trailing comma said "more than three weights".)
+  EXPECT_THAT(SplitDocuments("949,50,1,", 10, DatasetSplit::kTrain).status().message(), HasSubstr("a trailing ','"));
 }
 
 // --- Interchange with the Python reference ------------------------------------

@@ -567,6 +567,13 @@ TEST(Gpt2Tokenizer, MalformedMergesAreErrorsNamingTheLine) {
   ExpectLoadError(Gpt2Tokenizer::Load(dir / "encoder.json", dir / "vocab.bpe").status(),
                   absl::StatusCode::kInvalidArgument,
                   {"vocab.bpe: 1 of the encoder's", "have several bytes and no merge makes them", "cut merges file"});
+  // Added tokens the pre-tokenizer splits (no merge could make them) load.
+  Json added = encoder;
+  for (const char* token : {"[PAD]", "<s>", "<|endoftext|>"}) added[token] = added.size();
+  const Gpt2Files with_added = WriteGpt2Files(dir, added.dump(), merges);
+  const absl::StatusOr<std::unique_ptr<Gpt2Tokenizer>> loaded =
+      Gpt2Tokenizer::Load(with_added.encoder, with_added.merges);
+  EXPECT_TRUE(loaded.ok()) << loaded.status();
 }
 
 TEST(Tokenizer, UnknownKindListsTheKinds) {

@@ -668,12 +668,18 @@ TEST_F(BertTest, BadBertConfigsAreOneLineErrors) {
   ExpectOneLineError(RunTessera(Train(out, "train.train_iter=2 dataloader.text_file=null dataloader.data_prefix=" +
                                                (root_ / "whole").string())),
                      "holds whole documents as one sequence: models.BERT pairs sentences");
-  // Sentences with end-of-document tokens (preprocess's default): each
+  // Sentences with end-of-document tokens (what --split-sentences wrote
+  // until it implied none; a dataset whose source.json says so): each
   // document's last pair read "... [SEP] [SEP]".
   const auto with_eod = RunTessera("preprocess --input " + (root_ / "corpus.txt").string() +
                                    " --tokenizer bert --split-sentences --vocab-file " +
                                    (root_ / "vocab.txt").string() + " --output " + (root_ / "with_eod").string());
   ASSERT_EQ(with_eod.exit_code, 0) << with_eod.out;
+  const fs::path source = root_ / "with_eod.source.json";
+  nlohmann::json described = nlohmann::json::parse(std::ifstream(source));
+  EXPECT_EQ(described["end_of_document"], false);
+  described["end_of_document"] = true;
+  std::ofstream(source) << described.dump(2);
   ExpectOneLineError(RunTessera(Train(out, "train.train_iter=2 dataloader.text_file=null dataloader.data_prefix=" +
                                                (root_ / "with_eod").string())),
                      "ends each document with an end-of-document token: models.BERT pairs sentences without one");
