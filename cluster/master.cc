@@ -1734,7 +1734,10 @@ class Master::Impl final : public control::Master::Service {
     // (Its last line begins the kept text only when the tail holds it whole.)
     if ((last != std::string::npos || start == offset) && last_line != job.log_last_line) return lines;
     size_t begin = 0;
-    if (start > offset) begin = text.find('\n') == std::string::npos ? text.size() : text.find('\n') + 1;
+    if (start > offset) {  // (a line cut by the tail's start)
+      if (last == std::string::npos) return lines;
+      begin = text.find('\n') + 1;
+    }
     while (begin <= text.size()) {
       size_t stop = text.find('\n', begin);
       if (stop == std::string::npos) stop = text.size();
