@@ -222,7 +222,9 @@ absl::Status Gpt2Tokenizer::LoadMerges(const std::filesystem::path& file) {
   // Every token of several bytes that the pre-tokenizer keeps whole is some
   // merge's result: one no merge makes never comes out, and the ids of text
   // holding it are silently others (a cut merges file). Tokens it splits
-  // (<|endoftext|>, <s>, [PAD]: added ones) are no merge's.
+  // (<|endoftext|>, <s>, [PAD]: added ones) are no merge's; a few whole ones
+  // may be added too (runs of spaces, some vocabularies): refused only when
+  // they are more than 1% of the vocabulary, as a cut file's are.
   std::vector<bool> made(token_bytes_.size(), false);
   for (const auto& [key, merge] : merges_) made[static_cast<size_t>(merge.token)] = true;
   int64_t unmade = 0;
@@ -237,7 +239,7 @@ absl::Status Gpt2Tokenizer::LoadMerges(const std::filesystem::path& file) {
     }
     if (unmade++ == 0) first = static_cast<int32_t>(id);
   }
-  if (unmade > 0) {
+  if (unmade > 0 && (merges_.empty() || unmade * 100 > static_cast<int64_t>(token_bytes_.size()))) {
     return absl::InvalidArgumentError(
         StrCat(file.string(), ": ", merges_.empty() ? "no merges, though " : "", unmade, " of the encoder's ",
                token_bytes_.size(), " tokens have several bytes and no merge makes them (the first: ",
