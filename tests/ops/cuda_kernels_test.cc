@@ -160,7 +160,7 @@ Tensor ToHost(const Tensor& on_device) {
 // schema asks for, as the actor runtime gives it (filled with ones first,
 // so a kernel reading bytes it did not write shows).
 std::vector<Tensor> RunOnGpu(const std::string& name, const std::vector<Tensor>& inputs, const AttrMap& attrs,
-                             absl::Status* status, bool with_workspace = false) {
+                             absl::Status* status, bool with_workspace = false, int64_t step = 0) {
   const Device gpu{DeviceType::kCuda, 0};
   const OpSchema& schema = *BuiltinOps().Find(name);
   auto canonical = schema.CanonicalizeAttrs(attrs);
@@ -172,6 +172,7 @@ std::vector<Tensor> RunOnGpu(const std::string& name, const std::vector<Tensor>&
   for (const TensorMeta& m : *out) ctx.outputs.push_back(*Tensor::Empty(m.shape, m.dtype, gpu));
   ctx.attrs = &*canonical;
   ctx.device = gpu;
+  ctx.step = step;
   if (const int64_t bytes = schema.WorkspaceBytes(metas, *out, *canonical, DeviceType::kCuda);
       with_workspace && bytes > 0) {
     auto ones = Tensor::Empty(Shape{(bytes + 7) / 8}, DType::kI64, Device{});
@@ -481,6 +482,78 @@ TEST(CudaKernels, ArgmaxAndReduceMaxGradMatchTheCpuWithTies) {
     ASSERT_NO_FATAL_FAILURE(RunOnBoth("reduce_max_grad", {x, (*y)[0], dy}, attrs, want, got));
     // (The slices holding the NaN get NaN throughout, on both.)
     ExpectEqualWithNans(got[0], want[0]);
+  }
+}
+
+// The mixed-precision branches the example inputs never reach (an op
+// audit found them compared nowhere): nonfinite on 16-bit tensors holding
+// an infinity or a NaN, or neither; loss_scale_update's growth (no overflow,
+// good steps counted, the interval reached); adamw_update without bias
+// correction, with a skipped step and after skipped ones.
+TEST(CudaKernels, MixedPrecisionBranchesMatchTheCpu) {
+  if (const std::string why = NoGpu(); !why.empty()) GTEST_SKIP() << why;
+  std::mt19937 rng(21);
+  std::uniform_real_distribution<float> uniform(-2.0f, 2.0f);
+  std::vector<float> values(3 * 1000);
+  for (float& v : values) v = uniform(rng);
+  for (const DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
+    for (const float planted : {0.0f, std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                                std::numeric_limits<float>::quiet_NaN()}) {
+      SCOPED_TRACE(StrCat("nonfinite ", DTypeName(dtype), " planted ", planted));
+      std::vector<float> x = values;
+      if (planted != 0.0f) x[2345] = planted;
+      auto cast = RunOp("cast", {Tensor::FromVector(Shape{3, 1000}, x)}, {{"dtype", dtype}});
+      ASSERT_TRUE(cast.ok()) << cast.status();
+      std::vector<Tensor> want, got;
+      ASSERT_NO_FATAL_FAILURE(RunOnBoth("nonfinite", {(*cast)[0]}, {}, want, got));
+      EXPECT_EQ(want[0].ToVector<float>(), std::vector<float>{planted != 0.0f ? 1.0f : 0.0f});
+      EXPECT_EQ(got[0].ToVector<float>(), want[0].ToVector<float>());
+    }
+  }
+  const auto scalar = [](float v) { return Tensor::FromVector(Shape{}, std::vector<float>{v}); };
+  for (const float found_inf : {0.0f, 1.0f}) {
+    for (const float good_steps : {0.0f, 2.0f, 3.0f}) {
+      SCOPED_TRACE(StrCat("loss_scale_update found_inf ", found_inf, " good_steps ", good_steps));
+      std::vector<Tensor> want, got;
+      ASSERT_NO_FATAL_FAILURE(RunOnBoth("loss_scale_update", {scalar(1024.0f), scalar(found_inf), scalar(good_steps)},
+                                        {{"growth_interval", int64_t{4}}}, want, got));
+      for (size_t k = 0; k < want.size(); ++k) EXPECT_EQ(got[k].ToVector<float>(), want[k].ToVector<float>()) << k;
+    }
+  }
+  std::vector<Tensor> adam(4);
+  for (size_t k = 0; k < adam.size(); ++k) {
+    std::vector<float> v(4 * 6);
+    for (float& e : v) e = k == 3 ? std::fabs(uniform(rng)) : uniform(rng);  // (v: second moments, >= 0)
+    adam[k] = Tensor::FromVector(Shape{4, 6}, v);
+  }
+  for (const bool bias_correction : {true, false}) {
+    for (const float skip : {0.0f, 1.0f}) {
+      for (const float skipped : {0.0f, 3.0f}) {
+        SCOPED_TRACE(StrCat("adamw_update bias_correction ", bias_correction, " skip ", skip, " skipped ", skipped));
+        std::vector<Tensor> inputs = adam;
+        inputs.push_back(scalar(1e-3f));
+        inputs.push_back(scalar(skip));
+        inputs.push_back(scalar(skipped));
+        const AttrMap attrs = {{"bias_correction", bias_correction}};
+        // (Step 5: t = 6 - skipped.)
+        EagerOptions at_step;
+        at_step.step = 5;
+        auto cpu = RunOp("adamw_update", inputs, attrs, at_step);
+        ASSERT_TRUE(cpu.ok()) << cpu.status();
+        const std::vector<Tensor> want = *std::move(cpu);
+        absl::Status status;
+        const std::vector<Tensor> got = RunOnGpu("adamw_update", inputs, attrs, &status, false, /*step=*/5);
+        ASSERT_TRUE(status.ok()) << status;
+        for (size_t k = 0; k < want.size(); ++k) {
+          const std::vector<float> w = want[k].ToVector<float>(), g = got[k].ToVector<float>();
+          ASSERT_EQ(g.size(), w.size());
+          for (size_t i = 0; i < w.size(); ++i) {
+            ASSERT_FALSE(std::isnan(w[i])) << k << " " << i;
+            EXPECT_NEAR(g[i], w[i], 1e-6 * std::fabs(w[i]) + 1e-7) << "output " << k << " element " << i;
+          }
+        }
+      }
+    }
   }
 }
 
