@@ -105,10 +105,6 @@ int RunTrain(const std::string& path, const std::vector<std::string>& overrides,
   if (!all.ok()) return Fail(std::string(all.status().message()));
   auto config = tessera::LoadJobConfig(path, *all);
   if (!config.ok()) return Fail(std::string(config.status().message()));
-  if (fast_dev_run) {
-    std::printf("fast dev run: 20 iterations into %s\n",
-                config->at("train").at("output_dir").get<std::string>().c_str());
-  }
   // Ctrl-C / SIGTERM / SIGHUP: finish the iteration in flight, write a
   // checkpoint there, exit 130 / 143 / 129 (128 + the signal).
   auto stop = std::make_shared<tessera::cluster::GracefulStop>();
@@ -148,6 +144,12 @@ int RunTrain(const std::string& path, const std::vector<std::string>& overrides,
     const int signal = g_stop_signal;
     Fail(std::string(trained.message()));
     return trained.code() == absl::StatusCode::kCancelled && signal != 0 ? 128 + signal : 1;
+  }
+  // (Said at the end: one said at the start stood beside the error of a run
+  // that never started.)
+  if (fast_dev_run) {
+    std::printf("fast dev run passed: 20 iterations, checkpoints and evaluations into %s\n",
+                config->at("train").at("output_dir").get<std::string>().c_str());
   }
   return 0;
 }

@@ -246,7 +246,9 @@ TEST(Cli, FastDevRunChecksTheWholeJobInASubdirectory) {
       "train " + Source("configs/gpt2_nano.json") + " model.num_layers=1 train.output_dir=" + dir + " --fast-dev-run";
   const Result ok = RunTessera(job);
   ASSERT_EQ(ok.exit_code, 0) << ok.out;
-  EXPECT_EQ(ok.out.rfind("fast dev run: 20 iterations into " + dir + "/fast_dev_run\n", 0), 0u) << ok.out;
+  const std::string passed =
+      "fast dev run passed: 20 iterations, checkpoints and evaluations into " + dir + "/fast_dev_run\n";
+  EXPECT_TRUE(ok.out.ends_with(passed)) << ok.out;
   EXPECT_NE(ok.out.find("\niter 20/20  loss "), std::string::npos) << ok.out;
   std::vector<std::string> entries;
   for (const auto& entry : std::filesystem::directory_iterator(dir)) entries.push_back(entry.path().filename());
@@ -259,6 +261,11 @@ TEST(Cli, FastDevRunChecksTheWholeJobInASubdirectory) {
   int lines = 0;
   for (std::string line; std::getline(metrics, line);) ++lines;
   EXPECT_EQ(lines, 20);
+  // A run that cannot start says only why (its first line told where it
+  // would have written).
+  const Result bad = RunTessera(job + " model.num_attention_heads=3");
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_EQ(bad.out.find('\n'), bad.out.size() - 1) << bad.out;
   const Result resumed = RunTessera(job + " --resume");
   EXPECT_EQ(resumed.exit_code, 1);
   EXPECT_EQ(resumed.out, "tessera: --fast-dev-run starts from scratch: it takes no --resume (train.resume)\n");
