@@ -138,12 +138,27 @@ TokenDtype TokenDtypeForVocabulary(int64_t vocab_size) {
 struct IndexedDataset::Mapping {
   const uint8_t* data = nullptr;
   int64_t size = 0;
+  fs::path path;
+  // Kept open to see the file shrink under the mapping (IsWhole).
+  int fd = -1;
 
   Mapping() = default;
   Mapping(const Mapping&) = delete;
   Mapping& operator=(const Mapping&) = delete;
   ~Mapping() {
     if (data != nullptr) ::munmap(const_cast<uint8_t*>(data), static_cast<size_t>(size));
+    if (fd >= 0) ::close(fd);
+  }
+
+  // OK while the file is at least as long as when it was mapped: a read of
+  // a page past a shrunk file's end is SIGBUS, the process killed.
+  absl::Status IsWhole() const {
+    struct stat info {};
+    if (fd < 0 || ::fstat(fd, &info) != 0 || info.st_size >= size) return absl::OkStatus();
+    return absl::DataLossError(StrCat("indexed dataset file '", path.string(), "' shrank to ", info.st_size,
+                                      " bytes from ", size,
+                                      " while it was read (truncated or rewritten in place: "
+                                      "replace a dataset by renaming a new one over it, as preprocess does)"));
   }
 
   static absl::StatusOr<std::unique_ptr<Mapping>> Map(const fs::path& path) {
@@ -171,12 +186,18 @@ struct IndexedDataset::Mapping {
       }
       mapping->data = static_cast<const uint8_t*>(address);
     }
-    ::close(fd);  // the mapping keeps the file alive
+    mapping->path = path;
+    mapping->fd = fd;
     return mapping;
   }
 };
 
 IndexedDataset::~IndexedDataset() = default;
+
+absl::Status IndexedDataset::CheckFilesWhole() const {
+  RETURN_IF_ERROR(index_->IsWhole());
+  return data_->IsWhole();
+}
 
 absl::StatusOr<std::unique_ptr<IndexedDataset>> IndexedDataset::Open(const fs::path& prefix) {
   const fs::path idx_path = WithSuffix(prefix, ".idx");

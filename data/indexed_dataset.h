@@ -106,6 +106,11 @@ class IndexedDataset {
   [[nodiscard]] absl::Status CheckIds(int64_t first, std::span<const int64_t> ids, int64_t vocab_size) const;
   // CheckIds over tokens [first, end) of the stream, read in blocks.
   [[nodiscard]] absl::Status CheckIdsIn(int64_t first, int64_t end, int64_t vocab_size) const;
+  // DataLoss naming the file when PREFIX.bin or PREFIX.idx is shorter now
+  // than when it was opened (truncated, or rewritten in place): reading the
+  // mapping past its new end would kill the process (SIGBUS). One fstat
+  // each; a reader calls it before each batch.
+  [[nodiscard]] absl::Status CheckFilesWhole() const;
 
  private:
   struct Mapping;

@@ -318,6 +318,11 @@ int64_t TextData::valid_samples() const {
 
 absl::Status TextData::Fill(bool train, const std::function<int64_t(int64_t)>& sample_of_row, std::string_view input,
                             const Tensor& out) const {
+  // (A dataset truncated under the run: said, where reading it would have
+  // killed the process, a cluster's worker with it.)
+  if (absl::Status whole = dataset_->CheckFilesWhole(); !whole.ok()) {
+    return absl::Status(whole.code(), StrCat("dataloader.data_prefix: ", whole.message()));
+  }
   if (gpt_train_) return FillGpt(train ? *gpt_train_ : *gpt_valid_, sample_of_row, input, out);
   return FillBert(train ? *bert_train_ : *bert_valid_, sample_of_row, input, out);
 }

@@ -103,6 +103,25 @@ TEST(IndexedDatasetTest, EmptyDatasetRoundTrips) {
   EXPECT_EQ(ReadFile(dir / "empty.bin"), "");
 }
 
+// A file truncated while open is said, naming it, before a read of the
+// mapping past its new end would kill the process (SIGBUS: a cluster's
+// worker died with no word). Growing is harmless.
+TEST(IndexedDatasetTest, AFileThatShrankWhileOpenIsAnError) {
+  ScratchDir dir;
+  BuildCorpus(dir / "x", {{{1, 2, 3}, {4, 5}}, {{6, 7, 8, 9}}});
+  auto dataset = IndexedDataset::Open(dir / "x");
+  ASSERT_TRUE(dataset.ok()) << dataset.status();
+  EXPECT_TRUE((*dataset)->CheckFilesWhole().ok());
+  std::ofstream(dir / "x.bin", std::ios::app) << "more";
+  EXPECT_TRUE((*dataset)->CheckFilesWhole().ok());
+  std::filesystem::resize_file(dir / "x.bin", 4);
+  const absl::Status shrank = (*dataset)->CheckFilesWhole();
+  EXPECT_EQ(shrank.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(shrank.message(), HasSubstr("x.bin' shrank to 4 bytes from 18 while it was read"));
+  std::filesystem::resize_file(dir / "x.idx", 10);
+  EXPECT_THAT((*dataset)->CheckFilesWhole().message(), HasSubstr("x.idx' shrank to 10 bytes"));
+}
+
 TEST(IndexedDatasetTest, WritesMegatronBytesExactly) {
   ScratchDir dir;
   BuildCorpus(dir / "x", {{{1, 2, 3}, {258}}, {{65535}}}, TokenDtype::kUint16);
