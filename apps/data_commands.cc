@@ -236,6 +236,11 @@ void AddPreprocess(CLI::App& app) {
   verb->callback([flags, verb] {
     RemoveTemporariesOnSignals();
     const std::filesystem::path prefix = ExpandPath(flags->output);
+    if (prefix.extension() == ".bin" || prefix.extension() == ".idx") {
+      // (It wrote X.bin.bin and X.bin.idx, which data_prefix=X.bin read.)
+      Fail(StrCat("--output ", flags->output, ": give the prefix, without ", prefix.extension().string(),
+                  " (PREFIX.bin and PREFIX.idx are written)"));
+    }
     std::vector<std::filesystem::path> inputs;
     for (const std::string& input : flags->inputs) inputs.push_back(ExpandPath(input));
     RemoveStaleTemporaries(

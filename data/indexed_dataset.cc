@@ -204,7 +204,15 @@ absl::StatusOr<std::unique_ptr<IndexedDataset>> IndexedDataset::Open(const fs::p
   const fs::path bin_path = WithSuffix(prefix, ".bin");
   std::unique_ptr<IndexedDataset> dataset(new IndexedDataset());
   dataset->prefix_ = prefix;
-  ASSIGN_OR_RETURN(dataset->index_, Mapping::Map(idx_path));
+  if (absl::StatusOr<std::unique_ptr<Mapping>> index = Mapping::Map(idx_path); index.ok()) {
+    dataset->index_ = *std::move(index);
+  } else if (absl::IsNotFound(index.status()) && (prefix.extension() == ".bin" || prefix.extension() == ".idx")) {
+    // (X.bin for the prefix X: it looked for X.bin.idx.)
+    return absl::NotFoundError(StrCat(index.status().message(), " (a dataset is named by its prefix, without ",
+                                      prefix.extension().string(), ")"));
+  } else {
+    return index.status();
+  }
   ASSIGN_OR_RETURN(dataset->data_, Mapping::Map(bin_path));
   const uint8_t* idx = dataset->index_->data;
   const int64_t idx_size = dataset->index_->size;

@@ -87,6 +87,13 @@ absl::StatusOr<std::unique_ptr<TextData>> TextData::Open(const nlohmann::json& c
   }
   const std::filesystem::path prefix = ExpandPath(*loader.data_prefix);
   std::error_code ec;
+  if ((prefix.extension() == ".bin" || prefix.extension() == ".idx") &&
+      !std::filesystem::exists(prefix.string() + ".idx", ec)) {
+    // (X.bin for the prefix X: X.bin.idx was looked for, or built.)
+    return absl::InvalidArgumentError(StrCat("dataloader.data_prefix ", prefix.string(),
+                                             ": give the dataset's prefix, without ", prefix.extension().string(),
+                                             " (PREFIX.bin and PREFIX.idx)"));
+  }
   if (!std::filesystem::exists(prefix.string() + ".idx", ec) && loader.text_file) {
     if (tokenizer == nullptr) {
       return absl::InvalidArgumentError(

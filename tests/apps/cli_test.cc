@@ -366,6 +366,9 @@ TEST(Cli, FlagsNothingReadsAndValuesOutOfRangeAreOneLineErrors) {
       {"generate " + dir.string() + " --prompt x --seed 18446744073709551616", "is not an integer in [0, 2^64 - 1]"},
       {"preprocess --tokenizer gpt2 --keep-case --input " + text + " --output " + out,
        "--keep-case is for --tokenizer bert"},
+      // (It wrote out.bin.bin and out.bin.idx.)
+      {"preprocess --tokenizer gpt2 --input " + text + " --output " + out + ".bin",
+       "give the prefix, without .bin (PREFIX.bin and PREFIX.idx are written)"},
       {"tokenize --tokenizer gpt2 --keep-case hello", "--keep-case is for --tokenizer bert"},
       {"preprocess --tokenizer bpe:300 --vocab-file v --input " + text + " --output " + out,
        "--vocab-file and --merges-file are for gpt2 and bert"},

@@ -110,6 +110,9 @@ TEST_F(TextDataTest, PlanChecksTheDataAsTheRunWouldAndBuildsNothing) {
   ExpectOneLineError(plan("train.evaluation.enabled=true train.evaluation.eval_iter=100000000"),
                      "train.evaluation.eval_iter 100000000 is more than the ");
   ExpectOneLineError(plan("model.vocab_size=100"), "vocabulary has 320 tokens, model.vocab_size is only 100");
+  // A file's name for the prefix (it looked for corpus.bin.idx, or built it).
+  ExpectOneLineError(plan("dataloader.data_prefix=" + (root_ / "data" / "corpus.bin").string()),
+                     "give the dataset's prefix, without .bin");
   EXPECT_FALSE(fs::exists(root_ / "plan"));
 }
 
