@@ -428,11 +428,14 @@ fs::path SourceFile(const fs::path& output_prefix) { return output_prefix.string
 
 // PREFIX.idx's modification time in ns: with its size, what tells the index
 // a description was written for from one put there later.
-int64_t IndexTime(const fs::path& index, std::error_code& ec) {
+// PREFIX.idx's modification time in nanoseconds since the Unix epoch
+// (`legacy`: in the file clock's own epoch, as descriptions before it was
+// Unix time hold it).
+int64_t IndexTime(const fs::path& index, std::error_code& ec, bool legacy = false) {
   const auto time = fs::last_write_time(index, ec);
-  return ec ? 0
-            : static_cast<int64_t>(
-                  std::chrono::duration_cast<std::chrono::nanoseconds>(time.time_since_epoch()).count());
+  if (ec) return 0;
+  const auto since = legacy ? time.time_since_epoch() : std::chrono::file_clock::to_sys(time).time_since_epoch();
+  return static_cast<int64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(since).count());
 }
 
 // PREFIX.idx's checksum (XXH3-64 of its bytes), which a copy keeps when its
@@ -722,11 +725,12 @@ absl::StatusOr<std::optional<DatasetSource>> ReadDatasetSource(const fs::path& o
   const auto index_bytes = fs::file_size(index, ec);
   const int64_t index_time = ec ? 0 : IndexTime(index, ec);
   const auto data_bytes = ec ? 0 : fs::file_size(output_prefix.string() + ".bin", ec);
+  std::error_code legacy_ec;
   // The same sizes, and the same index: its time, or (a copy that did not
   // keep the time) its checksum.
   if (ec || static_cast<int64_t>(index_bytes) != source.index_bytes ||
       static_cast<int64_t>(data_bytes) != source.data_bytes ||
-      (index_time != source.index_mtime_ns &&
+      (index_time != source.index_mtime_ns && IndexTime(index, legacy_ec, /*legacy=*/true) != source.index_mtime_ns &&
        (source.index_checksum.empty() || IndexChecksum(index) != source.index_checksum))) {
     return std::optional<DatasetSource>();
   }

@@ -124,7 +124,7 @@ struct DatasetSource {
   bool split_sentences = false;  // one sequence per sentence (BERT's form)
   bool end_of_document = false;  // each document ends with the end-of-document id
   int64_t index_bytes = 0;
-  int64_t index_mtime_ns = 0;
+  int64_t index_mtime_ns = 0;  // Unix time, ns (older descriptions: the file clock's)
   std::string index_checksum;  // XXH3-64 of PREFIX.idx ("": not kept)
   int64_t data_bytes = 0;      // PREFIX.bin's
 };

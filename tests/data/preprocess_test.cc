@@ -394,6 +394,11 @@ TEST_F(PreprocessTest, TheDatasetSaysWhatItWasBuiltFrom) {
   // A field of another type or missing is named (it said nlohmann's
   // "[json.exception.type_error.302] type must be number, but is string").
   const std::string written = ReadFile(dir_ / "out.source.json");
+  // The index's time is Unix time in nanoseconds (it was the file clock's,
+  // a negative number), within a minute of now.
+  const int64_t now_ns =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+  EXPECT_LT(std::llabs(nlohmann::json::parse(written)["index_mtime_ns"].get<int64_t>() - now_ns), 60'000'000'000LL);
   for (const auto& [pointer, value, error] : std::vector<std::tuple<std::string, nlohmann::json, std::string>>{
            {"/data_bytes", "x", "malformed: its 'data_bytes' is not an integer"},
            {"/tokenizer/vocab_size", 1.5, "malformed: its 'tokenizer.vocab_size' is not an integer"},
