@@ -203,12 +203,13 @@ void PrintEvent(const control::JobEvent& event) {
   Fail(std::string(status.message()));
 }
 
-// Fails (exit 1) unless `job` ended as `wanted`, naming how it ended (its
-// reason too, unless the follower printed it as the job's last line).
+// Whether a job in `state` has ended.
 bool IsFinalState(control::JobState state) {
   return state == control::SUCCEEDED || state == control::FAILED || state == control::CANCELLED;
 }
 
+// Fails (exit 1) unless `job` ended as `wanted`, naming how it ended (its
+// reason too, unless the follower printed it as the job's last line).
 void ExpectEnd(const control::JobInfo& job, control::JobState wanted, bool reason_printed = false) {
   if (job.state() == wanted) return;
   if (reason_printed || job.reason().empty()) {

@@ -172,6 +172,16 @@ TEST(ClusterEngineCheckpoints, ResumedJobContinuesTheStraightRunsLosses) {
   ASSERT_EQ(resumed.size(), 8u);
   for (size_t i = 0; i < 8; ++i) EXPECT_EQ(resumed[i], straight[i]) << "iteration " << i + 1;
   ASSERT_TRUE(std::filesystem::exists(dir / "resumed" / "checkpoints" / "iter_0000008" / "index.json"));
+  // Resumed with another seed: it runs, and the job's log says so (the
+  // warning went only to the master's stderr, once per master).
+  std::vector<std::string> reseeded = Overrides(
+      dir / "resumed", {"train.dist.data_parallel_size=2", "train.dist.tensor_parallel_size=2",
+                        "train.checkpointer.period=4", "lr_scheduler._target_=ConstantLR", "train.warmup_ratio=0"});
+  for (const char* o : {"train.train_iter=9", "train.resume=true", "train.seed=77"}) reseeded.push_back(o);
+  ASSERT_NO_FATAL_FAILURE(cluster.RunJob(files->dump(), reseeded));
+  std::ifstream log(dir / "resumed" / "log.txt");
+  const std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("[master] warning: train.resume: train.seed 1234 -> 77"), std::string::npos) << text;
   std::filesystem::remove_all(dir);
 }
 
