@@ -273,6 +273,11 @@ absl::StatusOr<Json> ReadJsonFile(const fs::path& path) {
     return absl::InvalidArgumentError(
         absl::StrCat(NumberLocation(path, contents, e.what()), ": invalid JSON: ", ParseErrorReason(e.what())));
   }
+  if (const std::optional<NumberAt> tiny = FirstUnderflowingNumber(contents)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(Location(path, contents, tiny->offset + 1), ": number ", ShortText(tiny->text),
+                     " is nonzero but below the smallest a number holds (it would read as 0)"));
+  }
   if (deep) {
     return absl::InvalidArgumentError(absl::StrCat("config file '", path.string(), "' nests objects or arrays deeper than ",
                                                    kMaxNestingDepth, " levels"));
@@ -450,6 +455,13 @@ absl::StatusOr<Override> ParseOverride(std::string_view text) {
   if (!duplicate.empty() && !result.value.is_discarded()) {
     return absl::InvalidArgumentError(absl::StrCat("override '", ShortText(text), "': its value gives key '",
                                                    ShortText(duplicate), "' twice in one object"));
+  }
+  if (!result.value.is_discarded()) {
+    if (const std::optional<NumberAt> tiny = FirstUnderflowingNumber(result.raw_value)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("override '", ShortText(text), "': ", ShortText(tiny->text),
+                       " is nonzero but below the smallest a number holds (it would read as 0)"));
+    }
   }
   if (result.value.is_discarded()) result.value = result.raw_value;
   return result;

@@ -1,6 +1,7 @@
 #include "core/json_text.h"
 
 #include <cmath>
+#include <cstdlib>
 
 #include "core/strings.h"
 #include "core/text.h"
@@ -55,6 +56,41 @@ std::optional<int64_t> AsIntegral(double number) {
     return std::nullopt;
   }
   return static_cast<int64_t>(number);
+}
+
+std::optional<NumberAt> FirstUnderflowingNumber(std::string_view text) {
+  const auto part_of_number = [](char c) {
+    return (c >= '0' && c <= '9') || c == '.' || c == 'e' || c == 'E' || c == '+' || c == '-';
+  };
+  std::size_t i = 0;
+  while (i < text.size()) {
+    const char c = text[i];
+    if (c == '"') {  // a string, its escapes skipped
+      for (++i; i < text.size() && text[i] != '"'; ++i) {
+        if (text[i] == '\\') ++i;
+      }
+      ++i;
+    } else if (c == '/' && i + 1 < text.size() && text[i + 1] == '/') {
+      const std::size_t end = text.find('\n', i);
+      i = end == std::string_view::npos ? text.size() : end + 1;
+    } else if (c == '/' && i + 1 < text.size() && text[i + 1] == '*') {
+      const std::size_t end = text.find("*/", i + 2);
+      i = end == std::string_view::npos ? text.size() : end + 2;
+    } else if (c == '-' || (c >= '0' && c <= '9')) {
+      std::size_t end = i;
+      while (end < text.size() && part_of_number(text[end])) ++end;
+      const std::string number(text.substr(i, end - i));
+      // A nonzero digit before the exponent makes it a nonzero number.
+      const std::string mantissa = number.substr(0, number.find_first_of("eE"));
+      if (mantissa.find_first_of("123456789") != std::string::npos && std::strtod(number.c_str(), nullptr) == 0.0) {
+        return NumberAt{i, number};
+      }
+      i = end;
+    } else {
+      ++i;
+    }
+  }
+  return std::nullopt;
 }
 
 }  // namespace tessera::config

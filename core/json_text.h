@@ -28,4 +28,14 @@ std::string ShortText(std::string_view text);
 // `number` as an int64 if it is finite, integral and in range (2.0, 1e5).
 std::optional<int64_t> AsIntegral(double number);
 
+// A number of JSON text that reads as zero though it is not (1e-400: past the
+// smallest a double holds; the parser takes it silently as 0): its byte
+// offset and text, the first one in `text` outside strings and comments.
+// `text` must be JSON the parser accepted (comments allowed).
+struct NumberAt {
+  std::size_t offset = 0;
+  std::string text;
+};
+std::optional<NumberAt> FirstUnderflowingNumber(std::string_view text);
+
 }  // namespace tessera::config

@@ -12,11 +12,11 @@
 #include <string>
 #include <vector>
 
+#include "core/json_text.h"
 #include "core/registry.h"
 #include "core/schema.h"
 #include "core/status.h"
 #include "core/strings.h"
-
 
 namespace tessera::config {
 namespace {
@@ -250,6 +250,30 @@ TEST_F(ConfigTest, ANumberOutOfRangeNamesItsLineAndColumn) {
   const absl::StatusOr<json> config = LoadConfigFiles(file);
   ASSERT_FALSE(config.ok());
   EXPECT_EQ(config.status().message(), file.string() + ":2:8: invalid JSON: number overflow parsing '11e400'");
+}
+
+// A nonzero number below a double's smallest: the parser reads it as 0
+// without a word (`"weight_decay": 1e-400` would be no decay); refused with
+// its line and column. Zeros, subnormals and the same text inside strings
+// and comments are no error.
+TEST_F(ConfigTest, ANumberThatWouldReadAsZeroIsAnError) {
+  const fs::path file =
+      Write("tiny.json", "{\n  \"s\": \"1e-400\", // 1e-400\n  \"z\": 0e-999, \"d\": 1e-310,\n  \"t\": -1.5e-400\n}\n");
+  const absl::StatusOr<json> config = LoadConfigFiles(file);
+  ASSERT_FALSE(config.ok());
+  EXPECT_EQ(config.status().message(), file.string() +
+                                           ":4:8: number -1.5e-400 is nonzero but below the smallest a number holds "
+                                           "(it would read as 0)");
+  EXPECT_FALSE(FirstUnderflowingNumber(R"({"a": [0.0, 0e-400, -0.000e5, 1e-323], /* 1e-999 */ "b": "2e-999"})"));
+  const std::optional<NumberAt> tiny = FirstUnderflowingNumber("[0.00001e-320]");
+  ASSERT_TRUE(tiny);
+  EXPECT_EQ(tiny->offset, 1u);
+  EXPECT_EQ(tiny->text, "0.00001e-320");
+  const absl::StatusOr<Override> parsed = ParseOverride("optim.weight_decay=1e-400");
+  ASSERT_FALSE(parsed.ok());
+  EXPECT_EQ(parsed.status().message(),
+            "override 'optim.weight_decay=1e-400': 1e-400 is nonzero but below the smallest a number holds (it would "
+            "read as 0)");
 }
 
 TEST_F(ConfigTest, ErrorsNameTheFileThatSetTheKey) {

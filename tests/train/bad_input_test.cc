@@ -89,6 +89,8 @@ std::vector<BadInput> Cases() {
       // (A file that cannot be read says why: it said only "cannot read".)
       {"file of whitespace", "file:  \n", {}, "' is empty"},
       {"number past a double", kGpt, {"optim.lr=1e309"}, "config key 'optim.lr' (from override 'optim.lr=1e309'): 1e309 is beyond the range of a number"},
+      {"number below a double", kGpt, {"optim.weight_decay=1e-400"}, "override 'optim.weight_decay=1e-400': 1e-400 is nonzero but below the smallest a number holds (it would read as 0)"},
+      {"number below a double in a file", "file:{\"train\": {\"seed\": 1e-400}}", {}, ":1:20: number 1e-400 is nonzero but below the smallest a number holds"},
       {"base unreadable", "file:{\"_base_\": \"/proc/self/mem\"}", {},
        "config file '/proc/self/mem': cannot read: Input/output error"},
       {"base nested below the top", OnMlp(R"("train": {"_base_": "x.json"})"), {}, "unknown config key 'train._base_'"},
