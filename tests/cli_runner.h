@@ -14,6 +14,7 @@
 #include <fstream>
 #include <map>
 #include <string>
+#include <utility>
 
 #include "nlohmann/json.hpp"
 
@@ -81,5 +82,26 @@ inline MetricsRows ReadMetricsRows(const std::filesystem::path& output_dir) {
 inline std::string SourcePath(const std::string& relative) {
   return std::string(TESSERA_SOURCE_DIR) + "/" + relative;
 }
+
+// A new, empty directory NAME_PID under the system's temporary directory
+// (what an earlier run of that process id left there removed).
+inline std::filesystem::path FreshProcessDirectory(const std::string& name) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / (name + "_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+// Removes a directory when the tests are done; register it at namespace
+// scope: ::testing::AddGlobalTestEnvironment(new RemoveDirectoryWhenDone(D))
+// (gtest owns registered environments).
+class RemoveDirectoryWhenDone : public ::testing::Environment {
+ public:
+  explicit RemoveDirectoryWhenDone(std::filesystem::path dir) : dir_(std::move(dir)) {}
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+ private:
+  std::filesystem::path dir_;
+};
 
 }  // namespace tessera::testing

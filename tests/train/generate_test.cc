@@ -43,23 +43,13 @@ using ::tessera::testing::SourcePath;
 
 constexpr int64_t kNanoVocab = 256, kNanoPositions = 32, kNanoHeads = 4;
 
-fs::path TempRoot() {
-  static const fs::path root = [] {
-    const fs::path dir = fs::temp_directory_path() / ("tessera_generate_test_" + std::to_string(::getpid()));
-    fs::remove_all(dir);
-    fs::create_directories(dir);
-    return dir;
-  }();
+const fs::path& TempRoot() {
+  static const fs::path root = ::tessera::testing::FreshProcessDirectory("tessera_generate_test");
   return root;
 }
-
-// Removes TempRoot() (the trained checkpoints) when the tests are done.
-class RemoveTempRoot : public ::testing::Environment {
- public:
-  void TearDown() override { fs::remove_all(TempRoot()); }
-};
-// gtest owns registered environments.
-::testing::Environment* const remove_temp_root = ::testing::AddGlobalTestEnvironment(new RemoveTempRoot);
+// Removes TempRoot() (the runs' files) when the tests are done.
+::testing::Environment* const remove_temp_root =
+    ::testing::AddGlobalTestEnvironment(new ::tessera::testing::RemoveDirectoryWhenDone(TempRoot()));
 
 // Trains configs/gpt2_nano.json (dropout 0.1: generation must not apply it)
 // into TempRoot()/name with extra overrides; returns the output directory.

@@ -24,13 +24,13 @@ files, shards assembled here; no `safetensors` package).
       after one warm-up) and "ids ..." (the tokens, for comparing with
       bench/generate_bench's).
 
-  gpt2_reference.py FILE make-hf --model JSON [--seed S]
+  gpt2_reference.py FILE make-hf --model JSON [--seed S] [--std 0.2]
       writes a random GPT-2 of the model config JSON (Tessera's model.* keys)
       to FILE in Hugging Face's layout, as GPT2LMHeadModel's save_pretrained
       does: "transformer."-prefixed GPT2Model names, Conv1D weights (in, out)
       with c_attn (C, 3C), lm_head.weight (the tied wte), the attention's
       causal-mask buffers (attn.bias, which hold no weights), metadata
-      {"format": "pt"}. Weights ~N(0, 0.2), LayerNorm gains ~1 ± 0.1, every
+      {"format": "pt"}. Weights ~N(0, std), LayerNorm gains ~1 ± 0.1, every
       bias nonzero: a mix-up of any two tensors changes the logits.
 
 CHECKPOINT is a checkpoint directory (holding index.json), an output
@@ -176,12 +176,12 @@ def write_safetensors(path, tensors, metadata):
             f.write(np.ascontiguousarray(value, dtype=names[value.dtype][1]).tobytes())
 
 
-def make_huggingface(path, c, seed):
+def make_huggingface(path, c, seed, weight_std=0.2):
     rng = np.random.default_rng(seed)
     V, C, P = c["vocab_size"], c["hidden_size"], c["max_seq_length"]
     Fw = c.get("ffn_hidden_size") or 4 * C
 
-    def normal(*shape, mean=0.0, std=0.2):
+    def normal(*shape, mean=0.0, std=weight_std):
         return (mean + std * rng.standard_normal(shape)).astype(np.float32)
 
     t = {"transformer.wte.weight": normal(V, C), "transformer.wpe.weight": normal(P, C)}
@@ -324,6 +324,7 @@ def main():
     parser.add_argument("mode", choices=["logits", "bench", "make-hf"])
     parser.add_argument("--model", default="", help="the model config (JSON) of a Hugging Face file")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--std", type=float, default=0.2, help="make-hf: the weights' standard deviation")
     parser.add_argument("--ids", default="")
     parser.add_argument("--greedy", type=int, default=0)
     parser.add_argument("--prompt-len", type=int, default=16)
@@ -334,7 +335,7 @@ def main():
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if args.mode == "make-hf":
-        make_huggingface(args.checkpoint, json.loads(args.model), args.seed)
+        make_huggingface(args.checkpoint, json.loads(args.model), args.seed, args.std)
         return
     if os.path.isfile(args.checkpoint):
         tensors, config = load_huggingface(args.checkpoint, json.loads(args.model))
