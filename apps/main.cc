@@ -148,7 +148,9 @@ int RunTrain(const std::string& path, const std::vector<std::string>& overrides,
   // (Said at the end: one said at the start stood beside the error of a run
   // that never started.)
   if (fast_dev_run) {
-    std::printf("fast dev run passed: 20 iterations, checkpoints and evaluations into %s\n",
+    const bool evaluated = config->at("train").at("evaluation").at("enabled").get<bool>();
+    std::printf("fast dev run passed: 20 iterations, checkpoints %s into %s\n",
+                evaluated ? "and evaluations" : "(the job has no evaluation)",
                 config->at("train").at("output_dir").get<std::string>().c_str());
   }
   return 0;

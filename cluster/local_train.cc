@@ -37,17 +37,25 @@ std::string RandomToken() {
 }
 
 // The worker's failure as it reported it: the master's reason is
-// "worker local (node 0): CODE: message".
+// "worker local (node 0): CODE: message", or "WHY IT WAS STOPPING; while
+// stopping, worker local (node 0): CODE: message" (the words about the
+// one worker of this process dropped, the rest kept).
 absl::Status JobError(const control::JobInfo& info) {
   std::string reason = info.reason();
   const std::string prefix = absl::StrCat("worker ", kWorkerId, " (node 0): ");
-  if (!reason.starts_with(prefix)) return absl::InternalError(reason);
-  reason.erase(0, prefix.size());
+  const size_t at = reason.find(prefix);
+  if (at == std::string::npos) return absl::InternalError(reason);
+  std::string message = reason.substr(at + prefix.size());
+  absl::StatusCode status_code = absl::StatusCode::kInternal;
   for (int code = 1; code <= 16; ++code) {
     const std::string name = absl::StatusCodeToString(static_cast<absl::StatusCode>(code)) + ": ";
-    if (reason.starts_with(name)) return absl::Status(static_cast<absl::StatusCode>(code), reason.substr(name.size()));
+    if (message.starts_with(name)) {
+      status_code = static_cast<absl::StatusCode>(code);
+      message.erase(0, name.size());
+      break;
+    }
   }
-  return absl::InternalError(reason);
+  return absl::Status(status_code, reason.substr(0, at) + message);
 }
 
 }  // namespace

@@ -119,6 +119,10 @@ struct Job {
   // logged iteration, a checkpoint, an evaluation): a job that fails before
   // it writes nothing there, and an earlier run's files stay as they were.
   std::unique_ptr<std::ofstream> metrics_file;
+  // metrics.jsonl's size after its last whole row (-1: not a regular file):
+  // a row the disk took only part of is cut off again, so the file stays
+  // JSON Lines.
+  int64_t metrics_bytes = -1;
   std::unique_ptr<std::ofstream> log_file;
   std::vector<std::string> early_log;  // the master's lines from before they open
   // TensorBoard scalars and the loss curve (loss.svg) beside metrics.jsonl.
@@ -644,11 +648,20 @@ class Master::Impl final : public control::Master::Service {
         nlohmann::json line = {{"iter", metrics.iteration()}};
         for (const auto& [name, value] : metrics.values()) line[name] = value;
         errno = 0;
-        *job.metrics_file << line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+        const std::string row = line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+        *job.metrics_file << row;
         job.metrics_file->flush();
         if (!*job.metrics_file) {
-          OutputFailedLocked(job, "metrics.jsonl", errno);
+          const int error = errno;
+          job.metrics_file.reset();  // (closed before the cut: its buffer goes first)
+          if (job.metrics_bytes >= 0) {
+            std::error_code cut_error;
+            fs::resize_file(fs::path(job.spec.output_dir) / "metrics.jsonl", static_cast<uintmax_t>(job.metrics_bytes),
+                            cut_error);
+          }
+          OutputFailedLocked(job, "metrics.jsonl", error);
         } else {
+          if (job.metrics_bytes >= 0) job.metrics_bytes += static_cast<int64_t>(row.size());
           RecordCurvesLocked(job, metrics);
         }
       }
@@ -712,6 +725,10 @@ class Master::Impl final : public control::Master::Service {
           if (job.link_lost_report.empty() && !SuspectPeersLocked(job, worker->id, reason)) {
             EndJobLocked(job, control::FAILED, reason);
           }
+        } else if (job.stopping && !job.stop_reason.empty()) {
+          // Failed while stopping (the checkpoint of a stop for a full
+          // disk failing too): why it was stopping comes first.
+          EndJobLocked(job, control::FAILED, absl::StrCat(job.stop_reason, "; while stopping, ", reason));
         } else {
           EndJobLocked(job, control::FAILED, reason);
         }
@@ -1582,6 +1599,11 @@ class Master::Impl final : public control::Master::Service {
     }
     job.metrics_file = std::make_unique<std::ofstream>(dir / "metrics.jsonl", mode);
     job.log_file = std::make_unique<std::ofstream>(dir / "log.txt", mode);
+    {
+      std::error_code size_error;
+      const std::uintmax_t size = fs::file_size(dir / "metrics.jsonl", size_error);
+      job.metrics_bytes = metrics_regular && !size_error ? static_cast<int64_t>(size) : -1;
+    }
     // (Where this job's lines begin: the end of the earlier run's, resumed.
     // A symbolic link or a device is not read back after a restart.)
     struct stat log_stat {};

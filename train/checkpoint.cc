@@ -616,12 +616,12 @@ absl::Status PruneCheckpoints(const fs::path& output_dir, int64_t keep, const st
   const fs::path dir = CheckpointsDir(output_dir);
   std::error_code ec;
   if (!fs::exists(dir, ec)) return absl::OkStatus();
-  std::vector<std::pair<int64_t, fs::path>> complete;
+  std::vector<std::pair<int64_t, fs::path>> complete, incomplete;
   std::vector<fs::path> stale;
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
     const std::string name = entry.path().filename().string();
     if (std::optional<int64_t> iteration = IterationOfName(name)) {
-      if (fs::exists(entry.path() / "index.json", ec)) complete.emplace_back(*iteration, entry.path());
+      (fs::exists(entry.path() / "index.json", ec) ? complete : incomplete).emplace_back(*iteration, entry.path());
     } else if (name.starts_with(".iter_") && name.find(".tmp-") != std::string::npos &&
                !name.ends_with(".tmp-" + tag)) {
       stale.push_back(entry.path());
@@ -629,7 +629,25 @@ absl::Status PruneCheckpoints(const fs::path& output_dir, int64_t keep, const st
   }
   std::sort(complete.begin(), complete.end());
   const int64_t drop = static_cast<int64_t>(complete.size()) - std::max<int64_t>(1, keep);
-  for (int64_t i = 0; i < drop; ++i) stale.push_back(complete[static_cast<size_t>(i)].second);
+  std::vector<fs::path> pruned;
+  for (int64_t i = 0; i < drop; ++i) pruned.push_back(complete[static_cast<size_t>(i)].second);
+  // An iter_* without index.json older than the newest checkpoint: what a
+  // pruning killed midway left before pruned checkpoints were first moved
+  // aside (a commit renames a whole directory into place, so nothing else
+  // makes one).
+  for (const auto& [iteration, path] : incomplete) {
+    if (!complete.empty() && iteration < complete.back().first) pruned.push_back(path);
+  }
+  // Each out of sight first, in one rename (to a temporary's name, which the
+  // next run removes if this one dies while deleting it): a kill -9 during
+  // the removal leaves no iter_* that is half a checkpoint.
+  for (const fs::path& path : pruned) {
+    const fs::path aside = dir / StrCat(".", path.filename().string(), ".tmp-pruned");
+    fs::remove_all(aside, ec);
+    fs::rename(path, aside, ec);
+    if (ec) return absl::InternalError(StrCat("cannot move ", path.string(), " aside to remove it: ", ec.message()));
+    stale.push_back(aside);
+  }
   for (const fs::path& path : stale) {
     fs::remove_all(path, ec);
     if (ec) return absl::InternalError(StrCat("cannot remove ", path.string(), ": ", ec.message()));
@@ -1035,7 +1053,23 @@ absl::StatusOr<std::shared_ptr<const CheckpointReader>> CheckpointReader::Open(
         ++bound_shards;
       }
       ++shards;
+      for (const Shard& other : entry.shards) {
+        if (Overlaps(s.offset, s.shape, other.offset, other.shape)) {
+          return fail("index.json: tensor '", name, "': two of its shards overlap (", other.file, " and ", s.file, ")");
+        }
+      }
+      reader->file_slices_[s.file].push_back({name, s.offset, *shape});
       entry.shards.push_back(std::move(s));
+    }
+    // The shards tile the tensor (none overlaps another, so their elements
+    // add up to its own only if they leave no gap), as each commit checked:
+    // a whole-tensor read (export, generate) would otherwise take one
+    // shard's values twice and leave zeros.
+    int64_t covered = 0;
+    for (const Shard& shard : entry.shards) covered += shard.shape.NumElements();
+    if (covered != entry.meta.shape.NumElements()) {
+      return fail("index.json: tensor '", name, "': its shards cover ", covered, " of its ",
+                  entry.meta.shape.NumElements(), " elements");
     }
     reader->tensors_[name] = std::move(entry);
   }
@@ -1117,6 +1151,7 @@ absl::StatusOr<const SafetensorsFile*> CheckpointReader::File(const std::string&
   // (or an index whose field was lost): the files' own are still checked.
   if (checksums_ || file->metadata().contains(kChecksumsKey)) RETURN_IF_ERROR(VerifyChecksums(*file));
   RETURN_IF_ERROR(CheckFileMatchesIndex(name, *file));
+  if (!huggingface_) RETURN_IF_ERROR(CheckFileSlices(name, *file));
   std::lock_guard<std::mutex> lock(mu_);
   return files_.try_emplace(name, std::move(file)).first->second.get();
 }
@@ -1134,6 +1169,31 @@ absl::Status CheckpointReader::CheckFileMatchesIndex(const std::string& name, co
       return absl::DataLossError(StrCat("checkpoint ", path_.string(), ": ", name,
                                         " is not the rank file its index.json was written with ('", tensor,
                                         "' differs): files of two checkpoints mixed?"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckpointReader::CheckFileSlices(const std::string& name, const SafetensorsFile& file) const {
+  auto listed = file_slices_.find(name);
+  if (listed == file_slices_.end()) return absl::OkStatus();
+  const auto fail = [&](auto&&... parts) {
+    return absl::DataLossError(StrCat("checkpoint ", path_.string(), ": ", name, ": ", parts...));
+  };
+  auto text = file.metadata().find(kSlicesKey);
+  if (text == file.metadata().end()) return fail("no ", kSlicesKey, " (the file is damaged)");
+  const nlohmann::json slices = nlohmann::json::parse(text->second, nullptr, false);
+  if (!slices.is_object()) return fail(kSlicesKey, " is not a JSON object (the file is damaged)");
+  for (const FileSlice& expected : listed->second) {
+    auto it = slices.find(expected.tensor);
+    const bool same = it != slices.end() && it->is_object() &&
+                      it->value("offset", nlohmann::json()) == expected.offset &&
+                      it->value("logical_shape", nlohmann::json()) == expected.logical;
+    if (!same) {
+      return fail("its shard of '", expected.tensor, "' is not where index.json puts it (offset ",
+                  nlohmann::json(expected.offset).dump(), " of ", nlohmann::json(expected.logical).dump(),
+                  "; the file says ", it == slices.end() ? std::string("nothing") : it->dump().substr(0, 80),
+                  "): index.json edited or damaged?");
     }
   }
   return absl::OkStatus();

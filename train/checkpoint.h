@@ -176,7 +176,10 @@ std::filesystem::path OverwrittenCheckpointsDir(const std::filesystem::path& out
 [[nodiscard]] absl::Status RemoveSetAsideCheckpoints(const std::filesystem::path& output_dir);
 
 // Keeps the `keep` checkpoints of the highest iterations and removes older
-// ones and temporary directories of other runs (tag != `tag`).
+// ones (each renamed to a temporary's name first: a kill -9 midway leaves no
+// iter_* that is half a checkpoint), iter_* without index.json older than
+// the newest checkpoint, and temporary directories of other runs
+// (tag != `tag`).
 [[nodiscard]] absl::Status PruneCheckpoints(const std::filesystem::path& output_dir, int64_t keep,
                                             const std::string& tag);
 
@@ -259,6 +262,18 @@ class CheckpointReader {
   // indexes from before): a rank file of another checkpoint put in its
   // place is refused, though it checks out by itself.
   std::map<std::string, std::vector<std::pair<std::string, std::string>>> committed_checksums_;
+  // Per rank file, where index.json puts each of its shards: the file's own
+  // record of them (its tessera.slices metadata) must agree, so an index
+  // whose offsets were swapped or moved is refused, not read as other
+  // weights.
+  struct FileSlice {
+    std::string tensor;
+    std::vector<int64_t> offset;
+    std::vector<int64_t> logical;
+  };
+  std::map<std::string, std::vector<FileSlice>> file_slices_;
+  // DataLoss naming the file and the first shard whose place differs.
+  [[nodiscard]] absl::Status CheckFileSlices(const std::string& name, const SafetensorsFile& file) const;
 
   std::filesystem::path path_;
   std::filesystem::path dir_;  // where shard files are

@@ -220,6 +220,32 @@ TEST(Cli, OutputsThatCannotBeWrittenEndTheRunSayingWhy) {
   for (const auto& entry : fs::recursive_directory_iterator(dir / "limited")) {
     EXPECT_EQ(entry.path().filename().string().find(".tmp"), std::string::npos) << "left behind: " << entry.path();
   }
+  // metrics.jsonl the first past the limit (no checkpoint before): the run
+  // stops naming it (the stop's checkpoint fails too, said after it), and
+  // the row the limit cut is cut off again, the file whole JSON Lines (it
+  // ended in half a row). (sh's ulimit -f counts 512-byte blocks.)
+  const std::string uncheckpointed = "train " + Source("configs/gpt2_nano.json") +
+                                     " model.num_layers=1 train.train_iter=200 train.log_period=1 "
+                                     "train.dist.intra_op_threads=1 train.checkpointer.period=null train.output_dir=";
+  const Result cut = RunCommand("ulimit -f 8; timeout 120 " + std::string(TESSERA_BINARY) + " " + uncheckpointed +
+                                (dir / "cut").string() + " 2>&1");
+  EXPECT_EQ(cut.exit_code, 1) << cut.out;
+  const std::string cut_last = cut.out.substr(cut.out.rfind("tessera: "));
+  EXPECT_EQ(cut_last.rfind("tessera: cannot write " + (dir / "cut" / "metrics.jsonl").string() + ": File too large", 0),
+            0u)
+      << cut.out;
+  EXPECT_EQ(cut_last.find("worker local"), std::string::npos) << cut.out;
+  std::ifstream rows(dir / "cut" / "metrics.jsonl");
+  const std::string metrics{std::istreambuf_iterator<char>(rows), {}};
+  ASSERT_FALSE(metrics.empty());
+  EXPECT_EQ(metrics.back(), '\n');
+  int64_t whole_rows = 0;
+  std::istringstream lines(metrics);
+  for (std::string row; std::getline(lines, row);) {
+    EXPECT_TRUE(nlohmann::json::parse(row, nullptr, false).is_object()) << row;
+    ++whole_rows;
+  }
+  EXPECT_GT(whole_rows, 5);
 
   // A reader of the progress that goes (`| head`): the run goes on to its
   // end and checkpoint, then says stdout failed (SIGPIPE ended it, exit
@@ -247,7 +273,7 @@ TEST(Cli, FastDevRunChecksTheWholeJobInASubdirectory) {
   const Result ok = RunTessera(job);
   ASSERT_EQ(ok.exit_code, 0) << ok.out;
   const std::string passed =
-      "fast dev run passed: 20 iterations, checkpoints and evaluations into " + dir + "/fast_dev_run\n";
+      "fast dev run passed: 20 iterations, checkpoints (the job has no evaluation) into " + dir + "/fast_dev_run\n";
   EXPECT_TRUE(ok.out.ends_with(passed)) << ok.out;
   EXPECT_NE(ok.out.find("\niter 20/20  loss "), std::string::npos) << ok.out;
   std::vector<std::string> entries;

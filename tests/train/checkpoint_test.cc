@@ -17,12 +17,14 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "core/checksum.h"
+#include "core/status.h"
 #include "nlohmann/json.hpp"
 #include "tests/cli_runner.h"
 #include "train/safetensors.h"
@@ -551,6 +553,46 @@ TEST(Checkpoint, FilesOfTwoCheckpointsTogetherAreRefused) {
   fs::remove_all(dir);
 }
 
+// An index.json whose shard offsets were edited: shards that overlap or
+// leave a gap are refused when it is opened (a whole-tensor read, export's
+// and generate's, took one shard's values twice and left zeros); shards that
+// tile the tensor but are not where their rank files say they were written
+// (two offsets swapped) are refused when the file is read (the weights were
+// read transposed into other places, on every path).
+TEST(Checkpoint, ShardsThatAreNotWhereTheirFilesSayAreRefused) {
+  const fs::path dir = TempDir("moved");
+  const fs::path checkpoint = WriteRowSplitCheckpoint(dir, Iota(Shape{4, 6}, 1));
+  const nlohmann::json good = nlohmann::json::parse(ReadFile(checkpoint / "index.json"));
+  const auto with = [&](const std::function<void(nlohmann::json&)>& edit) {
+    nlohmann::json index = good;
+    edit(index["tensors"]["w"]["shards"]);
+    WriteFile(checkpoint / "index.json", index.dump());
+  };
+  const auto read_w = [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(auto reader, CheckpointReader::Open(checkpoint));
+    Tensor out = *Tensor::Zeros(Shape{4, 6}, DType::kF32);
+    return reader->Read("w", TensorSlice::Whole(Shape{4, 6}), out);
+  };
+  ASSERT_EQ(good["tensors"]["w"]["shards"][1]["offset"], nlohmann::json({2, 0}));
+  with([](nlohmann::json& shards) { shards[1]["offset"] = {1, 0}; });
+  EXPECT_EQ(read_w().message(), "checkpoint " + checkpoint.string() +
+                                    ": index.json: tensor 'w': two of its shards overlap (rank_00000.safetensors and "
+                                    "rank_00001.safetensors)");
+  with([](nlohmann::json& shards) { shards[1]["shape"] = {1, 6}; });
+  EXPECT_EQ(read_w().message(),
+            "checkpoint " + checkpoint.string() + ": index.json: tensor 'w': its shards cover 18 of its 24 elements");
+  with([](nlohmann::json& shards) { std::swap(shards[0]["offset"], shards[1]["offset"]); });
+  const absl::Status swapped = read_w();
+  EXPECT_EQ(swapped.code(), absl::StatusCode::kDataLoss) << swapped;
+  EXPECT_EQ(swapped.message(), "checkpoint " + checkpoint.string() +
+                                   ": rank_00000.safetensors: its shard of 'w' is not where index.json puts it "
+                                   "(offset [2,0] of [4,6]; the file says {\"logical_shape\":[4,6],\"offset\":[0,0]}): "
+                                   "index.json edited or damaged?");
+  WriteFile(checkpoint / "index.json", good.dump());
+  EXPECT_TRUE(read_w().ok());
+  fs::remove_all(dir);
+}
+
 TEST(Checkpoint, LatestAndPrune) {
   const fs::path out = TempDir("prune");
   for (int64_t it : {3, 10, 7})
@@ -589,8 +631,15 @@ TEST(Checkpoint, LatestAndPrune) {
   auto latest = LatestCheckpoint(out);
   ASSERT_TRUE(latest.ok() && latest->has_value());
   EXPECT_EQ(**latest, CheckpointPath(out, 10));
+  // What a pruning killed midway left before pruned checkpoints were moved
+  // aside first: an iter_* without index.json older than the newest.
+  fs::create_directories(CheckpointPath(out, 5));
   ASSERT_TRUE(PruneCheckpoints(out, 2, "this-run").ok());
   EXPECT_FALSE(fs::exists(CheckpointPath(out, 3)));
+  EXPECT_FALSE(fs::exists(CheckpointPath(out, 5)));
+  for (const auto& entry : fs::directory_iterator(CheckpointsDir(out))) {
+    EXPECT_EQ(entry.path().filename().string().find("pruned"), std::string::npos) << entry.path();
+  }
   EXPECT_TRUE(fs::exists(CheckpointPath(out, 7)));
   EXPECT_TRUE(fs::exists(CheckpointPath(out, 10)));
   EXPECT_FALSE(fs::exists(CheckpointTempPath(out, 11, "other-run")));
