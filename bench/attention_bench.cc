@@ -38,6 +38,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_args.h"
 #include "bench/kernel_call.h"
 #include "core/thread_pool.h"
 #include "ops/eager.h"
@@ -193,12 +194,8 @@ int main(int argc, char** argv) {
     } else if (std::strcmp(argv[i], "--device") == 0 && i + 1 < argc && std::strcmp(argv[i + 1], "cpu") == 0) {
       ++i;
     } else {
-      std::fprintf(
-          stderr,
-          "attention_bench: unknown argument '%s' (usage: attention_bench [--quick] [--tsv] [--amp] [--dropout RATE] "
-          "[--device cpu|cuda])\n",
-          argv[i]);
-      return 2;
+      return tessera::bench::Usage("attention_bench", "[--quick] [--tsv] [--amp] [--dropout RATE] [--device cpu|cuda]",
+                                   argv[i]);
     }
   }
   const bool gpu = tessera::g_device.type == tessera::DeviceType::kCuda;

@@ -35,6 +35,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_args.h"
 #include "bench/kernel_call.h"
 #include "core/thread_pool.h"
 #include "ops/eager.h"
@@ -200,8 +201,7 @@ int main(int argc, char** argv) {
     } else if (std::strcmp(argv[i], "--device") == 0 && has_value && std::strcmp(argv[i + 1], "cpu") == 0) {
       ++i;
     } else {
-      std::fprintf(stderr, "kernel_bench: unknown argument '%s' (usage: kernel_bench [--device cpu|cuda])\n", argv[i]);
-      return 2;
+      return tessera::bench::Usage("kernel_bench", "[--device cpu|cuda]", argv[i]);
     }
   }
   return tessera::Main();

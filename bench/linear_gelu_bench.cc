@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_args.h"
 #include "bench/kernel_call.h"
 #include "core/thread_pool.h"
 #include "ops/eager.h"
@@ -119,11 +120,7 @@ int main(int argc, char** argv) {
                (std::strcmp(argv[i + 1], "f32") == 0 || std::strcmp(argv[i + 1], "bf16") == 0)) {
       tessera::g_dtype = std::strcmp(argv[++i], "bf16") == 0 ? tessera::DType::kBF16 : tessera::DType::kF32;
     } else {
-      std::fprintf(stderr,
-                   "linear_gelu_bench: unknown argument '%s' (usage: linear_gelu_bench [--quick] [--device cpu|cuda] "
-                   "[--dtype f32|bf16])\n",
-                   argv[i]);
-      return 2;
+      return tessera::bench::Usage("linear_gelu_bench", "[--quick] [--device cpu|cuda] [--dtype f32|bf16]", argv[i]);
     }
   }
   const bool gpu = tessera::g_device.type == tessera::DeviceType::kCuda;

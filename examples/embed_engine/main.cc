@@ -89,15 +89,28 @@ absl::Status Train(int64_t iterations, int64_t batch, double lr, int64_t devices
   return absl::OkStatus();
 }
 
-// Integers as tessera takes them: decimal digits only (CLI11 alone read
-// "0x2" as 2 and "010" as 8).
+// Integers as tessera takes them: decimal digits only, leading zeros
+// decimal too (CLI11 alone read "0x2" as 2 and "010" as 8).
 const CLI::Validator kDecimal(
     [](std::string& text) {
       const bool digits =
           !text.empty() && std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; });
-      return digits && (text.size() == 1 || text[0] != '0') ? std::string() : "'" + text + "' is not a decimal integer";
+      if (!digits) return "'" + text + "' is not a decimal integer";
+      text.erase(0, std::min(text.find_first_not_of('0'), text.size() - 1));  // "010" is 10
+      return std::string();
     },
-    "INT");
+    "");
+
+// A learning rate in (0, 1], said as typed when it is not one (1e-400 read
+// as 0, NaN past CLI::Range).
+const CLI::Validator kLearningRate(
+    [](std::string& text) {
+      char* end = nullptr;
+      const double value = std::strtod(text.c_str(), &end);
+      if (text.empty() || end != text.c_str() + text.size()) return "'" + text + "' is not a number";
+      return value > 0 && value <= 1 ? std::string() : text + " is not in (0, 1]";
+    },
+    "in (0, 1]");
 
 }  // namespace
 
@@ -116,7 +129,7 @@ int main(int argc, char** argv) {
       ->check(kDecimal)
       ->check(CLI::Range(1, 4096))
       ->capture_default_str();
-  app.add_option("--lr", lr, "AdamW learning rate")->check(CLI::Range(0.0, 1.0))->capture_default_str();
+  app.add_option("--lr", lr, "AdamW learning rate")->check(kLearningRate)->capture_default_str();
   app.add_option("--devices", devices, "Virtual CPU devices to spread the batch over (data parallel)")
       ->check(kDecimal)
       ->check(CLI::Range(1, 64))
@@ -134,7 +147,6 @@ int main(int argc, char** argv) {
   if (absl::Status level = tessera::SetLogLevel(log_level); !level.ok()) return Fail(std::string(level.message()));
   // Each device takes an equal share of the batch.
   if (batch % devices != 0) return Fail(absl::StrCat("--batch ", batch, " is not a multiple of --devices ", devices));
-  if (!(lr > 0)) return Fail(absl::StrCat("--lr ", lr, " is not a positive number"));  // (CLI::Range lets NaN by)
   if (absl::Status trained = Train(iterations, batch, lr, devices); !trained.ok()) {
     return Fail(std::string(trained.message()));
   }

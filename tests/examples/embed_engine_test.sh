@@ -62,6 +62,7 @@ expect_error() {
 expect_error '^embed_engine: --iterations: ' --iterations 0
 expect_error "'0x2' is not a decimal integer" --devices 0x2
 expect_error '^embed_engine: --batch 3 is not a multiple of --devices 2$' --batch 3 --devices 2
-expect_error '^embed_engine: --lr nan is not a positive number$' --lr nan
+expect_error '^embed_engine: --lr: nan is not in (0, 1] (see --help)$' --lr nan
+expect_error '^embed_engine: --lr: 1e-400 is not in (0, 1] (see --help)$' --lr 1e-400
 
 echo "PASS: $iterations finite losses, $first -> $last, the same on 2 devices"
