@@ -481,6 +481,12 @@ absl::StatusOr<fs::path> ResolveCheckpoint(const fs::path& path) {
       fs::is_regular_file(path / kHfFileName, ec)) {
     return path;  // a checkpoint, or Hugging Face weights
   }
+  // A directory that cannot be searched: said so (it was called "neither a
+  // checkpoint nor an output directory").
+  if ((void)fs::status(path / "index.json", ec);
+      ec && ec != std::errc::no_such_file_or_directory && ec != std::errc::not_a_directory) {
+    return absl::PermissionDeniedError(StrCat("cannot read ", path.string(), ": ", ec.message()));
+  }
   if (!fs::exists(path, ec)) return absl::NotFoundError(StrCat(path.string(), ": no such file or directory"));
   if (!fs::is_directory(path, ec)) {
     return absl::InvalidArgumentError(StrCat(path.string(),
