@@ -20,8 +20,9 @@ namespace tessera {
 
 [[noreturn]] inline void Succeed() { throw CLI::Success(); }
 
-// Appended by main() to a tokenize TEXT word "[...]" so that CLI11 does not
-// read it as a list; the verb takes it off again.
+// Appended by main() to every argument "[...]" after the verb so that CLI11
+// does not read it as a list; a transform of every option takes it off
+// again before any other check.
 inline constexpr char kBracketMarker = '\x1f';
 
 // A stop signal arriving within this many milliseconds of the first is the

@@ -194,9 +194,12 @@ void PrintEvent(const control::JobEvent& event) {
 }
 
 // A Watch of `job_id` on the master at `master` that ended in `status`:
-// one line, saying the master was lost when the connection was.
-[[noreturn]] void FailWatch(const absl::Status& status, const std::string& master, const std::string& job_id) {
-  if (status.code() == absl::StatusCode::kUnavailable) {
+// one line, saying the master was lost when the connection was (after
+// `followed` events; before any, the master was never reached: said as
+// `tessera status` says it).
+[[noreturn]] void FailWatch(const absl::Status& status, const std::string& master, const std::string& job_id,
+                            bool followed) {
+  if (status.code() == absl::StatusCode::kUnavailable && followed) {
     Fail(absl::StrCat("lost the master at ", master, " while following job ", job_id, " (", status.message(),
                       "): `tessera status ", job_id, "` tells how it ends"));
   }
@@ -266,7 +269,8 @@ void Follow(Client& client, const std::string& master, const std::string& job_id
     return true;
   });
   if (interrupt != nullptr) interrupt->ExitIfInterrupted(job_id);
-  if (!watched.ok()) FailWatch(watched, master, job_id);
+  // (A job just submitted: its master was reached.)
+  if (!watched.ok()) FailWatch(watched, master, job_id, /*followed=*/true);
   last.set_job_id(job_id);
   ExpectEnd(last, control::SUCCEEDED,
             /*reason_printed=*/print_everything && last.state() != control::JOB_STATE_UNSPECIFIED);
@@ -588,9 +592,11 @@ void AddClusterCommands(CLI::App& app, ClusterCommandDeps deps) {
     auto client = logs_flags->client.Connect();
     if (interrupt) interrupt->Watch(*client);
     std::optional<control::JobInfo> ended;
+    bool followed = false;
     const absl::Status watched = client->Watch(
         logs_flags->job,
-        [&ended](const control::JobEvent& event) {
+        [&ended, &followed](const control::JobEvent& event) {
+          followed = true;
           // The log lines, and how the job ended (the master's last word).
           const bool end = event.has_state() && IsFinalState(event.state().state());
           if (end) ended = event.state();
@@ -599,7 +605,7 @@ void AddClusterCommands(CLI::App& app, ClusterCommandDeps deps) {
         },
         logs_flags->follow);
     if (interrupt) interrupt->ExitIfInterrupted(logs_flags->job);
-    if (!watched.ok()) FailWatch(watched, logs_flags->client.master, logs_flags->job);
+    if (!watched.ok()) FailWatch(watched, logs_flags->client.master, logs_flags->job, followed);
     if (logs_flags->follow && ended) {
       ended->set_job_id(logs_flags->job);
       ExpectEnd(*ended, control::SUCCEEDED, /*reason_printed=*/true);
@@ -636,7 +642,7 @@ void AddClusterCommands(CLI::App& app, ClusterCommandDeps deps) {
         if (event.has_state()) *job = event.state();
         return true;
       });
-      if (!watched.ok()) FailWatch(watched, cancel_flags->client.master, cancel_flags->job);
+      if (!watched.ok()) FailWatch(watched, cancel_flags->client.master, cancel_flags->job, /*followed=*/true);
     }
     PrintJob(*job);
     // It may have ended otherwise meanwhile (a node lost while stopping).

@@ -11,6 +11,7 @@
 #include <charconv>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <iostream>
 #include <iterator>
 #include <memory>
@@ -261,6 +262,10 @@ void AddPreprocess(CLI::App& app) {
     options.inputs = inputs;
     options.output_prefix = prefix;
     options.json_key = flags->json_key;
+    if (flags->no_eod && flags->split_sentences) {
+      Fail(
+          "--no-eod with --split-sentences: --split-sentences ends documents with no token already (give one of them)");
+    }
     // (Sentences are BERT's: its pairs take no end-of-document token, as
     // Megatron's BERT datasets; one put [SEP] after every document.)
     options.append_end_of_document = !flags->no_eod && !flags->split_sentences;
@@ -370,22 +375,26 @@ void AddTokenize(CLI::App& app) {
     const std::string source = from_stdin ? "standard input" : "TEXT";
     if (from_stdin) {
       struct stat st {};
-      if (::fstat(STDIN_FILENO, &st) == 0 && S_ISDIR(st.st_mode)) Fail("standard input is a directory, not text");
+      if (::fstat(STDIN_FILENO, &st) != 0) Fail(StrCat("cannot read standard input: ", std::strerror(errno)));
+      if (S_ISDIR(st.st_mode)) Fail("standard input is a directory, not text");
       // (Bounded: `< /dev/zero` grew without end. A corpus is preprocess's.)
       constexpr size_t kMaxTokenizeBytes = size_t{1} << 30;
       std::array<char, 1 << 16> chunk;
-      while (std::cin.read(chunk.data(), chunk.size()) || std::cin.gcount() > 0) {
-        if (text.size() + static_cast<size_t>(std::cin.gcount()) > kMaxTokenizeBytes) {
+      // (read(2) itself: a failing read, a write-only descriptor say, was
+      // taken by std::cin for the end of an empty text.)
+      for (;;) {
+        const ssize_t n = ::read(STDIN_FILENO, chunk.data(), chunk.size());
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) Fail(StrCat("cannot read standard input: ", std::strerror(errno)));
+        if (n == 0) break;
+        if (text.size() + static_cast<size_t>(n) > kMaxTokenizeBytes) {
           Fail("standard input is over 1 GiB: tokenize prints the ids of a text; a corpus is for `tessera preprocess`");
         }
-        text.append(chunk.data(), static_cast<size_t>(std::cin.gcount()));
+        text.append(chunk.data(), static_cast<size_t>(n));
       }
-      if (std::cin.bad()) Fail("cannot read standard input");
     } else {
       for (size_t i = 0; i < flags->text.size(); ++i) {
-        std::string word = flags->text[i];
-        if (word.size() >= 3 && word.back() == kBracketMarker && word[word.size() - 2] == ']') word.pop_back();
-        text += (i > 0 ? " " : "") + word;
+        text += (i > 0 ? " " : "") + flags->text[i];
       }
     }
     if (flags->decode) {

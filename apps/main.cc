@@ -182,7 +182,15 @@ void CheckOptionValues(CLI::App& app) {
         !TakesEmptyValue("--" + option->get_lnames().front())) {
       option->transform(CLI::Validator(
           [](std::string& value) -> std::string {
-            return value.empty() ? "an empty value: give one, or leave the flag out" : std::string();
+            if (value.empty()) return "an empty value: give one, or leave the flag out";
+            // A flag given no value takes the next argument, an option
+            // ("--output --no-eod" wrote --no-eod.bin, and the flag meant
+            // was lost).
+            if (value.size() > 2 && value.starts_with("--") && std::isalpha(static_cast<unsigned char>(value[2]))) {
+              return tessera::StrCat("'", value, "' is an option, not this flag's value (give the value first; a ",
+                                     "name that starts with '--' as ./", value, ")");
+            }
+            return std::string();
           },
           "", "non-empty"));
       continue;
@@ -222,6 +230,25 @@ void CheckOptionValues(CLI::App& app) {
         "", "decimal"));
   }
   for (CLI::App* sub : app.get_subcommands({})) CheckOptionValues(*sub);
+}
+
+// Takes the marker off the arguments Main marked "[...]" (below), ahead of
+// every other check of every option and positional: CLI11 reads such an
+// argument given to a list as the list's elements ("[in.txt]" read
+// in.txt; "[a=1,b=2]" applied two overrides), and a marked one is no list.
+void UnmarkBracketedValues(CLI::App& app) {
+  for (CLI::Option* option : app.get_options()) {
+    // (Transforms run before checks, the last added first.)
+    option->transform(CLI::Validator(
+        [](std::string& value) -> std::string {
+          if (value.size() >= 3 && value.back() == tessera::kBracketMarker && value[value.size() - 2] == ']') {
+            value.pop_back();
+          }
+          return std::string();
+        },
+        "", ""));
+  }
+  for (CLI::App* sub : app.get_subcommands({})) UnmarkBracketedValues(*sub);
 }
 
 int Main(int argc, char** argv) {
@@ -308,6 +335,7 @@ int Main(int argc, char** argv) {
             }});
 
   CheckOptionValues(app);
+  UnmarkBracketedValues(app);
 
   // "--prompt=" is an empty value, passed on as "--prompt" "": CLI11 would
   // take the next argument as its value ("--output= --no-eod" wrote
@@ -332,19 +360,14 @@ int Main(int argc, char** argv) {
     args.emplace_back(arg);
   }
   // CLI11 reads an argument "[...]" given to a list as the list's elements
-  // (`tessera tokenize "[x]"` tokenised "x"): tokenize's TEXT words of that
-  // form carry a marker past the ']' that its callback takes off
-  // (tessera::kBracketMarker).
+  // (`tessera tokenize "[x]"` tokenised "x", `preprocess --input "[a.txt]"`
+  // read a.txt, `train C "[a=1,b=2]"` applied two overrides): every such
+  // argument after the verb carries a marker past its ']', which a
+  // transform of every option takes off (UnmarkBracketedValues).
   for (size_t i = 1; i < args.size(); ++i) {
     if (args[i].starts_with("-") || args[i - 1] == "--log-level") continue;  // tessera's own options
-    if (args[i] != "tokenize") break;                                        // the verb is another
     for (size_t k = i + 1; k < args.size(); ++k) {
-      const std::string& before = args[k - 1];
-      const bool value =
-          before == "--tokenizer" || before == "--vocab-file" || before == "--merges-file" || before == "--log-level";
-      if (!value && args[k].size() >= 2 && args[k].front() == '[' && args[k].back() == ']') {
-        args[k] += tessera::kBracketMarker;
-      }
+      if (args[k].size() >= 2 && args[k].front() == '[' && args[k].back() == ']') args[k] += tessera::kBracketMarker;
     }
     break;
   }

@@ -379,6 +379,28 @@ TEST(Cli, FlagsNothingReadsAndValuesOutOfRangeAreOneLineErrors) {
       {"preprocess --tokenizer bert --vocab-file " + vocab + " --input " + text + " --output= --no-eod",
        "--output=: an empty value: give one, or leave --output out"},
       {"status --master 127.0.0.1:1 --tls-ca ''", "--tls-ca: an empty value: give one, or leave the flag out"},
+      // A flag given no value took the next one, an option, for its value
+      // (--output --no-eod wrote ./--no-eod.bin; worker --id --listen ran a
+      // worker named "--listen").
+      {"preprocess --tokenizer gpt2 --input " + text + " --output --no-eod",
+       "--output: '--no-eod' is an option, not this flag's value (give the value first; a name that starts with "
+       "'--' as ./--no-eod)"},
+      {"preprocess --tokenizer gpt2 --input --output " + out,
+       "--input: '--output' is an option, not this flag's value"},
+      {"worker --master 127.0.0.1:1 --devices cpu:1 --id --listen", "--id: '--listen' is an option"},
+      // "[...]" is no list (CLI11 read "[in.txt]" as in.txt, and
+      // "[a=1,b=2]" as two overrides).
+      {"preprocess --tokenizer gpt2 --input '[" + text + "]' --output " + out,
+       "cannot read input '[" + text + "]': No such file or directory"},
+      {"config " + Source("configs/mlp_demo.json") + " '[train.train_iter=5,train.log_period=3]'",
+       "unknown config key '[train.train_iter' (from override '[train.train_iter=5,train.log_period=3]')"},
+      {"preprocess --tokenizer gpt2 --input " + text + " --output " + out + " --split-sentences --no-eod",
+       "--no-eod with --split-sentences: --split-sentences ends documents with no token already"},
+      // (A read that fails was the end of an empty text.)
+      {"tokenize --tokenizer gpt2 - 0>" + (dir / "write_only").string(),
+       "cannot read standard input: Bad file descriptor"},
+      // (It said "lost the master ... while following job j1".)
+      {"logs j1 --master 127.0.0.1:1", "tessera: cannot reach the master at 127.0.0.1:1: nothing listens there"},
       {"tokenize --tokenizer bert --vocab-file " + vocab + " < " + dir.string(),
        "standard input is a directory, not text"},
       // (`< /dev/zero` grew without end.)
