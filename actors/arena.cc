@@ -42,14 +42,13 @@ absl::StatusOr<std::map<int64_t, std::vector<std::vector<Tensor>>>> ArenaMonitor
     Device* device = by_index.at(actor.device_index);  // CheckArenaBounds: the device has an arena
     if (device->storage != nullptr) return device;
     const auto bytes = static_cast<size_t>(std::max<int64_t>(device->bytes, 1));
-    auto storage = Storage::Create(actor.device(), bytes);
+    auto storage = Storage::CreateZeroed(actor.device(), bytes);
     if (!storage.ok()) {
       return absl::Status(storage.status().code(), StrCat("allocating the arena of ", actor.device().ToString(), " (",
                                                           device->bytes, " bytes): ", storage.status().message()));
     }
     device->storage = *std::move(storage);
     device->host = actor.device().type == DeviceType::kCpu;
-    RETURN_IF_ERROR(ZeroBytes(device->storage->data(), actor.device(), bytes));
     return device;
   };
   for (const auto& desc : plan.register_descs()) {

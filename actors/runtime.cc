@@ -32,6 +32,7 @@
 #include "core/storage.h"
 #include "core/stream.h"
 #include "core/text.h"
+#include "fmt/format.h"
 #ifdef TESSERA_WITH_CUDA
 #include "ops/cuda/launch.h"
 #endif
@@ -65,7 +66,12 @@ namespace {
 // overflow.
 absl::Status CheckHostMemory(const proto::Plan& plan, const std::map<uint64_t, const proto::Task*>& tasks,
                              int64_t limit) {
-  if (limit <= 0) limit = static_cast<int64_t>(std::min<size_t>(PhysicalMemoryBytes(), kMaxTensorBytes));
+  std::string source = "the limit given";
+  if (limit <= 0) {
+    const HostMemoryLimit host = HostMemoryLimitNow();
+    limit = static_cast<int64_t>(std::min<size_t>(host.bytes, kMaxTensorBytes));
+    source = host.source;
+  }
   static constexpr auto kBlock = static_cast<int64_t>(Allocator::kAlignment);
   int64_t total = 0;
   const auto add = [&total](int64_t tensor_bytes, int64_t copies) -> absl::Status {
@@ -106,8 +112,11 @@ absl::Status CheckHostMemory(const proto::Plan& plan, const std::map<uint64_t, c
     if (m.feed_buffers() > 0) RETURN_IF_ERROR(add(m.feed_buffers(), 1));
   }
   if (total > limit) {
-    return absl::ResourceExhaustedError(StrCat("the plan's registers, state and feed buffers take ", total,
-                                               " bytes of host memory, more than the limit of ", limit, " bytes"));
+    constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+    return absl::ResourceExhaustedError(StrCat(
+        "the plan's registers, state and feed buffers take ", total, " bytes of host memory, more than the limit of ",
+        limit, " bytes (", source, fmt::format("; {:.3g} GiB against {:.3g} GiB", total / kGiB, limit / kGiB),
+        "; `tessera plan --format memory` shows it per device)"));
   }
   return absl::OkStatus();
 }

@@ -1,12 +1,18 @@
 #include "core/storage.h"
 
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <limits>
 #include <new>
+#include <optional>
+#include <string>
+#include <string_view>
 
 #include "core/status.h"
 #include "core/text.h"
@@ -86,6 +92,77 @@ size_t PhysicalMemoryBytes() {
   return bytes;
 }
 
+namespace {
+
+// A cgroup limit file's number; nullopt for "max", a missing file or text.
+std::optional<size_t> ReadLimitFile(const std::string& path) {
+  std::ifstream in(path);
+  std::string text;
+  if (!(in >> text) || text.empty() || text.find_first_not_of("0123456789") != std::string::npos) return std::nullopt;
+  errno = 0;
+  const unsigned long long value = std::strtoull(text.c_str(), nullptr, 10);
+  if (errno != 0) return std::nullopt;
+  return static_cast<size_t>(value);
+}
+
+}  // namespace
+
+// A "Name:   N kB" line of a /proc file, in bytes.
+static std::optional<size_t> ReadProcKiB(const char* path, std::string_view name) {
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) {
+    if (!line.starts_with(name) || line.size() <= name.size() || line[name.size()] != ':') continue;
+    errno = 0;
+    const unsigned long long kib = std::strtoull(line.c_str() + name.size() + 1, nullptr, 10);
+    if (errno != 0) return std::nullopt;
+    return static_cast<size_t>(kib) * 1024;
+  }
+  return std::nullopt;
+}
+
+HostMemoryLimit HostMemoryLimitNow() {
+  HostMemoryLimit limit{PhysicalMemoryBytes(), "physical memory"};
+  const auto lower = [&limit](std::optional<size_t> bytes, const char* source) {
+    if (bytes && *bytes < limit.bytes) limit = {*bytes, source};
+  };
+  // What the machine can still give (free, and caches it can drop).
+  lower(ReadProcKiB("/proc/meminfo", "MemAvailable"), "the machine's available memory");
+  // A limit less what the process holds already (the address space counts
+  // every mapping: libraries, thread stacks).
+  const auto less_used = [](std::optional<size_t> cap, std::optional<size_t> used) -> std::optional<size_t> {
+    if (!cap) return std::nullopt;
+    return *cap - std::min(*cap, used.value_or(0));
+  };
+  // cgroup v2: the process's own cgroup ("0::/PATH" in /proc/self/cgroup),
+  // else the root of the namespace; v1's memory controller.
+  std::string own;
+  {
+    std::ifstream cgroups("/proc/self/cgroup");
+    for (std::string line; std::getline(cgroups, line);) {
+      if (line.starts_with("0::")) own = line.substr(3);
+    }
+  }
+  const std::string dir = own.empty() ? std::string("/sys/fs/cgroup") : "/sys/fs/cgroup" + own;
+  std::optional<size_t> v2 = ReadLimitFile(dir + "/memory.max");
+  std::optional<size_t> v2_used = ReadLimitFile(dir + "/memory.current");
+  if (!v2) {
+    v2 = ReadLimitFile("/sys/fs/cgroup/memory.max");
+    v2_used = ReadLimitFile("/sys/fs/cgroup/memory.current");
+  }
+  lower(less_used(v2, v2_used), "what the cgroup's memory.max leaves");
+  lower(less_used(ReadLimitFile("/sys/fs/cgroup/memory/memory.limit_in_bytes"),
+                  ReadLimitFile("/sys/fs/cgroup/memory/memory.usage_in_bytes")),
+        "what the cgroup's memory limit leaves");
+  struct rlimit rl {};
+  if (::getrlimit(RLIMIT_AS, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) {
+    lower(less_used(rl.rlim_cur, ReadProcKiB("/proc/self/status", "VmSize")), "what ulimit -v leaves");
+  }
+  if (::getrlimit(RLIMIT_DATA, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) {
+    lower(less_used(rl.rlim_cur, ReadProcKiB("/proc/self/status", "VmData")), "what ulimit -d leaves");
+  }
+  return limit;
+}
+
 absl::StatusOr<void*> CpuAllocator::Allocate(size_t bytes) {
   // Refused before malloc sees it: a request beyond physical memory cannot
   // be served anyway, and sanitizers abort on huge requests instead of
@@ -142,6 +219,14 @@ absl::StatusOr<std::shared_ptr<Storage>> Storage::Create(const Device& device, s
   auto data = allocator->Allocate(bytes);
   if (!data.ok()) return data.status();
   return std::shared_ptr<Storage>(new Storage(allocator, device, *data, bytes));
+}
+
+absl::StatusOr<std::shared_ptr<Storage>> Storage::CreateZeroed(const Device& device, size_t bytes) {
+  ASSIGN_OR_RETURN(std::shared_ptr<Storage> storage, Create(device, bytes));
+  const size_t rounded = (bytes + Allocator::kAlignment - 1) / Allocator::kAlignment * Allocator::kAlignment;
+  if (device.type == DeviceType::kCpu && rounded >= CpuAllocator::kMapBytes) return storage;  // mmap's zero pages
+  RETURN_IF_ERROR(ZeroBytes(storage->data(), device, bytes));
+  return storage;
 }
 
 absl::StatusOr<std::shared_ptr<Storage>> Storage::CreatePinned(size_t bytes) {

@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -29,6 +30,18 @@ class Allocator {
 
 // Host memory the machine has (physical RAM, read once).
 size_t PhysicalMemoryBytes();
+
+// The host memory this process may still take: the least of the physical
+// memory, the machine's available memory (MemAvailable), what its cgroup's
+// limit leaves (v2 memory.max less memory.current, v1 likewise) and what
+// its address-space and data limits leave (ulimit -v less VmSize, ulimit -d
+// less VmData), with which one it is ("the machine's available memory",
+// "what ulimit -v leaves", ...). Read at each call.
+struct HostMemoryLimit {
+  size_t bytes = 0;
+  std::string source;
+};
+HostMemoryLimit HostMemoryLimitNow();
 
 // Aligned host memory (64 bytes: one cache line, one AVX-512 vector). A
 // request beyond PhysicalMemoryBytes() is a ResourceExhausted error naming
@@ -80,6 +93,11 @@ absl::Status CopyBytes2D(const std::vector<Copy2D>& copies, const Device& dst_de
 class Storage {
  public:
   static absl::StatusOr<std::shared_ptr<Storage>> Create(const Device& device, size_t bytes);
+  // Create, the bytes zero. Host requests of CpuAllocator::kMapBytes or more
+  // are fresh anonymous pages, zero already: not written here, so they
+  // become resident only as they are first used (an arena's activation
+  // bytes stay out of memory while a new run's parameters are loaded).
+  static absl::StatusOr<std::shared_ptr<Storage>> CreateZeroed(const Device& device, size_t bytes);
   // Page-locked host memory (cudaHostAlloc; device cpu:0), which GPUs copy
   // from and to at full speed; plain host memory on builds without CUDA.
   static absl::StatusOr<std::shared_ptr<Storage>> CreatePinned(size_t bytes);

@@ -29,9 +29,9 @@ absl::StatusOr<Tensor> Tensor::InStorage(std::shared_ptr<Storage> storage, size_
 }
 
 absl::StatusOr<Tensor> Tensor::Zeros(const Shape& shape, DType dtype, const Device& device) {
-  ASSIGN_OR_RETURN(Tensor t, Empty(shape, dtype, device));
-  RETURN_IF_ERROR(ZeroBytes(t.raw_data(), device, t.NumBytes()));
-  return t;
+  ASSIGN_OR_RETURN(const int64_t bytes, CheckedByteSize(TensorMeta{dtype, shape}));
+  ASSIGN_OR_RETURN(auto storage, Storage::CreateZeroed(device, static_cast<size_t>(bytes)));
+  return Tensor(std::move(storage), 0, TensorMeta{dtype, shape});
 }
 
 absl::StatusOr<Tensor> Tensor::PinnedHost(const Shape& shape, DType dtype) {

@@ -248,16 +248,21 @@ OpSchema& GemmAttrs(OpSchema& schema) {
 }  // namespace
 
 // cuBLASLt's workspace on GPUs (a cuBLASLt call gets what it is given),
-// 256 bytes more to align it; none on CPUs. matmul_bias_gelu (one per
+// 256 bytes more to align it; on CPUs the inputs widened to f32 where the
+// CPU has no native product of their type (cpu::GemmWideningBytes: f16,
+// bf16 without AVX512-BF16), none otherwise. matmul_bias_gelu (one per
 // layer) takes the 32 MiB the cuBLAS documentation recommends for a Hopper
 // handle; matmul, matmul_bias and batch_matmul, several of which are in
 // flight at once
 // (each act holds its own from launch to completion), the 4 MiB it
 // recommends for earlier GPUs: 32 MiB each added 468 MiB (4.3 %) to GPT-2
 // 124M's planned arena at micro-batch 8.
-WorkspaceFn CublasLtWorkspace(int64_t mib) {
-  return [mib](const std::vector<TensorMeta>&, const std::vector<TensorMeta>&, const AttrMap&,
-               DeviceType device) -> int64_t { return device == DeviceType::kCuda ? (mib << 20) + 256 : 0; };
+WorkspaceFn GemmWorkspace(int64_t mib) {
+  return [mib](const std::vector<TensorMeta>& in, const std::vector<TensorMeta>&, const AttrMap&,
+               DeviceType device) -> int64_t {
+    if (device == DeviceType::kCuda) return (mib << 20) + 256;
+    return in.size() >= 2 ? cpu::GemmWideningBytes(in[0], in[1]) : 0;
+  };
 }
 
 void RegisterMatmulOps(OpRegistry& registry) {
@@ -274,7 +279,7 @@ void RegisterMatmulOps(OpRegistry& registry) {
       .Infer([](const std::vector<TensorMeta>& in, const AttrMap& attrs) { return InferGemm(in, attrs, false); })
       .Sbp(GemmSignatures)
       .Grad([](GradBuilder& g) { GemmGrad(g, "matmul"); })
-      .Workspace(CublasLtWorkspace(4))
+      .Workspace(GemmWorkspace(4))
       .Kernel(DeviceType::kCpu, cpu::MatmulKernel)
 #ifdef TESSERA_WITH_CUDA
       .Kernel(DeviceType::kCuda, cuda::MatmulKernel)
@@ -295,7 +300,7 @@ void RegisterMatmulOps(OpRegistry& registry) {
       .Infer([](const std::vector<TensorMeta>& in, const AttrMap& attrs) { return InferGemm(in, attrs, true); })
       .Sbp(GemmSignatures)
       .Grad([](GradBuilder& g) { GemmGrad(g, "batch_matmul"); })
-      .Workspace(CublasLtWorkspace(4))
+      .Workspace(GemmWorkspace(4))
       .Kernel(DeviceType::kCpu, cpu::BatchMatmulKernel)
 #ifdef TESSERA_WITH_CUDA
       .Kernel(DeviceType::kCuda, cuda::BatchMatmulKernel)
@@ -327,7 +332,7 @@ void RegisterMatmulOps(OpRegistry& registry) {
         GemmGrad(g, "matmul");
         g.SetInputGrad(2, g.OutputGradOrZeros(0));
       })
-      .Workspace(CublasLtWorkspace(4))
+      .Workspace(GemmWorkspace(4))
       .Kernel(DeviceType::kCpu, cpu::MatmulAddKernel)
 #ifdef TESSERA_WITH_CUDA
       .Kernel(DeviceType::kCuda, cuda::MatmulAddKernel)
@@ -351,7 +356,7 @@ void RegisterMatmulOps(OpRegistry& registry) {
       })
       .Sbp(MatmulBiasSignatures)
       .Grad(MatmulBiasGrad)
-      .Workspace(CublasLtWorkspace(4))
+      .Workspace(GemmWorkspace(4))
       .Kernel(DeviceType::kCpu, cpu::MatmulBiasKernel)
 #ifdef TESSERA_WITH_CUDA
       .Kernel(DeviceType::kCuda, cuda::MatmulBiasKernel)
@@ -374,7 +379,7 @@ void RegisterMatmulOps(OpRegistry& registry) {
       .Infer(InferMatmulBiasGelu)
       .Sbp(MatmulBiasGeluSignatures)
       .Grad(MatmulBiasGeluGrad)
-      .Workspace(CublasLtWorkspace(32))
+      .Workspace(GemmWorkspace(32))
       .Kernel(DeviceType::kCpu, cpu::MatmulBiasGeluKernel)
 #ifdef TESSERA_WITH_CUDA
       .Kernel(DeviceType::kCuda, cuda::MatmulBiasGeluKernel)

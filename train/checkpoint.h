@@ -92,9 +92,11 @@ std::filesystem::path CheckpointTempPath(const std::filesystem::path& output_dir
 using KeptValues = std::map<std::string, std::vector<Tensor>>;
 
 // Keeps the trained values of a plan's Parameter tasks between runs of it
-// (the segments of one job): Bind registers finalizers that copy the values
-// out at the end of a run, and initializers that copy them back in at the
-// start of the next for every task it holds values of. Thread-safe
+// (the segments of one job): Bind registers finalizers that take the run's
+// tensors at its end, and initializers that copy them into the next run's
+// at its start and then hold that run's instead (so the earlier copy goes:
+// no run holds the parameters and their state twice; after a run that
+// failed, the store holds what it had trained when it failed). Thread-safe
 // (finalizers run on actor threads).
 class KeptStore {
  public:

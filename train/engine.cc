@@ -20,6 +20,7 @@
 #include "actors/runtime.h"
 #include "core/logging.h"
 #include "core/status.h"
+#include "core/storage.h"
 #include "core/strings.h"
 #include "core/tensor_util.h"
 #include "train/feeds.h"
@@ -229,15 +230,14 @@ absl::Status CheckMemory(const proto::Plan& plan) {
   for (const proto::DeviceMemory& device : plan.memory_estimate()) {
     if (device.bytes() < 0 || __builtin_add_overflow(total, device.bytes(), &total)) total = INT64_MAX;
   }
-  const long pages = ::sysconf(_SC_PHYS_PAGES), page_size = ::sysconf(_SC_PAGE_SIZE);
-  if (pages <= 0 || page_size <= 0) return absl::OkStatus();
-  const double physical = static_cast<double>(pages) * static_cast<double>(page_size);
-  if (static_cast<double>(total) <= physical) return absl::OkStatus();
+  const HostMemoryLimit limit = HostMemoryLimitNow();
+  const double available = static_cast<double>(limit.bytes);
+  if (static_cast<double>(total) <= available) return absl::OkStatus();
   constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-  return absl::ResourceExhaustedError(StrCat(fmt::format("the plan needs {:.3g} GiB on {} devices, but this machine has {:.3g} GiB",
-                                                         static_cast<double>(total) / kGiB, plan.memory_estimate_size(),
-                                                         physical / kGiB),
-                                             " (see `tessera plan` for the memory per device)"));
+  return absl::ResourceExhaustedError(
+      StrCat(fmt::format("the plan needs {:.3g} GiB on {} devices, but this machine has {:.3g} GiB",
+                         static_cast<double>(total) / kGiB, plan.memory_estimate_size(), available / kGiB),
+             " (", limit.source, "; see `tessera plan` for the memory per device)"));
 }
 
 }  // namespace

@@ -312,12 +312,8 @@ absl::StatusOr<GemmArgs> LocalGemm(const KernelContext& ctx, bool batched) {
   return g;
 }
 
-// A bf16 / f16 tensor's values as f32 (exact), on the intra-op pool.
-std::unique_ptr<float[]> Widened(const KernelContext& ctx, const Tensor& t) {
-  std::unique_ptr<float[]> out(new float[static_cast<size_t>(t.NumElements())]);  // not zeroed: all written
-  WidenTo(ctx, t, out.get());
-  return out;
-}
+// Floats of room for `elements` widened values, whole cache lines.
+int64_t WidenedFloats(int64_t elements) { return (elements + 15) / 16 * 16; }
 
 // RunGemm on inputs a, b of any GEMM dtype (f32, bf16 or f16 alike; g
 // holds everything else).
@@ -333,10 +329,23 @@ absl::Status RunGemmOn(const KernelContext& ctx, GemmArgs g, const Tensor& a, co
     return RunGemm(ctx, g);
   }
   // No native low-precision products here: the same sums of exact products
-  // in f32 (f16 always: no x86 CPU here multiplies f16 through oneDNN).
-  const std::unique_ptr<float[]> a32 = Widened(ctx, a), b32 = Widened(ctx, b);
-  g.a = a32.get();
-  g.b = b32.get();
+  // in f32 (f16 always: no x86 CPU here multiplies f16 through oneDNN),
+  // widened into the planned workspace (GemmWideningBytes), or memory of
+  // their own where the plan has none (a plan made on a CPU with native bf16
+  // products, an eager call).
+  const int64_t a_floats = WidenedFloats(a.NumElements()), b_floats = WidenedFloats(b.NumElements());
+  std::unique_ptr<float[]> own;
+  float* room = nullptr;
+  if (ctx.workspace.defined() && static_cast<int64_t>(ctx.workspace.NumBytes()) >= (a_floats + b_floats) * 4) {
+    room = static_cast<float*>(ctx.workspace.raw_data());
+  } else {
+    own.reset(new float[static_cast<size_t>(a_floats + b_floats)]);  // not zeroed: all written
+    room = own.get();
+  }
+  WidenTo(ctx, a, room);
+  WidenTo(ctx, b, room + a_floats);
+  g.a = room;
+  g.b = room + a_floats;
   return RunGemm(ctx, g);
 }
 
@@ -380,6 +389,12 @@ absl::Status RunGemm(const KernelContext& ctx, const GemmArgs& g) {
     }
   });
   return error.Take();
+}
+
+int64_t GemmWideningBytes(const TensorMeta& a, const TensorMeta& b) {
+  if (a.dtype == DType::kF32 || (a.dtype == DType::kBF16 && CpuHasBf16Gemm())) return 0;
+  if (a.dtype != DType::kBF16 && a.dtype != DType::kF16) return 0;
+  return (WidenedFloats(a.shape.NumElements()) + WidenedFloats(b.shape.NumElements())) * 4;
 }
 
 bool CpuHasBf16Gemm() {

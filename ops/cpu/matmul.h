@@ -58,6 +58,13 @@ struct GemmArgs {
 // Whether this CPU multiplies bf16 natively (AVX512-BF16), so that RunGemm's
 // bf16 path is worth taking; detected once.
 bool CpuHasBf16Gemm();
+// Bytes of scratch a GEMM of inputs `a` and `b` takes on this CPU: both
+// widened to f32 where it has no native product of their type (f16 always,
+// bf16 without AVX512-BF16), else 0. The matmul ops' schemas ask for it as
+// their CPU workspace, so the memory plan counts it (a per-call allocation
+// outside the plan added 0.5-0.9 GiB to GPT-2 124M's fp16 run, the LM
+// head's logits gradient widened).
+int64_t GemmWideningBytes(const TensorMeta& a, const TensorMeta& b);
 
 // Runs the GEMMs on ctx's intra-op pool. Every oneDNN call is
 // single-threaded: the work is cut over the pool's threads here, and the
