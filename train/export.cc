@@ -67,7 +67,19 @@ absl::StatusOr<std::optional<ExportedTokenizer>> ReadRunTokenizer(const nlohmann
 
 absl::StatusOr<ExportSummary> ExportHuggingFace(const std::filesystem::path& path,
                                                 const std::filesystem::path& output) {
-  ASSIGN_OR_RETURN(const std::filesystem::path dir, ResolveCheckpoint(path));
+  absl::StatusOr<std::filesystem::path> resolved = ResolveCheckpoint(path);
+  if (!resolved.ok()) {
+    // (Its hint offers Hugging Face weights, which export does not take.)
+    std::string message(resolved.status().message());
+    constexpr std::string_view kHint = ", a training output directory or Hugging Face weights (a .safetensors file)";
+    if (const size_t at = message.find(kHint); at != std::string::npos) {
+      message.replace(at, kHint.size(),
+                      " or a training output directory (export writes Hugging Face weights; it "
+                      "reads Tessera's checkpoints)");
+    }
+    return absl::Status(resolved.status().code(), message);
+  }
+  const std::filesystem::path dir = *resolved;
   ASSIGN_OR_RETURN(const std::shared_ptr<const CheckpointReader> reader, CheckpointReader::Open(dir));
   if (reader->huggingface()) {
     return absl::InvalidArgumentError(StrCat(dir.string(), " already holds Hugging Face weights"));
