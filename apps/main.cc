@@ -232,6 +232,11 @@ void CheckOptionValues(CLI::App& app) {
   for (CLI::App* sub : app.get_subcommands({})) CheckOptionValues(*sub);
 }
 
+// `value` without the marker Main puts on a "[...]" argument.
+void Unmark(std::string& value) {
+  if (value.size() >= 3 && value.back() == tessera::kBracketMarker && value[value.size() - 2] == ']') value.pop_back();
+}
+
 // Takes the marker off the arguments Main marked "[...]" (below), ahead of
 // every other check of every option and positional: CLI11 reads such an
 // argument given to a list as the list's elements ("[in.txt]" read
@@ -241,9 +246,7 @@ void UnmarkBracketedValues(CLI::App& app) {
     // (Transforms run before checks, the last added first.)
     option->transform(CLI::Validator(
         [](std::string& value) -> std::string {
-          if (value.size() >= 3 && value.back() == tessera::kBracketMarker && value[value.size() - 2] == ']') {
-            value.pop_back();
-          }
+          Unmark(value);
           return std::string();
         },
         "", ""));
@@ -419,7 +422,8 @@ int Main(int argc, char** argv) {
                             dynamic_cast<const CLI::RequiredError*>(&e) != nullptr)) {
       std::vector<std::string> options;
       std::vector<std::string> others;
-      for (const std::string& extra : extras) {
+      for (std::string extra : extras) {
+        Unmark(extra);  // (no transform ran on an argument the verb did not take)
         (extra.starts_with("-") && extra.size() > 1 ? options : others).push_back(tessera::StrCat("'", extra, "'"));
       }
       const std::string what =

@@ -125,8 +125,16 @@ HostMemoryLimit HostMemoryLimitNow() {
   const auto lower = [&limit](std::optional<size_t> bytes, const char* source) {
     if (bytes && *bytes < limit.bytes) limit = {*bytes, source};
   };
-  // What the machine can still give (free, and caches it can drop).
-  lower(ReadProcKiB("/proc/meminfo", "MemAvailable"), "the machine's available memory");
+  // What the machine can still give (free, and caches it can drop), with
+  // what this process holds resident: a later segment's check counts the
+  // trained values it holds, which go as the segment loads them (its pages
+  // become resident as used).
+  const std::optional<size_t> resident = ReadProcKiB("/proc/self/status", "VmRSS");
+  const auto plus_resident = [&resident](std::optional<size_t> bytes) -> std::optional<size_t> {
+    if (!bytes) return std::nullopt;
+    return *bytes + resident.value_or(0);
+  };
+  lower(plus_resident(ReadProcKiB("/proc/meminfo", "MemAvailable")), "the machine's available memory");
   // A limit less what the process holds already (the address space counts
   // every mapping: libraries, thread stacks).
   const auto less_used = [](std::optional<size_t> cap, std::optional<size_t> used) -> std::optional<size_t> {
@@ -149,9 +157,14 @@ HostMemoryLimit HostMemoryLimitNow() {
     v2 = ReadLimitFile("/sys/fs/cgroup/memory.max");
     v2_used = ReadLimitFile("/sys/fs/cgroup/memory.current");
   }
-  lower(less_used(v2, v2_used), "what the cgroup's memory.max leaves");
+  // (The cgroup's usage less this process's resident memory, as above.)
+  const auto others = [&resident](std::optional<size_t> used) -> std::optional<size_t> {
+    if (!used) return std::nullopt;
+    return *used - std::min(*used, resident.value_or(0));
+  };
+  lower(less_used(v2, others(v2_used)), "what the cgroup's memory.max leaves");
   lower(less_used(ReadLimitFile("/sys/fs/cgroup/memory/memory.limit_in_bytes"),
-                  ReadLimitFile("/sys/fs/cgroup/memory/memory.usage_in_bytes")),
+                  others(ReadLimitFile("/sys/fs/cgroup/memory/memory.usage_in_bytes"))),
         "what the cgroup's memory limit leaves");
   struct rlimit rl {};
   if (::getrlimit(RLIMIT_AS, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) {

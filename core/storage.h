@@ -31,12 +31,15 @@ class Allocator {
 // Host memory the machine has (physical RAM, read once).
 size_t PhysicalMemoryBytes();
 
-// The host memory this process may still take: the least of the physical
-// memory, the machine's available memory (MemAvailable), what its cgroup's
-// limit leaves (v2 memory.max less memory.current, v1 likewise) and what
-// its address-space and data limits leave (ulimit -v less VmSize, ulimit -d
-// less VmData), with which one it is ("the machine's available memory",
-// "what ulimit -v leaves", ...). Read at each call.
+// The host memory this process may take: the least of the physical
+// memory, the machine's available memory (MemAvailable) and what its
+// cgroup's limit leaves (v2 memory.max less memory.current, v1 likewise),
+// each with what the process holds resident added back (VmRSS: a later
+// segment loads the trained values it holds and lets them go), and what its
+// address-space and data limits leave (ulimit -v less VmSize, ulimit -d
+// less VmData: mappings count at once), with which one it is ("the
+// machine's available memory", "what ulimit -v leaves", ...). Read at each
+// call.
 struct HostMemoryLimit {
   size_t bytes = 0;
   std::string source;

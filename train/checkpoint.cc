@@ -635,7 +635,15 @@ absl::Status PruneCheckpoints(const fs::path& output_dir, int64_t keep, const st
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
     const std::string name = entry.path().filename().string();
     if (std::optional<int64_t> iteration = IterationOfName(name)) {
-      (fs::exists(entry.path() / "index.json", ec) ? complete : incomplete).emplace_back(*iteration, entry.path());
+      // (One whose index.json cannot be read, a permission, is neither:
+      // left as it is.)
+      std::error_code status_error;
+      const fs::file_status index = fs::status(entry.path() / "index.json", status_error);
+      if (fs::exists(index)) {
+        complete.emplace_back(*iteration, entry.path());
+      } else if (!status_error || status_error == std::errc::no_such_file_or_directory) {
+        incomplete.emplace_back(*iteration, entry.path());
+      }
     } else if (name.starts_with(".iter_") && name.find(".tmp-") != std::string::npos &&
                !name.ends_with(".tmp-" + tag)) {
       stale.push_back(entry.path());

@@ -392,6 +392,7 @@ TEST(Cli, FlagsNothingReadsAndValuesOutOfRangeAreOneLineErrors) {
       // "[a=1,b=2]" as two overrides).
       {"preprocess --tokenizer gpt2 --input '[" + text + "]' --output " + out,
        "cannot read input '[" + text + "]': No such file or directory"},
+      {"ops '[x]'", "unexpected argument '[x]' (see tessera ops --help)"},
       {"config " + Source("configs/mlp_demo.json") + " '[train.train_iter=5,train.log_period=3]'",
        "unknown config key '[train.train_iter' (from override '[train.train_iter=5,train.log_period=3]')"},
       {"preprocess --tokenizer gpt2 --input " + text + " --output " + out + " --split-sentences --no-eod",
