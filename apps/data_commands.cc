@@ -353,6 +353,38 @@ void AddPreprocess(CLI::App& app) {
   });
 }
 
+// `bytes` as text: each maximal invalid part (a character cut short, a
+// stray byte) as one U+FFFD, as GPT-2's encoder.py (errors="replace") and
+// Python's "maximal subpart" do. Ids decode to bytes, and ids that end
+// inside a character (or a model's unlikely byte tokens) give part of one.
+std::string ReplaceInvalidUtf8(std::string_view bytes) {
+  std::string shown;
+  for (std::string_view rest = bytes; !rest.empty();) {
+    const size_t valid = FirstInvalidUtf8(rest).value_or(rest.size());
+    shown.append(rest.substr(0, valid));
+    if (valid == rest.size()) break;
+    shown.append("\xEF\xBF\xBD");
+    const auto lead = static_cast<unsigned char>(rest[valid]);
+    const size_t length = lead >= 0xF0 && lead <= 0xF4   ? 4
+                          : lead >= 0xE0 && lead <= 0xEF ? 3
+                          : lead >= 0xC2 && lead <= 0xDF ? 2
+                                                         : 1;
+    size_t taken = 1;
+    while (taken < length && valid + taken < rest.size()) {
+      const auto next = static_cast<unsigned char>(rest[valid + taken]);
+      unsigned char lo = 0x80, hi = 0xBF;
+      if (taken == 1 && lead == 0xE0) lo = 0xA0;
+      if (taken == 1 && lead == 0xED) hi = 0x9F;
+      if (taken == 1 && lead == 0xF0) lo = 0x90;
+      if (taken == 1 && lead == 0xF4) hi = 0x8F;
+      if (next < lo || next > hi) break;
+      ++taken;
+    }
+    rest.remove_prefix(valid + taken);
+  }
+  return shown;
+}
+
 void AddTokenize(CLI::App& app) {
   struct Flags {
     VocabularyFlags vocabulary;
@@ -410,35 +442,7 @@ void AddTokenize(CLI::App& app) {
       }
       auto decoded = tokenizer->Decode(ids);
       if (!decoded.ok()) Fail(std::string(decoded.status().message()));
-      // Ids that end inside a character decode to part of its bytes:
-      // written as U+FFFD, as GPT-2's encoder.py (errors="replace") does,
-      // so the output is text.
-      std::string shown;
-      for (std::string_view rest = *decoded; !rest.empty();) {
-        const size_t valid = FirstInvalidUtf8(rest).value_or(rest.size());
-        shown.append(rest.substr(0, valid));
-        if (valid == rest.size()) break;
-        shown.append("\xEF\xBF\xBD");
-        // One U+FFFD for the longest start of a character there (Python's
-        // "maximal subpart": a character cut short is one replacement).
-        const auto lead = static_cast<unsigned char>(rest[valid]);
-        const size_t length = lead >= 0xF0 && lead <= 0xF4   ? 4
-                              : lead >= 0xE0 && lead <= 0xEF ? 3
-                              : lead >= 0xC2 && lead <= 0xDF ? 2
-                                                             : 1;
-        size_t taken = 1;
-        while (taken < length && valid + taken < rest.size()) {
-          const auto next = static_cast<unsigned char>(rest[valid + taken]);
-          unsigned char lo = 0x80, hi = 0xBF;
-          if (taken == 1 && lead == 0xE0) lo = 0xA0;
-          if (taken == 1 && lead == 0xED) hi = 0x9F;
-          if (taken == 1 && lead == 0xF0) lo = 0x90;
-          if (taken == 1 && lead == 0xF4) hi = 0x8F;
-          if (next < lo || next > hi) break;
-          ++taken;
-        }
-        rest.remove_prefix(valid + taken);
-      }
+      const std::string shown = ReplaceInvalidUtf8(*decoded);
       std::fwrite(shown.data(), 1, shown.size(), stdout);
       std::fputs("\n", stdout);
     } else {
@@ -540,7 +544,9 @@ void AddGenerate(CLI::App& app) {
     auto generated = GenerateText(ExpandPath(flags->path), flags->prompt, flags->options);
     if (!generated.ok()) Fail(std::string(generated.status().message()));
     std::fwrite(flags->prompt.data(), 1, flags->prompt.size(), stdout);
-    std::fwrite(generated->text.data(), 1, generated->text.size(), stdout);
+    // (The continuation as text: a last token may stop inside a character.)
+    const std::string continuation = ReplaceInvalidUtf8(generated->text);
+    std::fwrite(continuation.data(), 1, continuation.size(), stdout);
     std::fputs("\n", stdout);
     std::fflush(stdout);
     // Cut short by the model's context, not by the request: said, on stderr.

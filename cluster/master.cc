@@ -1918,7 +1918,13 @@ class Master::Impl final : public control::Master::Service {
         return absl::FailedPreconditionError(absl::StrCat("--state-dir: ", text.status().message()));
       }
       uint64_t number = 0;
-      if (text.ok() && absl::SimpleAtoi(absl::StripAsciiWhitespace(*text), &number)) next_worker_number_ = number;
+      if (text.ok() && absl::SimpleAtoi(absl::StripAsciiWhitespace(*text), &number)) {
+        next_worker_number_ = number;
+      } else if (text.ok()) {
+        // (Replaced at the next worker's registration: said, not silent.)
+        TLOG_WARN("state dir: {} holds no number; worker numbers go on after the highest of the job records",
+                  (fs::path(options_.state_dir) / kWorkerNumberFile).string());
+      }
     }
     std::vector<std::pair<uint64_t, std::string>> requeued;  // (session, id): submit order
     for (const auto& entry : fs::directory_iterator(options_.state_dir, error)) {

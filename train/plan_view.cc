@@ -1,10 +1,13 @@
 #include "train/plan_view.h"
 
+#include <algorithm>
+#include <climits>
 #include <map>
 
 #include "actors/actor_id.h"
 #include "actors/plan.h"
 #include "core/status.h"
+#include "core/storage.h"
 #include "core/text.h"
 #include "train/trainer.h"
 
@@ -34,6 +37,120 @@ nlohmann::json LaunchJson(const proto::LaunchOrder& launch) {
           {"backward", launch.backward()},
           {"stage", launch.stage()},
           {"num_stages", launch.num_stages()}};
+}
+
+}  // namespace
+
+namespace {
+
+constexpr double kMiB = 1024.0 * 1024.0;
+
+std::string Mib(int64_t bytes) { return fmt::format("{:.1f}", static_cast<double>(bytes) / kMiB); }
+
+// The column names and one row per device of the plan's memory estimate.
+std::string MemoryRows(const proto::Plan& plan) {
+  std::string out =
+      fmt::format("  {:<16} {:>10} {:>10} {:>10} {:>10} {:>10} {:>11} {:>10} {:>10} {:>10}\n", "device", "total",
+                  "params", "optimizer", "arena", "gradients", "activations", "scratch", "unplanned", "feeds");
+  for (const auto& m : plan.memory_estimate()) {
+    out += fmt::format("  {:<16} {:>10} {:>10} {:>10} {:>10} {:>10} {:>11} {:>10} {:>10} {:>10}\n",
+                       StrCat("node ", m.node(), " ", m.device()), Mib(m.bytes()), Mib(m.parameters()),
+                       Mib(m.optimizer_state()), Mib(m.arena()), Mib(m.gradients()), Mib(m.activations()),
+                       Mib(m.boxing_scratch()), Mib(m.unplanned()), Mib(m.feed_buffers()));
+  }
+  return out;
+}
+
+int64_t SaturatingAdd(int64_t a, int64_t b) {
+  int64_t sum = 0;
+  return a < 0 || b < 0 || __builtin_add_overflow(a, b, &sum) ? INT64_MAX : sum;
+}
+
+// What a node's host holds at the peaks of a run: its CPU devices' training
+// plan, and during an evaluation the evaluation plan beside the trained
+// parameters and optimizer state kept for the next segment.
+struct NodeMemory {
+  int64_t training = 0;
+  int64_t kept = 0;
+  int64_t evaluation = 0;
+  bool device_memory = false;  // some device is not the host's (a GPU)
+};
+
+std::map<uint32_t, NodeMemory> HostMemoryPerNode(const JobPlans& plans) {
+  std::map<uint32_t, NodeMemory> nodes;
+  const auto on_host = [](const proto::DeviceMemory& m) { return m.device().starts_with("cpu"); };
+  for (const auto& m : plans.training.memory_estimate()) {
+    NodeMemory& node = nodes[m.node()];
+    if (!on_host(m)) {
+      node.device_memory = true;
+      continue;
+    }
+    if (!plans.evaluation_only) {
+      node.training = SaturatingAdd(node.training, m.bytes());
+      node.kept = SaturatingAdd(node.kept, SaturatingAdd(m.parameters(), m.optimizer_state()));
+    }
+  }
+  if (plans.evaluation) {
+    for (const auto& m : plans.evaluation->memory_estimate()) {
+      NodeMemory& node = nodes[m.node()];
+      if (on_host(m)) node.evaluation = SaturatingAdd(node.evaluation, m.bytes());
+    }
+  }
+  return nodes;
+}
+
+// The host's part: per node, the training plan's and an evaluation's
+// memory; with one node (`tessera train` on this machine), against what
+// this machine can give now, with a warning when that is too little.
+std::string HostMemoryText(const JobPlans& plans) {
+  const std::map<uint32_t, NodeMemory> nodes = HostMemoryPerNode(plans);
+  std::string out;
+  int64_t peak = 0;
+  for (const auto& [index, node] : nodes) {
+    std::vector<std::string> parts;
+    if (!plans.evaluation_only) parts.push_back(StrCat("training ", Mib(node.training), " MiB"));
+    if (plans.evaluation) {
+      parts.push_back(plans.evaluation_only
+                          ? StrCat("the evaluation ", Mib(node.evaluation), " MiB")
+                          : StrCat("during an evaluation ", Mib(SaturatingAdd(node.kept, node.evaluation)),
+                                   " MiB (the evaluation plan's ", Mib(node.evaluation),
+                                   " beside the trained parameters and optimizer state, ", Mib(node.kept), ")"));
+    }
+    out += StrCat("host memory of node ", index, node.device_memory ? " (its GPUs' memory apart)" : "", ": ",
+                  Join(parts, "; "), "\n");
+    peak = std::max({peak, node.training, SaturatingAdd(node.kept, node.evaluation)});
+  }
+  if (nodes.size() != 1) {
+    if (!nodes.empty()) out += "(each worker checks its own host's memory when it loads its part)\n";
+    return out;
+  }
+  const HostMemoryLimit limit = HostMemoryLimitNow();
+  const auto available = static_cast<int64_t>(std::min<size_t>(limit.bytes, INT64_MAX));
+  out += StrCat("this machine can give ", Mib(available), " MiB now (", limit.source, ")\n");
+  if (peak > available) {
+    out += StrCat("warning: the job needs ", Mib(peak), " MiB, more than this machine can give now: `tessera train` ",
+                  "here would fail for memory (a smaller train.train_micro_batch_size with more "
+                  "train.num_accumulation_steps, train.activation_checkpoint.enabled or train.amp need less)\n");
+  }
+  return out;
+}
+
+nlohmann::json MemoryJson(const proto::Plan& plan) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& m : plan.memory_estimate()) {
+    out.push_back({{"node", m.node()},
+                   {"device", m.device()},
+                   {"bytes", m.bytes()},
+                   {"parameters", m.parameters()},
+                   {"optimizer_state", m.optimizer_state()},
+                   {"gradients", m.gradients()},
+                   {"activations", m.activations()},
+                   {"arena", m.arena()},
+                   {"boxing_scratch", m.boxing_scratch()},
+                   {"unplanned", m.unplanned()},
+                   {"feed_buffers", m.feed_buffers()}});
+  }
+  return out;
 }
 
 }  // namespace
@@ -86,40 +203,17 @@ nlohmann::json PlanToJson(const proto::Plan& plan) {
                                 {"window", desc.window()},
                                 {"tensors", tensors}});
   }
-  out["memory"] = nlohmann::json::array();
-  for (const auto& m : plan.memory_estimate()) {
-    out["memory"].push_back({{"node", m.node()},
-                             {"device", m.device()},
-                             {"bytes", m.bytes()},
-                             {"parameters", m.parameters()},
-                             {"optimizer_state", m.optimizer_state()},
-                             {"gradients", m.gradients()},
-                             {"activations", m.activations()},
-                             {"arena", m.arena()},
-                             {"boxing_scratch", m.boxing_scratch()},
-                             {"unplanned", m.unplanned()},
-                             {"feed_buffers", m.feed_buffers()}});
-  }
+  out["memory"] = MemoryJson(plan);
   return out;
 }
 
 std::string MemoryText(const proto::Plan& plan) {
-  constexpr double kMiB = 1024.0 * 1024.0;
-  const auto mib = [](int64_t bytes) { return fmt::format("{:.1f}", static_cast<double>(bytes) / kMiB); };
-  std::string out = fmt::format(
+  return StrCat(
       "memory per device (MiB): total = parameters + optimizer state + arena + unplanned + feed buffers; the arena\n"
       "holds the gradients, activations and collectives' scratch, sharing bytes between uses that never overlap\n"
       "(gradients: what the updates read, under ZeRO their shards; buffers summing micro-batches count as "
-      "activations)\n"
-      "  {:<16} {:>10} {:>10} {:>10} {:>10} {:>10} {:>11} {:>10} {:>10} {:>10}\n",
-      "device", "total", "params", "optimizer", "arena", "gradients", "activations", "scratch", "unplanned", "feeds");
-  for (const auto& m : plan.memory_estimate()) {
-    out += fmt::format("  {:<16} {:>10} {:>10} {:>10} {:>10} {:>10} {:>11} {:>10} {:>10} {:>10}\n",
-                       StrCat("node ", m.node(), " ", m.device()), mib(m.bytes()), mib(m.parameters()),
-                       mib(m.optimizer_state()), mib(m.arena()), mib(m.gradients()), mib(m.activations()),
-                       mib(m.boxing_scratch()), mib(m.unplanned()), mib(m.feed_buffers()));
-  }
-  return out;
+      "activations)\n",
+      MemoryRows(plan));
 }
 
 std::string PlanToText(const proto::Plan& plan) {
@@ -183,12 +277,44 @@ std::string PlanToDot(const proto::Plan& plan) {
   return out + "}\n";
 }
 
+namespace {
+
+// What `tessera plan` adds to the training plan's memory: the
+// evaluation's table and the host's memory.
+std::string JobMemoryExtras(const JobPlans& plans) {
+  std::string out;
+  if (plans.evaluation) {
+    out += StrCat("evaluation (train.evaluation): its own plan, loaded between training segments",
+                  plans.evaluation_only ? "" : " while the trained values are kept for the next segment", "\n",
+                  MemoryRows(*plans.evaluation));
+  }
+  return out + HostMemoryText(plans);
+}
+
+}  // namespace
+
 absl::StatusOr<std::string> DescribeTrainingPlan(const nlohmann::json& config, std::string_view format) {
-  ASSIGN_OR_RETURN(proto::Plan plan, TrainingPlan(config));
-  if (format == "json") return PlanToJson(plan).dump(2) + "\n";
+  ASSIGN_OR_RETURN(const JobPlans plans, TrainingPlans(config));
+  const proto::Plan& plan = plans.training;
+  if (format == "json") {
+    nlohmann::json out = PlanToJson(plan);
+    out["evaluation_memory"] = plans.evaluation ? MemoryJson(*plans.evaluation) : nlohmann::json(nullptr);
+    nlohmann::json host = nlohmann::json::array();
+    for (const auto& [node, memory] : HostMemoryPerNode(plans)) {
+      host.push_back({{"node", node},
+                      {"training_bytes", memory.training},
+                      {"kept_bytes", memory.kept},
+                      {"evaluation_bytes", memory.evaluation}});
+    }
+    out["host_memory"] = std::move(host);
+    return out.dump(2) + "\n";
+  }
   if (format == "dot") return PlanToDot(plan);
-  if (format == "text") return PlanToText(plan);
-  if (format == "memory") return StrCat(plan.mesh().empty() ? std::string() : StrCat("devices: ", plan.mesh(), "\n"), MemoryText(plan));
+  if (format == "text") return PlanToText(plan) + JobMemoryExtras(plans);
+  if (format == "memory") {
+    return StrCat(plan.mesh().empty() ? std::string() : StrCat("devices: ", plan.mesh(), "\n"), MemoryText(plan),
+                  JobMemoryExtras(plans));
+  }
   return absl::InvalidArgumentError(StrCat("unknown plan format '", format, "' (text, memory, dot or json)"));
 }
 

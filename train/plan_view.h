@@ -17,7 +17,13 @@ std::string PlanToText(const proto::Plan& plan);
 // The memory table of PlanToText: per device the total and its parts, in MiB.
 std::string MemoryText(const proto::Plan& plan);
 std::string PlanToDot(const proto::Plan& plan);
-// The plan of the config's training job in `format` (text, dot or json).
+// The plan of the config's training job in `format` (text, memory, dot or
+// json). text, memory and json add the evaluation plan's memory (with
+// train.evaluation) and what each node's host holds at a run's peaks:
+// training, and an evaluation beside the trained parameters and optimizer
+// state kept for the next segment; text and memory compare a one-node job
+// with what this machine can give now (core/storage.h) and warn when it is
+// too little.
 absl::StatusOr<std::string> DescribeTrainingPlan(const nlohmann::json& config, std::string_view format);
 
 }  // namespace tessera

@@ -388,9 +388,27 @@ absl::Status CheckRunStartFitsPlan(Job& job, const proto::Plan& plan, const RunS
   }
   return absl::OkStatus();
 }
-}  // namespace
 
-absl::StatusOr<proto::Plan> TrainingPlan(const nlohmann::json& config) {
+// The plan of the job's evaluation (train.evaluation): the model's
+// evaluation graph at one training micro-batch (every data-parallel rank's
+// rows), forward only, on the same mesh, its variables with the training
+// plan's layouts and callbacks; lowered for one run (the runner sets each
+// evaluation's batches).
+absl::StatusOr<proto::Plan> LowerEvaluationPlan(const Job& job, const std::vector<uint32_t>& devices_per_node) {
+  ASSIGN_OR_RETURN(graph::Graph eval_graph, job.model->BuildEvalGraph(job.batch * job.data_parallel));
+  CompileOptions eval_options = job.options;
+  eval_options.train = false;
+  eval_options.num_micro_batches = 1;
+  eval_options.activation_checkpoint = false;
+  ASSIGN_OR_RETURN(std::unique_ptr<Engine> eval_engine, Engine::Compile(std::move(eval_graph), eval_options));
+  scheduler::LowerOptions eval_lower = eval_options.lower;
+  eval_lower.devices_per_node = devices_per_node;
+  eval_lower.iterations = 1;
+  ASSIGN_OR_RETURN(scheduler::LoweredPlan lowered, scheduler::LowerToPlan(eval_engine->graph(), eval_lower));
+  return std::move(lowered.plan);
+}
+
+absl::StatusOr<JobPlans> PlanJob(const nlohmann::json& config, bool with_evaluation) {
   ASSIGN_OR_RETURN(Job job, Prepare(config));
   // Where a run would start (a resume's or load_weight's checkpoint) is
   // checked as a run checks it; a plan writes nothing, so an earlier run's
@@ -398,15 +416,38 @@ absl::StatusOr<proto::Plan> TrainingPlan(const nlohmann::json& config) {
   ASSIGN_OR_RETURN(const RunStart start,
                    ResolveRunStart(job.train, job.config, job.global_batch(), job.model->HuggingFaceTensors(),
                                    /*for_writing=*/false));
-  ASSIGN_OR_RETURN(proto::Plan plan, job.engine->Plan(job.train.train_iter));
+  // The outputs' directory as a run checks it (a file there, or one that
+  // cannot be written, was planned without a word): an evaluation-only job
+  // writes nothing.
+  if (!job.train.eval_only && !job.train.output_dir.empty()) {
+    RETURN_IF_ERROR(CheckOutputDir(job.train.output_dir));
+    RETURN_IF_ERROR(CheckOutputDir(CheckpointsDir(job.train.output_dir)));
+  }
+  JobPlans plans;
+  ASSIGN_OR_RETURN(plans.training, job.engine->Plan(job.train.train_iter));
   // (Its tensors' names, shapes and types, from the index: the data only
   // train reads.)
-  RETURN_IF_ERROR(CheckRunStartFitsPlan(job, plan, start));
+  RETURN_IF_ERROR(CheckRunStartFitsPlan(job, plans.training, start));
   // The data as a run opens it (the dataset and its splits, the tokenizer,
   // eval_iter against the valid split), building nothing and reading no
   // token (a run checks every id).
   RETURN_IF_ERROR(JobFeed::Make(job.config, /*plan_only=*/true).status());
-  return plan;
+  if (with_evaluation && job.train.evaluation.enabled) {
+    ASSIGN_OR_RETURN(plans.evaluation, LowerEvaluationPlan(job, job.options.lower.devices_per_node));
+    plans.evaluation_only = job.train.eval_only;
+  }
+  return plans;
+}
+
+}  // namespace
+
+absl::StatusOr<proto::Plan> TrainingPlan(const nlohmann::json& config) {
+  ASSIGN_OR_RETURN(JobPlans plans, PlanJob(config, /*with_evaluation=*/false));
+  return std::move(plans.training);
+}
+
+absl::StatusOr<JobPlans> TrainingPlans(const nlohmann::json& config) {
+  return PlanJob(config, /*with_evaluation=*/true);
 }
 
 std::string FormatProgressLine(int64_t iteration, int64_t iterations, const nlohmann::json& metrics) {
@@ -787,20 +828,8 @@ absl::StatusOr<std::vector<proto::NodePlan>> CompileForNodes(const nlohmann::jso
     part.set_init_weights_only(start.weights_only);
   }
   if (job.train.evaluation.enabled) {
-    // The model's evaluation graph at one training micro-batch (every
-    // data-parallel rank's rows), forward only, on the same mesh: its
-    // variables get the training plan's layouts and callbacks.
-    ASSIGN_OR_RETURN(graph::Graph eval_graph, job.model->BuildEvalGraph(job.batch * job.data_parallel));
-    CompileOptions eval_options = job.options;
-    eval_options.train = false;
-    eval_options.num_micro_batches = 1;
-    eval_options.activation_checkpoint = false;
-    ASSIGN_OR_RETURN(std::unique_ptr<Engine> eval_engine, Engine::Compile(std::move(eval_graph), eval_options));
-    scheduler::LowerOptions eval_lower = eval_options.lower;
-    eval_lower.devices_per_node = devices_per_node;
-    eval_lower.iterations = 1;  // the runner sets each evaluation's batches
-    ASSIGN_OR_RETURN(scheduler::LoweredPlan eval_lowered, scheduler::LowerToPlan(eval_engine->graph(), eval_lower));
-    ASSIGN_OR_RETURN(std::vector<proto::NodePlan> eval_parts, comm::SplitPlan(eval_lowered.plan));
+    ASSIGN_OR_RETURN(proto::Plan eval_plan, LowerEvaluationPlan(job, devices_per_node));
+    ASSIGN_OR_RETURN(std::vector<proto::NodePlan> eval_parts, comm::SplitPlan(eval_plan));
     if (eval_parts.size() != parts.size()) {
       return absl::InternalError(StrCat("the evaluation plan spans ", eval_parts.size(), " nodes, training ", parts.size()));
     }

@@ -22,6 +22,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -193,6 +194,18 @@ absl::Status CheckOutputDir(const std::filesystem::path& dir);
 
 // The plan Train would run (same config checks), for `tessera plan`.
 absl::StatusOr<proto::Plan> TrainingPlan(const nlohmann::json& config);
+
+// The plans of the job `tessera train` would run: the training plan and,
+// with train.evaluation.enabled, the evaluation's, which a run loads
+// between training segments while it holds the trained parameters and
+// optimizer state for the next segment (train.eval_only: the evaluation
+// alone, from a checkpoint).
+struct JobPlans {
+  proto::Plan training;
+  std::optional<proto::Plan> evaluation;
+  bool evaluation_only = false;
+};
+absl::StatusOr<JobPlans> TrainingPlans(const nlohmann::json& config);
 
 // `progress` (may be null) gets one line per logged iteration. `executor`
 // runs the plan (empty: the actor runtime in this process; see engine.h).

@@ -877,6 +877,18 @@ TEST(Cli, DaemonsLogOnStderrAtTheLevelAsked) {
       RunCommand("timeout -s INT 2 " + std::string(TESSERA_BINARY) + " master --listen 127.0.0.1:0 2>/dev/null");
   EXPECT_EQ(stdout_only.out.rfind("master listening on 127.0.0.1:", 0), 0u) << stdout_only.out;
   EXPECT_EQ(stdout_only.out.find("[info]"), std::string::npos) << stdout_only.out;
+  // A worker number file that holds no number is said (it was replaced
+  // silently at the next registration).
+  const std::filesystem::path state =
+      std::filesystem::temp_directory_path() / ("tessera_cli_state_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(state);
+  std::ofstream(state / "last_worker_number") << "garbage\n";
+  const Result garbled = run("master --listen 127.0.0.1:0 --state-dir " + state.string());
+  EXPECT_NE(garbled.out.find("[warning] state dir: " + (state / "last_worker_number").string() +
+                             " holds no number; worker numbers go on after the highest of the job records"),
+            std::string::npos)
+      << garbled.out;
+  std::filesystem::remove_all(state);
 }
 
 // A job no worker took yet shows as not placed (it said "devices 1 on []").

@@ -20,12 +20,14 @@
 #include <iterator>
 #include <memory>
 #include <numeric>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "core/file_util.h"
+#include "core/strings.h"
 #include "core/text.h"
 #include "core/thread_pool.h"
 #include "nlohmann/json.hpp"
@@ -505,6 +507,25 @@ TEST(Generate, GeneratesTextWithTheRunsTokenizer) {
   text = GenerateText(bpe, "", options);
   ASSERT_TRUE(text.ok()) << text.status();
   EXPECT_EQ(text->prompt_tokens, 1);
+  // Tokens decode to bytes, and a continuation may stop inside a character
+  // (or hold a byte token alone): printed as text, each broken part one
+  // U+FFFD as Python's bytes.decode(errors="replace") (it printed the bytes).
+  // A seed whose near-uniform draws give bytes that are not UTF-8:
+  std::optional<uint64_t> broken_seed;
+  for (uint64_t seed = 1; seed <= 200 && !broken_seed; ++seed) {
+    const TextGenerateOptions sampled{.generate = {.max_new_tokens = 20, .temperature = 1000, .seed = seed}};
+    const absl::StatusOr<TextGeneration> drawn = GenerateText(bpe, "Hi", sampled);
+    ASSERT_TRUE(drawn.ok()) << drawn.status();
+    if (FirstInvalidUtf8(drawn->text)) broken_seed = seed;
+  }
+  ASSERT_TRUE(broken_seed.has_value());
+  const auto printed =
+      RunTessera("generate " + bpe.string() + " --prompt Hi --max-new-tokens 20 --temperature 1000 --seed " +
+                 std::to_string(*broken_seed));
+  ASSERT_EQ(printed.exit_code, 0) << printed.out;
+  EXPECT_FALSE(FirstInvalidUtf8(printed.out).has_value()) << printed.out;
+  EXPECT_NE(printed.out.find("\xEF\xBF\xBD"), std::string::npos) << printed.out;
+  EXPECT_TRUE(printed.out.starts_with("Hi")) << printed.out;
 
   ExpectError(GenerateText(Nano(), "Hello", options).status(), absl::StatusCode::kFailedPrecondition,
               "the run's config names no tokenizer");

@@ -116,6 +116,41 @@ TEST_F(TextDataTest, PlanChecksTheDataAsTheRunWouldAndBuildsNothing) {
   EXPECT_FALSE(fs::exists(root_ / "plan"));
 }
 
+// With train.evaluation the plan shows the evaluation's own plan (a copy of
+// the weights, no optimizer state), which a run loads between segments
+// while it keeps the trained parameters and optimizer state: the host's
+// memory during an evaluation is both (it showed neither).
+TEST_F(TextDataTest, PlanShowsTheEvaluationBesideTheKeptValues) {
+  const std::string plan = "plan" + Train(root_ / "plan", "train.evaluation.enabled=true").substr(5);
+  const auto text = RunTessera(plan + " --format memory");
+  ASSERT_EQ(text.exit_code, 0) << text.out;
+  EXPECT_NE(text.out.find("evaluation (train.evaluation): its own plan, loaded between training segments while the "
+                          "trained values are kept for the next segment\n"),
+            std::string::npos)
+      << text.out;
+  EXPECT_NE(text.out.find("; during an evaluation "), std::string::npos) << text.out;
+  const auto json = RunTessera(plan + " --format json");
+  ASSERT_EQ(json.exit_code, 0) << json.out;
+  const nlohmann::json j = nlohmann::json::parse(json.out);
+  ASSERT_EQ(j["memory"].size(), 1u);
+  ASSERT_EQ(j["evaluation_memory"].size(), 1u);
+  const nlohmann::json& training = j["memory"][0];
+  const nlohmann::json& evaluation = j["evaluation_memory"][0];
+  // (The same weights; training has a few bytes more: its scalar state.)
+  EXPECT_LE(evaluation["parameters"].get<int64_t>(), training["parameters"].get<int64_t>());
+  EXPECT_GE(evaluation["parameters"].get<int64_t>(), training["parameters"].get<int64_t>() - 64);
+  EXPECT_EQ(evaluation["optimizer_state"], 0);
+  EXPECT_EQ(evaluation["gradients"], 0);
+  ASSERT_EQ(j["host_memory"].size(), 1u);
+  EXPECT_EQ(j["host_memory"][0]["kept_bytes"],
+            training["parameters"].get<int64_t>() + training["optimizer_state"].get<int64_t>());
+  EXPECT_EQ(j["host_memory"][0]["evaluation_bytes"], evaluation["bytes"]);
+  EXPECT_EQ(j["host_memory"][0]["training_bytes"], training["bytes"]);
+  const auto without = RunTessera("plan" + Train(root_ / "plan", "").substr(5) + " --format json");
+  ASSERT_EQ(without.exit_code, 0) << without.out;
+  EXPECT_TRUE(nlohmann::json::parse(without.out)["evaluation_memory"].is_null());
+}
+
 // A resume with splits that give the training split other documents is
 // refused: the position the checkpoint counted would be another text's (it
 // went on silently). Weights that cut the same training split resume.

@@ -100,6 +100,52 @@ TEST(Cli, PlanListsActorsRegistersAndMemory) {
   EXPECT_EQ(dot.out.rfind("digraph plan {", 0), 0u);
 }
 
+// The plan ends with what the host holds in all and what this machine can
+// give now; a job that cannot fit is planned with a warning (a plan the
+// run would fail for memory was printed as if it were fine). Exit 0: the
+// plan is still the plan.
+TEST(Cli, PlanSaysWhetherTheJobFitsThisMachine) {
+  const Result fits = RunTessera("plan " + Source("configs/gpt2_nano.json") + " --format memory");
+  ASSERT_EQ(fits.exit_code, 0) << fits.out;
+  EXPECT_NE(fits.out.find("host memory of node 0: training "), std::string::npos) << fits.out;
+  EXPECT_NE(fits.out.find(" MiB now ("), std::string::npos) << fits.out;
+  EXPECT_EQ(fits.out.find("warning"), std::string::npos) << fits.out;
+  // About 1.8 TiB: more than any machine running this.
+  const std::string huge = "plan " + Source("configs/gpt2_nano.json") +
+                           " model.hidden_size=16384 model.num_attention_heads=128 model.ffn_hidden_size=65536 "
+                           "model.num_layers=30";
+  for (const char* format : {"memory", "text"}) {
+    const Result too_big = RunTessera(huge + " --format " + format);
+    ASSERT_EQ(too_big.exit_code, 0) << too_big.out;
+    EXPECT_NE(too_big.out.find("\nwarning: the job needs "), std::string::npos) << format;
+    EXPECT_NE(too_big.out.find("more than this machine can give now: `tessera train` here would fail for memory"),
+              std::string::npos)
+        << format;
+  }
+  const Result json = RunTessera(huge + " --format json");
+  ASSERT_EQ(json.exit_code, 0) << json.out;
+  const nlohmann::json host = nlohmann::json::parse(json.out)["host_memory"];
+  ASSERT_EQ(host.size(), 1u) << host;
+  EXPECT_GT(host[0]["training_bytes"].get<int64_t>(), int64_t{1} << 40);
+  EXPECT_EQ(host[0]["evaluation_bytes"], 0);
+}
+
+// The plan checks the outputs' directory as the run does (a file there was
+// planned, with --resume too, and the run refused it).
+TEST(Cli, PlanChecksTheOutputDirectoryAsTheRunDoes) {
+  const auto dir = TempDir("plan_output_file");
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "file") << "x";
+  for (const char* resume : {"", " --resume"}) {
+    const Result r = RunTessera("plan " + Source("configs/gpt2_nano.json") +
+                                " train.output_dir=" + (dir / "file").string() + resume);
+    EXPECT_EQ(r.exit_code, 1) << r.out;
+    EXPECT_EQ(r.out, "tessera: train.output_dir '" + (dir / "file").string() + "': '" + (dir / "file").string() +
+                         "' is not a directory\n");
+  }
+  std::filesystem::remove_all(dir);
+}
+
 // Every config the project ships plans on its own data (gpt2_small and
 // bert_base asked for more evaluation batches than the corpus's valid split
 // makes, so `train` refused them at once). The text datasets are built
