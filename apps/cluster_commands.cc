@@ -170,8 +170,9 @@ void StopOnSignals(StopSignals& signals, const char* daemon, const std::function
 
 void PrintJob(const control::JobInfo& job) {
   std::string progress = absl::StrCat(job.iteration(), "/", job.iterations());
+  // (Reasons come from clients and workers: escaped, as log lines are.)
   std::printf("%-12s %-10s %9s  %s\n", job.job_id().c_str(), control::JobState_Name(job.state()).c_str(),
-              progress.c_str(), job.reason().c_str());
+              progress.c_str(), OneLine(job.reason()).c_str());
 }
 
 // Prints one event as a line.
@@ -179,7 +180,7 @@ void PrintEvent(const control::JobEvent& event) {
   if (event.has_state()) {
     const control::JobInfo& info = event.state();
     std::printf("[%s] %s%s%s\n", info.job_id().c_str(), control::JobState_Name(info.state()).c_str(),
-                info.reason().empty() ? "" : ": ", info.reason().c_str());
+                info.reason().empty() ? "" : ": ", OneLine(info.reason()).c_str());
   } else if (event.has_metrics()) {
     // By name: a protobuf map has no order of its own.
     const std::map<std::string, double> sorted(event.metrics().values().begin(), event.metrics().values().end());

@@ -187,6 +187,12 @@ class RecordReader {
     }
     return &*it;
   }
+  bool Bool(const std::string& name, bool fallback) {
+    const nlohmann::json* value = Find(name, /*required=*/false);
+    if (value == nullptr) return fallback;
+    if (!value->is_boolean()) return Fail(name, "is not true or false"), fallback;
+    return value->get<bool>();
+  }
   std::string String(const std::string& name, const std::string& fallback = "", bool required = true) {
     const nlohmann::json* value = Find(name, required);
     if (value == nullptr) return fallback;
@@ -215,7 +221,8 @@ class RecordReader {
   absl::Status status_;
 };
 
-absl::Status ReadJobRecord(const nlohmann::json& record, Job& job, JobState& state) {
+// (`output_dir_made`: whether the job's submission made its output_dir.)
+absl::Status ReadJobRecord(const nlohmann::json& record, Job& job, JobState& state, bool& output_dir_made) {
   if (record.is_discarded()) return absl::InvalidArgumentError("not valid JSON (cut short or damaged)");
   if (!record.is_object()) return absl::InvalidArgumentError("not a JSON object");
   RecordReader r(record);
@@ -240,6 +247,7 @@ absl::Status ReadJobRecord(const nlohmann::json& record, Job& job, JobState& sta
   job.spec.iterations = r.Integer("iterations", 0, kMax);
   job.spec.start_iteration = r.Integer("start_iteration", 0, kMax, int64_t{0});
   job.spec.output_dir = r.String("output_dir");
+  output_dir_made = r.Bool("output_dir_made", false);  // (records before it: false)
   job.iteration = r.Integer("iteration", 0, kMax);
   if (const nlohmann::json* metrics = r.Find("last_metrics")) {
     if (!metrics->is_object()) r.Fail("last_metrics", "is not a JSON object");
@@ -695,7 +703,7 @@ class Master::Impl final : public control::Master::Service {
           NoteInterruptedIteration(job, request->message());
           job.nodes_interrupted.insert(slot->node);
           if (job.interrupted_at.empty() || slot->node == 0) {
-            job.interrupted_at = request->message().substr(0, kMaxLogLineBytes);
+            job.interrupted_at = OneLine(request->message().substr(0, kMaxLogLineBytes));
           }
         }
         if (job.nodes_done.size() == job.slots.size()) {
@@ -709,7 +717,7 @@ class Master::Impl final : public control::Master::Service {
       }
       if (request->code() != 0) {
         const absl::Status error(static_cast<absl::StatusCode>(std::clamp(request->code(), 1, 16)),
-                                 request->message().substr(0, kMaxLogLineBytes));
+                                 OneLine(request->message().substr(0, kMaxLogLineBytes)));
         const std::string reason = absl::StrCat("worker ", worker->id, " (node ", slot->node, "): ", error.ToString());
         if (error.code() == absl::StatusCode::kCancelled &&
             absl::StartsWith(error.message(), "interrupted at iteration ")) {
@@ -847,9 +855,12 @@ class Master::Impl final : public control::Master::Service {
     if (it == jobs_.end()) return NoSuchJob(request->job_id());
     Job& job = *it->second;
     if (IsFinal(job.state)) return Precondition(absl::StrCat("job ", job.id, " already ended: ", StateName(job.state)));
-    const std::string reason = request->reason().empty()              ? std::string("cancelled by a client")
-                               : request->reason().starts_with("by ") ? absl::StrCat("cancelled ", request->reason())
-                                                                      : absl::StrCat("cancelled: ", request->reason());
+    // (One line, as every reason: a client's newlines and terminal escapes
+    // went into status, logs and the job's record as they came.)
+    const std::string asked = OneLine(request->reason());
+    const std::string reason = asked.empty()              ? std::string("cancelled by a client")
+                               : asked.starts_with("by ") ? absl::StrCat("cancelled ", asked)
+                                                          : absl::StrCat("cancelled: ", asked);
     if (request->checkpoint() && job.state == control::RUNNING) {
       if (!job.stopping) StartStoppingLocked(job, reason);
     } else if (job.state == control::RUNNING) {
@@ -966,10 +977,18 @@ class Master::Impl final : public control::Master::Service {
     }
     if (kv_shutting_down_) return {grpc::StatusCode::UNAVAILABLE, "master is shutting down"};
     if (!all_set()) {
+      // (The message goes back in gRPC's metadata, 8 KiB at most: ten keys
+      // of 1 KiB quoted in full made the client read "metadata size
+      // exceeds limit" instead. At most 4 keys, each cut to 256 bytes.)
       std::vector<std::string> missing;
+      int64_t unset = 0;
       for (const std::string& key : request->keys()) {
-        if (!kv_.contains(key) && missing.size() < 10) missing.push_back(key);
+        if (kv_.contains(key)) continue;
+        if (++unset <= 4) {
+          missing.push_back(OneLine(key.size() > 256 ? absl::StrCat(key.substr(0, 256), "...") : key));
+        }
       }
+      if (unset > 4) missing.push_back(absl::StrCat("and ", unset - 4, " more"));
       return {grpc::StatusCode::DEADLINE_EXCEEDED,
               absl::StrCat("kv: waited ", absl::FormatDuration(timeout), " for ", absl::StrJoin(missing, ", "),
                            " (never set)")};
@@ -1903,7 +1922,13 @@ class Master::Impl final : public control::Master::Service {
     const std::string lock_path = (fs::path(options_.state_dir) / ".lock").string();
     state_lock_fd_ = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (state_lock_fd_ < 0) {
-      return absl::PermissionDeniedError(absl::StrCat("cannot write into --state-dir '", options_.state_dir, "'"));
+      // (Named: a directory in its place was "cannot write into" a
+      // directory that was writable.)
+      const int error_number = errno;
+      return absl::Status(error_number == EACCES || error_number == EROFS ? absl::StatusCode::kPermissionDenied
+                                                                          : absl::StatusCode::kFailedPrecondition,
+                          absl::StrCat("--state-dir '", options_.state_dir, "': cannot open its lock ", lock_path, ": ",
+                                       std::strerror(error_number)));
     }
     if (::flock(state_lock_fd_, LOCK_EX | LOCK_NB) != 0) {
       return absl::FailedPreconditionError(absl::StrCat("--state-dir '", options_.state_dir,
@@ -1967,7 +1992,8 @@ class Master::Impl final : public control::Master::Service {
       const nlohmann::json record = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
       auto job = std::make_unique<Job>();
       JobState state = control::JOB_STATE_UNSPECIFIED;
-      if (absl::Status read = ReadJobRecord(record, *job, state); !read.ok()) {
+      bool output_dir_made = false;
+      if (absl::Status read = ReadJobRecord(record, *job, state, output_dir_made); !read.ok()) {
         TLOG_WARN("state dir: skipping {}: not a job record ({})", entry.path().string(), std::string(read.message()));
         continue;
       }
@@ -1999,8 +2025,7 @@ class Master::Impl final : public control::Master::Service {
       }
       if (state == control::PENDING && again.ok() && !again->output_dir.empty()) {
         // (Made at its submission: it goes again if the job leaves it empty.)
-        absl::StatusOr<DirectoryClaim> claimed =
-            DirectoryClaim::Acquire(again->output_dir, record.value("output_dir_made", false));
+        absl::StatusOr<DirectoryClaim> claimed = DirectoryClaim::Acquire(again->output_dir, output_dir_made);
         if (claimed.ok()) {
           job->output_claim = *std::move(claimed);
         } else {
@@ -2032,7 +2057,7 @@ class Master::Impl final : public control::Master::Service {
         }
         job->state = EndRestartedJobLocked(*job);
         job->end_ms = NowMs();
-        if (record.value("output_dir_made", false) && !job->spec.output_dir.empty()) {
+        if (output_dir_made && !job->spec.output_dir.empty()) {
           // Made at its submission and left empty (it stopped while it
           // compiled): it goes, as at any job's end.
           absl::StatusOr<DirectoryClaim> claimed = DirectoryClaim::Acquire(job->spec.output_dir, /*made_before=*/true);

@@ -263,8 +263,8 @@ absl::Status CheckAddress(const std::string& address, bool port_required) {
   int value = 0;
   for (char c : port) {
     if (c < '0' || c > '9' || port.size() - first > 5) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("'", shown, "': port '", std::string(port), "' is not a number in [0, 65535]"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "'", shown, "': port '", EscapeControlChars(port, /*non_ascii=*/true), "' is not a number in [0, 65535]"));
     }
     value = value * 10 + (c - '0');
   }

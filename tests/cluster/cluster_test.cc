@@ -579,6 +579,14 @@ TEST(ClusterTest, CancelStopsTheRunnerPromptly) {
   auto by_cli = cluster.client->Cancel(*second, "by `tessera cancel`");
   ASSERT_TRUE(by_cli.ok()) << by_cli.status();
   EXPECT_TRUE(by_cli->reason().starts_with("cancelled by `tessera cancel`")) << by_cli->reason();
+  // A reason is kept as one line: a client's newline forged a second line
+  // in `tessera status`, its escape sequences reached the terminal, and a
+  // NUL cut the rest off.
+  auto third = cluster.client->Submit(R"({"hang": true})", {});
+  ASSERT_TRUE(third.ok());
+  auto forged = cluster.client->Cancel(*third, std::string("line1\nFAKE job-000001 SUCCEEDED\x1b[2J\0nul", 39));
+  ASSERT_TRUE(forged.ok()) << forged.status();
+  EXPECT_EQ(forged->reason(), "cancelled: line1 FAKE job-000001 SUCCEEDED\\x1b[2J\\x00nul");
 }
 
 TEST(ClusterTest, WorkerShutdownFailsItsJobNamingIt) {
@@ -811,6 +819,12 @@ TEST(ClusterTest, DamagedJobRecordsAreSkippedNamingTheField) {
   write("job-000105", [](nlohmann::json& r) { r["state"] = "DONE"; });
   write("job-000106", [](nlohmann::json& r) { r["last_metrics"] = {{"loss", nullptr}}; });
   std::ofstream(state / "job-000107.json") << "{\"job_id\": ";
+  // (A field read only for jobs a restart ends or queues again: nlohmann's
+  // exception stopped the master, naming neither file nor field.)
+  write("job-000108", [](nlohmann::json& r) {
+    r["state"] = "RUNNING";
+    r["output_dir_made"] = "yes";
+  });
 
   std::ostringstream logged;
   const auto saved = spdlog::default_logger();
@@ -836,6 +850,7 @@ TEST(ClusterTest, DamagedJobRecordsAreSkippedNamingTheField) {
            "job-000104.json: not a job record ('slots[0].num_devices' is not an integer)",
            "job-000105.json: not a job record ('state' 'DONE' is no job state)",
            "job-000107.json: not a job record (not valid JSON (cut short or damaged))",
+           "job-000108.json: not a job record ('output_dir_made' is not true or false)",
        }) {
     EXPECT_NE(log.find(expected), std::string::npos) << expected << "\n" << log;
   }
@@ -843,7 +858,7 @@ TEST(ClusterTest, DamagedJobRecordsAreSkippedNamingTheField) {
   // A new job's id comes after every record's, read or not.
   auto next = client.Submit("{}", {});
   ASSERT_TRUE(next.ok());
-  EXPECT_EQ(*next, "job-000108");
+  EXPECT_EQ(*next, "job-000109");
   master.Shutdown();
   fs::remove_all(state);
 }
@@ -1091,6 +1106,14 @@ TEST(ClusterTest, AStateDirectoryFileThatIsNoFileIsRefused) {
             std::string::npos)
       << zero;
   fs::remove_all(state);
+  // Its lock a directory: named (it said the directory was not writable).
+  fs::create_directories(state / ".lock");
+  const absl::Status locked = Master(options, std::make_unique<FakeJobCompiler>()).Start().status();
+  EXPECT_EQ(locked.code(), absl::StatusCode::kFailedPrecondition) << locked;
+  EXPECT_NE(locked.message().find("': cannot open its lock " + (state / ".lock").string() + ": Is a directory"),
+            std::string::npos)
+      << locked;
+  fs::remove_all(state);
 }
 
 TEST(ClusterTest, KvPutGetWait) {
@@ -1106,6 +1129,13 @@ TEST(ClusterTest, KvPutGetWait) {
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_NE(missing.status().message().find("test/b"), std::string::npos) << missing.status();
   EXPECT_GE(absl::Now() - started, absl::Milliseconds(290));
+  // Many long keys unset: the message names a few, cut, and fits gRPC's
+  // 8 KiB of metadata (the client read "metadata size exceeds limit").
+  std::vector<std::string> long_keys;
+  for (char c = 'a'; c < 'a' + 12; ++c) long_keys.push_back(std::string(1000, c));
+  auto many = kv.Wait(long_keys, absl::Milliseconds(10));
+  EXPECT_EQ(many.status().code(), absl::StatusCode::kDeadlineExceeded) << many.status();
+  EXPECT_NE(many.status().message().find("..., and 8 more (never set)"), std::string::npos) << many.status();
   std::thread setter([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
     EXPECT_TRUE(kv.Set("b", std::string("\0two", 4)).ok());

@@ -201,6 +201,7 @@ TEST(SecurityTest, AddressesAreHostAndPortInRange) {
       {"127.0.0.1:", "no port after ':'"},
       {"127.0.0.1:70a", "is not a number"},
       {"127.0.0.1:-1", "is not a number"},
+      {"127.0.0.1:8\n0", "'127.0.0.1:8\\n0': port '8\\n0' is not a number"},  // (the port said '8 0')
       {"::1:7070", "an IPv6 host goes in brackets"},
       {"[::1:7070", "no ']'"},
       {"[::1]x", "expected HOST:PORT"},

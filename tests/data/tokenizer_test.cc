@@ -286,6 +286,16 @@ TEST(Gpt2Tokenizer, MatchesTiktokenOnRandomMixedScriptStrings) {
   ExpectSameAsTiktoken(*tokenizer, RandomStrings(400, 20240531));
 }
 
+// Letters and numbers Unicode 15 added (CJK Extension H, Kawi, Cyrillic
+// modifier letters, Kawi digits, Kaktovik numerals): PCRE2 10.42's tables
+// (Unicode 14) took them for punctuation, so "'s" after them split in two.
+TEST(Gpt2Tokenizer, MatchesTiktokenOnCharactersOfUnicode15) {
+  const std::unique_ptr<Tokenizer> tokenizer = LoadGpt2();
+  ASSERT_NE(tokenizer, nullptr);
+  ExpectSameAsTiktoken(*tokenizer, {"\U00031350's \U00011F04'll x\U0001E030's", "\U000323AF\U00031350'd",
+                                    "\U00011F50\U00011F59's 7\U0001D2C0\U0001D2D3've", "a\U00011F04b \U00031350 9"});
+}
+
 TEST(Gpt2Tokenizer, KnownIdsAndSpecialTokens) {
   const std::unique_ptr<Tokenizer> tokenizer = LoadGpt2();
   ASSERT_NE(tokenizer, nullptr);
