@@ -66,58 +66,86 @@ int64_t SaturatingAdd(int64_t a, int64_t b) {
   return a < 0 || b < 0 || __builtin_add_overflow(a, b, &sum) ? INT64_MAX : sum;
 }
 
-// What a node's host holds at the peaks of a run: its CPU devices' training
-// plan, and during an evaluation the evaluation plan beside the trained
-// parameters and optimizer state kept for the next segment.
+// What a node holds at the peaks of a run: its host the CPU devices' plans
+// and every device's feed buffers (a GPU's are pinned host memory), its
+// fullest GPU the rest of that GPU's plan; during an evaluation, the
+// evaluation plan beside the trained parameters and optimizer state kept
+// for the next segment (on the device that trained them).
 struct NodeMemory {
   int64_t training = 0;
   int64_t kept = 0;
   int64_t evaluation = 0;
-  bool device_memory = false;  // some device is not the host's (a GPU)
+  int64_t gpu_training = 0;    // the most on one GPU
+  int64_t gpu_evaluation = 0;  // the most on one GPU during an evaluation
+  bool gpus = false;
 };
 
 std::map<uint32_t, NodeMemory> HostMemoryPerNode(const JobPlans& plans) {
   std::map<uint32_t, NodeMemory> nodes;
   const auto on_host = [](const proto::DeviceMemory& m) { return m.device().starts_with("cpu"); };
+  const auto device_part = [](const proto::DeviceMemory& m) {
+    return std::max<int64_t>(0, m.bytes() - m.feed_buffers());
+  };
+  std::map<std::pair<uint32_t, std::string>, int64_t> kept_on_gpu;
   for (const auto& m : plans.training.memory_estimate()) {
     NodeMemory& node = nodes[m.node()];
-    if (!on_host(m)) {
-      node.device_memory = true;
-      continue;
-    }
-    if (!plans.evaluation_only) {
+    node.gpus = node.gpus || !on_host(m);
+    if (plans.evaluation_only) continue;
+    const int64_t kept = SaturatingAdd(m.parameters(), m.optimizer_state());
+    if (on_host(m)) {
       node.training = SaturatingAdd(node.training, m.bytes());
-      node.kept = SaturatingAdd(node.kept, SaturatingAdd(m.parameters(), m.optimizer_state()));
+      node.kept = SaturatingAdd(node.kept, kept);
+    } else {
+      node.training = SaturatingAdd(node.training, m.feed_buffers());
+      node.gpu_training = std::max(node.gpu_training, device_part(m));
+      kept_on_gpu[{m.node(), m.device()}] = kept;
     }
   }
   if (plans.evaluation) {
     for (const auto& m : plans.evaluation->memory_estimate()) {
       NodeMemory& node = nodes[m.node()];
-      if (on_host(m)) node.evaluation = SaturatingAdd(node.evaluation, m.bytes());
+      if (on_host(m)) {
+        node.evaluation = SaturatingAdd(node.evaluation, m.bytes());
+      } else {
+        node.evaluation = SaturatingAdd(node.evaluation, m.feed_buffers());
+        const auto kept = kept_on_gpu.find({m.node(), m.device()});
+        node.gpu_evaluation =
+            std::max(node.gpu_evaluation, SaturatingAdd(device_part(m), kept == kept_on_gpu.end() ? 0 : kept->second));
+      }
     }
   }
   return nodes;
 }
 
-// The host's part: per node, the training plan's and an evaluation's
-// memory; with one node (`tessera train` on this machine), against what
-// this machine can give now, with a warning when that is too little.
+// Per node, the host's memory at the training's and an evaluation's peaks
+// (and its fullest GPU's); with one node (`tessera train` on this
+// machine), the host's against what this machine can give now, with a
+// warning when that is too little.
 std::string HostMemoryText(const JobPlans& plans) {
   const std::map<uint32_t, NodeMemory> nodes = HostMemoryPerNode(plans);
   std::string out;
   int64_t peak = 0;
   for (const auto& [index, node] : nodes) {
-    std::vector<std::string> parts;
-    if (!plans.evaluation_only) parts.push_back(StrCat("training ", Mib(node.training), " MiB"));
-    if (plans.evaluation) {
-      parts.push_back(plans.evaluation_only
-                          ? StrCat("the evaluation ", Mib(node.evaluation), " MiB")
-                          : StrCat("during an evaluation ", Mib(SaturatingAdd(node.kept, node.evaluation)),
-                                   " MiB (the evaluation plan's ", Mib(node.evaluation),
-                                   " beside the trained parameters and optimizer state, ", Mib(node.kept), ")"));
+    const auto peaks = [&](int64_t training, int64_t kept, int64_t evaluation) {
+      std::vector<std::string> parts;
+      if (!plans.evaluation_only) parts.push_back(StrCat("training ", Mib(training), " MiB"));
+      if (plans.evaluation) {
+        parts.push_back(
+            plans.evaluation_only
+                ? StrCat("the evaluation ", Mib(evaluation), " MiB")
+                : StrCat("during an evaluation ", Mib(SaturatingAdd(kept, evaluation)), " MiB",
+                         kept > 0 ? StrCat(" (the evaluation plan's ", Mib(evaluation),
+                                           " beside the trained parameters and optimizer state, ", Mib(kept), ")")
+                                  : std::string()));
+      }
+      return Join(parts, "; ");
+    };
+    out += StrCat("host memory of node ", index, ": ", peaks(node.training, node.kept, node.evaluation), "\n");
+    if (node.gpus) {
+      out += StrCat("GPU memory of node ", index,
+                    ", its fullest device: ", peaks(node.gpu_training, 0, node.gpu_evaluation),
+                    " (a GPU with less fails its allocation when the plan loads, naming it)\n");
     }
-    out += StrCat("host memory of node ", index, node.device_memory ? " (its GPUs' memory apart)" : "", ": ",
-                  Join(parts, "; "), "\n");
     peak = std::max({peak, node.training, SaturatingAdd(node.kept, node.evaluation)});
   }
   if (nodes.size() != 1) {
@@ -304,7 +332,9 @@ absl::StatusOr<std::string> DescribeTrainingPlan(const nlohmann::json& config, s
       host.push_back({{"node", node},
                       {"training_bytes", memory.training},
                       {"kept_bytes", memory.kept},
-                      {"evaluation_bytes", memory.evaluation}});
+                      {"evaluation_bytes", memory.evaluation},
+                      {"gpu_training_bytes", memory.gpu_training},
+                      {"gpu_evaluation_bytes", memory.gpu_evaluation}});
     }
     out["host_memory"] = std::move(host);
     return out.dump(2) + "\n";

@@ -21,9 +21,9 @@ std::string PlanToDot(const proto::Plan& plan);
 // json). text, memory and json add the evaluation plan's memory (with
 // train.evaluation) and what each node's host holds at a run's peaks:
 // training, and an evaluation beside the trained parameters and optimizer
-// state kept for the next segment; text and memory compare a one-node job
-// with what this machine can give now (core/storage.h) and warn when it is
-// too little.
+// state kept for the next segment (and the fullest GPU's part); text and
+// memory compare a one-node job with what this machine can give now
+// (core/storage.h) and warn when it is too little.
 absl::StatusOr<std::string> DescribeTrainingPlan(const nlohmann::json& config, std::string_view format);
 
 }  // namespace tessera

@@ -128,6 +128,17 @@ TEST(Cli, PlanSaysWhetherTheJobFitsThisMachine) {
   ASSERT_EQ(host.size(), 1u) << host;
   EXPECT_GT(host[0]["training_bytes"].get<int64_t>(), int64_t{1} << 40);
   EXPECT_EQ(host[0]["evaluation_bytes"], 0);
+  // On GPUs the host holds the feeds' pinned buffers; the fullest GPU's
+  // part is said apart (the GPU's arena was counted as nothing).
+  const Result gpu = RunTessera("plan " + Source("configs/gpt2_nano.json") + " train.dist.device_type=cuda");
+  ASSERT_EQ(gpu.exit_code, 0) << gpu.out;
+  EXPECT_NE(gpu.out.find("\nGPU memory of node 0, its fullest device: training "), std::string::npos) << gpu.out;
+  const Result gpu_json =
+      RunTessera("plan " + Source("configs/gpt2_nano.json") + " train.dist.device_type=cuda --format json");
+  ASSERT_EQ(gpu_json.exit_code, 0) << gpu_json.out;
+  const nlohmann::json parsed = nlohmann::json::parse(gpu_json.out);
+  EXPECT_EQ(parsed["host_memory"][0]["gpu_training_bytes"].get<int64_t>(),
+            parsed["memory"][0]["bytes"].get<int64_t>() - parsed["memory"][0]["feed_buffers"].get<int64_t>());
 }
 
 // The plan checks the outputs' directory as the run does (a file there was
