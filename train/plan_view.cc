@@ -312,9 +312,12 @@ namespace {
 std::string JobMemoryExtras(const JobPlans& plans) {
   std::string out;
   if (plans.evaluation) {
-    out += StrCat("evaluation (train.evaluation): its own plan, loaded between training segments",
-                  plans.evaluation_only ? "" : " while the trained values are kept for the next segment", "\n",
-                  MemoryRows(*plans.evaluation));
+    out += StrCat(plans.evaluation_only
+                      ? "evaluation (train.eval_only): its own plan, the one the run loads (the training plan above "
+                        "runs no iteration)"
+                      : "evaluation (train.evaluation): its own plan, loaded between training segments while the "
+                        "trained values are kept for the next segment",
+                  "\n", MemoryRows(*plans.evaluation));
   }
   return out + HostMemoryText(plans);
 }

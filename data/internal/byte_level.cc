@@ -40,8 +40,9 @@ absl::StatusOr<std::string> NewerThanPcre2(std::string_view property) {
   const std::string pattern = StrCat("[[:", property, ":]-[:age=", age, ":]]");
   UErrorCode status = U_ZERO_ERROR;
   const icu::UnicodeSet set(icu::UnicodeString(pattern.c_str(), -1, US_INV), status);
-  if (U_FAILURE(status))
-    return absl::InternalError(StrCat("ICU cannot make the set ", pattern, ": ", u_errorName(status)));
+  // An ICU that does not know PCRE2's version is older than PCRE2's tables:
+  // nothing to add.
+  if (U_FAILURE(status)) return std::string();
   std::string body;
   for (int32_t i = 0; i < set.getRangeCount(); ++i) {
     const UChar32 first = set.getRangeStart(i), last = set.getRangeEnd(i);
