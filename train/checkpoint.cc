@@ -1353,8 +1353,10 @@ absl::Status ExportSafetensors(const CheckpointReader& reader, const std::vector
     ASSIGN_OR_RETURN(const TensorMeta meta, reader.Meta(t.name));
     if (t.converted()) {
       if (meta.shape != t.ModelShape()) {
-        return absl::InternalError(
-            StrCat("export: '", t.name, "' is ", meta.shape.ToString(), ", not ", t.ModelShape().ToString()));
+        return absl::FailedPreconditionError(StrCat("export: '", t.name, "' is ", meta.shape.ToString(),
+                                                    " in the checkpoint, but the model of its index.json's config "
+                                                    "makes it ",
+                                                    t.ModelShape().ToString()));
       }
       ASSIGN_OR_RETURN(Tensor whole, Tensor::Empty(meta.shape, meta.dtype));
       RETURN_IF_ERROR(reader.Read(t.name, TensorSlice::Whole(meta.shape), whole));
@@ -1368,9 +1370,31 @@ absl::Status ExportSafetensors(const CheckpointReader& reader, const std::vector
       }
       continue;
     }
-    if (t.hf_shape.NumElements() != meta.shape.NumElements()) {
-      return absl::InternalError(StrCat("export: '", t.name, "' is ", meta.shape.ToString(), ", not ",
-                                        t.hf_shape.NumElements(), " elements as ", t.hf_shape.ToString()));
+    // Hugging Face's dimensions are runs of the checkpoint's merged (the
+    // fused attention's (C, 3, C) is (C, 3C) there), 1s aside: another
+    // shape of the same size (an index.json whose config was edited) was
+    // reshaped silently.
+    const auto merges_into = [](const Shape& ours, const Shape& theirs) {
+      std::vector<int64_t> from, to;
+      for (const int64_t d : ours.dims()) {
+        if (d != 1) from.push_back(d);
+      }
+      for (const int64_t d : theirs.dims()) {
+        if (d != 1) to.push_back(d);
+      }
+      size_t i = 0;
+      for (const int64_t want : to) {
+        int64_t product = 1;
+        while (i < from.size() && product < want && want % (product * from[i]) == 0) product *= from[i++];
+        if (product != want) return false;
+      }
+      return i == from.size();
+    };
+    if (!merges_into(meta.shape, t.hf_shape)) {
+      return absl::FailedPreconditionError(StrCat("export: '", t.name, "' is ", meta.shape.ToString(),
+                                                  " in the checkpoint, but the model of its index.json's config makes "
+                                                  "it ",
+                                                  t.hf_shape.ToString()));
     }
     ASSIGN_OR_RETURN(Tensor whole, Tensor::Empty(meta.shape, meta.dtype));
     RETURN_IF_ERROR(reader.Read(t.name, TensorSlice::Whole(meta.shape), whole));

@@ -317,7 +317,13 @@ absl::StatusOr<int64_t> ChooseToken(const float* logits, int64_t n, const Genera
 
   const double inv_temperature = 1.0 / o.temperature;
   const double max_logit = logits[best];
-  const auto weight = [&](float logit) { return std::exp((static_cast<double>(logit) - max_logit) * inv_temperature); };
+  // (The likeliest logit weighs 1 whatever the temperature: a subnormal
+  // one has an infinite reciprocal, and 0 * inf made its weight NaN, so
+  // top-k drew its last-ranked token.)
+  const auto weight = [&](float logit) {
+    const double below = static_cast<double>(logit) - max_logit;
+    return below == 0 ? 1.0 : std::exp(below * inv_temperature);
+  };
   const double u = UniformDraw(o.seed, step);
   if (o.top_k == 0 && o.top_p >= 1) {  // the whole softmax, walked in id order
     double total = 0;

@@ -238,9 +238,9 @@ nlohmann::json PlanToJson(const proto::Plan& plan) {
 std::string MemoryText(const proto::Plan& plan) {
   return StrCat(
       "memory per device (MiB): total = parameters + optimizer state + arena + unplanned + feed buffers; the arena\n"
-      "holds the gradients, activations and collectives' scratch, sharing bytes between uses that never overlap\n"
-      "(gradients: what the updates read, under ZeRO their shards; buffers summing micro-batches count as "
-      "activations)\n",
+      "holds the gradients, activations and collectives' scratch, sharing bytes between uses that never overlap,\n"
+      "so these three columns (what each would take unshared) may sum to more than the arena (gradients: what the\n"
+      "updates read, under ZeRO their shards; buffers summing micro-batches count as activations)\n",
       MemoryRows(plan));
 }
 

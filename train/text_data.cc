@@ -301,6 +301,9 @@ std::optional<double> TextData::unigram_valid_loss(int64_t samples) const {
   if (!gpt_valid_ || unigram_counts_.empty()) return std::nullopt;
   absl::MutexLock lock(&unigram_mu_);
   if (auto known = unigram_losses_.find(samples); known != unigram_losses_.end()) return known->second;
+  // (As Fill: a dataset truncated under the run is not read, where the
+  // read would kill the process. The baseline is then left out.)
+  if (!dataset_->CheckFilesWhole().ok()) return std::nullopt;
   const int64_t vocab_size = static_cast<int64_t>(unigram_counts_.size());
   std::vector<int64_t> window(static_cast<size_t>(gpt_valid_->sample_length()));
   double loss = 0;

@@ -275,6 +275,11 @@ TEST(Generate, SamplingIsReproducibleBySeedAndReducesToGreedy) {
   EXPECT_EQ(sample({.temperature = 1.0, .top_k = 1, .seed = 7}), greedy);
   EXPECT_EQ(sample({.temperature = 2.0, .top_p = 1e-6, .seed = 7}), greedy);
   EXPECT_EQ(sample({.temperature = 0.5, .top_k = 4, .top_p = 1e-6, .seed = 9}), greedy);
+  // A subnormal temperature (its reciprocal infinite) is greedy too, with
+  // any top-k or top-p (top-k drew its last-ranked token).
+  EXPECT_EQ(sample({.temperature = 1e-310, .top_k = 50, .seed = 7}), greedy);
+  EXPECT_EQ(sample({.temperature = 1e-310, .seed = 7}), greedy);
+  EXPECT_EQ(sample({.temperature = 1e-310, .top_p = 0.5, .seed = 7}), greedy);
 }
 
 // Every token drawn with top-k / top-p lies in the set the model's logits
@@ -726,6 +731,29 @@ TEST(HuggingFace, MismatchedWeightsAreOneLineErrors) {
             std::string::npos)
       << run.out;
   EXPECT_FALSE(fs::exists(TempRoot() / "hf_bad_run" / "checkpoints"));
+  // A checkpoint whose index.json's config was edited: the tensor and both
+  // shapes named (a plain tensor of the same size was reshaped silently; a
+  // converted one said "internal error").
+  for (const auto& [edit, expected] : std::vector<std::pair<std::string, std::string>>{
+           {"c['max_seq_length']=64; c['seq_length']=64",
+            "export: 'wpe.weight' is (32, 64) in the checkpoint, but the model of its index.json's config makes it "
+            "(64, 64)"},
+           {"c['hidden_size']=32",
+            "export: 'wte.weight' is (256, 64) in the checkpoint, but the model of its "
+            "index.json's config makes it (256, 32)"}}) {
+    const fs::path edited = TempRoot() / "edited_config";
+    fs::remove_all(edited);
+    fs::copy(Nano() / "checkpoints" / "iter_0000020", edited, fs::copy_options::recursive);
+    const std::string patch =
+        "timeout 60 /usr/bin/python3 -c \"import json,sys; p=sys.argv[1]; j=json.load(open(p)); "
+        "c=j['config']['model']; " +
+        edit + "; json.dump(j,open(p,'w'))\" " + (edited / "index.json").string();
+    ASSERT_EQ(std::system(patch.c_str()), 0);
+    run = RunTessera("export " + edited.string() + " --output " + (TempRoot() / "edited.safetensors").string());
+    EXPECT_EQ(run.exit_code, 1) << run.out;
+    EXPECT_EQ(run.out, "tessera: " + expected + "\n");
+    EXPECT_FALSE(fs::exists(TempRoot() / "edited.safetensors"));
+  }
   // Export of nothing.
   run = RunTessera("export " + TempRoot().string() + "/nowhere --output " + (TempRoot() / "x.safetensors").string());
   EXPECT_EQ(run.exit_code, 1) << run.out;
