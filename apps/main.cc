@@ -3,9 +3,12 @@
 // input; nothing an input can trigger (an exception from a library, an
 // allocation sized by the user) escapes as a crash.
 
+#include <execinfo.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cctype>
 #include <cerrno>
@@ -452,9 +455,64 @@ int Main(int argc, char** argv) {
   return Fail("no command given (see --help)");
 }
 
+// The verb's out-of-memory line (the hint is for the verbs that run or plan
+// a job), set before anything runs: the terminate handler cannot allocate.
+const char* g_out_of_memory = "out of memory (an allocation failed)";
+
+const char* OutOfMemoryMessage() { return g_out_of_memory; }
+
+void SetOutOfMemoryMessage(int argc, char** argv) {
+  std::string_view verb;
+  for (int i = 1; i < argc && verb.empty(); ++i) {
+    if (std::string_view(argv[i]) == "--log-level") {
+      ++i;  // (its value)
+    } else if (argv[i][0] != '-') {
+      verb = argv[i];
+    }
+  }
+  if (verb == "train" || verb == "plan" || verb == "worker" || verb == "master") {
+    g_out_of_memory = "out of memory (an allocation failed; see `tessera plan` for what the job needs)";
+  }
+}
+
+// An exception no thread caught (std::bad_alloc on a worker's or a gRPC
+// handler's thread under `ulimit -v`): one line instead of "terminate
+// called after throwing ..." and an abort. Out of memory exits 1 (the
+// line is written without allocating); anything else is a bug: said, then
+// aborted for its core.
+[[noreturn]] void OnUncaughtException() {
+  bool out_of_memory = false;
+  const char* what = "an exception that is no std::exception";
+  if (const std::exception_ptr thrown = std::current_exception()) {
+    try {
+      std::rethrow_exception(thrown);
+    } catch (const std::bad_alloc&) {
+      out_of_memory = true;
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+    }
+  }
+  const auto say = [](const char* text) { (void)!::write(STDERR_FILENO, text, std::strlen(text)); };
+  say("tessera: ");
+  say(out_of_memory ? g_out_of_memory : "internal error: ");
+  if (!out_of_memory) say(what);
+  say("\n");
+  if (out_of_memory) ::_exit(1);
+  std::abort();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  SetOutOfMemoryMessage(argc, argv);
+  std::set_terminate(OnUncaughtException);
+  // glibc loads libgcc_s for a thread's unwinding (pthread_exit, a
+  // cancellation) the first time one needs it; without memory left then
+  // (ulimit -v) it aborted: "libgcc_s.so.1 must be installed for unwinding
+  // to work". backtrace() loads it now, while there is.
+  std::array<void*, 1> frame{};
+  (void)::backtrace(frame.data(), static_cast<int>(frame.size()));
   // The libraries return errors as Status values; this is the last line of
   // defence for anything that throws anyway, so it ends in one line, not an
   // abort.
@@ -476,18 +534,7 @@ int main(int argc, char** argv) {
     }
     return code;
   } catch (const std::bad_alloc&) {
-    // (The hint is for the verbs that run or plan a job.)
-    std::string_view verb;
-    for (int i = 1; i < argc && verb.empty(); ++i) {
-      if (std::string_view(argv[i]) == "--log-level") {
-        ++i;  // (its value)
-      } else if (argv[i][0] != '-') {
-        verb = argv[i];
-      }
-    }
-    const bool job = verb == "train" || verb == "plan";
-    return Fail(job ? "out of memory (an allocation failed; see `tessera plan` for what the job needs)"
-                    : "out of memory (an allocation failed)");
+    return Fail(OutOfMemoryMessage());
   } catch (const std::exception& e) {
     return Fail(std::string("internal error: ") + e.what());
   }

@@ -477,22 +477,36 @@ absl::Status ApplyOverrides(Json& config, const std::vector<std::string>& overri
   // "_target_" overrides go first, so that `optim.momentum=0.9
   // optim._target_=SGD` means what it says whatever the order. A whole
   // section naming its _target_ (`optim={"_target_": "SGD", ...}`) sets that
-  // target first too, and the rest in its turn (a later override wins).
+  // target first too, and the rest in its turn. Each section's target is
+  // set once, to the last one given (`optim._target_=SGD
+  // optim._target_=AdamW` is AdamW with the file's arguments, not AdamW's
+  // defaults: a target changed and changed back reset the section).
   const auto is_target = [](const std::string& text) { return text.substr(0, text.find('=')).ends_with(kTargetKey); };
-  std::vector<std::string> ordered;
+  std::vector<std::pair<std::string, std::string>> targets;  // (key, override), the last per key
+  const auto set_target = [&targets](std::string key, std::string text) {
+    std::erase_if(targets, [&key](const auto& target) { return target.first == key; });
+    targets.emplace_back(std::move(key), std::move(text));
+  };
   for (const std::string& text : overrides) {
     if (is_target(text)) {
-      ordered.push_back(text);
+      set_target(text.substr(0, text.find('=')), text);
     } else if (const absl::StatusOr<Override> parsed = ParseOverride(text);
                parsed.ok() && parsed->value.is_object() && parsed->value.contains(kTargetKey)) {
-      ordered.push_back(absl::StrCat(parsed->key, ".", std::string(kTargetKey), "=", parsed->value[kTargetKey].dump()));
+      const std::string key = absl::StrCat(parsed->key, ".", std::string(kTargetKey));
+      set_target(key, absl::StrCat(key, "=", parsed->value[kTargetKey].dump()));
     }
   }
+  std::vector<std::string> ordered;
+  for (auto& [key, text] : targets) ordered.push_back(std::move(text));
+  const size_t first_other = ordered.size();
   for (const std::string& text : overrides) {
     if (!is_target(text)) ordered.push_back(text);
   }
-  for (const std::string& text : ordered) {
-    ASSIGN_OR_RETURN(const Override parsed, ParseOverride(text));
+  for (size_t i = 0; i < ordered.size(); ++i) {
+    const std::string& text = ordered[i];
+    ASSIGN_OR_RETURN(Override parsed, ParseOverride(text));
+    // (A section's object: its target was set above, to the last one given.)
+    if (i >= first_other && parsed.value.is_object()) parsed.value.erase(std::string(kTargetKey));
     const std::string from = absl::StrCat(" (from override '", ShortText(text), "')");
     const std::string origin = absl::StrCat("from override '", ShortText(text), "'");
     absl::StatusOr<SchemaEntry> entry = Lookup(schema, updated, parsed.key);

@@ -1,6 +1,7 @@
 #include "core/strings.h"
 
 #include <algorithm>
+#include <cctype>
 
 namespace tessera {
 
@@ -26,6 +27,19 @@ std::size_t EditDistance(std::string_view a, std::string_view b) {
 
 std::optional<std::string> ClosestMatch(std::string_view query,
                                         const std::vector<std::string>& candidates) {
+  // The same name in another case, or without its dotted prefix ("sgd" for
+  // SGD, "GPT2" for models.GPT2): no edit distance finds those.
+  const auto same_letters = [](std::string_view a, std::string_view b) {
+    return std::equal(a.begin(), a.end(), b.begin(), b.end(), [](char x, char y) {
+      return std::tolower(static_cast<unsigned char>(x)) == std::tolower(static_cast<unsigned char>(y));
+    });
+  };
+  for (const std::string& candidate : candidates) {
+    const std::string_view last = std::string_view(candidate).substr(candidate.rfind('.') + 1);
+    if (same_letters(candidate, query) || (!query.empty() && same_letters(last, query))) {
+      return candidate;
+    }
+  }
   const std::size_t max_distance = std::max<std::size_t>(2, query.size() / 3);
   const std::string* best = nullptr;
   std::size_t best_distance = max_distance + 1;

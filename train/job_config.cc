@@ -508,8 +508,11 @@ absl::Status CheckOverridesAreRead(const nlohmann::json& resolved, const std::ve
       // (The run's length, train_iter or train_epoch, and its evaluation
       // period stay accepted, unread: an evaluation is the training's
       // command line with --eval-only.)
+      // (Nor activation checkpointing: the evaluation's forward keeps no
+      // activations for a backward.)
       if (eval_only && (key.starts_with("optim.") || key.starts_with("lr_scheduler.") || key == "train.warmup_ratio" ||
-                        key.starts_with("train.checkpointer.") || key == "train.log_period" || key == "train.resume")) {
+                        key.starts_with("train.checkpointer.") || key == "train.log_period" || key == "train.resume" ||
+                        key.starts_with("train.activation_checkpoint."))) {
         return absl::InvalidArgumentError(
             StrCat(key == "train.resume" ? std::string("--resume (train.resume) means nothing")
                                          : StrCat("override '", config::ShortText(text), "' sets a key nothing reads"),

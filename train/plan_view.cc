@@ -154,7 +154,15 @@ std::string HostMemoryText(const JobPlans& plans) {
   }
   const HostMemoryLimit limit = HostMemoryLimitNow();
   const auto available = static_cast<int64_t>(std::min<size_t>(limit.bytes, INT64_MAX));
-  out += StrCat("this machine can give ", Mib(available), " MiB now (", limit.source, ")\n");
+  // (ulimit -v counts address space: a run's threads reserve stacks and
+  // allocator arenas that `tessera plan` does not, so its figure here was
+  // taken for room the run then did not have.)
+  const bool address_space = limit.source == "what ulimit -v leaves";
+  out += StrCat("this machine can give ", Mib(available), " MiB now (", limit.source,
+                address_space ? " to this process; `tessera train` maps more address space than `tessera plan`, its "
+                                "threads' stacks and allocator arenas: leave ulimit -v room beyond the job"
+                              : "",
+                ")\n");
   if (peak > available) {
     out += StrCat("warning: the job needs ", Mib(peak), " MiB, more than this machine can give now: `tessera train` ",
                   "here would fail for memory (a smaller train.train_micro_batch_size with more "
@@ -319,7 +327,9 @@ std::string JobMemoryExtras(const JobPlans& plans) {
                         "trained values are kept for the next segment",
                   "\n", MemoryRows(*plans.evaluation));
   }
-  return out + HostMemoryText(plans);
+  out += HostMemoryText(plans);
+  for (const std::string& warning : plans.warnings) out += StrCat("warning: ", warning, "\n");
+  return out;
 }
 
 }  // namespace
@@ -335,11 +345,13 @@ absl::StatusOr<std::string> DescribeTrainingPlan(const nlohmann::json& config, s
       host.push_back({{"node", node},
                       {"training_bytes", memory.training},
                       {"kept_bytes", memory.kept},
-                      {"evaluation_bytes", memory.evaluation},
+                      {"evaluation_plan_bytes", memory.evaluation},
+                      {"evaluation_peak_bytes", SaturatingAdd(memory.kept, memory.evaluation)},
                       {"gpu_training_bytes", memory.gpu_training},
-                      {"gpu_evaluation_bytes", memory.gpu_evaluation}});
+                      {"gpu_evaluation_peak_bytes", memory.gpu_evaluation}});
     }
     out["host_memory"] = std::move(host);
+    out["warnings"] = plans.warnings;
     return out.dump(2) + "\n";
   }
   if (format == "dot") return PlanToDot(plan);

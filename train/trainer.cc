@@ -424,6 +424,14 @@ absl::StatusOr<JobPlans> PlanJob(const nlohmann::json& config, bool with_evaluat
     RETURN_IF_ERROR(CheckOutputDir(CheckpointsDir(job.train.output_dir)));
   }
   JobPlans plans;
+  // What a run refuses only because it would write (an earlier run's
+  // checkpoints in output_dir, without --resume): said, the plan is still
+  // the plan.
+  if (const absl::StatusOr<RunStart> as_run =
+          ResolveRunStart(job.train, job.config, job.global_batch(), job.model->HuggingFaceTensors());
+      !as_run.ok()) {
+    plans.warnings.push_back(StrCat("`tessera train` would refuse this run: ", as_run.status().message()));
+  }
   ASSIGN_OR_RETURN(plans.training, job.engine->Plan(job.train.train_iter));
   // (Its tensors' names, shapes and types, from the index: the data only
   // train reads.)

@@ -204,6 +204,9 @@ struct JobPlans {
   proto::Plan training;
   std::optional<proto::Plan> evaluation;
   bool evaluation_only = false;
+  // What a run would refuse that a plan does not (it writes nothing): an
+  // earlier run's checkpoints in output_dir without --resume.
+  std::vector<std::string> warnings;
 };
 absl::StatusOr<JobPlans> TrainingPlans(const nlohmann::json& config);
 

@@ -142,8 +142,14 @@ TEST(Cli, TrainRunsThroughAnEmbeddedMasterAndWorker) {
                            dir;
   const Result fresh = RunTessera(plan);
   EXPECT_EQ(fresh.exit_code, 0) << fresh.out;
+  // (But said: `train` refuses the run without --resume.)
+  EXPECT_NE(fresh.out.find("\nwarning: `tessera train` would refuse this run: train.output_dir '" + dir +
+                           "' holds the checkpoints of an earlier run"),
+            std::string::npos)
+      << fresh.out;
   const Result resumed = RunTessera(plan + " --resume");
   EXPECT_EQ(resumed.exit_code, 0) << resumed.out;
+  EXPECT_EQ(resumed.out.find("warning"), std::string::npos) << resumed.out;
   EXPECT_NE(resumed.out.find("arena"), std::string::npos) << resumed.out;
   EXPECT_EQ(RunTessera(plan + " train.dist.data_parallel_size=1 --resume 2>&1").exit_code, 1);  // another global batch
   // The checkpoint's tensors against the plan's (from its index): another
@@ -161,6 +167,29 @@ TEST(Cli, TrainRunsThroughAnEmbeddedMasterAndWorker) {
   EXPECT_EQ(last.find("worker local"), std::string::npos) << "the master's wrapping leaked: " << diverged.out;
   std::filesystem::remove_all(dir);
   std::filesystem::remove_all(dir + "_nan");
+}
+
+// Under an address-space limit (ulimit -v) a run either trains or ends in
+// one line: an allocation that failed on a worker's or gRPC's thread was
+// "terminate called after throwing an instance of 'std::bad_alloc'" and an
+// abort (exit 134), and glibc, loading libgcc_s for a thread's unwinding
+// without memory left, aborted too.
+TEST(Cli, AnAddressSpaceLimitEndsARunInOneLine) {
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / ("tessera_cli_ulimit_" + std::to_string(::getpid()))).string();
+  for (const char* limit : {"1500000", "1800000", "2100000"}) {
+    SCOPED_TRACE(limit);
+    const Result r = RunCommand(std::string("ulimit -v ") + limit + "; timeout 120 " + TESSERA_BINARY + " train " +
+                                Source("configs/gpt2_nano.json") + " train.train_iter=2 train.output_dir=" + dir + "/" +
+                                limit + " 2>&1");
+    EXPECT_TRUE(r.exit_code == 0 || r.exit_code == 1) << r.exit_code << ": " << r.out;
+    EXPECT_EQ(r.out.find("terminate called"), std::string::npos) << r.out;
+    if (r.exit_code == 1) {
+      const std::string last = r.out.substr(r.out.rfind('\n', r.out.size() - 2) + 1);
+      EXPECT_TRUE(last.starts_with("tessera: ")) << r.out;
+    }
+  }
+  std::filesystem::remove_all(dir);
 }
 
 // Outputs that cannot be written end the run with one line naming the

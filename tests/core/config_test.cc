@@ -477,6 +477,25 @@ TEST(ApplyOverridesTest, KeysAbsentFromTheFileCanBeSetIfDeclared) {
   EXPECT_EQ((*resolved)["optim"]["lr"], 0.5);
 }
 
+// Each section's target is set once, to the last one given: a target
+// changed and changed back kept only the defaults (the file's lr and eps
+// went), and a section's object naming a target beat a later _target_.
+TEST(ApplyOverridesTest, TheLastTargetGivenWinsAndKeepsTheFilesKeys) {
+  const json file = json::parse(R"({"optim": {"_target_": "AdamW", "lr": 0.01, "eps": 1e-6}})");
+  json config = file;
+  ASSERT_TRUE(ApplyOverrides(config, {"optim._target_=SGD", "optim._target_=AdamW"}, TestSchema()).ok());
+  EXPECT_EQ(config, file);
+  config = file;
+  ASSERT_TRUE(
+      ApplyOverrides(config, {R"(optim={"_target_": "SGD", "lr": 0.25})", "optim._target_=AdamW"}, TestSchema()).ok());
+  EXPECT_EQ(config["optim"], json::parse(R"({"_target_": "AdamW", "lr": 0.25, "eps": 1e-6})"));
+  config = file;
+  ASSERT_TRUE(
+      ApplyOverrides(config, {"optim._target_=AdamW", R"(optim={"_target_": "SGD", "momentum": 0.5})"}, TestSchema())
+          .ok());
+  EXPECT_EQ(config["optim"], json::parse(R"({"_target_": "SGD", "momentum": 0.5})"));
+}
+
 TEST(ApplyOverridesTest, ChangingTheTargetDropsTheOldTargetsKeys) {
   // The file's AdamW lr must not leak into SGD; eps is not an SGD key.
   json config = TypedConfig();
@@ -668,6 +687,11 @@ TEST(StringsTest, EditDistanceAndClosestMatch) {
   EXPECT_EQ(ClosestMatch("tp_sise", {"dp_size", "tp_size", "pp_size"}), "tp_size");
   EXPECT_EQ(ClosestMatch("xyz", {}), std::nullopt);
   EXPECT_EQ(ClosestMatch("learning_rate", {"seed"}), std::nullopt);
+  // Another case, or the name without its dotted prefix (no hint before).
+  EXPECT_EQ(ClosestMatch("sgd", {"AdamW", "SGD"}), "SGD");
+  EXPECT_EQ(ClosestMatch("GPT2", {"models.BERT", "models.GPT2", "models.MLP"}), "models.GPT2");
+  EXPECT_EQ(ClosestMatch("lr", {"train.seed", "optim.lr"}), "optim.lr");
+  EXPECT_EQ(ClosestMatch("", {"a.b"}), std::nullopt);
 }
 
 TEST(StringsTest, EscapeControlCharsKeepsUtf8AndEscapesTheRest) {

@@ -268,6 +268,7 @@ std::vector<BadInput> Cases() {
       {"gamma without milestones", kMlp, {"lr_scheduler._target_=WarmupMultiStepLR", "lr_scheduler.gamma=0.5"}, "sets a key nothing reads while lr_scheduler.milestones is empty"},
       {"optimizer key when evaluating", kGpt, {"train.eval_only=true", "optim.lr=5"}, "override 'optim.lr=5' sets a key nothing reads with train.eval_only"},
       {"optimizer object when evaluating", kGpt, {"train.eval_only=true", R"(optim={"lr": 5})"}, "sets a key nothing reads with train.eval_only"},
+      {"activation checkpointing when evaluating", kGpt, {"train.eval_only=true", "train.activation_checkpoint.enabled=true"}, "override 'train.activation_checkpoint.enabled=true' sets a key nothing reads with train.eval_only"},
       {"resume when evaluating", kGpt, {"train.eval_only=true", "train.resume=true"}, "--resume (train.resume) means nothing with train.eval_only"},
       {"text file without a dataset", kMlp, {"dataloader.text_file=/nonexistent"}, "dataloader.text_file needs dataloader.data_prefix"},
       {"derived accumulation past its bound", kMlp, {"train.num_accumulation_steps=null", "train.global_batch_size=1073741824", "train.train_micro_batch_size=16"},

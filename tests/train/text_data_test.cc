@@ -144,7 +144,9 @@ TEST_F(TextDataTest, PlanShowsTheEvaluationBesideTheKeptValues) {
   ASSERT_EQ(j["host_memory"].size(), 1u);
   EXPECT_EQ(j["host_memory"][0]["kept_bytes"],
             training["parameters"].get<int64_t>() + training["optimizer_state"].get<int64_t>());
-  EXPECT_EQ(j["host_memory"][0]["evaluation_bytes"], evaluation["bytes"]);
+  EXPECT_EQ(j["host_memory"][0]["evaluation_plan_bytes"], evaluation["bytes"]);
+  EXPECT_EQ(j["host_memory"][0]["evaluation_peak_bytes"],
+            j["host_memory"][0]["kept_bytes"].get<int64_t>() + evaluation["bytes"].get<int64_t>());
   EXPECT_EQ(j["host_memory"][0]["training_bytes"], training["bytes"]);
   const auto without = RunTessera("plan" + Train(root_ / "plan", "").substr(5) + " --format json");
   ASSERT_EQ(without.exit_code, 0) << without.out;

@@ -127,7 +127,7 @@ TEST(Cli, PlanSaysWhetherTheJobFitsThisMachine) {
   const nlohmann::json host = nlohmann::json::parse(json.out)["host_memory"];
   ASSERT_EQ(host.size(), 1u) << host;
   EXPECT_GT(host[0]["training_bytes"].get<int64_t>(), int64_t{1} << 40);
-  EXPECT_EQ(host[0]["evaluation_bytes"], 0);
+  EXPECT_EQ(host[0]["evaluation_plan_bytes"], 0);
   // On GPUs the host holds the feeds' pinned buffers; the fullest GPU's
   // part is said apart (the GPU's arena was counted as nothing).
   const Result gpu = RunTessera("plan " + Source("configs/gpt2_nano.json") + " train.dist.device_type=cuda");
