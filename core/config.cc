@@ -215,7 +215,7 @@ std::string ParseErrorReason(const std::string& what) {
   return EscapeControlChars(reason, /*non_ascii=*/true);
 }
 
-absl::StatusOr<Json> ReadJsonFile(const fs::path& path) {
+absl::StatusOr<Json> ReadJsonFile(const fs::path& path, std::string* text = nullptr) {
   std::error_code error;
   if (!fs::exists(path, error)) {
     // (An error other than "no such file": a symlink loop, a permission.)
@@ -291,7 +291,68 @@ absl::StatusOr<Json> ReadJsonFile(const fs::path& path) {
                                                    "' must hold a JSON object, not ",
                                                    WithArticle(JsonTypeName(config))));
   }
+  if (text != nullptr) *text = std::move(contents);
   return config;
+}
+
+// The byte offset of each object member's key in JSON text the parser
+// accepted (comments allowed), by its dotted path ("optim.lr"); members of
+// objects inside arrays are left out (no key path names them).
+std::vector<std::pair<std::string, std::size_t>> KeyOffsets(std::string_view text) {
+  struct Frame {
+    bool object = false;
+    bool named = true;       // false inside an array
+    std::string path;        // of this container
+    bool expect_key = true;  // an object's next string is a key
+    std::string last_key;    // the path of its member being read
+  };
+  std::vector<std::pair<std::string, std::size_t>> keys;
+  std::vector<Frame> stack;
+  const std::size_t n = text.size();
+  for (std::size_t i = 0; i < n; ++i) {
+    const char c = text[i];
+    if (c == '/' && i + 1 < n && text[i + 1] == '/') {
+      i = std::min(n, text.find('\n', i)) - 1;
+      if (i + 1 >= n) break;
+      continue;
+    }
+    if (c == '/' && i + 1 < n && text[i + 1] == '*') {
+      const std::size_t end = text.find("*/", i + 2);
+      if (end == std::string_view::npos) break;
+      i = end + 1;
+      continue;
+    }
+    if (c == '"') {
+      std::size_t j = i + 1;
+      while (j < n && text[j] != '"') j += text[j] == '\\' ? 2 : 1;
+      if (j >= n) break;
+      if (!stack.empty() && stack.back().object && stack.back().expect_key) {
+        Frame& top = stack.back();
+        const Json key = Json::parse(text.substr(i, j + 1 - i), nullptr, /*allow_exceptions=*/false);
+        top.expect_key = false;
+        top.last_key = key.is_string() ? JoinPath(top.path, key.get<std::string>()) : std::string();
+        if (top.named && key.is_string()) keys.emplace_back(top.last_key, i);
+      }
+      i = j;
+      continue;
+    }
+    if (c == '{' || c == '[') {
+      Frame frame;
+      frame.object = c == '{';
+      if (!stack.empty()) {
+        const Frame& parent = stack.back();
+        frame.named = parent.named && parent.object && !parent.last_key.empty();
+        frame.path = parent.object ? parent.last_key : parent.path;
+      }
+      if (!frame.object) frame.named = false;
+      stack.push_back(std::move(frame));
+    } else if (c == '}' || c == ']') {
+      if (!stack.empty()) stack.pop_back();
+    } else if (c == ',' && !stack.empty() && stack.back().object) {
+      stack.back().expect_key = true;
+    }
+  }
+  return keys;
 }
 
 // One file on the current "_base_" chain, for cycle detection and messages.
@@ -358,7 +419,8 @@ class FileLoader {
                                                      kMaxConfigFiles, " files, itself and its ", AbslView(kBaseKey),
                                                      " files (at '", path.string(), "')"));
     }
-    ASSIGN_OR_RETURN(Json self, ReadJsonFile(path));
+    std::string text;
+    ASSIGN_OR_RETURN(Json self, ReadJsonFile(path, &text));
     ASSIGN_OR_RETURN(const std::vector<std::string> bases, BaseList(self, path));
     Json merged = Json::object();
     for (const std::string& base : bases) {
@@ -404,7 +466,16 @@ class FileLoader {
       MergeInto(merged, *base_config, "", "", nullptr);
     }
     self.erase(std::string(kBaseKey));
-    MergeInto(merged, self, "", absl::StrCat("in ", path.string()), origins_);
+    const std::string in_file = absl::StrCat("in ", path.string());
+    MergeInto(merged, self, "", in_file, origins_);
+    if (origins_ != nullptr) {
+      // Each key this file set, where it stands ("in job.json:12:5").
+      for (const auto& [key_path, offset] : KeyOffsets(text)) {
+        if (const auto it = origins_->find(key_path); it != origins_->end() && it->second == in_file) {
+          it->second = absl::StrCat("in ", Location(path, text, offset + 1));
+        }
+      }
+    }
     return merged;
   }
 

@@ -100,11 +100,13 @@ TEST(Cli, ConfigMisspelledKeyNamesTheLikelyKey) {
 // *file* is refused by `tessera train` like an override is.
 TEST(Cli, TrainRefusesAMisspelledKeyInAFile) {
   const std::string path = ::testing::TempDir() + "/tessera_cli_typo.json";
-  std::ofstream(path) << "{\"_base_\": \"" << Source("configs/mlp_demo.json") << "\", \"train\": {\"train_iters\": 1}}";
+  const std::string text = "{\"_base_\": \"" + Source("configs/mlp_demo.json") + "\", \"train\": {\"train_iters\": 1}}";
+  std::ofstream(path) << text;
   const Result r = RunTessera("train " + path);
   EXPECT_EQ(r.exit_code, 1);
-  EXPECT_EQ(r.out, "tessera: unknown config key 'train.train_iters' (in " + path +
-                       "); did you mean 'train.train_iter'?\n");
+  // (Where: the key's line and column.)
+  EXPECT_EQ(r.out, "tessera: unknown config key 'train.train_iters' (in " + path + ":1:" +
+                       std::to_string(text.find("\"train_iters\"") + 1) + "); did you mean 'train.train_iter'?\n");
   std::remove(path.c_str());
 }
 

@@ -281,14 +281,25 @@ TEST_F(ConfigTest, ErrorsNameTheFileThatSetTheKey) {
   const fs::path job = Write("job.json", R"({"_base_": "base.json", "train": {"trian_iter": 3}})");
   absl::StatusOr<json> config = LoadConfig(job, {}, TestSchema());
   ASSERT_FALSE(config.ok());
-  // The unknown key is found first (keys are checked before values).
+  // The unknown key is found first (keys are checked before values), named
+  // with its file's line and column (the file alone before).
   EXPECT_EQ(config.status().message(),
-            "unknown config key 'train.trian_iter' (in " + job.string() + "); did you mean 'train.train_iter'?");
+            "unknown config key 'train.trian_iter' (in " + job.string() + ":1:35); did you mean 'train.train_iter'?");
   const fs::path fixed = Write("fixed.json", R"({"_base_": "base.json", "train": {"lr": 2}})");
   config = LoadConfig(fixed, {}, TestSchema());
   ASSERT_FALSE(config.ok());
-  EXPECT_EQ(config.status().message(), "config key 'train.train_iter' expects an integer >= 1, got string \"many\" (in " +
-                                           (dir_ / "base.json").string() + ")");
+  EXPECT_EQ(config.status().message(),
+            "config key 'train.train_iter' expects an integer >= 1, got string \"many\" (in " +
+                (dir_ / "base.json").string() + ":1:12)");
+  // Comments and strings holding quotes and braces do not throw the
+  // positions off.
+  const fs::path commented = Write("commented.json",
+                                   "{\n  // a \"comment\" {\n  /* \"x\": { */ \"train\": {\"name\": "
+                                   "\"a\\\"{b\", \"list\": [{\"lr\": 1}],\n    \"lr\": -3}}\n");
+  config = LoadConfig(commented, {}, TestSchema());
+  ASSERT_FALSE(config.ok());
+  EXPECT_EQ(config.status().message(),
+            "unknown config key 'train.list' (in " + commented.string() + ":3:43); did you mean 'train.dist'?");
   // Set right by a later file or an override, the base's value no longer counts.
   EXPECT_TRUE(LoadConfig(fixed, {"train.train_iter=7"}, TestSchema()).ok());
 }
