@@ -295,10 +295,17 @@ absl::StatusOr<Json> ReadJsonFile(const fs::path& path, std::string* text = null
   return config;
 }
 
-// The byte offset of each object member's key in JSON text the parser
-// accepted (comments allowed), by its dotted path ("optim.lr"); members of
-// objects inside arrays are left out (no key path names them).
-std::vector<std::pair<std::string, std::size_t>> KeyOffsets(std::string_view text) {
+// Where each object member's key stands in JSON text the parser accepted
+// (comments allowed), by its dotted path ("optim.lr"): its 1-based line and
+// column (in bytes); members of objects inside arrays are left out (no key
+// path names them). One pass: lines are counted as the scan goes (a
+// search from the start for each key was quadratic in a file of many keys).
+struct KeyAt {
+  std::string path;
+  std::size_t line = 0;
+  std::size_t column = 0;
+};
+std::vector<KeyAt> KeyPositions(std::string_view text) {
   struct Frame {
     bool object = false;
     bool named = true;       // false inside an array
@@ -306,14 +313,24 @@ std::vector<std::pair<std::string, std::size_t>> KeyOffsets(std::string_view tex
     bool expect_key = true;  // an object's next string is a key
     std::string last_key;    // the path of its member being read
   };
-  std::vector<std::pair<std::string, std::size_t>> keys;
+  std::vector<KeyAt> keys;
   std::vector<Frame> stack;
   const std::size_t n = text.size();
+  std::size_t line = 1, line_start = 0, counted = 0;
+  const auto count_lines_to = [&](std::size_t end) {
+    for (; counted < end; ++counted) {
+      if (text[counted] == '\n') {
+        ++line;
+        line_start = counted + 1;
+      }
+    }
+  };
   for (std::size_t i = 0; i < n; ++i) {
     const char c = text[i];
     if (c == '/' && i + 1 < n && text[i + 1] == '/') {
-      i = std::min(n, text.find('\n', i)) - 1;
-      if (i + 1 >= n) break;
+      const std::size_t end = text.find('\n', i);
+      if (end == std::string_view::npos) break;
+      i = end - 1;
       continue;
     }
     if (c == '/' && i + 1 < n && text[i + 1] == '*') {
@@ -331,7 +348,10 @@ std::vector<std::pair<std::string, std::size_t>> KeyOffsets(std::string_view tex
         const Json key = Json::parse(text.substr(i, j + 1 - i), nullptr, /*allow_exceptions=*/false);
         top.expect_key = false;
         top.last_key = key.is_string() ? JoinPath(top.path, key.get<std::string>()) : std::string();
-        if (top.named && key.is_string()) keys.emplace_back(top.last_key, i);
+        if (top.named && key.is_string()) {
+          count_lines_to(i);
+          keys.push_back({top.last_key, line, i - line_start + 1});
+        }
       }
       i = j;
       continue;
@@ -470,9 +490,9 @@ class FileLoader {
     MergeInto(merged, self, "", in_file, origins_);
     if (origins_ != nullptr) {
       // Each key this file set, where it stands ("in job.json:12:5").
-      for (const auto& [key_path, offset] : KeyOffsets(text)) {
-        if (const auto it = origins_->find(key_path); it != origins_->end() && it->second == in_file) {
-          it->second = absl::StrCat("in ", Location(path, text, offset + 1));
+      for (const KeyAt& key : KeyPositions(text)) {
+        if (const auto it = origins_->find(key.path); it != origins_->end() && it->second == in_file) {
+          it->second = absl::StrCat(in_file, ":", key.line, ":", key.column);
         }
       }
     }
