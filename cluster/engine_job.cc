@@ -320,9 +320,14 @@ class EnginePlanRunner final : public PlanRunner {
     }
     if (train.output_dir.empty()) return absl::CancelledError(StrCat("interrupted at iteration ", iteration));
     if (!saved) RETURN_IF_ERROR(SaveCheckpoint(iteration, /*force=*/true, evaluation_pending));
-    return absl::CancelledError(StrCat("interrupted at iteration ", iteration, "; checkpoint ",
-                                       CheckpointPath(train.output_dir, iteration).string(),
-                                       " (--resume continues from it)"));
+    // (The run's last evaluation cut short: a resume has no iteration left
+    // to run, and said it continued.)
+    const bool final_evaluation = evaluation_pending && iteration >= feed_->iterations();
+    return absl::CancelledError(StrCat(
+        "interrupted at iteration ", iteration, "; checkpoint ", CheckpointPath(train.output_dir, iteration).string(),
+        final_evaluation ? " (its final evaluation was cut short: --eval-only evaluates it; --resume with a higher "
+                           "train.train_iter trains on)"
+                         : " (--resume continues from it)"));
   }
 
   absl::Status RunSegments(int64_t first, int64_t end) {
@@ -688,7 +693,14 @@ class EnginePlanRunner final : public PlanRunner {
       for (size_t n = 0; n < nodes; ++n) keys.push_back(StrCat(done_key, n));
       RETURN_IF_ERROR(WaitForKeys(keys).status());
     }
-    RETURN_IF_ERROR(CommitCheckpoint(temp, final_dir, state));
+    if (absl::Status committed = CommitCheckpoint(temp, final_dir, state); !committed.ok()) {
+      // (index.json on a full disk, a failed rename: every node has written
+      // its shards, so the temporary directory is nobody's now. It was
+      // left behind, rank files and all.)
+      std::error_code ec;
+      std::filesystem::remove_all(temp, ec);
+      return committed;
+    }
     return true;
   }
 

@@ -205,6 +205,10 @@ void RegisterElementwiseOps(OpRegistry& r) {
   }, "y = x * value");
   RegisterScalar(r, "scalar_pow", ScalarKind::kPow, false, [](GradBuilder& b) {
     const double p = b.attrs().Float("exponent");
+    if (p == 0) {  // x^0 is 1: no gradient (0 * x^-1 made it NaN at x = 0)
+      b.SetInputGrad(0, b.Op("scalar_mul", {b.output_grad(0)}, {{"value", 0.0}}));
+      return;
+    }
     const ValueId d = b.Op("scalar_mul", {b.Op("scalar_pow", {b.input(0)}, {{"exponent", p - 1}})}, {{"value", p}});
     b.SetInputGrad(0, b.Op("mul", {b.output_grad(0), d}));
   }, "y = x ^ exponent");

@@ -696,7 +696,8 @@ absl::StatusOr<RunStart> ResolveRunStart(const TrainConfig& train, const nlohman
       if (reader->iteration() >= train.train_iter) {
         return absl::InvalidArgumentError(
             StrCat("train.resume: the latest checkpoint, ", latest->string(), ", has trained ", reader->iteration(),
-                   " iterations already, train.train_iter is ", train.train_iter, " (raise it to train further)"));
+                   " iterations already, train.train_iter is ", train.train_iter, " (raise it to train further",
+                   reader->evaluation_pending() ? "; its evaluation, cut short, --eval-only runs" : "", ")"));
       }
       if (reader->consumed_samples() != reader->iteration() * global_batch) {
         return absl::InvalidArgumentError(StrCat(

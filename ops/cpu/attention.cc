@@ -96,7 +96,7 @@ void HideKeys(const AttentionShape& a, int64_t b, int64_t t, int64_t s0, int64_t
 // [s0, s0 + cols), into `z`.
 void DropoutRow(const AttentionShape& a, int64_t bh, int64_t t, int64_t s0, int64_t cols, float* z) {
   const int64_t b = bh / a.heads, h = bh % a.heads;
-  DropoutMaskRun(a.dropout_seed, a.tensor_id, a.step, a.dropout_rate,
+  DropoutMaskRun(a.dropout_seed, a.tensor_id, a.step, a.dropout_threshold, a.dropout_scale,
                  static_cast<uint64_t>(a.ProbabilityIndex(b, h, t, s0)), cols, z);
 }
 

@@ -100,7 +100,7 @@ inline float ApplyUnary(float x) {
   if constexpr (kKind == UnaryKind::kSqrt) return std::sqrt(x);  // a single instruction (vsqrtps)
   if constexpr (kKind == UnaryKind::kRsqrt) return 1.0f / std::sqrt(x);
   if constexpr (kKind == UnaryKind::kTanh) return TanhF(x);
-  if constexpr (kKind == UnaryKind::kRelu) return x > 0.0f ? x : 0.0f;
+  if constexpr (kKind == UnaryKind::kRelu) return x > 0.0f || x != x ? x : 0.0f;  // NaN stays NaN, as PyTorch's
   if constexpr (kKind == UnaryKind::kSilu) return x * SigmoidF(x);
   if constexpr (kKind == UnaryKind::kGelu) return GeluF(x, false);
   if constexpr (kKind == UnaryKind::kAbs) return std::fabs(x);

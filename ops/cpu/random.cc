@@ -206,11 +206,9 @@ absl::Status UniformKernel(KernelContext& ctx) {
   return absl::OkStatus();
 }
 
-void DropoutMaskRun(uint64_t seed, uint32_t tensor_id, uint32_t step, double rate, uint64_t global, int64_t length,
-                    float* out) {
+void DropoutMaskRun(uint64_t seed, uint32_t tensor_id, uint32_t step, int32_t threshold, float scale, uint64_t global,
+                    int64_t length, float* out) {
   const Stream stream{MakePhiloxKey(seed), tensor_id, step};
-  const int32_t threshold = DropoutThreshold(rate);
-  const float scale = static_cast<float>(1.0 / (1.0 - rate));
   FillRun(stream, global, length, DropoutMaker{threshold, scale}, out);
 }
 

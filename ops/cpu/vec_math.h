@@ -12,7 +12,7 @@
 
 namespace tessera::ops::cpu {
 
-// e^x. Underflows to 0 below -87.3, saturates to +inf above 88.7; NaN stays NaN.
+// e^x. Underflows to 0 below -87.33, +inf above 88.72 (finite up to there); NaN stays NaN.
 inline float ExpF(float x) {
   // Written so GCC vectorises it without -ffast-math: ternaries rather than
   // std::fmin/fmax (whose NaN rules have no x86 instruction: a libm call), and
@@ -22,7 +22,7 @@ inline float ExpF(float x) {
   // bits. A NaN clamps to the low bound here and is restored at the end.
   constexpr float kRoundMagic = 12582912.0f;
   float clamped = x > -87.5f ? x : -87.5f;
-  clamped = clamped < 88.7f ? clamped : 88.7f;
+  clamped = clamped < 88.72f ? clamped : 88.72f;
   const float shifted = clamped * 1.44269504088896341f + kRoundMagic;
   const float n = shifted - kRoundMagic;
   const int32_t n_int = std::bit_cast<int32_t>(shifted) - std::bit_cast<int32_t>(kRoundMagic);
@@ -35,10 +35,13 @@ inline float ExpF(float x) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   const float y = p * r * r + r + 1.0f;
-  const int32_t e = n_int + 127;
-  // 2^n built from its exponent bits; e <= 0 means the result underflows.
-  const float scale = std::bit_cast<float>((e > 0 ? e : 1) << 23);
-  float result = y * scale;
+  // 2^n as 2^(n/2) * 2^(n - n/2), each built from its exponent bits: n
+  // reaches 128 below the clamp (88.38 <= x <= 88.72), whose single scale's
+  // exponent bits were +inf's, and -126 at the low end; halves stay normal.
+  const int32_t n_half = n_int >> 1;
+  const float scale_low = std::bit_cast<float>((n_half + 127) << 23);
+  const float scale_high = std::bit_cast<float>((n_int - n_half + 127) << 23);
+  float result = y * scale_low * scale_high;
   result = x < -87.33f ? 0.0f : result;
   result = x > 88.72f ? INFINITY : result;
   return x != x ? x : result;
@@ -46,8 +49,11 @@ inline float ExpF(float x) {
 
 // Natural log. log(0) = -inf, log(<0) = NaN, log(inf) = inf.
 inline float LogF(float x) {
-  const int32_t bits = std::bit_cast<int32_t>(x);
-  float e = static_cast<float>(((bits >> 23) & 0xff) - 126);
+  // A subnormal x is scaled by 2^23 into the normals first (its exponent
+  // field 0 read as a normal's gave log(1e-40) = -88.0, not -92.1).
+  const bool subnormal = x > 0.0f && x < 1.17549435e-38f;
+  const int32_t bits = std::bit_cast<int32_t>(subnormal ? x * 8388608.0f : x);
+  float e = static_cast<float>(((bits >> 23) & 0xff) - 126 - (subnormal ? 23 : 0));
   float m = std::bit_cast<float>((bits & 0x807fffff) | 0x3f000000);  // [0.5, 1)
   const bool small = m < 0.707106781186547524f;
   e = small ? e - 1.0f : e;
@@ -66,8 +72,7 @@ inline float LogF(float x) {
   y += -2.12194440e-4f * e;
   y += -0.5f * z;
   float result = m + y + 0.693359375f * e;
-  // Subnormal inputs are rare in training; route them (and specials) to libm-
-  // equivalent constants without a branch.
+  // The specials, libm's values, without a branch.
   result = x == INFINITY ? INFINITY : result;
   result = x == 0.0f ? -INFINITY : result;
   result = x < 0.0f ? NAN : result;

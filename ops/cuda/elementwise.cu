@@ -57,7 +57,7 @@ __device__ inline float ApplyUnary(int kind, float x) {
     case kTanh:
       return tanhf(x);
     case kRelu:
-      return x > 0.0f ? x : 0.0f;
+      return x > 0.0f || x != x ? x : 0.0f;  // NaN stays NaN (the CPU kernel's, PyTorch's)
     case kSilu:
       return x * Sigmoid(x);
     case kGelu:

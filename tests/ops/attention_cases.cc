@@ -299,6 +299,33 @@ TEST(AttentionOps, MatchesTheUnfusedComposition) {
   for (size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(a[i], b[i], 1e-5) << "element " << i;
 }
 
+// Kept probabilities are scaled as the dropout op scales them, 1 / (1 -
+// rate) in double: the CPU kernel took the rate rounded to float (0.9: kept
+// values times 9.9999976, not 10), and its keep threshold with it. Uniform
+// probabilities (q = k = 0) and one key's value: y = mask / S exactly.
+TEST(AttentionOps, DropoutKeepsAndScalesAsTheDropoutOp) {
+  constexpr int64_t S = 64;
+  for (const double rate : {0.9, 0.7, 0.45}) {
+    SCOPED_TRACE(rate);
+    auto zeros = Tensor::Zeros(Shape{1, 1, S, 1}, DType::kF32);
+    auto value = Tensor::Zeros(Shape{1, 1, S, 1}, DType::kF32);
+    ASSERT_TRUE(zeros.ok() && value.ok());
+    value->data<float>()[5] = 1.0f;  // y[t] = p(t, 5) * mask(t, 5)
+    const AttrMap attrs = {
+        {"scale", 1.0}, {"causal", false}, {"dropout_rate", rate}, {"seed", int64_t{7}}, {"tensor_id", int64_t{3}}};
+    const Tensor y = Run1("flash_attention", {*zeros, *zeros, *value}, attrs, 0);
+    const float kept = static_cast<float>(1.0 / (1.0 - rate));
+    auto ones = Tensor::Empty(Shape{1, 1, S, S}, DType::kF32);
+    ASSERT_TRUE(ones.ok());
+    for (int64_t i = 0; i < S * S; ++i) ones->data<float>()[i] = 1.0f;
+    const Tensor mask = Run1("dropout", {*ones}, {{"rate", rate}, {"seed", int64_t{7}}, {"tensor_id", int64_t{3}}}, 0);
+    for (int64_t t = 0; t < S; ++t) {
+      EXPECT_EQ(y.data<float>()[t], mask.data<float>()[t * S + 5] / static_cast<float>(S)) << "row " << t;
+      EXPECT_TRUE(y.data<float>()[t] == 0.0f || y.data<float>()[t] == kept / static_cast<float>(S)) << "row " << t;
+    }
+  }
+}
+
 // Every sum has one order: one thread and two give the same bits.
 TEST(AttentionOps, ThreadCountDoesNotChangeTheBits) {
   const Tensor q = RandomUniform({2, 3, 100, 8}, 4), k = RandomUniform({2, 3, 100, 8}, 5),

@@ -3,8 +3,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <tuple>
 
 #include "core/thread_pool.h"
@@ -25,11 +27,42 @@ TEST(VecMath, MatchesLibm) {
   for (float x = 1e-30f; x < 1e30f; x *= 1.7f) {
     EXPECT_NEAR(cpu::LogF(x), std::log(x), 3e-7f * std::max(1.0f, std::abs(std::log(x)))) << x;
   }
+  // The whole finite range: exp of [88.38, 88.72) is finite (it was +inf:
+  // 2^128's exponent bits), and down to the normals' end.
+  for (float x = 80.0f; x < 88.72f; x += 0.001f) {
+    EXPECT_NEAR(cpu::ExpF(x), std::exp(x), std::exp(x) * 2e-7f) << x;
+  }
+  for (float x = -87.3f; x < -80.0f; x += 0.001f) {
+    EXPECT_NEAR(cpu::ExpF(x), std::exp(x), std::exp(x) * 2e-7f) << x;
+  }
+  // Subnormal inputs (read as normals, log(1e-40) was -88.0, not -92.1).
+  for (float x = std::numeric_limits<float>::denorm_min(); x < 1.2e-38f;
+       x = std::max(x * 1.3f, std::nextafter(x, 1.0f))) {
+    EXPECT_NEAR(cpu::LogF(x), std::log(x), 3e-7f * std::abs(std::log(x))) << x;
+  }
   EXPECT_EQ(cpu::ExpF(-100.0f), 0.0f);
   EXPECT_TRUE(std::isinf(cpu::ExpF(100.0f)));
   EXPECT_TRUE(std::isnan(cpu::ExpF(NAN)));
   EXPECT_TRUE(std::isinf(cpu::LogF(0.0f)));
   EXPECT_TRUE(std::isnan(cpu::LogF(-1.0f)));
+}
+
+// relu passes a NaN on, as PyTorch's does (it made it 0, hiding a
+// diverged activation from the loss and from fp16's overflow check).
+TEST(VecMath, ReluKeepsNaN) {
+  auto x = Tensor::Empty(Shape{20}, DType::kF32);
+  ASSERT_TRUE(x.ok());
+  for (int i = 0; i < 20; ++i) x->data<float>()[i] = i % 3 == 0 ? NAN : static_cast<float>(i % 3 == 1 ? -i : i);
+  auto y = RunOp("relu", {*x}, {});
+  ASSERT_TRUE(y.ok()) << y.status();
+  for (int i = 0; i < 20; ++i) {
+    const float out = (*y)[0].data<float>()[i];
+    if (i % 3 == 0) {
+      EXPECT_TRUE(std::isnan(out)) << i;
+    } else {
+      EXPECT_EQ(out, i % 3 == 1 ? 0.0f : static_cast<float>(i)) << i;
+    }
+  }
 }
 
 TEST(Registry, HasManyOpsEachWithCpuKernel) {
