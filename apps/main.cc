@@ -482,8 +482,9 @@ void SetOutOfMemoryMessage(int argc, char** argv) {
 // aborted for its core.
 [[noreturn]] void OnUncaughtException() {
   bool out_of_memory = false;
-  const char* what = "an exception that is no std::exception";
+  const char* what = "std::terminate was called without an exception";
   if (const std::exception_ptr thrown = std::current_exception()) {
+    what = "an exception that is no std::exception";
     try {
       std::rethrow_exception(thrown);
     } catch (const std::bad_alloc&) {
