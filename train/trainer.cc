@@ -412,10 +412,18 @@ absl::StatusOr<JobPlans> PlanJob(const nlohmann::json& config, bool with_evaluat
   ASSIGN_OR_RETURN(Job job, Prepare(config));
   // Where a run would start (a resume's or load_weight's checkpoint) is
   // checked as a run checks it; a plan writes nothing, so an earlier run's
-  // checkpoints in output_dir are no reason to refuse one.
-  ASSIGN_OR_RETURN(const RunStart start,
-                   ResolveRunStart(job.train, job.config, job.global_batch(), job.model->HuggingFaceTensors(),
-                                   /*for_writing=*/false));
+  // checkpoints in output_dir are no reason to refuse one: what a run
+  // refuses only because it would write is said, the plan is still the
+  // plan (the checks without writing run only then).
+  JobPlans plans;
+  absl::StatusOr<RunStart> start =
+      ResolveRunStart(job.train, job.config, job.global_batch(), job.model->HuggingFaceTensors());
+  if (!start.ok()) {
+    plans.warnings.push_back(StrCat("`tessera train` would refuse this run: ", start.status().message()));
+    start = ResolveRunStart(job.train, job.config, job.global_batch(), job.model->HuggingFaceTensors(),
+                            /*for_writing=*/false);
+    RETURN_IF_ERROR(start.status());
+  }
   // The outputs' directory as a run checks it (a file there, or one that
   // cannot be written, was planned without a word): an evaluation-only job
   // writes nothing.
@@ -423,19 +431,10 @@ absl::StatusOr<JobPlans> PlanJob(const nlohmann::json& config, bool with_evaluat
     RETURN_IF_ERROR(CheckOutputDir(job.train.output_dir));
     RETURN_IF_ERROR(CheckOutputDir(CheckpointsDir(job.train.output_dir)));
   }
-  JobPlans plans;
-  // What a run refuses only because it would write (an earlier run's
-  // checkpoints in output_dir, without --resume): said, the plan is still
-  // the plan.
-  if (const absl::StatusOr<RunStart> as_run =
-          ResolveRunStart(job.train, job.config, job.global_batch(), job.model->HuggingFaceTensors());
-      !as_run.ok()) {
-    plans.warnings.push_back(StrCat("`tessera train` would refuse this run: ", as_run.status().message()));
-  }
   ASSIGN_OR_RETURN(plans.training, job.engine->Plan(job.train.train_iter));
   // (Its tensors' names, shapes and types, from the index: the data only
   // train reads.)
-  RETURN_IF_ERROR(CheckRunStartFitsPlan(job, plans.training, start));
+  RETURN_IF_ERROR(CheckRunStartFitsPlan(job, plans.training, *start));
   // The data as a run opens it (the dataset and its splits, the tokenizer,
   // eval_iter against the valid split), building nothing and reading no
   // token (a run checks every id).
