@@ -329,16 +329,22 @@ class HierarchicalGroup {
           c.done(status);
         }
       }
+      std::lock_guard<std::mutex> lock(mu_);
+      free_since_ = std::chrono::steady_clock::now();
     }
   }
 
-  // When the longest-waiting call times out (far future when none waits).
+  // When the longest-waiting call times out (far future when none waits),
+  // counted from when the group could take it: a call issued while the
+  // group still ran the previous collective (the leaders' exchanges may
+  // take a timeout's worth each) does not wait for a late member meanwhile.
   std::chrono::steady_clock::time_point OldestDeadline() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     auto oldest = std::chrono::steady_clock::time_point::max();
     for (const auto& queue : pending_) {
       if (!queue.empty()) oldest = std::min(oldest, queue.front().issued);
     }
     if (oldest == std::chrono::steady_clock::time_point::max()) return oldest;
+    oldest = std::max(oldest, free_since_);
     const auto limit = std::chrono::steady_clock::time_point::max() - oldest;
     const auto timeout = absl::ToChronoNanoseconds(layout_.timeout);  // saturates when infinite
     if (timeout >= limit) return std::chrono::steady_clock::time_point::max();
@@ -629,6 +635,8 @@ class HierarchicalGroup {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status aborted_ ABSL_GUARDED_BY(mu_);
   std::vector<std::deque<Call>> pending_ ABSL_GUARDED_BY(mu_);  // [local index]
+  // When the last collective's callbacks had run (the group free again).
+  std::chrono::steady_clock::time_point free_since_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;
 };
 

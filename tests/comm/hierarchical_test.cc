@@ -10,6 +10,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -342,6 +343,95 @@ TEST(HierarchicalCommunicator, MemberThatNeverIssuesTimesTheOthersOut) {
   EXPECT_TRUE(absl::IsDeadlineExceeded(local)) << local;
   EXPECT_THAT(std::string(local.message()), HasSubstr("did not issue its collective #0"));
   for (int i : {1, 2}) EXPECT_FALSE(done[static_cast<size_t>(i)].Wait(std::chrono::seconds(10)).ok());
+}
+
+// A leaders communicator (one rank) whose collectives complete `delay`
+// late: a slow remote node.
+class SlowLeaders : public Communicator {
+ public:
+  SlowLeaders(std::shared_ptr<Communicator> inner, std::chrono::milliseconds delay)
+      : inner_(std::move(inner)), delay_(delay) {}
+  ~SlowLeaders() override {
+    for (std::thread& t : late_) t.join();
+  }
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  std::string Describe() const override { return "slow " + inner_->Describe(); }
+  void AllReduce(const Tensor& input, Tensor output, ReduceOp op, DoneFn done) override {
+    inner_->AllReduce(input, std::move(output), op, Late(std::move(done)));
+  }
+  void AllGather(const Tensor& input, Tensor output, std::vector<int64_t> counts, DoneFn done) override {
+    inner_->AllGather(input, std::move(output), std::move(counts), Late(std::move(done)));
+  }
+  void ReduceScatter(const Tensor& input, Tensor output, std::vector<int64_t> counts, ReduceOp op,
+                     DoneFn done) override {
+    inner_->ReduceScatter(input, std::move(output), std::move(counts), op, Late(std::move(done)));
+  }
+  void AllToAll(const Tensor& input, std::vector<int64_t> send_counts, Tensor output, std::vector<int64_t> recv_counts,
+                DoneFn done) override {
+    inner_->AllToAll(input, std::move(send_counts), std::move(output), std::move(recv_counts), Late(std::move(done)));
+  }
+  void Broadcast(Tensor buffer, int root, DoneFn done) override {
+    inner_->Broadcast(std::move(buffer), root, Late(std::move(done)));
+  }
+  void Send(const Tensor& input, int peer, DoneFn done) override { inner_->Send(input, peer, std::move(done)); }
+  void Recv(Tensor output, int peer, DoneFn done) override { inner_->Recv(std::move(output), peer, std::move(done)); }
+  void Abort(absl::Status reason) override { inner_->Abort(std::move(reason)); }
+
+ private:
+  DoneFn Late(DoneFn done) {
+    return [this, done = std::move(done)](absl::Status status) {
+      std::lock_guard<std::mutex> lock(mu_);
+      late_.emplace_back([this, done, status] {
+        std::this_thread::sleep_for(delay_);
+        done(status);
+      });
+    };
+  }
+  std::shared_ptr<Communicator> inner_;
+  std::chrono::milliseconds delay_;
+  std::mutex mu_;
+  std::vector<std::thread> late_;
+};
+
+// The timeout counts from when the group could take a call: a member that
+// issued its next call while the group still ran the previous one (slow
+// leaders: each exchange 0.4 s, the collective longer than the 1 s timeout)
+// does not fail the group on a partner who issues its own as soon as the
+// previous one completed (it failed: "did not issue its collective #1").
+TEST(HierarchicalCommunicator, TheTimeoutCountsFromWhenTheGroupIsFree) {
+  ShmHub hub;
+  auto inner = hub.Join("slow_leaders", 1, 0);
+  ASSERT_TRUE(inner.ok()) << inner.status();
+  auto leaders = std::make_shared<SlowLeaders>(*inner, std::chrono::milliseconds(400));
+  HierarchicalLayout layout;
+  layout.node_of = {0, 0};
+  layout.this_node = 0;
+  layout.timeout = absl::Seconds(1);
+  auto members = MakeHierarchical("slow", layout, leaders);
+  ASSERT_TRUE(members.ok()) << members.status();
+  tessera::testing::Deadline deadline(std::chrono::seconds(30), "the slow group's ops");
+  const Members& m = *members;
+  Tensor a1 = Input(DType::kF32, 8, 0, 1), a2 = Input(DType::kF32, 8, 0, 2);
+  Tensor b1 = Input(DType::kF32, 8, 1, 1), b2 = Input(DType::kF32, 8, 1, 2);
+  std::vector<float> expected;
+  for (int64_t i = 0; i < 8; ++i) expected.push_back(a2.data<float>()[i] + b2.data<float>()[i]);
+  Completion a_first, a_second, b_first, b_second;
+  const auto start = std::chrono::steady_clock::now();
+  m[0]->AllReduce(a1, a1, ReduceOp::kSum, a_first.Fn());
+  m[0]->AllReduce(a2, a2, ReduceOp::kSum, a_second.Fn());
+  m[1]->AllReduce(b1, b1, ReduceOp::kSum, b_first.Fn());
+  ASSERT_TRUE(b_first.Wait().ok());
+  const double first_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  m[1]->AllReduce(b2, b2, ReduceOp::kSum, b_second.Fn());
+  EXPECT_TRUE(a_first.Wait().ok());
+  const absl::Status second = a_second.Wait();
+  EXPECT_TRUE(second.ok()) << second << " (the first collective took " << first_s << " s)";
+  EXPECT_TRUE(b_second.Wait().ok());
+  if (second.ok()) {
+    for (int64_t i = 0; i < 8; ++i) EXPECT_EQ(b2.data<float>()[i], expected[static_cast<size_t>(i)]) << i;
+  }
 }
 
 TEST(HierarchicalCommunicator, BadLayoutsAreRefused) {
