@@ -320,14 +320,12 @@ class EnginePlanRunner final : public PlanRunner {
     }
     if (train.output_dir.empty()) return absl::CancelledError(StrCat("interrupted at iteration ", iteration));
     if (!saved) RETURN_IF_ERROR(SaveCheckpoint(iteration, /*force=*/true, evaluation_pending));
-    // (The run's last evaluation cut short: a resume has no iteration left
-    // to run, and said it continued.)
+    // (The run's last evaluation cut short: a resume runs only that.)
     const bool final_evaluation = evaluation_pending && iteration >= feed_->iterations();
-    return absl::CancelledError(StrCat(
-        "interrupted at iteration ", iteration, "; checkpoint ", CheckpointPath(train.output_dir, iteration).string(),
-        final_evaluation ? " (its final evaluation was cut short: --eval-only evaluates it; --resume with a higher "
-                           "train.train_iter trains on)"
-                         : " (--resume continues from it)"));
+    return absl::CancelledError(StrCat("interrupted at iteration ", iteration, "; checkpoint ",
+                                       CheckpointPath(train.output_dir, iteration).string(),
+                                       final_evaluation ? " (its final evaluation was cut short: --resume runs it)"
+                                                        : " (--resume continues from it)"));
   }
 
   absl::Status RunSegments(int64_t first, int64_t end) {
@@ -362,12 +360,20 @@ class EnginePlanRunner final : public PlanRunner {
       ASSIGN_OR_RETURN(init, CheckpointReader::Open(node_plan_.init_checkpoint(), feed_->hf_layout()));
     }
     // A resume from a checkpoint whose evaluation a stop cut short runs it
-    // first (on the checkpoint's weights), so no evaluation goes missing.
+    // first (on the checkpoint's weights), so no evaluation goes missing;
+    // save_best weighs it (the best checkpoint then shares the checkpoint's
+    // files), and the checkpoint is no longer marked. When that was the
+    // run's final evaluation, the resume does nothing else (first == end).
     if (init != nullptr && !node_plan_.init_weights_only() && init->evaluation_pending() && train.evaluation.enabled &&
         init->iteration() == first) {
       const absl::Status evaluated = Evaluate(first, /*segment=*/-1, init);
-      if (!evaluated.ok() && EvaluationStopped()) return Interrupted(first, first);
+      if (!evaluated.ok() && EvaluationStopped()) {
+        return absl::CancelledError(StrCat("interrupted during the evaluation of ", init->dir().string(),
+                                           ", which stays to do (--resume runs it)"));
+      }
       RETURN_IF_ERROR(evaluated);
+      RETURN_IF_ERROR(SaveBest(first, init));
+      if (context_.node == 0) RETURN_IF_ERROR(ClearEvaluationPending(init->dir()));
     }
     // Segments end where a checkpoint or an evaluation is due.
     const int64_t checkpoint_period = train.checkpointer.period.value_or(end);
@@ -602,7 +608,10 @@ class EnginePlanRunner final : public PlanRunner {
   // run's included: the best checkpoint's), every node writes its shards
   // and node 0 commits them as output_dir/checkpoints/best. The node holding
   // the evaluation's sink decides and posts the decision in the KV.
-  absl::Status SaveBest(int64_t iteration) {
+  // `from`: the committed checkpoint whose weights were evaluated (a
+  // resume's redone evaluation), whose files node 0 links as the best one;
+  // else every node writes its shards of the kept values.
+  absl::Status SaveBest(int64_t iteration, const std::shared_ptr<const CheckpointReader>& from = nullptr) {
     const TrainConfig& train = feed_->train();
     if (!train.checkpointer.save_best || train.output_dir.empty()) return absl::OkStatus();
     const EvaluationConfig& eval = train.evaluation;
@@ -634,9 +643,23 @@ class EnginePlanRunner final : public PlanRunner {
                           .best = {{"metric", eval.eval_metric}, {"mode", eval.eval_mode}, {"value", value}}};
     const std::string tag = StrCat(context_.job_id, "-", context_.session, "-best");
     const std::filesystem::path final_dir = BestCheckpointPath(train.output_dir);
-    ASSIGN_OR_RETURN(const bool committed,
-                     WriteAndCommit(CheckpointTempPath(train.output_dir, iteration, tag), final_dir, state,
-                                    StrCat(JobPrefix(), "/best/", iteration, "/")));
+    const std::filesystem::path temp = CheckpointTempPath(train.output_dir, iteration, tag);
+    bool committed = false;
+    if (from != nullptr) {
+      // (Its every rank file is there already: node 0 alone commits.)
+      if (context_.node != 0) return absl::OkStatus();
+      absl::Status linked = LinkCheckpointShards(from->dir(), temp);
+      if (linked.ok()) linked = CommitCheckpoint(temp, final_dir, state);
+      if (!linked.ok()) {
+        std::error_code ec;
+        std::filesystem::remove_all(temp, ec);
+        return linked;
+      }
+      committed = true;
+    } else {
+      ASSIGN_OR_RETURN(committed,
+                       WriteAndCommit(temp, final_dir, state, StrCat(JobPrefix(), "/best/", iteration, "/")));
+    }
     if (committed && context_.report_log) {
       context_.report_log(StrCat("saved best checkpoint ", final_dir.string(), " (iteration ", iteration, ", ",
                                  eval.eval_metric, " ", decision, ")"));

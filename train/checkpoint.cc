@@ -483,6 +483,62 @@ absl::Status CommitCheckpoint(const fs::path& temp_dir, const fs::path& final_di
   return absl::OkStatus();
 }
 
+namespace {
+// A committed checkpoint's index.json, parsed (an object).
+absl::StatusOr<nlohmann::json> ReadIndex(const fs::path& checkpoint) {
+  ASSIGN_OR_RETURN(const std::string text, ReadWholeFile(checkpoint / "index.json"));
+  nlohmann::json index = nlohmann::json::parse(text, nullptr, false);
+  if (!index.is_object()) {
+    return absl::DataLossError(StrCat("checkpoint ", checkpoint.string(), ": index.json is no JSON object"));
+  }
+  return index;
+}
+}  // namespace
+
+absl::Status LinkCheckpointShards(const fs::path& checkpoint, const fs::path& temp_dir) {
+  ASSIGN_OR_RETURN(const nlohmann::json index, ReadIndex(checkpoint));
+  std::set<std::string> files;
+  const auto tensors = index.find("tensors");
+  if (tensors != index.end() && tensors->is_object()) {
+    for (const auto& [name, tensor] : tensors->items()) {
+      if (!tensor.is_object() || !tensor.contains("shards") || !tensor["shards"].is_array()) continue;
+      for (const nlohmann::json& shard : tensor["shards"]) {
+        if (shard.is_object() && shard.contains("file") && shard["file"].is_string()) {
+          files.insert(shard["file"].get<std::string>());
+        }
+      }
+    }
+  }
+  std::error_code ec;
+  fs::create_directories(temp_dir, ec);
+  if (ec) return absl::InternalError(StrCat("checkpoint: cannot create ", temp_dir.string(), ": ", ec.message()));
+  for (const std::string& name : files) {
+    // (Names as CommitCheckpoint writes them: a plain file of the directory.)
+    if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..") {
+      return absl::DataLossError(
+          StrCat("checkpoint ", checkpoint.string(), ": index.json names the file '", OneLine(name), "'"));
+    }
+    fs::create_hard_link(checkpoint / name, temp_dir / name, ec);
+    if (!ec) continue;
+    ec.clear();
+    fs::copy_file(checkpoint / name, temp_dir / name, fs::copy_options::overwrite_existing, ec);
+    if (ec) {
+      return absl::InternalError(StrCat("checkpoint: cannot copy ", (checkpoint / name).string(), " into ",
+                                        temp_dir.string(), ": ", ec.message()));
+    }
+    RETURN_IF_ERROR(SyncPath(temp_dir / name));
+  }
+  return SyncPath(temp_dir);
+}
+
+absl::Status ClearEvaluationPending(const fs::path& checkpoint) {
+  ASSIGN_OR_RETURN(nlohmann::json index, ReadIndex(checkpoint));
+  const auto state = index.find("train_state");
+  if (state == index.end() || !state->is_object() || !state->contains("evaluation_pending")) return absl::OkStatus();
+  state->erase("evaluation_pending");
+  return WriteFileDurably(checkpoint / "index.json", index.dump(1));
+}
+
 absl::StatusOr<fs::path> ResolveCheckpoint(const fs::path& path) {
   std::error_code ec;
   if (fs::exists(path / "index.json", ec) || fs::is_regular_file(path, ec) ||

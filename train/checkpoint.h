@@ -143,6 +143,20 @@ struct CheckpointState {
 [[nodiscard]] absl::Status CommitCheckpoint(const std::filesystem::path& temp_dir,
                                             const std::filesystem::path& final_dir, const CheckpointState& state);
 
+// Links the rank files of the committed checkpoint `checkpoint` (those its
+// index.json names) into `temp_dir` (created), copying durably where the
+// file system has no hard links, for CommitCheckpoint to commit them under
+// another name with another state: the best checkpoint of an evaluation
+// that a resume redid on a checkpoint's weights. The files are never
+// written in place, so the two checkpoints may share them.
+[[nodiscard]] absl::Status LinkCheckpointShards(const std::filesystem::path& checkpoint,
+                                                const std::filesystem::path& temp_dir);
+
+// Rewrites the committed checkpoint's index.json without
+// train_state.evaluation_pending, durably (a resume has run that
+// evaluation: another resume runs it no more).
+[[nodiscard]] absl::Status ClearEvaluationPending(const std::filesystem::path& checkpoint);
+
 // The checkpoint of the highest iteration in output_dir/checkpoints, nullopt
 // when there is none; an error when that newest iter_* is not a complete
 // checkpoint (a directory with index.json), which only damage leaves.

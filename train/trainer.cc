@@ -692,7 +692,11 @@ absl::StatusOr<RunStart> ResolveRunStart(const TrainConfig& train, const nlohman
     ASSIGN_OR_RETURN(const std::optional<std::filesystem::path> latest, LatestCheckpoint(train.output_dir));
     if (latest) {
       ASSIGN_OR_RETURN(auto reader, CheckpointReader::Open(*latest));
-      if (reader->iteration() >= train.train_iter) {
+      // (A run stopped during its final evaluation: the resume runs that
+      // evaluation, and trains nothing.)
+      const bool final_evaluation =
+          reader->iteration() == train.train_iter && reader->evaluation_pending() && train.evaluation.enabled;
+      if (reader->iteration() >= train.train_iter && !final_evaluation) {
         return absl::InvalidArgumentError(
             StrCat("train.resume: the latest checkpoint, ", latest->string(), ", has trained ", reader->iteration(),
                    " iterations already, train.train_iter is ", train.train_iter, " (raise it to train further",
@@ -825,8 +829,12 @@ absl::StatusOr<std::vector<proto::NodePlan>> CompileForNodes(const nlohmann::jso
   lower.start_iteration = start.iteration;
   // An evaluation-only job runs no training iteration; its plan is lowered
   // for one (the checks and the node split are the training plan's).
-  lower.iterations = job.train.eval_only ? 1 : job.train.train_iter - start.iteration;
+  // So is a resume that only runs the final evaluation its checkpoint
+  // missed (none left: its plan says 0 iterations).
+  const int64_t remaining = job.train.train_iter - start.iteration;
+  lower.iterations = job.train.eval_only || remaining == 0 ? 1 : remaining;
   ASSIGN_OR_RETURN(scheduler::LoweredPlan lowered, scheduler::LowerToPlan(job.engine->graph(), lower));
+  if (!job.train.eval_only && remaining == 0) lowered.plan.set_iterations(0);
   RETURN_IF_ERROR(CheckRunStartFitsPlan(job, lowered.plan, start));
   ASSIGN_OR_RETURN(std::vector<proto::NodePlan> parts, comm::SplitPlan(lowered.plan));
   const std::string resolved = job.config.dump();

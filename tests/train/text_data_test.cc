@@ -488,7 +488,8 @@ TEST_F(TextDataTest, ASignalDuringTheEvaluationStopsItAndSavesTheTrainedIteratio
   // by a wider model: seconds of evaluation after 2 iterations.
   const std::string args = Train(out,
                                  "train.train_iter=2 dataloader.splits=2,98,0 train.train_micro_batch_size=1 "
-                                 "model.hidden_size=256 model.num_layers=4 train.evaluation.enabled=true");
+                                 "model.hidden_size=256 model.num_layers=4 train.evaluation.enabled=true "
+                                 "train.checkpointer.save_best=true");
   const pid_t child = ::tessera::testing::SpawnTessera(args, log);
   ASSERT_GE(child, 0);
   // Once iteration 2 is logged, the evaluation runs (the final checkpoint
@@ -531,16 +532,55 @@ TEST_F(TextDataTest, ASignalDuringTheEvaluationStopsItAndSavesTheTrainedIteratio
   const nlohmann::json index =
       nlohmann::json::parse(std::ifstream(out / "checkpoints" / "iter_0000002" / "index.json"));
   EXPECT_EQ(index["train_state"].value("evaluation_pending", false), true) << index["train_state"];
+  EXPECT_FALSE(fs::exists(out / "checkpoints" / "best")) << text;
+  // It was the run's last: a resume of the same run runs that evaluation
+  // and trains nothing (it refused: every iteration trained), and save_best
+  // weighs it (the best checkpoint is the one evaluated); the checkpoint's
+  // mark goes, so another resume refuses as after any finished run.
+  const std::string same_run =
+      "train.train_iter=2 dataloader.splits=2,98,0 train.train_micro_batch_size=1 model.hidden_size=256 "
+      "model.num_layers=4 train.evaluation.enabled=true train.checkpointer.save_best=true --resume";
+  const auto evaluated = RunTessera(Train(out, same_run));
+  ASSERT_EQ(evaluated.exit_code, 0) << evaluated.out;
+  const double expected = ReadMetricsRows(root_ / "whole").eval.at(2)["eval_loss"].get<double>();
+  ASSERT_TRUE(ReadMetricsRows(out).eval.contains(2)) << evaluated.out;
+  EXPECT_NEAR(ReadMetricsRows(out).eval.at(2)["eval_loss"].get<double>(), expected, 2e-6 * expected);
+  EXPECT_FALSE(fs::exists(out / "checkpoints" / "iter_0000003")) << evaluated.out;
+  const nlohmann::json after =
+      nlohmann::json::parse(std::ifstream(out / "checkpoints" / "iter_0000002" / "index.json"));
+  EXPECT_FALSE(after["train_state"].contains("evaluation_pending")) << after["train_state"];
+  const nlohmann::json best = nlohmann::json::parse(std::ifstream(out / "checkpoints" / "best" / "index.json"));
+  EXPECT_EQ(best["iteration"], 2) << best["train_state"];
+  EXPECT_NEAR(best["train_state"]["best"]["value"].get<double>(), expected, 2e-6 * expected) << best["train_state"];
+  EXPECT_EQ(best["tensors"], after["tensors"]);  // the same weights, shards and checksums
+  const auto again = RunTessera(Train(out, same_run));
+  EXPECT_EQ(again.exit_code, 1) << again.out;
+  EXPECT_NE(again.out.find("has trained 2 iterations already"), std::string::npos) << again.out;
+  // The best checkpoint is whole: it evaluates to the same loss.
+  const auto best_eval = RunTessera(Train(root_ / "best_eval",
+                                          "train.train_iter=2 dataloader.splits=2,98,0 train.train_micro_batch_size=1 "
+                                          "model.hidden_size=256 model.num_layers=4 train.evaluation.enabled=true "
+                                          "--eval-only train.load_weight=" +
+                                              (out / "checkpoints" / "best").string()));
+  ASSERT_EQ(best_eval.exit_code, 0) << best_eval.out;
+  EXPECT_NE(best_eval.out.find("weights of iteration 2"), std::string::npos) << best_eval.out;
+  // A longer run resumed from there trains on, without evaluating 2 again.
   const auto resumed = RunTessera(Train(out,
                                         "train.train_iter=3 dataloader.splits=2,98,0 train.train_micro_batch_size=1 "
                                         "model.hidden_size=256 model.num_layers=4 train.evaluation.enabled=true "
-                                        "train.evaluation.eval_period=10 --resume"));
+                                        "train.checkpointer.save_best=true train.evaluation.eval_period=10 --resume"));
   ASSERT_EQ(resumed.exit_code, 0) << resumed.out;
   const testing::MetricsRows rows = ReadMetricsRows(out);
   ASSERT_TRUE(rows.eval.contains(2)) << resumed.out;
-  const double expected = ReadMetricsRows(root_ / "whole").eval.at(2)["eval_loss"].get<double>();
   EXPECT_NEAR(rows.eval.at(2)["eval_loss"].get<double>(), expected, 2e-6 * expected);
   EXPECT_TRUE(rows.eval.contains(3)) << resumed.out;
+  int rows_of_two = 0;
+  std::ifstream metrics(out / "metrics.jsonl");
+  for (std::string line; std::getline(metrics, line);) {
+    const nlohmann::json row = nlohmann::json::parse(line, nullptr, false);
+    rows_of_two += row.is_object() && row.value("iter", 0) == 2 && row.contains("eval_loss");
+  }
+  EXPECT_EQ(rows_of_two, 1) << resumed.out;
   std::printf("stopped %.2f s after the signal; the whole run took %.2f s\n", seconds,
               std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
 }
