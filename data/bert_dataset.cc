@@ -134,11 +134,12 @@ absl::StatusOr<BertDataset> BertDataset::Make(const IndexedDataset& dataset, con
       }
     }
   }
-  if (result.documents_.size() < 2) {
+  const size_t needed = options.next_sentence ? 2 : 1;
+  if (result.documents_.size() < needed) {
     return absl::FailedPreconditionError(
         StrCat("BERT dataset '", dataset.prefix().string(), "': split ", DatasetSplitName(options.split), " (splits '",
-               options.splits, "') has ", result.documents_.size(),
-               " documents with sentences; next-sentence prediction needs at least 2"));
+               options.splits, "') has ", result.documents_.size(), " documents with sentences; ",
+               options.next_sentence ? "next-sentence prediction needs at least 2" : "masked LM needs at least 1"));
   }
   return result;
 }
@@ -154,11 +155,14 @@ absl::Status BertDataset::Sample(int64_t index, BertSample* out) const {
   // Sequences are back to back in the token stream, so A and B (runs of
   // whole sentences) are each one contiguous segment.
   const int64_t num_sentences = chunk.end - chunk.begin;
-  const int64_t a_end = num_sentences >= 2 ? chunk.begin + 1 + random.Uniform(num_sentences - 1) : chunk.end;
+  const bool pair = options_.next_sentence;
+  const int64_t a_end = pair && num_sentences >= 2 ? chunk.begin + 1 + random.Uniform(num_sentences - 1) : chunk.end;
   Segment a{data.sequence_offset(chunk.begin), data.sequence_offset(a_end) - data.sequence_offset(chunk.begin)};
   Segment b;
-  const bool random_next = num_sentences == 1 || random.Unit() < 0.5;
-  if (random_next) {
+  const bool random_next = pair && (num_sentences == 1 || random.Unit() < 0.5);
+  if (!pair) {
+    b = Segment{data.sequence_offset(chunk.end), 0};
+  } else if (random_next) {
     int64_t other = random.Uniform(static_cast<int64_t>(documents_.size()) - 1);
     if (other >= chunk.document_rank) ++other;  // uniform over the other documents
     const int64_t document = documents_[static_cast<size_t>(other)];
@@ -176,7 +180,7 @@ absl::Status BertDataset::Sample(int64_t index, BertSample* out) const {
     b = Segment{data.sequence_offset(a_end), data.sequence_offset(chunk.end) - data.sequence_offset(a_end)};
   }
 
-  const int64_t max_tokens = options_.max_seq_length - 3;
+  const int64_t max_tokens = options_.max_seq_length - (pair ? 3 : 2);
   while (a.length + b.length > max_tokens) {
     Segment& longer = a.length > b.length ? a : b;
     if (random.Coin()) ++longer.first;
@@ -192,16 +196,18 @@ absl::Status BertDataset::Sample(int64_t index, BertSample* out) const {
   out->nsp_label = random_next ? 1 : 0;
   std::span<int64_t> tokens(out->tokens);
   const int64_t b_start = a.length + 2;  // position of B's first token
-  const int64_t used = b_start + b.length + 1;
+  const int64_t used = pair ? b_start + b.length + 1 : b_start;
   tokens[0] = ids.cls;
   data.ReadTokens(a.first, tokens.subspan(1, static_cast<size_t>(a.length)));
   RETURN_IF_ERROR(data.CheckIds(a.first, tokens.subspan(1, static_cast<size_t>(a.length)), options_.vocab_size));
   tokens[static_cast<size_t>(a.length + 1)] = ids.sep;
-  data.ReadTokens(b.first, tokens.subspan(static_cast<size_t>(b_start), static_cast<size_t>(b.length)));
-  RETURN_IF_ERROR(data.CheckIds(b.first, tokens.subspan(static_cast<size_t>(b_start), static_cast<size_t>(b.length)),
-                                options_.vocab_size));
-  tokens[static_cast<size_t>(used - 1)] = ids.sep;
-  std::fill_n(out->token_types.begin() + b_start, b.length + 1, 1);
+  if (pair) {
+    data.ReadTokens(b.first, tokens.subspan(static_cast<size_t>(b_start), static_cast<size_t>(b.length)));
+    RETURN_IF_ERROR(data.CheckIds(b.first, tokens.subspan(static_cast<size_t>(b_start), static_cast<size_t>(b.length)),
+                                  options_.vocab_size));
+    tokens[static_cast<size_t>(used - 1)] = ids.sep;
+    std::fill_n(out->token_types.begin() + b_start, b.length + 1, 1);
+  }
   std::fill_n(out->padding_mask.begin(), used, 1);
 
   // Masked LM over the non-special positions: a partial Fisher–Yates shuffle

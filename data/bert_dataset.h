@@ -22,6 +22,8 @@
 //      the next sample: chunks are fixed so samples can be read in any order.
 //   3. While |A| + |B| > max_seq_length - 3, one token goes from the longer
 //      side (B on a tie), from its front or back with probability 1/2 each.
+//   Without next_sentence, A is the whole chunk and there is no B: one
+//   segment, cut to max_seq_length - 2 as in step 3, [CLS] A [SEP].
 //   4. [CLS] A [SEP] B [SEP], padded to max_seq_length. Of the |A| + |B|
 //      non-special tokens, round(masked_lm_prob · count) (at least 1, at most
 //      max_predictions_per_seq when set) are chosen uniformly; each becomes
@@ -70,6 +72,10 @@ struct BertDatasetOptions {
   DatasetSplit split = DatasetSplit::kTrain;
   BertSpecialIds special_ids = {};  // all in [0, vocab_size)
   int64_t vocab_size = 0;           // range of the random replacement ids
+  // Sentence pairs for next-sentence prediction (the model's binary head);
+  // false: masked LM only, each sample one segment, [CLS] A [SEP], A the
+  // whole chunk (Megatron's BERT without its binary head), nsp_label 0.
+  bool next_sentence = true;
 };
 
 // One sample; every vector has max_seq_length entries.
@@ -84,8 +90,8 @@ struct BertSample {
 class BertDataset {
  public:
   // InvalidArgument for out-of-range options; FailedPrecondition when the
-  // split has fewer than two documents with sentences (a random B needs
-  // another document), naming the split.
+  // split has no document with sentences, or with next_sentence fewer than
+  // two (a random B needs another document), naming the split.
   [[nodiscard]] static absl::StatusOr<BertDataset> Make(const IndexedDataset& dataset,
                                                         const BertDatasetOptions& options);
 

@@ -346,7 +346,10 @@ absl::StatusOr<graph::Graph> Bert::BuildEvalGraph(int64_t batch) const { return 
 
 std::optional<nlohmann::json> Bert::HuggingFaceConfig() const {
   const BertConfig& c = config_;
-  return nlohmann::json{{"architectures", {"BertForPreTraining"}},
+  // Without the binary head the file holds no pooler and no
+  // seq_relationship: BertForMaskedLM's tensors (its BertModel has no
+  // pooler), which transformers would otherwise fill at random.
+  return nlohmann::json{{"architectures", {c.add_binary_head ? "BertForPreTraining" : "BertForMaskedLM"}},
                         {"model_type", "bert"},
                         {"vocab_size", c.vocab_size},
                         {"hidden_size", c.hidden_size},

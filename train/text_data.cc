@@ -76,6 +76,14 @@ absl::StatusOr<std::unique_ptr<TextData>> TextData::Open(const nlohmann::json& c
     return absl::InvalidArgumentError(
         "tokenization.tokenizer: models.BERT needs a tokenizer with [CLS], [SEP], [MASK] and [PAD] (`bert`)");
   }
+  // (Checked before a dataset is built from text_file: a vocabulary without
+  // them left a built dataset behind, and `tessera plan` passed it.)
+  std::optional<data::BertSpecialIds> special;
+  if (bert) {
+    auto ids = data::BertSpecialIds::FromTokenizer(*tokenizer);
+    if (!ids.ok()) return absl::Status(ids.status().code(), StrCat("tokenization: ", ids.status().message()));
+    special = *ids;
+  }
   if (tokenizer != nullptr && tokenizer->vocab_size() > inputs.vocab_size) {
     return absl::InvalidArgumentError(StrCat("tokenization: the ", tokenizer->kind(), " vocabulary has ",
                                              tokenizer->vocab_size(), " tokens, model.vocab_size is only ",
@@ -240,10 +248,6 @@ absl::StatusOr<std::unique_ptr<TextData>> TextData::Open(const nlohmann::json& c
   };
   int64_t train_size = 0;
   if (bert) {
-    auto special = data::BertSpecialIds::FromTokenizer(*tokenizer);
-    if (!special.ok()) {
-      return absl::Status(special.status().code(), StrCat("tokenization: ", special.status().message()));
-    }
     data::BertDatasetOptions options{.max_seq_length = inputs.seq_length,
                                      .short_seq_prob = inputs.short_seq_prob,
                                      .masked_lm_prob = inputs.masked_lm_prob,
@@ -252,7 +256,8 @@ absl::StatusOr<std::unique_ptr<TextData>> TextData::Open(const nlohmann::json& c
                                      .splits = loader.splits,
                                      .split = data::DatasetSplit::kTrain,
                                      .special_ids = *special,
-                                     .vocab_size = tokenizer->vocab_size()};
+                                     .vocab_size = tokenizer->vocab_size(),
+                                     .next_sentence = inputs.next_sentence};
     auto train = data::BertDataset::Make(indexed, options);
     if (!train.ok()) return in_dataloader(train.status());
     text->bert_train_ = *std::move(train);

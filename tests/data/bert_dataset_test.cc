@@ -275,6 +275,65 @@ TEST_F(BertDatasetTest, SpecialIdsFromTheTokenizer) {
   EXPECT_THAT(missing.status().message(), HasSubstr("[MASK]"));
 }
 
+// Without next-sentence prediction (the model's binary head off) a sample
+// is one segment, [CLS] A [SEP], A the whole chunk (cut to S - 2 from
+// either end), every token type 0, nsp_label 0; one document suffices (two
+// were required, and half the samples took a B of another document).
+TEST_F(BertDatasetTest, WithoutNextSentenceASampleIsOneSegmentOfItsChunk) {
+  // The segment of a sample, its masked tokens restored, checked for the
+  // one-segment layout.
+  const auto segment = [](const BertSample& sample, const BertDatasetOptions& options) {
+    std::vector<int64_t> original = sample.tokens;
+    for (size_t k = 0; k < original.size(); ++k) {
+      if (sample.labels[k] != options.ignore_label) original[k] = sample.labels[k];
+    }
+    const auto used = static_cast<size_t>(std::count(sample.padding_mask.begin(), sample.padding_mask.end(), 1));
+    EXPECT_GE(used, 3u);
+    EXPECT_EQ(sample.nsp_label, 0);
+    EXPECT_EQ(original[0], kCls);
+    EXPECT_EQ(original[used - 1], kSep);
+    EXPECT_EQ(std::count(original.begin(), original.begin() + static_cast<std::ptrdiff_t>(used), kSep), 1);
+    EXPECT_EQ(std::count(sample.token_types.begin(), sample.token_types.end(), 0),
+              static_cast<std::ptrdiff_t>(sample.token_types.size()));
+    EXPECT_EQ(sample.labels[0], options.ignore_label);
+    EXPECT_EQ(sample.labels[used - 1], options.ignore_label);
+    return std::vector<int64_t>(original.begin() + 1, original.begin() + static_cast<std::ptrdiff_t>(used) - 1);
+  };
+  // One document of short sentences: no chunk needs cutting, so the
+  // samples' segments, in order, are the whole document.
+  Load(MakeCorpus(1, 60, 60, 2, 7));
+  BertDatasetOptions options = Options(24);
+  options.short_seq_prob = 0;
+  EXPECT_EQ(BertDataset::Make(*dataset_, options).status().code(), absl::StatusCode::kFailedPrecondition);
+  options.next_sentence = false;
+  auto bert = BertDataset::Make(*dataset_, options);
+  ASSERT_TRUE(bert.ok()) << bert.status();
+  ASSERT_GT(bert->size(), 3);
+  BertSample sample;
+  std::vector<int64_t> joined;
+  for (int64_t i = 0; i < bert->size(); ++i) {
+    ASSERT_TRUE(bert->Sample(i, &sample).ok());
+    const std::vector<int64_t> a = segment(sample, options);
+    EXPECT_LE(a.size(), 22u) << "sample " << i;
+    joined.insert(joined.end(), a.begin(), a.end());
+  }
+  ASSERT_EQ(joined.size(), static_cast<size_t>(dataset_->num_tokens()));
+  for (size_t k = 0; k < joined.size(); ++k) ASSERT_EQ(joined[k], kBase + static_cast<int64_t>(k)) << k;
+  // Long sentences: chunks cut to S - 2, still one contiguous run each.
+  Load(MakeCorpus(3, 2, 6, 40, 8));
+  bert = BertDataset::Make(*dataset_, options);
+  ASSERT_TRUE(bert.ok()) << bert.status();
+  int cut = 0;
+  for (int64_t i = 0; i < bert->size(); ++i) {
+    ASSERT_TRUE(bert->Sample(i, &sample).ok());
+    const std::vector<int64_t> a = segment(sample, options);
+    EXPECT_TRUE(IsContiguous(a)) << "sample " << i;
+    EXPECT_LE(a.size(), 22u) << "sample " << i;
+    cut += a.size() == 22u;
+  }
+  EXPECT_GT(cut, 0);
+}
+
 TEST_F(BertDatasetTest, BadOptionsAndTooFewDocuments) {
   Load(MakeCorpus(3, 2, 3, 5, 6));
   BertDatasetOptions options = Options(4);

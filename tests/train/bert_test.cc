@@ -455,6 +455,30 @@ TEST_F(BertTest, WithoutTheNextSentenceHeadTheLossIsTheMaskedLm) {
     EXPECT_FALSE(row.contains("nsp_loss"));
   }
   ASSERT_EQ(batch.eval.size(), 1u);
+  // Exported as BertForMaskedLM: no pooler, no seq_relationship (it said
+  // BertForPreTraining, whose missing heads transformers fills at random).
+  const fs::path exported = root_ / "mlm_only";
+  const auto export_run = RunTessera("export " + (root_ / "one").string() + " --output " + exported.string());
+  ASSERT_EQ(export_run.exit_code, 0) << export_run.out;
+  const nlohmann::json hf_config = nlohmann::json::parse(std::ifstream(exported / "config.json"));
+  EXPECT_EQ(hf_config["architectures"], nlohmann::json::array({"BertForMaskedLM"})) << hf_config;
+  // Its samples are single segments: one document is data enough (two
+  // were asked for, for the next sentences nothing reads).
+  {
+    std::ifstream corpus(root_ / "corpus.txt");
+    std::string text((std::istreambuf_iterator<char>(corpus)), std::istreambuf_iterator<char>());
+    std::string one_document;
+    for (char c : text) one_document += c == '\n' ? ' ' : c;  // paragraphs are documents
+    std::ofstream(root_ / "one_document.txt") << one_document << "\n";
+  }
+  const std::string single = " dataloader.splits=1 train.evaluation.enabled=false dataloader.text_file=" +
+                             (root_ / "one_document.txt").string() +
+                             " dataloader.data_prefix=" + (root_ / "data" / "one_document").string();
+  const auto one_document =
+      RunTessera(Train(root_ / "single", "train.train_iter=2 model.add_binary_head=false" + single));
+  EXPECT_EQ(one_document.exit_code, 0) << one_document.out;
+  ExpectOneLineError(RunTessera(Train(root_ / "single_nsp", "train.train_iter=2" + single)),
+                     "has 1 documents with sentences; next-sentence prediction needs at least 2");
   // The metrics an evaluation reports (metrics.jsonl's eval_* fields), with
   // and without the next-sentence head, are those train.evaluation.eval_metric
   // may name for save_best (the refusal lists them).
@@ -655,6 +679,22 @@ TEST_F(BertTest, BadBertConfigsAreOneLineErrors) {
                      "max_predictions_per_seq");
   // A vocabulary larger than the model's.
   ExpectOneLineError(RunTessera(Train(out, "train.train_iter=2 model.vocab_size=10")), "model.vocab_size");
+  // A vocabulary without [MASK]: refused before the dataset is built from
+  // the text (it was built, and left, first), and by `tessera plan` too.
+  {
+    std::ifstream in(root_ / "vocab.txt");
+    std::ofstream no_mask(root_ / "no_mask.txt");
+    for (std::string token; std::getline(in, token);) {
+      if (token != "[MASK]") no_mask << token << "\n";
+    }
+  }
+  const std::string no_mask = "train.train_iter=2 tokenization.vocab_file=" + (root_ / "no_mask.txt").string() +
+                              " dataloader.data_prefix=" + (root_ / "data" / "no_mask").string();
+  ExpectOneLineError(RunTessera(Train(out, no_mask)), "no [MASK] token");
+  EXPECT_FALSE(fs::exists(root_ / "data" / "no_mask.idx"));
+  EXPECT_FALSE(fs::exists(root_ / "data" / "no_mask.bin"));
+  const std::string plan = Train(out, no_mask);
+  ExpectOneLineError(RunTessera("plan" + plan.substr(std::string("train").size())), "no [MASK] token");
   // A missing vocabulary file.
   ExpectOneLineError(
       RunTessera(Train(out, "train.train_iter=2 tokenization.vocab_file=" + (root_ / "no.txt").string())), "no.txt");
