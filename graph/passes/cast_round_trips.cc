@@ -3,8 +3,9 @@
 // input's low type (a gradient has its value's dtype) and then, by the
 // AMP cast's gradient rule, straight back to f32. The pair rounds the
 // gradient to bf16 or f16 and moves it three times; the pass has the reader
-// take the f32 product instead. Only pairs whose middle value nothing else
-// reads (nor marks as a loss, fetch or update) fold.
+// take the f32 product instead. Only pairs of the backward pass whose
+// middle value nothing else reads (nor marks as a loss, fetch or update)
+// fold: a forward pair is the program's own rounding.
 //
 // The other direction is exact: a 16-bit gradient (the fused attention's
 // dq, dk, dv) cast to f32 by the AMP cast's rule, reshaped back to the
@@ -184,8 +185,10 @@ absl::StatusOr<CastRoundTripResult> FoldCastRoundTrips(Graph& graph, const Gradi
       }
       const ValueId middle = n.inputs[0];
       const NodeId first = producer[static_cast<size_t>(middle)];
-      if (first >= 0 && IsCast(graph.node(first)) && readers[static_cast<size_t>(middle)] == 1 &&
-          !marked[static_cast<size_t>(middle)]) {
+      // (Gradients only: a round trip in the forward pass is a program's
+      // own rounding, kept; a user's graph may cast there on purpose.)
+      if (first >= 0 && IsCast(graph.node(first)) && n.backward && graph.node(first).backward &&
+          readers[static_cast<size_t>(middle)] == 1 && !marked[static_cast<size_t>(middle)]) {
         const ValueId source = graph.node(first).inputs[0];
         const DType from = graph.value(source).meta.dtype;
         if (graph.value(n.outputs[0]).meta.dtype == from && Foldable(from, graph.value(middle).meta.dtype)) {

@@ -306,6 +306,30 @@ TEST(AutodiffTest, MixedPrecisionGradientsSkipTheirCastRoundTrips) {
   EXPECT_GT(unrounded, 0) << "no gradient kept a bit bf16 drops";
 }
 
+// A round trip the program itself makes in the forward pass (it rounds to
+// bf16 on purpose) is kept: only the gradients' pairs fold (the forward
+// pair folded too, its rounding lost without a word).
+TEST(AutodiffTest, AForwardCastRoundTripIsKept) {
+  GraphBuilder b;
+  Sym x = b.Input("x", {DType::kF32, Shape{4, 6}});
+  Sym w = b.Variable("w", {6, 3}, InitRule::Normal(0, 1, 5, 0));
+  Sym rounded = Cast(Cast(Tanh(Matmul(x, w)), DType::kBF16), DType::kF32);
+  b.MarkLoss(ReduceMean(rounded * rounded));
+  AmpFolded amp;
+  ASSERT_NO_FATAL_FAILURE(BuildAmpFolded(b, amp));
+  int forward_pairs = 0;
+  for (const Node& n : amp.folded_graph.nodes()) {
+    if (n.op != "cast" || n.backward) continue;
+    const Node& before = amp.folded_graph.producer(n.inputs[0]);
+    if (before.op == "cast" && amp.folded_graph.value(before.outputs[0]).meta.dtype == DType::kBF16 &&
+        amp.folded_graph.value(n.outputs[0]).meta.dtype == DType::kF32 &&
+        amp.folded_graph.producer(before.inputs[0]).op == "tanh") {
+      ++forward_pairs;
+    }
+  }
+  EXPECT_EQ(forward_pairs, 1);
+}
+
 // The exact direction through reshapes: the fused attention's 16-bit dq
 // is cast to f32 (the AMP cast's rule), reshaped back to the projection's
 // (B·T, C) and cast to bf16 again for the projection's GEMMs. The fold has
