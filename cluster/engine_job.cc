@@ -294,6 +294,11 @@ class EnginePlanRunner final : public PlanRunner {
     std::lock_guard<std::mutex> lock(mu_);
     agreed_limit_ = limit;
     if (gate_ != nullptr) gate_->SetLimit(limit - segment_start_);
+    // A segment loading that has no iteration left to run (a node that
+    // went on while its peers stopped at the segment's start), or an
+    // evaluation loading: nothing loads after this, and a load left to wait
+    // for peers who stop failed the job when it timed out.
+    if ((gate_ != nullptr && limit <= segment_start_) || evaluating_) load_cancel_ = true;
     // An evaluation changes nothing: one in progress stops here, and the
     // run ends at the iteration it evaluated, with a checkpoint there.
     if (evaluating_ && runtime_ != nullptr) runtime_->Abort(absl::CancelledError("stopped during the evaluation"));
@@ -367,12 +372,14 @@ class EnginePlanRunner final : public PlanRunner {
     if (init != nullptr && !node_plan_.init_weights_only() && init->evaluation_pending() && train.evaluation.enabled &&
         init->iteration() == first) {
       const absl::Status evaluated = Evaluate(first, /*segment=*/-1, init);
-      if (!evaluated.ok() && EvaluationStopped()) {
+      const bool stopped = !evaluated.ok() && EvaluationStopped();
+      if (!evaluated.ok() && !stopped) return evaluated;
+      ASSIGN_OR_RETURN(const EvaluationOutcome outcome, ShareEvaluationOutcome(first, stopped));
+      if (!outcome.completed) {
         return absl::CancelledError(StrCat("interrupted during the evaluation of ", init->dir().string(),
                                            ", which stays to do (--resume runs it)"));
       }
-      RETURN_IF_ERROR(evaluated);
-      RETURN_IF_ERROR(SaveBest(first, init));
+      RETURN_IF_ERROR(SaveBest(first, outcome.best, init));
       if (context_.node == 0) RETURN_IF_ERROR(ClearEvaluationPending(init->dir()));
     }
     // Segments end where a checkpoint or an evaluation is due.
@@ -402,20 +409,32 @@ class EnginePlanRunner final : public PlanRunner {
       options.gate = &gate;
       {
         std::lock_guard<std::mutex> lock(mu_);
-        gate_ = &gate;
-        segment_start_ = start;
-        if (agreed_limit_) {
-          gate.SetLimit(*agreed_limit_ - start);
-        } else if (stop_requested_) {
-          gate.Pause();
+        // (A stop agreed since StopLimit, where this segment starts: none
+        // of its iterations runs, and its peers do not load it.)
+        if (agreed_limit_ && start >= *agreed_limit_) {
+          gate_ = nullptr;
+        } else {
+          gate_ = &gate;
+          segment_start_ = start;
+          if (agreed_limit_) {
+            gate.SetLimit(*agreed_limit_ - start);
+          } else if (stop_requested_) {
+            gate.Pause();
+          }
         }
       }
+      if (gate_ == nullptr) return Interrupted(start, first, /*saved=*/saved == start);
       absl::Status ran = RunSegment(actors::SerializeNodePlan(part), std::move(options));
+      bool stopped_before = false;
       {
         std::lock_guard<std::mutex> lock(mu_);
         gate_ = nullptr;
         next_start_ = gate.limit() ? std::min(stop, start + *gate.limit()) : stop;
+        stopped_before = cancelled_.ok() && agreed_limit_ && start >= *agreed_limit_;
       }
+      // A load the agreed stop ended (AgreeStop: the segment had no
+      // iteration to run), or its peers' leaving: the run ends where it is.
+      if (!ran.ok() && stopped_before) return Interrupted(start, first, /*saved=*/saved == start);
       RETURN_IF_ERROR(ran);
       if (gate.limit() && start + *gate.limit() < stop) {
         return Interrupted(start + *gate.limit(), first, /*saved=*/saved == start + *gate.limit());
@@ -424,11 +443,13 @@ class EnginePlanRunner final : public PlanRunner {
       const bool last = stop == end;
       if (last || stop % eval_period == 0) {
         const absl::Status evaluated = Evaluate(stop, segment);
-        if (!evaluated.ok() && EvaluationStopped()) {
+        const bool stopped = !evaluated.ok() && EvaluationStopped();
+        if (!evaluated.ok() && !stopped) return evaluated;
+        ASSIGN_OR_RETURN(const EvaluationOutcome outcome, ShareEvaluationOutcome(stop, stopped));
+        if (!outcome.completed) {
           return Interrupted(stop, first, /*saved=*/saved == stop, /*evaluation_pending=*/true);
         }
-        RETURN_IF_ERROR(evaluated);
-        RETURN_IF_ERROR(SaveBest(stop));
+        RETURN_IF_ERROR(SaveBest(stop, outcome.best));
       }
       if (last || stop % checkpoint_period == 0) {
         RETURN_IF_ERROR(SaveCheckpoint(stop));
@@ -482,6 +503,7 @@ class EnginePlanRunner final : public PlanRunner {
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (!cancelled_.ok()) return cancelled_;
+      if (evaluating_ && agreed_limit_) return absl::CancelledError("stopped before the evaluation");
     }
     last_report_ = std::chrono::steady_clock::now();
     auto runtime = actors::Runtime::LoadNodePlan(bytes, std::move(options));
@@ -603,6 +625,64 @@ class EnginePlanRunner final : public PlanRunner {
     return absl::OkStatus();
   }
 
+  // Whether this node's part of the evaluation plan holds its sink (the
+  // plan has one): the node that reports the evaluation's metrics.
+  bool HoldsEvaluationSink() const {
+    if (!node_plan_.has_eval()) return false;
+    const auto& tasks = node_plan_.eval().plan().tasks();
+    return std::any_of(tasks.begin(), tasks.end(),
+                       [](const proto::Task& task) { return task.kind() == proto::ACTOR_KIND_SINK; });
+  }
+
+  struct EvaluationOutcome {
+    bool completed = true;  // false: the agreed stop cut it short
+    std::string best;       // save_best: the improved eval_metric as JSON; empty: none
+  };
+
+  // After the evaluation at `iteration` (`stopped`: this node's part was
+  // ended by the agreed stop): whether it completed and, with save_best,
+  // whether it beat every earlier one. The sink's node decides; on several
+  // nodes it posts the outcome in the KV and the others wait for it. A
+  // node's own part says nothing of the whole: one done with its part
+  // belongs to an evaluation the stop cut short at the sink (it waited for
+  // a save_best decision that never came, and committed the checkpoint
+  // without its evaluation pending), and one stopped after its last batch
+  // to one the sink completed.
+  absl::StatusOr<EvaluationOutcome> ShareEvaluationOutcome(int64_t iteration, bool stopped) {
+    EvaluationOutcome outcome;
+    if (!node_plan_.has_eval() || feed_->eval_batches() == 0) return outcome;
+    const TrainConfig& train = feed_->train();
+    const EvaluationConfig& eval = train.evaluation;
+    const size_t nodes = std::max<size_t>(1, context_.slots.size());
+    const bool shared = context_.kv != nullptr && nodes > 1;
+    const std::string key = StrCat(JobPrefix(), "/evaluated/", iteration);
+    if (!HoldsEvaluationSink()) {
+      if (!shared) return absl::InternalError("the evaluation plan has no sink");
+      ASSIGN_OR_RETURN(const std::vector<std::string> values, WaitForKeys({key}));
+      outcome.completed = values.at(0) != "stopped";
+      if (outcome.completed && values.at(0) != "-") outcome.best = values.at(0);
+      return outcome;
+    }
+    outcome.completed = !stopped;
+    if (outcome.completed && train.checkpointer.save_best && eval_batches_seen_ > 0) {
+      const auto it = last_eval_.find(eval.eval_metric);
+      if (it == last_eval_.end()) {
+        return absl::InternalError(StrCat("the evaluation reported no ", eval.eval_metric));
+      }
+      const double value = it->second;
+      if (std::isfinite(value) && (!best_ || (eval.eval_mode == "min" ? value < *best_ : value > *best_))) {
+        best_ = value;
+        outcome.best = nlohmann::json(value).dump();
+      }
+    }
+    if (shared) {
+      RETURN_IF_ERROR(context_.kv->Set(key, !outcome.completed     ? "stopped"
+                                            : outcome.best.empty() ? "-"
+                                                                   : outcome.best));
+    }
+    return outcome;
+  }
+
   // After the evaluation at `iteration`, with train.checkpointer.save_best:
   // when its eval_metric improves on every earlier one of the run (a resumed
   // run's included: the best checkpoint's), every node writes its shards
@@ -611,30 +691,11 @@ class EnginePlanRunner final : public PlanRunner {
   // `from`: the committed checkpoint whose weights were evaluated (a
   // resume's redone evaluation), whose files node 0 links as the best one;
   // else every node writes its shards of the kept values.
-  absl::Status SaveBest(int64_t iteration, const std::shared_ptr<const CheckpointReader>& from = nullptr) {
+  absl::Status SaveBest(int64_t iteration, const std::string& decision,
+                        const std::shared_ptr<const CheckpointReader>& from = nullptr) {
     const TrainConfig& train = feed_->train();
-    if (!train.checkpointer.save_best || train.output_dir.empty()) return absl::OkStatus();
+    if (!train.checkpointer.save_best || train.output_dir.empty() || decision.empty()) return absl::OkStatus();
     const EvaluationConfig& eval = train.evaluation;
-    const size_t nodes = std::max<size_t>(1, context_.slots.size());
-    const bool shared = context_.kv != nullptr && nodes > 1;
-    const std::string decision_key = StrCat(JobPrefix(), "/best/", iteration);
-    std::string decision;  // the improved value as JSON; empty: no improvement
-    if (eval_batches_seen_ > 0) {
-      const auto it = last_eval_.find(eval.eval_metric);
-      if (it == last_eval_.end()) {
-        return absl::InternalError(StrCat("the evaluation reported no ", eval.eval_metric));
-      }
-      const double value = it->second;
-      if (std::isfinite(value) && (!best_ || (eval.eval_mode == "min" ? value < *best_ : value > *best_))) {
-        best_ = value;
-        decision = nlohmann::json(value).dump();
-      }
-      if (shared) RETURN_IF_ERROR(context_.kv->Set(decision_key, decision.empty() ? "-" : decision));
-    } else if (shared) {
-      ASSIGN_OR_RETURN(const std::vector<std::string> values, WaitForKeys({decision_key}));
-      if (values.at(0) != "-") decision = values.at(0);
-    }
-    if (decision.empty()) return absl::OkStatus();
     const nlohmann::json value = nlohmann::json::parse(decision, nullptr, false);
     if (!value.is_number()) return absl::InternalError(StrCat("save_best: the decision '", decision, "' is no number"));
     CheckpointState state{.iteration = iteration,

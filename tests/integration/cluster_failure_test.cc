@@ -19,6 +19,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <string>
 #include <thread>
 #include <utility>
@@ -79,9 +80,9 @@ class ClusterFailureTest : public ::testing::Test {
     fs::remove_all(dir_);
   }
 
-  ChildProcess& StartWorker(const std::string& id) {
+  ChildProcess& StartWorker(const std::string& id, const std::string& devices = "cpu:2") {
     workers_.push_back(std::make_unique<ChildProcess>(
-        TESSERA_BINARY, std::vector<std::string>{"worker", "--master", address_, "--devices", "cpu:2", "--id", id},
+        TESSERA_BINARY, std::vector<std::string>{"worker", "--master", address_, "--devices", devices, "--id", id},
         dir_ / (id + ".out")));
     return *workers_.back();
   }
@@ -668,6 +669,97 @@ TEST_F(ClusterFailureTest, SaveBestAcrossWorkersKeepsTheBestEvaluation) {
     if (row.is_object() && row.contains("eval_loss") && row["iter"] == 1) first_eval = row["eval_loss"].get<double>();
   }
   EXPECT_EQ(index["train_state"]["best"]["value"].get<double>(), first_eval);
+}
+
+// Graceful cancels at moments around an evaluation and a checkpoint (both
+// every iteration), on a job whose pipeline stages are on two workers, the
+// evaluation's sink on the second: each ends CANCELLED where the nodes
+// agree, promptly, never "stopped at once" (the first worker, done with its
+// part of an evaluation the stop cut short at the sink, waited for a
+// save_best decision that never came; a worker that went on to load the
+// next segment while the other stopped at its start waited for it until
+// gloo's timeout failed the job). Resumed each time and then to the end,
+// the run has one training row and one evaluation row per iteration: none
+// lost (a cut-short evaluation the checkpoint did not mark) and none twice.
+TEST_F(ClusterFailureTest, CancelsAroundEvaluationsAndCheckpointsStopPromptlyAndLoseNoEvaluation) {
+  Deadline deadline(seconds(300), "cancels around evaluations");
+  StartWorker("w-a", "cpu:1");
+  StartWorker("w-b", "cpu:1");
+  ASSERT_TRUE(WaitFreeWorkers(2));
+  const fs::path corpus = dir_ / "corpus.txt", out = dir_ / "stops";
+  tessera::testing::WriteSentenceCorpus(corpus, 240, 4321);
+  const std::string made_cmd = absl::StrCat("timeout 60 ", TESSERA_BINARY, " preprocess --input ", corpus.string(),
+                                            " --tokenizer bpe:320 --output ", (dir_ / "warmup").string(), " 2>&1");
+  ASSERT_EQ(std::system(made_cmd.c_str()), 0);
+  const fs::path vocab = dir_ / "warmup-vocab";
+  const int64_t iterations = 40;
+  // (A wide head: the sink's stage, on w-b, works on after w-a is done with
+  // its part of an evaluation.)
+  std::vector<std::string> job = {"model.vocab_size=32768",
+                                  "tokenization.tokenizer=gpt2",
+                                  "tokenization.vocab_file=" + (vocab / "encoder.json").string(),
+                                  "tokenization.merges_file=" + (vocab / "vocab.bpe").string(),
+                                  "dataloader.data_prefix=" + (dir_ / "data").string(),
+                                  "dataloader.text_file=" + corpus.string(),
+                                  "dataloader.splits=80,20,0",
+                                  "train.dist.pipeline_parallel_size=2",  // a stage per worker
+                                  "train.train_micro_batch_size=4",
+                                  "train.evaluation.enabled=true",
+                                  "train.evaluation.eval_period=1",
+                                  "train.evaluation.eval_iter=6",  // the evaluation takes most of the time
+                                  "train.checkpointer.period=1",
+                                  "train.checkpointer.max_to_keep=1",
+                                  "train.checkpointer.save_best=true",
+                                  "train.output_dir=" + out.string()};
+  int64_t reached = 0;
+  int during_evaluation = 0;  // cancels that cut an evaluation short
+  for (const int delay_ms : {0, 45, 120, 260, 20, 330, 80, 190}) {
+    SCOPED_TRACE(absl::StrCat("cancel ", delay_ms, " ms after an iteration"));
+    auto submitted = Submit(job, iterations);
+    ASSERT_TRUE(submitted.ok()) << submitted.status();
+    ASSERT_TRUE(WaitUntil(
+        [&] {
+          auto info = client_->Get(*submitted);
+          return info.ok() && info->state() == control::RUNNING && info->iteration() > reached;
+        },
+        absl::Seconds(60)));
+    std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+    const absl::Time asked = absl::Now();
+    auto answer = client_->Cancel(*submitted, "test", /*checkpoint=*/true);
+    ASSERT_TRUE(answer.ok()) << answer.status();
+    const control::JobInfo info = WaitEnd(*submitted, absl::Seconds(60));
+    EXPECT_EQ(info.state(), control::CANCELLED) << info.reason();
+    EXPECT_NE(info.reason().find("interrupted at iteration"), std::string::npos) << info.reason();
+    EXPECT_EQ(info.reason().find("at once"), std::string::npos) << info.reason();
+    EXPECT_LT(absl::Now() - asked, absl::Seconds(20)) << info.reason();
+    ASSERT_TRUE(WaitFreeWorkers(2, absl::Seconds(20)));
+    reached = std::max(reached, info.iteration());
+    if (job.back() != "train.resume=true") job.push_back("train.resume=true");
+    for (const auto& entry : fs::directory_iterator(out / "checkpoints")) {
+      const nlohmann::json index = nlohmann::json::parse(std::ifstream(entry.path() / "index.json"), nullptr, false);
+      during_evaluation += index.is_object() && entry.path().filename().string().starts_with("iter_") &&
+                           index["train_state"].value("evaluation_pending", false);
+    }
+  }
+  std::printf("%d of the cancels cut an evaluation short\n", during_evaluation);
+  ASSERT_LT(reached, iterations);
+  auto last = Submit(job, iterations);
+  ASSERT_TRUE(last.ok()) << last.status();
+  const control::JobInfo finished = WaitEnd(*last, absl::Seconds(120));
+  ASSERT_EQ(finished.state(), control::SUCCEEDED) << finished.reason();
+  std::map<int64_t, int> train_rows, eval_rows;
+  std::ifstream metrics(out / "metrics.jsonl");
+  for (std::string line; std::getline(metrics, line);) {
+    const nlohmann::json row = nlohmann::json::parse(line, nullptr, false);
+    ASSERT_TRUE(row.is_object()) << line;
+    ++(row.contains("eval_loss") ? eval_rows : train_rows)[row.value("iter", int64_t{-1})];
+  }
+  for (int64_t i = 1; i <= iterations; ++i) {
+    EXPECT_EQ(train_rows[i], 1) << "training rows of iteration " << i;
+    EXPECT_EQ(eval_rows[i], 1) << "evaluation rows of iteration " << i;
+  }
+  EXPECT_EQ(train_rows.size(), static_cast<size_t>(iterations));
+  EXPECT_EQ(eval_rows.size(), static_cast<size_t>(iterations));
 }
 
 // A graceful cancel while a node hangs (SIGSTOP: it never answers where it
