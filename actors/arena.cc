@@ -160,8 +160,8 @@ void ArenaMonitor::ClaimRegister(const Register* reg) {
     std::lock_guard<std::mutex> lock(status_mu_);
     if (!status_.ok()) return;
     status_ = absl::InternalError(StrCat("arena check: ", reg->name, " (arena bytes [", reg->begin, ", ",
-                                         reg->begin + reg->bytes, ") of cpu:", device.index, ") was taken while ",
-                                         overlap, ", sharing its bytes, was in use"));
+                                         reg->begin + reg->bytes, ") of ", device.host ? "cpu:" : "cuda:", device.index,
+                                         ") was taken while ", overlap, ", sharing its bytes, was in use"));
     first = status_;
   }
   if (on_violation_) on_violation_(first);

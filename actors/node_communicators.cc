@@ -314,15 +314,27 @@ absl::Status NodeCommunicators::ConnectAll() {
   // the load fails anyway. So does the job's stop (options_.cancel).
   std::vector<std::thread> threads;
   threads.reserve(pending_.size());
+  absl::Status started;
   for (size_t i = 0; i < pending_.size(); ++i) {
-    threads.emplace_back([state, member = pending_[i], i]() {
-      const absl::Status result = member->Connect(state->kv, state->failed);
-      if (!result.ok()) state->failed = true;
+    try {
+      threads.emplace_back([state, member = pending_[i], i]() {
+        const absl::Status result = member->Connect(state->kv, state->failed);
+        if (!result.ok()) state->failed = true;
+        std::lock_guard<std::mutex> lock(state->mu);
+        state->results[i] = result;
+        --state->running;
+        state->changed.notify_all();
+      });
+    } catch (const std::exception& e) {
+      // (A thread the system refuses: the load fails, the started members
+      // give up as after a failure; std::terminate ended the process.)
+      started = absl::ResourceExhaustedError(
+          StrCat("cannot start a thread to connect communicator ", i + 1, " of ", pending_.size(), ": ", e.what()));
+      state->failed = true;
       std::lock_guard<std::mutex> lock(state->mu);
-      state->results[i] = result;
-      --state->running;
-      state->changed.notify_all();
-    });
+      state->running -= static_cast<int>(pending_.size() - i);
+      break;
+    }
   }
   pending_.clear();
   bool stopped = false;
@@ -349,6 +361,7 @@ absl::Status NodeCommunicators::ConnectAll() {
     for (std::thread& t : threads) t.detach();
   }
   if (stopped) return absl::CancelledError("the job was stopped while its communicators met their peers");
+  RETURN_IF_ERROR(started);
   // The cause, not the members that gave up because of it.
   for (const absl::Status& status : results) {
     if (!status.ok() && status.code() != absl::StatusCode::kCancelled) return status;

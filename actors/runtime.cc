@@ -620,7 +620,11 @@ absl::StatusOr<std::unique_ptr<Runtime>> Runtime::LoadSerialized(std::string_vie
   Core& core = *runtime->core_;
   const auto make_stream = [](const Device& device, std::string name) -> absl::StatusOr<std::unique_ptr<Stream>> {
     if (device.type == DeviceType::kCuda) return MakeCudaStream(device.index, std::move(name));
-    return MakeCpuStream(std::move(name));
+    try {
+      return MakeCpuStream(name);
+    } catch (const std::exception& e) {  // its thread refused (EAGAIN)
+      return absl::ResourceExhaustedError(StrCat("cannot start the thread of stream '", name, "': ", e.what()));
+    }
   };
   ASSIGN_OR_RETURN(core.job, internal::LoadedJob::Load(plan_bytes, core.options, &core.bus, make_stream));
   for (const auto& actor : core.job->actors) {
@@ -742,15 +746,32 @@ absl::Status Runtime::Run() {
   for (ActorThread* thread : core.threads) thread->StartClocks(start_ns);
   std::vector<std::thread> workers;
   workers.reserve(core.threads.size());
-  for (ActorThread* thread : core.threads) {
-    workers.emplace_back([shared = core_, thread]() {
-      absl::Status status = thread->Loop(shared->aborted);
-      if (!status.ok()) shared->StopAll(std::move(status));
-      std::lock_guard<std::mutex> lock(shared->mu);
-      thread->MarkFinished();
-      ++shared->finished;
-      shared->finished_cv.notify_all();
-    });
+  try {
+    for (ActorThread* thread : core.threads) {
+      workers.emplace_back([shared = core_, thread]() {
+        absl::Status status = thread->Loop(shared->aborted);
+        if (!status.ok()) shared->StopAll(std::move(status));
+        std::lock_guard<std::mutex> lock(shared->mu);
+        thread->MarkFinished();
+        ++shared->finished;
+        shared->finished_cv.notify_all();
+      });
+    }
+  } catch (const std::exception& e) {
+    // No thread for the rest (EAGAIN: the process's or the machine's
+    // limit): the run fails as a whole, its started threads stopped, the
+    // others counted as finished (std::terminate ended the process).
+    const absl::Status status = absl::ResourceExhaustedError(
+        StrCat("cannot start actor thread ", workers.size() + 1, " of ", core.threads.size(), ": ", e.what()));
+    {
+      std::lock_guard<std::mutex> lock(core.mu);
+      for (size_t i = workers.size(); i < core.threads.size(); ++i) {
+        core.threads[i]->MarkFinished();
+        ++core.finished;
+      }
+      core.finished_cv.notify_all();
+    }
+    core.StopAll(status);
   }
   std::vector<std::string> hung = Watch();
   // Threads that returned are joined; a thread still inside a hung Handle is

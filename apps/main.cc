@@ -4,6 +4,9 @@
 // allocation sized by the user) escapes as a crash.
 
 #include <execinfo.h>
+#include <malloc.h>
+#include <pthread.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -27,6 +30,7 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_join.h"
 #include "apps/cli_errors.h"
 #include "apps/cluster_commands.h"
@@ -136,10 +140,16 @@ int RunTrain(const std::string& path, const std::vector<std::string>& overrides,
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
   });
+  // (Joined however the run ends: an exception out of it, a bad_alloc,
+  // destroyed the watcher joinable, and std::terminate ended the process
+  // without a word of why.)
+  absl::Cleanup join_watcher = [&] {
+    done = true;
+    watcher.join();
+  };
   // The master and worker code of a cluster, in this process.
   const absl::Status trained = tessera::cluster::TrainOnThisMachine(*config, stdout, stop);
-  done = true;
-  watcher.join();
+  std::move(join_watcher).Invoke();
   std::signal(SIGINT, SIG_DFL);
   std::signal(SIGTERM, SIG_DFL);
   if (hangup) std::signal(SIGHUP, SIG_DFL);
@@ -481,6 +491,12 @@ void SetOutOfMemoryMessage(int argc, char** argv) {
 // line is written without allocating); anything else is a bug: said, then
 // aborted for its core.
 [[noreturn]] void OnUncaughtException() {
+  // One thread says it (two at once wrote "tessera: tessera: out of
+  // memory"); another one waits for the process to end.
+  static std::atomic<bool> ending{false};
+  if (ending.exchange(true)) {
+    for (;;) ::pause();
+  }
   bool out_of_memory = false;
   const char* what = "std::terminate was called without an exception";
   if (const std::exception_ptr thrown = std::current_exception()) {
@@ -514,6 +530,24 @@ int main(int argc, char** argv) {
   // to work". backtrace() loads it now, while there is.
   std::array<void*, 1> frame{};
   (void)::backtrace(frame.data(), static_cast<int>(frame.size()));
+  // Under an address-space limit (ulimit -v) what counts is what a thread
+  // reserves, not what it uses: glibc gives threads malloc arenas of 64 MiB
+  // each (up to 8 per core) and stacks of RLIMIT_STACK (8 MiB), so a run
+  // that needed a few hundred MiB more failed wherever the next thread or
+  // arena came, often inside a library that aborts on it (gRPC's server
+  // threads, oneDNN's first use). With a limit, two arenas and 2 MiB
+  // stacks (no thread of Tessera's recurses deeply: configs nest at most
+  // kMaxNestingDepth) leave that room to the job.
+  if (rlimit limit{}; ::getrlimit(RLIMIT_AS, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY) {
+    ::mallopt(M_ARENA_MAX, 2);
+    pthread_attr_t attributes;
+    if (::pthread_attr_init(&attributes) == 0) {
+      if (::pthread_attr_setstacksize(&attributes, std::size_t{2} << 20) == 0) {
+        (void)::pthread_setattr_default_np(&attributes);
+      }
+      ::pthread_attr_destroy(&attributes);
+    }
+  }
   // The libraries return errors as Status values; this is the last line of
   // defence for anything that throws anyway, so it ends in one line, not an
   // abort.

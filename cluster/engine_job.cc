@@ -221,7 +221,17 @@ class EnginePlanRunner final : public PlanRunner {
     stop_requested_ = true;
     TLOG_INFO("job {} node {}: stopping at an iteration boundary ({})", context_.job_id, context_.node,
               std::string(reason.message()));
-    stop_thread_ = std::thread([this] { AgreeStop(); });
+    try {
+      stop_thread_ = std::thread([this] { AgreeStop(); });
+    } catch (const std::exception& e) {  // no thread to agree on (EAGAIN): stopped at once
+      const absl::Status failed =
+          absl::ResourceExhaustedError(StrCat("stopping: cannot start a thread (", e.what(), "); stopped at once"));
+      if (cancelled_.ok()) cancelled_ = failed;
+      load_cancel_ = true;
+      if (runtime_ != nullptr) runtime_->Abort(cancelled_);
+      if (gate_ != nullptr) gate_->Release();
+      stop_cv_.notify_all();
+    }
   }
 
   ~EnginePlanRunner() override { JoinStopper(); }

@@ -313,8 +313,16 @@ class Worker::Impl final : public control::Worker::Service {
       return Precondition(absl::StrCat("job ", request->job_id(), " is ",
                                        entry->phase == Phase::kLoading ? "still loading" : "already started"));
     }
+    try {
+      entry->thread = std::thread([this, entry] { RunJob(entry); });
+    } catch (const std::exception& e) {
+      // (A thread the system refuses, EAGAIN: the master fails the job and
+      // stops it here, still loaded; the job waited forever.)
+      return {
+          grpc::StatusCode::RESOURCE_EXHAUSTED,
+          absl::StrCat("cannot start the thread of job ", request->job_id().substr(0, kMaxIdBytes), ": ", e.what())};
+    }
     entry->phase = Phase::kRunning;
-    entry->thread = std::thread([this, entry] { RunJob(entry); });
     return grpc::Status::OK;
   }
 

@@ -2,11 +2,22 @@
 
 #include <algorithm>
 #include <atomic>
+#include <exception>
+#include <new>
+
+#include "core/logging.h"
 
 namespace tessera {
 
 ThreadPool::ThreadPool(int num_threads) : num_threads_(std::max(1, num_threads)) {
-  for (int i = 1; i < num_threads_; ++i) workers_.emplace_back([this] { WorkerLoop(); });
+  try {
+    for (int i = 1; i < num_threads_; ++i) workers_.emplace_back([this] { WorkerLoop(); });
+  } catch (const std::exception& e) {
+    // (A thread the system refuses, EAGAIN: fewer, rather than a pool whose
+    // chunks no worker takes, or std::terminate.)
+    TLOG_WARN("thread pool: started {} of {} threads ({})", workers_.size() + 1, num_threads_, e.what());
+    num_threads_ = static_cast<int>(workers_.size()) + 1;
+  }
 }
 
 ThreadPool::~ThreadPool() {
@@ -42,23 +53,39 @@ void ThreadPool::ParallelFor(int64_t n, int64_t min_chunk,
     return;
   }
   // Chunk c covers [c*n/chunks, (c+1)*n/chunks); the caller runs chunk 0.
+  // Every chunk ends before this returns, one that throws too (its
+  // exception kept for the caller): the queued ones read this frame.
   std::mutex done_mu;
   std::condition_variable done_cv;
   int64_t remaining = chunks - 1;
-  {
+  std::exception_ptr error;  // the first chunk's to throw (under done_mu)
+  const auto run = [&](int64_t c) {
+    std::exception_ptr thrown;
+    try {
+      fn(c * n / chunks, (c + 1) * n / chunks);
+    } catch (...) {
+      thrown = std::current_exception();
+    }
+    std::lock_guard<std::mutex> done_lock(done_mu);
+    if (thrown && !error) error = thrown;
+    if (c > 0 && --remaining == 0) done_cv.notify_one();
+  };
+  int64_t queued = 0;
+  try {
     std::lock_guard<std::mutex> lock(mu_);
     for (int64_t c = 1; c < chunks; ++c) {
-      queue_.emplace_back([&, c] {
-        fn(c * n / chunks, (c + 1) * n / chunks);
-        std::lock_guard<std::mutex> done_lock(done_mu);
-        if (--remaining == 0) done_cv.notify_one();
-      });
+      queue_.emplace_back([&run, c] { run(c); });
+      ++queued;
     }
+  } catch (const std::bad_alloc&) {
+    // (No memory to queue the rest: the caller runs them.)
   }
   work_cv_.notify_all();
-  fn(0, n / chunks);
+  run(0);
+  for (int64_t c = queued + 1; c < chunks; ++c) run(c);
   std::unique_lock<std::mutex> lock(done_mu);
   done_cv.wait(lock, [&] { return remaining == 0; });
+  if (error) std::rethrow_exception(error);
 }
 
 void ParallelFor(ThreadPool* pool, int64_t n, int64_t min_chunk,

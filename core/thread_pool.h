@@ -20,6 +20,8 @@ namespace tessera {
 
 class ThreadPool {
  public:
+  // Starts num_threads - 1 workers; where the system refuses a thread, the
+  // pool has the ones it got (num_threads() says how many).
   explicit ThreadPool(int num_threads);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
@@ -29,12 +31,14 @@ class ThreadPool {
 
   // Calls fn(begin, end) over disjoint chunks covering [0, n), each at least
   // `min_chunk` long (except possibly the last), and returns when all are done.
+  // A chunk that throws: the first exception is rethrown to the caller once
+  // every chunk has ended.
   void ParallelFor(int64_t n, int64_t min_chunk, const std::function<void(int64_t, int64_t)>& fn);
 
  private:
   void WorkerLoop();
 
-  const int num_threads_;
+  int num_threads_;
   std::mutex mu_;
   std::condition_variable work_cv_;
   std::deque<std::function<void()>> queue_ ABSL_GUARDED_BY(mu_);

@@ -3,15 +3,19 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <bit>
+#include <chrono>
 #include <cmath>
 #include <csignal>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <new>
 #include <random>
 #include <set>
 #include <string>
+#include <thread>
 #include <utility>
 
 #include "core/device.h"
@@ -488,6 +492,40 @@ TEST(ThreadPool, CoversRangeExactlyOnce) {
   int calls = 0;
   ParallelFor(nullptr, 10, 1, [&](int64_t b, int64_t e) { calls += static_cast<int>(e - b); });
   EXPECT_EQ(calls, 10);
+}
+
+// A chunk that throws (a kernel's bad_alloc): every chunk still ends, then
+// the first exception reaches the caller, whichever thread threw it (the
+// caller's left the queued chunks reading its dead frame; a worker's ended
+// the process); the pool runs on afterwards.
+TEST(ThreadPool, AChunkThatThrowsReachesTheCallerAfterEveryChunkEnded) {
+  ThreadPool pool(4);
+  for (int64_t thrower : {int64_t{0}, int64_t{2}, int64_t{3}}) {
+    std::atomic<int> ended{0};
+    std::atomic<int> sum{0};
+    bool caught = false;
+    try {
+      pool.ParallelFor(4, 1, [&](int64_t b, int64_t e) {
+        if (b == thrower) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(5));
+          throw std::bad_alloc();
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));  // still running when the thrower ends
+        sum += static_cast<int>(e - b);
+        ++ended;
+      });
+    } catch (const std::bad_alloc&) {
+      caught = true;
+    }
+    EXPECT_TRUE(caught) << "chunk " << thrower;
+    EXPECT_EQ(ended.load(), 3) << "chunk " << thrower;  // the others ran to their end before the rethrow
+    EXPECT_EQ(sum.load(), 3);
+  }
+  std::vector<int> hits(100, 0);
+  pool.ParallelFor(100, 1, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) hits[static_cast<size_t>(i)]++;
+  });
+  for (int h : hits) EXPECT_EQ(h, 1);
 }
 
 // A directory claim: exclusive while held (a second claim on the same
