@@ -65,8 +65,9 @@ class CudaStream final : public Stream {
       if (event != nullptr) cudaEventDestroy(event);
       return;
     }
-    if (state_->queue.empty()) state_->busy_since_ns = SteadyNowNs();
-    state_->queue.push_back({event, std::move(status), std::move(done)});
+    const int64_t now = SteadyNowNs();
+    if (state_->queue.empty() && !state_->in_flight) state_->busy_since_ns = now;
+    state_->queue.push_back({event, std::move(status), std::move(done), now});
     state_->cv.notify_all();
   }
 
@@ -123,8 +124,15 @@ class CudaStream final : public Stream {
     state_->stopping = true;
     state_->cv.notify_all();
     if (!poller_.joinable()) return state_->exited;
-    return internal::JoinStreamThread(
+    const bool joined = internal::JoinStreamThread(
         lock, state_->cv, [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return state_->exited; }, poller_, timeout_s);
+    if (!joined) {
+      // The poller, left waiting on a kernel, calls nothing from now on; a
+      // callback it was inside (a message sent) ends before this returns.
+      std::unique_lock<std::mutex> again(state_->mu);
+      state_->cv.wait(again, [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return !state_->calling; });
+    }
+    return joined;
   }
 
  private:
@@ -132,6 +140,7 @@ class CudaStream final : public Stream {
     cudaEvent_t event;
     absl::Status status;  // the launches' error, if any
     Callback done;
+    int64_t since_ns = 0;  // when it was queued
   };
   struct State {
     std::mutex mu;
@@ -139,7 +148,11 @@ class CudaStream final : public Stream {
     std::deque<Pending> queue ABSL_GUARDED_BY(mu);
     bool stopping ABSL_GUARDED_BY(mu) = false;
     bool exited ABSL_GUARDED_BY(mu) = false;
+    // The oldest work not complete: the poller's (popped, waited on) or
+    // the queue's front; 0 when none.
     int64_t busy_since_ns ABSL_GUARDED_BY(mu) = 0;
+    bool in_flight ABSL_GUARDED_BY(mu) = false;  // the poller waits on a popped one
+    bool calling ABSL_GUARDED_BY(mu) = false;    // the poller is inside a callback
   };
 
   // Waits for each event in turn; once stopping, drops what is left (each
@@ -155,7 +168,8 @@ class CudaStream final : public Stream {
       if (state.queue.empty()) break;  // stopping and drained
       Pending pending = std::move(state.queue.front());
       state.queue.pop_front();
-      const bool stopping = state.stopping;
+      state.in_flight = true;
+      state.busy_since_ns = pending.since_ns;
       lock.unlock();
       absl::Status status = std::move(pending.status);
       if (pending.event != nullptr) {
@@ -164,10 +178,19 @@ class CudaStream final : public Stream {
         cudaEventDestroy(pending.event);
       }
       if (sticky.ok()) sticky = status;
-      if (!stopping) pending.done(sticky);
+      // (Stopping is read after the wait: a Shutdown that gave up on this
+      // kernel meanwhile returned, and the callback's actor may be gone.)
+      lock.lock();
+      const bool call = !state.stopping;
+      state.calling = call;
+      lock.unlock();
+      if (call) pending.done(sticky);
       pending = Pending();
       lock.lock();
-      if (state.queue.empty()) state.busy_since_ns = 0;
+      state.calling = false;
+      state.in_flight = false;
+      state.busy_since_ns = state.queue.empty() ? 0 : state.queue.front().since_ns;
+      state.cv.notify_all();
     }
     state.exited = true;
     state.cv.notify_all();

@@ -190,6 +190,10 @@ int DeviceCount(int* count) {
 
 int SetDevice(int device) { return static_cast<int>(cudaSetDevice(device)); }
 
+int LaunchHostFunc(void* stream, void (*fn)(void*), void* data) {
+  return static_cast<int>(cudaLaunchHostFunc(static_cast<cudaStream_t>(stream), fn, data));
+}
+
 namespace {
 thread_local cudaStream_t bound_stream = nullptr;
 thread_local bool stream_bound = false;

@@ -282,6 +282,9 @@ int Copy(void* dst, const void* src, size_t bytes);
 // thread's default stream of the current device, waiting for that copy
 // alone: the host does not wait for the kernels queued on the bound stream.
 int CopyReady(void* dst, const void* src, size_t bytes);
+// Queues host function fn(data) on `stream` (a cudaStream_t): it runs when
+// the work before it has, and the work after it waits for it.
+int LaunchHostFunc(void* stream, void (*fn)(void*), void* data);
 // Names a launcher's error: a cudaError_t, or -(cublasStatus_t).
 const char* ErrorString(int code);
 // Starts cuBLAS and cuBLASLt on `device` (the calling thread's handles for

@@ -125,7 +125,9 @@ __global__ void ScaleMaskSoftmaxRows(const float* x, float* y, const uint8_t* ma
     }
     sum = BlockSum(sum, scratch);
     const float inv = 1.0f / sum;
-    for (int64_t j = threadIdx.x; j < S; j += kThreads) yr[j] = kept(j) ? expf(xr[j] * scale - m) * inv : 0.0f;
+    // (A dropped key is 0 · inv, as on the CPU: NaN where a NaN logit made
+    // the sum NaN.)
+    for (int64_t j = threadIdx.x; j < S; j += kThreads) yr[j] = kept(j) ? expf(xr[j] * scale - m) * inv : 0.0f * inv;
   }
 }
 

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
@@ -986,6 +987,40 @@ TEST(CudaKernels, CastMatchesTheCpuForEveryPair) {
     }
   }
 }
+
+#ifdef TESSERA_WITH_CUDA
+// A Shutdown that gives up on a kernel still running (the runtime's
+// failure path, after a hung kernel) calls nothing once it returned: the
+// callback behind that kernel is dropped whenever the kernel ends (it was
+// called then, its actor possibly gone). And busy_since_ns counts from the
+// oldest work not complete (an OnComplete while the poller waited on the
+// kernel restarted it, delaying the hung-kernel report).
+TEST(CudaStream, AShutdownThatGaveUpCallsNothingLaterAndBusyCountsFromTheOldestWork) {
+  if (const std::string why = NoGpu(); !why.empty()) GTEST_SKIP() << why;
+  auto stream = MakeCudaStream(0, "cuda:0 stream 0");
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  static std::atomic<bool> release;
+  release = false;
+  const auto spin = [](void*) {
+    while (!release.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  };
+  (*stream)->Enqueue([&] {
+    const int err = cuda::LaunchHostFunc((*stream)->native(), spin, nullptr);
+    return err == 0 ? absl::OkStatus() : absl::InternalError(cuda::ErrorString(err));
+  });
+  std::atomic<int> calls{0};
+  (*stream)->OnComplete([&calls](absl::Status) { ++calls; });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the poller waits on the kernel
+  const int64_t since = (*stream)->busy_since_ns();
+  ASSERT_GT(since, 0);
+  (*stream)->OnComplete([&calls](absl::Status) { ++calls; });
+  EXPECT_EQ((*stream)->busy_since_ns(), since);
+  EXPECT_FALSE((*stream)->Shutdown(0.2));
+  release = true;
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_EQ(calls.load(), 0);
+}
+#endif
 
 // The asynchronous model on a GPU: a matmul enqueued on a CUDA stream
 // returns before it ran (its host side only launches), the completion
