@@ -119,7 +119,9 @@ Binding<AmpConfig> MakeAmpKeys() {
   b.Field("initial_loss_scale", &AmpConfig::initial_loss_scale,
           {.min = 1, .max = 1e38, .doc = "fp16: the first loss scale (read only with dtype fp16)"});
   b.Field("loss_scale_growth_interval", &AmpConfig::loss_scale_growth_interval,
-          {.min = 1, .max = kMaxInt32, .doc = "fp16: clean steps in a row before the scale doubles (read only with dtype fp16)"});
+          {.min = 1,
+           .max = 16777216,  // the count is an f32 scalar on the device: exact up to 2^24
+           .doc = "fp16: clean steps in a row before the scale doubles (read only with dtype fp16)"});
   return b;
 }
 

@@ -66,7 +66,10 @@ absl::Status LossScaleUpdateKernel(KernelContext& ctx) {
   if (found_inf) {
     new_scale = static_cast<float>(scale * ctx.attr().Float("backoff"));
   } else if (good + 1.0f >= static_cast<float>(ctx.attr().Int("growth_interval"))) {
-    new_scale = static_cast<float>(scale * ctx.attr().Float("growth"));
+    // (A scale that would overflow f32 stays: an inf one skipped every
+    // step from then on, as PyTorch's GradScaler does not.)
+    const auto grown = static_cast<float>(scale * ctx.attr().Float("growth"));
+    if (std::isfinite(grown)) new_scale = grown;
   } else {
     new_good = good + 1.0f;
   }

@@ -456,7 +456,9 @@ void TopK(const KernelContext& ctx, const Tensor& x, int64_t k, const Tensor& va
 void SquareSum(const KernelContext& ctx, const Tensor& x, const Tensor& y) {
   const float* src = x.data<float>();
   const int64_t n = x.NumElements();
-  const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>(4 * ctx.num_threads(), n / kElementwiseGrain));
+  // The cut depends on the count alone (it followed the device's threads:
+  // a norm's bits, so a clipped run's, changed from one machine to another).
+  const int64_t chunks = std::clamp<int64_t>(n / kElementwiseGrain, 1, 256);
   std::vector<double> partial(static_cast<size_t>(chunks), 0.0);
   ParallelFor(ctx, chunks, 1, [&](int64_t begin, int64_t end) {
     for (int64_t c = begin; c < end; ++c) {

@@ -70,7 +70,8 @@ __global__ void LossScaleUpdateKernel(const float* scale, const float* found_inf
   if (*found_inf != 0.0f) {
     next = static_cast<float>(s * backoff);
   } else if (g + 1.0f >= static_cast<float>(growth_interval)) {
-    next = static_cast<float>(s * growth);
+    const float grown = static_cast<float>(s * growth);
+    if (isfinite(grown)) next = grown;  // (as the CPU kernel: an overflowing scale stays)
   } else {
     next_good = g + 1.0f;
   }

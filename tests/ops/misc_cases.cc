@@ -347,7 +347,8 @@ std::vector<OpTestCase> OptimizerCases() {
     if (ElementAsDouble(in[1], 0) != 0) {
       new_scale = scale * attrs.Float("backoff");
     } else if (good + 1 >= static_cast<double>(attrs.Int("growth_interval"))) {
-      new_scale = scale * attrs.Float("growth");
+      // (A scale the growth would overflow stays finite, as GradScaler's.)
+      if (std::isfinite(static_cast<float>(scale * attrs.Float("growth")))) new_scale = scale * attrs.Float("growth");
     } else {
       new_good = good + 1;
     }
@@ -361,6 +362,8 @@ std::vector<OpTestCase> OptimizerCases() {
                        {{"growth_interval", int64_t{10}}}, scale_rule));
   cases.push_back(Case("loss_scale_update", "custom_factors", {Scalar(8.0f), Scalar(1.0f), Scalar(3.0f)},
                        {{"backoff", 0.25}, {"growth", 4.0}}, scale_rule));
+  cases.push_back(Case("loss_scale_update", "growth_stays_finite", {Scalar(0x1p127f), Scalar(0.0f), Scalar(9.0f)},
+                       {{"growth_interval", int64_t{10}}}, scale_rule));
   return cases;
 }
 

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -237,6 +238,31 @@ TEST(Kernels, LongSumsKeepSmallTermsBesideLargeOnes) {
     got = RunOp("reduce_sum", {x}, {}, options);
     ASSERT_TRUE(got.ok()) << got.status();
     EXPECT_NEAR((*got)[0].ToVector<float>().at(0), sum, 1e-5 * sum);
+  }
+}
+
+// square_sum (global-norm clipping) gives the same bits on every pool: its
+// double partials were cut by the device's threads, and 16 squares of 2^20,
+// 16,384 of 2^-40 (lost beside 2^24 in one chunk, not in a chunk of their
+// own) and a 1 summed to 16777216 alone and to 16777218 on 2 threads, so a
+// clipped run's bits changed with the machine.
+TEST(Kernels, SquareSumIsTheSameBitsOnEveryPool) {
+  std::vector<float> values(131072, 0.0f);
+  for (size_t i = 0; i < 16; ++i) values[i] = 1024.0f;
+  for (size_t i = 16384; i < 32768; ++i) values[i] = 0x1p-20f;
+  values[32768] = 1.0f;
+  const Tensor x = Tensor::FromVector<float>(Shape{static_cast<int64_t>(values.size())}, values);
+  auto alone = RunOp("square_sum", {x}, {});
+  ASSERT_TRUE(alone.ok()) << alone.status();
+  const float want = (*alone)[0].ToVector<float>().at(0);
+  for (int threads : {2, 3, 4, 7}) {
+    ThreadPool pool(threads);
+    EagerOptions options;
+    options.pool = &pool;
+    auto got = RunOp("square_sum", {x}, {}, options);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(std::bit_cast<uint32_t>((*got)[0].ToVector<float>().at(0)), std::bit_cast<uint32_t>(want))
+        << threads << " threads";
   }
 }
 
