@@ -47,7 +47,10 @@ struct SecurityFlags {
   // master, which dials the workers, "the workers' certificates").
   void AddClientFlags(CLI::App* verb, const std::string& peer_cert = "the master's certificate") {
     verb->add_option("--token-file", token_file, "File holding the shared token (authorization: Bearer)");
-    verb->add_option("--tls-ca", tls_ca, "PEM roots to verify " + peer_cert + " (turns TLS on)");
+    verb->add_option(
+        "--tls-ca", tls_ca,
+        "PEM roots to verify " + peer_cert +
+            (serves ? " (TLS is all or nothing on a daemon: with --tls-cert and --tls-key)" : " (turns TLS on)"));
     verb->add_option("--tls-server-name", tls_server_name,
                      "The name in " + peer_cert + ", if not the host dialled");
   }
@@ -56,7 +59,8 @@ struct SecurityFlags {
   void AddServerFlags(CLI::App* verb, const std::string& peer_cert = "the master's certificate") {
     serves = true;
     AddClientFlags(verb, peer_cert);
-    verb->add_option("--tls-cert", tls_cert, "PEM certificate this daemon serves with (with --tls-key: TLS on)");
+    verb->add_option("--tls-cert", tls_cert,
+                     "PEM certificate this daemon serves with (TLS needs all three: --tls-cert, --tls-key, --tls-ca)");
     verb->add_option("--tls-key", tls_key, "PEM private key of --tls-cert");
   }
 

@@ -240,8 +240,16 @@ absl::StatusOr<std::unique_ptr<IndexedDataset>> IndexedDataset::Open(const fs::p
   const uint64_t body = static_cast<uint64_t>(idx_size - kHeaderBytes);
   if (n > body / 12 || m > body / 8 || 12 * n + 8 * m != body) {
     const bool fits = n <= body / 12 && m <= body / 8;
+    const uint64_t extra = fits && 12 * n + 8 * m < body ? body - 12 * n - 8 * m : 0;
+    // (A multimodal index adds one byte per sequence; 8 bytes too many are
+    // one document-index entry the header does not count: its leading 0.)
     return corrupt(idx_size, " bytes do not match its header's ", n, " sequences and ", m, " document-index entries",
-                   fits && 12 * n + 8 * m < body ? " (extra bytes: multimodal indexes are not supported)" : "");
+                   extra > 0 && extra == n       ? " (a byte more per sequence: multimodal indexes are not supported)"
+                   : extra > 0 && extra % 8 == 0 ? StrCat(" (", extra / 8,
+                                                          " document-index entries more than the header "
+                                                          "counts; the count includes the leading 0)")
+                   : extra > 0                   ? StrCat(" (", extra, " bytes more than they take)")
+                                                 : std::string());
   }
   if (m == 0) return corrupt("no document-index entries (it needs at least the leading 0)");
   dataset->num_sequences_ = static_cast<int64_t>(n);

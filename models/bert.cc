@@ -249,7 +249,8 @@ config::Binding<BertConfig> MakeKeys() {
   b.Field("initializer_range", &BertConfig::initializer_range,
           {.min = 0, .max = 10, .doc = "standard deviation of the weights' normal init"});
   b.Field("add_binary_head", &BertConfig::add_binary_head,
-          {.doc = "next-sentence prediction (pooler and seq_relationship); false: masked LM only"});
+          {.doc = "next-sentence prediction (pooler and seq_relationship); false: masked LM only, each sample one "
+                  "segment (`[CLS] A [SEP]`, A a chunk of whole sentences; a split needs one document, not two)"});
   b.Field(
       "max_predictions_per_seq", &BertConfig::max_predictions_per_seq,
       {.min = 1, .max = kMaxSequence, .doc = "masked-LM slots P per sample (masked tokens beyond it are not chosen)"});

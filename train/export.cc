@@ -188,7 +188,13 @@ absl::StatusOr<ExportSummary> ExportHuggingFace(const std::filesystem::path& pat
   }
   const std::optional<ExportedTokenizer> tokenizer = *std::move(read_tokenizer);
   std::error_code ec;
-  const bool made = !std::filesystem::exists(output, ec);
+  // The directories this export makes, innermost first (all go again when
+  // it fails: `--output a/b/c` left a/b behind).
+  std::vector<std::filesystem::path> made;
+  for (std::filesystem::path p = output; !p.empty() && !std::filesystem::exists(p, ec); p = p.parent_path()) {
+    made.push_back(p);
+    if (p == p.parent_path()) break;
+  }
   std::filesystem::create_directories(output, ec);
   if (ec || !std::filesystem::is_directory(output)) {
     return absl::InvalidArgumentError(StrCat("--output ", output.string(), ": not a directory that can be made (",
@@ -238,7 +244,9 @@ absl::StatusOr<ExportSummary> ExportHuggingFace(const std::filesystem::path& pat
   const absl::Cleanup discard = [&] {
     std::error_code cleanup_ec;
     std::filesystem::remove_all(staging, cleanup_ec);
-    if (!committed && made) std::filesystem::remove(output, cleanup_ec);  // (only when empty)
+    if (!committed) {
+      for (const std::filesystem::path& dir : made) std::filesystem::remove(dir, cleanup_ec);  // (only when empty)
+    }
   };
   std::vector<std::string> staged;  // file names, in staging
   // (Each a temporary until renamed in: a Ctrl-C removes them, then the
@@ -312,10 +320,32 @@ absl::StatusOr<ExportSummary> ExportHuggingFace(const std::filesystem::path& pat
   summary.config = output / "config.json";
   {
     // Every file written: renamed in as one (a signal waits for the last).
+    // The files they replace are moved into the staging directory first,
+    // and back if any step fails, so a failure leaves `output` as it was
+    // (a config.json that could not be replaced stood beside the new
+    // weights).
     const DeferTemporarySignals whole;
+    std::vector<std::string> set_aside, moved_in;
+    const auto old_name = [](const std::string& name) { return StrCat(".old-", name); };
+    const auto undo = [&](const std::string& failed, const std::error_code& error) {
+      std::error_code undo_ec;
+      for (const std::string& name : moved_in) std::filesystem::remove(output / name, undo_ec);
+      for (const std::string& name : set_aside)
+        std::filesystem::rename(staging / old_name(name), output / name, undo_ec);
+      return absl::InternalError(StrCat("cannot move ", failed, " into ", output.string(), ": ", error.message(),
+                                        " (nothing there was changed)"));
+    };
+    for (const std::string& name : staged) {
+      std::error_code exists_ec;
+      if (!std::filesystem::exists(std::filesystem::symlink_status(output / name, exists_ec))) continue;
+      std::filesystem::rename(output / name, staging / old_name(name), ec);
+      if (ec) return undo(name, ec);
+      set_aside.push_back(name);
+    }
     for (const std::string& name : staged) {
       std::filesystem::rename(staging / name, output / name, ec);
-      if (ec) return absl::InternalError(StrCat("cannot move ", name, " into ", output.string(), ": ", ec.message()));
+      if (ec) return undo(name, ec);
+      moved_in.push_back(name);
     }
     committed = true;
     staged_files.clear();

@@ -175,10 +175,12 @@ absl::StatusOr<std::unique_ptr<TextData>> TextData::Open(const nlohmann::json& c
     if (!canonical_ec && !built_from) {
       std::vector<std::string> names;
       for (const auto& input : source->inputs) names.push_back(input.string());
-      return absl::InvalidArgumentError(
-          StrCat("dataloader.text_file ", wanted.string(), " is not what the dataset ", prefix.string(),
-                 " was built from (", absl::StrJoin(names, ", "), "): remove ", prefix.string(), ".bin and ",
-                 prefix.string(), ".idx to rebuild it from the text_file, or set another dataloader.data_prefix"));
+      return absl::InvalidArgumentError(StrCat("dataloader.text_file ", wanted.string(), " is not what the dataset ",
+                                               prefix.string(), " was built from (", absl::StrJoin(names, ", "),
+                                               "): to train on the dataset as it is, set "
+                                               "dataloader.text_file=null; to rebuild it from the text_file, remove ",
+                                               prefix.string(), ".bin and ", prefix.string(),
+                                               ".idx, or set another dataloader.data_prefix"));
     }
   }
   if (source && tokenizer == nullptr && source->vocab_size > inputs.vocab_size) {

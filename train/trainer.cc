@@ -735,7 +735,8 @@ absl::StatusOr<RunStart> ResolveRunStart(const TrainConfig& train, const nlohman
       std::vector<std::string> changed;
       for (const auto& [section, name] :
            {std::pair{"train", "seed"}, std::pair{"dataloader", "seed"}, std::pair{"model", "data_seed"},
-            std::pair{"model", "markov_successors"}, std::pair{"model", "masked_lm_prob"}}) {
+            std::pair{"model", "dropout_seed"}, std::pair{"model", "markov_successors"},
+            std::pair{"model", "masked_lm_prob"}}) {
         const nlohmann::json before = key(reader->config(), section, name), now = key(config, section, name);
         if (!before.is_null() && !now.is_null() && before != now) {
           changed.push_back(StrCat(section, ".", name, " ", before.dump(), " -> ", now.dump()));

@@ -248,6 +248,10 @@ TEST_F(CorruptIndexTest, NamesTheFileAndTheFault) {
   EXPECT_THAT(OpenError(WithU64(18, 4), bin_), HasSubstr("do not match its header's 4 sequences and 3"));
   EXPECT_THAT(OpenError(WithU64(18, uint64_t{1} << 62), bin_), HasSubstr("do not match its header's"));
   EXPECT_THAT(OpenError(idx_ + std::string(3, '\0'), bin_), HasSubstr("multimodal indexes are not supported"));
+  // (An entry the header does not count, as a writer that left the leading
+  // 0 out of it: blamed on multimodal indexes.)
+  EXPECT_THAT(OpenError(idx_ + std::string(8, '\0'), bin_),
+              HasSubstr("1 document-index entries more than the header counts; the count includes the leading 0"));
   EXPECT_THAT(OpenError(WithValue<int32_t>(kSizes + 4, -1), bin_), HasSubstr("sequence 1 has negative length -1"));
   EXPECT_THAT(OpenError(WithValue<int64_t>(kPointers + 8, 4), bin_),
               HasSubstr("sequence 1 starts at byte 4, expected 6"));

@@ -611,6 +611,10 @@ TEST(Generate, GeneratesTextWithTheRunsTokenizer) {
   const fs::path fresh = TempRoot() / "fresh_export";
   EXPECT_EQ(limited(fresh).exit_code, 1);
   EXPECT_FALSE(fs::exists(fresh));
+  // So do the directories above it that it made (`a/b/c` left a/b).
+  const fs::path nested = TempRoot() / "nested_export";
+  EXPECT_EQ(limited(nested / "b" / "c").exit_code, 1);
+  EXPECT_FALSE(fs::exists(nested));
 }
 
 // Hugging Face GPT-2 weights, written by PyTorch (gpt2_reference.py make-hf:
