@@ -124,12 +124,11 @@ absl::Status TrainOnThisMachine(const nlohmann::json& config, std::FILE* progres
   RETURN_IF_ERROR(client.Watch(job, [&](const control::JobEvent& event) {
     if (display != nullptr && event.has_log_line()) {
       const std::string& line = event.log_line();
-      // The runner's own notes (a checkpoint saved); the master's and
-      // errors reach the user through the job's result.
-      if (line.find("saved checkpoint") != std::string::npos ||
-          line.find("saved best checkpoint") != std::string::npos) {
-        display->Line(line);
-      }
+      // The runner's own notes (a checkpoint saved, a train.load_weight a
+      // resume does not read, a damaged best checkpoint replaced; only
+      // the first two reached the user); the master's and errors reach the
+      // user through the job's result.
+      if (line.starts_with("[node ")) display->Line(line);
     }
     if (!event.has_metrics()) return true;
     const auto& values = event.metrics().values();

@@ -865,6 +865,16 @@ TEST(CheckpointEndToEnd, ResumeErrorsAreOneLine) {
   CopyCheckpoint(root / "done", 8, root / "reseeded");
   run = RunTessera(Nano(root / "reseeded", "train.seed=77 train.train_iter=10 --resume"));
   EXPECT_EQ(run.exit_code, 0) << run.out;
+  // With --resume and a checkpoint to continue, train.load_weight is not
+  // read, and the run says so where the user sees it (it reached only
+  // log.txt).
+  run = RunTessera(Nano(root / "reseeded",
+                        "train.train_iter=11 --resume train.load_weight=" + CheckpointPath(root / "done", 8).string()));
+  EXPECT_EQ(run.exit_code, 0) << run.out;
+  EXPECT_NE(run.out.find("[node 0] train.load_weight " + CheckpointPath(root / "done", 8).string() +
+                         " is not read: --resume continues"),
+            std::string::npos)
+      << run.out;
   fs::remove_all(root);
 }
 
