@@ -207,11 +207,7 @@ class EnginePlanRunner final : public PlanRunner {
 
   void Cancel(const absl::Status& reason) override {
     std::lock_guard<std::mutex> lock(mu_);
-    if (cancelled_.ok()) cancelled_ = reason.ok() ? absl::CancelledError("the job was cancelled") : reason;
-    load_cancel_ = true;  // a segment still loading stops waiting for its peers
-    if (runtime_ != nullptr) runtime_->Abort(cancelled_);
-    if (gate_ != nullptr) gate_->Release();
-    stop_cv_.notify_all();
+    CancelLocked(reason);
   }
 
   // Starts the agreement on where to stop (once; not after the run ended).
@@ -224,19 +220,24 @@ class EnginePlanRunner final : public PlanRunner {
     try {
       stop_thread_ = std::thread([this] { AgreeStop(); });
     } catch (const std::exception& e) {  // no thread to agree on (EAGAIN): stopped at once
-      const absl::Status failed =
-          absl::ResourceExhaustedError(StrCat("stopping: cannot start a thread (", e.what(), "); stopped at once"));
-      if (cancelled_.ok()) cancelled_ = failed;
-      load_cancel_ = true;
-      if (runtime_ != nullptr) runtime_->Abort(cancelled_);
-      if (gate_ != nullptr) gate_->Release();
-      stop_cv_.notify_all();
+      CancelLocked(
+          absl::ResourceExhaustedError(StrCat("stopping: cannot start a thread (", e.what(), "); stopped at once")));
     }
   }
 
   ~EnginePlanRunner() override { JoinStopper(); }
 
  private:
+  // Cancel's work, `mu_` held: the first reason stays; a segment still
+  // loading stops waiting for its peers, a running one is aborted.
+  void CancelLocked(const absl::Status& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (cancelled_.ok()) cancelled_ = reason.ok() ? absl::CancelledError("the job was cancelled") : reason;
+    load_cancel_ = true;
+    if (runtime_ != nullptr) runtime_->Abort(cancelled_);
+    if (gate_ != nullptr) gate_->Release();
+    stop_cv_.notify_all();
+  }
+
   // Ends the stop agreement's thread (it returns at once once finished_).
   void JoinStopper() {
     std::thread stopper;
