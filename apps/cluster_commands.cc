@@ -636,7 +636,13 @@ void AddClusterCommands(CLI::App& app, ClusterCommandDeps deps) {
       // cancelled; else its state and reason on stderr, exit 1.
       if (auto ended = client->Get(cancel_flags->job); ended.ok() && IsFinalState(ended->state())) {
         PrintJob(*ended);
-        if (ended->state() == control::CANCELLED) Succeed();
+        if (ended->state() == control::CANCELLED) {
+          // (Said: a second cancel printed the line alone, as if it had
+          // stopped the job.)
+          std::fprintf(stderr, "tessera: job %s had already ended CANCELLED; nothing more to cancel\n",
+                       ended->job_id().c_str());
+          Succeed();
+        }
         Fail(absl::StrCat("job ", ended->job_id(), " had already ended ", control::JobState_Name(ended->state()),
                           ended->reason().empty() ? "" : absl::StrCat(": ", ended->reason())));
       }

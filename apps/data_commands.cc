@@ -396,7 +396,8 @@ void AddTokenize(CLI::App& app) {
   flags->vocabulary.Add(verb, "gpt2 (GPT-2's byte-level BPE) or bert (WordPiece, needs --vocab-file)");
   verb->add_flag("--decode", flags->decode, "Read token ids (decimal, separated by spaces) and print their text");
   verb->add_option("TEXT", flags->text,
-                   "The text (several arguments are joined by spaces); - or nothing: standard input");
+                   "The text (several arguments are joined by spaces); - or nothing: standard input, "
+                   "less one final line break (as `$(...)` drops it: `echo TEXT |` tokenizes TEXT)");
   verb->callback([flags] {
     if (flags->vocabulary.tokenizer != "gpt2" && flags->vocabulary.tokenizer != "bert") {
       Fail(StrCat("--tokenizer ", flags->vocabulary.tokenizer, ": expected gpt2 or bert"));
@@ -424,6 +425,10 @@ void AddTokenize(CLI::App& app) {
         }
         text.append(chunk.data(), static_cast<size_t>(n));
       }
+      // The line break that ends what `echo` or an editor wrote is not part
+      // of the text asked about (it was one more id, GPT-2's 198).
+      if (text.ends_with('\n')) text.pop_back();
+      if (text.ends_with('\r')) text.pop_back();
     } else {
       for (size_t i = 0; i < flags->text.size(); ++i) {
         text += (i > 0 ? " " : "") + flags->text[i];

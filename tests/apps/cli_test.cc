@@ -628,6 +628,14 @@ TEST(Cli, PreprocessKeepsItsOutputsConsistent) {
   EXPECT_EQ(RunTessera(gpt2 + " --decode " + id_list[0] + " " + id_list[1]).out, "\xEF\xBF\xBD\n");
   EXPECT_EQ(RunTessera(gpt2 + " --decode " + id_list[1] + " " + id_list[0]).out, "\xEF\xBF\xBD\xEF\xBF\xBD\n");
   EXPECT_EQ(RunTessera(gpt2 + " --decode " + ids.out).out, "\xE6\x97\xA5\n");
+  // Standard input less its final line break: `echo TEXT |` gives TEXT's
+  // ids (the break was one id more); a break inside stays.
+  EXPECT_EQ(RunCommand("printf 'she\\n' | " + std::string(TESSERA_BINARY) + " " + gpt2).out,
+            RunTessera(gpt2 + " she").out);
+  EXPECT_EQ(RunCommand("printf 'she\\r\\n' | " + std::string(TESSERA_BINARY) + " " + gpt2).out,
+            RunTessera(gpt2 + " she").out);
+  EXPECT_NE(RunCommand("printf 'she\\n\\n' | " + std::string(TESSERA_BINARY) + " " + gpt2).out,
+            RunTessera(gpt2 + " she").out);
   // What it wrote, and nothing else (the vocabulary's working directory
   // is gone).
   std::vector<std::string> written;

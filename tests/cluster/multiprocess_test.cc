@@ -143,6 +143,18 @@ TEST_F(MultiprocessTest, StoppedWorkerFailsTheJobWithin15s) {
   EXPECT_NE(again->Output().find(*job + " "), std::string::npos) << again->Output();
   EXPECT_NE(again->Output().find("tessera: job " + *job + " had already ended FAILED: worker w-c"), std::string::npos)
       << again->Output();
+  // A job cancelled twice: the second says it had been (it printed the
+  // line alone, as if it had stopped the job), exit 0.
+  auto queued = client_->Submit(R"({"devices_needed": 9, "hang": true})", {});
+  ASSERT_TRUE(queued.ok());
+  auto first = RunCli({"cancel", "--master", address_, *queued}, "cancel-queued");
+  EXPECT_EQ(first->Wait(), 0) << first->Output();
+  EXPECT_EQ(first->Output().find("already"), std::string::npos) << first->Output();
+  auto second = RunCli({"cancel", "--master", address_, *queued}, "cancel-queued-again");
+  EXPECT_EQ(second->Wait(), 0) << second->Output();
+  EXPECT_NE(second->Output().find("tessera: job " + *queued + " had already ended CANCELLED; nothing more to cancel"),
+            std::string::npos)
+      << second->Output();
   // The other worker was stopped and takes the next job.
   auto next = client_->Submit(R"({"iterations": 3})", {});
   ASSERT_TRUE(next.ok());
