@@ -449,10 +449,20 @@ std::string IndexChecksum(const fs::path& index) {
 absl::Status WriteDatasetSource(const PreprocessOptions& options, const Tokenizer& tokenizer, const fs::path& path) {
   nlohmann::json inputs = nlohmann::json::array();
   std::error_code ec;
+  std::error_code dir_ec;
+  const fs::path dataset_dir = fs::weakly_canonical(fs::absolute(options.output_prefix, dir_ec), dir_ec).parent_path();
   for (const fs::path& input : options.inputs) {
     const fs::path absolute = fs::weakly_canonical(fs::absolute(input, ec), ec);
-    inputs.push_back(
-        {{"path", (ec ? input : absolute).string()}, {"bytes", static_cast<int64_t>(fs::file_size(input, ec))}});
+    nlohmann::json entry = {{"path", (ec ? input : absolute).string()},
+                            {"bytes", static_cast<int64_t>(fs::file_size(input, ec))}};
+    // Also where it lies from the dataset, so a dataset moved with its
+    // text (a project's directory, a cache copied to another machine) is
+    // still known to be built from it.
+    if (!ec && !dir_ec) {
+      const fs::path beside = absolute.lexically_relative(dataset_dir);
+      if (!beside.empty()) entry["path_from_dataset"] = beside.string();
+    }
+    inputs.push_back(std::move(entry));
   }
   const fs::path index = options.output_prefix.string() + ".idx";
   const auto index_bytes = fs::file_size(index, ec);
@@ -715,6 +725,16 @@ absl::StatusOr<std::optional<DatasetSource>> ReadDatasetSource(const fs::path& o
       }
       source.inputs.push_back(field(inputs[i], "path", at + ".path", "a string").get<std::string>());
       source.input_bytes.push_back(field(inputs[i], "bytes", at + ".bytes", "an integer").get<int64_t>());
+      // (Absent from descriptions written before it was kept.)
+      fs::path beside;
+      if (inputs[i].contains("path_from_dataset")) {
+        const fs::path relative =
+            field(inputs[i], "path_from_dataset", at + ".path_from_dataset", "a string").get<std::string>();
+        std::error_code beside_ec;
+        beside = fs::weakly_canonical(fs::absolute(output_prefix, beside_ec).parent_path() / relative, beside_ec);
+        if (beside_ec) beside.clear();
+      }
+      source.inputs_from_dataset.push_back(std::move(beside));
     }
   } catch (const nlohmann::json::exception& e) {
     // (at() of a missing key: out_of_range; get<T>() of another type: type_error.)

@@ -116,7 +116,10 @@ std::string TokenizerDescription(const Tokenizer& tokenizer);
 // and its checksum.
 // Datasets written by other tools have none.
 struct DatasetSource {
-  std::vector<std::filesystem::path> inputs;
+  std::vector<std::filesystem::path> inputs;  // absolute, as when it was built
+  // The same inputs found from where the dataset is now (by their path
+  // relative to its directory when it was built; empty where not known).
+  std::vector<std::filesystem::path> inputs_from_dataset;
   std::vector<int64_t> input_bytes;
   std::string tokenizer;              // TokenizerFingerprint
   std::string tokenizer_description;  // for messages

@@ -168,10 +168,14 @@ absl::StatusOr<std::unique_ptr<TextData>> TextData::Open(const nlohmann::json& c
     std::error_code canonical_ec;
     const std::filesystem::path wanted = std::filesystem::weakly_canonical(
         std::filesystem::absolute(ExpandPath(*loader.text_file), canonical_ec), canonical_ec);
-    const bool built_from = std::any_of(source->inputs.begin(), source->inputs.end(), [&](const auto& input) {
+    // (Where it was, or where it now lies beside the dataset: a dataset
+    // moved with its text was refused as built from another file.)
+    const auto same = [&](const std::filesystem::path& input) {
       std::error_code same_ec;
-      return input == wanted || std::filesystem::equivalent(input, wanted, same_ec);
-    });
+      return !input.empty() && (input == wanted || std::filesystem::equivalent(input, wanted, same_ec));
+    };
+    const bool built_from = std::any_of(source->inputs.begin(), source->inputs.end(), same) ||
+                            std::any_of(source->inputs_from_dataset.begin(), source->inputs_from_dataset.end(), same);
     if (!canonical_ec && !built_from) {
       std::vector<std::string> names;
       for (const auto& input : source->inputs) names.push_back(input.string());

@@ -782,10 +782,14 @@ absl::StatusOr<RunStart> ResolveRunStart(const TrainConfig& train, const nlohman
     // earlier run's: this run's first evaluation would replace it.
     std::error_code ec;
     if (earlier.ok() && std::filesystem::exists(BestCheckpointPath(train.output_dir), ec)) {
+      // (A resume finds no iter_* to continue: said, since it starts from
+      // scratch, which the best checkpoint refuses.)
       return absl::FailedPreconditionError(
-          StrCat("train.output_dir '", train.output_dir, "' holds the best checkpoint of an earlier run (",
-                 BestCheckpointPath(train.output_dir).string(),
-                 "): move it elsewhere, set train.overwrite_output_dir=true (it removes it), or choose another "
+          StrCat(train.resume ? "train.resume: no checkpoints/iter_* to continue, and " : "", "train.output_dir '",
+                 train.output_dir, "' holds the best checkpoint of an earlier run (",
+                 BestCheckpointPath(train.output_dir).string(), "), which a run from scratch would replace: ",
+                 train.resume ? "start from its weights elsewhere with train.load_weight, " : "",
+                 "move it elsewhere, set train.overwrite_output_dir=true (it removes it), or choose another "
                  "train.output_dir"));
     }
   }

@@ -481,6 +481,15 @@ TEST(BadInput, ARunFailingBeforeItsFirstReportLeavesTheOutputDirAsItWas) {
   EXPECT_EQ(over_best.exit_code, 1) << over_best.err;
   EXPECT_NE(over_best.err.find("holds the best checkpoint of an earlier run"), std::string::npos) << over_best.err;
   EXPECT_TRUE(fs::exists(best_only / "checkpoints" / "best" / "index.json"));
+  // So with --resume, which finds nothing to continue (it was told only
+  // that the directory held the best checkpoint).
+  const Captured resume_best =
+      RunTrain(nano, {"train.train_iter=1", "train.output_dir=" + best_only.string(), "train.resume=true"});
+  EXPECT_EQ(resume_best.exit_code, 1) << resume_best.err;
+  EXPECT_NE(resume_best.err.find("train.resume: no checkpoints/iter_* to continue, and train.output_dir"),
+            std::string::npos)
+      << resume_best.err;
+  EXPECT_TRUE(fs::exists(best_only / "checkpoints" / "best" / "index.json"));
   fs::remove_all(CaseDir());
 }
 

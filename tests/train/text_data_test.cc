@@ -676,6 +676,19 @@ TEST_F(TextDataTest, ADatasetIsReadOnlyWithItsOwnVocabularyAndText) {
   const auto run = RunTessera(Train(out, "train.train_iter=1 dataloader.data_prefix=" + (root_ / "warmup").string() +
                                              " dataloader.text_file=" + (root_ / "linked.txt").string()));
   EXPECT_EQ(run.exit_code, 0) << run.out;
+  // A dataset moved with its text (a project's directory copied
+  // elsewhere) is still built from it: where the text lies from the
+  // dataset is recorded too (it was refused as built from another file).
+  const fs::path moved = root_ / "moved";
+  fs::create_directories(moved);
+  fs::copy_file(root_ / "corpus.txt", moved / "corpus.txt");
+  for (const char* extension : {".bin", ".idx", ".source.json"}) {
+    fs::copy_file(root_ / (std::string("warmup") + extension), moved / (std::string("warmup") + extension));
+  }
+  const auto run_moved =
+      RunTessera(Train(root_ / "moved_out", "train.train_iter=1 dataloader.data_prefix=" + (moved / "warmup").string() +
+                                                " dataloader.text_file=" + (moved / "corpus.txt").string()));
+  EXPECT_EQ(run_moved.exit_code, 0) << run_moved.out;
 }
 
 TEST_F(TextDataTest, BadDataConfigsAreOneLineErrors) {
