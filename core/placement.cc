@@ -1,9 +1,10 @@
 #include "core/placement.h"
 
+#include <algorithm>
 #include <set>
 
-#include "core/text.h"
 #include "core/status.h"
+#include "core/text.h"
 
 namespace tessera {
 
@@ -11,10 +12,15 @@ absl::StatusOr<Placement> Placement::Create(DeviceType type, std::vector<int64_t
                                             std::vector<int64_t> hierarchy) {
   if (ranks.empty()) return absl::InvalidArgumentError("placement has no ranks");
   if (hierarchy.empty()) hierarchy = {static_cast<int64_t>(ranks.size())};
+  if (static_cast<int64_t>(ranks.size()) > kMaxDevices) {
+    return absl::InvalidArgumentError(StrCat("placement has ", ranks.size(), " ranks, more than ", kMaxDevices));
+  }
   int64_t product = 1;
   for (int64_t h : hierarchy) {
     if (h <= 0) return absl::InvalidArgumentError(StrCat("placement hierarchy [", Join(hierarchy, ","), "] has a non-positive axis"));
-    product *= h;
+    // (Stopped past the most devices: the product overflowed, and could
+    // wrap to the rank count.)
+    product = h > kMaxDevices ? kMaxDevices + 1 : std::min(product * h, kMaxDevices + 1);
   }
   if (product != static_cast<int64_t>(ranks.size())) {
     return absl::InvalidArgumentError(StrCat("placement hierarchy [", Join(hierarchy, ","),
@@ -80,6 +86,11 @@ absl::StatusOr<Placement> ParsePlacement(std::string_view text) {
     if (bounds.size() > 2 || !ParseInteger(bounds[0], &lo) ||
         !ParseInteger(bounds.back(), &hi) || hi < lo) {
       return absl::InvalidArgumentError(StrCat("bad placement '", text, "': bad rank list '", rest, "'"));
+    }
+    // (Bounded: "cpu:0-9999999999" filled memory before any check.)
+    if (hi - lo >= Placement::kMaxDevices - static_cast<int64_t>(ranks.size())) {
+      return absl::InvalidArgumentError(
+          StrCat("bad placement '", text, "': more than ", Placement::kMaxDevices, " ranks"));
     }
     for (int64_t r = lo; r <= hi; ++r) ranks.push_back(r);
   }

@@ -15,6 +15,9 @@ namespace tessera {
 
 class Placement {
  public:
+  // The most devices one placement holds (a bound on what a text or a
+  // hierarchy may ask a vector of).
+  static constexpr int64_t kMaxDevices = int64_t{1} << 20;
   // Validates that hierarchy's product equals ranks.size() and ranks are
   // distinct and non-negative.
   static absl::StatusOr<Placement> Create(DeviceType type, std::vector<int64_t> ranks,
@@ -45,7 +48,8 @@ class Placement {
   std::vector<int64_t> hierarchy_;
 };
 
-// Parses "cpu:0-3", "cuda:0,2,4,6", with an optional "@[2,2]" hierarchy.
+// Parses "cpu:0-3", "cuda:0,2,4,6", with an optional "@[2,2]" hierarchy
+// (at most kMaxDevices ranks).
 absl::StatusOr<Placement> ParsePlacement(std::string_view text);
 
 }  // namespace tessera

@@ -57,6 +57,10 @@ absl::StatusOr<std::vector<TensorMeta>> InferNormal(const std::vector<TensorMeta
     return absl::InvalidArgumentError(
         StrCat("mean must be finite and std finite and >= 0, got mean ", mean, ", std ", std));
   }
+  if (!std::isfinite(static_cast<float>(mean)) || !std::isfinite(static_cast<float>(std))) {
+    return absl::InvalidArgumentError(StrCat("need mean and std within f32's range (",
+                                             std::numeric_limits<float>::max(), "), got mean ", mean, ", std ", std));
+  }
   ASSIGN_OR_RETURN(Shape shape, ShapeAttr(attrs));
   return std::vector<TensorMeta>{{DType::kF32, std::move(shape)}};
 }
@@ -66,6 +70,13 @@ absl::StatusOr<std::vector<TensorMeta>> InferUniform(const std::vector<TensorMet
   const double low = attrs.Float("low"), high = attrs.Float("high");
   if (!std::isfinite(low) || !std::isfinite(high) || high < low) {
     return absl::InvalidArgumentError(StrCat("need finite low <= high, got low ", low, ", high ", high));
+  }
+  // (The kernels draw in f32: bounds past its range, or a span that
+  // overflows it, gave inf or NaN samples, NaN bounds differently on CPU
+  // and CUDA.)
+  if (!std::isfinite(static_cast<float>(high) - static_cast<float>(low))) {
+    return absl::InvalidArgumentError(StrCat("need low, high and high - low within f32's range (",
+                                             std::numeric_limits<float>::max(), "), got low ", low, ", high ", high));
   }
   ASSIGN_OR_RETURN(Shape shape, ShapeAttr(attrs));
   return std::vector<TensorMeta>{{DType::kF32, std::move(shape)}};

@@ -1291,11 +1291,24 @@ absl::Status CheckArenaBounds(const proto::Plan& plan) {
   for (const auto& a : plan.arenas()) {
     if (a.bytes() < 0)
       return absl::InvalidArgumentError(
-          StrCat("the arena of node ", a.node(), " cpu:", a.device_index(), " has ", a.bytes(), " bytes"));
+          StrCat("the arena of node ", a.node(), " device ", a.device_index(), " has ", a.bytes(), " bytes"));
     if (!arenas.emplace(DeviceKey{a.node(), a.device_index()}, a.bytes()).second) {
-      return absl::InvalidArgumentError(StrCat("two arenas for node ", a.node(), " cpu:", a.device_index()));
+      return absl::InvalidArgumentError(StrCat("two arenas for node ", a.node(), " device ", a.device_index()));
     }
   }
+  // An arena is one device's memory, of one type (keyed by node and index,
+  // registers of cpu:0 and cuda:0 would share storage allocated on one).
+  std::map<DeviceKey, DeviceType> arena_types;
+  const auto same_type = [&](uint64_t actor_id, const auto& where) -> absl::Status {
+    const ActorId id = DecodeActorId(actor_id);
+    const auto [it, first] = arena_types.emplace(DeviceOf(actor_id), id.device_type);
+    if (!first && it->second != id.device_type) {
+      return absl::InvalidArgumentError(StrCat(where(), " is on ", id.device().ToString(), ", but the arena of node ",
+                                               id.node, " device ", id.device_index, " holds ",
+                                               DeviceTypeName(it->second), " registers"));
+    }
+    return absl::OkStatus();
+  };
   ASSIGN_OR_RETURN(auto kinds, ProducerKinds(plan));
   for (const auto& desc : plan.register_descs()) {
     if (!desc.has_arena_offset()) continue;
@@ -1312,6 +1325,7 @@ absl::Status CheckArenaBounds(const proto::Plan& plan) {
     auto arena = arenas.find(DeviceOf(desc.producer()));
     if (arena == arenas.end())
       return absl::InvalidArgumentError(StrCat(where(), " has an arena offset, but its device has no arena"));
+    RETURN_IF_ERROR(same_type(desc.producer(), where));
     ASSIGN_OR_RETURN(const int64_t stride, RegisterStride(desc));
     ASSIGN_OR_RETURN(const int64_t bytes, CheckedMul(stride, std::max(1, desc.register_num()), where()));
     if (bytes > arena->second - desc.arena_offset()) {
@@ -1339,6 +1353,7 @@ absl::Status CheckArenaBounds(const proto::Plan& plan) {
     if (arena == arenas.end()) {
       return absl::InvalidArgumentError(StrCat(where(), " has a scratch offset, but its device has no arena"));
     }
+    RETURN_IF_ERROR(same_type(task.actor_id(), where));
     if (task.scratch_bytes() > arena->second - task.scratch_offset()) {
       return absl::InvalidArgumentError(StrCat(where(), " takes scratch bytes [", task.scratch_offset(), ", ",
                                                task.scratch_offset() + task.scratch_bytes(), ") of an arena of ",

@@ -260,8 +260,15 @@ absl::StatusOr<std::vector<proto::NodePlan>> SplitPlan(const proto::Plan& plan) 
     if (arena.node() < nodes) *parts[arena.node()].mutable_plan()->add_arenas() = arena;
   }
   // Peers and spanning groups, from the ranks each collective and transfer names.
-  const auto node_of_rank = [&](uint32_t rank) -> uint32_t {
-    return static_cast<int>(rank) < plan.ranks_size() ? plan.ranks(static_cast<int>(rank)).node() : 0;
+  // (A rank the plan does not list is an error where it lists ranks: it
+  // was taken for node 0's, and the node left without the peer it needs.)
+  const auto node_of_rank = [&](uint32_t rank, uint64_t actor_id) -> absl::StatusOr<uint32_t> {
+    if (plan.ranks_size() == 0) return 0u;
+    if (rank >= static_cast<uint32_t>(plan.ranks_size())) {
+      return absl::InvalidArgumentError(StrCat("task ", ActorIdToString(actor_id), " names rank ", rank,
+                                               ", but the plan lists only ", plan.ranks_size(), " ranks"));
+    }
+    return plan.ranks(static_cast<int>(rank)).node();
   };
   std::vector<std::set<uint32_t>> peers(nodes);
   std::vector<std::set<std::string>> groups(nodes);
@@ -278,7 +285,7 @@ absl::StatusOr<std::vector<proto::NodePlan>> SplitPlan(const proto::Plan& plan) 
     }
     bool spans = false;
     for (uint32_t rank : ranks) {
-      const uint32_t other = node_of_rank(rank);
+      ASSIGN_OR_RETURN(const uint32_t other, node_of_rank(rank, task.actor_id()));
       if (other != node && other < nodes) {
         peers[node].insert(other);
         spans = true;

@@ -14,6 +14,7 @@
 #include "absl/status/status.h"
 #include "actors/plan.h"
 #include "actors/runtime.h"
+#include "comm/proto/actor_id.h"
 #include "comm/proto/plan_codec.h"
 #include "core/text.h"
 #include "gtest/gtest.h"
@@ -361,6 +362,18 @@ TEST(MemoryPlan, BadOffsetsAreRefusedAtLoad) {
   proto::Plan negative = good;
   negative.mutable_arenas(0)->set_bytes(-1);
   EXPECT_NE(load_error(negative).find("-1 bytes"), std::string::npos);
+  // One arena, registers of two device types (the arena is keyed by node
+  // and index: cpu:0's and cuda:0's would share storage on one of them).
+  proto::Plan mixed = good;
+  for (auto& desc : *mixed.mutable_register_descs()) {
+    if (desc.id() != t.d2) continue;
+    comm::ActorId producer = comm::DecodeActorId(desc.producer());
+    producer.device_type = DeviceType::kCuda;
+    desc.set_producer(*comm::EncodeActorId(producer));
+  }
+  EXPECT_NE(std::string(comm::CheckArenaBounds(mixed).message()).find(", but the arena of node 0 device 0 holds "),
+            std::string::npos)
+      << comm::CheckArenaBounds(mixed);
   const auto with_scratch = [&](uint64_t task_id, int64_t bytes, std::optional<int64_t> offset) {
     proto::Plan plan = good;
     for (auto& task : *plan.mutable_tasks()) {

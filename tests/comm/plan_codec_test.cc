@@ -156,6 +156,19 @@ TEST(ValidatePlanTest, DanglingIdsAreErrors) {
   }
 }
 
+// A transfer or collective naming a rank the plan does not list is an
+// error where the plan is split by node (it was taken for node 0's).
+TEST(PlanCodecTest, SplittingAPlanRefusesARankItDoesNotList) {
+  proto::Plan plan = SmallPlan();
+  plan.add_ranks()->set_node(0);
+  plan.add_ranks()->set_node(0);
+  ASSERT_TRUE(comm::SplitPlan(plan).ok());
+  plan.mutable_tasks(1)->mutable_transfer()->set_peer(7);
+  const auto split = comm::SplitPlan(plan);
+  ASSERT_FALSE(split.ok());
+  EXPECT_CONTAINS(split.status().message(), "names rank 7, but the plan lists only 2 ranks");
+}
+
 TEST(ValidatePlanTest, AbsurdCountsAreErrors) {
   const proto::Plan good = SmallPlan();
   {

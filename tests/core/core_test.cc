@@ -449,6 +449,13 @@ TEST(Placement, CreateParseCoordinates) {
   EXPECT_EQ(ParsePlacement(p->ToString())->ranks(), p->ranks());
   EXPECT_EQ(ParsePlacement("cuda:1,3")->ParallelIdOf(3), 1);
   EXPECT_FALSE(ParsePlacement("cpu:0-5@[2,4]").ok());
+  // Bounded: a range or a hierarchy past the most devices is an error, not
+  // a vector filling memory or a product that wraps.
+  EXPECT_FALSE(ParsePlacement("cpu:0-9999999999999").ok());
+  EXPECT_FALSE(ParsePlacement("cpu:0-1048575,2000000-2000001").ok());
+  EXPECT_TRUE(ParsePlacement("cpu:0-1048575").ok());
+  EXPECT_FALSE(ParsePlacement("cpu:0-3@[4294967296,4294967296,1,4]").ok());
+  EXPECT_FALSE(Placement::Create(DeviceType::kCpu, {0, 1, 2, 3}, {int64_t{1} << 62, 4, 4, 1, 1}).ok());
   EXPECT_FALSE(ParsePlacement("cpu:0,0").ok());
   EXPECT_FALSE(ParsePlacement("npu:0").ok());
 }

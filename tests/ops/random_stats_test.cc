@@ -420,6 +420,12 @@ TEST(MiscOps, BadAttributesAndShapesAreErrors) {
   EXPECT_FALSE(RunOp("dropout", {x}, with(with(stream, "rate", 0.5), "tensor_id", int64_t{-1})).ok());
   const AttrMap shaped = with(stream, "shape", std::vector<int64_t>{3});
   EXPECT_FALSE(RunOp("uniform", {}, with(with(shaped, "low", 2.0), "high", 1.0)).ok());
+  // Past f32's range, the samples were inf or NaN.
+  EXPECT_FALSE(RunOp("uniform", {}, with(with(shaped, "low", -3e38), "high", 3e38)).ok()) << "span overflows f32";
+  EXPECT_FALSE(RunOp("uniform", {}, with(with(shaped, "low", 0.0), "high", 1e39)).ok());
+  EXPECT_TRUE(RunOp("uniform", {}, with(with(shaped, "low", -1e38), "high", 1e38)).ok());
+  EXPECT_FALSE(RunOp("normal", {}, with(shaped, "std", 1e39)).ok());
+  EXPECT_FALSE(RunOp("normal", {}, with(shaped, "mean", -1e39)).ok());
   EXPECT_FALSE(RunOp("normal", {}, with(shaped, "std", -1.0)).ok());
   EXPECT_FALSE(RunOp("normal", {}, with(stream, "shape", std::vector<int64_t>{2, -1})).ok());
   EXPECT_FALSE(RunOp("normal", {}, {{"shape", std::vector<int64_t>{3}}, {"seed", int64_t{1}}}).ok())
