@@ -121,12 +121,13 @@ class EngineJobCompiler final : public JobCompiler {
     return spec;
   }
 
-  absl::StatusOr<std::optional<int64_t>> LatestCheckpoint(const JobSpec& spec) override {
-    if (spec.output_dir.empty()) return std::optional<int64_t>();
+  absl::StatusOr<std::optional<CheckpointMark>> LatestCheckpoint(const JobSpec& spec) override {
+    if (spec.output_dir.empty()) return std::optional<CheckpointMark>();
     ASSIGN_OR_RETURN(const std::optional<std::filesystem::path> latest, tessera::LatestCheckpoint(spec.output_dir));
-    if (!latest) return std::optional<int64_t>();
+    if (!latest) return std::optional<CheckpointMark>();
     ASSIGN_OR_RETURN(const std::shared_ptr<const CheckpointReader> reader, CheckpointReader::Open(*latest));
-    return std::optional<int64_t>(reader->iteration());
+    return std::optional<CheckpointMark>(
+        CheckpointMark{.iteration = reader->iteration(), .evaluation_pending = reader->evaluation_pending()});
   }
 
   absl::StatusOr<std::vector<std::string>> Compile(const JobSpec& spec, const std::vector<WorkerSlot>& slots) override {

@@ -62,10 +62,15 @@ class JobCompiler {
   // One serialised node plan per slot, in slot order; slot i is node i of the job.
   [[nodiscard]] virtual absl::StatusOr<std::vector<std::string>> Compile(const JobSpec& spec,
                                                                          const std::vector<WorkerSlot>& slots) = 0;
-  // The iteration of the latest complete checkpoint in spec.output_dir
-  // (nullopt: none), for the master to say where `--resume` would continue;
-  // an error where the compiler cannot tell.
-  [[nodiscard]] virtual absl::StatusOr<std::optional<int64_t>> LatestCheckpoint(const JobSpec& spec) {
+  // The latest complete checkpoint in spec.output_dir (nullopt: none), for
+  // the master to say where `--resume` would continue; an error where the
+  // compiler cannot tell.
+  struct CheckpointMark {
+    int64_t iteration = 0;
+    // A stop cut short the evaluation due at it (`--resume` runs it).
+    bool evaluation_pending = false;
+  };
+  [[nodiscard]] virtual absl::StatusOr<std::optional<CheckpointMark>> LatestCheckpoint(const JobSpec& spec) {
     (void)spec;
     return absl::UnimplementedError("this job compiler does not read checkpoints");
   }

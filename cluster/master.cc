@@ -649,7 +649,9 @@ class Master::Impl final : public control::Master::Service {
     // The node holding the job's sink (the last pipeline stage's first
     // rank) reports its metrics; the others report none.
     for (const control::Metrics& metrics : request->metrics()) {
-      job.last_metrics.clear();
+      // The latest value of each (merged: an evaluation's row holds its
+      // eval_* values alone, and clearing took the loss and throughput
+      // from status and /metrics until the next logged iteration).
       for (const auto& [name, value] : metrics.values()) job.last_metrics[name] = value;
       NoteProgressLocked(job, metrics.iteration());
       if (job.metrics_file) {
@@ -1696,15 +1698,30 @@ class Master::Impl final : public control::Master::Service {
     if (!job.spec.output_dir.empty()) {
       job.iteration = std::max(job.iteration, LastLoggedIteration(fs::path(job.spec.output_dir) / "metrics.jsonl"));
     }
-    absl::StatusOr<std::optional<int64_t>> checkpoint = absl::UnknownError("");
+    absl::StatusOr<std::optional<JobCompiler::CheckpointMark>> mark = absl::UnknownError("");
     {
       absl::MutexLock compiler_lock(&compiler_mu_);
-      checkpoint = compiler_->LatestCheckpoint(job.spec);
+      mark = compiler_->LatestCheckpoint(job.spec);
+    }
+    absl::StatusOr<std::optional<int64_t>> checkpoint = std::optional<int64_t>();
+    if (!mark.ok()) {
+      checkpoint = mark.status();
+    } else if (*mark) {
+      checkpoint = std::optional<int64_t>((*mark)->iteration);
     }
     // (A worker that outlived the master trains on until it notices, and
     // may checkpoint past what reached metrics.jsonl.)
     if (checkpoint.ok() && checkpoint->has_value()) job.iteration = std::max(job.iteration, **checkpoint);
-    if (checkpoint.ok() && checkpoint->has_value() && job.spec.iterations > 0 && **checkpoint >= job.spec.iterations) {
+    const bool finished =
+        checkpoint.ok() && checkpoint->has_value() && job.spec.iterations > 0 && **checkpoint >= job.spec.iterations;
+    if (finished && (*mark)->evaluation_pending) {
+      // (It was reported SUCCEEDED: the final evaluation a stop cut short
+      // never ran, and save_best never weighed it.)
+      job.reason = absl::StrCat("master restarted (the job had trained its last iteration, ", **checkpoint,
+                                ", but a stop cut its final evaluation short: `tessera submit --resume` runs it)");
+      return control::FAILED;
+    }
+    if (finished) {
       const int64_t logged = LastLoggedIteration(fs::path(job.spec.output_dir) / "metrics.jsonl");
       job.reason = absl::StrCat(
           "it finished while the master was down (its checkpoint of the last iteration, ", **checkpoint,
@@ -2284,14 +2301,19 @@ class Master::Impl final : public control::Master::Service {
         "# TYPE tessera_job_tokens_per_second gauge\n";
     for (const auto& [id, job] : jobs_) {
       if (job->state != control::RUNNING) continue;
+      // (Values in full and as Prometheus spells NaN and infinities: StrCat
+      // kept 6 digits and wrote nan, inf; ids from records escaped.)
+      const std::string label = PrometheusLabel(id);
       if (auto it = job->last_metrics.find("loss"); it != job->last_metrics.end()) {
-        absl::StrAppend(&text, "tessera_job_loss{job=\"", id, "\"} ", it->second, "\n");
+        absl::StrAppend(&text, "tessera_job_loss{job=\"", label, "\"} ", PrometheusValue(it->second), "\n");
       }
       if (auto it = job->last_metrics.find("samples_per_s"); it != job->last_metrics.end()) {
-        absl::StrAppend(&samples, "tessera_job_samples_per_second{job=\"", id, "\"} ", it->second, "\n");
+        absl::StrAppend(&samples, "tessera_job_samples_per_second{job=\"", label, "\"} ", PrometheusValue(it->second),
+                        "\n");
       }
       if (auto it = job->last_metrics.find("tokens_per_s"); it != job->last_metrics.end()) {
-        absl::StrAppend(&tokens, "tessera_job_tokens_per_second{job=\"", id, "\"} ", it->second, "\n");
+        absl::StrAppend(&tokens, "tessera_job_tokens_per_second{job=\"", label, "\"} ", PrometheusValue(it->second),
+                        "\n");
       }
     }
     absl::StrAppend(&text, samples, tokens,

@@ -1,21 +1,80 @@
 #include "cluster/metrics_http.h"
 
 #include <array>
+#include <cmath>
+#include <deque>
+#include <memory>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "boost/asio.hpp"
+#include "fmt/format.h"
 
 namespace tessera::cluster {
 
 namespace asio = boost::asio;
 using asio::ip::tcp;
 
+namespace {
+class Connection;
+}  // namespace
+
 struct MetricsHttpServer::State {
   asio::io_context io;
   tcp::acceptor acceptor{io};
+  asio::steady_timer retry{io};
+  std::deque<std::weak_ptr<Connection>> connections;  // oldest first
 };
 
+std::string PrometheusValue(double value) {
+  if (std::isnan(value)) return "NaN";
+  if (std::isinf(value)) return value > 0 ? "+Inf" : "-Inf";
+  return fmt::format("{}", value);
+}
+
+std::string PrometheusLabel(std::string_view value) {
+  std::string out;
+  for (const char c : value) {
+    if (c == '\\' || c == '"') {
+      out += '\\';
+      out += c;
+    } else if (c == '\n') {
+      out += "\\n";
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+namespace {
+
+constexpr size_t kMaxRequestBytes = 8192;
+
+// Where a request's head ends: an empty line, "\r\n\r\n" or, as clients
+// that end lines with "\n" alone send it (HTTP allows reading them),
+// "\n\n" (such a request waited out the 2 s unanswered).
+struct EndOfHead {
+  template <typename Iterator>
+  std::pair<Iterator, bool> operator()(Iterator begin, Iterator end) const {
+    for (Iterator it = begin; it != end; ++it) {
+      if (*it != '\n') continue;
+      Iterator next = it;
+      ++next;
+      if (next != end && *next == '\r') ++next;
+      if (next != end && *next == '\n') return {++next, true};
+    }
+    return {end, false};
+  }
+};
+
+}  // namespace
+}  // namespace tessera::cluster
+
+template <>
+struct boost::asio::is_match_condition<tessera::cluster::EndOfHead> : std::true_type {};
+
+namespace tessera::cluster {
 namespace {
 
 // One connection: read the request head, answer, close. Owned by the
@@ -25,7 +84,23 @@ class Connection : public std::enable_shared_from_this<Connection> {
   Connection(tcp::socket socket, const std::function<std::string()>* render)
       : socket_(std::move(socket)), timer_(socket_.get_executor()), render_(render) {}
 
+  // Ends it now (its pending handlers run aborted and let it go).
+  void Close() {
+    timer_.cancel();
+    boost::system::error_code ignored;
+    socket_.close(ignored);
+  }
+
   void Begin() {
+    Deadline();
+    auto self = shared_from_this();
+    asio::async_read_until(socket_, asio::dynamic_buffer(request_, kMaxRequestBytes), EndOfHead(),
+                           [self](const boost::system::error_code& error, size_t) { self->Answer(error); });
+  }
+
+ private:
+  // The connection closes 2 s from now unless the next step ends first.
+  void Deadline() {
     auto self = shared_from_this();
     timer_.expires_after(std::chrono::seconds(2));
     timer_.async_wait([self](const boost::system::error_code& error) {
@@ -34,26 +109,33 @@ class Connection : public std::enable_shared_from_this<Connection> {
         self->socket_.close(ignored);
       }
     });
-    asio::async_read_until(socket_, asio::dynamic_buffer(request_, 8192), "\r\n\r\n",
-                           [self](const boost::system::error_code& error, size_t) { self->Answer(error); });
   }
 
- private:
   void Answer(const boost::system::error_code& error) {
     timer_.cancel();
-    if (error) return;
+    // A head past 8 KiB is answered 431 (the connection was reset).
+    const bool too_large = error == asio::error::not_found;
+    if (error && !too_large) return;
     // HEAD is GET without the body (its Content-Length the body's), as
     // HTTP asks of every resource GET serves (a monitor's probe used it).
-    const bool head = request_.starts_with("HEAD ");
+    const bool head = !too_large && request_.starts_with("HEAD ");
     const std::string_view path = std::string_view(request_).substr(head ? 5 : 4);
-    const bool metrics =
-        (head || request_.starts_with("GET ")) && (path.starts_with("/metrics ") || path.starts_with("/metrics?"));
-    const std::string body = metrics ? (*render_)() : "not found: try /metrics\n";
-    response_ = absl::StrCat("HTTP/1.0 ", metrics ? "200 OK" : "404 Not Found",
+    const bool metrics = !too_large && (head || request_.starts_with("GET ")) &&
+                         (path.starts_with("/metrics ") || path.starts_with("/metrics?"));
+    const std::string body = metrics     ? (*render_)()
+                             : too_large ? std::string("request head over 8 KiB\n")
+                                         : std::string("not found: try /metrics\n");
+    response_ = absl::StrCat("HTTP/1.0 ",
+                             metrics     ? "200 OK"
+                             : too_large ? "431 Request Header Fields Too Large"
+                                         : "404 Not Found",
                              "\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: ", body.size(),
                              "\r\nConnection: close\r\n\r\n", head ? std::string() : body);
+    // (A client that never reads held the connection for good.)
+    Deadline();
     auto self = shared_from_this();
     asio::async_write(socket_, asio::buffer(response_), [self](const boost::system::error_code&, size_t) {
+      self->timer_.cancel();
       boost::system::error_code ignored;
       self->socket_.shutdown(tcp::socket::shutdown_both, ignored);
     });
@@ -66,11 +148,30 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::string response_;
 };
 
-void Accept(tcp::acceptor& acceptor, const std::function<std::string()>* render) {
-  acceptor.async_accept([&acceptor, render](const boost::system::error_code& error, tcp::socket socket) {
-    if (error == asio::error::operation_aborted || !acceptor.is_open()) return;
-    if (!error) std::make_shared<Connection>(std::move(socket), render)->Begin();
-    Accept(acceptor, render);
+void Accept(MetricsHttpServer::State& state, const std::function<std::string()>* render) {
+  state.acceptor.async_accept([&state, render](const boost::system::error_code& error, tcp::socket socket) {
+    if (error == asio::error::operation_aborted || !state.acceptor.is_open()) return;
+    if (error) {
+      // (Out of descriptors, EMFILE: accepting again at once failed again
+      // at once, a core spinning until a connection closed.)
+      state.retry.expires_after(std::chrono::milliseconds(100));
+      state.retry.async_wait([&state, render](const boost::system::error_code& waited) {
+        if (!waited && state.acceptor.is_open()) Accept(state, render);
+      });
+      return;
+    }
+    // At most kMaxConnections at once, the oldest closed for a new one:
+    // idle clients can neither hold the master's descriptors (each held
+    // one for 2 s, without bound) nor keep a scrape out.
+    std::erase_if(state.connections, [](const std::weak_ptr<Connection>& c) { return c.expired(); });
+    if (state.connections.size() >= static_cast<size_t>(MetricsHttpServer::kMaxConnections)) {
+      if (const std::shared_ptr<Connection> oldest = state.connections.front().lock()) oldest->Close();
+      state.connections.pop_front();
+    }
+    auto connection = std::make_shared<Connection>(std::move(socket), render);
+    state.connections.push_back(connection);
+    connection->Begin();
+    Accept(state, render);
   });
 }
 
@@ -98,7 +199,7 @@ absl::StatusOr<int> MetricsHttpServer::Start(const std::string& host, int port) 
     return absl::UnavailableError(absl::StrCat("metrics: cannot listen on ", host, ":", port, ": ", error.message()));
   }
   const int bound = state->acceptor.local_endpoint().port();
-  Accept(state->acceptor, &render_);
+  Accept(*state, &render_);
   state_ = std::move(state);
   thread_ = std::thread([this] { state_->io.run(); });
   return bound;
@@ -109,6 +210,7 @@ void MetricsHttpServer::Stop() {
   asio::post(state_->io, [this] {
     boost::system::error_code ignored;
     state_->acceptor.close(ignored);
+    state_->retry.cancel();
   });
   state_->io.stop();
   if (thread_.joinable()) thread_.join();

@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -22,6 +23,7 @@
 #include "cluster/device_offer.h"
 #include "cluster/grpc_status.h"
 #include "cluster/kv_client.h"
+#include "cluster/metrics_http.h"
 #include "cluster/transport.h"
 #include "comm/proto/control.grpc.pb.h"
 #include "core/file_util.h"
@@ -106,6 +108,19 @@ TEST(ClusterTest, JobSucceedsWithMetricsStreamedAndWritten) {
   ASSERT_TRUE(info.ok());
   EXPECT_EQ(info->iteration(), 6);
   EXPECT_DOUBLE_EQ(info->last_metrics().at("loss"), 10.0 / 6);
+  // An evaluation's row (its eval_* values alone) keeps the loss and
+  // throughput beside it (they were gone from status and /metrics until
+  // the next logged iteration).
+  auto evaluated = cluster.client->Submit(
+      nlohmann::json{{"devices_needed", 2}, {"iterations", 3}, {"evaluate_at_end", true}}.dump(), {});
+  ASSERT_TRUE(evaluated.ok()) << evaluated.status();
+  ASSERT_TRUE(cluster.client->Watch(*evaluated, [](const control::JobEvent&) { return true; }).ok());
+  auto evaluated_info = cluster.client->Get(*evaluated);
+  ASSERT_TRUE(evaluated_info.ok());
+  EXPECT_EQ(evaluated_info->state(), control::SUCCEEDED) << evaluated_info->reason();
+  EXPECT_DOUBLE_EQ(evaluated_info->last_metrics().at("eval_loss"), 1.25);
+  EXPECT_DOUBLE_EQ(evaluated_info->last_metrics().at("loss"), 10.0 / 3);
+  EXPECT_DOUBLE_EQ(evaluated_info->last_metrics().at("tokens_per_s"), 1000.0);
 
   const auto config_json = nlohmann::json::parse(ReadFile(out / "config.json"));
   EXPECT_EQ(config_json["iterations"], 6);
@@ -1206,7 +1221,8 @@ TEST(ClusterTest, TwentyJobsInARowLeaveThreadsAndFdsFlat) {
       << CountEntries("/proc/self/fd") << " fds, " << fds << " after warm-up";
 }
 
-std::string HttpGet(int port, const std::string& path, const std::string& method = "GET") {
+// A connected socket to 127.0.0.1:port (-1: none).
+int ConnectLocal(int port) {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in address{};
   address.sin_family = AF_INET;
@@ -1214,15 +1230,36 @@ std::string HttpGet(int port, const std::string& path, const std::string& method
   address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   if (connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
     close(fd);
-    return "";
+    return -1;
   }
-  const std::string request = absl::StrCat(method, " ", path, " HTTP/1.0\r\n\r\n");
+  return fd;
+}
+
+// The answer to `request` sent as it is.
+std::string HttpRaw(int port, const std::string& request) {
+  const int fd = ConnectLocal(port);
+  if (fd < 0) return "";
   EXPECT_EQ(write(fd, request.data(), request.size()), static_cast<ssize_t>(request.size()));
   std::string response;
   char buffer[4096];
   for (ssize_t n; (n = read(fd, buffer, sizeof(buffer))) > 0;) response.append(buffer, static_cast<size_t>(n));
   close(fd);
   return response;
+}
+
+std::string HttpGet(int port, const std::string& path, const std::string& method = "GET") {
+  return HttpRaw(port, absl::StrCat(method, " ", path, " HTTP/1.0\r\n\r\n"));
+}
+
+TEST(ClusterTest, PrometheusValuesAndLabelsAreWrittenAsTheFormatReadsThem) {
+  EXPECT_EQ(PrometheusValue(std::numeric_limits<double>::quiet_NaN()), "NaN");
+  EXPECT_EQ(PrometheusValue(std::numeric_limits<double>::infinity()), "+Inf");
+  EXPECT_EQ(PrometheusValue(-std::numeric_limits<double>::infinity()), "-Inf");
+  EXPECT_EQ(PrometheusValue(8), "8");
+  EXPECT_EQ(PrometheusValue(0.1), "0.1");
+  EXPECT_EQ(std::stod(PrometheusValue(18922.4123456789)), 18922.4123456789);  // (StrCat: 18922.4)
+  EXPECT_EQ(PrometheusLabel("job-1"), "job-1");
+  EXPECT_EQ(PrometheusLabel("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
 }
 
 TEST(ClusterTest, PrometheusMetrics) {
@@ -1245,6 +1282,34 @@ TEST(ClusterTest, PrometheusMetrics) {
   EXPECT_TRUE(head.starts_with("HTTP/1.0 200 OK")) << head;
   EXPECT_TRUE(head.ends_with("\r\n\r\n")) << head;
   EXPECT_NE(HttpGet(cluster.master->metrics_port(), "/other", "HEAD").find("404"), std::string::npos);
+  // Lines ended by a line feed alone are read (it waited out the 2 s
+  // unanswered); a head over 8 KiB is answered 431 (it was reset).
+  const int port = cluster.master->metrics_port();
+  EXPECT_TRUE(HttpRaw(port, "GET /metrics HTTP/1.0\nHost: x\n\n").starts_with("HTTP/1.0 200 OK"));
+  EXPECT_TRUE(
+      HttpRaw(port, "GET /metrics HTTP/1.0\r\nX: " + std::string(9000, 'a') + "\r\n\r\n").starts_with("HTTP/1.0 431 "));
+  {
+    // Idle connections past the most at once close the oldest: a scrape
+    // still gets through at once, and the master holds at most that many.
+    const absl::Time opened = absl::Now();
+    std::vector<int> idle;
+    for (int i = 0; i < MetricsHttpServer::kMaxConnections + 16; ++i) idle.push_back(ConnectLocal(port));
+    const absl::Time scraped = absl::Now();
+    EXPECT_TRUE(HttpGet(port, "/metrics").starts_with("HTTP/1.0 200 OK"));
+    EXPECT_LT(absl::Now() - scraped, absl::Seconds(1));
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    // Closed by the server (end of stream), not by their 2 s deadline yet.
+    int closed = 0;
+    for (const int fd : idle) {
+      char byte;
+      if (fd >= 0 && recv(fd, &byte, 1, MSG_DONTWAIT | MSG_PEEK) == 0) ++closed;
+    }
+    if (absl::Now() - opened < absl::Milliseconds(1500)) {
+      EXPECT_GE(closed, 16) << "the oldest idle connections were not closed";
+      EXPECT_LE(closed, 18);
+    }
+    for (const int fd : idle) close(fd);
+  }
   // A running job's loss and throughput (samples/s, tokens/s) show up once
   // it reports (the fake job: every step).
   ASSERT_TRUE(cluster.client->Cancel(*job).ok());

@@ -55,6 +55,7 @@ class SleepyTestRunner final : public PlanRunner {
   int64_t fail_at_ = -1;
   int64_t interrupt_at_ = -1;
   int64_t log_every_ = 1;
+  bool evaluate_at_end_ = false;
   bool hang_ = false;
   bool rendezvous_ = false;
   std::mutex mu_;

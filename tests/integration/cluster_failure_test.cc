@@ -520,6 +520,22 @@ TEST_F(ClusterFailureTest, AJobThatFinishedWhileTheMasterWasDownSucceeded) {
             "it finished while the master was down (its checkpoint of the last iteration, 6, is complete; "
             "metrics.jsonl ends at iteration 4)");
   EXPECT_EQ(info->iteration(), 6);
+  // Its final evaluation cut short by the stop (the checkpoint says so):
+  // not SUCCEEDED (it was), since `--resume` has that evaluation to run.
+  cluster.master->Signal(SIGHUP);
+  ASSERT_EQ(cluster.master->Wait(), 0) << cluster.master->Output();
+  const fs::path index_path = NewestCheckpoint(cluster.out) / "index.json";
+  nlohmann::json index = nlohmann::json::parse(std::ifstream(index_path));
+  index["train_state"]["evaluation_pending"] = true;
+  std::ofstream(index_path) << index.dump(2);
+  EditRecord(dir_ / "state", *submitted, "state", "RUNNING");
+  ASSERT_NO_FATAL_FAILURE(cluster.StartMaster());
+  info = cluster.client->Get(*submitted);
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->state(), control::FAILED) << info->reason();
+  EXPECT_EQ(info->reason(),
+            "master restarted (the job had trained its last iteration, 6, but a stop cut its final evaluation short: "
+            "`tessera submit --resume` runs it)");
   cluster.worker->Signal(SIGHUP);
   EXPECT_EQ(cluster.worker->Wait(), 0) << cluster.worker->Output();
 }
