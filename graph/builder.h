@@ -81,6 +81,8 @@ class GraphBuilder {
 
   void MarkLoss(const Sym& loss);
   void MarkFetch(std::string name, const Sym& value);
+  // (A placement hint is not supported yet: Engine::Compile refuses it.
+  // An input's or a variable's sbp is split or broadcast, never partial.)
   void SetHints(const Sym& value, std::optional<Placement> placement, std::optional<NdSbp> sbp);
 
   // RAII scope: `auto scope = b.Scope("h.0", 0);` — ends when it goes out of scope.

@@ -112,7 +112,7 @@ void DeclareAttrs(OpSchema& schema) {
       .Attr("seed", AttrType::kInt, int64_t{0})
       .Attr("tensor_id", AttrType::kInt, int64_t{0})
       .Attr("layout", AttrType::kString, std::string("bhtd"))
-      .DrawsByGlobalIndex();
+      .DrawsByGlobalIndex("dropout_rate");
 }
 
 // Signatures over inputs laid out as `roles`: 'q' (a query tensor: q, y,

@@ -43,7 +43,23 @@ std::string SbpSignature::ToString() const {
 }
 
 OpSchema& OpSchema::Doc(std::string doc) { doc_ = std::move(doc); return *this; }
-OpSchema& OpSchema::DrawsByGlobalIndex() { draws_by_global_index_ = true; return *this; }
+OpSchema& OpSchema::DrawsByGlobalIndex(std::string rate_attr) {
+  draws_by_global_index_ = true;
+  draw_rate_attr_ = std::move(rate_attr);
+  return *this;
+}
+
+bool OpSchema::Draws(const AttrMap& attrs) const {
+  if (!draws_by_global_index_) return false;
+  if (draw_rate_attr_.empty()) return true;
+  const AttrValue* rate = attrs.Find(draw_rate_attr_);
+  if (rate == nullptr) {
+    for (const AttrDef& def : attrs_) {
+      if (def.name == draw_rate_attr_ && def.default_value) rate = &*def.default_value;
+    }
+  }
+  return rate == nullptr || !std::holds_alternative<double>(*rate) || std::get<double>(*rate) != 0.0;
+}
 OpSchema& OpSchema::Workspace(WorkspaceFn fn) {
   workspace_ = std::move(fn);
   return *this;

@@ -100,8 +100,9 @@ class OpSchema {
   // (the logical tensor's, from the input slices): under micro-batching the
   // scheduler gives it the micro-batch's place in the global batch
   // (TensorRef.micro_batch_stride), so the draws do not depend on how the
-  // batch is cut.
-  OpSchema& DrawsByGlobalIndex();
+  // batch is cut. With `rate_attr`, it draws only where that float
+  // attribute is not 0 (a dropout of rate 0 draws nothing).
+  OpSchema& DrawsByGlobalIndex(std::string rate_attr = {});
   // The kernels use KernelContext::workspace (sized by `fn`) when it is
   // defined, and allocate what they need themselves when it is not.
   OpSchema& Workspace(WorkspaceFn fn);
@@ -116,6 +117,9 @@ class OpSchema {
   const OpExample& example() const { return example_; }
   bool has_sbp() const { return static_cast<bool>(sbp_); }
   bool draws_by_global_index() const { return draws_by_global_index_; }
+  // Whether a node of the op with `attrs` draws (draws_by_global_index,
+  // its rate attribute, given or its default, not 0).
+  bool Draws(const AttrMap& attrs) const;
   // 0 when the op declares no workspace (or needs none for these).
   int64_t WorkspaceBytes(const std::vector<TensorMeta>& inputs, const std::vector<TensorMeta>& outputs,
                          const AttrMap& attrs, DeviceType device) const;
@@ -163,6 +167,7 @@ class OpSchema {
   std::map<DeviceType, KernelFn> kernels_;
   OpExample example_;
   bool draws_by_global_index_ = false;
+  std::string draw_rate_attr_;
   WorkspaceFn workspace_;
 };
 

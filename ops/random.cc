@@ -163,7 +163,7 @@ void RegisterRandomOps(OpRegistry& registry) {
           .Attr("rate", AttrType::kFloat)
           .Attr("seed", AttrType::kInt)
           .Attr("tensor_id", AttrType::kInt)
-          .DrawsByGlobalIndex()
+          .DrawsByGlobalIndex("rate")
           .Infer(InferDropout)
           .Sbp([](const std::vector<TensorMeta>& in, const AttrMap&, int64_t) {
             // For a fixed mask the op is linear in x, so partial sums pass through.
@@ -197,7 +197,7 @@ void RegisterRandomOps(OpRegistry& registry) {
           .Attr("rate", AttrType::kFloat)
           .Attr("seed", AttrType::kInt)
           .Attr("tensor_id", AttrType::kInt)
-          .DrawsByGlobalIndex()
+          .DrawsByGlobalIndex("rate")
           .Infer(InferBiasDropoutAdd)
           .Sbp([](const std::vector<TensorMeta>& in, const AttrMap&, int64_t) {
             // bias_add's, with the residual laid out as x; no partial sums:

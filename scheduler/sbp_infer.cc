@@ -209,12 +209,30 @@ class Inferrer {
   // value's rank.
   absl::StatusOr<std::optional<NdSbp>> Hint(ValueId id) const {
     const graph::Value& value = graph_.value(id);
+    // Placements other than the job's devices are not built: a hint was
+    // accepted and did nothing (it only kept fusions away).
+    if (value.placement_hint.has_value()) {
+      return absl::UnimplementedError(StrCat("sbp inference: ", ValueContext(value), " has a placement hint (",
+                                             value.placement_hint->ToString(),
+                                             "), which is not supported yet: every value lives on the job's devices "
+                                             "(train.dist); leave its placement unset"));
+    }
     if (!value.sbp_hint.has_value()) return std::optional<NdSbp>();
     const NdSbp& hint = *value.sbp_hint;
     if (hint.size() != hierarchy_.size()) {
       return absl::InvalidArgumentError(StrCat("sbp inference: hint ", NdSbpToString(hint), " of ", ValueContext(value),
                                                " needs ", hierarchy_.size(),
                                                " entries (data parallel, tensor parallel)"));
+    }
+    // A graph input or a variable is whole where it is fed or initialised:
+    // as a partial sum, each rank's whole copy was one term (the values
+    // came out summed over the axis, x2 on two ranks).
+    const NodeKind kind = graph_.producer(id).kind;
+    if ((kind == NodeKind::kInput || kind == NodeKind::kVariable) &&
+        std::any_of(hint.begin(), hint.end(), [](const Sbp& s) { return s.is_partial(); })) {
+      return absl::InvalidArgumentError(StrCat("sbp inference: hint ", NdSbpToString(hint), " of ", ValueContext(value),
+                                               ": a ", kind == NodeKind::kInput ? "graph input" : "variable",
+                                               " is split or broadcast, never partial (P)"));
     }
     for (const Sbp& s : hint) {
       if (s.is_split() && (s.axis() < 0 || s.axis() >= value.meta.shape.rank())) {

@@ -15,7 +15,8 @@
 // its inputs' stages (a loss after the head follows the head); one without
 // inputs, or whose inputs are all unassigned, on the earliest stage among its
 // consumers (stage 0 when it has none).
-// Value::placement_hint is ignored for now: stages come from layer_idx only.
+// Value::placement_hint is not supported yet (an error): stages come from
+// layer_idx only, and every value lives on the job's devices.
 //
 // Layouts.
 //   - Graph inputs: their sbp_hint, else options.default_input ((S(0), B):

@@ -10,7 +10,9 @@ absl::Status Lowering::LowerCompute(const Node& node) {
   const NodeLayout& layout = sbp_.nodes[static_cast<size_t>(node.id)];
   const int64_t stage = layout.stage;
   const ops::OpSchema* schema = graph_.schema(node);
-  const bool draws = schema != nullptr && schema->draws_by_global_index();
+  // (A rate of 0 draws nothing: such a node, bias_dropout_add fused from a
+  // residual add, was refused under accumulation as a random op.)
+  const bool draws = schema != nullptr && schema->Draws(node.attrs);
   for (int64_t i = 0; i < placement(stage).size(); ++i) {
     const std::string name = StrCat(node.scope.empty() ? std::string() : StrCat(node.scope, "/"), node.op, ":", node.id,
                                     Suffix(stage, i));

@@ -52,7 +52,7 @@ std::vector<std::optional<Sbp>> InferMicroLayouts(const Graph& graph, const Rate
   std::map<std::pair<int64_t, int64_t>, std::map<std::vector<int64_t>, std::vector<Sbp>>> drawn;
   const auto draw_key = [&](const Node& node) -> std::optional<std::pair<int64_t, int64_t>> {
     const ops::OpSchema* schema = node.kind == NodeKind::kOp ? graph.schema(node) : nullptr;
-    if (schema == nullptr || !schema->draws_by_global_index()) return std::nullopt;
+    if (schema == nullptr || !schema->Draws(node.attrs)) return std::nullopt;
     const ops::AttrValue* seed = node.attrs.Find("seed");
     const ops::AttrValue* tensor_id = node.attrs.Find("tensor_id");
     if (seed == nullptr || tensor_id == nullptr || !std::holds_alternative<int64_t>(*seed) ||

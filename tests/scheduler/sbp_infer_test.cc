@@ -728,6 +728,30 @@ TEST(SbpInferTest, MalformedHintsAreErrors) {
     ASSERT_FALSE(a.ok());
     EXPECT_CONTAINS(a.status().message(), "is hinted (B, B) but updates variable 'mlp.c_fc.weight' laid out (B, S(1))");
   }
+  // A graph input or a variable as a partial sum: each rank's whole copy
+  // was taken for one term (the values came out doubled on two ranks).
+  {
+    ColRow cr = BuildColRow({kP, kB});
+    auto a = InferSbp(cr.graph, MakeMesh(4, 2));
+    ASSERT_FALSE(a.ok());
+    EXPECT_CONTAINS(a.status().message(), "hint (P, B) of");
+    EXPECT_CONTAINS(a.status().message(), "a variable is split or broadcast, never partial (P)");
+  }
+  {
+    ColRow cr = BuildColRow();
+    ASSERT_TRUE(cr.graph.SetHints(cr.x, std::nullopt, NdSbp{kB, kP}).ok());
+    auto a = InferSbp(cr.graph, MakeMesh(4, 2));
+    ASSERT_FALSE(a.ok());
+    EXPECT_CONTAINS(a.status().message(), "a graph input is split or broadcast, never partial (P)");
+  }
+  // A placement hint (not built yet) is an error, not ignored.
+  {
+    ColRow cr = BuildColRow();
+    ASSERT_TRUE(cr.graph.SetHints(cr.x, *ParsePlacement("cpu:5-6"), std::nullopt).ok());
+    auto a = InferSbp(cr.graph, MakeMesh(4, 2));
+    ASSERT_FALSE(a.ok());
+    EXPECT_CONTAINS(a.status().message(), "has a placement hint (cpu:{5,6}@[2]), which is not supported yet");
+  }
 }
 
 TEST(SbpInferTest, HintsOnAnAxisOfOneDeviceAreCanonicalised) {
