@@ -587,7 +587,9 @@ void AddClusterCommands(CLI::App& app, ClusterCommandDeps deps) {
   // ---- logs ----
   auto logs_flags = std::make_shared<JobFlags>();
   CLI::App* logs = app.add_subcommand(
-      "logs", "Print a job's log lines (its nodes' and the master's) and, once it ended, how (-f: until it ends)");
+      "logs",
+      "Print a job's log lines (its nodes' and the master's; of an ended job, those of its last 256 KiB of events) "
+      "and, once it ended, how (-f: until it ends)");
   logs_flags->client.Add(logs);
   logs->add_option("JOB", logs_flags->job, "A job id")->required();
   logs->add_flag("-f,--follow", logs_flags->follow, "Keep printing until the job ends; exit 1 unless it succeeds");

@@ -115,6 +115,7 @@ struct Job {
   int64_t end_ms = 0;
   std::deque<control::JobEvent> events;
   uint64_t events_base = 0;  // index of events.front() among all events
+  size_t events_bytes = 0;   // their serialized sizes, summed
   // The outputs in spec.output_dir, opened at the job's first report (a
   // logged iteration, a checkpoint, an evaluation): a job that fails before
   // it writes nothing there, and an earlier run's files stay as they were.
@@ -163,6 +164,10 @@ struct Job {
 // An ended job's last log lines kept in its record (a restarted master's
 // `tessera logs` shows them): at most this many, of at most kLogTailBytes.
 constexpr size_t kLogTailLines = 200;
+// The events (log lines, metrics, states) a job keeps for WatchJob, in
+// bytes: while it runs, and once it ended.
+constexpr size_t kMaxEventBytesPerJob = size_t{32} << 20;
+constexpr size_t kEndedJobEventBytes = size_t{256} << 10;
 constexpr size_t kLogTailBytes = 64 << 10;
 constexpr size_t kLogTailLineBytes = 8 << 10;
 constexpr size_t kLogCheckBytes = 256;
@@ -280,6 +285,7 @@ absl::Status ReadJobRecord(const nlohmann::json& record, Job& job, JobState& sta
       }
       control::JobEvent event;
       event.set_log_line(line.get_ref<const std::string&>());
+      job.events_bytes += event.ByteSizeLong();
       job.events.push_back(std::move(event));
     }
   }
@@ -928,6 +934,13 @@ class Master::Impl final : public control::Master::Service {
     if (auto s = Enter(*context, "KvPut"); !s.ok()) return s;
     if (auto s = CheckKey(request->key()); !s.ok()) return s;
     if (request->value().size() > kMaxKvValueBytes) return Invalid("kv values are at most 16 MiB");
+    // A key of a job that ended (its nodes, stopping, still writing) would
+    // stay for good: the job's keys were dropped as it ended.
+    absl::MutexLock jobs_lock(&mu_);
+    if (const auto job = jobs_.find(request->key().substr(0, request->key().find('/')));
+        job != jobs_.end() && IsFinal(job->second->state)) {
+      return Precondition(absl::StrCat("kv: job ", job->first, " already ended: ", StateName(job->second->state)));
+    }
     absl::MutexLock lock(&kv_mu_);
     const auto held = kv_.find(request->key());
     const size_t replaced = held == kv_.end() ? 0 : held->first.size() + held->second.size();
@@ -1042,8 +1055,20 @@ class Master::Impl final : public control::Master::Service {
   }
 
   void AddEventLocked(Job& job, control::JobEvent event) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    job.events_bytes += event.ByteSizeLong();
     job.events.push_back(std::move(event));
-    while (job.events.size() > std::max<size_t>(options_.max_events_per_job, 1)) {
+    TrimEventsLocked(job, std::max<size_t>(options_.max_events_per_job, 1));
+  }
+
+  // Drops a job's oldest events past `max_events` or past its bytes: a
+  // running job's kMaxEventBytesPerJob (lines of up to 64 KiB each held
+  // gigabytes), an ended one's kEndedJobEventBytes (every ended job kept
+  // its whole history for the master's life; its metrics.jsonl and log.txt
+  // hold it all).
+  static void TrimEventsLocked(Job& job, size_t max_events) {
+    const size_t max_bytes = IsFinal(job.state) ? kEndedJobEventBytes : kMaxEventBytesPerJob;
+    while (job.events.size() > 1 && (job.events.size() > max_events || job.events_bytes > max_bytes)) {
+      job.events_bytes -= job.events.front().ByteSizeLong();
       job.events.pop_front();
       ++job.events_base;
     }
@@ -1209,7 +1234,9 @@ class Master::Impl final : public control::Master::Service {
   void SetWaitingReasonLocked(Job& job, std::string reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (job.reason == reason) return;
     job.reason = std::move(reason);
-    PersistLocked(job);
+    // (Not persisted: a restart replaces a queued job's reason anyway, and
+    // each advance of the queue rewrote and synced every queued record,
+    // under the lock heartbeats wait for.)
     // Followers (submit --follow, logs -f) see why it waits, not only PENDING.
     control::JobEvent event;
     event.set_log_line(absl::StrCat("[master] ", job.reason));
@@ -1695,7 +1722,16 @@ class Master::Impl final : public control::Master::Service {
   // `--resume` continues (the compiler reads the checkpoints). Sets
   // job.reason.
   JobState EndRestartedJobLocked(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (!job.spec.output_dir.empty()) {
+    // Still being placed: it ran nothing, and what its output directory
+    // holds is an earlier run's (it was listed SUCCEEDED on that run's last
+    // checkpoint, or as having reached that run's last logged iteration).
+    if (job.state == control::COMPILING) {
+      job.reason = "master restarted while the job was starting (COMPILING: no iteration had run): submit it again";
+      return control::FAILED;
+    }
+    // (Only the rows of a job that opened its outputs: a metrics.jsonl it
+    // never wrote is another run's.)
+    if (!job.spec.output_dir.empty() && job.log_offset >= 0) {
       job.iteration = std::max(job.iteration, LastLoggedIteration(fs::path(job.spec.output_dir) / "metrics.jsonl"));
     }
     absl::StatusOr<std::optional<JobCompiler::CheckpointMark>> mark = absl::UnknownError("");
@@ -2015,10 +2051,7 @@ class Master::Impl final : public control::Master::Service {
         continue;
       }
       // (Its log lines, read into its events: as many as a job keeps.)
-      while (job->events.size() > std::max<size_t>(options_.max_events_per_job, 1) - 1) {
-        job->events.pop_front();
-        ++job->events_base;
-      }
+      TrimEventsLocked(*job, std::max<size_t>(options_.max_events_per_job, 1) - 1);
       for (const WorkerSlot& slot : job->slots) {
         // (A state directory from before the number was kept.)
         uint64_t number = 0;

@@ -108,6 +108,12 @@ TEST(ClusterTest, JobSucceedsWithMetricsStreamedAndWritten) {
   ASSERT_TRUE(info.ok());
   EXPECT_EQ(info->iteration(), 6);
   EXPECT_DOUBLE_EQ(info->last_metrics().at("loss"), 10.0 / 6);
+  // Its keys went as it ended; a node writing more after (stopping) is
+  // refused, not kept for good.
+  KvClient late(MakeChannel(cluster.address, {}), {}, *job + "/1/");
+  const absl::Status put = late.Set("stop/0", "late");
+  EXPECT_EQ(put.code(), absl::StatusCode::kFailedPrecondition) << put;
+  EXPECT_NE(put.message().find("kv: job " + *job + " already ended: SUCCEEDED"), std::string::npos) << put;
   // An evaluation's row (its eval_* values alone) keeps the loss and
   // throughput beside it (they were gone from status and /metrics until
   // the next logged iteration).
@@ -141,6 +147,35 @@ TEST(ClusterTest, JobSucceedsWithMetricsStreamedAndWritten) {
 // refused (two workers given one --id used to evict each other turn by
 // turn, forever); ids the master gives skip ones held, as after a master
 // restart workers come back with the ids it gave before.
+// An ended job keeps the last 256 KiB of its events (it kept its whole
+// history for the master's life): a watch of it replays the latest rows
+// and its end.
+TEST(ClusterTest, AnEndedJobKeepsTheTailOfItsEvents) {
+  Deadline deadline(seconds(60), "an ended job's events");
+  TestCluster cluster;
+  cluster.Start({"cpu:1"});
+  auto job = cluster.client->Submit(R"({"iterations": 8000, "step_ms": 0})", {});
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_TRUE(cluster.client->Watch(*job, [](const control::JobEvent&) { return true; }).ok());
+  std::vector<int64_t> iterations;
+  size_t bytes = 0;
+  control::JobState last_state = control::JOB_STATE_UNSPECIFIED;
+  ASSERT_TRUE(cluster.client
+                  ->Watch(*job,
+                          [&](const control::JobEvent& event) {
+                            bytes += event.ByteSizeLong();
+                            if (event.has_metrics()) iterations.push_back(event.metrics().iteration());
+                            if (event.has_state()) last_state = event.state().state();
+                            return true;
+                          })
+                  .ok());
+  EXPECT_EQ(last_state, control::SUCCEEDED);
+  ASSERT_FALSE(iterations.empty());
+  EXPECT_EQ(iterations.back(), 8000);
+  EXPECT_GT(iterations.front(), 1) << "the whole history was kept";
+  EXPECT_LE(bytes, size_t{256} << 10);
+}
+
 TEST(ClusterTest, AnIdHeldByALiveWorkerIsRefusedAndFreshIdsSkipHeldOnes) {
   Deadline deadline(seconds(20), "worker ids");
   TestCluster cluster;

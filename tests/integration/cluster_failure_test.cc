@@ -520,22 +520,34 @@ TEST_F(ClusterFailureTest, AJobThatFinishedWhileTheMasterWasDownSucceeded) {
             "it finished while the master was down (its checkpoint of the last iteration, 6, is complete; "
             "metrics.jsonl ends at iteration 4)");
   EXPECT_EQ(info->iteration(), 6);
+  // The job as the next master lists it when its record says `state`.
+  const auto restarted_as = [&](const char* state) {
+    cluster.master->Signal(SIGHUP);
+    EXPECT_EQ(cluster.master->Wait(), 0) << cluster.master->Output();
+    EditRecord(dir_ / "state", *submitted, "state", state);
+    cluster.StartMaster();
+    auto restarted = cluster.client->Get(*submitted);
+    EXPECT_TRUE(restarted.ok()) << restarted.status();
+    return restarted.ok() ? *restarted : control::JobInfo();
+  };
   // Its final evaluation cut short by the stop (the checkpoint says so):
   // not SUCCEEDED (it was), since `--resume` has that evaluation to run.
-  cluster.master->Signal(SIGHUP);
-  ASSERT_EQ(cluster.master->Wait(), 0) << cluster.master->Output();
   const fs::path index_path = NewestCheckpoint(cluster.out) / "index.json";
   nlohmann::json index = nlohmann::json::parse(std::ifstream(index_path));
   index["train_state"]["evaluation_pending"] = true;
   std::ofstream(index_path) << index.dump(2);
-  EditRecord(dir_ / "state", *submitted, "state", "RUNNING");
-  ASSERT_NO_FATAL_FAILURE(cluster.StartMaster());
-  info = cluster.client->Get(*submitted);
-  ASSERT_TRUE(info.ok()) << info.status();
-  EXPECT_EQ(info->state(), control::FAILED) << info->reason();
-  EXPECT_EQ(info->reason(),
+  control::JobInfo pending = restarted_as("RUNNING");
+  EXPECT_EQ(pending.state(), control::FAILED) << pending.reason();
+  EXPECT_EQ(pending.reason(),
             "master restarted (the job had trained its last iteration, 6, but a stop cut its final evaluation short: "
             "`tessera submit --resume` runs it)");
+  // A job that was still being placed ran nothing, whatever its output
+  // directory holds (here: an earlier run's last checkpoint, which made it
+  // SUCCEEDED).
+  control::JobInfo placing = restarted_as("COMPILING");
+  EXPECT_EQ(placing.state(), control::FAILED) << placing.reason();
+  EXPECT_EQ(placing.reason(),
+            "master restarted while the job was starting (COMPILING: no iteration had run): submit it again");
   cluster.worker->Signal(SIGHUP);
   EXPECT_EQ(cluster.worker->Wait(), 0) << cluster.worker->Output();
 }
