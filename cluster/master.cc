@@ -113,6 +113,11 @@ struct Job {
   std::map<std::string, double> last_metrics;
   int64_t submit_ms = 0;
   int64_t end_ms = 0;
+  // Ended while nodes still held it: its output directory is let go (the
+  // empty checkpoints/ and the directory its submission made removed) once
+  // the last of them has (before, `cancel --now` left them: the nodes'
+  // claims on checkpoints/ kept both).
+  bool outputs_held = false;
   std::deque<control::JobEvent> events;
   uint64_t events_base = 0;  // index of events.front() among all events
   size_t events_bytes = 0;   // their serialized sizes, summed
@@ -594,7 +599,9 @@ class Master::Impl final : public control::Master::Service {
     if (!worker->job_id.empty() && !holds_own_job) {
       auto it = jobs_.find(worker->job_id);
       if (it == jobs_.end() || IsFinal(it->second->state)) {
+        const std::string let_go = std::move(worker->job_id);
         worker->job_id.clear();
+        WorkerLetGoLocked(let_go);
         changed_.SignalAll();
       }
     }
@@ -640,6 +647,7 @@ class Master::Impl final : public control::Master::Service {
     if (IsFinal(job.state)) {
       if (request->finished() && worker->job_id == job.id) {
         worker->job_id.clear();
+        ReleaseOutputsLocked(job);
         changed_.SignalAll();
       }
       return grpc::Status::OK;  // late news of an ended job
@@ -792,10 +800,12 @@ class Master::Impl final : public control::Master::Service {
     if (!spec->output_dir.empty()) {
       const std::string dir = DirKey(spec->output_dir);
       for (const auto& [id, other] : jobs_) {
-        if (!IsFinal(other->state) && !other->spec.output_dir.empty() && DirKey(other->spec.output_dir) == dir) {
+        if ((!IsFinal(other->state) || other->outputs_held) && !other->spec.output_dir.empty() &&
+            DirKey(other->spec.output_dir) == dir) {
           return {grpc::StatusCode::FAILED_PRECONDITION,
                   absl::StrCat("train.output_dir '", spec->output_dir, "' is written by job ", id, " (",
-                               StateName(other->state), "): one job at a time writes a directory")};
+                               StateName(other->state), IsFinal(other->state) ? ", its nodes still stopping" : "",
+                               "): one job at a time writes a directory")};
         }
       }
     }
@@ -1140,6 +1150,26 @@ class Master::Impl final : public control::Master::Service {
     (void)::rmdir(dir.c_str());  // (fails, harmlessly, once something is in it)
   }
 
+  // Lets an ended job's output directory go once no worker holds the job:
+  // its empty checkpoints/ and the directory its submission made, if left
+  // empty, are removed.
+  void ReleaseOutputsLocked(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!job.outputs_held) return;
+    for (const WorkerSlot& slot : job.slots) {
+      auto it = workers_.find(slot.worker_id);
+      if (it != workers_.end() && it->second->job_id == job.id) return;
+    }
+    job.outputs_held = false;
+    RemoveEmptyCheckpointsDir(job);
+    job.output_claim.Release();
+  }
+
+  // A worker let `job_id` go (it finished, dropped or lost it).
+  void WorkerLetGoLocked(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto it = jobs_.find(job_id);
+    if (it != jobs_.end() && IsFinal(it->second->state)) ReleaseOutputsLocked(*it->second);
+  }
+
   // Ends `job` (final `state`, `reason`); stops it on every worker that
   // holds it and drops its KV keys.
   void EndJobLocked(Job& job, JobState state, const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -1162,8 +1192,8 @@ class Master::Impl final : public control::Master::Service {
     job.log_file.reset();
     job.early_log.clear();
     job.tensorboard.reset();
-    RemoveEmptyCheckpointsDir(job);
-    job.output_claim.Release();
+    job.outputs_held = true;
+    ReleaseOutputsLocked(job);
     AddStateEventLocked(job);
     PersistLocked(job);
     {
@@ -1199,7 +1229,11 @@ class Master::Impl final : public control::Master::Service {
     }
     if (worker->job_id.empty()) return;
     auto job = jobs_.find(worker->job_id);
-    if (job == jobs_.end() || IsFinal(job->second->state)) return;
+    if (job == jobs_.end()) return;
+    if (IsFinal(job->second->state)) {
+      ReleaseOutputsLocked(*job->second);  // (it holds the job no longer)
+      return;
+    }
     uint32_t node = 0;
     for (const WorkerSlot& slot : job->second->slots) {
       if (slot.worker_id == id) node = slot.node;

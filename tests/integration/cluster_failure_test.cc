@@ -192,6 +192,36 @@ TEST_F(ClusterFailureTest, StoppedWorkerFailsTheJobWithin15sNamingIt) {
   hung.Signal(SIGCONT);
 }
 
+// `tessera cancel --now` before the first checkpoint: the directory the
+// submission made goes, empty, once both nodes let the job go (it stayed,
+// with an empty checkpoints/ at times: the master let go of it while the
+// nodes' claims on checkpoints/ still held it).
+TEST_F(ClusterFailureTest, ACancelAtOnceLeavesNoEmptyOutputDirectory) {
+  Deadline deadline(seconds(150), "cancel --now and the output directory");
+  StartWorker("w-a");
+  StartWorker("w-b");
+  ASSERT_TRUE(WaitFreeWorkers(2));
+  for (int round = 0; round < 2; ++round) {
+    const fs::path made = dir_ / absl::StrCat("made", round);
+    // (Nothing logged: the directory holds no outputs of the job's.)
+    auto job =
+        client_->Submit(config_, {"train.dist.data_parallel_size=4", "train.output_dir=" + (made / "sub").string(),
+                                  "model.num_layers=2", "train.train_iter=1000000", "train.log_period=1000000",
+                                  "train.checkpointer.period=1000000", "train.dist.intra_op_threads=1"});
+    ASSERT_TRUE(job.ok()) << job.status();
+    ASSERT_TRUE(WaitIterating(*job));
+    auto info = client_->Cancel(*job, "test", /*checkpoint=*/false);
+    ASSERT_TRUE(info.ok()) << info.status();
+    EXPECT_EQ(info->state(), control::CANCELLED);
+    ASSERT_TRUE(WaitFreeWorkers(2, absl::Seconds(10)));
+    EXPECT_TRUE(WaitUntil([&] { return !fs::exists(made); }, absl::Seconds(5))) << [&] {
+      std::string left;
+      for (const auto& entry : fs::recursive_directory_iterator(made)) left += entry.path().string() + " ";
+      return left;
+    }();
+  }
+}
+
 TEST_F(ClusterFailureTest, CancelStopsEveryActorOnEveryWorkerWithin5s) {
   Deadline deadline(seconds(150), "cancelling a gloo job");
   std::vector<ChildProcess*> workers = {&StartWorker("w-a"), &StartWorker("w-b")};
