@@ -630,6 +630,13 @@ class Master::Impl final : public control::Master::Service {
     for (const std::string& line : request->log_lines()) {
       if (line.size() > kMaxLogLineBytes) return Invalid("log lines are at most 64 KiB");
     }
+    // (A job trains at most 2^32 - 1 iterations: a report past them would
+    // reach the curves as no run's.)
+    for (const control::Metrics& metrics : request->metrics()) {
+      if (metrics.iteration() < 0 || metrics.iteration() > int64_t{UINT32_MAX}) {
+        return Invalid(absl::StrCat("metrics of iteration ", metrics.iteration(), ": not in [0, ", UINT32_MAX, "]"));
+      }
+    }
     absl::MutexLock lock(&mu_);
     auto* worker = FindWorkerLocked(request->worker_id(), request->epoch());
     if (worker == nullptr) return Precondition("unknown worker or stale epoch (register first)");

@@ -114,8 +114,12 @@ std::vector<Tick> LinearTicks(double min, double max, int target_count, bool int
   if (integers) step = std::max(1.0, std::ceil(step));
   const int decimals = integers ? 0 : std::max(0, -static_cast<int>(std::floor(std::log10(step))));
   std::vector<Tick> ticks;
-  for (double k = std::ceil(min / step); k * step <= max + step * 1e-9; ++k) {
+  // (Bounded: where the step is below the doubles' spacing at that size,
+  // 2^53 and past, ++k stopped changing k and the loop never ended.)
+  for (double k = std::ceil(min / step);
+       k * step <= max + step * 1e-9 && ticks.size() < 4 * static_cast<size_t>(target_count) + 4; ++k) {
     const double v = k * step;
+    if (!ticks.empty() && v <= ticks.back().value) break;
     // -0.000 reads oddly; a tick at zero is "0".
     ticks.push_back({v, fmt::format("{:.{}f}", std::abs(v) < step * 1e-9 ? 0.0 : v, decimals)});
   }
@@ -123,6 +127,11 @@ std::vector<Tick> LinearTicks(double min, double max, int target_count, bool int
 }
 
 std::vector<Tick> LogTicks(double min, double max) {
+  // (A bound that rounds to 0 or past the doubles: its logarithm is not a
+  // decade to count from.)
+  if (!(min > 0) || !std::isfinite(max) || !std::isfinite(std::log10(min)) || !(max > min)) {
+    return {{min, fmt::format("{:.3g}", min)}, {max, fmt::format("{:.3g}", max)}};
+  }
   const double decades = std::log10(max / min);
   // Over a few decades 2 and 5 crowd the axis; over many, skip decades too.
   const std::vector<double> mantissas = decades <= 3 ? std::vector<double>{1, 2, 5} : std::vector<double>{1};

@@ -155,6 +155,17 @@ TEST(ClusterFuzzTest, MalformedAndOutOfOrderRpcsGetClearAnswers) {
       control::ReportResponse out;
       check("Report(unknown)", master->Report(&c, r, &out), {C::FAILED_PRECONDITION});
     }
+    {  // metrics of an iteration no job trains (they reached the loss plot)
+      grpc::ClientContext c;
+      context(c);
+      control::ReportRequest r;
+      r.set_worker_id(worker_id);
+      r.set_job_id(unknown);
+      r.add_metrics()->set_iteration(round % 2 ? -1 - static_cast<int64_t>(rng() % 100)
+                                               : int64_t{UINT32_MAX} + 1 + static_cast<int64_t>(rng() % 100));
+      control::ReportResponse out;
+      check("Report(iteration)", master->Report(&c, r, &out), {C::INVALID_ARGUMENT});
+    }
     {  // bad registrations
       grpc::ClientContext c;
       context(c);

@@ -503,6 +503,17 @@ TEST(LossPlot, OnePointOrNone) {
   fs::remove_all(dir);
 }
 
+// Extremes a worker could report end (the tick loops never did past 2^53
+// iterations or with a log axis from the smallest double): a plot, and
+// no hang.
+TEST(LossPlot, ExtremeIterationsAndLossesEnd) {
+  const int64_t past = (int64_t{1} << 53) + 1;
+  EXPECT_FALSE(LossPlotSvg({{past, 1.0}, {past + 1, 2.0}}, {}).empty());
+  EXPECT_FALSE(LossPlotSvg({{INT64_MAX - 1, 1.0}, {INT64_MAX, 2.0}}, {}).empty());
+  EXPECT_FALSE(LossPlotSvg({{1, 5e-324}, {2, 1e300}}, {}).empty());
+  EXPECT_FALSE(LossPlotSvg({{1, 5e-324}, {2, 1e-323}}, {}).empty());
+}
+
 TEST(LossPlot, ManyPointsAreDownSampledKeepingTheEnvelope) {
   const fs::path dir = TempDir("plot_many");
   std::vector<LossPoint> train;
