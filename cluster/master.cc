@@ -806,6 +806,22 @@ class Master::Impl final : public control::Master::Service {
     // mix their checkpoints.
     if (!spec->output_dir.empty()) {
       const std::string dir = DirKey(spec->output_dir);
+      // An ended job whose nodes are still stopping (`cancel --now`, a job
+      // cancelled while it loaded) lets the directory go within about a
+      // heartbeat: waited for, up to 10 s, so a resume right after the
+      // cancel is not refused.
+      const auto let_go = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        if (shutting_down_) return true;
+        for (const auto& [id, other] : jobs_) {
+          if (IsFinal(other->state) && other->outputs_held && !other->spec.output_dir.empty() &&
+              DirKey(other->spec.output_dir) == dir) {
+            return false;
+          }
+        }
+        return true;
+      };
+      mu_.AwaitWithTimeout(absl::Condition(&let_go), absl::Seconds(10));
+      if (shutting_down_ || draining_) return {grpc::StatusCode::UNAVAILABLE, "master is shutting down"};
       for (const auto& [id, other] : jobs_) {
         if ((!IsFinal(other->state) || other->outputs_held) && !other->spec.output_dir.empty() &&
             DirKey(other->spec.output_dir) == dir) {
@@ -1246,6 +1262,14 @@ class Master::Impl final : public control::Master::Service {
       if (slot.worker_id == id) node = slot.node;
     }
     std::string reason = absl::StrCat("worker ", id, " (node ", node, ") lost: ", why);
+    if (job->second->state == control::COMPILING) {
+      // Nothing ran yet (a LoadPlan it never answered): the job waits for
+      // other workers, first in the queue, as where the worker was
+      // unreachable at LoadPlan (it was FAILED).
+      MasterLineLocked(*job->second, absl::StrCat(reason, " before the job started: queued again"));
+      RequeueLocked(*job->second, id);
+      return;
+    }
     if (!job->second->link_lost_report.empty()) absl::StrAppend(&reason, "; before that ", job->second->link_lost_report);
     EndJobLocked(*job->second, control::FAILED, reason);
   }

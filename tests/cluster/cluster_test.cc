@@ -1043,6 +1043,11 @@ TEST(ClusterTest, AnEmptyCheckpointsDirectoryGoesWithItsJob) {
     while_running();
     ASSERT_TRUE(cluster.client->Cancel(*job, "test", /*checkpoint=*/false).ok());
     EXPECT_EQ(cluster.WaitEnd(*job).state(), control::CANCELLED);
+    // The directory goes once the node has let the job go (its worker free).
+    EXPECT_TRUE(WaitUntil([&] {
+      auto workers = cluster.client->ListWorkers();
+      return workers.ok() && workers->size() == 1 && (*workers)[0].job_id().empty();
+    }));
   };
   run(root / "killed", [&] { fs::create_directories(root / "killed" / "checkpoints"); });
   EXPECT_FALSE(fs::exists(root / "killed" / "checkpoints"));

@@ -118,6 +118,25 @@ TEST_F(MultiprocessTest, KilledWorkerFailsTheJobWithin10sAndTheNextJobRuns) {
   EXPECT_EQ(next_info.slots(0).worker_id(), "w-a");
 }
 
+// A worker lost while the job still loads (it never answered LoadPlan:
+// SIGSTOPped) sends the job back to the queue, as an unreachable one does,
+// and it runs on another worker (it was FAILED, nothing having run).
+TEST_F(MultiprocessTest, AWorkerLostWhileTheJobLoadsRequeuesIt) {
+  Deadline deadline(seconds(60), "a worker lost at LoadPlan");
+  Process& hung = StartWorker("w-h");
+  ASSERT_TRUE(WaitWorkers(1));
+  hung.Signal(SIGSTOP);
+  auto job = client_->Submit(R"({"iterations": 3})", {});
+  ASSERT_TRUE(job.ok());
+  ASSERT_TRUE(WaitUntil([&] { return client_->Get(*job)->state() == control::COMPILING; }));
+  StartWorker("w-a");
+  const control::JobInfo info = WaitEnd(*job, absl::Seconds(40));
+  EXPECT_EQ(info.state(), control::SUCCEEDED) << info.reason();
+  ASSERT_EQ(info.slots_size(), 1);
+  EXPECT_EQ(info.slots(0).worker_id(), "w-a");
+  hung.Signal(SIGCONT);
+}
+
 TEST_F(MultiprocessTest, StoppedWorkerFailsTheJobWithin15s) {
   Deadline deadline(seconds(40), "a SIGSTOPped worker");
   StartWorker("w-a");
