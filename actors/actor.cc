@@ -251,15 +251,17 @@ absl::Status Actor::Handle(const Message& message) {
 }
 
 std::string Message::ToString() const {
+  // (Actors by their fields: the packed ids read as 68719476736.)
+  const std::string to = ActorIdToString(dst);
   switch (type) {
     case MessageType::kRegisterReady:
-      return StrCat("ready(desc ", register_desc_id, ", #", register_index, ") ", src, " -> ", dst);
+      return StrCat("ready(desc ", register_desc_id, ", #", register_index, ") ", ActorIdToString(src), " -> ", to);
     case MessageType::kRegisterAck:
-      return StrCat("ack(desc ", register_desc_id, ", #", register_index, ") ", src, " -> ", dst);
+      return StrCat("ack(desc ", register_desc_id, ", #", register_index, ") ", ActorIdToString(src), " -> ", to);
     case MessageType::kEord:
-      return StrCat("eord(desc ", register_desc_id, ") ", src, " -> ", dst);
+      return StrCat("eord(desc ", register_desc_id, ") ", ActorIdToString(src), " -> ", to);
     case MessageType::kCommand:
-      return StrCat(command == Command::kStart ? "start" : command == Command::kStop ? "stop" : "resume", " -> ", dst);
+      return StrCat(command == Command::kStart ? "start" : command == Command::kStop ? "stop" : "resume", " -> ", to);
   }
   return "?";
 }

@@ -419,7 +419,27 @@ class Worker::Impl final : public control::Worker::Service {
     report.set_finished(true);
     report.set_code(static_cast<int>(status.code()));
     report.set_message(std::string(status.message()));
-    SendReport(report);
+    // The job's end is what frees it on the master: one lost to a
+    // transient failure left the job RUNNING there for good (the worker's
+    // heartbeats no longer listing it said nothing). Tried again, 0.5 to
+    // 4 s apart, while the failure is of the kind that passes; a duplicate
+    // the master already took is harmless (its end is counted per node).
+    for (int attempt = 0;; ++attempt) {
+      const grpc::Status sent = SendReport(report);
+      const bool transient = sent.error_code() == grpc::StatusCode::UNAVAILABLE ||
+                             sent.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
+                             sent.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED ||
+                             sent.error_code() == grpc::StatusCode::INTERNAL ||
+                             sent.error_code() == grpc::StatusCode::UNKNOWN;
+      bool silent = false;
+      {
+        absl::MutexLock lock(&mu_);
+        silent = master_silent_ || stopping_;
+      }
+      if (sent.ok() || !transient || silent || attempt == 3) break;
+      TLOG_INFO("report of the end of job {} failed ({}): trying again", report.job_id(), sent.error_message());
+      absl::SleepFor(absl::Milliseconds(500) * (1 << attempt));
+    }
     absl::MutexLock lock(&mu_);
     entry->phase = Phase::kDone;
     reap_needed_ = true;
@@ -434,7 +454,9 @@ class Worker::Impl final : public control::Worker::Service {
     return report;
   }
 
-  void SendReport(const control::ReportRequest& report) {
+  // The Report call's status (OK where nothing was sent: a leaving worker's
+  // metrics for a silent master).
+  grpc::Status SendReport(const control::ReportRequest& report) {
     control::ReportResponse response;
     grpc::ClientContext context;
     bool leaving = false;
@@ -445,7 +467,7 @@ class Worker::Impl final : public control::Worker::Service {
       // metrics and log lines it would report wait on nothing (its jobs'
       // checkpoints do not wait for a report each); a job's end is still
       // tried.
-      if (leaving && master_silent_ && !report.finished()) return;
+      if (leaving && master_silent_ && !report.finished()) return grpc::Status::OK;
       reports_in_flight_.insert(&context);  // (a TryCancel before the call starts cancels it when it does)
     }
     PrepareContext(context, options_.security, leaving ? QuickRpcTimeout() : options_.rpc_timeout);
@@ -461,6 +483,7 @@ class Worker::Impl final : public control::Worker::Service {
         master_silent_ = true;
       }
     }
+    return status;
   }
 
   // Joins the threads of finished jobs and drops them (all: every job, for

@@ -512,6 +512,10 @@ TEST(RuntimeTest, ThrowingCallbackIsAnError) {
     EXPECT_NE(status.message().find("actor 'sink'"), std::string_view::npos) << status;
     if (!out_of_memory) {
       EXPECT_NE(status.message().find("library failure"), std::string_view::npos) << status;
+      // The message handled, its actors by their fields (the packed ids
+      // read as 68719476736).
+      EXPECT_NE(status.message().find("threw while handling ready(desc "), std::string_view::npos) << status;
+      EXPECT_NE(status.message().find(" -> node 0 cpu:"), std::string_view::npos) << status;
     }
   }
 }
