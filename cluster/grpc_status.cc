@@ -42,6 +42,10 @@ std::optional<Unreachable> DescribeUnreachable(const absl::Status& status, bool 
                            ", or one that went away)",
                        true};
   }
+  // (A master that stopped answering mid-watch: gRPC's keepalive gives up.)
+  if (has("keepalive watchdog timeout")) {
+    return Unreachable{"it stopped answering (keepalive timed out: a master stopped, hung or cut off)"};
+  }
   if (has("SETTINGS frame") || (absl::IsDeadlineExceeded(status) && has("Deadline Exceeded"))) {
     return Unreachable{"no answer in time (a master stopped or overloaded, or another kind of server)"};
   }

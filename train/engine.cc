@@ -133,8 +133,19 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Compile(graph::Graph graph, cons
     }
     ASSIGN_OR_RETURN(graph::GradientMap gradients, graph::Autodiff(graph, differentiated));
     if (gradients.empty()) {
+      // (A trainable integer variable gets no gradient: said, since it was
+      // "trainable" to its author.)
+      std::string integer;
+      for (graph::ValueId v : graph.Variables()) {
+        const graph::Node& node = graph.producer(v);
+        if (node.variable && node.variable->trainable && !IsFloatingPoint(graph.value(v).meta.dtype)) {
+          integer = StrCat(" (variable '", graph.value(v).name, "' is ", DTypeName(graph.value(v).meta.dtype),
+                           ": integers get no gradient)");
+          break;
+        }
+      }
       return absl::InvalidArgumentError(
-          "engine: the loss depends on no trainable variable: training would change nothing");
+          StrCat("engine: the loss depends on no trainable variable: training would change nothing", integer));
     }
     // The scaled loss was autodiff's root only: nothing reads it, and the
     // passes below may drop it.

@@ -385,6 +385,9 @@ TEST(SecurityTest, UnreachableCausesInWords) {
   EXPECT_TRUE(closed->tls_mismatch);
   EXPECT_FALSE(describe(absl::UnavailableError("ipv4:127.0.0.1:1: Socket closed"), true))
       << "with TLS, a closed socket is no TLS mismatch";
+  auto keepalive = describe(absl::UnavailableError("keepalive watchdog timeout"), false);
+  ASSERT_TRUE(keepalive) << "a watch of a stopped master said gRPC's words alone";
+  EXPECT_FALSE(keepalive->tls_mismatch);
   EXPECT_FALSE(describe(absl::UnavailableError("master is shutting down"), false)) << "the master's own answer";
   EXPECT_FALSE(describe(absl::InvalidArgumentError("Connection refused"), false)) << "not a transport failure";
 }

@@ -503,6 +503,18 @@ TEST(Engine, RunsOneRunAtATimeAndRefusesBadOptions) {
     EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
     EXPECT_EQ(status.message(), "engine: the loss depends on no trainable variable: training would change nothing");
   }
+  {  // A trainable integer variable (through a cast): named.
+    graph::GraphBuilder b;
+    const graph::Sym x = b.Input("x", {DType::kF32, Shape{2, 3}});
+    const graph::Sym counts =
+        b.Variable("counts", Shape{3}, graph::InitRule::Ones(), {.trainable = true, .dtype = DType::kI32});
+    b.MarkLoss(graph::ReduceSum(x * graph::Cast(counts, DType::kF32)));
+    auto graph = b.Finish();
+    ASSERT_TRUE(graph.ok()) << graph.status();
+    const absl::Status status = Engine::Compile(std::move(*graph), {}).status();
+    EXPECT_NE(status.message().find("(variable 'counts' is i32: integers get no gradient)"), std::string::npos)
+        << status;
+  }
   {
     CompileOptions nan_clip;
     nan_clip.optimizer.clip_grad_max_norm = std::nan("");  // (ran as no clipping)
