@@ -119,7 +119,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
     // HEAD is GET without the body (its Content-Length the body's), as
     // HTTP asks of every resource GET serves (a monitor's probe used it).
     const bool head = !too_large && request_.starts_with("HEAD ");
-    const std::string_view path = std::string_view(request_).substr(head ? 5 : 4);
+    // (A head may be as short as "\n\n": substr past its end threw, out
+    // of the server's thread.)
+    const size_t method_bytes = head ? 5 : 4;
+    const std::string_view path =
+        request_.size() > method_bytes ? std::string_view(request_).substr(method_bytes) : std::string_view();
     const bool metrics = !too_large && (head || request_.starts_with("GET ")) &&
                          (path.starts_with("/metrics ") || path.starts_with("/metrics?"));
     const std::string body = metrics     ? (*render_)()
