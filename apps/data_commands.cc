@@ -427,8 +427,10 @@ void AddTokenize(CLI::App& app) {
       }
       // The line break that ends what `echo` or an editor wrote is not part
       // of the text asked about (it was one more id, GPT-2's 198).
-      if (text.ends_with('\n')) text.pop_back();
-      if (text.ends_with('\r')) text.pop_back();
+      if (text.ends_with('\n')) {
+        text.pop_back();
+        if (text.ends_with('\r')) text.pop_back();
+      }
     } else {
       for (size_t i = 0; i < flags->text.size(); ++i) {
         text += (i > 0 ? " " : "") + flags->text[i];

@@ -967,14 +967,12 @@ class Master::Impl final : public control::Master::Service {
     if (auto s = Enter(*context, "KvPut"); !s.ok()) return s;
     if (auto s = CheckKey(request->key()); !s.ok()) return s;
     if (request->value().size() > kMaxKvValueBytes) return Invalid("kv values are at most 16 MiB");
+    absl::MutexLock lock(&kv_mu_);
     // A key of a job that ended (its nodes, stopping, still writing) would
     // stay for good: the job's keys were dropped as it ended.
-    absl::MutexLock jobs_lock(&mu_);
-    if (const auto job = jobs_.find(request->key().substr(0, request->key().find('/')));
-        job != jobs_.end() && IsFinal(job->second->state)) {
-      return Precondition(absl::StrCat("kv: job ", job->first, " already ended: ", StateName(job->second->state)));
+    if (const std::string job = request->key().substr(0, request->key().find('/')); kv_ended_jobs_.contains(job)) {
+      return Precondition(absl::StrCat("kv: job ", job, " already ended"));
     }
-    absl::MutexLock lock(&kv_mu_);
     const auto held = kv_.find(request->key());
     const size_t replaced = held == kv_.end() ? 0 : held->first.size() + held->second.size();
     const size_t bytes = request->key().size() + request->value().size();
@@ -1222,6 +1220,7 @@ class Master::Impl final : public control::Master::Service {
     {
       absl::MutexLock kv_lock(&kv_mu_);
       const std::string prefix = job.id + "/";
+      kv_ended_jobs_.insert(job.id);
       for (auto it = kv_.lower_bound(prefix); it != kv_.end() && it->first.starts_with(prefix);) {
         kv_bytes_ -= it->first.size() + it->second.size();
         it = kv_.erase(it);
@@ -2458,6 +2457,8 @@ class Master::Impl final : public control::Master::Service {
   // The KV has its own lock: waits hold it (in AwaitWithDeadline) often.
   absl::Mutex kv_mu_ ABSL_ACQUIRED_AFTER(mu_);
   std::map<std::string, std::string> kv_ ABSL_GUARDED_BY(kv_mu_);
+  // The jobs that ended, whose prefix takes no more keys.
+  std::set<std::string> kv_ended_jobs_ ABSL_GUARDED_BY(kv_mu_);
   size_t kv_bytes_ ABSL_GUARDED_BY(kv_mu_) = 0;  // keys and values of kv_
   bool kv_shutting_down_ ABSL_GUARDED_BY(kv_mu_) = false;
 };

@@ -1,7 +1,9 @@
 #include "cluster/metrics_http.h"
 
+#include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdint>
 #include <deque>
 #include <memory>
 #include <utility>
@@ -64,7 +66,13 @@ struct EndOfHead {
       if (next != end && *next == '\r') ++next;
       if (next != end && *next == '\n') return {++next, true};
     }
-    return {end, false};
+    // The next read searches again from here: its last two bytes, where an
+    // empty line cut between two segments begins ("\n" | "\r\n"; from
+    // `end`, the rest of it was never matched and the request waited out
+    // its 2 s unanswered).
+    Iterator from = end;
+    for (int i = 0; i < 2 && from != begin; ++i) --from;
+    return {from, false};
   }
 };
 
@@ -84,6 +92,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   Connection(tcp::socket socket, const std::function<std::string()>* render)
       : socket_(std::move(socket)), timer_(socket_.get_executor()), render_(render) {}
 
+  bool answering() const { return answering_; }
+
   // Ends it now (its pending handlers run aborted and let it go).
   void Close() {
     timer_.cancel();
@@ -99,12 +109,15 @@ class Connection : public std::enable_shared_from_this<Connection> {
   }
 
  private:
-  // The connection closes 2 s from now unless the next step ends first.
+  // The connection closes 2 s from now unless the next step ends first
+  // (a deadline whose wait completed as the step ended, too late for
+  // cancel(), is known by its number: it closed the answered connection).
   void Deadline() {
     auto self = shared_from_this();
+    const uint64_t armed = ++deadline_;
     timer_.expires_after(std::chrono::seconds(2));
-    timer_.async_wait([self](const boost::system::error_code& error) {
-      if (!error) {
+    timer_.async_wait([self, armed](const boost::system::error_code& error) {
+      if (!error && armed == self->deadline_) {
         boost::system::error_code ignored;
         self->socket_.close(ignored);
       }
@@ -113,6 +126,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   void Answer(const boost::system::error_code& error) {
     timer_.cancel();
+    ++deadline_;
+    answering_ = true;
     // A head past 8 KiB is answered 431 (the connection was reset).
     const bool too_large = error == asio::error::not_found;
     if (error && !too_large) return;
@@ -140,6 +155,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     auto self = shared_from_this();
     asio::async_write(socket_, asio::buffer(response_), [self](const boost::system::error_code&, size_t) {
       self->timer_.cancel();
+      ++self->deadline_;
       boost::system::error_code ignored;
       self->socket_.shutdown(tcp::socket::shutdown_both, ignored);
     });
@@ -148,6 +164,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   tcp::socket socket_;
   asio::steady_timer timer_;
   const std::function<std::string()>* render_;
+  uint64_t deadline_ = 0;   // the armed deadline's number
+  bool answering_ = false;  // its request read: the answer is being written
   std::string request_;
   std::string response_;
 };
@@ -167,10 +185,17 @@ void Accept(MetricsHttpServer::State& state, const std::function<std::string()>*
     // At most kMaxConnections at once, the oldest closed for a new one:
     // idle clients can neither hold the master's descriptors (each held
     // one for 2 s, without bound) nor keep a scrape out.
+    // (The oldest still reading its request: one being answered is let
+    // finish where any is not.)
     std::erase_if(state.connections, [](const std::weak_ptr<Connection>& c) { return c.expired(); });
     if (state.connections.size() >= static_cast<size_t>(MetricsHttpServer::kMaxConnections)) {
-      if (const std::shared_ptr<Connection> oldest = state.connections.front().lock()) oldest->Close();
-      state.connections.pop_front();
+      auto victim = std::find_if(state.connections.begin(), state.connections.end(), [](const auto& c) {
+        const std::shared_ptr<Connection> live = c.lock();
+        return live != nullptr && !live->answering();
+      });
+      if (victim == state.connections.end()) victim = state.connections.begin();
+      if (const std::shared_ptr<Connection> closed = victim->lock()) closed->Close();
+      state.connections.erase(victim);
     }
     auto connection = std::make_shared<Connection>(std::move(socket), render);
     state.connections.push_back(connection);

@@ -421,8 +421,8 @@ class Worker::Impl final : public control::Worker::Service {
     report.set_message(std::string(status.message()));
     // The job's end is what frees it on the master: one lost to a
     // transient failure left the job RUNNING there for good (the worker's
-    // heartbeats no longer listing it said nothing). Tried again, 0.5 to
-    // 4 s apart, while the failure is of the kind that passes; a duplicate
+    // heartbeats no longer listing it said nothing). Tried again, 0.5, 1
+    // and 2 s apart, while the failure is of the kind that passes; a duplicate
     // the master already took is harmless (its end is counted per node).
     for (int attempt = 0;; ++attempt) {
       const grpc::Status sent = SendReport(report);

@@ -636,6 +636,9 @@ TEST(Cli, PreprocessKeepsItsOutputsConsistent) {
             RunTessera(gpt2 + " she").out);
   EXPECT_NE(RunCommand("printf 'she\\n\\n' | " + std::string(TESSERA_BINARY) + " " + gpt2).out,
             RunTessera(gpt2 + " she").out);
+  // A carriage return no line feed follows is text.
+  EXPECT_NE(RunCommand("printf 'she\\r' | " + std::string(TESSERA_BINARY) + " " + gpt2).out,
+            RunTessera(gpt2 + " she").out);
   // What it wrote, and nothing else (the vocabulary's working directory
   // is gone).
   std::vector<std::string> written;

@@ -4,6 +4,7 @@
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -113,7 +114,7 @@ TEST(ClusterTest, JobSucceedsWithMetricsStreamedAndWritten) {
   KvClient late(MakeChannel(cluster.address, {}), {}, *job + "/1/");
   const absl::Status put = late.Set("stop/0", "late");
   EXPECT_EQ(put.code(), absl::StatusCode::kFailedPrecondition) << put;
-  EXPECT_NE(put.message().find("kv: job " + *job + " already ended: SUCCEEDED"), std::string::npos) << put;
+  EXPECT_NE(put.message().find("kv: job " + *job + " already ended"), std::string::npos) << put;
   // An evaluation's row (its eval_* values alone) keeps the loss and
   // throughput beside it (they were gone from status and /metrics until
   // the next logged iteration).
@@ -1326,6 +1327,26 @@ TEST(ClusterTest, PrometheusMetrics) {
   // unanswered); a head over 8 KiB is answered 431 (it was reset).
   const int port = cluster.master->metrics_port();
   EXPECT_TRUE(HttpRaw(port, "GET /metrics HTTP/1.0\nHost: x\n\n").starts_with("HTTP/1.0 200 OK"));
+  // A head that arrives in pieces, its empty line cut between them (never
+  // answered: the search for its end went on past the cut's "\n").
+  for (const std::vector<std::string>& pieces :
+       {std::vector<std::string>{"GET /metrics HTTP/1.0\r\n", "Host: x\r\n", "\r\n"},
+        std::vector<std::string>{"GET /metrics HTTP/1.0\n", "\n"},
+        std::vector<std::string>{"GET /metrics HTTP/1.0\r\n\r", "\n"}}) {
+    const int fd = ConnectLocal(port);
+    ASSERT_GE(fd, 0);
+    const int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    for (const std::string& piece : pieces) {
+      EXPECT_EQ(write(fd, piece.data(), piece.size()), static_cast<ssize_t>(piece.size()));
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    std::string response;
+    char buffer[4096];
+    for (ssize_t n; (n = read(fd, buffer, sizeof(buffer))) > 0;) response.append(buffer, static_cast<size_t>(n));
+    close(fd);
+    EXPECT_TRUE(response.starts_with("HTTP/1.0 200 OK")) << pieces.size() << " pieces: '" << response << "'";
+  }
   // Heads shorter than a method: 404, and the server goes on.
   for (const char* tiny : {"\n\n", "\n\r\n", "GE\n\n", "GET\n\n"}) {
     EXPECT_TRUE(HttpRaw(port, tiny).starts_with("HTTP/1.0 404 ")) << tiny;
