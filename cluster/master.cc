@@ -118,6 +118,8 @@ struct Job {
   // the last of them has (before, `cancel --now` left them: the nodes'
   // claims on checkpoints/ kept both).
   bool outputs_held = false;
+  // Its placements so far (the current one's number: LoadPlanRequest.launch).
+  uint64_t launch = 0;
   std::deque<control::JobEvent> events;
   uint64_t events_base = 0;  // index of events.front() among all events
   size_t events_bytes = 0;   // their serialized sizes, summed
@@ -319,6 +321,7 @@ struct PendingStop {
   std::string job_id;
   std::string reason;
   bool graceful = false;
+  uint64_t launch = 0;  // the placement it stops (0: whichever)
 };
 
 struct UrgentProbe {
@@ -1130,7 +1133,7 @@ class Master::Impl final : public control::Master::Service {
     for (const WorkerSlot& slot : job.slots) {
       auto it = workers_.find(slot.worker_id);
       if (it == workers_.end() || it->second->job_id != job.id) continue;
-      pending_stops_.push_back({it->second->stub, job.id, reason, /*graceful=*/true});
+      pending_stops_.push_back({it->second->stub, job.id, reason, /*graceful=*/true, job.launch});
     }
     MasterLineLocked(job, job.reason);
     TLOG_INFO("job {}: {}", job.id, job.reason);
@@ -1204,7 +1207,7 @@ class Master::Impl final : public control::Master::Service {
       for (const WorkerSlot& slot : job.slots) {
         auto it = workers_.find(slot.worker_id);
         if (it == workers_.end() || it->second->job_id != job.id) continue;
-        pending_stops_.push_back({it->second->stub, job.id, reason});
+        pending_stops_.push_back({it->second->stub, job.id, reason, /*graceful=*/false, job.launch});
       }
     }
     if (!reason.empty()) LogLocked(job, absl::StrCat("[master] ", StateName(state), ": ", reason));
@@ -1385,6 +1388,7 @@ class Master::Impl final : public control::Master::Service {
         if (shutting_down_) return;
         queue_.erase(std::remove(queue_.begin(), queue_.end(), job->id), queue_.end());
         job->slots = slots;
+        ++job->launch;
         SetStateLocked(*job, control::COMPILING);
         job_id = job->id;
         spec = job->spec;
@@ -1404,7 +1408,7 @@ class Master::Impl final : public control::Master::Service {
       plans = absl::InternalError(absl::StrCat("the compiler made ", plans->size(), " node plans for ", slots.size(),
                                                " workers"));
     }
-    uint64_t session = 0;
+    uint64_t session = 0, launch = 0;
     std::vector<std::shared_ptr<control::Worker::Stub>> stubs;
     {
       absl::MutexLock lock(&mu_);
@@ -1415,6 +1419,7 @@ class Master::Impl final : public control::Master::Service {
         return;
       }
       session = job.session;
+      launch = job.launch;
       for (const WorkerSlot& slot : slots) {
         auto it = workers_.find(slot.worker_id);
         if (it == workers_.end()) return;  // lost: the job has failed already
@@ -1427,12 +1432,14 @@ class Master::Impl final : public control::Master::Service {
     const auto still_launching = [&](size_t loaded) {
       {
         absl::MutexLock lock(&mu_);
-        if (jobs_.at(job_id)->state == control::COMPILING) return true;
+        const Job& job = *jobs_.at(job_id);
+        if (job.state == control::COMPILING && job.launch == launch) return true;
       }
       for (size_t k = 0; k < loaded; ++k) {
         control::StopRequest request;
         request.set_job_id(job_id);
         request.set_reason("queued again");
+        request.set_launch(launch);
         control::StopResponse response;
         grpc::ClientContext context;
         PrepareContext(context, options_.security, options_.rpc_timeout);
@@ -1446,6 +1453,7 @@ class Master::Impl final : public control::Master::Service {
       control::LoadPlanRequest request;
       request.set_job_id(job_id);
       request.set_session(session);
+      request.set_launch(launch);
       request.set_node(slots[i].node);
       for (const WorkerSlot& slot : slots) {
         control::WorkerSlot* out = request.add_slots();
@@ -1522,7 +1530,9 @@ class Master::Impl final : public control::Master::Service {
       auto it = workers_.find(slot.worker_id);
       if (it == workers_.end() || it->second->job_id != job.id) continue;
       it->second->job_id.clear();
-      if (slot.worker_id != lost_worker) pending_stops_.push_back({it->second->stub, job.id, "requeued"});
+      if (slot.worker_id != lost_worker) {
+        pending_stops_.push_back({it->second->stub, job.id, "requeued", /*graceful=*/false, job.launch});
+      }
     }
     job.slots.clear();
     queue_.insert(queue_.begin(), job.id);
@@ -2309,6 +2319,7 @@ class Master::Impl final : public control::Master::Service {
     call->request.set_job_id(stop.job_id);
     call->request.set_reason(stop.reason);
     call->request.set_graceful(stop.graceful);
+    call->request.set_launch(stop.launch);
     PrepareContext(call->context, options_.security, options_.rpc_timeout);
     Call* raw = call.get();
     {

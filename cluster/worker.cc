@@ -52,6 +52,7 @@ struct JobEntry {
   }
   // Guarded by the worker's mutex:
   Phase phase = Phase::kLoading;
+  uint64_t launch = 0;  // LoadPlanRequest.launch
   bool stop_requested = false;
   absl::Status stop_reason;
 };
@@ -257,6 +258,7 @@ class Worker::Impl final : public control::Worker::Service {
       }
       entry->worker_id = worker_id_;
       entry->epoch = epoch_;
+      entry->launch = request->launch();
       jobs_[request->job_id()] = entry;
     }
     RunContext& run = entry->context;
@@ -331,7 +333,7 @@ class Worker::Impl final : public control::Worker::Service {
     if (auto s = CheckToken(*context, options_.security.token); !s.ok()) return s;
     const absl::Status reason = absl::CancelledError(
         request->reason().empty() ? "stopped by the master" : request->reason().substr(0, 4096));
-    if (!StopJob(request->job_id(), reason, request->graceful())) {
+    if (!StopJob(request->job_id(), reason, request->graceful(), request->launch())) {
       return {grpc::StatusCode::NOT_FOUND, absl::StrCat("no job '", request->job_id().substr(0, kMaxIdBytes),
                                                         "' on this worker")};
     }
@@ -363,13 +365,19 @@ class Worker::Impl final : public control::Worker::Service {
 
   // Cancels, or with `graceful` asks to stop at an iteration boundary (a
   // running job), or forgets (a loaded one) a job; false if there is none.
-  bool StopJob(const std::string& job_id, const absl::Status& reason, bool graceful = false) {
+  // `launch` (not 0): only that placement of the job (a late "queued
+  // again" stop killed the next placement's load).
+  bool StopJob(const std::string& job_id, const absl::Status& reason, bool graceful = false, uint64_t launch = 0) {
     std::shared_ptr<JobEntry> entry;
     {
       absl::MutexLock lock(&mu_);
       auto it = jobs_.find(job_id);
       if (it == jobs_.end()) return false;
       entry = it->second;
+      if (launch != 0 && entry->launch != 0 && entry->launch != launch) {
+        TLOG_INFO("job {}: a stop of its placement {} left placement {} be", job_id, launch, entry->launch);
+        return true;
+      }
       switch (entry->phase) {
         case Phase::kLoading:
           entry->stop_requested = true;

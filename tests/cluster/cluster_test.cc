@@ -177,6 +177,33 @@ TEST(ClusterTest, AnEndedJobKeepsTheTailOfItsEvents) {
   EXPECT_LE(bytes, size_t{256} << 10);
 }
 
+// A Stop names the placement it stops: a late one of an earlier placement
+// (a "queued again" stop reaching the worker after the job was placed on
+// it anew) leaves the current one be; one without a number stops it.
+TEST(ClusterTest, AStopOfAnEarlierPlacementLeavesTheJobBe) {
+  Deadline deadline(seconds(20), "stops by placement");
+  TestCluster cluster;
+  cluster.Start({"cpu:1"});
+  auto job = cluster.client->Submit(R"({"hang": true})", {});
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_TRUE(cluster.WaitState(*job, control::RUNNING));
+  auto worker = control::Worker::NewStub(MakeChannel(cluster.worker_addresses[0], {}));
+  const auto stop = [&](uint64_t launch) {
+    grpc::ClientContext context;
+    control::StopRequest request;
+    request.set_job_id(*job);
+    request.set_reason("test");
+    request.set_launch(launch);
+    control::StopResponse response;
+    return worker->Stop(&context, request, &response);
+  };
+  ASSERT_TRUE(stop(7).ok());  // this job's placement is its first
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  EXPECT_EQ(cluster.client->Get(*job)->state(), control::RUNNING);
+  ASSERT_TRUE(stop(1).ok());
+  EXPECT_NE(cluster.WaitEnd(*job).state(), control::RUNNING);
+}
+
 TEST(ClusterTest, AnIdHeldByALiveWorkerIsRefusedAndFreshIdsSkipHeldOnes) {
   Deadline deadline(seconds(20), "worker ids");
   TestCluster cluster;
