@@ -179,7 +179,7 @@ TEST(ClusterTest, AnEndedJobKeepsTheTailOfItsEvents) {
 
 // A Stop names the placement it stops: a late one of an earlier placement
 // (a "queued again" stop reaching the worker after the job was placed on
-// it anew) leaves the current one be; one without a number stops it.
+// it anew) leaves the current one be; one naming the current one stops it.
 TEST(ClusterTest, AStopOfAnEarlierPlacementLeavesTheJobBe) {
   Deadline deadline(seconds(20), "stops by placement");
   TestCluster cluster;
