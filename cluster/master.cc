@@ -469,6 +469,9 @@ class Master::Impl final : public control::Master::Service {
     // Watches and KV waits notice shutting_down_ within their poll period.
     server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
     if (scheduler_.joinable()) scheduler_.join();
+    // (Their calls to workers were cancelled above.)
+    for (const std::unique_ptr<LaunchThread>& launch : launches_) launch->thread.join();
+    launches_.clear();
     if (monitor_.joinable()) monitor_.join();
     {
       absl::MutexLock lock(&mu_);
@@ -1379,6 +1382,7 @@ class Master::Impl final : public control::Master::Service {
       std::string job_id;
       JobSpec spec;
       std::vector<WorkerSlot> slots;
+      uint64_t launch = 0;
       {
         absl::MutexLock lock(&mu_);
         Job* job = nullptr;
@@ -1392,13 +1396,40 @@ class Master::Impl final : public control::Master::Service {
         SetStateLocked(*job, control::COMPILING);
         job_id = job->id;
         spec = job->spec;
+        launch = job->launch;
+        // Each launch on a thread of its own: one waiting on a hung worker
+        // (a LoadPlan's 10 s) held every other job's placement (free
+        // workers sat idle meanwhile).
+        std::erase_if(launches_, [](const std::unique_ptr<LaunchThread>& t) {
+          if (!t->done.load()) return false;
+          t->thread.join();
+          return true;
+        });
+        auto thread = std::make_unique<LaunchThread>();
+        LaunchThread* raw = thread.get();
+        try {
+          raw->thread = std::thread([this, raw, job_id, spec, slots, launch] {
+            Launch(job_id, spec, slots, launch);
+            raw->done.store(true);
+          });
+        } catch (const std::system_error& e) {  // no thread (EAGAIN): the job fails, the master goes on
+          EndJobLocked(*job, control::FAILED, absl::StrCat("cannot start its launch thread: ", e.what()));
+          continue;
+        }
+        launches_.push_back(std::move(thread));
       }
-      Launch(job_id, spec, slots);
     }
   }
 
+  struct LaunchThread {
+    std::thread thread;
+    std::atomic<bool> done{false};
+  };
+
   // COMPILING -> RUNNING: compiles, loads every node's plan, starts them.
-  void Launch(const std::string& job_id, const JobSpec& spec, const std::vector<WorkerSlot>& slots) {
+  // `launch`: the job's placement this is (a job queued again meanwhile and
+  // placed anew has another: this one then stops).
+  void Launch(const std::string& job_id, const JobSpec& spec, const std::vector<WorkerSlot>& slots, uint64_t launch) {
     absl::StatusOr<std::vector<std::string>> plans;
     {
       absl::MutexLock lock(&compiler_mu_);
@@ -1408,18 +1439,18 @@ class Master::Impl final : public control::Master::Service {
       plans = absl::InternalError(absl::StrCat("the compiler made ", plans->size(), " node plans for ", slots.size(),
                                                " workers"));
     }
-    uint64_t session = 0, launch = 0;
+    uint64_t session = 0;
     std::vector<std::shared_ptr<control::Worker::Stub>> stubs;
     {
       absl::MutexLock lock(&mu_);
       Job& job = *jobs_.at(job_id);
-      if (job.state != control::COMPILING) return;  // cancelled or a worker was lost meanwhile
+      // (Cancelled, or a worker was lost, meanwhile.)
+      if (job.state != control::COMPILING || job.launch != launch) return;
       if (!plans.ok()) {
         EndJobLocked(job, control::FAILED, absl::StrCat("compile: ", plans.status().message()));
         return;
       }
       session = job.session;
-      launch = job.launch;
       for (const WorkerSlot& slot : slots) {
         auto it = workers_.find(slot.worker_id);
         if (it == workers_.end()) return;  // lost: the job has failed already
@@ -1473,12 +1504,13 @@ class Master::Impl final : public control::Master::Service {
       if (absl::IsUnavailable(status)) {
         // The worker went away before the master noticed: not the job's
         // fault. Lose the worker, queue the job again.
-        Requeue(job_id, slots[i].worker_id, absl::StrCat("LoadPlan: ", status.message()));
+        Requeue(job_id, launch, slots[i].worker_id, absl::StrCat("LoadPlan: ", status.message()));
         return;
       }
       if (!status.ok()) {
-        FailLaunch(job_id, absl::StrCat("worker ", slots[i].worker_id, " (node ", slots[i].node,
-                                        "): LoadPlan: ", status.ToString()));
+        FailLaunch(
+            job_id, launch,
+            absl::StrCat("worker ", slots[i].worker_id, " (node ", slots[i].node, "): LoadPlan: ", status.ToString()));
         return;
       }
     }
@@ -1486,7 +1518,7 @@ class Master::Impl final : public control::Master::Service {
     {
       absl::MutexLock lock(&mu_);
       Job& job = *jobs_.at(job_id);
-      if (job.state != control::COMPILING) return;
+      if (job.state != control::COMPILING || job.launch != launch) return;
       SetStateLocked(job, control::RUNNING);
     }
     for (size_t i = 0; i < slots.size(); ++i) {
@@ -1505,8 +1537,9 @@ class Master::Impl final : public control::Master::Service {
         return;
       }
       if (!status.ok()) {
-        FailLaunch(job_id, absl::StrCat("worker ", slots[i].worker_id, " (node ", slots[i].node,
-                                        "): Start: ", status.ToString()));
+        FailLaunch(
+            job_id, launch,
+            absl::StrCat("worker ", slots[i].worker_id, " (node ", slots[i].node, "): Start: ", status.ToString()));
         return;
       }
     }
@@ -1514,10 +1547,10 @@ class Master::Impl final : public control::Master::Service {
 
   // COMPILING -> PENDING (at the head of the queue): frees the job's
   // workers, stops it where it was loaded already, loses `lost_worker`.
-  void Requeue(const std::string& job_id, const std::string& lost_worker, const std::string& why) {
+  void Requeue(const std::string& job_id, uint64_t launch, const std::string& lost_worker, const std::string& why) {
     absl::MutexLock lock(&mu_);
     Job& job = *jobs_.at(job_id);
-    if (job.state != control::COMPILING) return;
+    if (job.state != control::COMPILING || job.launch != launch) return;
     RequeueLocked(job, lost_worker);
     LoseWorkerLocked(lost_worker, why);
   }
@@ -1539,13 +1572,16 @@ class Master::Impl final : public control::Master::Service {
     SetStateLocked(job, control::PENDING);
   }
 
-  void FailLaunch(const std::string& job_id, const std::string& reason) {
+  void FailLaunch(const std::string& job_id, uint64_t launch, const std::string& reason) {
     absl::MutexLock lock(&mu_);
     Job& job = *jobs_.at(job_id);
     // Cancelled, or queued again (a worker shutting down), meanwhile: the
-    // failure is of the launch that was stopped. (Shutting down: the call
-    // was cancelled; the record stays for the next master.)
-    if (shutting_down_ || (job.state != control::COMPILING && job.state != control::RUNNING)) return;
+    // failure is of the launch that was stopped (placed anew since: of
+    // another launch). (Shutting down: the call was cancelled; the record
+    // stays for the next master.)
+    if (shutting_down_ || (job.state != control::COMPILING && job.state != control::RUNNING) || job.launch != launch) {
+      return;
+    }
     // Asked to stop (a cancel, a daemon shutting down) before every node
     // started: it ends as that stop says, before its first iteration.
     if (job.stopping) {
@@ -2441,6 +2477,9 @@ class Master::Impl final : public control::Master::Service {
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<MetricsHttpServer> metrics_server_;
   std::thread scheduler_;
+  // The launches under way (and ended ones not yet joined), the scheduler's
+  // alone until Shutdown has joined it.
+  std::vector<std::unique_ptr<LaunchThread>> launches_;
   std::thread monitor_;
 
   mutable absl::Mutex mu_;

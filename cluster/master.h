@@ -9,7 +9,7 @@
 //        v
 //     PENDING <-------------------------------+
 //        |  enough free devices: workers      |  a worker is unreachable at
-//        |  assigned                          |  LoadPlan: it is lost, the job
+//        |  assigned                          |  LoadPlan, or lost: the job
 //        v                                    |  goes back to the queue's head
 //    COMPILING -------------------------------+
 //        |   \---- compile error, LoadPlan or Start refused ----> FAILED
@@ -33,13 +33,18 @@
 // (node i) gets min(worker's devices, devices still needed) of them. Jobs are
 // started first-in first-out; a job that needs more devices than all live
 // workers have together stays PENDING (with a reason saying so) and does not
-// block the jobs behind it; it starts once enough workers join.
+// block the jobs behind it; it starts once enough workers join. Each
+// placement (a launch: compile, LoadPlan and Start on every node) runs on a
+// thread of its own, so a worker slow to answer holds no other job; a
+// launch whose job was queued again meanwhile (a worker lost or shutting
+// down) stops, and its stops name it (Stop.launch).
 //
 // Liveness: workers heartbeat every heartbeat_interval; the master also
 // probes each worker's Status RPC every heartbeat_interval. A worker that
 // has not heartbeated within worker_timeout, or has failed probe_failures
 // probes in a row, is lost: removed from the registry, its job FAILED naming
-// it. A hung (SIGSTOPped) worker answers neither, so both catch it.
+// it (one still loading, COMPILING, queued again). A hung (SIGSTOPped)
+// worker answers neither, so both catch it.
 //
 // Persistence: with a state_dir, each job is a file <state_dir>/<job id>.json,
 // rewritten through a temporary name and a rename on every state change.
@@ -53,7 +58,8 @@
 //
 // Thread-safety: all public methods are thread-safe. The master owns its
 // compiler (called by one thread at a time), its gRPC server, its threads
-// (the scheduler, the monitor, one prober per worker) and the metrics server.
+// (the scheduler, one per launch under way, the monitor, one prober per
+// worker) and the metrics server.
 
 #include <cstdint>
 #include <memory>

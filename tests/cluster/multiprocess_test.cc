@@ -137,6 +137,29 @@ TEST_F(MultiprocessTest, AWorkerLostWhileTheJobLoadsRequeuesIt) {
   hung.Signal(SIGCONT);
 }
 
+// A launch waiting on a hung worker (its LoadPlan unanswered: SIGSTOP)
+// holds no other job: one that fits a free worker runs meanwhile (it
+// waited for that LoadPlan's 10 s).
+TEST_F(MultiprocessTest, AHungLaunchHoldsNoOtherJob) {
+  Deadline deadline(seconds(60), "a hung launch and another job");
+  Process& hung = StartWorker("w-h");
+  ASSERT_TRUE(WaitWorkers(1));
+  hung.Signal(SIGSTOP);
+  auto stuck = client_->Submit(R"({"iterations": 3})", {});
+  ASSERT_TRUE(stuck.ok());
+  ASSERT_TRUE(WaitUntil([&] { return client_->Get(*stuck)->state() == control::COMPILING; }));
+  StartWorker("w-a");
+  ASSERT_TRUE(WaitWorkers(2));
+  const absl::Time submitted = absl::Now();
+  auto other = client_->Submit(R"({"iterations": 3})", {});
+  ASSERT_TRUE(other.ok());
+  const control::JobInfo info = WaitEnd(*other, absl::Seconds(30));
+  EXPECT_EQ(info.state(), control::SUCCEEDED) << info.reason();
+  EXPECT_LT(absl::Now() - submitted, absl::Seconds(3)) << "it waited for the hung launch";
+  EXPECT_EQ(client_->Get(*stuck)->state(), control::COMPILING);
+  hung.Signal(SIGCONT);
+}
+
 TEST_F(MultiprocessTest, StoppedWorkerFailsTheJobWithin15s) {
   Deadline deadline(seconds(40), "a SIGSTOPped worker");
   StartWorker("w-a");
