@@ -30,6 +30,20 @@ class Process : public tessera::testing::ChildProcess {
       : ChildProcess(TESSERA_CLUSTER_TEST_CLI, args, output) {}
 };
 
+// Whether every thread of `pid` is stopped (state T in /proc).
+bool AllThreadsStopped(pid_t pid) {
+  std::error_code error;
+  int threads = 0;
+  for (const auto& task : fs::directory_iterator(fs::path("/proc") / std::to_string(pid) / "task", error)) {
+    std::ifstream in(task.path() / "stat");
+    std::string stat((std::istreambuf_iterator<char>(in)), {});
+    const size_t paren = stat.rfind(')');
+    if (paren == std::string::npos || paren + 2 >= stat.size() || stat[paren + 2] != 'T') return false;
+    ++threads;
+  }
+  return !error && threads > 0;
+}
+
 class MultiprocessTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -85,6 +99,21 @@ class MultiprocessTest : public ::testing::Test {
     return master;
   }
 
+  // A job placed on a worker that never answers its LoadPlan (w-h,
+  // SIGSTOPped, the only worker): COMPILING.
+  void SubmitOnAHungWorker(Process** hung, std::string* job) {
+    *hung = &StartWorker("w-h");
+    ASSERT_TRUE(WaitWorkers(1));
+    (*hung)->Signal(SIGSTOP);
+    // Stopped once every thread is (a thread stops when it next runs: one
+    // took the LoadPlan meanwhile, and the job ran).
+    ASSERT_TRUE(WaitUntil([&] { return AllThreadsStopped((*hung)->pid()); }));
+    auto submitted = client_->Submit(R"({"iterations": 3})", {});
+    ASSERT_TRUE(submitted.ok());
+    *job = *submitted;
+    ASSERT_TRUE(WaitUntil([&] { return client_->Get(*job)->state() == control::COMPILING; }));
+  }
+
   control::JobInfo WaitEnd(const std::string& job, absl::Duration limit) {
     return testing::WaitJobEnd(*client_, job, limit);
   }
@@ -123,18 +152,15 @@ TEST_F(MultiprocessTest, KilledWorkerFailsTheJobWithin10sAndTheNextJobRuns) {
 // and it runs on another worker (it was FAILED, nothing having run).
 TEST_F(MultiprocessTest, AWorkerLostWhileTheJobLoadsRequeuesIt) {
   Deadline deadline(seconds(60), "a worker lost at LoadPlan");
-  Process& hung = StartWorker("w-h");
-  ASSERT_TRUE(WaitWorkers(1));
-  hung.Signal(SIGSTOP);
-  auto job = client_->Submit(R"({"iterations": 3})", {});
-  ASSERT_TRUE(job.ok());
-  ASSERT_TRUE(WaitUntil([&] { return client_->Get(*job)->state() == control::COMPILING; }));
+  Process* hung = nullptr;
+  std::string job;
+  ASSERT_NO_FATAL_FAILURE(SubmitOnAHungWorker(&hung, &job));
   StartWorker("w-a");
-  const control::JobInfo info = WaitEnd(*job, absl::Seconds(40));
+  const control::JobInfo info = WaitEnd(job, absl::Seconds(40));
   EXPECT_EQ(info.state(), control::SUCCEEDED) << info.reason();
   ASSERT_EQ(info.slots_size(), 1);
   EXPECT_EQ(info.slots(0).worker_id(), "w-a");
-  hung.Signal(SIGCONT);
+  hung->Signal(SIGCONT);
 }
 
 // A launch waiting on a hung worker (its LoadPlan unanswered: SIGSTOP)
@@ -142,12 +168,9 @@ TEST_F(MultiprocessTest, AWorkerLostWhileTheJobLoadsRequeuesIt) {
 // waited for that LoadPlan's 10 s).
 TEST_F(MultiprocessTest, AHungLaunchHoldsNoOtherJob) {
   Deadline deadline(seconds(60), "a hung launch and another job");
-  Process& hung = StartWorker("w-h");
-  ASSERT_TRUE(WaitWorkers(1));
-  hung.Signal(SIGSTOP);
-  auto stuck = client_->Submit(R"({"iterations": 3})", {});
-  ASSERT_TRUE(stuck.ok());
-  ASSERT_TRUE(WaitUntil([&] { return client_->Get(*stuck)->state() == control::COMPILING; }));
+  Process* hung = nullptr;
+  std::string stuck;
+  ASSERT_NO_FATAL_FAILURE(SubmitOnAHungWorker(&hung, &stuck));
   StartWorker("w-a");
   ASSERT_TRUE(WaitWorkers(2));
   const absl::Time submitted = absl::Now();
@@ -156,8 +179,8 @@ TEST_F(MultiprocessTest, AHungLaunchHoldsNoOtherJob) {
   const control::JobInfo info = WaitEnd(*other, absl::Seconds(30));
   EXPECT_EQ(info.state(), control::SUCCEEDED) << info.reason();
   EXPECT_LT(absl::Now() - submitted, absl::Seconds(3)) << "it waited for the hung launch";
-  EXPECT_EQ(client_->Get(*stuck)->state(), control::COMPILING);
-  hung.Signal(SIGCONT);
+  EXPECT_EQ(client_->Get(stuck)->state(), control::COMPILING);
+  hung->Signal(SIGCONT);
 }
 
 TEST_F(MultiprocessTest, StoppedWorkerFailsTheJobWithin15s) {
