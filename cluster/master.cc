@@ -120,6 +120,7 @@ struct Job {
   bool outputs_held = false;
   // Its placements so far (the current one's number: LoadPlanRequest.launch).
   uint64_t launch = 0;
+  bool launching = false;  // a launch thread of it has not returned yet
   std::deque<control::JobEvent> events;
   uint64_t events_base = 0;  // index of events.front() among all events
   size_t events_bytes = 0;   // their serialized sizes, summed
@@ -1329,6 +1330,11 @@ class Master::Impl final : public control::Master::Service {
     for (const WorkerRecord* worker : free_workers) free_of[worker->device_type] += worker->num_devices;
     for (const std::string& id : queue_) {
       Job& job = *jobs_.at(id);
+      // Queued again while its last launch still ends (its LoadPlans
+      // returning, its loads stopped): placed once it has, so the two never
+      // load on one worker at once (the new one was refused: "already
+      // loaded"); the jobs behind it go meanwhile.
+      if (job.launching) continue;
       const std::string& type = job.spec.device_type;
       const int64_t total = total_of[type], free = free_of[type];
       // A job the cluster as it is cannot hold waits without blocking the queue.
@@ -1393,6 +1399,7 @@ class Master::Impl final : public control::Master::Service {
         queue_.erase(std::remove(queue_.begin(), queue_.end(), job->id), queue_.end());
         job->slots = slots;
         ++job->launch;
+        job->launching = true;
         SetStateLocked(*job, control::COMPILING);
         job_id = job->id;
         spec = job->spec;
@@ -1410,9 +1417,15 @@ class Master::Impl final : public control::Master::Service {
         try {
           raw->thread = std::thread([this, raw, job_id, spec, slots, launch] {
             Launch(job_id, spec, slots, launch);
+            {
+              absl::MutexLock lock(&mu_);
+              jobs_.at(job_id)->launching = false;
+              changed_.SignalAll();
+            }
             raw->done.store(true);
           });
         } catch (const std::system_error& e) {  // no thread (EAGAIN): the job fails, the master goes on
+          job->launching = false;
           EndJobLocked(*job, control::FAILED, absl::StrCat("cannot start its launch thread: ", e.what()));
           continue;
         }
