@@ -182,11 +182,10 @@ void Accept(MetricsHttpServer::State& state, const std::function<std::string()>*
       });
       return;
     }
-    // At most kMaxConnections at once, the oldest closed for a new one:
+    // At most kMaxConnections at once, the oldest still reading its request
+    // closed for a new one (one being answered finishes, unless all are):
     // idle clients can neither hold the master's descriptors (each held
     // one for 2 s, without bound) nor keep a scrape out.
-    // (The oldest still reading its request: one being answered is let
-    // finish where any is not.)
     std::erase_if(state.connections, [](const std::weak_ptr<Connection>& c) { return c.expired(); });
     if (state.connections.size() >= static_cast<size_t>(MetricsHttpServer::kMaxConnections)) {
       auto victim = std::find_if(state.connections.begin(), state.connections.end(), [](const auto& c) {

@@ -2,8 +2,8 @@
 // A tiny HTTP/1.0 server for Prometheus: GET /metrics answers `render()`
 // (text exposition format); anything else 404. Connections are served on
 // its own thread, at most kMaxConnections at once (a new one closes the
-// oldest); a request must arrive within 2 s and fit 8 KiB (else 431), its
-// answer be read within 2 s.
+// oldest still reading its request, else the oldest); a request must
+// arrive within 2 s and fit 8 KiB (else 431), its answer be read within 2 s.
 //
 // Thread-safety: Start/Stop from one thread; `render` is called on the
 // server's thread and must be thread-safe.
