@@ -44,6 +44,8 @@ std::optional<std::string> ClosestMatch(std::string_view query,
   const std::string* best = nullptr;
   std::size_t best_distance = max_distance + 1;
   for (const std::string& candidate : candidates) {
+    // (Not the query's own section: "model" for an unknown "model.x".)
+    if (query.size() > candidate.size() && query.starts_with(candidate) && query[candidate.size()] == '.') continue;
     // The distance is at least the length difference: skipping those keeps
     // a megabyte-long typo from costing |query| x |candidate| per candidate.
     const std::size_t length_gap = query.size() > candidate.size() ? query.size() - candidate.size()

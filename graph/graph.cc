@@ -87,6 +87,22 @@ absl::StatusOr<std::vector<ValueId>> Graph::AddOp(std::string_view op, const std
   return nodes_.back().outputs;
 }
 
+namespace {
+
+// A variable or input with a dimension of 0 holds nothing: a model of it
+// trained to a NaN loss (a mean over no elements) without a word.
+absl::Status CheckNotEmpty(const std::string& what, const Shape& shape) {
+  for (int64_t d = 0; d < shape.rank(); ++d) {
+    if (shape[d] == 0) {
+      return absl::InvalidArgumentError(
+          StrCat(what, ": shape ", shape.ToString(), " has a dimension of 0 (every dimension must be at least 1)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<ValueId> Graph::AddVariable(std::string name, const Shape& shape, const InitRule& init,
                                            const VariableOptions& options) {
   if (name.empty()) return absl::InvalidArgumentError("a variable needs a name");
@@ -94,6 +110,7 @@ absl::StatusOr<ValueId> Graph::AddVariable(std::string name, const Shape& shape,
   if (auto bytes = CheckedByteSize({options.dtype, shape}); !bytes.ok()) {
     return absl::InvalidArgumentError(StrCat("variable '", name, "': ", bytes.status().message()));
   }
+  RETURN_IF_ERROR(CheckNotEmpty(StrCat("variable '", name, "'"), shape));
   ASSIGN_OR_RETURN(const ops::OpSchema* schema, registry_->Get(init.op));
   if (!schema->inputs().empty()) {
     return absl::InvalidArgumentError(
@@ -146,6 +163,7 @@ absl::StatusOr<ValueId> Graph::AddInput(std::string name, const TensorMeta& meta
   if (auto bytes = CheckedByteSize(meta); !bytes.ok()) {
     return absl::InvalidArgumentError(StrCat("graph input '", name, "': ", bytes.status().message()));
   }
+  RETURN_IF_ERROR(CheckNotEmpty(StrCat("graph input '", name, "'"), meta.shape));
   Node n;
   n.id = num_nodes();
   n.kind = NodeKind::kInput;

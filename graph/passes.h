@@ -274,7 +274,8 @@ struct OptimizerOptions {
 struct OptimizerResult {
   ValueId lr = kNoValue;         // the learning-rate graph input
   ValueId grad_norm = kNoValue;  // global gradient p-norm (before clipping) when clipping; fetched as "grad_norm"
-  // variable -> its state variables (SGD: momentum buffer; AdamW: m, v).
+  // variable -> its state variables (SGD: momentum buffer, none at momentum
+  // 0; AdamW: m, v).
   std::map<ValueId, std::vector<ValueId>> state;
 };
 
@@ -285,8 +286,8 @@ bool WeightDecayApplies(const Graph& graph, ValueId variable, const OptimizerOpt
 // For every (variable, gradient) pair: optional global-norm clipping of all
 // gradients together, then one sgd_update / adamw_update node whose new
 // parameter and new state are set as the variables' updates. State variables
-// ("<name>.momentum", "<name>.adam_m", "<name>.adam_v") are non-trainable and
-// start at zero. `skip`, when given (a one-element f32 value), is every
+// ("<name>.momentum" (SGD at momentum > 0), "<name>.adam_m", "<name>.adam_v")
+// are non-trainable and start at zero. `skip`, when given (a one-element f32 value), is every
 // update's input after lr: nonzero leaves the variables and their state as
 // they were (a step dynamic loss scaling skips); `skipped` (with skip;
 // AdamW only) the steps skipped before, which its bias correction leaves out.

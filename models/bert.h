@@ -44,7 +44,10 @@
 // ln_2), whose weights are stored (in, out). Hugging Face's
 // BertForPreTraining weights load (train.load_weight) and export (`tessera
 // export`) through HuggingFaceTensors(). Init as Hugging Face: weights N(0,
-// initializer_range²), biases 0, LayerNorm weights 1.
+// initializer_range²), biases 0, LayerNorm weights 1; but the [PAD] row of
+// word_embeddings is drawn as the others (as LiBai's), where Hugging Face
+// zeroes it (a padded position is masked as a key: the row only moves the
+// tied [PAD] logit).
 //
 // Data: text only (dataloader.data_prefix with tokenization.tokenizer
 // "bert"); the masking and sentence-pair keys (masked_lm_prob,

@@ -70,8 +70,10 @@ std::vector<SbpSignature> UpdateSignatures(const std::vector<TensorMeta>& in, in
   return sigs;
 }
 
+// SGD keeps a momentum buffer only at momentum > 0 (as torch.optim.SGD).
+bool SgdBuffered(const AttrMap& attrs) { return attrs.Float("momentum") != 0; }
+
 absl::StatusOr<std::vector<TensorMeta>> InferSgd(const std::vector<TensorMeta>& in, const AttrMap& attrs) {
-  RETURN_IF_ERROR(CheckUpdateInputs(in, {"param", "grad", "momentum_buf"}, 2));
   const double momentum = attrs.Float("momentum"), weight_decay = attrs.Float("weight_decay");
   if (!(momentum >= 0) || !(weight_decay >= 0)) {
     return absl::InvalidArgumentError(
@@ -80,7 +82,12 @@ absl::StatusOr<std::vector<TensorMeta>> InferSgd(const std::vector<TensorMeta>& 
   if (attrs.Bool("nesterov") && momentum == 0) {
     return absl::InvalidArgumentError("nesterov momentum needs momentum > 0");
   }
-  return std::vector<TensorMeta>{in[0], in[0]};
+  if (SgdBuffered(attrs)) {
+    RETURN_IF_ERROR(CheckUpdateInputs(in, {"param", "grad", "momentum_buf"}, 2));
+    return std::vector<TensorMeta>{in[0], in[0]};
+  }
+  RETURN_IF_ERROR(CheckUpdateInputs(in, {"param", "grad"}, 2));
+  return std::vector<TensorMeta>{in[0]};
 }
 
 absl::StatusOr<std::vector<TensorMeta>> InferAdamw(const std::vector<TensorMeta>& in, const AttrMap& attrs) {
@@ -103,19 +110,21 @@ void RegisterOptimizerOps(OpRegistry& registry) {
       OpSchema("sgd_update")
           .Doc("SGD step as torch.optim.SGD (no dampening): g' = grad + weight_decay * param; "
                "buf' = momentum * buf + g'; param' = param - lr * (nesterov ? g' + momentum * buf' : buf'). "
-               "Inputs end with lr and optionally skip (one element: nonzero leaves param and buf as they were, a "
-               "step skipped for a gradient overflow). Outputs may alias inputs.")
+               "Inputs: param, grad, momentum_buf (only at momentum > 0: momentum 0 keeps no buffer, and has no "
+               "new_momentum_buf output), lr and optionally skip (one element: nonzero leaves param and buf as "
+               "they were, a step skipped for a gradient overflow). Outputs may alias inputs.")
           .Input("param")
           .Input("grad")
-          .Input("momentum_buf")
-          .VariadicInput("lr")
+          .VariadicInput("momentum_buf_lr_skip")
           .Output("new_param")
-          .Output("new_momentum_buf")
+          .VariadicOutput("new_momentum_buf")
           .Attr("momentum", AttrType::kFloat, 0.0)
           .Attr("weight_decay", AttrType::kFloat, 0.0)
           .Attr("nesterov", AttrType::kBool, false)
           .Infer(InferSgd)
-          .Sbp([](const std::vector<TensorMeta>& in, const AttrMap&, int64_t) { return UpdateSignatures(in, 2, 3); })
+          .Sbp([](const std::vector<TensorMeta>& in, const AttrMap& attrs, int64_t) {
+            return SgdBuffered(attrs) ? UpdateSignatures(in, 2, 3) : UpdateSignatures(in, 1, 2);
+          })
           .Kernel(DeviceType::kCpu, cpu::SgdUpdateKernel)
 #ifdef TESSERA_WITH_CUDA
           .Kernel(DeviceType::kCuda, cuda::SgdUpdateKernel)

@@ -1378,19 +1378,32 @@ absl::Status BindCheckpointInitializers(const proto::Plan& plan, std::shared_ptr
         (weights_only || absl::IsNotFound(reader->Meta(info.tensors[0].name).status()))) {
       continue;
     }
+    // A momentum buffer the checkpoint lacks (SGD at momentum 0 keeps
+    // none) starts at zero from its init rule, as torch.optim.SGD starts a
+    // missing one (its first step makes it the gradient).
+    std::vector<bool> fresh(info.tensors.size(), false);
+    bool any_fresh = false;
+    for (size_t k = 1; k < info.tensors.size() && !weights_only; ++k) {
+      fresh[k] =
+          info.tensors[k].name.ends_with(".momentum") && absl::IsNotFound(reader->Meta(info.tensors[k].name).status());
+      any_fresh |= fresh[k];
+    }
     // Checked here, before anything runs: every tensor exists with the
     // model's shape and dtype.
     for (size_t k = 0; k < info.tensors.size(); ++k) {
       if (weights_only && k > 0) break;
+      if (fresh[k]) continue;
       const KeptTensorInfo& t = info.tensors[k];
       RETURN_IF_ERROR(reader->CheckMeta(t.name, TensorMeta{t.local.dtype, t.slice.logical}));
     }
     const proto::Task task = *info.task;
-    callbacks.initializers[task.callback()] = [reader, info = std::move(info), task, weights_only,
+    callbacks.initializers[task.callback()] = [reader, info = std::move(info), task, weights_only, any_fresh,
+                                               fresh = std::move(fresh),
                                                &registry](const std::vector<Tensor>& tensors) -> absl::Status {
-      if (weights_only) RETURN_IF_ERROR(actors::RunInitRules(task, registry, tensors));
+      if (weights_only || any_fresh) RETURN_IF_ERROR(actors::RunInitRules(task, registry, tensors));
       for (size_t k = 0; k < tensors.size() && k < info.tensors.size(); ++k) {
         if (weights_only && k > 0) break;
+        if (fresh[k]) continue;
         // (Its message names the file and the tensor; a rank file is
         // checked whole by the first actor that opens it, whichever.)
         RETURN_IF_ERROR(SelfDescribed(reader->Read(info.tensors[k].name, info.tensors[k].slice, tensors[k])));

@@ -243,7 +243,8 @@ void CommonOptimizerKeys(Binding<T>& b, std::string weight_decay_doc) {
            .exclusive_min = true,
            .allow_inf = true,
            .doc = "p of the global norm that `clip_grad_max_norm` bounds (and that `grad_norm` reports), as "
-                  "torch.nn.utils.clip_grad_norm_: (Σ |g|^p)^(1/p) over every gradient element; \"inf\": max |g|"});
+                  "torch.nn.utils.clip_grad_norm_: (Σ |g|^p)^(1/p) over every gradient element; \"inf\" (or a p past "
+                  "3.4e38, f32's range): max |g|"});
   b.Field("no_decay_norm_and_bias", &T::no_decay_norm_and_bias,
           {.doc = "no weight decay on biases and normalisation weights, as LiBai"});
 }

@@ -1,6 +1,7 @@
 // The optimizer pass: gradient clipping and one update op per variable.
 
 #include <cmath>
+#include <limits>
 
 #include "absl/strings/ascii.h"
 #include "core/status.h"
@@ -32,9 +33,11 @@ absl::StatusOr<ValueId> AddState(Graph& graph, ValueId variable, std::string_vie
 
 // The global p-norm of every gradient, as torch.nn.utils.clip_grad_norm_
 // computes it: (Σ |g|^p)^(1/p) (for p = 2 the square_sum of each, as ever),
-// or max |g| for p = infinity. An f32 scalar.
+// or max |g| for p = infinity. An f32 scalar. A p past f32's range is
+// infinity too (its limit): the kernels' f32 exponent would be inf, and
+// 1/p zero, and the norm came out 0 (clipping off) or 1.
 absl::StatusOr<ValueId> GlobalNorm(Graph& graph, const GradientMap& gradients, double p, const NodeOptions& at) {
-  const bool inf = std::isinf(p);
+  const bool inf = std::isinf(p) || p > std::numeric_limits<float>::max();
   ValueId total = kNoValue;
   std::vector<ValueId> maxima;  // p = inf: each gradient's max |g|, as (1,)
   for (const auto& [var, grad] : gradients) {
@@ -188,16 +191,27 @@ absl::StatusOr<OptimizerResult> ApplyOptimizer(Graph& graph, const GradientMap& 
                          .scope = StrCat("optimizer/", graph.value(var).name),
                          .name = ""};
     if (options.kind == OptimizerKind::kSgd) {
-      ASSIGN_OR_RETURN(ValueId buffer, AddState(graph, var, "momentum"));
-      ASSIGN_OR_RETURN(std::vector<ValueId> outs,
-                       graph.AddOp("sgd_update", with_skip({var, grad, buffer, result.lr}),
-                                   {{"momentum", options.momentum},
-                                    {"weight_decay", weight_decay},
-                                    {"nesterov", options.nesterov}},
-                                   at));
+      // Momentum 0 keeps no buffer (as torch.optim.SGD): the update has
+      // neither its input nor its output. (A buffer as large as the model
+      // was kept, and checkpointed, holding the last gradient.)
+      const bool buffered = options.momentum != 0;
+      std::vector<ValueId> inputs = {var, grad};
+      ValueId buffer = kNoValue;
+      if (buffered) {
+        ASSIGN_OR_RETURN(buffer, AddState(graph, var, "momentum"));
+        inputs.push_back(buffer);
+      }
+      inputs.push_back(result.lr);
+      ASSIGN_OR_RETURN(
+          std::vector<ValueId> outs,
+          graph.AddOp("sgd_update", with_skip(inputs),
+                      {{"momentum", options.momentum}, {"weight_decay", weight_decay}, {"nesterov", options.nesterov}},
+                      at));
       RETURN_IF_ERROR(graph.SetVariableUpdate(var, outs[0]));
-      RETURN_IF_ERROR(graph.SetVariableUpdate(buffer, outs[1]));
-      result.state[var] = {buffer};
+      if (buffered) {
+        RETURN_IF_ERROR(graph.SetVariableUpdate(buffer, outs[1]));
+        result.state[var] = {buffer};
+      }
     } else {
       ASSIGN_OR_RETURN(ValueId m, AddState(graph, var, "adam_m"));
       ASSIGN_OR_RETURN(ValueId v, AddState(graph, var, "adam_v"));

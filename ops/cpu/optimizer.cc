@@ -79,15 +79,27 @@ absl::Status LossScaleUpdateKernel(KernelContext& ctx) {
 }
 
 absl::Status SgdUpdateKernel(KernelContext& ctx) {
-  if (Skipped(ctx, 4, 2)) return absl::OkStatus();
-  const float lr = LearningRate(ctx, 3);
   const float momentum = static_cast<float>(ctx.attr().Float("momentum"));
   const float weight_decay = static_cast<float>(ctx.attr().Float("weight_decay"));
-  const bool nesterov = ctx.attr().Bool("nesterov");
   const float* param = ctx.input(0).data<float>();
   const float* grad = ctx.input(1).data<float>();
-  const float* buf = ctx.input(2).data<float>();
   float* new_param = ctx.output(0).data<float>();
+  if (ctx.attr().Float("momentum") == 0) {
+    // No buffer: (param, grad, lr[, skip]) -> param'.
+    if (Skipped(ctx, 3, 1)) return absl::OkStatus();
+    const float lr = LearningRate(ctx, 2);
+    ParallelFor(ctx, ctx.input(0).NumElements(), kElementwiseGrain, [=](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        float unused;
+        SgdElement(param[i], grad[i], 0.0f, lr, 0.0f, weight_decay, false, &new_param[i], &unused);
+      }
+    });
+    return absl::OkStatus();
+  }
+  if (Skipped(ctx, 4, 2)) return absl::OkStatus();
+  const float lr = LearningRate(ctx, 3);
+  const bool nesterov = ctx.attr().Bool("nesterov");
+  const float* buf = ctx.input(2).data<float>();
   float* new_buf = ctx.output(1).data<float>();
   ParallelFor(ctx, ctx.input(0).NumElements(), kElementwiseGrain, [=](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {

@@ -21,12 +21,16 @@ const float* OptionalScalar(const KernelContext& ctx, int index) {
 
 absl::Status SgdUpdateKernel(KernelContext& ctx) {
   RETURN_IF_ERROR(OnDevice(ctx));
-  return Done(LaunchSgd(ctx.input(0).data<float>(), ctx.input(1).data<float>(), ctx.input(2).data<float>(),
-                        ctx.output(0).data<float>(), ctx.output(1).data<float>(), ctx.input(0).NumElements(),
-                        ctx.input(3).data<float>(), OptionalScalar(ctx, 4),
-                        static_cast<float>(ctx.attr().Float("momentum")),
-                        static_cast<float>(ctx.attr().Float("weight_decay")), ctx.attr().Bool("nesterov")),
-              "sgd_update");
+  // (Momentum 0 keeps no buffer: (param, grad, lr[, skip]) -> param'.)
+  const bool buffered = ctx.attr().Float("momentum") != 0;
+  const int lr = buffered ? 3 : 2;
+  return Done(
+      LaunchSgd(ctx.input(0).data<float>(), ctx.input(1).data<float>(), buffered ? ctx.input(2).data<float>() : nullptr,
+                ctx.output(0).data<float>(), buffered ? ctx.output(1).data<float>() : nullptr,
+                ctx.input(0).NumElements(), ctx.input(lr).data<float>(), OptionalScalar(ctx, lr + 1),
+                static_cast<float>(ctx.attr().Float("momentum")), static_cast<float>(ctx.attr().Float("weight_decay")),
+                ctx.attr().Bool("nesterov")),
+      "sgd_update");
 }
 
 absl::Status AdamwUpdateKernel(KernelContext& ctx) {

@@ -15,10 +15,17 @@ __global__ void SgdKernel(const float* param, const float* grad, const float* bu
   const float rate = *lr;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    // (No buf, new_buf: momentum 0 keeps no buffer.)
     if (skipping) {  // the state as it was (a no-op where outputs alias inputs)
-      const float p = param[i], b = buf[i];
+      const float p = param[i];
       new_param[i] = p;
-      new_buf[i] = b;
+      if (buf != nullptr) {
+        const float b = buf[i];
+        new_buf[i] = b;
+      }
+    } else if (buf == nullptr) {
+      float unused;
+      SgdElement(param[i], grad[i], 0.0f, rate, 0.0f, weight_decay, false, &new_param[i], &unused);
     } else {
       SgdElement(param[i], grad[i], buf[i], rate, momentum, weight_decay, nesterov, &new_param[i], &new_buf[i]);
     }

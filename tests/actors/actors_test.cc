@@ -247,7 +247,7 @@ TEST(ProtocolTest, ParameterUpdatesOnlyAfterEveryReaderAckedAndTheGradientArrive
     variable = t[0];
     variable.data<float>()[0] = 1;
     variable.data<float>()[1] = 2;
-    t[2].data<float>()[0] = 0.5f;
+    t.back().data<float>()[0] = 0.5f;  // the lr (no momentum buffer)
     return absl::OkStatus();
   };
   options.callbacks.sources["ones"] = [](int64_t, const std::vector<Tensor>& t) {

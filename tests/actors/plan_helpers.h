@@ -22,18 +22,20 @@ inline void SetCompute(PlanBuilder& b, uint64_t task, const std::string& op,
 
 // Makes parameter `param` (variable desc `variable`, tensors of `meta`) apply
 // sgd_update with the gradient desc `gradient`. Its state: the momentum
-// buffer (meta) and the learning rate (a scalar), which the initializer
-// receives after the variable.
+// buffer (meta; none at momentum 0) and the learning rate (a scalar), which
+// the initializer receives after the variable.
 inline void SetSgdUpdate(PlanBuilder& b, uint64_t param, int64_t variable, int64_t gradient, const TensorMeta& meta,
                          double momentum) {
-  b.AddState(param, meta);
+  // (Momentum 0 keeps no buffer: the states are the lr alone.)
+  const bool buffered = momentum != 0;
+  if (buffered) b.AddState(param, meta);
   b.AddState(param, TensorMeta{DType::kF32, Shape{}});
   b.AddInput(param, variable);
   b.AddInput(param, gradient);
   b.AddStateInput(param, 0);
-  b.AddStateInput(param, 1);
+  if (buffered) b.AddStateInput(param, 1);
   b.AddOutput(param, variable);
-  b.AddStateOutput(param, 0);
+  if (buffered) b.AddStateOutput(param, 0);
   b.SetOp(param, "sgd_update", {{"momentum", momentum}});
 }
 

@@ -703,6 +703,9 @@ TEST(StringsTest, EditDistanceAndClosestMatch) {
   EXPECT_EQ(ClosestMatch("GPT2", {"models.BERT", "models.GPT2", "models.MLP"}), "models.GPT2");
   EXPECT_EQ(ClosestMatch("lr", {"train.seed", "optim.lr"}), "optim.lr");
   EXPECT_EQ(ClosestMatch("", {"a.b"}), std::nullopt);
+  // An unknown key's own section is no suggestion (it was for "model.x").
+  EXPECT_EQ(ClosestMatch("model.x", {"model", "train"}), std::nullopt);
+  EXPECT_EQ(ClosestMatch("train.dist.foo", {"train", "train.dist", "train.dist.fo"}), "train.dist.fo");
 }
 
 TEST(StringsTest, EscapeControlCharsKeepsUtf8AndEscapesTheRest) {

@@ -385,6 +385,29 @@ TEST(CudaKernels, CrossEntropyTakesI32LabelsWithAndWithoutItsWorkspace) {
   }
 }
 
+// sgd_update at momentum 0 (no buffer: param, grad, lr[, skip] -> param')
+// against the CPU kernel, stepped and skipped.
+TEST(CudaKernels, SgdWithoutMomentumMatchesTheCpu) {
+  if (const std::string why = NoGpu(); !why.empty()) GTEST_SKIP() << why;
+  std::mt19937 rng(13);
+  const TensorMeta meta{DType::kF32, Shape{37, 5}};
+  const Tensor param = RandomInput(meta, false, rng), grad = RandomInput(meta, false, rng);
+  const Tensor lr = Tensor::FromVector<float>(Shape{}, {0.1f});
+  for (const float skip : {-1.0f, 0.0f, 1.0f}) {
+    SCOPED_TRACE(skip);
+    std::vector<Tensor> inputs = {param, grad, lr};
+    if (skip >= 0) inputs.push_back(Tensor::FromVector<float>(Shape{}, {skip}));
+    std::vector<Tensor> want, got;
+    ASSERT_NO_FATAL_FAILURE(RunOnBoth("sgd_update", inputs, {{"weight_decay", 0.01}}, want, got));
+    ASSERT_EQ(want.size(), 1u);
+    ASSERT_EQ(got.size(), 1u);
+    for (int64_t i = 0; i < want[0].NumElements(); ++i) {
+      const double r = ElementAsDouble(want[0], i);
+      ASSERT_NEAR(ElementAsDouble(got[0], i), r, 1e-6 * std::fabs(r) + 1e-7) << i;
+    }
+  }
+}
+
 // matmul_bias and matmul_bias_gelu beyond their examples. matmul_bias:
 // cuBLASLt's BIAS epilogue, y to the GEMM's rounding. matmul_bias_gelu: f32 (the bias in cuBLASLt's
 // epilogue, the GELU kernel after) and bf16 (with the tanh GELU all in the

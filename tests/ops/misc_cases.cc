@@ -229,19 +229,22 @@ std::vector<OpTestCase> RandomCases() {
 
 // ---- optimizers ----------------------------------------------------------------
 
+// (Momentum 0 keeps no buffer: (param, grad, lr[, skip]) -> param'.)
 std::vector<Tensor> SgdReference(const std::vector<Tensor>& in, const AttrMap& attrs) {
-  const double lr = ElementAsDouble(in[3], 0);
   const double momentum = attrs.Float("momentum"), weight_decay = attrs.Float("weight_decay");
+  const bool buffered = momentum != 0;
+  const double lr = ElementAsDouble(in[buffered ? 3 : 2], 0);
   const bool nesterov = attrs.Bool("nesterov");
   std::vector<double> param, buf;
   for (int64_t i = 0; i < in[0].NumElements(); ++i) {
     const double p = ElementAsDouble(in[0], i);
     const double g = ElementAsDouble(in[1], i) + weight_decay * p;
-    const double b = momentum * ElementAsDouble(in[2], i) + g;
+    const double b = (buffered ? momentum * ElementAsDouble(in[2], i) : 0.0) + g;
     param.push_back(p - lr * (nesterov ? g + momentum * b : b));
     buf.push_back(b);
   }
   const DType dtype = RefFloatDType(in);
+  if (!buffered) return {FromDoubles(in[0].shape(), dtype, param)};
   return {FromDoubles(in[0].shape(), dtype, param), FromDoubles(in[0].shape(), dtype, buf)};
 }
 
@@ -280,7 +283,15 @@ std::vector<OpTestCase> OptimizerCases() {
                        {{"momentum", 0.9}, {"weight_decay", 0.01}}, SgdReference));
   cases.push_back(Case("sgd_update", "nesterov_3d", sgd_inputs(Shape{3, 4, 5}, 34),
                        {{"momentum", 0.8}, {"nesterov", true}}, SgdReference));
-  cases.push_back(Case("sgd_update", "plain", sgd_inputs(Shape{7}, 37), {}, SgdReference));
+  // Momentum 0: no buffer, one output.
+  cases.push_back(Case("sgd_update", "plain", {RandomUniform(Shape{7}, 37), RandomUniform(Shape{7}, 38), Scalar(0.05f)},
+                       {}, SgdReference));
+  cases.push_back(Case("sgd_update", "plain_weight_decay_skip_0",
+                       {RandomUniform(Shape{5, 3}, 39), RandomUniform(Shape{5, 3}, 40), Scalar(0.05f), Scalar(0.0f)},
+                       {{"weight_decay", 0.1}}, SgdReference));
+  cases.push_back(Case("sgd_update", "plain_skip_1_keeps",
+                       {RandomUniform(Shape{5, 3}, 41), RandomUniform(Shape{5, 3}, 42), Scalar(0.05f), Scalar(1.0f)},
+                       {}, [](const std::vector<Tensor>& in, const AttrMap&) { return std::vector<Tensor>{in[0]}; }));
 
   // v is a running mean of squares: non-negative, and kept away from 0 so the
   // f32 kernel is compared where the update is well conditioned.

@@ -286,7 +286,11 @@ void RunInPlace(const std::string& op, const std::vector<Tensor>& inputs, const 
   ctx.step = step;
   ctx.pool = pool;
   ctx.inputs = inputs;
-  const int num_outputs = static_cast<int>(schema.outputs().size());
+  std::vector<TensorMeta> metas;
+  for (const Tensor& t : inputs) metas.push_back(t.meta());
+  const absl::StatusOr<std::vector<TensorMeta>> output_metas = schema.InferMeta(metas, canonical);
+  ASSERT_TRUE(output_metas.ok()) << output_metas.status();
+  const int num_outputs = static_cast<int>(output_metas->size());  // (sgd_update at momentum 0: one)
   // Outputs: new param = param (input 0), then the state tensors, which
   // follow grad (input 1).
   ctx.outputs.push_back(inputs[0]);
@@ -334,6 +338,30 @@ TEST(OptimizerOps, SgdInPlaceMatchesPyTorchOverThreeSteps) {
       ExpectClose(buf, b, "momentum_buf");
     }
   }
+}
+
+// Momentum 0 keeps no buffer: (param, grad, lr[, skip]) -> param', in
+// place, param - lr * (grad + wd * param); a nonzero skip leaves it.
+TEST(OptimizerOps, SgdWithoutMomentumInPlaceMatchesPyTorch) {
+  ThreadPool pool(3);
+  const Shape shape{50001};
+  const Tensor param = RandomTensor(shape, 3);
+  std::vector<double> p = AsDoubles(param);
+  const double weight_decay = 0.05;
+  const AttrMap attrs{{"weight_decay", weight_decay}};
+  const float lrs[] = {0.1f, 0.05f};
+  for (int step = 0; step < 2; ++step) {
+    const Tensor grad = RandomTensor(shape, 300 + static_cast<uint64_t>(step));
+    const std::vector<double> g = AsDoubles(grad);
+    RunInPlace("sgd_update", {param, grad, Tensor::FromVector<float>(Shape{}, {lrs[step]})}, attrs, step, &pool);
+    for (size_t i = 0; i < p.size(); ++i) p[i] -= static_cast<double>(lrs[step]) * (g[i] + weight_decay * p[i]);
+    ExpectClose(param, p, "param");
+  }
+  RunInPlace("sgd_update",
+             {param, RandomTensor(shape, 400), Tensor::FromVector<float>(Shape{}, {0.1f}),
+              Tensor::FromVector<float>(Shape{}, {1.0f})},
+             attrs, 2, &pool);
+  ExpectClose(param, p, "param after a skipped step");
 }
 
 TEST(OptimizerOps, AdamwInPlaceMatchesPyTorchOverThreeSteps) {
@@ -431,8 +459,13 @@ TEST(MiscOps, BadAttributesAndShapesAreErrors) {
   EXPECT_FALSE(RunOp("normal", {}, {{"shape", std::vector<int64_t>{3}}, {"seed", int64_t{1}}}).ok())
       << "tensor_id is required";
   EXPECT_FALSE(RunOp("sgd_update", {x, x, x, lr}, {{"nesterov", true}}).ok()) << "nesterov without momentum";
-  EXPECT_FALSE(RunOp("sgd_update", {x, x, RandomTensor(Shape{5}, 2), lr}).ok()) << "buffer shape";
-  EXPECT_FALSE(RunOp("sgd_update", {x, x, x, RandomTensor(Shape{2}, 2)}).ok()) << "lr with two elements";
+  const AttrMap momentum{{"momentum", 0.9}};
+  EXPECT_FALSE(RunOp("sgd_update", {x, x, RandomTensor(Shape{5}, 2), lr}, momentum).ok()) << "buffer shape";
+  EXPECT_FALSE(RunOp("sgd_update", {x, x, x, RandomTensor(Shape{2}, 2)}, momentum).ok()) << "lr with two elements";
+  EXPECT_FALSE(RunOp("sgd_update", {x, x, lr}, momentum).ok()) << "no buffer with momentum";
+  // Momentum 0 keeps no buffer: (param, grad, lr[, skip]) -> param'.
+  EXPECT_FALSE(RunOp("sgd_update", {x, x, x, lr}).ok()) << "a buffer without momentum";
+  EXPECT_FALSE(RunOp("sgd_update", {x, x, RandomTensor(Shape{2}, 2)}).ok()) << "lr with two elements";
   EXPECT_FALSE(RunOp("adamw_update", {x, x, x, x, lr}, {{"beta1", 1.0}}).ok());
   const Tensor weight = RandomTensor(Shape{5, 3}, 3);
   EXPECT_FALSE(RunOp("embedding", {weight, x}).ok()) << "float ids";
