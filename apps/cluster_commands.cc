@@ -25,6 +25,7 @@
 #include "cluster/transport.h"
 #include "cluster/worker.h"
 #include "core/config.h"
+#include "core/file_util.h"
 #include "core/storage.h"
 #include "core/strings.h"
 
@@ -162,7 +163,9 @@ void StopOnSignals(StopSignals& signals, const char* daemon, const std::function
       // The same signal delivered twice (GNU timeout signals the child,
       // then its process group) counts once, as for `tessera train`.
       if (std::chrono::steady_clock::now() - first < std::chrono::milliseconds(kRepeatedSignalWindowMs)) continue;
-      std::fprintf(stderr, "tessera %s: stopping its jobs at once, without a checkpoint (again to kill it)\n", daemon);
+      const std::string latest = tessera::LastCommittedCheckpoint();
+      std::fprintf(stderr, "tessera %s: stopping its jobs at once, without a checkpoint%s (again to kill it)\n", daemon,
+                   latest.empty() ? "" : absl::StrCat(" (the latest written here: ", latest, ")").c_str());
       break;
     }
   }

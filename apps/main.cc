@@ -100,8 +100,16 @@ extern "C" void OnStopSignal(int signal) {
   // Ended at once, as `tessera preprocess` is: the temporaries of a file
   // being written (a dataset built from text, a checkpoint's shard)
   // removed first; said on a line (it ended without a word).
-  static constexpr char kLine[] = "\ntessera: stopped at once: no further checkpoint is written\n";
+  // (And which checkpoint a resume takes, where this run wrote one.)
+  static constexpr char kLine[] = "\ntessera: stopped at once: no further checkpoint is written";
   (void)!::write(STDERR_FILENO, kLine, sizeof kLine - 1);
+  if (const char* latest = tessera::LastCommittedCheckpoint(); latest[0] != '\0') {
+    static constexpr char kLatest[] = " (the latest: ";
+    (void)!::write(STDERR_FILENO, kLatest, sizeof kLatest - 1);
+    (void)!::write(STDERR_FILENO, latest, std::strlen(latest));
+    (void)!::write(STDERR_FILENO, ")", 1);
+  }
+  (void)!::write(STDERR_FILENO, "\n", 1);
   tessera::RemoveTemporariesOnSignals();
   ::raise(signal);
 }

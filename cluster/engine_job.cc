@@ -628,6 +628,9 @@ class EnginePlanRunner final : public PlanRunner {
                      WriteAndCommit(CheckpointTempPath(train.output_dir, iteration, tag), final_dir, state,
                                     StrCat(JobPrefix(), "/checkpoint/", iteration, "/")));
     if (!committed) return absl::OkStatus();
+    // (Noted before older ones are pruned: a second Ctrl-C names one that
+    // is there.)
+    NoteCommittedCheckpoint(final_dir);
     if (overwriting_) {
       RETURN_IF_ERROR(RemoveSetAsideCheckpoints(train.output_dir));
       overwriting_ = false;

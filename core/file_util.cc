@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
 #include "core/text.h"
 
 namespace tessera {
@@ -154,7 +155,28 @@ DeferTemporarySignals::~DeferTemporarySignals() {
 
 namespace {
 std::atomic<bool> interrupt_requested{false};
+// Two buffers: a note is written into the one a handler is not reading
+// (the other), then made the current one.
+char committed_checkpoints[2][4096];
+std::atomic<int> committed_checkpoint{-1};
+absl::Mutex committed_checkpoint_mu;
+
 }  // namespace
+
+void NoteCommittedCheckpoint(const std::filesystem::path& path) {
+  const std::string text = path.string();
+  absl::MutexLock lock(&committed_checkpoint_mu);
+  const int next = committed_checkpoint.load(std::memory_order_relaxed) == 0 ? 1 : 0;
+  const size_t size = text.size() < sizeof committed_checkpoints[next] ? text.size() : 0;
+  std::memcpy(committed_checkpoints[next], text.data(), size);
+  committed_checkpoints[next][size] = '\0';
+  committed_checkpoint.store(next, std::memory_order_release);
+}
+
+const char* LastCommittedCheckpoint() {
+  const int current = committed_checkpoint.load(std::memory_order_acquire);
+  return current < 0 ? "" : committed_checkpoints[current];
+}
 
 void RequestInterrupt() { interrupt_requested.store(true, std::memory_order_release); }
 bool InterruptRequested() { return interrupt_requested.load(std::memory_order_acquire); }

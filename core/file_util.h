@@ -65,6 +65,13 @@ class DeferTemporarySignals {
   DeferTemporarySignals& operator=(const DeferTemporarySignals&) = delete;
 };
 
+// The newest checkpoint this process committed (a run's iter_* directory),
+// for the line a second Ctrl-C writes from its signal handler.
+// LastCommittedCheckpoint is async-signal-safe: "" before the first (and
+// for a path of 4 KiB or more).
+void NoteCommittedCheckpoint(const std::filesystem::path& path);
+const char* LastCommittedCheckpoint();
+
 // A process-wide request to stop what is being prepared: a `tessera
 // train`'s Ctrl-C before its first iteration stops a dataset being built
 // from text at its next chunk (there is no iteration to finish yet).

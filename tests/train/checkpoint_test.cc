@@ -765,6 +765,35 @@ TEST(CheckpointEndToEnd, DataParallelTwoResumesAtFour) {
   fs::remove_all(root);
 }
 
+// SGD at momentum 0 keeps no momentum buffer, so its checkpoint holds none;
+// resumed with momentum, the buffers start at zero (torch.optim.SGD starts a
+// missing one as the gradient): the first resumed step is the momentum-free
+// run's, bit for bit, and the next one differs.
+TEST(CheckpointEndToEnd, SgdWithoutMomentumCheckpointsNoBufferAndResumesWithOne) {
+  const fs::path root = TempDir("sgd");
+  const fs::path straight = root / "straight";
+  auto run = RunTessera(Nano(straight, "optim._target_=SGD optim.lr=0.5"));
+  ASSERT_EQ(run.exit_code, 0) << run.out;
+  const std::map<int64_t, double> reference = Losses(straight);
+  ASSERT_EQ(reference.size(), 8u);
+  {
+    std::ifstream in(CheckpointPath(straight, 4) / "index.json");
+    const nlohmann::json index = nlohmann::json::parse(in);
+    ASSERT_FALSE(index.at("tensors").empty());
+    for (const auto& [name, tensor] : index.at("tensors").items()) EXPECT_FALSE(name.ends_with(".momentum")) << name;
+  }
+  const fs::path resumed = root / "resumed";
+  CopyCheckpoint(straight, 4, resumed);
+  run = RunTessera(Nano(resumed, "optim._target_=SGD optim.lr=0.5 optim.momentum=0.9 --resume"));
+  ASSERT_EQ(run.exit_code, 0) << run.out;
+  const std::map<int64_t, double> losses = Losses(resumed);
+  ASSERT_EQ(losses.size(), 4u) << run.out;
+  EXPECT_EQ(losses.at(5), reference.at(5));
+  EXPECT_EQ(losses.at(6), reference.at(6));
+  EXPECT_NE(losses.at(7), reference.at(7));
+  fs::remove_all(root);
+}
+
 TEST(CheckpointEndToEnd, ResumeErrorsAreOneLine) {
   const fs::path root = TempDir("errors");
   // A finished run cannot be resumed without raising train_iter.
@@ -1075,21 +1104,21 @@ TEST(CheckpointEndToEnd, ARunStartedUnderNohupIgnoresTheHangup) {
 }
 
 // A second signal (past the same-signal window) stops at once and says so
-// on a line (it ended without a word). Iterations of a wider model take
-// long enough, and the process is stopped between the two signals (once
-// the first is taken), so the first one's graceful stop cannot finish
-// before the second arrives.
+// on a line (it ended without a word), naming the checkpoint a resume
+// takes. Iterations of a wider model take long enough, and the process is
+// stopped between the two signals (once the first is taken), so the first
+// one's graceful stop cannot finish before the second arrives.
 TEST(CheckpointEndToEnd, ASecondSignalStopsAtOnceSayingSo) {
   const fs::path root = TempDir("second_signal");
   const fs::path log = root / "log.txt";
   const pid_t child = ::tessera::testing::SpawnTessera(
       Nano(root / "run",
-           "train.train_iter=100000 train.checkpointer.period=null model.hidden_size=512 model.num_layers=6 "
-           "model.ffn_hidden_size=2048"),
+           "train.train_iter=100000 train.checkpointer.period=1 train.checkpointer.max_to_keep=1 "
+           "model.hidden_size=512 model.num_layers=6 model.ffn_hidden_size=2048"),
       log);
   ASSERT_GE(child, 0);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(90);
-  while (std::chrono::steady_clock::now() < deadline && Losses(root / "run").empty()) {
+  while (std::chrono::steady_clock::now() < deadline && !fs::exists(CheckpointPath(root / "run", 1) / "index.json")) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   ::kill(child, SIGINT);
@@ -1105,7 +1134,14 @@ TEST(CheckpointEndToEnd, ASecondSignalStopsAtOnceSayingSo) {
   ::waitpid(child, &status, 0);
   const std::string text = ReadFile(log);
   EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGINT) << status << "\n" << text;
-  EXPECT_NE(text.find("\ntessera: stopped at once: no further checkpoint is written\n"), std::string::npos) << text;
+  constexpr std::string_view kSaid = "\ntessera: stopped at once: no further checkpoint is written (the latest: ";
+  const size_t said = text.find(kSaid);
+  ASSERT_NE(said, std::string::npos) << text;
+  const size_t end = text.find(")\n", said);
+  ASSERT_NE(end, std::string::npos) << text;
+  const std::string latest = text.substr(said + kSaid.size(), end - said - kSaid.size());
+  EXPECT_TRUE(latest.starts_with((root / "run" / "checkpoints" / "iter_").string())) << latest;
+  EXPECT_TRUE(fs::exists(fs::path(latest) / "index.json")) << latest;
   fs::remove_all(root);
 }
 
