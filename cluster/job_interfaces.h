@@ -64,7 +64,8 @@ class JobCompiler {
                                                                          const std::vector<WorkerSlot>& slots) = 0;
   // The latest complete checkpoint in spec.output_dir (nullopt: none), for
   // the master to say where `--resume` would continue; an error where the
-  // compiler cannot tell.
+  // compiler cannot tell. A read of the disk: thread-safe (the master calls
+  // it without holding the compiler while another job compiles).
   struct CheckpointMark {
     int64_t iteration = 0;
     // A stop cut short the evaluation due at it (`--resume` runs it).

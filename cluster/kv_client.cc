@@ -14,6 +14,28 @@ KvClient::KvClient(std::shared_ptr<grpc::Channel> channel, Security security, st
       prefix_(std::move(prefix)),
       rpc_timeout_(rpc_timeout) {}
 
+namespace {
+absl::Status Cancelled() { return absl::CancelledError("kv: the job was stopped"); }
+}  // namespace
+
+bool KvClient::Begin(grpc::ClientContext& context) {
+  absl::MutexLock lock(&mu_);
+  if (cancelled_) return false;
+  in_flight_.insert(&context);
+  return true;
+}
+
+void KvClient::End(grpc::ClientContext& context) {
+  absl::MutexLock lock(&mu_);
+  in_flight_.erase(&context);
+}
+
+void KvClient::CancelCalls() {
+  absl::MutexLock lock(&mu_);
+  cancelled_ = true;
+  for (grpc::ClientContext* context : in_flight_) context->TryCancel();
+}
+
 absl::Status KvClient::Set(const std::string& key, std::string value) {
   control::KvPutRequest request;
   request.set_key(prefix_ + key);
@@ -21,7 +43,10 @@ absl::Status KvClient::Set(const std::string& key, std::string value) {
   control::KvPutResponse response;
   grpc::ClientContext context;
   PrepareContext(context, security_, rpc_timeout_);
-  return ToAbsl(stub_->KvPut(&context, request, &response));
+  if (!Begin(context)) return Cancelled();
+  const grpc::Status status = stub_->KvPut(&context, request, &response);
+  End(context);
+  return ToAbsl(status);
 }
 
 absl::StatusOr<std::string> KvClient::Get(const std::string& key) {
@@ -30,7 +55,10 @@ absl::StatusOr<std::string> KvClient::Get(const std::string& key) {
   control::KvGetResponse response;
   grpc::ClientContext context;
   PrepareContext(context, security_, rpc_timeout_);
-  if (auto status = ToAbsl(stub_->KvGet(&context, request, &response)); !status.ok()) return status;
+  if (!Begin(context)) return Cancelled();
+  const grpc::Status status = stub_->KvGet(&context, request, &response);
+  End(context);
+  if (!status.ok()) return ToAbsl(status);
   return std::move(*response.mutable_value());
 }
 
@@ -44,7 +72,10 @@ absl::StatusOr<std::vector<std::string>> KvClient::Wait(const std::vector<std::s
   // The RPC outlives the wait by the usual call timeout, so a wait that
   // times out on the master comes back as the master's answer.
   PrepareContext(context, security_, timeout + rpc_timeout_);
-  if (auto status = ToAbsl(stub_->KvWait(&context, request, &response)); !status.ok()) return status;
+  if (!Begin(context)) return Cancelled();
+  const grpc::Status status = stub_->KvWait(&context, request, &response);
+  End(context);
+  if (!status.ok()) return ToAbsl(status);
   if (response.values_size() != static_cast<int>(keys.size())) {
     return absl::InternalError(absl::StrCat("kv: asked for ", keys.size(), " keys, the master answered ",
                                             response.values_size()));

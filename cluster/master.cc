@@ -158,6 +158,9 @@ struct Job {
   // stops as a graceful cancel does and ends FAILED; nothing is written to
   // them any more (nor are they opened, and so truncated, again).
   bool outputs_failed = false;
+  // Its first report is opening its outputs (without the master's lock):
+  // its other reports wait, and the directory is not let go meanwhile.
+  bool outputs_opening = false;
   // Where this job's lines are in its log.txt (a resumed job appends to
   // the earlier one's): from log_offset to log_end, the file's inode then,
   // and its last line: a master restarted while the job ran shows them
@@ -507,7 +510,9 @@ class Master::Impl final : public control::Master::Service {
     record->device_type = std::string(DeviceTypeName(offer->type));
     record->num_devices = offer->count();
     record->data_address = request->data_address();
-    record->address = request->worker_address();
+    // (A worker listening on every interface, 0.0.0.0, is dialled at the
+    // IP its registration came from: 0.0.0.0 reached only this machine.)
+    record->address = DialableAddress(request->worker_address(), context->peer());
     record->stub = control::Worker::NewStub(MakeChannel(record->address, options_.security));
     // The master calls its workers too: one it cannot call with its token
     // and TLS settings is refused now, naming why (it was taken, lost for
@@ -568,6 +573,7 @@ class Master::Impl final : public control::Master::Service {
     response->set_worker_id(record->id);
     response->set_epoch(record->epoch);
     response->set_heartbeat_interval_ms(absl::ToInt64Milliseconds(options_.heartbeat_interval));
+    response->set_worker_timeout_ms(absl::ToInt64Milliseconds(options_.worker_timeout));
     TLOG_INFO("worker {} registered ({} at {})", record->id, record->devices, record->address);
     workers_[record->id] = std::move(record);
     changed_.SignalAll();
@@ -645,35 +651,73 @@ class Master::Impl final : public control::Master::Service {
       }
     }
     absl::MutexLock lock(&mu_);
-    auto* worker = FindWorkerLocked(request->worker_id(), request->epoch());
-    if (worker == nullptr) return Precondition("unknown worker or stale epoch (register first)");
-    auto it = jobs_.find(request->job_id());
-    if (it == jobs_.end()) return NoSuchJob(request->job_id());
-    Job& job = *it->second;
+    WorkerRecord* worker = nullptr;
+    Job* job_record = nullptr;
     const WorkerSlot* slot = nullptr;
-    for (const WorkerSlot& s : job.slots) {
-      if (s.worker_id == worker->id) slot = &s;
-    }
-    if (slot == nullptr || job.session != request->session()) {
-      return Precondition(absl::StrCat("job ", job.id, " (session ", request->session(), ") does not run on worker ",
-                                       worker->id));
-    }
-    if (IsFinal(job.state)) {
-      if (request->finished() && worker->job_id == job.id) {
-        worker->job_id.clear();
-        ReleaseOutputsLocked(job);
-        changed_.SignalAll();
+    // (Checked again after the outputs were opened: the lock is let go
+    // meanwhile.)
+    for (;;) {
+      worker = FindWorkerLocked(request->worker_id(), request->epoch());
+      if (worker == nullptr) return Precondition("unknown worker or stale epoch (register first)");
+      auto it = jobs_.find(request->job_id());
+      if (it == jobs_.end()) return NoSuchJob(request->job_id());
+      job_record = it->second.get();
+      Job& job = *job_record;
+      slot = nullptr;
+      for (const WorkerSlot& s : job.slots) {
+        if (s.worker_id == worker->id) slot = &s;
       }
-      return grpc::Status::OK;  // late news of an ended job
-    }
-    if (!job.metrics_file && !job.outputs_failed && !job.spec.output_dir.empty() &&
-        (request->metrics_size() > 0 || request->log_lines_size() > 0)) {
-      if (absl::Status opened = OpenOutputsLocked(job); !opened.ok()) {
-        EndJobLocked(job, control::FAILED, std::string(opened.message()));
+      if (slot == nullptr || job.session != request->session()) {
+        return Precondition(
+            absl::StrCat("job ", job.id, " (session ", request->session(), ") does not run on worker ", worker->id));
+      }
+      if (IsFinal(job.state)) {
+        if (request->finished() && worker->job_id == job.id) {
+          worker->job_id.clear();
+          ReleaseOutputsLocked(job);
+          changed_.SignalAll();
+        }
+        return grpc::Status::OK;  // late news of an ended job
+      }
+      if (job.metrics_file || job.outputs_failed || job.spec.output_dir.empty() ||
+          (request->metrics_size() == 0 && request->log_lines_size() == 0)) {
+        break;
+      }
+      // The job's first report opens its outputs, outside the lock: a
+      // resumed run's metrics.jsonl is read and rewritten there (a long
+      // one held every other RPC of the master for seconds, heartbeats
+      // included). Another report of the job waits for it.
+      if (job.outputs_opening) {
+        mu_.Await(absl::Condition(
+            +[](Job* waiting) { return !waiting->outputs_opening; }, job_record));
+        continue;
+      }
+      job.outputs_opening = true;
+      const fs::path dir(job.spec.output_dir);
+      const int64_t start_iteration = job.spec.start_iteration;
+      const std::string config_text =
+          job.spec.config.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+      mu_.Unlock();
+      absl::StatusOr<OpenedOutputs> opened = OpenOutputs(dir, start_iteration, config_text);
+      mu_.Lock();
+      job.outputs_opening = false;
+      if (IsFinal(job.state)) {
+        // (Ended meanwhile: the files opened close unused, and the
+        // directory is let go if its nodes have.)
+        ReleaseOutputsLocked(job);
+        continue;
+      }
+      if (!opened.ok()) {
+        EndJobLocked(job, control::FAILED, std::string(opened.status().message()));
+        return grpc::Status::OK;
+      }
+      if (absl::Status taken = TakeOutputsLocked(job, *std::move(opened)); !taken.ok()) {
+        EndJobLocked(job, control::FAILED, std::string(taken.message()));
         return grpc::Status::OK;
       }
       job.persisted_ms = 0;  // (below: the record takes where its lines are)
     }
+    Job& job = *job_record;
     // The node holding the job's sink (the last pipeline stage's first
     // rank) reports its metrics; the others report none.
     for (const control::Metrics& metrics : request->metrics()) {
@@ -1182,7 +1226,7 @@ class Master::Impl final : public control::Master::Service {
   // its empty checkpoints/ and the directory its submission made, if left
   // empty, are removed.
   void ReleaseOutputsLocked(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (!job.outputs_held) return;
+    if (!job.outputs_held || job.outputs_opening) return;
     for (const WorkerSlot& slot : job.slots) {
       auto it = workers_.find(slot.worker_id);
       if (it != workers_.end() && it->second->job_id == job.id) return;
@@ -1276,8 +1320,25 @@ class Master::Impl final : public control::Master::Service {
       RequeueLocked(*job->second, id);
       return;
     }
-    if (!job->second->link_lost_report.empty()) absl::StrAppend(&reason, "; before that ", job->second->link_lost_report);
-    EndJobLocked(*job->second, control::FAILED, reason);
+    // A job that had trained its last iteration and committed its final
+    // checkpoint (no evaluation left) has nothing left to run: its end
+    // report went with the worker (one shut down while the master hung),
+    // and it was FAILED as if cut short. A restarted master says the
+    // same of it.
+    Job& lost = *job->second;
+    // (Whatever progress the master heard: it may have hung meanwhile.)
+    if (lost.state == control::RUNNING && lost.spec.iterations > 0 && !lost.spec.output_dir.empty()) {
+      const absl::StatusOr<std::optional<JobCompiler::CheckpointMark>> mark = compiler_->LatestCheckpoint(lost.spec);
+      if (mark.ok() && mark->has_value() && (*mark)->iteration >= lost.spec.iterations &&
+          !(*mark)->evaluation_pending) {
+        MasterLineLocked(lost, absl::StrCat(reason, " after the job's end: its checkpoint of the last iteration, ",
+                                            (*mark)->iteration, ", is complete"));
+        EndJobLocked(lost, control::SUCCEEDED, "");
+        return;
+      }
+    }
+    if (!lost.link_lost_report.empty()) absl::StrAppend(&reason, "; before that ", lost.link_lost_report);
+    EndJobLocked(lost, control::FAILED, reason);
   }
 
   // `job` holds a lost-link report from `reporter`: probes every other
@@ -1690,31 +1751,48 @@ class Master::Impl final : public control::Master::Service {
     AddEventLocked(job, std::move(event));
   }
 
-  // Creates train.output_dir with config.json, metrics.jsonl and log.txt
-  // (with the lines logged so far); an error (the job fails) when it
-  // cannot: asked-for outputs are never dropped silently. A run from
-  // scratch whose outputs cannot all be opened (a full disk) leaves none of
-  // them behind (a config.json and empty logs of a run that never started).
-  absl::Status OpenOutputsLocked(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  // A job's outputs, opened by OpenOutputs and not yet the job's.
+  struct OpenedOutputs {
+    std::unique_ptr<std::ofstream> metrics_file;
+    int64_t metrics_bytes = -1;
+    std::unique_ptr<std::ofstream> log_file;
+    int64_t log_offset = -1;
+    uint64_t log_inode = 0;
+    std::unique_ptr<EventFileWriter> tensorboard;
+    std::vector<LossPoint> train_losses, eval_losses;  // an earlier run's, resumed
+  };
+
+  // Creates train.output_dir with config.json (`config_text`),
+  // metrics.jsonl and log.txt; an error (the job fails) when it cannot:
+  // asked-for outputs are never dropped silently. A run from scratch whose
+  // outputs cannot all be opened (a full disk) leaves none of them behind
+  // (a config.json and empty logs of a run that never started). Called
+  // without the master's lock (the job's outputs_opening keeps its other
+  // reports out): the directory is the job's own (its claim).
+  static absl::StatusOr<OpenedOutputs> OpenOutputs(const fs::path& dir, int64_t start_iteration,
+                                                   const std::string& config_text) {
     bool wrote = false;  // (a refusal before any write removes nothing)
-    const absl::Status opened = OpenOutputsOnceLocked(job, wrote);
-    if (!opened.ok() && wrote && job.spec.start_iteration == 0) {
-      job.metrics_file.reset();
-      job.log_file.reset();
-      job.tensorboard.reset();
-      const fs::path dir(job.spec.output_dir);
-      std::error_code ignored;
-      for (const char* name : {"config.json", "metrics.jsonl", "log.txt"}) {
-        if (fs::is_regular_file(dir / name, ignored)) fs::remove(dir / name, ignored);
-      }
-      (void)KeepEventsUpTo(dir, -1);
+    OpenedOutputs outputs;
+    const absl::Status opened = OpenOutputsOnce(dir, start_iteration, config_text, outputs, wrote);
+    if (opened.ok()) return outputs;
+    if (wrote && start_iteration == 0) {
+      outputs = OpenedOutputs{};
+      RemoveFreshOutputs(dir);
     }
     return opened;
   }
 
-  absl::Status OpenOutputsOnceLocked(Job& job, bool& wrote) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (job.spec.output_dir.empty()) return absl::OkStatus();
-    const fs::path dir(job.spec.output_dir);
+  // What a run from scratch wrote in `dir` before its outputs failed.
+  static void RemoveFreshOutputs(const fs::path& dir) {
+    std::error_code ignored;
+    for (const char* name : {"config.json", "metrics.jsonl", "log.txt"}) {
+      if (fs::is_regular_file(dir / name, ignored)) fs::remove(dir / name, ignored);
+    }
+    (void)KeepEventsUpTo(dir, -1);
+  }
+
+  static absl::Status OpenOutputsOnce(const fs::path& dir, int64_t start_iteration, const std::string& config_text,
+                                      OpenedOutputs& outputs, bool& wrote) {
     std::error_code error;
     fs::create_directories(dir, error);
     if (error) {
@@ -1723,9 +1801,8 @@ class Master::Impl final : public control::Master::Service {
     // Each of the files is checked before the first is written: one that
     // cannot be (a directory in its place) left the others half made.
     // A FIFO or a socket in the place of one is refused too (opening it
-    // waited for a reader forever, under the master's lock). A device is
-    // written to (/dev/null), and not read by a resume (/dev/zero's end
-    // never came).
+    // waited for a reader forever). A device is written to (/dev/null),
+    // and not read by a resume (/dev/zero's end never came).
     bool metrics_regular = true;
     for (const char* name : {"config.json", "metrics.jsonl", "log.txt"}) {
       const fs::file_status status = fs::status(dir / name, error);
@@ -1746,34 +1823,35 @@ class Master::Impl final : public control::Master::Service {
         metrics_regular = !fs::exists(status) || fs::is_regular_file(status);
     }
     wrote = true;
-    if (auto status = WriteFileDurably(
-            dir / "config.json", job.spec.config.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
-        !status.ok()) {
-      return status;
-    }
+    if (auto status = WriteFileDurably(dir / "config.json", config_text); !status.ok()) return status;
     std::ios::openmode mode = std::ios::trunc;
-    if (job.spec.start_iteration > 0) {
+    if (start_iteration > 0) {
       // A resumed run continues the earlier one's outputs: the metrics up to
-      // where it resumes, then its own.
+      // where it resumes (and their loss curves: its plot continues them),
+      // then its own.
       if (metrics_regular) {
-        if (auto kept = KeepMetricsUpTo(dir / "metrics.jsonl", job.spec.start_iteration); !kept.ok()) return kept;
+        if (auto kept =
+                KeepMetricsUpTo(dir / "metrics.jsonl", start_iteration, outputs.train_losses, outputs.eval_losses);
+            !kept.ok()) {
+          return kept;
+        }
       }
       // And its TensorBoard events (the iterations after it would be a dead
       // branch in the plots).
-      if (auto kept = KeepEventsUpTo(dir, job.spec.start_iteration); !kept.ok()) return kept;
+      if (auto kept = KeepEventsUpTo(dir, start_iteration); !kept.ok()) return kept;
       mode = std::ios::app;
     }
     // A run from scratch replaces an earlier run's curves (its
     // metrics.jsonl is truncated below; its event files go).
-    if (job.spec.start_iteration == 0) {
+    if (start_iteration == 0) {
       if (auto removed = KeepEventsUpTo(dir, -1); !removed.ok()) return removed;
     }
-    job.metrics_file = std::make_unique<std::ofstream>(dir / "metrics.jsonl", mode);
-    job.log_file = std::make_unique<std::ofstream>(dir / "log.txt", mode);
+    outputs.metrics_file = std::make_unique<std::ofstream>(dir / "metrics.jsonl", mode);
+    outputs.log_file = std::make_unique<std::ofstream>(dir / "log.txt", mode);
     {
       std::error_code size_error;
       const std::uintmax_t size = fs::file_size(dir / "metrics.jsonl", size_error);
-      job.metrics_bytes = metrics_regular && !size_error ? static_cast<int64_t>(size) : -1;
+      outputs.metrics_bytes = metrics_regular && !size_error ? static_cast<int64_t>(size) : -1;
     }
     // (Where this job's lines begin: the end of the earlier run's, resumed.
     // A symbolic link or a device is not read back after a restart.)
@@ -1781,21 +1859,30 @@ class Master::Impl final : public control::Master::Service {
     std::error_code link_error;
     const bool regular = !fs::is_symlink(fs::symlink_status(dir / "log.txt", link_error)) &&
                          ::stat((dir / "log.txt").c_str(), &log_stat) == 0 && S_ISREG(log_stat.st_mode);
-    job.log_offset = regular ? static_cast<int64_t>(log_stat.st_size) : -1;
-    job.log_end = job.log_offset;
-    job.log_inode = regular ? static_cast<uint64_t>(log_stat.st_ino) : 0;
-    job.log_last_line.clear();
-    if (job.spec.start_iteration > 0 && metrics_regular) {
-      ReadCurves(dir / "metrics.jsonl", job.train_losses, job.eval_losses);
-    }
+    outputs.log_offset = regular ? static_cast<int64_t>(log_stat.st_size) : -1;
+    outputs.log_inode = regular ? static_cast<uint64_t>(log_stat.st_ino) : 0;
     auto tensorboard = EventFileWriter::Create(dir);
     if (!tensorboard.ok()) return tensorboard.status();
-    job.tensorboard = *std::move(tensorboard);
-    if (!*job.metrics_file || !*job.log_file) {
-      job.metrics_file.reset();
-      job.log_file.reset();
+    outputs.tensorboard = *std::move(tensorboard);
+    if (!*outputs.metrics_file || !*outputs.log_file) {
       return absl::InternalError(absl::StrCat("cannot write metrics.jsonl and log.txt in '", dir.string(), "'"));
     }
+    return absl::OkStatus();
+  }
+
+  // The opened outputs become the job's, with the lines logged before
+  // they opened.
+  absl::Status TakeOutputsLocked(Job& job, OpenedOutputs outputs) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    job.metrics_file = std::move(outputs.metrics_file);
+    job.metrics_bytes = outputs.metrics_bytes;
+    job.log_file = std::move(outputs.log_file);
+    job.log_offset = outputs.log_offset;
+    job.log_end = job.log_offset;
+    job.log_inode = outputs.log_inode;
+    job.log_last_line.clear();
+    job.tensorboard = std::move(outputs.tensorboard);
+    job.train_losses.insert(job.train_losses.end(), outputs.train_losses.begin(), outputs.train_losses.end());
+    job.eval_losses.insert(job.eval_losses.end(), outputs.eval_losses.begin(), outputs.eval_losses.end());
     errno = 0;
     for (const std::string& line : job.early_log) WriteLogLineLocked(job, line);
     job.log_file->flush();
@@ -1804,8 +1891,10 @@ class Master::Impl final : public control::Master::Service {
       const int error = errno;
       job.metrics_file.reset();
       job.log_file.reset();
-      return absl::InternalError(absl::StrCat("cannot write ", (dir / "log.txt").string(), ": ",
-                                              error != 0 ? std::strerror(error) : "the write failed"));
+      job.tensorboard.reset();
+      if (job.spec.start_iteration == 0) RemoveFreshOutputs(job.spec.output_dir);
+      return absl::InternalError(absl::StrCat("cannot write ", (fs::path(job.spec.output_dir) / "log.txt").string(),
+                                              ": ", error != 0 ? std::strerror(error) : "the write failed"));
     }
     return absl::OkStatus();
   }
@@ -1854,8 +1943,15 @@ class Master::Impl final : public control::Master::Service {
     }
     // (Only the rows of a job that opened its outputs: a metrics.jsonl it
     // never wrote is another run's.)
+    // (And their values: the record's were of its last persisted
+    // iteration, shown beside the later one logged.)
     if (!job.spec.output_dir.empty() && job.log_offset >= 0) {
-      job.iteration = std::max(job.iteration, LastLoggedIteration(fs::path(job.spec.output_dir) / "metrics.jsonl"));
+      std::map<std::string, double> values;
+      const int64_t logged = LastLoggedIteration(fs::path(job.spec.output_dir) / "metrics.jsonl", &values);
+      if (logged > job.iteration) {
+        job.iteration = logged;
+        for (const auto& [name, value] : values) job.last_metrics[name] = value;
+      }
     }
     absl::StatusOr<std::optional<JobCompiler::CheckpointMark>> mark = absl::UnknownError("");
     {
@@ -1967,7 +2063,10 @@ class Master::Impl final : public control::Master::Service {
 
   // The highest "iter" among the last rows of a metrics.jsonl (0: none),
   // read from its last 64 KiB only.
-  static int64_t LastLoggedIteration(const fs::path& path) {
+  // The last iteration metrics.jsonl logged (0: none); with `values`, the
+  // latest value of each metric in its last rows (merged as the live
+  // job's last_metrics are).
+  static int64_t LastLoggedIteration(const fs::path& path, std::map<std::string, double>* values = nullptr) {
     std::error_code error;
     if (!fs::is_regular_file(path, error)) return 0;  // (a FIFO's or /dev/zero's end never comes)
     std::ifstream in(path, std::ios::binary | std::ios::ate);
@@ -1982,30 +2081,22 @@ class Master::Impl final : public control::Master::Service {
       const nlohmann::json row = nlohmann::json::parse(line, nullptr, false);
       if (row.is_object() && row.contains("iter") && row["iter"].is_number_integer()) {
         last = std::max(last, row["iter"].get<int64_t>());
+        if (values != nullptr) {
+          for (const auto& [name, value] : row.items()) {
+            if (name != "iter" && value.is_number()) (*values)[name] = value.get<double>();
+          }
+        }
       }
     }
     return last;
   }
 
   // Rewrites metrics.jsonl without its rows past `iteration` (a missing
-  // file is fine; lines that are not JSON objects with an "iter" are kept).
-  // The loss curves of an earlier run's metrics.jsonl (a resumed job's plot
+  // file is fine; lines that are not JSON objects with an "iter" are kept),
+  // and gives the loss curves of the rows kept (a resumed job's plot
   // continues them).
-  static void ReadCurves(const fs::path& path, std::vector<LossPoint>& train, std::vector<LossPoint>& eval) {
-    std::ifstream in(path);
-    std::string line;
-    while (std::getline(in, line)) {
-      const nlohmann::json row = nlohmann::json::parse(line, nullptr, false);
-      if (!row.is_object() || !row.contains("iter") || !row["iter"].is_number_integer()) continue;
-      const int64_t iteration = row["iter"].get<int64_t>();
-      if (row.contains("loss") && row["loss"].is_number()) train.push_back({iteration, row["loss"].get<double>()});
-      if (row.contains("eval_loss") && row["eval_loss"].is_number()) {
-        eval.push_back({iteration, row["eval_loss"].get<double>()});
-      }
-    }
-  }
-
-  static absl::Status KeepMetricsUpTo(const fs::path& path, int64_t iteration) {
+  static absl::Status KeepMetricsUpTo(const fs::path& path, int64_t iteration, std::vector<LossPoint>& train,
+                                      std::vector<LossPoint>& eval) {
     std::ifstream in(path);
     if (!in) return absl::OkStatus();
     std::string kept, line;
@@ -2014,7 +2105,17 @@ class Master::Impl final : public control::Master::Service {
       // A row cut short by a crash (the last one written) is no row: kept,
       // it would sit among the resumed run's and break the JSONL.
       if (!row.is_object()) continue;
-      if (row.contains("iter") && row["iter"].is_number_integer() && row["iter"].get<int64_t>() > iteration) continue;
+      const auto iter = row.find("iter");
+      if (iter != row.end() && iter->is_number_integer()) {
+        const int64_t row_iteration = iter->get<int64_t>();
+        if (row_iteration > iteration) continue;
+        if (auto loss = row.find("loss"); loss != row.end() && loss->is_number()) {
+          train.push_back({row_iteration, loss->get<double>()});
+        }
+        if (auto loss = row.find("eval_loss"); loss != row.end() && loss->is_number()) {
+          eval.push_back({row_iteration, loss->get<double>()});
+        }
+      }
       kept += line + "\n";
     }
     return WriteFileDurably(path, kept);

@@ -208,6 +208,29 @@ std::string DataHostName(const std::string& address) {
   return address;
 }
 
+std::string DialableAddress(const std::string& address, const std::string& peer) {
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos) return address;
+  const std::string_view host = std::string_view(address).substr(0, colon);
+  if (host != "0.0.0.0" && host != "[::]" && host != "[0:0:0:0:0:0:0:0]") return address;
+  std::string_view ip;
+  if (peer.starts_with("ipv4:")) {
+    ip = std::string_view(peer).substr(5);
+    ip = ip.substr(0, ip.rfind(':'));  // "10.0.0.5"
+  } else if (peer.starts_with("ipv6:")) {
+    ip = std::string_view(peer).substr(5);
+    ip = ip.substr(0, ip.rfind(':'));  // "[fd00::5]", or URI-encoded "%5Bfd00::5%5D"
+    if (ip.starts_with("%5B") && ip.ends_with("%5D") && ip.size() > 6) {
+      return absl::StrCat("[", std::string(ip.substr(3, ip.size() - 6)), "]", address.substr(colon));
+    }
+    if (!ip.starts_with("[") || !ip.ends_with("]")) return address;
+  } else {
+    return address;
+  }
+  if (ip.empty()) return address;
+  return absl::StrCat(std::string(ip), address.substr(colon));
+}
+
 absl::Status CheckAddress(const std::string& address, bool port_required) {
   // gRPC's own schemes (unix:, dns:///, ipv4:, ...) are left to it; another
   // scheme (http://, grpc://) it would look up as a host name.

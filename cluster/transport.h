@@ -83,6 +83,12 @@ enum class SecretKind { kToken, kCertificates, kCaCertificates, kPrivateKey };
 [[nodiscard]] absl::Status CheckDataHost(const std::string& address);
 // The host of a data address for gloo to listen on: without brackets.
 std::string DataHostName(const std::string& address);
+// The address to dial a daemon at that registered `address` (HOST:PORT) from
+// `peer` (its call's peer as gRPC names it: "ipv4:10.0.0.5:40312",
+// "ipv6:[fd00::5]:40312"): an unspecified host (0.0.0.0, [::], a worker
+// listening on every interface) is the peer's IP, the port kept; any other
+// address as it is.
+std::string DialableAddress(const std::string& address, const std::string& peer);
 // Whether this machine can listen on HOST[:PORT]'s host (a worker's data
 // plane: gloo and the actor bus listen there): it resolves and a TCP socket
 // binds to it (on the port, or any). FAILED_PRECONDITION naming the address

@@ -122,10 +122,20 @@ class Worker::Impl final : public control::Worker::Service {
     {
       absl::MutexLock lock(&mu_);
       stopping_ = true;
+      // (Its heartbeat in flight too: it waited out its deadline, 2 s, or
+      // 10 s with long heartbeats, on a master that stopped answering.)
+      if (heartbeat_call_ != nullptr) heartbeat_call_->TryCancel();
     }
-    heartbeat_thread_.join();
     StopAll(absl::CancelledError("stopped at once (the worker is shutting down): no checkpoint"));
-    server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    heartbeat_thread_.join();
+    // The master's calls in flight get 2 s to end; none where the master
+    // stopped answering (they waited the 2 s on it).
+    bool silent = false;
+    {
+      absl::MutexLock lock(&mu_);
+      silent = master_silent_;
+    }
+    server_->Shutdown(std::chrono::system_clock::now() + (silent ? std::chrono::seconds(0) : std::chrono::seconds(2)));
     {
       absl::MutexLock lock(&mu_);
       auto ended = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -195,7 +205,7 @@ class Worker::Impl final : public control::Worker::Service {
     if (!told && !ids.empty()) {
       TLOG_WARN("the master did not hear that this worker is shutting down; stopping its jobs here");
     }
-    StopAll(absl::CancelledError("the worker is shutting down"), /*graceful=*/true);
+    StopAllForShutdown(/*master_silent=*/!told);
     for (const std::string& id : answer.drop_job_ids()) StopJob(id, absl::CancelledError("dropped by the master"));
     absl::MutexLock lock(&mu_);
     auto drained = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -401,8 +411,35 @@ class Worker::Impl final : public control::Worker::Service {
       entry->runner->RequestStop(reason);
     } else {
       entry->runner->Cancel(reason);
+      // (And its calls to the master's KV: a stop agreement waiting on a
+      // master that stopped answering held the job the whole RPC timeout.)
+      entry->kv->CancelCalls();
     }
     return true;
+  }
+
+  // Stops every job of a worker shutting down: at an iteration boundary,
+  // with a checkpoint; but at once, where the master does not answer, a job
+  // that spans several workers (its nodes agree where to stop, and commit
+  // its checkpoint, through the master's KV: waiting on a silent master
+  // held the worker 15-18 s past the signal).
+  void StopAllForShutdown(bool master_silent) {
+    std::vector<std::pair<std::string, bool>> jobs;  // (id, spans several workers)
+    {
+      absl::MutexLock lock(&mu_);
+      for (const auto& [id, entry] : jobs_) {
+        // (The slots are read once loaded: LoadPlan fills them unlocked.)
+        jobs.emplace_back(id, entry->phase == Phase::kRunning && entry->context.slots.size() > 1);
+      }
+    }
+    for (const auto& [id, spans] : jobs) {
+      if (master_silent && spans) {
+        StopJob(id, absl::CancelledError("the worker is shutting down and the master does not answer (the job's "
+                                         "workers agree where to stop through it): stopped at once, no checkpoint"));
+      } else {
+        StopJob(id, absl::CancelledError("the worker is shutting down"), /*graceful=*/true);
+      }
+    }
   }
 
   // StopJob on every job held.
@@ -476,7 +513,10 @@ class Worker::Impl final : public control::Worker::Service {
       // checkpoints do not wait for a report each); a job's end is still
       // tried.
       if (leaving && master_silent_ && !report.finished()) return grpc::Status::OK;
-      reports_in_flight_.insert(&context);  // (a TryCancel before the call starts cancels it when it does)
+      // (A TryCancel before the call starts cancels it when it does. A
+      // job's end is not cancelled: lost, a job that had finished ended
+      // FAILED, its worker lost.)
+      if (!report.finished()) reports_in_flight_.insert(&context);
     }
     PrepareContext(context, options_.security, leaving ? QuickRpcTimeout() : options_.rpc_timeout);
     const grpc::Status status = master_->Report(&context, report, &response);
@@ -528,6 +568,11 @@ class Worker::Impl final : public control::Worker::Service {
 
   void HeartbeatLoop() {
     absl::Duration interval = options_.heartbeat_interval;
+    // How long a silent master is waited for: master_timeout, or the
+    // master's own wait for a silent worker where longer (a master that
+    // beats every 5 s, or rides out 30 s hangs, had every job cancelled
+    // by one beat lost).
+    absl::Duration master_timeout = options_.master_timeout;
     absl::Time last_answer = absl::Now();
     for (bool first = true;; first = false) {
       if (!first) {
@@ -546,13 +591,25 @@ class Worker::Impl final : public control::Worker::Service {
       }
       if (!registered) {
         // A worker shutting down does not come back.
-        if (!beat.draining() && Register(interval)) last_answer = absl::Now();
+        if (!beat.draining() && Register(interval, master_timeout)) last_answer = absl::Now();
         continue;
       }
       control::HeartbeatResponse answer;
       grpc::ClientContext context;
       PrepareContext(context, options_.security, std::min(options_.rpc_timeout, interval * 2));
+      {
+        // (Shutdown cancels it: a silent master held the shutdown the
+        // call's whole deadline.)
+        absl::MutexLock lock(&mu_);
+        if (stopping_) return;
+        heartbeat_call_ = &context;
+      }
       const grpc::Status status = master_->Heartbeat(&context, beat, &answer);
+      {
+        absl::MutexLock lock(&mu_);
+        heartbeat_call_ = nullptr;
+        if (stopping_) return;
+      }
       if (status.ok()) {
         last_answer = absl::Now();
         {
@@ -563,19 +620,30 @@ class Worker::Impl final : public control::Worker::Service {
         continue;
       }
       const bool forgotten = status.error_code() == grpc::StatusCode::FAILED_PRECONDITION;
-      if (forgotten || absl::Now() - last_answer > options_.master_timeout) {
+      if (forgotten || absl::Now() - last_answer > master_timeout) {
         bool draining = false;
         {
           absl::MutexLock lock(&mu_);
           draining = draining_;
         }
+        // (A master that answers but no longer knows this worker, restarted
+        // or having taken it for lost, is not "lost": said as it is.)
+        const std::string what = forgotten
+                                     ? absl::StrCat("the master no longer knows this worker (", status.error_message(),
+                                                    "): it restarted, or took this worker for lost")
+                                     : absl::StrCat("lost the master (", status.error_message(), ")");
+        size_t held = 0;
+        {
+          absl::MutexLock lock(&mu_);
+          held = jobs_.size();
+        }
         if (draining) {
           // Shutting down anyway: its jobs stop at an iteration boundary, a
           // job on this worker alone with its checkpoint (Drain).
-          TLOG_WARN("lost the master ({}) while shutting down; stopping its jobs here", status.error_message());
-          StopAll(absl::CancelledError("the worker is shutting down"), /*graceful=*/true);
+          TLOG_WARN("{} while shutting down{}", what, held > 0 ? "; stopping its jobs here" : "");
+          StopAllForShutdown(/*master_silent=*/!forgotten);
         } else {
-          TLOG_WARN("lost the master ({}); cancelling jobs and registering again", status.error_message());
+          TLOG_WARN("{}; {}registering again", what, held > 0 ? "cancelling its jobs and " : "");
           StopAll(absl::UnavailableError(absl::StrCat("lost the master: ", status.error_message())));
         }
         absl::MutexLock lock(&mu_);
@@ -597,7 +665,7 @@ class Worker::Impl final : public control::Worker::Service {
     return registered_ || !registering_ || stopping_;
   }
 
-  bool Register(absl::Duration& interval) {
+  bool Register(absl::Duration& interval, absl::Duration& master_timeout) {
     control::RegisterWorkerRequest request;
     {
       absl::MutexLock lock(&mu_);
@@ -670,6 +738,7 @@ class Worker::Impl final : public control::Worker::Service {
     }
     unanswered_since_ = absl::InfiniteFuture();
     if (response.heartbeat_interval_ms() > 0) interval = absl::Milliseconds(response.heartbeat_interval_ms());
+    master_timeout = std::max(options_.master_timeout, absl::Milliseconds(response.worker_timeout_ms()));
     absl::MutexLock lock(&mu_);
     worker_id_ = response.worker_id();
     epoch_ = response.epoch();
@@ -695,6 +764,7 @@ class Worker::Impl final : public control::Worker::Service {
   // other than a job's end are skipped until it answers again.
   bool master_silent_ ABSL_GUARDED_BY(mu_) = false;
   std::set<grpc::ClientContext*> reports_in_flight_ ABSL_GUARDED_BY(mu_);  // SendReport's calls
+  grpc::ClientContext* heartbeat_call_ ABSL_GUARDED_BY(mu_) = nullptr;     // HeartbeatLoop's call in flight
   bool registered_ ABSL_GUARDED_BY(mu_) = false;
   // A registration RPC is in flight (LoadPlan waits for its answer).
   bool registering_ ABSL_GUARDED_BY(mu_) = false;

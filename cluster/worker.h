@@ -16,7 +16,8 @@
 // number of jobs in a row without growing.
 //
 // The master's heartbeat answers list jobs to drop: those are cancelled. If
-// the master is unreachable for master_timeout, or no longer knows this
+// the master is unreachable for master_timeout (or the master's worker
+// timeout, where longer), or no longer knows this
 // worker (it restarted), every job is cancelled and the worker registers
 // again, retrying every heartbeat interval.
 //
@@ -43,6 +44,9 @@ class Worker {
     std::string worker_id;               // empty: the master assigns one
     Security security;                   // token; TLS as a server (cert/key) and to the master (ca)
     absl::Duration heartbeat_interval = absl::Seconds(1);  // until the master says otherwise
+    // How long a silent master is waited for before the jobs are cancelled
+    // (at least: the master's own worker timeout where longer, given at
+    // registration).
     absl::Duration master_timeout = absl::Seconds(5);
     absl::Duration rpc_timeout = absl::Seconds(10);
   };

@@ -220,6 +220,21 @@ TEST(SecurityTest, AddressesAreHostAndPortInRange) {
   }
 }
 
+// A worker registered at an unspecified host (listening on every
+// interface) is dialled at the IP its registration came from, the port
+// kept; any other address as it is.
+TEST(SecurityTest, AnUnspecifiedHostIsDialledAtTheRegistrationsPeer) {
+  EXPECT_EQ(DialableAddress("0.0.0.0:7071", "ipv4:10.0.0.5:40312"), "10.0.0.5:7071");
+  EXPECT_EQ(DialableAddress("[::]:7071", "ipv6:[fd00::5]:40312"), "[fd00::5]:7071");
+  EXPECT_EQ(DialableAddress("[::]:7071", "ipv6:%5Bfd00::5%5D:40312"), "[fd00::5]:7071");
+  EXPECT_EQ(DialableAddress("[::]:7071", "ipv4:10.0.0.5:1"), "10.0.0.5:7071");
+  EXPECT_EQ(DialableAddress("10.0.0.7:7071", "ipv4:10.0.0.5:40312"), "10.0.0.7:7071");
+  EXPECT_EQ(DialableAddress("worker-3:7071", "ipv4:10.0.0.5:40312"), "worker-3:7071");
+  EXPECT_EQ(DialableAddress("0.0.0.0:7071", "unix:/tmp/sock"), "0.0.0.0:7071");
+  EXPECT_EQ(DialableAddress("0.0.0.0:7071", "ipv4:"), "0.0.0.0:7071");
+  EXPECT_EQ(DialableAddress("unix:/tmp/w.sock", "ipv4:10.0.0.5:1"), "unix:/tmp/w.sock");
+}
+
 TEST(SecurityTest, EveryMethodOfBothServicesNeedsTheToken) {
   Deadline deadline(seconds(30), "token checks");
   Master::Options options = FastMasterOptions();

@@ -185,6 +185,61 @@ TEST(ClusterEngineCheckpoints, ResumedJobContinuesTheStraightRunsLosses) {
   std::filesystem::remove_all(dir);
 }
 
+// A resumed job whose earlier run logged two million rows: its outputs open
+// (metrics.jsonl read and rewritten up to the checkpoint) while the master
+// answers everyone else. They opened under the master's lock, and every
+// call (a `tessera status`, the workers' heartbeats) waited seconds.
+TEST(ClusterEngineCheckpoints, AResumedJobsLongMetricsFileHoldsNoOtherCall) {
+  const auto dir = std::filesystem::temp_directory_path() / ("tessera_cluster_long_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  EngineCluster cluster;
+  ASSERT_NO_FATAL_FAILURE(cluster.Start());
+  auto files = config::LoadConfigFiles(SourcePath("configs/gpt2_nano.json"));
+  ASSERT_TRUE(files.ok()) << files.status();
+  std::vector<std::string> overrides = Overrides(dir, {"train.checkpointer.period=2"});
+  overrides.push_back("train.train_iter=2");
+  ASSERT_NO_FATAL_FAILURE(cluster.RunJob(files->dump(), overrides));
+  constexpr int kRows = 2000000;
+  {
+    // Rows of the earlier run up to the checkpoint (kept), and past it
+    // (dropped).
+    std::ofstream metrics(dir / "metrics.jsonl", std::ios::app);
+    for (int i = 0; i < kRows; ++i) metrics << "{\"iter\":" << (i % 2 == 0 ? 1 : 3) << ",\"note\":1.5}\n";
+  }
+  overrides.back() = "train.train_iter=4";
+  overrides.push_back("train.resume=true");
+  auto job = cluster.client->Submit(files->dump(), overrides);
+  ASSERT_TRUE(job.ok()) << job.status();
+  control::JobInfo info;
+  absl::Duration slowest;
+  ASSERT_TRUE(testing::WaitUntil(
+      [&] {
+        const absl::Time asked = absl::Now();
+        auto got = cluster.client->Get(*job);
+        slowest = std::max(slowest, absl::Now() - asked);
+        if (got.ok()) info = *got;
+        return got.ok() && (info.state() == control::SUCCEEDED || info.state() == control::FAILED ||
+                            info.state() == control::CANCELLED);
+      },
+      absl::Seconds(120)));
+  ASSERT_EQ(info.state(), control::SUCCEEDED) << info.DebugString();
+  EXPECT_LT(slowest, absl::Milliseconds(700)) << "a call waited for the outputs to open";
+  std::ifstream in(dir / "metrics.jsonl");
+  int losses = 0, kept = 0;
+  for (std::string line; std::getline(in, line);) {
+    const nlohmann::json row = nlohmann::json::parse(line);
+    if (row.contains("note")) {
+      ++kept;
+      EXPECT_EQ(row.at("iter"), 1);
+    } else if (row.contains("loss")) {
+      ++losses;
+    }
+  }
+  EXPECT_EQ(kept, kRows / 2);
+  EXPECT_EQ(losses, 4);
+  std::filesystem::remove_all(dir);
+}
+
 // A graceful cancel of a job spanning both workers (a pipeline whose stages
 // sit on different workers, with data parallelism and accumulation): the
 // nodes agree on an iteration boundary, each finishes the iterations before
