@@ -1,9 +1,11 @@
 #include "cluster/device_offer.h"
 
+#include <algorithm>
 #include <vector>
 
 #include "absl/algorithm/container.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -72,7 +74,16 @@ absl::StatusOr<std::optional<std::string>> CudaVisibleDevices(const DeviceOffer&
                                                               std::optional<std::string_view> visible) {
   if (offer.type != DeviceType::kCuda) return std::optional<std::string>();
   if (!visible.has_value()) return std::optional<std::string>(absl::StrJoin(offer.gpus, ","));
-  const std::vector<std::string> entries = absl::StrSplit(std::string(*visible), ',', absl::SkipWhitespace());
+  // As CUDA reads it: entries are indices or UUIDs (GPU-..., MIG-...),
+  // spaces around them ignored, and the first entry that is neither (-1, a
+  // name) hides it and every one after it.
+  std::vector<std::string> entries;
+  for (absl::string_view entry : absl::StrSplit(std::string(*visible), ',')) {
+    entry = absl::StripAsciiWhitespace(entry);
+    const bool index = !entry.empty() && std::all_of(entry.begin(), entry.end(), absl::ascii_isdigit);
+    if (!index && !absl::StartsWith(entry, "GPU-") && !absl::StartsWith(entry, "MIG-")) break;
+    entries.emplace_back(entry);
+  }
   std::vector<std::string> picked;
   for (const int gpu : offer.gpus) {
     if (gpu >= static_cast<int>(entries.size())) {

@@ -32,8 +32,10 @@ absl::StatusOr<DeviceOffer> ParseDeviceOffer(std::string_view devices);
 // The CUDA_VISIBLE_DEVICES that shows a CUDA offer's GPUs as 0 .. count-1:
 // their indices ("2,3"), or, when the process already sees a narrowed set
 // (`visible`, the current value), those entries of it ("GPU-a,GPU-b" with
-// cuda:1 gives "GPU-b"). nullopt for a CPU offer. An offer past the visible
-// set is an error naming the GPU.
+// cuda:1 gives "GPU-b"; read as CUDA reads it: spaces around entries
+// ignored, the first entry that is no index or UUID ending the list).
+// nullopt for a CPU offer. An offer past the visible set is an error
+// naming the GPU.
 absl::StatusOr<std::optional<std::string>> CudaVisibleDevices(const DeviceOffer& offer,
                                                               std::optional<std::string_view> visible);
 

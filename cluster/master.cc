@@ -702,8 +702,16 @@ class Master::Impl final : public control::Master::Service {
       mu_.Lock();
       job.outputs_opening = false;
       if (IsFinal(job.state)) {
-        // (Ended meanwhile: the files opened close unused, and the
-        // directory is let go if its nodes have.)
+        // Ended meanwhile: the files take the lines logged so far, its end
+        // among them (kept for them), and close; the directory is let go
+        // if its nodes have.
+        if (opened.ok()) {
+          (void)TakeOutputsLocked(job, *std::move(opened));
+          job.metrics_file.reset();
+          job.log_file.reset();
+          job.tensorboard.reset();
+        }
+        job.early_log.clear();
         ReleaseOutputsLocked(job);
         continue;
       }
@@ -1262,7 +1270,7 @@ class Master::Impl final : public control::Master::Service {
     if (job.metrics_file) WriteLossPlotLocked(job);
     job.metrics_file.reset();
     job.log_file.reset();
-    job.early_log.clear();
+    if (!job.outputs_opening) job.early_log.clear();  // (else written once they opened)
     job.tensorboard.reset();
     job.outputs_held = true;
     ReleaseOutputsLocked(job);
@@ -1685,7 +1693,7 @@ class Master::Impl final : public control::Master::Service {
       WriteLogLineLocked(job, line);
       job.log_file->flush();
       if (!*job.log_file) OutputFailedLocked(job, "log.txt", errno);
-    } else if (!job.spec.output_dir.empty() && !job.outputs_failed && !IsFinal(job.state) &&
+    } else if (!job.spec.output_dir.empty() && !job.outputs_failed && (!IsFinal(job.state) || job.outputs_opening) &&
                job.early_log.size() < 1000) {
       job.early_log.push_back(std::move(line));
     }
@@ -2584,7 +2592,10 @@ class Master::Impl final : public control::Master::Service {
 
   const Options options_;
   absl::Mutex compiler_mu_;
-  const std::unique_ptr<JobCompiler> compiler_ ABSL_PT_GUARDED_BY(compiler_mu_);
+  // Resolve and Compile under compiler_mu_; LatestCheckpoint, a read of
+  // the disk, is thread-safe: called without it when a worker is lost,
+  // while another job compiles.
+  const std::unique_ptr<JobCompiler> compiler_;
   bool started_ = false;  // Start/Shutdown's thread only
   std::string address_;
   int metrics_port_ = -1;

@@ -514,9 +514,9 @@ class Worker::Impl final : public control::Worker::Service {
       // tried.
       if (leaving && master_silent_ && !report.finished()) return grpc::Status::OK;
       // (A TryCancel before the call starts cancels it when it does. A
-      // job's end is not cancelled: lost, a job that had finished ended
-      // FAILED, its worker lost.)
-      if (!report.finished()) reports_in_flight_.insert(&context);
+      // job's end cut short so is no loss: the master finds a finished
+      // job's final checkpoint when it loses the worker.)
+      reports_in_flight_.insert(&context);
     }
     PrepareContext(context, options_.security, leaving ? QuickRpcTimeout() : options_.rpc_timeout);
     const grpc::Status status = master_->Report(&context, report, &response);
@@ -641,6 +641,10 @@ class Worker::Impl final : public control::Worker::Service {
           // Shutting down anyway: its jobs stop at an iteration boundary, a
           // job on this worker alone with its checkpoint (Drain).
           TLOG_WARN("{} while shutting down{}", what, held > 0 ? "; stopping its jobs here" : "");
+          if (!forgotten) {
+            absl::MutexLock lock(&mu_);
+            master_silent_ = true;  // (reports skipped, no grace at the server's shutdown)
+          }
           StopAllForShutdown(/*master_silent=*/!forgotten);
         } else {
           TLOG_WARN("{}; {}registering again", what, held > 0 ? "cancelling its jobs and " : "");

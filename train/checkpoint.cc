@@ -1186,6 +1186,11 @@ absl::Status CheckCheckpointHoldsNothingMore(const proto::Plan& plan, const Chec
     // Mixed precision's bookkeeping is no model state (a resume may turn
     // fp16 off, BindCheckpointInitializers starts it afresh when missing).
     if (kept.contains(name) || name.starts_with("amp.")) continue;
+    // A momentum buffer of a kept variable, where this run keeps none (SGD
+    // at momentum 0, or another optimizer): unused, as torch's load of an
+    // SGD state leaves one (checkpoints of momentum 0 held them before it
+    // kept none).
+    if (name.ends_with(".momentum") && variables.contains(name.substr(0, name.size() - 9))) continue;
     if (weights_only) {
       const size_t dot = name.rfind('.');
       if (dot != std::string::npos && variables.contains(name.substr(0, dot))) continue;
@@ -1369,6 +1374,9 @@ absl::Status BindCheckpointInitializers(const proto::Plan& plan, std::shared_ptr
                                         bool weights_only, const ops::OpRegistry& registry,
                                         actors::HostCallbacks& callbacks) {
   ASSIGN_OR_RETURN(std::vector<KeptTaskInfo> tasks, KeptTasks(plan));
+  const std::vector<std::string> names = reader->TensorNames();
+  const bool holds_momentum =
+      std::any_of(names.begin(), names.end(), [](const std::string& name) { return name.ends_with(".momentum"); });
   for (KeptTaskInfo& info : tasks) {
     // Mixed precision's bookkeeping (the fp16 loss scale and its counts) is
     // no model state: loading weights, or a checkpoint of a run without it,
@@ -1378,12 +1386,14 @@ absl::Status BindCheckpointInitializers(const proto::Plan& plan, std::shared_ptr
         (weights_only || absl::IsNotFound(reader->Meta(info.tensors[0].name).status()))) {
       continue;
     }
-    // A momentum buffer the checkpoint lacks (SGD at momentum 0 keeps
-    // none) starts at zero from its init rule, as torch.optim.SGD starts a
-    // missing one (its first step makes it the gradient).
+    // The momentum buffers of a checkpoint that holds none (SGD at
+    // momentum 0 keeps none) start at zero from their init rule, as
+    // torch.optim.SGD starts a missing one (its first step makes it the
+    // gradient). One missing from a checkpoint that holds others is an
+    // error, as any missing tensor.
     std::vector<bool> fresh(info.tensors.size(), false);
     bool any_fresh = false;
-    for (size_t k = 1; k < info.tensors.size() && !weights_only; ++k) {
+    for (size_t k = 1; k < info.tensors.size() && !weights_only && !holds_momentum; ++k) {
       fresh[k] =
           info.tensors[k].name.ends_with(".momentum") && absl::IsNotFound(reader->Meta(info.tensors[k].name).status());
       any_fresh |= fresh[k];

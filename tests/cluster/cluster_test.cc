@@ -1458,6 +1458,13 @@ TEST(DeviceOffer, ParsesOffersAndNarrowsTheVisibleGpus) {
   visible = CudaVisibleDevices(*ParseDeviceOffer("cuda:0,3"), std::string_view("4,5,6,7"));
   ASSERT_TRUE(visible.ok());
   EXPECT_EQ(**visible, "4,7");
+  // As CUDA reads the variable: spaces around entries ignored, and the
+  // first invalid entry (-1) hides itself and every one after it.
+  visible = CudaVisibleDevices(*ParseDeviceOffer("cuda:0-1"), std::string_view("4, 5,-1,6"));
+  ASSERT_TRUE(visible.ok());
+  EXPECT_EQ(**visible, "4,5");
+  EXPECT_FALSE(CudaVisibleDevices(*ParseDeviceOffer("cuda:2"), std::string_view("4,5,-1,6")).ok());
+  EXPECT_FALSE(CudaVisibleDevices(*ParseDeviceOffer("cuda:0"), std::string_view("")).ok());
   visible = CudaVisibleDevices(*range, std::string_view("5,6"));
   ASSERT_FALSE(visible.ok());
   EXPECT_NE(visible.status().message().find("GPU 2 is not among the 2 GPU(s) that CUDA_VISIBLE_DEVICES='5,6' shows"),

@@ -791,6 +791,29 @@ TEST(CheckpointEndToEnd, SgdWithoutMomentumCheckpointsNoBufferAndResumesWithOne)
   EXPECT_EQ(losses.at(5), reference.at(5));
   EXPECT_EQ(losses.at(6), reference.at(6));
   EXPECT_NE(losses.at(7), reference.at(7));
+  // Its checkpoint holds momentum buffers: resumed at momentum 0 they go
+  // unused (it was refused as a tensor "this model does not have"), as
+  // every momentum-0 checkpoint written before momentum 0 kept none.
+  run = RunTessera(Nano(resumed, "optim._target_=SGD optim.lr=0.5 train.train_iter=10 --resume"));
+  EXPECT_EQ(run.exit_code, 0) << run.out;
+  EXPECT_EQ(Losses(resumed).size(), 6u) << run.out;
+  // One buffer missing where the others are there is a damaged checkpoint,
+  // not one of momentum 0: an error naming it (it started at zero unsaid).
+  {
+    const fs::path index_path = CheckpointPath(resumed, 8) / "index.json";
+    nlohmann::json index = nlohmann::json::parse(std::ifstream(index_path));
+    std::string dropped;
+    for (const auto& [name, tensor] : index.at("tensors").items()) {
+      if (name.ends_with(".momentum")) dropped = name;
+    }
+    ASSERT_FALSE(dropped.empty());
+    index["tensors"].erase(dropped);
+    std::ofstream(index_path) << index.dump(1);
+    fs::remove_all(CheckpointPath(resumed, 10));
+    run = RunTessera(Nano(resumed, "optim._target_=SGD optim.lr=0.5 optim.momentum=0.9 train.train_iter=12 --resume"));
+    EXPECT_NE(run.exit_code, 0) << run.out;
+    EXPECT_NE(run.out.find(dropped), std::string::npos) << run.out;
+  }
   fs::remove_all(root);
 }
 
