@@ -189,8 +189,19 @@ absl::Status CheckListenable(const std::string& address) {
 }
 
 absl::Status CheckDataHost(const std::string& address) {
-  // (A bare IPv6 address is a host: its colons are no port.)
+  // Every interface is no address to dial: the job's other workers dial
+  // this one as given (0.0.0.0 reached only their own machine).
   in6_addr v6{};
+  in_addr v4{};
+  const std::string bare = DataHostName(address);
+  if ((::inet_pton(AF_INET6, bare.c_str(), &v6) == 1 && IN6_IS_ADDR_UNSPECIFIED(&v6)) ||
+      (::inet_pton(AF_INET, bare.c_str(), &v4) == 1 && v4.s_addr == INADDR_ANY)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", EscapeControlChars(address, /*non_ascii=*/true),
+                     "' is every interface, not an address the job's other workers can dial: give this machine's "
+                     "own (its IP or host name; 127.0.0.1, the default, on one machine)"));
+  }
+  // (A bare IPv6 address is a host: its colons are no port.)
   if (::inet_pton(AF_INET6, address.c_str(), &v6) == 1) return absl::OkStatus();
   RETURN_IF_ERROR(CheckAddress(address, /*port_required=*/false));
   const bool bracketed = address.starts_with("[");

@@ -511,6 +511,11 @@ TEST(Cli, FlagsNothingReadsAndValuesOutOfRangeAreOneLineErrors) {
       {"master --listen 127.0.0.1:0 --metrics-host 0.0.0.0", "--metrics-host requires --metrics-port"},
       {"worker --master 127.0.0.1:1 --devices cpu:1 --data-address 10.9.9.9",
        "worker: data_address '10.9.9.9': this machine cannot listen there"},
+      // (Every interface: the other workers dial it as given.)
+      {"worker --master 127.0.0.1:1 --devices cpu:1 --data-address 0.0.0.0",
+       "--data-address: '0.0.0.0' is every interface, not an address the job's other workers can dial"},
+      {"worker --master 127.0.0.1:1 --devices cpu:1 --data-address [::]", "--data-address: '[::]' is every interface"},
+      {"worker --master 127.0.0.1:1 --devices cpu:1 --data-address ::", "--data-address: '::' is every interface"},
   };
   for (const auto& [args, error] : cases) {
     SCOPED_TRACE(args);
