@@ -66,6 +66,16 @@ TEST(GraphBuilderTest, ErrorsOnBadVariablesInputsAndHandles) {
     EXPECT_CONTAINS(std::string(nan.status().message()), "variable 'w': init value ");
     EXPECT_CONTAINS(std::string(nan.status().message()), " is not finite");
   }
+  // A dimension of 0 holds nothing: refused naming the variable or input
+  // (Linear(3, 0), a batch of 0 trained to a NaN loss without a word).
+  GraphBuilder empty_variable;
+  empty_variable.Variable("fc.weight", {3, 0}, InitRule::Zeros());
+  EXPECT_CONTAINS(std::string(empty_variable.status().message()),
+                  "variable 'fc.weight': shape (3, 0) has a dimension of 0");
+  GraphBuilder empty_input;
+  empty_input.Input("x", {DType::kF32, Shape{0, 5}});
+  EXPECT_CONTAINS(std::string(empty_input.status().message()), "graph input 'x': shape (0, 5) has a dimension of 0");
+
   GraphBuilder minus_inf_op;
   minus_inf_op.Apply("fill", {}, {{"shape", std::vector<int64_t>{2}}, {"value", -HUGE_VAL}});
   EXPECT_TRUE(minus_inf_op.status().ok()) << minus_inf_op.status();

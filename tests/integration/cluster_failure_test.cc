@@ -352,26 +352,38 @@ struct ProcessCluster {
   ProcessCluster(fs::path dir, std::string config) : dir(std::move(dir)), config(std::move(config)) {}
   void StartAndSubmit() {
     ASSERT_NO_FATAL_FAILURE(StartMaster());
-    worker = std::make_unique<ChildProcess>(
-        TESSERA_BINARY, std::vector<std::string>{"worker", "--master", address, "--devices", "cpu:2", "--id", "w-p"},
-        dir / "w-p.out");
-    ASSERT_TRUE(WaitUntil(
-        [&] {
-          auto workers = client->ListWorkers();
-          return workers.ok() && workers->size() == 1;
-        },
-        absl::Seconds(20)));
+    worker = SpawnWorker("w-p", "cpu:2");
+    ASSERT_TRUE(WaitWorkers(1));
     auto submitted = client->Submit(
         config, {"train.dist.data_parallel_size=2", "train.output_dir=" + out.string(), "model.num_layers=2",
                  "train.train_iter=1000000", "train.log_period=1", "train.dist.intra_op_threads=1"});
     ASSERT_TRUE(submitted.ok()) << submitted.status();
     job = *submitted;
-    ASSERT_TRUE(WaitUntil(
+    ASSERT_TRUE(WaitIteration(job));
+  }
+  // A worker process of this master, `id` offering `devices`.
+  std::unique_ptr<ChildProcess> SpawnWorker(const std::string& id, const std::string& devices) {
+    return std::make_unique<ChildProcess>(
+        TESSERA_BINARY, std::vector<std::string>{"worker", "--master", address, "--devices", devices, "--id", id},
+        dir / absl::StrCat(id, ".out"));
+  }
+  // Whether `count` workers registered within 20 s.
+  bool WaitWorkers(size_t count) {
+    return WaitUntil(
         [&] {
-          auto info = client->Get(job);
+          auto workers = client->ListWorkers();
+          return workers.ok() && workers->size() == count;
+        },
+        absl::Seconds(20));
+  }
+  // Whether `job_id` ran an iteration within 60 s (as the master heard).
+  bool WaitIteration(const std::string& job_id) {
+    return WaitUntil(
+        [&] {
+          auto info = client->Get(job_id);
           return info.ok() && info->iteration() >= 1;
         },
-        absl::Seconds(60)));
+        absl::Seconds(60));
   }
   // A master on the state directory (again, after one exited).
   void StartMaster() {
@@ -540,10 +552,18 @@ TEST_F(ClusterFailureTest, AJobThatFinishedWhileTheMasterWasDownSucceeded) {
   ASSERT_EQ(NewestCheckpoint(cluster.out).filename(), "iter_0000006");
   EditRecord(dir_ / "state", *submitted, "state", "RUNNING");
   EditRecord(dir_ / "state", *submitted, "reason", "");
+  // Its record was persisted at iteration 2 (the values of then); the
+  // restarted master shows the last logged row's beside its iteration.
+  EditRecord(dir_ / "state", *submitted, "iteration", 2);
+  EditRecord(dir_ / "state", *submitted, "last_metrics", nlohmann::json{{"loss", 99.0}});
+  double fourth_loss = 0;
   {  // The master saw iterations 1-4 only.
     std::ifstream in(cluster.out / "metrics.jsonl");
     std::string rows, line;
-    for (int i = 0; i < 4 && std::getline(in, line); ++i) rows += line + "\n";
+    for (int i = 0; i < 4 && std::getline(in, line); ++i) {
+      rows += line + "\n";
+      fourth_loss = nlohmann::json::parse(line).at("loss").get<double>();
+    }
     in.close();
     std::ofstream(cluster.out / "metrics.jsonl") << rows;
   }
@@ -555,6 +575,8 @@ TEST_F(ClusterFailureTest, AJobThatFinishedWhileTheMasterWasDownSucceeded) {
             "it finished while the master was down (its checkpoint of the last iteration, 6, is complete; "
             "metrics.jsonl ends at iteration 4)");
   EXPECT_EQ(info->iteration(), 6);
+  ASSERT_TRUE(info->last_metrics().contains("loss"));
+  EXPECT_EQ(info->last_metrics().at("loss"), fourth_loss);
   // The job as the next master lists it when its record says `state`.
   const auto restarted_as = [&](const char* state) {
     cluster.master->Signal(SIGHUP);
@@ -658,28 +680,13 @@ TEST_F(ClusterFailureTest, AWorkerOfAJobSpanningWorkersExitsPromptlyWhenItsMaste
   ProcessCluster cluster(dir_, config_);
   ASSERT_NO_FATAL_FAILURE(cluster.StartMaster());
   std::vector<std::unique_ptr<ChildProcess>> workers;
-  for (const char* id : {"w-s", "w-t"}) {
-    workers.push_back(std::make_unique<ChildProcess>(
-        TESSERA_BINARY,
-        std::vector<std::string>{"worker", "--master", cluster.address, "--devices", "cpu:1", "--id", id},
-        dir_ / absl::StrCat(id, ".out")));
-  }
-  ASSERT_TRUE(WaitUntil(
-      [&] {
-        auto listed = cluster.client->ListWorkers();
-        return listed.ok() && listed->size() == 2;
-      },
-      absl::Seconds(20)));
+  for (const char* id : {"w-s", "w-t"}) workers.push_back(cluster.SpawnWorker(id, "cpu:1"));
+  ASSERT_TRUE(cluster.WaitWorkers(2));
   auto job = cluster.client->Submit(
       config_, {"train.dist.data_parallel_size=2", "train.output_dir=" + cluster.out.string(), "model.num_layers=2",
                 "train.train_iter=1000000", "train.log_period=1", "train.dist.intra_op_threads=1"});
   ASSERT_TRUE(job.ok()) << job.status();
-  ASSERT_TRUE(WaitUntil(
-      [&] {
-        auto info = cluster.client->Get(*job);
-        return info.ok() && info->iteration() >= 1;
-      },
-      absl::Seconds(60)));
+  ASSERT_TRUE(cluster.WaitIteration(*job));
   cluster.master->Signal(SIGSTOP);
   const absl::Time signalled = absl::Now();
   workers[0]->Signal(SIGTERM);
@@ -704,16 +711,8 @@ TEST_F(ClusterFailureTest, AJobWhoseWorkerDiedAfterItsEndSucceeds) {
   ProcessCluster cluster(dir_, config_);
   cluster.master_flags = {"--worker-timeout-ms", "30000"};
   ASSERT_NO_FATAL_FAILURE(cluster.StartMaster());
-  auto worker = std::make_unique<ChildProcess>(
-      TESSERA_BINARY,
-      std::vector<std::string>{"worker", "--master", cluster.address, "--devices", "cpu:2", "--id", "w-u"},
-      dir_ / "w-u.out");
-  ASSERT_TRUE(WaitUntil(
-      [&] {
-        auto listed = cluster.client->ListWorkers();
-        return listed.ok() && listed->size() == 1;
-      },
-      absl::Seconds(20)));
+  auto worker = cluster.SpawnWorker("w-u", "cpu:2");
+  ASSERT_TRUE(cluster.WaitWorkers(1));
   // (No row or line reaches the master before the final checkpoint; its
   // progress comes with the heartbeats.)
   auto job =
@@ -721,12 +720,7 @@ TEST_F(ClusterFailureTest, AJobWhoseWorkerDiedAfterItsEndSucceeds) {
                                        "model.num_layers=1", "train.train_iter=1000", "train.log_period=100000",
                                        "train.checkpointer.period=null", "train.dist.intra_op_threads=1"});
   ASSERT_TRUE(job.ok()) << job.status();
-  ASSERT_TRUE(WaitUntil(
-      [&] {
-        auto info = cluster.client->Get(*job);
-        return info.ok() && info->iteration() >= 1;
-      },
-      absl::Seconds(60)));
+  ASSERT_TRUE(cluster.WaitIteration(*job));
   cluster.master->Signal(SIGSTOP);
   const fs::path final_checkpoint = cluster.out / "checkpoints" / "iter_0001000" / "index.json";
   ASSERT_TRUE(WaitUntil([&] { return fs::exists(final_checkpoint); }, absl::Seconds(60))) << worker->Output();
