@@ -100,6 +100,34 @@ struct WorkerRecord {
   bool draining = false;  // shutting down (HeartbeatRequest.draining): placed on no more
 };
 
+// The numbers (ReportRequest.seq) of the reports one node of a job's
+// placement sent that were applied: every number below `below`, and those
+// in `above`. A report is tried again after a transient failure with its
+// number, so one whose answer was lost is not applied twice. Numbers of
+// reports the node gave up on leave gaps; past kMaxReportGaps of them the
+// oldest gaps are taken as applied (a report arriving that late is
+// dropped).
+class ReportWindow {
+ public:
+  static constexpr size_t kMaxReportGaps = 1024;
+  // Whether `seq` is new, noting it (0: unnumbered, always new).
+  bool Take(uint64_t seq) {
+    if (seq == 0) return true;
+    if (seq < below_ || above_.contains(seq)) return false;
+    above_.insert(seq);
+    if (above_.size() > kMaxReportGaps) below_ = *above_.begin();
+    while (!above_.empty() && *above_.begin() == below_) {
+      above_.erase(above_.begin());
+      ++below_;
+    }
+    return true;
+  }
+
+ private:
+  uint64_t below_ = 1;
+  std::set<uint64_t> above_;
+};
+
 struct Job {
   std::string id;
   uint64_t session = 0;
@@ -121,6 +149,8 @@ struct Job {
   // Its placements so far (the current one's number: LoadPlanRequest.launch).
   uint64_t launch = 0;
   bool launching = false;  // a launch thread of it has not returned yet
+  // The reports of this placement applied, per node (reset at each launch).
+  std::map<uint32_t, ReportWindow> reports_taken;
   std::deque<control::JobEvent> events;
   uint64_t events_base = 0;  // index of events.front() among all events
   size_t events_bytes = 0;   // their serialized sizes, summed
@@ -679,6 +709,8 @@ class Master::Impl final : public control::Master::Service {
         }
         return grpc::Status::OK;  // late news of an ended job
       }
+      // Late news of an earlier placement of a job queued again.
+      if (request->launch() != 0 && request->launch() != job.launch) return grpc::Status::OK;
       if (job.metrics_file || job.outputs_failed || job.spec.output_dir.empty() ||
           (request->metrics_size() == 0 && request->log_lines_size() == 0)) {
         break;
@@ -726,6 +758,8 @@ class Master::Impl final : public control::Master::Service {
       job.persisted_ms = 0;  // (below: the record takes where its lines are)
     }
     Job& job = *job_record;
+    // A report tried again whose first try was applied (its answer lost).
+    if (!job.reports_taken[slot->node].Take(request->seq())) return grpc::Status::OK;
     // The node holding the job's sink (the last pipeline stage's first
     // rank) reports its metrics; the others report none.
     for (const control::Metrics& metrics : request->metrics()) {
@@ -1468,6 +1502,7 @@ class Master::Impl final : public control::Master::Service {
         queue_.erase(std::remove(queue_.begin(), queue_.end(), job->id), queue_.end());
         job->slots = slots;
         ++job->launch;
+        job->reports_taken.clear();
         job->launching = true;
         SetStateLocked(*job, control::COMPILING);
         job_id = job->id;

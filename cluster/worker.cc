@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <deque>
 #include <map>
 #include <set>
 #include <thread>
@@ -45,6 +46,12 @@ struct JobEntry {
   std::atomic<int64_t> iteration{0};  // completed, as far as this node knows
   // The runner returned (its end being reported): nothing left to stop.
   std::atomic<bool> ran{false};
+  // Stopped at once (StopJob, not graceful): its reports are tried once.
+  std::atomic<bool> cancelled{false};
+  // Guarded by the worker's report mutex: its reports queued (numbering
+  // them: ReportRequest.seq) and those sent or given up.
+  uint64_t reports_queued = 0;
+  uint64_t reports_done = 0;
   void RaiseIteration(int64_t reached) {
     int64_t seen = iteration.load();
     while (reached > seen && !iteration.compare_exchange_weak(seen, reached)) {
@@ -59,13 +66,24 @@ struct JobEntry {
 
 grpc::Status Precondition(const std::string& message) { return {grpc::StatusCode::FAILED_PRECONDITION, message}; }
 
+// A report waiting for the reporter thread.
+struct QueuedReport {
+  std::shared_ptr<JobEntry> entry;
+  control::ReportRequest report;
+  size_t bytes = 0;  // its serialized size
+};
+// What the reports not yet sent may hold (a master hung for long, with
+// rows logged every iteration).
+constexpr size_t kMaxReportBacklogBytes = size_t{64} << 20;
+
 }  // namespace
 
 class Worker::Impl final : public control::Worker::Service {
  public:
   Impl(Options options, PlanRunnerFactory factory) : options_(std::move(options)), factory_(std::move(factory)) {
-    master_channel_ = MakeChannel(options_.master, options_.security);
-    master_ = control::Master::NewStub(master_channel_);
+    master_channel_ =
+        options_.master_channel ? options_.master_channel() : MakeChannel(options_.master, options_.security);
+    if (master_channel_ != nullptr) master_ = control::Master::NewStub(master_channel_);  // (else Start says so)
   }
   ~Impl() override { Shutdown(); }
 
@@ -86,6 +104,7 @@ class Worker::Impl final : public control::Worker::Service {
     server_ = std::move(served->server);
     address_ = std::move(served->address);
     started_ = true;
+    reporter_ = std::thread([this] { ReportLoop(); });
     heartbeat_thread_ = std::thread([this] { HeartbeatLoop(); });
     return address_;
   }
@@ -95,6 +114,7 @@ class Worker::Impl final : public control::Worker::Service {
   absl::Status CheckOptions() const {
     const auto fail = [](auto&&... parts) { return absl::InvalidArgumentError(absl::StrCat("worker: ", parts...)); };
     if (auto status = CheckAddress(options_.master); !status.ok()) return fail("master address ", status.message());
+    if (master_channel_ == nullptr) return fail("master_channel gave no channel");
     if (!options_.data_address.empty()) {
       if (auto status = CheckDataHost(options_.data_address); !status.ok()) {
         return fail("data_address ", status.message());
@@ -125,6 +145,11 @@ class Worker::Impl final : public control::Worker::Service {
       // (Its heartbeat in flight too: it waited out its deadline, 2 s, or
       // 10 s with long heartbeats, on a master that stopped answering.)
       if (heartbeat_call_ != nullptr) heartbeat_call_->TryCancel();
+      // (And a report waiting on a master known silent: the reporter
+      // sends each job's end after it.)
+      if (master_silent_) {
+        for (grpc::ClientContext* report : reports_in_flight_) report->TryCancel();
+      }
     }
     StopAll(absl::CancelledError("stopped at once (the worker is shutting down): no checkpoint"));
     heartbeat_thread_.join();
@@ -145,6 +170,11 @@ class Worker::Impl final : public control::Worker::Service {
       mu_.Await(absl::Condition(&ended));
     }
     Reap(/*all=*/true);  // (each job's end reported first)
+    {
+      absl::MutexLock lock(&report_mu_);
+      reports_closed_ = true;  // (what is left, sent: a job's that never ran)
+    }
+    reporter_.join();
     // The worker tells the master it is gone, drained or stopped at once, so
     // that it is no longer listed and a worker started in its place may
     // take its id at once.
@@ -283,19 +313,20 @@ class Worker::Impl final : public control::Worker::Service {
     run.kv = entry->kv.get();
     run.token = options_.security.token;
     JobEntry* raw = entry.get();  // the entry outlives its runner, which owns these callbacks' uses
-    run.report_metrics = [this, raw](const JobMetrics& metrics) {
+    const std::weak_ptr<JobEntry> weak = entry;  // (the queue of reports holds the entry)
+    run.report_metrics = [this, raw, weak](const JobMetrics& metrics) {
       raw->RaiseIteration(metrics.iteration);
       control::ReportRequest report = NewReport(*raw);
       control::Metrics* out = report.add_metrics();
       out->set_iteration(metrics.iteration);
       for (const auto& [name, value] : metrics.values) (*out->mutable_values())[name] = value;
-      SendReport(report);
+      QueueReport(weak.lock(), std::move(report));
     };
     run.report_progress = [raw](int64_t iteration) { raw->RaiseIteration(iteration); };
-    run.report_log = [this, raw](const std::string& line) {
+    run.report_log = [this, raw, weak](const std::string& line) {
       control::ReportRequest report = NewReport(*raw);
       report.add_log_lines(line);
-      SendReport(report);
+      QueueReport(weak.lock(), std::move(report));
     };
     std::unique_ptr<PlanRunner> runner = factory_();
     absl::Status loaded = runner == nullptr ? absl::InternalError("the worker has no plan runner")
@@ -410,6 +441,7 @@ class Worker::Impl final : public control::Worker::Service {
     if (graceful) {
       entry->runner->RequestStop(reason);
     } else {
+      entry->cancelled = true;
       entry->runner->Cancel(reason);
       // (And its calls to the master's KV: a stop agreement waiting on a
       // master that stopped answering held the job the whole RPC timeout.)
@@ -464,11 +496,85 @@ class Worker::Impl final : public control::Worker::Service {
     report.set_finished(true);
     report.set_code(static_cast<int>(status.code()));
     report.set_message(std::string(status.message()));
-    // The job's end is what frees it on the master: one lost to a
-    // transient failure left the job RUNNING there for good (the worker's
-    // heartbeats no longer listing it said nothing). Tried again, 0.5, 1
-    // and 2 s apart, while the failure is of the kind that passes; a duplicate
-    // the master already took is harmless (its end is counted per node).
+    // (After its rows and lines: the job's end is what frees it on the
+    // master.)
+    QueueReport(entry, std::move(report));
+    {
+      absl::MutexLock lock(&report_mu_);
+      report_mu_.Await(absl::Condition(
+          +[](JobEntry* job) ABSL_NO_THREAD_SAFETY_ANALYSIS { return job->reports_done == job->reports_queued; },
+          entry.get()));
+    }
+    absl::MutexLock lock(&mu_);
+    entry->phase = Phase::kDone;
+    reap_needed_ = true;
+  }
+
+  // A report of `entry`'s. (Its launch is set before the runner exists,
+  // and read only by the runner's callbacks and thread.)
+  static control::ReportRequest NewReport(const JobEntry& entry) {
+    control::ReportRequest report;
+    report.set_worker_id(entry.worker_id);
+    report.set_epoch(entry.epoch);
+    report.set_job_id(entry.context.job_id);
+    report.set_session(entry.context.session);
+    report.set_launch(entry.launch);
+    return report;
+  }
+
+  // Queues a report of `entry`'s, numbered, for the reporter thread: a
+  // job's training never waits on the master (a report took its RPC
+  // deadline out of the job's iteration while the master hung). Past
+  // kMaxReportBacklogBytes not yet sent, metrics rows and log lines are
+  // dropped (said once per backlog); a job's end never is.
+  void QueueReport(std::shared_ptr<JobEntry> entry, control::ReportRequest report) {
+    if (entry == nullptr) return;
+    const size_t bytes = report.ByteSizeLong();
+    absl::MutexLock lock(&report_mu_);
+    if (!report.finished() && report_bytes_ + bytes > kMaxReportBacklogBytes) {
+      if (!report_backlog_said_) {
+        report_backlog_said_ = true;
+        TLOG_WARN("the master is {} MiB of reports behind: dropping metrics rows and log lines until it catches up",
+                  kMaxReportBacklogBytes >> 20);
+      }
+      return;
+    }
+    report.set_seq(++entry->reports_queued);
+    report_bytes_ += bytes;
+    reports_.push_back({std::move(entry), std::move(report), bytes});
+  }
+
+  // The reporter thread: sends the queued reports in order (each tried
+  // again while its failure passes) until the queue is closed and empty.
+  void ReportLoop() {
+    for (;;) {
+      QueuedReport* next = nullptr;
+      {
+        absl::MutexLock lock(&report_mu_);
+        report_mu_.Await(absl::Condition(
+            +[](Impl* self) ABSL_NO_THREAD_SAFETY_ANALYSIS { return self->reports_closed_ || !self->reports_.empty(); },
+            this));
+        if (reports_.empty()) return;
+        next = &reports_.front();  // (stays put: the queue grows at its back)
+      }
+      SendReportRetrying(*next->entry, next->report);
+      std::shared_ptr<JobEntry> sent;  // (released outside the lock: it may be the entry's last hold)
+      absl::MutexLock lock(&report_mu_);
+      sent = std::move(next->entry);
+      ++sent->reports_done;
+      report_bytes_ -= next->bytes;
+      if (report_bytes_ <= kMaxReportBacklogBytes / 2) report_backlog_said_ = false;
+      reports_.pop_front();
+    }
+  }
+
+  // SendReport, tried again 0.5, 1 and 2 s apart while the failure is of
+  // the kind that passes (a metrics row or log line lost so was missing
+  // from the job's outputs for good; its end, left RUNNING on the master).
+  // The master applies each report's number once, so a retry of one it
+  // took adds nothing. Not tried again for a master gone silent, a worker
+  // stopping, or (but for its end) a job stopped at once.
+  grpc::Status SendReportRetrying(const JobEntry& entry, const control::ReportRequest& report) {
     for (int attempt = 0;; ++attempt) {
       const grpc::Status sent = SendReport(report);
       const bool transient = sent.error_code() == grpc::StatusCode::UNAVAILABLE ||
@@ -481,22 +587,11 @@ class Worker::Impl final : public control::Worker::Service {
         absl::MutexLock lock(&mu_);
         silent = master_silent_ || stopping_;
       }
-      if (sent.ok() || !transient || silent || attempt == 3) break;
-      TLOG_INFO("report of the end of job {} failed ({}): trying again", report.job_id(), sent.error_message());
+      if (sent.ok() || !transient || silent || attempt == 3 || (!report.finished() && entry.cancelled)) return sent;
+      TLOG_INFO("report of {}job {} failed ({}): trying again", report.finished() ? "the end of " : "", report.job_id(),
+                sent.error_message());
       absl::SleepFor(absl::Milliseconds(500) * (1 << attempt));
     }
-    absl::MutexLock lock(&mu_);
-    entry->phase = Phase::kDone;
-    reap_needed_ = true;
-  }
-
-  control::ReportRequest NewReport(const JobEntry& entry) const {
-    control::ReportRequest report;
-    report.set_worker_id(entry.worker_id);
-    report.set_epoch(entry.epoch);
-    report.set_job_id(entry.context.job_id);
-    report.set_session(entry.context.session);
-    return report;
   }
 
   // The Report call's status (OK where nothing was sent: a leaving worker's
@@ -768,6 +863,14 @@ class Worker::Impl final : public control::Worker::Service {
   // other than a job's end are skipped until it answers again.
   bool master_silent_ ABSL_GUARDED_BY(mu_) = false;
   std::set<grpc::ClientContext*> reports_in_flight_ ABSL_GUARDED_BY(mu_);  // SendReport's calls
+  // The reports not yet sent, in order (QueueReport), and the thread
+  // sending them (ReportLoop). Never held while mu_ is taken.
+  absl::Mutex report_mu_;
+  std::deque<QueuedReport> reports_ ABSL_GUARDED_BY(report_mu_);
+  size_t report_bytes_ ABSL_GUARDED_BY(report_mu_) = 0;
+  bool report_backlog_said_ ABSL_GUARDED_BY(report_mu_) = false;
+  bool reports_closed_ ABSL_GUARDED_BY(report_mu_) = false;
+  std::thread reporter_;
   grpc::ClientContext* heartbeat_call_ ABSL_GUARDED_BY(mu_) = nullptr;     // HeartbeatLoop's call in flight
   bool registered_ ABSL_GUARDED_BY(mu_) = false;
   // A registration RPC is in flight (LoadPlan waits for its answer).

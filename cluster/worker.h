@@ -10,10 +10,12 @@
 //                   +---(Load fails: the RPC's error, forgotten)    +-- Stop: runner Cancel; Run returns
 //                                  Stop: forgotten <--------------------+
 //
-// When Run returns the worker reports the result to the master (Report,
-// finished), then the job's thread is joined and everything it held (runner,
-// KV client) released within a heartbeat interval, so a worker runs any
-// number of jobs in a row without growing.
+// A job's metrics rows and log lines are queued and sent to the master in
+// order by one reporter thread (each retried while its failure passes), so
+// training never waits on the master. When Run returns the worker reports
+// the result to the master after them (Report, finished), then the job's thread is joined and everything it held
+// (runner, KV client) released within a heartbeat interval, so a worker runs any number of jobs in a row without
+// growing.
 //
 // The master's heartbeat answers list jobs to drop: those are cancelled. If
 // the master is unreachable for master_timeout (or the master's worker
@@ -24,6 +26,7 @@
 // Thread-safety: all public methods are thread-safe. The worker owns its
 // server, its heartbeat thread and the jobs' threads and runners.
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -49,6 +52,10 @@ class Worker {
     // registration).
     absl::Duration master_timeout = absl::Seconds(5);
     absl::Duration rpc_timeout = absl::Seconds(10);
+    // Dials the master (empty: MakeChannel(master, security)): an
+    // embedder's own channel (a proxy, interceptors); the tests inject
+    // failed calls here.
+    std::function<std::shared_ptr<grpc::Channel>()> master_channel;
   };
 
   Worker(Options options, PlanRunnerFactory factory);

@@ -28,6 +28,8 @@
 #include "cluster/transport.h"
 #include "comm/proto/control.grpc.pb.h"
 #include "core/file_util.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/support/client_interceptor.h"
 #include "nlohmann/json.hpp"
 #include "spdlog/sinks/ostream_sink.h"
 #include "spdlog/spdlog.h"
@@ -141,6 +143,146 @@ TEST(ClusterTest, JobSucceedsWithMetricsStreamedAndWritten) {
   }
   EXPECT_EQ(expected_iter, 7);
   EXPECT_NE(ReadFile(out / "log.txt").find("[node 0] node 0 done"), std::string::npos);
+  fs::remove_all(out.parent_path());
+}
+
+// Fails the first try of chosen Report calls of a worker's channel as a
+// flaky network would: the metrics of iteration `lost_before` never reach
+// the master (sent as a report of no worker there, refused), those of
+// `lost_after` are applied there and their answer lost; the worker sees
+// both UNAVAILABLE. Each Report call waits `delay` first (a slow master).
+class FlakyReports final : public grpc::experimental::ClientInterceptorFactoryInterface {
+ public:
+  FlakyReports(int64_t lost_before, int64_t lost_after, absl::Duration delay = absl::ZeroDuration())
+      : lost_before_(lost_before), lost_after_(lost_after), delay_(delay) {}
+  int failed() const { return failed_; }
+
+  grpc::experimental::Interceptor* CreateClientInterceptor(grpc::experimental::ClientRpcInfo* info) override {
+    if (std::string(info->method()) != "/tessera.control.Master/Report") return nullptr;
+    return new Call(this);
+  }
+
+ private:
+  class Call final : public grpc::experimental::Interceptor {
+   public:
+    explicit Call(FlakyReports* flaky) : flaky_(flaky) {}
+    void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
+      using Hook = grpc::experimental::InterceptionHookPoints;
+      if (methods->QueryInterceptionHookPoint(Hook::PRE_SEND_MESSAGE)) {
+        absl::SleepFor(flaky_->delay_);
+        const auto* report = static_cast<const control::ReportRequest*>(methods->GetSendMessage());
+        if (report != nullptr && report->metrics_size() == 1) {
+          const int64_t iteration = report->metrics(0).iteration();
+          if ((iteration == flaky_->lost_before_ || iteration == flaky_->lost_after_) &&
+              flaky_->tried_.insert(iteration).second) {
+            fail_ = true;
+            ++flaky_->failed_;
+            if (iteration == flaky_->lost_before_) {
+              swapped_ = *report;
+              swapped_.set_worker_id("lost-on-the-way");
+              methods->ModifySendMessage(&swapped_);
+            }
+          }
+        }
+      }
+      if (fail_ && methods->QueryInterceptionHookPoint(Hook::POST_RECV_STATUS)) {
+        *methods->GetRecvStatus() = grpc::Status(grpc::StatusCode::UNAVAILABLE, "test: connection reset");
+      }
+      methods->Proceed();
+    }
+
+   private:
+    FlakyReports* flaky_;
+    bool fail_ = false;
+    control::ReportRequest swapped_;
+  };
+
+  const int64_t lost_before_, lost_after_;
+  const absl::Duration delay_;
+  std::set<int64_t> tried_;  // (one job's reports: one thread's calls)
+  std::atomic<int> failed_{0};
+};
+
+// Adds a worker to `cluster` whose calls to the master go through `flaky`.
+void AddFlakyWorker(TestCluster& cluster, const std::shared_ptr<FlakyReports>& flaky) {
+  Worker::Options options = FastWorkerOptions(cluster.address, "cpu:1");
+  options.master_channel = [address = cluster.address, flaky] {
+    struct Forward final : grpc::experimental::ClientInterceptorFactoryInterface {
+      std::shared_ptr<FlakyReports> to;
+      grpc::experimental::Interceptor* CreateClientInterceptor(grpc::experimental::ClientRpcInfo* info) override {
+        return to->CreateClientInterceptor(info);
+      }
+    };
+    auto forward = std::make_unique<Forward>();
+    forward->to = flaky;
+    std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> interceptors;
+    interceptors.push_back(std::move(forward));
+    return grpc::experimental::CreateCustomChannelWithInterceptors(address, grpc::InsecureChannelCredentials(),
+                                                                   grpc::ChannelArguments(), std::move(interceptors));
+  };
+  cluster.workers.push_back(std::make_unique<Worker>(options, SleepyRunnerFactory(cluster.counters)));
+  ASSERT_TRUE(cluster.workers.back()->Start().ok());
+  ASSERT_TRUE(WaitUntil([&] { return cluster.workers.back()->registered(); }));
+}
+
+// Metrics rows whose report failed in passing are neither lost nor doubled:
+// the worker tries again, the master applies each report once.
+TEST(ClusterTest, AReportTriedAgainAddsItsRowOnce) {
+  Deadline deadline(seconds(30), "a job with flaky reports to SUCCEEDED");
+  const fs::path out = TempDir("flaky_reports") / "run";
+  TestCluster cluster;
+  cluster.Start({});
+  auto flaky = std::make_shared<FlakyReports>(2, 4);
+  ASSERT_NO_FATAL_FAILURE(AddFlakyWorker(cluster, flaky));
+  const std::string config =
+      nlohmann::json{{"devices_needed", 1}, {"iterations", 6}, {"output_dir", out.string()}}.dump();
+  auto job = cluster.client->Submit(config, {});
+  ASSERT_TRUE(job.ok()) << job.status();
+  std::vector<int64_t> iterations;
+  ASSERT_TRUE(cluster.client
+                  ->Watch(*job,
+                          [&](const control::JobEvent& event) {
+                            if (event.has_metrics()) iterations.push_back(event.metrics().iteration());
+                            return true;
+                          })
+                  .ok());
+  const control::JobInfo info = cluster.WaitEnd(*job);
+  EXPECT_EQ(info.state(), control::SUCCEEDED) << info.reason();
+  EXPECT_EQ(flaky->failed(), 2);
+  EXPECT_EQ(iterations, (std::vector<int64_t>{1, 2, 3, 4, 5, 6}));
+  std::istringstream metrics(ReadFile(out / "metrics.jsonl"));
+  std::vector<int64_t> rows;
+  for (std::string line; std::getline(metrics, line);) rows.push_back(nlohmann::json::parse(line)["iter"]);
+  EXPECT_EQ(rows, (std::vector<int64_t>{1, 2, 3, 4, 5, 6}));
+  fs::remove_all(out.parent_path());
+}
+
+// A job's training waits on no report: with a master slow to answer
+// (each report 300 ms), the runner ends at its own pace, its rows queued,
+// and the job ends once they and its end are in.
+TEST(ClusterTest, TrainingWaitsOnNoReport) {
+  Deadline deadline(seconds(30), "a job reporting to a slow master");
+  const fs::path out = TempDir("slow_reports") / "run";
+  TestCluster cluster;
+  cluster.Start({});
+  auto flaky = std::make_shared<FlakyReports>(-1, -1, absl::Milliseconds(300));
+  ASSERT_NO_FATAL_FAILURE(AddFlakyWorker(cluster, flaky));
+  auto job = cluster.client->Submit(
+      nlohmann::json{{"devices_needed", 1}, {"iterations", 8}, {"output_dir", out.string()}}.dump(), {});
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_TRUE(WaitUntil([&] { return cluster.counters->running == 1; }));
+  const absl::Time started = absl::Now();
+  ASSERT_TRUE(WaitUntil([&] { return cluster.counters->running == 0; }));
+  // (Its 8 rows and 2 lines take 3 s to report: a runner that waited on
+  // them took as long.)
+  EXPECT_LT(absl::Now() - started, absl::Seconds(1));
+  const control::JobInfo info = cluster.WaitEnd(*job);
+  EXPECT_EQ(info.state(), control::SUCCEEDED) << info.reason();
+  EXPECT_GE(absl::Now() - started, absl::Milliseconds(2400));
+  std::istringstream metrics(ReadFile(out / "metrics.jsonl"));
+  std::vector<int64_t> rows;
+  for (std::string line; std::getline(metrics, line);) rows.push_back(nlohmann::json::parse(line)["iter"]);
+  EXPECT_EQ(rows, (std::vector<int64_t>{1, 2, 3, 4, 5, 6, 7, 8}));
   fs::remove_all(out.parent_path());
 }
 
