@@ -460,9 +460,10 @@ absl::Status ValidateRanks(const proto::Plan& plan) {
 absl::Status ValidatePlan(const proto::Plan& plan, const ops::OpRegistry& registry) {
   if (plan.iterations() < 0) return absl::InvalidArgumentError("plan has negative iterations");
   if (plan.start_iteration() < 0) return absl::InvalidArgumentError("plan has a negative start_iteration");
-  if (plan.iterations() > comm::kMaxIterations || plan.start_iteration() > comm::kMaxIterations) {
+  // (Their sum too: both at 2^62 overflowed the end's int64.)
+  if (plan.iterations() > comm::kMaxIterations || plan.start_iteration() > comm::kMaxIterations - plan.iterations()) {
     return absl::InvalidArgumentError(
-        StrCat("plan runs iterations ", plan.start_iteration(), " + ", plan.iterations(), " (each at most 2^62)"));
+        StrCat("plan runs iterations ", plan.start_iteration(), " + ", plan.iterations(), " (at most 2^62 in all)"));
   }
   std::map<uint64_t, TaskIndex> tasks;
   for (const auto& task : plan.tasks()) {

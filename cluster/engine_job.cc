@@ -159,6 +159,10 @@ class EnginePlanRunner final : public PlanRunner {
       return absl::InvalidArgumentError(StrCat("the plan is node ", node_plan_.node(), "'s, this worker runs node ",
                                                context.node));
     }
+    // (Checked before anything reads it: binding an unchecked plan's
+    // sources searched it quadratically, and one that never ran was
+    // reported a success.)
+    RETURN_IF_ERROR(actors::ValidatePlan(node_plan_.plan(), ops::BuiltinOps()));
     nlohmann::json config = nlohmann::json::parse(node_plan_.job_config(), nullptr, false);
     if (config.is_discarded()) return absl::InvalidArgumentError("the node plan's job config is not valid JSON");
     ASSIGN_OR_RETURN(feed_, JobFeed::Make(config));

@@ -29,6 +29,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "cluster/device_offer.h"
 #include "cluster/grpc_status.h"
@@ -63,6 +64,13 @@ constexpr size_t kMaxKvValueBytes = 16 << 20;
 constexpr size_t kMaxKvKeysPerWait = 4096;
 constexpr size_t kMaxReportItems = 10000;
 constexpr size_t kMaxLogLineBytes = 64 << 10;
+// A job's metrics: names of at most 128 bytes, at most 256 of them (each
+// one is kept for the job's life and sent in every JobInfo).
+constexpr size_t kMaxMetricNameBytes = 128;
+constexpr size_t kMaxMetricNames = 256;
+// loss.svg is redrawn for a new evaluation at most this often (and at the
+// job's end): it is drawn from every point so far, under the master's lock.
+constexpr int64_t kLossPlotPeriodMs = 5000;
 constexpr int64_t kMaxDevicesPerJob = 1 << 20;
 
 int64_t NowMs() {
@@ -167,6 +175,7 @@ struct Job {
   // TensorBoard scalars and the loss curve (loss.svg) beside metrics.jsonl.
   std::unique_ptr<EventFileWriter> tensorboard;
   std::vector<LossPoint> train_losses, eval_losses;
+  int64_t loss_plot_ms = 0;  // when loss.svg was last drawn (kLossPlotPeriodMs)
   // spec.output_dir, claimed from submission to the job's end: no other
   // process's run (a `tessera train`, another master's job) writes it
   // meanwhile. Made at submission if missing, and removed at the end if
@@ -679,6 +688,18 @@ class Master::Impl final : public control::Master::Service {
       if (metrics.iteration() < 0 || metrics.iteration() > int64_t{UINT32_MAX}) {
         return Invalid(absl::StrCat("metrics of iteration ", metrics.iteration(), ": not in [0, ", UINT32_MAX, "]"));
       }
+      if (metrics.values_size() > static_cast<int>(kMaxMetricNames)) {
+        return Invalid(
+            absl::StrCat("metrics of iteration ", metrics.iteration(), ": more than ", kMaxMetricNames, " values"));
+      }
+      for (const auto& [name, value] : metrics.values()) {
+        if (name.empty() || name.size() > kMaxMetricNameBytes ||
+            std::any_of(name.begin(), name.end(), [](char c) { return static_cast<unsigned char>(c) < 0x20; })) {
+          return Invalid(absl::StrCat("metrics of iteration ", metrics.iteration(), ": the name '",
+                                      EscapeControlChars(name.substr(0, 64)), name.size() > 64 ? "...'" : "'",
+                                      " is not 1-", kMaxMetricNameBytes, " bytes without control characters"));
+        }
+      }
     }
     absl::MutexLock lock(&mu_);
     WorkerRecord* worker = nullptr;
@@ -758,6 +779,18 @@ class Master::Impl final : public control::Master::Service {
       job.persisted_ms = 0;  // (below: the record takes where its lines are)
     }
     Job& job = *job_record;
+    {
+      size_t names = job.last_metrics.size();
+      std::set<std::string> added;
+      for (const control::Metrics& metrics : request->metrics()) {
+        for (const auto& [name, value] : metrics.values()) {
+          if (!job.last_metrics.contains(name) && added.insert(name).second) ++names;
+        }
+      }
+      if (names > kMaxMetricNames) {
+        return Invalid(absl::StrCat("job ", job.id, " would have more than ", kMaxMetricNames, " metric names"));
+      }
+    }
     // A report tried again whose first try was applied (its answer lost).
     if (!job.reports_taken[slot->node].Take(request->seq())) return grpc::Status::OK;
     // The node holding the job's sink (the last pipeline stage's first
@@ -1060,6 +1093,20 @@ class Master::Impl final : public control::Master::Service {
     if (auto s = Enter(*context, "KvPut"); !s.ok()) return s;
     if (auto s = CheckKey(request->key()); !s.ok()) return s;
     if (request->value().size() > kMaxKvValueBytes) return Invalid("kv values are at most 16 MiB");
+    // Only a job's nodes write the KV, under JOB/SESSION/, and its keys go
+    // as it ends: a key of no job would stay for good (keys of no job, put
+    // until the KV was full, failed every job spanning workers after).
+    {
+      const std::vector<std::string> parts = absl::StrSplit(request->key(), absl::MaxSplits('/', 2));
+      uint64_t session = 0;
+      absl::MutexLock lock(&mu_);
+      const auto job = parts.size() == 3 ? jobs_.find(parts[0]) : jobs_.end();
+      if (job == jobs_.end() || !absl::SimpleAtoi(parts[1], &session) || session != job->second->session ||
+          parts[2].empty()) {
+        return Precondition(absl::StrCat("kv: key '", EscapeControlChars(request->key().substr(0, 128)),
+                                         "' is not a job's (JOB/SESSION/NAME, of a job submitted and not ended)"));
+      }
+    }
     absl::MutexLock lock(&kv_mu_);
     // A key of a job that ended (its nodes, stopping, still writing) would
     // stay for good: the job's keys were dropped as it ended.
@@ -1960,7 +2007,12 @@ class Master::Impl final : public control::Master::Service {
     }
     if (auto loss = metrics.values().find("eval_loss"); loss != metrics.values().end()) {
       job.eval_losses.push_back({metrics.iteration(), loss->second});
-      WriteLossPlotLocked(job);
+      // (Redrawn from every point so far: a report of many evaluations
+      // drew it for each, held the master seconds and lost its workers.)
+      if (const int64_t now = NowMs(); now - job.loss_plot_ms >= kLossPlotPeriodMs) {
+        job.loss_plot_ms = now;
+        WriteLossPlotLocked(job);
+      }
     }
   }
 

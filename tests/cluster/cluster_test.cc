@@ -15,6 +15,8 @@
 #include <fstream>
 #include <functional>
 #include <limits>
+#include <map>
+#include <mutex>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -151,11 +153,19 @@ TEST(ClusterTest, JobSucceedsWithMetricsStreamedAndWritten) {
 // the master (sent as a report of no worker there, refused), those of
 // `lost_after` are applied there and their answer lost; the worker sees
 // both UNAVAILABLE. Each Report call waits `delay` first (a slow master).
+// `rewrite`, where set, may change a report of metrics before it goes (a
+// worker sending what it should not); the master's answer to each report
+// of metrics is kept by its iteration.
 class FlakyReports final : public grpc::experimental::ClientInterceptorFactoryInterface {
  public:
   FlakyReports(int64_t lost_before, int64_t lost_after, absl::Duration delay = absl::ZeroDuration())
       : lost_before_(lost_before), lost_after_(lost_after), delay_(delay) {}
   int failed() const { return failed_; }
+  std::function<void(control::ReportRequest&)> rewrite;
+  std::map<int64_t, grpc::StatusCode> answers() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return answers_;
+  }
 
   grpc::experimental::Interceptor* CreateClientInterceptor(grpc::experimental::ClientRpcInfo* info) override {
     if (std::string(info->method()) != "/tessera.control.Master/Report") return nullptr;
@@ -173,20 +183,30 @@ class FlakyReports final : public grpc::experimental::ClientInterceptorFactoryIn
         const auto* report = static_cast<const control::ReportRequest*>(methods->GetSendMessage());
         if (report != nullptr && report->metrics_size() == 1) {
           const int64_t iteration = report->metrics(0).iteration();
+          iteration_ = iteration;
+          if (flaky_->rewrite) {
+            swapped_ = *report;
+            flaky_->rewrite(swapped_);
+            methods->ModifySendMessage(&swapped_);
+          }
           if ((iteration == flaky_->lost_before_ || iteration == flaky_->lost_after_) &&
               flaky_->tried_.insert(iteration).second) {
             fail_ = true;
             ++flaky_->failed_;
             if (iteration == flaky_->lost_before_) {
-              swapped_ = *report;
+              if (!flaky_->rewrite) swapped_ = *report;
               swapped_.set_worker_id("lost-on-the-way");
               methods->ModifySendMessage(&swapped_);
             }
           }
         }
       }
-      if (fail_ && methods->QueryInterceptionHookPoint(Hook::POST_RECV_STATUS)) {
-        *methods->GetRecvStatus() = grpc::Status(grpc::StatusCode::UNAVAILABLE, "test: connection reset");
+      if (iteration_ >= 0 && methods->QueryInterceptionHookPoint(Hook::POST_RECV_STATUS)) {
+        {
+          std::lock_guard<std::mutex> lock(flaky_->mu_);
+          flaky_->answers_[iteration_] = methods->GetRecvStatus()->error_code();
+        }
+        if (fail_) *methods->GetRecvStatus() = grpc::Status(grpc::StatusCode::UNAVAILABLE, "test: connection reset");
       }
       methods->Proceed();
     }
@@ -194,6 +214,7 @@ class FlakyReports final : public grpc::experimental::ClientInterceptorFactoryIn
    private:
     FlakyReports* flaky_;
     bool fail_ = false;
+    int64_t iteration_ = -1;
     control::ReportRequest swapped_;
   };
 
@@ -201,6 +222,8 @@ class FlakyReports final : public grpc::experimental::ClientInterceptorFactoryIn
   const absl::Duration delay_;
   std::set<int64_t> tried_;  // (one job's reports: one thread's calls)
   std::atomic<int> failed_{0};
+  mutable std::mutex mu_;
+  std::map<int64_t, grpc::StatusCode> answers_;
 };
 
 // Adds a worker to `cluster` whose calls to the master go through `flaky`.
@@ -283,6 +306,72 @@ TEST(ClusterTest, TrainingWaitsOnNoReport) {
   std::vector<int64_t> rows;
   for (std::string line; std::getline(metrics, line);) rows.push_back(nlohmann::json::parse(line)["iter"]);
   EXPECT_EQ(rows, (std::vector<int64_t>{1, 2, 3, 4, 5, 6, 7, 8}));
+  fs::remove_all(out.parent_path());
+}
+
+// A report's metric names are bounded (each kept for the job's life and
+// sent with every JobInfo: 30 MiB names broke `tessera status` for every
+// job), and a report of many evaluations draws loss.svg once (drawn for
+// each, under the master's lock, 2000 held the master 13 s).
+TEST(ClusterTest, AReportOfUnboundedMetricsIsRefusedAndManyEvaluationsAreQuick) {
+  Deadline deadline(seconds(30), "reports of odd metrics");
+  const fs::path out = TempDir("odd_metrics") / "run";
+  TestCluster cluster;
+  cluster.Start({});
+  auto flaky = std::make_shared<FlakyReports>(-1, -1);
+  absl::Duration slowest;
+  flaky->rewrite = [&](control::ReportRequest& report) {
+    control::Metrics& row = *report.mutable_metrics(0);
+    switch (row.iteration()) {
+      case 2:
+        (*row.mutable_values())[std::string(129, 'n')] = 1;
+        break;
+      case 3:
+        (*row.mutable_values())["bad\nname"] = 1;
+        break;
+      case 4:
+        for (int i = 0; i < 300; ++i) (*row.mutable_values())[absl::StrCat("m", i)] = i;
+        break;
+      case 5:
+        for (int i = 0; i < 240; ++i) (*row.mutable_values())[absl::StrCat("m", i)] = i;
+        break;
+      case 6:  // (over the job's 256 with iteration 5's)
+        for (int i = 0; i < 40; ++i) (*row.mutable_values())[absl::StrCat("k", i)] = i;
+        break;
+      case 7:
+        for (int i = 0; i < 5000; ++i) {
+          control::Metrics* eval = report.add_metrics();
+          eval->set_iteration(7);
+          (*eval->mutable_values())["eval_loss"] = 1.0 / (i + 1);
+        }
+        break;
+    }
+  };
+  ASSERT_NO_FATAL_FAILURE(AddFlakyWorker(cluster, flaky));
+  auto job = cluster.client->Submit(
+      nlohmann::json{{"devices_needed", 1}, {"iterations", 8}, {"output_dir", out.string()}}.dump(), {});
+  ASSERT_TRUE(job.ok()) << job.status();
+  std::atomic<bool> done{false};
+  std::thread prober([&] {
+    while (!done) {
+      const absl::Time sent = absl::Now();
+      (void)cluster.client->Get(*job);
+      slowest = std::max(slowest, absl::Now() - sent);
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+  });
+  const control::JobInfo info = cluster.WaitEnd(*job);
+  done = true;
+  prober.join();
+  EXPECT_EQ(info.state(), control::SUCCEEDED) << info.reason();
+  const auto answers = flaky->answers();
+  for (int64_t refused : {2, 3, 4, 6}) {
+    EXPECT_EQ(answers.at(refused), grpc::StatusCode::INVALID_ARGUMENT) << "iteration " << refused;
+  }
+  for (int64_t taken : {1, 5, 7, 8}) EXPECT_EQ(answers.at(taken), grpc::StatusCode::OK) << "iteration " << taken;
+  EXPECT_EQ(info.last_metrics().size(), 3u + 240 + 1);  // loss, samples_per_s, tokens_per_s, m0..m239, eval_loss
+  EXPECT_LT(slowest, absl::Milliseconds(700));
+  EXPECT_TRUE(fs::exists(out / "loss.svg"));
   fs::remove_all(out.parent_path());
 }
 
@@ -1348,14 +1437,18 @@ TEST(ClusterTest, KvPutGetWait) {
   Deadline deadline(seconds(20), "kv");
   TestCluster cluster;
   cluster.Start({});
-  KvClient kv(MakeChannel(cluster.address, {}), {}, "test/");
+  // (Queued: no worker. Only a job's keys are written, JOB/SESSION/NAME.)
+  auto job = cluster.client->Submit(nlohmann::json{{"devices_needed", 1}}.dump(), {});
+  auto other_job = cluster.client->Submit(nlohmann::json{{"devices_needed", 1}}.dump(), {});
+  ASSERT_TRUE(job.ok() && other_job.ok());
+  KvClient kv(MakeChannel(cluster.address, {}), {}, *job + "/1/");
   EXPECT_EQ(kv.Get("a").status().code(), absl::StatusCode::kNotFound);
   ASSERT_TRUE(kv.Set("a", "1").ok());
   EXPECT_EQ(*kv.Get("a"), "1");
   const auto started = absl::Now();
   auto missing = kv.Wait({"a", "b"}, absl::Milliseconds(300));
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kDeadlineExceeded);
-  EXPECT_NE(missing.status().message().find("test/b"), std::string::npos) << missing.status();
+  EXPECT_NE(missing.status().message().find(*job + "/1/b"), std::string::npos) << missing.status();
   EXPECT_GE(absl::Now() - started, absl::Milliseconds(290));
   // Many long keys unset: the message names a few, cut, and fits gRPC's
   // 8 KiB of metadata (the client read "metadata size exceeds limit").
@@ -1374,8 +1467,18 @@ TEST(ClusterTest, KvPutGetWait) {
   EXPECT_EQ((*both)[0], "1");
   EXPECT_EQ((*both)[1], std::string("\0two", 4));
   // Another prefix does not see these keys.
-  KvClient other(MakeChannel(cluster.address, {}), {}, "other/");
+  KvClient other(MakeChannel(cluster.address, {}), {}, *other_job + "/2/");
   EXPECT_EQ(other.Get("a").status().code(), absl::StatusCode::kNotFound);
+  // A key of no job, or of another session of the job, would stay for good
+  // (filled, the KV failed every job spanning workers): refused.
+  for (const std::string& prefix : std::vector<std::string>{"junk/", "junk/1/", *job + "/2/", *job + "/x/", "/1/"}) {
+    KvClient stray(MakeChannel(cluster.address, {}), {}, prefix);
+    const absl::Status put = stray.Set("a", "1");
+    EXPECT_EQ(put.code(), absl::StatusCode::kFailedPrecondition) << prefix << ": " << put;
+    EXPECT_NE(put.message().find("is not a job's (JOB/SESSION/NAME"), std::string::npos) << put;
+  }
+  KvClient empty_name(MakeChannel(cluster.address, {}), {}, *job + "/1/");
+  EXPECT_EQ(empty_name.Set("", "1").code(), absl::StatusCode::kFailedPrecondition);
 }
 
 // The KV holds at most Options.max_kv_bytes of keys and values: a client
@@ -1387,7 +1490,9 @@ TEST(ClusterTest, TheKvIsBounded) {
   options.max_kv_bytes = 1000;
   TestCluster cluster;
   cluster.Start({"cpu:1"}, options);
-  KvClient kv(MakeChannel(cluster.address, {}), {}, "fill/");
+  auto job = cluster.client->Submit(nlohmann::json{{"devices_needed", 2}}.dump(), {});  // (queued)
+  ASSERT_TRUE(job.ok()) << job.status();
+  KvClient kv(MakeChannel(cluster.address, {}), {}, *job + "/1/");
   ASSERT_TRUE(kv.Set("a", std::string(600, 'x')).ok());
   ASSERT_TRUE(kv.Set("a", std::string(900, 'y')).ok());  // replaces: 900 + the key, not 1500
   const absl::Status full = kv.Set("b", std::string(200, 'z'));

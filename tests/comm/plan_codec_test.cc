@@ -179,7 +179,13 @@ TEST(ValidatePlanTest, AbsurdCountsAreErrors) {
   {
     proto::Plan plan = good;
     plan.set_iterations(std::numeric_limits<int64_t>::max());
-    EXPECT_CONTAINS(Validate(plan), "each at most 2^62");
+    EXPECT_CONTAINS(Validate(plan), "at most 2^62 in all");
+  }
+  {
+    proto::Plan plan = good;  // each in range, their end past int64
+    plan.set_iterations(int64_t{1} << 62);
+    plan.set_start_iteration(int64_t{1} << 62);
+    EXPECT_CONTAINS(Validate(plan), "at most 2^62 in all");
   }
   {
     proto::Plan plan = good;  // iterations x pieces would overflow the act counters

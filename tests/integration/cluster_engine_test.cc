@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "actors/plan.h"
 #include "cluster/engine_job.h"
 #include "core/config.h"
 #include "gtest/gtest.h"
@@ -138,6 +139,38 @@ TEST(ClusterEngineErrors, MalformedConfigIsInvalidArgumentWithTheConfigError) {
   auto bad = cluster.client->Submit("{\"model\": 3", {});
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument) << bad.status();
+}
+
+// A worker checks a node plan as it loads it, before binding anything to
+// it: one of negative iterations (or past 2^62 in all) was loaded, run as
+// nothing and reported a success.
+TEST(ClusterEngineErrors, ANodePlanIsCheckedAsItLoads) {
+  auto files = config::LoadConfigFiles(SourcePath("configs/gpt2_nano.json"));
+  ASSERT_TRUE(files.ok()) << files.status();
+  const std::unique_ptr<JobCompiler> compiler = MakeEngineJobCompiler();
+  auto spec = compiler->Resolve(files->dump(), {"train.train_iter=2", "model.num_layers=1"});
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  auto parts = compiler->Compile(*spec, {WorkerSlot{"w", 0, static_cast<int>(spec->devices_needed), ""}});
+  ASSERT_TRUE(parts.ok()) << parts.status();
+  ASSERT_EQ(parts->size(), 1u);
+  RunContext context;
+  context.node = 0;
+  {
+    std::unique_ptr<PlanRunner> runner = MakeEnginePlanRunnerFactory()();
+    EXPECT_TRUE(runner->Load(context, parts->at(0)).ok());
+  }
+  const auto load_with = [&](int64_t start, int64_t iterations) {
+    auto node_plan = actors::ParseNodePlan(parts->at(0));
+    EXPECT_TRUE(node_plan.ok()) << node_plan.status();
+    node_plan->mutable_plan()->set_start_iteration(start);
+    node_plan->mutable_plan()->set_iterations(iterations);
+    return MakeEnginePlanRunnerFactory()()->Load(context, actors::SerializeNodePlan(*node_plan));
+  };
+  const absl::Status negative = load_with(0, -1);
+  EXPECT_EQ(negative.code(), absl::StatusCode::kInvalidArgument) << negative;
+  EXPECT_NE(negative.message().find("plan has negative iterations"), std::string::npos) << negative;
+  const absl::Status past = load_with(int64_t{1} << 62, int64_t{1} << 62);
+  EXPECT_NE(past.message().find("at most 2^62 in all"), std::string::npos) << past;
 }
 
 // A job's checkpoint continues on the cluster: 8 iterations straight vs 4,
