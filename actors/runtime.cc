@@ -411,8 +411,9 @@ class ActorThread {
   }
 
   // Runs until every actor of the thread is done, Stop() is called, or an
-  // actor fails (returned).
-  absl::Status Loop(const std::atomic<bool>& aborted);
+  // actor fails (returned). Handles are stamped with `clock` (ns, kept
+  // current by the watchdog).
+  absl::Status Loop(const std::atomic<bool>& aborted, const std::atomic<int64_t>& clock);
 
   // Read by the watchdog from another thread.
   int64_t handled() const { return handled_.load(std::memory_order_relaxed); }
@@ -450,7 +451,7 @@ class ActorThread {
 
 thread_local ActorThread* current_thread = nullptr;
 
-absl::Status ActorThread::Loop(const std::atomic<bool>& aborted) {
+absl::Status ActorThread::Loop(const std::atomic<bool>& aborted, const std::atomic<int64_t>& clock) {
   current_thread = this;
   absl::Status status;
   while (live_ > 0) {
@@ -476,7 +477,7 @@ absl::Status ActorThread::Loop(const std::atomic<bool>& aborted) {
     Actor* actor = watched.actor;
     const bool was_done = actor->done();
     busy_actor_.store(actor->id(), std::memory_order_relaxed);
-    busy_since_ns_.store(NowNs(), std::memory_order_release);
+    busy_since_ns_.store(clock.load(std::memory_order_relaxed), std::memory_order_release);
     // A kernel or a host callback that throws (std::bad_alloc on an
     // allocation sized by the job, a library's exception) fails the job like
     // any error instead of terminating the process.
@@ -489,7 +490,7 @@ absl::Status ActorThread::Loop(const std::atomic<bool>& aborted) {
       status = absl::InternalError(StrCat(actor->Describe(), " threw while handling ", message.ToString(),
                                           ": ", e.what()));
     }
-    watched.last_progress_ns.store(NowNs(), std::memory_order_relaxed);
+    watched.last_progress_ns.store(clock.load(std::memory_order_relaxed), std::memory_order_relaxed);
     busy_since_ns_.store(0, std::memory_order_release);
     if (!status.ok()) break;
     if (!was_done && actor->done()) {
@@ -596,6 +597,10 @@ struct Runtime::Core {
   std::unique_ptr<internal::LoadedJob> job;
   std::vector<ActorThread*> threads;  // fixed before Run starts them
   std::atomic<bool> aborted{false};
+  // NowNs(), refreshed by the watchdog at each poll: the threads stamp
+  // their Handles with it (two clock reads per message were 40% of a
+  // message's cost; the watchdog's limits are seconds, its poll 50 ms).
+  std::atomic<int64_t> clock_ns{0};
   std::mutex mu;
   std::condition_variable finished_cv;
   absl::Status first_error ABSL_GUARDED_BY(mu);
@@ -743,13 +748,14 @@ absl::Status Runtime::Run() {
     };
   }
   const int64_t start_ns = NowNs();
+  core.clock_ns.store(start_ns);
   for (ActorThread* thread : core.threads) thread->StartClocks(start_ns);
   std::vector<std::thread> workers;
   workers.reserve(core.threads.size());
   try {
     for (ActorThread* thread : core.threads) {
       workers.emplace_back([shared = core_, thread]() {
-        absl::Status status = thread->Loop(shared->aborted);
+        absl::Status status = thread->Loop(shared->aborted, shared->clock_ns);
         if (!status.ok()) shared->StopAll(std::move(status));
         std::lock_guard<std::mutex> lock(shared->mu);
         thread->MarkFinished();
@@ -877,22 +883,44 @@ std::vector<std::string> Runtime::Watch() {
   const auto poll = std::chrono::milliseconds(50);
   bool reported = false;  // a stall or hung kernel already failed the job
   int stalled_polls = 0;  // polls in a row that saw no progress for stall_s
+  // Each thread's messages handled at the last poll: one that handled some
+  // since made progress now (its stamps are of the clock as this thread
+  // last set it, which a starved watchdog let grow old).
+  std::vector<int64_t> handled_seen(core.threads.size(), 0);
+  // The Handle each thread is inside (its count of messages handled, which
+  // holds still meanwhile) and the poll before it was first seen: it began
+  // after that (its own stamp may be older).
+  std::vector<int64_t> busy_handled(core.threads.size(), -1);
+  std::vector<int64_t> busy_after(core.threads.size(), 0);
+  int64_t previous_poll = core.clock_ns.load();
   std::unique_lock<std::mutex> lock(core.mu);
   while (core.finished < core.threads.size()) {
     core.finished_cv.wait_for(lock, poll);
     if (core.finished == core.threads.size()) break;
     lock.unlock();
     const int64_t now = NowNs();
+    core.clock_ns.store(now, std::memory_order_relaxed);
     bool any_busy = false;
     bool only_hung_left = true;  // every thread still running is inside a Handle past hung_s
     int64_t last_progress = 0;   // the latest of any unfinished actor
     std::vector<std::string> hung;
-    for (ActorThread* thread : core.threads) {
+    for (size_t t = 0; t < core.threads.size(); ++t) {
+      ActorThread* thread = core.threads[t];
       if (thread->finished()) continue;
-      const int64_t since = thread->busy_since_ns();
+      const int64_t handled = thread->handled();
+      if (handled != handled_seen[t]) {
+        handled_seen[t] = handled;
+        last_progress = now;
+      }
+      int64_t since = thread->busy_since_ns();
       const uint64_t busy = thread->busy_actor();
       if (since != 0) {
         any_busy = true;
+        if (busy_handled[t] != handled) {
+          busy_handled[t] = handled;
+          busy_after[t] = previous_poll;
+        }
+        since = std::max(since, busy_after[t]);
         if (hung_s > 0 && Seconds(now - since) >= hung_s) {
           hung.push_back(StrCat(core.job->by_id.at(busy)->Describe(), " inside one Handle for ", Seconds(now - since), " s"));
           continue;
@@ -937,6 +965,7 @@ std::vector<std::string> Runtime::Watch() {
       core.StopAll(WatchdogError(
           StrCat("no actor made progress for ", stall_s, " s and none is running a kernel (stall_timeout_s)")));
     }
+    previous_poll = now;
     lock.lock();
   }
   return {};
