@@ -3,7 +3,8 @@
 # (flash_attention and its gradient op, bench/attention_bench.cc) against
 # PyTorch on the same machine in the same run (bench/attention_torch.py:
 # 1.13's scaled_dot_product_attention and the eager q kᵀ / softmax / @ v),
-# same shapes, same thread counts (1 and 2). Prints each side's median
+# same shapes, same thread counts (1 and 2; PyTorch in one process per
+# count, its OpenBLAS held to it too). Prints each side's median
 # milliseconds and the ratios Tessera / PyTorch (< 1: Tessera is faster).
 # Builds nothing: build attention_bench first (Release).
 #
@@ -23,7 +24,10 @@ quick=()
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 "$ours" --tsv "${quick[@]}" > "$tmp/ours.tsv"
-"$python" "$here/attention_torch.py" "${quick[@]}" > "$tmp/torch.tsv"
+for threads in 1 2; do
+  "$python" "$here/attention_torch.py" "${quick[@]}" --threads=$threads > "$tmp/torch$threads.tsv"
+done
+paste -d'\n' "$tmp/torch1.tsv" "$tmp/torch2.tsv" > "$tmp/torch.tsv"  # (case by case, as ours)
 
 echo "causal attention, CPU, median ms (forward / backward); ratios Tessera fused / PyTorch"
 paste "$tmp/ours.tsv" "$tmp/torch.tsv" | awk -F'\t' '

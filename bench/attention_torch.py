@@ -1,6 +1,6 @@
 """PyTorch's side of bench/attention_compare.sh: causal attention forward and
-backward on the CPU, on the shapes of bench/attention_bench.cc, with the same
-thread counts. Two PyTorch forms:
+backward on the CPU, on the shapes of bench/attention_bench.cc, on --threads
+threads (default 1; one process per thread count). Two PyTorch forms:
   sdpa   torch.nn.functional._scaled_dot_product_attention(is_causal=True)
          (PyTorch 1.13's private form of scaled_dot_product_attention)
   eager  q kᵀ · scale, a causal mask (masked_fill -inf), softmax, @ v
@@ -8,15 +8,24 @@ Backward: autograd of the output against a fixed upstream gradient (dq, dk,
 dv). Prints one line per (case, threads): label, threads, then the median
 milliseconds of forward and of backward for sdpa and for eager, tab-separated.
 
-  /usr/bin/python3 bench/attention_torch.py [--quick]
+  /usr/bin/python3 bench/attention_torch.py [--quick] [--threads=N]
 """
 
 import math
+import os
 import statistics
 import sys
 import time
 
-import torch
+THREADS = int(next((a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--threads=")), "1"))
+# Debian's torch does its GEMMs in OpenBLAS (pthreads build), whose own
+# threads torch.set_num_threads does not reach (its "1 thread" rows ran their
+# matrix products on 2 cores): set before torch loads.
+os.environ["OMP_NUM_THREADS"] = str(THREADS)
+os.environ["OPENBLAS_NUM_THREADS"] = str(THREADS)
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch  # noqa: E402
 import torch.nn.functional as F
 
 CASES = [
@@ -81,12 +90,11 @@ def measure(form, b, h, t, d, repeats):
 def main():
     quick = "--quick" in sys.argv[1:]
     repeats = 3 if quick else 7
+    torch.set_num_threads(THREADS)
     for label, b, h, t, d in CASES:
-        for threads in (1, 2):
-            torch.set_num_threads(threads)
-            s_fwd, s_bwd = measure(sdpa, b, h, t, d, repeats)
-            e_fwd, e_bwd = measure(eager, b, h, t, d, repeats)
-            print(f"{label}\t{threads}\t{s_fwd:.3f}\t{s_bwd:.3f}\t{e_fwd:.3f}\t{e_bwd:.3f}", flush=True)
+        s_fwd, s_bwd = measure(sdpa, b, h, t, d, repeats)
+        e_fwd, e_bwd = measure(eager, b, h, t, d, repeats)
+        print(f"{label}\t{THREADS}\t{s_fwd:.3f}\t{s_bwd:.3f}\t{e_fwd:.3f}\t{e_bwd:.3f}", flush=True)
 
 
 if __name__ == "__main__":

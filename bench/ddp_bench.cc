@@ -3,9 +3,10 @@
 // bench/ddp_torch.py). DESIGN §13's CPU model: 4 layers, hidden 256, 4 heads,
 // seq 128, micro-batch 8 per rank, vocabulary 8192, AdamW, LM head tied to
 // wte, dropout 0, one kernel thread per process (gpt2_nano with overrides;
-// --set adds more). The plan's data parallelism reduce-scatters each
-// gradient, updates each rank's half and all-gathers the parameters (the
-// collectives are printed).
+// --set adds more). The plan's data parallelism all-reduces the gradients
+// in buckets (train.dist.gradient_bucket_mb, 25 by default: two all-reduces
+// of 21 MB in all here; 0 reduces each gradient alone); the collectives are
+// printed.
 //
 //   ddp_bench [--dp 2] [--warmup 5] [--iters 20] [--independent] [--set KEY=VALUE]...
 //             [--log-level warn] [--timeout 600]

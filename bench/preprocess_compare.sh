@@ -15,7 +15,7 @@ set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 build=${1:-build}
-cache=${TESSERA_CACHE:-$HOME/.cache/tessera}
+cache=${TESSERA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/tessera}
 text=${2:-$cache/corpus/kjv.txt}
 threads=${3:-2}
 python=${PYTHON:-/usr/bin/python3}
