@@ -185,7 +185,9 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Compile(graph::Graph graph, cons
       gradients = std::move(accumulated.gradients);
       RETURN_IF_ERROR(remap_scaled(accumulated.remap));
     }
-    if (options.lower.zero_stage == 3) {
+    // (Over one data-parallel rank nothing is sharded: the copies would only
+    // cost time and memory.)
+    if (options.lower.zero_stage == 3 && mesh.hierarchy()[0] > 1) {
       ASSIGN_OR_RETURN(graph::GatherPerReaderResult gathered, graph::GatherPerReader(graph, gradients));
       gradients = std::move(gathered.gradients);
       RETURN_IF_ERROR(remap_scaled(gathered.remap));

@@ -164,6 +164,13 @@ TEST(Zero, StagesGatherAndScatterWhereTheySay) {
   EXPECT_EQ(count(plain->plan, "zero3/"), 0);
   EXPECT_EQ(count(one->plan, "zero3/"), 0);
   EXPECT_GT(count(three->plan, "zero3/"), 0);
+  {
+    // Over one data-parallel rank nothing is sharded: stage 3 adds no
+    // copies (it added one per reader of every weight).
+    auto alone = TrainNano(With({"train.train_micro_batch_size=4", "model.hidden_size=128"}, 3), 1);
+    ASSERT_TRUE(alone.ok()) << alone.status();
+    EXPECT_EQ(count(alone->plan, "zero3/"), 0);
+  }
   std::printf("arena bytes: plain %lld, stage 1 %lld, stage 2 %lld, stage 3 %lld\n",
               static_cast<long long>(arena(plain->plan)), static_cast<long long>(arena(one->plan)),
               static_cast<long long>(arena(two->plan)), static_cast<long long>(arena(three->plan)));
