@@ -3,8 +3,8 @@
 # 50,257-token vocabulary, AdamW, dropout 0, synthetic tokens), side by side:
 #   - what `tessera plan --format memory` predicts per device for micro-batch
 #     MICRO: plain f32, with activation checkpointing, plain data parallelism
-#     over 2 ranks and ZeRO stages 1-3 over them, bf16 mixed precision, and
-#     all together (checkpointing, bf16, ZeRO-2 over 2 ranks);
+#     over 2 ranks and ZeRO stages 1-3 over them, bf16 and fp16 mixed
+#     precision, and all together (checkpointing, bf16, ZeRO-2 over 2 ranks);
 #   - the peak resident set of `tessera train` for 2 iterations, minus that
 #     of `tessera plan` on the same config (the binary, its libraries, the
 #     compiled plan): what the run adds, against the plan's total over the
@@ -37,7 +37,7 @@ config=("$root/configs/gpt2_nano.json" model.vocab_size=50257 model.hidden_size=
   model.num_attention_heads=12 model.ffn_hidden_size=3072 model.max_seq_length=1024 model.seq_length=1024
   model.embedding_dropout_prob=0 model.attention_dropout_prob=0 model.output_dropout_prob=0
   train.train_micro_batch_size="$micro" train.num_accumulation_steps=1 train.train_iter=2 train.log_period=1
-  train.dist.intra_op_threads="$threads" train.output_dir="$log/out")
+  train.dist.intra_op_threads="$threads")
 
 # Runs a command (its output into file $1) and prints its peak RSS in MiB
 # and its exit status (Python's resource.getrusage of the child).
@@ -57,17 +57,21 @@ echo "GPT-2 124M, seq 1024, micro-batch $micro, $threads threads, dropout 0 (MiB
 printf '%-34s %10s %10s %10s\n' variant plan run_adds run_tok/s
 plain_plan=""
 mem_mib=$(awk '/^MemTotal:/ {printf "%d", $2 / 1024}' /proc/meminfo)
-for variant in none checkpointing dp2 zero1_dp2 zero2_dp2 zero3_dp2 bf16 all; do
+for variant in none checkpointing dp2 zero1_dp2 zero2_dp2 zero3_dp2 bf16 fp16 all; do
   extra=()
   case $variant in
     checkpointing) extra=(train.activation_checkpoint.enabled=true) ;;
     bf16) extra=(train.amp.enabled=true train.amp.dtype=bf16) ;;
+    fp16) extra=(train.amp.enabled=true train.amp.dtype=fp16) ;;
     dp2) extra=(train.dist.data_parallel_size=2) ;;
     zero?_dp2) extra=(train.zero_optimization.enabled=true "train.zero_optimization.stage=${variant:4:1}"
       train.dist.data_parallel_size=2) ;;
     all) extra=(train.activation_checkpoint.enabled=true train.amp.enabled=true train.zero_optimization.enabled=true
       train.zero_optimization.stage=2 train.dist.data_parallel_size=2) ;;
   esac
+  # (A run of its own: the next variant's run found this one's checkpoints
+  # in a shared directory and was refused.)
+  extra+=("train.output_dir=$log/out_$variant")
   if ! "$tessera" plan "${config[@]}" "${extra[@]}" --format memory > "$log/plan" 2> "$log/err"; then
     printf '%-34s %s\n' "$variant" "not built: $(head -c 150 "$log/err")"
     continue
@@ -85,6 +89,7 @@ for variant in none checkpointing dp2 zero1_dp2 zero2_dp2 zero3_dp2 bf16 all; do
   read -r base_mib _ < <(peak_mib "$log/plan_run" "$tessera" plan "${config[@]}" "${extra[@]}" --format memory)
   read -r run_mib code < <(peak_mib "$log/train_run" "$tessera" train "${config[@]}" "${extra[@]}")
   [[ $code == 0 ]] || { echo "memory_compare: tessera train ($variant) failed:" >&2; tail -3 "$log/train_run" >&2; exit 1; }
+  rm -rf "$log/out_$variant"  # (its checkpoints: 1.4 GB each)
   adds=$(awk -v a="$run_mib" -v b="$base_mib" 'BEGIN {printf "%.1f", a - b}')
   tokens=$(grep -o 'tokens/s [0-9.]*' "$log/train_run" | tail -1 | awk '{print $2}')
   printf '%-34s %10s %10s %10s   (run/plan %.3f' "$variant" "$plan" "$adds" "$tokens" \

@@ -544,6 +544,16 @@ class Master::Impl final : public control::Master::Service {
         request->data_address().size() > kMaxAddressBytes) {
       return Invalid("worker_address must be set and addresses at most 256 bytes");
     }
+    // As the worker's own flags check them (a registration sent otherwise
+    // handed every peer of its jobs an address such as 0.0.0.0 to dial).
+    if (auto status = CheckAddress(request->worker_address()); !status.ok()) {
+      return Invalid(absl::StrCat("worker_address ", status.message()));
+    }
+    if (!request->data_address().empty()) {
+      if (auto status = CheckDataHost(request->data_address()); !status.ok()) {
+        return Invalid(absl::StrCat("data_address ", status.message()));
+      }
+    }
     auto record = std::make_unique<WorkerRecord>();
     record->devices = request->devices();
     record->device_type = std::string(DeviceTypeName(offer->type));

@@ -60,6 +60,7 @@ struct JobEntry {
   // Guarded by the worker's mutex:
   Phase phase = Phase::kLoading;
   uint64_t launch = 0;  // LoadPlanRequest.launch
+  uint64_t registration = 0;  // the worker's registration it was loaded under
   bool stop_requested = false;
   absl::Status stop_reason;
 };
@@ -292,12 +293,17 @@ class Worker::Impl final : public control::Worker::Service {
         // Loaded by a launch the master gave up (the job was queued again)
         // and not started: this launch's plan replaces it.
         if (held->second->phase != Phase::kLoaded) {
-          return Precondition(absl::StrCat("job ", request->job_id(), " is already loaded on this worker"));
+          return Precondition(absl::StrCat("job ", request->job_id(), " is already ",
+                                           held->second->phase == Phase::kLoading   ? "loading"
+                                           : held->second->phase == Phase::kRunning ? "running"
+                                                                                    : "ending",
+                                           " on this worker"));
         }
         jobs_.erase(held);
       }
       entry->worker_id = worker_id_;
       entry->epoch = epoch_;
+      entry->registration = registrations_;
       entry->launch = request->launch();
       jobs_[request->job_id()] = entry;
     }
@@ -576,7 +582,7 @@ class Worker::Impl final : public control::Worker::Service {
   // stopping, or (but for its end) a job stopped at once.
   grpc::Status SendReportRetrying(const JobEntry& entry, const control::ReportRequest& report) {
     for (int attempt = 0;; ++attempt) {
-      const grpc::Status sent = SendReport(report);
+      const grpc::Status sent = SendReport(report, entry.registration);
       const bool transient = sent.error_code() == grpc::StatusCode::UNAVAILABLE ||
                              sent.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
                              sent.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED ||
@@ -596,7 +602,7 @@ class Worker::Impl final : public control::Worker::Service {
 
   // The Report call's status (OK where nothing was sent: a leaving worker's
   // metrics for a silent master).
-  grpc::Status SendReport(const control::ReportRequest& report) {
+  grpc::Status SendReport(const control::ReportRequest& report, uint64_t registration) {
     control::ReportResponse response;
     grpc::ClientContext context;
     bool leaving = false;
@@ -608,6 +614,9 @@ class Worker::Impl final : public control::Worker::Service {
       // checkpoints do not wait for a report each); a job's end is still
       // tried.
       if (leaving && master_silent_ && !report.finished()) return grpc::Status::OK;
+      if (registration <= abandoned_registration_) {
+        return {grpc::StatusCode::FAILED_PRECONDITION, "not sent: the master no longer knows this worker's epoch"};
+      }
       // (A TryCancel before the call starts cancels it when it does. A
       // job's end cut short so is no loss: the master finds a finished
       // job's final checkpoint when it loses the worker.)
@@ -731,6 +740,13 @@ class Worker::Impl final : public control::Worker::Service {
         {
           absl::MutexLock lock(&mu_);
           held = jobs_.size();
+          // The master no longer takes this epoch's reports (it lost this
+          // worker, or forgot it): those queued and in flight go unsent (each
+          // waited out its deadline, and its retries, before the jobs' ends).
+          if (forgotten || !draining) {
+            abandoned_registration_ = registrations_;
+            for (grpc::ClientContext* report : reports_in_flight_) report->TryCancel();
+          }
         }
         if (draining) {
           // Shutting down anyway: its jobs stop at an iteration boundary, a
@@ -841,6 +857,7 @@ class Worker::Impl final : public control::Worker::Service {
     absl::MutexLock lock(&mu_);
     worker_id_ = response.worker_id();
     epoch_ = response.epoch();
+    ++registrations_;
     registered_ = true;
     TLOG_INFO("registered with {} as {} (epoch {})", options_.master, worker_id_, epoch_);
     return true;
@@ -863,6 +880,12 @@ class Worker::Impl final : public control::Worker::Service {
   // other than a job's end are skipped until it answers again.
   bool master_silent_ ABSL_GUARDED_BY(mu_) = false;
   std::set<grpc::ClientContext*> reports_in_flight_ ABSL_GUARDED_BY(mu_);  // SendReport's calls
+  // Registrations so far, and the last the worker gave up (it lost the
+  // master, or the master forgot it): reports of jobs loaded under it are
+  // not sent. (Not the epochs: a master restarted without a state
+  // directory numbers them from 1 again.)
+  uint64_t registrations_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t abandoned_registration_ ABSL_GUARDED_BY(mu_) = 0;
   // The reports not yet sent, in order (QueueReport), and the thread
   // sending them (ReportLoop). Never held while mu_ is taken.
   absl::Mutex report_mu_;

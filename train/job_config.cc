@@ -97,7 +97,7 @@ Binding<ActivationCheckpointConfig> MakeActivationCheckpointKeys() {
           {.doc = "recompute each transformer layer's forward in backward: only the layers' inputs are kept from "
                   "forward; same losses bit for bit, more compute (GPT-2 124M on one device: 0.41x the memory, "
                   "0.85x the tokens/s; on a pipeline stage with several micro-batches in flight much less, "
-                  "as their recomputed values do not share bytes: 0.75-0.96x)"});
+                  "as their recomputed values do not share bytes: 0.67-0.96x)"});
   return b;
 }
 

@@ -164,9 +164,17 @@ std::string HostMemoryText(const JobPlans& plans) {
                               : "",
                 ")\n");
   if (peak > available) {
+    // (A plan past the planner's reach shares no bytes: more micro-batches
+    // there is what made it large.)
     out += StrCat("warning: the job needs ", Mib(peak), " MiB, more than this machine can give now: `tessera train` ",
-                  "here would fail for memory (a smaller train.train_micro_batch_size with more "
-                  "train.num_accumulation_steps, train.activation_checkpoint.enabled or train.amp need less)\n");
+                  "here would fail for memory (",
+                  plans.training.memory_note().empty()
+                      ? "a smaller train.train_micro_batch_size with more train.num_accumulation_steps, "
+                        "train.activation_checkpoint.enabled or train.amp need less"
+                      : StrCat("its arena shares fewer bytes than it could: ", plans.training.memory_note(),
+                               "; fewer train.num_accumulation_steps, layers or devices per node keep it "
+                               "within the planner's reach"),
+                  ")\n");
   }
   return out;
 }

@@ -443,6 +443,13 @@ absl::StatusOr<JobPlans> PlanJob(const nlohmann::json& config, bool with_evaluat
     ASSIGN_OR_RETURN(plans.evaluation, LowerEvaluationPlan(job, job.options.lower.devices_per_node));
     plans.evaluation_only = job.train.eval_only;
   }
+  // (Said only on stderr: `--format json` held no word of it.)
+  if (!plans.training.memory_note().empty()) {
+    plans.warnings.push_back(StrCat("memory plan: ", plans.training.memory_note()));
+  }
+  if (plans.evaluation && !plans.evaluation->memory_note().empty()) {
+    plans.warnings.push_back(StrCat("evaluation memory plan: ", plans.evaluation->memory_note()));
+  }
   return plans;
 }
 

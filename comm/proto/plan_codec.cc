@@ -628,6 +628,7 @@ proto::Plan PlanBuilder::Build() {
   memory_note_ = !planned->unshared_reason.empty() ? StrCat("no arena bytes are shared: ", planned->unshared_reason)
                                                    : planned->partly_unshared_reason;
   if (!memory_note_.empty()) TLOG_WARN("memory plan: {}", memory_note_);
+  plan.set_memory_note(memory_note_);
   auto estimate = EstimateMemory(plan);
   if (!estimate.ok()) {
     Fail(estimate.status());

@@ -155,29 +155,50 @@ TEST(ClusterTest, JobSucceedsWithMetricsStreamedAndWritten) {
 // both UNAVAILABLE. Each Report call waits `delay` first (a slow master).
 // `rewrite`, where set, may change a report of metrics before it goes (a
 // worker sending what it should not); the master's answer to each report
-// of metrics is kept by its iteration.
+// of metrics is kept by its iteration. While `hung` is set, every Report and
+// Heartbeat waits 1.5 s and fails DEADLINE_EXCEEDED, a report never
+// reaching the master (a master that stopped answering).
 class FlakyReports final : public grpc::experimental::ClientInterceptorFactoryInterface {
  public:
   FlakyReports(int64_t lost_before, int64_t lost_after, absl::Duration delay = absl::ZeroDuration())
       : lost_before_(lost_before), lost_after_(lost_after), delay_(delay) {}
   int failed() const { return failed_; }
   std::function<void(control::ReportRequest&)> rewrite;
+  std::atomic<bool> hung{false};
   std::map<int64_t, grpc::StatusCode> answers() const {
     std::lock_guard<std::mutex> lock(mu_);
     return answers_;
   }
 
   grpc::experimental::Interceptor* CreateClientInterceptor(grpc::experimental::ClientRpcInfo* info) override {
-    if (std::string(info->method()) != "/tessera.control.Master/Report") return nullptr;
-    return new Call(this);
+    const std::string method = info->method();
+    if (method == "/tessera.control.Master/Heartbeat") return new Call(this, /*report=*/false);
+    if (method != "/tessera.control.Master/Report") return nullptr;
+    return new Call(this, /*report=*/true);
   }
 
  private:
   class Call final : public grpc::experimental::Interceptor {
    public:
-    explicit Call(FlakyReports* flaky) : flaky_(flaky) {}
+    Call(FlakyReports* flaky, bool report) : flaky_(flaky), report_(report) {}
     void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
       using Hook = grpc::experimental::InterceptionHookPoints;
+      if (methods->QueryInterceptionHookPoint(Hook::PRE_SEND_MESSAGE) && flaky_->hung) {
+        hung_ = true;
+        absl::SleepFor(absl::Milliseconds(1500));
+        if (report_) {
+          swapped_ = *static_cast<const control::ReportRequest*>(methods->GetSendMessage());
+          swapped_.set_worker_id("never-arrives");
+          methods->ModifySendMessage(&swapped_);
+        }
+      }
+      if (hung_ && methods->QueryInterceptionHookPoint(Hook::POST_RECV_STATUS)) {
+        *methods->GetRecvStatus() = grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "test: the master hangs");
+      }
+      if (hung_ || !report_) {
+        methods->Proceed();
+        return;
+      }
       if (methods->QueryInterceptionHookPoint(Hook::PRE_SEND_MESSAGE)) {
         absl::SleepFor(flaky_->delay_);
         const auto* report = static_cast<const control::ReportRequest*>(methods->GetSendMessage());
@@ -213,6 +234,8 @@ class FlakyReports final : public grpc::experimental::ClientInterceptorFactoryIn
 
    private:
     FlakyReports* flaky_;
+    const bool report_;
+    bool hung_ = false;
     bool fail_ = false;
     int64_t iteration_ = -1;
     control::ReportRequest swapped_;
@@ -307,6 +330,29 @@ TEST(ClusterTest, TrainingWaitsOnNoReport) {
   for (std::string line; std::getline(metrics, line);) rows.push_back(nlohmann::json::parse(line)["iter"]);
   EXPECT_EQ(rows, (std::vector<int64_t>{1, 2, 3, 4, 5, 6, 7, 8}));
   fs::remove_all(out.parent_path());
+}
+
+// A worker that lost its master ends the job it cancels at once: the
+// reports queued for the master that lost it are not sent (each waited out
+// its deadline, with retries, before the job's end could go).
+TEST(ClusterTest, AJobCancelledForALostMasterWaitsOnNoQueuedReport) {
+  Deadline deadline(seconds(40), "a worker losing its master");
+  TestCluster cluster;
+  cluster.Start({});
+  auto flaky = std::make_shared<FlakyReports>(-1, -1);
+  ASSERT_NO_FATAL_FAILURE(AddFlakyWorker(cluster, flaky));
+  Worker& worker = *cluster.workers.back();
+  auto job = cluster.client->Submit(nlohmann::json{{"devices_needed", 1}, {"iterations", 1000000}}.dump(), {});
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_TRUE(WaitUntil([&] { return cluster.counters->running == 1; }));
+  absl::SleepFor(absl::Milliseconds(200));
+  flaky->hung = true;
+  const absl::Time hung = absl::Now();
+  // (Rows of 2 ms iterations queued behind the hung report: hundreds.)
+  ASSERT_TRUE(WaitUntil([&] { return cluster.counters->cancelled >= 1; }, absl::Seconds(10)));
+  EXPECT_TRUE(WaitUntil([&] { return worker.jobs_held() == 0; }, absl::Seconds(8)))
+      << "the job was still held " << absl::Now() - hung << " after the master hung";
+  flaky->hung = false;
 }
 
 // A report's metric names are bounded (each kept for the job's life and

@@ -177,6 +177,17 @@ TEST(ClusterFuzzTest, MalformedAndOutOfOrderRpcsGetClearAnswers) {
       control::RegisterWorkerResponse out;
       check("RegisterWorker(bad)", master->RegisterWorker(&c, r, &out), {C::INVALID_ARGUMENT});
     }
+    {  // registrations of a good offer with addresses the worker's flags refuse
+      grpc::ClientContext c;
+      context(c);
+      control::RegisterWorkerRequest r;
+      r.set_devices("cpu:1");
+      const char* data[] = {"0.0.0.0", "::", "[::]", "10.0.0.1:5000", "bad host\n", "[::1"};
+      r.set_worker_address(round % 7 == 6 ? "127.0.0.1:99999" : "127.0.0.1:1");
+      r.set_data_address(data[round % 6]);
+      control::RegisterWorkerResponse out;
+      check("RegisterWorker(addresses)", master->RegisterWorker(&c, r, &out), {C::INVALID_ARGUMENT});
+    }
     {  // KV: bad keys, too many keys, negative timeouts
       grpc::ClientContext c;
       context(c);

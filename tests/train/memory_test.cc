@@ -433,6 +433,27 @@ TEST(MemoryPlan, TheArenaDoesNotGrowWithTheMicroBatches) {
   EXPECT_EQ(arenas[0], arenas[1]);
 }
 
+// A plan past the planner's reach (more acts than it analyses) says so in
+// the plan's warnings (`tessera plan --format json` held no word of it, and
+// its out-of-memory advice was more accumulation steps, the cause).
+TEST(MemoryPlan, APlanPastThePlannersReachSaysSoAmongItsWarnings) {
+  auto config = LoadJobConfig(::tessera::testing::SourcePath("configs/mlp_demo.json"),
+                              {"train.num_accumulation_steps=1000000", "train.global_batch_size=null"});
+  ASSERT_TRUE(config.ok()) << config.status();
+  auto plans = TrainingPlans(*config);
+  ASSERT_TRUE(plans.ok()) << plans.status();
+  EXPECT_NE(plans->training.memory_note().find("no arena bytes are shared"), std::string::npos)
+      << plans->training.memory_note();
+  EXPECT_TRUE(std::any_of(plans->warnings.begin(), plans->warnings.end(), [](const std::string& w) {
+    return w.starts_with("memory plan: no arena bytes are shared: the plan has more than");
+  })) << ::testing::PrintToString(plans->warnings);
+  auto small = LoadJobConfig(::tessera::testing::SourcePath("configs/mlp_demo.json"), {});
+  ASSERT_TRUE(small.ok()) << small.status();
+  auto small_plans = TrainingPlans(*small);
+  ASSERT_TRUE(small_plans.ok()) << small_plans.status();
+  EXPECT_EQ(small_plans->training.memory_note(), "");
+}
+
 // Over the analysis budget, the blocks used most often get bytes of their
 // own (said in the result), and what still shares is kept apart; with no
 // budget at all nothing shares.
