@@ -1,7 +1,9 @@
 #include "cluster/kv_client.h"
 
+#include <algorithm>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "cluster/grpc_status.h"
 
@@ -66,16 +68,30 @@ absl::StatusOr<std::vector<std::string>> KvClient::Wait(const std::vector<std::s
                                                         absl::Duration timeout) {
   control::KvWaitRequest request;
   for (const std::string& key : keys) request.add_keys(prefix_ + key);
-  request.set_timeout_ms(absl::ToInt64Milliseconds(timeout));
   control::KvWaitResponse response;
-  grpc::ClientContext context;
-  // The RPC outlives the wait by the usual call timeout, so a wait that
-  // times out on the master comes back as the master's answer.
-  PrepareContext(context, security_, timeout + rpc_timeout_);
-  if (!Begin(context)) return Cancelled();
-  const grpc::Status status = stub_->KvWait(&context, request, &response);
-  End(context);
-  if (!status.ok()) return ToAbsl(status);
+  const absl::Time deadline = absl::Now() + timeout;
+  for (;;) {
+    const absl::Duration left = std::max(deadline - absl::Now(), absl::ZeroDuration());
+    request.set_timeout_ms(absl::ToInt64Milliseconds(left));
+    grpc::ClientContext context;
+    // The RPC outlives the wait by the usual call timeout, so a wait that
+    // times out on the master comes back as the master's answer.
+    PrepareContext(context, security_, left + rpc_timeout_);
+    if (!Begin(context)) return Cancelled();
+    const grpc::Status status = stub_->KvWait(&context, request, &response);
+    End(context);
+    if (status.ok()) break;
+    // The master holds so many waits (or calls) that it takes no more now:
+    // wait here a little (or until cancelled) and ask again while time is
+    // left. (An answer past the message size is RESOURCE_EXHAUSTED too.)
+    const bool busy = status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED &&
+                      !absl::StrContains(status.error_message(), "larger than max");
+    if (!busy || left <= absl::ZeroDuration()) {
+      return ToAbsl(status);
+    }
+    absl::MutexLock lock(&mu_);
+    mu_.AwaitWithTimeout(absl::Condition(&cancelled_), std::min(left, absl::Milliseconds(100)));
+  }
   if (response.values_size() != static_cast<int>(keys.size())) {
     return absl::InternalError(absl::StrCat("kv: asked for ", keys.size(), " keys, the master answered ",
                                             response.values_size()));

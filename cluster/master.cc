@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -1053,6 +1054,14 @@ class Master::Impl final : public control::Master::Service {
   grpc::Status WatchJob(grpc::ServerContext* context, const control::WatchJobRequest* request,
                         grpc::ServerWriter<control::JobEvent>* writer) override {
     if (auto s = Enter(*context, "WatchJob"); !s.ok()) return s;
+    // (One of the history only does not wait.)
+    const bool waits = !request->history_only();
+    if (waits) {
+      if (auto s = EnterWait("WatchJob"); !s.ok()) return s;
+    }
+    const absl::Cleanup left = [this, waits] {
+      if (waits) waiting_calls_.fetch_sub(1);
+    };
     uint64_t cursor = 0;
     for (;;) {
       std::vector<control::JobEvent> batch;
@@ -1150,6 +1159,8 @@ class Master::Impl final : public control::Master::Service {
   grpc::Status KvWait(grpc::ServerContext* context, const control::KvWaitRequest* request,
                       control::KvWaitResponse* response) override {
     if (auto s = Enter(*context, "KvWait"); !s.ok()) return s;
+    if (auto s = EnterWait("KvWait"); !s.ok()) return s;
+    const absl::Cleanup left = [this] { waiting_calls_.fetch_sub(1); };
     if (request->keys_size() == 0 || static_cast<size_t>(request->keys_size()) > kMaxKvKeysPerWait) {
       return Invalid("kv wait takes 1 to 4096 keys");
     }
@@ -1202,6 +1213,17 @@ class Master::Impl final : public control::Master::Service {
       ++rpc_counts_[method];
     }
     return CheckToken(context, options_.security.token);
+  }
+
+  // Takes one of the places of calls that wait (KvWait, WatchJob); the
+  // caller gives it back as it returns.
+  grpc::Status EnterWait(const char* method) {
+    const int held = waiting_calls_.fetch_add(1);
+    if (held < options_.max_waiting_calls) return grpc::Status::OK;
+    waiting_calls_.fetch_sub(1);
+    return {grpc::StatusCode::RESOURCE_EXHAUSTED,
+            absl::StrCat(method, ": the master holds at most ", options_.max_waiting_calls,
+                         " waiting calls (KvWait, WatchJob) at once; try again")};
   }
 
   static grpc::Status CheckKey(const std::string& key) {
@@ -2733,6 +2755,7 @@ class Master::Impl final : public control::Master::Service {
   std::set<std::string> kv_ended_jobs_ ABSL_GUARDED_BY(kv_mu_);
   size_t kv_bytes_ ABSL_GUARDED_BY(kv_mu_) = 0;  // keys and values of kv_
   bool kv_shutting_down_ ABSL_GUARDED_BY(kv_mu_) = false;
+  std::atomic<int> waiting_calls_{0};  // KvWait and WatchJob calls in progress
 };
 
 Master::Master(Options options, std::unique_ptr<JobCompiler> compiler)

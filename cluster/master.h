@@ -86,6 +86,10 @@ class Master {
     int probe_failures = 3;
     absl::Duration rpc_timeout = absl::Seconds(10);  // LoadPlan, Start, Stop
     absl::Duration max_kv_wait = absl::Minutes(10);
+    // KvWait and WatchJob calls held at once (each holds one of the
+    // server's threads while it waits: a client opening thousands took as
+    // many threads). More are RESOURCE_EXHAUSTED; the KV's clients try again.
+    int max_waiting_calls = 2048;
     // The KV's keys and values together (what jobs keep there is small; a
     // client filling it would take the master's memory).
     size_t max_kv_bytes = size_t{256} << 20;

@@ -23,6 +23,7 @@
 #include "core/strings.h"
 #include "grpc/support/log.h"
 #include "grpcpp/create_channel.h"
+#include "grpcpp/resource_quota.h"
 #include "grpcpp/support/channel_arguments.h"
 
 namespace tessera::cluster {
@@ -351,6 +352,13 @@ absl::StatusOr<Served> Serve(const std::string& listen, const Security& security
   // Clients' keepalive pings (MakeChannel) are welcome down to one a
   // second; gRPC's default (one per 5 minutes) would answer them GOAWAY.
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);
+  // Each call in progress holds a thread of the server (KvWait and WatchJob
+  // for as long as they wait): a flood of calls would take threads until
+  // the process could start none. Past the cap a call is answered
+  // RESOURCE_EXHAUSTED (the master caps its waiting calls well below it).
+  grpc::ResourceQuota quota(absl::StrCat(what, " rpc threads"));
+  quota.SetMaxThreads(kMaxServerThreads);
+  builder.SetResourceQuota(quota);
   builder.RegisterService(service);
   Served served;
   served.server = builder.BuildAndStart();

@@ -108,6 +108,8 @@ std::string DialableAddress(const std::string& address, const std::string& peer)
 // the address it bound ("host:<port>"); it accepts keepalive pings every
 // second or slower. `what` names the daemon in the error; an address
 // CheckAddress refuses is INVALID_ARGUMENT.
+// The threads a server runs calls on, at most (see Serve).
+inline constexpr int kMaxServerThreads = 4096;
 struct Served {
   std::unique_ptr<grpc::Server> server;
   std::string address;

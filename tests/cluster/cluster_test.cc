@@ -1548,6 +1548,70 @@ TEST(ClusterTest, TheKvIsBounded) {
   EXPECT_TRUE(kv.Set("b", std::string(200, 'z')).ok());
 }
 
+// Calls that wait (KvWait, WatchJob) each hold a thread of the master:
+// past Options.max_waiting_calls they are RESOURCE_EXHAUSTED at once (10,000
+// KvWaits took 10,000 threads), other calls are still answered, and the
+// KV's client asks again until its wait's time is up.
+TEST(ClusterTest, WaitingCallsAreCappedAndTheKvAsksAgain) {
+  Deadline deadline(seconds(30), "waiting calls");
+  Master::Options options = FastMasterOptions();
+  options.max_waiting_calls = 3;
+  TestCluster cluster;
+  cluster.Start({}, options);
+  auto job = cluster.client->Submit(nlohmann::json{{"devices_needed", 1}}.dump(), {});  // (queued)
+  ASSERT_TRUE(job.ok()) << job.status();
+  KvClient kv(MakeChannel(cluster.address, {}), {}, *job + "/1/");
+  std::vector<std::thread> waiters;
+  std::atomic<int> answered{0};
+  for (int i = 0; i < 3; ++i) {
+    waiters.emplace_back([&] {
+      auto got = kv.Wait({"w"}, absl::Seconds(20));
+      EXPECT_TRUE(got.ok()) << got.status();
+      if (got.ok() && (*got)[0] == "v") ++answered;
+    });
+  }
+  // Once the three are held, a fourth wait is refused at once.
+  auto stub = control::Master::NewStub(MakeChannel(cluster.address, Security{}));
+  grpc::Status refused;
+  for (int tries = 0; tries < 200; ++tries) {
+    control::KvWaitRequest request;
+    request.add_keys(*job + "/1/other");
+    request.set_timeout_ms(0);
+    control::KvWaitResponse response;
+    grpc::ClientContext context;
+    refused = stub->KvWait(&context, request, &response);
+    if (refused.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << refused.error_message();
+  EXPECT_NE(refused.error_message().find("at most 3 waiting calls (KvWait, WatchJob)"), std::string::npos)
+      << refused.error_message();
+  // A watch that follows is one too; one of the history is not held.
+  const absl::Status watch = cluster.client->Watch(*job, [](const control::JobEvent&) { return true; });
+  EXPECT_EQ(watch.code(), absl::StatusCode::kResourceExhausted) << watch;
+  EXPECT_TRUE(cluster.client
+                  ->Watch(
+                      *job, [](const control::JobEvent&) { return true; }, false)
+                  .ok());
+  // Other calls are answered.
+  const auto asked = absl::Now();
+  EXPECT_TRUE(cluster.client->Get(*job).ok());
+  EXPECT_LT(absl::Now() - asked, absl::Seconds(2));
+  // A fourth waiter through the KV's client asks again until a place frees.
+  waiters.emplace_back([&] {
+    auto got = kv.Wait({"w"}, absl::Seconds(20));
+    EXPECT_TRUE(got.ok()) << got.status();
+    if (got.ok() && (*got)[0] == "v") ++answered;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  ASSERT_TRUE(kv.Set("w", "v").ok());
+  for (std::thread& t : waiters) t.join();
+  EXPECT_EQ(answered.load(), 4);
+  // Its places given back, the master takes waits again.
+  auto again = kv.Wait({"w"}, absl::Seconds(1));
+  EXPECT_TRUE(again.ok()) << again.status();
+}
+
 int CountEntries(const char* dir) {
   int n = 0;
   DIR* d = opendir(dir);
