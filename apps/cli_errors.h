@@ -13,6 +13,7 @@
 #include "CLI/CLI.hpp"
 #include "core/strings.h"
 #include "fmt/format.h"
+#include "nlohmann/json.hpp"
 
 namespace tessera {
 
@@ -65,9 +66,19 @@ CLI::Validator InRange(T lo, T hi) {
 // or say it twice: the error naming both, and nothing appended.
 inline std::optional<std::string> AddFlagOverrides(std::vector<std::string>& overrides, bool resume, bool eval_only) {
   for (const std::string& text : overrides) {
-    const std::string key = text.substr(0, text.find('='));
-    if ((resume && key == "train.resume") || (eval_only && key == "train.eval_only")) {
-      return std::string(key == "train.resume" ? "--resume" : "--eval-only") + " and " + text + " both given: keep one";
+    const size_t equals = text.find('=');
+    const std::string key = text.substr(0, equals);
+    bool sets_resume = key == "train.resume", sets_eval_only = key == "train.eval_only";
+    // (Or the section as an object: train={"resume": false}.)
+    if (key == "train" && equals != std::string::npos) {
+      const nlohmann::json section = nlohmann::json::parse(text.substr(equals + 1), nullptr, false);
+      if (section.is_object()) {
+        sets_resume |= section.contains("resume");
+        sets_eval_only |= section.contains("eval_only");
+      }
+    }
+    if ((resume && sets_resume) || (eval_only && sets_eval_only)) {
+      return std::string(resume && sets_resume ? "--resume" : "--eval-only") + " and " + text + " both given: keep one";
     }
   }
   if (resume) overrides.push_back("train.resume=true");

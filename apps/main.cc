@@ -68,7 +68,7 @@ int RunOps(const std::string& format) {
 
 int RunConfig(const std::string& path, const std::vector<std::string>& overrides, bool schema) {
   if (schema) {
-    if (!path.empty()) return Fail("config --schema takes no CONFIG");
+    if (!path.empty() || !overrides.empty()) return Fail("config --schema takes no CONFIG or overrides");
     std::printf("%s", tessera::config::SchemaMarkdown(tessera::JobSchema()).c_str());
     return 0;
   }
@@ -199,11 +199,11 @@ bool TakesEmptyValue(const std::string_view flag) { return flag == "--prompt"; }
 void CheckOptionValues(CLI::App& app) {
   for (CLI::Option* option : app.get_options()) {
     const std::string type = option->get_type_name();
-    if (type.starts_with("TEXT") && !option->get_lnames().empty() &&
-        !TakesEmptyValue("--" + option->get_lnames().front())) {
+    if (type.starts_with("TEXT") && !option->get_lnames().empty()) {
+      const bool empty_allowed = TakesEmptyValue("--" + option->get_lnames().front());
       option->transform(CLI::Validator(
-          [](std::string& value) -> std::string {
-            if (value.empty()) return "an empty value: give one, or leave the flag out";
+          [empty_allowed](std::string& value) -> std::string {
+            if (value.empty() && !empty_allowed) return "an empty value: give one, or leave the flag out";
             // A flag given no value takes the next argument, an option
             // ("--output --no-eod" wrote --no-eod.bin, and the flag meant
             // was lost).

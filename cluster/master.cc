@@ -2393,7 +2393,11 @@ class Master::Impl final : public control::Master::Service {
         TLOG_WARN("state dir: skipping {}: {}", entry.path().string(), std::string(text.status().message()));
         continue;
       }
-      const nlohmann::json record = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
+      // (The parser ends at a NUL byte: a damaged tail after one was taken
+      // for nothing.)
+      const nlohmann::json record = text->find('\0') != std::string::npos
+                                        ? nlohmann::json()
+                                        : nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
       auto job = std::make_unique<Job>();
       JobState state = control::JOB_STATE_UNSPECIFIED;
       bool output_dir_made = false;

@@ -12,9 +12,11 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "cluster/tls_material.h"
 #include "core/file_util.h"
@@ -253,6 +255,42 @@ absl::Status CheckAddress(const std::string& address, bool port_required) {
       return absl::InvalidArgumentError(
           absl::StrCat("'", EscapeControlChars(address, /*non_ascii=*/true), "': nothing after '", std::string(scheme),
                        "' (a ", scheme.starts_with("unix") ? "socket path" : "host and port", ")"));
+    }
+    // The host and port after dns:[//AUTHORITY/], ipv4: and ipv6: are
+    // checked as a bare one is (gRPC took port 99999 for 34463, modulo
+    // 65536, and said only "Failed to create secure client channel" of
+    // ipv4:garbage).
+    std::string rest = address.substr(scheme.size());
+    if (scheme == "dns:" && rest.starts_with("//")) {
+      const size_t slash = rest.find('/', 2);
+      rest = slash == std::string::npos ? "" : rest.substr(slash + 1);
+    }
+    if (scheme == "dns:" || scheme == "ipv4:" || scheme == "ipv6:") {
+      const std::vector<std::string> targets =
+          scheme == "dns:" ? std::vector<std::string>{rest} : absl::StrSplit(rest, ',');
+      for (const std::string& target : targets) {
+        absl::Status checked = CheckAddress(target, port_required);
+        if (checked.ok() && scheme != "dns:") {
+          // A literal address of the scheme's family.
+          std::string host =
+              target.starts_with("[") ? target.substr(1, target.find(']') - 1) : target.substr(0, target.rfind(':'));
+          if (scheme == "ipv4:" && target.find(':') == std::string::npos) host = target;
+          unsigned char ip[sizeof(in6_addr)];
+          if (::inet_pton(scheme == "ipv4:" ? AF_INET : AF_INET6, host.c_str(), ip) != 1) {
+            checked =
+                absl::InvalidArgumentError(absl::StrCat("'", EscapeControlChars(host, /*non_ascii=*/true),
+                                                        "' is not an IPv", scheme == "ipv4:" ? "4" : "6", " address"));
+          }
+        }
+        if (!checked.ok()) {
+          // (Its words without the part's own quote: the whole is quoted.)
+          std::string why(checked.message());
+          const std::string quoted = absl::StrCat("'", EscapeControlChars(target, /*non_ascii=*/true), "': ");
+          if (why.starts_with(quoted)) why.erase(0, quoted.size());
+          return absl::InvalidArgumentError(
+              absl::StrCat("'", EscapeControlChars(address, /*non_ascii=*/true), "': ", why));
+        }
+      }
     }
     return absl::OkStatus();
   }

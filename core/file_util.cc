@@ -51,6 +51,11 @@ absl::Status SyncPath(const std::filesystem::path& path) {
 absl::StatusOr<std::string> ReadWholeFile(const std::filesystem::path& path, std::uintmax_t max_bytes) {
   std::error_code error;
   const auto status = std::filesystem::status(path, error);
+  // (A symbolic link loop, or a directory that may not be searched, was
+  // called "no such file".)
+  if (error && error != std::errc::no_such_file_or_directory && error != std::errc::not_a_directory) {
+    return absl::InvalidArgumentError(StrCat(path.string(), ": cannot read: ", error.message()));
+  }
   if (!std::filesystem::exists(status)) return absl::NotFoundError(StrCat(path.string(), ": no such file"));
   if (std::filesystem::is_directory(status)) {
     return absl::InvalidArgumentError(StrCat(path.string(), ": is a directory, not a file"));

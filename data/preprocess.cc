@@ -674,14 +674,22 @@ std::string TokenizerDescription(const Tokenizer& tokenizer) {
 absl::StatusOr<std::optional<DatasetSource>> ReadDatasetSource(const fs::path& output_prefix) {
   const fs::path path = SourceFile(output_prefix);
   std::error_code ec;
-  if (!fs::exists(path, ec)) return std::optional<DatasetSource>();
   const auto bad = [&](std::string_view why) {
     return absl::InvalidArgumentError(
         StrCat(path.string(), ": ", why, " (it says what the dataset was built from; remove it to skip the check)"));
   };
+  // (A symbolic link loop was taken for no file, and the check skipped.)
+  if (!fs::exists(path, ec)) {
+    if (ec && ec != std::errc::no_such_file_or_directory && ec != std::errc::not_a_directory) {
+      return bad(StrCat("cannot be read (", ec.message(), ")"));
+    }
+    return std::optional<DatasetSource>();
+  }
   const absl::StatusOr<std::string> text = ReadWholeFile(path);
   if (!text.ok()) return bad(StrCat("cannot be read (", text.status().message(), ")"));
-  const nlohmann::json json = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
+  const nlohmann::json json = text->find('\0') != std::string::npos
+                                  ? nlohmann::json()
+                                  : nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
   if (!json.is_object()) return bad("not a JSON object");
   DatasetSource source;
   // The key being read, and what it must be, for the error.

@@ -40,6 +40,9 @@ constexpr std::string_view kIterPrefix = "iter_";
 // name of a model directory's weights.
 constexpr std::string_view kHfPrefix = "transformer.";
 constexpr std::string_view kHfFileName = "model.safetensors";
+// An index.json is read whole: at most this many bytes (a tensor's entry
+// per rank file is ~200 bytes).
+constexpr std::uintmax_t kMaxIndexBytes = std::uintmax_t{1} << 30;
 
 // One tensor a Parameter task keeps, as a checkpoint sees it.
 struct KeptTensorInfo {
@@ -486,8 +489,9 @@ absl::Status CommitCheckpoint(const fs::path& temp_dir, const fs::path& final_di
 namespace {
 // A committed checkpoint's index.json, parsed (an object).
 absl::StatusOr<nlohmann::json> ReadIndex(const fs::path& checkpoint) {
-  ASSIGN_OR_RETURN(const std::string text, ReadWholeFile(checkpoint / "index.json"));
-  nlohmann::json index = nlohmann::json::parse(text, nullptr, false);
+  ASSIGN_OR_RETURN(const std::string text, ReadWholeFile(checkpoint / "index.json", kMaxIndexBytes));
+  nlohmann::json index =
+      text.find('\0') != std::string::npos ? nlohmann::json() : nlohmann::json::parse(text, nullptr, false);
   if (!index.is_object()) {
     return absl::DataLossError(StrCat("checkpoint ", checkpoint.string(), ": index.json is no JSON object"));
   }
@@ -540,6 +544,7 @@ absl::Status ClearEvaluationPending(const fs::path& checkpoint) {
 }
 
 absl::StatusOr<fs::path> ResolveCheckpoint(const fs::path& path) {
+  if (path.empty()) return absl::InvalidArgumentError("the checkpoint's path is empty");
   std::error_code ec;
   if (fs::exists(path / "index.json", ec) || fs::is_regular_file(path, ec) ||
       fs::is_regular_file(path / kHfFileName, ec)) {
@@ -1002,11 +1007,16 @@ absl::StatusOr<std::shared_ptr<const CheckpointReader>> CheckpointReader::Open(
     }
     return absl::NotFoundError(StrCat("checkpoint ", dir.string(), ": no index.json (not a complete checkpoint)"));
   }
-  std::stringstream text;
-  text << in.rdbuf();
-  const nlohmann::json index = nlohmann::json::parse(text.str(), nullptr, false);
+  in.close();
+  // (Read whole, at most kMaxIndexBytes: a 2 GB index took 4 GB of memory.)
+  absl::StatusOr<std::string> text = ReadWholeFile(index_path, kMaxIndexBytes);
+  if (!text.ok()) return fail("cannot read index.json: ", text.status().message());
+  // (The parser ends its input at a NUL byte: whatever followed one, a
+  // damaged tail, was taken for nothing.)
+  if (text->find('\0') != std::string::npos) return fail("index.json holds a NUL byte (damaged)");
+  const nlohmann::json index = nlohmann::json::parse(*text, nullptr, false);
   if (index.is_discarded()) {
-    return fail("index.json is not valid JSON (", text.str().empty() ? "empty" : "cut short or damaged", ")");
+    return fail("index.json is not valid JSON (", text->empty() ? "empty" : "cut short or damaged", ")");
   }
   if (!index.is_object()) return fail("index.json is not a JSON object");
   if (index.value("format", "") != kFormat || !index.contains("version") || index["version"] != kVersion) {
@@ -1077,12 +1087,14 @@ absl::StatusOr<std::shared_ptr<const CheckpointReader>> CheckpointReader::Open(
   reader->evaluation_pending_ = state.contains("evaluation_pending") && state["evaluation_pending"] == true;
   reader->config_ = index.value("config", nlohmann::json::object());
   int64_t shards = 0, bound_shards = 0;  // (all of them, or none: an older index)
+  std::optional<std::set<std::string>> files_present;  // the checkpoint's files, listed once
   for (const auto& [name, value] : index["tensors"].items()) {
     if (!value.is_object() || !value.contains("dtype") || !value["dtype"].is_string() || !value.contains("shards") ||
         !value["shards"].is_array()) {
       return fail("index.json: tensor '", name, "' needs dtype, shape and shards");
     }
     Entry entry;
+    std::set<std::string> entry_files;
     auto dtype = SafetensorsDTypeFromName(value["dtype"].get<std::string>());
     if (!dtype.ok()) return fail("index.json: tensor '", name, "': ", dtype.status().message());
     entry.meta.dtype = *dtype;
@@ -1118,6 +1130,26 @@ absl::StatusOr<std::shared_ptr<const CheckpointReader>> CheckpointReader::Open(
         if ((*offset)[a] > (*shape)[a] || (*extent)[a] > (*shape)[a] - (*offset)[a]) {
           return fail("index.json: tensor '", name, "': a shard lies outside the tensor");
         }
+      }
+      // A rank file holds one slice of a tensor (its slices are keyed by
+      // tensor name), and the index names only files of the checkpoint:
+      // so a tensor has at most as many shards as the checkpoint has rank
+      // files (200,000 shards of one file took the overlap check below
+      // minutes).
+      if (!entry_files.insert(s.file).second) {
+        return fail("index.json: tensor '", name, "': two shards in ", s.file);
+      }
+      if (!files_present.has_value()) {
+        files_present.emplace();
+        std::error_code listed;
+        for (const auto& file : fs::directory_iterator(dir, listed)) {
+          files_present->insert(file.path().filename().string());
+        }
+        if (listed) return fail("cannot list the checkpoint: ", listed.message());
+      }
+      if (!files_present->contains(s.file)) {
+        return fail("index.json: tensor '", name, "': its shard file ", s.file,
+                    " is not in the checkpoint (a rank file is missing)");
       }
       s.offset = *offset;
       s.shape = Shape(*extent);

@@ -457,7 +457,8 @@ absl::Status CheckOverridesAreRead(const nlohmann::json& resolved, const std::ve
                                                    "dropout masks to seed)"));
         }
       }
-      if (key == "model.init_seed") {
+      if (key == "model.init_seed" || key == "model.initializer_range" ||
+          key == "model.use_scaled_init_for_output_weights") {
         // (Every weight comes from the checkpoint: BindCheckpointInitializers
         // refuses one that lacks a tensor of the model.)
         const auto load_weight = nlohmann::json::json_pointer("/train/load_weight");
@@ -517,14 +518,27 @@ absl::Status CheckOverridesAreRead(const nlohmann::json& resolved, const std::ve
       // command line with --eval-only.)
       // (Nor activation checkpointing: the evaluation's forward keeps no
       // activations for a backward.)
-      if (eval_only && (key.starts_with("optim.") || key.starts_with("lr_scheduler.") || key == "train.warmup_ratio" ||
-                        key.starts_with("train.checkpointer.") || key == "train.log_period" || key == "train.resume" ||
-                        key.starts_with("train.activation_checkpoint."))) {
+      // (Nor dropout, off in the evaluation's graph; nor loss scaling and
+      // gradient buckets, which no backward reads.)
+      if (eval_only &&
+          (key.starts_with("optim.") || key.starts_with("lr_scheduler.") || key == "train.warmup_ratio" ||
+           key.starts_with("train.checkpointer.") || key == "train.log_period" || key == "train.resume" ||
+           key.starts_with("train.activation_checkpoint.") || key == "model.dropout_seed" ||
+           (key.starts_with("model.") && key.ends_with("dropout_prob")) || key == "train.amp.initial_loss_scale" ||
+           key == "train.amp.loss_scale_growth_interval" || key == "train.dist.gradient_bucket_mb")) {
         return absl::InvalidArgumentError(
             StrCat(key == "train.resume" ? std::string("--resume (train.resume) means nothing")
                                          : StrCat("override '", config::ShortText(text), "' sets a key nothing reads"),
                    " with train.eval_only (--eval-only evaluates saved weights once, the latest checkpoint's "
                    "or train.load_weight's: no training, checkpoints or logs)"));
+      }
+      if (key == "train.dist.async_compute") {
+        const absl::StatusOr<std::string> device = config::GetString(resolved, "train.dist.device_type");
+        if (device.ok() && *device == "cuda") {
+          return absl::InvalidArgumentError(StrCat("override '", config::ShortText(text),
+                                                   "' sets a key nothing reads with train.dist.device_type cuda "
+                                                   "(GPU kernels always run asynchronously on their streams)"));
+        }
       }
       if (key == "train.warmup_ratio") {
         // (0, no warmup, is what ConstantLR does.)

@@ -16,6 +16,7 @@
 #include <system_error>
 
 #include "core/file_util.h"
+#include "core/logging.h"
 #include "core/status.h"
 #include "core/strings.h"
 
@@ -193,6 +194,7 @@ absl::Status KeepEventsUpTo(const std::filesystem::path& dir, int64_t step) {
     std::string kept;
     size_t at = 0;
     bool dropped = false;
+    int64_t damaged = 0;
     while (at < bytes.size()) {
       // length (8) | its masked CRC (4) | data | the data's masked CRC (4)
       if (bytes.size() - at < 12) break;
@@ -200,8 +202,16 @@ absl::Status KeepEventsUpTo(const std::filesystem::path& dir, int64_t step) {
       if (GetLittleEndian(bytes, at + 8, 4) != MaskCrc32c(Crc32c(std::string_view(bytes).substr(at, 8)))) break;
       if (length > bytes.size() - at - 12 || bytes.size() - at - 12 - length < 4) break;
       const std::string_view data = std::string_view(bytes).substr(at + 12, length);
-      if (GetLittleEndian(bytes, at + 12 + length, 4) != MaskCrc32c(Crc32c(data))) break;
       const size_t end = at + 16 + length;
+      if (GetLittleEndian(bytes, at + 12 + length, 4) != MaskCrc32c(Crc32c(data))) {
+        // A damaged record, framed whole: it goes alone (the valid events
+        // after it were cut with it, as a torn tail).
+        if (kept.empty() && !dropped) break;  // (the first: not an event file)
+        ++damaged;
+        dropped = true;
+        at = end;
+        continue;
+      }
       const std::optional<int64_t> event_step = EventStep(data);
       if (event_step && *event_step > step) {
         dropped = true;
@@ -221,6 +231,10 @@ absl::Status KeepEventsUpTo(const std::filesystem::path& dir, int64_t step) {
         return absl::InternalError(
             StrCat("cannot remove TensorBoard event file '", path.string(), "': ", ec.message()));
       continue;
+    }
+    if (damaged > 0 || at != bytes.size()) {
+      TLOG_WARN("{}: dropped {} damaged record{}{}", path.string(), damaged, damaged == 1 ? "" : "s",
+                at != bytes.size() ? StrCat(" and a torn tail of ", bytes.size() - at, " bytes") : std::string());
     }
     RETURN_IF_ERROR(WriteFileDurably(path, kept));
   }

@@ -105,9 +105,10 @@ class EventFileWriter {
 // without the events of steps past `step` (the earlier run's iterations
 // the resume discards, which TensorBoard would otherwise plot as a dead
 // branch beside the new ones), keeping every other record as it is (the
-// file_version record too). A file's torn tail (a record cut short, or one
-// whose CRC does not match, as a killed writer leaves) goes as well, since
-// TensorBoard stops reading there anyway. Files with nothing to drop are
+// file_version record too). A file's torn tail (a record cut short, or a
+// length whose CRC does not match, as a killed writer leaves) goes as well,
+// since TensorBoard stops reading there anyway; a whole record whose data's
+// CRC does not match goes alone (with a warning). Files with nothing to drop are
 // not touched, nor are links and files whose first record is not a valid
 // TFRecord; a rewritten one replaces the old atomically. A negative `step`
 // (a run starting afresh) drops every event, the version records too, and

@@ -426,6 +426,17 @@ TEST(Cli, FlagsNothingReadsAndValuesOutOfRangeAreOneLineErrors) {
       {"preprocess --tokenizer gpt2 --input --output " + out,
        "--input: '--output' is an option, not this flag's value"},
       {"worker --master 127.0.0.1:1 --devices cpu:1 --id --listen", "--id: '--listen' is an option"},
+      // (The prompt, which may be empty, took the next option for its text.)
+      {"generate " + dir.string() + " --prompt --temperature 0", "--prompt: '--temperature' is an option"},
+      {"generate '' --prompt x", "the checkpoint's path is empty"},
+      {"config --schema '' train.train_iter=abc", "config --schema takes no CONFIG or overrides"},
+      // (The section as an object set the key --resume stands for.)
+      {"train " + Source("configs/mlp_demo.json") + " --resume 'train={\"resume\": false}'",
+       "--resume and train={\"resume\": false} both given: keep one"},
+      // (gRPC's schemes wrapped port 99999 to 34463, and said of a bad host
+      // only "Failed to create secure client channel".)
+      {"status --master ipv4:127.0.0.1:99999", "port 99999 is not in [0, 65535]"},
+      {"master --listen dns:///127.0.0.1:99999", "port 99999 is not in [0, 65535]"},
       // "[...]" is no list (CLI11 read "[in.txt]" as in.txt, and
       // "[a=1,b=2]" as two overrides).
       {"preprocess --tokenizer gpt2 --input '[" + text + "]' --output " + out,

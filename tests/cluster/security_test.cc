@@ -185,7 +185,8 @@ TEST(SecurityTest, TokenAndPemFilesAreCheckedWhenRead) {
 TEST(SecurityTest, AddressesAreHostAndPortInRange) {
   for (const char* good :
        {"127.0.0.1:7070", "127.0.0.1:0", "localhost:65535", "[::1]:7070", "unix:/tmp/sock", "dns:///example.com:443",
-        "127.0.0.1:07070", "127.0.0.1:017170", "127.0.0.1:00000000"}) {  // (leading zeros: decimal, as gRPC)
+        "127.0.0.1:07070", "127.0.0.1:017170", "127.0.0.1:00000000",  // (leading zeros: decimal, as gRPC)
+        "ipv4:127.0.0.1:7070", "ipv4:127.0.0.1:1,127.0.0.2:2", "ipv6:[::1]:7070", "dns://8.8.8.8/example.com:443"}) {
     EXPECT_TRUE(CheckAddress(good).ok()) << good << ": " << CheckAddress(good);
   }
   EXPECT_TRUE(CheckAddress("10.0.0.2", /*port_required=*/false).ok());
@@ -212,6 +213,14 @@ TEST(SecurityTest, AddressesAreHostAndPortInRange) {
       {"grpc://127.0.0.1:7070", "not a 'grpc://' URL"},
       {"unix:", "'unix:': nothing after 'unix:' (a socket path)"},
       {"dns:///", "'dns:///': nothing after 'dns:' (a host and port)"},
+      // After a gRPC scheme as a bare one (gRPC took port 99999 for 34463).
+      {"dns:///127.0.0.1:99999", "'dns:///127.0.0.1:99999': port 99999 is not in [0, 65535]"},
+      {"dns:///127.0.0.1", "no port"},
+      {"ipv4:127.0.0.1:abc", "is not a number"},
+      {"ipv4:garbage:1", "'garbage' is not an IPv4 address"},
+      {"ipv4:127.0.0.1:1,127.0.0.1:70000", "port 70000 is not in"},
+      {"ipv6:[zz]:1", "'zz' is not an IPv6 address"},
+      {"ipv6:[::1]:-5", "is not a number"},
   };
   for (const auto& [address, error] : bad) {
     const absl::Status status = CheckAddress(address);

@@ -23,7 +23,9 @@
 #include <thread>
 #include <vector>
 
+#include "absl/time/clock.h"
 #include "core/checksum.h"
+#include "core/file_util.h"
 #include "core/status.h"
 #include "nlohmann/json.hpp"
 #include "tests/cli_runner.h"
@@ -588,8 +590,39 @@ TEST(Checkpoint, ShardsThatAreNotWhereTheirFilesSayAreRefused) {
                                    ": rank_00000.safetensors: its shard of 'w' is not where index.json puts it "
                                    "(offset [2,0] of [4,6]; the file says {\"logical_shape\":[4,6],\"offset\":[0,0]}): "
                                    "index.json edited or damaged?");
+  // A rank file holds one slice of a tensor, and the index names only the
+  // checkpoint's files (200,000 shards of one file took minutes to check).
+  with([](nlohmann::json& shards) {
+    nlohmann::json empty = shards[0];
+    empty["offset"] = {0, 0};
+    empty["shape"] = {0, 6};
+    for (int i = 0; i < 200000; ++i) shards.push_back(empty);
+  });
+  const auto started = absl::Now();
+  EXPECT_EQ(read_w().message(),
+            "checkpoint " + checkpoint.string() + ": index.json: tensor 'w': two shards in rank_00000.safetensors");
+  EXPECT_LT(absl::Now() - started, absl::Seconds(10));
+  with([](nlohmann::json& shards) { shards[1]["file"] = "rank_00002.safetensors"; });
+  EXPECT_EQ(read_w().message(), "checkpoint " + checkpoint.string() +
+                                    ": index.json: tensor 'w': its shard file rank_00002.safetensors is not in the "
+                                    "checkpoint (a rank file is missing)");
+  // Bytes after a NUL (a damaged tail) were not read at all.
+  WriteFile(checkpoint / "index.json", good.dump() + std::string("\0{{ damaged", 11));
+  EXPECT_EQ(read_w().message(), "checkpoint " + checkpoint.string() + ": index.json holds a NUL byte (damaged)");
   WriteFile(checkpoint / "index.json", good.dump());
   EXPECT_TRUE(read_w().ok());
+  fs::remove_all(dir);
+}
+
+// A path that cannot be resolved says why: an empty one, and a file that is
+// a symbolic link loop (it was "no such file").
+TEST(Checkpoint, AnEmptyPathAndALinkLoopSayWhat) {
+  EXPECT_EQ(ResolveCheckpoint("").status().message(), "the checkpoint's path is empty");
+  const fs::path dir = TempDir("loop");
+  fs::create_symlink("loop.json", dir / "loop.json");
+  const absl::Status looped = ReadWholeFile(dir / "loop.json").status();
+  EXPECT_EQ(looped.code(), absl::StatusCode::kInvalidArgument) << looped;
+  EXPECT_NE(looped.message().find("symbolic links"), std::string::npos) << looped;
   fs::remove_all(dir);
 }
 

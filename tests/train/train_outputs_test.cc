@@ -15,8 +15,10 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <limits>
 #include <numbers>
 #include <regex>
@@ -288,6 +290,43 @@ TEST(EventFileWriter, KeepEventsUpToDropsLaterStepsAndATornTail) {
   EXPECT_FALSE(fs::exists(second));
   EXPECT_EQ(fs::file_size(dir / "events.out.tfevents.garbage"), garbage.size());
   EXPECT_TRUE(fs::is_symlink(dir / "events.out.tfevents.link"));
+  fs::remove_all(dir);
+}
+
+// A record damaged in the middle of a file (its framing whole, its data's
+// CRC wrong) goes alone: the valid events after it stay (they were cut with
+// it, as a torn tail, though they came before the checkpoint).
+TEST(EventFileWriter, KeepEventsUpToDropsADamagedRecordAlone) {
+  SKIP_WITHOUT_PYTHON_PROTOBUF();
+  const fs::path dir = TempDir("tfevents_damaged");
+  fs::path path;
+  {
+    auto writer = EventFileWriter::Create(dir);
+    ASSERT_TRUE(writer.ok()) << writer.status();
+    path = (*writer)->path();
+    for (int step = 1; step <= 8; ++step) ASSERT_TRUE((*writer)->AddScalar("loss", step, step).ok());
+    ASSERT_TRUE((*writer)->Close().ok());
+  }
+  std::string bytes;
+  {
+    std::ifstream in(path, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  // Records: the version, then steps 1, 2, ...: one byte of step 2's data.
+  size_t at = 0;
+  for (int record = 0; record < 2; ++record) {
+    uint64_t length = 0;
+    std::memcpy(&length, bytes.data() + at, 8);
+    at += 16 + length;
+  }
+  uint64_t length = 0;
+  std::memcpy(&length, bytes.data() + at, 8);
+  bytes[at + 12 + length / 2] ^= 0x5a;
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+  ASSERT_TRUE(KeepEventsUpTo(dir, 6).ok());
+  std::vector<int64_t> steps;
+  for (const DecodedScalar& s : Decode(path).scalars) steps.push_back(s.step);
+  EXPECT_EQ(steps, (std::vector<int64_t>{1, 3, 4, 5, 6}));
   fs::remove_all(dir);
 }
 
