@@ -518,14 +518,13 @@ absl::Status CheckOverridesAreRead(const nlohmann::json& resolved, const std::ve
       // command line with --eval-only.)
       // (Nor activation checkpointing: the evaluation's forward keeps no
       // activations for a backward.)
-      // (Nor dropout, off in the evaluation's graph; nor loss scaling and
-      // gradient buckets, which no backward reads.)
-      if (eval_only &&
-          (key.starts_with("optim.") || key.starts_with("lr_scheduler.") || key == "train.warmup_ratio" ||
-           key.starts_with("train.checkpointer.") || key == "train.log_period" || key == "train.resume" ||
-           key.starts_with("train.activation_checkpoint.") || key == "model.dropout_seed" ||
-           (key.starts_with("model.") && key.ends_with("dropout_prob")) || key == "train.amp.initial_loss_scale" ||
-           key == "train.amp.loss_scale_growth_interval" || key == "train.dist.gradient_bucket_mb")) {
+      // (Nor loss scaling and gradient buckets, which no backward reads.
+      // Dropout, off in the evaluation's graph, stays accepted as the run's
+      // length does: a training command line sets it.)
+      if (eval_only && (key.starts_with("optim.") || key.starts_with("lr_scheduler.") || key == "train.warmup_ratio" ||
+                        key.starts_with("train.checkpointer.") || key == "train.log_period" || key == "train.resume" ||
+                        key.starts_with("train.activation_checkpoint.") || key == "train.amp.initial_loss_scale" ||
+                        key == "train.amp.loss_scale_growth_interval" || key == "train.dist.gradient_bucket_mb")) {
         return absl::InvalidArgumentError(
             StrCat(key == "train.resume" ? std::string("--resume (train.resume) means nothing")
                                          : StrCat("override '", config::ShortText(text), "' sets a key nothing reads"),

@@ -270,8 +270,6 @@ std::vector<BadInput> Cases() {
       {"optimizer object when evaluating", kGpt, {"train.eval_only=true", R"(optim={"lr": 5})"}, "sets a key nothing reads with train.eval_only"},
       {"activation checkpointing when evaluating", kGpt, {"train.eval_only=true", "train.activation_checkpoint.enabled=true"}, "override 'train.activation_checkpoint.enabled=true' sets a key nothing reads with train.eval_only"},
       {"resume when evaluating", kGpt, {"train.eval_only=true", "train.resume=true"}, "--resume (train.resume) means nothing with train.eval_only"},
-      {"dropout seed when evaluating", kGpt, {"train.eval_only=true", "model.dropout_seed=3"}, "override 'model.dropout_seed=3' sets a key nothing reads with train.eval_only"},
-      {"dropout when evaluating", kGpt, {"train.eval_only=true", "model.attention_dropout_prob=0.2"}, "sets a key nothing reads with train.eval_only"},
       {"loss scale when evaluating", kGpt, {"train.eval_only=true", "train.amp.enabled=true", "train.amp.dtype=fp16", "train.amp.initial_loss_scale=8"},
        "override 'train.amp.initial_loss_scale=8' sets a key nothing reads with train.eval_only"},
       {"init spread with loaded weights", kGpt, {"train.load_weight=/tmp/x", "model.initializer_range=5"},
