@@ -74,8 +74,10 @@ enum class SecretKind { kToken, kCertificates, kCaCertificates, kPrivateKey };
 
 // Whether `address` is HOST:PORT (an IPv6 host in brackets) with a port in
 // [0, 65535] (gRPC would wrap 99999 to 34463, and dial 443 without one);
-// without `port_required`, HOST alone too. Addresses in gRPC's own schemes
-// (unix:, dns:///...) pass. The error quotes the address.
+// without `port_required`, HOST alone too. In gRPC's own schemes, what
+// follows dns:[//AUTHORITY/], ipv4: and ipv6: (each of a comma list, a
+// literal address of the family) is checked so; unix:, unix-abstract: and
+// vsock: need something after them. The error quotes the address.
 [[nodiscard]] absl::Status CheckAddress(const std::string& address, bool port_required = true);
 // A worker's data-plane host (`--data-address`): an address as above
 // without a port (gloo listens on ports it picks: a port given was checked,
@@ -103,13 +105,14 @@ std::string DialableAddress(const std::string& address, const std::string& peer)
 [[nodiscard]] std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, const Security& security,
                                                          absl::Duration keepalive = absl::Seconds(20));
 
+// The threads a server runs calls on, at most (see Serve).
+inline constexpr int kMaxServerThreads = 4096;
+
 // A gRPC server bound to `listen` ("host:port"; port 0: the OS picks)
 // serving `service` with `security`'s credentials and kMaxMessageBytes, and
 // the address it bound ("host:<port>"); it accepts keepalive pings every
 // second or slower. `what` names the daemon in the error; an address
 // CheckAddress refuses is INVALID_ARGUMENT.
-// The threads a server runs calls on, at most (see Serve).
-inline constexpr int kMaxServerThreads = 4096;
 struct Served {
   std::unique_ptr<grpc::Server> server;
   std::string address;
