@@ -96,7 +96,7 @@ Binding<ActivationCheckpointConfig> MakeActivationCheckpointKeys() {
   b.Field("enabled", &ActivationCheckpointConfig::enabled,
           {.doc = "recompute each transformer layer's forward in backward: only the layers' inputs are kept from "
                   "forward; same losses bit for bit, more compute (GPT-2 124M on one device: 0.41x the memory, "
-                  "0.85x the tokens/s; on a pipeline stage with several micro-batches in flight much less, "
+                  "0.77-0.85x the tokens/s; on a pipeline stage with several micro-batches in flight much less, "
                   "as their recomputed values do not share bytes: 0.67-0.96x)"});
   return b;
 }
@@ -145,7 +145,7 @@ Binding<ZeroConfig> MakeZeroKeys() {
                   "without accumulation); 3: also the weights between uses, gathered for each reader in forward "
                   "and again in backward and freed after it (every layer's whole gradient is still held until its "
                   "reduce-scatter, which bounds what stage 3 saves over 1: GPT-2 124M, data 2, micro-batch 1, "
-                  "1700 vs 1707 MiB a device)"});
+                  "seq 1: 1700 vs 1707 MiB a device)"});
   return b;
 }
 

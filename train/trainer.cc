@@ -367,7 +367,8 @@ absl::Status CheckRunStartFitsPlan(Job& job, const proto::Plan& plan, const RunS
     if (saved.is_object() && saved.contains("model") && saved["model"].is_object()) {
       const bool same_train_seed = saved.contains("train") && saved["train"].is_object() &&
                                    saved["train"].value("seed", nlohmann::json()) == job.config.at("train").at("seed");
-      // (Nor the init's spread: every weight comes from the checkpoint.)
+      // (The init's spread too: another one, with every weight from the
+      // checkpoint, would be read by nothing.)
       for (const char* key : {"_target_", "num_attention_heads", "init_seed", "initializer_range",
                               "use_scaled_init_for_output_weights"}) {
         if (std::string_view(key) == "init_seed" && !same_train_seed) continue;
